@@ -1,0 +1,155 @@
+/* Command buffers, barriers, copies, debug labels and optional per-dispatch timestamps. */
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "engine/device.h"
+
+vki_status vkd_cmd_create(vkd_device *d, const char *name, vkd_cmd *c)
+{
+    *c = (vkd_cmd){.d = d};
+    VkCommandBufferAllocateInfo ai = {.sType = VK_STRUCTURE_TYPE_COMMAND_BUFFER_ALLOCATE_INFO,
+                                      .commandPool = d->cmd_pool, .level = VK_COMMAND_BUFFER_LEVEL_PRIMARY,
+                                      .commandBufferCount = 1};
+    VKD_TRY(d, vkAllocateCommandBuffers(d->dev, &ai, &c->cb));
+    vkd_name(d, VK_OBJECT_TYPE_COMMAND_BUFFER, (uint64_t)(uintptr_t)c->cb, "%s", name ? name : "vkinfer cmd");
+    vki_status st = vkd_check(d, vkCreateFence(d->dev, &(VkFenceCreateInfo){.sType = VK_STRUCTURE_TYPE_FENCE_CREATE_INFO},
+                                               NULL, &c->fence), "vkCreateFence");
+    if (st != VKI_OK)
+        vkd_cmd_destroy(c);
+    return st;
+}
+
+void vkd_cmd_destroy(vkd_cmd *c)
+{
+    if (!c->d)
+        return;
+    vkd_device *d = c->d;
+    if (c->pending && !d->lost)
+        vkWaitForFences(d->dev, 1, &c->fence, VK_TRUE, UINT64_MAX);
+    if (c->queries)
+        vkDestroyQueryPool(d->dev, c->queries, NULL);
+    free(c->query_names);
+    if (c->fence)
+        vkDestroyFence(d->dev, c->fence, NULL);
+    if (c->cb)
+        vkFreeCommandBuffers(d->dev, d->cmd_pool, 1, &c->cb);
+    *c = (vkd_cmd){0};
+}
+
+vki_status vkd_cmd_enable_profiling(vkd_cmd *c, uint32_t max_dispatches)
+{
+    vkd_device *d = c->d;
+    if (!d->info.timestamps)
+        return VKI_ERR_UNSUPPORTED;
+    VkQueryPoolCreateInfo qi = {.sType = VK_STRUCTURE_TYPE_QUERY_POOL_CREATE_INFO,
+                                .queryType = VK_QUERY_TYPE_TIMESTAMP, .queryCount = 2 * max_dispatches};
+    c->query_names = calloc(max_dispatches, sizeof *c->query_names);
+    if (!c->query_names)
+        return VKI_ERR_OUT_OF_HOST_MEMORY;
+    VKD_TRY(d, vkCreateQueryPool(d->dev, &qi, NULL, &c->queries));
+    c->max_queries = 2 * max_dispatches;
+    return VKI_OK;
+}
+
+vki_status vkd_cmd_begin(vkd_cmd *c)
+{
+    vkd_device *d = c->d;
+    if (d->lost)
+        return VKI_ERR_DEVICE_LOST;
+    if (c->pending) {
+        vki_status st = vkd_cmd_wait(c);
+        if (st != VKI_OK)
+            return st;
+    }
+    VKD_TRY(d, vkResetCommandBuffer(c->cb, 0));
+    VkCommandBufferBeginInfo bi = {.sType = VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO,
+                                   .flags = VK_COMMAND_BUFFER_USAGE_ONE_TIME_SUBMIT_BIT};
+    VKD_TRY(d, vkBeginCommandBuffer(c->cb, &bi));
+    if (c->queries)
+        vkCmdResetQueryPool(c->cb, c->queries, 0, c->max_queries);
+    c->n_queries = 0;
+    c->recording = true;
+    return VKI_OK;
+}
+
+vki_status vkd_cmd_submit(vkd_cmd *c)
+{
+    vkd_device *d = c->d;
+    if (!c->recording)
+        return VKI_ERR_INVALID_ARG;
+    c->recording = false;
+    VKD_TRY(d, vkEndCommandBuffer(c->cb));
+    VkSubmitInfo si = {.sType = VK_STRUCTURE_TYPE_SUBMIT_INFO, .commandBufferCount = 1, .pCommandBuffers = &c->cb};
+    VKD_TRY(d, vkQueueSubmit(d->queue, 1, &si, c->fence));
+    c->pending = true;
+    return VKI_OK;
+}
+
+vki_status vkd_cmd_wait(vkd_cmd *c)
+{
+    vkd_device *d = c->d;
+    if (!c->pending)
+        return VKI_OK;
+    c->pending = false;
+    VKD_TRY(d, vkWaitForFences(d->dev, 1, &c->fence, VK_TRUE, UINT64_MAX));
+    VKD_TRY(d, vkResetFences(d->dev, 1, &c->fence));
+    return VKI_OK;
+}
+
+vki_status vkd_cmd_submit_wait(vkd_cmd *c)
+{
+    vki_status st = vkd_cmd_submit(c);
+    return st == VKI_OK ? vkd_cmd_wait(c) : st;
+}
+
+static void memory_barrier(vkd_cmd *c, VkPipelineStageFlags src, VkAccessFlags src_access,
+                           VkPipelineStageFlags dst, VkAccessFlags dst_access)
+{
+    VkMemoryBarrier mb = {.sType = VK_STRUCTURE_TYPE_MEMORY_BARRIER, .srcAccessMask = src_access,
+                          .dstAccessMask = dst_access};
+    vkCmdPipelineBarrier(c->cb, src, dst, 0, 1, &mb, 0, NULL, 0, NULL);
+}
+
+void vkd_barrier(vkd_cmd *c)
+{
+    memory_barrier(c, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, VK_ACCESS_SHADER_WRITE_BIT,
+                   VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, VK_ACCESS_SHADER_READ_BIT | VK_ACCESS_SHADER_WRITE_BIT);
+}
+
+void vkd_barrier_transfer_to_compute(vkd_cmd *c)
+{
+    memory_barrier(c, VK_PIPELINE_STAGE_TRANSFER_BIT, VK_ACCESS_TRANSFER_WRITE_BIT,
+                   VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, VK_ACCESS_SHADER_READ_BIT | VK_ACCESS_SHADER_WRITE_BIT);
+}
+
+void vkd_barrier_compute_to_transfer(vkd_cmd *c)
+{
+    memory_barrier(c, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, VK_ACCESS_SHADER_WRITE_BIT,
+                   VK_PIPELINE_STAGE_TRANSFER_BIT, VK_ACCESS_TRANSFER_READ_BIT);
+}
+
+void vkd_copy(vkd_cmd *c, const vkd_buffer *src, VkDeviceSize src_off, const vkd_buffer *dst,
+              VkDeviceSize dst_off, VkDeviceSize n)
+{
+    VkBufferCopy r = {.srcOffset = src_off, .dstOffset = dst_off, .size = n};
+    vkCmdCopyBuffer(c->cb, src->buf, dst->buf, 1, &r);
+}
+
+void vkd_label_begin(vkd_cmd *c, const char *fmt, ...)
+{
+    if (!c->d->fn.label_begin)
+        return;
+    char name[128];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(name, sizeof name, fmt, ap);
+    va_end(ap);
+    VkDebugUtilsLabelEXT l = {.sType = VK_STRUCTURE_TYPE_DEBUG_UTILS_LABEL_EXT, .pLabelName = name};
+    c->d->fn.label_begin(c->cb, &l);
+}
+
+void vkd_label_end(vkd_cmd *c)
+{
+    if (c->d->fn.label_end)
+        c->d->fn.label_end(c->cb);
+}

@@ -1,0 +1,673 @@
+/* Instance, physical-device choice and feature detection, logical device, pipeline cache. */
+#include "engine/device.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "engine/kernels.h"
+#include "engine/memory_internal.h"
+#include "engine/vk_compat.h"
+
+#define VALIDATION_LAYER "VK_LAYER_KHRONOS_validation"
+#define STAGING_BYTES (32u << 20)
+
+/* ---- logging and results -------------------------------------------------------------------- */
+
+static void log_stderr(void *user, vki_log_level lvl, const char *msg)
+{
+    static const char *const tag[] = {"error", "warning", "info", "debug"};
+    fprintf(stderr, "vkinfer %s: %s\n", tag[lvl <= VKI_LOG_DEBUG ? lvl : VKI_LOG_DEBUG], msg);
+}
+
+void vkd_log(const vkd_device *d, vki_log_level lvl, const char *fmt, ...)
+{
+    if (lvl > d->log_level)
+        return;
+    char msg[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    d->log(d->log_user, lvl, msg);
+}
+
+static const char *vk_result_str(VkResult r)
+{
+    switch (r) {
+#define R(x) case x: return #x;
+        R(VK_SUCCESS) R(VK_NOT_READY) R(VK_TIMEOUT) R(VK_INCOMPLETE)
+        R(VK_ERROR_OUT_OF_HOST_MEMORY) R(VK_ERROR_OUT_OF_DEVICE_MEMORY)
+        R(VK_ERROR_INITIALIZATION_FAILED) R(VK_ERROR_DEVICE_LOST) R(VK_ERROR_MEMORY_MAP_FAILED)
+        R(VK_ERROR_LAYER_NOT_PRESENT) R(VK_ERROR_EXTENSION_NOT_PRESENT)
+        R(VK_ERROR_FEATURE_NOT_PRESENT) R(VK_ERROR_INCOMPATIBLE_DRIVER)
+        R(VK_ERROR_TOO_MANY_OBJECTS) R(VK_ERROR_FORMAT_NOT_SUPPORTED)
+        R(VK_ERROR_FRAGMENTED_POOL) R(VK_ERROR_OUT_OF_POOL_MEMORY) R(VK_ERROR_UNKNOWN)
+#undef R
+    default: return "VkResult(?)";
+    }
+}
+
+vki_status vkd_check(vkd_device *d, VkResult r, const char *what)
+{
+    if (r == VK_SUCCESS)
+        return VKI_OK;
+    vkd_log(d, VKI_LOG_ERROR, "%s failed: %s (%d)", what, vk_result_str(r), (int)r);
+    switch (r) {
+    case VK_ERROR_OUT_OF_HOST_MEMORY: return VKI_ERR_OUT_OF_HOST_MEMORY;
+    case VK_ERROR_OUT_OF_DEVICE_MEMORY: return VKI_ERR_OUT_OF_DEVICE_MEMORY;
+    case VK_ERROR_DEVICE_LOST: d->lost = true; return VKI_ERR_DEVICE_LOST;
+    default: return VKI_ERR_VULKAN;
+    }
+}
+
+void vkd_name(vkd_device *d, VkObjectType type, uint64_t handle, const char *fmt, ...)
+{
+    if (!d->fn.set_name || !handle)
+        return;
+    char name[256];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(name, sizeof name, fmt, ap);
+    va_end(ap);
+    VkDebugUtilsObjectNameInfoEXT ni = {
+        .sType = VK_STRUCTURE_TYPE_DEBUG_UTILS_OBJECT_NAME_INFO_EXT,
+        .objectType = type, .objectHandle = handle, .pObjectName = name};
+    d->fn.set_name(d->dev, &ni);
+}
+
+static VKAPI_ATTR VkBool32 VKAPI_CALL on_debug_message(
+    VkDebugUtilsMessageSeverityFlagBitsEXT sev, VkDebugUtilsMessageTypeFlagsEXT type,
+    const VkDebugUtilsMessengerCallbackDataEXT *data, void *user)
+{
+    vkd_device *d = user;
+    vki_log_level lvl = VKI_LOG_DEBUG;
+    if (sev & VK_DEBUG_UTILS_MESSAGE_SEVERITY_ERROR_BIT_EXT) {
+        atomic_fetch_add(&d->n_validation_errors, 1);
+        lvl = VKI_LOG_ERROR;
+    } else if (sev & VK_DEBUG_UTILS_MESSAGE_SEVERITY_WARNING_BIT_EXT) {
+        atomic_fetch_add(&d->n_validation_warnings, 1);
+        lvl = VKI_LOG_WARN;
+    } else if (sev & VK_DEBUG_UTILS_MESSAGE_SEVERITY_INFO_BIT_EXT) {
+        lvl = VKI_LOG_INFO;
+    }
+    (void)type;
+    vkd_log(d, lvl, "validation: %s", data && data->pMessage ? data->pMessage : "(no message)");
+    return VK_FALSE;
+}
+
+/* ---- instance ------------------------------------------------------------------------------- */
+
+static bool has_layer(const char *name)
+{
+    uint32_t n = 0;
+    if (vkEnumerateInstanceLayerProperties(&n, NULL) != VK_SUCCESS || !n)
+        return false;
+    VkLayerProperties *p = calloc(n, sizeof *p);
+    bool found = false;
+    if (p && vkEnumerateInstanceLayerProperties(&n, p) == VK_SUCCESS)
+        for (uint32_t i = 0; i < n && !found; i++)
+            found = !strcmp(p[i].layerName, name);
+    free(p);
+    return found;
+}
+
+static bool has_instance_ext(const char *name)
+{
+    uint32_t n = 0;
+    if (vkEnumerateInstanceExtensionProperties(NULL, &n, NULL) != VK_SUCCESS || !n)
+        return false;
+    VkExtensionProperties *p = calloc(n, sizeof *p);
+    bool found = false;
+    if (p && vkEnumerateInstanceExtensionProperties(NULL, &n, p) == VK_SUCCESS)
+        for (uint32_t i = 0; i < n && !found; i++)
+            found = !strcmp(p[i].extensionName, name);
+    free(p);
+    return found;
+}
+
+static VkDebugUtilsMessengerCreateInfoEXT messenger_info(vkd_device *d)
+{
+    return (VkDebugUtilsMessengerCreateInfoEXT){
+        .sType = VK_STRUCTURE_TYPE_DEBUG_UTILS_MESSENGER_CREATE_INFO_EXT,
+        .messageSeverity = VK_DEBUG_UTILS_MESSAGE_SEVERITY_WARNING_BIT_EXT |
+                           VK_DEBUG_UTILS_MESSAGE_SEVERITY_ERROR_BIT_EXT,
+        .messageType = VK_DEBUG_UTILS_MESSAGE_TYPE_GENERAL_BIT_EXT |
+                       VK_DEBUG_UTILS_MESSAGE_TYPE_VALIDATION_BIT_EXT |
+                       VK_DEBUG_UTILS_MESSAGE_TYPE_PERFORMANCE_BIT_EXT,
+        .pfnUserCallback = on_debug_message,
+        .pUserData = d};
+}
+
+/* Creates d->instance; with validation, also the layer and a messenger that counts messages. */
+static vki_status create_instance(vkd_device *d, bool validation, bool *debug_utils)
+{
+    uint32_t api = VK_API_VERSION_1_2;
+    if (vkEnumerateInstanceVersion(&api) != VK_SUCCESS)
+        api = VK_API_VERSION_1_2;
+    if (api > VK_API_VERSION_1_3)
+        api = VK_API_VERSION_1_3;
+    if (validation && !has_layer(VALIDATION_LAYER)) {
+        vkd_log(d, VKI_LOG_ERROR, "validation requested but %s is not installed "
+                "(Debian: apt-get install vulkan-validationlayers)", VALIDATION_LAYER);
+        return VKI_ERR_UNSUPPORTED;
+    }
+    *debug_utils = has_instance_ext(VK_EXT_DEBUG_UTILS_EXTENSION_NAME);
+    const char *exts[1] = {VK_EXT_DEBUG_UTILS_EXTENSION_NAME};
+    const char *layers[1] = {VALIDATION_LAYER};
+    VkDebugUtilsMessengerCreateInfoEXT mi = messenger_info(d);
+    VkApplicationInfo app = {.sType = VK_STRUCTURE_TYPE_APPLICATION_INFO,
+                             .pApplicationName = "vkinfer", .pEngineName = "vkinfer",
+                             .apiVersion = api};
+    VkInstanceCreateInfo ci = {.sType = VK_STRUCTURE_TYPE_INSTANCE_CREATE_INFO,
+                               .pNext = (validation && *debug_utils) ? &mi : NULL,
+                               .pApplicationInfo = &app,
+                               .enabledLayerCount = validation ? 1 : 0, .ppEnabledLayerNames = layers,
+                               .enabledExtensionCount = *debug_utils ? 1 : 0,
+                               .ppEnabledExtensionNames = exts};
+    VkResult r = vkCreateInstance(&ci, NULL, &d->instance);
+    if (r == VK_ERROR_INCOMPATIBLE_DRIVER) {
+        vkd_log(d, VKI_LOG_ERROR, "no Vulkan driver found (Debian: apt-get install mesa-vulkan-drivers "
+                "for the CPU device, or install your GPU's driver)");
+        return VKI_ERR_NO_DEVICE;
+    }
+    VKD_TRY(d, r);
+    if (validation && *debug_utils) {
+        PFN_vkCreateDebugUtilsMessengerEXT create = (PFN_vkCreateDebugUtilsMessengerEXT)
+            vkGetInstanceProcAddr(d->instance, "vkCreateDebugUtilsMessengerEXT");
+        if (create)
+            VKD_TRY(d, create(d->instance, &mi, NULL, &d->messenger));
+    }
+    return VKI_OK;
+}
+
+/* ---- physical devices ----------------------------------------------------------------------- */
+
+static bool has_device_ext(const VkExtensionProperties *e, uint32_t n, const char *name)
+{
+    for (uint32_t i = 0; i < n; i++)
+        if (!strcmp(e[i].extensionName, name))
+            return true;
+    return false;
+}
+
+static void query_coopmat(VkInstance inst, VkPhysicalDevice pd, vki_device_info *info)
+{
+    PFN_vkGetPhysicalDeviceCooperativeMatrixPropertiesKHR get =
+        (PFN_vkGetPhysicalDeviceCooperativeMatrixPropertiesKHR)vkGetInstanceProcAddr(
+            inst, "vkGetPhysicalDeviceCooperativeMatrixPropertiesKHR");
+    uint32_t n = 0;
+    if (!get || get(pd, &n, NULL) != VK_SUCCESS)
+        return;
+    VkCooperativeMatrixPropertiesKHR p[VKI_MAX_COOPMAT];
+    if (n > VKI_MAX_COOPMAT)
+        n = VKI_MAX_COOPMAT;
+    for (uint32_t i = 0; i < n; i++)
+        p[i] = (VkCooperativeMatrixPropertiesKHR){.sType = VKI_STYPE_COOPERATIVE_MATRIX_PROPERTIES_KHR};
+    VkResult r = get(pd, &n, p);
+    if (r != VK_SUCCESS && r != VK_INCOMPLETE)
+        return;
+    info->n_coopmat = n;
+    for (uint32_t i = 0; i < n; i++)
+        info->coopmat_shapes[i] = (vki_coopmat_shape){
+            p[i].MSize, p[i].NSize, p[i].KSize, p[i].AType, p[i].BType, p[i].CType,
+            p[i].ResultType, p[i].saturatingAccumulation, p[i].scope};
+}
+
+/* Fills *info for one physical device. Returns false if it cannot run vkinfer at all
+ * (Vulkan < 1.2 or no compute queue); such devices are still listed. */
+static bool describe_device(VkInstance inst, VkPhysicalDevice pd, uint32_t index, vki_device_info *info)
+{
+    memset(info, 0, sizeof *info);
+    info->index = index;
+    VkPhysicalDeviceProperties bp;
+    vkGetPhysicalDeviceProperties(pd, &bp);
+    snprintf(info->name, sizeof info->name, "%s", bp.deviceName);
+    info->api_version = bp.apiVersion;
+    info->driver_version = bp.driverVersion;
+    info->vendor_id = bp.vendorID;
+    info->device_id = bp.deviceID;
+    switch (bp.deviceType) {
+    case VK_PHYSICAL_DEVICE_TYPE_INTEGRATED_GPU: info->type = VKI_DEVICE_INTEGRATED; break;
+    case VK_PHYSICAL_DEVICE_TYPE_DISCRETE_GPU: info->type = VKI_DEVICE_DISCRETE; break;
+    case VK_PHYSICAL_DEVICE_TYPE_VIRTUAL_GPU: info->type = VKI_DEVICE_VIRTUAL; break;
+    case VK_PHYSICAL_DEVICE_TYPE_CPU: info->type = VKI_DEVICE_CPU; break;
+    default: info->type = VKI_DEVICE_OTHER; break;
+    }
+    const VkPhysicalDeviceLimits *l = &bp.limits;
+    info->max_storage_buffer_range = l->maxStorageBufferRange;
+    info->min_storage_buffer_offset_alignment = l->minStorageBufferOffsetAlignment;
+    info->max_push_constants_size = l->maxPushConstantsSize;
+    info->max_compute_shared_memory = l->maxComputeSharedMemorySize;
+    info->max_workgroup_invocations = l->maxComputeWorkGroupInvocations;
+    for (int i = 0; i < 3; i++) {
+        info->max_workgroup_size[i] = l->maxComputeWorkGroupSize[i];
+        info->max_workgroup_count[i] = l->maxComputeWorkGroupCount[i];
+    }
+    if (bp.apiVersion < VK_API_VERSION_1_2)
+        return false;
+
+    uint32_t n_ext = 0;
+    vkEnumerateDeviceExtensionProperties(pd, NULL, &n_ext, NULL);
+    VkExtensionProperties *ext = calloc(n_ext ? n_ext : 1, sizeof *ext);
+    if (!ext)
+        return false;
+    vkEnumerateDeviceExtensionProperties(pd, NULL, &n_ext, ext);
+    info->push_descriptor = has_device_ext(ext, n_ext, VK_KHR_PUSH_DESCRIPTOR_EXTENSION_NAME);
+    info->coopmat = has_device_ext(ext, n_ext, VK_KHR_COOPERATIVE_MATRIX_EXTENSION_NAME);
+    bool budget = has_device_ext(ext, n_ext, VK_EXT_MEMORY_BUDGET_EXTENSION_NAME);
+    bool dot_ext = has_device_ext(ext, n_ext, VK_KHR_SHADER_INTEGER_DOT_PRODUCT_EXTENSION_NAME);
+    free(ext);
+
+    /* properties */
+    VkPhysicalDeviceSubgroupSizeControlProperties ssc = {
+        .sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SUBGROUP_SIZE_CONTROL_PROPERTIES};
+    VkPhysicalDeviceDriverProperties drv = {.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_DRIVER_PROPERTIES,
+                                            .pNext = bp.apiVersion >= VK_API_VERSION_1_3 ? &ssc : NULL};
+    VkPhysicalDeviceIDProperties idp = {.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_ID_PROPERTIES, .pNext = &drv};
+    VkPhysicalDeviceSubgroupProperties sg = {.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SUBGROUP_PROPERTIES,
+                                             .pNext = &idp};
+    VkPhysicalDeviceMaintenance3Properties m3 = {.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_MAINTENANCE_3_PROPERTIES,
+                                                 .pNext = &sg};
+    VkPhysicalDeviceProperties2 p2 = {.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PROPERTIES_2, .pNext = &m3};
+    vkGetPhysicalDeviceProperties2(pd, &p2);
+    info->max_memory_allocation_size = m3.maxMemoryAllocationSize;
+    info->subgroup_size = sg.subgroupSize;
+    if (sg.supportedStages & VK_SHADER_STAGE_COMPUTE_BIT)
+        info->subgroup_ops = sg.supportedOperations; /* same bit positions as VKI_SUBGROUP_* */
+    memcpy(info->uuid, idp.deviceUUID, 16);
+    snprintf(info->driver_name, sizeof info->driver_name, "%s", drv.driverName);
+    snprintf(info->driver_info, sizeof info->driver_info, "%s", drv.driverInfo);
+    if (bp.apiVersion >= VK_API_VERSION_1_3) {
+        info->subgroup_min_size = ssc.minSubgroupSize;
+        info->subgroup_max_size = ssc.maxSubgroupSize;
+    }
+
+    /* features */
+    VkPhysicalDeviceCooperativeMatrixFeaturesKHR cmf = {
+        .sType = VKI_STYPE_PHYSICAL_DEVICE_COOPERATIVE_MATRIX_FEATURES_KHR};
+    VkPhysicalDeviceVulkan13Features f13 = {.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_3_FEATURES,
+                                            .pNext = info->coopmat ? &cmf : NULL};
+    VkPhysicalDeviceVulkan12Features f12 = {.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_2_FEATURES,
+                                            .pNext = bp.apiVersion >= VK_API_VERSION_1_3 ? (void *)&f13
+                                                     : (info->coopmat ? (void *)&cmf : NULL)};
+    VkPhysicalDeviceVulkan11Features f11 = {.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_1_FEATURES,
+                                            .pNext = &f12};
+    VkPhysicalDeviceFeatures2 f2 = {.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2, .pNext = &f11};
+    vkGetPhysicalDeviceFeatures2(pd, &f2);
+    info->float16 = f12.shaderFloat16;
+    info->int8 = f12.shaderInt8;
+    info->int16 = f2.features.shaderInt16;
+    info->int64 = f2.features.shaderInt64;
+    info->storage16 = f11.storageBuffer16BitAccess;
+    info->storage8 = f12.storageBuffer8BitAccess;
+    info->integer_dot = (bp.apiVersion >= VK_API_VERSION_1_3 && f13.shaderIntegerDotProduct) || dot_ext;
+    info->coopmat = info->coopmat && cmf.cooperativeMatrix;
+    if (info->coopmat)
+        query_coopmat(inst, pd, info);
+
+    /* memory */
+    VkPhysicalDeviceMemoryBudgetPropertiesEXT mb = {
+        .sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_MEMORY_BUDGET_PROPERTIES_EXT};
+    VkPhysicalDeviceMemoryProperties2 mp = {.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_MEMORY_PROPERTIES_2,
+                                            .pNext = budget ? &mb : NULL};
+    vkGetPhysicalDeviceMemoryProperties2(pd, &mp);
+    info->n_heaps = mp.memoryProperties.memoryHeapCount < VKI_MAX_HEAPS ? mp.memoryProperties.memoryHeapCount
+                                                                        : VKI_MAX_HEAPS;
+    for (uint32_t i = 0; i < info->n_heaps; i++) {
+        info->heap_size[i] = mp.memoryProperties.memoryHeaps[i].size;
+        info->heap_device_local[i] = mp.memoryProperties.memoryHeaps[i].flags & VK_MEMORY_HEAP_DEVICE_LOCAL_BIT;
+        info->heap_budget[i] = budget && mb.heapBudget[i] ? mb.heapBudget[i] : info->heap_size[i];
+    }
+
+    /* queue: need compute; timestamps */
+    uint32_t nq = 0;
+    vkGetPhysicalDeviceQueueFamilyProperties(pd, &nq, NULL);
+    VkQueueFamilyProperties q[16];
+    if (nq > 16)
+        nq = 16;
+    vkGetPhysicalDeviceQueueFamilyProperties(pd, &nq, q);
+    bool compute = false;
+    for (uint32_t i = 0; i < nq; i++) {
+        if (q[i].queueFlags & VK_QUEUE_COMPUTE_BIT) {
+            compute = true;
+            info->timestamps = q[i].timestampValidBits > 0 && l->timestampPeriod > 0;
+            break;
+        }
+    }
+    info->timestamp_period_ns = l->timestampPeriod;
+    return compute;
+}
+
+/* Preference: discrete NVIDIA > discrete > integrated > virtual > CPU > other. */
+static int device_rank(const vki_device_info *i)
+{
+    switch (i->type) {
+    case VKI_DEVICE_DISCRETE: return i->vendor_id == 0x10DE ? 6 : 5;
+    case VKI_DEVICE_INTEGRATED: return 4;
+    case VKI_DEVICE_VIRTUAL: return 3;
+    case VKI_DEVICE_CPU: return 2;
+    default: return 1;
+    }
+}
+
+static vki_status enumerate(vkd_device *d, VkPhysicalDevice **pds, uint32_t *n)
+{
+    *n = 0;
+    VKD_TRY(d, vkEnumeratePhysicalDevices(d->instance, n, NULL));
+    if (!*n)
+        return VKI_ERR_NO_DEVICE;
+    *pds = calloc(*n, sizeof **pds);
+    if (!*pds)
+        return VKI_ERR_OUT_OF_HOST_MEMORY;
+    VkResult r = vkEnumeratePhysicalDevices(d->instance, n, *pds);
+    if (r != VK_SUCCESS && r != VK_INCOMPLETE) {
+        free(*pds);
+        *pds = NULL;
+        return vkd_check(d, r, "vkEnumeratePhysicalDevices");
+    }
+    return VKI_OK;
+}
+
+static vki_status pick_device(vkd_device *d, const vki_device_params *p)
+{
+    VkPhysicalDevice *pds = NULL;
+    uint32_t n = 0;
+    vki_status st = enumerate(d, &pds, &n);
+    if (st != VKI_OK) {
+        if (st == VKI_ERR_NO_DEVICE)
+            vkd_log(d, VKI_LOG_ERROR, "no Vulkan device found");
+        return st;
+    }
+    int best = -1, best_rank = -1;
+    vki_device_info info;
+    for (uint32_t i = 0; i < n; i++) {
+        bool usable = describe_device(d->instance, pds[i], i, &info) && info.push_descriptor;
+        bool wanted = true;
+        if (p->device_index >= 0)
+            wanted = (int)i == p->device_index;
+        else if (p->device_name && *p->device_name)
+            wanted = strcasestr(info.name, p->device_name) != NULL;
+        if (wanted && !usable)
+            vkd_log(d, VKI_LOG_WARN, "device %u (%s) skipped: needs Vulkan 1.2, a compute queue and "
+                    "VK_KHR_push_descriptor", i, info.name);
+        if (wanted && usable && device_rank(&info) > best_rank) {
+            best = (int)i;
+            best_rank = device_rank(&info);
+        }
+    }
+    if (best < 0) {
+        free(pds);
+        vkd_log(d, VKI_LOG_ERROR, "no usable Vulkan device matches (index %d, name \"%s\")",
+                p->device_index, p->device_name ? p->device_name : "");
+        return VKI_ERR_NO_DEVICE;
+    }
+    d->phys = pds[best];
+    free(pds);
+    describe_device(d->instance, d->phys, (uint32_t)best, &d->info);
+    return VKI_OK;
+}
+
+/* ---- logical device ------------------------------------------------------------------------- */
+
+static vki_status create_logical_device(vkd_device *d)
+{
+    const vki_device_info *in = &d->info;
+    uint32_t nq = 0;
+    vkGetPhysicalDeviceQueueFamilyProperties(d->phys, &nq, NULL);
+    VkQueueFamilyProperties q[16];
+    if (nq > 16)
+        nq = 16;
+    vkGetPhysicalDeviceQueueFamilyProperties(d->phys, &nq, q);
+    /* Prefer a compute-only family (async compute on discrete GPUs), else any with compute. */
+    int fam = -1;
+    for (uint32_t i = 0; i < nq && fam < 0; i++)
+        if ((q[i].queueFlags & VK_QUEUE_COMPUTE_BIT) && !(q[i].queueFlags & VK_QUEUE_GRAPHICS_BIT))
+            fam = (int)i;
+    for (uint32_t i = 0; i < nq && fam < 0; i++)
+        if (q[i].queueFlags & VK_QUEUE_COMPUTE_BIT)
+            fam = (int)i;
+    if (fam < 0)
+        return VKI_ERR_NO_DEVICE;
+    d->queue_family = (uint32_t)fam;
+    d->info.timestamps = q[fam].timestampValidBits > 0 && in->timestamp_period_ns > 0;
+
+    float prio = 1.0f;
+    VkDeviceQueueCreateInfo qci = {.sType = VK_STRUCTURE_TYPE_DEVICE_QUEUE_CREATE_INFO,
+                                   .queueFamilyIndex = d->queue_family, .queueCount = 1,
+                                   .pQueuePriorities = &prio};
+    const char *exts[4];
+    uint32_t n_ext = 0;
+    exts[n_ext++] = VK_KHR_PUSH_DESCRIPTOR_EXTENSION_NAME;
+    VkPhysicalDeviceCooperativeMatrixFeaturesKHR cmf = {
+        .sType = VKI_STYPE_PHYSICAL_DEVICE_COOPERATIVE_MATRIX_FEATURES_KHR, .cooperativeMatrix = VK_TRUE};
+    bool v13 = in->api_version >= VK_API_VERSION_1_3;
+    VkPhysicalDeviceVulkan13Features f13 = {.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_3_FEATURES,
+                                            .pNext = in->coopmat ? &cmf : NULL,
+                                            .shaderIntegerDotProduct = in->integer_dot && v13};
+    if (in->coopmat)
+        exts[n_ext++] = VK_KHR_COOPERATIVE_MATRIX_EXTENSION_NAME;
+    VkPhysicalDeviceVulkan12Features f12 = {
+        .sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_2_FEATURES,
+        .pNext = v13 ? (void *)&f13 : (in->coopmat ? (void *)&cmf : NULL),
+        .shaderFloat16 = in->float16, .shaderInt8 = in->int8, .storageBuffer8BitAccess = in->storage8};
+    VkPhysicalDeviceVulkan11Features f11 = {.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_1_FEATURES,
+                                            .pNext = &f12, .storageBuffer16BitAccess = in->storage16};
+    VkPhysicalDeviceFeatures2 f2 = {.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2, .pNext = &f11,
+                                    .features = {.shaderInt16 = in->int16, .shaderInt64 = in->int64}};
+    VkDeviceCreateInfo dci = {.sType = VK_STRUCTURE_TYPE_DEVICE_CREATE_INFO, .pNext = &f2,
+                              .queueCreateInfoCount = 1, .pQueueCreateInfos = &qci,
+                              .enabledExtensionCount = n_ext, .ppEnabledExtensionNames = exts};
+    VKD_TRY(d, vkCreateDevice(d->phys, &dci, NULL, &d->dev));
+    vkGetDeviceQueue(d->dev, d->queue_family, 0, &d->queue);
+
+    d->fn.push_descriptor = (PFN_vkCmdPushDescriptorSetKHR)vkGetDeviceProcAddr(d->dev, "vkCmdPushDescriptorSetKHR");
+    if (d->info.debug_utils) {
+        d->fn.set_name = (PFN_vkSetDebugUtilsObjectNameEXT)vkGetInstanceProcAddr(d->instance, "vkSetDebugUtilsObjectNameEXT");
+        d->fn.label_begin = (PFN_vkCmdBeginDebugUtilsLabelEXT)vkGetInstanceProcAddr(d->instance, "vkCmdBeginDebugUtilsLabelEXT");
+        d->fn.label_end = (PFN_vkCmdEndDebugUtilsLabelEXT)vkGetInstanceProcAddr(d->instance, "vkCmdEndDebugUtilsLabelEXT");
+    }
+    if (!d->fn.push_descriptor)
+        return VKI_ERR_UNSUPPORTED;
+    vkd_name(d, VK_OBJECT_TYPE_QUEUE, (uint64_t)(uintptr_t)d->queue, "vkinfer compute queue");
+
+    VkCommandPoolCreateInfo pci = {.sType = VK_STRUCTURE_TYPE_COMMAND_POOL_CREATE_INFO,
+                                   .flags = VK_COMMAND_POOL_CREATE_RESET_COMMAND_BUFFER_BIT,
+                                   .queueFamilyIndex = d->queue_family};
+    VKD_TRY(d, vkCreateCommandPool(d->dev, &pci, NULL, &d->cmd_pool));
+    return VKI_OK;
+}
+
+/* ---- pipeline cache on disk ----------------------------------------------------------------- */
+
+/* true if the whole string fit */
+static bool fmt(char *buf, size_t n, const char *f, const char *a, const char *b)
+{
+    int r = snprintf(buf, n, f, a, b);
+    return r >= 0 && (size_t)r < n;
+}
+
+static void cache_path(vkd_device *d, const char *dir)
+{
+    d->pipeline_cache_path[0] = 0;
+    char base[400], parent[400];
+    const char *xdg = getenv("XDG_CACHE_HOME"), *home = getenv("HOME");
+    if (dir && !*dir)
+        return; /* disabled */
+    bool ok;
+    if (dir) {
+        ok = fmt(base, sizeof base, "%s%s", dir, "");
+    } else if (xdg && *xdg) {
+        ok = fmt(base, sizeof base, "%s/%s", xdg, "vkinfer");
+    } else if (home && *home) {
+        ok = fmt(parent, sizeof parent, "%s/%s", home, ".cache") &&
+             fmt(base, sizeof base, "%s/%s", parent, "vkinfer");
+        if (ok)
+            mkdir(parent, 0755);
+    } else {
+        return;
+    }
+    if (!ok || (mkdir(base, 0755) != 0 && errno != EEXIST))
+        return;
+    char name[64];
+    int o = snprintf(name, sizeof name, "pipelines-");
+    for (int i = 0; i < 16; i++)
+        o += snprintf(name + o, sizeof name - (size_t)o, "%02x", d->info.uuid[i]);
+    snprintf(name + o, sizeof name - (size_t)o, "-%08x.bin", d->info.driver_version);
+    if (!fmt(d->pipeline_cache_path, sizeof d->pipeline_cache_path, "%s/%s", base, name))
+        d->pipeline_cache_path[0] = 0;
+}
+
+static vki_status create_pipeline_cache(vkd_device *d)
+{
+    void *data = NULL;
+    size_t size = 0;
+    FILE *f = d->pipeline_cache_path[0] ? fopen(d->pipeline_cache_path, "rb") : NULL;
+    if (f) {
+        if (fseek(f, 0, SEEK_END) == 0) {
+            long n = ftell(f);
+            if (n > 32 && n < (1l << 30) && fseek(f, 0, SEEK_SET) == 0 && (data = malloc((size_t)n))) {
+                size = fread(data, 1, (size_t)n, f) == (size_t)n ? (size_t)n : 0;
+            }
+        }
+        fclose(f);
+    }
+    /* The driver checks the header (vendor, device, cache UUID) and ignores a stale cache. */
+    VkPipelineCacheCreateInfo ci = {.sType = VK_STRUCTURE_TYPE_PIPELINE_CACHE_CREATE_INFO,
+                                    .initialDataSize = size, .pInitialData = size ? data : NULL};
+    VkResult r = vkCreatePipelineCache(d->dev, &ci, NULL, &d->pipeline_cache);
+    if (r != VK_SUCCESS && size) {
+        ci.initialDataSize = 0;
+        ci.pInitialData = NULL;
+        r = vkCreatePipelineCache(d->dev, &ci, NULL, &d->pipeline_cache);
+    }
+    free(data);
+    return vkd_check(d, r, "vkCreatePipelineCache");
+}
+
+static void save_pipeline_cache(vkd_device *d)
+{
+    if (!d->pipeline_cache || !d->pipeline_cache_path[0])
+        return;
+    size_t n = 0;
+    if (vkGetPipelineCacheData(d->dev, d->pipeline_cache, &n, NULL) != VK_SUCCESS || !n)
+        return;
+    void *data = malloc(n);
+    if (!data)
+        return;
+    if (vkGetPipelineCacheData(d->dev, d->pipeline_cache, &n, data) == VK_SUCCESS) {
+        char tmp[sizeof d->pipeline_cache_path + 32];
+        snprintf(tmp, sizeof tmp, "%s.%d.tmp", d->pipeline_cache_path, (int)getpid());
+        FILE *f = fopen(tmp, "wb");
+        if (f) {
+            bool ok = fwrite(data, 1, n, f) == n;
+            ok = (fclose(f) == 0) && ok;
+            if (!ok || rename(tmp, d->pipeline_cache_path) != 0)
+                remove(tmp);
+        }
+    }
+    free(data);
+}
+
+/* ---- open / close --------------------------------------------------------------------------- */
+
+vki_device_params vki_device_default_params(void)
+{
+    return (vki_device_params){.device_index = -1, .log_level = VKI_LOG_WARN};
+}
+
+vki_status vkd_open(const vki_device_params *p, vkd_device **out)
+{
+    *out = NULL;
+    vki_device_params defaults = vki_device_default_params();
+    if (!p)
+        p = &defaults;
+    vkd_device *d = calloc(1, sizeof *d);
+    if (!d)
+        return VKI_ERR_OUT_OF_HOST_MEMORY;
+    d->log = p->log ? p->log : log_stderr;
+    d->log_user = p->log_user;
+    d->log_level = p->log_level;
+    atomic_init(&d->n_validation_errors, 0);
+    atomic_init(&d->n_validation_warnings, 0);
+
+    bool debug_utils = false;
+    vki_status st = create_instance(d, p->validation, &debug_utils);
+    if (st == VKI_OK)
+        st = pick_device(d, p);
+    if (st == VKI_OK) {
+        d->info.debug_utils = debug_utils;
+        st = create_logical_device(d);
+    }
+    if (st == VKI_OK)
+        st = vkd_memory_init(d, STAGING_BYTES);
+    if (st == VKI_OK) {
+        cache_path(d, p->pipeline_cache_dir);
+        st = create_pipeline_cache(d);
+    }
+    if (st == VKI_OK)
+        st = vkd_kernels_create(d);
+    if (st != VKI_OK) {
+        vkd_close(d);
+        return st;
+    }
+    vkd_log(d, VKI_LOG_INFO, "device %u: %s (%s %s)", d->info.index, d->info.name, d->info.driver_name,
+            d->info.driver_info);
+    *out = d;
+    return VKI_OK;
+}
+
+void vkd_close(vkd_device *d)
+{
+    if (!d)
+        return;
+    if (d->dev) {
+        vkDeviceWaitIdle(d->dev);
+        vkd_kernels_destroy(d);
+        save_pipeline_cache(d);
+        if (d->pipeline_cache)
+            vkDestroyPipelineCache(d->dev, d->pipeline_cache, NULL);
+        vkd_memory_shutdown(d);
+        if (d->cmd_pool)
+            vkDestroyCommandPool(d->dev, d->cmd_pool, NULL);
+        vkDestroyDevice(d->dev, NULL);
+    }
+    if (d->messenger) {
+        PFN_vkDestroyDebugUtilsMessengerEXT destroy = (PFN_vkDestroyDebugUtilsMessengerEXT)
+            vkGetInstanceProcAddr(d->instance, "vkDestroyDebugUtilsMessengerEXT");
+        if (destroy)
+            destroy(d->instance, d->messenger, NULL);
+    }
+    if (d->instance)
+        vkDestroyInstance(d->instance, NULL);
+    free(d);
+}
+
+/* ---- listing for `vkinfer info` -------------------------------------------------------------- */
+
+vki_status vki_list_devices(vki_device_info *out, uint32_t cap, uint32_t *n_out)
+{
+    *n_out = 0;
+    vkd_device tmp = {.log = log_stderr, .log_level = VKI_LOG_ERROR};
+    bool debug_utils = false;
+    vki_status st = create_instance(&tmp, false, &debug_utils);
+    if (st != VKI_OK)
+        return st;
+    VkPhysicalDevice *pds = NULL;
+    uint32_t n = 0;
+    st = enumerate(&tmp, &pds, &n);
+    if (st == VKI_OK) {
+        for (uint32_t i = 0; i < n && i < cap; i++) {
+            describe_device(tmp.instance, pds[i], i, &out[i]);
+            out[i].debug_utils = debug_utils;
+        }
+        *n_out = n;
+    }
+    free(pds);
+    vkDestroyInstance(tmp.instance, NULL);
+    return st;
+}

@@ -1,0 +1,162 @@
+/* Device layer: instance, physical-device choice, logical device, memory sub-allocator,
+ * staging ring, command buffers, debug names and labels. Knows nothing of models or requests.
+ *
+ * Threading: a vkd_device is used by one thread at a time (the engine's tick thread), except
+ * for the validation counters, which are atomic. */
+#ifndef VKI_ENGINE_DEVICE_H
+#define VKI_ENGINE_DEVICE_H
+
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <vulkan/vulkan.h>
+
+#include "vkinfer.h"
+
+typedef struct vkd_device vkd_device;
+typedef struct vkd_block vkd_block;
+
+typedef enum vkd_mem {
+    VKD_MEM_DEVICE = 0, /* device-local; not mappable in general */
+    VKD_MEM_HOST = 1,   /* host-visible + coherent, persistently mapped (uploads, readbacks) */
+} vkd_mem;
+
+/* A buffer sub-allocated from a large VkDeviceMemory block. */
+typedef struct vkd_buffer {
+    VkBuffer buf;
+    VkDeviceSize size;      /* bytes requested */
+    VkDeviceSize mem_off;   /* offset of the buffer inside block memory */
+    VkDeviceSize mem_size;  /* bytes reserved in the block (aligned) */
+    vkd_block *block;
+    void *mapped;           /* VKD_MEM_HOST: host pointer to byte 0; else NULL */
+    vkd_mem kind;
+} vkd_buffer;
+
+/* What a shader binding sees: a byte range of a buffer. range == VK_WHOLE_SIZE: to the end.
+ * Offsets must be multiples of minStorageBufferOffsetAlignment; ranges <= maxStorageBufferRange. */
+typedef struct vkd_view {
+    const vkd_buffer *buf;
+    VkDeviceSize offset;
+    VkDeviceSize range;
+} vkd_view;
+
+static inline vkd_view vkd_whole(const vkd_buffer *b) { return (vkd_view){b, 0, VK_WHOLE_SIZE}; }
+
+/* Extension entry points, loaded per device (no globals). NULL when absent. */
+typedef struct vkd_fns {
+    PFN_vkSetDebugUtilsObjectNameEXT set_name;
+    PFN_vkCmdBeginDebugUtilsLabelEXT label_begin;
+    PFN_vkCmdEndDebugUtilsLabelEXT label_end;
+    PFN_vkCmdPushDescriptorSetKHR push_descriptor;
+} vkd_fns;
+
+struct vkd_kernels; /* engine/kernels.h */
+
+struct vkd_device {
+    VkInstance instance;
+    VkPhysicalDevice phys;
+    VkDevice dev;
+    VkQueue queue;
+    uint32_t queue_family;
+    VkCommandPool cmd_pool;
+    VkDebugUtilsMessengerEXT messenger;
+    vkd_fns fn;
+    vki_device_info info;            /* what was detected at open */
+    VkPhysicalDeviceMemoryProperties mem_props;
+    uint32_t mem_type_device;        /* memory type index for VKD_MEM_DEVICE */
+    uint32_t mem_type_host;          /* memory type index for VKD_MEM_HOST */
+
+    /* memory sub-allocator: a list of blocks, first-fit free lists inside each */
+    vkd_block *blocks;
+    VkDeviceSize block_size;         /* default size of a new block */
+    VkDeviceSize bytes_allocated[2]; /* live sub-allocations, by vkd_mem kind */
+
+    /* staging ring for uploads/readbacks outside of a step */
+    vkd_buffer *staging;
+    VkCommandBuffer staging_cmd;
+    VkFence staging_fence;
+
+    VkPipelineCache pipeline_cache;
+    char pipeline_cache_path[512];
+    struct vkd_kernels *kernels;     /* pipelines; created by vkd_kernels_create */
+
+    /* validation / debug messenger: counts messages of severity warning and error */
+    atomic_int n_validation_warnings;
+    atomic_int n_validation_errors;
+
+    vki_log_fn log;
+    void *log_user;
+    vki_log_level log_level;
+    bool lost;                       /* sticky: VK_ERROR_DEVICE_LOST seen */
+};
+
+/* ---- device -------------------------------------------------------------------------------- */
+
+vki_status vkd_open(const vki_device_params *p, vkd_device **out);
+void vkd_close(vkd_device *d);
+
+/* Log through the device's logger (printf format). */
+void vkd_log(const vkd_device *d, vki_log_level lvl, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+/* Map a VkResult to a status, logging `what` on failure. VK_SUCCESS -> VKI_OK. */
+vki_status vkd_check(vkd_device *d, VkResult r, const char *what);
+#define VKD_TRY(d, call)                                                                        \
+    do {                                                                                        \
+        vki_status st_ = vkd_check((d), (call), #call);                                         \
+        if (st_ != VKI_OK)                                                                      \
+            return st_;                                                                         \
+    } while (0)
+
+/* Give a Vulkan object a debug name (no-op without VK_EXT_debug_utils). */
+void vkd_name(vkd_device *d, VkObjectType type, uint64_t handle, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+
+/* ---- memory -------------------------------------------------------------------------------- */
+
+/* Creates a storage + transfer buffer of `size` bytes (size > 0). */
+vki_status vkd_buffer_create(vkd_device *d, VkDeviceSize size, vkd_mem kind, const char *name,
+                             vkd_buffer **out);
+void vkd_buffer_destroy(vkd_device *d, vkd_buffer *b); /* NULL is fine */
+
+/* Synchronous transfers through the staging ring (any size; chunked). Not for use while a
+ * command buffer of this device is being recorded by the same thread... they submit their own. */
+vki_status vkd_upload(vkd_device *d, vkd_buffer *dst, VkDeviceSize off, const void *src, size_t n);
+vki_status vkd_download(vkd_device *d, const vkd_buffer *src, VkDeviceSize off, void *dst, size_t n);
+/* Fill n bytes with a repeated 32-bit pattern (n multiple of 4). */
+vki_status vkd_fill(vkd_device *d, vkd_buffer *dst, VkDeviceSize off, VkDeviceSize n, uint32_t word);
+
+/* ---- command buffers ----------------------------------------------------------------------- */
+
+typedef struct vkd_cmd {
+    vkd_device *d;
+    VkCommandBuffer cb;
+    VkFence fence;
+    bool recording;
+    bool pending;            /* submitted, not yet waited */
+    /* profiling (optional): timestamps around every dispatch */
+    VkQueryPool queries;
+    uint32_t n_queries, max_queries;
+    const char **query_names;/* [max_queries / 2] kernel names, for the trace */
+} vkd_cmd;
+
+vki_status vkd_cmd_create(vkd_device *d, const char *name, vkd_cmd *out);
+void vkd_cmd_destroy(vkd_cmd *c);
+/* Enable per-dispatch GPU timestamps for up to max_dispatches dispatches per recording. */
+vki_status vkd_cmd_enable_profiling(vkd_cmd *c, uint32_t max_dispatches);
+vki_status vkd_cmd_begin(vkd_cmd *c);
+vki_status vkd_cmd_submit(vkd_cmd *c);           /* end + submit; does not wait */
+vki_status vkd_cmd_wait(vkd_cmd *c);             /* waits for the last submit */
+vki_status vkd_cmd_submit_wait(vkd_cmd *c);
+
+/* Compute->compute memory barrier (shader writes visible to later shader reads/writes). */
+void vkd_barrier(vkd_cmd *c);
+/* Transfer->compute and compute->transfer barriers around copies recorded in a step. */
+void vkd_barrier_transfer_to_compute(vkd_cmd *c);
+void vkd_barrier_compute_to_transfer(vkd_cmd *c);
+void vkd_copy(vkd_cmd *c, const vkd_buffer *src, VkDeviceSize src_off, const vkd_buffer *dst,
+              VkDeviceSize dst_off, VkDeviceSize n);
+
+void vkd_label_begin(vkd_cmd *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+void vkd_label_end(vkd_cmd *c);
+
+#endif

@@ -1,0 +1,214 @@
+/* Kernel table, pipeline creation (with specialisation constants) and the dispatch path. */
+#include "engine/kernels.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "vki_spirv.h"
+
+#define PUSH_OK(T) (sizeof(T) % 4 == 0 && sizeof(T) <= VKI_MAX_PUSH)
+_Static_assert(PUSH_OK(vki_pc_add), "push struct vki_pc_add");
+
+#define SPV(name) .spv = vki_spv_##name, .spv_size = &vki_spv_##name##_size
+
+static const vkk_desc kernel_table[] = {
+    [VKK_ADD] = {"add", SPV(add), .n_bindings = 3, .push_size = sizeof(vki_pc_add),
+                 .n_spec = 1, .spec_default = {256}},
+};
+_Static_assert(sizeof kernel_table / sizeof kernel_table[0] == VKK_COUNT, "one table row per kernel");
+
+const vkk_desc *vkk_get(vkk_id k) { return (unsigned)k < VKK_COUNT ? &kernel_table[k] : NULL; }
+
+/* A pipeline per specialisation: a short list per kernel, searched linearly (a handful each). */
+typedef struct variant {
+    uint32_t spec[VKK_MAX_SPEC];
+    VkPipeline pipeline;
+} variant;
+
+typedef struct kernel_state {
+    VkShaderModule module;
+    VkDescriptorSetLayout set_layout;
+    VkPipelineLayout layout;
+    variant *variants;
+    uint32_t n_variants, cap_variants;
+} kernel_state;
+
+struct vkd_kernels {
+    kernel_state k[VKK_COUNT];
+};
+
+static vki_status kernel_init(vkd_device *d, vkk_id id, kernel_state *ks)
+{
+    const vkk_desc *kd = &kernel_table[id];
+    VkShaderModuleCreateInfo mi = {.sType = VK_STRUCTURE_TYPE_SHADER_MODULE_CREATE_INFO,
+                                   .codeSize = *kd->spv_size, .pCode = kd->spv};
+    VKD_TRY(d, vkCreateShaderModule(d->dev, &mi, NULL, &ks->module));
+    vkd_name(d, VK_OBJECT_TYPE_SHADER_MODULE, (uint64_t)ks->module, "%s", kd->name);
+    VkDescriptorSetLayoutBinding b[VKK_MAX_BINDINGS];
+    for (uint32_t i = 0; i < kd->n_bindings; i++)
+        b[i] = (VkDescriptorSetLayoutBinding){.binding = i, .descriptorType = VK_DESCRIPTOR_TYPE_STORAGE_BUFFER,
+                                              .descriptorCount = 1, .stageFlags = VK_SHADER_STAGE_COMPUTE_BIT};
+    VkDescriptorSetLayoutCreateInfo li = {.sType = VK_STRUCTURE_TYPE_DESCRIPTOR_SET_LAYOUT_CREATE_INFO,
+                                          .flags = VK_DESCRIPTOR_SET_LAYOUT_CREATE_PUSH_DESCRIPTOR_BIT_KHR,
+                                          .bindingCount = kd->n_bindings, .pBindings = b};
+    VKD_TRY(d, vkCreateDescriptorSetLayout(d->dev, &li, NULL, &ks->set_layout));
+    VkPushConstantRange pr = {.stageFlags = VK_SHADER_STAGE_COMPUTE_BIT, .size = kd->push_size};
+    VkPipelineLayoutCreateInfo pi = {.sType = VK_STRUCTURE_TYPE_PIPELINE_LAYOUT_CREATE_INFO,
+                                     .setLayoutCount = 1, .pSetLayouts = &ks->set_layout,
+                                     .pushConstantRangeCount = kd->push_size ? 1 : 0, .pPushConstantRanges = &pr};
+    VKD_TRY(d, vkCreatePipelineLayout(d->dev, &pi, NULL, &ks->layout));
+    vkd_name(d, VK_OBJECT_TYPE_PIPELINE_LAYOUT, (uint64_t)ks->layout, "%s layout", kd->name);
+    return VKI_OK;
+}
+
+vki_status vkd_kernels_create(vkd_device *d)
+{
+    d->kernels = calloc(1, sizeof *d->kernels);
+    if (!d->kernels)
+        return VKI_ERR_OUT_OF_HOST_MEMORY;
+    for (int i = 0; i < VKK_COUNT; i++) {
+        if (kernel_table[i].push_size > d->info.max_push_constants_size) {
+            vkd_log(d, VKI_LOG_ERROR, "kernel %s needs %u push-constant bytes, device allows %u",
+                    kernel_table[i].name, kernel_table[i].push_size, d->info.max_push_constants_size);
+            return VKI_ERR_UNSUPPORTED;
+        }
+        vki_status st = kernel_init(d, (vkk_id)i, &d->kernels->k[i]);
+        if (st != VKI_OK)
+            return st;
+    }
+    return VKI_OK;
+}
+
+void vkd_kernels_destroy(vkd_device *d)
+{
+    if (!d->kernels)
+        return;
+    for (int i = 0; i < VKK_COUNT; i++) {
+        kernel_state *ks = &d->kernels->k[i];
+        for (uint32_t v = 0; v < ks->n_variants; v++)
+            vkDestroyPipeline(d->dev, ks->variants[v].pipeline, NULL);
+        free(ks->variants);
+        if (ks->layout)
+            vkDestroyPipelineLayout(d->dev, ks->layout, NULL);
+        if (ks->set_layout)
+            vkDestroyDescriptorSetLayout(d->dev, ks->set_layout, NULL);
+        if (ks->module)
+            vkDestroyShaderModule(d->dev, ks->module, NULL);
+    }
+    free(d->kernels);
+    d->kernels = NULL;
+}
+
+static vki_status get_pipeline(vkd_device *d, vkk_id id, const uint32_t *spec, VkPipeline *out)
+{
+    const vkk_desc *kd = &kernel_table[id];
+    kernel_state *ks = &d->kernels->k[id];
+    uint32_t vals[VKK_MAX_SPEC] = {0};
+    memcpy(vals, spec ? spec : kd->spec_default, kd->n_spec * sizeof(uint32_t));
+    for (uint32_t v = 0; v < ks->n_variants; v++)
+        if (!memcmp(ks->variants[v].spec, vals, sizeof vals)) {
+            *out = ks->variants[v].pipeline;
+            return VKI_OK;
+        }
+    if (ks->n_variants == ks->cap_variants) {
+        uint32_t cap = ks->cap_variants ? 2 * ks->cap_variants : 4;
+        variant *nv = realloc(ks->variants, cap * sizeof *nv);
+        if (!nv)
+            return VKI_ERR_OUT_OF_HOST_MEMORY;
+        ks->variants = nv;
+        ks->cap_variants = cap;
+    }
+    VkSpecializationMapEntry me[VKK_MAX_SPEC];
+    for (uint32_t i = 0; i < kd->n_spec; i++)
+        me[i] = (VkSpecializationMapEntry){.constantID = i, .offset = 4 * i, .size = 4};
+    VkSpecializationInfo si = {.mapEntryCount = kd->n_spec, .pMapEntries = me,
+                               .dataSize = 4 * kd->n_spec, .pData = vals};
+    VkComputePipelineCreateInfo ci = {
+        .sType = VK_STRUCTURE_TYPE_COMPUTE_PIPELINE_CREATE_INFO,
+        .stage = {.sType = VK_STRUCTURE_TYPE_PIPELINE_SHADER_STAGE_CREATE_INFO,
+                  .stage = VK_SHADER_STAGE_COMPUTE_BIT, .module = ks->module, .pName = "main",
+                  .pSpecializationInfo = kd->n_spec ? &si : NULL},
+        .layout = ks->layout};
+    VkPipeline p;
+    VKD_TRY(d, vkCreateComputePipelines(d->dev, d->pipeline_cache, 1, &ci, NULL, &p));
+    vkd_name(d, VK_OBJECT_TYPE_PIPELINE, (uint64_t)p, "%s [%u,%u,%u,%u]", kd->name, vals[0], vals[1],
+             vals[2], vals[3]);
+    memcpy(ks->variants[ks->n_variants].spec, vals, sizeof vals);
+    ks->variants[ks->n_variants++].pipeline = p;
+    *out = p;
+    return VKI_OK;
+}
+
+vki_status vkk_prepare(vkd_device *d, vkk_id k, const uint32_t *spec)
+{
+    if ((unsigned)k >= VKK_COUNT)
+        return VKI_ERR_INVALID_ARG;
+    VkPipeline p;
+    return get_pipeline(d, k, spec, &p);
+}
+
+static vki_status check_dispatch(vkd_device *d, const vkk_desc *kd, const vkd_view *bind, uint32_t n_bind,
+                                 uint32_t push_size, uint32_t gx, uint32_t gy, uint32_t gz)
+{
+    if (push_size != kd->push_size || n_bind != kd->n_bindings) {
+        vkd_log(d, VKI_LOG_ERROR, "dispatch %s: push %u bytes / %u bindings, table says %u / %u",
+                kd->name, push_size, n_bind, kd->push_size, kd->n_bindings);
+        return VKI_ERR_INVALID_ARG;
+    }
+    const uint32_t *mx = d->info.max_workgroup_count;
+    if (!gx || !gy || !gz || gx > mx[0] || gy > mx[1] || gz > mx[2]) {
+        vkd_log(d, VKI_LOG_ERROR, "dispatch %s: groups (%u,%u,%u) outside (1..%u,1..%u,1..%u)", kd->name,
+                gx, gy, gz, mx[0], mx[1], mx[2]);
+        return VKI_ERR_INVALID_ARG;
+    }
+    for (uint32_t i = 0; i < n_bind; i++) {
+        const vkd_view *v = &bind[i];
+        VkDeviceSize range = v->range == VK_WHOLE_SIZE && v->buf ? v->buf->size - v->offset : v->range;
+        if (!v->buf || v->offset >= v->buf->size || range > v->buf->size - v->offset ||
+            range > d->info.max_storage_buffer_range || v->offset % d->info.min_storage_buffer_offset_alignment) {
+            vkd_log(d, VKI_LOG_ERROR, "dispatch %s: binding %u range [%llu,+%llu) invalid for its buffer or "
+                    "the device limits", kd->name, i, (unsigned long long)v->offset, (unsigned long long)range);
+            return VKI_ERR_INVALID_ARG;
+        }
+    }
+    return VKI_OK;
+}
+
+vki_status vkk_dispatch(vkd_cmd *c, vkk_id k, const uint32_t *spec, const vkd_view *bind, uint32_t n_bind,
+                        const void *push, uint32_t push_size, uint32_t gx, uint32_t gy, uint32_t gz)
+{
+    vkd_device *d = c->d;
+    const vkk_desc *kd = vkk_get(k);
+    if (!kd || !c->recording)
+        return VKI_ERR_INVALID_ARG;
+    vki_status st = check_dispatch(d, kd, bind, n_bind, push_size, gx, gy, gz);
+    VkPipeline p = VK_NULL_HANDLE;
+    if (st == VKI_OK)
+        st = get_pipeline(d, k, spec, &p);
+    if (st != VKI_OK)
+        return st;
+    kernel_state *ks = &d->kernels->k[k];
+    VkDescriptorBufferInfo bi[VKK_MAX_BINDINGS];
+    VkWriteDescriptorSet w[VKK_MAX_BINDINGS];
+    for (uint32_t i = 0; i < n_bind; i++) {
+        bi[i] = (VkDescriptorBufferInfo){bind[i].buf->buf, bind[i].offset, bind[i].range};
+        w[i] = (VkWriteDescriptorSet){.sType = VK_STRUCTURE_TYPE_WRITE_DESCRIPTOR_SET, .dstBinding = i,
+                                      .descriptorCount = 1, .descriptorType = VK_DESCRIPTOR_TYPE_STORAGE_BUFFER,
+                                      .pBufferInfo = &bi[i]};
+    }
+    vkd_label_begin(c, "%s", kd->name);
+    bool timed = c->queries && c->n_queries + 2 <= c->max_queries;
+    if (timed) {
+        c->query_names[c->n_queries / 2] = kd->name;
+        vkCmdWriteTimestamp(c->cb, VK_PIPELINE_STAGE_TOP_OF_PIPE_BIT, c->queries, c->n_queries++);
+    }
+    vkCmdBindPipeline(c->cb, VK_PIPELINE_BIND_POINT_COMPUTE, p);
+    d->fn.push_descriptor(c->cb, VK_PIPELINE_BIND_POINT_COMPUTE, ks->layout, 0, n_bind, w);
+    if (push_size)
+        vkCmdPushConstants(c->cb, ks->layout, VK_SHADER_STAGE_COMPUTE_BIT, 0, push_size, push);
+    vkCmdDispatch(c->cb, gx, gy, gz);
+    if (timed)
+        vkCmdWriteTimestamp(c->cb, VK_PIPELINE_STAGE_BOTTOM_OF_PIPE_BIT, c->queries, c->n_queries++);
+    vkd_label_end(c);
+    return VKI_OK;
+}

@@ -1,0 +1,57 @@
+/* The one kernel table and the one dispatch path.
+ *
+ * Each kernel: a SPIR-V module embedded at build time, its binding count (all storage buffers,
+ * bindings 0..n-1, pushed with VK_KHR_push_descriptor), its push-constant struct size (the struct
+ * lives in shaders/vki_shared.h) and its specialisation constants (ids 0..n_spec-1; by
+ * convention id 0 is local_size_x). A pipeline exists per (kernel, specialisation values) and is
+ * created on first use, through the device's on-disk VkPipelineCache; vkk_prepare() creates them
+ * up front so the first tick does not pay for compilation. */
+#ifndef VKI_ENGINE_KERNELS_H
+#define VKI_ENGINE_KERNELS_H
+
+#include "engine/device.h"
+#include "shaders/vki_shared.h"
+
+typedef enum vkk_id {
+    VKK_ADD,
+    VKK_COUNT
+} vkk_id;
+
+#define VKK_MAX_SPEC 8
+#define VKK_MAX_BINDINGS 8
+
+typedef struct vkk_desc {
+    const char *name;             /* shows in RenderDoc/Nsight labels and in profiles */
+    const uint32_t *spv;
+    const size_t *spv_size;       /* bytes */
+    uint32_t n_bindings;
+    uint32_t push_size;           /* sizeof the vki_pc_* struct */
+    uint32_t n_spec;
+    uint32_t spec_default[VKK_MAX_SPEC];
+} vkk_desc;
+
+const vkk_desc *vkk_get(vkk_id k);
+
+/* Device hooks (called by vkd_open / vkd_close). */
+vki_status vkd_kernels_create(vkd_device *d);
+void vkd_kernels_destroy(vkd_device *d);
+
+/* spec: NULL for the table's defaults, else desc->n_spec values. */
+vki_status vkk_prepare(vkd_device *d, vkk_id k, const uint32_t *spec);
+
+/* Records one dispatch: binds the pipeline, pushes descriptors and constants, wraps it in a
+ * debug label (and timestamps when profiling). Checks push size, binding count, binding
+ * ranges and group counts against the table and the device limits; returns
+ * VKI_ERR_INVALID_ARG (and records nothing) on a mismatch. No barrier is recorded: the caller
+ * puts vkd_barrier() between dependent dispatches. */
+vki_status vkk_dispatch(vkd_cmd *c, vkk_id k, const uint32_t *spec, const vkd_view *bindings,
+                        uint32_t n_bindings, const void *push, uint32_t push_size, uint32_t gx,
+                        uint32_t gy, uint32_t gz);
+
+/* Ceil-divide helper for group counts. */
+static inline uint32_t vkk_groups(uint64_t n, uint32_t per_group)
+{
+    return (uint32_t)((n + per_group - 1) / per_group);
+}
+
+#endif

@@ -1,0 +1,395 @@
+/* Memory: a sub-allocator over a few large VkDeviceMemory blocks, buffers bound inside them,
+ * and a host-visible staging ring for synchronous uploads/readbacks.
+ *
+ * Each block keeps a sorted array of free ranges; allocation is first-fit with alignment,
+ * freeing coalesces neighbours. Cost: O(free ranges in the blocks of that memory type) per
+ * allocation; weights and scratch are allocated once, so this is never on the tick path.
+ * A block that becomes empty is returned to the driver. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/memory_internal.h"
+
+#define DEVICE_BLOCK_BYTES ((VkDeviceSize)256 << 20)
+
+typedef struct range {
+    VkDeviceSize off, size;
+} range;
+
+struct vkd_block {
+    vkd_block *next;
+    VkDeviceMemory mem;
+    VkDeviceSize size;
+    uint32_t type_index;
+    void *mapped;        /* host-visible blocks are mapped once, whole */
+    range *free;         /* sorted by off, non-adjacent */
+    uint32_t n_free, cap_free;
+    uint32_t n_live;     /* buffers inside */
+};
+
+static VkDeviceSize align_up(VkDeviceSize x, VkDeviceSize a) { return (x + a - 1) / a * a; }
+
+static int find_type(const vkd_device *d, uint32_t bits, VkMemoryPropertyFlags want)
+{
+    const VkPhysicalDeviceMemoryProperties *m = &d->mem_props;
+    for (uint32_t i = 0; i < m->memoryTypeCount; i++)
+        if ((bits & (1u << i)) && (m->memoryTypes[i].propertyFlags & want) == want)
+            return (int)i;
+    return -1;
+}
+
+static uint32_t pick_type(const vkd_device *d, uint32_t bits, vkd_mem kind)
+{
+    int t;
+    if (kind == VKD_MEM_HOST) {
+        /* cached first: readbacks of sampled tokens are read by the CPU */
+        t = find_type(d, bits, VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT | VK_MEMORY_PROPERTY_HOST_COHERENT_BIT |
+                                   VK_MEMORY_PROPERTY_HOST_CACHED_BIT);
+        if (t < 0)
+            t = find_type(d, bits, VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT | VK_MEMORY_PROPERTY_HOST_COHERENT_BIT);
+    } else {
+        t = find_type(d, bits, VK_MEMORY_PROPERTY_DEVICE_LOCAL_BIT);
+        if (t < 0)
+            t = find_type(d, bits, 0);
+    }
+    return t < 0 ? UINT32_MAX : (uint32_t)t;
+}
+
+static bool range_take(vkd_block *b, VkDeviceSize size, VkDeviceSize align, VkDeviceSize *off)
+{
+    for (uint32_t i = 0; i < b->n_free; i++) {
+        range *r = &b->free[i];
+        VkDeviceSize start = align_up(r->off, align);
+        if (start + size > r->off + r->size)
+            continue;
+        VkDeviceSize head = start - r->off, tail = r->off + r->size - (start + size);
+        if (head && tail) { /* split into two ranges */
+            if (b->n_free == b->cap_free) {
+                uint32_t cap = b->cap_free ? 2 * b->cap_free : 8;
+                range *nr = realloc(b->free, cap * sizeof *nr);
+                if (!nr)
+                    return false;
+                b->free = nr;
+                b->cap_free = cap;
+                r = &b->free[i];
+            }
+            memmove(&b->free[i + 2], &b->free[i + 1], (b->n_free - i - 1) * sizeof *r);
+            b->free[i + 1] = (range){start + size, tail};
+            r->size = head;
+            b->n_free++;
+        } else if (head) {
+            r->size = head;
+        } else if (tail) {
+            r->off = start + size;
+            r->size = tail;
+        } else {
+            memmove(r, r + 1, (b->n_free - i - 1) * sizeof *r);
+            b->n_free--;
+        }
+        *off = start;
+        return true;
+    }
+    return false;
+}
+
+/* Returns [off, off+size) to the free list, merging with neighbours. Never fails: the array
+ * only grows when neither neighbour merges, and it was sized for that at allocation. */
+static void range_give(vkd_block *b, VkDeviceSize off, VkDeviceSize size)
+{
+    uint32_t i = 0;
+    while (i < b->n_free && b->free[i].off < off)
+        i++;
+    bool merge_prev = i > 0 && b->free[i - 1].off + b->free[i - 1].size == off;
+    bool merge_next = i < b->n_free && off + size == b->free[i].off;
+    if (merge_prev && merge_next) {
+        b->free[i - 1].size += size + b->free[i].size;
+        memmove(&b->free[i], &b->free[i + 1], (b->n_free - i - 1) * sizeof(range));
+        b->n_free--;
+    } else if (merge_prev) {
+        b->free[i - 1].size += size;
+    } else if (merge_next) {
+        b->free[i].off = off;
+        b->free[i].size += size;
+    } else {
+        memmove(&b->free[i + 1], &b->free[i], (b->n_free - i) * sizeof(range));
+        b->free[i] = (range){off, size};
+        b->n_free++;
+    }
+}
+
+static vki_status block_create(vkd_device *d, uint32_t type, VkDeviceSize size, vkd_block **out)
+{
+    vkd_block *b = calloc(1, sizeof *b);
+    if (!b)
+        return VKI_ERR_OUT_OF_HOST_MEMORY;
+    b->cap_free = 8;
+    b->free = malloc(b->cap_free * sizeof *b->free);
+    if (!b->free) {
+        free(b);
+        return VKI_ERR_OUT_OF_HOST_MEMORY;
+    }
+    VkMemoryAllocateInfo ai = {.sType = VK_STRUCTURE_TYPE_MEMORY_ALLOCATE_INFO, .allocationSize = size,
+                               .memoryTypeIndex = type};
+    VkResult r = vkAllocateMemory(d->dev, &ai, NULL, &b->mem);
+    if (r == VK_SUCCESS && (d->mem_props.memoryTypes[type].propertyFlags & VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT)) {
+        r = vkMapMemory(d->dev, b->mem, 0, VK_WHOLE_SIZE, 0, &b->mapped);
+        if (r != VK_SUCCESS)
+            vkFreeMemory(d->dev, b->mem, NULL);
+    }
+    if (r != VK_SUCCESS) {
+        free(b->free);
+        free(b);
+        /* OOM here is expected and handled by the caller (retry smaller / report), so no log */
+        return r == VK_ERROR_OUT_OF_DEVICE_MEMORY ? VKI_ERR_OUT_OF_DEVICE_MEMORY
+             : r == VK_ERROR_OUT_OF_HOST_MEMORY   ? VKI_ERR_OUT_OF_HOST_MEMORY
+                                                  : vkd_check(d, r, "vkAllocateMemory");
+    }
+    vkd_name(d, VK_OBJECT_TYPE_DEVICE_MEMORY, (uint64_t)b->mem, "vkinfer block %llu MiB type %u",
+             (unsigned long long)(size >> 20), type);
+    b->size = size;
+    b->type_index = type;
+    b->free[0] = (range){0, size};
+    b->n_free = 1;
+    b->next = d->blocks;
+    d->blocks = b;
+    *out = b;
+    return VKI_OK;
+}
+
+static void block_release(vkd_device *d, vkd_block *b)
+{
+    for (vkd_block **p = &d->blocks; *p; p = &(*p)->next)
+        if (*p == b) {
+            *p = b->next;
+            break;
+        }
+    if (b->mapped)
+        vkUnmapMemory(d->dev, b->mem);
+    vkFreeMemory(d->dev, b->mem, NULL);
+    free(b->free);
+    free(b);
+}
+
+/* Reserve `size` bytes aligned to `align` of memory type `type`, creating a block if needed. */
+static vki_status sub_alloc(vkd_device *d, uint32_t type, VkDeviceSize size, VkDeviceSize align,
+                            vkd_block **blk, VkDeviceSize *off)
+{
+    for (vkd_block *b = d->blocks; b; b = b->next) {
+        if (b->type_index != type)
+            continue;
+        /* keep room for one extra free range so range_give never needs to allocate */
+        if (b->n_free + 1 >= b->cap_free) {
+            range *nr = realloc(b->free, 2 * b->cap_free * sizeof *nr);
+            if (!nr)
+                return VKI_ERR_OUT_OF_HOST_MEMORY;
+            b->free = nr;
+            b->cap_free *= 2;
+        }
+        if (range_take(b, size, align, off)) {
+            *blk = b;
+            return VKI_OK;
+        }
+    }
+    VkDeviceSize max_alloc = d->info.max_memory_allocation_size ? d->info.max_memory_allocation_size
+                                                                : ((VkDeviceSize)1 << 30);
+    if (size > max_alloc) {
+        vkd_log(d, VKI_LOG_ERROR, "allocation of %llu bytes exceeds maxMemoryAllocationSize (%llu)",
+                (unsigned long long)size, (unsigned long long)max_alloc);
+        return VKI_ERR_OUT_OF_DEVICE_MEMORY;
+    }
+    VkDeviceSize want = size > d->block_size ? size : d->block_size;
+    if (want > max_alloc)
+        want = max_alloc;
+    vkd_block *b = NULL;
+    vki_status st = block_create(d, type, want, &b);
+    if (st == VKI_ERR_OUT_OF_DEVICE_MEMORY && want > size)
+        st = block_create(d, type, size, &b); /* no room for a whole block: exact fit */
+    if (st != VKI_OK) {
+        vkd_log(d, VKI_LOG_ERROR, "out of %s memory allocating %llu bytes (%s)",
+                d->mem_props.memoryTypes[type].propertyFlags & VK_MEMORY_PROPERTY_DEVICE_LOCAL_BIT ? "device" : "host-visible",
+                (unsigned long long)size, vki_status_str(st));
+        return st;
+    }
+    range_take(b, size, align, off);
+    *blk = b;
+    return VKI_OK;
+}
+
+vki_status vkd_buffer_create(vkd_device *d, VkDeviceSize size, vkd_mem kind, const char *name,
+                             vkd_buffer **out)
+{
+    *out = NULL;
+    if (size == 0)
+        return VKI_ERR_INVALID_ARG;
+    if (d->lost)
+        return VKI_ERR_DEVICE_LOST;
+    vkd_buffer *b = calloc(1, sizeof *b);
+    if (!b)
+        return VKI_ERR_OUT_OF_HOST_MEMORY;
+    b->size = size;
+    b->kind = kind;
+    VkBufferCreateInfo bi = {.sType = VK_STRUCTURE_TYPE_BUFFER_CREATE_INFO, .size = size,
+                             .usage = VK_BUFFER_USAGE_STORAGE_BUFFER_BIT | VK_BUFFER_USAGE_TRANSFER_SRC_BIT |
+                                      VK_BUFFER_USAGE_TRANSFER_DST_BIT,
+                             .sharingMode = VK_SHARING_MODE_EXCLUSIVE};
+    vki_status st = vkd_check(d, vkCreateBuffer(d->dev, &bi, NULL, &b->buf), "vkCreateBuffer");
+    if (st != VKI_OK) {
+        free(b);
+        return st;
+    }
+    VkMemoryRequirements req;
+    vkGetBufferMemoryRequirements(d->dev, b->buf, &req);
+    uint32_t type = pick_type(d, req.memoryTypeBits, kind);
+    st = type == UINT32_MAX ? VKI_ERR_UNSUPPORTED
+                            : sub_alloc(d, type, req.size, req.alignment, &b->block, &b->mem_off);
+    if (st == VKI_OK)
+        st = vkd_check(d, vkBindBufferMemory(d->dev, b->buf, b->block->mem, b->mem_off), "vkBindBufferMemory");
+    if (st != VKI_OK) {
+        if (b->block)
+            range_give(b->block, b->mem_off, req.size);
+        vkDestroyBuffer(d->dev, b->buf, NULL);
+        free(b);
+        return st;
+    }
+    b->mem_size = req.size;
+    b->block->n_live++;
+    if (b->block->mapped)
+        b->mapped = (char *)b->block->mapped + b->mem_off;
+    if (kind != VKD_MEM_HOST)
+        b->mapped = NULL; /* device buffers are not for the host even where memory is unified */
+    d->bytes_allocated[kind] += req.size;
+    vkd_name(d, VK_OBJECT_TYPE_BUFFER, (uint64_t)b->buf, "%s", name ? name : "vkinfer buffer");
+    *out = b;
+    return VKI_OK;
+}
+
+void vkd_buffer_destroy(vkd_device *d, vkd_buffer *b)
+{
+    if (!b)
+        return;
+    vkDestroyBuffer(d->dev, b->buf, NULL);
+    range_give(b->block, b->mem_off, b->mem_size);
+    d->bytes_allocated[b->kind] -= b->mem_size;
+    if (--b->block->n_live == 0)
+        block_release(d, b->block);
+    free(b);
+}
+
+/* ---- staging ring --------------------------------------------------------------------------- */
+
+vki_status vkd_memory_init(vkd_device *d, VkDeviceSize staging_bytes)
+{
+    vkGetPhysicalDeviceMemoryProperties(d->phys, &d->mem_props);
+    d->block_size = DEVICE_BLOCK_BYTES;
+    VKD_TRY(d, vkCreateFence(d->dev, &(VkFenceCreateInfo){.sType = VK_STRUCTURE_TYPE_FENCE_CREATE_INFO},
+                             NULL, &d->staging_fence));
+    VkCommandBufferAllocateInfo ai = {.sType = VK_STRUCTURE_TYPE_COMMAND_BUFFER_ALLOCATE_INFO,
+                                      .commandPool = d->cmd_pool, .level = VK_COMMAND_BUFFER_LEVEL_PRIMARY,
+                                      .commandBufferCount = 1};
+    VKD_TRY(d, vkAllocateCommandBuffers(d->dev, &ai, &d->staging_cmd));
+    vkd_name(d, VK_OBJECT_TYPE_COMMAND_BUFFER, (uint64_t)(uintptr_t)d->staging_cmd, "vkinfer staging");
+    return vkd_buffer_create(d, staging_bytes, VKD_MEM_HOST, "vkinfer staging ring", &d->staging);
+}
+
+void vkd_memory_shutdown(vkd_device *d)
+{
+    vkd_buffer_destroy(d, d->staging);
+    d->staging = NULL;
+    if (d->staging_fence)
+        vkDestroyFence(d->dev, d->staging_fence, NULL);
+    while (d->blocks) /* leaked buffers: release their blocks anyway */
+        block_release(d, d->blocks);
+}
+
+typedef enum { XFER_UP, XFER_DOWN, XFER_FILL } xfer_dir;
+
+/* Records one transfer into the staging command buffer, submits, waits. */
+static vki_status staging_run(vkd_device *d, xfer_dir dir, VkBuffer buf, VkDeviceSize off,
+                              VkDeviceSize n, uint32_t word)
+{
+    if (d->lost)
+        return VKI_ERR_DEVICE_LOST;
+    VkCommandBuffer cb = d->staging_cmd;
+    VKD_TRY(d, vkResetCommandBuffer(cb, 0));
+    VkCommandBufferBeginInfo bi = {.sType = VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO,
+                                   .flags = VK_COMMAND_BUFFER_USAGE_ONE_TIME_SUBMIT_BIT};
+    VKD_TRY(d, vkBeginCommandBuffer(cb, &bi));
+    /* earlier compute work (another queue submission) must be visible to the transfer and
+     * the transfer's writes visible to later compute: barriers on both sides */
+    VkMemoryBarrier mb = {.sType = VK_STRUCTURE_TYPE_MEMORY_BARRIER,
+                          .srcAccessMask = VK_ACCESS_SHADER_WRITE_BIT | VK_ACCESS_TRANSFER_WRITE_BIT,
+                          .dstAccessMask = VK_ACCESS_TRANSFER_READ_BIT | VK_ACCESS_TRANSFER_WRITE_BIT};
+    vkCmdPipelineBarrier(cb, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT | VK_PIPELINE_STAGE_TRANSFER_BIT,
+                         VK_PIPELINE_STAGE_TRANSFER_BIT, 0, 1, &mb, 0, NULL, 0, NULL);
+    if (dir == XFER_FILL) {
+        vkCmdFillBuffer(cb, buf, off, n, word);
+    } else {
+        VkBufferCopy c = {.srcOffset = dir == XFER_UP ? 0 : off, .dstOffset = dir == XFER_UP ? off : 0, .size = n};
+        vkCmdCopyBuffer(cb, dir == XFER_UP ? d->staging->buf : buf, dir == XFER_UP ? buf : d->staging->buf, 1, &c);
+    }
+    VkMemoryBarrier after = {.sType = VK_STRUCTURE_TYPE_MEMORY_BARRIER,
+                             .srcAccessMask = VK_ACCESS_TRANSFER_WRITE_BIT,
+                             .dstAccessMask = VK_ACCESS_SHADER_READ_BIT | VK_ACCESS_SHADER_WRITE_BIT |
+                                              VK_ACCESS_HOST_READ_BIT};
+    vkCmdPipelineBarrier(cb, VK_PIPELINE_STAGE_TRANSFER_BIT,
+                         VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT | VK_PIPELINE_STAGE_HOST_BIT, 0, 1, &after, 0,
+                         NULL, 0, NULL);
+    VKD_TRY(d, vkEndCommandBuffer(cb));
+    VkSubmitInfo si = {.sType = VK_STRUCTURE_TYPE_SUBMIT_INFO, .commandBufferCount = 1, .pCommandBuffers = &cb};
+    VKD_TRY(d, vkQueueSubmit(d->queue, 1, &si, d->staging_fence));
+    VKD_TRY(d, vkWaitForFences(d->dev, 1, &d->staging_fence, VK_TRUE, UINT64_MAX));
+    VKD_TRY(d, vkResetFences(d->dev, 1, &d->staging_fence));
+    return VKI_OK;
+}
+
+static bool in_bounds(const vkd_buffer *b, VkDeviceSize off, VkDeviceSize n)
+{
+    return off <= b->size && n <= b->size - off;
+}
+
+vki_status vkd_upload(vkd_device *d, vkd_buffer *dst, VkDeviceSize off, const void *src, size_t n)
+{
+    if (!in_bounds(dst, off, n))
+        return VKI_ERR_INVALID_ARG;
+    if (dst->mapped) {
+        memcpy((char *)dst->mapped + off, src, n);
+        return VKI_OK;
+    }
+    VkDeviceSize chunk = d->staging->size;
+    for (size_t done = 0; done < n; done += chunk) {
+        VkDeviceSize m = n - done < chunk ? n - done : chunk;
+        memcpy(d->staging->mapped, (const char *)src + done, m);
+        vki_status st = staging_run(d, XFER_UP, dst->buf, off + done, m, 0);
+        if (st != VKI_OK)
+            return st;
+    }
+    return VKI_OK;
+}
+
+vki_status vkd_download(vkd_device *d, const vkd_buffer *src, VkDeviceSize off, void *dst, size_t n)
+{
+    if (!in_bounds(src, off, n))
+        return VKI_ERR_INVALID_ARG;
+    if (src->mapped) {
+        memcpy(dst, (const char *)src->mapped + off, n);
+        return VKI_OK;
+    }
+    VkDeviceSize chunk = d->staging->size;
+    for (size_t done = 0; done < n; done += chunk) {
+        VkDeviceSize m = n - done < chunk ? n - done : chunk;
+        vki_status st = staging_run(d, XFER_DOWN, src->buf, off + done, m, 0);
+        if (st != VKI_OK)
+            return st;
+        memcpy((char *)dst + done, d->staging->mapped, m);
+    }
+    return VKI_OK;
+}
+
+vki_status vkd_fill(vkd_device *d, vkd_buffer *dst, VkDeviceSize off, VkDeviceSize n, uint32_t word)
+{
+    if (!in_bounds(dst, off, n) || (n & 3) || (off & 3))
+        return VKI_ERR_INVALID_ARG;
+    if (!n)
+        return VKI_OK;
+    return staging_run(d, XFER_FILL, dst->buf, off, n, word);
+}

@@ -1,0 +1,46 @@
+/* The step plan: the one contract between scheduler/ and engine/.
+ *
+ * Each tick the scheduler emits a plan; engine_step() executes it as ONE forward pass over the
+ * ragged batch (all new tokens of all sequences packed into one activation matrix
+ * [n_tokens, d_model]), samples on the GPU, and fills one vki_step_out per sequence with
+ * want_token set. Pure data: no Vulkan, no requests, no queues. */
+#ifndef VKI_ENGINE_STEP_H
+#define VKI_ENGINE_STEP_H
+
+#include "vkinfer.h"
+
+typedef struct vki_step_seq {
+    uint32_t slot;            /* sequence slot < engine max_seqs: indexes per-sequence device state */
+    uint32_t pos0;            /* position of the first new token; KV already holds [0, pos0) */
+    uint32_t n_new;           /* new tokens this step: 1 for decode, up to a chunk for prefill */
+    const int32_t *tokens;    /* [n_new] token ids */
+    uint32_t n_pages;         /* page-table length, >= ceil((pos0 + n_new) / page_size) */
+    const uint32_t *pages;    /* [n_pages] physical KV page ids, in position order */
+    bool want_token;          /* sample a token after the last new token (last prefill chunk or
+                                 decode); false for a non-final prefill chunk */
+    /* sampling (only when want_token): see the sampling issue; NULL params = greedy */
+    const struct vki_sampling_params *sampling;
+    uint64_t seed;            /* resolved seed (the request's, or drawn at submission) */
+    const int32_t *history;   /* [n_history] the sequence's tokens before pos0 + n_new that the
+                                 penalties look at (the last `window` tokens), may be NULL */
+    uint32_t n_history;
+} vki_step_seq;
+
+typedef struct vki_step_plan {
+    uint32_t n_seqs;
+    const vki_step_seq *seqs; /* [n_seqs]; each slot appears at most once */
+    uint32_t n_tokens;        /* sum of n_new */
+} vki_step_plan;
+
+#define VKI_MAX_TOP_LOGPROBS 20
+
+typedef struct vki_step_out {
+    uint32_t slot;
+    int32_t token;            /* the sampled id */
+    float logprob;            /* log-softmax of the model's logits at `token` */
+    uint32_t n_top;           /* number of alternatives filled */
+    int32_t top_tokens[VKI_MAX_TOP_LOGPROBS];
+    float top_logprobs[VKI_MAX_TOP_LOGPROBS];
+} vki_step_out;
+
+#endif

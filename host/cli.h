@@ -1,0 +1,8 @@
+/* Subcommands of the vkinfer program. Each takes (argc, argv) with argv[0] = the command name
+ * and returns the process exit code (0 ok, 1 failure, 2 usage error). */
+#ifndef VKI_HOST_CLI_H
+#define VKI_HOST_CLI_H
+
+int vki_cli_info(int argc, char **argv);
+
+#endif

@@ -1,0 +1,30 @@
+/* The `vkinfer` command-line program: subcommands dispatch to host/cli_*.c. */
+#include <stdio.h>
+#include <string.h>
+
+#include "host/cli.h"
+
+static void usage(FILE *f)
+{
+    fprintf(f,
+            "usage: vkinfer <command> [options]\n"
+            "\n"
+            "commands:\n"
+            "  info [--json]        list Vulkan devices with their features and limits\n"
+            "\n"
+            "Run `vkinfer <command> --help` for a command's options.\n");
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 2 || !strcmp(argv[1], "-h") || !strcmp(argv[1], "--help")) {
+        usage(argc < 2 ? stderr : stdout);
+        return argc < 2 ? 2 : 0;
+    }
+    const char *cmd = argv[1];
+    if (!strcmp(cmd, "info"))
+        return vki_cli_info(argc - 1, argv + 1);
+    fprintf(stderr, "vkinfer: unknown command '%s'\n", cmd);
+    usage(stderr);
+    return 2;
+}

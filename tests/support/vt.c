@@ -1,0 +1,177 @@
+#include "support/vt.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+static void quiet_log(void *user, vki_log_level lvl, const char *msg)
+{
+    (void)user;
+    fprintf(stderr, "[vkinfer %s] %s\n", lvl == VKI_LOG_ERROR ? "error" : lvl == VKI_LOG_WARN ? "warn" : "info", msg);
+}
+
+int vt_gpu_setup(void **state)
+{
+    *state = NULL;
+    vt_gpu *g = calloc(1, sizeof *g);
+    if (!g)
+        return -1;
+    vki_device_params p = vki_device_default_params();
+    p.validation = true;
+    p.log = quiet_log;
+    p.log_level = VKI_LOG_WARN;
+    vki_status st = vkd_open(&p, &g->dev);
+    if (st == VKI_ERR_NO_DEVICE && getenv("VKI_ALLOW_NO_DEVICE") && !strcmp(getenv("VKI_ALLOW_NO_DEVICE"), "1")) {
+        fprintf(stderr, "SKIP: no Vulkan device (VKI_ALLOW_NO_DEVICE=1)\n");
+        free(g);
+        return 0;
+    }
+    if (st != VKI_OK) {
+        fprintf(stderr, "FAIL: cannot open a Vulkan device with validation: %s. GPU suites need a Vulkan "
+                "device (Debian: mesa-vulkan-drivers) and vulkan-validationlayers; set "
+                "VKI_ALLOW_NO_DEVICE=1 to skip them.\n", vki_status_str(st));
+        free(g);
+        return -1;
+    }
+    fprintf(stderr, "device: %s (%s)\n", g->dev->info.name, g->dev->info.driver_info);
+    if (vkd_cmd_create(g->dev, "test cmd", &g->cmd) != VKI_OK) {
+        vkd_close(g->dev);
+        free(g);
+        return -1;
+    }
+    *state = g;
+    return 0;
+}
+
+int vt_gpu_teardown(void **state)
+{
+    vt_gpu *g = *state;
+    if (!g)
+        return 0;
+    vkd_cmd_destroy(&g->cmd);
+    int errors = atomic_load(&g->dev->n_validation_errors), warns = atomic_load(&g->dev->n_validation_warnings);
+    vkd_close(g->dev); /* destruction-time messages count too */
+    free(g);
+    if (errors || warns) {
+        fprintf(stderr, "FAIL: %d validation errors, %d warnings\n", errors, warns);
+        return -1;
+    }
+    return 0;
+}
+
+vt_gpu *vt_gpu_get(void **state)
+{
+    vt_gpu *g = *state;
+    if (!g)
+        skip();
+    return g;
+}
+
+void vt_assert_clean(vt_gpu *g)
+{
+    assert_int_equal(atomic_load(&g->dev->n_validation_errors), 0);
+    assert_int_equal(atomic_load(&g->dev->n_validation_warnings), 0);
+}
+
+vkd_buffer *vt_buf_nan(vt_gpu *g, size_t n, const char *name)
+{
+    vkd_buffer *b = NULL;
+    size_t rounded = (n + 3) & ~(size_t)3;
+    assert_int_equal(vkd_buffer_create(g->dev, rounded ? rounded : 4, VKD_MEM_DEVICE, name, &b), VKI_OK);
+    assert_int_equal(vkd_fill(g->dev, b, 0, b->size, 0x7fc00000u), VKI_OK);
+    return b;
+}
+
+vkd_buffer *vt_buf_from(vt_gpu *g, const void *data, size_t n, const char *name)
+{
+    vkd_buffer *b = vt_buf_nan(g, n, name);
+    assert_int_equal(vkd_upload(g->dev, b, 0, data, n), VKI_OK);
+    return b;
+}
+
+void vt_download(vt_gpu *g, const vkd_buffer *b, void *dst, size_t n)
+{
+    assert_int_equal(vkd_download(g->dev, b, 0, dst, n), VKI_OK);
+}
+
+void vt_begin(vt_gpu *g) { assert_int_equal(vkd_cmd_begin(&g->cmd), VKI_OK); }
+void vt_submit_wait(vt_gpu *g) { assert_int_equal(vkd_cmd_submit_wait(&g->cmd), VKI_OK); }
+
+vt_rng vt_rng_seeded(const char *suite)
+{
+    const char *env = getenv("VKI_TEST_SEED");
+    uint64_t seed = env && *env ? strtoull(env, NULL, 0) : (uint64_t)time(NULL) ^ ((uint64_t)getpid() << 32);
+    fprintf(stderr, "%s: seed %llu (rerun with VKI_TEST_SEED=%llu)\n", suite, (unsigned long long)seed,
+            (unsigned long long)seed);
+    return (vt_rng){seed};
+}
+
+uint64_t vt_u64(vt_rng *r)
+{
+    uint64_t z = (r->s += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+uint32_t vt_range(vt_rng *r, uint32_t lo, uint32_t hi)
+{
+    return lo + (uint32_t)(vt_u64(r) % ((uint64_t)hi - lo + 1));
+}
+
+float vt_uniform(vt_rng *r, float lo, float hi)
+{
+    return lo + (hi - lo) * (float)((vt_u64(r) >> 40) * (1.0 / 16777216.0));
+}
+
+float vt_normal(vt_rng *r)
+{
+    double u1 = ((vt_u64(r) >> 11) + 1) * (1.0 / 9007199254740993.0), u2 = (vt_u64(r) >> 11) * (1.0 / 9007199254740992.0);
+    return (float)(sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2));
+}
+
+void vt_fill_uniform(vt_rng *r, float *x, size_t n, float lo, float hi)
+{
+    for (size_t i = 0; i < n; i++)
+        x[i] = vt_uniform(r, lo, hi);
+}
+
+double vt_nmse(const float *a, const float *ref, size_t n)
+{
+    double num = 0, den = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (!isfinite(a[i]) && !(isinf(a[i]) && a[i] == ref[i]))
+            return INFINITY;
+        if (isinf(ref[i]))
+            continue; /* matching infinities (e.g. masked logits) */
+        double e = (double)a[i] - ref[i];
+        num += e * e;
+        den += (double)ref[i] * ref[i];
+    }
+    return den > 0 ? num / den : num;
+}
+
+void vt_assert_nmse(const float *a, const float *ref, size_t n, double tol, const char *label)
+{
+    double e = vt_nmse(a, ref, n);
+    if (e <= tol)
+        return;
+    size_t worst = 0;
+    double we = -1;
+    for (size_t i = 0; i < n; i++) {
+        double d = isfinite(a[i]) ? fabs((double)a[i] - ref[i]) : INFINITY;
+        if (d > we) {
+            we = d;
+            worst = i;
+        }
+    }
+    fail_msg("%s: NMSE %.3g > %.3g (worst [%zu]: got %.9g, want %.9g)", label, e, tol, worst, a[worst], ref[worst]);
+}
+
+const char *vt_shared_model(const char *name, char *buf, size_t n)
+{
+    snprintf(buf, n, "%s/models/%s", VKI_SHARED_DIR, name);
+    return access(buf, R_OK) == 0 ? buf : NULL;
+}

@@ -1,0 +1,62 @@
+/* Test support shared by every suite: GPU harness (device with the validation layer; a suite
+ * fails on any validation message), random data, NMSE, and paths to ../shared.
+ *
+ * GPU suites: group setup vt_gpu_setup / teardown vt_gpu_teardown. With no Vulkan device the
+ * setup fails with a clear message, unless VKI_ALLOW_NO_DEVICE=1, when every test skips. */
+#ifndef VKI_TESTS_VT_H
+#define VKI_TESTS_VT_H
+
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+#include <math.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/device.h"
+#include "engine/kernels.h"
+
+typedef struct vt_gpu {
+    vkd_device *dev;
+    vkd_cmd cmd;
+} vt_gpu;
+
+int vt_gpu_setup(void **state);    /* *state = vt_gpu* (or NULL to skip when allowed) */
+int vt_gpu_teardown(void **state); /* fails if any validation message was seen */
+/* In a test: vt_gpu *g = vt_gpu_get(state); (skips the test when there is no device) */
+vt_gpu *vt_gpu_get(void **state);
+/* Asserts no validation message so far (call at the end of each test to pin the culprit). */
+void vt_assert_clean(vt_gpu *g);
+
+/* Device buffer of n bytes, filled with NaN bits (0x7fc00000), so unwritten outputs fail. */
+vkd_buffer *vt_buf_nan(vt_gpu *g, size_t n, const char *name);
+vkd_buffer *vt_buf_from(vt_gpu *g, const void *data, size_t n, const char *name);
+void vt_download(vt_gpu *g, const vkd_buffer *b, void *dst, size_t n);
+void vt_begin(vt_gpu *g);
+void vt_submit_wait(vt_gpu *g);
+
+/* Deterministic RNG (splitmix64). Each suite seeds from VKI_TEST_SEED or the time and prints it. */
+typedef struct vt_rng {
+    uint64_t s;
+} vt_rng;
+vt_rng vt_rng_seeded(const char *suite);
+uint64_t vt_u64(vt_rng *r);
+uint32_t vt_range(vt_rng *r, uint32_t lo, uint32_t hi); /* uniform in [lo, hi] */
+float vt_uniform(vt_rng *r, float lo, float hi);
+float vt_normal(vt_rng *r);
+void vt_fill_uniform(vt_rng *r, float *x, size_t n, float lo, float hi);
+
+/* Normalised mean squared error: sum (a-b)^2 / sum b^2 (b is the reference). A NaN or inf in
+ * `a` gives INFINITY. When the reference is all zero it returns sum (a-b)^2. */
+double vt_nmse(const float *a, const float *ref, size_t n);
+/* Asserts nmse <= tol, printing the shape label and the worst element on failure. */
+void vt_assert_nmse(const float *a, const float *ref, size_t n, double tol, const char *label);
+
+/* ../shared/models/<name> if present, else NULL (the caller skips with a message). */
+const char *vt_shared_model(const char *name, char *buf, size_t n);
+
+#endif

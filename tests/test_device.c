@@ -1,0 +1,187 @@
+/* Device layer: open/close, sub-allocator, staging transfers, dispatch-path checks, the
+ * validation counter itself, and the add kernel against its reference. */
+#include "support/vt.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+static void test_info_sane(void **state)
+{
+    vt_gpu *g = vt_gpu_get(state);
+    const vki_device_info *in = &g->dev->info;
+    assert_true(in->name[0]);
+    assert_true(in->subgroup_size >= 1);
+    assert_true(in->max_storage_buffer_range >= (1u << 20));
+    assert_true(in->push_descriptor);
+    assert_true(in->max_push_constants_size >= VKI_MAX_PUSH);
+    vt_assert_clean(g);
+}
+
+/* Many buffers of odd sizes: all distinct ranges, data round-trips, freeing and reallocating
+ * reuses space (the block count stays bounded). */
+static void test_suballocator_roundtrip(void **state)
+{
+    vt_gpu *g = vt_gpu_get(state);
+    vt_rng r = vt_rng_seeded("suballocator");
+    enum { N = 64 };
+    vkd_buffer *b[N];
+    uint8_t *data[N];
+    size_t sz[N];
+    for (int i = 0; i < N; i++) {
+        sz[i] = vt_range(&r, 1, 200000);
+        data[i] = malloc(sz[i]);
+        for (size_t j = 0; j < sz[i]; j++)
+            data[i][j] = (uint8_t)vt_u64(&r);
+        assert_int_equal(vkd_buffer_create(g->dev, sz[i], (i & 1) ? VKD_MEM_HOST : VKD_MEM_DEVICE, "t", &b[i]), VKI_OK);
+        assert_int_equal(vkd_upload(g->dev, b[i], 0, data[i], sz[i]), VKI_OK);
+    }
+    for (int i = 0; i < N; i++) {
+        uint8_t *back = malloc(sz[i]);
+        assert_int_equal(vkd_download(g->dev, b[i], 0, back, sz[i]), VKI_OK);
+        assert_memory_equal(back, data[i], sz[i]);
+        free(back);
+        for (int j = 0; j < i; j++) /* same block => disjoint ranges */
+            if (b[j]->block == b[i]->block)
+                assert_true(b[j]->mem_off + b[j]->mem_size <= b[i]->mem_off ||
+                            b[i]->mem_off + b[i]->mem_size <= b[j]->mem_off);
+    }
+    VkDeviceSize before = g->dev->bytes_allocated[VKD_MEM_DEVICE];
+    for (int i = 0; i < N; i += 2)
+        vkd_buffer_destroy(g->dev, b[i]);
+    assert_true(g->dev->bytes_allocated[VKD_MEM_DEVICE] < before);
+    for (int i = 0; i < N; i += 2)
+        assert_int_equal(vkd_buffer_create(g->dev, sz[i], VKD_MEM_DEVICE, "t2", &b[i]), VKI_OK);
+    for (int i = 0; i < N; i++) {
+        vkd_buffer_destroy(g->dev, b[i]);
+        free(data[i]);
+    }
+    assert_int_equal(g->dev->bytes_allocated[VKD_MEM_DEVICE], 0);
+    vt_assert_clean(g);
+}
+
+/* A transfer larger than the staging ring is chunked correctly. */
+static void test_staging_chunks(void **state)
+{
+    vt_gpu *g = vt_gpu_get(state);
+    size_t n = g->dev->staging->size * 2 + 12;
+    uint32_t *src = malloc(n), *back = malloc(n);
+    for (size_t i = 0; i < n / 4; i++)
+        src[i] = (uint32_t)(i * 2654435761u);
+    vkd_buffer *b;
+    assert_int_equal(vkd_buffer_create(g->dev, n, VKD_MEM_DEVICE, "big", &b), VKI_OK);
+    assert_int_equal(vkd_upload(g->dev, b, 0, src, n), VKI_OK);
+    assert_int_equal(vkd_download(g->dev, b, 0, back, n), VKI_OK);
+    assert_memory_equal(src, back, n);
+    assert_int_equal(vkd_fill(g->dev, b, 8, 16, 0xdeadbeefu), VKI_OK);
+    assert_int_equal(vkd_download(g->dev, b, 0, back, 32), VKI_OK);
+    assert_int_equal(back[1], src[1]);
+    assert_int_equal(back[2], 0xdeadbeefu);
+    assert_int_equal(back[5], 0xdeadbeefu);
+    assert_int_equal(back[6], src[6]);
+    assert_int_equal(vkd_upload(g->dev, b, n - 4, src, 8), VKI_ERR_INVALID_ARG); /* out of bounds */
+    vkd_buffer_destroy(g->dev, b);
+    free(src);
+    free(back);
+    vt_assert_clean(g);
+}
+
+/* Oversized allocations fail with a status, not a crash. */
+static void test_oom_is_a_status(void **state)
+{
+    vt_gpu *g = vt_gpu_get(state);
+    vkd_buffer *b = NULL;
+    VkDeviceSize huge = g->dev->info.max_memory_allocation_size * 4;
+    vki_status st = vkd_buffer_create(g->dev, huge, VKD_MEM_DEVICE, "huge", &b);
+    assert_int_equal(st, VKI_ERR_OUT_OF_DEVICE_MEMORY);
+    assert_null(b);
+    assert_int_equal(vkd_buffer_create(g->dev, 0, VKD_MEM_DEVICE, "zero", &b), VKI_ERR_INVALID_ARG);
+    vt_assert_clean(g);
+}
+
+static void ref_add(const float *a, const float *b, float *y, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        y[i] = a[i] + b[i];
+}
+
+static void test_add_kernel(void **state)
+{
+    vt_gpu *g = vt_gpu_get(state);
+    vt_rng r = vt_rng_seeded("add");
+    uint32_t sizes[24] = {1, 7, 255, 256, 257, 1000, 65536 * 4 + 3};
+    for (int i = 7; i < 24; i++)
+        sizes[i] = vt_range(&r, 1, 300000);
+    for (int t = 0; t < 24; t++) {
+        uint32_t n = sizes[t];
+        float *a = malloc(n * 4), *b = malloc(n * 4), *y = malloc(n * 4), *ref = malloc(n * 4);
+        vt_fill_uniform(&r, a, n, -4, 4);
+        vt_fill_uniform(&r, b, n, -4, 4);
+        ref_add(a, b, ref, n);
+        vkd_buffer *ba = vt_buf_from(g, a, n * 4, "a"), *bb = vt_buf_from(g, b, n * 4, "b"), *by = vt_buf_nan(g, n * 4, "y");
+        vt_begin(g);
+        vki_pc_add pc = {.n = n};
+        vkd_view v[3] = {vkd_whole(ba), vkd_whole(bb), vkd_whole(by)};
+        uint32_t groups = vkk_groups(n, 256);
+        assert_int_equal(vkk_dispatch(&g->cmd, VKK_ADD, NULL, v, 3, &pc, sizeof pc, groups < 4096 ? groups : 4096, 1, 1), VKI_OK);
+        vt_submit_wait(g);
+        vt_download(g, by, y, n * 4);
+        char label[64];
+        snprintf(label, sizeof label, "add n=%u", n);
+        vt_assert_nmse(y, ref, n, 1e-10, label);
+        vkd_buffer_destroy(g->dev, ba);
+        vkd_buffer_destroy(g->dev, bb);
+        vkd_buffer_destroy(g->dev, by);
+        free(a); free(b); free(y); free(ref);
+    }
+    vt_assert_clean(g);
+}
+
+/* The dispatch path refuses a wrong push size or binding count and records nothing. */
+static void test_dispatch_checks(void **state)
+{
+    vt_gpu *g = vt_gpu_get(state);
+    vkd_buffer *b = vt_buf_nan(g, 64, "b");
+    vkd_view v[3] = {vkd_whole(b), vkd_whole(b), vkd_whole(b)};
+    vki_pc_add pc = {.n = 16};
+    vt_begin(g);
+    assert_int_equal(vkk_dispatch(&g->cmd, VKK_ADD, NULL, v, 2, &pc, sizeof pc, 1, 1, 1), VKI_ERR_INVALID_ARG);
+    assert_int_equal(vkk_dispatch(&g->cmd, VKK_ADD, NULL, v, 3, &pc, 8, 1, 1, 1), VKI_ERR_INVALID_ARG);
+    assert_int_equal(vkk_dispatch(&g->cmd, VKK_ADD, NULL, v, 3, &pc, sizeof pc, 0, 1, 1), VKI_ERR_INVALID_ARG);
+    vkd_view bad = {b, 0, 128};
+    vkd_view v2[3] = {bad, vkd_whole(b), vkd_whole(b)};
+    assert_int_equal(vkk_dispatch(&g->cmd, VKK_ADD, NULL, v2, 3, &pc, sizeof pc, 1, 1, 1), VKI_ERR_INVALID_ARG);
+    vt_submit_wait(g);
+    vkd_buffer_destroy(g->dev, b);
+    vt_assert_clean(g);
+}
+
+/* The messenger really counts: an invalid call is seen (then the counters are reset so the
+ * suite's teardown check still guards everything else). */
+static void test_validation_counter_works(void **state)
+{
+    vt_gpu *g = vt_gpu_get(state);
+    VkBufferCreateInfo bi = {.sType = VK_STRUCTURE_TYPE_BUFFER_CREATE_INFO, .size = 0,
+                             .usage = VK_BUFFER_USAGE_STORAGE_BUFFER_BIT};
+    VkBuffer buf = VK_NULL_HANDLE;
+    int before = atomic_load(&g->dev->n_validation_errors);
+    VkResult r = vkCreateBuffer(g->dev->dev, &bi, NULL, &buf); /* size 0 is invalid usage */
+    assert_true(atomic_load(&g->dev->n_validation_errors) > before);
+    if (r == VK_SUCCESS && buf)
+        vkDestroyBuffer(g->dev->dev, buf, NULL);
+    atomic_store(&g->dev->n_validation_errors, 0);
+    atomic_store(&g->dev->n_validation_warnings, 0);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_info_sane),
+        cmocka_unit_test(test_suballocator_roundtrip),
+        cmocka_unit_test(test_staging_chunks),
+        cmocka_unit_test(test_oom_is_a_status),
+        cmocka_unit_test(test_add_kernel),
+        cmocka_unit_test(test_dispatch_checks),
+        cmocka_unit_test(test_validation_counter_works),
+    };
+    return cmocka_run_group_tests(tests, vt_gpu_setup, vt_gpu_teardown);
+}
