@@ -156,6 +156,36 @@ typedef struct vki_device_params {
 
 vki_device_params vki_device_default_params(void);
 
+/* ---- sampling ---------------------------------------------------------------------------- */
+
+typedef struct vki_logit_bias {
+    int32_t token;
+    float bias;                     /* added to the logit before temperature; -INFINITY bans */
+} vki_logit_bias;
+
+/* Per-request sampling. Applied on the GPU in this order: penalties over the last
+ * penalty_window tokens of the sequence, logit bias, temperature, top-k, top-p, min-p, draw.
+ * Randomness is keyed by (seed, position): a request's tokens do not depend on its batch. */
+typedef struct vki_sampling_params {
+    float temperature;              /* >= 0; 0 = greedy (argmax, lowest id on ties) */
+    int32_t top_k;                  /* >= 0; 0 = off */
+    float top_p;                    /* (0, 1]; 1 = off */
+    float min_p;                    /* [0, 1]; 0 = off */
+    float repetition_penalty;       /* > 0; 1 = off (logit/p if > 0 else logit*p) */
+    float presence_penalty;         /* [-2, 2]; 0 = off */
+    float frequency_penalty;        /* [-2, 2]; 0 = off */
+    uint32_t penalty_window;        /* tokens the penalties look back over (prompt included) */
+    bool has_seed;                  /* false: a seed is drawn at submission and reported back */
+    uint64_t seed;
+    const vki_logit_bias *logit_bias; /* [n_logit_bias], copied at submission */
+    uint32_t n_logit_bias;
+    bool logprobs;                  /* return the chosen token's log-probability */
+    uint32_t top_logprobs;          /* 0..20 most likely alternatives per position */
+} vki_sampling_params;
+
+/* temperature 1, top_k 0, top_p 1, min_p 0, no penalties (window 64), random seed, no logprobs. */
+vki_sampling_params vki_sampling_default_params(void);
+
 #ifdef __cplusplus
 }
 #endif
