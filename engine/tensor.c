@@ -1,0 +1,84 @@
+#include "engine/tensor.h"
+
+#include <stdio.h>
+#include <string.h>
+
+#include "engine/quant.h"
+
+vki_status vk_tensor_create(vkd_device *d, uint32_t type, uint64_t ne0, uint64_t n_rows,
+                            size_t max_part_bytes, const char *name, vk_tensor *t)
+{
+    memset(t, 0, sizeof *t);
+    snprintf(t->name, sizeof t->name, "%s", name ? name : "tensor");
+    t->type = type;
+    t->ne0 = ne0;
+    t->n_rows = n_rows;
+    t->row_bytes = quant_row_bytes(type, ne0);
+    if (!t->row_bytes || !n_rows) {
+        vkd_log(d, VKI_LOG_ERROR, "tensor %s: type %u with row length %llu is not supported", t->name, type,
+                (unsigned long long)ne0);
+        return VKI_ERR_UNSUPPORTED;
+    }
+    uint64_t limit = d->info.max_storage_buffer_range;
+    if (d->info.max_memory_allocation_size && d->info.max_memory_allocation_size < limit)
+        limit = d->info.max_memory_allocation_size;
+    if (max_part_bytes && max_part_bytes < limit)
+        limit = max_part_bytes;
+    uint64_t rows_per_part = limit / t->row_bytes;
+    if (rows_per_part == 0) {
+        vkd_log(d, VKI_LOG_ERROR, "tensor %s: one row (%zu bytes) exceeds a storage buffer (%llu bytes)",
+                t->name, t->row_bytes, (unsigned long long)limit);
+        return VKI_ERR_UNSUPPORTED;
+    }
+    uint64_t n_parts = (n_rows + rows_per_part - 1) / rows_per_part;
+    if (n_parts > VK_TENSOR_MAX_PARTS) {
+        vkd_log(d, VKI_LOG_ERROR, "tensor %s: needs %llu parts (max %d)", t->name,
+                (unsigned long long)n_parts, VK_TENSOR_MAX_PARTS);
+        return VKI_ERR_UNSUPPORTED;
+    }
+    /* balance the parts so the last one is not a sliver */
+    rows_per_part = (n_rows + n_parts - 1) / n_parts;
+    for (uint64_t row0 = 0; row0 < n_rows; row0 += rows_per_part) {
+        vk_tensor_part *p = &t->parts[t->n_parts];
+        p->row0 = row0;
+        p->n_rows = n_rows - row0 < rows_per_part ? n_rows - row0 : rows_per_part;
+        char pname[128];
+        if (n_parts > 1)
+            snprintf(pname, sizeof pname, "%s[%u]", t->name, t->n_parts);
+        else
+            snprintf(pname, sizeof pname, "%s", t->name);
+        vki_status st = vkd_buffer_create(d, p->n_rows * t->row_bytes, VKD_MEM_DEVICE, pname, &p->buf);
+        if (st != VKI_OK) {
+            vk_tensor_destroy(d, t);
+            return st;
+        }
+        t->n_parts++;
+    }
+    return VKI_OK;
+}
+
+void vk_tensor_destroy(vkd_device *d, vk_tensor *t)
+{
+    for (uint32_t i = 0; i < t->n_parts; i++)
+        vkd_buffer_destroy(d, t->parts[i].buf);
+    t->n_parts = 0;
+}
+
+vki_status vk_tensor_upload(vkd_device *d, vk_tensor *t, const void *data)
+{
+    for (uint32_t i = 0; i < t->n_parts; i++) {
+        const vk_tensor_part *p = &t->parts[i];
+        vki_status st = vkd_upload(d, p->buf, 0, (const char *)data + p->row0 * t->row_bytes, p->n_rows * t->row_bytes);
+        if (st != VKI_OK)
+            return st;
+    }
+    return VKI_OK;
+}
+
+uint64_t vk_tensor_bytes(const vk_tensor *t)
+{
+    uint64_t n = 0;
+    for (uint32_t i = 0; i < t->n_parts; i++)
+        n += t->parts[i].buf->mem_size;
+    return n;
+}
