@@ -1,0 +1,150 @@
+#include "engine/model.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "engine/quant.h"
+
+typedef struct progress {
+    bool on;
+    uint64_t done, total;
+    int last_pct;
+    struct timespec t0;
+} progress;
+
+static double since(const struct timespec *t0)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (t.tv_sec - t0->tv_sec) + (t.tv_nsec - t0->tv_nsec) * 1e-9;
+}
+
+static void progress_step(progress *p, uint64_t bytes)
+{
+    p->done += bytes;
+    if (!p->on)
+        return;
+    int pct = p->total ? (int)(100 * p->done / p->total) : 100;
+    if (pct == p->last_pct)
+        return;
+    p->last_pct = pct;
+    double s = since(&p->t0);
+    fprintf(stderr, "\rloading [%-40.*s] %3d%% %6.0f MiB %5.1fs", pct * 40 / 100,
+            "########################################", pct, p->done / 1048576.0, s);
+    if (p->done >= p->total)
+        fprintf(stderr, "  (%.0f MiB/s)\n", s > 0 ? p->done / 1048576.0 / s : 0.0);
+    fflush(stderr);
+}
+
+#define LAYER_TENSORS 12
+/* The per-layer tensors in one order, for both sides of the upload. */
+static void gguf_layer_list(const model_layer_tensors *L, const gguf_tensor *out[LAYER_TENSORS])
+{
+    const gguf_tensor *all[LAYER_TENSORS] = {L->attn_norm, L->wq, L->wk, L->wv, L->bq, L->bk, L->bv,
+                                             L->wo, L->ffn_norm, L->w_gate, L->w_up, L->w_down};
+    memcpy(out, all, sizeof all);
+}
+
+static void vk_layer_list(vk_layer *V, vk_tensor *out[LAYER_TENSORS])
+{
+    vk_tensor *all[LAYER_TENSORS] = {&V->attn_norm, &V->wq, &V->wk, &V->wv, &V->bq, &V->bk, &V->bv,
+                                     &V->wo, &V->ffn_norm, &V->w_gate, &V->w_up, &V->w_down};
+    memcpy(out, all, sizeof all);
+}
+
+static vki_status upload(vkd_device *d, const gguf_tensor *g, vk_tensor *t, progress *p)
+{
+    if (!g)
+        return VKI_OK;
+    uint64_t rows = 1;
+    for (uint32_t i = 1; i < g->n_dims; i++)
+        rows *= g->ne[i];
+    char name[96];
+    snprintf(name, sizeof name, "%.*s", (int)(g->name.len < 90 ? g->name.len : 90), g->name.ptr);
+    vki_status st = vk_tensor_create(d, g->type, g->ne[0], rows, 0, name, t);
+    if (st == VKI_OK)
+        st = vk_tensor_upload(d, t, g->data);
+    if (st != VKI_OK)
+        vkd_log(d, VKI_LOG_ERROR, "loading tensor %s (%llu bytes) failed: %s", name,
+                (unsigned long long)g->nbytes, vki_status_str(st));
+    progress_step(p, g->nbytes);
+    return st;
+}
+
+static uint64_t total_bytes(const model_hparams *hp, const model_tensors *t)
+{
+    uint64_t n = t->tok_embd->nbytes + t->output_norm->nbytes + (hp->tied_embeddings ? 0 : t->output->nbytes) +
+                 (t->rope_freqs ? t->rope_freqs->nbytes : 0);
+    for (uint32_t il = 0; il < hp->n_layer; il++) {
+        const gguf_tensor *all[LAYER_TENSORS];
+        gguf_layer_list(&t->layers[il], all);
+        for (size_t i = 0; i < LAYER_TENSORS; i++)
+            n += all[i] ? all[i]->nbytes : 0;
+    }
+    return n;
+}
+
+vki_status vk_model_load(vkd_device *d, const gguf_file *f, const model_hparams *hp, const model_tensors *t,
+                         bool progress_bar, vk_model *m)
+{
+    (void)f;
+    memset(m, 0, sizeof *m);
+    m->hp = *hp;
+    m->layers = calloc(hp->n_layer, sizeof *m->layers);
+    if (!m->layers)
+        return VKI_ERR_OUT_OF_HOST_MEMORY;
+    progress p = {.on = progress_bar && isatty(STDERR_FILENO), .total = total_bytes(hp, t), .last_pct = -1};
+    clock_gettime(CLOCK_MONOTONIC, &p.t0);
+    vki_status st = upload(d, t->tok_embd, &m->tok_embd, &p);
+    if (st == VKI_OK)
+        st = upload(d, t->output_norm, &m->output_norm, &p);
+    if (st == VKI_OK && !hp->tied_embeddings)
+        st = upload(d, t->output, &m->output, &p);
+    if (st == VKI_OK)
+        st = upload(d, t->rope_freqs, &m->rope_freqs, &p);
+    for (uint32_t il = 0; st == VKI_OK && il < hp->n_layer; il++) {
+        const gguf_tensor *src[LAYER_TENSORS];
+        vk_tensor *dst[LAYER_TENSORS];
+        gguf_layer_list(&t->layers[il], src);
+        vk_layer_list(&m->layers[il], dst);
+        for (size_t i = 0; st == VKI_OK && i < LAYER_TENSORS; i++)
+            st = upload(d, src[i], dst[i], &p);
+    }
+    if (st != VKI_OK) {
+        vk_model_free(d, m);
+        return st;
+    }
+    m->weight_bytes = vk_tensor_bytes(&m->tok_embd) + vk_tensor_bytes(&m->output_norm) +
+                      vk_tensor_bytes(&m->output) + vk_tensor_bytes(&m->rope_freqs);
+    for (uint32_t il = 0; il < hp->n_layer; il++) {
+        vk_tensor *all[LAYER_TENSORS];
+        vk_layer_list(&m->layers[il], all);
+        for (size_t i = 0; i < LAYER_TENSORS; i++)
+            m->weight_bytes += vk_tensor_bytes(all[i]);
+    }
+    return VKI_OK;
+}
+
+void vk_model_free(vkd_device *d, vk_model *m)
+{
+    vk_tensor_destroy(d, &m->tok_embd);
+    vk_tensor_destroy(d, &m->output_norm);
+    vk_tensor_destroy(d, &m->output);
+    vk_tensor_destroy(d, &m->rope_freqs);
+    for (uint32_t il = 0; m->layers && il < m->hp.n_layer; il++) {
+        vk_tensor *all[LAYER_TENSORS];
+        vk_layer_list(&m->layers[il], all);
+        for (size_t i = 0; i < LAYER_TENSORS; i++)
+            vk_tensor_destroy(d, all[i]);
+    }
+    free(m->layers);
+    m->layers = NULL;
+}
+
+const vk_tensor *vk_model_lm_head(const vk_model *m)
+{
+    return m->hp.tied_embeddings ? &m->tok_embd : &m->output;
+}

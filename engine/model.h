@@ -1,0 +1,36 @@
+/* Model weights on the device: every tensor of the GGUF uploaded once, quantised formats kept
+ * as they are (the kernels dequantise on load). */
+#ifndef VKI_ENGINE_MODEL_H
+#define VKI_ENGINE_MODEL_H
+
+#include "engine/model_meta.h"
+#include "engine/tensor.h"
+
+typedef struct vk_layer {
+    vk_tensor attn_norm;          /* f32 [1][d] */
+    vk_tensor wq, wk, wv;         /* [q_dim][d], [kv_dim][d], [kv_dim][d] rows = outputs */
+    vk_tensor bq, bk, bv;         /* f32 [1][q_dim|kv_dim]; n_parts == 0 when absent */
+    vk_tensor wo;                 /* [d][q_dim] */
+    vk_tensor ffn_norm;           /* f32 [1][d] */
+    vk_tensor w_gate, w_up;       /* [d_ff][d] */
+    vk_tensor w_down;             /* [d][d_ff] */
+} vk_layer;
+
+typedef struct vk_model {
+    model_hparams hp;
+    vk_tensor tok_embd;           /* [n_vocab][d] */
+    vk_tensor output_norm;        /* f32 [1][d] */
+    vk_tensor output;             /* [n_vocab][d]; not allocated when tied (use tok_embd) */
+    vk_tensor rope_freqs;         /* f32 [1][n_rot/2]; n_parts == 0 when absent */
+    vk_layer *layers;             /* [n_layer] */
+    uint64_t weight_bytes;        /* device bytes held by weights */
+} vk_model;
+
+/* Uploads the weights named by `t` (found in f). progress: draw a bar on stderr. */
+vki_status vk_model_load(vkd_device *d, const gguf_file *f, const model_hparams *hp,
+                         const model_tensors *t, bool progress, vk_model *m);
+void vk_model_free(vkd_device *d, vk_model *m);
+/* The LM head (output or, when tied, token_embd). */
+const vk_tensor *vk_model_lm_head(const vk_model *m);
+
+#endif
