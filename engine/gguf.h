@@ -93,4 +93,11 @@ const gguf_tensor *gguf_find_tensor(const gguf_file *f, const char *name); /* NU
 /* Compare a gguf_str with a C string. */
 bool gguf_str_eq(gguf_str s, const char *c);
 
+/* Absolute file offset of the (aligned) data section; tensor offsets are relative to it. */
+uint64_t gguf_data_offset(const gguf_file *f);
+/* Bytes in the file (or the memory buffer). */
+uint64_t gguf_file_size(const gguf_file *f);
+/* "u8", "i32", "str", "arr", ... ("invalid" for an out-of-range value). */
+const char *gguf_type_name(gguf_type t);
+
 #endif

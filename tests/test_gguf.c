@@ -1,0 +1,433 @@
+/* GGUF reader: the real files in ../shared/models (stories260K, the vocab GGUFs), files built
+ * byte by byte here from the specification (independent of our writer), typed accessors, and
+ * a corpus of malformed files (truncations, absurd counts and sizes, wrong types, byte flips)
+ * that must all give an error status with a message, never a crash, leak or over-read (the CI
+ * runs this suite under ASan+UBSan; every buffer handed to the reader is malloc'ed to its exact
+ * size so an over-read is caught). */
+#include "support/vt.h"
+
+#include "engine/gguf.h"
+#include "engine/quant.h"
+
+#include <unistd.h>
+
+/* ---- a byte builder for hand-made files ----------------------------------------------------- */
+
+typedef struct bb {
+    uint8_t *p;
+    size_t n, cap;
+} bb;
+
+static void bb_put(bb *b, const void *d, size_t n)
+{
+    if (b->n + n > b->cap) {
+        b->cap = (b->n + n) * 2 + 64;
+        b->p = realloc(b->p, b->cap);
+        assert_non_null(b->p);
+    }
+    memcpy(b->p + b->n, d, n);
+    b->n += n;
+}
+static void bb_u8(bb *b, uint8_t v) { bb_put(b, &v, 1); }
+static void bb_u32(bb *b, uint32_t v) { bb_put(b, &v, 4); } /* the test hosts are little-endian */
+static void bb_u64(bb *b, uint64_t v) { bb_put(b, &v, 8); }
+static void bb_str(bb *b, const char *s)
+{
+    bb_u64(b, strlen(s));
+    bb_put(b, s, strlen(s));
+}
+static void bb_header(bb *b, uint32_t version, uint64_t n_tensors, uint64_t n_kv)
+{
+    bb_put(b, "GGUF", 4);
+    bb_u32(b, version);
+    bb_u64(b, n_tensors);
+    bb_u64(b, n_kv);
+}
+static void bb_kv_u32(bb *b, const char *key, uint32_t v)
+{
+    bb_str(b, key);
+    bb_u32(b, GGUF_TYPE_UINT32);
+    bb_u32(b, v);
+}
+static void bb_kv_str(bb *b, const char *key, const char *v)
+{
+    bb_str(b, key);
+    bb_u32(b, GGUF_TYPE_STRING);
+    bb_str(b, v);
+}
+static void bb_tensor(bb *b, const char *name, uint32_t n_dims, const uint64_t *ne, uint32_t type, uint64_t off)
+{
+    bb_str(b, name);
+    bb_u32(b, n_dims);
+    for (uint32_t i = 0; i < n_dims; i++)
+        bb_u64(b, ne[i]);
+    bb_u32(b, type);
+    bb_u64(b, off);
+}
+static void bb_pad(bb *b, size_t align)
+{
+    while (b->n % align)
+        bb_u8(b, 0);
+}
+
+/* Opens an exact-size heap copy of (p, n), so ASan catches any read past n. Returns the status,
+ * closes on success unless *keep is wanted. */
+static vki_status open_copy(const uint8_t *p, size_t n, char *err, size_t err_len)
+{
+    uint8_t *c = malloc(n ? n : 1);
+    assert_non_null(c);
+    memcpy(c, p, n);
+    gguf_file *f = NULL;
+    err[0] = 0;
+    vki_status st = gguf_open_memory(c, n, &f, err, err_len);
+    if (st == VKI_OK) {
+        /* touch everything the reader hands out */
+        for (uint64_t i = 0; i < gguf_n_kv(f); i++) {
+            const gguf_kv *kv = gguf_kv_at(f, i);
+            assert_true(kv->value + kv->value_bytes <= c + n);
+        }
+        for (uint64_t i = 0; i < gguf_n_tensors(f); i++) {
+            const gguf_tensor *t = gguf_tensor_at(f, i);
+            assert_true(t->data >= c && t->data + t->nbytes <= c + n);
+        }
+        gguf_close(f);
+    } else {
+        assert_null(f);
+    }
+    free(c);
+    return st;
+}
+
+static void expect_error(const uint8_t *p, size_t n, vki_status want, const char *needle)
+{
+    char err[512];
+    vki_status st = open_copy(p, n, err, sizeof err);
+    if (st != want || !err[0] || (needle && !strstr(err, needle)))
+        fail_msg("expected status %d with '%s', got %d: '%s'", want, needle ? needle : "", st, err);
+}
+
+/* ---- real files ------------------------------------------------------------------------------ */
+
+static gguf_file *open_shared(const char *name)
+{
+    char path[1024], err[512];
+    if (!vt_shared_model(name, path, sizeof path)) {
+        fprintf(stderr, "skipping: %s/models/%s is absent\n", VKI_SHARED_DIR, name);
+        return NULL;
+    }
+    gguf_file *f = NULL;
+    vki_status st = gguf_open(path, &f, err, sizeof err);
+    if (st != VKI_OK)
+        fail_msg("%s: %s", path, err);
+    return f;
+}
+
+static void assert_str(gguf_str s, const char *want)
+{
+    if (!gguf_str_eq(s, want))
+        fail_msg("got '%.*s', want '%s'", (int)s.len, s.ptr, want);
+}
+
+static void assert_shape(const gguf_file *f, const char *name, uint64_t ne0, uint64_t ne1)
+{
+    const gguf_tensor *t = gguf_find_tensor(f, name);
+    if (!t)
+        fail_msg("tensor %s missing", name);
+    assert_int_equal(t->type, VKI_GGML_F32);
+    assert_int_equal(t->n_dims, ne1 ? 2 : 1);
+    assert_int_equal(t->ne[0], ne0);
+    assert_int_equal(t->ne[1], ne1 ? ne1 : 1);
+    assert_int_equal(t->nbytes, ne0 * (ne1 ? ne1 : 1) * 4);
+}
+
+static void test_stories260k(void **state)
+{
+    gguf_file *f = open_shared("stories260K.gguf");
+    if (!f)
+        skip();
+    assert_int_equal(gguf_version(f), 3);
+    assert_int_equal(gguf_alignment(f), 32);
+    assert_int_equal(gguf_n_tensors(f), 48);
+    gguf_str s;
+    assert_int_equal(gguf_get_str(f, "general.architecture", &s), VKI_OK);
+    assert_str(s, "llama");
+    uint32_t u;
+    float eps;
+    assert_int_equal(gguf_get_u32(f, "llama.embedding_length", &u), VKI_OK);
+    assert_int_equal(u, 64);
+    assert_int_equal(gguf_get_u32(f, "llama.feed_forward_length", &u), VKI_OK);
+    assert_int_equal(u, 172);
+    assert_int_equal(gguf_get_u32(f, "llama.block_count", &u), VKI_OK);
+    assert_int_equal(u, 5);
+    assert_int_equal(gguf_get_u32(f, "llama.attention.head_count", &u), VKI_OK);
+    assert_int_equal(u, 8);
+    assert_int_equal(gguf_get_u32(f, "llama.attention.head_count_kv", &u), VKI_OK);
+    assert_int_equal(u, 4);
+    assert_int_equal(gguf_get_u32(f, "llama.context_length", &u), VKI_OK);
+    assert_int_equal(u, 2048);
+    assert_int_equal(gguf_get_u32(f, "llama.rope.dimension_count", &u), VKI_OK);
+    assert_int_equal(u, 8);
+    assert_int_equal(gguf_get_f32(f, "llama.attention.layer_norm_rms_epsilon", &eps), VKI_OK);
+    assert_float_equal(eps, 1e-5f, 1e-12f);
+    assert_int_equal(gguf_get_f32(f, "llama.rope.freq_base", &eps), VKI_ERR_NOT_FOUND);
+
+    gguf_type et;
+    uint64_t n;
+    assert_int_equal(gguf_get_arr(f, "tokenizer.ggml.tokens", &et, &n), VKI_OK);
+    assert_int_equal(et, GGUF_TYPE_STRING);
+    assert_int_equal(n, 512);
+    const char *want[] = {"<unk>", "<s>", "</s>", "<0x00>"};
+    for (int i = 0; i < 4; i++) {
+        assert_int_equal(gguf_arr_str(f, "tokenizer.ggml.tokens", (uint64_t)i, &s), VKI_OK);
+        assert_str(s, want[i]);
+    }
+    assert_int_equal(gguf_arr_str(f, "tokenizer.ggml.tokens", 258, &s), VKI_OK);
+    assert_str(s, "<0xFF>");
+    assert_int_equal(gguf_arr_str(f, "tokenizer.ggml.tokens", 512, &s), VKI_ERR_INVALID_ARG);
+    int64_t tt;
+    assert_int_equal(gguf_arr_i64(f, "tokenizer.ggml.token_type", 3, &tt), VKI_OK);
+    assert_int_equal(tt, 6); /* byte token */
+
+    assert_shape(f, "token_embd.weight", 64, 512);
+    assert_shape(f, "output.weight", 64, 512);
+    assert_shape(f, "output_norm.weight", 64, 0);
+    for (int l = 0; l < 5; l++) {
+        char nm[64];
+        struct { const char *t; uint64_t a, b; } sh[] = {
+            {"attn_q", 64, 64}, {"attn_k", 64, 32}, {"attn_v", 64, 32}, {"attn_output", 64, 64},
+            {"ffn_gate", 64, 172}, {"ffn_up", 64, 172}, {"ffn_down", 172, 64}, {"attn_norm", 64, 0}, {"ffn_norm", 64, 0},
+        };
+        for (size_t i = 0; i < sizeof sh / sizeof sh[0]; i++) {
+            snprintf(nm, sizeof nm, "blk.%d.%s.weight", l, sh[i].t);
+            assert_shape(f, nm, sh[i].a, sh[i].b);
+        }
+    }
+    assert_null(gguf_find_tensor(f, "blk.5.attn_q.weight"));
+    /* the README says output.weight is a copy of token_embd.weight: the data pointers are right */
+    const gguf_tensor *e = gguf_find_tensor(f, "token_embd.weight"), *o = gguf_find_tensor(f, "output.weight");
+    assert_ptr_not_equal(e->data, o->data);
+    assert_memory_equal(e->data, o->data, e->nbytes);
+    for (uint64_t i = 0; i < gguf_n_tensors(f); i++)
+        assert_int_equal((gguf_tensor_at(f, i)->data - gguf_tensor_at(f, 0)->data) % 32, 0);
+    gguf_close(f);
+}
+
+/* Every string of a string array read by walking the raw bytes equals the indexed lookup. */
+static void check_str_index(const gguf_file *f, const char *key, uint64_t want_n)
+{
+    const gguf_kv *kv = gguf_find_kv(f, key);
+    assert_non_null(kv);
+    assert_int_equal(kv->type, GGUF_TYPE_ARRAY);
+    assert_int_equal(kv->arr_type, GGUF_TYPE_STRING);
+    assert_int_equal(kv->arr_n, want_n);
+    const uint8_t *p = kv->value;
+    for (uint64_t i = 0; i < kv->arr_n; i++) {
+        uint64_t len;
+        memcpy(&len, p, 8);
+        gguf_str s;
+        assert_int_equal(gguf_arr_str(f, key, i, &s), VKI_OK);
+        assert_int_equal(s.len, len);
+        assert_ptr_equal(s.ptr, (const char *)p + 8);
+        p += 8 + len;
+    }
+    assert_ptr_equal(p, kv->value + kv->value_bytes);
+}
+
+static void test_vocab_files(void **state)
+{
+    static const struct { const char *file, *model, *tok0, *merge0; uint64_t n_tok, n_merge; } v[] = {
+        {"vocab/ggml-vocab-gpt-2.gguf", "gpt2", "!", "\xc4\xa0 t", 50257, 50000},
+        {"vocab/ggml-vocab-starcoder.gguf", "gpt2", "<|endoftext|>", "\xc4\xa0 \xc4\xa0", 49152, 48872},
+        {"vocab/ggml-vocab-deepseek-coder.gguf", "gpt2", "!", "\xc4\xa0 \xc4\xa0", 32256, 31757},
+        {"vocab/ggml-vocab-deepseek-llm.gguf", "gpt2", "!", "\xc4\xa0 \xc4\xa0", 102400, 99757},
+        {"vocab/ggml-vocab-llama-spm.gguf", "llama", "<unk>", NULL, 32000, 0},
+    };
+    int seen = 0;
+    for (size_t i = 0; i < sizeof v / sizeof v[0]; i++) {
+        gguf_file *f = open_shared(v[i].file);
+        if (!f)
+            continue;
+        seen++;
+        assert_int_equal(gguf_n_tensors(f), 0);
+        gguf_str s;
+        assert_int_equal(gguf_get_str(f, "tokenizer.ggml.model", &s), VKI_OK);
+        assert_str(s, v[i].model);
+        check_str_index(f, "tokenizer.ggml.tokens", v[i].n_tok);
+        assert_int_equal(gguf_arr_str(f, "tokenizer.ggml.tokens", 0, &s), VKI_OK);
+        assert_str(s, v[i].tok0);
+        if (v[i].merge0) {
+            check_str_index(f, "tokenizer.ggml.merges", v[i].n_merge);
+            assert_int_equal(gguf_arr_str(f, "tokenizer.ggml.merges", 0, &s), VKI_OK);
+            assert_str(s, v[i].merge0);
+        } else {
+            float sc;
+            assert_null(gguf_find_kv(f, "tokenizer.ggml.merges"));
+            assert_int_equal(gguf_arr_f32(f, "tokenizer.ggml.scores", v[i].n_tok - 1, &sc), VKI_OK);
+            assert_int_equal(gguf_arr_f32(f, "tokenizer.ggml.scores", v[i].n_tok, &sc), VKI_ERR_INVALID_ARG);
+        }
+        uint32_t bos;
+        assert_int_equal(gguf_get_u32(f, "tokenizer.ggml.bos_token_id", &bos), VKI_OK);
+        assert_true(bos < v[i].n_tok);
+        gguf_close(f);
+    }
+    if (!seen)
+        skip();
+}
+
+static void test_open_errors(void **state)
+{
+    char err[512];
+    gguf_file *f = (gguf_file *)&err;
+    assert_int_equal(gguf_open("/nonexistent/x.gguf", &f, err, sizeof err), VKI_ERR_IO);
+    assert_null(f);
+    assert_non_null(strstr(err, "/nonexistent/x.gguf"));
+    assert_int_equal(gguf_open("/", &f, err, sizeof err), VKI_ERR_IO);
+    char tmp[] = "/tmp/vki_gguf_emptyXXXXXX";
+    int fd = mkstemp(tmp);
+    assert_true(fd >= 0);
+    close(fd);
+    assert_int_equal(gguf_open(tmp, &f, err, sizeof err), VKI_ERR_FORMAT);
+    assert_non_null(strstr(err, "empty"));
+    unlink(tmp);
+    /* a NULL / zero-length error buffer is allowed */
+    assert_int_equal(gguf_open("/nonexistent/x.gguf", &f, NULL, 0), VKI_ERR_IO);
+}
+
+/* ---- hand-made files ------------------------------------------------------------------------- */
+
+/* A file with every scalar type, a string, arrays, two tensors of different types. */
+static bb build_all_types(uint32_t version)
+{
+    bb b = {0};
+    bb_header(&b, version, 2, 16);
+    bb_str(&b, "t.u8"), bb_u32(&b, GGUF_TYPE_UINT8), bb_u8(&b, 200);
+    bb_str(&b, "t.i8"), bb_u32(&b, GGUF_TYPE_INT8), bb_u8(&b, (uint8_t)-5);
+    bb_str(&b, "t.u16"), bb_u32(&b, GGUF_TYPE_UINT16), bb_u8(&b, 0x34), bb_u8(&b, 0x12);
+    bb_str(&b, "t.i16"), bb_u32(&b, GGUF_TYPE_INT16), bb_u8(&b, 0xfe), bb_u8(&b, 0xff);
+    bb_kv_u32(&b, "t.u32", 4000000000u);
+    bb_str(&b, "t.i32"), bb_u32(&b, GGUF_TYPE_INT32), bb_u32(&b, (uint32_t)-7);
+    float fv = 0.25f;
+    double dv = -1.5;
+    bb_str(&b, "t.f32"), bb_u32(&b, GGUF_TYPE_FLOAT32), bb_put(&b, &fv, 4);
+    bb_str(&b, "t.bool"), bb_u32(&b, GGUF_TYPE_BOOL), bb_u8(&b, 1);
+    bb_kv_str(&b, "t.str", "h\xc3\xa9llo");
+    bb_str(&b, "t.u64"), bb_u32(&b, GGUF_TYPE_UINT64), bb_u64(&b, UINT64_MAX);
+    bb_str(&b, "t.i64"), bb_u32(&b, GGUF_TYPE_INT64), bb_u64(&b, (uint64_t)INT64_MIN);
+    bb_str(&b, "t.f64"), bb_u32(&b, GGUF_TYPE_FLOAT64), bb_put(&b, &dv, 8);
+    bb_str(&b, "t.arr_i16"), bb_u32(&b, GGUF_TYPE_ARRAY), bb_u32(&b, GGUF_TYPE_INT16), bb_u64(&b, 3);
+    int16_t ai[3] = {-1, 2, 300};
+    bb_put(&b, ai, 6);
+    bb_str(&b, "t.arr_str"), bb_u32(&b, GGUF_TYPE_ARRAY), bb_u32(&b, GGUF_TYPE_STRING), bb_u64(&b, 3);
+    bb_str(&b, "a"), bb_str(&b, ""), bb_str(&b, "ccc");
+    bb_str(&b, "t.arr_empty"), bb_u32(&b, GGUF_TYPE_ARRAY), bb_u32(&b, GGUF_TYPE_FLOAT32), bb_u64(&b, 0);
+    bb_kv_u32(&b, "general.alignment", 64);
+    uint64_t ne_a[2] = {4, 3}, ne_b[1] = {32};
+    bb_tensor(&b, "a", 2, ne_a, VKI_GGML_F32, 0);
+    bb_tensor(&b, "b", 1, ne_b, VKI_GGML_Q8_0, 64);
+    bb_pad(&b, 64);
+    for (int i = 0; i < 48; i++) /* tensor a (12 floats) then padding */
+        bb_u8(&b, (uint8_t)i);
+    for (int i = 0; i < 16 + 34; i++)
+        bb_u8(&b, (uint8_t)(0xa0 + i));
+    return b;
+}
+
+static void test_typed_accessors(void **state)
+{
+    bb b = build_all_types(3);
+    gguf_file *f;
+    char err[256];
+    assert_int_equal(gguf_open_memory(b.p, b.n, &f, err, sizeof err), VKI_OK);
+    uint32_t u32;
+    uint64_t u64;
+    int64_t i64;
+    float fl;
+    bool bo;
+    gguf_str s;
+    assert_int_equal(gguf_get_u32(f, "t.u8", &u32), VKI_OK), assert_int_equal(u32, 200);
+    assert_int_equal(gguf_get_u32(f, "t.u16", &u32), VKI_OK), assert_int_equal(u32, 0x1234);
+    assert_int_equal(gguf_get_u32(f, "t.u32", &u32), VKI_OK), assert_int_equal(u32, 4000000000u);
+    assert_int_equal(gguf_get_i64(f, "t.i8", &i64), VKI_OK), assert_int_equal(i64, -5);
+    assert_int_equal(gguf_get_i64(f, "t.i16", &i64), VKI_OK), assert_int_equal(i64, -2);
+    assert_int_equal(gguf_get_i64(f, "t.i32", &i64), VKI_OK), assert_int_equal(i64, -7);
+    assert_int_equal(gguf_get_i64(f, "t.i64", &i64), VKI_OK), assert_true(i64 == INT64_MIN);
+    assert_int_equal(gguf_get_u64(f, "t.u64", &u64), VKI_OK), assert_true(u64 == UINT64_MAX);
+    /* out of range or wrong kind: FORMAT, out untouched */
+    u32 = 77;
+    assert_int_equal(gguf_get_u32(f, "t.i32", &u32), VKI_ERR_FORMAT);
+    assert_int_equal(gguf_get_u32(f, "t.u64", &u32), VKI_ERR_FORMAT);
+    assert_int_equal(gguf_get_u32(f, "t.str", &u32), VKI_ERR_FORMAT);
+    assert_int_equal(gguf_get_u32(f, "t.f32", &u32), VKI_ERR_FORMAT);
+    assert_int_equal(u32, 77);
+    assert_int_equal(gguf_get_i64(f, "t.u64", &i64), VKI_ERR_FORMAT);
+    assert_int_equal(gguf_get_u32(f, "t.absent", &u32), VKI_ERR_NOT_FOUND);
+    assert_int_equal(gguf_get_f32(f, "t.f32", &fl), VKI_OK), assert_true(fl == 0.25f);
+    assert_int_equal(gguf_get_f32(f, "t.f64", &fl), VKI_OK), assert_true(fl == -1.5f);
+    assert_int_equal(gguf_get_f32(f, "t.i32", &fl), VKI_OK), assert_true(fl == -7.0f);
+    assert_int_equal(gguf_get_f32(f, "t.bool", &fl), VKI_ERR_FORMAT);
+    assert_int_equal(gguf_get_bool(f, "t.bool", &bo), VKI_OK), assert_true(bo);
+    assert_int_equal(gguf_get_bool(f, "t.u8", &bo), VKI_ERR_FORMAT);
+    assert_int_equal(gguf_get_str(f, "t.str", &s), VKI_OK), assert_str(s, "h\xc3\xa9llo");
+    assert_int_equal(gguf_get_str(f, "t.arr_str", &s), VKI_ERR_FORMAT);
+    gguf_type et;
+    uint64_t n;
+    assert_int_equal(gguf_get_arr(f, "t.arr_i16", &et, &n), VKI_OK);
+    assert_int_equal(et, GGUF_TYPE_INT16), assert_int_equal(n, 3);
+    assert_int_equal(gguf_arr_i64(f, "t.arr_i16", 0, &i64), VKI_OK), assert_int_equal(i64, -1);
+    assert_int_equal(gguf_arr_i64(f, "t.arr_i16", 2, &i64), VKI_OK), assert_int_equal(i64, 300);
+    assert_int_equal(gguf_arr_f32(f, "t.arr_i16", 1, &fl), VKI_OK), assert_true(fl == 2.0f);
+    assert_int_equal(gguf_arr_i64(f, "t.arr_i16", 3, &i64), VKI_ERR_INVALID_ARG);
+    assert_int_equal(gguf_arr_i64(f, "t.arr_str", 0, &i64), VKI_ERR_FORMAT);
+    assert_int_equal(gguf_arr_str(f, "t.arr_i16", 0, &s), VKI_ERR_FORMAT);
+    assert_int_equal(gguf_arr_str(f, "t.u8", 0, &s), VKI_ERR_FORMAT);
+    assert_int_equal(gguf_arr_str(f, "t.nope", 0, &s), VKI_ERR_NOT_FOUND);
+    const char *strs[] = {"a", "", "ccc"};
+    for (int i = 0; i < 3; i++)
+        assert_int_equal(gguf_arr_str(f, "t.arr_str", (uint64_t)i, &s), VKI_OK), assert_str(s, strs[i]);
+    assert_int_equal(gguf_get_arr(f, "t.arr_empty", &et, &n), VKI_OK), assert_int_equal(n, 0);
+    assert_int_equal(gguf_arr_f32(f, "t.arr_empty", 0, &fl), VKI_ERR_INVALID_ARG);
+    /* the tensors: alignment 64 honoured */
+    assert_int_equal(gguf_alignment(f), 64);
+    assert_int_equal(gguf_data_offset(f) % 64, 0);
+    const gguf_tensor *ta = gguf_find_tensor(f, "a"), *tb = gguf_find_tensor(f, "b");
+    assert_non_null(ta), assert_non_null(tb);
+    assert_int_equal(ta->nbytes, 48), assert_int_equal(tb->nbytes, 34);
+    assert_ptr_equal(ta->data, b.p + gguf_data_offset(f));
+    assert_int_equal(ta->data[5], 5);
+    assert_ptr_equal(tb->data, ta->data + 64);
+    assert_int_equal(tb->data[0], 0xa0 + 16);
+    assert_int_equal(gguf_n_kv(f), 16);
+    assert_ptr_equal(gguf_kv_at(f, 15), gguf_find_kv(f, "general.alignment"));
+    assert_null(gguf_kv_at(f, 16));
+    assert_null(gguf_tensor_at(f, 2));
+    gguf_close(f);
+    free(b.p);
+}
+
+static void test_versions(void **state)
+{
+    char err[256];
+    bb b = build_all_types(2);
+    assert_int_equal(open_copy(b.p, b.n, err, sizeof err), VKI_OK);
+    b.p[4] = 1;
+    expect_error(b.p, b.n, VKI_ERR_UNSUPPORTED, "version 1");
+    b.p[4] = 4;
+    expect_error(b.p, b.n, VKI_ERR_UNSUPPORTED, "version 4");
+    b.p[4] = 0, b.p[7] = 3; /* a big-endian v3 header */
+    expect_error(b.p, b.n, VKI_ERR_UNSUPPORTED, "big-endian");
+    b.p[7] = 0, b.p[4] = 3, b.p[0] = 'g';
+    expect_error(b.p, b.n, VKI_ERR_FORMAT, "magic");
+    free(b.p);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_stories260k),
+        cmocka_unit_test(test_vocab_files),
+        cmocka_unit_test(test_open_errors),
+        cmocka_unit_test(test_typed_accessors),
+        cmocka_unit_test(test_versions),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
