@@ -8,12 +8,28 @@
 
 #define PUSH_OK(T) (sizeof(T) % 4 == 0 && sizeof(T) <= VKI_MAX_PUSH)
 _Static_assert(PUSH_OK(vki_pc_add), "push struct vki_pc_add");
+_Static_assert(PUSH_OK(vki_pc_matmul), "push struct vki_pc_matmul");
+_Static_assert(PUSH_OK(vki_pc_get_rows), "push struct vki_pc_get_rows");
 
 #define SPV(name) .spv = vki_spv_##name, .spv_size = &vki_spv_##name##_size
+/* matmul family (engine/ops_matmul.c picks the specialisations from the device):
+ * matvec spec {WG, NR rows, MC activation rows, NSG max subgroups}; matmul spec
+ * {WG, BM, BN, BK, TM, TN} with WG = (BM/TM)*(BN/TN); get_rows spec {WG}. */
+#define MATMUL_ROWS(T, t)                                                                        \
+    [VKK_MATVEC_##T] = {"matvec_" #t, SPV(matvec_##t), .n_bindings = 4,                          \
+                        .push_size = sizeof(vki_pc_matmul), .n_spec = 4,                         \
+                        .spec_default = {128, 4, 1, 16}},                                        \
+    [VKK_MATMUL_##T] = {"matmul_" #t, SPV(matmul_##t), .n_bindings = 4,                          \
+                        .push_size = sizeof(vki_pc_matmul), .n_spec = 6,                         \
+                        .spec_default = {256, 64, 64, 32, 4, 4}},                                \
+    [VKK_GET_ROWS_##T] = {"get_rows_" #t, SPV(get_rows_##t), .n_bindings = 3,                    \
+                          .push_size = sizeof(vki_pc_get_rows), .n_spec = 1, .spec_default = {256}}
 
 static const vkk_desc kernel_table[] = {
     [VKK_ADD] = {"add", SPV(add), .n_bindings = 3, .push_size = sizeof(vki_pc_add),
                  .n_spec = 1, .spec_default = {256}},
+    MATMUL_ROWS(F32, f32), MATMUL_ROWS(F16, f16), MATMUL_ROWS(Q8_0, q8_0),
+    MATMUL_ROWS(Q4_0, q4_0), MATMUL_ROWS(Q4_K, q4_k), MATMUL_ROWS(Q6_K, q6_k),
 };
 _Static_assert(sizeof kernel_table / sizeof kernel_table[0] == VKK_COUNT, "one table row per kernel");
 

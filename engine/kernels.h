@@ -14,6 +14,11 @@
 
 typedef enum vkk_id {
     VKK_ADD,
+    /* matmul family (engine/ops_matmul.c): one per weight type, in the order of
+     * ops_matmul.c's type list */
+    VKK_MATVEC_F32, VKK_MATVEC_F16, VKK_MATVEC_Q8_0, VKK_MATVEC_Q4_0, VKK_MATVEC_Q4_K, VKK_MATVEC_Q6_K,
+    VKK_MATMUL_F32, VKK_MATMUL_F16, VKK_MATMUL_Q8_0, VKK_MATMUL_Q4_0, VKK_MATMUL_Q4_K, VKK_MATMUL_Q6_K,
+    VKK_GET_ROWS_F32, VKK_GET_ROWS_F16, VKK_GET_ROWS_Q8_0, VKK_GET_ROWS_Q4_0, VKK_GET_ROWS_Q4_K, VKK_GET_ROWS_Q6_K,
     VKK_COUNT
 } vkk_id;
 

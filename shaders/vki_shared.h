@@ -56,4 +56,33 @@ VKI_STRUCT(vki_pc_add) {
     vki_u32 n;
 };
 
+/* matvec / matmul (one weight part per dispatch):
+ *   Y[m, y_col0 + n] = sum_k X[m, k] * W[n, k] (+ bias[y_col0 + n]),  m < M, n0 <= n < N
+ * bindings: 0 W (weight part: N rows of K elements in the kernel's ggml type, w_stride bytes
+ *             apart, raw GGUF blocks), 1 X (f32[M, x_stride]),
+ *           2 bias (f32[>= y_col0 + N]; any valid binding when has_bias == 0),
+ *           3 Y (f32[M, y_stride]) */
+VKI_STRUCT(vki_pc_matmul) {
+    vki_u32 M, N, K;
+    vki_u32 n0;       /* first weight row of this dispatch (splits huge N over dispatches) */
+    vki_u32 w_stride; /* bytes between weight rows (the tensor's row_bytes) */
+    vki_u32 x_stride; /* elements between X rows */
+    vki_u32 y_stride; /* elements between Y rows */
+    vki_u32 y_col0;   /* Y column (and bias index) of weight row 0 of this part */
+    vki_u32 has_bias;
+    vki_u32 x_vec4;   /* 1: X rows may be read as vec4 (x_stride % 4 == 0, binding 16-aligned) */
+};
+
+/* get_rows (one weight part per dispatch): for i < n, with r = ids[i]:
+ *   row0 <= r < row0 + part_rows:  y[i, :K] = dequant(W[r - row0, :])
+ *   r < 0 or r >= n_rows:          y[i, :K] = 0 when zero_oob == 1 (one dispatch per call)
+ * bindings: 0 W (weight part, w_stride bytes per row), 1 ids (i32[n]), 2 y (f32[n, y_stride]) */
+VKI_STRUCT(vki_pc_get_rows) {
+    vki_u32 n, K;
+    vki_u32 w_stride; /* bytes between weight rows */
+    vki_u32 y_stride; /* elements between y rows */
+    vki_u32 row0, part_rows, n_rows;
+    vki_u32 zero_oob;
+};
+
 #endif /* VKI_SHARED_H */

@@ -1,0 +1,270 @@
+/* Recording of the matmul family: matvec.comp (few activation rows), matmul.comp (tiled GEMM)
+ * and get_rows.comp, one SPIR-V module per weight type. Workgroup and tile sizes are
+ * specialisation constants chosen here from the device's limits; the same choice is used by
+ * op_matmul_prepare, so every pipeline a step needs exists before the first step. */
+#include "engine/ops_matmul.h"
+
+#include <string.h>
+
+#include "engine/kernels.h"
+
+/* Kernel ids per weight type; the rows of engine/kernels.h. */
+typedef struct mm_type {
+    uint32_t ggml_type;
+    vkk_id matvec, matmul, get_rows;
+    uint32_t block;   /* elements per block: K must be a multiple */
+    bool needs16;     /* read through 16-bit storage (blocks or rows only 2-byte aligned) */
+} mm_type;
+
+static const mm_type mm_types[] = {
+    {VKI_GGML_F32, VKK_MATVEC_F32, VKK_MATMUL_F32, VKK_GET_ROWS_F32, 1, false},
+    {VKI_GGML_F16, VKK_MATVEC_F16, VKK_MATMUL_F16, VKK_GET_ROWS_F16, 1, true},
+    {VKI_GGML_Q8_0, VKK_MATVEC_Q8_0, VKK_MATMUL_Q8_0, VKK_GET_ROWS_Q8_0, VKI_QK8_0, true},
+    {VKI_GGML_Q4_0, VKK_MATVEC_Q4_0, VKK_MATMUL_Q4_0, VKK_GET_ROWS_Q4_0, VKI_QK4_0, true},
+    {VKI_GGML_Q4_K, VKK_MATVEC_Q4_K, VKK_MATMUL_Q4_K, VKK_GET_ROWS_Q4_K, VKI_QK_K, false},
+    {VKI_GGML_Q6_K, VKK_MATVEC_Q6_K, VKK_MATMUL_Q6_K, VKK_GET_ROWS_Q6_K, VKI_QK_K, true},
+};
+
+static const mm_type *mm_type_get(uint32_t ggml_type)
+{
+    for (size_t i = 0; i < sizeof mm_types / sizeof mm_types[0]; i++)
+        if (mm_types[i].ggml_type == ggml_type)
+            return &mm_types[i];
+    return NULL;
+}
+
+bool op_matmul_supported(const vkd_device *d, uint32_t type)
+{
+    const mm_type *t = mm_type_get(type);
+    return t && (!t->needs16 || d->info.storage16) && (d->info.subgroup_ops & VKI_SUBGROUP_ARITHMETIC);
+}
+
+static vki_status check_type(vkd_device *d, const vk_tensor *w, const mm_type **out)
+{
+    *out = mm_type_get(w->type);
+    if (!*out || !op_matmul_supported(d, w->type)) {
+        vkd_log(d, VKI_LOG_ERROR, "tensor %s: weight type %u cannot run on this device (F16/Q8_0/Q4_0/Q6_K "
+                "need 16-bit storage; all types need subgroup arithmetic)", w->name, w->type);
+        return VKI_ERR_UNSUPPORTED;
+    }
+    if (w->ne0 == 0 || w->ne0 > UINT32_MAX || w->n_rows > UINT32_MAX || w->ne0 % (*out)->block ||
+        w->row_bytes > UINT32_MAX) {
+        vkd_log(d, VKI_LOG_ERROR, "tensor %s: shape %llu x %llu not supported by the matmul kernels", w->name,
+                (unsigned long long)w->n_rows, (unsigned long long)w->ne0);
+        return VKI_ERR_INVALID_ARG;
+    }
+    return VKI_OK;
+}
+
+/* ---- specialisation choices ----------------------------------------------------------------- */
+
+/* matvec {WG, NR, MC, NSG}: 128 invocations (4 warps on NVIDIA, 16 subgroups on lavapipe) over
+ * 4 weight rows: enough loads in flight per row without idling threads at K = 2048..8192.
+ * NSG bounds the subgroups of a workgroup for the shared reduction: WG over the smallest
+ * subgroup size the device may use. */
+static void matvec_spec(const vkd_device *d, uint32_t mc, uint32_t spec[4])
+{
+    uint32_t wg = d->info.max_workgroup_invocations >= 128 ? 128 : d->info.max_workgroup_invocations;
+    uint32_t sg = d->info.subgroup_min_size ? d->info.subgroup_min_size : d->info.subgroup_size;
+    if (!sg)
+        sg = 1;
+    spec[0] = wg;
+    spec[1] = 4;
+    spec[2] = mc;
+    spec[3] = wg / sg ? wg / sg : 1;
+}
+
+/* matmul {WG, BM, BN, BK, TM, TN}. Where shared memory and subgroups are large (NVIDIA: 48 KiB,
+ * 32 lanes) 128x128 tiles with 8x8 register blocks: 64 FMAs per 16 shared loads. Elsewhere
+ * (lavapipe: 32 KiB, 8 lanes) 64x64 with 4x4: less padding waste for the moderate M of
+ * prefill chunks on a slow device. Both use 256 invocations and ~16.5 KiB of shared memory. */
+static void matmul_spec(const vkd_device *d, uint32_t spec[6])
+{
+    const vki_device_info *in = &d->info;
+    if (in->max_compute_shared_memory >= 48 * 1024 && in->subgroup_size >= 32 && in->max_workgroup_invocations >= 256) {
+        const uint32_t s[6] = {256, 128, 128, 16, 8, 8};
+        memcpy(spec, s, sizeof s);
+    } else if (in->max_workgroup_invocations >= 256) {
+        const uint32_t s[6] = {256, 64, 64, 32, 4, 4};
+        memcpy(spec, s, sizeof s);
+    } else { /* Vulkan guarantees 128 invocations and 16 KiB */
+        const uint32_t s[6] = {64, 32, 32, 32, 4, 4};
+        memcpy(spec, s, sizeof s);
+    }
+}
+
+static uint32_t get_rows_wg(const vkd_device *d)
+{
+    return d->info.max_workgroup_invocations >= 256 ? 256 : d->info.max_workgroup_invocations;
+}
+
+vki_status op_matmul_prepare(vkd_device *d, uint32_t type)
+{
+    const mm_type *t = mm_type_get(type);
+    if (!t || !op_matmul_supported(d, type))
+        return VKI_ERR_UNSUPPORTED;
+    uint32_t mv1[4], mv8[4], mm[6], gr[1] = {get_rows_wg(d)};
+    matvec_spec(d, 1, mv1);
+    matvec_spec(d, OP_MATVEC_MAX_M, mv8);
+    matmul_spec(d, mm);
+    vki_status st = vkk_prepare(d, t->matvec, mv1);
+    if (st == VKI_OK)
+        st = vkk_prepare(d, t->matvec, mv8);
+    if (st == VKI_OK)
+        st = vkk_prepare(d, t->matmul, mm);
+    if (st == VKI_OK)
+        st = vkk_prepare(d, t->get_rows, gr);
+    return st;
+}
+
+/* ---- argument checks ------------------------------------------------------------------------ */
+
+static VkDeviceSize view_range(const vkd_view *v)
+{
+    if (!v->buf || v->offset > v->buf->size)
+        return 0;
+    return v->range == VK_WHOLE_SIZE ? v->buf->size - v->offset : v->range;
+}
+
+/* The view holds at least `rows` rows of `cols` elements of `elem` bytes, `stride` apart. */
+static bool view_holds(const vkd_view *v, uint64_t rows, uint64_t cols, uint64_t stride, uint64_t elem)
+{
+    if (!rows)
+        return true;
+    return cols <= stride && ((rows - 1) * stride + cols) * elem <= view_range(v);
+}
+
+static vki_status bad_arg(vkd_device *d, const char *op, const vk_tensor *w, const char *what)
+{
+    vkd_log(d, VKI_LOG_ERROR, "%s %s: %s", op, w ? w->name : "", what);
+    return VKI_ERR_INVALID_ARG;
+}
+
+/* ---- matmul --------------------------------------------------------------------------------- */
+
+/* One weight part: dispatches of at most max_groups workgroups along N. */
+static vki_status matmul_part(vkd_cmd *c, vkk_id k, const uint32_t *spec, uint32_t rows_per_group,
+                              uint32_t m_per_group, const vkd_view bind[4], vki_pc_matmul pc)
+{
+    const uint32_t max_gx = c->d->info.max_workgroup_count[0];
+    const uint64_t rows_per_dispatch = (uint64_t)max_gx * rows_per_group;
+    for (uint64_t n0 = 0; n0 < pc.N; n0 += rows_per_dispatch) {
+        uint64_t rows = pc.N - n0 < rows_per_dispatch ? pc.N - n0 : rows_per_dispatch;
+        pc.n0 = (uint32_t)n0;
+        vki_status st = vkk_dispatch(c, k, spec, bind, 4, &pc, sizeof pc, vkk_groups(rows, rows_per_group),
+                                     vkk_groups(pc.M, m_per_group), 1);
+        if (st != VKI_OK)
+            return st;
+    }
+    return VKI_OK;
+}
+
+vki_status op_matmul_path(vkd_cmd *c, const vk_tensor *w, const vkd_view *bias, vkd_view x,
+                          uint32_t x_stride, vkd_view y, uint32_t y_stride, uint32_t M, op_mm_path path)
+{
+    vkd_device *d = c->d;
+    const mm_type *t;
+    vki_status st = check_type(d, w, &t);
+    if (st != VKI_OK)
+        return st;
+    const uint64_t K = w->ne0, N = w->n_rows;
+    if (M == 0)
+        return bad_arg(d, "matmul", w, "M = 0");
+    if (!view_holds(&x, M, K, x_stride, 4))
+        return bad_arg(d, "matmul", w, "X view too small for [M, x_stride] (or x_stride < K)");
+    if (!view_holds(&y, M, N, y_stride, 4))
+        return bad_arg(d, "matmul", w, "Y view too small for [M, y_stride] (or y_stride < N)");
+    if (bias && !view_holds(bias, 1, N, N, 4))
+        return bad_arg(d, "matmul", w, "bias view holds fewer than N floats");
+
+    bool gemv = path == OP_MM_GEMV || (path == OP_MM_AUTO && M <= OP_MATVEC_MAX_M);
+    uint32_t spec[6], per_group_n, per_group_m;
+    vkk_id kid;
+    if (gemv) {
+        matvec_spec(d, M == 1 ? 1 : OP_MATVEC_MAX_M, spec);
+        kid = t->matvec;
+        per_group_n = spec[1];
+        per_group_m = spec[2];
+    } else {
+        matmul_spec(d, spec);
+        kid = t->matmul;
+        per_group_n = spec[2];
+        per_group_m = spec[1];
+    }
+    vki_pc_matmul pc = {.M = M, .K = (uint32_t)K, .x_stride = x_stride, .y_stride = y_stride,
+                        .w_stride = (uint32_t)w->row_bytes, .has_bias = bias != NULL,
+                        .x_vec4 = x_stride % 4 == 0 && x.offset % 16 == 0};
+    for (uint32_t i = 0; i < w->n_parts; i++) {
+        const vk_tensor_part *part = &w->parts[i];
+        vkd_view bind[4] = {vkd_whole(part->buf), x, bias ? *bias : x, y};
+        pc.N = (uint32_t)part->n_rows;
+        pc.y_col0 = (uint32_t)part->row0;
+        st = matmul_part(c, kid, spec, per_group_n, per_group_m, bind, pc);
+        if (st != VKI_OK)
+            return st;
+    }
+    return VKI_OK;
+}
+
+vki_status op_matmul(vkd_cmd *c, const vk_tensor *w, const vkd_view *bias, vkd_view x, uint32_t x_stride,
+                     vkd_view y, uint32_t y_stride, uint32_t M)
+{
+    return op_matmul_path(c, w, bias, x, x_stride, y, y_stride, M, OP_MM_AUTO);
+}
+
+/* ---- row gather ----------------------------------------------------------------------------- */
+
+static vki_status get_rows_dispatch(vkd_cmd *c, vkk_id k, vkd_view w, vkd_view ids, vkd_view y,
+                                    const vki_pc_get_rows *pc)
+{
+    uint32_t spec[1] = {get_rows_wg(c->d)};
+    uint32_t gx = vkk_groups((pc->K + 3) / 4, spec[0]);
+    uint32_t max_gy = c->d->info.max_workgroup_count[1];
+    uint32_t gy = pc->n < max_gy ? pc->n : max_gy; /* the shader strides over the rest */
+    vkd_view bind[3] = {w, ids, y};
+    return vkk_dispatch(c, k, spec, bind, 3, pc, sizeof *pc, gx, gy, 1);
+}
+
+vki_status op_get_rows(vkd_cmd *c, const vk_tensor *w, vkd_view ids, uint32_t n, vkd_view y, uint32_t y_stride)
+{
+    vkd_device *d = c->d;
+    const mm_type *t;
+    vki_status st = check_type(d, w, &t);
+    if (st != VKI_OK)
+        return st;
+    if (n == 0)
+        return VKI_OK;
+    if (!view_holds(&ids, 1, n, n, 4))
+        return bad_arg(d, "get_rows", w, "ids view holds fewer than n int32");
+    if (!view_holds(&y, n, w->ne0, y_stride, 4))
+        return bad_arg(d, "get_rows", w, "y view too small for [n, y_stride] (or y_stride < K)");
+    if (w->n_rows > INT32_MAX)
+        return bad_arg(d, "get_rows", w, "more rows than an int32 id can name");
+    vki_pc_get_rows pc = {.n = n, .K = (uint32_t)w->ne0, .w_stride = (uint32_t)w->row_bytes,
+                          .y_stride = y_stride, .n_rows = (uint32_t)w->n_rows};
+    for (uint32_t i = 0; i < w->n_parts && st == VKI_OK; i++) {
+        pc.row0 = (uint32_t)w->parts[i].row0;
+        pc.part_rows = (uint32_t)w->parts[i].n_rows;
+        pc.zero_oob = i == 0;
+        st = get_rows_dispatch(c, t->get_rows, vkd_whole(w->parts[i].buf), ids, y, &pc);
+    }
+    return st;
+}
+
+vki_status op_gather_rows(vkd_cmd *c, vkd_view src, uint32_t src_stride, uint32_t src_rows, uint32_t K,
+                          vkd_view ids, uint32_t n, vkd_view y, uint32_t y_stride)
+{
+    vkd_device *d = c->d;
+    if (n == 0)
+        return VKI_OK;
+    if (K == 0 || src_rows == 0 || src_rows > INT32_MAX || (uint64_t)src_stride * 4 > UINT32_MAX ||
+        !view_holds(&src, src_rows, K, src_stride, 4))
+        return bad_arg(d, "gather_rows", NULL, "src view too small for [src_rows, src_stride] (or stride < K)");
+    if (!view_holds(&ids, 1, n, n, 4))
+        return bad_arg(d, "gather_rows", NULL, "ids view holds fewer than n int32");
+    if (!view_holds(&y, n, K, y_stride, 4))
+        return bad_arg(d, "gather_rows", NULL, "y view too small for [n, y_stride] (or y_stride < K)");
+    vki_pc_get_rows pc = {.n = n, .K = K, .w_stride = src_stride * 4, .y_stride = y_stride, .row0 = 0,
+                          .part_rows = src_rows, .n_rows = src_rows, .zero_oob = 1};
+    return get_rows_dispatch(c, VKK_GET_ROWS_F32, src, ids, y, &pc);
+}

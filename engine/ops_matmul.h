@@ -1,0 +1,59 @@
+/* Matrix multiply with weights in their GGUF types (F32, F16, Q8_0, Q4_0, Q4_K, Q6_K; quantised
+ * weights stay quantised on the device and are dequantised in the shaders) and F32 activations,
+ * F32 accumulation; and the row gather (embedding lookup).
+ *
+ * Every op records dispatches into a command buffer that is recording; it records no barrier
+ * (put vkd_barrier() between dependent ops). On any error nothing is recorded.
+ * Errors: VKI_ERR_INVALID_ARG (a shape, stride or view that does not fit, logged),
+ * VKI_ERR_UNSUPPORTED (a weight type the device cannot run: Q8_0, Q4_0, Q6_K and F16 need
+ * storageBuffer16BitAccess; the matrix-vector path needs subgroup arithmetic). */
+#ifndef VKI_ENGINE_OPS_MATMUL_H
+#define VKI_ENGINE_OPS_MATMUL_H
+
+#include "engine/device.h"
+#include "engine/tensor.h"
+
+/* op_matmul uses the matrix-vector kernel for M <= OP_MATVEC_MAX_M (every weight row is read
+ * once for all M activation rows) and the tiled GEMM above. */
+#define OP_MATVEC_MAX_M 8
+
+typedef enum op_mm_path {
+    OP_MM_AUTO = 0, /* by M, as above */
+    OP_MM_GEMV,     /* matrix-vector kernel; M > OP_MATVEC_MAX_M re-reads the weights per 8 rows */
+    OP_MM_GEMM,     /* tiled kernel, any M */
+} op_mm_path;
+
+/* Y[m, n] = sum_k X[m, k] * W[n, k] (+ bias[n])   for m < M, n < N = w->n_rows, K = w->ne0
+ *   x:    f32[M, x_stride] row-major, x_stride >= K
+ *   y:    f32[M, y_stride] row-major, y_stride >= N; only the first N columns are written
+ *   bias: f32[N] or NULL
+ * M from 1 up; any N; K a multiple of the type's block (F32/F16: any K). Loops over the
+ * tensor's parts (each writes its own output columns) and splits N further where the
+ * device's workgroup-count limit requires. */
+vki_status op_matmul(vkd_cmd *c, const vk_tensor *w, const vkd_view *bias, vkd_view x, uint32_t x_stride,
+                     vkd_view y, uint32_t y_stride, uint32_t M);
+/* Same with the kernel chosen by the caller (tests and the benchmark). */
+vki_status op_matmul_path(vkd_cmd *c, const vk_tensor *w, const vkd_view *bias, vkd_view x,
+                          uint32_t x_stride, vkd_view y, uint32_t y_stride, uint32_t M, op_mm_path path);
+
+/* y[i, :K] = dequant(W[ids[i], :]) for i < n (embedding lookup), K = w->ne0
+ *   ids: i32[n]; y: f32[n, y_stride], y_stride >= K.
+ * An id outside [0, w->n_rows) yields a row of zeros: the host should validate ids, but a bad
+ * one never makes the GPU read out of bounds. */
+vki_status op_get_rows(vkd_cmd *c, const vk_tensor *w, vkd_view ids, uint32_t n, vkd_view y, uint32_t y_stride);
+
+/* The same gather over an F32 activation matrix: y[i, :K] = src[ids[i], :K]
+ *   src: f32[src_rows, src_stride], src_stride >= K; ids outside [0, src_rows) give zeros. */
+vki_status op_gather_rows(vkd_cmd *c, vkd_view src, uint32_t src_stride, uint32_t src_rows, uint32_t K,
+                          vkd_view ids, uint32_t n, vkd_view y, uint32_t y_stride);
+
+/* Creates every pipeline the ops above use for weights of ggml type `type` on this device
+ * (GEMV for M = 1 and M <= OP_MATVEC_MAX_M, GEMM, gather), so none compiles during a step.
+ * The engine calls it at open for each weight type of the model (and F32 for activation
+ * gathers). VKI_ERR_UNSUPPORTED if the device cannot run the type. */
+vki_status op_matmul_prepare(vkd_device *d, uint32_t type);
+
+/* True if the device can run matmul / get_rows for this ggml type. */
+bool op_matmul_supported(const vkd_device *d, uint32_t type);
+
+#endif

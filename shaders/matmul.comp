@@ -1,0 +1,109 @@
+#version 450
+#extension GL_GOOGLE_include_directive : require
+#include "common.glsl"
+// Tiled matrix multiply for many activation rows (prefill): Y[m, n] = sum_k X[m, k] W[n, k]
+// (+ bias[n]). A workgroup computes a BM x BN tile of Y; per BK step it stages BM x BK of X
+// and BN x BK of W (dequantised once on load, dq_load4) in shared memory, transposed so the
+// inner loop reads columns, and each invocation accumulates a TM x TN register block (F32).
+//
+// Bound by: FMA throughput with F32 accumulation. Per k, an invocation does TM + TN shared
+// loads for TM * TN FMAs (4 + 4 -> 16 on lavapipe, 8 + 8 -> 64 with the 128x128 tiles chosen
+// for NVIDIA), so shared-memory bandwidth stays below the FMA rate; a W tile is dequantised
+// once for BM rows of X, and weight bytes are read ceil(M / BM) times. Tensor cores are left
+// to a cooperative-matrix path; this is the portable one.
+//
+// Register blocks are interleaved (invocation (tm, tn) owns rows tm + i*BM/TM and columns
+// tn + j*BN/TN): shared reads are broadcasts or consecutive words (no bank conflicts) and Y
+// stores are coalesced. The +1 padding of the shared rows spreads the transposing stores over
+// the banks.
+layout(local_size_x_id = 0) in;              // (BM / TM) * (BN / TN) invocations
+layout(constant_id = 1) const uint BM = 64;  // X rows per tile
+layout(constant_id = 2) const uint BN = 64;  // W rows per tile
+layout(constant_id = 3) const uint BK = 32;  // k per step: a multiple of 4 dividing 32
+layout(constant_id = 4) const uint TM = 4;   // rows per invocation
+layout(constant_id = 5) const uint TN = 4;   // columns per invocation
+
+#define DQ_BINDING 0
+#include "dequant.glsl" // binding 0: W, one part, N rows of w_stride bytes (the ggml type's blocks)
+
+layout(push_constant) uniform PushBlock { vki_pc_matmul p; };
+layout(std430, binding = 1) readonly buffer X { float x[]; };    // f32[M, x_stride]
+layout(std430, binding = 1) readonly buffer X4 { vec4 x4[]; };   // same, when p.x_vec4 == 1
+layout(std430, binding = 2) readonly buffer Bias { float bias[]; }; // f32[y_col0 + N] if has_bias
+layout(std430, binding = 3) writeonly buffer Y { float y[]; };   // f32[M, y_stride]
+
+shared float As[BK * (BM + 1u)]; // X tile, [k][m]
+shared float Bs[BK * (BN + 1u)]; // W tile, dequantised, [k][n]
+
+// X[m, k..k+3]; k % 4 == 0. Elements at k >= K (only in F32/F16 tails) read as 0.
+vec4 load_x4(uint m, uint k)
+{
+    uint i = m * p.x_stride + k;
+#ifdef DQ_FLOAT
+    if (k + 4u > p.K) {
+        vec4 v = vec4(0.0);
+        [[unroll]] for (uint c = 0u; c < 4u; c++)
+            if (k + c < p.K) v[c] = x[i + c];
+        return v;
+    }
+#endif
+    if (p.x_vec4 != 0u)
+        return x4[i >> 2];
+    return vec4(x[i], x[i + 1u], x[i + 2u], x[i + 3u]);
+}
+
+// Stage X[m_tile.., k0..] and W[n_tile.., k0..] into shared memory (zeros outside the matrix).
+void load_tiles(uint m_tile, uint n_tile, uint k0)
+{
+    const uint K4 = BK / 4u;
+    for (uint i = gl_LocalInvocationID.x; i < BM * K4; i += gl_WorkGroupSize.x) {
+        const uint row = i / K4, k = 4u * (i % K4);
+        const vec4 v = m_tile + row < p.M ? load_x4(m_tile + row, k0 + k) : vec4(0.0);
+        [[unroll]] for (uint c = 0u; c < 4u; c++)
+            As[(k + c) * (BM + 1u) + row] = v[c];
+    }
+    for (uint i = gl_LocalInvocationID.x; i < BN * K4; i += gl_WorkGroupSize.x) {
+        const uint row = i / K4, k = 4u * (i % K4), n = n_tile + row;
+        const vec4 v = n < p.N ? dq_load4(dq_row_base(n, p.w_stride), k0 + k, p.K) : vec4(0.0);
+        [[unroll]] for (uint c = 0u; c < 4u; c++)
+            Bs[(k + c) * (BN + 1u) + row] = v[c];
+    }
+}
+
+void main()
+{
+    const uint SM = BM / TM, SN = BN / TN; // invocation grid inside the tile
+    const uint tn = gl_LocalInvocationID.x % SN, tm = gl_LocalInvocationID.x / SN;
+    const uint n_tile = p.n0 + gl_WorkGroupID.x * BN, m_tile = gl_WorkGroupID.y * BM;
+    float acc[TM * TN];
+    [[unroll]] for (uint i = 0u; i < TM * TN; i++)
+        acc[i] = 0.0;
+
+    for (uint k0 = 0u; k0 < p.K; k0 += BK) {
+        load_tiles(m_tile, n_tile, k0);
+        barrier();
+        [[unroll]] for (uint k = 0u; k < BK; k++) {
+            float a[TM], b[TN];
+            [[unroll]] for (uint i = 0u; i < TM; i++)
+                a[i] = As[k * (BM + 1u) + tm + i * SM];
+            [[unroll]] for (uint j = 0u; j < TN; j++)
+                b[j] = Bs[k * (BN + 1u) + tn + j * SN];
+            [[unroll]] for (uint i = 0u; i < TM; i++)
+                [[unroll]] for (uint j = 0u; j < TN; j++)
+                    acc[i * TN + j] = fma(a[i], b[j], acc[i * TN + j]);
+        }
+        barrier();
+    }
+
+    [[unroll]] for (uint j = 0u; j < TN; j++) {
+        const uint n = n_tile + tn + j * SN;
+        if (n >= p.N)
+            continue;
+        const float b = p.has_bias != 0u ? bias[p.y_col0 + n] : 0.0;
+        [[unroll]] for (uint i = 0u; i < TM; i++) {
+            const uint m = m_tile + tm + i * SM;
+            if (m < p.M)
+                y[m * p.y_stride + p.y_col0 + n] = acc[i * TN + j] + b;
+        }
+    }
+}

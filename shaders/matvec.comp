@@ -1,0 +1,97 @@
+#version 450
+#extension GL_GOOGLE_include_directive : require
+#include "common.glsl"
+#extension GL_KHR_shader_subgroup_basic : require
+#extension GL_KHR_shader_subgroup_arithmetic : require
+// Matrix-vector product for few activation rows (decode): Y[m, n] = sum_k X[m, k] W[n, k]
+// (+ bias[n]) for MC rows of X at once, so each weight row is streamed from memory once for
+// all of them. Weights stay in their GGUF blocks and are expanded in registers (dequant.glsl).
+//
+// A workgroup owns NR weight rows and MC activation rows. Its invocations stride over the
+// rows' 16-element units (adjacent invocations read adjacent bytes: coalesced), decode each unit
+// once, and dot it with the MC activation rows; partial sums are reduced with subgroupAdd and
+// then across subgroups through shared memory.
+//
+// Bound by: weight bandwidth for M = 1 (the X rows are tiny and stay in L1/L2). On an H100 a
+// 4096x4096 Q4_0 matrix is 9.4 MB, ~3 us at 3.35 TB/s; the per-weight ALU work (unpack, scale,
+// FMA: ~2-3 ops per weight with 16-weight units) stays under that, which is why units are 16
+// weights with one scale decode rather than 4. As MC grows the FMAs grow with it and the
+// kernel turns ALU-bound; above MC rows the tiled GEMM (matmul.comp) takes over.
+layout(local_size_x_id = 0) in;
+layout(constant_id = 1) const uint NR = 4;   // weight rows per workgroup
+layout(constant_id = 2) const uint MC = 1;   // activation rows per workgroup
+layout(constant_id = 3) const uint NSG = 32; // >= subgroups per workgroup (WG / min subgroup size)
+
+#define DQ_BINDING 0
+#include "dequant.glsl" // binding 0: W, one part, N rows of w_stride bytes (the ggml type's blocks)
+
+layout(push_constant) uniform PushBlock { vki_pc_matmul p; };
+layout(std430, binding = 1) readonly buffer X { float x[]; };    // f32[M, x_stride]
+layout(std430, binding = 1) readonly buffer X4 { vec4 x4[]; };   // same, when p.x_vec4 == 1
+layout(std430, binding = 2) readonly buffer Bias { float bias[]; }; // f32[y_col0 + N] if has_bias
+layout(std430, binding = 3) writeonly buffer Y { float y[]; };   // f32[M, y_stride]
+
+shared float red[NR * MC * NSG]; // per-subgroup partial sums: [NR * MC][NSG]
+
+// X[m, k..k+3]; k % 4 == 0. Elements at k >= K (only in F32/F16 tails) read as 0.
+vec4 load_x4(uint m, uint k)
+{
+    uint i = m * p.x_stride + k;
+#ifdef DQ_FLOAT
+    if (k + 4u > p.K) {
+        vec4 v = vec4(0.0);
+        [[unroll]] for (uint c = 0u; c < 4u; c++)
+            if (k + c < p.K) v[c] = x[i + c];
+        return v;
+    }
+#endif
+    if (p.x_vec4 != 0u)
+        return x4[i >> 2];
+    return vec4(x[i], x[i + 1u], x[i + 2u], x[i + 3u]);
+}
+
+void main()
+{
+    const uint tid = gl_LocalInvocationID.x;
+    const uint r0 = p.n0 + gl_WorkGroupID.x * NR; // first weight row (within the part)
+    const uint m0 = gl_WorkGroupID.y * MC;        // first activation row
+    float acc[NR * MC];
+    [[unroll]] for (uint i = 0u; i < NR * MC; i++)
+        acc[i] = 0.0;
+
+    const uint n_units = (p.K + DQ_BLOCK - 1u) / DQ_BLOCK * DQ_UNITS;
+    for (uint u = tid; u < n_units; u += gl_WorkGroupSize.x) {
+        const uint ib = u / DQ_UNITS, iu = u % DQ_UNITS;
+        [[unroll]] for (uint r = 0u; r < NR; r++) {
+            if (r0 + r >= p.N)
+                break; // uniform across the workgroup
+            vec4 w[DQ_UNIT_V4];
+            dq_unit(dq_row_base(r0 + r, p.w_stride), ib, iu, p.K, w);
+            [[unroll]] for (uint g = 0u; g < DQ_UNIT_V4; g++) {
+                const uint k = ib * DQ_BLOCK + dq_unit_k(iu, g);
+                [[unroll]] for (uint c = 0u; c < MC; c++)
+                    if (m0 + c < p.M)
+                        acc[r * MC + c] += dot(w[g], load_x4(m0 + c, k));
+            }
+        }
+    }
+
+    [[unroll]] for (uint i = 0u; i < NR * MC; i++)
+        acc[i] = subgroupAdd(acc[i]);
+    if (subgroupElect())
+        [[unroll]] for (uint i = 0u; i < NR * MC; i++)
+            red[i * NSG + gl_SubgroupID] = acc[i];
+    barrier();
+    for (uint i = tid; i < NR * MC; i += gl_WorkGroupSize.x) {
+        const uint r = i / MC, c = i % MC;
+        if (r0 + r >= p.N || m0 + c >= p.M)
+            continue;
+        float s = 0.0;
+        for (uint sg = 0u; sg < gl_NumSubgroups; sg++)
+            s += red[i * NSG + sg];
+        const uint n = p.y_col0 + r0 + r;
+        if (p.has_bias != 0u)
+            s += bias[n];
+        y[(m0 + c) * p.y_stride + n] = s;
+    }
+}
