@@ -186,6 +186,163 @@ typedef struct vki_sampling_params {
 /* temperature 1, top_k 0, top_p 1, min_p 0, no penalties (window 64), random seed, no logprobs. */
 vki_sampling_params vki_sampling_default_params(void);
 
+/* ---- batch manager ----------------------------------------------------------------------- */
+
+/* The continuous-batching ("in-flight batching") loop: a worker thread admits requests, plans one
+ * ragged step per tick under the capacity policy and the token budget, runs it on the engine and
+ * streams tokens back. Two ways in, usable together (one id space):
+ *  - callbacks in the style of the TensorRT-LLM batch manager (vki_batch_callbacks), polled by
+ *    the worker every tick;
+ *  - a push interface for applications: vki_batch_submit / vki_batch_cancel with a per-request
+ *    response callback.
+ *
+ * Threading. Every callback (get_requests, send_response, poll_stop_signals, stats and the
+ * per-request vki_response_fn) runs on the manager's worker thread, one at a time, with no
+ * library lock held. Inside a callback you may call vki_batch_submit, vki_batch_cancel and
+ * vki_batch_notify (on this or another manager) and vki_request_list_add on the sink you were
+ * given; you must not call vki_batch_manager_destroy on the manager that called you (it returns
+ * VKI_ERR_INVALID_ARG). A callback blocks the tick loop while it runs: keep it short.
+ * vki_batch_submit, vki_batch_cancel and vki_batch_notify may be called from any thread. */
+
+typedef struct vki_engine vki_engine;
+typedef struct vki_batch_manager vki_batch_manager;
+
+/* Who may hold KV blocks (see the README "scheduler" section). */
+typedef enum vki_capacity_policy {
+    /* Admit a request only if every block it may need until it finishes fits after reserving
+     * what the running requests may still need. A started request is never paused. */
+    VKI_POLICY_GUARANTEED_NO_EVICT = 0,
+    /* Admit by what the next step needs; when a step cannot fit, pause the most recently started
+     * requests (their blocks are freed; they resume later from the front of the queue by
+     * recomputing prompt + generated tokens; no output token is lost or repeated). */
+    VKI_POLICY_MAX_UTILIZATION = 1,
+    /* The old static batching, kept as the baseline: a batch is formed only when nothing runs,
+     * its blocks are reserved padded to the longest member, its members run in lockstep (no
+     * decode while a member is still in its prompt) and nobody joins until all have finished. */
+    VKI_POLICY_STATIC = 2,
+} vki_capacity_policy;
+
+typedef struct vki_batch_params {
+    vki_capacity_policy policy;     /* GUARANTEED_NO_EVICT */
+    uint32_t max_batch_size;        /* requests holding KV at once (and sequences per step);
+                                       0 = the engine's sequence slots. Default 0 */
+    uint32_t max_num_tokens;        /* token budget of one step (decode + prefill). 8192 */
+    uint32_t chunk_size;            /* prefill chunk; a multiple of the KV block size. 512 */
+    uint32_t max_queue;             /* waiting requests before submissions are refused with
+                                       VKI_RETRY_QUEUE_FULL; 0 = unbounded. 1024 */
+    bool block_reuse;               /* reuse KV blocks of shared prompt prefixes. true */
+    bool stats;                     /* call the stats callback every tick with work. true */
+    uint32_t idle_poll_us;          /* with a get_requests callback, how often an idle manager
+                                       polls it (vki_batch_notify wakes it at once). 1000 */
+    uint64_t seed;                  /* seeds the per-manager generator that draws the seeds of
+                                       requests without one; 0 = from the clock */
+} vki_batch_params;
+
+vki_batch_params vki_batch_default_params(void);
+
+typedef enum vki_finish_reason {
+    VKI_FINISH_NONE = 0,            /* not finished (streaming, non-final response) */
+    VKI_FINISH_EOS = 1,             /* an end id (the request's, or the model's end of text) */
+    VKI_FINISH_LENGTH = 2,          /* max_new_tokens generated */
+    VKI_FINISH_STOP = 3,            /* one of the request's stop ids */
+    VKI_FINISH_CANCELLED = 4,       /* cancelled (vki_batch_cancel, a stop signal, abort) */
+    VKI_FINISH_ERROR = 5,           /* refused or failed; vki_response.error says why */
+} vki_finish_reason;
+
+/* One generation request. Every pointer is copied at submission; the caller keeps ownership. */
+typedef struct vki_request {
+    uint64_t id;                    /* caller's id; must not be in flight (reusable after its
+                                       final response) */
+    const int32_t *prompt;          /* [n_prompt] token ids, each < the model's vocabulary */
+    uint32_t n_prompt;              /* >= 1; n_prompt + max_new_tokens <= the model's context */
+    uint32_t max_new_tokens;        /* >= 1 */
+    const int32_t *end_ids;         /* [n_end_ids]; 0 ids = the model's end-of-generation tokens */
+    uint32_t n_end_ids;
+    const int32_t *stop_ids;        /* [n_stop_ids] extra tokens that finish with STOP */
+    uint32_t n_stop_ids;
+    vki_sampling_params sampling;   /* start from vki_sampling_default_params() */
+    bool streaming;                 /* one response per new token, else one final response */
+    int32_t priority;               /* higher runs first; FIFO among equals. 0 */
+} vki_request;
+
+/* What a response callback receives. Pointers are valid only during the callback. The ending
+ * token (end id or stop id) is included in tokens and counted in seq_len. */
+typedef struct vki_response {
+    uint64_t id;
+    const int32_t *tokens;          /* [n_tokens] new tokens: streaming, the tokens since the
+                                       previous response (0 or 1); otherwise all generated */
+    uint32_t n_tokens;
+    const float *logprobs;          /* [n_tokens] when sampling.logprobs or top_logprobs > 0,
+                                       else NULL */
+    uint32_t n_top;                 /* alternatives per token (the request's top_logprobs) */
+    const int32_t *top_tokens;      /* [n_tokens][n_top] most likely ids, best first, or NULL */
+    const float *top_logprobs;      /* [n_tokens][n_top] their log-probabilities, or NULL */
+    double cum_logprob;             /* sum of logprobs of all tokens generated so far (0 when
+                                       logprobs were not asked for) */
+    uint32_t seq_len;               /* prompt + generated tokens so far */
+    bool final;                     /* the last response for this request */
+    vki_finish_reason finish;       /* NONE unless final */
+    const char *error;              /* finish == ERROR: what went wrong (names the field for a
+                                       refused request); else NULL */
+    uint64_t seed;                  /* the request's seed, or the one drawn for it */
+} vki_response;
+
+typedef void (*vki_response_fn)(void *user, const vki_response *resp);
+
+/* The sink get_requests adds to. */
+typedef struct vki_request_list vki_request_list;
+
+/* Deep-copies *req into the sink. VKI_RETRY_QUEUE_FULL once the sink holds the max that
+ * get_requests was given (the request was not added); VKI_ERR_OUT_OF_HOST_MEMORY. Validation
+ * happens later: an invalid or duplicate request gets a final error response. */
+vki_status vki_request_list_add(vki_request_list *sink, const vki_request *req);
+
+/* TensorRT-LLM-style callbacks; any may be NULL. All run on the worker thread (see above). */
+typedef struct vki_batch_callbacks {
+    void *user;
+    /* Called every tick while the manager accepts work: add up to `max` requests to the sink
+     * (max = -1: unbounded). Needs send_response. */
+    void (*get_requests)(void *user, int32_t max, vki_request_list *sink);
+    /* Responses for requests that came through get_requests. Exactly one final response per
+     * request, including refused ones. */
+    vki_response_fn send_response;
+    /* Fill ids[0..cap) with ids to stop; return how many (called again while it returns cap).
+     * A stopped request gets a final CANCELLED response with what it generated; unknown ids are
+     * ignored. */
+    uint32_t (*poll_stop_signals)(void *user, uint64_t *ids, uint32_t cap);
+    /* One JSON object per tick while anything is queued or running (never when idle): the
+     * "Iteration Counter", "Active Request Count", "Max KV cache blocks", ... fields of the
+     * TensorRT-LLM batch manager; see the README. */
+    void (*stats)(void *user, const char *json);
+} vki_batch_callbacks;
+
+/* Creates a manager over an engine and starts its worker thread. cb may be NULL (push only).
+ * Defined by the engine adapter; the engine must outlive the manager. */
+vki_status vki_batch_manager_create(vki_engine *engine, const vki_batch_params *params,
+                                    const vki_batch_callbacks *cb, vki_batch_manager **out);
+
+/* Stops the manager and frees it. abort = false: waits until every accepted request has had its
+ * final response (new submissions are refused with VKI_ERR_SHUTDOWN meanwhile); abort = true:
+ * every queued or running request gets a final CANCELLED response at the next tick boundary.
+ * VKI_ERR_INVALID_ARG (nothing done) when called from one of this manager's callbacks. */
+vki_status vki_batch_manager_destroy(vki_batch_manager *bm, bool abort);
+
+/* Push interface. Validates and queues a copy of *req; on_response (required) receives its
+ * responses on the worker thread, exactly one of them final. Returns VKI_OK, or with no callback
+ * ever made: VKI_ERR_INVALID_ARG (err, when not NULL, receives a message naming the field),
+ * VKI_ERR_DUPLICATE_ID (the id is in flight), VKI_RETRY_QUEUE_FULL (max_queue requests wait),
+ * VKI_ERR_SHUTDOWN, VKI_ERR_OUT_OF_HOST_MEMORY. */
+vki_status vki_batch_submit(vki_batch_manager *bm, const vki_request *req, vki_response_fn on_response,
+                            void *user, char *err, size_t err_cap);
+
+/* Cancels request `id` in any state (queued, in its prompt, generating, paused): it gets a final
+ * CANCELLED response with what it generated at the next tick boundary. VKI_ERR_NOT_FOUND when
+ * the id is not in flight (never submitted, or already finished). */
+vki_status vki_batch_cancel(vki_batch_manager *bm, uint64_t id);
+
+/* Wakes an idle manager so it polls get_requests now rather than after idle_poll_us. */
+void vki_batch_notify(vki_batch_manager *bm);
+
 #ifdef __cplusplus
 }
 #endif

@@ -1,0 +1,636 @@
+/* The scheduler (see sched.h). Data structures and what they cost:
+ *  - the wait queue is a binary heap ordered (paused first, priority desc, arrival asc):
+ *    push/pop/remove O(log queue);
+ *  - running sequences are a doubly linked list in admission order: the policy pauses from its
+ *    tail (most recently started) in O(1);
+ *  - free backend slots are a stack: O(1);
+ *  - `reserved` = sum over running sequences of the blocks they may still allocate
+ *    (need_total - n_held), kept incrementally, so GUARANTEED_NO_EVICT admission is O(1)
+ *    instead of a walk over the running set. */
+#include "scheduler/sched.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+struct sched {
+    sched_params p;
+    uint32_t max_running;     /* min(max_seqs, max_batch_size) */
+    uint32_t max_seq_blocks;  /* ceil(max_ctx / block_size): longest block table */
+    sched_kv *kv;
+    sched_seq **heap;         /* [heap_cap] wait queue */
+    uint32_t n_heap, heap_cap;
+    sched_seq *run_head, *run_tail;
+    uint32_t n_running;
+    uint32_t *free_slots;     /* [max_seqs] stack of free backend slots */
+    uint32_t n_free_slots;
+    uint64_t next_order;
+    uint64_t reserved;        /* sum over running of need_total - n_held */
+    uint32_t n_paused_waiting;
+    uint64_t reused_tokens, pauses;
+    /* per-tick scratch, sized at create: a tick allocates nothing */
+    vki_step_seq *plan_seqs;  /* [max_running] */
+    sched_seq **plan_ptrs;    /* [max_running] */
+    uint32_t *match;          /* [max_seq_blocks] prefix lookup result */
+    uint32_t tick_paused;
+};
+
+static uint32_t blocks_for(const sched *s, uint64_t n_tokens)
+{
+    return (uint32_t)((n_tokens + s->p.block_size - 1) / s->p.block_size);
+}
+
+static uint32_t min_u32(uint32_t a, uint32_t b) { return a < b ? a : b; }
+
+static bool in_context(const sched_seq *q) { return q->n_computed < q->ctx_end; }
+
+/* ---- wait queue (binary heap) ------------------------------------------------------------- */
+
+static bool runs_before(const sched_seq *a, const sched_seq *b)
+{
+    if (a->paused != b->paused)
+        return a->paused; /* a paused sequence goes back to the front */
+    if (a->priority != b->priority)
+        return a->priority > b->priority;
+    return a->order < b->order;
+}
+
+static void heap_set(sched *s, uint32_t i, sched_seq *q)
+{
+    s->heap[i] = q;
+    q->heap_idx = i;
+}
+
+static void heap_up(sched *s, uint32_t i)
+{
+    sched_seq *q = s->heap[i];
+    while (i > 0) {
+        uint32_t parent = (i - 1) / 2;
+        if (!runs_before(q, s->heap[parent]))
+            break;
+        heap_set(s, i, s->heap[parent]);
+        i = parent;
+    }
+    heap_set(s, i, q);
+}
+
+static void heap_down(sched *s, uint32_t i)
+{
+    sched_seq *q = s->heap[i];
+    for (;;) {
+        uint32_t c = 2 * i + 1;
+        if (c >= s->n_heap)
+            break;
+        if (c + 1 < s->n_heap && runs_before(s->heap[c + 1], s->heap[c]))
+            c++;
+        if (!runs_before(s->heap[c], q))
+            break;
+        heap_set(s, i, s->heap[c]);
+        i = c;
+    }
+    heap_set(s, i, q);
+}
+
+static vki_status heap_reserve(sched *s, uint32_t n)
+{
+    if (n <= s->heap_cap)
+        return VKI_OK;
+    uint32_t cap = s->heap_cap ? s->heap_cap : 16;
+    while (cap < n) {
+        if (cap > UINT32_MAX / 2)
+            return VKI_ERR_OUT_OF_HOST_MEMORY;
+        cap *= 2;
+    }
+    sched_seq **h = realloc(s->heap, (size_t)cap * sizeof *h);
+    if (!h)
+        return VKI_ERR_OUT_OF_HOST_MEMORY;
+    s->heap = h;
+    s->heap_cap = cap;
+    return VKI_OK;
+}
+
+/* The heap has room: sched_add reserves one entry per sequence it creates, so re-queueing a
+ * paused sequence never allocates. */
+static void heap_push(sched *s, sched_seq *q)
+{
+    q->state = SCHED_QUEUED;
+    heap_set(s, s->n_heap++, q);
+    heap_up(s, q->heap_idx);
+}
+
+static void heap_remove(sched *s, sched_seq *q)
+{
+    uint32_t i = q->heap_idx;
+    sched_seq *last = s->heap[--s->n_heap];
+    if (last != q) {
+        heap_set(s, i, last);
+        heap_up(s, i);
+        heap_down(s, last->heap_idx);
+    }
+}
+
+/* ---- running list ------------------------------------------------------------------------- */
+
+static void run_append(sched *s, sched_seq *q)
+{
+    q->run_prev = s->run_tail;
+    q->run_next = NULL;
+    if (s->run_tail)
+        s->run_tail->run_next = q;
+    else
+        s->run_head = q;
+    s->run_tail = q;
+    s->n_running++;
+}
+
+static void run_unlink(sched *s, sched_seq *q)
+{
+    if (q->run_prev)
+        q->run_prev->run_next = q->run_next;
+    else
+        s->run_head = q->run_next;
+    if (q->run_next)
+        q->run_next->run_prev = q->run_prev;
+    else
+        s->run_tail = q->run_prev;
+    q->run_prev = q->run_next = NULL;
+    s->n_running--;
+}
+
+/* Returns a running sequence's blocks (sealed ones stay cached) and slot. O(blocks held). */
+static void drop_running(sched *s, sched_seq *q)
+{
+    sched_kv_release(s->kv, q->blocks, q->n_held);
+    s->reserved -= q->need_total - q->n_held;
+    q->n_held = q->n_sealed = q->n_computed = 0;
+    q->n_new = 0;
+    s->free_slots[s->n_free_slots++] = q->slot;
+    q->slot = UINT32_MAX;
+    run_unlink(s, q);
+}
+
+/* MAX_UTILIZATION: the sequence loses its KV and slot and waits at the front of the queue. Its
+ * tokens stay, so resuming recomputes them (cached full blocks are picked up again). */
+static void pause_seq(sched *s, sched_seq *q)
+{
+    drop_running(s, q);
+    q->paused = true;
+    q->n_pauses++;
+    heap_push(s, q);
+    s->n_paused_waiting++;
+    s->tick_paused++;
+    s->pauses++;
+}
+
+/* Grows q's block table to cover `n_tokens` positions. False when the pool is short. */
+static bool grow_blocks(sched *s, sched_seq *q, uint32_t n_tokens)
+{
+    uint32_t want = blocks_for(s, n_tokens);
+    while (q->n_held < want) {
+        uint32_t b = sched_kv_alloc(s->kv);
+        if (b == SCHED_KV_NONE)
+            return false;
+        q->blocks[q->n_held++] = b;
+        s->reserved--;
+    }
+    return true;
+}
+
+/* ---- create / add / remove ---------------------------------------------------------------- */
+
+vki_status sched_create(const sched_params *p, sched **out)
+{
+    *out = NULL;
+    if (!p->max_seqs || !p->n_blocks || !p->block_size || !p->max_ctx || !p->max_num_tokens ||
+        !p->chunk_size || p->chunk_size % p->block_size || p->max_seqs == UINT32_MAX ||
+        (unsigned)p->policy > VKI_POLICY_STATIC)
+        return VKI_ERR_INVALID_ARG;
+    sched *s = calloc(1, sizeof *s);
+    if (!s)
+        return VKI_ERR_OUT_OF_HOST_MEMORY;
+    s->p = *p;
+    s->max_running = p->max_batch_size ? min_u32(p->max_seqs, p->max_batch_size) : p->max_seqs;
+    s->max_seq_blocks = blocks_for(s, p->max_ctx);
+    vki_status st = sched_kv_create(p->n_blocks, p->block_size, p->block_reuse, &s->kv);
+    if (st != VKI_OK) {
+        free(s);
+        return st;
+    }
+    s->free_slots = malloc((size_t)p->max_seqs * sizeof *s->free_slots);
+    s->plan_seqs = calloc(s->max_running, sizeof *s->plan_seqs);
+    s->plan_ptrs = calloc(s->max_running, sizeof *s->plan_ptrs);
+    s->match = malloc((size_t)s->max_seq_blocks * sizeof *s->match);
+    if (!s->free_slots || !s->plan_seqs || !s->plan_ptrs || !s->match) {
+        sched_destroy(s);
+        return VKI_ERR_OUT_OF_HOST_MEMORY;
+    }
+    for (uint32_t i = 0; i < p->max_seqs; i++) /* slot 0 on top */
+        s->free_slots[i] = p->max_seqs - 1 - i;
+    s->n_free_slots = p->max_seqs;
+    *out = s;
+    return VKI_OK;
+}
+
+void sched_destroy(sched *s)
+{
+    if (!s)
+        return;
+    for (sched_seq *q = s->run_head, *n; q; q = n) {
+        n = q->run_next;
+        free(q);
+    }
+    for (uint32_t i = 0; i < s->n_heap; i++)
+        free(s->heap[i]);
+    sched_kv_destroy(s->kv);
+    free(s->heap);
+    free(s->free_slots);
+    free(s->plan_seqs);
+    free(s->plan_ptrs);
+    free(s->match);
+    free(s);
+}
+
+vki_status sched_validate(const sched *s, uint32_t n_prompt, uint32_t max_new, char *msg, size_t msg_cap)
+{
+    uint64_t cap = (uint64_t)n_prompt + max_new;
+    if (n_prompt == 0) {
+        snprintf(msg, msg_cap, "prompt: empty (n_prompt is 0)");
+    } else if (max_new == 0) {
+        snprintf(msg, msg_cap, "max_new_tokens: must be >= 1");
+    } else if (cap > s->p.max_ctx) {
+        snprintf(msg, msg_cap, "max_new_tokens: n_prompt %u + max_new_tokens %u exceeds the model context %u",
+                 n_prompt, max_new, s->p.max_ctx);
+    } else if (blocks_for(s, cap - 1) > s->p.n_blocks) {
+        snprintf(msg, msg_cap, "max_new_tokens: n_prompt %u + max_new_tokens %u needs %u KV blocks, the pool has %u",
+                 n_prompt, max_new, blocks_for(s, cap - 1), s->p.n_blocks);
+    } else {
+        return VKI_OK;
+    }
+    return VKI_ERR_INVALID_ARG;
+}
+
+vki_status sched_add(sched *s, const sched_add_args *a, sched_seq **out)
+{
+    char msg[160];
+    *out = NULL;
+    if (sched_validate(s, a->n_prompt, a->max_new, msg, sizeof msg) != VKI_OK)
+        return VKI_ERR_INVALID_ARG;
+    if (s->p.max_queue && s->n_heap >= s->p.max_queue)
+        return VKI_RETRY_QUEUE_FULL;
+    uint32_t cap = a->n_prompt + a->max_new; /* <= max_ctx: no overflow */
+    uint32_t need = blocks_for(s, cap - 1);
+    size_t bytes = sizeof(sched_seq) + (size_t)cap * sizeof(int32_t) + (size_t)need * sizeof(uint32_t);
+    if (heap_reserve(s, s->n_heap + s->n_running + 1) != VKI_OK)
+        return VKI_ERR_OUT_OF_HOST_MEMORY;
+    sched_seq *q = calloc(1, bytes);
+    if (!q)
+        return VKI_ERR_OUT_OF_HOST_MEMORY;
+    q->tokens = (int32_t *)(q + 1);
+    q->blocks = (uint32_t *)(q->tokens + cap);
+    memcpy(q->tokens, a->prompt, (size_t)a->n_prompt * sizeof(int32_t));
+    q->user = a->user;
+    q->priority = a->priority;
+    q->order = s->next_order++;
+    q->n_prompt = q->n_tokens = a->n_prompt;
+    q->max_new = a->max_new;
+    q->cap = cap;
+    q->need_total = need;
+    q->slot = UINT32_MAX;
+    q->sampling = a->sampling;
+    q->seed = a->seed;
+    heap_push(s, q);
+    *out = q;
+    return VKI_OK;
+}
+
+void sched_remove(sched *s, sched_seq *q)
+{
+    if (q->state == SCHED_QUEUED) {
+        heap_remove(s, q);
+        if (q->paused)
+            s->n_paused_waiting--;
+    } else {
+        drop_running(s, q);
+    }
+    free(q);
+}
+
+/* ---- planning ----------------------------------------------------------------------------- */
+
+/* Token budget: decode tokens first (one per generating sequence, oldest first), then prefill
+ * chunks of running sequences in their context phase. STATIC runs in lockstep: no decode while
+ * a member is still in its context. O(running). */
+static void budget_running(sched *s, uint32_t *tok, uint32_t *nseq)
+{
+    bool any_ctx = false;
+    for (sched_seq *q = s->run_head; q; q = q->run_next) {
+        q->n_new = 0;
+        any_ctx |= in_context(q);
+    }
+    if (!(s->p.policy == VKI_POLICY_STATIC && any_ctx))
+        for (sched_seq *q = s->run_head; q && *tok && *nseq; q = q->run_next)
+            if (!in_context(q) && !sched_seq_done(q)) {
+                q->n_new = 1;
+                (*tok)--;
+                (*nseq)--;
+            }
+    for (sched_seq *q = s->run_head; q && *tok && *nseq; q = q->run_next)
+        if (in_context(q)) {
+            q->n_new = min_u32(min_u32(s->p.chunk_size, q->ctx_end - q->n_computed), *tok);
+            *tok -= q->n_new;
+            (*nseq)--;
+        }
+}
+
+/* Blocks for the scheduled tokens of running sequences, oldest first. When the pool is short,
+ * MAX_UTILIZATION pauses from the newest end (possibly the sequence itself); the other
+ * policies reserved these blocks at admission, so a shortage is a bug. O(running + blocks). */
+static vki_status alloc_running(sched *s)
+{
+    for (sched_seq *q = s->run_head, *next; q; q = next) {
+        if (!q->n_new) {
+            next = q->run_next;
+            continue;
+        }
+        uint32_t want = blocks_for(s, q->n_computed + q->n_new);
+        uint32_t short_by = want > q->n_held ? want - q->n_held : 0;
+        while (sched_kv_avail(s->kv) < short_by) {
+            if (s->p.policy != VKI_POLICY_MAX_UTILIZATION)
+                return VKI_ERR_INTERNAL;
+            sched_seq *victim = s->run_tail;
+            pause_seq(s, victim);
+            if (victim == q)
+                break;
+        }
+        if (q->state != SCHED_RUNNING)
+            break; /* q was the newest: everything after it is paused too */
+        if (!grow_blocks(s, q, q->n_computed + q->n_new))
+            return VKI_ERR_INTERNAL;
+        next = q->run_next;
+    }
+    return VKI_OK;
+}
+
+typedef struct admit_state {
+    uint32_t tok, nseq;
+    uint32_t avail0;        /* STATIC: free + cached blocks when the batch opened */
+    uint32_t static_need;   /* STATIC: blocks of the longest member so far */
+} admit_state;
+
+/* Whether q may start with `n` tokens after matching `m` cached blocks (`m_cached` of them with
+ * ref 0, which taking removes from the allocatable pool). O(1). */
+static bool admission_fits(const sched *s, const sched_seq *q, uint32_t m, uint32_t m_cached, uint32_t n,
+                           admit_state *a)
+{
+    uint64_t avail = sched_kv_avail(s->kv);
+    switch (s->p.policy) {
+    case VKI_POLICY_GUARANTEED_NO_EVICT: {
+        /* every block q may need to completion, except matched blocks others already hold */
+        uint64_t need = q->need_total - (m - m_cached);
+        return avail >= s->reserved && need <= avail - s->reserved;
+    }
+    case VKI_POLICY_MAX_UTILIZATION:
+        return n > 0 && (uint64_t)blocks_for(s, (uint64_t)m * s->p.block_size + n) - m + m_cached <= avail;
+    case VKI_POLICY_STATIC: {
+        /* padded to the longest: every member may need as many blocks as the longest one */
+        uint32_t longest = q->need_total > a->static_need ? q->need_total : a->static_need;
+        if ((uint64_t)longest * (s->n_running + 1) > a->avail0)
+            return false;
+        a->static_need = longest;
+        return true;
+    }
+    }
+    return false;
+}
+
+/* Starts q: takes its matched prefix, a slot, and blocks for its first chunk of n tokens. */
+static vki_status admit_seq(sched *s, sched_seq *q, uint32_t m, uint32_t n)
+{
+    heap_remove(s, q);
+    if (q->paused) {
+        q->paused = false;
+        s->n_paused_waiting--;
+    }
+    sched_kv_take(s->kv, s->match, m);
+    memcpy(q->blocks, s->match, (size_t)m * sizeof *q->blocks);
+    q->n_held = q->n_sealed = m;
+    q->n_computed = m * s->p.block_size;
+    q->ctx_end = q->n_tokens;
+    s->reused_tokens += q->n_computed;
+    q->slot = s->free_slots[--s->n_free_slots];
+    q->state = SCHED_RUNNING;
+    run_append(s, q);
+    s->reserved += q->need_total - m;
+    q->n_new = n;
+    return grow_blocks(s, q, q->n_computed + n) ? VKI_OK : VKI_ERR_INTERNAL;
+}
+
+/* Admission from the head of the queue while a slot, the budgets and the policy allow; stops at
+ * the first request that does not fit (head-of-line: priority/FIFO order is kept). Nothing is
+ * admitted in a tick that paused (the freed blocks go to the running sequences; re-admitting
+ * the paused would thrash). O(admitted * (log queue + matched prefix)). */
+static vki_status admit_waiting(sched *s, admit_state *a, uint32_t *n_admitted)
+{
+    bool is_static = s->p.policy == VKI_POLICY_STATIC;
+    if (s->tick_paused || (is_static && s->n_running))
+        return VKI_OK;
+    a->avail0 = sched_kv_avail(s->kv);
+    while (s->n_heap && s->n_running < s->max_running && (is_static || (a->tok && a->nseq))) {
+        sched_seq *q = s->heap[0];
+        uint32_t m_cached;
+        /* at least the last known token is computed, so the step yields logits */
+        uint32_t m = sched_kv_lookup(s->kv, q->tokens, (q->n_tokens - 1) / s->p.block_size, s->match, &m_cached);
+        uint32_t left = q->n_tokens - m * s->p.block_size;
+        uint32_t n = a->nseq ? min_u32(min_u32(s->p.chunk_size, left), a->tok) : 0;
+        if (!admission_fits(s, q, m, m_cached, n, a))
+            break;
+        vki_status st = admit_seq(s, q, m, n);
+        if (st != VKI_OK)
+            return st;
+        a->tok -= n;
+        a->nseq -= n > 0;
+        (*n_admitted)++;
+    }
+    return VKI_OK;
+}
+
+static void plan_entry(sched *s, sched_seq *q, uint32_t k)
+{
+    vki_step_seq *e = &s->plan_seqs[k];
+    uint32_t end = q->n_computed + q->n_new;
+    *e = (vki_step_seq){
+        .slot = q->slot,
+        .pos0 = q->n_computed,
+        .n_new = q->n_new,
+        .tokens = q->tokens + q->n_computed,
+        .n_pages = q->n_held,
+        .pages = q->blocks,
+        .want_token = end == q->n_tokens,
+        .sampling = q->sampling,
+        .seed = q->seed,
+    };
+    uint32_t window = q->sampling ? q->sampling->penalty_window : 0;
+    if (e->want_token && window) {
+        e->n_history = min_u32(window, end);
+        e->history = q->tokens + end - e->n_history;
+    }
+    s->plan_ptrs[k] = q;
+}
+
+vki_status sched_plan(sched *s, sched_tick *t)
+{
+    *t = (sched_tick){.seqs = s->plan_ptrs};
+    t->plan.seqs = s->plan_seqs;
+    s->tick_paused = 0;
+    admit_state a = {.tok = s->p.max_num_tokens, .nseq = s->max_running};
+    budget_running(s, &a.tok, &a.nseq);
+    vki_status st = alloc_running(s);
+    if (st == VKI_OK)
+        st = admit_waiting(s, &a, &t->n_admitted);
+    if (st != VKI_OK)
+        return st;
+    t->n_paused = s->tick_paused;
+    uint32_t k = 0;
+    for (sched_seq *q = s->run_head; q; q = q->run_next) /* decode first */
+        if (q->n_new && !in_context(q)) {
+            plan_entry(s, q, k++);
+            t->n_generation++;
+        }
+    for (sched_seq *q = s->run_head; q; q = q->run_next)
+        if (q->n_new && in_context(q)) {
+            plan_entry(s, q, k++);
+            t->n_context++;
+            t->n_context_tokens += q->n_new;
+        }
+    for (uint32_t i = 0; i < k; i++) {
+        t->plan.n_tokens += s->plan_seqs[i].n_new;
+        t->n_sampled += s->plan_seqs[i].want_token;
+    }
+    t->plan.n_seqs = k;
+    return VKI_OK;
+}
+
+/* Seals q's newly completed blocks for reuse. O(new full blocks * block_size). */
+static void seal_full(sched *s, sched_seq *q)
+{
+    while ((uint64_t)(q->n_sealed + 1) * s->p.block_size <= q->n_computed) {
+        uint32_t i = q->n_sealed;
+        uint32_t parent = i ? q->blocks[i - 1] : SCHED_KV_NONE;
+        q->blocks[i] = sched_kv_seal(s->kv, q->blocks[i], parent, q->tokens + (size_t)i * s->p.block_size);
+        q->n_sealed++;
+    }
+}
+
+void sched_commit(sched *s, const sched_tick *t, const vki_step_out *outs)
+{
+    uint32_t k = 0;
+    for (uint32_t i = 0; i < t->plan.n_seqs; i++) {
+        sched_seq *q = t->seqs[i];
+        const vki_step_seq *e = &t->plan.seqs[i];
+        q->n_computed = e->pos0 + e->n_new;
+        q->n_new = 0;
+        if (s->p.block_reuse)
+            seal_full(s, q);
+        if (e->want_token && k < t->n_sampled) {
+            if (q->n_tokens < q->cap)
+                q->tokens[q->n_tokens++] = outs[k].token;
+            k++;
+        }
+    }
+}
+
+/* ---- stats and checks ---------------------------------------------------------------------- */
+
+void sched_get_stats(const sched *s, sched_stats *st)
+{
+    *st = (sched_stats){.queued = s->n_heap, .running = s->n_running, .paused = s->n_paused_waiting,
+                        .max_running = s->max_running, .reused_tokens = s->reused_tokens, .pauses = s->pauses};
+    sched_kv_get_stats(s->kv, &st->kv);
+}
+
+uint32_t sched_queue_len(const sched *s) { return s->n_heap; }
+
+#define CHECK(cond, ...)                                                                         \
+    do {                                                                                         \
+        if (!(cond)) {                                                                           \
+            snprintf(msg, msg_cap, __VA_ARGS__);                                                 \
+            st = VKI_ERR_INTERNAL;                                                               \
+            goto out;                                                                            \
+        }                                                                                        \
+    } while (0)
+
+static vki_status check_running(const sched *s, uint32_t *ref, uint8_t *slot_used, uint64_t *reserved,
+                                char *msg, size_t msg_cap)
+{
+    vki_status st = VKI_OK;
+    uint32_t n = 0, bs = s->p.block_size;
+    const sched_seq *prev = NULL;
+    for (const sched_seq *q = s->run_head; q; prev = q, q = q->run_next, n++) {
+        CHECK(n < s->n_running && q->run_prev == prev, "running list corrupt");
+        CHECK(q->state == SCHED_RUNNING && !q->paused, "running sequence %llu in state %d", (unsigned long long)q->order, q->state);
+        CHECK(q->slot < s->p.max_seqs && !slot_used[q->slot], "slot %u out of range or used twice", q->slot);
+        slot_used[q->slot] = 1;
+        CHECK(q->n_computed <= q->n_tokens && q->n_tokens <= q->cap && q->ctx_end <= q->n_tokens,
+              "sequence %llu: computed %u, tokens %u, cap %u", (unsigned long long)q->order, q->n_computed, q->n_tokens, q->cap);
+        CHECK(q->n_held <= q->need_total && q->n_held >= blocks_for(s, q->n_computed),
+              "sequence %llu holds %u blocks for %u computed tokens (needs at most %u)", (unsigned long long)q->order,
+              q->n_held, q->n_computed, q->need_total);
+        CHECK((uint64_t)q->n_sealed * bs <= q->n_computed && q->n_sealed <= q->n_held, "sequence %llu: %u sealed blocks",
+              (unsigned long long)q->order, q->n_sealed);
+        *reserved += q->need_total - q->n_held;
+        for (uint32_t i = 0; i < q->n_held; i++) {
+            uint32_t b = q->blocks[i];
+            CHECK(b < s->p.n_blocks, "block id %u out of range", b);
+            ref[b]++;
+            bool full = (uint64_t)(i + 1) * bs <= q->n_computed;
+            CHECK(!s->p.block_reuse || (i < q->n_sealed) == sched_kv_is_sealed(s->kv, b),
+                  "sequence %llu block %u (#%u): sealed %d but n_sealed %u", (unsigned long long)q->order, b, i,
+                  sched_kv_is_sealed(s->kv, b), q->n_sealed);
+            /* a block still to be written must be private */
+            CHECK(full || (sched_kv_ref(s->kv, b) == 1 && !sched_kv_is_sealed(s->kv, b)),
+                  "sequence %llu will write block %u (#%u) which is shared or sealed", (unsigned long long)q->order, b, i);
+        }
+    }
+    CHECK(n == s->n_running && prev == s->run_tail, "running count %u, list has %u", s->n_running, n);
+    CHECK(n <= s->max_running, "%u running, max %u", n, s->max_running);
+out:
+    return st;
+}
+
+vki_status sched_check(const sched *s, char *msg, size_t msg_cap)
+{
+    vki_status st = VKI_OK;
+    uint32_t *ref = calloc(s->p.n_blocks, sizeof *ref);
+    uint8_t *slot_used = calloc(s->p.max_seqs, 1);
+    uint64_t reserved = 0;
+    uint32_t paused = 0;
+    CHECK(ref && slot_used, "out of memory");
+    st = check_running(s, ref, slot_used, &reserved, msg, msg_cap);
+    if (st != VKI_OK)
+        goto out;
+    for (uint32_t i = 0; i < s->n_heap; i++) {
+        const sched_seq *q = s->heap[i];
+        CHECK(q->heap_idx == i && q->state == SCHED_QUEUED && q->n_held == 0 && q->n_computed == 0,
+              "queued sequence %u corrupt", i);
+        CHECK(i == 0 || !runs_before(q, s->heap[(i - 1) / 2]), "queue heap order broken at %u", i);
+        paused += q->paused;
+    }
+    CHECK(paused == s->n_paused_waiting, "%u paused in the queue, counter %u", paused, s->n_paused_waiting);
+    CHECK(s->n_free_slots + s->n_running == s->p.max_seqs, "%u free slots + %u running != %u", s->n_free_slots,
+          s->n_running, s->p.max_seqs);
+    for (uint32_t i = 0; i < s->n_free_slots; i++) {
+        uint32_t sl = s->free_slots[i];
+        CHECK(sl < s->p.max_seqs && !slot_used[sl], "free slot %u is in use or listed twice", sl);
+        slot_used[sl] = 1;
+    }
+    CHECK(reserved == s->reserved, "reserved %llu, recomputed %llu", (unsigned long long)s->reserved,
+          (unsigned long long)reserved);
+    if (s->p.policy != VKI_POLICY_MAX_UTILIZATION)
+        CHECK(sched_kv_avail(s->kv) >= reserved, "%u allocatable blocks < %llu reserved by running sequences",
+              sched_kv_avail(s->kv), (unsigned long long)reserved);
+    st = sched_kv_check(s->kv, ref, msg, msg_cap);
+out:
+    free(ref);
+    free(slot_used);
+    return st;
+}

@@ -1,0 +1,141 @@
+/* The scheduler: request states, capacity policies and micro-batch planning over the KV block
+ * manager. Pure C: no Vulkan, no threads, no clocks. One owner thread calls everything.
+ *
+ * Lifecycle of a sequence:
+ *   QUEUED  in the wait queue (priority, then FIFO; paused sequences go to the front);
+ *   RUNNING holds a backend slot and KV blocks; in its context phase while n_computed < ctx_end
+ *           (prompt, or prompt + generated tokens when resumed after a pause; computed in chunks),
+ *           then in generation (one token per step);
+ *   paused  (MAX_UTILIZATION only) a running sequence that lost its blocks and slot: QUEUED
+ *           again at the front, with its tokens kept; on resume it recomputes them (reusing
+ *           whatever of its prefix is still cached) and its next sampled token is the next new
+ *           one, so no output is lost or repeated;
+ *   finished: the owner calls sched_remove (end id, length, cancel, error) in any state.
+ *
+ * A tick: sched_plan() -> the engine runs tick.plan -> sched_commit(). Between the two nothing
+ * else may be called. Cost of a tick: O(running + admitted + blocks allocated/sealed this tick
+ * (each O(block_size)) + admitted * log(queue)); nothing scans the queue or the block pool. */
+#ifndef VKI_SCHED_SCHED_H
+#define VKI_SCHED_SCHED_H
+
+#include "engine/step.h"
+#include "scheduler/kv_blocks.h"
+
+typedef struct sched sched;
+
+typedef struct sched_params {
+    vki_capacity_policy policy;
+    uint32_t max_seqs;        /* backend sequence slots */
+    uint32_t n_blocks;        /* backend KV pages */
+    uint32_t block_size;      /* tokens per page */
+    uint32_t max_ctx;         /* longest sequence */
+    uint32_t max_batch_size;  /* running sequences (and sequences per step); 0 = max_seqs */
+    uint32_t max_num_tokens;  /* tokens per step, >= 1 */
+    uint32_t chunk_size;      /* prefill chunk, a multiple of block_size */
+    uint32_t max_queue;       /* queued (never admitted) sequences; 0 = unbounded */
+    bool block_reuse;
+} sched_params;
+
+typedef enum sched_state { SCHED_QUEUED = 0, SCHED_RUNNING = 1 } sched_state;
+
+typedef struct sched_seq sched_seq;
+
+/* Read-only for everyone but the scheduler. */
+struct sched_seq {
+    void *user;               /* the owner's request */
+    sched_state state;
+    bool paused;              /* QUEUED after being paused (counts in "Paused Requests") */
+    int32_t priority;
+    uint64_t order;           /* arrival number: FIFO among equal priorities */
+    uint32_t n_prompt, max_new;
+    uint32_t cap;             /* n_prompt + max_new: capacity of tokens */
+    int32_t *tokens;          /* [cap] prompt, then generated tokens */
+    uint32_t n_tokens;        /* prompt + generated so far */
+    uint32_t n_computed;      /* the KV holds positions [0, n_computed) */
+    uint32_t ctx_end;         /* context phase until n_computed reaches it */
+    uint32_t *blocks;         /* [max_blocks] block table, position order */
+    uint32_t n_held;          /* blocks in the table */
+    uint32_t n_sealed;        /* leading blocks sealed for reuse */
+    uint32_t need_total;      /* blocks it may need until it finishes: KV of cap - 1 tokens */
+    uint32_t slot;            /* backend slot while RUNNING */
+    uint32_t n_pauses;
+    const vki_sampling_params *sampling; /* owner's copy, or NULL (greedy) */
+    uint64_t seed;
+    /* private */
+    uint32_t heap_idx;        /* position in the queue heap while QUEUED */
+    uint32_t n_new;           /* tokens scheduled this tick */
+    sched_seq *run_prev, *run_next; /* running list, in admission order */
+};
+
+typedef struct sched_add_args {
+    const int32_t *prompt;    /* [n_prompt], copied */
+    uint32_t n_prompt;
+    uint32_t max_new;
+    int32_t priority;
+    const vki_sampling_params *sampling; /* kept by pointer: must outlive the sequence */
+    uint64_t seed;
+    void *user;
+} sched_add_args;
+
+/* What one tick schedules. Pointers stay valid until the next sched_plan/sched_remove. */
+typedef struct sched_tick {
+    vki_step_plan plan;       /* decode sequences first, then prefill chunks */
+    sched_seq *const *seqs;   /* [plan.n_seqs] the sequence of each plan entry */
+    uint32_t n_context, n_generation;        /* plan entries by phase */
+    uint32_t n_context_tokens;               /* prefill tokens in the plan */
+    uint32_t n_sampled;                      /* entries with want_token: outs for sched_commit */
+    uint32_t n_admitted;                     /* sequences that left the queue this tick */
+    uint32_t n_paused;                       /* sequences paused this tick */
+} sched_tick;
+
+typedef struct sched_stats {
+    uint32_t queued;          /* in the queue, paused ones included */
+    uint32_t running;
+    uint32_t paused;          /* paused and not yet resumed */
+    uint32_t max_running;
+    sched_kv_stats kv;
+    uint64_t reused_tokens;   /* tokens whose KV came from the cache instead of a prefill */
+    uint64_t pauses;          /* cumulative */
+} sched_stats;
+
+/* VKI_ERR_INVALID_ARG when a size is 0 or chunk_size is not a multiple of block_size. */
+vki_status sched_create(const sched_params *p, sched **out);
+/* Frees the scheduler and every sequence still in it. */
+void sched_destroy(sched *s);
+
+/* Checks a request's sizes against the scheduler (prompt and max_new >= 1, prompt + max_new
+ * within max_ctx, and the blocks it needs within the pool). On failure writes a message naming
+ * the field. O(1). */
+vki_status sched_validate(const sched *s, uint32_t n_prompt, uint32_t max_new, char *msg, size_t msg_cap);
+
+/* Queues a new sequence (tokens copied). VKI_RETRY_QUEUE_FULL past max_queue,
+ * VKI_ERR_INVALID_ARG (see sched_validate), VKI_ERR_OUT_OF_HOST_MEMORY. O(n_prompt + log queue). */
+vki_status sched_add(sched *s, const sched_add_args *a, sched_seq **out);
+
+/* Removes a sequence in any state, returning its blocks (full ones stay cached) and slot, and
+ * frees it. Not between sched_plan and sched_commit. O(blocks held + log queue). */
+void sched_remove(sched *s, sched_seq *q);
+
+/* Plans the next step. tick->plan.n_seqs == 0 when nothing can run. VKI_ERR_INTERNAL if an
+ * invariant broke (a bug). */
+vki_status sched_plan(sched *s, sched_tick *tick);
+
+/* The engine ran tick->plan: KV now holds the new tokens (full blocks get sealed for reuse) and
+ * outs[0..tick->n_sampled) are the sampled tokens of the want_token entries, in plan order; each
+ * is appended to its sequence. The owner then removes the sequences that finished. If the step
+ * failed, do not call this: remove the plan's sequences instead (their KV is undefined). */
+void sched_commit(sched *s, const sched_tick *tick, const vki_step_out *outs);
+
+void sched_get_stats(const sched *s, sched_stats *st);
+uint32_t sched_queue_len(const sched *s);
+
+/* A sequence with all its tokens: the owner must remove it (it is never scheduled again). */
+static inline bool sched_seq_done(const sched_seq *q) { return q->n_tokens >= q->cap; }
+static inline uint32_t sched_seq_generated(const sched_seq *q) { return q->n_tokens - q->n_prompt; }
+
+/* Test/debug: every invariant of the scheduler and its block manager, O(pool + sequences *
+ * blocks): states and lists, slots unique, ref counts equal the block tables, the block tables
+ * cover the computed KV, shared blocks sealed, the policy's reservation covered. */
+vki_status sched_check(const sched *s, char *msg, size_t msg_cap);
+
+#endif
