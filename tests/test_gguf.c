@@ -7,6 +7,7 @@
 #include "support/vt.h"
 
 #include "engine/gguf.h"
+#include "engine/gguf_write.h"
 #include "engine/quant.h"
 
 #include <unistd.h>
@@ -420,6 +421,242 @@ static void test_versions(void **state)
     free(b.p);
 }
 
+
+/* ---- writer round trips ---------------------------------------------------------------------- */
+
+/* Bytes written through an open_memstream, as an exact-size heap buffer. */
+typedef struct memfile {
+    char *p;
+    size_t n;
+    FILE *fp;
+} memfile;
+
+/* open_memstream keeps pointers to m's fields: m must stay where it is until mem_close. */
+static void mem_open(memfile *m)
+{
+    *m = (memfile){0};
+    m->fp = open_memstream(&m->p, &m->n);
+    assert_non_null(m->fp);
+}
+
+static void mem_close(memfile *m)
+{
+    assert_int_equal(fclose(m->fp), 0);
+    m->fp = NULL;
+}
+
+static const uint64_t wt_shapes[][4] = {{5, 3, 1, 1}, {64, 2, 1, 1}, {256, 1, 1, 1}, {7, 1, 2, 3}, {512, 3, 1, 1}};
+static const uint32_t wt_types[] = {VKI_GGML_F32, VKI_GGML_Q8_0, VKI_GGML_Q4_K, VKI_GGML_F16, VKI_GGML_Q6_K};
+static const uint32_t wt_dims[] = {2, 2, 1, 4, 2};
+
+static void build_writer_file(gguf_writer *w, vt_rng *r, uint8_t **data, uint64_t *total)
+{
+    assert_int_equal(gguf_w_set_u8(w, "w.u8", 250), VKI_OK);
+    assert_int_equal(gguf_w_set_i8(w, "w.i8", -100), VKI_OK);
+    assert_int_equal(gguf_w_set_u16(w, "w.u16", 60000), VKI_OK);
+    assert_int_equal(gguf_w_set_i16(w, "w.i16", -30000), VKI_OK);
+    assert_int_equal(gguf_w_set_u32(w, "w.u32", 4000000000u), VKI_OK);
+    assert_int_equal(gguf_w_set_i32(w, "w.i32", -2000000000), VKI_OK);
+    assert_int_equal(gguf_w_set_u64(w, "w.u64", 1ull << 60), VKI_OK);
+    assert_int_equal(gguf_w_set_i64(w, "w.i64", -(1ll << 60)), VKI_OK);
+    assert_int_equal(gguf_w_set_f32(w, "w.f32", 3.5f), VKI_OK);
+    assert_int_equal(gguf_w_set_f64(w, "w.f64", 1e-300), VKI_OK);
+    assert_int_equal(gguf_w_set_bool(w, "w.bool", true), VKI_OK);
+    assert_int_equal(gguf_w_set_str(w, "w.str", "\xe2\x96\x81hello"), VKI_OK);
+    assert_int_equal(gguf_w_set_strn(w, "w.strn", "a\0b", 3), VKI_OK);
+    assert_int_equal(gguf_w_set_str(w, "w.empty", ""), VKI_OK);
+    int32_t ai[4] = {1, -2, 3, -4};
+    float af[3] = {0.5f, -1.0f, 1e30f};
+    uint8_t ab[2] = {1, 0};
+    assert_int_equal(gguf_w_set_arr(w, "w.arr_i32", GGUF_TYPE_INT32, ai, 4), VKI_OK);
+    assert_int_equal(gguf_w_set_arr(w, "w.arr_f32", GGUF_TYPE_FLOAT32, af, 3), VKI_OK);
+    assert_int_equal(gguf_w_set_arr(w, "w.arr_bool", GGUF_TYPE_BOOL, ab, 2), VKI_OK);
+    assert_int_equal(gguf_w_set_arr(w, "w.arr_none", GGUF_TYPE_UINT64, NULL, 0), VKI_OK);
+    gguf_str ss[3] = {{"x", 1}, {"", 0}, {"n\0ul", 4}};
+    assert_int_equal(gguf_w_set_arr_str(w, "w.arr_str", ss, 3), VKI_OK);
+    *total = 0;
+    for (int i = 0; i < 5; i++) {
+        char nm[32];
+        snprintf(nm, sizeof nm, "t%d.weight", i);
+        assert_int_equal(gguf_w_add_tensor(w, nm, wt_types[i], wt_dims[i], wt_shapes[i]), VKI_OK);
+        *total += gguf_w_tensor_bytes(w, (uint64_t)i);
+    }
+    *data = malloc(*total);
+    for (uint64_t i = 0; i < *total; i++)
+        (*data)[i] = (uint8_t)vt_u64(r);
+}
+
+static void check_writer_file(const uint8_t *p, size_t n, const uint8_t *data, uint64_t align)
+{
+    gguf_file *f;
+    char err[256];
+    if (gguf_open_memory(p, n, &f, err, sizeof err) != VKI_OK)
+        fail_msg("written file does not load: %s", err);
+    assert_int_equal(gguf_version(f), 3);
+    assert_int_equal(gguf_alignment(f), align);
+    uint32_t u32;
+    uint64_t u64;
+    int64_t i64;
+    float fl;
+    bool bo;
+    gguf_str s;
+    assert_int_equal(gguf_get_u32(f, "w.u8", &u32), VKI_OK), assert_int_equal(u32, 250);
+    assert_int_equal(gguf_get_i64(f, "w.i8", &i64), VKI_OK), assert_int_equal(i64, -100);
+    assert_int_equal(gguf_get_u32(f, "w.u16", &u32), VKI_OK), assert_int_equal(u32, 60000);
+    assert_int_equal(gguf_get_i64(f, "w.i16", &i64), VKI_OK), assert_int_equal(i64, -30000);
+    assert_int_equal(gguf_get_u32(f, "w.u32", &u32), VKI_OK), assert_int_equal(u32, 4000000000u);
+    assert_int_equal(gguf_get_i64(f, "w.i32", &i64), VKI_OK), assert_int_equal(i64, -2000000000);
+    assert_int_equal(gguf_get_u64(f, "w.u64", &u64), VKI_OK), assert_true(u64 == 1ull << 60);
+    assert_int_equal(gguf_get_i64(f, "w.i64", &i64), VKI_OK), assert_true(i64 == -(1ll << 60));
+    assert_int_equal(gguf_get_f32(f, "w.f32", &fl), VKI_OK), assert_true(fl == 3.5f);
+    assert_int_equal(gguf_find_kv(f, "w.f64")->type, GGUF_TYPE_FLOAT64);
+    double d;
+    memcpy(&d, gguf_find_kv(f, "w.f64")->value, 8);
+    assert_true(d == 1e-300);
+    assert_int_equal(gguf_get_bool(f, "w.bool", &bo), VKI_OK), assert_true(bo);
+    assert_int_equal(gguf_get_str(f, "w.str", &s), VKI_OK), assert_str(s, "\xe2\x96\x81hello");
+    assert_int_equal(gguf_get_str(f, "w.strn", &s), VKI_OK);
+    assert_int_equal(s.len, 3), assert_memory_equal(s.ptr, "a\0b", 3);
+    assert_int_equal(gguf_get_str(f, "w.empty", &s), VKI_OK), assert_int_equal(s.len, 0);
+    assert_int_equal(gguf_arr_i64(f, "w.arr_i32", 3, &i64), VKI_OK), assert_int_equal(i64, -4);
+    assert_int_equal(gguf_arr_f32(f, "w.arr_f32", 2, &fl), VKI_OK), assert_true(fl == 1e30f);
+    assert_int_equal(gguf_find_kv(f, "w.arr_bool")->arr_type, GGUF_TYPE_BOOL);
+    assert_int_equal(gguf_find_kv(f, "w.arr_bool")->value[0], 1);
+    gguf_type et;
+    uint64_t an;
+    assert_int_equal(gguf_get_arr(f, "w.arr_none", &et, &an), VKI_OK);
+    assert_int_equal(et, GGUF_TYPE_UINT64), assert_int_equal(an, 0);
+    assert_int_equal(gguf_arr_str(f, "w.arr_str", 2, &s), VKI_OK);
+    assert_int_equal(s.len, 4), assert_memory_equal(s.ptr, "n\0ul", 4);
+    assert_int_equal(gguf_arr_str(f, "w.arr_str", 1, &s), VKI_OK), assert_int_equal(s.len, 0);
+    assert_int_equal(gguf_n_kv(f), 19 + (align != 32));
+    assert_int_equal(gguf_n_tensors(f), 5);
+    uint64_t off = 0;
+    for (int i = 0; i < 5; i++) {
+        const gguf_tensor *t = gguf_tensor_at(f, (uint64_t)i);
+        char nm[32];
+        snprintf(nm, sizeof nm, "t%d.weight", i);
+        assert_str(t->name, nm);
+        assert_int_equal(t->type, wt_types[i]);
+        assert_int_equal(t->n_dims, wt_dims[i]);
+        for (int k = 0; k < 4; k++)
+            assert_int_equal(t->ne[k], wt_shapes[i][k]);
+        assert_int_equal(t->offset % align, 0);
+        assert_int_equal((uint64_t)(t->data - p) % align, 0);
+        assert_memory_equal(t->data, data + off, t->nbytes);
+        off += t->nbytes;
+    }
+    gguf_close(f);
+}
+
+static void test_writer_roundtrip(void **state)
+{
+    vt_rng r = vt_rng_seeded("writer");
+    for (int pass = 0; pass < 2; pass++) {
+        gguf_writer *w;
+        assert_int_equal(gguf_w_create(&w), VKI_OK);
+        if (pass)
+            assert_int_equal(gguf_w_set_u32(w, "general.alignment", 256), VKI_OK);
+        uint8_t *data;
+        uint64_t total;
+        build_writer_file(w, &r, &data, &total);
+        memfile m;
+        mem_open(&m);
+        assert_int_equal(gguf_w_begin(w, m.fp), VKI_OK);
+        for (uint64_t done = 0; done < total;) { /* random chunks that straddle tensors */
+            uint64_t k = vt_range(&r, 0, 700);
+            k = k > total - done ? total - done : k;
+            assert_int_equal(gguf_w_data(w, data + done, (size_t)k), VKI_OK);
+            done += k;
+        }
+        assert_int_equal(gguf_w_data(w, data, 1), VKI_ERR_INVALID_ARG);
+        assert_int_equal(gguf_w_finish(w), VKI_OK);
+        gguf_w_destroy(w);
+        mem_close(&m);
+        uint8_t *exact = malloc(m.n);
+        memcpy(exact, m.p, m.n);
+        check_writer_file(exact, m.n, data, pass ? 256 : 32);
+        free(exact), free(m.p), free(data);
+    }
+}
+
+static void test_writer_errors(void **state)
+{
+    gguf_writer *w;
+    assert_int_equal(gguf_w_create(&w), VKI_OK);
+    uint64_t ne[4] = {256, 2, 1, 1}, bad[2] = {100, 2}, zero[2] = {32, 0};
+    assert_int_equal(gguf_w_set_u32(w, "a", 1), VKI_OK);
+    assert_int_equal(gguf_w_set_str(w, "a", "x"), VKI_ERR_INVALID_ARG);
+    assert_non_null(strstr(gguf_w_error(w), "'a'"));
+    assert_int_equal(gguf_w_set_u32(w, "", 1), VKI_ERR_INVALID_ARG);
+    assert_int_equal(gguf_w_set_u32(w, "general.alignment", 48), VKI_ERR_INVALID_ARG);
+    assert_int_equal(gguf_w_set_u8(w, "general.alignment", 64), VKI_ERR_INVALID_ARG);
+    assert_int_equal(gguf_w_set_arr(w, "s", GGUF_TYPE_STRING, NULL, 0), VKI_ERR_INVALID_ARG);
+    assert_int_equal(gguf_w_add_tensor(w, "q", VKI_GGML_Q4_K, 2, ne), VKI_OK);
+    assert_int_equal(gguf_w_add_tensor(w, "q", VKI_GGML_F32, 2, ne), VKI_ERR_INVALID_ARG);
+    assert_int_equal(gguf_w_add_tensor(w, "b", VKI_GGML_Q4_K, 2, bad), VKI_ERR_INVALID_ARG);
+    assert_int_equal(gguf_w_add_tensor(w, "z", VKI_GGML_F32, 2, zero), VKI_ERR_INVALID_ARG);
+    assert_int_equal(gguf_w_add_tensor(w, "d", VKI_GGML_F32, 0, ne), VKI_ERR_INVALID_ARG);
+    assert_int_equal(gguf_w_add_tensor(w, "d", VKI_GGML_F32, 5, ne), VKI_ERR_INVALID_ARG);
+    assert_int_equal(gguf_w_add_tensor(w, "u", 13, 2, ne), VKI_ERR_UNSUPPORTED);
+    char longname[80];
+    memset(longname, 'n', 65), longname[65] = 0;
+    assert_int_equal(gguf_w_add_tensor(w, longname, VKI_GGML_F32, 1, ne), VKI_ERR_INVALID_ARG);
+    longname[64] = 0;
+    assert_int_equal(gguf_w_add_tensor(w, longname, VKI_GGML_F32, 1, ne), VKI_OK);
+    assert_int_equal(gguf_w_data(w, "x", 1), VKI_ERR_INVALID_ARG); /* before begin */
+    memfile m;
+    mem_open(&m);
+    assert_int_equal(gguf_w_begin(w, m.fp), VKI_OK);
+    assert_int_equal(gguf_w_begin(w, m.fp), VKI_ERR_INVALID_ARG);
+    assert_int_equal(gguf_w_set_u32(w, "late", 1), VKI_ERR_INVALID_ARG);
+    assert_int_equal(gguf_w_add_tensor(w, "late", VKI_GGML_F32, 1, ne), VKI_ERR_INVALID_ARG);
+    uint8_t buf[300] = {0};
+    assert_int_equal(gguf_w_data(w, buf, 300), VKI_OK);
+    assert_int_equal(gguf_w_finish(w), VKI_ERR_INVALID_ARG); /* q has 288 bytes, t 1024: incomplete */
+    assert_non_null(strstr(gguf_w_error(w), "bytes"));
+    gguf_w_destroy(w);
+    mem_close(&m);
+    free(m.p);
+    assert_int_equal(gguf_w_create(&w), VKI_OK);
+    assert_int_equal(gguf_w_open(w, "/nonexistent/dir/x.gguf"), VKI_ERR_IO);
+    gguf_w_destroy(w);
+}
+
+/* Copying every entry of a vocab file reproduces each value byte for byte. */
+static void test_writer_copy_kv(void **state)
+{
+    gguf_file *src = open_shared("vocab/ggml-vocab-llama-spm.gguf");
+    if (!src)
+        skip();
+    gguf_writer *w;
+    assert_int_equal(gguf_w_create(&w), VKI_OK);
+    for (uint64_t i = 0; i < gguf_n_kv(src); i++)
+        assert_int_equal(gguf_w_copy_kv(w, gguf_kv_at(src, i)), VKI_OK);
+    memfile m;
+    mem_open(&m);
+    assert_int_equal(gguf_w_begin(w, m.fp), VKI_OK);
+    assert_int_equal(gguf_w_finish(w), VKI_OK);
+    gguf_w_destroy(w);
+    mem_close(&m);
+    gguf_file *f;
+    char err[256];
+    assert_int_equal(gguf_open_memory(m.p, m.n, &f, err, sizeof err), VKI_OK);
+    assert_int_equal(gguf_n_kv(f), gguf_n_kv(src));
+    for (uint64_t i = 0; i < gguf_n_kv(src); i++) {
+        const gguf_kv *a = gguf_kv_at(src, i), *b = gguf_kv_at(f, i);
+        assert_int_equal(a->key.len, b->key.len);
+        assert_memory_equal(a->key.ptr, b->key.ptr, a->key.len);
+        assert_int_equal(a->type, b->type);
+        assert_int_equal(a->arr_n, b->arr_n);
+        assert_int_equal(a->value_bytes, b->value_bytes);
+        assert_memory_equal(a->value, b->value, a->value_bytes);
+    }
+    gguf_close(f);
+    gguf_close(src);
+    free(m.p);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -428,6 +665,9 @@ int main(void)
         cmocka_unit_test(test_open_errors),
         cmocka_unit_test(test_typed_accessors),
         cmocka_unit_test(test_versions),
+        cmocka_unit_test(test_writer_roundtrip),
+        cmocka_unit_test(test_writer_errors),
+        cmocka_unit_test(test_writer_copy_kv),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
