@@ -343,6 +343,71 @@ vki_status vki_batch_cancel(vki_batch_manager *bm, uint64_t id);
 /* Wakes an idle manager so it polls get_requests now rather than after idle_poll_us. */
 void vki_batch_notify(vki_batch_manager *bm);
 
+/* ---- tokenizer --------------------------------------------------------------------------- */
+
+/* A tokenizer built from a GGUF file's tokenizer.ggml.* metadata: SentencePiece ("llama":
+ * scores, byte fallback, the leading-space rule) or byte-level BPE ("gpt2": merges and the
+ * pre-tokenizer regexes named by tokenizer.ggml.pre: default, gpt-2, llama3/llama-bpe, qwen2,
+ * starcoder/smollm, deepseek-llm, deepseek-coder). Token ids are int32_t.
+ * Immutable once loaded: any number of threads may use one tokenizer at the same time. */
+typedef struct vki_tokenizer vki_tokenizer;
+
+/* Reads only the metadata of a GGUF (a vocabulary-only file or a whole model). Errors, with a
+ * message in err (when not NULL): VKI_ERR_IO, VKI_ERR_FORMAT (malformed file or tokenizer
+ * metadata; names the key), VKI_ERR_UNSUPPORTED (tokenizer model or pre-tokenizer not supported;
+ * names it). */
+vki_status vki_tokenizer_load(const char *gguf_path, vki_tokenizer **out, char *err, size_t err_len);
+void vki_tokenizer_free(vki_tokenizer *tok);
+
+uint32_t vki_vocab_size(const vki_tokenizer *tok);
+int32_t vki_token_bos(const vki_tokenizer *tok); /* -1 when the vocabulary has none */
+int32_t vki_token_eos(const vki_tokenizer *tok); /* -1 when the vocabulary has none */
+/* End of generation: eos, eot, eom and the end-of-turn tokens (<|im_end|>, <|eot_id|>, ...). */
+bool vki_token_is_eog(const vki_tokenizer *tok, int32_t id);
+/* Whether vki_tokenize(add_special = true) prepends BOS (tokenizer.ggml.add_bos_token; default
+ * true for SentencePiece and Llama 3, false for other BPE vocabularies). */
+bool vki_tokenizer_adds_bos(const vki_tokenizer *tok);
+
+/* text[0, len) -> token ids. The text need not be NUL-terminated nor valid UTF-8 (SentencePiece
+ * keeps stray bytes as byte tokens; BPE replaces each with U+FFFD, as llama.cpp does).
+ * add_special: BOS / EOS as the metadata says. parse_special: control tokens written in the text
+ * ("<|im_end|>") become their ids; otherwise they are tokenised as plain text (user-defined
+ * tokens are always matched). On success *n_out ids were written. When cap is too small:
+ * VKI_ERR_INVALID_ARG with the needed count in *n_out (call again with a larger buffer). */
+vki_status vki_tokenize(const vki_tokenizer *tok, const char *text, size_t len, bool add_special,
+                        bool parse_special, int32_t *out, size_t cap, size_t *n_out);
+
+enum {
+    VKI_DETOK_SPECIAL = 1u << 0,             /* render control / unknown tokens ("<s>") as text */
+    VKI_DETOK_STRIP_LEADING_SPACE = 1u << 1, /* drop the space SentencePiece prepended: the first
+                                                byte of the output when it is ' '; no effect on
+                                                tokenizers that add no space prefix */
+};
+
+/* The bytes of one token (not NUL-terminated; may be part of a UTF-8 sequence, e.g. <0xE2>).
+ * Control and unknown tokens give 0 bytes unless `special`. VKI_ERR_INVALID_ARG for a bad id, or
+ * with the needed size in *n_out when cap is too small. */
+vki_status vki_token_to_piece(const vki_tokenizer *tok, int32_t id, bool special, char *buf,
+                              size_t cap, size_t *n_out);
+
+/* The concatenated pieces of ids[0, n) with VKI_DETOK_* flags; raw bytes, no NUL. Same contract
+ * as vki_token_to_piece for a bad id or a small buffer. */
+vki_status vki_detokenize(const vki_tokenizer *tok, const int32_t *ids, size_t n, uint32_t flags,
+                          char *buf, size_t cap, size_t *n_out);
+
+/* Streaming detokeniser for one sequence: feed tokens one at a time, get text that is always
+ * complete UTF-8. Bytes of a sequence split across tokens are held until it completes; bytes that
+ * can never form valid UTF-8 come out as U+FFFD. Needs the tokenizer to outlive it; one per
+ * stream (not shareable between threads). */
+typedef struct vki_detok vki_detok;
+
+vki_status vki_detok_create(const vki_tokenizer *tok, uint32_t flags, vki_detok **out);
+/* *text / *len: the newly complete text (possibly empty), valid until the next call on d. */
+vki_status vki_detok_push(vki_detok *d, int32_t id, const char **text, size_t *len);
+/* End of stream: held bytes come out as U+FFFD; d is then ready for a new stream. */
+vki_status vki_detok_flush(vki_detok *d, const char **text, size_t *len);
+void vki_detok_free(vki_detok *d);
+
 #ifdef __cplusplus
 }
 #endif
