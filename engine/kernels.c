@@ -11,6 +11,11 @@ _Static_assert(PUSH_OK(vki_pc_add), "push struct vki_pc_add");
 _Static_assert(PUSH_OK(vki_pc_matmul), "push struct vki_pc_matmul");
 _Static_assert(PUSH_OK(vki_pc_get_rows), "push struct vki_pc_get_rows");
 
+_Static_assert(PUSH_OK(vki_pc_rmsnorm), "push struct vki_pc_rmsnorm");
+_Static_assert(PUSH_OK(vki_pc_rope), "push struct vki_pc_rope");
+_Static_assert(PUSH_OK(vki_pc_swiglu), "push struct vki_pc_swiglu");
+_Static_assert(PUSH_OK(vki_pc_softmax), "push struct vki_pc_softmax");
+
 #define SPV(name) .spv = vki_spv_##name, .spv_size = &vki_spv_##name##_size
 /* matmul family (engine/ops_matmul.c picks the specialisations from the device):
  * matvec spec {WG, NR rows, MC activation rows, NSG max subgroups}; matmul spec
@@ -30,6 +35,15 @@ static const vkk_desc kernel_table[] = {
                  .n_spec = 1, .spec_default = {256}},
     MATMUL_ROWS(F32, f32), MATMUL_ROWS(F16, f16), MATMUL_ROWS(Q8_0, q8_0),
     MATMUL_ROWS(Q4_0, q4_0), MATMUL_ROWS(Q4_K, q4_k), MATMUL_ROWS(Q6_K, q6_k),
+    /* engine/ops_basic.c: spec {WG} */
+    [VKK_RMSNORM] = {"rmsnorm", SPV(rmsnorm), .n_bindings = 3, .push_size = sizeof(vki_pc_rmsnorm),
+                     .n_spec = 1, .spec_default = {256}},
+    [VKK_ROPE] = {"rope", SPV(rope), .n_bindings = 4, .push_size = sizeof(vki_pc_rope),
+                  .n_spec = 1, .spec_default = {256}},
+    [VKK_SWIGLU] = {"swiglu", SPV(swiglu), .n_bindings = 3, .push_size = sizeof(vki_pc_swiglu),
+                    .n_spec = 1, .spec_default = {256}},
+    [VKK_SOFTMAX] = {"softmax", SPV(softmax), .n_bindings = 2, .push_size = sizeof(vki_pc_softmax),
+                     .n_spec = 1, .spec_default = {256}},
 };
 _Static_assert(sizeof kernel_table / sizeof kernel_table[0] == VKK_COUNT, "one table row per kernel");
 

@@ -85,4 +85,104 @@ VKI_STRUCT(vki_pc_get_rows) {
     vki_u32 zero_oob;
 };
 
+/* ---- ops_basic: row norms and elementwise ops over f32 matrices ----------------------------
+ * A matrix operand is (binding, off, stride): element (r, c) is float index off + r * stride + c
+ * of its binding, so one GEMM output (fused QKV, fused gate|up) feeds several ops unsplit. */
+
+/* rmsnorm: y[r, c] = x[r, c] / sqrt(mean_c(x[r, :]^2) + eps) * w[c], r < n_rows, c < n_cols.
+ * bindings: 0 x (f32 rows), 1 w (f32[n_cols]), 2 y (f32 rows) */
+VKI_STRUCT(vki_pc_rmsnorm) {
+    vki_u32 n_rows, n_cols;
+    vki_u32 x_off, x_stride, y_off, y_stride;
+    vki_f32 eps;
+};
+
+/* rope over x[n_tokens][n_heads][head_dim] (token rows x_stride apart, heads contiguous):
+ * pair i < n_rot/2 of every head rotates by theta_i(pos[t]); dims >= n_rot are copied.
+ *   normal (llama): pair (2i, 2i+1);   neox (qwen2): pair (i, i + n_rot/2).
+ * theta_i(pos) = pos * freq_scale * base^(-2i/n_rot) / factor[i], given as turns per position
+ * (theta / 2pi) split into three floats by op_rope_freqs() (see engine/ops_basic.h), so the
+ * angle is reduced modulo 2pi exactly, without double precision on the device. pos < 2^24.
+ * bindings: 0 x (f32), 1 y (f32; may be the same buffer as x: in place), 2 pos (u32[n_tokens]),
+ *           3 freqs (vec4[n_rot/2] = {g1, g2, g3, 0}) */
+VKI_STRUCT(vki_pc_rope) {
+    vki_u32 n_tokens, n_heads, head_dim, n_rot;
+    vki_u32 x_off, x_stride, y_off, y_stride;
+    vki_u32 neox;
+};
+
+/* swiglu: y[r, c] = silu(g[r, c]) * u[r, c], silu(v) = v / (1 + exp(-v)).
+ * bindings: 0 g (f32 rows), 1 u (f32 rows), 2 y (f32 rows) */
+VKI_STRUCT(vki_pc_swiglu) {
+    vki_u32 n_rows, n_cols;
+    vki_u32 g_off, g_stride, u_off, u_stride, y_off, y_stride;
+};
+
+/* softmax: y[r, :] = softmax(scale * x[r, :]) (scale > 0). -inf entries give 0; a row that is
+ * all -inf gives all 0 (nothing to attend to), not NaN.
+ * bindings: 0 x (f32 rows), 1 y (f32 rows; may alias x) */
+VKI_STRUCT(vki_pc_softmax) {
+    vki_u32 n_rows, n_cols;
+    vki_u32 x_off, x_stride, y_off, y_stride;
+    vki_f32 scale;
+};
+
+/* ---- paged KV cache and attention (engine/ops_attn.h) ---------------------------------------
+ * Pools: per layer one K pool and one V pool, each an array of fixed-size pages
+ *     K[page][kv_head][slot][head_dim],  slot = position % page_size   (V the same)
+ * element F16 (default; IEEE half bits, packed two per 32-bit word, lower dim in the low half)
+ * or F32 (a define: two SPIR-V modules per kernel). A page holds page_size tokens of every KV
+ * head, so a sequence needs ceil(n_ctx / page_size) pages per layer. One pool is bound as one
+ * storage buffer: its bytes must not exceed maxStorageBufferRange (128 MiB on lavapipe), so the
+ * engine caps the pages of a layer with op_kv_max_pages(). head_dim is a multiple of 8, <= 256.
+ *
+ * Per-step buffers the engine uploads each tick:
+ *   tok_pos    u32[n_tokens]           position of new token row t
+ *   tok_seq    u32[n_tokens]           index into seq_info of the sequence row t belongs to
+ *   seq_info   vki_seq_info[n_seqs]
+ *   page_table u32[...]                each sequence's page ids in position order, at pt_off
+ *   attn_items vki_attn_item[n_items]  the work list op_attn_plan() builds from seq_info */
+VKI_STRUCT(vki_seq_info) {
+    vki_u32 row0;   /* first new-token row of this sequence in the step's activations */
+    vki_u32 n_new;  /* new tokens: rows row0 .. row0 + n_new - 1, positions n_ctx - n_new .. */
+    vki_u32 n_ctx;  /* pos0 + n_new: keys the last new token attends to (its own included) */
+    vki_u32 pt_off; /* index of this sequence's first page id in page_table */
+};
+
+/* One work item (see op_attn_plan):
+ *  decode split:  {seq, k0, k1, slot}  keys [k0, k1) of a one-token sequence; slot = partial
+ *                 slot, or VKI_ATTN_FINAL when the split is the whole context (writes output)
+ *  reduce entry:  {seq, item0, n, 0}   merges the n partial slots item0 .. item0 + n - 1
+ *  prefill block: {seq, q0, nq, 0}     new tokens q0 .. q0 + nq - 1 of a sequence */
+VKI_STRUCT(vki_attn_item) {
+    vki_u32 seq, a, b, c;
+};
+#define VKI_ATTN_FINAL 0xffffffffu
+
+/* kv_write: for row t < n_tokens and kv head h, K[t][h*head_dim ..] and V[...] go to page
+ * page_table[pt_off(seq) + pos / page_size], slot pos % page_size.
+ * bindings: 0 k (f32 rows), 1 v (f32 rows), 2 tok_pos, 3 tok_seq, 4 seq_info, 5 page_table,
+ *           6 K pool, 7 V pool */
+VKI_STRUCT(vki_pc_kv_write) {
+    vki_u32 n_tokens, n_kv_heads, head_dim, page_size;
+    vki_u32 k_off, k_stride, v_off, v_stride;
+};
+
+/* attention (decode split, prefill block and the split reduce share it). Query head h uses
+ * kv head h / (n_heads / n_kv_heads); a workgroup takes `gw` query heads of one kv head
+ * (n_hblocks = ceil(group / gw) workgroups per kv head); items item_off .. + n_items.
+ * decode  bindings: 0 q, 1 K pool, 2 V pool, 3 seq_info, 4 page_table, 5 items, 6 out, 7 partials
+ * prefill bindings: 0 q, 1 K pool, 2 V pool, 3 seq_info, 4 page_table, 5 items, 6 out
+ * reduce  bindings: 0 partials, 1 items, 2 seq_info, 3 out
+ * q, out: f32 rows [n_tokens][.. n_heads * head_dim ..] (offsets/strides in floats);
+ * partials: f32 [slot][n_heads][head_dim + 2] = unnormalised sum_j p_j v_j, then (max, sum)
+ * with p_j = 2^(s_j - max), s_j = scale * log2(e) * q.k_j. */
+VKI_STRUCT(vki_pc_attn) {
+    vki_u32 n_heads, n_kv_heads, head_dim, page_size;
+    vki_u32 gw, n_hblocks;
+    vki_u32 q_off, q_stride, o_off, o_stride;
+    vki_u32 item_off, n_items;
+    vki_f32 scale_log2e; /* softmax scale (1/sqrt(head_dim) by default) times log2(e) */
+};
+
 #endif /* VKI_SHARED_H */

@@ -1,0 +1,156 @@
+/* Row-norm and elementwise ops: argument checks, workgroup sizes, dispatch. */
+#include "engine/ops_basic.h"
+
+#include <math.h>
+
+#define ELEM_WG 256u       /* elementwise kernels: any size works; 256 matches add's default */
+#define MAX_GROUPS 65535u  /* grid-stride loops cover the rest; the guaranteed Vulkan minimum */
+
+/* Row kernels (rmsnorm, softmax): one workgroup per row. A CPU device runs every invocation,
+ * so it gets a small one (model rows there are short); GPUs get 256 threads per row. */
+static uint32_t row_wg(const vkd_device *d)
+{
+    uint32_t wg = d->info.type == VKI_DEVICE_CPU ? 64u : 256u;
+    return wg <= d->info.max_workgroup_invocations ? wg : d->info.max_workgroup_invocations;
+}
+
+static uint32_t elem_groups(uint64_t n)
+{
+    uint64_t g = (n + ELEM_WG - 1) / ELEM_WG;
+    return (uint32_t)(g < MAX_GROUPS ? g : MAX_GROUPS);
+}
+
+/* Floats the view exposes (its range, or the rest of the buffer). */
+static uint64_t view_floats(vkd_view v)
+{
+    if (!v.buf || v.offset > v.buf->size)
+        return 0;
+    VkDeviceSize r = v.range == VK_WHOLE_SIZE ? v.buf->size - v.offset : v.range;
+    return r / 4;
+}
+
+/* The matrix's rows x cols elements lie inside its view, rows do not overlap, and every index
+ * fits the shaders' 32-bit arithmetic. */
+static bool mat_ok(op_mat m, uint32_t rows, uint32_t cols)
+{
+    if (rows > 1 && m.stride < cols)
+        return false;
+    uint64_t end = (uint64_t)m.off + (uint64_t)(rows - 1) * m.stride + cols;
+    return end <= view_floats(m.v) && end < (1ull << 32);
+}
+
+static vki_status bad(vkd_cmd *c, const char *op)
+{
+    vkd_log(c->d, VKI_LOG_ERROR, "%s: operand shape does not fit its buffer", op);
+    return VKI_ERR_INVALID_ARG;
+}
+
+vki_status op_basic_prepare(vkd_device *d)
+{
+    uint32_t elem = ELEM_WG, row = row_wg(d);
+    const struct { vkk_id k; uint32_t wg; } all[] = {
+        {VKK_ADD, elem}, {VKK_SWIGLU, elem}, {VKK_ROPE, elem}, {VKK_RMSNORM, row}, {VKK_SOFTMAX, row},
+    };
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) {
+        vki_status st = vkk_prepare(d, all[i].k, &all[i].wg);
+        if (st != VKI_OK)
+            return st;
+    }
+    return VKI_OK;
+}
+
+vki_status op_add(vkd_cmd *c, vkd_view a, vkd_view b, vkd_view y, uint32_t n)
+{
+    if (!n)
+        return VKI_OK;
+    if (view_floats(a) < n || view_floats(b) < n || view_floats(y) < n)
+        return bad(c, "add");
+    vki_pc_add pc = {.n = n};
+    vkd_view v[3] = {a, b, y};
+    uint32_t wg = ELEM_WG;
+    return vkk_dispatch(c, VKK_ADD, &wg, v, 3, &pc, sizeof pc, elem_groups(n), 1, 1);
+}
+
+vki_status op_rmsnorm(vkd_cmd *c, op_mat x, vkd_view w, op_mat y, uint32_t n_rows, uint32_t n_cols,
+                      float eps)
+{
+    if (!n_rows || !n_cols)
+        return VKI_OK;
+    if (!mat_ok(x, n_rows, n_cols) || !mat_ok(y, n_rows, n_cols) || view_floats(w) < n_cols || !(eps >= 0))
+        return bad(c, "rmsnorm");
+    vki_pc_rmsnorm pc = {.n_rows = n_rows, .n_cols = n_cols, .x_off = x.off, .x_stride = x.stride,
+                         .y_off = y.off, .y_stride = y.stride, .eps = eps};
+    vkd_view v[3] = {x.v, w, y.v};
+    uint32_t wg = row_wg(c->d);
+    return vkk_dispatch(c, VKK_RMSNORM, &wg, v, 3, &pc, sizeof pc, n_rows < MAX_GROUPS ? n_rows : MAX_GROUPS, 1, 1);
+}
+
+vki_status op_rope(vkd_cmd *c, const op_rope_p *p, op_mat x, op_mat y, vkd_view pos, vkd_view freqs)
+{
+    if (!p->n_tokens || !p->n_heads)
+        return VKI_OK;
+    uint64_t row = (uint64_t)p->n_heads * p->head_dim;
+    if (!p->head_dim || p->head_dim % 2 || p->n_rot % 2 || p->n_rot > p->head_dim || !p->n_rot ||
+        row >= (1ull << 32) || !mat_ok(x, p->n_tokens, (uint32_t)row) || !mat_ok(y, p->n_tokens, (uint32_t)row) ||
+        view_floats(pos) < p->n_tokens || view_floats(freqs) < 2ull * p->n_rot ||
+        (uint64_t)p->n_tokens * row / 2 >= (1ull << 32))
+        return bad(c, "rope");
+    vki_pc_rope pc = {.n_tokens = p->n_tokens, .n_heads = p->n_heads, .head_dim = p->head_dim,
+                      .n_rot = p->n_rot, .x_off = x.off, .x_stride = x.stride, .y_off = y.off,
+                      .y_stride = y.stride, .neox = p->neox};
+    vkd_view v[4] = {x.v, y.v, pos, freqs};
+    uint32_t wg = ELEM_WG;
+    return vkk_dispatch(c, VKK_ROPE, &wg, v, 4, &pc, sizeof pc, elem_groups((uint64_t)p->n_tokens * row / 2), 1, 1);
+}
+
+/* v rounded to its 12 most significant bits (exactly representable in float). */
+static double top12(double v)
+{
+    if (v == 0)
+        return 0;
+    int e;
+    double m = frexp(v, &e); /* v = m * 2^e, 0.5 <= |m| < 1 */
+    return ldexp(nearbyint(ldexp(m, 12)), e - 12);
+}
+
+void op_rope_freqs(double base, double freq_scale, const float *factors, uint32_t n_rot, float *out)
+{
+    for (uint32_t i = 0; i < n_rot / 2; i++) {
+        double f = freq_scale * pow(base, -2.0 * i / n_rot);
+        if (factors)
+            f /= factors[i];
+        double g = f / (2.0 * 3.14159265358979323846);
+        double g1 = top12(g), g2 = top12(g - g1);
+        out[4 * i + 0] = (float)g1;
+        out[4 * i + 1] = (float)g2;
+        out[4 * i + 2] = (float)(g - g1 - g2);
+        out[4 * i + 3] = 0.0f;
+    }
+}
+
+vki_status op_swiglu(vkd_cmd *c, op_mat g, op_mat u, op_mat y, uint32_t n_rows, uint32_t n_cols)
+{
+    if (!n_rows || !n_cols)
+        return VKI_OK;
+    if (!mat_ok(g, n_rows, n_cols) || !mat_ok(u, n_rows, n_cols) || !mat_ok(y, n_rows, n_cols) ||
+        (uint64_t)n_rows * n_cols >= (1ull << 32))
+        return bad(c, "swiglu");
+    vki_pc_swiglu pc = {.n_rows = n_rows, .n_cols = n_cols, .g_off = g.off, .g_stride = g.stride,
+                        .u_off = u.off, .u_stride = u.stride, .y_off = y.off, .y_stride = y.stride};
+    vkd_view v[3] = {g.v, u.v, y.v};
+    uint32_t wg = ELEM_WG;
+    return vkk_dispatch(c, VKK_SWIGLU, &wg, v, 3, &pc, sizeof pc, elem_groups((uint64_t)n_rows * n_cols), 1, 1);
+}
+
+vki_status op_softmax(vkd_cmd *c, op_mat x, op_mat y, uint32_t n_rows, uint32_t n_cols, float scale)
+{
+    if (!n_rows || !n_cols)
+        return VKI_OK;
+    if (!mat_ok(x, n_rows, n_cols) || !mat_ok(y, n_rows, n_cols) || !(scale > 0) || isinf(scale))
+        return bad(c, "softmax");
+    vki_pc_softmax pc = {.n_rows = n_rows, .n_cols = n_cols, .x_off = x.off, .x_stride = x.stride,
+                         .y_off = y.off, .y_stride = y.stride, .scale = scale};
+    vkd_view v[2] = {x.v, y.v};
+    uint32_t wg = row_wg(c->d);
+    return vkk_dispatch(c, VKK_SOFTMAX, &wg, v, 2, &pc, sizeof pc, n_rows < MAX_GROUPS ? n_rows : MAX_GROUPS, 1, 1);
+}

@@ -1,0 +1,63 @@
+/* Recording the row-norm and elementwise kernels: residual add, RMSNorm, RoPE (normal and NeoX),
+ * SwiGLU, row softmax. Each op_* records one dispatch into a command buffer being recorded and
+ * returns VKI_ERR_INVALID_ARG (recording nothing) when a shape does not fit its bindings. No
+ * barrier is recorded: the caller puts vkd_barrier() between dependent ops. Empty shapes
+ * (0 rows or columns) record nothing and return VKI_OK. */
+#ifndef VKI_ENGINE_OPS_BASIC_H
+#define VKI_ENGINE_OPS_BASIC_H
+
+#include <stdbool.h>
+
+#include "engine/kernels.h"
+
+/* An f32 matrix operand: element (r, c) is float index off + r * stride + c of the view. */
+typedef struct op_mat {
+    vkd_view v;
+    uint32_t off;    /* floats from the start of the view */
+    uint32_t stride; /* floats between rows */
+} op_mat;
+
+static inline op_mat op_mat_rows(const vkd_buffer *b, uint32_t stride)
+{
+    return (op_mat){vkd_whole(b), 0, stride};
+}
+
+/* Creates the pipelines of every kernel below (lavapipe compiles each for seconds: call at
+ * engine open, not on the first tick). */
+vki_status op_basic_prepare(vkd_device *d);
+
+/* y[i] = a[i] + b[i], i < n. a, b, y: f32[n] (y may be a or b). */
+vki_status op_add(vkd_cmd *c, vkd_view a, vkd_view b, vkd_view y, uint32_t n);
+
+/* y[r, :] = x[r, :] / sqrt(mean(x[r, :]^2) + eps) * w, r < n_rows. w: f32[n_cols]. */
+vki_status op_rmsnorm(vkd_cmd *c, op_mat x, vkd_view w, op_mat y, uint32_t n_rows, uint32_t n_cols,
+                      float eps);
+
+typedef struct op_rope_p {
+    uint32_t n_tokens, n_heads;
+    uint32_t head_dim; /* even */
+    uint32_t n_rot;    /* even, <= head_dim; dims >= n_rot are copied */
+    bool neox;         /* rotate (i, i + n_rot/2) (qwen2) instead of (2i, 2i+1) (llama) */
+} op_rope_p;
+
+/* Rotates x[n_tokens][n_heads][head_dim] (token rows x.stride apart, heads contiguous) into y
+ * (same layout; y may be x for in place). pos: u32[n_tokens], each < 2^24. freqs: the table
+ * op_rope_freqs() filled, uploaded as n_rot/2 vec4. Angle error against a double-precision
+ * reference: < 1e-6 rad for positions < 2^24 (tests/test_ops.c states the NMSE reached). */
+vki_status op_rope(vkd_cmd *c, const op_rope_p *p, op_mat x, op_mat y, vkd_view pos, vkd_view freqs);
+
+/* The rotation table for op_rope: theta_i(pos) = pos * freq_scale * base^(-2i/n_rot) / factor[i]
+ * for i < n_rot/2 (factors: llama3 rope_freqs, f32[n_rot/2], or NULL for 1), computed in double
+ * and stored as turns per position g = theta/(2 pi pos) split exactly into three floats:
+ * out[4i + 0] (12 significant bits), out[4i + 1] (the next 12), out[4i + 2] (the rest),
+ * out[4i + 3] = 0. out: float[2 * n_rot]. Computed once per model; upload it with vkd_upload. */
+void op_rope_freqs(double base, double freq_scale, const float *factors, uint32_t n_rot, float *out);
+
+/* y[r, c] = silu(g[r, c]) * u[r, c] (y may be g or u). */
+vki_status op_swiglu(vkd_cmd *c, op_mat g, op_mat u, op_mat y, uint32_t n_rows, uint32_t n_cols);
+
+/* y[r, :] = softmax(scale * x[r, :]), scale > 0 (y may be x). -inf entries give 0 and an all
+ * -inf row gives zeros. */
+vki_status op_softmax(vkd_cmd *c, op_mat x, op_mat y, uint32_t n_rows, uint32_t n_cols, float scale);
+
+#endif

@@ -1,0 +1,412 @@
+/* Row norms and elementwise ops (engine/ops_basic.h) against scalar double-precision references:
+ * add, RMSNorm, RoPE (normal / NeoX, partial rotary, linear scale, llama3 factors, in place),
+ * SwiGLU, softmax (scale, -inf entries, all -inf rows, length-1 rows). Operands are random
+ * strided sub-matrices at random offsets of NaN-filled buffers: the result must match the
+ * reference and every float outside the matrix must still be NaN.
+ *
+ * Tolerances (NMSE against the double reference): 1e-10 for every kernel but RoPE, whose angle
+ * is exact to < 1e-6 rad for positions < 2^24; RoPE is held to 1e-11 at positions up to 2^24-1. */
+#include "support/vt.h"
+
+#include "engine/ops_basic.h"
+
+#define N_SHAPES 24
+#define ROPE_TOL 1e-11
+
+typedef struct mshape {
+    uint32_t rows, cols, off, stride; /* element (r, c) at off + r * stride + c */
+} mshape;
+
+static size_t mshape_len(mshape s) { return s.off + (size_t)(s.rows - 1) * s.stride + s.cols; }
+
+/* Awkward column counts first (1, 7, workgroup +- 1, big), then random ones. */
+static mshape random_shape(vt_rng *r, int t, uint32_t max_cols)
+{
+    static const uint32_t fixed[] = {1, 7, 63, 64, 65, 255, 256, 257, 1000, 4097};
+    uint32_t cols = t < 10 ? fixed[t] : vt_range(r, 1, max_cols);
+    if (cols > max_cols)
+        cols = max_cols;
+    mshape s = {.rows = vt_range(r, 1, t % 3 == 0 ? 1 : 37), .cols = cols, .off = vt_range(r, 0, 9)};
+    s.stride = cols + (t % 2 ? vt_range(r, 0, 6) : 0);
+    return s;
+}
+
+static float *rand_buf(vt_rng *r, size_t n, float lo, float hi)
+{
+    float *x = malloc(n * sizeof *x);
+    vt_fill_uniform(r, x, n, lo, hi);
+    return x;
+}
+
+static void gather(const float *buf, mshape s, float *packed)
+{
+    for (uint32_t i = 0; i < s.rows; i++)
+        memcpy(packed + (size_t)i * s.cols, buf + s.off + (size_t)i * s.stride, s.cols * sizeof(float));
+}
+
+/* Every float of buf[0..n) outside the matrix s still holds the NaN fill. */
+static void assert_untouched(const float *buf, size_t n, mshape s, const char *label)
+{
+    for (size_t i = 0; i < n; i++) {
+        bool inside = i >= s.off && (i - s.off) % s.stride < s.cols && (i - s.off) / s.stride < s.rows;
+        uint32_t bits;
+        memcpy(&bits, &buf[i], 4);
+        if (!inside && bits != 0x7fc00000u)
+            fail_msg("%s: float %zu outside the output matrix was written", label, i);
+    }
+}
+
+/* Downloads y (n floats), checks the matrix s against ref (packed rows) and the gaps. */
+static void check_out(vt_gpu *g, vkd_buffer *by, size_t n, mshape s, const float *ref, double tol, const char *label)
+{
+    float *y = malloc(n * sizeof *y), *packed = malloc((size_t)s.rows * s.cols * sizeof *packed);
+    vt_download(g, by, y, n * sizeof *y);
+    gather(y, s, packed);
+    vt_assert_nmse(packed, ref, (size_t)s.rows * s.cols, tol, label);
+    assert_untouched(y, n, s, label);
+    free(y);
+    free(packed);
+}
+
+static op_mat mat_of(const vkd_buffer *b, mshape s) { return (op_mat){vkd_whole(b), s.off, s.stride}; }
+
+static void test_add(void **state)
+{
+    vt_gpu *g = vt_gpu_get(state);
+    vt_rng r = vt_rng_seeded("op_add");
+    for (int t = 0; t < N_SHAPES; t++) {
+        uint32_t n = t < 4 ? (uint32_t[]){1, 7, 257, 300001}[t] : vt_range(&r, 1, 100000);
+        float *a = rand_buf(&r, n, -4, 4), *b = rand_buf(&r, n, -4, 4), *ref = malloc(n * sizeof *ref);
+        for (uint32_t i = 0; i < n; i++)
+            ref[i] = (float)((double)a[i] + b[i]);
+        vkd_buffer *ba = vt_buf_from(g, a, n * 4, "a"), *bb = vt_buf_from(g, b, n * 4, "b"), *by = vt_buf_nan(g, n * 4, "y");
+        vt_begin(g);
+        assert_int_equal(op_add(&g->cmd, vkd_whole(ba), vkd_whole(bb), vkd_whole(by), n), VKI_OK);
+        vt_submit_wait(g);
+        char label[64];
+        snprintf(label, sizeof label, "add n=%u", n);
+        check_out(g, by, n, (mshape){1, n, 0, n}, ref, 1e-10, label);
+        vkd_buffer_destroy(g->dev, ba);
+        vkd_buffer_destroy(g->dev, bb);
+        vkd_buffer_destroy(g->dev, by);
+        free(a); free(b); free(ref);
+    }
+    vt_assert_clean(g);
+}
+
+static void ref_rmsnorm(const float *x, mshape s, const float *w, float eps, float *out)
+{
+    for (uint32_t i = 0; i < s.rows; i++) {
+        const float *row = x + s.off + (size_t)i * s.stride;
+        double ss = 0;
+        for (uint32_t c = 0; c < s.cols; c++)
+            ss += (double)row[c] * row[c];
+        double inv = 1.0 / sqrt(ss / s.cols + eps);
+        for (uint32_t c = 0; c < s.cols; c++)
+            out[(size_t)i * s.cols + c] = (float)(row[c] * inv * w[c]);
+    }
+}
+
+static void test_rmsnorm(void **state)
+{
+    vt_gpu *g = vt_gpu_get(state);
+    vt_rng r = vt_rng_seeded("op_rmsnorm");
+    for (int t = 0; t < N_SHAPES; t++) {
+        mshape xs = random_shape(&r, t, 9000), ys = xs;
+        ys.off = vt_range(&r, 0, 5);
+        ys.stride = xs.cols + vt_range(&r, 0, 3);
+        size_t nx = mshape_len(xs), ny = mshape_len(ys);
+        float eps = t % 2 ? 1e-5f : 1e-6f, scale = t % 4 == 3 ? 1e-3f : 3.0f; /* small rows: eps matters */
+        float *x = rand_buf(&r, nx, -scale, scale), *w = rand_buf(&r, xs.cols, -2, 2);
+        float *ref = malloc((size_t)xs.rows * xs.cols * sizeof *ref);
+        ref_rmsnorm(x, xs, w, eps, ref);
+        vkd_buffer *bx = vt_buf_from(g, x, nx * 4, "x"), *bw = vt_buf_from(g, w, xs.cols * 4, "w");
+        vkd_buffer *by = vt_buf_nan(g, ny * 4, "y");
+        vt_begin(g);
+        assert_int_equal(op_rmsnorm(&g->cmd, mat_of(bx, xs), vkd_whole(bw), mat_of(by, ys), xs.rows, xs.cols, eps), VKI_OK);
+        vt_submit_wait(g);
+        char label[96];
+        snprintf(label, sizeof label, "rmsnorm %ux%u stride %u/%u", xs.rows, xs.cols, xs.stride, ys.stride);
+        check_out(g, by, ny, ys, ref, 1e-10, label);
+        vkd_buffer_destroy(g->dev, bx);
+        vkd_buffer_destroy(g->dev, bw);
+        vkd_buffer_destroy(g->dev, by);
+        free(x); free(w); free(ref);
+    }
+    vt_assert_clean(g);
+}
+
+typedef struct rope_case {
+    op_rope_p p;
+    double base, freq_scale;
+    bool factors, in_place;
+} rope_case;
+
+/* Double-precision RoPE of x (rows xs.stride apart) into packed rows [n_tokens][n_heads * hd]. */
+static void ref_rope(const rope_case *rc, const float *x, mshape xs, const uint32_t *pos, const float *fac, float *out)
+{
+    const op_rope_p *p = &rc->p;
+    uint32_t row = p->n_heads * p->head_dim, half = p->n_rot / 2;
+    for (uint32_t t = 0; t < p->n_tokens; t++)
+        for (uint32_t h = 0; h < p->n_heads; h++) {
+            const float *v = x + xs.off + (size_t)t * xs.stride + h * p->head_dim;
+            float *o = out + (size_t)t * row + h * p->head_dim;
+            for (uint32_t d = p->n_rot; d < p->head_dim; d++)
+                o[d] = v[d];
+            for (uint32_t i = 0; i < half; i++) {
+                double theta = pos[t] * rc->freq_scale * pow(rc->base, -2.0 * i / p->n_rot);
+                if (fac)
+                    theta /= fac[i];
+                uint32_t a = p->neox ? i : 2 * i, b = p->neox ? i + half : 2 * i + 1;
+                double c = cos(theta), s = sin(theta);
+                o[a] = (float)(v[a] * c - v[b] * s);
+                o[b] = (float)(v[a] * s + v[b] * c);
+            }
+        }
+}
+
+static rope_case random_rope(vt_rng *r, int t)
+{
+    static const uint32_t hds[] = {2, 8, 64, 128, 80, 256, 6, 96};
+    rope_case rc = {.p = {.head_dim = hds[t % 8], .neox = t % 2}};
+    rc.p.n_tokens = t < 3 ? (uint32_t[]){1, 7, 1}[t] : vt_range(r, 1, 70);
+    rc.p.n_heads = vt_range(r, 1, 9);
+    rc.p.n_rot = t % 5 == 4 ? 2 * vt_range(r, 1, rc.p.head_dim / 2) : rc.p.head_dim; /* partial rotary */
+    rc.base = (double[]){10000.0, 500000.0, 1000000.0}[t % 3];
+    rc.freq_scale = t % 4 == 1 ? 0.25 : 1.0;
+    rc.factors = t % 3 == 2;
+    rc.in_place = t % 4 >= 2;
+    return rc;
+}
+
+static void run_rope_case(vt_gpu *g, vt_rng *r, const rope_case *rc)
+{
+    const op_rope_p *p = &rc->p;
+    uint32_t row = p->n_heads * p->head_dim;
+    mshape xs = {p->n_tokens, row, vt_range(r, 0, 7), row + vt_range(r, 0, 5)}, ys = xs;
+    if (!rc->in_place) {
+        ys.off = vt_range(r, 0, 3);
+        ys.stride = row + vt_range(r, 0, 2);
+    }
+    size_t nx = mshape_len(xs), ny = mshape_len(ys);
+    float *x = rand_buf(r, nx, -2, 2), *fac = rand_buf(r, p->n_rot / 2, 1, 8);
+    uint32_t *pos = malloc(p->n_tokens * sizeof *pos);
+    for (uint32_t t = 0; t < p->n_tokens; t++) /* short prompts, long contexts and the limit */
+        pos[t] = t % 3 == 0 ? vt_range(r, 0, 64) : t % 3 == 1 ? vt_range(r, 0, 1u << 20) : (1u << 24) - 1 - t;
+    float *tab = malloc(2 * p->n_rot * sizeof *tab), *ref = malloc((size_t)p->n_tokens * row * sizeof *ref);
+    op_rope_freqs(rc->base, rc->freq_scale, rc->factors ? fac : NULL, p->n_rot, tab);
+    ref_rope(rc, x, xs, pos, rc->factors ? fac : NULL, ref);
+    vkd_buffer *bx = vt_buf_from(g, x, nx * 4, "x"), *by = rc->in_place ? bx : vt_buf_nan(g, ny * 4, "y");
+    vkd_buffer *bp = vt_buf_from(g, pos, p->n_tokens * 4, "pos"), *bf = vt_buf_from(g, tab, 2 * p->n_rot * 4, "freqs");
+    vt_begin(g);
+    assert_int_equal(op_rope(&g->cmd, p, mat_of(bx, xs), mat_of(by, ys), vkd_whole(bp), vkd_whole(bf)), VKI_OK);
+    vt_submit_wait(g);
+    char label[128];
+    snprintf(label, sizeof label, "rope %s%s tok %u heads %u hd %u rot %u base %g%s", p->neox ? "neox" : "normal",
+             rc->in_place ? " in place" : "", p->n_tokens, p->n_heads, p->head_dim, p->n_rot, rc->base,
+             rc->factors ? " factors" : "");
+    if (rc->in_place) { /* the gaps keep x's values */
+        float *y = malloc(nx * sizeof *y), *packed = malloc((size_t)p->n_tokens * row * sizeof *packed);
+        vt_download(g, by, y, nx * 4);
+        gather(y, ys, packed);
+        vt_assert_nmse(packed, ref, (size_t)p->n_tokens * row, ROPE_TOL, label);
+        for (size_t i = 0; i < nx; i++)
+            if (i < xs.off || (i - xs.off) % xs.stride >= row)
+                assert_memory_equal(&y[i], &x[i], 4);
+        free(y);
+        free(packed);
+    } else {
+        check_out(g, by, ny, ys, ref, ROPE_TOL, label);
+        vkd_buffer_destroy(g->dev, by);
+    }
+    vkd_buffer_destroy(g->dev, bx);
+    vkd_buffer_destroy(g->dev, bp);
+    vkd_buffer_destroy(g->dev, bf);
+    free(x); free(fac); free(pos); free(tab); free(ref);
+}
+
+static void test_rope(void **state)
+{
+    vt_gpu *g = vt_gpu_get(state);
+    vt_rng r = vt_rng_seeded("op_rope");
+    for (int t = 0; t < 2 * N_SHAPES; t++) {
+        rope_case rc = random_rope(&r, t);
+        run_rope_case(g, &r, &rc);
+    }
+    vt_assert_clean(g);
+}
+
+/* The split table reproduces g = theta / (2 pi pos) to double precision. */
+static void test_rope_freqs_table(void **state)
+{
+    (void)state;
+    float tab[4 * 64], fac[64];
+    for (int i = 0; i < 64; i++)
+        fac[i] = 1.0f + (float)i / 7;
+    op_rope_freqs(500000.0, 0.5, fac, 128, tab);
+    for (int i = 0; i < 64; i++) {
+        double want = 0.5 * pow(500000.0, -2.0 * i / 128) / fac[i] / (2 * M_PI);
+        double got = (double)tab[4 * i] + tab[4 * i + 1] + tab[4 * i + 2];
+        assert_true(fabs(got - want) <= 1e-15 * want);
+        assert_true(tab[4 * i + 3] == 0.0f);
+        int e;
+        double m = frexp(tab[4 * i], &e); /* 12 significant bits: m * 2^12 is an integer */
+        assert_true(ldexp(m, 12) == nearbyint(ldexp(m, 12)));
+    }
+}
+
+static void ref_swiglu(const float *gt, mshape gs, const float *u, mshape us, float *out)
+{
+    for (uint32_t i = 0; i < gs.rows; i++)
+        for (uint32_t c = 0; c < gs.cols; c++) {
+            double v = gt[gs.off + (size_t)i * gs.stride + c];
+            out[(size_t)i * gs.cols + c] = (float)(v / (1.0 + exp(-v)) * u[us.off + (size_t)i * us.stride + c]);
+        }
+}
+
+/* Gate and up as the two halves of one fused [rows, 2 * cols] buffer in odd cases. */
+static void test_swiglu(void **state)
+{
+    vt_gpu *g = vt_gpu_get(state);
+    vt_rng r = vt_rng_seeded("op_swiglu");
+    for (int t = 0; t < N_SHAPES; t++) {
+        mshape gs = random_shape(&r, t, 12000), us = gs, ys = gs;
+        bool fused = t % 2;
+        if (fused) { /* gate | up interleaved per row in one buffer */
+            gs.stride = us.stride = 2 * gs.cols + 3;
+            us.off = gs.off + gs.cols;
+        } else {
+            us.off = vt_range(&r, 0, 4);
+        }
+        ys.off = vt_range(&r, 0, 4);
+        ys.stride = gs.cols + vt_range(&r, 0, 2);
+        size_t ng = mshape_len(gs) > mshape_len(us) ? mshape_len(gs) : mshape_len(us), ny = mshape_len(ys);
+        float *gt = rand_buf(&r, ng, -12, 12), *u = fused ? gt : rand_buf(&r, mshape_len(us), -3, 3);
+        if (t == 3) /* saturation: exp(-v) overflows to inf */
+            for (size_t i = 0; i < ng; i += 2)
+                gt[i] = (i % 4 ? -1 : 1) * vt_uniform(&r, 80, 120);
+        float *ref = malloc((size_t)gs.rows * gs.cols * sizeof *ref);
+        ref_swiglu(gt, gs, u, us, ref);
+        vkd_buffer *bg = vt_buf_from(g, gt, ng * 4, "g"), *bu = fused ? bg : vt_buf_from(g, u, mshape_len(us) * 4, "u");
+        vkd_buffer *by = vt_buf_nan(g, ny * 4, "y");
+        vt_begin(g);
+        assert_int_equal(op_swiglu(&g->cmd, mat_of(bg, gs), mat_of(bu, us), mat_of(by, ys), gs.rows, gs.cols), VKI_OK);
+        vt_submit_wait(g);
+        char label[96];
+        snprintf(label, sizeof label, "swiglu %ux%u%s", gs.rows, gs.cols, fused ? " fused" : "");
+        check_out(g, by, ny, ys, ref, 1e-10, label);
+        vkd_buffer_destroy(g->dev, bg);
+        if (!fused)
+            vkd_buffer_destroy(g->dev, bu);
+        vkd_buffer_destroy(g->dev, by);
+        free(gt);
+        if (!fused)
+            free(u);
+        free(ref);
+    }
+    vt_assert_clean(g);
+}
+
+static void ref_softmax(const float *x, mshape s, float scale, float *out)
+{
+    for (uint32_t i = 0; i < s.rows; i++) {
+        const float *row = x + s.off + (size_t)i * s.stride;
+        double m = -INFINITY, sum = 0;
+        for (uint32_t c = 0; c < s.cols; c++)
+            m = fmax(m, (double)scale * row[c]);
+        for (uint32_t c = 0; c < s.cols; c++)
+            sum += m == -INFINITY ? 0 : exp((double)scale * row[c] - m);
+        for (uint32_t c = 0; c < s.cols; c++)
+            out[(size_t)i * s.cols + c] = m == -INFINITY ? 0.0f : (float)(exp((double)scale * row[c] - m) / sum);
+    }
+}
+
+static void test_softmax(void **state)
+{
+    vt_gpu *g = vt_gpu_get(state);
+    vt_rng r = vt_rng_seeded("op_softmax");
+    for (int t = 0; t < N_SHAPES; t++) {
+        mshape xs = random_shape(&r, t, t == 23 ? 50000 : 5000), ys = xs;
+        if (t == 23)
+            xs.cols = ys.cols = xs.stride = ys.stride = 50000; /* a vocabulary row */
+        bool in_place = t % 3 == 1;
+        if (!in_place) {
+            ys.off = vt_range(&r, 0, 4);
+            ys.stride = xs.cols + vt_range(&r, 0, 2);
+        }
+        size_t nx = mshape_len(xs), ny = mshape_len(ys);
+        float scale = t % 2 ? vt_uniform(&r, 0.05f, 2.0f) : 1.0f;
+        float *x = rand_buf(&r, nx, -15, 15);
+        for (size_t i = 0; i < nx; i++) /* masked entries */
+            if (vt_range(&r, 0, 9) == 0)
+                x[i] = -INFINITY;
+        if (xs.rows > 2) /* one fully masked row */
+            for (uint32_t c = 0; c < xs.cols; c++)
+                x[xs.off + xs.stride + c] = -INFINITY;
+        float *ref = malloc((size_t)xs.rows * xs.cols * sizeof *ref);
+        ref_softmax(x, xs, scale, ref);
+        vkd_buffer *bx = vt_buf_from(g, x, nx * 4, "x"), *by = in_place ? bx : vt_buf_nan(g, ny * 4, "y");
+        vt_begin(g);
+        assert_int_equal(op_softmax(&g->cmd, mat_of(bx, xs), mat_of(by, ys), xs.rows, xs.cols, scale), VKI_OK);
+        vt_submit_wait(g);
+        char label[96];
+        snprintf(label, sizeof label, "softmax %ux%u scale %g%s", xs.rows, xs.cols, scale, in_place ? " in place" : "");
+        if (in_place) {
+            float *y = malloc(nx * sizeof *y), *packed = malloc((size_t)xs.rows * xs.cols * sizeof *packed);
+            vt_download(g, by, y, nx * 4);
+            gather(y, xs, packed);
+            vt_assert_nmse(packed, ref, (size_t)xs.rows * xs.cols, 1e-10, label);
+            free(y);
+            free(packed);
+        } else {
+            check_out(g, by, ny, ys, ref, 1e-10, label);
+            vkd_buffer_destroy(g->dev, by);
+        }
+        vkd_buffer_destroy(g->dev, bx);
+        free(x);
+        free(ref);
+    }
+    vt_assert_clean(g);
+}
+
+/* Shapes that do not fit their buffers are refused and record nothing. */
+static void test_bad_shapes(void **state)
+{
+    vt_gpu *g = vt_gpu_get(state);
+    vkd_buffer *b = vt_buf_nan(g, 64 * 4, "b");
+    op_mat m = {vkd_whole(b), 0, 8};
+    vt_begin(g);
+    assert_int_equal(op_rmsnorm(&g->cmd, m, vkd_whole(b), m, 9, 8, 1e-5f), VKI_ERR_INVALID_ARG);
+    assert_int_equal(op_softmax(&g->cmd, m, (op_mat){vkd_whole(b), 1, 8}, 8, 8, 1.0f), VKI_ERR_INVALID_ARG);
+    assert_int_equal(op_softmax(&g->cmd, m, m, 2, 8, 0.0f), VKI_ERR_INVALID_ARG);
+    assert_int_equal(op_swiglu(&g->cmd, m, m, (op_mat){vkd_whole(b), 0, 4}, 2, 8), VKI_ERR_INVALID_ARG);
+    op_rope_p rp = {.n_tokens = 2, .n_heads = 2, .head_dim = 8, .n_rot = 10};
+    assert_int_equal(op_rope(&g->cmd, &rp, m, m, vkd_whole(b), vkd_whole(b)), VKI_ERR_INVALID_ARG);
+    assert_int_equal(op_add(&g->cmd, vkd_whole(b), vkd_whole(b), vkd_whole(b), 65), VKI_ERR_INVALID_ARG);
+    assert_int_equal(op_softmax(&g->cmd, m, m, 0, 8, 1.0f), VKI_OK); /* empty: nothing recorded */
+    vt_submit_wait(g);
+    vkd_buffer_destroy(g->dev, b);
+    vt_assert_clean(g);
+}
+
+static void test_prepare(void **state)
+{
+    vt_gpu *g = vt_gpu_get(state);
+    assert_int_equal(op_basic_prepare(g->dev), VKI_OK);
+    vt_assert_clean(g);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_prepare),
+        cmocka_unit_test(test_add),
+        cmocka_unit_test(test_rmsnorm),
+        cmocka_unit_test(test_rope_freqs_table),
+        cmocka_unit_test(test_rope),
+        cmocka_unit_test(test_swiglu),
+        cmocka_unit_test(test_softmax),
+        cmocka_unit_test(test_bad_shapes),
+    };
+    return cmocka_run_group_tests(tests, vt_gpu_setup, vt_gpu_teardown);
+}
