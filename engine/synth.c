@@ -1,0 +1,555 @@
+/* Synthetic model writer (see synth.h). Cost: one pass over the weights, ~10-20 ns per weight
+ * on one core (random generation + quant_row_fast), 4 MiB float + 4 MiB quantised buffers. */
+#include "engine/synth.h"
+#include "engine/gguf.h"
+#include "engine/gguf_write.h"
+#include "engine/quant.h"
+
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#define SYNTH_CHUNK_ELEMS (1u << 20) /* floats generated per chunk: 4 MiB */
+#define SYNTH_MAX_DIM (1u << 20)
+#define SYNTH_MAX_LAYERS 1024
+#define SYNTH_BYTE_VOCAB 259 /* <unk> <s> </s> + 256 byte tokens */
+
+static const char *const synth_wtype_names[SYNTH_WTYPE_COUNT] = {
+    [SYNTH_F32] = "f32", [SYNTH_F16] = "f16", [SYNTH_Q8_0] = "q8_0", [SYNTH_Q4_0] = "q4_0",
+    [SYNTH_Q4_K] = "q4_k", [SYNTH_Q6_K] = "q6_k", [SYNTH_Q4_K_M] = "q4_k_m",
+};
+static const uint32_t synth_wtype_ggml[SYNTH_WTYPE_COUNT] = {
+    [SYNTH_F32] = VKI_GGML_F32, [SYNTH_F16] = VKI_GGML_F16, [SYNTH_Q8_0] = VKI_GGML_Q8_0,
+    [SYNTH_Q4_0] = VKI_GGML_Q4_0, [SYNTH_Q4_K] = VKI_GGML_Q4_K, [SYNTH_Q6_K] = VKI_GGML_Q6_K,
+    [SYNTH_Q4_K_M] = VKI_GGML_Q4_K,
+};
+/* llama.cpp's general.file_type (llama_ftype) for each; plain q4_k has no exact ftype, Q4_K_S
+ * (14) is the closest. */
+static const uint32_t synth_wtype_ftype[SYNTH_WTYPE_COUNT] = {
+    [SYNTH_F32] = 0, [SYNTH_F16] = 1, [SYNTH_Q8_0] = 7, [SYNTH_Q4_0] = 2,
+    [SYNTH_Q4_K] = 14, [SYNTH_Q6_K] = 18, [SYNTH_Q4_K_M] = 15,
+};
+
+const char *synth_wtype_name(synth_wtype t)
+{
+    return (unsigned)t < SYNTH_WTYPE_COUNT ? synth_wtype_names[t] : "invalid";
+}
+
+bool synth_wtype_parse(const char *s, synth_wtype *out)
+{
+    for (int i = 0; i < SYNTH_WTYPE_COUNT; i++)
+        if (!strcasecmp(s, synth_wtype_names[i])) {
+            *out = (synth_wtype)i;
+            return true;
+        }
+    return false;
+}
+
+synth_params synth_default_params(void)
+{
+    return (synth_params){
+        .arch = "llama", .name = "vkinfer-synthetic", .n_layer = 2, .d_model = 64, .n_head = 4, .n_head_kv = 2,
+        .d_ff = 192, .n_vocab = 320, .n_ctx = 512, .rope_base = 10000.0f, .rms_eps = 1e-5f, .wtype = SYNTH_F32,
+        .seed = 1,
+    };
+}
+
+typedef struct synth_preset_def {
+    const char *name, *arch;
+    uint32_t n_layer, d_model, n_head, n_head_kv, head_dim, d_ff, n_vocab, n_ctx;
+    float rope_base, rms_eps;
+    bool tied;
+    synth_wtype wtype;
+} synth_preset_def;
+
+static const synth_preset_def synth_presets[] = {
+    {"tiny", "llama", 2, 64, 4, 2, 0, 192, 320, 512, 10000.0f, 1e-5f, false, SYNTH_F32},
+    {"small", "llama", 4, 256, 8, 2, 0, 768, 1024, 2048, 10000.0f, 1e-5f, false, SYNTH_F32},
+    {"qwen2-small", "qwen2", 4, 256, 4, 1, 64, 512, 1024, 4096, 1000000.0f, 1e-6f, true, SYNTH_F32},
+    {"tinyllama", "llama", 22, 2048, 32, 4, 0, 5632, 32000, 2048, 10000.0f, 1e-5f, false, SYNTH_Q4_K_M},
+    {"1b", "llama", 16, 2048, 32, 8, 64, 8192, 128256, 8192, 500000.0f, 1e-5f, true, SYNTH_Q4_K_M},
+    {"qwen2-1.5b", "qwen2", 28, 1536, 12, 2, 128, 8960, 151936, 32768, 1000000.0f, 1e-6f, true, SYNTH_Q4_K_M},
+};
+
+const char *const *synth_preset_names(void)
+{
+    static const char *const names[] = {"tiny", "small", "qwen2-small", "tinyllama", "1b", "qwen2-1.5b", NULL};
+    _Static_assert(sizeof names / sizeof names[0] == sizeof synth_presets / sizeof synth_presets[0] + 1, "presets");
+    return names;
+}
+
+vki_status synth_preset(const char *name, synth_params *p)
+{
+    for (size_t i = 0; i < sizeof synth_presets / sizeof synth_presets[0]; i++) {
+        const synth_preset_def *d = &synth_presets[i];
+        if (strcmp(d->name, name))
+            continue;
+        p->arch = d->arch, p->n_layer = d->n_layer, p->d_model = d->d_model, p->n_head = d->n_head;
+        p->n_head_kv = d->n_head_kv, p->head_dim = d->head_dim, p->d_ff = d->d_ff, p->n_vocab = d->n_vocab;
+        p->n_ctx = d->n_ctx, p->rope_base = d->rope_base, p->rms_eps = d->rms_eps, p->tied = d->tied;
+        p->wtype = d->wtype;
+        return VKI_OK;
+    }
+    return VKI_ERR_NOT_FOUND;
+}
+
+/* ---- tensor types ---------------------------------------------------------------------------- */
+
+/* llama.cpp's Q4_K_M rule for which layers' attn_v / ffn_down get Q6_K: the first and last
+ * eighth of the layers and every third one in between. */
+static bool synth_more_bits(uint32_t layer, uint32_t n_layer)
+{
+    return layer < n_layer / 8 || layer >= 7 * n_layer / 8 || (layer - n_layer / 8) % 3 == 2;
+}
+
+uint32_t synth_weight_type(const synth_params *p, const char *role, uint32_t layer, uint64_t ne0, bool fallback)
+{
+    uint32_t t = synth_wtype_ggml[p->wtype];
+    if (p->wtype == SYNTH_Q4_K_M) {
+        if (!strcmp(role, "output") || (p->tied && !strcmp(role, "token_embd")))
+            t = VKI_GGML_Q6_K;
+        else if ((!strcmp(role, "attn_v") || !strcmp(role, "ffn_down")) && synth_more_bits(layer, p->n_layer))
+            t = VKI_GGML_Q6_K;
+    }
+    if (fallback && quant_row_bytes(t, ne0) == 0)
+        t = VKI_GGML_F16; /* llama.cpp's last-resort fallback for rows the block does not divide */
+    return t;
+}
+
+/* ---- the tensor list ------------------------------------------------------------------------- */
+
+typedef enum synth_init { SYNTH_INIT_WEIGHT, SYNTH_INIT_NORM, SYNTH_INIT_BIAS } synth_init;
+
+typedef struct synth_tensor {
+    char name[64];
+    char role[16];
+    uint32_t layer;
+    uint32_t n_dims;
+    uint64_t ne[2];      /* ggml order: ne[0] = row length (fan-in), ne[1] = rows */
+    uint32_t type;       /* VKI_GGML_* */
+    synth_init init;
+    float std;           /* weights: standard deviation; norms/biases: spread */
+} synth_tensor;
+
+typedef struct synth_ctx {
+    const synth_params *p;
+    uint32_t head_dim;
+    uint32_t n_vocab;
+    synth_tensor *t;     /* [n_t] */
+    uint32_t n_t;
+    char *err;
+    size_t err_len;
+} synth_ctx;
+
+static vki_status synth_fail(synth_ctx *c, vki_status st, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+
+static vki_status synth_fail(synth_ctx *c, vki_status st, const char *fmt, ...)
+{
+    if (c->err && c->err_len) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(c->err, c->err_len, fmt, ap);
+        va_end(ap);
+    }
+    return st;
+}
+
+static void synth_log(const synth_params *p, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+static void synth_log(const synth_params *p, const char *fmt, ...)
+{
+    if (!p->log)
+        return;
+    char buf[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(buf, sizeof buf, fmt, ap);
+    va_end(ap);
+    p->log(p->log_user, buf);
+}
+
+static void add_tensor(synth_ctx *c, const char *role, int layer, const char *suffix, uint32_t n_dims, uint64_t ne0,
+                       uint64_t ne1, synth_init init, float std)
+{
+    synth_tensor *t = &c->t[c->n_t++];
+    memset(t, 0, sizeof *t);
+    if (layer >= 0)
+        snprintf(t->name, sizeof t->name, "blk.%d.%s.%s", layer, role, suffix);
+    else
+        snprintf(t->name, sizeof t->name, "%s.%s", role, suffix);
+    snprintf(t->role, sizeof t->role, "%s", role);
+    t->layer = layer >= 0 ? (uint32_t)layer : 0;
+    t->n_dims = n_dims;
+    t->ne[0] = ne0;
+    t->ne[1] = ne1;
+    t->init = init;
+    t->std = std;
+    t->type = init == SYNTH_INIT_WEIGHT ? synth_weight_type(c->p, role, t->layer, ne0, true) : VKI_GGML_F32;
+}
+
+static vki_status build_tensors(synth_ctx *c)
+{
+    const synth_params *p = c->p;
+    uint64_t d = p->d_model, q = (uint64_t)p->n_head * c->head_dim, kv = (uint64_t)p->n_head_kv * c->head_dim;
+    bool bias = !strcmp(p->arch, "qwen2");
+    c->t = calloc(3 + (size_t)p->n_layer * 12, sizeof *c->t);
+    if (!c->t)
+        return synth_fail(c, VKI_ERR_OUT_OF_HOST_MEMORY, "out of memory");
+    float head_std = 3.0f / sqrtf((float)d); /* logits ~ N(0, 9): a clear argmax */
+    float resid = 1.0f / sqrtf(2.0f * (float)p->n_layer);
+    add_tensor(c, "token_embd", -1, "weight", 2, d, c->n_vocab, SYNTH_INIT_WEIGHT, head_std);
+    add_tensor(c, "output_norm", -1, "weight", 1, d, 1, SYNTH_INIT_NORM, 0.1f);
+    if (!p->tied)
+        add_tensor(c, "output", -1, "weight", 2, d, c->n_vocab, SYNTH_INIT_WEIGHT, head_std);
+    for (int l = 0; l < (int)p->n_layer; l++) {
+        add_tensor(c, "attn_norm", l, "weight", 1, d, 1, SYNTH_INIT_NORM, 0.1f);
+        add_tensor(c, "attn_q", l, "weight", 2, d, q, SYNTH_INIT_WEIGHT, 1.0f / sqrtf((float)d));
+        if (bias)
+            add_tensor(c, "attn_q", l, "bias", 1, q, 1, SYNTH_INIT_BIAS, 0.1f);
+        add_tensor(c, "attn_k", l, "weight", 2, d, kv, SYNTH_INIT_WEIGHT, 1.0f / sqrtf((float)d));
+        if (bias)
+            add_tensor(c, "attn_k", l, "bias", 1, kv, 1, SYNTH_INIT_BIAS, 0.1f);
+        add_tensor(c, "attn_v", l, "weight", 2, d, kv, SYNTH_INIT_WEIGHT, 1.0f / sqrtf((float)d));
+        if (bias)
+            add_tensor(c, "attn_v", l, "bias", 1, kv, 1, SYNTH_INIT_BIAS, 0.1f);
+        add_tensor(c, "attn_output", l, "weight", 2, q, d, SYNTH_INIT_WEIGHT, resid / sqrtf((float)q));
+        add_tensor(c, "ffn_norm", l, "weight", 1, d, 1, SYNTH_INIT_NORM, 0.1f);
+        add_tensor(c, "ffn_gate", l, "weight", 2, d, p->d_ff, SYNTH_INIT_WEIGHT, 1.0f / sqrtf((float)d));
+        add_tensor(c, "ffn_up", l, "weight", 2, d, p->d_ff, SYNTH_INIT_WEIGHT, 1.0f / sqrtf((float)d));
+        add_tensor(c, "ffn_down", l, "weight", 2, p->d_ff, d, SYNTH_INIT_WEIGHT, resid / sqrtf((float)p->d_ff));
+    }
+    return VKI_OK;
+}
+
+/* One note per role whose rows the requested type's block does not divide. */
+static void log_fallbacks(synth_ctx *c)
+{
+    for (uint32_t i = 0; i < c->n_t; i++) {
+        const synth_tensor *t = &c->t[i];
+        if (t->init != SYNTH_INIT_WEIGHT)
+            continue;
+        uint32_t want = synth_weight_type(c->p, t->role, t->layer, t->ne[0], false);
+        if (want == t->type)
+            continue;
+        bool seen = false;
+        for (uint32_t j = 0; j < i && !seen; j++)
+            seen = !strcmp(c->t[j].role, t->role) && c->t[j].type != synth_weight_type(c->p, t->role, c->t[j].layer, c->t[j].ne[0], false);
+        if (!seen)
+            synth_log(c->p, "note: %s: row length %llu is not a multiple of the %s block (%u): written as f16, as "
+                      "llama.cpp falls back", t->role, (unsigned long long)t->ne[0], quant_get(want)->name,
+                      quant_get(want)->block_elems);
+    }
+}
+
+/* ---- parameters ------------------------------------------------------------------------------ */
+
+static bool dim_ok(uint32_t v)
+{
+    return v >= 1 && v <= SYNTH_MAX_DIM;
+}
+
+static vki_status validate(synth_ctx *c)
+{
+    const synth_params *p = c->p;
+    if (!p->arch || (strcmp(p->arch, "llama") && strcmp(p->arch, "qwen2")))
+        return synth_fail(c, VKI_ERR_INVALID_ARG, "arch '%s': only llama and qwen2 are written", p->arch ? p->arch : "(null)");
+    if (p->n_layer < 1 || p->n_layer > SYNTH_MAX_LAYERS)
+        return synth_fail(c, VKI_ERR_INVALID_ARG, "n_layer %u (allowed 1..%d)", p->n_layer, SYNTH_MAX_LAYERS);
+    if (!dim_ok(p->d_model) || !dim_ok(p->n_head) || !dim_ok(p->n_head_kv) || !dim_ok(p->d_ff) || !dim_ok(p->n_ctx) ||
+        p->head_dim > SYNTH_MAX_DIM)
+        return synth_fail(c, VKI_ERR_INVALID_ARG, "a dimension is 0 or above %u", SYNTH_MAX_DIM);
+    if (p->n_head % p->n_head_kv)
+        return synth_fail(c, VKI_ERR_INVALID_ARG, "n_head_kv %u does not divide n_head %u", p->n_head_kv, p->n_head);
+    if (!p->head_dim && p->d_model % p->n_head)
+        return synth_fail(c, VKI_ERR_INVALID_ARG, "n_head %u does not divide d_model %u (give head_dim)", p->n_head,
+                          p->d_model);
+    c->head_dim = p->head_dim ? p->head_dim : p->d_model / p->n_head;
+    if (c->head_dim % 2)
+        return synth_fail(c, VKI_ERR_INVALID_ARG, "head_dim %u is odd (RoPE rotates pairs)", c->head_dim);
+    if ((uint64_t)p->n_head * c->head_dim > SYNTH_MAX_DIM)
+        return synth_fail(c, VKI_ERR_INVALID_ARG, "n_head * head_dim above %u", SYNTH_MAX_DIM);
+    if ((unsigned)p->wtype >= SYNTH_WTYPE_COUNT)
+        return synth_fail(c, VKI_ERR_INVALID_ARG, "weight type %d", (int)p->wtype);
+    if (!(p->rope_base > 0) || !(p->rms_eps > 0))
+        return synth_fail(c, VKI_ERR_INVALID_ARG, "rope_base and rms_eps must be > 0");
+    if (!p->vocab_from && (p->n_vocab < SYNTH_BYTE_VOCAB || p->n_vocab > 4 * SYNTH_MAX_DIM))
+        return synth_fail(c, VKI_ERR_INVALID_ARG, "n_vocab %u (a byte-level vocabulary needs %d..%u)", p->n_vocab,
+                          SYNTH_BYTE_VOCAB, 4 * SYNTH_MAX_DIM);
+    return VKI_OK;
+}
+
+/* ---- vocabulary ------------------------------------------------------------------------------ */
+
+/* The i-th piece after the byte tokens, into buf (>= 16 bytes); returns its length. Order: "▁",
+ * the 94 printable ASCII characters, "▁" + each of them, then lowercase words of length 2, 3, ...
+ * each followed by "▁" + the word. All distinct, so SentencePiece scoring has no duplicates. */
+static size_t extra_piece(uint64_t i, char *buf)
+{
+    static const char sp[] = "\xe2\x96\x81"; /* U+2581, SentencePiece's space */
+    size_t n = 0;
+    if (i == 0) {
+        memcpy(buf, sp, 3);
+        return 3;
+    }
+    i -= 1;
+    if (i < 188) {
+        if (i >= 94) {
+            memcpy(buf, sp, 3);
+            n = 3;
+            i -= 94;
+        }
+        buf[n++] = (char)(0x21 + i);
+        return n;
+    }
+    i -= 188;
+    uint64_t len = 2, count = 26 * 26;
+    while (i >= 2 * count) {
+        i -= 2 * count;
+        len++;
+        count *= 26;
+    }
+    if (i % 2) {
+        memcpy(buf, sp, 3);
+        n = 3;
+    }
+    uint64_t word = i / 2;
+    for (uint64_t k = 0; k < len; k++, word /= 26)
+        buf[n + len - 1 - k] = (char)('a' + word % 26);
+    return n + (size_t)len;
+}
+
+static vki_status write_byte_vocab(synth_ctx *c, gguf_writer *w)
+{
+    uint32_t n = c->n_vocab;
+    gguf_str *tok = malloc(n * sizeof *tok);
+    char *pool = malloc((size_t)n * 16);
+    float *score = malloc(n * sizeof *score);
+    int32_t *type = malloc(n * sizeof *type);
+    vki_status st = VKI_ERR_OUT_OF_HOST_MEMORY;
+    if (!tok || !pool || !score || !type)
+        goto out;
+    size_t used = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        char *s = pool + used;
+        size_t len;
+        if (i < 3) {
+            static const char *const special[] = {"<unk>", "<s>", "</s>"};
+            len = strlen(special[i]);
+            memcpy(s, special[i], len);
+            type[i] = i == 0 ? 2 : 3; /* unknown, control */
+        } else if (i < SYNTH_BYTE_VOCAB) {
+            len = (size_t)snprintf(s, 16, "<0x%02X>", i - 3);
+            type[i] = 6; /* byte */
+        } else {
+            len = extra_piece(i - SYNTH_BYTE_VOCAB, s);
+            type[i] = 1; /* normal */
+        }
+        score[i] = i < SYNTH_BYTE_VOCAB ? 0.0f : -(float)(i - SYNTH_BYTE_VOCAB); /* earlier pieces merge first */
+        tok[i] = (gguf_str){s, len};
+        used += len;
+    }
+    if ((st = gguf_w_set_str(w, "tokenizer.ggml.model", "llama")) == VKI_OK &&
+        (st = gguf_w_set_str(w, "tokenizer.ggml.pre", "default")) == VKI_OK &&
+        (st = gguf_w_set_arr_str(w, "tokenizer.ggml.tokens", tok, n)) == VKI_OK &&
+        (st = gguf_w_set_arr(w, "tokenizer.ggml.scores", GGUF_TYPE_FLOAT32, score, n)) == VKI_OK &&
+        (st = gguf_w_set_arr(w, "tokenizer.ggml.token_type", GGUF_TYPE_INT32, type, n)) == VKI_OK &&
+        (st = gguf_w_set_u32(w, "tokenizer.ggml.unknown_token_id", 0)) == VKI_OK &&
+        (st = gguf_w_set_u32(w, "tokenizer.ggml.bos_token_id", 1)) == VKI_OK &&
+        (st = gguf_w_set_u32(w, "tokenizer.ggml.eos_token_id", 2)) == VKI_OK &&
+        (st = gguf_w_set_bool(w, "tokenizer.ggml.add_bos_token", true)) == VKI_OK)
+        st = gguf_w_set_bool(w, "tokenizer.ggml.add_eos_token", false);
+    if (st != VKI_OK)
+        synth_fail(c, st, "vocabulary: %s", gguf_w_error(w));
+out:
+    if (st == VKI_ERR_OUT_OF_HOST_MEMORY && (!tok || !pool || !score || !type))
+        synth_fail(c, st, "out of memory for the vocabulary");
+    free(tok), free(pool), free(score), free(type);
+    return st;
+}
+
+/* Opens the vocab GGUF and takes n_vocab from its token list. */
+static vki_status open_vocab(synth_ctx *c, gguf_file **src)
+{
+    char e[400];
+    vki_status st = gguf_open(c->p->vocab_from, src, e, sizeof e);
+    if (st != VKI_OK)
+        return synth_fail(c, st, "vocabulary file: %s", e);
+    gguf_type et;
+    uint64_t n;
+    if (gguf_get_arr(*src, "tokenizer.ggml.tokens", &et, &n) != VKI_OK || et != GGUF_TYPE_STRING || n < 1 ||
+        n > 4 * SYNTH_MAX_DIM) {
+        gguf_close(*src);
+        *src = NULL;
+        return synth_fail(c, VKI_ERR_FORMAT, "%s: no usable tokenizer.ggml.tokens", c->p->vocab_from);
+    }
+    c->n_vocab = (uint32_t)n;
+    return VKI_OK;
+}
+
+static vki_status copy_vocab(synth_ctx *c, gguf_writer *w, const gguf_file *src)
+{
+    for (uint64_t i = 0; i < gguf_n_kv(src); i++) {
+        const gguf_kv *kv = gguf_kv_at(src, i);
+        if (kv->key.len < 10 || memcmp(kv->key.ptr, "tokenizer.", 10))
+            continue;
+        vki_status st = gguf_w_copy_kv(w, kv);
+        if (st != VKI_OK)
+            return synth_fail(c, st, "copying the vocabulary: %s", gguf_w_error(w));
+    }
+    return VKI_OK;
+}
+
+/* ---- metadata -------------------------------------------------------------------------------- */
+
+static vki_status write_metadata(synth_ctx *c, gguf_writer *w)
+{
+    const synth_params *p = c->p;
+    const char *a = p->arch;
+    char k[96];
+    vki_status st = VKI_OK;
+#define SET(fn, key_fmt, v)                                                                                            \
+    do {                                                                                                               \
+        if (st == VKI_OK) {                                                                                            \
+            snprintf(k, sizeof k, key_fmt, a);                                                                         \
+            st = fn(w, k, v);                                                                                          \
+        }                                                                                                              \
+    } while (0)
+    SET(gguf_w_set_str, "general.architecture%.0s", a);
+    SET(gguf_w_set_str, "general.name%.0s", p->name ? p->name : "vkinfer-synthetic");
+    SET(gguf_w_set_u32, "general.file_type%.0s", synth_wtype_ftype[p->wtype]);
+    if (p->wtype != SYNTH_F32 && p->wtype != SYNTH_F16)
+        SET(gguf_w_set_u32, "general.quantization_version%.0s", 2);
+    SET(gguf_w_set_u32, "%s.context_length", p->n_ctx);
+    SET(gguf_w_set_u32, "%s.embedding_length", p->d_model);
+    SET(gguf_w_set_u32, "%s.block_count", p->n_layer);
+    SET(gguf_w_set_u32, "%s.feed_forward_length", p->d_ff);
+    SET(gguf_w_set_u32, "%s.attention.head_count", p->n_head);
+    SET(gguf_w_set_u32, "%s.attention.head_count_kv", p->n_head_kv);
+    SET(gguf_w_set_f32, "%s.attention.layer_norm_rms_epsilon", p->rms_eps);
+    SET(gguf_w_set_f32, "%s.rope.freq_base", p->rope_base);
+    SET(gguf_w_set_u32, "%s.rope.dimension_count", c->head_dim);
+    if (p->d_model % p->n_head || c->head_dim != p->d_model / p->n_head) {
+        SET(gguf_w_set_u32, "%s.attention.key_length", c->head_dim);
+        SET(gguf_w_set_u32, "%s.attention.value_length", c->head_dim);
+    }
+    SET(gguf_w_set_u32, "%s.vocab_size", c->n_vocab);
+#undef SET
+    if (st != VKI_OK)
+        return synth_fail(c, st, "metadata: %s", gguf_w_error(w));
+    return VKI_OK;
+}
+
+/* ---- weights --------------------------------------------------------------------------------- */
+
+static uint64_t synth_mix(uint64_t *s)
+{
+    uint64_t z = (*s += 0x9e3779b97f4a7c15ull); /* splitmix64 */
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+/* ~N(0, 1) from one 64-bit draw: the sum of four 16-bit uniforms (Irwin-Hall, mean 2, variance
+ * 1/3), rescaled. Bounded by +-3.5: no outliers, and cheaper than Box-Muller. */
+static float synth_gauss(uint64_t *s)
+{
+    uint64_t z = synth_mix(s);
+    float a = (float)(z & 0xffff) + (float)((z >> 16) & 0xffff) + (float)((z >> 32) & 0xffff) + (float)(z >> 48);
+    return (a * (1.0f / 65536.0f) - 2.0f) * 1.7320508f;
+}
+
+typedef struct synth_stream {
+    float *f;            /* [SYNTH_CHUNK_ELEMS] generated values */
+    uint8_t *q;          /* [SYNTH_CHUNK_ELEMS * 4] the same, encoded */
+    uint64_t done, total; /* bytes, for progress */
+    int last_pct;
+} synth_stream;
+
+static vki_status write_tensor(synth_ctx *c, gguf_writer *w, const synth_tensor *t, synth_stream *s)
+{
+    uint64_t rng = c->p->seed * 0x2545f4914f6cdd1dull;
+    for (const char *n = t->name; *n; n++) /* per-tensor stream: independent of chunking and order */
+        rng = (rng ^ (uint8_t)*n) * 1099511628211ull;
+    uint64_t ne0 = t->ne[0], rows_per = SYNTH_CHUNK_ELEMS / ne0;
+    size_t row_bytes = quant_row_bytes(t->type, ne0);
+    for (uint64_t r0 = 0; r0 < t->ne[1]; r0 += rows_per) {
+        uint64_t nr = t->ne[1] - r0 < rows_per ? t->ne[1] - r0 : rows_per;
+        for (uint64_t i = 0; i < nr * ne0; i++) {
+            float g = synth_gauss(&rng) * t->std;
+            s->f[i] = t->init == SYNTH_INIT_NORM ? 1.0f + g : g;
+        }
+        for (uint64_t r = 0; r < nr; r++)
+            quant_row_fast(t->type, s->f + r * ne0, s->q + r * row_bytes, ne0);
+        vki_status st = gguf_w_data(w, s->q, (size_t)(nr * row_bytes));
+        if (st != VKI_OK)
+            return synth_fail(c, st, "tensor '%s': %s", t->name, gguf_w_error(w));
+        s->done += nr * row_bytes;
+        int pct = (int)(s->done * 10 / s->total) * 10;
+        if (pct > s->last_pct && s->total > (64u << 20)) {
+            s->last_pct = pct;
+            synth_log(c->p, "weights: %d%% (%llu of %llu MiB)", pct, (unsigned long long)(s->done >> 20),
+                      (unsigned long long)(s->total >> 20));
+        }
+    }
+    return VKI_OK;
+}
+
+static vki_status write_all(synth_ctx *c, gguf_writer *w, const char *tmp)
+{
+    synth_stream s = {.f = malloc(SYNTH_CHUNK_ELEMS * sizeof(float)), .q = malloc(SYNTH_CHUNK_ELEMS * sizeof(float))};
+    vki_status st = VKI_OK;
+    if (!s.f || !s.q)
+        st = synth_fail(c, VKI_ERR_OUT_OF_HOST_MEMORY, "out of memory");
+    for (uint32_t i = 0; i < c->n_t; i++)
+        s.total += gguf_w_tensor_bytes(w, i);
+    if (st == VKI_OK && (st = gguf_w_open(w, tmp)) != VKI_OK)
+        synth_fail(c, st, "%s", gguf_w_error(w));
+    for (uint32_t i = 0; i < c->n_t && st == VKI_OK; i++)
+        st = write_tensor(c, w, &c->t[i], &s);
+    if (st == VKI_OK && (st = gguf_w_finish(w)) != VKI_OK)
+        synth_fail(c, st, "%s", gguf_w_error(w));
+    free(s.f);
+    free(s.q);
+    return st;
+}
+
+vki_status synth_write(const synth_params *p, const char *path, char *err, size_t err_len)
+{
+    synth_ctx c = {.p = p, .err = err, .err_len = err_len, .n_vocab = p->n_vocab};
+    gguf_file *src = NULL;
+    gguf_writer *w = NULL;
+    char tmp[4096];
+    if (snprintf(tmp, sizeof tmp, "%s.tmp", path) >= (int)sizeof tmp)
+        return synth_fail(&c, VKI_ERR_INVALID_ARG, "path too long");
+    vki_status st = validate(&c);
+    if (st == VKI_OK && p->vocab_from)
+        st = open_vocab(&c, &src);
+    if (st == VKI_OK)
+        st = build_tensors(&c);
+    if (st == VKI_OK && (st = gguf_w_create(&w)) != VKI_OK)
+        synth_fail(&c, st, "out of memory");
+    if (st == VKI_OK)
+        st = write_metadata(&c, w);
+    if (st == VKI_OK)
+        st = src ? copy_vocab(&c, w, src) : write_byte_vocab(&c, w);
+    for (uint32_t i = 0; i < c.n_t && st == VKI_OK; i++) {
+        const synth_tensor *t = &c.t[i];
+        if ((st = gguf_w_add_tensor(w, t->name, t->type, t->n_dims, t->ne)) != VKI_OK)
+            synth_fail(&c, st, "%s", gguf_w_error(w));
+    }
+    gguf_close(src);
+    if (st == VKI_OK) {
+        log_fallbacks(&c);
+        st = write_all(&c, w, tmp);
+    }
+    gguf_w_destroy(w); /* closes the temporary file if a write failed */
+    if (st == VKI_OK && rename(tmp, path) != 0)
+        st = synth_fail(&c, VKI_ERR_IO, "%s: cannot rename %s into place", path, tmp);
+    if (st != VKI_OK)
+        unlink(tmp);
+    free(c.t);
+    return st;
+}

@@ -1,0 +1,75 @@
+/* Synthetic model writer: a valid GGUF with random weights for any llama / qwen2 shape, with the
+ * standard llama.cpp metadata keys and tensor names (so other GGUF readers load it), and either a
+ * real vocabulary copied from a vocab GGUF or a byte-level SentencePiece-style one. Used by the
+ * `make-model` tool, by tests that need shapes no real model here has, and by `vkinfer demo`.
+ * No Vulkan.
+ *
+ * Weights: seeded, approximately N(0, 1/fan_in) (output projections further scaled by
+ * 1/sqrt(2 n_layer) so the residual stream stays O(1) through many layers), norms ~1 +- 0.1, LM
+ * head scaled for logits of standard deviation ~3 so greedy decoding has few near-ties. Tensors
+ * are generated and quantised chunk by chunk and streamed to the file: memory stays ~16 MiB
+ * whatever the model size. */
+#ifndef VKI_ENGINE_SYNTH_H
+#define VKI_ENGINE_SYNTH_H
+
+#include "vkinfer.h"
+
+typedef enum synth_wtype {
+    SYNTH_F32,
+    SYNTH_F16,
+    SYNTH_Q8_0,
+    SYNTH_Q4_0,
+    SYNTH_Q4_K,
+    SYNTH_Q6_K,
+    SYNTH_Q4_K_M, /* Q4_K, with Q6_K for output.weight (token_embd when tied) and for attn_v /
+                     ffn_down of the layers llama.cpp's Q4_K_M gives more bits */
+    SYNTH_WTYPE_COUNT
+} synth_wtype;
+
+typedef struct synth_params {
+    const char *arch;       /* "llama" or "qwen2" (qwen2 gets Q/K/V biases) */
+    const char *name;       /* general.name */
+    uint32_t n_layer;
+    uint32_t d_model;
+    uint32_t n_head;
+    uint32_t n_head_kv;     /* divides n_head */
+    uint32_t head_dim;      /* 0: d_model / n_head; otherwise key_length/value_length are written */
+    uint32_t d_ff;
+    uint32_t n_vocab;       /* byte-level vocabulary size (>= 259) when vocab_from is NULL */
+    const char *vocab_from; /* GGUF whose tokenizer.* keys are copied verbatim; sets n_vocab */
+    uint32_t n_ctx;
+    float rope_base;
+    float rms_eps;
+    bool tied;              /* no output.weight: the LM head is token_embd */
+    synth_wtype wtype;      /* norms and biases are always F32; a tensor whose row length is not
+                               a multiple of the type's block falls back to F16 (logged) */
+    uint64_t seed;
+    /* Optional: notes (type fallbacks) and progress lines; msg has no newline. */
+    void (*log)(void *user, const char *msg);
+    void *log_user;
+} synth_params;
+
+/* The tiny preset: llama, 2 layers, d_model 64, 4 heads, 2 KV heads, d_ff 192, byte vocab 320,
+ * context 512, F32. */
+synth_params synth_default_params(void);
+/* Shapes of named presets: "tiny", "small" (llama, d 256, GQA 4), "qwen2-small" (tied, biases),
+ * "tinyllama" (1.1B), "1b" (Llama-3.2-1B shape), "qwen2-1.5b" (Qwen2.5-1.5B shape). Only shape
+ * fields change (and wtype: Q4_K_M for the large ones). VKI_ERR_NOT_FOUND for an unknown name. */
+vki_status synth_preset(const char *name, synth_params *p);
+/* Names of the presets, NULL-terminated. */
+const char *const *synth_preset_names(void);
+
+const char *synth_wtype_name(synth_wtype t); /* "f32", ..., "q4_k_m" */
+bool synth_wtype_parse(const char *s, synth_wtype *out);
+
+/* The ggml type (VKI_GGML_*) written for a weight matrix: role is the tensor name without
+ * "blk.N." and ".weight" ("token_embd", "output", "attn_q", "ffn_down", ...), layer its block
+ * (ignored otherwise), ne0 its row length. Before the block-size fallback when fallback=false. */
+uint32_t synth_weight_type(const synth_params *p, const char *role, uint32_t layer, uint64_t ne0, bool fallback);
+
+/* Validates p and writes the model to path (replaced). On failure nothing is left at path and
+ * err names the problem: VKI_ERR_INVALID_ARG (a parameter), VKI_ERR_IO, VKI_ERR_FORMAT /
+ * VKI_ERR_UNSUPPORTED (the vocab file). */
+vki_status synth_write(const synth_params *p, const char *path, char *err, size_t err_len);
+
+#endif

@@ -1,0 +1,166 @@
+/* make-model: writes a synthetic GGUF model (random weights, real or byte-level vocabulary) for
+ * any llama / qwen2 shape. See `make-model --help`. */
+#include "engine/synth.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+static void usage(FILE *o)
+{
+    fprintf(o,
+            "usage: make-model -o OUT.gguf [options]\n"
+            "  --preset NAME       start from a preset shape (default tiny):");
+    for (const char *const *n = synth_preset_names(); *n; n++)
+        fprintf(o, " %s", *n);
+    fprintf(o, "\n"
+               "  --arch llama|qwen2  architecture (qwen2 adds Q/K/V biases)\n"
+               "  --layers N          transformer blocks\n"
+               "  --dim D             embedding length (d_model)\n"
+               "  --heads H           attention heads\n"
+               "  --kv-heads K        key/value heads (divides H)\n"
+               "  --head-dim HD       head dimension (default D/H; writes key_length/value_length)\n"
+               "  --ff F              feed-forward length\n"
+               "  --vocab N           byte-level vocabulary of N tokens (>= 259)\n"
+               "  --vocab-from FILE   copy the tokenizer.* keys of a GGUF (vocab size from it)\n"
+               "  --ctx C             context length\n"
+               "  --type T            f32 f16 q8_0 q4_0 q4_k q6_k q4_k_m\n"
+               "  --tied / --untied   reuse token_embd as the LM head (no output.weight), or not\n"
+               "  --rope-base B       RoPE frequency base\n"
+               "  --rms-eps E         RMSNorm epsilon\n"
+               "  --seed S            weight seed\n"
+               "  --name NAME         general.name\n");
+}
+
+static void log_stderr(void *user, const char *msg)
+{
+    fprintf(stderr, "make-model: %s\n", msg);
+}
+
+/* Parses an unsigned option value; false (with a message) when it is not a number in range. */
+static bool parse_u(const char *opt, const char *s, uint64_t max, uint64_t *out)
+{
+    char *end;
+    errno = 0;
+    unsigned long long v = strtoull(s, &end, 0);
+    if (errno || end == s || *end || s[0] == '-' || v > max) {
+        fprintf(stderr, "make-model: %s: '%s' is not a number up to %llu\n", opt, s, (unsigned long long)max);
+        return false;
+    }
+    *out = v;
+    return true;
+}
+
+static bool parse_f(const char *opt, const char *s, float *out)
+{
+    char *end;
+    float v = strtof(s, &end);
+    if (end == s || *end || !(v > 0)) {
+        fprintf(stderr, "make-model: %s: '%s' is not a positive number\n", opt, s);
+        return false;
+    }
+    *out = v;
+    return true;
+}
+
+/* Applies one option with a value; returns false on a bad value or unknown option. */
+static bool apply(synth_params *p, const char *opt, const char *val)
+{
+    uint64_t u = 0;
+    const uint64_t m32 = UINT32_MAX;
+    if (!strcmp(opt, "--arch"))
+        return p->arch = val, true;
+    if (!strcmp(opt, "--vocab-from"))
+        return p->vocab_from = val, true;
+    if (!strcmp(opt, "--name"))
+        return p->name = val, true;
+    if (!strcmp(opt, "--type")) {
+        if (!synth_wtype_parse(val, &p->wtype)) {
+            fprintf(stderr, "make-model: --type: unknown weight type '%s'\n", val);
+            return false;
+        }
+        return true;
+    }
+    if (!strcmp(opt, "--rope-base"))
+        return parse_f(opt, val, &p->rope_base);
+    if (!strcmp(opt, "--rms-eps"))
+        return parse_f(opt, val, &p->rms_eps);
+    if (!strcmp(opt, "--seed"))
+        return parse_u(opt, val, UINT64_MAX, &p->seed);
+    uint32_t *dst = !strcmp(opt, "--layers")     ? &p->n_layer
+                    : !strcmp(opt, "--dim")      ? &p->d_model
+                    : !strcmp(opt, "--heads")    ? &p->n_head
+                    : !strcmp(opt, "--kv-heads") ? &p->n_head_kv
+                    : !strcmp(opt, "--head-dim") ? &p->head_dim
+                    : !strcmp(opt, "--ff")       ? &p->d_ff
+                    : !strcmp(opt, "--vocab")    ? &p->n_vocab
+                    : !strcmp(opt, "--ctx")      ? &p->n_ctx
+                                                 : NULL;
+    if (!dst) {
+        fprintf(stderr, "make-model: unknown option %s\n", opt);
+        return false;
+    }
+    if (!parse_u(opt, val, m32, &u))
+        return false;
+    *dst = (uint32_t)u;
+    return true;
+}
+
+int main(int argc, char **argv)
+{
+    synth_params p = synth_default_params();
+    const char *out = NULL;
+    p.log = log_stderr;
+    /* the preset first, so the other options override its fields whatever their order */
+    for (int i = 1; i + 1 < argc; i++)
+        if (!strcmp(argv[i], "--preset") && synth_preset(argv[i + 1], &p) != VKI_OK) {
+            fprintf(stderr, "make-model: unknown preset '%s'\n", argv[i + 1]);
+            return 2;
+        }
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            usage(stdout);
+            return 0;
+        }
+        if (!strcmp(a, "--tied") || !strcmp(a, "--untied")) {
+            p.tied = a[2] == 't';
+            continue;
+        }
+        if (i + 1 >= argc) {
+            fprintf(stderr, "make-model: %s needs a value\n", a);
+            return 2;
+        }
+        const char *v = argv[++i];
+        if (!strcmp(a, "-o"))
+            out = v;
+        else if (strcmp(a, "--preset") && !apply(&p, a, v))
+            return 2;
+    }
+    if (!out) {
+        usage(stderr);
+        return 2;
+    }
+    char err[512] = "";
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    vki_status st = synth_write(&p, out, err, sizeof err);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    if (st != VKI_OK) {
+        fprintf(stderr, "make-model: %s: %s\n", vki_status_str(st), err);
+        return 1;
+    }
+    FILE *f = fopen(out, "rb");
+    long size = -1;
+    if (f && fseek(f, 0, SEEK_END) == 0)
+        size = ftell(f);
+    if (f)
+        fclose(f);
+    fprintf(stderr, "make-model: wrote %s (%s, %u layers, d_model %u, %u/%u heads, d_ff %u, %s weights, %.1f MiB) in %.1f s\n",
+            out, p.arch, p.n_layer, p.d_model, p.n_head, p.n_head_kv, p.d_ff, synth_wtype_name(p.wtype),
+            (double)size / (1024.0 * 1024.0),
+            (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec));
+    return 0;
+}
