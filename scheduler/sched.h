@@ -105,7 +105,7 @@ void sched_destroy(sched *s);
 
 /* Checks a request's sizes against the scheduler (prompt and max_new >= 1, prompt + max_new
  * within max_ctx, and the blocks it needs within the pool). On failure writes a message naming
- * the field. O(1). */
+ * the field. O(1). Reads only the parameters fixed at create: safe from any thread. */
 vki_status sched_validate(const sched *s, uint32_t n_prompt, uint32_t max_new, char *msg, size_t msg_cap);
 
 /* Queues a new sequence (tokens copied). VKI_RETRY_QUEUE_FULL past max_queue,

@@ -1,0 +1,305 @@
+/* The fake executor (see fake_engine.h). */
+#include "support/fake_engine.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define H0 0x243f6a8885a308d3ull /* chain hash before position 0 */
+
+typedef struct fake_entry {
+    int32_t token;
+    uint32_t pos;
+    uint64_t h;     /* chain hash of tokens [0, pos] */
+    bool valid;
+} fake_entry;
+
+struct fake_engine {
+    fake_config c;
+    fake_entry *kv;         /* [n_pages][page_size] */
+    uint64_t *slot_stamp;   /* [max_seqs] step number that last used the slot */
+    uint64_t *write_stamp;  /* [n_pages] step number that writes the page */
+    uint32_t *writer;       /* [n_pages] plan index of that writer */
+    uint64_t *seq_stamp;    /* [n_pages] stamp of the last entry that listed the page */
+    uint64_t stamp;         /* one per checked entry */
+    uint64_t steps;
+    uint32_t violations;
+    char first[256];
+    uint32_t max_seqs_seen, max_tokens_seen;
+};
+
+static uint64_t mix64(uint64_t z)
+{
+    z += 0x9e3779b97f4a7c15ull;
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+static uint64_t chain(uint64_t h, int32_t token, uint32_t pos)
+{
+    return mix64(h ^ ((uint64_t)(uint32_t)token << 20) ^ ((uint64_t)pos << 52) ^ pos);
+}
+
+static int32_t next_token(const fake_engine *f, uint64_t h, bool sampled, uint64_t seed, float *lp)
+{
+    uint64_t r = mix64(h ^ (sampled ? mix64(seed ^ 0x5851f42d4c957f2dull) : 0));
+    if (lp)
+        *lp = -0.01f - (float)((r >> 40) % 1000) / 100.0f;
+    return (int32_t)(r % f->c.vocab);
+}
+
+static bool is_sampled(const vki_step_seq *e) { return e->sampling && e->sampling->temperature > 0; }
+
+static void violation(fake_engine *f, const char *fmt, ...)
+{
+    char buf[256];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(buf, sizeof buf, fmt, ap);
+    va_end(ap);
+    if (!f->violations)
+        snprintf(f->first, sizeof f->first, "%s", buf);
+    f->violations++;
+    fprintf(stderr, "FAKE ENGINE VIOLATION (step %llu): %s\n", (unsigned long long)f->steps, buf);
+}
+
+vki_status fake_create(const fake_config *c, fake_engine **out)
+{
+    *out = NULL;
+    if (!c->max_seqs || !c->n_pages || !c->page_size || !c->max_ctx || !c->vocab)
+        return VKI_ERR_INVALID_ARG;
+    fake_engine *f = calloc(1, sizeof *f);
+    if (!f)
+        return VKI_ERR_OUT_OF_HOST_MEMORY;
+    f->c = *c;
+    if (!f->c.max_batch)
+        f->c.max_batch = c->max_seqs;
+    f->kv = calloc((size_t)c->n_pages * c->page_size, sizeof *f->kv);
+    f->slot_stamp = calloc(c->max_seqs, sizeof *f->slot_stamp);
+    f->write_stamp = calloc(c->n_pages, sizeof *f->write_stamp);
+    f->writer = calloc(c->n_pages, sizeof *f->writer);
+    f->seq_stamp = calloc(c->n_pages, sizeof *f->seq_stamp);
+    if (!f->kv || !f->slot_stamp || !f->write_stamp || !f->writer || !f->seq_stamp) {
+        fake_destroy(f);
+        return VKI_ERR_OUT_OF_HOST_MEMORY;
+    }
+    *out = f;
+    return VKI_OK;
+}
+
+void fake_destroy(fake_engine *f)
+{
+    if (!f)
+        return;
+    free(f->kv);
+    free(f->slot_stamp);
+    free(f->write_stamp);
+    free(f->writer);
+    free(f->seq_stamp);
+    free(f);
+}
+
+bm_backend fake_backend(fake_engine *f)
+{
+    return (bm_backend){.ctx = f, .max_seqs = f->c.max_seqs, .n_pages = f->c.n_pages, .page_size = f->c.page_size,
+                        .max_ctx = f->c.max_ctx, .vocab_size = f->c.vocab, .step = fake_step, .is_eog = fake_is_eog};
+}
+
+bool fake_is_eog(void *ctx, int32_t token)
+{
+    const fake_engine *f = ctx;
+    return f->c.eos >= 0 && token == f->c.eos;
+}
+
+static fake_entry *entry(fake_engine *f, const vki_step_seq *e, uint32_t pos)
+{
+    return &f->kv[(size_t)e->pages[pos / f->c.page_size] * f->c.page_size + pos % f->c.page_size];
+}
+
+/* Shape checks of one plan entry that need no KV. */
+static void check_entry(fake_engine *f, const vki_step_seq *e, uint32_t i)
+{
+    uint32_t ps = f->c.page_size;
+    uint64_t end = (uint64_t)e->pos0 + e->n_new;
+    if (e->slot >= f->c.max_seqs) {
+        violation(f, "entry %u: slot %u >= max_seqs %u", i, e->slot, f->c.max_seqs);
+        return;
+    }
+    if (f->slot_stamp[e->slot] == f->steps)
+        violation(f, "slot %u appears twice in one plan", e->slot);
+    f->slot_stamp[e->slot] = f->steps;
+    if (e->n_new == 0 || !e->tokens)
+        violation(f, "slot %u: n_new %u, tokens %p", e->slot, e->n_new, (const void *)e->tokens);
+    if (end > f->c.max_ctx)
+        violation(f, "slot %u: pos0 %u + n_new %u beyond max_ctx %u", e->slot, e->pos0, e->n_new, f->c.max_ctx);
+    if ((uint64_t)e->n_pages * ps < end || !e->pages)
+        violation(f, "slot %u: %u pages do not cover positions [0, %llu)", e->slot, e->n_pages, (unsigned long long)end);
+    for (uint32_t j = 0; j < e->n_new && e->tokens; j++)
+        if (e->tokens[j] < 0 || (uint32_t)e->tokens[j] >= f->c.vocab)
+            violation(f, "slot %u: token %d at position %u outside the vocabulary", e->slot, e->tokens[j], e->pos0 + j);
+    if (!e->pages)
+        return;
+    f->stamp++; /* fresh stamp for this entry's repeated-page check */
+    for (uint32_t j = 0; j < e->n_pages; j++) {
+        uint32_t p = e->pages[j];
+        if (p >= f->c.n_pages) {
+            violation(f, "slot %u: page %u out of range", e->slot, p);
+            continue;
+        }
+        if (f->seq_stamp[p] == f->stamp)
+            violation(f, "slot %u: page %u appears twice in its table", e->slot, p);
+        f->seq_stamp[p] = f->stamp;
+    }
+    uint32_t window = e->sampling ? e->sampling->penalty_window : 0;
+    uint64_t want_hist = e->want_token && window ? (window < end ? window : end) : 0;
+    if (e->n_history != want_hist || (want_hist && !e->history))
+        violation(f, "slot %u: penalty history of %u tokens, expected %llu", e->slot, e->n_history,
+                  (unsigned long long)want_hist);
+}
+
+/* No page is written by one entry and read or written by another in the same step: pages
+ * shared between live sequences must be full, immutable prefix blocks. */
+static void check_sharing(fake_engine *f, const vki_step_plan *plan)
+{
+    uint64_t step_stamp = f->steps;
+    uint32_t ps = f->c.page_size;
+    for (uint32_t i = 0; i < plan->n_seqs; i++) {
+        const vki_step_seq *e = &plan->seqs[i];
+        for (uint32_t j = e->pos0 / ps; j <= (e->pos0 + e->n_new - 1) / ps && j < e->n_pages; j++) {
+            uint32_t p = e->pages[j];
+            if (p >= f->c.n_pages)
+                continue;
+            if (f->write_stamp[p] == step_stamp)
+                violation(f, "page %u written by slots of entries %u and %u in one step", p, f->writer[p], i);
+            f->write_stamp[p] = step_stamp;
+            f->writer[p] = i;
+        }
+    }
+    for (uint32_t i = 0; i < plan->n_seqs; i++) {
+        const vki_step_seq *e = &plan->seqs[i];
+        uint32_t used = (e->pos0 + e->n_new + ps - 1) / ps;
+        for (uint32_t j = 0; j < used && j < e->n_pages; j++) {
+            uint32_t p = e->pages[j];
+            if (p < f->c.n_pages && f->write_stamp[p] == step_stamp && f->writer[p] != i)
+                violation(f, "slot %u reads page %u that slot %u writes in the same step", e->slot, p,
+                          plan->seqs[f->writer[p]].slot);
+        }
+    }
+}
+
+/* Attention over the history: verifies the chain of every position before pos0 and the penalty
+ * history, then extends the chain over the new tokens. Returns the last position's hash. */
+static bool run_entry(fake_engine *f, const vki_step_seq *e, uint64_t *h_out)
+{
+    uint64_t h = H0;
+    for (uint32_t pos = 0; pos < e->pos0; pos++) {
+        const fake_entry *x = entry(f, e, pos);
+        if (!x->valid || x->pos != pos || x->h != chain(h, x->token, pos)) {
+            violation(f, "slot %u: KV at position %u (page %u) is not this sequence's (valid %d, pos %u)", e->slot, pos,
+                      e->pages[pos / f->c.page_size], x->valid, x->pos);
+            return false;
+        }
+        h = x->h;
+    }
+    uint32_t end = e->pos0 + e->n_new;
+    for (uint32_t j = 0; j < e->n_history; j++) {
+        uint32_t pos = end - e->n_history + j;
+        int32_t t = pos < e->pos0 ? entry(f, e, pos)->token : e->tokens[pos - e->pos0];
+        if (e->history[j] != t) {
+            violation(f, "slot %u: penalty history[%u] = %d, the token at position %u is %d", e->slot, j,
+                      e->history[j], pos, t);
+            return false;
+        }
+    }
+    for (uint32_t j = 0; j < e->n_new; j++) {
+        h = chain(h, e->tokens[j], e->pos0 + j);
+        *entry(f, e, e->pos0 + j) = (fake_entry){.token = e->tokens[j], .pos = e->pos0 + j, .h = h, .valid = true};
+    }
+    *h_out = h;
+    return true;
+}
+
+/* A failed step leaves the KV of its sequences undefined: make it wrong on purpose. */
+static void scribble(fake_engine *f, const vki_step_plan *plan)
+{
+    for (uint32_t i = 0; i < plan->n_seqs; i++) {
+        const vki_step_seq *e = &plan->seqs[i];
+        for (uint32_t j = 0; j < e->n_new; j++)
+            *entry(f, e, e->pos0 + j) = (fake_entry){.token = 0, .pos = e->pos0 + j, .h = mix64(f->steps + j), .valid = true};
+    }
+}
+
+vki_status fake_step(void *ctx, const vki_step_plan *plan, vki_step_out *outs)
+{
+    fake_engine *f = ctx;
+    f->steps++;
+    uint32_t before = f->violations;
+    if (plan->n_seqs > f->c.max_batch)
+        violation(f, "plan has %u sequences, max %u", plan->n_seqs, f->c.max_batch);
+    uint64_t sum = 0;
+    for (uint32_t i = 0; i < plan->n_seqs; i++)
+        sum += plan->seqs[i].n_new;
+    if (sum != plan->n_tokens || (f->c.max_tokens && sum > f->c.max_tokens) || plan->n_seqs == 0)
+        violation(f, "plan has %u sequences, %llu tokens, n_tokens %u, budget %u", plan->n_seqs,
+                  (unsigned long long)sum, plan->n_tokens, f->c.max_tokens);
+    for (uint32_t i = 0; i < plan->n_seqs; i++)
+        check_entry(f, &plan->seqs[i], i);
+    if (f->violations == before)
+        check_sharing(f, plan);
+    if (f->violations != before)
+        return VKI_ERR_INTERNAL;
+    if (plan->n_seqs > f->max_seqs_seen)
+        f->max_seqs_seen = plan->n_seqs;
+    if (plan->n_tokens > f->max_tokens_seen)
+        f->max_tokens_seen = plan->n_tokens;
+    if (f->c.on_step)
+        f->c.on_step(f->c.on_step_user, plan);
+    if (f->c.fail_every && f->steps % f->c.fail_every == 0) {
+        scribble(f, plan);
+        return VKI_ERR_DEVICE_LOST;
+    }
+    uint32_t k = 0;
+    for (uint32_t i = 0; i < plan->n_seqs; i++) {
+        const vki_step_seq *e = &plan->seqs[i];
+        uint64_t h;
+        if (!run_entry(f, e, &h))
+            return VKI_ERR_INTERNAL;
+        if (!e->want_token)
+            continue;
+        vki_step_out *o = &outs[k++];
+        *o = (vki_step_out){.slot = e->slot};
+        o->token = next_token(f, h, is_sampled(e), e->seed, &o->logprob);
+        uint32_t n_top = e->sampling ? e->sampling->top_logprobs : 0;
+        o->n_top = n_top < VKI_MAX_TOP_LOGPROBS ? n_top : VKI_MAX_TOP_LOGPROBS;
+        for (uint32_t j = 0; j < o->n_top; j++) {
+            o->top_tokens[j] = (int32_t)(((uint32_t)o->token + 1 + j) % f->c.vocab);
+            o->top_logprobs[j] = o->logprob - 1.0f - (float)j;
+        }
+    }
+    return VKI_OK;
+}
+
+uint32_t fake_violations(const fake_engine *f, char *msg, size_t cap)
+{
+    if (msg && cap)
+        snprintf(msg, cap, "%s", f->violations ? f->first : "none");
+    return f->violations;
+}
+
+uint64_t fake_steps(const fake_engine *f) { return f->steps; }
+uint32_t fake_max_seqs_seen(const fake_engine *f) { return f->max_seqs_seen; }
+uint32_t fake_max_tokens_seen(const fake_engine *f) { return f->max_tokens_seen; }
+
+void fake_reference(const fake_engine *f, const int32_t *prompt, uint32_t n_prompt, uint32_t max_new,
+                    bool sampled, uint64_t seed, int32_t *out, float *lp)
+{
+    uint64_t h = H0;
+    for (uint32_t i = 0; i < n_prompt; i++)
+        h = chain(h, prompt[i], i);
+    for (uint32_t k = 0; k < max_new; k++) {
+        out[k] = next_token(f, h, sampled, seed, lp ? &lp[k] : NULL);
+        h = chain(h, out[k], n_prompt + k);
+    }
+}

@@ -1,0 +1,62 @@
+/* A fake executor for scheduler and batch-manager tests: no GPU, deterministic, adversarial.
+ *
+ * Its "KV cache" is real memory: n_pages pages of page_size entries, each entry holding
+ * (token, position, h) where h is a hash chained over every token of the sequence up to that
+ * position. A step reads a sequence's whole history through the plan's page table (as attention
+ * does), verifies the chain entry by entry, extends it over the new tokens (writing them into the
+ * pages), and when asked samples next = f(h of the last position, seed). So a wrong page table,
+ * a page overwritten by another sequence, a lost or repeated token or a wrongly reused prefix
+ * block either trips the chain check or changes the output, and every output can be compared with
+ * fake_reference(): what the request produces alone.
+ *
+ * It also checks each plan's invariants (slots unique and in range, budgets, page tables cover
+ * pos0 + n_new, pages in range and not repeated, no page written by one sequence and read or
+ * written by another in the same step, penalty history = the sequence's last tokens) and fails
+ * loudly: it prints the violation, counts it, and refuses the step with VKI_ERR_INTERNAL. It is
+ * called from one thread at a time; read its counters after that thread is joined. */
+#ifndef VKI_TESTS_FAKE_ENGINE_H
+#define VKI_TESTS_FAKE_ENGINE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "host/backend.h"
+
+typedef struct fake_config {
+    uint32_t max_seqs, n_pages, page_size, max_ctx, vocab;
+    uint32_t max_batch;       /* sequences per step the plan may hold; 0 = max_seqs */
+    uint32_t max_tokens;      /* tokens per step; 0 = unchecked */
+    int32_t eos;              /* is_eog() is true for this token; -1 = never */
+    uint32_t fail_every;      /* every Nth step fails with VKI_ERR_DEVICE_LOST after scribbling
+                                 over the pages it would have written; 0 = never */
+    /* called with every plan before it runs (after the checks), e.g. to record its shape */
+    void (*on_step)(void *user, const vki_step_plan *plan);
+    void *on_step_user;
+} fake_config;
+
+typedef struct fake_engine fake_engine;
+
+vki_status fake_create(const fake_config *c, fake_engine **out);
+void fake_destroy(fake_engine *f);
+bm_backend fake_backend(fake_engine *f);
+
+/* bm_backend entry points (ctx = the fake_engine) */
+vki_status fake_step(void *ctx, const vki_step_plan *plan, vki_step_out *outs);
+bool fake_is_eog(void *ctx, int32_t token);
+
+/* Number of invariant violations so far; the first one's text goes to msg. */
+uint32_t fake_violations(const fake_engine *f, char *msg, size_t cap);
+uint64_t fake_steps(const fake_engine *f);        /* steps run (failed ones included) */
+uint32_t fake_max_seqs_seen(const fake_engine *f);   /* largest plan.n_seqs */
+uint32_t fake_max_tokens_seen(const fake_engine *f); /* largest plan.n_tokens */
+
+/* The token stream (and its logprobs, when lp is not NULL) that a request produces alone:
+ * out[0..max_new) with no stop condition applied. sampled: the request samples with
+ * temperature > 0 (then the seed matters, as in the real sampler); greedy ignores the seed. */
+void fake_reference(const fake_engine *f, const int32_t *prompt, uint32_t n_prompt, uint32_t max_new,
+                    bool sampled, uint64_t seed, int32_t *out, float *lp);
+
+/* Top alternative j of a sampled token t with logprob lp is (t + 1 + j) % vocab with logprob
+ * lp - 1 - j (n_top = the request's top_logprobs). */
+#endif
