@@ -9,6 +9,7 @@
 #include "engine/gguf.h"
 #include "engine/gguf_write.h"
 #include "engine/quant.h"
+#include "engine/synth.h"
 
 #include <unistd.h>
 
@@ -657,6 +658,258 @@ static void test_writer_copy_kv(void **state)
     free(m.p);
 }
 
+
+/* ---- malformed-file corpus ------------------------------------------------------------------- */
+
+/* Smallest length at which the file still holds everything the reader needs. */
+static uint64_t required_len(const uint8_t *p, size_t n)
+{
+    gguf_file *f;
+    char err[256];
+    assert_int_equal(gguf_open_memory(p, n, &f, err, sizeof err), VKI_OK);
+    uint64_t need = 0;
+    for (uint64_t i = 0; i < gguf_n_kv(f); i++) {
+        const gguf_kv *kv = gguf_kv_at(f, i);
+        uint64_t end = (uint64_t)(kv->value - p) + kv->value_bytes;
+        need = end > need ? end : need;
+    }
+    for (uint64_t i = 0; i < gguf_n_tensors(f); i++) {
+        const gguf_tensor *t = gguf_tensor_at(f, i);
+        uint64_t end = (uint64_t)(t->data - p) + t->nbytes;
+        need = end > need ? end : need;
+    }
+    if (!gguf_n_tensors(f) && !gguf_n_kv(f))
+        need = 24;
+    gguf_close(f);
+    return need;
+}
+
+/* Truncation at every length up to `dense` and at `sparse` random lengths beyond: an error with
+ * a message exactly when bytes the reader needs are missing. */
+static void truncations(const uint8_t *p, size_t n, size_t dense, int sparse, vt_rng *r)
+{
+    uint64_t need = required_len(p, n);
+    char err[512];
+    int refused = 0;
+    for (int k = 0; k < (int)dense + sparse; k++) {
+        size_t len = k < (int)dense ? (size_t)k : (size_t)(vt_u64(r) % n);
+        vki_status st = open_copy(p, len, err, sizeof err);
+        if (len < need && (st >= 0 || !err[0]))
+            fail_msg("truncated at %zu of %zu (needs %llu): status %d, '%s'", len, n, (unsigned long long)need, st, err);
+        if (len >= need && st != VKI_OK)
+            fail_msg("cut at %zu (needs only %llu) refused: %s", len, (unsigned long long)need, err);
+        refused += st != VKI_OK;
+    }
+    fprintf(stderr, "  %zu-byte file: %d cuts, %d refused\n", n, (int)dense + sparse, refused);
+}
+
+/* A small file with a byte-level vocabulary (string arrays), written by the project's writer. */
+static uint8_t *small_model(size_t *n)
+{
+    char path[] = "/tmp/vki_gguf_smallXXXXXX", err[256];
+    int fd = mkstemp(path);
+    assert_true(fd >= 0);
+    close(fd);
+    synth_params p = synth_default_params();
+    p.n_layer = 1, p.d_model = 32, p.n_head = 2, p.n_head_kv = 1, p.d_ff = 64, p.n_vocab = 280;
+    p.arch = "qwen2", p.wtype = SYNTH_Q8_0;
+    if (synth_write(&p, path, err, sizeof err) != VKI_OK)
+        fail_msg("%s", err);
+    FILE *f = fopen(path, "rb");
+    assert_non_null(f);
+    fseek(f, 0, SEEK_END);
+    *n = (size_t)ftell(f);
+    rewind(f);
+    uint8_t *b = malloc(*n);
+    assert_int_equal(fread(b, 1, *n, f), *n);
+    fclose(f);
+    unlink(path);
+    return b;
+}
+
+static void test_truncations(void **state)
+{
+    vt_rng r = vt_rng_seeded("truncations");
+    size_t n;
+    uint8_t *b = small_model(&n);
+    gguf_file *f;
+    char err[256];
+    assert_int_equal(gguf_open_memory(b, n, &f, err, sizeof err), VKI_OK);
+    size_t meta = (size_t)gguf_data_offset(f);
+    gguf_close(f);
+    truncations(b, n, meta + 64, 300, &r); /* every byte of the header and metadata */
+    free(b);
+
+    char path[1024];
+    if (!vt_shared_model("stories260K.gguf", path, sizeof path)) {
+        fprintf(stderr, "stories260K.gguf absent: its truncations are skipped\n");
+        return;
+    }
+    FILE *fp = fopen(path, "rb");
+    assert_non_null(fp);
+    fseek(fp, 0, SEEK_END);
+    n = (size_t)ftell(fp);
+    rewind(fp);
+    b = malloc(n);
+    assert_int_equal(fread(b, 1, n, fp), n);
+    fclose(fp);
+    truncations(b, n, 4096, 600, &r); /* the first 4 KiB densely (into the token list), then a sample */
+    free(b);
+}
+
+/* Header + the given number of bytes from a builder; a helper for the hand-made cases. */
+static void start(bb *b, uint64_t n_tensors, uint64_t n_kv)
+{
+    *b = (bb){0};
+    bb_header(b, 3, n_tensors, n_kv);
+}
+
+static void finish_expect(bb *b, size_t data_bytes, vki_status want, const char *needle)
+{
+    bb_pad(b, 32);
+    for (size_t i = 0; i < data_bytes; i++)
+        bb_u8(b, 0);
+    expect_error(b->p, b->n, want, needle);
+    free(b->p);
+}
+
+static void test_absurd_counts_and_lengths(void **state)
+{
+    bb b;
+    start(&b, 0, UINT64_MAX), bb_kv_u32(&b, "a", 1), finish_expect(&b, 0, VKI_ERR_FORMAT, "cannot fit");
+    start(&b, 1ull << 62, 1), bb_kv_u32(&b, "a", 1), finish_expect(&b, 0, VKI_ERR_FORMAT, "cannot fit");
+    start(&b, 0, 2), bb_kv_u32(&b, "a", 1), finish_expect(&b, 32, VKI_ERR_FORMAT, "metadata entry 1");
+    /* key lengths */
+    start(&b, 0, 1), bb_u64(&b, UINT64_MAX), bb_put(&b, "abc", 3), finish_expect(&b, 0, VKI_ERR_FORMAT, "exceeds");
+    start(&b, 0, 1), bb_u64(&b, 0), bb_u32(&b, GGUF_TYPE_UINT8), bb_u8(&b, 0), finish_expect(&b, 0, VKI_ERR_FORMAT, "length 0");
+    /* value types */
+    start(&b, 0, 1), bb_str(&b, "k"), bb_u32(&b, 13), bb_u32(&b, 0), finish_expect(&b, 0, VKI_ERR_FORMAT, "invalid value type 13");
+    start(&b, 0, 1), bb_str(&b, "k"), bb_u32(&b, UINT32_MAX), finish_expect(&b, 0, VKI_ERR_FORMAT, "key 'k'");
+    /* string value length */
+    start(&b, 0, 1), bb_str(&b, "k"), bb_u32(&b, GGUF_TYPE_STRING), bb_u64(&b, UINT64_MAX - 3);
+    finish_expect(&b, 0, VKI_ERR_FORMAT, "exceeds");
+    /* arrays */
+    start(&b, 0, 1), bb_str(&b, "k"), bb_u32(&b, GGUF_TYPE_ARRAY), bb_u32(&b, GGUF_TYPE_ARRAY), bb_u64(&b, 1);
+    finish_expect(&b, 64, VKI_ERR_FORMAT, "nested");
+    start(&b, 0, 1), bb_str(&b, "k"), bb_u32(&b, GGUF_TYPE_ARRAY), bb_u32(&b, 99), bb_u64(&b, 1);
+    finish_expect(&b, 64, VKI_ERR_FORMAT, "invalid array element type 99");
+    start(&b, 0, 1), bb_str(&b, "k"), bb_u32(&b, GGUF_TYPE_ARRAY), bb_u32(&b, GGUF_TYPE_UINT8), bb_u64(&b, UINT64_MAX);
+    finish_expect(&b, 64, VKI_ERR_FORMAT, "elements");
+    start(&b, 0, 1), bb_str(&b, "k"), bb_u32(&b, GGUF_TYPE_ARRAY), bb_u32(&b, GGUF_TYPE_INT32), bb_u64(&b, 1ull << 62);
+    finish_expect(&b, 64, VKI_ERR_FORMAT, "elements"); /* n * 4 overflows 64 bits */
+    start(&b, 0, 1), bb_str(&b, "tok"), bb_u32(&b, GGUF_TYPE_ARRAY), bb_u32(&b, GGUF_TYPE_STRING), bb_u64(&b, 1ull << 61);
+    finish_expect(&b, 64, VKI_ERR_FORMAT, "cannot fit");
+    start(&b, 0, 1), bb_str(&b, "tok"), bb_u32(&b, GGUF_TYPE_ARRAY), bb_u32(&b, GGUF_TYPE_STRING), bb_u64(&b, 3);
+    bb_str(&b, "a"), bb_u64(&b, 1ull << 40), bb_str(&b, "c"), finish_expect(&b, 64, VKI_ERR_FORMAT, "key 'tok'");
+    /* duplicates */
+    start(&b, 0, 3), bb_kv_u32(&b, "a", 1), bb_kv_u32(&b, "b", 1), bb_kv_str(&b, "a", "x");
+    finish_expect(&b, 0, VKI_ERR_FORMAT, "duplicate key");
+}
+
+static void test_wrong_types_and_alignment(void **state)
+{
+    bb b;
+    start(&b, 0, 1), bb_kv_str(&b, "general.alignment", "32"), finish_expect(&b, 0, VKI_ERR_FORMAT, "expected u32");
+    start(&b, 0, 1), bb_str(&b, "general.alignment"), bb_u32(&b, GGUF_TYPE_UINT64), bb_u64(&b, 32);
+    finish_expect(&b, 0, VKI_ERR_FORMAT, "general.alignment");
+    start(&b, 0, 1), bb_kv_u32(&b, "general.architecture", 7), finish_expect(&b, 0, VKI_ERR_FORMAT, "expected str");
+    start(&b, 0, 1), bb_str(&b, "tokenizer.ggml.tokens"), bb_u32(&b, GGUF_TYPE_ARRAY), bb_u32(&b, GGUF_TYPE_INT32);
+    bb_u64(&b, 1), bb_u32(&b, 5), finish_expect(&b, 0, VKI_ERR_FORMAT, "expected arr of str");
+    start(&b, 0, 1), bb_str(&b, "tokenizer.ggml.scores"), bb_u32(&b, GGUF_TYPE_ARRAY), bb_u32(&b, GGUF_TYPE_STRING);
+    bb_u64(&b, 1), bb_str(&b, "x"), finish_expect(&b, 0, VKI_ERR_FORMAT, "tokenizer.ggml.scores");
+    char err[256];
+    start(&b, 0, 1), bb_kv_str(&b, "tokenizer.ggml.model", "llama"); /* the right type passes */
+    assert_int_equal(open_copy(b.p, b.n, err, sizeof err), VKI_OK);
+    free(b.p);
+}
+
+static void test_bad_tensor_infos(void **state)
+{
+    bb b;
+    uint64_t ne[4] = {32, 2, 1, 1};
+    uint64_t big[4] = {256, 1ull << 40, 1ull << 40, 1ull << 40};
+    struct { const char *name; uint32_t dims; const uint64_t *ne; uint32_t type; uint64_t off; size_t data;
+             vki_status st; const char *needle; } c[] = {
+        {"", 2, ne, 0, 0, 256, VKI_ERR_FORMAT, "length 0"},
+        {"x123456789012345678901234567890123456789012345678901234567890abcd", 2, ne, 0, 0, 256, VKI_ERR_FORMAT, "length 65"},
+        {"t", 0, ne, 0, 0, 256, VKI_ERR_FORMAT, "n_dims 0"},
+        {"t", 5, ne, 0, 0, 256, VKI_ERR_FORMAT, "n_dims 5"},
+        {"t", UINT32_MAX, ne, 0, 0, 256, VKI_ERR_FORMAT, "n_dims"},
+        {"t", 2, (uint64_t[]){32, 0}, 0, 0, 256, VKI_ERR_FORMAT, "ne[1] = 0"},
+        {"t", 2, (uint64_t[]){1ull << 63, 1}, 0, 0, 256, VKI_ERR_FORMAT, "out of range"},
+        {"t", 4, big, VKI_GGML_Q4_K, 0, 256, VKI_ERR_FORMAT, "overflows"},
+        {"t", 2, (uint64_t[]){UINT32_MAX * 2ull, UINT32_MAX * 2ull}, VKI_GGML_F32, 0, 256, VKI_ERR_FORMAT, "overflows"},
+        {"t", 2, (uint64_t[]){1u << 20, 1u << 20}, VKI_GGML_F32, 0, 256, VKI_ERR_FORMAT, "past the end"},
+        {"t", 2, ne, 13, 0, 256, VKI_ERR_UNSUPPORTED, "q5_k (id 13)"},
+        {"t", 2, ne, 1000, 0, 256, VKI_ERR_UNSUPPORTED, "id 1000"},
+        {"t", 2, (uint64_t[]){100, 1}, VKI_GGML_Q4_K, 0, 256, VKI_ERR_FORMAT, "not a multiple"},
+        {"t", 2, ne, 0, 4, 256, VKI_ERR_FORMAT, "alignment"},
+        {"t", 2, ne, 0, 1ull << 62, 256, VKI_ERR_FORMAT, "past the end"},
+        {"t", 2, ne, 0, UINT64_MAX & ~31ull, 256, VKI_ERR_FORMAT, "past the end"},
+        {"t", 2, ne, 0, 0, 255, VKI_ERR_FORMAT, "tensor 't'"}, /* one byte short */
+    };
+    for (size_t i = 0; i < sizeof c / sizeof c[0]; i++) {
+        start(&b, 1, 0);
+        bb_str(&b, c[i].name);
+        bb_u32(&b, c[i].dims);
+        for (uint32_t d = 0; d < (c[i].dims <= 4 ? c[i].dims : 1); d++)
+            bb_u64(&b, c[i].ne[d]);
+        bb_u32(&b, c[i].type);
+        bb_u64(&b, c[i].off);
+        finish_expect(&b, c[i].data, c[i].st, c[i].needle);
+    }
+    /* duplicate names, overlapping data, a huge alignment pushing the data section past the end */
+    start(&b, 2, 0), bb_tensor(&b, "t", 2, ne, 0, 0), bb_tensor(&b, "t", 2, ne, 0, 256);
+    finish_expect(&b, 512, VKI_ERR_FORMAT, "duplicate name");
+    start(&b, 2, 0), bb_tensor(&b, "a", 2, ne, 0, 0), bb_tensor(&b, "b", 2, ne, 0, 128);
+    finish_expect(&b, 512, VKI_ERR_FORMAT, "overlaps");
+    start(&b, 1, 1), bb_kv_u32(&b, "general.alignment", 1u << 30), bb_tensor(&b, "a", 2, ne, 0, 0);
+    finish_expect(&b, 256, VKI_ERR_FORMAT, "past the end");
+    start(&b, 1, 1), bb_kv_u32(&b, "general.alignment", 0), bb_tensor(&b, "a", 2, ne, 0, 0);
+    finish_expect(&b, 256, VKI_ERR_FORMAT, "power of two");
+    start(&b, 1, 1), bb_kv_u32(&b, "general.alignment", 48), bb_tensor(&b, "a", 2, ne, 0, 0);
+    finish_expect(&b, 256, VKI_ERR_FORMAT, "power of two");
+}
+
+/* Seeded random byte flips: each result is an error with a message or a file that still parses
+ * (a flip inside tensor data or a string's bytes); never a crash or an over-read. */
+static void test_byte_flips(void **state)
+{
+    vt_rng r = vt_rng_seeded("byte_flips");
+    size_t n;
+    uint8_t *orig = small_model(&n);
+    gguf_file *f;
+    char err[512];
+    assert_int_equal(gguf_open_memory(orig, n, &f, err, sizeof err), VKI_OK);
+    size_t meta = (size_t)gguf_data_offset(f);
+    gguf_close(f);
+    uint8_t *b = malloc(n);
+    int errors = 0, ok = 0;
+    for (int k = 0; k < 3000; k++) {
+        memcpy(b, orig, n);
+        int flips = (int)vt_range(&r, 1, 3);
+        for (int j = 0; j < flips; j++) {
+            size_t at = vt_range(&r, 0, 9) < 9 ? vt_u64(&r) % meta : vt_u64(&r) % n;
+            uint8_t x = (uint8_t)vt_range(&r, 1, 255);
+            if (vt_range(&r, 0, 3) == 0) /* also hit the high bytes of lengths with big values */
+                x = 0x80;
+            b[at] ^= x;
+        }
+        vki_status st = open_copy(b, n, err, sizeof err);
+        if (st == VKI_OK) {
+            ok++;
+        } else {
+            errors++;
+            if (!err[0])
+                fail_msg("flip case %d: status %d without a message", k, st);
+        }
+    }
+    fprintf(stderr, "  byte flips: %d refused, %d still valid\n", errors, ok);
+    assert_true(errors > 1000);
+    free(b);
+    free(orig);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -668,6 +921,11 @@ int main(void)
         cmocka_unit_test(test_writer_roundtrip),
         cmocka_unit_test(test_writer_errors),
         cmocka_unit_test(test_writer_copy_kv),
+        cmocka_unit_test(test_truncations),
+        cmocka_unit_test(test_absurd_counts_and_lengths),
+        cmocka_unit_test(test_wrong_types_and_alignment),
+        cmocka_unit_test(test_bad_tensor_infos),
+        cmocka_unit_test(test_byte_flips),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
