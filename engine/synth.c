@@ -1,5 +1,6 @@
-/* Synthetic model writer (see synth.h). Cost: one pass over the weights, ~10-20 ns per weight
- * on one core (random generation + quant_row_fast), 4 MiB float + 4 MiB quantised buffers. */
+/* Synthetic model writer (see synth.h). Cost: one pass over the weights, ~7 ns of CPU per weight
+ * (random generation + quant_row_fast; the 1.24B-weight "1b" preset in Q4_K_M: 8.6 s CPU, ~18 s
+ * wall with the disk), 4 MiB float + 4 MiB quantised buffers. */
 #include "engine/synth.h"
 #include "engine/gguf.h"
 #include "engine/gguf_write.h"
