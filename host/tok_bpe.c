@@ -240,6 +240,27 @@ static vki_status pretokenize(const vki_tokenizer *t, const char *text, size_t l
     return st;
 }
 
+vki_status tok_bpe_pieces(const vki_tokenizer *t, const char *text, size_t len, size_t **ends, size_t *n)
+{
+    *ends = NULL;
+    *n = 0;
+    if (t->kind != TOK_BPE || (len && !text))
+        return VKI_ERR_INVALID_ARG;
+    spans sp = {0};
+    vki_status st = len ? pretokenize(t, text, len, &sp) : VKI_OK;
+    if (st == VKI_OK && sp.n) {
+        *ends = malloc(sp.n * sizeof **ends);
+        if (!*ends)
+            st = VKI_ERR_OUT_OF_HOST_MEMORY;
+        for (size_t i = 0; i < sp.n && st == VKI_OK; i++)
+            (*ends)[i] = sp.v[i].off + sp.v[i].len;
+        if (st == VKI_OK)
+            *n = sp.n;
+    }
+    free(sp.v);
+    return st;
+}
+
 /* Returns text itself when it is valid UTF-8, else a copy (*owned) with every byte that does not
  * start a valid sequence replaced by U+FFFD. */
 static const char *sanitize(const char *text, size_t len, size_t *out_len, char **owned)
@@ -279,7 +300,7 @@ static const char *sanitize(const char *text, size_t len, size_t *out_len, char 
 typedef struct bpe_sym {
     uint32_t start, n; /* bytes of the piece; n = 0 once merged into its left neighbour */
     int32_t id;        /* token, or -1 (a byte whose code point is no token, or a merge result
-                          that is not in the vocabulary): emitted byte by byte */
+                          that is not in the vocabulary): emitted byte by byte, see bpe_emit */
     int32_t prev, next;
 } bpe_sym;
 
@@ -305,10 +326,11 @@ static vki_status bpe_emit(const bpe_ctx *c, const char *s, const bpe_sym *y, to
 {
     if (y->id >= 0)
         return tok_ids_push(out, y->id);
+    /* A byte with no token is dropped, as llama.cpp does. HF would emit unk, but unk is often
+     * the end-of-text token (StarCoder: id 0), which must not appear inside a prompt. Only
+     * vocabularies that lack some byte (StarCoder: 0xF1, never-valid bytes) are affected. */
     for (uint32_t i = 0; i < y->n; i++) {
         int32_t id = c->t->byte_tok[(uint8_t)s[y->start + i]];
-        if (id < 0)
-            id = c->t->unk;
         if (id >= 0) {
             vki_status st = tok_ids_push(out, id);
             if (st != VKI_OK)

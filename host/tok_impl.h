@@ -135,6 +135,10 @@ vki_status tok_spm_encode(const vki_tokenizer *t, const char *text, size_t len, 
 /* Byte-level BPE: pre-tokenise one raw fragment with t->re[] and append the ids of each piece. */
 vki_status tok_bpe_encode(const vki_tokenizer *t, const char *text, size_t len, tok_ids *out);
 
+/* The pre-tokenizer's pieces of valid UTF-8 text (tests, tools): *ends (malloc'd, the caller
+ * frees it) receives each piece's end offset, in order. */
+vki_status tok_bpe_pieces(const vki_tokenizer *t, const char *text, size_t len, size_t **ends, size_t *n);
+
 /* BPE load-time helpers (tok_bpe.c): the GPT-2 byte <-> code point map, the pre-tokenizer. */
 uint32_t tok_gpt2_byte_to_cp(uint8_t b);
 int tok_gpt2_cp_to_byte(uint32_t cp); /* -1 when cp is not one of the 256 mapped code points */
