@@ -11,6 +11,7 @@
 #include "engine/quant.h"
 #include "engine/synth.h"
 
+#include <sys/wait.h>
 #include <unistd.h>
 
 /* ---- a byte builder for hand-made files ----------------------------------------------------- */
@@ -910,6 +911,48 @@ static void test_byte_flips(void **state)
     free(orig);
 }
 
+
+/* gguf-inspect (when built in this tree): prints the table of a valid file and exits 0; prints
+ * the reader's error for a malformed one and exits 1. */
+static void test_inspect_tool(void **state)
+{
+    char tool[1024], cmd[2400], line[512];
+    snprintf(tool, sizeof tool, "%s/tools/gguf-inspect", VKI_BINARY_DIR);
+    if (access(tool, X_OK) != 0) {
+        fprintf(stderr, "skipping: %s is not built (cmake --build . --target gguf-inspect)\n", tool);
+        skip();
+    }
+    size_t n;
+    uint8_t *b = small_model(&n);
+    char path[] = "/tmp/vki_inspectXXXXXX";
+    int fd = mkstemp(path);
+    assert_true(fd >= 0);
+    assert_int_equal(write(fd, b, n), (ssize_t)n);
+    close(fd);
+    snprintf(cmd, sizeof cmd, "%s %s 2>&1", tool, path);
+    FILE *p = popen(cmd, "r");
+    assert_non_null(p);
+    bool saw_version = false, saw_tensor = false, saw_tokens = false;
+    while (fgets(line, sizeof line, p)) {
+        saw_version |= strstr(line, "GGUF v3") != NULL;
+        saw_tensor |= strstr(line, "blk.0.attn_q.bias") && strstr(line, "f32") && strstr(line, "[32]");
+        saw_tokens |= strstr(line, "tokenizer.ggml.tokens") && strstr(line, "[str x 280]") && strstr(line, "...");
+    }
+    assert_int_equal(pclose(p), 0);
+    assert_true(saw_version && saw_tensor && saw_tokens);
+    assert_int_equal(truncate(path, 1000), 0);
+    p = popen(cmd, "r");
+    assert_non_null(p);
+    bool saw_error = false;
+    while (fgets(line, sizeof line, p))
+        saw_error |= strstr(line, "malformed file") && strstr(line, "offset");
+    int rc = pclose(p);
+    assert_true(WIFEXITED(rc) && WEXITSTATUS(rc) == 1);
+    assert_true(saw_error);
+    unlink(path);
+    free(b);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -926,6 +969,7 @@ int main(void)
         cmocka_unit_test(test_wrong_types_and_alignment),
         cmocka_unit_test(test_bad_tensor_infos),
         cmocka_unit_test(test_byte_flips),
+        cmocka_unit_test(test_inspect_tool),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

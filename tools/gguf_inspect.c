@@ -102,6 +102,8 @@ static void print_tensors(const gguf_file *f)
 {
     uint64_t total = 0;
     printf("\ntensors: %" PRIu64 " (data section at offset %" PRIu64 ")\n", gguf_n_tensors(f), gguf_data_offset(f));
+    if (gguf_n_tensors(f) == 0)
+        return;
     printf("  %-4s %-32s %-5s %-26s %12s %12s\n", "#", "name", "type", "shape (ne0 first)", "offset", "bytes");
     for (uint64_t i = 0; i < gguf_n_tensors(f); i++) {
         const gguf_tensor *t = gguf_tensor_at(f, i);
