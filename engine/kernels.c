@@ -15,6 +15,9 @@ _Static_assert(PUSH_OK(vki_pc_rmsnorm), "push struct vki_pc_rmsnorm");
 _Static_assert(PUSH_OK(vki_pc_rope), "push struct vki_pc_rope");
 _Static_assert(PUSH_OK(vki_pc_swiglu), "push struct vki_pc_swiglu");
 _Static_assert(PUSH_OK(vki_pc_softmax), "push struct vki_pc_softmax");
+_Static_assert(PUSH_OK(vki_pc_kv_write), "push struct vki_pc_kv_write");
+_Static_assert(PUSH_OK(vki_pc_attn), "push struct vki_pc_attn");
+_Static_assert(sizeof(vki_seq_info) == 16 && sizeof(vki_attn_item) == 16, "std430 uvec4-sized structs");
 
 #define SPV(name) .spv = vki_spv_##name, .spv_size = &vki_spv_##name##_size
 /* matmul family (engine/ops_matmul.c picks the specialisations from the device):
@@ -30,6 +33,18 @@ _Static_assert(PUSH_OK(vki_pc_softmax), "push struct vki_pc_softmax");
     [VKK_GET_ROWS_##T] = {"get_rows_" #t, SPV(get_rows_##t), .n_bindings = 3,                    \
                           .push_size = sizeof(vki_pc_get_rows), .n_spec = 1, .spec_default = {256}}
 
+/* engine/ops_attn.c: kv_write {WG}; decode {WG, HD, L, GMAX}; prefill {WG, HD, BR, BC};
+ * reduce {WG} */
+#define ATTN_ROWS(T, t)                                                                          \
+    [VKK_KV_WRITE_##T] = {"kv_write_" #t, SPV(kv_write_##t), .n_bindings = 8,                    \
+                          .push_size = sizeof(vki_pc_kv_write), .n_spec = 1, .spec_default = {256}}, \
+    [VKK_ATTN_DECODE_##T] = {"attn_decode_" #t, SPV(attn_decode_##t), .n_bindings = 8,           \
+                             .push_size = sizeof(vki_pc_attn), .n_spec = 4,                      \
+                             .spec_default = {128, 128, 16, 8}},                                 \
+    [VKK_ATTN_PREFILL_##T] = {"attn_prefill_" #t, SPV(attn_prefill_##t), .n_bindings = 7,        \
+                              .push_size = sizeof(vki_pc_attn), .n_spec = 4,                     \
+                              .spec_default = {128, 128, 32, 32}}
+
 static const vkk_desc kernel_table[] = {
     [VKK_ADD] = {"add", SPV(add), .n_bindings = 3, .push_size = sizeof(vki_pc_add),
                  .n_spec = 1, .spec_default = {256}},
@@ -44,6 +59,9 @@ static const vkk_desc kernel_table[] = {
                     .n_spec = 1, .spec_default = {256}},
     [VKK_SOFTMAX] = {"softmax", SPV(softmax), .n_bindings = 2, .push_size = sizeof(vki_pc_softmax),
                      .n_spec = 1, .spec_default = {256}},
+    ATTN_ROWS(F16, f16), ATTN_ROWS(F32, f32),
+    [VKK_ATTN_REDUCE] = {"attn_reduce", SPV(attn_reduce), .n_bindings = 4, .push_size = sizeof(vki_pc_attn),
+                         .n_spec = 1, .spec_default = {64}},
 };
 _Static_assert(sizeof kernel_table / sizeof kernel_table[0] == VKK_COUNT, "one table row per kernel");
 

@@ -21,6 +21,9 @@ typedef enum vkk_id {
     VKK_GET_ROWS_F32, VKK_GET_ROWS_F16, VKK_GET_ROWS_Q8_0, VKK_GET_ROWS_Q4_0, VKK_GET_ROWS_Q4_K, VKK_GET_ROWS_Q6_K,
     /* row norms and elementwise ops (engine/ops_basic.c) */
     VKK_RMSNORM, VKK_ROPE, VKK_SWIGLU, VKK_SOFTMAX,
+    /* paged KV writes and attention (engine/ops_attn.c), per KV element type */
+    VKK_KV_WRITE_F16, VKK_KV_WRITE_F32, VKK_ATTN_DECODE_F16, VKK_ATTN_DECODE_F32,
+    VKK_ATTN_PREFILL_F16, VKK_ATTN_PREFILL_F32, VKK_ATTN_REDUCE,
     VKK_COUNT
 } vkk_id;
 

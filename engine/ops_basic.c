@@ -20,8 +20,7 @@ static uint32_t elem_groups(uint64_t n)
     return (uint32_t)(g < MAX_GROUPS ? g : MAX_GROUPS);
 }
 
-/* Floats the view exposes (its range, or the rest of the buffer). */
-static uint64_t view_floats(vkd_view v)
+uint64_t op_view_floats(vkd_view v)
 {
     if (!v.buf || v.offset > v.buf->size)
         return 0;
@@ -29,14 +28,12 @@ static uint64_t view_floats(vkd_view v)
     return r / 4;
 }
 
-/* The matrix's rows x cols elements lie inside its view, rows do not overlap, and every index
- * fits the shaders' 32-bit arithmetic. */
-static bool mat_ok(op_mat m, uint32_t rows, uint32_t cols)
+bool op_mat_fits(op_mat m, uint32_t rows, uint32_t cols)
 {
     if (rows > 1 && m.stride < cols)
         return false;
     uint64_t end = (uint64_t)m.off + (uint64_t)(rows - 1) * m.stride + cols;
-    return end <= view_floats(m.v) && end < (1ull << 32);
+    return end <= op_view_floats(m.v) && end < (1ull << 32);
 }
 
 static vki_status bad(vkd_cmd *c, const char *op)
@@ -63,7 +60,7 @@ vki_status op_add(vkd_cmd *c, vkd_view a, vkd_view b, vkd_view y, uint32_t n)
 {
     if (!n)
         return VKI_OK;
-    if (view_floats(a) < n || view_floats(b) < n || view_floats(y) < n)
+    if (op_view_floats(a) < n || op_view_floats(b) < n || op_view_floats(y) < n)
         return bad(c, "add");
     vki_pc_add pc = {.n = n};
     vkd_view v[3] = {a, b, y};
@@ -76,7 +73,7 @@ vki_status op_rmsnorm(vkd_cmd *c, op_mat x, vkd_view w, op_mat y, uint32_t n_row
 {
     if (!n_rows || !n_cols)
         return VKI_OK;
-    if (!mat_ok(x, n_rows, n_cols) || !mat_ok(y, n_rows, n_cols) || view_floats(w) < n_cols || !(eps >= 0))
+    if (!op_mat_fits(x, n_rows, n_cols) || !op_mat_fits(y, n_rows, n_cols) || op_view_floats(w) < n_cols || !(eps >= 0))
         return bad(c, "rmsnorm");
     vki_pc_rmsnorm pc = {.n_rows = n_rows, .n_cols = n_cols, .x_off = x.off, .x_stride = x.stride,
                          .y_off = y.off, .y_stride = y.stride, .eps = eps};
@@ -91,8 +88,8 @@ vki_status op_rope(vkd_cmd *c, const op_rope_p *p, op_mat x, op_mat y, vkd_view 
         return VKI_OK;
     uint64_t row = (uint64_t)p->n_heads * p->head_dim;
     if (!p->head_dim || p->head_dim % 2 || p->n_rot % 2 || p->n_rot > p->head_dim || !p->n_rot ||
-        row >= (1ull << 32) || !mat_ok(x, p->n_tokens, (uint32_t)row) || !mat_ok(y, p->n_tokens, (uint32_t)row) ||
-        view_floats(pos) < p->n_tokens || view_floats(freqs) < 2ull * p->n_rot ||
+        row >= (1ull << 32) || !op_mat_fits(x, p->n_tokens, (uint32_t)row) || !op_mat_fits(y, p->n_tokens, (uint32_t)row) ||
+        op_view_floats(pos) < p->n_tokens || op_view_floats(freqs) < 2ull * p->n_rot ||
         (uint64_t)p->n_tokens * row / 2 >= (1ull << 32))
         return bad(c, "rope");
     vki_pc_rope pc = {.n_tokens = p->n_tokens, .n_heads = p->n_heads, .head_dim = p->head_dim,
@@ -132,7 +129,7 @@ vki_status op_swiglu(vkd_cmd *c, op_mat g, op_mat u, op_mat y, uint32_t n_rows, 
 {
     if (!n_rows || !n_cols)
         return VKI_OK;
-    if (!mat_ok(g, n_rows, n_cols) || !mat_ok(u, n_rows, n_cols) || !mat_ok(y, n_rows, n_cols) ||
+    if (!op_mat_fits(g, n_rows, n_cols) || !op_mat_fits(u, n_rows, n_cols) || !op_mat_fits(y, n_rows, n_cols) ||
         (uint64_t)n_rows * n_cols >= (1ull << 32))
         return bad(c, "swiglu");
     vki_pc_swiglu pc = {.n_rows = n_rows, .n_cols = n_cols, .g_off = g.off, .g_stride = g.stride,
@@ -146,7 +143,7 @@ vki_status op_softmax(vkd_cmd *c, op_mat x, op_mat y, uint32_t n_rows, uint32_t 
 {
     if (!n_rows || !n_cols)
         return VKI_OK;
-    if (!mat_ok(x, n_rows, n_cols) || !mat_ok(y, n_rows, n_cols) || !(scale > 0) || isinf(scale))
+    if (!op_mat_fits(x, n_rows, n_cols) || !op_mat_fits(y, n_rows, n_cols) || !(scale > 0) || isinf(scale))
         return bad(c, "softmax");
     vki_pc_softmax pc = {.n_rows = n_rows, .n_cols = n_cols, .x_off = x.off, .x_stride = x.stride,
                          .y_off = y.off, .y_stride = y.stride, .scale = scale};

@@ -22,6 +22,12 @@ static inline op_mat op_mat_rows(const vkd_buffer *b, uint32_t stride)
     return (op_mat){vkd_whole(b), 0, stride};
 }
 
+/* Floats the view exposes (its range, or the rest of its buffer). */
+uint64_t op_view_floats(vkd_view v);
+/* rows x cols elements of m lie inside its view, rows do not overlap, and every index fits the
+ * shaders' 32-bit arithmetic. */
+bool op_mat_fits(op_mat m, uint32_t rows, uint32_t cols);
+
 /* Creates the pipelines of every kernel below (lavapipe compiles each for seconds: call at
  * engine open, not on the first tick). */
 vki_status op_basic_prepare(vkd_device *d);

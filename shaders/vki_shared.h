@@ -152,7 +152,7 @@ VKI_STRUCT(vki_seq_info) {
 /* One work item (see op_attn_plan):
  *  decode split:  {seq, k0, k1, slot}  keys [k0, k1) of a one-token sequence; slot = partial
  *                 slot, or VKI_ATTN_FINAL when the split is the whole context (writes output)
- *  reduce entry:  {seq, item0, n, 0}   merges the n partial slots item0 .. item0 + n - 1
+ *  reduce entry:  {seq, slot0, n, 0}   merges the n partial slots slot0 .. slot0 + n - 1
  *  prefill block: {seq, q0, nq, 0}     new tokens q0 .. q0 + nq - 1 of a sequence */
 VKI_STRUCT(vki_attn_item) {
     vki_u32 seq, a, b, c;

@@ -1,0 +1,291 @@
+/* Paged KV writes and attention: size choices per device, the per-step work list, dispatch. */
+#include "engine/ops_attn.h"
+
+#include <math.h>
+#include <string.h>
+
+#define KVW_WG 256u
+#define RED_WG 64u
+#define DEC_WG 128u
+#define DEC_GMAX 8u /* query heads per decode workgroup: register arrays of GMAX * head_dim / L */
+
+/* Smallest subgroup a shader may run with: shuffle partners must lie in one subgroup. */
+static uint32_t min_subgroup(const vkd_device *d)
+{
+    uint32_t sg = d->info.subgroup_size;
+    if (d->info.subgroup_min_size && d->info.subgroup_min_size < sg)
+        sg = d->info.subgroup_min_size;
+    return sg ? sg : 1;
+}
+
+static bool is_pow2(uint32_t v) { return v && !(v & (v - 1)); }
+
+static vkk_id kid(const op_attn *a, vkk_id f16, vkk_id f32)
+{
+    return a->s.kv_type == VKI_GGML_F16 ? f16 : f32;
+}
+
+uint64_t op_kv_page_bytes(const op_attn_shape *s)
+{
+    uint64_t elem = s->kv_type == VKI_GGML_F16 ? 2 : 4;
+    return elem * s->head_dim * s->n_kv_heads * s->page_size;
+}
+
+uint32_t op_kv_max_pages(const vkd_device *d, const op_attn_shape *s)
+{
+    uint64_t lim = d->info.max_storage_buffer_range;
+    if (d->info.max_memory_allocation_size && d->info.max_memory_allocation_size < lim)
+        lim = d->info.max_memory_allocation_size;
+    uint64_t pages = op_kv_page_bytes(s) ? lim / op_kv_page_bytes(s) : 0;
+    return pages > UINT32_MAX ? UINT32_MAX : (uint32_t)pages;
+}
+
+static vki_status check_shape(vkd_device *d, const op_attn_shape *s)
+{
+    bool ok = s->n_heads && s->n_kv_heads && s->n_heads % s->n_kv_heads == 0 && s->head_dim >= 8 &&
+              s->head_dim <= 256 && s->head_dim % 8 == 0 && s->page_size &&
+              (s->kv_type == VKI_GGML_F16 || s->kv_type == VKI_GGML_F32) && s->scale >= 0 && isfinite(s->scale);
+    if (!ok) {
+        vkd_log(d, VKI_LOG_ERROR, "attention: unsupported shape (heads %u/%u, head_dim %u, page %u, kv type %u)",
+                s->n_heads, s->n_kv_heads, s->head_dim, s->page_size, s->kv_type);
+        return VKI_ERR_INVALID_ARG;
+    }
+    uint32_t need = VKI_SUBGROUP_BASIC | VKI_SUBGROUP_SHUFFLE;
+    if ((d->info.subgroup_ops & need) != need) {
+        vkd_log(d, VKI_LOG_ERROR, "attention needs subgroup shuffles, which this device lacks");
+        return VKI_ERR_UNSUPPORTED;
+    }
+    return VKI_OK;
+}
+
+/* Prefill tiles {WG, BR, BC}, largest first: the first whose shared memory fits and whose
+ * softmax lanes per row (WG / BR) fit one subgroup. WG = 8 * thread rows, BR a multiple of them. */
+static bool pick_prefill(const vkd_device *d, uint32_t hd, uint32_t *spec)
+{
+    static const uint32_t cand[][3] = {{128, 32, 32}, {128, 16, 32}, {128, 16, 16}, {64, 8, 16}, {64, 8, 8}};
+    for (size_t i = 0; i < sizeof cand / sizeof cand[0]; i++) {
+        uint32_t wg = cand[i][0], br = cand[i][1], bc = cand[i][2], tpr = wg / br;
+        uint64_t smem = 4ull * (br * (hd + 4) + bc * (hd + 4) + br * (bc + 1) + 2 * br);
+        if (smem <= d->info.max_compute_shared_memory && tpr <= min_subgroup(d) && is_pow2(tpr) &&
+            wg <= d->info.max_workgroup_invocations) {
+            spec[0] = wg, spec[1] = hd, spec[2] = br, spec[3] = bc;
+            return true;
+        }
+    }
+    return false;
+}
+
+vki_status op_attn_setup(vkd_device *d, const op_attn_shape *s, op_attn *out)
+{
+    vki_status st = check_shape(d, s);
+    if (st != VKI_OK)
+        return st;
+    op_attn a = {.s = *s};
+    if (!a.s.scale)
+        a.s.scale = 1.0f / sqrtf((float)s->head_dim);
+    uint32_t group = s->n_heads / s->n_kv_heads, sg = min_subgroup(d), d8 = s->head_dim / 8;
+    uint32_t lanes = 1; /* lanes per key: the largest power of 2 dividing head_dim/8, <= subgroup */
+    while (lanes * 2 <= sg && d8 % (lanes * 2) == 0)
+        lanes *= 2;
+    uint32_t wg = DEC_WG < sg ? sg : DEC_WG;
+    a.dec_gw = group < DEC_GMAX ? group : DEC_GMAX;
+    a.dec_nhb = (group + a.dec_gw - 1) / a.dec_gw;
+    memcpy(a.dec_spec, (uint32_t[4]){wg, s->head_dim, lanes, a.dec_gw}, sizeof a.dec_spec);
+    if (wg > d->info.max_workgroup_invocations || !pick_prefill(d, s->head_dim, a.pre_spec)) {
+        vkd_log(d, VKI_LOG_ERROR, "attention: no tile size fits this device (head_dim %u)", s->head_dim);
+        return VKI_ERR_UNSUPPORTED;
+    }
+    uint32_t br = a.pre_spec[2];
+    a.pre_gw = group < br ? group : br;
+    a.pre_nhb = (group + a.pre_gw - 1) / a.pre_gw;
+    a.pre_nq = br / a.pre_gw;
+    a.red_spec[0] = RED_WG;
+    a.kvw_spec[0] = KVW_WG;
+    /* A CPU device runs a few workgroups at once. A GPU needs many loads in flight per SM: aim
+     * at ~2048 decode workgroups (an H100 has 132 SMs) while a split keeps >= 128 keys, so the
+     * merge and the partial write stay small next to the split's K/V reads. */
+    bool cpu = d->info.type == VKI_DEVICE_CPU;
+    a.target_groups = cpu ? 32 : 2048;
+    a.min_split = cpu ? 64 : 128;
+    const struct { vkk_id k; const uint32_t *spec; } all[] = {
+        {kid(&a, VKK_KV_WRITE_F16, VKK_KV_WRITE_F32), a.kvw_spec},
+        {kid(&a, VKK_ATTN_DECODE_F16, VKK_ATTN_DECODE_F32), a.dec_spec},
+        {kid(&a, VKK_ATTN_PREFILL_F16, VKK_ATTN_PREFILL_F32), a.pre_spec},
+        {VKK_ATTN_REDUCE, a.red_spec},
+    };
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
+        if ((st = vkk_prepare(d, all[i].k, all[i].spec)) != VKI_OK)
+            return st;
+    *out = a;
+    return VKI_OK;
+}
+
+uint32_t op_attn_max_items(const op_attn *a, uint32_t max_seqs, uint32_t max_tokens)
+{
+    /* decode: one split per sequence plus at most target_groups more (see pick_split), one
+     * reduce entry per sequence; prefill: one block per pre_nq tokens plus one per sequence. */
+    uint64_t n = 3ull * max_seqs + max_tokens / a->pre_nq + a->target_groups;
+    return n > UINT32_MAX ? UINT32_MAX : (uint32_t)n;
+}
+
+uint64_t op_attn_scratch_bytes(const op_attn *a, uint32_t n_slots)
+{
+    return 4ull * n_slots * a->s.n_heads * (a->s.head_dim + 2);
+}
+
+/* Split length for the decode sequences: long enough that the splits of all sequences make about
+ * target_groups workgroups (so one long context fills the GPU), never shorter than min_split. */
+static uint32_t pick_split(const op_attn *a, uint64_t dec_keys)
+{
+    if (a->split_keys)
+        return a->split_keys;
+    uint64_t per_block = (uint64_t)a->s.n_kv_heads * a->dec_nhb;
+    uint64_t c = (dec_keys * per_block + a->target_groups - 1) / a->target_groups;
+    if (c < a->min_split)
+        c = a->min_split;
+    c = (c + 15) / 16 * 16;
+    return c > UINT32_MAX ? UINT32_MAX : (uint32_t)c;
+}
+
+static uint32_t ceil_div(uint32_t a, uint32_t b) { return (uint32_t)(((uint64_t)a + b - 1) / b); }
+
+/* Counts items for split length c; false when they exceed cap. */
+static bool count_items(const op_attn *a, const vki_seq_info *seqs, uint32_t n_seqs, uint32_t c, uint32_t cap,
+                        op_attn_plan *p)
+{
+    uint64_t dec = 0, red = 0, pre = 0, slots = 0;
+    for (uint32_t i = 0; i < n_seqs; i++) {
+        if (seqs[i].n_new == 1) {
+            uint32_t n = ceil_div(seqs[i].n_ctx, c);
+            dec += n;
+            red += n > 1;
+            slots += n > 1 ? n : 0;
+        } else {
+            pre += ceil_div(seqs[i].n_new, a->pre_nq);
+        }
+    }
+    if (dec + red + pre > cap)
+        return false;
+    p->n_dec = (uint32_t)dec, p->n_red = (uint32_t)red, p->n_pre = (uint32_t)pre;
+    p->n_slots = (uint32_t)slots, p->n_items = (uint32_t)(dec + red + pre), p->split = c;
+    return true;
+}
+
+static void fill_items(const op_attn *a, const vki_seq_info *seqs, uint32_t n_seqs, const op_attn_plan *p,
+                       vki_attn_item *items)
+{
+    uint32_t di = 0, ri = p->n_dec, pi = p->n_dec + p->n_red, slot = 0;
+    for (uint32_t i = 0; i < n_seqs; i++) {
+        const vki_seq_info *s = &seqs[i];
+        if (s->n_new == 1) {
+            uint32_t n = ceil_div(s->n_ctx, p->split);
+            if (n > 1)
+                items[ri++] = (vki_attn_item){i, slot, n, 0};
+            for (uint32_t k = 0; k < n; k++) {
+                uint32_t k0 = k * p->split, k1 = s->n_ctx - k0 > p->split ? k0 + p->split : s->n_ctx;
+                items[di++] = (vki_attn_item){i, k0, k1, n > 1 ? slot++ : VKI_ATTN_FINAL};
+            }
+        } else {
+            for (uint32_t q0 = 0; q0 < s->n_new; q0 += a->pre_nq) {
+                uint32_t nq = s->n_new - q0 < a->pre_nq ? s->n_new - q0 : a->pre_nq;
+                items[pi++] = (vki_attn_item){i, q0, nq, 0};
+            }
+        }
+    }
+}
+
+vki_status op_attn_plan_build(const op_attn *a, const vki_seq_info *seqs, uint32_t n_seqs,
+                              vki_attn_item *items, uint32_t cap, op_attn_plan *plan)
+{
+    uint64_t tokens = 0, dec_keys = 0;
+    uint32_t max_ctx = 1;
+    for (uint32_t i = 0; i < n_seqs; i++)
+        tokens += seqs[i].n_new;
+    for (uint32_t i = 0; i < n_seqs; i++) {
+        const vki_seq_info *s = &seqs[i];
+        if (!s->n_new || s->n_new > s->n_ctx || (uint64_t)s->row0 + s->n_new > tokens)
+            return VKI_ERR_INVALID_ARG;
+        if (s->n_new == 1)
+            dec_keys += s->n_ctx;
+        max_ctx = s->n_ctx > max_ctx ? s->n_ctx : max_ctx;
+    }
+    if (tokens >= UINT32_MAX)
+        return VKI_ERR_INVALID_ARG;
+    op_attn_plan p = {.n_tokens = (uint32_t)tokens};
+    uint32_t c = pick_split(a, dec_keys);
+    while (!count_items(a, seqs, n_seqs, c, cap, &p)) {
+        if (c >= max_ctx)
+            return VKI_ERR_INVALID_ARG; /* even one split per sequence does not fit cap */
+        c = c > UINT32_MAX / 2 ? UINT32_MAX : 2 * c;
+    }
+    fill_items(a, seqs, n_seqs, &p, items);
+    *plan = p;
+    return VKI_OK;
+}
+
+static vki_status bad(vkd_cmd *c, const char *op)
+{
+    vkd_log(c->d, VKI_LOG_ERROR, "%s: operand shape does not fit its buffer", op);
+    return VKI_ERR_INVALID_ARG;
+}
+
+static bool step_ok(const op_attn_step *st)
+{
+    const op_attn_plan *p = st->plan;
+    return p && op_view_floats(st->items) >= 4ull * p->n_items && op_view_floats(st->tok_pos) >= p->n_tokens &&
+           op_view_floats(st->tok_seq) >= p->n_tokens && st->seq_info.buf && st->page_table.buf;
+}
+
+vki_status op_kv_write(vkd_cmd *c, const op_attn *a, const op_attn_step *st, op_mat k, op_mat v,
+                       vkd_view k_pool, vkd_view v_pool)
+{
+    uint32_t n = st->plan ? st->plan->n_tokens : 0, row = a->s.n_kv_heads * a->s.head_dim;
+    if (!n)
+        return VKI_OK;
+    uint64_t page = op_kv_page_bytes(&a->s);
+    if (!step_ok(st) || !op_mat_fits(k, n, row) || !op_mat_fits(v, n, row) || op_view_floats(k_pool) * 4 < page ||
+        op_view_floats(v_pool) * 4 < page)
+        return bad(c, "kv_write");
+    vki_pc_kv_write pc = {.n_tokens = n, .n_kv_heads = a->s.n_kv_heads, .head_dim = a->s.head_dim,
+                          .page_size = a->s.page_size, .k_off = k.off, .k_stride = k.stride,
+                          .v_off = v.off, .v_stride = v.stride};
+    vkd_view b[8] = {k.v, v.v, st->tok_pos, st->tok_seq, st->seq_info, st->page_table, k_pool, v_pool};
+    uint32_t groups = vkk_groups((uint64_t)n * row / 8, KVW_WG);
+    return vkk_dispatch(c, kid(a, VKK_KV_WRITE_F16, VKK_KV_WRITE_F32), a->kvw_spec, b, 8, &pc, sizeof pc,
+                        groups < 65535 ? groups : 65535, 1, 1);
+}
+
+vki_status op_attention(vkd_cmd *c, const op_attn *a, const op_attn_step *st, op_mat q, op_mat out,
+                        vkd_view k_pool, vkd_view v_pool, vkd_view scratch)
+{
+    const op_attn_plan *p = st->plan;
+    uint32_t row = a->s.n_heads * a->s.head_dim;
+    if (!p || !p->n_tokens)
+        return VKI_OK;
+    if (!step_ok(st) || !op_mat_fits(q, p->n_tokens, row) || !op_mat_fits(out, p->n_tokens, row) ||
+        op_view_floats(scratch) * 4 < op_attn_scratch_bytes(a, p->n_slots))
+        return bad(c, "attention");
+    vki_pc_attn pc = {.n_heads = a->s.n_heads, .n_kv_heads = a->s.n_kv_heads, .head_dim = a->s.head_dim,
+                      .page_size = a->s.page_size, .q_off = q.off, .q_stride = q.stride, .o_off = out.off,
+                      .o_stride = out.stride, .scale_log2e = a->s.scale * 1.4426950408889634f};
+    vki_status s = VKI_OK;
+    if (p->n_dec) {
+        pc.gw = a->dec_gw, pc.n_hblocks = a->dec_nhb, pc.item_off = 0, pc.n_items = p->n_dec;
+        vkd_view b[8] = {q.v, k_pool, v_pool, st->seq_info, st->page_table, st->items, out.v, scratch};
+        s = vkk_dispatch(c, kid(a, VKK_ATTN_DECODE_F16, VKK_ATTN_DECODE_F32), a->dec_spec, b, 8, &pc, sizeof pc,
+                         p->n_dec, a->s.n_kv_heads * a->dec_nhb, 1);
+    }
+    if (s == VKI_OK && p->n_pre) {
+        pc.gw = a->pre_gw, pc.n_hblocks = a->pre_nhb, pc.item_off = p->n_dec + p->n_red, pc.n_items = p->n_pre;
+        vkd_view b[7] = {q.v, k_pool, v_pool, st->seq_info, st->page_table, st->items, out.v};
+        s = vkk_dispatch(c, kid(a, VKK_ATTN_PREFILL_F16, VKK_ATTN_PREFILL_F32), a->pre_spec, b, 7, &pc, sizeof pc,
+                         p->n_pre, a->s.n_kv_heads * a->pre_nhb, 1);
+    }
+    if (s == VKI_OK && p->n_red) {
+        vkd_barrier(c); /* the decode partials */
+        pc.item_off = p->n_dec, pc.n_items = p->n_red;
+        vkd_view b[4] = {scratch, st->items, st->seq_info, out.v};
+        s = vkk_dispatch(c, VKK_ATTN_REDUCE, a->red_spec, b, 4, &pc, sizeof pc, p->n_red, a->s.n_heads, 1);
+    }
+    return s;
+}

@@ -1,0 +1,88 @@
+/* Paged KV cache writes and attention over the pages (layout and per-step buffers: the "paged
+ * KV cache" section of shaders/vki_shared.h).
+ *
+ * Per model, at engine open: op_attn_setup() validates the shape, picks the kernels' sizes from
+ * the device and creates their pipelines. Per step: fill vki_seq_info[] (and tok_pos, tok_seq,
+ * page_table) on the host, build the work list with op_attn_plan_build(), upload all five, then
+ * per layer record op_kv_write(), vkd_barrier(), op_attention().
+ *
+ * A ragged batch is split by kind: one-token sequences (decode) go to the split-K decode kernel
+ * (their long contexts are cut into splits over many workgroups and merged by a reduce pass);
+ * sequences with several new tokens (prefill chunks) go to the tiled prefill kernel. Both
+ * dispatches are recorded back to back without a barrier (they write disjoint output rows), so
+ * a mid-prefill sequence and the decoding ones run concurrently. */
+#ifndef VKI_ENGINE_OPS_ATTN_H
+#define VKI_ENGINE_OPS_ATTN_H
+
+#include "engine/ops_basic.h"
+
+typedef struct op_attn_shape {
+    uint32_t n_heads, n_kv_heads; /* n_heads % n_kv_heads == 0 (GQA; MQA: n_kv_heads = 1) */
+    uint32_t head_dim;            /* multiple of 8, 8..256 */
+    uint32_t page_size;           /* tokens per page (default 16) */
+    uint32_t kv_type;             /* VKI_GGML_F16 (default) or VKI_GGML_F32 */
+    float scale;                  /* softmax scale; 0 = 1/sqrt(head_dim) */
+} op_attn_shape;
+
+/* Plain data filled by op_attn_setup (no device objects: copy freely, nothing to free). */
+typedef struct op_attn {
+    op_attn_shape s;
+    uint32_t dec_spec[4];     /* attn_decode {WG, HD, L lanes per key, GMAX heads per group} */
+    uint32_t pre_spec[4];     /* attn_prefill {WG, HD, BR rows, BC keys per tile} */
+    uint32_t red_spec[1], kvw_spec[1];
+    uint32_t dec_gw, dec_nhb; /* decode: query heads per workgroup, workgroups per kv head */
+    uint32_t pre_gw, pre_nhb, pre_nq; /* prefill: heads and tokens per row block */
+    uint32_t target_groups;   /* decode splits aim at this many workgroups in all */
+    uint32_t min_split;       /* keys per split at least (automatic split length) */
+    uint32_t split_keys;      /* 0: automatic; else every decode split has this many keys */
+} op_attn;
+
+/* VKI_ERR_INVALID_ARG for an invalid shape, VKI_ERR_UNSUPPORTED when the device lacks subgroup
+ * shuffles or shared memory for the smallest tiles; else creates every pipeline used. */
+vki_status op_attn_setup(vkd_device *d, const op_attn_shape *s, op_attn *out);
+
+/* Bytes of one page of one pool (K or V) and the most pages one pool may hold so that it stays
+ * one storage binding (maxStorageBufferRange) and one allocation. */
+uint64_t op_kv_page_bytes(const op_attn_shape *s);
+uint32_t op_kv_max_pages(const vkd_device *d, const op_attn_shape *s);
+
+typedef struct op_attn_plan {
+    uint32_t n_tokens;           /* sum of n_new: rows of q / k / v / out */
+    uint32_t n_items;            /* items written: n_dec + n_red + n_pre */
+    uint32_t n_dec, n_red, n_pre;/* decode splits, reduce entries, prefill blocks (in this order) */
+    uint32_t n_slots;            /* partial slots the decode splits use */
+    uint32_t split;              /* decode split length chosen (keys) */
+} op_attn_plan;
+
+/* Upper bound of items for any step of at most max_seqs sequences and max_tokens new tokens:
+ * size the items buffer (16 bytes each) and the partials scratch with it. */
+uint32_t op_attn_max_items(const op_attn *a, uint32_t max_seqs, uint32_t max_tokens);
+/* Scratch bytes for n_slots partial slots (op_attn_max_items slots always suffice). */
+uint64_t op_attn_scratch_bytes(const op_attn *a, uint32_t n_slots);
+
+/* Builds the step's work list from its sequences into items[cap]. Each sequence needs
+ * 1 <= n_new <= n_ctx and rows row0 .. row0 + n_new - 1 < sum of n_new. VKI_ERR_INVALID_ARG
+ * (nothing useful written) on a bad sequence or when cap is too small. */
+vki_status op_attn_plan_build(const op_attn *a, const vki_seq_info *seqs, uint32_t n_seqs,
+                              vki_attn_item *items, uint32_t cap, op_attn_plan *plan);
+
+/* Device views of the step's buffers (vki_shared.h) and the plan they were built with. */
+typedef struct op_attn_step {
+    vkd_view tok_pos, tok_seq, seq_info, page_table, items;
+    const op_attn_plan *plan;
+} op_attn_step;
+
+/* Writes rows k, v (f32 [n_tokens][n_kv_heads * head_dim] at the op_mat offsets/strides, K
+ * after RoPE) into the pools at their tokens' positions. */
+vki_status op_kv_write(vkd_cmd *c, const op_attn *a, const op_attn_step *st, op_mat k, op_mat v,
+                       vkd_view k_pool, vkd_view v_pool);
+
+/* out[t][h] = sum_j softmax_j(scale q[t][h] . K_j) V_j over positions j <= pos(t) of t's
+ * sequence, read from the pools (kv_write must have run, with a barrier, for this step).
+ * q, out: f32 [n_tokens][n_heads * head_dim]. scratch: op_attn_scratch_bytes(plan->n_slots)
+ * (any valid view when n_slots is 0). Records decode + prefill, then a barrier and the reduce;
+ * the caller puts a barrier before the next reader of out. */
+vki_status op_attention(vkd_cmd *c, const op_attn *a, const op_attn_step *st, op_mat q, op_mat out,
+                        vkd_view k_pool, vkd_view v_pool, vkd_view scratch);
+
+#endif

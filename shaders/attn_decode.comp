@@ -1,0 +1,173 @@
+#version 450
+#extension GL_GOOGLE_include_directive : require
+#extension GL_KHR_shader_subgroup_basic : require
+#extension GL_KHR_shader_subgroup_shuffle : require
+#include "common.glsl"
+#include "attn_common.glsl"
+// Decode attention, flash-decoding style. A workgroup takes one split {seq, k0, k1} of a
+// one-token sequence's keys and GW query heads sharing one kv head (GQA: K/V are read once for
+// the group). Bound by K/V bandwidth: every K/V byte of the split is read exactly once,
+// coalesced; no barrier inside the key loop.
+//
+// The workgroup is cut into key groups of L lanes; a key group takes keys k0 + kg, k0 + kg + P,
+// ... (P groups read P consecutive keys together) and each lane holds NC chunks of 8 dims of
+// the row. Per key: q.k by partial dot products + an L-lane shuffle-xor sum, then an online
+// softmax update of the group's own (max, sum, acc) in registers. At the end key groups merge
+// by shuffles within the subgroup, subgroups one after another through shared memory, and the
+// split writes its output (the whole context) or an unnormalised partial for attn_reduce.
+// Scores are in the log2 domain: q is pre-scaled by scale * log2(e) and p = exp2(s - max).
+layout(local_size_x_id = 0) in;
+layout(constant_id = 0) const uint WG = 128;
+layout(constant_id = 1) const uint HD = 128; // head dim, multiple of 8
+layout(constant_id = 2) const uint L = 16;   // lanes per key: power of 2, divides HD/8, <= subgroup size
+layout(constant_id = 3) const uint GMAX = 8; // query heads per workgroup (register arrays)
+const uint D8 = HD / 8;                      // chunks per row
+const uint NC = D8 / L;                      // chunks per lane
+
+layout(push_constant) uniform PushBlock { vki_pc_attn p; };
+layout(std430, binding = 0) readonly buffer Q { float q[]; };             // f32 rows: [q_off + t * q_stride + h * HD + d]
+layout(std430, binding = 1) readonly buffer KP { KV_T kpool[]; };         // K[page][kv_head][slot][HD]
+layout(std430, binding = 2) readonly buffer VP { KV_T vpool[]; };         // V, same layout
+layout(std430, binding = 3) readonly buffer SI { vki_seq_info seqs[]; };  // [n_seqs]
+layout(std430, binding = 4) readonly buffer PT { uint page_table[]; };    // u32 page ids
+layout(std430, binding = 5) readonly buffer IT { uvec4 items[]; };        // vki_attn_item: {seq, k0, k1, slot}
+layout(std430, binding = 6) writeonly buffer O { float o[]; };            // f32 rows: [o_off + t * o_stride + h * HD + d]
+layout(std430, binding = 7) writeonly buffer PA { float part[]; };        // f32 [slot][n_heads][HD + 2]
+
+shared vec4 qs[GMAX * HD / 4];  // scaled queries of the workgroup's heads
+shared float st_acc[GMAX * HD]; // merged state of the subgroups done so far
+shared float st_m[2][GMAX], st_l[2][GMAX]; // double-buffered: one subgroup reads while it writes
+
+float lane_sum(float s)
+{
+    [[unroll]] for (uint off = 1; off < L; off <<= 1)
+        s += subgroupShuffleXor(s, off);
+    return s;
+}
+
+void main()
+{
+    uvec4 it = items[p.item_off + gl_WorkGroupID.x];
+    vki_seq_info sq = seqs[it.x];
+    uint k0 = it.y, k1 = it.z, slot = it.w;
+    uint group = p.n_heads / p.n_kv_heads;
+    uint kvh = gl_WorkGroupID.y / p.n_hblocks, hb = gl_WorkGroupID.y % p.n_hblocks;
+    uint h0 = kvh * group + hb * p.gw, gn = min(p.gw, group - hb * p.gw);
+    uint t = sq.row0 + sq.n_new - 1;
+    uint tid = gl_LocalInvocationID.x;
+
+    for (uint i = tid; i < GMAX * HD / 4; i += WG) {
+        uint g = i / (HD / 4), qb = p.q_off + t * p.q_stride + (h0 + g) * HD + 4 * (i % (HD / 4));
+        qs[i] = g < gn ? p.scale_log2e * vec4(q[qb], q[qb + 1], q[qb + 2], q[qb + 3]) : vec4(0.0);
+    }
+    barrier();
+
+    // Lane roles from the subgroup ids, so that shuffle partners are in one subgroup.
+    uint lane = gl_SubgroupInvocationID, c = lane % L;
+    uint n_kg = gl_NumSubgroups * (gl_SubgroupSize / L);
+    uint kg = gl_SubgroupID * (gl_SubgroupSize / L) + lane / L;
+    float m[GMAX], l[GMAX];
+    vec4 acc[GMAX][2 * NC];
+    [[unroll]] for (uint g = 0; g < GMAX; g++) {
+        m[g] = NEG_INF;
+        l[g] = 0.0;
+        [[unroll]] for (uint e = 0; e < 2 * NC; e++)
+            acc[g][e] = vec4(0.0);
+    }
+
+    uint n_iter = (k1 - k0 + n_kg - 1) / n_kg; // uniform: every lane runs every shuffle
+    for (uint iter = 0; iter < n_iter; iter++) {
+        uint j = k0 + iter * n_kg + kg;
+        bool valid = j < k1;
+        uint jj = valid ? j : k1 - 1;
+        uint page = page_table[sq.pt_off + jj / p.page_size];
+        uint rb = KV_ROW_CHUNK(page, kvh, jj % p.page_size, p.n_kv_heads, p.page_size, D8);
+        vec4 kv[2 * NC], vv[2 * NC];
+        [[unroll]] for (uint ch = 0; ch < NC; ch++) {
+            KV_LOAD(kpool, rb + c + ch * L, kv[2 * ch], kv[2 * ch + 1]);
+            KV_LOAD(vpool, rb + c + ch * L, vv[2 * ch], vv[2 * ch + 1]);
+        }
+        [[unroll]] for (uint g = 0; g < GMAX; g++) {
+            if (g >= gn) // uniform
+                break;
+            float s = 0.0;
+            [[unroll]] for (uint ch = 0; ch < NC; ch++) {
+                uint qi = g * (HD / 4) + 2 * (c + ch * L);
+                s += dot(kv[2 * ch], qs[qi]) + dot(kv[2 * ch + 1], qs[qi + 1]);
+            }
+            s = lane_sum(s);
+            if (valid) {
+                if (s > m[g]) { // new running max: rescale what was summed so far
+                    float a = exp2(m[g] - s);
+                    l[g] *= a;
+                    [[unroll]] for (uint e = 0; e < 2 * NC; e++)
+                        acc[g][e] *= a;
+                    m[g] = s;
+                }
+                float pr = exp2(s - m[g]);
+                l[g] += pr;
+                [[unroll]] for (uint e = 0; e < 2 * NC; e++)
+                    acc[g][e] += pr * vv[e];
+            }
+        }
+    }
+
+    // Merge the key groups of this subgroup (partners differ in key group, not in dims).
+    for (uint off = L; off < gl_SubgroupSize; off <<= 1) {
+        [[unroll]] for (uint g = 0; g < GMAX; g++) {
+            float mo = subgroupShuffleXor(m[g], off), lo = subgroupShuffleXor(l[g], off);
+            float mn = max(m[g], mo);
+            float a = m[g] == NEG_INF ? 0.0 : exp2(m[g] - mn), b = mo == NEG_INF ? 0.0 : exp2(mo - mn);
+            l[g] = l[g] * a + lo * b;
+            m[g] = mn;
+            [[unroll]] for (uint e = 0; e < 2 * NC; e++)
+                acc[g][e] = acc[g][e] * a + subgroupShuffleXor(acc[g][e], off) * b;
+        }
+    }
+
+    // Merge the subgroups through shared memory, one per round (once per workgroup).
+    for (uint s = 0; s < gl_NumSubgroups; s++) {
+        if (gl_SubgroupID == s && lane < L) {
+            uint rd = (s + 1) & 1, wr = s & 1;
+            [[unroll]] for (uint g = 0; g < GMAX; g++) {
+                if (g >= gn)
+                    break;
+                float a = 1.0, b = 0.0, mn = m[g];
+                if (s > 0) {
+                    float mo = st_m[rd][g];
+                    mn = max(m[g], mo);
+                    a = m[g] == NEG_INF ? 0.0 : exp2(m[g] - mn);
+                    b = mo == NEG_INF ? 0.0 : exp2(mo - mn);
+                }
+                [[unroll]] for (uint ch = 0; ch < NC; ch++) {
+                    [[unroll]] for (uint e = 0; e < 8; e++) {
+                        uint d = 8 * (c + ch * L) + e;
+                        float prev = s > 0 ? st_acc[g * HD + d] : 0.0;
+                        st_acc[g * HD + d] = acc[g][2 * ch + e / 4][e % 4] * a + prev * b;
+                    }
+                }
+                if (c == 0) {
+                    st_l[wr][g] = l[g] * a + (s > 0 ? st_l[rd][g] * b : 0.0);
+                    st_m[wr][g] = mn;
+                }
+            }
+        }
+        barrier();
+    }
+
+    uint fin = (gl_NumSubgroups - 1) & 1;
+    for (uint i = tid; i < gn * HD; i += WG) {
+        uint g = i / HD, d = i % HD, h = h0 + g;
+        if (slot == VKI_ATTN_FINAL) {
+            float lsum = st_l[fin][g];
+            o[p.o_off + t * p.o_stride + h * HD + d] = lsum > 0.0 ? st_acc[i] / lsum : 0.0;
+        } else {
+            uint pb = (slot * p.n_heads + h) * (HD + 2);
+            part[pb + d] = st_acc[i];
+            if (d == 0) {
+                part[pb + HD] = st_m[fin][g];
+                part[pb + HD + 1] = st_l[fin][g];
+            }
+        }
+    }
+}

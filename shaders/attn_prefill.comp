@@ -1,0 +1,175 @@
+#version 450
+#extension GL_GOOGLE_include_directive : require
+#extension GL_KHR_shader_subgroup_basic : require
+#extension GL_KHR_shader_subgroup_shuffle : require
+#include "common.glsl"
+#include "attn_common.glsl"
+// Prefill / chunk attention, flash-attention style. A workgroup takes a block of BR rows =
+// (nq new tokens of one sequence) x (gw query heads of one kv head) and walks the keys
+// 0 .. last row's position in tiles of BC, through the page table:
+//   K tile -> shared; S = Q K^T (register micro-tiles SR x SC, causal mask) -> shared;
+//   online softmax per row (TPR lanes per row, shuffle-xor reductions); V tile -> shared;
+//   O = O * alpha + P V (register micro-tiles SR rows x HD/8 dims).
+// Compute-bound for long blocks: 4 * BR * BC * HD flops per tile against (BR + BC) * HD shared
+// loads per thread-tile; four barriers per tile. Shared rows are padded by one vec4 so the
+// lanes of a warp that read different rows hit different banks. Scores in the log2 domain.
+layout(local_size_x_id = 0) in;
+layout(constant_id = 0) const uint WG = 128; // = 8 * (BR / SR)
+layout(constant_id = 1) const uint HD = 128; // head dim, multiple of 8
+layout(constant_id = 2) const uint BR = 32;  // rows per block
+layout(constant_id = 3) const uint BC = 32;  // keys per tile, multiple of 8
+const uint TR = WG / 8;                      // thread rows; 8 thread columns
+const uint SR = BR / TR;                     // rows per thread
+const uint SC = BC / 8;                      // keys per thread in S
+const uint DT = HD / 8;                      // dims per thread in O (d = tc + 8 e)
+const uint TPR = WG / BR;                    // softmax lanes per row (<= subgroup size)
+const uint RS = HD / 4 + 1;                  // padded row stride of qs / kvs in vec4
+const uint SS = BC + 1;                      // padded row stride of ss in floats
+
+layout(push_constant) uniform PushBlock { vki_pc_attn p; };
+layout(std430, binding = 0) readonly buffer Q { float q[]; };             // f32 rows: [q_off + t * q_stride + h * HD + d]
+layout(std430, binding = 1) readonly buffer KP { KV_T kpool[]; };         // K[page][kv_head][slot][HD]
+layout(std430, binding = 2) readonly buffer VP { KV_T vpool[]; };         // V, same layout
+layout(std430, binding = 3) readonly buffer SI { vki_seq_info seqs[]; };  // [n_seqs]
+layout(std430, binding = 4) readonly buffer PT { uint page_table[]; };    // u32 page ids
+layout(std430, binding = 5) readonly buffer IT { uvec4 items[]; };        // vki_attn_item: {seq, q0, nq, 0}
+layout(std430, binding = 6) writeonly buffer O { float o[]; };            // f32 rows: [o_off + t * o_stride + h * HD + d]
+
+shared vec4 qs[BR * RS];   // scaled queries, row r = (token r / gw, head r % gw)
+shared vec4 kvs[BC * RS];  // the K tile, then the V tile (f32)
+shared float ss[BR * SS];  // scores, then probabilities
+shared float alpha_s[BR];  // per-row rescale of O for this tile
+shared float lsum_s[BR];   // final row sums
+
+// K or V tile of keys [k0, k0 + BC) into kvs; keys >= kend read as zero.
+void load_tile(bool is_k, uint k0, uint kend, uint pt_off, uint kvh)
+{
+    for (uint i = gl_LocalInvocationID.x; i < BC * (HD / 8); i += WG) {
+        uint kk = i / (HD / 8), ch = i % (HD / 8), j = k0 + kk;
+        vec4 lo = vec4(0.0), hi = vec4(0.0);
+        if (j < kend) {
+            uint page = page_table[pt_off + j / p.page_size];
+            uint ci = KV_ROW_CHUNK(page, kvh, j % p.page_size, p.n_kv_heads, p.page_size, HD / 8) + ch;
+            if (is_k)
+                KV_LOAD(kpool, ci, lo, hi)
+            else
+                KV_LOAD(vpool, ci, lo, hi)
+        }
+        kvs[kk * RS + 2 * ch] = lo;
+        kvs[kk * RS + 2 * ch + 1] = hi;
+    }
+}
+
+void main()
+{
+    uvec4 it = items[p.item_off + gl_WorkGroupID.x];
+    vki_seq_info sq = seqs[it.x];
+    uint q0 = it.y, nq = it.z;
+    uint group = p.n_heads / p.n_kv_heads;
+    uint kvh = gl_WorkGroupID.y / p.n_hblocks, hb = gl_WorkGroupID.y % p.n_hblocks;
+    uint h0 = kvh * group + hb * p.gw, gn = min(p.gw, group - hb * p.gw);
+    uint pos0 = sq.n_ctx - sq.n_new + q0; // position of the block's first token
+    uint kend = pos0 + nq;                 // keys of the block's last token
+    uint tid = gl_LocalInvocationID.x, tr = tid / 8, tc = tid % 8;
+
+    for (uint i = tid; i < BR * (HD / 4); i += WG) {
+        uint r = i / (HD / 4), d4 = i % (HD / 4), qi = r / p.gw, g = r % p.gw;
+        vec4 v = vec4(0.0);
+        if (qi < nq && g < gn) {
+            uint qb = p.q_off + (sq.row0 + q0 + qi) * p.q_stride + (h0 + g) * HD + 4 * d4;
+            v = p.scale_log2e * vec4(q[qb], q[qb + 1], q[qb + 2], q[qb + 3]);
+        }
+        qs[r * RS + d4] = v;
+    }
+
+    // Softmax role: row sr, lanes sp of TPR; from subgroup ids so the lanes share a subgroup.
+    uint lid = gl_SubgroupID * gl_SubgroupSize + gl_SubgroupInvocationID;
+    uint sr = lid / TPR, sp = lid % TPR;
+    float row_m = NEG_INF, row_l = 0.0;
+    float acc[SR][DT];
+    [[unroll]] for (uint a = 0; a < SR; a++)
+        [[unroll]] for (uint e = 0; e < DT; e++)
+            acc[a][e] = 0.0;
+
+    for (uint k0 = 0; k0 < kend; k0 += BC) {
+        load_tile(true, k0, kend, sq.pt_off, kvh);
+        barrier();
+        float sc[SR][SC];
+        [[unroll]] for (uint a = 0; a < SR; a++)
+            [[unroll]] for (uint b = 0; b < SC; b++)
+                sc[a][b] = 0.0;
+        for (uint d4 = 0; d4 < HD / 4; d4++) {
+            vec4 qv[SR], kv[SC];
+            [[unroll]] for (uint a = 0; a < SR; a++)
+                qv[a] = qs[(tr + TR * a) * RS + d4];
+            [[unroll]] for (uint b = 0; b < SC; b++)
+                kv[b] = kvs[(tc + 8 * b) * RS + d4];
+            [[unroll]] for (uint a = 0; a < SR; a++)
+                [[unroll]] for (uint b = 0; b < SC; b++)
+                    sc[a][b] += dot(qv[a], kv[b]);
+        }
+        [[unroll]] for (uint a = 0; a < SR; a++) {
+            uint r = tr + TR * a, qi = r / p.gw;
+            bool row_ok = qi < nq && r % p.gw < gn;
+            [[unroll]] for (uint b = 0; b < SC; b++) {
+                uint j = k0 + tc + 8 * b;
+                ss[r * SS + tc + 8 * b] = row_ok && j <= pos0 + qi ? sc[a][b] : NEG_INF;
+            }
+        }
+        barrier();
+
+        // Online softmax of row sr over this tile.
+        float mt = NEG_INF;
+        for (uint b = sp; b < BC; b += TPR)
+            mt = max(mt, ss[sr * SS + b]);
+        [[unroll]] for (uint off = 1; off < TPR; off <<= 1)
+            mt = max(mt, subgroupShuffleXor(mt, off));
+        float mn = max(row_m, mt);
+        float alpha = mn == NEG_INF ? 1.0 : exp2(row_m - mn);
+        float ps = 0.0;
+        for (uint b = sp; b < BC; b += TPR) {
+            float pr = mn == NEG_INF ? 0.0 : exp2(ss[sr * SS + b] - mn);
+            ss[sr * SS + b] = pr;
+            ps += pr;
+        }
+        [[unroll]] for (uint off = 1; off < TPR; off <<= 1)
+            ps += subgroupShuffleXor(ps, off);
+        row_l = row_l * alpha + ps;
+        row_m = mn;
+        if (sp == 0)
+            alpha_s[sr] = alpha;
+        load_tile(false, k0, kend, sq.pt_off, kvh); // K is no longer read: S is in ss
+        barrier();
+
+        [[unroll]] for (uint a = 0; a < SR; a++) {
+            float al = alpha_s[tr + TR * a];
+            [[unroll]] for (uint e = 0; e < DT; e++)
+                acc[a][e] *= al;
+        }
+        for (uint kk = 0; kk < BC; kk++) {
+            float pr[SR];
+            [[unroll]] for (uint a = 0; a < SR; a++)
+                pr[a] = ss[(tr + TR * a) * SS + kk];
+            [[unroll]] for (uint e = 0; e < DT; e++) {
+                uint d = tc + 8 * e;
+                float v = kvs[kk * RS + d / 4][d % 4];
+                [[unroll]] for (uint a = 0; a < SR; a++)
+                    acc[a][e] += pr[a] * v;
+            }
+        }
+        barrier(); // kvs and ss are rewritten by the next tile
+    }
+
+    if (sp == 0)
+        lsum_s[sr] = row_l;
+    barrier();
+    [[unroll]] for (uint a = 0; a < SR; a++) {
+        uint r = tr + TR * a, qi = r / p.gw, g = r % p.gw;
+        if (qi < nq && g < gn) {
+            float ls = lsum_s[r];
+            uint ob = p.o_off + (sq.row0 + q0 + qi) * p.o_stride + (h0 + g) * HD;
+            [[unroll]] for (uint e = 0; e < DT; e++)
+                o[ob + tc + 8 * e] = ls > 0.0 ? acc[a][e] / ls : 0.0;
+        }
+    }
+}
