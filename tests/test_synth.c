@@ -11,29 +11,32 @@
 
 #include <unistd.h>
 
-static char g_dir[256];
-
+/* The group state: a private temporary directory for the written models. */
 static int make_dir(void **state)
 {
-    snprintf(g_dir, sizeof g_dir, "/tmp/vki_synth_XXXXXX");
-    return mkdtemp(g_dir) ? 0 : -1;
+    char *dir = malloc(64);
+    snprintf(dir, 64, "/tmp/vki_synth_XXXXXX");
+    *state = dir;
+    return mkdtemp(dir) ? 0 : -1;
 }
 
 static int remove_dir(void **state)
 {
-    return rmdir(g_dir); /* every test removes its own files: this fails if one was left behind */
+    int rc = rmdir(*state); /* every test removes its own files: this fails if one was left behind */
+    free(*state);
+    return rc;
 }
 
-static const char *tmp_path(char *buf, size_t n, const char *name)
+static const char *tmp_path(void **state, char *buf, size_t n, const char *name)
 {
-    snprintf(buf, n, "%s/%s", g_dir, name);
+    snprintf(buf, n, "%s/%s", (const char *)*state, name);
     return buf;
 }
 
-static gguf_file *write_and_open(const synth_params *p, const char *name, char *path, size_t n)
+static gguf_file *write_and_open(void **state, const synth_params *p, const char *name, char *path, size_t n)
 {
     char err[512] = "", e2[512] = "";
-    tmp_path(path, n, name);
+    tmp_path(state, path, n, name);
     vki_status st = synth_write(p, path, err, sizeof err);
     if (st != VKI_OK)
         fail_msg("synth_write %s: %s", name, err);
@@ -152,7 +155,7 @@ static void test_shapes(void **state)
         p.tied = c[i].tied, p.wtype = c[i].t, p.n_ctx = 1024 + (uint32_t)i, p.rope_base = 5000.0f * (float)(i + 1);
         p.rms_eps = 1e-6f;
         char path[512];
-        gguf_file *f = write_and_open(&p, "shape.gguf", path, sizeof path);
+        gguf_file *f = write_and_open(state, &p, "shape.gguf", path, sizeof path);
         check_model(f, &p, p.n_vocab);
         gguf_close(f);
         assert_int_equal(unlink(path), 0);
@@ -170,7 +173,7 @@ static void test_q4_k_m_mix(void **state)
     for (int tied = 0; tied < 2; tied++) {
         p.tied = tied;
         char path[512];
-        gguf_file *f = write_and_open(&p, "mix.gguf", path, sizeof path);
+        gguf_file *f = write_and_open(state, &p, "mix.gguf", path, sizeof path);
         check_model(f, &p, 300);
         assert_int_equal(gguf_find_tensor(f, "token_embd.weight")->type, tied ? VKI_GGML_Q6_K : VKI_GGML_Q4_K);
         if (!tied)
@@ -187,7 +190,7 @@ static void test_q4_k_m_mix(void **state)
     }
     p.d_ff = 512, p.tied = false;
     char path[512];
-    gguf_file *f = write_and_open(&p, "mix2.gguf", path, sizeof path);
+    gguf_file *f = write_and_open(state, &p, "mix2.gguf", path, sizeof path);
     for (int l = 0; l < 8; l++) {
         bool more = l == 0 || l == 3 || l == 6 || l == 7;
         assert_int_equal(tensor(f, "blk.%d.ffn_down.weight", l)->type, more ? VKI_GGML_Q6_K : VKI_GGML_Q4_K);
@@ -214,7 +217,7 @@ static void test_vocab_copied(void **state)
         p.arch = i ? "qwen2" : "llama";
         p.tied = i;
         p.n_vocab = 7; /* ignored: the vocabulary decides */
-        gguf_file *f = write_and_open(&p, "vocab.gguf", path, sizeof path);
+        gguf_file *f = write_and_open(state, &p, "vocab.gguf", path, sizeof path);
         uint64_t n;
         assert_int_equal(gguf_get_arr(src, "tokenizer.ggml.tokens", NULL, &n), VKI_OK);
         check_model(f, &p, (uint32_t)n);
@@ -257,7 +260,7 @@ static void test_byte_vocab(void **state)
     synth_params p = synth_default_params();
     p.n_vocab = 40000; /* reaches the three-letter pieces */
     char path[512];
-    gguf_file *f = write_and_open(&p, "bytes.gguf", path, sizeof path);
+    gguf_file *f = write_and_open(state, &p, "bytes.gguf", path, sizeof path);
     gguf_str s;
     assert_int_equal(gguf_get_str(f, "tokenizer.ggml.model", &s), VKI_OK), assert_true(gguf_str_eq(s, "llama"));
     uint32_t u;
@@ -342,7 +345,7 @@ static void test_activations_and_logits(void **state)
     p.n_layer = 24, p.d_model = 128, p.n_head = 8, p.n_head_kv = 2, p.d_ff = 384, p.n_vocab = 2000;
     p.wtype = SYNTH_Q8_0, p.seed = 7;
     char path[512];
-    gguf_file *f = write_and_open(&p, "deep.gguf", path, sizeof path);
+    gguf_file *f = write_and_open(state, &p, "deep.gguf", path, sizeof path);
     enum { D = 128, KV = 32, FF = 384, V = 2000, HD = 16 };
     float x[D], h[D], v[KV], att[D], o[D], g[FF], u[FF], logits[V];
     float *emb = load_f32(gguf_find_tensor(f, "token_embd.weight"));
@@ -395,9 +398,9 @@ static void test_weights_seeded(void **state)
     synth_params p = synth_default_params();
     p.d_model = 256, p.wtype = SYNTH_Q4_K;
     char pa[512], pb[512], pc[512];
-    gguf_file *a = write_and_open(&p, "a.gguf", pa, sizeof pa), *b = write_and_open(&p, "b.gguf", pb, sizeof pb);
+    gguf_file *a = write_and_open(state, &p, "a.gguf", pa, sizeof pa), *b = write_and_open(state, &p, "b.gguf", pb, sizeof pb);
     p.seed = 2;
-    gguf_file *c = write_and_open(&p, "c.gguf", pc, sizeof pc);
+    gguf_file *c = write_and_open(state, &p, "c.gguf", pc, sizeof pc);
     const gguf_tensor *ta = gguf_find_tensor(a, "blk.1.attn_q.weight"), *tb = gguf_find_tensor(b, "blk.1.attn_q.weight");
     const gguf_tensor *tc = gguf_find_tensor(c, "blk.1.attn_q.weight");
     assert_memory_equal(ta->data, tb->data, ta->nbytes);
@@ -417,7 +420,7 @@ static void test_weights_seeded(void **state)
 static void test_bad_params(void **state)
 {
     char path[512], err[512];
-    tmp_path(path, sizeof path, "bad.gguf");
+    tmp_path(state, path, sizeof path, "bad.gguf");
     static const char *const needle[] = {"arch", "n_head_kv", "odd", "n_vocab", "n_layer", "divide", "vocabulary file"};
     for (int i = 0; i < 7; i++) {
         synth_params p = synth_default_params();
