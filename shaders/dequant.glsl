@@ -8,9 +8,11 @@
 // What it offers (rb = dq_row_base(row, stride_bytes), the row start in this type's load unit):
 //   DQ_BLOCK            elements per block (F32/F16: 16, a tiling granule only; any K works)
 //   DQ_UNITS            GEMV work items per block; a unit is 16 elements = 4 groups of 4
-//   dq_unit(rb, ib, iu, K, w)   the 4 groups of unit iu of block ib (decoded once per unit:
+//                       (F32/F16: only whole units; the caller handles K % 16 with dq_load1)
+//   dq_unit(rb, ib, iu, w)      the 4 groups of unit iu of block ib (decoded once per unit:
 //                               the block scale and sub-block scales are loaded once for 16
 //                               weights, which keeps the GEMV memory-bound rather than ALU-bound)
+//   dq_load1(rb, k)             F32/F16 only (DQ_FLOAT): element k (row tails)
 //   dq_unit_k(iu, g)            element offset of group g of unit iu inside its block
 //   dq_load4(rb, k, K)          elements k..k+3 of the row (k % 4 == 0): the GEMM tile loader and
 //                               the row gather; elements >= K read as 0 (F32/F16 tails)
@@ -40,16 +42,23 @@ layout(std430, binding = DQ_BINDING) readonly buffer DqW4 { vec4 dq_w4[]; };
 #define DQ_UNITS 1u
 #define DQ_FLOAT 1
 uint dq_row_base(uint row, uint stride_bytes) { return row * (stride_bytes >> 2); }
+float dq_load1(uint rb, uint k) { return dq_w[rb + k]; }
 vec4 dq_load4(uint rb, uint k, uint K) {
     if ((rb & 3u) == 0u && k + 4u <= K)
         return dq_w4[(rb + k) >> 2];
     vec4 v = vec4(0.0);
     [[unroll]] for (uint i = 0u; i < 4u; i++)
-        if (k + i < K) v[i] = dq_w[rb + k + i];
+        if (k + i < K) v[i] = dq_load1(rb, k + i);
     return v;
 }
-void dq_unit(uint rb, uint ib, uint iu, uint K, out vec4 w[DQ_UNIT_V4]) {
-    [[unroll]] for (uint g = 0u; g < 4u; g++) w[g] = dq_load4(rb, ib * 16u + 4u * g, K);
+void dq_unit(uint rb, uint ib, uint iu, out vec4 w[DQ_UNIT_V4]) {
+    const uint i = rb + ib * 16u;
+    if ((rb & 3u) == 0u) {
+        [[unroll]] for (uint g = 0u; g < 4u; g++) w[g] = dq_w4[(i >> 2) + g];
+    } else {
+        [[unroll]] for (uint g = 0u; g < 4u; g++)
+            w[g] = vec4(dq_w[i + 4u * g], dq_w[i + 4u * g + 1u], dq_w[i + 4u * g + 2u], dq_w[i + 4u * g + 3u]);
+    }
 }
 uint dq_unit_k(uint iu, uint g) { return 4u * g; }
 
@@ -62,6 +71,7 @@ layout(std430, binding = DQ_BINDING) readonly buffer DqW8 { uvec4 dq_w8[]; };
 #define DQ_UNITS 1u
 #define DQ_FLOAT 1
 uint dq_row_base(uint row, uint stride_bytes) { return row * (stride_bytes >> 1); }
+float dq_load1(uint rb, uint k) { return unpackHalf2x16(uint(dq_w[rb + k])).x; }
 vec4 dq_load4(uint rb, uint k, uint K) {
     if ((rb & 3u) == 0u && k + 4u <= K) {
         uvec2 u = dq_w4[(rb + k) >> 2];
@@ -69,20 +79,22 @@ vec4 dq_load4(uint rb, uint k, uint K) {
     }
     vec4 v = vec4(0.0);
     [[unroll]] for (uint i = 0u; i < 4u; i++)
-        if (k + i < K) v[i] = unpackHalf2x16(uint(dq_w[rb + k + i])).x;
+        if (k + i < K) v[i] = dq_load1(rb, k + i);
     return v;
 }
-void dq_unit(uint rb, uint ib, uint iu, uint K, out vec4 w[DQ_UNIT_V4]) {
-    uint k = ib * 16u;
-    if ((rb & 7u) == 0u && k + 16u <= K) {
-        uvec4 a = dq_w8[(rb + k) >> 3], b = dq_w8[((rb + k) >> 3) + 1u];
+void dq_unit(uint rb, uint ib, uint iu, out vec4 w[DQ_UNIT_V4]) {
+    const uint i = rb + ib * 16u;
+    if ((rb & 7u) == 0u) {
+        uvec4 a = dq_w8[i >> 3], b = dq_w8[(i >> 3) + 1u];
         w[0] = vec4(unpackHalf2x16(a.x), unpackHalf2x16(a.y));
         w[1] = vec4(unpackHalf2x16(a.z), unpackHalf2x16(a.w));
         w[2] = vec4(unpackHalf2x16(b.x), unpackHalf2x16(b.y));
         w[3] = vec4(unpackHalf2x16(b.z), unpackHalf2x16(b.w));
-        return;
+    } else {
+        [[unroll]] for (uint g = 0u; g < 4u; g++)
+            w[g] = vec4(unpackHalf2x16(uint(dq_w[i + 4u * g]) | (uint(dq_w[i + 4u * g + 1u]) << 16)),
+                        unpackHalf2x16(uint(dq_w[i + 4u * g + 2u]) | (uint(dq_w[i + 4u * g + 3u]) << 16)));
     }
-    [[unroll]] for (uint g = 0u; g < 4u; g++) w[g] = dq_load4(rb, k + 4u * g, K);
 }
 uint dq_unit_k(uint iu, uint g) { return 4u * g; }
 
@@ -98,7 +110,7 @@ vec4 dq_load4(uint rb, uint k, uint K) {
     uint b = rb + (k >> 5) * 17u;
     return dq_half(b) * dq_sbytes(dq_u32(b + 1u + ((k & 31u) >> 1)));
 }
-void dq_unit(uint rb, uint ib, uint iu, uint K, out vec4 w[DQ_UNIT_V4]) {
+void dq_unit(uint rb, uint ib, uint iu, out vec4 w[DQ_UNIT_V4]) {
     uint b = rb + ib * 17u;
     float d = dq_half(b);
     uint q = b + 1u + 8u * iu;
@@ -121,7 +133,7 @@ vec4 dq_load4(uint rb, uint k, uint K) {
     return dq_half(b) * (vec4(dq_bytes(q & 0x0F0F0F0Fu)) - 8.0);
 }
 // Unit iu: bytes 8iu..8iu+7 -> elements 8iu..8iu+7 (low nibbles) and 16+8iu.. (high nibbles).
-void dq_unit(uint rb, uint ib, uint iu, uint K, out vec4 w[DQ_UNIT_V4]) {
+void dq_unit(uint rb, uint ib, uint iu, out vec4 w[DQ_UNIT_V4]) {
     uint b = rb + ib * 9u;
     float d = dq_half(b);
     uint q0 = dq_u32(b + 1u + 4u * iu), q1 = dq_u32(b + 3u + 4u * iu);
@@ -165,7 +177,7 @@ vec4 dq_load4(uint rb, uint k, uint K) {
 }
 // Unit iu: 8 qs bytes 32c+8s.. (c = iu/4, s = iu%4): elements 64c+8s+0..7 (low nibbles) and
 // 64c+32+8s+0..7 (high nibbles).
-void dq_unit(uint rb, uint ib, uint iu, uint K, out vec4 w[DQ_UNIT_V4]) {
+void dq_unit(uint rb, uint ib, uint iu, out vec4 w[DQ_UNIT_V4]) {
     uint b = rb + ib * 36u, c = iu >> 2, s = iu & 3u;
     vec2 lo = dq_q4k_scale(b, 2u * c), hi = dq_q4k_scale(b, 2u * c + 1u);
     uint q0 = dq_w[b + 4u + 8u * c + 2u * s], q1 = dq_w[b + 5u + 8u * c + 2u * s];
@@ -203,7 +215,7 @@ vec4 dq_load4(uint rb, uint k, uint K) {
 }
 // Unit iu: l = 4(iu%8) .. +3 of half h = iu/8, all four quarters q: one qh word serves 16
 // weights.
-void dq_unit(uint rb, uint ib, uint iu, uint K, out vec4 w[DQ_UNIT_V4]) {
+void dq_unit(uint rb, uint ib, uint iu, out vec4 w[DQ_UNIT_V4]) {
     uint b = rb + ib * 105u, h = iu >> 3, l = 4u * (iu & 7u);
     uint ql0 = dq_u32(b + 32u * h + (l >> 1)), ql1 = dq_u32(b + 32u * h + 16u + (l >> 1));
     uint qh = dq_u32(b + 64u + 16u * h + (l >> 1));
@@ -213,6 +225,9 @@ void dq_unit(uint rb, uint ib, uint iu, uint K, out vec4 w[DQ_UNIT_V4]) {
 }
 uint dq_unit_k(uint iu, uint g) { return 128u * (iu >> 3) + 4u * (iu & 7u) + 32u * g; }
 
-#else
+#endif
+
+#if !defined(DQ_F32) && !defined(DQ_F16) && !defined(DQ_Q8_0) && !defined(DQ_Q4_0) && \
+    !defined(DQ_Q4_K) && !defined(DQ_Q6_K)
 #error "dequant.glsl: define one of DQ_F32 DQ_F16 DQ_Q8_0 DQ_Q4_0 DQ_Q4_K DQ_Q6_K"
 #endif

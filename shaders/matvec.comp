@@ -33,21 +33,42 @@ layout(std430, binding = 3) writeonly buffer Y { float y[]; };   // f32[M, y_str
 
 shared float red[NR * MC * NSG]; // per-subgroup partial sums: [NR * MC][NSG]
 
-// X[m, k..k+3]; k % 4 == 0. Elements at k >= K (only in F32/F16 tails) read as 0.
+float acc[NR * MC];        // acc[r * MC + c]: row r0 + r of W times row m0 + c of X
+vec4 wv[NR * DQ_UNIT_V4];  // the current unit of each of the NR weight rows, decoded
+
+// X[m, k..k+3]; k % 4 == 0.
 vec4 load_x4(uint m, uint k)
 {
     uint i = m * p.x_stride + k;
-#ifdef DQ_FLOAT
-    if (k + 4u > p.K) {
-        vec4 v = vec4(0.0);
-        [[unroll]] for (uint c = 0u; c < 4u; c++)
-            if (k + c < p.K) v[c] = x[i + c];
-        return v;
-    }
-#endif
     if (p.x_vec4 != 0u)
         return x4[i >> 2];
     return vec4(x[i], x[i + 1u], x[i + 2u], x[i + 3u]);
+}
+
+// Unit u of the NR rows, decoded once, dotted with the MC activation rows: every X load serves
+// NR rows.
+void unit_step(uint u, uint r0, uint m0)
+{
+    const uint ib = u / DQ_UNITS, iu = u % DQ_UNITS;
+    [[unroll]] for (uint r = 0u; r < NR; r++) {
+        vec4 w[DQ_UNIT_V4];
+        [[unroll]] for (uint g = 0u; g < DQ_UNIT_V4; g++)
+            w[g] = vec4(0.0);
+        if (r0 + r < p.N) // uniform across the workgroup
+            dq_unit(dq_row_base(r0 + r, p.w_stride), ib, iu, w);
+        [[unroll]] for (uint g = 0u; g < DQ_UNIT_V4; g++)
+            wv[r * DQ_UNIT_V4 + g] = w[g];
+    }
+    [[unroll]] for (uint g = 0u; g < DQ_UNIT_V4; g++) {
+        const uint k = ib * DQ_BLOCK + dq_unit_k(iu, g);
+        [[unroll]] for (uint c = 0u; c < MC; c++) {
+            if (m0 + c >= p.M)
+                break; // uniform
+            const vec4 xv = load_x4(m0 + c, k);
+            [[unroll]] for (uint r = 0u; r < NR; r++)
+                acc[r * MC + c] += dot(wv[r * DQ_UNIT_V4 + g], xv);
+        }
+    }
 }
 
 void main()
@@ -55,26 +76,25 @@ void main()
     const uint tid = gl_LocalInvocationID.x;
     const uint r0 = p.n0 + gl_WorkGroupID.x * NR; // first weight row (within the part)
     const uint m0 = gl_WorkGroupID.y * MC;        // first activation row
-    float acc[NR * MC];
     [[unroll]] for (uint i = 0u; i < NR * MC; i++)
         acc[i] = 0.0;
 
-    const uint n_units = (p.K + DQ_BLOCK - 1u) / DQ_BLOCK * DQ_UNITS;
-    for (uint u = tid; u < n_units; u += gl_WorkGroupSize.x) {
-        const uint ib = u / DQ_UNITS, iu = u % DQ_UNITS;
+    const uint n_full = p.K / DQ_BLOCK * DQ_UNITS; // quantised types: every unit
+    for (uint u = tid; u < n_full; u += gl_WorkGroupSize.x)
+        unit_step(u, r0, m0);
+#ifdef DQ_FLOAT
+    // The last K % 16 elements of an F32/F16 row, one per invocation: scalar code, so the
+    // unrolled unit body above stays free of bounds checks.
+    const uint kt = n_full * DQ_BLOCK + tid;
+    if (kt < p.K) {
         [[unroll]] for (uint r = 0u; r < NR; r++) {
-            if (r0 + r >= p.N)
-                break; // uniform across the workgroup
-            vec4 w[DQ_UNIT_V4];
-            dq_unit(dq_row_base(r0 + r, p.w_stride), ib, iu, p.K, w);
-            [[unroll]] for (uint g = 0u; g < DQ_UNIT_V4; g++) {
-                const uint k = ib * DQ_BLOCK + dq_unit_k(iu, g);
-                [[unroll]] for (uint c = 0u; c < MC; c++)
-                    if (m0 + c < p.M)
-                        acc[r * MC + c] += dot(w[g], load_x4(m0 + c, k));
-            }
+            const float w = r0 + r < p.N ? dq_load1(dq_row_base(r0 + r, p.w_stride), kt) : 0.0;
+            [[unroll]] for (uint c = 0u; c < MC; c++)
+                if (m0 + c < p.M)
+                    acc[r * MC + c] += w * x[(m0 + c) * p.x_stride + kt];
         }
     }
+#endif
 
     [[unroll]] for (uint i = 0u; i < NR * MC; i++)
         acc[i] = subgroupAdd(acc[i]);

@@ -1,0 +1,293 @@
+/* Matrix multiply (engine/ops_matmul.c: matvec.comp + matmul.comp) against a scalar reference
+ * for every weight type, on both kernels, over random shapes with awkward sizes (1, 7, tile
+ * +/- 1, K of one block and odd multiples), strided and offset activations, the bias path,
+ * multi-part tensors, and the GEMV/GEMM boundary. The reference dequantises the very blocks
+ * that were uploaded (engine/quant.c) and accumulates in double.
+ *
+ * Tolerances (NMSE): F32/F16 weights 1e-10, quantised 1e-8 (issue 2). Outputs are NaN-filled
+ * first, so unwritten elements fail; columns past N of a strided Y must stay NaN. */
+#include "support/vt.h"
+
+#include "engine/ops_matmul.h"
+#include "engine/quant.h"
+#include "engine/tensor.h"
+
+#define NAN_BITS 0x7fc00000u
+
+static const uint32_t all_types[] = {VKI_GGML_F32, VKI_GGML_F16, VKI_GGML_Q8_0,
+                                     VKI_GGML_Q4_0, VKI_GGML_Q4_K, VKI_GGML_Q6_K};
+
+static bool is_float_type(uint32_t type) { return type == VKI_GGML_F32 || type == VKI_GGML_F16; }
+static uint32_t block_of(uint32_t type) { return quant_get(type)->block_elems; }
+
+static void put_f16(uint8_t *p, float f)
+{
+    uint16_t h = quant_f32_to_f16(f);
+    memcpy(p, &h, 2);
+}
+
+/* Random bytes in every field, with block scales kept finite and small: exercises every bit
+ * pattern of the packed sub-block scales, which a quantiser's output rarely does. */
+static void random_blocks(vt_rng *r, uint32_t type, uint8_t *row, uint64_t K)
+{
+    const quant_traits *qt = quant_get(type);
+    for (uint64_t b = 0; b < K / qt->block_elems; b++) {
+        uint8_t *blk = row + b * qt->block_bytes;
+        for (uint32_t i = 0; i < qt->block_bytes; i += 8) {
+            uint64_t v = vt_u64(r);
+            memcpy(blk + i, &v, qt->block_bytes - i < 8 ? qt->block_bytes - i : 8);
+        }
+        switch (type) {
+        case VKI_GGML_Q8_0: put_f16(blk, vt_uniform(r, -0.02f, 0.02f)); break;
+        case VKI_GGML_Q4_0: put_f16(blk, vt_uniform(r, -0.2f, 0.2f)); break;
+        case VKI_GGML_Q4_K:
+            put_f16(blk, vt_uniform(r, 0.0f, 0.01f));
+            put_f16(blk + 2, vt_uniform(r, 0.0f, 0.01f));
+            break;
+        case VKI_GGML_Q6_K: put_f16(blk + 208, vt_uniform(r, -0.001f, 0.001f)); break;
+        }
+    }
+}
+
+/* N rows of K weights in `type` (raw GGUF bytes) and their dequantised values. Quantised rows
+ * come from the quantiser (realistic blocks) or are random blocks, chosen per matrix. */
+static uint8_t *make_weights(vt_rng *r, uint32_t type, uint32_t N, uint32_t K, float *wref)
+{
+    size_t rb = quant_row_bytes(type, K);
+    uint8_t *raw = malloc(rb * N);
+    float *tmp = malloc((size_t)K * sizeof(float));
+    assert_non_null(raw);
+    bool quantise = is_float_type(type) || (vt_u64(r) & 1);
+    for (uint32_t n = 0; n < N; n++) {
+        if (quantise) {
+            vt_fill_uniform(r, tmp, K, -1.0f, 1.0f);
+            quant_row(type, tmp, raw + n * rb, K);
+        } else {
+            random_blocks(r, type, raw + n * rb, K);
+        }
+        dequant_row(type, raw + n * rb, wref + (size_t)n * K, K);
+    }
+    free(tmp);
+    return raw;
+}
+
+static vk_tensor upload_weights(vt_gpu *g, uint32_t type, uint32_t N, uint32_t K, const uint8_t *raw,
+                                uint32_t parts)
+{
+    vk_tensor t;
+    size_t rb = quant_row_bytes(type, K);
+    size_t max_part = parts > 1 ? rb * ((N + parts - 1) / parts) : 0;
+    assert_int_equal(vk_tensor_create(g->dev, type, K, N, max_part, "w", &t), VKI_OK);
+    if (parts > 1)
+        assert_true(t.n_parts > 1 || N == 1);
+    assert_int_equal(vk_tensor_upload(g->dev, &t, raw), VKI_OK);
+    return t;
+}
+
+typedef struct mm_case {
+    uint32_t M, N, K;
+    uint32_t x_pad, y_pad;  /* x_stride = K + x_pad, y_stride = N + y_pad */
+    uint32_t x_off;         /* X binding offset in bytes (0 or 256: any device's alignment) */
+    bool bias;
+    uint32_t parts;         /* >1: weights split in about this many parts */
+    op_mm_path path;
+} mm_case;
+
+static void reference(const mm_case *s, const float *x, uint32_t xs, const float *w, const float *bias, float *ref)
+{
+    for (uint32_t m = 0; m < s->M; m++)
+        for (uint32_t n = 0; n < s->N; n++) {
+            double acc = bias ? bias[n] : 0.0;
+            const float *xr = x + (size_t)m * xs, *wr = w + (size_t)n * s->K;
+            for (uint32_t k = 0; k < s->K; k++)
+                acc += (double)xr[k] * wr[k];
+            ref[(size_t)m * s->N + n] = (float)acc;
+        }
+}
+
+static void run_case(vt_gpu *g, vt_rng *r, uint32_t type, const mm_case *s)
+{
+    const uint32_t M = s->M, N = s->N, K = s->K, xs = K + s->x_pad, ys = N + s->y_pad;
+    float *wref = malloc((size_t)N * K * sizeof(float));
+    uint8_t *raw = make_weights(r, type, N, K, wref);
+    vk_tensor t = upload_weights(g, type, N, K, raw, s->parts);
+
+    /* X with NaN in the stride padding: a kernel reading past K fails the comparison */
+    size_t x_floats = s->x_off / 4 + (size_t)M * xs;
+    float *xh = malloc(x_floats * sizeof(float));
+    uint32_t nan = NAN_BITS;
+    for (size_t i = 0; i < x_floats; i++)
+        memcpy(&xh[i], &nan, 4);
+    float *x = xh + s->x_off / 4;
+    for (uint32_t m = 0; m < M; m++)
+        vt_fill_uniform(r, x + (size_t)m * xs, K, -1.0f, 1.0f);
+    float *bias = NULL;
+    if (s->bias) {
+        bias = malloc(N * sizeof(float));
+        vt_fill_uniform(r, bias, N, -2.0f, 2.0f);
+    }
+    vkd_buffer *bx = vt_buf_from(g, xh, x_floats * 4, "x");
+    vkd_buffer *bb = bias ? vt_buf_from(g, bias, N * 4, "bias") : NULL;
+    vkd_buffer *by = vt_buf_nan(g, (size_t)M * ys * 4, "y");
+    vkd_view vx = {bx, s->x_off, VK_WHOLE_SIZE}, vb = bb ? vkd_whole(bb) : (vkd_view){0};
+
+    vt_begin(g);
+    assert_int_equal(op_matmul_path(&g->cmd, &t, bb ? &vb : NULL, vx, xs, vkd_whole(by), ys, M, s->path), VKI_OK);
+    vt_submit_wait(g);
+
+    float *y = malloc((size_t)M * ys * 4), *got = malloc((size_t)M * N * 4), *ref = malloc((size_t)M * N * 4);
+    vt_download(g, by, y, (size_t)M * ys * 4);
+    reference(s, x, xs, wref, bias, ref);
+    for (uint32_t m = 0; m < M; m++) {
+        memcpy(got + (size_t)m * N, y + (size_t)m * ys, N * 4);
+        for (uint32_t n = N; n < ys; n++)
+            assert_memory_equal(&y[(size_t)m * ys + n], &nan, 4);
+    }
+    char label[160];
+    snprintf(label, sizeof label, "%s %s M=%u N=%u K=%u xs=%u ys=%u off=%u bias=%d parts=%u",
+             quant_get(type)->name, s->path == OP_MM_GEMV ? "gemv" : s->path == OP_MM_GEMM ? "gemm" : "auto",
+             M, N, K, xs, ys, s->x_off, s->bias, t.n_parts);
+    vt_assert_nmse(got, ref, (size_t)M * N, is_float_type(type) ? 1e-10 : 1e-8, label);
+
+    vk_tensor_destroy(g->dev, &t);
+    vkd_buffer_destroy(g->dev, bx);
+    vkd_buffer_destroy(g->dev, bb);
+    vkd_buffer_destroy(g->dev, by);
+    free(wref); free(raw); free(xh); free(bias); free(y); free(got); free(ref);
+}
+
+/* K for a type: `blocks` blocks (quantised) or an awkward length (float types). */
+static uint32_t pick_k(vt_rng *r, uint32_t type, uint32_t i)
+{
+    if (is_float_type(type)) {
+        static const uint32_t ks[] = {1, 3, 4, 7, 15, 16, 17, 31, 33, 64, 100, 257};
+        return i < sizeof ks / sizeof ks[0] ? ks[i] : vt_range(r, 1, 600);
+    }
+    static const uint32_t odd[] = {1, 3, 5};
+    uint32_t bl = block_of(type);
+    uint32_t nb = i < 3 ? odd[i] : vt_range(r, 1, bl == 256 ? 5 : 9);
+    return bl * nb;
+}
+
+static void random_case(vt_rng *r, mm_case *s, uint32_t type, uint32_t i)
+{
+    s->K = pick_k(r, type, i);
+    s->x_pad = vt_range(r, 0, 1) ? 0 : vt_range(r, 1, 5);
+    s->y_pad = vt_range(r, 0, 1) ? 0 : vt_range(r, 1, 3);
+    s->x_off = vt_range(r, 0, 3) == 0 ? 256 : 0;
+    s->bias = vt_range(r, 0, 1);
+    s->parts = vt_range(r, 0, 4) == 0 ? 3 : 1;
+}
+
+/* Matrix-vector path: M <= OP_MATVEC_MAX_M through op_matmul's own choice, and larger M forced
+ * (one pass per 8 rows). */
+static void run_gemv(void **state, uint32_t type)
+{
+    vt_gpu *g = vt_gpu_get(state);
+    vt_rng r = vt_rng_seeded("gemv");
+    static const uint32_t Ms[] = {1, 2, 3, 5, 7, 8, 1, 1, 9, 17, 1, 8};
+    static const uint32_t Ns[] = {1, 7, 3, 65, 33, 4, 129, 1, 5, 9, 64, 63};
+    for (uint32_t i = 0; i < 24; i++) {
+        mm_case s = {0};
+        random_case(&r, &s, type, i);
+        s.M = i < 12 ? Ms[i] : (vt_range(&r, 0, 2) ? vt_range(&r, 1, 8) : vt_range(&r, 9, 20));
+        s.N = i < 12 ? Ns[i] : vt_range(&r, 1, 140);
+        s.path = s.M <= OP_MATVEC_MAX_M ? OP_MM_AUTO : OP_MM_GEMV;
+        run_case(g, &r, type, &s);
+    }
+    vt_assert_clean(g);
+}
+
+/* Tiled path: M > OP_MATVEC_MAX_M through op_matmul's choice, and small M forced. Sizes
+ * straddle the 64 and 128 tiles. */
+static void run_gemm(void **state, uint32_t type)
+{
+    vt_gpu *g = vt_gpu_get(state);
+    vt_rng r = vt_rng_seeded("gemm");
+    static const uint32_t Ms[] = {9, 17, 31, 33, 64, 65, 100, 129, 1, 3, 9, 70};
+    static const uint32_t Ns[] = {1, 7, 65, 64, 63, 129, 33, 17, 5, 128, 127, 1};
+    for (uint32_t i = 0; i < 22; i++) {
+        mm_case s = {0};
+        random_case(&r, &s, type, i);
+        s.M = i < 12 ? Ms[i] : vt_range(&r, 1, 140);
+        s.N = i < 12 ? Ns[i] : vt_range(&r, 1, 140);
+        s.path = s.M > OP_MATVEC_MAX_M ? OP_MM_AUTO : OP_MM_GEMM;
+        run_case(g, &r, type, &s);
+    }
+    vt_assert_clean(g);
+}
+
+#define TYPE_TESTS(T, t)                                                                          \
+    static void test_gemv_##t(void **state) { run_gemv(state, VKI_GGML_##T); }                    \
+    static void test_gemm_##t(void **state) { run_gemm(state, VKI_GGML_##T); }
+TYPE_TESTS(F32, f32)
+TYPE_TESTS(F16, f16)
+TYPE_TESTS(Q8_0, q8_0)
+TYPE_TESTS(Q4_0, q4_0)
+TYPE_TESTS(Q4_K, q4_k)
+TYPE_TESTS(Q6_K, q6_k)
+
+/* Every pipeline variant exists up front (what the engine does at open). */
+static void test_prepare(void **state)
+{
+    vt_gpu *g = vt_gpu_get(state);
+    for (size_t i = 0; i < sizeof all_types / sizeof all_types[0]; i++) {
+        assert_true(op_matmul_supported(g->dev, all_types[i]));
+        assert_int_equal(op_matmul_prepare(g->dev, all_types[i]), VKI_OK);
+    }
+    assert_int_equal(op_matmul_prepare(g->dev, 3 /* Q4_1: not run by vkinfer */), VKI_ERR_UNSUPPORTED);
+    vt_assert_clean(g);
+}
+
+/* Both sides of the GEMV/GEMM switch with the same shapes, for every type, with bias and
+ * several parts. */
+static void test_boundary_parts_bias(void **state)
+{
+    vt_gpu *g = vt_gpu_get(state);
+    vt_rng r = vt_rng_seeded("boundary");
+    for (size_t i = 0; i < sizeof all_types / sizeof all_types[0]; i++)
+        for (uint32_t M = OP_MATVEC_MAX_M; M <= OP_MATVEC_MAX_M + 1; M++) {
+            uint32_t K = is_float_type(all_types[i]) ? 37 : block_of(all_types[i]) * 3;
+            mm_case s = {.M = M, .N = 67, .K = K, .x_pad = 3, .y_pad = 1, .bias = true, .parts = 4};
+            run_case(g, &r, all_types[i], &s);
+        }
+    vt_assert_clean(g);
+}
+
+/* Shapes and views that do not fit are refused with a status and record nothing. */
+static void test_bad_args(void **state)
+{
+    vt_gpu *g = vt_gpu_get(state);
+    vk_tensor t;
+    assert_int_equal(vk_tensor_create(g->dev, VKI_GGML_F32, 16, 8, 0, "w", &t), VKI_OK);
+    vkd_buffer *x = vt_buf_nan(g, 4 * 16 * 2, "x"), *y = vt_buf_nan(g, 4 * 8 * 2, "y");
+    vt_begin(g);
+    assert_int_equal(op_matmul(&g->cmd, &t, NULL, vkd_whole(x), 16, vkd_whole(y), 8, 0), VKI_ERR_INVALID_ARG);
+    assert_int_equal(op_matmul(&g->cmd, &t, NULL, vkd_whole(x), 16, vkd_whole(y), 8, 3), VKI_ERR_INVALID_ARG);
+    assert_int_equal(op_matmul(&g->cmd, &t, NULL, vkd_whole(x), 15, vkd_whole(y), 8, 1), VKI_ERR_INVALID_ARG);
+    assert_int_equal(op_matmul(&g->cmd, &t, NULL, vkd_whole(x), 16, vkd_whole(y), 7, 1), VKI_ERR_INVALID_ARG);
+    vkd_view small = {x, 0, 16};
+    assert_int_equal(op_matmul(&g->cmd, &t, &small, vkd_whole(x), 16, vkd_whole(y), 8, 1), VKI_ERR_INVALID_ARG);
+    assert_int_equal(op_matmul(&g->cmd, &t, NULL, vkd_whole(x), 16, vkd_whole(y), 8, 2), VKI_OK);
+    vt_submit_wait(g);
+    vk_tensor_destroy(g->dev, &t);
+    vkd_buffer_destroy(g->dev, x);
+    vkd_buffer_destroy(g->dev, y);
+    vt_assert_clean(g);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_prepare),
+        cmocka_unit_test(test_gemv_f32),  cmocka_unit_test(test_gemm_f32),
+        cmocka_unit_test(test_gemv_f16),  cmocka_unit_test(test_gemm_f16),
+        cmocka_unit_test(test_gemv_q8_0), cmocka_unit_test(test_gemm_q8_0),
+        cmocka_unit_test(test_gemv_q4_0), cmocka_unit_test(test_gemm_q4_0),
+        cmocka_unit_test(test_gemv_q4_k), cmocka_unit_test(test_gemm_q4_k),
+        cmocka_unit_test(test_gemv_q6_k), cmocka_unit_test(test_gemm_q6_k),
+        cmocka_unit_test(test_boundary_parts_bias),
+        cmocka_unit_test(test_bad_args),
+    };
+    return cmocka_run_group_tests(tests, vt_gpu_setup, vt_gpu_teardown);
+}
