@@ -199,6 +199,38 @@ static void map_insert(vki_tokenizer *t, uint32_t id)
     }
 }
 
+/* tokenizer.ggml.scores or .token_type (both optional): one entry per token. Token types outside
+ * the known range count as undefined (rendered as nothing, like llama.cpp). */
+static vki_status load_per_token(vki_tokenizer *t, const gguf_file *f, const char *key, char *err,
+                                 size_t err_len)
+{
+    gguf_type et;
+    uint64_t m;
+    vki_status st = gguf_get_arr(f, key, &et, &m);
+    if (st == VKI_ERR_NOT_FOUND)
+        return VKI_OK;
+    if (st != VKI_OK || m != t->n_vocab) {
+        tok_err(err, err_len, "%s: %llu entries for %u tokens", key, (unsigned long long)(st == VKI_OK ? m : 0),
+                t->n_vocab);
+        return VKI_ERR_FORMAT;
+    }
+    bool scores = !strcmp(key, "tokenizer.ggml.scores");
+    for (uint32_t i = 0; i < t->n_vocab; i++) {
+        float sc;
+        int64_t ty;
+        st = scores ? gguf_arr_f32(f, key, i, &sc) : gguf_arr_i64(f, key, i, &ty);
+        if (st != VKI_OK) {
+            tok_err(err, err_len, "%s[%u]: wrong element type", key, i);
+            return VKI_ERR_FORMAT;
+        }
+        if (scores)
+            t->tok[i].score = sc;
+        else
+            t->tok[i].type = (ty >= 0 && ty <= TOK_T_BYTE) ? (uint8_t)ty : TOK_T_UNDEFINED;
+    }
+    return VKI_OK;
+}
+
 /* Token texts into the arena (twice their total size: pieces are never longer than texts, see
  * tok_render_piece), scores and types into t->tok. */
 static vki_status load_vocab(vki_tokenizer *t, const gguf_file *f, char *err, size_t err_len)
@@ -245,32 +277,9 @@ static vki_status load_vocab(vki_tokenizer *t, const gguf_file *f, char *err, si
         off += s.len;
     }
 
-    static const char *const arr_keys[2] = {"tokenizer.ggml.scores", "tokenizer.ggml.token_type"};
-    for (int k = 0; k < 2; k++) {
-        uint64_t m;
-        st = gguf_get_arr(f, arr_keys[k], &et, &m);
-        if (st == VKI_ERR_NOT_FOUND)
-            continue;
-        if (st != VKI_OK || m != n) {
-            tok_err(err, err_len, "%s: %llu entries for %llu tokens", arr_keys[k],
-                    (unsigned long long)(st == VKI_OK ? m : 0), (unsigned long long)n);
-            return VKI_ERR_FORMAT;
-        }
-        for (uint64_t i = 0; i < n; i++) {
-            float sc;
-            int64_t ty;
-            if (k == 0 ? (st = gguf_arr_f32(f, arr_keys[k], i, &sc)) == VKI_OK
-                       : (st = gguf_arr_i64(f, arr_keys[k], i, &ty)) == VKI_OK) {
-                if (k == 0)
-                    t->tok[i].score = sc;
-                else
-                    t->tok[i].type = (ty >= 0 && ty <= TOK_T_BYTE) ? (uint8_t)ty : TOK_T_UNDEFINED;
-                continue;
-            }
-            tok_err(err, err_len, "%s[%llu]: wrong element type", arr_keys[k], (unsigned long long)i);
-            return VKI_ERR_FORMAT;
-        }
-    }
+    if ((st = load_per_token(t, f, "tokenizer.ggml.scores", err, err_len)) != VKI_OK ||
+        (st = load_per_token(t, f, "tokenizer.ggml.token_type", err, err_len)) != VKI_OK)
+        return st;
 
     t->map.mask = (uint32_t)(pow2_at_least(2 * n) - 1);
     t->map.slot = calloc((size_t)t->map.mask + 1, sizeof *t->map.slot);
@@ -489,6 +498,8 @@ static void build_pieces(vki_tokenizer *t)
         off += t->tok[i].len;
     for (uint32_t i = 0; i < t->n_vocab; i++) {
         size_t n = tok_render_piece(t, (int32_t)i, t->arena + off, t->arena_len - off);
+        if (n > t->arena_len - off) /* cannot happen (pieces never outgrow texts); stay in bounds */
+            n = 0;
         t->tok[i].piece_off = (uint32_t)off;
         t->tok[i].piece_len = (uint32_t)n;
         off += n;
