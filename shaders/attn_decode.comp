@@ -38,6 +38,11 @@ shared vec4 qs[GMAX * HD / 4];  // scaled queries of the workgroup's heads
 shared float st_acc[GMAX * HD]; // merged state of the subgroups done so far
 shared float st_m[2][GMAX], st_l[2][GMAX]; // double-buffered: one subgroup reads while it writes
 
+// This invocation's online-softmax state for the keys its key group saw.
+float m[GMAX], l[GMAX];
+vec4 acc[GMAX][2 * NC];
+uint lane, c; // lane in the subgroup; this lane's first chunk within a key row
+
 float lane_sum(float s)
 {
     [[unroll]] for (uint off = 1; off < L; off <<= 1)
@@ -45,37 +50,21 @@ float lane_sum(float s)
     return s;
 }
 
-void main()
+void load_queries(uint t, uint h0, uint gn)
 {
-    uvec4 it = items[p.item_off + gl_WorkGroupID.x];
-    vki_seq_info sq = seqs[it.x];
-    uint k0 = it.y, k1 = it.z, slot = it.w;
-    uint group = p.n_heads / p.n_kv_heads;
-    uint kvh = gl_WorkGroupID.y / p.n_hblocks, hb = gl_WorkGroupID.y % p.n_hblocks;
-    uint h0 = kvh * group + hb * p.gw, gn = min(p.gw, group - hb * p.gw);
-    uint t = sq.row0 + sq.n_new - 1;
-    uint tid = gl_LocalInvocationID.x;
-
-    for (uint i = tid; i < GMAX * HD / 4; i += WG) {
+    for (uint i = gl_LocalInvocationID.x; i < GMAX * HD / 4; i += WG) {
         uint g = i / (HD / 4), qb = p.q_off + t * p.q_stride + (h0 + g) * HD + 4 * (i % (HD / 4));
         qs[i] = g < gn ? p.scale_log2e * vec4(q[qb], q[qb + 1], q[qb + 2], q[qb + 3]) : vec4(0.0);
     }
-    barrier();
+}
 
-    // Lane roles from the subgroup ids, so that shuffle partners are in one subgroup.
-    uint lane = gl_SubgroupInvocationID, c = lane % L;
+// Keys k0 + kg, k0 + kg + n_kg, ... < k1 into this key group's state. The trip count is the
+// same for all lanes (missing keys are masked), so every lane takes part in every shuffle.
+void attend(vki_seq_info sq, uint kvh, uint k0, uint k1, uint gn)
+{
     uint n_kg = gl_NumSubgroups * (gl_SubgroupSize / L);
     uint kg = gl_SubgroupID * (gl_SubgroupSize / L) + lane / L;
-    float m[GMAX], l[GMAX];
-    vec4 acc[GMAX][2 * NC];
-    [[unroll]] for (uint g = 0; g < GMAX; g++) {
-        m[g] = NEG_INF;
-        l[g] = 0.0;
-        [[unroll]] for (uint e = 0; e < 2 * NC; e++)
-            acc[g][e] = vec4(0.0);
-    }
-
-    uint n_iter = (k1 - k0 + n_kg - 1) / n_kg; // uniform: every lane runs every shuffle
+    uint n_iter = (k1 - k0 + n_kg - 1) / n_kg;
     for (uint iter = 0; iter < n_iter; iter++) {
         uint j = k0 + iter * n_kg + kg;
         bool valid = j < k1;
@@ -111,8 +100,11 @@ void main()
             }
         }
     }
+}
 
-    // Merge the key groups of this subgroup (partners differ in key group, not in dims).
+// Merges the key groups of this subgroup (xor partners differ in key group, not in dims).
+void merge_subgroup()
+{
     for (uint off = L; off < gl_SubgroupSize; off <<= 1) {
         [[unroll]] for (uint g = 0; g < GMAX; g++) {
             float mo = subgroupShuffleXor(m[g], off), lo = subgroupShuffleXor(l[g], off);
@@ -124,8 +116,11 @@ void main()
                 acc[g][e] = acc[g][e] * a + subgroupShuffleXor(acc[g][e], off) * b;
         }
     }
+}
 
-    // Merge the subgroups through shared memory, one per round (once per workgroup).
+// Merges the subgroups into st_* through shared memory, one per round (once per workgroup).
+void merge_workgroup(uint gn)
+{
     for (uint s = 0; s < gl_NumSubgroups; s++) {
         if (gl_SubgroupID == s && lane < L) {
             uint rd = (s + 1) & 1, wr = s & 1;
@@ -154,9 +149,34 @@ void main()
         }
         barrier();
     }
+}
+
+void main()
+{
+    uvec4 it = items[p.item_off + gl_WorkGroupID.x];
+    vki_seq_info sq = seqs[it.x];
+    uint slot = it.w, group = p.n_heads / p.n_kv_heads;
+    uint kvh = gl_WorkGroupID.y / p.n_hblocks, hb = gl_WorkGroupID.y % p.n_hblocks;
+    uint h0 = kvh * group + hb * p.gw, gn = min(p.gw, group - hb * p.gw);
+    uint t = sq.row0 + sq.n_new - 1;
+    load_queries(t, h0, gn);
+    barrier();
+
+    // Lane roles from the subgroup ids, so that shuffle partners are in one subgroup.
+    lane = gl_SubgroupInvocationID;
+    c = lane % L;
+    [[unroll]] for (uint g = 0; g < GMAX; g++) {
+        m[g] = NEG_INF;
+        l[g] = 0.0;
+        [[unroll]] for (uint e = 0; e < 2 * NC; e++)
+            acc[g][e] = vec4(0.0);
+    }
+    attend(sq, kvh, it.y, it.z, gn);
+    merge_subgroup();
+    merge_workgroup(gn);
 
     uint fin = (gl_NumSubgroups - 1) & 1;
-    for (uint i = tid; i < gn * HD; i += WG) {
+    for (uint i = gl_LocalInvocationID.x; i < gn * HD; i += WG) {
         uint g = i / HD, d = i % HD, h = h0 + g;
         if (slot == VKI_ATTN_FINAL) {
             float lsum = st_l[fin][g];

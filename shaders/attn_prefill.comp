@@ -60,103 +60,130 @@ void load_tile(bool is_k, uint k0, uint kend, uint pt_off, uint kvh)
     }
 }
 
-void main()
-{
-    uvec4 it = items[p.item_off + gl_WorkGroupID.x];
-    vki_seq_info sq = seqs[it.x];
-    uint q0 = it.y, nq = it.z;
-    uint group = p.n_heads / p.n_kv_heads;
-    uint kvh = gl_WorkGroupID.y / p.n_hblocks, hb = gl_WorkGroupID.y % p.n_hblocks;
-    uint h0 = kvh * group + hb * p.gw, gn = min(p.gw, group - hb * p.gw);
-    uint pos0 = sq.n_ctx - sq.n_new + q0; // position of the block's first token
-    uint kend = pos0 + nq;                 // keys of the block's last token
-    uint tid = gl_LocalInvocationID.x, tr = tid / 8, tc = tid % 8;
+// Per-block constants and this invocation's state.
+vki_seq_info sq;
+uint q0, nq, kvh, h0, gn, pos0;
+uint tr, tc;             // micro-tile coordinates: rows tr + TR * a, keys / dims tc + 8 * b
+uint sr, sp;             // softmax role: row sr, lane sp of its TPR lanes
+float row_m, row_l;      // row sr's running max and sum (replicated over its lanes)
+float acc[SR][DT];       // O rows tr + TR * a, dims tc + 8 * e
 
-    for (uint i = tid; i < BR * (HD / 4); i += WG) {
-        uint r = i / (HD / 4), d4 = i % (HD / 4), qi = r / p.gw, g = r % p.gw;
+bool row_valid(uint r) { return r / p.gw < nq && r % p.gw < gn; }
+
+void load_queries()
+{
+    for (uint i = gl_LocalInvocationID.x; i < BR * (HD / 4); i += WG) {
+        uint r = i / (HD / 4), d4 = i % (HD / 4);
         vec4 v = vec4(0.0);
-        if (qi < nq && g < gn) {
-            uint qb = p.q_off + (sq.row0 + q0 + qi) * p.q_stride + (h0 + g) * HD + 4 * d4;
+        if (row_valid(r)) {
+            uint qb = p.q_off + (sq.row0 + q0 + r / p.gw) * p.q_stride + (h0 + r % p.gw) * HD + 4 * d4;
             v = p.scale_log2e * vec4(q[qb], q[qb + 1], q[qb + 2], q[qb + 3]);
         }
         qs[r * RS + d4] = v;
     }
+}
 
-    // Softmax role: row sr, lanes sp of TPR; from subgroup ids so the lanes share a subgroup.
+// ss = Q K^T for keys k0 .. k0 + BC, -inf where masked (causal, padding rows).
+void scores(uint k0)
+{
+    float sc[SR][SC];
+    [[unroll]] for (uint a = 0; a < SR; a++)
+        [[unroll]] for (uint b = 0; b < SC; b++)
+            sc[a][b] = 0.0;
+    for (uint d4 = 0; d4 < HD / 4; d4++) {
+        vec4 qv[SR], kv[SC];
+        [[unroll]] for (uint a = 0; a < SR; a++)
+            qv[a] = qs[(tr + TR * a) * RS + d4];
+        [[unroll]] for (uint b = 0; b < SC; b++)
+            kv[b] = kvs[(tc + 8 * b) * RS + d4];
+        [[unroll]] for (uint a = 0; a < SR; a++)
+            [[unroll]] for (uint b = 0; b < SC; b++)
+                sc[a][b] += dot(qv[a], kv[b]);
+    }
+    [[unroll]] for (uint a = 0; a < SR; a++) {
+        uint r = tr + TR * a;
+        bool ok = row_valid(r);
+        [[unroll]] for (uint b = 0; b < SC; b++) {
+            uint j = k0 + tc + 8 * b;
+            ss[r * SS + tc + 8 * b] = ok && j <= pos0 + r / p.gw ? sc[a][b] : NEG_INF;
+        }
+    }
+}
+
+// Online softmax of row sr over the tile: ss becomes probabilities, alpha_s the rescale.
+void softmax_tile()
+{
+    float mt = NEG_INF;
+    for (uint b = sp; b < BC; b += TPR)
+        mt = max(mt, ss[sr * SS + b]);
+    [[unroll]] for (uint off = 1; off < TPR; off <<= 1)
+        mt = max(mt, subgroupShuffleXor(mt, off));
+    float mn = max(row_m, mt);
+    float alpha = mn == NEG_INF ? 1.0 : exp2(row_m - mn);
+    float ps = 0.0;
+    for (uint b = sp; b < BC; b += TPR) {
+        float pr = mn == NEG_INF ? 0.0 : exp2(ss[sr * SS + b] - mn);
+        ss[sr * SS + b] = pr;
+        ps += pr;
+    }
+    [[unroll]] for (uint off = 1; off < TPR; off <<= 1)
+        ps += subgroupShuffleXor(ps, off);
+    row_l = row_l * alpha + ps;
+    row_m = mn;
+    if (sp == 0)
+        alpha_s[sr] = alpha;
+}
+
+// O = O * alpha + P V for the tile (V in kvs).
+void accumulate()
+{
+    [[unroll]] for (uint a = 0; a < SR; a++) {
+        float al = alpha_s[tr + TR * a];
+        [[unroll]] for (uint e = 0; e < DT; e++)
+            acc[a][e] *= al;
+    }
+    for (uint kk = 0; kk < BC; kk++) {
+        float pr[SR];
+        [[unroll]] for (uint a = 0; a < SR; a++)
+            pr[a] = ss[(tr + TR * a) * SS + kk];
+        [[unroll]] for (uint e = 0; e < DT; e++) {
+            uint d = tc + 8 * e;
+            float v = kvs[kk * RS + d / 4][d % 4];
+            [[unroll]] for (uint a = 0; a < SR; a++)
+                acc[a][e] += pr[a] * v;
+        }
+    }
+}
+
+void main()
+{
+    uvec4 it = items[p.item_off + gl_WorkGroupID.x];
+    sq = seqs[it.x];
+    q0 = it.y, nq = it.z;
+    uint group = p.n_heads / p.n_kv_heads, hb = gl_WorkGroupID.y % p.n_hblocks;
+    kvh = gl_WorkGroupID.y / p.n_hblocks;
+    h0 = kvh * group + hb * p.gw, gn = min(p.gw, group - hb * p.gw);
+    pos0 = sq.n_ctx - sq.n_new + q0; // position of the block's first token
+    uint kend = pos0 + nq;           // keys of the block's last token
+    tr = gl_LocalInvocationID.x / 8, tc = gl_LocalInvocationID.x % 8;
+    // from the subgroup ids, so that a row's TPR lanes share a subgroup
     uint lid = gl_SubgroupID * gl_SubgroupSize + gl_SubgroupInvocationID;
-    uint sr = lid / TPR, sp = lid % TPR;
-    float row_m = NEG_INF, row_l = 0.0;
-    float acc[SR][DT];
+    sr = lid / TPR, sp = lid % TPR;
+    row_m = NEG_INF, row_l = 0.0;
     [[unroll]] for (uint a = 0; a < SR; a++)
         [[unroll]] for (uint e = 0; e < DT; e++)
             acc[a][e] = 0.0;
+    load_queries();
 
     for (uint k0 = 0; k0 < kend; k0 += BC) {
         load_tile(true, k0, kend, sq.pt_off, kvh);
         barrier();
-        float sc[SR][SC];
-        [[unroll]] for (uint a = 0; a < SR; a++)
-            [[unroll]] for (uint b = 0; b < SC; b++)
-                sc[a][b] = 0.0;
-        for (uint d4 = 0; d4 < HD / 4; d4++) {
-            vec4 qv[SR], kv[SC];
-            [[unroll]] for (uint a = 0; a < SR; a++)
-                qv[a] = qs[(tr + TR * a) * RS + d4];
-            [[unroll]] for (uint b = 0; b < SC; b++)
-                kv[b] = kvs[(tc + 8 * b) * RS + d4];
-            [[unroll]] for (uint a = 0; a < SR; a++)
-                [[unroll]] for (uint b = 0; b < SC; b++)
-                    sc[a][b] += dot(qv[a], kv[b]);
-        }
-        [[unroll]] for (uint a = 0; a < SR; a++) {
-            uint r = tr + TR * a, qi = r / p.gw;
-            bool row_ok = qi < nq && r % p.gw < gn;
-            [[unroll]] for (uint b = 0; b < SC; b++) {
-                uint j = k0 + tc + 8 * b;
-                ss[r * SS + tc + 8 * b] = row_ok && j <= pos0 + qi ? sc[a][b] : NEG_INF;
-            }
-        }
+        scores(k0);
         barrier();
-
-        // Online softmax of row sr over this tile.
-        float mt = NEG_INF;
-        for (uint b = sp; b < BC; b += TPR)
-            mt = max(mt, ss[sr * SS + b]);
-        [[unroll]] for (uint off = 1; off < TPR; off <<= 1)
-            mt = max(mt, subgroupShuffleXor(mt, off));
-        float mn = max(row_m, mt);
-        float alpha = mn == NEG_INF ? 1.0 : exp2(row_m - mn);
-        float ps = 0.0;
-        for (uint b = sp; b < BC; b += TPR) {
-            float pr = mn == NEG_INF ? 0.0 : exp2(ss[sr * SS + b] - mn);
-            ss[sr * SS + b] = pr;
-            ps += pr;
-        }
-        [[unroll]] for (uint off = 1; off < TPR; off <<= 1)
-            ps += subgroupShuffleXor(ps, off);
-        row_l = row_l * alpha + ps;
-        row_m = mn;
-        if (sp == 0)
-            alpha_s[sr] = alpha;
+        softmax_tile();
         load_tile(false, k0, kend, sq.pt_off, kvh); // K is no longer read: S is in ss
         barrier();
-
-        [[unroll]] for (uint a = 0; a < SR; a++) {
-            float al = alpha_s[tr + TR * a];
-            [[unroll]] for (uint e = 0; e < DT; e++)
-                acc[a][e] *= al;
-        }
-        for (uint kk = 0; kk < BC; kk++) {
-            float pr[SR];
-            [[unroll]] for (uint a = 0; a < SR; a++)
-                pr[a] = ss[(tr + TR * a) * SS + kk];
-            [[unroll]] for (uint e = 0; e < DT; e++) {
-                uint d = tc + 8 * e;
-                float v = kvs[kk * RS + d / 4][d % 4];
-                [[unroll]] for (uint a = 0; a < SR; a++)
-                    acc[a][e] += pr[a] * v;
-            }
-        }
+        accumulate();
         barrier(); // kvs and ss are rewritten by the next tile
     }
 
@@ -164,10 +191,10 @@ void main()
         lsum_s[sr] = row_l;
     barrier();
     [[unroll]] for (uint a = 0; a < SR; a++) {
-        uint r = tr + TR * a, qi = r / p.gw, g = r % p.gw;
-        if (qi < nq && g < gn) {
+        uint r = tr + TR * a;
+        if (row_valid(r)) {
             float ls = lsum_s[r];
-            uint ob = p.o_off + (sq.row0 + q0 + qi) * p.o_stride + (h0 + g) * HD;
+            uint ob = p.o_off + (sq.row0 + q0 + r / p.gw) * p.o_stride + (h0 + r % p.gw) * HD;
             [[unroll]] for (uint e = 0; e < DT; e++)
                 o[ob + tc + 8 * e] = ls > 0.0 ? acc[a][e] / ls : 0.0;
         }
