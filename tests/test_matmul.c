@@ -169,6 +169,12 @@ static uint32_t pick_k(vt_rng *r, uint32_t type, uint32_t i)
     return bl * nb;
 }
 
+/* A K over twice 16 * 128 elements: every GEMV invocation (and subgroup) gets units. */
+static uint32_t big_k(uint32_t type)
+{
+    return is_float_type(type) ? 4099 : block_of(type) * (block_of(type) == 256 ? 17 : 129);
+}
+
 static void random_case(vt_rng *r, mm_case *s, uint32_t type, uint32_t i)
 {
     s->K = pick_k(r, type, i);
@@ -192,6 +198,11 @@ static void run_gemv(void **state, uint32_t type)
         random_case(&r, &s, type, i);
         s.M = i < 12 ? Ms[i] : (vt_range(&r, 0, 2) ? vt_range(&r, 1, 8) : vt_range(&r, 9, 20));
         s.N = i < 12 ? Ns[i] : vt_range(&r, 1, 140);
+        if (i == 12 || i == 13) {
+            s.M = i == 12 ? 1 : 5;
+            s.N = 9;
+            s.K = big_k(type);
+        }
         s.path = s.M <= OP_MATVEC_MAX_M ? OP_MM_AUTO : OP_MM_GEMV;
         run_case(g, &r, type, &s);
     }
@@ -211,6 +222,11 @@ static void run_gemm(void **state, uint32_t type)
         random_case(&r, &s, type, i);
         s.M = i < 12 ? Ms[i] : vt_range(&r, 1, 140);
         s.N = i < 12 ? Ns[i] : vt_range(&r, 1, 140);
+        if (i == 12) {
+            s.M = 20;
+            s.N = 9;
+            s.K = big_k(type);
+        }
         s.path = s.M > OP_MATVEC_MAX_M ? OP_MM_AUTO : OP_MM_GEMM;
         run_case(g, &r, type, &s);
     }
