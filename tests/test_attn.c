@@ -413,6 +413,11 @@ static void test_plan(void **state)
     assert_int_equal(op_attn_plan_build(&a, seqs, 4, it, p.n_items - 5, &p2), VKI_OK); /* fewer, longer splits */
     assert_true(p2.n_items <= p.n_items - 5 && p2.split > p.split);
     assert_int_equal(op_attn_plan_build(&a, seqs, 4, it, 3, &p2), VKI_ERR_INVALID_ARG);
+    uint64_t pages = op_kv_max_pages(g->dev, &s); /* one pool stays one binding */
+    assert_true(pages > 0 && pages * op_kv_page_bytes(&s) <= g->dev->info.max_storage_buffer_range);
+    assert_true((pages + 1) * op_kv_page_bytes(&s) > g->dev->info.max_storage_buffer_range ||
+                (pages + 1) * op_kv_page_bytes(&s) > g->dev->info.max_memory_allocation_size);
+    assert_int_equal(op_kv_page_bytes(&s), 2 * 64 * 2 * 16);
     vki_seq_info bad[1] = {{0, 5, 4, 0}};
     assert_int_equal(op_attn_plan_build(&a, bad, 1, it, cap, &p2), VKI_ERR_INVALID_ARG);
     free(it);
