@@ -85,6 +85,14 @@ vki_status vkd_cmd_submit(vkd_cmd *c)
     return VKI_OK;
 }
 
+void vkd_cmd_abort(vkd_cmd *c)
+{
+    if (!c->recording)
+        return;
+    c->recording = false;
+    vkEndCommandBuffer(c->cb); /* the next vkd_cmd_begin resets it */
+}
+
 vki_status vkd_cmd_wait(vkd_cmd *c)
 {
     vkd_device *d = c->d;

@@ -147,6 +147,8 @@ vki_status vkd_cmd_begin(vkd_cmd *c);
 vki_status vkd_cmd_submit(vkd_cmd *c);           /* end + submit; does not wait */
 vki_status vkd_cmd_wait(vkd_cmd *c);             /* waits for the last submit */
 vki_status vkd_cmd_submit_wait(vkd_cmd *c);
+/* Ends a recording without submitting it (after an error while recording). */
+void vkd_cmd_abort(vkd_cmd *c);
 
 /* Compute->compute memory barrier (shader writes visible to later shader reads/writes). */
 void vkd_barrier(vkd_cmd *c);

@@ -12,6 +12,7 @@ typedef struct bm_backend {
     uint32_t n_pages;    /* KV pages in the pool */
     uint32_t page_size;  /* tokens per page */
     uint32_t max_ctx;    /* longest sequence (prompt + generated) the model accepts */
+    uint32_t max_tokens; /* most new tokens in one step (0: unlimited) */
     uint32_t vocab_size;
     /* Runs the plan; fills outs[i] for the i-th sequence of the plan with want_token set, in
      * plan order. On error nothing of the plan took effect for sampling purposes; the KV of

@@ -408,6 +408,54 @@ vki_status vki_detok_push(vki_detok *d, int32_t id, const char **text, size_t *l
 vki_status vki_detok_flush(vki_detok *d, const char **text, size_t *len);
 void vki_detok_free(vki_detok *d);
 
+/* ---- engine ------------------------------------------------------------------------------ */
+
+/* An engine: one model (GGUF) on one Vulkan device, with its tokenizer and a paged KV cache.
+ * Run requests through a batch manager (vki_batch_manager_create); one manager per engine.
+ * Two engines (on two devices, or one) in one process are independent. */
+
+typedef enum vki_kv_type {
+    VKI_KV_F16 = 0,                 /* half the memory and bandwidth; the default */
+    VKI_KV_F32 = 1,
+} vki_kv_type;
+
+typedef struct vki_engine_params {
+    vki_device_params device;       /* which device, validation, logging */
+    uint32_t page_size;             /* tokens per KV page (= scheduler block). 16 */
+    vki_kv_type kv_type;            /* VKI_KV_F16 */
+    uint64_t kv_tokens;             /* KV capacity in tokens; 0 = kv_fraction of free memory. 0 */
+    float kv_fraction;              /* of the device memory left after weights and scratch. 0.8 */
+    uint32_t max_seqs;              /* sequences that may hold KV at once. 256 */
+    uint32_t max_tokens;            /* new tokens per step (activation scratch rows). 2048 */
+    uint32_t max_ctx;               /* longest sequence; 0 = the model's context length */
+    bool progress;                  /* progress bar on stderr while uploading weights. false */
+} vki_engine_params;
+
+vki_engine_params vki_engine_default_params(void);
+
+typedef struct vki_model_info {
+    char name[128];                 /* general.name, or the file name */
+    char arch[16];                  /* "llama", "qwen2" */
+    char weight_type[16];           /* type of most matrix weights: "q4_k", "f16", ... */
+    uint32_t n_vocab, n_layer, d_model, d_ff, n_head, n_head_kv, head_dim;
+    uint32_t n_ctx_train;           /* context length in the file */
+    uint32_t n_ctx;                 /* longest sequence this engine runs */
+    uint32_t page_size, kv_pages;   /* KV pages per layer */
+    uint32_t max_seqs, max_tokens;
+    uint64_t weight_bytes;          /* device memory held by weights */
+    uint64_t kv_bytes;              /* device memory held by the KV cache */
+    char device[256];
+} vki_model_info;
+
+/* Opens the device, reads the GGUF, builds the tokenizer, uploads the weights, allocates the KV
+ * cache and compiles every pipeline. On failure err (when not NULL) says why: the malformed key
+ * or tensor, the unsupported architecture or type, the memory that ran out. */
+vki_status vki_engine_create(const char *gguf_path, const vki_engine_params *params, vki_engine **out,
+                             char *err, size_t err_len);
+void vki_engine_destroy(vki_engine *e); /* NULL is fine; destroy its batch manager first */
+const vki_tokenizer *vki_engine_tokenizer(const vki_engine *e);
+void vki_engine_info(const vki_engine *e, vki_model_info *out);
+
 #ifdef __cplusplus
 }
 #endif

@@ -1,0 +1,409 @@
+/* vk_engine: setup (weights, KV pools, scratch, inputs, pipelines) and the step driver. */
+#include "engine/engine.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "engine/ops_basic.h"
+#include "engine/ops_matmul.h"
+#include "engine/quant.h"
+
+vk_engine_params vk_engine_default_params(void)
+{
+    return (vk_engine_params){.page_size = 16, .kv_type = VKI_GGML_F16, .kv_fraction = 0.8f,
+                              .max_seqs = 256, .max_tokens = 2048};
+}
+
+static VkDeviceSize align_up(VkDeviceSize x, VkDeviceSize a) { return (x + a - 1) / a * a; }
+
+/* Floats between logits rows: a multiple of the binding alignment so every row can start a view. */
+uint32_t vk_engine_logits_stride(const vk_engine *e)
+{
+    uint32_t a = (uint32_t)(e->dev->info.min_storage_buffer_offset_alignment / 4);
+    a = a ? a : 1;
+    return (uint32_t)align_up(e->model.hp.n_vocab, a);
+}
+
+static vki_status make_buf(vk_engine *e, VkDeviceSize bytes, const char *name, vkd_buffer **out)
+{
+    return vkd_buffer_create(e->dev, bytes ? bytes : 4, VKD_MEM_DEVICE, name, out);
+}
+
+static vki_status create_scratch(vk_engine *e)
+{
+    const model_hparams *hp = &e->model.hp;
+    VkDeviceSize T = e->p.max_tokens, R = e->max_out;
+    VkDeviceSize qd = (VkDeviceSize)hp->n_head * hp->head_dim, kvd = (VkDeviceSize)hp->n_head_kv * hp->head_dim;
+    vk_scratch *s = &e->s;
+    uint32_t slots = op_attn_max_items(&e->attn, e->p.max_seqs, e->p.max_tokens);
+    vki_status st;
+    if ((st = make_buf(e, T * hp->d_model * 4, "act x", &s->x)) || (st = make_buf(e, T * hp->d_model * 4, "act h", &s->h)) ||
+        (st = make_buf(e, T * qd * 4, "act q", &s->q)) || (st = make_buf(e, T * kvd * 4, "act k", &s->k)) ||
+        (st = make_buf(e, T * kvd * 4, "act v", &s->v)) || (st = make_buf(e, T * qd * 4, "act attn", &s->att)) ||
+        (st = make_buf(e, T * hp->d_ff * 4, "act ffn gate", &s->g)) ||
+        (st = make_buf(e, T * hp->d_ff * 4, "act ffn up", &s->u)) ||
+        (st = make_buf(e, R * hp->d_model * 4, "act lm rows", &s->xs)) ||
+        (st = make_buf(e, R * vk_engine_logits_stride(e) * 4, "logits", &s->logits)) ||
+        (st = make_buf(e, op_attn_scratch_bytes(&e->attn, slots), "attn partials", &s->attn_tmp)) ||
+        (st = make_buf(e, (VkDeviceSize)hp->n_rot * 2 * 4, "rope table", &s->rope_freqs)))
+        return st;
+    float *table = malloc((size_t)hp->n_rot * 2 * sizeof *table), *factors = NULL;
+    if (!table)
+        return VKI_ERR_OUT_OF_HOST_MEMORY;
+    if (e->model.rope_freqs.n_parts) {
+        factors = malloc(hp->n_rot / 2 * sizeof *factors);
+        st = factors ? vkd_download(e->dev, e->model.rope_freqs.parts[0].buf, 0, factors, hp->n_rot / 2 * 4)
+                     : VKI_ERR_OUT_OF_HOST_MEMORY;
+    }
+    if (st == VKI_OK) {
+        op_rope_freqs(hp->rope_base, hp->rope_freq_scale, factors, hp->n_rot, table);
+        st = vkd_upload(e->dev, s->rope_freqs, 0, table, (size_t)hp->n_rot * 2 * 4);
+    }
+    free(table);
+    free(factors);
+    return st;
+}
+
+static void destroy_scratch(vk_engine *e)
+{
+    vkd_buffer **all[] = {&e->s.x, &e->s.h, &e->s.q, &e->s.k, &e->s.v, &e->s.att, &e->s.g, &e->s.u,
+                          &e->s.xs, &e->s.logits, &e->s.attn_tmp, &e->s.rope_freqs};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) {
+        vkd_buffer_destroy(e->dev, *all[i]);
+        *all[i] = NULL;
+    }
+}
+
+/* Lays out the step inputs for `pages` page-table entries and (re)allocates the buffers. */
+static vki_status size_inputs(vk_engine *e, uint64_t pages)
+{
+    vk_step_inputs *in = &e->in;
+    VkDeviceSize a = e->dev->info.min_storage_buffer_offset_alignment, o = 0, T = e->p.max_tokens;
+    in->off_tokens = o, o = align_up(o + T * 4, a);
+    in->off_pos = o, o = align_up(o + T * 4, a);
+    in->off_seq = o, o = align_up(o + T * 4, a);
+    in->off_info = o, o = align_up(o + (VkDeviceSize)e->p.max_seqs * sizeof(vki_seq_info), a);
+    in->off_items = o, o = align_up(o + (VkDeviceSize)in->max_items * sizeof(vki_attn_item), a);
+    in->off_rows = o, o = align_up(o + (VkDeviceSize)e->max_out * 4, a);
+    in->off_pages = o, o = align_up(o + (pages ? pages : 1) * 4, a);
+    if (o <= in->cap)
+        return VKI_OK;
+    vkd_buffer_destroy(e->dev, in->host);
+    vkd_buffer_destroy(e->dev, in->dev);
+    in->host = in->dev = NULL;
+    in->cap = 0;
+    vki_status st = vkd_buffer_create(e->dev, o, VKD_MEM_HOST, "step inputs (host)", &in->host);
+    if (st == VKI_OK)
+        st = vkd_buffer_create(e->dev, o, VKD_MEM_DEVICE, "step inputs", &in->dev);
+    if (st == VKI_OK)
+        in->cap = o;
+    return st;
+}
+
+/* KV pages per layer pool: from a token budget, or a fraction of the device-local memory left,
+ * capped so one pool is one binding and no more than every slot at full context needs. */
+static vki_status size_kv(vk_engine *e)
+{
+    const model_hparams *hp = &e->model.hp;
+    uint64_t page_bytes = op_kv_page_bytes(&e->attn.s), pages;
+    uint32_t ps = e->p.page_size;
+    if (e->p.kv_tokens) {
+        pages = (e->p.kv_tokens + ps - 1) / ps;
+    } else {
+        uint64_t budget = 0;
+        for (uint32_t i = 0; i < e->dev->info.n_heaps; i++)
+            if (e->dev->info.heap_device_local[i] && e->dev->info.heap_budget[i] > budget)
+                budget = e->dev->info.heap_budget[i];
+        uint64_t used = e->dev->bytes_allocated[VKD_MEM_DEVICE] + e->dev->bytes_allocated[VKD_MEM_HOST];
+        uint64_t left = budget > used ? budget - used : 0;
+        pages = (uint64_t)(left * (double)e->p.kv_fraction) / (2ull * hp->n_layer * page_bytes);
+        uint64_t all_slots = (uint64_t)e->p.max_seqs * ((e->max_ctx + ps - 1) / ps);
+        if (pages > all_slots)
+            pages = all_slots;
+    }
+    uint64_t cap = op_kv_max_pages(e->dev, &e->attn.s);
+    if (pages > cap) {
+        vkd_log(e->dev, VKI_LOG_INFO, "KV pool capped at %llu pages per layer (one storage binding)",
+                (unsigned long long)cap);
+        pages = cap;
+    }
+    if (pages == 0) {
+        vkd_log(e->dev, VKI_LOG_ERROR, "no device memory left for the KV cache");
+        return VKI_ERR_OUT_OF_DEVICE_MEMORY;
+    }
+    e->n_pages = (uint32_t)pages;
+    if ((uint64_t)e->n_pages * ps < e->max_ctx)
+        e->max_ctx = e->n_pages * ps;
+    return VKI_OK;
+}
+
+static vki_status create_kv(vk_engine *e)
+{
+    uint32_t L = e->model.hp.n_layer;
+    e->k_pool = calloc(L, sizeof *e->k_pool);
+    e->v_pool = calloc(L, sizeof *e->v_pool);
+    if (!e->k_pool || !e->v_pool)
+        return VKI_ERR_OUT_OF_HOST_MEMORY;
+    VkDeviceSize bytes = (VkDeviceSize)e->n_pages * op_kv_page_bytes(&e->attn.s);
+    for (uint32_t il = 0; il < L; il++) {
+        char name[48];
+        vki_status st;
+        snprintf(name, sizeof name, "kv K layer %u", il);
+        if ((st = vkd_buffer_create(e->dev, bytes, VKD_MEM_DEVICE, name, &e->k_pool[il])) != VKI_OK)
+            return st;
+        snprintf(name, sizeof name, "kv V layer %u", il);
+        if ((st = vkd_buffer_create(e->dev, bytes, VKD_MEM_DEVICE, name, &e->v_pool[il])) != VKI_OK)
+            return st;
+        e->kv_bytes += 2 * bytes;
+    }
+    return VKI_OK;
+}
+
+static vki_status prepare_pipelines(vk_engine *e)
+{
+    vki_status st = op_basic_prepare(e->dev);
+    const vk_model *m = &e->model;
+    uint32_t types[8], n = 0;
+    const vk_tensor *ws[] = {&m->tok_embd, vk_model_lm_head(m), &m->layers[0].wq, &m->layers[0].wk,
+                             &m->layers[0].wv, &m->layers[0].wo, &m->layers[0].w_gate, &m->layers[0].w_down};
+    types[n++] = VKI_GGML_F32;
+    /* quantised mixes (Q4_K_M) vary the type per layer: collect every type used */
+    for (uint32_t il = 0; il < m->hp.n_layer; il++) {
+        const vk_layer *L = &m->layers[il];
+        const vk_tensor *lw[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down};
+        for (size_t i = 0; i < sizeof lw / sizeof lw[0]; i++) {
+            bool seen = false;
+            for (uint32_t j = 0; j < n; j++)
+                seen |= types[j] == lw[i]->type;
+            if (!seen && n < 8)
+                types[n++] = lw[i]->type;
+        }
+    }
+    for (size_t i = 0; i < 2; i++) {
+        bool seen = false;
+        for (uint32_t j = 0; j < n; j++)
+            seen |= types[j] == ws[i]->type;
+        if (!seen && n < 8)
+            types[n++] = ws[i]->type;
+    }
+    for (uint32_t i = 0; st == VKI_OK && i < n; i++) {
+        if (!op_matmul_supported(e->dev, types[i])) {
+            vkd_log(e->dev, VKI_LOG_ERROR, "this device cannot run %s weights (needs 16-bit storage)",
+                    quant_get(types[i]) ? quant_get(types[i])->name : "?");
+            return VKI_ERR_UNSUPPORTED;
+        }
+        st = op_matmul_prepare(e->dev, types[i]);
+    }
+    return st;
+}
+
+vki_status vk_engine_create(vkd_device *d, const gguf_file *f, const model_hparams *hp, const model_tensors *t,
+                            const vk_engine_params *p, vk_engine **out)
+{
+    *out = NULL;
+    vk_engine *e = calloc(1, sizeof *e);
+    if (!e)
+        return VKI_ERR_OUT_OF_HOST_MEMORY;
+    e->dev = d;
+    e->p = p ? *p : vk_engine_default_params();
+    if (!e->p.page_size || !e->p.max_seqs || !e->p.max_tokens ||
+        (e->p.kv_type != VKI_GGML_F16 && e->p.kv_type != VKI_GGML_F32) || !(e->p.kv_fraction > 0 && e->p.kv_fraction <= 1)) {
+        vkd_log(d, VKI_LOG_ERROR, "engine params: page_size, max_seqs, max_tokens must be > 0, kv_type f16/f32, "
+                "kv_fraction in (0, 1]");
+        free(e);
+        return VKI_ERR_INVALID_ARG;
+    }
+    e->max_ctx = e->p.max_ctx ? e->p.max_ctx : hp->n_ctx_train;
+    e->max_out = e->p.max_seqs < e->p.max_tokens ? e->p.max_seqs : e->p.max_tokens;
+    op_attn_shape shape = {.n_heads = hp->n_head, .n_kv_heads = hp->n_head_kv, .head_dim = hp->head_dim,
+                           .page_size = e->p.page_size, .kv_type = e->p.kv_type};
+    vki_status st = op_attn_setup(d, &shape, &e->attn);
+    if (st == VKI_OK)
+        st = vk_model_load(d, f, hp, t, e->p.progress, &e->model);
+    if (st == VKI_OK)
+        st = prepare_pipelines(e);
+    if (st == VKI_OK) {
+        e->in.max_items = op_attn_max_items(&e->attn, e->p.max_seqs, e->p.max_tokens);
+        e->in.info = calloc(e->p.max_seqs, sizeof *e->in.info);
+        e->in.items = calloc(e->in.max_items, sizeof *e->in.items);
+        st = e->in.info && e->in.items ? VKI_OK : VKI_ERR_OUT_OF_HOST_MEMORY;
+    }
+    if (st == VKI_OK)
+        st = create_scratch(e);
+    if (st == VKI_OK)
+        st = size_inputs(e, (uint64_t)e->p.max_seqs * 16);
+    if (st == VKI_OK)
+        st = op_sampler_create(d, e->max_out, hp->n_vocab, &e->sampler);
+    if (st == VKI_OK)
+        st = vkd_cmd_create(d, "step", &e->cmd);
+    if (st == VKI_OK && e->p.profile_dispatches)
+        st = vkd_cmd_enable_profiling(&e->cmd, e->p.profile_dispatches);
+    if (st == VKI_OK)
+        st = size_kv(e);
+    if (st == VKI_OK)
+        st = create_kv(e);
+    if (st != VKI_OK) {
+        vk_engine_destroy(e);
+        return st;
+    }
+    *out = e;
+    return VKI_OK;
+}
+
+void vk_engine_destroy(vk_engine *e)
+{
+    if (!e)
+        return;
+    vkd_cmd_destroy(&e->cmd);
+    op_sampler_destroy(e->sampler);
+    for (uint32_t il = 0; il < e->model.hp.n_layer; il++) {
+        if (e->k_pool)
+            vkd_buffer_destroy(e->dev, e->k_pool[il]);
+        if (e->v_pool)
+            vkd_buffer_destroy(e->dev, e->v_pool[il]);
+    }
+    free(e->k_pool);
+    free(e->v_pool);
+    destroy_scratch(e);
+    vkd_buffer_destroy(e->dev, e->in.host);
+    vkd_buffer_destroy(e->dev, e->in.dev);
+    free(e->in.info);
+    free(e->in.items);
+    vk_model_free(e->dev, &e->model);
+    free(e);
+}
+
+/* ---- the step ------------------------------------------------------------------------------ */
+
+static vki_status bad_plan(vk_engine *e, const char *what, uint32_t i)
+{
+    vkd_log(e->dev, VKI_LOG_ERROR, "step plan refused: sequence %u: %s", i, what);
+    return VKI_ERR_INVALID_ARG;
+}
+
+/* Checks everything the kernels rely on; counts page-table entries and rows that want tokens. */
+static vki_status check_plan(vk_engine *e, const vki_step_plan *plan, uint64_t *n_pt, uint32_t *n_out)
+{
+    uint64_t tokens = 0;
+    *n_pt = 0;
+    *n_out = 0;
+    if (!plan || plan->n_seqs == 0 || plan->n_seqs > e->p.max_seqs || !plan->seqs)
+        return bad_plan(e, "n_seqs must be in [1, max_seqs]", 0);
+    for (uint32_t i = 0; i < plan->n_seqs; i++) {
+        const vki_step_seq *s = &plan->seqs[i];
+        if (s->n_new == 0 || !s->tokens || s->slot >= e->p.max_seqs)
+            return bad_plan(e, "needs n_new >= 1, tokens and slot < max_seqs", i);
+        if ((uint64_t)s->pos0 + s->n_new > e->max_ctx)
+            return bad_plan(e, "pos0 + n_new exceeds the context length", i);
+        uint32_t need = (s->pos0 + s->n_new + e->p.page_size - 1) / e->p.page_size;
+        if (s->n_pages < need || !s->pages)
+            return bad_plan(e, "page table does not cover pos0 + n_new", i);
+        for (uint32_t j = 0; j < need; j++)
+            if (s->pages[j] >= e->n_pages)
+                return bad_plan(e, "page id outside the KV pool", i);
+        for (uint32_t j = 0; j < s->n_new; j++)
+            if (s->tokens[j] < 0 || (uint32_t)s->tokens[j] >= e->model.hp.n_vocab)
+                return bad_plan(e, "token id outside the vocabulary", i);
+        for (uint32_t j = 0; j < i; j++)
+            if (plan->seqs[j].slot == s->slot)
+                return bad_plan(e, "slot appears twice", i);
+        tokens += s->n_new;
+        *n_pt += need;
+        *n_out += s->want_token;
+    }
+    if (tokens != plan->n_tokens || tokens > e->p.max_tokens)
+        return bad_plan(e, "n_tokens must equal the sum of n_new and be <= max_tokens", 0);
+    return VKI_OK;
+}
+
+/* Packs tokens, positions, sequence table, page table, attention items and LM-head rows. */
+static vki_status pack_inputs(vk_engine *e, const vki_step_plan *plan, uint64_t n_pt, op_attn_plan *ap)
+{
+    vki_status st = size_inputs(e, n_pt);
+    if (st != VKI_OK)
+        return st;
+    vk_step_inputs *in = &e->in;
+    char *base = in->host->mapped;
+    int32_t *tok = (int32_t *)(base + in->off_tokens), *rows = (int32_t *)(base + in->off_rows);
+    uint32_t *pos = (uint32_t *)(base + in->off_pos), *seq = (uint32_t *)(base + in->off_seq);
+    uint32_t *pt = (uint32_t *)(base + in->off_pages);
+    uint32_t row = 0, pto = 0, n_out = 0;
+    for (uint32_t i = 0; i < plan->n_seqs; i++) {
+        const vki_step_seq *s = &plan->seqs[i];
+        uint32_t need = (s->pos0 + s->n_new + e->p.page_size - 1) / e->p.page_size;
+        in->info[i] = (vki_seq_info){.row0 = row, .n_new = s->n_new, .n_ctx = s->pos0 + s->n_new, .pt_off = pto};
+        for (uint32_t j = 0; j < s->n_new; j++) {
+            tok[row + j] = s->tokens[j];
+            pos[row + j] = s->pos0 + j;
+            seq[row + j] = i;
+        }
+        memcpy(pt + pto, s->pages, need * sizeof *pt);
+        if (s->want_token)
+            rows[n_out++] = (int32_t)(row + s->n_new - 1);
+        row += s->n_new;
+        pto += need;
+    }
+    memcpy(base + in->off_info, in->info, plan->n_seqs * sizeof *in->info);
+    st = op_attn_plan_build(&e->attn, in->info, plan->n_seqs, in->items, in->max_items, ap);
+    if (st == VKI_OK)
+        memcpy(base + in->off_items, in->items, (size_t)ap->n_items * sizeof *in->items);
+    in->used = in->off_pages + (VkDeviceSize)pto * 4;
+    return st;
+}
+
+static double now_ms(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return t.tv_sec * 1e3 + t.tv_nsec * 1e-6;
+}
+
+vki_status vk_engine_step(vk_engine *e, const vki_step_plan *plan, vki_step_out *outs, float *logits)
+{
+    double t0 = now_ms();
+    uint64_t n_pt;
+    uint32_t n_out;
+    vki_status st = check_plan(e, plan, &n_pt, &n_out);
+    if (st != VKI_OK)
+        return st;
+    op_attn_plan ap;
+    if ((st = pack_inputs(e, plan, n_pt, &ap)) != VKI_OK)
+        return st;
+    char err[256] = "";
+    if (n_out && (st = op_sampler_pack_plan(e->sampler, plan, err, sizeof err)) != VKI_OK) {
+        vkd_log(e->dev, VKI_LOG_ERROR, "sampling parameters refused: %s", err);
+        return st;
+    }
+    if ((st = vkd_cmd_begin(&e->cmd)) != VKI_OK)
+        return st;
+    vkd_label_begin(&e->cmd, "step %llu", (unsigned long long)e->n_steps);
+    vkd_copy(&e->cmd, e->in.host, 0, e->in.dev, 0, e->in.used);
+    vkd_barrier_transfer_to_compute(&e->cmd);
+    e->attn_plan = ap;
+    st = vk_forward_record(e, plan, n_out);
+    if (st == VKI_OK && n_out) {
+        vkd_barrier(&e->cmd);
+        st = op_sampler_record(e->sampler, &e->cmd, vkd_whole(e->s.logits), vk_engine_logits_stride(e));
+    }
+    vkd_label_end(&e->cmd);
+    if (st != VKI_OK) {
+        vkd_cmd_abort(&e->cmd);
+        return st;
+    }
+    if ((st = vkd_cmd_submit_wait(&e->cmd)) != VKI_OK)
+        return st;
+    if (n_out)
+        op_sampler_read_plan(e->sampler, plan, outs);
+    for (uint32_t i = 0; logits && i < n_out; i++) {
+        st = vkd_download(e->dev, e->s.logits, (VkDeviceSize)i * vk_engine_logits_stride(e) * 4,
+                          logits + (size_t)i * e->model.hp.n_vocab, (size_t)e->model.hp.n_vocab * 4);
+        if (st != VKI_OK)
+            return st;
+    }
+    e->n_steps++;
+    e->last_step_ms = now_ms() - t0;
+    return VKI_OK;
+}

@@ -1,0 +1,91 @@
+/* The GPU engine: a device, a model's weights, the paged KV cache, activation scratch and the
+ * per-step inputs; vk_engine_step() runs one step plan (engine/step.h) as one command buffer:
+ * upload inputs -> embedding -> layers -> LM head on the rows that want a token -> sampling.
+ * Knows nothing of requests, queues, tokenizers or HTTP. */
+#ifndef VKI_ENGINE_ENGINE_H
+#define VKI_ENGINE_ENGINE_H
+
+#include "engine/model.h"
+#include "engine/ops_attn.h"
+#include "engine/ops_sample.h"
+#include "engine/step.h"
+
+typedef struct vk_engine_params {
+    uint32_t page_size;     /* tokens per KV page (default 16) */
+    uint32_t kv_type;       /* VKI_GGML_F16 (default) or VKI_GGML_F32 */
+    uint64_t kv_tokens;     /* KV pool capacity in tokens; 0: kv_fraction of free memory */
+    float kv_fraction;      /* of the device-local heap budget left after weights (default 0.8) */
+    uint32_t max_seqs;      /* sequence slots (default 256) */
+    uint32_t max_tokens;    /* new tokens per step: activation scratch rows (default 2048) */
+    uint32_t max_ctx;       /* longest sequence; 0: the model's context length */
+    bool progress;          /* progress bar on stderr while loading weights */
+    uint32_t profile_dispatches; /* > 0: GPU timestamps for up to this many dispatches per step */
+} vk_engine_params;
+
+vk_engine_params vk_engine_default_params(void);
+
+/* Scratch buffers for max_tokens rows (T) and max_out rows that want logits (R). */
+typedef struct vk_scratch {
+    vkd_buffer *x;          /* f32 [T][d] residual stream */
+    vkd_buffer *h;          /* f32 [T][d] normed input of attention / FFN, also wo / w_down output */
+    vkd_buffer *q;          /* f32 [T][n_head * hd] */
+    vkd_buffer *k, *v;      /* f32 [T][n_head_kv * hd] */
+    vkd_buffer *att;        /* f32 [T][n_head * hd] attention output */
+    vkd_buffer *g, *u;      /* f32 [T][d_ff] FFN gate / up (g also holds silu(g) * u) */
+    vkd_buffer *xs;         /* f32 [R][d] rows that want logits, then normed */
+    vkd_buffer *logits;     /* f32 [R][n_vocab] */
+    vkd_buffer *attn_tmp;   /* split-K partials (op_attn_scratch_bytes) */
+    vkd_buffer *rope_freqs; /* f32 [2 * n_rot] rotation table (op_rope_freqs) */
+} vk_scratch;
+
+/* Per-step inputs: packed on the host into `host` (host-visible), copied into `dev` with one
+ * transfer at the start of the step. Offsets are in bytes and aligned for binding. */
+typedef struct vk_step_inputs {
+    vkd_buffer *host, *dev;
+    VkDeviceSize cap;       /* bytes of each buffer */
+    VkDeviceSize off_tokens, off_pos, off_seq, off_info, off_pages, off_items, off_rows, used;
+    /* host-side staging of the arrays before the copy into `host` */
+    vki_seq_info *info;     /* [max_seqs] */
+    vki_attn_item *items;   /* [max_items] */
+    uint32_t max_items;
+} vk_step_inputs;
+
+typedef struct vk_engine {
+    vkd_device *dev;
+    vk_engine_params p;
+    vk_model model;
+    op_attn attn;
+    uint32_t n_pages;       /* KV pages per layer pool */
+    vkd_buffer **k_pool;    /* [n_layer] K pages: [n_pages][n_head_kv][page_size][hd] */
+    vkd_buffer **v_pool;    /* [n_layer] V pages, same */
+    uint64_t kv_bytes;
+    uint32_t max_out;       /* R: most rows that want a token in one step */
+    uint32_t max_ctx;
+    vk_scratch s;
+    vk_step_inputs in;
+    op_attn_plan attn_plan; /* the current step's attention work list */
+    op_sampler *sampler;
+    vkd_cmd cmd;
+    uint64_t n_steps;
+    double last_step_ms;
+} vk_engine;
+
+/* Loads the model's weights (hp, t found in f), sizes and allocates the KV pools and scratch,
+ * creates every pipeline. Errors leave nothing allocated. */
+vki_status vk_engine_create(vkd_device *d, const gguf_file *f, const model_hparams *hp,
+                            const model_tensors *t, const vk_engine_params *p, vk_engine **out);
+void vk_engine_destroy(vk_engine *e);
+
+/* Runs one step. outs: one entry per sequence with want_token, in plan order. logits (optional):
+ * the raw logits rows of those sequences, [n_want][n_vocab], read back after the step (tests and
+ * debugging; costs a device->host copy). Invalid plans are refused with VKI_ERR_INVALID_ARG and
+ * a log message before anything is recorded. */
+vki_status vk_engine_step(vk_engine *e, const vki_step_plan *plan, vki_step_out *outs, float *logits);
+
+/* Floats between rows of the logits buffer (vocab rounded up so each row can start a binding). */
+uint32_t vk_engine_logits_stride(const vk_engine *e);
+
+/* Records the forward pass of a validated, uploaded plan (engine/forward.c). */
+vki_status vk_forward_record(vk_engine *e, const vki_step_plan *plan, uint32_t n_out);
+
+#endif

@@ -1,0 +1,139 @@
+/* The forward pass of one step, recorded into the step's command buffer. Reads like the model:
+ *
+ *   x = embed(tokens)                                       x: [T][d]
+ *   for each layer:
+ *     h = rmsnorm(x) * attn_norm
+ *     q, k, v = h Wq (+bq), h Wk (+bk), h Wv (+bv)          [T][n_head*hd], [T][n_kv*hd] x2
+ *     q, k = rope(q, pos), rope(k, pos)
+ *     K/V pages <- k, v                                     (each token at its position)
+ *     att = attention(q, K/V pages of its sequence)         [T][n_head*hd]
+ *     x = x + att Wo
+ *     h = rmsnorm(x) * ffn_norm
+ *     x = x + (silu(h Wgate) * (h Wup)) Wdown
+ *   logits = (rmsnorm(x[rows that want a token]) * output_norm) Wout     [R][vocab]
+ *
+ * A barrier separates each stage from the next; independent dispatches of one stage (Q, K, V
+ * projections; gate and up) share one. */
+#include "engine/engine.h"
+#include "engine/ops_basic.h"
+#include "engine/ops_matmul.h"
+
+#define TRY(x)                                                                                  \
+    do {                                                                                        \
+        vki_status st_ = (x);                                                                   \
+        if (st_ != VKI_OK)                                                                      \
+            return st_;                                                                         \
+    } while (0)
+
+static vkd_view in_view(const vk_engine *e, VkDeviceSize off, VkDeviceSize bytes)
+{
+    return (vkd_view){e->in.dev, off, bytes ? bytes : 4};
+}
+
+static const vkd_view *bias_view(const vk_tensor *b, vkd_view *tmp)
+{
+    if (!b->n_parts)
+        return NULL;
+    *tmp = vkd_whole(b->parts[0].buf);
+    return tmp;
+}
+
+static vki_status record_attention_block(vk_engine *e, uint32_t il, uint32_t T, const op_attn_step *ast)
+{
+    const model_hparams *hp = &e->model.hp;
+    const vk_layer *L = &e->model.layers[il];
+    vk_scratch *s = &e->s;
+    vkd_cmd *c = &e->cmd;
+    uint32_t d = hp->d_model, qd = hp->n_head * hp->head_dim, kvd = hp->n_head_kv * hp->head_dim;
+    vkd_view b;
+    TRY(op_rmsnorm(c, op_mat_rows(s->x, d), vkd_whole(L->attn_norm.parts[0].buf), op_mat_rows(s->h, d), T, d,
+                   hp->rms_eps));
+    vkd_barrier(c);
+    TRY(op_matmul(c, &L->wq, bias_view(&L->bq, &b), vkd_whole(s->h), d, vkd_whole(s->q), qd, T));
+    TRY(op_matmul(c, &L->wk, bias_view(&L->bk, &b), vkd_whole(s->h), d, vkd_whole(s->k), kvd, T));
+    TRY(op_matmul(c, &L->wv, bias_view(&L->bv, &b), vkd_whole(s->h), d, vkd_whole(s->v), kvd, T));
+    vkd_barrier(c);
+    op_rope_p rq = {.n_tokens = T, .n_heads = hp->n_head, .head_dim = hp->head_dim, .n_rot = hp->n_rot,
+                    .neox = hp->rope_neox};
+    op_rope_p rk = rq;
+    rk.n_heads = hp->n_head_kv;
+    TRY(op_rope(c, &rq, op_mat_rows(s->q, qd), op_mat_rows(s->q, qd), ast->tok_pos, vkd_whole(s->rope_freqs)));
+    TRY(op_rope(c, &rk, op_mat_rows(s->k, kvd), op_mat_rows(s->k, kvd), ast->tok_pos, vkd_whole(s->rope_freqs)));
+    vkd_barrier(c);
+    TRY(op_kv_write(c, &e->attn, ast, op_mat_rows(s->k, kvd), op_mat_rows(s->v, kvd), vkd_whole(e->k_pool[il]),
+                    vkd_whole(e->v_pool[il])));
+    vkd_barrier(c);
+    TRY(op_attention(c, &e->attn, ast, op_mat_rows(s->q, qd), op_mat_rows(s->att, qd), vkd_whole(e->k_pool[il]),
+                     vkd_whole(e->v_pool[il]), vkd_whole(s->attn_tmp)));
+    vkd_barrier(c);
+    TRY(op_matmul(c, &L->wo, NULL, vkd_whole(s->att), qd, vkd_whole(s->h), d, T));
+    vkd_barrier(c);
+    TRY(op_add(c, vkd_whole(s->x), vkd_whole(s->h), vkd_whole(s->x), T * d));
+    vkd_barrier(c);
+    return VKI_OK;
+}
+
+static vki_status record_ffn_block(vk_engine *e, uint32_t il, uint32_t T)
+{
+    const model_hparams *hp = &e->model.hp;
+    const vk_layer *L = &e->model.layers[il];
+    vk_scratch *s = &e->s;
+    vkd_cmd *c = &e->cmd;
+    uint32_t d = hp->d_model, ff = hp->d_ff;
+    TRY(op_rmsnorm(c, op_mat_rows(s->x, d), vkd_whole(L->ffn_norm.parts[0].buf), op_mat_rows(s->h, d), T, d,
+                   hp->rms_eps));
+    vkd_barrier(c);
+    TRY(op_matmul(c, &L->w_gate, NULL, vkd_whole(s->h), d, vkd_whole(s->g), ff, T));
+    TRY(op_matmul(c, &L->w_up, NULL, vkd_whole(s->h), d, vkd_whole(s->u), ff, T));
+    vkd_barrier(c);
+    TRY(op_swiglu(c, op_mat_rows(s->g, ff), op_mat_rows(s->u, ff), op_mat_rows(s->g, ff), T, ff));
+    vkd_barrier(c);
+    TRY(op_matmul(c, &L->w_down, NULL, vkd_whole(s->g), ff, vkd_whole(s->h), d, T));
+    vkd_barrier(c);
+    TRY(op_add(c, vkd_whole(s->x), vkd_whole(s->h), vkd_whole(s->x), T * d));
+    vkd_barrier(c);
+    return VKI_OK;
+}
+
+vki_status vk_forward_record(vk_engine *e, const vki_step_plan *plan, uint32_t n_out)
+{
+    const model_hparams *hp = &e->model.hp;
+    const vk_step_inputs *in = &e->in;
+    vk_scratch *s = &e->s;
+    vkd_cmd *c = &e->cmd;
+    uint32_t T = plan->n_tokens, d = hp->d_model;
+    op_attn_step ast = {
+        .tok_pos = in_view(e, in->off_pos, (VkDeviceSize)T * 4),
+        .tok_seq = in_view(e, in->off_seq, (VkDeviceSize)T * 4),
+        .seq_info = in_view(e, in->off_info, (VkDeviceSize)plan->n_seqs * sizeof(vki_seq_info)),
+        .page_table = in_view(e, in->off_pages, in->used - in->off_pages),
+        .items = in_view(e, in->off_items, (VkDeviceSize)e->attn_plan.n_items * sizeof(vki_attn_item)),
+        .plan = &e->attn_plan};
+
+    vkd_label_begin(c, "embed");
+    TRY(op_get_rows(c, &e->model.tok_embd, in_view(e, in->off_tokens, (VkDeviceSize)T * 4), T, vkd_whole(s->x), d));
+    vkd_label_end(c);
+    vkd_barrier(c);
+    for (uint32_t il = 0; il < hp->n_layer; il++) {
+        vkd_label_begin(c, "layer %u", il);
+        vki_status st = record_attention_block(e, il, T, &ast);
+        if (st == VKI_OK)
+            st = record_ffn_block(e, il, T);
+        vkd_label_end(c);
+        if (st != VKI_OK)
+            return st;
+    }
+    if (!n_out)
+        return VKI_OK;
+    vkd_label_begin(c, "lm head");
+    TRY(op_gather_rows(c, vkd_whole(s->x), d, T, d, in_view(e, in->off_rows, (VkDeviceSize)n_out * 4), n_out,
+                       vkd_whole(s->xs), d));
+    vkd_barrier(c);
+    TRY(op_rmsnorm(c, op_mat_rows(s->xs, d), vkd_whole(e->model.output_norm.parts[0].buf), op_mat_rows(s->xs, d),
+                   n_out, d, hp->rms_eps));
+    vkd_barrier(c);
+    TRY(op_matmul(c, vk_model_lm_head(&e->model), NULL, vkd_whole(s->xs), d, vkd_whole(s->logits),
+                  vk_engine_logits_stride(e), n_out));
+    vkd_label_end(c);
+    return VKI_OK;
+}
