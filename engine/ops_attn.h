@@ -20,7 +20,7 @@ typedef struct op_attn_shape {
     uint32_t n_heads, n_kv_heads; /* n_heads % n_kv_heads == 0 (GQA; MQA: n_kv_heads = 1) */
     uint32_t head_dim;            /* multiple of 8, 8..256 */
     uint32_t page_size;           /* tokens per page (default 16) */
-    uint32_t kv_type;             /* VKI_GGML_F16 (default) or VKI_GGML_F32 */
+    uint32_t kv_type;             /* VKI_GGML_F16 (the engine default) or VKI_GGML_F32 (= 0) */
     float scale;                  /* softmax scale; 0 = 1/sqrt(head_dim) */
 } op_attn_shape;
 

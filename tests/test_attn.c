@@ -417,7 +417,7 @@ static void test_plan(void **state)
     assert_true(pages > 0 && pages * op_kv_page_bytes(&s) <= g->dev->info.max_storage_buffer_range);
     assert_true((pages + 1) * op_kv_page_bytes(&s) > g->dev->info.max_storage_buffer_range ||
                 (pages + 1) * op_kv_page_bytes(&s) > g->dev->info.max_memory_allocation_size);
-    assert_int_equal(op_kv_page_bytes(&s), 2 * 64 * 2 * 16);
+    assert_int_equal(op_kv_page_bytes(&s), 4 * 64 * 2 * 16); /* kv_type 0 is VKI_GGML_F32 */
     vki_seq_info bad[1] = {{0, 5, 4, 0}};
     assert_int_equal(op_attn_plan_build(&a, bad, 1, it, cap, &p2), VKI_ERR_INVALID_ARG);
     free(it);
