@@ -35,7 +35,7 @@ vki_status op_basic_prepare(vkd_device *d);
 /* y[i] = a[i] + b[i], i < n. a, b, y: f32[n] (y may be a or b). */
 vki_status op_add(vkd_cmd *c, vkd_view a, vkd_view b, vkd_view y, uint32_t n);
 
-/* y[r, :] = x[r, :] / sqrt(mean(x[r, :]^2) + eps) * w, r < n_rows. w: f32[n_cols]. */
+/* y[r, :] = x[r, :] / sqrt(mean(x[r, :]^2) + eps) * w, r < n_rows. w: f32[n_cols]. y may be x. */
 vki_status op_rmsnorm(vkd_cmd *c, op_mat x, vkd_view w, op_mat y, uint32_t n_rows, uint32_t n_cols,
                       float eps);
 
