@@ -16,6 +16,7 @@
 
 #include "engine/device.h"
 #include "engine/kernels.h"
+#include "engine/ops_attn.h"
 #include "engine/ops_matmul.h"
 #include "engine/quant.h"
 #include "engine/tensor.h"
@@ -181,6 +182,211 @@ static vki_status get_rows_record(bench_run *r, vkd_cmd *c)
     .types = {VKI_GGML_F32, VKI_GGML_F16, VKI_GGML_Q8_0, VKI_GGML_Q4_0, VKI_GGML_Q4_K, VKI_GGML_Q6_K}, \
     .n_types = 6
 
+/* ---- row norms, elementwise, rope, attention (engine/ops_basic.h, engine/ops_attn.h) ------- */
+
+/* M rows of N floats. buf: 0 x, 1 w (or u), 2 y. */
+static vki_status rows_setup(bench_run *r)
+{
+    vki_status st = make_floats(r, (size_t)r->M * r->N, "bench x", &r->buf[0]);
+    if (st == VKI_OK)
+        st = make_floats(r, (size_t)r->M * r->N, "bench w", &r->buf[1]);
+    if (st == VKI_OK)
+        st = vkd_buffer_create(r->d, (size_t)r->M * r->N * 4, VKD_MEM_DEVICE, "bench y", &r->buf[2]);
+    r->bytes = 8.0 * r->M * r->N;
+    r->flops = 0;
+    return st;
+}
+
+static vki_status rmsnorm_setup(bench_run *r)
+{
+    vki_status st = rows_setup(r);
+    r->bytes = 8.0 * r->M * r->N + 4.0 * r->N;
+    r->flops = 4.0 * r->M * r->N;
+    return st;
+}
+
+static vki_status rmsnorm_record(bench_run *r, vkd_cmd *c)
+{
+    return op_rmsnorm(c, op_mat_rows(r->buf[0], r->N), vkd_whole(r->buf[1]), op_mat_rows(r->buf[2], r->N), r->M,
+                      r->N, 1e-5f);
+}
+
+static vki_status softmax_record(bench_run *r, vkd_cmd *c)
+{
+    return op_softmax(c, op_mat_rows(r->buf[0], r->N), op_mat_rows(r->buf[2], r->N), r->M, r->N, 1.0f);
+}
+
+static vki_status swiglu_setup(bench_run *r)
+{
+    vki_status st = rows_setup(r);
+    r->bytes = 12.0 * r->M * r->N;
+    return st;
+}
+
+static vki_status swiglu_record(bench_run *r, vkd_cmd *c)
+{
+    return op_swiglu(c, op_mat_rows(r->buf[0], r->N), op_mat_rows(r->buf[1], r->N), op_mat_rows(r->buf[2], r->N),
+                     r->M, r->N);
+}
+
+/* In place over M tokens x N heads x K head dims, NeoX. buf: 0 x, 1 pos, 2 freq table. */
+static vki_status rope_setup(bench_run *r)
+{
+    size_t n = (size_t)r->M * r->N * r->K;
+    uint32_t *pos = malloc(r->M * 4);
+    float *tab = malloc(2 * r->K * sizeof *tab);
+    vki_status st = pos && tab ? make_floats(r, n, "bench x", &r->buf[0]) : VKI_ERR_OUT_OF_HOST_MEMORY;
+    for (uint32_t i = 0; pos && i < r->M; i++)
+        pos[i] = 1000 + i;
+    if (tab)
+        op_rope_freqs(500000.0, 1.0, NULL, r->K, tab);
+    if (st == VKI_OK && (st = vkd_buffer_create(r->d, r->M * 4, VKD_MEM_DEVICE, "bench pos", &r->buf[1])) == VKI_OK)
+        st = vkd_upload(r->d, r->buf[1], 0, pos, r->M * 4);
+    if (st == VKI_OK && (st = vkd_buffer_create(r->d, 8 * r->K, VKD_MEM_DEVICE, "bench freqs", &r->buf[2])) == VKI_OK)
+        st = vkd_upload(r->d, r->buf[2], 0, tab, 8 * r->K);
+    free(pos);
+    free(tab);
+    r->bytes = 8.0 * n;
+    r->flops = 3.0 * n;
+    return st;
+}
+
+static vki_status rope_record(bench_run *r, vkd_cmd *c)
+{
+    op_rope_p p = {.n_tokens = r->M, .n_heads = r->N, .head_dim = r->K, .n_rot = r->K, .neox = true};
+    op_mat x = op_mat_rows(r->buf[0], r->N * r->K);
+    return op_rope(c, &p, x, x, vkd_whole(r->buf[1]), vkd_whole(r->buf[2]));
+}
+
+/* Attention with 32 query heads over 8 KV heads (GQA 4, Llama-3-8B-like), pages of 16, the KV
+ * type as `type`. decode: M one-token sequences of context N each; prefill: one sequence of M
+ * new tokens after N cached ones. K: head dim. buf: 0 q, 1 out, 2 K pool, 3 V pool, 4 the
+ * step buffers (tok_pos | tok_seq | seq_info | page_table | items, 256-byte aligned), 5 partials. */
+#define BA_HEADS 32u
+#define BA_KV 8u
+#define BA_PAGE 16u
+
+typedef struct attn_bench {
+    op_attn a;
+    op_attn_plan plan;
+    vki_seq_info *info;
+    vki_attn_item *items;
+    uint32_t n_seqs, n_pages, pt_len, cap;
+    VkDeviceSize off[5], size; /* byte offsets of the step buffers in buf[4] */
+} attn_bench;
+
+static void attn_bench_free(attn_bench *ab)
+{
+    free(ab->info);
+    free(ab->items);
+}
+
+/* Host side of the bench's step (pipelines, plan, offsets); the same for setup and record. */
+static vki_status attn_bench_plan(bench_run *r, bool decode, attn_bench *ab)
+{
+    memset(ab, 0, sizeof *ab);
+    op_attn_shape s = {.n_heads = BA_HEADS, .n_kv_heads = BA_KV, .head_dim = r->K, .page_size = BA_PAGE,
+                       .kv_type = r->type};
+    vki_status st = op_attn_setup(r->d, &s, &ab->a);
+    if (st != VKI_OK)
+        return st;
+    ab->n_seqs = decode ? r->M : 1;
+    uint32_t ctx = decode ? r->N : r->N + r->M, per = (ctx + BA_PAGE - 1) / BA_PAGE, n_tok = r->M;
+    ab->pt_len = per * ab->n_seqs;
+    ab->n_pages = ab->pt_len;
+    ab->cap = op_attn_max_items(&ab->a, ab->n_seqs, n_tok);
+    ab->info = malloc(ab->n_seqs * sizeof *ab->info);
+    ab->items = malloc((size_t)ab->cap * sizeof *ab->items);
+    if (!ab->info || !ab->items)
+        return VKI_ERR_OUT_OF_HOST_MEMORY;
+    for (uint32_t i = 0; i < ab->n_seqs; i++)
+        ab->info[i] = (vki_seq_info){.row0 = decode ? i : 0, .n_new = decode ? 1 : r->M, .n_ctx = ctx, .pt_off = i * per};
+    st = op_attn_plan_build(&ab->a, ab->info, ab->n_seqs, ab->items, ab->cap, &ab->plan);
+    VkDeviceSize sizes[5] = {4ull * n_tok, 4ull * n_tok, sizeof(vki_seq_info) * ab->n_seqs, 4ull * ab->pt_len,
+                             sizeof(vki_attn_item) * ab->plan.n_items};
+    for (int i = 0; i < 5; i++) {
+        ab->off[i] = ab->size;
+        ab->size += (sizes[i] + 255) / 256 * 256;
+    }
+    return st;
+}
+
+static vki_status make_kv_pool(bench_run *r, size_t n, const char *name, vkd_buffer **out)
+{
+    if (r->type == VKI_GGML_F32)
+        return make_floats(r, n, name, out);
+    uint8_t *h = malloc(2 * n);
+    if (!h)
+        return VKI_ERR_OUT_OF_HOST_MEMORY;
+    for (size_t i = 0; i < n; i++)
+        put_f16(h + 2 * i, rng_float(&r->rng));
+    vki_status st = vkd_buffer_create(r->d, 2 * n, VKD_MEM_DEVICE, name, out);
+    if (st == VKI_OK)
+        st = vkd_upload(r->d, *out, 0, h, 2 * n);
+    free(h);
+    return st;
+}
+
+static vki_status attn_setup(bench_run *r, bool decode)
+{
+    attn_bench ab;
+    vki_status st = attn_bench_plan(r, decode, &ab);
+    uint32_t n_tok = r->M, row = BA_HEADS * r->K;
+    size_t pool = (size_t)ab.n_pages * BA_KV * BA_PAGE * r->K;
+    uint8_t *step = st == VKI_OK ? calloc(1, ab.size) : NULL;
+    if (st == VKI_OK && !step)
+        st = VKI_ERR_OUT_OF_HOST_MEMORY;
+    if (step) {
+        for (uint32_t i = 0; i < ab.pt_len; i++)
+            memcpy(step + ab.off[3] + 4 * i, &i, 4);
+        memcpy(step + ab.off[2], ab.info, sizeof(vki_seq_info) * ab.n_seqs);
+        memcpy(step + ab.off[4], ab.items, sizeof(vki_attn_item) * ab.plan.n_items);
+    }
+    if (st == VKI_OK)
+        st = make_floats(r, (size_t)n_tok * row, "bench q", &r->buf[0]);
+    if (st == VKI_OK)
+        st = vkd_buffer_create(r->d, (size_t)n_tok * row * 4, VKD_MEM_DEVICE, "bench out", &r->buf[1]);
+    if (st == VKI_OK)
+        st = make_kv_pool(r, pool, "bench K", &r->buf[2]);
+    if (st == VKI_OK)
+        st = make_kv_pool(r, pool, "bench V", &r->buf[3]);
+    if (st == VKI_OK && (st = vkd_buffer_create(r->d, ab.size, VKD_MEM_DEVICE, "bench step", &r->buf[4])) == VKI_OK)
+        st = vkd_upload(r->d, r->buf[4], 0, step, ab.size);
+    uint64_t sb = op_attn_scratch_bytes(&ab.a, ab.plan.n_slots);
+    if (st == VKI_OK)
+        st = vkd_buffer_create(r->d, sb ? sb : 4, VKD_MEM_DEVICE, "bench partials", &r->buf[5]);
+    double esz = r->type == VKI_GGML_F16 ? 2 : 4, keys = (double)r->N + r->M;
+    double pairs = decode ? (double)r->M * r->N : (double)r->M * r->N + 0.5 * r->M * (r->M + 1.0);
+    r->bytes = (decode ? r->M : 1) * (decode ? r->N : keys) * BA_KV * r->K * 2 * esz + 8.0 * n_tok * row;
+    r->flops = 4.0 * pairs * BA_HEADS * r->K;
+    free(step);
+    attn_bench_free(&ab);
+    return st;
+}
+
+static vki_status attn_record(bench_run *r, vkd_cmd *c, bool decode)
+{
+    attn_bench ab;
+    vki_status st = attn_bench_plan(r, decode, &ab);
+    if (st == VKI_OK) {
+        const vkd_buffer *sb = r->buf[4];
+        vkd_view v[5];
+        for (int i = 0; i < 5; i++)
+            v[i] = (vkd_view){sb, ab.off[i], (i < 4 ? ab.off[i + 1] : ab.size) - ab.off[i]};
+        op_attn_step step = {v[0], v[1], v[2], v[3], v[4], &ab.plan};
+        uint32_t row = BA_HEADS * r->K;
+        st = op_attention(c, &ab.a, &step, op_mat_rows(r->buf[0], row), op_mat_rows(r->buf[1], row),
+                          vkd_whole(r->buf[2]), vkd_whole(r->buf[3]), vkd_whole(r->buf[5]));
+    }
+    attn_bench_free(&ab);
+    return st;
+}
+
+static vki_status attn_decode_setup(bench_run *r) { return attn_setup(r, true); }
+static vki_status attn_decode_record(bench_run *r, vkd_cmd *c) { return attn_record(r, c, true); }
+static vki_status attn_prefill_setup(bench_run *r) { return attn_setup(r, false); }
+static vki_status attn_prefill_record(bench_run *r, vkd_cmd *c) { return attn_record(r, c, false); }
+
 /* ---- the registration table ---------------------------------------------------------------- */
 
 static const bench_kernel benches[] = {
@@ -196,6 +402,26 @@ static const bench_kernel benches[] = {
      .full = {{512, 32000, 4096}, {1, 32000, 4096}},
      .small = {{128, 8000, 1024}, {1, 8000, 1024}},
      get_rows_setup, get_rows_record},
+    {"rmsnorm", "M rows, N columns", .types = {VKI_GGML_F32}, .n_types = 1,
+     .full = {{1, 4096, 1}, {512, 4096, 1}}, .small = {{1, 1024, 1}, {128, 1024, 1}},
+     rmsnorm_setup, rmsnorm_record},
+    {"softmax", "M rows, N columns", .types = {VKI_GGML_F32}, .n_types = 1,
+     .full = {{1, 128256, 1}, {512, 4096, 1}}, .small = {{1, 32000, 1}, {64, 1024, 1}},
+     rows_setup, softmax_record},
+    {"swiglu", "M rows, N columns", .types = {VKI_GGML_F32}, .n_types = 1,
+     .full = {{1, 14336, 1}, {512, 14336, 1}}, .small = {{1, 2816, 1}, {128, 2816, 1}},
+     swiglu_setup, swiglu_record},
+    {"rope", "M tokens, N heads, K head dim (NeoX, in place)", .types = {VKI_GGML_F32}, .n_types = 1,
+     .full = {{1, 32, 128}, {512, 32, 128}}, .small = {{1, 8, 64}, {128, 8, 64}},
+     rope_setup, rope_record},
+    {"attn_decode", "M sequences of context N, K head dim; 32/8 heads; type = KV cache",
+     .types = {VKI_GGML_F16, VKI_GGML_F32}, .n_types = 2,
+     .full = {{1, 4096, 128}, {1, 32768, 128}, {64, 1024, 128}}, .small = {{1, 512, 64}, {8, 256, 64}},
+     attn_decode_setup, attn_decode_record},
+    {"attn_prefill", "M new tokens after N cached, K head dim; 32/8 heads; type = KV cache",
+     .types = {VKI_GGML_F16, VKI_GGML_F32}, .n_types = 2,
+     .full = {{512, 0, 128}, {512, 3584, 128}, {2048, 0, 128}}, .small = {{128, 0, 64}, {64, 448, 64}},
+     attn_prefill_setup, attn_prefill_record},
 };
 #define N_BENCHES (sizeof benches / sizeof benches[0])
 
