@@ -17,6 +17,9 @@ _Static_assert(PUSH_OK(vki_pc_swiglu), "push struct vki_pc_swiglu");
 _Static_assert(PUSH_OK(vki_pc_softmax), "push struct vki_pc_softmax");
 _Static_assert(PUSH_OK(vki_pc_kv_write), "push struct vki_pc_kv_write");
 _Static_assert(PUSH_OK(vki_pc_attn), "push struct vki_pc_attn");
+_Static_assert(PUSH_OK(vki_pc_sample), "push struct vki_pc_sample");
+_Static_assert(sizeof(vki_sample_row) == 64 && sizeof(vki_sample_edit) == 12 &&
+                   sizeof(vki_sample_out) == 16 + 8 * VKI_SAMPLE_MAX_TOP, "std430 scalar-only sample structs");
 _Static_assert(sizeof(vki_seq_info) == 16 && sizeof(vki_attn_item) == 16, "std430 uvec4-sized structs");
 
 #define SPV(name) .spv = vki_spv_##name, .spv_size = &vki_spv_##name##_size
@@ -62,6 +65,9 @@ static const vkk_desc kernel_table[] = {
     ATTN_ROWS(F16, f16), ATTN_ROWS(F32, f32),
     [VKK_ATTN_REDUCE] = {"attn_reduce", SPV(attn_reduce), .n_bindings = 4, .push_size = sizeof(vki_pc_attn),
                          .n_spec = 1, .spec_default = {64}},
+    /* engine/ops_sample.c: spec {WG} */
+    [VKK_SAMPLE] = {"sample", SPV(sample), .n_bindings = 5, .push_size = sizeof(vki_pc_sample),
+                    .n_spec = 1, .spec_default = {256}},
 };
 _Static_assert(sizeof kernel_table / sizeof kernel_table[0] == VKK_COUNT, "one table row per kernel");
 

@@ -24,6 +24,8 @@ typedef enum vkk_id {
     /* paged KV writes and attention (engine/ops_attn.c), per KV element type */
     VKK_KV_WRITE_F16, VKK_KV_WRITE_F32, VKK_ATTN_DECODE_F16, VKK_ATTN_DECODE_F32,
     VKK_ATTN_PREFILL_F16, VKK_ATTN_PREFILL_F32, VKK_ATTN_REDUCE,
+    /* sampling stage (engine/ops_sample.c) */
+    VKK_SAMPLE,
     VKK_COUNT
 } vkk_id;
 

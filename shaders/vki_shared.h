@@ -185,4 +185,63 @@ VKI_STRUCT(vki_pc_attn) {
     vki_f32 scale_log2e; /* softmax scale (1/sqrt(head_dim) by default) times log2(e) */
 };
 
+/* ---- sampling (engine/ops_sample.h, shaders/sample.comp, CPU reference engine/sample_ref.h) --
+ * One workgroup per logits row. The host packs each row's parameters (sample_pack_row) into
+ * host-derived constants (1/temperature, T*log(min_p), top_p in 2^-32 units...) so that the GPU
+ * and the CPU reference do the same float arithmetic; only exp() may differ by a few ulp.
+ * Order: penalties over the history, logit bias, temperature, top-k, top-p, min-p, draw.
+ * Order of tokens for every cut: (logit descending, id ascending), so exactly k survive top-k. */
+#define VKI_SAMPLE_MAX_TOP 20     /* top logprob alternatives per row */
+#define VKI_SAMPLE_GREEDY 1u      /* temperature 0: argmax after penalties and bias, lowest id */
+#define VKI_SAMPLE_LOGPROBS 2u    /* fill vki_sample_out.logprob */
+
+/* One sampled row's parameters (rows binding, vki_sample_row[n_rows]). */
+VKI_STRUCT(vki_sample_row) {
+    vki_f32 inv_temp;    /* 1 / temperature (unused with VKI_SAMPLE_GREEDY) */
+    vki_u32 top_k;       /* 0: off (also when >= n_vocab) */
+    vki_u32 top_p32;     /* top_p * 2^32 truncated, >= 1; 0: off (top_p == 1) */
+    vki_f32 min_p_delta; /* temperature * log(min_p) <= 0: keep z >= z_max + delta; -inf: off */
+    vki_f32 rep;         /* repetition penalty: z = z > 0 ? z * inv_rep : z * rep */
+    vki_f32 inv_rep;
+    vki_f32 presence;    /* z -= count * frequency + presence, for count > 0 */
+    vki_f32 frequency;
+    vki_u32 edit0;       /* this row's edits: edits[edit0 .. edit0 + n_edits) */
+    vki_u32 n_edits;
+    vki_u32 seed_lo, seed_hi; /* Philox4x32-10 key */
+    vki_u32 position;    /* Philox counter word 0: position of the token being sampled */
+    vki_u32 n_top;       /* top logprob alternatives wanted, 0..VKI_SAMPLE_MAX_TOP */
+    vki_u32 flags;       /* VKI_SAMPLE_* */
+    vki_u32 pad;
+};
+
+/* One distinct token of a row that has a penalty count or a bias (edits binding): applied in
+ * place to the logits row, penalties first, then bias; the row is restored before the kernel
+ * ends. Entries of one row have distinct tokens (sample_pack_row merges duplicates). */
+VKI_STRUCT(vki_sample_edit) {
+    vki_i32 token;
+    vki_u32 count;       /* occurrences in the penalty window (0: bias only) */
+    vki_f32 bias;        /* added after the penalties; -inf bans the token */
+};
+
+/* What comes back per row (out binding, vki_sample_out[n_rows]). */
+VKI_STRUCT(vki_sample_out) {
+    vki_i32 token;       /* chosen id; -1 when every logit is -inf or NaN after bias */
+    vki_f32 logprob;     /* log-softmax of the raw logits at token (VKI_SAMPLE_LOGPROBS), else 0 */
+    vki_u32 n_top;       /* alternatives filled: min(n_top, n_vocab) */
+    vki_u32 n_kept;      /* tokens with nonzero probability after the cuts (1 when greedy) */
+    vki_i32 top_tokens[VKI_SAMPLE_MAX_TOP];   /* by raw logprob descending, ties lowest id */
+    vki_f32 top_logprobs[VKI_SAMPLE_MAX_TOP];
+};
+
+/* sample: rows row0 .. row0 + groups - 1 of the rows/out bindings; logits row r of this dispatch
+ * is logits[(r - row0) * row_stride ..] of its binding (the view starts at row row0).
+ * bindings: 0 logits (f32[rows, row_stride], read-write, restored), 1 rows (vki_sample_row[]),
+ *           2 edits (vki_sample_edit[]), 3 saved (f32[n_edits]: raw logits under the edits),
+ *           4 out (vki_sample_out[]) */
+VKI_STRUCT(vki_pc_sample) {
+    vki_u32 n_vocab;
+    vki_u32 row_stride;  /* floats between logits rows, >= n_vocab */
+    vki_u32 row0;
+};
+
 #endif /* VKI_SHARED_H */

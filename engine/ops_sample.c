@@ -1,0 +1,237 @@
+/* Recording of the sampling stage and the sampler object that owns its small buffers. */
+#include "engine/ops_sample.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+struct op_sampler {
+    vkd_device *d;
+    uint32_t max_rows, n_vocab, wg;
+    uint32_t n_rows;         /* rows packed by the last successful pack */
+    uint32_t cap_edits;      /* entries of edits / saved / h_edits */
+    vkd_buffer *rows;        /* host-visible vki_sample_row [max_rows] */
+    vkd_buffer *out;         /* host-visible vki_sample_out [max_rows] */
+    vkd_buffer *edits;       /* host-visible vki_sample_edit [cap_edits] */
+    vkd_buffer *saved;       /* device f32 [cap_edits] */
+    vki_sample_edit *h_edits;/* [cap_edits] packing area in cached host memory (it is sorted) */
+    sample_req *reqs;        /* [max_rows] pack_plan's requests */
+};
+
+/* Shared memory of sample.comp: histograms (3 KiB) + 16 bytes per invocation + ~0.6 KiB. */
+static uint32_t shared_bytes(uint32_t wg) { return 3072 + 16 * wg + 640; }
+
+/* About 32 ids per invocation: the chunked passes' serial tails (one owner scans its chunk) stay
+ * short, and a 32k vocabulary gets 1024 invocations (32 warps to hide memory latency on NVIDIA).
+ * Small vocabularies use fewer invocations so the barriers cost less. */
+uint32_t op_sample_wg(const vkd_device *d, uint32_t n_vocab)
+{
+    uint32_t wg = 64;
+    while (wg < 1024 && (uint64_t)wg * 32 < n_vocab && 2 * wg <= d->info.max_workgroup_invocations &&
+           shared_bytes(2 * wg) <= d->info.max_compute_shared_memory)
+        wg *= 2;
+    return wg;
+}
+
+static vki_status check_args(vkd_device *d, const op_sample_args *a, VkDeviceSize *row_bytes, uint32_t *per)
+{
+    VkDeviceSize vocab_bytes = (VkDeviceSize)a->n_vocab * 4, rb = (VkDeviceSize)a->row_stride * 4;
+    VkDeviceSize maxr = d->info.max_storage_buffer_range, align = d->info.min_storage_buffer_offset_alignment;
+    VkDeviceSize have = !a->logits.buf ? 0
+                        : a->logits.range == VK_WHOLE_SIZE ? a->logits.buf->size - a->logits.offset
+                                                           : a->logits.range;
+    if (a->n_vocab == 0 || a->n_vocab > SAMPLE_MAX_VOCAB || a->row_stride < a->n_vocab || vocab_bytes > maxr ||
+        (VkDeviceSize)(a->n_rows - 1) * rb + vocab_bytes > have) {
+        vkd_log(d, VKI_LOG_ERROR, "sample: %u rows of %u logits (stride %u) do not fit the logits view or the "
+                "vocabulary limit (1..%u)", a->n_rows, a->n_vocab, a->row_stride, SAMPLE_MAX_VOCAB);
+        return VKI_ERR_INVALID_ARG;
+    }
+    /* rows per dispatch: the binding fits maxStorageBufferRange and each dispatch's view starts
+     * on the offset alignment */
+    VkDeviceSize p = (maxr - vocab_bytes) / rb + 1;
+    if (p > d->info.max_workgroup_count[0])
+        p = d->info.max_workgroup_count[0];
+    while (p > 1 && (p * rb) % (align ? align : 1))
+        p--;
+    *row_bytes = rb;
+    *per = (uint32_t)p;
+    return VKI_OK;
+}
+
+vki_status op_sample(vkd_cmd *c, const op_sample_args *a)
+{
+    if (!a->n_rows)
+        return VKI_OK;
+    VkDeviceSize rb;
+    uint32_t per, spec[1] = {op_sample_wg(c->d, a->n_vocab)};
+    vki_status st = check_args(c->d, a, &rb, &per);
+    for (uint32_t r0 = 0; st == VKI_OK && r0 < a->n_rows; r0 += per) {
+        uint32_t n = a->n_rows - r0 < per ? a->n_rows - r0 : per;
+        vkd_view lv = {a->logits.buf, a->logits.offset + r0 * rb, (n - 1) * rb + (VkDeviceSize)a->n_vocab * 4};
+        vkd_view b[5] = {lv, a->rows, a->edits, a->saved, a->out};
+        vki_pc_sample pc = {.n_vocab = a->n_vocab, .row_stride = a->row_stride, .row0 = r0};
+        st = vkk_dispatch(c, VKK_SAMPLE, spec, b, 5, &pc, sizeof pc, n, 1, 1);
+    }
+    if (st != VKI_OK)
+        return st;
+    VkMemoryBarrier mb = {.sType = VK_STRUCTURE_TYPE_MEMORY_BARRIER, .srcAccessMask = VK_ACCESS_SHADER_WRITE_BIT,
+                          .dstAccessMask = VK_ACCESS_HOST_READ_BIT};
+    vkCmdPipelineBarrier(c->cb, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, VK_PIPELINE_STAGE_HOST_BIT, 0, 1, &mb, 0,
+                         NULL, 0, NULL);
+    return VKI_OK;
+}
+
+/* ---- the sampler object ----------------------------------------------------------------------- */
+
+/* Replaces the edit buffers by ones of `cap` entries; on failure the old ones stay. */
+static vki_status grow_edits(op_sampler *s, uint32_t cap)
+{
+    vkd_buffer *e = NULL, *sv = NULL;
+    vki_sample_edit *h = malloc((size_t)cap * sizeof *h);
+    vki_status st = h ? VKI_OK : VKI_ERR_OUT_OF_HOST_MEMORY;
+    if (st == VKI_OK)
+        st = vkd_buffer_create(s->d, (VkDeviceSize)cap * sizeof *h, VKD_MEM_HOST, "sample edits", &e);
+    if (st == VKI_OK)
+        st = vkd_buffer_create(s->d, (VkDeviceSize)cap * 4, VKD_MEM_DEVICE, "sample saved logits", &sv);
+    if (st != VKI_OK) {
+        free(h);
+        vkd_buffer_destroy(s->d, e);
+        return st;
+    }
+    free(s->h_edits);
+    vkd_buffer_destroy(s->d, s->edits);
+    vkd_buffer_destroy(s->d, s->saved);
+    s->h_edits = h;
+    s->edits = e;
+    s->saved = sv;
+    s->cap_edits = cap;
+    return VKI_OK;
+}
+
+vki_status op_sampler_create(vkd_device *d, uint32_t max_rows, uint32_t n_vocab, op_sampler **out)
+{
+    *out = NULL;
+    if (!max_rows || !n_vocab || n_vocab > SAMPLE_MAX_VOCAB || max_rows > (1u << 20))
+        return VKI_ERR_INVALID_ARG;
+    op_sampler *s = calloc(1, sizeof *s);
+    if (!s)
+        return VKI_ERR_OUT_OF_HOST_MEMORY;
+    s->d = d;
+    s->max_rows = max_rows;
+    s->n_vocab = n_vocab;
+    s->wg = op_sample_wg(d, n_vocab);
+    s->reqs = calloc(max_rows, sizeof *s->reqs);
+    vki_status st = s->reqs ? VKI_OK : VKI_ERR_OUT_OF_HOST_MEMORY;
+    if (st == VKI_OK)
+        st = vkd_buffer_create(d, (VkDeviceSize)max_rows * sizeof(vki_sample_row), VKD_MEM_HOST, "sample rows",
+                               &s->rows);
+    if (st == VKI_OK)
+        st = vkd_buffer_create(d, (VkDeviceSize)max_rows * sizeof(vki_sample_out), VKD_MEM_HOST, "sample out",
+                               &s->out);
+    if (st == VKI_OK)
+        st = grow_edits(s, 256 + 64 * max_rows);
+    if (st == VKI_OK)
+        st = vkk_prepare(d, VKK_SAMPLE, &s->wg);
+    if (st != VKI_OK) {
+        op_sampler_destroy(s);
+        return st;
+    }
+    *out = s;
+    return VKI_OK;
+}
+
+void op_sampler_destroy(op_sampler *s)
+{
+    if (!s)
+        return;
+    vkd_buffer_destroy(s->d, s->rows);
+    vkd_buffer_destroy(s->d, s->out);
+    vkd_buffer_destroy(s->d, s->edits);
+    vkd_buffer_destroy(s->d, s->saved);
+    free(s->h_edits);
+    free(s->reqs);
+    free(s);
+}
+
+vki_status op_sampler_pack(op_sampler *s, const sample_req *reqs, uint32_t n_rows, char *err, size_t n_err)
+{
+    s->n_rows = 0;
+    if (n_rows > s->max_rows) {
+        snprintf(err, n_err, "%u rows to sample, the sampler holds %u", n_rows, s->max_rows);
+        return VKI_ERR_INVALID_ARG;
+    }
+    uint64_t need = 0;
+    for (uint32_t i = 0; i < n_rows; i++)
+        need += sample_edits_bound(&reqs[i]);
+    if (need > (1u << 26)) {
+        snprintf(err, n_err, "%llu penalty-window and bias entries in one step (limit %u)",
+                 (unsigned long long)need, 1u << 26);
+        return VKI_ERR_INVALID_ARG;
+    }
+    if (need > s->cap_edits) {
+        vki_status st = grow_edits(s, need > 2ull * s->cap_edits ? (uint32_t)need : 2 * s->cap_edits);
+        if (st != VKI_OK)
+            return st;
+    }
+    vki_sample_row *rows = s->rows->mapped;
+    uint32_t used = 0;
+    for (uint32_t i = 0; i < n_rows; i++) {
+        char msg[200];
+        uint32_t n = 0;
+        vki_status st = sample_pack_row(&reqs[i], s->n_vocab, used, &rows[i], s->h_edits + used,
+                                        s->cap_edits - used, &n, msg, sizeof msg);
+        if (st != VKI_OK) {
+            snprintf(err, n_err, "row %u: %s", i, msg);
+            return st;
+        }
+        used += n;
+    }
+    memcpy(s->edits->mapped, s->h_edits, (size_t)used * sizeof *s->h_edits);
+    s->n_rows = n_rows;
+    return VKI_OK;
+}
+
+vki_status op_sampler_pack_plan(op_sampler *s, const vki_step_plan *plan, char *err, size_t n_err)
+{
+    uint32_t n = 0;
+    for (uint32_t i = 0; i < plan->n_seqs; i++) {
+        const vki_step_seq *q = &plan->seqs[i];
+        if (!q->want_token)
+            continue;
+        if (n == s->max_rows) {
+            s->n_rows = 0;
+            snprintf(err, n_err, "more than %u sequences want a token", s->max_rows);
+            return VKI_ERR_INVALID_ARG;
+        }
+        s->reqs[n++] = (sample_req){q->sampling, q->seed, q->pos0 + q->n_new, q->history, q->n_history};
+    }
+    return op_sampler_pack(s, s->reqs, n, err, n_err);
+}
+
+vki_status op_sampler_record(op_sampler *s, vkd_cmd *c, vkd_view logits, uint32_t row_stride)
+{
+    op_sample_args a = {.logits = logits, .row_stride = row_stride, .n_rows = s->n_rows, .n_vocab = s->n_vocab,
+                        .rows = vkd_whole(s->rows), .edits = vkd_whole(s->edits), .saved = vkd_whole(s->saved),
+                        .out = vkd_whole(s->out)};
+    return op_sample(c, &a);
+}
+
+const vki_sample_out *op_sampler_out(const op_sampler *s) { return s->out->mapped; }
+
+void op_sampler_read_plan(const op_sampler *s, const vki_step_plan *plan, vki_step_out *outs)
+{
+    const vki_sample_out *o = op_sampler_out(s);
+    uint32_t n = 0;
+    for (uint32_t i = 0; i < plan->n_seqs && n < s->n_rows; i++) {
+        if (!plan->seqs[i].want_token)
+            continue;
+        vki_step_out *t = &outs[n];
+        t->slot = plan->seqs[i].slot;
+        t->token = o[n].token;
+        t->logprob = o[n].logprob;
+        t->n_top = o[n].n_top < VKI_MAX_TOP_LOGPROBS ? o[n].n_top : VKI_MAX_TOP_LOGPROBS;
+        memcpy(t->top_tokens, o[n].top_tokens, t->n_top * sizeof *t->top_tokens);
+        memcpy(t->top_logprobs, o[n].top_logprobs, t->n_top * sizeof *t->top_logprobs);
+        n++;
+    }
+}

@@ -1,0 +1,486 @@
+#version 450
+#extension GL_GOOGLE_include_directive : require
+#extension GL_KHR_shader_subgroup_arithmetic : require
+#extension GL_KHR_shader_subgroup_basic : require
+#include "common.glsl"
+#include "sample_util.glsl"
+// The sampling stage: one workgroup per logits row, no sort of the vocabulary. Per row:
+//   edits      penalties + bias applied in place at the row's few edited ids (raw saved)
+//   argmax     1 strided pass: z_max and the greedy token (lowest id on ties)
+//   top-k      radix select on the order key, counts only: 4 strided passes (8-bit digits,
+//              MSB first, shared-memory histogram per pass)
+//   top-p      the same radix select over the top-k survivors with 64-bit fixed-point masses
+//              w = exp((z - z_max) / T) * 2^40 (exact integer sums: the cut does not depend on
+//              the order of atomics, so the same row gives the same token on every run)
+//   ties       when a cut splits a run of equal logits, 1 chunked pass finds the id at which
+//              the lowest-id members end (order (z desc, id asc): exactly k survive top-k)
+//   min-p      a threshold z >= z_max + T log(min_p): no pass
+//   draw       1 chunked pass (thread t owns ids [t*C, t*C + C)): per-thread survivor masses,
+//              a two-level scan locates the chunk holding floor(u * total), and its owner scans
+//              C ids in id order; u is 64 bits of Philox4x32-10(seed, position)
+//   restore    the edited ids get their raw logits back
+//   logprobs   1 strided pass for the raw log-sum-exp; top-n: radix select on raw keys (4
+//              passes) + 1 gather pass, then a sort of <= 20 entries
+// Greedy rows stop after the argmax pass. Typical top-k + top-p rows read the row 10 times.
+layout(local_size_x_id = 0) in;
+layout(constant_id = 0) const uint WG = 256; // power of two, 64 .. 1024
+layout(push_constant) uniform PushBlock { vki_pc_sample p; };
+// f32 [rows][row_stride]: row r of this dispatch at logits[r * row_stride]; read-write (edited
+// ids are overwritten and restored inside this kernel, by this workgroup only)
+layout(std430, binding = 0) coherent buffer Logits { float logits[]; };
+layout(std430, binding = 1) readonly buffer Rows { vki_sample_row rows[]; };   // [n_rows]
+layout(std430, binding = 2) readonly buffer Edits { vki_sample_edit edits[]; }; // [n_edits]
+layout(std430, binding = 3) buffer Saved { float saved[]; };                    // f32 [n_edits]
+layout(std430, binding = 4) writeonly buffer Out { vki_sample_out outs[]; };   // [n_rows]
+
+#define NEG_INF uintBitsToFloat(0xff800000u)
+#define FLT_MAX_ 3.402823466e38
+#define NO_ID 0xffffffffu
+#define GS 32u // entries per group in the two-level scans
+#define SRC_PART 0u
+#define SRC_HCNT 1u
+#define SRC_HMASS 2u
+
+shared vki_sample_row sp;
+shared uint h_cnt[256], h_lo[256], h_hi[256]; // digit histogram: counts, 64-bit masses
+shared uvec2 s_part[WG];                       // per-thread chunk partials
+shared uvec2 s_grp[32];                        // group sums of s_part or of the histogram
+shared float red_f[WG];                        // per-subgroup partials
+shared uint red_u[WG];
+shared uint s_prefix, s_tied, s_owner, s_rank, s_id, s_ntop;
+shared uvec2 s_rem, s_before, s_target;
+shared uint s_top_id[VKI_SAMPLE_MAX_TOP], s_top_key[VKI_SAMPLE_MAX_TOP];
+
+uint tid, g_base, g_n;
+float g_zmax, g_invt;
+
+// Sanitised logit: NaN -> -inf, +inf -> FLT_MAX (the CPU reference does the same).
+float load_z(uint i)
+{
+    float v = logits[g_base + i];
+    return isnan(v) ? NEG_INF : min(v, FLT_MAX_);
+}
+
+// Fixed-point weight w * 2^40 of a token relative to the row maximum; exactly 2^40 at the max.
+uvec2 wfix(float z)
+{
+    if (z == g_zmax)
+        return uvec2(0u, 256u);
+    if (z == NEG_INF) // not (-inf) * 0 = NaN when 1/T is denormal and flushed to 0
+        return uvec2(0u);
+    precise float t = (z - g_zmax) * g_invt;
+    return f_to_u64(exp(t) * 1099511627776.0);
+}
+
+bool in_cut(uint k, uint i, uvec2 cut) { return k > cut.x || (k == cut.x && i <= cut.y); }
+
+uvec2 tighter(uvec2 a, uvec2 b) { return (a.x > b.x || (a.x == b.x && a.y <= b.y)) ? a : b; }
+
+uint chunk_lo() { return min(tid * ((g_n + WG - 1u) / WG), g_n); }
+uint chunk_hi() { return min(chunk_lo() + (g_n + WG - 1u) / WG, g_n); }
+
+// ---- workgroup reductions (results in every thread) -------------------------------------------
+
+void wg_argmax(inout float v, inout uint id)
+{
+    float m = subgroupMax(v);
+    uint j = subgroupMin(v == m ? id : NO_ID);
+    if (subgroupElect()) {
+        red_f[gl_SubgroupID] = m;
+        red_u[gl_SubgroupID] = j;
+    }
+    barrier();
+    v = red_f[0];
+    id = red_u[0];
+    for (uint s = 1u; s < gl_NumSubgroups; s++)
+        if (red_f[s] > v || (red_f[s] == v && red_u[s] < id)) {
+            v = red_f[s];
+            id = red_u[s];
+        }
+    barrier();
+}
+
+uint wg_sum_u(uint v)
+{
+    v = subgroupAdd(v);
+    if (subgroupElect())
+        red_u[gl_SubgroupID] = v;
+    barrier();
+    uint t = 0u;
+    for (uint s = 0u; s < gl_NumSubgroups; s++)
+        t += red_u[s];
+    barrier();
+    return t;
+}
+
+// log(sum exp) of the per-thread (max m, sum of exp(v - m)) pairs; -inf for an all -inf row.
+float wg_lse(float m, float s)
+{
+    float mx = subgroupMax(m);
+    float sum = subgroupAdd(m == NEG_INF ? 0.0 : s * exp(m - mx));
+    if (subgroupElect()) {
+        red_f[gl_SubgroupID] = mx;
+        red_u[gl_SubgroupID] = floatBitsToUint(sum);
+    }
+    barrier();
+    float gm = NEG_INF;
+    for (uint i = 0u; i < gl_NumSubgroups; i++)
+        gm = max(gm, red_f[i]);
+    float gs = 0.0;
+    for (uint i = 0u; i < gl_NumSubgroups; i++)
+        if (red_f[i] != NEG_INF)
+            gs += uintBitsToFloat(red_u[i]) * exp(red_f[i] - gm);
+    barrier();
+    return gm == NEG_INF ? NEG_INF : gm + log(gs);
+}
+
+// ---- two-level scans over s_part[] or the histogram (bins in descending digit order) -----------
+
+uvec2 src_get(uint src, uint j)
+{
+    if (src == SRC_PART)
+        return s_part[j];
+    uint b = 255u - j;
+    return src == SRC_HCNT ? uvec2(h_cnt[b], 0u) : uvec2(h_lo[b], h_hi[b]);
+}
+
+// s_grp[g] = sum of entries [g*GS, g*GS + GS) of a source of n entries. Starts with a barrier
+// (the source was just written) and ends with one.
+void group_sums(uint src, uint n)
+{
+    barrier();
+    if (tid < (n + GS - 1u) / GS) {
+        uvec2 s = uvec2(0u);
+        for (uint j = tid * GS; j < min(tid * GS + GS, n); j++)
+            s = add64(s, src_get(src, j));
+        s_grp[tid] = s;
+    }
+    barrier();
+}
+
+uvec2 group_total(uint n)
+{
+    uvec2 t = uvec2(0u);
+    for (uint g = 0u; g < (n + GS - 1u) / GS; g++)
+        t = add64(t, s_grp[g]);
+    return t;
+}
+
+// One thread, after group_sums: the first entry j whose inclusive prefix sum exceeds target
+// (the last entry if none does); before = the sum of the entries ahead of j. <= 2 * GS steps.
+uint locate(uint src, uint n, uvec2 target, out uvec2 before)
+{
+    uint ng = (n + GS - 1u) / GS, g = 0u;
+    uvec2 cum = uvec2(0u);
+    for (; g + 1u < ng; g++) {
+        uvec2 nx = add64(cum, s_grp[g]);
+        if (gt64(nx, target))
+            break;
+        cum = nx;
+    }
+    uint j = g * GS, end = min(j + GS, n);
+    for (; j + 1u < end; j++) {
+        uvec2 nx = add64(cum, src_get(src, j));
+        if (gt64(nx, target))
+            break;
+        cum = nx;
+    }
+    before = cum;
+    return j;
+}
+
+// ---- passes ------------------------------------------------------------------------------------
+
+// Penalties then bias at the row's edited ids (raw values to saved[]), or the restore.
+void apply_edits(bool restore)
+{
+    for (uint e = tid; e < sp.n_edits; e += WG) {
+        uint g = sp.edit0 + e;
+        uint at = g_base + uint(edits[g].token);
+        if (restore) {
+            logits[at] = saved[g];
+            continue;
+        }
+        float raw = logits[at];
+        saved[g] = raw;
+        precise float z = isnan(raw) ? NEG_INF : min(raw, FLT_MAX_);
+        uint cnt = edits[g].count;
+        if (cnt > 0u) {
+            z = z > 0.0 ? z * sp.inv_rep : z * sp.rep;
+            precise float pen = float(cnt) * sp.frequency + sp.presence;
+            z = z - pen;
+        }
+        logits[at] = z + edits[g].bias;
+    }
+    memoryBarrierBuffer();
+    barrier();
+}
+
+// The r-th (1-based) id, in id order, among the row's elements with key K inside cut.
+uint tie_find(uint K, uint r, uvec2 cut)
+{
+    uint lo = chunk_lo(), hi = chunk_hi(), c = 0u;
+    for (uint i = lo; i < hi; i++) {
+        uint k = key_of(load_z(i));
+        if (k == K && in_cut(k, i, cut))
+            c++;
+    }
+    s_part[tid] = uvec2(c, 0u);
+    group_sums(SRC_PART, WG);
+    if (tid == 0u) {
+        uvec2 before;
+        s_owner = locate(SRC_PART, WG, uvec2(r - 1u, 0u), before);
+        s_rank = r - before.x;
+    }
+    barrier();
+    if (tid == s_owner) {
+        uint seen = 0u;
+        for (uint i = lo; i < hi; i++) {
+            uint k = key_of(load_z(i));
+            if (k == K && in_cut(k, i, cut) && ++seen == s_rank) {
+                s_id = i;
+                break;
+            }
+        }
+    }
+    barrier();
+    uint id = s_id;
+    barrier();
+    return id;
+}
+
+// One histogram pass of radix_select: digit at `shift` of the keys inside cut whose higher bits
+// equal prefix; then thread 0 picks the bin where the remaining target is reached.
+void radix_level(bool mass, uint want, uvec2 cut, uint lvl)
+{
+    uint shift = 24u - 8u * lvl, hmask = lvl == 0u ? 0u : (0xffffffffu << (shift + 8u));
+    for (uint b = tid; b < 256u; b += WG) {
+        h_cnt[b] = 0u;
+        h_lo[b] = 0u;
+        h_hi[b] = 0u;
+    }
+    barrier();
+    uint prefix = s_prefix;
+    for (uint i = tid; i < g_n; i += WG) {
+        float z = load_z(i);
+        uint k = key_of(z);
+        if ((k & hmask) != prefix || !in_cut(k, i, cut))
+            continue;
+        uint d = (k >> shift) & 255u;
+        atomicAdd(h_cnt[d], 1u);
+        if (mass) {
+            uvec2 w = wfix(z);
+            uint old = atomicAdd(h_lo[d], w.x);
+            uint hi = w.y + (old + w.x < old ? 1u : 0u); // 64-bit add from two 32-bit atomics
+            if (hi != 0u)
+                atomicAdd(h_hi[d], hi);
+        }
+    }
+    uint src = mass ? SRC_HMASS : SRC_HCNT;
+    group_sums(src, 256u);
+    if (tid == 0u) {
+        uvec2 rem = s_rem, before;
+        if (lvl == 0u && mass) { // target mass: top_p of the mass inside cut, at least 1 unit
+            rem = mulhi64x32(group_total(256u), want);
+            if (rem == uvec2(0u))
+                rem = uvec2(1u, 0u);
+        }
+        uint d = 255u - locate(src, 256u, sub64(rem, uvec2(1u, 0u)), before);
+        s_prefix = prefix | (d << shift);
+        s_rem = sub64(rem, before);
+        s_tied = h_cnt[d];
+    }
+    barrier();
+}
+
+// The cut (key, last id) of the order (z desc, id asc) restricted to the elements inside cut:
+// mass == false: its first `want` elements (want < their number);
+// mass == true:  its shortest prefix whose mass reaches max(1, mass * want / 2^32).
+uvec2 radix_select(bool mass, uint want, uvec2 cut)
+{
+    if (tid == 0u) {
+        s_prefix = 0u;
+        s_rem = uvec2(want, 0u);
+    }
+    for (uint lvl = 0u; lvl < 4u; lvl++)
+        radix_level(mass, want, cut, lvl);
+    uint K = s_prefix, tied = s_tied;
+    uvec2 rem = s_rem;
+    barrier();
+    uint r = rem.x; // count mode: how many of the tied keys are needed
+    if (mass) {     // smallest r with r * w(K) >= rem (r <= tied since the tied mass reaches rem)
+        uvec2 wk = wfix(z_of_key(K));
+        uint lo = 1u, hi = tied;
+        while (lo < hi) {
+            uint mid = (lo + hi) / 2u;
+            if (ge64(mul64x32(wk, mid), rem))
+                hi = mid;
+            else
+                lo = mid + 1u;
+        }
+        r = lo;
+    }
+    uint id = NO_ID; // the whole run of ties at K is inside unless the cut splits it
+    if (r < tied)
+        id = tie_find(K, r, cut);
+    return uvec2(K, id);
+}
+
+// Draws among the elements inside cut with nonzero weight, in id order.
+void draw(uvec2 cut, out int token, out uint kept)
+{
+    uint lo = chunk_lo(), hi = chunk_hi(), c = 0u;
+    uvec2 m = uvec2(0u);
+    for (uint i = lo; i < hi; i++) {
+        float z = load_z(i);
+        uvec2 w = in_cut(key_of(z), i, cut) ? wfix(z) : uvec2(0u);
+        if (w != uvec2(0u)) {
+            m = add64(m, w);
+            c++;
+        }
+    }
+    s_part[tid] = m;
+    kept = wg_sum_u(c);
+    group_sums(SRC_PART, WG);
+    if (tid == 0u) {
+        uvec4 r = philox4x32_10(uvec4(sp.position, 0u, 0u, 0u), uvec2(sp.seed_lo, sp.seed_hi));
+        uvec2 target = mulhi64(group_total(WG), uvec2(r.y, r.x)), before;
+        s_owner = locate(SRC_PART, WG, target, before);
+        s_before = before;
+        s_target = target;
+    }
+    barrier();
+    if (tid == s_owner) {
+        uvec2 cum = s_before;
+        for (uint i = lo; i < hi; i++) {
+            float z = load_z(i);
+            if (!in_cut(key_of(z), i, cut))
+                continue;
+            cum = add64(cum, wfix(z));
+            if (gt64(cum, s_target)) {
+                s_id = i;
+                break;
+            }
+        }
+    }
+    barrier();
+    token = int(s_id);
+    barrier();
+}
+
+// Cuts and draw for a row with temperature > 0 (z_max finite).
+void sample_row(out int token, out uint kept)
+{
+    uvec2 cut = uvec2(0u, NO_ID); // everything
+    if (sp.top_k != 0u && sp.top_k < g_n)
+        cut = radix_select(false, sp.top_k, cut);
+    if (sp.top_p32 != 0u)
+        cut = radix_select(true, sp.top_p32, cut);
+    if (sp.min_p_delta != NEG_INF)
+        cut = tighter(cut, uvec2(key_of(g_zmax + sp.min_p_delta), NO_ID));
+    draw(cut, token, kept);
+}
+
+// Raw log-sum-exp (after the restore).
+float raw_lse()
+{
+    float m = NEG_INF, s = 0.0;
+    for (uint i = tid; i < g_n; i += WG) {
+        float v = load_z(i);
+        if (v > m) {
+            s = s * exp(m - v) + 1.0;
+            m = v;
+        } else if (v != NEG_INF) {
+            s += exp(v - m);
+        }
+    }
+    return wg_lse(m, s);
+}
+
+// The n_top most likely raw tokens (ties: lowest id) with their logprobs, into outs[row].
+void top_logprobs(uint row, float lse)
+{
+    uint n = min(sp.n_top, g_n);
+    uvec2 cut = n < g_n ? radix_select(false, n, uvec2(0u, NO_ID)) : uvec2(0u, NO_ID);
+    if (tid == 0u)
+        s_ntop = 0u;
+    barrier();
+    for (uint i = tid; i < g_n; i += WG) {
+        uint k = key_of(load_z(i));
+        if (in_cut(k, i, cut)) {
+            uint s = atomicAdd(s_ntop, 1u);
+            if (s < VKI_SAMPLE_MAX_TOP) {
+                s_top_id[s] = i;
+                s_top_key[s] = k;
+            }
+        }
+    }
+    barrier();
+    if (tid == 0u) {
+        n = min(s_ntop, n);
+        for (uint a = 1u; a < n; a++) // insertion sort by (key desc, id asc)
+            for (uint b = a; b > 0u && (s_top_key[b] > s_top_key[b - 1u] ||
+                                       (s_top_key[b] == s_top_key[b - 1u] && s_top_id[b] < s_top_id[b - 1u])); b--) {
+                uint ti = s_top_id[b], tk = s_top_key[b];
+                s_top_id[b] = s_top_id[b - 1u];
+                s_top_key[b] = s_top_key[b - 1u];
+                s_top_id[b - 1u] = ti;
+                s_top_key[b - 1u] = tk;
+            }
+        for (uint a = 0u; a < n; a++) {
+            outs[row].top_tokens[a] = int(s_top_id[a]);
+            outs[row].top_logprobs[a] = lse == NEG_INF ? NEG_INF : z_of_key(s_top_key[a]) - lse;
+        }
+        outs[row].n_top = n;
+    }
+}
+
+void main()
+{
+    tid = gl_LocalInvocationID.x;
+    uint row = p.row0 + gl_WorkGroupID.x;
+    g_base = gl_WorkGroupID.x * p.row_stride;
+    g_n = p.n_vocab;
+    if (tid == 0u)
+        sp = rows[row];
+    barrier();
+    g_invt = sp.inv_temp;
+    apply_edits(false);
+
+    float zmax = NEG_INF;
+    uint amax = NO_ID;
+    for (uint i = tid; i < g_n; i += WG) {
+        float z = load_z(i);
+        if (z > zmax) {
+            zmax = z;
+            amax = i;
+        }
+    }
+    wg_argmax(zmax, amax);
+    g_zmax = zmax;
+    int token = -1;
+    uint kept = 0u;
+    if (zmax != NEG_INF) {
+        if ((sp.flags & VKI_SAMPLE_GREEDY) != 0u) {
+            token = int(amax);
+            kept = 1u;
+        } else {
+            sample_row(token, kept);
+        }
+    }
+    barrier(); // every read of the edited row is done
+    apply_edits(true);
+
+    bool want_lp = (sp.flags & VKI_SAMPLE_LOGPROBS) != 0u;
+    float lse = 0.0;
+    if (want_lp || sp.n_top > 0u)
+        lse = raw_lse();
+    if (tid == 0u) {
+        outs[row].token = token;
+        outs[row].logprob = !want_lp ? 0.0 : token < 0 || lse == NEG_INF ? NEG_INF : load_z(uint(token)) - lse;
+        outs[row].n_kept = kept;
+        outs[row].n_top = 0u;
+    }
+    if (sp.n_top > 0u)
+        top_logprobs(row, lse);
+}
