@@ -7,8 +7,8 @@
 // inner loop reads columns, and each invocation accumulates a TM x TN register block (F32).
 //
 // Bound by: FMA throughput with F32 accumulation. Per k, an invocation does TM + TN shared
-// loads for TM * TN FMAs (4 + 4 -> 16 on lavapipe, 8 + 8 -> 64 with the 128x128 tiles chosen
-// for NVIDIA), so shared-memory bandwidth stays below the FMA rate; a W tile is dequantised
+// loads for TM * TN FMAs (8 + 8 -> 64 with the 8x8 blocks ops_matmul.c picks), so shared-memory
+// bandwidth stays below the FMA rate; a W tile is dequantised
 // once for BM rows of X, and weight bytes are read ceil(M / BM) times. Tensor cores are left
 // to a cooperative-matrix path; this is the portable one.
 //

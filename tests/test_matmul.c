@@ -270,6 +270,42 @@ static void test_boundary_parts_bias(void **state)
     vt_assert_clean(g);
 }
 
+/* The configurations ops_matmul.c picks for NVIDIA (GEMV: 128 invocations x 4 rows; GEMM:
+ * 128x128 tiles, BK 16, 256 invocations) also fit lavapipe's real limits, so they are checked
+ * here by presenting the device as a GPU with 32-lane subgroups and 48 KiB of shared memory.
+ * The smallest subgroup size stays the real one: the GEMV's reduction is sized from it. */
+static void test_gpu_configs(void **state)
+{
+    vt_gpu *g = vt_gpu_get(state);
+    vt_rng r = vt_rng_seeded("gpu_configs");
+    vki_device_info saved = g->dev->info;
+    if (saved.max_compute_shared_memory < 17 * 1024 || saved.max_workgroup_invocations < 256)
+        skip();
+    g->dev->info.type = VKI_DEVICE_DISCRETE;
+    g->dev->info.subgroup_size = 32;
+    if (!g->dev->info.subgroup_min_size)
+        g->dev->info.subgroup_min_size = saved.subgroup_size;
+    g->dev->info.max_compute_shared_memory = 48 * 1024;
+    static const mm_case cases[] = {
+        {.M = 1, .N = 9, .K = 0, .bias = true},  {.M = 5, .N = 67, .K = 0, .x_pad = 1},
+        {.M = 1, .N = 5, .K = 1},                /* K = 1: big_k below */
+        {.M = 9, .N = 129, .K = 0},              {.M = 129, .N = 127, .K = 0, .y_pad = 2, .parts = 2},
+        {.M = 31, .N = 7, .K = 1, .bias = true},
+    };
+    for (size_t i = 0; i < sizeof all_types / sizeof all_types[0]; i++) {
+        uint32_t type = all_types[i];
+        for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+            mm_case s = cases[c];
+            s.K = s.K ? big_k(type) / 2 : (is_float_type(type) ? 77 : 3 * block_of(type));
+            if (!is_float_type(type) && s.K % block_of(type))
+                s.K += block_of(type) - s.K % block_of(type);
+            run_case(g, &r, type, &s);
+        }
+    }
+    g->dev->info = saved;
+    vt_assert_clean(g);
+}
+
 /* Shapes and views that do not fit are refused with a status and record nothing. */
 static void test_bad_args(void **state)
 {
@@ -303,6 +339,7 @@ int main(void)
         cmocka_unit_test(test_gemv_q4_k), cmocka_unit_test(test_gemm_q4_k),
         cmocka_unit_test(test_gemv_q6_k), cmocka_unit_test(test_gemm_q6_k),
         cmocka_unit_test(test_boundary_parts_bias),
+        cmocka_unit_test(test_gpu_configs),
         cmocka_unit_test(test_bad_args),
     };
     return cmocka_run_group_tests(tests, vt_gpu_setup, vt_gpu_teardown);
