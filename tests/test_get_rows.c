@@ -113,6 +113,19 @@ static void test_get_rows_all_types(void **state)
     vt_assert_clean(g);
 }
 
+/* More ids than workgroups along y: the shader strides over the rest (a device allowing 3). */
+static void test_get_rows_few_groups(void **state)
+{
+    vt_gpu *g = vt_gpu_get(state);
+    vt_rng r = vt_rng_seeded("get_rows_few_groups");
+    vki_device_info saved = g->dev->info;
+    g->dev->info.max_workgroup_count[1] = 3;
+    run_type(g, &r, VKI_GGML_Q4_0);
+    run_type(g, &r, VKI_GGML_F32);
+    g->dev->info = saved;
+    vt_assert_clean(g);
+}
+
 /* F32 activation gather from a strided, offset source view. */
 static void test_gather_rows(void **state)
 {
@@ -177,6 +190,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_get_rows_all_types),
+        cmocka_unit_test(test_get_rows_few_groups),
         cmocka_unit_test(test_gather_rows),
         cmocka_unit_test(test_get_rows_bad_args),
     };

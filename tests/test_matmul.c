@@ -306,6 +306,26 @@ static void test_gpu_configs(void **state)
     vt_assert_clean(g);
 }
 
+/* N beyond what one dispatch's workgroup count covers is split over dispatches (n0 > 0):
+ * checked by presenting a device that allows only 2 workgroups along x and 3 along y. */
+static void test_dispatch_split(void **state)
+{
+    vt_gpu *g = vt_gpu_get(state);
+    vt_rng r = vt_rng_seeded("dispatch_split");
+    vki_device_info saved = g->dev->info;
+    g->dev->info.max_workgroup_count[0] = 2;
+    g->dev->info.max_workgroup_count[1] = 3;
+    for (size_t i = 0; i < sizeof all_types / sizeof all_types[0]; i++) {
+        uint32_t K = is_float_type(all_types[i]) ? 21 : block_of(all_types[i]);
+        mm_case gemv = {.M = 3, .N = 150, .K = K, .bias = true, .parts = 2};
+        mm_case gemm = {.M = 150, .N = 300, .K = K, .y_pad = 1};
+        run_case(g, &r, all_types[i], &gemv);
+        run_case(g, &r, all_types[i], &gemm);
+    }
+    g->dev->info = saved;
+    vt_assert_clean(g);
+}
+
 /* Shapes and views that do not fit are refused with a status and record nothing. */
 static void test_bad_args(void **state)
 {
@@ -340,6 +360,7 @@ int main(void)
         cmocka_unit_test(test_gemv_q6_k), cmocka_unit_test(test_gemm_q6_k),
         cmocka_unit_test(test_boundary_parts_bias),
         cmocka_unit_test(test_gpu_configs),
+        cmocka_unit_test(test_dispatch_split),
         cmocka_unit_test(test_bad_args),
     };
     return cmocka_run_group_tests(tests, vt_gpu_setup, vt_gpu_teardown);
