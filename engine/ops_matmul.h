@@ -27,6 +27,7 @@ typedef enum op_mm_path {
  *   x:    f32[M, x_stride] row-major, x_stride >= K
  *   y:    f32[M, y_stride] row-major, y_stride >= N; only the first N columns are written
  *   bias: f32[N] or NULL
+ * y must not overlap x or bias (no in-place product).
  * M from 1 up; any N; K a multiple of the type's block (F32/F16: any K). Loops over the
  * tensor's parts (each writes its own output columns) and splits N further where the
  * device's workgroup-count limit requires. */
