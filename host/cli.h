@@ -4,5 +4,6 @@
 #define VKI_HOST_CLI_H
 
 int vki_cli_info(int argc, char **argv);
+int vki_cli_generate(int argc, char **argv);
 
 #endif

@@ -11,6 +11,7 @@ static void usage(FILE *f)
             "\n"
             "commands:\n"
             "  info [--json]        list Vulkan devices with their features and limits\n"
+            "  generate             generate text from a prompt (streamed to stdout)\n"
             "\n"
             "Run `vkinfer <command> --help` for a command's options.\n");
 }
@@ -24,6 +25,8 @@ int main(int argc, char **argv)
     const char *cmd = argv[1];
     if (!strcmp(cmd, "info"))
         return vki_cli_info(argc - 1, argv + 1);
+    if (!strcmp(cmd, "generate"))
+        return vki_cli_generate(argc - 1, argv + 1);
     fprintf(stderr, "vkinfer: unknown command '%s'\n", cmd);
     usage(stderr);
     return 2;

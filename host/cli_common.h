@@ -1,0 +1,32 @@
+/* Options every model-running subcommand shares (model, device, KV cache, limits), and small
+ * helpers for the CLI programs. */
+#ifndef VKI_HOST_CLI_COMMON_H
+#define VKI_HOST_CLI_COMMON_H
+
+#include <stdio.h>
+
+#include "vkinfer.h"
+
+typedef struct cli_engine_opts {
+    const char *model;              /* -m; NULL when not given */
+    vki_engine_params p;
+    const char *device_name;
+    int verbose;
+} cli_engine_opts;
+
+void cli_engine_opts_init(cli_engine_opts *o);
+/* Tries argv[*i] (and its value) as a shared option. 1: consumed (advances *i past a value),
+ * 0: not a shared option, -1: a bad value (message printed). */
+int cli_engine_opt(int argc, char **argv, int *i, cli_engine_opts *o);
+void cli_engine_opts_help(FILE *f);
+/* Creates the engine (progress bar on a terminal) and prints one line about it to stderr.
+ * Returns NULL after printing the reason. */
+vki_engine *cli_open_engine(cli_engine_opts *o);
+
+/* Parses a number option value; prints "vkinfer <cmd>: <opt>: ..." and returns false if bad. */
+bool cli_parse_u64(const char *cmd, const char *opt, const char *s, uint64_t lo, uint64_t hi, uint64_t *out);
+bool cli_parse_f32(const char *cmd, const char *opt, const char *s, float lo, float hi, float *out);
+
+double cli_now_s(void); /* monotonic seconds */
+
+#endif
