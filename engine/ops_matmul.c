@@ -108,7 +108,7 @@ vki_status op_matmul_prepare(vkd_device *d, uint32_t type)
         return VKI_ERR_UNSUPPORTED;
     uint32_t mv1[4], mv8[4], mm[6], gr[1] = {get_rows_wg(d)};
     matvec_spec(d, 1, mv1);
-    matvec_spec(d, OP_MATVEC_MAX_M, mv8);
+    matvec_spec(d, OP_MATVEC_ROWS, mv8);
     matmul_spec(d, mm);
     vki_status st = vkk_prepare(d, t->matvec, mv1);
     if (st == VKI_OK)
@@ -184,7 +184,7 @@ vki_status op_matmul_path(vkd_cmd *c, const vk_tensor *w, const vkd_view *bias, 
     uint32_t spec[6], per_group_n, per_group_m;
     vkk_id kid;
     if (gemv) {
-        matvec_spec(d, M == 1 ? 1 : OP_MATVEC_MAX_M, spec);
+        matvec_spec(d, M == 1 ? 1 : OP_MATVEC_ROWS, spec);
         kid = t->matvec;
         per_group_n = spec[1];
         per_group_m = spec[2];

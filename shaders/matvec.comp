@@ -16,7 +16,9 @@
 // 4096x4096 Q4_0 matrix is 9.4 MB, ~3 us at 3.35 TB/s; the per-weight ALU work (unpack, scale,
 // FMA: ~2-3 ops per weight with 16-weight units) stays under that, which is why units are 16
 // weights with one scale decode rather than 4. As MC grows the FMAs grow with it and the
-// kernel turns ALU-bound; above MC rows the tiled GEMM (matmul.comp) takes over.
+// kernel turns ALU-bound. More than MC rows of X take several passes (workgroups along y,
+// running side by side, so the later ones mostly hit L2); above OP_MATVEC_MAX_M rows
+// (engine/ops_matmul.h) the tiled GEMM (matmul.comp) takes over.
 layout(local_size_x_id = 0) in;
 layout(constant_id = 1) const uint NR = 4;   // weight rows per workgroup
 layout(constant_id = 2) const uint MC = 1;   // activation rows per workgroup

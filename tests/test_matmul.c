@@ -185,8 +185,8 @@ static void random_case(vt_rng *r, mm_case *s, uint32_t type, uint32_t i)
     s->parts = vt_range(r, 0, 4) == 0 ? 3 : 1;
 }
 
-/* Matrix-vector path: M <= OP_MATVEC_MAX_M through op_matmul's own choice, and larger M forced
- * (one pass per 8 rows). */
+/* Matrix-vector path: M <= OP_MATVEC_MAX_M through op_matmul's own choice (one pass over the
+ * weights per 8 rows), and larger M forced. */
 static void run_gemv(void **state, uint32_t type)
 {
     vt_gpu *g = vt_gpu_get(state);
@@ -196,7 +196,7 @@ static void run_gemv(void **state, uint32_t type)
     for (uint32_t i = 0; i < 24; i++) {
         mm_case s = {0};
         random_case(&r, &s, type, i);
-        s.M = i < 12 ? Ms[i] : (vt_range(&r, 0, 2) ? vt_range(&r, 1, 8) : vt_range(&r, 9, 20));
+        s.M = i < 12 ? Ms[i] : (vt_range(&r, 0, 2) ? vt_range(&r, 1, 8) : vt_range(&r, 9, 40));
         s.N = i < 12 ? Ns[i] : vt_range(&r, 1, 140);
         if (i == 12 || i == 13) {
             s.M = i == 12 ? 1 : 5;
@@ -289,8 +289,9 @@ static void test_gpu_configs(void **state)
     static const mm_case cases[] = {
         {.M = 1, .N = 9, .K = 0, .bias = true},  {.M = 5, .N = 67, .K = 0, .x_pad = 1},
         {.M = 1, .N = 5, .K = 1},                /* K = 1: big_k below */
-        {.M = 9, .N = 129, .K = 0},              {.M = 129, .N = 127, .K = 0, .y_pad = 2, .parts = 2},
-        {.M = 31, .N = 7, .K = 1, .bias = true},
+        {.M = 9, .N = 129, .K = 0, .path = OP_MM_GEMM},
+        {.M = 129, .N = 127, .K = 0, .y_pad = 2, .parts = 2},
+        {.M = 31, .N = 7, .K = 1, .bias = true, .path = OP_MM_GEMM},
     };
     for (size_t i = 0; i < sizeof all_types / sizeof all_types[0]; i++) {
         uint32_t type = all_types[i];
