@@ -7,21 +7,29 @@
 // The sampling stage: one workgroup per logits row, no sort of the vocabulary. Per row:
 //   edits      penalties + bias applied in place at the row's few edited ids (raw saved)
 //   argmax     1 strided pass: z_max and the greedy token (lowest id on ties)
-//   top-k      radix select on the order key, counts only: 4 strided passes (8-bit digits,
-//              MSB first, shared-memory histogram per pass)
+//   candidates with a cut active, the survivors are among the tokens closest to z_max. 1
+//              strided pass bins t = (z_max - z) / T (9 bins per unit, shared histogram of
+//              counts, and of masses for top-p without top-k) and finds the bin where the
+//              top-k count or the top-p mass is reached (min-p: the bin of its threshold); if
+//              at most CAP tokens lie at or above it, 2 chunked passes copy them, in id order,
+//              into shared memory and every step below runs on that list instead of the row.
+//              Otherwise (flat distributions, huge k) the steps below read the whole row.
+//   top-k      radix select on the order key, counts only: 4 passes (8-bit digits, MSB first,
+//              shared-memory histogram per pass)
 //   top-p      the same radix select over the top-k survivors with 64-bit fixed-point masses
 //              w = exp((z - z_max) / T) * 2^40 (exact integer sums: the cut does not depend on
 //              the order of atomics, so the same row gives the same token on every run)
 //   ties       when a cut splits a run of equal logits, 1 chunked pass finds the id at which
 //              the lowest-id members end (order (z desc, id asc): exactly k survive top-k)
 //   min-p      a threshold z >= z_max + T log(min_p): no pass
-//   draw       1 chunked pass (thread t owns ids [t*C, t*C + C)): per-thread survivor masses,
-//              a two-level scan locates the chunk holding floor(u * total), and its owner scans
-//              C ids in id order; u is 64 bits of Philox4x32-10(seed, position)
+//   draw       1 chunked pass (thread t owns elements [t*C, t*C + C)): per-thread survivor
+//              masses, a two-level scan locates the chunk holding floor(u * total), and its
+//              owner scans C elements in id order; u is 64 bits of Philox4x32-10(seed, position)
 //   restore    the edited ids get their raw logits back
 //   logprobs   1 strided pass for the raw log-sum-exp; top-n: radix select on raw keys (4
 //              passes) + 1 gather pass, then a sort of <= 20 entries
-// Greedy rows stop after the argmax pass. Typical top-k + top-p rows read the row 10 times.
+// Row reads: greedy 1; temperature only 2; typical top-k/top-p/min-p 4 (argmax, bins, 2
+// gathers); top-p over more than CAP tokens 11; logprobs +1, top-n +5.
 layout(local_size_x_id = 0) in;
 layout(constant_id = 0) const uint WG = 256; // power of two, 64 .. 1024
 layout(push_constant) uniform PushBlock { vki_pc_sample p; };
@@ -40,6 +48,7 @@ layout(std430, binding = 4) writeonly buffer Out { vki_sample_out outs[]; };   /
 #define SRC_PART 0u
 #define SRC_HCNT 1u
 #define SRC_HMASS 2u
+#define CAP 1024u // candidate list capacity (8 KiB of shared memory)
 
 shared vki_sample_row sp;
 shared uint h_cnt[256], h_lo[256], h_hi[256]; // digit histogram: counts, 64-bit masses
@@ -48,11 +57,16 @@ shared uvec2 s_grp[32];                        // group sums of s_part or of the
 shared float red_f[WG];                        // per-subgroup partials
 shared uint red_u[WG];
 shared uint s_prefix, s_tied, s_owner, s_rank, s_id, s_ntop;
-shared uvec2 s_rem, s_before, s_target;
+shared uint s_bin, s_ncand, s_nbefore;
+shared uvec2 s_rem, s_before, s_target, s_total;
 shared uint s_top_id[VKI_SAMPLE_MAX_TOP], s_top_key[VKI_SAMPLE_MAX_TOP];
+shared uint s_lid[CAP];  // candidate list: ids ascending
+shared float s_lz[CAP];  // and their logits
 
 uint tid, g_base, g_n;
 float g_zmax, g_invt;
+bool g_list;  // the passes below read the candidate list instead of the row
+uint g_count; // elements they read: g_n, or the list's length
 
 // Sanitised logit: NaN -> -inf, +inf -> FLT_MAX (the CPU reference does the same).
 float load_z(uint i)
@@ -72,12 +86,24 @@ uvec2 wfix(float z)
     return f_to_u64(exp(t) * 1099511627776.0);
 }
 
+// Element i of what the passes read: (id, logit) of the row or of the candidate list.
+void elem(uint i, out uint id, out float z)
+{
+    if (g_list) {
+        id = s_lid[i];
+        z = s_lz[i];
+    } else {
+        id = i;
+        z = load_z(i);
+    }
+}
+
 bool in_cut(uint k, uint i, uvec2 cut) { return k > cut.x || (k == cut.x && i <= cut.y); }
 
 uvec2 tighter(uvec2 a, uvec2 b) { return (a.x > b.x || (a.x == b.x && a.y <= b.y)) ? a : b; }
 
-uint chunk_lo() { return min(tid * ((g_n + WG - 1u) / WG), g_n); }
-uint chunk_hi() { return min(chunk_lo() + (g_n + WG - 1u) / WG, g_n); }
+uint chunk_lo() { return min(tid * ((g_count + WG - 1u) / WG), g_count); }
+uint chunk_hi() { return min(chunk_lo() + (g_count + WG - 1u) / WG, g_count); }
 
 // ---- workgroup reductions (results in every thread) -------------------------------------------
 
@@ -216,13 +242,15 @@ void apply_edits(bool restore)
     barrier();
 }
 
-// The r-th (1-based) id, in id order, among the row's elements with key K inside cut.
+// The r-th (1-based) id, in id order, among the elements with key K inside cut.
 uint tie_find(uint K, uint r, uvec2 cut)
 {
-    uint lo = chunk_lo(), hi = chunk_hi(), c = 0u;
+    uint lo = chunk_lo(), hi = chunk_hi(), c = 0u, id;
+    float z;
     for (uint i = lo; i < hi; i++) {
-        uint k = key_of(load_z(i));
-        if (k == K && in_cut(k, i, cut))
+        elem(i, id, z);
+        uint k = key_of(z);
+        if (k == K && in_cut(k, id, cut))
             c++;
     }
     s_part[tid] = uvec2(c, 0u);
@@ -236,22 +264,23 @@ uint tie_find(uint K, uint r, uvec2 cut)
     if (tid == s_owner) {
         uint seen = 0u;
         for (uint i = lo; i < hi; i++) {
-            uint k = key_of(load_z(i));
-            if (k == K && in_cut(k, i, cut) && ++seen == s_rank) {
-                s_id = i;
+            elem(i, id, z);
+            uint k = key_of(z);
+            if (k == K && in_cut(k, id, cut) && ++seen == s_rank) {
+                s_id = id;
                 break;
             }
         }
     }
     barrier();
-    uint id = s_id;
+    id = s_id;
     barrier();
     return id;
 }
 
 // One histogram pass of radix_select: digit at `shift` of the keys inside cut whose higher bits
 // equal prefix; then thread 0 picks the bin where the remaining target is reached.
-void radix_level(bool mass, uint want, uvec2 cut, uint lvl)
+void radix_level(bool mass, uint want, uvec2 cut, uvec2 total, uint lvl)
 {
     uint shift = 24u - 8u * lvl, hmask = lvl == 0u ? 0u : (0xffffffffu << (shift + 8u));
     for (uint b = tid; b < 256u; b += WG) {
@@ -261,10 +290,12 @@ void radix_level(bool mass, uint want, uvec2 cut, uint lvl)
     }
     barrier();
     uint prefix = s_prefix;
-    for (uint i = tid; i < g_n; i += WG) {
-        float z = load_z(i);
+    for (uint i = tid; i < g_count; i += WG) {
+        uint id;
+        float z;
+        elem(i, id, z);
         uint k = key_of(z);
-        if ((k & hmask) != prefix || !in_cut(k, i, cut))
+        if ((k & hmask) != prefix || !in_cut(k, id, cut))
             continue;
         uint d = (k >> shift) & 255u;
         atomicAdd(h_cnt[d], 1u);
@@ -281,7 +312,7 @@ void radix_level(bool mass, uint want, uvec2 cut, uint lvl)
     if (tid == 0u) {
         uvec2 rem = s_rem, before;
         if (lvl == 0u && mass) { // target mass: top_p of the mass inside cut, at least 1 unit
-            rem = mulhi64x32(group_total(256u), want);
+            rem = mulhi64x32(total != uvec2(0u) ? total : group_total(256u), want);
             if (rem == uvec2(0u))
                 rem = uvec2(1u, 0u);
         }
@@ -294,16 +325,18 @@ void radix_level(bool mass, uint want, uvec2 cut, uint lvl)
 }
 
 // The cut (key, last id) of the order (z desc, id asc) restricted to the elements inside cut:
-// mass == false: its first `want` elements (want < their number);
-// mass == true:  its shortest prefix whose mass reaches max(1, mass * want / 2^32).
-uvec2 radix_select(bool mass, uint want, uvec2 cut)
+// mass == false: its first `want` elements (want <= their number);
+// mass == true:  its shortest prefix whose mass reaches max(1, M * want / 2^32), M = total if
+//                nonzero (the candidate list holds only part of the elements inside cut), else
+//                the mass inside cut.
+uvec2 radix_select(bool mass, uint want, uvec2 cut, uvec2 total)
 {
     if (tid == 0u) {
         s_prefix = 0u;
         s_rem = uvec2(want, 0u);
     }
     for (uint lvl = 0u; lvl < 4u; lvl++)
-        radix_level(mass, want, cut, lvl);
+        radix_level(mass, want, cut, total, lvl);
     uint K = s_prefix, tied = s_tied;
     uvec2 rem = s_rem;
     barrier();
@@ -329,11 +362,12 @@ uvec2 radix_select(bool mass, uint want, uvec2 cut)
 // Draws among the elements inside cut with nonzero weight, in id order.
 void draw(uvec2 cut, out int token, out uint kept)
 {
-    uint lo = chunk_lo(), hi = chunk_hi(), c = 0u;
+    uint lo = chunk_lo(), hi = chunk_hi(), c = 0u, id;
+    float z;
     uvec2 m = uvec2(0u);
     for (uint i = lo; i < hi; i++) {
-        float z = load_z(i);
-        uvec2 w = in_cut(key_of(z), i, cut) ? wfix(z) : uvec2(0u);
+        elem(i, id, z);
+        uvec2 w = in_cut(key_of(z), id, cut) ? wfix(z) : uvec2(0u);
         if (w != uvec2(0u)) {
             m = add64(m, w);
             c++;
@@ -353,12 +387,12 @@ void draw(uvec2 cut, out int token, out uint kept)
     if (tid == s_owner) {
         uvec2 cum = s_before;
         for (uint i = lo; i < hi; i++) {
-            float z = load_z(i);
-            if (!in_cut(key_of(z), i, cut))
+            elem(i, id, z);
+            if (!in_cut(key_of(z), id, cut))
                 continue;
             cum = add64(cum, wfix(z));
             if (gt64(cum, s_target)) {
-                s_id = i;
+                s_id = id;
                 break;
             }
         }
@@ -368,16 +402,188 @@ void draw(uvec2 cut, out int token, out uint kept)
     barrier();
 }
 
+// ---- the candidate list ------------------------------------------------------------------------
+// Tokens are binned by t = (z_max - z) / T: coarse bins of 1/9 (t < 28; beyond, w truncates to
+// 0), and 255 sub-bins inside one coarse bin. Both are monotone in z, so "bin <= b" always
+// selects a prefix of the order (z desc, id asc): the survivors of a cut lie in the bins up to
+// the one where the cut's count or mass is reached.
+
+uint g_b0, g_s1; // candidates: coarse bin < g_b0, or == g_b0 with sub-bin <= g_s1
+bool g_cmin;     // and z >= g_zthr (min-p, when top-p does not need the whole top-k set)
+float g_zthr;
+
+uint lw_bin(float z)
+{
+    if (z == g_zmax)
+        return 0u;
+    precise float t9 = (g_zmax - z) * g_invt * 9.0;
+    return t9 < 252.0 ? uint(t9) : 255u;
+}
+
+uint lw_sub(float z) // for z in coarse bin g_b0
+{
+    if (z == g_zmax)
+        return 0u;
+    precise float t9 = (g_zmax - z) * g_invt * 9.0;
+    return min(uint((t9 - float(g_b0)) * 255.0), 254u);
+}
+
+bool is_cand(float z)
+{
+    uint b = lw_bin(z);
+    if (b > g_b0 || (b == g_b0 && g_s1 < 254u && lw_sub(z) > g_s1))
+        return false;
+    return !g_cmin || z >= g_zthr;
+}
+
+// Histogram (index 255 - digit, so src_get reads digit 0 first) of the coarse bins (lvl 0) or
+// of the sub-bins of coarse bin g_b0 (lvl 1): counts, and masses when `mass`.
+void lw_hist(uint lvl, bool mass)
+{
+    for (uint b = tid; b < 256u; b += WG) {
+        h_cnt[b] = 0u;
+        h_lo[b] = 0u;
+        h_hi[b] = 0u;
+    }
+    barrier();
+    for (uint i = tid; i < g_n; i += WG) {
+        float z = load_z(i);
+        uint b = lw_bin(z);
+        if (b == 255u || (lvl == 1u && b != g_b0))
+            continue;
+        uint d = 255u - (lvl == 0u ? b : lw_sub(z));
+        atomicAdd(h_cnt[d], 1u);
+        if (mass) {
+            uvec2 w = wfix(z);
+            uint old = atomicAdd(h_lo[d], w.x);
+            uint hi = w.y + (old + w.x < old ? 1u : 0u);
+            if (hi != 0u)
+                atomicAdd(h_hi[d], hi);
+        }
+    }
+}
+
+// One thread, after group_sums(SRC_HCNT): tokens with digit 0 .. j.
+uint count_through(uint j)
+{
+    uint c = 0u, g = j / GS;
+    for (uint i = 0u; i < g; i++)
+        c += s_grp[i].x;
+    for (uint i = g * GS; i <= j; i++)
+        c += h_cnt[255u - i];
+    return c;
+}
+
+// One histogram level: the digit where the top-k count (k) or the top-p mass (mass: of the
+// whole row, P = its top_p fraction) is reached; s_ncand = tokens up to that digit, counting
+// s_nbefore ahead of the level's range.
+void cand_level(uint lvl, bool mass)
+{
+    lw_hist(lvl, mass);
+    uvec2 before;
+    if (mass) {
+        group_sums(SRC_HMASS, 256u);
+        if (tid == 0u) {
+            if (lvl == 0u) {
+                s_total = group_total(256u);
+                s_rem = mulhi64x32(s_total, sp.top_p32);
+                if (s_rem == uvec2(0u))
+                    s_rem = uvec2(1u, 0u);
+            }
+            s_bin = locate(SRC_HMASS, 256u, sub64(s_rem, uvec2(1u, 0u)), before);
+            s_rem = sub64(s_rem, before);
+        }
+    }
+    group_sums(SRC_HCNT, 256u);
+    if (tid == 0u) {
+        if (!mass) {
+            if (lvl == 0u)
+                s_rem = uvec2(sp.top_k, 0u);
+            s_bin = locate(SRC_HCNT, 256u, sub64(s_rem, uvec2(1u, 0u)), before);
+            s_rem = sub64(s_rem, before);
+        }
+        uint through = count_through(s_bin);
+        if (lvl == 0u)
+            s_nbefore = through - h_cnt[255u - s_bin];
+        s_ncand = (lvl == 0u ? 0u : s_nbefore) + through;
+    }
+    barrier();
+}
+
+// Chooses the candidate predicate; returns an upper bound of the candidates (NO_ID: unknown)
+// and, for top-p without top-k, the row's total mass in *total. 1 or 2 strided passes.
+uint choose_candidates(bool tk, bool tp, bool mp, out uvec2 total)
+{
+    g_cmin = mp && !tp; // with top-p the list must hold every top-k token (their mass counts)
+    g_zthr = g_zmax + sp.min_p_delta;
+    g_b0 = 255u;
+    g_s1 = 254u;
+    total = uvec2(0u);
+    if (!tk && !tp)
+        return NO_ID; // min-p alone: z >= threshold, counted by the gather
+    bool mass = !tk;
+    cand_level(0u, mass);
+    g_b0 = s_bin;
+    uint n = s_ncand, n_before = s_nbefore;
+    if (mass)
+        total = s_total;
+    barrier();
+    if (g_b0 != 255u && n > CAP && n_before < CAP) { // split the crossing bin 255 ways
+        cand_level(1u, mass);
+        g_s1 = s_bin;
+        n = s_ncand;
+        barrier();
+    }
+    return g_b0 == 255u ? g_n : n; // 255: the cut reaches past t = 28, every token is a candidate
+}
+
+// Copies the candidates into s_lid / s_lz in id order (a chunked count, a scan, a chunked
+// copy) if there are at most CAP; then the passes read the list. 2 chunked passes.
+void gather()
+{
+    uint lo = chunk_lo(), hi = chunk_hi(), c = 0u;
+    for (uint i = lo; i < hi; i++)
+        c += is_cand(load_z(i)) ? 1u : 0u;
+    s_part[tid] = uvec2(c, 0u);
+    group_sums(SRC_PART, WG);
+    uint n = group_total(WG).x, off = 0u;
+    for (uint g = 0u; g < tid / GS; g++)
+        off += s_grp[g].x;
+    for (uint t = tid / GS * GS; t < tid; t++)
+        off += s_part[t].x;
+    barrier();
+    if (n > CAP)
+        return;
+    for (uint i = lo; i < hi && off < n; i++) {
+        float z = load_z(i);
+        if (is_cand(z)) {
+            s_lid[off] = i;
+            s_lz[off] = z;
+            off++;
+        }
+    }
+    barrier();
+    g_list = true;
+    g_count = n;
+}
+
 // Cuts and draw for a row with temperature > 0 (z_max finite).
 void sample_row(out int token, out uint kept)
 {
+    bool tk = sp.top_k != 0u && sp.top_k < g_n, tp = sp.top_p32 != 0u, mp = sp.min_p_delta != NEG_INF;
+    uvec2 total = uvec2(0u);
+    if (tk || tp || mp) {
+        uint bound = choose_candidates(tk, tp, mp, total);
+        if (bound <= CAP || bound == NO_ID || g_cmin)
+            gather();
+    }
     uvec2 cut = uvec2(0u, NO_ID); // everything
-    if (sp.top_k != 0u && sp.top_k < g_n)
-        cut = radix_select(false, sp.top_k, cut);
-    if (sp.top_p32 != 0u)
-        cut = radix_select(true, sp.top_p32, cut);
-    if (sp.min_p_delta != NEG_INF)
-        cut = tighter(cut, uvec2(key_of(g_zmax + sp.min_p_delta), NO_ID));
+    if (tk && sp.top_k < g_count)
+        cut = radix_select(false, sp.top_k, cut, uvec2(0u));
+    if (tp)
+        cut = radix_select(true, sp.top_p32, cut, total);
+    if (mp)
+        cut = tighter(cut, uvec2(key_of(g_zthr), NO_ID));
     draw(cut, token, kept);
 }
 
@@ -401,7 +607,7 @@ float raw_lse()
 void top_logprobs(uint row, float lse)
 {
     uint n = min(sp.n_top, g_n);
-    uvec2 cut = n < g_n ? radix_select(false, n, uvec2(0u, NO_ID)) : uvec2(0u, NO_ID);
+    uvec2 cut = n < g_n ? radix_select(false, n, uvec2(0u, NO_ID), uvec2(0u)) : uvec2(0u, NO_ID);
     if (tid == 0u)
         s_ntop = 0u;
     barrier();
@@ -441,6 +647,8 @@ void main()
     uint row = p.row0 + gl_WorkGroupID.x;
     g_base = gl_WorkGroupID.x * p.row_stride;
     g_n = p.n_vocab;
+    g_count = g_n;
+    g_list = false;
     if (tid == 0u)
         sp = rows[row];
     barrier();
@@ -469,6 +677,8 @@ void main()
         }
     }
     barrier(); // every read of the edited row is done
+    g_list = false; // the logprob passes read the (restored) row
+    g_count = g_n;
     apply_edits(true);
 
     bool want_lp = (sp.flags & VKI_SAMPLE_LOGPROBS) != 0u;

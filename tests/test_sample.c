@@ -81,15 +81,15 @@ static int cmp_desc_expect(const void *a, const void *b)
 }
 
 /* Pearson chi-square of counts against the reference distribution (a draw of a token with
- * probability 0 fails at once). */
-static void chi_square(const sample_dist *d, const uint32_t *counts, uint32_t n_draws, const char *label)
+ * probability 0 fails at once). Returns chi2 / critical value (> 1 fails). */
+static double chi_square(const sample_dist *d, const uint32_t *counts, uint32_t n_draws, const char *label, bool check)
 {
     double(*e)[2] = malloc(d->n_vocab * sizeof *e); /* {expected, observed} per token */
     double(*bin)[2] = malloc(d->n_vocab * sizeof *bin);
     uint32_t n = 0, bins = 0;
     for (uint32_t i = 0; i < d->n_vocab; i++) {
         double p = sample_dist_prob(d, i);
-        if (p == 0 && counts[i])
+        if (p == 0 && counts[i] && check)
             fail_msg("%s: token %u drawn %u times, its probability is 0", label, i, counts[i]);
         if (p > 0) {
             e[n][0] = p * n_draws;
@@ -121,12 +121,14 @@ static void chi_square(const sample_dist *d, const uint32_t *counts, uint32_t n_
     free(bin);
     if (bins < 2) {
         print_message("%-26s one bin: support check only\n", label);
-        return;
+        return 0;
     }
     double crit = chi2_crit(bins - 1);
-    print_message("%-26s bins %4u  chi2 %8.2f  critical(p=1e-6) %8.2f\n", label, bins, x2, crit);
-    if (x2 > crit)
+    if (check)
+        print_message("%-26s bins %4u  chi2 %8.2f  critical(p=1e-6) %8.2f\n", label, bins, x2, crit);
+    if (x2 > crit && check)
         fail_msg("%s: chi-square %.2f > %.2f (%u bins)", label, x2, crit, bins);
+    return x2 / crit;
 }
 
 /* Random normal logits (scale 2) with a few -inf and NaN entries. */
@@ -315,8 +317,11 @@ static void test_params_check(void **state)
 
 /* ---- GPU: distributions ------------------------------------------------------------------------ */
 
-/* N_DRAWS rows of the same logits and request at positions 0..N_DRAWS-1. */
-static void run_distribution(vt_gpu *g, const char *label, const float *row, uint32_t V, const sample_req *proto)
+/* n_draws rows of the same logits and request at positions 0..n_draws-1. With `control`, the
+ * counts are also tested against the distribution at 1.1x the temperature, which must fail:
+ * the test has the power to see a 10% temperature error. */
+static void run_distribution_n(vt_gpu *g, const char *label, const float *row, uint32_t V, const sample_req *proto,
+                               uint32_t n_draws, bool control)
 {
     uint32_t *counts = calloc(V, sizeof *counts), near_edge = 0;
     sample_dist d = ref_dist(row, V, proto);
@@ -325,7 +330,7 @@ static void run_distribution(vt_gpu *g, const char *label, const float *row, uin
     vki_sample_out *out = malloc(CHUNK * sizeof *out);
     for (uint32_t r = 0; r < CHUNK; r++)
         memcpy(logits + (size_t)r * V, row, V * 4);
-    for (uint32_t base = 0; base < N_DRAWS; base += CHUNK) {
+    for (uint32_t base = 0; base < n_draws; base += CHUNK) {
         for (uint32_t r = 0; r < CHUNK; r++) {
             reqs[r] = *proto;
             reqs[r].position = base + r;
@@ -345,14 +350,30 @@ static void run_distribution(vt_gpu *g, const char *label, const float *row, uin
             near_edge += t != want;
         }
     }
-    chi_square(&d, counts, N_DRAWS, label);
+    chi_square(&d, counts, n_draws, label, true);
     print_message("%-26s kept %u of %u, %u draws differ from the reference near an edge\n", "", d.n_kept, V,
                   near_edge);
     sample_dist_free(&d);
+    if (control) {
+        vki_sampling_params hot = *proto->params;
+        hot.temperature *= 1.1f;
+        sample_req r = *proto;
+        r.params = &hot;
+        d = ref_dist(row, V, &r);
+        double ratio = chi_square(&d, counts, n_draws, label, false);
+        print_message("%-26s against 1.1 x temperature: chi2 / critical = %.2f (must be > 1)\n", "", ratio);
+        assert_true(ratio > 1);
+        sample_dist_free(&d);
+    }
     free(counts);
     free(logits);
     free(reqs);
     free(out);
+}
+
+static void run_distribution(vt_gpu *g, const char *label, const float *row, uint32_t V, const sample_req *proto)
+{
+    run_distribution_n(g, label, row, V, proto, N_DRAWS, false);
 }
 
 static void test_distributions(void **state)
@@ -374,7 +395,7 @@ static void test_distributions(void **state)
         int32_t top_k;
         bool bias;
     } cases[] = {
-        {"temperature 1", 1, 1, 0, 1, 0, 0, 0, false},
+        {"temperature 1", 1, 1, 0, 1, 0, 0, 0, false}, /* with the 1.1 x temperature control */
         {"temperature 0.6", 0.6f, 1, 0, 1, 0, 0, 0, false},
         {"top_k 12", 1, 1, 0, 1, 0, 0, 12, false},
         {"top_p 0.7", 1.2f, 0.7f, 0, 1, 0, 0, 0, false},
@@ -395,7 +416,7 @@ static void test_distributions(void **state)
         p.logit_bias = cases[c].bias ? bias : NULL;
         p.n_logit_bias = cases[c].bias ? 5 : 0;
         r.params = &p;
-        run_distribution(g, cases[c].label, row, V, &r);
+        run_distribution_n(g, cases[c].label, row, V, &r, N_DRAWS, c == 0);
     }
     vt_assert_clean(g);
 }
@@ -805,6 +826,40 @@ static void test_step_plan(void **state)
     vt_assert_clean(g);
 }
 
+/* The kernel's three routes to the same distribution on a flat row (3000 logits within 0.2 of
+ * each other, so a coarse bin of the candidate histogram holds ~1500 tokens): the candidate
+ * list after one histogram, after splitting the crossing bin, and the whole-row radix selects
+ * when more than CAP = 1024 tokens may survive. 4096 draws each, every one also checked
+ * against the reference draw. */
+static void test_kernel_routes(void **state)
+{
+    vt_gpu *g = vt_gpu_get(state);
+    vt_rng rng = vt_rng_seeded("sample routes");
+    enum { V = 3000 };
+    float row[V];
+    vt_fill_uniform(&rng, row, V, -0.1f, 0.1f);
+    vki_sampling_params p = vki_sampling_default_params();
+    sample_req r = {&p, vt_u64(&rng), 0, NULL, 0};
+    p.top_k = 30; /* split bin, list of ~30 */
+    run_distribution_n(g, "route: top_k 30 (split)", row, V, &r, CHUNK, false);
+    p.top_k = 0;
+    p.top_p = 0.05f; /* split bin by mass, top-p over the row's total */
+    run_distribution_n(g, "route: top_p .05 (split)", row, V, &r, CHUNK, false);
+    p.top_p = 0.5f; /* ~1500 survive: whole row */
+    run_distribution_n(g, "route: top_p .5 (row)", row, V, &r, CHUNK, false);
+    p.top_p = 1;
+    p.top_k = 1500; /* k > CAP: whole row */
+    run_distribution_n(g, "route: top_k 1500 (row)", row, V, &r, CHUNK, false);
+    p.top_k = 0;
+    p.temperature = 0.05f;
+    p.min_p = 0.9f; /* min-p alone: list of z >= threshold */
+    run_distribution_n(g, "route: min_p .9 (list)", row, V, &r, CHUNK, false);
+    p.min_p = 0.2f; /* more than CAP above the threshold: whole row */
+    p.temperature = 0.2f;
+    run_distribution_n(g, "route: min_p .2 (row)", row, V, &r, CHUNK, false);
+    vt_assert_clean(g);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -822,6 +877,7 @@ int main(void)
         cmocka_unit_test(test_reproducible),
         cmocka_unit_test(test_step_plan),
         cmocka_unit_test(test_tie_cuts),
+        cmocka_unit_test(test_kernel_routes),
         cmocka_unit_test(test_distributions),
     };
     return cmocka_run_group_tests(tests, vt_gpu_setup, vt_gpu_teardown);

@@ -18,6 +18,7 @@
 #include "engine/kernels.h"
 #include "engine/ops_attn.h"
 #include "engine/ops_matmul.h"
+#include "engine/ops_sample.h"
 #include "engine/quant.h"
 #include "engine/tensor.h"
 
@@ -387,6 +388,63 @@ static vki_status attn_decode_record(bench_run *r, vkd_cmd *c) { return attn_rec
 static vki_status attn_prefill_setup(bench_run *r) { return attn_setup(r, false); }
 static vki_status attn_prefill_record(bench_run *r, vkd_cmd *c) { return attn_record(r, c, false); }
 
+/* ---- sampling (engine/ops_sample.h) ----------------------------------------------------------- */
+
+/* M rows of an N-token vocabulary, parameter preset K: 1 greedy; 2 temperature 0.8, top_k 40,
+ * top_p 0.95, min_p 0.05; 3 temperature 1, top_p 0.9 (no top-k: the top-p select runs over the
+ * whole row); 4 preset 2 + repetition/presence/frequency penalties over 64 history tokens and
+ * 5 top logprobs. Bytes: one read of the logits rows. buf: 0 logits, 1 rows, 2 edits, 3 saved,
+ * 4 out. */
+static vki_status sample_setup(bench_run *r)
+{
+    vki_sampling_params p = vki_sampling_default_params();
+    p.temperature = r->K == 1 ? 0.0f : r->K == 3 ? 1.0f : 0.8f;
+    p.top_k = r->K == 2 || r->K == 4 ? 40 : 0;
+    p.top_p = r->K == 3 ? 0.9f : 0.95f;
+    p.min_p = r->K == 2 || r->K == 4 ? 0.05f : 0.0f;
+    if (r->K == 4) {
+        p.repetition_penalty = 1.1f, p.presence_penalty = 0.3f, p.frequency_penalty = 0.2f;
+        p.logprobs = true, p.top_logprobs = 5;
+    }
+    int32_t hist[64];
+    for (int i = 0; i < 64; i++)
+        hist[i] = (int32_t)(rng_next(&r->rng) % r->N);
+    vki_sample_row *rows = malloc(r->M * sizeof *rows);
+    vki_sample_edit *edits = malloc((size_t)r->M * 64 * sizeof *edits);
+    uint32_t used = 0;
+    vki_status st = rows && edits ? VKI_OK : VKI_ERR_OUT_OF_HOST_MEMORY;
+    for (uint32_t i = 0; st == VKI_OK && i < r->M; i++) {
+        sample_req q = {&p, rng_next(&r->rng), 1000 + i, hist, 64};
+        uint32_t n = 0;
+        char err[128];
+        st = sample_pack_row(&q, r->N, used, &rows[i], edits + used, 64, &n, err, sizeof err);
+        used += n;
+    }
+    if (st == VKI_OK)
+        st = make_floats(r, (size_t)r->M * r->N, "bench logits", &r->buf[0]);
+    const void *src[3] = {rows, edits, NULL};
+    size_t bytes[5] = {r->M * sizeof *rows, (used ? used : 1) * sizeof *edits, (used ? used : 1) * 4,
+                       r->M * sizeof(vki_sample_out)};
+    for (int i = 1; st == VKI_OK && i < 5; i++) {
+        st = vkd_buffer_create(r->d, bytes[i - 1], VKD_MEM_DEVICE, "bench sample", &r->buf[i]);
+        if (st == VKI_OK && i < 3)
+            st = vkd_upload(r->d, r->buf[i], 0, src[i - 1], bytes[i - 1]);
+    }
+    free(rows);
+    free(edits);
+    r->bytes = 4.0 * r->M * r->N;
+    r->flops = 0;
+    return st;
+}
+
+static vki_status sample_record(bench_run *r, vkd_cmd *c)
+{
+    op_sample_args a = {.logits = vkd_whole(r->buf[0]), .row_stride = r->N, .n_rows = r->M, .n_vocab = r->N,
+                        .rows = vkd_whole(r->buf[1]), .edits = vkd_whole(r->buf[2]),
+                        .saved = vkd_whole(r->buf[3]), .out = vkd_whole(r->buf[4])};
+    return op_sample(c, &a);
+}
+
 /* ---- the registration table ---------------------------------------------------------------- */
 
 static const bench_kernel benches[] = {
@@ -422,6 +480,11 @@ static const bench_kernel benches[] = {
      .types = {VKI_GGML_F16, VKI_GGML_F32}, .n_types = 2,
      .full = {{512, 0, 128}, {512, 3584, 128}, {2048, 0, 128}}, .small = {{128, 0, 64}, {64, 448, 64}},
      attn_prefill_setup, attn_prefill_record},
+    {"sample", "M rows, N vocab, K params: 1 greedy, 2 T.8 k40 p.95 minp.05, 3 T1 p.9, 4 = 2 + penalties + 5 logprobs",
+     .types = {VKI_GGML_F32}, .n_types = 1,
+     .full = {{64, 32000, 2}, {64, 128256, 2}, {64, 32000, 1}, {64, 32000, 3}, {64, 32000, 4}, {1, 262144, 2}},
+     .small = {{64, 32000, 2}, {64, 128256, 2}, {64, 32000, 1}, {64, 32000, 3}, {64, 32000, 4}},
+     sample_setup, sample_record},
 };
 #define N_BENCHES (sizeof benches / sizeof benches[0])
 
