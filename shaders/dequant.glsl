@@ -22,7 +22,7 @@
 // uint16_t only converted to 32-bit on load, so shaderInt16 is not needed); the host refuses
 // these types with VKI_ERR_UNSUPPORTED on a device without storageBuffer16BitAccess. 16-bit
 // rather than 8-bit loads halve the load count. Q4_K blocks (144 B) are 16-byte aligned and
-// use plain 32-bit words. F32 and 8-aligned F16 rows use 16-byte vector loads.
+// use 16/8/4-byte loads. F32 and 8-aligned F16 rows use 16-byte vector loads.
 
 #if defined(DQ_F16) || defined(DQ_Q8_0) || defined(DQ_Q4_0) || defined(DQ_Q6_K)
 #extension GL_EXT_shader_16bit_storage : require
@@ -148,30 +148,33 @@ uint dq_unit_k(uint iu, uint g) { return 8u * iu + 4u * (g & 1u) + 16u * (g >> 1
 // W: 36 uint32 per block { f16 d, dmin; uint8 scales[12]; uint8 qs[128] }. rb in uint32.
 // Sub-block j (32 elements) has a 6-bit scale sc and min m: w = d*sc*q - dmin*m. qs bytes
 // 32c..32c+31 hold elements 64c.. (low nibbles, sub-block 2c) and 64c+32.. (high, 2c+1).
+// Blocks are 144 = 9 * 16 bytes, so the header (d, dmin, scales) is one 16-byte load and a
+// unit's 8 qs bytes one 8-byte load.
 layout(std430, binding = DQ_BINDING) readonly buffer DqW { uint dq_w[]; };
+layout(std430, binding = DQ_BINDING) readonly buffer DqW2 { uvec2 dq_w2[]; };
+layout(std430, binding = DQ_BINDING) readonly buffer DqW4 { uvec4 dq_w4[]; };
 #define DQ_BLOCK 256u
 #define DQ_UNITS 16u
 uint dq_row_base(uint row, uint stride_bytes) { return row * (stride_bytes >> 2); }
-// (d*sc, dmin*m) of sub-block j (0..7); b = block start. The 12 scale bytes pack eight 6-bit
-// pairs: j < 4 in the low 6 bits of bytes j / j+4; j >= 4 split over byte j+4 and the top 2 bits
-// of bytes j-4 / j.
-vec2 dq_q4k_scale(uint b, uint j) {
-    vec2 dm = unpackHalf2x16(dq_w[b]);
-    uint s0 = dq_w[b + 1u], s1 = dq_w[b + 2u], s2 = dq_w[b + 3u];
+// (d*sc, dmin*m) of sub-block j (0..7) from the block header hd = {d|dmin, scales[0..11]}.
+// The 12 scale bytes pack eight 6-bit pairs: j < 4 in the low 6 bits of bytes j / j+4; j >= 4
+// split over byte j+4 and the top 2 bits of bytes j-4 / j.
+vec2 dq_q4k_scale(uvec4 hd, uint j) {
+    vec2 dm = unpackHalf2x16(hd.x);
     uint jj = 8u * (j & 3u), sc, m;
     if (j < 4u) {
-        sc = (s0 >> jj) & 63u;
-        m = (s1 >> jj) & 63u;
+        sc = (hd.y >> jj) & 63u;
+        m = (hd.z >> jj) & 63u;
     } else {
-        uint hi = s2 >> jj;
-        sc = (hi & 15u) | (((s0 >> jj) >> 6 & 3u) << 4);
-        m = (hi >> 4 & 15u) | (((s1 >> jj) >> 6 & 3u) << 4);
+        uint hi = hd.w >> jj;
+        sc = (hi & 15u) | (((hd.y >> jj) >> 6 & 3u) << 4);
+        m = (hi >> 4 & 15u) | (((hd.z >> jj) >> 6 & 3u) << 4);
     }
     return vec2(dm.x * float(sc), dm.y * float(m));
 }
 vec4 dq_load4(uint rb, uint k, uint K) {
     uint b = rb + (k >> 8) * 36u, kb = k & 255u, c = kb >> 6, h = (kb >> 5) & 1u;
-    vec2 s = dq_q4k_scale(b, 2u * c + h);
+    vec2 s = dq_q4k_scale(dq_w4[b >> 2], 2u * c + h);
     uint q = (dq_w[b + 4u + 8u * c + ((kb & 31u) >> 2)] >> (4u * h)) & 0x0F0F0F0Fu;
     return s.x * vec4(dq_bytes(q)) - s.y;
 }
@@ -179,12 +182,13 @@ vec4 dq_load4(uint rb, uint k, uint K) {
 // 64c+32+8s+0..7 (high nibbles).
 void dq_unit(uint rb, uint ib, uint iu, out vec4 w[DQ_UNIT_V4]) {
     uint b = rb + ib * 36u, c = iu >> 2, s = iu & 3u;
-    vec2 lo = dq_q4k_scale(b, 2u * c), hi = dq_q4k_scale(b, 2u * c + 1u);
-    uint q0 = dq_w[b + 4u + 8u * c + 2u * s], q1 = dq_w[b + 5u + 8u * c + 2u * s];
-    w[0] = lo.x * vec4(dq_bytes(q0 & 0x0F0F0F0Fu)) - lo.y;
-    w[1] = lo.x * vec4(dq_bytes(q1 & 0x0F0F0F0Fu)) - lo.y;
-    w[2] = hi.x * vec4(dq_bytes((q0 >> 4) & 0x0F0F0F0Fu)) - hi.y;
-    w[3] = hi.x * vec4(dq_bytes((q1 >> 4) & 0x0F0F0F0Fu)) - hi.y;
+    uvec4 hd = dq_w4[b >> 2];
+    vec2 lo = dq_q4k_scale(hd, 2u * c), hi = dq_q4k_scale(hd, 2u * c + 1u);
+    uvec2 q = dq_w2[(b + 4u + 8u * c + 2u * s) >> 1];
+    w[0] = lo.x * vec4(dq_bytes(q.x & 0x0F0F0F0Fu)) - lo.y;
+    w[1] = lo.x * vec4(dq_bytes(q.y & 0x0F0F0F0Fu)) - lo.y;
+    w[2] = hi.x * vec4(dq_bytes((q.x >> 4) & 0x0F0F0F0Fu)) - hi.y;
+    w[3] = hi.x * vec4(dq_bytes((q.y >> 4) & 0x0F0F0F0Fu)) - hi.y;
 }
 uint dq_unit_k(uint iu, uint g) { return 64u * (iu >> 2) + 8u * (iu & 3u) + 4u * (g & 1u) + 32u * (g >> 1); }
 
