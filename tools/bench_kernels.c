@@ -609,56 +609,91 @@ static bool in_list(const char *list, const char *name)
     return false;
 }
 
-int main(int argc, char **argv)
+typedef struct bench_cli {
+    const char *kernels, *types;       /* comma lists; NULL = all */
+    bench_shape shapes[MAX_SHAPES];
+    int n_shapes, size_pref;           /* size_pref: -1 auto, 0 small, 1 full */
+    bench_opts o;
+    vki_device_params dp;
+} bench_cli;
+
+/* 0: parsed; 1: --help printed; 2: usage error (printed). */
+static int parse_args(int argc, char **argv, bench_cli *cl)
 {
     static const struct option lo[] = {
         {"kernel", 1, 0, 'k'}, {"type", 1, 0, 't'}, {"shape", 1, 0, 's'}, {"device", 1, 0, 'd'},
         {"iters", 1, 0, 'n'},  {"warmup", 1, 0, 'w'}, {"reps", 1, 0, 'r'}, {"small", 0, 0, 'S'},
         {"full", 0, 0, 'F'},   {"help", 0, 0, 'h'},  {0, 0, 0, 0}};
-    const char *kernels = NULL, *types = NULL;
-    bench_shape shapes[MAX_SHAPES];
-    int n_shapes = 0, size_pref = -1; /* -1 auto, 0 small, 1 full */
-    bench_opts o = {.iters = 20, .warmup = 3, .reps = 3};
-    vki_device_params dp = vki_device_default_params();
     for (int ch; (ch = getopt_long(argc, argv, "k:t:s:d:n:w:r:h", lo, NULL)) != -1;) {
+        bench_shape *sh = &cl->shapes[cl->n_shapes < MAX_SHAPES ? cl->n_shapes : 0];
         switch (ch) {
-        case 'k': kernels = optarg; break;
-        case 't': types = optarg; break;
+        case 'k': cl->kernels = optarg; break;
+        case 't': cl->types = optarg; break;
         case 's':
-            if (n_shapes == MAX_SHAPES || sscanf(optarg, "%ux%ux%u", &shapes[n_shapes].M, &shapes[n_shapes].N,
-                                                 &shapes[n_shapes].K) != 3 || !shapes[n_shapes].M ||
-                !shapes[n_shapes].N || !shapes[n_shapes].K) {
+            if (cl->n_shapes == MAX_SHAPES || sscanf(optarg, "%ux%ux%u", &sh->M, &sh->N, &sh->K) != 3 || !sh->M ||
+                !sh->N || !sh->K) {
                 fprintf(stderr, "bad or too many --shape: %s (MxNxK, at most %d)\n", optarg, MAX_SHAPES);
                 return 2;
             }
-            n_shapes++;
+            cl->n_shapes++;
             break;
         case 'd':
             if (optarg[0] >= '0' && optarg[0] <= '9')
-                dp.device_index = atoi(optarg);
+                cl->dp.device_index = atoi(optarg);
             else
-                dp.device_name = optarg;
+                cl->dp.device_name = optarg;
             break;
-        case 'n': o.iters = atoi(optarg); break;
-        case 'w': o.warmup = atoi(optarg); break;
-        case 'r': o.reps = atoi(optarg); break;
-        case 'S': size_pref = 0; break;
-        case 'F': size_pref = 1; break;
-        case 'h': usage(stdout); return 0;
+        case 'n': cl->o.iters = atoi(optarg); break;
+        case 'w': cl->o.warmup = atoi(optarg); break;
+        case 'r': cl->o.reps = atoi(optarg); break;
+        case 'S': cl->size_pref = 0; break;
+        case 'F': cl->size_pref = 1; break;
+        case 'h': usage(stdout); return 1;
         default: usage(stderr); return 2;
         }
     }
-    if (o.iters < 1 || o.warmup < 1 || o.reps < 1) {
+    if (cl->o.iters < 1 || cl->o.warmup < 1 || cl->o.reps < 1) {
         fprintf(stderr, "--iters, --warmup and --reps must be >= 1\n");
         return 2;
     }
+    return 0;
+}
+
+/* Every selected (kernel, type, shape), one table row each. */
+static void run_all(const bench_cli *cl, vkd_device *d, vkd_cmd *c, VkQueryPool qp, bool small)
+{
+    for (size_t i = 0; i < N_BENCHES; i++) {
+        const bench_kernel *b = &benches[i];
+        if (!in_list(cl->kernels, b->name))
+            continue;
+        for (uint32_t t = 0; t < b->n_types; t++) {
+            const quant_traits *qt = quant_get(b->types[t]);
+            if (!qt || !in_list(cl->types, qt->name))
+                continue;
+            const bench_shape *sh = cl->n_shapes ? cl->shapes : small ? b->small : b->full;
+            int n = cl->n_shapes;
+            while (!cl->n_shapes && n < MAX_SHAPES && sh[n].M)
+                n++;
+            for (int j = 0; j < n; j++)
+                bench_one(b, d, c, qp, b->types[t], sh[j], &cl->o);
+        }
+    }
+}
+
+int main(int argc, char **argv)
+{
+    bench_cli cl = {.size_pref = -1, .o = {.iters = 20, .warmup = 3, .reps = 3},
+                    .dp = vki_device_default_params()};
+    int rc = parse_args(argc, argv, &cl);
+    if (rc)
+        return rc == 1 ? 0 : rc;
     vkd_device *d;
-    vki_status st = vkd_open(&dp, &d);
+    vki_status st = vkd_open(&cl.dp, &d);
     if (st != VKI_OK) {
         fprintf(stderr, "bench-kernels: cannot open a Vulkan device: %s\n", vki_status_str(st));
         return 1;
     }
-    bool small = size_pref == 0 || (size_pref < 0 && d->info.type == VKI_DEVICE_CPU);
+    bool small = cl.size_pref == 0 || (cl.size_pref < 0 && d->info.type == VKI_DEVICE_CPU);
     vkd_cmd c;
     VkQueryPool qp = VK_NULL_HANDLE;
     st = vkd_cmd_create(d, "bench", &c);
@@ -673,25 +708,10 @@ int main(int argc, char **argv)
         return 1;
     }
     printf("device: %s (%s); %s shapes; %d calls per batch, median of %d batches; timer: %s\n", d->info.name,
-           d->info.driver_info, n_shapes ? "given" : small ? "small" : "full", o.iters, o.reps,
+           d->info.driver_info, cl.n_shapes ? "given" : small ? "small" : "full", cl.o.iters, cl.o.reps,
            qp ? "GPU timestamps" : "host clock");
     printf("%-10s %-5s %6s %6s %6s %11s %9s %9s\n", "kernel", "type", "M", "N", "K", "us/call", "GB/s", "GFLOP/s");
-    for (size_t i = 0; i < N_BENCHES; i++) {
-        const bench_kernel *b = &benches[i];
-        if (!in_list(kernels, b->name))
-            continue;
-        for (uint32_t t = 0; t < b->n_types; t++) {
-            const quant_traits *qt = quant_get(b->types[t]);
-            if (!qt || !in_list(types, qt->name))
-                continue;
-            const bench_shape *sh = n_shapes ? shapes : small ? b->small : b->full;
-            int n = n_shapes;
-            while (!n_shapes && n < MAX_SHAPES && sh[n].M)
-                n++;
-            for (int j = 0; j < n; j++)
-                bench_one(b, d, &c, qp, b->types[t], sh[j], &o);
-        }
-    }
+    run_all(&cl, d, &c, qp, small);
     if (qp)
         vkDestroyQueryPool(d->dev, qp, NULL);
     vkd_cmd_destroy(&c);
