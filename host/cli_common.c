@@ -1,5 +1,10 @@
 #include "host/cli_common.h"
 
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "engine/synth.h"
+
 #include <errno.h>
 #include <math.h>
 #include <stdlib.h>
@@ -154,4 +159,39 @@ double cli_now_s(void)
     struct timespec t;
     clock_gettime(CLOCK_MONOTONIC, &t);
     return t.tv_sec + t.tv_nsec * 1e-9;
+}
+
+bool cli_default_model(const char *preset, char *path, size_t n)
+{
+    const char *xdg = getenv("XDG_CACHE_HOME"), *home = getenv("HOME");
+    char dir[512];
+    if (xdg && *xdg)
+        snprintf(dir, sizeof dir, "%s/vkinfer", xdg);
+    else if (home && *home)
+        snprintf(dir, sizeof dir, "%s/.cache/vkinfer", home);
+    else
+        snprintf(dir, sizeof dir, "/tmp");
+    if (home && *home && !(xdg && *xdg)) {
+        char parent[520];
+        snprintf(parent, sizeof parent, "%s/.cache", home);
+        mkdir(parent, 0755);
+    }
+    mkdir(dir, 0755);
+    int w = snprintf(path, n, "%s/synthetic-%s.gguf", dir, preset);
+    if (w < 0 || (size_t)w >= n)
+        return false;
+    if (access(path, R_OK) == 0)
+        return true;
+    synth_params sp;
+    if (synth_preset(preset, &sp) != VKI_OK) {
+        fprintf(stderr, "vkinfer: unknown synthetic preset '%s'\n", preset);
+        return false;
+    }
+    char err[256];
+    fprintf(stderr, "vkinfer: no model given: writing a synthetic %s model (random weights) to %s\n", preset, path);
+    if (synth_write(&sp, path, err, sizeof err) != VKI_OK) {
+        fprintf(stderr, "vkinfer: cannot write %s: %s\n", path, err);
+        return false;
+    }
+    return true;
 }

@@ -29,4 +29,9 @@ bool cli_parse_f32(const char *cmd, const char *opt, const char *s, float lo, fl
 
 double cli_now_s(void); /* monotonic seconds */
 
+/* When no -m was given: the path of a small synthetic model (written on first use into
+ * $XDG_CACHE_HOME/vkinfer or ~/.cache/vkinfer, else /tmp), so the demo and the benchmark run
+ * anywhere. preset: a synth preset name ("small"). Returns false after printing why. */
+bool cli_default_model(const char *preset, char *path, size_t n);
+
 #endif

@@ -12,6 +12,8 @@ static void usage(FILE *f)
             "commands:\n"
             "  info [--json]        list Vulkan devices with their features and limits\n"
             "  generate             generate text from a prompt (streamed to stdout)\n"
+            "  demo                 a batch of requests through continuous batching, tick by tick\n"
+            "  bench                throughput / latency of the batch manager (table or --json)\n"
             "\n"
             "Run `vkinfer <command> --help` for a command's options.\n");
 }
@@ -27,6 +29,10 @@ int main(int argc, char **argv)
         return vki_cli_info(argc - 1, argv + 1);
     if (!strcmp(cmd, "generate"))
         return vki_cli_generate(argc - 1, argv + 1);
+    if (!strcmp(cmd, "demo"))
+        return vki_cli_demo(argc - 1, argv + 1);
+    if (!strcmp(cmd, "bench"))
+        return vki_cli_bench(argc - 1, argv + 1);
     fprintf(stderr, "vkinfer: unknown command '%s'\n", cmd);
     usage(stderr);
     return 2;

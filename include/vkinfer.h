@@ -257,6 +257,9 @@ typedef struct vki_request {
     uint32_t n_prompt;              /* >= 1; n_prompt + max_new_tokens <= the model's context */
     uint32_t max_new_tokens;        /* >= 1 */
     const int32_t *end_ids;         /* [n_end_ids]; 0 ids = the model's end-of-generation tokens */
+    bool ignore_eos;                /* do not end at the model's end-of-generation tokens (only at
+                                       end_ids given here, stop ids and max_new_tokens): fixed
+                                       output lengths for benchmarks */
     uint32_t n_end_ids;
     const int32_t *stop_ids;        /* [n_stop_ids] extra tokens that finish with STOP */
     uint32_t n_stop_ids;
