@@ -257,6 +257,9 @@ static void tick(vki_batch_manager *bm)
         finish_all(bm, VKI_FINISH_ERROR, "internal error: scheduler invariant broken");
         return;
     }
+    pthread_mutex_lock(&bm->mu); /* admissions made room in the queue */
+    bm->sched_waiting = sched_queue_len(bm->s);
+    pthread_mutex_unlock(&bm->mu);
     if (t.plan.n_seqs)
         run_step(bm, &t, &step_ms);
     bm->iteration++;

@@ -1,0 +1,935 @@
+/* Batch manager: the worker thread with the push interface and the TensorRT-LLM-style
+ * callbacks, over the fake engine. Every output is compared with what the request produces
+ * alone; every request gets exactly one final response; streaming delivers each token once;
+ * cancellation in every state; duplicate ids; queue bound; validation messages; step failures;
+ * stats JSON; destroy with and without abort. Tests that need the worker held at a known point
+ * use a gate in the fake engine's on_step hook (the worker blocks inside the step). */
+#include <pthread.h>
+#include <sched.h>
+
+#include <cjson/cJSON.h>
+
+#include "support/fake_engine.h"
+#include "support/vt.h"
+
+#include "host/batch.h"
+
+#define NREC 1024
+#define MAXTOK 200
+#define VOCAB 48
+#define EOS 0
+
+typedef struct rec {
+    bool streaming, want_lp;
+    bool dup;                     /* a duplicate submission was refused: two finals expected */
+    uint32_t n_top;
+    int32_t tokens[MAXTOK];
+    float lp[MAXTOK];
+    int32_t top[MAXTOK][4];
+    uint32_t n_tokens, n_responses, n_final;
+    double cum;
+    vki_finish_reason finish;
+    char error[200];
+    uint64_t seed;
+    uint32_t seq_len;
+} rec;
+
+typedef struct coll {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    rec r[NREC];
+    uint32_t finals;
+    char bad[256];                /* first protocol violation seen by a callback */
+    /* stats */
+    uint32_t n_stats;
+    char stats_bad[256];
+    uint32_t max_paused_seen;
+    uint64_t cancel_when_paused;  /* cancel this id from the stats callback once a pause shows */
+    bool cancelled_paused;
+    /* callback interface */
+    vki_request *pending;         /* handed out by get_requests */
+    uint32_t n_pending, next_pending;
+    int32_t max_seen_min, max_seen_max;
+    uint32_t n_get_calls;
+    uint64_t stops[16];
+    uint32_t n_stops;
+    vki_batch_manager *bm;        /* for callbacks that call back into the manager */
+    vki_status submit_in_shutdown;
+    vki_status destroy_in_cb;
+} coll;
+
+static coll *coll_new(void)
+{
+    coll *c = calloc(1, sizeof *c);
+    assert_non_null(c);
+    pthread_mutex_init(&c->mu, NULL);
+    pthread_cond_init(&c->cv, NULL);
+    c->max_seen_min = INT32_MAX;
+    c->max_seen_max = INT32_MIN;
+    c->submit_in_shutdown = VKI_OK;
+    c->destroy_in_cb = VKI_OK;
+    return c;
+}
+
+static void coll_free(coll *c)
+{
+    pthread_mutex_destroy(&c->mu);
+    pthread_cond_destroy(&c->cv);
+    free(c);
+}
+
+static void bad(coll *c, const char *what, uint64_t id)
+{
+    if (!c->bad[0])
+        snprintf(c->bad, sizeof c->bad, "id %llu: %s", (unsigned long long)id, what);
+}
+
+static void on_response(void *user, const vki_response *resp)
+{
+    coll *c = user;
+    pthread_mutex_lock(&c->mu);
+    if (resp->id >= NREC) {
+        bad(c, "unknown id", resp->id);
+        pthread_mutex_unlock(&c->mu);
+        return;
+    }
+    rec *x = &c->r[resp->id];
+    x->n_responses++;
+    if (x->n_final && !x->dup)
+        bad(c, "response after the final one", resp->id);
+    if (!resp->final && !x->streaming)
+        bad(c, "non-final response to a non-streaming request", resp->id);
+    if (x->streaming && resp->n_tokens > 1)
+        bad(c, "streaming response with more than one token", resp->id);
+    if (!resp->final && resp->finish != VKI_FINISH_NONE)
+        bad(c, "finish reason on a non-final response", resp->id);
+    if ((resp->logprobs != NULL) != (x->want_lp && resp->n_tokens > 0))
+        bad(c, "logprobs present/absent wrongly", resp->id);
+    for (uint32_t k = 0; k < resp->n_tokens && x->n_tokens < MAXTOK; k++, x->n_tokens++) {
+        x->tokens[x->n_tokens] = resp->tokens[k];
+        if (resp->logprobs)
+            x->lp[x->n_tokens] = resp->logprobs[k];
+        for (uint32_t j = 0; j < resp->n_top && j < 4; j++)
+            x->top[x->n_tokens][j] = resp->top_tokens[k * resp->n_top + j];
+    }
+    x->cum = resp->cum_logprob;
+    x->seed = resp->seed;
+    x->seq_len = resp->seq_len;
+    if (resp->final) {
+        x->finish = resp->finish;
+        snprintf(x->error, sizeof x->error, "%s", resp->error ? resp->error : "");
+        if (resp->finish == VKI_FINISH_NONE)
+            bad(c, "final response without a finish reason", resp->id);
+        if ((resp->finish == VKI_FINISH_ERROR) != (resp->error != NULL))
+            bad(c, "error text present/absent wrongly", resp->id);
+        x->n_final++;
+        c->finals++;
+        pthread_cond_broadcast(&c->cv);
+    }
+    pthread_mutex_unlock(&c->mu);
+}
+
+/* Waits (up to a generous hang guard, not a performance bound) for n final responses. */
+static void wait_finals(coll *c, uint32_t n)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    ts.tv_sec += 60;
+    pthread_mutex_lock(&c->mu);
+    while (c->finals < n)
+        if (pthread_cond_timedwait(&c->cv, &c->mu, &ts) != 0)
+            break;
+    uint32_t got = c->finals;
+    pthread_mutex_unlock(&c->mu);
+    if (got < n)
+        fail_msg("only %u of %u final responses arrived", got, n);
+}
+
+/* ---- requests and their references -------------------------------------------------------- */
+
+static int32_t g_prompts[NREC][64];
+
+static vki_request mkreq(coll *c, uint64_t id, uint32_t n_prompt, uint32_t max_new, bool streaming, uint32_t salt)
+{
+    for (uint32_t i = 0; i < n_prompt; i++)
+        g_prompts[id][i] = (int32_t)(1 + (i * 5 + salt * 11 + (i * salt) % 7) % (VOCAB - 1));
+    vki_request r = {.id = id, .prompt = g_prompts[id], .n_prompt = n_prompt, .max_new_tokens = max_new,
+                     .sampling = vki_sampling_default_params(), .streaming = streaming};
+    r.sampling.temperature = 0;
+    r.sampling.penalty_window = 0;
+    c->r[id].streaming = streaming;
+    return r;
+}
+
+static void set_lp(coll *c, vki_request *r, bool logprobs, uint32_t top)
+{
+    r->sampling.logprobs = logprobs;
+    r->sampling.top_logprobs = top;
+    c->r[r->id].want_lp = logprobs || top;
+    c->r[r->id].n_top = top;
+}
+
+/* The request's output against fake_reference: exact for eos/length/stop, a prefix otherwise;
+ * response count, logprobs, top alternatives, seq_len. */
+static void check_rec(coll *c, const fake_engine *f, const vki_request *q)
+{
+    rec *x = &c->r[q->id];
+    assert_int_equal(x->n_final, 1);
+    int32_t ref[MAXTOK];
+    float lp[MAXTOK];
+    assert_true(q->max_new_tokens <= MAXTOK);
+    fake_reference(f, q->prompt, q->n_prompt, q->max_new_tokens, q->sampling.temperature > 0, x->seed, ref, lp);
+    if (q->sampling.has_seed)
+        assert_true(x->seed == q->sampling.seed);
+    uint32_t n = 0;
+    vki_finish_reason why = VKI_FINISH_LENGTH;
+    for (; n < q->max_new_tokens; n++) {
+        bool end = false, stop = false;
+        for (uint32_t i = 0; i < q->n_end_ids; i++)
+            end |= q->end_ids[i] == ref[n];
+        if (!q->n_end_ids)
+            end = fake_is_eog((void *)f, ref[n]);
+        for (uint32_t i = 0; i < q->n_stop_ids; i++)
+            stop |= q->stop_ids[i] == ref[n];
+        if (end || stop) {
+            why = end ? VKI_FINISH_EOS : VKI_FINISH_STOP;
+            n++;
+            break;
+        }
+    }
+    for (uint32_t k = 0; k < x->n_tokens; k++) {
+        if (k >= n || x->tokens[k] != ref[k])
+            fail_msg("id %llu: token %u is %d, alone it is %d", (unsigned long long)q->id, k, x->tokens[k],
+                     k < n ? ref[k] : -1);
+        if (x->want_lp)
+            assert_true(x->lp[k] == lp[k]);
+        for (uint32_t j = 0; j < x->n_top && j < 4; j++)
+            assert_int_equal(x->top[k][j], (ref[k] + 1 + (int32_t)j) % VOCAB);
+    }
+    if (x->finish == VKI_FINISH_CANCELLED || x->finish == VKI_FINISH_ERROR) {
+        assert_true(x->n_tokens <= n);
+    } else {
+        if (x->finish != why)
+            fail_msg("id %llu: finish %d, expected %d", (unsigned long long)q->id, x->finish, why);
+        assert_int_equal(x->n_tokens, n);
+    }
+    if (x->want_lp) {
+        double sum = 0;
+        for (uint32_t k = 0; k < x->n_tokens; k++)
+            sum += x->lp[k];
+        assert_true(fabs(sum - x->cum) <= 1e-4 * (1 + fabs(sum)));
+    }
+    assert_int_equal(x->seq_len, q->n_prompt + x->n_tokens);
+    if (!x->streaming)
+        assert_int_equal(x->n_responses, 1);
+    else
+        assert_int_equal(x->n_responses, x->n_tokens + (x->finish == VKI_FINISH_CANCELLED ||
+                                                        x->finish == VKI_FINISH_ERROR));
+}
+
+static void assert_clean(coll *c, fake_engine *f)
+{
+    char msg[256];
+    if (c->bad[0])
+        fail_msg("%s", c->bad);
+    if (c->stats_bad[0])
+        fail_msg("stats: %s", c->stats_bad);
+    if (fake_violations(f, msg, sizeof msg))
+        fail_msg("fake engine: %s", msg);
+}
+
+static fake_engine *mkfake(uint32_t max_seqs, uint32_t n_pages, uint32_t fail_every)
+{
+    fake_config fc = {.max_seqs = max_seqs, .n_pages = n_pages, .page_size = 4, .max_ctx = 512, .vocab = VOCAB,
+                      .eos = EOS, .fail_every = fail_every};
+    fake_engine *f;
+    assert_int_equal(fake_create(&fc, &f), VKI_OK);
+    return f;
+}
+
+static vki_batch_params mkparams(vki_capacity_policy pol)
+{
+    vki_batch_params p = vki_batch_default_params();
+    p.policy = pol;
+    p.chunk_size = 16;
+    p.max_num_tokens = 48;
+    p.seed = 1234;
+    return p;
+}
+
+/* ---- push interface: mixed workload under each policy ---------------------------------------- */
+
+static void mixed_workload(vki_capacity_policy pol, uint32_t n_pages, uint32_t fail_every)
+{
+    vt_rng rng = vt_rng_seeded("batch mixed");
+    coll *c = coll_new();
+    fake_engine *f = mkfake(8, n_pages, fail_every);
+    bm_backend be = fake_backend(f);
+    vki_batch_params p = mkparams(pol);
+    vki_batch_manager *bm;
+    assert_int_equal(bm_create(&be, &p, NULL, &bm), VKI_OK);
+    enum { N = 120 };
+    static vki_request reqs[N];
+    static int32_t stop_ids[N][2];
+    for (uint32_t i = 0; i < N; i++) {
+        vki_request r = mkreq(c, i, vt_range(&rng, 1, 60), vt_range(&rng, 1, 80), vt_range(&rng, 0, 1), i % 9);
+        if (i % 3 == 0) {
+            r.sampling.temperature = 0.7f;
+            r.sampling.has_seed = i % 2;
+            r.sampling.seed = 1000 + i;
+        }
+        if (i % 4 == 1)
+            set_lp(c, &r, true, i % 8 == 1 ? 3 : 0);
+        if (i % 10 == 7) { /* stop on two ordinary tokens */
+            stop_ids[i][0] = 5;
+            stop_ids[i][1] = 17;
+            r.stop_ids = stop_ids[i];
+            r.n_stop_ids = 2;
+        }
+        r.sampling.penalty_window = i % 5 ? 0 : 16;
+        r.priority = (int32_t)(i % 3);
+        reqs[i] = r;
+        char err[200];
+        vki_status st = vki_batch_submit(bm, &r, on_response, c, err, sizeof err);
+        if (st != VKI_OK)
+            fail_msg("submit %u: %s (%s)", i, vki_status_str(st), err);
+    }
+    wait_finals(c, N);
+    assert_int_equal(vki_batch_manager_destroy(bm, false), VKI_OK);
+    assert_clean(c, f);
+    uint32_t errors = 0;
+    for (uint32_t i = 0; i < N; i++) {
+        check_rec(c, f, &reqs[i]);
+        errors += c->r[i].finish == VKI_FINISH_ERROR;
+        if (c->r[i].finish == VKI_FINISH_ERROR)
+            assert_non_null(strstr(c->r[i].error, "engine step failed"));
+    }
+    assert_true(fail_every ? errors > 0 : errors == 0);
+    /* requests 0 and 6 sample without a seed: theirs were drawn, and differ */
+    assert_false(reqs[0].sampling.has_seed || reqs[6].sampling.has_seed);
+    assert_true(c->r[0].seed != c->r[6].seed);
+    fake_destroy(f);
+    coll_free(c);
+}
+
+static void test_push_no_evict(void **state) { (void)state; mixed_workload(VKI_POLICY_GUARANTEED_NO_EVICT, 256, 0); }
+static void test_push_max_util_small_pool(void **state) { (void)state; mixed_workload(VKI_POLICY_MAX_UTILIZATION, 40, 0); }
+static void test_push_static(void **state) { (void)state; mixed_workload(VKI_POLICY_STATIC, 256, 0); }
+static void test_push_step_failures(void **state) { (void)state; mixed_workload(VKI_POLICY_GUARANTEED_NO_EVICT, 256, 11); }
+
+/* End ids replace the model's end of text; stop ids finish with STOP; both tokens included. */
+static void test_end_and_stop_ids(void **state)
+{
+    (void)state;
+    coll *c = coll_new();
+    fake_engine *f = mkfake(4, 128, 0);
+    bm_backend be = fake_backend(f);
+    vki_batch_params p = mkparams(VKI_POLICY_GUARANTEED_NO_EVICT);
+    vki_batch_manager *bm;
+    assert_int_equal(bm_create(&be, &p, NULL, &bm), VKI_OK);
+    vki_request r0 = mkreq(c, 0, 10, 60, false, 3);
+    int32_t ref[60];
+    fake_reference(f, r0.prompt, 10, 60, false, 0, ref, NULL);
+    int32_t end_ids[1] = {ref[4] == EOS ? ref[5] : ref[4]};
+    r0.end_ids = end_ids;
+    r0.n_end_ids = 1;
+    vki_request r1 = mkreq(c, 1, 10, 60, true, 3);
+    r1.stop_ids = end_ids;
+    r1.n_stop_ids = 1;
+    assert_int_equal(vki_batch_submit(bm, &r0, on_response, c, NULL, 0), VKI_OK);
+    assert_int_equal(vki_batch_submit(bm, &r1, on_response, c, NULL, 0), VKI_OK);
+    wait_finals(c, 2);
+    assert_int_equal(vki_batch_manager_destroy(bm, false), VKI_OK);
+    assert_clean(c, f);
+    check_rec(c, f, &r0);
+    check_rec(c, f, &r1);
+    assert_int_equal(c->r[0].finish, VKI_FINISH_EOS); /* at position 5 at the latest */
+    assert_int_equal(c->r[0].tokens[c->r[0].n_tokens - 1], end_ids[0]);
+    assert_true(c->r[1].finish == VKI_FINISH_STOP || c->r[1].finish == VKI_FINISH_EOS); /* model EOS still ends it */
+    assert_true(c->r[1].n_tokens <= c->r[0].n_tokens);
+    fake_destroy(f);
+    coll_free(c);
+}
+
+/* ---- validation, duplicates, queue bound -------------------------------------------------- */
+
+static void expect_invalid(vki_batch_manager *bm, coll *c, vki_request r, const char *field)
+{
+    char err[200] = "";
+    assert_int_equal(vki_batch_submit(bm, &r, on_response, c, err, sizeof err), VKI_ERR_INVALID_ARG);
+    if (!strstr(err, field))
+        fail_msg("message '%s' does not name '%s'", err, field);
+}
+
+static void test_validation(void **state)
+{
+    (void)state;
+    coll *c = coll_new();
+    fake_engine *f = mkfake(4, 64, 0);
+    bm_backend be = fake_backend(f);
+    vki_batch_params p = mkparams(VKI_POLICY_GUARANTEED_NO_EVICT);
+    vki_batch_manager *bm;
+    assert_int_equal(bm_create(&be, &p, NULL, &bm), VKI_OK);
+    vki_request ok = mkreq(c, 1, 8, 8, false, 1), r;
+    vki_logit_bias bias[2] = {{3, 1.5f}, {VOCAB, 1.0f}};
+    int32_t big[1] = {VOCAB + 5};
+    r = ok; r.n_prompt = 0; expect_invalid(bm, c, r, "prompt");
+    r = ok; r.prompt = NULL; expect_invalid(bm, c, r, "prompt");
+    r = ok; r.max_new_tokens = 0; expect_invalid(bm, c, r, "max_new_tokens");
+    r = ok; r.max_new_tokens = 510; expect_invalid(bm, c, r, "max_new_tokens"); /* beyond max_ctx 512 */
+    r = ok; r.max_new_tokens = 300; expect_invalid(bm, c, r, "KV blocks");      /* 64 pages of 4 */
+    r = ok; r.sampling.temperature = -1; expect_invalid(bm, c, r, "temperature");
+    r = ok; r.sampling.temperature = NAN; expect_invalid(bm, c, r, "temperature");
+    r = ok; r.sampling.temperature = INFINITY; expect_invalid(bm, c, r, "temperature");
+    r = ok; r.sampling.top_p = 0; expect_invalid(bm, c, r, "top_p");
+    r = ok; r.sampling.top_p = 1.5f; expect_invalid(bm, c, r, "top_p");
+    r = ok; r.sampling.top_p = NAN; expect_invalid(bm, c, r, "top_p");
+    r = ok; r.sampling.top_k = -1; expect_invalid(bm, c, r, "top_k");
+    r = ok; r.sampling.min_p = 1.5f; expect_invalid(bm, c, r, "min_p");
+    r = ok; r.sampling.min_p = NAN; expect_invalid(bm, c, r, "min_p");
+    r = ok; r.sampling.repetition_penalty = 0; expect_invalid(bm, c, r, "repetition_penalty");
+    r = ok; r.sampling.presence_penalty = 3; expect_invalid(bm, c, r, "presence_penalty");
+    r = ok; r.sampling.frequency_penalty = NAN; expect_invalid(bm, c, r, "frequency_penalty");
+    r = ok; r.sampling.top_logprobs = 21; expect_invalid(bm, c, r, "top_logprobs");
+    r = ok; r.sampling.logit_bias = bias; r.sampling.n_logit_bias = 2; expect_invalid(bm, c, r, "logit_bias[1]");
+    bias[1] = (vki_logit_bias){4, NAN};
+    expect_invalid(bm, c, r, "logit_bias[1].bias");
+    r = ok; r.sampling.logit_bias = NULL; r.sampling.n_logit_bias = 1; expect_invalid(bm, c, r, "logit_bias");
+    r = ok; g_prompts[1][5] = VOCAB; expect_invalid(bm, c, r, "prompt[5]");
+    g_prompts[1][5] = -3; expect_invalid(bm, c, r, "prompt[5]");
+    g_prompts[1][5] = 1;
+    r = ok; r.end_ids = big; r.n_end_ids = 1; expect_invalid(bm, c, r, "end_ids[0]");
+    r = ok; r.stop_ids = big; r.n_stop_ids = 1; expect_invalid(bm, c, r, "stop_ids[0]");
+    assert_int_equal(vki_batch_submit(bm, &ok, NULL, NULL, NULL, 0), VKI_ERR_INVALID_ARG);
+    /* -INFINITY bans a token: valid */
+    bias[1] = (vki_logit_bias){4, -INFINITY};
+    r = ok; r.sampling.logit_bias = bias; r.sampling.n_logit_bias = 2;
+    assert_int_equal(vki_batch_submit(bm, &r, on_response, c, NULL, 0), VKI_OK);
+    wait_finals(c, 1);
+    assert_int_equal(vki_batch_manager_destroy(bm, false), VKI_OK);
+    assert_clean(c, f);
+    assert_int_equal(c->finals, 1); /* refusals made no callback */
+    fake_destroy(f);
+    coll_free(c);
+}
+
+/* ---- a gate that holds the worker inside a step ------------------------------------------- */
+
+typedef struct gate {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    bool (*want)(struct gate *g, const vki_step_plan *plan); /* hold at this plan? */
+    bool held, release;
+    uint32_t holds, holds_seen;   /* holds so far; holds gate_wait_held has returned for */
+    uint64_t steps;
+    uint32_t arg;
+    vki_step_plan seen;           /* shape of the held plan */
+    vki_step_seq seen_seq[8];
+} gate;
+
+static void gate_hook(void *user, const vki_step_plan *plan)
+{
+    gate *g = user;
+    pthread_mutex_lock(&g->mu);
+    g->steps++;
+    if (g->want && g->want(g, plan)) {
+        g->seen = *plan;
+        memcpy(g->seen_seq, plan->seqs, (plan->n_seqs < 8 ? plan->n_seqs : 8) * sizeof *plan->seqs);
+        g->held = true;
+        g->holds++;
+        pthread_cond_broadcast(&g->cv);
+        while (!g->release)
+            pthread_cond_wait(&g->cv, &g->mu);
+        g->release = false;
+        g->held = false;
+    }
+    pthread_mutex_unlock(&g->mu);
+}
+
+/* Waits until the worker is held at a new hold (a hang guard of 60 s, not a performance
+ * bound). A hold that was just released does not count. */
+static void gate_wait_held(gate *g)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    ts.tv_sec += 60;
+    pthread_mutex_lock(&g->mu);
+    while (!(g->held && g->holds > g->holds_seen))
+        if (pthread_cond_timedwait(&g->cv, &g->mu, &ts) != 0)
+            break;
+    bool held = g->held && g->holds > g->holds_seen;
+    g->holds_seen = g->holds;
+    pthread_mutex_unlock(&g->mu);
+    if (!held)
+        fail_msg("the worker never reached the step to hold at");
+}
+
+/* Sets where to hold next and lets a held worker go on. */
+static void gate_release(gate *g, bool (*next)(gate *, const vki_step_plan *), uint32_t arg)
+{
+    pthread_mutex_lock(&g->mu);
+    g->want = next;
+    g->arg = arg;
+    if (g->held)
+        g->release = true;
+    pthread_cond_broadcast(&g->cv);
+    pthread_mutex_unlock(&g->mu);
+}
+
+static bool hold_first(gate *g, const vki_step_plan *plan) { (void)g; (void)plan; return true; }
+
+/* hold at a plan where the sequence in slot g->arg is mid-prefill (more chunks to come) */
+static bool hold_mid_prefill(gate *g, const vki_step_plan *plan)
+{
+    for (uint32_t i = 0; i < plan->n_seqs; i++)
+        if (plan->seqs[i].slot == g->arg && !plan->seqs[i].want_token && plan->seqs[i].pos0 > 0)
+            return true;
+    return false;
+}
+
+/* hold at a decode step of slot g->arg after a few tokens */
+static bool hold_decoding(gate *g, const vki_step_plan *plan)
+{
+    for (uint32_t i = 0; i < plan->n_seqs; i++)
+        if (plan->seqs[i].slot == g->arg && plan->seqs[i].n_new == 1 && plan->seqs[i].want_token &&
+            plan->seqs[i].pos0 >= 40)
+            return true;
+    return false;
+}
+
+typedef struct gated {
+    coll *c;
+    fake_engine *f;
+    gate g;
+    vki_batch_manager *bm;
+} gated;
+
+static void gated_open(gated *t, vki_batch_params p, uint32_t max_seqs, uint32_t n_pages,
+                       bool (*want)(gate *, const vki_step_plan *), const vki_batch_callbacks *cb)
+{
+    memset(t, 0, sizeof *t);
+    t->c = coll_new();
+    pthread_mutex_init(&t->g.mu, NULL);
+    pthread_cond_init(&t->g.cv, NULL);
+    t->g.want = want;
+    fake_config fc = {.max_seqs = max_seqs, .n_pages = n_pages, .page_size = 4, .max_ctx = 512, .vocab = VOCAB,
+                      .eos = -1, .on_step = gate_hook, .on_step_user = &t->g};
+    assert_int_equal(fake_create(&fc, &t->f), VKI_OK);
+    bm_backend be = fake_backend(t->f);
+    assert_int_equal(bm_create(&be, &p, cb, &t->bm), VKI_OK);
+    t->c->bm = t->bm;
+}
+
+static void gated_close(gated *t)
+{
+    gate_release(&t->g, NULL, 0);
+    assert_int_equal(vki_batch_manager_destroy(t->bm, false), VKI_OK);
+    assert_clean(t->c, t->f);
+    fake_destroy(t->f);
+    pthread_mutex_destroy(&t->g.mu);
+    pthread_cond_destroy(&t->g.cv);
+    coll_free(t->c);
+}
+
+static void test_duplicate_ids_and_queue_full(void **state)
+{
+    (void)state;
+    gated t;
+    vki_batch_params p = mkparams(VKI_POLICY_GUARANTEED_NO_EVICT);
+    p.max_queue = 3;
+    gated_open(&t, p, 1, 128, hold_first, NULL);
+    vki_request a = mkreq(t.c, 7, 6, 5, true, 1);
+    assert_int_equal(vki_batch_submit(t.bm, &a, on_response, t.c, NULL, 0), VKI_OK);
+    gate_wait_held(&t.g); /* the worker is inside a1's first step: nothing else moves */
+    assert_int_equal(vki_batch_submit(t.bm, &a, on_response, t.c, NULL, 0), VKI_ERR_DUPLICATE_ID);
+    vki_request q[4];
+    for (uint32_t i = 0; i < 4; i++) {
+        q[i] = mkreq(t.c, 10 + i, 5, 3, false, i);
+        assert_int_equal(vki_batch_submit(t.bm, &q[i], on_response, t.c, NULL, 0),
+                         i < 3 ? VKI_OK : VKI_RETRY_QUEUE_FULL);
+    }
+    gate_release(&t.g, NULL, 0);
+    wait_finals(t.c, 4);
+    /* the id is free again after its final response */
+    assert_int_equal(t.c->r[7].n_final, 1);
+    check_rec(t.c, t.f, &a);
+    pthread_mutex_lock(&t.c->mu);
+    memset(&t.c->r[7], 0, sizeof t.c->r[7]);
+    t.c->r[7].streaming = true;
+    pthread_mutex_unlock(&t.c->mu);
+    assert_int_equal(vki_batch_submit(t.bm, &a, on_response, t.c, NULL, 0), VKI_OK);
+    assert_int_equal(vki_batch_submit(t.bm, &q[3], on_response, t.c, NULL, 0), VKI_OK);
+    wait_finals(t.c, 6);
+    check_rec(t.c, t.f, &a);
+    for (uint32_t i = 0; i < 4; i++)
+        check_rec(t.c, t.f, &q[i]);
+    gated_close(&t);
+}
+
+/* ---- cancellation in every state --------------------------------------------------------- */
+
+static void test_cancel_states(void **state)
+{
+    (void)state;
+    gated t;
+    vki_batch_params p = mkparams(VKI_POLICY_GUARANTEED_NO_EVICT);
+    p.max_batch_size = 2;
+    p.max_num_tokens = 16;
+    gated_open(&t, p, 2, 256, NULL, NULL);
+    /* slot 0: a long generation; slot 1: a long prompt in chunks */
+    vki_request gen = mkreq(t.c, 1, 8, 150, true, 1);
+    vki_request ctx = mkreq(t.c, 2, 60, 5, false, 2);
+    vki_request queued = mkreq(t.c, 3, 8, 5, false, 3);
+    vki_request fin = mkreq(t.c, 4, 4, 1, false, 4);
+    assert_int_equal(vki_batch_submit(t.bm, &fin, on_response, t.c, NULL, 0), VKI_OK);
+    wait_finals(t.c, 1);
+    assert_int_equal(vki_batch_cancel(t.bm, 4), VKI_ERR_NOT_FOUND); /* already finished */
+    assert_int_equal(vki_batch_cancel(t.bm, 999), VKI_ERR_NOT_FOUND); /* never submitted */
+    /* hold gen's first step until ctx is queued too (the fake runs a step in microseconds: gen
+     * could otherwise finish before the submitting thread gets the lock again) */
+    gate_release(&t.g, hold_first, 0);
+    assert_int_equal(vki_batch_submit(t.bm, &gen, on_response, t.c, NULL, 0), VKI_OK);
+    gate_wait_held(&t.g);
+    assert_int_equal(vki_batch_submit(t.bm, &ctx, on_response, t.c, NULL, 0), VKI_OK);
+    gate_release(&t.g, hold_mid_prefill, 1); /* slots: gen has 0, ctx gets 1 */
+    gate_wait_held(&t.g);
+    assert_int_equal(vki_batch_submit(t.bm, &queued, on_response, t.c, NULL, 0), VKI_OK); /* no free slot */
+    assert_int_equal(vki_batch_cancel(t.bm, 2), VKI_OK); /* in its prompt */
+    assert_int_equal(vki_batch_cancel(t.bm, 3), VKI_OK); /* queued */
+    gate_release(&t.g, hold_decoding, 0);
+    gate_wait_held(&t.g);
+    assert_int_equal(vki_batch_cancel(t.bm, 1), VKI_OK); /* generating */
+    gate_release(&t.g, NULL, 0);
+    wait_finals(t.c, 4);
+    assert_int_equal(t.c->r[2].finish, VKI_FINISH_CANCELLED);
+    assert_int_equal(t.c->r[2].n_tokens, 0);
+    assert_int_equal(t.c->r[3].finish, VKI_FINISH_CANCELLED);
+    assert_int_equal(t.c->r[3].n_tokens, 0);
+    assert_int_equal(t.c->r[1].finish, VKI_FINISH_CANCELLED);
+    assert_true(t.c->r[1].n_tokens >= 33 && t.c->r[1].n_tokens < 150);
+    check_rec(t.c, t.f, &gen);
+    check_rec(t.c, t.f, &ctx);
+    check_rec(t.c, t.f, &queued);
+    check_rec(t.c, t.f, &fin);
+    gated_close(&t);
+}
+
+/* Paused under MAX_UTILIZATION: cancelled from the stats callback once a pause shows. */
+static void stats_cancel_paused(void *user, const char *json)
+{
+    coll *c = user;
+    cJSON *o = cJSON_Parse(json);
+    cJSON *w = cJSON_GetObjectItemCaseSensitive(o, "Waiting Paused Requests");
+    bool cancel = false;
+    pthread_mutex_lock(&c->mu);
+    if (cJSON_IsNumber(w) && w->valuedouble > 0 && !c->cancelled_paused) {
+        c->cancelled_paused = cancel = true;
+        c->max_paused_seen = (uint32_t)w->valuedouble;
+    }
+    pthread_mutex_unlock(&c->mu);
+    if (cancel && vki_batch_cancel(c->bm, c->cancel_when_paused) != VKI_OK)
+        snprintf(c->stats_bad, sizeof c->stats_bad, "cancel of the paused request failed");
+    cJSON_Delete(o);
+}
+
+static void test_cancel_paused(void **state)
+{
+    (void)state;
+    gated t;
+    vki_batch_params p = mkparams(VKI_POLICY_MAX_UTILIZATION);
+    vki_batch_callbacks cb = {.stats = stats_cancel_paused};
+    /* 12 pages of 4 tokens: two sequences of 8 + 40 tokens cannot both stay */
+    memset(&t, 0, sizeof t);
+    t.c = coll_new();
+    cb.user = t.c;
+    t.c->cancel_when_paused = 2;
+    pthread_mutex_init(&t.g.mu, NULL);
+    pthread_cond_init(&t.g.cv, NULL);
+    t.g.want = hold_first; /* until b is queued too */
+    fake_config fc = {.max_seqs = 2, .n_pages = 12, .page_size = 4, .max_ctx = 512, .vocab = VOCAB, .eos = -1,
+                      .on_step = gate_hook, .on_step_user = &t.g};
+    assert_int_equal(fake_create(&fc, &t.f), VKI_OK);
+    bm_backend be = fake_backend(t.f);
+    assert_int_equal(bm_create(&be, &p, &cb, &t.bm), VKI_OK);
+    t.c->bm = t.bm;
+    vki_request a = mkreq(t.c, 1, 8, 40, true, 1), b = mkreq(t.c, 2, 8, 40, true, 2);
+    assert_int_equal(vki_batch_submit(t.bm, &a, on_response, t.c, NULL, 0), VKI_OK);
+    gate_wait_held(&t.g);
+    assert_int_equal(vki_batch_submit(t.bm, &b, on_response, t.c, NULL, 0), VKI_OK);
+    gate_release(&t.g, NULL, 0);
+    wait_finals(t.c, 2);
+    assert_true(t.c->cancelled_paused);
+    assert_int_equal(t.c->r[1].finish, VKI_FINISH_LENGTH);
+    assert_int_equal(t.c->r[2].finish, VKI_FINISH_CANCELLED);
+    check_rec(t.c, t.f, &a);
+    check_rec(t.c, t.f, &b);
+    gated_close(&t);
+}
+
+/* ---- callback interface ------------------------------------------------------------------ */
+
+static void cb_get(void *user, int32_t max, vki_request_list *sink)
+{
+    coll *c = user;
+    pthread_mutex_lock(&c->mu);
+    c->n_get_calls++;
+    if (max < c->max_seen_min)
+        c->max_seen_min = max;
+    if (max > c->max_seen_max)
+        c->max_seen_max = max;
+    uint32_t give = c->n_pending - c->next_pending;
+    if (give > 5)
+        give = 5; /* a few per tick: arrivals spread over ticks */
+    vki_request *reqs = c->pending + c->next_pending;
+    pthread_mutex_unlock(&c->mu);
+    uint32_t added = 0;
+    for (uint32_t i = 0; i < give; i++) {
+        vki_status st = vki_request_list_add(sink, &reqs[i]);
+        if (st == VKI_RETRY_QUEUE_FULL)
+            break;
+        if (st != VKI_OK)
+            snprintf(c->bad, sizeof c->bad, "vki_request_list_add: %s", vki_status_str(st));
+        added++;
+    }
+    if (max >= 0 && added > (uint32_t)max)
+        snprintf(c->bad, sizeof c->bad, "the sink took more than max");
+    pthread_mutex_lock(&c->mu);
+    c->next_pending += added;
+    pthread_mutex_unlock(&c->mu);
+}
+
+static uint32_t cb_stops(void *user, uint64_t *ids, uint32_t cap)
+{
+    coll *c = user;
+    pthread_mutex_lock(&c->mu);
+    uint32_t n = 0;
+    for (uint32_t i = 0; i < c->n_stops && n < cap; i++)
+        if (c->r[c->stops[i]].n_tokens >= 3) { /* stop once it has produced a few tokens */
+            ids[n++] = c->stops[i];
+            c->stops[i] = c->stops[--c->n_stops];
+            i--;
+        }
+    pthread_mutex_unlock(&c->mu);
+    return n;
+}
+
+static void cb_stats(void *user, const char *json)
+{
+    coll *c = user;
+    static const char *const fields[] = {
+        "Timestamp", "Iteration Counter", "Active Request Count", "Max Request Count", "Max KV cache blocks",
+        "Free KV cache blocks", "Used KV cache blocks", "Tokens per KV cache block", "Scheduled Requests",
+        "Context Requests", "Generation Requests", "Total Context Tokens", "Paused Requests", "Queue Length",
+        "Step Time ms", "Reused KV cache blocks", "Cached KV cache blocks"};
+    cJSON *o = cJSON_Parse(json);
+    pthread_mutex_lock(&c->mu);
+    c->n_stats++;
+    for (size_t i = 0; i < sizeof fields / sizeof *fields; i++)
+        if (!cJSON_GetObjectItemCaseSensitive(o, fields[i]))
+            snprintf(c->stats_bad, sizeof c->stats_bad, "missing \"%s\" in %s", fields[i], json);
+    double mx = cJSON_GetNumberValue(cJSON_GetObjectItemCaseSensitive(o, "Max KV cache blocks"));
+    double fr = cJSON_GetNumberValue(cJSON_GetObjectItemCaseSensitive(o, "Free KV cache blocks"));
+    double us = cJSON_GetNumberValue(cJSON_GetObjectItemCaseSensitive(o, "Used KV cache blocks"));
+    double ca = cJSON_GetNumberValue(cJSON_GetObjectItemCaseSensitive(o, "Cached KV cache blocks"));
+    double act = cJSON_GetNumberValue(cJSON_GetObjectItemCaseSensitive(o, "Active Request Count"));
+    double sch = cJSON_GetNumberValue(cJSON_GetObjectItemCaseSensitive(o, "Scheduled Requests"));
+    double ctx = cJSON_GetNumberValue(cJSON_GetObjectItemCaseSensitive(o, "Context Requests"));
+    double gen = cJSON_GetNumberValue(cJSON_GetObjectItemCaseSensitive(o, "Generation Requests"));
+    if (mx != 128 || fr + us + ca != mx || ctx + gen != sch)
+        snprintf(c->stats_bad, sizeof c->stats_bad, "inconsistent: %s", json);
+    if (sch == 0 && act == 0) /* a tick with nothing in flight: stats while idle */
+        snprintf(c->stats_bad, sizeof c->stats_bad, "stats while idle: %s", json);
+    pthread_mutex_unlock(&c->mu);
+    cJSON_Delete(o);
+}
+
+static void test_callback_interface(void **state)
+{
+    (void)state;
+    coll *c = coll_new();
+    fake_engine *f = mkfake(4, 128, 0);
+    bm_backend be = fake_backend(f);
+    vki_batch_params p = mkparams(VKI_POLICY_GUARANTEED_NO_EVICT);
+    p.max_queue = 6;
+    p.idle_poll_us = 200;
+    vki_batch_callbacks cb = {.user = c, .get_requests = cb_get, .send_response = on_response,
+                              .poll_stop_signals = cb_stops, .stats = cb_stats};
+    enum { N = 60 };
+    static vki_request reqs[N + 2];
+    for (uint32_t i = 0; i < N; i++)
+        reqs[i] = mkreq(c, i, 3 + i % 20, 2 + (i * 7) % 40, i % 2, i);
+    reqs[11].max_new_tokens = 0;            /* invalid: refused with a final error */
+    reqs[20].max_new_tokens = 100;
+    reqs[N] = reqs[20];                     /* a duplicate of an id in flight (100 tokens to go) */
+    reqs[N + 1] = mkreq(c, 21, 5, 30, false, 3);
+    reqs[N + 1].sampling.top_p = 7;         /* invalid and a duplicate id: error either way */
+    reqs[21] = mkreq(c, 21, 5, 30, false, 21);
+    c->r[20].dup = c->r[21].dup = true;
+    reqs[30] = mkreq(c, 30, 10, 120, true, 30); /* stopped by poll_stop_signals after 3 tokens */
+    reqs[31] = mkreq(c, 31, 10, 120, true, 31);
+    c->stops[0] = 30;
+    c->stops[1] = 31;
+    c->n_stops = 2;
+    /* reorder so that the duplicate of 20 comes right after it */
+    vki_request order[N + 2];
+    uint32_t k = 0;
+    for (uint32_t i = 0; i < N; i++) {
+        order[k++] = reqs[i];
+        if (i == 20)
+            order[k++] = reqs[N];
+        if (i == 21)
+            order[k++] = reqs[N + 1];
+    }
+    pthread_mutex_lock(&c->mu);
+    c->pending = order;
+    c->n_pending = N + 2;
+    pthread_mutex_unlock(&c->mu);
+    vki_batch_manager *bm;
+    assert_int_equal(bm_create(&be, &p, &cb, &bm), VKI_OK);
+    c->bm = bm;
+    /* the push interface shares the id space */
+    vki_request push = mkreq(c, 500, 4, 3, false, 5);
+    assert_int_equal(vki_batch_submit(bm, &push, on_response, c, NULL, 0), VKI_OK);
+    wait_finals(c, N + 2 + 1);
+    for (int i = 0; i < 5; i++) /* idle wake-ups: no stats (checked in cb_stats) */
+        vki_batch_notify(bm);
+    assert_int_equal(vki_batch_manager_destroy(bm, false), VKI_OK);
+    assert_clean(c, f);
+    assert_true(c->n_stats > 0);
+    assert_true(c->max_seen_max <= 6 && c->max_seen_min >= 0);
+    assert_int_equal(c->r[11].finish, VKI_FINISH_ERROR);
+    assert_non_null(strstr(c->r[11].error, "max_new_tokens"));
+    assert_int_equal(c->r[20].n_final, 2); /* its own, and the refusal of the duplicate */
+    assert_int_equal(c->r[21].n_final, 2);
+    assert_int_equal(c->r[30].finish, VKI_FINISH_CANCELLED);
+    assert_int_equal(c->r[31].finish, VKI_FINISH_CANCELLED);
+    for (uint32_t i = 0; i < N; i++) {
+        if (i == 11 || i == 20 || i == 21)
+            continue;
+        check_rec(c, f, &reqs[i]);
+    }
+    check_rec(c, f, &push);
+    fake_destroy(f);
+    coll_free(c);
+}
+
+/* ---- destroy -------------------------------------------------------------------------------- */
+
+static void on_response_submit_again(void *user, const vki_response *resp)
+{
+    coll *c = user;
+    on_response(user, resp);
+    if (resp->final && resp->id == 0) {
+        vki_request r = mkreq(c, 900, 3, 3, false, 1);
+        vki_status st = vki_batch_submit(c->bm, &r, on_response, c, NULL, 0);
+        pthread_mutex_lock(&c->mu);
+        c->submit_in_shutdown = st;
+        c->destroy_in_cb = vki_batch_manager_destroy(c->bm, false);
+        pthread_mutex_unlock(&c->mu);
+    }
+}
+
+typedef struct destroyer {
+    vki_batch_manager *bm;
+    bool abort;
+    vki_status st;
+} destroyer;
+
+static void *destroy_thread(void *arg)
+{
+    destroyer *d = arg;
+    d->st = vki_batch_manager_destroy(d->bm, d->abort);
+    return NULL;
+}
+
+/* The worker is held in its first step while destroy starts on another thread, so every
+ * response comes after shutdown began: deterministic without timing. */
+static void destroy_case(bool abort)
+{
+    gated t;
+    vki_batch_params p = mkparams(VKI_POLICY_GUARANTEED_NO_EVICT);
+    p.max_queue = 0;
+    gated_open(&t, p, 4, 256, hold_first, NULL);
+    enum { N = 40 };
+    vki_request reqs[N];
+    for (uint32_t i = 0; i < N; i++) {
+        reqs[i] = mkreq(t.c, i, 5 + i % 7, 30 + i, i % 2, i);
+        assert_int_equal(vki_batch_submit(t.bm, &reqs[i], i == 0 ? on_response_submit_again : on_response, t.c,
+                                          NULL, 0), VKI_OK);
+        if (i == 0)
+            gate_wait_held(&t.g);
+    }
+    destroyer d = {.bm = t.bm, .abort = abort};
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, destroy_thread, &d), 0);
+    for (bool down = false; !down;) { /* wait until destroy has flagged the shutdown */
+        pthread_mutex_lock(&t.bm->mu);
+        down = t.bm->shutdown;
+        pthread_mutex_unlock(&t.bm->mu);
+        sched_yield();
+    }
+    gate_release(&t.g, NULL, 0);
+    pthread_join(th, NULL);
+    assert_int_equal(d.st, VKI_OK);
+    assert_int_equal(t.c->finals, N); /* destroy returned only after every final response */
+    assert_clean(t.c, t.f);
+    uint32_t cancelled = 0;
+    for (uint32_t i = 0; i < N; i++) {
+        check_rec(t.c, t.f, &reqs[i]);
+        cancelled += t.c->r[i].finish == VKI_FINISH_CANCELLED;
+    }
+    /* abort: only request 0 ran one step; nobody can have finished (>= 30 tokens each) */
+    assert_int_equal(cancelled, abort ? N : 0);
+    assert_int_equal(t.c->destroy_in_cb, VKI_ERR_INVALID_ARG);
+    assert_int_equal(t.c->submit_in_shutdown, VKI_ERR_SHUTDOWN);
+    fake_destroy(t.f);
+    pthread_mutex_destroy(&t.g.mu);
+    pthread_cond_destroy(&t.g.cv);
+    coll_free(t.c);
+}
+
+static void test_destroy_waits(void **state) { (void)state; destroy_case(false); }
+static void test_destroy_abort(void **state) { (void)state; destroy_case(true); }
+
+static void test_create_params(void **state)
+{
+    (void)state;
+    fake_engine *f = mkfake(4, 64, 0);
+    bm_backend be = fake_backend(f);
+    vki_batch_params p = mkparams(VKI_POLICY_GUARANTEED_NO_EVICT);
+    vki_batch_manager *bm = (vki_batch_manager *)&bm;
+    p.chunk_size = 6; /* not a multiple of the page size 4 */
+    assert_int_equal(bm_create(&be, &p, NULL, &bm), VKI_ERR_INVALID_ARG);
+    assert_null(bm);
+    p = mkparams(VKI_POLICY_GUARANTEED_NO_EVICT);
+    vki_batch_callbacks cb = {.get_requests = cb_get};
+    assert_int_equal(bm_create(&be, &p, &cb, &bm), VKI_ERR_INVALID_ARG);
+    p.policy = (vki_capacity_policy)7;
+    assert_int_equal(bm_create(&be, &p, NULL, &bm), VKI_ERR_INVALID_ARG);
+    vki_batch_params d = vki_batch_default_params();
+    assert_int_equal(d.chunk_size, 512);
+    assert_true(d.block_reuse && d.stats);
+    assert_int_equal(d.policy, VKI_POLICY_GUARANTEED_NO_EVICT);
+    assert_int_equal(vki_batch_manager_destroy(NULL, false), VKI_OK);
+    fake_destroy(f);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_create_params),
+        cmocka_unit_test(test_push_no_evict),
+        cmocka_unit_test(test_push_max_util_small_pool),
+        cmocka_unit_test(test_push_static),
+        cmocka_unit_test(test_push_step_failures),
+        cmocka_unit_test(test_end_and_stop_ids),
+        cmocka_unit_test(test_validation),
+        cmocka_unit_test(test_duplicate_ids_and_queue_full),
+        cmocka_unit_test(test_cancel_states),
+        cmocka_unit_test(test_cancel_paused),
+        cmocka_unit_test(test_callback_interface),
+        cmocka_unit_test(test_destroy_waits),
+        cmocka_unit_test(test_destroy_abort),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
