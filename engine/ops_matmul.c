@@ -4,6 +4,7 @@
  * op_matmul_prepare, so every pipeline a step needs exists before the first step. */
 #include "engine/ops_matmul.h"
 
+#include <stdlib.h>
 #include <string.h>
 
 #include "engine/kernels.h"
@@ -99,25 +100,6 @@ static void matmul_spec(const vkd_device *d, uint32_t spec[6])
 static uint32_t get_rows_wg(const vkd_device *d)
 {
     return d->info.max_workgroup_invocations >= 256 ? 256 : d->info.max_workgroup_invocations;
-}
-
-vki_status op_matmul_prepare(vkd_device *d, uint32_t type)
-{
-    const mm_type *t = mm_type_get(type);
-    if (!t || !op_matmul_supported(d, type))
-        return VKI_ERR_UNSUPPORTED;
-    uint32_t mv1[4], mv8[4], mm[6], gr[1] = {get_rows_wg(d)};
-    matvec_spec(d, 1, mv1);
-    matvec_spec(d, OP_MATVEC_ROWS, mv8);
-    matmul_spec(d, mm);
-    vki_status st = vkk_prepare(d, t->matvec, mv1);
-    if (st == VKI_OK)
-        st = vkk_prepare(d, t->matvec, mv8);
-    if (st == VKI_OK)
-        st = vkk_prepare(d, t->matmul, mm);
-    if (st == VKI_OK)
-        st = vkk_prepare(d, t->get_rows, gr);
-    return st;
 }
 
 /* ---- argument checks ------------------------------------------------------------------------ */
@@ -270,4 +252,68 @@ vki_status op_gather_rows(vkd_cmd *c, vkd_view src, uint32_t src_stride, uint32_
     vki_pc_get_rows pc = {.n = n, .K = K, .w_stride = src_stride * 4, .y_stride = y_stride, .row0 = 0,
                           .part_rows = src_rows, .n_rows = src_rows, .zero_oob = 1};
     return get_rows_dispatch(c, VKK_GET_ROWS_F32, src, ids, y, &pc);
+}
+
+/* ---- prepare -------------------------------------------------------------------------------- */
+
+/* lavapipe (llvmpipe) turns a pipeline into machine code at its first dispatch, not when it is
+ * created: seconds per variant. One tiny call of each variant here keeps that out of the first
+ * step (and puts the code in Mesa's on-disk shader cache). Elsewhere it costs one small submit. */
+static vki_status warm_up(vkd_device *d, uint32_t type, uint32_t K)
+{
+    const uint32_t M = OP_MATVEC_MAX_M + 1; /* GEMM */
+    vk_tensor w = {0};
+    vkd_buffer *x = NULL, *y = NULL;
+    vkd_cmd c = {0};
+    void *zeros = calloc(1, (size_t)M * K * 4);
+    vki_status st = zeros ? vk_tensor_create(d, type, K, 1, 0, "warm-up w", &w) : VKI_ERR_OUT_OF_HOST_MEMORY;
+    if (st == VKI_OK)
+        st = vk_tensor_upload(d, &w, zeros);
+    if (st == VKI_OK)
+        st = vkd_buffer_create(d, (VkDeviceSize)M * K * 4, VKD_MEM_DEVICE, "warm-up x", &x);
+    if (st == VKI_OK)
+        st = vkd_upload(d, x, 0, zeros, (size_t)M * K * 4); /* also the ids: row 0 */
+    if (st == VKI_OK)
+        st = vkd_buffer_create(d, (VkDeviceSize)M * K * 4, VKD_MEM_DEVICE, "warm-up y", &y);
+    if (st == VKI_OK)
+        st = vkd_cmd_create(d, "matmul warm-up", &c);
+    if (st == VKI_OK)
+        st = vkd_cmd_begin(&c);
+    vkd_view vx = {x, 0, VK_WHOLE_SIZE}, vy = {y, 0, VK_WHOLE_SIZE}, ids = {x, 0, 4};
+    const uint32_t ms[3] = {1, 2, M};
+    for (int i = 0; i < 3 && st == VKI_OK; i++) {
+        st = op_matmul_path(&c, &w, &vx, vx, K, vy, 1, ms[i], i < 2 ? OP_MM_GEMV : OP_MM_GEMM);
+        vkd_barrier(&c);
+    }
+    if (st == VKI_OK)
+        st = op_get_rows(&c, &w, ids, 1, vy, K);
+    if (st == VKI_OK)
+        st = vkd_cmd_submit_wait(&c);
+    vkd_cmd_destroy(&c);
+    vkd_buffer_destroy(d, x);
+    vkd_buffer_destroy(d, y);
+    vk_tensor_destroy(d, &w);
+    free(zeros);
+    return st;
+}
+
+vki_status op_matmul_prepare(vkd_device *d, uint32_t type)
+{
+    const mm_type *t = mm_type_get(type);
+    if (!t || !op_matmul_supported(d, type))
+        return VKI_ERR_UNSUPPORTED;
+    uint32_t mv1[4], mv8[4], mm[6], gr[1] = {get_rows_wg(d)};
+    matvec_spec(d, 1, mv1);
+    matvec_spec(d, OP_MATVEC_ROWS, mv8);
+    matmul_spec(d, mm);
+    vki_status st = vkk_prepare(d, t->matvec, mv1);
+    if (st == VKI_OK)
+        st = vkk_prepare(d, t->matvec, mv8);
+    if (st == VKI_OK)
+        st = vkk_prepare(d, t->matmul, mm);
+    if (st == VKI_OK)
+        st = vkk_prepare(d, t->get_rows, gr);
+    if (st == VKI_OK)
+        st = warm_up(d, type, t->block > 1 ? t->block : 16);
+    return st;
 }
