@@ -114,9 +114,13 @@ static VkDeviceSize view_range(const vkd_view *v)
 /* The view holds at least `rows` rows of `cols` elements of `elem` bytes, `stride` apart. */
 static bool view_holds(const vkd_view *v, uint64_t rows, uint64_t cols, uint64_t stride, uint64_t elem)
 {
+    uint64_t n;
     if (!rows)
         return true;
-    return cols <= stride && ((rows - 1) * stride + cols) * elem <= view_range(v);
+    if (cols > stride || __builtin_mul_overflow(rows - 1, stride, &n) || __builtin_add_overflow(n, cols, &n) ||
+        __builtin_mul_overflow(n, elem, &n))
+        return false;
+    return n <= view_range(v);
 }
 
 static vki_status bad_arg(vkd_device *d, const char *op, const vk_tensor *w, const char *what)
@@ -127,7 +131,7 @@ static vki_status bad_arg(vkd_device *d, const char *op, const vk_tensor *w, con
 
 /* ---- matmul --------------------------------------------------------------------------------- */
 
-/* One weight part: dispatches of at most max_groups workgroups along N. */
+/* One weight part: as many dispatches along N as the device's workgroup-count limit needs. */
 static vki_status matmul_part(vkd_cmd *c, vkk_id k, const uint32_t *spec, uint32_t rows_per_group,
                               uint32_t m_per_group, const vkd_view bind[4], vki_pc_matmul pc)
 {
@@ -176,6 +180,8 @@ vki_status op_matmul_path(vkd_cmd *c, const vk_tensor *w, const vkd_view *bias, 
         per_group_n = spec[2];
         per_group_m = spec[1];
     }
+    if (vkk_groups(M, per_group_m) > d->info.max_workgroup_count[1])
+        return bad_arg(d, "matmul", w, "M too large for one dispatch on this device");
     vki_pc_matmul pc = {.M = M, .K = (uint32_t)K, .x_stride = x_stride, .y_stride = y_stride,
                         .w_stride = (uint32_t)w->row_bytes, .has_bias = bias != NULL,
                         .x_vec4 = x_stride % 4 == 0 && x.offset % 16 == 0};
