@@ -10,10 +10,13 @@
 //   candidates with a cut active, the survivors are among the tokens closest to z_max. 1
 //              strided pass bins t = (z_max - z) / T (9 bins per unit, shared histogram of
 //              counts, and of masses for top-p without top-k) and finds the bin where the
-//              top-k count or the top-p mass is reached (min-p: the bin of its threshold); if
-//              at most CAP tokens lie at or above it, 2 chunked passes copy them, in id order,
-//              into shared memory and every step below runs on that list instead of the row.
-//              Otherwise (flat distributions, huge k) the steps below read the whole row.
+//              top-k count or the top-p mass is reached (min-p: the bin of its threshold); a
+//              second pass splits that bin 255 ways when more than CAP tokens lie up to it.
+//              If at most CAP tokens lie at or above the cut's (sub-)bin, 2 chunked passes
+//              copy them, in id order, into shared memory and every step below runs on that
+//              list. Else, for top-k or top-p alone, the list takes only the crossing
+//              (sub-)bin: the cut is selected there and only the draw reads the row. Else
+//              (top-k and top-p with k > CAP, or a crowded crossing bin) the row is read.
 //   top-k      radix select on the order key, counts only: 4 passes (8-bit digits, MSB first,
 //              shared-memory histogram per pass)
 //   top-p      the same radix select over the top-k survivors with 64-bit fixed-point masses
@@ -28,8 +31,9 @@
 //   restore    the edited ids get their raw logits back
 //   logprobs   1 strided pass for the raw log-sum-exp; top-n: radix select on raw keys (4
 //              passes) + 1 gather pass, then a sort of <= 20 entries
-// Row reads: greedy 1; temperature only 2; typical top-k/top-p/min-p 4 (argmax, bins, 2
-// gathers); top-p over more than CAP tokens 11; logprobs +1, top-n +5.
+// Row reads: greedy 1; temperature only 2; top-k/top-p/min-p 4 to 5 (argmax, 1-2 histograms, 2
+// gathers); top-k or top-p alone over more than CAP survivors 6 (+ the draw); the whole-row
+// route 11 to 13; logprobs +1, top-n +5.
 layout(local_size_x_id = 0) in;
 layout(constant_id = 0) const uint WG = 256; // power of two, 64 .. 1024
 layout(push_constant) uniform PushBlock { vki_pc_sample p; };
@@ -57,7 +61,7 @@ shared uvec2 s_grp[32];                        // group sums of s_part or of the
 shared float red_f[WG];                        // per-subgroup partials
 shared uint red_u[WG];
 shared uint s_prefix, s_tied, s_owner, s_rank, s_id, s_ntop;
-shared uint s_bin, s_ncand, s_nbefore;
+shared uint s_bin, s_ncand, s_nbefore, s_ncross;
 shared uvec2 s_rem, s_before, s_target, s_total;
 shared uint s_top_id[VKI_SAMPLE_MAX_TOP], s_top_key[VKI_SAMPLE_MAX_TOP];
 shared uint s_lid[CAP];  // candidate list: ids ascending
@@ -280,7 +284,7 @@ uint tie_find(uint K, uint r, uvec2 cut)
 
 // One histogram pass of radix_select: digit at `shift` of the keys inside cut whose higher bits
 // equal prefix; then thread 0 picks the bin where the remaining target is reached.
-void radix_level(bool mass, uint want, uvec2 cut, uvec2 total, uint lvl)
+void radix_level(bool mass, uint want, uvec2 cut, uvec2 total, uvec2 target, uint lvl)
 {
     uint shift = 24u - 8u * lvl, hmask = lvl == 0u ? 0u : (0xffffffffu << (shift + 8u));
     for (uint b = tid; b < 256u; b += WG) {
@@ -311,8 +315,8 @@ void radix_level(bool mass, uint want, uvec2 cut, uvec2 total, uint lvl)
     group_sums(src, 256u);
     if (tid == 0u) {
         uvec2 rem = s_rem, before;
-        if (lvl == 0u && mass) { // target mass: top_p of the mass inside cut, at least 1 unit
-            rem = mulhi64x32(total != uvec2(0u) ? total : group_total(256u), want);
+        if (lvl == 0u && mass) { // target mass: given, or top_p of the mass inside cut, >= 1 unit
+            rem = target != uvec2(0u) ? target : mulhi64x32(total != uvec2(0u) ? total : group_total(256u), want);
             if (rem == uvec2(0u))
                 rem = uvec2(1u, 0u);
         }
@@ -326,17 +330,17 @@ void radix_level(bool mass, uint want, uvec2 cut, uvec2 total, uint lvl)
 
 // The cut (key, last id) of the order (z desc, id asc) restricted to the elements inside cut:
 // mass == false: its first `want` elements (want <= their number);
-// mass == true:  its shortest prefix whose mass reaches max(1, M * want / 2^32), M = total if
-//                nonzero (the candidate list holds only part of the elements inside cut), else
-//                the mass inside cut.
-uvec2 radix_select(bool mass, uint want, uvec2 cut, uvec2 total)
+// mass == true:  its shortest prefix whose mass reaches `target` if nonzero, else
+//                max(1, M * want / 2^32), M = total if nonzero (the candidate list holds only
+//                part of the elements inside cut), else the mass inside cut.
+uvec2 radix_select(bool mass, uint want, uvec2 cut, uvec2 total, uvec2 target)
 {
     if (tid == 0u) {
         s_prefix = 0u;
         s_rem = uvec2(want, 0u);
     }
     for (uint lvl = 0u; lvl < 4u; lvl++)
-        radix_level(mass, want, cut, total, lvl);
+        radix_level(mass, want, cut, total, target, lvl);
     uint K = s_prefix, tied = s_tied;
     uvec2 rem = s_rem;
     barrier();
@@ -409,8 +413,11 @@ void draw(uvec2 cut, out int token, out uint kept)
 // the one where the cut's count or mass is reached.
 
 uint g_b0, g_s1; // candidates: coarse bin < g_b0, or == g_b0 with sub-bin <= g_s1
+bool g_split;    // coarse bin g_b0 was split: the cut crosses sub-bin g_s1 (else all of g_b0)
 bool g_cmin;     // and z >= g_zthr (min-p, when top-p does not need the whole top-k set)
 float g_zthr;
+uint g_ncross;   // tokens in the bin (or sub-bin) where the cut is reached
+uvec2 g_xrem;    // what the cut still needs there: a count (top-k) or a mass (top-p)
 
 uint lw_bin(float z)
 {
@@ -431,10 +438,12 @@ uint lw_sub(float z) // for z in coarse bin g_b0
 bool is_cand(float z)
 {
     uint b = lw_bin(z);
-    if (b > g_b0 || (b == g_b0 && g_s1 < 254u && lw_sub(z) > g_s1))
+    if (b > g_b0 || (b == g_b0 && g_split && lw_sub(z) > g_s1))
         return false;
     return !g_cmin || z >= g_zthr;
 }
+
+bool is_cross(float z) { return lw_bin(z) == g_b0 && (!g_split || lw_sub(z) == g_s1); }
 
 // Histogram (index 255 - digit, so src_get reads digit 0 first) of the coarse bins (lvl 0) or
 // of the sub-bins of coarse bin g_b0 (lvl 1): counts, and masses when `mass`.
@@ -503,8 +512,9 @@ void cand_level(uint lvl, bool mass)
             s_rem = sub64(s_rem, before);
         }
         uint through = count_through(s_bin);
+        s_ncross = h_cnt[255u - s_bin];
         if (lvl == 0u)
-            s_nbefore = through - h_cnt[255u - s_bin];
+            s_nbefore = through - s_ncross;
         s_ncand = (lvl == 0u ? 0u : s_nbefore) + through;
     }
     barrier();
@@ -518,32 +528,39 @@ uint choose_candidates(bool tk, bool tp, bool mp, out uvec2 total)
     g_zthr = g_zmax + sp.min_p_delta;
     g_b0 = 255u;
     g_s1 = 254u;
+    g_split = false;
     total = uvec2(0u);
     if (!tk && !tp)
         return NO_ID; // min-p alone: z >= threshold, counted by the gather
     bool mass = !tk;
     cand_level(0u, mass);
     g_b0 = s_bin;
-    uint n = s_ncand, n_before = s_nbefore;
+    uint n = s_ncand;
     if (mass)
         total = s_total;
     barrier();
-    if (g_b0 != 255u && n > CAP && n_before < CAP) { // split the crossing bin 255 ways
+    if (g_b0 != 255u && n > CAP) { // split the crossing bin 255 ways
         cand_level(1u, mass);
         g_s1 = s_bin;
+        g_split = true;
         n = s_ncand;
-        barrier();
     }
+    g_ncross = s_ncross;
+    g_xrem = s_rem;
+    barrier();
     return g_b0 == 255u ? g_n : n; // 255: the cut reaches past t = 28, every token is a candidate
 }
 
-// Copies the candidates into s_lid / s_lz in id order (a chunked count, a scan, a chunked
-// copy) if there are at most CAP; then the passes read the list. 2 chunked passes.
-void gather()
+// Copies the candidates (or, with `cross`, only the tokens of the bin where the cut is reached)
+// into s_lid / s_lz in id order (a chunked count, a scan, a chunked copy) if there are at most
+// CAP; then the passes read the list. 2 chunked passes. Returns whether it did.
+bool gather(bool cross)
 {
     uint lo = chunk_lo(), hi = chunk_hi(), c = 0u;
-    for (uint i = lo; i < hi; i++)
-        c += is_cand(load_z(i)) ? 1u : 0u;
+    for (uint i = lo; i < hi; i++) {
+        float z = load_z(i);
+        c += (cross ? is_cross(z) : is_cand(z)) ? 1u : 0u;
+    }
     s_part[tid] = uvec2(c, 0u);
     group_sums(SRC_PART, WG);
     uint n = group_total(WG).x, off = 0u;
@@ -553,10 +570,10 @@ void gather()
         off += s_part[t].x;
     barrier();
     if (n > CAP)
-        return;
+        return false;
     for (uint i = lo; i < hi && off < n; i++) {
         float z = load_z(i);
-        if (is_cand(z)) {
+        if (cross ? is_cross(z) : is_cand(z)) {
             s_lid[off] = i;
             s_lz[off] = z;
             off++;
@@ -565,23 +582,37 @@ void gather()
     barrier();
     g_list = true;
     g_count = n;
+    return true;
 }
 
-// Cuts and draw for a row with temperature > 0 (z_max finite).
+// Cuts and draw for a row with temperature > 0 (z_max finite). Three routes, one result:
+//  - all candidates fit the list: every step on the list;
+//  - only the crossing bin fits (top-k or top-p alone, more than CAP survivors): the cut is
+//    selected among the crossing bin's tokens (all tokens of earlier bins have larger logits, so
+//    it is the row's cut), then the draw reads the row;
+//  - otherwise every step reads the row.
 void sample_row(out int token, out uint kept)
 {
     bool tk = sp.top_k != 0u && sp.top_k < g_n, tp = sp.top_p32 != 0u, mp = sp.min_p_delta != NEG_INF;
-    uvec2 total = uvec2(0u);
+    bool cross = false;
+    uvec2 total = uvec2(0u), cut = uvec2(0u, NO_ID); // everything
     if (tk || tp || mp) {
         uint bound = choose_candidates(tk, tp, mp, total);
         if (bound <= CAP || bound == NO_ID || g_cmin)
-            gather();
+            gather(false);
+        if (!g_list && tk != tp && g_b0 != 255u && g_ncross <= CAP)
+            cross = gather(true);
     }
-    uvec2 cut = uvec2(0u, NO_ID); // everything
-    if (tk && sp.top_k < g_count)
-        cut = radix_select(false, sp.top_k, cut, uvec2(0u));
-    if (tp)
-        cut = radix_select(true, sp.top_p32, cut, total);
+    if (cross) {
+        cut = radix_select(tp, g_xrem.x, cut, uvec2(0u), tp ? g_xrem : uvec2(0u));
+        g_list = false;
+        g_count = g_n;
+    } else {
+        if (tk && sp.top_k < g_count)
+            cut = radix_select(false, sp.top_k, cut, uvec2(0u), uvec2(0u));
+        if (tp)
+            cut = radix_select(true, sp.top_p32, cut, total, uvec2(0u));
+    }
     if (mp)
         cut = tighter(cut, uvec2(key_of(g_zthr), NO_ID));
     draw(cut, token, kept);
@@ -607,7 +638,7 @@ float raw_lse()
 void top_logprobs(uint row, float lse)
 {
     uint n = min(sp.n_top, g_n);
-    uvec2 cut = n < g_n ? radix_select(false, n, uvec2(0u, NO_ID), uvec2(0u)) : uvec2(0u, NO_ID);
+    uvec2 cut = n < g_n ? radix_select(false, n, uvec2(0u, NO_ID), uvec2(0u), uvec2(0u)) : uvec2(0u, NO_ID);
     if (tid == 0u)
         s_ntop = 0u;
     barrier();

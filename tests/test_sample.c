@@ -826,11 +826,12 @@ static void test_step_plan(void **state)
     vt_assert_clean(g);
 }
 
-/* The kernel's three routes to the same distribution on a flat row (3000 logits within 0.2 of
- * each other, so a coarse bin of the candidate histogram holds ~1500 tokens): the candidate
- * list after one histogram, after splitting the crossing bin, and the whole-row radix selects
- * when more than CAP = 1024 tokens may survive. 4096 draws each, every one also checked
- * against the reference draw. */
+/* The kernel's routes to the same distribution on a flat row (3000 logits within 0.2 of each
+ * other, so a coarse bin of the candidate histogram holds ~1500 tokens): the candidate list
+ * after splitting the crossing bin (by count, by mass), the list of the crossing sub-bin only
+ * with the draw over the row (more than CAP = 1024 survivors), min-p's list, and the whole-row
+ * radix selects (top-k and top-p with k > CAP; all logits equal). 4096 draws each, every one
+ * also checked against the reference draw. */
 static void test_kernel_routes(void **state)
 {
     vt_gpu *g = vt_gpu_get(state);
@@ -840,23 +841,31 @@ static void test_kernel_routes(void **state)
     vt_fill_uniform(&rng, row, V, -0.1f, 0.1f);
     vki_sampling_params p = vki_sampling_default_params();
     sample_req r = {&p, vt_u64(&rng), 0, NULL, 0};
-    p.top_k = 30; /* split bin, list of ~30 */
-    run_distribution_n(g, "route: top_k 30 (split)", row, V, &r, CHUNK, false);
+    p.top_k = 30;
+    run_distribution_n(g, "route: top_k 30, list", row, V, &r, CHUNK, false);
+    p.top_k = 1500;
+    run_distribution_n(g, "route: top_k 1500, cross", row, V, &r, CHUNK, false);
+    p.top_k = 2000;
+    p.top_p = 0.9f;
+    run_distribution_n(g, "route: k 2000 p .9, row", row, V, &r, CHUNK, false);
     p.top_k = 0;
-    p.top_p = 0.05f; /* split bin by mass, top-p over the row's total */
-    run_distribution_n(g, "route: top_p .05 (split)", row, V, &r, CHUNK, false);
-    p.top_p = 0.5f; /* ~1500 survive: whole row */
-    run_distribution_n(g, "route: top_p .5 (row)", row, V, &r, CHUNK, false);
+    p.top_p = 0.05f;
+    run_distribution_n(g, "route: top_p .05, list", row, V, &r, CHUNK, false);
+    p.top_p = 0.5f;
+    run_distribution_n(g, "route: top_p .5, cross", row, V, &r, CHUNK, false);
     p.top_p = 1;
-    p.top_k = 1500; /* k > CAP: whole row */
-    run_distribution_n(g, "route: top_k 1500 (row)", row, V, &r, CHUNK, false);
-    p.top_k = 0;
     p.temperature = 0.05f;
-    p.min_p = 0.9f; /* min-p alone: list of z >= threshold */
-    run_distribution_n(g, "route: min_p .9 (list)", row, V, &r, CHUNK, false);
-    p.min_p = 0.2f; /* more than CAP above the threshold: whole row */
+    p.min_p = 0.9f;
+    run_distribution_n(g, "route: min_p .9, list", row, V, &r, CHUNK, false);
+    p.min_p = 0.2f;
     p.temperature = 0.2f;
-    run_distribution_n(g, "route: min_p .2 (row)", row, V, &r, CHUNK, false);
+    run_distribution_n(g, "route: min_p .2, row", row, V, &r, CHUNK, false);
+    p.min_p = 0;
+    p.temperature = 1;
+    p.top_k = 1500;
+    for (uint32_t i = 0; i < V; i++)
+        row[i] = 0.5f; /* one crowded bin: whole row, the tie search reads the row */
+    run_distribution_n(g, "route: k 1500 all equal, row", row, V, &r, CHUNK, false);
     vt_assert_clean(g);
 }
 
