@@ -334,12 +334,16 @@ vki_status sched_kv_check(const sched_kv *kv, const uint32_t *expected_ref, char
             continue;
         n_sealed++;
         const int32_t *t = kv->tokens + (size_t)x * kv->block_size;
-        CHECK(table_find(kv, b->hash, b->parent, t) == x, "sealed block %u not found under its own key", x);
+        uint32_t y = kv->buckets[b->hash & kv->bucket_mask];
+        while (y != NONE && y != x)
+            y = kv->b[y].hnext;
+        CHECK(y == x, "sealed block %u is not in its hash bucket", x);
         bool live_parent = b->parent == NONE ||
                            (kv->b[b->parent].sealed && kv->b[b->parent].gen == b->parent_gen);
         if (live_parent) {
             uint64_t ph = b->parent == NONE ? ROOT_HASH : kv->b[b->parent].hash;
             CHECK(block_hash(ph, t, kv->block_size) == b->hash, "block %u: stored hash is not the chain hash", x);
+            CHECK(table_find(kv, b->hash, b->parent, t) == x, "sealed block %u is shadowed by a duplicate", x);
         } else {
             CHECK(b->ref == 0, "block %u is in use but its parent %u was evicted", x, b->parent);
         }
