@@ -115,6 +115,9 @@ static vki_status kernel_init(vkd_device *d, vkk_id id, kernel_state *ks)
     return VKI_OK;
 }
 
+/* Shader modules and layouts are created on a kernel's first use, not at device open: a module
+ * that needs 16-bit storage must never be created on a device without it (the ops refuse such
+ * types before dispatching), and unused kernels cost nothing. */
 vki_status vkd_kernels_create(vkd_device *d)
 {
     d->kernels = calloc(1, sizeof *d->kernels);
@@ -126,9 +129,6 @@ vki_status vkd_kernels_create(vkd_device *d)
                     kernel_table[i].name, kernel_table[i].push_size, d->info.max_push_constants_size);
             return VKI_ERR_UNSUPPORTED;
         }
-        vki_status st = kernel_init(d, (vkk_id)i, &d->kernels->k[i]);
-        if (st != VKI_OK)
-            return st;
     }
     return VKI_OK;
 }
@@ -157,6 +157,11 @@ static vki_status get_pipeline(vkd_device *d, vkk_id id, const uint32_t *spec, V
 {
     const vkk_desc *kd = &kernel_table[id];
     kernel_state *ks = &d->kernels->k[id];
+    if (!ks->layout) {
+        vki_status st = kernel_init(d, id, ks);
+        if (st != VKI_OK)
+            return st;
+    }
     uint32_t vals[VKK_MAX_SPEC] = {0};
     memcpy(vals, spec ? spec : kd->spec_default, kd->n_spec * sizeof(uint32_t));
     for (uint32_t v = 0; v < ks->n_variants; v++)
