@@ -125,7 +125,8 @@ vki_status stop_feed(stop_matcher *m, const char *text, size_t n, stop_result *r
         char *nb = malloc(cap);
         if (!nb)
             return VKI_ERR_OUT_OF_HOST_MEMORY;
-        memcpy(nb, m->buf + m->released, m->n_buf - m->released);
+        if (m->n_buf > m->released)
+            memcpy(nb, m->buf + m->released, m->n_buf - m->released);
         free(m->buf);
         m->buf = nb;
         m->cap = cap;
@@ -133,7 +134,7 @@ vki_status stop_feed(stop_matcher *m, const char *text, size_t n, stop_result *r
         m->released = 0;
     }
     drop_released(m);
-    *res = (stop_result){m->buf, 0, m->matched, m->which};
+    *res = (stop_result){m->buf ? m->buf : "", 0, m->matched, m->which};
     if (m->matched)
         return VKI_OK;
     if (n)
@@ -143,7 +144,7 @@ vki_status stop_feed(stop_matcher *m, const char *text, size_t n, stop_result *r
     if (find_match(m, &start, &m->which)) {
         m->matched = true;
         m->n_buf = m->released = start; /* the stop string and what follows are dropped */
-        *res = (stop_result){m->buf, start, true, m->which};
+        *res = (stop_result){m->buf ? m->buf : "", start, true, m->which};
         return VKI_OK;
     }
     size_t live = first_live(m), whole = utf8_complete(m->buf, m->n_buf);
@@ -155,6 +156,6 @@ vki_status stop_feed(stop_matcher *m, const char *text, size_t n, stop_result *r
 void stop_flush(stop_matcher *m, stop_result *res)
 {
     drop_released(m);
-    *res = (stop_result){m->buf, m->matched ? 0 : m->n_buf, m->matched, m->which};
+    *res = (stop_result){m->buf ? m->buf : "", m->matched ? 0 : m->n_buf, m->matched, m->which};
     m->released = res->n_emit;
 }

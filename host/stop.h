@@ -28,7 +28,7 @@
 typedef struct stop_matcher stop_matcher;
 
 typedef struct stop_result {
-    const char *emit; /* bytes now safe to stream; valid until the next call on the matcher */
+    const char *emit; /* bytes now safe to stream (never NULL); valid until the next call */
     size_t n_emit;
     bool matched;     /* a stop string matched: emit is the text before it; generation ends */
     uint32_t which;   /* index of the matched stop string */

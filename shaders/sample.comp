@@ -32,8 +32,8 @@
 //   logprobs   1 strided pass for the raw log-sum-exp; top-n: radix select on raw keys (4
 //              passes) + 1 gather pass, then a sort of <= 20 entries
 // Row reads: greedy 1; temperature only 2; top-k/top-p/min-p 4 to 5 (argmax, 1-2 histograms, 2
-// gathers); top-k or top-p alone over more than CAP survivors 6 (+ the draw); the whole-row
-// route 11 to 13; logprobs +1, top-n +5.
+// gathers); top-k or top-p alone over more than CAP survivors 6 (argmax, 2 histograms, 2
+// gathers, the draw); the whole-row route 11 to 13; logprobs +1, top-n +5.
 layout(local_size_x_id = 0) in;
 layout(constant_id = 0) const uint WG = 256; // power of two, 64 .. 1024
 layout(push_constant) uniform PushBlock { vki_pc_sample p; };
