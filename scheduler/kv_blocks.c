@@ -42,13 +42,17 @@ static uint64_t mix64(uint64_t z)
     return z ^ (z >> 31);
 }
 
-/* Order-sensitive 64-bit hash of (parent hash, tokens). O(n). */
+/* Order-sensitive 64-bit hash of (parent hash, tokens): a multiply-xorshift step per token (3
+ * operations; this runs for every token that fills a block) and a full avalanche at the end. It
+ * only has to spread keys over buckets: a hit is always confirmed by comparing tokens. O(n). */
 static uint64_t block_hash(uint64_t parent_hash, const int32_t *t, uint32_t n)
 {
-    uint64_t h = mix64(parent_hash ^ 0x9e3779b97f4a7c15ull);
-    for (uint32_t i = 0; i < n; i++)
-        h = mix64(h + 0x9e3779b97f4a7c15ull + (uint32_t)t[i]);
-    return h;
+    uint64_t h = parent_hash ^ 0x9e3779b97f4a7c15ull;
+    for (uint32_t i = 0; i < n; i++) {
+        h = (h ^ (uint32_t)t[i]) * 0xff51afd7ed558ccdull;
+        h ^= h >> 32;
+    }
+    return mix64(h ^ n);
 }
 
 vki_status sched_kv_create(uint32_t n_blocks, uint32_t block_size, bool reuse, sched_kv **out)

@@ -33,6 +33,7 @@ struct sched {
     sched_seq **plan_ptrs;    /* [max_running] */
     uint32_t *match;          /* [max_seq_blocks] prefix lookup result */
     uint32_t tick_paused;
+    uint32_t tick_decode;     /* decode entries scheduled this tick */
 };
 
 static uint32_t blocks_for(const sched *s, uint64_t n_tokens)
@@ -173,6 +174,8 @@ static void drop_running(sched *s, sched_seq *q)
  * tokens stay, so resuming recomputes them (cached full blocks are picked up again). */
 static void pause_seq(sched *s, sched_seq *q)
 {
+    if (q->n_new && !in_context(q))
+        s->tick_decode--;
     drop_running(s, q);
     q->paused = true;
     q->n_pauses++;
@@ -333,6 +336,7 @@ static void budget_running(sched *s, uint32_t *tok, uint32_t *nseq)
                 q->n_new = 1;
                 (*tok)--;
                 (*nseq)--;
+                s->tick_decode++;
             }
     for (sched_seq *q = s->run_head; q && *tok && *nseq; q = q->run_next)
         if (in_context(q)) {
@@ -353,19 +357,20 @@ static vki_status alloc_running(sched *s)
             continue;
         }
         uint32_t want = blocks_for(s, q->n_computed + q->n_new);
-        uint32_t short_by = want > q->n_held ? want - q->n_held : 0;
-        while (sched_kv_avail(s->kv) < short_by) {
-            if (s->p.policy != VKI_POLICY_MAX_UTILIZATION)
+        if (want > q->n_held) { /* only at block boundaries */
+            while (sched_kv_avail(s->kv) < want - q->n_held) {
+                if (s->p.policy != VKI_POLICY_MAX_UTILIZATION)
+                    return VKI_ERR_INTERNAL;
+                sched_seq *victim = s->run_tail;
+                pause_seq(s, victim);
+                if (victim == q)
+                    break;
+            }
+            if (q->state != SCHED_RUNNING)
+                break; /* q was the newest: everything after it is paused too */
+            if (!grow_blocks(s, q, q->n_computed + q->n_new))
                 return VKI_ERR_INTERNAL;
-            sched_seq *victim = s->run_tail;
-            pause_seq(s, victim);
-            if (victim == q)
-                break;
         }
-        if (q->state != SCHED_RUNNING)
-            break; /* q was the newest: everything after it is paused too */
-        if (!grow_blocks(s, q, q->n_computed + q->n_new))
-            return VKI_ERR_INTERNAL;
         next = q->run_next;
     }
     return VKI_OK;
@@ -481,7 +486,7 @@ vki_status sched_plan(sched *s, sched_tick *t)
 {
     *t = (sched_tick){.seqs = s->plan_ptrs};
     t->plan.seqs = s->plan_seqs;
-    s->tick_paused = 0;
+    s->tick_paused = s->tick_decode = 0;
     admit_state a = {.tok = s->p.max_num_tokens, .nseq = s->max_running};
     budget_running(s, &a.tok, &a.nseq);
     vki_status st = alloc_running(s);
@@ -490,23 +495,23 @@ vki_status sched_plan(sched *s, sched_tick *t)
     if (st != VKI_OK)
         return st;
     t->n_paused = s->tick_paused;
-    uint32_t k = 0;
-    for (sched_seq *q = s->run_head; q; q = q->run_next) /* decode first */
-        if (q->n_new && !in_context(q)) {
-            plan_entry(s, q, k++);
-            t->n_generation++;
-        }
-    for (sched_seq *q = s->run_head; q; q = q->run_next)
-        if (q->n_new && in_context(q)) {
-            plan_entry(s, q, k++);
-            t->n_context++;
-            t->n_context_tokens += q->n_new;
-        }
-    for (uint32_t i = 0; i < k; i++) {
-        t->plan.n_tokens += s->plan_seqs[i].n_new;
-        t->n_sampled += s->plan_seqs[i].want_token;
+    /* one pass: decode entries fill [0, tick_decode), prefill chunks follow */
+    uint32_t dec = 0, ctx = s->tick_decode;
+    for (sched_seq *q = s->run_head; q; q = q->run_next) {
+        if (!q->n_new)
+            continue;
+        bool c = in_context(q);
+        uint32_t k = c ? ctx++ : dec++;
+        plan_entry(s, q, k);
+        t->plan.n_tokens += q->n_new;
+        t->n_context_tokens += c ? q->n_new : 0;
+        t->n_sampled += s->plan_seqs[k].want_token;
     }
-    t->plan.n_seqs = k;
+    if (dec != s->tick_decode)
+        return VKI_ERR_INTERNAL;
+    t->n_generation = dec;
+    t->n_context = ctx - dec;
+    t->plan.n_seqs = ctx;
     return VKI_OK;
 }
 
