@@ -225,8 +225,10 @@ uint locate(uint src, uint n, uvec2 target, out uvec2 before)
 void apply_edits(bool restore)
 {
     for (uint e = tid; e < sp.n_edits; e += WG) {
-        uint g = sp.edit0 + e;
-        uint at = g_base + uint(edits[g].token);
+        uint g = sp.edit0 + e, tok = uint(edits[g].token);
+        if (tok >= g_n) // packed on the host from checked ids; never write outside the row
+            continue;
+        uint at = g_base + tok;
         if (restore) {
             logits[at] = saved[g];
             continue;
