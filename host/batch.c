@@ -380,9 +380,11 @@ vki_status bm_create(const bm_backend *be, const vki_batch_params *p, const vki_
     bm->p = *p;
     if (cb)
         bm->cb = *cb;
+    /* the step's token budget: ours, capped by what the executor's scratch holds */
+    uint32_t budget = be->max_tokens && be->max_tokens < p->max_num_tokens ? be->max_tokens : p->max_num_tokens;
     sched_params sp = {.policy = p->policy, .max_seqs = be->max_seqs, .n_blocks = be->n_pages,
                        .block_size = be->page_size, .max_ctx = be->max_ctx, .max_batch_size = p->max_batch_size,
-                       .max_num_tokens = p->max_num_tokens, .chunk_size = p->chunk_size,
+                       .max_num_tokens = budget, .chunk_size = p->chunk_size,
                        .max_queue = 0 /* bounded here, paused requests included */, .block_reuse = p->block_reuse};
     st = sched_create(&sp, &bm->s);
     if (st == VKI_OK)

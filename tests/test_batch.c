@@ -240,8 +240,10 @@ static void assert_clean(coll *c, fake_engine *f)
 
 static fake_engine *mkfake(uint32_t max_seqs, uint32_t n_pages, uint32_t fail_every)
 {
+    /* the executor's step holds 40 tokens, fewer than the managers' budget of 48 (mkparams):
+     * the fake flags any plan above 40 */
     fake_config fc = {.max_seqs = max_seqs, .n_pages = n_pages, .page_size = 4, .max_ctx = 512, .vocab = VOCAB,
-                      .eos = EOS, .fail_every = fail_every};
+                      .max_tokens = 40, .eos = EOS, .fail_every = fail_every};
     fake_engine *f;
     assert_int_equal(fake_create(&fc, &f), VKI_OK);
     return f;
@@ -305,6 +307,7 @@ static void mixed_workload(vki_capacity_policy pol, uint32_t n_pages, uint32_t f
             assert_non_null(strstr(c->r[i].error, "engine step failed"));
     }
     assert_true(fail_every ? errors > 0 : errors == 0);
+    assert_int_equal(fake_max_tokens_seen(f), 40); /* the executor's cap was reached, never passed */
     /* requests 0 and 6 sample without a seed: theirs were drawn, and differ */
     assert_false(reqs[0].sampling.has_seed || reqs[6].sampling.has_seed);
     assert_true(c->r[0].seed != c->r[6].seed);

@@ -104,7 +104,8 @@ void fake_destroy(fake_engine *f)
 bm_backend fake_backend(fake_engine *f)
 {
     return (bm_backend){.ctx = f, .max_seqs = f->c.max_seqs, .n_pages = f->c.n_pages, .page_size = f->c.page_size,
-                        .max_ctx = f->c.max_ctx, .vocab_size = f->c.vocab, .step = fake_step, .is_eog = fake_is_eog};
+                        .max_ctx = f->c.max_ctx, .max_tokens = f->c.max_tokens, .vocab_size = f->c.vocab,
+                        .step = fake_step, .is_eog = fake_is_eog};
 }
 
 bool fake_is_eog(void *ctx, int32_t token)
