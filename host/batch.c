@@ -274,7 +274,7 @@ static bool wait_work(vki_batch_manager *bm, bm_req **inbox, bm_cancel **cancels
 {
     pthread_mutex_lock(&bm->mu);
     for (;;) {
-        bool poll = bm->cb.get_requests && !bm->shutdown;
+        bool poll = bm->cb.get_requests && !bm->shutdown && bm->p.idle_poll_us;
         if (bm->inbox_head || bm->n_cancels || bm->n_active || bm->shutdown || bm->notified)
             break;
         if (!poll) {

@@ -233,7 +233,8 @@ typedef struct vki_batch_params {
     bool block_reuse;               /* reuse KV blocks of shared prompt prefixes. true */
     bool stats;                     /* call the stats callback every tick with work. true */
     uint32_t idle_poll_us;          /* with a get_requests callback, how often an idle manager
-                                       polls it (vki_batch_notify wakes it at once). 1000 */
+                                       polls it (vki_batch_notify wakes it at once); 0: only on
+                                       vki_batch_notify. 1000 */
     uint64_t seed;                  /* seeds the per-manager generator that draws the seeds of
                                        requests without one; 0 = from the clock */
 } vki_batch_params;

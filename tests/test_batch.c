@@ -819,6 +819,35 @@ static void test_callback_interface(void **state)
     coll_free(c);
 }
 
+/* idle_poll_us = 0: an idle manager calls get_requests only when notified. */
+static void test_notify_without_polling(void **state)
+{
+    (void)state;
+    coll *c = coll_new();
+    fake_engine *f = mkfake(4, 128, 0);
+    bm_backend be = fake_backend(f);
+    vki_batch_params p = mkparams(VKI_POLICY_GUARANTEED_NO_EVICT);
+    p.idle_poll_us = 0;
+    vki_batch_callbacks cb = {.user = c, .get_requests = cb_get, .send_response = on_response};
+    vki_request reqs[3];
+    for (uint32_t i = 0; i < 3; i++)
+        reqs[i] = mkreq(c, i, 6, 4, false, i);
+    vki_batch_manager *bm;
+    assert_int_equal(bm_create(&be, &p, &cb, &bm), VKI_OK);
+    pthread_mutex_lock(&c->mu); /* work appears after the manager went idle */
+    c->pending = reqs;
+    c->n_pending = 3;
+    pthread_mutex_unlock(&c->mu);
+    vki_batch_notify(bm);
+    wait_finals(c, 3);
+    assert_int_equal(vki_batch_manager_destroy(bm, false), VKI_OK);
+    assert_clean(c, f);
+    for (uint32_t i = 0; i < 3; i++)
+        check_rec(c, f, &reqs[i]);
+    fake_destroy(f);
+    coll_free(c);
+}
+
 /* ---- destroy -------------------------------------------------------------------------------- */
 
 static void on_response_submit_again(void *user, const vki_response *resp)
@@ -934,6 +963,7 @@ int main(void)
         cmocka_unit_test(test_cancel_states),
         cmocka_unit_test(test_cancel_paused),
         cmocka_unit_test(test_callback_interface),
+        cmocka_unit_test(test_notify_without_polling),
         cmocka_unit_test(test_destroy_waits),
         cmocka_unit_test(test_destroy_abort),
     };

@@ -35,6 +35,7 @@ typedef struct bench {
     int32_t prefix[64];
     vki_sampling_params sp;
     uint64_t tokens, seqs;  /* scheduled, summed over measured ticks */
+    int32_t prompt[64 + 288]; /* the next request's prompt */
 } bench;
 
 static uint64_t rnd(uint64_t *s)
@@ -99,7 +100,6 @@ static vki_status bench_sched_add(bench *b, const sched_add_args *a)
 /* One tick; adds the scheduler's time to *sched_s. */
 static int tick(bench *b, sched_tick *t, double *sched_s)
 {
-    static int32_t prompt[64 + 288];
     double a = now_s();
     if (sched_plan(b->s, t) != VKI_OK)
         return -1;
@@ -110,7 +110,7 @@ static int tick(bench *b, sched_tick *t, double *sched_s)
     *sched_s += (mid - a) + (now_s() - c);
     for (uint32_t i = 0; i < n_done; i++) { /* replacements keep n_active in flight */
         sched_add_args args;
-        make_request(b, prompt, &args);
+        make_request(b, b->prompt, &args);
         double d = now_s();
         vki_status st = bench_sched_add(b, &args);
         *sched_s += now_s() - d;
@@ -203,10 +203,9 @@ int main(int argc, char **argv)
     }
     for (uint32_t i = 0; i < 64; i++)
         b.prefix[i] = (int32_t)(rnd(&b.rng) % b.c.vocab);
-    int32_t prompt[64 + 288];
     for (uint32_t i = 0; i < b.c.n_active; i++) {
         sched_add_args a;
-        make_request(&b, prompt, &a);
+        make_request(&b, b.prompt, &a);
         if (bench_sched_add(&b, &a) != VKI_OK)
             return 1;
     }
