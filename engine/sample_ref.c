@@ -283,6 +283,34 @@ static uint32_t cut_len(const sample_dist *d, const vki_sample_row *row, const u
     return m;
 }
 
+/* ids sorted by (z desc, id asc) into *order (malloc'd). O(n log n). */
+static vki_status sort_order(const float *z, uint32_t n, uint32_t **order)
+{
+    uint64_t *sk = malloc((size_t)n * sizeof *sk);
+    *order = malloc((size_t)n * sizeof **order);
+    if (!sk || !*order) {
+        free(sk);
+        free(*order);
+        *order = NULL;
+        return VKI_ERR_OUT_OF_HOST_MEMORY;
+    }
+    for (uint32_t i = 0; i < n; i++) /* ascending (~key, id) = (z desc, id asc) */
+        sk[i] = ((uint64_t)~sample_key(z[i]) << 32) | i;
+    qsort(sk, n, sizeof *sk, u64_cmp);
+    for (uint32_t j = 0; j < n; j++)
+        (*order)[j] = (uint32_t)sk[j];
+    free(sk);
+    return VKI_OK;
+}
+
+static void keep(sample_dist *d, uint32_t id, float zmax, float inv_t)
+{
+    uint64_t w = wfix(d->z[id], zmax, inv_t);
+    d->w[id] = w;
+    d->total += w;
+    d->n_kept += w != 0;
+}
+
 vki_status sample_dist_build(const float *logits, uint32_t n_vocab, const vki_sample_row *row,
                              const vki_sample_edit *edits, sample_dist *d)
 {
@@ -291,9 +319,7 @@ vki_status sample_dist_build(const float *logits, uint32_t n_vocab, const vki_sa
     d->greedy = row->flags & VKI_SAMPLE_GREEDY;
     d->z = malloc((size_t)n_vocab * sizeof *d->z);
     d->w = calloc(n_vocab, sizeof *d->w);
-    uint64_t *sk = malloc((size_t)n_vocab * sizeof *sk);
-    if (!d->z || !d->w || !sk) {
-        free(sk);
+    if (!d->z || !d->w) {
         sample_dist_free(d);
         return VKI_ERR_OUT_OF_HOST_MEMORY;
     }
@@ -309,29 +335,23 @@ vki_status sample_dist_build(const float *logits, uint32_t n_vocab, const vki_sa
             d->w[d->argmax] = d->total = W_ONE;
             d->n_kept = 1;
         }
-        free(sk);
         return VKI_OK;
     }
-    for (uint32_t i = 0; i < n_vocab; i++) /* ascending (~key, id) = (z desc, id asc) */
-        sk[i] = ((uint64_t)~sample_key(d->z[i]) << 32) | i;
-    qsort(sk, n_vocab, sizeof *sk, u64_cmp);
-    uint32_t *order = malloc((size_t)n_vocab * sizeof *order);
-    if (!order) {
-        free(sk);
+    float zmax = d->z[d->argmax];
+    bool cuts = (row->top_k && row->top_k < n_vocab) || row->top_p32 || row->min_p_delta != -INFINITY;
+    if (!cuts) { /* every token survives: no order needed, O(n) */
+        for (uint32_t i = 0; i < n_vocab; i++)
+            keep(d, i, zmax, row->inv_temp);
+        return VKI_OK;
+    }
+    uint32_t *order;
+    if (sort_order(d->z, n_vocab, &order) != VKI_OK) {
         sample_dist_free(d);
         return VKI_ERR_OUT_OF_HOST_MEMORY;
     }
-    for (uint32_t j = 0; j < n_vocab; j++)
-        order[j] = (uint32_t)sk[j];
-    free(sk);
     uint32_t m = cut_len(d, row, order);
-    float zmax = d->z[d->argmax];
-    for (uint32_t j = 0; j < m; j++) {
-        uint64_t w = wfix(d->z[order[j]], zmax, row->inv_temp);
-        d->w[order[j]] = w;
-        d->total += w;
-        d->n_kept += w != 0;
-    }
+    for (uint32_t j = 0; j < m; j++)
+        keep(d, order[j], zmax, row->inv_temp);
     free(order);
     return VKI_OK;
 }

@@ -76,7 +76,7 @@ typedef struct sample_dist {
 } sample_dist;
 
 /* Builds the distribution of one packed row: logits[n_vocab] raw, edits = the whole edit list
- * (row->edit0 indexes it). O(n log n) (a sort of the vocabulary). */
+ * (row->edit0 indexes it). O(n log n) with a cut active (a sort of the vocabulary), else O(n). */
 vki_status sample_dist_build(const float *logits, uint32_t n_vocab, const vki_sample_row *row,
                              const vki_sample_edit *edits, sample_dist *d);
 void sample_dist_free(sample_dist *d);
