@@ -1,0 +1,447 @@
+/* Chat templates (host/chat.c): each family rendered exactly as its upstream template renders the
+ * same conversation (the expected strings were worked out by hand from the upstream Jinja, with
+ * transformers' trim_blocks/lstrip_blocks), recognition from the real template strings, the
+ * errors the upstream templates raise, the plain fallback, reading the key from a GGUF, and
+ * tokenisation: control tokens only where the template wrote them. No GPU. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "engine/gguf_write.h"
+#include "host/chat.h"
+#include "support/vt.h"
+
+/* ---- real template strings (as they appear in tokenizer_config.json / the GGUF) -------------- */
+
+static const char T_CHATML[] =
+    "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + "
+    "'\\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}";
+
+static const char T_QWEN2[] =
+    "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}{{ '<|im_start|>system\\nYou "
+    "are a helpful assistant.<|im_end|>\\n' }}{% endif %}{{'<|im_start|>' + message['role'] + '\\n' + "
+    "message['content'] + '<|im_end|>' + '\\n'}}{% endfor %}{% if add_generation_prompt %}{{ "
+    "'<|im_start|>assistant\\n' }}{% endif %}";
+
+static const char T_QWEN25[] =
+    "{%- if tools %}\n    {{- '<|im_start|>system\\n' }}\n    {%- if messages[0]['role'] == 'system' %}\n        {{- "
+    "messages[0]['content'] }}\n    {%- else %}\n        {{- 'You are Qwen, created by Alibaba Cloud. You are a helpful "
+    "assistant.' }}\n    {%- endif %}\n{%- else %}\n    {%- if messages[0]['role'] == 'system' %}\n        {{- "
+    "'<|im_start|>system\\n' + messages[0]['content'] + '<|im_end|>\\n' }}\n    {%- else %}\n        {{- "
+    "'<|im_start|>system\\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.<|im_end|>\\n' }}\n"
+    "    {%- endif %}\n{%- endif %}\n";
+
+static const char T_LLAMA3[] =
+    "{% set loop_messages = messages %}{% for message in loop_messages %}{% set content = '<|start_header_id|>' + "
+    "message['role'] + '<|end_header_id|>\n\n'+ message['content'] | trim + '<|eot_id|>' %}{% if loop.index0 == 0 "
+    "%}{% set content = bos_token + content %}{% endif %}{{ content }}{% endfor %}{% if add_generation_prompt %}{{ "
+    "'<|start_header_id|>assistant<|end_header_id|>\n\n' }}{% endif %}";
+
+static const char T_LLAMA2[] =
+    "{% if messages[0]['role'] == 'system' %}{% set loop_messages = messages[1:] %}{% set system_message = "
+    "messages[0]['content'] %}{% else %}{% set loop_messages = messages %}{% set system_message = false %}{% endif "
+    "%}{% for message in loop_messages %}{% if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}{{ "
+    "raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}{% endif %}{% if "
+    "loop.index0 == 0 and system_message != false %}{% set content = '<<SYS>>\\n' + system_message + "
+    "'\\n<</SYS>>\\n\\n' + message['content'] %}{% else %}{% set content = message['content'] %}{% endif %}{% if "
+    "message['role'] == 'user' %}{{ bos_token + '[INST] ' + content.strip() + ' [/INST]' }}{% elif message['role'] == "
+    "'assistant' %}{{ ' '  + content.strip() + ' ' + eos_token }}{% endif %}{% endfor %}";
+
+static const char T_MISTRAL[] =
+    "{{ bos_token }}{% for message in messages %}{% if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}{{ "
+    "raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}{% endif %}{% if "
+    "message['role'] == 'user' %}{{ '[INST] ' + message['content'] + ' [/INST]' }}{% elif message['role'] == "
+    "'assistant' %}{{ message['content'] + eos_token}}{% else %}{{ raise_exception('Only user and assistant roles are "
+    "supported!') }}{% endif %}{% endfor %}";
+
+static const char T_MISTRAL_V1[] =
+    "{%- if messages[0]['role'] == 'system' %}\n    {%- set system_message = messages[0]['content'] %}\n    {%- set "
+    "loop_messages = messages[1:] %}\n{%- else %}\n    {%- set loop_messages = messages %}\n{%- endif %}\n\n{{- "
+    "bos_token }}\n{%- for message in loop_messages %}\n    {%- if (message['role'] == 'user') != (loop.index0 % 2 == "
+    "0) %}\n        {{- raise_exception('After the optional system message, conversation roles must alternate "
+    "user/assistant/user/assistant/...') }}\n    {%- endif %}\n    {%- if message['role'] == 'user' %}\n        {%- if "
+    "loop.first and system_message is defined %}\n            {{- ' [INST] ' + system_message + '\\n\\n' + "
+    "message['content'] + ' [/INST]' }}\n        {%- else %}\n            {{- ' [INST] ' + message['content'] + ' "
+    "[/INST]' }}\n        {%- endif %}\n    {%- elif message['role'] == 'assistant' %}\n        {{- ' ' + "
+    "message['content'] + eos_token}}\n    {%- else %}\n        {{- raise_exception('Only user and assistant roles are "
+    "supported, with the exception of an initial optional system message!') }}\n    {%- endif %}\n{%- endfor %}\n";
+
+static const char T_ZEPHYR[] =
+    "{% for message in messages %}\n{% if message['role'] == 'user' %}\n{{ '<|user|>\n' + message['content'] + "
+    "eos_token }}\n{% elif message['role'] == 'system' %}\n{{ '<|system|>\n' + message['content'] + eos_token }}\n{% "
+    "elif message['role'] == 'assistant' %}\n{{ '<|assistant|>\n'  + message['content'] + eos_token }}\n{% endif %}\n{% "
+    "if loop.last and add_generation_prompt %}\n{{ '<|assistant|>' }}\n{% endif %}\n{% endfor %}";
+
+static const char T_GEMMA[] =
+    "{{ bos_token }}{% if messages[0]['role'] == 'system' %}{{ raise_exception('System role not supported') }}{% "
+    "endif %}{% for message in messages %}{% if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}{{ "
+    "raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}{% endif %}{% if "
+    "(message['role'] == 'assistant') %}{% set role = 'model' %}{% else %}{% set role = message['role'] %}{% endif "
+    "%}{{ '<start_of_turn>' + role + '\n' + message['content'] | trim + '<end_of_turn>\n' }}{% endfor %}{% if "
+    "add_generation_prompt %}{{'<start_of_turn>model\n'}}{% endif %}";
+
+static const char T_PHI35[] =
+    "{% for message in messages %}{% if message['role'] == 'system' and message['content'] %}{{'<|system|>\n' + "
+    "message['content'] + '<|end|>\n'}}{% elif message['role'] == 'user' %}{{'<|user|>\n' + message['content'] + "
+    "'<|end|>\n'}}{% elif message['role'] == 'assistant' %}{{'<|assistant|>\n' + message['content'] + "
+    "'<|end|>\n'}}{% endif %}{% endfor %}{% if add_generation_prompt %}{{ '<|assistant|>\n' }}{% else %}{{ eos_token "
+    "}}{% endif %}";
+
+static const char T_PHI3_SMALL[] =
+    "{{ bos_token }}{% for message in messages %}{{'<|' + message['role'] + '|>' + '\n' + message['content'] + "
+    "'<|end|>\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|assistant|>\n' }}{% else %}{{ eos_token }}{% endif "
+    "%}";
+
+/* Not one of ours (DeepSeek-V2): falls back. */
+static const char T_DEEPSEEK[] =
+    "{% if not add_generation_prompt is defined %}{% set add_generation_prompt = false %}{% endif %}{{ bos_token }}{% "
+    "for message in messages %}{% if message['role'] == 'user' %}{{ 'User: ' + message['content'] + '\n\n' }}{% elif "
+    "message['role'] == 'assistant' %}{{ 'Assistant: ' + message['content'] + eos_token }}{% elif message['role'] == "
+    "'system' %}{{ message['content'] + '\n\n' }}{% endif %}{% endfor %}{% if add_generation_prompt %}{{ 'Assistant:' "
+    "}}{% endif %}";
+
+/* ---- the conversation ---------------------------------------------------------------------- */
+
+#define M(r, s) {r, s, sizeof s - 1}
+static const chat_msg CONV[] = {
+    M(CHAT_SYSTEM, "You are a helpful assistant"), M(CHAT_USER, "Hello"), M(CHAT_ASSISTANT, "Hi there"),
+    M(CHAT_USER, "Who are you"), M(CHAT_ASSISTANT, "   I am an assistant   "), M(CHAT_USER, "Another question"),
+};
+#define N_CONV (sizeof CONV / sizeof CONV[0])
+
+static void expect_render(const char *tmpl, chat_family want_family, const char *bos, const char *eos,
+                          const chat_msg *m, size_t n, bool gen, const char *want)
+{
+    bool known = false;
+    chat_family f = chat_detect(tmpl, &known);
+    assert_int_equal(f, want_family);
+    assert_true(known == (want_family != CHAT_PLAIN));
+    chat_template t;
+    assert_int_equal(chat_template_init(&t, f, tmpl, bos, eos), VKI_OK);
+    chat_prompt p;
+    char err[256] = "";
+    vki_status st = chat_render(&t, m, n, gen, &p, err, sizeof err);
+    if (st != VKI_OK)
+        fail_msg("%s: %s", chat_family_name(f), err);
+    if (strcmp(p.text, want) || p.len != strlen(want))
+        fail_msg("%s:\n got: [%s]\nwant: [%s]", chat_family_name(f), p.text, want);
+    /* template spans are inside the text, ordered and disjoint */
+    size_t end = 0;
+    for (size_t k = 0; k < p.n_tmpl; k++) {
+        assert_true(p.tmpl[k].off >= end && p.tmpl[k].len > 0);
+        end = p.tmpl[k].off + p.tmpl[k].len;
+    }
+    assert_true(end <= p.len);
+    chat_prompt_free(&p);
+    chat_template_free(&t);
+}
+
+static void test_chatml(void **state)
+{
+    expect_render(T_CHATML, CHAT_CHATML, "", "", CONV, N_CONV, true,
+                  "<|im_start|>system\nYou are a helpful assistant<|im_end|>\n<|im_start|>user\nHello<|im_end|>\n"
+                  "<|im_start|>assistant\nHi there<|im_end|>\n<|im_start|>user\nWho are you<|im_end|>\n"
+                  "<|im_start|>assistant\n   I am an assistant   <|im_end|>\n<|im_start|>user\nAnother "
+                  "question<|im_end|>\n<|im_start|>assistant\n");
+    expect_render(T_CHATML, CHAT_CHATML, "", "", CONV + 1, 1, false, "<|im_start|>user\nHello<|im_end|>\n");
+    /* Qwen2: its literal system prompt when the conversation has none, nothing added otherwise */
+    expect_render(T_QWEN2, CHAT_CHATML, "", "<|endoftext|>", CONV + 1, 1, true,
+                  "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n<|im_start|>user\nHello<|im_end|>\n"
+                  "<|im_start|>assistant\n");
+    expect_render(T_QWEN2, CHAT_CHATML, "", "", CONV, 2, true,
+                  "<|im_start|>system\nYou are a helpful assistant<|im_end|>\n<|im_start|>user\nHello<|im_end|>\n"
+                  "<|im_start|>assistant\n");
+    chat_template t;
+    assert_int_equal(chat_template_init(&t, CHAT_CHATML, T_QWEN25, "", ""), VKI_OK);
+    assert_string_equal(t.default_system, "You are Qwen, created by Alibaba Cloud. You are a helpful assistant.");
+    chat_template_free(&t);
+}
+
+static void test_llama3(void **state)
+{
+    expect_render(T_LLAMA3, CHAT_LLAMA3, "<|begin_of_text|>", "<|eot_id|>", CONV, N_CONV, true,
+                  "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\nYou are a helpful "
+                  "assistant<|eot_id|><|start_header_id|>user<|end_header_id|>\n\nHello<|eot_id|>"
+                  "<|start_header_id|>assistant<|end_header_id|>\n\nHi there<|eot_id|><|start_header_id|>user"
+                  "<|end_header_id|>\n\nWho are you<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\nI am an "
+                  "assistant<|eot_id|><|start_header_id|>user<|end_header_id|>\n\nAnother question<|eot_id|>"
+                  "<|start_header_id|>assistant<|end_header_id|>\n\n");
+}
+
+static void test_llama2(void **state)
+{
+    expect_render(T_LLAMA2, CHAT_LLAMA2, "<s>", "</s>", CONV, N_CONV, true,
+                  "<s>[INST] <<SYS>>\nYou are a helpful assistant\n<</SYS>>\n\nHello [/INST] Hi there </s><s>[INST] "
+                  "Who are you [/INST] I am an assistant </s><s>[INST] Another question [/INST]");
+    /* strip() applies to the whole first turn, system block included */
+    static const chat_msg ws[] = {M(CHAT_SYSTEM, "  S "), M(CHAT_USER, " \n")};
+    expect_render(T_LLAMA2, CHAT_LLAMA2, "<s>", "</s>", ws, 2, true, "<s>[INST] <<SYS>>\n  S \n<</SYS>> [/INST]");
+    /* no system message: plain turns */
+    expect_render(T_LLAMA2, CHAT_LLAMA2, "<s>", "</s>", CONV + 1, 3, true,
+                  "<s>[INST] Hello [/INST] Hi there </s><s>[INST] Who are you [/INST]");
+}
+
+static void test_mistral(void **state)
+{
+    /* the original v0.2 template, exact where it accepts the conversation */
+    expect_render(T_MISTRAL, CHAT_MISTRAL, "<s>", "</s>", CONV + 1, N_CONV - 1, true,
+                  "<s>[INST] Hello [/INST]Hi there</s>[INST] Who are you [/INST]   I am an assistant   </s>[INST] "
+                  "Another question [/INST]");
+    /* a system message (refused upstream) goes before the first user message */
+    expect_render(T_MISTRAL, CHAT_MISTRAL, "<s>", "</s>", CONV, 2, true,
+                  "<s>[INST] You are a helpful assistant\n\nHello [/INST]");
+    /* the "v1" template */
+    expect_render(T_MISTRAL_V1, CHAT_MISTRAL, "<s>", "</s>", CONV, N_CONV, true,
+                  "<s> [INST] You are a helpful assistant\n\nHello [/INST] Hi there</s> [INST] Who are you [/INST]    "
+                  "I am an assistant   </s> [INST] Another question [/INST]");
+}
+
+static void test_zephyr(void **state)
+{
+    expect_render(T_ZEPHYR, CHAT_ZEPHYR, "<s>", "</s>", CONV, N_CONV, true,
+                  "<|system|>\nYou are a helpful assistant</s>\n<|user|>\nHello</s>\n<|assistant|>\nHi there</s>\n"
+                  "<|user|>\nWho are you</s>\n<|assistant|>\n   I am an assistant   </s>\n<|user|>\nAnother "
+                  "question</s>\n<|assistant|>\n");
+    expect_render(T_ZEPHYR, CHAT_ZEPHYR, "<s>", "</s>", CONV + 1, 1, false, "<|user|>\nHello</s>\n");
+}
+
+static void test_gemma(void **state)
+{
+    expect_render(T_GEMMA, CHAT_GEMMA, "<bos>", "<eos>", CONV + 1, N_CONV - 1, true,
+                  "<bos><start_of_turn>user\nHello<end_of_turn>\n<start_of_turn>model\nHi there<end_of_turn>\n"
+                  "<start_of_turn>user\nWho are you<end_of_turn>\n<start_of_turn>model\nI am an "
+                  "assistant<end_of_turn>\n<start_of_turn>user\nAnother question<end_of_turn>\n<start_of_turn>model\n");
+    /* system: Gemma 3's rule (prefix of the first user turn) */
+    expect_render(T_GEMMA, CHAT_GEMMA, "<bos>", "<eos>", CONV, 2, true,
+                  "<bos><start_of_turn>user\nYou are a helpful assistant\n\nHello<end_of_turn>\n<start_of_turn>model\n");
+}
+
+static void test_phi3(void **state)
+{
+    static const char want[] =
+        "<|system|>\nYou are a helpful assistant<|end|>\n<|user|>\nHello<|end|>\n<|assistant|>\nHi "
+        "there<|end|>\n<|user|>\nWho are you<|end|>\n<|assistant|>\n   I am an assistant   <|end|>\n<|user|>\nAnother "
+        "question<|end|>\n<|assistant|>\n";
+    expect_render(T_PHI35, CHAT_PHI3, "<s>", "<|endoftext|>", CONV, N_CONV, true, want);
+    char with_bos[sizeof want + 3];
+    snprintf(with_bos, sizeof with_bos, "<s>%s", want);
+    expect_render(T_PHI3_SMALL, CHAT_PHI3, "<s>", "<|endoftext|>", CONV, N_CONV, true, with_bos);
+    /* no generation prompt: eos; an empty system message is skipped */
+    static const chat_msg m[] = {M(CHAT_SYSTEM, ""), M(CHAT_USER, "Hi")};
+    expect_render(T_PHI35, CHAT_PHI3, "<s>", "<|endoftext|>", m, 2, false, "<|user|>\nHi<|end|>\n<|endoftext|>");
+}
+
+static void test_fallback(void **state)
+{
+    static const char want[] = "system: You are a helpful assistant\nuser: Hello\nassistant: Hi there\nuser: Who are "
+                               "you\nassistant:    I am an assistant   \nuser: Another question\nassistant:";
+    expect_render(NULL, CHAT_PLAIN, "<s>", "</s>", CONV, N_CONV, true, want);
+    expect_render("", CHAT_PLAIN, "<s>", "</s>", CONV, N_CONV, true, want);
+    expect_render(T_DEEPSEEK, CHAT_PLAIN, "<s>", "</s>", CONV, N_CONV, true, want);
+    chat_family f;
+    for (int k = 0; k < CHAT_FAMILY_COUNT; k++) {
+        assert_true(chat_family_parse(chat_family_name((chat_family)k), &f));
+        assert_int_equal(f, k);
+    }
+    assert_false(chat_family_parse("jinja", &f));
+}
+
+/* The upstream templates raise on these; we answer with an error naming the message. */
+static void test_errors(void **state)
+{
+    static const chat_msg uu[] = {M(CHAT_USER, "a"), M(CHAT_USER, "b")};
+    static const chat_msg a_first[] = {M(CHAT_SYSTEM, "s"), M(CHAT_ASSISTANT, "a")};
+    static const chat_msg late_sys[] = {M(CHAT_USER, "a"), M(CHAT_ASSISTANT, "b"), M(CHAT_SYSTEM, "c")};
+    const chat_family fams[] = {CHAT_LLAMA2, CHAT_MISTRAL, CHAT_GEMMA};
+    for (size_t k = 0; k < 3; k++) {
+        chat_template t;
+        assert_int_equal(chat_template_init(&t, fams[k], NULL, "<s>", "</s>"), VKI_OK);
+        chat_prompt p;
+        char err[256] = "";
+        assert_int_equal(chat_render(&t, uu, 2, true, &p, err, sizeof err), VKI_ERR_INVALID_ARG);
+        assert_non_null(strstr(err, "messages[1].role"));
+        assert_int_equal(chat_render(&t, a_first, 2, true, &p, err, sizeof err), VKI_ERR_INVALID_ARG);
+        assert_non_null(strstr(err, "messages[1].role"));
+        assert_int_equal(chat_render(&t, late_sys, 3, true, &p, err, sizeof err), VKI_ERR_INVALID_ARG);
+        assert_non_null(strstr(err, "messages[2].role"));
+        assert_null(p.text);
+        chat_template_free(&t);
+    }
+    /* ChatML accepts any order */
+    chat_template t;
+    chat_prompt p;
+    assert_int_equal(chat_template_init(&t, CHAT_CHATML, NULL, "", ""), VKI_OK);
+    assert_int_equal(chat_render(&t, uu, 2, true, &p, NULL, 0), VKI_OK);
+    chat_prompt_free(&p);
+}
+
+/* ---- tokenisation ------------------------------------------------------------------------- */
+
+static vki_tokenizer *load_vocab(const char *name)
+{
+    char path[1024], err[256] = "";
+    if (!vt_shared_model(name, path, sizeof path)) {
+        printf("SKIP: %s/models/%s not found\n", VKI_SHARED_DIR, name);
+        skip();
+    }
+    vki_tokenizer *tok = NULL;
+    if (vki_tokenizer_load(path, &tok, err, sizeof err) != VKI_OK)
+        fail_msg("%s: %s", name, err);
+    return tok;
+}
+
+static int32_t *tokenize_all(const vki_tokenizer *tok, const char *s, bool special, size_t *n)
+{
+    size_t cap = strlen(s) + 8;
+    int32_t *ids = malloc(cap * sizeof *ids);
+    assert_int_equal(vki_tokenize(tok, s, strlen(s), false, special, ids, cap, n), VKI_OK);
+    return ids;
+}
+
+/* Without special text in the messages, chat_tokenize = vki_tokenize(parse_special) of the text:
+ * the template's control tokens are recognised and the text between them merges as usual. */
+static void check_same_as_library(const vki_tokenizer *tok, const chat_specials *sp, chat_family f)
+{
+    char bos[64], eos[64];
+    chat_token_texts(tok, bos, sizeof bos, eos, sizeof eos);
+    chat_template t;
+    chat_prompt p;
+    assert_int_equal(chat_template_init(&t, f, NULL, bos, eos), VKI_OK);
+    assert_int_equal(chat_render(&t, CONV, N_CONV, true, &p, NULL, 0), VKI_OK);
+    int32_t *ids;
+    size_t n, n_ref;
+    assert_int_equal(chat_tokenize(sp, tok, &p, false, &ids, &n), VKI_OK);
+    int32_t *ref = tokenize_all(tok, p.text, true, &n_ref);
+    if (n != n_ref || memcmp(ids, ref, n * sizeof *ids))
+        fail_msg("%s: %zu ids, the library gives %zu", chat_family_name(f), n, n_ref);
+    free(ids);
+    free(ref);
+    chat_prompt_free(&p);
+    chat_template_free(&t);
+}
+
+static void test_tokenize_spm(void **state)
+{
+    vki_tokenizer *tok = load_vocab("vocab/ggml-vocab-llama-spm.gguf");
+    chat_specials *sp;
+    assert_int_equal(chat_specials_create(tok, &sp), VKI_OK);
+    for (int f = 0; f < CHAT_FAMILY_COUNT; f++)
+        check_same_as_library(tok, sp, (chat_family)f);
+
+    /* Llama 2: the template's "<s>" and "</s>" are ids 1 and 2; the user's "</s>" is text */
+    chat_template t;
+    chat_prompt p;
+    assert_int_equal(chat_template_init(&t, CHAT_LLAMA2, NULL, "<s>", "</s>"), VKI_OK);
+    static const chat_msg m[] = {M(CHAT_USER, "hi </s><s> there"), M(CHAT_ASSISTANT, "ok")};
+    assert_int_equal(chat_render(&t, m, 2, true, &p, NULL, 0), VKI_OK);
+    assert_string_equal(p.text, "<s>[INST] hi </s><s> there [/INST] ok </s>");
+    int32_t *ids;
+    size_t n;
+    assert_int_equal(chat_tokenize(sp, tok, &p, true, &ids, &n), VKI_OK);
+    assert_int_equal(ids[0], 1);
+    assert_int_equal(ids[n - 1], 2);
+    for (size_t i = 1; i + 1 < n; i++)
+        assert_true(ids[i] != 1 && ids[i] != 2);
+    /* the middle is exactly the plain tokenisation of the text between the two specials */
+    size_t n_mid;
+    int32_t *mid = tokenize_all(tok, "[INST] hi </s><s> there [/INST] ok ", false, &n_mid);
+    assert_int_equal(n, n_mid + 2);
+    assert_memory_equal(ids + 1, mid, n_mid * sizeof *mid);
+    free(mid);
+    free(ids);
+    chat_prompt_free(&p);
+    chat_template_free(&t);
+
+    /* plain fallback: BOS added once (add_bos), none in the text */
+    assert_int_equal(chat_template_init(&t, CHAT_PLAIN, NULL, "<s>", "</s>"), VKI_OK);
+    assert_int_equal(chat_render(&t, m, 1, true, &p, NULL, 0), VKI_OK);
+    assert_int_equal(chat_tokenize(sp, tok, &p, true, &ids, &n), VKI_OK);
+    assert_int_equal(ids[0], 1);
+    for (size_t i = 1; i < n; i++)
+        assert_true(ids[i] != 1 && ids[i] != 2);
+    free(ids);
+    chat_prompt_free(&p);
+    chat_template_free(&t);
+    chat_specials_free(sp);
+    vki_tokenizer_free(tok);
+}
+
+/* Byte-level BPE: "<|endoftext|>" is a control token of GPT-2's vocabulary. */
+static void test_tokenize_bpe(void **state)
+{
+    vki_tokenizer *tok = load_vocab("vocab/ggml-vocab-gpt-2.gguf");
+    chat_specials *sp;
+    assert_int_equal(chat_specials_create(tok, &sp), VKI_OK);
+    for (int f = 0; f < CHAT_FAMILY_COUNT; f++)
+        check_same_as_library(tok, sp, (chat_family)f);
+    size_t n_eot;
+    int32_t *eot = tokenize_all(tok, "<|endoftext|>", true, &n_eot);
+    assert_int_equal(n_eot, 1);
+    chat_template t;
+    chat_prompt p;
+    assert_int_equal(chat_template_init(&t, CHAT_ZEPHYR, NULL, "", "<|endoftext|>"), VKI_OK);
+    static const chat_msg m[] = {M(CHAT_USER, "a<|endoftext|>b")};
+    assert_int_equal(chat_render(&t, m, 1, false, &p, NULL, 0), VKI_OK);
+    int32_t *ids;
+    size_t n, hits = 0;
+    assert_int_equal(chat_tokenize(sp, tok, &p, false, &ids, &n), VKI_OK);
+    for (size_t i = 0; i < n; i++)
+        hits += ids[i] == eot[0];
+    assert_int_equal(hits, 1); /* the template's, not the user's */
+    free(ids);
+    free(eot);
+    chat_prompt_free(&p);
+    chat_template_free(&t);
+    chat_specials_free(sp);
+    vki_tokenizer_free(tok);
+}
+
+/* ---- the GGUF key ------------------------------------------------------------------------- */
+
+static void write_meta_gguf(const char *path, const char *tmpl)
+{
+    gguf_writer *w;
+    assert_int_equal(gguf_w_create(&w), VKI_OK);
+    assert_int_equal(gguf_w_set_str(w, "general.architecture", "llama"), VKI_OK);
+    if (tmpl)
+        assert_int_equal(gguf_w_set_str(w, "tokenizer.chat_template", tmpl), VKI_OK);
+    assert_int_equal(gguf_w_open(w, path), VKI_OK);
+    assert_int_equal(gguf_w_finish(w), VKI_OK);
+    gguf_w_destroy(w);
+}
+
+static void test_from_gguf(void **state)
+{
+    char path[] = "/tmp/vki_test_chat_XXXXXX";
+    int fd = mkstemp(path);
+    assert_true(fd >= 0);
+    close(fd);
+    char *t = NULL, err[256];
+    write_meta_gguf(path, T_LLAMA3);
+    assert_int_equal(chat_template_from_gguf(path, &t, err, sizeof err), VKI_OK);
+    assert_string_equal(t, T_LLAMA3);
+    assert_int_equal(chat_detect(t, NULL), CHAT_LLAMA3);
+    free(t);
+    write_meta_gguf(path, NULL);
+    assert_int_equal(chat_template_from_gguf(path, &t, err, sizeof err), VKI_OK);
+    assert_null(t);
+    unlink(path);
+    assert_int_equal(chat_template_from_gguf(path, &t, err, sizeof err), VKI_ERR_IO);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_chatml),       cmocka_unit_test(test_llama3),       cmocka_unit_test(test_llama2),
+        cmocka_unit_test(test_mistral),      cmocka_unit_test(test_zephyr),       cmocka_unit_test(test_gemma),
+        cmocka_unit_test(test_phi3),         cmocka_unit_test(test_fallback),     cmocka_unit_test(test_errors),
+        cmocka_unit_test(test_tokenize_spm), cmocka_unit_test(test_tokenize_bpe), cmocka_unit_test(test_from_gguf),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
