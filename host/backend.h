@@ -20,6 +20,9 @@ typedef struct bm_backend {
     vki_status (*step)(void *ctx, const vki_step_plan *plan, vki_step_out *outs);
     /* End-of-generation token (EOS/EOT from the model's metadata). */
     bool (*is_eog)(void *ctx, int32_t token);
+    /* Called once when the batch manager is destroyed (may be NULL): the executor may serve
+     * another manager afterwards. */
+    void (*detach)(void *ctx);
 } bm_backend;
 
 #endif

@@ -207,7 +207,7 @@ static vki_finish_reason apply_token(vki_batch_manager *bm, bm_req *q, const vki
     bool end = false;
     for (uint32_t i = 0; i < q->n_end_ids; i++)
         end |= q->end_ids[i] == tok;
-    if (!q->n_end_ids && bm->be.is_eog)
+    if (!q->n_end_ids && !q->ignore_eos && bm->be.is_eog)
         end = bm->be.is_eog(bm->be.ctx, tok);
     if (end)
         return VKI_FINISH_EOS;
@@ -231,7 +231,8 @@ static void run_step(vki_batch_manager *bm, const sched_tick *t, double *step_ms
         char msg[BM_MSG_CAP];
         snprintf(msg, sizeof msg, "engine step failed: %s", vki_status_str(st));
         for (uint32_t i = 0; i < n; i++)
-            finish(bm, reqs[i], VKI_FINISH_ERROR, msg);
+            if (reqs[i]) /* NULL: a STATIC padding member, owned by the scheduler */
+                finish(bm, reqs[i], VKI_FINISH_ERROR, msg);
         return;
     }
     sched_commit(bm->s, t, bm->outs);
@@ -431,6 +432,8 @@ vki_status vki_batch_manager_destroy(vki_batch_manager *bm, bool abort)
     pthread_join(bm->thread, NULL);
     pthread_cond_destroy(&bm->cv);
     pthread_mutex_destroy(&bm->mu);
+    if (bm->be.detach)
+        bm->be.detach(bm->be.ctx);
     bm_free(bm);
     return VKI_OK;
 }

@@ -34,6 +34,7 @@ typedef struct bm_req {
     vki_sampling_params sampling; /* .logit_bias points to bias */
     vki_logit_bias *bias;      /* [sampling.n_logit_bias] */
     bool streaming;
+    bool ignore_eos;           /* the model's end-of-generation ids do not end it */
     int32_t priority;
     bool want_lp;              /* logprobs or top_logprobs asked for */
     uint32_t n_top;

@@ -137,6 +137,7 @@ vki_status bm_req_copy(const vki_request *r, bm_req **out)
     q->n_stop_ids = r->stop_ids ? r->n_stop_ids : 0;
     q->sampling = r->sampling;
     q->streaming = r->streaming;
+    q->ignore_eos = r->ignore_eos;
     q->priority = r->priority;
     q->n_top = r->sampling.top_logprobs <= VKI_MAX_TOP_LOGPROBS ? r->sampling.top_logprobs : 0;
     q->want_lp = r->sampling.logprobs || q->n_top;

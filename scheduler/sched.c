@@ -282,14 +282,17 @@ vki_status sched_add(sched *s, const sched_add_args *a, sched_seq **out)
         return VKI_RETRY_QUEUE_FULL;
     uint32_t cap = a->n_prompt + a->max_new; /* <= max_ctx: no overflow */
     uint32_t need = blocks_for(s, cap - 1);
-    size_t bytes = sizeof(sched_seq) + (size_t)cap * sizeof(int32_t) + (size_t)need * sizeof(uint32_t);
+    /* STATIC pads members in place to the batch's longest: room for max_ctx up front */
+    uint32_t alloc_cap = s->p.policy == VKI_POLICY_STATIC ? s->p.max_ctx : cap;
+    uint32_t alloc_need = blocks_for(s, alloc_cap);
+    size_t bytes = sizeof(sched_seq) + (size_t)alloc_cap * sizeof(int32_t) + (size_t)alloc_need * sizeof(uint32_t);
     if (heap_reserve(s, s->n_heap + s->n_running + 1) != VKI_OK)
         return VKI_ERR_OUT_OF_HOST_MEMORY;
     sched_seq *q = calloc(1, bytes);
     if (!q)
         return VKI_ERR_OUT_OF_HOST_MEMORY;
     q->tokens = (int32_t *)(q + 1);
-    q->blocks = (uint32_t *)(q->tokens + cap);
+    q->blocks = (uint32_t *)(q->tokens + alloc_cap);
     memcpy(q->tokens, a->prompt, (size_t)a->n_prompt * sizeof(int32_t));
     q->user = a->user;
     q->priority = a->priority;
@@ -306,16 +309,36 @@ vki_status sched_add(sched *s, const sched_add_args *a, sched_seq **out)
     return VKI_OK;
 }
 
+/* STATIC: whether a running member other than q is still live (not a ghost). O(running). */
+static bool static_batch_live(const sched *s, const sched_seq *q)
+{
+    for (const sched_seq *r = s->run_head; r; r = r->run_next)
+        if (r != q && !r->ghost)
+            return true;
+    return false;
+}
+
 void sched_remove(sched *s, sched_seq *q)
 {
+    bool is_static = s->p.policy == VKI_POLICY_STATIC;
     if (q->state == SCHED_QUEUED) {
         heap_remove(s, q);
         if (q->paused)
             s->n_paused_waiting--;
+    } else if (is_static && static_batch_live(s, q)) {
+        q->ghost = true; /* keeps computing padding until the batch's last member leaves */
+        q->user = NULL;
+        return;
     } else {
         drop_running(s, q);
     }
     free(q);
+    if (is_static && s->run_head && !static_batch_live(s, NULL)) /* the batch ended: drop its ghosts */
+        while (s->run_head) {
+            sched_seq *g = s->run_head;
+            drop_running(s, g);
+            free(g);
+        }
 }
 
 /* ---- planning ----------------------------------------------------------------------------- */
@@ -329,10 +352,15 @@ static void budget_running(sched *s, uint32_t *tok, uint32_t *nseq)
     for (sched_seq *q = s->run_head; q; q = q->run_next) {
         q->n_new = 0;
         any_ctx |= in_context(q);
+        /* a ghost feeds a padding token (its last one repeated) while it has room */
+        if (q->ghost && q->n_computed == q->n_tokens && q->n_tokens < q->cap) {
+            q->tokens[q->n_tokens] = q->tokens[q->n_tokens - 1];
+            q->n_tokens++;
+        }
     }
     if (!(s->p.policy == VKI_POLICY_STATIC && any_ctx))
         for (sched_seq *q = s->run_head; q && *tok && *nseq; q = q->run_next)
-            if (!in_context(q) && !sched_seq_done(q)) {
+            if (!in_context(q) && (q->ghost ? q->n_computed < q->n_tokens : !sched_seq_done(q))) {
                 q->n_new = 1;
                 (*tok)--;
                 (*nseq)--;
@@ -379,8 +407,33 @@ static vki_status alloc_running(sched *s)
 typedef struct admit_state {
     uint32_t tok, nseq;
     uint32_t avail0;        /* STATIC: free + cached blocks when the batch opened */
-    uint32_t static_need;   /* STATIC: blocks of the longest member so far */
+    uint32_t max_prompt;    /* STATIC: longest prompt and max_new of the batch so far */
+    uint32_t max_new;
 } admit_state;
+
+/* STATIC: blocks a member padded to (longest prompt, longest max_new) may need. */
+static uint32_t static_padded_need(const sched *s, uint32_t max_prompt, uint32_t max_new)
+{
+    uint64_t cap = (uint64_t)max_prompt + max_new;
+    return blocks_for(s, (cap < s->p.max_ctx ? cap : s->p.max_ctx) - 1);
+}
+
+/* STATIC, once the batch is formed: every member's capacity and reservation padded to the
+ * batch's longest prompt + longest max_new (within max_ctx), so ghosts can keep decoding.
+ * The admission check already counted these blocks. O(members). */
+static void static_pad_batch(sched *s, const admit_state *a)
+{
+    uint64_t cap = (uint64_t)a->max_prompt + a->max_new;
+    uint32_t padded = (uint32_t)(cap < s->p.max_ctx ? cap : s->p.max_ctx);
+    for (sched_seq *q = s->run_head; q; q = q->run_next) {
+        if (padded <= q->cap)
+            continue;
+        uint32_t need = blocks_for(s, padded - 1);
+        s->reserved += need - q->need_total;
+        q->need_total = need;
+        q->cap = padded;
+    }
+}
 
 /* Whether q may start with `n` tokens after matching `m` cached blocks (`m_cached` of them with
  * ref 0, which taking removes from the allocatable pool). O(1). */
@@ -397,11 +450,13 @@ static bool admission_fits(const sched *s, const sched_seq *q, uint32_t m, uint3
     case VKI_POLICY_MAX_UTILIZATION:
         return n > 0 && (uint64_t)blocks_for(s, (uint64_t)m * s->p.block_size + n) - m + m_cached <= avail;
     case VKI_POLICY_STATIC: {
-        /* padded to the longest: every member may need as many blocks as the longest one */
-        uint32_t longest = q->need_total > a->static_need ? q->need_total : a->static_need;
-        if ((uint64_t)longest * (s->n_running + 1) > a->avail0)
+        /* padded to the longest: every member may run to the longest prompt + max_new */
+        uint32_t mp = q->n_prompt > a->max_prompt ? q->n_prompt : a->max_prompt;
+        uint32_t mn = q->max_new > a->max_new ? q->max_new : a->max_new;
+        if ((uint64_t)static_padded_need(s, mp, mn) * (s->n_running + 1) > a->avail0)
             return false;
-        a->static_need = longest;
+        a->max_prompt = mp;
+        a->max_new = mn;
         return true;
     }
     }
@@ -456,6 +511,8 @@ static vki_status admit_waiting(sched *s, admit_state *a, uint32_t *n_admitted)
         a->nseq -= n > 0;
         (*n_admitted)++;
     }
+    if (is_static && *n_admitted)
+        static_pad_batch(s, a);
     return VKI_OK;
 }
 
@@ -470,7 +527,7 @@ static void plan_entry(sched *s, sched_seq *q, uint32_t k)
         .tokens = q->tokens + q->n_computed,
         .n_pages = q->n_held,
         .pages = q->blocks,
-        .want_token = end == q->n_tokens,
+        .want_token = !q->ghost && end == q->n_tokens,
         .sampling = q->sampling,
         .seed = q->seed,
     };

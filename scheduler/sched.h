@@ -11,6 +11,10 @@
  *           whatever of its prefix is still cached) and its next sampled token is the next new
  *           one, so no output is lost or repeated;
  *   finished: the owner calls sched_remove (end id, length, cancel, error) in any state.
+ *   ghost   (STATIC only) a batch member removed while others of its batch still run: the
+ *           scheduler keeps its slot and blocks and decodes padding tokens for it (outputs
+ *           discarded, user NULL) until the batch's last live member is removed, because static
+ *           batching computes every member until the longest finishes. Owned by the scheduler.
  *
  * A tick: sched_plan() -> the engine runs tick.plan -> sched_commit(). Between the two nothing
  * else may be called. Cost of a tick: O(running + admitted + blocks allocated/sealed this tick
@@ -48,7 +52,8 @@ struct sched_seq {
     int32_t priority;
     uint64_t order;           /* arrival number: FIFO among equal priorities */
     uint32_t n_prompt, max_new;
-    uint32_t cap;             /* n_prompt + max_new: capacity of tokens */
+    uint32_t cap;             /* n_prompt + max_new (STATIC: padded to the batch's longest
+                                 prompt + max_new, capped at max_ctx): capacity of tokens */
     int32_t *tokens;          /* [cap] prompt, then generated tokens */
     uint32_t n_tokens;        /* prompt + generated so far */
     uint32_t n_computed;      /* the KV holds positions [0, n_computed) */
@@ -59,6 +64,7 @@ struct sched_seq {
     uint32_t need_total;      /* blocks it may need until it finishes: KV of cap - 1 tokens */
     uint32_t slot;            /* backend slot while RUNNING */
     uint32_t n_pauses;
+    bool ghost;               /* STATIC padding member (see above); user is NULL */
     const vki_sampling_params *sampling; /* owner's copy, or NULL (greedy) */
     uint64_t seed;
     /* private */
@@ -113,7 +119,9 @@ vki_status sched_validate(const sched *s, uint32_t n_prompt, uint32_t max_new, c
 vki_status sched_add(sched *s, const sched_add_args *a, sched_seq **out);
 
 /* Removes a sequence in any state, returning its blocks (full ones stay cached) and slot, and
- * frees it. Not between sched_plan and sched_commit. O(blocks held + log queue). */
+ * frees it — except a STATIC batch member while other members still run, which becomes a ghost
+ * (the owner must forget it either way). Not between sched_plan and sched_commit.
+ * O(blocks held + log queue; STATIC: + running). */
 void sched_remove(sched *s, sched_seq *q);
 
 /* Plans the next step. tick->plan.n_seqs == 0 when nothing can run. VKI_ERR_INTERNAL if an

@@ -160,9 +160,11 @@ static uint32_t drv_tick(drv *d)
     drv_check(d);
     if (!t->plan.n_seqs)
         return 0;
-    for (uint32_t i = 0; i < t->plan.n_seqs; i++) /* decode entries first */
+    for (uint32_t i = 0; i < t->plan.n_seqs; i++) { /* decode entries first; ghosts sample nothing */
         if (i < t->n_generation)
-            assert_true(t->plan.seqs[i].n_new == 1 && t->plan.seqs[i].want_token);
+            assert_true(t->plan.seqs[i].n_new == 1 && t->plan.seqs[i].want_token != t->seqs[i]->ghost);
+        assert_true(!t->seqs[i]->ghost || (!t->plan.seqs[i].want_token && !t->seqs[i]->user));
+    }
     if (d->check_lockstep)
         assert_true(t->n_context == 0 || t->n_generation == 0);
     uint32_t n = t->plan.n_seqs;
@@ -171,8 +173,12 @@ static uint32_t drv_tick(drv *d)
         char msg[256];
         if (fake_violations(d->f, msg, sizeof msg))
             fail_msg("fake engine: %s", msg);
+        dreq *failed[n];
+        for (uint32_t i = 0; i < n; i++) /* collected first: finishing may end a STATIC batch */
+            failed[i] = t->seqs[i]->user;
         for (uint32_t i = 0; i < n; i++) /* the plan's KV is undefined: fail them */
-            drv_finish(d, t->seqs[i]->user, FIN_ERROR);
+            if (failed[i])
+                drv_finish(d, failed[i], FIN_ERROR);
     } else {
         sched_commit(d->s, t, d->outs);
         sched_seq *sampled[n];
@@ -546,6 +552,40 @@ static void test_static_lockstep(void **state)
     drv_free(&d);
 }
 
+/* STATIC computes every member until the batch's longest finishes: a member that is done keeps
+ * decoding padding (a ghost: no token sampled, nothing delivered) and the next batch waits. */
+static void test_static_pads_to_longest(void **state)
+{
+    (void)state;
+    drv d;
+    drv_init(&d, params(VKI_POLICY_STATIC, 4, 256, 4), 4, 64, -1, 0);
+    int32_t t[40];
+    fill_tokens(t, 40, 3);
+    dreq *a = drv_add(&d, t, 6, 2), *b = drv_add(&d, t + 5, 6, 9);
+    drv_add(&d, t + 9, 6, 2);
+    drv_tick(&d); /* a, b, c prefill (c too: the batch takes every slot it can) */
+    uint32_t ghosts_seen = 0;
+    while (b->seq) {
+        drv_tick(&d);
+        const sched_tick *tk = &d.last;
+        if (!b->seq)
+            break;
+        /* every member of the batch is still computed, live or ghost */
+        assert_int_equal(tk->n_generation, 3);
+        for (uint32_t i = 0; i < tk->plan.n_seqs; i++)
+            ghosts_seen += tk->seqs[i]->ghost;
+        if (!a->seq) /* a finished: it got exactly its 2 tokens */
+            assert_int_equal(a->n_out, 2);
+    }
+    assert_true(ghosts_seen >= 2 * 6); /* a and c padded for b's remaining 7 steps */
+    drv_run(&d, 200);
+    drv_verify(&d);
+    sched_stats ss;
+    sched_get_stats(d.s, &ss);
+    assert_int_equal(ss.running, 0); /* the ghosts left with the batch */
+    drv_free(&d);
+}
+
 /* ---- block reuse --------------------------------------------------------------------------- */
 
 static void test_prefix_reuse(void **state)
@@ -817,6 +857,7 @@ int main(void)
         cmocka_unit_test(test_max_util_pause_resume),
         cmocka_unit_test(test_static_batches),
         cmocka_unit_test(test_static_lockstep),
+        cmocka_unit_test(test_static_pads_to_longest),
         cmocka_unit_test(test_prefix_reuse),
         cmocka_unit_test(test_concurrent_same_prefix),
         cmocka_unit_test(test_reuse_disabled),
