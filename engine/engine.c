@@ -38,7 +38,7 @@ static vki_status create_scratch(vk_engine *e)
     VkDeviceSize T = e->p.max_tokens, R = e->max_out;
     VkDeviceSize qd = (VkDeviceSize)hp->n_head * hp->head_dim, kvd = (VkDeviceSize)hp->n_head_kv * hp->head_dim;
     vk_scratch *s = &e->s;
-    uint32_t slots = op_attn_max_items(&e->attn, e->p.max_seqs, e->p.max_tokens);
+    uint32_t slots = e->in.max_items; /* partial slots <= items */
     vki_status st;
     if ((st = make_buf(e, T * hp->d_model * 4, "act x", &s->x)) || (st = make_buf(e, T * hp->d_model * 4, "act h", &s->h)) ||
         (st = make_buf(e, T * qd * 4, "act q", &s->q)) || (st = make_buf(e, T * kvd * 4, "act k", &s->k)) ||
@@ -85,7 +85,7 @@ static vki_status size_inputs(vk_engine *e, uint64_t pages)
     in->off_tokens = o, o = align_up(o + T * 4, a);
     in->off_pos = o, o = align_up(o + T * 4, a);
     in->off_seq = o, o = align_up(o + T * 4, a);
-    in->off_info = o, o = align_up(o + (VkDeviceSize)e->p.max_seqs * sizeof(vki_seq_info), a);
+    in->off_info = o, o = align_up(o + (VkDeviceSize)in->max_info * sizeof(vki_seq_info), a);
     in->off_items = o, o = align_up(o + (VkDeviceSize)in->max_items * sizeof(vki_attn_item), a);
     in->off_rows = o, o = align_up(o + (VkDeviceSize)e->max_out * 4, a);
     in->off_pages = o, o = align_up(o + (pages ? pages : 1) * 4, a);
@@ -225,9 +225,18 @@ vki_status vk_engine_create(vkd_device *d, const gguf_file *f, const model_hpara
         st = vk_model_load(d, f, hp, t, e->p.progress, &e->model);
     if (st == VKI_OK)
         st = prepare_pipelines(e);
-    if (st == VKI_OK) {
+    if (st == VKI_OK && e->p.batch_invariant) {
+        /* one attention entry per token, splits of a fixed length: items never overflow, so the
+         * planner never lengthens the splits (which would change the reduction order) */
+        e->attn.split_keys = 2 * e->attn.min_split;
+        e->in.max_info = e->p.max_tokens;
+        e->in.max_items = e->p.max_tokens * ((e->max_ctx + e->attn.split_keys - 1) / e->attn.split_keys + 2);
+    } else if (st == VKI_OK) {
+        e->in.max_info = e->p.max_seqs;
         e->in.max_items = op_attn_max_items(&e->attn, e->p.max_seqs, e->p.max_tokens);
-        e->in.info = calloc(e->p.max_seqs, sizeof *e->in.info);
+    }
+    if (st == VKI_OK) {
+        e->in.info = calloc(e->in.max_info, sizeof *e->in.info);
         e->in.items = calloc(e->in.max_items, sizeof *e->in.items);
         st = e->in.info && e->in.items ? VKI_OK : VKI_ERR_OUT_OF_HOST_MEMORY;
     }
@@ -331,14 +340,18 @@ static vki_status pack_inputs(vk_engine *e, const vki_step_plan *plan, uint64_t 
     uint32_t *pos = (uint32_t *)(base + in->off_pos), *seq = (uint32_t *)(base + in->off_seq);
     uint32_t *pt = (uint32_t *)(base + in->off_pages);
     uint32_t row = 0, pto = 0, n_out = 0;
+    bool inv = e->p.batch_invariant;
     for (uint32_t i = 0; i < plan->n_seqs; i++) {
         const vki_step_seq *s = &plan->seqs[i];
         uint32_t need = (s->pos0 + s->n_new + e->p.page_size - 1) / e->p.page_size;
-        in->info[i] = (vki_seq_info){.row0 = row, .n_new = s->n_new, .n_ctx = s->pos0 + s->n_new, .pt_off = pto};
+        if (!inv)
+            in->info[i] = (vki_seq_info){.row0 = row, .n_new = s->n_new, .n_ctx = s->pos0 + s->n_new, .pt_off = pto};
         for (uint32_t j = 0; j < s->n_new; j++) {
             tok[row + j] = s->tokens[j];
             pos[row + j] = s->pos0 + j;
-            seq[row + j] = i;
+            seq[row + j] = inv ? row + j : i;
+            if (inv) /* every query token its own one-token "sequence" over its causal prefix */
+                in->info[row + j] = (vki_seq_info){.row0 = row + j, .n_new = 1, .n_ctx = s->pos0 + j + 1, .pt_off = pto};
         }
         memcpy(pt + pto, s->pages, need * sizeof *pt);
         if (s->want_token)
@@ -346,8 +359,9 @@ static vki_status pack_inputs(vk_engine *e, const vki_step_plan *plan, uint64_t 
         row += s->n_new;
         pto += need;
     }
-    memcpy(base + in->off_info, in->info, plan->n_seqs * sizeof *in->info);
-    st = op_attn_plan_build(&e->attn, in->info, plan->n_seqs, in->items, in->max_items, ap);
+    in->n_info = inv ? row : plan->n_seqs;
+    memcpy(base + in->off_info, in->info, in->n_info * sizeof *in->info);
+    st = op_attn_plan_build(&e->attn, in->info, in->n_info, in->items, in->max_items, ap);
     if (st == VKI_OK)
         memcpy(base + in->off_items, in->items, (size_t)ap->n_items * sizeof *in->items);
     in->used = in->off_pages + (VkDeviceSize)pto * 4;

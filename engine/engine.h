@@ -20,6 +20,12 @@ typedef struct vk_engine_params {
     uint32_t max_ctx;       /* longest sequence; 0: the model's context length */
     bool progress;          /* progress bar on stderr while loading weights */
     uint32_t profile_dispatches; /* > 0: GPU timestamps for up to this many dispatches per step */
+    /* Bitwise batch invariance: a sequence's logits do not depend on what else is in the step,
+     * on how its prompt was chunked, or on a pause and recompute. Costs prefill speed: every
+     * matmul takes the matrix-vector kernel (one fixed reduction order per row, weights re-read
+     * per 8 rows) and every query token is attended on its own with a split length fixed per
+     * engine (the decode kernel; no tiled prefill). */
+    bool batch_invariant;
 } vk_engine_params;
 
 vk_engine_params vk_engine_default_params(void);
@@ -45,7 +51,10 @@ typedef struct vk_step_inputs {
     VkDeviceSize cap;       /* bytes of each buffer */
     VkDeviceSize off_tokens, off_pos, off_seq, off_info, off_pages, off_items, off_rows, used;
     /* host-side staging of the arrays before the copy into `host` */
-    vki_seq_info *info;     /* [max_seqs] */
+    vki_seq_info *info;     /* [max_info] attention sequences: the plan's, or one per token when
+                               batch invariant */
+    uint32_t max_info;
+    uint32_t n_info;        /* entries of the current step */
     vki_attn_item *items;   /* [max_items] */
     uint32_t max_items;
 } vk_step_inputs;

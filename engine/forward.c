@@ -30,6 +30,15 @@ static vkd_view in_view(const vk_engine *e, VkDeviceSize off, VkDeviceSize bytes
     return (vkd_view){e->in.dev, off, bytes ? bytes : 4};
 }
 
+/* Every matmul of the forward pass: batch-invariant engines use the matrix-vector kernel for
+ * any number of rows (its per-row arithmetic does not depend on the other rows). */
+static vki_status mm(vk_engine *e, const vk_tensor *w, const vkd_view *bias, vkd_view x, uint32_t x_stride,
+                     vkd_view y, uint32_t y_stride, uint32_t M)
+{
+    return op_matmul_path(&e->cmd, w, bias, x, x_stride, y, y_stride, M,
+                          e->p.batch_invariant ? OP_MM_GEMV : OP_MM_AUTO);
+}
+
 static const vkd_view *bias_view(const vk_tensor *b, vkd_view *tmp)
 {
     if (!b->n_parts)
@@ -49,9 +58,9 @@ static vki_status record_attention_block(vk_engine *e, uint32_t il, uint32_t T, 
     TRY(op_rmsnorm(c, op_mat_rows(s->x, d), vkd_whole(L->attn_norm.parts[0].buf), op_mat_rows(s->h, d), T, d,
                    hp->rms_eps));
     vkd_barrier(c);
-    TRY(op_matmul(c, &L->wq, bias_view(&L->bq, &b), vkd_whole(s->h), d, vkd_whole(s->q), qd, T));
-    TRY(op_matmul(c, &L->wk, bias_view(&L->bk, &b), vkd_whole(s->h), d, vkd_whole(s->k), kvd, T));
-    TRY(op_matmul(c, &L->wv, bias_view(&L->bv, &b), vkd_whole(s->h), d, vkd_whole(s->v), kvd, T));
+    TRY(mm(e, &L->wq, bias_view(&L->bq, &b), vkd_whole(s->h), d, vkd_whole(s->q), qd, T));
+    TRY(mm(e, &L->wk, bias_view(&L->bk, &b), vkd_whole(s->h), d, vkd_whole(s->k), kvd, T));
+    TRY(mm(e, &L->wv, bias_view(&L->bv, &b), vkd_whole(s->h), d, vkd_whole(s->v), kvd, T));
     vkd_barrier(c);
     op_rope_p rq = {.n_tokens = T, .n_heads = hp->n_head, .head_dim = hp->head_dim, .n_rot = hp->n_rot,
                     .neox = hp->rope_neox};
@@ -66,7 +75,7 @@ static vki_status record_attention_block(vk_engine *e, uint32_t il, uint32_t T, 
     TRY(op_attention(c, &e->attn, ast, op_mat_rows(s->q, qd), op_mat_rows(s->att, qd), vkd_whole(e->k_pool[il]),
                      vkd_whole(e->v_pool[il]), vkd_whole(s->attn_tmp)));
     vkd_barrier(c);
-    TRY(op_matmul(c, &L->wo, NULL, vkd_whole(s->att), qd, vkd_whole(s->h), d, T));
+    TRY(mm(e, &L->wo, NULL, vkd_whole(s->att), qd, vkd_whole(s->h), d, T));
     vkd_barrier(c);
     TRY(op_add(c, vkd_whole(s->x), vkd_whole(s->h), vkd_whole(s->x), T * d));
     vkd_barrier(c);
@@ -83,12 +92,12 @@ static vki_status record_ffn_block(vk_engine *e, uint32_t il, uint32_t T)
     TRY(op_rmsnorm(c, op_mat_rows(s->x, d), vkd_whole(L->ffn_norm.parts[0].buf), op_mat_rows(s->h, d), T, d,
                    hp->rms_eps));
     vkd_barrier(c);
-    TRY(op_matmul(c, &L->w_gate, NULL, vkd_whole(s->h), d, vkd_whole(s->g), ff, T));
-    TRY(op_matmul(c, &L->w_up, NULL, vkd_whole(s->h), d, vkd_whole(s->u), ff, T));
+    TRY(mm(e, &L->w_gate, NULL, vkd_whole(s->h), d, vkd_whole(s->g), ff, T));
+    TRY(mm(e, &L->w_up, NULL, vkd_whole(s->h), d, vkd_whole(s->u), ff, T));
     vkd_barrier(c);
     TRY(op_swiglu(c, op_mat_rows(s->g, ff), op_mat_rows(s->u, ff), op_mat_rows(s->g, ff), T, ff));
     vkd_barrier(c);
-    TRY(op_matmul(c, &L->w_down, NULL, vkd_whole(s->g), ff, vkd_whole(s->h), d, T));
+    TRY(mm(e, &L->w_down, NULL, vkd_whole(s->g), ff, vkd_whole(s->h), d, T));
     vkd_barrier(c);
     TRY(op_add(c, vkd_whole(s->x), vkd_whole(s->h), vkd_whole(s->x), T * d));
     vkd_barrier(c);
@@ -105,7 +114,7 @@ vki_status vk_forward_record(vk_engine *e, const vki_step_plan *plan, uint32_t n
     op_attn_step ast = {
         .tok_pos = in_view(e, in->off_pos, (VkDeviceSize)T * 4),
         .tok_seq = in_view(e, in->off_seq, (VkDeviceSize)T * 4),
-        .seq_info = in_view(e, in->off_info, (VkDeviceSize)plan->n_seqs * sizeof(vki_seq_info)),
+        .seq_info = in_view(e, in->off_info, (VkDeviceSize)in->n_info * sizeof(vki_seq_info)),
         .page_table = in_view(e, in->off_pages, in->used - in->off_pages),
         .items = in_view(e, in->off_items, (VkDeviceSize)e->attn_plan.n_items * sizeof(vki_attn_item)),
         .plan = &e->attn_plan};
@@ -132,7 +141,7 @@ vki_status vk_forward_record(vk_engine *e, const vki_step_plan *plan, uint32_t n
     TRY(op_rmsnorm(c, op_mat_rows(s->xs, d), vkd_whole(e->model.output_norm.parts[0].buf), op_mat_rows(s->xs, d),
                    n_out, d, hp->rms_eps));
     vkd_barrier(c);
-    TRY(op_matmul(c, vk_model_lm_head(&e->model), NULL, vkd_whole(s->xs), d, vkd_whole(s->logits),
+    TRY(mm(e, vk_model_lm_head(&e->model), NULL, vkd_whole(s->xs), d, vkd_whole(s->logits),
                   vk_engine_logits_stride(e), n_out));
     vkd_label_end(c);
     return VKI_OK;

@@ -60,6 +60,10 @@ int cli_engine_opt(int argc, char **argv, int *i, cli_engine_opts *o)
         o->p.device.validation = true;
         return 1;
     }
+    if (!strcmp(a, "--batch-invariant")) {
+        o->p.batch_invariant = true;
+        return 1;
+    }
     if (!strcmp(a, "--no-progress")) {
         o->p.progress = false;
         return 1;
@@ -125,6 +129,8 @@ void cli_engine_opts_help(FILE *f)
             "  --max-seqs N            sequences holding KV at once (256)\n"
             "  --max-tokens N          new tokens per step (2048)\n"
             "  --ctx N                 longest sequence (default: the model's context length)\n"
+            "  --batch-invariant       a request's tokens do not depend on the rest of the batch\n"
+            "                          (bitwise; slower prefill)\n"
             "  --no-progress           no loading progress bar\n"
             "  -v, --verbose           more log output (twice: debug)\n");
 }

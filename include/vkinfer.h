@@ -433,6 +433,11 @@ typedef struct vki_engine_params {
     uint32_t max_tokens;            /* new tokens per step (activation scratch rows). 2048 */
     uint32_t max_ctx;               /* longest sequence; 0 = the model's context length */
     bool progress;                  /* progress bar on stderr while uploading weights. false */
+    /* Bitwise batch invariance: a request's logits (and so its tokens, greedy or seeded) do not
+     * depend on the other requests in a step, on how its prompt is chunked, or on a pause and
+     * recompute. Costs prefill throughput (matrix-vector kernels for every matmul, attention one
+     * query at a time). false */
+    bool batch_invariant;
 } vki_engine_params;
 
 vki_engine_params vki_engine_default_params(void);

@@ -34,7 +34,8 @@ typedef struct fixture {
     uint32_t n_vocab;
 } fixture;
 
-static void fixture_open(vt_gpu *g, const char *path, uint32_t kv_type, uint32_t max_tokens, fixture *fx)
+static void fixture_open_ex(vt_gpu *g, const char *path, uint32_t kv_type, uint32_t max_tokens, bool invariant,
+                            fixture *fx)
 {
     memset(fx, 0, sizeof *fx);
     fx->g = g;
@@ -47,6 +48,7 @@ static void fixture_open(vt_gpu *g, const char *path, uint32_t kv_type, uint32_t
     p.kv_tokens = 8 * PAGES_PER_SEQ * 16; /* every slot its own PAGES_PER_SEQ pages */
     p.max_seqs = 8;
     p.max_tokens = max_tokens;
+    p.batch_invariant = invariant;
     vki_status st = vk_engine_create(g->dev, fx->f, &fx->hp, &fx->t, &p, &fx->e);
     if (st != VKI_OK)
         fail_msg("vk_engine_create(%s): %s", path, vki_status_str(st));
@@ -54,6 +56,11 @@ static void fixture_open(vt_gpu *g, const char *path, uint32_t kv_type, uint32_t
     if (st != VKI_OK)
         fail_msg("ref_model_load: %s", err);
     fx->n_vocab = fx->hp.n_vocab;
+}
+
+static void fixture_open(vt_gpu *g, const char *path, uint32_t kv_type, uint32_t max_tokens, fixture *fx)
+{
+    fixture_open_ex(g, path, kv_type, max_tokens, false, fx);
 }
 
 static void fixture_close(fixture *fx)
@@ -407,6 +414,82 @@ static void test_long_context(void **state)
     vt_assert_clean(g);
 }
 
+/* Batch-invariant engines: a sequence's logits are bitwise the same decoded alone, prefilled in
+ * chunks inside a ragged batch next to other sequences, and recomputed in one prefill after a
+ * "pause" (what MAX_UTILIZATION does). */
+static void invariance_case(vt_gpu *g, const char *path, uint32_t kv_type, const char *label)
+{
+    fixture fx;
+    fixture_open_ex(g, path, kv_type, 128, true, &fx);
+    vt_rng r = {99};
+    enum { NP = 37, ND = 6 };
+    int32_t prompt[NP], other[50];
+    random_prompt(&r, prompt, NP, fx.n_vocab);
+    random_prompt(&r, other, 50, fx.n_vocab);
+    size_t V = fx.n_vocab;
+    float *alone = malloc((ND + 1) * V * sizeof(float)), *got = malloc(V * sizeof(float));
+    /* A: alone, whole prompt then decode */
+    tseq a;
+    tseq_init(&a, 0, prompt, NP, NP + ND + 2);
+    tseq *pa = &a;
+    float *lg[2];
+    uint32_t n_new = NP;
+    lg[0] = alone;
+    step(&fx, &pa, &n_new, 1, lg);
+    for (int i = 1; i <= ND; i++) {
+        n_new = 1;
+        lg[0] = alone + i * V;
+        step(&fx, &pa, &n_new, 1, lg);
+    }
+    /* B: chunks of 5 while another sequence prefills then decodes in the same steps */
+    tseq b, o;
+    tseq_init(&b, 1, prompt, NP, NP + ND + 2);
+    tseq_init(&o, 2, other, 50, 80);
+    tseq *pb[2] = {&b, &o};
+    int k = 0;
+    while (k <= ND) {
+        uint32_t nn[2] = {b.done < NP ? (NP - b.done < 5 ? NP - b.done : 5) : 1,
+                          o.done < 50 ? (50 - o.done < 9 ? 50 - o.done : 9) : 1};
+        float *l2[2] = {got, NULL};
+        step(&fx, pb, nn, 2, l2);
+        if (b.done == b.n - 1) { /* b produced a token this step */
+            if (memcmp(got, alone + k * V, V * sizeof(float)))
+                fail_msg("%s: logits at decode step %d differ in a ragged batch (NMSE %.3g)", label, k,
+                         vt_nmse(got, alone + k * V, V));
+            k++;
+        }
+    }
+    assert_memory_equal(a.tok, b.tok, (NP + ND + 1) * sizeof(int32_t));
+    /* C: "resumed": prompt + generated tokens recomputed in one prefill */
+    tseq c;
+    tseq_init(&c, 3, a.tok, NP + ND, NP + ND + 2);
+    tseq *pc = &c;
+    n_new = NP + ND;
+    lg[0] = got;
+    step(&fx, &pc, &n_new, 1, lg);
+    if (memcmp(got, alone + ND * V, V * sizeof(float)))
+        fail_msg("%s: recomputed logits differ (NMSE %.3g)", label, vt_nmse(got, alone + ND * V, V));
+    fprintf(stderr, "  %-34s bitwise equal alone / ragged chunks / recomputed\n", label);
+    free(a.tok); free(b.tok); free(o.tok); free(c.tok);
+    free(alone);
+    free(got);
+    fixture_close(&fx);
+}
+
+static void test_batch_invariant_mode(void **state)
+{
+    vt_gpu *g = vt_gpu_get(state);
+    char path[512];
+    if (vt_shared_model("stories260K.gguf", path, sizeof path))
+        invariance_case(g, path, VKI_GGML_F16, "stories260K f16 kv");
+    const shape_case *c = &SHAPES[6]; /* Q4_K_M */
+    char syn[256];
+    write_model(c, syn, sizeof syn);
+    invariance_case(g, syn, VKI_GGML_F16, "synthetic q4_k_m f16 kv");
+    unlink(syn);
+    vt_assert_clean(g);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -417,6 +500,7 @@ int main(void)
         cmocka_unit_test(test_chunked_prefill_equals_whole),
         cmocka_unit_test(test_ragged_batch),
         cmocka_unit_test(test_long_context),
+        cmocka_unit_test(test_batch_invariant_mode),
     };
     return cmocka_run_group_tests(tests, vt_gpu_setup, vt_gpu_teardown);
 }
