@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "engine/sample_ref.h"
 #include "host/batch.h"
 
 vki_batch_params vki_batch_default_params(void)
@@ -46,43 +47,15 @@ static bool ids_ok(const int32_t *ids, uint32_t n, uint32_t vocab, const char *f
     return true;
 }
 
+/* The sampler's own check (one definition of valid parameters), its message prefixed with the
+ * request field: "sampling.top_p must be in (0, 1], got 1.5". */
 static bool sampling_ok(const vki_sampling_params *s, uint32_t vocab, char *msg, size_t cap)
 {
-    const char *bad = NULL;
-    if (!isfinite(s->temperature) || s->temperature < 0)
-        bad = "sampling.temperature: must be finite and >= 0";
-    else if (s->top_k < 0)
-        bad = "sampling.top_k: must be >= 0";
-    else if (!(s->top_p > 0 && s->top_p <= 1))
-        bad = "sampling.top_p: must be in (0, 1]";
-    else if (!(s->min_p >= 0 && s->min_p <= 1))
-        bad = "sampling.min_p: must be in [0, 1]";
-    else if (!isfinite(s->repetition_penalty) || s->repetition_penalty <= 0)
-        bad = "sampling.repetition_penalty: must be finite and > 0";
-    else if (!(s->presence_penalty >= -2 && s->presence_penalty <= 2))
-        bad = "sampling.presence_penalty: must be in [-2, 2]";
-    else if (!(s->frequency_penalty >= -2 && s->frequency_penalty <= 2))
-        bad = "sampling.frequency_penalty: must be in [-2, 2]";
-    else if (s->top_logprobs > VKI_MAX_TOP_LOGPROBS)
-        bad = "sampling.top_logprobs: must be <= 20";
-    else if (s->n_logit_bias && !s->logit_bias)
-        bad = "sampling.logit_bias: NULL with n_logit_bias > 0";
-    if (bad) {
-        snprintf(msg, cap, "%s", bad);
-        return false;
-    }
-    for (uint32_t i = 0; i < s->n_logit_bias; i++) {
-        const vki_logit_bias *b = &s->logit_bias[i];
-        if (b->token < 0 || (uint32_t)b->token >= vocab) {
-            snprintf(msg, cap, "sampling.logit_bias[%u].token: %d outside the vocabulary [0, %u)", i, b->token, vocab);
-            return false;
-        }
-        if (isnan(b->bias) || b->bias == INFINITY) { /* -INFINITY bans the token */
-            snprintf(msg, cap, "sampling.logit_bias[%u].bias: must be a number or -INFINITY", i);
-            return false;
-        }
-    }
-    return true;
+    char why[160];
+    if (sample_params_check(s, vocab, why, sizeof why) == VKI_OK)
+        return true;
+    snprintf(msg, cap, "sampling.%s", why);
+    return false;
 }
 
 /* Everything about a request that can be checked without the scheduler's state. Reads only the
