@@ -375,6 +375,47 @@ static double now_ms(void)
     return t.tv_sec * 1e3 + t.tv_nsec * 1e-6;
 }
 
+/* Requests with a logits post-processor: read their rows back, let the hook modify them, sample
+ * on the host with the GPU sampler's semantics (the GPU's token for that row is replaced). The
+ * only place logits rows leave the device; O(n_vocab log n_vocab) per such row when a cut is
+ * active. */
+static vki_status host_round_trips(vk_engine *e, const vki_step_plan *plan, vki_step_out *outs)
+{
+    uint32_t V = e->model.hp.n_vocab, w = 0;
+    float *row = NULL;
+    vki_status st = VKI_OK;
+    for (uint32_t i = 0; i < plan->n_seqs && st == VKI_OK; i++) {
+        const vki_step_seq *s = &plan->seqs[i];
+        if (!s->want_token)
+            continue;
+        uint32_t k = w++;
+        if (!s->logits_hook)
+            continue;
+        if (!row && !(row = malloc((size_t)V * sizeof *row)))
+            return VKI_ERR_OUT_OF_HOST_MEMORY;
+        st = vkd_download(e->dev, e->s.logits, (VkDeviceSize)k * vk_engine_logits_stride(e) * 4, row, (size_t)V * 4);
+        if (st != VKI_OK)
+            break;
+        s->logits_hook(s->logits_hook_ctx, row, V);
+        sample_req req = {.params = s->sampling, .seed = s->seed, .position = s->pos0 + s->n_new,
+                          .history = s->history, .n_history = s->n_history};
+        vki_sample_out o;
+        char err[160];
+        st = sample_ref_sample(row, V, &req, &o, err, sizeof err);
+        if (st != VKI_OK) {
+            vkd_log(e->dev, VKI_LOG_ERROR, "host sampling after a logits post-processor: %s", err);
+            break;
+        }
+        outs[k].token = o.token;
+        outs[k].logprob = o.logprob;
+        outs[k].n_top = o.n_top;
+        memcpy(outs[k].top_tokens, o.top_tokens, o.n_top * sizeof *o.top_tokens);
+        memcpy(outs[k].top_logprobs, o.top_logprobs, o.n_top * sizeof *o.top_logprobs);
+    }
+    free(row);
+    return st;
+}
+
 vki_status vk_engine_step(vk_engine *e, const vki_step_plan *plan, vki_step_out *outs, float *logits)
 {
     double t0 = now_ms();
@@ -411,6 +452,8 @@ vki_status vk_engine_step(vk_engine *e, const vki_step_plan *plan, vki_step_out 
         return st;
     if (n_out)
         op_sampler_read_plan(e->sampler, plan, outs);
+    if (n_out && (st = host_round_trips(e, plan, outs)) != VKI_OK)
+        return st;
     for (uint32_t i = 0; logits && i < n_out; i++) {
         st = vkd_download(e->dev, e->s.logits, (VkDeviceSize)i * vk_engine_logits_stride(e) * 4,
                           logits + (size_t)i * e->model.hp.n_vocab, (size_t)e->model.hp.n_vocab * 4);

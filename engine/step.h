@@ -24,6 +24,13 @@ typedef struct vki_step_seq {
     const int32_t *history;   /* [n_history] the sequence's tokens before pos0 + n_new that the
                                  penalties look at (the last `window` tokens), may be NULL */
     uint32_t n_history;
+    /* Host round trip for a logits post-processor: when set (and want_token), the engine reads
+     * this sequence's logits row back after the step, calls logits_hook(logits_hook_ctx, row,
+     * n_vocab) on its own thread (the hook may modify the row), and samples the modified row on
+     * the host with the GPU sampler's semantics (engine/sample_ref.h). NULL: the row never
+     * leaves the GPU. */
+    void (*logits_hook)(void *ctx, float *logits, uint32_t n_vocab);
+    void *logits_hook_ctx;
 } vki_step_seq;
 
 typedef struct vki_step_plan {

@@ -86,6 +86,14 @@ static void refuse(bm_req *q, const char *error)
 /* ---- intake ------------------------------------------------------------------------------- */
 
 /* Hands an accepted request to the scheduler (worker thread). */
+/* The engine calls this (on the worker thread, inside the step) for a request with a logits
+ * post-processor: the user's function sees the request id and the tokens so far. */
+static void processor_hook(void *ctx, float *logits, uint32_t n_vocab)
+{
+    const bm_req *q = ctx;
+    q->processor(q->processor_user, q->id, logits, n_vocab, q->seq->tokens, q->seq->n_tokens);
+}
+
 static void enter_scheduler(vki_batch_manager *bm, bm_req *q)
 {
     vki_status st = VKI_OK;
@@ -99,7 +107,8 @@ static void enter_scheduler(vki_batch_manager *bm, bm_req *q)
             st = VKI_ERR_OUT_OF_HOST_MEMORY;
     }
     sched_add_args a = {.prompt = q->prompt, .n_prompt = q->n_prompt, .max_new = q->max_new, .priority = q->priority,
-                        .sampling = &q->sampling, .seed = q->seed, .user = q};
+                        .sampling = &q->sampling, .seed = q->seed, .user = q,
+                        .logits_hook = q->processor ? processor_hook : NULL, .logits_hook_ctx = q};
     if (st == VKI_OK)
         st = sched_add(bm->s, &a, &q->seq);
     if (st != VKI_OK) {

@@ -39,6 +39,8 @@ typedef struct bm_req {
     bool want_lp;              /* logprobs or top_logprobs asked for */
     uint32_t n_top;
     uint64_t seed;             /* resolved */
+    vki_logits_fn processor;   /* logits post-processor or NULL */
+    void *processor_user;
     vki_response_fn respond;   /* push: the submitter's callback; else cb->send_response */
     void *respond_user;
     char error[BM_MSG_CAP];    /* non-empty: refused at intake with this message */

@@ -111,6 +111,8 @@ vki_status bm_req_copy(const vki_request *r, bm_req **out)
     q->sampling = r->sampling;
     q->streaming = r->streaming;
     q->ignore_eos = r->ignore_eos;
+    q->processor = r->logits_processor;
+    q->processor_user = r->logits_processor_user;
     q->priority = r->priority;
     q->n_top = r->sampling.top_logprobs <= VKI_MAX_TOP_LOGPROBS ? r->sampling.top_logprobs : 0;
     q->want_lp = r->sampling.logprobs || q->n_top;

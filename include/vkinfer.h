@@ -250,6 +250,14 @@ typedef enum vki_finish_reason {
     VKI_FINISH_ERROR = 5,           /* refused or failed; vki_response.error says why */
 } vki_finish_reason;
 
+/* A logits post-processor (TensorRT-LLM's logitsPostProcessor): called on the batch manager's
+ * worker thread with the raw logits of each position the request samples ([n_vocab]) and the
+ * tokens so far (prompt + generated); it may modify the logits, which are then sampled with the
+ * request's parameters (logprobs are taken from the modified logits). Only requests that have
+ * one copy logits rows to the host. */
+typedef void (*vki_logits_fn)(void *user, uint64_t request_id, float *logits, uint32_t n_vocab,
+                              const int32_t *tokens, uint32_t n_tokens);
+
 /* One generation request. Every pointer is copied at submission; the caller keeps ownership. */
 typedef struct vki_request {
     uint64_t id;                    /* caller's id; must not be in flight (reusable after its
@@ -267,6 +275,8 @@ typedef struct vki_request {
     vki_sampling_params sampling;   /* start from vki_sampling_default_params() */
     bool streaming;                 /* one response per new token, else one final response */
     int32_t priority;               /* higher runs first; FIFO among equals. 0 */
+    vki_logits_fn logits_processor; /* NULL: sampling stays on the GPU */
+    void *logits_processor_user;
 } vki_request;
 
 /* What a response callback receives. Pointers are valid only during the callback. The ending

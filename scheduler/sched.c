@@ -304,6 +304,8 @@ vki_status sched_add(sched *s, const sched_add_args *a, sched_seq **out)
     q->slot = UINT32_MAX;
     q->sampling = a->sampling;
     q->seed = a->seed;
+    q->logits_hook = a->logits_hook;
+    q->logits_hook_ctx = a->logits_hook_ctx;
     heap_push(s, q);
     *out = q;
     return VKI_OK;
@@ -328,6 +330,7 @@ void sched_remove(sched *s, sched_seq *q)
     } else if (is_static && static_batch_live(s, q)) {
         q->ghost = true; /* keeps computing padding until the batch's last member leaves */
         q->user = NULL;
+        q->logits_hook_ctx = NULL;
         return;
     } else {
         drop_running(s, q);
@@ -530,6 +533,8 @@ static void plan_entry(sched *s, sched_seq *q, uint32_t k)
         .want_token = !q->ghost && end == q->n_tokens,
         .sampling = q->sampling,
         .seed = q->seed,
+        .logits_hook = q->ghost ? NULL : q->logits_hook,
+        .logits_hook_ctx = q->logits_hook_ctx,
     };
     uint32_t window = q->sampling ? q->sampling->penalty_window : 0;
     if (e->want_token && window) {

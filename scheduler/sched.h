@@ -67,6 +67,8 @@ struct sched_seq {
     bool ghost;               /* STATIC padding member (see above); user is NULL */
     const vki_sampling_params *sampling; /* owner's copy, or NULL (greedy) */
     uint64_t seed;
+    void (*logits_hook)(void *ctx, float *logits, uint32_t n_vocab); /* see vki_step_seq */
+    void *logits_hook_ctx;
     /* private */
     uint32_t heap_idx;        /* position in the queue heap while QUEUED */
     uint32_t n_new;           /* tokens scheduled this tick */
@@ -80,6 +82,8 @@ typedef struct sched_add_args {
     int32_t priority;
     const vki_sampling_params *sampling; /* kept by pointer: must outlive the sequence */
     uint64_t seed;
+    void (*logits_hook)(void *ctx, float *logits, uint32_t n_vocab); /* copied into the plan */
+    void *logits_hook_ctx;
     void *user;
 } sched_add_args;
 

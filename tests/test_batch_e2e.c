@@ -8,6 +8,7 @@
 
 #include <pthread.h>
 #include <stdatomic.h>
+#include <math.h>
 #include <time.h>
 
 #include <cjson/cJSON.h>
@@ -303,11 +304,70 @@ static void test_seeded_sampling_independent_of_batch(void **state)
     free(ref);
 }
 
+/* A logits post-processor forces token 260 + (tokens so far % 5); a request without one running
+ * in the same steps keeps its solo output (its row never leaves the GPU). */
+typedef struct proc_state {
+    uint32_t calls, bad_len;
+    uint32_t n_prompt;
+} proc_state;
+
+static void force_token(void *user, uint64_t id, float *logits, uint32_t n_vocab, const int32_t *tokens,
+                        uint32_t n_tokens)
+{
+    proc_state *p = user;
+    (void)tokens;
+    if (id != 1000 || n_tokens != p->n_prompt + p->calls)
+        p->bad_len++;
+    p->calls++;
+    uint32_t want = 260 + n_tokens % 5;
+    for (uint32_t v = 0; v < n_vocab; v++)
+        logits[v] = v == want ? 0.0f : -INFINITY;
+}
+
+static void test_logits_processor(void **state)
+{
+    e2e *x = get(state);
+    x->e = x->big;
+    int32_t(*ref)[MAX_OUT] = calloc(N_REQ, sizeof *ref);
+    uint32_t n = x->n_req;
+    x->n_req = 2;
+    for (uint32_t i = 0; i < 2; i++) {
+        x->r[i].sampling = vki_sampling_default_params();
+        x->r[i].sampling.temperature = i ? 0.0f : 0.8f; /* the forced one samples: still forced */
+        x->r[i].sampling.logprobs = true;
+    }
+    run_solo(x, ref); /* request 1's solo output */
+    vki_batch_params bp = vki_batch_default_params();
+    vki_batch_manager *bm;
+    assert_int_equal(vki_batch_manager_create(x->e, &bp, NULL, &bm), VKI_OK);
+    reset_outputs(x);
+    proc_state ps = {.n_prompt = x->r[0].n_prompt};
+    char err[256];
+    for (uint32_t i = 0; i < 2; i++) {
+        vki_request req = make_req(x, i);
+        if (i == 0) {
+            req.logits_processor = force_token;
+            req.logits_processor_user = &ps;
+        }
+        assert_int_equal(vki_batch_submit(bm, &req, on_response, x, err, sizeof err), VKI_OK);
+    }
+    wait_all(x, 2);
+    assert_int_equal(vki_batch_manager_destroy(bm, false), VKI_OK);
+    assert_int_equal(ps.calls, x->r[0].max_new);
+    assert_int_equal(ps.bad_len, 0);
+    for (uint32_t k = 0; k < x->r[0].n_out; k++)
+        assert_int_equal(x->r[0].out[k], 260 + (x->r[0].n_prompt + k) % 5);
+    assert_memory_equal(x->r[1].out, ref[1], x->r[1].max_new * sizeof(int32_t));
+    x->n_req = n;
+    free(ref);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_greedy_batched_equals_solo_every_policy),
         cmocka_unit_test(test_seeded_sampling_independent_of_batch),
+        cmocka_unit_test(test_logits_processor),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
