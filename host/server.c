@@ -30,6 +30,9 @@ typedef enum route {
 typedef struct srv_conn {
     srv *s;
     route r;
+    bool post;         /* a POST route, method right: the body is kept */
+    srv_error pending; /* http != 0: the answer (404 / 405), sent once the request is read */
+    const char *allow; /* 405: the Allow header */
     srv_buf body;
     bool too_big;
     srv_job *job;
@@ -71,7 +74,9 @@ static void mhd_log(void *cls, const char *fmt, va_list ap)
     char msg[512];
     vsnprintf(msg, sizeof msg, fmt, ap);
     msg[strcspn(msg, "\n")] = 0;
-    srv_log(cls, VKI_LOG_WARN, "http: %s", msg);
+    /* A client that hangs up makes MHD log the connection it closed: expected, not a warning. */
+    bool hangup = strstr(msg, "Closing connection") || strstr(msg, "closing connection");
+    srv_log(cls, hangup ? VKI_LOG_DEBUG : VKI_LOG_WARN, "http: %s", msg);
 }
 
 cJSON *srv_json_parse(srv *s, const char *body, size_t n, size_t *err_at)
@@ -287,34 +292,31 @@ static enum MHD_Result handle_generate(srv_conn *k, struct MHD_Connection *c)
     return ok;
 }
 
-/* First call for a request: route, method, declared body size. */
+/* First call for a request: route, method, declared body size. Only a 413 is answered here:
+ * libmicrohttpd closes a connection whose response was queued in the first call, which is right
+ * for a body we will not read and wrong for everything else (keep-alive). */
 static enum MHD_Result begin(srv_conn *k, struct MHD_Connection *c, const char *url, const char *method)
 {
     srv *s = k->s;
     bool method_ok = false, post = false;
     k->r = route_of(url, method, &method_ok, &post);
-    srv_error e;
     if (k->r == R_NONE) {
-        srv_err(&e, 404, NULL, "unknown route: %.16s %.200s", method, url);
-        e.code = "not_found";
-        return reply_error(k, c, &e);
-    }
-    if (!method_ok) {
-        srv_err(&e, 405, NULL, "%.16s is not allowed on %.200s (use %s)", method, url, post ? "POST" : "GET");
-        e.code = "method_not_allowed";
-        route r = k->r;
+        srv_err(&k->pending, 404, NULL, "unknown route: %.16s %.200s", method, url);
+        k->pending.code = "not_found";
+    } else if (!method_ok) {
+        srv_err(&k->pending, 405, NULL, "%.16s is not allowed on %.200s (use %s)", method, url, post ? "POST" : "GET");
+        k->pending.code = "method_not_allowed";
+        k->allow = post ? "POST" : "GET, HEAD";
         k->r = R_NONE; /* not a generation request for the metrics */
-        enum MHD_Result res = reply(k, c, 405, "application/json", srv_error_json(&e), MHD_HTTP_HEADER_ALLOW,
-                                    post ? "POST" : "GET, HEAD");
-        k->r = r;
-        return res;
     }
+    k->post = post && method_ok;
     const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
-    if (post && cl && strtoull(cl, NULL, 10) > s->p.body_limit) {
+    if (k->post && cl && strtoull(cl, NULL, 10) > s->p.body_limit) {
+        srv_error e;
         srv_err(&e, 413, NULL, "the request body (%.20s bytes) exceeds the limit of %zu bytes", cl, s->p.body_limit);
         return reply_error(k, c, &e);
     }
-    return post ? MHD_YES : handle_get(k, c, url);
+    return MHD_YES;
 }
 
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const char *url, const char *method,
@@ -336,19 +338,23 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     if (k->status) /* answered early (413); the rest of the upload is discarded */
         return MHD_YES;
     if (*upload_size) {
-        if (!k->too_big && k->body.len + *upload_size > s->p.body_limit)
+        if (k->post && !k->too_big && k->body.len + *upload_size > s->p.body_limit)
             k->too_big = true;
-        if (!k->too_big && !srv_buf_put(&k->body, upload, *upload_size))
+        if (k->post && !k->too_big && !srv_buf_put(&k->body, upload, *upload_size))
             return MHD_NO;
         *upload_size = 0;
         return MHD_YES;
     }
+    if (k->pending.http == 405)
+        return reply(k, c, 405, "application/json", srv_error_json(&k->pending), MHD_HTTP_HEADER_ALLOW, k->allow);
+    if (k->pending.http)
+        return reply_error(k, c, &k->pending);
     if (k->too_big) {
         srv_error e;
         srv_err(&e, 413, NULL, "the request body exceeds the limit of %zu bytes", s->p.body_limit);
         return reply_error(k, c, &e);
     }
-    return handle_generate(k, c);
+    return k->post ? handle_generate(k, c) : handle_get(k, c, url);
 }
 
 static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, enum MHD_RequestTerminationCode toe)
@@ -359,12 +365,9 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, en
         return;
     if (k->job) {
         srv_job *j = k->job;
-        if (!j->final_seen) { /* the response did not finish (a write failed): the client is gone */
-            j->gone = true;
-            srv_job_cancel(j);
-            j->outcome = SRV_OUT_CANCELLED;
-        }
-        srv_metrics_outcome(&s->m, j->outcome);
+        if (!j->final_seen) /* the response did not finish (a write failed): the client is gone */
+            srv_job_gone(j);
+        srv_job_count(j); /* normally counted already, before the last bytes went out */
         srv_job_release(j);
     }
     srv_log(s, VKI_LOG_DEBUG, "%s %u %.1f ms%s", k->r == R_CHAT ? "chat" : k->r == R_CMPL ? "completions" : "-",

@@ -184,6 +184,7 @@ typedef struct srv_job {
     size_t out_pos;
     int phase;                 /* streaming: 0 role chunk due, 1 tokens, 2 done */
     srv_outcome outcome;
+    bool counted;              /* outcome recorded in the metrics */
 } srv_job;
 
 struct srv {
@@ -223,6 +224,10 @@ void srv_job_release(srv_job *j);
 bool srv_job_submit(srv_job *j, srv_error *e);
 /* Cancels j if it is still running (the client went away or a stop string ended it). */
 void srv_job_cancel(srv_job *j);
+/* The client went away before the answer was complete: cancel, and count the outcome once. */
+void srv_job_gone(srv_job *j);
+/* Records j->outcome in the metrics (once), before the last bytes go out. */
+void srv_job_count(srv_job *j);
 /* Non-streaming: waits for the whole answer. Returns the HTTP status and *body (malloc'd JSON);
  * 0 when the client went away (no response is to be sent). */
 unsigned srv_job_run_blocking(srv_job *j, char **body);

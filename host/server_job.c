@@ -196,6 +196,22 @@ void srv_job_cancel(srv_job *j)
     pthread_mutex_unlock(&s->mu);
 }
 
+void srv_job_count(srv_job *j)
+{
+    if (j->counted)
+        return;
+    j->counted = true;
+    srv_metrics_outcome(&j->s->m, j->outcome);
+}
+
+void srv_job_gone(srv_job *j)
+{
+    j->gone = true;
+    j->outcome = SRV_OUT_CANCELLED;
+    srv_job_count(j);
+    srv_job_cancel(j);
+}
+
 /* ---- the HTTP side: waiting ----------------------------------------------------------------- */
 
 enum { EV_DATA = 1, EV_GONE = 2 };
@@ -450,9 +466,7 @@ unsigned srv_job_run_blocking(srv_job *j, char **body)
     bool ok = true;
     while (ok && !j->final_seen) {
         if (job_wait(j) == EV_GONE) {
-            j->gone = true;
-            srv_job_cancel(j);
-            j->outcome = SRV_OUT_CANCELLED;
+            srv_job_gone(j);
             return 0;
         }
         ok = job_drain(j, &j->text, j->lp_all);
@@ -463,6 +477,7 @@ unsigned srv_job_run_blocking(srv_job *j, char **body)
         j->outcome = SRV_OUT_ERROR;
     } else {
         j->outcome = job_outcome(j);
+        srv_job_count(j);
         if (job_failed(j, &e)) {
             *body = srv_error_json(&e);
             return e.http;
@@ -470,6 +485,7 @@ unsigned srv_job_run_blocking(srv_job *j, char **body)
         if ((*body = answer_json(j)))
             return 200;
     }
+    srv_job_count(j);
     srv_err(&e, 500, NULL, "out of memory while building the answer");
     e.type = "server_error";
     *body = srv_error_json(&e);
@@ -525,6 +541,7 @@ static bool sse_end(srv_job *j)
     srv_error e;
     bool ok;
     j->outcome = job_outcome(j);
+    srv_job_count(j);
     if (job_failed(j, &e)) {
         char *s = srv_error_json(&e);
         ok = s && srv_buf_printf(&j->out, "data: %s\n\n", s);
@@ -551,9 +568,7 @@ static bool sse_step(srv_job *j)
         return !j->chat || sse_chunk(j, "", true, NULL, NULL);
     }
     if (job_wait(j) == EV_GONE) {
-        j->gone = true;
-        srv_job_cancel(j);
-        j->outcome = SRV_OUT_CANCELLED;
+        srv_job_gone(j);
         return false;
     }
     srv_buf text = {0};

@@ -190,7 +190,8 @@ bool srv_buf_put(srv_buf *b, const char *s, size_t n)
         b->p = p;
         b->cap = cap;
     }
-    memcpy(b->p + b->len, s, n);
+    if (n) /* s may be NULL when n is 0 */
+        memcpy(b->p + b->len, s, n);
     b->len += n;
     b->p[b->len] = 0;
     return true;

@@ -1,0 +1,1147 @@
+/* The HTTP server (host/server*.c) over real loopback sockets: an in-process server on a free
+ * port over stories260K (or a synthetic model when ../shared/models is absent), driven by the
+ * load generator's HTTP client (tools/loadgen.c, included). Every endpoint; non-streaming and
+ * streaming completions and chat (the known greedy answer, stream = non-stream text, usage);
+ * stop strings across tokens; logprobs shapes; every error path (400 naming the field, 404,
+ * 405, 413, 429 with Retry-After, 503 while draining); a client that hangs up (its request is
+ * cancelled, KV blocks freed); 300 connections at once; drain and shutdown with requests in
+ * flight; the Prometheus text.
+ *
+ * `test_server load` runs the load test instead (its own ctest entry): `vkinfer serve` as a
+ * child process over the tiny synthetic model (the server, not the model, is under test; tiny
+ * steps 3x faster than stories260K on lavapipe), 2,000 streaming requests from 64 clients of
+ * which 10% hang up at random points; no failures, every other request complete, no KV block
+ * left in use, resident memory growth within RSS_BOUND_MIB. */
+#define LOADGEN_NO_MAIN
+#include "tools/loadgen.c"
+
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+#include <dlfcn.h>
+#include <fcntl.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+
+#include "engine/synth.h"
+#include "host/chat.h"
+#include "host/server.h"
+#include "support/vt.h"
+
+/* Greedy, BOS + "Once upon a time", 48 tokens (../shared/models/README.md). */
+static const char KNOWN[] = ", there was a little girl named Lily. She loved to play outside in the park. One day, she "
+                            "saw a big, red ball. She wanted to play with it,";
+
+typedef struct T {
+    char model[1024];
+    bool stories;           /* the real model (known answers) rather than the synthetic one */
+    vki_engine *e;
+    srv *s;
+    uint16_t port;
+    char id[128];
+    pid_t child;            /* the load test's server process (0: none) */
+    char log[128];          /* its stderr */
+} T;
+
+/* ---- fixture ------------------------------------------------------------------------------- */
+
+static int group_setup(void **state)
+{
+    /* As tests/support/vt.c does: keep the Vulkan driver loaded past vkDestroyInstance so its
+     * one-off allocations stay reachable and LeakSanitizer still checks the server's own code. */
+    dlopen("libvulkan_lvp.so", RTLD_NOW | RTLD_NODELETE | RTLD_LOCAL);
+    T *t = calloc(1, sizeof *t);
+    signal(SIGPIPE, SIG_IGN);
+    struct rlimit rl; /* 300 connections: client socket, server socket and eventfd each */
+    if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {
+        rl.rlim_cur = rl.rlim_max;
+        setrlimit(RLIMIT_NOFILE, &rl);
+    }
+    if (vt_shared_model("stories260K.gguf", t->model, sizeof t->model)) {
+        t->stories = true;
+    } else {
+        printf("NOTE: %s/models/stories260K.gguf not found: a synthetic model is used and the known-answer "
+               "checks are skipped\n", VKI_SHARED_DIR);
+        snprintf(t->model, sizeof t->model, "/tmp/vki_test_server_%d.gguf", (int)getpid());
+        synth_params sp = synth_default_params();
+        char err[256];
+        if (synth_write(&sp, t->model, err, sizeof err) != VKI_OK) {
+            printf("cannot write %s: %s\n", t->model, err);
+            free(t);
+            return -1;
+        }
+    }
+    vki_engine_params ep = vki_engine_default_params();
+    ep.kv_tokens = 64 * 1024;
+    ep.max_seqs = 320;
+    ep.device.pipeline_cache_dir = "";
+    char err[512] = "";
+    if (vki_engine_create(t->model, &ep, &t->e, err, sizeof err) != VKI_OK) {
+        printf("engine: %s\n", err);
+        if (!t->stories)
+            unlink(t->model);
+        free(t);
+        return -1;
+    }
+    *state = t;
+    return 0;
+}
+
+static int group_teardown(void **state)
+{
+    T *t = *state;
+    if (!t)
+        return 0;
+    vki_engine_destroy(t->e);
+    if (!t->stories)
+        unlink(t->model);
+    free(t);
+    return 0;
+}
+
+/* A server over the group's engine; bp may be NULL (defaults). */
+static void start(T *t, const vki_batch_params *bp, size_t body_limit)
+{
+    if (t->s) /* left by a test that failed: one failure should not fail the rest */
+        srv_destroy(t->s);
+    t->s = NULL;
+    srv_params p = srv_default_params();
+    p.port = 0;
+    p.model_path = t->model;
+    p.log_level = VKI_LOG_WARN;
+    if (bp)
+        p.batch = *bp;
+    if (body_limit)
+        p.body_limit = body_limit;
+    char err[256] = "";
+    if (srv_create(t->e, &p, &t->s, err, sizeof err) != VKI_OK)
+        fail_msg("srv_create: %s", err);
+    t->port = srv_port(t->s);
+    assert_true(t->port > 0);
+    snprintf(t->id, sizeof t->id, "%s", t->stories ? "stories260K" : strrchr(t->model, '/') + 1);
+    char *dot = strstr(t->id, ".gguf");
+    if (dot)
+        *dot = 0;
+}
+
+static void stop(T *t)
+{
+    srv_destroy(t->s);
+    t->s = NULL;
+}
+
+/* ---- client helpers -------------------------------------------------------------------------- */
+
+/* One request on a fresh connection: status, headers in *r (may be NULL), body (malloc'd). */
+static int http(T *t, const char *method, const char *path, const char *body, lg_resp *r, char **out)
+{
+    lg_http h;
+    lg_http_init(&h, "127.0.0.1", t->port, 120);
+    lg_resp rr;
+    lg_buf b = {0};
+    int st = lg_http_request(&h, method, path, body, r ? r : &rr, &b);
+    lg_http_close(&h);
+    if (out)
+        *out = b.p ? b.p : strdup("");
+    else
+        free(b.p);
+    return st;
+}
+
+static cJSON *http_json(T *t, const char *method, const char *path, const char *body, int want_status)
+{
+    char *out;
+    int st = http(t, method, path, body, NULL, &out);
+    if (st != want_status)
+        fail_msg("%s %s %s: status %d, want %d: %s", method, path, body ? body : "", st, want_status, out);
+    cJSON *j = cJSON_Parse(out);
+    if (!j)
+        fail_msg("%s %s: not JSON: %s", method, path, out);
+    free(out);
+    return j;
+}
+
+static const cJSON *get(const cJSON *o, const char *path) /* "choices.0.text" */
+{
+    char key[64];
+    while (o && *path) {
+        size_t n = strcspn(path, ".");
+        snprintf(key, sizeof key, "%.*s", (int)n, path);
+        o = cJSON_IsArray(o) ? cJSON_GetArrayItem(o, atoi(key)) : cJSON_GetObjectItemCaseSensitive(o, key);
+        path += n + (path[n] == '.');
+    }
+    return o;
+}
+
+static const char *get_str(const cJSON *o, const char *path)
+{
+    const cJSON *v = get(o, path);
+    if (!cJSON_IsString(v))
+        fail_msg("%s is not a string", path);
+    return v->valuestring;
+}
+
+static double get_num(const cJSON *o, const char *path)
+{
+    const cJSON *v = get(o, path);
+    if (!cJSON_IsNumber(v))
+        fail_msg("%s is not a number", path);
+    return v->valuedouble;
+}
+
+/* A stream: its data events parsed (an array), whether [DONE] came. Hangs up after `hang`
+ * events (0: read to the end). */
+typedef struct sse_coll {
+    cJSON *events;
+    bool done;
+    int hang;
+} sse_coll;
+
+static bool on_sse(void *user, const char *data, size_t n)
+{
+    sse_coll *c = user;
+    if (n == 6 && !memcmp(data, "[DONE]", 6)) {
+        c->done = true;
+        return true;
+    }
+    cJSON *o = cJSON_ParseWithLength(data, n);
+    if (!o)
+        fail_msg("SSE event is not JSON: %.*s", (int)n, data);
+    cJSON_AddItemToArray(c->events, o);
+    return !c->hang || cJSON_GetArraySize(c->events) < c->hang;
+}
+
+static cJSON *stream(T *t, const char *path, const char *body, int hang, bool *done)
+{
+    lg_http h;
+    lg_http_init(&h, "127.0.0.1", t->port, 120);
+    lg_resp r;
+    assert_true(lg_http_send(&h, "POST", path, body, strlen(body), NULL));
+    assert_true(lg_http_head(&h, &r));
+    if (r.status != 200)
+        fail_msg("stream %s: status %d", body, r.status);
+    const char *ct = lg_header(&r, "Content-Type");
+    assert_non_null(ct);
+    assert_int_equal(strncmp(ct, "text/event-stream", 17), 0);
+    assert_true(r.chunked);
+    sse_coll c = {.events = cJSON_CreateArray(), .hang = hang};
+    lg_sse sse = {.on_data = on_sse, .user = &c};
+    int rc = lg_http_body(&h, &r, lg_sse_feed, &sse);
+    assert_true(hang ? rc == 0 : rc == 1);
+    lg_http_close(&h);
+    free(sse.line.p);
+    if (done)
+        *done = c.done;
+    return c.events;
+}
+
+/* The value of a sample line of /metrics ("vkinfer_active_requests", or with its labels). */
+static double metric(T *t, const char *name)
+{
+    char *m;
+    assert_int_equal(http(t, "GET", "/metrics", NULL, NULL, &m), 200);
+    size_t n = strlen(name);
+    double v = NAN;
+    for (char *l = m; l && *l; l = strchr(l, '\n') ? strchr(l, '\n') + 1 : NULL)
+        if (!strncmp(l, name, n) && l[n] == ' ') {
+            v = strtod(l + n + 1, NULL);
+            break;
+        }
+    free(m);
+    if (isnan(v))
+        fail_msg("no metric %s", name);
+    return v;
+}
+
+/* Polls until the metric reaches `want` (a liveness bound, not a performance assertion). */
+static void wait_metric(T *t, const char *name, double want)
+{
+    double end = lg_now() + 60, v = NAN;
+    while ((v = metric(t, name)) != want && lg_now() < end)
+        usleep(2000);
+    if (v != want)
+        fail_msg("%s stayed %g, want %g", name, v, want);
+}
+
+static void wait_metric_at_least(T *t, const char *name, double want)
+{
+    double end = lg_now() + 60, v = NAN;
+    while ((v = metric(t, name)) < want && lg_now() < end)
+        usleep(2000);
+    if (!(v >= want))
+        fail_msg("%s stayed %g, want >= %g", name, v, want);
+}
+
+/* ---- endpoints ------------------------------------------------------------------------------ */
+
+static void test_health_models(void **state)
+{
+    T *t = *state;
+    start(t, NULL, 0);
+    cJSON *j = http_json(t, "GET", "/health", NULL, 200);
+    assert_string_equal(get_str(j, "status"), "ok");
+    cJSON_Delete(j);
+    j = http_json(t, "GET", "/health/ready", NULL, 200);
+    assert_string_equal(get_str(j, "status"), "ready");
+    cJSON_Delete(j);
+    j = http_json(t, "GET", "/v1/models", NULL, 200);
+    assert_string_equal(get_str(j, "object"), "list");
+    assert_string_equal(get_str(j, "data.0.id"), t->id);
+    assert_string_equal(get_str(j, "data.0.object"), "model");
+    assert_true(get_num(j, "data.0.max_model_len") > 0);
+    cJSON_Delete(j);
+    char path[256];
+    snprintf(path, sizeof path, "/v1/models/%s", t->id);
+    j = http_json(t, "GET", path, NULL, 200);
+    assert_string_equal(get_str(j, "id"), t->id);
+    cJSON_Delete(j);
+    j = http_json(t, "GET", "/v1/models/gpt-4", NULL, 404);
+    assert_string_equal(get_str(j, "error.code"), "model_not_found");
+    cJSON_Delete(j);
+    stop(t);
+}
+
+static const char CMPL48[] = "{\"model\":\"anything\",\"prompt\":\"Once upon a time\",\"max_tokens\":48,\"temperature\":0}";
+
+/* Non-streaming completion: the known greedy answer, the envelope, usage. */
+static void test_completion(void **state)
+{
+    T *t = *state;
+    start(t, NULL, 0);
+    cJSON *j = http_json(t, "POST", "/v1/completions", CMPL48, 200);
+    assert_string_equal(get_str(j, "object"), "text_completion");
+    assert_string_equal(get_str(j, "model"), t->id);
+    assert_int_equal(strncmp(get_str(j, "id"), "cmpl-", 5), 0);
+    assert_true(get_num(j, "created") > 1.6e9);
+    assert_string_equal(get_str(j, "choices.0.finish_reason"), "length");
+    assert_true(cJSON_IsNull(get(j, "choices.0.logprobs")));
+    assert_int_equal(get_num(j, "usage.completion_tokens"), 48);
+    assert_int_equal(get_num(j, "usage.total_tokens"), get_num(j, "usage.prompt_tokens") + 48);
+    if (t->stories) {
+        assert_string_equal(get_str(j, "choices.0.text"), KNOWN);
+        assert_int_equal(get_num(j, "usage.prompt_tokens"), 5); /* BOS + 4 */
+    }
+    /* the prompt as token ids gives the same answer */
+    size_t n = 0;
+    int32_t ids[64];
+    assert_int_equal(vki_tokenize(vki_engine_tokenizer(t->e), "Once upon a time", 16, true, false, ids, 64, &n), VKI_OK);
+    char body[512];
+    int k = snprintf(body, sizeof body, "{\"prompt\":[");
+    for (size_t i = 0; i < n; i++)
+        k += snprintf(body + k, sizeof body - (size_t)k, "%s%d", i ? "," : "", ids[i]);
+    snprintf(body + k, sizeof body - (size_t)k, "],\"max_tokens\":48,\"temperature\":0}");
+    cJSON *j2 = http_json(t, "POST", "/v1/completions", body, 200);
+    assert_string_equal(get_str(j2, "choices.0.text"), get_str(j, "choices.0.text"));
+    cJSON_Delete(j2);
+    cJSON_Delete(j);
+    stop(t);
+}
+
+/* Concatenated stream text = the non-streaming text; usage chunk; [DONE]. */
+static void test_completion_stream(void **state)
+{
+    T *t = *state;
+    start(t, NULL, 0);
+    cJSON *whole = http_json(t, "POST", "/v1/completions", CMPL48, 200);
+    bool done = false;
+    cJSON *ev = stream(t, "/v1/completions",
+                       "{\"prompt\":\"Once upon a time\",\"max_tokens\":48,\"temperature\":0,\"stream\":true,"
+                       "\"stream_options\":{\"include_usage\":true}}", 0, &done);
+    assert_true(done);
+    int n = cJSON_GetArraySize(ev);
+    assert_true(n >= 3);
+    lg_buf text = {0};
+    for (int i = 0; i < n - 1; i++) {
+        const cJSON *e = cJSON_GetArrayItem(ev, i);
+        assert_string_equal(get_str(e, "object"), "text_completion");
+        assert_true(cJSON_IsNull(get(e, "usage")));
+        const char *s = get_str(e, "choices.0.text");
+        lg_buf_put(&text, s, strlen(s));
+        bool last = i == n - 2;
+        assert_true(last ? cJSON_IsString(get(e, "choices.0.finish_reason"))
+                         : cJSON_IsNull(get(e, "choices.0.finish_reason")));
+    }
+    assert_string_equal(get_str(cJSON_GetArrayItem(ev, n - 2), "choices.0.finish_reason"), "length");
+    assert_string_equal(text.p, get_str(whole, "choices.0.text"));
+    const cJSON *u = cJSON_GetArrayItem(ev, n - 1);
+    assert_int_equal(cJSON_GetArraySize(get(u, "choices")), 0);
+    assert_int_equal(get_num(u, "usage.completion_tokens"), 48);
+    assert_int_equal(get_num(u, "usage.prompt_tokens"), get_num(whole, "usage.prompt_tokens"));
+    free(text.p);
+    cJSON_Delete(ev);
+    /* without include_usage: no usage field at all */
+    ev = stream(t, "/v1/completions", "{\"prompt\":\"Once\",\"max_tokens\":4,\"stream\":true}", 0, &done);
+    assert_true(done);
+    for (const cJSON *e = ev->child; e; e = e->next)
+        assert_null(get(e, "usage"));
+    cJSON_Delete(ev);
+    cJSON_Delete(whole);
+    stop(t);
+}
+
+/* The prompt tokens the server must have built for a chat with the fallback template. */
+static size_t plain_chat_tokens(T *t, const chat_msg *m, size_t n)
+{
+    const vki_tokenizer *tok = vki_engine_tokenizer(t->e);
+    chat_template ct;
+    chat_prompt p;
+    chat_specials *sp;
+    int32_t *ids;
+    size_t n_ids;
+    assert_int_equal(chat_template_init(&ct, CHAT_PLAIN, NULL, "", ""), VKI_OK);
+    assert_int_equal(chat_render(&ct, m, n, true, &p, NULL, 0), VKI_OK);
+    assert_int_equal(chat_specials_create(tok, &sp), VKI_OK);
+    assert_int_equal(chat_tokenize(sp, tok, &p, vki_tokenizer_adds_bos(tok), &ids, &n_ids), VKI_OK);
+    free(ids);
+    chat_specials_free(sp);
+    chat_prompt_free(&p);
+    chat_template_free(&ct);
+    return n_ids;
+}
+
+static void test_chat(void **state)
+{
+    T *t = *state;
+    start(t, NULL, 0);
+    static const char body[] = "{\"model\":\"x\",\"messages\":[{\"role\":\"system\",\"content\":\"You tell stories.\"},"
+                               "{\"role\":\"user\",\"content\":[{\"type\":\"text\",\"text\":\"Tell me\"},{\"type\":"
+                               "\"text\",\"text\":\"a story\"}]}],\"max_tokens\":24,\"temperature\":0%s}";
+    char b1[512], b2[512];
+    snprintf(b1, sizeof b1, body, "");
+    snprintf(b2, sizeof b2, body, ",\"stream\":true,\"stream_options\":{\"include_usage\":true}");
+    cJSON *j = http_json(t, "POST", "/v1/chat/completions", b1, 200);
+    assert_string_equal(get_str(j, "object"), "chat.completion");
+    assert_int_equal(strncmp(get_str(j, "id"), "chatcmpl-", 9), 0);
+    assert_string_equal(get_str(j, "choices.0.message.role"), "assistant");
+    const char *answer = get_str(j, "choices.0.message.content");
+    assert_true(answer[0] != ' '); /* SentencePiece's leading space is not part of the answer */
+    const chat_msg m[] = {{CHAT_SYSTEM, "You tell stories.", 17}, {CHAT_USER, "Tell me\na story", 15}};
+    assert_int_equal(get_num(j, "usage.prompt_tokens"), plain_chat_tokens(t, m, 2));
+    bool done;
+    cJSON *ev = stream(t, "/v1/chat/completions", b2, 0, &done);
+    assert_true(done);
+    int n = cJSON_GetArraySize(ev);
+    const cJSON *first = cJSON_GetArrayItem(ev, 0);
+    assert_string_equal(get_str(first, "object"), "chat.completion.chunk");
+    assert_string_equal(get_str(first, "choices.0.delta.role"), "assistant");
+    lg_buf text = {0};
+    for (int i = 1; i < n - 2; i++) {
+        const char *s = get_str(cJSON_GetArrayItem(ev, i), "choices.0.delta.content");
+        lg_buf_put(&text, s, strlen(s));
+    }
+    const cJSON *fin = cJSON_GetArrayItem(ev, n - 2);
+    assert_null(get(fin, "choices.0.delta.content"));
+    assert_string_equal(get_str(fin, "choices.0.finish_reason"), get_str(j, "choices.0.finish_reason"));
+    assert_string_equal(text.p ? text.p : "", answer);
+    assert_int_equal(get_num(cJSON_GetArrayItem(ev, n - 1), "usage.completion_tokens"),
+                     get_num(j, "usage.completion_tokens"));
+    free(text.p);
+    cJSON_Delete(ev);
+    cJSON_Delete(j);
+    stop(t);
+}
+
+/* Where generation must stop in `full` given stops: the match that ends first (then starts
+ * first); the text before it. Returns its length, or strlen(full) when none matches. */
+static size_t expected_cut(const char *full, const char *const *stops, int n)
+{
+    size_t best_end = SIZE_MAX, best_start = strlen(full);
+    for (int k = 0; k < n; k++) {
+        const char *hit = strstr(full, stops[k]);
+        if (!hit)
+            continue;
+        size_t st = (size_t)(hit - full), en = st + strlen(stops[k]);
+        if (en < best_end || (en == best_end && st < best_start)) {
+            best_end = en;
+            best_start = st;
+        }
+    }
+    return best_start;
+}
+
+/* Stop strings spanning several tokens: the text before the earliest match, finish "stop", fewer
+ * tokens; the same when streamed (nothing of a stop string leaks). */
+static void test_stop_strings(void **state)
+{
+    T *t = *state;
+    start(t, NULL, 0);
+    cJSON *whole = http_json(t, "POST", "/v1/completions", CMPL48, 200);
+    const char *full = get_str(whole, "choices.0.text");
+    size_t len = strlen(full), a = len / 3, b = a + 12, c = len * 2 / 3;
+    while (a < len && ((unsigned char)full[a] & 0xC0) == 0x80)
+        a++;
+    while (b < len && ((unsigned char)full[b] & 0xC0) == 0x80)
+        b++;
+    while (c < len && ((unsigned char)full[c] & 0xC0) == 0x80)
+        c++;
+    char stop1[64], stop2[64];
+    snprintf(stop1, sizeof stop1, "%.*s", (int)(b - a), full + a);             /* ~12 bytes: several tokens */
+    snprintf(stop2, sizeof stop2, "%.*s", (int)(len - c < 8 ? len - c : 8), full + c); /* later */
+    const char *stops[] = {stop2, stop1, "never appears ~~"};
+    size_t cut = expected_cut(full, stops, 3);
+    assert_true(cut <= a && cut < len);
+    cJSON *sb = cJSON_CreateObject();
+    cJSON_AddStringToObject(sb, "prompt", "Once upon a time");
+    cJSON_AddNumberToObject(sb, "max_tokens", 48);
+    cJSON_AddNumberToObject(sb, "temperature", 0);
+    cJSON_AddItemToObject(sb, "stop", cJSON_CreateStringArray(stops, 3));
+    char *body = cJSON_PrintUnformatted(sb);
+    cJSON *j = http_json(t, "POST", "/v1/completions", body, 200);
+    const char *got = get_str(j, "choices.0.text");
+    assert_int_equal(strlen(got), cut);
+    assert_memory_equal(got, full, cut);
+    assert_string_equal(get_str(j, "choices.0.finish_reason"), "stop");
+    assert_true(get_num(j, "usage.completion_tokens") < 48);
+    cJSON_Delete(j);
+    free(body);
+    cJSON_AddTrueToObject(sb, "stream");
+    body = cJSON_PrintUnformatted(sb);
+    bool done;
+    cJSON *ev = stream(t, "/v1/completions", body, 0, &done);
+    assert_true(done);
+    lg_buf text = {0};
+    for (const cJSON *e = ev->child; e; e = e->next) {
+        const char *s = get_str(e, "choices.0.text");
+        lg_buf_put(&text, s, strlen(s));
+    }
+    assert_int_equal(text.len, cut);
+    assert_true(!cut || !memcmp(text.p, full, cut));
+    assert_string_equal(get_str(cJSON_GetArrayItem(ev, cJSON_GetArraySize(ev) - 1), "choices.0.finish_reason"),
+                        "stop");
+    free(text.p);
+    cJSON_Delete(ev);
+    free(body);
+    cJSON_Delete(sb);
+    if (t->stories) { /* "little girl named" spans tokens of this 512-piece vocabulary */
+        j = http_json(t, "POST", "/v1/completions",
+                      "{\"prompt\":\"Once upon a time\",\"max_tokens\":48,\"temperature\":0,\"stop\":\"little girl "
+                      "named\"}", 200);
+        assert_string_equal(get_str(j, "choices.0.text"), ", there was a ");
+        cJSON_Delete(j);
+    }
+    cJSON_Delete(whole);
+    stop(t);
+}
+
+static void check_cmpl_logprobs(const cJSON *lp, int n_tokens, int n_top, const char *text, bool pieces_are_text)
+{
+    const cJSON *toks = get(lp, "tokens"), *tlp = get(lp, "token_logprobs"), *top = get(lp, "top_logprobs");
+    const cJSON *off = get(lp, "text_offset");
+    assert_int_equal(cJSON_GetArraySize(toks), n_tokens);
+    assert_int_equal(cJSON_GetArraySize(tlp), n_tokens);
+    assert_int_equal(cJSON_GetArraySize(top), n_tokens);
+    assert_int_equal(cJSON_GetArraySize(off), n_tokens);
+    lg_buf joined = {0};
+    double prev = -1;
+    for (int i = 0; i < n_tokens; i++) {
+        const char *s = cJSON_GetArrayItem(toks, i)->valuestring;
+        lg_buf_put(&joined, s, strlen(s));
+        double l = cJSON_GetArrayItem(tlp, i)->valuedouble;
+        assert_true(l <= 0);
+        const cJSON *alts = cJSON_GetArrayItem(top, i);
+        assert_true(cJSON_IsObject(alts));
+        assert_true(cJSON_GetArraySize(alts) >= 1 && cJSON_GetArraySize(alts) <= n_top);
+        double best = -1e30;
+        for (const cJSON *a = alts->child; a; a = a->next)
+            best = a->valuedouble > best ? a->valuedouble : best;
+        assert_true(fabs(best - l) < 1e-4); /* greedy: the chosen token is the most likely */
+        double o = cJSON_GetArrayItem(off, i)->valuedouble;
+        assert_true(o > prev || (i && o == prev));
+        prev = o;
+    }
+    if (pieces_are_text) /* no stop string, no special token, whole characters: pieces = text */
+        assert_string_equal(joined.p, text);
+    free(joined.p);
+}
+
+static void test_logprobs(void **state)
+{
+    T *t = *state;
+    start(t, NULL, 0);
+    cJSON *j = http_json(t, "POST", "/v1/completions",
+                         "{\"prompt\":\"Once upon a time\",\"max_tokens\":12,\"temperature\":0,\"logprobs\":3}", 200);
+    check_cmpl_logprobs(get(j, "choices.0.logprobs"), 12, 3, get_str(j, "choices.0.text"), t->stories);
+    cJSON_Delete(j);
+    /* chat: content[] with token, logprob, bytes, top_logprobs */
+    j = http_json(t, "POST", "/v1/chat/completions",
+                  "{\"messages\":[{\"role\":\"user\",\"content\":\"Hi\"}],\"max_tokens\":8,\"temperature\":0,"
+                  "\"logprobs\":true,\"top_logprobs\":2,\"ignore_eos\":true}", 200);
+    const cJSON *c = get(j, "choices.0.logprobs.content");
+    assert_int_equal(cJSON_GetArraySize(c), 8);
+    for (const cJSON *e = c->child; e; e = e->next) {
+        const char *tok = get_str(e, "token");
+        const cJSON *bytes = get(e, "bytes");
+        bool ascii = true;
+        for (int k = 0; k < cJSON_GetArraySize(bytes); k++)
+            ascii &= cJSON_GetArrayItem(bytes, k)->valueint < 0x80;
+        if (ascii) { /* then the token text is exactly its bytes */
+            assert_int_equal((size_t)cJSON_GetArraySize(bytes), strlen(tok));
+            for (int k = 0; k < cJSON_GetArraySize(bytes); k++)
+                assert_int_equal(cJSON_GetArrayItem(bytes, k)->valueint, (unsigned char)tok[k]);
+        }
+        assert_true(get_num(e, "logprob") <= 0);
+        const cJSON *top = get(e, "top_logprobs");
+        assert_int_equal(cJSON_GetArraySize(top), 2);
+        assert_string_equal(get_str(top, "0.token"), tok);
+        assert_true(get_num(top, "0.logprob") >= get_num(top, "1.logprob"));
+    }
+    cJSON_Delete(j);
+    /* chat without logprobs: null; streaming completions: per-chunk logprobs */
+    bool done;
+    cJSON *ev = stream(t, "/v1/completions",
+                       "{\"prompt\":\"Once upon a time\",\"max_tokens\":6,\"temperature\":0,\"logprobs\":1,\"stream\":"
+                       "true}", 0, &done);
+    int with_lp = 0;
+    for (const cJSON *e = ev->child; e; e = e->next) {
+        const cJSON *lp = get(e, "choices.0.logprobs");
+        if (cJSON_IsObject(lp))
+            with_lp += cJSON_GetArraySize(get(lp, "tokens"));
+    }
+    assert_int_equal(with_lp, 6);
+    cJSON_Delete(ev);
+    stop(t);
+}
+
+/* ---- errors ----------------------------------------------------------------------------------- */
+
+typedef struct bad_case {
+    const char *path, *body;
+    int status;
+    const char *param; /* NULL: param is null */
+    const char *in_msg;
+} bad_case;
+
+static const bad_case BAD[] = {
+    {"/v1/completions", "{\"prompt\":\"x\",", 400, NULL, "not valid JSON"},
+    {"/v1/completions", "[1,2]", 400, NULL, "JSON object"},
+    {"/v1/completions", "{\"prompt\":\"x\",\"foo\":1}", 400, "foo", "foo"},
+    {"/v1/completions", "{\"prompt\":\"x\",\"temperature\":3}", 400, "temperature", "temperature"},
+    {"/v1/completions", "{\"prompt\":\"x\",\"temperature\":\"hot\"}", 400, "temperature", "number"},
+    {"/v1/completions", "{\"prompt\":\"x\",\"top_p\":0}", 400, "top_p", "top_p"},
+    {"/v1/completions", "{\"prompt\":\"x\",\"top_k\":1.5}", 400, "top_k", "integer"},
+    {"/v1/completions", "{\"prompt\":\"x\",\"min_p\":2}", 400, "min_p", "min_p"},
+    {"/v1/completions", "{\"prompt\":\"x\",\"presence_penalty\":-3}", 400, "presence_penalty", "presence_penalty"},
+    {"/v1/completions", "{\"prompt\":\"x\",\"frequency_penalty\":3}", 400, "frequency_penalty", "frequency_penalty"},
+    {"/v1/completions", "{\"prompt\":\"x\",\"max_tokens\":0}", 400, "max_tokens", "max_tokens"},
+    {"/v1/completions", "{\"prompt\":\"x\",\"max_tokens\":100000000}", 400, "max_tokens", "context"},
+    {"/v1/completions", "{\"prompt\":\"x\",\"n\":2}", 400, "n", "n"},
+    {"/v1/completions", "{\"prompt\":\"x\",\"best_of\":3}", 400, "best_of", "best_of"},
+    {"/v1/completions", "{\"prompt\":\"x\",\"echo\":true}", 400, "echo", "echo"},
+    {"/v1/completions", "{\"prompt\":\"x\",\"suffix\":\"y\"}", 400, "suffix", "suffix"},
+    {"/v1/completions", "{\"prompt\":\"x\",\"logprobs\":21}", 400, "logprobs", "logprobs"},
+    {"/v1/completions", "{\"prompt\":\"x\",\"stop\":\"\"}", 400, "stop", "stop[0]"},
+    {"/v1/completions", "{\"prompt\":\"x\",\"stop\":[\"a\",3]}", 400, "stop", "stop[1]"},
+    {"/v1/completions", "{\"prompt\":\"x\",\"seed\":1.5}", 400, "seed", "seed"},
+    {"/v1/completions", "{\"prompt\":\"x\",\"logit_bias\":{\"abc\":1}}", 400, "logit_bias", "logit_bias"},
+    {"/v1/completions", "{\"prompt\":\"x\",\"logit_bias\":{\"5\":101}}", 400, "logit_bias", "logit_bias"},
+    {"/v1/completions", "{\"prompt\":\"x\",\"stream_options\":{\"include_usage\":true}}", 400, "stream_options",
+     "stream"},
+    {"/v1/completions", "{\"max_tokens\":3}", 400, "prompt", "prompt"},
+    {"/v1/completions", "{\"prompt\":[\"a\",\"b\"]}", 400, "prompt", "batched"},
+    {"/v1/completions", "{\"prompt\":[1,99999999]}", 400, "prompt", "prompt[1]"},
+    {"/v1/completions", "{\"prompt\":[]}", 400, "prompt", "empty"},
+    {"/v1/completions", "{\"prompt\":{}}", 400, "prompt", "prompt"},
+    {"/v1/completions", "{\"prompt\":\"x\",\"model\":7}", 400, "model", "model"},
+    {"/v1/chat/completions", "{\"prompt\":\"x\"}", 400, "prompt", "prompt"},
+    {"/v1/chat/completions", "{\"messages\":[]}", 400, "messages", "messages"},
+    {"/v1/chat/completions", "{\"messages\":\"hi\"}", 400, "messages", "messages"},
+    {"/v1/chat/completions", "{\"messages\":[{\"role\":\"user\"}]}", 400, "messages", "messages[0].content"},
+    {"/v1/chat/completions", "{\"messages\":[{\"content\":\"x\"}]}", 400, "messages", "messages[0].role"},
+    {"/v1/chat/completions", "{\"messages\":[{\"role\":\"user\",\"content\":\"a\"},{\"role\":\"tool\",\"content\":"
+     "\"b\"}]}", 400, "messages", "messages[1].role"},
+    {"/v1/chat/completions", "{\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"image_url\"}]}]}", 400,
+     "messages", "messages[0].content[0]"},
+    {"/v1/chat/completions", "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"tools\":[{\"type\":"
+     "\"function\"}]}", 400, "tools", "tools"},
+    {"/v1/chat/completions", "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"tool_choice\":\"auto\"}", 400,
+     "tool_choice", "tool_choice"},
+    {"/v1/chat/completions", "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"functions\":[{}]}", 400,
+     "functions", "functions"},
+    {"/v1/chat/completions", "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"response_format\":{\"type\":"
+     "\"json_object\"}}", 400, "response_format", "response_format"},
+    {"/v1/chat/completions", "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"top_logprobs\":2}", 400,
+     "top_logprobs", "logprobs"},
+    {"/v1/chat/completions", "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"logprobs\":1}", 400,
+     "logprobs", "boolean"},
+    {"/v1/chat/completions", "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"echo\":false}", 400, "echo",
+     "echo"},
+    {"/v1/chat/completions", "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"max_completion_tokens\":0}",
+     400, "max_completion_tokens", "max_completion_tokens"},
+};
+
+static void test_errors(void **state)
+{
+    T *t = *state;
+    start(t, NULL, 4096);
+    for (size_t i = 0; i < sizeof BAD / sizeof BAD[0]; i++) {
+        const bad_case *c = &BAD[i];
+        char *out;
+        int st = http(t, "POST", c->path, c->body, NULL, &out);
+        cJSON *j = cJSON_Parse(out);
+        const cJSON *param = get(j, "error.param"), *msg = get(j, "error.message");
+        if (st != c->status || !cJSON_IsString(msg) || !strstr(msg->valuestring, c->in_msg) ||
+            (c->param ? !cJSON_IsString(param) || strcmp(param->valuestring, c->param) : !cJSON_IsNull(param)) ||
+            !cJSON_IsString(get(j, "error.type")))
+            fail_msg("%s %s: got %d %s", c->path, c->body, st, out);
+        assert_string_equal(get_str(j, "error.type"), "invalid_request_error");
+        cJSON_Delete(j);
+        free(out);
+    }
+    /* accepted at their "nothing asked" values */
+    cJSON *ok = http_json(t, "POST", "/v1/chat/completions",
+                          "{\"messages\":[{\"role\":\"developer\",\"content\":\"d\"},{\"role\":\"user\",\"content\":"
+                          "\"x\"}],\"n\":1,\"tools\":[],\"tool_choice\":\"none\",\"response_format\":{\"type\":"
+                          "\"text\"},\"user\":\"u\",\"seed\":-5,\"max_tokens\":2,\"stop\":null,\"top_k\":-1}", 200);
+    cJSON_Delete(ok);
+    /* 404, 405 with Allow, 413 (Content-Length over the limit; and a body that grows past it) */
+    lg_resp r;
+    char *out;
+    assert_int_equal(http(t, "GET", "/v2/nothing", NULL, &r, &out), 404);
+    assert_non_null(strstr(out, "\"error\""));
+    free(out);
+    assert_int_equal(http(t, "GET", "/v1/completions", NULL, &r, &out), 405);
+    assert_int_equal(strncmp(lg_header(&r, "Allow"), "POST", 4), 0);
+    free(out);
+    assert_int_equal(http(t, "POST", "/health", "{}", &r, &out), 405);
+    assert_int_equal(strncmp(lg_header(&r, "Allow"), "GET", 3), 0);
+    free(out);
+    char *big = malloc(8192);
+    memset(big, ' ', 8191);
+    big[8191] = 0;
+    memcpy(big, "{\"prompt\":\"", 11);
+    assert_int_equal(http(t, "POST", "/v1/completions", big, &r, &out), 413);
+    assert_non_null(strstr(out, "4096"));
+    free(out);
+    free(big);
+    assert_int_equal(metric(t, "vkinfer_requests_total{outcome=\"invalid\"}"), sizeof BAD / sizeof BAD[0] + 1);
+    assert_int_equal(metric(t, "vkinfer_http_responses_total{code=\"405\"}"), 2);
+    stop(t);
+}
+
+/* ---- queue full, hang-ups, many connections -------------------------------------------------- */
+
+/* Opens a stream and reads until its first text arrives (the request is running). */
+static void open_stream(T *t, lg_http *h, const char *body)
+{
+    lg_http_init(h, "127.0.0.1", t->port, 120);
+    lg_resp r;
+    assert_true(lg_http_send(h, "POST", "/v1/completions", body, strlen(body), NULL));
+    assert_true(lg_http_head(h, &r));
+    assert_int_equal(r.status, 200);
+    sse_coll c = {.events = cJSON_CreateArray(), .hang = 1};
+    lg_sse sse = {.on_data = on_sse, .user = &c};
+    assert_int_equal(lg_http_body(h, &r, lg_sse_feed, &sse), 0);
+    cJSON_Delete(c.events);
+    free(sse.line.p);
+}
+
+static const char LONG[] = "{\"prompt\":\"Once upon a time\",\"max_tokens\":1500,\"ignore_eos\":true,\"stream\":true}";
+
+/* max_batch_size 1, max_queue 1: one running, one waiting, the next one gets 429. */
+static void test_queue_full(void **state)
+{
+    T *t = *state;
+    vki_batch_params bp = vki_batch_default_params();
+    bp.max_batch_size = 1;
+    bp.max_queue = 1;
+    start(t, &bp, 0);
+    lg_http a, b;
+    open_stream(t, &a, LONG); /* running */
+    lg_http_init(&b, "127.0.0.1", t->port, 120);
+    assert_true(lg_http_send(&b, "POST", "/v1/completions", LONG, strlen(LONG), NULL)); /* queued */
+    wait_metric(t, "vkinfer_active_requests", 2);
+    lg_resp r;
+    char *out;
+    assert_int_equal(http(t, "POST", "/v1/completions", "{\"prompt\":\"x\",\"max_tokens\":2}", &r, &out), 429);
+    assert_non_null(lg_header(&r, "Retry-After"));
+    cJSON *j = cJSON_Parse(out);
+    assert_string_equal(get_str(j, "error.type"), "rate_limit_error");
+    assert_string_equal(get_str(j, "error.code"), "rate_limit_exceeded");
+    cJSON_Delete(j);
+    free(out);
+    assert_int_equal(metric(t, "vkinfer_requests_total{outcome=\"queue_full\"}"), 1);
+    /* the waiting one hangs up while queued, then the running one: both are cancelled */
+    lg_http_close(&b);
+    wait_metric(t, "vkinfer_active_requests", 1);
+    lg_http_close(&a);
+    wait_metric(t, "vkinfer_active_requests", 0);
+    assert_int_equal(metric(t, "vkinfer_requests_total{outcome=\"cancelled\"}"), 2);
+    stop(t);
+}
+
+/* A client that hangs up mid-stream (and one that hangs up waiting for a JSON answer): the request
+ * is cancelled and its KV blocks are freed. */
+static void test_disconnect(void **state)
+{
+    T *t = *state;
+    start(t, NULL, 0);
+    lg_http h;
+    open_stream(t, &h, LONG);
+    assert_int_equal(metric(t, "vkinfer_active_requests"), 1);
+    double t0 = lg_now();
+    lg_http_close(&h);
+    wait_metric(t, "vkinfer_active_requests", 0);
+    printf("stream hang-up -> request finished in %.1f ms\n", (lg_now() - t0) * 1e3);
+    assert_int_equal(metric(t, "vkinfer_requests_total{outcome=\"cancelled\"}"), 1);
+    static const char json_long[] = "{\"prompt\":\"Once upon a time\",\"max_tokens\":1500,\"ignore_eos\":true}";
+    lg_http_init(&h, "127.0.0.1", t->port, 120);
+    assert_true(lg_http_send(&h, "POST", "/v1/completions", json_long, strlen(json_long), NULL));
+    wait_metric(t, "vkinfer_active_requests", 1);
+    lg_http_close(&h);
+    wait_metric(t, "vkinfer_active_requests", 0);
+    assert_int_equal(metric(t, "vkinfer_requests_total{outcome=\"cancelled\"}"), 2);
+    /* The KV gauges come from the stats of the last tick with work, and a manager that went idle
+     * through a cancellation runs no further tick: one more request makes a tick whose stats show
+     * the pool with the cancelled requests' blocks returned. */
+    cJSON_Delete(http_json(t, "POST", "/v1/completions", "{\"prompt\":\"x\",\"max_tokens\":2}", 200));
+    wait_metric(t, "vkinfer_kv_blocks{state=\"used\"}", 0); /* its tick's stats follow its answer */
+    assert_int_equal(metric(t, "vkinfer_kv_blocks{state=\"free\"}") + metric(t, "vkinfer_kv_blocks{state=\"cached\"}"),
+                     metric(t, "vkinfer_kv_blocks_max"));
+    stop(t);
+}
+
+/* 300 connections at once, every request sent before any answer is read. */
+static void test_many_connections(void **state)
+{
+    T *t = *state;
+    start(t, NULL, 0);
+    enum { N = 300 };
+    lg_http *h = calloc(N, sizeof *h);
+    static const char body[] = "{\"prompt\":\"Once upon a time\",\"max_tokens\":3,\"ignore_eos\":true}";
+    for (int i = 0; i < N; i++) {
+        lg_http_init(&h[i], "127.0.0.1", t->port, 120);
+        assert_true(lg_http_send(&h[i], "POST", "/v1/completions", body, strlen(body), NULL));
+    }
+    for (int i = 0; i < N; i++) {
+        lg_resp r;
+        lg_buf b = {0};
+        assert_true(lg_http_head(&h[i], &r));
+        assert_int_equal(r.status, 200);
+        assert_int_equal(lg_http_body(&h[i], &r, lg_collect, &b), 1);
+        cJSON *j = cJSON_Parse(b.p);
+        assert_int_equal(get_num(j, "usage.completion_tokens"), 3);
+        cJSON_Delete(j);
+        free(b.p);
+        lg_http_close(&h[i]);
+    }
+    free(h);
+    assert_int_equal(metric(t, "vkinfer_requests_total{outcome=\"length\"}"), N);
+    stop(t);
+}
+
+/* ---- drain and shutdown ------------------------------------------------------------------------ */
+
+typedef struct bg_stream {
+    T *t;
+    const char *body;
+    cJSON *events;
+    bool done;
+} bg_stream;
+
+static void *bg_reader(void *arg)
+{
+    bg_stream *b = arg;
+    lg_http h;
+    lg_resp r;
+    lg_http_init(&h, "127.0.0.1", b->t->port, 120);
+    sse_coll c = {.events = cJSON_CreateArray()};
+    lg_sse sse = {.on_data = on_sse, .user = &c};
+    if (lg_http_send(&h, "POST", "/v1/completions", b->body, strlen(b->body), NULL) && lg_http_head(&h, &r) &&
+        r.status == 200)
+        lg_http_body(&h, &r, lg_sse_feed, &sse);
+    lg_http_close(&h);
+    free(sse.line.p);
+    b->events = c.events;
+    b->done = c.done;
+    return NULL;
+}
+
+static void test_drain(void **state)
+{
+    T *t = *state;
+    start(t, NULL, 0);
+    /* a kept-alive connection opened before the drain, and a stream running through it */
+    lg_http k;
+    lg_http_init(&k, "127.0.0.1", t->port, 120);
+    lg_resp r;
+    lg_buf b = {0};
+    assert_int_equal(lg_http_request(&k, "GET", "/health/ready", NULL, &r, &b), 200);
+    bg_stream run = {.t = t, .body = "{\"prompt\":\"Once upon a time\",\"max_tokens\":40,\"ignore_eos\":true,"
+                                      "\"stream\":true}"};
+    pthread_t th;
+    pthread_create(&th, NULL, bg_reader, &run);
+    wait_metric_at_least(t, "vkinfer_generation_tokens_total", 1);
+    srv_drain_begin(t->s);
+    b.len = 0;
+    assert_int_equal(lg_http_request(&k, "GET", "/health/ready", NULL, &r, &b), 503);
+    assert_non_null(strstr(b.p, "draining"));
+    assert_false(r.keep_alive); /* sent elsewhere */
+    lg_http k2;
+    lg_http_init(&k2, "127.0.0.1", t->port, 2);
+    assert_false(lg_http_connect(&k2)); /* no new connections */
+    assert_true(srv_wait_idle(t->s, 60));
+    pthread_join(th, NULL);
+    assert_true(run.done); /* the running stream finished normally */
+    assert_string_equal(get_str(cJSON_GetArrayItem(run.events, cJSON_GetArraySize(run.events) - 1),
+                                "choices.0.finish_reason"), "length");
+    cJSON_Delete(run.events);
+    lg_http_close(&k);
+    free(b.p);
+    stop(t);
+
+    /* shutdown with a request running: it still gets a final event (an error) and [DONE] */
+    start(t, NULL, 0);
+    bg_stream bs = {.t = t, .body = LONG};
+    pthread_create(&th, NULL, bg_reader, &bs);
+    wait_metric_at_least(t, "vkinfer_generation_tokens_total", 3);
+    stop(t);
+    pthread_join(th, NULL);
+    assert_true(bs.done);
+    const cJSON *last = cJSON_GetArrayItem(bs.events, cJSON_GetArraySize(bs.events) - 1);
+    assert_string_equal(get_str(last, "error.type"), "server_error");
+    assert_non_null(strstr(get_str(last, "error.message"), "shut down"));
+    cJSON_Delete(bs.events);
+}
+
+/* The exposition format: HELP/TYPE for every family, cumulative buckets ending in +Inf = count,
+ * counters that match what was served. */
+static void test_metrics(void **state)
+{
+    T *t = *state;
+    start(t, NULL, 0);
+    uint64_t prompt = 0, gen = 0;
+    for (int i = 0; i < 3; i++) {
+        cJSON *j = http_json(t, "POST", "/v1/completions", "{\"prompt\":\"Once upon\",\"max_tokens\":5,\"ignore_eos\":true}",
+                             200);
+        prompt += (uint64_t)get_num(j, "usage.prompt_tokens");
+        gen += (uint64_t)get_num(j, "usage.completion_tokens");
+        cJSON_Delete(j);
+    }
+    lg_resp r;
+    char *m;
+    assert_int_equal(http(t, "GET", "/metrics", NULL, &r, &m), 200);
+    assert_int_equal(strncmp(lg_header(&r, "Content-Type"), "text/plain; version=0.0.4", 25), 0);
+    static const char *const fams[] = {
+        "vkinfer_requests_total", "vkinfer_prompt_tokens_total", "vkinfer_generation_tokens_total",
+        "vkinfer_active_requests", "vkinfer_queue_length", "vkinfer_kv_blocks",
+        "vkinfer_time_to_first_token_seconds", "vkinfer_inter_token_latency_seconds", "vkinfer_step_time_seconds"};
+    for (size_t i = 0; i < sizeof fams / sizeof fams[0]; i++) {
+        char help[128], type[128];
+        snprintf(help, sizeof help, "# HELP %s ", fams[i]);
+        snprintf(type, sizeof type, "# TYPE %s ", fams[i]);
+        assert_non_null(strstr(m, help));
+        assert_non_null(strstr(m, type));
+    }
+    /* each histogram: cumulative buckets, +Inf equal to _count */
+    for (char *l = strstr(m, "# TYPE "); l; l = strstr(l + 1, "# TYPE ")) {
+        char name[96], kind[16];
+        if (sscanf(l, "# TYPE %95s %15s", name, kind) != 2 || strcmp(kind, "histogram"))
+            continue;
+        char key[128];
+        snprintf(key, sizeof key, "%s_bucket{", name);
+        double prev = 0, inf = -1;
+        for (char *b = strstr(l, key); b; b = strstr(b + 1, key)) {
+            double v = strtod(strchr(b, '}') + 2, NULL);
+            assert_true(v >= prev);
+            prev = v;
+            if (strstr(b, "le=\"+Inf\"") == b + strlen(key))
+                inf = v;
+        }
+        snprintf(key, sizeof key, "\n%s_count ", name); /* from the same scrape: ticks go on */
+        const char *cnt = strstr(l, key);
+        assert_true(inf >= 0 && cnt);
+        assert_true(inf == strtod(cnt + strlen(key), NULL));
+    }
+    free(m);
+    assert_int_equal(metric(t, "vkinfer_prompt_tokens_total"), prompt);
+    assert_int_equal(metric(t, "vkinfer_generation_tokens_total"), gen);
+    assert_int_equal(metric(t, "vkinfer_time_to_first_token_seconds_count"), 3);
+    assert_int_equal(metric(t, "vkinfer_inter_token_latency_seconds_count"), gen - 3);
+    assert_int_equal(metric(t, "vkinfer_requests_total{outcome=\"length\"}"), 3);
+    assert_true(metric(t, "vkinfer_step_time_seconds_count") >= 5);
+    assert_int_equal(metric(t, "vkinfer_ready"), 1);
+    stop(t);
+}
+
+/* ---- the load test --------------------------------------------------------------------------- */
+
+#define RSS_BOUND_MIB 64 /* growth of the server's resident memory over the run, after warm-up */
+
+static long rss_kib(pid_t pid)
+{
+    char path[64], line[256];
+    snprintf(path, sizeof path, "/proc/%d/status", (int)pid);
+    FILE *f = fopen(path, "r");
+    long kib = -1;
+    while (f && fgets(line, sizeof line, f))
+        if (!strncmp(line, "VmRSS:", 6))
+            kib = strtol(line + 6, NULL, 10);
+    if (f)
+        fclose(f);
+    return kib;
+}
+
+/* Starts `vkinfer serve` on a free port, its stderr into log; *port from its "listening on" line. */
+static pid_t spawn_server(const char *model, const char *log, uint16_t *port)
+{
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        int fd = open(log, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        if (fd >= 0) { /* stdout too: an inherited pipe would outlive the test */
+            dup2(fd, 1);
+            dup2(fd, 2);
+        }
+        /* Under AddressSanitizer freed memory waits in a quarantine (256 MiB by default) that
+         * would count as growth: keep it small so the RSS bound measures the server. Leak
+         * checking is off in the child: the Vulkan driver, unloaded at exit, leaves allocations
+         * no suppression can name (the in-process suite checks the server's leaks). */
+        char asan[512];
+        const char *prev = getenv("ASAN_OPTIONS");
+        snprintf(asan, sizeof asan, "%s%squarantine_size_mb=4:thread_local_quarantine_size_kb=64:detect_leaks=0",
+                 prev ? prev : "", prev && *prev ? ":" : "");
+        setenv("ASAN_OPTIONS", asan, 1);
+        char exe[1024];
+        snprintf(exe, sizeof exe, "%s/vkinfer", VKI_BINARY_DIR);
+        execl(exe, exe, "serve", "-m", model, "--port", "0", "--no-progress", "--kv-tokens", "65536", "--max-seqs",
+              "128", (char *)NULL);
+        _exit(127);
+    }
+    *port = 0;
+    for (double end = lg_now() + 120; !*port && lg_now() < end; usleep(20000)) {
+        FILE *f = fopen(log, "r");
+        char line[1024];
+        while (f && !*port && fgets(line, sizeof line, f)) {
+            const char *l = strstr(line, "listening on http://");
+            const char *c = l ? strrchr(l, ':') : NULL;
+            if (c)
+                *port = (uint16_t)atoi(c + 1);
+        }
+        if (f)
+            fclose(f);
+        int status;
+        if (waitpid(pid, &status, WNOHANG) == pid)
+            fail_msg("vkinfer serve exited (built %s/vkinfer? see %s)", VKI_BINARY_DIR, log);
+    }
+    if (!*port)
+        fail_msg("vkinfer serve did not start (see %s)", log);
+    return pid;
+}
+
+static lg_summary load_run(uint16_t port, const char *n, const char *disconnect, double *wall, lg_req **reqs)
+{
+    char url[64];
+    snprintf(url, sizeof url, "http://127.0.0.1:%u", port);
+    char *argv[] = {"loadgen", "--url", url, "-n", (char *)n, "-c", "64", "--input-len", "8", "--output-len", "6",
+                    "--token-prompts", "--vocab", "256", "--disconnect", (char *)disconnect, "--timeout", "120"};
+    lg_opts o;
+    lg_opts_default(&o);
+    assert_int_equal(lg_parse_args((int)(sizeof argv / sizeof argv[0]), argv, &o), 1);
+    char id[128];
+    assert_true(lg_probe(&o, id, sizeof id));
+    lg_req *r = calloc(o.n_requests, sizeof *r);
+    assert_true(lg_run_all(&o, r, wall));
+    lg_summary s;
+    lg_summarize(&o, r, *wall, &s);
+    lg_print_table(&o, &s);
+    char *j = lg_summary_json(&o, &s);
+    printf("%s\n", j);
+    free(j);
+    *reqs = r;
+    return s;
+}
+
+static void test_load(void **state)
+{
+    T *t = *state;
+    uint16_t port;
+    char *log = t->log;
+    snprintf(t->log, sizeof t->log, "/tmp/vki_test_server_load_%d.log", (int)getpid());
+    pid_t pid = t->child = spawn_server(t->model, log, &port);
+    t->port = port;
+    double wall;
+    lg_req *r;
+    lg_summary warm = load_run(port, "200", "0", &wall, &r); /* warm-up: pools, caches, thread stacks */
+    lg_free_reqs(r, 200);
+    assert_int_equal(warm.errors, 0);
+    long rss0 = rss_kib(pid);
+    lg_summary s = load_run(port, "2000", "0.1", &wall, &r);
+    long rss1 = rss_kib(pid);
+    printf("server RSS: %.1f MiB after warm-up, %.1f MiB after 2000 requests (bound: +%d MiB)\n", rss0 / 1024.0,
+           rss1 / 1024.0, RSS_BOUND_MIB);
+    if (s.errors)
+        fail_msg("%u requests failed; first: %s", s.errors, s.first_error);
+    assert_int_equal(s.ok + s.cancelled, 2000);
+    assert_true(s.cancelled > 100 && s.cancelled < 300); /* 10% of 2000, drawn */
+    for (uint32_t i = 0; i < 2000; i++)
+        if (r[i].status == LG_OK)
+            assert_int_equal(r[i].out_tokens, r[i].out_len); /* every other request complete */
+    lg_free_reqs(r, 2000);
+    wait_metric(t, "vkinfer_active_requests", 0);
+    /* A client that hangs up after the last token was sent cancels nothing: the server may count
+     * fewer cancellations than the clients made, never more, and every request one outcome. */
+    double cancelled = metric(t, "vkinfer_requests_total{outcome=\"cancelled\"}");
+    double length = metric(t, "vkinfer_requests_total{outcome=\"length\"}");
+    printf("server: %.0f cancelled, %.0f finished (clients: %u hung up)\n", cancelled, length, s.cancelled);
+    assert_true(cancelled > 0 && cancelled <= s.cancelled);
+    assert_true(length >= 200 + s.ok);
+    assert_int_equal(cancelled + length, 2200);
+    /* a last request makes a tick after the last cancellation (see test_disconnect) */
+    cJSON_Delete(http_json(t, "POST", "/v1/completions", "{\"prompt\":\"x\",\"max_tokens\":2}", 200));
+    wait_metric(t, "vkinfer_kv_blocks{state=\"used\"}", 0); /* its tick's stats follow its answer */
+    assert_true(rss1 - rss0 < RSS_BOUND_MIB * 1024L);
+    kill(pid, SIGTERM);
+    int status = 0;
+    waitpid(pid, &status, 0);
+    t->child = 0;
+    assert_true(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    unlink(log);
+}
+
+/* The load test's group: only a model file (the server runs in a child process). */
+static int load_setup(void **state)
+{
+    T *t = calloc(1, sizeof *t);
+    signal(SIGPIPE, SIG_IGN);
+    snprintf(t->model, sizeof t->model, "/tmp/vki_test_server_tiny_%d.gguf", (int)getpid());
+    synth_params sp = synth_default_params();
+    char err[256] = "";
+    if (synth_preset("tiny", &sp) != VKI_OK || synth_write(&sp, t->model, err, sizeof err) != VKI_OK) {
+        printf("cannot write %s: %s\n", t->model, err);
+        free(t);
+        return -1;
+    }
+    *state = t;
+    return 0;
+}
+
+static int load_teardown(void **state)
+{
+    T *t = *state;
+    if (!t)
+        return 0;
+    if (t->child > 0) { /* the test failed with the server running: stop it, keep its log */
+        kill(t->child, SIGKILL);
+        waitpid(t->child, NULL, 0);
+        printf("server log: %s\n", t->log);
+    }
+    unlink(t->model);
+    free(t);
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_health_models), cmocka_unit_test(test_completion), cmocka_unit_test(test_completion_stream),
+        cmocka_unit_test(test_chat),          cmocka_unit_test(test_stop_strings), cmocka_unit_test(test_logprobs),
+        cmocka_unit_test(test_errors),        cmocka_unit_test(test_queue_full), cmocka_unit_test(test_disconnect),
+        cmocka_unit_test(test_many_connections), cmocka_unit_test(test_drain),   cmocka_unit_test(test_metrics),
+    };
+    const struct CMUnitTest load[] = {cmocka_unit_test(test_load)};
+    if (argc > 1 && !strcmp(argv[1], "load"))
+        return cmocka_run_group_tests_name("server_load", load, load_setup, load_teardown);
+    return cmocka_run_group_tests(tests, group_setup, group_teardown);
+}
