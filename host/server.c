@@ -498,6 +498,7 @@ vki_status srv_create(vki_engine *e, const srv_params *p, srv **out, char *err, 
     vki_engine_info(e, &s->info);
     s->t_start = (long long)time(NULL);
     s->next_id = 1;
+    s->listen_fd = -1;
     pthread_condattr_t ca;
     pthread_condattr_init(&ca);
     pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
@@ -534,9 +535,13 @@ void srv_drain_begin(srv *s)
     pthread_mutex_unlock(&s->mu);
     if (was)
         return;
-    MHD_socket fd = MHD_quiesce_daemon(s->d); /* no new connections; open ones keep working */
+    /* No new connections; open ones keep working. The socket must stay open until the daemon
+     * stops (its thread may still poll it), but shutdown() stops a listening socket on Linux at
+     * once: connecting clients are refused instead of waiting in a backlog nobody accepts. */
+    MHD_socket fd = MHD_quiesce_daemon(s->d);
     if (fd != MHD_INVALID_SOCKET)
-        close(fd);
+        shutdown(fd, SHUT_RDWR);
+    s->listen_fd = fd == MHD_INVALID_SOCKET ? -1 : fd;
 }
 
 /* Waits on s->cv until *count (under s->mu) is 0 or the deadline passes. */
@@ -571,5 +576,7 @@ void srv_destroy(srv *s)
     if (!wait_zero(s, &s->n_open, 1.0))
         srv_log(s, VKI_LOG_WARN, "HTTP requests still open at shutdown; closing them");
     MHD_stop_daemon(s->d);
+    if (s->listen_fd >= 0)
+        close(s->listen_fd);
     srv_free(s);
 }

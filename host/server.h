@@ -196,6 +196,7 @@ struct srv {
     chat_template chat;
     chat_specials *specials;
     struct MHD_Daemon *d;
+    int listen_fd;             /* after srv_drain_begin: the quiesced listening socket (-1 before) */
     uint16_t port;
     pthread_mutex_t mu;
     pthread_cond_t cv;         /* n_active or n_open changed */

@@ -411,7 +411,7 @@ static bool parse_messages(srv *s, srv_job *j, const cJSON *root, srv_error *e)
 }
 
 /* max_tokens against the context: the prompt must leave room for one token; the default is 16
- * for completions (the OpenAI default) and the rest of the context for chat. */
+ * for completions (the OpenAI default) and the rest of the context (and of the KV pool) for chat. */
 static bool parse_max_tokens(srv *s, srv_job *j, const cJSON *root, srv_error *e)
 {
     uint32_t ctx = s->info.n_ctx;
@@ -425,7 +425,11 @@ static bool parse_max_tokens(srv *s, srv_job *j, const cJSON *root, srv_error *e
     if (r < 0)
         return false;
     if (r == 0) {
-        j->max_tokens = j->chat ? ctx - j->n_prompt : (ctx - j->n_prompt < 16 ? ctx - j->n_prompt : 16);
+        uint32_t room = ctx - j->n_prompt;
+        uint64_t pool = (uint64_t)s->info.kv_pages * s->info.page_size; /* a sequence fits the pool too */
+        if (pool > j->n_prompt && pool - j->n_prompt < room)
+            room = (uint32_t)(pool - j->n_prompt);
+        j->max_tokens = j->chat || room < 16 ? room : 16;
         return true;
     }
     if ((uint64_t)j->n_prompt + (uint64_t)x > ctx)
