@@ -802,27 +802,37 @@ static void test_disconnect(void **state)
     stop(t);
 }
 
-/* 300 connections at once, every request sent before any answer is read. */
+/* 300 connections at once, half of them streams, every request sent before any answer is read. */
 static void test_many_connections(void **state)
 {
     T *t = *state;
     start(t, NULL, 0);
     enum { N = 300 };
     lg_http *h = calloc(N, sizeof *h);
-    static const char body[] = "{\"prompt\":\"Once upon a time\",\"max_tokens\":3,\"ignore_eos\":true}";
+    static const char plain[] = "{\"prompt\":\"Once upon a time\",\"max_tokens\":3,\"ignore_eos\":true}";
+    static const char sse[] = "{\"prompt\":\"Once upon a time\",\"max_tokens\":3,\"ignore_eos\":true,\"stream\":true,"
+                              "\"stream_options\":{\"include_usage\":true}}";
     for (int i = 0; i < N; i++) {
+        const char *body = i % 2 ? sse : plain;
         lg_http_init(&h[i], "127.0.0.1", t->port, 120);
         assert_true(lg_http_send(&h[i], "POST", "/v1/completions", body, strlen(body), NULL));
     }
     for (int i = 0; i < N; i++) {
         lg_resp r;
         lg_buf b = {0};
+        sse_coll c = {.events = cJSON_CreateArray()};
+        lg_sse parse = {.on_data = on_sse, .user = &c};
         assert_true(lg_http_head(&h[i], &r));
         assert_int_equal(r.status, 200);
-        assert_int_equal(lg_http_body(&h[i], &r, lg_collect, &b), 1);
-        cJSON *j = cJSON_Parse(b.p);
-        assert_int_equal(get_num(j, "usage.completion_tokens"), 3);
+        assert_int_equal(i % 2 ? lg_http_body(&h[i], &r, lg_sse_feed, &parse) : lg_http_body(&h[i], &r, lg_collect, &b),
+                         1);
+        cJSON *j = i % 2 ? NULL : cJSON_Parse(b.p);
+        const cJSON *last = i % 2 ? cJSON_GetArrayItem(c.events, cJSON_GetArraySize(c.events) - 1) : j;
+        assert_true(i % 2 == 0 || c.done);
+        assert_int_equal(get_num(last, "usage.completion_tokens"), 3);
         cJSON_Delete(j);
+        cJSON_Delete(c.events);
+        free(parse.line.p);
         free(b.p);
         lg_http_close(&h[i]);
     }
