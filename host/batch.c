@@ -43,6 +43,7 @@ static void respond(vki_batch_manager *bm, bm_req *q, uint32_t from, bool final,
         .final = final,
         .finish = final ? why : VKI_FINISH_NONE,
         .error = why == VKI_FINISH_ERROR ? error : NULL,
+        .status = why == VKI_FINISH_ERROR ? (q->status != VKI_OK ? q->status : VKI_ERR_INTERNAL) : VKI_OK,
         .seed = q->seed,
     };
     if (q->want_lp && r.n_tokens) {
@@ -65,6 +66,7 @@ static void respond(vki_batch_manager *bm, bm_req *q, uint32_t from, bool final,
  * not yet delivered (none, normally); others get everything they generated. */
 static void finish(vki_batch_manager *bm, bm_req *q, vki_finish_reason why, const char *error)
 {
+    bm->n_finished++;
     respond(bm, q, q->streaming ? q->n_sent : 0, true, why, error);
     if (q->seq) {
         sched_remove(bm->s, q->seq);
@@ -75,10 +77,10 @@ static void finish(vki_batch_manager *bm, bm_req *q, vki_finish_reason why, cons
 
 /* Refusal of a request that never entered the scheduler (invalid or duplicate id): it is not
  * in the in-flight map, so respond directly. */
-static void refuse(bm_req *q, const char *error)
+static void refuse(bm_req *q, vki_status status, const char *error)
 {
     vki_response r = {.id = q->id, .seq_len = q->n_prompt, .final = true, .finish = VKI_FINISH_ERROR,
-                      .error = error, .seed = q->seed};
+                      .error = error, .status = status, .seed = q->seed};
     q->respond(q->respond_user, &r);
     bm_req_free(q);
 }
@@ -114,6 +116,7 @@ static void enter_scheduler(vki_batch_manager *bm, bm_req *q)
     if (st != VKI_OK) {
         char msg[BM_MSG_CAP];
         snprintf(msg, sizeof msg, "request not queued: %s", vki_status_str(st));
+        q->status = st;
         finish(bm, q, VKI_FINISH_ERROR, msg);
         return;
     }
@@ -145,9 +148,11 @@ static void intake_callback(vki_batch_manager *bm, int32_t max)
         if (ok)
             enter_scheduler(bm, q);
         else if (dup)
-            refuse(q, "id: a request with this id is in flight");
+            refuse(q, VKI_ERR_DUPLICATE_ID, "id: a request with this id is in flight");
+        else if (q->error[0])
+            refuse(q, VKI_ERR_INVALID_ARG, q->error);
         else
-            refuse(q, q->error[0] ? q->error : "request not queued: out of host memory");
+            refuse(q, VKI_ERR_OUT_OF_HOST_MEMORY, "request not queued: out of host memory");
     }
 }
 
@@ -176,7 +181,7 @@ static void poll_stops(vki_batch_manager *bm)
 
 /* Every request still in flight gets `why` (abort: CANCELLED; an internal error: ERROR).
  * O(in flight). */
-static void finish_all(vki_batch_manager *bm, vki_finish_reason why, const char *error)
+static void finish_all(vki_batch_manager *bm, vki_finish_reason why, vki_status status, const char *error)
 {
     uint32_t i = 0, mask = 0;
     for (;;) {
@@ -192,6 +197,7 @@ static void finish_all(vki_batch_manager *bm, vki_finish_reason why, const char 
         pthread_mutex_unlock(&bm->mu);
         if (!q)
             return;
+        q->status = status;
         finish(bm, q, why, error);
     }
 }
@@ -240,8 +246,10 @@ static void run_step(vki_batch_manager *bm, const sched_tick *t, double *step_ms
         char msg[BM_MSG_CAP];
         snprintf(msg, sizeof msg, "engine step failed: %s", vki_status_str(st));
         for (uint32_t i = 0; i < n; i++)
-            if (reqs[i]) /* NULL: a STATIC padding member, owned by the scheduler */
+            if (reqs[i]) { /* NULL: a STATIC padding member, owned by the scheduler */
+                reqs[i]->status = st;
                 finish(bm, reqs[i], VKI_FINISH_ERROR, msg);
+            }
         return;
     }
     sched_commit(bm->s, t, bm->outs);
@@ -264,7 +272,7 @@ static void tick(vki_batch_manager *bm)
     double step_ms = 0;
     vki_status st = sched_plan(bm->s, &t);
     if (st != VKI_OK) {
-        finish_all(bm, VKI_FINISH_ERROR, "internal error: scheduler invariant broken");
+        finish_all(bm, VKI_FINISH_ERROR, VKI_ERR_INTERNAL, "internal error: scheduler invariant broken");
         return;
     }
     pthread_mutex_lock(&bm->mu); /* admissions made room in the queue */
@@ -330,6 +338,7 @@ static void *worker(void *arg)
         int32_t max_new_reqs;
         if (!wait_work(bm, &inbox, &cancels, &n_cancels, &abort, &max_new_reqs))
             break;
+        uint64_t finished0 = bm->n_finished;
         for (bm_req *q = inbox, *next; q; q = next) {
             next = q->next;
             q->next = NULL;
@@ -343,9 +352,15 @@ static void *worker(void *arg)
         if (bm->cb.poll_stop_signals && bm->n_active)
             poll_stops(bm);
         if (abort)
-            finish_all(bm, VKI_FINISH_CANCELLED, NULL);
-        if (bm->n_active)
+            finish_all(bm, VKI_FINISH_CANCELLED, VKI_OK, NULL);
+        if (bm->n_active) {
             tick(bm);
+        } else if (bm->n_finished != finished0 && bm->p.stats && bm->cb.stats) {
+            /* the last requests left between ticks (cancelled, stopped, aborted): one more stats
+             * object, so observers see the drained KV pool rather than the last busy tick */
+            sched_tick idle = {0};
+            bm_emit_stats(bm, &idle, 0);
+        }
         pthread_mutex_lock(&bm->mu);
         bm->sched_waiting = sched_queue_len(bm->s);
         pthread_mutex_unlock(&bm->mu);

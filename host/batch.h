@@ -44,6 +44,7 @@ typedef struct bm_req {
     vki_response_fn respond;   /* push: the submitter's callback; else cb->send_response */
     void *respond_user;
     char error[BM_MSG_CAP];    /* non-empty: refused at intake with this message */
+    vki_status status;         /* the cause reported with a final error response */
     /* worker-thread state */
     sched_seq *seq;            /* in the scheduler (NULL before intake) */
     float *lp;                 /* [max_new] logprob of each generated token, when want_lp */
@@ -96,6 +97,7 @@ struct vki_batch_manager {
     vki_step_out *outs;        /* [max_seqs] */
     uint32_t n_active;         /* requests in the scheduler */
     uint64_t iteration;
+    uint64_t n_finished;       /* final responses sent (worker thread) */
 };
 
 /* Creates a manager over `be` (copied; be->ctx must outlive the manager) and starts its worker.

@@ -127,7 +127,7 @@ static void on_response(void *user, const vki_response *r)
     if (!r->final)
         return;
     /* There is no status in a response: a lost device shows in the error text of the step. */
-    bool lost = r->finish == VKI_FINISH_ERROR && r->error && strstr(r->error, vki_status_str(VKI_ERR_DEVICE_LOST));
+    bool lost = r->finish == VKI_FINISH_ERROR && r->status == VKI_ERR_DEVICE_LOST;
     pthread_mutex_lock(&s->mu);
     s->device_lost |= lost;
     s->n_active--;

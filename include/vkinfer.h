@@ -298,6 +298,9 @@ typedef struct vki_response {
     vki_finish_reason finish;       /* NONE unless final */
     const char *error;              /* finish == ERROR: what went wrong (names the field for a
                                        refused request); else NULL */
+    vki_status status;              /* finish == ERROR: the cause (VKI_ERR_INVALID_ARG refused,
+                                       VKI_ERR_DUPLICATE_ID, VKI_ERR_DEVICE_LOST and the other
+                                       engine failures, ...); else VKI_OK */
     uint64_t seed;                  /* the request's seed, or the one drawn for it */
 } vki_response;
 
