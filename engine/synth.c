@@ -5,6 +5,7 @@
 #include "engine/gguf.h"
 #include "engine/gguf_write.h"
 #include "engine/quant.h"
+#include "engine/rng.h"
 
 #include <math.h>
 #include <stdarg.h>
@@ -445,19 +446,11 @@ static vki_status write_metadata(synth_ctx *c, gguf_writer *w)
 
 /* ---- weights --------------------------------------------------------------------------------- */
 
-static uint64_t synth_mix(uint64_t *s)
-{
-    uint64_t z = (*s += 0x9e3779b97f4a7c15ull); /* splitmix64 */
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-
 /* ~N(0, 1) from one 64-bit draw: the sum of four 16-bit uniforms (Irwin-Hall, mean 2, variance
  * 1/3), rescaled. Bounded by +-3.5: no outliers, and cheaper than Box-Muller. */
 static float synth_gauss(uint64_t *s)
 {
-    uint64_t z = synth_mix(s);
+    uint64_t z = vki_splitmix64(s);
     float a = (float)(z & 0xffff) + (float)((z >> 16) & 0xffff) + (float)((z >> 32) & 0xffff) + (float)(z >> 48);
     return (a * (1.0f / 65536.0f) - 2.0f) * 1.7320508f;
 }

@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "engine/rng.h"
 #include "engine/sample_ref.h"
 #include "host/batch.h"
 
@@ -25,10 +26,7 @@ vki_batch_params vki_batch_default_params(void)
 
 uint64_t bm_next_seed(uint64_t *state)
 {
-    uint64_t z = (*state += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
+    return vki_splitmix64(state);
 }
 
 /* ---- validation --------------------------------------------------------------------------- */

@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "engine/rng.h"
 #include "host/tok_impl.h"
 #include "host/tokenizer.h"
 
@@ -128,15 +129,6 @@ static uint64_t hash_bytes(const char *s, size_t n)
     return h;
 }
 
-static uint64_t hash_u64(uint64_t x)
-{
-    x ^= x >> 30;
-    x *= 0xbf58476d1ce4e5b9ull;
-    x ^= x >> 27;
-    x *= 0x94d049bb133111ebull;
-    return x ^ (x >> 31);
-}
-
 int32_t tok_lookup(const vki_tokenizer *t, const char *text, size_t len)
 {
     if (!len)
@@ -158,7 +150,7 @@ const tok_merge *tok_merge_find(const vki_tokenizer *t, int32_t left, int32_t ri
     if (!t->merges.slot || left < 0 || right < 0)
         return NULL;
     uint64_t key = ((uint64_t)(uint32_t)left + 1) << 32 | ((uint64_t)(uint32_t)right + 1);
-    uint64_t i = hash_u64(key) & t->merges.mask;
+    uint64_t i = vki_mix64_fin(key) & t->merges.mask;
     for (;;) {
         const tok_merge *m = &t->merges.slot[i];
         if (!m->key)
@@ -333,7 +325,7 @@ static vki_status load_merges(vki_tokenizer *t, const gguf_file *f, char *err, s
         if (a < 0 || b < 0)
             continue;
         uint64_t k = ((uint64_t)(uint32_t)a + 1) << 32 | ((uint64_t)(uint32_t)b + 1);
-        uint64_t i = hash_u64(k) & t->merges.mask;
+        uint64_t i = vki_mix64_fin(k) & t->merges.mask;
         while (t->merges.slot[i].key && t->merges.slot[i].key != k)
             i = (i + 1) & t->merges.mask;
         if (t->merges.slot[i].key)

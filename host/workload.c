@@ -7,6 +7,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "engine/rng.h"
 #include "host/cli_common.h"
 
 typedef struct wl_run_state {
@@ -23,17 +24,9 @@ typedef struct wl_ctx { /* per request: its index and the shared state */
     uint32_t i;
 } wl_ctx;
 
-static uint64_t splitmix(uint64_t *s)
-{
-    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-
 static uint32_t draw(uint64_t *s, uint32_t lo, uint32_t hi)
 {
-    return hi <= lo ? lo : lo + (uint32_t)(splitmix(s) % ((uint64_t)hi - lo + 1));
+    return hi <= lo ? lo : lo + (uint32_t)(vki_splitmix64(s) % ((uint64_t)hi - lo + 1));
 }
 
 /* Runs on the worker thread: times and tokens of one request. */
@@ -109,7 +102,7 @@ static vki_status submit_all(vki_batch_manager *bm, const vki_tokenizer *tok, co
     vki_status st = VKI_OK;
     for (uint32_t i = 0; i < p->n_requests && st == VKI_OK; i++) {
         if (p->rate > 0 && i)
-            t += -log(1.0 - (splitmix(&rng) >> 11) * (1.0 / 9007199254740992.0)) / p->rate;
+            t += -log(1.0 - (vki_splitmix64(&rng) >> 11) * (1.0 / 9007199254740992.0)) / p->rate;
         uint32_t n_in = make_prompt(tok, p, i, &rng, buf, cap), n_out = draw(&rng, p->out_min, p->out_max);
         if (n_in + n_out > max_ctx) /* keep every request runnable on this engine */
             n_in = n_in < max_ctx / 2 ? n_in : max_ctx / 2, n_out = max_ctx - n_in;

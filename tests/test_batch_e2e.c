@@ -5,6 +5,7 @@
  * (temperature > 0, fixed seeds) must give the same tokens alone, inside a batch of 16 others
  * and across forced pauses. */
 #include "support/vt.h"
+#include "engine/rng.h"
 
 #include <pthread.h>
 #include <stdatomic.h>
@@ -54,14 +55,6 @@ static void count_validation(void *user, vki_log_level lvl, const char *msg)
         fprintf(stderr, "[vkinfer] %s\n", msg);
 }
 
-static uint64_t rnd(uint64_t *s)
-{
-    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-
 static vki_request make_req(const e2e *x, uint32_t i)
 {
     return (vki_request){.id = 1000 + i, .prompt = x->r[i].prompt, .n_prompt = x->r[i].n_prompt,
@@ -72,7 +65,7 @@ static vki_request make_req(const e2e *x, uint32_t i)
 static void get_requests(void *user, int32_t max, vki_request_list *sink)
 {
     e2e *x = user;
-    uint32_t k = x->all_at_once ? x->n_req : (uint32_t)(rnd(&x->rng) % 4);
+    uint32_t k = x->all_at_once ? x->n_req : (uint32_t)(vki_splitmix64(&x->rng) % 4);
     for (uint32_t j = 0; j < k && x->next < x->n_req && (max < 0 || (int32_t)j < max); j++) {
         vki_request req = make_req(x, x->next);
         assert_int_equal(vki_request_list_add(sink, &req), VKI_OK);

@@ -21,6 +21,7 @@
 #include "engine/ops_matmul.h"
 #include "engine/ops_sample.h"
 #include "engine/quant.h"
+#include "engine/rng.h"
 #include "engine/tensor.h"
 
 #define MAX_BUFS 8
@@ -52,15 +53,7 @@ typedef struct bench_kernel {
 
 /* ---- helpers for setup functions ----------------------------------------------------------- */
 
-static uint64_t rng_next(uint64_t *s)
-{
-    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-
-static float rng_float(uint64_t *s) { return (float)((rng_next(s) >> 40) * (2.0 / 16777216.0) - 1.0); }
+static float rng_float(uint64_t *s) { return (float)((vki_splitmix64(s) >> 40) * (2.0 / 16777216.0) - 1.0); }
 
 /* Device buffer of n floats uniform in [-1, 1). */
 static vki_status make_floats(bench_run *r, size_t n, const char *name, vkd_buffer **out)
@@ -98,7 +91,7 @@ static void random_weights(bench_run *r, uint8_t *raw, size_t n_bytes, uint32_t 
         return;
     }
     for (size_t i = 0; i < n_bytes; i += 8) {
-        uint64_t v = rng_next(&r->rng);
+        uint64_t v = vki_splitmix64(&r->rng);
         memcpy(raw + i, &v, n_bytes - i < 8 ? n_bytes - i : 8);
     }
     const quant_traits *qt = quant_get(type);
@@ -162,7 +155,7 @@ static vki_status get_rows_setup(bench_run *r)
     if (!ids)
         return VKI_ERR_OUT_OF_HOST_MEMORY;
     for (uint32_t i = 0; i < r->M; i++)
-        ids[i] = (int32_t)(rng_next(&r->rng) % r->N);
+        ids[i] = (int32_t)(vki_splitmix64(&r->rng) % r->N);
     if (st == VKI_OK)
         st = vkd_buffer_create(r->d, (size_t)r->M * 4, VKD_MEM_DEVICE, "bench ids", &r->buf[0]);
     if (st == VKI_OK)
@@ -410,13 +403,13 @@ static vki_status sample_setup(bench_run *r)
     }
     int32_t hist[64];
     for (int i = 0; i < 64; i++)
-        hist[i] = (int32_t)(rng_next(&r->rng) % r->N);
+        hist[i] = (int32_t)(vki_splitmix64(&r->rng) % r->N);
     vki_sample_row *rows = malloc(r->M * sizeof *rows);
     vki_sample_edit *edits = malloc((size_t)r->M * 64 * sizeof *edits);
     uint32_t used = 0;
     vki_status st = rows && edits ? VKI_OK : VKI_ERR_OUT_OF_HOST_MEMORY;
     for (uint32_t i = 0; st == VKI_OK && i < r->M; i++) {
-        sample_req q = {&p, rng_next(&r->rng), 1000 + i, hist, 64};
+        sample_req q = {&p, vki_splitmix64(&r->rng), 1000 + i, hist, 64};
         uint32_t n = 0;
         char err[128];
         st = sample_pack_row(&q, r->N, used, &rows[i], edits + used, 64, &n, err, sizeof err);

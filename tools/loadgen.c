@@ -32,6 +32,7 @@
 
 #include <cjson/cJSON.h>
 
+#include "engine/rng.h"
 #include "host/workload.h" /* wl_percentile */
 
 /* ---- HTTP/1.1 client ------------------------------------------------------------------------- */
@@ -374,17 +375,9 @@ typedef struct lg_run {
     uint32_t next;
 } lg_run;
 
-static uint64_t lg_mix(uint64_t *s)
-{
-    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
+static uint32_t lg_pick(uint64_t *s, uint32_t lo, uint32_t hi) { return hi <= lo ? lo : lo + (uint32_t)(vki_splitmix64(s) % (hi - lo + 1)); }
 
-static uint32_t lg_pick(uint64_t *s, uint32_t lo, uint32_t hi) { return hi <= lo ? lo : lo + (uint32_t)(lg_mix(s) % (hi - lo + 1)); }
-
-static double lg_unit(uint64_t *s) { return (double)(lg_mix(s) >> 11) * (1.0 / 9007199254740992.0); }
+static double lg_unit(uint64_t *s) { return (double)(vki_splitmix64(s) >> 11) * (1.0 / 9007199254740992.0); }
 
 /* A text of roughly n tokens: common English words (about one token each in the usual
  * vocabularies; more in a tiny one). */
@@ -395,7 +388,7 @@ static bool lg_text_prompt(lg_buf *b, uint32_t n, uint64_t *rng)
                                         "sun", "tree", "bird", "sang", "mom", "said", "went", "home", "time"};
     bool ok = true;
     for (uint32_t i = 0; i < n && ok; i++) {
-        const char *w = words[lg_mix(rng) % (sizeof words / sizeof words[0])];
+        const char *w = words[vki_splitmix64(rng) % (sizeof words / sizeof words[0])];
         ok = (!i || lg_buf_put(b, " ", 1)) && lg_buf_put(b, w, strlen(w));
     }
     return ok;
@@ -408,7 +401,7 @@ static char *lg_body(const lg_opts *o, const lg_req *q, uint64_t *rng)
     if (o->token_prompts) {
         cJSON *a = cJSON_AddArrayToObject(root, "prompt");
         for (uint32_t i = 0; i < q->in_len; i++)
-            cJSON_AddItemToArray(a, cJSON_CreateNumber(3 + (double)(lg_mix(rng) % (o->vocab > 3 ? o->vocab - 3 : 1))));
+            cJSON_AddItemToArray(a, cJSON_CreateNumber(3 + (double)(vki_splitmix64(rng) % (o->vocab > 3 ? o->vocab - 3 : 1))));
     } else {
         lg_buf t = {0};
         lg_text_prompt(&t, q->in_len, rng);

@@ -18,6 +18,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "engine/rng.h"
 #include "scheduler/sched.h"
 
 typedef struct bench_cfg {
@@ -38,14 +39,6 @@ typedef struct bench {
     int32_t prompt[64 + 288]; /* the next request's prompt */
 } bench;
 
-static uint64_t rnd(uint64_t *s)
-{
-    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-
 static double now_s(void)
 {
     struct timespec ts;
@@ -57,12 +50,12 @@ static double now_s(void)
  * the driver outside the measured calls. */
 static void make_request(bench *b, int32_t *prompt, sched_add_args *a)
 {
-    uint32_t own = 32 + (uint32_t)(rnd(&b->rng) % 257), max_new = 32 + (uint32_t)(rnd(&b->rng) % 225);
+    uint32_t own = 32 + (uint32_t)(vki_splitmix64(&b->rng) % 257), max_new = 32 + (uint32_t)(vki_splitmix64(&b->rng) % 225);
     memcpy(prompt, b->prefix, sizeof b->prefix);
     for (uint32_t i = 0; i < own; i++)
-        prompt[64 + i] = (int32_t)(rnd(&b->rng) % b->c.vocab);
+        prompt[64 + i] = (int32_t)(vki_splitmix64(&b->rng) % b->c.vocab);
     *a = (sched_add_args){.prompt = prompt, .n_prompt = 64 + own, .max_new = max_new, .sampling = &b->sp,
-                          .seed = rnd(&b->rng)};
+                          .seed = vki_splitmix64(&b->rng)};
 }
 
 /* The fake engine: one token per sampled entry. */
@@ -74,7 +67,7 @@ static void fake_step(bench *b, const sched_tick *t)
         if (!e->want_token)
             continue;
         uint64_t h = (uint64_t)(uint32_t)e->tokens[e->n_new - 1] * 0x9e3779b97f4a7c15ull ^ (e->pos0 + e->n_new);
-        b->outs[k++] = (vki_step_out){.slot = e->slot, .token = (int32_t)(rnd(&h) % b->c.vocab)};
+        b->outs[k++] = (vki_step_out){.slot = e->slot, .token = (int32_t)(vki_splitmix64(&h) % b->c.vocab)};
     }
 }
 
@@ -202,7 +195,7 @@ int main(int argc, char **argv)
         return 1;
     }
     for (uint32_t i = 0; i < 64; i++)
-        b.prefix[i] = (int32_t)(rnd(&b.rng) % b.c.vocab);
+        b.prefix[i] = (int32_t)(vki_splitmix64(&b.rng) % b.c.vocab);
     for (uint32_t i = 0; i < b.c.n_active; i++) {
         sched_add_args a;
         make_request(&b, b.prompt, &a);

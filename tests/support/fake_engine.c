@@ -1,5 +1,6 @@
 /* The fake executor (see fake_engine.h). */
 #include "support/fake_engine.h"
+#include "engine/rng.h"
 
 #include <stdarg.h>
 #include <stdio.h>
@@ -29,22 +30,14 @@ struct fake_engine {
     uint32_t max_seqs_seen, max_tokens_seen;
 };
 
-static uint64_t mix64(uint64_t z)
-{
-    z += 0x9e3779b97f4a7c15ull;
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-
 static uint64_t chain(uint64_t h, int32_t token, uint32_t pos)
 {
-    return mix64(h ^ ((uint64_t)(uint32_t)token << 20) ^ ((uint64_t)pos << 52) ^ pos);
+    return vki_mix64(h ^ ((uint64_t)(uint32_t)token << 20) ^ ((uint64_t)pos << 52) ^ pos);
 }
 
 static int32_t next_token(const fake_engine *f, uint64_t h, bool sampled, uint64_t seed, float *lp)
 {
-    uint64_t r = mix64(h ^ (sampled ? mix64(seed ^ 0x5851f42d4c957f2dull) : 0));
+    uint64_t r = vki_mix64(h ^ (sampled ? vki_mix64(seed ^ 0x5851f42d4c957f2dull) : 0));
     if (lp)
         *lp = -0.01f - (float)((r >> 40) % 1000) / 100.0f;
     return (int32_t)(r % f->c.vocab);
@@ -228,7 +221,7 @@ static void scribble(fake_engine *f, const vki_step_plan *plan)
     for (uint32_t i = 0; i < plan->n_seqs; i++) {
         const vki_step_seq *e = &plan->seqs[i];
         for (uint32_t j = 0; j < e->n_new; j++)
-            *entry(f, e, e->pos0 + j) = (fake_entry){.token = 0, .pos = e->pos0 + j, .h = mix64(f->steps + j), .valid = true};
+            *entry(f, e, e->pos0 + j) = (fake_entry){.token = 0, .pos = e->pos0 + j, .h = vki_mix64(f->steps + j), .valid = true};
     }
 }
 

@@ -1,4 +1,5 @@
 #include "support/vt.h"
+#include "engine/rng.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -123,10 +124,7 @@ vt_rng vt_rng_seeded(const char *suite)
 
 uint64_t vt_u64(vt_rng *r)
 {
-    uint64_t z = (r->s += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
+    return vki_splitmix64(&r->s);
 }
 
 uint32_t vt_range(vt_rng *r, uint32_t lo, uint32_t hi)
