@@ -125,35 +125,24 @@ static vki_status put(chat_prompt *p, const char *s, size_t n, bool tmpl)
 {
     if (!n)
         return VKI_OK;
-    if (n > SIZE_MAX / 2 - p->len - 1)
-        return VKI_ERR_OUT_OF_HOST_MEMORY;
-    if (p->len + n + 1 > p->cap) {
-        size_t cap = (p->len + n + 1) * 2;
-        char *b = realloc(p->text, cap);
-        if (!b)
+    /* A template piece right after another extends its span; otherwise it opens a new one, whose
+     * slot is reserved before the text grows so that a failure leaves p as it was. */
+    bool extend = p->n_tmpl && p->tmpl[p->n_tmpl - 1].off + p->tmpl[p->n_tmpl - 1].len == p->len;
+    if (tmpl && !extend && p->n_tmpl == p->cap_tmpl) {
+        size_t cap = p->cap_tmpl ? p->cap_tmpl * 2 : 16;
+        chat_span *s2 = realloc(p->tmpl, cap * sizeof *s2);
+        if (!s2)
             return VKI_ERR_OUT_OF_HOST_MEMORY;
-        p->text = b;
-        p->cap = cap;
+        p->tmpl = s2;
+        p->cap_tmpl = cap;
     }
-    if (tmpl) {
-        chat_span *last = p->n_tmpl ? &p->tmpl[p->n_tmpl - 1] : NULL;
-        if (last && last->off + last->len == p->len) {
-            last->len += n;
-        } else {
-            if (p->n_tmpl == p->cap_tmpl) {
-                size_t cap = p->cap_tmpl ? p->cap_tmpl * 2 : 16;
-                chat_span *s2 = realloc(p->tmpl, cap * sizeof *s2);
-                if (!s2)
-                    return VKI_ERR_OUT_OF_HOST_MEMORY;
-                p->tmpl = s2;
-                p->cap_tmpl = cap;
-            }
-            p->tmpl[p->n_tmpl++] = (chat_span){p->len, n};
-        }
-    }
-    memcpy(p->text + p->len, s, n);
-    p->len += n;
-    p->text[p->len] = 0;
+    size_t off = p->len;
+    if (!strbuf_put(&p->buf, s, n))
+        return VKI_ERR_OUT_OF_HOST_MEMORY;
+    if (tmpl && extend)
+        p->tmpl[p->n_tmpl - 1].len += n;
+    else if (tmpl)
+        p->tmpl[p->n_tmpl++] = (chat_span){off, n};
     return VKI_OK;
 }
 
@@ -200,7 +189,7 @@ static vki_status content_trimmed(chat_prompt *p, const chat_msg *m)
 
 void chat_prompt_free(chat_prompt *p)
 {
-    free(p->text);
+    strbuf_free(&p->buf);
     free(p->tmpl);
     memset(p, 0, sizeof *p);
 }
@@ -458,14 +447,9 @@ vki_status chat_render(const chat_template *t, const chat_msg *m, size_t n, bool
     for (size_t i = 0; i < n; i++)
         if ((unsigned)m[i].role > CHAT_ASSISTANT || (m[i].len && !m[i].content))
             return VKI_ERR_INVALID_ARG;
-    vki_status st = put(out, "", 0, false);
-    if (st == VKI_OK)
-        st = renderers[t->family](t, m, n, add_generation_prompt, out, err, n_err);
-    if (st == VKI_OK && !out->text) { /* nothing rendered: still a valid empty string */
-        out->text = calloc(1, 1);
-        out->cap = out->text ? 1 : 0;
-        st = out->text ? VKI_OK : VKI_ERR_OUT_OF_HOST_MEMORY;
-    }
+    vki_status st = renderers[t->family](t, m, n, add_generation_prompt, out, err, n_err);
+    if (st == VKI_OK && !strbuf_put(&out->buf, "", 0)) /* nothing rendered: still a valid "" */
+        st = VKI_ERR_OUT_OF_HOST_MEMORY;
     if (st != VKI_OK)
         chat_prompt_free(out);
     return st;

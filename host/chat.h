@@ -18,6 +18,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "host/strbuf.h"
 #include "vkinfer.h"
 
 typedef enum chat_family {
@@ -71,8 +72,13 @@ typedef struct chat_span {
 } chat_span;
 
 typedef struct chat_prompt {
-    char *text;           /* NUL-terminated */
-    size_t len, cap;
+    union { /* one buffer, two spellings: readers use text/len, the renderer appends to buf */
+        strbuf buf;
+        struct {
+            char *text;   /* NUL-terminated */
+            size_t len, cap;
+        };
+    };
     chat_span *tmpl;      /* [n_tmpl] template-written spans, in order, not overlapping */
     size_t n_tmpl, cap_tmpl;
 } chat_prompt;

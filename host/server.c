@@ -33,7 +33,7 @@ typedef struct srv_conn {
     bool post;         /* a POST route, method right: the body is kept */
     srv_error pending; /* http != 0: the answer (404 / 405), sent once the request is read */
     const char *allow; /* 405: the Allow header */
-    srv_buf body;
+    strbuf body;
     bool too_big;
     srv_job *job;
     unsigned status;
@@ -340,7 +340,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     if (*upload_size) {
         if (k->post && !k->too_big && k->body.len + *upload_size > s->p.body_limit)
             k->too_big = true;
-        if (k->post && !k->too_big && !srv_buf_put(&k->body, upload, *upload_size))
+        if (k->post && !k->too_big && !strbuf_put(&k->body, upload, *upload_size))
             return MHD_NO;
         *upload_size = 0;
         return MHD_YES;
@@ -372,7 +372,7 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, en
     }
     srv_log(s, VKI_LOG_DEBUG, "%s %u %.1f ms%s", k->r == R_CHAT ? "chat" : k->r == R_CMPL ? "completions" : "-",
             k->status, (srv_now() - k->t0) * 1e3, toe == MHD_REQUEST_TERMINATED_COMPLETED_OK ? "" : " (aborted)");
-    srv_buf_free(&k->body);
+    strbuf_free(&k->body);
     free(k);
     *con_cls = NULL;
     pthread_mutex_lock(&s->mu);

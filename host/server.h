@@ -34,6 +34,7 @@
 #include <cjson/cJSON.h>
 
 #include "host/chat.h"
+#include "host/strbuf.h"
 #include "host/textstream.h"
 #include "vkinfer.h"
 
@@ -118,15 +119,6 @@ void srv_metrics_stats(srv_metrics *m, const cJSON *o);
 /* Prometheus text exposition (malloc'd); active = generation requests in flight. */
 char *srv_metrics_render(srv_metrics *m, uint32_t active, uint32_t open_requests, bool ready);
 
-/* A growable byte buffer. */
-typedef struct srv_buf {
-    char *p;
-    size_t len, cap;
-} srv_buf;
-bool srv_buf_put(srv_buf *b, const char *s, size_t n);
-bool srv_buf_printf(srv_buf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-void srv_buf_free(srv_buf *b);
-
 /* An HTTP-level error: status, OpenAI error type, the parameter it is about, message. */
 typedef struct srv_error {
     unsigned http;
@@ -177,10 +169,10 @@ typedef struct srv_job {
     uint32_t n_used;           /* tokens turned into text so far */
     uint32_t n_counted;        /* tokens that count (up to and including a stop string's end) */
     text_stream *ts;
-    srv_buf text;              /* the whole completion (non-streaming) */
+    strbuf text;               /* the whole completion (non-streaming) */
     size_t text_bytes;         /* completion bytes emitted so far (text_offset) */
     cJSON *lp_all;             /* non-streaming logprobs being built */
-    srv_buf out;               /* streaming: SSE bytes not yet handed to MHD */
+    strbuf out;                /* streaming: SSE bytes not yet handed to MHD */
     size_t out_pos;
     int phase;                 /* streaming: 0 role chunk due, 1 tokens, 2 done */
     srv_outcome outcome;

@@ -53,8 +53,8 @@ static void job_free(srv_job *j)
     free(j->top_id);
     free(j->top_lp);
     text_stream_free(j->ts);
-    srv_buf_free(&j->text);
-    srv_buf_free(&j->out);
+    strbuf_free(&j->text);
+    strbuf_free(&j->out);
     cJSON_Delete(j->lp_all);
     free(j);
 }
@@ -338,7 +338,7 @@ static void cmpl_lp_add(srv_job *j, cJSON *lp, uint32_t i, size_t offset)
  * entries (into lp: an array for chat, an object for completions; NULL: none). At the final
  * response, flushes what the text stream held back. A stop string cancels the request; later
  * tokens are not shown and not counted. */
-static bool job_drain(srv_job *j, srv_buf *text, cJSON *lp)
+static bool job_drain(srv_job *j, strbuf *text, cJSON *lp)
 {
     pthread_mutex_lock(&j->mu);
     uint32_t n = j->n_recv;
@@ -358,7 +358,7 @@ static bool job_drain(srv_job *j, srv_buf *text, cJSON *lp)
         char pbuf[256];
         if (lp && !j->chat && vki_token_to_piece(j->s->tok, j->tok[i], false, pbuf, sizeof pbuf, &piece) == VKI_OK)
             j->text_bytes += piece;
-        ok &= srv_buf_put(text, t, len);
+        ok &= strbuf_put(text, t, len);
         j->n_counted = i + 1;
         if (stopped) {
             j->stop_hit = true;
@@ -371,7 +371,7 @@ static bool job_drain(srv_job *j, srv_buf *text, cJSON *lp)
         const char *t;
         size_t len;
         if (!j->stop_hit && text_stream_finish(j->ts, &t, &len) == VKI_OK)
-            ok &= srv_buf_put(text, t, len);
+            ok &= strbuf_put(text, t, len);
     }
     return ok;
 }
@@ -498,8 +498,8 @@ static bool sse_event(srv_job *j, cJSON *o)
 {
     char *s = o ? cJSON_PrintUnformatted(o) : NULL;
     cJSON_Delete(o);
-    bool ok = s && srv_buf_put(&j->out, "data: ", 6) && srv_buf_put(&j->out, s, strlen(s)) &&
-              srv_buf_put(&j->out, "\n\n", 2);
+    bool ok = s && strbuf_put(&j->out, "data: ", 6) && strbuf_put(&j->out, s, strlen(s)) &&
+              strbuf_put(&j->out, "\n\n", 2);
     cJSON_free(s);
     return ok;
 }
@@ -544,7 +544,7 @@ static bool sse_end(srv_job *j)
     srv_job_count(j);
     if (job_failed(j, &e)) {
         char *s = srv_error_json(&e);
-        ok = s && srv_buf_printf(&j->out, "data: %s\n\n", s);
+        ok = s && strbuf_printf(&j->out, "data: %s\n\n", s);
         free(s);
     } else {
         ok = sse_chunk(j, j->chat ? NULL : "", false, NULL, finish_reason(j));
@@ -556,7 +556,7 @@ static bool sse_end(srv_job *j)
         }
     }
     j->phase = 2;
-    return ok && srv_buf_put(&j->out, "data: [DONE]\n\n", 14);
+    return ok && strbuf_put(&j->out, "data: [DONE]\n\n", 14);
 }
 
 /* Waits for tokens and formats what came into j->out. false: stop the stream with an error
@@ -571,7 +571,7 @@ static bool sse_step(srv_job *j)
         srv_job_gone(j);
         return false;
     }
-    srv_buf text = {0};
+    strbuf text = {0};
     cJSON *lp = j->want_lp ? (j->chat ? cJSON_CreateArray() : cJSON_CreateObject()) : NULL;
     bool ok = job_drain(j, &text, lp) && (!j->want_lp || lp);
     if (lp && !lp->child) { /* no tokens came (only the final response) */
@@ -582,7 +582,7 @@ static bool sse_step(srv_job *j)
         ok = sse_chunk(j, text.p ? text.p : "", false, lp, NULL); /* takes lp */
     else
         cJSON_Delete(lp);
-    srv_buf_free(&text);
+    strbuf_free(&text);
     if (ok && j->final_seen)
         ok = sse_end(j);
     if (!ok)
@@ -594,7 +594,8 @@ ssize_t srv_job_sse_reader(void *cls, uint64_t pos, char *buf, size_t max)
 {
     srv_job *j = cls;
     while (j->out_pos >= j->out.len) {
-        j->out.len = j->out_pos = 0;
+        strbuf_clear(&j->out);
+        j->out_pos = 0;
         if (j->phase == 2)
             return MHD_CONTENT_READER_END_OF_STREAM;
         if (!sse_step(j))

@@ -1,7 +1,6 @@
 /* Server metrics: counters and latency histograms updated by the HTTP threads and the batch
  * manager's worker (one mutex, held for O(buckets) per observation), the gauges of the last
  * per-tick stats JSON, and their Prometheus text exposition (format 0.0.4). */
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -108,39 +107,39 @@ void srv_metrics_stats(srv_metrics *m, const cJSON *o)
 
 /* ---- exposition ------------------------------------------------------------------------------ */
 
-static void metric_head(srv_buf *b, const char *name, const char *type, const char *help)
+static void metric_head(strbuf *b, const char *name, const char *type, const char *help)
 {
-    srv_buf_printf(b, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
+    strbuf_printf(b, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
 }
 
-static void gauge(srv_buf *b, const char *name, const char *help, double v)
+static void gauge(strbuf *b, const char *name, const char *help, double v)
 {
     metric_head(b, name, "gauge", help);
-    srv_buf_printf(b, "%s %.17g\n", name, v);
+    strbuf_printf(b, "%s %.17g\n", name, v);
 }
 
-static void counter(srv_buf *b, const char *name, const char *help, double v)
+static void counter(strbuf *b, const char *name, const char *help, double v)
 {
     metric_head(b, name, "counter", help);
-    srv_buf_printf(b, "%s %.17g\n", name, v);
+    strbuf_printf(b, "%s %.17g\n", name, v);
 }
 
-static void histogram(srv_buf *b, const char *name, const char *help, const srv_hist *h)
+static void histogram(strbuf *b, const char *name, const char *help, const srv_hist *h)
 {
     metric_head(b, name, "histogram", help);
     uint64_t cum = 0;
     for (uint32_t i = 0; i < h->n; i++) {
         cum += h->count[i];
-        srv_buf_printf(b, "%s_bucket{le=\"%g\"} %llu\n", name, h->le[i], (unsigned long long)cum);
+        strbuf_printf(b, "%s_bucket{le=\"%g\"} %llu\n", name, h->le[i], (unsigned long long)cum);
     }
     cum += h->count[h->n];
-    srv_buf_printf(b, "%s_bucket{le=\"+Inf\"} %llu\n%s_sum %.9g\n%s_count %llu\n", name, (unsigned long long)cum, name,
-                   h->sum, name, (unsigned long long)h->total);
+    strbuf_printf(b, "%s_bucket{le=\"+Inf\"} %llu\n%s_sum %.9g\n%s_count %llu\n", name, (unsigned long long)cum, name,
+                  h->sum, name, (unsigned long long)h->total);
 }
 
 char *srv_metrics_render(srv_metrics *m, uint32_t active, uint32_t open_requests, bool ready)
 {
-    srv_buf b = {0};
+    strbuf b = {0};
     pthread_mutex_lock(&m->mu);
     srv_metrics c = *m; /* a consistent snapshot; rendering happens outside the lock */
     pthread_mutex_unlock(&m->mu);
@@ -148,12 +147,12 @@ char *srv_metrics_render(srv_metrics *m, uint32_t active, uint32_t open_requests
                 "Generation requests by outcome (stop, length, cancelled by a client that went away, aborted at "
                 "shutdown, error, invalid 400/413, queue_full 429, unavailable 503).");
     for (int o = 0; o < SRV_OUT_COUNT; o++)
-        srv_buf_printf(&b, "vkinfer_requests_total{outcome=\"%s\"} %llu\n", OUTCOME_NAMES[o],
-                       (unsigned long long)c.outcome[o]);
+        strbuf_printf(&b, "vkinfer_requests_total{outcome=\"%s\"} %llu\n", OUTCOME_NAMES[o],
+                      (unsigned long long)c.outcome[o]);
     metric_head(&b, "vkinfer_http_responses_total", "counter", "HTTP responses by status code.");
     for (size_t i = 0; i < sizeof HTTP_CODES / sizeof HTTP_CODES[0]; i++)
-        srv_buf_printf(&b, "vkinfer_http_responses_total{code=\"%u\"} %llu\n", HTTP_CODES[i],
-                       (unsigned long long)c.http[i]);
+        strbuf_printf(&b, "vkinfer_http_responses_total{code=\"%u\"} %llu\n", HTTP_CODES[i],
+                      (unsigned long long)c.http[i]);
     counter(&b, "vkinfer_prompt_tokens_total", "Prompt tokens of accepted requests.", (double)c.prompt_tokens);
     counter(&b, "vkinfer_generation_tokens_total", "Tokens generated.", (double)c.generated_tokens);
     gauge(&b, "vkinfer_active_requests", "Generation requests submitted and not yet finished.", active);
@@ -165,8 +164,8 @@ char *srv_metrics_render(srv_metrics *m, uint32_t active, uint32_t open_requests
     metric_head(&b, "vkinfer_kv_blocks", "gauge",
                 "KV cache blocks by state: used by running requests, cached (reusable prefixes, evictable), free "
                 "(as of the last tick with work).");
-    srv_buf_printf(&b, "vkinfer_kv_blocks{state=\"used\"} %.17g\nvkinfer_kv_blocks{state=\"cached\"} %.17g\n"
-                   "vkinfer_kv_blocks{state=\"free\"} %.17g\n", c.kv_used, c.kv_cached, c.kv_free);
+    strbuf_printf(&b, "vkinfer_kv_blocks{state=\"used\"} %.17g\nvkinfer_kv_blocks{state=\"cached\"} %.17g\n"
+                  "vkinfer_kv_blocks{state=\"free\"} %.17g\n", c.kv_used, c.kv_cached, c.kv_free);
     gauge(&b, "vkinfer_kv_blocks_max", "KV cache blocks in the pool.", c.kv_max);
     gauge(&b, "vkinfer_kv_blocks_reused", "KV blocks reused from cached prefixes, cumulative.", c.kv_reused);
     histogram(&b, "vkinfer_time_to_first_token_seconds", "Request received to first generated token.", &c.ttft);
@@ -174,53 +173,4 @@ char *srv_metrics_render(srv_metrics *m, uint32_t active, uint32_t open_requests
     histogram(&b, "vkinfer_e2e_request_latency_seconds", "Request received to its last token.", &c.e2e);
     histogram(&b, "vkinfer_step_time_seconds", "Engine time of one batch step (tick).", &c.step);
     return b.p;
-}
-
-/* ---- small shared helpers --------------------------------------------------------------- */
-
-bool srv_buf_put(srv_buf *b, const char *s, size_t n)
-{
-    if (n > SIZE_MAX / 4 - b->len)
-        return false;
-    if (b->len + n + 1 > b->cap) {
-        size_t cap = (b->len + n + 1) * 2;
-        char *p = realloc(b->p, cap);
-        if (!p)
-            return false;
-        b->p = p;
-        b->cap = cap;
-    }
-    if (n) /* s may be NULL when n is 0 */
-        memcpy(b->p + b->len, s, n);
-    b->len += n;
-    b->p[b->len] = 0;
-    return true;
-}
-
-bool srv_buf_printf(srv_buf *b, const char *fmt, ...)
-{
-    char small[512];
-    va_list ap;
-    va_start(ap, fmt);
-    int n = vsnprintf(small, sizeof small, fmt, ap);
-    va_end(ap);
-    if (n < 0)
-        return false;
-    if ((size_t)n < sizeof small)
-        return srv_buf_put(b, small, (size_t)n);
-    char *big = malloc((size_t)n + 1);
-    if (!big)
-        return false;
-    va_start(ap, fmt);
-    vsnprintf(big, (size_t)n + 1, fmt, ap);
-    va_end(ap);
-    bool ok = srv_buf_put(b, big, (size_t)n);
-    free(big);
-    return ok;
-}
-
-void srv_buf_free(srv_buf *b)
-{
-    free(b->p);
-    memset(b, 0, sizeof *b);
 }

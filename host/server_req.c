@@ -311,18 +311,18 @@ static bool message_text(const cJSON *c, size_t i, const char **text, char **own
     if (!cJSON_IsArray(c))
         return srv_err(e, 400, "messages", "messages[%zu].content must be a string or an array of text parts", i),
                false;
-    srv_buf b = {0};
+    strbuf b = {0};
     size_t k = 0;
     for (const cJSON *part = c->child; part; part = part->next, k++) {
         const cJSON *type = cJSON_IsObject(part) ? cJSON_GetObjectItemCaseSensitive(part, "type") : NULL;
         const cJSON *t = cJSON_IsObject(part) ? cJSON_GetObjectItemCaseSensitive(part, "text") : NULL;
         if (!cJSON_IsString(type) || strcmp(type->valuestring, "text") || !cJSON_IsString(t)) {
-            srv_buf_free(&b);
+            strbuf_free(&b);
             return srv_err(e, 400, "messages", "messages[%zu].content[%zu]: only {\"type\": \"text\", \"text\": ...} "
                            "parts are supported", i, k), false;
         }
-        if ((k && !srv_buf_put(&b, "\n", 1)) || !srv_buf_put(&b, t->valuestring, strlen(t->valuestring))) {
-            srv_buf_free(&b);
+        if ((k && !strbuf_put(&b, "\n", 1)) || !strbuf_put(&b, t->valuestring, strlen(t->valuestring))) {
+            strbuf_free(&b);
             return srv_err(e, 500, NULL, "out of memory"), false;
         }
     }

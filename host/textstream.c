@@ -1,16 +1,15 @@
 #include "host/textstream.h"
 
 #include <stdlib.h>
-#include <string.h>
 
 #include "host/stop.h"
+#include "host/strbuf.h"
 
 struct text_stream {
     vki_detok *dt;
     stop_matcher *stops;
     bool stopped;
-    char *out;         /* text_stream_finish's result */
-    size_t n_out, cap_out;
+    strbuf out;        /* text_stream_finish's result */
 };
 
 vki_status text_stream_create(const vki_tokenizer *tok, const char *const *stops, uint32_t n_stops, uint32_t flags,
@@ -37,7 +36,7 @@ void text_stream_free(text_stream *s)
         return;
     vki_detok_free(s->dt);
     stop_destroy(s->stops);
-    free(s->out);
+    strbuf_free(&s->out);
     free(s);
 }
 
@@ -65,19 +64,7 @@ vki_status text_stream_push(text_stream *s, int32_t token, const char **emit, si
 /* Appends n bytes to s->out. */
 static vki_status out_append(text_stream *s, const char *p, size_t n)
 {
-    if (!n)
-        return VKI_OK;
-    if (s->n_out + n > s->cap_out) {
-        size_t cap = (s->n_out + n) * 2 + 64;
-        char *b = realloc(s->out, cap);
-        if (!b)
-            return VKI_ERR_OUT_OF_HOST_MEMORY;
-        s->out = b;
-        s->cap_out = cap;
-    }
-    memcpy(s->out + s->n_out, p, n);
-    s->n_out += n;
-    return VKI_OK;
+    return strbuf_put(&s->out, p, n) ? VKI_OK : VKI_ERR_OUT_OF_HOST_MEMORY;
 }
 
 vki_status text_stream_finish(text_stream *s, const char **emit, size_t *n_emit)
@@ -90,7 +77,7 @@ vki_status text_stream_finish(text_stream *s, const char **emit, size_t *n_emit)
     size_t len;
     vki_status st = vki_detok_flush(s->dt, &text, &len);
     stop_result r = {0};
-    s->n_out = 0;
+    strbuf_clear(&s->out);
     if (st == VKI_OK && len)
         st = stop_feed(s->stops, text, len, &r);
     if (st == VKI_OK)
@@ -104,8 +91,8 @@ vki_status text_stream_finish(text_stream *s, const char **emit, size_t *n_emit)
         if ((st = out_append(s, r.emit, r.n_emit)) != VKI_OK)
             return st;
     }
-    *emit = s->out;
-    *n_emit = s->n_out;
+    *emit = s->out.p;
+    *n_emit = s->out.len;
     return VKI_OK;
 }
 

@@ -33,6 +33,7 @@
 #include <cjson/cJSON.h>
 
 #include "engine/rng.h"
+#include "host/strbuf.h"
 #include "host/workload.h" /* wl_percentile */
 
 /* ---- HTTP/1.1 client ------------------------------------------------------------------------- */
@@ -259,27 +260,9 @@ static int lg_http_body(lg_http *h, const lg_resp *r, lg_data_fn fn, void *user)
     }
 }
 
-typedef struct lg_buf {
-    char *p;
-    size_t len, cap;
-} lg_buf;
-
-static bool lg_buf_put(lg_buf *b, const char *s, size_t n)
-{
-    if (b->len + n + 1 > b->cap) {
-        size_t cap = (b->len + n + 1) * 2;
-        char *p = realloc(b->p, cap);
-        if (!p)
-            return false;
-        b->p = p;
-        b->cap = cap;
-    }
-    if (n) /* s may be NULL when n is 0 */
-        memcpy(b->p + b->len, s, n);
-    b->len += n;
-    b->p[b->len] = 0;
-    return true;
-}
+/* Kept under loadgen's names: tests/test_server.c includes this file and uses them. */
+typedef strbuf lg_buf;
+static bool lg_buf_put(lg_buf *b, const char *s, size_t n) { return strbuf_put(b, s, n); }
 
 static bool lg_collect(void *user, const char *p, size_t n) { return lg_buf_put(user, p, n); }
 
@@ -327,7 +310,7 @@ static bool lg_sse_feed(void *user, const char *p, size_t n)
             size_t off = t[5] == ' ' ? 6 : 5;
             go = s->on_data(s->user, t + off, l - off);
         }
-        s->line.len = 0;
+        strbuf_clear(&s->line);
         if (!go)
             return false;
     }
