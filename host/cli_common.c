@@ -45,10 +45,27 @@ bool cli_parse_f32(const char *cmd, const char *opt, const char *s, float lo, fl
     return true;
 }
 
+int cli_value_opt(const char *cmd, int argc, char **argv, int *i, const char *const *names, size_t n_names,
+                  size_t *which, const char **value)
+{
+    size_t k = 0;
+    while (k < n_names && strcmp(argv[*i], names[k]))
+        k++;
+    if (k == n_names)
+        return 0;
+    if (*i + 1 >= argc) {
+        fprintf(stderr, "vkinfer %s: %s needs a value\n", cmd, argv[*i]);
+        return -1;
+    }
+    if (which)
+        *which = k;
+    *value = argv[++*i];
+    return 1;
+}
+
 int cli_engine_opt(int argc, char **argv, int *i, cli_engine_opts *o)
 {
-    const char *a = argv[*i], *cmd = argv[0];
-    const char *v = *i + 1 < argc ? argv[*i + 1] : NULL;
+    const char *a = argv[*i], *cmd = argv[0], *v;
     uint64_t u;
     float f;
     if (!strcmp(a, "-v") || !strcmp(a, "--verbose")) {
@@ -70,16 +87,9 @@ int cli_engine_opt(int argc, char **argv, int *i, cli_engine_opts *o)
     }
     static const char *const with_value[] = {"-m", "--model", "--device", "--kv-type", "--kv-tokens",
                                              "--kv-fraction", "--page-size", "--max-seqs", "--max-tokens", "--ctx"};
-    bool known = false;
-    for (size_t k = 0; k < sizeof with_value / sizeof with_value[0]; k++)
-        known |= !strcmp(a, with_value[k]);
-    if (!known)
-        return 0;
-    if (!v) {
-        fprintf(stderr, "vkinfer %s: %s needs a value\n", cmd, a);
-        return -1;
-    }
-    (*i)++;
+    int r = cli_value_opt(cmd, argc, argv, i, with_value, sizeof with_value / sizeof with_value[0], NULL, &v);
+    if (r <= 0)
+        return r;
     if (!strcmp(a, "-m") || !strcmp(a, "--model")) {
         o->model = v;
     } else if (!strcmp(a, "--device")) {

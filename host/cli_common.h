@@ -23,6 +23,13 @@ void cli_engine_opts_help(FILE *f);
  * Returns NULL after printing the reason. */
 vki_engine *cli_open_engine(cli_engine_opts *o);
 
+/* Options that take a value: looks argv[*i] up in names[n_names]. 1: found; *which = its index
+ * (which may be NULL), *value = the next argument, *i advanced past it. 0: not in the table.
+ * -1: in the table but last on the line ("vkinfer <cmd>: <opt> needs a value" printed). The
+ * 1 / 0 / -1 is the contract of every *_opt parser of the CLI. */
+int cli_value_opt(const char *cmd, int argc, char **argv, int *i, const char *const *names, size_t n_names,
+                  size_t *which, const char **value);
+
 /* Parses a number option value; prints "vkinfer <cmd>: <opt>: ..." and returns false if bad. */
 bool cli_parse_u64(const char *cmd, const char *opt, const char *s, uint64_t lo, uint64_t hi, uint64_t *out);
 bool cli_parse_f32(const char *cmd, const char *opt, const char *s, float lo, float hi, float *out);

@@ -86,19 +86,13 @@ static void usage(FILE *f)
 /* Parses the sampling options into s; 1 consumed, 0 not ours, -1 bad value. */
 static int sampling_opt(int argc, char **argv, int *i, vki_sampling_params *s)
 {
-    const char *a = argv[*i], *v = *i + 1 < argc ? argv[*i + 1] : NULL;
+    const char *a = argv[*i], *v;
     static const char *const names[] = {"--temp", "--top-k", "--top-p", "--min-p", "--repeat-penalty",
                                         "--presence-penalty", "--frequency-penalty", "--penalty-window", "--seed"};
-    size_t k = 0;
-    while (k < sizeof names / sizeof names[0] && strcmp(a, names[k]))
-        k++;
-    if (k == sizeof names / sizeof names[0])
-        return 0;
-    if (!v) {
-        fprintf(stderr, "vkinfer generate: %s needs a value\n", a);
-        return -1;
-    }
-    (*i)++;
+    size_t k;
+    int r = cli_value_opt("generate", argc, argv, i, names, sizeof names / sizeof names[0], &k, &v);
+    if (r <= 0)
+        return r;
     uint64_t u;
     bool ok;
     switch (k) {

@@ -45,7 +45,7 @@ static void usage(FILE *f)
 /* Server and batching options; 1 consumed, 0 not ours, -1 bad value. */
 static int serve_opt(int argc, char **argv, int *i, srv_params *p, double *drain_s)
 {
-    const char *a = argv[*i], *v = *i + 1 < argc ? argv[*i + 1] : NULL;
+    const char *a = argv[*i], *v;
     uint64_t u;
     if (!strcmp(a, "--no-block-reuse")) {
         p->batch.block_reuse = false;
@@ -54,16 +54,10 @@ static int serve_opt(int argc, char **argv, int *i, srv_params *p, double *drain
     static const char *const names[] = {"--host", "--port", "--model-id", "--chat-template", "--body-limit",
                                         "--max-connections", "--idle-timeout", "--drain-timeout", "--policy",
                                         "--max-batch-size", "--max-num-tokens", "--chunk-size", "--max-queue"};
-    size_t k = 0;
-    while (k < sizeof names / sizeof names[0] && strcmp(a, names[k]))
-        k++;
-    if (k == sizeof names / sizeof names[0])
-        return 0;
-    if (!v) {
-        fprintf(stderr, "vkinfer serve: %s needs a value\n", a);
-        return -1;
-    }
-    (*i)++;
+    size_t k;
+    int r = cli_value_opt("serve", argc, argv, i, names, sizeof names / sizeof names[0], &k, &v);
+    if (r <= 0)
+        return r;
     bool ok = true;
     switch (k) {
     case 0: p->host = v; break;
