@@ -146,11 +146,25 @@ static vki_status put(chat_prompt *p, const char *s, size_t n, bool tmpl)
     return VKI_OK;
 }
 
+/* What the renderers write through: the prompt and the first error. Once st is set every call
+ * below does nothing, so a renderer is a straight sequence of lit/txt and chat_render reads st
+ * once at the end. */
+typedef struct chat_out {
+    chat_prompt *p;
+    vki_status st;
+} chat_out;
+
+static void out_put(chat_out *o, const char *s, size_t n, bool tmpl)
+{
+    if (o->st == VKI_OK)
+        o->st = put(o->p, s, n, tmpl);
+}
+
 /* Template text (a C string). */
-static vki_status lit(chat_prompt *p, const char *s) { return put(p, s, strlen(s), true); }
+static void lit(chat_out *o, const char *s) { out_put(o, s, strlen(s), true); }
 
 /* Message content. */
-static vki_status txt(chat_prompt *p, const chat_msg *m) { return put(p, m->content, m->len, false); }
+static void txt(chat_out *o, const chat_msg *m) { out_put(o, m->content, m->len, false); }
 
 static bool is_ws(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\v' || c == '\f'; }
 
@@ -177,14 +191,24 @@ static vki_status put_trimmed(chat_prompt *p, const chat_prompt *piece)
     return st;
 }
 
-static vki_status content_trimmed(chat_prompt *p, const chat_msg *m)
+/* Appends a piece rendered on the side, trimmed; or takes on the error that building it hit. */
+static void trimmed(chat_out *o, const chat_out *piece)
 {
+    if (o->st == VKI_OK)
+        o->st = piece->st;
+    if (o->st == VKI_OK)
+        o->st = put_trimmed(o->p, piece->p);
+}
+
+static void content_trimmed(chat_out *o, const chat_msg *m)
+{
+    if (o->st != VKI_OK)
+        return;
     chat_prompt one = {0};
-    vki_status st = txt(&one, m);
-    if (st == VKI_OK)
-        st = put_trimmed(p, &one);
+    chat_out piece = {&one, VKI_OK};
+    txt(&piece, m);
+    trimmed(o, &piece);
     chat_prompt_free(&one);
-    return st;
 }
 
 void chat_prompt_free(chat_prompt *p)
@@ -202,12 +226,14 @@ static void set_err(char *err, size_t n, const char *msg, size_t i, const char *
 
 /* The Llama 2, Mistral and Gemma templates raise unless the messages after an optional system
  * message go user, assistant, user, ... */
-static bool alternates(const chat_msg *m, size_t n, size_t first, const chat_template *t, char *err, size_t n_err)
+static bool alternates(chat_out *o, const chat_msg *m, size_t n, size_t first, const chat_template *t, char *err,
+                       size_t n_err)
 {
     for (size_t i = first; i < n; i++)
         if ((m[i].role == CHAT_USER) != ((i - first) % 2 == 0)) {
             set_err(err, n_err, "conversation roles must alternate user/assistant/user/assistant/... after an "
                     "optional first system message", i, family_names[t->family]);
+            o->st = VKI_ERR_INVALID_ARG;
             return false;
         }
     return true;
@@ -215,112 +241,93 @@ static bool alternates(const chat_msg *m, size_t n, size_t first, const chat_tem
 
 /* ---- the families --------------------------------------------------------------------------- */
 
-typedef vki_status (*render_fn)(const chat_template *t, const chat_msg *m, size_t n, bool gen, chat_prompt *p,
-                                char *err, size_t n_err);
+typedef void (*render_fn)(const chat_template *t, const chat_msg *m, size_t n, bool gen, chat_out *o, char *err,
+                          size_t n_err);
 
 /* Ours: "role: content" lines, then "assistant:". The tokenizer adds BOS as its metadata says. */
-static vki_status render_plain(const chat_template *t, const chat_msg *m, size_t n, bool gen, chat_prompt *p,
-                               char *err, size_t n_err)
+static void render_plain(const chat_template *t, const chat_msg *m, size_t n, bool gen, chat_out *o, char *err,
+                         size_t n_err)
 {
-    vki_status st = VKI_OK;
-    for (size_t i = 0; i < n && st == VKI_OK; i++) {
-        st = lit(p, role_names[m[i].role]);
-        if (st == VKI_OK)
-            st = lit(p, ": ");
-        if (st == VKI_OK)
-            st = txt(p, &m[i]);
-        if (st == VKI_OK)
-            st = lit(p, "\n");
+    for (size_t i = 0; i < n; i++) {
+        lit(o, role_names[m[i].role]);
+        lit(o, ": ");
+        txt(o, &m[i]);
+        lit(o, "\n");
     }
-    return st == VKI_OK && gen ? lit(p, "assistant:") : st;
+    if (gen)
+        lit(o, "assistant:");
 }
 
 /* teknium/OpenHermes-2.5: '<|im_start|>' + role + '\n' + content + '<|im_end|>' + '\n', then
  * '<|im_start|>assistant\n'. Qwen2 adds its literal system prompt when messages[0] is not one. */
-static vki_status render_chatml(const chat_template *t, const chat_msg *m, size_t n, bool gen, chat_prompt *p,
-                                char *err, size_t n_err)
+static void render_chatml(const chat_template *t, const chat_msg *m, size_t n, bool gen, chat_out *o, char *err,
+                          size_t n_err)
 {
-    vki_status st = t->emit_bos ? lit(p, t->bos) : VKI_OK;
-    if (st == VKI_OK && n && t->default_system && m[0].role != CHAT_SYSTEM) {
-        st = lit(p, "<|im_start|>system\n");
-        if (st == VKI_OK)
-            st = lit(p, t->default_system);
-        if (st == VKI_OK)
-            st = lit(p, "<|im_end|>\n");
+    if (t->emit_bos)
+        lit(o, t->bos);
+    if (n && t->default_system && m[0].role != CHAT_SYSTEM) {
+        lit(o, "<|im_start|>system\n");
+        lit(o, t->default_system);
+        lit(o, "<|im_end|>\n");
     }
-    for (size_t i = 0; i < n && st == VKI_OK; i++) {
-        st = lit(p, "<|im_start|>");
-        if (st == VKI_OK)
-            st = lit(p, role_names[m[i].role]);
-        if (st == VKI_OK)
-            st = lit(p, "\n");
-        if (st == VKI_OK)
-            st = txt(p, &m[i]);
-        if (st == VKI_OK)
-            st = lit(p, "<|im_end|>\n");
+    for (size_t i = 0; i < n; i++) {
+        lit(o, "<|im_start|>");
+        lit(o, role_names[m[i].role]);
+        lit(o, "\n");
+        txt(o, &m[i]);
+        lit(o, "<|im_end|>\n");
     }
-    return st == VKI_OK && gen ? lit(p, "<|im_start|>assistant\n") : st;
+    if (gen)
+        lit(o, "<|im_start|>assistant\n");
 }
 
 /* Meta-Llama-3-Instruct: bos_token before the first message; each message
  * '<|start_header_id|>' + role + '<|end_header_id|>\n\n' + content|trim + '<|eot_id|>'. (3.1's
  * "Cutting Knowledge Date" system header is not reproduced.) */
-static vki_status render_llama3(const chat_template *t, const chat_msg *m, size_t n, bool gen, chat_prompt *p,
-                                char *err, size_t n_err)
+static void render_llama3(const chat_template *t, const chat_msg *m, size_t n, bool gen, chat_out *o, char *err,
+                          size_t n_err)
 {
-    vki_status st = VKI_OK;
-    for (size_t i = 0; i < n && st == VKI_OK; i++) {
+    for (size_t i = 0; i < n; i++) {
         if (i == 0 && t->emit_bos)
-            st = lit(p, t->bos);
-        if (st == VKI_OK)
-            st = lit(p, "<|start_header_id|>");
-        if (st == VKI_OK)
-            st = lit(p, role_names[m[i].role]);
-        if (st == VKI_OK)
-            st = lit(p, "<|end_header_id|>\n\n");
-        if (st == VKI_OK)
-            st = content_trimmed(p, &m[i]);
-        if (st == VKI_OK)
-            st = lit(p, "<|eot_id|>");
+            lit(o, t->bos);
+        lit(o, "<|start_header_id|>");
+        lit(o, role_names[m[i].role]);
+        lit(o, "<|end_header_id|>\n\n");
+        content_trimmed(o, &m[i]);
+        lit(o, "<|eot_id|>");
     }
-    return st == VKI_OK && gen ? lit(p, "<|start_header_id|>assistant<|end_header_id|>\n\n") : st;
+    if (gen)
+        lit(o, "<|start_header_id|>assistant<|end_header_id|>\n\n");
 }
 
 /* meta-llama/Llama-2-chat: an optional first system message goes into the first turn as
  * '<<SYS>>\n' + system + '\n<</SYS>>\n\n'; user turns are bos + '[INST] ' + content.strip() +
  * ' [/INST]', answers ' ' + content.strip() + ' ' + eos. No generation prompt. */
-static vki_status render_llama2(const chat_template *t, const chat_msg *m, size_t n, bool gen, chat_prompt *p,
-                                char *err, size_t n_err)
+static void render_llama2(const chat_template *t, const chat_msg *m, size_t n, bool gen, chat_out *o, char *err,
+                          size_t n_err)
 {
     size_t first = n && m[0].role == CHAT_SYSTEM;
-    if (!alternates(m, n, first, t, err, n_err))
-        return VKI_ERR_INVALID_ARG;
-    vki_status st = VKI_OK;
-    for (size_t i = first; i < n && st == VKI_OK; i++) {
-        chat_prompt c = {0};
+    if (!alternates(o, m, n, first, t, err, n_err))
+        return;
+    for (size_t i = first; i < n && o->st == VKI_OK; i++) {
+        chat_prompt c = {0}; /* the turn's content, stripped as a whole */
+        chat_out turn = {&c, VKI_OK};
         if (i == first && first) {
-            st = lit(&c, "<<SYS>>\n");
-            if (st == VKI_OK)
-                st = txt(&c, &m[0]);
-            if (st == VKI_OK)
-                st = lit(&c, "\n<</SYS>>\n\n");
+            lit(&turn, "<<SYS>>\n");
+            txt(&turn, &m[0]);
+            lit(&turn, "\n<</SYS>>\n\n");
         }
-        if (st == VKI_OK)
-            st = txt(&c, &m[i]);
+        txt(&turn, &m[i]);
         bool user = m[i].role == CHAT_USER;
-        if (st == VKI_OK)
-            st = user ? lit(p, t->bos) : lit(p, " ");
-        if (st == VKI_OK && user)
-            st = lit(p, "[INST] ");
-        if (st == VKI_OK)
-            st = put_trimmed(p, &c);
-        if (st == VKI_OK)
-            st = user ? lit(p, " [/INST]") : lit(p, " ");
-        if (st == VKI_OK && !user)
-            st = lit(p, t->eos);
+        lit(o, user ? t->bos : " ");
+        if (user)
+            lit(o, "[INST] ");
+        trimmed(o, &turn);
+        lit(o, user ? " [/INST]" : " ");
+        if (!user)
+            lit(o, t->eos);
         chat_prompt_free(&c);
     }
-    return st;
 }
 
 /* mistralai/Mistral-7B-Instruct-v0.2 (the original template): bos, then '[INST] ' + content +
@@ -328,108 +335,93 @@ static vki_status render_llama2(const chat_template *t, const chat_msg *m, size_
  * before each [INST] and each answer and accepts a first system message, written before the first
  * user message followed by "\n\n"; we accept it that way for the original template too, whose
  * upstream text refuses system messages. */
-static vki_status render_mistral(const chat_template *t, const chat_msg *m, size_t n, bool gen, chat_prompt *p,
-                                 char *err, size_t n_err)
+static void render_mistral(const chat_template *t, const chat_msg *m, size_t n, bool gen, chat_out *o, char *err,
+                           size_t n_err)
 {
     size_t first = n && m[0].role == CHAT_SYSTEM;
-    if (!alternates(m, n, first, t, err, n_err))
-        return VKI_ERR_INVALID_ARG;
-    vki_status st = t->emit_bos ? lit(p, t->bos) : VKI_OK;
-    for (size_t i = first; i < n && st == VKI_OK; i++) {
+    if (!alternates(o, m, n, first, t, err, n_err))
+        return;
+    if (t->emit_bos)
+        lit(o, t->bos);
+    for (size_t i = first; i < n; i++) {
         if (m[i].role == CHAT_USER) {
-            st = lit(p, t->mistral_spaced ? " [INST] " : "[INST] ");
-            if (st == VKI_OK && i == first && first) {
-                st = txt(p, &m[0]);
-                if (st == VKI_OK)
-                    st = lit(p, "\n\n");
+            lit(o, t->mistral_spaced ? " [INST] " : "[INST] ");
+            if (i == first && first) {
+                txt(o, &m[0]);
+                lit(o, "\n\n");
             }
-            if (st == VKI_OK)
-                st = txt(p, &m[i]);
-            if (st == VKI_OK)
-                st = lit(p, " [/INST]");
+            txt(o, &m[i]);
+            lit(o, " [/INST]");
         } else {
-            st = t->mistral_spaced ? lit(p, " ") : VKI_OK;
-            if (st == VKI_OK)
-                st = txt(p, &m[i]);
-            if (st == VKI_OK)
-                st = lit(p, t->eos);
+            if (t->mistral_spaced)
+                lit(o, " ");
+            txt(o, &m[i]);
+            lit(o, t->eos);
         }
     }
-    return st;
 }
 
 /* HuggingFaceH4/zephyr-7b-beta: '<|' + role + '|>\n' + content + eos, a newline after each
  * message, then '<|assistant|>\n'. */
-static vki_status render_zephyr(const chat_template *t, const chat_msg *m, size_t n, bool gen, chat_prompt *p,
-                                char *err, size_t n_err)
+static void render_zephyr(const chat_template *t, const chat_msg *m, size_t n, bool gen, chat_out *o, char *err,
+                          size_t n_err)
 {
-    vki_status st = t->emit_bos ? lit(p, t->bos) : VKI_OK;
-    for (size_t i = 0; i < n && st == VKI_OK; i++) {
-        st = lit(p, "<|");
-        if (st == VKI_OK)
-            st = lit(p, role_names[m[i].role]);
-        if (st == VKI_OK)
-            st = lit(p, "|>\n");
-        if (st == VKI_OK)
-            st = txt(p, &m[i]);
-        if (st == VKI_OK)
-            st = lit(p, t->eos);
-        if (st == VKI_OK)
-            st = lit(p, "\n");
-        if (st == VKI_OK && i + 1 == n && gen)
-            st = lit(p, "<|assistant|>\n");
+    if (t->emit_bos)
+        lit(o, t->bos);
+    for (size_t i = 0; i < n; i++) {
+        lit(o, "<|");
+        lit(o, role_names[m[i].role]);
+        lit(o, "|>\n");
+        txt(o, &m[i]);
+        lit(o, t->eos);
+        lit(o, "\n");
+        if (i + 1 == n && gen)
+            lit(o, "<|assistant|>\n");
     }
-    return st;
 }
 
 /* google/gemma-7b-it: bos, then '<start_of_turn>' + ('model' for the assistant, else the role) +
  * '\n' + content|trim + '<end_of_turn>\n', then '<start_of_turn>model\n'. A first system message
  * is written before the first turn's content followed by "\n\n", as Gemma 3's template does
  * (Gemma 1/2 refuse it). */
-static vki_status render_gemma(const chat_template *t, const chat_msg *m, size_t n, bool gen, chat_prompt *p,
-                               char *err, size_t n_err)
+static void render_gemma(const chat_template *t, const chat_msg *m, size_t n, bool gen, chat_out *o, char *err,
+                         size_t n_err)
 {
     size_t first = n && m[0].role == CHAT_SYSTEM;
-    if (!alternates(m, n, first, t, err, n_err))
-        return VKI_ERR_INVALID_ARG;
-    vki_status st = t->emit_bos ? lit(p, t->bos) : VKI_OK;
-    for (size_t i = first; i < n && st == VKI_OK; i++) {
-        st = lit(p, m[i].role == CHAT_ASSISTANT ? "<start_of_turn>model\n" : "<start_of_turn>user\n");
-        if (st == VKI_OK && i == first && first) {
-            st = txt(p, &m[0]);
-            if (st == VKI_OK)
-                st = lit(p, "\n\n");
+    if (!alternates(o, m, n, first, t, err, n_err))
+        return;
+    if (t->emit_bos)
+        lit(o, t->bos);
+    for (size_t i = first; i < n; i++) {
+        lit(o, m[i].role == CHAT_ASSISTANT ? "<start_of_turn>model\n" : "<start_of_turn>user\n");
+        if (i == first && first) {
+            txt(o, &m[0]);
+            lit(o, "\n\n");
         }
-        if (st == VKI_OK)
-            st = content_trimmed(p, &m[i]);
-        if (st == VKI_OK)
-            st = lit(p, "<end_of_turn>\n");
+        content_trimmed(o, &m[i]);
+        lit(o, "<end_of_turn>\n");
     }
-    return st == VKI_OK && gen ? lit(p, "<start_of_turn>model\n") : st;
+    if (gen)
+        lit(o, "<start_of_turn>model\n");
 }
 
 /* microsoft/Phi-3.5-mini-instruct: '<|' + role + '|>\n' + content + '<|end|>\n' (a system message
  * only when non-empty), then '<|assistant|>\n', or eos without a generation prompt. */
-static vki_status render_phi3(const chat_template *t, const chat_msg *m, size_t n, bool gen, chat_prompt *p,
-                              char *err, size_t n_err)
+static void render_phi3(const chat_template *t, const chat_msg *m, size_t n, bool gen, chat_out *o, char *err,
+                        size_t n_err)
 {
-    vki_status st = t->emit_bos ? lit(p, t->bos) : VKI_OK;
-    for (size_t i = 0; i < n && st == VKI_OK; i++) {
+    if (t->emit_bos)
+        lit(o, t->bos);
+    for (size_t i = 0; i < n; i++) {
         if (m[i].role == CHAT_SYSTEM && !m[i].len)
             continue;
-        st = lit(p, "<|");
-        if (st == VKI_OK)
-            st = lit(p, role_names[m[i].role]);
-        if (st == VKI_OK)
-            st = lit(p, "|>\n");
-        if (st == VKI_OK)
-            st = txt(p, &m[i]);
-        if (st == VKI_OK)
-            st = lit(p, "<|end|>\n");
+        lit(o, "<|");
+        lit(o, role_names[m[i].role]);
+        lit(o, "|>\n");
+        txt(o, &m[i]);
+        lit(o, "<|end|>\n");
     }
-    if (st != VKI_OK)
-        return st;
-    return gen ? lit(p, "<|assistant|>\n") : lit(p, t->eos);
+    lit(o, gen ? "<|assistant|>\n" : t->eos);
 }
 
 static const render_fn renderers[CHAT_FAMILY_COUNT] = {
@@ -447,12 +439,13 @@ vki_status chat_render(const chat_template *t, const chat_msg *m, size_t n, bool
     for (size_t i = 0; i < n; i++)
         if ((unsigned)m[i].role > CHAT_ASSISTANT || (m[i].len && !m[i].content))
             return VKI_ERR_INVALID_ARG;
-    vki_status st = renderers[t->family](t, m, n, add_generation_prompt, out, err, n_err);
-    if (st == VKI_OK && !strbuf_put(&out->buf, "", 0)) /* nothing rendered: still a valid "" */
-        st = VKI_ERR_OUT_OF_HOST_MEMORY;
-    if (st != VKI_OK)
+    chat_out o = {out, VKI_OK};
+    renderers[t->family](t, m, n, add_generation_prompt, &o, err, n_err);
+    if (o.st == VKI_OK && !strbuf_put(&out->buf, "", 0)) /* nothing rendered: still a valid "" */
+        o.st = VKI_ERR_OUT_OF_HOST_MEMORY;
+    if (o.st != VKI_OK)
         chat_prompt_free(out);
-    return st;
+    return o.st;
 }
 
 /* ---- tokenisation ------------------------------------------------------------------------- */
