@@ -1,6 +1,7 @@
 /* Command buffers, barriers, copies, debug labels and optional per-dispatch timestamps. */
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "engine/device.h"
 
@@ -68,6 +69,8 @@ vki_status vkd_cmd_begin(vkd_cmd *c)
     if (c->queries)
         vkCmdResetQueryPool(c->cb, c->queries, 0, c->max_queries);
     c->n_queries = 0;
+    c->label_depth = 0;
+    c->label_path[0] = 0;
     c->recording = true;
     return VKI_OK;
 }
@@ -145,19 +148,64 @@ void vkd_copy(vkd_cmd *c, const vkd_buffer *src, VkDeviceSize src_off, const vkd
 
 void vkd_label_begin(vkd_cmd *c, const char *fmt, ...)
 {
-    if (!c->d->fn.label_begin)
+    if (!c->d->fn.label_begin && !c->queries)
         return;
     char name[128];
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(name, sizeof name, fmt, ap);
     va_end(ap);
-    VkDebugUtilsLabelEXT l = {.sType = VK_STRUCTURE_TYPE_DEBUG_UTILS_LABEL_EXT, .pLabelName = name};
-    c->d->fn.label_begin(c->cb, &l);
+    if (c->d->fn.label_begin) {
+        VkDebugUtilsLabelEXT l = {.sType = VK_STRUCTURE_TYPE_DEBUG_UTILS_LABEL_EXT, .pLabelName = name};
+        c->d->fn.label_begin(c->cb, &l);
+    }
+    if (c->queries && c->label_depth < VKD_LABEL_DEPTH) { /* the path profile events are named by */
+        char path[VKD_LABEL_PATH];
+        c->label_len[c->label_depth++] = (uint32_t)strlen(c->label_path);
+        vkd_join_label(path, sizeof path, c->label_path, name);
+        memcpy(c->label_path, path, sizeof path);
+    }
 }
 
 void vkd_label_end(vkd_cmd *c)
 {
     if (c->d->fn.label_end)
         c->d->fn.label_end(c->cb);
+    if (c->queries && c->label_depth)
+        c->label_path[c->label_len[--c->label_depth]] = 0;
+}
+
+void vkd_join_label(char *dst, size_t cap, const char *a, const char *b)
+{
+    size_t n = 0;
+    for (const char *p = a; *p && n + 1 < cap; p++)
+        dst[n++] = *p;
+    for (const char *p = " / "; *a && *p && n + 1 < cap; p++)
+        dst[n++] = *p;
+    for (const char *p = b; *p && n + 1 < cap; p++)
+        dst[n++] = *p;
+    dst[n] = 0;
+}
+
+vki_status vkd_cmd_read_profile(vkd_cmd *c, uint64_t *begin_ns, uint64_t *end_ns, uint32_t cap, uint32_t *n)
+{
+    *n = 0;
+    if (!c->queries || !c->n_queries)
+        return VKI_OK;
+    uint32_t pairs = c->n_queries / 2 < cap ? c->n_queries / 2 : cap;
+    uint64_t *t = malloc((size_t)pairs * 2 * sizeof *t);
+    if (!t)
+        return VKI_ERR_OUT_OF_HOST_MEMORY;
+    VkResult r = vkGetQueryPoolResults(c->d->dev, c->queries, 0, pairs * 2, (size_t)pairs * 2 * sizeof *t, t,
+                                       sizeof *t, VK_QUERY_RESULT_64_BIT | VK_QUERY_RESULT_WAIT_BIT);
+    vki_status st = vkd_check(c->d, r, "vkGetQueryPoolResults");
+    double period = c->d->info.timestamp_period_ns;
+    for (uint32_t i = 0; st == VKI_OK && i < pairs; i++) {
+        begin_ns[i] = (uint64_t)(t[2 * i] * period);
+        end_ns[i] = (uint64_t)(t[2 * i + 1] * period);
+    }
+    if (st == VKI_OK)
+        *n = pairs;
+    free(t);
+    return st;
 }

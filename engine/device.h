@@ -127,6 +127,9 @@ vki_status vkd_fill(vkd_device *d, vkd_buffer *dst, VkDeviceSize off, VkDeviceSi
 
 /* ---- command buffers ----------------------------------------------------------------------- */
 
+#define VKD_LABEL_PATH 96
+#define VKD_LABEL_DEPTH 8
+
 typedef struct vkd_cmd {
     vkd_device *d;
     VkCommandBuffer cb;
@@ -136,8 +139,19 @@ typedef struct vkd_cmd {
     /* profiling (optional): timestamps around every dispatch */
     VkQueryPool queries;
     uint32_t n_queries, max_queries;
-    const char **query_names;/* [max_queries / 2] kernel names, for the trace */
+    char (*query_names)[VKD_LABEL_PATH]; /* [max_queries / 2] "label / label / kernel" */
+    /* the open debug labels, joined by " / " (kept only while profiling) */
+    char label_path[VKD_LABEL_PATH];
+    uint32_t label_len[VKD_LABEL_DEPTH]; /* label_path length before each open label */
+    uint32_t label_depth;
 } vkd_cmd;
+
+/* dst = a + " / " + b (just b when a is empty), truncated to cap - 1 bytes: label paths. */
+void vkd_join_label(char *dst, size_t cap, const char *a, const char *b);
+
+/* Reads the timestamps of the last completed submission: *n dispatches, begin/end in ns (on the
+ * device's clock) and names. Returns VKI_OK with *n = 0 when profiling is off. */
+vki_status vkd_cmd_read_profile(vkd_cmd *c, uint64_t *begin_ns, uint64_t *end_ns, uint32_t cap, uint32_t *n);
 
 vki_status vkd_cmd_create(vkd_device *d, const char *name, vkd_cmd *out);
 void vkd_cmd_destroy(vkd_cmd *c);

@@ -10,6 +10,8 @@
 #include "engine/ops_sample.h"
 #include "engine/step.h"
 
+#include <stdio.h>
+
 typedef struct vk_engine_params {
     uint32_t page_size;     /* tokens per KV page (default 16) */
     uint32_t kv_type;       /* VKI_GGML_F16 (default) or VKI_GGML_F32 */
@@ -19,7 +21,8 @@ typedef struct vk_engine_params {
     uint32_t max_tokens;    /* new tokens per step: activation scratch rows (default 2048) */
     uint32_t max_ctx;       /* longest sequence; 0: the model's context length */
     bool progress;          /* progress bar on stderr while loading weights */
-    uint32_t profile_dispatches; /* > 0: GPU timestamps for up to this many dispatches per step */
+    const char *profile_path; /* non-NULL: GPU timestamps of every dispatch of every step written
+                                 to this file as a Chrome trace (chrome://tracing, Perfetto) */
     /* Bitwise batch invariance: a sequence's logits do not depend on what else is in the step,
      * on how its prompt was chunked, or on a pause and recompute. Costs prefill speed: every
      * matmul takes the matrix-vector kernel (one fixed reduction order per row, weights re-read
@@ -77,7 +80,12 @@ typedef struct vk_engine {
     vkd_cmd cmd;
     uint64_t n_steps;
     double last_step_ms;
+    FILE *trace;            /* profile_path open, or NULL */
+    uint64_t trace_t0_ns;   /* device time of the first traced dispatch */
+    uint64_t *trace_ns;     /* [2 * VK_TRACE_MAX] begin/end scratch */
 } vk_engine;
+
+#define VK_TRACE_MAX 16384  /* dispatches timed per step when profiling */
 
 /* Loads the model's weights (hp, t found in f), sizes and allocates the KV pools and scratch,
  * creates every pipeline. Errors leave nothing allocated. */

@@ -258,7 +258,8 @@ vki_status vkk_dispatch(vkd_cmd *c, vkk_id k, const uint32_t *spec, const vkd_vi
     vkd_label_begin(c, "%s", kd->name);
     bool timed = c->queries && c->n_queries + 2 <= c->max_queries;
     if (timed) {
-        c->query_names[c->n_queries / 2] = kd->name;
+        /* the label opened above makes the path end with this kernel: "step 3 / layer 0 / rope" */
+        memcpy(c->query_names[c->n_queries / 2], c->label_path, VKD_LABEL_PATH);
         vkCmdWriteTimestamp(c->cb, VK_PIPELINE_STAGE_TOP_OF_PIPE_BIT, c->queries, c->n_queries++);
     }
     vkCmdBindPipeline(c->cb, VK_PIPELINE_BIND_POINT_COMPUTE, p);

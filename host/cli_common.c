@@ -86,12 +86,15 @@ int cli_engine_opt(int argc, char **argv, int *i, cli_engine_opts *o)
         return 1;
     }
     static const char *const with_value[] = {"-m", "--model", "--device", "--kv-type", "--kv-tokens",
-                                             "--kv-fraction", "--page-size", "--max-seqs", "--max-tokens", "--ctx"};
+                                             "--kv-fraction", "--page-size", "--max-seqs", "--max-tokens", "--ctx",
+                                             "--profile"};
     int r = cli_value_opt(cmd, argc, argv, i, with_value, sizeof with_value / sizeof with_value[0], NULL, &v);
     if (r <= 0)
         return r;
     if (!strcmp(a, "-m") || !strcmp(a, "--model")) {
         o->model = v;
+    } else if (!strcmp(a, "--profile")) {
+        o->p.profile_path = v;
     } else if (!strcmp(a, "--device")) {
         char *end;
         long idx = strtol(v, &end, 10);
@@ -141,6 +144,7 @@ void cli_engine_opts_help(FILE *f)
             "  --ctx N                 longest sequence (default: the model's context length)\n"
             "  --batch-invariant       a request's tokens do not depend on the rest of the batch\n"
             "                          (bitwise; slower prefill)\n"
+            "  --profile FILE          GPU time of every dispatch as a Chrome trace (chrome://tracing)\n"
             "  --no-progress           no loading progress bar\n"
             "  -v, --verbose           more log output (twice: debug)\n");
 }

@@ -139,6 +139,7 @@ static vki_status load(vki_engine *e, const char *path, const vki_engine_params 
         ep.max_ctx = p->max_ctx;
         ep.progress = p->progress;
         ep.batch_invariant = p->batch_invariant;
+        ep.profile_path = p->profile_path;
         st = vk_engine_create(e->dev, f, &hp, &t, &ep, &e->eng);
         if (st != VKI_OK)
             set_err(err, n, "%s%s%s", vki_status_str(st), ol->last_error[0] ? ": " : "", ol->last_error);

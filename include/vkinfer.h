@@ -451,6 +451,10 @@ typedef struct vki_engine_params {
      * recompute. Costs prefill throughput (matrix-vector kernels for every matmul, attention one
      * query at a time). false */
     bool batch_invariant;
+    /* Profile: GPU timestamps around every dispatch of every step, written to this file as a
+     * Chrome trace (open in chrome://tracing or ui.perfetto.dev); each event is named by its
+     * kernel and grouped by its debug-label path ("step 12 / layer 3"). NULL = off (default). */
+    const char *profile_path;
 } vki_engine_params;
 
 vki_engine_params vki_engine_default_params(void);

@@ -16,6 +16,8 @@
 #include <string.h>
 #include <unistd.h>
 
+#include <cjson/cJSON.h>
+
 #include "engine/engine.h"
 #include "engine/synth.h"
 #include "host/tokenizer.h"
@@ -490,6 +492,69 @@ static void test_batch_invariant_mode(void **state)
     vt_assert_clean(g);
 }
 
+/* The profile: a Chrome trace with one event per dispatch, named by kernel, grouped by layer. */
+static void test_profile_trace(void **state)
+{
+    vt_gpu *g = vt_gpu_get(state);
+    char path[512], trace[128];
+    if (!vt_shared_model("stories260K.gguf", path, sizeof path))
+        skip();
+    snprintf(trace, sizeof trace, "/tmp/vki_test_trace_%d.json", (int)getpid());
+    fixture fx;
+    memset(&fx, 0, sizeof fx);
+    char err[256];
+    assert_int_equal(gguf_open(path, &fx.f, err, sizeof err), VKI_OK);
+    assert_int_equal(model_read_hparams(fx.f, &fx.hp, err, sizeof err), VKI_OK);
+    assert_int_equal(model_find_tensors(fx.f, &fx.hp, &fx.t, err, sizeof err), VKI_OK);
+    vk_engine_params p = vk_engine_default_params();
+    p.kv_tokens = 4096;
+    p.max_seqs = 4;
+    p.max_tokens = 64;
+    p.profile_path = trace;
+    assert_int_equal(vk_engine_create(g->dev, fx.f, &fx.hp, &fx.t, &p, &fx.e), VKI_OK);
+    fx.n_vocab = fx.hp.n_vocab;
+    const int32_t prompt[] = {1, 403, 407, 261, 378};
+    tseq s;
+    tseq_init(&s, 0, prompt, 5, 16);
+    tseq *ps = &s;
+    uint32_t n_new = 5;
+    step(&fx, &ps, &n_new, 1, NULL);
+    n_new = 1;
+    step(&fx, &ps, &n_new, 1, NULL);
+    vk_engine_destroy(fx.e); /* closes the trace */
+    fx.e = NULL;
+    FILE *f = fopen(trace, "r");
+    assert_non_null(f);
+    static char buf[1 << 20];
+    size_t len = fread(buf, 1, sizeof buf - 1, f);
+    buf[len] = 0;
+    fclose(f);
+    unlink(trace);
+    cJSON *arr = cJSON_Parse(buf);
+    if (!arr)
+        fail_msg("trace is not JSON: %.200s", buf);
+    int n = cJSON_GetArraySize(arr), layer0 = 0, attn = 0;
+    assert_true(n > 2 * 5 * 10); /* two steps of 5 layers, over 10 dispatches each */
+    for (int i = 0; i < n; i++) {
+        cJSON *ev = cJSON_GetArrayItem(arr, i);
+        const char *name = cJSON_GetStringValue(cJSON_GetObjectItem(ev, "name"));
+        const char *cat = cJSON_GetStringValue(cJSON_GetObjectItem(ev, "cat"));
+        assert_non_null(name);
+        assert_non_null(cat);
+        assert_true(cJSON_GetNumberValue(cJSON_GetObjectItem(ev, "dur")) >= 0);
+        assert_null(strstr(cat, name)); /* the group is the label path above the kernel */
+        layer0 += strstr(cat, "layer 0") != NULL;
+        attn += strncmp(name, "attn", 4) == 0;
+    }
+    assert_true(layer0 > 5 && attn >= 2 * 5);
+    fprintf(stderr, "  profile: %d dispatch events in 2 steps\n", n);
+    cJSON_Delete(arr);
+    free(s.tok);
+    model_tensors_free(&fx.t);
+    gguf_close(fx.f);
+    vt_assert_clean(g);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -501,6 +566,7 @@ int main(void)
         cmocka_unit_test(test_ragged_batch),
         cmocka_unit_test(test_long_context),
         cmocka_unit_test(test_batch_invariant_mode),
+        cmocka_unit_test(test_profile_trace),
     };
     return cmocka_run_group_tests(tests, vt_gpu_setup, vt_gpu_teardown);
 }
