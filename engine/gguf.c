@@ -98,8 +98,7 @@ const char *gguf_type_name(gguf_type t)
     return (unsigned)t < GGUF_TYPE_COUNT ? names[t] : "invalid";
 }
 
-/* Bytes of one value of a fixed-size type; 0 for string/array/invalid. */
-static uint64_t gguf_type_size(gguf_type t)
+uint64_t gguf_type_size(gguf_type t)
 {
     switch (t) {
     case GGUF_TYPE_UINT8: case GGUF_TYPE_INT8: case GGUF_TYPE_BOOL: return 1;

@@ -99,5 +99,8 @@ uint64_t gguf_data_offset(const gguf_file *f);
 uint64_t gguf_file_size(const gguf_file *f);
 /* "u8", "i32", "str", "arr", ... ("invalid" for an out-of-range value). */
 const char *gguf_type_name(gguf_type t);
+/* Bytes of one value of a fixed-size type; 0 for string/array/invalid. Shared by the reader and
+ * the writer so that both agree on the layout. */
+uint64_t gguf_type_size(gguf_type t);
 
 #endif

@@ -159,17 +159,6 @@ static vki_status kv_begin(gguf_writer *w, const char *key, gguf_type type, uint
     return VKI_OK;
 }
 
-static uint64_t w_type_size(gguf_type t)
-{
-    switch (t) {
-    case GGUF_TYPE_UINT8: case GGUF_TYPE_INT8: case GGUF_TYPE_BOOL: return 1;
-    case GGUF_TYPE_UINT16: case GGUF_TYPE_INT16: return 2;
-    case GGUF_TYPE_UINT32: case GGUF_TYPE_INT32: case GGUF_TYPE_FLOAT32: return 4;
-    case GGUF_TYPE_UINT64: case GGUF_TYPE_INT64: case GGUF_TYPE_FLOAT64: return 8;
-    default: return 0;
-    }
-}
-
 /* Little-endian bytes of n values of size esz from C memory (the hosts are little-endian, but
  * writing byte by byte keeps the file format independent of that). */
 static void kv_le(gguf_writer *w, const void *data, uint64_t esz, uint64_t n)
@@ -185,7 +174,7 @@ static void kv_le(gguf_writer *w, const void *data, uint64_t esz, uint64_t n)
 
 static vki_status set_scalar(gguf_writer *w, const char *key, gguf_type t, const void *v)
 {
-    uint64_t esz = w_type_size(t);
+    uint64_t esz = gguf_type_size(t);
     if (!strcmp(key, "general.alignment")) {
         uint32_t a;
         if (t != GGUF_TYPE_UINT32)
@@ -240,7 +229,7 @@ vki_status gguf_w_set_str(gguf_writer *w, const char *key, const char *v)
 
 vki_status gguf_w_set_arr(gguf_writer *w, const char *key, gguf_type elem, const void *data, uint64_t n)
 {
-    uint64_t esz = w_type_size(elem);
+    uint64_t esz = gguf_type_size(elem);
     if (!esz)
         return w_fail(w, VKI_ERR_INVALID_ARG, "key '%s': array element type %d is not fixed-size", key, (int)elem);
     if (n > (UINT64_MAX - 12) / esz)
