@@ -172,14 +172,10 @@ static vki_status spans_push(spans *a, size_t off, size_t len)
     if (!len)
         return VKI_OK;
     if (a->n == a->cap) {
-        size_t cap = a->cap ? a->cap * 2 : 64;
-        if (cap > SIZE_MAX / sizeof *a->v)
-            return VKI_ERR_OUT_OF_HOST_MEMORY;
-        span *v = realloc(a->v, cap * sizeof *v);
+        span *v = tok_grow(a->v, &a->cap, sizeof *v, 64);
         if (!v)
             return VKI_ERR_OUT_OF_HOST_MEMORY;
         a->v = v;
-        a->cap = cap;
     }
     a->v[a->n++] = (span){off, len};
     return VKI_OK;

@@ -82,6 +82,11 @@ struct vki_tokenizer {
     char pre[32];
 };
 
+/* For the tokenizer's growable arrays (v, n, cap): when n == *cap, returns v reallocated to twice
+ * the capacity (`first` elements when empty) and updates *cap; NULL on size overflow or out of
+ * memory, with v and *cap untouched. Amortised O(1) a push. */
+void *tok_grow(void *v, size_t *cap, size_t elem_size, size_t first);
+
 /* Growable id array used while tokenising. */
 typedef struct tok_ids {
     int32_t *v;

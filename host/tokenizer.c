@@ -25,17 +25,24 @@ static void tok_err(char *err, size_t err_len, const char *fmt, ...)
     va_end(ap);
 }
 
+void *tok_grow(void *v, size_t *cap, size_t elem_size, size_t first)
+{
+    size_t n = *cap ? *cap * 2 : first;
+    if (n > SIZE_MAX / elem_size)
+        return NULL;
+    void *p = realloc(v, n * elem_size);
+    if (p)
+        *cap = n;
+    return p;
+}
+
 vki_status tok_ids_push(tok_ids *a, int32_t id)
 {
     if (a->n == a->cap) {
-        size_t cap = a->cap ? a->cap * 2 : 64;
-        if (cap > SIZE_MAX / sizeof *a->v)
-            return VKI_ERR_OUT_OF_HOST_MEMORY;
-        int32_t *v = realloc(a->v, cap * sizeof *v);
+        int32_t *v = tok_grow(a->v, &a->cap, sizeof *v, 64);
         if (!v)
             return VKI_ERR_OUT_OF_HOST_MEMORY;
         a->v = v;
-        a->cap = cap;
     }
     a->v[a->n++] = id;
     return VKI_OK;
@@ -44,14 +51,10 @@ vki_status tok_ids_push(tok_ids *a, int32_t id)
 vki_status tok_heap_push(tok_heap *h, tok_cand c)
 {
     if (h->n == h->cap) {
-        size_t cap = h->cap ? h->cap * 2 : 64;
-        if (cap > SIZE_MAX / sizeof *h->v)
-            return VKI_ERR_OUT_OF_HOST_MEMORY;
-        tok_cand *v = realloc(h->v, cap * sizeof *v);
+        tok_cand *v = tok_grow(h->v, &h->cap, sizeof *v, 64);
         if (!v)
             return VKI_ERR_OUT_OF_HOST_MEMORY;
         h->v = v;
-        h->cap = cap;
     }
     size_t i = h->n++;
     while (i > 0) {
@@ -652,14 +655,10 @@ typedef struct tok_frags {
 static vki_status frags_push(tok_frags *a, tok_frag f)
 {
     if (a->n == a->cap) {
-        size_t cap = a->cap ? a->cap * 2 : 16;
-        if (cap > SIZE_MAX / sizeof *a->v)
-            return VKI_ERR_OUT_OF_HOST_MEMORY;
-        tok_frag *v = realloc(a->v, cap * sizeof *v);
+        tok_frag *v = tok_grow(a->v, &a->cap, sizeof *v, 16);
         if (!v)
             return VKI_ERR_OUT_OF_HOST_MEMORY;
         a->v = v;
-        a->cap = cap;
     }
     a->v[a->n++] = f;
     return VKI_OK;
