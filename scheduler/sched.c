@@ -329,7 +329,9 @@ void sched_remove(sched *s, sched_seq *q)
             s->n_paused_waiting--;
     } else if (is_static && static_batch_live(s, q)) {
         q->ghost = true; /* keeps computing padding until the batch's last member leaves */
-        q->user = NULL;
+        q->user = NULL;  /* the owner's request (and its sampling params) is gone */
+        q->sampling = NULL;
+        q->logits_hook = NULL;
         q->logits_hook_ctx = NULL;
         return;
     } else {
