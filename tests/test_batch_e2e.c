@@ -204,6 +204,7 @@ static int setup(void **state)
         fprintf(stderr, "SKIP: ../shared/models/stories260K.gguf is absent\n");
         return 0;
     }
+    vt_pin_vulkan_libraries();
     e2e *x = calloc(1, sizeof *x);
     pthread_mutex_init(&x->mu, NULL);
     pthread_cond_init(&x->cv, NULL);

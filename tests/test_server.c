@@ -20,13 +20,14 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <cmocka.h>
-#include <dlfcn.h>
 #include <fcntl.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
 
 #include "engine/synth.h"
 #include "host/chat.h"
+#include <stdatomic.h>
+
 #include "host/server.h"
 #include "support/vt.h"
 
@@ -42,16 +43,25 @@ typedef struct T {
     uint16_t port;
     char id[128];
     pid_t child;            /* the load test's server process (0: none) */
+    atomic_int validation;  /* validation-layer messages seen by the in-process engine */
     char log[128];          /* its stderr */
 } T;
 
 /* ---- fixture ------------------------------------------------------------------------------- */
 
+/* The in-process engine runs with the validation layer; any warning or error fails the suite. */
+static void count_validation(void *user, vki_log_level lvl, const char *msg)
+{
+    T *t = user;
+    if (lvl <= VKI_LOG_WARN && !strncmp(msg, "validation", 10))
+        atomic_fetch_add(&t->validation, 1);
+    if (lvl <= VKI_LOG_WARN)
+        fprintf(stderr, "[vkinfer] %s\n", msg);
+}
+
 static int group_setup(void **state)
 {
-    /* As tests/support/vt.c does: keep the Vulkan driver loaded past vkDestroyInstance so its
-     * one-off allocations stay reachable and LeakSanitizer still checks the server's own code. */
-    dlopen("libvulkan_lvp.so", RTLD_NOW | RTLD_NODELETE | RTLD_LOCAL);
+    vt_pin_vulkan_libraries(); /* LeakSanitizer keeps checking the server's own code */
     T *t = calloc(1, sizeof *t);
     signal(SIGPIPE, SIG_IGN);
     struct rlimit rl; /* 300 connections: client socket, server socket and eventfd each */
@@ -77,6 +87,9 @@ static int group_setup(void **state)
     ep.kv_tokens = 64 * 1024;
     ep.max_seqs = 320;
     ep.device.pipeline_cache_dir = "";
+    ep.device.validation = true;
+    ep.device.log = count_validation;
+    ep.device.log_user = t;
     char err[512] = "";
     if (vki_engine_create(t->model, &ep, &t->e, err, sizeof err) != VKI_OK) {
         printf("engine: %s\n", err);
@@ -97,8 +110,11 @@ static int group_teardown(void **state)
     vki_engine_destroy(t->e);
     if (!t->stories)
         unlink(t->model);
+    int msgs = atomic_load(&t->validation);
     free(t);
-    return 0;
+    if (msgs)
+        fprintf(stderr, "FAIL: %d validation messages\n", msgs);
+    return msgs ? -1 : 0;
 }
 
 /* A server over the group's engine; bp may be NULL (defaults). */

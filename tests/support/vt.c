@@ -18,7 +18,7 @@ static void quiet_log(void *user, vki_log_level lvl, const char *msg)
  * then show as leaks from "<unknown module>" that no suppression can name. Keeping the libraries
  * loaded keeps those allocations reachable, so LeakSanitizer stays on for the GPU suites and
  * leaks in vkinfer's own code still fail the sanitizer build. */
-static void pin_vulkan_libraries(void)
+void vt_pin_vulkan_libraries(void)
 {
     static const char *const libs[] = {"libvulkan_lvp.so", "libVkLayer_khronos_validation.so"};
     for (size_t i = 0; i < sizeof libs / sizeof libs[0]; i++)
@@ -28,7 +28,7 @@ static void pin_vulkan_libraries(void)
 int vt_gpu_setup(void **state)
 {
     *state = NULL;
-    pin_vulkan_libraries();
+    vt_pin_vulkan_libraries();
     vt_gpu *g = calloc(1, sizeof *g);
     if (!g)
         return -1;

@@ -25,7 +25,11 @@ typedef struct vt_gpu {
     vkd_cmd cmd;
 } vt_gpu;
 
-int vt_gpu_setup(void **state);    /* *state = vt_gpu* (or NULL to skip when allowed) */
+int vt_gpu_setup(void **state);
+/* Keeps the Vulkan driver and validation layer loaded for the process's life so LeakSanitizer
+ * can see their one-off allocations as reachable; suites that open engines through the public
+ * API (not vt_gpu_setup) call it first. */
+void vt_pin_vulkan_libraries(void);    /* *state = vt_gpu* (or NULL to skip when allowed) */
 int vt_gpu_teardown(void **state); /* fails if any validation message was seen */
 /* In a test: vt_gpu *g = vt_gpu_get(state); (skips the test when there is no device) */
 vt_gpu *vt_gpu_get(void **state);
