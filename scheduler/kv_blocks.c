@@ -3,6 +3,8 @@
  * after sched_kv_create. */
 #include "scheduler/kv_blocks.h"
 
+#include "engine/rng.h"
+
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -33,14 +35,6 @@ struct sched_kv {
     uint64_t reused_blocks, evicted_blocks;
 };
 
-static uint64_t mix64(uint64_t z)
-{
-    z ^= z >> 30;
-    z *= 0xbf58476d1ce4e5b9ull;
-    z ^= z >> 27;
-    z *= 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
 
 /* Order-sensitive 64-bit hash of (parent hash, tokens): a multiply-xorshift step per token (3
  * operations; this runs for every token that fills a block) and a full avalanche at the end. It
@@ -52,7 +46,7 @@ static uint64_t block_hash(uint64_t parent_hash, const int32_t *t, uint32_t n)
         h = (h ^ (uint32_t)t[i]) * 0xff51afd7ed558ccdull;
         h ^= h >> 32;
     }
-    return mix64(h ^ n);
+    return vki_mix64_fin(h ^ n);
 }
 
 vki_status sched_kv_create(uint32_t n_blocks, uint32_t block_size, bool reuse, sched_kv **out)
