@@ -7,7 +7,6 @@
 
 #include "host/cli.h"
 #include "host/cli_common.h"
-#include "host/textstream.h"
 
 #define MAX_STOPS 16
 
@@ -15,7 +14,7 @@ typedef struct gen_state {
     pthread_mutex_t mu;
     pthread_cond_t cv;
     bool done;
-    text_stream *ts;
+    vki_text_stream *ts;
     vki_batch_manager *bm;
     uint64_t id;
     double t_submit, t_first, t_end;
@@ -38,13 +37,13 @@ static void write_out(const char *p, size_t n)
 static void on_response(void *user, const vki_response *r)
 {
     gen_state *g = user;
-    for (uint32_t i = 0; i < r->n_tokens && !text_stream_stopped(g->ts); i++) {
+    for (uint32_t i = 0; i < r->n_tokens && !vki_text_stream_stopped(g->ts); i++) {
         if (!g->n_gen++)
             g->t_first = cli_now_s();
         const char *t;
         size_t n;
         bool stopped = false;
-        if (text_stream_push(g->ts, r->tokens[i], &t, &n, &stopped) == VKI_OK)
+        if (vki_text_stream_push(g->ts, r->tokens[i], &t, &n, &stopped) == VKI_OK)
             write_out(t, n);
         if (stopped) { /* a stop string: end the request; its final response comes next tick */
             g->stopped_by_string = true;
@@ -55,7 +54,7 @@ static void on_response(void *user, const vki_response *r)
         return;
     const char *t;
     size_t n;
-    if (text_stream_finish(g->ts, &t, &n) == VKI_OK)
+    if (vki_text_stream_finish(g->ts, &t, &n) == VKI_OK)
         write_out(t, n);
     pthread_mutex_lock(&g->mu);
     g->t_end = cli_now_s();
@@ -122,7 +121,7 @@ static int run(cli_engine_opts *eo, const char *prompt, uint32_t n_predict, cons
     gen_state g = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER, .id = 1};
     vki_batch_params bp = vki_batch_default_params();
     if (st == VKI_OK)
-        st = text_stream_create(tok, stops, n_stops, 0, &g.ts);
+        st = vki_text_stream_create(tok, stops, n_stops, 0, &g.ts);
     if (st == VKI_OK)
         st = vki_batch_manager_create(e, &bp, NULL, &g.bm);
     int32_t never = -1; /* an end id no token has: disables the model's end-of-generation ids */
@@ -159,7 +158,7 @@ static int run(cli_engine_opts *eo, const char *prompt, uint32_t n_predict, cons
                 tg * 1e3, g.n_gen > 1 && tg > 0 ? (g.n_gen - 1) / tg : 0.0,
                 why[g.finish <= VKI_FINISH_ERROR ? g.finish : 0], (unsigned long long)g.seed);
     }
-    text_stream_free(g.ts);
+    vki_text_stream_free(g.ts);
     free(ids);
     vki_engine_destroy(e);
     return rc;

@@ -52,7 +52,7 @@ static void job_free(srv_job *j)
     free(j->lp);
     free(j->top_id);
     free(j->top_lp);
-    text_stream_free(j->ts);
+    vki_text_stream_free(j->ts);
     strbuf_free(&j->text);
     strbuf_free(&j->out);
     cJSON_Delete(j->lp_all);
@@ -349,7 +349,7 @@ static bool job_drain(srv_job *j, strbuf *text, cJSON *lp)
         const char *t;
         size_t len, piece = 0;
         bool stopped = false;
-        if (text_stream_push(j->ts, j->tok[i], &t, &len, &stopped) != VKI_OK)
+        if (vki_text_stream_push(j->ts, j->tok[i], &t, &len, &stopped) != VKI_OK)
             return false;
         if (lp && j->chat)
             cJSON_AddItemToArray(lp, chat_lp_entry(j, i));
@@ -370,7 +370,7 @@ static bool job_drain(srv_job *j, strbuf *text, cJSON *lp)
         j->final_seen = true;
         const char *t;
         size_t len;
-        if (!j->stop_hit && text_stream_finish(j->ts, &t, &len) == VKI_OK)
+        if (!j->stop_hit && vki_text_stream_finish(j->ts, &t, &len) == VKI_OK)
             ok &= strbuf_put(text, t, len);
     }
     return ok;

@@ -449,7 +449,7 @@ static bool alloc_outputs(srv *s, srv_job *j, srv_error *e)
     j->top_lp = nt ? malloc(nt * sizeof *j->top_lp) : NULL;
     uint32_t flags = j->chat ? VKI_DETOK_STRIP_LEADING_SPACE : 0;
     if (!j->tok || (j->want_lp && !j->lp) || (nt && (!j->top_id || !j->top_lp)) ||
-        text_stream_create(s->tok, (const char *const *)j->stops, j->n_stops, flags, &j->ts) != VKI_OK)
+        vki_text_stream_create(s->tok, (const char *const *)j->stops, j->n_stops, flags, &j->ts) != VKI_OK)
         return srv_err(e, 500, NULL, "out of memory"), false;
     if (j->want_lp && !j->stream && !(j->lp_all = j->chat ? cJSON_CreateArray() : cJSON_CreateObject()))
         return srv_err(e, 500, NULL, "out of memory"), false;

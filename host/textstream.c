@@ -1,36 +1,35 @@
-#include "host/textstream.h"
 
 #include <stdlib.h>
 
 #include "host/stop.h"
 #include "host/strbuf.h"
 
-struct text_stream {
+struct vki_text_stream {
     vki_detok *dt;
     stop_matcher *stops;
     bool stopped;
-    strbuf out;        /* text_stream_finish's result */
+    strbuf out;        /* vki_text_stream_finish's result */
 };
 
-vki_status text_stream_create(const vki_tokenizer *tok, const char *const *stops, uint32_t n_stops, uint32_t flags,
-                              text_stream **out)
+vki_status vki_text_stream_create(const vki_tokenizer *tok, const char *const *stops, uint32_t n_stops, uint32_t flags,
+                              vki_text_stream **out)
 {
     *out = NULL;
-    text_stream *s = calloc(1, sizeof *s);
+    vki_text_stream *s = calloc(1, sizeof *s);
     if (!s)
         return VKI_ERR_OUT_OF_HOST_MEMORY;
     vki_status st = vki_detok_create(tok, flags, &s->dt);
     if (st == VKI_OK)
         st = stop_create(stops, n_stops, &s->stops);
     if (st != VKI_OK) {
-        text_stream_free(s);
+        vki_text_stream_free(s);
         return st;
     }
     *out = s;
     return VKI_OK;
 }
 
-void text_stream_free(text_stream *s)
+void vki_text_stream_free(vki_text_stream *s)
 {
     if (!s)
         return;
@@ -40,7 +39,7 @@ void text_stream_free(text_stream *s)
     free(s);
 }
 
-vki_status text_stream_push(text_stream *s, int32_t token, const char **emit, size_t *n_emit, bool *stopped)
+vki_status vki_text_stream_push(vki_text_stream *s, int32_t token, const char **emit, size_t *n_emit, bool *stopped)
 {
     *emit = "";
     *n_emit = 0;
@@ -62,12 +61,12 @@ vki_status text_stream_push(text_stream *s, int32_t token, const char **emit, si
 }
 
 /* Appends n bytes to s->out. */
-static vki_status out_append(text_stream *s, const char *p, size_t n)
+static vki_status out_append(vki_text_stream *s, const char *p, size_t n)
 {
     return strbuf_put(&s->out, p, n) ? VKI_OK : VKI_ERR_OUT_OF_HOST_MEMORY;
 }
 
-vki_status text_stream_finish(text_stream *s, const char **emit, size_t *n_emit)
+vki_status vki_text_stream_finish(vki_text_stream *s, const char **emit, size_t *n_emit)
 {
     *emit = "";
     *n_emit = 0;
@@ -96,4 +95,4 @@ vki_status text_stream_finish(text_stream *s, const char **emit, size_t *n_emit)
     return VKI_OK;
 }
 
-bool text_stream_stopped(const text_stream *s) { return s->stopped; }
+bool vki_text_stream_stopped(const vki_text_stream *s) { return s->stopped; }

@@ -425,6 +425,28 @@ vki_status vki_detok_push(vki_detok *d, int32_t id, const char **text, size_t *l
 vki_status vki_detok_flush(vki_detok *d, const char **text, size_t *len);
 void vki_detok_free(vki_detok *d);
 
+/* ---- text streaming: detokenise + stop strings ------------------------------------------- */
+
+/* Generated tokens -> the text a user sees: streaming detokenisation (never a partial UTF-8
+ * character) followed by stop-string matching across token boundaries (text that could still
+ * become a stop string is held back until it cannot; the stop string itself is never emitted).
+ * The batch manager works in token ids (like TensorRT-LLM's); feed each response's tokens here,
+ * and when *stopped is set, call vki_batch_cancel on the request: what `vkinfer generate` and the
+ * HTTP server do. One per generation, used by one thread at a time. */
+typedef struct vki_text_stream vki_text_stream;
+
+/* stops: n_stops non-empty stop strings (copied); flags: VKI_DETOK_* for the detokeniser. */
+vki_status vki_text_stream_create(const vki_tokenizer *tok, const char *const *stops, uint32_t n_stops,
+                                  uint32_t flags, vki_text_stream **out);
+void vki_text_stream_free(vki_text_stream *s); /* NULL is fine */
+/* Feeds one generated token. *text / *len: text now safe to show (valid until the next call).
+ * *stopped: a stop string completed (later tokens are ignored and emit nothing). */
+vki_status vki_text_stream_push(vki_text_stream *s, int32_t token, const char **text, size_t *len, bool *stopped);
+/* End of generation: what was held back (a stop-string prefix that never completed; incomplete
+ * UTF-8 as U+FFFD). */
+vki_status vki_text_stream_finish(vki_text_stream *s, const char **text, size_t *len);
+bool vki_text_stream_stopped(const vki_text_stream *s);
+
 /* ---- engine ------------------------------------------------------------------------------ */
 
 /* An engine: one model (GGUF) on one Vulkan device, with its tokenizer and a paged KV cache.

@@ -264,6 +264,67 @@ static void test_random_splits(void **state)
     }
 }
 
+/* Whether b[0, n) is whole, valid UTF-8 (no truncated sequence at the end). */
+static bool utf8_valid(const char *b, size_t n)
+{
+    const unsigned char *s = (const unsigned char *)b;
+    for (size_t i = 0; i < n;) {
+        unsigned c = s[i], len = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 0;
+        if (!len || i + len > n)
+            return false;
+        for (unsigned j = 1; j < len; j++)
+            if ((s[i + j] & 0xc0) != 0x80)
+                return false;
+        i += len;
+    }
+    return true;
+}
+
+/* The public text stream over a real tokenizer (the llama SentencePiece vocabulary, byte
+ * fallback): tokens of "... day, she said ¡Hola! The end" streamed one at a time with the stop
+ * string "¡Hola" (2-byte UTF-8 in it, split across tokens): everything before it comes out
+ * whole, nothing of it or after it, and the text never ends mid-character. */
+static void test_text_stream_tokens(void **state)
+{
+    (void)state;
+    char path[512];
+    if (!vt_shared_model("vocab/ggml-vocab-llama-spm.gguf", path, sizeof path)) {
+        fprintf(stderr, "SKIP: ../shared/models/vocab is absent\n");
+        skip();
+    }
+    vki_tokenizer *tok;
+    char err[256];
+    assert_int_equal(vki_tokenizer_load(path, &tok, err, sizeof err), VKI_OK);
+    const char *text = "One day, she said \xc2\xa1Hola! The end", *stops[] = {"\xc2\xa1Hola", "never"};
+    int32_t ids[64];
+    size_t n = 0;
+    assert_int_equal(vki_tokenize(tok, text, strlen(text), false, false, ids, 64, &n), VKI_OK);
+    vki_text_stream *ts;
+    assert_int_equal(vki_text_stream_create(tok, stops, 2, VKI_DETOK_STRIP_LEADING_SPACE, &ts), VKI_OK);
+    char out[256] = "";
+    size_t len = 0;
+    bool stopped = false;
+    for (size_t i = 0; i < n; i++) {
+        const char *t;
+        size_t k;
+        bool s;
+        assert_int_equal(vki_text_stream_push(ts, ids[i], &t, &k, &s), VKI_OK);
+        memcpy(out + len, t, k);
+        len += k;
+        out[len] = 0;
+        assert_true(utf8_valid(out, len)); /* complete characters only, at every step */
+        stopped |= s;
+    }
+    const char *t;
+    size_t k;
+    assert_int_equal(vki_text_stream_finish(ts, &t, &k), VKI_OK);
+    assert_int_equal(k, 0); /* stopped: nothing held back is released */
+    assert_true(stopped && vki_text_stream_stopped(ts));
+    assert_string_equal(out, "One day, she said ");
+    vki_text_stream_free(ts);
+    vki_tokenizer_free(tok);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -273,6 +334,7 @@ int main(void)
         cmocka_unit_test(test_utf8),
         cmocka_unit_test(test_create_errors),
         cmocka_unit_test(test_random_splits),
+        cmocka_unit_test(test_text_stream_tokens),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
