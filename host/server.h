@@ -35,7 +35,6 @@
 
 #include "host/chat.h"
 #include "host/strbuf.h"
-#include "host/textstream.h"
 #include "vkinfer.h"
 
 #define SRV_STACK_BYTES (512u * 1024u)
@@ -168,7 +167,7 @@ typedef struct srv_job {
     bool submitted, final_seen, stop_hit, gone;
     uint32_t n_used;           /* tokens turned into text so far */
     uint32_t n_counted;        /* tokens that count (up to and including a stop string's end) */
-    text_stream *ts;
+    vki_text_stream *ts;
     strbuf text;               /* the whole completion (non-streaming) */
     size_t text_bytes;         /* completion bytes emitted so far (text_offset) */
     cJSON *lp_all;             /* non-streaming logprobs being built */
