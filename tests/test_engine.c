@@ -19,6 +19,7 @@
 #include <cjson/cJSON.h>
 
 #include "engine/engine.h"
+#include "engine/gguf_write.h"
 #include "engine/synth.h"
 #include "host/tokenizer.h"
 
@@ -555,6 +556,61 @@ static void test_profile_trace(void **state)
     vt_assert_clean(g);
 }
 
+/* A model the engine cannot run is refused through the public API with a message that names
+ * the problem: an unsupported architecture, a missing tensor, a truncated file. */
+static void write_meta_only(const char *path, const char *arch)
+{
+    gguf_writer *w;
+    assert_int_equal(gguf_w_create(&w), VKI_OK);
+    char key[64];
+    assert_int_equal(gguf_w_set_str(w, "general.architecture", arch), VKI_OK);
+    const char *u32_keys[] = {"block_count", "embedding_length", "feed_forward_length", "attention.head_count"};
+    const uint32_t vals[] = {2, 64, 128, 4};
+    for (int i = 0; i < 4; i++) {
+        snprintf(key, sizeof key, "%s.%s", arch, u32_keys[i]);
+        assert_int_equal(gguf_w_set_u32(w, key, vals[i]), VKI_OK);
+    }
+    assert_int_equal(gguf_w_open(w, path), VKI_OK);
+    assert_int_equal(gguf_w_finish(w), VKI_OK);
+    gguf_w_destroy(w);
+}
+
+static void expect_refused(const char *path, vki_status want, const char *needle)
+{
+    vki_engine_params p = vki_engine_default_params();
+    p.device.validation = true;
+    p.kv_tokens = 1024;
+    vki_engine *e = NULL;
+    char err[512] = "";
+    vki_status st = vki_engine_create(path, &p, &e, err, sizeof err);
+    if (st != want || !strstr(err, needle))
+        fail_msg("%s: got %s \"%s\", want %s naming \"%s\"", path, vki_status_str(st), err, vki_status_str(want),
+                 needle);
+    assert_null(e);
+}
+
+static void test_unsupported_models_refused(void **state)
+{
+    vt_gpu *g = vt_gpu_get(state);
+    char path[256];
+    snprintf(path, sizeof path, "/tmp/vki_test_refuse_%d.gguf", (int)getpid());
+    write_meta_only(path, "falcon");
+    expect_refused(path, VKI_ERR_UNSUPPORTED, "falcon");
+    write_meta_only(path, "llama"); /* metadata fine, no tensors */
+    expect_refused(path, VKI_ERR_FORMAT, "token_embd.weight");
+    const shape_case *c = &SHAPES[0];
+    write_model(c, path, sizeof path);
+    FILE *f = fopen(path, "r+b");
+    assert_non_null(f);
+    assert_int_equal(fseek(f, 0, SEEK_END), 0);
+    long size = ftell(f);
+    assert_int_equal(ftruncate(fileno(f), size - 1000), 0); /* cut inside the last tensor's data */
+    fclose(f);
+    expect_refused(path, VKI_ERR_FORMAT, "past the end of the file");
+    unlink(path);
+    vt_assert_clean(g);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -567,6 +623,7 @@ int main(void)
         cmocka_unit_test(test_long_context),
         cmocka_unit_test(test_batch_invariant_mode),
         cmocka_unit_test(test_profile_trace),
+        cmocka_unit_test(test_unsupported_models_refused),
     };
     return cmocka_run_group_tests(tests, vt_gpu_setup, vt_gpu_teardown);
 }
