@@ -162,32 +162,30 @@ static vki_status create_kv(vk_engine *e)
     return VKI_OK;
 }
 
+/* Adds t to the set types[0..*n) (at most 8 distinct weight types exist). */
+static void add_type(uint32_t *types, uint32_t *n, uint32_t t)
+{
+    for (uint32_t j = 0; j < *n; j++)
+        if (types[j] == t)
+            return;
+    if (*n < 8)
+        types[(*n)++] = t;
+}
+
 static vki_status prepare_pipelines(vk_engine *e)
 {
     vki_status st = op_basic_prepare(e->dev);
     const vk_model *m = &e->model;
     uint32_t types[8], n = 0;
-    const vk_tensor *ws[] = {&m->tok_embd, vk_model_lm_head(m), &m->layers[0].wq, &m->layers[0].wk,
-                             &m->layers[0].wv, &m->layers[0].wo, &m->layers[0].w_gate, &m->layers[0].w_down};
-    types[n++] = VKI_GGML_F32;
+    add_type(types, &n, VKI_GGML_F32); /* activation gathers */
+    add_type(types, &n, m->tok_embd.type);
+    add_type(types, &n, vk_model_lm_head(m)->type);
     /* quantised mixes (Q4_K_M) vary the type per layer: collect every type used */
     for (uint32_t il = 0; il < m->hp.n_layer; il++) {
         const vk_layer *L = &m->layers[il];
         const vk_tensor *lw[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down};
-        for (size_t i = 0; i < sizeof lw / sizeof lw[0]; i++) {
-            bool seen = false;
-            for (uint32_t j = 0; j < n; j++)
-                seen |= types[j] == lw[i]->type;
-            if (!seen && n < 8)
-                types[n++] = lw[i]->type;
-        }
-    }
-    for (size_t i = 0; i < 2; i++) {
-        bool seen = false;
-        for (uint32_t j = 0; j < n; j++)
-            seen |= types[j] == ws[i]->type;
-        if (!seen && n < 8)
-            types[n++] = ws[i]->type;
+        for (size_t i = 0; i < sizeof lw / sizeof lw[0]; i++)
+            add_type(types, &n, lw[i]->type);
     }
     for (uint32_t i = 0; st == VKI_OK && i < n; i++) {
         if (!op_matmul_supported(e->dev, types[i])) {
@@ -277,8 +275,9 @@ vki_status vk_engine_create(vkd_device *d, const gguf_file *f, const model_hpara
     }
     if (st == VKI_OK) {
         e->in.info = calloc(e->in.max_info, sizeof *e->in.info);
+        e->slot_seen = calloc(e->p.max_seqs, 1);
         e->in.items = calloc(e->in.max_items, sizeof *e->in.items);
-        st = e->in.info && e->in.items ? VKI_OK : VKI_ERR_OUT_OF_HOST_MEMORY;
+        st = e->in.info && e->in.items && e->slot_seen ? VKI_OK : VKI_ERR_OUT_OF_HOST_MEMORY;
     }
     if (st == VKI_OK)
         st = create_scratch(e);
@@ -326,6 +325,7 @@ void vk_engine_destroy(vk_engine *e)
     vkd_buffer_destroy(e->dev, e->in.dev);
     free(e->in.info);
     free(e->in.items);
+    free(e->slot_seen);
     vk_model_free(e->dev, &e->model);
     free(e);
 }
@@ -361,16 +361,23 @@ static vki_status check_plan(vk_engine *e, const vki_step_plan *plan, uint64_t *
         for (uint32_t j = 0; j < s->n_new; j++)
             if (s->tokens[j] < 0 || (uint32_t)s->tokens[j] >= e->model.hp.n_vocab)
                 return bad_plan(e, "token id outside the vocabulary", i);
-        for (uint32_t j = 0; j < i; j++)
-            if (plan->seqs[j].slot == s->slot)
-                return bad_plan(e, "slot appears twice", i);
         tokens += s->n_new;
         *n_pt += need;
         *n_out += s->want_token;
     }
     if (tokens != plan->n_tokens || tokens > e->p.max_tokens)
         return bad_plan(e, "n_tokens must equal the sum of n_new and be <= max_tokens", 0);
-    return VKI_OK;
+    /* slots unique: mark, then clear what was marked. O(n_seqs), on every step. */
+    uint32_t marked = 0, dup = UINT32_MAX;
+    for (; marked < plan->n_seqs && dup == UINT32_MAX; marked++) {
+        uint32_t slot = plan->seqs[marked].slot;
+        if (e->slot_seen[slot])
+            dup = marked;
+        e->slot_seen[slot] = 1;
+    }
+    for (uint32_t j = 0; j < marked; j++)
+        e->slot_seen[plan->seqs[j].slot] = 0;
+    return dup == UINT32_MAX ? VKI_OK : bad_plan(e, "slot appears twice", dup);
 }
 
 /* Packs tokens, positions, sequence table, page table, attention items and LM-head rows. */

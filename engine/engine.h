@@ -76,6 +76,7 @@ typedef struct vk_engine {
     vk_scratch s;
     vk_step_inputs in;
     op_attn_plan attn_plan; /* the current step's attention work list */
+    uint8_t *slot_seen;     /* [max_seqs] all zero between steps; check_plan's uniqueness marks */
     op_sampler *sampler;
     vkd_cmd cmd;
     uint64_t n_steps;

@@ -177,8 +177,7 @@ static void print_samples(vki_engine *e, const wl_result *r, const wl_params *wp
         if (vki_detokenize(tok, r->r[i].tokens, r->r[i].n_out, 0, text, sizeof text - 1, &n) != VKI_OK)
             continue;
         text[n] = 0;
-        printf("request %u: %s%s%s\n", i + 1, wp->prompts ? wp->prompts[i % wp->n_prompts] : "[random prompt]",
-               text, n ? "" : "");
+        printf("request %u: %s%s\n", i + 1, wp->prompts ? wp->prompts[i % wp->n_prompts] : "[random prompt]", text);
     }
 }
 

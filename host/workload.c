@@ -90,9 +90,12 @@ static uint32_t make_prompt(const vki_tokenizer *tok, const wl_params *p, uint32
     return n;
 }
 
+/* Submits the requests at their arrival times; *n_submitted: how many were accepted (each of
+ * those will get a final response). */
 static vki_status submit_all(vki_batch_manager *bm, const vki_tokenizer *tok, const wl_params *p, wl_run_state *s,
-                             wl_ctx *ctx, uint32_t max_ctx)
+                             wl_ctx *ctx, uint32_t max_ctx, uint32_t *n_submitted)
 {
+    *n_submitted = 0;
     uint64_t rng = p->seed ? p->seed : 1;
     uint32_t cap = p->in_max > 4096 ? p->in_max + 8 : 4096 + 8;
     int32_t *buf = malloc(cap * sizeof *buf);
@@ -104,8 +107,11 @@ static vki_status submit_all(vki_batch_manager *bm, const vki_tokenizer *tok, co
         if (p->rate > 0 && i)
             t += -log(1.0 - (vki_splitmix64(&rng) >> 11) * (1.0 / 9007199254740992.0)) / p->rate;
         uint32_t n_in = make_prompt(tok, p, i, &rng, buf, cap), n_out = draw(&rng, p->out_min, p->out_max);
-        if (n_in + n_out > max_ctx) /* keep every request runnable on this engine */
-            n_in = n_in < max_ctx / 2 ? n_in : max_ctx / 2, n_out = max_ctx - n_in;
+        if (n_in + n_out > max_ctx) { /* keep every request runnable on this engine */
+            if (n_in > max_ctx / 2)
+                n_in = max_ctx / 2;
+            n_out = max_ctx - n_in;
+        }
         wl_req *q = &s->res->r[i];
         q->n_in = n_in;
         q->tokens = malloc((size_t)n_out * sizeof *q->tokens);
@@ -121,7 +127,10 @@ static vki_status submit_all(vki_batch_manager *bm, const vki_tokenizer *tok, co
         char err[256];
         while ((st = vki_batch_submit(bm, &req, on_response, &ctx[i], err, sizeof err)) == VKI_RETRY_QUEUE_FULL)
             sleep_until(s->t0, cli_now_s() - s->t0 + 0.001);
-        s->res->in_tokens += n_in;
+        if (st == VKI_OK) {
+            s->res->in_tokens += n_in;
+            (*n_submitted)++;
+        }
     }
     free(buf);
     return st;
@@ -145,12 +154,8 @@ vki_status wl_run(vki_engine *e, const vki_batch_params *bp, const wl_params *p,
     vki_engine_info(e, &mi);
     if (st == VKI_OK) {
         s.t0 = cli_now_s();
-        st = submit_all(bm, vki_engine_tokenizer(e), p, &s, ctx, mi.n_ctx);
-        uint32_t submitted = 0;
-        while (submitted < p->n_requests && out->r[submitted].tokens)
-            submitted++;
-        if (st != VKI_OK && submitted) /* the last one may have been refused: it never answers */
-            submitted--;
+        uint32_t submitted;
+        st = submit_all(bm, vki_engine_tokenizer(e), p, &s, ctx, mi.n_ctx, &submitted);
         pthread_mutex_lock(&s.mu);
         while (s.n_final < submitted)
             pthread_cond_wait(&s.cv, &s.mu);
