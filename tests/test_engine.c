@@ -37,8 +37,19 @@ typedef struct fixture {
     uint32_t n_vocab;
 } fixture;
 
-static void fixture_open_ex(vt_gpu *g, const char *path, uint32_t kv_type, uint32_t max_tokens, bool invariant,
-                            fixture *fx)
+/* The engine parameters every case starts from. */
+static vk_engine_params test_params(uint32_t kv_type, uint32_t max_tokens)
+{
+    vk_engine_params p = vk_engine_default_params();
+    p.kv_type = kv_type;
+    p.kv_tokens = 8 * PAGES_PER_SEQ * 16; /* every slot its own PAGES_PER_SEQ pages */
+    p.max_seqs = 8;
+    p.max_tokens = max_tokens;
+    return p;
+}
+
+/* Engine (on the harness's validated device) and CPU reference for the model at path. */
+static void fixture_open_p(vt_gpu *g, const char *path, const vk_engine_params *p, fixture *fx)
 {
     memset(fx, 0, sizeof *fx);
     fx->g = g;
@@ -46,19 +57,21 @@ static void fixture_open_ex(vt_gpu *g, const char *path, uint32_t kv_type, uint3
     assert_int_equal(gguf_open(path, &fx->f, err, sizeof err), VKI_OK);
     assert_int_equal(model_read_hparams(fx->f, &fx->hp, err, sizeof err), VKI_OK);
     assert_int_equal(model_find_tensors(fx->f, &fx->hp, &fx->t, err, sizeof err), VKI_OK);
-    vk_engine_params p = vk_engine_default_params();
-    p.kv_type = kv_type;
-    p.kv_tokens = 8 * PAGES_PER_SEQ * 16; /* every slot its own PAGES_PER_SEQ pages */
-    p.max_seqs = 8;
-    p.max_tokens = max_tokens;
-    p.batch_invariant = invariant;
-    vki_status st = vk_engine_create(g->dev, fx->f, &fx->hp, &fx->t, &p, &fx->e);
+    vki_status st = vk_engine_create(g->dev, fx->f, &fx->hp, &fx->t, p, &fx->e);
     if (st != VKI_OK)
         fail_msg("vk_engine_create(%s): %s", path, vki_status_str(st));
-    st = ref_model_load(path, kv_type == VKI_GGML_F16, &fx->ref, err, sizeof err);
+    st = ref_model_load(path, p->kv_type == VKI_GGML_F16, &fx->ref, err, sizeof err);
     if (st != VKI_OK)
         fail_msg("ref_model_load: %s", err);
     fx->n_vocab = fx->hp.n_vocab;
+}
+
+static void fixture_open_ex(vt_gpu *g, const char *path, uint32_t kv_type, uint32_t max_tokens, bool invariant,
+                            fixture *fx)
+{
+    vk_engine_params p = test_params(kv_type, max_tokens);
+    p.batch_invariant = invariant;
+    fixture_open_p(g, path, &p, fx);
 }
 
 static void fixture_open(vt_gpu *g, const char *path, uint32_t kv_type, uint32_t max_tokens, fixture *fx)
@@ -502,18 +515,9 @@ static void test_profile_trace(void **state)
         skip();
     snprintf(trace, sizeof trace, "/tmp/vki_test_trace_%d.json", (int)getpid());
     fixture fx;
-    memset(&fx, 0, sizeof fx);
-    char err[256];
-    assert_int_equal(gguf_open(path, &fx.f, err, sizeof err), VKI_OK);
-    assert_int_equal(model_read_hparams(fx.f, &fx.hp, err, sizeof err), VKI_OK);
-    assert_int_equal(model_find_tensors(fx.f, &fx.hp, &fx.t, err, sizeof err), VKI_OK);
-    vk_engine_params p = vk_engine_default_params();
-    p.kv_tokens = 4096;
-    p.max_seqs = 4;
-    p.max_tokens = 64;
+    vk_engine_params p = test_params(VKI_GGML_F16, 64);
     p.profile_path = trace;
-    assert_int_equal(vk_engine_create(g->dev, fx.f, &fx.hp, &fx.t, &p, &fx.e), VKI_OK);
-    fx.n_vocab = fx.hp.n_vocab;
+    fixture_open_p(g, path, &p, &fx);
     const int32_t prompt[] = {1, 403, 407, 261, 378};
     tseq s;
     tseq_init(&s, 0, prompt, 5, 16);
@@ -522,8 +526,7 @@ static void test_profile_trace(void **state)
     step(&fx, &ps, &n_new, 1, NULL);
     n_new = 1;
     step(&fx, &ps, &n_new, 1, NULL);
-    vk_engine_destroy(fx.e); /* closes the trace */
-    fx.e = NULL;
+    fixture_close(&fx); /* closes the trace */
     FILE *f = fopen(trace, "r");
     assert_non_null(f);
     static char buf[1 << 20];
@@ -551,8 +554,40 @@ static void test_profile_trace(void **state)
     fprintf(stderr, "  profile: %d dispatch events in 2 steps\n", n);
     cJSON_Delete(arr);
     free(s.tok);
-    model_tensors_free(&fx.t);
-    gguf_close(fx.f);
+    vt_assert_clean(g);
+}
+
+/* Invalid step plans are refused before anything is recorded, and the engine steps normally
+ * afterwards: a slot twice, a page outside the pool, a token outside the vocabulary. */
+static void test_bad_plans_refused(void **state)
+{
+    vt_gpu *g = vt_gpu_get(state);
+    char path[512];
+    if (!vt_shared_model("stories260K.gguf", path, sizeof path))
+        skip();
+    fixture fx;
+    fixture_open(g, path, VKI_GGML_F16, 64, &fx);
+    int32_t toks[2] = {1, 403};
+    uint32_t pages[2] = {0, 1}, far[1] = {UINT32_MAX - 1};
+    vki_step_seq a = {.slot = 0, .n_new = 2, .tokens = toks, .n_pages = 1, .pages = pages, .want_token = true};
+    vki_step_seq b = a;
+    b.pages = pages + 1;
+    vki_step_seq two[2] = {a, b};
+    vki_step_plan plan = {.n_seqs = 2, .seqs = two, .n_tokens = 4};
+    vki_step_out outs[2];
+    assert_int_equal(vk_engine_step(fx.e, &plan, outs, NULL), VKI_ERR_INVALID_ARG); /* slot 0 twice */
+    two[1].pages = far;
+    two[1].slot = 1;
+    assert_int_equal(vk_engine_step(fx.e, &plan, outs, NULL), VKI_ERR_INVALID_ARG); /* page outside */
+    int32_t bad[2] = {1, (int32_t)fx.n_vocab};
+    two[1] = b;
+    two[1].slot = 1;
+    two[1].tokens = bad;
+    assert_int_equal(vk_engine_step(fx.e, &plan, outs, NULL), VKI_ERR_INVALID_ARG); /* token outside */
+    two[1].tokens = toks;
+    assert_int_equal(vk_engine_step(fx.e, &plan, outs, NULL), VKI_OK); /* both, now valid */
+    assert_int_equal(outs[0].token, outs[1].token); /* same prompt, greedy */
+    fixture_close(&fx);
     vt_assert_clean(g);
 }
 
@@ -624,6 +659,7 @@ int main(void)
         cmocka_unit_test(test_batch_invariant_mode),
         cmocka_unit_test(test_profile_trace),
         cmocka_unit_test(test_unsupported_models_refused),
+        cmocka_unit_test(test_bad_plans_refused),
     };
     return cmocka_run_group_tests(tests, vt_gpu_setup, vt_gpu_teardown);
 }

@@ -57,6 +57,29 @@ static void assert_untouched(const float *buf, size_t n, mshape s, const char *l
 }
 
 /* Downloads y (n floats), checks the matrix s against ref (packed rows) and the gaps. */
+static void check_out(vt_gpu *g, vkd_buffer *by, size_t n, mshape s, const float *ref, double tol, const char *label);
+
+/* The result of an op that ran in place (by is x's buffer of n floats) or into a NaN-filled
+ * output: matches ref by NMSE; out of place nothing outside the shape was written; in place with
+ * x_gaps given, the floats outside the shape still hold x. */
+static void check_result(vt_gpu *g, vkd_buffer *by, bool in_place, size_t n, mshape s, const float *ref, double tol,
+                         const float *x_gaps, const char *label)
+{
+    if (!in_place) {
+        check_out(g, by, n, s, ref, tol, label);
+        return;
+    }
+    float *y = malloc(n * sizeof *y), *packed = malloc((size_t)s.rows * s.cols * sizeof *packed);
+    vt_download(g, by, y, n * 4);
+    gather(y, s, packed);
+    vt_assert_nmse(packed, ref, (size_t)s.rows * s.cols, tol, label);
+    for (size_t i = 0; x_gaps && i < n; i++)
+        if (i < s.off || (i - s.off) % s.stride >= s.cols)
+            assert_memory_equal(&y[i], &x_gaps[i], 4);
+    free(y);
+    free(packed);
+}
+
 static void check_out(vt_gpu *g, vkd_buffer *by, size_t n, mshape s, const float *ref, double tol, const char *label)
 {
     float *y = malloc(n * sizeof *y), *packed = malloc((size_t)s.rows * s.cols * sizeof *packed);
@@ -131,17 +154,9 @@ static void test_rmsnorm(void **state)
         char label[96];
         snprintf(label, sizeof label, "rmsnorm %ux%u stride %u/%u%s", xs.rows, xs.cols, xs.stride, ys.stride,
                  in_place ? " in place" : "");
-        if (in_place) {
-            float *y = malloc(nx * sizeof *y), *packed = malloc((size_t)xs.rows * xs.cols * sizeof *packed);
-            vt_download(g, by, y, nx * 4);
-            gather(y, xs, packed);
-            vt_assert_nmse(packed, ref, (size_t)xs.rows * xs.cols, 1e-10, label);
-            free(y);
-            free(packed);
-        } else {
-            check_out(g, by, ny, ys, ref, 1e-10, label);
+        check_result(g, by, in_place, in_place ? nx : ny, in_place ? xs : ys, ref, 1e-10, NULL, label);
+        if (!in_place)
             vkd_buffer_destroy(g->dev, by);
-        }
         vkd_buffer_destroy(g->dev, bx);
         vkd_buffer_destroy(g->dev, bw);
         free(x); free(w); free(ref);
@@ -218,20 +233,10 @@ static void run_rope_case(vt_gpu *g, vt_rng *r, const rope_case *rc)
     snprintf(label, sizeof label, "rope %s%s tok %u heads %u hd %u rot %u base %g%s", p->neox ? "neox" : "normal",
              rc->in_place ? " in place" : "", p->n_tokens, p->n_heads, p->head_dim, p->n_rot, rc->base,
              rc->factors ? " factors" : "");
-    if (rc->in_place) { /* the gaps keep x's values */
-        float *y = malloc(nx * sizeof *y), *packed = malloc((size_t)p->n_tokens * row * sizeof *packed);
-        vt_download(g, by, y, nx * 4);
-        gather(y, ys, packed);
-        vt_assert_nmse(packed, ref, (size_t)p->n_tokens * row, ROPE_TOL, label);
-        for (size_t i = 0; i < nx; i++)
-            if (i < xs.off || (i - xs.off) % xs.stride >= row)
-                assert_memory_equal(&y[i], &x[i], 4);
-        free(y);
-        free(packed);
-    } else {
-        check_out(g, by, ny, ys, ref, ROPE_TOL, label);
+    /* in place, the gaps keep x's values */
+    check_result(g, by, rc->in_place, rc->in_place ? nx : ny, ys, ref, ROPE_TOL, x, label);
+    if (!rc->in_place)
         vkd_buffer_destroy(g->dev, by);
-    }
     vkd_buffer_destroy(g->dev, bx);
     vkd_buffer_destroy(g->dev, bp);
     vkd_buffer_destroy(g->dev, bf);
@@ -364,17 +369,9 @@ static void test_softmax(void **state)
         vt_submit_wait(g);
         char label[96];
         snprintf(label, sizeof label, "softmax %ux%u scale %g%s", xs.rows, xs.cols, scale, in_place ? " in place" : "");
-        if (in_place) {
-            float *y = malloc(nx * sizeof *y), *packed = malloc((size_t)xs.rows * xs.cols * sizeof *packed);
-            vt_download(g, by, y, nx * 4);
-            gather(y, xs, packed);
-            vt_assert_nmse(packed, ref, (size_t)xs.rows * xs.cols, 1e-10, label);
-            free(y);
-            free(packed);
-        } else {
-            check_out(g, by, ny, ys, ref, 1e-10, label);
+        check_result(g, by, in_place, in_place ? nx : ny, in_place ? xs : ys, ref, 1e-10, NULL, label);
+        if (!in_place)
             vkd_buffer_destroy(g->dev, by);
-        }
         vkd_buffer_destroy(g->dev, bx);
         free(x);
         free(ref);
