@@ -34,7 +34,7 @@ _Static_assert(sizeof(vki_seq_info) == 16 && sizeof(vki_attn_item) == 16, "std43
                         .push_size = sizeof(vki_pc_matmul), .n_spec = 6,                         \
                         .spec_default = {256, 64, 64, 32, 4, 4}},                                \
     [VKK_GET_ROWS_##T] = {"get_rows_" #t, SPV(get_rows_##t), .n_bindings = 3,                    \
-                          .push_size = sizeof(vki_pc_get_rows), .n_spec = 1, .spec_default = {256}}
+                          .push_size = sizeof(vki_pc_get_rows), .n_spec = 1, .spec_default = {256}},
 
 /* engine/ops_attn.c: kv_write {WG}; decode {WG, HD, L, GMAX}; prefill {WG, HD, BR, BC};
  * reduce {WG} */
@@ -51,8 +51,7 @@ _Static_assert(sizeof(vki_seq_info) == 16 && sizeof(vki_attn_item) == 16, "std43
 static const vkk_desc kernel_table[] = {
     [VKK_ADD] = {"add", SPV(add), .n_bindings = 3, .push_size = sizeof(vki_pc_add),
                  .n_spec = 1, .spec_default = {256}},
-    MATMUL_ROWS(F32, f32), MATMUL_ROWS(F16, f16), MATMUL_ROWS(Q8_0, q8_0),
-    MATMUL_ROWS(Q4_0, q4_0), MATMUL_ROWS(Q4_K, q4_k), MATMUL_ROWS(Q6_K, q6_k),
+    VKK_WEIGHT_TYPES(MATMUL_ROWS)
     /* engine/ops_basic.c: spec {WG} */
     [VKK_RMSNORM] = {"rmsnorm", SPV(rmsnorm), .n_bindings = 3, .push_size = sizeof(vki_pc_rmsnorm),
                      .n_spec = 1, .spec_default = {256}},

@@ -12,13 +12,21 @@
 #include "engine/device.h"
 #include "shaders/vki_shared.h"
 
+/* Every weight type the matmul family runs, X(TYPE, name): VKI_GGML_<TYPE>, the kernels
+ * VKK_{MATVEC,MATMUL,GET_ROWS}_<TYPE> and their SPIR-V modules matvec_<name>, ... (the same
+ * list as shaders/shaders.cmake's). */
+#define VKK_WEIGHT_TYPES(X)                                                                        \
+    X(F32, f32) X(F16, f16) X(BF16, bf16) X(Q8_0, q8_0) X(Q4_0, q4_0) X(Q4_1, q4_1) X(Q5_0, q5_0)   \
+    X(Q5_1, q5_1) X(IQ4_NL, iq4_nl) X(Q2_K, q2_k) X(Q3_K, q3_k) X(Q4_K, q4_k) X(Q5_K, q5_k)        \
+    X(Q6_K, q6_k) X(IQ4_XS, iq4_xs)
+
+#define VKK_MATMUL_IDS(T, t) VKK_MATVEC_##T, VKK_MATMUL_##T, VKK_GET_ROWS_##T,
+
 typedef enum vkk_id {
     VKK_ADD,
-    /* matmul family (engine/ops_matmul.c): one per weight type, in the order of
-     * ops_matmul.c's type list */
-    VKK_MATVEC_F32, VKK_MATVEC_F16, VKK_MATVEC_Q8_0, VKK_MATVEC_Q4_0, VKK_MATVEC_Q4_K, VKK_MATVEC_Q6_K,
-    VKK_MATMUL_F32, VKK_MATMUL_F16, VKK_MATMUL_Q8_0, VKK_MATMUL_Q4_0, VKK_MATMUL_Q4_K, VKK_MATMUL_Q6_K,
-    VKK_GET_ROWS_F32, VKK_GET_ROWS_F16, VKK_GET_ROWS_Q8_0, VKK_GET_ROWS_Q4_0, VKK_GET_ROWS_Q4_K, VKK_GET_ROWS_Q6_K,
+    /* matmul family (engine/ops_matmul.c): matrix-vector, tiled GEMM and row gather per
+     * weight type */
+    VKK_WEIGHT_TYPES(VKK_MATMUL_IDS)
     /* row norms and elementwise ops (engine/ops_basic.c) */
     VKK_RMSNORM, VKK_ROPE, VKK_SWIGLU, VKK_SOFTMAX,
     /* paged KV writes and attention (engine/ops_attn.c), per KV element type */

@@ -1,8 +1,9 @@
 # Every SPIR-V module the library embeds: vki_shader(<blob name> <source> [DEFINE=VALUE...]).
 # Data types are #defines; sizes/flags are specialisation constants (see engine/kernels.c).
 vki_shader(add add.comp)
-# matmul family: one module per weight type (dequant.glsl picks the block decoder).
-foreach(t f32 f16 q8_0 q4_0 q4_k q6_k)
+# matmul family: one module per weight type (dequant.glsl picks the block decoder); the same
+# list as engine/kernels.h's VKK_WEIGHT_TYPES.
+foreach(t f32 f16 bf16 q8_0 q4_0 q4_1 q5_0 q5_1 iq4_nl q2_k q3_k q4_k q5_k q6_k iq4_xs)
   string(TOUPPER ${t} T)
   vki_shader(matvec_${t} matvec.comp DQ_${T}=1)
   vki_shader(matmul_${t} matmul.comp DQ_${T}=1)
