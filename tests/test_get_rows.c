@@ -12,10 +12,15 @@
 
 #define NAN_BITS 0x7fc00000u
 
-static const uint32_t all_types[] = {VKI_GGML_F32, VKI_GGML_F16, VKI_GGML_Q8_0,
-                                     VKI_GGML_Q4_0, VKI_GGML_Q4_K, VKI_GGML_Q6_K};
+static const uint32_t all_types[] = {
+    VKI_GGML_F32,  VKI_GGML_F16,  VKI_GGML_BF16,   VKI_GGML_Q8_0, VKI_GGML_Q4_0, VKI_GGML_Q4_1,
+    VKI_GGML_Q5_0, VKI_GGML_Q5_1, VKI_GGML_IQ4_NL, VKI_GGML_Q2_K, VKI_GGML_Q3_K, VKI_GGML_Q4_K,
+    VKI_GGML_Q5_K, VKI_GGML_Q6_K, VKI_GGML_IQ4_XS};
 
-static bool is_float_type(uint32_t type) { return type == VKI_GGML_F32 || type == VKI_GGML_F16; }
+static bool is_float_type(uint32_t type)
+{
+    return type == VKI_GGML_F32 || type == VKI_GGML_F16 || type == VKI_GGML_BF16;
+}
 
 /* ids: mostly valid, some repeated, a few outside [0, rows) when `oob`. */
 static void random_ids(vt_rng *r, int32_t *ids, uint32_t n, uint32_t rows, bool oob)

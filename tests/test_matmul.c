@@ -1,10 +1,10 @@
 /* Matrix multiply (engine/ops_matmul.c: matvec.comp + matmul.comp) against a scalar reference
- * for every weight type, on both kernels, over random shapes with awkward sizes (1, 7, tile
+ * for every weight type (all 15 that engine/quant.h runs), on both kernels, over random shapes with awkward sizes (1, 7, tile
  * +/- 1, K of one block and odd multiples), strided and offset activations, the bias path,
  * multi-part tensors, and the GEMV/GEMM boundary. The reference dequantises the very blocks
  * that were uploaded (engine/quant.c) and accumulates in double.
  *
- * Tolerances (NMSE): F32/F16 weights 1e-10, quantised 1e-8 (issue 2). Outputs are NaN-filled
+ * Tolerances (NMSE): F32/F16/BF16 weights 1e-10, quantised 1e-8 (issue 2). Outputs are NaN-filled
  * first, so unwritten elements fail; columns past N of a strided Y must stay NaN. */
 #include "support/vt.h"
 
@@ -14,10 +14,15 @@
 
 #define NAN_BITS 0x7fc00000u
 
-static const uint32_t all_types[] = {VKI_GGML_F32, VKI_GGML_F16, VKI_GGML_Q8_0,
-                                     VKI_GGML_Q4_0, VKI_GGML_Q4_K, VKI_GGML_Q6_K};
+static const uint32_t all_types[] = {
+    VKI_GGML_F32,  VKI_GGML_F16,  VKI_GGML_BF16,   VKI_GGML_Q8_0, VKI_GGML_Q4_0, VKI_GGML_Q4_1,
+    VKI_GGML_Q5_0, VKI_GGML_Q5_1, VKI_GGML_IQ4_NL, VKI_GGML_Q2_K, VKI_GGML_Q3_K, VKI_GGML_Q4_K,
+    VKI_GGML_Q5_K, VKI_GGML_Q6_K, VKI_GGML_IQ4_XS};
 
-static bool is_float_type(uint32_t type) { return type == VKI_GGML_F32 || type == VKI_GGML_F16; }
+static bool is_float_type(uint32_t type)
+{
+    return type == VKI_GGML_F32 || type == VKI_GGML_F16 || type == VKI_GGML_BF16;
+}
 static uint32_t block_of(uint32_t type) { return quant_get(type)->block_elems; }
 
 static void put_f16(uint8_t *p, float f)
@@ -39,12 +44,23 @@ static void random_blocks(vt_rng *r, uint32_t type, uint8_t *row, uint64_t K)
         }
         switch (type) {
         case VKI_GGML_Q8_0: put_f16(blk, vt_uniform(r, -0.02f, 0.02f)); break;
-        case VKI_GGML_Q4_0: put_f16(blk, vt_uniform(r, -0.2f, 0.2f)); break;
-        case VKI_GGML_Q4_K:
+        case VKI_GGML_Q4_0: case VKI_GGML_Q5_0: put_f16(blk, vt_uniform(r, -0.2f, 0.2f)); break;
+        case VKI_GGML_Q4_1: case VKI_GGML_Q5_1:
+            put_f16(blk, vt_uniform(r, 0.0f, 0.1f));
+            put_f16(blk + 2, vt_uniform(r, -1.0f, 1.0f));
+            break;
+        case VKI_GGML_IQ4_NL: put_f16(blk, vt_uniform(r, -0.01f, 0.01f)); break;
+        case VKI_GGML_Q2_K:
+            put_f16(blk + 80, vt_uniform(r, 0.0f, 0.02f));
+            put_f16(blk + 82, vt_uniform(r, 0.0f, 0.02f));
+            break;
+        case VKI_GGML_Q3_K: put_f16(blk + 108, vt_uniform(r, -0.01f, 0.01f)); break;
+        case VKI_GGML_Q4_K: case VKI_GGML_Q5_K:
             put_f16(blk, vt_uniform(r, 0.0f, 0.01f));
             put_f16(blk + 2, vt_uniform(r, 0.0f, 0.01f));
             break;
         case VKI_GGML_Q6_K: put_f16(blk + 208, vt_uniform(r, -0.001f, 0.001f)); break;
+        case VKI_GGML_IQ4_XS: put_f16(blk, vt_uniform(r, -0.0005f, 0.0005f)); break;
         }
     }
 }
@@ -236,12 +252,7 @@ static void run_gemm(void **state, uint32_t type)
 #define TYPE_TESTS(T, t)                                                                          \
     static void test_gemv_##t(void **state) { run_gemv(state, VKI_GGML_##T); }                    \
     static void test_gemm_##t(void **state) { run_gemm(state, VKI_GGML_##T); }
-TYPE_TESTS(F32, f32)
-TYPE_TESTS(F16, f16)
-TYPE_TESTS(Q8_0, q8_0)
-TYPE_TESTS(Q4_0, q4_0)
-TYPE_TESTS(Q4_K, q4_k)
-TYPE_TESTS(Q6_K, q6_k)
+VKK_WEIGHT_TYPES(TYPE_TESTS)
 
 /* Every pipeline variant exists up front (what the engine does at open). */
 static void test_prepare(void **state)
@@ -251,7 +262,10 @@ static void test_prepare(void **state)
         assert_true(op_matmul_supported(g->dev, all_types[i]));
         assert_int_equal(op_matmul_prepare(g->dev, all_types[i]), VKI_OK);
     }
-    assert_int_equal(op_matmul_prepare(g->dev, 3 /* Q4_1: not run by vkinfer */), VKI_ERR_UNSUPPORTED);
+    assert_int_equal(op_matmul_prepare(g->dev, 16 /* IQ2_XXS: not run by vkinfer */), VKI_ERR_UNSUPPORTED);
+    assert_int_equal(op_matmul_prepare(g->dev, 4 /* no ggml type */), VKI_ERR_UNSUPPORTED);
+    vk_tensor t; /* nor can a tensor of it be made */
+    assert_int_equal(vk_tensor_create(g->dev, 16, 256, 4, 0, "iq2_xxs", &t), VKI_ERR_UNSUPPORTED);
     vt_assert_clean(g);
 }
 
@@ -353,12 +367,8 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_prepare),
-        cmocka_unit_test(test_gemv_f32),  cmocka_unit_test(test_gemm_f32),
-        cmocka_unit_test(test_gemv_f16),  cmocka_unit_test(test_gemm_f16),
-        cmocka_unit_test(test_gemv_q8_0), cmocka_unit_test(test_gemm_q8_0),
-        cmocka_unit_test(test_gemv_q4_0), cmocka_unit_test(test_gemm_q4_0),
-        cmocka_unit_test(test_gemv_q4_k), cmocka_unit_test(test_gemm_q4_k),
-        cmocka_unit_test(test_gemv_q6_k), cmocka_unit_test(test_gemm_q6_k),
+#define TYPE_UNIT_TESTS(T, t) cmocka_unit_test(test_gemv_##t), cmocka_unit_test(test_gemm_##t),
+        VKK_WEIGHT_TYPES(TYPE_UNIT_TESTS)
         cmocka_unit_test(test_boundary_parts_bias),
         cmocka_unit_test(test_gpu_configs),
         cmocka_unit_test(test_dispatch_split),
