@@ -300,6 +300,8 @@ static const shape_case SHAPES[] = {
     {"qwen2_hd128_q4k", "qwen2", 256, 2, 1, 128, 512, SYNTH_Q4_K, true, VKI_GGML_F32, TOL_F32},
     {"gqa2_hd64_q6k", "llama", 256, 4, 2, 64, 512, SYNTH_Q6_K, false, VKI_GGML_F32, TOL_F32},
     {"q4km_f16kv", "llama", 256, 4, 2, 64, 512, SYNTH_Q4_K_M, false, VKI_GGML_F16, TOL_F16KV},
+    {"q3km_mix", "llama", 256, 4, 2, 64, 512, SYNTH_Q3_K_M, false, VKI_GGML_F32, TOL_F32}, /* q3..q6_k */
+    {"qwen2_iq4xs", "qwen2", 256, 4, 1, 64, 320, SYNTH_IQ4_XS, true, VKI_GGML_F32, TOL_F32}, /* + iq4_nl */
 };
 
 static void test_synthetic_shapes_vs_reference(void **state)
