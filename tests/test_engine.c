@@ -21,7 +21,7 @@
 #include "engine/engine.h"
 #include "engine/gguf_write.h"
 #include "engine/synth.h"
-#include "host/tokenizer.h"
+#include "host/tokenizer/tokenizer.h"
 
 #define PAGES_PER_SEQ 160
 #define TOL_F32 1e-6
