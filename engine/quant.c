@@ -365,18 +365,27 @@ static int iq4nl_index(float v)
     return v - (float)iq4nl_levels[lo] < (float)iq4nl_levels[hi] - v ? lo : hi;
 }
 
-/* Scale a of n weights on the levels (x ~ a * level): the weight of largest magnitude maps to
- * the -127 end, then 2 * nstep other spacings around it are tried (as ggml tries 15), each with
- * the least-squares a for its level choice; the best by weighted error wins. */
-static float fit_iq4(const float *x, const float *w, int n, int nstep)
+/* The level nearest v: of -nlev..nlev-1 (the integer levels of Q6_K, Q3_K), or of the IQ4_NL
+ * levels when nlev == 0. */
+static float level_of(float v, int nlev)
 {
-    float m = signed_absmax(x, n), best_a = m / -127.0f, best_err = INFINITY;
+    return nlev ? (float)clampi(near_int(v), -nlev, nlev - 1) : (float)iq4nl_levels[iq4nl_index(v)];
+}
+
+/* Symmetric scale a of n weights, x ~ a * level: the weight of largest magnitude maps to the
+ * most negative level (-nlev, or -127), then 2 * nstep other spacings around it are tried (as
+ * ggml does), each with the least-squares a for its level choice; the best by weighted error
+ * wins. */
+static float fit_scale(const float *x, const float *w, int n, int nlev, int nstep)
+{
+    float m = signed_absmax(x, n), lo = nlev ? (float)-nlev : -127.0f, step = nlev ? 0.1f : 1.0f;
+    float best_a = m / lo, best_err = INFINITY;
     if (m == 0)
         return 0;
     for (int k = -nstep; k <= nstep; k++) {
-        float is = (-127.0f + (float)k) / m, sxl = 0, sl2 = 0;
+        float is = (lo + step * (float)k) / m, sxl = 0, sl2 = 0;
         for (int i = 0; i < n; i++) {
-            float l = (float)iq4nl_levels[iq4nl_index(is * x[i])];
+            float l = level_of(is * x[i], nlev);
             sxl += w[i] * x[i] * l, sl2 += w[i] * l * l;
         }
         if (sl2 <= 0)
@@ -385,7 +394,7 @@ static float fit_iq4(const float *x, const float *w, int n, int nstep)
         if (nstep == 0)
             return a;
         for (int i = 0; i < n; i++) {
-            float e = a * (float)iq4nl_levels[iq4nl_index(is * x[i])] - x[i];
+            float e = a * level_of(is * x[i], nlev) - x[i];
             err += w[i] * e * e;
         }
         if (err < best_err)
@@ -417,7 +426,7 @@ static void quant_iq4_nl(const float *x, uint8_t *b, int nstep)
 {
     float w[32];
     fit_weights(x, 32, w);
-    put_f16(b, fit_iq4(x, w, 32, nstep));
+    put_f16(b, fit_scale(x, w, 32, 0, nstep));
     pack_iq4(x, get_f16(b), b + 2);
 }
 
@@ -627,47 +636,26 @@ static void dequant_q2_k(const uint8_t *b, float *y)
  * 32 qh bytes: for l < 32, element l takes ql[l] low nibble, l+32 ql[l+32] low, l+64 ql[l] high,
  * l+96 ql[l+32] high; their top 2 bits are qh[l] bits 0-1, 2-3, 4-5, 6-7. */
 
-/* Symmetric fit x ~ a*L with L in [-nlev, nlev - 1] (32: Q6_K, 4: Q3_K); the value of largest
- * magnitude maps to -nlev, then 2*nstep spacings around it are tried. */
-static float fit_symmetric(const float *x, const float *w, int n, int nlev, int nstep)
+/* Q6_K and Q3_K: symmetric scales a[16] of the 16 sub-blocks of 16 weights (weighted by x^2,
+ * levels -nlev..nlev-1); returns the one of largest magnitude. */
+static float fit_symmetric16(const float *x, int nlev, int nstep, float *a)
 {
-    float m = signed_absmax(x, n);
-    if (m == 0)
-        return 0;
-    float best_a = m / (float)-nlev, best_err = INFINITY;
-    for (int k = -nstep; k <= nstep; k++) {
-        float is = -((float)nlev + 0.1f * (float)k) / m, sxl = 0, sl2 = 0;
-        for (int i = 0; i < n; i++) {
-            float l = (float)clampi(near_int(is * x[i]), -nlev, nlev - 1);
-            sxl += w[i] * x[i] * l, sl2 += w[i] * l * l;
-        }
-        if (sl2 <= 0)
-            continue;
-        float a = sxl / sl2, err = 0;
-        if (nstep == 0)
-            return a;
-        for (int i = 0; i < n; i++) {
-            float e = a * (float)clampi(near_int(is * x[i]), -nlev, nlev - 1) - x[i];
-            err += w[i] * e * e;
-        }
-        if (err < best_err)
-            best_err = err, best_a = a;
+    float w[16], max_a = 0;
+    for (int j = 0; j < 16; j++) {
+        for (int i = 0; i < 16; i++)
+            w[i] = x[16 * j + i] * x[16 * j + i];
+        a[j] = fit_scale(x + 16 * j, w, 16, nlev, nstep);
+        if (fabsf(a[j]) > fabsf(max_a))
+            max_a = a[j];
     }
-    return best_a;
+    return max_a;
 }
 
 static void quant_q6_k(const float *x, uint8_t *b, int nstep)
 {
     uint8_t *ql = b, *qh = b + 128, L[256];
     int8_t *sc = (int8_t *)(b + 192);
-    float a[16], w[16], max_a = 0;
-    for (int j = 0; j < 16; j++) {
-        for (int i = 0; i < 16; i++)
-            w[i] = x[16 * j + i] * x[16 * j + i];
-        a[j] = fit_symmetric(x + 16 * j, w, 16, 32, nstep);
-        if (fabsf(a[j]) > fabsf(max_a))
-            max_a = a[j];
-    }
+    float a[16], max_a = fit_symmetric16(x, 32, nstep, a);
     float is = max_a != 0 ? -128 / max_a : 0;
     for (int j = 0; j < 16; j++)
         sc[j] = (int8_t)clampi(near_int(is * a[j]), -128, 127);
@@ -726,14 +714,7 @@ static int q3k_scale(const uint8_t *sc, int s)
 static void quant_q3_k(const float *x, uint8_t *b, int nstep)
 {
     uint8_t *hm = b, *qs = b + 32, *sc = b + 96;
-    float a[16], w[16], max_a = 0;
-    for (int s = 0; s < 16; s++) {
-        for (int i = 0; i < 16; i++)
-            w[i] = x[16 * s + i] * x[16 * s + i];
-        a[s] = fit_symmetric(x + 16 * s, w, 16, 4, nstep);
-        if (fabsf(a[s]) > fabsf(max_a))
-            max_a = a[s];
-    }
+    float a[16], max_a = fit_symmetric16(x, 4, nstep, a);
     float is = max_a != 0 ? -32 / max_a : 0;
     memset(b, 0, 108);
     put_f16(b + 108, is != 0 ? 1 / is : 0);
@@ -780,7 +761,7 @@ static void quant_iq4_xs(const float *x, uint8_t *b, int nstep)
     float a[8], w[32], max_a = 0;
     for (int j = 0; j < 8; j++) {
         fit_weights(x + 32 * j, 32, w);
-        a[j] = fit_iq4(x + 32 * j, w, 32, nstep);
+        a[j] = fit_scale(x + 32 * j, w, 32, 0, nstep);
         if (fabsf(a[j]) > fabsf(max_a))
             max_a = a[j];
     }

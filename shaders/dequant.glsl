@@ -43,6 +43,19 @@ vec4 dq_sbytes(uint w) { return vec4(ivec4(uvec4(w) << uvec4(24u, 16u, 8u, 0u)) 
 // Bits j..j+3 of w, one per lane (the fifth bits of Q5_0 / Q5_1 elements j..j+3).
 uvec4 dq_bits4(uint w, uint j) { return (uvec4(w >> j) >> uvec4(0u, 1u, 2u, 3u)) & 1u; }
 
+// Nibble-packed 32-weight (sub-)blocks (Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, IQ4_XS): qs byte j holds
+// element j (low nibble) and j + 16 (high nibble). A GEMV unit iu is the 8 bytes 8iu.. read as
+// two words q0, q1: group g's 4 nibbles are dq_nib4(q0, q1, g), its elements dq_nib_k(iu, g)...
+uvec4 dq_nib4(uint q0, uint q1, uint g) { return dq_bytes((((g & 1u) != 0u ? q1 : q0) >> (4u * (g >> 1))) & 0x0F0F0F0Fu); }
+uint dq_nib_k(uint iu, uint g) { return 8u * iu + 4u * (g & 1u) + 16u * (g >> 1); }
+// ... and elements j..j+3 (j % 4 == 0) are nibbles of the qs word at byte j % 16.
+uvec4 dq_nib_at(uint w, uint j) { return dq_bytes((w >> (j >= 16u ? 4u : 0u)) & 0x0F0F0F0Fu); }
+
+// For the 16-bit views (dq_w of uint16_t): a 32-bit word and an f16 at a uint16 index.
+#define DQ_U16_HELPERS                                                                              \
+    uint dq_u32(uint i) { return uint(dq_w[i]) | (uint(dq_w[i + 1u]) << 16); }                    \
+    float dq_half(uint i) { return unpackHalf2x16(uint(dq_w[i])).x; }
+
 #if defined(DQ_IQ4_NL) || defined(DQ_IQ4_XS)
 // The 16 IQ4 levels. A constant array indexed per weight: NVIDIA serves it from the constant
 // cache (serialised only when a warp's indices differ, ~4 distinct values per load here), CPU
@@ -127,8 +140,7 @@ layout(std430, binding = DQ_BINDING) readonly buffer DqW { uint16_t dq_w[]; };
 #define DQ_BLOCK 32u
 #define DQ_UNITS 2u
 uint dq_row_base(uint row, uint stride_bytes) { return row * (stride_bytes >> 1); }
-uint dq_u32(uint i) { return uint(dq_w[i]) | (uint(dq_w[i + 1u]) << 16); }
-float dq_half(uint i) { return unpackHalf2x16(uint(dq_w[i])).x; }
+DQ_U16_HELPERS
 vec4 dq_load4(uint rb, uint k, uint K) {
     uint b = rb + (k >> 5) * 17u;
     return dq_half(b) * dq_sbytes(dq_u32(b + 1u + ((k & 31u) >> 1)));
@@ -142,34 +154,28 @@ void dq_unit(uint rb, uint ib, uint iu, out vec4 w[DQ_UNIT_V4]) {
 uint dq_unit_k(uint iu, uint g) { return 16u * iu + 4u * g; }
 
 #elif defined(DQ_Q4_0) // ---------------------------------------------------------------------
-// W: 9 uint16 per block { f16 d; uint8 qs[16] }; byte j holds element j (low nibble) and
-// j + 16 (high nibble). rb in uint16. w = (q - 8) * d.
+// W: 9 uint16 per block { f16 d; uint8 qs[16] } (nibbles as above). rb in uint16.
+// w = (q - 8) * d.
 layout(std430, binding = DQ_BINDING) readonly buffer DqW { uint16_t dq_w[]; };
 #define DQ_BLOCK 32u
 #define DQ_UNITS 2u
 uint dq_row_base(uint row, uint stride_bytes) { return row * (stride_bytes >> 1); }
-uint dq_u32(uint i) { return uint(dq_w[i]) | (uint(dq_w[i + 1u]) << 16); }
-float dq_half(uint i) { return unpackHalf2x16(uint(dq_w[i])).x; }
+DQ_U16_HELPERS
 vec4 dq_load4(uint rb, uint k, uint K) {
     uint b = rb + (k >> 5) * 9u, j = k & 31u;
-    uint q = dq_u32(b + 1u + ((j & 15u) >> 1)) >> (j >= 16u ? 4u : 0u);
-    return dq_half(b) * (vec4(dq_bytes(q & 0x0F0F0F0Fu)) - 8.0);
+    return dq_half(b) * (vec4(dq_nib_at(dq_u32(b + 1u + ((j & 15u) >> 1)), j)) - 8.0);
 }
-// Unit iu: bytes 8iu..8iu+7 -> elements 8iu..8iu+7 (low nibbles) and 16+8iu.. (high nibbles).
 void dq_unit(uint rb, uint ib, uint iu, out vec4 w[DQ_UNIT_V4]) {
     uint b = rb + ib * 9u;
     float d = dq_half(b);
     uint q0 = dq_u32(b + 1u + 4u * iu), q1 = dq_u32(b + 3u + 4u * iu);
-    w[0] = d * (vec4(dq_bytes(q0 & 0x0F0F0F0Fu)) - 8.0);
-    w[1] = d * (vec4(dq_bytes(q1 & 0x0F0F0F0Fu)) - 8.0);
-    w[2] = d * (vec4(dq_bytes((q0 >> 4) & 0x0F0F0F0Fu)) - 8.0);
-    w[3] = d * (vec4(dq_bytes((q1 >> 4) & 0x0F0F0F0Fu)) - 8.0);
+    [[unroll]] for (uint g = 0u; g < 4u; g++) w[g] = d * (vec4(dq_nib4(q0, q1, g)) - 8.0);
 }
-uint dq_unit_k(uint iu, uint g) { return 8u * iu + 4u * (g & 1u) + 16u * (g >> 1); }
+uint dq_unit_k(uint iu, uint g) { return dq_nib_k(iu, g); }
 
 #elif defined(DQ_Q4_1) // ---------------------------------------------------------------------
 // W: 5 uint32 per block { f16 d, m; uint8 qs[16] } (20 B: 4-byte aligned). rb in uint32.
-// Nibbles as Q4_0. w = d * q + m.
+// w = d * q + m.
 layout(std430, binding = DQ_BINDING) readonly buffer DqW { uint dq_w[]; };
 #define DQ_BLOCK 32u
 #define DQ_UNITS 2u
@@ -177,75 +183,58 @@ uint dq_row_base(uint row, uint stride_bytes) { return row * (stride_bytes >> 2)
 vec4 dq_load4(uint rb, uint k, uint K) {
     uint b = rb + (k >> 5) * 5u, j = k & 31u;
     vec2 dm = unpackHalf2x16(dq_w[b]);
-    uint q = dq_w[b + 1u + ((j & 15u) >> 2)] >> (j >= 16u ? 4u : 0u);
-    return dm.x * vec4(dq_bytes(q & 0x0F0F0F0Fu)) + dm.y;
+    return dm.x * vec4(dq_nib_at(dq_w[b + 1u + ((j & 15u) >> 2)], j)) + dm.y;
 }
-// Unit iu: qs words 2iu, 2iu+1 -> elements 8iu.. (low nibbles) and 16+8iu.. (high nibbles).
 void dq_unit(uint rb, uint ib, uint iu, out vec4 w[DQ_UNIT_V4]) {
     uint b = rb + ib * 5u;
     vec2 dm = unpackHalf2x16(dq_w[b]);
     uint q0 = dq_w[b + 1u + 2u * iu], q1 = dq_w[b + 2u + 2u * iu];
-    w[0] = dm.x * vec4(dq_bytes(q0 & 0x0F0F0F0Fu)) + dm.y;
-    w[1] = dm.x * vec4(dq_bytes(q1 & 0x0F0F0F0Fu)) + dm.y;
-    w[2] = dm.x * vec4(dq_bytes((q0 >> 4) & 0x0F0F0F0Fu)) + dm.y;
-    w[3] = dm.x * vec4(dq_bytes((q1 >> 4) & 0x0F0F0F0Fu)) + dm.y;
+    [[unroll]] for (uint g = 0u; g < 4u; g++) w[g] = dm.x * vec4(dq_nib4(q0, q1, g)) + dm.y;
 }
-uint dq_unit_k(uint iu, uint g) { return 8u * iu + 4u * (g & 1u) + 16u * (g >> 1); }
+uint dq_unit_k(uint iu, uint g) { return dq_nib_k(iu, g); }
 
-#elif defined(DQ_Q5_0) // ---------------------------------------------------------------------
-// W: 11 uint16 per block { f16 d; uint8 qh[4]; uint8 qs[16] } (22 B: 2-byte aligned). rb in
-// uint16. Nibbles as Q4_0; element j's fifth bit is bit j of the u32 qh. w = d * (q - 16).
-layout(std430, binding = DQ_BINDING) readonly buffer DqW { uint16_t dq_w[]; };
+#elif defined(DQ_Q5_0) || defined(DQ_Q5_1) // -----------------------------------------------------
+// Q5_0: 11 uint16 per block { f16 d; uint8 qh[4]; uint8 qs[16] } (22 B: 2-byte aligned), rb in
+//       uint16, w = d * (q - 16);
+// Q5_1: 3 uvec2 per block { f16 d, m; uint8 qh[4]; uint8 qs[16] } (24 B: 8-byte aligned: the
+//       header d, m, qh is one 8-byte load and a unit's 8 qs bytes another), rb in uint32,
+//       w = d * q + m.
+// q: the nibble, and element j's fifth bit is bit j of the u32 qh.
 #define DQ_BLOCK 32u
 #define DQ_UNITS 2u
+vec4 dq_q5(uvec4 nib, uint qh, uint j) { return vec4(nib | (dq_bits4(qh, j) << 4)); }
+#ifdef DQ_Q5_0
+layout(std430, binding = DQ_BINDING) readonly buffer DqW { uint16_t dq_w[]; };
 uint dq_row_base(uint row, uint stride_bytes) { return row * (stride_bytes >> 1); }
-uint dq_u32(uint i) { return uint(dq_w[i]) | (uint(dq_w[i + 1u]) << 16); }
-float dq_half(uint i) { return unpackHalf2x16(uint(dq_w[i])).x; }
-// Elements j..j+3 from their nibbles (already shifted down) and the block's qh.
-vec4 dq_q5(uint nib, uint qh, uint j) { return vec4(dq_bytes(nib & 0x0F0F0F0Fu) | (dq_bits4(qh, j) << 4)); }
+DQ_U16_HELPERS
 vec4 dq_load4(uint rb, uint k, uint K) {
     uint b = rb + (k >> 5) * 11u, j = k & 31u;
-    uint q = dq_u32(b + 3u + ((j & 15u) >> 1)) >> (j >= 16u ? 4u : 0u);
-    return dq_half(b) * (dq_q5(q, dq_u32(b + 1u), j) - 16.0);
+    return dq_half(b) * (dq_q5(dq_nib_at(dq_u32(b + 3u + ((j & 15u) >> 1)), j), dq_u32(b + 1u), j) - 16.0);
 }
 void dq_unit(uint rb, uint ib, uint iu, out vec4 w[DQ_UNIT_V4]) {
     uint b = rb + ib * 11u, qh = dq_u32(b + 1u);
     float d = dq_half(b);
     uint q0 = dq_u32(b + 3u + 4u * iu), q1 = dq_u32(b + 5u + 4u * iu);
-    w[0] = d * (dq_q5(q0, qh, 8u * iu) - 16.0);
-    w[1] = d * (dq_q5(q1, qh, 8u * iu + 4u) - 16.0);
-    w[2] = d * (dq_q5(q0 >> 4, qh, 16u + 8u * iu) - 16.0);
-    w[3] = d * (dq_q5(q1 >> 4, qh, 20u + 8u * iu) - 16.0);
+    [[unroll]] for (uint g = 0u; g < 4u; g++) w[g] = d * (dq_q5(dq_nib4(q0, q1, g), qh, dq_nib_k(iu, g)) - 16.0);
 }
-uint dq_unit_k(uint iu, uint g) { return 8u * iu + 4u * (g & 1u) + 16u * (g >> 1); }
-
-#elif defined(DQ_Q5_1) // ---------------------------------------------------------------------
-// W: 3 uvec2 per block { f16 d, m; uint8 qh[4]; uint8 qs[16] } (24 B: 8-byte aligned), so the
-// header (d, m, qh) is one 8-byte load and a unit's 8 qs bytes another. rb in uint32. As Q5_0,
-// w = d * q + m.
+#else
 layout(std430, binding = DQ_BINDING) readonly buffer DqW { uint dq_w[]; };
 layout(std430, binding = DQ_BINDING) readonly buffer DqW2 { uvec2 dq_w2[]; };
-#define DQ_BLOCK 32u
-#define DQ_UNITS 2u
 uint dq_row_base(uint row, uint stride_bytes) { return row * (stride_bytes >> 2); }
-vec4 dq_q5(uint nib, uint qh, uint j) { return vec4(dq_bytes(nib & 0x0F0F0F0Fu) | (dq_bits4(qh, j) << 4)); }
 vec4 dq_load4(uint rb, uint k, uint K) {
     uint b = rb + (k >> 5) * 6u, j = k & 31u;
     uvec2 hd = dq_w2[b >> 1];
     vec2 dm = unpackHalf2x16(hd.x);
-    uint q = dq_w[b + 2u + ((j & 15u) >> 2)] >> (j >= 16u ? 4u : 0u);
-    return dm.x * dq_q5(q, hd.y, j) + dm.y;
+    return dm.x * dq_q5(dq_nib_at(dq_w[b + 2u + ((j & 15u) >> 2)], j), hd.y, j) + dm.y;
 }
 void dq_unit(uint rb, uint ib, uint iu, out vec4 w[DQ_UNIT_V4]) {
     uint b2 = (rb + ib * 6u) >> 1;
     uvec2 hd = dq_w2[b2], q = dq_w2[b2 + 1u + iu];
     vec2 dm = unpackHalf2x16(hd.x);
-    w[0] = dm.x * dq_q5(q.x, hd.y, 8u * iu) + dm.y;
-    w[1] = dm.x * dq_q5(q.y, hd.y, 8u * iu + 4u) + dm.y;
-    w[2] = dm.x * dq_q5(q.x >> 4, hd.y, 16u + 8u * iu) + dm.y;
-    w[3] = dm.x * dq_q5(q.y >> 4, hd.y, 20u + 8u * iu) + dm.y;
+    [[unroll]] for (uint g = 0u; g < 4u; g++) w[g] = dm.x * dq_q5(dq_nib4(q.x, q.y, g), hd.y, dq_nib_k(iu, g)) + dm.y;
 }
-uint dq_unit_k(uint iu, uint g) { return 8u * iu + 4u * (g & 1u) + 16u * (g >> 1); }
+#endif
+uint dq_unit_k(uint iu, uint g) { return dq_nib_k(iu, g); }
 
 #elif defined(DQ_IQ4_NL) // -------------------------------------------------------------------
 // W: 9 uint16 per block { f16 d; uint8 qs[16] } (18 B, as Q4_0). w = d * level[nibble].
@@ -253,23 +242,18 @@ layout(std430, binding = DQ_BINDING) readonly buffer DqW { uint16_t dq_w[]; };
 #define DQ_BLOCK 32u
 #define DQ_UNITS 2u
 uint dq_row_base(uint row, uint stride_bytes) { return row * (stride_bytes >> 1); }
-uint dq_u32(uint i) { return uint(dq_w[i]) | (uint(dq_w[i + 1u]) << 16); }
-float dq_half(uint i) { return unpackHalf2x16(uint(dq_w[i])).x; }
+DQ_U16_HELPERS
 vec4 dq_load4(uint rb, uint k, uint K) {
     uint b = rb + (k >> 5) * 9u, j = k & 31u;
-    uint q = dq_u32(b + 1u + ((j & 15u) >> 1)) >> (j >= 16u ? 4u : 0u);
-    return dq_half(b) * dq_iq4(dq_bytes(q & 0x0F0F0F0Fu));
+    return dq_half(b) * dq_iq4(dq_nib_at(dq_u32(b + 1u + ((j & 15u) >> 1)), j));
 }
 void dq_unit(uint rb, uint ib, uint iu, out vec4 w[DQ_UNIT_V4]) {
     uint b = rb + ib * 9u;
     float d = dq_half(b);
     uint q0 = dq_u32(b + 1u + 4u * iu), q1 = dq_u32(b + 3u + 4u * iu);
-    w[0] = d * dq_iq4(dq_bytes(q0 & 0x0F0F0F0Fu));
-    w[1] = d * dq_iq4(dq_bytes(q1 & 0x0F0F0F0Fu));
-    w[2] = d * dq_iq4(dq_bytes((q0 >> 4) & 0x0F0F0F0Fu));
-    w[3] = d * dq_iq4(dq_bytes((q1 >> 4) & 0x0F0F0F0Fu));
+    [[unroll]] for (uint g = 0u; g < 4u; g++) w[g] = d * dq_iq4(dq_nib4(q0, q1, g));
 }
-uint dq_unit_k(uint iu, uint g) { return 8u * iu + 4u * (g & 1u) + 16u * (g >> 1); }
+uint dq_unit_k(uint iu, uint g) { return dq_nib_k(iu, g); }
 
 #elif defined(DQ_Q2_K) // ---------------------------------------------------------------------
 // W: 21 uint32 per block { uint8 scales[16]; uint8 qs[64]; f16 d, dmin } (84 B: 4-byte aligned).
@@ -310,7 +294,7 @@ layout(std430, binding = DQ_BINDING) readonly buffer DqW { uint16_t dq_w[]; };
 #define DQ_BLOCK 256u
 #define DQ_UNITS 16u
 uint dq_row_base(uint row, uint stride_bytes) { return row * (stride_bytes >> 1); }
-uint dq_u32(uint i) { return uint(dq_w[i]) | (uint(dq_w[i + 1u]) << 16); }
+DQ_U16_HELPERS
 // d * (scale s - 32) from the 12 scale bytes sc (x: bytes 0-3, y: 4-7, z: 8-11): low 4 bits in
 // nibble s/8 of byte s%8, top 2 bits at 2(s/4) of byte 8 + s%4.
 float dq_q3k_scale(float d, uvec3 sc, uint s) {
@@ -325,7 +309,7 @@ vec4 dq_q3k(uint qw, uint hw, uint j, uint hs) {
 vec4 dq_load4(uint rb, uint k, uint K) {
     uint b = rb + (k >> 8) * 55u, kb = k & 255u, n = kb >> 7, j = (kb >> 5) & 3u, l = kb & 31u;
     uvec3 sc = uvec3(dq_u32(b + 48u), dq_u32(b + 50u), dq_u32(b + 52u));
-    float d = unpackHalf2x16(uint(dq_w[b + 54u])).x;
+    float d = dq_half(b + 54u);
     return dq_q3k_scale(d, sc, 8u * n + 2u * j + (l >> 4)) *
            dq_q3k(dq_u32(b + 16u + 16u * n + (l >> 1)), dq_u32(b + (l >> 1)), j, 4u * n + j);
 }
@@ -333,7 +317,7 @@ vec4 dq_load4(uint rb, uint k, uint K) {
 void dq_unit(uint rb, uint ib, uint iu, out vec4 w[DQ_UNIT_V4]) {
     uint b = rb + ib * 55u, n = iu >> 3, li = iu & 7u, h = li >> 2;
     uvec3 sc = uvec3(dq_u32(b + 48u), dq_u32(b + 50u), dq_u32(b + 52u));
-    float d = unpackHalf2x16(uint(dq_w[b + 54u])).x;
+    float d = dq_half(b + 54u);
     uint qw = dq_u32(b + 16u + 16u * n + 2u * li), hw = dq_u32(b + 2u * li);
     [[unroll]] for (uint j = 0u; j < 4u; j++)
         w[j] = dq_q3k_scale(d, sc, 8u * n + 2u * j + h) * dq_q3k(qw, hw, j, 4u * n + j);
@@ -421,7 +405,7 @@ layout(std430, binding = DQ_BINDING) readonly buffer DqW { uint16_t dq_w[]; };
 #define DQ_BLOCK 256u
 #define DQ_UNITS 16u
 uint dq_row_base(uint row, uint stride_bytes) { return row * (stride_bytes >> 1); }
-uint dq_u32(uint i) { return uint(dq_w[i]) | (uint(dq_w[i + 1u]) << 16); }
+DQ_U16_HELPERS
 // d * scales[i] of the block starting at b.
 float dq_q6k_scale(uint b, uint i) {
     return unpackHalf2x16(uint(dq_w[b + 104u])).x *
@@ -452,7 +436,7 @@ uint dq_unit_k(uint iu, uint g) { return 128u * (iu >> 3) + 4u * (iu & 7u) + 32u
 #elif defined(DQ_IQ4_XS) // -------------------------------------------------------------------
 // W: 17 uvec2 per block { f16 d; uint16 scales_h; uint8 scales_l[4]; uint8 qs[128] } (136 B:
 // 8-byte aligned): the header is one 8-byte load, a unit's 8 qs bytes another. rb in uint32.
-// Sub-block j (32 elements, qs bytes 16j.., nibbles as Q4_0) has the 6-bit scale ls = nibble j
+// Sub-block j (32 elements, qs bytes 16j.., nibbles as above) has the 6-bit scale ls = nibble j
 // of scales_l | 2 bits j of scales_h << 4: w = (d * (ls - 32)) * level[nibble].
 layout(std430, binding = DQ_BINDING) readonly buffer DqW { uint dq_w[]; };
 layout(std430, binding = DQ_BINDING) readonly buffer DqW2 { uvec2 dq_w2[]; };
@@ -466,21 +450,16 @@ float dq_iq4xs_scale(uvec2 hd, uint j) {
 }
 vec4 dq_load4(uint rb, uint k, uint K) {
     uint b = rb + (k >> 8) * 34u, kb = k & 255u, j = kb >> 5, i = kb & 31u;
-    uint q = dq_w[b + 2u + 4u * j + ((i & 15u) >> 2)] >> (i >= 16u ? 4u : 0u);
-    return dq_iq4xs_scale(dq_w2[b >> 1], j) * dq_iq4(dq_bytes(q & 0x0F0F0F0Fu));
+    return dq_iq4xs_scale(dq_w2[b >> 1], j) * dq_iq4(dq_nib_at(dq_w[b + 2u + 4u * j + ((i & 15u) >> 2)], i));
 }
-// Unit iu: qs bytes 16j + 8h .. +7 (j = iu/2, h = iu%2): elements 32j + 8h + 0..7 (low
-// nibbles) and 32j + 16 + 8h + 0..7 (high nibbles).
+// Unit iu: half iu%2 of sub-block iu/2, i.e. qs bytes 8iu..8iu+7.
 void dq_unit(uint rb, uint ib, uint iu, out vec4 w[DQ_UNIT_V4]) {
     uint b2 = (rb + ib * 34u) >> 1;
     float dl = dq_iq4xs_scale(dq_w2[b2], iu >> 1);
     uvec2 q = dq_w2[b2 + 1u + iu];
-    w[0] = dl * dq_iq4(dq_bytes(q.x & 0x0F0F0F0Fu));
-    w[1] = dl * dq_iq4(dq_bytes(q.y & 0x0F0F0F0Fu));
-    w[2] = dl * dq_iq4(dq_bytes((q.x >> 4) & 0x0F0F0F0Fu));
-    w[3] = dl * dq_iq4(dq_bytes((q.y >> 4) & 0x0F0F0F0Fu));
+    [[unroll]] for (uint g = 0u; g < 4u; g++) w[g] = dl * dq_iq4(dq_nib4(q.x, q.y, g));
 }
-uint dq_unit_k(uint iu, uint g) { return 32u * (iu >> 1) + 8u * (iu & 1u) + 4u * (g & 1u) + 16u * (g >> 1); }
+uint dq_unit_k(uint iu, uint g) { return 32u * (iu >> 1) + dq_nib_k(iu & 1u, g); }
 
 #endif
 

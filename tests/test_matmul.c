@@ -14,15 +14,6 @@
 
 #define NAN_BITS 0x7fc00000u
 
-static const uint32_t all_types[] = {
-    VKI_GGML_F32,  VKI_GGML_F16,  VKI_GGML_BF16,   VKI_GGML_Q8_0, VKI_GGML_Q4_0, VKI_GGML_Q4_1,
-    VKI_GGML_Q5_0, VKI_GGML_Q5_1, VKI_GGML_IQ4_NL, VKI_GGML_Q2_K, VKI_GGML_Q3_K, VKI_GGML_Q4_K,
-    VKI_GGML_Q5_K, VKI_GGML_Q6_K, VKI_GGML_IQ4_XS};
-
-static bool is_float_type(uint32_t type)
-{
-    return type == VKI_GGML_F32 || type == VKI_GGML_F16 || type == VKI_GGML_BF16;
-}
 static uint32_t block_of(uint32_t type) { return quant_get(type)->block_elems; }
 
 static void put_f16(uint8_t *p, float f)
@@ -73,7 +64,7 @@ static uint8_t *make_weights(vt_rng *r, uint32_t type, uint32_t N, uint32_t K, f
     uint8_t *raw = malloc(rb * N);
     float *tmp = malloc((size_t)K * sizeof(float));
     assert_non_null(raw);
-    bool quantise = is_float_type(type) || (vt_u64(r) & 1);
+    bool quantise = vt_is_float_type(type) || (vt_u64(r) & 1);
     for (uint32_t n = 0; n < N; n++) {
         if (quantise) {
             vt_fill_uniform(r, tmp, K, -1.0f, 1.0f);
@@ -163,7 +154,7 @@ static void run_case(vt_gpu *g, vt_rng *r, uint32_t type, const mm_case *s)
     snprintf(label, sizeof label, "%s %s M=%u N=%u K=%u xs=%u ys=%u off=%u bias=%d parts=%u",
              quant_get(type)->name, s->path == OP_MM_GEMV ? "gemv" : s->path == OP_MM_GEMM ? "gemm" : "auto",
              M, N, K, xs, ys, s->x_off, s->bias, t.n_parts);
-    vt_assert_nmse(got, ref, (size_t)M * N, is_float_type(type) ? 1e-10 : 1e-8, label);
+    vt_assert_nmse(got, ref, (size_t)M * N, vt_is_float_type(type) ? 1e-10 : 1e-8, label);
 
     vk_tensor_destroy(g->dev, &t);
     vkd_buffer_destroy(g->dev, bx);
@@ -175,7 +166,7 @@ static void run_case(vt_gpu *g, vt_rng *r, uint32_t type, const mm_case *s)
 /* K for a type: `blocks` blocks (quantised) or an awkward length (float types). */
 static uint32_t pick_k(vt_rng *r, uint32_t type, uint32_t i)
 {
-    if (is_float_type(type)) {
+    if (vt_is_float_type(type)) {
         static const uint32_t ks[] = {1, 3, 4, 7, 15, 16, 17, 31, 33, 64, 100, 257};
         return i < sizeof ks / sizeof ks[0] ? ks[i] : vt_range(r, 1, 600);
     }
@@ -188,7 +179,7 @@ static uint32_t pick_k(vt_rng *r, uint32_t type, uint32_t i)
 /* A K over twice 16 * 128 elements: every GEMV invocation (and subgroup) gets units. */
 static uint32_t big_k(uint32_t type)
 {
-    return is_float_type(type) ? 4099 : block_of(type) * (block_of(type) == 256 ? 17 : 129);
+    return vt_is_float_type(type) ? 4099 : block_of(type) * (block_of(type) == 256 ? 17 : 129);
 }
 
 static void random_case(vt_rng *r, mm_case *s, uint32_t type, uint32_t i)
@@ -258,9 +249,9 @@ VKK_WEIGHT_TYPES(TYPE_TESTS)
 static void test_prepare(void **state)
 {
     vt_gpu *g = vt_gpu_get(state);
-    for (size_t i = 0; i < sizeof all_types / sizeof all_types[0]; i++) {
-        assert_true(op_matmul_supported(g->dev, all_types[i]));
-        assert_int_equal(op_matmul_prepare(g->dev, all_types[i]), VKI_OK);
+    for (size_t i = 0; i < vt_n_weight_types; i++) {
+        assert_true(op_matmul_supported(g->dev, vt_weight_types[i]));
+        assert_int_equal(op_matmul_prepare(g->dev, vt_weight_types[i]), VKI_OK);
     }
     assert_int_equal(op_matmul_prepare(g->dev, 16 /* IQ2_XXS: not run by vkinfer */), VKI_ERR_UNSUPPORTED);
     assert_int_equal(op_matmul_prepare(g->dev, 4 /* no ggml type */), VKI_ERR_UNSUPPORTED);
@@ -275,11 +266,11 @@ static void test_boundary_parts_bias(void **state)
 {
     vt_gpu *g = vt_gpu_get(state);
     vt_rng r = vt_rng_seeded("boundary");
-    for (size_t i = 0; i < sizeof all_types / sizeof all_types[0]; i++)
+    for (size_t i = 0; i < vt_n_weight_types; i++)
         for (uint32_t M = OP_MATVEC_MAX_M; M <= OP_MATVEC_MAX_M + 1; M++) {
-            uint32_t K = is_float_type(all_types[i]) ? 37 : block_of(all_types[i]) * 3;
+            uint32_t K = vt_is_float_type(vt_weight_types[i]) ? 37 : block_of(vt_weight_types[i]) * 3;
             mm_case s = {.M = M, .N = 67, .K = K, .x_pad = 3, .y_pad = 1, .bias = true, .parts = 4};
-            run_case(g, &r, all_types[i], &s);
+            run_case(g, &r, vt_weight_types[i], &s);
         }
     vt_assert_clean(g);
 }
@@ -307,12 +298,12 @@ static void test_gpu_configs(void **state)
         {.M = 129, .N = 127, .K = 0, .y_pad = 2, .parts = 2},
         {.M = 31, .N = 7, .K = 1, .bias = true, .path = OP_MM_GEMM},
     };
-    for (size_t i = 0; i < sizeof all_types / sizeof all_types[0]; i++) {
-        uint32_t type = all_types[i];
+    for (size_t i = 0; i < vt_n_weight_types; i++) {
+        uint32_t type = vt_weight_types[i];
         for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
             mm_case s = cases[c];
-            s.K = s.K ? big_k(type) / 2 : (is_float_type(type) ? 77 : 3 * block_of(type));
-            if (!is_float_type(type) && s.K % block_of(type))
+            s.K = s.K ? big_k(type) / 2 : (vt_is_float_type(type) ? 77 : 3 * block_of(type));
+            if (!vt_is_float_type(type) && s.K % block_of(type))
                 s.K += block_of(type) - s.K % block_of(type);
             run_case(g, &r, type, &s);
         }
@@ -330,12 +321,12 @@ static void test_dispatch_split(void **state)
     vki_device_info saved = g->dev->info;
     g->dev->info.max_workgroup_count[0] = 2;
     g->dev->info.max_workgroup_count[1] = 3;
-    for (size_t i = 0; i < sizeof all_types / sizeof all_types[0]; i++) {
-        uint32_t K = is_float_type(all_types[i]) ? 21 : block_of(all_types[i]);
+    for (size_t i = 0; i < vt_n_weight_types; i++) {
+        uint32_t K = vt_is_float_type(vt_weight_types[i]) ? 21 : block_of(vt_weight_types[i]);
         mm_case gemv = {.M = 3, .N = 150, .K = K, .bias = true, .parts = 2};
         mm_case gemm = {.M = 150, .N = 300, .K = K, .y_pad = 1};
-        run_case(g, &r, all_types[i], &gemv);
-        run_case(g, &r, all_types[i], &gemm);
+        run_case(g, &r, vt_weight_types[i], &gemv);
+        run_case(g, &r, vt_weight_types[i], &gemm);
     }
     g->dev->info = saved;
     vt_assert_clean(g);
