@@ -57,11 +57,20 @@ uvec4 dq_nib_at(uint w, uint j) { return dq_bytes((w >> (j >= 16u ? 4u : 0u)) & 
     float dq_half(uint i) { return unpackHalf2x16(uint(dq_w[i])).x; }
 
 #if defined(DQ_IQ4_NL) || defined(DQ_IQ4_XS)
-// The 16 IQ4 levels. A constant array indexed per weight: NVIDIA serves it from the constant
-// cache (serialised only when a warp's indices differ, ~4 distinct values per load here), CPU
-// devices from registers; a shared-memory copy would need a barrier in every including kernel.
-const float dq_iq4_levels[16] = float[16](VKI_IQ4NL_VALUES);
-vec4 dq_iq4(uvec4 n) { return vec4(dq_iq4_levels[n.x], dq_iq4_levels[n.y], dq_iq4_levels[n.z], dq_iq4_levels[n.w]); }
+// The 16 IQ4 levels as int8 bytes in 4 words (folded at compile time), looked up with selects
+// and shifts: no indexed array, which lavapipe turns into a per-lane stack copy (measured 100x
+// slower than this in the GEMV) and NVIDIA serialises across a warp's distinct indices.
+const int dq_iq4_levels[16] = int[16](VKI_IQ4NL_VALUES);
+#define DQ_IQ4_WORD(i) ((uint(dq_iq4_levels[4 * i]) & 0xFFu) | ((uint(dq_iq4_levels[4 * i + 1]) & 0xFFu) << 8) | \
+                        ((uint(dq_iq4_levels[4 * i + 2]) & 0xFFu) << 16) | (uint(dq_iq4_levels[4 * i + 3]) << 24))
+const uvec4 dq_iq4_words = uvec4(DQ_IQ4_WORD(0), DQ_IQ4_WORD(1), DQ_IQ4_WORD(2), DQ_IQ4_WORD(3));
+// Levels of 4 nibbles n (each < 16): pick the word n/4, then its byte n%4, sign-extended.
+vec4 dq_iq4(uvec4 n) {
+    uvec4 lo = mix(uvec4(dq_iq4_words.x), uvec4(dq_iq4_words.y), greaterThanEqual(n, uvec4(4u)));
+    uvec4 hi = mix(uvec4(dq_iq4_words.z), uvec4(dq_iq4_words.w), greaterThanEqual(n, uvec4(12u)));
+    uvec4 w = mix(lo, hi, greaterThanEqual(n, uvec4(8u)));
+    return vec4(ivec4(w << (24u - 8u * (n & 3u))) >> 24);
+}
 #endif
 
 #if defined(DQ_F32) // ------------------------------------------------------------------------
