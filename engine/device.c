@@ -261,6 +261,47 @@ static vki_coopmat_shape pick_coopmat(const vki_device_info *info)
     return best;
 }
 
+/* Features (and the cooperative-matrix shapes, which need them) of one physical device. */
+static void query_features(VkInstance inst, VkPhysicalDevice pd, uint32_t api, bool dot_ext, vki_device_info *info)
+{
+    VkPhysicalDeviceCooperativeMatrixFeaturesNV nvf = {
+        .sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_COOPERATIVE_MATRIX_FEATURES_NV};
+    VkPhysicalDeviceCooperativeMatrixFeaturesKHR cmf = {
+        .sType = VKI_STYPE_PHYSICAL_DEVICE_COOPERATIVE_MATRIX_FEATURES_KHR, .pNext = info->coopmat_nv ? &nvf : NULL};
+    void *cm_chain = info->coopmat ? (void *)&cmf : info->coopmat_nv ? (void *)&nvf : NULL;
+    VkPhysicalDeviceVulkan13Features f13 = {.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_3_FEATURES,
+                                            .pNext = cm_chain};
+    VkPhysicalDeviceVulkan12Features f12 = {.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_2_FEATURES,
+                                            .pNext = api >= VK_API_VERSION_1_3 ? (void *)&f13 : cm_chain};
+    VkPhysicalDeviceVulkan11Features f11 = {.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_1_FEATURES,
+                                            .pNext = &f12};
+    VkPhysicalDeviceFeatures2 f2 = {.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2, .pNext = &f11};
+    vkGetPhysicalDeviceFeatures2(pd, &f2);
+    info->float16 = f12.shaderFloat16;
+    info->int8 = f12.shaderInt8;
+    info->int16 = f2.features.shaderInt16;
+    info->int64 = f2.features.shaderInt64;
+    info->storage16 = f11.storageBuffer16BitAccess;
+    info->storage8 = f12.storageBuffer8BitAccess;
+    info->integer_dot = (api >= VK_API_VERSION_1_3 && f13.shaderIntegerDotProduct) || dot_ext;
+    info->coopmat = info->coopmat && cmf.cooperativeMatrix;
+    if (info->coopmat)
+        query_coopmat(inst, pd, info);
+    info->coopmat_nv = info->coopmat_nv && nvf.cooperativeMatrix;
+    if (info->coopmat_nv) {
+        VkPhysicalDeviceCooperativeMatrixPropertiesNV np = {
+            .sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_COOPERATIVE_MATRIX_PROPERTIES_NV};
+        VkPhysicalDeviceProperties2 pp = {.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PROPERTIES_2, .pNext = &np};
+        vkGetPhysicalDeviceProperties2(pd, &pp);
+        query_coopmat_nv(inst, pd, info);
+        /* fcoopmatNV<16, ...> needs Float16; glslang's NV modules use the Vulkan memory model;
+         * the kernels stage F16 operands through 16-bit storage and name warps by gl_SubgroupID */
+        if ((np.cooperativeMatrixSupportedStages & VK_SHADER_STAGE_COMPUTE_BIT) && f12.shaderFloat16 &&
+            f12.vulkanMemoryModel && f11.storageBuffer16BitAccess && (info->subgroup_ops & VKI_SUBGROUP_BASIC))
+            info->coopmat_pick = pick_coopmat(info);
+    }
+}
+
 /* Fills *info for one physical device. Returns false if it cannot run vkinfer at all
  * (Vulkan < 1.2 or no compute queue); such devices are still listed. */
 static bool describe_device(VkInstance inst, VkPhysicalDevice pd, uint32_t index, vki_device_info *info)
@@ -331,43 +372,7 @@ static bool describe_device(VkInstance inst, VkPhysicalDevice pd, uint32_t index
         info->subgroup_max_size = ssc.maxSubgroupSize;
     }
 
-    /* features */
-    VkPhysicalDeviceCooperativeMatrixFeaturesNV nvf = {
-        .sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_COOPERATIVE_MATRIX_FEATURES_NV};
-    VkPhysicalDeviceCooperativeMatrixFeaturesKHR cmf = {
-        .sType = VKI_STYPE_PHYSICAL_DEVICE_COOPERATIVE_MATRIX_FEATURES_KHR, .pNext = info->coopmat_nv ? &nvf : NULL};
-    void *cm_chain = info->coopmat ? (void *)&cmf : info->coopmat_nv ? (void *)&nvf : NULL;
-    VkPhysicalDeviceVulkan13Features f13 = {.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_3_FEATURES,
-                                            .pNext = cm_chain};
-    VkPhysicalDeviceVulkan12Features f12 = {.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_2_FEATURES,
-                                            .pNext = bp.apiVersion >= VK_API_VERSION_1_3 ? (void *)&f13 : cm_chain};
-    VkPhysicalDeviceVulkan11Features f11 = {.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_1_FEATURES,
-                                            .pNext = &f12};
-    VkPhysicalDeviceFeatures2 f2 = {.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2, .pNext = &f11};
-    vkGetPhysicalDeviceFeatures2(pd, &f2);
-    info->float16 = f12.shaderFloat16;
-    info->int8 = f12.shaderInt8;
-    info->int16 = f2.features.shaderInt16;
-    info->int64 = f2.features.shaderInt64;
-    info->storage16 = f11.storageBuffer16BitAccess;
-    info->storage8 = f12.storageBuffer8BitAccess;
-    info->integer_dot = (bp.apiVersion >= VK_API_VERSION_1_3 && f13.shaderIntegerDotProduct) || dot_ext;
-    info->coopmat = info->coopmat && cmf.cooperativeMatrix;
-    if (info->coopmat)
-        query_coopmat(inst, pd, info);
-    info->coopmat_nv = info->coopmat_nv && nvf.cooperativeMatrix;
-    if (info->coopmat_nv) {
-        VkPhysicalDeviceCooperativeMatrixPropertiesNV np = {
-            .sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_COOPERATIVE_MATRIX_PROPERTIES_NV};
-        VkPhysicalDeviceProperties2 pp = {.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PROPERTIES_2, .pNext = &np};
-        vkGetPhysicalDeviceProperties2(pd, &pp);
-        query_coopmat_nv(inst, pd, info);
-        /* fcoopmatNV<16, ...> needs Float16; glslang's NV modules use the Vulkan memory model;
-         * the kernels stage F16 operands through 16-bit storage and name warps by gl_SubgroupID */
-        if ((np.cooperativeMatrixSupportedStages & VK_SHADER_STAGE_COMPUTE_BIT) && f12.shaderFloat16 &&
-            f12.vulkanMemoryModel && f11.storageBuffer16BitAccess && (info->subgroup_ops & VKI_SUBGROUP_BASIC))
-            info->coopmat_pick = pick_coopmat(info);
-    }
+    query_features(inst, pd, bp.apiVersion, dot_ext, info);
 
     /* memory */
     VkPhysicalDeviceMemoryBudgetPropertiesEXT mb = {

@@ -10,12 +10,8 @@
 #define VKI_ENGINE_KERNELS_H
 
 #include "engine/device.h"
+#include "engine/weight_types.h"
 #include "shaders/vki_shared.h"
-
-/* The weight types of the matmul family: X(ID suffix, SPIR-V blob suffix). The kernel ids below,
- * the kernel-table rows (engine/kernels.c) and ops_matmul.c's type table come from this list;
- * shaders/shaders.cmake builds the same types. */
-#define VKK_WEIGHT_TYPES(X) X(F32, f32) X(F16, f16) X(Q8_0, q8_0) X(Q4_0, q4_0) X(Q4_K, q4_k) X(Q6_K, q6_k)
 
 /* Per weight type: matrix-vector, tiled FP32 GEMM, cooperative-matrix GEMM (NV tensor cores)
  * and its plain-GLSL emulation (CME), row gather. */
