@@ -22,7 +22,7 @@
 #include "engine/ops_matmul.h"
 #include "engine/gguf_write.h"
 #include "engine/synth.h"
-#include "host/tokenizer.h"
+#include "host/tokenizer/tokenizer.h"
 
 #define PAGES_PER_SEQ 160
 #define TOL_F32 1e-6
