@@ -137,9 +137,11 @@ typedef struct mm_crossover {
 } mm_crossover;
 
 static const mm_crossover crossovers[] = {
-    /* lavapipe (Mesa 22.3.6, 2 cores), N = K = 1024, F16 and Q4_K weights: see bench/RESULTS.md */
-    {VKI_DEVICE_CPU, VKD_CM_NONE, 32},
-    {VKI_DEVICE_CPU, VKD_CM_EMULATED, 32},
+    /* lavapipe (Mesa 22.3.6, 2 shared cores), N = K = 1024, F16 and Q4_K weights (bench/RESULTS.md):
+     * a GEMV row costs about the same at any M on a CPU, while a 64-row FP32 GEMM tile costs as
+     * much as ~64 GEMV rows; the emulated coopmat tile is ~3x cheaper, so it wins from M = 32. */
+    {VKI_DEVICE_CPU, VKD_CM_NONE, 64},
+    {VKI_DEVICE_CPU, VKD_CM_EMULATED, 24},
 };
 
 /* GPUs: not measured yet (no GPU was available when the coopmat kernels were written). 32 was the

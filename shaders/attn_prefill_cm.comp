@@ -108,7 +108,7 @@ void scores()
         const uint r0 = (f / FC) * CM_M, c0 = (f % FC) * CM_N;
         CM_DECL_C(s, 1);
         cm_fill_c(s[0], 0.0);
-        for (uint d0 = 0u; d0 < HDP; d0 += CM_K) {
+        CM_UNROLL for (uint d0 = 0u; d0 < HDP; d0 += CM_K) {
             CM_DECL_A(a, 1);
             CM_DECL_B(b);
             cm_load_a(a[0], qs, r0 * QST + d0, QST);
@@ -149,7 +149,7 @@ void pv()
         const uint r0 = (f / FD) * CM_M, d0 = (f % FD) * CM_N;
         CM_DECL_C(c, 1);
         cm_fill_c(c[0], 0.0);
-        for (uint k = 0u; k < BC; k += CM_K) {
+        CM_UNROLL for (uint k = 0u; k < BC; k += CM_K) {
             CM_DECL_A(a, 1);
             CM_DECL_B(b);
             cm_load_a(a[0], ps, r0 * PST + k, PST);

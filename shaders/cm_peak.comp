@@ -29,12 +29,12 @@ void main()
     cm_load_a(a[0], ab, 0u, CM_K);
     cm_load_b(b, ab, CM_M * CM_K, CM_N);
     CM_DECL_C(acc, NACC);
-    for (uint i = 0u; i < NACC; i++)
+    CM_UNROLL for (uint i = 0u; i < NACC; i++)
         cm_fill_c(acc[i], float(i) * 0.25);
     for (uint it = 0u; it < p.n_iter; it++)
-        [[unroll]] for (uint i = 0u; i < NACC; i++)
+        CM_UNROLL for (uint i = 0u; i < NACC; i++)
             cm_mul_add(acc[i], a[0], b);
     const uint base = ((gl_WorkGroupID.x * gl_NumSubgroups + gl_SubgroupID) * NACC) * CM_M * CM_N;
-    for (uint i = 0u; i < NACC; i++)
+    CM_UNROLL for (uint i = 0u; i < NACC; i++)
         cm_store_c(acc[i], dst, base + i * CM_M * CM_N, CM_N);
 }

@@ -20,6 +20,8 @@
 //   cm_load_bt(b, buf, el, st)      B[k][n] = buf[el + n * st + k]   (B stored transposed)
 //   cm_mul_add(c, a, b)             c = a * b + c
 //   cm_store_c(c, buf, el, st)      buf[el + r * st + n] = C[r][n]   (buf: a float array)
+//   CM_UNROLL                       [[unroll]] on NV, where fragment arrays must stay in
+//                                   registers; nothing on the emulation (code size on CPUs)
 // Every invocation of the subgroup makes each call with the same arguments (control flow
 // uniform in the subgroup); el and st keep matrix rows 16-byte aligned (the NV load rule).
 // The element order inside a fragment is unknown to the kernels (opaque on NV): element-wise
@@ -34,6 +36,7 @@ layout(constant_id = CM_SPEC_ID + 3) const uint CM_SG = 32;
 #extension GL_KHR_memory_scope_semantics : require
 #extension GL_NV_cooperative_matrix : require
 
+#define CM_UNROLL [[unroll]]
 #define CM_A_T fcoopmatNV<16, gl_ScopeSubgroup, CM_M, CM_K>
 #define CM_B_T fcoopmatNV<16, gl_ScopeSubgroup, CM_K, CM_N>
 #define CM_C_T fcoopmatNV<32, gl_ScopeSubgroup, CM_M, CM_N>
@@ -59,6 +62,7 @@ const uint CM_BE = CM_K * CM_N / CM_SG;
 const uint CM_CE = CM_M * CM_N / CM_SG;
 const uint CM_NS = CM_N / CM_SG;        // C (and B) slots per row
 
+#define CM_UNROLL
 #define CM_DECL_A(a, n) float a[n][CM_AE]
 #define CM_DECL_B(b) float b[CM_BE]
 #define CM_DECL_C(c, n) float c[n][CM_CE]
@@ -74,7 +78,7 @@ const uint CM_NS = CM_N / CM_SG;        // C (and B) slots per row
         const uint cm_el = (el), cm_st = (st);                                                  \
         for (uint cm_j = 0u; cm_j < (slots); cm_j++) {                                          \
             const uint cm_e = cm_j * CM_SG + gl_SubgroupInvocationID;                           \
-            const uint cm_r = cm_e / (cols), cm_c = cm_e % (cols);           \
+            const uint cm_r = cm_e / (cols), cm_c = cm_e % (cols);                              \
             (dst)[cm_j] = float(buf[cm_el + ((tr) ? cm_c * cm_st + cm_r : cm_r * cm_st + cm_c)]); \
         }                                                                                       \
     }

@@ -64,21 +64,21 @@ void main()
     // a subgroup whose whole part lies past M or N skips the products (uniform in the subgroup)
     const bool busy = m_tile + wm0 < p.M && n_tile + wn0 < p.N;
     CM_DECL_C(acc, FM * FN);
-    for (uint f = 0u; f < FM * FN; f++)
+    CM_UNROLL for (uint f = 0u; f < FM * FN; f++)
         cm_fill_c(acc[f], 0.0);
 
     for (uint k0 = 0u; k0 < p.K; k0 += BK) {
         stage(m_tile, n_tile, k0);
         barrier();
         if (busy) {
-            for (uint kk = 0u; kk < BK; kk += CM_K) {
+            CM_UNROLL for (uint kk = 0u; kk < BK; kk += CM_K) {
                 CM_DECL_A(a, FM);
-                for (uint i = 0u; i < FM; i++)
+                CM_UNROLL for (uint i = 0u; i < FM; i++)
                     cm_load_a(a[i], As, (wm0 + i * CM_M) * ST + kk, ST);
-                for (uint j = 0u; j < FN; j++) {
+                CM_UNROLL for (uint j = 0u; j < FN; j++) {
                     CM_DECL_B(b);
                     cm_load_bt(b, Bs, (wn0 + j * CM_N) * ST + kk, ST);
-                    for (uint i = 0u; i < FM; i++)
+                    CM_UNROLL for (uint i = 0u; i < FM; i++)
                         cm_mul_add(acc[i * FN + j], a[i], b);
                 }
             }
@@ -89,7 +89,7 @@ void main()
     if (!busy)
         return;
     const uint cs = sg * CM_M * CM_N;
-    for (uint f = 0u; f < FM * FN; f++) {
+    CM_UNROLL for (uint f = 0u; f < FM * FN; f++) {
         cm_store_c(acc[f], Cs, cs, CM_N);
         subgroupMemoryBarrierShared();
         subgroupBarrier();

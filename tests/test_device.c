@@ -168,7 +168,11 @@ static void test_coopmat_modes(void **state)
         assert_true(in->coopmat_pick.a_type == 0 && in->coopmat_pick.b_type == 0 && in->coopmat_pick.c_type == 1 &&
                     in->coopmat_pick.result_type == 1 && in->coopmat_pick.scope == 3);
     }
-    assert_true(g->dev->cm.kind == (in->coopmat_pick.m ? VKD_CM_NV : VKD_CM_NONE)); /* the harness uses AUTO */
+    assert_int_equal(g->dev->nv_coopmat, in->coopmat_pick.m != 0); /* the harness opens with AUTO */
+    assert_int_equal(g->dev->cm.kind, VKD_CM_NONE);                 /* then selects OFF */
+    assert_int_equal(vkd_coopmat_select(g->dev, VKI_COOPMAT_AUTO), VKI_OK);
+    assert_int_equal(g->dev->cm.kind, in->coopmat_pick.m ? VKD_CM_NV : VKD_CM_NONE);
+    assert_int_equal(vkd_coopmat_select(g->dev, VKI_COOPMAT_OFF), VKI_OK);
     const vki_coopmat_mode modes[] = {VKI_COOPMAT_OFF, VKI_COOPMAT_EMULATED, (vki_coopmat_mode)7};
     for (size_t i = 0; i < sizeof modes / sizeof modes[0]; i++) {
         vki_device_params p = vki_device_default_params();

@@ -579,37 +579,49 @@ static void test_profile_trace(void **state)
     vt_assert_clean(g);
 }
 
-/* The cooperative-matrix path end to end on its emulation: whole prompts longer than the GEMV
+/* The cooperative-matrix path end to end: whole prompts longer than the GEMV
  * crossover put every projection, the FFN and the prefill attention on the F16-operand kernels
  * (then decode runs the GEMV and split-K kernels as usual). Logits against the double
  * reference: NMSE <= TOL_CM; the greedy token is the reference's unless the reference itself
  * has a near tie (within 1% of the logits' rms). */
 #define TOL_CM 5e-6 /* measured on lavapipe: <= 7.1e-7 */
 
-static void test_coopmat_emulated_vs_reference(void **state)
+static void coopmat_vs_reference(vt_gpu *g, vt_rng *r)
 {
-    vt_gpu *g = vt_gpu_get(state);
-    vkd_cm saved = g->dev->cm;
-    if (vkd_coopmat_select(g->dev, VKI_COOPMAT_EMULATED) != VKI_OK)
-        skip();
-    vt_rng r = vt_rng_seeded("engine coopmat");
     const shape_case cases[] = {
         {"cm_gqa2_hd64_q4km", "llama", 256, 4, 2, 64, 512, SYNTH_Q4_K_M, false, VKI_GGML_F16, TOL_CM},
         {"cm_qwen2_hd128_f16", "qwen2", 256, 2, 1, 128, 512, SYNTH_F16, true, VKI_GGML_F32, TOL_CM},
     };
-    uint32_t np = op_matmul_gemv_max_m(g->dev) + vt_range(&r, 9, 40);
+    uint32_t np = op_matmul_gemv_max_m(g->dev) + vt_range(r, 9, 40);
     int32_t prompt[128];
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         char path[256];
         write_model(&cases[i], path, sizeof path);
         fixture fx;
         fixture_open(g, path, cases[i].kv_type, 128, &fx);
-        assert_true(fx.e->attn.pre_kid == VKK_ATTN_PREFILL_CME_F16 || fx.e->attn.pre_kid == VKK_ATTN_PREFILL_CME_F32);
-        random_prompt(&r, prompt, np, fx.n_vocab);
+        vkk_id k = fx.e->attn.pre_kid; /* prefill attention really is on cooperative matrices */
+        assert_true(k == VKK_ATTN_PREFILL_CME_F16 || k == VKK_ATTN_PREFILL_CME_F32 || k == VKK_ATTN_PREFILL_CM_F16 ||
+                    k == VKK_ATTN_PREFILL_CM_F32);
+        random_prompt(r, prompt, np, fx.n_vocab);
         check_against_reference_tie(&fx, prompt, np, 3, np, cases[i].tol, 0.01, cases[i].label);
         fixture_close(&fx);
         unlink(path);
     }
+}
+
+/* The emulated path everywhere; the real NV path too where the device has it. */
+static void test_coopmat_vs_reference(void **state)
+{
+    vt_gpu *g = vt_gpu_get(state);
+    vkd_cm saved = g->dev->cm;
+    vt_rng r = vt_rng_seeded("engine coopmat");
+    if (vkd_coopmat_select(g->dev, VKI_COOPMAT_EMULATED) != VKI_OK)
+        skip();
+    coopmat_vs_reference(g, &r);
+    if (g->dev->nv_coopmat && vkd_coopmat_select(g->dev, VKI_COOPMAT_AUTO) == VKI_OK)
+        coopmat_vs_reference(g, &r);
+    else
+        fprintf(stderr, "  no VK_NV_cooperative_matrix on this device: only the emulated path ran\n");
     g->dev->cm = saved;
     vt_assert_clean(g);
 }
@@ -713,7 +725,7 @@ int main(void)
         cmocka_unit_test(test_chunked_prefill_equals_whole),
         cmocka_unit_test(test_ragged_batch),
         cmocka_unit_test(test_long_context),
-        cmocka_unit_test(test_coopmat_emulated_vs_reference),
+        cmocka_unit_test(test_coopmat_vs_reference),
         cmocka_unit_test(test_batch_invariant_mode),
         cmocka_unit_test(test_profile_trace),
         cmocka_unit_test(test_unsupported_models_refused),

@@ -14,11 +14,17 @@
 
 #define NAN_BITS 0x7fc00000u
 
-/* Cooperative-matrix GEMM (F16 operands, F32 accumulation): NMSE against the exact reference
- * <= CM_TOL; the emulated path against a reference that rounds X and W to F16 too <= CM_EMU_TOL
- * (only the order of the F32 additions differs). */
-#define CM_TOL 1e-6     /* measured on lavapipe (emulated): <= 1.7e-7 */
-#define CM_EMU_TOL 1e-11 /* measured: <= 4.7e-13 */
+/* Cooperative-matrix GEMM (F16 operands, F32 accumulation), NMSE per case:
+ *  - against a reference that rounds X and W to F16 too (only the order of the F32 additions
+ *    differs): emulated <= CM_EMU_TOL; tensor cores <= CM_NV_TOL (not measured: no NVIDIA device
+ *    was available; their internal accumulation may be coarser than F32 adds);
+ *  - against the exact reference <= CM_TOL on cases of >= CM_TOL_MIN outputs (over fewer, one
+ *    dot product whose terms cancel can have a relative error far above the typical one). */
+#define CM_EMU_TOL 1e-10 /* measured on lavapipe: <= 4.6e-12 (K-quants: the device may round a
+                          * dequantised weight to the other neighbouring F16, rarely) */
+#define CM_NV_TOL 1e-9
+#define CM_TOL 1e-6      /* measured on lavapipe (emulated): <= 1.7e-7 */
+#define CM_TOL_MIN 256
 static double worst_cm[2]; /* worst NMSE seen: against the exact / the F16-rounded reference */
 
 static const uint32_t all_types[] = {VKI_GGML_F32, VKI_GGML_F16, VKI_GGML_Q8_0,
@@ -171,14 +177,14 @@ static void run_case(vt_gpu *g, vt_rng *r, uint32_t type, const mm_case *s)
              path, M, N, K, xs, ys, s->x_off, s->bias, t.n_parts);
     if (!strncmp(path, "coopmat", 7)) {
         double e = vt_nmse(got, ref, (size_t)M * N);
-        worst_cm[0] = e > worst_cm[0] ? e : worst_cm[0];
-        vt_assert_nmse(got, ref, (size_t)M * N, CM_TOL, label);
-        if (g->dev->cm.kind == VKD_CM_EMULATED) { /* the emulation's rounding is the reference's */
-            reference(s, x, xs, wref, bias, true, ref);
-            e = vt_nmse(got, ref, (size_t)M * N);
-            worst_cm[1] = e > worst_cm[1] ? e : worst_cm[1];
-            vt_assert_nmse(got, ref, (size_t)M * N, CM_EMU_TOL, label);
+        if ((size_t)M * N >= CM_TOL_MIN) {
+            worst_cm[0] = e > worst_cm[0] ? e : worst_cm[0];
+            vt_assert_nmse(got, ref, (size_t)M * N, CM_TOL, label);
         }
+        reference(s, x, xs, wref, bias, true, ref);
+        e = vt_nmse(got, ref, (size_t)M * N);
+        worst_cm[1] = e > worst_cm[1] ? e : worst_cm[1];
+        vt_assert_nmse(got, ref, (size_t)M * N, g->dev->cm.kind == VKD_CM_EMULATED ? CM_EMU_TOL : CM_NV_TOL, label);
     } else {
         vt_assert_nmse(got, ref, (size_t)M * N, is_float_type(type) ? 1e-10 : 1e-8, label);
     }
@@ -311,8 +317,8 @@ static void run_coopmat(void **state, uint32_t type)
         run_coopmat_cases(g, &r, type);
     }
     g->dev->cm = saved;
-    fprintf(stderr, "  %s coopmat: worst NMSE %.2e vs exact (bound %.0e), %.2e vs F16-rounded (bound %.0e)\n",
-            quant_get(type)->name, worst_cm[0], CM_TOL, worst_cm[1], CM_EMU_TOL);
+    fprintf(stderr, "  %s coopmat: worst NMSE %.2e vs exact (bound %.0e from %d outputs), %.2e vs F16-rounded\n",
+            quant_get(type)->name, worst_cm[0], CM_TOL, CM_TOL_MIN, worst_cm[1]);
     vt_assert_clean(g);
 }
 

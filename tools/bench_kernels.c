@@ -836,9 +836,9 @@ int main(int argc, char **argv)
         vkd_close(d);
         return 1;
     }
-    printf("device: %s (%s); %s shapes; %d calls per batch, median of %d batches; timer: %s\n", d->info.name,
-           d->info.driver_info, cl.n_shapes ? "given" : small ? "small" : "full", cl.o.iters, cl.o.reps,
-           qp ? "GPU timestamps" : "host clock");
+    printf("device: %s (%s); %s shapes; %d calls per batch, %s of %d batches; timer: %s\n", d->info.name,
+           d->info.driver_info, cl.n_shapes ? "given" : small ? "small" : "full", cl.o.iters,
+           cl.crossover ? "fastest" : "median", cl.o.reps, qp ? "GPU timestamps" : "host clock");
     print_cm_path(d);
     if (cl.crossover) {
         crossover_all(&cl, d, &c, qp, small);
