@@ -22,7 +22,7 @@
 //
 // Head dims are padded with zeros to HDP, a multiple of the fragment sides (8-dim models run
 // 16-dim products). Future KV types plug into KV_LOAD (attn_common.glsl); a sliding window is a
-// lower bound in key_visible() and a later first tile in main().
+// lower bound in visible() and a later first tile in main().
 layout(local_size_x_id = 0) in;
 layout(constant_id = 0) const uint WG = 128;  // BR * TPR invocations, whole subgroups
 layout(constant_id = 1) const uint HDP = 128; // head dim padded to a multiple of CM_K and CM_N
@@ -61,8 +61,9 @@ float acc[ODT];          // O[sr][sp + TPR * e]
 
 bool row_valid(uint r) { return r / p.gw < nq && r % p.gw < gn; }
 
-// Causal: row r (token pos0 + r / gw) sees keys up to its own position.
-bool key_visible(uint r, uint j) { return row_valid(r) && j <= pos0 + r / p.gw; }
+// Whether the query at position pr sees key j: causal (a window / sink bound joins here, and the
+// tile loop in main() then skips the tiles no row sees).
+bool visible(uint j, uint pr) { return j <= pr; }
 
 void load_queries()
 {
@@ -122,18 +123,20 @@ void scores()
 // Online softmax of row sr over the tile: ps = probabilities (F16), alpha = the rescale.
 void softmax_tile(uint k0)
 {
+    const bool ok = row_valid(sr);
+    const uint pr = pos0 + sr / p.gw;
     float mt = NEG_INF;
     for (uint b = sp; b < BC; b += TPR)
-        mt = key_visible(sr, k0 + b) ? max(mt, ss[sr * SST + b]) : mt;
+        mt = ok && visible(k0 + b, pr) ? max(mt, ss[sr * SST + b]) : mt;
     [[unroll]] for (uint off = 1u; off < TPR; off <<= 1)
         mt = max(mt, subgroupShuffleXor(mt, off));
     float mn = max(row_m, mt);
     alpha = mn == NEG_INF ? 1.0 : exp2(row_m - mn);
     float sum = 0.0;
     for (uint b = sp; b < BC; b += TPR) {
-        float16_t pr = float16_t(key_visible(sr, k0 + b) ? exp2(ss[sr * SST + b] - mn) : 0.0);
-        ps[sr * PST + b] = pr;
-        sum += float(pr);
+        float16_t pb = float16_t(ok && visible(k0 + b, pr) ? exp2(ss[sr * SST + b] - mn) : 0.0);
+        ps[sr * PST + b] = pb;
+        sum += float(pb);
     }
     [[unroll]] for (uint off = 1u; off < TPR; off <<= 1)
         sum += subgroupShuffleXor(sum, off);
