@@ -101,17 +101,20 @@ static void matmul_spec(const vkd_device *d, uint32_t spec[6])
 
 /* matmul_cm {WG, BM, BN, BK, WM, WN, CM_M, CM_N, CM_K, CM_SG}, largest tiles first: the first
  * whose shared memory (two F16 tiles with 8-half row padding, one F32 fragment per subgroup)
- * and subgroup count fit. GPUs: 128 x 128 tiles over 8 subgroups of 64 x 32 (16 accumulator
+ * and subgroup count fit. GPUs: 128 x 128 tiles over 8 subgroups of 64 x 32 (8 accumulator
  * fragments of 16 x 16 per subgroup; 28.7 KiB), the shape of the tensor-core GEMMs that reach
  * most of the peak, not measured here (no GPU was available; bench-kernels prints matmul_cm
- * TFLOP/s next to cm_peak). CPU devices (the emulation on lavapipe) start at 64 x 64: less
- * padding for the small M of tests. */
-static bool cm_spec(const vkd_device *d, uint32_t spec[10])
+ * TFLOP/s next to cm_peak); up to 64 rows, 64 x 128 tiles, which halve the padding computed just
+ * above the GEMV crossover. CPU devices (the emulation on lavapipe) start at 64 x 64. */
+#define CM_SMALL_M 64
+
+static bool cm_spec(const vkd_device *d, uint32_t M, uint32_t spec[10])
 {
     static const uint32_t cand[][4] = {{128, 128, 64, 32}, {64, 128, 32, 32}, {64, 64, 32, 32}, {32, 32, 32, 32}};
     const vkd_cm *cm = &d->cm;
     const uint32_t bk = 32;
-    for (size_t i = d->info.type == VKI_DEVICE_CPU ? 2 : 0; i < sizeof cand / sizeof cand[0]; i++) {
+    size_t first = d->info.type == VKI_DEVICE_CPU ? 2 : M <= CM_SMALL_M ? 1 : 0;
+    for (size_t i = first; i < sizeof cand / sizeof cand[0]; i++) {
         uint32_t bm = cand[i][0], bn = cand[i][1];
         uint32_t wm = cand[i][2] > cm->m ? cand[i][2] : cm->m, wn = cand[i][3] > cm->n ? cand[i][3] : cm->n;
         if (!cm->m || bm % wm || bn % wn || wm % cm->m || wn % cm->n || bk % cm->k)
@@ -207,7 +210,7 @@ static vki_status pick_kernel(const vkd_device *d, const mm_type *t, uint32_t M,
         return VKI_OK;
     case OP_MM_COOPMAT:
         *kid = d->cm.kind == VKD_CM_NV ? t->matmul_cm : t->matmul_cme;
-        return d->cm.kind != VKD_CM_NONE && cm_spec(d, spec) ? VKI_OK : VKI_ERR_UNSUPPORTED;
+        return d->cm.kind != VKD_CM_NONE && cm_spec(d, M, spec) ? VKI_OK : VKI_ERR_UNSUPPORTED;
     default:
         matmul_spec(d, spec);
         *kid = t->matmul;
@@ -396,13 +399,14 @@ vki_status op_matmul_prepare(vkd_device *d, uint32_t type)
     vkk_id mm_kid;
     matvec_spec(d, 1, mv1);
     matvec_spec(d, OP_MATVEC_ROWS, mv8);
-    vki_status st = pick_kernel(d, t, op_matmul_gemv_max_m(d) + 1, OP_MM_AUTO, mm, &mm_kid);
-    if (st == VKI_OK)
-        st = vkk_prepare(d, t->matvec, mv1);
+    vki_status st = vkk_prepare(d, t->matvec, mv1);
     if (st == VKI_OK)
         st = vkk_prepare(d, t->matvec, mv8);
-    if (st == VKI_OK)
-        st = vkk_prepare(d, mm_kid, mm);
+    /* the device's GEMM for few rows above the crossover and for many (tile sizes may differ) */
+    const uint32_t ms[2] = {op_matmul_gemv_max_m(d) + 1, 4096};
+    for (int i = 0; i < 2 && st == VKI_OK; i++)
+        if ((st = pick_kernel(d, t, ms[i] > ms[0] ? ms[i] : ms[0], OP_MM_AUTO, mm, &mm_kid)) == VKI_OK)
+            st = vkk_prepare(d, mm_kid, mm);
     if (st == VKI_OK)
         st = vkk_prepare(d, t->get_rows, gr);
     if (st == VKI_OK)
