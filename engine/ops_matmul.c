@@ -148,8 +148,8 @@ static const mm_crossover crossovers[] = {
 };
 
 /* GPUs: not measured yet (no GPU was available when the coopmat kernels were written). 32 was the
- * FP32 GEMM's switch point before; the tensor-core GEMM's 128-row tiles cost about as much at
- * M = 33 as at M = 128, so it stays there until bench-kernels --crossover is run on an H100. */
+ * FP32 GEMM's fixed switch point before (a GEMM tile costs about as much at M = 33 as when full);
+ * it stays there until bench-kernels --crossover runs on a GPU. */
 #define CROSSOVER_UNMEASURED 32
 
 uint32_t op_matmul_gemv_max_m(const vkd_device *d)
