@@ -195,50 +195,43 @@ static bool has_device_ext(const VkExtensionProperties *e, uint32_t n, const cha
     return false;
 }
 
-static void query_coopmat(VkInstance inst, VkPhysicalDevice pd, vki_device_info *info)
+/* The shapes of VK_KHR_cooperative_matrix (khr) or VK_NV_cooperative_matrix into out[], how many:
+ * one query with two structs (NV has no saturating flag; its component and scope enums have the
+ * KHR values). */
+static uint32_t query_coopmat(VkInstance inst, VkPhysicalDevice pd, bool khr, vki_coopmat_shape *out)
 {
-    PFN_vkGetPhysicalDeviceCooperativeMatrixPropertiesKHR get =
-        (PFN_vkGetPhysicalDeviceCooperativeMatrixPropertiesKHR)vkGetInstanceProcAddr(
-            inst, "vkGetPhysicalDeviceCooperativeMatrixPropertiesKHR");
+    PFN_vkVoidFunction fn = vkGetInstanceProcAddr(inst, khr ? "vkGetPhysicalDeviceCooperativeMatrixPropertiesKHR"
+                                                            : "vkGetPhysicalDeviceCooperativeMatrixPropertiesNV");
+    PFN_vkGetPhysicalDeviceCooperativeMatrixPropertiesKHR get_khr =
+        (PFN_vkGetPhysicalDeviceCooperativeMatrixPropertiesKHR)fn;
+    PFN_vkGetPhysicalDeviceCooperativeMatrixPropertiesNV get_nv =
+        (PFN_vkGetPhysicalDeviceCooperativeMatrixPropertiesNV)fn;
+    union {
+        VkCooperativeMatrixPropertiesKHR k[VKI_MAX_COOPMAT];
+        VkCooperativeMatrixPropertiesNV n[VKI_MAX_COOPMAT];
+    } p;
     uint32_t n = 0;
-    if (!get || get(pd, &n, NULL) != VK_SUCCESS)
-        return;
-    VkCooperativeMatrixPropertiesKHR p[VKI_MAX_COOPMAT];
-    if (n > VKI_MAX_COOPMAT)
-        n = VKI_MAX_COOPMAT;
-    for (uint32_t i = 0; i < n; i++)
-        p[i] = (VkCooperativeMatrixPropertiesKHR){.sType = VKI_STYPE_COOPERATIVE_MATRIX_PROPERTIES_KHR};
-    VkResult r = get(pd, &n, p);
+    if (!fn || (khr ? get_khr(pd, &n, NULL) : get_nv(pd, &n, NULL)) != VK_SUCCESS)
+        return 0;
+    n = n < VKI_MAX_COOPMAT ? n : VKI_MAX_COOPMAT;
+    for (uint32_t i = 0; i < n; i++) {
+        if (khr)
+            p.k[i] = (VkCooperativeMatrixPropertiesKHR){.sType = VKI_STYPE_COOPERATIVE_MATRIX_PROPERTIES_KHR};
+        else
+            p.n[i] = (VkCooperativeMatrixPropertiesNV){.sType = VK_STRUCTURE_TYPE_COOPERATIVE_MATRIX_PROPERTIES_NV};
+    }
+    VkResult r = khr ? get_khr(pd, &n, p.k) : get_nv(pd, &n, p.n);
     if (r != VK_SUCCESS && r != VK_INCOMPLETE)
-        return;
-    info->n_coopmat = n;
-    for (uint32_t i = 0; i < n; i++)
-        info->coopmat_shapes[i] = (vki_coopmat_shape){
-            p[i].MSize, p[i].NSize, p[i].KSize, p[i].AType, p[i].BType, p[i].CType,
-            p[i].ResultType, p[i].saturatingAccumulation, p[i].scope};
-}
-
-/* VK_NV_cooperative_matrix shapes (the NV component and scope enums have the KHR values). */
-static void query_coopmat_nv(VkInstance inst, VkPhysicalDevice pd, vki_device_info *info)
-{
-    PFN_vkGetPhysicalDeviceCooperativeMatrixPropertiesNV get =
-        (PFN_vkGetPhysicalDeviceCooperativeMatrixPropertiesNV)vkGetInstanceProcAddr(
-            inst, "vkGetPhysicalDeviceCooperativeMatrixPropertiesNV");
-    uint32_t n = 0;
-    if (!get || get(pd, &n, NULL) != VK_SUCCESS)
-        return;
-    VkCooperativeMatrixPropertiesNV p[VKI_MAX_COOPMAT];
-    if (n > VKI_MAX_COOPMAT)
-        n = VKI_MAX_COOPMAT;
-    for (uint32_t i = 0; i < n; i++)
-        p[i] = (VkCooperativeMatrixPropertiesNV){.sType = VK_STRUCTURE_TYPE_COOPERATIVE_MATRIX_PROPERTIES_NV};
-    VkResult r = get(pd, &n, p);
-    if (r != VK_SUCCESS && r != VK_INCOMPLETE)
-        return;
-    info->n_coopmat_nv = n;
-    for (uint32_t i = 0; i < n; i++)
-        info->coopmat_nv_shapes[i] = (vki_coopmat_shape){
-            p[i].MSize, p[i].NSize, p[i].KSize, p[i].AType, p[i].BType, p[i].CType, p[i].DType, false, p[i].scope};
+        return 0;
+    for (uint32_t i = 0; i < n; i++) {
+        const VkCooperativeMatrixPropertiesKHR *k = &p.k[i];
+        const VkCooperativeMatrixPropertiesNV *v = &p.n[i];
+        out[i] = khr ? (vki_coopmat_shape){k->MSize, k->NSize, k->KSize, k->AType, k->BType, k->CType, k->ResultType,
+                                           k->saturatingAccumulation, k->scope}
+                     : (vki_coopmat_shape){v->MSize, v->NSize, v->KSize, v->AType, v->BType, v->CType, v->DType,
+                                           false, v->scope};
+    }
+    return n;
 }
 
 /* The NV shape the kernels use: F16 A/B, F32 C/result, subgroup scope, sides 8..32 in multiples of
@@ -286,14 +279,14 @@ static void query_features(VkInstance inst, VkPhysicalDevice pd, uint32_t api, b
     info->integer_dot = (api >= VK_API_VERSION_1_3 && f13.shaderIntegerDotProduct) || dot_ext;
     info->coopmat = info->coopmat && cmf.cooperativeMatrix;
     if (info->coopmat)
-        query_coopmat(inst, pd, info);
+        info->n_coopmat = query_coopmat(inst, pd, true, info->coopmat_shapes);
     info->coopmat_nv = info->coopmat_nv && nvf.cooperativeMatrix;
     if (info->coopmat_nv) {
         VkPhysicalDeviceCooperativeMatrixPropertiesNV np = {
             .sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_COOPERATIVE_MATRIX_PROPERTIES_NV};
         VkPhysicalDeviceProperties2 pp = {.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PROPERTIES_2, .pNext = &np};
         vkGetPhysicalDeviceProperties2(pd, &pp);
-        query_coopmat_nv(inst, pd, info);
+        info->n_coopmat_nv = query_coopmat(inst, pd, false, info->coopmat_nv_shapes);
         /* fcoopmatNV<16, ...> needs Float16; glslang's NV modules use the Vulkan memory model;
          * the kernels stage F16 operands through 16-bit storage and name warps by gl_SubgroupID */
         if ((np.cooperativeMatrixSupportedStages & VK_SHADER_STAGE_COMPUTE_BIT) && f12.shaderFloat16 &&
