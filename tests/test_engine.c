@@ -584,7 +584,7 @@ static void test_profile_trace(void **state)
  * (then decode runs the GEMV and split-K kernels as usual). Logits against the double
  * reference: NMSE <= TOL_CM; the greedy token is the reference's unless the reference itself
  * has a near tie (within 1% of the logits' rms). */
-#define TOL_CM 5e-6 /* measured on lavapipe: <= 7.1e-7 */
+#define TOL_CM 5e-6 /* measured on lavapipe: <= 9.1e-7 over four random prompts */
 
 static void coopmat_vs_reference(vt_gpu *g, vt_rng *r)
 {
