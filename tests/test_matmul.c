@@ -333,10 +333,10 @@ TYPE_TESTS(Q4_0, q4_0)
 TYPE_TESTS(Q4_K, q4_k)
 TYPE_TESTS(Q6_K, q6_k)
 
-/* The GPU tile configuration (128 x 128 tiles, 8 subgroups of 64 x 32) and NVIDIA's other
- * fragment shape (16 x 8 x 16), both through the emulation: the tiling code the tensor-core
- * path runs, checked on any device (a float type with a K tail and a K-quant; the staging of
- * every type is run_coopmat's). */
+/* The GPU tile configurations (128 x 128 tiles over 8 subgroups of 64 x 32; 64 x 128 up to 64
+ * rows) and NVIDIA's other fragment shape (16 x 8 x 16), through the emulation: the tiling code
+ * the tensor-core path runs, checked on any device (a float type with a K tail, then a K-quant;
+ * the staging of every type is run_coopmat's). */
 static void test_coopmat_gpu_configs(void **state)
 {
     vt_gpu *g = vt_gpu_get(state);
@@ -347,17 +347,15 @@ static void test_coopmat_gpu_configs(void **state)
         skip();
     g->dev->info.type = VKI_DEVICE_DISCRETE;
     g->dev->info.max_compute_shared_memory = 48 * 1024;
-    const uint32_t ns[2] = {16, 8};
+    /* one type per fragment shape: each pipeline costs seconds to compile on lavapipe */
+    const uint32_t ns[2] = {16, 8}, types[2] = {VKI_GGML_F32, VKI_GGML_Q4_K};
     for (int shape = 0; shape < 2; shape++) {
         g->dev->cm.n = ns[shape] % g->dev->cm.sg ? g->dev->cm.n : ns[shape];
-        static const uint32_t types[] = {VKI_GGML_F32, VKI_GGML_Q4_K}; /* staging: run_coopmat */
-        for (size_t i = 0; i < sizeof types / sizeof types[0]; i++) {
-            uint32_t type = types[i], K = is_float_type(type) ? 77 : 2 * block_of(type);
-            mm_case a = {.M = 129, .N = 130, .K = K, .y_pad = 2, .bias = true, .path = OP_MM_COOPMAT};
-            mm_case b = {.M = 31, .N = 7, .K = K, .x_pad = 1, .parts = 2, .path = OP_MM_COOPMAT};
-            run_case(g, &r, type, &a);
-            run_case(g, &r, type, &b);
-        }
+        uint32_t type = types[shape], K = is_float_type(type) ? 77 : 2 * block_of(type);
+        mm_case a = {.M = 129, .N = 130, .K = K, .y_pad = 2, .bias = true, .path = OP_MM_COOPMAT}; /* 128-row tiles */
+        mm_case b = {.M = 31, .N = 7, .K = K, .x_pad = 1, .parts = 2, .path = OP_MM_COOPMAT};      /* 64-row tiles */
+        run_case(g, &r, type, &a);
+        run_case(g, &r, type, &b);
     }
     g->dev->info = saved;
     g->dev->cm = saved_cm;
