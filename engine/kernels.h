@@ -10,34 +10,32 @@
 #define VKI_ENGINE_KERNELS_H
 
 #include "engine/device.h"
+#include "engine/weight_types.h"
 #include "shaders/vki_shared.h"
 
-/* Every weight type the matmul family runs, X(TYPE, name): VKI_GGML_<TYPE>, the kernels
- * VKK_{MATVEC,MATMUL,GET_ROWS}_<TYPE> and their SPIR-V modules matvec_<name>, ... (the same
- * list as shaders/shaders.cmake's). */
-#define VKK_WEIGHT_TYPES(X)                                                                        \
-    X(F32, f32) X(F16, f16) X(BF16, bf16) X(Q8_0, q8_0) X(Q4_0, q4_0) X(Q4_1, q4_1) X(Q5_0, q5_0)   \
-    X(Q5_1, q5_1) X(IQ4_NL, iq4_nl) X(Q2_K, q2_k) X(Q3_K, q3_k) X(Q4_K, q4_k) X(Q5_K, q5_k)        \
-    X(Q6_K, q6_k) X(IQ4_XS, iq4_xs)
-
-#define VKK_MATMUL_IDS(T, t) VKK_MATVEC_##T, VKK_MATMUL_##T, VKK_GET_ROWS_##T,
+/* Per weight type: matrix-vector, tiled FP32 GEMM, cooperative-matrix GEMM (NV tensor cores)
+ * and its plain-GLSL emulation (CME), row gather. */
+#define VKK_MM_IDS(T, t) VKK_MATVEC_##T, VKK_MATMUL_##T, VKK_MATMUL_CM_##T, VKK_MATMUL_CME_##T, VKK_GET_ROWS_##T,
 
 typedef enum vkk_id {
     VKK_ADD,
-    /* matmul family (engine/ops_matmul.c): matrix-vector, tiled GEMM and row gather per
-     * weight type */
-    VKK_WEIGHT_TYPES(VKK_MATMUL_IDS)
+    /* matmul family (engine/ops_matmul.c) */
+    VKK_WEIGHT_TYPES(VKK_MM_IDS)
     /* row norms and elementwise ops (engine/ops_basic.c) */
     VKK_RMSNORM, VKK_ROPE, VKK_SWIGLU, VKK_SOFTMAX,
-    /* paged KV writes and attention (engine/ops_attn.c), per KV element type */
+    /* paged KV writes and attention (engine/ops_attn.c), per KV element type; prefill also on
+     * cooperative matrices (CM) and their emulation (CME) */
     VKK_KV_WRITE_F16, VKK_KV_WRITE_F32, VKK_ATTN_DECODE_F16, VKK_ATTN_DECODE_F32,
     VKK_ATTN_PREFILL_F16, VKK_ATTN_PREFILL_F32, VKK_ATTN_REDUCE,
+    VKK_ATTN_PREFILL_CM_F16, VKK_ATTN_PREFILL_CM_F32, VKK_ATTN_PREFILL_CME_F16, VKK_ATTN_PREFILL_CME_F32,
     /* sampling stage (engine/ops_sample.c) */
     VKK_SAMPLE,
+    /* cooperative-matrix peak: a pure multiply-add loop (tools/bench_kernels.c) */
+    VKK_CM_PEAK, VKK_CM_PEAK_EMU,
     VKK_COUNT
 } vkk_id;
 
-#define VKK_MAX_SPEC 8
+#define VKK_MAX_SPEC 12
 #define VKK_MAX_BINDINGS 8
 
 typedef struct vkk_desc {
