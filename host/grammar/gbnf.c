@@ -613,6 +613,19 @@ bool gram_class_meets(const gram_grammar *g, uint32_t c, uint32_t lo, uint32_t h
     return a < g->cls[c + 1] && g->ranges[a].lo <= hi;
 }
 
+bool gram_class_covers(const gram_grammar *g, uint32_t c, uint32_t lo, uint32_t hi)
+{
+    uint32_t a = g->cls[c], b = g->cls[c + 1];
+    while (a < b) { /* the range that would hold lo */
+        uint32_t mid = (a + b) / 2;
+        if (g->ranges[mid].hi < lo)
+            a = mid + 1;
+        else
+            b = mid;
+    }
+    return a < g->cls[c + 1] && g->ranges[a].lo <= lo && g->ranges[a].hi >= hi;
+}
+
 /* Rules that may match the empty string (fixpoint; a few passes in practice). */
 static void nullable_rules(const gram_grammar *g, uint8_t *nul)
 {

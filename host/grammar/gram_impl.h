@@ -32,9 +32,11 @@ struct gram_grammar {
     uint32_t n_classes;
 };
 
-/* Whether class c of g contains code point cp / some code point in [lo, hi]. O(log ranges). */
+/* Whether class c of g contains code point cp / some code point in [lo, hi]. O(log ranges).
+ * Ranges are merged, so a class covers an interval only if one range does. */
 bool gram_class_has(const gram_grammar *g, uint32_t c, uint32_t cp);
 bool gram_class_meets(const gram_grammar *g, uint32_t c, uint32_t lo, uint32_t hi);
+bool gram_class_covers(const gram_grammar *g, uint32_t c, uint32_t lo, uint32_t hi); /* all of [lo, hi] */
 
 /* The vocabulary trie, nodes in depth-first preorder (a node's subtree is the nodes up to
  * next[i]), so a walk is one forward pass that jumps over rejected subtrees. */

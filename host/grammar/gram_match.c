@@ -47,7 +47,6 @@ typedef struct frame {
 
 /* What the trie walk from a position's local stack found (see the header comment). */
 typedef struct local_info {
-    bool done;
     bool dense;               /* tokens as a bitset [words], else a list [n_tok] */
     uint32_t *tok;
     uint32_t n_tok;
@@ -68,7 +67,9 @@ struct gram_automaton {
     gram_limits lim;
     uint32_t words;           /* mask words: ceil(n_vocab / 32) */
     uint64_t bytes;           /* memory held by the caches */
-    uint64_t walk_nodes;
+    uint64_t walk_nodes;      /* trie nodes visited by all walks */
+    uint64_t walk_by[3];      /* ... by local walks, context walks, partial-character walks */
+    uint32_t walk_kind;       /* which of those the current walk is */
     /* frames */
     frame *fr;                /* [cap_fr] */
     uint32_t *succ;           /* [cap_fr] set after the top character matched, NONE = unknown */
@@ -86,13 +87,15 @@ struct gram_automaton {
     u32map set_map;
     /* DFA states */
     uint32_t *st_set, *st_part; /* [cap_st] the set and the partial character (0: none) */
+    uint8_t *st_pop;          /* [cap_st] 1: no partial character and the set holds F_POPPED */
     int32_t *trans;           /* [cap_st][256] TR_UNKNOWN, TR_REJECT or a state */
     uint32_t **st_mask;       /* [cap_st] cached mask or NULL */
     uint32_t *st_allowed;     /* [cap_st] bits set in the cached mask */
     uint32_t n_st, cap_st;
     u32map st_map;
-    local_info *loc;          /* [g->n_elems] per element position */
-    uint32_t n_loc;
+    local_info *loc;          /* [n_loc] local walks, by their local stack (loc_of) */
+    uint32_t n_loc, cap_loc;
+    uint32_t *loc_of;         /* [cap_fr] the local walk of a local stack's top frame, NONE = not yet */
     /* scratch */
     uint32_t *list;           /* a set being built */
     uint32_t n_list, cap_list;
@@ -216,17 +219,18 @@ static uint32_t frame_id(gram_automaton *a, uint32_t pos, uint32_t parent)
              (unsigned long long)(a->lim.max_bytes >> 20));
         return NONE;
     }
-    uint64_t cap = a->cap_fr, c2 = cap, c3 = cap, c4 = cap;
+    uint64_t cap = a->cap_fr, c2 = cap, c3 = cap, c4 = cap, c5 = cap;
     if (a->n_fr == cap && !(grow_arr(a, (void **)&a->fr, &cap, cap + 1, sizeof *a->fr) &&
                             grow_arr(a, (void **)&a->succ, &c2, c2 + 1, sizeof *a->succ) &&
                             grow_arr(a, (void **)&a->resume, &c3, c3 + 1, sizeof *a->resume) &&
-                            grow_arr(a, (void **)&a->seen, &c4, c4 + 1, sizeof *a->seen))) {
+                            grow_arr(a, (void **)&a->seen, &c4, c4 + 1, sizeof *a->seen) &&
+                            grow_arr(a, (void **)&a->loc_of, &c5, c5 + 1, sizeof *a->loc_of))) {
         oom(a);
         return NONE;
     }
     if (cap > a->cap_fr) {
         for (uint64_t k = a->cap_fr; k < cap; k++)
-            a->succ[k] = a->resume[k] = NONE, a->seen[k] = 0;
+            a->succ[k] = a->resume[k] = a->loc_of[k] = NONE, a->seen[k] = 0;
         a->cap_fr = (uint32_t)cap;
     }
     uint32_t id = a->n_fr++;
@@ -440,10 +444,14 @@ static vki_status resume_of(gram_automaton *a, uint32_t f, uint32_t *out)
 
 /* ---- DFA states ----------------------------------------------------------------------------------- */
 
-/* Partial character encoding: 0 = none; else len (2..4) << 28 | bytes still needed << 24 | value. */
-#define PART(len, need, val) ((uint32_t)(len) << 28 | (uint32_t)(need) << 24 | (val))
-#define PART_LEN(p) ((p) >> 28)
-#define PART_NEED(p) (((p) >> 24) & 0xF)
+/* Partial character encoding: 0 = none; else len (2..4) << 29 | bytes still needed << 24 | the
+ * value so far. PART_ANY: every stack of the set takes every character the bytes can still become,
+ * so the value is dropped and all such states of one set are one state (inside a JSON string, one
+ * state per byte position instead of one per prefix: the masks are shared). */
+#define PART(len, need, val) ((uint32_t)(len) << 29 | (uint32_t)(need) << 24 | (val))
+#define PART_ANY (1u << 28)
+#define PART_LEN(p) ((p) >> 29)
+#define PART_NEED(p) (((p) >> 24) & 0x7)
 #define PART_VAL(p) ((p) & 0xFFFFFF)
 
 static vki_status state_id(gram_automaton *a, uint32_t set, uint32_t part, uint32_t *out)
@@ -461,8 +469,9 @@ static vki_status state_id(gram_automaton *a, uint32_t set, uint32_t part, uint3
         return fail(a, VKI_ERR_OUT_OF_HOST_MEMORY, "grammar: the matcher's caches passed their limit of %llu MiB",
                     (unsigned long long)(a->lim.max_bytes >> 20));
     if (a->n_st == a->cap_st) {
-        uint64_t c = a->cap_st, c1 = c, c2 = c, c3 = c, ct = c * 256;
+        uint64_t c = a->cap_st, c1 = c, c2 = c, c3 = c, c4 = c, ct = c * 256;
         if (!grow_arr(a, (void **)&a->st_set, &c, c + 1, sizeof *a->st_set) ||
+            !grow_arr(a, (void **)&a->st_pop, &c4, c4 + 1, sizeof *a->st_pop) ||
             !grow_arr(a, (void **)&a->st_part, &c1, c1 + 1, sizeof *a->st_part) ||
             !grow_arr(a, (void **)&a->st_mask, &c2, c2 + 1, sizeof *a->st_mask) ||
             !grow_arr(a, (void **)&a->st_allowed, &c3, c3 + 1, sizeof *a->st_allowed) ||
@@ -473,6 +482,7 @@ static vki_status state_id(gram_automaton *a, uint32_t set, uint32_t part, uint3
     uint32_t id = a->n_st++;
     a->st_set[id] = set;
     a->st_part[id] = part;
+    a->st_pop[id] = !part && (a->set_flags[set] & SET_POPPED);
     a->st_mask[id] = NULL;
     a->st_allowed[id] = 0;
     for (int b = 0; b < 256; b++)
@@ -499,33 +509,37 @@ static bool top_meets(const gram_automaton *a, uint32_t s, uint32_t lo, uint32_t
     return lo == hi ? gram_class_has(a->g, e->arg, lo) : gram_class_meets(a->g, e->arg, lo, hi);
 }
 
-/* Set after a complete character: union of succ(s) over the stacks that take cp. */
-static vki_status step_cp(gram_automaton *a, uint32_t set, uint32_t cp, int32_t *out)
+/* Set after a complete character: union of succ(s) over the stacks that take cp (all: every
+ * stack, for a PART_ANY state). */
+static vki_status step_cp(gram_automaton *a, uint32_t set, uint32_t cp, bool all, int32_t *out)
 {
     uint32_t n, nx = 0;
     const uint32_t *items = set_items(a, set, &n);
     uint32_t take[n ? n : 1], succ[n ? n : 1];
     for (uint32_t k = 0; k < n; k++) /* pool may move while succ_of interns: copy first */
-        if (top_meets(a, items[k], cp, cp))
+        if (items[k] > F_POPPED && (all || top_meets(a, items[k], cp, cp)))
             take[nx++] = items[k];
     for (uint32_t k = 0; k < nx; k++) {
         vki_status st = succ_of(a, take[k], &succ[k]);
         if (st != VKI_OK)
             return st;
     }
-    list_reset(a);
-    for (uint32_t k = 0; k < nx; k++) {
-        uint32_t m;
-        const uint32_t *s2 = set_items(a, succ[k], &m);
-        for (uint32_t i = 0; i < m; i++)
-            if (!list_add(a, s2[i]))
-                return oom(a);
-    }
-    if (!a->n_list) {
+    if (!nx) {
         *out = TR_REJECT;
         return VKI_OK;
     }
-    uint32_t ns = set_id(a), q;
+    uint32_t ns = succ[0], q;
+    if (nx > 1) { /* a union to intern; one stack (the common case) reuses its memoised set */
+        list_reset(a);
+        for (uint32_t k = 0; k < nx; k++) {
+            uint32_t m;
+            const uint32_t *s2 = set_items(a, succ[k], &m);
+            for (uint32_t i = 0; i < m; i++)
+                if (!list_add(a, s2[i]))
+                    return oom(a);
+        }
+        ns = set_id(a);
+    }
     if (ns == NONE)
         return VKI_ERR_OUT_OF_HOST_MEMORY;
     vki_status st = state_id(a, ns, 0, &q);
@@ -545,20 +559,28 @@ static vki_status step_partial(gram_automaton *a, uint32_t set, uint32_t len, ui
     if (hi > max_cp[len])
         hi = max_cp[len];
     *out = TR_REJECT;
-    if (lo > hi)
+    if (lo > hi || (len == 3 && lo >= 0xD800 && hi <= 0xDFFF)) /* overlong, or a surrogate */
         return VKI_OK;
+    /* once the bytes so far can only become valid characters (after the lead byte of a 2-byte
+     * character, after two bytes of longer ones), the value matters only if some stack takes
+     * part of [lo, hi] */
+    bool settled = len == 2 || need + 2 <= len, any = settled;
     uint32_t n;
     const uint32_t *items = set_items(a, set, &n);
     list_reset(a);
-    for (uint32_t k = 0; k < n; k++)
-        if (top_meets(a, items[k], lo, hi) && !list_add(a, items[k]))
+    for (uint32_t k = 0; k < n; k++) {
+        if (!top_meets(a, items[k], lo, hi))
+            continue;
+        if (!list_add(a, items[k]))
             return oom(a);
+        any = any && gram_class_covers(a->g, a->g->elems[a->fr[items[k]].pos].arg, lo, hi);
+    }
     if (!a->n_list)
         return VKI_OK;
     uint32_t ns = set_id(a), q;
     if (ns == NONE)
         return VKI_ERR_OUT_OF_HOST_MEMORY;
-    vki_status st = state_id(a, ns, PART(len, need, val), &q);
+    vki_status st = state_id(a, ns, any ? PART(len, need, 0) | PART_ANY : PART(len, need, val), &q);
     *out = (int32_t)q;
     return st;
 }
@@ -569,19 +591,27 @@ static vki_status delta_compute(gram_automaton *a, uint32_t q, uint8_t b, int32_
     *out = TR_REJECT;
     if (!part) {
         if (b < 0x80)
-            return step_cp(a, set, b, out);
+            return step_cp(a, set, b, false, out);
         uint32_t len = b >= 0xC2 && b < 0xE0 ? 2 : b >= 0xE0 && b < 0xF0 ? 3 : b >= 0xF0 && b < 0xF5 ? 4 : 0;
         return len ? step_partial(a, set, len, len - 1, b & (0x7Fu >> len), out) : VKI_OK;
     }
     if ((b & 0xC0) != 0x80)
         return VKI_OK;
     uint32_t len = PART_LEN(part), need = PART_NEED(part) - 1, val = PART_VAL(part) << 6 | (b & 0x3Fu);
+    if (part & PART_ANY) { /* every continuation is valid and taken by every stack */
+        if (!need)
+            return step_cp(a, set, 0, true, out);
+        uint32_t r;
+        vki_status st = state_id(a, set, PART(len, need, 0) | PART_ANY, &r);
+        *out = (int32_t)r;
+        return st;
+    }
     if (need)
         return step_partial(a, set, len, need, val, out);
     static const uint32_t min_cp[5] = {0, 0, 0x80, 0x800, 0x10000};
     if (val < min_cp[len] || val > GRAM_MAX_CP || (val >= 0xD800 && val < 0xE000))
         return VKI_OK;
-    return step_cp(a, set, val, out);
+    return step_cp(a, set, val, false, out);
 }
 
 /* delta(q, b), filled on first use. */
@@ -608,45 +638,62 @@ static inline vki_status delta(gram_automaton *a, uint32_t q, uint8_t b, int32_t
 static vki_status walk(gram_automaton *a, uint32_t q0, uint32_t i0, uint32_t i1, uint32_t d0, uint32_t *mask, bool deps)
 {
     const gram_vocab *v = a->v;
+    const uint8_t *byte = v->byte;
+    const uint16_t *depth = v->depth;
+    const uint32_t *next = v->next, *n_tok = v->n_tok, *tok0 = v->tok0;
+    const int32_t *ids = v->tok_ids;
     int32_t *st = a->walk_st;
     st[d0] = (int32_t)q0;
     uint32_t i = i0, visited = 0;
     while (i < i1) {
         visited++;
-        int32_t r;
-        vki_status s = delta(a, (uint32_t)st[v->depth[i] - 1], v->byte[i], &r);
-        if (s != VKI_OK)
-            return s;
+        uint32_t d = depth[i];
+        int32_t r = a->trans[(size_t)st[d - 1] * 256 + byte[i]];
+        if (r == TR_UNKNOWN) {
+            vki_status s = delta(a, (uint32_t)st[d - 1], byte[i], &r);
+            if (s != VKI_OK)
+                return s;
+        }
         if (r < 0) {
-            i = v->next[i];
+            i = next[i];
             continue;
         }
-        st[v->depth[i]] = r;
-        for (uint32_t k = 0; k < v->n_tok[i]; k++) {
-            uint32_t id = (uint32_t)v->tok_ids[v->tok0[i] + k];
+        st[d] = r;
+        for (uint32_t k = 0, n = n_tok[i]; k < n; k++) {
+            uint32_t id = (uint32_t)ids[tok0[i] + k];
             mask[id >> 5] |= 1u << (id & 31);
         }
-        if (deps && a->st_part[r] == 0 && (a->set_flags[a->st_set[r]] & SET_POPPED)) {
-            for (uint32_t c = i + 1; c < v->next[i]; c = v->next[c]) { /* the node's children */
+        if (deps && a->st_pop[r]) {
+            for (uint32_t c = i + 1; c < next[i]; c = next[c]) { /* the node's children */
                 uint64_t cap = a->cap_deps;
                 if (!grow_arr(a, (void **)&a->deps, &cap, (uint64_t)a->n_deps * 2 + 2, sizeof *a->deps))
                     return oom(a);
                 a->cap_deps = (uint32_t)cap;
-                a->deps[2 * a->n_deps] = v->byte[c];
+                a->deps[2 * a->n_deps] = byte[c];
                 a->deps[2 * a->n_deps++ + 1] = c;
             }
         }
         i++;
     }
     a->walk_nodes += visited;
+    a->walk_by[a->walk_kind] += visited;
     return VKI_OK;
+}
+
+/* Bits set in x. SWAR, because the portable build has no POPCNT instruction and the compiler's
+ * fallback is a table call per word (measured: 4x slower over a 128k-token mask). */
+static inline uint32_t pop32(uint32_t x)
+{
+    x = x - ((x >> 1) & 0x55555555u);
+    x = (x & 0x33333333u) + ((x >> 2) & 0x33333333u);
+    return (((x + (x >> 4)) & 0x0F0F0F0Fu) * 0x01010101u) >> 24;
 }
 
 static uint32_t popcount_words(const uint32_t *m, uint32_t words)
 {
     uint32_t n = 0;
     for (uint32_t w = 0; w < words; w++)
-        n += (uint32_t)__builtin_popcount(m[w]);
+        n += pop32(m[w]);
     return n;
 }
 
@@ -668,52 +715,97 @@ static vki_status deps_by_byte(gram_automaton *a, local_info *L)
     return VKI_OK;
 }
 
-/* The local walk of position pos (a GE_CHAR element), once per automaton. */
-static vki_status local_of(gram_automaton *a, uint32_t pos, const local_info **out)
+/* Walks the trie from the local stack `key` (a chain of frames ending in F_POPPED, or a whole
+ * stack ending in F_EMPTY) and keeps what it found. Once per local stack and automaton. */
+static vki_status local_walk(gram_automaton *a, uint32_t key, local_info *L)
 {
-    local_info *L = &a->loc[pos];
-    if (!L->done) {
-        uint32_t s = frame_id(a, pos, F_POPPED), set, q;
-        if (s == NONE)
-            return VKI_ERR_OUT_OF_HOST_MEMORY;
-        list_reset(a);
-        if (!list_add(a, s))
-            return oom(a);
-        if ((set = set_id(a)) == NONE)
-            return VKI_ERR_OUT_OF_HOST_MEMORY;
-        vki_status st = state_id(a, set, 0, &q);
-        uint32_t *m = calloc(a->words, sizeof *m);
-        if (st == VKI_OK && !m)
-            st = oom(a);
-        a->n_deps = 0;
-        if (st == VKI_OK)
-            st = walk(a, q, 0, a->v->n_nodes, 0, m, true);
-        if (st != VKI_OK) {
-            free(m);
-            return st;
-        }
-        uint32_t n = popcount_words(m, a->words);
-        L->dense = (uint64_t)n * 32 >= a->v->n_vocab;
-        if (!L->dense) { /* sparse: the ids, smaller than the bitset */
-            uint32_t *ids = malloc((n ? n : 1) * sizeof *ids), k = 0;
-            if (!ids) {
-                free(m);
-                return oom(a);
-            }
-            for (uint32_t w = 0; w < a->words; w++)
-                for (uint32_t bits = m[w]; bits; bits &= bits - 1)
-                    ids[k++] = w * 32 + (uint32_t)__builtin_ctz(bits);
-            free(m);
-            m = ids;
-        }
-        L->tok = m;
-        L->n_tok = n;
-        if (a->n_deps && (st = deps_by_byte(a, L)) != VKI_OK)
-            return st;
-        a->bytes += (L->dense ? (uint64_t)a->words : n) * 4 + (a->n_deps ? 257 + (uint64_t)a->n_deps : 0) * 4;
-        L->done = true;
+    uint32_t set, q;
+    list_reset(a);
+    if (!list_add(a, key))
+        return oom(a);
+    if ((set = set_id(a)) == NONE)
+        return VKI_ERR_OUT_OF_HOST_MEMORY;
+    vki_status st = state_id(a, set, 0, &q);
+    uint32_t *m = calloc(a->words, sizeof *m);
+    if (st == VKI_OK && !m)
+        st = oom(a);
+    a->n_deps = 0;
+    a->walk_kind = 0;
+    if (st == VKI_OK)
+        st = walk(a, q, 0, a->v->n_nodes, 0, m, true);
+    if (st != VKI_OK) {
+        free(m);
+        return st;
     }
-    *out = L;
+    uint32_t n = popcount_words(m, a->words);
+    L->dense = (uint64_t)n * 32 >= a->v->n_vocab;
+    if (!L->dense) { /* sparse: the ids, smaller than the bitset */
+        uint32_t *ids = malloc((n ? n : 1) * sizeof *ids), k = 0;
+        if (!ids) {
+            free(m);
+            return oom(a);
+        }
+        for (uint32_t w = 0; w < a->words; w++)
+            for (uint32_t bits = m[w]; bits; bits &= bits - 1)
+                ids[k++] = w * 32 + (uint32_t)__builtin_ctz(bits);
+        free(m);
+        m = ids;
+    }
+    L->tok = m;
+    L->n_tok = n;
+    if (a->n_deps && (st = deps_by_byte(a, L)) != VKI_OK)
+        return st;
+    a->bytes += (L->dense ? (uint64_t)a->words : n) * 4 + (a->n_deps ? 257 + (uint64_t)a->n_deps : 0) * 4;
+    return VKI_OK;
+}
+
+/* How many frames of a stack the local walks keep. The walk is shared by every stack whose top
+ * LOCAL_DEPTH frames are the same, and it stops (records a dependency) where the stack pops below
+ * them. 3 frames hold a whole JSON string (character class, the repetition's return point, the
+ * closing quote), so a string's content is one walk for every string of the grammar and only the
+ * tokens that close the string depend on the context; fewer frames would make every multi-
+ * character token inside a string context-dependent. */
+#define LOCAL_DEPTH 3
+
+/* The local stack of s: its top LOCAL_DEPTH positions over F_POPPED (or s itself when it is not
+ * deeper than that); *below = the real frame under them (<= F_POPPED: none). */
+static vki_status local_key(gram_automaton *a, uint32_t s, uint32_t *key, uint32_t *below)
+{
+    uint32_t pos[LOCAL_DEPTH], k = 0, f = s;
+    for (; k < LOCAL_DEPTH && f > F_POPPED; k++, f = a->fr[f].parent)
+        pos[k] = a->fr[f].pos;
+    *below = f;
+    if (f <= F_POPPED) { /* the whole stack fits: the walk is exact */
+        *key = s;
+        return VKI_OK;
+    }
+    uint32_t l = F_POPPED;
+    while (k-- > 0)
+        if ((l = frame_id(a, pos[k], l)) == NONE)
+            return VKI_ERR_OUT_OF_HOST_MEMORY;
+    *key = l;
+    return VKI_OK;
+}
+
+static vki_status local_of(gram_automaton *a, uint32_t key, const local_info **out)
+{
+    if (a->loc_of[key] == NONE) {
+        uint64_t cap = a->cap_loc;
+        if (!grow_arr(a, (void **)&a->loc, &cap, a->n_loc + 1, sizeof *a->loc))
+            return oom(a);
+        a->cap_loc = (uint32_t)cap;
+        local_info *L = &a->loc[a->n_loc];
+        memset(L, 0, sizeof *L);
+        vki_status st = local_walk(a, key, L);
+        if (st != VKI_OK) {
+            free(L->tok);
+            free(L->dep_off);
+            free(L->dep_node);
+            return st;
+        }
+        a->loc_of[key] = a->n_loc++;
+    }
+    *out = &a->loc[a->loc_of[key]];
     return VKI_OK;
 }
 
@@ -721,8 +813,10 @@ static vki_status local_of(gram_automaton *a, uint32_t pos, const local_info **o
 static vki_status stack_mask(gram_automaton *a, uint32_t s)
 {
     const local_info *L = NULL;
-    uint32_t pos = a->fr[s].pos, parent = a->fr[s].parent;
-    vki_status st = local_of(a, pos, &L);
+    uint32_t key, below;
+    vki_status st = local_key(a, s, &key, &below);
+    if (st == VKI_OK)
+        st = local_of(a, key, &L);
     if (st != VKI_OK)
         return st;
     if (L->dense)
@@ -731,13 +825,13 @@ static vki_status stack_mask(gram_automaton *a, uint32_t s)
     else
         for (uint32_t k = 0; k < L->n_tok; k++)
             a->mask[L->tok[k] >> 5] |= 1u << (L->tok[k] & 31);
-    if (!L->dep_off || parent <= F_POPPED)
-        return VKI_OK; /* nothing can follow the end of the grammar */
+    if (!L->dep_off || below <= F_POPPED)
+        return VKI_OK;
     uint32_t set, q;
-    if ((st = resume_of(a, parent, &set)) != VKI_OK || (st = state_id(a, set, 0, &q)) != VKI_OK)
+    if ((st = resume_of(a, below, &set)) != VKI_OK || (st = state_id(a, set, 0, &q)) != VKI_OK)
         return st;
-    /* Only the bytes the parent context takes next: inside a JSON string, the tokens that
-     * continue with '"' are the only ones walked. */
+    /* Only the bytes the context below takes next: inside a JSON string value, only the tokens
+     * that close the string and go on with ',' '}' or whitespace are walked. */
     const gram_vocab *v = a->v;
     for (int b = 0; b < 256 && st == VKI_OK; b++) {
         int32_t r;
@@ -751,6 +845,7 @@ static vki_status stack_mask(gram_automaton *a, uint32_t s)
                 uint32_t id = (uint32_t)v->tok_ids[v->tok0[c] + t];
                 a->mask[id >> 5] |= 1u << (id & 31);
             }
+            a->walk_kind = 1;
             st = walk(a, (uint32_t)r, c + 1, v->next[c], v->depth[c], a->mask, false);
         }
     }
@@ -772,6 +867,7 @@ vki_status gram_mask(gram_automaton *a, gram_state q, const uint32_t **mask, uin
     memset(a->mask, 0, (size_t)a->words * sizeof *a->mask);
     vki_status st = VKI_OK;
     if (a->st_part[q]) {
+        a->walk_kind = 2;
         st = walk(a, q, 0, a->v->n_nodes, 0, a->mask, false);
     } else {
         uint32_t n, set = a->st_set[q];
@@ -879,11 +975,65 @@ void gram_automaton_stats(const gram_automaton *a, gram_stats *o)
     uint32_t masks = 0, positions = 0;
     for (uint32_t q = 0; q < a->n_st; q++)
         masks += a->st_mask[q] != NULL;
-    for (uint32_t p = 0; p < a->n_loc; p++)
-        positions += a->loc[p].done;
+    positions = a->n_loc;
     *o = (gram_stats){.frames = a->n_fr, .sets = a->n_sets, .states = a->n_st, .masks = masks,
-                      .positions = positions, .bytes = a->bytes, .walk_nodes = a->walk_nodes};
+                      .positions = positions, .bytes = a->bytes, .walk_nodes = a->walk_nodes,
+                      .walk_local = a->walk_by[0], .walk_context = a->walk_by[1], .walk_partial = a->walk_by[2]};
 }
+
+/* ---- one request ------------------------------------------------------------------------------------ */
+
+vki_status gram_req_init(gram_req *r, gram_automaton *a, const int32_t *end_ids, uint32_t n_end, char *err,
+                         size_t n_err)
+{
+    *r = (gram_req){.a = a, .end_ids = end_ids, .n_end = n_end};
+    r->mask = malloc((size_t)a->words * sizeof *r->mask);
+    if (!r->mask)
+        return VKI_ERR_OUT_OF_HOST_MEMORY;
+    vki_status st = gram_start(a, &r->q, err, n_err);
+    if (st != VKI_OK)
+        gram_req_free(r);
+    return st;
+}
+
+void gram_req_free(gram_req *r)
+{
+    free(r->mask);
+    r->mask = NULL;
+}
+
+vki_status gram_req_mask(gram_req *r, uint32_t *n_allowed, char *err, size_t n_err)
+{
+    const uint32_t *m = NULL;
+    uint32_t n = 0;
+    vki_status st = gram_mask(r->a, r->q, &m, &n, err, n_err);
+    if (st != VKI_OK)
+        return st;
+    memcpy(r->mask, m, (size_t)r->a->words * sizeof *m);
+    if (gram_can_end(r->a, r->q))
+        for (uint32_t k = 0; k < r->n_end; k++) {
+            uint32_t id = (uint32_t)r->end_ids[k];
+            if (id < r->a->v->n_vocab && !(r->mask[id >> 5] >> (id & 31) & 1)) {
+                r->mask[id >> 5] |= 1u << (id & 31);
+                n++;
+            }
+        }
+    *n_allowed = n;
+    return VKI_OK;
+}
+
+vki_status gram_req_accept(gram_req *r, int32_t token, bool *ended, char *err, size_t n_err)
+{
+    *ended = false;
+    for (uint32_t k = 0; k < r->n_end && gram_can_end(r->a, r->q); k++)
+        if (r->end_ids[k] == token) {
+            *ended = true;
+            return VKI_OK;
+        }
+    return gram_advance(r->a, r->q, token, &r->q, err, n_err);
+}
+
+bool gram_req_complete(const gram_req *r) { return gram_is_final(r->a, r->q); }
 
 /* ---- lifetime -------------------------------------------------------------------------------------- */
 
@@ -899,9 +1049,9 @@ void gram_automaton_free(gram_automaton *a)
         free(a->loc[p].dep_node);
     }
     free(a->loc);
-    free(a->fr), free(a->succ), free(a->resume), free(a->seen), free(a->fr_map.slot);
+    free(a->fr), free(a->succ), free(a->resume), free(a->seen), free(a->loc_of), free(a->fr_map.slot);
     free(a->pool), free(a->set_off), free(a->set_len), free(a->set_flags), free(a->set_map.slot);
-    free(a->st_set), free(a->st_part), free(a->trans), free(a->st_mask), free(a->st_allowed), free(a->st_map.slot);
+    free(a->st_set), free(a->st_part), free(a->st_pop), free(a->trans), free(a->st_mask), free(a->st_allowed), free(a->st_map.slot);
     free(a->list), free(a->work), free(a->visit.slot), free(a->visit_key), free(a->walk_st), free(a->deps);
     free(a->mask);
     gram_grammar_free(a->g);
@@ -920,12 +1070,10 @@ vki_status gram_automaton_create(gram_grammar *g, const gram_vocab *v, const gra
     a->v = v;
     a->lim = lim ? *lim : gram_default_limits();
     a->words = (v->n_vocab + 31) / 32;
-    a->n_loc = g->n_elems;
-    a->loc = calloc(g->n_elems, sizeof *a->loc);
     a->walk_st = malloc(((size_t)v->max_depth + 2) * sizeof *a->walk_st);
     a->mask = malloc((size_t)a->words * sizeof *a->mask);
     a->visit_key = malloc(128 * sizeof *a->visit_key); /* half the visit map's 256 slots */
-    bool ok = a->loc && a->walk_st && a->mask && a->visit_key && map_init(&a->fr_map, 256) && map_init(&a->set_map, 256) &&
+    bool ok = a->walk_st && a->mask && a->visit_key && map_init(&a->fr_map, 256) && map_init(&a->set_map, 256) &&
               map_init(&a->st_map, 256) && map_init(&a->visit, 256);
     /* frames 0 (empty) and 1 (popped) exist before anything else */
     ok = ok && frame_id(a, NONE, F_EMPTY) == 0 && frame_id(a, NONE, F_POPPED) == 1;
@@ -934,7 +1082,7 @@ vki_status gram_automaton_create(gram_grammar *g, const gram_vocab *v, const gra
         gram_automaton_free(a);
         return VKI_ERR_OUT_OF_HOST_MEMORY;
     }
-    a->bytes += (uint64_t)g->n_elems * sizeof *a->loc + (uint64_t)a->words * 4;
+    a->bytes += (uint64_t)a->words * 4;
     *out = a;
     return VKI_OK;
 }

@@ -110,10 +110,37 @@ vki_status gram_advance_bytes(gram_automaton *a, gram_state s, const void *bytes
 /* Whether a whole text is in the grammar's language (tests, tool-call checks). */
 bool gram_accepts(gram_automaton *a, const char *text, size_t n);
 
+/* ---- one constrained request -------------------------------------------------------------------- */
+
+/* A request's constraint: its state in a shared automaton, the tokens that end it, and the mask
+ * buffer the sampler reads. What the batch manager does per constrained token is exactly
+ * gram_req_mask (before the step) + gram_req_accept (after it); tools/grammar_bench.c times these. */
+typedef struct gram_req {
+    gram_automaton *a;        /* shared, not owned */
+    gram_state q;
+    const int32_t *end_ids;   /* [n_end] allowed where the grammar may end (not owned) */
+    uint32_t n_end;
+    uint32_t *mask;           /* [ceil(n_vocab / 32)] owned: allowed tokens for the next step */
+} gram_req;
+
+/* Starts r at the automaton's start state (mask allocated here). */
+vki_status gram_req_init(gram_req *r, gram_automaton *a, const int32_t *end_ids, uint32_t n_end, char *err,
+                         size_t n_err);
+void gram_req_free(gram_req *r);
+/* Fills r->mask for the next token: the grammar's tokens, plus the end tokens where the output
+ * may stop. *n_allowed: bits set (0: the grammar admits nothing here; the caller ends the request). */
+vki_status gram_req_mask(gram_req *r, uint32_t *n_allowed, char *err, size_t n_err);
+/* Advances by a sampled token. *ended: it was an end token at a point where the grammar may stop.
+ * VKI_ERR_INVALID_ARG when the token was not allowed (a mask was not applied). */
+vki_status gram_req_accept(gram_req *r, int32_t token, bool *ended, char *err, size_t n_err);
+/* Nothing but an end token can follow (the grammar is complete). */
+bool gram_req_complete(const gram_req *r);
+
 typedef struct gram_stats {
     uint32_t frames, sets, states, masks, positions; /* cache entries */
     uint64_t bytes;                                  /* their memory */
-    uint64_t walk_nodes;                             /* trie nodes visited so far */
+    uint64_t walk_nodes;                             /* trie nodes visited so far, by */
+    uint64_t walk_local, walk_context, walk_partial; /* local, context and partial-char walks */
 } gram_stats;
 void gram_automaton_stats(const gram_automaton *a, gram_stats *out);
 
