@@ -66,7 +66,7 @@ static const vkk_desc kernel_table[] = {
     [VKK_ATTN_REDUCE] = {"attn_reduce", SPV(attn_reduce), .n_bindings = 4, .push_size = sizeof(vki_pc_attn),
                          .n_spec = 1, .spec_default = {64}},
     /* engine/ops_sample.c: spec {WG} */
-    [VKK_SAMPLE] = {"sample", SPV(sample), .n_bindings = 5, .push_size = sizeof(vki_pc_sample),
+    [VKK_SAMPLE] = {"sample", SPV(sample), .n_bindings = 6, .push_size = sizeof(vki_pc_sample),
                     .n_spec = 1, .spec_default = {256}},
 };
 _Static_assert(sizeof kernel_table / sizeof kernel_table[0] == VKK_COUNT, "one table row per kernel");
