@@ -56,6 +56,17 @@ uint32_t gram_grammar_rules(const gram_grammar *g);
  * place, never a silent widening). VKI_ERR_INVALID_ARG with err = "json_schema: <path>: ...". */
 vki_status gram_schema_to_gbnf(const char *schema, size_t len, strbuf *out, char *err, size_t n_err);
 
+/* Several schemas in one grammar (tool calls: one per function): appends the rules that define
+ * `rule` as the JSON texts valid under schema (its $refs resolve inside it); rule names stay
+ * distinct and the shared rules (ws, json-string, ...) are written once across calls with the
+ * same ctx (zero-initialise it). path prefixes the error paths ("tools[2].parameters"). */
+typedef struct gram_schema_ctx {
+    uint32_t prims, n_rules;
+} gram_schema_ctx;
+struct json_value;
+vki_status gram_schema_rule(gram_schema_ctx *ctx, const struct json_value *schema, const char *rule, const char *path,
+                            strbuf *out, char *err, size_t n_err);
+
 /* ---- vocabularies ------------------------------------------------------------------------------- */
 
 typedef struct gram_vocab gram_vocab;

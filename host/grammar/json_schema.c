@@ -610,6 +610,32 @@ static bool gen(conv *c, const json_value *s, strbuf *e)
     return ok;
 }
 
+vki_status gram_schema_rule(gram_schema_ctx *ctx, const json_value *schema, const char *rule, const char *path,
+                            strbuf *out, char *err, size_t n_err)
+{
+    conv c = {.out = out, .root = schema, .err = err, .n_err = n_err, .prims = ctx->prims, .n_rules = ctx->n_rules};
+    strbuf e = {0};
+    size_t start = out->len;
+    if (path && *path && !put(&c, &c.path, path))
+        coom(&c);
+    if (c.st == VKI_OK && gen(&c, schema, &e))
+        emit_rule(&c, rule, e.p);
+    for (uint32_t i = 0; i < c.n_refs; i++)
+        free(c.refs[i].ref);
+    free(c.refs);
+    free(e.p);
+    free(c.path.p);
+    if (c.st != VKI_OK) {
+        out->len = start;
+        if (out->p)
+            out->p[start] = 0;
+        return c.st;
+    }
+    ctx->prims = c.prims;
+    ctx->n_rules = c.n_rules;
+    return VKI_OK;
+}
+
 vki_status gram_schema_to_gbnf(const char *schema, size_t len, strbuf *out, char *err, size_t n_err)
 {
     json_doc *doc;
@@ -620,21 +646,8 @@ vki_status gram_schema_to_gbnf(const char *schema, size_t len, strbuf *out, char
             snprintf(err, n_err, "json_schema: not valid JSON: %s", jerr);
         return st;
     }
-    conv c = {.out = out, .root = json_root(doc), .err = err, .n_err = n_err};
-    strbuf root = {0};
-    size_t start = out->len;
-    if (gen(&c, c.root, &root))
-        emit_rule(&c, "root", root.p);
-    for (uint32_t i = 0; i < c.n_refs; i++)
-        free(c.refs[i].ref);
-    free(c.refs);
-    free(root.p);
-    free(c.path.p);
+    gram_schema_ctx ctx = {0};
+    st = gram_schema_rule(&ctx, json_root(doc), "root", NULL, out, err, n_err);
     json_free(doc);
-    if (c.st != VKI_OK) {
-        out->len = start;
-        if (out->p)
-            out->p[start] = 0;
-    }
-    return c.st;
+    return st;
 }
