@@ -276,6 +276,9 @@ static const error_case schema_errors[] = {
     {"{\"type\": \"object\", \"properties\": {\"a\": false}}", "/properties/a: the schema false admits no value"},
     {"{\"type\": ", "json_schema: not valid JSON: at byte 9"},
     {"{\"a\": 1, \"a\": 2}", "duplicate key \"a\""},
+    {"{\"enum\": [\"\xff\"]}", "json_schema: (root): a name or value is not valid UTF-8"},
+    /* found by fuzz_grammar (it leaked): a non-ASCII name next to additionalProperties */
+    {"{\"properties\": {\"\u00e9\": {}}, \"additionalProperties\": true}", "non-ASCII characters cannot be told apart"},
 };
 
 static void test_schema_errors(void **state)

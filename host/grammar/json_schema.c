@@ -98,8 +98,32 @@ static bool emit_rule(conv *c, const char *name, const char *body)
 }
 
 /* Appends text as a GBNF string literal (the bytes must be UTF-8). */
+/* Whether s[0, n) is UTF-8 (shortest forms, no surrogates): grammars are UTF-8 text. */
+static bool utf8_ok(const char *s, size_t n)
+{
+    for (size_t i = 0; i < n;) {
+        unsigned char b = (unsigned char)s[i];
+        size_t len = b < 0x80 ? 1 : b >= 0xC2 && b < 0xE0 ? 2 : b >= 0xE0 && b < 0xF0 ? 3 : b >= 0xF0 && b < 0xF5 ? 4 : 0;
+        if (!len || n - i < len)
+            return false;
+        uint32_t cp = len == 1 ? b : b & (0x7Fu >> len);
+        for (size_t k = 1; k < len; k++) {
+            if (((unsigned char)s[i + k] & 0xC0) != 0x80)
+                return false;
+            cp = cp << 6 | ((unsigned char)s[i + k] & 0x3Fu);
+        }
+        static const uint32_t min_cp[5] = {0, 0, 0x80, 0x800, 0x10000};
+        if (cp < min_cp[len] || cp > 0x10FFFF || (cp >= 0xD800 && cp < 0xE000))
+            return false;
+        i += len;
+    }
+    return true;
+}
+
 static bool literal(conv *c, strbuf *e, const char *s, size_t n)
 {
+    if (!utf8_ok(s, n))
+        return cfail(c, "a name or value is not valid UTF-8");
     bool ok = strbuf_put(e, "\"", 1);
     for (size_t i = 0; i < n && ok; i++) {
         unsigned char ch = (unsigned char)s[i];
@@ -311,9 +335,11 @@ static bool extra_key(conv *c, const prop *props, size_t n, strbuf *e, const cha
         if (seen[b])
             continue;
         seen[b] = true;
-        if (b >= 0x80) /* a multi-byte character: excluded as a whole, so its lead byte never starts the rest */
-            return cfail(c, "property names with non-ASCII characters cannot be told apart from extra keys "
-                         "(set additionalProperties to false)");
+        if (b >= 0x80) { /* the trie works on bytes; classes on characters */
+            ok = cfail(c, "property names with non-ASCII characters cannot be told apart from extra keys "
+                       "(set additionalProperties to false)");
+            break;
+        }
         strbuf child = {0};
         ok = extra_key(c, props, n, &child, props[i].name, plen + 1) && (body.len ? put(c, &body, " | ") : true) &&
              literal(c, &body, (const char *)&b, 1) && put(c, &body, " ") && put(c, &body, child.p);
