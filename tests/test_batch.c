@@ -391,31 +391,6 @@ static size_t rec_text(const fake_engine *f, const rec *x, char *out, size_t cap
     return n;
 }
 
-static vki_status byte_piece(void *ctx, int32_t id, char *buf, size_t cap, size_t *n)
-{
-    (void)ctx;
-    buf[0] = (char)id;
-    *n = cap ? 1 : 0;
-    return VKI_OK;
-}
-
-/* Whether text is in the language of a GBNF grammar (checked byte by byte, independently of the
- * fake's vocabulary). */
-static bool in_language(const char *gbnf, const char *text, size_t n)
-{
-    gram_vocab *v;
-    gram_grammar *g;
-    gram_automaton *a;
-    char err[256];
-    assert_int_equal(gram_vocab_create(256, byte_piece, NULL, NULL, &v), VKI_OK);
-    if (gram_parse(gbnf, strlen(gbnf), &g, err, sizeof err) != VKI_OK)
-        fail_msg("%s", err);
-    assert_int_equal(gram_automaton_create(g, v, NULL, &a), VKI_OK);
-    bool ok = gram_accepts(a, text, n);
-    gram_automaton_free(a);
-    gram_vocab_free(v);
-    return ok;
-}
 
 /* Constrained requests (a GBNF grammar, a JSON schema, custom end ids, ignore_eos) in one batch
  * with unconstrained ones: the constrained outputs are in their grammar's language and end where
@@ -491,7 +466,7 @@ static void test_constrained(void **state)
         print_message("request %u: finish %d, %u tokens: %s%s%s\n", i, x->finish, x->n_tokens, text,
                       x->error[0] ? " / " : "", x->error);
         if (lang[i]) {
-            if (!in_language(lang[i], text, n))
+            if (!vt_in_grammar(lang[i], strlen(lang[i]), text, n))
                 fail_msg("request %u: \"%s\" is not in its grammar's language", i, text);
             assert_int_equal(x->finish, i == 11 ? VKI_FINISH_STOP : VKI_FINISH_EOS);
             if (i == 11)

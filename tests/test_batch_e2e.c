@@ -386,30 +386,6 @@ static void c_response(void *user, const vki_response *r)
     pthread_mutex_unlock(&c->mu);
 }
 
-static vki_status byte_piece(void *ctx, int32_t id, char *buf, size_t cap, size_t *n)
-{
-    (void)ctx;
-    buf[0] = (char)id;
-    *n = cap ? 1 : 0;
-    return VKI_OK;
-}
-
-/* Whether text is in a GBNF grammar's language, checked byte by byte. */
-static bool in_language(const char *gbnf, size_t len, const char *text, size_t n)
-{
-    gram_vocab *v;
-    gram_grammar *g;
-    gram_automaton *a;
-    char err[256];
-    assert_int_equal(gram_vocab_create(256, byte_piece, NULL, NULL, &v), VKI_OK);
-    if (gram_parse(gbnf, len, &g, err, sizeof err) != VKI_OK)
-        fail_msg("%s", err);
-    assert_int_equal(gram_automaton_create(g, v, NULL, &a), VKI_OK);
-    bool ok = gram_accepts(a, text, n);
-    gram_automaton_free(a);
-    gram_vocab_free(v);
-    return ok;
-}
 
 /* One batch: 6 unconstrained greedy requests, 4 constrained ones (a JSON schema greedy and
  * sampled, a GBNF grammar greedy and sampled) and one whose every token is banned. The
@@ -482,7 +458,7 @@ static void test_constrained_batch(void **state)
         assert_int_equal(vki_detokenize(tok, c->out[i], c->n_out[i] - 1, 0, text, sizeof text - 1, &len), VKI_OK);
         text[len] = 0;
         fprintf(stderr, "  constrained request %u (%s): %s\n", i, i < 8 ? "schema" : "gbnf", text);
-        bool ok = i < 8 ? in_language(sg.p, sg.len, text, len) : in_language(gbnf, strlen(gbnf), text, len);
+        bool ok = i < 8 ? vt_in_grammar(sg.p, sg.len, text, len) : vt_in_grammar(gbnf, strlen(gbnf), text, len);
         if (!ok)
             fail_msg("request %u: \"%s\" is not in its grammar's language", i, text);
         assert_true(vki_token_is_eog(tok, c->out[i][c->n_out[i] - 1]));

@@ -214,13 +214,6 @@ static void test_errors(void **state)
 
 /* ---- forced calls -------------------------------------------------------------------------------- */
 
-static vki_status byte_piece(void *ctx, int32_t id, char *buf, size_t cap, size_t *n)
-{
-    (void)ctx;
-    buf[0] = (char)id;
-    *n = cap ? 1 : 0;
-    return VKI_OK;
-}
 
 static gram_automaton *tool_grammar(gram_vocab *v, chat_tool_format f, const chat_tool_set *ts, const char *name,
                                     bool parallel, const char **prefix)
@@ -243,7 +236,7 @@ static void test_grammars(void **state)
 {
     (void)state;
     gram_vocab *v;
-    assert_int_equal(gram_vocab_create(256, byte_piece, NULL, NULL, &v), VKI_OK);
+    assert_int_equal(gram_vocab_create(256, vt_byte_piece, NULL, NULL, &v), VKI_OK);
     chat_tool_set *ts = tools_or_fail(TOOLS);
     const char *prefix;
     static const char w1[] = "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>";
@@ -419,7 +412,7 @@ static void test_grammar_round_trip(void **state)
     (void)state;
     vt_rng rng = vt_rng_seeded("tool round trip");
     gram_vocab *v;
-    assert_int_equal(gram_vocab_create(256, byte_piece, NULL, NULL, &v), VKI_OK);
+    assert_int_equal(gram_vocab_create(256, vt_byte_piece, NULL, NULL, &v), VKI_OK);
     chat_tool_set *ts = tools_or_fail(TOOLS);
     const chat_tool_format fs[] = {CHAT_TOOLS_HERMES, CHAT_TOOLS_LLAMA3, CHAT_TOOLS_MISTRAL};
     uint32_t total = 0;

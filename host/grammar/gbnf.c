@@ -15,6 +15,7 @@
 #include <string.h>
 
 #include "host/grammar/gram_impl.h"
+#include "host/util/json.h"
 
 typedef struct evec {
     gram_elem *v;
@@ -214,11 +215,6 @@ static void skip_space(gp *p, bool lines)
     }
 }
 
-static int hexval(char c)
-{
-    return c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
-}
-
 /* One UTF-8 character of the source into *cp. */
 static bool decode_utf8(gp *p, uint32_t *cp)
 {
@@ -264,7 +260,7 @@ static bool parse_char(gp *p, uint32_t *cp)
     }
     uint32_t v = 0;
     for (int k = 0; k < digits; k++, p->i++) {
-        int h = hexval(cur(p));
+        int h = json_hexval(cur(p));
         if (h < 0)
             return fail_at(p, at, "escape '\\%c' needs %d hex digits", e, digits);
         v = v << 4 | (uint32_t)h;
@@ -587,7 +583,8 @@ static bool parse_rule(gp *p)
 
 /* ---- checks and the final layout ------------------------------------------------------------------ */
 
-bool gram_class_has(const gram_grammar *g, uint32_t c, uint32_t cp)
+/* The first range of class c that ends at or after cp (cls[c + 1] when none). O(log ranges). */
+static uint32_t range_at(const gram_grammar *g, uint32_t c, uint32_t cp)
 {
     uint32_t lo = g->cls[c], hi = g->cls[c + 1];
     while (lo < hi) {
@@ -597,33 +594,25 @@ bool gram_class_has(const gram_grammar *g, uint32_t c, uint32_t cp)
         else
             hi = mid;
     }
-    return lo < g->cls[c + 1] && g->ranges[lo].lo <= cp;
+    return lo;
+}
+
+bool gram_class_has(const gram_grammar *g, uint32_t c, uint32_t cp)
+{
+    uint32_t r = range_at(g, c, cp);
+    return r < g->cls[c + 1] && g->ranges[r].lo <= cp;
 }
 
 bool gram_class_meets(const gram_grammar *g, uint32_t c, uint32_t lo, uint32_t hi)
 {
-    uint32_t a = g->cls[c], b = g->cls[c + 1];
-    while (a < b) { /* first range ending at or after lo */
-        uint32_t mid = (a + b) / 2;
-        if (g->ranges[mid].hi < lo)
-            a = mid + 1;
-        else
-            b = mid;
-    }
-    return a < g->cls[c + 1] && g->ranges[a].lo <= hi;
+    uint32_t r = range_at(g, c, lo);
+    return r < g->cls[c + 1] && g->ranges[r].lo <= hi;
 }
 
 bool gram_class_covers(const gram_grammar *g, uint32_t c, uint32_t lo, uint32_t hi)
 {
-    uint32_t a = g->cls[c], b = g->cls[c + 1];
-    while (a < b) { /* the range that would hold lo */
-        uint32_t mid = (a + b) / 2;
-        if (g->ranges[mid].hi < lo)
-            a = mid + 1;
-        else
-            b = mid;
-    }
-    return a < g->cls[c + 1] && g->ranges[a].lo <= lo && g->ranges[a].hi >= hi;
+    uint32_t r = range_at(g, c, lo);
+    return r < g->cls[c + 1] && g->ranges[r].lo <= lo && g->ranges[r].hi >= hi;
 }
 
 /* Rules that may match the empty string (fixpoint; a few passes in practice). */

@@ -95,7 +95,7 @@ static void skip_ws(parser *p)
         p->i++;
 }
 
-static int hexval(char c)
+int json_hexval(char c)
 {
     return c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
 }
@@ -106,7 +106,7 @@ static bool hex4(parser *p, uint32_t *v)
     if (p->n - p->i < 4)
         return perr(p, "truncated \\u escape");
     for (int k = 0; k < 4; k++) {
-        int h = hexval(p->s[p->i + k]);
+        int h = json_hexval(p->s[p->i + k]);
         if (h < 0)
             return perr(p, "bad hex digit in \\u escape");
         *v = *v << 4 | (uint32_t)h;

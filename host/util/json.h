@@ -63,6 +63,9 @@ bool json_is_str(const json_value *v, const char *s); /* a string equal to s */
 /* Deep equality (numbers by value, objects regardless of member order). */
 bool json_equal(const json_value *a, const json_value *b);
 
+/* The value of a hexadecimal digit, -1 for anything else (also the GBNF parser's escapes). */
+int json_hexval(char c);
+
 /* Writers append to b and return false when it could not grow. The spacing is Python's
  * json.dumps default (", " and ": "), which chat templates reproduce with `| tojson`; strings
  * escape '"', '\\' and control characters only (ensure_ascii=False); numbers are written as
