@@ -721,7 +721,8 @@ static bool flatten(gp *p, gram_grammar *g)
         g->rule_alt[r] = ai;
         for (uint32_t a = 0; a < t->n_alts; a++) {
             g->alts[ai++] = e;
-            memcpy(g->elems + e, t->alts[a].v, t->alts[a].n * sizeof *g->elems);
+            if (t->alts[a].n) /* an empty alternative has no buffer */
+                memcpy(g->elems + e, t->alts[a].v, t->alts[a].n * sizeof *g->elems);
             e += t->alts[a].n;
             g->elems[e++] = (gram_elem){GE_END, r};
         }

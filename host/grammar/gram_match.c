@@ -260,7 +260,7 @@ static uint32_t set_id(gram_automaton *a)
     uint32_t j = (uint32_t)h & (a->set_map.cap - 1);
     for (; a->set_map.slot[j]; j = (j + 1) & (a->set_map.cap - 1)) {
         uint32_t id = a->set_map.slot[j] - 1;
-        if (a->set_len[id] == n && !memcmp(a->pool + a->set_off[id], v, (size_t)n * sizeof *v))
+        if (a->set_len[id] == n && (!n || !memcmp(a->pool + a->set_off[id], v, (size_t)n * sizeof *v)))
             return id;
     }
     uint64_t cap = a->cap_sets, c2 = cap, c3 = cap;
@@ -278,7 +278,8 @@ static uint32_t set_id(gram_automaton *a)
     a->set_flags[id] = 0;
     for (uint32_t k = 0; k < n; k++)
         a->set_flags[id] |= v[k] == F_EMPTY ? SET_EMPTY : v[k] == F_POPPED ? SET_POPPED : 0;
-    memcpy(a->pool + a->n_pool, v, (size_t)n * sizeof *v);
+    if (n)
+        memcpy(a->pool + a->n_pool, v, (size_t)n * sizeof *v);
     a->n_pool += n;
     a->set_map.slot[j] = id + 1;
     if (!map_reserve(a, &a->set_map, a->n_sets, set_hash)) {
