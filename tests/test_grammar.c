@@ -255,6 +255,7 @@ static void test_schema_accept(void **state)
                 fail_msg("schema %zu: %s\nshould reject %s", i, schema_cases[i].grammar, schema_cases[i].no[k]);
         gram_automaton_free(a);
     }
+    gram_vocab_free(v);
 }
 
 static const error_case schema_errors[] = {
