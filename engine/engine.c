@@ -77,8 +77,9 @@ static void destroy_scratch(vk_engine *e)
     }
 }
 
-/* Lays out the step inputs for `pages` page-table entries and (re)allocates the buffers. */
-static vki_status size_inputs(vk_engine *e, uint64_t pages)
+/* Lays out the step inputs for `pages` page-table entries and mask_bytes of token masks and
+ * (re)allocates the buffers. */
+static vki_status size_inputs(vk_engine *e, uint64_t pages, VkDeviceSize mask_bytes)
 {
     vk_step_inputs *in = &e->in;
     VkDeviceSize a = e->dev->info.min_storage_buffer_offset_alignment, o = 0, T = e->p.max_tokens;
@@ -88,6 +89,7 @@ static vki_status size_inputs(vk_engine *e, uint64_t pages)
     in->off_info = o, o = align_up(o + (VkDeviceSize)in->max_info * sizeof(vki_seq_info), a);
     in->off_items = o, o = align_up(o + (VkDeviceSize)in->max_items * sizeof(vki_attn_item), a);
     in->off_rows = o, o = align_up(o + (VkDeviceSize)e->max_out * 4, a);
+    in->off_masks = o, o = align_up(o + mask_bytes, a);
     in->off_pages = o, o = align_up(o + (pages ? pages : 1) * 4, a);
     if (o <= in->cap)
         return VKI_OK;
@@ -284,7 +286,7 @@ vki_status vk_engine_create(vkd_device *d, const gguf_file *f, const model_hpara
     if (st == VKI_OK)
         st = create_scratch(e);
     if (st == VKI_OK)
-        st = size_inputs(e, (uint64_t)e->p.max_seqs * 16);
+        st = size_inputs(e, (uint64_t)e->p.max_seqs * 16, 0);
     if (st == VKI_OK)
         st = op_sampler_create(d, e->max_out, hp->n_vocab, &e->sampler);
     if (st == VKI_OK)
@@ -382,10 +384,12 @@ static vki_status check_plan(vk_engine *e, const vki_step_plan *plan, uint64_t *
     return dup == UINT32_MAX ? VKI_OK : bad_plan(e, "slot appears twice", dup);
 }
 
-/* Packs tokens, positions, sequence table, page table, attention items and LM-head rows. */
+/* Packs tokens, positions, sequence table, page table, attention items, LM-head rows and the
+ * sampler's token masks (already packed by op_sampler_pack_plan). */
 static vki_status pack_inputs(vk_engine *e, const vki_step_plan *plan, uint64_t n_pt, op_attn_plan *ap)
 {
-    vki_status st = size_inputs(e, n_pt);
+    size_t mask_bytes = op_sampler_mask_bytes(e->sampler);
+    vki_status st = size_inputs(e, n_pt, mask_bytes);
     if (st != VKI_OK)
         return st;
     vk_step_inputs *in = &e->in;
@@ -413,6 +417,8 @@ static vki_status pack_inputs(vk_engine *e, const vki_step_plan *plan, uint64_t 
         row += s->n_new;
         pto += need;
     }
+    if (mask_bytes) /* n_vocab / 8 bytes per constrained row: 16 KiB at a 128k vocabulary */
+        op_sampler_copy_masks(e->sampler, base + in->off_masks);
     in->n_info = inv ? row : plan->n_seqs;
     memcpy(base + in->off_info, in->info, in->n_info * sizeof *in->info);
     st = op_attn_plan_build(&e->attn, in->info, in->n_info, in->items, in->max_items, ap);
@@ -452,7 +458,7 @@ static vki_status host_round_trips(vk_engine *e, const vki_step_plan *plan, vki_
             break;
         s->logits_hook(s->logits_hook_ctx, row, V);
         sample_req req = {.params = s->sampling, .seed = s->seed, .position = s->pos0 + s->n_new,
-                          .history = s->history, .n_history = s->n_history};
+                          .history = s->history, .n_history = s->n_history, .mask = s->token_mask};
         vki_sample_out o;
         char err[160];
         st = sample_ref_sample(row, V, &req, &o, err, sizeof err);
@@ -478,14 +484,16 @@ vki_status vk_engine_step(vk_engine *e, const vki_step_plan *plan, vki_step_out 
     vki_status st = check_plan(e, plan, &n_pt, &n_out);
     if (st != VKI_OK)
         return st;
-    op_attn_plan ap;
-    if ((st = pack_inputs(e, plan, n_pt, &ap)) != VKI_OK)
-        return st;
     char err[256] = "";
     if (n_out && (st = op_sampler_pack_plan(e->sampler, plan, err, sizeof err)) != VKI_OK) {
         vkd_log(e->dev, VKI_LOG_ERROR, "sampling parameters refused: %s", err);
         return st;
     }
+    if (!n_out) /* no row samples: no masks from an earlier step */
+        op_sampler_pack(e->sampler, NULL, 0, err, sizeof err);
+    op_attn_plan ap;
+    if ((st = pack_inputs(e, plan, n_pt, &ap)) != VKI_OK)
+        return st;
     if ((st = vkd_cmd_begin(&e->cmd)) != VKI_OK)
         return st;
     vkd_label_begin(&e->cmd, "step %llu", (unsigned long long)e->n_steps);
@@ -495,7 +503,8 @@ vki_status vk_engine_step(vk_engine *e, const vki_step_plan *plan, vki_step_out 
     st = vk_forward_record(e, plan, n_out);
     if (st == VKI_OK && n_out) {
         vkd_barrier(&e->cmd);
-        st = op_sampler_record(e->sampler, &e->cmd, vkd_whole(e->s.logits), vk_engine_logits_stride(e));
+        vkd_view masks = {e->in.dev, e->in.off_masks, op_sampler_mask_bytes(e->sampler)};
+        st = op_sampler_record(e->sampler, &e->cmd, vkd_whole(e->s.logits), vk_engine_logits_stride(e), masks);
     }
     vkd_label_end(&e->cmd);
     if (st != VKI_OK) {

@@ -52,7 +52,9 @@ typedef struct vk_scratch {
 typedef struct vk_step_inputs {
     vkd_buffer *host, *dev;
     VkDeviceSize cap;       /* bytes of each buffer */
-    VkDeviceSize off_tokens, off_pos, off_seq, off_info, off_pages, off_items, off_rows, used;
+    VkDeviceSize off_tokens, off_pos, off_seq, off_info, off_pages, off_items, off_rows, off_masks, used;
+    /* at off_masks: u32 allowed-token bitsets of the rows with a token_mask, ceil(n_vocab / 32)
+     * words each, in plan order (op_sampler_copy_masks) */
     /* host-side staging of the arrays before the copy into `host` */
     vki_seq_info *info;     /* [max_info] attention sequences: the plan's, or one per token when
                                batch invariant */

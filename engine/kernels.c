@@ -80,7 +80,7 @@ static const vkk_desc kernel_table[] = {
     [VKK_ATTN_REDUCE] = {"attn_reduce", SPV(attn_reduce), .n_bindings = 4, .push_size = sizeof(vki_pc_attn),
                          .n_spec = 1, .spec_default = {64}},
     /* engine/ops_sample.c: spec {WG} */
-    [VKK_SAMPLE] = {"sample", SPV(sample), .n_bindings = 5, .push_size = sizeof(vki_pc_sample),
+    [VKK_SAMPLE] = {"sample", SPV(sample), .n_bindings = 6, .push_size = sizeof(vki_pc_sample),
                     .n_spec = 1, .spec_default = {256}},
     /* tools/bench_kernels.c: {WG, NACC accumulators per subgroup, CM_M, CM_N, CM_K, CM_SG} */
     [VKK_CM_PEAK] = {"cm_peak", SPV(cm_peak), .n_bindings = 2, .push_size = sizeof(vki_pc_cm_peak),

@@ -16,6 +16,8 @@ struct op_sampler {
     vkd_buffer *saved;       /* device f32 [cap_edits] */
     vki_sample_edit *h_edits;/* [cap_edits] packing area in cached host memory (it is sorted) */
     sample_req *reqs;        /* [max_rows] pack_plan's requests */
+    const uint32_t **masks;  /* [max_rows] the masked rows' masks (not owned), in pack order */
+    uint32_t n_masked;
 };
 
 /* Shared memory of sample.comp: histograms (3 KiB), the candidate list (8 KiB), 16 bytes per
@@ -72,9 +74,9 @@ vki_status op_sample(vkd_cmd *c, const op_sample_args *a)
     for (uint32_t r0 = 0; st == VKI_OK && r0 < a->n_rows; r0 += per) {
         uint32_t n = a->n_rows - r0 < per ? a->n_rows - r0 : per;
         vkd_view lv = {a->logits.buf, a->logits.offset + r0 * rb, (n - 1) * rb + (VkDeviceSize)a->n_vocab * 4};
-        vkd_view b[5] = {lv, a->rows, a->edits, a->saved, a->out};
+        vkd_view b[6] = {lv, a->rows, a->edits, a->saved, a->out, a->masks.buf ? a->masks : a->rows};
         vki_pc_sample pc = {.n_vocab = a->n_vocab, .row_stride = a->row_stride, .row0 = r0};
-        st = vkk_dispatch(c, VKK_SAMPLE, spec, b, 5, &pc, sizeof pc, n, 1, 1);
+        st = vkk_dispatch(c, VKK_SAMPLE, spec, b, 6, &pc, sizeof pc, n, 1, 1);
     }
     if (st != VKI_OK)
         return st;
@@ -125,7 +127,8 @@ vki_status op_sampler_create(vkd_device *d, uint32_t max_rows, uint32_t n_vocab,
     s->n_vocab = n_vocab;
     s->wg = op_sample_wg(d, n_vocab);
     s->reqs = calloc(max_rows, sizeof *s->reqs);
-    vki_status st = s->reqs ? VKI_OK : VKI_ERR_OUT_OF_HOST_MEMORY;
+    s->masks = calloc(max_rows, sizeof *s->masks);
+    vki_status st = s->reqs && s->masks ? VKI_OK : VKI_ERR_OUT_OF_HOST_MEMORY;
     if (st == VKI_OK)
         st = vkd_buffer_create(d, (VkDeviceSize)max_rows * sizeof(vki_sample_row), VKD_MEM_HOST, "sample rows",
                                &s->rows);
@@ -154,12 +157,14 @@ void op_sampler_destroy(op_sampler *s)
     vkd_buffer_destroy(s->d, s->saved);
     free(s->h_edits);
     free(s->reqs);
+    free(s->masks);
     free(s);
 }
 
 vki_status op_sampler_pack(op_sampler *s, const sample_req *reqs, uint32_t n_rows, char *err, size_t n_err)
 {
     s->n_rows = 0;
+    s->n_masked = 0;
     if (n_rows > s->max_rows) {
         snprintf(err, n_err, "%u rows to sample, the sampler holds %u", n_rows, s->max_rows);
         return VKI_ERR_INVALID_ARG;
@@ -178,18 +183,21 @@ vki_status op_sampler_pack(op_sampler *s, const sample_req *reqs, uint32_t n_row
             return st;
     }
     vki_sample_row *rows = s->rows->mapped;
-    uint32_t used = 0;
+    uint32_t used = 0, words = (s->n_vocab + 31) / 32, masked = 0;
     for (uint32_t i = 0; i < n_rows; i++) {
         char msg[200];
         uint32_t n = 0;
-        vki_status st = sample_pack_row(&reqs[i], s->n_vocab, used, &rows[i], s->h_edits + used,
+        vki_status st = sample_pack_row(&reqs[i], s->n_vocab, used, masked * words, &rows[i], s->h_edits + used,
                                         s->cap_edits - used, &n, msg, sizeof msg);
         if (st != VKI_OK) {
             snprintf(err, n_err, "row %u: %s", i, msg);
             return st;
         }
+        if (reqs[i].mask)
+            s->masks[masked++] = reqs[i].mask;
         used += n;
     }
+    s->n_masked = masked;
     memcpy(s->edits->mapped, s->h_edits, (size_t)used * sizeof *s->h_edits);
     s->n_rows = n_rows;
     return VKI_OK;
@@ -207,16 +215,25 @@ vki_status op_sampler_pack_plan(op_sampler *s, const vki_step_plan *plan, char *
             snprintf(err, n_err, "more than %u sequences want a token", s->max_rows);
             return VKI_ERR_INVALID_ARG;
         }
-        s->reqs[n++] = (sample_req){q->sampling, q->seed, q->pos0 + q->n_new, q->history, q->n_history};
+        s->reqs[n++] = (sample_req){q->sampling, q->seed, q->pos0 + q->n_new, q->history, q->n_history, q->token_mask};
     }
     return op_sampler_pack(s, s->reqs, n, err, n_err);
 }
 
-vki_status op_sampler_record(op_sampler *s, vkd_cmd *c, vkd_view logits, uint32_t row_stride)
+size_t op_sampler_mask_bytes(const op_sampler *s) { return (size_t)s->n_masked * ((s->n_vocab + 31) / 32) * 4; }
+
+void op_sampler_copy_masks(const op_sampler *s, void *dst)
+{
+    size_t bytes = (size_t)((s->n_vocab + 31) / 32) * 4;
+    for (uint32_t k = 0; k < s->n_masked; k++)
+        memcpy((char *)dst + k * bytes, s->masks[k], bytes);
+}
+
+vki_status op_sampler_record(op_sampler *s, vkd_cmd *c, vkd_view logits, uint32_t row_stride, vkd_view masks)
 {
     op_sample_args a = {.logits = logits, .row_stride = row_stride, .n_rows = s->n_rows, .n_vocab = s->n_vocab,
                         .rows = vkd_whole(s->rows), .edits = vkd_whole(s->edits), .saved = vkd_whole(s->saved),
-                        .out = vkd_whole(s->out)};
+                        .out = vkd_whole(s->out), .masks = s->n_masked ? masks : (vkd_view){0}};
     return op_sample(c, &a);
 }
 

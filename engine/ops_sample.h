@@ -4,8 +4,10 @@
  * logits rows of the sequences that want a token (row i = the i-th such sequence of the plan):
  *
  *     op_sampler_pack_plan(s, plan, err, sizeof err);      // host: check + pack parameters
+ *     op_sampler_copy_masks(s, staging);                   // grammar rows' masks, uploaded with
+ *                                                          // the step's inputs
  *     vkd_barrier(&cmd);                                   // LM head writes -> sampler reads
- *     op_sampler_record(s, &cmd, logits_view, row_stride); // in the step's command buffer
+ *     op_sampler_record(s, &cmd, logits_view, row_stride, masks_view); // in the step's command buffer
  *     ... submit, wait ...
  *     op_sampler_read_plan(s, plan, outs);                 // host: token, logprob, top-n
  *
@@ -31,6 +33,8 @@ typedef struct op_sample_args {
     vkd_view edits;      /* vki_sample_edit [n_edits], row i's at rows[i].edit0 */
     vkd_view saved;      /* f32 [n_edits], scratch */
     vkd_view out;        /* vki_sample_out [n_rows] */
+    vkd_view masks;      /* u32 allowed-token bitsets of the rows with VKI_SAMPLE_MASK (row i's at
+                            rows[i].mask0); buf NULL: no row has one */
 } op_sample_args;
 
 /* Workgroup size the sampler uses for a vocabulary on this device. */
@@ -47,18 +51,25 @@ typedef struct op_sampler op_sampler;
 vki_status op_sampler_create(vkd_device *d, uint32_t max_rows, uint32_t n_vocab, op_sampler **out);
 void op_sampler_destroy(op_sampler *s); /* NULL is fine */
 
-/* Packs rows 0 .. n_rows - 1 from reqs (sample_pack_row). VKI_ERR_INVALID_ARG with err naming the
- * field for an invalid request (nothing is packed then), VKI_ERR_OUT_OF_*_MEMORY when growing the
- * edit buffers fails. */
+/* Packs rows 0 .. n_rows - 1 from reqs (sample_pack_row). Rows with a mask get mask0 = k * words
+ * for the k-th of them (words = ceil(n_vocab / 32)): op_sampler_copy_masks lays the masks out in
+ * that order. VKI_ERR_INVALID_ARG with err naming the field for an invalid request (nothing is
+ * packed then), VKI_ERR_OUT_OF_*_MEMORY when growing the edit buffers fails. The masks are read
+ * by reference until op_sampler_copy_masks. */
 vki_status op_sampler_pack(op_sampler *s, const sample_req *reqs, uint32_t n_rows, char *err, size_t n_err);
 
 /* Packs the plan's sequences with want_token, in plan order: position pos0 + n_new, the seq's
- * seed, history and sampling params (NULL = greedy). */
+ * seed, history, token mask and sampling params (NULL = greedy). */
 vki_status op_sampler_pack_plan(op_sampler *s, const vki_step_plan *plan, char *err, size_t n_err);
 
+/* Bytes of the packed rows' masks (0: none has one), and a copy of them, back to back, to dst. */
+size_t op_sampler_mask_bytes(const op_sampler *s);
+void op_sampler_copy_masks(const op_sampler *s, void *dst);
+
 /* Records the sampling of the packed rows over logits (row i at float i * row_stride of the view;
- * the view's offset must be a multiple of minStorageBufferOffsetAlignment). */
-vki_status op_sampler_record(op_sampler *s, vkd_cmd *c, vkd_view logits, uint32_t row_stride);
+ * the view's offset must be a multiple of minStorageBufferOffsetAlignment). masks: where the
+ * caller put op_sampler_copy_masks's bytes on the device (ignored when there are none). */
+vki_status op_sampler_record(op_sampler *s, vkd_cmd *c, vkd_view logits, uint32_t row_stride, vkd_view masks);
 
 /* After the command buffer completed: the packed rows' results, [n_rows]. */
 const vki_sample_out *op_sampler_out(const op_sampler *s);

@@ -129,7 +129,7 @@ static vki_status pack_edits(const sample_req *r, uint32_t n_vocab, vki_sample_e
     return VKI_OK;
 }
 
-vki_status sample_pack_row(const sample_req *r, uint32_t n_vocab, uint32_t edit0, vki_sample_row *row,
+vki_status sample_pack_row(const sample_req *r, uint32_t n_vocab, uint32_t edit0, uint32_t mask0, vki_sample_row *row,
                            vki_sample_edit *edits, uint32_t cap, uint32_t *n_used, char *err, size_t n_err)
 {
     vki_sampling_params greedy = vki_sampling_default_params();
@@ -160,7 +160,9 @@ vki_status sample_pack_row(const sample_req *r, uint32_t n_vocab, uint32_t edit0
         .seed_hi = (uint32_t)(r->seed >> 32),
         .position = r->position,
         .n_top = p->top_logprobs,
-        .flags = (t == 0 ? VKI_SAMPLE_GREEDY : 0) | (p->logprobs ? VKI_SAMPLE_LOGPROBS : 0),
+        .flags = (t == 0 ? VKI_SAMPLE_GREEDY : 0) | (p->logprobs ? VKI_SAMPLE_LOGPROBS : 0) |
+                 (r->mask ? VKI_SAMPLE_MASK : 0),
+        .mask0 = r->mask ? mask0 : 0,
     };
     if (p->top_p < 1) {
         uint32_t tp = (uint32_t)((double)p->top_p * 4294967296.0);
@@ -312,7 +314,7 @@ static void keep(sample_dist *d, uint32_t id, float zmax, float inv_t)
 }
 
 vki_status sample_dist_build(const float *logits, uint32_t n_vocab, const vki_sample_row *row,
-                             const vki_sample_edit *edits, sample_dist *d)
+                             const vki_sample_edit *edits, const uint32_t *masks, sample_dist *d)
 {
     memset(d, 0, sizeof *d);
     d->n_vocab = n_vocab;
@@ -326,6 +328,12 @@ vki_status sample_dist_build(const float *logits, uint32_t n_vocab, const vki_sa
     for (uint32_t i = 0; i < n_vocab; i++)
         d->z[i] = sample_sanitize(logits[i]);
     apply_edits(d->z, row, edits);
+    if (row->flags & VKI_SAMPLE_MASK) {
+        const uint32_t *m = masks + row->mask0;
+        for (uint32_t i = 0; i < n_vocab; i++)
+            if (!(m[i >> 5] >> (i & 31) & 1))
+                d->z[i] = -INFINITY;
+    }
     d->argmax = -1;
     for (uint32_t i = 0; i < n_vocab; i++)
         if (d->z[i] != -INFINITY && (d->argmax < 0 || d->z[i] > d->z[d->argmax]))
@@ -425,10 +433,10 @@ void sample_ref_logprobs(const float *logits, uint32_t n_vocab, int32_t token, b
 }
 
 vki_status sample_ref_row(const float *logits, uint32_t n_vocab, const vki_sample_row *row,
-                          const vki_sample_edit *edits, vki_sample_out *out)
+                          const vki_sample_edit *edits, const uint32_t *masks, vki_sample_out *out)
 {
     sample_dist d;
-    vki_status st = sample_dist_build(logits, n_vocab, row, edits, &d);
+    vki_status st = sample_dist_build(logits, n_vocab, row, edits, masks, &d);
     if (st != VKI_OK)
         return st;
     memset(out, 0, sizeof *out);
@@ -448,9 +456,9 @@ vki_status sample_ref_sample(const float *logits, uint32_t n_vocab, const sample
     if (!e)
         return VKI_ERR_OUT_OF_HOST_MEMORY;
     vki_sample_row row;
-    vki_status st = sample_pack_row(req, n_vocab, 0, &row, e, cap, &n, err, n_err);
+    vki_status st = sample_pack_row(req, n_vocab, 0, 0, &row, e, cap, &n, err, n_err);
     if (st == VKI_OK)
-        st = sample_ref_row(logits, n_vocab, &row, e, out);
+        st = sample_ref_row(logits, n_vocab, &row, e, req->mask, out);
     free(e);
     return st;
 }

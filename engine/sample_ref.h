@@ -7,7 +7,8 @@
  * Definitions shared with shaders/sample.comp (the GPU follows them exactly):
  *  - z: the logit with NaN -> -inf and +inf -> FLT_MAX; then, for each distinct token of the
  *    penalty window (count c > 0): z = z > 0 ? z * (1/rep) : z * rep; z -= c * frequency +
- *    presence; then z += bias (summed when a token appears twice in the bias list).
+ *    presence; then z += bias (summed when a token appears twice in the bias list); then
+ *    z = -inf for every token the row's allowed-token mask excludes (VKI_SAMPLE_MASK).
  *  - order: (z descending, id ascending). Every cut keeps a prefix of it: top-k the first k;
  *    top-p the shortest prefix of the top-k survivors whose weight reaches top_p of theirs;
  *    min-p the tokens with z >= z_max + temperature * log(min_p). Survivors: the shortest cut.
@@ -16,7 +17,8 @@
  *  - draw: u = 64 bits of Philox4x32-10(key = seed, counter = {position, 0, 0, 0}) (word 0 the
  *    high half); target = floor(sum(w) * u / 2^64); the token is the first survivor in id order
  *    whose inclusive prefix sum of w exceeds target.
- *  - temperature 0: the argmax of z, lowest id on ties. A row whose z are all -inf gives -1.
+ *  - temperature 0: the argmax of z, lowest id on ties. A row whose z are all -inf gives -1
+ *    (every token banned by bias or mask, or NaN logits): the caller ends that request.
  *  - logprobs: log-softmax of the raw (sanitised) logits; alternatives by (raw desc, id asc). */
 #ifndef VKI_ENGINE_SAMPLE_REF_H
 #define VKI_ENGINE_SAMPLE_REF_H
@@ -36,6 +38,8 @@ typedef struct sample_req {
     const int32_t *history;            /* [n_history] tokens the penalties look at; only the last
                                           params->penalty_window are used */
     uint32_t n_history;
+    const uint32_t *mask;              /* [ceil(n_vocab / 32)] allowed tokens (a grammar's), bit i of
+                                          word w = token 32w + i; NULL: every token */
 } sample_req;
 
 /* Largest vocabulary the kernel's 64-bit fixed-point sums allow (n * 2^40 < 2^63). */
@@ -49,9 +53,11 @@ vki_status sample_params_check(const vki_sampling_params *p, uint32_t n_vocab, c
 uint32_t sample_edits_bound(const sample_req *r);
 
 /* Packs r into *row and edits[0 .. *n_used) (the row's entries, which the GPU reads at
- * edits_buffer[edit0 ..]; row->edit0 = edit0). cap >= sample_edits_bound(r). Checks the
- * parameters (sample_params_check) and the history ids; VKI_ERR_INVALID_ARG with err filled. */
-vki_status sample_pack_row(const sample_req *r, uint32_t n_vocab, uint32_t edit0, vki_sample_row *row,
+ * edits_buffer[edit0 ..]; row->edit0 = edit0). cap >= sample_edits_bound(r). With r->mask the
+ * row gets VKI_SAMPLE_MASK and reads its mask at masks_buffer[mask0 ..] (the caller copies it
+ * there). Checks the parameters (sample_params_check) and the history ids; VKI_ERR_INVALID_ARG
+ * with err filled. */
+vki_status sample_pack_row(const sample_req *r, uint32_t n_vocab, uint32_t edit0, uint32_t mask0, vki_sample_row *row,
                            vki_sample_edit *edits, uint32_t cap, uint32_t *n_used, char *err, size_t n_err);
 
 /* ---- building blocks (exposed for the tests) ----------------------------------------------- */
@@ -76,9 +82,11 @@ typedef struct sample_dist {
 } sample_dist;
 
 /* Builds the distribution of one packed row: logits[n_vocab] raw, edits = the whole edit list
- * (row->edit0 indexes it). O(n log n) with a cut active (a sort of the vocabulary), else O(n). */
+ * (row->edit0 indexes it), masks = the whole mask buffer (row->mask0 indexes it; may be NULL when
+ * the row has no VKI_SAMPLE_MASK). O(n log n) with a cut active (a sort of the vocabulary), else
+ * O(n). */
 vki_status sample_dist_build(const float *logits, uint32_t n_vocab, const vki_sample_row *row,
-                             const vki_sample_edit *edits, sample_dist *d);
+                             const vki_sample_edit *edits, const uint32_t *masks, sample_dist *d);
 void sample_dist_free(sample_dist *d);
 double sample_dist_prob(const sample_dist *d, uint32_t token); /* w / total; 1 at argmax if greedy */
 
@@ -94,7 +102,7 @@ void sample_ref_logprobs(const float *logits, uint32_t n_vocab, int32_t token, b
 
 /* Everything the kernel writes for one packed row. */
 vki_status sample_ref_row(const float *logits, uint32_t n_vocab, const vki_sample_row *row,
-                          const vki_sample_edit *edits, vki_sample_out *out);
+                          const vki_sample_edit *edits, const uint32_t *masks, vki_sample_out *out);
 
 /* One request on the host (post-processor round trip): check, pack, sample. */
 vki_status sample_ref_sample(const float *logits, uint32_t n_vocab, const sample_req *req, vki_sample_out *out,

@@ -24,6 +24,11 @@ typedef struct vki_step_seq {
     const int32_t *history;   /* [n_history] the sequence's tokens before pos0 + n_new that the
                                  penalties look at (the last `window` tokens), may be NULL */
     uint32_t n_history;
+    /* Constrained decoding (only when want_token): the tokens that may be sampled, a bitset of
+     * ceil(n_vocab / 32) words (bit i of word w = token 32w + i), uploaded with the step's inputs
+     * and applied in the GPU sampler after penalties and bias. NULL: every token. A row that
+     * allows nothing samples token -1. */
+    const uint32_t *token_mask;
     /* Host round trip for a logits post-processor: when set (and want_token), the engine reads
      * this sequence's logits row back after the step, calls logits_hook(logits_hook_ctx, row,
      * n_vocab) on its own thread (the hook may modify the row), and samples the modified row on

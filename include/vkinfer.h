@@ -223,6 +223,52 @@ typedef struct vki_sampling_params {
 /* temperature 1, top_k 0, top_p 1, min_p 0, no penalties (window 64), random seed, no logprobs. */
 VKI_API vki_sampling_params vki_sampling_default_params(void);
 
+/* ---- structured output ------------------------------------------------------------------- */
+
+/* A request may constrain what it generates to a grammar: at every step only the tokens that
+ * keep the text a prefix of the grammar's language can be sampled (the mask is applied on the
+ * GPU after penalties and bias; logprobs stay those of the model), and the end-of-generation
+ * tokens only where the text may end. A grammar that admits no token of the vocabulary at some
+ * point ends that request with a final error; nothing else is affected.
+ *
+ *  VKI_CONSTRAINT_GBNF         a GBNF grammar as llama.cpp writes it (rules `name ::= ...`, start
+ *                              rule `root`; "literals", [classes] with ranges and ^, ., groups,
+ *                              | * + ? {m} {m,} {m,n}, # comments, \xHH \uHHHH \UHHHHHHHH escapes)
+ *  VKI_CONSTRAINT_JSON_SCHEMA  a JSON Schema (as JSON text): the output is JSON that validates
+ *                              against it. Keywords: type, properties, required,
+ *                              additionalProperties (absent means false), enum, const, items,
+ *                              minItems, maxItems, anyOf, oneOf, nullable, $ref / $defs,
+ *                              minLength, maxLength; annotations are ignored; anything else is
+ *                              refused naming the keyword. "{\"type\": \"object\"}" is any JSON
+ *                              object (OpenAI's json_object).
+ *
+ * The text is checked and compiled at submission (VKI_ERR_INVALID_ARG, the message naming the
+ * rule or keyword and its line/column or schema path). Requests with the same grammar share its
+ * compiled form and caches. The first constrained request of a manager builds the vocabulary's
+ * byte trie (tens of milliseconds for a 100k vocabulary). */
+typedef enum vki_constraint_type {
+    VKI_CONSTRAINT_NONE = 0,
+    VKI_CONSTRAINT_GBNF = 1,
+    VKI_CONSTRAINT_JSON_SCHEMA = 2,
+} vki_constraint_type;
+
+typedef struct vki_constraint {
+    vki_constraint_type type;
+    const char *text;               /* [len] bytes (need not be NUL-terminated); copied */
+    size_t len;
+} vki_constraint;
+
+/* Checks a constraint without a model: VKI_OK, or VKI_ERR_INVALID_ARG with err (when not NULL)
+ * naming the problem ("grammar: line 3, column 12: undefined rule 'valu'", "json_schema:
+ * /properties/age: keyword 'minimum' is not supported"). */
+VKI_API vki_status vki_constraint_check(const vki_constraint *c, char *err, size_t err_len);
+
+/* The GBNF grammar a JSON Schema becomes, into buf (NUL-terminated when it fits): to inspect it
+ * or edit it into a VKI_CONSTRAINT_GBNF request. VKI_ERR_INVALID_ARG for a bad schema (err says
+ * why) or, with the needed size (NUL included) in *n_out, when cap is too small. */
+VKI_API vki_status vki_json_schema_to_grammar(const char *schema, size_t len, char *buf, size_t cap, size_t *n_out,
+                                              char *err, size_t err_len);
+
 /* ---- batch manager ----------------------------------------------------------------------- */
 
 /* The continuous-batching ("in-flight batching") loop: a worker thread admits requests, plans one
@@ -282,9 +328,12 @@ typedef enum vki_finish_reason {
     VKI_FINISH_NONE = 0,            /* not finished (streaming, non-final response) */
     VKI_FINISH_EOS = 1,             /* an end id (the request's, or the model's end of text) */
     VKI_FINISH_LENGTH = 2,          /* max_new_tokens generated */
-    VKI_FINISH_STOP = 3,            /* one of the request's stop ids */
+    VKI_FINISH_STOP = 3,            /* one of the request's stop ids (or a complete grammar that
+                                       may not end with an end id) */
     VKI_FINISH_CANCELLED = 4,       /* cancelled (vki_batch_cancel, a stop signal, abort) */
-    VKI_FINISH_ERROR = 5,           /* refused or failed; vki_response.error says why */
+    VKI_FINISH_ERROR = 5,           /* refused or failed; vki_response.error says why (also: no
+                                       token could be sampled: the request's grammar admits none
+                                       here, or logit_bias bans every token) */
 } vki_finish_reason;
 
 /* A logits post-processor (TensorRT-LLM's logitsPostProcessor): called on the batch manager's
@@ -314,6 +363,10 @@ typedef struct vki_request {
     int32_t priority;               /* higher runs first; FIFO among equals. 0 */
     vki_logits_fn logits_processor; /* NULL: sampling stays on the GPU */
     void *logits_processor_user;
+    vki_constraint constraint;      /* structured output (see above); {0}: none. A request whose
+                                       grammar is complete ends with an end id (EOS), or with
+                                       VKI_FINISH_STOP when it may not emit one (ignore_eos
+                                       without end_ids) */
 } vki_request;
 
 /* What a response callback receives. Pointers are valid only during the callback. The ending

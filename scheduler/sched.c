@@ -306,6 +306,7 @@ vki_status sched_add(sched *s, const sched_add_args *a, sched_seq **out)
     q->seed = a->seed;
     q->logits_hook = a->logits_hook;
     q->logits_hook_ctx = a->logits_hook_ctx;
+    q->token_mask = a->token_mask;
     heap_push(s, q);
     *out = q;
     return VKI_OK;
@@ -333,6 +334,7 @@ void sched_remove(sched *s, sched_seq *q)
         q->sampling = NULL;
         q->logits_hook = NULL;
         q->logits_hook_ctx = NULL;
+        q->token_mask = NULL;
         return;
     } else {
         drop_running(s, q);
@@ -537,6 +539,7 @@ static void plan_entry(sched *s, sched_seq *q, uint32_t k)
         .seed = q->seed,
         .logits_hook = q->ghost ? NULL : q->logits_hook,
         .logits_hook_ctx = q->logits_hook_ctx,
+        .token_mask = q->ghost ? NULL : q->token_mask,
     };
     uint32_t window = q->sampling ? q->sampling->penalty_window : 0;
     if (e->want_token && window) {

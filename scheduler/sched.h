@@ -69,6 +69,7 @@ struct sched_seq {
     uint64_t seed;
     void (*logits_hook)(void *ctx, float *logits, uint32_t n_vocab); /* see vki_step_seq */
     void *logits_hook_ctx;
+    const uint32_t *token_mask; /* owner's allowed-token bitset or NULL (see vki_step_seq) */
     /* private */
     uint32_t heap_idx;        /* position in the queue heap while QUEUED */
     uint32_t n_new;           /* tokens scheduled this tick */
@@ -84,6 +85,8 @@ typedef struct sched_add_args {
     uint64_t seed;
     void (*logits_hook)(void *ctx, float *logits, uint32_t n_vocab); /* copied into the plan */
     void *logits_hook_ctx;
+    const uint32_t *token_mask; /* kept by pointer, copied into the plan: the owner refills the
+                                   bitset before each step (must outlive the sequence) */
     void *user;
 } sched_add_args;
 

@@ -31,6 +31,8 @@
 //   restore    the edited ids get their raw logits back
 //   logprobs   1 strided pass for the raw log-sum-exp; top-n: radix select on raw keys (4
 //              passes) + 1 gather pass, then a sort of <= 20 entries
+//   mask       (grammar-constrained rows) every row read of the steps above sees the tokens the
+//              row's allowed-token bitset excludes as -inf; the logprob passes see the raw row
 // Row reads: greedy 1; temperature only 2; top-k/top-p/min-p 4 to 5 (argmax, 1-2 histograms, 2
 // gathers); top-k or top-p alone over more than CAP survivors 6 (argmax, 2 histograms, 2
 // gathers, the draw); the whole-row route 11 to 13; logprobs +1, top-n +5.
@@ -44,6 +46,8 @@ layout(std430, binding = 1) readonly buffer Rows { vki_sample_row rows[]; };   /
 layout(std430, binding = 2) readonly buffer Edits { vki_sample_edit edits[]; }; // [n_edits]
 layout(std430, binding = 3) buffer Saved { float saved[]; };                    // f32 [n_edits]
 layout(std430, binding = 4) writeonly buffer Out { vki_sample_out outs[]; };   // [n_rows]
+// u32 allowed-token bitsets of the rows with VKI_SAMPLE_MASK, ceil(n_vocab / 32) words each
+layout(std430, binding = 5) readonly buffer Masks { uint masks[]; };
 
 #define NEG_INF uintBitsToFloat(0xff800000u)
 #define FLT_MAX_ 3.402823466e38
@@ -70,11 +74,16 @@ shared float s_lz[CAP];  // and their logits
 uint tid, g_base, g_n;
 float g_zmax, g_invt;
 bool g_list;  // the passes below read the candidate list instead of the row
+bool g_mask;  // the row has an allowed-token mask and the selection passes apply it
 uint g_count; // elements they read: g_n, or the list's length
 
-// Sanitised logit: NaN -> -inf, +inf -> FLT_MAX (the CPU reference does the same).
+// Sanitised logit: NaN -> -inf, +inf -> FLT_MAX (the CPU reference does the same); a token the
+// row's mask excludes reads as -inf during selection (one extra word read per element, from a
+// 4 KiB-per-32k-tokens bitset that stays in cache).
 float load_z(uint i)
 {
+    if (g_mask && (masks[sp.mask0 + (i >> 5u)] & (1u << (i & 31u))) == 0u)
+        return NEG_INF;
     float v = logits[g_base + i];
     return isnan(v) ? NEG_INF : min(v, FLT_MAX_);
 }
@@ -686,6 +695,7 @@ void main()
         sp = rows[row];
     barrier();
     g_invt = sp.inv_temp;
+    g_mask = (sp.flags & VKI_SAMPLE_MASK) != 0u;
     apply_edits(false);
 
     float zmax = NEG_INF;
@@ -710,7 +720,8 @@ void main()
         }
     }
     barrier(); // every read of the edited row is done
-    g_list = false; // the logprob passes read the (restored) row
+    g_list = false; // the logprob passes read the (restored, unmasked) row
+    g_mask = false;
     g_count = g_n;
     apply_edits(true);
 

@@ -238,11 +238,17 @@ VKI_STRUCT(vki_pc_attn) {
  * One workgroup per logits row. The host packs each row's parameters (sample_pack_row) into
  * host-derived constants (1/temperature, T*log(min_p), top_p in 2^-32 units...) so that the GPU
  * and the CPU reference do the same float arithmetic; only exp() may differ by a few ulp.
- * Order: penalties over the history, logit bias, temperature, top-k, top-p, min-p, draw.
+ * Order: penalties over the history, logit bias, allowed-token mask, temperature, top-k, top-p,
+ * min-p, draw.
  * Order of tokens for every cut: (logit descending, id ascending), so exactly k survive top-k. */
 #define VKI_SAMPLE_MAX_TOP 20     /* top logprob alternatives per row */
 #define VKI_SAMPLE_GREEDY 1u      /* temperature 0: argmax after penalties and bias, lowest id */
 #define VKI_SAMPLE_LOGPROBS 2u    /* fill vki_sample_out.logprob */
+#define VKI_SAMPLE_MASK 4u        /* only the tokens whose bit is set in the row's allowed-token mask
+                                     (masks binding, ceil(n_vocab / 32) words from mask0; bit i of
+                                     word w = token 32w + i) may be drawn: the others count as -inf
+                                     after penalties and bias (a grammar's constraint). The
+                                     logprobs stay those of the raw logits. */
 
 /* One sampled row's parameters (rows binding, vki_sample_row[n_rows]). */
 VKI_STRUCT(vki_sample_row) {
@@ -260,7 +266,7 @@ VKI_STRUCT(vki_sample_row) {
     vki_u32 position;    /* Philox counter word 0: position of the token being sampled */
     vki_u32 n_top;       /* top logprob alternatives wanted, 0..VKI_SAMPLE_MAX_TOP */
     vki_u32 flags;       /* VKI_SAMPLE_* */
-    vki_u32 pad;
+    vki_u32 mask0;       /* VKI_SAMPLE_MASK: first word of this row's mask in the masks binding */
 };
 
 /* One distinct token of a row that has a penalty count or a bias (edits binding): applied in
@@ -274,7 +280,7 @@ VKI_STRUCT(vki_sample_edit) {
 
 /* What comes back per row (out binding, vki_sample_out[n_rows]). */
 VKI_STRUCT(vki_sample_out) {
-    vki_i32 token;       /* chosen id; -1 when every logit is -inf or NaN after bias */
+    vki_i32 token;       /* chosen id; -1 when every logit is -inf or NaN after bias and mask */
     vki_f32 logprob;     /* log-softmax of the raw logits at token (VKI_SAMPLE_LOGPROBS), else 0 */
     vki_u32 n_top;       /* alternatives filled: min(n_top, n_vocab) */
     vki_u32 n_kept;      /* tokens with nonzero probability after the cuts (1 when greedy) */
@@ -286,7 +292,8 @@ VKI_STRUCT(vki_sample_out) {
  * is logits[(r - row0) * row_stride ..] of its binding (the view starts at row row0).
  * bindings: 0 logits (f32[rows, row_stride], read-write, restored), 1 rows (vki_sample_row[]),
  *           2 edits (vki_sample_edit[]), 3 saved (f32[n_edits]: raw logits under the edits),
- *           4 out (vki_sample_out[]) */
+ *           4 out (vki_sample_out[]), 5 masks (u32[]: the masked rows' allowed-token bitsets;
+ *           any valid binding when no row has VKI_SAMPLE_MASK) */
 VKI_STRUCT(vki_pc_sample) {
     vki_u32 n_vocab;
     vki_u32 row_stride;  /* floats between logits rows, >= n_vocab */

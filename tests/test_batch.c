@@ -373,6 +373,123 @@ static void expect_invalid(vki_batch_manager *bm, coll *c, vki_request r, const 
         fail_msg("message '%s' does not name '%s'", err, field);
 }
 
+/* ---- structured output -------------------------------------------------------------------- */
+
+/* The text of a response's tokens in the fake vocabulary, without a final end token. */
+static size_t rec_text(const fake_engine *f, const rec *x, char *out, size_t cap)
+{
+    size_t n = 0;
+    uint32_t last = x->n_tokens;
+    if (x->finish == VKI_FINISH_EOS && last)
+        last--;
+    for (uint32_t k = 0; k < last; k++) {
+        size_t len;
+        assert_int_equal(fake_token_piece((void *)f, x->tokens[k], out + n, cap - n, &len), VKI_OK);
+        n += len;
+    }
+    out[n] = 0;
+    return n;
+}
+
+
+/* Constrained requests (a GBNF grammar, a JSON schema, custom end ids, ignore_eos) in one batch
+ * with unconstrained ones: the constrained outputs are in their grammar's language and end where
+ * it ends; the unconstrained ones are what they are alone. A grammar that admits no token of the
+ * vocabulary, and a request whose every token is banned by logit_bias, end only themselves with
+ * an error (issue 18: a -1 from the sampler used to fail the whole step). Bad grammars and
+ * schemas are refused at submission naming the rule or keyword. */
+static void test_constrained(void **state)
+{
+    (void)state;
+    coll *c = coll_new();
+    fake_engine *f = mkfake(8, 256, 0);
+    bm_backend be = fake_backend(f);
+    vki_batch_params p = mkparams(VKI_POLICY_GUARANTEED_NO_EVICT);
+    vki_batch_manager *bm;
+    assert_int_equal(bm_create(&be, &p, NULL, &bm), VKI_OK);
+    static const char g_letters[] = "root ::= \"{\" ( \"a\" | \"b\" | \"c\" )+ \"}\"";
+    static const char g_none[] = "root ::= \"Q\" [a-z]*"; /* no token of the fake starts with Q */
+    static const char g_ab[] = "root ::= \"a\" \"b\"";
+    static const char g_as[] = "root ::= \"a\"+";
+    static const char schema[] = "{\"type\": \"object\", \"properties\": {\"a\": {\"type\": \"boolean\"}, "
+                                 "\"b\": {\"type\": \"array\", \"items\": {\"type\": \"integer\"}, \"maxItems\": 3}}, "
+                                 "\"required\": [\"a\", \"b\"]}";
+    enum { N = 16 };
+    vki_request reqs[N];
+    static vki_logit_bias ban[VOCAB];
+    static int32_t yz[1] = {21};
+    for (uint32_t i = 0; i < VOCAB; i++)
+        ban[i] = (vki_logit_bias){(int32_t)i, -INFINITY};
+    for (uint32_t i = 0; i < N; i++) {
+        reqs[i] = mkreq(c, i, 3 + i % 5, 150, i % 2, i);
+        switch (i) {
+        case 8: reqs[i].constraint = (vki_constraint){VKI_CONSTRAINT_GBNF, g_letters, strlen(g_letters)}; break;
+        case 9: reqs[i].constraint = (vki_constraint){VKI_CONSTRAINT_JSON_SCHEMA, schema, strlen(schema)}; break;
+        case 10: reqs[i].constraint = (vki_constraint){VKI_CONSTRAINT_GBNF, g_none, strlen(g_none)}; break;
+        case 11: /* complete, and no end token may follow */
+            reqs[i].constraint = (vki_constraint){VKI_CONSTRAINT_GBNF, g_ab, strlen(g_ab)};
+            reqs[i].ignore_eos = true;
+            break;
+        case 12: reqs[i].sampling.logit_bias = ban, reqs[i].sampling.n_logit_bias = VOCAB; break;
+        case 13: /* its own end id, allowed only after at least one "a" */
+            reqs[i].constraint = (vki_constraint){VKI_CONSTRAINT_GBNF, g_as, strlen(g_as)};
+            reqs[i].end_ids = yz, reqs[i].n_end_ids = 1;
+            break;
+        case 14: /* the same schema again: shares the compiled grammar */
+            reqs[i].constraint = (vki_constraint){VKI_CONSTRAINT_JSON_SCHEMA, schema, strlen(schema)};
+            reqs[i].sampling.temperature = 0.8f;
+            break;
+        }
+        char err[200] = "";
+        if (vki_batch_submit(bm, &reqs[i], on_response, c, err, sizeof err) != VKI_OK)
+            fail_msg("submit %u: %s", i, err);
+    }
+    vki_request bad1 = mkreq(c, 100, 3, 10, false, 1), bad2 = mkreq(c, 101, 3, 10, false, 1);
+    bad1.constraint = (vki_constraint){VKI_CONSTRAINT_GBNF, "root ::= valu", 13};
+    expect_invalid(bm, c, bad1, "grammar: line 1, column 10: undefined rule 'valu'");
+    bad2.constraint = (vki_constraint){VKI_CONSTRAINT_JSON_SCHEMA, "{\"type\": \"string\", \"format\": \"uuid\"}", 36};
+    expect_invalid(bm, c, bad2, "keyword 'format' is not supported");
+    wait_finals(c, N);
+    assert_int_equal(vki_batch_manager_destroy(bm, false), VKI_OK);
+    assert_clean(c, f);
+    char text[4096];
+    for (uint32_t i = 0; i < 8; i++) /* unconstrained: as alone */
+        check_rec(c, f, &reqs[i]);
+    check_rec(c, f, &reqs[15]);
+    strbuf sg = {0};
+    char err[200];
+    assert_int_equal(gram_schema_to_gbnf(schema, strlen(schema), &sg, err, sizeof err), VKI_OK);
+    const char *lang[N] = {[8] = g_letters, [9] = sg.p, [11] = g_ab, [13] = g_as, [14] = sg.p};
+    for (uint32_t i = 8; i < 15; i++) {
+        rec *x = &c->r[i];
+        size_t n = rec_text(f, x, text, sizeof text);
+        print_message("request %u: finish %d, %u tokens: %s%s%s\n", i, x->finish, x->n_tokens, text,
+                      x->error[0] ? " / " : "", x->error);
+        if (lang[i]) {
+            if (!vt_in_grammar(lang[i], strlen(lang[i]), text, n))
+                fail_msg("request %u: \"%s\" is not in its grammar's language", i, text);
+            assert_int_equal(x->finish, i == 11 ? VKI_FINISH_STOP : VKI_FINISH_EOS);
+            if (i == 11)
+                assert_int_equal(text[n - 1], 'b');
+            else
+                assert_int_equal(x->tokens[x->n_tokens - 1], i == 13 ? 21 : EOS);
+            assert_int_equal(x->seq_len, reqs[i].n_prompt + x->n_tokens);
+        }
+    }
+    assert_int_equal(c->r[10].finish, VKI_FINISH_ERROR);
+    assert_int_equal(c->r[10].n_tokens, 0);
+    assert_non_null(strstr(c->r[10].error, "grammar: no token of the vocabulary can continue"));
+    assert_int_equal(c->r[10].status, VKI_ERR_INVALID_ARG);
+    assert_int_equal(c->r[12].finish, VKI_FINISH_ERROR);
+    assert_int_equal(c->r[12].n_tokens, 0);
+    assert_non_null(strstr(c->r[12].error, "no token could be sampled"));
+    assert_int_equal(c->r[11].n_tokens, 2);
+    strbuf_free(&sg);
+    fake_destroy(f);
+    coll_free(c);
+}
+
+
 static void test_validation(void **state)
 {
     (void)state;
@@ -1011,6 +1128,7 @@ int main(void)
         cmocka_unit_test(test_push_step_failures),
         cmocka_unit_test(test_end_and_stop_ids),
         cmocka_unit_test(test_validation),
+        cmocka_unit_test(test_constrained),
         cmocka_unit_test(test_duplicate_ids_and_queue_full),
         cmocka_unit_test(test_cancel_states),
         cmocka_unit_test(test_cancel_paused),

@@ -14,6 +14,7 @@
 
 #include <cjson/cJSON.h>
 
+#include "host/grammar/grammar.h"
 #include "vkinfer.h"
 
 #define N_REQ 32
@@ -356,12 +357,136 @@ static void test_logits_processor(void **state)
     free(ref);
 }
 
+/* ---- structured output on the real engine --------------------------------------------------- */
+
+#define C_MAX 96
+
+typedef struct c_run {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int32_t out[16][C_MAX];
+    uint32_t n_out[16], n_final;
+    vki_finish_reason finish[16];
+    char error[16][200];
+} c_run;
+
+static void c_response(void *user, const vki_response *r)
+{
+    c_run *c = user;
+    uint32_t i = (uint32_t)(r->id - 2000);
+    for (uint32_t k = 0; k < r->n_tokens && c->n_out[i] < C_MAX; k++)
+        c->out[i][c->n_out[i]++] = r->tokens[k];
+    if (!r->final)
+        return;
+    pthread_mutex_lock(&c->mu);
+    c->finish[i] = r->finish;
+    snprintf(c->error[i], sizeof c->error[i], "%s", r->error ? r->error : "");
+    c->n_final++;
+    pthread_cond_signal(&c->cv);
+    pthread_mutex_unlock(&c->mu);
+}
+
+
+/* One batch: 6 unconstrained greedy requests, 4 constrained ones (a JSON schema greedy and
+ * sampled, a GBNF grammar greedy and sampled) and one whose every token is banned. The
+ * unconstrained outputs equal their solo runs; each constrained output is in its grammar's
+ * language (the schema's output also parses as JSON with the right member types) and ends with
+ * EOS where the grammar ends; the banned request alone ends with an error. */
+static void test_constrained_batch(void **state)
+{
+    e2e *x = get(state);
+    x->e = x->big;
+    uint32_t n = x->n_req;
+    x->n_req = 6;
+    int32_t(*ref)[MAX_OUT] = calloc(N_REQ, sizeof *ref);
+    for (uint32_t i = 0; i < 6; i++) {
+        x->r[i].sampling = vki_sampling_default_params();
+        x->r[i].sampling.temperature = 0;
+    }
+    run_solo(x, ref);
+    static const char schema[] = "{\"type\": \"object\", \"properties\": {\"n\": {\"type\": \"integer\"}, "
+                                 "\"ok\": {\"type\": \"boolean\"}}, \"required\": [\"n\", \"ok\"]}";
+    static const char gbnf[] = "root ::= \"The \" [a-z]{1,8} \" is \" (\"big\" | \"small\") \".\"";
+    static vki_logit_bias ban[512];
+    for (uint32_t i = 0; i < 512; i++)
+        ban[i] = (vki_logit_bias){(int32_t)i, -INFINITY};
+    c_run *c = calloc(1, sizeof *c);
+    pthread_mutex_init(&c->mu, NULL);
+    pthread_cond_init(&c->cv, NULL);
+    vki_batch_params bp = vki_batch_default_params();
+    vki_batch_manager *bm;
+    assert_int_equal(vki_batch_manager_create(x->e, &bp, NULL, &bm), VKI_OK);
+    for (uint32_t i = 0; i < 11; i++) {
+        vki_request req = make_req(x, i);
+        req.id = 2000 + i;
+        if (i >= 6) {
+            req.max_new_tokens = C_MAX;
+            req.ignore_eos = false;
+            req.sampling = vki_sampling_default_params();
+            req.sampling.temperature = i % 2 ? 0.9f : 0; /* 7 and 9 sample */
+            req.sampling.has_seed = true;
+            req.sampling.seed = 4242 + i;
+        }
+        if (i == 6 || i == 7)
+            req.constraint = (vki_constraint){VKI_CONSTRAINT_JSON_SCHEMA, schema, strlen(schema)};
+        if (i == 8 || i == 9)
+            req.constraint = (vki_constraint){VKI_CONSTRAINT_GBNF, gbnf, strlen(gbnf)};
+        if (i == 10)
+            req.sampling.logit_bias = ban, req.sampling.n_logit_bias = 512;
+        char err[256];
+        if (vki_batch_submit(bm, &req, c_response, c, err, sizeof err) != VKI_OK)
+            fail_msg("submit %u: %s", i, err);
+    }
+    pthread_mutex_lock(&c->mu);
+    while (c->n_final < 11)
+        pthread_cond_wait(&c->cv, &c->mu);
+    pthread_mutex_unlock(&c->mu);
+    assert_int_equal(vki_batch_manager_destroy(bm, false), VKI_OK);
+    for (uint32_t i = 0; i < 6; i++) {
+        assert_int_equal(c->finish[i], VKI_FINISH_LENGTH);
+        assert_int_equal(c->n_out[i], x->r[i].max_new);
+        assert_memory_equal(c->out[i], ref[i], x->r[i].max_new * sizeof(int32_t));
+    }
+    strbuf sg = {0};
+    char err[256], text[1024];
+    assert_int_equal(gram_schema_to_gbnf(schema, strlen(schema), &sg, err, sizeof err), VKI_OK);
+    const vki_tokenizer *tok = vki_engine_tokenizer(x->e);
+    for (uint32_t i = 6; i < 10; i++) {
+        size_t len = 0;
+        if (c->finish[i] != VKI_FINISH_EOS)
+            fail_msg("constrained request %u: finish %d (%s), expected EOS", i, c->finish[i], c->error[i]);
+        assert_int_equal(vki_detokenize(tok, c->out[i], c->n_out[i] - 1, 0, text, sizeof text - 1, &len), VKI_OK);
+        text[len] = 0;
+        fprintf(stderr, "  constrained request %u (%s): %s\n", i, i < 8 ? "schema" : "gbnf", text);
+        bool ok = i < 8 ? vt_in_grammar(sg.p, sg.len, text, len) : vt_in_grammar(gbnf, strlen(gbnf), text, len);
+        if (!ok)
+            fail_msg("request %u: \"%s\" is not in its grammar's language", i, text);
+        assert_true(vki_token_is_eog(tok, c->out[i][c->n_out[i] - 1]));
+        if (i < 8) { /* a JSON parser agrees: an object with an integer n and a boolean ok */
+            cJSON *o = cJSON_Parse(text);
+            assert_non_null(o);
+            assert_true(cJSON_IsNumber(cJSON_GetObjectItem(o, "n")) && cJSON_IsBool(cJSON_GetObjectItem(o, "ok")));
+            cJSON_Delete(o);
+        }
+    }
+    assert_int_equal(c->finish[10], VKI_FINISH_ERROR);
+    assert_int_equal(c->n_out[10], 0);
+    assert_non_null(strstr(c->error[10], "no token could be sampled"));
+    strbuf_free(&sg);
+    pthread_mutex_destroy(&c->mu);
+    pthread_cond_destroy(&c->cv);
+    free(c);
+    x->n_req = n;
+    free(ref);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_greedy_batched_equals_solo_every_policy),
         cmocka_unit_test(test_seeded_sampling_independent_of_batch),
         cmocka_unit_test(test_logits_processor),
+        cmocka_unit_test(test_constrained_batch),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

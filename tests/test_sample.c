@@ -31,10 +31,17 @@ static void gpu_sample(vt_gpu *g, const float *logits, uint32_t n_rows, uint32_t
     vki_status st = op_sampler_pack(s, reqs, n_rows, err, sizeof err);
     if (st != VKI_OK)
         fail_msg("pack: %s", err);
-    size_t bytes = ((size_t)(n_rows - 1) * stride + n_vocab) * 4;
-    vkd_buffer *lb = vt_buf_from(g, logits, bytes, "logits");
+    size_t bytes = ((size_t)(n_rows - 1) * stride + n_vocab) * 4, mb = op_sampler_mask_bytes(s);
+    vkd_buffer *lb = vt_buf_from(g, logits, bytes, "logits"), *masks = NULL;
+    if (mb) { /* the masked rows' bitsets, as the engine uploads them with the step inputs */
+        void *m = malloc(mb);
+        op_sampler_copy_masks(s, m);
+        masks = vt_buf_from(g, m, mb, "masks");
+        free(m);
+    }
     vt_begin(g);
-    assert_int_equal(op_sampler_record(s, &g->cmd, vkd_whole(lb), stride), VKI_OK);
+    assert_int_equal(op_sampler_record(s, &g->cmd, vkd_whole(lb), stride, masks ? vkd_whole(masks) : (vkd_view){0}),
+                     VKI_OK);
     vt_submit_wait(g);
     memcpy(out, op_sampler_out(s), n_rows * sizeof *out);
     float *back = malloc(bytes);
@@ -42,6 +49,7 @@ static void gpu_sample(vt_gpu *g, const float *logits, uint32_t n_rows, uint32_t
     assert_memory_equal(back, logits, bytes);
     free(back);
     vkd_buffer_destroy(g->dev, lb);
+    vkd_buffer_destroy(g->dev, masks);
     op_sampler_destroy(s);
 }
 
@@ -60,9 +68,9 @@ static sample_dist ref_dist(const float *logits, uint32_t n_vocab, const sample_
     vki_sample_edit *e = malloc(cap * sizeof *e);
     vki_sample_row row;
     char err[256];
-    assert_int_equal(sample_pack_row(r, n_vocab, 0, &row, e, cap, &n, err, sizeof err), VKI_OK);
+    assert_int_equal(sample_pack_row(r, n_vocab, 0, 0, &row, e, cap, &n, err, sizeof err), VKI_OK);
     sample_dist d;
-    assert_int_equal(sample_dist_build(logits, n_vocab, &row, e, &d), VKI_OK);
+    assert_int_equal(sample_dist_build(logits, n_vocab, &row, e, r->mask, &d), VKI_OK);
     free(e);
     return d;
 }
@@ -141,6 +149,20 @@ static void fill_logits(vt_rng *r, float *x, uint32_t n)
         if (i % 4 == 0)
             x[vt_range(r, 0, n - 1)] = NAN;
     }
+}
+
+/* A random allowed-token mask keeping about `keep` of the tokens (at least one when keep > 0). */
+static uint32_t *random_mask(vt_rng *rng, uint32_t V, float keep)
+{
+    uint32_t words = (V + 31) / 32, *m = calloc(words, 4);
+    for (uint32_t i = 0; i < V; i++)
+        if (vt_uniform(rng, 0, 1) < keep)
+            m[i >> 5] |= 1u << (i & 31);
+    if (keep > 0)
+        m[0] |= 1u; /* never empty */
+    for (uint32_t i = V; i < words * 32; i++) /* bits past the vocabulary set: never read as tokens */
+        m[i >> 5] |= 1u << (i & 31);
+    return m;
 }
 
 static uint32_t argmax_of(const float *x, uint32_t n)
@@ -228,7 +250,7 @@ static void test_penalty_semantics(void **state)
     p.penalty_window = 4; /* token 0 falls outside */
     p.logit_bias = bias;
     p.n_logit_bias = 3;
-    sample_req r = {&p, 1, 0, hist, 5};
+    sample_req r = {&p, 1, 0, hist, 5, NULL};
     sample_dist d = ref_dist(x, 8, &r);
     /* 3: 3/2 - (2*0.25 + 0.5); 1: -1*2 - 0.75; 7: 4/2 - 0.75; 6: 0 + 1.25; 2: 0.5 - 0.5 */
     const float want[8] = {2, -2.75f, 0, 0.5f, -2, 1, 1.25f, 1.25f};
@@ -307,11 +329,11 @@ static void test_params_check(void **state)
     vki_sampling_params p = vki_sampling_default_params();
     p.repetition_penalty = 1.2f;
     const int32_t hist[2] = {5, 1000};
-    sample_req r = {&p, 1, 0, hist, 2};
+    sample_req r = {&p, 1, 0, hist, 2, NULL};
     vki_sample_row row;
     vki_sample_edit e[4];
     uint32_t n;
-    assert_int_equal(sample_pack_row(&r, 1000, 0, &row, e, 4, &n, err, sizeof err), VKI_ERR_INVALID_ARG);
+    assert_int_equal(sample_pack_row(&r, 1000, 0, 0, &row, e, 4, &n, err, sizeof err), VKI_ERR_INVALID_ARG);
     assert_non_null(strstr(err, "history"));
 }
 
@@ -388,7 +410,7 @@ static void test_distributions(void **state)
     for (int i = 0; i < 40; i++) /* the penalties hit likely tokens, some several times */
         hist[i] = i % 3 ? (int32_t)top : (int32_t)((top + 1 + i * 7) % V);
     const vki_logit_bias bias[5] = {{(int32_t)top, -INFINITY}, {3, 4}, {500, 4.5f}, {999, 5}, {7, -2}};
-    sample_req r = {NULL, vt_u64(&rng), 0, hist, 40};
+    sample_req r = {NULL, vt_u64(&rng), 0, hist, 40, NULL};
     struct {
         const char *label;
         float t, top_p, min_p, rep, pres, freq;
@@ -418,6 +440,15 @@ static void test_distributions(void **state)
         r.params = &p;
         run_distribution_n(g, cases[c].label, row, V, &r, N_DRAWS, c == 0);
     }
+    /* a grammar's mask keeping 40% of the tokens, with and without cuts */
+    uint32_t *mask = random_mask(&rng, V, 0.4f);
+    vki_sampling_params p = vki_sampling_default_params();
+    r.params = &p;
+    r.mask = mask;
+    run_distribution(g, "mask 40%", row, V, &r);
+    p.temperature = 1.4f, p.top_k = 50, p.top_p = 0.9f, p.min_p = 0.02f;
+    run_distribution(g, "mask 40% k50 p0.9 minp .02", row, V, &r);
+    free(mask);
     vt_assert_clean(g);
 }
 
@@ -434,7 +465,7 @@ static void test_tie_cuts(void **state)
         row[(i * 37 + 11) % V] = 2.0f; /* 30 tied maxima, scattered */
     row[690] = 3.0f;                   /* one above them */
     vki_sampling_params p = vki_sampling_default_params();
-    sample_req r = {&p, 0x5eed, 0, NULL, 0};
+    sample_req r = {&p, 0x5eed, 0, NULL, 0, NULL};
     p.top_k = 10; /* 690 and the 9 lowest-id tied tokens */
     sample_dist d = ref_dist(row, V, &r);
     assert_int_equal(d.n_kept, 10);
@@ -472,7 +503,7 @@ static void test_boundaries(void **state)
     for (uint32_t i = 0; i < R; i++) {
         fill_logits(&rng, x + i * V, V);
         p[i] = vki_sampling_default_params();
-        r[i] = (sample_req){&p[i], vt_u64(&rng), vt_range(&rng, 0, 100000), NULL, 0};
+        r[i] = (sample_req){&p[i], vt_u64(&rng), vt_range(&rng, 0, 100000), NULL, 0, NULL};
     }
     p[0].top_k = 1;
     p[0].temperature = 4.0f;
@@ -538,7 +569,7 @@ static void test_all_but_one_inf(void **state)
         p[i] = vki_sampling_default_params();
         p[i].logprobs = true;
         p[i].top_logprobs = 3;
-        r[i] = (sample_req){&p[i], 99 + i, i, NULL, 0};
+        r[i] = (sample_req){&p[i], 99 + i, i, NULL, 0, NULL};
     }
     p[0].temperature = 0;
     p[1].top_k = 5;
@@ -586,7 +617,7 @@ static void test_vocab_sizes(void **state)
             p[i] = vki_sampling_default_params();
             p[i].logprobs = true;
             p[i].top_logprobs = i * 4;
-            r[i] = (sample_req){&p[i], vt_u64(&rng), vt_range(&rng, 0, 1u << 30), hist, 32};
+            r[i] = (sample_req){&p[i], vt_u64(&rng), vt_range(&rng, 0, 1u << 30), hist, 32, NULL};
         }
         p[0].temperature = 0;
         p[1].temperature = 0.8f, p[1].top_k = 40, p[1].top_p = 0.95f;
@@ -599,6 +630,58 @@ static void test_vocab_sizes(void **state)
             char label[64];
             snprintf(label, sizeof label, "vocab %u row %u", V, i);
             assert_row_matches(x + (size_t)i * stride, V, &r[i], &out[i], label);
+        }
+        free(x);
+    }
+    vt_assert_clean(g);
+}
+
+/* Grammar masks (VKI_SAMPLE_MASK): rows of awkward vocabulary sizes with masks keeping from one
+ * token to most, greedy and sampled with cuts, beside unmasked rows of the same dispatch, against
+ * the reference; a mask that keeps nothing gives -1; the logprobs stay those of the raw row. */
+static void test_masks(void **state)
+{
+    vt_gpu *g = vt_gpu_get(state);
+    vt_rng rng = vt_rng_seeded("sample masks");
+    const uint32_t sizes[] = {1, 7, 33, 64, 65, 1000, 1025, 4097};
+    enum { R = 8 };
+    for (size_t s = 0; s < sizeof sizes / sizeof sizes[0]; s++) {
+        uint32_t V = sizes[s];
+        float *x = malloc((size_t)R * V * 4);
+        vki_sampling_params p[R];
+        sample_req r[R];
+        vki_sample_out out[R];
+        uint32_t *m[R] = {0};
+        const float keep[R] = {0.5f, 0.02f, 0.9f, 0, 0.3f, -1, 0.5f, 0.0f};
+        for (uint32_t i = 0; i < R; i++) {
+            fill_logits(&rng, x + (size_t)i * V, V);
+            p[i] = vki_sampling_default_params();
+            p[i].logprobs = true;
+            p[i].top_logprobs = 3;
+            m[i] = keep[i] < 0 ? NULL : random_mask(&rng, V, keep[i]); /* row 5: no mask */
+            r[i] = (sample_req){&p[i], vt_u64(&rng), vt_range(&rng, 0, 1u << 20), NULL, 0, m[i]};
+        }
+        p[0].temperature = 0;
+        p[1].top_k = 40, p[1].top_p = 0.9f;
+        p[2].min_p = 0.05f;
+        p[3].temperature = 0;        /* keeps nothing: -1 */
+        p[4].top_p = 0.5f, p[4].temperature = 0.7f;
+        p[6].temperature = 0, p[6].top_logprobs = 0;
+        memset(m[6], 0, (V + 31) / 32 * 4); /* one allowed token: the pick whatever its logit */
+        m[6][(V - 1) >> 5] = 1u << ((V - 1) & 31);
+        m[7][0] |= 1u;                /* keeps only token 0 */
+        p[7].top_k = 5;
+        gpu_sample(g, x, R, V, V, r, out);
+        assert_int_equal(out[3].token, -1);
+        assert_int_equal(out[6].token, (int32_t)V - 1);
+        assert_int_equal(out[7].token, 0);
+        for (uint32_t i = 0; i < R; i++) {
+            char label[64];
+            snprintf(label, sizeof label, "mask vocab %u row %u", V, i);
+            assert_row_matches(x + (size_t)i * V, V, &r[i], &out[i], label);
+            if (out[i].token >= 0 && m[i])
+                assert_true(m[i][out[i].token >> 5] >> (out[i].token & 31) & 1);
+            free(m[i]);
         }
         free(x);
     }
@@ -621,7 +704,7 @@ static void test_temperature_extremes(void **state)
         p[i] = vki_sampling_default_params();
         p[i].temperature = temps[i];
         p[i].top_p = i % 2 ? 0.9f : 1.0f;
-        r[i] = (sample_req){&p[i], vt_u64(&rng), i, NULL, 0};
+        r[i] = (sample_req){&p[i], vt_u64(&rng), i, NULL, 0, NULL};
     }
     gpu_sample(g, x, R, V, V, r, out);
     for (uint32_t i = 0; i < 3; i++) {
@@ -648,7 +731,7 @@ static void test_vocab_256k(void **state)
     p[1].top_p = 0.95f; /* a top-p cut among ~all tokens */
     for (int i = 0; i < R; i++)
         p[i].logprobs = true, p[i].top_logprobs = 20;
-    sample_req r[R] = {{&p[0], 12345, 678, NULL, 0}, {&p[1], 999, 4242, NULL, 0}};
+    sample_req r[R] = {{&p[0], 12345, 678, NULL, 0, NULL}, {&p[1], 999, 4242, NULL, 0, NULL}};
     vki_sample_out out[R];
     gpu_sample(g, x, R, V, V, r, out);
     for (int i = 0; i < R; i++)
@@ -672,7 +755,7 @@ static void test_greedy_logprobs(void **state)
     vki_sample_out out[R];
     for (uint32_t i = 0; i < R; i++) {
         fill_logits(&rng, x + i * V, V);
-        r[i] = (sample_req){&p, i, i, NULL, 0};
+        r[i] = (sample_req){&p, i, i, NULL, 0, NULL};
     }
     gpu_sample(g, x, R, V, V, r, out);
     for (uint32_t i = 0; i < R; i++) {
@@ -703,7 +786,7 @@ static void test_reproducible(void **state)
     p.temperature = 1.1f, p.top_p = 0.97f, p.repetition_penalty = 1.2f, p.logprobs = true, p.top_logprobs = 5;
     other.top_k = 7, other.temperature = 0.3f;
     for (uint32_t pos = 0; pos < 64; pos += 9) {
-        sample_req me = {&p, 0xdeadbeef12345678ull, pos, hist, 20};
+        sample_req me = {&p, 0xdeadbeef12345678ull, pos, hist, 20, NULL};
         vki_sample_out alone, batch[R];
         gpu_sample(g, mine, 1, V, V, &me, &alone);
         assert_row_matches(mine, V, &me, &alone, "alone");
@@ -715,7 +798,7 @@ static void test_reproducible(void **state)
                     r[i] = me;
                 } else {
                     fill_logits(&rng, x + (size_t)i * V, V);
-                    r[i] = (sample_req){&other, vt_u64(&rng), pos, hist, 20};
+                    r[i] = (sample_req){&other, vt_u64(&rng), pos, hist, 20, NULL};
                 }
             }
             gpu_sample(g, x, R, V, V, r, batch);
@@ -730,7 +813,7 @@ static void test_reproducible(void **state)
     float *many = malloc((size_t)64 * V * 4);
     for (uint32_t i = 0; i < 64; i++) {
         memcpy(many + (size_t)i * V, mine, V * 4);
-        a[i] = (sample_req){&p, 0xdeadbeef12345678ull + (i & 1), i / 2, hist, 20};
+        a[i] = (sample_req){&p, 0xdeadbeef12345678ull + (i & 1), i / 2, hist, 20, NULL};
     }
     gpu_sample(g, many, 64, V, V, a, o);
     uint32_t distinct = 0;
@@ -756,21 +839,21 @@ static void test_entry_point_checks(void **state)
         bad_cases[i].set(&bad);
         if (bad.logit_bias == bad_tok) /* token 1000 is outside this vocabulary too */
             assert_true(bad_tok[0].token >= V);
-        sample_req r[2] = {{&ok, 1, 0, NULL, 0}, {&bad, 1, 0, NULL, 0}};
+        sample_req r[2] = {{&ok, 1, 0, NULL, 0, NULL}, {&bad, 1, 0, NULL, 0, NULL}};
         char err[256] = "";
         assert_int_equal(op_sampler_pack(s, r, 2, err, sizeof err), VKI_ERR_INVALID_ARG);
         if (!strstr(err, bad_cases[i].field) || !strstr(err, "row 1"))
             fail_msg("case %zu: \"%s\" does not name row 1 and %s", i, err, bad_cases[i].field);
     }
-    sample_req five[5] = {{&ok, 1, 0, NULL, 0}};
+    sample_req five[5] = {{&ok, 1, 0, NULL, 0, NULL}};
     char err[256];
     assert_int_equal(op_sampler_pack(s, five, 5, err, sizeof err), VKI_ERR_INVALID_ARG); /* > max_rows */
     assert_int_equal(op_sampler_pack(s, five, 1, err, sizeof err), VKI_OK);
     vkd_buffer *lb = vt_buf_nan(g, V * 4, "logits");
     vt_begin(g);
-    assert_int_equal(op_sampler_record(s, &g->cmd, vkd_whole(lb), V - 1), VKI_ERR_INVALID_ARG); /* stride */
+    assert_int_equal(op_sampler_record(s, &g->cmd, vkd_whole(lb), V - 1, (vkd_view){0}), VKI_ERR_INVALID_ARG); /* stride */
     vkd_view short_view = {lb, 0, V * 4 - 4};
-    assert_int_equal(op_sampler_record(s, &g->cmd, short_view, V), VKI_ERR_INVALID_ARG);
+    assert_int_equal(op_sampler_record(s, &g->cmd, short_view, V, (vkd_view){0}), VKI_ERR_INVALID_ARG);
     vt_submit_wait(g);
     vkd_buffer_destroy(g->dev, lb);
     op_sampler_destroy(s);
@@ -805,14 +888,14 @@ static void test_step_plan(void **state)
     assert_int_equal(op_sampler_pack_plan(s, &plan, err, sizeof err), VKI_OK);
     vkd_buffer *lb = vt_buf_from(g, x, (size_t)3 * V * 4, "logits");
     vt_begin(g);
-    assert_int_equal(op_sampler_record(s, &g->cmd, vkd_whole(lb), V), VKI_OK);
+    assert_int_equal(op_sampler_record(s, &g->cmd, vkd_whole(lb), V, (vkd_view){0}), VKI_OK);
     vt_submit_wait(g);
     vki_step_out outs[3];
     op_sampler_read_plan(s, &plan, outs);
     const uint32_t want_slot[3] = {3, 7, 2}, seq_of[3] = {0, 2, 4};
     for (int i = 0; i < 3; i++) {
         const vki_step_seq *q = &seqs[seq_of[i]];
-        sample_req r = {q->sampling, q->seed, q->pos0 + q->n_new, q->history, q->n_history};
+        sample_req r = {q->sampling, q->seed, q->pos0 + q->n_new, q->history, q->n_history, NULL};
         vki_sample_out want;
         ref_sample(x + i * V, V, &r, &want);
         assert_int_equal(outs[i].slot, want_slot[i]);
@@ -840,7 +923,7 @@ static void test_kernel_routes(void **state)
     float row[V];
     vt_fill_uniform(&rng, row, V, -0.1f, 0.1f);
     vki_sampling_params p = vki_sampling_default_params();
-    sample_req r = {&p, vt_u64(&rng), 0, NULL, 0};
+    sample_req r = {&p, vt_u64(&rng), 0, NULL, 0, NULL};
     p.top_k = 30;
     run_distribution_n(g, "route: top_k 30, list", row, V, &r, CHUNK, false);
     p.top_k = 1500;
@@ -882,6 +965,7 @@ int main(void)
         cmocka_unit_test(test_all_but_one_inf),
         cmocka_unit_test(test_temperature_extremes),
         cmocka_unit_test(test_vocab_sizes),
+        cmocka_unit_test(test_masks),
         cmocka_unit_test(test_vocab_256k),
         cmocka_unit_test(test_reproducible),
         cmocka_unit_test(test_step_plan),

@@ -223,6 +223,12 @@ static bool backend_is_eog(void *ctx, int32_t token)
     return vki_token_is_eog(e->tok, token);
 }
 
+static vki_status backend_token_piece(void *ctx, int32_t token, char *buf, size_t cap, size_t *n_out)
+{
+    vki_engine *e = ctx;
+    return vki_token_to_piece(e->tok, token, false, buf, cap, n_out);
+}
+
 static void backend_detach(void *ctx)
 {
     vki_engine *e = ctx;
@@ -240,7 +246,8 @@ vki_status vki_batch_manager_create(vki_engine *e, const vki_batch_params *param
     const vk_engine *g = e->eng;
     bm_backend be = {.ctx = e, .max_seqs = g->p.max_seqs, .n_pages = g->n_pages, .page_size = g->p.page_size,
                      .max_ctx = g->max_ctx, .max_tokens = g->p.max_tokens, .vocab_size = g->model.hp.n_vocab,
-                     .step = backend_step, .is_eog = backend_is_eog, .detach = backend_detach};
+                     .step = backend_step, .is_eog = backend_is_eog, .token_piece = backend_token_piece,
+                     .detach = backend_detach};
     vki_status st = bm_create(&be, params, cb, out);
     if (st == VKI_OK)
         e->has_manager = true;

@@ -20,6 +20,9 @@ typedef struct bm_backend {
     vki_status (*step)(void *ctx, const vki_step_plan *plan, vki_step_out *outs);
     /* End-of-generation token (EOS/EOT from the model's metadata). */
     bool (*is_eog)(void *ctx, int32_t token);
+    /* The bytes of a token as generated text shows them (vki_token_to_piece's contract, control
+     * tokens empty), for grammar-constrained requests. NULL: such requests are refused. */
+    vki_status (*token_piece)(void *ctx, int32_t token, char *buf, size_t cap, size_t *n_out);
     /* Called once when the batch manager is destroyed (may be NULL): the executor may serve
      * another manager afterwards. */
     void (*detach)(void *ctx);

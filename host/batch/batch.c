@@ -32,14 +32,14 @@ static void respond(vki_batch_manager *bm, bm_req *q, uint32_t from, bool final,
                     const char *error)
 {
     const sched_seq *s = q->seq;
-    uint32_t gen = s ? sched_seq_generated(s) : 0;
+    uint32_t gen = s ? sched_seq_generated(s) - q->drop_last : 0; /* a "no token" placeholder never shows */
     vki_response r = {
         .id = q->id,
         .tokens = s && gen > from ? s->tokens + s->n_prompt + from : NULL,
         .n_tokens = gen > from ? gen - from : 0,
         .n_top = q->n_top,
         .cum_logprob = q->cum_lp,
-        .seq_len = s ? s->n_tokens : q->n_prompt,
+        .seq_len = s ? s->n_tokens - q->drop_last : q->n_prompt,
         .final = final,
         .finish = final ? why : VKI_FINISH_NONE,
         .error = why == VKI_FINISH_ERROR ? error : NULL,
@@ -72,6 +72,7 @@ static void finish(vki_batch_manager *bm, bm_req *q, vki_finish_reason why, cons
         sched_remove(bm->s, q->seq);
         bm->n_active--;
     }
+    bm_constraint_detach(bm, q);
     bm_req_free(q);
 }
 
@@ -108,14 +109,18 @@ static void enter_scheduler(vki_batch_manager *bm, bm_req *q)
         if (!q->lp || (q->n_top && (!q->top_tok || !q->top_lp)))
             st = VKI_ERR_OUT_OF_HOST_MEMORY;
     }
+    char msg[BM_MSG_CAP] = "";
+    if (st == VKI_OK)
+        st = bm_constraint_attach(bm, q, msg, sizeof msg);
     sched_add_args a = {.prompt = q->prompt, .n_prompt = q->n_prompt, .max_new = q->max_new, .priority = q->priority,
                         .sampling = &q->sampling, .seed = q->seed, .user = q,
-                        .logits_hook = q->processor ? processor_hook : NULL, .logits_hook_ctx = q};
+                        .logits_hook = q->processor ? processor_hook : NULL, .logits_hook_ctx = q,
+                        .token_mask = q->gram ? q->gr.mask : NULL};
     if (st == VKI_OK)
         st = sched_add(bm->s, &a, &q->seq);
     if (st != VKI_OK) {
-        char msg[BM_MSG_CAP];
-        snprintf(msg, sizeof msg, "request not queued: %s", vki_status_str(st));
+        if (!msg[0])
+            snprintf(msg, sizeof msg, "request not queued: %s", vki_status_str(st));
         q->status = st;
         finish(bm, q, VKI_FINISH_ERROR, msg);
         return;
@@ -232,6 +237,25 @@ static vki_finish_reason apply_token(vki_batch_manager *bm, bm_req *q, const vki
     return sched_seq_generated(s) >= q->max_new ? VKI_FINISH_LENGTH : VKI_FINISH_NONE;
 }
 
+/* The request's row sampled no token: its grammar admits none here, its grammar's caches
+ * failed, or every logit was banned (logit_bias) or not a number. */
+static void no_token(vki_batch_manager *bm, bm_req *q)
+{
+    char msg[BM_MSG_CAP];
+    if (q->gram_error[0]) {
+        snprintf(msg, sizeof msg, "%s", q->gram_error);
+    } else if (q->gram && q->no_token) {
+        snprintf(msg, sizeof msg, "grammar: no token of the vocabulary can continue the output here (the grammar "
+                 "admits nothing this model can write after %u generated tokens)", sched_seq_generated(q->seq) - 1);
+        q->status = VKI_ERR_INVALID_ARG;
+    } else {
+        snprintf(msg, sizeof msg, "no token could be sampled: every token is banned by logit_bias%s or has a NaN or "
+                 "-inf logit", q->gram ? " or the grammar" : "");
+        q->status = VKI_ERR_INVALID_ARG;
+    }
+    finish(bm, q, VKI_FINISH_ERROR, msg);
+}
+
 /* Runs one planned step and delivers its results. */
 static void run_step(vki_batch_manager *bm, const sched_tick *t, double *step_ms)
 {
@@ -252,15 +276,32 @@ static void run_step(vki_batch_manager *bm, const sched_tick *t, double *step_ms
             }
         return;
     }
+    /* a row that could sample nothing (-1) ends only its own request; the scheduler gets a
+     * placeholder token that is never shown nor computed */
+    for (uint32_t i = 0, k = 0; i < n; i++)
+        if (t->plan.seqs[i].want_token && bm->outs[k++].token < 0) {
+            reqs[i]->drop_last = true;
+            bm->outs[k - 1].token = 0;
+        }
     sched_commit(bm->s, t, bm->outs);
     uint32_t k = 0;
     for (uint32_t i = 0; i < n; i++) {
         if (!t->plan.seqs[i].want_token)
             continue;
         bm_req *q = reqs[i];
-        vki_finish_reason why = apply_token(bm, q, &bm->outs[k++]);
+        const vki_step_out *o = &bm->outs[k++];
+        if (q->drop_last) {
+            no_token(bm, q);
+            continue;
+        }
+        char msg[BM_MSG_CAP] = "";
+        vki_finish_reason why = apply_token(bm, q, o), g = VKI_FINISH_NONE;
+        if (why != VKI_FINISH_EOS)
+            g = bm_constraint_advance(bm, q, o->token, msg, sizeof msg);
+        if (g == VKI_FINISH_ERROR || (g == VKI_FINISH_STOP && why == VKI_FINISH_NONE))
+            why = g;
         if (why != VKI_FINISH_NONE)
-            finish(bm, q, why, NULL);
+            finish(bm, q, why, why == VKI_FINISH_ERROR ? msg : NULL);
         else if (q->streaming)
             respond(bm, q, q->n_sent, false, VKI_FINISH_NONE, NULL);
     }
@@ -278,6 +319,8 @@ static void tick(vki_batch_manager *bm)
     pthread_mutex_lock(&bm->mu); /* admissions made room in the queue */
     bm->sched_waiting = sched_queue_len(bm->s);
     pthread_mutex_unlock(&bm->mu);
+    if (t.plan.n_seqs && bm->grams)
+        bm_constraint_masks(bm, &t);
     if (t.plan.n_seqs)
         run_step(bm, &t, &step_ms);
     bm->iteration++;
@@ -384,6 +427,7 @@ static vki_status check_params(const bm_backend *be, const vki_batch_params *p, 
 
 static void bm_free(vki_batch_manager *bm)
 {
+    bm_grammar_free_all(bm);
     sched_destroy(bm->s);
     bm_map_free(&bm->inflight);
     free(bm->outs);
@@ -474,8 +518,12 @@ vki_status vki_batch_submit(vki_batch_manager *bm, const vki_request *req, vki_r
     bm_req *q = NULL;
     if (st == VKI_OK)
         st = bm_req_copy(req, &q);
-    if (st != VKI_OK)
+    if (st == VKI_OK) /* compiled here, on the caller's thread: the worker only attaches it */
+        st = bm_constraint_compile(bm, req, q, err ? err : msg, err ? err_cap : sizeof msg);
+    if (st != VKI_OK) {
+        bm_req_free(q);
         return st;
+    }
     q->respond = on_response;
     q->respond_user = user;
     pthread_mutex_lock(&bm->mu);

@@ -4,6 +4,8 @@
  *
  *   batch.c          the worker thread, create/destroy, submit/cancel/notify, the tick
  *   batch_request.c  request copies, validation, the request list, the in-flight id map
+ *   batch_grammar.c  structured output: grammars compiled at submission, shared automata, the
+ *                    per-step token masks and the state advance after each token
  *   batch_stats.c    the per-tick stats JSON
  *
  * Locking: one mutex guards what other threads touch (inbox, cancel list, in-flight map,
@@ -16,6 +18,7 @@
 #include <pthread.h>
 
 #include "host/batch/backend.h"
+#include "host/grammar/grammar.h"
 #include "scheduler/sched.h"
 #include "vkinfer.h"
 
@@ -41,6 +44,16 @@ typedef struct bm_req {
     uint64_t seed;             /* resolved */
     vki_logits_fn processor;   /* logits post-processor or NULL */
     void *processor_user;
+    /* structured output */
+    gram_grammar *grammar;     /* compiled at submission; the worker hands it to an automaton */
+    char *gbnf;                /* [gbnf_len] its GBNF text (a schema's conversion): the key under
+                                  which requests share one automaton */
+    size_t gbnf_len;
+    struct bm_gram_entry *gram;/* worker: the shared automaton's cache entry, or NULL */
+    gram_req gr;               /* worker: the request's parse state and mask buffer */
+    bool no_token;             /* worker: this step's mask allows no token */
+    char gram_error[BM_MSG_CAP]; /* worker: why the grammar could not give a mask */
+    bool drop_last;            /* worker: the last appended token is a placeholder for "none" */
     vki_response_fn respond;   /* push: the submitter's callback; else cb->send_response */
     void *respond_user;
     char error[BM_MSG_CAP];    /* non-empty: refused at intake with this message */
@@ -98,6 +111,14 @@ struct vki_batch_manager {
     uint32_t n_active;         /* requests in the scheduler */
     uint64_t iteration;
     uint64_t n_finished;       /* final responses sent (worker thread) */
+    /* structured output (worker thread; built on the first constrained request) */
+    gram_vocab *vocab;         /* the executor's vocabulary as a byte trie */
+    int32_t *eog_ids;          /* [n_eog] its end-of-generation tokens */
+    uint32_t n_eog;
+    struct bm_gram_entry *grams; /* compiled grammars by GBNF text (list, most recent first) */
+    uint32_t n_grams;
+    double gram_us;            /* host time in grammar work, summed (stats) */
+    uint64_t gram_tokens;      /* constrained tokens it covers */
 };
 
 /* Creates a manager over `be` (copied; be->ctx must outlive the manager) and starts its worker.
@@ -117,6 +138,18 @@ bm_req *bm_map_find(const bm_id_map *m, uint64_t id);
 vki_status bm_map_insert(bm_id_map *m, bm_req *q); /* id not present */
 void bm_map_remove(bm_id_map *m, bm_req *q);
 uint64_t bm_next_seed(uint64_t *state);
+
+/* batch_grammar.c (structured output). bm_constraint_compile runs on the submitting thread;
+ * the others on the worker. */
+vki_status bm_constraint_compile(const vki_batch_manager *bm, const vki_request *r, bm_req *q, char *msg, size_t cap);
+vki_status bm_constraint_attach(vki_batch_manager *bm, bm_req *q, char *msg, size_t cap);
+void bm_constraint_detach(vki_batch_manager *bm, bm_req *q);
+/* Fills the masks of the plan's constrained rows that sample this step. */
+void bm_constraint_masks(vki_batch_manager *bm, const sched_tick *t);
+/* After q sampled tok (not an end token that finished it): NONE, STOP (complete, no end token
+ * may follow) or ERROR (msg filled). */
+vki_finish_reason bm_constraint_advance(vki_batch_manager *bm, bm_req *q, int32_t tok, char *msg, size_t cap);
+void bm_grammar_free_all(vki_batch_manager *bm);
 
 /* batch_stats.c: emits the stats JSON of one tick through cb.stats. */
 void bm_emit_stats(vki_batch_manager *bm, const sched_tick *t, double step_ms);

@@ -140,6 +140,9 @@ void bm_req_free(bm_req *q)
     free(q->lp);
     free(q->top_tok);
     free(q->top_lp);
+    gram_grammar_free(q->grammar);
+    free(q->gbnf);
+    gram_req_free(&q->gr);
     free(q);
 }
 
@@ -155,7 +158,12 @@ vki_status vki_request_list_add(vki_request_list *sink, const vki_request *req)
     vki_status st = bm_req_copy(req, &q);
     if (st != VKI_OK)
         return st;
-    bm_validate(sink->bm, req, q->error, sizeof q->error); /* a refusal is sent by the worker */
+    /* a refusal is sent by the worker */
+    if (bm_validate(sink->bm, req, q->error, sizeof q->error) == VKI_OK &&
+        bm_constraint_compile(sink->bm, req, q, q->error, sizeof q->error) == VKI_ERR_OUT_OF_HOST_MEMORY) {
+        bm_req_free(q);
+        return VKI_ERR_OUT_OF_HOST_MEMORY;
+    }
     if (sink->tail)
         sink->tail->next = q;
     else

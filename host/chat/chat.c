@@ -211,6 +211,8 @@ static void content_trimmed(chat_out *o, const chat_msg *m)
     chat_prompt_free(&one);
 }
 
+vki_status chat_prompt_append(chat_prompt *p, const char *s, size_t n, bool tmpl) { return put(p, s, n, tmpl); }
+
 void chat_prompt_free(chat_prompt *p)
 {
     strbuf_free(&p->buf);

@@ -37,6 +37,7 @@ typedef enum chat_role {
     CHAT_SYSTEM = 0,
     CHAT_USER,
     CHAT_ASSISTANT,
+    CHAT_TOOL,            /* a tool's result: only chat_render_tools (chat_tools.h) renders it */
 } chat_role;
 
 typedef struct chat_msg {
@@ -89,6 +90,9 @@ typedef struct chat_prompt {
 vki_status chat_render(const chat_template *t, const chat_msg *m, size_t n, bool add_generation_prompt,
                        chat_prompt *out, char *err, size_t n_err);
 void chat_prompt_free(chat_prompt *p);
+/* Appends text to a prompt: template text (tmpl, its control tokens are recognised) or message
+ * content. For renderers outside chat.c (chat_tools.c). */
+vki_status chat_prompt_append(chat_prompt *p, const char *s, size_t n, bool tmpl);
 
 /* The control tokens of a vocabulary (tokens whose text shows only when rendered as special),
  * for chat_tokenize. Built once per server: O(vocab). */

@@ -2,6 +2,7 @@
 #include "support/fake_engine.h"
 #include "engine/rng.h"
 
+#include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -44,6 +45,48 @@ static int32_t next_token(const fake_engine *f, uint64_t h, bool sampled, uint64
 }
 
 static bool is_sampled(const vki_step_seq *e) { return e->sampling && e->sampling->temperature > 0; }
+
+/* Whether the row may draw t: its token mask (a grammar's) has the bit and no -inf logit bias
+ * bans it, the two things that make the real sampler skip a token. */
+static bool allowed(const vki_step_seq *e, int32_t t)
+{
+    if (e->token_mask && !(e->token_mask[t >> 5] >> (t & 31) & 1))
+        return false;
+    for (uint32_t i = 0; e->sampling && i < e->sampling->n_logit_bias; i++)
+        if (e->sampling->logit_bias[i].token == t && e->sampling->logit_bias[i].bias == -INFINITY)
+            return false;
+    return true;
+}
+
+/* The fake's choice under the row's constraints: its own token if allowed, else the next allowed
+ * id (cyclically), else -1 (nothing allowed). Unconstrained rows are unchanged. */
+static int32_t constrain(const fake_engine *f, const vki_step_seq *e, int32_t t)
+{
+    for (uint32_t k = 0; k < f->c.vocab; k++) {
+        int32_t c = (int32_t)(((uint32_t)t + k) % f->c.vocab);
+        if (allowed(e, c))
+            return c;
+    }
+    return -1;
+}
+
+/* The fake vocabulary's bytes: token i is fake_words[i % n] (ids share texts), JSON punctuation,
+ * letters and digits, so grammars of JSON-like text can be followed by it. */
+static const char *const fake_words[] = {"<eos>", "{", "}", "[", "]", ":", ",", "\"", " ", "a", "b", "c", "1", "2",
+                                         "true", "null", "\"a\"", "{\"", "\":", "\",", "x", "yz", "\n", "-"};
+
+vki_status fake_token_piece(void *ctx, int32_t token, char *buf, size_t cap, size_t *n_out)
+{
+    const fake_engine *f = ctx;
+    if (token < 0 || (uint32_t)token >= f->c.vocab)
+        return VKI_ERR_INVALID_ARG;
+    const char *w = fake_words[(uint32_t)token % (sizeof fake_words / sizeof *fake_words)];
+    *n_out = strlen(w);
+    if (*n_out > cap)
+        return VKI_ERR_INVALID_ARG;
+    memcpy(buf, w, *n_out);
+    return VKI_OK;
+}
 
 static void violation(fake_engine *f, const char *fmt, ...)
 {
@@ -98,7 +141,7 @@ bm_backend fake_backend(fake_engine *f)
 {
     return (bm_backend){.ctx = f, .max_seqs = f->c.max_seqs, .n_pages = f->c.n_pages, .page_size = f->c.page_size,
                         .max_ctx = f->c.max_ctx, .max_tokens = f->c.max_tokens, .vocab_size = f->c.vocab,
-                        .step = fake_step, .is_eog = fake_is_eog};
+                        .step = fake_step, .is_eog = fake_is_eog, .token_piece = fake_token_piece};
 }
 
 bool fake_is_eog(void *ctx, int32_t token)
@@ -264,8 +307,8 @@ vki_status fake_step(void *ctx, const vki_step_plan *plan, vki_step_out *outs)
             continue;
         vki_step_out *o = &outs[k++];
         *o = (vki_step_out){.slot = e->slot};
-        o->token = next_token(f, h, is_sampled(e), e->seed, &o->logprob);
-        uint32_t n_top = e->sampling ? e->sampling->top_logprobs : 0;
+        o->token = constrain(f, e, next_token(f, h, is_sampled(e), e->seed, &o->logprob));
+        uint32_t n_top = o->token < 0 ? 0 : e->sampling ? e->sampling->top_logprobs : 0;
         o->n_top = n_top < VKI_MAX_TOP_LOGPROBS ? n_top : VKI_MAX_TOP_LOGPROBS;
         for (uint32_t j = 0; j < o->n_top; j++) {
             o->top_tokens[j] = (int32_t)(((uint32_t)o->token + 1 + j) % f->c.vocab);

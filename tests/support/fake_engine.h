@@ -44,6 +44,10 @@ bm_backend fake_backend(fake_engine *f);
 /* bm_backend entry points (ctx = the fake_engine) */
 vki_status fake_step(void *ctx, const vki_step_plan *plan, vki_step_out *outs);
 bool fake_is_eog(void *ctx, int32_t token);
+/* Token i's bytes: one of 24 JSON-ish words ("{", "\":", "true", "a", ...), i modulo 24; token 0 is
+ * "<eos>". A row with a token mask or -inf logit biases draws its own token if allowed, else the
+ * next allowed id, else -1 (as the GPU sampler returns for a row that allows nothing). */
+vki_status fake_token_piece(void *ctx, int32_t token, char *buf, size_t cap, size_t *n_out);
 
 /* Number of invariant violations so far; the first one's text goes to msg. */
 uint32_t fake_violations(const fake_engine *f, char *msg, size_t cap);

@@ -1,4 +1,6 @@
 #include "support/vt.h"
+
+#include "host/grammar/grammar.h"
 #include "engine/rng.h"
 
 #include <stdio.h>
@@ -197,4 +199,28 @@ const size_t vt_n_weight_types = sizeof vt_weight_types / sizeof vt_weight_types
 bool vt_is_float_type(uint32_t ggml_type)
 {
     return ggml_type == VKI_GGML_F32 || ggml_type == VKI_GGML_F16 || ggml_type == VKI_GGML_BF16;
+}
+
+vki_status vt_byte_piece(void *ctx, int32_t id, char *buf, size_t cap, size_t *n)
+{
+    (void)ctx;
+    buf[0] = (char)id;
+    *n = cap ? 1 : 0;
+    return VKI_OK;
+}
+
+bool vt_in_grammar(const char *gbnf, size_t len, const char *text, size_t n)
+{
+    gram_vocab *v;
+    gram_grammar *g;
+    gram_automaton *a;
+    char err[256];
+    assert_int_equal(gram_vocab_create(256, vt_byte_piece, NULL, NULL, &v), VKI_OK);
+    if (gram_parse(gbnf, len, &g, err, sizeof err) != VKI_OK)
+        fail_msg("%s", err);
+    assert_int_equal(gram_automaton_create(g, v, NULL, &a), VKI_OK);
+    bool ok = gram_accepts(a, text, n);
+    gram_automaton_free(a);
+    gram_vocab_free(v);
+    return ok;
 }

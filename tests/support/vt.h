@@ -69,6 +69,12 @@ extern const uint32_t vt_weight_types[];
 extern const size_t vt_n_weight_types;
 bool vt_is_float_type(uint32_t ggml_type);
 
+/* Grammars: a vocabulary of the 256 single bytes (token i = byte i) for gram_vocab_create, and
+ * whether text is in the language of a GBNF grammar (checked byte by byte, independently of any
+ * model's vocabulary; a grammar that does not parse fails the test). */
+vki_status vt_byte_piece(void *ctx, int32_t id, char *buf, size_t cap, size_t *n);
+bool vt_in_grammar(const char *gbnf, size_t len, const char *text, size_t n);
+
 /* ../shared/models/<name> if present, else NULL (the caller skips with a message). */
 const char *vt_shared_model(const char *name, char *buf, size_t n);
 

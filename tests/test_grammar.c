@@ -1,0 +1,474 @@
+/* The grammar engine (host/grammar/): GBNF accept/reject tables, parse errors naming the line and
+ * column, JSON Schema conversion (instances that must and must not match, refused keywords), and
+ * the token masks: at every step of random walks through each grammar, the mask built from the
+ * per-position caches must equal the brute-force mask (every token's bytes pushed through the
+ * automaton one by one), on a synthetic vocabulary full of multi-character and split-UTF-8
+ * tokens and on the real vocabularies in ../shared/models/vocab. No GPU. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "host/grammar/grammar.h"
+#include "support/vt.h"
+
+/* ---- helpers ------------------------------------------------------------------------------------ */
+
+/* A vocabulary given as an array of C strings (token i = words[i]; "" = never allowed). */
+typedef struct word_vocab {
+    const char *const *w;
+    uint32_t n;
+    int32_t end;              /* end-of-generation token, or -1 */
+} word_vocab;
+
+static vki_status word_piece(void *ctx, int32_t id, char *buf, size_t cap, size_t *n)
+{
+    const word_vocab *v = ctx;
+    *n = strlen(v->w[id]);
+    if (*n > cap)
+        return VKI_ERR_INVALID_ARG;
+    memcpy(buf, v->w[id], *n);
+    return VKI_OK;
+}
+
+static bool word_end(void *ctx, int32_t id) { return id == ((const word_vocab *)ctx)->end; }
+
+/* The 256 one-byte tokens: enough for gram_accepts, which walks bytes. */
+static gram_vocab *byte_vocab(void)
+{
+    static char bytes[256][2];
+    static const char *words[256];
+    for (int i = 0; i < 256; i++) {
+        bytes[i][0] = (char)(i ? i : 'x');
+        words[i] = bytes[i];
+    }
+    word_vocab wv = {words, 256, -1};
+    gram_vocab *v;
+    assert_int_equal(gram_vocab_create(256, word_piece, word_end, &wv, &v), VKI_OK);
+    return v;
+}
+
+static gram_automaton *compile(const char *gbnf, const gram_vocab *v)
+{
+    gram_grammar *g;
+    char err[256] = "";
+    if (gram_parse(gbnf, strlen(gbnf), &g, err, sizeof err) != VKI_OK)
+        fail_msg("grammar refused: %s\n%s", err, gbnf);
+    gram_automaton *a;
+    assert_int_equal(gram_automaton_create(g, v, NULL, &a), VKI_OK);
+    return a;
+}
+
+typedef struct accept_case {
+    const char *grammar;
+    const char *yes[8];
+    const char *no[8];
+} accept_case;
+
+static void run_accept_cases(const accept_case *cases, size_t n, const gram_vocab *v)
+{
+    for (size_t i = 0; i < n; i++) {
+        gram_automaton *a = compile(cases[i].grammar, v);
+        for (int k = 0; k < 8 && cases[i].yes[k]; k++)
+            if (!gram_accepts(a, cases[i].yes[k], strlen(cases[i].yes[k])))
+                fail_msg("case %zu: %s\nshould accept \"%s\"", i, cases[i].grammar, cases[i].yes[k]);
+        for (int k = 0; k < 8 && cases[i].no[k]; k++)
+            if (gram_accepts(a, cases[i].no[k], strlen(cases[i].no[k])))
+                fail_msg("case %zu: %s\nshould reject \"%s\"", i, cases[i].grammar, cases[i].no[k]);
+        gram_automaton_free(a);
+    }
+}
+
+/* ---- GBNF --------------------------------------------------------------------------------------- */
+
+static const char JSON_GBNF[] =
+    "root   ::= object\n"
+    "value  ::= object | array | string | number | (\"true\" | \"false\" | \"null\") ws\n"
+    "object ::=\n"
+    "  \"{\" ws (\n"
+    "            string \":\" ws value\n"
+    "    (\",\" ws string \":\" ws value)*\n"
+    "  )? \"}\" ws\n"
+    "array  ::=\n"
+    "  \"[\" ws (\n"
+    "            value\n"
+    "    (\",\" ws value)*\n"
+    "  )? \"]\" ws\n"
+    "string ::=\n"
+    "  \"\\\"\" (\n"
+    "    [^\"\\\\\\x7F\\x00-\\x1F] |\n"
+    "    \"\\\\\" ([\"\\\\/bfnrt] | \"u\" [0-9a-fA-F]{4}) # escapes\n"
+    "  )* \"\\\"\" ws\n"
+    "number ::= (\"-\"? ([0-9] | [1-9] [0-9]{0,15})) (\".\" [0-9]+)? ([eE] [-+]? [0-9] [1-9]{0,15})? ws\n"
+    "ws ::= | \" \" | \"\\n\" [ \\t]{0,20}\n";
+
+static const accept_case gbnf_cases[] = {
+    {"root ::= \"a\" | \"b\"", {"a", "b"}, {"", "c", "ab", "ba"}},
+    {"root ::= [a-z]+", {"a", "hello"}, {"", "Hello", "a b"}},
+    {"root ::= [^a-z]*", {"", "ABC 123", "\xc3\xa9"}, {"a", "Az"}},
+    {"root ::= \"x\"{2,4}", {"xx", "xxx", "xxxx"}, {"x", "xxxxx", ""}},
+    {"root ::= \"x\"{3}", {"xxx"}, {"xx", "xxxx"}},
+    {"root ::= \"x\"{2,}", {"xx", "xxxxxxxxxxxx"}, {"x"}},
+    {"root ::= \"ab\"{0,2} \"c\"", {"c", "abc", "ababc"}, {"abababc", "ac", "bc"}},
+    {"root ::= (\"ab\" | \"c\")* \"!\"", {"!", "ab!", "cabcc!"}, {"a!", "abab", "!!"}},
+    {"root ::= \"ab\"? \"c\"", {"c", "abc"}, {"ac", "bc"}},
+    {"root ::= \"\\n\\t\\\\\\\"\" [\\x41-\\x43] \"\\u00e9\" [\\U0001F600]",
+     {"\n\t\\\"B\xc3\xa9\xf0\x9f\x98\x80"}, {"\n\t\\\"D\xc3\xa9\xf0\x9f\x98\x80", "\n\t\\\"B\xc3\xa9\xf0\x9f\x98\x81"}},
+    {"root ::= . . .", {"abc", "\xc3\xa9\xe2\x82\xac\xf0\x9f\x98\x80"}, {"ab", "abcd", "\xc3"}},
+    {"root ::= [\xce\xb1-\xcf\x89]+", {"\xce\xb1\xce\xb2\xcf\x89"}, {"a", "\xce\x91"}},
+    {"root ::= (\n  \"a\" # a comment\n  | \"b\"\n)\n# trailing comment\n", {"a", "b"}, {"ab"}},
+    {"root ::= \"a\" |\n  \"b\"", {"a", "b"}, {"c"}},
+    {"root ::= expr\nexpr ::= term ([-+*/] term)*\nterm ::= [0-9]+ | \"(\" expr \")\"",
+     {"1", "1+2*3", "(1+2)*(3-4)/5"}, {"", "1+", "(1", "1)", "+1"}},
+    {"root ::= \"a\" root | \"b\"", {"b", "ab", "aaaaaaaaaaaaaaaaaaaaaaaab"}, {"a", "aa", "ba"}},
+    {"root ::= a b\na ::= \"x\" | \"\"\nb ::= \"y\" | \"\"", {"", "x", "y", "xy"}, {"yx", "xx"}},
+    {"root ::= [\\]\\-\\[] [^\\]]", {"]a", "-x", "[b"}, {"a]", "]]"}},
+    {JSON_GBNF, {"{}", "{\"a\": 1}", "{\"a\": [1, 2.5e3, true, null, \"x\\ny\"], \"b\": {}}"},
+     {"", "{", "{\"a\" 1}", "{\"a\": 01x}", "[1]", "{\"a\": \"\\q\"}"}},
+};
+
+static void test_gbnf_accept(void **state)
+{
+    (void)state;
+    gram_vocab *v = byte_vocab();
+    run_accept_cases(gbnf_cases, sizeof gbnf_cases / sizeof *gbnf_cases, v);
+    gram_vocab_free(v);
+}
+
+typedef struct error_case {
+    const char *grammar;
+    const char *want;          /* substring of the message */
+} error_case;
+
+static const error_case gbnf_errors[] = {
+    {"root ::= foo", "line 1, column 10: undefined rule 'foo'"},
+    {"rot ::= \"a\"", "no rule named 'root'"},
+    {"", "no rule named 'root'"},
+    {"root ::= \"a\"\nroot ::= \"b\"", "line 2, column 1: rule 'root' is defined twice"},
+    {"root ::= \"abc", "line 1, column 10: unterminated string literal"},
+    {"root ::= [a-", "line 1, column 10: unterminated character class"},
+    {"root ::= \"a\\", "unexpected end of the grammar"},
+    {"root ::= [ab", "line 1, column 10: unterminated character class"},
+    {"root ::= (\"a\"", "line 1, column 10: unclosed '('"},
+    {"root ::= *", "'*' has nothing before it to repeat"},
+    {"root ::= \"a\"{3,2}", "maximum is below the minimum"},
+    {"root ::= \"a\"{20000}", "repetition bound above 10000"},
+    {"root ::= \"a\"{2", "expected '}'"},
+    {"root ::= root \"a\"", "rule 'root' can reach itself without consuming a character"},
+    {"root ::= a\na ::= b \"x\"\nb ::= \"\" | a", "can reach itself without consuming a character"},
+    {"root ::= (\"\" | \"a\")*", "can reach itself without consuming a character"},
+    {"root ::= \"\\q\"", "line 1, column 11: unknown escape '\\q'"},
+    {"root ::= \"\\xZZ\"", "needs 2 hex digits"},
+    {"root ::= <think>", "token references"},
+    {"root ::= [z-a]", "range ends below its start"},
+    {"root ::= \"a\" )", "line 1, column 14: unexpected ')'"},
+    {"root ::= \"\xff\"", "invalid UTF-8"},
+    {"root \"a\"", "expected '::=' after the rule name 'root'"},
+    {"::= \"a\"", "line 1, column 1: expected a rule name"},
+    {"root ::= \"a\"\n  \"b\"", "line 2, column 3: expected a rule name"},
+    {"root ::= @", "unexpected character '@'"},
+};
+
+static void test_gbnf_errors(void **state)
+{
+    (void)state;
+    for (size_t i = 0; i < sizeof gbnf_errors / sizeof *gbnf_errors; i++) {
+        gram_grammar *g = NULL;
+        char err[256] = "";
+        const char *t = gbnf_errors[i].grammar;
+        assert_int_equal(gram_parse(t, strlen(t), &g, err, sizeof err), VKI_ERR_INVALID_ARG);
+        assert_null(g);
+        if (!strstr(err, gbnf_errors[i].want) || strncmp(err, "grammar: ", 9))
+            fail_msg("case %zu: \"%s\"\nmessage \"%s\" lacks \"%s\"", i, t, err, gbnf_errors[i].want);
+    }
+}
+
+/* ---- JSON Schema ----------------------------------------------------------------------------------- */
+
+static gram_automaton *compile_schema(const char *schema, const gram_vocab *v)
+{
+    strbuf b = {0};
+    char err[256] = "";
+    if (gram_schema_to_gbnf(schema, strlen(schema), &b, err, sizeof err) != VKI_OK)
+        fail_msg("schema refused: %s\n%s", err, schema);
+    gram_automaton *a = compile(b.p, v);
+    strbuf_free(&b);
+    return a;
+}
+
+static const accept_case schema_cases[] = {
+    {"{\"type\": \"string\"}", {"\"\"", "\"a b\"", "\"\\u00e9\\n\"", "\"\xc3\xa9\""}, {"a", "\"a", "1", "\"\\x\""}},
+    {"{\"type\": \"string\", \"minLength\": 2, \"maxLength\": 3}", {"\"ab\"", "\"a\\nb\"", "\"\xc3\xa9\xc3\xa9\""},
+     {"\"a\"", "\"abcd\""}},
+    {"{\"type\": \"integer\"}", {"0", "-12", "1234567890123456"}, {"01", "1.5", "-", "12345678901234567", "1e3"}},
+    {"{\"type\": \"number\"}", {"0", "-1.5", "2e10", "3.25E-7"}, {".5", "1.", "--1", "1e"}},
+    {"{\"type\": \"boolean\"}", {"true", "false"}, {"True", "1"}},
+    {"{\"type\": [\"integer\", \"null\"]}", {"3", "null"}, {"\"3\""}},
+    {"{\"type\": \"string\", \"nullable\": true}", {"\"x\"", "null"}, {"1"}},
+    {"{\"enum\": [\"red\", 2, null, {\"a\": [1]}]}", {"\"red\"", "2", "null", "{\"a\":[1]}"}, {"\"blue\"", "3", "\"2\""}},
+    {"{\"const\": \"only\"}", {"\"only\""}, {"\"other\""}},
+    {"{\"type\": \"object\", \"properties\": {\"name\": {\"type\": \"string\"}, \"age\": {\"type\": \"integer\"}},"
+     " \"required\": [\"name\", \"age\"]}",
+     {"{\"name\": \"Al\", \"age\": 3}", "{\"name\":\"Al\",\"age\":3}", "{\n  \"name\": \"Al\",\n  \"age\": 3\n}"},
+     {"{\"age\": 3, \"name\": \"Al\"}", "{\"name\": \"Al\"}", "{\"name\": \"Al\", \"age\": 3, \"x\": 1}", "{}"}},
+    {"{\"type\": \"object\", \"properties\": {\"a\": {\"type\": \"integer\"}, \"b\": {\"type\": \"integer\"},"
+     " \"c\": {\"type\": \"integer\"}}, \"required\": [\"b\"]}",
+     {"{\"b\": 1}", "{\"a\": 1, \"b\": 2}", "{\"b\": 2, \"c\": 3}", "{\"a\": 1, \"b\": 2, \"c\": 3}"},
+     {"{}", "{\"a\": 1}", "{\"a\": 1, \"c\": 3}", "{, \"b\": 1}", "{\"b\": 1,}"}},
+    {"{\"type\": \"object\", \"properties\": {\"a\": {\"type\": \"integer\"}}}", {"{}", "{\"a\": 1}"},
+     {"{\"b\": 1}", "{\"a\": \"x\"}"}},
+    {"{\"type\": \"object\", \"properties\": {\"id\": {\"type\": \"integer\"}}, \"required\": [\"id\"],"
+     " \"additionalProperties\": {\"type\": \"string\"}}",
+     {"{\"id\": 1}", "{\"id\": 1, \"x\": \"y\"}", "{\"id\": 1, \"i\": \"y\", \"idx\": \"z\", \"\": \"e\"}"},
+     {"{\"id\": 1, \"x\": 2}", "{\"id\": 1, \"id\": \"y\"}", "{\"x\": \"y\"}"}},
+    {"{\"type\": \"object\"}", {"{}", "{\"k\": [1, {\"z\": null}]}"}, {"[]", "{\"k\"}"}},
+    {"{\"type\": \"array\", \"items\": {\"type\": \"integer\"}, \"minItems\": 1, \"maxItems\": 3}",
+     {"[1]", "[1, 2, 3]", "[ 1 ,2 ]"}, {"[]", "[1, 2, 3, 4]", "[1,]", "[\"a\"]"}},
+    {"{\"type\": \"array\", \"maxItems\": 0}", {"[]", "[ ]"}, {"[1]"}},
+    {"{\"type\": \"array\"}", {"[]", "[1, \"a\", [null]]"}, {"[1", "{}"}},
+    {"{\"anyOf\": [{\"type\": \"integer\"}, {\"type\": \"string\", \"maxLength\": 1}]}", {"5", "\"a\""},
+     {"\"ab\"", "true"}},
+    {"{\"$defs\": {\"node\": {\"type\": \"object\", \"properties\": {\"v\": {\"type\": \"integer\"}, \"next\":"
+     " {\"anyOf\": [{\"$ref\": \"#/$defs/node\"}, {\"type\": \"null\"}]}}, \"required\": [\"v\", \"next\"]}},"
+     " \"$ref\": \"#/$defs/node\"}",
+     {"{\"v\": 1, \"next\": null}", "{\"v\": 1, \"next\": {\"v\": 2, \"next\": {\"v\": 3, \"next\": null}}}"},
+     {"{\"v\": 1}", "{\"v\": 1, \"next\": {\"v\": 2}}"}},
+    {"{\"title\": \"T\", \"description\": \"d\", \"x-extra\": 1, \"type\": \"boolean\"}", {"true"}, {"1"}},
+    {"true", {"1", "\"s\"", "{\"a\": []}"}, {"", "x"}},
+};
+
+static void test_schema_accept(void **state)
+{
+    (void)state;
+    gram_vocab *v = byte_vocab();
+    for (size_t i = 0; i < sizeof schema_cases / sizeof *schema_cases; i++) {
+        gram_automaton *a = compile_schema(schema_cases[i].grammar, v);
+        for (int k = 0; k < 8 && schema_cases[i].yes[k]; k++)
+            if (!gram_accepts(a, schema_cases[i].yes[k], strlen(schema_cases[i].yes[k])))
+                fail_msg("schema %zu: %s\nshould accept %s", i, schema_cases[i].grammar, schema_cases[i].yes[k]);
+        for (int k = 0; k < 8 && schema_cases[i].no[k]; k++)
+            if (gram_accepts(a, schema_cases[i].no[k], strlen(schema_cases[i].no[k])))
+                fail_msg("schema %zu: %s\nshould reject %s", i, schema_cases[i].grammar, schema_cases[i].no[k]);
+        gram_automaton_free(a);
+    }
+    gram_vocab_free(v);
+}
+
+static const error_case schema_errors[] = {
+    {"{\"type\": \"string\", \"pattern\": \"^a\"}", "json_schema: (root): keyword 'pattern' is not supported"},
+    {"{\"properties\": {\"a\": {\"type\": \"integer\", \"minimum\": 0}}}",
+     "json_schema: /properties/a: keyword 'minimum' is not supported"},
+    {"{\"type\": \"array\", \"items\": {\"format\": \"uuid\"}}", "/items: keyword 'format' is not supported"},
+    {"{\"allOf\": [{}]}", "keyword 'allOf' is not supported"},
+    {"{\"type\": \"strin\"}", "unknown type \"strin\""},
+    {"{\"type\": 3}", "'type' must be a string"},
+    {"{\"$ref\": \"#/$defs/missing\"}", "$ref \"#/$defs/missing\" does not name a schema"},
+    {"{\"$ref\": \"http://x/y.json\"}", "only references inside this schema"},
+    {"{\"type\": \"string\", \"minLength\": -1}", "'minLength' must be a non-negative integer"},
+    {"{\"type\": \"string\", \"minLength\": 5, \"maxLength\": 2}", "maxLength 2 is below minLength 5"},
+    {"{\"type\": \"array\", \"maxItems\": 1e9}", "'maxItems' 1000000000 is above the supported"},
+    {"{\"enum\": []}", "'enum' must be a non-empty array"},
+    {"{\"required\": \"a\"}", "'required' must be an array of strings"},
+    {"false", "the schema false admits no value"},
+    {"{\"type\": \"object\", \"properties\": {\"a\": false}}", "/properties/a: the schema false admits no value"},
+    {"{\"type\": ", "json_schema: not valid JSON: at byte 9"},
+    {"{\"a\": 1, \"a\": 2}", "duplicate key \"a\""},
+    {"{\"enum\": [\"\xff\"]}", "json_schema: (root): a name or value is not valid UTF-8"},
+    /* found by fuzz_grammar (it leaked): a non-ASCII name next to additionalProperties */
+    {"{\"properties\": {\"\u00e9\": {}}, \"additionalProperties\": true}", "non-ASCII characters cannot be told apart"},
+};
+
+static void test_schema_errors(void **state)
+{
+    (void)state;
+    for (size_t i = 0; i < sizeof schema_errors / sizeof *schema_errors; i++) {
+        strbuf b = {0};
+        char err[256] = "";
+        const char *s = schema_errors[i].grammar;
+        assert_int_equal(gram_schema_to_gbnf(s, strlen(s), &b, err, sizeof err), VKI_ERR_INVALID_ARG);
+        if (!strstr(err, schema_errors[i].want))
+            fail_msg("case %zu: %s\nmessage \"%s\" lacks \"%s\"", i, s, err, schema_errors[i].want);
+        strbuf_free(&b);
+    }
+}
+
+/* ---- token masks: cached decomposition == brute force ------------------------------------------------ */
+
+/* Brute force: token i allowed iff its bytes push through the automaton from q. */
+static void brute_mask(gram_automaton *a, const gram_vocab *v, gram_state q, uint32_t *m)
+{
+    uint32_t n = gram_vocab_size(v);
+    memset(m, 0, (n + 31) / 32 * 4);
+    for (uint32_t id = 0; id < n; id++) {
+        uint32_t len;
+        const uint8_t *p = gram_vocab_piece(v, (int32_t)id, &len);
+        gram_state r;
+        if (len && gram_advance_bytes(a, q, p, len, &r, NULL, 0) == VKI_OK)
+            m[id >> 5] |= 1u << (id & 31);
+    }
+}
+
+/* Random walks of up to `steps` tokens; the mask is compared with brute force at every step.
+ * Returns the tokens generated in total. */
+static uint32_t walk_compare(const char *label, gram_automaton *a, const gram_vocab *v, vt_rng *rng, uint32_t walks,
+                             uint32_t steps)
+{
+    uint32_t n = gram_vocab_size(v), words = (n + 31) / 32, total = 0;
+    uint32_t *want = malloc(words * 4), *ids = malloc(n * 4);
+    char err[256];
+    for (uint32_t w = 0; w < walks; w++) {
+        gram_state q;
+        assert_int_equal(gram_start(a, &q, err, sizeof err), VKI_OK);
+        for (uint32_t s = 0; s < steps; s++) {
+            const uint32_t *got;
+            uint32_t n_allowed;
+            if (gram_mask(a, q, &got, &n_allowed, err, sizeof err) != VKI_OK)
+                fail_msg("%s: mask: %s", label, err);
+            brute_mask(a, v, q, want);
+            uint32_t k = 0;
+            for (uint32_t id = 0; id < n; id++) {
+                bool g = got[id >> 5] >> (id & 31) & 1, b = want[id >> 5] >> (id & 31) & 1;
+                if (g != b) {
+                    uint32_t len;
+                    const uint8_t *p = gram_vocab_piece(v, (int32_t)id, &len);
+                    fail_msg("%s: walk %u step %u: token %u \"%.*s\" %s by the mask, %s by brute force", label, w, s,
+                             id, (int)len, p, g ? "allowed" : "refused", b ? "allowed" : "refused");
+                }
+                if (g)
+                    ids[k++] = id;
+            }
+            assert_int_equal(k, n_allowed);
+            if (!k || (gram_can_end(a, q) && vt_range(rng, 0, 9) == 0))
+                break;
+            int32_t t = (int32_t)ids[vt_range(rng, 0, k - 1)];
+            assert_int_equal(gram_advance(a, q, t, &q, err, sizeof err), VKI_OK);
+            total++;
+        }
+    }
+    free(want);
+    free(ids);
+    return total;
+}
+
+/* A synthetic vocabulary: every single byte that matters to JSON, plus random multi-byte tokens
+ * drawn from a pool of JSON punctuation, letters, digits, spaces and UTF-8 characters that are
+ * cut at random byte positions (so tokens start and end inside characters). */
+static char **synth_words(vt_rng *rng, uint32_t n)
+{
+    static const char *const pool[] = {"{", "}", "[", "]", ":", ",", "\"", "\\", " ", "\n", "a", "b", "z", "N", "0",
+                                       "1", "9", "-", ".", "e", "true", "false", "null", "name", "\xc3\xa9",
+                                       "\xe2\x82\xac", "\xf0\x9f\x98\x80", "\\n", "\\u00", "\t", "x", "+"};
+    char **w = malloc(n * sizeof *w);
+    for (uint32_t i = 0; i < n; i++) {
+        char buf[64] = "";
+        size_t len = 0;
+        if (i < 128) { /* all ASCII bytes */
+            buf[0] = (char)(i ? i : 'q');
+            len = 1;
+        } else {
+            for (uint32_t k = 0, parts = vt_range(rng, 1, 4); k < parts; k++) {
+                const char *p = pool[vt_range(rng, 0, sizeof pool / sizeof *pool - 1)];
+                size_t pl = strlen(p);
+                memcpy(buf + len, p, pl);
+                len += pl;
+            }
+            size_t a = vt_range(rng, 0, 2) == 0 ? vt_range(rng, 0, (uint32_t)len - 1) : 0; /* cut at bytes */
+            size_t b = vt_range(rng, 0, 2) == 0 ? vt_range(rng, (uint32_t)a + 1, (uint32_t)len) : len;
+            memmove(buf, buf + a, b - a);
+            len = b - a;
+        }
+        w[i] = malloc(len + 1);
+        memcpy(w[i], buf, len);
+        w[i][len] = 0;
+    }
+    return w;
+}
+
+static const char NESTED_SCHEMA[] =
+    "{\"type\": \"object\", \"properties\": {"
+    "\"name\": {\"type\": \"string\", \"maxLength\": 12},"
+    "\"age\": {\"type\": \"integer\"},"
+    "\"tags\": {\"type\": \"array\", \"items\": {\"type\": \"string\"}, \"maxItems\": 3},"
+    "\"address\": {\"type\": \"object\", \"properties\": {\"city\": {\"type\": \"string\"},"
+    "  \"zip\": {\"type\": [\"string\", \"null\"]}}, \"required\": [\"city\"]},"
+    "\"kind\": {\"enum\": [\"a\", \"b\"]}},"
+    "\"required\": [\"name\", \"address\"], \"additionalProperties\": {\"type\": \"number\"}}";
+
+static void test_masks_synthetic(void **state)
+{
+    (void)state;
+    vt_rng rng = vt_rng_seeded("grammar masks");
+    const uint32_t n = 3000;
+    char **w = synth_words(&rng, n);
+    word_vocab wv = {(const char *const *)w, n, 7}; /* token 7 plays end-of-generation */
+    gram_vocab *v;
+    assert_int_equal(gram_vocab_create(n, word_piece, word_end, &wv, &v), VKI_OK);
+    assert_true(gram_vocab_is_end(v, 7));
+    const char *grammars[] = {
+        JSON_GBNF,
+        "root ::= [\xc3\xa9\xe2\x82\xac a-z]{0,6} \"!\"",
+        "root ::= (\"ab\" | [0-9]+ | \"\\\"\" [^\"]* \"\\\"\")+",
+    };
+    for (size_t i = 0; i < sizeof grammars / sizeof *grammars; i++) {
+        gram_automaton *a = compile(grammars[i], v);
+        char label[32];
+        snprintf(label, sizeof label, "grammar %zu", i);
+        uint32_t t = walk_compare(label, a, v, &rng, 12, 40);
+        gram_stats st;
+        gram_automaton_stats(a, &st);
+        print_message("%-12s %4u tokens checked, %u states, %u positions walked\n", label, t, st.states, st.positions);
+        gram_automaton_free(a);
+    }
+    gram_automaton *a = compile_schema(NESTED_SCHEMA, v);
+    uint32_t t = walk_compare("nested schema", a, v, &rng, 12, 60);
+    print_message("%-12s %4u tokens checked\n", "schema", t);
+    gram_automaton_free(a);
+    gram_vocab_free(v);
+    for (uint32_t i = 0; i < n; i++)
+        free(w[i]);
+    free(w);
+}
+
+/* The same on real vocabularies: byte-level BPE (GPT-2, 50,257 tokens) and SentencePiece with
+ * byte fallback (LLaMA, 32,000 tokens: byte tokens are single bytes of split characters). */
+static void test_masks_real_vocab(void **state)
+{
+    (void)state;
+    const char *files[] = {"vocab/ggml-vocab-gpt-2.gguf", "vocab/ggml-vocab-llama-spm.gguf"};
+    vt_rng rng = vt_rng_seeded("grammar masks (real vocabularies)");
+    for (size_t f = 0; f < 2; f++) {
+        char path[512];
+        if (!vt_shared_model(files[f], path, sizeof path)) {
+            print_message("SKIP: ../shared/models/%s not found\n", files[f]);
+            continue;
+        }
+        vki_tokenizer *tok;
+        char err[256];
+        assert_int_equal(vki_tokenizer_load(path, &tok, err, sizeof err), VKI_OK);
+        gram_vocab *v;
+        assert_int_equal(gram_vocab_from_tokenizer(tok, &v), VKI_OK);
+        gram_automaton *a = compile_schema(NESTED_SCHEMA, v);
+        uint32_t t = walk_compare(files[f], a, v, &rng, 3, 40);
+        print_message("%-34s %u tokens checked, %u trie nodes\n", files[f], t, gram_vocab_nodes(v));
+        gram_automaton_free(a);
+        gram_vocab_free(v);
+        vki_tokenizer_free(tok);
+    }
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_gbnf_accept),
+        cmocka_unit_test(test_gbnf_errors),
+        cmocka_unit_test(test_schema_accept),
+        cmocka_unit_test(test_schema_errors),
+        cmocka_unit_test(test_masks_synthetic),
+        cmocka_unit_test(test_masks_real_vocab),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
