@@ -20,10 +20,10 @@ typedef enum vkk_id {
     VKK_MATMUL_F32, VKK_MATMUL_F16, VKK_MATMUL_Q8_0, VKK_MATMUL_Q4_0, VKK_MATMUL_Q4_K, VKK_MATMUL_Q6_K,
     VKK_GET_ROWS_F32, VKK_GET_ROWS_F16, VKK_GET_ROWS_Q8_0, VKK_GET_ROWS_Q4_0, VKK_GET_ROWS_Q4_K, VKK_GET_ROWS_Q6_K,
     /* row norms and elementwise ops (engine/ops_basic.c) */
-    VKK_RMSNORM, VKK_ROPE, VKK_SWIGLU, VKK_SOFTMAX,
-    /* paged KV writes and attention (engine/ops_attn.c), per KV element type */
-    VKK_KV_WRITE_F16, VKK_KV_WRITE_F32, VKK_ATTN_DECODE_F16, VKK_ATTN_DECODE_F32,
-    VKK_ATTN_PREFILL_F16, VKK_ATTN_PREFILL_F32, VKK_ATTN_REDUCE,
+    VKK_RMSNORM, VKK_ROPE, VKK_GLU, VKK_SOFTMAX, VKK_UNARY,
+    /* paged KV writes and attention (engine/ops_attn.c), per KV element type (F16, F32, Q8_0) */
+    VKK_KV_WRITE_F16, VKK_KV_WRITE_F32, VKK_KV_WRITE_Q8_0, VKK_ATTN_DECODE_F16, VKK_ATTN_DECODE_F32,
+    VKK_ATTN_DECODE_Q8_0, VKK_ATTN_PREFILL_F16, VKK_ATTN_PREFILL_F32, VKK_ATTN_PREFILL_Q8_0, VKK_ATTN_REDUCE,
     /* sampling stage (engine/ops_sample.c) */
     VKK_SAMPLE,
     VKK_COUNT

@@ -60,7 +60,9 @@ static void fixture_open_p(vt_gpu *g, const char *path, const vk_engine_params *
     vki_status st = vk_engine_create(g->dev, fx->f, &fx->hp, &fx->t, p, &fx->e);
     if (st != VKI_OK)
         fail_msg("vk_engine_create(%s): %s", path, vki_status_str(st));
-    st = ref_model_load(path, p->kv_type == VKI_GGML_F16, &fx->ref, err, sizeof err);
+    ref_model_opts ro = {.kv_type = p->kv_type, .n_ctx = p->max_ctx, .max_window = p->max_window,
+                         .page_size = p->page_size};
+    st = ref_model_load(path, &ro, &fx->ref, err, sizeof err);
     if (st != VKI_OK)
         fail_msg("ref_model_load: %s", err);
     fx->n_vocab = fx->hp.n_vocab;

@@ -220,7 +220,7 @@ static vki_status swiglu_setup(bench_run *r)
 
 static vki_status swiglu_record(bench_run *r, vkd_cmd *c)
 {
-    return op_swiglu(c, op_mat_rows(r->buf[0], r->N), op_mat_rows(r->buf[1], r->N), op_mat_rows(r->buf[2], r->N),
+    return op_glu(c, VKI_GLU_SILU, op_mat_rows(r->buf[0], r->N), op_mat_rows(r->buf[1], r->N), op_mat_rows(r->buf[2], r->N),
                      r->M, r->N);
 }
 
