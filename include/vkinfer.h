@@ -21,6 +21,13 @@
 extern "C" {
 #endif
 
+/* Every exported function is marked VKI_API; the shared library hides everything else. */
+#if defined(_WIN32)
+#define VKI_API
+#else
+#define VKI_API __attribute__((visibility("default")))
+#endif
+
 /* ---- status ------------------------------------------------------------------------------ */
 
 typedef enum vki_status {
@@ -42,7 +49,7 @@ typedef enum vki_status {
 } vki_status;
 
 /* Short constant English text for a status, e.g. "out of device memory". Never NULL. */
-const char *vki_status_str(vki_status st);
+VKI_API const char *vki_status_str(vki_status st);
 
 /* ---- logging ----------------------------------------------------------------------------- */
 
@@ -139,7 +146,7 @@ typedef struct vki_device_info {
 /* Lists the Vulkan devices. *n_out receives the number found (which may exceed cap; only
  * min(cap, found) entries are written). Returns VKI_ERR_NO_DEVICE when no Vulkan loader or
  * device exists. */
-vki_status vki_list_devices(vki_device_info *out, uint32_t cap, uint32_t *n_out);
+VKI_API vki_status vki_list_devices(vki_device_info *out, uint32_t cap, uint32_t *n_out);
 
 /* Device choice: discrete NVIDIA first, then other discrete, integrated, virtual, CPU.
  * device_index >= 0 or a non-empty device_name (case-insensitive substring) override it. */
@@ -154,7 +161,7 @@ typedef struct vki_device_params {
     vki_log_level log_level;        /* messages above this level are dropped */
 } vki_device_params;
 
-vki_device_params vki_device_default_params(void);
+VKI_API vki_device_params vki_device_default_params(void);
 
 /* ---- sampling ---------------------------------------------------------------------------- */
 
@@ -184,7 +191,7 @@ typedef struct vki_sampling_params {
 } vki_sampling_params;
 
 /* temperature 1, top_k 0, top_p 1, min_p 0, no penalties (window 64), random seed, no logprobs. */
-vki_sampling_params vki_sampling_default_params(void);
+VKI_API vki_sampling_params vki_sampling_default_params(void);
 
 /* ---- batch manager ----------------------------------------------------------------------- */
 
@@ -239,7 +246,7 @@ typedef struct vki_batch_params {
                                        requests without one; 0 = from the clock */
 } vki_batch_params;
 
-vki_batch_params vki_batch_default_params(void);
+VKI_API vki_batch_params vki_batch_default_params(void);
 
 typedef enum vki_finish_reason {
     VKI_FINISH_NONE = 0,            /* not finished (streaming, non-final response) */
@@ -312,7 +319,7 @@ typedef struct vki_request_list vki_request_list;
 /* Deep-copies *req into the sink. VKI_RETRY_QUEUE_FULL once the sink holds the max that
  * get_requests was given (the request was not added); VKI_ERR_OUT_OF_HOST_MEMORY. Validation
  * happens later: an invalid or duplicate request gets a final error response. */
-vki_status vki_request_list_add(vki_request_list *sink, const vki_request *req);
+VKI_API vki_status vki_request_list_add(vki_request_list *sink, const vki_request *req);
 
 /* TensorRT-LLM-style callbacks; any may be NULL. All run on the worker thread (see above). */
 typedef struct vki_batch_callbacks {
@@ -335,30 +342,30 @@ typedef struct vki_batch_callbacks {
 
 /* Creates a manager over an engine and starts its worker thread. cb may be NULL (push only).
  * Defined by the engine adapter; the engine must outlive the manager. */
-vki_status vki_batch_manager_create(vki_engine *engine, const vki_batch_params *params,
-                                    const vki_batch_callbacks *cb, vki_batch_manager **out);
+VKI_API vki_status vki_batch_manager_create(vki_engine *engine, const vki_batch_params *params,
+                                            const vki_batch_callbacks *cb, vki_batch_manager **out);
 
 /* Stops the manager and frees it. abort = false: waits until every accepted request has had its
  * final response (new submissions are refused with VKI_ERR_SHUTDOWN meanwhile); abort = true:
  * every queued or running request gets a final CANCELLED response at the next tick boundary.
  * VKI_ERR_INVALID_ARG (nothing done) when called from one of this manager's callbacks. */
-vki_status vki_batch_manager_destroy(vki_batch_manager *bm, bool abort);
+VKI_API vki_status vki_batch_manager_destroy(vki_batch_manager *bm, bool abort);
 
 /* Push interface. Validates and queues a copy of *req; on_response (required) receives its
  * responses on the worker thread, exactly one of them final. Returns VKI_OK, or with no callback
  * ever made: VKI_ERR_INVALID_ARG (err, when not NULL, receives a message naming the field),
  * VKI_ERR_DUPLICATE_ID (the id is in flight), VKI_RETRY_QUEUE_FULL (max_queue requests wait),
  * VKI_ERR_SHUTDOWN, VKI_ERR_OUT_OF_HOST_MEMORY. */
-vki_status vki_batch_submit(vki_batch_manager *bm, const vki_request *req, vki_response_fn on_response,
-                            void *user, char *err, size_t err_cap);
+VKI_API vki_status vki_batch_submit(vki_batch_manager *bm, const vki_request *req,
+                                    vki_response_fn on_response, void *user, char *err, size_t err_cap);
 
 /* Cancels request `id` in any state (queued, in its prompt, generating, paused): it gets a final
  * CANCELLED response with what it generated at the next tick boundary. VKI_ERR_NOT_FOUND when
  * the id is not in flight (never submitted, or already finished). */
-vki_status vki_batch_cancel(vki_batch_manager *bm, uint64_t id);
+VKI_API vki_status vki_batch_cancel(vki_batch_manager *bm, uint64_t id);
 
 /* Wakes an idle manager so it polls get_requests now rather than after idle_poll_us. */
-void vki_batch_notify(vki_batch_manager *bm);
+VKI_API void vki_batch_notify(vki_batch_manager *bm);
 
 /* ---- tokenizer --------------------------------------------------------------------------- */
 
@@ -373,17 +380,17 @@ typedef struct vki_tokenizer vki_tokenizer;
  * message in err (when not NULL): VKI_ERR_IO, VKI_ERR_FORMAT (malformed file or tokenizer
  * metadata; names the key), VKI_ERR_UNSUPPORTED (tokenizer model or pre-tokenizer not supported;
  * names it). */
-vki_status vki_tokenizer_load(const char *gguf_path, vki_tokenizer **out, char *err, size_t err_len);
-void vki_tokenizer_free(vki_tokenizer *tok);
+VKI_API vki_status vki_tokenizer_load(const char *gguf_path, vki_tokenizer **out, char *err, size_t err_len);
+VKI_API void vki_tokenizer_free(vki_tokenizer *tok);
 
-uint32_t vki_vocab_size(const vki_tokenizer *tok);
-int32_t vki_token_bos(const vki_tokenizer *tok); /* -1 when the vocabulary has none */
-int32_t vki_token_eos(const vki_tokenizer *tok); /* -1 when the vocabulary has none */
+VKI_API uint32_t vki_vocab_size(const vki_tokenizer *tok);
+VKI_API int32_t vki_token_bos(const vki_tokenizer *tok); /* -1 when the vocabulary has none */
+VKI_API int32_t vki_token_eos(const vki_tokenizer *tok); /* -1 when the vocabulary has none */
 /* End of generation: eos, eot, eom and the end-of-turn tokens (<|im_end|>, <|eot_id|>, ...). */
-bool vki_token_is_eog(const vki_tokenizer *tok, int32_t id);
+VKI_API bool vki_token_is_eog(const vki_tokenizer *tok, int32_t id);
 /* Whether vki_tokenize(add_special = true) prepends BOS (tokenizer.ggml.add_bos_token; default
  * true for SentencePiece and Llama 3, false for other BPE vocabularies). */
-bool vki_tokenizer_adds_bos(const vki_tokenizer *tok);
+VKI_API bool vki_tokenizer_adds_bos(const vki_tokenizer *tok);
 
 /* text[0, len) -> token ids. The text need not be NUL-terminated nor valid UTF-8 (SentencePiece
  * keeps stray bytes as byte tokens; BPE replaces each with U+FFFD, as llama.cpp does).
@@ -391,8 +398,8 @@ bool vki_tokenizer_adds_bos(const vki_tokenizer *tok);
  * ("<|im_end|>") become their ids; otherwise they are tokenised as plain text (user-defined
  * tokens are always matched). On success *n_out ids were written. When cap is too small:
  * VKI_ERR_INVALID_ARG with the needed count in *n_out (call again with a larger buffer). */
-vki_status vki_tokenize(const vki_tokenizer *tok, const char *text, size_t len, bool add_special,
-                        bool parse_special, int32_t *out, size_t cap, size_t *n_out);
+VKI_API vki_status vki_tokenize(const vki_tokenizer *tok, const char *text, size_t len, bool add_special,
+                                bool parse_special, int32_t *out, size_t cap, size_t *n_out);
 
 enum {
     VKI_DETOK_SPECIAL = 1u << 0,             /* render control / unknown tokens ("<s>") as text */
@@ -404,13 +411,13 @@ enum {
 /* The bytes of one token (not NUL-terminated; may be part of a UTF-8 sequence, e.g. <0xE2>).
  * Control and unknown tokens give 0 bytes unless `special`. VKI_ERR_INVALID_ARG for a bad id, or
  * with the needed size in *n_out when cap is too small. */
-vki_status vki_token_to_piece(const vki_tokenizer *tok, int32_t id, bool special, char *buf,
-                              size_t cap, size_t *n_out);
+VKI_API vki_status vki_token_to_piece(const vki_tokenizer *tok, int32_t id, bool special, char *buf,
+                                      size_t cap, size_t *n_out);
 
 /* The concatenated pieces of ids[0, n) with VKI_DETOK_* flags; raw bytes, no NUL. Same contract
  * as vki_token_to_piece for a bad id or a small buffer. */
-vki_status vki_detokenize(const vki_tokenizer *tok, const int32_t *ids, size_t n, uint32_t flags,
-                          char *buf, size_t cap, size_t *n_out);
+VKI_API vki_status vki_detokenize(const vki_tokenizer *tok, const int32_t *ids, size_t n, uint32_t flags,
+                                  char *buf, size_t cap, size_t *n_out);
 
 /* Streaming detokeniser for one sequence: feed tokens one at a time, get text that is always
  * complete UTF-8. Bytes of a sequence split across tokens are held until it completes; bytes that
@@ -418,12 +425,12 @@ vki_status vki_detokenize(const vki_tokenizer *tok, const int32_t *ids, size_t n
  * stream (not shareable between threads). */
 typedef struct vki_detok vki_detok;
 
-vki_status vki_detok_create(const vki_tokenizer *tok, uint32_t flags, vki_detok **out);
+VKI_API vki_status vki_detok_create(const vki_tokenizer *tok, uint32_t flags, vki_detok **out);
 /* *text / *len: the newly complete text (possibly empty), valid until the next call on d. */
-vki_status vki_detok_push(vki_detok *d, int32_t id, const char **text, size_t *len);
+VKI_API vki_status vki_detok_push(vki_detok *d, int32_t id, const char **text, size_t *len);
 /* End of stream: held bytes come out as U+FFFD; d is then ready for a new stream. */
-vki_status vki_detok_flush(vki_detok *d, const char **text, size_t *len);
-void vki_detok_free(vki_detok *d);
+VKI_API vki_status vki_detok_flush(vki_detok *d, const char **text, size_t *len);
+VKI_API void vki_detok_free(vki_detok *d);
 
 /* ---- text streaming: detokenise + stop strings ------------------------------------------- */
 
@@ -436,16 +443,17 @@ void vki_detok_free(vki_detok *d);
 typedef struct vki_text_stream vki_text_stream;
 
 /* stops: n_stops non-empty stop strings (copied); flags: VKI_DETOK_* for the detokeniser. */
-vki_status vki_text_stream_create(const vki_tokenizer *tok, const char *const *stops, uint32_t n_stops,
-                                  uint32_t flags, vki_text_stream **out);
-void vki_text_stream_free(vki_text_stream *s); /* NULL is fine */
+VKI_API vki_status vki_text_stream_create(const vki_tokenizer *tok, const char *const *stops,
+                                          uint32_t n_stops, uint32_t flags, vki_text_stream **out);
+VKI_API void vki_text_stream_free(vki_text_stream *s); /* NULL is fine */
 /* Feeds one generated token. *text / *len: text now safe to show (valid until the next call).
  * *stopped: a stop string completed (later tokens are ignored and emit nothing). */
-vki_status vki_text_stream_push(vki_text_stream *s, int32_t token, const char **text, size_t *len, bool *stopped);
+VKI_API vki_status vki_text_stream_push(vki_text_stream *s, int32_t token, const char **text, size_t *len,
+                                        bool *stopped);
 /* End of generation: what was held back (a stop-string prefix that never completed; incomplete
  * UTF-8 as U+FFFD). */
-vki_status vki_text_stream_finish(vki_text_stream *s, const char **text, size_t *len);
-bool vki_text_stream_stopped(const vki_text_stream *s);
+VKI_API vki_status vki_text_stream_finish(vki_text_stream *s, const char **text, size_t *len);
+VKI_API bool vki_text_stream_stopped(const vki_text_stream *s);
 
 /* ---- engine ------------------------------------------------------------------------------ */
 
@@ -488,7 +496,7 @@ typedef struct vki_engine_params {
     uint32_t max_attention_window;
 } vki_engine_params;
 
-vki_engine_params vki_engine_default_params(void);
+VKI_API vki_engine_params vki_engine_default_params(void);
 
 typedef struct vki_model_info {
     char name[128];                 /* general.name, or the file name */
@@ -512,11 +520,11 @@ typedef struct vki_model_info {
 /* Opens the device, reads the GGUF, builds the tokenizer, uploads the weights, allocates the KV
  * cache and compiles every pipeline. On failure err (when not NULL) says why: the malformed key
  * or tensor, the unsupported architecture or type, the memory that ran out. */
-vki_status vki_engine_create(const char *gguf_path, const vki_engine_params *params, vki_engine **out,
-                             char *err, size_t err_len);
-void vki_engine_destroy(vki_engine *e); /* NULL is fine; destroy its batch manager first */
-const vki_tokenizer *vki_engine_tokenizer(const vki_engine *e);
-void vki_engine_info(const vki_engine *e, vki_model_info *out);
+VKI_API vki_status vki_engine_create(const char *gguf_path, const vki_engine_params *params, vki_engine **out,
+                                     char *err, size_t err_len);
+VKI_API void vki_engine_destroy(vki_engine *e); /* NULL is fine; destroy its batch manager first */
+VKI_API const vki_tokenizer *vki_engine_tokenizer(const vki_engine *e);
+VKI_API void vki_engine_info(const vki_engine *e, vki_model_info *out);
 
 #ifdef __cplusplus
 }

@@ -12,7 +12,7 @@
 #include "support/fake_engine.h"
 #include "support/vt.h"
 
-#include "host/batch.h"
+#include "host/batch/batch.h"
 
 #define NREC 1024
 #define MAXTOK 200

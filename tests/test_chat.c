@@ -1,4 +1,4 @@
-/* Chat templates (host/chat.c): each family rendered exactly as its upstream template renders the
+/* Chat templates (host/chat/chat.c): each family rendered exactly as its upstream template renders the
  * same conversation (the expected strings were worked out by hand from the upstream Jinja, with
  * transformers' trim_blocks/lstrip_blocks), recognition from the real template strings, the
  * errors the upstream templates raise, the plain fallback, reading the key from a GGUF, and
@@ -14,7 +14,7 @@
 #include <unistd.h>
 
 #include "engine/gguf_write.h"
-#include "host/chat.h"
+#include "host/chat/chat.h"
 #include "support/vt.h"
 
 /* ---- real template strings (as they appear in tokenizer_config.json / the GGUF) -------------- */

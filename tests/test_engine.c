@@ -24,7 +24,7 @@
 #include "engine/engine.h"
 #include "engine/gguf_write.h"
 #include "engine/synth.h"
-#include "host/tokenizer.h"
+#include "host/tokenizer/tokenizer.h"
 #include "support/gguf_edit.h"
 
 #define PAGES_PER_SEQ 160

@@ -25,10 +25,10 @@
 #include <sys/wait.h>
 
 #include "engine/synth.h"
-#include "host/chat.h"
+#include "host/chat/chat.h"
 #include <stdatomic.h>
 
-#include "host/server.h"
+#include "host/server/server.h"
 #include "support/vt.h"
 
 /* Greedy, BOS + "Once upon a time", 48 tokens (../shared/models/README.md). */

@@ -1,4 +1,4 @@
-/* Stop strings over streamed text (host/stop.c): hand-made cases for each rule, then random
+/* Stop strings over streamed text (host/text/stop.c): hand-made cases for each rule, then random
  * texts split at random byte positions (inside UTF-8 characters too) against a whole-string
  * reference. No GPU. */
 #include <setjmp.h>
@@ -10,7 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "host/stop.h"
+#include "host/text/stop.h"
 #include "support/vt.h"
 
 /* Whole-string reference: the match that ends first, then starts first. Returns the length of

@@ -11,8 +11,8 @@
 #include <time.h>
 
 #include "engine/gguf.h"
-#include "host/tok_impl.h"
-#include "host/tokenizer.h"
+#include "host/tokenizer/tok_impl.h"
+#include "host/tokenizer/tokenizer.h"
 
 static double now_s(void)
 {

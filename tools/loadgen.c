@@ -33,8 +33,8 @@
 #include <cjson/cJSON.h>
 
 #include "engine/rng.h"
-#include "host/strbuf.h"
-#include "host/workload.h" /* wl_percentile */
+#include "host/util/strbuf.h"
+#include "host/cli/workload.h" /* wl_percentile */
 
 /* ---- HTTP/1.1 client ------------------------------------------------------------------------- */
 

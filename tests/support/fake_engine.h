@@ -22,7 +22,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "host/backend.h"
+#include "host/batch/backend.h"
 
 typedef struct fake_config {
     uint32_t max_seqs, n_pages, page_size, max_ctx, vocab;

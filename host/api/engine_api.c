@@ -1,0 +1,253 @@
+/* The public engine object (device + model on the GPU + tokenizer) and its adapter to the batch
+ * manager's executor interface (host/batch/backend.h). */
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/engine.h"
+#include "engine/quant.h"
+#include "host/batch/backend.h"
+#include "host/batch/batch.h"
+#include "host/tokenizer/tokenizer.h"
+#include "vkinfer.h"
+
+struct vki_engine {
+    vkd_device *dev;
+    vk_engine *eng;
+    vki_tokenizer *tok;
+    vki_model_info info;
+    bool has_manager;     /* the engine runs one batch manager at a time */
+};
+
+vki_engine_params vki_engine_default_params(void)
+{
+    vk_engine_params d = vk_engine_default_params();
+    return (vki_engine_params){.device = vki_device_default_params(), .page_size = d.page_size,
+                               .kv_type = VKI_KV_F16, .kv_fraction = d.kv_fraction, .max_seqs = d.max_seqs,
+                               .max_tokens = d.max_tokens};
+}
+
+static void set_err(char *err, size_t n, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static void set_err(char *err, size_t n, const char *fmt, ...)
+{
+    if (!err || !n)
+        return;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err, n, fmt, ap);
+    va_end(ap);
+}
+
+/* The matrix type holding most weight bytes, for display. */
+static const char *main_weight_type(const vk_model *m)
+{
+    uint64_t bytes[32] = {0};
+    for (uint32_t il = 0; il < m->hp.n_layer; il++) {
+        const vk_layer *L = &m->layers[il];
+        const vk_tensor *w[] = {&L->wq, &L->wk, &L->wv, &L->wqkv, &L->wo, &L->w_gate, &L->w_up, &L->w_down};
+        for (size_t i = 0; i < sizeof w / sizeof w[0]; i++)
+            if (w[i]->type < 32)
+                bytes[w[i]->type] += vk_tensor_bytes(w[i]);
+    }
+    uint32_t best = 0;
+    for (uint32_t t = 1; t < 32; t++)
+        if (bytes[t] > bytes[best])
+            best = t;
+    return quant_get(best) ? quant_get(best)->name : "?";
+}
+
+static void fill_info(vki_engine *e, const gguf_file *f, const char *path)
+{
+    const vk_engine *g = e->eng;
+    const model_hparams *hp = &g->model.hp;
+    vki_model_info *i = &e->info;
+    gguf_str name;
+    if (gguf_get_str(f, "general.name", &name) == VKI_OK && name.len)
+        snprintf(i->name, sizeof i->name, "%.*s", (int)(name.len < 127 ? name.len : 127), name.ptr);
+    else
+        snprintf(i->name, sizeof i->name, "%s", strrchr(path, '/') ? strrchr(path, '/') + 1 : path);
+    snprintf(i->arch, sizeof i->arch, "%s", hp->arch_name);
+    snprintf(i->weight_type, sizeof i->weight_type, "%s", main_weight_type(&g->model));
+    i->n_vocab = hp->n_vocab;
+    i->n_layer = hp->n_layer;
+    i->d_model = hp->d_model;
+    i->d_ff = hp->d_ff;
+    i->n_head = hp->n_head;
+    i->n_head_kv = hp->n_head_kv;
+    i->head_dim = hp->head_dim;
+    i->n_ctx_train = hp->n_ctx_train;
+    i->n_ctx = g->max_ctx;
+    i->page_size = g->p.page_size;
+    i->kv_pages = g->n_pages;
+    i->max_seqs = g->p.max_seqs;
+    i->max_tokens = g->p.max_tokens;
+    i->weight_bytes = g->model.weight_bytes;
+    i->kv_bytes = g->kv_bytes;
+    snprintf(i->device, sizeof i->device, "%s", e->dev->info.name);
+    snprintf(i->kv_type, sizeof i->kv_type, "%s", quant_get(g->p.kv_type) ? quant_get(g->p.kv_type)->name : "?");
+    i->sliding_window = hp->swa_pattern ? hp->kind[1].window : 0;
+    i->kv_window = g->kv_window;
+}
+
+/* Captures the device log's last error so vki_engine_create can report it in err. */
+typedef struct open_log {
+    vki_log_fn user_fn;
+    void *user;
+    vki_log_level level;
+    char last_error[256];
+} open_log;
+
+static void stderr_log(void *u, vki_log_level lvl, const char *msg)
+{
+    (void)u;
+    fprintf(stderr, "vkinfer %s: %s\n", lvl == VKI_LOG_ERROR ? "error" : lvl == VKI_LOG_WARN ? "warning" : "info", msg);
+}
+
+static void open_log_fn(void *u, vki_log_level lvl, const char *msg)
+{
+    open_log *l = u;
+    if (lvl == VKI_LOG_ERROR)
+        snprintf(l->last_error, sizeof l->last_error, "%s", msg);
+    if (lvl <= l->level)
+        (l->user_fn ? l->user_fn : stderr_log)(l->user, lvl, msg);
+}
+
+static vki_status load(vki_engine *e, const char *path, const vki_engine_params *p, open_log *ol, char *err,
+                       size_t n)
+{
+    gguf_file *f = NULL;
+    model_hparams hp;
+    model_tensors t = {0};
+    vki_status st = gguf_open(path, &f, err, n);
+    if (st == VKI_OK)
+        st = model_read_hparams(f, &hp, err, n);
+    if (st == VKI_OK)
+        st = model_find_tensors(f, &hp, &t, err, n);
+    if (st == VKI_OK)
+        st = tok_from_gguf(f, &e->tok, err, n);
+    if (st == VKI_OK && vki_vocab_size(e->tok) != hp.n_vocab) {
+        set_err(err, n, "tokenizer has %u tokens but token_embd.weight has %u rows", vki_vocab_size(e->tok),
+                hp.n_vocab);
+        st = VKI_ERR_FORMAT;
+    }
+    if (st == VKI_OK) {
+        vk_engine_params ep = vk_engine_default_params();
+        ep.page_size = p->page_size;
+        ep.kv_type = p->kv_type == VKI_KV_F32 ? VKI_GGML_F32 : p->kv_type == VKI_KV_Q8_0 ? VKI_GGML_Q8_0 : VKI_GGML_F16;
+        ep.max_window = p->max_attention_window;
+        ep.kv_tokens = p->kv_tokens;
+        ep.kv_fraction = p->kv_fraction;
+        ep.max_seqs = p->max_seqs;
+        ep.max_tokens = p->max_tokens;
+        ep.max_ctx = p->max_ctx;
+        ep.progress = p->progress;
+        ep.batch_invariant = p->batch_invariant;
+        ep.profile_path = p->profile_path;
+        st = vk_engine_create(e->dev, f, &hp, &t, &ep, &e->eng);
+        if (st != VKI_OK)
+            set_err(err, n, "%s%s%s", vki_status_str(st), ol->last_error[0] ? ": " : "", ol->last_error);
+    }
+    if (st == VKI_OK)
+        fill_info(e, f, path);
+    model_tensors_free(&t);
+    gguf_close(f);
+    return st;
+}
+
+vki_status vki_engine_create(const char *path, const vki_engine_params *params, vki_engine **out, char *err,
+                             size_t err_len)
+{
+    *out = NULL;
+    set_err(err, err_len, "%s", "");
+    vki_engine_params p = params ? *params : vki_engine_default_params();
+    if (!path) {
+        set_err(err, err_len, "no model path");
+        return VKI_ERR_INVALID_ARG;
+    }
+    vki_engine *e = calloc(1, sizeof *e);
+    open_log *ol = calloc(1, sizeof *ol);
+    if (!e || !ol) {
+        free(e);
+        free(ol);
+        return VKI_ERR_OUT_OF_HOST_MEMORY;
+    }
+    /* Route device messages through open_log while opening so the last error reaches err. */
+    *ol = (open_log){.user_fn = p.device.log, .user = p.device.log_user, .level = p.device.log_level};
+    vki_device_params dp = p.device;
+    dp.log = open_log_fn;
+    dp.log_user = ol;
+    dp.log_level = VKI_LOG_DEBUG;
+    vki_status st = vkd_open(&dp, &e->dev);
+    if (st != VKI_OK)
+        set_err(err, err_len, "%s%s%s", vki_status_str(st), ol->last_error[0] ? ": " : "", ol->last_error);
+    if (st == VKI_OK)
+        st = load(e, path, &p, ol, err, err_len);
+    if (st == VKI_OK) {
+        /* from now on the user's logger directly (open_log dies here) */
+        e->dev->log = p.device.log ? p.device.log : stderr_log;
+        e->dev->log_user = p.device.log_user;
+        e->dev->log_level = p.device.log_level;
+    }
+    if (st != VKI_OK) {
+        vki_engine_destroy(e);
+        free(ol);
+        return st;
+    }
+    free(ol);
+    *out = e;
+    return VKI_OK;
+}
+
+void vki_engine_destroy(vki_engine *e)
+{
+    if (!e)
+        return;
+    vk_engine_destroy(e->eng);
+    vki_tokenizer_free(e->tok);
+    vkd_close(e->dev);
+    free(e);
+}
+
+const vki_tokenizer *vki_engine_tokenizer(const vki_engine *e) { return e->tok; }
+
+void vki_engine_info(const vki_engine *e, vki_model_info *out) { *out = e->info; }
+
+/* ---- the batch manager's executor ------------------------------------------------------------ */
+
+static vki_status backend_step(void *ctx, const vki_step_plan *plan, vki_step_out *outs)
+{
+    vki_engine *e = ctx;
+    return vk_engine_step(e->eng, plan, outs, NULL);
+}
+
+static bool backend_is_eog(void *ctx, int32_t token)
+{
+    vki_engine *e = ctx;
+    return vki_token_is_eog(e->tok, token);
+}
+
+static void backend_detach(void *ctx)
+{
+    vki_engine *e = ctx;
+    e->has_manager = false;
+}
+
+vki_status vki_batch_manager_create(vki_engine *e, const vki_batch_params *params, const vki_batch_callbacks *cb,
+                                    vki_batch_manager **out)
+{
+    *out = NULL;
+    if (!e)
+        return VKI_ERR_INVALID_ARG;
+    if (e->has_manager)
+        return VKI_ERR_INVALID_ARG;
+    const vk_engine *g = e->eng;
+    bm_backend be = {.ctx = e, .max_seqs = g->p.max_seqs, .n_pages = g->n_pages, .page_size = g->p.page_size,
+                     .max_ctx = g->max_ctx, .max_tokens = g->p.max_tokens, .vocab_size = g->model.hp.n_vocab,
+                     .kv_window = g->kv_window, .kv_sink = g->kv_sink,
+                     .step = backend_step, .is_eog = backend_is_eog, .detach = backend_detach};
+    vki_status st = bm_create(&be, params, cb, out);
+    if (st == VKI_OK)
+        e->has_manager = true;
+    return st;
+}

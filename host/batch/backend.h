@@ -1,0 +1,32 @@
+/* What the batch manager needs from an executor: one forward step over a step plan, plus the
+ * facts that size its scheduler. The real engine provides one (host/api/engine_api.c); tests
+ * provide a fake that computes a deterministic next token from the sequence so far. */
+#ifndef VKI_HOST_BACKEND_H
+#define VKI_HOST_BACKEND_H
+
+#include "engine/step.h"
+
+typedef struct bm_backend {
+    void *ctx;
+    uint32_t max_seqs;   /* sequence slots: at most this many sequences hold KV at once */
+    uint32_t n_pages;    /* KV pages in the pool */
+    uint32_t page_size;  /* tokens per page */
+    uint32_t max_ctx;    /* longest sequence (prompt + generated) the model accepts */
+    uint32_t max_tokens; /* most new tokens in one step (0: unlimited) */
+    uint32_t vocab_size;
+    /* Windows on every layer: pages wholly before a sequence's last kv_window positions (and past
+     * its first kv_sink) are seen by no layer: the scheduler releases them while it runs (and
+     * plans them as VKI_PAGE_NONE). 0 = every page stays. */
+    uint32_t kv_window, kv_sink;
+    /* Runs the plan; fills outs[i] for the i-th sequence of the plan with want_token set, in
+     * plan order. On error nothing of the plan took effect for sampling purposes; the KV of
+     * its sequences is undefined (the batch manager fails or recomputes them). */
+    vki_status (*step)(void *ctx, const vki_step_plan *plan, vki_step_out *outs);
+    /* End-of-generation token (EOS/EOT from the model's metadata). */
+    bool (*is_eog)(void *ctx, int32_t token);
+    /* Called once when the batch manager is destroyed (may be NULL): the executor may serve
+     * another manager afterwards. */
+    void (*detach)(void *ctx);
+} bm_backend;
+
+#endif

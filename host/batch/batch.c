@@ -1,0 +1,543 @@
+/* The batch manager: one worker thread runs the tick loop
+ *
+ *   intake (push inbox + get_requests) -> stop signals and cancellations -> sched_plan ->
+ *   executor step -> sched_commit -> stop checks and responses -> finished requests leave ->
+ *   stats JSON
+ *
+ * and sleeps on a condition variable when there is nothing to do (submit, cancel, notify and
+ * destroy wake it; with a get_requests callback it also wakes every idle_poll_us to poll).
+ * Host cost of a tick: the scheduler's (see sched.h) plus O(sampled tokens) for responses and
+ * O(cancellations) for stop handling; the stats JSON, when enabled, is O(1) fields. */
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "host/batch/batch.h"
+
+static double now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
+}
+
+/* ---- responses ---------------------------------------------------------------------------- */
+
+/* Delivers generated tokens [from, gen) of q. final: q leaves the in-flight map first (so its
+ * id may be reused from inside the callback), and the caller frees q afterwards. */
+static void respond(vki_batch_manager *bm, bm_req *q, uint32_t from, bool final, vki_finish_reason why,
+                    const char *error)
+{
+    const sched_seq *s = q->seq;
+    uint32_t gen = s ? sched_seq_generated(s) : 0;
+    vki_response r = {
+        .id = q->id,
+        .tokens = s && gen > from ? s->tokens + s->n_prompt + from : NULL,
+        .n_tokens = gen > from ? gen - from : 0,
+        .n_top = q->n_top,
+        .cum_logprob = q->cum_lp,
+        .seq_len = s ? s->n_tokens : q->n_prompt,
+        .final = final,
+        .finish = final ? why : VKI_FINISH_NONE,
+        .error = why == VKI_FINISH_ERROR ? error : NULL,
+        .status = why == VKI_FINISH_ERROR ? (q->status != VKI_OK ? q->status : VKI_ERR_INTERNAL) : VKI_OK,
+        .seed = q->seed,
+    };
+    if (q->want_lp && r.n_tokens) {
+        r.logprobs = q->lp + from;
+        if (q->n_top) {
+            r.top_tokens = q->top_tok + (size_t)from * q->n_top;
+            r.top_logprobs = q->top_lp + (size_t)from * q->n_top;
+        }
+    }
+    q->n_sent = gen;
+    if (final) {
+        pthread_mutex_lock(&bm->mu);
+        bm_map_remove(&bm->inflight, q);
+        pthread_mutex_unlock(&bm->mu);
+    }
+    q->respond(q->respond_user, &r);
+}
+
+/* Final response, then q leaves the scheduler and is freed. Streaming requests get the tokens
+ * not yet delivered (none, normally); others get everything they generated. */
+static void finish(vki_batch_manager *bm, bm_req *q, vki_finish_reason why, const char *error)
+{
+    bm->n_finished++;
+    respond(bm, q, q->streaming ? q->n_sent : 0, true, why, error);
+    if (q->seq) {
+        sched_remove(bm->s, q->seq);
+        bm->n_active--;
+    }
+    bm_req_free(q);
+}
+
+/* Refusal of a request that never entered the scheduler (invalid or duplicate id): it is not
+ * in the in-flight map, so respond directly. */
+static void refuse(bm_req *q, vki_status status, const char *error)
+{
+    vki_response r = {.id = q->id, .seq_len = q->n_prompt, .final = true, .finish = VKI_FINISH_ERROR,
+                      .error = error, .status = status, .seed = q->seed};
+    q->respond(q->respond_user, &r);
+    bm_req_free(q);
+}
+
+/* ---- intake ------------------------------------------------------------------------------- */
+
+/* Hands an accepted request to the scheduler (worker thread). */
+/* The engine calls this (on the worker thread, inside the step) for a request with a logits
+ * post-processor: the user's function sees the request id and the tokens so far. */
+static void processor_hook(void *ctx, float *logits, uint32_t n_vocab)
+{
+    const bm_req *q = ctx;
+    q->processor(q->processor_user, q->id, logits, n_vocab, q->seq->tokens, q->seq->n_tokens);
+}
+
+static void enter_scheduler(vki_batch_manager *bm, bm_req *q)
+{
+    vki_status st = VKI_OK;
+    if (q->want_lp) {
+        q->lp = malloc((size_t)q->max_new * sizeof *q->lp);
+        if (q->n_top) {
+            q->top_tok = malloc((size_t)q->max_new * q->n_top * sizeof *q->top_tok);
+            q->top_lp = malloc((size_t)q->max_new * q->n_top * sizeof *q->top_lp);
+        }
+        if (!q->lp || (q->n_top && (!q->top_tok || !q->top_lp)))
+            st = VKI_ERR_OUT_OF_HOST_MEMORY;
+    }
+    sched_add_args a = {.prompt = q->prompt, .n_prompt = q->n_prompt, .max_new = q->max_new, .priority = q->priority,
+                        .sampling = &q->sampling, .seed = q->seed, .user = q,
+                        .logits_hook = q->processor ? processor_hook : NULL, .logits_hook_ctx = q};
+    if (st == VKI_OK)
+        st = sched_add(bm->s, &a, &q->seq);
+    if (st != VKI_OK) {
+        char msg[BM_MSG_CAP];
+        snprintf(msg, sizeof msg, "request not queued: %s", vki_status_str(st));
+        q->status = st;
+        finish(bm, q, VKI_FINISH_ERROR, msg);
+        return;
+    }
+    bm->n_active++;
+    free(q->prompt); /* the scheduler has its own copy */
+    q->prompt = NULL;
+}
+
+/* Accepts the requests get_requests added: refusals get their final error response, the rest
+ * enter the in-flight map (duplicate ids are refused) and the scheduler. */
+static void intake_callback(vki_batch_manager *bm, int32_t max)
+{
+    vki_request_list l = {.bm = bm, .max = max};
+    bm->cb.get_requests(bm->cb.user, max, &l);
+    for (bm_req *q = l.head, *next; q; q = next) {
+        next = q->next;
+        q->next = NULL;
+        q->respond = bm->cb.send_response;
+        q->respond_user = bm->cb.user;
+        pthread_mutex_lock(&bm->mu);
+        q->seed = q->sampling.has_seed ? q->sampling.seed : bm_next_seed(&bm->rng);
+        bool dup = !q->error[0] && bm_map_find(&bm->inflight, q->id);
+        bool ok = !q->error[0] && !dup && bm_map_insert(&bm->inflight, q) == VKI_OK;
+        if (ok) {
+            q->serial = bm->next_serial++;
+            bm->sched_waiting++;
+        }
+        pthread_mutex_unlock(&bm->mu);
+        if (ok)
+            enter_scheduler(bm, q);
+        else if (dup)
+            refuse(q, VKI_ERR_DUPLICATE_ID, "id: a request with this id is in flight");
+        else if (q->error[0])
+            refuse(q, VKI_ERR_INVALID_ARG, q->error);
+        else
+            refuse(q, VKI_ERR_OUT_OF_HOST_MEMORY, "request not queued: out of host memory");
+    }
+}
+
+/* Cancels the request with this id if it is still the one that was asked about (serial;
+ * UINT64_MAX = whichever has the id: stop signals). Unknown ids are ignored. */
+static void cancel_one(vki_batch_manager *bm, uint64_t id, uint64_t serial)
+{
+    pthread_mutex_lock(&bm->mu);
+    bm_req *q = bm_map_find(&bm->inflight, id);
+    pthread_mutex_unlock(&bm->mu);
+    if (q && q->seq && (serial == UINT64_MAX || q->serial == serial))
+        finish(bm, q, VKI_FINISH_CANCELLED, NULL);
+}
+
+static void poll_stops(vki_batch_manager *bm)
+{
+    uint64_t ids[64];
+    for (;;) {
+        uint32_t n = bm->cb.poll_stop_signals(bm->cb.user, ids, 64);
+        for (uint32_t i = 0; i < n && i < 64; i++)
+            cancel_one(bm, ids[i], UINT64_MAX);
+        if (n < 64)
+            break;
+    }
+}
+
+/* Every request still in flight gets `why` (abort: CANCELLED; an internal error: ERROR).
+ * O(in flight). */
+static void finish_all(vki_batch_manager *bm, vki_finish_reason why, vki_status status, const char *error)
+{
+    uint32_t i = 0, mask = 0;
+    for (;;) {
+        bm_req *q = NULL;
+        pthread_mutex_lock(&bm->mu);
+        if (mask != bm->inflight.mask) /* grown by a submission from a callback: rescan */
+            i = 0;
+        mask = bm->inflight.mask;
+        for (; i <= mask && !q; i += !q)
+            for (bm_req *c = bm->inflight.buckets[i]; c && !q; c = c->hnext)
+                if (c->seq) /* in the scheduler; newer submissions wait in the inbox */
+                    q = c;
+        pthread_mutex_unlock(&bm->mu);
+        if (!q)
+            return;
+        q->status = status;
+        finish(bm, q, why, error);
+    }
+}
+
+/* ---- the tick ----------------------------------------------------------------------------- */
+
+/* Records the sampled token of q and decides whether q is done. Returns the finish reason. */
+static vki_finish_reason apply_token(vki_batch_manager *bm, bm_req *q, const vki_step_out *o)
+{
+    const sched_seq *s = q->seq;
+    uint32_t k = sched_seq_generated(s) - 1;
+    int32_t tok = s->tokens[s->n_tokens - 1];
+    if (q->want_lp) {
+        q->lp[k] = o->logprob;
+        q->cum_lp += o->logprob;
+        for (uint32_t j = 0; j < q->n_top; j++) {
+            bool have = j < o->n_top;
+            q->top_tok[(size_t)k * q->n_top + j] = have ? o->top_tokens[j] : -1;
+            q->top_lp[(size_t)k * q->n_top + j] = have ? o->top_logprobs[j] : -INFINITY;
+        }
+    }
+    bool end = false;
+    for (uint32_t i = 0; i < q->n_end_ids; i++)
+        end |= q->end_ids[i] == tok;
+    if (!q->n_end_ids && !q->ignore_eos && bm->be.is_eog)
+        end = bm->be.is_eog(bm->be.ctx, tok);
+    if (end)
+        return VKI_FINISH_EOS;
+    for (uint32_t i = 0; i < q->n_stop_ids; i++)
+        if (q->stop_ids[i] == tok)
+            return VKI_FINISH_STOP;
+    return sched_seq_generated(s) >= q->max_new ? VKI_FINISH_LENGTH : VKI_FINISH_NONE;
+}
+
+/* Runs one planned step and delivers its results. */
+static void run_step(vki_batch_manager *bm, const sched_tick *t, double *step_ms)
+{
+    double t0 = now_ms();
+    vki_status st = bm->be.step(bm->be.ctx, &t->plan, bm->outs);
+    *step_ms = now_ms() - t0;
+    uint32_t n = t->plan.n_seqs;
+    bm_req *reqs[n ? n : 1];
+    for (uint32_t i = 0; i < n; i++)
+        reqs[i] = t->seqs[i]->user;
+    if (st != VKI_OK) { /* their KV is undefined: fail exactly the plan's requests */
+        char msg[BM_MSG_CAP];
+        snprintf(msg, sizeof msg, "engine step failed: %s", vki_status_str(st));
+        for (uint32_t i = 0; i < n; i++)
+            if (reqs[i]) { /* NULL: a STATIC padding member, owned by the scheduler */
+                reqs[i]->status = st;
+                finish(bm, reqs[i], VKI_FINISH_ERROR, msg);
+            }
+        return;
+    }
+    sched_commit(bm->s, t, bm->outs);
+    uint32_t k = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        if (!t->plan.seqs[i].want_token)
+            continue;
+        bm_req *q = reqs[i];
+        vki_finish_reason why = apply_token(bm, q, &bm->outs[k++]);
+        if (why != VKI_FINISH_NONE)
+            finish(bm, q, why, NULL);
+        else if (q->streaming)
+            respond(bm, q, q->n_sent, false, VKI_FINISH_NONE, NULL);
+    }
+}
+
+static void tick(vki_batch_manager *bm)
+{
+    sched_tick t;
+    double step_ms = 0;
+    vki_status st = sched_plan(bm->s, &t);
+    if (st != VKI_OK) {
+        finish_all(bm, VKI_FINISH_ERROR, VKI_ERR_INTERNAL, "internal error: scheduler invariant broken");
+        return;
+    }
+    pthread_mutex_lock(&bm->mu); /* admissions made room in the queue */
+    bm->sched_waiting = sched_queue_len(bm->s);
+    pthread_mutex_unlock(&bm->mu);
+    if (t.plan.n_seqs)
+        run_step(bm, &t, &step_ms);
+    bm->iteration++;
+    if (bm->p.stats && bm->cb.stats)
+        bm_emit_stats(bm, &t, step_ms);
+}
+
+/* Waits for work; takes the inbox and the cancellations. Returns false when the worker must
+ * exit. */
+static bool wait_work(vki_batch_manager *bm, bm_req **inbox, bm_cancel **cancels, uint32_t *n_cancels,
+                      bool *abort, int32_t *max_new_reqs)
+{
+    pthread_mutex_lock(&bm->mu);
+    for (;;) {
+        bool poll = bm->cb.get_requests && !bm->shutdown && bm->p.idle_poll_us;
+        if (bm->inbox_head || bm->n_cancels || bm->n_active || bm->shutdown || bm->notified)
+            break;
+        if (!poll) {
+            pthread_cond_wait(&bm->cv, &bm->mu);
+            continue;
+        }
+        struct timespec ts;
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        uint64_t ns = (uint64_t)ts.tv_nsec + (uint64_t)bm->p.idle_poll_us * 1000u;
+        ts.tv_sec += (time_t)(ns / 1000000000u);
+        ts.tv_nsec = (long)(ns % 1000000000u);
+        if (pthread_cond_timedwait(&bm->cv, &bm->mu, &ts) == ETIMEDOUT)
+            break;
+    }
+    bm->notified = false;
+    *inbox = bm->inbox_head;
+    bm->inbox_head = bm->inbox_tail = NULL;
+    bm->sched_waiting += bm->inbox_len;
+    bm->inbox_len = 0;
+    *cancels = bm->cancels;
+    *n_cancels = bm->n_cancels;
+    bm->cancels = NULL;
+    bm->n_cancels = bm->cancels_cap = 0;
+    *abort = bm->abort;
+    *max_new_reqs = -1;
+    if (bm->shutdown)
+        *max_new_reqs = 0;
+    else if (bm->p.max_queue)
+        *max_new_reqs = bm->sched_waiting >= bm->p.max_queue ? 0 : (int32_t)(bm->p.max_queue - bm->sched_waiting);
+    bool exit_now = bm->shutdown && !*inbox && !*n_cancels && bm->inflight.n == 0;
+    pthread_mutex_unlock(&bm->mu);
+    return !exit_now;
+}
+
+static void *worker(void *arg)
+{
+    vki_batch_manager *bm = arg;
+    for (;;) {
+        bm_req *inbox;
+        bm_cancel *cancels;
+        uint32_t n_cancels;
+        bool abort;
+        int32_t max_new_reqs;
+        if (!wait_work(bm, &inbox, &cancels, &n_cancels, &abort, &max_new_reqs))
+            break;
+        uint64_t finished0 = bm->n_finished;
+        for (bm_req *q = inbox, *next; q; q = next) {
+            next = q->next;
+            q->next = NULL;
+            enter_scheduler(bm, q);
+        }
+        if (bm->cb.get_requests && max_new_reqs != 0)
+            intake_callback(bm, max_new_reqs);
+        for (uint32_t i = 0; i < n_cancels; i++)
+            cancel_one(bm, cancels[i].id, cancels[i].serial);
+        free(cancels);
+        if (bm->cb.poll_stop_signals && bm->n_active)
+            poll_stops(bm);
+        if (abort)
+            finish_all(bm, VKI_FINISH_CANCELLED, VKI_OK, NULL);
+        if (bm->n_active) {
+            tick(bm);
+        } else if (bm->n_finished != finished0 && bm->p.stats && bm->cb.stats) {
+            /* the last requests left between ticks (cancelled, stopped, aborted): one more stats
+             * object, so observers see the drained KV pool rather than the last busy tick */
+            sched_tick idle = {0};
+            bm_emit_stats(bm, &idle, 0);
+        }
+        pthread_mutex_lock(&bm->mu);
+        bm->sched_waiting = sched_queue_len(bm->s);
+        pthread_mutex_unlock(&bm->mu);
+    }
+    return NULL;
+}
+
+/* ---- API ---------------------------------------------------------------------------------- */
+
+static vki_status check_params(const bm_backend *be, const vki_batch_params *p, const vki_batch_callbacks *cb)
+{
+    if (!be || !p || !be->step || !be->max_seqs || !be->n_pages || !be->page_size || !be->max_ctx || !be->vocab_size)
+        return VKI_ERR_INVALID_ARG;
+    if ((unsigned)p->policy > VKI_POLICY_STATIC || !p->max_num_tokens || !p->chunk_size ||
+        p->chunk_size % be->page_size || p->max_queue > INT32_MAX)
+        return VKI_ERR_INVALID_ARG;
+    if (cb && cb->get_requests && !cb->send_response)
+        return VKI_ERR_INVALID_ARG;
+    return VKI_OK;
+}
+
+static void bm_free(vki_batch_manager *bm)
+{
+    sched_destroy(bm->s);
+    bm_map_free(&bm->inflight);
+    free(bm->outs);
+    free(bm->cancels);
+    free(bm);
+}
+
+vki_status bm_create(const bm_backend *be, const vki_batch_params *p, const vki_batch_callbacks *cb,
+                     vki_batch_manager **out)
+{
+    *out = NULL;
+    vki_status st = check_params(be, p, cb);
+    if (st != VKI_OK)
+        return st;
+    vki_batch_manager *bm = calloc(1, sizeof *bm);
+    if (!bm)
+        return VKI_ERR_OUT_OF_HOST_MEMORY;
+    bm->be = *be;
+    bm->p = *p;
+    if (cb)
+        bm->cb = *cb;
+    /* the step's token budget: ours, capped by what the executor's scratch holds */
+    uint32_t budget = be->max_tokens && be->max_tokens < p->max_num_tokens ? be->max_tokens : p->max_num_tokens;
+    sched_params sp = {.policy = p->policy, .max_seqs = be->max_seqs, .n_blocks = be->n_pages,
+                       .block_size = be->page_size, .max_ctx = be->max_ctx, .max_batch_size = p->max_batch_size,
+                       .max_num_tokens = budget, .chunk_size = p->chunk_size,
+                       .max_queue = 0 /* bounded here, paused requests included */, .block_reuse = p->block_reuse,
+                       .kv_window = be->kv_window, .kv_sink = be->kv_sink};
+    st = sched_create(&sp, &bm->s);
+    if (st == VKI_OK)
+        st = bm_map_init(&bm->inflight);
+    bm->outs = calloc(be->max_seqs, sizeof *bm->outs);
+    if (st == VKI_OK && !bm->outs)
+        st = VKI_ERR_OUT_OF_HOST_MEMORY;
+    if (st != VKI_OK) {
+        bm_free(bm);
+        return st;
+    }
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    bm->rng = p->seed ? p->seed : (uint64_t)ts.tv_sec * 1000000007u ^ (uint64_t)ts.tv_nsec ^ (uintptr_t)bm;
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    bool cv_ok = pthread_cond_init(&bm->cv, &ca) == 0;
+    pthread_condattr_destroy(&ca);
+    bool mu_ok = pthread_mutex_init(&bm->mu, NULL) == 0;
+    if (!cv_ok || !mu_ok || pthread_create(&bm->thread, NULL, worker, bm) != 0) {
+        if (cv_ok)
+            pthread_cond_destroy(&bm->cv);
+        if (mu_ok)
+            pthread_mutex_destroy(&bm->mu);
+        bm_free(bm);
+        return VKI_ERR_OUT_OF_HOST_MEMORY;
+    }
+    *out = bm;
+    return VKI_OK;
+}
+
+vki_status vki_batch_manager_destroy(vki_batch_manager *bm, bool abort)
+{
+    if (!bm)
+        return VKI_OK;
+    if (pthread_equal(pthread_self(), bm->thread))
+        return VKI_ERR_INVALID_ARG;
+    pthread_mutex_lock(&bm->mu);
+    bm->shutdown = true;
+    bm->abort |= abort;
+    pthread_cond_signal(&bm->cv);
+    pthread_mutex_unlock(&bm->mu);
+    pthread_join(bm->thread, NULL);
+    pthread_cond_destroy(&bm->cv);
+    pthread_mutex_destroy(&bm->mu);
+    if (bm->be.detach)
+        bm->be.detach(bm->be.ctx);
+    bm_free(bm);
+    return VKI_OK;
+}
+
+vki_status vki_batch_submit(vki_batch_manager *bm, const vki_request *req, vki_response_fn on_response, void *user,
+                            char *err, size_t err_cap)
+{
+    char msg[BM_MSG_CAP];
+    if (!bm || !on_response) {
+        snprintf(err ? err : msg, err ? err_cap : sizeof msg, "%s: NULL", bm ? "on_response" : "batch manager");
+        return VKI_ERR_INVALID_ARG;
+    }
+    vki_status st = bm_validate(bm, req, err ? err : msg, err ? err_cap : sizeof msg);
+    bm_req *q = NULL;
+    if (st == VKI_OK)
+        st = bm_req_copy(req, &q);
+    if (st != VKI_OK)
+        return st;
+    q->respond = on_response;
+    q->respond_user = user;
+    pthread_mutex_lock(&bm->mu);
+    if (bm->shutdown)
+        st = VKI_ERR_SHUTDOWN;
+    else if (bm_map_find(&bm->inflight, q->id))
+        st = VKI_ERR_DUPLICATE_ID;
+    else if (bm->p.max_queue && bm->inbox_len + bm->sched_waiting >= bm->p.max_queue)
+        st = VKI_RETRY_QUEUE_FULL;
+    else
+        st = bm_map_insert(&bm->inflight, q);
+    if (st == VKI_OK) {
+        q->seed = q->sampling.has_seed ? q->sampling.seed : bm_next_seed(&bm->rng);
+        q->serial = bm->next_serial++;
+        if (bm->inbox_tail)
+            bm->inbox_tail->next = q;
+        else
+            bm->inbox_head = q;
+        bm->inbox_tail = q;
+        bm->inbox_len++;
+        pthread_cond_signal(&bm->cv);
+    }
+    pthread_mutex_unlock(&bm->mu);
+    if (st != VKI_OK)
+        bm_req_free(q);
+    return st;
+}
+
+vki_status vki_batch_cancel(vki_batch_manager *bm, uint64_t id)
+{
+    if (!bm)
+        return VKI_ERR_INVALID_ARG;
+    vki_status st = VKI_OK;
+    pthread_mutex_lock(&bm->mu);
+    bm_req *q = bm_map_find(&bm->inflight, id);
+    if (!q) {
+        st = VKI_ERR_NOT_FOUND;
+    } else if (bm->n_cancels == bm->cancels_cap) {
+        uint32_t cap = bm->cancels_cap ? bm->cancels_cap * 2 : 16;
+        bm_cancel *c = cap > bm->cancels_cap ? realloc(bm->cancels, (size_t)cap * sizeof *c) : NULL;
+        if (c) {
+            bm->cancels = c;
+            bm->cancels_cap = cap;
+        } else {
+            st = VKI_ERR_OUT_OF_HOST_MEMORY;
+        }
+    }
+    if (st == VKI_OK) {
+        bm->cancels[bm->n_cancels++] = (bm_cancel){.id = id, .serial = q->serial};
+        pthread_cond_signal(&bm->cv);
+    }
+    pthread_mutex_unlock(&bm->mu);
+    return st;
+}
+
+void vki_batch_notify(vki_batch_manager *bm)
+{
+    if (!bm)
+        return;
+    pthread_mutex_lock(&bm->mu);
+    bm->notified = true;
+    pthread_cond_signal(&bm->cv);
+    pthread_mutex_unlock(&bm->mu);
+}

@@ -1,0 +1,124 @@
+/* The batch manager (internal side): the tick-loop thread over the scheduler and an executor.
+ * The public API is the "batch manager" section of vkinfer.h; vki_batch_manager_create (the
+ * engine adapter) wraps bm_create with a bm_backend over a vki_engine.
+ *
+ *   batch.c          the worker thread, create/destroy, submit/cancel/notify, the tick
+ *   batch_request.c  request copies, validation, the request list, the in-flight id map
+ *   batch_stats.c    the per-tick stats JSON
+ *
+ * Locking: one mutex guards what other threads touch (inbox, cancel list, in-flight map,
+ * waiting count, shutdown flags, seed generator). The scheduler, the executor and every
+ * request's generation state belong to the worker thread alone; no callback runs with the
+ * mutex held. */
+#ifndef VKI_HOST_BATCH_H
+#define VKI_HOST_BATCH_H
+
+#include <pthread.h>
+
+#include "host/batch/backend.h"
+#include "scheduler/sched.h"
+#include "vkinfer.h"
+
+#define BM_MSG_CAP 192
+
+/* One accepted (or refused) request: a deep copy of the vki_request plus its generation state. */
+typedef struct bm_req {
+    uint64_t id;
+    uint64_t serial;           /* unique per manager: tells apart two requests with one id */
+    int32_t *prompt;           /* [n_prompt] until handed to the scheduler */
+    uint32_t n_prompt, max_new;
+    int32_t *end_ids;          /* [n_end_ids] */
+    uint32_t n_end_ids;
+    int32_t *stop_ids;         /* [n_stop_ids] */
+    uint32_t n_stop_ids;
+    vki_sampling_params sampling; /* .logit_bias points to bias */
+    vki_logit_bias *bias;      /* [sampling.n_logit_bias] */
+    bool streaming;
+    bool ignore_eos;           /* the model's end-of-generation ids do not end it */
+    int32_t priority;
+    bool want_lp;              /* logprobs or top_logprobs asked for */
+    uint32_t n_top;
+    uint64_t seed;             /* resolved */
+    vki_logits_fn processor;   /* logits post-processor or NULL */
+    void *processor_user;
+    vki_response_fn respond;   /* push: the submitter's callback; else cb->send_response */
+    void *respond_user;
+    char error[BM_MSG_CAP];    /* non-empty: refused at intake with this message */
+    vki_status status;         /* the cause reported with a final error response */
+    /* worker-thread state */
+    sched_seq *seq;            /* in the scheduler (NULL before intake) */
+    float *lp;                 /* [max_new] logprob of each generated token, when want_lp */
+    int32_t *top_tok;          /* [max_new][n_top] */
+    float *top_lp;             /* [max_new][n_top] */
+    double cum_lp;
+    uint32_t n_sent;           /* generated tokens already delivered (streaming) */
+    struct bm_req *next;       /* inbox / request list link */
+    struct bm_req *hnext;      /* in-flight map chain */
+} bm_req;
+
+struct vki_request_list {
+    vki_batch_manager *bm;     /* validates against its model */
+    bm_req *head, *tail;
+    uint32_t n;
+    int32_t max;               /* -1: unbounded */
+};
+
+typedef struct bm_id_map {
+    bm_req **buckets;          /* [mask + 1] */
+    uint32_t mask;
+    uint32_t n;
+} bm_id_map;
+
+typedef struct bm_cancel {
+    uint64_t id, serial;
+} bm_cancel;
+
+struct vki_batch_manager {
+    bm_backend be;
+    vki_batch_params p;
+    vki_batch_callbacks cb;
+    bool has_cb;
+    pthread_t thread;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    /* guarded by mu */
+    bm_req *inbox_head, *inbox_tail;
+    uint32_t inbox_len;
+    uint32_t sched_waiting;    /* the scheduler's queue length as of the last tick + intake since */
+    bm_cancel *cancels;        /* [n_cancels] pending cancellations */
+    uint32_t n_cancels, cancels_cap;
+    bm_id_map inflight;        /* id -> request, from acceptance to the final response */
+    bool shutdown, abort;
+    bool notified;
+    uint64_t rng;              /* seed generator state (splitmix64) */
+    uint64_t next_serial;
+    /* worker thread only */
+    sched *s;
+    vki_step_out *outs;        /* [max_seqs] */
+    uint32_t n_active;         /* requests in the scheduler */
+    uint64_t iteration;
+    uint64_t n_finished;       /* final responses sent (worker thread) */
+};
+
+/* Creates a manager over `be` (copied; be->ctx must outlive the manager) and starts its worker.
+ * cb may be NULL. VKI_ERR_INVALID_ARG for a bad parameter (chunk_size not a multiple of the
+ * page size, get_requests without send_response, an empty backend). */
+vki_status bm_create(const bm_backend *be, const vki_batch_params *p, const vki_batch_callbacks *cb,
+                     vki_batch_manager **out);
+
+/* batch_request.c */
+vki_status bm_validate(const vki_batch_manager *bm, const vki_request *r, char *msg, size_t cap);
+vki_status bm_req_copy(const vki_request *r, bm_req **out);  /* deep copy, no validation */
+void bm_req_free(bm_req *q);
+void bm_request_list_free(vki_request_list *l);
+vki_status bm_map_init(bm_id_map *m);
+void bm_map_free(bm_id_map *m);
+bm_req *bm_map_find(const bm_id_map *m, uint64_t id);
+vki_status bm_map_insert(bm_id_map *m, bm_req *q); /* id not present */
+void bm_map_remove(bm_id_map *m, bm_req *q);
+uint64_t bm_next_seed(uint64_t *state);
+
+/* batch_stats.c: emits the stats JSON of one tick through cb.stats. */
+void bm_emit_stats(vki_batch_manager *bm, const sched_tick *t, double step_ms);
+
+#endif

@@ -1,0 +1,685 @@
+/* Chat templates: recognition, rendering and tokenisation (see chat.h).
+ *
+ * Each renderer reproduces one upstream template as transformers renders it (Jinja with
+ * trim_blocks and lstrip_blocks); "trim"/"strip()" remove ASCII whitespace at both ends (Python
+ * also strips Unicode spaces; a message that begins or ends in one is rendered with it kept).
+ * Where we go beyond the upstream template it is said at the family. */
+#include "host/chat/chat.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/gguf.h"
+
+static const char *const family_names[CHAT_FAMILY_COUNT] = {
+    [CHAT_PLAIN] = "plain",   [CHAT_CHATML] = "chatml", [CHAT_LLAMA3] = "llama3", [CHAT_LLAMA2] = "llama2",
+    [CHAT_MISTRAL] = "mistral", [CHAT_ZEPHYR] = "zephyr", [CHAT_GEMMA] = "gemma",  [CHAT_PHI3] = "phi3",
+};
+_Static_assert(sizeof family_names / sizeof family_names[0] == CHAT_FAMILY_COUNT, "a name per family");
+
+static const char *const role_names[] = {[CHAT_SYSTEM] = "system", [CHAT_USER] = "user",
+                                         [CHAT_ASSISTANT] = "assistant"};
+
+const char *chat_family_name(chat_family f)
+{
+    return (unsigned)f < CHAT_FAMILY_COUNT ? family_names[f] : "?";
+}
+
+bool chat_family_parse(const char *name, chat_family *out)
+{
+    for (int f = 0; name && f < CHAT_FAMILY_COUNT; f++)
+        if (!strcmp(name, family_names[f])) {
+            *out = (chat_family)f;
+            return true;
+        }
+    return false;
+}
+
+/* ---- recognition -------------------------------------------------------------------------- */
+
+chat_family chat_detect(const char *t, bool *known)
+{
+    chat_family f = CHAT_PLAIN;
+    if (!t || !*t)
+        f = CHAT_PLAIN;
+    else if (strstr(t, "<|im_start|>"))
+        f = CHAT_CHATML;
+    else if (strstr(t, "<|start_header_id|>"))
+        f = CHAT_LLAMA3;
+    else if (strstr(t, "<start_of_turn>"))
+        f = CHAT_GEMMA;
+    else if (strstr(t, "<|end|>") && (strstr(t, "<|assistant|>") || strstr(t, "<|user|>")))
+        f = CHAT_PHI3;
+    else if (strstr(t, "<|user|>") && strstr(t, "<|assistant|>") && strstr(t, "eos_token"))
+        f = CHAT_ZEPHYR;
+    else if (strstr(t, "[INST]"))
+        f = strstr(t, "<<SYS>>") ? CHAT_LLAMA2 : CHAT_MISTRAL;
+    if (known)
+        *known = f != CHAT_PLAIN;
+    return f;
+}
+
+/* ChatML templates that write a system prompt when the conversation has none (Qwen) carry it as a
+ * string literal: '<|im_start|>system\n...<|im_end|>'. Finds the first such literal (a candidate
+ * that contains a quote or an expression is the template's code, not a literal) and decodes its
+ * escapes into *out (NULL when there is none). */
+static vki_status chatml_default_system(const char *t, char **out)
+{
+    *out = NULL;
+    static const char head[] = "<|im_start|>system";
+    for (const char *p = strstr(t, head); p; p = strstr(p + 1, head)) {
+        const char *q = p + sizeof head - 1;
+        if (q[0] == '\\' && q[1] == 'n')
+            q += 2;
+        else if (q[0] == '\n')
+            q += 1;
+        else
+            continue;
+        const char *end = strstr(q, "<|im_end|>");
+        if (!end || end == q || strcspn(q, "'\"{}+") < (size_t)(end - q))
+            continue;
+        char *s = malloc((size_t)(end - q) + 1);
+        if (!s)
+            return VKI_ERR_OUT_OF_HOST_MEMORY;
+        size_t n = 0;
+        for (const char *c = q; c < end; c++) {
+            if (*c == '\\' && c + 1 < end) {
+                c++;
+                s[n++] = *c == 'n' ? '\n' : *c == 't' ? '\t' : *c;
+            } else {
+                s[n++] = *c;
+            }
+        }
+        s[n] = 0;
+        *out = s;
+        return VKI_OK;
+    }
+    return VKI_OK;
+}
+
+vki_status chat_template_init(chat_template *t, chat_family f, const char *tmpl, const char *bos, const char *eos)
+{
+    memset(t, 0, sizeof *t);
+    if ((unsigned)f >= CHAT_FAMILY_COUNT)
+        return VKI_ERR_INVALID_ARG;
+    t->family = f;
+    snprintf(t->bos, sizeof t->bos, "%s", bos ? bos : "");
+    snprintf(t->eos, sizeof t->eos, "%s", eos ? eos : "");
+    /* Without the template text, assume the canonical template of the family. */
+    bool canon_bos = f == CHAT_LLAMA3 || f == CHAT_LLAMA2 || f == CHAT_MISTRAL || f == CHAT_GEMMA;
+    t->emit_bos = f == CHAT_LLAMA2 || (tmpl ? strstr(tmpl, "bos_token") != NULL : canon_bos);
+    t->mistral_spaced = f == CHAT_MISTRAL && tmpl && (strstr(tmpl, "' [INST] '") || strstr(tmpl, "\" [INST] \""));
+    t->strip_think = f == CHAT_CHATML && tmpl && strstr(tmpl, "</think>");
+    t->phi3_v1 = f == CHAT_PHI3 && tmpl && !strstr(tmpl, "add_generation_prompt");
+    return f == CHAT_CHATML && tmpl ? chatml_default_system(tmpl, &t->default_system) : VKI_OK;
+}
+
+void chat_template_free(chat_template *t)
+{
+    free(t->default_system);
+    t->default_system = NULL;
+}
+
+/* ---- the prompt buffer -------------------------------------------------------------------- */
+
+static vki_status put(chat_prompt *p, const char *s, size_t n, bool tmpl)
+{
+    if (!n)
+        return VKI_OK;
+    /* A template piece right after another extends its span; otherwise it opens a new one, whose
+     * slot is reserved before the text grows so that a failure leaves p as it was. */
+    bool extend = p->n_tmpl && p->tmpl[p->n_tmpl - 1].off + p->tmpl[p->n_tmpl - 1].len == p->len;
+    if (tmpl && !extend && p->n_tmpl == p->cap_tmpl) {
+        size_t cap = p->cap_tmpl ? p->cap_tmpl * 2 : 16;
+        chat_span *s2 = realloc(p->tmpl, cap * sizeof *s2);
+        if (!s2)
+            return VKI_ERR_OUT_OF_HOST_MEMORY;
+        p->tmpl = s2;
+        p->cap_tmpl = cap;
+    }
+    size_t off = p->len;
+    if (!strbuf_put(&p->buf, s, n))
+        return VKI_ERR_OUT_OF_HOST_MEMORY;
+    if (tmpl && extend)
+        p->tmpl[p->n_tmpl - 1].len += n;
+    else if (tmpl)
+        p->tmpl[p->n_tmpl++] = (chat_span){off, n};
+    return VKI_OK;
+}
+
+/* What the renderers write through: the prompt and the first error. Once st is set every call
+ * below does nothing, so a renderer is a straight sequence of lit/txt and chat_render reads st
+ * once at the end. */
+typedef struct chat_out {
+    chat_prompt *p;
+    vki_status st;
+} chat_out;
+
+static void out_put(chat_out *o, const char *s, size_t n, bool tmpl)
+{
+    if (o->st == VKI_OK)
+        o->st = put(o->p, s, n, tmpl);
+}
+
+/* Template text (a C string). */
+static void lit(chat_out *o, const char *s) { out_put(o, s, strlen(s), true); }
+
+/* Message content. */
+static void txt(chat_out *o, const chat_msg *m) { out_put(o, m->content, m->len, false); }
+
+static bool is_ws(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\v' || c == '\f'; }
+
+/* Appends the whitespace-trimmed text of `piece` (template and content parts keep their kind). */
+static vki_status put_trimmed(chat_prompt *p, const chat_prompt *piece)
+{
+    size_t a = 0, b = piece->len;
+    while (a < b && is_ws(piece->text[a]))
+        a++;
+    while (b > a && is_ws(piece->text[b - 1]))
+        b--;
+    vki_status st = VKI_OK;
+    size_t pos = a, k = 0;
+    while (st == VKI_OK && pos < b) {
+        while (k < piece->n_tmpl && piece->tmpl[k].off + piece->tmpl[k].len <= pos)
+            k++;
+        bool in = k < piece->n_tmpl && piece->tmpl[k].off <= pos;
+        size_t next = in ? piece->tmpl[k].off + piece->tmpl[k].len : k < piece->n_tmpl ? piece->tmpl[k].off : b;
+        if (next > b)
+            next = b;
+        st = put(p, piece->text + pos, next - pos, in);
+        pos = next;
+    }
+    return st;
+}
+
+/* Appends a piece rendered on the side, trimmed; or takes on the error that building it hit. */
+static void trimmed(chat_out *o, const chat_out *piece)
+{
+    if (o->st == VKI_OK)
+        o->st = piece->st;
+    if (o->st == VKI_OK)
+        o->st = put_trimmed(o->p, piece->p);
+}
+
+static void content_trimmed(chat_out *o, const chat_msg *m)
+{
+    if (o->st != VKI_OK)
+        return;
+    chat_prompt one = {0};
+    chat_out piece = {&one, VKI_OK};
+    txt(&piece, m);
+    trimmed(o, &piece);
+    chat_prompt_free(&one);
+}
+
+void chat_prompt_free(chat_prompt *p)
+{
+    strbuf_free(&p->buf);
+    free(p->tmpl);
+    memset(p, 0, sizeof *p);
+}
+
+static void set_err(char *err, size_t n, const char *msg, size_t i, const char *family)
+{
+    if (err && n)
+        snprintf(err, n, "messages[%zu].role: %s (%s chat template)", i, msg, family);
+}
+
+/* The Llama 2, Mistral and Gemma templates raise unless the messages after an optional system
+ * message go user, assistant, user, ... */
+static bool alternates(chat_out *o, const chat_msg *m, size_t n, size_t first, const chat_template *t, char *err,
+                       size_t n_err)
+{
+    for (size_t i = first; i < n; i++)
+        if ((m[i].role == CHAT_USER) != ((i - first) % 2 == 0)) {
+            set_err(err, n_err, "conversation roles must alternate user/assistant/user/assistant/... after an "
+                    "optional first system message", i, family_names[t->family]);
+            o->st = VKI_ERR_INVALID_ARG;
+            return false;
+        }
+    return true;
+}
+
+/* ---- the families --------------------------------------------------------------------------- */
+
+typedef void (*render_fn)(const chat_template *t, const chat_msg *m, size_t n, bool gen, chat_out *o, char *err,
+                          size_t n_err);
+
+/* Ours: "role: content" lines, then "assistant:". The tokenizer adds BOS as its metadata says. */
+static void render_plain(const chat_template *t, const chat_msg *m, size_t n, bool gen, chat_out *o, char *err,
+                         size_t n_err)
+{
+    for (size_t i = 0; i < n; i++) {
+        lit(o, role_names[m[i].role]);
+        lit(o, ": ");
+        txt(o, &m[i]);
+        lit(o, "\n");
+    }
+    if (gen)
+        lit(o, "assistant:");
+}
+
+/* Qwen3: an earlier assistant turn is written without its reasoning, content.split('</think>')
+ * [-1].lstrip('\n'). */
+static void after_think(chat_out *o, const chat_msg *m)
+{
+    const char *c = m->content, *end = c + m->len;
+    for (const char *p = c; p + 8 <= end; p++)
+        if (!memcmp(p, "</think>", 8))
+            c = p + 8;
+    while (c < end && *c == '\n')
+        c++;
+    out_put(o, c, (size_t)(end - c), false);
+}
+
+/* teknium/OpenHermes-2.5: '<|im_start|>' + role + '\n' + content + '<|im_end|>' + '\n', then
+ * '<|im_start|>assistant\n'. Qwen2 adds its literal system prompt when messages[0] is not one;
+ * Qwen3 drops the reasoning of assistant turns before the last user message. */
+static void render_chatml(const chat_template *t, const chat_msg *m, size_t n, bool gen, chat_out *o, char *err,
+                          size_t n_err)
+{
+    if (t->emit_bos)
+        lit(o, t->bos);
+    if (n && t->default_system && m[0].role != CHAT_SYSTEM) {
+        lit(o, "<|im_start|>system\n");
+        lit(o, t->default_system);
+        lit(o, "<|im_end|>\n");
+    }
+    size_t last_user = 0;
+    for (size_t i = 0; i < n; i++)
+        last_user = m[i].role == CHAT_USER ? i : last_user;
+    for (size_t i = 0; i < n; i++) {
+        lit(o, "<|im_start|>");
+        lit(o, role_names[m[i].role]);
+        lit(o, "\n");
+        if (t->strip_think && m[i].role == CHAT_ASSISTANT && i < last_user)
+            after_think(o, &m[i]);
+        else
+            txt(o, &m[i]);
+        lit(o, "<|im_end|>\n");
+    }
+    if (gen)
+        lit(o, "<|im_start|>assistant\n");
+}
+
+/* Meta-Llama-3-Instruct: bos_token before the first message; each message
+ * '<|start_header_id|>' + role + '<|end_header_id|>\n\n' + content|trim + '<|eot_id|>'. (3.1's
+ * "Cutting Knowledge Date" system header is not reproduced.) */
+static void render_llama3(const chat_template *t, const chat_msg *m, size_t n, bool gen, chat_out *o, char *err,
+                          size_t n_err)
+{
+    for (size_t i = 0; i < n; i++) {
+        if (i == 0 && t->emit_bos)
+            lit(o, t->bos);
+        lit(o, "<|start_header_id|>");
+        lit(o, role_names[m[i].role]);
+        lit(o, "<|end_header_id|>\n\n");
+        content_trimmed(o, &m[i]);
+        lit(o, "<|eot_id|>");
+    }
+    if (gen)
+        lit(o, "<|start_header_id|>assistant<|end_header_id|>\n\n");
+}
+
+/* meta-llama/Llama-2-chat: an optional first system message goes into the first turn as
+ * '<<SYS>>\n' + system + '\n<</SYS>>\n\n'; user turns are bos + '[INST] ' + content.strip() +
+ * ' [/INST]', answers ' ' + content.strip() + ' ' + eos. No generation prompt. */
+static void render_llama2(const chat_template *t, const chat_msg *m, size_t n, bool gen, chat_out *o, char *err,
+                          size_t n_err)
+{
+    size_t first = n && m[0].role == CHAT_SYSTEM;
+    if (!alternates(o, m, n, first, t, err, n_err))
+        return;
+    for (size_t i = first; i < n && o->st == VKI_OK; i++) {
+        chat_prompt c = {0}; /* the turn's content, stripped as a whole */
+        chat_out turn = {&c, VKI_OK};
+        if (i == first && first) {
+            lit(&turn, "<<SYS>>\n");
+            txt(&turn, &m[0]);
+            lit(&turn, "\n<</SYS>>\n\n");
+        }
+        txt(&turn, &m[i]);
+        bool user = m[i].role == CHAT_USER;
+        lit(o, user ? t->bos : " ");
+        if (user)
+            lit(o, "[INST] ");
+        trimmed(o, &turn);
+        lit(o, user ? " [/INST]" : " ");
+        if (!user)
+            lit(o, t->eos);
+        chat_prompt_free(&c);
+    }
+}
+
+/* mistralai/Mistral-7B-Instruct-v0.2 (the original template): bos, then '[INST] ' + content +
+ * ' [/INST]' and answers content + eos. The "v1" template (' [INST] ' in the template) puts a space
+ * before each [INST] and each answer and accepts a first system message, written before the first
+ * user message followed by "\n\n"; we accept it that way for the original template too, whose
+ * upstream text refuses system messages. */
+static void render_mistral(const chat_template *t, const chat_msg *m, size_t n, bool gen, chat_out *o, char *err,
+                           size_t n_err)
+{
+    size_t first = n && m[0].role == CHAT_SYSTEM;
+    if (!alternates(o, m, n, first, t, err, n_err))
+        return;
+    if (t->emit_bos)
+        lit(o, t->bos);
+    for (size_t i = first; i < n; i++) {
+        if (m[i].role == CHAT_USER) {
+            lit(o, t->mistral_spaced ? " [INST] " : "[INST] ");
+            if (i == first && first) {
+                txt(o, &m[0]);
+                lit(o, "\n\n");
+            }
+            txt(o, &m[i]);
+            lit(o, " [/INST]");
+        } else {
+            if (t->mistral_spaced)
+                lit(o, " ");
+            txt(o, &m[i]);
+            lit(o, t->eos);
+        }
+    }
+}
+
+/* HuggingFaceH4/zephyr-7b-beta: '<|' + role + '|>\n' + content + eos, a newline after each
+ * message, then '<|assistant|>\n'. */
+static void render_zephyr(const chat_template *t, const chat_msg *m, size_t n, bool gen, chat_out *o, char *err,
+                          size_t n_err)
+{
+    if (t->emit_bos)
+        lit(o, t->bos);
+    for (size_t i = 0; i < n; i++) {
+        lit(o, "<|");
+        lit(o, role_names[m[i].role]);
+        lit(o, "|>\n");
+        txt(o, &m[i]);
+        lit(o, t->eos);
+        lit(o, "\n");
+        if (i + 1 == n && gen)
+            lit(o, "<|assistant|>\n");
+    }
+}
+
+/* google/gemma-7b-it: bos, then '<start_of_turn>' + ('model' for the assistant, else the role) +
+ * '\n' + content|trim + '<end_of_turn>\n', then '<start_of_turn>model\n'. A first system message
+ * is written before the first turn's content followed by "\n\n", as Gemma 3's template does
+ * (Gemma 1/2 refuse it). */
+static void render_gemma(const chat_template *t, const chat_msg *m, size_t n, bool gen, chat_out *o, char *err,
+                         size_t n_err)
+{
+    size_t first = n && m[0].role == CHAT_SYSTEM;
+    if (!alternates(o, m, n, first, t, err, n_err))
+        return;
+    if (t->emit_bos)
+        lit(o, t->bos);
+    for (size_t i = first; i < n; i++) {
+        lit(o, m[i].role == CHAT_ASSISTANT ? "<start_of_turn>model\n" : "<start_of_turn>user\n");
+        if (i == first && first) {
+            txt(o, &m[0]);
+            lit(o, "\n\n");
+        }
+        content_trimmed(o, &m[i]);
+        lit(o, "<end_of_turn>\n");
+    }
+    if (gen)
+        lit(o, "<start_of_turn>model\n");
+}
+
+/* microsoft/Phi-3.5-mini-instruct: '<|' + role + '|>\n' + content + '<|end|>\n' (a system message
+ * only when non-empty), then '<|assistant|>\n', or eos without a generation prompt. The first
+ * Phi-3-mini-4k template instead writes each user turn followed by '<|assistant|>\n' and drops
+ * system messages (phi3_v1). */
+static void render_phi3(const chat_template *t, const chat_msg *m, size_t n, bool gen, chat_out *o, char *err,
+                        size_t n_err)
+{
+    if (t->emit_bos)
+        lit(o, t->bos);
+    for (size_t i = 0; t->phi3_v1 && i < n; i++) { /* see chat_template.phi3_v1 */
+        if (m[i].role == CHAT_USER)
+            lit(o, "<|user|>\n");
+        if (m[i].role != CHAT_SYSTEM) {
+            txt(o, &m[i]);
+            lit(o, m[i].role == CHAT_USER ? "<|end|>\n<|assistant|>\n" : "<|end|>\n");
+        }
+    }
+    if (t->phi3_v1)
+        return;
+    for (size_t i = 0; i < n; i++) {
+        if (m[i].role == CHAT_SYSTEM && !m[i].len)
+            continue;
+        lit(o, "<|");
+        lit(o, role_names[m[i].role]);
+        lit(o, "|>\n");
+        txt(o, &m[i]);
+        lit(o, "<|end|>\n");
+    }
+    lit(o, gen ? "<|assistant|>\n" : t->eos);
+}
+
+static const render_fn renderers[CHAT_FAMILY_COUNT] = {
+    [CHAT_PLAIN] = render_plain,     [CHAT_CHATML] = render_chatml, [CHAT_LLAMA3] = render_llama3,
+    [CHAT_LLAMA2] = render_llama2,   [CHAT_MISTRAL] = render_mistral, [CHAT_ZEPHYR] = render_zephyr,
+    [CHAT_GEMMA] = render_gemma,     [CHAT_PHI3] = render_phi3,
+};
+
+vki_status chat_render(const chat_template *t, const chat_msg *m, size_t n, bool add_generation_prompt,
+                       chat_prompt *out, char *err, size_t n_err)
+{
+    memset(out, 0, sizeof *out);
+    if ((unsigned)t->family >= CHAT_FAMILY_COUNT || (n && !m))
+        return VKI_ERR_INVALID_ARG;
+    for (size_t i = 0; i < n; i++)
+        if ((unsigned)m[i].role > CHAT_ASSISTANT || (m[i].len && !m[i].content))
+            return VKI_ERR_INVALID_ARG;
+    chat_out o = {out, VKI_OK};
+    renderers[t->family](t, m, n, add_generation_prompt, &o, err, n_err);
+    if (o.st == VKI_OK && !strbuf_put(&out->buf, "", 0)) /* nothing rendered: still a valid "" */
+        o.st = VKI_ERR_OUT_OF_HOST_MEMORY;
+    if (o.st != VKI_OK)
+        chat_prompt_free(out);
+    return o.st;
+}
+
+/* ---- tokenisation ------------------------------------------------------------------------- */
+
+typedef struct chat_special {
+    char *text;
+    size_t len;
+    int32_t id;
+} chat_special;
+
+struct chat_specials {
+    chat_special *v;      /* [n] longest first */
+    size_t n;
+    uint8_t first[256];   /* a special token starts with this byte */
+};
+
+static int cmp_len_desc(const void *a, const void *b)
+{
+    const chat_special *x = a, *y = b;
+    return x->len < y->len ? 1 : x->len > y->len ? -1 : (x->id > y->id) - (x->id < y->id);
+}
+
+void chat_specials_free(chat_specials *s)
+{
+    if (!s)
+        return;
+    for (size_t i = 0; i < s->n; i++)
+        free(s->v[i].text);
+    free(s->v);
+    free(s);
+}
+
+vki_status chat_specials_create(const vki_tokenizer *tok, chat_specials **out)
+{
+    *out = NULL;
+    chat_specials *s = calloc(1, sizeof *s);
+    uint32_t nv = vki_vocab_size(tok);
+    if (!s)
+        return VKI_ERR_OUT_OF_HOST_MEMORY;
+    size_t cap = 0;
+    char buf[256];
+    for (uint32_t id = 0; id < nv; id++) {
+        size_t plain = 0, special = 0;
+        if (vki_token_to_piece(tok, (int32_t)id, false, buf, sizeof buf, &plain) != VKI_OK || plain)
+            continue;
+        if (vki_token_to_piece(tok, (int32_t)id, true, buf, sizeof buf, &special) != VKI_OK || !special)
+            continue;
+        if (s->n == cap) {
+            cap = cap ? cap * 2 : 64;
+            chat_special *v = realloc(s->v, cap * sizeof *v);
+            if (!v)
+                goto oom;
+            s->v = v;
+        }
+        char *text = malloc(special);
+        if (!text)
+            goto oom;
+        memcpy(text, buf, special);
+        s->v[s->n++] = (chat_special){text, special, (int32_t)id};
+        s->first[(uint8_t)buf[0]] = 1;
+    }
+    if (s->n)
+        qsort(s->v, s->n, sizeof *s->v, cmp_len_desc);
+    *out = s;
+    return VKI_OK;
+oom:
+    chat_specials_free(s);
+    return VKI_ERR_OUT_OF_HOST_MEMORY;
+}
+
+typedef struct id_buf {
+    int32_t *v;
+    size_t n, cap;
+} id_buf;
+
+static vki_status ids_reserve(id_buf *b, size_t more)
+{
+    if (more > SIZE_MAX / sizeof(int32_t) / 2 - b->n)
+        return VKI_ERR_OUT_OF_HOST_MEMORY;
+    if (b->n + more <= b->cap)
+        return VKI_OK;
+    size_t cap = (b->n + more) * 2;
+    int32_t *v = realloc(b->v, cap * sizeof *v);
+    if (!v)
+        return VKI_ERR_OUT_OF_HOST_MEMORY;
+    b->v = v;
+    b->cap = cap;
+    return VKI_OK;
+}
+
+/* Plain text (no control tokens matched) appended to b. */
+static vki_status tokenize_plain(const vki_tokenizer *tok, const char *s, size_t n, id_buf *b)
+{
+    if (!n)
+        return VKI_OK;
+    size_t want = n + 8, got = 0;
+    for (int tries = 0; tries < 2; tries++) {
+        vki_status st = ids_reserve(b, want);
+        if (st != VKI_OK)
+            return st;
+        st = vki_tokenize(tok, s, n, false, false, b->v + b->n, b->cap - b->n, &got);
+        if (st == VKI_OK) {
+            b->n += got;
+            return VKI_OK;
+        }
+        if (st != VKI_ERR_INVALID_ARG || got <= b->cap - b->n)
+            return st;
+        want = got;
+    }
+    return VKI_ERR_INTERNAL;
+}
+
+/* The longest control token that starts at s[0] and fits in n bytes, or NULL. */
+static const chat_special *special_at(const chat_specials *sp, const char *s, size_t n)
+{
+    if (!sp->first[(uint8_t)s[0]])
+        return NULL;
+    for (size_t k = 0; k < sp->n; k++)
+        if (sp->v[k].len <= n && !memcmp(sp->v[k].text, s, sp->v[k].len))
+            return &sp->v[k];
+    return NULL;
+}
+
+vki_status chat_tokenize(const chat_specials *sp, const vki_tokenizer *tok, const chat_prompt *p, bool add_bos,
+                         int32_t **ids, size_t *n)
+{
+    *ids = NULL;
+    *n = 0;
+    id_buf b = {0};
+    vki_status st = ids_reserve(&b, 1);
+    int32_t bos = vki_token_bos(tok);
+    size_t raw = 0; /* start of the plain text not yet tokenised */
+    for (size_t k = 0; k < p->n_tmpl && st == VKI_OK; k++) {
+        size_t end = p->tmpl[k].off + p->tmpl[k].len;
+        for (size_t i = p->tmpl[k].off; i < end && st == VKI_OK;) {
+            const chat_special *c = special_at(sp, p->text + i, end - i);
+            if (!c) {
+                i++;
+                continue;
+            }
+            st = tokenize_plain(tok, p->text + raw, i - raw, &b);
+            if (st == VKI_OK)
+                st = ids_reserve(&b, 1);
+            if (st == VKI_OK)
+                b.v[b.n++] = c->id;
+            i += c->len;
+            raw = i;
+        }
+    }
+    if (st == VKI_OK)
+        st = tokenize_plain(tok, p->text + raw, p->len - raw, &b);
+    if (st == VKI_OK && add_bos && bos >= 0 && (!b.n || b.v[0] != bos) && (st = ids_reserve(&b, 1)) == VKI_OK) {
+        memmove(b.v + 1, b.v, b.n * sizeof *b.v);
+        b.v[0] = bos;
+        b.n++;
+    }
+    if (st != VKI_OK) {
+        free(b.v);
+        return st;
+    }
+    *ids = b.v;
+    *n = b.n;
+    return VKI_OK;
+}
+
+void chat_token_texts(const vki_tokenizer *tok, char *bos, size_t n_bos, char *eos, size_t n_eos)
+{
+    int32_t ids[2] = {vki_token_bos(tok), vki_token_eos(tok)};
+    char *dst[2] = {bos, eos};
+    size_t cap[2] = {n_bos, n_eos};
+    for (int k = 0; k < 2; k++) {
+        size_t len = 0;
+        dst[k][0] = 0;
+        if (ids[k] >= 0 && vki_token_to_piece(tok, ids[k], true, dst[k], cap[k] - 1, &len) == VKI_OK)
+            dst[k][len] = 0;
+    }
+}
+
+vki_status chat_template_from_gguf(const char *path, char **out, char *err, size_t n_err)
+{
+    *out = NULL;
+    gguf_file *f = NULL;
+    vki_status st = gguf_open(path, &f, err, n_err);
+    if (st != VKI_OK)
+        return st;
+    gguf_str s;
+    st = gguf_get_str(f, "tokenizer.chat_template", &s);
+    if (st == VKI_OK) {
+        *out = s.len < SIZE_MAX ? malloc((size_t)s.len + 1) : NULL;
+        if (*out) {
+            memcpy(*out, s.ptr, (size_t)s.len);
+            (*out)[s.len] = 0;
+        } else {
+            st = VKI_ERR_OUT_OF_HOST_MEMORY;
+        }
+    } else if (st == VKI_ERR_NOT_FOUND) {
+        st = VKI_OK;
+    } else if (err && n_err) {
+        snprintf(err, n_err, "tokenizer.chat_template: not a string");
+    }
+    gguf_close(f);
+    return st;
+}

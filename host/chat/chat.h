@@ -1,0 +1,118 @@
+/* Chat templates without a Jinja engine: the GGUF's tokenizer.chat_template is recognised by the
+ * markers of the common families and rendered by C code that reproduces each family's upstream
+ * template exactly (see the per-family notes in chat.c and the expected strings in
+ * tests/test_chat.c).
+ *
+ * Families: ChatML (incl. a default system prompt written literally in the template, as Qwen's),
+ * Llama 3, Llama 2 (<<SYS>>), Mistral ([INST] without <<SYS>>; the "v1" spacing when the template
+ * writes ' [INST] '), Zephyr, Gemma, Phi-3. Anything else, or no template: CHAT_PLAIN, our own
+ * fallback of "role: content" lines ending in "assistant:" (the caller logs it).
+ *
+ * Tokenisation keeps the roles of the two kinds of text apart: control tokens ("<|im_start|>",
+ * "<s>") are recognised only inside the text the template itself wrote; message content is always
+ * tokenised as plain text, so a user cannot inject "<|im_end|>". No Vulkan, no global state. */
+#ifndef VKI_HOST_CHAT_H
+#define VKI_HOST_CHAT_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "host/util/strbuf.h"
+#include "vkinfer.h"
+
+typedef enum chat_family {
+    CHAT_PLAIN = 0, /* fallback: "system: ...\nuser: ...\nassistant:" */
+    CHAT_CHATML,
+    CHAT_LLAMA3,
+    CHAT_LLAMA2,
+    CHAT_MISTRAL,
+    CHAT_ZEPHYR,
+    CHAT_GEMMA,
+    CHAT_PHI3,
+    CHAT_FAMILY_COUNT
+} chat_family;
+
+typedef enum chat_role {
+    CHAT_SYSTEM = 0,
+    CHAT_USER,
+    CHAT_ASSISTANT,
+} chat_role;
+
+typedef struct chat_msg {
+    chat_role role;
+    const char *content; /* [len] bytes, need not be NUL-terminated */
+    size_t len;
+} chat_msg;
+
+/* A recognised template and the token texts it refers to. */
+typedef struct chat_template {
+    chat_family family;
+    bool emit_bos;        /* the template writes bos_token (Llama 2 writes it before every turn) */
+    bool mistral_spaced;  /* Mistral "v1": " [INST] ", " [/INST]", " " before an answer */
+    char bos[64], eos[64]; /* the texts of bos_token / eos_token ("" when the vocabulary has none) */
+    char *default_system; /* ChatML: the system prompt the template writes when none is given */
+    bool strip_think;     /* ChatML with reasoning (Qwen3): assistant turns before the last user
+                             message lose their "<think>...</think>" part */
+    bool phi3_v1;         /* the first Phi-3 template (mini-4k/medium, April 2024): no system turn,
+                             '<|assistant|>' after every user turn, no generation-prompt switch */
+} chat_template;
+
+/* Recognises a template by its markers; *known = false (and CHAT_PLAIN) for NULL, empty or an
+ * unknown template. O(len * markers). */
+chat_family chat_detect(const char *tmpl, bool *known);
+const char *chat_family_name(chat_family f);          /* "chatml", "llama3", ..., "plain" */
+bool chat_family_parse(const char *name, chat_family *out);
+
+/* Fills *t for family f. tmpl (may be NULL) refines it: whether bos_token is written, the Mistral
+ * spacing, ChatML's literal default system prompt and reasoning stripping, the first Phi-3
+ * template. bos/eos: token texts (NULL = none). */
+vki_status chat_template_init(chat_template *t, chat_family f, const char *tmpl, const char *bos, const char *eos);
+void chat_template_free(chat_template *t);
+
+/* A rendered prompt: the text, and the spans of it that the template wrote (everything else is
+ * message content). */
+typedef struct chat_span {
+    size_t off, len;
+} chat_span;
+
+typedef struct chat_prompt {
+    union { /* one buffer, two spellings: readers use text/len, the renderer appends to buf */
+        strbuf buf;
+        struct {
+            char *text;   /* NUL-terminated */
+            size_t len, cap;
+        };
+    };
+    chat_span *tmpl;      /* [n_tmpl] template-written spans, in order, not overlapping */
+    size_t n_tmpl, cap_tmpl;
+} chat_prompt;
+
+/* Renders messages the way the family's upstream template does. Errors (VKI_ERR_INVALID_ARG,
+ * message in err naming messages[i]) where the upstream template raises, e.g. roles that do not
+ * alternate user/assistant in the Llama 2, Mistral and Gemma templates. */
+vki_status chat_render(const chat_template *t, const chat_msg *m, size_t n, bool add_generation_prompt,
+                       chat_prompt *out, char *err, size_t n_err);
+void chat_prompt_free(chat_prompt *p);
+
+/* The control tokens of a vocabulary (tokens whose text shows only when rendered as special),
+ * for chat_tokenize. Built once per server: O(vocab). */
+typedef struct chat_specials chat_specials;
+vki_status chat_specials_create(const vki_tokenizer *tok, chat_specials **out);
+void chat_specials_free(chat_specials *s);
+
+/* Tokenises a rendered prompt: control-token texts inside template spans become their ids, all
+ * other text (message content included) is tokenised as plain text, as vki_tokenize would with
+ * parse_special limited to the template's spans. add_bos: prepend BOS unless the result already
+ * starts with it. *ids is malloc'd (free it); *n its length. */
+vki_status chat_tokenize(const chat_specials *sp, const vki_tokenizer *tok, const chat_prompt *p, bool add_bos,
+                         int32_t **ids, size_t *n);
+
+/* The texts of the BOS / EOS tokens of tok ("" when it has none). */
+void chat_token_texts(const vki_tokenizer *tok, char *bos, size_t n_bos, char *eos, size_t n_eos);
+
+/* Reads tokenizer.chat_template from a GGUF file: *out is a malloc'd NUL-terminated copy, or NULL
+ * when the key is absent. VKI_ERR_IO / VKI_ERR_FORMAT with err filled. */
+vki_status chat_template_from_gguf(const char *path, char **out, char *err, size_t n_err);
+
+#endif

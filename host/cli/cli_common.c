@@ -1,0 +1,229 @@
+#include "host/cli/cli_common.h"
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "engine/synth.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+void cli_engine_opts_init(cli_engine_opts *o)
+{
+    memset(o, 0, sizeof *o);
+    o->p = vki_engine_default_params();
+    o->p.progress = true;
+}
+
+bool cli_parse_u64(const char *cmd, const char *opt, const char *s, uint64_t lo, uint64_t hi, uint64_t *out)
+{
+    char *end = NULL;
+    errno = 0;
+    unsigned long long v = s ? strtoull(s, &end, 0) : 0;
+    if (!s || !*s || *end || errno || s[0] == '-' || v < lo || v > hi) {
+        fprintf(stderr, "vkinfer %s: %s needs an integer in [%llu, %llu], got '%s'\n", cmd, opt,
+                (unsigned long long)lo, (unsigned long long)hi, s ? s : "");
+        return false;
+    }
+    *out = v;
+    return true;
+}
+
+bool cli_parse_f32(const char *cmd, const char *opt, const char *s, float lo, float hi, float *out)
+{
+    char *end = NULL;
+    errno = 0;
+    float v = s ? strtof(s, &end) : NAN;
+    if (!s || !*s || *end || errno || !(v >= lo && v <= hi)) {
+        fprintf(stderr, "vkinfer %s: %s needs a number in [%g, %g], got '%s'\n", cmd, opt, lo, hi, s ? s : "");
+        return false;
+    }
+    *out = v;
+    return true;
+}
+
+int cli_value_opt(const char *cmd, int argc, char **argv, int *i, const char *const *names, size_t n_names,
+                  size_t *which, const char **value)
+{
+    size_t k = 0;
+    while (k < n_names && strcmp(argv[*i], names[k]))
+        k++;
+    if (k == n_names)
+        return 0;
+    if (*i + 1 >= argc) {
+        fprintf(stderr, "vkinfer %s: %s needs a value\n", cmd, argv[*i]);
+        return -1;
+    }
+    if (which)
+        *which = k;
+    *value = argv[++*i];
+    return 1;
+}
+
+int cli_engine_opt(int argc, char **argv, int *i, cli_engine_opts *o)
+{
+    const char *a = argv[*i], *cmd = argv[0], *v;
+    uint64_t u;
+    float f;
+    if (!strcmp(a, "-v") || !strcmp(a, "--verbose")) {
+        o->verbose++;
+        o->p.device.log_level = o->verbose > 1 ? VKI_LOG_DEBUG : VKI_LOG_INFO;
+        return 1;
+    }
+    if (!strcmp(a, "--validation")) {
+        o->p.device.validation = true;
+        return 1;
+    }
+    if (!strcmp(a, "--batch-invariant")) {
+        o->p.batch_invariant = true;
+        return 1;
+    }
+    if (!strcmp(a, "--no-progress")) {
+        o->p.progress = false;
+        return 1;
+    }
+    static const char *const with_value[] = {"-m", "--model", "--device", "--kv-type", "--kv-tokens",
+                                             "--kv-fraction", "--page-size", "--max-seqs", "--max-tokens", "--ctx",
+                                             "--profile", "--max-attention-window"};
+    int r = cli_value_opt(cmd, argc, argv, i, with_value, sizeof with_value / sizeof with_value[0], NULL, &v);
+    if (r <= 0)
+        return r;
+    if (!strcmp(a, "-m") || !strcmp(a, "--model")) {
+        o->model = v;
+    } else if (!strcmp(a, "--profile")) {
+        o->p.profile_path = v;
+    } else if (!strcmp(a, "--device")) {
+        char *end;
+        long idx = strtol(v, &end, 10);
+        if (*v && !*end && idx >= 0)
+            o->p.device.device_index = (int)idx;
+        else
+            o->p.device.device_name = v;
+    } else if (!strcmp(a, "--kv-type")) {
+        if (strcmp(v, "f16") && strcmp(v, "f32") && strcmp(v, "q8_0")) {
+            fprintf(stderr, "vkinfer %s: --kv-type is f16, f32 or q8_0, got '%s'\n", cmd, v);
+            return -1;
+        }
+        o->p.kv_type = !strcmp(v, "f32") ? VKI_KV_F32 : !strcmp(v, "q8_0") ? VKI_KV_Q8_0 : VKI_KV_F16;
+    } else if (!strcmp(a, "--max-attention-window")) {
+        if (!cli_parse_u64(cmd, a, v, 1, 1u << 24, &u))
+            return -1;
+        o->p.max_attention_window = (uint32_t)u;
+    } else if (!strcmp(a, "--kv-tokens")) {
+        if (!cli_parse_u64(cmd, a, v, 1, 1ull << 32, &u))
+            return -1;
+        o->p.kv_tokens = u;
+    } else if (!strcmp(a, "--kv-fraction")) {
+        if (!cli_parse_f32(cmd, a, v, 0.01f, 1.0f, &f))
+            return -1;
+        o->p.kv_fraction = f;
+    } else {
+        uint32_t *dst = !strcmp(a, "--page-size") ? &o->p.page_size
+                      : !strcmp(a, "--max-seqs")  ? &o->p.max_seqs
+                      : !strcmp(a, "--max-tokens") ? &o->p.max_tokens
+                                                   : &o->p.max_ctx;
+        if (!cli_parse_u64(cmd, a, v, 1, 1u << 24, &u))
+            return -1;
+        *dst = (uint32_t)u;
+    }
+    return 1;
+}
+
+void cli_engine_opts_help(FILE *f)
+{
+    fprintf(f,
+            "model and device:\n"
+            "  -m, --model FILE.gguf   the model (llama, qwen2, qwen3, gemma2, gemma3 or phi3)\n"
+            "  --device N|NAME         device index or name substring (default: discrete NVIDIA first)\n"
+            "  --validation            enable the Vulkan validation layer\n"
+            "  --kv-type f16|f32|q8_0  KV cache element type (f16; q8_0 holds 1.88x the tokens)\n"
+            "  --kv-tokens N           KV cache capacity in tokens (default: --kv-fraction of free memory)\n"
+            "  --kv-fraction F         share of device memory left after weights for the KV cache (0.8)\n"
+            "  --page-size N           tokens per KV page (16)\n"
+            "  --max-seqs N            sequences holding KV at once (256)\n"
+            "  --max-tokens N          new tokens per step (2048)\n"
+            "  --ctx N                 longest sequence (default: the model's context length)\n"
+            "  --max-attention-window N  every layer attends to its last N tokens and the first\n"
+            "                          page (StreamingLLM): bounded KV for long generations\n"
+            "  --batch-invariant       a request's tokens do not depend on the rest of the batch\n"
+            "                          (bitwise; slower prefill)\n"
+            "  --profile FILE          GPU time of every dispatch as a Chrome trace (chrome://tracing)\n"
+            "  --no-progress           no loading progress bar\n"
+            "  -v, --verbose           more log output (twice: debug)\n");
+}
+
+vki_engine *cli_open_engine(cli_engine_opts *o)
+{
+    if (!o->model) {
+        fprintf(stderr, "vkinfer: no model given (-m FILE.gguf)\n");
+        return NULL;
+    }
+    vki_engine *e = NULL;
+    char err[512] = "";
+    double t0 = cli_now_s();
+    vki_status st = vki_engine_create(o->model, &o->p, &e, err, sizeof err);
+    if (st != VKI_OK) {
+        fprintf(stderr, "vkinfer: cannot load %s: %s\n", o->model, err[0] ? err : vki_status_str(st));
+        return NULL;
+    }
+    vki_model_info mi;
+    vki_engine_info(e, &mi);
+    char window[64] = "";
+    if (mi.kv_window)
+        snprintf(window, sizeof window, ", window %u", mi.kv_window);
+    else if (mi.sliding_window)
+        snprintf(window, sizeof window, ", local layers' window %u", mi.sliding_window);
+    fprintf(stderr,
+            "vkinfer: %s (%s, %u layers, d %u, %u/%u heads, vocab %u, %s) on %s: weights %.1f MiB, "
+            "KV cache %.1f MiB %s = %llu tokens (%u pages of %u, context %u%s), loaded in %.2f s\n",
+            mi.name, mi.arch, mi.n_layer, mi.d_model, mi.n_head, mi.n_head_kv, mi.n_vocab, mi.weight_type, mi.device,
+            mi.weight_bytes / 1048576.0, mi.kv_bytes / 1048576.0, mi.kv_type,
+            (unsigned long long)mi.kv_pages * mi.page_size, mi.kv_pages, mi.page_size, mi.n_ctx, window,
+            cli_now_s() - t0);
+    return e;
+}
+
+double cli_now_s(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return t.tv_sec + t.tv_nsec * 1e-9;
+}
+
+bool cli_default_model(const char *preset, char *path, size_t n)
+{
+    const char *xdg = getenv("XDG_CACHE_HOME"), *home = getenv("HOME");
+    char dir[512];
+    if (xdg && *xdg)
+        snprintf(dir, sizeof dir, "%s/vkinfer", xdg);
+    else if (home && *home)
+        snprintf(dir, sizeof dir, "%s/.cache/vkinfer", home);
+    else
+        snprintf(dir, sizeof dir, "/tmp");
+    if (home && *home && !(xdg && *xdg)) {
+        char parent[520];
+        snprintf(parent, sizeof parent, "%s/.cache", home);
+        mkdir(parent, 0755);
+    }
+    mkdir(dir, 0755);
+    int w = snprintf(path, n, "%s/synthetic-%s.gguf", dir, preset);
+    if (w < 0 || (size_t)w >= n)
+        return false;
+    if (access(path, R_OK) == 0)
+        return true;
+    synth_params sp;
+    if (synth_preset(preset, &sp) != VKI_OK) {
+        fprintf(stderr, "vkinfer: unknown synthetic preset '%s'\n", preset);
+        return false;
+    }
+    char err[256];
+    fprintf(stderr, "vkinfer: no model given: writing a synthetic %s model (random weights) to %s\n", preset, path);
+    if (synth_write(&sp, path, err, sizeof err) != VKI_OK) {
+        fprintf(stderr, "vkinfer: cannot write %s: %s\n", path, err);
+        return false;
+    }
+    return true;
+}
