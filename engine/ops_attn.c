@@ -168,8 +168,9 @@ static uint32_t ceil_div(uint32_t a, uint32_t b) { return (uint32_t)(((uint64_t)
 static void visible_keys(const op_attn *a, uint32_t n_ctx, uint32_t *s0, uint32_t *s1, uint32_t *w0)
 {
     uint32_t lo = a->s.window && n_ctx > a->s.window ? n_ctx - a->s.window : 0;
-    uint32_t sink = a->s.sink < lo ? a->s.sink : 0; /* a sink inside the window is just the window */
-    *s0 = 0, *s1 = sink, *w0 = lo;
+    if (a->s.sink >= lo) /* the sink reaches the window: one range, all keys */
+        lo = 0;
+    *s0 = 0, *s1 = lo ? a->s.sink : 0, *w0 = lo;
 }
 
 /* Decode splits of one sequence for split length c. */

@@ -444,6 +444,7 @@ static void test_attn_window(void **state)
         {"window past the context", 2, 1, 64, 16, 1, {100}, {1}, 0, 1.0f, 0, 500, 0, 0},
         {"MQA hd128 page 32 sink", 8, 1, 128, 32, 3, {300, 0, 250}, {1, 70, 33}, 0, 2.0f, 0, 100, 32, 0},
         {"long decode window 256", 2, 1, 64, 16, 2, {3000, 2500}, {1, 40}, 0, 1.0f, 0, 256, 16, 0},
+        {"sink reaching the window", 4, 2, 64, 16, 3, {29, 21, 100}, {1, 10, 1}, 8, 2.0f, 0, 20, 16, 0},
     };
     uint32_t released = run_cases_q8(state, "attn window", cases, sizeof cases / sizeof cases[0], true);
     assert_true(released > 100); /* the cases do exercise released pages */
