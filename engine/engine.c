@@ -123,15 +123,15 @@ static vki_status size_inputs(vk_engine *e, uint64_t pages)
     return st;
 }
 
-/* Most pages one sequence holds at once: all of its context, or with windows on every layer
- * what the scheduler keeps (the sink's pages, the window and one step's new tokens, one page of
- * misalignment and the last sealed page; scheduler/sched.c). */
-static uint64_t seq_pages(const vk_engine *e)
+/* Most pages one sequence holds at once when a step brings up to n new tokens: all of its
+ * context, or with windows on every layer what the scheduler keeps (the sink's pages, the
+ * window and the step's tokens, a page of misalignment at each end; scheduler/sched.c). */
+static uint64_t seq_pages(const vk_engine *e, uint64_t n)
 {
     uint64_t ps = e->p.page_size, all = (e->max_ctx + ps - 1) / ps;
     if (!e->kv_window)
         return all;
-    uint64_t win = (e->kv_sink + ps - 1) / ps + (e->kv_window - 1 + e->p.max_tokens + ps - 1) / ps + 2;
+    uint64_t win = (e->kv_sink + ps - 1) / ps + (e->kv_window - 1 + n + ps - 1) / ps + 2;
     return win < all ? win : all;
 }
 
@@ -152,7 +152,7 @@ static vki_status size_kv(vk_engine *e)
         uint64_t used = e->dev->bytes_allocated[VKD_MEM_DEVICE] + e->dev->bytes_allocated[VKD_MEM_HOST];
         uint64_t left = budget > used ? budget - used : 0;
         pages = (uint64_t)(left * (double)e->p.kv_fraction) / (2ull * hp->n_layer * page_bytes);
-        uint64_t all_slots = (uint64_t)e->p.max_seqs * seq_pages(e);
+        uint64_t all_slots = (uint64_t)e->p.max_seqs * seq_pages(e, e->p.max_tokens);
         if (pages > all_slots)
             pages = all_slots;
     }
@@ -168,8 +168,9 @@ static vki_status size_kv(vk_engine *e)
     }
     e->n_pages = (uint32_t)pages;
     /* one sequence must fit the pool: all of its context, or (windows on every layer) what it
-     * holds at once; else the context shrinks to the pool */
-    if (seq_pages(e) > e->n_pages)
+     * holds at once with steps of a page (the scheduler refuses a request whose chunks need
+     * more, naming the blocks); else the context shrinks to the pool */
+    if (seq_pages(e, ps) > e->n_pages)
         e->max_ctx = e->n_pages * ps;
     return VKI_OK;
 }
