@@ -98,6 +98,21 @@ typedef struct hstep {
     uint32_t n_released;     /* page-table entries pointed at a NaN page (outside every window) */
 } hstep;
 
+/* Pages wholly outside the first new token's window (and past the sink) are what the scheduler
+ * releases: point them at a NaN page, so any read of one poisons the output. */
+static void release_pages(const acase *ac, const op_attn_shape *s, hstep *h)
+{
+    for (uint32_t k = 0; ac->window && k < ac->n_seqs; k++) {
+        const vki_seq_info *q = &h->seq[k];
+        uint32_t first = q->n_ctx - q->n_new, n_pg = (q->n_ctx + s->page_size - 1) / s->page_size;
+        for (uint32_t j = 0; j < n_pg; j++)
+            if ((j + 1) * s->page_size + ac->window <= first + 1 && j * s->page_size >= ac->sink) {
+                h->pt[q->pt_off + j] = h->pt[h->n_pt]; /* the first unused page: all NaN */
+                h->n_released++;
+            }
+    }
+}
+
 static void build_step(vt_rng *r, const acase *ac, const op_attn_shape *s, hstep *h)
 {
     uint32_t order[MAX_SEQS], kvrow = s->n_kv_heads * s->head_dim;
@@ -169,17 +184,7 @@ static void build_step(vt_rng *r, const acase *ac, const op_attn_shape *s, hstep
         }
     }
     free(row);
-    /* pages wholly outside the first new token's window (and past the sink) are what the
-     * scheduler releases: point them at a NaN page, so any read of one poisons the output */
-    for (uint32_t k = 0; ac->window && k < ac->n_seqs; k++) {
-        const vki_seq_info *q = &h->seq[k];
-        uint32_t first = q->n_ctx - q->n_new, n_pg = (q->n_ctx + s->page_size - 1) / s->page_size;
-        for (uint32_t j = 0; j < n_pg; j++)
-            if ((j + 1) * s->page_size + ac->window <= first + 1 && j * s->page_size >= ac->sink) {
-                h->pt[q->pt_off + j] = h->pt[h->n_pt]; /* the first unused page: all NaN */
-                h->n_released++;
-            }
-    }
+    release_pages(ac, s, h);
 }
 
 static void free_step(hstep *h, uint32_t n_seqs)

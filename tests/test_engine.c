@@ -321,6 +321,22 @@ static const shape_case SHAPES[] = {
     {"q4km_f16kv", "llama", 256, 4, 2, 64, 512, SYNTH_Q4_K_M, false, VKI_GGML_F16, TOL_F16KV},
 };
 
+/* Opens the model at path with p, checks a random prompt of min_prompt..40 tokens against the
+ * reference, then closes it and deletes the file. Chunks of 7: the last chunk is shorter, the
+ * GEMV path (<= 8 rows) and decode too. */
+static void check_model_file(vt_gpu *g, vt_rng *r, const char *path, const vk_engine_params *p, uint32_t min_prompt,
+                             double tol, const char *label)
+{
+    fixture fx;
+    fixture_open_p(g, path, p, &fx);
+    int32_t prompt[40];
+    uint32_t np = vt_range(r, min_prompt, 40);
+    random_prompt(r, prompt, np, fx.n_vocab);
+    check_against_reference(&fx, prompt, np, 3, 7, tol, label);
+    fixture_close(&fx);
+    unlink(path);
+}
+
 static void test_synthetic_shapes_vs_reference(void **state)
 {
     vt_gpu *g = vt_gpu_get(state);
@@ -329,15 +345,8 @@ static void test_synthetic_shapes_vs_reference(void **state)
         const shape_case *c = &SHAPES[i];
         char path[256];
         write_model(c, path, sizeof path);
-        fixture fx;
-        fixture_open(g, path, c->kv_type, 64, &fx);
-        int32_t prompt[40];
-        uint32_t np = vt_range(&r, 17, 40);
-        random_prompt(&r, prompt, np, fx.n_vocab);
-        /* chunks of 7: the last chunk is shorter, the GEMV path (<= 8 rows) and decode too */
-        check_against_reference(&fx, prompt, np, 3, 7, c->tol, c->label);
-        fixture_close(&fx);
-        unlink(path);
+        vk_engine_params p = test_params(c->kv_type, 64);
+        check_model_file(g, &r, path, &p, 17, c->tol, c->label);
     }
     vt_assert_clean(g);
 }
@@ -402,14 +411,7 @@ static void test_archs_vs_reference(void **state)
         vk_engine_params p = test_params(c->kv_type, 64);
         p.max_ctx = c->engine_ctx;
         p.max_window = c->max_window;
-        fixture fx;
-        fixture_open_p(g, path, &p, &fx);
-        int32_t prompt[40];
-        uint32_t np = vt_range(&r, 33, 40);
-        random_prompt(&r, prompt, np, fx.n_vocab);
-        check_against_reference(&fx, prompt, np, 3, 7, c->tol, c->label);
-        fixture_close(&fx);
-        unlink(path);
+        check_model_file(g, &r, path, &p, 33, c->tol, c->label);
     }
     vt_assert_clean(g);
 }
