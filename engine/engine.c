@@ -239,7 +239,7 @@ static vki_status prepare_pipelines(vk_engine *e)
  * the largest sink. */
 static vki_status setup_attention(vk_engine *e, const model_hparams *hp)
 {
-    bool used[2] = {false, false}, release = true;
+    bool *used = e->kind_used, release = true;
     for (uint32_t il = 0; il < hp->n_layer; il++)
         used[model_layer_kind(hp, il)] = true;
     e->n_kinds = hp->swa_pattern ? 2 : 1;
@@ -495,6 +495,8 @@ static vki_status pack_inputs(vk_engine *e, const vki_step_plan *plan, uint64_t 
     memcpy(base + in->off_info, in->info, in->n_info * sizeof *in->info);
     /* one work list per attention kind: their windows give different decode splits */
     for (uint32_t k = 0; k < e->n_kinds && st == VKI_OK; k++) {
+        if (!e->kind_used[k])
+            continue;
         st = op_attn_plan_build(&e->attn[k], in->info, in->n_info, in->items, in->max_items, &ap[k]);
         if (st == VKI_OK)
             memcpy(base + in->off_items[k], in->items, (size_t)ap[k].n_items * sizeof *in->items);

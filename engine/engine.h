@@ -74,6 +74,7 @@ typedef struct vk_engine {
     vk_model model;
     uint32_t n_kinds;       /* attention kinds in use: 1, or 2 (global + sliding-window layers) */
     op_attn attn[2];        /* per kind (model_layer_kind): its window, sink, soft-cap, scale */
+    bool kind_used[2];      /* some layer is of this kind (its work list is built each step) */
     uint32_t kv_window;     /* pages wholly before the last kv_window positions (and past kv_sink) are
                                seen by no layer and may be released; 0 = every page stays */
     uint32_t kv_sink;
