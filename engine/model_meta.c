@@ -64,8 +64,10 @@ static vki_status read_rope(const gguf_file *f, model_hparams *hp, char *err, si
         return fail(VKI_ERR_FORMAT, err, n, "%s.rope.freq_base = %g must be > 1", hp->arch_name, hp->rope_base);
     gguf_str kind = {0};
     st = gguf_get_str(f, akey(hp, "rope.scaling.type", key, sizeof key), &kind);
-    if (st == VKI_OK && !gguf_str_eq(kind, "none") && !gguf_str_eq(kind, "linear"))
-        return fail(VKI_ERR_UNSUPPORTED, err, n, "rope scaling type '%.*s' is not supported (none, linear)",
+    /* LongRoPE ("longrope", formerly "su"): the factors are tensors, checked with them */
+    hp->longrope = st == VKI_OK && (gguf_str_eq(kind, "longrope") || gguf_str_eq(kind, "su"));
+    if (st == VKI_OK && !gguf_str_eq(kind, "none") && !gguf_str_eq(kind, "linear") && !hp->longrope)
+        return fail(VKI_ERR_UNSUPPORTED, err, n, "rope scaling type '%.*s' is not supported (none, linear, longrope)",
                     (int)(kind.len > 32 ? 32 : kind.len), kind.ptr);
     float factor = 1.0f, attn_factor = 1.0f;
     if (st == VKI_OK && gguf_str_eq(kind, "linear")) {
@@ -337,6 +339,9 @@ vki_status model_find_tensors(const gguf_file *f, model_hparams *hp, model_tenso
     if (!t->rope_long != !t->rope_short)
         return fail(VKI_ERR_FORMAT, err, n, "rope_factors_%s.weight without rope_factors_%s.weight",
                     t->rope_long ? "long" : "short", t->rope_long ? "short" : "long");
+    if (hp->longrope && !t->rope_long)
+        return fail(VKI_ERR_FORMAT, err, n, "%s.rope.scaling.type is longrope but rope_factors_long/short.weight are "
+                    "missing", hp->arch_name);
     hp->tied_embeddings = t->output == NULL;
     if (!t->output)
         t->output = t->tok_embd;

@@ -56,6 +56,7 @@ typedef struct model_hparams {
     bool ffn_gelu;          /* gemma: GeGLU (tanh GELU) instead of SwiGLU */
     bool fused_qkv;         /* phi3: one attn_qkv matrix [q | k | v] (found from the tensors) */
     bool fused_gate_up;     /* phi3: ffn_up holds [gate | up] and there is no ffn_gate */
+    bool longrope;          /* rope.scaling.type longrope / su: rope_factors_long/short must exist */
     uint32_t n_ctx_orig;    /* phi3 LongRoPE: rope.scaling.original_context_length; the long factors
                                apply when the engine's context exceeds it (llama.cpp's rule) */
 } model_hparams;

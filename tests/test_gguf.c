@@ -1046,6 +1046,13 @@ static void test_model_meta_archs(void **state)
            {GGUF_EDIT_F32, "phi3.rope.scaling.attn_factor", 0, 0, 0, 0.0f, NULL});
     EXPECT("phi3", VKI_ERR_FORMAT, "phi3.rope.scaling.original_context_length is 0",
            {GGUF_EDIT_U32, "phi3.rope.scaling.original_context_length", 0, 0, 0, 0, NULL});
+    EXPECT("phi3", VKI_ERR_FORMAT, "phi3.rope.scaling.type is longrope but rope_factors_long/short.weight are missing",
+           {GGUF_EDIT_STR, "phi3.rope.scaling.type", 0, 0, 0, 0, "longrope"},
+           {GGUF_EDIT_DROP_TENSOR, "rope_factors_long.weight", 0, 0, 0, 0, NULL},
+           {GGUF_EDIT_DROP_TENSOR, "rope_factors_short.weight", 0, 0, 0, 0, NULL});
+    EXPECT("phi3", VKI_OK, NULL, {GGUF_EDIT_STR, "phi3.rope.scaling.type", 0, 0, 0, 0, "su"});
+    EXPECT("qwen3", VKI_ERR_UNSUPPORTED, "rope scaling type 'yarn' is not supported",
+           {GGUF_EDIT_STR, "qwen3.rope.scaling.type", 0, 0, 0, 0, "yarn"});
     EXPECT("qwen3", VKI_ERR_UNSUPPORTED, "architecture 'gemma' is not supported",
            {GGUF_EDIT_STR, "general.architecture", 0, 0, 0, 0, "gemma"});
 }
