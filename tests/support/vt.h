@@ -67,6 +67,11 @@ void vt_assert_nmse(const float *a, const float *ref, size_t n, double tol, cons
  * d = amax / 127 in f32 for the quotients, stored as f16; q = roundf(x / d). Returns d's f16
  * bits. */
 uint16_t vt_q8_0_block(const float *x, int8_t *q);
+/* Every weight type the matmul family runs (engine/kernels.h VKK_WEIGHT_TYPES), and whether a
+ * type is stored per element (f32, f16, bf16: any row length) rather than in blocks. */
+extern const uint32_t vt_weight_types[];
+extern const size_t vt_n_weight_types;
+bool vt_is_float_type(uint32_t ggml_type);
 
 /* ../shared/models/<name> if present, else NULL (the caller skips with a message). */
 const char *vt_shared_model(const char *name, char *buf, size_t n);
