@@ -32,45 +32,64 @@ static vki_status make_buf(vk_engine *e, VkDeviceSize bytes, const char *name, v
     return vkd_buffer_create(e->dev, bytes ? bytes : 4, VKD_MEM_DEVICE, name, out);
 }
 
-static vki_status create_scratch(vk_engine *e)
+/* The RoPE tables of the two layer kinds (the second only when its base or scale differs:
+ * gemma3's local layers). */
+static vki_status upload_rope_tables(vk_engine *e)
 {
     const model_hparams *hp = &e->model.hp;
-    VkDeviceSize T = e->p.max_tokens, R = e->max_out;
-    VkDeviceSize qd = (VkDeviceSize)hp->n_head * hp->head_dim, kvd = (VkDeviceSize)hp->n_head_kv * hp->head_dim;
     vk_scratch *s = &e->s;
-    uint32_t slots = e->in.max_items; /* partial slots <= items */
-    vki_status st;
-    if ((st = make_buf(e, T * hp->d_model * 4, "act x", &s->x)) || (st = make_buf(e, T * hp->d_model * 4, "act h", &s->h)) ||
-        (st = make_buf(e, T * qd * 4, "act q", &s->q)) || (st = make_buf(e, T * kvd * 4, "act k", &s->k)) ||
-        (st = make_buf(e, T * kvd * 4, "act v", &s->v)) || (st = make_buf(e, T * qd * 4, "act attn", &s->att)) ||
-        (st = make_buf(e, T * hp->d_ff * 4, "act ffn gate", &s->g)) ||
-        (st = make_buf(e, T * hp->d_ff * 4, "act ffn up", &s->u)) ||
-        (st = make_buf(e, R * hp->d_model * 4, "act lm rows", &s->xs)) ||
-        (st = make_buf(e, R * vk_engine_logits_stride(e) * 4, "logits", &s->logits)) ||
-        (st = make_buf(e, op_attn_scratch_bytes(&e->attn, slots), "attn partials", &s->attn_tmp)) ||
-        (st = make_buf(e, (VkDeviceSize)hp->n_rot * 2 * 4, "rope table", &s->rope_freqs)))
-        return st;
     float *table = malloc((size_t)hp->n_rot * 2 * sizeof *table), *factors = NULL;
-    if (!table)
-        return VKI_ERR_OUT_OF_HOST_MEMORY;
-    if (e->model.rope_freqs.n_parts) {
+    vki_status st = table ? VKI_OK : VKI_ERR_OUT_OF_HOST_MEMORY;
+    if (st == VKI_OK && e->model.rope_freqs.n_parts) {
         factors = malloc(hp->n_rot / 2 * sizeof *factors);
         st = factors ? vkd_download(e->dev, e->model.rope_freqs.parts[0].buf, 0, factors, hp->n_rot / 2 * 4)
                      : VKI_ERR_OUT_OF_HOST_MEMORY;
     }
-    if (st == VKI_OK) {
-        op_rope_freqs(hp->rope_base, hp->rope_freq_scale, factors, hp->n_rot, table);
-        st = vkd_upload(e->dev, s->rope_freqs, 0, table, (size_t)hp->n_rot * 2 * 4);
+    bool two = hp->kind[1].rope_base != hp->kind[0].rope_base || hp->kind[1].rope_freq_scale != hp->kind[0].rope_freq_scale;
+    for (uint32_t k = 0; st == VKI_OK && k < (two ? 2u : 1u); k++) {
+        st = make_buf(e, (VkDeviceSize)hp->n_rot * 2 * 4, k ? "rope table (sliding-window layers)" : "rope table",
+                      &s->rope_freqs[k]);
+        if (st == VKI_OK) {
+            op_rope_freqs(hp->kind[k].rope_base, hp->kind[k].rope_freq_scale, factors, hp->n_rot, table);
+            st = vkd_upload(e->dev, s->rope_freqs[k], 0, table, (size_t)hp->n_rot * 2 * 4);
+        }
     }
+    if (st == VKI_OK && !two)
+        s->rope_freqs[1] = s->rope_freqs[0];
     free(table);
     free(factors);
     return st;
 }
 
+static vki_status create_scratch(vk_engine *e)
+{
+    const model_hparams *hp = &e->model.hp;
+    VkDeviceSize T = e->p.max_tokens, R = e->max_out;
+    VkDeviceSize qd = (VkDeviceSize)hp->n_head * hp->head_dim, kvd = (VkDeviceSize)hp->n_head_kv * hp->head_dim;
+    VkDeviceSize q_cols = hp->fused_qkv ? qd + 2 * kvd : qd, g_cols = hp->fused_gate_up ? 2ull * hp->d_ff : hp->d_ff;
+    vk_scratch *s = &e->s;
+    uint32_t slots = e->in.max_items; /* partial slots <= items */
+    vki_status st;
+    if ((st = make_buf(e, T * hp->d_model * 4, "act x", &s->x)) || (st = make_buf(e, T * hp->d_model * 4, "act h", &s->h)) ||
+        (st = make_buf(e, T * q_cols * 4, "act q", &s->q)) ||
+        (st = make_buf(e, hp->fused_qkv ? 4 : T * kvd * 4, "act k", &s->k)) ||
+        (st = make_buf(e, hp->fused_qkv ? 4 : T * kvd * 4, "act v", &s->v)) ||
+        (st = make_buf(e, T * qd * 4, "act attn", &s->att)) ||
+        (st = make_buf(e, T * g_cols * 4, "act ffn gate", &s->g)) ||
+        (st = make_buf(e, hp->fused_gate_up ? 4 : T * hp->d_ff * 4, "act ffn up", &s->u)) ||
+        (st = make_buf(e, R * hp->d_model * 4, "act lm rows", &s->xs)) ||
+        (st = make_buf(e, R * vk_engine_logits_stride(e) * 4, "logits", &s->logits)) ||
+        (st = make_buf(e, op_attn_scratch_bytes(&e->attn[0], slots), "attn partials", &s->attn_tmp)))
+        return st;
+    return upload_rope_tables(e);
+}
+
 static void destroy_scratch(vk_engine *e)
 {
+    if (e->s.rope_freqs[1] == e->s.rope_freqs[0])
+        e->s.rope_freqs[1] = NULL;
     vkd_buffer **all[] = {&e->s.x, &e->s.h, &e->s.q, &e->s.k, &e->s.v, &e->s.att, &e->s.g, &e->s.u,
-                          &e->s.xs, &e->s.logits, &e->s.attn_tmp, &e->s.rope_freqs};
+                          &e->s.xs, &e->s.logits, &e->s.attn_tmp, &e->s.rope_freqs[0], &e->s.rope_freqs[1]};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) {
         vkd_buffer_destroy(e->dev, *all[i]);
         *all[i] = NULL;
@@ -87,7 +106,8 @@ static vki_status size_inputs(vk_engine *e, uint64_t pages, VkDeviceSize mask_by
     in->off_pos = o, o = align_up(o + T * 4, a);
     in->off_seq = o, o = align_up(o + T * 4, a);
     in->off_info = o, o = align_up(o + (VkDeviceSize)in->max_info * sizeof(vki_seq_info), a);
-    in->off_items = o, o = align_up(o + (VkDeviceSize)in->max_items * sizeof(vki_attn_item), a);
+    for (uint32_t k = 0; k < 2; k++)
+        in->off_items[k] = o, o = align_up(o + (VkDeviceSize)in->max_items * sizeof(vki_attn_item), a);
     in->off_rows = o, o = align_up(o + (VkDeviceSize)e->max_out * 4, a);
     in->off_masks = o, o = align_up(o + mask_bytes, a);
     in->off_pages = o, o = align_up(o + (pages ? pages : 1) * 4, a);
@@ -105,12 +125,24 @@ static vki_status size_inputs(vk_engine *e, uint64_t pages, VkDeviceSize mask_by
     return st;
 }
 
+/* Most pages one sequence holds at once when a step brings up to n new tokens: all of its
+ * context, or with windows on every layer what the scheduler keeps (the sink's pages, the
+ * window and the step's tokens, a page of misalignment at each end; scheduler/sched.c). */
+static uint64_t seq_pages(const vk_engine *e, uint64_t n)
+{
+    uint64_t ps = e->p.page_size, all = (e->max_ctx + ps - 1) / ps;
+    if (!e->kv_window)
+        return all;
+    uint64_t win = (e->kv_sink + ps - 1) / ps + (e->kv_window - 1 + n + ps - 1) / ps + 2;
+    return win < all ? win : all;
+}
+
 /* KV pages per layer pool: from a token budget, or a fraction of the device-local memory left,
  * capped so one pool is one binding and no more than every slot at full context needs. */
 static vki_status size_kv(vk_engine *e)
 {
     const model_hparams *hp = &e->model.hp;
-    uint64_t page_bytes = op_kv_page_bytes(&e->attn.s), pages;
+    uint64_t page_bytes = op_kv_page_bytes(&e->attn[0].s), pages;
     uint32_t ps = e->p.page_size;
     if (e->p.kv_tokens) {
         pages = (e->p.kv_tokens + ps - 1) / ps;
@@ -122,11 +154,11 @@ static vki_status size_kv(vk_engine *e)
         uint64_t used = e->dev->bytes_allocated[VKD_MEM_DEVICE] + e->dev->bytes_allocated[VKD_MEM_HOST];
         uint64_t left = budget > used ? budget - used : 0;
         pages = (uint64_t)(left * (double)e->p.kv_fraction) / (2ull * hp->n_layer * page_bytes);
-        uint64_t all_slots = (uint64_t)e->p.max_seqs * ((e->max_ctx + ps - 1) / ps);
+        uint64_t all_slots = (uint64_t)e->p.max_seqs * seq_pages(e, e->p.max_tokens);
         if (pages > all_slots)
             pages = all_slots;
     }
-    uint64_t cap = op_kv_max_pages(e->dev, &e->attn.s);
+    uint64_t cap = op_kv_max_pages(e->dev, &e->attn[0].s);
     if (pages > cap) {
         vkd_log(e->dev, VKI_LOG_INFO, "KV pool capped at %llu pages per layer (one storage binding)",
                 (unsigned long long)cap);
@@ -137,7 +169,10 @@ static vki_status size_kv(vk_engine *e)
         return VKI_ERR_OUT_OF_DEVICE_MEMORY;
     }
     e->n_pages = (uint32_t)pages;
-    if ((uint64_t)e->n_pages * ps < e->max_ctx)
+    /* one sequence must fit the pool: all of its context, or (windows on every layer) what it
+     * holds at once with steps of a page (the scheduler refuses a request whose chunks need
+     * more, naming the blocks); else the context shrinks to the pool */
+    if (seq_pages(e, ps) > e->n_pages)
         e->max_ctx = e->n_pages * ps;
     return VKI_OK;
 }
@@ -149,7 +184,7 @@ static vki_status create_kv(vk_engine *e)
     e->v_pool = calloc(L, sizeof *e->v_pool);
     if (!e->k_pool || !e->v_pool)
         return VKI_ERR_OUT_OF_HOST_MEMORY;
-    VkDeviceSize bytes = (VkDeviceSize)e->n_pages * op_kv_page_bytes(&e->attn.s);
+    VkDeviceSize bytes = (VkDeviceSize)e->n_pages * op_kv_page_bytes(&e->attn[0].s);
     for (uint32_t il = 0; il < L; il++) {
         char name[48];
         vki_status st;
@@ -187,7 +222,7 @@ static vki_status prepare_pipelines(vk_engine *e)
     /* quantised mixes (Q4_K_M) vary the type per layer: collect every type used */
     for (uint32_t il = 0; il < m->hp.n_layer; il++) {
         const vk_layer *L = &m->layers[il];
-        const vk_tensor *lw[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down};
+        const vk_tensor *lw[] = {&L->wq, &L->wk, &L->wv, &L->wqkv, &L->wo, &L->w_gate, &L->w_up, &L->w_down};
         for (size_t i = 0; i < sizeof lw / sizeof lw[0]; i++)
             add_type(types, &n, lw[i]->type);
     }
@@ -200,6 +235,41 @@ static vki_status prepare_pipelines(vk_engine *e)
         st = op_matmul_prepare(e->dev, types[i]);
     }
     return st;
+}
+
+/* The attention of each layer kind: the model's window, or max_window when that is smaller (or
+ * the layer is global), then with the first page kept as the attention sink (StreamingLLM). Pages
+ * are releasable only when every layer in use has a window: before the largest window and past
+ * the largest sink. */
+static vki_status setup_attention(vk_engine *e, const model_hparams *hp)
+{
+    bool *used = e->kind_used, release = true;
+    for (uint32_t il = 0; il < hp->n_layer; il++)
+        used[model_layer_kind(hp, il)] = true;
+    e->n_kinds = hp->swa_pattern ? 2 : 1;
+    for (uint32_t k = 0; k < 2; k++) {
+        uint32_t w = hp->kind[k].window, sink = 0, cap = e->p.max_window;
+        if (cap && (!w || w > cap))
+            w = cap, sink = e->p.page_size;
+        op_attn_shape shape = {.n_heads = hp->n_head, .n_kv_heads = hp->n_head_kv, .head_dim = hp->head_dim,
+                               .page_size = e->p.page_size, .kv_type = e->p.kv_type, .scale = hp->attn_scale,
+                               .softcap = hp->attn_softcap, .window = w, .sink = sink};
+        if (k == 1 && e->n_kinds == 1) { /* one kind: the second is never used */
+            e->attn[1] = e->attn[0];
+            continue;
+        }
+        vki_status st = op_attn_setup(e->dev, &shape, &e->attn[k]);
+        if (st != VKI_OK)
+            return st;
+        if (!used[k])
+            continue;
+        release &= w > 0;
+        e->kv_window = w > e->kv_window ? w : e->kv_window;
+        e->kv_sink = sink > e->kv_sink ? sink : e->kv_sink;
+    }
+    if (!release)
+        e->kv_window = e->kv_sink = 0;
+    return VKI_OK;
 }
 
 /* ---- profile: Chrome trace of GPU timestamps ------------------------------------------------ */
@@ -252,30 +322,31 @@ vki_status vk_engine_create(vkd_device *d, const gguf_file *f, const model_hpara
     e->dev = d;
     e->p = p ? *p : vk_engine_default_params();
     if (!e->p.page_size || !e->p.max_seqs || !e->p.max_tokens ||
-        (e->p.kv_type != VKI_GGML_F16 && e->p.kv_type != VKI_GGML_F32) || !(e->p.kv_fraction > 0 && e->p.kv_fraction <= 1)) {
-        vkd_log(d, VKI_LOG_ERROR, "engine params: page_size, max_seqs, max_tokens must be > 0, kv_type f16/f32, "
-                "kv_fraction in (0, 1]");
+        (e->p.kv_type != VKI_GGML_F16 && e->p.kv_type != VKI_GGML_F32 && e->p.kv_type != VKI_GGML_Q8_0) ||
+        !(e->p.kv_fraction > 0 && e->p.kv_fraction <= 1) || e->p.max_window > (1u << 24)) {
+        vkd_log(d, VKI_LOG_ERROR, "engine params: page_size, max_seqs, max_tokens must be > 0, kv_type f16/f32/q8_0, "
+                "kv_fraction in (0, 1], max_attention_window <= 2^24");
         free(e);
         return VKI_ERR_INVALID_ARG;
     }
     e->max_ctx = e->p.max_ctx ? e->p.max_ctx : hp->n_ctx_train;
     e->max_out = e->p.max_seqs < e->p.max_tokens ? e->p.max_seqs : e->p.max_tokens;
-    op_attn_shape shape = {.n_heads = hp->n_head, .n_kv_heads = hp->n_head_kv, .head_dim = hp->head_dim,
-                           .page_size = e->p.page_size, .kv_type = e->p.kv_type};
-    vki_status st = op_attn_setup(d, &shape, &e->attn);
+    vki_status st = setup_attention(e, hp);
     if (st == VKI_OK)
-        st = vk_model_load(d, f, hp, t, e->p.progress, &e->model);
+        st = vk_model_load(d, f, hp, t, e->max_ctx, e->p.progress, &e->model);
     if (st == VKI_OK)
         st = prepare_pipelines(e);
     if (st == VKI_OK && e->p.batch_invariant) {
         /* one attention entry per token, splits of a fixed length: items never overflow, so the
-         * planner never lengthens the splits (which would change the reduction order) */
-        e->attn.split_keys = 2 * e->attn.min_split;
+         * planner never lengthens the splits (which would change the reduction order); per token
+         * the splits of its window and of its sink, and a reduce entry */
+        for (uint32_t k = 0; k < 2; k++)
+            e->attn[k].split_keys = 2 * e->attn[k].min_split;
         e->in.max_info = e->p.max_tokens;
-        e->in.max_items = e->p.max_tokens * ((e->max_ctx + e->attn.split_keys - 1) / e->attn.split_keys + 2);
+        e->in.max_items = e->p.max_tokens * ((e->max_ctx + e->attn[0].split_keys - 1) / e->attn[0].split_keys + 3);
     } else if (st == VKI_OK) {
         e->in.max_info = e->p.max_seqs;
-        e->in.max_items = op_attn_max_items(&e->attn, e->p.max_seqs, e->p.max_tokens);
+        e->in.max_items = op_attn_max_items(&e->attn[0], e->p.max_seqs, e->p.max_tokens);
     }
     if (st == VKI_OK) {
         e->in.info = calloc(e->in.max_info, sizeof *e->in.info);
@@ -342,6 +413,14 @@ static vki_status bad_plan(vk_engine *e, const char *what, uint32_t i)
     return VKI_ERR_INVALID_ARG;
 }
 
+/* Whether page j of a sequence whose first new token is at pos0 is seen by no layer: wholly
+ * before every window of that token (later ones see even less) and past the sinks. */
+static bool page_unseen(const vk_engine *e, uint32_t j, uint32_t pos0)
+{
+    uint64_t ps = e->p.page_size;
+    return e->kv_window && (j + 1) * ps + e->kv_window <= (uint64_t)pos0 + 1 && j * ps >= e->kv_sink;
+}
+
 /* Checks everything the kernels rely on; counts page-table entries and rows that want tokens. */
 static vki_status check_plan(vk_engine *e, const vki_step_plan *plan, uint64_t *n_pt, uint32_t *n_out)
 {
@@ -360,8 +439,9 @@ static vki_status check_plan(vk_engine *e, const vki_step_plan *plan, uint64_t *
         if (s->n_pages < need || !s->pages)
             return bad_plan(e, "page table does not cover pos0 + n_new", i);
         for (uint32_t j = 0; j < need; j++)
-            if (s->pages[j] >= e->n_pages)
-                return bad_plan(e, "page id outside the KV pool", i);
+            if (s->pages[j] >= e->n_pages && !(s->pages[j] == VKI_PAGE_NONE && page_unseen(e, j, s->pos0)))
+                return bad_plan(e, s->pages[j] == VKI_PAGE_NONE ? "a released page is still in a layer's window"
+                                                                 : "page id outside the KV pool", i);
         for (uint32_t j = 0; j < s->n_new; j++)
             if (s->tokens[j] < 0 || (uint32_t)s->tokens[j] >= e->model.hp.n_vocab)
                 return bad_plan(e, "token id outside the vocabulary", i);
@@ -384,9 +464,9 @@ static vki_status check_plan(vk_engine *e, const vki_step_plan *plan, uint64_t *
     return dup == UINT32_MAX ? VKI_OK : bad_plan(e, "slot appears twice", dup);
 }
 
-/* Packs tokens, positions, sequence table, page table, attention items, LM-head rows and the
- * sampler's token masks (already packed by op_sampler_pack_plan). */
-static vki_status pack_inputs(vk_engine *e, const vki_step_plan *plan, uint64_t n_pt, op_attn_plan *ap)
+/* Packs tokens, positions, sequence table, page table, attention items (one list per attention
+ * kind), LM-head rows and the sampler's token masks (already packed by op_sampler_pack_plan). */
+static vki_status pack_inputs(vk_engine *e, const vki_step_plan *plan, uint64_t n_pt, op_attn_plan ap[2])
 {
     size_t mask_bytes = op_sampler_mask_bytes(e->sampler);
     vki_status st = size_inputs(e, n_pt, mask_bytes);
@@ -421,9 +501,14 @@ static vki_status pack_inputs(vk_engine *e, const vki_step_plan *plan, uint64_t 
         op_sampler_copy_masks(e->sampler, base + in->off_masks);
     in->n_info = inv ? row : plan->n_seqs;
     memcpy(base + in->off_info, in->info, in->n_info * sizeof *in->info);
-    st = op_attn_plan_build(&e->attn, in->info, in->n_info, in->items, in->max_items, ap);
-    if (st == VKI_OK)
-        memcpy(base + in->off_items, in->items, (size_t)ap->n_items * sizeof *in->items);
+    /* one work list per attention kind: their windows give different decode splits */
+    for (uint32_t k = 0; k < e->n_kinds && st == VKI_OK; k++) {
+        if (!e->kind_used[k])
+            continue;
+        st = op_attn_plan_build(&e->attn[k], in->info, in->n_info, in->items, in->max_items, &ap[k]);
+        if (st == VKI_OK)
+            memcpy(base + in->off_items[k], in->items, (size_t)ap[k].n_items * sizeof *in->items);
+    }
     in->used = in->off_pages + (VkDeviceSize)pto * 4;
     return st;
 }
@@ -491,15 +576,15 @@ vki_status vk_engine_step(vk_engine *e, const vki_step_plan *plan, vki_step_out 
     }
     if (!n_out) /* no row samples: no masks from an earlier step */
         op_sampler_pack(e->sampler, NULL, 0, err, sizeof err);
-    op_attn_plan ap;
-    if ((st = pack_inputs(e, plan, n_pt, &ap)) != VKI_OK)
+    op_attn_plan ap[2] = {{0}};
+    if ((st = pack_inputs(e, plan, n_pt, ap)) != VKI_OK)
         return st;
     if ((st = vkd_cmd_begin(&e->cmd)) != VKI_OK)
         return st;
     vkd_label_begin(&e->cmd, "step %llu", (unsigned long long)e->n_steps);
     vkd_copy(&e->cmd, e->in.host, 0, e->in.dev, 0, e->in.used);
     vkd_barrier_transfer_to_compute(&e->cmd);
-    e->attn_plan = ap;
+    memcpy(e->attn_plan, ap, sizeof ap);
     st = vk_forward_record(e, plan, n_out);
     if (st == VKI_OK && n_out) {
         vkd_barrier(&e->cmd);

@@ -14,7 +14,7 @@
 
 typedef struct vk_engine_params {
     uint32_t page_size;     /* tokens per KV page (default 16) */
-    uint32_t kv_type;       /* VKI_GGML_F16 (default) or VKI_GGML_F32 */
+    uint32_t kv_type;       /* VKI_GGML_F16 (default), VKI_GGML_F32 or VKI_GGML_Q8_0 (head_dim % 32 == 0) */
     uint64_t kv_tokens;     /* KV pool capacity in tokens; 0: kv_fraction of free memory */
     float kv_fraction;      /* of the device-local heap budget left after weights (default 0.8) */
     uint32_t max_seqs;      /* sequence slots (default 256) */
@@ -29,6 +29,10 @@ typedef struct vk_engine_params {
      * per 8 rows) and every query token is attended on its own with a split length fixed per
      * engine (the decode kernel; no tiled prefill). */
     bool batch_invariant;
+    /* Caps every layer's attention window at this many tokens, StreamingLLM style: a query sees
+     * its last max_window positions plus the first page (the attention sink); pages outside that
+     * are released while the sequence runs. 0 = the model's own windows (default). */
+    uint32_t max_window;
 } vk_engine_params;
 
 vk_engine_params vk_engine_default_params(void);
@@ -37,14 +41,16 @@ vk_engine_params vk_engine_default_params(void);
 typedef struct vk_scratch {
     vkd_buffer *x;          /* f32 [T][d] residual stream */
     vkd_buffer *h;          /* f32 [T][d] normed input of attention / FFN, also wo / w_down output */
-    vkd_buffer *q;          /* f32 [T][n_head * hd] */
+    vkd_buffer *q;          /* f32 [T][n_head * hd] (fused attn_qkv: [T][q | k | v]) */
     vkd_buffer *k, *v;      /* f32 [T][n_head_kv * hd] */
     vkd_buffer *att;        /* f32 [T][n_head * hd] attention output */
-    vkd_buffer *g, *u;      /* f32 [T][d_ff] FFN gate / up (g also holds silu(g) * u) */
+    vkd_buffer *g, *u;      /* f32 [T][d_ff] FFN gate / up (g also holds act(g) * u; fused gate|up:
+                               g is [T][2 d_ff], u unused) */
     vkd_buffer *xs;         /* f32 [R][d] rows that want logits, then normed */
     vkd_buffer *logits;     /* f32 [R][n_vocab] */
     vkd_buffer *attn_tmp;   /* split-K partials (op_attn_scratch_bytes) */
-    vkd_buffer *rope_freqs; /* f32 [2 * n_rot] rotation table (op_rope_freqs) */
+    vkd_buffer *rope_freqs[2]; /* f32 [2 * n_rot] rotation tables (op_rope_freqs) of the global and
+                                  the sliding-window layers ([1] == [0] when they agree) */
 } vk_scratch;
 
 /* Per-step inputs: packed on the host into `host` (host-visible), copied into `dev` with one
@@ -52,7 +58,7 @@ typedef struct vk_scratch {
 typedef struct vk_step_inputs {
     vkd_buffer *host, *dev;
     VkDeviceSize cap;       /* bytes of each buffer */
-    VkDeviceSize off_tokens, off_pos, off_seq, off_info, off_pages, off_items, off_rows, off_masks, used;
+    VkDeviceSize off_tokens, off_pos, off_seq, off_info, off_pages, off_items[2], off_rows, off_masks, used;
     /* at off_masks: u32 allowed-token bitsets of the rows with a token_mask, ceil(n_vocab / 32)
      * words each, in plan order (op_sampler_copy_masks) */
     /* host-side staging of the arrays before the copy into `host` */
@@ -60,7 +66,7 @@ typedef struct vk_step_inputs {
                                batch invariant */
     uint32_t max_info;
     uint32_t n_info;        /* entries of the current step */
-    vki_attn_item *items;   /* [max_items] */
+    vki_attn_item *items;   /* [max_items] per attention kind */
     uint32_t max_items;
 } vk_step_inputs;
 
@@ -68,7 +74,12 @@ typedef struct vk_engine {
     vkd_device *dev;
     vk_engine_params p;
     vk_model model;
-    op_attn attn;
+    uint32_t n_kinds;       /* attention kinds in use: 1, or 2 (global + sliding-window layers) */
+    op_attn attn[2];        /* per kind (model_layer_kind): its window, sink, soft-cap, scale */
+    bool kind_used[2];      /* some layer is of this kind (its work list is built each step) */
+    uint32_t kv_window;     /* pages wholly before the last kv_window positions (and past kv_sink) are
+                               seen by no layer and may be released; 0 = every page stays */
+    uint32_t kv_sink;
     uint32_t n_pages;       /* KV pages per layer pool */
     vkd_buffer **k_pool;    /* [n_layer] K pages: [n_pages][n_head_kv][page_size][hd] */
     vkd_buffer **v_pool;    /* [n_layer] V pages, same */
@@ -77,7 +88,7 @@ typedef struct vk_engine {
     uint32_t max_ctx;
     vk_scratch s;
     vk_step_inputs in;
-    op_attn_plan attn_plan; /* the current step's attention work list */
+    op_attn_plan attn_plan[2]; /* the current step's attention work list per kind */
     uint8_t *slot_seen;     /* [max_seqs] all zero between steps; check_plan's uniqueness marks */
     op_sampler *sampler;
     vkd_cmd cmd;

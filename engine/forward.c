@@ -1,19 +1,29 @@
-/* The forward pass of one step, recorded into the step's command buffer. Reads like the model:
+/* The forward pass of one step, recorded into the step's command buffer. Reads like the model
+ * (the bracketed steps are per architecture, see model_hparams):
  *
- *   x = embed(tokens)                                       x: [T][d]
+ *   x = embed(tokens) [* sqrt(d): gemma]                    x: [T][d]
  *   for each layer:
  *     h = rmsnorm(x) * attn_norm
  *     q, k, v = h Wq (+bq), h Wk (+bk), h Wv (+bv)          [T][n_head*hd], [T][n_kv*hd] x2
- *     q, k = rope(q, pos), rope(k, pos)
+ *               [phi3: one h Wqkv, sliced]
+ *     [qwen3, gemma3: q, k = rmsnorm per head * q_norm, k_norm]
+ *     q, k = rope(q, pos), rope(k, pos)                     (the layer kind's base and scale)
  *     K/V pages <- k, v                                     (each token at its position)
  *     att = attention(q, K/V pages of its sequence)         [T][n_head*hd]
- *     x = x + att Wo
+ *           (the layer kind's window and sink; gemma2's soft-cap)
+ *     o = att Wo  [gemma: o = rmsnorm(o) * post_attention_norm]
+ *     x = x + o
  *     h = rmsnorm(x) * ffn_norm
- *     x = x + (silu(h Wgate) * (h Wup)) Wdown
+ *     o = (act(h Wgate) * (h Wup)) Wdown                    act: silu, gemma: tanh-GELU
+ *         [phi3: gate | up from one h Wup]  [gemma: o = rmsnorm(o) * post_ffw_norm]
+ *     x = x + o
  *   logits = (rmsnorm(x[rows that want a token]) * output_norm) Wout     [R][vocab]
+ *            [gemma2: logits = 30 tanh(logits / 30)]
  *
  * A barrier separates each stage from the next; independent dispatches of one stage (Q, K, V
  * projections; gate and up) share one. */
+#include <math.h>
+
 #include "engine/engine.h"
 #include "engine/ops_basic.h"
 #include "engine/ops_matmul.h"
@@ -47,36 +57,69 @@ static const vkd_view *bias_view(const vk_tensor *b, vkd_view *tmp)
     return tmp;
 }
 
+/* RMSNorm of rows in place (y = x) with a weight tensor. */
+static vki_status norm_rows(vk_engine *e, op_mat x, const vk_tensor *w, uint32_t rows, uint32_t cols)
+{
+    return op_rmsnorm(&e->cmd, x, vkd_whole(w->parts[0].buf), x, rows, cols, e->model.hp.rms_eps);
+}
+
+/* q, k, v projections into the scratch; *q, *k, *v are where each landed (phi3's fused output
+ * is one [T][q | k | v] matrix, sliced by offsets). */
+static vki_status project_qkv(vk_engine *e, const vk_layer *L, uint32_t T, op_mat *q, op_mat *k, op_mat *v)
+{
+    const model_hparams *hp = &e->model.hp;
+    vk_scratch *s = &e->s;
+    uint32_t d = hp->d_model, qd = hp->n_head * hp->head_dim, kvd = hp->n_head_kv * hp->head_dim;
+    vkd_view b;
+    if (hp->fused_qkv) {
+        uint32_t w = qd + 2 * kvd;
+        *q = (op_mat){vkd_whole(s->q), 0, w}, *k = (op_mat){vkd_whole(s->q), qd, w};
+        *v = (op_mat){vkd_whole(s->q), qd + kvd, w};
+        return mm(e, &L->wqkv, NULL, vkd_whole(s->h), d, vkd_whole(s->q), w, T);
+    }
+    *q = op_mat_rows(s->q, qd), *k = op_mat_rows(s->k, kvd), *v = op_mat_rows(s->v, kvd);
+    TRY(mm(e, &L->wq, bias_view(&L->bq, &b), vkd_whole(s->h), d, vkd_whole(s->q), qd, T));
+    TRY(mm(e, &L->wk, bias_view(&L->bk, &b), vkd_whole(s->h), d, vkd_whole(s->k), kvd, T));
+    return mm(e, &L->wv, bias_view(&L->bv, &b), vkd_whole(s->h), d, vkd_whole(s->v), kvd, T);
+}
+
 static vki_status record_attention_block(vk_engine *e, uint32_t il, uint32_t T, const op_attn_step *ast)
 {
     const model_hparams *hp = &e->model.hp;
     const vk_layer *L = &e->model.layers[il];
     vk_scratch *s = &e->s;
     vkd_cmd *c = &e->cmd;
-    uint32_t d = hp->d_model, qd = hp->n_head * hp->head_dim, kvd = hp->n_head_kv * hp->head_dim;
-    vkd_view b;
+    uint32_t d = hp->d_model, qd = hp->n_head * hp->head_dim, kind = model_layer_kind(hp, il);
+    op_mat q, k, v;
     TRY(op_rmsnorm(c, op_mat_rows(s->x, d), vkd_whole(L->attn_norm.parts[0].buf), op_mat_rows(s->h, d), T, d,
                    hp->rms_eps));
     vkd_barrier(c);
-    TRY(mm(e, &L->wq, bias_view(&L->bq, &b), vkd_whole(s->h), d, vkd_whole(s->q), qd, T));
-    TRY(mm(e, &L->wk, bias_view(&L->bk, &b), vkd_whole(s->h), d, vkd_whole(s->k), kvd, T));
-    TRY(mm(e, &L->wv, bias_view(&L->bv, &b), vkd_whole(s->h), d, vkd_whole(s->v), kvd, T));
+    TRY(project_qkv(e, L, T, &q, &k, &v));
     vkd_barrier(c);
+    if (hp->qk_norm) { /* rows of head_dim: q and k are unfused here, so rows are hd apart */
+        TRY(norm_rows(e, (op_mat){q.v, 0, hp->head_dim}, &L->q_norm, T * hp->n_head, hp->head_dim));
+        TRY(norm_rows(e, (op_mat){k.v, 0, hp->head_dim}, &L->k_norm, T * hp->n_head_kv, hp->head_dim));
+        vkd_barrier(c);
+    }
     op_rope_p rq = {.n_tokens = T, .n_heads = hp->n_head, .head_dim = hp->head_dim, .n_rot = hp->n_rot,
                     .neox = hp->rope_neox};
     op_rope_p rk = rq;
     rk.n_heads = hp->n_head_kv;
-    TRY(op_rope(c, &rq, op_mat_rows(s->q, qd), op_mat_rows(s->q, qd), ast->tok_pos, vkd_whole(s->rope_freqs)));
-    TRY(op_rope(c, &rk, op_mat_rows(s->k, kvd), op_mat_rows(s->k, kvd), ast->tok_pos, vkd_whole(s->rope_freqs)));
+    vkd_view freqs = vkd_whole(s->rope_freqs[kind]);
+    TRY(op_rope(c, &rq, q, q, ast[kind].tok_pos, freqs));
+    TRY(op_rope(c, &rk, k, k, ast[kind].tok_pos, freqs));
     vkd_barrier(c);
-    TRY(op_kv_write(c, &e->attn, ast, op_mat_rows(s->k, kvd), op_mat_rows(s->v, kvd), vkd_whole(e->k_pool[il]),
-                    vkd_whole(e->v_pool[il])));
+    TRY(op_kv_write(c, &e->attn[kind], &ast[kind], k, v, vkd_whole(e->k_pool[il]), vkd_whole(e->v_pool[il])));
     vkd_barrier(c);
-    TRY(op_attention(c, &e->attn, ast, op_mat_rows(s->q, qd), op_mat_rows(s->att, qd), vkd_whole(e->k_pool[il]),
+    TRY(op_attention(c, &e->attn[kind], &ast[kind], q, op_mat_rows(s->att, qd), vkd_whole(e->k_pool[il]),
                      vkd_whole(e->v_pool[il]), vkd_whole(s->attn_tmp)));
     vkd_barrier(c);
     TRY(mm(e, &L->wo, NULL, vkd_whole(s->att), qd, vkd_whole(s->h), d, T));
     vkd_barrier(c);
+    if (hp->post_norms) {
+        TRY(norm_rows(e, op_mat_rows(s->h, d), &L->post_attn_norm, T, d));
+        vkd_barrier(c);
+    }
     TRY(op_add(c, vkd_whole(s->x), vkd_whole(s->h), vkd_whole(s->x), T * d));
     vkd_barrier(c);
     return VKI_OK;
@@ -88,19 +131,49 @@ static vki_status record_ffn_block(vk_engine *e, uint32_t il, uint32_t T)
     const vk_layer *L = &e->model.layers[il];
     vk_scratch *s = &e->s;
     vkd_cmd *c = &e->cmd;
-    uint32_t d = hp->d_model, ff = hp->d_ff;
+    uint32_t d = hp->d_model, ff = hp->d_ff, gs = hp->fused_gate_up ? 2 * ff : ff;
+    op_mat g = {vkd_whole(s->g), 0, gs}, u = hp->fused_gate_up ? (op_mat){vkd_whole(s->g), ff, gs} : op_mat_rows(s->u, ff);
     TRY(op_rmsnorm(c, op_mat_rows(s->x, d), vkd_whole(L->ffn_norm.parts[0].buf), op_mat_rows(s->h, d), T, d,
                    hp->rms_eps));
     vkd_barrier(c);
-    TRY(mm(e, &L->w_gate, NULL, vkd_whole(s->h), d, vkd_whole(s->g), ff, T));
-    TRY(mm(e, &L->w_up, NULL, vkd_whole(s->h), d, vkd_whole(s->u), ff, T));
+    if (!hp->fused_gate_up)
+        TRY(mm(e, &L->w_gate, NULL, vkd_whole(s->h), d, vkd_whole(s->g), ff, T));
+    TRY(mm(e, &L->w_up, NULL, vkd_whole(s->h), d, hp->fused_gate_up ? vkd_whole(s->g) : vkd_whole(s->u),
+           hp->fused_gate_up ? gs : ff, T));
     vkd_barrier(c);
-    TRY(op_swiglu(c, op_mat_rows(s->g, ff), op_mat_rows(s->u, ff), op_mat_rows(s->g, ff), T, ff));
+    TRY(op_glu(c, hp->ffn_gelu ? VKI_GLU_GELU_TANH : VKI_GLU_SILU, g, u, g, T, ff));
     vkd_barrier(c);
-    TRY(mm(e, &L->w_down, NULL, vkd_whole(s->g), ff, vkd_whole(s->h), d, T));
+    TRY(mm(e, &L->w_down, NULL, vkd_whole(s->g), gs, vkd_whole(s->h), d, T));
     vkd_barrier(c);
+    if (hp->post_norms) {
+        TRY(norm_rows(e, op_mat_rows(s->h, d), &L->post_ffn_norm, T, d));
+        vkd_barrier(c);
+    }
     TRY(op_add(c, vkd_whole(s->x), vkd_whole(s->h), vkd_whole(s->x), T * d));
     vkd_barrier(c);
+    return VKI_OK;
+}
+
+/* LM head on the rows that want a token: gather, norm, project [, soft-cap]. */
+static vki_status record_lm_head(vk_engine *e, uint32_t T, uint32_t n_out)
+{
+    const model_hparams *hp = &e->model.hp;
+    const vk_step_inputs *in = &e->in;
+    vk_scratch *s = &e->s;
+    vkd_cmd *c = &e->cmd;
+    uint32_t d = hp->d_model, ls = vk_engine_logits_stride(e);
+    TRY(op_gather_rows(c, vkd_whole(s->x), d, T, d, in_view(e, in->off_rows, (VkDeviceSize)n_out * 4), n_out,
+                       vkd_whole(s->xs), d));
+    vkd_barrier(c);
+    TRY(op_rmsnorm(c, op_mat_rows(s->xs, d), vkd_whole(e->model.output_norm.parts[0].buf), op_mat_rows(s->xs, d),
+                   n_out, d, hp->rms_eps));
+    vkd_barrier(c);
+    TRY(mm(e, vk_model_lm_head(&e->model), NULL, vkd_whole(s->xs), d, vkd_whole(s->logits), ls, n_out));
+    if (hp->final_softcap > 0) {
+        vkd_barrier(c);
+        TRY(op_unary(c, VKI_UNARY_SOFTCAP, hp->final_softcap, op_mat_rows(s->logits, ls), op_mat_rows(s->logits, ls),
+                     n_out, hp->n_vocab));
+    }
     return VKI_OK;
 }
 
@@ -111,21 +184,29 @@ vki_status vk_forward_record(vk_engine *e, const vki_step_plan *plan, uint32_t n
     vk_scratch *s = &e->s;
     vkd_cmd *c = &e->cmd;
     uint32_t T = plan->n_tokens, d = hp->d_model;
-    op_attn_step ast = {
-        .tok_pos = in_view(e, in->off_pos, (VkDeviceSize)T * 4),
-        .tok_seq = in_view(e, in->off_seq, (VkDeviceSize)T * 4),
-        .seq_info = in_view(e, in->off_info, (VkDeviceSize)in->n_info * sizeof(vki_seq_info)),
-        .page_table = in_view(e, in->off_pages, in->used - in->off_pages),
-        .items = in_view(e, in->off_items, (VkDeviceSize)e->attn_plan.n_items * sizeof(vki_attn_item)),
-        .plan = &e->attn_plan};
+    op_attn_step ast[2];
+    for (uint32_t k = 0; k < 2; k++) { /* one kind: both entries use the first work list */
+        uint32_t kk = k < e->n_kinds ? k : 0;
+        ast[k] = (op_attn_step){
+            .tok_pos = in_view(e, in->off_pos, (VkDeviceSize)T * 4),
+            .tok_seq = in_view(e, in->off_seq, (VkDeviceSize)T * 4),
+            .seq_info = in_view(e, in->off_info, (VkDeviceSize)in->n_info * sizeof(vki_seq_info)),
+            .page_table = in_view(e, in->off_pages, in->used - in->off_pages),
+            .items = in_view(e, in->off_items[kk], (VkDeviceSize)e->attn_plan[kk].n_items * sizeof(vki_attn_item)),
+            .plan = &e->attn_plan[kk]};
+    }
 
     vkd_label_begin(c, "embed");
     TRY(op_get_rows(c, &e->model.tok_embd, in_view(e, in->off_tokens, (VkDeviceSize)T * 4), T, vkd_whole(s->x), d));
+    if (hp->embd_scale) {
+        vkd_barrier(c);
+        TRY(op_unary(c, VKI_UNARY_SCALE, sqrtf((float)d), op_mat_rows(s->x, d), op_mat_rows(s->x, d), T, d));
+    }
     vkd_label_end(c);
     vkd_barrier(c);
     for (uint32_t il = 0; il < hp->n_layer; il++) {
         vkd_label_begin(c, "layer %u", il);
-        vki_status st = record_attention_block(e, il, T, &ast);
+        vki_status st = record_attention_block(e, il, T, ast);
         if (st == VKI_OK)
             st = record_ffn_block(e, il, T);
         vkd_label_end(c);
@@ -135,14 +216,7 @@ vki_status vk_forward_record(vk_engine *e, const vki_step_plan *plan, uint32_t n
     if (!n_out)
         return VKI_OK;
     vkd_label_begin(c, "lm head");
-    TRY(op_gather_rows(c, vkd_whole(s->x), d, T, d, in_view(e, in->off_rows, (VkDeviceSize)n_out * 4), n_out,
-                       vkd_whole(s->xs), d));
-    vkd_barrier(c);
-    TRY(op_rmsnorm(c, op_mat_rows(s->xs, d), vkd_whole(e->model.output_norm.parts[0].buf), op_mat_rows(s->xs, d),
-                   n_out, d, hp->rms_eps));
-    vkd_barrier(c);
-    TRY(mm(e, vk_model_lm_head(&e->model), NULL, vkd_whole(s->xs), d, vkd_whole(s->logits),
-                  vk_engine_logits_stride(e), n_out));
+    vki_status st = record_lm_head(e, T, n_out);
     vkd_label_end(c);
-    return VKI_OK;
+    return st;
 }

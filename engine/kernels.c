@@ -13,7 +13,8 @@ _Static_assert(PUSH_OK(vki_pc_get_rows), "push struct vki_pc_get_rows");
 
 _Static_assert(PUSH_OK(vki_pc_rmsnorm), "push struct vki_pc_rmsnorm");
 _Static_assert(PUSH_OK(vki_pc_rope), "push struct vki_pc_rope");
-_Static_assert(PUSH_OK(vki_pc_swiglu), "push struct vki_pc_swiglu");
+_Static_assert(PUSH_OK(vki_pc_glu), "push struct vki_pc_glu");
+_Static_assert(PUSH_OK(vki_pc_unary), "push struct vki_pc_unary");
 _Static_assert(PUSH_OK(vki_pc_softmax), "push struct vki_pc_softmax");
 _Static_assert(PUSH_OK(vki_pc_kv_write), "push struct vki_pc_kv_write");
 _Static_assert(PUSH_OK(vki_pc_attn), "push struct vki_pc_attn");
@@ -72,11 +73,13 @@ static const vkk_desc kernel_table[] = {
                      .n_spec = 1, .spec_default = {256}},
     [VKK_ROPE] = {"rope", SPV(rope), .n_bindings = 4, .push_size = sizeof(vki_pc_rope),
                   .n_spec = 1, .spec_default = {256}},
-    [VKK_SWIGLU] = {"swiglu", SPV(swiglu), .n_bindings = 3, .push_size = sizeof(vki_pc_swiglu),
-                    .n_spec = 1, .spec_default = {256}},
+    [VKK_GLU] = {"glu", SPV(glu), .n_bindings = 3, .push_size = sizeof(vki_pc_glu),
+                 .n_spec = 1, .spec_default = {256}},
     [VKK_SOFTMAX] = {"softmax", SPV(softmax), .n_bindings = 2, .push_size = sizeof(vki_pc_softmax),
                      .n_spec = 1, .spec_default = {256}},
-    ATTN_ROWS(F16, f16), ATTN_ROWS(F32, f32),
+    [VKK_UNARY] = {"unary", SPV(unary), .n_bindings = 2, .push_size = sizeof(vki_pc_unary),
+                   .n_spec = 1, .spec_default = {256}},
+    ATTN_ROWS(F16, f16), ATTN_ROWS(F32, f32), ATTN_ROWS(Q8_0, q8_0),
     [VKK_ATTN_REDUCE] = {"attn_reduce", SPV(attn_reduce), .n_bindings = 4, .push_size = sizeof(vki_pc_attn),
                          .n_spec = 1, .spec_default = {64}},
     /* engine/ops_sample.c: spec {WG} */

@@ -22,12 +22,14 @@ typedef enum vkk_id {
     /* matmul family (engine/ops_matmul.c) */
     VKK_WEIGHT_TYPES(VKK_MM_IDS)
     /* row norms and elementwise ops (engine/ops_basic.c) */
-    VKK_RMSNORM, VKK_ROPE, VKK_SWIGLU, VKK_SOFTMAX,
-    /* paged KV writes and attention (engine/ops_attn.c), per KV element type; prefill also on
-     * cooperative matrices (CM) and their emulation (CME) */
-    VKK_KV_WRITE_F16, VKK_KV_WRITE_F32, VKK_ATTN_DECODE_F16, VKK_ATTN_DECODE_F32,
-    VKK_ATTN_PREFILL_F16, VKK_ATTN_PREFILL_F32, VKK_ATTN_REDUCE,
-    VKK_ATTN_PREFILL_CM_F16, VKK_ATTN_PREFILL_CM_F32, VKK_ATTN_PREFILL_CME_F16, VKK_ATTN_PREFILL_CME_F32,
+    VKK_RMSNORM, VKK_ROPE, VKK_GLU, VKK_SOFTMAX, VKK_UNARY,
+    /* paged KV writes and attention (engine/ops_attn.c), per KV element type (F16, F32, Q8_0:
+     * consecutive, ops_attn.c picks by offset); prefill also on cooperative matrices (CM) and
+     * their emulation (CME) */
+    VKK_KV_WRITE_F16, VKK_KV_WRITE_F32, VKK_KV_WRITE_Q8_0, VKK_ATTN_DECODE_F16, VKK_ATTN_DECODE_F32,
+    VKK_ATTN_DECODE_Q8_0, VKK_ATTN_PREFILL_F16, VKK_ATTN_PREFILL_F32, VKK_ATTN_PREFILL_Q8_0, VKK_ATTN_REDUCE,
+    VKK_ATTN_PREFILL_CM_F16, VKK_ATTN_PREFILL_CM_F32, VKK_ATTN_PREFILL_CM_Q8_0,
+    VKK_ATTN_PREFILL_CME_F16, VKK_ATTN_PREFILL_CME_F32, VKK_ATTN_PREFILL_CME_Q8_0,
     /* sampling stage (engine/ops_sample.c) */
     VKK_SAMPLE,
     /* cooperative-matrix peak: a pure multiply-add loop (tools/bench_kernels.c) */

@@ -39,19 +39,21 @@ static void progress_step(progress *p, uint64_t bytes)
     fflush(stderr);
 }
 
-#define LAYER_TENSORS 12
+#define LAYER_TENSORS 17
 /* The per-layer tensors in one order, for both sides of the upload. */
 static void gguf_layer_list(const model_layer_tensors *L, const gguf_tensor *out[LAYER_TENSORS])
 {
-    const gguf_tensor *all[LAYER_TENSORS] = {L->attn_norm, L->wq, L->wk, L->wv, L->bq, L->bk, L->bv,
-                                             L->wo, L->ffn_norm, L->w_gate, L->w_up, L->w_down};
+    const gguf_tensor *all[LAYER_TENSORS] = {L->attn_norm, L->wq, L->wk, L->wv, L->wqkv, L->bq, L->bk, L->bv,
+                                             L->q_norm, L->k_norm, L->wo, L->post_attn_norm, L->ffn_norm,
+                                             L->w_gate, L->w_up, L->w_down, L->post_ffn_norm};
     memcpy(out, all, sizeof all);
 }
 
 static void vk_layer_list(vk_layer *V, vk_tensor *out[LAYER_TENSORS])
 {
-    vk_tensor *all[LAYER_TENSORS] = {&V->attn_norm, &V->wq, &V->wk, &V->wv, &V->bq, &V->bk, &V->bv,
-                                     &V->wo, &V->ffn_norm, &V->w_gate, &V->w_up, &V->w_down};
+    vk_tensor *all[LAYER_TENSORS] = {&V->attn_norm, &V->wq, &V->wk, &V->wv, &V->wqkv, &V->bq, &V->bk, &V->bv,
+                                     &V->q_norm, &V->k_norm, &V->wo, &V->post_attn_norm, &V->ffn_norm,
+                                     &V->w_gate, &V->w_up, &V->w_down, &V->post_ffn_norm};
     memcpy(out, all, sizeof all);
 }
 
@@ -74,10 +76,10 @@ static vki_status upload(vkd_device *d, const gguf_tensor *g, vk_tensor *t, prog
     return st;
 }
 
-static uint64_t total_bytes(const model_hparams *hp, const model_tensors *t)
+static uint64_t total_bytes(const model_hparams *hp, const model_tensors *t, const gguf_tensor *factors)
 {
     uint64_t n = t->tok_embd->nbytes + t->output_norm->nbytes + (hp->tied_embeddings ? 0 : t->output->nbytes) +
-                 (t->rope_freqs ? t->rope_freqs->nbytes : 0);
+                 (factors ? factors->nbytes : 0);
     for (uint32_t il = 0; il < hp->n_layer; il++) {
         const gguf_tensor *all[LAYER_TENSORS];
         gguf_layer_list(&t->layers[il], all);
@@ -88,7 +90,7 @@ static uint64_t total_bytes(const model_hparams *hp, const model_tensors *t)
 }
 
 vki_status vk_model_load(vkd_device *d, const gguf_file *f, const model_hparams *hp, const model_tensors *t,
-                         bool progress_bar, vk_model *m)
+                         uint32_t n_ctx, bool progress_bar, vk_model *m)
 {
     (void)f;
     memset(m, 0, sizeof *m);
@@ -96,7 +98,8 @@ vki_status vk_model_load(vkd_device *d, const gguf_file *f, const model_hparams 
     m->layers = calloc(hp->n_layer, sizeof *m->layers);
     if (!m->layers)
         return VKI_ERR_OUT_OF_HOST_MEMORY;
-    progress p = {.on = progress_bar && isatty(STDERR_FILENO), .total = total_bytes(hp, t), .last_pct = -1};
+    const gguf_tensor *factors = model_rope_factors(hp, t, n_ctx);
+    progress p = {.on = progress_bar && isatty(STDERR_FILENO), .total = total_bytes(hp, t, factors), .last_pct = -1};
     clock_gettime(CLOCK_MONOTONIC, &p.t0);
     vki_status st = upload(d, t->tok_embd, &m->tok_embd, &p);
     if (st == VKI_OK)
@@ -104,7 +107,7 @@ vki_status vk_model_load(vkd_device *d, const gguf_file *f, const model_hparams 
     if (st == VKI_OK && !hp->tied_embeddings)
         st = upload(d, t->output, &m->output, &p);
     if (st == VKI_OK)
-        st = upload(d, t->rope_freqs, &m->rope_freqs, &p);
+        st = upload(d, factors, &m->rope_freqs, &p);
     for (uint32_t il = 0; st == VKI_OK && il < hp->n_layer; il++) {
         const gguf_tensor *src[LAYER_TENSORS];
         vk_tensor *dst[LAYER_TENSORS];

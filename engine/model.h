@@ -8,12 +8,18 @@
 
 typedef struct vk_layer {
     vk_tensor attn_norm;          /* f32 [1][d] */
-    vk_tensor wq, wk, wv;         /* [q_dim][d], [kv_dim][d], [kv_dim][d] rows = outputs */
+    vk_tensor wq, wk, wv;         /* [q_dim][d], [kv_dim][d], [kv_dim][d] rows = outputs; n_parts == 0
+                                     when fused into wqkv */
+    vk_tensor wqkv;               /* phi3: [q_dim + 2 kv_dim][d] (q | k | v) or n_parts == 0 */
     vk_tensor bq, bk, bv;         /* f32 [1][q_dim|kv_dim]; n_parts == 0 when absent */
+    vk_tensor q_norm, k_norm;     /* f32 [1][hd] per-head RMSNorm weights (qwen3, gemma3) or absent */
     vk_tensor wo;                 /* [d][q_dim] */
+    vk_tensor post_attn_norm;     /* f32 [1][d] (gemma) or absent */
     vk_tensor ffn_norm;           /* f32 [1][d] */
-    vk_tensor w_gate, w_up;       /* [d_ff][d] */
+    vk_tensor w_gate;             /* [d_ff][d]; absent when fused into w_up */
+    vk_tensor w_up;               /* [d_ff][d] (phi3 fused: [2 d_ff][d], gate rows first) */
     vk_tensor w_down;             /* [d][d_ff] */
+    vk_tensor post_ffn_norm;      /* f32 [1][d] (gemma) or absent */
 } vk_layer;
 
 typedef struct vk_model {
@@ -21,14 +27,16 @@ typedef struct vk_model {
     vk_tensor tok_embd;           /* [n_vocab][d] */
     vk_tensor output_norm;        /* f32 [1][d] */
     vk_tensor output;             /* [n_vocab][d]; not allocated when tied (use tok_embd) */
-    vk_tensor rope_freqs;         /* f32 [1][n_rot/2]; n_parts == 0 when absent */
+    vk_tensor rope_freqs;         /* f32 [1][n_rot/2] frequency factors (llama3's, or phi3's long or
+                                     short ones for the engine's context); n_parts == 0 when absent */
     vk_layer *layers;             /* [n_layer] */
     uint64_t weight_bytes;        /* device bytes held by weights */
 } vk_model;
 
-/* Uploads the weights named by `t` (found in f). progress: draw a bar on stderr. */
+/* Uploads the weights named by `t` (found in f) for an engine whose longest sequence is n_ctx
+ * (it picks phi3's long or short RoPE factors). progress: draw a bar on stderr. */
 vki_status vk_model_load(vkd_device *d, const gguf_file *f, const model_hparams *hp,
-                         const model_tensors *t, bool progress, vk_model *m);
+                         const model_tensors *t, uint32_t n_ctx, bool progress, vk_model *m);
 void vk_model_free(vkd_device *d, vk_model *m);
 /* The LM head (output or, when tied, token_embd). */
 const vk_tensor *vk_model_lm_head(const vk_model *m);

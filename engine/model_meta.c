@@ -64,10 +64,12 @@ static vki_status read_rope(const gguf_file *f, model_hparams *hp, char *err, si
         return fail(VKI_ERR_FORMAT, err, n, "%s.rope.freq_base = %g must be > 1", hp->arch_name, hp->rope_base);
     gguf_str kind = {0};
     st = gguf_get_str(f, akey(hp, "rope.scaling.type", key, sizeof key), &kind);
-    if (st == VKI_OK && !gguf_str_eq(kind, "none") && !gguf_str_eq(kind, "linear"))
-        return fail(VKI_ERR_UNSUPPORTED, err, n, "rope scaling type '%.*s' is not supported (none, linear)",
+    /* LongRoPE ("longrope", formerly "su"): the factors are tensors, checked with them */
+    hp->longrope = st == VKI_OK && (gguf_str_eq(kind, "longrope") || gguf_str_eq(kind, "su"));
+    if (st == VKI_OK && !gguf_str_eq(kind, "none") && !gguf_str_eq(kind, "linear") && !hp->longrope)
+        return fail(VKI_ERR_UNSUPPORTED, err, n, "rope scaling type '%.*s' is not supported (none, linear, longrope)",
                     (int)(kind.len > 32 ? 32 : kind.len), kind.ptr);
-    float factor = 1.0f;
+    float factor = 1.0f, attn_factor = 1.0f;
     if (st == VKI_OK && gguf_str_eq(kind, "linear")) {
         if ((st = get_f32(f, hp, "rope.scaling.factor", &factor, err, n)) != VKI_OK)
             return st;
@@ -75,6 +77,19 @@ static vki_status read_rope(const gguf_file *f, model_hparams *hp, char *err, si
             return fail(VKI_ERR_FORMAT, err, n, "rope.scaling.factor %g must be >= 1", factor);
     }
     hp->rope_freq_scale = 1.0f / factor;
+    /* LongRoPE (phi3 128k) scales cos and sin of q and k by this: the scores by its square */
+    if ((st = get_f32(f, hp, "rope.scaling.attn_factor", &attn_factor, err, n)) != VKI_OK)
+        return st;
+    if (!(attn_factor > 0) || attn_factor > 16)
+        return fail(VKI_ERR_FORMAT, err, n, "%s.rope.scaling.attn_factor = %g must be in (0, 16]", hp->arch_name,
+                    attn_factor);
+    hp->rope_attn_factor = attn_factor;
+    hp->attn_scale *= attn_factor * attn_factor;
+    hp->n_ctx_orig = hp->n_ctx_train;
+    if ((st = get_u32(f, hp, "rope.scaling.original_context_length", false, &hp->n_ctx_orig, err, n)))
+        return st;
+    if (!hp->n_ctx_orig)
+        return fail(VKI_ERR_FORMAT, err, n, "%s.rope.scaling.original_context_length is 0", hp->arch_name);
     hp->n_rot = hp->head_dim;
     if ((st = get_u32(f, hp, "rope.dimension_count", false, &hp->n_rot, err, n)) != VKI_OK)
         return st;
@@ -84,23 +99,86 @@ static vki_status read_rope(const gguf_file *f, model_hparams *hp, char *err, si
     return VKI_OK;
 }
 
+/* What each architecture's forward pass does beyond llama's (llama.cpp's llm_build_* graphs). */
+typedef struct arch_def {
+    const char *name;
+    model_arch arch;
+    bool neox, qk_norm, gemma; /* gemma: GeGLU, post-norms, sqrt(d) embedding scale */
+    float rms_eps;             /* default when the file has none */
+    uint32_t swa_pattern;      /* with a sliding window: 1 every layer, n: il % n < n - 1 */
+} arch_def;
+
+static const arch_def ARCHS[] = {
+    {"llama", MODEL_ARCH_LLAMA, false, false, false, 1e-5f, 1},
+    {"qwen2", MODEL_ARCH_QWEN2, true, false, false, 1e-6f, 0},
+    {"qwen3", MODEL_ARCH_QWEN3, true, true, false, 1e-6f, 0},
+    {"gemma2", MODEL_ARCH_GEMMA2, true, false, true, 1e-6f, 2},
+    {"gemma3", MODEL_ARCH_GEMMA3, true, true, true, 1e-6f, 6},
+    {"phi3", MODEL_ARCH_PHI3, true, false, false, 1e-5f, 1},
+};
+
+/* A soft-cap key: absent keeps *out, else a finite number >= 0 (0 = none). */
+static vki_status read_softcap(const gguf_file *f, model_hparams *hp, const char *suffix, float *out, char *err,
+                               size_t n)
+{
+    vki_status st = get_f32(f, hp, suffix, out, err, n);
+    if (st == VKI_OK && *out < 0)
+        return fail(VKI_ERR_FORMAT, err, n, "%s.%s = %g must be >= 0", hp->arch_name, suffix, *out);
+    return st;
+}
+
+/* Sliding window, soft-caps, query scale and per-kind RoPE: what sets the newer architectures
+ * apart (after the common keys and read_rope). */
+static vki_status read_arch_extras(const gguf_file *f, const arch_def *a, model_hparams *hp, char *err, size_t n)
+{
+    /* gemma 2 always slides (4096, HF's default); 0 elsewhere means none, as the converter writes
+     * for phi-4; gemma 3 without the key has no local layers (llama.cpp) */
+    uint32_t window = a->arch == MODEL_ARCH_GEMMA2 ? 4096 : 0;
+    vki_status st = get_u32(f, hp, "attention.sliding_window", false, &window, err, n);
+    if (st != VKI_OK)
+        return st;
+    if ((a->arch == MODEL_ARCH_GEMMA2 && window == 0) || window > (1u << 24))
+        return fail(VKI_ERR_FORMAT, err, n, "%s.attention.sliding_window = %u must be in [%u, 2^24]", hp->arch_name,
+                    window, a->arch == MODEL_ARCH_GEMMA2 ? 1 : 0);
+    if (a->arch == MODEL_ARCH_QWEN2 || a->arch == MODEL_ARCH_QWEN3)
+        window = 0; /* their files may carry HF's unused sliding_window; llama.cpp ignores it too */
+    hp->swa_pattern = window ? a->swa_pattern : 0;
+    hp->kind[0] = (model_attn_kind){0, hp->rope_base, hp->rope_freq_scale};
+    hp->kind[1] = (model_attn_kind){window, hp->rope_base, hp->rope_freq_scale};
+    if (a->arch == MODEL_ARCH_GEMMA3) /* local layers: base 10000, unscaled (llama.cpp, HF) */
+        hp->kind[1].rope_base = 10000.0f, hp->kind[1].rope_freq_scale = 1.0f;
+    if (a->arch == MODEL_ARCH_GEMMA2)
+        hp->attn_softcap = 50.0f, hp->final_softcap = 30.0f; /* llama.cpp's defaults for gemma 2 */
+    if (a->arch == MODEL_ARCH_GEMMA2 && (st = read_softcap(f, hp, "attn_logit_softcapping", &hp->attn_softcap, err, n)))
+        return st;
+    if (a->gemma && (st = read_softcap(f, hp, "final_logit_softcapping", &hp->final_softcap, err, n)))
+        return st;
+    /* query_pre_attn_scalar: head_dim, except the 27B models' d_model / n_head (llama.cpp knows
+     * them by their layer counts: gemma 2 46, gemma 3 62) */
+    bool big = (a->arch == MODEL_ARCH_GEMMA2 && hp->n_layer == 46) || (a->arch == MODEL_ARCH_GEMMA3 && hp->n_layer == 62);
+    if (big)
+        hp->attn_scale *= sqrtf((float)hp->head_dim / (float)(hp->d_model / hp->n_head));
+    hp->embd_scale = hp->post_norms = hp->ffn_gelu = a->gemma;
+    hp->qk_norm = a->qk_norm;
+    return VKI_OK;
+}
+
 vki_status model_read_hparams(const gguf_file *f, model_hparams *hp, char *err, size_t n)
 {
     memset(hp, 0, sizeof *hp);
     gguf_str arch;
     if (gguf_get_str(f, "general.architecture", &arch) != VKI_OK)
         return fail(VKI_ERR_FORMAT, err, n, "missing metadata key general.architecture");
-    if (gguf_str_eq(arch, "llama")) {
-        hp->arch = MODEL_ARCH_LLAMA;
-        hp->rms_eps = 1e-5f;
-    } else if (gguf_str_eq(arch, "qwen2")) {
-        hp->arch = MODEL_ARCH_QWEN2;
-        hp->rope_neox = true;
-        hp->rms_eps = 1e-6f;
-    } else {
-        return fail(VKI_ERR_UNSUPPORTED, err, n, "architecture '%.*s' is not supported (llama, qwen2)",
-                    (int)(arch.len > 32 ? 32 : arch.len), arch.ptr);
-    }
+    const arch_def *a = NULL;
+    for (size_t i = 0; i < sizeof ARCHS / sizeof ARCHS[0] && !a; i++)
+        if (gguf_str_eq(arch, ARCHS[i].name))
+            a = &ARCHS[i];
+    if (!a)
+        return fail(VKI_ERR_UNSUPPORTED, err, n, "architecture '%.*s' is not supported (llama, qwen2, qwen3, gemma2, "
+                    "gemma3, phi3)", (int)(arch.len > 32 ? 32 : arch.len), arch.ptr);
+    hp->arch = a->arch;
+    hp->rope_neox = a->neox;
+    hp->rms_eps = a->rms_eps;
     snprintf(hp->arch_name, sizeof hp->arch_name, "%.*s", (int)arch.len, arch.ptr);
     hp->rope_base = 10000.0f;
     vki_status st;
@@ -130,7 +208,10 @@ vki_status model_read_hparams(const gguf_file *f, model_hparams *hp, char *err, 
                     hp->head_dim, vlen);
     if (!(hp->rms_eps > 0) || hp->n_ctx_train == 0)
         return fail(VKI_ERR_FORMAT, err, n, "rms epsilon %g / context length %u invalid", hp->rms_eps, hp->n_ctx_train);
-    return read_rope(f, hp, err, n);
+    hp->attn_scale = 1.0f / sqrtf((float)hp->head_dim);
+    if ((st = read_rope(f, hp, err, n)) != VKI_OK)
+        return st;
+    return read_arch_extras(f, a, hp, err, n);
 }
 
 /* Finds `name`, checks ggml shape [ne0, ne1] (ne1 = 0: a vector) and type class. */
@@ -157,32 +238,82 @@ static vki_status find(const gguf_file *f, const char *name, uint64_t ne0, uint6
     return VKI_OK;
 }
 
-static vki_status find_layer(const gguf_file *f, const model_hparams *hp, uint32_t il, model_layer_tensors *L,
-                             char *err, size_t n)
+/* The attention projections: q, k, v, or phi3's fused attn_qkv (either is accepted for phi3). */
+static vki_status find_qkv(const gguf_file *f, const model_hparams *hp, uint32_t il, model_layer_tensors *L,
+                           char *err, size_t n)
 {
     const uint64_t d = hp->d_model, q = (uint64_t)hp->n_head * hp->head_dim, kv = (uint64_t)hp->n_head_kv * hp->head_dim;
     char name[96];
     vki_status st;
+    if (hp->arch == MODEL_ARCH_PHI3) {
+        snprintf(name, sizeof name, "blk.%u.attn_qkv.weight", il);
+        if ((st = find(f, name, d, q + 2 * kv, false, true, &L->wqkv, err, n)) != VKI_OK)
+            return st;
+    }
+    if (il > 0 && !L->wqkv != !hp->fused_qkv)
+        return fail(VKI_ERR_FORMAT, err, n, "layer %u: attn_qkv.weight %s, but layer 0 %s", il,
+                    L->wqkv ? "present" : "absent", hp->fused_qkv ? "has it" : "has separate q/k/v");
+    if (L->wqkv)
+        return VKI_OK;
+#define T(field, suffix, ne0, ne1, f32, opt)                                                       \
+    snprintf(name, sizeof name, "blk.%u.%s", il, suffix);                                      \
+    if ((st = find(f, name, ne0, ne1, f32, opt, &L->field, err, n)) != VKI_OK)                 \
+        return st;
+    T(wq, "attn_q.weight", d, q, false, false)
+    T(wk, "attn_k.weight", d, kv, false, false)
+    T(wv, "attn_v.weight", d, kv, false, false)
+    T(bq, "attn_q.bias", q, 0, true, true)
+    T(bk, "attn_k.bias", kv, 0, true, true)
+    T(bv, "attn_v.bias", kv, 0, true, true)
+#undef T
+    if (hp->qkv_bias && !(L->bq && L->bk && L->bv))
+        return fail(VKI_ERR_FORMAT, err, n, "layer %u: qwen2 needs attn_q/k/v.bias", il);
+    return VKI_OK;
+}
+
+static vki_status find_layer(const gguf_file *f, const model_hparams *hp, uint32_t il, model_layer_tensors *L,
+                             char *err, size_t n)
+{
+    const uint64_t d = hp->d_model, q = (uint64_t)hp->n_head * hp->head_dim;
+    bool gemma = hp->post_norms, fused_ffn = hp->fused_gate_up;
+    char name[96];
+    vki_status st = find_qkv(f, hp, il, L, err, n);
+    if (st != VKI_OK)
+        return st;
 #define T(field, suffix, ne0, ne1, f32, opt)                                                       \
     snprintf(name, sizeof name, "blk.%u.%s", il, suffix);                                      \
     if ((st = find(f, name, ne0, ne1, f32, opt, &L->field, err, n)) != VKI_OK)                 \
         return st;
     T(attn_norm, "attn_norm.weight", d, 0, true, false)
-    T(wq, "attn_q.weight", d, q, false, false)
-    T(wk, "attn_k.weight", d, kv, false, false)
-    T(wv, "attn_v.weight", d, kv, false, false)
+    T(q_norm, "attn_q_norm.weight", hp->head_dim, 0, true, !hp->qk_norm)
+    T(k_norm, "attn_k_norm.weight", hp->head_dim, 0, true, !hp->qk_norm)
     T(wo, "attn_output.weight", q, d, false, false)
-    T(bq, "attn_q.bias", q, 0, true, true)
-    T(bk, "attn_k.bias", kv, 0, true, true)
-    T(bv, "attn_v.bias", kv, 0, true, true)
+    T(post_attn_norm, "post_attention_norm.weight", d, 0, true, !gemma)
     T(ffn_norm, "ffn_norm.weight", d, 0, true, false)
-    T(w_gate, "ffn_gate.weight", d, hp->d_ff, false, false)
-    T(w_up, "ffn_up.weight", d, hp->d_ff, false, false)
+    T(w_gate, "ffn_gate.weight", d, hp->d_ff, false, fused_ffn)
+    T(w_up, "ffn_up.weight", d, fused_ffn ? 2ull * hp->d_ff : hp->d_ff, false, false)
     T(w_down, "ffn_down.weight", hp->d_ff, d, false, false)
+    T(post_ffn_norm, "post_ffw_norm.weight", d, 0, true, !gemma)
 #undef T
-    if (hp->qkv_bias && !(L->bq && L->bk && L->bv))
-        return fail(VKI_ERR_FORMAT, err, n, "layer %u: qwen2 needs attn_q/k/v.bias", il);
+    if (fused_ffn && L->w_gate)
+        return fail(VKI_ERR_FORMAT, err, n, "layer %u: ffn_gate.weight next to a fused [gate | up] ffn_up.weight", il);
     return VKI_OK;
+}
+
+/* phi3 stores gate | up in ffn_up (2 d_ff rows) and has no ffn_gate; separate ones are read too. */
+static void detect_fusions(const gguf_file *f, model_hparams *hp)
+{
+    if (hp->arch != MODEL_ARCH_PHI3)
+        return;
+    hp->fused_qkv = gguf_find_tensor(f, "blk.0.attn_qkv.weight") != NULL;
+    hp->fused_gate_up = gguf_find_tensor(f, "blk.0.ffn_gate.weight") == NULL;
+}
+
+const gguf_tensor *model_rope_factors(const model_hparams *hp, const model_tensors *t, uint32_t n_ctx)
+{
+    if (t->rope_freqs)
+        return t->rope_freqs;
+    return n_ctx > hp->n_ctx_orig ? t->rope_long : t->rope_short;
 }
 
 vki_status model_find_tensors(const gguf_file *f, model_hparams *hp, model_tensors *t, char *err, size_t n)
@@ -196,12 +327,21 @@ vki_status model_find_tensors(const gguf_file *f, model_hparams *hp, model_tenso
                     (unsigned long long)emb->ne[1]);
     hp->n_vocab = (uint32_t)emb->ne[1];
     hp->qkv_bias = hp->arch == MODEL_ARCH_QWEN2;
+    detect_fusions(f, hp);
     vki_status st;
     if ((st = find(f, "token_embd.weight", hp->d_model, hp->n_vocab, false, false, &t->tok_embd, err, n)) ||
         (st = find(f, "output_norm.weight", hp->d_model, 0, true, false, &t->output_norm, err, n)) ||
         (st = find(f, "output.weight", hp->d_model, hp->n_vocab, false, true, &t->output, err, n)) ||
-        (st = find(f, "rope_freqs.weight", hp->n_rot / 2, 0, true, true, &t->rope_freqs, err, n)))
+        (st = find(f, "rope_freqs.weight", hp->n_rot / 2, 0, true, true, &t->rope_freqs, err, n)) ||
+        (st = find(f, "rope_factors_long.weight", hp->n_rot / 2, 0, true, true, &t->rope_long, err, n)) ||
+        (st = find(f, "rope_factors_short.weight", hp->n_rot / 2, 0, true, true, &t->rope_short, err, n)))
         return st;
+    if (!t->rope_long != !t->rope_short)
+        return fail(VKI_ERR_FORMAT, err, n, "rope_factors_%s.weight without rope_factors_%s.weight",
+                    t->rope_long ? "long" : "short", t->rope_long ? "short" : "long");
+    if (hp->longrope && !t->rope_long)
+        return fail(VKI_ERR_FORMAT, err, n, "%s.rope.scaling.type is longrope but rope_factors_long/short.weight are "
+                    "missing", hp->arch_name);
     hp->tied_embeddings = t->output == NULL;
     if (!t->output)
         t->output = t->tok_embd;

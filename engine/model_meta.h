@@ -7,9 +7,20 @@
 #include "engine/gguf.h"
 
 typedef enum model_arch {
-    MODEL_ARCH_LLAMA = 0, /* Llama 1/2/3, TinyLlama, SmolLM, Mistral (no sliding window) */
-    MODEL_ARCH_QWEN2 = 1, /* + Q/K/V biases, NeoX RoPE */
+    MODEL_ARCH_LLAMA = 0,  /* Llama 1/2/3, TinyLlama, SmolLM, Mistral (sliding window when set) */
+    MODEL_ARCH_QWEN2 = 1,  /* + Q/K/V biases, NeoX RoPE */
+    MODEL_ARCH_QWEN3 = 2,  /* NeoX RoPE, per-head RMSNorm of Q and K, no biases */
+    MODEL_ARCH_GEMMA2 = 3, /* GeGLU, post-norms, sqrt(d) embedding scale, soft-caps, local/global */
+    MODEL_ARCH_GEMMA3 = 4, /* gemma2's block without soft-caps, + Q/K norms, 5 local : 1 global */
+    MODEL_ARCH_PHI3 = 5,   /* fused QKV and gate|up, LongRoPE factors */
 } model_arch;
+
+/* Layers of one attention kind share these (gemma: sliding-window layers and global ones). */
+typedef struct model_attn_kind {
+    uint32_t window;        /* sliding window in tokens (the query's own included); 0 = global */
+    float rope_base;        /* RoPE frequency base of these layers */
+    float rope_freq_scale;  /* 1 / linear scaling factor */
+} model_attn_kind;
 
 typedef struct model_hparams {
     model_arch arch;
@@ -24,21 +35,53 @@ typedef struct model_hparams {
     uint32_t n_ctx_train;   /* context length from metadata */
     uint32_t n_rot;         /* rotary dims per head (<= head_dim) */
     bool rope_neox;         /* rotate (i, i + n_rot/2) instead of (2i, 2i+1) */
-    float rope_base;
-    float rope_freq_scale;  /* 1 / linear scaling factor */
+    float rope_base;        /* of the global layers (= kind[0].rope_base) */
+    float rope_freq_scale;  /* 1 / linear scaling factor (global layers) */
     float rms_eps;
     bool qkv_bias;
     bool tied_embeddings;   /* no output.weight: the LM head reuses token_embd */
+    /* Per-architecture forward pass (see engine/forward.c): */
+    model_attn_kind kind[2];/* [0] global layers, [1] sliding-window layers */
+    uint32_t swa_pattern;   /* which layers slide: 0 = none; 1 = all; n > 1: layer il slides iff
+                               il % n < n - 1 (llama.cpp's set_swa_pattern: gemma2 2, gemma3 6) */
+    float attn_scale;       /* softmax scale of q.k: 1/sqrt(head_dim), gemma's 1/sqrt(query_pre_
+                               attn_scalar), times rope_attn_factor^2 */
+    float rope_attn_factor; /* LongRoPE (phi3 128k): llama.cpp scales cos and sin of q and k by it;
+                               here it is folded into attn_scale (same scores, V is not rotated) */
+    float attn_softcap;     /* gemma2: scores = c tanh(scores / c); 0 = none */
+    float final_softcap;    /* gemma2: logits = c tanh(logits / c); 0 = none */
+    bool embd_scale;        /* gemma: embeddings times sqrt(d_model) */
+    bool qk_norm;           /* qwen3, gemma3: per-head RMSNorm of q and k before RoPE */
+    bool post_norms;        /* gemma2/3: RMSNorm of the attention and FFN outputs before the residual */
+    bool ffn_gelu;          /* gemma: GeGLU (tanh GELU) instead of SwiGLU */
+    bool fused_qkv;         /* phi3: one attn_qkv matrix [q | k | v] (found from the tensors) */
+    bool fused_gate_up;     /* phi3: ffn_up holds [gate | up] and there is no ffn_gate */
+    bool longrope;          /* rope.scaling.type longrope / su: rope_factors_long/short must exist */
+    uint32_t n_ctx_orig;    /* phi3 LongRoPE: rope.scaling.original_context_length; the long factors
+                               apply when the engine's context exceeds it (llama.cpp's rule) */
 } model_hparams;
+
+/* Which attention kind layer il uses: 0 global, 1 sliding window. */
+static inline uint32_t model_layer_kind(const model_hparams *hp, uint32_t il)
+{
+    if (!hp->swa_pattern)
+        return 0;
+    return hp->swa_pattern == 1 || il % hp->swa_pattern < hp->swa_pattern - 1 ? 1 : 0;
+}
 
 typedef struct model_layer_tensors {
     const gguf_tensor *attn_norm;          /* f32 [d_model] */
-    const gguf_tensor *wq, *wk, *wv;       /* [d_model -> n_head*hd | n_head_kv*hd] */
+    const gguf_tensor *wq, *wk, *wv;       /* [d_model -> n_head*hd | n_head_kv*hd]; NULL when fused */
+    const gguf_tensor *wqkv;               /* phi3: [d_model -> (n_head + 2 n_head_kv) * hd] or NULL */
     const gguf_tensor *bq, *bk, *bv;       /* f32 biases (qwen2) or NULL */
+    const gguf_tensor *q_norm, *k_norm;    /* f32 [hd] per-head norms (qwen3, gemma3) or NULL */
     const gguf_tensor *wo;                 /* [n_head*hd -> d_model] */
+    const gguf_tensor *post_attn_norm;     /* f32 [d_model] (gemma) or NULL */
     const gguf_tensor *ffn_norm;           /* f32 [d_model] */
-    const gguf_tensor *w_gate, *w_up;      /* [d_model -> d_ff] */
+    const gguf_tensor *w_gate;             /* [d_model -> d_ff]; NULL when fused into w_up */
+    const gguf_tensor *w_up;               /* [d_model -> d_ff] (phi3: -> 2 d_ff, gate | up) */
     const gguf_tensor *w_down;             /* [d_ff -> d_model] */
+    const gguf_tensor *post_ffn_norm;      /* f32 [d_model] (gemma) or NULL */
 } model_layer_tensors;
 
 typedef struct model_tensors {
@@ -46,14 +89,23 @@ typedef struct model_tensors {
     const gguf_tensor *output_norm;        /* f32 [d_model] */
     const gguf_tensor *output;             /* [d_model -> n_vocab]; == tok_embd when tied */
     const gguf_tensor *rope_freqs;         /* f32 [n_rot/2] llama3 frequency factors or NULL */
+    const gguf_tensor *rope_long, *rope_short; /* f32 [n_rot/2] phi3 LongRoPE factors or NULL */
     model_layer_tensors *layers;           /* [n_layer], owned */
 } model_tensors;
 
+/* The RoPE frequency factors for an engine whose longest sequence is n_ctx: llama3's
+ * rope_freqs, else phi3's long factors past the original context and the short ones within it
+ * (llama.cpp's llama_model::get_rope_factors), else NULL. */
+const gguf_tensor *model_rope_factors(const model_hparams *hp, const model_tensors *t, uint32_t n_ctx);
+
 /* Reads and validates hyperparameters. Unsupported architectures, rope scaling kinds or
- * inconsistent shapes give VKI_ERR_UNSUPPORTED / VKI_ERR_FORMAT with a message. */
+ * inconsistent shapes (a zero sliding window, a negative soft-cap...) give VKI_ERR_UNSUPPORTED /
+ * VKI_ERR_FORMAT with a message naming the key. */
 vki_status model_read_hparams(const gguf_file *f, model_hparams *hp, char *err, size_t err_len);
-/* Finds every weight, checking shape and type (norms/biases f32; matrices any supported type),
- * and completes hp with what the tensors say (n_vocab, qkv_bias, tied_embeddings).
+/* Finds every weight the architecture needs, checking shape and type (norms/biases f32;
+ * matrices any supported type), and completes hp with what the tensors say (n_vocab, qkv_bias,
+ * tied_embeddings, fused_qkv, fused_gate_up). A missing or mis-shaped tensor is VKI_ERR_FORMAT
+ * naming it.
  * On success t->layers is allocated; free with model_tensors_free. */
 vki_status model_find_tensors(const gguf_file *f, model_hparams *hp, model_tensors *t,
                               char *err, size_t err_len);

@@ -20,15 +20,23 @@ static uint32_t min_subgroup(const vkd_device *d)
 
 static bool is_pow2(uint32_t v) { return v && !(v & (v - 1)); }
 
-static vkk_id kid(const op_attn *a, vkk_id f16, vkk_id f32)
+/* The kernel of the pool's element type: ids are consecutive F16, F32, Q8_0 in kernels.h. */
+_Static_assert(VKK_KV_WRITE_Q8_0 == VKK_KV_WRITE_F16 + 2 && VKK_ATTN_DECODE_Q8_0 == VKK_ATTN_DECODE_F16 + 2 &&
+                   VKK_ATTN_PREFILL_Q8_0 == VKK_ATTN_PREFILL_F16 + 2 &&
+                   VKK_ATTN_PREFILL_CM_Q8_0 == VKK_ATTN_PREFILL_CM_F16 + 2 &&
+                   VKK_ATTN_PREFILL_CME_Q8_0 == VKK_ATTN_PREFILL_CME_F16 + 2,
+               "kernel ids per KV type are consecutive");
+static vkk_id kid(const op_attn *a, vkk_id f16)
 {
-    return a->s.kv_type == VKI_GGML_F16 ? f16 : f32;
+    return (vkk_id)(f16 + (a->s.kv_type == VKI_GGML_F16 ? 0 : a->s.kv_type == VKI_GGML_F32 ? 1 : 2));
 }
 
 uint64_t op_kv_page_bytes(const op_attn_shape *s)
 {
-    uint64_t elem = s->kv_type == VKI_GGML_F16 ? 2 : 4;
-    return elem * s->head_dim * s->n_kv_heads * s->page_size;
+    uint64_t rows = (uint64_t)s->n_kv_heads * s->page_size;
+    if (s->kv_type == VKI_GGML_Q8_0)
+        return 4 * VKI_KV_Q8_PAGE_WORDS(rows, (uint64_t)s->head_dim);
+    return (s->kv_type == VKI_GGML_F16 ? 2 : 4) * rows * s->head_dim;
 }
 
 uint32_t op_kv_max_pages(const vkd_device *d, const op_attn_shape *s)
@@ -44,11 +52,19 @@ static vki_status check_shape(vkd_device *d, const op_attn_shape *s)
 {
     bool ok = s->n_heads && s->n_kv_heads && s->n_heads % s->n_kv_heads == 0 && s->head_dim >= 8 &&
               s->head_dim <= 256 && s->head_dim % 8 == 0 && s->page_size &&
-              (s->kv_type == VKI_GGML_F16 || s->kv_type == VKI_GGML_F32) && s->scale >= 0 && isfinite(s->scale);
+              (s->kv_type == VKI_GGML_F16 || s->kv_type == VKI_GGML_F32 || s->kv_type == VKI_GGML_Q8_0) &&
+              s->scale >= 0 && isfinite(s->scale) && s->softcap >= 0 && isfinite(s->softcap) &&
+              (s->window || !s->sink);
     if (!ok) {
-        vkd_log(d, VKI_LOG_ERROR, "attention: unsupported shape (heads %u/%u, head_dim %u, page %u, kv type %u)",
-                s->n_heads, s->n_kv_heads, s->head_dim, s->page_size, s->kv_type);
+        vkd_log(d, VKI_LOG_ERROR, "attention: unsupported shape (heads %u/%u, head_dim %u, page %u, kv type %u, "
+                "softcap %g, window %u, sink %u)", s->n_heads, s->n_kv_heads, s->head_dim, s->page_size, s->kv_type,
+                s->softcap, s->window, s->sink);
         return VKI_ERR_INVALID_ARG;
+    }
+    if (s->kv_type == VKI_GGML_Q8_0 && s->head_dim % 32) {
+        vkd_log(d, VKI_LOG_ERROR, "a q8_0 KV cache needs a head dim that is a multiple of 32 (blocks of 32), this "
+                "model's is %u: use --kv-type f16", s->head_dim);
+        return VKI_ERR_UNSUPPORTED;
     }
     uint32_t need = VKI_SUBGROUP_BASIC | VKI_SUBGROUP_SHUFFLE;
     if ((d->info.subgroup_ops & need) != need) {
@@ -119,11 +135,7 @@ vki_status op_attn_setup(vkd_device *d, const op_attn_shape *s, op_attn *out)
     a.dec_nhb = (group + a.dec_gw - 1) / a.dec_gw;
     memcpy(a.dec_spec, (uint32_t[4]){wg, s->head_dim, lanes, a.dec_gw}, sizeof a.dec_spec);
     bool cm = pick_prefill_cm(d, s->head_dim, a.pre_spec), nv = d->cm.kind == VKD_CM_NV;
-    if (cm)
-        a.pre_kid = s->kv_type == VKI_GGML_F16 ? (nv ? VKK_ATTN_PREFILL_CM_F16 : VKK_ATTN_PREFILL_CME_F16)
-                                               : (nv ? VKK_ATTN_PREFILL_CM_F32 : VKK_ATTN_PREFILL_CME_F32);
-    else
-        a.pre_kid = kid(&a, VKK_ATTN_PREFILL_F16, VKK_ATTN_PREFILL_F32);
+    a.pre_kid = kid(&a, !cm ? VKK_ATTN_PREFILL_F16 : nv ? VKK_ATTN_PREFILL_CM_F16 : VKK_ATTN_PREFILL_CME_F16);
     if (wg > d->info.max_workgroup_invocations || (!cm && !pick_prefill(d, s->head_dim, a.pre_spec))) {
         vkd_log(d, VKI_LOG_ERROR, "attention: no tile size fits this device (head_dim %u)", s->head_dim);
         return VKI_ERR_UNSUPPORTED;
@@ -141,8 +153,8 @@ vki_status op_attn_setup(vkd_device *d, const op_attn_shape *s, op_attn *out)
     a.target_groups = cpu ? 32 : 2048;
     a.min_split = cpu ? 64 : 128;
     const struct { vkk_id k; const uint32_t *spec; } all[] = {
-        {kid(&a, VKK_KV_WRITE_F16, VKK_KV_WRITE_F32), a.kvw_spec},
-        {kid(&a, VKK_ATTN_DECODE_F16, VKK_ATTN_DECODE_F32), a.dec_spec},
+        {kid(&a, VKK_KV_WRITE_F16), a.kvw_spec},
+        {kid(&a, VKK_ATTN_DECODE_F16), a.dec_spec},
         {a.pre_kid, a.pre_spec},
         {VKK_ATTN_REDUCE, a.red_spec},
     };
@@ -155,9 +167,10 @@ vki_status op_attn_setup(vkd_device *d, const op_attn_shape *s, op_attn *out)
 
 uint32_t op_attn_max_items(const op_attn *a, uint32_t max_seqs, uint32_t max_tokens)
 {
-    /* decode: one split per sequence plus at most target_groups more (see pick_split), one
-     * reduce entry per sequence; prefill: one block per pre_nq tokens plus one per sequence. */
-    uint64_t n = 3ull * max_seqs + max_tokens / a->pre_nq + a->target_groups;
+    /* decode: one split per key range of a sequence (window, sink) plus at most target_groups
+     * more (see pick_split), one reduce entry per sequence; prefill: one block per pre_nq tokens
+     * plus one per sequence. */
+    uint64_t n = 4ull * max_seqs + max_tokens / a->pre_nq + a->target_groups;
     return n > UINT32_MAX ? UINT32_MAX : (uint32_t)n;
 }
 
@@ -182,6 +195,24 @@ static uint32_t pick_split(const op_attn *a, uint64_t dec_keys)
 
 static uint32_t ceil_div(uint32_t a, uint32_t b) { return (uint32_t)(((uint64_t)a + b - 1) / b); }
 
+/* The keys a one-token sequence's query sees: [*s0, *s1) (the sink; empty when the window
+ * reaches it) and [*w0, n_ctx) (the window). */
+static void visible_keys(const op_attn *a, uint32_t n_ctx, uint32_t *s0, uint32_t *s1, uint32_t *w0)
+{
+    uint32_t lo = a->s.window && n_ctx > a->s.window ? n_ctx - a->s.window : 0;
+    if (a->s.sink >= lo) /* the sink reaches the window: one range, all keys */
+        lo = 0;
+    *s0 = 0, *s1 = lo ? a->s.sink : 0, *w0 = lo;
+}
+
+/* Decode splits of one sequence for split length c. */
+static uint32_t n_splits(const op_attn *a, uint32_t n_ctx, uint32_t c)
+{
+    uint32_t s0, s1, w0;
+    visible_keys(a, n_ctx, &s0, &s1, &w0);
+    return ceil_div(s1 - s0, c) + ceil_div(n_ctx - w0, c);
+}
+
 /* Counts items for split length c; false when they exceed cap. */
 static bool count_items(const op_attn *a, const vki_seq_info *seqs, uint32_t n_seqs, uint32_t c, uint32_t cap,
                         op_attn_plan *p)
@@ -189,7 +220,7 @@ static bool count_items(const op_attn *a, const vki_seq_info *seqs, uint32_t n_s
     uint64_t dec = 0, red = 0, pre = 0, slots = 0;
     for (uint32_t i = 0; i < n_seqs; i++) {
         if (seqs[i].n_new == 1) {
-            uint32_t n = ceil_div(seqs[i].n_ctx, c);
+            uint32_t n = n_splits(a, seqs[i].n_ctx, c);
             dec += n;
             red += n > 1;
             slots += n > 1 ? n : 0;
@@ -204,6 +235,14 @@ static bool count_items(const op_attn *a, const vki_seq_info *seqs, uint32_t n_s
     return true;
 }
 
+/* Splits of keys [k0, k1) of sequence i, each written to a partial slot unless `final`. */
+static void split_range(vki_attn_item *items, uint32_t *di, uint32_t i, uint32_t k0, uint32_t k1, uint32_t c,
+                        bool final, uint32_t *slot)
+{
+    for (; k0 < k1; k0 = k1 - k0 > c ? k0 + c : k1)
+        items[(*di)++] = (vki_attn_item){i, k0, k1 - k0 > c ? k0 + c : k1, final ? VKI_ATTN_FINAL : (*slot)++};
+}
+
 static void fill_items(const op_attn *a, const vki_seq_info *seqs, uint32_t n_seqs, const op_attn_plan *p,
                        vki_attn_item *items)
 {
@@ -211,13 +250,12 @@ static void fill_items(const op_attn *a, const vki_seq_info *seqs, uint32_t n_se
     for (uint32_t i = 0; i < n_seqs; i++) {
         const vki_seq_info *s = &seqs[i];
         if (s->n_new == 1) {
-            uint32_t n = ceil_div(s->n_ctx, p->split);
+            uint32_t n = n_splits(a, s->n_ctx, p->split), s0, s1, w0;
+            visible_keys(a, s->n_ctx, &s0, &s1, &w0);
             if (n > 1)
                 items[ri++] = (vki_attn_item){i, slot, n, 0};
-            for (uint32_t k = 0; k < n; k++) {
-                uint32_t k0 = k * p->split, k1 = s->n_ctx - k0 > p->split ? k0 + p->split : s->n_ctx;
-                items[di++] = (vki_attn_item){i, k0, k1, n > 1 ? slot++ : VKI_ATTN_FINAL};
-            }
+            split_range(items, &di, i, s0, s1, p->split, n == 1, &slot);
+            split_range(items, &di, i, w0, s->n_ctx, p->split, n == 1, &slot);
         } else {
             for (uint32_t q0 = 0; q0 < s->n_new; q0 += a->pre_nq) {
                 uint32_t nq = s->n_new - q0 < a->pre_nq ? s->n_new - q0 : a->pre_nq;
@@ -238,8 +276,11 @@ vki_status op_attn_plan_build(const op_attn *a, const vki_seq_info *seqs, uint32
         const vki_seq_info *s = &seqs[i];
         if (!s->n_new || s->n_new > s->n_ctx || (uint64_t)s->row0 + s->n_new > tokens)
             return VKI_ERR_INVALID_ARG;
-        if (s->n_new == 1)
-            dec_keys += s->n_ctx;
+        if (s->n_new == 1) {
+            uint32_t s0, s1, w0;
+            visible_keys(a, s->n_ctx, &s0, &s1, &w0);
+            dec_keys += (s1 - s0) + (s->n_ctx - w0);
+        }
         max_ctx = s->n_ctx > max_ctx ? s->n_ctx : max_ctx;
     }
     if (tokens >= UINT32_MAX)
@@ -283,9 +324,11 @@ vki_status op_kv_write(vkd_cmd *c, const op_attn *a, const op_attn_step *st, op_
                           .page_size = a->s.page_size, .k_off = k.off, .k_stride = k.stride,
                           .v_off = v.off, .v_stride = v.stride};
     vkd_view b[8] = {k.v, v.v, st->tok_pos, st->tok_seq, st->seq_info, st->page_table, k_pool, v_pool};
-    uint32_t groups = vkk_groups((uint64_t)n * row / 8, KVW_WG);
-    return vkk_dispatch(c, kid(a, VKK_KV_WRITE_F16, VKK_KV_WRITE_F32), a->kvw_spec, b, 8, &pc, sizeof pc,
-                        groups < 65535 ? groups : 65535, 1, 1);
+    /* an invocation per 8-dim chunk (Q8_0: per pair of 32-value blocks) */
+    uint64_t per_row = a->s.kv_type == VKI_GGML_Q8_0 ? a->s.n_kv_heads * VKI_KV_Q8_DW(a->s.head_dim) : row / 8;
+    uint32_t groups = vkk_groups((uint64_t)n * per_row, KVW_WG);
+    return vkk_dispatch(c, kid(a, VKK_KV_WRITE_F16), a->kvw_spec, b, 8, &pc, sizeof pc, groups < 65535 ? groups : 65535,
+                        1, 1);
 }
 
 vki_status op_attention(vkd_cmd *c, const op_attn *a, const op_attn_step *st, op_mat q, op_mat out,
@@ -298,15 +341,19 @@ vki_status op_attention(vkd_cmd *c, const op_attn *a, const op_attn_step *st, op
     if (!step_ok(st) || !op_mat_fits(q, p->n_tokens, row) || !op_mat_fits(out, p->n_tokens, row) ||
         op_view_floats(scratch) * 4 < op_attn_scratch_bytes(a, p->n_slots))
         return bad(c, "attention");
+    const float log2e = 1.4426950408889634f;
+    bool cap = a->s.softcap > 0;
     vki_pc_attn pc = {.n_heads = a->s.n_heads, .n_kv_heads = a->s.n_kv_heads, .head_dim = a->s.head_dim,
                       .page_size = a->s.page_size, .q_off = q.off, .q_stride = q.stride, .o_off = out.off,
-                      .o_stride = out.stride, .scale_log2e = a->s.scale * 1.4426950408889634f};
+                      .o_stride = out.stride, .q_scale = cap ? a->s.scale : a->s.scale * log2e,
+                      .inv_softcap = cap ? 1.0f / a->s.softcap : 0.0f, .softcap_log2e = a->s.softcap * log2e,
+                      .window = a->s.window, .sink = a->s.sink};
     vki_status s = VKI_OK;
     if (p->n_dec) {
         pc.gw = a->dec_gw, pc.n_hblocks = a->dec_nhb, pc.item_off = 0, pc.n_items = p->n_dec;
         vkd_view b[8] = {q.v, k_pool, v_pool, st->seq_info, st->page_table, st->items, out.v, scratch};
-        s = vkk_dispatch(c, kid(a, VKK_ATTN_DECODE_F16, VKK_ATTN_DECODE_F32), a->dec_spec, b, 8, &pc, sizeof pc,
-                         p->n_dec, a->s.n_kv_heads * a->dec_nhb, 1);
+        s = vkk_dispatch(c, kid(a, VKK_ATTN_DECODE_F16), a->dec_spec, b, 8, &pc, sizeof pc, p->n_dec,
+                         a->s.n_kv_heads * a->dec_nhb, 1);
     }
     if (s == VKI_OK && p->n_pre) {
         pc.gw = a->pre_gw, pc.n_hblocks = a->pre_nhb, pc.item_off = p->n_dec + p->n_red, pc.n_items = p->n_pre;

@@ -18,10 +18,16 @@
 
 typedef struct op_attn_shape {
     uint32_t n_heads, n_kv_heads; /* n_heads % n_kv_heads == 0 (GQA; MQA: n_kv_heads = 1) */
-    uint32_t head_dim;            /* multiple of 8, 8..256 */
+    uint32_t head_dim;            /* multiple of 8, 8..256 (Q8_0: of 32) */
     uint32_t page_size;           /* tokens per page (default 16) */
-    uint32_t kv_type;             /* VKI_GGML_F16 (the engine default) or VKI_GGML_F32 (= 0) */
+    uint32_t kv_type;             /* VKI_GGML_F16 (the engine default), VKI_GGML_F32 (= 0) or
+                                     VKI_GGML_Q8_0 */
     float scale;                  /* softmax scale; 0 = 1/sqrt(head_dim) */
+    float softcap;                /* attention logit soft-cap c: score = c tanh(score / c)
+                                     (gemma 2: 50); 0 = none */
+    uint32_t window;              /* keys a query sees, its own included (sliding window); 0 = all */
+    uint32_t sink;                /* with a window: leading keys every query also sees (the
+                                     attention sink of a capped window); 0 = none */
 } op_attn_shape;
 
 /* Plain data filled by op_attn_setup (no device objects: copy freely, nothing to free). */
@@ -46,8 +52,9 @@ typedef struct op_attn {
  * FP32 kernel. */
 vki_status op_attn_setup(vkd_device *d, const op_attn_shape *s, op_attn *out);
 
-/* Bytes of one page of one pool (K or V) and the most pages one pool may hold so that it stays
- * one storage binding (maxStorageBufferRange) and one allocation. */
+/* Bytes of one page of one pool (K or V; Q8_0: both planes and padding, vki_shared.h) and the
+ * most pages one pool may hold so that it stays one storage binding (maxStorageBufferRange) and
+ * one allocation. */
 uint64_t op_kv_page_bytes(const op_attn_shape *s);
 uint32_t op_kv_max_pages(const vkd_device *d, const op_attn_shape *s);
 
@@ -59,15 +66,17 @@ typedef struct op_attn_plan {
     uint32_t split;              /* decode split length chosen (keys) */
 } op_attn_plan;
 
-/* Upper bound of items for any step of at most max_seqs sequences and max_tokens new tokens:
- * size the items buffer (16 bytes each) and the partials scratch with it. */
+/* Upper bound of items for any step of at most max_seqs sequences and max_tokens new tokens
+ * (automatic split length): size the items buffer (16 bytes each) and the partials scratch. */
 uint32_t op_attn_max_items(const op_attn *a, uint32_t max_seqs, uint32_t max_tokens);
 /* Scratch bytes for n_slots partial slots (op_attn_max_items slots always suffice). */
 uint64_t op_attn_scratch_bytes(const op_attn *a, uint32_t n_slots);
 
 /* Builds the step's work list from its sequences into items[cap]. Each sequence needs
- * 1 <= n_new <= n_ctx and rows row0 .. row0 + n_new - 1 < sum of n_new. VKI_ERR_INVALID_ARG
- * (nothing useful written) on a bad sequence or when cap is too small. */
+ * 1 <= n_new <= n_ctx and rows row0 .. row0 + n_new - 1 < sum of n_new. Decode splits cover only
+ * the keys the query sees (the window [n_ctx - window, n_ctx) and the sink [0, sink)), so decode
+ * reads O(window) keys however long the sequence. VKI_ERR_INVALID_ARG (nothing useful written)
+ * on a bad sequence or when cap is too small. */
 vki_status op_attn_plan_build(const op_attn *a, const vki_seq_info *seqs, uint32_t n_seqs,
                               vki_attn_item *items, uint32_t cap, op_attn_plan *plan);
 

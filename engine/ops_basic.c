@@ -46,7 +46,8 @@ vki_status op_basic_prepare(vkd_device *d)
 {
     uint32_t elem = ELEM_WG, row = row_wg(d);
     const struct { vkk_id k; uint32_t wg; } all[] = {
-        {VKK_ADD, elem}, {VKK_SWIGLU, elem}, {VKK_ROPE, elem}, {VKK_RMSNORM, row}, {VKK_SOFTMAX, row},
+        {VKK_ADD, elem}, {VKK_GLU, elem}, {VKK_ROPE, elem}, {VKK_RMSNORM, row}, {VKK_SOFTMAX, row},
+        {VKK_UNARY, elem},
     };
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) {
         vki_status st = vkk_prepare(d, all[i].k, &all[i].wg);
@@ -125,18 +126,32 @@ void op_rope_freqs(double base, double freq_scale, const float *factors, uint32_
     }
 }
 
-vki_status op_swiglu(vkd_cmd *c, op_mat g, op_mat u, op_mat y, uint32_t n_rows, uint32_t n_cols)
+vki_status op_glu(vkd_cmd *c, uint32_t act, op_mat g, op_mat u, op_mat y, uint32_t n_rows, uint32_t n_cols)
 {
     if (!n_rows || !n_cols)
         return VKI_OK;
     if (!op_mat_fits(g, n_rows, n_cols) || !op_mat_fits(u, n_rows, n_cols) || !op_mat_fits(y, n_rows, n_cols) ||
-        (uint64_t)n_rows * n_cols >= (1ull << 32))
-        return bad(c, "swiglu");
-    vki_pc_swiglu pc = {.n_rows = n_rows, .n_cols = n_cols, .g_off = g.off, .g_stride = g.stride,
-                        .u_off = u.off, .u_stride = u.stride, .y_off = y.off, .y_stride = y.stride};
+        (uint64_t)n_rows * n_cols >= (1ull << 32) || (act != VKI_GLU_SILU && act != VKI_GLU_GELU_TANH))
+        return bad(c, "glu");
+    vki_pc_glu pc = {.n_rows = n_rows, .n_cols = n_cols, .g_off = g.off, .g_stride = g.stride, .u_off = u.off,
+                     .u_stride = u.stride, .y_off = y.off, .y_stride = y.stride, .act = act};
     vkd_view v[3] = {g.v, u.v, y.v};
     uint32_t wg = ELEM_WG;
-    return vkk_dispatch(c, VKK_SWIGLU, &wg, v, 3, &pc, sizeof pc, elem_groups((uint64_t)n_rows * n_cols), 1, 1);
+    return vkk_dispatch(c, VKK_GLU, &wg, v, 3, &pc, sizeof pc, elem_groups((uint64_t)n_rows * n_cols), 1, 1);
+}
+
+vki_status op_unary(vkd_cmd *c, uint32_t op, float a, op_mat x, op_mat y, uint32_t n_rows, uint32_t n_cols)
+{
+    if (!n_rows || !n_cols)
+        return VKI_OK;
+    if (!op_mat_fits(x, n_rows, n_cols) || !op_mat_fits(y, n_rows, n_cols) || (uint64_t)n_rows * n_cols >= (1ull << 32) ||
+        !isfinite(a) || (op != VKI_UNARY_SCALE && op != VKI_UNARY_SOFTCAP) || (op == VKI_UNARY_SOFTCAP && !(a > 0)))
+        return bad(c, "unary");
+    vki_pc_unary pc = {.n_rows = n_rows, .n_cols = n_cols, .x_off = x.off, .x_stride = x.stride, .y_off = y.off,
+                       .y_stride = y.stride, .op = op, .a = a};
+    vkd_view v[2] = {x.v, y.v};
+    uint32_t wg = ELEM_WG;
+    return vkk_dispatch(c, VKK_UNARY, &wg, v, 2, &pc, sizeof pc, elem_groups((uint64_t)n_rows * n_cols), 1, 1);
 }
 
 vki_status op_softmax(vkd_cmd *c, op_mat x, op_mat y, uint32_t n_rows, uint32_t n_cols, float scale)

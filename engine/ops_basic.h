@@ -1,5 +1,5 @@
 /* Recording the row-norm and elementwise kernels: residual add, RMSNorm, RoPE (normal and NeoX),
- * SwiGLU, row softmax. Each op_* records one dispatch into a command buffer being recorded and
+ * SwiGLU / GeGLU, row softmax, scale / soft-cap. Each op_* records one dispatch into a command buffer being recorded and
  * returns VKI_ERR_INVALID_ARG (recording nothing) when a shape does not fit its bindings. No
  * barrier is recorded: the caller puts vkd_barrier() between dependent ops. Empty shapes
  * (0 rows or columns) record nothing and return VKI_OK. */
@@ -59,8 +59,13 @@ vki_status op_rope(vkd_cmd *c, const op_rope_p *p, op_mat x, op_mat y, vkd_view 
  * out[4i + 3] = 0. out: float[2 * n_rot]. Computed once per model; upload it with vkd_upload. */
 void op_rope_freqs(double base, double freq_scale, const float *factors, uint32_t n_rot, float *out);
 
-/* y[r, c] = silu(g[r, c]) * u[r, c] (y may be g or u). */
-vki_status op_swiglu(vkd_cmd *c, op_mat g, op_mat u, op_mat y, uint32_t n_rows, uint32_t n_cols);
+/* y[r, c] = act(g[r, c]) * u[r, c] (y may be g or u); act = VKI_GLU_SILU (SwiGLU) or
+ * VKI_GLU_GELU_TANH (GeGLU with the tanh-approximate GELU), see vki_shared.h. */
+vki_status op_glu(vkd_cmd *c, uint32_t act, op_mat g, op_mat u, op_mat y, uint32_t n_rows, uint32_t n_cols);
+
+/* y[r, c] = a * x[r, c] (VKI_UNARY_SCALE) or a * tanh(x[r, c] / a) (VKI_UNARY_SOFTCAP, a > 0);
+ * y may be x. a must be finite. */
+vki_status op_unary(vkd_cmd *c, uint32_t op, float a, op_mat x, op_mat y, uint32_t n_rows, uint32_t n_cols);
 
 /* y[r, :] = softmax(scale * x[r, :]), scale > 0 (y may be x). -inf entries give 0 and an all
  * -inf row gives zeros. */

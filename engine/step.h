@@ -9,13 +9,18 @@
 
 #include "vkinfer.h"
 
+/* A page-table entry for a released page (sliding windows; see vki_step_seq.pages). */
+#define VKI_PAGE_NONE UINT32_MAX
+
 typedef struct vki_step_seq {
     uint32_t slot;            /* sequence slot < engine max_seqs: indexes per-sequence device state */
     uint32_t pos0;            /* position of the first new token; KV already holds [0, pos0) */
     uint32_t n_new;           /* new tokens this step: 1 for decode, up to a chunk for prefill */
     const int32_t *tokens;    /* [n_new] token ids */
     uint32_t n_pages;         /* page-table length, >= ceil((pos0 + n_new) / page_size) */
-    const uint32_t *pages;    /* [n_pages] physical KV page ids, in position order */
+    const uint32_t *pages;    /* [n_pages] physical KV page ids, in position order; VKI_PAGE_NONE
+                                 for a page released because no layer's window sees it any more
+                                 (the engine refuses a plan where a query could) */
     bool want_token;          /* sample a token after the last new token (last prefill chunk or
                                  decode); false for a non-final prefill chunk */
     /* sampling (only when want_token): see the sampling issue; NULL params = greedy */

@@ -103,11 +103,17 @@ static const synth_preset_def synth_presets[] = {
     {"tinyllama", "llama", 22, 2048, 32, 4, 0, 5632, 32000, 2048, 10000.0f, 1e-5f, false, SYNTH_Q4_K_M},
     {"1b", "llama", 16, 2048, 32, 8, 64, 8192, 128256, 8192, 500000.0f, 1e-5f, true, SYNTH_Q4_K_M},
     {"qwen2-1.5b", "qwen2", 28, 1536, 12, 2, 128, 8960, 151936, 32768, 1000000.0f, 1e-6f, true, SYNTH_Q4_K_M},
+    /* the shapes of Qwen3-0.6B, gemma-2-2b, gemma-3-1b-pt and Phi-3-mini-4k (their config.json) */
+    {"qwen3-0.6b", "qwen3", 28, 1024, 16, 8, 128, 3072, 151936, 40960, 1000000.0f, 1e-6f, true, SYNTH_Q4_K_M},
+    {"gemma2-2b", "gemma2", 26, 2304, 8, 4, 256, 9216, 256000, 8192, 10000.0f, 1e-6f, true, SYNTH_Q4_K_M},
+    {"gemma3-1b", "gemma3", 26, 1152, 4, 1, 256, 6912, 262144, 32768, 1000000.0f, 1e-6f, true, SYNTH_Q4_K_M},
+    {"phi3-mini", "phi3", 32, 3072, 32, 32, 96, 8192, 32064, 4096, 10000.0f, 1e-5f, false, SYNTH_Q4_K_M},
 };
 
 const char *const *synth_preset_names(void)
 {
-    static const char *const names[] = {"tiny", "small", "qwen2-small", "tinyllama", "1b", "qwen2-1.5b", NULL};
+    static const char *const names[] = {"tiny", "small", "qwen2-small", "tinyllama", "1b", "qwen2-1.5b",
+                                        "qwen3-0.6b", "gemma2-2b", "gemma3-1b", "phi3-mini", NULL};
     _Static_assert(sizeof names / sizeof names[0] == sizeof synth_presets / sizeof synth_presets[0] + 1, "presets");
     return names;
 }
@@ -122,9 +128,50 @@ vki_status synth_preset(const char *name, synth_params *p)
         p->n_head_kv = d->n_head_kv, p->head_dim = d->head_dim, p->d_ff = d->d_ff, p->n_vocab = d->n_vocab;
         p->n_ctx = d->n_ctx, p->rope_base = d->rope_base, p->rms_eps = d->rms_eps, p->tied = d->tied;
         p->wtype = d->wtype;
+        synth_arch_defaults(p);
+        if (!strcmp(name, "gemma3-1b"))
+            p->sliding_window = 512; /* gemma-3-1b's window; the larger gemma 3 models have 1024 */
         return VKI_OK;
     }
     return VKI_ERR_NOT_FOUND;
+}
+
+/* ---- architectures --------------------------------------------------------------------------- */
+
+/* What the writer adds per architecture (llama.cpp's tensor names, HF's default values). */
+typedef struct synth_arch {
+    const char *name;
+    bool qkv_bias, qk_norm, post_norms, fused; /* fused: phi3's attn_qkv and gate|up ffn_up */
+    uint32_t window;                           /* sliding window of the released models */
+    float attn_softcap, final_softcap;
+} synth_arch;
+
+static const synth_arch synth_archs[] = {
+    {"llama", false, false, false, false, 0, 0, 0},
+    {"qwen2", true, false, false, false, 0, 0, 0},
+    {"qwen3", false, true, false, false, 0, 0, 0},
+    {"gemma2", false, false, true, false, 4096, 50.0f, 30.0f},
+    {"gemma3", false, true, true, false, 1024, 0, 0},
+    {"phi3", false, false, false, true, 2047, 0, 0},
+};
+
+static const synth_arch *find_arch(const char *name)
+{
+    for (size_t i = 0; name && i < sizeof synth_archs / sizeof synth_archs[0]; i++)
+        if (!strcmp(synth_archs[i].name, name))
+            return &synth_archs[i];
+    return NULL;
+}
+
+vki_status synth_arch_defaults(synth_params *p)
+{
+    const synth_arch *a = find_arch(p->arch);
+    if (!a)
+        return VKI_ERR_NOT_FOUND;
+    p->sliding_window = a->window;
+    p->attn_softcap = a->attn_softcap;
+    p->final_softcap = a->final_softcap;
+    return VKI_OK;
 }
 
 /* ---- tensor types ---------------------------------------------------------------------------- */
@@ -206,11 +253,12 @@ uint32_t synth_weight_type(const synth_params *p, const char *role, uint32_t lay
 
 /* ---- the tensor list ------------------------------------------------------------------------- */
 
-typedef enum synth_init { SYNTH_INIT_WEIGHT, SYNTH_INIT_NORM, SYNTH_INIT_BIAS } synth_init;
+/* FACTOR: 1 + |N(0, std)|, positive like LongRoPE's frequency factors */
+typedef enum synth_init { SYNTH_INIT_WEIGHT, SYNTH_INIT_NORM, SYNTH_INIT_BIAS, SYNTH_INIT_FACTOR } synth_init;
 
 typedef struct synth_tensor {
     char name[64];
-    char role[16];
+    char role[24];
     uint32_t layer;
     uint32_t n_dims;
     uint64_t ne[2];      /* ggml order: ne[0] = row length (fan-in), ne[1] = rows */
@@ -275,37 +323,58 @@ static void add_tensor(synth_ctx *c, const char *role, int layer, const char *su
     t->type = init == SYNTH_INIT_WEIGHT ? synth_weight_type(c->p, role, t->layer, ne0, true) : VKI_GGML_F32;
 }
 
-static vki_status build_tensors(synth_ctx *c)
+/* One layer's tensors, in llama.cpp's order and names for the architecture. */
+static void add_layer(synth_ctx *c, const synth_arch *a, int l)
 {
     const synth_params *p = c->p;
     uint64_t d = p->d_model, q = (uint64_t)p->n_head * c->head_dim, kv = (uint64_t)p->n_head_kv * c->head_dim;
-    bool bias = !strcmp(p->arch, "qwen2");
-    c->t = calloc(3 + (size_t)p->n_layer * 12, sizeof *c->t);
+    float in_std = 1.0f / sqrtf((float)d), resid = 1.0f / sqrtf(2.0f * (float)p->n_layer);
+    add_tensor(c, "attn_norm", l, "weight", 1, d, 1, SYNTH_INIT_NORM, 0.1f);
+    if (a->fused) {
+        add_tensor(c, "attn_qkv", l, "weight", 2, d, q + 2 * kv, SYNTH_INIT_WEIGHT, in_std);
+    } else {
+        const char *roles[3] = {"attn_q", "attn_k", "attn_v"};
+        for (int i = 0; i < 3; i++) {
+            add_tensor(c, roles[i], l, "weight", 2, d, i ? kv : q, SYNTH_INIT_WEIGHT, in_std);
+            if (a->qkv_bias)
+                add_tensor(c, roles[i], l, "bias", 1, i ? kv : q, 1, SYNTH_INIT_BIAS, 0.1f);
+        }
+    }
+    if (a->qk_norm) {
+        add_tensor(c, "attn_q_norm", l, "weight", 1, c->head_dim, 1, SYNTH_INIT_NORM, 0.1f);
+        add_tensor(c, "attn_k_norm", l, "weight", 1, c->head_dim, 1, SYNTH_INIT_NORM, 0.1f);
+    }
+    add_tensor(c, "attn_output", l, "weight", 2, q, d, SYNTH_INIT_WEIGHT, resid / sqrtf((float)q));
+    if (a->post_norms)
+        add_tensor(c, "post_attention_norm", l, "weight", 1, d, 1, SYNTH_INIT_NORM, 0.1f);
+    add_tensor(c, "ffn_norm", l, "weight", 1, d, 1, SYNTH_INIT_NORM, 0.1f);
+    if (!a->fused)
+        add_tensor(c, "ffn_gate", l, "weight", 2, d, p->d_ff, SYNTH_INIT_WEIGHT, in_std);
+    add_tensor(c, "ffn_up", l, "weight", 2, d, a->fused ? 2ull * p->d_ff : p->d_ff, SYNTH_INIT_WEIGHT, in_std);
+    add_tensor(c, "ffn_down", l, "weight", 2, p->d_ff, d, SYNTH_INIT_WEIGHT, resid / sqrtf((float)p->d_ff));
+    if (a->post_norms)
+        add_tensor(c, "post_ffw_norm", l, "weight", 1, d, 1, SYNTH_INIT_NORM, 0.1f);
+}
+
+static vki_status build_tensors(synth_ctx *c)
+{
+    const synth_params *p = c->p;
+    const synth_arch *a = find_arch(p->arch);
+    uint64_t d = p->d_model;
+    c->t = calloc(5 + (size_t)p->n_layer * 16, sizeof *c->t);
     if (!c->t)
         return synth_fail(c, VKI_ERR_OUT_OF_HOST_MEMORY, "out of memory");
     float head_std = 3.0f / sqrtf((float)d); /* logits ~ N(0, 9): a clear argmax */
-    float resid = 1.0f / sqrtf(2.0f * (float)p->n_layer);
     add_tensor(c, "token_embd", -1, "weight", 2, d, c->n_vocab, SYNTH_INIT_WEIGHT, head_std);
     add_tensor(c, "output_norm", -1, "weight", 1, d, 1, SYNTH_INIT_NORM, 0.1f);
     if (!p->tied)
         add_tensor(c, "output", -1, "weight", 2, d, c->n_vocab, SYNTH_INIT_WEIGHT, head_std);
-    for (int l = 0; l < (int)p->n_layer; l++) {
-        add_tensor(c, "attn_norm", l, "weight", 1, d, 1, SYNTH_INIT_NORM, 0.1f);
-        add_tensor(c, "attn_q", l, "weight", 2, d, q, SYNTH_INIT_WEIGHT, 1.0f / sqrtf((float)d));
-        if (bias)
-            add_tensor(c, "attn_q", l, "bias", 1, q, 1, SYNTH_INIT_BIAS, 0.1f);
-        add_tensor(c, "attn_k", l, "weight", 2, d, kv, SYNTH_INIT_WEIGHT, 1.0f / sqrtf((float)d));
-        if (bias)
-            add_tensor(c, "attn_k", l, "bias", 1, kv, 1, SYNTH_INIT_BIAS, 0.1f);
-        add_tensor(c, "attn_v", l, "weight", 2, d, kv, SYNTH_INIT_WEIGHT, 1.0f / sqrtf((float)d));
-        if (bias)
-            add_tensor(c, "attn_v", l, "bias", 1, kv, 1, SYNTH_INIT_BIAS, 0.1f);
-        add_tensor(c, "attn_output", l, "weight", 2, q, d, SYNTH_INIT_WEIGHT, resid / sqrtf((float)q));
-        add_tensor(c, "ffn_norm", l, "weight", 1, d, 1, SYNTH_INIT_NORM, 0.1f);
-        add_tensor(c, "ffn_gate", l, "weight", 2, d, p->d_ff, SYNTH_INIT_WEIGHT, 1.0f / sqrtf((float)d));
-        add_tensor(c, "ffn_up", l, "weight", 2, d, p->d_ff, SYNTH_INIT_WEIGHT, 1.0f / sqrtf((float)d));
-        add_tensor(c, "ffn_down", l, "weight", 2, p->d_ff, d, SYNTH_INIT_WEIGHT, resid / sqrtf((float)p->d_ff));
+    if (p->n_ctx_orig) { /* LongRoPE: long factors well above 1, short ones near it */
+        add_tensor(c, "rope_factors_long", -1, "weight", 1, c->head_dim / 2, 1, SYNTH_INIT_FACTOR, 4.0f);
+        add_tensor(c, "rope_factors_short", -1, "weight", 1, c->head_dim / 2, 1, SYNTH_INIT_FACTOR, 0.2f);
     }
+    for (int l = 0; l < (int)p->n_layer; l++)
+        add_layer(c, a, l);
     return VKI_OK;
 }
 
@@ -339,8 +408,9 @@ static bool dim_ok(uint32_t v)
 static vki_status validate(synth_ctx *c)
 {
     const synth_params *p = c->p;
-    if (!p->arch || (strcmp(p->arch, "llama") && strcmp(p->arch, "qwen2")))
-        return synth_fail(c, VKI_ERR_INVALID_ARG, "arch '%s': only llama and qwen2 are written", p->arch ? p->arch : "(null)");
+    if (!find_arch(p->arch))
+        return synth_fail(c, VKI_ERR_INVALID_ARG, "arch '%s': llama, qwen2, qwen3, gemma2, gemma3 and phi3 are written",
+                          p->arch ? p->arch : "(null)");
     if (p->n_layer < 1 || p->n_layer > SYNTH_MAX_LAYERS)
         return synth_fail(c, VKI_ERR_INVALID_ARG, "n_layer %u (allowed 1..%d)", p->n_layer, SYNTH_MAX_LAYERS);
     if (!dim_ok(p->d_model) || !dim_ok(p->n_head) || !dim_ok(p->n_head_kv) || !dim_ok(p->d_ff) || !dim_ok(p->n_ctx) ||
@@ -360,6 +430,10 @@ static vki_status validate(synth_ctx *c)
         return synth_fail(c, VKI_ERR_INVALID_ARG, "weight type %d", (int)p->wtype);
     if (!(p->rope_base > 0) || !(p->rms_eps > 0))
         return synth_fail(c, VKI_ERR_INVALID_ARG, "rope_base and rms_eps must be > 0");
+    if (!(p->attn_softcap >= 0) || !(p->final_softcap >= 0) || p->sliding_window > (1u << 24) ||
+        p->n_ctx_orig >= p->n_ctx || (p->n_ctx_orig && strcmp(p->arch, "phi3")))
+        return synth_fail(c, VKI_ERR_INVALID_ARG, "soft-caps must be >= 0, the window <= 2^24, and the LongRoPE "
+                          "original context (phi3 only) below the context");
     if (!p->vocab_from && (p->n_vocab < SYNTH_BYTE_VOCAB || p->n_vocab > 4 * SYNTH_MAX_DIM))
         return synth_fail(c, VKI_ERR_INVALID_ARG, "n_vocab %u (a byte-level vocabulary needs %d..%u)", p->n_vocab,
                           SYNTH_BYTE_VOCAB, 4 * SYNTH_MAX_DIM);
@@ -521,6 +595,17 @@ static vki_status write_metadata(synth_ctx *c, gguf_writer *w)
         SET(gguf_w_set_u32, "%s.attention.value_length", c->head_dim);
     }
     SET(gguf_w_set_u32, "%s.vocab_size", c->n_vocab);
+    if (p->sliding_window || !strcmp(a, "phi3")) /* the phi3 converter writes 0 for "none" */
+        SET(gguf_w_set_u32, "%s.attention.sliding_window", p->sliding_window);
+    if (p->attn_softcap > 0)
+        SET(gguf_w_set_f32, "%s.attn_logit_softcapping", p->attn_softcap);
+    if (p->final_softcap > 0)
+        SET(gguf_w_set_f32, "%s.final_logit_softcapping", p->final_softcap);
+    if (p->n_ctx_orig) { /* Phi3MiniModel's LongRoPE attention factor */
+        double scale = (double)p->n_ctx / p->n_ctx_orig;
+        SET(gguf_w_set_u32, "%s.rope.scaling.original_context_length", p->n_ctx_orig);
+        SET(gguf_w_set_f32, "%s.rope.scaling.attn_factor", (float)sqrt(1 + log(scale) / log((double)p->n_ctx_orig)));
+    }
 #undef SET
     if (st != VKI_OK)
         return synth_fail(c, st, "metadata: %s", gguf_w_error(w));
@@ -556,7 +641,7 @@ static vki_status write_tensor(synth_ctx *c, gguf_writer *w, const synth_tensor 
         uint64_t nr = t->ne[1] - r0 < rows_per ? t->ne[1] - r0 : rows_per;
         for (uint64_t i = 0; i < nr * ne0; i++) {
             float g = synth_gauss(&rng) * t->std;
-            s->f[i] = t->init == SYNTH_INIT_NORM ? 1.0f + g : g;
+            s->f[i] = t->init == SYNTH_INIT_NORM ? 1.0f + g : t->init == SYNTH_INIT_FACTOR ? 1.0f + fabsf(g) : g;
         }
         for (uint64_t r = 0; r < nr; r++)
             quant_row_fast(t->type, s->f + r * ne0, s->q + r * row_bytes, ne0);

@@ -51,7 +51,9 @@ typedef enum synth_wtype {
 } synth_wtype;
 
 typedef struct synth_params {
-    const char *arch;       /* "llama" or "qwen2" (qwen2 gets Q/K/V biases) */
+    const char *arch;       /* "llama", "qwen2" (+ Q/K/V biases), "qwen3" (+ Q/K norms), "gemma2"
+                               (+ post-norms, soft-caps), "gemma3" (+ post-norms, Q/K norms) or "phi3"
+                               (fused attn_qkv and gate|up ffn_up), with llama.cpp's tensor names */
     const char *name;       /* general.name */
     uint32_t n_layer;
     uint32_t d_model;
@@ -70,6 +72,12 @@ typedef struct synth_params {
     bool llama_mix;         /* a plain wtype as llama-quantize's mix of that name (Q2_K: Q3_K for
                                attn_v/attn_output/ffn_down, Q6_K output, ...); implied by mixes */
     uint64_t seed;
+    /* Newer architectures (synth_arch_defaults() gives each its real values): */
+    uint32_t sliding_window;/* <arch>.attention.sliding_window; 0 = not written (no window) */
+    float attn_softcap;     /* gemma2.attn_logit_softcapping; 0 = not written */
+    float final_softcap;    /* gemma2/3 final_logit_softcapping; 0 = not written */
+    uint32_t n_ctx_orig;    /* phi3 LongRoPE: original context < n_ctx; writes rope_factors_long/short
+                               and the converter's attention factor; 0 = none */
     /* Optional: notes (type fallbacks) and progress lines; msg has no newline. */
     void (*log)(void *user, const char *msg);
     void *log_user;
@@ -79,11 +87,17 @@ typedef struct synth_params {
  * context 512, F32. */
 synth_params synth_default_params(void);
 /* Shapes of named presets: "tiny", "small" (llama, d 256, GQA 4), "qwen2-small" (tied, biases),
- * "tinyllama" (1.1B), "1b" (Llama-3.2-1B shape), "qwen2-1.5b" (Qwen2.5-1.5B shape). Only shape
- * fields change (and wtype: Q4_K_M for the large ones). VKI_ERR_NOT_FOUND for an unknown name. */
+ * "tinyllama" (1.1B), "1b" (Llama-3.2-1B shape), "qwen2-1.5b" (Qwen2.5-1.5B shape),
+ * "qwen3-0.6b", "gemma2-2b", "gemma3-1b", "phi3-mini" (Phi-3-mini-4k). Only shape fields
+ * change (with the architecture's window and soft-caps, and wtype: Q4_K_M for the large ones).
+ * VKI_ERR_NOT_FOUND for an unknown name. */
 vki_status synth_preset(const char *name, synth_params *p);
 /* Names of the presets, NULL-terminated. */
 const char *const *synth_preset_names(void);
+
+/* The architecture's own sliding window and soft-caps (gemma2: 4096, 50, 30; phi3: 2047; others
+ * none) into p, for p->arch; VKI_ERR_NOT_FOUND for an unknown architecture. */
+vki_status synth_arch_defaults(synth_params *p);
 
 const char *synth_wtype_name(synth_wtype t); /* "f32", ..., "q4_k_m", "iq4_xs", "q3_k_l" */
 bool synth_wtype_parse(const char *s, synth_wtype *out);

@@ -547,6 +547,9 @@ VKI_API bool vki_text_stream_stopped(const vki_text_stream *s);
 typedef enum vki_kv_type {
     VKI_KV_F16 = 0,                 /* half the memory and bandwidth; the default */
     VKI_KV_F32 = 1,
+    VKI_KV_Q8_0 = 2,                /* ggml's Q8_0 blocks (8-bit, an f16 scale per 32 values):
+                                       1.88x the tokens of F16 in the same memory; needs a head
+                                       dim that is a multiple of 32 */
 } vki_kv_type;
 
 typedef struct vki_engine_params {
@@ -568,13 +571,19 @@ typedef struct vki_engine_params {
      * Chrome trace (open in chrome://tracing or ui.perfetto.dev); each event is named by its
      * kernel and grouped by its debug-label path ("step 12 / layer 3"). NULL = off (default). */
     const char *profile_path;
+    /* Caps every layer's attention window at this many tokens (StreamingLLM style): a query sees
+     * its last max_attention_window positions plus the first KV page (the attention sink), so a
+     * long generation holds bounded KV (pages no layer sees any more go back to the pool while
+     * the sequence runs). Layers with a smaller window of their own (gemma, mistral) keep it.
+     * Changes the model's outputs once a sequence is longer than the window. 0 = off (default) */
+    uint32_t max_attention_window;
 } vki_engine_params;
 
 VKI_API vki_engine_params vki_engine_default_params(void);
 
 typedef struct vki_model_info {
     char name[128];                 /* general.name, or the file name */
-    char arch[16];                  /* "llama", "qwen2" */
+    char arch[16];                  /* "llama", "qwen2", "qwen3", "gemma2", "gemma3", "phi3" */
     char weight_type[16];           /* type of most matrix weights: "q4_k", "f16", ... */
     uint32_t n_vocab, n_layer, d_model, d_ff, n_head, n_head_kv, head_dim;
     uint32_t n_ctx_train;           /* context length in the file */
@@ -584,6 +593,11 @@ typedef struct vki_model_info {
     uint64_t weight_bytes;          /* device memory held by weights */
     uint64_t kv_bytes;              /* device memory held by the KV cache */
     char device[256];
+    char kv_type[8];                /* "f16", "f32", "q8_0" */
+    uint32_t sliding_window;        /* the model's sliding window (its windowed layers); 0 = none */
+    uint32_t kv_window;             /* every layer windowed (the model's, or max_attention_window):
+                                       a sequence keeps the KV of its last kv_window tokens (and the
+                                       first page); 0 = the KV of its whole context */
 } vki_model_info;
 
 /* Opens the device, reads the GGUF, builds the tokenizer, uploads the weights, allocates the KV

@@ -74,6 +74,15 @@ void sched_kv_take(sched_kv *kv, const uint32_t *blocks, uint32_t n);
  * prefix at the same time converge). Returns `b` unchanged when reuse is off. */
 uint32_t sched_kv_seal(sched_kv *kv, uint32_t b, uint32_t parent, const int32_t *tokens);
 
+/* References beyond the first, summed over blocks: what releasing shared blocks while their
+ * sequences run (sliding windows) takes back from the reservations (sched.c). O(1). */
+uint64_t sched_kv_shared(const sched_kv *kv);
+
+/* Block tables release blocks before their sequences end (sliding windows): a block in use may
+ * then outlive its evicted parent (it only becomes unreachable for prefix lookups), which
+ * sched_kv_check otherwise reports. */
+void sched_kv_set_windowed(sched_kv *kv);
+
 bool sched_kv_is_sealed(const sched_kv *kv, uint32_t b);
 uint32_t sched_kv_ref(const sched_kv *kv, uint32_t b);
 void sched_kv_get_stats(const sched_kv *kv, sched_kv_stats *st);

@@ -17,6 +17,7 @@ struct sched {
     sched_params p;
     uint32_t max_running;     /* min(max_seqs, max_batch_size) */
     uint32_t max_seq_blocks;  /* ceil(max_ctx / block_size): longest block table */
+    uint32_t sink_blocks;     /* leading blocks the window never releases (kv_sink) */
     sched_kv *kv;
     sched_seq **heap;         /* [heap_cap] wait queue */
     uint32_t n_heap, heap_cap;
@@ -42,6 +43,52 @@ static uint32_t blocks_for(const sched *s, uint64_t n_tokens)
 }
 
 static uint32_t min_u32(uint32_t a, uint32_t b) { return a < b ? a : b; }
+
+_Static_assert(SCHED_KV_NONE == VKI_PAGE_NONE, "a released table entry is the engine's released page");
+
+/* Blocks a sequence of `cap` tokens may hold at once. Without windows: the KV of cap - 1 tokens.
+ * With windows, during a step of n <= min(chunk, budget) new tokens from position c it holds the
+ * sink's blocks and those from the first block its window sees (or the last sealed one, the next
+ * seal's parent) up to c + n: at most ceil((n + window - 1) / B) + 2 of them (misalignment at
+ * both ends). O(1). */
+static uint32_t seq_need(const sched *s, uint64_t cap)
+{
+    uint32_t all = blocks_for(s, cap - 1);
+    if (!s->p.kv_window)
+        return all;
+    uint64_t n = min_u32(s->p.chunk_size, s->p.max_num_tokens);
+    uint64_t win = s->sink_blocks + blocks_for(s, n + s->p.kv_window - 1) + 2ull;
+    return win < all ? (uint32_t)win : all;
+}
+
+static uint32_t live_blocks(const sched_seq *q) { return q->n_held - q->n_dropped; }
+
+/* What GUARANTEED_NO_EVICT and STATIC keep allocatable: every running sequence's way to its
+ * peak, plus with windows one block per reference beyond the first of a shared block (released
+ * mid-run, it stays in use by the others while its releaser may grow again). O(1). */
+static uint64_t reserved_total(const sched *s)
+{
+    return s->reserved + (s->p.kv_window ? sched_kv_shared(s->kv) : 0);
+}
+
+/* Releases the blocks of q's table no query of it will see again: wholly before the window of
+ * its next position (n_computed) and past the sink; with reuse the last sealed block stays (it
+ * is the parent the next seal links to). O(blocks released). */
+static void drop_out_of_window(sched *s, sched_seq *q)
+{
+    if (!s->p.kv_window)
+        return;
+    uint64_t lo = (uint64_t)q->n_computed + 1 > s->p.kv_window ? (uint64_t)q->n_computed + 1 - s->p.kv_window : 0;
+    uint64_t limit = lo / s->p.block_size;
+    if (s->p.block_reuse && limit + 1 > q->n_sealed)
+        limit = q->n_sealed ? q->n_sealed - 1 : 0;
+    for (; q->drop_next < limit && q->drop_next < q->n_held; q->drop_next++) {
+        sched_kv_release(s->kv, &q->blocks[q->drop_next], 1);
+        q->blocks[q->drop_next] = SCHED_KV_NONE;
+        q->n_dropped++;
+        s->reserved++; /* need_total - live grew by one */
+    }
+}
 
 static bool in_context(const sched_seq *q) { return q->n_computed < q->ctx_end; }
 
@@ -161,9 +208,14 @@ static void run_unlink(sched *s, sched_seq *q)
 /* Returns a running sequence's blocks (sealed ones stay cached) and slot. O(blocks held). */
 static void drop_running(sched *s, sched_seq *q)
 {
-    sched_kv_release(s->kv, q->blocks, q->n_held);
-    s->reserved -= q->need_total - q->n_held;
-    q->n_held = q->n_sealed = q->n_computed = 0;
+    /* the live entries: [0, n_held), or with released ones in the middle the window's part and
+     * then the sink's (each call releases its deepest block first) */
+    uint32_t from = q->n_dropped ? q->drop_next : 0;
+    sched_kv_release(s->kv, q->blocks + from, q->n_held - from);
+    if (q->n_dropped)
+        sched_kv_release(s->kv, q->blocks, min_u32(s->sink_blocks, q->n_held));
+    s->reserved -= q->need_total - live_blocks(q);
+    q->n_held = q->n_sealed = q->n_computed = q->n_dropped = 0;
     q->n_new = 0;
     s->free_slots[s->n_free_slots++] = q->slot;
     q->slot = UINT32_MAX;
@@ -214,11 +266,14 @@ vki_status sched_create(const sched_params *p, sched **out)
     s->p = *p;
     s->max_running = p->max_batch_size ? min_u32(p->max_seqs, p->max_batch_size) : p->max_seqs;
     s->max_seq_blocks = blocks_for(s, p->max_ctx);
+    s->sink_blocks = p->kv_window ? blocks_for(s, p->kv_sink) : 0;
     vki_status st = sched_kv_create(p->n_blocks, p->block_size, p->block_reuse, &s->kv);
     if (st != VKI_OK) {
         free(s);
         return st;
     }
+    if (p->kv_window)
+        sched_kv_set_windowed(s->kv);
     s->free_slots = malloc((size_t)p->max_seqs * sizeof *s->free_slots);
     s->plan_seqs = calloc(s->max_running, sizeof *s->plan_seqs);
     s->plan_ptrs = calloc(s->max_running, sizeof *s->plan_ptrs);
@@ -263,9 +318,9 @@ vki_status sched_validate(const sched *s, uint32_t n_prompt, uint32_t max_new, c
     } else if (cap > s->p.max_ctx) {
         snprintf(msg, msg_cap, "max_new_tokens: n_prompt %u + max_new_tokens %u exceeds the model context %u",
                  n_prompt, max_new, s->p.max_ctx);
-    } else if (blocks_for(s, cap - 1) > s->p.n_blocks) {
+    } else if (seq_need(s, cap) > s->p.n_blocks) {
         snprintf(msg, msg_cap, "max_new_tokens: n_prompt %u + max_new_tokens %u needs %u KV blocks, the pool has %u",
-                 n_prompt, max_new, blocks_for(s, cap - 1), s->p.n_blocks);
+                 n_prompt, max_new, seq_need(s, cap), s->p.n_blocks);
     } else {
         return VKI_OK;
     }
@@ -281,7 +336,7 @@ vki_status sched_add(sched *s, const sched_add_args *a, sched_seq **out)
     if (s->p.max_queue && s->n_heap >= s->p.max_queue)
         return VKI_RETRY_QUEUE_FULL;
     uint32_t cap = a->n_prompt + a->max_new; /* <= max_ctx: no overflow */
-    uint32_t need = blocks_for(s, cap - 1);
+    uint32_t need = seq_need(s, cap);
     /* STATIC pads members in place to the batch's longest: room for max_ctx up front */
     uint32_t alloc_cap = s->p.policy == VKI_POLICY_STATIC ? s->p.max_ctx : cap;
     uint32_t alloc_need = blocks_for(s, alloc_cap);
@@ -422,7 +477,7 @@ typedef struct admit_state {
 static uint32_t static_padded_need(const sched *s, uint32_t max_prompt, uint32_t max_new)
 {
     uint64_t cap = (uint64_t)max_prompt + max_new;
-    return blocks_for(s, (cap < s->p.max_ctx ? cap : s->p.max_ctx) - 1);
+    return seq_need(s, cap < s->p.max_ctx ? cap : s->p.max_ctx);
 }
 
 /* STATIC, once the batch is formed: every member's capacity and reservation padded to the
@@ -435,27 +490,55 @@ static void static_pad_batch(sched *s, const admit_state *a)
     for (sched_seq *q = s->run_head; q; q = q->run_next) {
         if (padded <= q->cap)
             continue;
-        uint32_t need = blocks_for(s, padded - 1);
+        uint32_t need = seq_need(s, padded);
         s->reserved += need - q->need_total;
         q->need_total = need;
         q->cap = padded;
     }
 }
 
-/* Whether q may start with `n` tokens after matching `m` cached blocks (`m_cached` of them with
- * ref 0, which taking removes from the allocatable pool). O(1). */
-static bool admission_fits(const sched *s, const sched_seq *q, uint32_t m, uint32_t m_cached, uint32_t n,
-                           admit_state *a)
+/* The part of a matched prefix of m blocks a sequence takes: all of it, or with windows the
+ * sink's blocks [0, sink) and those its first query sees [first, m) (the entries between are
+ * released from the start). t blocks in all, t_cached of them with ref 0 (taking them removes
+ * them from the allocatable pool). O(m). */
+typedef struct prefix_take {
+    uint32_t m, sink, first, t, t_cached;
+} prefix_take;
+
+static prefix_take plan_take(const sched *s, uint32_t m)
+{
+    prefix_take pt = {.m = m, .sink = min_u32(s->sink_blocks, m), .first = 0};
+    if (s->p.kv_window) {
+        uint64_t c = (uint64_t)m * s->p.block_size, w = s->p.kv_window;
+        uint64_t first = (c + 1 > w ? c + 1 - w : 0) / s->p.block_size;
+        if (s->p.block_reuse && m && first > m - 1)
+            first = m - 1; /* the last matched block is the next seal's parent */
+        pt.first = (uint32_t)first;
+    }
+    if (pt.first < pt.sink)
+        pt.first = pt.sink;
+    pt.t = pt.sink + (m - pt.first);
+    for (uint32_t i = 0; i < m; i++)
+        if ((i < pt.sink || i >= pt.first) && sched_kv_ref(s->kv, s->match[i]) == 0)
+            pt.t_cached++;
+    return pt;
+}
+
+/* Whether q may start with `n` tokens after matching the blocks of pt. O(1). */
+static bool admission_fits(const sched *s, const sched_seq *q, const prefix_take *pt, uint32_t n, admit_state *a)
 {
     uint64_t avail = sched_kv_avail(s->kv);
     switch (s->p.policy) {
     case VKI_POLICY_GUARANTEED_NO_EVICT: {
-        /* every block q may need to completion, except matched blocks others already hold */
-        uint64_t need = q->need_total - (m - m_cached);
-        return avail >= s->reserved && need <= avail - s->reserved;
+        /* every block q may hold to completion, except taken blocks others already hold; with
+         * windows those are released while still shared (each such release leaves q a block to
+         * allocate again), so they are not discounted and shared references stay reserved */
+        uint64_t res = reserved_total(s);
+        uint64_t need = q->need_total - (s->p.kv_window ? 0 : pt->t - pt->t_cached);
+        return avail >= res && need <= avail - res;
     }
     case VKI_POLICY_MAX_UTILIZATION:
-        return n > 0 && (uint64_t)blocks_for(s, (uint64_t)m * s->p.block_size + n) - m + m_cached <= avail;
+        return n > 0 && (uint64_t)blocks_for(s, (uint64_t)pt->m * s->p.block_size + n) - pt->m + pt->t_cached <= avail;
     case VKI_POLICY_STATIC: {
         /* padded to the longest: every member may run to the longest prompt + max_new */
         uint32_t mp = q->n_prompt > a->max_prompt ? q->n_prompt : a->max_prompt;
@@ -470,24 +553,30 @@ static bool admission_fits(const sched *s, const sched_seq *q, uint32_t m, uint3
     return false;
 }
 
-/* Starts q: takes its matched prefix, a slot, and blocks for its first chunk of n tokens. */
-static vki_status admit_seq(sched *s, sched_seq *q, uint32_t m, uint32_t n)
+/* Starts q: takes its matched prefix (the part pt keeps), a slot, and blocks for its first chunk
+ * of n tokens. */
+static vki_status admit_seq(sched *s, sched_seq *q, const prefix_take *pt, uint32_t n)
 {
     heap_remove(s, q);
     if (q->paused) {
         q->paused = false;
         s->n_paused_waiting--;
     }
-    sched_kv_take(s->kv, s->match, m);
-    memcpy(q->blocks, s->match, (size_t)m * sizeof *q->blocks);
-    q->n_held = q->n_sealed = m;
-    q->n_computed = m * s->p.block_size;
+    sched_kv_take(s->kv, s->match, pt->sink);
+    sched_kv_take(s->kv, s->match + pt->first, pt->m - pt->first);
+    memcpy(q->blocks, s->match, (size_t)pt->m * sizeof *q->blocks);
+    for (uint32_t i = pt->sink; i < pt->first; i++)
+        q->blocks[i] = SCHED_KV_NONE;
+    q->n_held = q->n_sealed = pt->m;
+    q->n_dropped = pt->first - pt->sink;
+    q->drop_next = pt->first > s->sink_blocks ? pt->first : s->sink_blocks;
+    q->n_computed = pt->m * s->p.block_size;
     q->ctx_end = q->n_tokens;
     s->reused_tokens += q->n_computed;
     q->slot = s->free_slots[--s->n_free_slots];
     q->state = SCHED_RUNNING;
     run_append(s, q);
-    s->reserved += q->need_total - m;
+    s->reserved += q->need_total - pt->t;
     q->n_new = n;
     return grow_blocks(s, q, q->n_computed + n) ? VKI_OK : VKI_ERR_INTERNAL;
 }
@@ -507,11 +596,12 @@ static vki_status admit_waiting(sched *s, admit_state *a, uint32_t *n_admitted)
         uint32_t m_cached;
         /* at least the last known token is computed, so the step yields logits */
         uint32_t m = sched_kv_lookup(s->kv, q->tokens, (q->n_tokens - 1) / s->p.block_size, s->match, &m_cached);
+        prefix_take pt = plan_take(s, m);
         uint32_t left = q->n_tokens - m * s->p.block_size;
         uint32_t n = a->nseq ? min_u32(min_u32(s->p.chunk_size, left), a->tok) : 0;
-        if (!admission_fits(s, q, m, m_cached, n, a))
+        if (!admission_fits(s, q, &pt, n, a))
             break;
-        vki_status st = admit_seq(s, q, m, n);
+        vki_status st = admit_seq(s, q, &pt, n);
         if (st != VKI_OK)
             return st;
         a->tok -= n;
@@ -603,6 +693,7 @@ void sched_commit(sched *s, const sched_tick *t, const vki_step_out *outs)
         q->n_new = 0;
         if (s->p.block_reuse)
             seal_full(s, q);
+        drop_out_of_window(s, q);
         if (e->want_token && k < t->n_sampled) {
             if (q->n_tokens < q->cap)
                 q->tokens[q->n_tokens++] = outs[k].token;
@@ -644,14 +735,22 @@ static vki_status check_running(const sched *s, uint32_t *ref, uint8_t *slot_use
         slot_used[q->slot] = 1;
         CHECK(q->n_computed <= q->n_tokens && q->n_tokens <= q->cap && q->ctx_end <= q->n_tokens,
               "sequence %llu: computed %u, tokens %u, cap %u", (unsigned long long)q->order, q->n_computed, q->n_tokens, q->cap);
-        CHECK(q->n_held <= q->need_total && q->n_held >= blocks_for(s, q->n_computed),
-              "sequence %llu holds %u blocks for %u computed tokens (needs at most %u)", (unsigned long long)q->order,
-              q->n_held, q->n_computed, q->need_total);
+        CHECK(live_blocks(q) <= q->need_total && q->n_held >= blocks_for(s, q->n_computed),
+              "sequence %llu holds %u blocks (%u live) for %u computed tokens (may hold %u)", (unsigned long long)q->order,
+              q->n_held, live_blocks(q), q->n_computed, q->need_total);
         CHECK((uint64_t)q->n_sealed * bs <= q->n_computed && q->n_sealed <= q->n_held, "sequence %llu: %u sealed blocks",
               (unsigned long long)q->order, q->n_sealed);
-        *reserved += q->need_total - q->n_held;
+        *reserved += q->need_total - live_blocks(q);
+        uint32_t dropped = 0;
         for (uint32_t i = 0; i < q->n_held; i++) {
             uint32_t b = q->blocks[i];
+            if (b == SCHED_KV_NONE) { /* released: between the sink and the window, seen by no query */
+                CHECK(s->p.kv_window && i >= s->sink_blocks && i < q->drop_next &&
+                      (uint64_t)(i + 1) * bs + s->p.kv_window <= (uint64_t)q->n_computed + 1,
+                      "sequence %llu released block #%u that its window still sees", (unsigned long long)q->order, i);
+                dropped++;
+                continue;
+            }
             CHECK(b < s->p.n_blocks, "block id %u out of range", b);
             ref[b]++;
             bool full = (uint64_t)(i + 1) * bs <= q->n_computed;
@@ -662,6 +761,8 @@ static vki_status check_running(const sched *s, uint32_t *ref, uint8_t *slot_use
             CHECK(full || (sched_kv_ref(s->kv, b) == 1 && !sched_kv_is_sealed(s->kv, b)),
                   "sequence %llu will write block %u (#%u) which is shared or sealed", (unsigned long long)q->order, b, i);
         }
+        CHECK(dropped == q->n_dropped, "sequence %llu: %u released entries, counter %u", (unsigned long long)q->order,
+              dropped, q->n_dropped);
     }
     CHECK(n == s->n_running && prev == s->run_tail, "running count %u, list has %u", s->n_running, n);
     CHECK(n <= s->max_running, "%u running, max %u", n, s->max_running);
@@ -698,8 +799,8 @@ vki_status sched_check(const sched *s, char *msg, size_t msg_cap)
     CHECK(reserved == s->reserved, "reserved %llu, recomputed %llu", (unsigned long long)s->reserved,
           (unsigned long long)reserved);
     if (s->p.policy != VKI_POLICY_MAX_UTILIZATION)
-        CHECK(sched_kv_avail(s->kv) >= reserved, "%u allocatable blocks < %llu reserved by running sequences",
-              sched_kv_avail(s->kv), (unsigned long long)reserved);
+        CHECK(sched_kv_avail(s->kv) >= reserved_total(s), "%u allocatable blocks < %llu reserved by running sequences",
+              sched_kv_avail(s->kv), (unsigned long long)reserved_total(s));
     st = sched_kv_check(s->kv, ref, msg, msg_cap);
 out:
     free(ref);

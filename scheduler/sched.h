@@ -38,6 +38,13 @@ typedef struct sched_params {
     uint32_t chunk_size;      /* prefill chunk, a multiple of block_size */
     uint32_t max_queue;       /* queued (never admitted) sequences; 0 = unbounded */
     bool block_reuse;
+    /* Sliding windows on every layer (engine kv_window / kv_sink): a query at position p sees
+     * only positions > p - kv_window and < kv_sink, so a running sequence releases each block
+     * that lies wholly before its next query's window (and past the sink) at commit. Its table
+     * keeps SCHED_KV_NONE there (= VKI_PAGE_NONE for the engine), and what it may hold at once
+     * (need_total) is bounded by the window instead of its length. kv_window 0 = no release. */
+    uint32_t kv_window;
+    uint32_t kv_sink;
 } sched_params;
 
 typedef enum sched_state { SCHED_QUEUED = 0, SCHED_RUNNING = 1 } sched_state;
@@ -58,10 +65,14 @@ struct sched_seq {
     uint32_t n_tokens;        /* prompt + generated so far */
     uint32_t n_computed;      /* the KV holds positions [0, n_computed) */
     uint32_t ctx_end;         /* context phase until n_computed reaches it */
-    uint32_t *blocks;         /* [max_blocks] block table, position order */
-    uint32_t n_held;          /* blocks in the table */
+    uint32_t *blocks;         /* [max_blocks] block table, position order; SCHED_KV_NONE for the
+                                 released entries [sink blocks, drop_next) */
+    uint32_t n_held;          /* entries in the table (released ones included) */
+    uint32_t n_dropped;       /* entries released by the window: n_held - n_dropped blocks are live */
+    uint32_t drop_next;       /* first table entry the window has not released (>= sink blocks) */
     uint32_t n_sealed;        /* leading blocks sealed for reuse */
-    uint32_t need_total;      /* blocks it may need until it finishes: KV of cap - 1 tokens */
+    uint32_t need_total;      /* most blocks it may hold at once until it finishes: the KV of cap - 1
+                                 tokens, or with windows what the window keeps (sched.c seq_need) */
     uint32_t slot;            /* backend slot while RUNNING */
     uint32_t n_pauses;
     bool ghost;               /* STATIC padding member (see above); user is NULL */

@@ -1,26 +1,51 @@
 // Paged KV pool access shared by kv_write and the attention kernels (layout: vki_shared.h).
-// A chunk is 8 consecutive dims of one K or V row: one uvec4 of packed halves (KV_F16) or two
-// vec4 (F32). Chunk index of (page, kv head, slot, c):
-//     ((page * n_kv_heads + kvh) * page_size + slot) * (head_dim / 8) + c
-// Indices fit 32 bits because one pool is one binding (<= 4 GiB = 2^28 chunks of 16 bytes).
-#ifdef KV_F16
+// A chunk is 8 consecutive dims of one K or V row. Rows of a page: rip = kv_head * page_size +
+// slot, KV_ROWS_PP of them per page (the including shader has a push block `p` with
+// n_kv_heads and page_size). KV_LOAD(arr, page, rip, c, hd, lo, hi) reads chunk c of row rip of
+// page `page` into two vec4:
+//   KV_F16: one uvec4 of packed halves per chunk;  KV_F32: two vec4;
+//   KV_Q8_0: two words of int8 in the qs plane times the block's f16 scale from the d plane.
+// Indices fit 32 bits because one pool is one binding (<= 4 GiB).
+#define KV_ROWS_PP (p.n_kv_heads * p.page_size)
+
+#if defined(KV_F16)
 #define KV_T uvec4
-#define KV_LOAD(arr, ci, lo, hi)                                                              \
+#define KV_LOAD(arr, page, rip, c, hd, lo, hi)                                                \
     {                                                                                         \
-        uvec4 u_ = arr[ci];                                                                   \
+        uvec4 u_ = arr[((page) * KV_ROWS_PP + (rip)) * ((hd) / 8u) + (c)];                    \
         lo = vec4(unpackHalf2x16(u_.x), unpackHalf2x16(u_.y));                                \
         hi = vec4(unpackHalf2x16(u_.z), unpackHalf2x16(u_.w));                                \
     }
+#elif defined(KV_Q8_0)
+#define KV_T uint
+ivec4 kv_i8x4(uint w)
+{
+    int s = int(w);
+    return ivec4(bitfieldExtract(s, 0, 8), bitfieldExtract(s, 8, 8), bitfieldExtract(s, 16, 8), bitfieldExtract(s, 24, 8));
+}
+// First word of page `page`'s qs plane, and the first word of its d plane relative to it.
+#define KV_Q8_PAGE(page, hd) ((page) * VKI_KV_Q8_PAGE_WORDS(KV_ROWS_PP, hd))
+#define KV_Q8_DPLANE(hd) (KV_ROWS_PP * ((hd) / 4u))
+#define KV_LOAD(arr, page, rip, c, hd, lo, hi)                                                \
+    {                                                                                         \
+        uint pb_ = KV_Q8_PAGE(page, hd), qw_ = pb_ + ((rip) * (hd) + 8u * (c)) / 4u;           \
+        uint dw_ = arr[pb_ + KV_Q8_DPLANE(hd) + (rip) * VKI_KV_Q8_DW(hd) + (c) / 8u];         \
+        float d_ = unpackHalf2x16(((c) & 4u) != 0u ? dw_ >> 16 : dw_).x;                      \
+        lo = d_ * vec4(kv_i8x4(arr[qw_]));                                                    \
+        hi = d_ * vec4(kv_i8x4(arr[qw_ + 1u]));                                               \
+    }
 #else
 #define KV_T vec4
-#define KV_LOAD(arr, ci, lo, hi)                                                              \
+#define KV_LOAD(arr, page, rip, c, hd, lo, hi)                                                \
     {                                                                                         \
-        lo = arr[2u * (ci)];                                                                  \
-        hi = arr[2u * (ci) + 1u];                                                             \
+        uint ci_ = ((page) * KV_ROWS_PP + (rip)) * ((hd) / 8u) + (c);                         \
+        lo = arr[2u * ci_];                                                                   \
+        hi = arr[2u * ci_ + 1u];                                                              \
     }
 #endif
 
 #define NEG_INF uintBitsToFloat(0xff800000u)
 
-// Chunk index of dims [8c, 8c + 8) of position pos's row for kv head kvh, through the page table.
-#define KV_ROW_CHUNK(page, kvh, slot, n_kv, page_size, d8) ((((page) * (n_kv) + (kvh)) * (page_size) + (slot)) * (d8))
+// Soft-capped score in the log2 domain (see vki_pc_attn): s is q.k with q pre-scaled. |z| >= 9
+// is +-1 to float precision; the clamp keeps tanh away from inf / inf.
+#define ATTN_SCORE(s) (p.inv_softcap > 0.0 ? p.softcap_log2e * tanh(clamp((s) * p.inv_softcap, -9.0, 9.0)) : (s))

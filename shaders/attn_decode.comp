@@ -15,7 +15,9 @@
 // softmax update of the group's own (max, sum, acc) in registers. At the end key groups merge
 // by shuffles within the subgroup, subgroups one after another through shared memory, and the
 // split writes its output (the whole context) or an unnormalised partial for attn_reduce.
-// Scores are in the log2 domain: q is pre-scaled by scale * log2(e) and p = exp2(s - max).
+// Scores are in the log2 domain: q is pre-scaled by scale * log2(e) and p = exp2(s - max)
+// (soft-capped models: q by scale, the cap's tanh then times log2(e)). A split only ever holds
+// keys its query sees: the host plans splits over the window and the sink (op_attn_plan_build).
 layout(local_size_x_id = 0) in;
 layout(constant_id = 0) const uint WG = 128;
 layout(constant_id = 1) const uint HD = 128; // head dim, multiple of 8
@@ -26,7 +28,7 @@ const uint NC = D8 / L;                      // chunks per lane
 
 layout(push_constant) uniform PushBlock { vki_pc_attn p; };
 layout(std430, binding = 0) readonly buffer Q { float q[]; };             // f32 rows: [q_off + t * q_stride + h * HD + d]
-layout(std430, binding = 1) readonly buffer KP { KV_T kpool[]; };         // K[page][kv_head][slot][HD]
+layout(std430, binding = 1) readonly buffer KP { KV_T kpool[]; };         // K[page][kv_head][slot][HD] (Q8_0: two planes)
 layout(std430, binding = 2) readonly buffer VP { KV_T vpool[]; };         // V, same layout
 layout(std430, binding = 3) readonly buffer SI { vki_seq_info seqs[]; };  // [n_seqs]
 layout(std430, binding = 4) readonly buffer PT { uint page_table[]; };    // u32 page ids
@@ -54,7 +56,7 @@ void load_queries(uint t, uint h0, uint gn)
 {
     for (uint i = gl_LocalInvocationID.x; i < GMAX * HD / 4; i += WG) {
         uint g = i / (HD / 4), qb = p.q_off + t * p.q_stride + (h0 + g) * HD + 4 * (i % (HD / 4));
-        qs[i] = g < gn ? p.scale_log2e * vec4(q[qb], q[qb + 1], q[qb + 2], q[qb + 3]) : vec4(0.0);
+        qs[i] = g < gn ? p.q_scale * vec4(q[qb], q[qb + 1], q[qb + 2], q[qb + 3]) : vec4(0.0);
     }
 }
 
@@ -69,12 +71,11 @@ void attend(vki_seq_info sq, uint kvh, uint k0, uint k1, uint gn)
         uint j = k0 + iter * n_kg + kg;
         bool valid = j < k1;
         uint jj = valid ? j : k1 - 1;
-        uint page = page_table[sq.pt_off + jj / p.page_size];
-        uint rb = KV_ROW_CHUNK(page, kvh, jj % p.page_size, p.n_kv_heads, p.page_size, D8);
+        uint page = page_table[sq.pt_off + jj / p.page_size], rip = kvh * p.page_size + jj % p.page_size;
         vec4 kv[2 * NC], vv[2 * NC];
         [[unroll]] for (uint ch = 0; ch < NC; ch++) {
-            KV_LOAD(kpool, rb + c + ch * L, kv[2 * ch], kv[2 * ch + 1]);
-            KV_LOAD(vpool, rb + c + ch * L, vv[2 * ch], vv[2 * ch + 1]);
+            KV_LOAD(kpool, page, rip, c + ch * L, HD, kv[2 * ch], kv[2 * ch + 1]);
+            KV_LOAD(vpool, page, rip, c + ch * L, HD, vv[2 * ch], vv[2 * ch + 1]);
         }
         [[unroll]] for (uint g = 0; g < GMAX; g++) {
             if (g >= gn) // uniform
@@ -84,7 +85,7 @@ void attend(vki_seq_info sq, uint kvh, uint k0, uint k1, uint gn)
                 uint qi = g * (HD / 4) + 2 * (c + ch * L);
                 s += dot(kv[2 * ch], qs[qi]) + dot(kv[2 * ch + 1], qs[qi + 1]);
             }
-            s = lane_sum(s);
+            s = ATTN_SCORE(lane_sum(s));
             if (valid) {
                 if (s > m[g]) { // new running max: rescale what was summed so far
                     float a = exp2(m[g] - s);

@@ -28,7 +28,7 @@ const uint SS = BC + 1;                      // padded row stride of ss in float
 
 layout(push_constant) uniform PushBlock { vki_pc_attn p; };
 layout(std430, binding = 0) readonly buffer Q { float q[]; };             // f32 rows: [q_off + t * q_stride + h * HD + d]
-layout(std430, binding = 1) readonly buffer KP { KV_T kpool[]; };         // K[page][kv_head][slot][HD]
+layout(std430, binding = 1) readonly buffer KP { KV_T kpool[]; };         // K[page][kv_head][slot][HD] (Q8_0: two planes)
 layout(std430, binding = 2) readonly buffer VP { KV_T vpool[]; };         // V, same layout
 layout(std430, binding = 3) readonly buffer SI { vki_seq_info seqs[]; };  // [n_seqs]
 layout(std430, binding = 4) readonly buffer PT { uint page_table[]; };    // u32 page ids
@@ -41,19 +41,19 @@ shared float ss[BR * SS];  // scores, then probabilities
 shared float alpha_s[BR];  // per-row rescale of O for this tile
 shared float lsum_s[BR];   // final row sums
 
-// K or V tile of keys [k0, k0 + BC) into kvs; keys >= kend read as zero.
-void load_tile(bool is_k, uint k0, uint kend, uint pt_off, uint kvh)
+// K or V tile of keys [k0, k0 + BC) into kvs; keys no row sees (>= kend, or before the first
+// row's window and past the sink: their page may have been released) read as zero.
+void load_tile(bool is_k, uint k0, uint kend, uint lo0, uint pt_off, uint kvh)
 {
     for (uint i = gl_LocalInvocationID.x; i < BC * (HD / 8); i += WG) {
         uint kk = i / (HD / 8), ch = i % (HD / 8), j = k0 + kk;
         vec4 lo = vec4(0.0), hi = vec4(0.0);
-        if (j < kend) {
-            uint page = page_table[pt_off + j / p.page_size];
-            uint ci = KV_ROW_CHUNK(page, kvh, j % p.page_size, p.n_kv_heads, p.page_size, HD / 8) + ch;
+        if (j < kend && (j >= lo0 || j < p.sink)) {
+            uint page = page_table[pt_off + j / p.page_size], rip = kvh * p.page_size + j % p.page_size;
             if (is_k)
-                KV_LOAD(kpool, ci, lo, hi)
+                KV_LOAD(kpool, page, rip, ch, HD, lo, hi)
             else
-                KV_LOAD(vpool, ci, lo, hi)
+                KV_LOAD(vpool, page, rip, ch, HD, lo, hi)
         }
         kvs[kk * RS + 2 * ch] = lo;
         kvs[kk * RS + 2 * ch + 1] = hi;
@@ -77,13 +77,16 @@ void load_queries()
         vec4 v = vec4(0.0);
         if (row_valid(r)) {
             uint qb = p.q_off + (sq.row0 + q0 + r / p.gw) * p.q_stride + (h0 + r % p.gw) * HD + 4 * d4;
-            v = p.scale_log2e * vec4(q[qb], q[qb + 1], q[qb + 2], q[qb + 3]);
+            v = p.q_scale * vec4(q[qb], q[qb + 1], q[qb + 2], q[qb + 3]);
         }
         qs[r * RS + d4] = v;
     }
 }
 
-// ss = Q K^T for keys k0 .. k0 + BC, -inf where masked (causal, padding rows).
+// Whether the query at position pr sees key j: causal, inside the window or the sink.
+bool visible(uint j, uint pr) { return j <= pr && (p.window == 0u || pr - j < p.window || j < p.sink); }
+
+// ss = Q K^T for keys k0 .. k0 + BC, -inf where masked (causal, window, padding rows).
 void scores(uint k0)
 {
     float sc[SR][SC];
@@ -105,7 +108,7 @@ void scores(uint k0)
         bool ok = row_valid(r);
         [[unroll]] for (uint b = 0; b < SC; b++) {
             uint j = k0 + tc + 8 * b;
-            ss[r * SS + tc + 8 * b] = ok && j <= pos0 + r / p.gw ? sc[a][b] : NEG_INF;
+            ss[r * SS + tc + 8 * b] = ok && visible(j, pos0 + r / p.gw) ? ATTN_SCORE(sc[a][b]) : NEG_INF;
         }
     }
 }
@@ -175,13 +178,18 @@ void main()
             acc[a][e] = 0.0;
     load_queries();
 
-    for (uint k0 = 0; k0 < kend; k0 += BC) {
-        load_tile(true, k0, kend, sq.pt_off, kvh);
+    // Tiles: the sink's, then from the first tile the block's first row sees in its window (later
+    // rows see later keys); the tiles between are invisible to every row and skipped, so a
+    // windowed block reads O(window + nq) keys, not O(position). Uniform: every invocation agrees.
+    uint lo0 = p.window != 0u && pos0 + 1u > p.window ? pos0 + 1u - p.window : 0u;
+    uint wstart = lo0 / BC * BC, send = min((p.sink + BC - 1u) / BC * BC, wstart);
+    for (uint k0 = send > 0u ? 0u : wstart; k0 < kend; k0 = k0 + BC == send ? wstart : k0 + BC) {
+        load_tile(true, k0, kend, lo0, sq.pt_off, kvh);
         barrier();
         scores(k0);
         barrier();
         softmax_tile();
-        load_tile(false, k0, kend, sq.pt_off, kvh); // K is no longer read: S is in ss
+        load_tile(false, k0, kend, lo0, sq.pt_off, kvh); // K is no longer read: S is in ss
         barrier();
         accumulate();
         barrier(); // kvs and ss are rewritten by the next tile

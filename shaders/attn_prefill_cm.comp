@@ -21,8 +21,9 @@
 // for four barriers and (BR + BC) * HDP shared-memory fragment loads per subgroup-tile).
 //
 // Head dims are padded with zeros to HDP, a multiple of the fragment sides (8-dim models run
-// 16-dim products). Future KV types plug into KV_LOAD (attn_common.glsl); a sliding window is a
-// lower bound in visible() and a later first tile in main().
+// 16-dim products). KV types come through KV_LOAD (attn_common.glsl: F16, F32, Q8_0); the
+// sliding window and its sink bound visible(), and main() skips the tiles no row sees, as in
+// attn_prefill.comp; gemma 2's soft-cap applies to the F32 scores (ATTN_SCORE).
 layout(local_size_x_id = 0) in;
 layout(constant_id = 0) const uint WG = 128;  // BR * TPR invocations, whole subgroups
 layout(constant_id = 1) const uint HDP = 128; // head dim padded to a multiple of CM_K and CM_N
@@ -61,9 +62,8 @@ float acc[ODT];          // O[sr][sp + TPR * e]
 
 bool row_valid(uint r) { return r / p.gw < nq && r % p.gw < gn; }
 
-// Whether the query at position pr sees key j: causal (a window / sink bound joins here, and the
-// tile loop in main() then skips the tiles no row sees).
-bool visible(uint j, uint pr) { return j <= pr; }
+// Whether the query at position pr sees key j: causal, inside the window or the sink.
+bool visible(uint j, uint pr) { return j <= pr && (p.window == 0u || pr - j < p.window || j < p.sink); }
 
 void load_queries()
 {
@@ -72,27 +72,28 @@ void load_queries()
         vec4 v = vec4(0.0);
         if (row_valid(r) && d < p.head_dim) {
             uint qb = p.q_off + (sq.row0 + q0 + r / p.gw) * p.q_stride + (h0 + r % p.gw) * p.head_dim + d;
-            v = p.scale_log2e * vec4(q[qb], q[qb + 1u], q[qb + 2u], q[qb + 3u]);
+            v = p.q_scale * vec4(q[qb], q[qb + 1u], q[qb + 2u], q[qb + 3u]);
         }
         [[unroll]] for (uint c = 0u; c < 4u; c++)
             qs[r * QST + d + c] = float16_t(v[c]);
     }
 }
 
-// K or V tile of keys [k0, k0 + BC) into kvs as F16; keys >= kend and dims >= head_dim are 0.
-void load_tile(bool is_k, uint k0, uint kend)
+// K or V tile of keys [k0, k0 + BC) into kvs as F16; keys no row sees (>= kend, or before the
+// first row's window lo0 and past the sink: their page may have been released) and dims >=
+// head_dim are 0.
+void load_tile(bool is_k, uint k0, uint kend, uint lo0)
 {
     const uint d8 = p.head_dim / 8u;
     for (uint i = gl_LocalInvocationID.x; i < BC * (HDP / 8u); i += WG) {
         uint kk = i / (HDP / 8u), ch = i % (HDP / 8u), j = k0 + kk;
         vec4 lo = vec4(0.0), hi = vec4(0.0);
-        if (j < kend && ch < d8) {
-            uint page = page_table[sq.pt_off + j / p.page_size];
-            uint ci = KV_ROW_CHUNK(page, kvh, j % p.page_size, p.n_kv_heads, p.page_size, d8) + ch;
+        if (j < kend && (j >= lo0 || j < p.sink) && ch < d8) {
+            uint page = page_table[sq.pt_off + j / p.page_size], rip = kvh * p.page_size + j % p.page_size;
             if (is_k)
-                KV_LOAD(kpool, ci, lo, hi)
+                KV_LOAD(kpool, page, rip, ch, p.head_dim, lo, hi)
             else
-                KV_LOAD(vpool, ci, lo, hi)
+                KV_LOAD(vpool, page, rip, ch, p.head_dim, lo, hi)
         }
         [[unroll]] for (uint c = 0u; c < 4u; c++) {
             kvs[kk * QST + 8u * ch + c] = float16_t(lo[c]);
@@ -127,14 +128,14 @@ void softmax_tile(uint k0)
     const uint pr = pos0 + sr / p.gw;
     float mt = NEG_INF;
     for (uint b = sp; b < BC; b += TPR)
-        mt = ok && visible(k0 + b, pr) ? max(mt, ss[sr * SST + b]) : mt;
+        mt = ok && visible(k0 + b, pr) ? max(mt, ATTN_SCORE(ss[sr * SST + b])) : mt;
     [[unroll]] for (uint off = 1u; off < TPR; off <<= 1)
         mt = max(mt, subgroupShuffleXor(mt, off));
     float mn = max(row_m, mt);
     alpha = mn == NEG_INF ? 1.0 : exp2(row_m - mn);
     float sum = 0.0;
     for (uint b = sp; b < BC; b += TPR) {
-        float16_t pb = float16_t(ok && visible(k0 + b, pr) ? exp2(ss[sr * SST + b] - mn) : 0.0);
+        float16_t pb = float16_t(ok && visible(k0 + b, pr) ? exp2(ATTN_SCORE(ss[sr * SST + b]) - mn) : 0.0);
         ps[sr * PST + b] = pb;
         sum += float(pb);
     }
@@ -180,13 +181,16 @@ void main()
         acc[e] = 0.0;
     load_queries();
 
-    for (uint k0 = 0u; k0 < kend; k0 += BC) {
-        load_tile(true, k0, kend);
+    // the sink's tiles, then from the first tile the block's first row sees (attn_prefill.comp)
+    uint lo0 = p.window != 0u && pos0 + 1u > p.window ? pos0 + 1u - p.window : 0u;
+    uint wstart = lo0 / BC * BC, send = min((p.sink + BC - 1u) / BC * BC, wstart);
+    for (uint k0 = send > 0u ? 0u : wstart; k0 < kend; k0 = k0 + BC == send ? wstart : k0 + BC) {
+        load_tile(true, k0, kend, lo0);
         barrier();
         scores();
         barrier();
         softmax_tile(k0);
-        load_tile(false, k0, kend); // K is no longer read: S is in ss
+        load_tile(false, k0, kend, lo0); // K is no longer read: S is in ss
         barrier();
         pv();
         barrier();

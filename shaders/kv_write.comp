@@ -3,9 +3,11 @@
 #include "common.glsl"
 #include "attn_common.glsl"
 // Writes the step's new K and V rows into their pages: one invocation per (token, kv head,
-// 8-dim chunk), grid-stride. Memory-bound and small (2 * n_tokens * n_kv * head_dim values).
-// F16 pools round to nearest even in integer arithmetic, bit-exact with quant_f32_to_f16 on
-// every device (GLSL's packHalf2x16 leaves the rounding mode to the implementation).
+// 8-dim chunk) (Q8_0: per pair of 32-value blocks, whose two f16 scales share a word),
+// grid-stride. Memory-bound and small (2 * n_tokens * n_kv * head_dim values). F16 values and
+// Q8_0 scales round to nearest even in integer arithmetic, bit-exact with quant_f32_to_f16 on
+// every device (GLSL's packHalf2x16 leaves the rounding mode to the implementation); Q8_0
+// quantises as ggml's quantize_row_q8_0_ref (and engine/quant.c) does, bit for bit.
 layout(local_size_x_id = 0) in;
 layout(push_constant) uniform PushBlock { vki_pc_kv_write p; };
 layout(std430, binding = 0) readonly buffer KA { float k_act[]; };         // f32 rows: [k_off + t * k_stride + h * head_dim + d]
@@ -14,10 +16,10 @@ layout(std430, binding = 2) readonly buffer TP { uint tok_pos[]; };        // u3
 layout(std430, binding = 3) readonly buffer TS { uint tok_seq[]; };        // u32 [n_tokens]
 layout(std430, binding = 4) readonly buffer SI { vki_seq_info seqs[]; };   // [n_seqs]
 layout(std430, binding = 5) readonly buffer PT { uint page_table[]; };     // u32 page ids
-layout(std430, binding = 6) writeonly buffer KP { KV_T kpool[]; };         // K[page][kv_head][slot][head_dim]
+layout(std430, binding = 6) writeonly buffer KP { KV_T kpool[]; };         // K[page][kv_head][slot][head_dim] (Q8_0: two planes)
 layout(std430, binding = 7) writeonly buffer VP { KV_T vpool[]; };         // V, same layout
 
-#ifdef KV_F16
+#if defined(KV_F16) || defined(KV_Q8_0)
 uint half_rne(float f)
 {
     uint x = floatBitsToUint(f);
@@ -42,7 +44,9 @@ uint half_rne(float f)
     r += 0xfffu + ((r >> 13) & 1u);
     return sign | (r >> 13);
 }
+#endif
 
+#ifdef KV_F16
 uvec4 pack8(vec4 a, vec4 b)
 {
     return uvec4(half_rne(a.x) | (half_rne(a.y) << 16), half_rne(a.z) | (half_rne(a.w) << 16),
@@ -50,26 +54,83 @@ uvec4 pack8(vec4 a, vec4 b)
 }
 #endif
 
+float act_at(uint i, bool is_k) { return is_k ? k_act[i] : v_act[i]; }
+
 vec4 load4(uint base, bool is_k)
 {
-    return is_k ? vec4(k_act[base], k_act[base + 1], k_act[base + 2], k_act[base + 3])
-                : vec4(v_act[base], v_act[base + 1], v_act[base + 2], v_act[base + 3]);
+    return vec4(act_at(base, is_k), act_at(base + 1, is_k), act_at(base + 2, is_k), act_at(base + 3, is_k));
 }
+
+#ifdef KV_Q8_0
+// roundf: to nearest, halves away from zero (v - trunc(v) is exact for |v| <= 127.5)
+int round_away(float v)
+{
+    float t = trunc(v);
+    return int(abs(v - t) >= 0.5 ? t + sign(v) : t);
+}
+
+// Quantises block `b` (32 values from act index base) into its 8 qs words; returns its f16 scale.
+uint quant_block(uint base, bool is_k, uint qw)
+{
+    float amax = 0.0;
+    for (uint i = 0; i < 32u; i++)
+        amax = max(amax, abs(act_at(base + i, is_k)));
+    float d = amax / 127.0, id = d != 0.0 ? 1.0 / d : 0.0;
+    for (uint w = 0; w < 8u; w++) {
+        uint word = 0u;
+        for (uint e = 0; e < 4u; e++)
+            word |= (uint(round_away(act_at(base + 4u * w + e, is_k) * id)) & 0xffu) << (8u * e);
+        if (is_k)
+            kpool[qw + w] = word;
+        else
+            vpool[qw + w] = word;
+    }
+    return half_rne(d);
+}
+
+// Blocks 2 bp and 2 bp + 1 of row rip of page `page` (the second may not exist).
+void write_q8(uint page, uint rip, uint bp, uint kb, uint vb)
+{
+    uint hd = p.head_dim, nb = hd / 32u, pb = KV_Q8_PAGE(page, hd);
+    uint dw = pb + KV_Q8_DPLANE(hd) + rip * VKI_KV_Q8_DW(hd) + bp;
+    for (int kv = 0; kv < 2; kv++) {
+        bool is_k = kv == 0;
+        uint base = is_k ? kb : vb, word = 0u;
+        for (uint j = 0; j < 2u && 2u * bp + j < nb; j++) {
+            uint b = 2u * bp + j;
+            word |= quant_block(base + 32u * b, is_k, pb + (rip * hd + 32u * b) / 4u) << (16u * j);
+        }
+        if (is_k)
+            kpool[dw] = word;
+        else
+            vpool[dw] = word;
+    }
+}
+#endif
 
 void main()
 {
-    uint d8 = p.head_dim / 8;
-    uint n = p.n_tokens * p.n_kv_heads * d8;
+#ifdef KV_Q8_0
+    uint per_row = VKI_KV_Q8_DW(p.head_dim); // pairs of blocks
+#else
+    uint per_row = p.head_dim / 8;           // chunks
+#endif
+    uint n = p.n_tokens * p.n_kv_heads * per_row;
     uint stride = gl_NumWorkGroups.x * gl_WorkGroupSize.x;
     for (uint idx = gl_GlobalInvocationID.x; idx < n; idx += stride) {
-        uint c = idx % d8, th = idx / d8;
+        uint c = idx % per_row, th = idx / per_row;
         uint h = th % p.n_kv_heads, t = th / p.n_kv_heads;
         uint pos = tok_pos[t];
-        uint page = page_table[seqs[tok_seq[t]].pt_off + pos / p.page_size];
-        uint ci = KV_ROW_CHUNK(page, h, pos % p.page_size, p.n_kv_heads, p.page_size, d8) + c;
-        uint kb = p.k_off + t * p.k_stride + h * p.head_dim + 8 * c;
-        uint vb = p.v_off + t * p.v_stride + h * p.head_dim + 8 * c;
-#ifdef KV_F16
+        uint page = page_table[seqs[tok_seq[t]].pt_off + pos / p.page_size], rip = h * p.page_size + pos % p.page_size;
+        uint kb = p.k_off + t * p.k_stride + h * p.head_dim;
+        uint vb = p.v_off + t * p.v_stride + h * p.head_dim;
+#if defined(KV_Q8_0)
+        write_q8(page, rip, c, kb, vb);
+#else
+        uint ci = (page * KV_ROWS_PP + rip) * (p.head_dim / 8) + c;
+        kb += 8 * c;
+        vb += 8 * c;
+#if defined(KV_F16)
         kpool[ci] = pack8(load4(kb, true), load4(kb + 4, true));
         vpool[ci] = pack8(load4(vb, false), load4(vb + 4, false));
 #else
@@ -77,6 +138,7 @@ void main()
         kpool[2 * ci + 1] = load4(kb + 4, true);
         vpool[2 * ci] = load4(vb, false);
         vpool[2 * ci + 1] = load4(vb + 4, false);
+#endif
 #endif
     }
 }

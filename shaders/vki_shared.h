@@ -160,11 +160,29 @@ VKI_STRUCT(vki_pc_rope) {
     vki_u32 neox;
 };
 
-/* swiglu: y[r, c] = silu(g[r, c]) * u[r, c], silu(v) = v / (1 + exp(-v)).
+/* glu (gated linear unit of the FFN): y[r, c] = act(g[r, c]) * u[r, c] with
+ *   VKI_GLU_SILU (SwiGLU: llama, qwen, phi3):  act(v) = v / (1 + exp(-v))
+ *   VKI_GLU_GELU_TANH (GeGLU: gemma 2/3):      act(v) = v/2 (1 + tanh(sqrt(2/pi) (v + 0.044715 v^3)))
  * bindings: 0 g (f32 rows), 1 u (f32 rows), 2 y (f32 rows) */
-VKI_STRUCT(vki_pc_swiglu) {
+#define VKI_GLU_SILU 0u
+#define VKI_GLU_GELU_TANH 1u
+VKI_STRUCT(vki_pc_glu) {
     vki_u32 n_rows, n_cols;
     vki_u32 g_off, g_stride, u_off, u_stride, y_off, y_stride;
+    vki_u32 act;      /* VKI_GLU_* */
+};
+
+/* unary: y[r, c] = f(x[r, c]) over rows (y may alias x) with
+ *   VKI_UNARY_SCALE:   f(v) = a * v                 (gemma's embedding scale sqrt(d_model))
+ *   VKI_UNARY_SOFTCAP: f(v) = a * tanh(v / a), a > 0 (gemma 2's final logit soft-capping)
+ * bindings: 0 x (f32 rows), 1 y (f32 rows) */
+#define VKI_UNARY_SCALE 0u
+#define VKI_UNARY_SOFTCAP 1u
+VKI_STRUCT(vki_pc_unary) {
+    vki_u32 n_rows, n_cols;
+    vki_u32 x_off, x_stride, y_off, y_stride;
+    vki_u32 op;       /* VKI_UNARY_* */
+    vki_f32 a;
 };
 
 /* softmax: y[r, :] = softmax(scale * x[r, :]) (scale > 0). -inf entries give 0; a row that is
@@ -179,13 +197,25 @@ VKI_STRUCT(vki_pc_softmax) {
 /* ---- paged KV cache and attention (engine/ops_attn.h) ---------------------------------------
  * Pools: per layer one K pool and one V pool, each an array of fixed-size pages
  *     K[page][kv_head][slot][head_dim],  slot = position % page_size   (V the same)
- * element F16 (default; IEEE half bits, packed two per 32-bit word, lower dim in the low half)
- * or F32 (a define: two SPIR-V modules per kernel). A page holds page_size tokens of every KV
- * head, so a sequence needs ceil(n_ctx / page_size) pages per layer. One pool is bound as one
- * storage buffer: its bytes must not exceed maxStorageBufferRange (128 MiB on lavapipe), so the
- * engine caps the pages of a layer with op_kv_max_pages(). head_dim is a multiple of 8, <= 256.
+ * element F16 (default; IEEE half bits, packed two per 32-bit word, lower dim in the low half),
+ * F32, or Q8_0 (a define: one SPIR-V module per type and kernel). A page holds page_size tokens
+ * of every KV head, so a sequence needs ceil(n_ctx / page_size) pages per layer (fewer with a
+ * sliding window: pages wholly outside every layer's window are released). One pool is bound as
+ * one storage buffer: its bytes must not exceed maxStorageBufferRange (128 MiB on lavapipe), so
+ * the engine caps the pages of a layer with op_kv_max_pages(). head_dim is a multiple of 8,
+ * <= 256 (of 32 for Q8_0).
  *
- * Per-step buffers the engine uploads each tick:
+ * Q8_0 pages keep ggml's Q8_0 numbers (blocks of 32 values of one row: x = d * q, q int8 =
+ * round(x / d) half away from zero, d = max|x| / 127 stored as f16) in two planes, so that every
+ * access is an aligned 32-bit word:
+ *     qs[kv_head][slot][head_dim]            int8, 4 per word, lower dim in the low byte
+ *     d [kv_head][slot][VKI_KV_Q8_DW words]  f16 scales, 2 per word (block 2i low, 2i+1 high)
+ * then padding to 16 bytes: VKI_KV_Q8_PAGE_WORDS(rows, hd) words per page, rows = n_kv * page
+ * (for head_dim 128: 136 bytes per row, as 4 ggml blocks; F16 takes 256). */
+#define VKI_KV_Q8_DW(hd) (((hd) / 32u + 1u) / 2u)
+#define VKI_KV_Q8_PAGE_WORDS(rows, hd) (((rows) * ((hd) / 4u + VKI_KV_Q8_DW(hd)) + 3u) / 4u * 4u)
+
+/* Per-step buffers the engine uploads each tick:
  *   tok_pos    u32[n_tokens]           position of new token row t
  *   tok_seq    u32[n_tokens]           index into seq_info of the sequence row t belongs to
  *   seq_info   vki_seq_info[n_seqs]
@@ -209,7 +239,7 @@ VKI_STRUCT(vki_attn_item) {
 #define VKI_ATTN_FINAL 0xffffffffu
 
 /* kv_write: for row t < n_tokens and kv head h, K[t][h*head_dim ..] and V[...] go to page
- * page_table[pt_off(seq) + pos / page_size], slot pos % page_size.
+ * page_table[pt_off(seq) + pos / page_size], slot pos % page_size (Q8_0: quantised there).
  * bindings: 0 k (f32 rows), 1 v (f32 rows), 2 tok_pos, 3 tok_seq, 4 seq_info, 5 page_table,
  *           6 K pool, 7 V pool */
 VKI_STRUCT(vki_pc_kv_write) {
@@ -225,13 +255,23 @@ VKI_STRUCT(vki_pc_kv_write) {
  * reduce  bindings: 0 partials, 1 items, 2 seq_info, 3 out
  * q, out: f32 rows [n_tokens][.. n_heads * head_dim ..] (offsets/strides in floats);
  * partials: f32 [slot][n_heads][head_dim + 2] = unnormalised sum_j p_j v_j, then (max, sum)
- * with p_j = 2^(s_j - max), s_j = scale * log2(e) * q.k_j. */
+ * with p_j = 2^(s_j - max) and the score s_j in the log2 domain:
+ *     no cap:  s_j = q_scale * q.k_j                        (q_scale = scale * log2(e))
+ *     cap:     s_j = softcap_log2e * tanh(inv_softcap * q_scale * q.k_j)   (q_scale = scale)
+ * The query at position p sees keys j <= p with p - j < window (0: all) or j < sink: a
+ * sliding window (gemma, mistral, phi3) plus the attention sink of a capped window (StreamingLLM
+ * keeps the first page). The prefill kernel masks by them; decode splits are planned on the host
+ * over the visible keys only (op_attn_plan_build), so decode never reads a key outside them. */
 VKI_STRUCT(vki_pc_attn) {
     vki_u32 n_heads, n_kv_heads, head_dim, page_size;
     vki_u32 gw, n_hblocks;
     vki_u32 q_off, q_stride, o_off, o_stride;
     vki_u32 item_off, n_items;
-    vki_f32 scale_log2e; /* softmax scale (1/sqrt(head_dim) by default) times log2(e) */
+    vki_f32 q_scale;       /* multiplies q as it is loaded (see above) */
+    vki_f32 inv_softcap;   /* 1 / attention logit soft-cap (gemma 2: 1/50); 0 = no cap */
+    vki_f32 softcap_log2e; /* the cap times log2(e) */
+    vki_u32 window;        /* keys per query (its own included); 0 = unlimited */
+    vki_u32 sink;          /* leading keys every query also sees (0, or a page when capped) */
 };
 
 /* ---- sampling (engine/ops_sample.h, shaders/sample.comp, CPU reference engine/sample_ref.h) --

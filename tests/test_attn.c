@@ -7,18 +7,25 @@
  * the pools must equal the host's copy byte for byte (F16: round to nearest even, bit-exact
  * with quant_f32_to_f16). The output is NaN-filled with padding between rows that must stay NaN.
  *
- * Tolerances (NMSE of each case's output against the reference): 1e-10 for F32 and F16 pools
- * alike, since the reference reads the same f16-rounded K/V the kernels read. Measured on
- * lavapipe: ~1e-14..1e-13. */
+ * Tolerances (NMSE of each case's output against the reference): 1e-10 for F32, F16 and Q8_0
+ * pools alike, since the reference reads the same f16-rounded or Q8_0-quantised K/V the kernels
+ * read (Q8_0 pools must also equal ggml's quantisation byte for byte). Measured on lavapipe:
+ * ~1e-14..1e-13. Against unquantised f32 K/V a Q8_0 pool is held to Q8_VS_F32_TOL.
+ *
+ * Sliding windows and the attention sink: pages no query of a case sees any more point at a
+ * NaN page, so a kernel that reads outside the window fails; the soft-cap is gemma 2's. */
 #include "support/vt.h"
 
 #include "engine/ops_attn.h"
 #include "engine/quant.h"
 
 #define ATTN_TOL 1e-10
+#define Q8_VS_F32_TOL 1e-4 /* measured on lavapipe: 2.6e-5 (uniform K/V, 8-bit blocks) */
 /* Prefill on cooperative matrices rounds Q (scaled), K, V and P to F16 (the reference does not,
  * except K/V of F16 pools); scores, softmax and sums stay F32. */
 #define ATTN_CM_TOL 1e-6 /* measured on lavapipe (emulated): <= 1e-7 */
+/* short windows average fewer F16-rounded V rows: measured 7.2e-7 (7-key window) */
+#define ATTN_CM_WINDOW_TOL 3e-6
 #define MAX_SEQS 8
 
 /* Set by the cooperative-matrix tests: the tolerance, that op_attn_setup must have picked the
@@ -35,20 +42,32 @@ typedef struct acase {
     uint32_t split_keys; /* 0: automatic decode splits */
     float q_amp;         /* query magnitude: larger gives peakier softmax */
     float scale;         /* 0: 1/sqrt(hd) */
+    uint32_t window;     /* sliding window (0: none); pages it leaves behind are "released" */
+    uint32_t sink;       /* attention sink with the window */
+    float softcap;       /* attention logit soft-cap (0: none) */
 } acase;
 
 /* Host model of one pool: element (page, kvh, slot, d) as the device stores it. */
 typedef struct hpool {
     uint8_t *bytes;
     size_t n;
-    uint32_t esz; /* 2 (F16) or 4 */
+    uint32_t type; /* VKI_GGML_F32 / F16 / Q8_0 */
 } hpool;
 
 static void hpool_put(hpool *p, const op_attn_shape *s, uint32_t page, uint32_t kvh, uint32_t slot, const float *row)
 {
-    size_t base = (((size_t)page * s->n_kv_heads + kvh) * s->page_size + slot) * s->head_dim;
-    for (uint32_t d = 0; d < s->head_dim; d++) {
-        if (p->esz == 2) {
+    uint32_t hd = s->head_dim, rows = s->n_kv_heads * s->page_size, rip = kvh * s->page_size + slot;
+    if (p->type == VKI_GGML_Q8_0) { /* the two planes of vki_shared.h */
+        uint8_t *pg = p->bytes + (size_t)page * op_kv_page_bytes(s);
+        for (uint32_t b = 0; b < 2 * VKI_KV_Q8_DW(hd); b++) { /* an odd count pads its last word with 0 */
+            uint16_t d = b < hd / 32 ? vt_q8_0_block(row + 32 * b, (int8_t *)(pg + (size_t)rip * hd + 32 * b)) : 0;
+            memcpy(pg + (size_t)rows * hd + 4 * ((size_t)rip * VKI_KV_Q8_DW(hd) + b / 2) + 2 * (b % 2), &d, 2);
+        }
+        return;
+    }
+    size_t base = ((size_t)page * rows + rip) * hd;
+    for (uint32_t d = 0; d < hd; d++) {
+        if (p->type == VKI_GGML_F16) {
             uint16_t h = quant_f32_to_f16(row[d]);
             memcpy(p->bytes + 2 * (base + d), &h, 2);
         } else {
@@ -57,9 +76,24 @@ static void hpool_put(hpool *p, const op_attn_shape *s, uint32_t page, uint32_t 
     }
 }
 
-static float kv_round(const op_attn_shape *s, float x)
+/* What the kernels read back for a row of n values (kv heads of head_dim each): the pool's
+ * rounding (f16, or Q8_0 blocks). */
+static void kv_round_row(const op_attn_shape *s, float *x, uint32_t n)
 {
-    return s->kv_type == VKI_GGML_F16 ? quant_f16_to_f32(quant_f32_to_f16(x)) : x;
+    for (uint32_t i = 0; s->kv_type == VKI_GGML_F16 && i < n; i++)
+        x[i] = quant_f16_to_f32(quant_f32_to_f16(x[i]));
+    for (uint32_t b = 0; s->kv_type == VKI_GGML_Q8_0 && b < n / 32; b++) {
+        int8_t q[32];
+        float d = quant_f16_to_f32(vt_q8_0_block(x + 32 * b, q));
+        for (int i = 0; i < 32; i++)
+            x[32 * b + i] = q[i] * d;
+    }
+}
+
+/* Whether the query at position pos sees key j (vki_pc_attn). */
+static bool key_visible(const acase *ac, uint32_t j, uint32_t pos)
+{
+    return j <= pos && (!ac->window || pos - j < ac->window || j < ac->sink);
 }
 
 /* Everything one case allocates on the host. */
@@ -70,8 +104,25 @@ typedef struct hstep {
     uint32_t *tok_pos, *tok_seq;
     float *qkv;              /* [n_tokens][qkv_stride]: q | k | v | pad */
     float *kc[MAX_SEQS], *vc[MAX_SEQS]; /* reference K/V per sequence [n_ctx][n_kv][hd], rounded */
+    float *kx[MAX_SEQS], *vx[MAX_SEQS]; /* the same unrounded (f32) */
     hpool kpool, vpool;
+    uint32_t n_released;     /* page-table entries pointed at a NaN page (outside every window) */
 } hstep;
+
+/* Pages wholly outside the first new token's window (and past the sink) are what the scheduler
+ * releases: point them at a NaN page, so any read of one poisons the output. */
+static void release_pages(const acase *ac, const op_attn_shape *s, hstep *h)
+{
+    for (uint32_t k = 0; ac->window && k < ac->n_seqs; k++) {
+        const vki_seq_info *q = &h->seq[k];
+        uint32_t first = q->n_ctx - q->n_new, n_pg = (q->n_ctx + s->page_size - 1) / s->page_size;
+        for (uint32_t j = 0; j < n_pg; j++)
+            if ((j + 1) * s->page_size + ac->window <= first + 1 && j * s->page_size >= ac->sink) {
+                h->pt[q->pt_off + j] = h->pt[h->n_pt]; /* the first unused page: all NaN */
+                h->n_released++;
+            }
+    }
+}
 
 static void build_step(vt_rng *r, const acase *ac, const op_attn_shape *s, hstep *h)
 {
@@ -108,11 +159,10 @@ static void build_step(vt_rng *r, const acase *ac, const op_attn_shape *s, hstep
             h->qkv[t * h->qkv_stride + d] *= ac->q_amp;
     h->tok_pos = malloc(h->n_tokens * 4);
     h->tok_seq = malloc(h->n_tokens * 4);
-    uint32_t esz = s->kv_type == VKI_GGML_F16 ? 2 : 4;
-    size_t pool_elems = (size_t)h->n_pages * s->n_kv_heads * s->page_size * s->head_dim;
-    h->kpool = (hpool){malloc(pool_elems * esz), pool_elems * esz, esz};
-    h->vpool = (hpool){malloc(pool_elems * esz), pool_elems * esz, esz};
-    for (size_t i = 0; i < pool_elems * esz / 4; i++) { /* the NaN fill of vt_buf_nan */
+    size_t pool_bytes = (size_t)h->n_pages * op_kv_page_bytes(s);
+    h->kpool = (hpool){malloc(pool_bytes), pool_bytes, s->kv_type};
+    h->vpool = (hpool){malloc(pool_bytes), pool_bytes, s->kv_type};
+    for (size_t i = 0; i < pool_bytes / 4; i++) { /* the NaN fill of vt_buf_nan */
         memcpy(h->kpool.bytes + 4 * i, &(uint32_t){0x7fc00000u}, 4);
         memcpy(h->vpool.bytes + 4 * i, &(uint32_t){0x7fc00000u}, 4);
     }
@@ -122,6 +172,8 @@ static void build_step(vt_rng *r, const acase *ac, const op_attn_shape *s, hstep
         uint32_t pos0 = q->n_ctx - q->n_new;
         h->kc[k] = malloc((size_t)q->n_ctx * kvrow * sizeof(float));
         h->vc[k] = malloc((size_t)q->n_ctx * kvrow * sizeof(float));
+        h->kx[k] = malloc((size_t)q->n_ctx * kvrow * sizeof(float));
+        h->vx[k] = malloc((size_t)q->n_ctx * kvrow * sizeof(float));
         for (uint32_t pos = 0; pos < q->n_ctx; pos++) {
             uint32_t page = h->pt[q->pt_off + pos / s->page_size], slot = pos % s->page_size;
             for (int kv = 0; kv < 2; kv++) {
@@ -134,14 +186,16 @@ static void build_step(vt_rng *r, const acase *ac, const op_attn_shape *s, hstep
                     h->tok_pos[t] = pos, h->tok_seq[t] = k;
                 }
                 float *dst = (kv ? h->vc[k] : h->kc[k]) + (size_t)pos * kvrow;
-                for (uint32_t i = 0; i < kvrow; i++)
-                    dst[i] = kv_round(s, row[i]);
+                memcpy((kv ? h->vx[k] : h->kx[k]) + (size_t)pos * kvrow, row, kvrow * sizeof *row);
+                memcpy(dst, row, kvrow * sizeof *row);
+                kv_round_row(s, dst, kvrow);
                 for (uint32_t g = 0; g < s->n_kv_heads; g++)
                     hpool_put(kv ? &h->vpool : &h->kpool, s, page, g, slot, row + g * s->head_dim);
             }
         }
     }
     free(row);
+    release_pages(ac, s, h);
 }
 
 static void free_step(hstep *h, uint32_t n_seqs)
@@ -149,14 +203,18 @@ static void free_step(hstep *h, uint32_t n_seqs)
     for (uint32_t k = 0; k < n_seqs; k++) {
         free(h->kc[k]);
         free(h->vc[k]);
+        free(h->kx[k]);
+        free(h->vx[k]);
     }
     free(h->pt); free(h->tok_pos); free(h->tok_seq); free(h->qkv);
     free(h->kpool.bytes); free(h->vpool.bytes);
 }
 
-/* Reference: packed out [n_tokens][n_heads * hd], double accumulation. */
-static void ref_attention(const op_attn *a, const hstep *h, uint32_t n_seqs, float *out)
+/* Reference: packed out [n_tokens][n_heads * hd], double accumulation, over the K/V the pool
+ * holds (rounded: true) or the f32 values written (false). */
+static void ref_attention(const op_attn *a, const acase *ac, const hstep *h, bool rounded, float *out)
 {
+    uint32_t n_seqs = ac->n_seqs;
     const op_attn_shape *s = &a->s;
     uint32_t hd = s->head_dim, group = s->n_heads / s->n_kv_heads, kvrow = s->n_kv_heads * hd;
     double *sc = NULL, *acc = malloc(hd * sizeof *acc);
@@ -170,18 +228,24 @@ static void ref_attention(const op_attn *a, const hstep *h, uint32_t n_seqs, flo
                 uint32_t g = hh / group;
                 double mx = -INFINITY, sum = 0;
                 for (uint32_t j = 0; j <= pos; j++) {
-                    const float *kv = h->kc[k] + (size_t)j * kvrow + g * hd;
+                    const float *kv = (rounded ? h->kc[k] : h->kx[k]) + (size_t)j * kvrow + g * hd;
                     double dot = 0;
                     for (uint32_t d = 0; d < hd; d++)
                         dot += (double)qv[d] * kv[d];
                     sc[j] = dot * s->scale;
+                    if (ac->softcap > 0)
+                        sc[j] = ac->softcap * tanh(sc[j] / ac->softcap);
+                    if (!key_visible(ac, j, pos))
+                        sc[j] = -INFINITY;
                     mx = fmax(mx, sc[j]);
                 }
                 memset(acc, 0, hd * sizeof *acc);
                 for (uint32_t j = 0; j <= pos; j++) {
+                    if (!key_visible(ac, j, pos))
+                        continue;
                     double pr = exp(sc[j] - mx);
                     sum += pr;
-                    const float *vv = h->vc[k] + (size_t)j * kvrow + g * hd;
+                    const float *vv = (rounded ? h->vc[k] : h->vx[k]) + (size_t)j * kvrow + g * hd;
                     for (uint32_t d = 0; d < hd; d++)
                         acc[d] += pr * vv[d];
                 }
@@ -194,19 +258,22 @@ static void ref_attention(const op_attn *a, const hstep *h, uint32_t n_seqs, flo
     free(acc);
 }
 
-static void check_output(const op_attn *a, const hstep *h, const float *o, const acase *ac, const char *type)
+/* Checks the output against the reference over the pool's rounded K/V (ATTN_TOL) and returns
+ * its NMSE against the reference over the f32 values written (what a Q8_0 pool costs). */
+static double check_output(const op_attn *a, const hstep *h, const float *o, const acase *ac, const char *type)
 {
     uint32_t row = a->s.n_heads * a->s.head_dim;
-    float *ref = malloc((size_t)h->n_tokens * row * sizeof *ref), *got = malloc((size_t)h->n_tokens * row * sizeof *got);
-    ref_attention(a, h, ac->n_seqs, ref);
+    size_t n_out = (size_t)h->n_tokens * row;
+    float *ref = malloc(n_out * sizeof *ref), *got = malloc(n_out * sizeof *got);
+    ref_attention(a, ac, h, true, ref);
     for (uint32_t t = 0; t < h->n_tokens; t++)
         memcpy(got + (size_t)t * row, o + h->o_off + (size_t)t * h->o_stride, row * sizeof(float));
-    char label[160];
-    snprintf(label, sizeof label, "%s %s (heads %u/%u hd %u page %u)", ac->name, type, a->s.n_heads, a->s.n_kv_heads,
-             a->s.head_dim, a->s.page_size);
-    double e = vt_nmse(got, ref, (size_t)h->n_tokens * row);
+    char label[200];
+    snprintf(label, sizeof label, "%s %s (heads %u/%u hd %u page %u window %u sink %u cap %g)", ac->name, type,
+             a->s.n_heads, a->s.n_kv_heads, a->s.head_dim, a->s.page_size, ac->window, ac->sink, ac->softcap);
+    double e = vt_nmse(got, ref, n_out);
     worst_nmse = e > worst_nmse ? e : worst_nmse;
-    vt_assert_nmse(got, ref, (size_t)h->n_tokens * row, attn_tol, label);
+    vt_assert_nmse(got, ref, n_out, attn_tol, label);
     size_t n = h->o_off + (size_t)h->n_tokens * h->o_stride;
     for (size_t i = 0; i < n; i++) { /* padding and the offset are never written */
         bool inside = i >= h->o_off && (i - h->o_off) % h->o_stride < row;
@@ -215,8 +282,11 @@ static void check_output(const op_attn *a, const hstep *h, const float *o, const
         if (!inside && bits != 0x7fc00000u)
             fail_msg("%s: float %zu outside the output rows was written", label, i);
     }
+    ref_attention(a, ac, h, false, ref);
+    double vs_f32 = vt_nmse(got, ref, n_out);
     free(ref);
     free(got);
+    return vs_f32;
 }
 
 /* Device buffers of one case. */
@@ -224,16 +294,35 @@ typedef struct dstep {
     vkd_buffer *qkv, *o, *kp, *vp, *pos, *seq, *info, *pt, *items, *scratch;
 } dstep;
 
-static void run_case(vt_gpu *g, vt_rng *r, const acase *ac, uint32_t kv_type)
+/* NaN over row (page, kvh, slot) of a device pool, in the pool's layout (both Q8_0 planes). */
+static void fill_row_nan(vt_gpu *g, vkd_buffer *pool, const op_attn_shape *s, uint32_t page, uint32_t kvh, uint32_t slot)
+{
+    size_t hd = s->head_dim, rows = (size_t)s->n_kv_heads * s->page_size, rip = kvh * s->page_size + slot;
+    size_t pg = page * op_kv_page_bytes(s);
+    if (s->kv_type == VKI_GGML_Q8_0) {
+        assert_int_equal(vkd_fill(g->dev, pool, pg + rip * hd, hd, 0x7fc00000u), VKI_OK);
+        assert_int_equal(vkd_fill(g->dev, pool, pg + rows * hd + 4 * rip * VKI_KV_Q8_DW(hd), 4 * VKI_KV_Q8_DW(hd),
+                                  0x7fc00000u), VKI_OK);
+        return;
+    }
+    size_t esz = s->kv_type == VKI_GGML_F16 ? 2 : 4;
+    assert_int_equal(vkd_fill(g->dev, pool, pg + rip * hd * esz, hd * esz, 0x7fc00000u), VKI_OK);
+}
+
+static const char *kv_name(uint32_t t) { return t == VKI_GGML_F16 ? "f16" : t == VKI_GGML_Q8_0 ? "q8_0" : "f32"; }
+
+/* Runs one case with a pool of kv_type; returns the output's NMSE against the reference over
+ * unrounded f32 K/V. */
+static double run_case(vt_gpu *g, vt_rng *r, const acase *ac, uint32_t kv_type, uint32_t *released)
 {
     op_attn_shape s = {.n_heads = ac->n_heads, .n_kv_heads = ac->n_kv, .head_dim = ac->hd, .page_size = ac->page,
-                       .kv_type = kv_type, .scale = ac->scale};
+                       .kv_type = kv_type, .scale = ac->scale, .softcap = ac->softcap, .window = ac->window,
+                       .sink = ac->sink};
     op_attn a;
     assert_int_equal(op_attn_setup(g->dev, &s, &a), VKI_OK);
     a.split_keys = ac->split_keys;
     if (expect_cm) /* the coopmat kernel really runs (no silent fall-back to the FP32 one) */
-        assert_true(a.pre_kid == VKK_ATTN_PREFILL_CME_F16 || a.pre_kid == VKK_ATTN_PREFILL_CME_F32 ||
-                    a.pre_kid == VKK_ATTN_PREFILL_CM_F16 || a.pre_kid == VKK_ATTN_PREFILL_CM_F32);
+        assert_true(a.pre_kid >= VKK_ATTN_PREFILL_CM_F16 && a.pre_kid <= VKK_ATTN_PREFILL_CME_Q8_0);
     hstep h;
     build_step(r, ac, &a.s, &h);
     uint32_t cap = op_attn_max_items(&a, ac->n_seqs, h.n_tokens);
@@ -258,11 +347,9 @@ static void run_case(vt_gpu *g, vt_rng *r, const acase *ac, uint32_t kv_type)
     for (uint32_t t = 0; t < h.n_tokens; t++) {
         const vki_seq_info *q = &h.seq[h.tok_seq[t]];
         uint32_t page = h.pt[q->pt_off + h.tok_pos[t] / s.page_size], slot = h.tok_pos[t] % s.page_size;
-        size_t esz = h.kpool.esz, row = (size_t)s.head_dim * esz;
         for (uint32_t kvh = 0; kvh < s.n_kv_heads; kvh++) {
-            size_t off = ((((size_t)page * s.n_kv_heads + kvh) * s.page_size) + slot) * row;
-            assert_int_equal(vkd_fill(g->dev, d.kp, off, row, 0x7fc00000u), VKI_OK);
-            assert_int_equal(vkd_fill(g->dev, d.vp, off, row, 0x7fc00000u), VKI_OK);
+            fill_row_nan(g, d.kp, &s, page, kvh, slot);
+            fill_row_nan(g, d.vp, &s, page, kvh, slot);
         }
     }
     op_attn_step st = {vkd_whole(d.pos), vkd_whole(d.seq), vkd_whole(d.info), vkd_whole(d.pt), vkd_whole(d.items), &plan};
@@ -275,7 +362,7 @@ static void run_case(vt_gpu *g, vt_rng *r, const acase *ac, uint32_t kv_type)
     assert_int_equal(op_attention(&g->cmd, &a, &st, q, o, vkd_whole(d.kp), vkd_whole(d.vp), vkd_whole(d.scratch)), VKI_OK);
     vt_submit_wait(g);
 
-    const char *type = kv_type == VKI_GGML_F16 ? "f16" : "f32";
+    const char *type = kv_name(kv_type);
     uint8_t *pool = malloc(h.kpool.n);
     vt_download(g, d.kp, pool, h.kpool.n);
     if (memcmp(pool, h.kpool.bytes, h.kpool.n))
@@ -286,34 +373,56 @@ static void run_case(vt_gpu *g, vt_rng *r, const acase *ac, uint32_t kv_type)
     free(pool);
     float *out = malloc(o_n * sizeof *out);
     vt_download(g, d.o, out, o_n * 4);
-    check_output(&a, &h, out, ac, type);
+    double vs_f32 = check_output(&a, &h, out, ac, type);
     free(out);
+    if (released)
+        *released += h.n_released;
     vkd_buffer *all[] = {d.qkv, d.o, d.kp, d.vp, d.pos, d.seq, d.info, d.pt, d.items, d.scratch};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
         vkd_buffer_destroy(g->dev, all[i]);
     free(items);
     free_step(&h, ac->n_seqs);
+    return vs_f32;
+}
+
+/* Runs every case with F32 and F16 pools, and Q8_0 ones where the head dim allows (with_q8).
+ * Returns the page-table entries released by the windows. */
+static uint32_t run_cases_q8(void **state, const char *suite, const acase *cases, size_t n, bool with_q8)
+{
+    vt_gpu *g = vt_gpu_get(state);
+    vt_rng r = vt_rng_seeded(suite);
+    uint32_t released = 0;
+    double worst_q8 = 0;
+    for (size_t i = 0; i < n; i++) {
+        run_case(g, &r, &cases[i], VKI_GGML_F32, &released);
+        run_case(g, &r, &cases[i], VKI_GGML_F16, NULL);
+        if (with_q8 && cases[i].hd % 32 == 0) {
+            double e = run_case(g, &r, &cases[i], VKI_GGML_Q8_0, NULL);
+            if (e > Q8_VS_F32_TOL)
+                fail_msg("%s q8_0: NMSE %.3g against f32 K/V above %.0e", cases[i].name, e, Q8_VS_F32_TOL);
+            worst_q8 = e > worst_q8 ? e : worst_q8;
+        }
+    }
+    if (with_q8)
+        fprintf(stderr, "  %s: q8_0 KV against f32 K/V: worst NMSE %.2e (tolerance %.0e)\n", suite, worst_q8,
+                Q8_VS_F32_TOL);
+    vt_assert_clean(g);
+    return released;
 }
 
 static void run_cases(void **state, const char *suite, const acase *cases, size_t n)
 {
-    vt_gpu *g = vt_gpu_get(state);
-    vt_rng r = vt_rng_seeded(suite);
-    for (size_t i = 0; i < n; i++) {
-        run_case(g, &r, &cases[i], VKI_GGML_F32);
-        run_case(g, &r, &cases[i], VKI_GGML_F16);
-    }
-    vt_assert_clean(g);
+    run_cases_q8(state, suite, cases, n, false);
 }
 
 /* The real test model's shape (stories260K: head dim 8, 8 heads, 4 KV heads) and small ones. */
 static void test_attn_small_heads(void **state)
 {
     const acase cases[] = {
-        {"stories ragged", 8, 4, 8, 16, 6, {0, 50, 0, 16, 99, 332}, {37, 20, 1, 1, 1, 1}, 0, 2.0f, 0},
-        {"one token, pos 0", 8, 4, 8, 16, 1, {0}, {1}, 0, 1.0f, 0},
-        {"prompt of 1..3 tokens", 8, 4, 8, 5, 3, {0, 0, 4}, {2, 3, 1}, 0, 1.0f, 0},
-        {"G=48 head blocks, splits", 48, 1, 8, 16, 3, {300, 0, 40}, {1, 21, 9}, 48, 3.0f, 0},
+        {"stories ragged", 8, 4, 8, 16, 6, {0, 50, 0, 16, 99, 332}, {37, 20, 1, 1, 1, 1}, 0, 2.0f, 0, 0, 0, 0},
+        {"one token, pos 0", 8, 4, 8, 16, 1, {0}, {1}, 0, 1.0f, 0, 0, 0, 0},
+        {"prompt of 1..3 tokens", 8, 4, 8, 5, 3, {0, 0, 4}, {2, 3, 1}, 0, 1.0f, 0, 0, 0, 0},
+        {"G=48 head blocks, splits", 48, 1, 8, 16, 3, {300, 0, 40}, {1, 21, 9}, 48, 3.0f, 0, 0, 0, 0},
     };
     run_cases(state, "attn small heads", cases, sizeof cases / sizeof cases[0]);
 }
@@ -322,10 +431,10 @@ static void test_attn_small_heads(void **state)
 static void test_attn_gqa(void **state)
 {
     const acase cases[] = {
-        {"G=1 hd64", 4, 4, 64, 16, 4, {0, 70, 5, 200}, {33, 1, 1, 17}, 0, 1.0f, 0},
-        {"G=2 hd128", 4, 2, 128, 16, 4, {130, 0, 17, 3}, {1, 19, 1, 1}, 0, 1.0f, 0},
-        {"G=4 hd64 page 7", 8, 2, 64, 7, 4, {0, 45, 100, 8}, {40, 1, 1, 9}, 40, 4.0f, 0},
-        {"G=8 MQA hd128 page 32", 8, 1, 128, 32, 3, {64, 0, 250}, {1, 24, 1}, 0, 2.0f, 0.05f},
+        {"G=1 hd64", 4, 4, 64, 16, 4, {0, 70, 5, 200}, {33, 1, 1, 17}, 0, 1.0f, 0, 0, 0, 0},
+        {"G=2 hd128", 4, 2, 128, 16, 4, {130, 0, 17, 3}, {1, 19, 1, 1}, 0, 1.0f, 0, 0, 0, 0},
+        {"G=4 hd64 page 7", 8, 2, 64, 7, 4, {0, 45, 100, 8}, {40, 1, 1, 9}, 40, 4.0f, 0, 0, 0, 0},
+        {"G=8 MQA hd128 page 32", 8, 1, 128, 32, 3, {64, 0, 250}, {1, 24, 1}, 0, 2.0f, 0.05f, 0, 0, 0},
     };
     run_cases(state, "attn gqa", cases, sizeof cases / sizeof cases[0]);
 }
@@ -335,25 +444,71 @@ static void test_attn_gqa(void **state)
 static void test_attn_long(void **state)
 {
     const acase cases[] = {
-        {"long ragged", 2, 1, 64, 16, 3, {2499, 2100, 0}, {1, 64, 1}, 0, 1.0f, 0},
-        {"2048 prompt + decode", 2, 1, 64, 16, 2, {0, 3000}, {2048, 1}, 0, 1.0f, 0},
+        {"long ragged", 2, 1, 64, 16, 3, {2499, 2100, 0}, {1, 64, 1}, 0, 1.0f, 0, 0, 0, 0},
+        {"2048 prompt + decode", 2, 1, 64, 16, 2, {0, 3000}, {2048, 1}, 0, 1.0f, 0, 0, 0, 0},
     };
     run_cases(state, "attn long", cases, sizeof cases / sizeof cases[0]);
+}
+
+/* Sliding windows across page boundaries: decode and prefill rows see only their last `window`
+ * keys (and the sink's); pages wholly outside the first new token's window point at a NaN page
+ * (what the scheduler releases), so reading one fails the case. Windows of 1, 7, a page, 33 on
+ * odd pages, larger than the context; with and without sink; long contexts; F32, F16 and Q8_0. */
+static void test_attn_window(void **state)
+{
+    const acase cases[] = {
+        {"window 7 ragged", 4, 2, 64, 16, 5, {0, 50, 90, 16, 200}, {37, 20, 1, 1, 1}, 0, 2.0f, 0, 7, 0, 0},
+        {"window = page, sink", 4, 2, 64, 16, 3, {100, 40, 0}, {1, 30, 20}, 0, 2.0f, 0, 16, 16, 0},
+        {"window 33 page 7 sink 7 splits", 4, 1, 64, 7, 2, {150, 60}, {1, 45}, 16, 2.0f, 0, 33, 7, 0},
+        {"window 1", 2, 2, 32, 16, 2, {30, 5}, {1, 10}, 0, 1.0f, 0, 1, 0, 0},
+        {"window past the context", 2, 1, 64, 16, 1, {100}, {1}, 0, 1.0f, 0, 500, 0, 0},
+        {"MQA hd128 page 32 sink", 8, 1, 128, 32, 3, {300, 0, 250}, {1, 70, 33}, 0, 2.0f, 0, 100, 32, 0},
+        {"long decode window 256", 2, 1, 64, 16, 2, {3000, 2500}, {1, 40}, 0, 1.0f, 0, 256, 16, 0},
+        {"sink reaching the window", 4, 2, 64, 16, 3, {29, 21, 100}, {1, 10, 1}, 8, 2.0f, 0, 20, 16, 0},
+    };
+    uint32_t released = run_cases_q8(state, "attn window", cases, sizeof cases / sizeof cases[0], true);
+    assert_true(released > 100); /* the cases do exercise released pages */
+}
+
+/* Gemma 2's attention logit soft-cap (50 tanh(s / 50)) on scores well past the cap, head dim
+ * 256, GQA 2, global and windowed (its local layers). */
+static void test_attn_softcap(void **state)
+{
+    const acase cases[] = {
+        {"gemma2 cap 50", 8, 4, 256, 16, 3, {0, 40, 70}, {30, 1, 1}, 0, 150.0f, 0.0625f, 0, 0, 50.0f},
+        {"gemma2 cap 50 window 20", 8, 4, 256, 16, 3, {0, 60, 90}, {45, 1, 1}, 0, 150.0f, 0.0625f, 20, 0, 50.0f},
+    };
+    run_cases(state, "attn softcap", cases, sizeof cases / sizeof cases[0]);
+}
+
+/* Q8_0 pools on the GQA shapes of test_attn_gqa and gemma's head dim 256: kv_write quantises
+ * bit for bit as ggml's reference does, and the kernels match the reference over the same
+ * quantised K/V to ATTN_TOL; against unquantised f32 K/V the output is within Q8_VS_F32_TOL. */
+static void test_attn_q8(void **state)
+{
+    const acase cases[] = {
+        {"G=1 hd64", 4, 4, 64, 16, 4, {0, 70, 5, 200}, {33, 1, 1, 17}, 0, 1.0f, 0, 0, 0, 0},
+        {"G=2 hd128", 4, 2, 128, 16, 4, {130, 0, 17, 3}, {1, 19, 1, 1}, 0, 1.0f, 0, 0, 0, 0},
+        {"G=4 hd32 page 7", 8, 2, 32, 7, 4, {0, 45, 100, 8}, {40, 1, 1, 9}, 40, 4.0f, 0, 0, 0, 0},
+        {"G=2 hd256", 4, 2, 256, 16, 2, {90, 0}, {1, 25}, 0, 1.0f, 0, 0, 0, 0},
+    };
+    run_cases_q8(state, "attn q8_0", cases, sizeof cases / sizeof cases[0], true);
 }
 
 /* Prefill on cooperative matrices: the emulated path (every device with shaderFloat16 and
  * subgroup shuffles) and, where present, the real NV one, on the same ragged steps: several
  * prefilling sequences of different lengths next to decoding ones, shuffled pages, GQA 1..8,
- * head dims 8 (padded to 16), 64, 128, blocks and key tiles with ragged ends. smem != 0 presents
+ * head dims 8 (padded to 16), 64, 128, blocks and key tiles with ragged ends; F32, F16 and (head
+ * dims of 32s) Q8_0 pools; sliding windows with sinks and gemma 2's soft-cap. smem != 0 presents
  * the device as a GPU with that much shared memory, which selects the GPU tile shapes (several
  * softmax lanes per row, several subgroups per block). */
-static void run_cm_cases(void **state, const char *suite, const acase *cases, size_t n, uint32_t smem)
+static void run_cm_cases(void **state, const char *suite, const acase *cases, size_t n, uint32_t smem, double tol)
 {
     vt_gpu *g = vt_gpu_get(state);
     vki_device_info saved = g->dev->info;
     vkd_cm saved_cm = g->dev->cm;
     vt_rng r = vt_rng_seeded(suite);
-    attn_tol = ATTN_CM_TOL, expect_cm = true, worst_nmse = 0;
+    attn_tol = tol, expect_cm = true, worst_nmse = 0;
     for (int real = 0; real < 2; real++) {
         if (real && !g->dev->nv_coopmat) {
             fprintf(stderr, "  %s: no VK_NV_cooperative_matrix on this device: only the emulated path ran\n", suite);
@@ -368,12 +523,14 @@ static void run_cm_cases(void **state, const char *suite, const acase *cases, si
             g->dev->info.max_compute_shared_memory = smem;
         }
         for (size_t i = 0; i < n; i++) {
-            run_case(g, &r, &cases[i], VKI_GGML_F32);
-            run_case(g, &r, &cases[i], VKI_GGML_F16);
+            run_case(g, &r, &cases[i], VKI_GGML_F32, NULL);
+            run_case(g, &r, &cases[i], VKI_GGML_F16, NULL);
+            if (cases[i].hd % 32 == 0)
+                run_case(g, &r, &cases[i], VKI_GGML_Q8_0, NULL);
         }
         g->dev->info = saved;
     }
-    fprintf(stderr, "  %s: worst NMSE %.2e (bound %.0e)\n", suite, worst_nmse, ATTN_CM_TOL);
+    fprintf(stderr, "  %s: worst NMSE %.2e (bound %.0e)\n", suite, worst_nmse, tol);
     attn_tol = ATTN_TOL, expect_cm = false;
     g->dev->cm = saved_cm;
     vt_assert_clean(g);
@@ -382,23 +539,35 @@ static void run_cm_cases(void **state, const char *suite, const acase *cases, si
 static void test_attn_coopmat(void **state)
 {
     const acase cases[] = {
-        {"cm stories ragged", 8, 4, 8, 16, 5, {0, 50, 0, 99, 7}, {37, 20, 1, 1, 70}, 0, 2.0f, 0},
-        {"cm G=1 hd64", 4, 4, 64, 16, 3, {0, 70, 5}, {33, 1, 17}, 0, 1.0f, 0},
-        {"cm G=4 hd64 page 7", 8, 2, 64, 7, 3, {0, 45, 100}, {40, 1, 9}, 0, 4.0f, 0},
-        {"cm G=8 MQA hd128 page 32", 8, 1, 128, 32, 2, {64, 0}, {1, 24}, 0, 2.0f, 0.05f},
-        {"cm G=2 hd128 long prefix", 4, 2, 128, 16, 2, {300, 0}, {19, 2}, 0, 1.0f, 0},
+        {"cm stories ragged", 8, 4, 8, 16, 5, {0, 50, 0, 99, 7}, {37, 20, 1, 1, 70}, 0, 2.0f, 0, 0, 0, 0},
+        {"cm G=1 hd64", 4, 4, 64, 16, 3, {0, 70, 5}, {33, 1, 17}, 0, 1.0f, 0, 0, 0, 0},
+        {"cm G=4 hd64 page 7", 8, 2, 64, 7, 3, {0, 45, 100}, {40, 1, 9}, 0, 4.0f, 0, 0, 0, 0},
+        {"cm G=8 MQA hd128 page 32", 8, 1, 128, 32, 2, {64, 0}, {1, 24}, 0, 2.0f, 0.05f, 0, 0, 0},
+        {"cm G=2 hd128 long prefix", 4, 2, 128, 16, 2, {300, 0}, {19, 2}, 0, 1.0f, 0, 0, 0, 0},
     };
-    run_cm_cases(state, "attn coopmat", cases, sizeof cases / sizeof cases[0], 0);
+    run_cm_cases(state, "attn coopmat", cases, sizeof cases / sizeof cases[0], 0, ATTN_CM_TOL);
 }
 
 /* The GPU tile shapes through the emulation: 32 rows x 64 keys with 4 softmax lanes per row
  * (hd 64 at 30 KiB), 16 x 32 with 8 lanes (hd 128 at 23 KiB). */
 static void test_attn_coopmat_gpu_tiles(void **state)
 {
-    const acase hd64[] = {{"cm gpu tiles hd64", 8, 2, 64, 16, 3, {0, 130, 9}, {70, 1, 40}, 0, 2.0f, 0}};
-    const acase hd128[] = {{"cm gpu tiles hd128", 4, 1, 128, 16, 2, {0, 77}, {45, 30}, 0, 1.0f, 0}};
-    run_cm_cases(state, "attn coopmat gpu tiles hd64", hd64, 1, 30 * 1024);
-    run_cm_cases(state, "attn coopmat gpu tiles hd128", hd128, 1, 23 * 1024);
+    const acase hd64[] = {{"cm gpu tiles hd64", 8, 2, 64, 16, 3, {0, 130, 9}, {70, 1, 40}, 0, 2.0f, 0, 0, 0, 0}};
+    const acase hd128[] = {{"cm gpu tiles hd128", 4, 1, 128, 16, 2, {0, 77}, {45, 30}, 0, 1.0f, 0, 0, 0, 0}};
+    run_cm_cases(state, "attn coopmat gpu tiles hd64", hd64, 1, 30 * 1024, ATTN_CM_TOL);
+    run_cm_cases(state, "attn coopmat gpu tiles hd128", hd128, 1, 23 * 1024, ATTN_CM_TOL);
+}
+
+/* Windows, sinks and the soft-cap on the cooperative-matrix prefill: released pages point at a
+ * NaN page as in test_attn_window, so a tile read outside the window fails. */
+static void test_attn_coopmat_windows(void **state)
+{
+    const acase cases[] = {
+        {"cm window 7 ragged", 4, 2, 64, 16, 3, {0, 50, 90}, {37, 20, 1}, 0, 2.0f, 0, 7, 0, 0},
+        {"cm window 33 sink 16", 4, 1, 64, 16, 2, {150, 60}, {40, 45}, 0, 2.0f, 0, 33, 16, 0},
+        {"cm cap 50 window 20", 8, 4, 128, 16, 2, {0, 60}, {45, 30}, 0, 60.0f, 0.0884f, 20, 0, 50.0f},
+    };
+    run_cm_cases(state, "attn coopmat windows", cases, sizeof cases / sizeof cases[0], 0, ATTN_CM_WINDOW_TOL);
 }
 
 /* kv_write's F16 rounding on the awkward values: ties, subnormals, overflow, signed zero. */
@@ -492,6 +661,21 @@ static void test_plan(void **state)
     assert_true((pages + 1) * op_kv_page_bytes(&s) > g->dev->info.max_storage_buffer_range ||
                 (pages + 1) * op_kv_page_bytes(&s) > g->dev->info.max_memory_allocation_size);
     assert_int_equal(op_kv_page_bytes(&s), 4 * 64 * 2 * 16); /* kv_type 0 is VKI_GGML_F32 */
+    /* a window plans decode splits over the visible keys only: the sink [0, 16), the last 100 */
+    op_attn aw;
+    op_attn_shape sw = s;
+    sw.window = 100, sw.sink = 16;
+    assert_int_equal(op_attn_setup(g->dev, &sw, &aw), VKI_OK);
+    aw.split_keys = 32;
+    vki_seq_info one = {0, 1, 1000, 0};
+    assert_int_equal(op_attn_plan_build(&aw, &one, 1, it, cap, &p2), VKI_OK);
+    assert_int_equal(p2.n_dec, 1 + 4); /* [0,16) + [900,932) [932,964) [964,996) [996,1000) */
+    uint32_t keys = 0;
+    for (uint32_t i = 0; i < p2.n_dec; i++) {
+        assert_true(it[i].b <= 16 || it[i].a >= 900);
+        keys += it[i].b - it[i].a;
+    }
+    assert_int_equal(keys, 116);
     vki_seq_info bad[1] = {{0, 5, 4, 0}};
     assert_int_equal(op_attn_plan_build(&a, bad, 1, it, cap, &p2), VKI_ERR_INVALID_ARG);
     free(it);
@@ -506,8 +690,12 @@ int main(void)
         cmocka_unit_test(test_attn_small_heads),
         cmocka_unit_test(test_attn_gqa),
         cmocka_unit_test(test_attn_long),
+        cmocka_unit_test(test_attn_window),
+        cmocka_unit_test(test_attn_softcap),
+        cmocka_unit_test(test_attn_q8),
         cmocka_unit_test(test_attn_coopmat),
         cmocka_unit_test(test_attn_coopmat_gpu_tiles),
+        cmocka_unit_test(test_attn_coopmat_windows),
     };
     return cmocka_run_group_tests(tests, vt_gpu_setup, vt_gpu_teardown);
 }

@@ -3,9 +3,14 @@
  * output must equal what that prompt generates alone, under each capacity policy, and with a KV
  * pool small enough that MAX_UTILIZATION has to pause and resume requests. Sampled requests
  * (temperature > 0, fixed seeds) must give the same tokens alone, inside a batch of 16 others
- * and across forced pauses. */
+ * and across forced pauses. A model whose layers all attend to a window generates 600 tokens from
+ * a pool that holds only a window's worth of pages, as the CPU reference says it should. */
+#include "support/ref_model.h"
 #include "support/vt.h"
 #include "engine/rng.h"
+#include "engine/synth.h"
+
+#include <unistd.h>
 
 #include <pthread.h>
 #include <stdatomic.h>
@@ -480,6 +485,170 @@ static void test_constrained_batch(void **state)
     free(ref);
 }
 
+/* ---- a long generation with windows ---------------------------------------------------------- */
+
+#define WIN_OUT 700
+
+typedef struct win_run {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int32_t out[WIN_OUT];
+    uint32_t n_out;
+    bool final;
+    vki_finish_reason finish;
+    uint32_t max_used;        /* "Used KV cache blocks", most seen */
+    double reused;            /* "Reused Tokens", last seen */
+    atomic_int validation_msgs;
+} win_run;
+
+static void win_log(void *user, vki_log_level lvl, const char *msg)
+{
+    win_run *w = user;
+    if (lvl <= VKI_LOG_WARN && !strncmp(msg, "validation", 10))
+        atomic_fetch_add(&w->validation_msgs, 1);
+    if (lvl <= VKI_LOG_WARN)
+        fprintf(stderr, "[vkinfer] %s\n", msg);
+}
+
+static void win_response(void *user, const vki_response *r)
+{
+    win_run *w = user;
+    pthread_mutex_lock(&w->mu);
+    for (uint32_t i = 0; i < r->n_tokens && w->n_out < WIN_OUT; i++)
+        w->out[w->n_out++] = r->tokens[i];
+    if (r->final) {
+        w->final = true;
+        w->finish = r->finish;
+        pthread_cond_signal(&w->cv);
+    }
+    pthread_mutex_unlock(&w->mu);
+}
+
+static void win_stats(void *user, const char *json)
+{
+    win_run *w = user;
+    cJSON *o = cJSON_Parse(json);
+    cJSON *u = o ? cJSON_GetObjectItem(o, "Used KV cache blocks") : NULL, *t = o ? cJSON_GetObjectItem(o, "Reused Tokens") : NULL;
+    if (u && u->valuedouble > w->max_used)
+        w->max_used = (uint32_t)u->valuedouble;
+    if (t)
+        w->reused = t->valuedouble;
+    cJSON_Delete(o);
+}
+
+/* Submits prompt, waits for the final response; returns the tokens generated (in w->out). */
+static uint32_t win_generate(win_run *w, vki_batch_manager *bm, const int32_t *prompt, uint32_t n, uint32_t max_new)
+{
+    pthread_mutex_lock(&w->mu);
+    w->n_out = 0, w->final = false;
+    pthread_mutex_unlock(&w->mu);
+    vki_request req = {.id = 7, .prompt = prompt, .n_prompt = n, .max_new_tokens = max_new,
+                       .sampling = vki_sampling_default_params(), .ignore_eos = true};
+    req.sampling.temperature = 0;
+    char err[256];
+    assert_int_equal(vki_batch_submit(bm, &req, win_response, w, err, sizeof err), VKI_OK);
+    pthread_mutex_lock(&w->mu);
+    while (!w->final)
+        pthread_cond_wait(&w->cv, &w->mu);
+    pthread_mutex_unlock(&w->mu);
+    assert_int_equal(w->finish, VKI_FINISH_LENGTH);
+    return w->n_out;
+}
+
+/* Greedy tokens gen[0..n_gen) after prompt are the reference's argmax at every position. */
+static void check_greedy(ref_model *ref, const int32_t *prompt, uint32_t n_prompt, const int32_t *gen, uint32_t n_gen,
+                         const char *label)
+{
+    uint32_t n = n_prompt + n_gen - 1, V = ref_model_hparams(ref)->n_vocab;
+    int32_t *seq = malloc((size_t)n * sizeof *seq);
+    float *logits = malloc((size_t)n * V * sizeof *logits);
+    memcpy(seq, prompt, n_prompt * sizeof *seq);
+    memcpy(seq + n_prompt, gen, (n_gen - 1) * sizeof *seq);
+    assert_int_equal(ref_model_forward(ref, seq, n, true, logits), VKI_OK);
+    for (uint32_t i = n_prompt - 1; i < n; i++) {
+        const float *l = logits + (size_t)i * V;
+        uint32_t best = 0;
+        for (uint32_t v = 1; v < V; v++)
+            best = l[v] > l[best] ? v : best;
+        if ((int32_t)best != gen[i - (n_prompt - 1)])
+            fail_msg("%s: token %u is %d, the reference's argmax %u", label, i - (n_prompt - 1), gen[i - (n_prompt - 1)],
+                     best);
+    }
+    free(seq);
+    free(logits);
+}
+
+/* max_attention_window 48 (+ the first page as the sink) on a synthetic llama: a 600-token
+ * generation from a pool of 12 pages (it needs 40 without the window) holds at most 7 pages
+ * (sink, the window's 3-4, its edges) and its tokens are the reference's under the same window;
+ * then a prompt extending another request's reuses the cached blocks its window needs and is
+ * right too (the first request's early blocks were evicted long before: a prefix is only found
+ * from its first block). */
+static void test_window_bounded_kv(void **state)
+{
+    (void)state;
+    char path[128];
+    snprintf(path, sizeof path, "/tmp/vki_test_e2e_window_%d.gguf", (int)getpid());
+    synth_params sp = synth_default_params(); /* llama, 2 layers, d 64, 4/2 heads, byte vocab 320 */
+    sp.n_ctx = 2048;
+    char err[512];
+    assert_int_equal(synth_write(&sp, path, err, sizeof err), VKI_OK);
+    vt_pin_vulkan_libraries();
+    win_run *w = calloc(1, sizeof *w);
+    pthread_mutex_init(&w->mu, NULL);
+    pthread_cond_init(&w->cv, NULL);
+    vki_engine_params p = vki_engine_default_params();
+    p.device.validation = true, p.device.log = win_log, p.device.log_user = w;
+    p.kv_tokens = 12 * 16, p.max_seqs = 2, p.max_tokens = 64, p.max_attention_window = 48;
+    vki_engine *e = NULL;
+    if (vki_engine_create(path, &p, &e, err, sizeof err) != VKI_OK)
+        fail_msg("engine: %s", err);
+    vki_model_info mi;
+    vki_engine_info(e, &mi);
+    assert_int_equal(mi.kv_window, 48);
+    assert_int_equal(mi.n_ctx, 2048); /* a window's worth of pages serves the whole context */
+    vki_batch_params bp = vki_batch_default_params();
+    bp.chunk_size = 32;
+    vki_batch_callbacks cb = {.user = w, .stats = win_stats};
+    vki_batch_manager *bm;
+    assert_int_equal(vki_batch_manager_create(e, &bp, &cb, &bm), VKI_OK);
+    int32_t prompt[40];
+    vt_rng r = {0x77};
+    prompt[0] = 1;
+    for (uint32_t i = 1; i < 40; i++)
+        prompt[i] = (int32_t)vt_range(&r, 259, 319);
+    uint32_t n_gen = win_generate(w, bm, prompt, 40, 600);
+    assert_int_equal(n_gen, 600);
+    uint32_t used_long = w->max_used;
+    int32_t first[WIN_OUT], p2[120], second[WIN_OUT];
+    memcpy(first, w->out, sizeof first);
+    /* prefix reuse with windows: P2 runs, then P2 + its 10 tokens reuses the 6 full blocks it
+     * left cached (taking the sink's and the 3 its window sees) */
+    for (uint32_t i = 0; i < 100; i++)
+        p2[i] = (int32_t)vt_range(&r, 259, 319);
+    assert_int_equal(win_generate(w, bm, p2, 100, 10), 10);
+    memcpy(second, w->out, sizeof second);
+    memcpy(p2 + 100, w->out, 10 * sizeof *p2);
+    assert_int_equal(win_generate(w, bm, p2, 110, 20), 20);
+    assert_int_equal(vki_batch_manager_destroy(bm, false), VKI_OK);
+    vki_engine_destroy(e);
+    fprintf(stderr, "  600 tokens with window 48 + sink: at most %u of 12 pages in use; then %.0f tokens reused\n",
+            used_long, w->reused);
+    assert_true(used_long <= 7);
+    assert_true(w->reused == 96);
+    ref_model *ref = NULL;
+    ref_model_opts ro = {.kv_type = VKI_GGML_F16, .max_window = 48, .page_size = 16};
+    assert_int_equal(ref_model_load(path, &ro, &ref, err, sizeof err), VKI_OK);
+    check_greedy(ref, prompt, 40, first, 600, "600 tokens, window 48");
+    check_greedy(ref, p2, 100, second, 10, "window 48, prefix of the next");
+    check_greedy(ref, p2, 110, w->out, 20, "window 48, reused prefix");
+    ref_model_free(ref);
+    unlink(path);
+    int msgs = atomic_load(&w->validation_msgs);
+    free(w);
+    assert_int_equal(msgs, 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -487,6 +656,7 @@ int main(void)
         cmocka_unit_test(test_seeded_sampling_independent_of_batch),
         cmocka_unit_test(test_logits_processor),
         cmocka_unit_test(test_constrained_batch),
+        cmocka_unit_test(test_window_bounded_kv),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

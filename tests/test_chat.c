@@ -98,6 +98,75 @@ static const char T_PHI3_SMALL[] =
     "'<|end|>\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|assistant|>\n' }}{% else %}{{ eos_token }}{% endif "
     "%}";
 
+/* Qwen/Qwen3-0.6B (as llama.cpp keeps it in models/templates): ChatML, reasoning of earlier
+ * assistant turns dropped, no default system prompt. */
+static const char T_QWEN3[] =
+    "{%- if tools %}\n    {{- '<|im_start|>system\\n' }}\n    {%- if messages[0].role == 'system' %}\n        {{- m"
+    "essages[0].content + '\\n\\n' }}\n    {%- endif %}\n    {{- \"# Tools\\n\\nYou may call one or more functions "
+    "to assist with the user query.\\n\\nYou are provided with function signatures within <tools></tools> XML tags:"
+    "\\n<tools>\" }}\n    {%- for tool in tools %}\n        {{- \"\\n\" }}\n        {{- tool | tojson }}\n    {%- e"
+    "ndfor %}\n    {{- \"\\n</tools>\\n\\nFor each function call, return a json object with function name and argum"
+    "ents within <tool_call></tool_call> XML tags:\\n<tool_call>\\n{\\\"name\\\": <function-name>, \\\"arguments\\\""
+    ": <args-json-object>}\\n</tool_call><|im_end|>\\n\" }}\n{%- else %}\n    {%- if messages[0].role == 'system' %"
+    "}\n        {{- '<|im_start|>system\\n' + messages[0].content + '<|im_end|>\\n' }}\n    {%- endif %}\n{%- endif"
+    " %}\n{%- set ns = namespace(multi_step_tool=true, last_query_index=messages|length - 1) %}\n{%- for message in"
+    " messages[::-1] %}\n    {%- set index = (messages|length - 1) - loop.index0 %}\n    {%- if ns.multi_step_tool "
+    "and message.role == \"user\" and not(message.content.startswith('<tool_response>') and message.content.endswit"
+    "h('</tool_response>')) %}\n        {%- set ns.multi_step_tool = false %}\n        {%- set ns.last_query_index "
+    "= index %}\n    {%- endif %}\n{%- endfor %}\n{%- for message in messages %}\n    {%- if (message.role == \"use"
+    "r\") or (message.role == \"system\" and not loop.first) %}\n        {{- '<|im_start|>' + message.role + '\\n' "
+    "+ message.content + '<|im_end|>' + '\\n' }}\n    {%- elif message.role == \"assistant\" %}\n        {%- set co"
+    "ntent = message.content %}\n        {%- set reasoning_content = '' %}\n        {%- if message.reasoning_conten"
+    "t is defined and message.reasoning_content is not none %}\n            {%- set reasoning_content = message.rea"
+    "soning_content %}\n        {%- else %}\n            {%- if '</think>' in message.content %}\n                {"
+    "%- set content = message.content.split('</think>')[-1].lstrip('\\n') %}\n                {%- set reasoning_con"
+    "tent = message.content.split('</think>')[0].rstrip('\\n').split('<think>')[-1].lstrip('\\n') %}\n            {"
+    "%- endif %}\n        {%- endif %}\n        {%- if loop.index0 > ns.last_query_index %}\n            {%- if loo"
+    "p.last or (not loop.last and reasoning_content) %}\n                {{- '<|im_start|>' + message.role + '\\n<t"
+    "hink>\\n' + reasoning_content.strip('\\n') + '\\n</think>\\n\\n' + content.lstrip('\\n') }}\n            {%- e"
+    "lse %}\n                {{- '<|im_start|>' + message.role + '\\n' + content }}\n            {%- endif %}\n    "
+    "    {%- else %}\n            {{- '<|im_start|>' + message.role + '\\n' + content }}\n        {%- endif %}\n   "
+    "     {%- if message.tool_calls %}\n            {%- for tool_call in message.tool_calls %}\n                {%-"
+    " if (loop.first and content) or (not loop.first) %}\n                    {{- '\\n' }}\n                {%- end"
+    "if %}\n                {%- if tool_call.function %}\n                    {%- set tool_call = tool_call.functio"
+    "n %}\n                {%- endif %}\n                {{- '<tool_call>\\n{\"name\": \"' }}\n                {{- "
+    "tool_call.name }}\n                {{- '\", \"arguments\": ' }}\n                {%- if tool_call.arguments is"
+    " string %}\n                    {{- tool_call.arguments }}\n                {%- else %}\n                    {"
+    "{- tool_call.arguments | tojson }}\n                {%- endif %}\n                {{- '}\\n</tool_call>' }}\n "
+    "           {%- endfor %}\n        {%- endif %}\n        {{- '<|im_end|>\\n' }}\n    {%- elif message.role == \""
+    "tool\" %}\n        {%- if loop.first or (messages[loop.index0 - 1].role != \"tool\") %}\n            {{- '<|im"
+    "_start|>user' }}\n        {%- endif %}\n        {{- '\\n<tool_response>\\n' }}\n        {{- message.content }}"
+    "\n        {{- '\\n</tool_response>' }}\n        {%- if loop.last or (messages[loop.index0 + 1].role != \"tool\""
+    ") %}\n            {{- '<|im_end|>\\n' }}\n        {%- endif %}\n    {%- endif %}\n{%- endfor %}\n{%- if add_ge"
+    "neration_prompt %}\n    {{- '<|im_start|>assistant\\n' }}\n    {%- if enable_thinking is defined and enable_th"
+    "inking is false %}\n        {{- '<think>\\n\\n</think>\\n\\n' }}\n    {%- endif %}\n{%- endif %}";
+
+/* google/gemma-3-1b-it: a system message becomes the first user turn's prefix. (Gemma 2's
+ * gemma-2-2b-it template is T_GEMMA's.) */
+static const char T_GEMMA3[] =
+    "{{ bos_token }}\n{%- if messages[0]['role'] == 'system' -%}\n    {%- if messages[0]['content'] is string -%}\n"
+    "        {%- set first_user_prefix = messages[0]['content'] + '\\n\\n' -%}\n    {%- else -%}\n        {%- set "
+    "first_user_prefix = messages[0]['content'][0]['text'] + '\\n\\n' -%}\n    {%- endif -%}\n    {%- set "
+    "loop_messages = messages[1:] -%}\n{%- else -%}\n    {%- set first_user_prefix = \"\" -%}\n    {%- set "
+    "loop_messages = messages -%}\n{%- endif -%}\n{%- for message in loop_messages -%}\n    {%- if (message['role'] "
+    "== 'user') != (loop.index0 % 2 == 0) -%}\n        {{ raise_exception(\"Conversation roles must alternate "
+    "user/assistant/user/assistant/...\") }}\n    {%- endif -%}\n    {%- if (message['role'] == 'assistant') -%}\n "
+    "       {%- set role = \"model\" -%}\n    {%- else -%}\n        {%- set role = message['role'] -%}\n    {%- "
+    "endif -%}\n    {{ '<start_of_turn>' + role + '\\n' + (first_user_prefix if loop.first else \"\") }}\n    {%- if "
+    "message['content'] is string -%}\n        {{ message['content'] | trim }}\n    {%- elif message['content'] is "
+    "iterable -%}\n        {%- for item in message['content'] -%}\n            {%- if item['type'] == 'image' -%}\n "
+    "               {{ '<start_of_image>' }}\n            {%- elif item['type'] == 'text' -%}\n                {{ "
+    "item['text'] | trim }}\n            {%- endif -%}\n        {%- endfor -%}\n    {%- else -%}\n        {{ "
+    "raise_exception(\"Invalid content type\") }}\n    {%- endif -%}\n    {{ '<end_of_turn>\\n' }}\n{%- endfor -%}\n"
+    "{%- if add_generation_prompt -%}\n    {{'<start_of_turn>model\\n'}}\n{%- endif -%}\n";
+
+/* microsoft/Phi-3-mini-4k-instruct's first template (its GGUF release): no system turn, the
+ * assistant tag after every user turn, no add_generation_prompt. */
+static const char T_PHI3_MINI[] =
+    "{{ bos_token }}{% for message in messages %}{% if (message['role'] == 'user') %}{{'<|user|>' + '\n' + "
+    "message['content'] + '<|end|>' + '\n' + '<|assistant|>' + '\n'}}{% elif (message['role'] == 'assistant') "
+    "%}{{message['content'] + '<|end|>' + '\n'}}{% endif %}{% endfor %}";
+
 /* Not one of ours (DeepSeek-V2): falls back. */
 static const char T_DEEPSEEK[] =
     "{% if not add_generation_prompt is defined %}{% set add_generation_prompt = false %}{% endif %}{{ bos_token }}{% "
@@ -163,6 +232,27 @@ static void test_chatml(void **state)
     chat_template_free(&t);
 }
 
+/* Qwen3's real template: plain ChatML for this conversation (no default system prompt), and an
+ * earlier assistant turn's reasoning dropped as the template drops it; the last turn keeps it. */
+static void test_qwen3(void **state)
+{
+    expect_render(T_QWEN3, CHAT_CHATML, "", "<|im_end|>", CONV, N_CONV, true,
+                  "<|im_start|>system\nYou are a helpful assistant<|im_end|>\n<|im_start|>user\nHello<|im_end|>\n"
+                  "<|im_start|>assistant\nHi there<|im_end|>\n<|im_start|>user\nWho are you<|im_end|>\n"
+                  "<|im_start|>assistant\n   I am an assistant   <|im_end|>\n<|im_start|>user\nAnother "
+                  "question<|im_end|>\n<|im_start|>assistant\n");
+    static const chat_msg think[] = {M(CHAT_USER, "Hello"), M(CHAT_ASSISTANT, "<think>\nhmm\n</think>\n\nHi there"),
+                                     M(CHAT_USER, "Who are you")};
+    expect_render(T_QWEN3, CHAT_CHATML, "", "<|im_end|>", think, 3, true,
+                  "<|im_start|>user\nHello<|im_end|>\n<|im_start|>assistant\nHi there<|im_end|>\n"
+                  "<|im_start|>user\nWho are you<|im_end|>\n<|im_start|>assistant\n");
+    chat_template t;
+    assert_int_equal(chat_template_init(&t, CHAT_CHATML, T_QWEN3, "", ""), VKI_OK);
+    assert_null(t.default_system);
+    assert_true(t.strip_think);
+    chat_template_free(&t);
+}
+
 static void test_llama3(void **state)
 {
     expect_render(T_LLAMA3, CHAT_LLAMA3, "<|begin_of_text|>", "<|eot_id|>", CONV, N_CONV, true,
@@ -220,6 +310,11 @@ static void test_gemma(void **state)
     /* system: Gemma 3's rule (prefix of the first user turn) */
     expect_render(T_GEMMA, CHAT_GEMMA, "<bos>", "<eos>", CONV, 2, true,
                   "<bos><start_of_turn>user\nYou are a helpful assistant\n\nHello<end_of_turn>\n<start_of_turn>model\n");
+    /* Gemma 3's real template */
+    expect_render(T_GEMMA3, CHAT_GEMMA, "<bos>", "<eos>", CONV, N_CONV, true,
+                  "<bos><start_of_turn>user\nYou are a helpful assistant\n\nHello<end_of_turn>\n<start_of_turn>model\n"
+                  "Hi there<end_of_turn>\n<start_of_turn>user\nWho are you<end_of_turn>\n<start_of_turn>model\nI am an "
+                  "assistant<end_of_turn>\n<start_of_turn>user\nAnother question<end_of_turn>\n<start_of_turn>model\n");
 }
 
 static void test_phi3(void **state)
@@ -235,6 +330,13 @@ static void test_phi3(void **state)
     /* no generation prompt: eos; an empty system message is skipped */
     static const chat_msg m[] = {M(CHAT_SYSTEM, ""), M(CHAT_USER, "Hi")};
     expect_render(T_PHI35, CHAT_PHI3, "<s>", "<|endoftext|>", m, 2, false, "<|user|>\nHi<|end|>\n<|endoftext|>");
+    /* Phi-3-mini-4k's first template: the system message is dropped, the assistant tag follows
+     * every user turn whatever the generation prompt */
+    static const char v1[] =
+        "<s><|user|>\nHello<|end|>\n<|assistant|>\nHi there<|end|>\n<|user|>\nWho are you<|end|>\n<|assistant|>\n"
+        "   I am an assistant   <|end|>\n<|user|>\nAnother question<|end|>\n<|assistant|>\n";
+    expect_render(T_PHI3_MINI, CHAT_PHI3, "<s>", "<|endoftext|>", CONV, N_CONV, true, v1);
+    expect_render(T_PHI3_MINI, CHAT_PHI3, "<s>", "<|endoftext|>", CONV, N_CONV, false, v1);
 }
 
 static void test_fallback(void **state)
@@ -438,7 +540,7 @@ static void test_from_gguf(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_chatml),       cmocka_unit_test(test_llama3),       cmocka_unit_test(test_llama2),
+        cmocka_unit_test(test_chatml),       cmocka_unit_test(test_qwen3),        cmocka_unit_test(test_llama3),       cmocka_unit_test(test_llama2),
         cmocka_unit_test(test_mistral),      cmocka_unit_test(test_zephyr),       cmocka_unit_test(test_gemma),
         cmocka_unit_test(test_phi3),         cmocka_unit_test(test_fallback),     cmocka_unit_test(test_errors),
         cmocka_unit_test(test_tokenize_spm), cmocka_unit_test(test_tokenize_bpe), cmocka_unit_test(test_from_gguf),

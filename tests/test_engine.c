@@ -8,7 +8,10 @@
  *   quantised weights, F32 KV: 1e-6 as well: the reference dequantises the same blocks, so only
  *     summation order differs
  *   F16 KV: 1e-4 against a reference that rounds K/V through f16 too (the device keeps the
- *     f32 query and accumulates in f32; the difference left is f32 rounding in softmax/exp) */
+ *     f32 query and accumulates in f32; the difference left is f32 rounding in softmax/exp)
+ *   Q8_0 KV: TOL_Q8KV against a reference that quantises K/V as the device does
+ * The newer architectures (qwen3, gemma2, gemma3, phi3, windowed llama) are held to the same
+ * bounds (measured ~1e-13 with F32 KV). */
 #include "support/ref_model.h"
 #include "support/vt.h"
 
@@ -23,10 +26,15 @@
 #include "engine/gguf_write.h"
 #include "engine/synth.h"
 #include "host/tokenizer/tokenizer.h"
+#include "support/gguf_edit.h"
 
 #define PAGES_PER_SEQ 160
 #define TOL_F32 1e-6
 #define TOL_F16KV 1e-4
+/* Q8_0 KV: measured 1e-10 against a reference that quantises K/V the same way; the margin is
+ * for a value within rounding of a quantisation step landing on the other side (a step is 1/127
+ * of its block's largest magnitude, far more than an f16 ulp) */
+#define TOL_Q8KV 1e-6
 
 typedef struct fixture {
     vt_gpu *g;
@@ -61,7 +69,9 @@ static void fixture_open_p(vt_gpu *g, const char *path, const vk_engine_params *
     vki_status st = vk_engine_create(g->dev, fx->f, &fx->hp, &fx->t, p, &fx->e);
     if (st != VKI_OK)
         fail_msg("vk_engine_create(%s): %s", path, vki_status_str(st));
-    st = ref_model_load(path, p->kv_type == VKI_GGML_F16, &fx->ref, err, sizeof err);
+    ref_model_opts ro = {.kv_type = p->kv_type, .n_ctx = p->max_ctx, .max_window = p->max_window,
+                         .page_size = p->page_size};
+    st = ref_model_load(path, &ro, &fx->ref, err, sizeof err);
     if (st != VKI_OK)
         fail_msg("ref_model_load: %s", err);
     fx->n_vocab = fx->hp.n_vocab;
@@ -285,10 +295,21 @@ typedef struct shape_case {
     double tol;
 } shape_case;
 
+/* Writes p into a temporary file named after label. */
+static void write_synth(const char *label, const synth_params *p, char *path, size_t n)
+{
+    snprintf(path, n, "/tmp/vki_test_engine_%d_%s.gguf", (int)getpid(), label);
+    for (char *q = path + strlen("/tmp/"); *q; q++)
+        if (*q == ' ')
+            *q = '_';
+    char err[256];
+    if (synth_write(p, path, err, sizeof err) != VKI_OK)
+        fail_msg("synth_write %s: %s", label, err);
+}
+
 /* Writes a 2-layer model of this shape (byte vocabulary of 512) into a temporary file. */
 static void write_model(const shape_case *c, char *path, size_t n)
 {
-    snprintf(path, n, "/tmp/vki_test_engine_%d_%s.gguf", (int)getpid(), c->label);
     synth_params p = synth_default_params();
     p.arch = c->arch;
     p.n_layer = 2;
@@ -302,9 +323,7 @@ static void write_model(const shape_case *c, char *path, size_t n)
     p.wtype = c->wtype;
     p.tied = c->tied;
     p.seed = 1234;
-    char err[256];
-    if (synth_write(&p, path, err, sizeof err) != VKI_OK)
-        fail_msg("synth_write %s: %s", c->label, err);
+    write_synth(c->label, &p, path, n);
 }
 
 static void random_prompt(vt_rng *r, int32_t *t, uint32_t n, uint32_t vocab)
@@ -326,6 +345,22 @@ static const shape_case SHAPES[] = {
     {"qwen2_iq4xs", "qwen2", 256, 4, 1, 64, 320, SYNTH_IQ4_XS, true, VKI_GGML_F32, TOL_F32}, /* + iq4_nl */
 };
 
+/* Opens the model at path with p, checks a random prompt of min_prompt..40 tokens against the
+ * reference, then closes it and deletes the file. Chunks of 7: the last chunk is shorter, the
+ * GEMV path (<= 8 rows) and decode too. */
+static void check_model_file(vt_gpu *g, vt_rng *r, const char *path, const vk_engine_params *p, uint32_t min_prompt,
+                             double tol, const char *label)
+{
+    fixture fx;
+    fixture_open_p(g, path, p, &fx);
+    int32_t prompt[40];
+    uint32_t np = vt_range(r, min_prompt, 40);
+    random_prompt(r, prompt, np, fx.n_vocab);
+    check_against_reference(&fx, prompt, np, 3, 7, tol, label);
+    fixture_close(&fx);
+    unlink(path);
+}
+
 static void test_synthetic_shapes_vs_reference(void **state)
 {
     vt_gpu *g = vt_gpu_get(state);
@@ -334,15 +369,73 @@ static void test_synthetic_shapes_vs_reference(void **state)
         const shape_case *c = &SHAPES[i];
         char path[256];
         write_model(c, path, sizeof path);
-        fixture fx;
-        fixture_open(g, path, c->kv_type, 64, &fx);
-        int32_t prompt[40];
-        uint32_t np = vt_range(&r, 17, 40);
-        random_prompt(&r, prompt, np, fx.n_vocab);
-        /* chunks of 7: the last chunk is shorter, the GEMV path (<= 8 rows) and decode too */
-        check_against_reference(&fx, prompt, np, 3, 7, c->tol, c->label);
-        fixture_close(&fx);
-        unlink(path);
+        vk_engine_params p = test_params(c->kv_type, 64);
+        check_model_file(g, &r, path, &p, 17, c->tol, c->label);
+    }
+    vt_assert_clean(g);
+}
+
+/* ---- the newer architectures ---------------------------------------------------------------- */
+
+/* Synthetic models of the real head dims, GQA ratios, norms and layer patterns of Qwen3, Gemma
+ * 2/3, Phi-3 and Mistral-style llama, with few layers and a small d_model so lavapipe runs them
+ * fast; prompts long enough (33..40 tokens, pages of 16) that every sliding window slides. */
+typedef struct arch_case {
+    const char *label, *arch;
+    uint32_t layers, d, n_head, n_kv, head_dim, d_ff;
+    synth_wtype wtype;
+    uint32_t window;          /* sliding window written (0: none) */
+    float attn_softcap, final_softcap;
+    uint32_t ctx_orig;        /* phi3 LongRoPE original context (0: no factors) */
+    uint32_t engine_ctx;      /* engine max_ctx (0: the model's 4096) */
+    uint32_t max_window;      /* engine max_attention_window (0: off) */
+    uint32_t kv_type;
+    double tol;
+} arch_case;
+
+static void write_arch_model(const arch_case *c, char *path, size_t n)
+{
+    synth_params p = synth_default_params();
+    p.arch = c->arch;
+    assert_int_equal(synth_arch_defaults(&p), VKI_OK);
+    p.n_layer = c->layers, p.d_model = c->d, p.n_head = c->n_head, p.n_head_kv = c->n_kv;
+    p.head_dim = c->head_dim, p.d_ff = c->d_ff, p.wtype = c->wtype;
+    p.sliding_window = c->window, p.attn_softcap = c->attn_softcap, p.final_softcap = c->final_softcap;
+    p.n_ctx_orig = c->ctx_orig;
+    p.n_vocab = 512, p.n_ctx = 4096, p.seed = 99;
+    p.tied = !strncmp(c->arch, "gemma", 5) || !strcmp(c->arch, "qwen3");
+    if (!strcmp(c->arch, "gemma3") || !strcmp(c->arch, "qwen3"))
+        p.rope_base = 1000000.0f;
+    write_synth(c->label, &p, path, n);
+}
+
+/* Gemma 2's soft-caps here are smaller than its real 50 / 30 so that they bend this random
+ * model's scores (std ~1) and logits (std ~3) instead of passing them nearly unchanged. */
+static const arch_case ARCH_CASES[] = {
+    /* label                     arch      L  d    H  KV hd   d_ff weights      window caps        orig ctx cap kv            tol */
+    {"qwen3 hd128 gqa2",         "qwen3",  2, 256, 4, 2, 128, 512, SYNTH_F16,   0,     0, 0,       0,   0,  0, VKI_GGML_F32, TOL_F32},
+    {"gemma2 hd256 w24 caps",    "gemma2", 2, 256, 4, 2, 256, 512, SYNTH_Q8_0,  24,    1.5f, 4.0f, 0,   0,  0, VKI_GGML_F32, TOL_F32},
+    {"gemma3 5to1 hd256 mqa",    "gemma3", 6, 256, 4, 1, 256, 512, SYNTH_F32,   24,    0, 0,       0,   0,  0, VKI_GGML_F32, TOL_F32},
+    {"phi3 hd96 longrope long",  "phi3",   2, 384, 4, 4, 96,  512, SYNTH_Q8_0,  20,    0, 0,       64,  0,  0, VKI_GGML_F32, TOL_F32},
+    {"phi3 longrope short",      "phi3",   2, 384, 4, 4, 96,  512, SYNTH_F16,   20,    0, 0,       64,  64, 0, VKI_GGML_F32, TOL_F32},
+    {"mistral w20 hd128 gqa4",   "llama",  2, 256, 4, 1, 128, 512, SYNTH_Q4_K_M, 20,   0, 0,       0,   0,  0, VKI_GGML_F32, TOL_F32},
+    {"llama capped 16 + sink",   "llama",  2, 256, 4, 2, 64,  512, SYNTH_F32,   0,     0, 0,       0,   0,  16, VKI_GGML_F32, TOL_F32},
+    {"qwen3 q8_0 kv",            "qwen3",  2, 256, 4, 2, 128, 512, SYNTH_F16,   0,     0, 0,       0,   0,  0, VKI_GGML_Q8_0, TOL_Q8KV},
+    {"gemma2 f16 kv",            "gemma2", 2, 256, 4, 2, 256, 512, SYNTH_F32,   24,    1.5f, 4.0f, 0,   0,  0, VKI_GGML_F16, TOL_F16KV},
+};
+
+static void test_archs_vs_reference(void **state)
+{
+    vt_gpu *g = vt_gpu_get(state);
+    vt_rng r = vt_rng_seeded("engine archs");
+    for (size_t i = 0; i < sizeof ARCH_CASES / sizeof ARCH_CASES[0]; i++) {
+        const arch_case *c = &ARCH_CASES[i];
+        char path[256];
+        write_arch_model(c, path, sizeof path);
+        vk_engine_params p = test_params(c->kv_type, 64);
+        p.max_ctx = c->engine_ctx;
+        p.max_window = c->max_window;
+        check_model_file(g, &r, path, &p, 33, c->tol, c->label);
     }
     vt_assert_clean(g);
 }
@@ -601,9 +694,8 @@ static void coopmat_vs_reference(vt_gpu *g, vt_rng *r)
         write_model(&cases[i], path, sizeof path);
         fixture fx;
         fixture_open(g, path, cases[i].kv_type, 128, &fx);
-        vkk_id k = fx.e->attn.pre_kid; /* prefill attention really is on cooperative matrices */
-        assert_true(k == VKK_ATTN_PREFILL_CME_F16 || k == VKK_ATTN_PREFILL_CME_F32 || k == VKK_ATTN_PREFILL_CM_F16 ||
-                    k == VKK_ATTN_PREFILL_CM_F32);
+        vkk_id k = fx.e->attn[0].pre_kid; /* prefill attention really is on cooperative matrices */
+        assert_true(k >= VKK_ATTN_PREFILL_CM_F16 && k <= VKK_ATTN_PREFILL_CME_Q8_0);
         random_prompt(r, prompt, np, fx.n_vocab);
         check_against_reference_tie(&fx, prompt, np, 3, np, cases[i].tol, 0.01, cases[i].label);
         fixture_close(&fx);
@@ -681,11 +773,15 @@ static void write_meta_only(const char *path, const char *arch)
     gguf_w_destroy(w);
 }
 
-static void expect_refused(const char *path, vki_status want, const char *needle)
+/* kv_type / max_window: the engine parameters to open with (else the defaults). */
+static void expect_refused_p(const char *path, vki_kv_type kv_type, uint32_t max_window, vki_status want,
+                             const char *needle)
 {
     vki_engine_params p = vki_engine_default_params();
     p.device.validation = true;
     p.kv_tokens = 1024;
+    p.kv_type = kv_type;
+    p.max_attention_window = max_window;
     vki_engine *e = NULL;
     char err[512] = "";
     vki_status st = vki_engine_create(path, &p, &e, err, sizeof err);
@@ -693,6 +789,11 @@ static void expect_refused(const char *path, vki_status want, const char *needle
         fail_msg("%s: got %s \"%s\", want %s naming \"%s\"", path, vki_status_str(st), err, vki_status_str(want),
                  needle);
     assert_null(e);
+}
+
+static void expect_refused(const char *path, vki_status want, const char *needle)
+{
+    expect_refused_p(path, VKI_KV_F16, 0, want, needle);
 }
 
 static void test_unsupported_models_refused(void **state)
@@ -734,7 +835,21 @@ static void test_unsupported_models_refused(void **state)
     assert_int_equal(fwrite(&iq2_xxs, 4, 1, f), 1);
     fclose(f);
     expect_refused(path, VKI_ERR_UNSUPPORTED, "blk.0.attn_q.weight: weight type iq2_xxs (id 16) is not supported");
+    /* the newer architectures and options: a missing gemma post-norm, a Q8_0 KV cache on a head
+     * dim that is not a multiple of 32, an absurd attention window */
+    char edited[256];
+    snprintf(edited, sizeof edited, "/tmp/vki_test_refuse_%d_edit.gguf", (int)getpid());
+    write_arch_model(&ARCH_CASES[1], path, sizeof path); /* gemma2 */
+    const gguf_edit drop = {GGUF_EDIT_DROP_TENSOR, "blk.1.post_ffw_norm.weight", 0, 0, 0, 0, NULL};
+    assert_int_equal(gguf_edit_copy(path, edited, &drop, 1), VKI_OK);
+    expect_refused(edited, VKI_ERR_FORMAT, "missing tensor blk.1.post_ffw_norm.weight");
+    expect_refused_p(path, VKI_KV_F16, (1u << 24) + 1, VKI_ERR_INVALID_ARG, "max_attention_window");
     unlink(path);
+    synth_params tiny = synth_default_params(); /* head dim 16 */
+    write_synth("tiny hd16", &tiny, path, sizeof path);
+    expect_refused_p(path, VKI_KV_Q8_0, 0, VKI_ERR_UNSUPPORTED, "q8_0 KV cache needs a head dim that is a multiple of 32");
+    unlink(path);
+    unlink(edited);
     vt_assert_clean(g);
 }
 
@@ -745,6 +860,7 @@ int main(void)
         cmocka_unit_test(test_known_answer_f32_kv),
         cmocka_unit_test(test_stories_logits_vs_reference),
         cmocka_unit_test(test_synthetic_shapes_vs_reference),
+        cmocka_unit_test(test_archs_vs_reference),
         cmocka_unit_test(test_chunked_prefill_equals_whole),
         cmocka_unit_test(test_ragged_batch),
         cmocka_unit_test(test_long_context),

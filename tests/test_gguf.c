@@ -8,8 +8,10 @@
 
 #include "engine/gguf.h"
 #include "engine/gguf_write.h"
+#include "engine/model_meta.h"
 #include "engine/quant.h"
 #include "engine/synth.h"
+#include "support/gguf_edit.h"
 
 #include <sys/wait.h>
 #include <unistd.h>
@@ -997,6 +999,104 @@ static void test_inspect_tool(void **state)
     free(b);
 }
 
+/* ---- model metadata of the newer architectures ---------------------------------------------- */
+
+/* A one-layer synthetic model of arch (its own window and soft-caps; phi3 with LongRoPE
+ * factors) at path. */
+static void arch_model(const char *arch, const char *path)
+{
+    synth_params p = synth_default_params();
+    p.arch = arch;
+    assert_int_equal(synth_arch_defaults(&p), VKI_OK);
+    p.n_layer = 1, p.d_model = 64, p.n_head = 2, p.n_head_kv = 1, p.head_dim = 32, p.d_ff = 96;
+    p.n_ctx_orig = !strcmp(arch, "phi3") ? 128 : 0;
+    char err[256];
+    if (synth_write(&p, path, err, sizeof err) != VKI_OK)
+        fail_msg("synth_write %s: %s", arch, err);
+}
+
+/* The model description of `arch` with edits: VKI_OK when want is VKI_OK, else that status
+ * with a message containing needle (the key or tensor at fault). */
+static void expect_model(const char *arch, const gguf_edit *edits, uint32_t n, vki_status want, const char *needle)
+{
+    char src[64], dst[64], err[256] = "";
+    snprintf(src, sizeof src, "/tmp/vki_meta_%d_%s.gguf", (int)getpid(), arch);
+    snprintf(dst, sizeof dst, "/tmp/vki_meta_%d_edit.gguf", (int)getpid());
+    arch_model(arch, src);
+    assert_int_equal(gguf_edit_copy(src, dst, edits, n), VKI_OK);
+    gguf_file *f = NULL;
+    assert_int_equal(gguf_open(dst, &f, err, sizeof err), VKI_OK);
+    model_hparams hp;
+    model_tensors t = {0};
+    vki_status st = model_read_hparams(f, &hp, err, sizeof err);
+    if (st == VKI_OK)
+        st = model_find_tensors(f, &hp, &t, err, sizeof err);
+    if (st != want || (needle && !strstr(err, needle)))
+        fail_msg("%s: got %s \"%s\", want %s naming \"%s\"", arch, vki_status_str(st), err, vki_status_str(want),
+                 needle ? needle : "");
+    model_tensors_free(&t);
+    gguf_close(f);
+    unlink(src);
+    unlink(dst);
+}
+
+#define EXPECT(arch, want, needle, ...)                                                            \
+    do {                                                                                           \
+        const gguf_edit e_[] = {__VA_ARGS__};                                                      \
+        expect_model(arch, e_, sizeof e_ / sizeof e_[0], want, needle);                            \
+    } while (0)
+
+/* Each architecture's own hyperparameters and tensors: what the unedited files describe, then
+ * absent or mis-shaped norm and fused tensors, bad windows, soft-caps and LongRoPE keys, each
+ * refused with a message naming the key or tensor. */
+static void test_model_meta_archs(void **state)
+{
+    (void)state;
+    const gguf_edit none = {GGUF_EDIT_DROP_KEY, "no.such.key", 0, 0, 0, 0, NULL};
+    const char *archs[] = {"qwen3", "gemma2", "gemma3", "phi3"};
+    for (int i = 0; i < 4; i++)
+        expect_model(archs[i], &none, 1, VKI_OK, NULL);
+    EXPECT("gemma2", VKI_ERR_FORMAT, "missing tensor blk.0.post_attention_norm.weight",
+           {GGUF_EDIT_DROP_TENSOR, "blk.0.post_attention_norm.weight", 0, 0, 0, 0, NULL});
+    EXPECT("gemma3", VKI_ERR_FORMAT, "missing tensor blk.0.post_ffw_norm.weight",
+           {GGUF_EDIT_DROP_TENSOR, "blk.0.post_ffw_norm.weight", 0, 0, 0, 0, NULL});
+    EXPECT("qwen3", VKI_ERR_FORMAT, "missing tensor blk.0.attn_k_norm.weight",
+           {GGUF_EDIT_DROP_TENSOR, "blk.0.attn_k_norm.weight", 0, 0, 0, 0, NULL});
+    EXPECT("gemma3", VKI_ERR_FORMAT, "tensor blk.0.attn_q_norm.weight has shape [64, 1], expected [32, 1]",
+           {GGUF_EDIT_SHAPE, "blk.0.attn_q_norm.weight", 64, 0, 0, 0, NULL});
+    EXPECT("gemma2", VKI_ERR_FORMAT, "gemma2.attention.sliding_window = 0",
+           {GGUF_EDIT_U32, "gemma2.attention.sliding_window", 0, 0, 0, 0, NULL});
+    EXPECT("gemma3", VKI_ERR_FORMAT, "gemma3.attention.sliding_window = 33554432",
+           {GGUF_EDIT_U32, "gemma3.attention.sliding_window", 0, 0, 1u << 25, 0, NULL});
+    EXPECT("llama", VKI_ERR_FORMAT, "llama.attention.sliding_window: not an unsigned 32-bit integer",
+           {GGUF_EDIT_STR, "llama.attention.sliding_window", 0, 0, 0, 0, "4096"});
+    EXPECT("gemma2", VKI_ERR_FORMAT, "gemma2.attn_logit_softcapping = -1",
+           {GGUF_EDIT_F32, "gemma2.attn_logit_softcapping", 0, 0, 0, -1.0f, NULL});
+    EXPECT("gemma2", VKI_ERR_FORMAT, "gemma2.final_logit_softcapping: not a finite number",
+           {GGUF_EDIT_F32, "gemma2.final_logit_softcapping", 0, 0, 0, INFINITY, NULL});
+    EXPECT("phi3", VKI_ERR_FORMAT, "tensor blk.0.ffn_up.weight has shape [64, 96], expected [64, 192]",
+           {GGUF_EDIT_SHAPE, "blk.0.ffn_up.weight", 64, 96, 0, 0, NULL});
+    EXPECT("phi3", VKI_ERR_FORMAT, "tensor blk.0.attn_qkv.weight has shape",
+           {GGUF_EDIT_SHAPE, "blk.0.attn_qkv.weight", 64, 64, 0, 0, NULL});
+    EXPECT("phi3", VKI_ERR_FORMAT, "rope_factors_long.weight without rope_factors_short.weight",
+           {GGUF_EDIT_DROP_TENSOR, "rope_factors_short.weight", 0, 0, 0, 0, NULL});
+    EXPECT("phi3", VKI_ERR_FORMAT, "tensor rope_factors_long.weight has shape [8, 1], expected [16, 1]",
+           {GGUF_EDIT_SHAPE, "rope_factors_long.weight", 8, 0, 0, 0, NULL});
+    EXPECT("phi3", VKI_ERR_FORMAT, "phi3.rope.scaling.attn_factor = 0",
+           {GGUF_EDIT_F32, "phi3.rope.scaling.attn_factor", 0, 0, 0, 0.0f, NULL});
+    EXPECT("phi3", VKI_ERR_FORMAT, "phi3.rope.scaling.original_context_length is 0",
+           {GGUF_EDIT_U32, "phi3.rope.scaling.original_context_length", 0, 0, 0, 0, NULL});
+    EXPECT("phi3", VKI_ERR_FORMAT, "phi3.rope.scaling.type is longrope but rope_factors_long/short.weight are missing",
+           {GGUF_EDIT_STR, "phi3.rope.scaling.type", 0, 0, 0, 0, "longrope"},
+           {GGUF_EDIT_DROP_TENSOR, "rope_factors_long.weight", 0, 0, 0, 0, NULL},
+           {GGUF_EDIT_DROP_TENSOR, "rope_factors_short.weight", 0, 0, 0, 0, NULL});
+    EXPECT("phi3", VKI_OK, NULL, {GGUF_EDIT_STR, "phi3.rope.scaling.type", 0, 0, 0, 0, "su"});
+    EXPECT("qwen3", VKI_ERR_UNSUPPORTED, "rope scaling type 'yarn' is not supported",
+           {GGUF_EDIT_STR, "qwen3.rope.scaling.type", 0, 0, 0, 0, "yarn"});
+    EXPECT("qwen3", VKI_ERR_UNSUPPORTED, "architecture 'gemma' is not supported",
+           {GGUF_EDIT_STR, "general.architecture", 0, 0, 0, 0, "gemma"});
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1014,6 +1114,7 @@ int main(void)
         cmocka_unit_test(test_bad_tensor_infos),
         cmocka_unit_test(test_byte_flips),
         cmocka_unit_test(test_inspect_tool),
+        cmocka_unit_test(test_model_meta_archs),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

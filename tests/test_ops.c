@@ -1,17 +1,22 @@
 /* Row norms and elementwise ops (engine/ops_basic.h) against scalar double-precision references:
  * add, RMSNorm, RoPE (normal / NeoX, partial rotary, linear scale, llama3 factors, in place),
- * SwiGLU, softmax (scale, -inf entries, all -inf rows, length-1 rows). Operands are random
- * strided sub-matrices at random offsets of NaN-filled buffers: the result must match the
+ * SwiGLU / GeGLU, scale / soft-cap, softmax (scale, -inf entries, all -inf rows, length-1
+ * rows). A per-head RMSNorm (qwen3, gemma3 Q/K norms) is RMSNorm over rows of head_dim: the
+ * rmsnorm shapes include such rows (64 and 256 columns). Operands are random strided
+ * sub-matrices at random offsets of NaN-filled buffers: the result must match the
  * reference and every float outside the matrix must still be NaN.
  *
- * Tolerances (NMSE against the double reference): 1e-10 for every kernel but RoPE, whose angle
- * is exact to < 1e-6 rad for positions < 2^24; RoPE is held to 1e-11 at positions up to 2^24-1. */
+ * Tolerances (NMSE against the double reference): 1e-10 for add, RMSNorm and softmax; RoPE,
+ * whose angle is exact to < 1e-6 rad for positions < 2^24, is held to 1e-11 at positions up to
+ * 2^24-1; GLU and unary to 1e-12 (GLU_TOL, UNARY_TOL: measured values next to them). */
 #include "support/vt.h"
 
 #include "engine/ops_basic.h"
 
 #define N_SHAPES 24
 #define ROPE_TOL 1e-11
+#define GLU_TOL 1e-12   /* measured on lavapipe: SwiGLU ~7e-15, GeGLU ~4e-16 */
+#define UNARY_TOL 1e-12 /* measured: scale exact (0), soft-cap ~5e-15 */
 
 typedef struct mshape {
     uint32_t rows, cols, off, stride; /* element (r, c) at off + r * stride + c */
@@ -56,39 +61,42 @@ static void assert_untouched(const float *buf, size_t n, mshape s, const char *l
     }
 }
 
-/* Downloads y (n floats), checks the matrix s against ref (packed rows) and the gaps. */
-static void check_out(vt_gpu *g, vkd_buffer *by, size_t n, mshape s, const float *ref, double tol, const char *label);
+/* Downloads y (n floats), checks the matrix s against ref (packed rows) and the gaps; returns
+ * the NMSE reached. */
+static double check_out(vt_gpu *g, vkd_buffer *by, size_t n, mshape s, const float *ref, double tol, const char *label);
 
 /* The result of an op that ran in place (by is x's buffer of n floats) or into a NaN-filled
- * output: matches ref by NMSE; out of place nothing outside the shape was written; in place with
- * x_gaps given, the floats outside the shape still hold x. */
-static void check_result(vt_gpu *g, vkd_buffer *by, bool in_place, size_t n, mshape s, const float *ref, double tol,
-                         const float *x_gaps, const char *label)
+ * output: matches ref by NMSE (returned); out of place nothing outside the shape was written; in
+ * place with x_gaps given, the floats outside the shape still hold x. */
+static double check_result(vt_gpu *g, vkd_buffer *by, bool in_place, size_t n, mshape s, const float *ref, double tol,
+                           const float *x_gaps, const char *label)
 {
-    if (!in_place) {
-        check_out(g, by, n, s, ref, tol, label);
-        return;
-    }
+    if (!in_place)
+        return check_out(g, by, n, s, ref, tol, label);
     float *y = malloc(n * sizeof *y), *packed = malloc((size_t)s.rows * s.cols * sizeof *packed);
     vt_download(g, by, y, n * 4);
     gather(y, s, packed);
     vt_assert_nmse(packed, ref, (size_t)s.rows * s.cols, tol, label);
+    double e = vt_nmse(packed, ref, (size_t)s.rows * s.cols);
     for (size_t i = 0; x_gaps && i < n; i++)
         if (i < s.off || (i - s.off) % s.stride >= s.cols)
             assert_memory_equal(&y[i], &x_gaps[i], 4);
     free(y);
     free(packed);
+    return e;
 }
 
-static void check_out(vt_gpu *g, vkd_buffer *by, size_t n, mshape s, const float *ref, double tol, const char *label)
+static double check_out(vt_gpu *g, vkd_buffer *by, size_t n, mshape s, const float *ref, double tol, const char *label)
 {
     float *y = malloc(n * sizeof *y), *packed = malloc((size_t)s.rows * s.cols * sizeof *packed);
     vt_download(g, by, y, n * sizeof *y);
     gather(y, s, packed);
     vt_assert_nmse(packed, ref, (size_t)s.rows * s.cols, tol, label);
+    double e = vt_nmse(packed, ref, (size_t)s.rows * s.cols);
     assert_untouched(y, n, s, label);
     free(y);
     free(packed);
+    return e;
 }
 
 static op_mat mat_of(const vkd_buffer *b, mshape s) { return (op_mat){vkd_whole(b), s.off, s.stride}; }
@@ -273,22 +281,32 @@ static void test_rope_freqs_table(void **state)
     }
 }
 
-static void ref_swiglu(const float *gt, mshape gs, const float *u, mshape us, float *out)
+static double ref_act(uint32_t act, double v)
+{
+    if (act == VKI_GLU_GELU_TANH)
+        return 0.5 * v * (1.0 + tanh(sqrt(2.0 / M_PI) * (v + 0.044715 * v * v * v)));
+    return v / (1.0 + exp(-v));
+}
+
+static void ref_glu(uint32_t act, const float *gt, mshape gs, const float *u, mshape us, float *out)
 {
     for (uint32_t i = 0; i < gs.rows; i++)
         for (uint32_t c = 0; c < gs.cols; c++) {
             double v = gt[gs.off + (size_t)i * gs.stride + c];
-            out[(size_t)i * gs.cols + c] = (float)(v / (1.0 + exp(-v)) * u[us.off + (size_t)i * us.stride + c]);
+            out[(size_t)i * gs.cols + c] = (float)(ref_act(act, v) * u[us.off + (size_t)i * us.stride + c]);
         }
 }
 
-/* Gate and up as the two halves of one fused [rows, 2 * cols] buffer in odd cases. */
-static void test_swiglu(void **state)
+/* SwiGLU and GeGLU; gate and up as the two halves of one fused [rows, 2 * cols] buffer in odd
+ * cases (phi3's ffn_up holds gate | up). */
+static void test_glu(void **state)
 {
     vt_gpu *g = vt_gpu_get(state);
-    vt_rng r = vt_rng_seeded("op_swiglu");
-    for (int t = 0; t < N_SHAPES; t++) {
-        mshape gs = random_shape(&r, t, 12000), us = gs, ys = gs;
+    vt_rng r = vt_rng_seeded("op_glu");
+    double worst[2] = {0, 0};
+    for (int t = 0; t < 2 * N_SHAPES; t++) {
+        uint32_t act = t % 4 < 2 ? VKI_GLU_SILU : VKI_GLU_GELU_TANH;
+        mshape gs = random_shape(&r, t / 2, 12000), us = gs, ys = gs;
         bool fused = t % 2;
         if (fused) { /* gate | up interleaved per row in one buffer */
             gs.stride = us.stride = 2 * gs.cols + 3;
@@ -300,19 +318,20 @@ static void test_swiglu(void **state)
         ys.stride = gs.cols + vt_range(&r, 0, 2);
         size_t ng = mshape_len(gs) > mshape_len(us) ? mshape_len(gs) : mshape_len(us), ny = mshape_len(ys);
         float *gt = rand_buf(&r, ng, -12, 12), *u = fused ? gt : rand_buf(&r, mshape_len(us), -3, 3);
-        if (t == 3) /* saturation: exp(-v) overflows to inf */
+        if (t / 2 == 3) /* saturation: exp(-v) overflows to inf, tanh reaches +-1 */
             for (size_t i = 0; i < ng; i += 2)
                 gt[i] = (i % 4 ? -1 : 1) * vt_uniform(&r, 80, 120);
         float *ref = malloc((size_t)gs.rows * gs.cols * sizeof *ref);
-        ref_swiglu(gt, gs, u, us, ref);
+        ref_glu(act, gt, gs, u, us, ref);
         vkd_buffer *bg = vt_buf_from(g, gt, ng * 4, "g"), *bu = fused ? bg : vt_buf_from(g, u, mshape_len(us) * 4, "u");
         vkd_buffer *by = vt_buf_nan(g, ny * 4, "y");
         vt_begin(g);
-        assert_int_equal(op_swiglu(&g->cmd, mat_of(bg, gs), mat_of(bu, us), mat_of(by, ys), gs.rows, gs.cols), VKI_OK);
+        assert_int_equal(op_glu(&g->cmd, act, mat_of(bg, gs), mat_of(bu, us), mat_of(by, ys), gs.rows, gs.cols), VKI_OK);
         vt_submit_wait(g);
         char label[96];
-        snprintf(label, sizeof label, "swiglu %ux%u%s", gs.rows, gs.cols, fused ? " fused" : "");
-        check_out(g, by, ny, ys, ref, 1e-10, label);
+        snprintf(label, sizeof label, "%s %ux%u%s", act ? "geglu" : "swiglu", gs.rows, gs.cols, fused ? " fused" : "");
+        double e = check_out(g, by, ny, ys, ref, GLU_TOL, label);
+        worst[act] = e > worst[act] ? e : worst[act];
         vkd_buffer_destroy(g->dev, bg);
         if (!fused)
             vkd_buffer_destroy(g->dev, bu);
@@ -322,6 +341,49 @@ static void test_swiglu(void **state)
             free(u);
         free(ref);
     }
+    fprintf(stderr, "  worst NMSE: swiglu %.2e, geglu %.2e (tolerance %.0e)\n", worst[0], worst[1], GLU_TOL);
+    vt_assert_clean(g);
+}
+
+/* Scale (gemma's sqrt(d_model) on the embeddings) and soft-cap (gemma 2's 30 tanh(x / 30) on the
+ * logits), out of place and in place, with values far past the cap. */
+static void test_unary(void **state)
+{
+    vt_gpu *g = vt_gpu_get(state);
+    vt_rng r = vt_rng_seeded("op_unary");
+    double worst[2] = {0, 0};
+    for (int t = 0; t < N_SHAPES; t++) {
+        uint32_t op = t % 2 ? VKI_UNARY_SOFTCAP : VKI_UNARY_SCALE;
+        float a = op == VKI_UNARY_SOFTCAP ? (float[]){30.0f, 50.0f, 0.5f}[t % 3] : vt_uniform(&r, -60, 60);
+        mshape xs = random_shape(&r, t, 9000), ys = xs;
+        bool in_place = t % 4 >= 2;
+        if (!in_place) {
+            ys.off = vt_range(&r, 0, 5);
+            ys.stride = xs.cols + vt_range(&r, 0, 3);
+        }
+        size_t nx = mshape_len(xs), ny = mshape_len(ys);
+        float *x = rand_buf(&r, nx, -200, 200), *ref = malloc((size_t)xs.rows * xs.cols * sizeof *ref);
+        for (uint32_t i = 0; i < xs.rows; i++)
+            for (uint32_t c = 0; c < xs.cols; c++) {
+                double v = x[xs.off + (size_t)i * xs.stride + c];
+                ref[(size_t)i * xs.cols + c] = (float)(op == VKI_UNARY_SOFTCAP ? a * tanh(v / a) : (double)a * v);
+            }
+        vkd_buffer *bx = vt_buf_from(g, x, nx * 4, "x"), *by = in_place ? bx : vt_buf_nan(g, ny * 4, "y");
+        vt_begin(g);
+        assert_int_equal(op_unary(&g->cmd, op, a, mat_of(bx, xs), mat_of(by, ys), xs.rows, xs.cols), VKI_OK);
+        vt_submit_wait(g);
+        char label[96];
+        snprintf(label, sizeof label, "%s %g %ux%u%s", op ? "softcap" : "scale", a, xs.rows, xs.cols,
+                 in_place ? " in place" : "");
+        double e = check_result(g, by, in_place, in_place ? nx : ny, in_place ? xs : ys, ref, UNARY_TOL, x, label);
+        worst[op] = e > worst[op] ? e : worst[op];
+        if (!in_place)
+            vkd_buffer_destroy(g->dev, by);
+        vkd_buffer_destroy(g->dev, bx);
+        free(x);
+        free(ref);
+    }
+    fprintf(stderr, "  worst NMSE: scale %.2e, softcap %.2e (tolerance %.0e)\n", worst[0], worst[1], UNARY_TOL);
     vt_assert_clean(g);
 }
 
@@ -389,7 +451,10 @@ static void test_bad_shapes(void **state)
     assert_int_equal(op_rmsnorm(&g->cmd, m, vkd_whole(b), m, 9, 8, 1e-5f), VKI_ERR_INVALID_ARG);
     assert_int_equal(op_softmax(&g->cmd, m, (op_mat){vkd_whole(b), 1, 8}, 8, 8, 1.0f), VKI_ERR_INVALID_ARG);
     assert_int_equal(op_softmax(&g->cmd, m, m, 2, 8, 0.0f), VKI_ERR_INVALID_ARG);
-    assert_int_equal(op_swiglu(&g->cmd, m, m, (op_mat){vkd_whole(b), 0, 4}, 2, 8), VKI_ERR_INVALID_ARG);
+    assert_int_equal(op_glu(&g->cmd, VKI_GLU_SILU, m, m, (op_mat){vkd_whole(b), 0, 4}, 2, 8), VKI_ERR_INVALID_ARG);
+    assert_int_equal(op_glu(&g->cmd, 7, m, m, m, 2, 8), VKI_ERR_INVALID_ARG); /* unknown activation */
+    assert_int_equal(op_unary(&g->cmd, VKI_UNARY_SOFTCAP, 0.0f, m, m, 2, 8), VKI_ERR_INVALID_ARG);
+    assert_int_equal(op_unary(&g->cmd, VKI_UNARY_SCALE, NAN, m, m, 2, 8), VKI_ERR_INVALID_ARG);
     op_rope_p rp = {.n_tokens = 2, .n_heads = 2, .head_dim = 8, .n_rot = 10};
     assert_int_equal(op_rope(&g->cmd, &rp, m, m, vkd_whole(b), vkd_whole(b)), VKI_ERR_INVALID_ARG);
     assert_int_equal(op_add(&g->cmd, vkd_whole(b), vkd_whole(b), vkd_whole(b), 65), VKI_ERR_INVALID_ARG);
@@ -414,7 +479,8 @@ int main(void)
         cmocka_unit_test(test_rmsnorm),
         cmocka_unit_test(test_rope_freqs_table),
         cmocka_unit_test(test_rope),
-        cmocka_unit_test(test_swiglu),
+        cmocka_unit_test(test_glu),
+        cmocka_unit_test(test_unary),
         cmocka_unit_test(test_softmax),
         cmocka_unit_test(test_bad_shapes),
     };

@@ -384,7 +384,8 @@ static void ref_greedy(const char *gguf_path, const greedy_line *l, int32_t *out
 {
     char err[256];
     ref_model *m;
-    if (ref_model_load(gguf_path, true, &m, err, sizeof err) != VKI_OK)
+    ref_model_opts ro = {.kv_type = VKI_GGML_F16};
+    if (ref_model_load(gguf_path, &ro, &m, err, sizeof err) != VKI_OK)
         fail_msg("ref_model_load: %s", err);
     uint32_t V = ref_model_hparams(m)->n_vocab, n = l->n_prompt;
     int32_t toks[64 + ZOO_GEN];

@@ -279,7 +279,7 @@ static vki_status swiglu_setup(bench_run *r)
 
 static vki_status swiglu_record(bench_run *r, vkd_cmd *c)
 {
-    return op_swiglu(c, op_mat_rows(r->buf[0], r->N), op_mat_rows(r->buf[1], r->N), op_mat_rows(r->buf[2], r->N),
+    return op_glu(c, VKI_GLU_SILU, op_mat_rows(r->buf[0], r->N), op_mat_rows(r->buf[1], r->N), op_mat_rows(r->buf[2], r->N),
                      r->M, r->N);
 }
 
@@ -365,18 +365,20 @@ static vki_status attn_bench_plan(bench_run *r, bool decode, attn_bench *ab)
     return st;
 }
 
-static vki_status make_kv_pool(bench_run *r, size_t n, const char *name, vkd_buffer **out)
+/* A pool of `bytes`: random floats (F32), or random halves (F16; Q8_0, where they also make
+ * finite int8 quants and f16 scales). */
+static vki_status make_kv_pool(bench_run *r, size_t bytes, const char *name, vkd_buffer **out)
 {
     if (r->type == VKI_GGML_F32)
-        return make_floats(r, n, name, out);
-    uint8_t *h = malloc(2 * n);
+        return make_floats(r, bytes / 4, name, out);
+    uint8_t *h = malloc(bytes);
     if (!h)
         return VKI_ERR_OUT_OF_HOST_MEMORY;
-    for (size_t i = 0; i < n; i++)
+    for (size_t i = 0; i < bytes / 2; i++)
         put_f16(h + 2 * i, rng_float(&r->rng));
-    vki_status st = vkd_buffer_create(r->d, 2 * n, VKD_MEM_DEVICE, name, out);
+    vki_status st = vkd_buffer_create(r->d, bytes, VKD_MEM_DEVICE, name, out);
     if (st == VKI_OK)
-        st = vkd_upload(r->d, *out, 0, h, 2 * n);
+        st = vkd_upload(r->d, *out, 0, h, bytes);
     free(h);
     return st;
 }
@@ -386,7 +388,7 @@ static vki_status attn_setup(bench_run *r, bool decode)
     attn_bench ab;
     vki_status st = attn_bench_plan(r, decode, &ab);
     uint32_t n_tok = r->M, row = BA_HEADS * r->K;
-    size_t pool = (size_t)ab.n_pages * BA_KV * BA_PAGE * r->K;
+    size_t pool = st == VKI_OK ? (size_t)ab.n_pages * op_kv_page_bytes(&ab.a.s) : 0;
     uint8_t *step = st == VKI_OK ? calloc(1, ab.size) : NULL;
     if (st == VKI_OK && !step)
         st = VKI_ERR_OUT_OF_HOST_MEMORY;
@@ -409,7 +411,7 @@ static vki_status attn_setup(bench_run *r, bool decode)
     uint64_t sb = op_attn_scratch_bytes(&ab.a, ab.plan.n_slots);
     if (st == VKI_OK)
         st = vkd_buffer_create(r->d, sb ? sb : 4, VKD_MEM_DEVICE, "bench partials", &r->buf[5]);
-    double esz = r->type == VKI_GGML_F16 ? 2 : 4, keys = (double)r->N + r->M;
+    double esz = r->type == VKI_GGML_F16 ? 2 : r->type == VKI_GGML_Q8_0 ? 34.0 / 32 : 4, keys = (double)r->N + r->M;
     double pairs = decode ? (double)r->M * r->N : (double)r->M * r->N + 0.5 * r->M * (r->M + 1.0);
     r->bytes = (decode ? r->M : 1) * (decode ? r->N : keys) * BA_KV * r->K * 2 * esz + 8.0 * n_tok * row;
     r->flops = 4.0 * pairs * BA_HEADS * r->K;
@@ -544,11 +546,11 @@ static const bench_kernel benches[] = {
      .full = {{1, 32, 128}, {512, 32, 128}}, .small = {{1, 8, 64}, {128, 8, 64}},
      rope_setup, rope_record},
     {"attn_decode", "M sequences of context N, K head dim; 32/8 heads; type = KV cache",
-     .types = {VKI_GGML_F16, VKI_GGML_F32}, .n_types = 2,
+     .types = {VKI_GGML_F16, VKI_GGML_F32, VKI_GGML_Q8_0}, .n_types = 3,
      .full = {{1, 4096, 128}, {1, 32768, 128}, {64, 1024, 128}}, .small = {{1, 512, 64}, {8, 256, 64}},
      attn_decode_setup, attn_decode_record},
     {"attn_prefill", "M new tokens after N cached, K head dim; 32/8 heads; type = KV cache",
-     .types = {VKI_GGML_F16, VKI_GGML_F32}, .n_types = 2,
+     .types = {VKI_GGML_F16, VKI_GGML_F32, VKI_GGML_Q8_0}, .n_types = 3,
      .full = {{512, 0, 128}, {512, 3584, 128}, {2048, 0, 128}}, .small = {{128, 0, 64}, {64, 448, 64}},
      attn_prefill_setup, attn_prefill_record},
     {"sample", "M rows, N vocab, K params: 1 greedy, 2 T.8 k40 p.95 minp.05, 3 T1 p.9, 4 = 2 + penalties + 5 logprobs",

@@ -1,5 +1,5 @@
 /* make-model: writes a synthetic GGUF model (random weights, real or byte-level vocabulary) for
- * any llama / qwen2 shape. See `make-model --help`. */
+ * any llama / qwen2 / qwen3 / gemma2 / gemma3 / phi3 shape. See `make-model --help`. */
 #include "engine/synth.h"
 
 #include <errno.h>
@@ -35,7 +35,8 @@ static void usage(FILE *o)
     for (const char *const *n = synth_preset_names(); *n; n++)
         fprintf(o, " %s", *n);
     fprintf(o, "\n"
-               "  --arch llama|qwen2  architecture (qwen2 adds Q/K/V biases)\n"
+               "  --arch A            llama, qwen2 (Q/K/V biases), qwen3 (Q/K norms), gemma2, gemma3,\n"
+               "                      phi3 (fused QKV and gate|up); sets the arch's window and soft-caps\n"
                "  --layers N          transformer blocks\n"
                "  --dim D             embedding length (d_model)\n"
                "  --heads H           attention heads\n"
@@ -56,7 +57,11 @@ static void usage(FILE *o)
                "  --rope-base B       RoPE frequency base\n"
                "  --rms-eps E         RMSNorm epsilon\n"
                "  --seed S            weight seed\n"
-               "  --name NAME         general.name\n");
+               "  --name NAME         general.name\n"
+               "  --window N          attention.sliding_window (0: none)\n"
+               "  --attn-softcap C    attn_logit_softcapping (gemma2; 0: none)\n"
+               "  --final-softcap C   final_logit_softcapping (gemma2/3; 0: none)\n"
+               "  --ctx-orig N        phi3 LongRoPE: original context (< --ctx), writes rope factors\n");
 }
 
 static void log_stderr(void *user, const char *msg)
@@ -78,12 +83,13 @@ static bool parse_u(const char *opt, const char *s, uint64_t max, uint64_t *out)
     return true;
 }
 
-static bool parse_f(const char *opt, const char *s, float *out)
+/* A number > 0, or >= 0 when zero_ok. */
+static bool parse_f(const char *opt, const char *s, bool zero_ok, float *out)
 {
     char *end;
     float v = strtof(s, &end);
-    if (end == s || *end || !(v > 0)) {
-        fprintf(stderr, "make-model: %s: '%s' is not a positive number\n", opt, s);
+    if (end == s || *end || !(v > 0 || (zero_ok && v == 0))) {
+        fprintf(stderr, "make-model: %s: '%s' is not a %s number\n", opt, s, zero_ok ? "non-negative" : "positive");
         return false;
     }
     *out = v;
@@ -95,8 +101,8 @@ static bool apply(synth_params *p, const char *opt, const char *val)
 {
     uint64_t u = 0;
     const uint64_t m32 = UINT32_MAX;
-    if (!strcmp(opt, "--arch"))
-        return p->arch = val, true;
+    if (!strcmp(opt, "--arch")) /* applied with its defaults before the other options */
+        return true;
     if (!strcmp(opt, "--vocab-from"))
         return p->vocab_from = val, true;
     if (!strcmp(opt, "--name"))
@@ -109,9 +115,13 @@ static bool apply(synth_params *p, const char *opt, const char *val)
         return true;
     }
     if (!strcmp(opt, "--rope-base"))
-        return parse_f(opt, val, &p->rope_base);
+        return parse_f(opt, val, false, &p->rope_base);
     if (!strcmp(opt, "--rms-eps"))
-        return parse_f(opt, val, &p->rms_eps);
+        return parse_f(opt, val, false, &p->rms_eps);
+    if (!strcmp(opt, "--attn-softcap"))
+        return parse_f(opt, val, true, &p->attn_softcap);
+    if (!strcmp(opt, "--final-softcap"))
+        return parse_f(opt, val, true, &p->final_softcap);
     if (!strcmp(opt, "--seed"))
         return parse_u(opt, val, UINT64_MAX, &p->seed);
     uint32_t *dst = !strcmp(opt, "--layers")     ? &p->n_layer
@@ -122,6 +132,8 @@ static bool apply(synth_params *p, const char *opt, const char *val)
                     : !strcmp(opt, "--ff")       ? &p->d_ff
                     : !strcmp(opt, "--vocab")    ? &p->n_vocab
                     : !strcmp(opt, "--ctx")      ? &p->n_ctx
+                    : !strcmp(opt, "--window")   ? &p->sliding_window
+                    : !strcmp(opt, "--ctx-orig") ? &p->n_ctx_orig
                                                  : NULL;
     if (!dst) {
         fprintf(stderr, "make-model: unknown option %s\n", opt);
@@ -138,12 +150,22 @@ int main(int argc, char **argv)
     synth_params p = synth_default_params();
     const char *out = NULL;
     p.log = log_stderr;
-    /* the preset first, so the other options override its fields whatever their order */
+    /* the preset first, then the architecture (with its window and soft-caps), so the other
+     * options override their fields whatever their order */
     for (int i = 1; i + 1 < argc; i++)
         if (!strcmp(argv[i], "--preset") && synth_preset(argv[i + 1], &p) != VKI_OK) {
             fprintf(stderr, "make-model: unknown preset '%s'\n", argv[i + 1]);
             return 2;
         }
+    for (int i = 1; i + 1 < argc; i++) {
+        if (strcmp(argv[i], "--arch"))
+            continue;
+        p.arch = argv[i + 1];
+        if (synth_arch_defaults(&p) != VKI_OK) {
+            fprintf(stderr, "make-model: --arch: unknown architecture '%s'\n", argv[i + 1]);
+            return 2;
+        }
+    }
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {

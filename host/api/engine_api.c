@@ -45,7 +45,7 @@ static const char *main_weight_type(const vk_model *m)
     uint64_t bytes[32] = {0};
     for (uint32_t il = 0; il < m->hp.n_layer; il++) {
         const vk_layer *L = &m->layers[il];
-        const vk_tensor *w[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down};
+        const vk_tensor *w[] = {&L->wq, &L->wk, &L->wv, &L->wqkv, &L->wo, &L->w_gate, &L->w_up, &L->w_down};
         for (size_t i = 0; i < sizeof w / sizeof w[0]; i++)
             if (w[i]->type < 32)
                 bytes[w[i]->type] += vk_tensor_bytes(w[i]);
@@ -85,6 +85,9 @@ static void fill_info(vki_engine *e, const gguf_file *f, const char *path)
     i->weight_bytes = g->model.weight_bytes;
     i->kv_bytes = g->kv_bytes;
     snprintf(i->device, sizeof i->device, "%s", e->dev->info.name);
+    snprintf(i->kv_type, sizeof i->kv_type, "%s", quant_get(g->p.kv_type) ? quant_get(g->p.kv_type)->name : "?");
+    i->sliding_window = hp->swa_pattern ? hp->kind[1].window : 0;
+    i->kv_window = g->kv_window;
 }
 
 /* Captures the device log's last error so vki_engine_create can report it in err. */
@@ -131,7 +134,8 @@ static vki_status load(vki_engine *e, const char *path, const vki_engine_params 
     if (st == VKI_OK) {
         vk_engine_params ep = vk_engine_default_params();
         ep.page_size = p->page_size;
-        ep.kv_type = p->kv_type == VKI_KV_F32 ? VKI_GGML_F32 : VKI_GGML_F16;
+        ep.kv_type = p->kv_type == VKI_KV_F32 ? VKI_GGML_F32 : p->kv_type == VKI_KV_Q8_0 ? VKI_GGML_Q8_0 : VKI_GGML_F16;
+        ep.max_window = p->max_attention_window;
         ep.kv_tokens = p->kv_tokens;
         ep.kv_fraction = p->kv_fraction;
         ep.max_seqs = p->max_seqs;
@@ -246,6 +250,7 @@ vki_status vki_batch_manager_create(vki_engine *e, const vki_batch_params *param
     const vk_engine *g = e->eng;
     bm_backend be = {.ctx = e, .max_seqs = g->p.max_seqs, .n_pages = g->n_pages, .page_size = g->p.page_size,
                      .max_ctx = g->max_ctx, .max_tokens = g->p.max_tokens, .vocab_size = g->model.hp.n_vocab,
+                     .kv_window = g->kv_window, .kv_sink = g->kv_sink,
                      .step = backend_step, .is_eog = backend_is_eog, .token_piece = backend_token_piece,
                      .detach = backend_detach};
     vki_status st = bm_create(&be, params, cb, out);

@@ -14,6 +14,10 @@ typedef struct bm_backend {
     uint32_t max_ctx;    /* longest sequence (prompt + generated) the model accepts */
     uint32_t max_tokens; /* most new tokens in one step (0: unlimited) */
     uint32_t vocab_size;
+    /* Windows on every layer: pages wholly before a sequence's last kv_window positions (and past
+     * its first kv_sink) are seen by no layer: the scheduler releases them while it runs (and
+     * plans them as VKI_PAGE_NONE). 0 = every page stays. */
+    uint32_t kv_window, kv_sink;
     /* Runs the plan; fills outs[i] for the i-th sequence of the plan with want_token set, in
      * plan order. On error nothing of the plan took effect for sampling purposes; the KV of
      * its sequences is undefined (the batch manager fails or recomputes them). */

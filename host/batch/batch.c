@@ -454,7 +454,8 @@ vki_status bm_create(const bm_backend *be, const vki_batch_params *p, const vki_
     sched_params sp = {.policy = p->policy, .max_seqs = be->max_seqs, .n_blocks = be->n_pages,
                        .block_size = be->page_size, .max_ctx = be->max_ctx, .max_batch_size = p->max_batch_size,
                        .max_num_tokens = budget, .chunk_size = p->chunk_size,
-                       .max_queue = 0 /* bounded here, paused requests included */, .block_reuse = p->block_reuse};
+                       .max_queue = 0 /* bounded here, paused requests included */, .block_reuse = p->block_reuse,
+                       .kv_window = be->kv_window, .kv_sink = be->kv_sink};
     st = sched_create(&sp, &bm->s);
     if (st == VKI_OK)
         st = bm_map_init(&bm->inflight);

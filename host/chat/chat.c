@@ -110,6 +110,8 @@ vki_status chat_template_init(chat_template *t, chat_family f, const char *tmpl,
     bool canon_bos = f == CHAT_LLAMA3 || f == CHAT_LLAMA2 || f == CHAT_MISTRAL || f == CHAT_GEMMA;
     t->emit_bos = f == CHAT_LLAMA2 || (tmpl ? strstr(tmpl, "bos_token") != NULL : canon_bos);
     t->mistral_spaced = f == CHAT_MISTRAL && tmpl && (strstr(tmpl, "' [INST] '") || strstr(tmpl, "\" [INST] \""));
+    t->strip_think = f == CHAT_CHATML && tmpl && strstr(tmpl, "</think>");
+    t->phi3_v1 = f == CHAT_PHI3 && tmpl && !strstr(tmpl, "add_generation_prompt");
     return f == CHAT_CHATML && tmpl ? chatml_default_system(tmpl, &t->default_system) : VKI_OK;
 }
 
@@ -260,8 +262,22 @@ static void render_plain(const chat_template *t, const chat_msg *m, size_t n, bo
         lit(o, "assistant:");
 }
 
+/* Qwen3: an earlier assistant turn is written without its reasoning, content.split('</think>')
+ * [-1].lstrip('\n'). */
+static void after_think(chat_out *o, const chat_msg *m)
+{
+    const char *c = m->content, *end = c + m->len;
+    for (const char *p = c; p + 8 <= end; p++)
+        if (!memcmp(p, "</think>", 8))
+            c = p + 8;
+    while (c < end && *c == '\n')
+        c++;
+    out_put(o, c, (size_t)(end - c), false);
+}
+
 /* teknium/OpenHermes-2.5: '<|im_start|>' + role + '\n' + content + '<|im_end|>' + '\n', then
- * '<|im_start|>assistant\n'. Qwen2 adds its literal system prompt when messages[0] is not one. */
+ * '<|im_start|>assistant\n'. Qwen2 adds its literal system prompt when messages[0] is not one;
+ * Qwen3 drops the reasoning of assistant turns before the last user message. */
 static void render_chatml(const chat_template *t, const chat_msg *m, size_t n, bool gen, chat_out *o, char *err,
                           size_t n_err)
 {
@@ -272,11 +288,17 @@ static void render_chatml(const chat_template *t, const chat_msg *m, size_t n, b
         lit(o, t->default_system);
         lit(o, "<|im_end|>\n");
     }
+    size_t last_user = 0;
+    for (size_t i = 0; i < n; i++)
+        last_user = m[i].role == CHAT_USER ? i : last_user;
     for (size_t i = 0; i < n; i++) {
         lit(o, "<|im_start|>");
         lit(o, role_names[m[i].role]);
         lit(o, "\n");
-        txt(o, &m[i]);
+        if (t->strip_think && m[i].role == CHAT_ASSISTANT && i < last_user)
+            after_think(o, &m[i]);
+        else
+            txt(o, &m[i]);
         lit(o, "<|im_end|>\n");
     }
     if (gen)
@@ -408,12 +430,24 @@ static void render_gemma(const chat_template *t, const chat_msg *m, size_t n, bo
 }
 
 /* microsoft/Phi-3.5-mini-instruct: '<|' + role + '|>\n' + content + '<|end|>\n' (a system message
- * only when non-empty), then '<|assistant|>\n', or eos without a generation prompt. */
+ * only when non-empty), then '<|assistant|>\n', or eos without a generation prompt. The first
+ * Phi-3-mini-4k template instead writes each user turn followed by '<|assistant|>\n' and drops
+ * system messages (phi3_v1). */
 static void render_phi3(const chat_template *t, const chat_msg *m, size_t n, bool gen, chat_out *o, char *err,
                         size_t n_err)
 {
     if (t->emit_bos)
         lit(o, t->bos);
+    for (size_t i = 0; t->phi3_v1 && i < n; i++) { /* see chat_template.phi3_v1 */
+        if (m[i].role == CHAT_USER)
+            lit(o, "<|user|>\n");
+        if (m[i].role != CHAT_SYSTEM) {
+            txt(o, &m[i]);
+            lit(o, m[i].role == CHAT_USER ? "<|end|>\n<|assistant|>\n" : "<|end|>\n");
+        }
+    }
+    if (t->phi3_v1)
+        return;
     for (size_t i = 0; i < n; i++) {
         if (m[i].role == CHAT_SYSTEM && !m[i].len)
             continue;

@@ -53,6 +53,10 @@ typedef struct chat_template {
     bool mistral_spaced;  /* Mistral "v1": " [INST] ", " [/INST]", " " before an answer */
     char bos[64], eos[64]; /* the texts of bos_token / eos_token ("" when the vocabulary has none) */
     char *default_system; /* ChatML: the system prompt the template writes when none is given */
+    bool strip_think;     /* ChatML with reasoning (Qwen3): assistant turns before the last user
+                             message lose their "<think>...</think>" part */
+    bool phi3_v1;         /* the first Phi-3 template (mini-4k/medium, April 2024): no system turn,
+                             '<|assistant|>' after every user turn, no generation-prompt switch */
 } chat_template;
 
 /* Recognises a template by its markers; *known = false (and CHAT_PLAIN) for NULL, empty or an
@@ -62,7 +66,8 @@ const char *chat_family_name(chat_family f);          /* "chatml", "llama3", ...
 bool chat_family_parse(const char *name, chat_family *out);
 
 /* Fills *t for family f. tmpl (may be NULL) refines it: whether bos_token is written, the Mistral
- * spacing, ChatML's literal default system prompt. bos/eos: token texts (NULL = none). */
+ * spacing, ChatML's literal default system prompt and reasoning stripping, the first Phi-3
+ * template. bos/eos: token texts (NULL = none). */
 vki_status chat_template_init(chat_template *t, chat_family f, const char *tmpl, const char *bos, const char *eos);
 void chat_template_free(chat_template *t);
 

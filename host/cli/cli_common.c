@@ -87,7 +87,7 @@ int cli_engine_opt(int argc, char **argv, int *i, cli_engine_opts *o)
     }
     static const char *const with_value[] = {"-m", "--model", "--device", "--kv-type", "--kv-tokens",
                                              "--kv-fraction", "--page-size", "--max-seqs", "--max-tokens", "--ctx",
-                                             "--profile"};
+                                             "--profile", "--max-attention-window"};
     int r = cli_value_opt(cmd, argc, argv, i, with_value, sizeof with_value / sizeof with_value[0], NULL, &v);
     if (r <= 0)
         return r;
@@ -103,11 +103,15 @@ int cli_engine_opt(int argc, char **argv, int *i, cli_engine_opts *o)
         else
             o->p.device.device_name = v;
     } else if (!strcmp(a, "--kv-type")) {
-        if (strcmp(v, "f16") && strcmp(v, "f32")) {
-            fprintf(stderr, "vkinfer %s: --kv-type is f16 or f32, got '%s'\n", cmd, v);
+        if (strcmp(v, "f16") && strcmp(v, "f32") && strcmp(v, "q8_0")) {
+            fprintf(stderr, "vkinfer %s: --kv-type is f16, f32 or q8_0, got '%s'\n", cmd, v);
             return -1;
         }
-        o->p.kv_type = !strcmp(v, "f32") ? VKI_KV_F32 : VKI_KV_F16;
+        o->p.kv_type = !strcmp(v, "f32") ? VKI_KV_F32 : !strcmp(v, "q8_0") ? VKI_KV_Q8_0 : VKI_KV_F16;
+    } else if (!strcmp(a, "--max-attention-window")) {
+        if (!cli_parse_u64(cmd, a, v, 1, 1u << 24, &u))
+            return -1;
+        o->p.max_attention_window = (uint32_t)u;
     } else if (!strcmp(a, "--kv-tokens")) {
         if (!cli_parse_u64(cmd, a, v, 1, 1ull << 32, &u))
             return -1;
@@ -132,16 +136,18 @@ void cli_engine_opts_help(FILE *f)
 {
     fprintf(f,
             "model and device:\n"
-            "  -m, --model FILE.gguf   the model (llama or qwen2 architecture)\n"
+            "  -m, --model FILE.gguf   the model (llama, qwen2, qwen3, gemma2, gemma3 or phi3)\n"
             "  --device N|NAME         device index or name substring (default: discrete NVIDIA first)\n"
             "  --validation            enable the Vulkan validation layer\n"
-            "  --kv-type f16|f32       KV cache element type (f16)\n"
+            "  --kv-type f16|f32|q8_0  KV cache element type (f16; q8_0 holds 1.88x the tokens)\n"
             "  --kv-tokens N           KV cache capacity in tokens (default: --kv-fraction of free memory)\n"
             "  --kv-fraction F         share of device memory left after weights for the KV cache (0.8)\n"
             "  --page-size N           tokens per KV page (16)\n"
             "  --max-seqs N            sequences holding KV at once (256)\n"
             "  --max-tokens N          new tokens per step (2048)\n"
             "  --ctx N                 longest sequence (default: the model's context length)\n"
+            "  --max-attention-window N  every layer attends to its last N tokens and the first\n"
+            "                          page (StreamingLLM): bounded KV for long generations\n"
             "  --batch-invariant       a request's tokens do not depend on the rest of the batch\n"
             "                          (bitwise; slower prefill)\n"
             "  --profile FILE          GPU time of every dispatch as a Chrome trace (chrome://tracing)\n"
@@ -165,11 +171,17 @@ vki_engine *cli_open_engine(cli_engine_opts *o)
     }
     vki_model_info mi;
     vki_engine_info(e, &mi);
+    char window[64] = "";
+    if (mi.kv_window)
+        snprintf(window, sizeof window, ", window %u", mi.kv_window);
+    else if (mi.sliding_window)
+        snprintf(window, sizeof window, ", local layers' window %u", mi.sliding_window);
     fprintf(stderr,
             "vkinfer: %s (%s, %u layers, d %u, %u/%u heads, vocab %u, %s) on %s: weights %.1f MiB, "
-            "KV cache %.1f MiB (%u pages of %u tokens, context %u), loaded in %.2f s\n",
+            "KV cache %.1f MiB %s = %llu tokens (%u pages of %u, context %u%s), loaded in %.2f s\n",
             mi.name, mi.arch, mi.n_layer, mi.d_model, mi.n_head, mi.n_head_kv, mi.n_vocab, mi.weight_type, mi.device,
-            mi.weight_bytes / 1048576.0, mi.kv_bytes / 1048576.0, mi.kv_pages, mi.page_size, mi.n_ctx,
+            mi.weight_bytes / 1048576.0, mi.kv_bytes / 1048576.0, mi.kv_type,
+            (unsigned long long)mi.kv_pages * mi.page_size, mi.kv_pages, mi.page_size, mi.n_ctx, window,
             cli_now_s() - t0);
     return e;
 }

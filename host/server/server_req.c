@@ -427,7 +427,7 @@ static bool parse_max_tokens(srv *s, srv_job *j, const cJSON *root, srv_error *e
     if (r == 0) {
         uint32_t room = ctx - j->n_prompt;
         uint64_t pool = (uint64_t)s->info.kv_pages * s->info.page_size; /* a sequence fits the pool too */
-        if (pool > j->n_prompt && pool - j->n_prompt < room)
+        if (!s->info.kv_window && pool > j->n_prompt && pool - j->n_prompt < room) /* windows: any length */
             room = (uint32_t)(pool - j->n_prompt);
         j->max_tokens = j->chat || room < 16 ? room : 16;
         return true;

@@ -4,7 +4,9 @@
  * Input: byte 0 picks the family (and add_generation_prompt), then messages separated by 0xFF,
  * each a role byte followed by its content; the whole input also serves as a template text.
  * Properties: the template spans are ordered, disjoint and inside the text; every message's
- * content (ASCII-trimmed, as the trimming families write it) appears in the rendered text; the
+ * content (ASCII-trimmed, as the trimming families write it; what the template keeps of it:
+ * Qwen3 drops earlier reasoning, the first Phi-3 template system turns) appears in the
+ * rendered text; the
  * tokenised prompt holds only ids inside the vocabulary. */
 #include "fuzz.h"
 
@@ -16,15 +18,39 @@
 
 static bool ws(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\v' || c == '\f'; }
 
-/* The message's content with ASCII whitespace trimmed at both ends is in text[0, len). */
-static bool content_present(const chat_msg *m, const char *text, size_t len)
+/* The message's content with ASCII whitespace trimmed at both ends is in text[0, len); from
+ * `from` on only when given (what a template keeps of a message). */
+static bool content_present_from(const chat_msg *m, const char *from, const char *text, size_t len)
 {
-    const char *a = m->content, *b = m->content + m->len;
+    const char *a = from ? from : m->content, *b = m->content + m->len;
     while (a < b && ws(*a))
         a++;
     while (b > a && ws(b[-1]))
         b--;
     return a == b || memmem(text, len, a, (size_t)(b - a)) != NULL;
+}
+
+static bool content_present(const chat_msg *m, const char *text, size_t len)
+{
+    return content_present_from(m, NULL, text, len);
+}
+
+/* What of message i a family's template keeps: all of it, or none of a system message for the
+ * first Phi-3 template, or an earlier assistant turn after its last "</think>" for Qwen3. */
+static bool kept_present(const chat_template *t, const chat_msg *m, size_t n, size_t i, const char *text, size_t len)
+{
+    if (t->phi3_v1 && m[i].role == CHAT_SYSTEM)
+        return true;
+    size_t last_user = 0;
+    for (size_t k = 0; k < n; k++)
+        last_user = m[k].role == CHAT_USER ? k : last_user;
+    if (!t->strip_think || m[i].role != CHAT_ASSISTANT || i >= last_user)
+        return content_present(&m[i], text, len);
+    const char *from = m[i].content;
+    for (const char *q = m[i].content; q + 8 <= m[i].content + m[i].len; q++)
+        if (!memcmp(q, "</think>", 8))
+            from = q + 8;
+    return content_present_from(&m[i], from, text, len);
 }
 
 static vki_tokenizer *tok;
@@ -91,7 +117,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         /* (a lone system message is dropped by the families that fold it into the first user
          * turn, as their upstream templates do) */
         for (size_t i = 0; i < n; i++)
-            FUZZ_CHECK((n == 1 && m[0].role == CHAT_SYSTEM) || content_present(&m[i], p.text, p.len));
+            FUZZ_CHECK((n == 1 && m[0].role == CHAT_SYSTEM) || kept_present(&t, m, n, i, p.text, p.len));
         if (tok) {
             int32_t *ids;
             size_t n_ids;

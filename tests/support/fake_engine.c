@@ -104,7 +104,7 @@ static void violation(fake_engine *f, const char *fmt, ...)
 vki_status fake_create(const fake_config *c, fake_engine **out)
 {
     *out = NULL;
-    if (!c->max_seqs || !c->n_pages || !c->page_size || !c->max_ctx || !c->vocab)
+    if (!c->max_seqs || !c->n_pages || !c->page_size || !c->max_ctx || !c->vocab || c->window == 1)
         return VKI_ERR_INVALID_ARG;
     fake_engine *f = calloc(1, sizeof *f);
     if (!f)
@@ -141,7 +141,8 @@ bm_backend fake_backend(fake_engine *f)
 {
     return (bm_backend){.ctx = f, .max_seqs = f->c.max_seqs, .n_pages = f->c.n_pages, .page_size = f->c.page_size,
                         .max_ctx = f->c.max_ctx, .max_tokens = f->c.max_tokens, .vocab_size = f->c.vocab,
-                        .step = fake_step, .is_eog = fake_is_eog, .token_piece = fake_token_piece};
+                        .kv_window = f->c.window, .kv_sink = f->c.sink, .step = fake_step, .is_eog = fake_is_eog,
+                        .token_piece = fake_token_piece};
 }
 
 bool fake_is_eog(void *ctx, int32_t token)
@@ -153,6 +154,20 @@ bool fake_is_eog(void *ctx, int32_t token)
 static fake_entry *entry(fake_engine *f, const vki_step_seq *e, uint32_t pos)
 {
     return &f->kv[(size_t)e->pages[pos / f->c.page_size] * f->c.page_size + pos % f->c.page_size];
+}
+
+/* Whether the query at position q sees key position pos (the window and the sink). */
+static bool sees(const fake_engine *f, uint32_t pos, uint32_t q)
+{
+    return pos <= q && (!f->c.window || q - pos < f->c.window || pos < f->c.sink);
+}
+
+/* Whether table entry j of e may be released: no position of page j is seen by its first new
+ * token (later ones see less). */
+static bool page_unseen(const fake_engine *f, const vki_step_seq *e, uint32_t j)
+{
+    uint64_t ps = f->c.page_size;
+    return f->c.window && (j + 1) * ps + f->c.window <= (uint64_t)e->pos0 + 1 && j * ps >= f->c.sink;
 }
 
 /* Shape checks of one plan entry that need no KV. */
@@ -181,8 +196,11 @@ static void check_entry(fake_engine *f, const vki_step_seq *e, uint32_t i)
     f->stamp++; /* fresh stamp for this entry's repeated-page check */
     for (uint32_t j = 0; j < e->n_pages; j++) {
         uint32_t p = e->pages[j];
+        if (p == VKI_PAGE_NONE && page_unseen(f, e, j))
+            continue;
         if (p >= f->c.n_pages) {
-            violation(f, "slot %u: page %u out of range", e->slot, p);
+            violation(f, "slot %u: page %u out of range%s", e->slot, p,
+                      p == VKI_PAGE_NONE ? " (released while its window still sees it)" : "");
             continue;
         }
         if (f->seq_stamp[p] == f->stamp)
@@ -232,8 +250,13 @@ static bool run_entry(fake_engine *f, const vki_step_seq *e, uint64_t *h_out)
 {
     uint64_t h = H0;
     for (uint32_t pos = 0; pos < e->pos0; pos++) {
+        if (!sees(f, pos, e->pos0))
+            continue; /* outside the window: its page may be gone */
         const fake_entry *x = entry(f, e, pos);
-        if (!x->valid || x->pos != pos || x->h != chain(h, x->token, pos)) {
+        /* after a gap (the window left the sink behind) the chain cannot be linked: the entry's
+         * position is checked, and the tokens it leads to must still equal fake_reference's */
+        bool gap = pos && !sees(f, pos - 1, e->pos0);
+        if (!x->valid || x->pos != pos || (!gap && x->h != chain(h, x->token, pos))) {
             violation(f, "slot %u: KV at position %u (page %u) is not this sequence's (valid %d, pos %u)", e->slot, pos,
                       e->pages[pos / f->c.page_size], x->valid, x->pos);
             return false;
@@ -243,6 +266,8 @@ static bool run_entry(fake_engine *f, const vki_step_seq *e, uint64_t *h_out)
     uint32_t end = e->pos0 + e->n_new;
     for (uint32_t j = 0; j < e->n_history; j++) {
         uint32_t pos = end - e->n_history + j;
+        if (pos < e->pos0 && e->pages[pos / f->c.page_size] == VKI_PAGE_NONE)
+            continue; /* released: the fake can no longer read it (the real engine never does) */
         int32_t t = pos < e->pos0 ? entry(f, e, pos)->token : e->tokens[pos - e->pos0];
         if (e->history[j] != t) {
             violation(f, "slot %u: penalty history[%u] = %d, the token at position %u is %d", e->slot, j,

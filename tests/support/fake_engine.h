@@ -10,7 +10,8 @@
  * fake_reference(): what the request produces alone.
  *
  * It also checks each plan's invariants (slots unique and in range, budgets, page tables cover
- * pos0 + n_new, pages in range and not repeated, no page written by one sequence and read or
+ * pos0 + n_new, pages in range and not repeated, released pages (VKI_PAGE_NONE) only where the
+ * window no longer sees, no page written by one sequence and read or
  * written by another in the same step, penalty history = the sequence's last tokens) and fails
  * loudly: it prints the violation, counts it, and refuses the step with VKI_ERR_INTERNAL. It is
  * called from one thread at a time; read its counters after that thread is joined. */
@@ -30,6 +31,11 @@ typedef struct fake_config {
     int32_t eos;              /* is_eog() is true for this token; -1 = never */
     uint32_t fail_every;      /* every Nth step fails with VKI_ERR_DEVICE_LOST after scribbling
                                  over the pages it would have written; 0 = never */
+    uint32_t window, sink;    /* attention window and sink (the engine's kv_window / kv_sink): a
+                                 step reads only the positions its first new token sees, and a page
+                                 may be VKI_PAGE_NONE only where none of them lies; 0 = all. A
+                                 window of 1 is refused: the chain continues from the previous
+                                 token's entry, which the window must cover */
     /* called with every plan before it runs (after the checks), e.g. to record its shape */
     void (*on_step)(void *user, const vki_step_plan *plan);
     void *on_step_user;

@@ -6,43 +6,104 @@
 #include <string.h>
 
 #include "engine/quant.h"
+#include "support/vt.h"
 
 typedef struct ref_layer {
     float *attn_norm;           /* [d] */
-    float *wq, *wk, *wv, *wo;   /* [q_dim][d], [kv_dim][d], [kv_dim][d], [d][q_dim] (row = output) */
+    float *wq, *wk, *wv, *wo;   /* [q_dim][d], [kv_dim][d], [kv_dim][d], [d][q_dim] (row = output;
+                                   phi3's fused attn_qkv is cut into these) */
     float *bq, *bk, *bv;        /* [q_dim], [kv_dim], [kv_dim] or NULL */
+    float *q_norm, *k_norm;     /* [hd] or NULL */
+    float *post_attn_norm;      /* [d] or NULL */
     float *ffn_norm;            /* [d] */
-    float *w_gate, *w_up;       /* [d_ff][d] */
+    float *w_gate, *w_up;       /* [d_ff][d] (phi3's fused ffn_up is cut into these) */
     float *w_down;              /* [d][d_ff] */
+    float *post_ffn_norm;       /* [d] or NULL */
 } ref_layer;
+
+#define REF_LAYER_ARRAYS 16
 
 struct ref_model {
     model_hparams hp;
-    bool kv_f16;
+    ref_model_opts o;
+    uint32_t window[2], sink[2]; /* per layer kind, after the engine's cap */
     float *tok_embd;            /* [n_vocab][d] */
     float *output_norm;         /* [d] */
     float *output;              /* [n_vocab][d] (aliases tok_embd when tied) */
-    float *rope_freqs;          /* [n_rot/2] or NULL */
+    float *rope_factors;        /* [n_rot/2] or NULL */
     ref_layer *layers;          /* [n_layer] */
 };
 
-static float *dequant_tensor(const gguf_tensor *t)
+static void layer_arrays(ref_layer *R, float **all[REF_LAYER_ARRAYS])
+{
+    float **a[REF_LAYER_ARRAYS] = {&R->attn_norm, &R->wq, &R->wk, &R->wv, &R->wo, &R->bq, &R->bk, &R->bv,
+                                   &R->q_norm, &R->k_norm, &R->post_attn_norm, &R->ffn_norm, &R->w_gate,
+                                   &R->w_up, &R->w_down, &R->post_ffn_norm};
+    memcpy(all, a, sizeof a);
+}
+
+/* Rows [r0, r0 + n) of a tensor, dequantised to f32 (NULL when t is NULL). */
+static float *dequant_rows(const gguf_tensor *t, uint64_t r0, uint64_t n)
 {
     if (!t)
         return NULL;
-    uint64_t rows = 1;
-    for (uint32_t i = 1; i < t->n_dims; i++)
-        rows *= t->ne[i];
-    float *y = malloc(rows * t->ne[0] * sizeof *y);
+    float *y = malloc((n ? n : 1) * t->ne[0] * sizeof *y);
     if (!y)
         return NULL;
     size_t rb = quant_row_bytes(t->type, t->ne[0]);
-    for (uint64_t r = 0; r < rows; r++)
-        dequant_row(t->type, t->data + r * rb, y + r * t->ne[0], t->ne[0]);
+    for (uint64_t r = 0; r < n; r++)
+        dequant_row(t->type, t->data + (r0 + r) * rb, y + r * t->ne[0], t->ne[0]);
     return y;
 }
 
-vki_status ref_model_load(const char *path, bool kv_f16, ref_model **out, char *err, size_t n)
+static float *dequant_tensor(const gguf_tensor *t)
+{
+    uint64_t rows = 1;
+    for (uint32_t i = 1; t && i < t->n_dims; i++)
+        rows *= t->ne[i];
+    return dequant_rows(t, 0, rows);
+}
+
+static bool load_layer(const model_hparams *hp, const model_layer_tensors *L, ref_layer *R)
+{
+    uint64_t q = (uint64_t)hp->n_head * hp->head_dim, kv = (uint64_t)hp->n_head_kv * hp->head_dim;
+    if (L->wqkv) { /* q | k | v rows */
+        R->wq = dequant_rows(L->wqkv, 0, q);
+        R->wk = dequant_rows(L->wqkv, q, kv);
+        R->wv = dequant_rows(L->wqkv, q + kv, kv);
+    } else {
+        R->wq = dequant_tensor(L->wq), R->wk = dequant_tensor(L->wk), R->wv = dequant_tensor(L->wv);
+    }
+    if (!L->w_gate) { /* gate | up rows */
+        R->w_gate = dequant_rows(L->w_up, 0, hp->d_ff);
+        R->w_up = dequant_rows(L->w_up, hp->d_ff, hp->d_ff);
+    } else {
+        R->w_gate = dequant_tensor(L->w_gate), R->w_up = dequant_tensor(L->w_up);
+    }
+    R->attn_norm = dequant_tensor(L->attn_norm);
+    R->wo = dequant_tensor(L->wo);
+    R->bq = dequant_tensor(L->bq), R->bk = dequant_tensor(L->bk), R->bv = dequant_tensor(L->bv);
+    R->q_norm = dequant_tensor(L->q_norm), R->k_norm = dequant_tensor(L->k_norm);
+    R->post_attn_norm = dequant_tensor(L->post_attn_norm);
+    R->ffn_norm = dequant_tensor(L->ffn_norm);
+    R->w_down = dequant_tensor(L->w_down);
+    R->post_ffn_norm = dequant_tensor(L->post_ffn_norm);
+    return R->attn_norm && R->wq && R->wk && R->wv && R->wo && R->ffn_norm && R->w_gate && R->w_up && R->w_down &&
+           (!L->q_norm || R->q_norm) && (!L->post_attn_norm || R->post_attn_norm);
+}
+
+/* The engine's windows: the model's, capped by max_window with the first page as the sink. */
+static void set_windows(ref_model *m)
+{
+    for (uint32_t k = 0; k < 2; k++) {
+        uint32_t w = m->hp.kind[k].window, cap = m->o.max_window;
+        m->window[k] = w, m->sink[k] = 0;
+        if (cap && (!w || w > cap))
+            m->window[k] = cap, m->sink[k] = m->o.page_size;
+    }
+}
+
+vki_status ref_model_load(const char *path, const ref_model_opts *o, ref_model **out, char *err, size_t n)
 {
     *out = NULL;
     gguf_file *f = NULL;
@@ -55,35 +116,20 @@ vki_status ref_model_load(const char *path, bool kv_f16, ref_model **out, char *
         gguf_close(f);
         return VKI_ERR_OUT_OF_HOST_MEMORY;
     }
-    m->kv_f16 = kv_f16;
+    m->o = *o;
     st = model_read_hparams(f, &m->hp, err, n);
     if (st == VKI_OK)
         st = model_find_tensors(f, &m->hp, &t, err, n);
     if (st == VKI_OK) {
+        set_windows(m);
         m->layers = calloc(m->hp.n_layer, sizeof *m->layers);
         m->tok_embd = dequant_tensor(t.tok_embd);
         m->output_norm = dequant_tensor(t.output_norm);
         m->output = m->hp.tied_embeddings ? m->tok_embd : dequant_tensor(t.output);
-        m->rope_freqs = dequant_tensor(t.rope_freqs);
-        for (uint32_t il = 0; m->layers && il < m->hp.n_layer; il++) {
-            const model_layer_tensors *L = &t.layers[il];
-            ref_layer *R = &m->layers[il];
-            R->attn_norm = dequant_tensor(L->attn_norm);
-            R->wq = dequant_tensor(L->wq);
-            R->wk = dequant_tensor(L->wk);
-            R->wv = dequant_tensor(L->wv);
-            R->wo = dequant_tensor(L->wo);
-            R->bq = dequant_tensor(L->bq);
-            R->bk = dequant_tensor(L->bk);
-            R->bv = dequant_tensor(L->bv);
-            R->ffn_norm = dequant_tensor(L->ffn_norm);
-            R->w_gate = dequant_tensor(L->w_gate);
-            R->w_up = dequant_tensor(L->w_up);
-            R->w_down = dequant_tensor(L->w_down);
-            if (!R->attn_norm || !R->wq || !R->wk || !R->wv || !R->wo || !R->ffn_norm || !R->w_gate ||
-                !R->w_up || !R->w_down)
+        m->rope_factors = dequant_tensor(model_rope_factors(&m->hp, &t, o->n_ctx ? o->n_ctx : m->hp.n_ctx_train));
+        for (uint32_t il = 0; m->layers && il < m->hp.n_layer; il++)
+            if (!load_layer(&m->hp, &t.layers[il], &m->layers[il]))
                 st = VKI_ERR_OUT_OF_HOST_MEMORY;
-        }
         if (!m->layers || !m->tok_embd || !m->output_norm || !m->output)
             st = VKI_ERR_OUT_OF_HOST_MEMORY;
     }
@@ -102,18 +148,17 @@ void ref_model_free(ref_model *m)
     if (!m)
         return;
     for (uint32_t il = 0; m->layers && il < m->hp.n_layer; il++) {
-        ref_layer *R = &m->layers[il];
-        float *all[] = {R->attn_norm, R->wq, R->wk, R->wv, R->wo, R->bq, R->bk, R->bv,
-                        R->ffn_norm, R->w_gate, R->w_up, R->w_down};
-        for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
-            free(all[i]);
+        float **all[REF_LAYER_ARRAYS];
+        layer_arrays(&m->layers[il], all);
+        for (size_t i = 0; i < REF_LAYER_ARRAYS; i++)
+            free(*all[i]);
     }
     free(m->layers);
     if (m->output != m->tok_embd)
         free(m->output);
     free(m->tok_embd);
     free(m->output_norm);
-    free(m->rope_freqs);
+    free(m->rope_factors);
     free(m);
 }
 
@@ -141,16 +186,20 @@ static void matvec(float *y, const float *W, const float *x, const float *b, uin
     }
 }
 
-static void rope(const model_hparams *hp, const float *factors, float *v, uint32_t n_heads, uint32_t pos)
+/* ggml's rope: theta_i = pos * freq_scale * base^(-2i/n_rot) / factor_i, cos and sin times the
+ * attention factor (mscale). */
+static void rope(const ref_model *m, uint32_t kind, float *v, uint32_t n_heads, uint32_t pos)
 {
+    const model_hparams *hp = &m->hp;
     uint32_t hd = hp->head_dim, half = hp->n_rot / 2;
+    double base = hp->kind[kind].rope_base, scale = hp->kind[kind].rope_freq_scale, ms = hp->rope_attn_factor;
     for (uint32_t h = 0; h < n_heads; h++) {
         float *x = v + (size_t)h * hd;
         for (uint32_t i = 0; i < half; i++) {
-            double theta = pos * (double)hp->rope_freq_scale * pow(hp->rope_base, -2.0 * i / hp->n_rot);
-            if (factors)
-                theta /= factors[i];
-            double c = cos(theta), s = sin(theta);
+            double theta = pos * scale * pow(base, -2.0 * i / hp->n_rot);
+            if (m->rope_factors)
+                theta /= m->rope_factors[i];
+            double c = cos(theta) * ms, s = sin(theta) * ms;
             uint32_t a = hp->rope_neox ? i : 2 * i, b = hp->rope_neox ? i + half : 2 * i + 1;
             double x0 = x[a], x1 = x[b];
             x[a] = (float)(x0 * c - x1 * s);
@@ -159,9 +208,18 @@ static void rope(const model_hparams *hp, const float *factors, float *v, uint32
     }
 }
 
-static float kv_round(const ref_model *m, float x)
+/* A K or V row as the device's pool holds it: f16-rounded, or Q8_0 blocks (within each head). */
+static void kv_round(const ref_model *m, float *dst, const float *x, uint32_t n)
 {
-    return m->kv_f16 ? quant_f16_to_f32(quant_f32_to_f16(x)) : x;
+    memcpy(dst, x, n * sizeof *x);
+    for (uint32_t i = 0; m->o.kv_type == VKI_GGML_F16 && i < n; i++)
+        dst[i] = quant_f16_to_f32(quant_f32_to_f16(x[i]));
+    for (uint32_t b = 0; m->o.kv_type == VKI_GGML_Q8_0 && b < n / 32; b++) {
+        int8_t q[32];
+        float d = quant_f16_to_f32(vt_q8_0_block(x + 32 * b, q));
+        for (int i = 0; i < 32; i++)
+            dst[32 * b + i] = q[i] * d;
+    }
 }
 
 typedef struct ref_scratch {
@@ -169,13 +227,17 @@ typedef struct ref_scratch {
     float *kc, *vc; /* [n_layer][n][kv_dim] */
 } ref_scratch;
 
-/* Attention of one token at `pos` (its K/V already cached) for all heads. */
+/* Attention of one token at `pos` (its K/V already cached) for all heads, over the keys its
+ * layer kind sees: j <= pos within the window, or in the sink. */
 static void attend(const ref_model *m, ref_scratch *s, uint32_t il, uint32_t pos, uint32_t n)
 {
     const model_hparams *hp = &m->hp;
     uint32_t hd = hp->head_dim, kv_dim = hp->n_head_kv * hd, group = hp->n_head / hp->n_head_kv;
+    uint32_t kind = model_layer_kind(hp, il), w = m->window[kind], sink = m->sink[kind];
     const float *kc = s->kc + (size_t)il * n * kv_dim, *vc = s->vc + (size_t)il * n * kv_dim;
-    double scale = 1.0 / sqrt((double)hd);
+    /* the rope attention factor was applied to q and k already: undo its fold into attn_scale */
+    double scale = (double)hp->attn_scale / ((double)hp->rope_attn_factor * hp->rope_attn_factor);
+    double cap = hp->attn_softcap;
     for (uint32_t h = 0; h < hp->n_head; h++) {
         const float *q = s->q + (size_t)h * hd;
         uint32_t kvh = h / group;
@@ -184,7 +246,11 @@ static void attend(const ref_model *m, ref_scratch *s, uint32_t il, uint32_t pos
             double dot = 0;
             for (uint32_t i = 0; i < hd; i++)
                 dot += (double)q[i] * kc[(size_t)j * kv_dim + kvh * hd + i];
-            s->scores[j] = (float)(dot * scale);
+            double sc = dot * scale;
+            if (cap > 0)
+                sc = cap * tanh(sc / cap);
+            bool seen = !w || pos - j < w || j < sink;
+            s->scores[j] = seen ? (float)sc : -INFINITY;
             if (s->scores[j] > mx)
                 mx = s->scores[j];
         }
@@ -199,34 +265,63 @@ static void attend(const ref_model *m, ref_scratch *s, uint32_t il, uint32_t pos
     }
 }
 
-static void layer_forward(const ref_model *m, ref_scratch *s, uint32_t il, uint32_t pos, uint32_t n)
+static void attention_block(const ref_model *m, ref_scratch *s, uint32_t il, uint32_t pos, uint32_t n)
 {
     const model_hparams *hp = &m->hp;
     const ref_layer *L = &m->layers[il];
-    uint32_t d = hp->d_model, q_dim = hp->n_head * hp->head_dim, kv_dim = hp->n_head_kv * hp->head_dim;
+    uint32_t d = hp->d_model, hd = hp->head_dim, q_dim = hp->n_head * hd, kv_dim = hp->n_head_kv * hd;
+    uint32_t kind = model_layer_kind(hp, il);
     rmsnorm(s->xb, s->x, L->attn_norm, d, hp->rms_eps);
     matvec(s->q, L->wq, s->xb, L->bq, q_dim, d);
     matvec(s->k, L->wk, s->xb, L->bk, kv_dim, d);
     matvec(s->v, L->wv, s->xb, L->bv, kv_dim, d);
-    rope(hp, m->rope_freqs, s->q, hp->n_head, pos);
-    rope(hp, m->rope_freqs, s->k, hp->n_head_kv, pos);
-    float *kc = s->kc + ((size_t)il * n + pos) * kv_dim, *vc = s->vc + ((size_t)il * n + pos) * kv_dim;
-    for (uint32_t i = 0; i < kv_dim; i++) {
-        kc[i] = kv_round(m, s->k[i]);
-        vc[i] = kv_round(m, s->v[i]);
-    }
+    for (uint32_t h = 0; L->q_norm && h < hp->n_head; h++)
+        rmsnorm(s->q + h * hd, s->q + h * hd, L->q_norm, hd, hp->rms_eps);
+    for (uint32_t h = 0; L->k_norm && h < hp->n_head_kv; h++)
+        rmsnorm(s->k + h * hd, s->k + h * hd, L->k_norm, hd, hp->rms_eps);
+    rope(m, kind, s->q, hp->n_head, pos);
+    rope(m, kind, s->k, hp->n_head_kv, pos);
+    kv_round(m, s->kc + ((size_t)il * n + pos) * kv_dim, s->k, kv_dim);
+    kv_round(m, s->vc + ((size_t)il * n + pos) * kv_dim, s->v, kv_dim);
     attend(m, s, il, pos, n);
     matvec(s->o, L->wo, s->att_out, NULL, d, q_dim);
+    if (L->post_attn_norm)
+        rmsnorm(s->o, s->o, L->post_attn_norm, d, hp->rms_eps);
     for (uint32_t i = 0; i < d; i++)
         s->x[i] += s->o[i];
+}
+
+static double act(const model_hparams *hp, double v)
+{
+    if (hp->ffn_gelu) /* tanh-approximate GELU, as ggml_gelu */
+        return 0.5 * v * (1.0 + tanh(sqrt(2.0 / M_PI) * (v + 0.044715 * v * v * v)));
+    return v / (1.0 + exp(-v));
+}
+
+static void ffn_block(const ref_model *m, ref_scratch *s, uint32_t il)
+{
+    const model_hparams *hp = &m->hp;
+    const ref_layer *L = &m->layers[il];
+    uint32_t d = hp->d_model;
     rmsnorm(s->xb, s->x, L->ffn_norm, d, hp->rms_eps);
     matvec(s->g, L->w_gate, s->xb, NULL, hp->d_ff, d);
     matvec(s->u, L->w_up, s->xb, NULL, hp->d_ff, d);
     for (uint32_t i = 0; i < hp->d_ff; i++)
-        s->g[i] = (float)(s->g[i] / (1.0 + exp(-(double)s->g[i]))) * s->u[i];
+        s->g[i] = (float)act(hp, s->g[i]) * s->u[i];
     matvec(s->o, L->w_down, s->g, NULL, d, hp->d_ff);
+    if (L->post_ffn_norm)
+        rmsnorm(s->o, s->o, L->post_ffn_norm, d, hp->rms_eps);
     for (uint32_t i = 0; i < d; i++)
         s->x[i] += s->o[i];
+}
+
+static void lm_head(const ref_model *m, ref_scratch *s, float *logits)
+{
+    const model_hparams *hp = &m->hp;
+    rmsnorm(s->xb, s->x, m->output_norm, hp->d_model, hp->rms_eps);
+    matvec(logits, m->output, s->xb, NULL, hp->n_vocab, hp->d_model);
+    for (uint32_t i = 0; hp->final_softcap > 0 && i < hp->n_vocab; i++)
+        logits[i] = (float)(hp->final_softcap * tanh(logits[i] / (double)hp->final_softcap));
 }
 
 vki_status ref_model_forward(ref_model *m, const int32_t *tokens, uint32_t n, bool all, float *logits)
@@ -248,12 +343,14 @@ vki_status ref_model_forward(ref_model *m, const int32_t *tokens, uint32_t n, bo
             st = VKI_ERR_OUT_OF_HOST_MEMORY;
     for (uint32_t pos = 0; st == VKI_OK && pos < n; pos++) {
         memcpy(s.x, m->tok_embd + (size_t)tokens[pos] * d, d * sizeof(float));
-        for (uint32_t il = 0; il < hp->n_layer; il++)
-            layer_forward(m, &s, il, pos, n);
-        if (all || pos == n - 1) {
-            rmsnorm(s.xb, s.x, m->output_norm, d, hp->rms_eps);
-            matvec(all ? logits + (size_t)pos * hp->n_vocab : logits, m->output, s.xb, NULL, hp->n_vocab, d);
+        for (uint32_t i = 0; hp->embd_scale && i < d; i++) /* gemma: ggml_scale by sqrtf(n_embd) */
+            s.x[i] *= sqrtf((float)d);
+        for (uint32_t il = 0; il < hp->n_layer; il++) {
+            attention_block(m, &s, il, pos, n);
+            ffn_block(m, &s, il);
         }
+        if (all || pos == n - 1)
+            lm_head(m, &s, all ? logits + (size_t)pos * hp->n_vocab : logits);
     }
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         free(*bufs[i]);

@@ -1,6 +1,8 @@
-/* Scalar CPU reference forward pass (llama / qwen2), straight from the maths: weights
- * dequantised to f32 once at load, activations f32, dot products accumulated in double,
- * RoPE angles in double. Used by the tests as the answer the device must match. */
+/* Scalar CPU reference forward pass (llama, qwen2, qwen3, gemma2, gemma3, phi3), straight from
+ * the maths as llama.cpp's graphs compute it: weights dequantised to f32 once at load,
+ * activations f32, dot products accumulated in double, RoPE angles in double, attention as a
+ * plain masked softmax over every cached position (no pages, no splits). Used by the tests as
+ * the answer the device must match. */
 #ifndef VKI_TESTS_REF_MODEL_H
 #define VKI_TESTS_REF_MODEL_H
 
@@ -8,8 +10,15 @@
 
 typedef struct ref_model ref_model;
 
-/* kv_f16: round K and V through f16 when caching them, as the device's F16 KV cache does. */
-vki_status ref_model_load(const char *path, bool kv_f16, ref_model **out, char *err, size_t err_len);
+typedef struct ref_model_opts {
+    uint32_t kv_type;    /* VKI_GGML_F32 / F16 / Q8_0: K and V are rounded through it when cached,
+                            as the device's KV pool does */
+    uint32_t n_ctx;      /* the engine's context (phi3: long or short RoPE factors); 0 = the model's */
+    uint32_t max_window; /* the engine's max_attention_window (0 = none) ... */
+    uint32_t page_size;  /* ... whose attention sink is the first page */
+} ref_model_opts;
+
+vki_status ref_model_load(const char *path, const ref_model_opts *o, ref_model **out, char *err, size_t err_len);
 void ref_model_free(ref_model *m);
 const model_hparams *ref_model_hparams(const ref_model *m);
 

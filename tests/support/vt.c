@@ -1,6 +1,7 @@
 #include "support/vt.h"
 
 #include "host/grammar/grammar.h"
+#include "engine/quant.h"
 #include "engine/rng.h"
 
 #include <stdio.h>
@@ -152,6 +153,17 @@ void vt_fill_uniform(vt_rng *r, float *x, size_t n, float lo, float hi)
 {
     for (size_t i = 0; i < n; i++)
         x[i] = vt_uniform(r, lo, hi);
+}
+
+uint16_t vt_q8_0_block(const float *x, int8_t *q)
+{
+    float amax = 0;
+    for (int i = 0; i < 32; i++)
+        amax = fmaxf(amax, fabsf(x[i]));
+    float d = amax / 127.0f, id = d != 0 ? 1.0f / d : 0.0f;
+    for (int i = 0; i < 32; i++)
+        q[i] = (int8_t)roundf(x[i] * id);
+    return quant_f32_to_f16(d);
 }
 
 double vt_nmse(const float *a, const float *ref, size_t n)

@@ -63,6 +63,10 @@ double vt_nmse(const float *a, const float *ref, size_t n);
 /* Asserts nmse <= tol, printing the shape label and the worst element on failure. */
 void vt_assert_nmse(const float *a, const float *ref, size_t n, double tol, const char *label);
 
+/* ggml's quantize_row_q8_0_ref on one block of 32 (what kv_write does for a Q8_0 KV pool):
+ * d = amax / 127 in f32 for the quotients, stored as f16; q = roundf(x / d). Returns d's f16
+ * bits. */
+uint16_t vt_q8_0_block(const float *x, int8_t *q);
 /* Every weight type the matmul family runs (engine/kernels.h VKK_WEIGHT_TYPES), and whether a
  * type is stored per element (f32, f16, bf16: any row length) rather than in blocks. */
 extern const uint32_t vt_weight_types[];

@@ -1,0 +1,82 @@
+#include "support/gguf_edit.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/gguf_write.h"
+#include "engine/quant.h"
+
+static const gguf_edit *find_edit(const gguf_edit *e, uint32_t n, gguf_str name, bool tensor)
+{
+    for (uint32_t i = 0; i < n; i++) {
+        bool is_tensor = e[i].kind == GGUF_EDIT_DROP_TENSOR || e[i].kind == GGUF_EDIT_SHAPE;
+        if (is_tensor == tensor && gguf_str_eq(name, e[i].name))
+            return &e[i];
+    }
+    return NULL;
+}
+
+static vki_status set_key(gguf_writer *w, const gguf_edit *e)
+{
+    switch (e->kind) {
+    case GGUF_EDIT_U32: return gguf_w_set_u32(w, e->name, e->u);
+    case GGUF_EDIT_F32: return gguf_w_set_f32(w, e->name, e->f);
+    case GGUF_EDIT_STR: return gguf_w_set_str(w, e->name, e->s);
+    default: return VKI_OK;
+    }
+}
+
+static vki_status copy_keys(gguf_writer *w, const gguf_file *f, const gguf_edit *e, uint32_t n)
+{
+    vki_status st = VKI_OK;
+    for (uint64_t i = 0; i < gguf_n_kv(f) && st == VKI_OK; i++) {
+        const gguf_kv *kv = gguf_kv_at(f, i);
+        const gguf_edit *x = find_edit(e, n, kv->key, false);
+        st = x ? set_key(w, x) : gguf_w_copy_kv(w, kv);
+    }
+    for (uint32_t i = 0; i < n && st == VKI_OK; i++) /* keys the file did not have */
+        if (e[i].kind >= GGUF_EDIT_U32 && e[i].kind <= GGUF_EDIT_STR && !gguf_find_kv(f, e[i].name))
+            st = set_key(w, &e[i]);
+    return st;
+}
+
+vki_status gguf_edit_copy(const char *src, const char *dst, const gguf_edit *e, uint32_t n)
+{
+    gguf_file *f = NULL;
+    gguf_writer *w = NULL;
+    char err[256];
+    vki_status st = gguf_open(src, &f, err, sizeof err);
+    if (st == VKI_OK)
+        st = gguf_w_create(&w);
+    if (st == VKI_OK)
+        st = copy_keys(w, f, e, n);
+    for (uint64_t i = 0; i < gguf_n_tensors(f) && st == VKI_OK; i++) {
+        const gguf_tensor *t = gguf_tensor_at(f, i);
+        const gguf_edit *x = find_edit(e, n, t->name, true);
+        char name[128];
+        snprintf(name, sizeof name, "%.*s", (int)t->name.len, t->name.ptr);
+        uint64_t ne[2] = {x ? x->ne0 : t->ne[0], x ? (x->ne1 ? x->ne1 : 1) : t->ne[1]};
+        if (!x || x->kind == GGUF_EDIT_SHAPE)
+            st = gguf_w_add_tensor(w, name, t->type, x ? (x->ne1 ? 2 : 1) : t->n_dims, x ? ne : t->ne);
+    }
+    if (st == VKI_OK)
+        st = gguf_w_open(w, dst);
+    for (uint64_t i = 0; i < gguf_n_tensors(f) && st == VKI_OK; i++) {
+        const gguf_tensor *t = gguf_tensor_at(f, i);
+        const gguf_edit *x = find_edit(e, n, t->name, true);
+        if (!x) {
+            st = gguf_w_data(w, t->data, t->nbytes);
+        } else if (x->kind == GGUF_EDIT_SHAPE) {
+            size_t bytes = quant_row_bytes(t->type, x->ne0) * (x->ne1 ? x->ne1 : 1);
+            void *zero = calloc(1, bytes ? bytes : 1);
+            st = zero ? gguf_w_data(w, zero, bytes) : VKI_ERR_OUT_OF_HOST_MEMORY;
+            free(zero);
+        }
+    }
+    if (st == VKI_OK)
+        st = gguf_w_finish(w);
+    gguf_w_destroy(w);
+    gguf_close(f);
+    return st;
+}
