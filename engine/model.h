@@ -26,9 +26,10 @@ typedef struct vk_model {
     uint64_t weight_bytes;        /* device bytes held by weights */
 } vk_model;
 
-/* Uploads the weights named by `t` (found in f). progress: draw a bar on stderr. */
-vki_status vk_model_load(vkd_device *d, const gguf_file *f, const model_hparams *hp,
-                         const model_tensors *t, bool progress, vk_model *m);
+/* Uploads the weights named by `t` (found in f), reporting to progress (may be NULL; returning
+ * false cancels: VKI_ERR_CANCELLED, nothing left allocated). */
+vki_status vk_model_load(vkd_device *d, const gguf_file *f, const model_hparams *hp, const model_tensors *t,
+                         vki_progress_fn progress, void *progress_user, vk_model *m);
 void vk_model_free(vkd_device *d, vk_model *m);
 /* The LM head (output or, when tied, token_embd). */
 const vk_tensor *vk_model_lm_head(const vk_model *m);

@@ -557,6 +557,83 @@ static void test_profile_trace(void **state)
     vt_assert_clean(g);
 }
 
+/* ---- KV sizing from the memory budget ------------------------------------------------------- */
+
+/* A stand-in for vkGetPhysicalDeviceMemoryProperties2 on a driver with VK_EXT_memory_budget
+ * (lavapipe has none): the real heaps, a fixed budget, and as usage what this device holds in
+ * blocks plus `external` (other engines, processes, the application's renderer). */
+static struct {
+    vkd_device *dev;
+    uint64_t budget, external;
+} g_budget;
+
+static VKAPI_ATTR void VKAPI_CALL fake_memory_properties2(VkPhysicalDevice pd, VkPhysicalDeviceMemoryProperties2 *p)
+{
+    VkPhysicalDeviceMemoryProperties2 real = {.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_MEMORY_PROPERTIES_2};
+    vkGetPhysicalDeviceMemoryProperties2(pd, &real); /* no budget struct: the driver lacks it */
+    p->memoryProperties = real.memoryProperties;
+    for (VkBaseOutStructure *s = p->pNext; s; s = s->pNext)
+        if (s->sType == VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_MEMORY_BUDGET_PROPERTIES_EXT) {
+            VkPhysicalDeviceMemoryBudgetPropertiesEXT *b = (void *)s;
+            for (uint32_t h = 0; h < real.memoryProperties.memoryHeapCount; h++) {
+                b->heapBudget[h] = g_budget.budget;
+                b->heapUsage[h] = g_budget.dev->heap_block_bytes[h] + g_budget.external;
+            }
+        }
+}
+
+static uint64_t device_buffers(const vkd_device *d)
+{
+    return d->bytes_allocated[VKD_MEM_DEVICE] + d->bytes_allocated[VKD_MEM_HOST];
+}
+
+/* The KV cache an engine got against what it should get: kv_fraction of (budget - external -
+ * every buffer on the device when it sized its KV), in whole pages (< 1/64 short). */
+static void check_kv(const fixture *fx, uint64_t external, const char *what)
+{
+    uint64_t before_kv = device_buffers(fx->g->dev) - fx->e->kv_bytes;
+    double want = 0.8 * (double)(g_budget.budget - external - before_kv);
+    fprintf(stderr, "  %-38s KV %6.1f MiB, wanted %6.1f MiB\n", what, fx->e->kv_bytes / 1048576.0, want / 1048576.0);
+    assert_true((double)fx->e->kv_bytes <= want && (double)fx->e->kv_bytes >= want * (1 - 1.0 / 64));
+}
+
+/* Sizing reads the budget and the usage when the engine is made: a second engine on the device
+ * gets kv_fraction of what the first left, and memory used elsewhere counts too. */
+static void test_kv_sizing_budget(void **state)
+{
+    vt_gpu *g = vt_gpu_get(state);
+    char path[512];
+    if (!vt_shared_model("stories260K.gguf", path, sizeof path))
+        skip();
+    vkd_fns saved_fn = g->dev->fn;
+    bool saved_budget = g->dev->info.memory_budget;
+    g->dev->fn.memory_properties2 = fake_memory_properties2;
+    g->dev->info.memory_budget = true;
+    g_budget.dev = g->dev;
+    g_budget.budget = device_buffers(g->dev) + (128ull << 20);
+    g_budget.external = 0;
+    vk_engine_params p = test_params(VKI_GGML_F16, 64);
+    p.kv_tokens = 0;   /* from memory */
+    p.max_seqs = 256;  /* 320 MiB for every slot at full context: the budget decides */
+    fixture a, b, c;
+    fixture_open_p(g, path, &p, &a);
+    check_kv(&a, 0, "first engine");
+    fixture_open_p(g, path, &p, &b);
+    check_kv(&b, 0, "second engine, the first alive");
+    assert_true(b.e->kv_bytes < a.e->kv_bytes / 2);
+    uint64_t a_kv = a.e->kv_bytes;
+    fixture_close(&b);
+    fixture_close(&a);
+    g_budget.external = 24ull << 20;
+    fixture_open_p(g, path, &p, &c);
+    check_kv(&c, g_budget.external, "alone, 24 MiB used elsewhere");
+    assert_true(c.e->kv_bytes < a_kv - (16ull << 20)); /* 0.8 * 24 MiB less, give or take a page */
+    fixture_close(&c);
+    g->dev->fn = saved_fn;
+    g->dev->info.memory_budget = saved_budget;
+    vt_assert_clean(g);
+}
+
 /* Invalid step plans are refused before anything is recorded, and the engine steps normally
  * afterwards: a slot twice, a page outside the pool, a token outside the vocabulary. */
 static void test_bad_plans_refused(void **state)
@@ -658,6 +735,7 @@ int main(void)
         cmocka_unit_test(test_long_context),
         cmocka_unit_test(test_batch_invariant_mode),
         cmocka_unit_test(test_profile_trace),
+        cmocka_unit_test(test_kv_sizing_budget),
         cmocka_unit_test(test_unsupported_models_refused),
         cmocka_unit_test(test_bad_plans_refused),
     };
