@@ -13,7 +13,9 @@
  *   logits = (rmsnorm(x[rows that want a token]) * output_norm) Wout     [R][vocab]
  *
  * A barrier separates each stage from the next; independent dispatches of one stage (Q, K, V
- * projections; gate and up) share one. */
+ * projections; gate and up) share one. vkd_role names what the next dispatches compute, for the
+ * debug labels and the profile ("layer 3 / attn_q / matvec_q4_k"); its prefix (embed, attn, ffn,
+ * lm) is the step phase the profile groups it under. */
 #include "engine/engine.h"
 #include "engine/ops_basic.h"
 #include "engine/ops_matmul.h"
@@ -55,28 +57,38 @@ static vki_status record_attention_block(vk_engine *e, uint32_t il, uint32_t T, 
     vkd_cmd *c = &e->cmd;
     uint32_t d = hp->d_model, qd = hp->n_head * hp->head_dim, kvd = hp->n_head_kv * hp->head_dim;
     vkd_view b;
+    vkd_role(c, "attn_norm");
     TRY(op_rmsnorm(c, op_mat_rows(s->x, d), vkd_whole(L->attn_norm.parts[0].buf), op_mat_rows(s->h, d), T, d,
                    hp->rms_eps));
     vkd_barrier(c);
+    vkd_role(c, "attn_q");
     TRY(mm(e, &L->wq, bias_view(&L->bq, &b), vkd_whole(s->h), d, vkd_whole(s->q), qd, T));
+    vkd_role(c, "attn_k");
     TRY(mm(e, &L->wk, bias_view(&L->bk, &b), vkd_whole(s->h), d, vkd_whole(s->k), kvd, T));
+    vkd_role(c, "attn_v");
     TRY(mm(e, &L->wv, bias_view(&L->bv, &b), vkd_whole(s->h), d, vkd_whole(s->v), kvd, T));
     vkd_barrier(c);
     op_rope_p rq = {.n_tokens = T, .n_heads = hp->n_head, .head_dim = hp->head_dim, .n_rot = hp->n_rot,
                     .neox = hp->rope_neox};
     op_rope_p rk = rq;
     rk.n_heads = hp->n_head_kv;
+    vkd_role(c, "attn_rope_q");
     TRY(op_rope(c, &rq, op_mat_rows(s->q, qd), op_mat_rows(s->q, qd), ast->tok_pos, vkd_whole(s->rope_freqs)));
+    vkd_role(c, "attn_rope_k");
     TRY(op_rope(c, &rk, op_mat_rows(s->k, kvd), op_mat_rows(s->k, kvd), ast->tok_pos, vkd_whole(s->rope_freqs)));
     vkd_barrier(c);
+    vkd_role(c, "attn_kv_write");
     TRY(op_kv_write(c, &e->attn, ast, op_mat_rows(s->k, kvd), op_mat_rows(s->v, kvd), vkd_whole(e->k_pool[il]),
                     vkd_whole(e->v_pool[il])));
     vkd_barrier(c);
+    vkd_role(c, "attn");
     TRY(op_attention(c, &e->attn, ast, op_mat_rows(s->q, qd), op_mat_rows(s->att, qd), vkd_whole(e->k_pool[il]),
                      vkd_whole(e->v_pool[il]), vkd_whole(s->attn_tmp)));
     vkd_barrier(c);
+    vkd_role(c, "attn_o");
     TRY(mm(e, &L->wo, NULL, vkd_whole(s->att), qd, vkd_whole(s->h), d, T));
     vkd_barrier(c);
+    vkd_role(c, "attn_residual");
     TRY(op_add(c, vkd_whole(s->x), vkd_whole(s->h), vkd_whole(s->x), T * d));
     vkd_barrier(c);
     return VKI_OK;
@@ -89,16 +101,22 @@ static vki_status record_ffn_block(vk_engine *e, uint32_t il, uint32_t T)
     vk_scratch *s = &e->s;
     vkd_cmd *c = &e->cmd;
     uint32_t d = hp->d_model, ff = hp->d_ff;
+    vkd_role(c, "ffn_norm");
     TRY(op_rmsnorm(c, op_mat_rows(s->x, d), vkd_whole(L->ffn_norm.parts[0].buf), op_mat_rows(s->h, d), T, d,
                    hp->rms_eps));
     vkd_barrier(c);
+    vkd_role(c, "ffn_gate");
     TRY(mm(e, &L->w_gate, NULL, vkd_whole(s->h), d, vkd_whole(s->g), ff, T));
+    vkd_role(c, "ffn_up");
     TRY(mm(e, &L->w_up, NULL, vkd_whole(s->h), d, vkd_whole(s->u), ff, T));
     vkd_barrier(c);
+    vkd_role(c, "ffn_act");
     TRY(op_swiglu(c, op_mat_rows(s->g, ff), op_mat_rows(s->u, ff), op_mat_rows(s->g, ff), T, ff));
     vkd_barrier(c);
+    vkd_role(c, "ffn_down");
     TRY(mm(e, &L->w_down, NULL, vkd_whole(s->g), ff, vkd_whole(s->h), d, T));
     vkd_barrier(c);
+    vkd_role(c, "ffn_residual");
     TRY(op_add(c, vkd_whole(s->x), vkd_whole(s->h), vkd_whole(s->x), T * d));
     vkd_barrier(c);
     return VKI_OK;
@@ -120,6 +138,7 @@ vki_status vk_forward_record(vk_engine *e, const vki_step_plan *plan, uint32_t n
         .plan = &e->attn_plan};
 
     vkd_label_begin(c, "embed");
+    vkd_role(c, "embed");
     TRY(op_get_rows(c, &e->model.tok_embd, in_view(e, in->off_tokens, (VkDeviceSize)T * 4), T, vkd_whole(s->x), d));
     vkd_label_end(c);
     vkd_barrier(c);
@@ -135,12 +154,15 @@ vki_status vk_forward_record(vk_engine *e, const vki_step_plan *plan, uint32_t n
     if (!n_out)
         return VKI_OK;
     vkd_label_begin(c, "lm head");
+    vkd_role(c, "lm_rows");
     TRY(op_gather_rows(c, vkd_whole(s->x), d, T, d, in_view(e, in->off_rows, (VkDeviceSize)n_out * 4), n_out,
                        vkd_whole(s->xs), d));
     vkd_barrier(c);
+    vkd_role(c, "lm_norm");
     TRY(op_rmsnorm(c, op_mat_rows(s->xs, d), vkd_whole(e->model.output_norm.parts[0].buf), op_mat_rows(s->xs, d),
                    n_out, d, hp->rms_eps));
     vkd_barrier(c);
+    vkd_role(c, "lm_head");
     TRY(mm(e, vk_model_lm_head(&e->model), NULL, vkd_whole(s->xs), d, vkd_whole(s->logits),
                   vk_engine_logits_stride(e), n_out));
     vkd_label_end(c);

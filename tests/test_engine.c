@@ -506,7 +506,56 @@ static void test_batch_invariant_mode(void **state)
     vt_assert_clean(g);
 }
 
-/* The profile: a Chrome trace with one event per dispatch, named by kernel, grouped by layer. */
+/* The profile: a Chrome trace with one event per dispatch, named "layer L / role / kernel",
+ * categorised by step, one track (tid) per step phase; and the summary table. */
+static void check_trace(const char *buf)
+{
+    cJSON *arr = cJSON_Parse(buf);
+    if (!arr)
+        fail_msg("trace is not JSON: %.200s", buf);
+    int n = cJSON_GetArraySize(arr), tracks = 0, layer0 = 0, attn = 0, dispatches = 0;
+    bool tids[16] = {0}, roles[7] = {0};
+    static const char *const layer0_roles[7] = {"layer 0 / attn_q / ", "layer 0 / attn_k / ", "layer 0 / attn_v / ",
+                                                "layer 0 / attn_o / ", "layer 0 / ffn_gate / ", "layer 0 / ffn_up / ",
+                                                "layer 0 / ffn_down / "};
+    for (int i = 0; i < n; i++) {
+        cJSON *ev = cJSON_GetArrayItem(arr, i);
+        const char *name = cJSON_GetStringValue(cJSON_GetObjectItem(ev, "name"));
+        const char *ph = cJSON_GetStringValue(cJSON_GetObjectItem(ev, "ph"));
+        assert_non_null(name);
+        assert_non_null(ph);
+        if (!strcmp(ph, "M")) { /* track names */
+            tracks += !strcmp(name, "thread_name");
+            continue;
+        }
+        const char *cat = cJSON_GetStringValue(cJSON_GetObjectItem(ev, "cat"));
+        assert_non_null(cat);
+        assert_int_equal(strncmp(cat, "step ", 5), 0);
+        assert_null(strstr(name, "step "));
+        assert_true(cJSON_GetNumberValue(cJSON_GetObjectItem(ev, "dur")) >= 0);
+        int tid = (int)cJSON_GetNumberValue(cJSON_GetObjectItem(ev, "tid"));
+        assert_true(tid >= 1 && tid < 16);
+        tids[tid] = true;
+        dispatches++;
+        layer0 += !strncmp(name, "layer 0 / ", 10);
+        attn += strstr(name, " / attn / attn_") != NULL;
+        for (int r = 0; r < 7; r++)
+            roles[r] |= !strncmp(name, layer0_roles[r], strlen(layer0_roles[r]));
+    }
+    assert_int_equal(tracks, 6); /* other, embed, attention, ffn, lm head, sample */
+    assert_true(dispatches > 2 * 5 * 10); /* two steps of 5 layers, over 10 dispatches each */
+    assert_true(layer0 > 5 && attn >= 2 * 5);
+    for (int r = 0; r < 7; r++)
+        if (!roles[r])
+            fail_msg("no event named %s...", layer0_roles[r]);
+    int used = 0;
+    for (int t = 0; t < 16; t++)
+        used += tids[t];
+    assert_int_equal(used, 5); /* embed, attention, ffn, lm head, sample: nothing left unnamed */
+    fprintf(stderr, "  profile: %d dispatch events in 2 steps on %d tracks\n", dispatches, used);
+    cJSON_Delete(arr);
+}
+
 static void test_profile_trace(void **state)
 {
     vt_gpu *g = vt_gpu_get(state);
@@ -526,33 +575,28 @@ static void test_profile_trace(void **state)
     step(&fx, &ps, &n_new, 1, NULL);
     n_new = 1;
     step(&fx, &ps, &n_new, 1, NULL);
+    /* the summary: top rows by GPU time; the size contract of a small buffer */
+    char table[4096], small[16];
+    size_t len = 0, need = 0;
+    assert_int_equal(vk_profile_summary(&fx.e->prof, 3, table, sizeof table, &len), VKI_OK);
+    assert_int_equal(vk_profile_summary(&fx.e->prof, 3, small, sizeof small, &need), VKI_ERR_INVALID_ARG);
+    assert_int_equal(need, len);
+    assert_non_null(strstr(table, "2 steps"));
+    assert_non_null(strstr(table, "role / kernel"));
+    int rows = 0;
+    for (const char *l = strchr(table, '\n'); l && l[1]; l = strchr(l + 1, '\n'))
+        rows++;
+    assert_int_equal(rows, 1 + 3); /* the column header and three rows */
+    fprintf(stderr, "%s", table);
     fixture_close(&fx); /* closes the trace */
     FILE *f = fopen(trace, "r");
     assert_non_null(f);
     static char buf[1 << 20];
-    size_t len = fread(buf, 1, sizeof buf - 1, f);
-    buf[len] = 0;
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    buf[n] = 0;
     fclose(f);
     unlink(trace);
-    cJSON *arr = cJSON_Parse(buf);
-    if (!arr)
-        fail_msg("trace is not JSON: %.200s", buf);
-    int n = cJSON_GetArraySize(arr), layer0 = 0, attn = 0;
-    assert_true(n > 2 * 5 * 10); /* two steps of 5 layers, over 10 dispatches each */
-    for (int i = 0; i < n; i++) {
-        cJSON *ev = cJSON_GetArrayItem(arr, i);
-        const char *name = cJSON_GetStringValue(cJSON_GetObjectItem(ev, "name"));
-        const char *cat = cJSON_GetStringValue(cJSON_GetObjectItem(ev, "cat"));
-        assert_non_null(name);
-        assert_non_null(cat);
-        assert_true(cJSON_GetNumberValue(cJSON_GetObjectItem(ev, "dur")) >= 0);
-        assert_null(strstr(cat, name)); /* the group is the label path above the kernel */
-        layer0 += strstr(cat, "layer 0") != NULL;
-        attn += strncmp(name, "attn", 4) == 0;
-    }
-    assert_true(layer0 > 5 && attn >= 2 * 5);
-    fprintf(stderr, "  profile: %d dispatch events in 2 steps\n", n);
-    cJSON_Delete(arr);
+    check_trace(buf);
     free(s.tok);
     vt_assert_clean(g);
 }
