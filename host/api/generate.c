@@ -154,20 +154,13 @@ static vki_status start(vki_batch_manager *bm, const vki_generate_params *p, cha
     return VKI_OK;
 }
 
-static vki_status finish_call(vki_batch_manager *bm, const int32_t *ids, size_t n, const vki_generate_params *p,
-                              vki_generate_result *result, char *err, size_t err_len)
-{
-    gen_call g = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER, .bm = bm, .p = p, .t0 = now_ms()};
-    vki_status st = run(bm, ids, n, p, &g, err, err_len);
-    if (result)
-        *result = g.res;
-    pthread_cond_destroy(&g.cv);
-    pthread_mutex_destroy(&g.mu);
-    return st;
-}
+/* Token ids for the request, in the two-pass contract of vki_tokenize / vki_chat_tokenize: a
+ * buffer too small is answered with the count needed. */
+typedef vki_status (*tokens_fn)(const void *src, int32_t *out, size_t cap, size_t *n, char *err, size_t err_len);
 
-vki_status vki_generate(vki_batch_manager *bm, const char *prompt, const vki_generate_params *params,
-                        vki_generate_result *result, char *err, size_t err_len)
+/* The body of both calls: defaults, checks, the ids, the run, the result. */
+static vki_status generate(vki_batch_manager *bm, const vki_generate_params *params, tokens_fn tokens,
+                           const void *src, size_t cap, vki_generate_result *result, char *err, size_t err_len)
 {
     vki_generate_params defaults = vki_generate_default_params();
     const vki_generate_params *p = params ? params : &defaults;
@@ -175,54 +168,74 @@ vki_status vki_generate(vki_batch_manager *bm, const char *prompt, const vki_gen
     if (result)
         memset(result, 0, sizeof *result);
     vki_status st = start(bm, p, err, err_len);
-    if (st == VKI_OK && !prompt) {
-        set_err(err, err_len, "prompt: NULL");
-        st = VKI_ERR_INVALID_ARG;
-    }
     if (st != VKI_OK)
         return st;
-    size_t len = strlen(prompt), n = 0, cap = len + 8; /* bytes + BOS/EOS + a space prefix, usually enough */
+    size_t n = 0;
     int32_t *ids = malloc(cap * sizeof *ids);
-    st = ids ? vki_tokenize(bm->be.tok, prompt, len, true, false, ids, cap, &n) : VKI_ERR_OUT_OF_HOST_MEMORY;
-    if (st == VKI_ERR_INVALID_ARG && n > cap) { /* the contract: the needed count, call again */
+    st = ids ? tokens(src, ids, cap, &n, err, err_len) : VKI_ERR_OUT_OF_HOST_MEMORY;
+    if (st == VKI_ERR_INVALID_ARG && n > cap) {
         int32_t *more = realloc(ids, (cap = n) * sizeof *ids);
-        st = more ? vki_tokenize(bm->be.tok, prompt, len, true, false, ids = more, cap, &n) : VKI_ERR_OUT_OF_HOST_MEMORY;
+        st = more ? tokens(src, ids = more, cap, &n, err, err_len) : VKI_ERR_OUT_OF_HOST_MEMORY;
     }
-    if (st == VKI_OK)
-        st = finish_call(bm, ids, n, p, result, err, err_len);
-    else
+    if (st == VKI_OK) {
+        gen_call g = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER, .bm = bm, .p = p,
+                      .t0 = now_ms()};
+        st = run(bm, ids, n, p, &g, err, err_len);
+        if (result)
+            *result = g.res;
+        pthread_cond_destroy(&g.cv);
+        pthread_mutex_destroy(&g.mu);
+    } else if (err && err_len && !err[0]) {
         set_err(err, err_len, vki_status_str(st));
+    }
     free(ids);
     return st;
+}
+
+typedef struct text_src {
+    const vki_tokenizer *tok;
+    const char *text;
+} text_src;
+
+static vki_status text_tokens(const void *src, int32_t *out, size_t cap, size_t *n, char *err, size_t err_len)
+{
+    const text_src *t = src;
+    (void)err, (void)err_len;
+    return vki_tokenize(t->tok, t->text, strlen(t->text), true, false, out, cap, n);
+}
+
+typedef struct chat_src {
+    const vki_chat_template *tmpl;
+    const vki_chat_message *msgs;
+    size_t n;
+} chat_src;
+
+static vki_status chat_tokens(const void *src, int32_t *out, size_t cap, size_t *n, char *err, size_t err_len)
+{
+    const chat_src *c = src;
+    return vki_chat_tokenize(c->tmpl, c->msgs, c->n, true, out, cap, n, err, err_len);
+}
+
+vki_status vki_generate(vki_batch_manager *bm, const char *prompt, const vki_generate_params *p,
+                        vki_generate_result *result, char *err, size_t err_len)
+{
+    if (!prompt) {
+        set_err(err, err_len, "prompt: NULL");
+        return VKI_ERR_INVALID_ARG;
+    }
+    text_src src = {bm ? bm->be.tok : NULL, prompt};
+    /* bytes + BOS/EOS + a space prefix: usually enough at once */
+    return generate(bm, p, text_tokens, &src, strlen(prompt) + 8, result, err, err_len);
 }
 
 vki_status vki_generate_chat(vki_batch_manager *bm, const vki_chat_template *tmpl, const vki_chat_message *msgs,
-                             size_t n_msgs, const vki_generate_params *params, vki_generate_result *result, char *err,
+                             size_t n_msgs, const vki_generate_params *p, vki_generate_result *result, char *err,
                              size_t err_len)
 {
-    vki_generate_params defaults = vki_generate_default_params();
-    const vki_generate_params *p = params ? params : &defaults;
-    set_err(err, err_len, "");
-    if (result)
-        memset(result, 0, sizeof *result);
-    vki_status st = start(bm, p, err, err_len);
-    if (st != VKI_OK)
-        return st;
-    if (!tmpl)
-        tmpl = bm->be.chat;
-    size_t n = 0, cap = 256;
-    int32_t *ids = tmpl ? malloc(cap * sizeof *ids) : NULL;
-    st = ids ? vki_chat_tokenize(tmpl, msgs, n_msgs, true, ids, cap, &n, err, err_len)
-             : tmpl ? VKI_ERR_OUT_OF_HOST_MEMORY : VKI_ERR_INVALID_ARG;
-    if (st == VKI_ERR_INVALID_ARG && n > cap) {
-        int32_t *more = realloc(ids, (cap = n) * sizeof *ids);
-        st = more ? vki_chat_tokenize(tmpl, msgs, n_msgs, true, ids = more, cap, &n, err, err_len)
-                  : VKI_ERR_OUT_OF_HOST_MEMORY;
-    }
-    if (!tmpl)
+    chat_src src = {tmpl ? tmpl : bm ? bm->be.chat : NULL, msgs, n_msgs};
+    if (bm && bm->be.tok && !src.tmpl) {
         set_err(err, err_len, "no chat template (the executor has none; pass one)");
-    if (st == VKI_OK)
-        st = finish_call(bm, ids, n, p, result, err, err_len);
-    free(ids);
-    return st;
+        return VKI_ERR_INVALID_ARG;
+    }
+    return generate(bm, p, chat_tokens, &src, 256, result, err, err_len);
 }

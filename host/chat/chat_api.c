@@ -56,10 +56,14 @@ void vki_chat_template_free(vki_chat_template *c)
 
 const char *vki_chat_template_name(const vki_chat_template *c) { return chat_family_name(c->t.family); }
 
-/* msgs -> the renderer's messages, then rendered. Names the bad message in err. */
+/* msgs -> the renderer's messages, then rendered. Names the bad message in err. The output
+ * checks of both public calls too: n_out required (zeroed), a buffer unless cap is 0. */
 static vki_status render(const vki_chat_template *c, const vki_chat_message *msgs, size_t n, bool add_gen,
-                         chat_prompt *out, char *err, size_t err_len)
+                         bool buf_ok, size_t *n_out, chat_prompt *out, char *err, size_t err_len)
 {
+    if (!n_out || !buf_ok)
+        return VKI_ERR_INVALID_ARG;
+    *n_out = 0;
     if (!c || (n && !msgs)) {
         if (err && err_len)
             snprintf(err, err_len, "%s", c ? "msgs: NULL" : "no chat template");
@@ -86,11 +90,8 @@ static vki_status render(const vki_chat_template *c, const vki_chat_message *msg
 vki_status vki_chat_apply(const vki_chat_template *c, const vki_chat_message *msgs, size_t n, bool add_gen, char *buf,
                           size_t cap, size_t *n_out, char *err, size_t err_len)
 {
-    if (!n_out || (cap && !buf))
-        return VKI_ERR_INVALID_ARG;
-    *n_out = 0;
     chat_prompt p;
-    vki_status st = render(c, msgs, n, add_gen, &p, err, err_len);
+    vki_status st = render(c, msgs, n, add_gen, !cap || buf, n_out, &p, err, err_len);
     if (st != VKI_OK)
         return st;
     *n_out = p.len;
@@ -105,11 +106,8 @@ vki_status vki_chat_apply(const vki_chat_template *c, const vki_chat_message *ms
 vki_status vki_chat_tokenize(const vki_chat_template *c, const vki_chat_message *msgs, size_t n, bool add_gen,
                              int32_t *out, size_t cap, size_t *n_out, char *err, size_t err_len)
 {
-    if (!n_out || (cap && !out))
-        return VKI_ERR_INVALID_ARG;
-    *n_out = 0;
     chat_prompt p;
-    vki_status st = render(c, msgs, n, add_gen, &p, err, err_len);
+    vki_status st = render(c, msgs, n, add_gen, !cap || out, n_out, &p, err, err_len);
     if (st != VKI_OK)
         return st;
     int32_t *ids = NULL;
