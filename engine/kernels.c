@@ -277,11 +277,15 @@ vki_status vkk_dispatch(vkd_cmd *c, vkk_id k, const uint32_t *spec, const vkd_vi
                                       .descriptorCount = 1, .descriptorType = VK_DESCRIPTOR_TYPE_STORAGE_BUFFER,
                                       .pBufferInfo = &bi[i]};
     }
-    vkd_label_begin(c, "%s", kd->name);
+    if (c->role)
+        vkd_label_begin(c, "%s / %s", c->role, kd->name);
+    else
+        vkd_label_begin(c, "%s", kd->name);
     bool timed = c->queries && c->n_queries + 2 <= c->max_queries;
     if (timed) {
-        /* the label opened above makes the path end with this kernel: "step 3 / layer 0 / rope" */
+        /* the label opened above ends the path: "step 3 / layer 0 / attn_rope_q / rope" */
         memcpy(c->query_names[c->n_queries / 2], c->label_path, VKD_LABEL_PATH);
+        c->query_roles[c->n_queries / 2] = c->role;
         vkCmdWriteTimestamp(c->cb, VK_PIPELINE_STAGE_TOP_OF_PIPE_BIT, c->queries, c->n_queries++);
     }
     vkCmdBindPipeline(c->cb, VK_PIPELINE_BIND_POINT_COMPUTE, p);

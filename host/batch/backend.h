@@ -30,6 +30,10 @@ typedef struct bm_backend {
     /* Called once when the batch manager is destroyed (may be NULL): the executor may serve
      * another manager afterwards. */
     void (*detach)(void *ctx);
+    /* The model's tokenizer and chat template, for vki_generate / vki_generate_chat; NULL for
+     * executors without a vocabulary (test fakes), where those calls are refused. */
+    const vki_tokenizer *tok;
+    const vki_chat_template *chat;
 } bm_backend;
 
 #endif

@@ -439,6 +439,9 @@ vki_status bm_create(const bm_backend *be, const vki_batch_params *p, const vki_
                      vki_batch_manager **out)
 {
     *out = NULL;
+    vki_batch_params defaults = vki_batch_default_params();
+    if (!p)
+        p = &defaults;
     vki_status st = check_params(be, p, cb);
     if (st != VKI_OK)
         return st;
@@ -487,11 +490,21 @@ vki_status bm_create(const bm_backend *be, const vki_batch_params *p, const vki_
     return VKI_OK;
 }
 
+uint64_t bm_auto_id(vki_batch_manager *bm)
+{
+    pthread_mutex_lock(&bm->mu);
+    uint64_t id = bm->next_auto_id++ | (1ull << 63);
+    pthread_mutex_unlock(&bm->mu);
+    return id;
+}
+
+bool bm_on_worker(const vki_batch_manager *bm) { return pthread_equal(pthread_self(), bm->thread); }
+
 vki_status vki_batch_manager_destroy(vki_batch_manager *bm, bool abort)
 {
     if (!bm)
         return VKI_OK;
-    if (pthread_equal(pthread_self(), bm->thread))
+    if (bm_on_worker(bm))
         return VKI_ERR_INVALID_ARG;
     pthread_mutex_lock(&bm->mu);
     bm->shutdown = true;

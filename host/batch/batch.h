@@ -105,6 +105,7 @@ struct vki_batch_manager {
     bool notified;
     uint64_t rng;              /* seed generator state (splitmix64) */
     uint64_t next_serial;
+    uint64_t next_auto_id;     /* ids vki_generate picks: this | 1 << 63 */
     /* worker thread only */
     sched *s;
     vki_step_out *outs;        /* [max_seqs] */
@@ -126,6 +127,12 @@ struct vki_batch_manager {
  * page size, get_requests without send_response, an empty backend). */
 vki_status bm_create(const bm_backend *be, const vki_batch_params *p, const vki_batch_callbacks *cb,
                      vki_batch_manager **out);
+
+/* An id for a request of vki_generate: from a counter in the top half of the id space (where
+ * callers rarely number their own), so a clash, answered VKI_ERR_DUPLICATE_ID, is retried. */
+uint64_t bm_auto_id(vki_batch_manager *bm);
+/* Whether the calling thread is bm's worker (a callback of bm is running). */
+bool bm_on_worker(const vki_batch_manager *bm);
 
 /* batch_request.c */
 vki_status bm_validate(const vki_batch_manager *bm, const vki_request *r, char *msg, size_t cap);

@@ -15,7 +15,7 @@ void cli_engine_opts_init(cli_engine_opts *o)
 {
     memset(o, 0, sizeof *o);
     o->p = vki_engine_default_params();
-    o->p.progress = true;
+    o->progress = true;
 }
 
 bool cli_parse_u64(const char *cmd, const char *opt, const char *s, uint64_t lo, uint64_t hi, uint64_t *out)
@@ -63,6 +63,23 @@ int cli_value_opt(const char *cmd, int argc, char **argv, int *i, const char *co
     return 1;
 }
 
+/* --capture-steps A or A-B: steps counted from 0. */
+static bool parse_steps(const char *cmd, const char *v, cli_engine_opts *o)
+{
+    char *end = NULL;
+    errno = 0;
+    long long a = strtoll(v, &end, 10), b = a;
+    if (!errno && end != v && *end == '-' && end[1])
+        b = strtoll(end + 1, &end, 10);
+    if (errno || end == v || *end || a < 0 || b < a || v[0] == '-') {
+        fprintf(stderr, "vkinfer %s: --capture-steps needs A or A-B with 0 <= A <= B, got '%s'\n", cmd, v);
+        return false;
+    }
+    o->p.capture_first = a;
+    o->p.capture_last = b;
+    return true;
+}
+
 int cli_engine_opt(int argc, char **argv, int *i, cli_engine_opts *o)
 {
     const char *a = argv[*i], *cmd = argv[0], *v;
@@ -82,12 +99,13 @@ int cli_engine_opt(int argc, char **argv, int *i, cli_engine_opts *o)
         return 1;
     }
     if (!strcmp(a, "--no-progress")) {
-        o->p.progress = false;
+        o->progress = false;
         return 1;
     }
     static const char *const with_value[] = {"-m", "--model", "--device", "--kv-type", "--kv-tokens",
                                              "--kv-fraction", "--page-size", "--max-seqs", "--max-tokens", "--ctx",
-                                             "--profile", "--max-attention-window"};
+                                             "--profile", "--capture-steps", "--device-memory",
+                                             "--max-attention-window"};
     int r = cli_value_opt(cmd, argc, argv, i, with_value, sizeof with_value / sizeof with_value[0], NULL, &v);
     if (r <= 0)
         return r;
@@ -95,6 +113,12 @@ int cli_engine_opt(int argc, char **argv, int *i, cli_engine_opts *o)
         o->model = v;
     } else if (!strcmp(a, "--profile")) {
         o->p.profile_path = v;
+    } else if (!strcmp(a, "--capture-steps")) {
+        return parse_steps(cmd, v, o) ? 1 : -1;
+    } else if (!strcmp(a, "--device-memory")) {
+        if (!cli_parse_u64(cmd, a, v, 1, UINT64_MAX >> 20, &u))
+            return -1;
+        o->p.device_memory_limit = u << 20;
     } else if (!strcmp(a, "--device")) {
         char *end;
         long idx = strtol(v, &end, 10);
@@ -150,9 +174,42 @@ void cli_engine_opts_help(FILE *f)
             "                          page (StreamingLLM): bounded KV for long generations\n"
             "  --batch-invariant       a request's tokens do not depend on the rest of the batch\n"
             "                          (bitwise; slower prefill)\n"
-            "  --profile FILE          GPU time of every dispatch as a Chrome trace (chrome://tracing)\n"
+            "  --device-memory MIB     device memory this engine may use in all (weights, KV, scratch)\n"
+            "  --profile FILE          GPU time of every dispatch as a Chrome trace (chrome://tracing),\n"
+            "                          and a table of the top ops by GPU time at the end\n"
+            "  --capture-steps A[-B]   under RenderDoc (renderdoccmd capture ...), capture steps A..B\n"
             "  --no-progress           no loading progress bar\n"
             "  -v, --verbose           more log output (twice: debug)\n");
+}
+
+/* The library prints nothing: the program shows its log messages... */
+static void log_stderr(void *user, vki_log_level lvl, const char *msg)
+{
+    (void)user;
+    static const char *const tag[] = {"error", "warning", "info", "debug"};
+    fprintf(stderr, "vkinfer %s: %s\n", tag[lvl <= VKI_LOG_DEBUG ? lvl : VKI_LOG_DEBUG], msg);
+}
+
+/* ... and draws the loading bar from the engine's progress callback. */
+static bool progress_bar(void *user, uint64_t done, uint64_t total)
+{
+    cli_engine_opts *o = user;
+    int pct = total ? (int)(100 * done / total) : 100;
+    double s = cli_now_s() - o->progress_t0;
+    fprintf(stderr, "\rloading [%-40.*s] %3d%% %6.0f MiB %5.1fs", pct * 40 / 100,
+            "########################################", pct, done / 1048576.0, s);
+    if (done >= total)
+        fprintf(stderr, "  (%.0f MiB/s)\n", s > 0 ? done / 1048576.0 / s : 0.0);
+    fflush(stderr);
+    return true;
+}
+
+void cli_print_profile(const cli_engine_opts *o, const vki_engine *e)
+{
+    static char table[8192];
+    size_t n = 0;
+    if (o->p.profile_path && vki_engine_profile_summary(e, 20, table, sizeof table, &n) == VKI_OK)
+        fprintf(stderr, "profile written to %s\n%s", o->p.profile_path, table);
 }
 
 vki_engine *cli_open_engine(cli_engine_opts *o)
@@ -164,6 +221,13 @@ vki_engine *cli_open_engine(cli_engine_opts *o)
     vki_engine *e = NULL;
     char err[512] = "";
     double t0 = cli_now_s();
+    if (!o->p.device.log)
+        o->p.device.log = log_stderr;
+    if (o->progress && isatty(STDERR_FILENO)) {
+        o->p.progress = progress_bar;
+        o->p.progress_user = o;
+        o->progress_t0 = t0;
+    }
     vki_status st = vki_engine_create(o->model, &o->p, &e, err, sizeof err);
     if (st != VKI_OK) {
         fprintf(stderr, "vkinfer: cannot load %s: %s\n", o->model, err[0] ? err : vki_status_str(st));

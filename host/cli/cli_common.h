@@ -12,6 +12,8 @@ typedef struct cli_engine_opts {
     vki_engine_params p;
     const char *device_name;
     int verbose;
+    bool progress;                  /* draw the loading bar (on a terminal); --no-progress */
+    double progress_t0;             /* when loading started, for the bar's rate */
 } cli_engine_opts;
 
 void cli_engine_opts_init(cli_engine_opts *o);
@@ -19,9 +21,11 @@ void cli_engine_opts_init(cli_engine_opts *o);
  * 0: not a shared option, -1: a bad value (message printed). */
 int cli_engine_opt(int argc, char **argv, int *i, cli_engine_opts *o);
 void cli_engine_opts_help(FILE *f);
-/* Creates the engine (progress bar on a terminal) and prints one line about it to stderr.
- * Returns NULL after printing the reason. */
+/* Creates the engine (progress bar on a terminal, log messages to stderr) and prints one line
+ * about it to stderr. Returns NULL after printing the reason. */
 vki_engine *cli_open_engine(cli_engine_opts *o);
+/* With --profile: prints the engine's GPU time summary (top ops) to stderr. */
+void cli_print_profile(const cli_engine_opts *o, const vki_engine *e);
 
 /* Options that take a value: looks argv[*i] up in names[n_names]. 1: found; *which = its index
  * (which may be NULL), *value = the next argument, *i advanced past it. 0: not in the table.

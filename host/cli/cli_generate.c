@@ -1,7 +1,6 @@
 /* `vkinfer generate`: one prompt through the batch manager, streamed to stdout.
  * stdout gets the prompt followed by the generated text and nothing else; stderr gets the
  * loading line and timings. */
-#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -9,21 +8,6 @@
 #include "host/cli/cli_common.h"
 
 #define MAX_STOPS 16
-
-typedef struct gen_state {
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
-    bool done;
-    vki_text_stream *ts;
-    vki_batch_manager *bm;
-    uint64_t id;
-    double t_submit, t_first, t_end;
-    uint32_t n_gen;
-    bool stopped_by_string;
-    vki_finish_reason finish;
-    char error[256];
-    uint64_t seed;
-} gen_state;
 
 static void write_out(const char *p, size_t n)
 {
@@ -33,38 +17,12 @@ static void write_out(const char *p, size_t n)
     }
 }
 
-/* Runs on the batch manager's worker thread. */
-static void on_response(void *user, const vki_response *r)
+/* The text of the generation, as it comes (on the batch manager's worker thread). */
+static bool on_text(void *user, const char *text, size_t len)
 {
-    gen_state *g = user;
-    for (uint32_t i = 0; i < r->n_tokens && !vki_text_stream_stopped(g->ts); i++) {
-        if (!g->n_gen++)
-            g->t_first = cli_now_s();
-        const char *t;
-        size_t n;
-        bool stopped = false;
-        if (vki_text_stream_push(g->ts, r->tokens[i], &t, &n, &stopped) == VKI_OK)
-            write_out(t, n);
-        if (stopped) { /* a stop string: end the request; its final response comes next tick */
-            g->stopped_by_string = true;
-            vki_batch_cancel(g->bm, g->id);
-        }
-    }
-    if (!r->final)
-        return;
-    const char *t;
-    size_t n;
-    if (vki_text_stream_finish(g->ts, &t, &n) == VKI_OK)
-        write_out(t, n);
-    pthread_mutex_lock(&g->mu);
-    g->t_end = cli_now_s();
-    g->finish = g->stopped_by_string ? VKI_FINISH_STOP : r->finish;
-    g->seed = r->seed;
-    if (r->error)
-        snprintf(g->error, sizeof g->error, "%s", r->error);
-    g->done = true;
-    pthread_cond_signal(&g->cv);
-    pthread_mutex_unlock(&g->mu);
+    (void)user;
+    write_out(text, len);
+    return true;
 }
 
 static void usage(FILE *f)
@@ -108,58 +66,44 @@ static int sampling_opt(int argc, char **argv, int *i, vki_sampling_params *s)
     return ok ? 1 : -1;
 }
 
+/* One prompt through the simple API (vki_generate): the CLI is its first user. */
 static int run(cli_engine_opts *eo, const char *prompt, uint32_t n_predict, const vki_sampling_params *sp,
                const char *const *stops, uint32_t n_stops, bool ignore_eos)
 {
     vki_engine *e = cli_open_engine(eo);
     if (!e)
         return 1;
-    const vki_tokenizer *tok = vki_engine_tokenizer(e);
-    size_t np = 0, cap = strlen(prompt) + 8;
-    int32_t *ids = malloc(cap * sizeof *ids);
-    vki_status st = ids ? vki_tokenize(tok, prompt, strlen(prompt), true, false, ids, cap, &np) : VKI_ERR_OUT_OF_HOST_MEMORY;
-    gen_state g = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER, .id = 1};
-    vki_batch_params bp = vki_batch_default_params();
-    if (st == VKI_OK)
-        st = vki_text_stream_create(tok, stops, n_stops, 0, &g.ts);
-    if (st == VKI_OK)
-        st = vki_batch_manager_create(e, &bp, NULL, &g.bm);
-    int32_t never = -1; /* an end id no token has: disables the model's end-of-generation ids */
-    vki_request req = {.id = g.id, .prompt = ids, .n_prompt = (uint32_t)np, .max_new_tokens = n_predict,
-                       .end_ids = ignore_eos ? &never : NULL, .n_end_ids = ignore_eos ? 1 : 0,
-                       .sampling = *sp, .streaming = true};
+    vki_batch_manager *bm = NULL;
+    vki_status st = vki_batch_manager_create(e, NULL, NULL, &bm);
+    vki_generate_params gp = vki_generate_default_params();
+    gp.max_tokens = n_predict;
+    gp.sampling = *sp;
+    gp.stops = stops;
+    gp.n_stops = n_stops;
+    gp.ignore_eos = ignore_eos;
+    gp.on_text = on_text;
+    vki_generate_result res = {0};
     char err[256] = "";
     if (st == VKI_OK) {
         write_out(prompt, strlen(prompt));
-        g.t_submit = cli_now_s();
-        st = vki_batch_submit(g.bm, &req, on_response, &g, err, sizeof err);
+        st = vki_generate(bm, prompt, &gp, &res, err, sizeof err);
+        if (st == VKI_OK)
+            write_out("\n", 1);
     }
-    if (st == VKI_OK) {
-        pthread_mutex_lock(&g.mu);
-        while (!g.done)
-            pthread_cond_wait(&g.cv, &g.mu);
-        pthread_mutex_unlock(&g.mu);
-        write_out("\n", 1);
-    }
-    if (g.bm)
-        vki_batch_manager_destroy(g.bm, true);
+    vki_batch_manager_destroy(bm, true);
     int rc = 0;
     if (st != VKI_OK) {
         fprintf(stderr, "vkinfer generate: %s%s%s\n", vki_status_str(st), err[0] ? ": " : "", err);
         rc = 1;
-    } else if (g.finish == VKI_FINISH_ERROR) {
-        fprintf(stderr, "vkinfer generate: %s\n", g.error);
-        rc = 1;
     } else {
-        double tp = g.t_first - g.t_submit, tg = g.t_end - g.t_first;
+        double tp = res.first_token_ms / 1e3, tg = (res.total_ms - res.first_token_ms) / 1e3;
         static const char *const why[] = {"none", "end of text", "length", "stop", "cancelled", "error"};
-        fprintf(stderr, "prompt: %zu tokens in %.1f ms (%.1f tokens/s) | generated: %u tokens in %.1f ms "
-                "(%.1f tokens/s) | finish: %s | seed %llu\n", np, tp * 1e3, tp > 0 ? np / tp : 0.0, g.n_gen,
-                tg * 1e3, g.n_gen > 1 && tg > 0 ? (g.n_gen - 1) / tg : 0.0,
-                why[g.finish <= VKI_FINISH_ERROR ? g.finish : 0], (unsigned long long)g.seed);
+        fprintf(stderr, "prompt: %u tokens in %.1f ms (%.1f tokens/s) | generated: %u tokens in %.1f ms "
+                "(%.1f tokens/s) | finish: %s | seed %llu\n", res.n_prompt, tp * 1e3, tp > 0 ? res.n_prompt / tp : 0.0,
+                res.n_generated, tg * 1e3, res.n_generated > 1 && tg > 0 ? (res.n_generated - 1) / tg : 0.0,
+                why[res.finish <= VKI_FINISH_ERROR ? res.finish : 0], (unsigned long long)res.seed);
     }
-    vki_text_stream_free(g.ts);
-    free(ids);
+    cli_print_profile(eo, e);
     vki_engine_destroy(e);
     return rc;
 }
@@ -168,8 +112,7 @@ int vki_cli_generate(int argc, char **argv)
 {
     cli_engine_opts eo;
     cli_engine_opts_init(&eo);
-    vki_sampling_params sp = vki_sampling_default_params();
-    sp.temperature = 0;
+    vki_sampling_params sp = vki_sampling_default_params(); /* greedy */
     const char *prompt = NULL, *stops[MAX_STOPS];
     uint32_t n_stops = 0;
     uint64_t n_predict = 128;

@@ -35,6 +35,7 @@ srv_job *srv_job_new(srv *s, bool chat)
     j->refs = 1;
     j->fd = -1;
     j->sampling = vki_sampling_default_params();
+    j->sampling.temperature = 1.0f; /* the OpenAI API's default (the library's is greedy) */
     j->created = (long long)time(NULL);
     j->outcome = SRV_OUT_ERROR;
     return j;
