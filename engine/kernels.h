@@ -14,6 +14,7 @@
 
 typedef enum vkk_id {
     VKK_ADD,
+    VKK_COPY, /* the copy-bandwidth probe (engine/ops_basic.c) */
     /* matmul family (engine/ops_matmul.c): one per weight type, in the order of
      * ops_matmul.c's type list */
     VKK_MATVEC_F32, VKK_MATVEC_F16, VKK_MATVEC_Q8_0, VKK_MATVEC_Q4_0, VKK_MATVEC_Q4_K, VKK_MATVEC_Q6_K,

@@ -1,6 +1,7 @@
 # Every SPIR-V module the library embeds: vki_shader(<blob name> <source> [DEFINE=VALUE...]).
 # Data types are #defines; sizes/flags are specialisation constants (see engine/kernels.c).
 vki_shader(add add.comp)
+vki_shader(copy copy.comp)
 # matmul family: one module per weight type (dequant.glsl picks the block decoder).
 foreach(t f32 f16 q8_0 q4_0 q4_k q6_k)
   string(TOUPPER ${t} T)
