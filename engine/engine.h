@@ -80,7 +80,10 @@ typedef struct vk_engine {
     op_sampler *sampler;
     vkd_cmd cmd;
     uint64_t n_steps;
-    double last_step_ms;
+    double last_step_ms;    /* wall time of the last vk_engine_step */
+    double last_wait_ms;    /* of which blocked on the fence after the submit: the rest is host
+                               work on the step's critical path (checks, packing, recording,
+                               submit, reading results) */
     FILE *trace;            /* profile_path open, or NULL */
     uint64_t trace_t0_ns;   /* device time of the first traced dispatch */
     uint64_t *trace_ns;     /* [2 * VK_TRACE_MAX] begin/end scratch */
