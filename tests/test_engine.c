@@ -613,7 +613,7 @@ static void write_meta_only(const char *path, const char *arch)
 static void expect_refused(const char *path, vki_status want, const char *needle)
 {
     vki_engine_params p = vki_engine_default_params();
-    p.device.validation = true;
+    p.device = vt_device_params();
     p.kv_tokens = 1024;
     vki_engine *e = NULL;
     char err[512] = "";

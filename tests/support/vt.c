@@ -1,5 +1,6 @@
 #include "support/vt.h"
 #include "engine/rng.h"
+#include "host/cli/cli_common.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -25,6 +26,16 @@ void vt_pin_vulkan_libraries(void)
         dlopen(libs[i], RTLD_NOW | RTLD_NODELETE | RTLD_LOCAL);
 }
 
+vki_device_params vt_device_params(void)
+{
+    vki_device_params p = vki_device_default_params();
+    p.validation = true;
+    const char *env = getenv("VKI_DEVICE");
+    if (env && *env)
+        cli_device_choice(env, &p);
+    return p;
+}
+
 int vt_gpu_setup(void **state)
 {
     *state = NULL;
@@ -32,8 +43,7 @@ int vt_gpu_setup(void **state)
     vt_gpu *g = calloc(1, sizeof *g);
     if (!g)
         return -1;
-    vki_device_params p = vki_device_default_params();
-    p.validation = true;
+    vki_device_params p = vt_device_params();
     p.log = quiet_log;
     p.log_level = VKI_LOG_WARN;
     vki_status st = vkd_open(&p, &g->dev);

@@ -25,6 +25,11 @@ typedef struct vt_gpu {
     vkd_cmd cmd;
 } vt_gpu;
 
+/* Device parameters of every GPU suite: validation on, and the device named by $VKI_DEVICE
+ * (an index or a name substring, as `vkinfer --device` takes it) when set, so a GPU run
+ * (tools/gpu-check) tests the device it asks for; otherwise the automatic choice. */
+vki_device_params vt_device_params(void);
+
 int vt_gpu_setup(void **state);
 /* Keeps the Vulkan driver and validation layer loaded for the process's life so LeakSanitizer
  * can see their one-off allocations as reachable; suites that open engines through the public
