@@ -5,7 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine/engine.h"
+#include "host/api/engine_api.h"
 #include "engine/quant.h"
 #include "host/batch/backend.h"
 #include "host/batch/batch.h"
@@ -206,6 +206,8 @@ void vki_engine_destroy(vki_engine *e)
 }
 
 const vki_tokenizer *vki_engine_tokenizer(const vki_engine *e) { return e->tok; }
+
+vk_engine *engine_api_core(vki_engine *e) { return e ? e->eng : NULL; }
 
 void vki_engine_info(const vki_engine *e, vki_model_info *out) { *out = e->info; }
 
