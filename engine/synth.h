@@ -7,8 +7,8 @@
  * Weights: seeded, approximately N(0, 1/fan_in) (output projections further scaled by
  * 1/sqrt(2 n_layer) so the residual stream stays O(1) through many layers), norms ~1 +- 0.1, LM
  * head scaled for logits of standard deviation ~3 so greedy decoding has few near-ties. Tensors
- * are generated and quantised chunk by chunk and streamed to the file: memory stays ~16 MiB
- * whatever the model size. */
+ * are generated and quantised batch by batch on n_threads workers and streamed to the file:
+ * memory stays ~12 MiB per worker whatever the model size. */
 #ifndef VKI_ENGINE_SYNTH_H
 #define VKI_ENGINE_SYNTH_H
 
@@ -44,6 +44,8 @@ typedef struct synth_params {
     synth_wtype wtype;      /* norms and biases are always F32; a tensor whose row length is not
                                a multiple of the type's block falls back to F16 (logged) */
     uint64_t seed;
+    uint32_t n_threads;     /* workers generating and encoding weights; 0: one per online CPU.
+                               The file is byte-identical for any count */
     /* Optional: notes (type fallbacks) and progress lines; msg has no newline. */
     void (*log)(void *user, const char *msg);
     void *log_user;
@@ -53,7 +55,8 @@ typedef struct synth_params {
  * context 512, F32. */
 synth_params synth_default_params(void);
 /* Shapes of named presets: "tiny", "small" (llama, d 256, GQA 4), "qwen2-small" (tied, biases),
- * "tinyllama" (1.1B), "1b" (Llama-3.2-1B shape), "qwen2-1.5b" (Qwen2.5-1.5B shape). Only shape
+ * "tinyllama" (1.1B), "1b" (Llama-3.2-1B shape), "qwen2-1.5b" (Qwen2.5-1.5B shape), "8b"
+ * (Llama-3-8B shape: 32 layers, d 4096, 32/8 heads, d_ff 14336, vocab 128256, untied). Only shape
  * fields change (and wtype: Q4_K_M for the large ones). VKI_ERR_NOT_FOUND for an unknown name. */
 vki_status synth_preset(const char *name, synth_params *p);
 /* Names of the presets, NULL-terminated. */

@@ -31,6 +31,8 @@ static void usage(FILE *o)
                "  --rope-base B       RoPE frequency base\n"
                "  --rms-eps E         RMSNorm epsilon\n"
                "  --seed S            weight seed\n"
+               "  --threads N         workers generating and encoding weights (default: one per CPU;\n"
+               "                      the file is the same for any N)\n"
                "  --name NAME         general.name\n");
 }
 
@@ -97,6 +99,7 @@ static bool apply(synth_params *p, const char *opt, const char *val)
                     : !strcmp(opt, "--ff")       ? &p->d_ff
                     : !strcmp(opt, "--vocab")    ? &p->n_vocab
                     : !strcmp(opt, "--ctx")      ? &p->n_ctx
+                    : !strcmp(opt, "--threads")  ? &p->n_threads
                                                  : NULL;
     if (!dst) {
         fprintf(stderr, "make-model: unknown option %s\n", opt);
@@ -158,9 +161,9 @@ int main(int argc, char **argv)
         size = ftell(f);
     if (f)
         fclose(f);
-    fprintf(stderr, "make-model: wrote %s (%s, %u layers, d_model %u, %u/%u heads, d_ff %u, %s weights, %.1f MiB) in %.1f s\n",
-            out, p.arch, p.n_layer, p.d_model, p.n_head, p.n_head_kv, p.d_ff, synth_wtype_name(p.wtype),
-            (double)size / (1024.0 * 1024.0),
-            (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec));
+    double sec = (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
+    fprintf(stderr, "make-model: wrote %s (%s, %u layers, d_model %u, %u/%u heads, d_ff %u, vocab %u, %s weights, "
+            "%.1f MiB) in %.1f s (%.0f MiB/s)\n", out, p.arch, p.n_layer, p.d_model, p.n_head, p.n_head_kv, p.d_ff,
+            p.n_vocab, synth_wtype_name(p.wtype), (double)size / 1048576.0, sec, (double)size / 1048576.0 / sec);
     return 0;
 }
