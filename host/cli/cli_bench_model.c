@@ -229,6 +229,9 @@ static vki_status read_file_facts(const char *path, const vki_model_info *mi, bm
 
 static double elems(const vk_tensor *t) { return t->n_parts ? (double)t->ne0 * (double)t->n_rows : 0; }
 
+/* What a full read of the tensor moves (vk_tensor_bytes counts allocation padding too). */
+static double bytes_of(const vk_tensor *t) { return t->n_parts ? (double)t->n_rows * (double)t->row_bytes : 0; }
+
 /* Bytes and FLOPs per step from the tensors the forward pass reads. */
 static void account(const vk_engine *e, bm_model *m)
 {
@@ -240,12 +243,12 @@ static void account(const vk_engine *e, bm_model *m)
                                   &L->wo, &L->ffn_norm, &L->w_gate, &L->w_up, &L->w_down};
         const vk_tensor *mats[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down};
         for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
-            m->weight_bytes += (double)vk_tensor_bytes(all[i]);
+            m->weight_bytes += bytes_of(all[i]);
         for (size_t i = 0; i < sizeof mats / sizeof mats[0]; i++)
             m->layer_flops_token += 2 * elems(mats[i]);
     }
     const vk_tensor *head = vk_model_lm_head(md);
-    m->weight_bytes += (double)vk_tensor_bytes(&md->output_norm) + (double)vk_tensor_bytes(head);
+    m->weight_bytes += bytes_of(&md->output_norm) + bytes_of(head);
     m->head_flops_row = 2 * elems(head);
     m->embd_row_bytes = (double)md->tok_embd.row_bytes;
     double esz = e->p.kv_type == VKI_GGML_F16 ? 2 : 4;

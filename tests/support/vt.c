@@ -7,6 +7,7 @@
 #include <string.h>
 #include <time.h>
 #include <dlfcn.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 static void quiet_log(void *user, vki_log_level lvl, const char *msg)
@@ -189,6 +190,31 @@ void vt_assert_nmse(const float *a, const float *ref, size_t n, double tol, cons
         }
     }
     fail_msg("%s: NMSE %.3g > %.3g (worst [%zu]: got %.9g, want %.9g)", label, e, tol, worst, a[worst], ref[worst]);
+}
+
+void vt_run_vkinfer(const char *args, vt_run_result *r)
+{
+    char cmd[4096], errf[] = "/tmp/vki_cli_err_XXXXXX";
+    int fd = mkstemp(errf);
+    assert_true(fd >= 0);
+    close(fd);
+    snprintf(cmd, sizeof cmd, "ASAN_OPTIONS=detect_leaks=0 %s/vkinfer %s 2>%s", VKI_BINARY_DIR, args, errf);
+    FILE *p = popen(cmd, "r");
+    assert_non_null(p);
+    size_t n = fread(r->out, 1, sizeof r->out - 1, p);
+    r->out[n] = 0;
+    while (fread(cmd, 1, sizeof cmd, p) > 0) /* the rest, unread, would block the child */
+        ;
+    int status = pclose(p);
+    r->rc = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    FILE *e = fopen(errf, "r");
+    n = e ? fread(r->err, 1, sizeof r->err - 1, e) : 0;
+    r->err[n] = 0;
+    if (e)
+        fclose(e);
+    unlink(errf);
+    if (strstr(r->err, "validation"))
+        fail_msg("validation messages from `vkinfer %s`:\n%s", args, r->err);
 }
 
 const char *vt_shared_model(const char *name, char *buf, size_t n)

@@ -65,6 +65,17 @@ double vt_nmse(const float *a, const float *ref, size_t n);
 /* Asserts nmse <= tol, printing the shape label and the worst element on failure. */
 void vt_assert_nmse(const float *a, const float *ref, size_t n, double tol, const char *label);
 
+/* `vkinfer ARGS` (the build's program) through the shell, stdout and stderr captured separately
+ * (each cut to its buffer); fails the test on any validation message in stderr. The child runs
+ * without LeakSanitizer's exit report: the Vulkan driver's one-off allocations, freed by no one
+ * once the loader unloads it, would be reported (the GPU harness pins those libraries; a child
+ * process cannot), while every other sanitizer check stays on. */
+typedef struct vt_run_result {
+    char out[32768], err[16384];
+    int rc;
+} vt_run_result;
+void vt_run_vkinfer(const char *args, vt_run_result *r);
+
 /* ../shared/models/<name> if present, else NULL (the caller skips with a message). */
 const char *vt_shared_model(const char *name, char *buf, size_t n);
 
