@@ -441,6 +441,22 @@ static void test_bad_shapes(void **state)
     vt_assert_clean(g);
 }
 
+/* The row kernels' workgroup on a GPU (256 invocations per row; a CPU device gets 64): the
+ * RMSNorm and softmax cases again with the device presented as a discrete NVIDIA GPU, which
+ * lavapipe runs as it is (the kernels size their reduction by the workgroup, not the subgroup). */
+static void test_gpu_configs(void **state)
+{
+    vt_gpu *g = vt_gpu_get(state);
+    vki_device_info saved = g->dev->info;
+    if (saved.max_workgroup_invocations < 256)
+        skip();
+    g->dev->info.type = VKI_DEVICE_DISCRETE;
+    g->dev->info.vendor_id = 0x10DE;
+    test_rmsnorm(state);
+    test_softmax(state);
+    g->dev->info = saved;
+}
+
 static void test_prepare(void **state)
 {
     vt_gpu *g = vt_gpu_get(state);
@@ -460,6 +476,7 @@ int main(void)
         cmocka_unit_test(test_swiglu),
         cmocka_unit_test(test_softmax),
         cmocka_unit_test(test_bad_shapes),
+        cmocka_unit_test(test_gpu_configs),
     };
     return cmocka_run_group_tests(tests, vt_gpu_setup, vt_gpu_teardown);
 }
