@@ -13,9 +13,10 @@ typedef struct devprobe_opts {
     uint32_t iters;  /* calls per timed batch, a compute barrier between them (as between layers) */
     uint32_t warmup; /* calls in the untimed first batch (pipelines, caches, clocks) */
     uint32_t reps;   /* timed batches; the median is kept (<= 64) */
+    bool fastest;    /* keep the fastest batch instead (a loaded machine slows some batches) */
 } devprobe_opts;
 
-/* Seconds per call: median over reps batches of (batch time / iters), from GPU timestamps
+/* Seconds per call: median (or minimum) over reps batches of (batch time / iters), from GPU timestamps
  * around each batch when the device has them (host clock around submit + wait otherwise;
  * *gpu_timer says which). */
 vki_status devprobe_time(vkd_cmd *c, devprobe_record_fn record, void *ctx, const devprobe_opts *o,
