@@ -555,10 +555,14 @@ vki_status vk_engine_step(vk_engine *e, const vki_step_plan *plan, vki_step_out 
         vkd_cmd_abort(&e->cmd);
         return st;
     }
-    st = vkd_cmd_submit_wait(&e->cmd);
+    st = vkd_cmd_submit(&e->cmd);
     vk_capture_after_step(&e->capture, e->dev, e->n_steps);
     if (st != VKI_OK)
         return st;
+    double t_wait = now_ms();
+    if ((st = vkd_cmd_wait(&e->cmd)) != VKI_OK)
+        return st;
+    e->last_wait_ms = now_ms() - t_wait;
     if (n_out)
         op_sampler_read_plan(e->sampler, plan, outs);
     if (n_out && (st = host_round_trips(e, plan, outs)) != VKI_OK)

@@ -96,7 +96,10 @@ typedef struct vk_engine {
     op_sampler *sampler;
     vkd_cmd cmd;
     uint64_t n_steps;
-    double last_step_ms;
+    double last_step_ms;    /* wall time of the last vk_engine_step */
+    double last_wait_ms;    /* of which blocked on the fence after the submit: the rest is host
+                               work on the step's critical path (checks, packing, recording,
+                               submit, reading results) */
     vk_profile prof;        /* profile mode (prof.trace == NULL: off) */
     vk_capture capture;     /* RenderDoc capture of chosen steps */
 } vk_engine;

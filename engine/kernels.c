@@ -8,6 +8,7 @@
 
 #define PUSH_OK(T) (sizeof(T) % 4 == 0 && sizeof(T) <= VKI_MAX_PUSH)
 _Static_assert(PUSH_OK(vki_pc_add), "push struct vki_pc_add");
+_Static_assert(PUSH_OK(vki_pc_copy), "push struct vki_pc_copy");
 _Static_assert(PUSH_OK(vki_pc_matmul), "push struct vki_pc_matmul");
 _Static_assert(PUSH_OK(vki_pc_get_rows), "push struct vki_pc_get_rows");
 
@@ -67,6 +68,8 @@ _Static_assert(sizeof(vki_seq_info) == 16 && sizeof(vki_attn_item) == 16, "std43
 static const vkk_desc kernel_table[] = {
     [VKK_ADD] = {"add", SPV(add), .n_bindings = 3, .push_size = sizeof(vki_pc_add),
                  .n_spec = 1, .spec_default = {256}},
+    [VKK_COPY] = {"copy", SPV(copy), .n_bindings = 2, .push_size = sizeof(vki_pc_copy),
+                  .n_spec = 1, .spec_default = {256}},
     VKK_WEIGHT_TYPES(MATMUL_ROWS)
     /* engine/ops_basic.c: spec {WG} */
     [VKK_RMSNORM] = {"rmsnorm", SPV(rmsnorm), .n_bindings = 3, .push_size = sizeof(vki_pc_rmsnorm),

@@ -187,7 +187,7 @@ static void run_batched(e2e *x, vki_capacity_policy policy, uint32_t max_batch, 
 static vki_status open_engine(e2e *x, const char *path, uint64_t kv_tokens, vki_engine **out)
 {
     vki_engine_params p = vki_engine_default_params();
-    p.device.validation = true;
+    p.device = vt_device_params();
     p.device.log = count_validation;
     p.device.log_user = x;
     p.kv_tokens = kv_tokens;

@@ -5,39 +5,7 @@
 #include "support/vt.h"
 
 #include <cjson/cJSON.h>
-#include <sys/wait.h>
-
-typedef struct run_result {
-    char out[8192], err[16384];
-    int rc;
-} run_result;
-
-/* Runs `vkinfer ARGS` through the shell, stdout and stderr captured separately. */
-static void run(const char *args, run_result *r)
-{
-    char cmd[2048], errf[] = "/tmp/vki_cli_err_XXXXXX";
-    int fd = mkstemp(errf);
-    assert_true(fd >= 0);
-    close(fd);
-    /* In the sanitizer build the program's exit would report the Vulkan driver's one-off
-     * allocation that the loader unloads (the GPU harness pins those libraries; a child process
-     * cannot): leak reports off for the child, every other check on. */
-    snprintf(cmd, sizeof cmd, "ASAN_OPTIONS=detect_leaks=0 %s/vkinfer %s 2>%s", VKI_BINARY_DIR, args, errf);
-    FILE *p = popen(cmd, "r");
-    assert_non_null(p);
-    size_t n = fread(r->out, 1, sizeof r->out - 1, p);
-    r->out[n] = 0;
-    int status = pclose(p);
-    r->rc = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-    FILE *e = fopen(errf, "r");
-    n = e ? fread(r->err, 1, sizeof r->err - 1, e) : 0;
-    r->err[n] = 0;
-    if (e)
-        fclose(e);
-    unlink(errf);
-    if (strstr(r->err, "validation"))
-        fail_msg("validation messages from `vkinfer %s`:\n%s", args, r->err);
-}
+#include <unistd.h>
 
 static const char *model(char *buf, size_t n)
 {
@@ -54,9 +22,9 @@ static void test_generate_known_answer(void **state)
     (void)state;
     char m[512], args[1024];
     model(m, sizeof m);
-    run_result r;
+    vt_run_result r;
     snprintf(args, sizeof args, "generate --validation --no-progress -m %s -p \"Once upon a time\" -n 48 --temp 0", m);
-    run(args, &r);
+    vt_run_vkinfer(args, &r);
     assert_int_equal(r.rc, 0);
     assert_string_equal(r.out, "Once upon a time, there was a little girl named Lily. She loved to play outside in the "
                                "park. One day, she saw a big, red ball. She wanted to play with it,\n");
@@ -68,16 +36,16 @@ static void test_generate_seed_reproducible(void **state)
     (void)state;
     char m[512], args[1024];
     model(m, sizeof m);
-    run_result a, b, c;
+    vt_run_result a, b, c;
     snprintf(args, sizeof args, "generate --validation --no-progress -m %s -p \"Lily saw\" -n 40 --temp 1.0 "
              "--top-k 40 --seed 1234", m);
-    run(args, &a);
-    run(args, &b);
+    vt_run_vkinfer(args, &a);
+    vt_run_vkinfer(args, &b);
     assert_int_equal(a.rc, 0);
     assert_string_equal(a.out, b.out);
     snprintf(args, sizeof args, "generate --validation --no-progress -m %s -p \"Lily saw\" -n 40 --temp 1.0 "
              "--top-k 40 --seed 1235", m);
-    run(args, &c);
+    vt_run_vkinfer(args, &c);
     assert_string_not_equal(a.out, c.out); /* 40 sampled tokens: a different seed differs */
     assert_non_null(strstr(a.err, "seed 1234"));
 }
@@ -87,10 +55,10 @@ static void test_generate_stop_string(void **state)
     (void)state;
     char m[512], args[1024];
     model(m, sizeof m);
-    run_result r;
+    vt_run_result r;
     snprintf(args, sizeof args, "generate --validation --no-progress -m %s -p \"Once upon a time\" -n 48 --temp 0 "
              "--stop \"girl na\"", m);
-    run(args, &r);
+    vt_run_vkinfer(args, &r);
     assert_int_equal(r.rc, 0);
     assert_string_equal(r.out, "Once upon a time, there was a little \n");
     assert_non_null(strstr(r.err, "finish: stop"));
@@ -99,19 +67,19 @@ static void test_generate_stop_string(void **state)
 static void test_bad_usage(void **state)
 {
     (void)state;
-    run_result r;
-    run("generate -p x --temp -1 -m /nonexistent.gguf", &r);
+    vt_run_result r;
+    vt_run_vkinfer("generate -p x --temp -1 -m /nonexistent.gguf", &r);
     assert_int_equal(r.rc, 2);
     assert_non_null(strstr(r.err, "--temp"));
-    run("generate -m /nonexistent.gguf -p x", &r);
+    vt_run_vkinfer("generate -m /nonexistent.gguf -p x", &r);
     assert_int_equal(r.rc, 1);
     assert_non_null(strstr(r.err, "/nonexistent.gguf"));
-    run("frobnicate", &r);
+    vt_run_vkinfer("frobnicate", &r);
     assert_int_equal(r.rc, 2);
-    run("generate -m /nonexistent.gguf -p x --kv-type q4_0", &r);
+    vt_run_vkinfer("generate -m /nonexistent.gguf -p x --kv-type q4_0", &r);
     assert_int_equal(r.rc, 2);
     assert_non_null(strstr(r.err, "--kv-type is f16, f32 or q8_0"));
-    run("generate -m /nonexistent.gguf -p x --max-attention-window 0", &r);
+    vt_run_vkinfer("generate -m /nonexistent.gguf -p x --max-attention-window 0", &r);
     assert_int_equal(r.rc, 2);
     assert_non_null(strstr(r.err, "--max-attention-window"));
 }
@@ -135,10 +103,10 @@ static void test_generate_architectures(void **state)
                  "--head-dim 32 --ff 128 --vocab 320 --ctx 1024 %s 2>/dev/null", VKI_BINARY_DIR, path, cases[i].arch,
                  cases[i].model_opts);
         assert_int_equal(system(cmd), 0);
-        run_result r;
+        vt_run_result r;
         snprintf(args, sizeof args, "generate --validation --no-progress -m %s -p \"Hello world\" -n 12 --temp 0 "
                  "--kv-tokens 1024 %s", path, cases[i].run_opts);
-        run(args, &r);
+        vt_run_vkinfer(args, &r);
         if (r.rc != 0 || strncmp(r.out, "Hello world", 11) || !strstr(r.err, "generated: 12 tokens") ||
             !strstr(r.err, cases[i].line))
             fail_msg("%s: rc %d\nstdout: %s\nstderr: %s", cases[i].arch, r.rc, r.out, r.err);
@@ -149,8 +117,8 @@ static void test_generate_architectures(void **state)
 static void test_info_json(void **state)
 {
     (void)state;
-    run_result r;
-    run("info --json", &r);
+    vt_run_result r;
+    vt_run_vkinfer("info --json", &r);
     assert_int_equal(r.rc, 0);
     cJSON *o = cJSON_Parse(r.out);
     assert_non_null(o);

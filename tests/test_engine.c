@@ -899,7 +899,7 @@ static void expect_refused_p(const char *path, vki_kv_type kv_type, uint32_t max
                              const char *needle)
 {
     vki_engine_params p = vki_engine_default_params();
-    p.device.validation = true;
+    p.device = vt_device_params();
     p.kv_tokens = 1024;
     p.kv_type = kv_type;
     p.max_attention_window = max_window;

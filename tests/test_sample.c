@@ -604,45 +604,72 @@ static void test_all_but_one_inf(void **state)
     vt_assert_clean(g);
 }
 
-/* Vocabulary sizes around the workgroup sizes (64 .. 1024 invocations) with typical parameter
- * sets, each row against the reference. */
+/* R rows of a V-token vocabulary (rows padded to V + pad floats) with typical parameter sets,
+ * each against the reference. */
+static void vocab_rows(vt_gpu *g, vt_rng *rng, uint32_t V, uint32_t pad)
+{
+    enum { R = 6 };
+    uint32_t stride = V + pad;
+    float *x = malloc(((size_t)(R - 1) * stride + V) * 4);
+    int32_t hist[32];
+    for (int i = 0; i < 32; i++)
+        hist[i] = (int32_t)vt_range(rng, 0, V - 1);
+    vki_logit_bias bias[3] = {{0, 1.5f}, {(int32_t)(V / 2), -INFINITY}, {(int32_t)(V - 1), 2.0f}};
+    vki_sampling_params p[R];
+    sample_req r[R];
+    vki_sample_out out[R];
+    for (uint32_t i = 0; i < R; i++) {
+        fill_logits(rng, x + (size_t)i * stride, V);
+        p[i] = sampled_params();
+        p[i].logprobs = true;
+        p[i].top_logprobs = i * 4;
+        r[i] = (sample_req){&p[i], vt_u64(rng), vt_range(rng, 0, 1u << 30), hist, 32, NULL};
+    }
+    p[0].temperature = 0;
+    p[1].temperature = 0.8f, p[1].top_k = 40, p[1].top_p = 0.95f;
+    p[2].min_p = 0.05f, p[2].repetition_penalty = 1.1f, p[2].frequency_penalty = 0.5f;
+    p[3].top_p = 0.6f, p[3].logit_bias = bias, p[3].n_logit_bias = V > 2 ? 3 : 0;
+    p[4].temperature = 0, p[4].presence_penalty = 1.0f, p[4].logit_bias = bias, p[4].n_logit_bias = V > 2 ? 3 : 0;
+    p[5].temperature = 1.7f, p[5].top_k = 3;
+    gpu_sample(g, x, R, V, stride, r, out);
+    for (uint32_t i = 0; i < R; i++) {
+        char label[64];
+        snprintf(label, sizeof label, "vocab %u row %u", V, i);
+        assert_row_matches(x + (size_t)i * stride, V, &r[i], &out[i], label);
+    }
+    free(x);
+}
+
+/* Vocabulary sizes around the workgroup sizes (64 .. 1024 invocations). */
 static void test_vocab_sizes(void **state)
 {
     vt_gpu *g = vt_gpu_get(state);
     vt_rng rng = vt_rng_seeded("sample vocab sizes");
     const uint32_t sizes[] = {1, 2, 7, 63, 64, 65, 127, 1000, 2049, 4097, 32000, 33001};
-    enum { R = 6 };
-    for (size_t s = 0; s < sizeof sizes / sizeof sizes[0]; s++) {
-        uint32_t V = sizes[s], stride = V + (uint32_t)(s % 3) * 5; /* some rows padded */
-        float *x = malloc(((size_t)(R - 1) * stride + V) * 4);
-        int32_t hist[32];
-        for (int i = 0; i < 32; i++)
-            hist[i] = (int32_t)vt_range(&rng, 0, V - 1);
-        vki_logit_bias bias[3] = {{0, 1.5f}, {(int32_t)(V / 2), -INFINITY}, {(int32_t)(V - 1), 2.0f}};
-        vki_sampling_params p[R];
-        sample_req r[R];
-        vki_sample_out out[R];
-        for (uint32_t i = 0; i < R; i++) {
-            fill_logits(&rng, x + (size_t)i * stride, V);
-            p[i] = sampled_params();
-            p[i].logprobs = true;
-            p[i].top_logprobs = i * 4;
-            r[i] = (sample_req){&p[i], vt_u64(&rng), vt_range(&rng, 0, 1u << 30), hist, 32, NULL};
-        }
-        p[0].temperature = 0;
-        p[1].temperature = 0.8f, p[1].top_k = 40, p[1].top_p = 0.95f;
-        p[2].min_p = 0.05f, p[2].repetition_penalty = 1.1f, p[2].frequency_penalty = 0.5f;
-        p[3].top_p = 0.6f, p[3].logit_bias = bias, p[3].n_logit_bias = V > 2 ? 3 : 0;
-        p[4].temperature = 0, p[4].presence_penalty = 1.0f, p[4].logit_bias = bias, p[4].n_logit_bias = V > 2 ? 3 : 0;
-        p[5].temperature = 1.7f, p[5].top_k = 3;
-        gpu_sample(g, x, R, V, stride, r, out);
-        for (uint32_t i = 0; i < R; i++) {
-            char label[64];
-            snprintf(label, sizeof label, "vocab %u row %u", V, i);
-            assert_row_matches(x + (size_t)i * stride, V, &r[i], &out[i], label);
-        }
-        free(x);
-    }
+    for (size_t s = 0; s < sizeof sizes / sizeof sizes[0]; s++)
+        vocab_rows(g, &rng, sizes[s], (uint32_t)(s % 3) * 5); /* some rows padded */
+    vt_assert_clean(g);
+}
+
+/* The workgroup a GPU gets (ops_sample.c: 1024 invocations for vocabularies above 16k, 32 ids
+ * each; a CPU device gets 64), on this device: it is presented as a discrete NVIDIA GPU, and
+ * 1024 invocations with their 28 KiB of shared memory fit lavapipe's real limits. Vocabularies
+ * at the 1024 boundary (16 ids per invocation) and Llama 2's (32 000: 32 per invocation). */
+static void test_gpu_configs(void **state)
+{
+    vt_gpu *g = vt_gpu_get(state);
+    vt_rng rng = vt_rng_seeded("sample gpu configs");
+    vki_device_info saved = g->dev->info;
+    if (saved.max_workgroup_invocations < 1024 || saved.max_compute_shared_memory < 28 * 1024)
+        skip();
+    g->dev->info.type = VKI_DEVICE_DISCRETE;
+    g->dev->info.vendor_id = 0x10DE;
+    assert_int_equal(op_sample_wg(g->dev, 16385), 1024);
+    assert_int_equal(op_sample_wg(g->dev, 128256), 1024);
+    const uint32_t sizes[] = {16385, 32000}; /* 128256 as well would add ~15 s on lavapipe */
+    for (size_t s = 0; s < sizeof sizes / sizeof sizes[0]; s++)
+        vocab_rows(g, &rng, sizes[s], (uint32_t)s * 3);
+    g->dev->info = saved;
     vt_assert_clean(g);
 }
 
@@ -977,6 +1004,7 @@ int main(void)
         cmocka_unit_test(test_vocab_sizes),
         cmocka_unit_test(test_masks),
         cmocka_unit_test(test_vocab_256k),
+        cmocka_unit_test(test_gpu_configs),
         cmocka_unit_test(test_reproducible),
         cmocka_unit_test(test_step_plan),
         cmocka_unit_test(test_tie_cuts),

@@ -86,8 +86,8 @@ static int group_setup(void **state)
     vki_engine_params ep = vki_engine_default_params();
     ep.kv_tokens = 64 * 1024;
     ep.max_seqs = 320;
+    ep.device = vt_device_params();
     ep.device.pipeline_cache_dir = "";
-    ep.device.validation = true;
     ep.device.log = count_validation;
     ep.device.log_user = t;
     char err[512] = "";

@@ -61,7 +61,9 @@ static void usage(FILE *o)
                "  --window N          attention.sliding_window (0: none)\n"
                "  --attn-softcap C    attn_logit_softcapping (gemma2; 0: none)\n"
                "  --final-softcap C   final_logit_softcapping (gemma2/3; 0: none)\n"
-               "  --ctx-orig N        phi3 LongRoPE: original context (< --ctx), writes rope factors\n");
+               "  --ctx-orig N        phi3 LongRoPE: original context (< --ctx), writes rope factors\n"
+               "  --threads N         workers generating and encoding weights (default: one per CPU;\n"
+               "                      the file is the same for any N)\n");
 }
 
 static void log_stderr(void *user, const char *msg)
@@ -134,6 +136,7 @@ static bool apply(synth_params *p, const char *opt, const char *val)
                     : !strcmp(opt, "--ctx")      ? &p->n_ctx
                     : !strcmp(opt, "--window")   ? &p->sliding_window
                     : !strcmp(opt, "--ctx-orig") ? &p->n_ctx_orig
+                    : !strcmp(opt, "--threads")  ? &p->n_threads
                                                  : NULL;
     if (!dst) {
         fprintf(stderr, "make-model: unknown option %s\n", opt);
@@ -209,10 +212,10 @@ int main(int argc, char **argv)
         size = ftell(f);
     if (f)
         fclose(f);
-    fprintf(stderr, "make-model: wrote %s (%s, %u layers, d_model %u, %u/%u heads, d_ff %u, %s%s weights, %.1f MiB) in %.1f s\n",
-            out, p.arch, p.n_layer, p.d_model, p.n_head, p.n_head_kv, p.d_ff, synth_wtype_name(p.wtype),
-            p.llama_mix ? " mix" : "",
-            (double)size / (1024.0 * 1024.0),
-            (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec));
+    double sec = (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
+    fprintf(stderr, "make-model: wrote %s (%s, %u layers, d_model %u, %u/%u heads, d_ff %u, vocab %u, %s%s weights, "
+            "%.1f MiB) in %.1f s (%.0f MiB/s)\n", out, p.arch, p.n_layer, p.d_model, p.n_head, p.n_head_kv, p.d_ff,
+            p.n_vocab, synth_wtype_name(p.wtype), p.llama_mix ? " mix" : "", (double)size / 1048576.0, sec,
+            (double)size / 1048576.0 / sec);
     return 0;
 }

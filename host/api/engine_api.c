@@ -6,7 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine/engine.h"
+#include "host/api/engine_api.h"
 #include "engine/quant.h"
 #include "host/batch/backend.h"
 #include "host/batch/batch.h"
@@ -232,6 +232,7 @@ vki_status vki_engine_profile_summary(const vki_engine *e, uint32_t max_rows, ch
         return VKI_ERR_INVALID_ARG;
     return vk_profile_summary(&e->eng->prof, max_rows, buf, cap, n_out);
 }
+vk_engine *engine_api_core(vki_engine *e) { return e ? e->eng : NULL; }
 
 void vki_engine_info(const vki_engine *e, vki_model_info *out) { *out = e->info; }
 

@@ -11,11 +11,23 @@
 #include <string.h>
 #include <time.h>
 
+void cli_device_choice(const char *spec, vki_device_params *p)
+{
+    char *end;
+    long idx = strtol(spec, &end, 10);
+    bool is_index = *spec && !*end && idx >= 0 && idx <= INT32_MAX;
+    p->device_index = is_index ? (int)idx : -1;
+    p->device_name = is_index ? NULL : spec;
+}
+
 void cli_engine_opts_init(cli_engine_opts *o)
 {
     memset(o, 0, sizeof *o);
     o->p = vki_engine_default_params();
     o->progress = true;
+    const char *env = getenv("VKI_DEVICE");
+    if (env && *env)
+        cli_device_choice(env, &o->p.device);
 }
 
 bool cli_parse_u64(const char *cmd, const char *opt, const char *s, uint64_t lo, uint64_t hi, uint64_t *out)
@@ -120,12 +132,7 @@ int cli_engine_opt(int argc, char **argv, int *i, cli_engine_opts *o)
             return -1;
         o->p.device_memory_limit = u << 20;
     } else if (!strcmp(a, "--device")) {
-        char *end;
-        long idx = strtol(v, &end, 10);
-        if (*v && !*end && idx >= 0)
-            o->p.device.device_index = (int)idx;
-        else
-            o->p.device.device_name = v;
+        cli_device_choice(v, &o->p.device);
     } else if (!strcmp(a, "--kv-type")) {
         if (strcmp(v, "f16") && strcmp(v, "f32") && strcmp(v, "q8_0")) {
             fprintf(stderr, "vkinfer %s: --kv-type is f16, f32 or q8_0, got '%s'\n", cmd, v);
@@ -161,7 +168,8 @@ void cli_engine_opts_help(FILE *f)
     fprintf(f,
             "model and device:\n"
             "  -m, --model FILE.gguf   the model (llama, qwen2, qwen3, gemma2, gemma3 or phi3)\n"
-            "  --device N|NAME         device index or name substring (default: discrete NVIDIA first)\n"
+            "  --device N|NAME         device index or name substring (default: $VKI_DEVICE, else\n"
+            "                          discrete NVIDIA first)\n"
             "  --validation            enable the Vulkan validation layer\n"
             "  --kv-type f16|f32|q8_0  KV cache element type (f16; q8_0 holds 1.88x the tokens)\n"
             "  --kv-tokens N           KV cache capacity in tokens (default: --kv-fraction of free memory)\n"

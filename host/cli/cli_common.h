@@ -16,7 +16,11 @@ typedef struct cli_engine_opts {
     double progress_t0;             /* when loading started, for the bar's rate */
 } cli_engine_opts;
 
+/* Defaults, with the device from $VKI_DEVICE when set (as --device takes it). */
 void cli_engine_opts_init(cli_engine_opts *o);
+/* A device given as an index ("1") or a case-insensitive name substring ("H100"), as --device
+ * and $VKI_DEVICE take it, into p (the other choice is cleared). */
+void cli_device_choice(const char *spec, vki_device_params *p);
 /* Tries argv[*i] (and its value) as a shared option. 1: consumed (advances *i past a value),
  * 0: not a shared option, -1: a bad value (message printed). */
 int cli_engine_opt(int argc, char **argv, int *i, cli_engine_opts *o);

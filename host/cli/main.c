@@ -14,6 +14,7 @@ static void usage(FILE *f)
             "  generate             generate text from a prompt (streamed to stdout)\n"
             "  demo                 a batch of requests through continuous batching, tick by tick\n"
             "  bench                throughput / latency of the batch manager (table or --json)\n"
+            "  bench-model          llama-bench-style pp/tg tokens/s, bandwidth vs the copy kernel\n"
             "  serve                OpenAI-compatible HTTP server (completions, chat, SSE, metrics)\n"
             "\n"
             "Run `vkinfer <command> --help` for a command's options.\n");
@@ -34,6 +35,8 @@ int main(int argc, char **argv)
         return vki_cli_demo(argc - 1, argv + 1);
     if (!strcmp(cmd, "bench"))
         return vki_cli_bench(argc - 1, argv + 1);
+    if (!strcmp(cmd, "bench-model"))
+        return vki_cli_bench_model(argc - 1, argv + 1);
     if (!strcmp(cmd, "serve"))
         return vki_cli_serve(argc - 1, argv + 1);
     fprintf(stderr, "vkinfer: unknown command '%s'\n", cmd);
