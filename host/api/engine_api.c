@@ -240,7 +240,7 @@ vki_status vki_batch_manager_create(vki_engine *e, const vki_batch_params *param
     const vk_engine *g = e->eng;
     bm_backend be = {.ctx = e, .max_seqs = g->p.max_seqs, .n_pages = g->n_pages, .page_size = g->p.page_size,
                      .max_ctx = g->max_ctx, .max_tokens = g->p.max_tokens, .vocab_size = g->model.hp.n_vocab,
-                     .step = backend_step, .is_eog = backend_is_eog, .detach = backend_detach};
+                     .n_embd = g->model.hp.d_model, .step = backend_step, .is_eog = backend_is_eog, .detach = backend_detach};
     vki_status st = bm_create(&be, params, cb, out);
     if (st == VKI_OK)
         e->has_manager = true;

@@ -14,6 +14,7 @@ typedef struct bm_backend {
     uint32_t max_ctx;    /* longest sequence (prompt + generated) the model accepts */
     uint32_t max_tokens; /* most new tokens in one step (0: unlimited) */
     uint32_t vocab_size;
+    uint32_t n_embd;     /* width of the hidden rows a hidden_hook receives (embeddings) */
     /* Runs the plan; fills outs[i] for the i-th sequence of the plan with want_token set, in
      * plan order. On error nothing of the plan took effect for sampling purposes; the KV of
      * its sequences is undefined (the batch manager fails or recomputes them). */

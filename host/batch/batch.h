@@ -39,6 +39,14 @@ typedef struct bm_req {
     bool want_lp;              /* logprobs or top_logprobs asked for */
     uint32_t n_top;
     uint64_t seed;             /* resolved */
+    uint32_t min_tokens;       /* end ids banned until this many tokens were generated */
+    vki_logit_bias *ban;       /* [n_ban] bias + the -inf bans of min_tokens (while active) */
+    uint32_t n_ban;
+    uint32_t n_bias;           /* the request's own biases (first n_bias entries of ban) */
+    vki_pooling pooling;       /* embedding request when != NONE */
+    double *emb_sum;           /* [n_embd] sum of the pooled rows (MEAN) */
+    float *emb;                /* [n_embd] the last row (LAST), then the result */
+    uint32_t n_pooled;         /* rows summed */
     vki_logits_fn processor;   /* logits post-processor or NULL */
     void *processor_user;
     vki_response_fn respond;   /* push: the submitter's callback; else cb->send_response */
@@ -47,9 +55,11 @@ typedef struct bm_req {
     vki_status status;         /* the cause reported with a final error response */
     /* worker-thread state */
     sched_seq *seq;            /* in the scheduler (NULL before intake) */
-    float *lp;                 /* [max_new] logprob of each generated token, when want_lp */
-    int32_t *top_tok;          /* [max_new][n_top] */
-    float *top_lp;             /* [max_new][n_top] */
+    float *lp;                 /* [lp_cap] logprob of each generated token, when want_lp; grown
+                                  by doubling as tokens come (max_new may be the whole context) */
+    int32_t *top_tok;          /* [lp_cap][n_top] */
+    float *top_lp;             /* [lp_cap][n_top] */
+    uint32_t lp_cap;
     double cum_lp;
     uint32_t n_sent;           /* generated tokens already delivered (streaming) */
     struct bm_req *next;       /* inbox / request list link */
@@ -92,6 +102,8 @@ struct vki_batch_manager {
     bool notified;
     uint64_t rng;              /* seed generator state (splitmix64) */
     uint64_t next_serial;
+    int32_t *eog_ids;          /* [n_eog] the backend's end-of-generation ids (min_tokens bans) */
+    uint32_t n_eog;
     /* worker thread only */
     sched *s;
     vki_step_out *outs;        /* [max_seqs] */
