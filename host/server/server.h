@@ -54,7 +54,7 @@
 #define SRV_MAX_STOP_BYTES 512
 #define SRV_MAX_N 16            /* choices per request */
 #define SRV_HEAD_LIMIT 16384    /* bytes of a request line + headers (431 past it) */
-#define SRV_VERSION "0.1.0"
+#define SRV_VERSION VKI_PROGRAM_VERSION /* the project version, from CMake */
 
 typedef struct srv srv;
 
