@@ -43,6 +43,7 @@ typedef struct lg_http {
     char host[256];
     char port[8];
     double timeout_s;        /* per read / write */
+    char auth[512];          /* "Authorization: Bearer KEY\r\n" sent with every request, or "" */
     char buf[16384];         /* bytes read, not yet consumed: [pos, len) */
     size_t pos, len;
 } lg_http;
@@ -123,11 +124,11 @@ static bool lg_http_send(lg_http *h, const char *method, const char *path, const
 {
     if (h->fd < 0 && !lg_http_connect(h))
         return false;
-    char head[1024];
+    char head[1536];
     int k = snprintf(head, sizeof head,
-                     "%s %s HTTP/1.1\r\nHost: %s:%s\r\nUser-Agent: vkinfer-loadgen\r\nAccept: */*\r\n%s%s"
+                     "%s %s HTTP/1.1\r\nHost: %s:%s\r\nUser-Agent: vkinfer-loadgen\r\nAccept: */*\r\n%s%s%s"
                      "Content-Length: %zu\r\n\r\n",
-                     method, path, h->host, h->port, body ? "Content-Type: application/json\r\n" : "",
+                     method, path, h->host, h->port, body ? "Content-Type: application/json\r\n" : "", h->auth,
                      extra_headers ? extra_headers : "", body ? n : 0);
     if (k < 0 || (size_t)k >= sizeof head)
         return false;
@@ -193,7 +194,7 @@ static bool lg_http_head(lg_http *h, lg_resp *r)
     memset(r, 0, sizeof *r);
     r->content_length = -1;
     char line[2048];
-    do { /* skip interim responses (100 Continue) */
+    do { /* skip interim responses (100 Continue, 102 Processing) */
         if (!lg_line(h, line, sizeof line) || sscanf(line, "HTTP/1.%*d %d", &r->status) != 1)
             return false;
         size_t used = 0;
@@ -208,7 +209,7 @@ static bool lg_http_head(lg_http *h, lg_resp *r)
         }
         if (line[0])
             return false;
-    } while (r->status == 100);
+    } while (r->status >= 100 && r->status < 200);
     const char *v;
     r->keep_alive = !((v = lg_header(r, "Connection")) && !strncasecmp(v, "close", 5));
     r->chunked = (v = lg_header(r, "Transfer-Encoding")) && !strncasecmp(v, "chunked", 7);
@@ -332,7 +333,15 @@ typedef struct lg_opts {
     uint64_t seed;
     double timeout_s;
     const char *model;
+    const char *api_key;             /* sent as Authorization: Bearer, or NULL */
 } lg_opts;
+
+static void lg_http_auth(lg_http *h, const char *key)
+{
+    h->auth[0] = 0;
+    if (key)
+        snprintf(h->auth, sizeof h->auth, "Authorization: Bearer %.480s\r\n", key);
+}
 
 typedef enum lg_status { LG_PENDING, LG_OK, LG_CANCELLED, LG_ERROR } lg_status;
 
@@ -559,6 +568,7 @@ static void *lg_client(void *arg)
     const lg_opts *o = run->o;
     lg_http h;
     lg_http_init(&h, o->host, o->port, o->timeout_s);
+    lg_http_auth(&h, o->api_key);
     for (;;) {
         pthread_mutex_lock(&run->mu);
         uint32_t i = run->next < o->n_requests ? run->next++ : UINT32_MAX;
@@ -838,6 +848,7 @@ static void lg_usage(FILE *f)
             "  --model NAME                  the \"model\" field (default: the server's first model)\n"
             "  --seed S                      plan seed: lengths, prompts, hang-ups, arrivals (1)\n"
             "  --timeout S                   per-read timeout (300)\n"
+            "  --api-key KEY                 send Authorization: Bearer KEY\n"
             "  --json                        one JSON object instead of the table\n");
 }
 
@@ -889,6 +900,8 @@ static int lg_parse_args(int argc, char **argv, lg_opts *o)
             o->model = v;
         } else if (!strcmp(a, "--seed")) {
             o->seed = strtoull(v, NULL, 10);
+        } else if (!strcmp(a, "--api-key")) {
+            o->api_key = v;
         } else if (!strcmp(a, "--timeout")) {
             o->timeout_s = strtod(v, NULL);
             ok = o->timeout_s > 0;
@@ -912,6 +925,7 @@ static bool lg_probe(lg_opts *o, char *id_buf, size_t cap)
 {
     lg_http h;
     lg_http_init(&h, o->host, o->port, o->timeout_s);
+    lg_http_auth(&h, o->api_key);
     lg_resp r;
     lg_buf b = {0};
     int st = lg_http_request(&h, "GET", "/v1/models", NULL, &r, &b);

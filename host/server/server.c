@@ -51,7 +51,8 @@ void srv_log(const srv *s, vki_log_level lv, const char *fmt, ...)
     if (s->p.log)
         s->p.log(s->p.log_user, lv, msg);
     else
-        fprintf(stderr, "vkinfer serve: %s\n", msg);
+        fprintf(stderr, "vkinfer serve: %s%s\n", lv == VKI_LOG_ERROR ? "error: " : lv == VKI_LOG_WARN ? "warning: " : "",
+                msg);
 }
 
 /* ---- errors -------------------------------------------------------------------------------- */
@@ -59,7 +60,7 @@ void srv_log(const srv *s, vki_log_level lv, const char *fmt, ...)
 void srv_err(srv_error *e, unsigned http, const char *param, const char *fmt, ...)
 {
     e->http = http;
-    e->type = http >= 500 ? "server_error" : http == 401 ? "authentication_error" : "invalid_request_error";
+    e->type = http >= 500 ? "server_error" : "invalid_request_error"; /* OpenAI's 401 is one too */
     e->code = NULL;
     snprintf(e->param, sizeof e->param, "%s", param ? param : "");
     va_list ap;

@@ -273,7 +273,8 @@ bool srv_probe(srv_conn *c)
         return srv_stream_send(c, ": ping\n\n", 8);
     if (c->req.minor < 1) /* no interim answers for HTTP/1.0: trust the half-close */
         return true;
-    return send_all(c->fd, "HTTP/1.1 102 Processing\r\n\r\n", 28);
+    static const char interim[] = "HTTP/1.1 102 Processing\r\n\r\n";
+    return send_all(c->fd, interim, sizeof interim - 1);
 }
 
 /* ---- connections ------------------------------------------------------------------------------ */
@@ -688,8 +689,8 @@ static void conn_process(srv *s, srv_conn *c)
         srv_error e;
         if (!c->head_len) {
             size_t n = head_end(c);
-            if (!n) {
-                if (c->in.len - c->in_off > SRV_HEAD_LIMIT) {
+            if (!n || n > SRV_HEAD_LIMIT) {
+                if (n || c->in.len - c->in_off > SRV_HEAD_LIMIT) {
                     srv_err(&e, 431, NULL, "the request head exceeds %d bytes", SRV_HEAD_LIMIT);
                     return refuse(s, c, &e);
                 }

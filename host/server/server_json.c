@@ -170,9 +170,10 @@ static cJSON *number(jp *j)
     const unsigned char *s = j->p, *p = s;
     if (p < j->end && *p == '-')
         p++;
-    if (p < j->end && *p == '0')
-        p++;
-    else if (p < j->end && *p >= '1' && *p <= '9')
+    if (p < j->end && *p == '0') {
+        if (++p < j->end && *p >= '0' && *p <= '9')
+            return fail(j, s, "invalid number: a leading zero"), NULL;
+    } else if (p < j->end && *p >= '1' && *p <= '9')
         while (p < j->end && *p >= '0' && *p <= '9')
             p++;
     else

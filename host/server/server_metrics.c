@@ -139,7 +139,7 @@ char *srv_metrics_render(srv_metrics *m, const srv_gauges *g)
     const vki_batch_stats *t = &c.tick;
     metric_head(&b, "vkinfer_requests_total", "counter",
                 "Generation requests by outcome (stop, length, cancelled by a client that went away, aborted at "
-                "shutdown, error, invalid 400/413, queue_full 429, unavailable 503).");
+                "shutdown, error, invalid 400, queue_full 429, unavailable 503; bodies over the limit are counted by their 413).");
     for (int o = 0; o < SRV_OUT_COUNT; o++)
         strbuf_printf(&b, "vkinfer_requests_total{outcome=\"%s\"} %llu\n", OUTCOME_NAMES[o],
                       (unsigned long long)c.outcome[o]);
