@@ -104,7 +104,7 @@ typedef struct chat_state {
     cli_chat tmpl;
     vki_model_info mi;
     int sfd, done_fd;
-    bool tty, timings;
+    bool tty, timings, ignore_eos;
     vki_sampling_params sp;
     uint32_t n_max;            /* -n: tokens per answer (0: the rest of the context) */
     char **stops;
@@ -319,7 +319,7 @@ static void exchange(chat_state *c, const char *text)
     vki_text_stream_create(c->tok, (const char *const *)c->stops, c->n_stops, VKI_DETOK_STRIP_LEADING_SPACE, &c->ts);
     uint64_t id = c->next_id++;
     vki_request req = {.id = id, .prompt = ids, .n_prompt = (uint32_t)n, .max_new_tokens = max_new,
-                       .sampling = c->sp, .streaming = true};
+                       .ignore_eos = c->ignore_eos, .sampling = c->sp, .streaming = true};
     char err[256] = "";
     c->t0 = cli_now_s();
     vki_status st = c->ts ? vki_batch_submit(c->bm, &req, on_answer, c, err, sizeof err) : VKI_ERR_OUT_OF_HOST_MEMORY;
@@ -443,6 +443,7 @@ static void usage(FILE *f)
             "  --stop STR              stop string (repeatable; escapes interpreted)\n"
             "  --chat-template NAME    chatml|llama3|llama2|mistral|zephyr|gemma|phi3|plain (default: the\n"
             "                          model's tokenizer.chat_template)\n"
+            "  --ignore-eos            answers run to -n (benchmarks, tests)\n"
             "  --timings               after each answer, a line on stderr: prompt tokens, how many came\n"
             "                          from the cache, answer tokens and speed\n");
     cli_sampling_help(f);
@@ -454,6 +455,8 @@ static int chat_opt(int argc, char **argv, int *i, chat_state *c, const char **f
 {
     if (!strcmp(argv[*i], "--timings"))
         return c->timings = true, 1;
+    if (!strcmp(argv[*i], "--ignore-eos"))
+        return c->ignore_eos = true, 1;
     static const char *const names[] = {"--system", "-n", "--n-predict", "--stop", "--chat-template"};
     size_t k;
     const char *v;
