@@ -229,7 +229,20 @@ static void layer_forward(const ref_model *m, ref_scratch *s, uint32_t il, uint3
         s->x[i] += s->o[i];
 }
 
+static vki_status run(ref_model *m, const int32_t *tokens, uint32_t n, bool all, float *logits, float *hidden);
+
 vki_status ref_model_forward(ref_model *m, const int32_t *tokens, uint32_t n, bool all, float *logits)
+{
+    return run(m, tokens, n, all, logits, NULL);
+}
+
+vki_status ref_model_hidden(ref_model *m, const int32_t *tokens, uint32_t n, float *hidden)
+{
+    return run(m, tokens, n, false, NULL, hidden);
+}
+
+/* logits (when not NULL) as ref_model_forward; hidden (when not NULL): [n][d] normed states. */
+static vki_status run(ref_model *m, const int32_t *tokens, uint32_t n, bool all, float *logits, float *hidden)
 {
     const model_hparams *hp = &m->hp;
     uint32_t d = hp->d_model, q_dim = hp->n_head * hp->head_dim, kv_dim = hp->n_head_kv * hp->head_dim;
@@ -250,7 +263,9 @@ vki_status ref_model_forward(ref_model *m, const int32_t *tokens, uint32_t n, bo
         memcpy(s.x, m->tok_embd + (size_t)tokens[pos] * d, d * sizeof(float));
         for (uint32_t il = 0; il < hp->n_layer; il++)
             layer_forward(m, &s, il, pos, n);
-        if (all || pos == n - 1) {
+        if (hidden)
+            rmsnorm(hidden + (size_t)pos * d, s.x, m->output_norm, d, hp->rms_eps);
+        if (logits && (all || pos == n - 1)) {
             rmsnorm(s.xb, s.x, m->output_norm, d, hp->rms_eps);
             matvec(all ? logits + (size_t)pos * hp->n_vocab : logits, m->output, s.xb, NULL, hp->n_vocab, d);
         }
