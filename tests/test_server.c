@@ -6,12 +6,9 @@
  * 405, 413, 429 with Retry-After, 503 while draining); a client that hangs up (its request is
  * cancelled, KV blocks freed); 300 connections at once; drain and shutdown with requests in
  * flight; the Prometheus text.
- *
- * `test_server load` runs the load test instead (its own ctest entry): `vkinfer serve` as a
- * child process over the tiny synthetic model (the server, not the model, is under test; tiny
- * steps 3x faster than stories260K on lavapipe), 2,000 streaming requests from 64 clients of
- * which 10% hang up at random points; no failures, every other request complete, no KV block
- * left in use, resident memory growth within RSS_BOUND_MIB. */
+ * The routes beyond generation (version, props, tokenize, embeddings), n choices and echo, the
+ * vLLM / llama.cpp request fields, cached tokens, no up-front allocation, and the default policy
+ * serving many chats at once. The HTTP layer itself and the load test: test_server_http.c. */
 #define LOADGEN_NO_MAIN
 #include "tools/loadgen.c"
 
@@ -29,7 +26,6 @@
 #include <stdatomic.h>
 
 #include "host/server/server.h"
-#include "support/srv_child.h"
 #include "support/vt.h"
 
 /* Greedy, BOS + "Once upon a time", 48 tokens (../shared/models/README.md). */
@@ -43,12 +39,10 @@ typedef struct T {
     srv *s;
     uint16_t port;
     char id[128];
-    pid_t child;            /* the load test's server process (0: none) */
     atomic_int validation;  /* validation-layer messages seen by the in-process engine */
-    char log[128];          /* its stderr */
     pthread_mutex_t log_mu;
     strbuf logs;            /* the in-process server's log lines */
-    const char *key;        /* API key the client helpers send (the load test's server wants one) */
+    const char *key;        /* API key the client helpers send (NULL: none) */
 } T;
 
 /* ---- fixture ------------------------------------------------------------------------------- */
@@ -1407,119 +1401,6 @@ static void test_chats_default_policy(void **state)
     vki_engine_destroy(e);
 }
 
-/* ---- the load test --------------------------------------------------------------------------- */
-
-#define RSS_BOUND_MIB 64 /* growth of the server's resident memory over the run, after warm-up */
-
-#define LOAD_KEY "load-test-key" /* the load runs with authentication on */
-
-static lg_summary load_run(uint16_t port, const char *n, const char *disconnect, double *wall, lg_req **reqs)
-{
-    char url[64];
-    snprintf(url, sizeof url, "http://127.0.0.1:%u", port);
-    char *argv[] = {"loadgen", "--url", url, "-n", (char *)n, "-c", "64", "--input-len", "8", "--output-len", "6",
-                    "--token-prompts", "--vocab", "256", "--disconnect", (char *)disconnect, "--timeout", "120",
-                    "--api-key", LOAD_KEY};
-    lg_opts o;
-    lg_opts_default(&o);
-    assert_int_equal(lg_parse_args((int)(sizeof argv / sizeof argv[0]), argv, &o), 1);
-    char id[128];
-    assert_true(lg_probe(&o, id, sizeof id));
-    lg_req *r = calloc(o.n_requests, sizeof *r);
-    assert_true(lg_run_all(&o, r, wall));
-    lg_summary s;
-    lg_summarize(&o, r, *wall, &s);
-    lg_print_table(&o, &s);
-    char *j = lg_summary_json(&o, &s);
-    printf("%s\n", j);
-    free(j);
-    *reqs = r;
-    return s;
-}
-
-static void test_load(void **state)
-{
-    T *t = *state;
-    uint16_t port;
-    char *log = t->log;
-    snprintf(t->log, sizeof t->log, "/tmp/vki_test_server_load_%d.log", (int)getpid());
-    static const char *const args[] = {"--kv-tokens", "65536", "--max-seqs", "128", "--api-key", LOAD_KEY, NULL};
-    pid_t pid = t->child = srvc_spawn(t->model, log, args, &port);
-    t->port = port;
-    t->key = LOAD_KEY;
-    double wall;
-    lg_req *r;
-    lg_summary warm = load_run(port, "200", "0", &wall, &r); /* warm-up: pools, caches, thread stacks */
-    lg_free_reqs(r, 200);
-    assert_int_equal(warm.errors, 0);
-    long rss0 = srvc_rss_kib(pid);
-    lg_summary s = load_run(port, "2000", "0.1", &wall, &r);
-    long rss1 = srvc_rss_kib(pid);
-    printf("server RSS: %.1f MiB after warm-up, %.1f MiB after 2000 requests (bound: +%d MiB)\n", rss0 / 1024.0,
-           rss1 / 1024.0, RSS_BOUND_MIB);
-    if (s.errors)
-        fail_msg("%u requests failed; first: %s", s.errors, s.first_error);
-    assert_int_equal(s.ok + s.cancelled, 2000);
-    assert_true(s.cancelled > 100 && s.cancelled < 300); /* 10% of 2000, drawn */
-    for (uint32_t i = 0; i < 2000; i++)
-        if (r[i].status == LG_OK)
-            assert_int_equal(r[i].out_tokens, r[i].out_len); /* every other request complete */
-    lg_free_reqs(r, 2000);
-    wait_metric(t, "vkinfer_active_requests", 0);
-    /* A client that hangs up after the last token was sent cancels nothing: the server may count
-     * fewer cancellations than the clients made, never more, and every request one outcome. */
-    double cancelled = metric(t, "vkinfer_requests_total{outcome=\"cancelled\"}");
-    double length = metric(t, "vkinfer_requests_total{outcome=\"length\"}");
-    printf("server: %.0f cancelled, %.0f finished (clients: %u hung up)\n", cancelled, length, s.cancelled);
-    assert_true(cancelled > 0 && cancelled <= s.cancelled);
-    assert_true(length >= 200 + s.ok);
-    assert_int_equal(cancelled + length, 2200);
-    /* a last request makes a tick after the last cancellation (see test_disconnect) */
-    cJSON_Delete(http_json(t, "POST", "/v1/completions", "{\"prompt\":\"x\",\"max_tokens\":2}", 200));
-    wait_metric(t, "vkinfer_kv_blocks{state=\"used\"}", 0); /* its tick's stats follow its answer */
-    assert_true(rss1 - rss0 < RSS_BOUND_MIB * 1024L);
-    /* and without the key: refused */
-    t->key = NULL;
-    char *out;
-    assert_int_equal(http(t, "POST", "/v1/completions", "{\"prompt\":\"x\",\"max_tokens\":2}", NULL, &out), 401);
-    free(out);
-    int status = srvc_stop(pid);
-    t->child = 0;
-    assert_int_equal(status, 0);
-    unlink(log);
-}
-
-/* The load test's group: only a model file (the server runs in a child process). */
-static int load_setup(void **state)
-{
-    T *t = calloc(1, sizeof *t);
-    signal(SIGPIPE, SIG_IGN);
-    snprintf(t->model, sizeof t->model, "/tmp/vki_test_server_tiny_%d.gguf", (int)getpid());
-    synth_params sp = synth_default_params();
-    char err[256] = "";
-    if (synth_preset("tiny", &sp) != VKI_OK || synth_write(&sp, t->model, err, sizeof err) != VKI_OK) {
-        printf("cannot write %s: %s\n", t->model, err);
-        free(t);
-        return -1;
-    }
-    *state = t;
-    return 0;
-}
-
-static int load_teardown(void **state)
-{
-    T *t = *state;
-    if (!t)
-        return 0;
-    if (t->child > 0) { /* the test failed with the server running: stop it, keep its log */
-        srvc_kill(t->child);
-        printf("server log: %s\n", t->log);
-    }
-    unlink(t->model);
-    free(t);
-    return 0;
-}
-
 int main(int argc, char **argv)
 {
     const struct CMUnitTest tests[] = {
@@ -1531,10 +1412,9 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_request_fields), cmocka_unit_test(test_no_prealloc),
         cmocka_unit_test(test_chats_default_policy),
     };
-    const struct CMUnitTest load[] = {cmocka_unit_test(test_load)};
-    if (getenv("VKI_TEST_FILTER"))
+    (void)argc;
+    (void)argv;
+    if (getenv("VKI_TEST_FILTER")) /* one test while developing: VKI_TEST_FILTER=test_chat */
         cmocka_set_test_filter(getenv("VKI_TEST_FILTER"));
-    if (argc > 1 && !strcmp(argv[1], "load"))
-        return cmocka_run_group_tests_name("server_load", load, load_setup, load_teardown);
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }

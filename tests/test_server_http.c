@@ -5,7 +5,15 @@
  * socket (answered, not cancelled), 1,000 clients at once against --max-connections 64 (every one
  * gets an answer or a 503 with Retry-After, never a reset, and the server's threads stay bounded),
  * clients that trickle their headers (they get 408 after --request-timeout, and /health is
- * answered meanwhile), the access log and the periodic stats line. */
+ * answered meanwhile), the access log and the periodic stats line.
+ *
+ * `test_server_http load` runs the load test instead (its own ctest entry, test_server_load):
+ * 2,000 streaming requests from 64 clients (tools/loadgen.c, included), with an API key, of which
+ * 10% hang up at random points; no failures, every other request complete, no KV block left in
+ * use, resident memory growth within RSS_BOUND_MIB, and without the key a 401. */
+#define LOADGEN_NO_MAIN
+#include "tools/loadgen.c"
+
 #include "support/srv_child.h"
 #include "support/vt.h"
 
@@ -35,12 +43,7 @@ typedef struct H {
     uint16_t port;
 } H;
 
-static double now_s(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
-}
+static double now_s(void) { return lg_now(); }
 
 /* ---- raw sockets ---------------------------------------------------------------------------- */
 
@@ -123,7 +126,8 @@ static const char *body_of(const char *resp)
 
 /* ---- fixture -------------------------------------------------------------------------------- */
 
-static int setup(void **state)
+/* The model file (and the descriptor limit raised); the child starts in setup or in the test. */
+static int setup_model(void **state)
 {
     vt_pin_vulkan_libraries();
     signal(SIGPIPE, SIG_IGN);
@@ -142,11 +146,19 @@ static int setup(void **state)
         free(h);
         return -1;
     }
+    *state = h;
+    return 0;
+}
+
+static int setup(void **state)
+{
+    if (setup_model(state))
+        return -1;
+    H *h = *state;
     static const char *const args[] = {"--max-connections", "64", "--request-timeout", "2", "--api-key", "key-one",
                                        "--api-key", "key-two", "--cors-origin", "https://app.example",
                                        "--stats-interval", "1", "--kv-tokens", "16384", "--max-seqs", "64", NULL};
     h->pid = srvc_spawn(h->model, h->log, args, &h->port);
-    *state = h;
     return 0;
 }
 
@@ -155,7 +167,7 @@ static int teardown(void **state)
     H *h = *state;
     if (!h)
         return 0;
-    int rc = srvc_stop(h->pid);
+    int rc = h->pid > 0 ? srvc_stop(h->pid) : 0;
     unlink(h->model);
     if (rc)
         printf("vkinfer serve exited %d; its log: %s\n", rc, h->log);
@@ -461,11 +473,130 @@ static void test_logs(void **state)
     assert_false(srvc_log_has(h->log, noise));
 }
 
-int main(void)
+/* ---- the load test ---------------------------------------------------------------------------- */
+
+#define RSS_BOUND_MIB 64 /* growth of the server's resident memory over the run, after warm-up */
+#define LOAD_KEY "load-test-key" /* the load runs with authentication on */
+
+static lg_summary load_run(uint16_t port, const char *n, const char *disconnect, double *wall, lg_req **reqs)
+{
+    char url[64];
+    snprintf(url, sizeof url, "http://127.0.0.1:%u", port);
+    char *argv[] = {"loadgen", "--url", url, "-n", (char *)n, "-c", "64", "--input-len", "8", "--output-len", "6",
+                    "--token-prompts", "--vocab", "256", "--disconnect", (char *)disconnect, "--timeout", "120",
+                    "--api-key", LOAD_KEY};
+    lg_opts o;
+    lg_opts_default(&o);
+    assert_int_equal(lg_parse_args((int)(sizeof argv / sizeof argv[0]), argv, &o), 1);
+    char id[128];
+    assert_true(lg_probe(&o, id, sizeof id));
+    lg_req *r = calloc(o.n_requests, sizeof *r);
+    assert_true(lg_run_all(&o, r, wall));
+    lg_summary s;
+    lg_summarize(&o, r, *wall, &s);
+    lg_print_table(&o, &s);
+    char *j = lg_summary_json(&o, &s);
+    printf("%s\n", j);
+    free(j);
+    *reqs = r;
+    return s;
+}
+
+/* One request with the key (or none); the status, the body in *out when not NULL. */
+static int load_http(uint16_t port, const char *key, const char *method, const char *path, const char *body, char **out)
+{
+    lg_http h;
+    lg_http_init(&h, "127.0.0.1", port, 120);
+    lg_http_auth(&h, key);
+    lg_resp r;
+    lg_buf b = {0};
+    int st = lg_http_request(&h, method, path, body, &r, &b);
+    lg_http_close(&h);
+    if (out)
+        *out = b.p ? b.p : strdup("");
+    else
+        free(b.p);
+    return st;
+}
+
+static double load_metric(uint16_t port, const char *name)
+{
+    char *m;
+    assert_int_equal(load_http(port, NULL, "GET", "/metrics", NULL, &m), 200);
+    size_t n = strlen(name);
+    double v = NAN;
+    for (char *l = m; l && *l; l = strchr(l, '\n') ? strchr(l, '\n') + 1 : NULL)
+        if (!strncmp(l, name, n) && l[n] == ' ') {
+            v = strtod(l + n + 1, NULL);
+            break;
+        }
+    free(m);
+    if (isnan(v))
+        fail_msg("no metric %s", name);
+    return v;
+}
+
+static void wait_load_metric(uint16_t port, const char *name, double want)
+{
+    double end = lg_now() + 60, v = NAN;
+    while ((v = load_metric(port, name)) != want && lg_now() < end)
+        usleep(2000);
+    if (v != want)
+        fail_msg("%s stayed %g, want %g", name, v, want);
+}
+
+static void test_load(void **state)
+{
+    H *h = *state;
+    uint16_t port;
+    static const char *const args[] = {"--kv-tokens", "65536", "--max-seqs", "128", "--api-key", LOAD_KEY, NULL};
+    pid_t pid = h->pid = srvc_spawn(h->model, h->log, args, &port);
+    h->port = port;
+    double wall;
+    lg_req *r;
+    lg_summary warm = load_run(port, "200", "0", &wall, &r); /* warm-up: pools, caches, thread stacks */
+    lg_free_reqs(r, 200);
+    assert_int_equal(warm.errors, 0);
+    long rss0 = srvc_rss_kib(pid);
+    lg_summary s = load_run(port, "2000", "0.1", &wall, &r);
+    long rss1 = srvc_rss_kib(pid);
+    printf("server RSS: %.1f MiB after warm-up, %.1f MiB after 2000 requests (bound: +%d MiB)\n", rss0 / 1024.0,
+           rss1 / 1024.0, RSS_BOUND_MIB);
+    if (s.errors)
+        fail_msg("%u requests failed; first: %s", s.errors, s.first_error);
+    assert_int_equal(s.ok + s.cancelled, 2000);
+    assert_true(s.cancelled > 100 && s.cancelled < 300); /* 10% of 2000, drawn */
+    for (uint32_t i = 0; i < 2000; i++)
+        if (r[i].status == LG_OK)
+            assert_int_equal(r[i].out_tokens, r[i].out_len); /* every other request complete */
+    lg_free_reqs(r, 2000);
+    wait_load_metric(port, "vkinfer_active_requests", 0);
+    /* A client that hangs up after the last token was sent cancels nothing: the server may count
+     * fewer cancellations than the clients made, never more, and every request one outcome. */
+    double cancelled = load_metric(port, "vkinfer_requests_total{outcome=\"cancelled\"}");
+    double length = load_metric(port, "vkinfer_requests_total{outcome=\"length\"}");
+    printf("server: %.0f cancelled, %.0f finished (clients: %u hung up)\n", cancelled, length, s.cancelled);
+    assert_true(cancelled > 0 && cancelled <= s.cancelled);
+    assert_true(length >= 200 + s.ok);
+    assert_int_equal(cancelled + length, 2200);
+    /* a last request makes a tick after the last cancellation (see test_server's test_disconnect) */
+    assert_int_equal(load_http(port, LOAD_KEY, "POST", "/v1/completions", "{\"prompt\":\"x\",\"max_tokens\":2}",
+                               NULL), 200);
+    wait_load_metric(port, "vkinfer_kv_blocks{state=\"used\"}", 0); /* its tick's stats follow its answer */
+    assert_true(rss1 - rss0 < RSS_BOUND_MIB * 1024L);
+    /* and without the key: refused */
+    assert_int_equal(load_http(port, NULL, "POST", "/v1/completions", "{\"prompt\":\"x\",\"max_tokens\":2}", NULL),
+                     401);
+}
+
+int main(int argc, char **argv)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_strict_http), cmocka_unit_test(test_auth_cors), cmocka_unit_test(test_half_close),
         cmocka_unit_test(test_flood),       cmocka_unit_test(test_trickle),   cmocka_unit_test(test_logs),
     };
+    const struct CMUnitTest load[] = {cmocka_unit_test(test_load)};
+    if (argc > 1 && !strcmp(argv[1], "load"))
+        return cmocka_run_group_tests_name("server_load", load, setup_model, teardown);
     return cmocka_run_group_tests(tests, setup, teardown);
 }
