@@ -420,7 +420,12 @@ static vki_status place_tensor(gguf_rd *r, gguf_file *f, gguf_tensor *t)
         return gguf_fail(r->err, r->err_len, VKI_ERR_FORMAT,
                          "tensor '%s': row length ne[0] = %llu is not a multiple of the %s block size %u", nm,
                          (unsigned long long)t->ne[0], q->name, q->block_elems);
-    uint64_t rows = 1, row_bytes = t->ne[0] / q->block_elems * q->block_bytes; /* ne[0] <= 2^63: no overflow */
+    /* ne[0] < 2^63 elements, but its bytes need not fit: an F32 row of 2^62 elements is 2^64 bytes,
+     * which would wrap to 0 (and 2^62 + 16 elements to 64 bytes). */
+    uint64_t blocks = t->ne[0] / q->block_elems;
+    if (blocks > UINT64_MAX / q->block_bytes)
+        return gguf_fail(r->err, r->err_len, VKI_ERR_FORMAT, "tensor '%s': row size overflows 64 bits", nm);
+    uint64_t rows = 1, row_bytes = blocks * q->block_bytes; /* > 0: ne[0] >= 1 is a multiple of the block */
     for (int d = 1; d < GGUF_MAX_DIMS; d++) {
         if (t->ne[d] > UINT64_MAX / rows)
             return gguf_fail(r->err, r->err_len, VKI_ERR_FORMAT, "tensor '%s': element count overflows 64 bits", nm);

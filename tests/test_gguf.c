@@ -841,6 +841,10 @@ static void test_bad_tensor_infos(void **state)
         {"t", 4, big, VKI_GGML_Q4_K, 0, 256, VKI_ERR_FORMAT, "overflows"},
         {"t", 2, (uint64_t[]){UINT32_MAX * 2ull, UINT32_MAX * 2ull}, VKI_GGML_F32, 0, 256, VKI_ERR_FORMAT, "overflows"},
         {"t", 2, (uint64_t[]){1u << 20, 1u << 20}, VKI_GGML_F32, 0, 256, VKI_ERR_FORMAT, "past the end"},
+        /* row bytes past 64 bits: 2^62 F32 elements (wrapped to 0 bytes, then divided by), and 2^62 + 16
+         * (wrapped to 64 bytes, which would have "fit") */
+        {"t", 1, (uint64_t[]){1ull << 62}, VKI_GGML_F32, 0, 256, VKI_ERR_FORMAT, "row size overflows"},
+        {"t", 1, (uint64_t[]){(1ull << 62) + 16}, VKI_GGML_F32, 0, 256, VKI_ERR_FORMAT, "row size overflows"},
         {"t", 2, ne, 13, 0, 256, VKI_ERR_UNSUPPORTED, "q5_k (id 13)"},
         {"t", 2, ne, 1000, 0, 256, VKI_ERR_UNSUPPORTED, "id 1000"},
         {"t", 2, (uint64_t[]){100, 1}, VKI_GGML_Q4_K, 0, 256, VKI_ERR_FORMAT, "not a multiple"},

@@ -1,0 +1,109 @@
+/* Chat templates on arbitrary conversations: recognition of an arbitrary template text, rendering
+ * of arbitrary messages in every family, and tokenisation of the result with a real vocabulary
+ * (../shared/models/vocab/ggml-vocab-llama-spm.gguf when present).
+ * Input: byte 0 picks the family (and add_generation_prompt), then messages separated by 0xFF,
+ * each a role byte followed by its content; the whole input also serves as a template text.
+ * Properties: the template spans are ordered, disjoint and inside the text; every message's
+ * content (ASCII-trimmed, as the trimming families write it) appears in the rendered text; the
+ * tokenised prompt holds only ids inside the vocabulary. */
+#include "fuzz.h"
+
+#include <string.h>
+
+#include "host/chat/chat.h"
+
+#define MAX_MSGS 16
+
+static bool ws(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\v' || c == '\f'; }
+
+/* The message's content with ASCII whitespace trimmed at both ends is in text[0, len). */
+static bool content_present(const chat_msg *m, const char *text, size_t len)
+{
+    const char *a = m->content, *b = m->content + m->len;
+    while (a < b && ws(*a))
+        a++;
+    while (b > a && ws(b[-1]))
+        b--;
+    return a == b || memmem(text, len, a, (size_t)(b - a)) != NULL;
+}
+
+static vki_tokenizer *tok;
+static chat_specials *specials;
+
+static void cleanup(void)
+{
+    chat_specials_free(specials);
+    vki_tokenizer_free(tok);
+}
+
+int LLVMFuzzerInitialize(int *argc, char ***argv)
+{
+    char path[1024], err[256];
+    snprintf(path, sizeof path, "%s/models/vocab/ggml-vocab-llama-spm.gguf", fuzz_shared_dir());
+    if (vki_tokenizer_load(path, &tok, err, sizeof err) == VKI_OK &&
+        chat_specials_create(tok, &specials) != VKI_OK) {
+        vki_tokenizer_free(tok);
+        tok = NULL;
+    }
+    atexit(cleanup);
+    return 0;
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+    if (size < 1 || size > 8192)
+        return 0;
+    /* recognition of the input as a template text */
+    char *tmpl = malloc(size + 1);
+    if (!tmpl)
+        return 0;
+    memcpy(tmpl, data, size);
+    tmpl[size] = 0;
+    bool known;
+    chat_detect(tmpl, &known);
+
+    chat_family fam = (chat_family)(data[0] % CHAT_FAMILY_COUNT);
+    bool gen = data[0] & 0x80;
+    chat_msg m[MAX_MSGS];
+    size_t n = 0;
+    for (size_t i = 1; i < size && n < MAX_MSGS;) {
+        size_t j = i + 1;
+        while (j < size && data[j] != 0xFF)
+            j++;
+        m[n++] = (chat_msg){.role = (chat_role)(data[i] % 3), .content = (const char *)data + i + 1,
+                            .len = j - i - 1};
+        i = j + 1;
+    }
+    chat_template t;
+    if (chat_template_init(&t, fam, tmpl, "<s>", "</s>") != VKI_OK) {
+        free(tmpl);
+        return 0;
+    }
+    chat_prompt p = {0};
+    char err[256];
+    if (chat_render(&t, m, n, gen, &p, err, sizeof err) == VKI_OK) {
+        size_t end = 0;
+        for (size_t i = 0; i < p.n_tmpl; i++) {
+            FUZZ_CHECK(p.tmpl[i].off >= end && p.tmpl[i].off + p.tmpl[i].len <= p.len);
+            end = p.tmpl[i].off + p.tmpl[i].len;
+        }
+        FUZZ_CHECK(strlen(p.text) <= p.len);
+        /* (a lone system message is dropped by the families that fold it into the first user
+         * turn, as their upstream templates do) */
+        for (size_t i = 0; i < n; i++)
+            FUZZ_CHECK((n == 1 && m[0].role == CHAT_SYSTEM) || content_present(&m[i], p.text, p.len));
+        if (tok) {
+            int32_t *ids;
+            size_t n_ids;
+            if (chat_tokenize(specials, tok, &p, true, &ids, &n_ids) == VKI_OK) {
+                for (size_t i = 0; i < n_ids; i++)
+                    FUZZ_CHECK(ids[i] >= 0 && (uint32_t)ids[i] < vki_vocab_size(tok));
+                free(ids);
+            }
+        }
+    }
+    chat_prompt_free(&p);
+    chat_template_free(&t);
+    free(tmpl);
+    return 0;
+}
