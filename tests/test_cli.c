@@ -251,6 +251,10 @@ static void test_generate_context(void **state)
     assert_non_null(strstr(r.err, "generated: 11 tokens"));
     assert_non_null(strstr(r.err, "finish: length"));
     assert_non_null(strstr(r.err, "(1 pages of 16 tokens, context 16)")); /* one sequence, not 256 slots */
+    snprintf(args, sizeof args, "generate --no-progress --no-warmup -m %s -p x -n 2 --ctx 4096", m);
+    run(args, &r);
+    assert_int_equal(r.rc, 0);
+    assert_non_null(strstr(r.err, "--ctx 4096 is above the context the model was trained for (2048)"));
     snprintf(args, sizeof args, "generate --no-progress --no-warmup -m %s -p \"Tell me a story\" --chat -n 8 "
              "--ignore-eos", m);
     run(args, &r);

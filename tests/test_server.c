@@ -295,17 +295,8 @@ static cJSON *stream(T *t, const char *path, const char *body, int hang, bool *d
 /* The value of a sample line of /metrics ("vkinfer_active_requests", or with its labels). */
 static double metric(T *t, const char *name)
 {
-    char *m;
-    assert_int_equal(http(t, "GET", "/metrics", NULL, NULL, &m), 200);
-    size_t n = strlen(name);
     double v = NAN;
-    for (char *l = m; l && *l; l = strchr(l, '\n') ? strchr(l, '\n') + 1 : NULL)
-        if (!strncmp(l, name, n) && l[n] == ' ') {
-            v = strtod(l + n + 1, NULL);
-            break;
-        }
-    free(m);
-    if (isnan(v))
+    if (!lg_metric("127.0.0.1", t->port, name, &v))
         fail_msg("no metric %s", name);
     return v;
 }

@@ -521,17 +521,8 @@ static int load_http(uint16_t port, const char *key, const char *method, const c
 
 static double load_metric(uint16_t port, const char *name)
 {
-    char *m;
-    assert_int_equal(load_http(port, NULL, "GET", "/metrics", NULL, &m), 200);
-    size_t n = strlen(name);
     double v = NAN;
-    for (char *l = m; l && *l; l = strchr(l, '\n') ? strchr(l, '\n') + 1 : NULL)
-        if (!strncmp(l, name, n) && l[n] == ' ') {
-            v = strtod(l + n + 1, NULL);
-            break;
-        }
-    free(m);
-    if (isnan(v))
+    if (!lg_metric("127.0.0.1", port, name, &v))
         fail_msg("no metric %s", name);
     return v;
 }

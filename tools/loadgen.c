@@ -33,6 +33,7 @@
 #include <cjson/cJSON.h>
 
 #include "engine/rng.h"
+#include "host/util/netio.h"
 #include "host/util/strbuf.h"
 #include "host/cli/workload.h" /* wl_percentile */
 
@@ -109,20 +110,6 @@ static bool lg_http_connect(lg_http *h)
     return h->fd >= 0;
 }
 
-static bool lg_write_all(int fd, const char *p, size_t n)
-{
-    while (n) {
-        ssize_t w = send(fd, p, n, MSG_NOSIGNAL);
-        if (w < 0 && errno == EINTR)
-            continue;
-        if (w <= 0)
-            return false;
-        p += w;
-        n -= (size_t)w;
-    }
-    return true;
-}
-
 /* Sends one request on the kept-alive connection (connecting first when there is none). */
 static bool lg_http_send(lg_http *h, const char *method, const char *path, const char *body, size_t n,
                          const char *extra_headers)
@@ -137,7 +124,7 @@ static bool lg_http_send(lg_http *h, const char *method, const char *path, const
                      extra_headers ? extra_headers : "", body ? n : 0);
     if (k < 0 || (size_t)k >= sizeof head)
         return false;
-    return lg_write_all(h->fd, head, (size_t)k) && (!body || lg_write_all(h->fd, body, n));
+    return net_send_all(h->fd, head, (size_t)k) && (!body || net_send_all(h->fd, body, n));
 }
 
 /* Makes sure at least one unread byte is buffered. false on EOF, error or timeout. */
@@ -289,6 +276,27 @@ static int lg_http_request(lg_http *h, const char *method, const char *path, con
             break;
     }
     return -1;
+}
+
+/* GET /metrics and the value of one sample line ("name value" or "name{labels} value"); false
+ * when the server does not answer or has no such line. (For the tests that include this file.) */
+__attribute__((unused)) static bool lg_metric(const char *host, uint16_t port, const char *name, double *out)
+{
+    lg_http h;
+    lg_http_init(&h, host, port, 60);
+    lg_resp r;
+    lg_buf b = {0};
+    int st = lg_http_request(&h, "GET", "/metrics", NULL, &r, &b);
+    lg_http_close(&h);
+    size_t n = strlen(name);
+    bool found = false;
+    for (const char *l = st == 200 ? b.p : NULL; l && *l && !found; l = strchr(l, '\n') ? strchr(l, '\n') + 1 : NULL)
+        if (!strncmp(l, name, n) && l[n] == ' ') {
+            *out = strtod(l + n + 1, NULL);
+            found = true;
+        }
+    free(b.p);
+    return found;
 }
 
 /* Server-Sent Events: bytes in, "data:" payloads out (one callback per event). */

@@ -34,6 +34,7 @@
 #include <unistd.h>
 
 #include "host/server/server.h"
+#include "host/util/netio.h"
 
 enum conn_state { CS_READ, CS_HANDLER, CS_WRITE, CS_LINGER };
 enum { CH_SIZE, CH_DATA, CH_DATA_END, CH_TRAILER, CH_DONE };
@@ -137,21 +138,6 @@ static const char *reason(unsigned code)
     }
 }
 
-/* Blocking write (handler threads; the socket has a send timeout). */
-static bool send_all(int fd, const char *p, size_t n)
-{
-    while (n) {
-        ssize_t w = send(fd, p, n, MSG_NOSIGNAL);
-        if (w < 0 && errno == EINTR)
-            continue;
-        if (w <= 0)
-            return false;
-        p += w;
-        n -= (size_t)w;
-    }
-    return true;
-}
-
 static bool conn_draining(srv_conn *c)
 {
     pthread_mutex_lock(&c->s->mu);
@@ -198,7 +184,7 @@ void srv_reply(srv_conn *c, unsigned code, const char *ctype, char *body, const 
         return;
     }
     if (c->on_handler) {
-        if (!send_all(c->fd, b.p, b.len))
+        if (!net_send_all(c->fd, b.p, b.len))
             c->close_after = true;
         strbuf_free(&b);
         return;
@@ -238,7 +224,7 @@ bool srv_stream_begin(srv_conn *c, const char *ctype)
     bool ok = put_head(c, &b, 200, ctype, -1,
                        c->stream_chunked ? "Cache-Control: no-cache\r\nTransfer-Encoding: chunked\r\n"
                                          : "Cache-Control: no-cache\r\n") &&
-              send_all(c->fd, b.p, b.len);
+              net_send_all(c->fd, b.p, b.len);
     strbuf_free(&b);
     c->headers_sent = true;
     if (!ok)
@@ -252,8 +238,9 @@ bool srv_stream_send(srv_conn *c, const char *p, size_t n)
         return true;
     char head[24];
     int k = snprintf(head, sizeof head, "%zx\r\n", n);
-    bool ok = !c->stream_chunked ? send_all(c->fd, p, n)
-                                 : send_all(c->fd, head, (size_t)k) && send_all(c->fd, p, n) && send_all(c->fd, "\r\n", 2);
+    bool ok = c->stream_chunked ? net_send_all(c->fd, head, (size_t)k) && net_send_all(c->fd, p, n) &&
+                                      net_send_all(c->fd, "\r\n", 2)
+                                : net_send_all(c->fd, p, n);
     if (!ok)
         c->close_after = true;
     return ok;
@@ -261,7 +248,7 @@ bool srv_stream_send(srv_conn *c, const char *p, size_t n)
 
 bool srv_stream_end(srv_conn *c)
 {
-    bool ok = !c->stream_chunked || send_all(c->fd, "0\r\n\r\n", 5);
+    bool ok = !c->stream_chunked || net_send_all(c->fd, "0\r\n\r\n", 5);
     if (!ok)
         c->close_after = true;
     return ok;
@@ -274,7 +261,7 @@ bool srv_probe(srv_conn *c)
     if (c->req.minor < 1) /* no interim answers for HTTP/1.0: trust the half-close */
         return true;
     static const char interim[] = "HTTP/1.1 102 Processing\r\n\r\n";
-    return send_all(c->fd, interim, sizeof interim - 1);
+    return net_send_all(c->fd, interim, sizeof interim - 1);
 }
 
 /* ---- connections ------------------------------------------------------------------------------ */
