@@ -719,14 +719,11 @@ static bool sse_choice(srv_job *j, srv_choice *ch, strbuf *out)
     ok = ok && choice_drain(ch, &text, lp, ids) && (!j->want_lp || lp) && (!j->return_ids || ids);
     if (ch->oom)
         choice_cancel(ch);
-    bool any = text.len || (lp && lp->child) || (ids && ids->child);
-    if (ok && any) {
-        ok = sse_chunk(j, ch, out, text.p ? text.p : "", false, lp && lp->child ? lp : NULL,
-                       ids && ids->child ? ids : NULL, NULL);
-        if (lp && lp->child)
-            lp = NULL;
-        if (ids && ids->child)
-            ids = NULL;
+    bool has_lp = lp && lp->child, has_ids = ids && ids->child; /* sse_chunk takes (frees) them */
+    if (ok && (text.len || has_lp || has_ids)) {
+        ok = sse_chunk(j, ch, out, text.p ? text.p : "", false, has_lp ? lp : NULL, has_ids ? ids : NULL, NULL);
+        lp = has_lp ? NULL : lp;
+        ids = has_ids ? NULL : ids;
     }
     cJSON_Delete(lp);
     cJSON_Delete(ids);
