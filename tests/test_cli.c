@@ -71,7 +71,7 @@ static void test_generate_known_answer(void **state)
     char m[512], args[1024];
     model(m, sizeof m);
     run_result r;
-    snprintf(args, sizeof args, "generate --validation --no-progress -m %s -p \"Once upon a time\" -n 48 --temp 0", m);
+    snprintf(args, sizeof args, "generate --validation --no-progress --no-warmup -m %s -p \"Once upon a time\" -n 48 --temp 0", m);
     run(args, &r);
     assert_int_equal(r.rc, 0);
     assert_string_equal(r.out, "Once upon a time, there was a little girl named Lily. She loved to play outside in the "
@@ -85,13 +85,13 @@ static void test_generate_seed_reproducible(void **state)
     char m[512], args[1024];
     model(m, sizeof m);
     run_result a, b, c;
-    snprintf(args, sizeof args, "generate --validation --no-progress -m %s -p \"Lily saw\" -n 40 --temp 1.0 "
+    snprintf(args, sizeof args, "generate --validation --no-progress --no-warmup -m %s -p \"Lily saw\" -n 40 --temp 1.0 "
              "--top-k 40 --seed 1234", m);
     run(args, &a);
     run(args, &b);
     assert_int_equal(a.rc, 0);
     assert_string_equal(a.out, b.out);
-    snprintf(args, sizeof args, "generate --validation --no-progress -m %s -p \"Lily saw\" -n 40 --temp 1.0 "
+    snprintf(args, sizeof args, "generate --validation --no-progress --no-warmup -m %s -p \"Lily saw\" -n 40 --temp 1.0 "
              "--top-k 40 --seed 1235", m);
     run(args, &c);
     assert_string_not_equal(a.out, c.out); /* 40 sampled tokens: a different seed differs */
@@ -104,7 +104,7 @@ static void test_generate_stop_string(void **state)
     char m[512], args[1024];
     model(m, sizeof m);
     run_result r;
-    snprintf(args, sizeof args, "generate --validation --no-progress -m %s -p \"Once upon a time\" -n 48 --temp 0 "
+    snprintf(args, sizeof args, "generate --validation --no-progress --no-warmup -m %s -p \"Once upon a time\" -n 48 --temp 0 "
              "--stop \"girl na\"", m);
     run(args, &r);
     assert_int_equal(r.rc, 0);
@@ -191,7 +191,7 @@ static void test_generate_json(void **state)
     char m[512], args[1024];
     model(m, sizeof m);
     run_result r;
-    snprintf(args, sizeof args, "generate --validation --no-progress -m %s -p \"Once upon a time\" -n 48 --json", m);
+    snprintf(args, sizeof args, "generate --validation --no-progress --no-warmup -m %s -p \"Once upon a time\" -n 48 --json", m);
     run(args, &r);
     assert_int_equal(r.rc, 0);
     cJSON *o = cJSON_Parse(r.out);
