@@ -1337,7 +1337,9 @@ static void test_no_prealloc(void **state)
     srv_error e;
     assert_true(srv_job_from_json(t->s, false, body, strlen(body), &j, &e));
     assert_true(j->max_tokens > 1000 && j->n_top == 20);
-    assert_true(j->ch[0].cap == 0 && !j->ch[0].tok && !j->ch[0].lp && !j->ch[0].top_id && !j->ch[0].top_lp);
+    const srv_toks *w = &j->ch[0].w, *h = &j->ch[0].h;
+    assert_true(w->cap == 0 && !w->tok && !w->lp && !w->top_id && !w->top_lp);
+    assert_true(h->cap == 0 && !h->tok && !h->lp && !h->top_id && !h->top_lp);
     srv_job_release(j);
     stop(t);
 }

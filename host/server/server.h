@@ -316,6 +316,15 @@ void srv_log(const srv *s, vki_log_level lv, const char *fmt, ...) __attribute__
 
 typedef struct srv_job srv_job;
 
+/* Generated ids and their logprobs, grown by doubling (a request costs what it generates). */
+typedef struct srv_toks {
+    int32_t *tok;              /* [cap] generated ids */
+    float *lp;                 /* [cap] when the job wants logprobs */
+    int32_t *top_id;           /* [cap][n_top] alternatives */
+    float *top_lp;             /* [cap][n_top] */
+    uint32_t cap;
+} srv_toks;
+
 /* One choice of a job: one batch-manager request. */
 typedef struct srv_choice {
     srv_job *j;
@@ -323,17 +332,15 @@ typedef struct srv_choice {
     uint64_t id;
     bool submitted;
     /* written by the worker thread, under j->mu */
-    int32_t *tok;              /* [cap] generated ids, grown by doubling */
-    float *lp;                 /* [cap] when want_lp */
-    int32_t *top_id;           /* [cap][n_top] */
-    float *top_lp;
-    uint32_t cap, n_recv, n_cached;
+    srv_toks w;                /* may move when it grows: the handler reads h, its copy */
+    uint32_t n_recv, n_cached;
     double t_last;             /* when its last token came (inter-token latency) */
     bool final, oom;
     vki_finish_reason finish;
     vki_status status;
     char error[192];
     /* the handler's */
+    srv_toks h;                /* [0, n_used) copied from w under j->mu */
     bool final_seen, stop_hit;
     uint32_t n_used;           /* tokens turned into text so far */
     uint32_t n_counted;        /* tokens that count (up to and including a stop string's end) */

@@ -57,10 +57,13 @@ static void job_free(srv_job *j)
         free(j->stops[i]);
     for (uint32_t i = 0; i < SRV_MAX_N; i++) {
         srv_choice *ch = &j->ch[i];
-        free(ch->tok);
-        free(ch->lp);
-        free(ch->top_id);
-        free(ch->top_lp);
+        srv_toks *all[] = {&ch->w, &ch->h};
+        for (int k = 0; k < 2; k++) {
+            free(all[k]->tok);
+            free(all[k]->lp);
+            free(all[k]->top_id);
+            free(all[k]->top_lp);
+        }
         vki_text_stream_free(ch->ts);
         strbuf_free(&ch->text);
         cJSON_Delete(ch->lp_all);
@@ -85,34 +88,49 @@ void srv_job_release(srv_job *j)
 
 /* ---- the worker side ------------------------------------------------------------------------ */
 
-/* Room for `need` tokens in ch's arrays (under j->mu, on the worker thread): doubling. */
-static bool choice_reserve(srv_choice *ch, uint32_t need)
+/* Room for `need` tokens in t (doubling, at most max_tokens): the worker's arrays and the
+ * handler's copy grow the same way. */
+static bool toks_reserve(const srv_job *j, srv_toks *t, uint32_t need)
 {
-    srv_job *j = ch->j;
-    if (need <= ch->cap)
+    if (need <= t->cap)
         return true;
-    uint32_t cap = ch->cap ? ch->cap : 16;
+    uint32_t cap = t->cap ? t->cap : 16;
     while (cap < need)
         cap *= 2;
     if (cap > j->max_tokens && need <= j->max_tokens)
         cap = j->max_tokens;
     size_t nt = (size_t)cap * j->n_top;
-    int32_t *t = realloc(ch->tok, (size_t)cap * sizeof *t);
-    if (t)
-        ch->tok = t;
-    float *lp = j->want_lp ? realloc(ch->lp, (size_t)cap * sizeof *lp) : NULL;
+    int32_t *id = realloc(t->tok, (size_t)cap * sizeof *id);
+    if (id)
+        t->tok = id;
+    float *lp = j->want_lp ? realloc(t->lp, (size_t)cap * sizeof *lp) : NULL;
     if (lp)
-        ch->lp = lp;
-    int32_t *ti = nt ? realloc(ch->top_id, nt * sizeof *ti) : NULL;
+        t->lp = lp;
+    int32_t *ti = nt ? realloc(t->top_id, nt * sizeof *ti) : NULL;
     if (ti)
-        ch->top_id = ti;
-    float *tl = nt ? realloc(ch->top_lp, nt * sizeof *tl) : NULL;
+        t->top_id = ti;
+    float *tl = nt ? realloc(t->top_lp, nt * sizeof *tl) : NULL;
     if (tl)
-        ch->top_lp = tl;
-    if (!t || (j->want_lp && !lp) || (nt && (!ti || !tl)))
+        t->top_lp = tl;
+    if (!id || (j->want_lp && !lp) || (nt && (!ti || !tl)))
         return false;
-    ch->cap = cap;
+    t->cap = cap;
     return true;
+}
+
+/* Copies entries [from, to) of src into dst (which has room). */
+static void toks_copy(const srv_job *j, srv_toks *dst, const srv_toks *src, uint32_t from, uint32_t to)
+{
+    size_t n = to - from, nt = j->n_top;
+    if (to <= from)
+        return;
+    memcpy(dst->tok + from, src->tok + from, n * sizeof *dst->tok);
+    if (j->want_lp)
+        memcpy(dst->lp + from, src->lp + from, n * sizeof *dst->lp);
+    if (nt) {
+        memcpy(dst->top_id + from * nt, src->top_id + from * nt, n * nt * sizeof *dst->top_id);
+        memcpy(dst->top_lp + from * nt, src->top_lp + from * nt, n * nt * sizeof *dst->top_lp);
+    }
 }
 
 static void submit_rest(srv_job *j, bool ok, vki_finish_reason why, const char *error);
@@ -126,17 +144,18 @@ static void on_response(void *user, const vki_response *r)
     double now = srv_now();
     pthread_mutex_lock(&j->mu);
     uint32_t n_new = 0;
-    if (r->n_tokens && !ch->oom && !choice_reserve(ch, ch->n_recv + r->n_tokens))
+    srv_toks *wt = &ch->w;
+    if (r->n_tokens && !ch->oom && !toks_reserve(j, wt, ch->n_recv + r->n_tokens))
         ch->oom = true; /* the handler cancels it and answers 500 */
     for (uint32_t k = 0; k < r->n_tokens && !ch->oom && ch->n_recv < j->max_tokens; k++, n_new++) {
         uint32_t i = ch->n_recv++;
-        ch->tok[i] = r->tokens[k];
-        if (ch->lp)
-            ch->lp[i] = r->logprobs ? r->logprobs[k] : 0.0f;
+        wt->tok[i] = r->tokens[k];
+        if (j->want_lp)
+            wt->lp[i] = r->logprobs ? r->logprobs[k] : 0.0f;
         for (uint32_t t = 0; t < j->n_top; t++) {
             bool have = r->top_tokens && t < r->n_top;
-            ch->top_id[(size_t)i * j->n_top + t] = have ? r->top_tokens[(size_t)k * r->n_top + t] : -1;
-            ch->top_lp[(size_t)i * j->n_top + t] = have ? r->top_logprobs[(size_t)k * r->n_top + t] : -INFINITY;
+            wt->top_id[(size_t)i * j->n_top + t] = have ? r->top_tokens[(size_t)k * r->n_top + t] : -1;
+            wt->top_lp[(size_t)i * j->n_top + t] = have ? r->top_logprobs[(size_t)k * r->n_top + t] : -INFINITY;
         }
     }
     bool first_cached = ch->index == 0 && n_new && ch->n_recv == n_new;
@@ -401,19 +420,19 @@ static cJSON *chat_lp_entry(const srv_choice *ch, uint32_t i)
     char text[1040], raw[256];
     size_t n_raw;
     cJSON *o = cJSON_CreateObject();
-    token_text(tok, ch->tok[i], text, sizeof text, raw, &n_raw);
+    token_text(tok, ch->h.tok[i], text, sizeof text, raw, &n_raw);
     cJSON_AddStringToObject(o, "token", text);
-    cJSON_AddNumberToObject(o, "logprob", finite_lp(ch->lp[i]));
+    cJSON_AddNumberToObject(o, "logprob", finite_lp(ch->h.lp[i]));
     cJSON_AddItemToObject(o, "bytes", bytes_array(raw, n_raw));
     cJSON *top = cJSON_AddArrayToObject(o, "top_logprobs");
     for (uint32_t t = 0; t < j->n_top; t++) {
-        int32_t id = ch->top_id[(size_t)i * j->n_top + t];
+        int32_t id = ch->h.top_id[(size_t)i * j->n_top + t];
         if (id < 0)
             continue;
         cJSON *a = cJSON_CreateObject();
         token_text(tok, id, text, sizeof text, raw, &n_raw);
         cJSON_AddStringToObject(a, "token", text);
-        cJSON_AddNumberToObject(a, "logprob", finite_lp(ch->top_lp[(size_t)i * j->n_top + t]));
+        cJSON_AddNumberToObject(a, "logprob", finite_lp(ch->h.top_lp[(size_t)i * j->n_top + t]));
         cJSON_AddItemToObject(a, "bytes", bytes_array(raw, n_raw));
         cJSON_AddItemToArray(top, a);
     }
@@ -434,17 +453,17 @@ static void cmpl_lp_add(const srv_choice *ch, cJSON *lp, uint32_t i, size_t offs
     const vki_tokenizer *tok = j->s->tok;
     char text[1040], raw[256];
     size_t n_raw;
-    token_text(tok, ch->tok[i], text, sizeof text, raw, &n_raw);
+    token_text(tok, ch->h.tok[i], text, sizeof text, raw, &n_raw);
     cJSON_AddItemToArray(arr(lp, "tokens"), cJSON_CreateString(text));
-    cJSON_AddItemToArray(arr(lp, "token_logprobs"), cJSON_CreateNumber(finite_lp(ch->lp[i])));
+    cJSON_AddItemToArray(arr(lp, "token_logprobs"), cJSON_CreateNumber(finite_lp(ch->h.lp[i])));
     cJSON *top = cJSON_CreateObject();
     for (uint32_t t = 0; t < j->n_top; t++) {
-        int32_t id = ch->top_id[(size_t)i * j->n_top + t];
+        int32_t id = ch->h.top_id[(size_t)i * j->n_top + t];
         if (id < 0)
             continue;
         token_text(tok, id, text, sizeof text, raw, &n_raw);
         if (!cJSON_GetObjectItemCaseSensitive(top, text)) /* alternatives with one text: the best */
-            cJSON_AddNumberToObject(top, text, finite_lp(ch->top_lp[(size_t)i * j->n_top + t]));
+            cJSON_AddNumberToObject(top, text, finite_lp(ch->h.top_lp[(size_t)i * j->n_top + t]));
     }
     cJSON_AddItemToArray(arr(lp, "top_logprobs"), top);
     cJSON_AddItemToArray(arr(lp, "text_offset"), cJSON_CreateNumber((double)offset));
@@ -457,25 +476,32 @@ static void cmpl_lp_add(const srv_choice *ch, cJSON *lp, uint32_t i, size_t offs
 static bool choice_drain(srv_choice *ch, strbuf *text, cJSON *lp, cJSON *ids)
 {
     srv_job *j = ch->j;
+    /* the new entries into the handler's copy: the worker may move its arrays when they grow */
     pthread_mutex_lock(&j->mu);
     uint32_t n = ch->n_recv;
-    bool fin = ch->final;
+    pthread_mutex_unlock(&j->mu);
+    if (!toks_reserve(j, &ch->h, n))
+        return false;
+    pthread_mutex_lock(&j->mu);
+    n = n < ch->n_recv ? n : ch->n_recv;
+    bool fin = ch->final && n == ch->n_recv;
+    toks_copy(j, &ch->h, &ch->w, ch->n_used, n);
     pthread_mutex_unlock(&j->mu);
     bool ok = true;
     for (uint32_t i = ch->n_used; i < n && !ch->stop_hit; i++) {
         const char *t;
         size_t len, piece = 0;
         bool stopped = false;
-        if (vki_text_stream_push(ch->ts, ch->tok[i], &t, &len, &stopped) != VKI_OK)
+        if (vki_text_stream_push(ch->ts, ch->h.tok[i], &t, &len, &stopped) != VKI_OK)
             return false;
         if (lp && j->chat)
             cJSON_AddItemToArray(lp, chat_lp_entry(ch, i));
         else if (lp)
             cmpl_lp_add(ch, lp, i, ch->text_bytes);
         if (ids)
-            cJSON_AddItemToArray(ids, cJSON_CreateNumber(ch->tok[i]));
+            cJSON_AddItemToArray(ids, cJSON_CreateNumber(ch->h.tok[i]));
         char pbuf[256];
-        if (lp && !j->chat && vki_token_to_piece(j->s->tok, ch->tok[i], false, pbuf, sizeof pbuf, &piece) == VKI_OK)
+        if (lp && !j->chat && vki_token_to_piece(j->s->tok, ch->h.tok[i], false, pbuf, sizeof pbuf, &piece) == VKI_OK)
             ch->text_bytes += piece;
         ok &= strbuf_put(text, t, len);
         ch->n_counted = i + 1;
@@ -605,7 +631,7 @@ static cJSON *answer_choice(srv_job *j, srv_choice *ch)
     if (j->return_ids) {
         if (!j->chat)
             cJSON_AddItemToObject(c, "prompt_token_ids", id_array(j->prompt, j->n_prompt));
-        cJSON_AddItemToObject(c, "token_ids", id_array(ch->tok, choice_tokens(ch)));
+        cJSON_AddItemToObject(c, "token_ids", id_array(ch->h.tok, choice_tokens(ch)));
     }
     return c;
 }
