@@ -342,6 +342,7 @@ typedef struct srv_choice {
     /* the handler's */
     srv_toks h;                /* [0, n_used) copied from w under j->mu */
     bool final_seen, stop_hit;
+    bool oom_seen;             /* oom, as of the last copy */
     uint32_t n_used;           /* tokens turned into text so far */
     uint32_t n_counted;        /* tokens that count (up to and including a stop string's end) */
     vki_text_stream *ts;

@@ -293,13 +293,13 @@ static void choice_cancel(srv_choice *ch)
 {
     srv_job *j = ch->j;
     pthread_mutex_lock(&j->mu);
-    bool live = ch->submitted && !ch->final;
+    bool live = !ch->final;
     pthread_mutex_unlock(&j->mu);
     if (!live)
         return;
     srv *s = j->s;
-    pthread_mutex_lock(&s->mu);
-    if (s->bm) /* ids are never reused: a request that finished meanwhile gives NOT_FOUND */
+    pthread_mutex_lock(&s->mu); /* submitted and id are written under it */
+    if (s->bm && ch->submitted) /* ids are never reused: one that finished meanwhile gives NOT_FOUND */
         vki_batch_cancel(s->bm, ch->id);
     pthread_mutex_unlock(&s->mu);
 }
@@ -485,6 +485,7 @@ static bool choice_drain(srv_choice *ch, strbuf *text, cJSON *lp, cJSON *ids)
     pthread_mutex_lock(&j->mu);
     n = n < ch->n_recv ? n : ch->n_recv;
     bool fin = ch->final && n == ch->n_recv;
+    ch->oom_seen = ch->oom;
     toks_copy(j, &ch->h, &ch->w, ch->n_used, n);
     pthread_mutex_unlock(&j->mu);
     bool ok = true;
@@ -549,7 +550,7 @@ static bool job_failed(const srv_job *j, srv_error *e)
 {
     for (uint32_t i = 0; i < j->n; i++) {
         const srv_choice *ch = &j->ch[i];
-        if (ch->oom) {
+        if (ch->oom_seen) {
             srv_err(e, 500, NULL, "out of memory while receiving the tokens of choice %u", i);
             return true;
         }
@@ -663,7 +664,7 @@ static void serve_blocking(srv_job *j, srv_conn *c)
         for (uint32_t i = 0; i < j->n; i++) {
             srv_choice *ch = &j->ch[i];
             ok &= choice_drain(ch, &ch->text, ch->lp_all, NULL);
-            if (ch->oom)
+            if (ch->oom_seen)
                 choice_cancel(ch);
         }
     }
@@ -743,7 +744,7 @@ static bool sse_choice(srv_job *j, srv_choice *ch, strbuf *out)
     cJSON *lp = j->want_lp ? (j->chat ? cJSON_CreateArray() : cJSON_CreateObject()) : NULL;
     cJSON *ids = j->return_ids ? cJSON_CreateArray() : NULL;
     ok = ok && choice_drain(ch, &text, lp, ids) && (!j->want_lp || lp) && (!j->return_ids || ids);
-    if (ch->oom)
+    if (ch->oom_seen)
         choice_cancel(ch);
     bool has_lp = lp && lp->child, has_ids = ids && ids->child; /* sse_chunk takes (frees) them */
     if (ok && (text.len || has_lp || has_ids)) {
@@ -754,7 +755,7 @@ static bool sse_choice(srv_job *j, srv_choice *ch, strbuf *out)
     cJSON_Delete(lp);
     cJSON_Delete(ids);
     strbuf_free(&text);
-    if (ok && ch->final_seen && !ch->end_sent && choice_ended_ok(ch) && !ch->oom) {
+    if (ok && ch->final_seen && !ch->end_sent && choice_ended_ok(ch) && !ch->oom_seen) {
         ch->end_sent = true;
         ok = sse_chunk(j, ch, out, j->chat ? NULL : "", false, NULL, NULL, finish_reason(ch));
     }
@@ -827,8 +828,8 @@ void srv_job_serve(srv_job *j, srv_conn *c)
     /* the access log's fields */
     pthread_mutex_lock(&j->mu);
     double t_first = j->t_first;
-    pthread_mutex_unlock(&j->mu);
     c->acc.cached = j->ch[0].n_cached;
+    pthread_mutex_unlock(&j->mu);
     c->acc.ttft_ms = t_first > 0 ? (t_first - j->t_arrive) * 1e3 : -1;
     c->acc.output = 0;
     for (uint32_t i = 0; i < j->n; i++)
