@@ -195,27 +195,104 @@ static bool has_device_ext(const VkExtensionProperties *e, uint32_t n, const cha
     return false;
 }
 
-static void query_coopmat(VkInstance inst, VkPhysicalDevice pd, vki_device_info *info)
+/* The shapes of VK_KHR_cooperative_matrix (khr) or VK_NV_cooperative_matrix into out[], how many:
+ * one query with two structs (NV has no saturating flag; its component and scope enums have the
+ * KHR values). */
+static uint32_t query_coopmat(VkInstance inst, VkPhysicalDevice pd, bool khr, vki_coopmat_shape *out)
 {
-    PFN_vkGetPhysicalDeviceCooperativeMatrixPropertiesKHR get =
-        (PFN_vkGetPhysicalDeviceCooperativeMatrixPropertiesKHR)vkGetInstanceProcAddr(
-            inst, "vkGetPhysicalDeviceCooperativeMatrixPropertiesKHR");
+    PFN_vkVoidFunction fn = vkGetInstanceProcAddr(inst, khr ? "vkGetPhysicalDeviceCooperativeMatrixPropertiesKHR"
+                                                            : "vkGetPhysicalDeviceCooperativeMatrixPropertiesNV");
+    PFN_vkGetPhysicalDeviceCooperativeMatrixPropertiesKHR get_khr =
+        (PFN_vkGetPhysicalDeviceCooperativeMatrixPropertiesKHR)fn;
+    PFN_vkGetPhysicalDeviceCooperativeMatrixPropertiesNV get_nv =
+        (PFN_vkGetPhysicalDeviceCooperativeMatrixPropertiesNV)fn;
+    union {
+        VkCooperativeMatrixPropertiesKHR k[VKI_MAX_COOPMAT];
+        VkCooperativeMatrixPropertiesNV n[VKI_MAX_COOPMAT];
+    } p;
     uint32_t n = 0;
-    if (!get || get(pd, &n, NULL) != VK_SUCCESS)
-        return;
-    VkCooperativeMatrixPropertiesKHR p[VKI_MAX_COOPMAT];
-    if (n > VKI_MAX_COOPMAT)
-        n = VKI_MAX_COOPMAT;
-    for (uint32_t i = 0; i < n; i++)
-        p[i] = (VkCooperativeMatrixPropertiesKHR){.sType = VKI_STYPE_COOPERATIVE_MATRIX_PROPERTIES_KHR};
-    VkResult r = get(pd, &n, p);
+    if (!fn || (khr ? get_khr(pd, &n, NULL) : get_nv(pd, &n, NULL)) != VK_SUCCESS)
+        return 0;
+    n = n < VKI_MAX_COOPMAT ? n : VKI_MAX_COOPMAT;
+    for (uint32_t i = 0; i < n; i++) {
+        if (khr)
+            p.k[i] = (VkCooperativeMatrixPropertiesKHR){.sType = VKI_STYPE_COOPERATIVE_MATRIX_PROPERTIES_KHR};
+        else
+            p.n[i] = (VkCooperativeMatrixPropertiesNV){.sType = VK_STRUCTURE_TYPE_COOPERATIVE_MATRIX_PROPERTIES_NV};
+    }
+    VkResult r = khr ? get_khr(pd, &n, p.k) : get_nv(pd, &n, p.n);
     if (r != VK_SUCCESS && r != VK_INCOMPLETE)
-        return;
-    info->n_coopmat = n;
-    for (uint32_t i = 0; i < n; i++)
-        info->coopmat_shapes[i] = (vki_coopmat_shape){
-            p[i].MSize, p[i].NSize, p[i].KSize, p[i].AType, p[i].BType, p[i].CType,
-            p[i].ResultType, p[i].saturatingAccumulation, p[i].scope};
+        return 0;
+    for (uint32_t i = 0; i < n; i++) {
+        const VkCooperativeMatrixPropertiesKHR *k = &p.k[i];
+        const VkCooperativeMatrixPropertiesNV *v = &p.n[i];
+        out[i] = khr ? (vki_coopmat_shape){k->MSize, k->NSize, k->KSize, k->AType, k->BType, k->CType, k->ResultType,
+                                           k->saturatingAccumulation, k->scope}
+                     : (vki_coopmat_shape){v->MSize, v->NSize, v->KSize, v->AType, v->BType, v->CType, v->DType,
+                                           false, v->scope};
+    }
+    return n;
+}
+
+/* The NV shape the kernels use: F16 A/B, F32 C/result, subgroup scope, sides 8..32 in multiples of
+ * 8 (the tile arithmetic assumes them); 16x16x16 when offered (one fragment covers the 16-wide
+ * shared-memory rows), else the one with the most work per multiply-add. */
+static vki_coopmat_shape pick_coopmat(const vki_device_info *info)
+{
+    vki_coopmat_shape best = {0};
+    for (uint32_t i = 0; i < info->n_coopmat_nv; i++) {
+        const vki_coopmat_shape *s = &info->coopmat_nv_shapes[i];
+        bool side_ok = s->m % 8 == 0 && s->n % 8 == 0 && s->k % 8 == 0 && s->m && s->n && s->k && s->m <= 32 &&
+                       s->n <= 32 && s->k <= 32;
+        if (s->a_type != 0 || s->b_type != 0 || s->c_type != 1 || s->result_type != 1 || s->scope != 3 || !side_ok)
+            continue;
+        bool square16 = s->m == 16 && s->n == 16 && s->k == 16;
+        if (!best.m || square16 || (!(best.m == 16 && best.n == 16 && best.k == 16) &&
+                                    s->m * s->n * s->k > best.m * best.n * best.k))
+            best = *s;
+    }
+    return best;
+}
+
+/* Features (and the cooperative-matrix shapes, which need them) of one physical device. */
+static void query_features(VkInstance inst, VkPhysicalDevice pd, uint32_t api, bool dot_ext, vki_device_info *info)
+{
+    VkPhysicalDeviceCooperativeMatrixFeaturesNV nvf = {
+        .sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_COOPERATIVE_MATRIX_FEATURES_NV};
+    VkPhysicalDeviceCooperativeMatrixFeaturesKHR cmf = {
+        .sType = VKI_STYPE_PHYSICAL_DEVICE_COOPERATIVE_MATRIX_FEATURES_KHR, .pNext = info->coopmat_nv ? &nvf : NULL};
+    void *cm_chain = info->coopmat ? (void *)&cmf : info->coopmat_nv ? (void *)&nvf : NULL;
+    VkPhysicalDeviceVulkan13Features f13 = {.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_3_FEATURES,
+                                            .pNext = cm_chain};
+    VkPhysicalDeviceVulkan12Features f12 = {.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_2_FEATURES,
+                                            .pNext = api >= VK_API_VERSION_1_3 ? (void *)&f13 : cm_chain};
+    VkPhysicalDeviceVulkan11Features f11 = {.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_1_FEATURES,
+                                            .pNext = &f12};
+    VkPhysicalDeviceFeatures2 f2 = {.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2, .pNext = &f11};
+    vkGetPhysicalDeviceFeatures2(pd, &f2);
+    info->float16 = f12.shaderFloat16;
+    info->int8 = f12.shaderInt8;
+    info->int16 = f2.features.shaderInt16;
+    info->int64 = f2.features.shaderInt64;
+    info->storage16 = f11.storageBuffer16BitAccess;
+    info->storage8 = f12.storageBuffer8BitAccess;
+    info->integer_dot = (api >= VK_API_VERSION_1_3 && f13.shaderIntegerDotProduct) || dot_ext;
+    info->coopmat = info->coopmat && cmf.cooperativeMatrix;
+    if (info->coopmat)
+        info->n_coopmat = query_coopmat(inst, pd, true, info->coopmat_shapes);
+    info->coopmat_nv = info->coopmat_nv && nvf.cooperativeMatrix;
+    if (info->coopmat_nv) {
+        VkPhysicalDeviceCooperativeMatrixPropertiesNV np = {
+            .sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_COOPERATIVE_MATRIX_PROPERTIES_NV};
+        VkPhysicalDeviceProperties2 pp = {.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PROPERTIES_2, .pNext = &np};
+        vkGetPhysicalDeviceProperties2(pd, &pp);
+        info->n_coopmat_nv = query_coopmat(inst, pd, false, info->coopmat_nv_shapes);
+        /* fcoopmatNV<16, ...> needs Float16; glslang's NV modules use the Vulkan memory model;
+         * the kernels stage F16 operands through 16-bit storage and name warps by gl_SubgroupID */
+        if ((np.cooperativeMatrixSupportedStages & VK_SHADER_STAGE_COMPUTE_BIT) && f12.shaderFloat16 &&
+            f12.vulkanMemoryModel && f11.storageBuffer16BitAccess && (info->subgroup_ops & VKI_SUBGROUP_BASIC))
+            info->coopmat_pick = pick_coopmat(info);
+    }
 }
 
 /* Fills *info for one physical device. Returns false if it cannot run vkinfer at all
@@ -259,6 +336,7 @@ static bool describe_device(VkInstance inst, VkPhysicalDevice pd, uint32_t index
     vkEnumerateDeviceExtensionProperties(pd, NULL, &n_ext, ext);
     info->push_descriptor = has_device_ext(ext, n_ext, VK_KHR_PUSH_DESCRIPTOR_EXTENSION_NAME);
     info->coopmat = has_device_ext(ext, n_ext, VK_KHR_COOPERATIVE_MATRIX_EXTENSION_NAME);
+    info->coopmat_nv = has_device_ext(ext, n_ext, VK_NV_COOPERATIVE_MATRIX_EXTENSION_NAME);
     bool budget = has_device_ext(ext, n_ext, VK_EXT_MEMORY_BUDGET_EXTENSION_NAME);
     bool dot_ext = has_device_ext(ext, n_ext, VK_KHR_SHADER_INTEGER_DOT_PRODUCT_EXTENSION_NAME);
     free(ext);
@@ -287,28 +365,7 @@ static bool describe_device(VkInstance inst, VkPhysicalDevice pd, uint32_t index
         info->subgroup_max_size = ssc.maxSubgroupSize;
     }
 
-    /* features */
-    VkPhysicalDeviceCooperativeMatrixFeaturesKHR cmf = {
-        .sType = VKI_STYPE_PHYSICAL_DEVICE_COOPERATIVE_MATRIX_FEATURES_KHR};
-    VkPhysicalDeviceVulkan13Features f13 = {.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_3_FEATURES,
-                                            .pNext = info->coopmat ? &cmf : NULL};
-    VkPhysicalDeviceVulkan12Features f12 = {.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_2_FEATURES,
-                                            .pNext = bp.apiVersion >= VK_API_VERSION_1_3 ? (void *)&f13
-                                                     : (info->coopmat ? (void *)&cmf : NULL)};
-    VkPhysicalDeviceVulkan11Features f11 = {.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_1_FEATURES,
-                                            .pNext = &f12};
-    VkPhysicalDeviceFeatures2 f2 = {.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2, .pNext = &f11};
-    vkGetPhysicalDeviceFeatures2(pd, &f2);
-    info->float16 = f12.shaderFloat16;
-    info->int8 = f12.shaderInt8;
-    info->int16 = f2.features.shaderInt16;
-    info->int64 = f2.features.shaderInt64;
-    info->storage16 = f11.storageBuffer16BitAccess;
-    info->storage8 = f12.storageBuffer8BitAccess;
-    info->integer_dot = (bp.apiVersion >= VK_API_VERSION_1_3 && f13.shaderIntegerDotProduct) || dot_ext;
-    info->coopmat = info->coopmat && cmf.cooperativeMatrix;
-    if (info->coopmat)
-        query_coopmat(inst, pd, info);
+    query_features(inst, pd, bp.apiVersion, dot_ext, info);
 
     /* memory */
     VkPhysicalDeviceMemoryBudgetPropertiesEXT mb = {
@@ -414,7 +471,7 @@ static vki_status pick_device(vkd_device *d, const vki_device_params *p)
 
 /* ---- logical device ------------------------------------------------------------------------- */
 
-static vki_status create_logical_device(vkd_device *d)
+static vki_status create_logical_device(vkd_device *d, vki_coopmat_mode cm_mode)
 {
     const vki_device_info *in = &d->info;
     uint32_t nq = 0;
@@ -443,6 +500,10 @@ static vki_status create_logical_device(vkd_device *d)
     const char *exts[4];
     uint32_t n_ext = 0;
     exts[n_ext++] = VK_KHR_PUSH_DESCRIPTOR_EXTENSION_NAME;
+    /* The NV tensor-core modules: the extension, its feature and the memory model they declare. */
+    bool nv = in->coopmat_pick.m && cm_mode != VKI_COOPMAT_OFF;
+    if (nv)
+        exts[n_ext++] = VK_NV_COOPERATIVE_MATRIX_EXTENSION_NAME;
     VkPhysicalDeviceCooperativeMatrixFeaturesKHR cmf = {
         .sType = VKI_STYPE_PHYSICAL_DEVICE_COOPERATIVE_MATRIX_FEATURES_KHR, .cooperativeMatrix = VK_TRUE};
     bool v13 = in->api_version >= VK_API_VERSION_1_3;
@@ -454,16 +515,22 @@ static vki_status create_logical_device(vkd_device *d)
     VkPhysicalDeviceVulkan12Features f12 = {
         .sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_2_FEATURES,
         .pNext = v13 ? (void *)&f13 : (in->coopmat ? (void *)&cmf : NULL),
-        .shaderFloat16 = in->float16, .shaderInt8 = in->int8, .storageBuffer8BitAccess = in->storage8};
+        .shaderFloat16 = in->float16, .shaderInt8 = in->int8, .storageBuffer8BitAccess = in->storage8,
+        .vulkanMemoryModel = nv};
     VkPhysicalDeviceVulkan11Features f11 = {.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_1_FEATURES,
                                             .pNext = &f12, .storageBuffer16BitAccess = in->storage16};
-    VkPhysicalDeviceFeatures2 f2 = {.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2, .pNext = &f11,
+    VkPhysicalDeviceCooperativeMatrixFeaturesNV nvf = {
+        .sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_COOPERATIVE_MATRIX_FEATURES_NV, .pNext = &f11,
+        .cooperativeMatrix = VK_TRUE};
+    VkPhysicalDeviceFeatures2 f2 = {.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2,
+                                    .pNext = nv ? (void *)&nvf : (void *)&f11,
                                     .features = {.shaderInt16 = in->int16, .shaderInt64 = in->int64}};
     VkDeviceCreateInfo dci = {.sType = VK_STRUCTURE_TYPE_DEVICE_CREATE_INFO, .pNext = &f2,
                               .queueCreateInfoCount = 1, .pQueueCreateInfos = &qci,
                               .enabledExtensionCount = n_ext, .ppEnabledExtensionNames = exts};
     VKD_TRY(d, vkCreateDevice(d->phys, &dci, NULL, &d->dev));
     vkGetDeviceQueue(d->dev, d->queue_family, 0, &d->queue);
+    d->nv_coopmat = nv;
 
     d->fn.push_descriptor = (PFN_vkCmdPushDescriptorSetKHR)vkGetDeviceProcAddr(d->dev, "vkCmdPushDescriptorSetKHR");
     if (d->info.debug_utils) {
@@ -479,6 +546,31 @@ static vki_status create_logical_device(vkd_device *d)
                                    .flags = VK_COMMAND_POOL_CREATE_RESET_COMMAND_BUFFER_BIT,
                                    .queueFamilyIndex = d->queue_family};
     VKD_TRY(d, vkCreateCommandPool(d->dev, &pci, NULL, &d->cmd_pool));
+    return VKI_OK;
+}
+
+/* ---- cooperative-matrix path ---------------------------------------------------------------- */
+
+vki_status vkd_coopmat_select(vkd_device *d, vki_coopmat_mode mode)
+{
+    const vki_device_info *in = &d->info;
+    if (mode == VKI_COOPMAT_EMULATED) {
+        uint32_t sg = in->subgroup_size, need = VKI_SUBGROUP_BASIC | VKI_SUBGROUP_SHUFFLE;
+        /* fragments of 16 x max(16, sg): the emulation needs n % sg == 0 (coopmat.glsl) */
+        if (!in->float16 || !in->storage16 || (in->subgroup_ops & need) != need || !sg || sg > 64 ||
+            (sg & (sg - 1))) {
+            vkd_log(d, VKI_LOG_ERROR, "emulated cooperative matrices need shaderFloat16, 16-bit storage, "
+                    "subgroup shuffles and a power-of-two subgroup size up to 64");
+            return VKI_ERR_UNSUPPORTED;
+        }
+        d->cm = (vkd_cm){VKD_CM_EMULATED, 16, sg > 16 ? sg : 16, 16, sg};
+    } else if (mode == VKI_COOPMAT_AUTO && d->nv_coopmat) {
+        d->cm = (vkd_cm){VKD_CM_NV, in->coopmat_pick.m, in->coopmat_pick.n, in->coopmat_pick.k, in->subgroup_size};
+    } else if (mode == VKI_COOPMAT_AUTO || mode == VKI_COOPMAT_OFF) {
+        d->cm = (vkd_cm){VKD_CM_NONE, 0, 0, 0, 0};
+    } else {
+        return VKI_ERR_INVALID_ARG;
+    }
     return VKI_OK;
 }
 
@@ -601,7 +693,11 @@ vki_status vkd_open(const vki_device_params *p, vkd_device **out)
         st = pick_device(d, p);
     if (st == VKI_OK) {
         d->info.debug_utils = debug_utils;
-        st = create_logical_device(d);
+        st = create_logical_device(d, p->coopmat);
+    }
+    if (st == VKI_OK) {
+        d->gemv_max_m = p->gemv_max_m;
+        st = vkd_coopmat_select(d, p->coopmat);
     }
     if (st == VKI_OK)
         st = vkd_memory_init(d, STAGING_BYTES);
@@ -615,8 +711,10 @@ vki_status vkd_open(const vki_device_params *p, vkd_device **out)
         vkd_close(d);
         return st;
     }
-    vkd_log(d, VKI_LOG_INFO, "device %u: %s (%s %s)", d->info.index, d->info.name, d->info.driver_name,
-            d->info.driver_info);
+    vkd_log(d, VKI_LOG_INFO, "device %u: %s (%s %s); matmul path: %s %ux%ux%u", d->info.index, d->info.name,
+            d->info.driver_name, d->info.driver_info,
+            d->cm.kind == VKD_CM_NV ? "NV cooperative matrices" : d->cm.kind == VKD_CM_EMULATED ? "emulated "
+            "cooperative matrices" : "FP32", d->cm.m, d->cm.n, d->cm.k);
     *out = d;
     return VKI_OK;
 }

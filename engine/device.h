@@ -51,6 +51,22 @@ typedef struct vkd_fns {
 
 struct vkd_kernels; /* engine/kernels.h */
 
+/* The cooperative-matrix path of the GEMM and prefill-attention kernels (engine/ops_matmul.c,
+ * engine/ops_attn.c). NONE: the FP32 kernels. NV: VK_NV_cooperative_matrix modules (tensor
+ * cores). EMULATED: the same kernel sources compiled against shaders/coopmat.glsl's plain-GLSL
+ * fragments, which round the operands to F16 as the hardware does (tests). */
+typedef enum vkd_cm_kind {
+    VKD_CM_NONE = 0,
+    VKD_CM_NV = 1,
+    VKD_CM_EMULATED = 2,
+} vkd_cm_kind;
+
+typedef struct vkd_cm {
+    vkd_cm_kind kind;
+    uint32_t m, n, k;  /* fragment shape: A m x k (F16), B k x n (F16), C m x n (F32) */
+    uint32_t sg;       /* subgroup size the fragments are spread over */
+} vkd_cm;
+
 struct vkd_device {
     VkInstance instance;
     VkPhysicalDevice phys;
@@ -87,12 +103,22 @@ struct vkd_device {
     void *log_user;
     vki_log_level log_level;
     bool lost;                       /* sticky: VK_ERROR_DEVICE_LOST seen */
+
+    bool nv_coopmat;                 /* VK_NV_cooperative_matrix enabled at open */
+    vkd_cm cm;                       /* the path the kernels take now (vkd_coopmat_select) */
+    uint32_t gemv_max_m;             /* vki_device_params.gemv_max_m (0: ops_matmul's table) */
 };
 
 /* ---- device -------------------------------------------------------------------------------- */
 
 vki_status vkd_open(const vki_device_params *p, vkd_device **out);
 void vkd_close(vkd_device *d);
+
+/* Chooses the cooperative-matrix path (vkd_open calls it with the device params' mode; tests
+ * switch between paths with it). AUTO: NV when it was enabled at open, else NONE. EMULATED:
+ * VKI_ERR_UNSUPPORTED (path unchanged) without shaderFloat16, 16-bit storage or subgroup
+ * shuffles. Pipelines already created for the previous path stay valid. */
+vki_status vkd_coopmat_select(vkd_device *d, vki_coopmat_mode mode);
 
 /* Log through the device's logger (printf format). */
 void vkd_log(const vkd_device *d, vki_log_level lvl, const char *fmt, ...)

@@ -18,6 +18,7 @@ _Static_assert(PUSH_OK(vki_pc_softmax), "push struct vki_pc_softmax");
 _Static_assert(PUSH_OK(vki_pc_kv_write), "push struct vki_pc_kv_write");
 _Static_assert(PUSH_OK(vki_pc_attn), "push struct vki_pc_attn");
 _Static_assert(PUSH_OK(vki_pc_sample), "push struct vki_pc_sample");
+_Static_assert(PUSH_OK(vki_pc_cm_peak), "push struct vki_pc_cm_peak");
 _Static_assert(sizeof(vki_sample_row) == 64 && sizeof(vki_sample_edit) == 12 &&
                    sizeof(vki_sample_out) == 16 + 8 * VKI_SAMPLE_MAX_TOP, "std430 scalar-only sample structs");
 _Static_assert(sizeof(vki_seq_info) == 16 && sizeof(vki_attn_item) == 16, "std430 uvec4-sized structs");
@@ -25,7 +26,9 @@ _Static_assert(sizeof(vki_seq_info) == 16 && sizeof(vki_attn_item) == 16, "std43
 #define SPV(name) .spv = vki_spv_##name, .spv_size = &vki_spv_##name##_size
 /* matmul family (engine/ops_matmul.c picks the specialisations from the device):
  * matvec spec {WG, NR rows, MC activation rows, NSG max subgroups}; matmul spec
- * {WG, BM, BN, BK, TM, TN} with WG = (BM/TM)*(BN/TN); get_rows spec {WG}. */
+ * {WG, BM, BN, BK, TM, TN} with WG = (BM/TM)*(BN/TN); matmul_cm(e) spec {WG, BM, BN, BK, WM,
+ * WN, CM_M, CM_N, CM_K, CM_SG} with WG = (BM/WM)*(BN/WN) subgroups; get_rows spec {WG}. */
+#define CM_SPEC(WG, a, b, c, d, e) {WG, a, b, c, d, e, 16, 16, 16, 32}
 #define MATMUL_ROWS(T, t)                                                                        \
     [VKK_MATVEC_##T] = {"matvec_" #t, SPV(matvec_##t), .n_bindings = 4,                          \
                         .push_size = sizeof(vki_pc_matmul), .n_spec = 4,                         \
@@ -33,11 +36,17 @@ _Static_assert(sizeof(vki_seq_info) == 16 && sizeof(vki_attn_item) == 16, "std43
     [VKK_MATMUL_##T] = {"matmul_" #t, SPV(matmul_##t), .n_bindings = 4,                          \
                         .push_size = sizeof(vki_pc_matmul), .n_spec = 6,                         \
                         .spec_default = {256, 64, 64, 32, 4, 4}},                                \
+    [VKK_MATMUL_CM_##T] = {"matmul_cm_" #t, SPV(matmul_cm_##t), .n_bindings = 4,                 \
+                           .push_size = sizeof(vki_pc_matmul), .n_spec = 10,                     \
+                           .spec_default = CM_SPEC(256, 128, 128, 32, 64, 32)},                  \
+    [VKK_MATMUL_CME_##T] = {"matmul_cme_" #t, SPV(matmul_cme_##t), .n_bindings = 4,              \
+                            .push_size = sizeof(vki_pc_matmul), .n_spec = 10,                    \
+                            .spec_default = CM_SPEC(256, 128, 128, 32, 64, 32)},                 \
     [VKK_GET_ROWS_##T] = {"get_rows_" #t, SPV(get_rows_##t), .n_bindings = 3,                    \
-                          .push_size = sizeof(vki_pc_get_rows), .n_spec = 1, .spec_default = {256}}
+                          .push_size = sizeof(vki_pc_get_rows), .n_spec = 1, .spec_default = {256}},
 
 /* engine/ops_attn.c: kv_write {WG}; decode {WG, HD, L, GMAX}; prefill {WG, HD, BR, BC};
- * reduce {WG} */
+ * prefill on cooperative matrices {WG, HD, BR, BC, CM_M, CM_N, CM_K, CM_SG}; reduce {WG} */
 #define ATTN_ROWS(T, t)                                                                          \
     [VKK_KV_WRITE_##T] = {"kv_write_" #t, SPV(kv_write_##t), .n_bindings = 8,                    \
                           .push_size = sizeof(vki_pc_kv_write), .n_spec = 1, .spec_default = {256}}, \
@@ -46,13 +55,18 @@ _Static_assert(sizeof(vki_seq_info) == 16 && sizeof(vki_attn_item) == 16, "std43
                              .spec_default = {128, 128, 16, 8}},                                 \
     [VKK_ATTN_PREFILL_##T] = {"attn_prefill_" #t, SPV(attn_prefill_##t), .n_bindings = 7,        \
                               .push_size = sizeof(vki_pc_attn), .n_spec = 4,                     \
-                              .spec_default = {128, 128, 32, 32}}
+                              .spec_default = {128, 128, 32, 32}},                               \
+    [VKK_ATTN_PREFILL_CM_##T] = {"attn_prefill_cm_" #t, SPV(attn_prefill_cm_##t), .n_bindings = 7,  \
+                                 .push_size = sizeof(vki_pc_attn), .n_spec = 8,                  \
+                                 .spec_default = {128, 128, 32, 32, 16, 16, 16, 32}},            \
+    [VKK_ATTN_PREFILL_CME_##T] = {"attn_prefill_cme_" #t, SPV(attn_prefill_cme_##t),              \
+                                  .n_bindings = 7, .push_size = sizeof(vki_pc_attn), .n_spec = 8, \
+                                  .spec_default = {128, 128, 32, 32, 16, 16, 16, 32}}
 
 static const vkk_desc kernel_table[] = {
     [VKK_ADD] = {"add", SPV(add), .n_bindings = 3, .push_size = sizeof(vki_pc_add),
                  .n_spec = 1, .spec_default = {256}},
-    MATMUL_ROWS(F32, f32), MATMUL_ROWS(F16, f16), MATMUL_ROWS(Q8_0, q8_0),
-    MATMUL_ROWS(Q4_0, q4_0), MATMUL_ROWS(Q4_K, q4_k), MATMUL_ROWS(Q6_K, q6_k),
+    VKK_WEIGHT_TYPES(MATMUL_ROWS)
     /* engine/ops_basic.c: spec {WG} */
     [VKK_RMSNORM] = {"rmsnorm", SPV(rmsnorm), .n_bindings = 3, .push_size = sizeof(vki_pc_rmsnorm),
                      .n_spec = 1, .spec_default = {256}},
@@ -68,6 +82,11 @@ static const vkk_desc kernel_table[] = {
     /* engine/ops_sample.c: spec {WG} */
     [VKK_SAMPLE] = {"sample", SPV(sample), .n_bindings = 5, .push_size = sizeof(vki_pc_sample),
                     .n_spec = 1, .spec_default = {256}},
+    /* tools/bench_kernels.c: {WG, NACC accumulators per subgroup, CM_M, CM_N, CM_K, CM_SG} */
+    [VKK_CM_PEAK] = {"cm_peak", SPV(cm_peak), .n_bindings = 2, .push_size = sizeof(vki_pc_cm_peak),
+                     .n_spec = 6, .spec_default = {128, 4, 16, 16, 16, 32}},
+    [VKK_CM_PEAK_EMU] = {"cm_peak_emu", SPV(cm_peak_emu), .n_bindings = 2,
+                         .push_size = sizeof(vki_pc_cm_peak), .n_spec = 6, .spec_default = {128, 4, 16, 16, 16, 32}},
 };
 _Static_assert(sizeof kernel_table / sizeof kernel_table[0] == VKK_COUNT, "one table row per kernel");
 

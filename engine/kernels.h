@@ -10,26 +10,32 @@
 #define VKI_ENGINE_KERNELS_H
 
 #include "engine/device.h"
+#include "engine/weight_types.h"
 #include "shaders/vki_shared.h"
+
+/* Per weight type: matrix-vector, tiled FP32 GEMM, cooperative-matrix GEMM (NV tensor cores)
+ * and its plain-GLSL emulation (CME), row gather. */
+#define VKK_MM_IDS(T, t) VKK_MATVEC_##T, VKK_MATMUL_##T, VKK_MATMUL_CM_##T, VKK_MATMUL_CME_##T, VKK_GET_ROWS_##T,
 
 typedef enum vkk_id {
     VKK_ADD,
-    /* matmul family (engine/ops_matmul.c): one per weight type, in the order of
-     * ops_matmul.c's type list */
-    VKK_MATVEC_F32, VKK_MATVEC_F16, VKK_MATVEC_Q8_0, VKK_MATVEC_Q4_0, VKK_MATVEC_Q4_K, VKK_MATVEC_Q6_K,
-    VKK_MATMUL_F32, VKK_MATMUL_F16, VKK_MATMUL_Q8_0, VKK_MATMUL_Q4_0, VKK_MATMUL_Q4_K, VKK_MATMUL_Q6_K,
-    VKK_GET_ROWS_F32, VKK_GET_ROWS_F16, VKK_GET_ROWS_Q8_0, VKK_GET_ROWS_Q4_0, VKK_GET_ROWS_Q4_K, VKK_GET_ROWS_Q6_K,
+    /* matmul family (engine/ops_matmul.c) */
+    VKK_WEIGHT_TYPES(VKK_MM_IDS)
     /* row norms and elementwise ops (engine/ops_basic.c) */
     VKK_RMSNORM, VKK_ROPE, VKK_SWIGLU, VKK_SOFTMAX,
-    /* paged KV writes and attention (engine/ops_attn.c), per KV element type */
+    /* paged KV writes and attention (engine/ops_attn.c), per KV element type; prefill also on
+     * cooperative matrices (CM) and their emulation (CME) */
     VKK_KV_WRITE_F16, VKK_KV_WRITE_F32, VKK_ATTN_DECODE_F16, VKK_ATTN_DECODE_F32,
     VKK_ATTN_PREFILL_F16, VKK_ATTN_PREFILL_F32, VKK_ATTN_REDUCE,
+    VKK_ATTN_PREFILL_CM_F16, VKK_ATTN_PREFILL_CM_F32, VKK_ATTN_PREFILL_CME_F16, VKK_ATTN_PREFILL_CME_F32,
     /* sampling stage (engine/ops_sample.c) */
     VKK_SAMPLE,
+    /* cooperative-matrix peak: a pure multiply-add loop (tools/bench_kernels.c) */
+    VKK_CM_PEAK, VKK_CM_PEAK_EMU,
     VKK_COUNT
 } vkk_id;
 
-#define VKK_MAX_SPEC 8
+#define VKK_MAX_SPEC 12
 #define VKK_MAX_BINDINGS 8
 
 typedef struct vkk_desc {

@@ -75,6 +75,33 @@ static bool pick_prefill(const vkd_device *d, uint32_t hd, uint32_t *spec)
     return false;
 }
 
+/* Cooperative-matrix prefill tiles {BR rows, BC keys, TPR softmax lanes per row}, largest first:
+ * the first with whole subgroups (WG = BR * TPR), TPR lanes in one subgroup, fragment-sized sides
+ * and shared memory for Q, K/V, P (F16, rows padded by 8 halves) and S / P V (F32) at the head
+ * dim padded to the fragment sides. GPUs: 32 x 64 over 4 warps at head dim 128 (47 KiB);
+ * the emulation on a CPU device starts at 32 x 32, one lane per row. */
+static bool pick_prefill_cm(const vkd_device *d, uint32_t hd, uint32_t *spec)
+{
+    static const uint32_t cand[][3] = {{64, 64, 4}, {32, 64, 4}, {32, 32, 4}, {16, 32, 8}, {32, 32, 1}, {16, 16, 2},
+                                       {16, 16, 1}};
+    const vkd_cm *cm = &d->cm;
+    if (cm->kind == VKD_CM_NONE)
+        return false;
+    uint32_t side = cm->k > cm->n ? cm->k : cm->n, hdp = (hd + side - 1) / side * side;
+    for (size_t i = d->info.type == VKI_DEVICE_CPU ? 4 : 0; i < sizeof cand / sizeof cand[0]; i++) {
+        uint32_t br = cand[i][0], bc = cand[i][1], tpr = cand[i][2], wg = br * tpr;
+        uint32_t sst = (bc > hdp ? bc : hdp) + 4;
+        uint64_t smem = 2ull * (br + bc) * (hdp + 8) + 2ull * br * (bc + 8) + 4ull * br * sst;
+        if (br % cm->m || bc % cm->n || bc % cm->k || hdp % tpr || wg % cm->sg || tpr > min_subgroup(d) ||
+            wg > d->info.max_workgroup_invocations || smem > d->info.max_compute_shared_memory)
+            continue;
+        const uint32_t v[8] = {wg, hdp, br, bc, cm->m, cm->n, cm->k, cm->sg};
+        memcpy(spec, v, sizeof v);
+        return true;
+    }
+    return false;
+}
+
 vki_status op_attn_setup(vkd_device *d, const op_attn_shape *s, op_attn *out)
 {
     vki_status st = check_shape(d, s);
@@ -91,7 +118,13 @@ vki_status op_attn_setup(vkd_device *d, const op_attn_shape *s, op_attn *out)
     a.dec_gw = group < DEC_GMAX ? group : DEC_GMAX;
     a.dec_nhb = (group + a.dec_gw - 1) / a.dec_gw;
     memcpy(a.dec_spec, (uint32_t[4]){wg, s->head_dim, lanes, a.dec_gw}, sizeof a.dec_spec);
-    if (wg > d->info.max_workgroup_invocations || !pick_prefill(d, s->head_dim, a.pre_spec)) {
+    bool cm = pick_prefill_cm(d, s->head_dim, a.pre_spec), nv = d->cm.kind == VKD_CM_NV;
+    if (cm)
+        a.pre_kid = s->kv_type == VKI_GGML_F16 ? (nv ? VKK_ATTN_PREFILL_CM_F16 : VKK_ATTN_PREFILL_CME_F16)
+                                               : (nv ? VKK_ATTN_PREFILL_CM_F32 : VKK_ATTN_PREFILL_CME_F32);
+    else
+        a.pre_kid = kid(&a, VKK_ATTN_PREFILL_F16, VKK_ATTN_PREFILL_F32);
+    if (wg > d->info.max_workgroup_invocations || (!cm && !pick_prefill(d, s->head_dim, a.pre_spec))) {
         vkd_log(d, VKI_LOG_ERROR, "attention: no tile size fits this device (head_dim %u)", s->head_dim);
         return VKI_ERR_UNSUPPORTED;
     }
@@ -110,7 +143,7 @@ vki_status op_attn_setup(vkd_device *d, const op_attn_shape *s, op_attn *out)
     const struct { vkk_id k; const uint32_t *spec; } all[] = {
         {kid(&a, VKK_KV_WRITE_F16, VKK_KV_WRITE_F32), a.kvw_spec},
         {kid(&a, VKK_ATTN_DECODE_F16, VKK_ATTN_DECODE_F32), a.dec_spec},
-        {kid(&a, VKK_ATTN_PREFILL_F16, VKK_ATTN_PREFILL_F32), a.pre_spec},
+        {a.pre_kid, a.pre_spec},
         {VKK_ATTN_REDUCE, a.red_spec},
     };
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
@@ -278,8 +311,7 @@ vki_status op_attention(vkd_cmd *c, const op_attn *a, const op_attn_step *st, op
     if (s == VKI_OK && p->n_pre) {
         pc.gw = a->pre_gw, pc.n_hblocks = a->pre_nhb, pc.item_off = p->n_dec + p->n_red, pc.n_items = p->n_pre;
         vkd_view b[7] = {q.v, k_pool, v_pool, st->seq_info, st->page_table, st->items, out.v};
-        s = vkk_dispatch(c, kid(a, VKK_ATTN_PREFILL_F16, VKK_ATTN_PREFILL_F32), a->pre_spec, b, 7, &pc, sizeof pc,
-                         p->n_pre, a->s.n_kv_heads * a->pre_nhb, 1);
+        s = vkk_dispatch(c, a->pre_kid, a->pre_spec, b, 7, &pc, sizeof pc, p->n_pre, a->s.n_kv_heads * a->pre_nhb, 1);
     }
     if (s == VKI_OK && p->n_red) {
         vkd_barrier(c); /* the decode partials */

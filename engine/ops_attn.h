@@ -28,7 +28,9 @@ typedef struct op_attn_shape {
 typedef struct op_attn {
     op_attn_shape s;
     uint32_t dec_spec[4];     /* attn_decode {WG, HD, L lanes per key, GMAX heads per group} */
-    uint32_t pre_spec[4];     /* attn_prefill {WG, HD, BR rows, BC keys per tile} */
+    vkk_id pre_kid;           /* prefill kernel: FP32 (attn_prefill) or on cooperative matrices */
+    uint32_t pre_spec[8];     /* attn_prefill {WG, HD, BR rows, BC keys per tile}; on cooperative
+                                 matrices {WG, HDP padded head dim, BR, BC, CM_M, CM_N, CM_K, CM_SG} */
     uint32_t red_spec[1], kvw_spec[1];
     uint32_t dec_gw, dec_nhb; /* decode: query heads per workgroup, workgroups per kv head */
     uint32_t pre_gw, pre_nhb, pre_nq; /* prefill: heads and tokens per row block */
@@ -38,7 +40,10 @@ typedef struct op_attn {
 } op_attn;
 
 /* VKI_ERR_INVALID_ARG for an invalid shape, VKI_ERR_UNSUPPORTED when the device lacks subgroup
- * shuffles or shared memory for the smallest tiles; else creates every pipeline used. */
+ * shuffles or shared memory for the smallest tiles; else creates every pipeline used. Prefill
+ * runs on cooperative matrices (F16 Q, K, V, P; F32 softmax and accumulation) when the device
+ * has a cooperative-matrix path (vkd_device.cm) and a tile fits its shared memory, else on the
+ * FP32 kernel. */
 vki_status op_attn_setup(vkd_device *d, const op_attn_shape *s, op_attn *out);
 
 /* Bytes of one page of one pool (K or V) and the most pages one pool may hold so that it stays

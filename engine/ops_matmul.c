@@ -12,19 +12,21 @@
 /* Kernel ids per weight type; the rows of engine/kernels.h. */
 typedef struct mm_type {
     uint32_t ggml_type;
-    vkk_id matvec, matmul, get_rows;
+    vkk_id matvec, matmul, matmul_cm, matmul_cme, get_rows;
     uint32_t block;   /* elements per block: K must be a multiple */
     bool needs16;     /* read through 16-bit storage (blocks or rows only 2-byte aligned) */
 } mm_type;
 
+#define MM_TYPE(T, block, needs16)                                                               \
+    {VKI_GGML_##T, VKK_MATVEC_##T, VKK_MATMUL_##T, VKK_MATMUL_CM_##T, VKK_MATMUL_CME_##T,        \
+     VKK_GET_ROWS_##T, block, needs16}
 static const mm_type mm_types[] = {
-    {VKI_GGML_F32, VKK_MATVEC_F32, VKK_MATMUL_F32, VKK_GET_ROWS_F32, 1, false},
-    {VKI_GGML_F16, VKK_MATVEC_F16, VKK_MATMUL_F16, VKK_GET_ROWS_F16, 1, true},
-    {VKI_GGML_Q8_0, VKK_MATVEC_Q8_0, VKK_MATMUL_Q8_0, VKK_GET_ROWS_Q8_0, VKI_QK8_0, true},
-    {VKI_GGML_Q4_0, VKK_MATVEC_Q4_0, VKK_MATMUL_Q4_0, VKK_GET_ROWS_Q4_0, VKI_QK4_0, true},
-    {VKI_GGML_Q4_K, VKK_MATVEC_Q4_K, VKK_MATMUL_Q4_K, VKK_GET_ROWS_Q4_K, VKI_QK_K, false},
-    {VKI_GGML_Q6_K, VKK_MATVEC_Q6_K, VKK_MATMUL_Q6_K, VKK_GET_ROWS_Q6_K, VKI_QK_K, true},
+    MM_TYPE(F32, 1, false),        MM_TYPE(F16, 1, true),          MM_TYPE(Q8_0, VKI_QK8_0, true),
+    MM_TYPE(Q4_0, VKI_QK4_0, true), MM_TYPE(Q4_K, VKI_QK_K, false), MM_TYPE(Q6_K, VKI_QK_K, true),
 };
+#define MM_COUNT_ONE(T, t) +1
+_Static_assert(sizeof mm_types / sizeof mm_types[0] == 0 VKK_WEIGHT_TYPES(MM_COUNT_ONE),
+               "one mm_types row per VKK_WEIGHT_TYPES entry");
 
 static const mm_type *mm_type_get(uint32_t ggml_type)
 {
@@ -97,6 +99,69 @@ static void matmul_spec(const vkd_device *d, uint32_t spec[6])
     }
 }
 
+/* matmul_cm {WG, BM, BN, BK, WM, WN, CM_M, CM_N, CM_K, CM_SG}, largest tiles first: the first
+ * whose shared memory (two F16 tiles with 8-half row padding, one F32 fragment per subgroup)
+ * and subgroup count fit. GPUs: 128 x 128 tiles over 8 subgroups of 64 x 32 (8 accumulator
+ * fragments of 16 x 16 per subgroup; 28.7 KiB), the shape of the tensor-core GEMMs that reach
+ * most of the peak, not measured here (no GPU was available; bench-kernels prints matmul_cm
+ * TFLOP/s next to cm_peak); up to 64 rows, 64 x 128 tiles, which halve the padding computed just
+ * above the GEMV crossover. CPU devices (the emulation on lavapipe) start at 64 x 64. */
+#define CM_SMALL_M 64
+
+static bool cm_spec(const vkd_device *d, uint32_t M, uint32_t spec[10])
+{
+    static const uint32_t cand[][4] = {{128, 128, 64, 32}, {64, 128, 32, 32}, {64, 64, 32, 32}, {32, 32, 32, 32}};
+    const vkd_cm *cm = &d->cm;
+    const uint32_t bk = 32;
+    size_t first = d->info.type == VKI_DEVICE_CPU ? 2 : M <= CM_SMALL_M ? 1 : 0;
+    for (size_t i = first; i < sizeof cand / sizeof cand[0]; i++) {
+        uint32_t bm = cand[i][0], bn = cand[i][1];
+        uint32_t wm = cand[i][2] > cm->m ? cand[i][2] : cm->m, wn = cand[i][3] > cm->n ? cand[i][3] : cm->n;
+        if (!cm->m || bm % wm || bn % wn || wm % cm->m || wn % cm->n || bk % cm->k)
+            continue;
+        uint32_t nw = (bm / wm) * (bn / wn);
+        uint64_t smem = 2ull * (bm + bn) * (bk + 8) + 4ull * nw * cm->m * cm->n;
+        if (smem > d->info.max_compute_shared_memory || nw * cm->sg > d->info.max_workgroup_invocations)
+            continue;
+        const uint32_t v[10] = {nw * cm->sg, bm, bn, bk, wm, wn, cm->m, cm->n, cm->k, cm->sg};
+        memcpy(spec, v, sizeof v);
+        return true;
+    }
+    return false;
+}
+
+/* The matrix-vector / GEMM crossover: the largest M at which the GEMV kernel is still at least as
+ * fast as the GEMM the device would take, per kind of device and GEMM. Measured with
+ * `bench-kernels --crossover` (which prints this value); a device param overrides it. */
+typedef struct mm_crossover {
+    vki_device_type type;
+    vkd_cm_kind cm;
+    uint32_t gemv_max_m;
+} mm_crossover;
+
+static const mm_crossover crossovers[] = {
+    /* lavapipe (Mesa 22.3.6, 2 shared cores), N = K = 1024, F16 and Q4_K weights (bench/RESULTS.md):
+     * a GEMV row costs about the same at any M on a CPU, while a 64-row FP32 GEMM tile costs as
+     * much as ~64 GEMV rows; the emulated coopmat tile is ~3x cheaper, so it wins from M = 32. */
+    {VKI_DEVICE_CPU, VKD_CM_NONE, 64},
+    {VKI_DEVICE_CPU, VKD_CM_EMULATED, 24},
+};
+
+/* GPUs: not measured yet (no GPU was available when the coopmat kernels were written). 32 was the
+ * FP32 GEMM's fixed switch point before (a GEMM tile costs about as much at M = 33 as when full);
+ * it stays there until bench-kernels --crossover runs on a GPU. */
+#define CROSSOVER_UNMEASURED 32
+
+uint32_t op_matmul_gemv_max_m(const vkd_device *d)
+{
+    if (d->gemv_max_m)
+        return d->gemv_max_m;
+    for (size_t i = 0; i < sizeof crossovers / sizeof crossovers[0]; i++)
+        if (crossovers[i].type == d->info.type && crossovers[i].cm == d->cm.kind)
+            return crossovers[i].gemv_max_m;
+    return CROSSOVER_UNMEASURED;
+}
+
 static uint32_t get_rows_wg(const vkd_device *d)
 {
     return d->info.max_workgroup_invocations >= 256 ? 256 : d->info.max_workgroup_invocations;
@@ -130,6 +195,28 @@ static vki_status bad_arg(vkd_device *d, const char *op, const vk_tensor *w, con
 }
 
 /* ---- matmul --------------------------------------------------------------------------------- */
+
+/* The kernel and its specialisation for M rows on `path`. VKI_ERR_UNSUPPORTED: OP_MM_COOPMAT on a
+ * device without a cooperative-matrix path, or no tile fits. */
+static vki_status pick_kernel(const vkd_device *d, const mm_type *t, uint32_t M, op_mm_path path, uint32_t *spec,
+                              vkk_id *kid)
+{
+    if (path == OP_MM_AUTO)
+        path = M <= op_matmul_gemv_max_m(d) ? OP_MM_GEMV : d->cm.kind != VKD_CM_NONE ? OP_MM_COOPMAT : OP_MM_GEMM;
+    switch (path) {
+    case OP_MM_GEMV:
+        matvec_spec(d, M == 1 ? 1 : OP_MATVEC_ROWS, spec);
+        *kid = t->matvec;
+        return VKI_OK;
+    case OP_MM_COOPMAT:
+        *kid = d->cm.kind == VKD_CM_NV ? t->matmul_cm : t->matmul_cme;
+        return d->cm.kind != VKD_CM_NONE && cm_spec(d, M, spec) ? VKI_OK : VKI_ERR_UNSUPPORTED;
+    default:
+        matmul_spec(d, spec);
+        *kid = t->matmul;
+        return VKI_OK;
+    }
+}
 
 /* One weight part: as many dispatches along N as the device's workgroup-count limit needs. */
 static vki_status matmul_part(vkd_cmd *c, vkk_id k, const uint32_t *spec, uint32_t rows_per_group,
@@ -166,17 +253,17 @@ vki_status op_matmul_path(vkd_cmd *c, const vk_tensor *w, const vkd_view *bias, 
     if (bias && !view_holds(bias, 1, N, N, 4))
         return bad_arg(d, "matmul", w, "bias view holds fewer than N floats");
 
-    bool gemv = path == OP_MM_GEMV || (path == OP_MM_AUTO && M <= OP_MATVEC_MAX_M);
-    uint32_t spec[6], per_group_n, per_group_m;
+    uint32_t spec[VKK_MAX_SPEC], per_group_n, per_group_m;
     vkk_id kid;
-    if (gemv) {
-        matvec_spec(d, M == 1 ? 1 : OP_MATVEC_ROWS, spec);
-        kid = t->matvec;
+    if ((st = pick_kernel(d, t, M, path, spec, &kid)) != VKI_OK) {
+        vkd_log(d, VKI_LOG_ERROR, "matmul %s: no cooperative-matrix GEMM on this device (or no tile fits its "
+                "shared memory)", w->name);
+        return st;
+    }
+    if (kid == t->matvec) {
         per_group_n = spec[1];
         per_group_m = spec[2];
     } else {
-        matmul_spec(d, spec);
-        kid = t->matmul;
         per_group_n = spec[2];
         per_group_m = spec[1];
     }
@@ -267,7 +354,7 @@ vki_status op_gather_rows(vkd_cmd *c, vkd_view src, uint32_t src_stride, uint32_
  * step (and puts the code in Mesa's on-disk shader cache). Elsewhere it costs one small submit. */
 static vki_status warm_up(vkd_device *d, uint32_t type, uint32_t K)
 {
-    const uint32_t M = OP_MATVEC_MAX_M + 1; /* GEMM */
+    const uint32_t M = op_matmul_gemv_max_m(d) + 1; /* the device's GEMM */
     vk_tensor w = {0};
     vkd_buffer *x = NULL, *y = NULL;
     vkd_cmd c = {0};
@@ -288,7 +375,7 @@ static vki_status warm_up(vkd_device *d, uint32_t type, uint32_t K)
     vkd_view vx = {x, 0, VK_WHOLE_SIZE}, vy = {y, 0, VK_WHOLE_SIZE}, ids = {x, 0, 4};
     const uint32_t ms[3] = {1, 2, M};
     for (int i = 0; i < 3 && st == VKI_OK; i++) {
-        st = op_matmul_path(&c, &w, &vx, vx, K, vy, 1, ms[i], i < 2 ? OP_MM_GEMV : OP_MM_GEMM);
+        st = op_matmul_path(&c, &w, &vx, vx, K, vy, 1, ms[i], i < 2 ? OP_MM_GEMV : OP_MM_AUTO);
         vkd_barrier(&c);
     }
     if (st == VKI_OK)
@@ -308,15 +395,18 @@ vki_status op_matmul_prepare(vkd_device *d, uint32_t type)
     const mm_type *t = mm_type_get(type);
     if (!t || !op_matmul_supported(d, type))
         return VKI_ERR_UNSUPPORTED;
-    uint32_t mv1[4], mv8[4], mm[6], gr[1] = {get_rows_wg(d)};
+    uint32_t mv1[4], mv8[4], mm[VKK_MAX_SPEC], gr[1] = {get_rows_wg(d)};
+    vkk_id mm_kid;
     matvec_spec(d, 1, mv1);
     matvec_spec(d, OP_MATVEC_ROWS, mv8);
-    matmul_spec(d, mm);
     vki_status st = vkk_prepare(d, t->matvec, mv1);
     if (st == VKI_OK)
         st = vkk_prepare(d, t->matvec, mv8);
-    if (st == VKI_OK)
-        st = vkk_prepare(d, t->matmul, mm);
+    /* the device's GEMM for few rows above the crossover and for many (tile sizes may differ) */
+    const uint32_t ms[2] = {op_matmul_gemv_max_m(d) + 1, 4096};
+    for (int i = 0; i < 2 && st == VKI_OK; i++)
+        if ((st = pick_kernel(d, t, ms[i] > ms[0] ? ms[i] : ms[0], OP_MM_AUTO, mm, &mm_kid)) == VKI_OK)
+            st = vkk_prepare(d, mm_kid, mm);
     if (st == VKI_OK)
         st = vkk_prepare(d, t->get_rows, gr);
     if (st == VKI_OK)

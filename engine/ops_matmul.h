@@ -1,31 +1,38 @@
 /* Matrix multiply with weights in their GGUF types (F32, F16, Q8_0, Q4_0, Q4_K, Q6_K; quantised
  * weights stay quantised on the device and are dequantised in the shaders) and F32 activations,
- * F32 accumulation; and the row gather (embedding lookup).
+ * F32 accumulation (the cooperative-matrix GEMM rounds both operands to F16 first); and the row
+ * gather (embedding lookup).
  *
  * Every op records dispatches into a command buffer that is recording; it records no barrier
  * (put vkd_barrier() between dependent ops). On any error nothing is recorded.
  * Errors: VKI_ERR_INVALID_ARG (a shape, stride or view that does not fit, logged),
  * VKI_ERR_UNSUPPORTED (a weight type the device cannot run: Q8_0, Q4_0, Q6_K and F16 need
- * storageBuffer16BitAccess; the matrix-vector path needs subgroup arithmetic). */
+ * storageBuffer16BitAccess; the matrix-vector path needs subgroup arithmetic; OP_MM_COOPMAT
+ * needs the device's cooperative-matrix path, vkd_device.cm). */
 #ifndef VKI_ENGINE_OPS_MATMUL_H
 #define VKI_ENGINE_OPS_MATMUL_H
 
 #include "engine/device.h"
 #include "engine/tensor.h"
 
-/* The matrix-vector kernel reads each weight row once for up to OP_MATVEC_ROWS activation rows;
- * op_matmul uses it for M <= OP_MATVEC_MAX_M (ceil(M / 8) passes over the weights, run side
- * by side, so on a GPU the later passes mostly hit L2) and the tiled GEMM above, whose 64- or
- * 128-row tiles would mostly compute padding below that. Measured on lavapipe at N = K = 1024:
- * M = 32, GEMV 2.5 GFLOP/s vs GEMM 1.0; M = 64, about even. */
+/* The matrix-vector kernel reads each weight row once for up to OP_MATVEC_ROWS activation rows
+ * (ceil(M / 8) passes over the weights, run side by side, so on a GPU the later passes mostly
+ * hit L2); the tiled GEMMs (FP32, or cooperative matrices where the device has them) compute
+ * whole 64- or 128-row tiles, mostly padding for few rows. op_matmul switches at the measured
+ * crossover op_matmul_gemv_max_m(): no step in time where the kernel changes. */
 #define OP_MATVEC_ROWS 8
-#define OP_MATVEC_MAX_M 32
 
 typedef enum op_mm_path {
-    OP_MM_AUTO = 0, /* by M, as above */
+    OP_MM_AUTO = 0, /* GEMV up to the crossover, then the device's GEMM (coopmat or FP32) */
     OP_MM_GEMV,     /* matrix-vector kernel, any M (one pass over the weights per 8 rows) */
-    OP_MM_GEMM,     /* tiled kernel, any M */
+    OP_MM_GEMM,     /* tiled FP32 kernel, any M */
+    OP_MM_COOPMAT,  /* tiled cooperative-matrix kernel (the device's vkd_cm path), any M;
+                       VKI_ERR_UNSUPPORTED when the device has none */
 } op_mm_path;
+
+/* Rows up to which op_matmul takes the matrix-vector kernel: the device param, else the
+ * crossover measured for this kind of device and GEMM (the table in ops_matmul.c). */
+uint32_t op_matmul_gemv_max_m(const vkd_device *d);
 
 /* Y[m, n] = sum_k X[m, k] * W[n, k] (+ bias[n])   for m < M, n < N = w->n_rows, K = w->ne0
  *   x:    f32[M, x_stride] row-major, x_stride >= K
@@ -53,7 +60,8 @@ vki_status op_gather_rows(vkd_cmd *c, vkd_view src, uint32_t src_stride, uint32_
                           vkd_view ids, uint32_t n, vkd_view y, uint32_t y_stride);
 
 /* Creates every pipeline the ops above use for weights of ggml type `type` on this device
- * (GEMV for M = 1 and for M > 1, GEMM, gather), so none compiles during a step.
+ * (GEMV for M = 1 and for M > 1, the GEMM of the device's path, gather), so none compiles
+ * during a step.
  * The engine calls it at open for each weight type of the model (and F32 for activation
  * gathers). VKI_ERR_UNSUPPORTED if the device cannot run the type. */
 vki_status op_matmul_prepare(vkd_device *d, uint32_t type);

@@ -88,7 +88,9 @@ enum {
 #define VKI_MAX_HEAPS 16
 #define VKI_MAX_COOPMAT 32
 
-/* One VK_KHR_cooperative_matrix configuration (component types are VkComponentTypeKHR). */
+/* One cooperative-matrix configuration of VK_KHR_cooperative_matrix or VK_NV_cooperative_matrix
+ * (component types are VkComponentTypeKHR, whose values the NV enum shares: 0 = float16,
+ * 1 = float32). */
 typedef struct vki_coopmat_shape {
     uint32_t m, n, k;
     uint32_t a_type, b_type, c_type, result_type;
@@ -125,6 +127,13 @@ typedef struct vki_device_info {
     bool coopmat;                   /* VK_KHR_cooperative_matrix */
     uint32_t n_coopmat;
     vki_coopmat_shape coopmat_shapes[VKI_MAX_COOPMAT];
+    bool coopmat_nv;                /* VK_NV_cooperative_matrix, what the tensor-core kernels use */
+    uint32_t n_coopmat_nv;
+    vki_coopmat_shape coopmat_nv_shapes[VKI_MAX_COOPMAT];
+    /* The shape vkinfer's cooperative-matrix kernels use on this device with VKI_COOPMAT_AUTO:
+     * an NV subgroup shape with F16 A/B and F32 C/result (needs shaderFloat16, 16-bit storage and
+     * the Vulkan memory model too). m = 0: none, the FP32 kernels run. */
+    vki_coopmat_shape coopmat_pick;
 
     /* limits */
     uint64_t max_storage_buffer_range;
@@ -148,6 +157,21 @@ typedef struct vki_device_info {
  * device exists. */
 VKI_API vki_status vki_list_devices(vki_device_info *out, uint32_t cap, uint32_t *n_out);
 
+/* Which kernels run the matrix multiplies of prefill (and of decode with many sequences) and
+ * prefill attention; see the README "Numerics". */
+typedef enum vki_coopmat_mode {
+    /* Tensor cores where the device offers F16 x F16 -> F32 cooperative matrices through
+     * VK_NV_cooperative_matrix (coopmat_pick): operands rounded to F16, F32 accumulation.
+     * Elsewhere the exact FP32 kernels. */
+    VKI_COOPMAT_AUTO = 0,
+    VKI_COOPMAT_OFF = 1,      /* the FP32 kernels on every device */
+    /* The cooperative-matrix kernels compiled against a plain-GLSL emulation (fragments spread
+     * over the subgroup, the same F16 rounding): any device with shaderFloat16, 16-bit storage
+     * and subgroup shuffles. Slower than either real path: for tests of the tensor-core kernels
+     * on machines without them. */
+    VKI_COOPMAT_EMULATED = 2,
+} vki_coopmat_mode;
+
 /* Device choice: discrete NVIDIA first, then other discrete, integrated, virtual, CPU.
  * device_index >= 0 or a non-empty device_name (case-insensitive substring) override it. */
 typedef struct vki_device_params {
@@ -159,6 +183,12 @@ typedef struct vki_device_params {
     vki_log_fn log;                 /* NULL: warnings and errors to stderr */
     void *log_user;
     vki_log_level log_level;        /* messages above this level are dropped */
+    vki_coopmat_mode coopmat;       /* VKI_COOPMAT_AUTO */
+    /* Matrix multiplies with at most this many activation rows take the matrix-vector kernel
+     * (weights read once per 8 rows), more rows the tiled GEMM. 0: the crossover measured for
+     * this kind of device and path (bench-kernels --crossover measures it; engine/ops_matmul.c
+     * holds the table). */
+    uint32_t gemv_max_m;
 } vki_device_params;
 
 VKI_API vki_device_params vki_device_default_params(void);

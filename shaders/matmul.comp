@@ -26,31 +26,10 @@ layout(constant_id = 5) const uint TN = 4;   // columns per invocation
 #define DQ_BINDING 0
 #include "dequant.glsl" // binding 0: W, one part, N rows of w_stride bytes (the ggml type's blocks)
 
-layout(push_constant) uniform PushBlock { vki_pc_matmul p; };
-layout(std430, binding = 1) readonly buffer X { float x[]; };    // f32[M, x_stride]
-layout(std430, binding = 1) readonly buffer X4 { vec4 x4[]; };   // same, when p.x_vec4 == 1
-layout(std430, binding = 2) readonly buffer Bias { float bias[]; }; // f32[y_col0 + N] if has_bias
-layout(std430, binding = 3) writeonly buffer Y { float y[]; };   // f32[M, y_stride]
+#include "matmul_io.glsl" // push constants, X, bias, Y; load_x4, store_y
 
 shared float As[BK * (BM + 1u)]; // X tile, [k][m]
 shared float Bs[BK * (BN + 1u)]; // W tile, dequantised, [k][n]
-
-// X[m, k..k+3]; k % 4 == 0. Elements at k >= K (only in F32/F16 tails) read as 0.
-vec4 load_x4(uint m, uint k)
-{
-    uint i = m * p.x_stride + k;
-#ifdef DQ_FLOAT
-    if (k + 4u > p.K) {
-        vec4 v = vec4(0.0);
-        [[unroll]] for (uint c = 0u; c < 4u; c++)
-            if (k + c < p.K) v[c] = x[i + c];
-        return v;
-    }
-#endif
-    if (p.x_vec4 != 0u)
-        return x4[i >> 2];
-    return vec4(x[i], x[i + 1u], x[i + 2u], x[i + 3u]);
-}
 
 // Stage X[m_tile.., k0..] and W[n_tile.., k0..] into shared memory (zeros outside the matrix).
 void load_tiles(uint m_tile, uint n_tile, uint k0)
@@ -95,15 +74,7 @@ void main()
         barrier();
     }
 
-    [[unroll]] for (uint j = 0u; j < TN; j++) {
-        const uint n = n_tile + tn + j * SN;
-        if (n >= p.N)
-            continue;
-        const float b = p.has_bias != 0u ? bias[p.y_col0 + n] : 0.0;
-        [[unroll]] for (uint i = 0u; i < TM; i++) {
-            const uint m = m_tile + tm + i * SM;
-            if (m < p.M)
-                y[m * p.y_stride + p.y_col0 + n] = acc[i * TN + j] + b;
-        }
-    }
+    [[unroll]] for (uint j = 0u; j < TN; j++)
+        [[unroll]] for (uint i = 0u; i < TM; i++)
+            store_y(m_tile + tm + i * SM, n_tile + tn + j * SN, acc[i * TN + j]);
 }

@@ -85,6 +85,13 @@ VKI_STRUCT(vki_pc_get_rows) {
     vki_u32 zero_oob;
 };
 
+/* cm_peak (tools/bench_kernels.c): every subgroup multiplies one A and one B fragment into NACC
+ * accumulators n_iter times, then stores them. bindings: 0 src (f32[CM_M * CM_K + CM_K * CM_N]:
+ * the A and B values), 1 dst (f32[groups][subgroups][NACC][CM_M * CM_N]) */
+VKI_STRUCT(vki_pc_cm_peak) {
+    vki_u32 n_iter;
+};
+
 /* ---- ops_basic: row norms and elementwise ops over f32 matrices ----------------------------
  * A matrix operand is (binding, off, stride): element (r, c) is float index off + r * stride + c
  * of its binding, so one GEMM output (fused QKV, fused gate|up) feeds several ops unsplit. */

@@ -16,7 +16,16 @@
 #include "engine/quant.h"
 
 #define ATTN_TOL 1e-10
+/* Prefill on cooperative matrices rounds Q (scaled), K, V and P to F16 (the reference does not,
+ * except K/V of F16 pools); scores, softmax and sums stay F32. */
+#define ATTN_CM_TOL 1e-6 /* measured on lavapipe (emulated): <= 1e-7 */
 #define MAX_SEQS 8
+
+/* Set by the cooperative-matrix tests: the tolerance, that op_attn_setup must have picked the
+ * coopmat prefill kernel, and the worst NMSE seen. */
+static double attn_tol = ATTN_TOL;
+static bool expect_cm;
+static double worst_nmse;
 
 typedef struct acase {
     const char *name;
@@ -195,7 +204,9 @@ static void check_output(const op_attn *a, const hstep *h, const float *o, const
     char label[160];
     snprintf(label, sizeof label, "%s %s (heads %u/%u hd %u page %u)", ac->name, type, a->s.n_heads, a->s.n_kv_heads,
              a->s.head_dim, a->s.page_size);
-    vt_assert_nmse(got, ref, (size_t)h->n_tokens * row, ATTN_TOL, label);
+    double e = vt_nmse(got, ref, (size_t)h->n_tokens * row);
+    worst_nmse = e > worst_nmse ? e : worst_nmse;
+    vt_assert_nmse(got, ref, (size_t)h->n_tokens * row, attn_tol, label);
     size_t n = h->o_off + (size_t)h->n_tokens * h->o_stride;
     for (size_t i = 0; i < n; i++) { /* padding and the offset are never written */
         bool inside = i >= h->o_off && (i - h->o_off) % h->o_stride < row;
@@ -220,6 +231,9 @@ static void run_case(vt_gpu *g, vt_rng *r, const acase *ac, uint32_t kv_type)
     op_attn a;
     assert_int_equal(op_attn_setup(g->dev, &s, &a), VKI_OK);
     a.split_keys = ac->split_keys;
+    if (expect_cm) /* the coopmat kernel really runs (no silent fall-back to the FP32 one) */
+        assert_true(a.pre_kid == VKK_ATTN_PREFILL_CME_F16 || a.pre_kid == VKK_ATTN_PREFILL_CME_F32 ||
+                    a.pre_kid == VKK_ATTN_PREFILL_CM_F16 || a.pre_kid == VKK_ATTN_PREFILL_CM_F32);
     hstep h;
     build_step(r, ac, &a.s, &h);
     uint32_t cap = op_attn_max_items(&a, ac->n_seqs, h.n_tokens);
@@ -327,6 +341,66 @@ static void test_attn_long(void **state)
     run_cases(state, "attn long", cases, sizeof cases / sizeof cases[0]);
 }
 
+/* Prefill on cooperative matrices: the emulated path (every device with shaderFloat16 and
+ * subgroup shuffles) and, where present, the real NV one, on the same ragged steps: several
+ * prefilling sequences of different lengths next to decoding ones, shuffled pages, GQA 1..8,
+ * head dims 8 (padded to 16), 64, 128, blocks and key tiles with ragged ends. smem != 0 presents
+ * the device as a GPU with that much shared memory, which selects the GPU tile shapes (several
+ * softmax lanes per row, several subgroups per block). */
+static void run_cm_cases(void **state, const char *suite, const acase *cases, size_t n, uint32_t smem)
+{
+    vt_gpu *g = vt_gpu_get(state);
+    vki_device_info saved = g->dev->info;
+    vkd_cm saved_cm = g->dev->cm;
+    vt_rng r = vt_rng_seeded(suite);
+    attn_tol = ATTN_CM_TOL, expect_cm = true, worst_nmse = 0;
+    for (int real = 0; real < 2; real++) {
+        if (real && !g->dev->nv_coopmat) {
+            fprintf(stderr, "  %s: no VK_NV_cooperative_matrix on this device: only the emulated path ran\n", suite);
+            continue;
+        }
+        if (vkd_coopmat_select(g->dev, real ? VKI_COOPMAT_AUTO : VKI_COOPMAT_EMULATED) != VKI_OK) {
+            attn_tol = ATTN_TOL, expect_cm = false; /* no shaderFloat16 or shuffles: said in the log */
+            skip();
+        }
+        if (smem) {
+            g->dev->info.type = VKI_DEVICE_DISCRETE;
+            g->dev->info.max_compute_shared_memory = smem;
+        }
+        for (size_t i = 0; i < n; i++) {
+            run_case(g, &r, &cases[i], VKI_GGML_F32);
+            run_case(g, &r, &cases[i], VKI_GGML_F16);
+        }
+        g->dev->info = saved;
+    }
+    fprintf(stderr, "  %s: worst NMSE %.2e (bound %.0e)\n", suite, worst_nmse, ATTN_CM_TOL);
+    attn_tol = ATTN_TOL, expect_cm = false;
+    g->dev->cm = saved_cm;
+    vt_assert_clean(g);
+}
+
+static void test_attn_coopmat(void **state)
+{
+    const acase cases[] = {
+        {"cm stories ragged", 8, 4, 8, 16, 5, {0, 50, 0, 99, 7}, {37, 20, 1, 1, 70}, 0, 2.0f, 0},
+        {"cm G=1 hd64", 4, 4, 64, 16, 3, {0, 70, 5}, {33, 1, 17}, 0, 1.0f, 0},
+        {"cm G=4 hd64 page 7", 8, 2, 64, 7, 3, {0, 45, 100}, {40, 1, 9}, 0, 4.0f, 0},
+        {"cm G=8 MQA hd128 page 32", 8, 1, 128, 32, 2, {64, 0}, {1, 24}, 0, 2.0f, 0.05f},
+        {"cm G=2 hd128 long prefix", 4, 2, 128, 16, 2, {300, 0}, {19, 2}, 0, 1.0f, 0},
+    };
+    run_cm_cases(state, "attn coopmat", cases, sizeof cases / sizeof cases[0], 0);
+}
+
+/* The GPU tile shapes through the emulation: 32 rows x 64 keys with 4 softmax lanes per row
+ * (hd 64 at 30 KiB), 16 x 32 with 8 lanes (hd 128 at 23 KiB). */
+static void test_attn_coopmat_gpu_tiles(void **state)
+{
+    const acase hd64[] = {{"cm gpu tiles hd64", 8, 2, 64, 16, 3, {0, 130, 9}, {70, 1, 40}, 0, 2.0f, 0}};
+    const acase hd128[] = {{"cm gpu tiles hd128", 4, 1, 128, 16, 2, {0, 77}, {45, 30}, 0, 1.0f, 0}};
+    run_cm_cases(state, "attn coopmat gpu tiles hd64", hd64, 1, 30 * 1024);
+    run_cm_cases(state, "attn coopmat gpu tiles hd128", hd128, 1, 23 * 1024);
+}
+
 /* kv_write's F16 rounding on the awkward values: ties, subnormals, overflow, signed zero. */
 static void test_kv_write_f16_rounding(void **state)
 {
@@ -432,6 +506,8 @@ int main(void)
         cmocka_unit_test(test_attn_small_heads),
         cmocka_unit_test(test_attn_gqa),
         cmocka_unit_test(test_attn_long),
+        cmocka_unit_test(test_attn_coopmat),
+        cmocka_unit_test(test_attn_coopmat_gpu_tiles),
     };
     return cmocka_run_group_tests(tests, vt_gpu_setup, vt_gpu_teardown);
 }

@@ -2,6 +2,8 @@
  * validation counter itself, and the add kernel against its reference. */
 #include "support/vt.h"
 
+#include "engine/ops_matmul.h"
+
 #include <stdlib.h>
 #include <string.h>
 
@@ -155,6 +157,57 @@ static void test_dispatch_checks(void **state)
     vt_assert_clean(g);
 }
 
+/* The cooperative-matrix path chosen at open from vki_device_params.coopmat: AUTO takes the NV
+ * shape the device offers (F16 x F16 -> F32) or none, OFF none, EMULATED the emulation (on a
+ * device with shaderFloat16 and shuffles), anything else is refused; vkd_coopmat_select switches
+ * later. Each device opens with the validation layer: enabling the NV extension must be clean. */
+static void test_coopmat_modes(void **state)
+{
+    vt_gpu *g = vt_gpu_get(state);
+    const vki_device_info *in = &g->dev->info;
+    if (in->coopmat_pick.m) {
+        assert_true(in->coopmat_nv);
+        assert_true(in->coopmat_pick.a_type == 0 && in->coopmat_pick.b_type == 0 && in->coopmat_pick.c_type == 1 &&
+                    in->coopmat_pick.result_type == 1 && in->coopmat_pick.scope == 3);
+    }
+    assert_int_equal(g->dev->nv_coopmat, in->coopmat_pick.m != 0); /* the harness opens with AUTO */
+    assert_int_equal(g->dev->cm.kind, VKD_CM_NONE);                 /* then selects OFF */
+    assert_int_equal(vkd_coopmat_select(g->dev, VKI_COOPMAT_AUTO), VKI_OK);
+    assert_int_equal(g->dev->cm.kind, in->coopmat_pick.m ? VKD_CM_NV : VKD_CM_NONE);
+    assert_int_equal(vkd_coopmat_select(g->dev, VKI_COOPMAT_OFF), VKI_OK);
+    const vki_coopmat_mode modes[] = {VKI_COOPMAT_OFF, VKI_COOPMAT_EMULATED, (vki_coopmat_mode)7};
+    for (size_t i = 0; i < sizeof modes / sizeof modes[0]; i++) {
+        vki_device_params p = vki_device_default_params();
+        p.validation = true;
+        p.log_level = VKI_LOG_ERROR;
+        p.coopmat = modes[i];
+        p.gemv_max_m = 48;
+        vkd_device *d = NULL;
+        vki_status st = vkd_open(&p, &d);
+        if (modes[i] == VKI_COOPMAT_OFF) {
+            assert_int_equal(st, VKI_OK);
+            assert_int_equal(d->cm.kind, VKD_CM_NONE);
+            assert_false(d->nv_coopmat);
+            assert_int_equal(op_matmul_gemv_max_m(d), 48); /* the param overrides the table */
+        } else if (modes[i] == VKI_COOPMAT_EMULATED) {
+            if (st == VKI_ERR_UNSUPPORTED) /* no shaderFloat16 or shuffles: said so in the log */
+                continue;
+            assert_int_equal(st, VKI_OK);
+            assert_int_equal(d->cm.kind, VKD_CM_EMULATED);
+            assert_true(d->cm.n % d->cm.sg == 0 && d->cm.m == 16 && d->cm.k == 16);
+            assert_int_equal(vkd_coopmat_select(d, VKI_COOPMAT_OFF), VKI_OK);
+            assert_int_equal(d->cm.kind, VKD_CM_NONE);
+        } else {
+            assert_int_equal(st, VKI_ERR_INVALID_ARG);
+            assert_null(d);
+            continue;
+        }
+        assert_int_equal(atomic_load(&d->n_validation_errors) + atomic_load(&d->n_validation_warnings), 0);
+        vkd_close(d);
+    }
+    vt_assert_clean(g);
+}
+
 /* The messenger really counts: an invalid call is seen (then the counters are reset so the
  * suite's teardown check still guards everything else). */
 static void test_validation_counter_works(void **state)
@@ -181,6 +234,7 @@ int main(void)
         cmocka_unit_test(test_oom_is_a_status),
         cmocka_unit_test(test_add_kernel),
         cmocka_unit_test(test_dispatch_checks),
+        cmocka_unit_test(test_coopmat_modes),
         cmocka_unit_test(test_validation_counter_works),
     };
     return cmocka_run_group_tests(tests, vt_gpu_setup, vt_gpu_teardown);

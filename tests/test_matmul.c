@@ -14,6 +14,19 @@
 
 #define NAN_BITS 0x7fc00000u
 
+/* Cooperative-matrix GEMM (F16 operands, F32 accumulation), NMSE per case:
+ *  - against a reference that rounds X and W to F16 too (only the order of the F32 additions
+ *    differs): emulated <= CM_EMU_TOL; tensor cores <= CM_NV_TOL (not measured: no NVIDIA device
+ *    was available; their internal accumulation may be coarser than F32 adds);
+ *  - against the exact reference <= CM_TOL on cases of >= CM_TOL_MIN outputs (over fewer, one
+ *    dot product whose terms cancel can have a relative error far above the typical one). */
+#define CM_EMU_TOL 1e-10 /* measured on lavapipe: <= 4.6e-12 (K-quants: the device may round a
+                          * dequantised weight to the other neighbouring F16, rarely) */
+#define CM_NV_TOL 1e-9
+#define CM_TOL 1e-6      /* measured on lavapipe (emulated): <= 1.7e-7 */
+#define CM_TOL_MIN 256
+static double worst_cm[2]; /* worst NMSE seen: against the exact / the F16-rounded reference */
+
 static const uint32_t all_types[] = {VKI_GGML_F32, VKI_GGML_F16, VKI_GGML_Q8_0,
                                      VKI_GGML_Q4_0, VKI_GGML_Q4_K, VKI_GGML_Q6_K};
 
@@ -93,16 +106,31 @@ typedef struct mm_case {
     op_mm_path path;
 } mm_case;
 
-static void reference(const mm_case *s, const float *x, uint32_t xs, const float *w, const float *bias, float *ref)
+static float round16(float v) { return quant_f16_to_f32(quant_f32_to_f16(v)); }
+
+/* f16: both operands rounded to F16 first, as the cooperative-matrix kernels stage them. */
+static void reference(const mm_case *s, const float *x, uint32_t xs, const float *w, const float *bias, bool f16,
+                      float *ref)
 {
     for (uint32_t m = 0; m < s->M; m++)
         for (uint32_t n = 0; n < s->N; n++) {
             double acc = bias ? bias[n] : 0.0;
             const float *xr = x + (size_t)m * xs, *wr = w + (size_t)n * s->K;
             for (uint32_t k = 0; k < s->K; k++)
-                acc += (double)xr[k] * wr[k];
+                acc += f16 ? (double)round16(xr[k]) * round16(wr[k]) : (double)xr[k] * wr[k];
             ref[(size_t)m * s->N + n] = (float)acc;
         }
+}
+
+/* The kernel op_matmul_path runs for this case, as a label. */
+static const char *path_name(const vkd_device *d, const mm_case *s)
+{
+    op_mm_path p = s->path;
+    if (p == OP_MM_AUTO)
+        p = s->M <= op_matmul_gemv_max_m(d) ? OP_MM_GEMV : d->cm.kind != VKD_CM_NONE ? OP_MM_COOPMAT : OP_MM_GEMM;
+    if (p == OP_MM_COOPMAT)
+        return d->cm.kind == VKD_CM_NV ? "coopmat" : "coopmat-emulated";
+    return p == OP_MM_GEMV ? "gemv" : "gemm";
 }
 
 static void run_case(vt_gpu *g, vt_rng *r, uint32_t type, const mm_case *s)
@@ -137,17 +165,29 @@ static void run_case(vt_gpu *g, vt_rng *r, uint32_t type, const mm_case *s)
 
     float *y = malloc((size_t)M * ys * 4), *got = malloc((size_t)M * N * 4), *ref = malloc((size_t)M * N * 4);
     vt_download(g, by, y, (size_t)M * ys * 4);
-    reference(s, x, xs, wref, bias, ref);
+    reference(s, x, xs, wref, bias, false, ref);
     for (uint32_t m = 0; m < M; m++) {
         memcpy(got + (size_t)m * N, y + (size_t)m * ys, N * 4);
         for (uint32_t n = N; n < ys; n++)
             assert_memory_equal(&y[(size_t)m * ys + n], &nan, 4);
     }
     char label[160];
-    snprintf(label, sizeof label, "%s %s M=%u N=%u K=%u xs=%u ys=%u off=%u bias=%d parts=%u",
-             quant_get(type)->name, s->path == OP_MM_GEMV ? "gemv" : s->path == OP_MM_GEMM ? "gemm" : "auto",
-             M, N, K, xs, ys, s->x_off, s->bias, t.n_parts);
-    vt_assert_nmse(got, ref, (size_t)M * N, is_float_type(type) ? 1e-10 : 1e-8, label);
+    const char *path = path_name(g->dev, s);
+    snprintf(label, sizeof label, "%s %s M=%u N=%u K=%u xs=%u ys=%u off=%u bias=%d parts=%u", quant_get(type)->name,
+             path, M, N, K, xs, ys, s->x_off, s->bias, t.n_parts);
+    if (!strncmp(path, "coopmat", 7)) {
+        double e = vt_nmse(got, ref, (size_t)M * N);
+        if ((size_t)M * N >= CM_TOL_MIN) {
+            worst_cm[0] = e > worst_cm[0] ? e : worst_cm[0];
+            vt_assert_nmse(got, ref, (size_t)M * N, CM_TOL, label);
+        }
+        reference(s, x, xs, wref, bias, true, ref);
+        e = vt_nmse(got, ref, (size_t)M * N);
+        worst_cm[1] = e > worst_cm[1] ? e : worst_cm[1];
+        vt_assert_nmse(got, ref, (size_t)M * N, g->dev->cm.kind == VKD_CM_EMULATED ? CM_EMU_TOL : CM_NV_TOL, label);
+    } else {
+        vt_assert_nmse(got, ref, (size_t)M * N, is_float_type(type) ? 1e-10 : 1e-8, label);
+    }
 
     vk_tensor_destroy(g->dev, &t);
     vkd_buffer_destroy(g->dev, bx);
@@ -185,7 +225,7 @@ static void random_case(vt_rng *r, mm_case *s, uint32_t type, uint32_t i)
     s->parts = vt_range(r, 0, 4) == 0 ? 3 : 1;
 }
 
-/* Matrix-vector path: M <= OP_MATVEC_MAX_M through op_matmul's own choice (one pass over the
+/* Matrix-vector path: M up to the crossover through op_matmul's own choice (one pass over the
  * weights per 8 rows), and larger M forced. */
 static void run_gemv(void **state, uint32_t type)
 {
@@ -203,13 +243,13 @@ static void run_gemv(void **state, uint32_t type)
             s.N = 9;
             s.K = big_k(type);
         }
-        s.path = s.M <= OP_MATVEC_MAX_M ? OP_MM_AUTO : OP_MM_GEMV;
+        s.path = s.M <= op_matmul_gemv_max_m(g->dev) ? OP_MM_AUTO : OP_MM_GEMV;
         run_case(g, &r, type, &s);
     }
     vt_assert_clean(g);
 }
 
-/* Tiled path: M > OP_MATVEC_MAX_M through op_matmul's choice, and small M forced. Sizes
+/* Tiled FP32 path: M above the crossover through op_matmul's choice, and small M forced. Sizes
  * straddle the 64 and 128 tiles. */
 static void run_gemm(void **state, uint32_t type)
 {
@@ -227,21 +267,100 @@ static void run_gemm(void **state, uint32_t type)
             s.N = 9;
             s.K = big_k(type);
         }
-        s.path = s.M > OP_MATVEC_MAX_M ? OP_MM_AUTO : OP_MM_GEMM;
+        /* AUTO takes this kernel above the crossover unless the device has a coopmat path */
+        bool auto_fp32 = s.M > op_matmul_gemv_max_m(g->dev) && g->dev->cm.kind == VKD_CM_NONE;
+        s.path = auto_fp32 ? OP_MM_AUTO : OP_MM_GEMM;
         run_case(g, &r, type, &s);
     }
     vt_assert_clean(g);
 }
 
+
+/* Cooperative-matrix GEMM on the emulated path (every device with shaderFloat16 and subgroup
+ * shuffles: lavapipe) and, where the device has one, on the real VK_NV_cooperative_matrix path,
+ * against both references (see CM_TOL). Sizes straddle the tiles (64 on CPU devices, 128 on
+ * GPUs) and the fragments (16); float K tails 1..33; the largest M goes through OP_MM_AUTO. */
+static void run_coopmat_cases(vt_gpu *g, vt_rng *r, uint32_t type)
+{
+    static const uint32_t Ms[] = {1, 7, 16, 17, 64, 65, 100, 129, 33};
+    static const uint32_t Ns[] = {1, 65, 7, 64, 33, 127, 17, 129, 48};
+    for (uint32_t i = 0; i < 11; i++) {
+        mm_case s = {0};
+        random_case(r, &s, type, i);
+        s.M = i < 9 ? Ms[i] : vt_range(r, 1, 140);
+        s.N = i < 9 ? Ns[i] : vt_range(r, 1, 140);
+        s.path = OP_MM_COOPMAT;
+        if (i == 10) {
+            s.M = op_matmul_gemv_max_m(g->dev) + vt_range(r, 1, 40);
+            s.path = OP_MM_AUTO;
+        }
+        run_case(g, r, type, &s);
+    }
+}
+
+static void run_coopmat(void **state, uint32_t type)
+{
+    vt_gpu *g = vt_gpu_get(state);
+    vt_rng r = vt_rng_seeded("coopmat");
+    vkd_cm saved = g->dev->cm;
+    worst_cm[0] = worst_cm[1] = 0;
+    for (int real = 0; real < 2; real++) {
+        if (real && !g->dev->nv_coopmat) {
+            fprintf(stderr, "  %s: no VK_NV_cooperative_matrix on this device: only the emulated path ran\n",
+                    quant_get(type)->name);
+            continue;
+        }
+        if (vkd_coopmat_select(g->dev, real ? VKI_COOPMAT_AUTO : VKI_COOPMAT_EMULATED) != VKI_OK) {
+            g->dev->cm = saved;
+            skip();
+        }
+        run_coopmat_cases(g, &r, type);
+    }
+    g->dev->cm = saved;
+    fprintf(stderr, "  %s coopmat: worst NMSE %.2e vs exact (bound %.0e from %d outputs), %.2e vs F16-rounded\n",
+            quant_get(type)->name, worst_cm[0], CM_TOL, CM_TOL_MIN, worst_cm[1]);
+    vt_assert_clean(g);
+}
+
 #define TYPE_TESTS(T, t)                                                                          \
     static void test_gemv_##t(void **state) { run_gemv(state, VKI_GGML_##T); }                    \
-    static void test_gemm_##t(void **state) { run_gemm(state, VKI_GGML_##T); }
+    static void test_gemm_##t(void **state) { run_gemm(state, VKI_GGML_##T); }                    \
+    static void test_coopmat_##t(void **state) { run_coopmat(state, VKI_GGML_##T); }
 TYPE_TESTS(F32, f32)
 TYPE_TESTS(F16, f16)
 TYPE_TESTS(Q8_0, q8_0)
 TYPE_TESTS(Q4_0, q4_0)
 TYPE_TESTS(Q4_K, q4_k)
 TYPE_TESTS(Q6_K, q6_k)
+
+/* The GPU tile configurations (128 x 128 tiles over 8 subgroups of 64 x 32; 64 x 128 up to 64
+ * rows) and NVIDIA's other fragment shape (16 x 8 x 16), through the emulation: the tiling code
+ * the tensor-core path runs, checked on any device (a float type with a K tail, then a K-quant;
+ * the staging of every type is run_coopmat's). */
+static void test_coopmat_gpu_configs(void **state)
+{
+    vt_gpu *g = vt_gpu_get(state);
+    vt_rng r = vt_rng_seeded("coopmat gpu configs");
+    vki_device_info saved = g->dev->info;
+    vkd_cm saved_cm = g->dev->cm;
+    if (vkd_coopmat_select(g->dev, VKI_COOPMAT_EMULATED) != VKI_OK)
+        skip();
+    g->dev->info.type = VKI_DEVICE_DISCRETE;
+    g->dev->info.max_compute_shared_memory = 48 * 1024;
+    /* one type per fragment shape: each pipeline costs seconds to compile on lavapipe */
+    const uint32_t ns[2] = {16, 8}, types[2] = {VKI_GGML_F32, VKI_GGML_Q4_K};
+    for (int shape = 0; shape < 2; shape++) {
+        g->dev->cm.n = ns[shape] % g->dev->cm.sg ? g->dev->cm.n : ns[shape];
+        uint32_t type = types[shape], K = is_float_type(type) ? 77 : 2 * block_of(type);
+        mm_case a = {.M = 129, .N = 130, .K = K, .y_pad = 2, .bias = true, .path = OP_MM_COOPMAT}; /* 128-row tiles */
+        mm_case b = {.M = 31, .N = 7, .K = K, .x_pad = 1, .parts = 2, .path = OP_MM_COOPMAT};      /* 64-row tiles */
+        run_case(g, &r, type, &a);
+        run_case(g, &r, type, &b);
+    }
+    g->dev->info = saved;
+    g->dev->cm = saved_cm;
+    vt_assert_clean(g);
+}
 
 /* Every pipeline variant exists up front (what the engine does at open). */
 static void test_prepare(void **state)
@@ -262,7 +381,7 @@ static void test_boundary_parts_bias(void **state)
     vt_gpu *g = vt_gpu_get(state);
     vt_rng r = vt_rng_seeded("boundary");
     for (size_t i = 0; i < sizeof all_types / sizeof all_types[0]; i++)
-        for (uint32_t M = OP_MATVEC_MAX_M; M <= OP_MATVEC_MAX_M + 1; M++) {
+        for (uint32_t M = op_matmul_gemv_max_m(g->dev); M <= op_matmul_gemv_max_m(g->dev) + 1; M++) {
             uint32_t K = is_float_type(all_types[i]) ? 37 : block_of(all_types[i]) * 3;
             mm_case s = {.M = M, .N = 67, .K = K, .x_pad = 3, .y_pad = 1, .bias = true, .parts = 4};
             run_case(g, &r, all_types[i], &s);
@@ -359,6 +478,10 @@ int main(void)
         cmocka_unit_test(test_gemv_q4_0), cmocka_unit_test(test_gemm_q4_0),
         cmocka_unit_test(test_gemv_q4_k), cmocka_unit_test(test_gemm_q4_k),
         cmocka_unit_test(test_gemv_q6_k), cmocka_unit_test(test_gemm_q6_k),
+        cmocka_unit_test(test_coopmat_f32), cmocka_unit_test(test_coopmat_f16),
+        cmocka_unit_test(test_coopmat_q8_0), cmocka_unit_test(test_coopmat_q4_0),
+        cmocka_unit_test(test_coopmat_q4_k), cmocka_unit_test(test_coopmat_q6_k),
+        cmocka_unit_test(test_coopmat_gpu_configs),
         cmocka_unit_test(test_boundary_parts_bias),
         cmocka_unit_test(test_gpu_configs),
         cmocka_unit_test(test_dispatch_split),

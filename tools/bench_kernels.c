@@ -147,6 +147,54 @@ static vki_status matmul_record(bench_run *r, vkd_cmd *c)
     return op_matmul_path(c, &r->w, NULL, vkd_whole(r->buf[0]), r->K, vkd_whole(r->buf[1]), r->N, r->M, OP_MM_GEMM);
 }
 
+/* The cooperative-matrix GEMM of the device's path (tensor cores, or the emulation with
+ * --coopmat emulate); "unsupported" on devices with neither. */
+static vki_status matmul_cm_record(bench_run *r, vkd_cmd *c)
+{
+    return op_matmul_path(c, &r->w, NULL, vkd_whole(r->buf[0]), r->K, vkd_whole(r->buf[1]), r->N, r->M, OP_MM_COOPMAT);
+}
+
+/* cm_peak (shaders/cm_peak.comp): M workgroups of 4 subgroups, N multiply-adds per accumulator,
+ * K accumulators per subgroup. buf: 0 the A/B values, 1 the accumulators' destination. */
+#define PEAK_SUBGROUPS 4u
+
+static vki_status cm_peak_spec(const bench_run *r, uint32_t spec[6])
+{
+    const vkd_cm *cm = &r->d->cm;
+    if (cm->kind == VKD_CM_NONE || PEAK_SUBGROUPS * cm->sg > r->d->info.max_workgroup_invocations)
+        return VKI_ERR_UNSUPPORTED;
+    const uint32_t v[6] = {PEAK_SUBGROUPS * cm->sg, r->K, cm->m, cm->n, cm->k, cm->sg};
+    memcpy(spec, v, sizeof v);
+    return VKI_OK;
+}
+
+static vki_status cm_peak_setup(bench_run *r)
+{
+    uint32_t spec[6];
+    vki_status st = cm_peak_spec(r, spec);
+    const vkd_cm *cm = &r->d->cm;
+    if (st == VKI_OK)
+        st = make_floats(r, (size_t)cm->m * cm->k + (size_t)cm->k * cm->n, "bench cm src", &r->buf[0]);
+    if (st == VKI_OK)
+        st = vkd_buffer_create(r->d, 4ull * r->M * PEAK_SUBGROUPS * r->K * cm->m * cm->n, VKD_MEM_DEVICE,
+                               "bench cm dst", &r->buf[1]);
+    r->bytes = 0;
+    r->flops = 2.0 * cm->m * cm->n * cm->k * r->K * (double)r->N * PEAK_SUBGROUPS * r->M;
+    return st;
+}
+
+static vki_status cm_peak_record(bench_run *r, vkd_cmd *c)
+{
+    uint32_t spec[6];
+    vki_status st = cm_peak_spec(r, spec);
+    vki_pc_cm_peak pc = {.n_iter = r->N};
+    vkd_view b[2] = {vkd_whole(r->buf[0]), vkd_whole(r->buf[1])};
+    if (st == VKI_OK)
+        st = vkk_dispatch(c, r->d->cm.kind == VKD_CM_NV ? VKK_CM_PEAK : VKK_CM_PEAK_EMU, spec, b, 2, &pc, sizeof pc,
+                          r->M, 1, 1);
+    return st;
+}
+
 /* y[M, K] = W[ids[M], :], a table of N rows. buf: 0 ids, 1 y. */
 static vki_status get_rows_setup(bench_run *r)
 {
@@ -460,6 +508,14 @@ static const bench_kernel benches[] = {
      .full = {{512, 4096, 4096}, {512, 14336, 4096}, {64, 4096, 4096}},
      .small = {{128, 512, 512}, {32, 512, 512}},
      mm_setup, matmul_record},
+    {"matmul_cm", "M activation rows, N weight rows, K; cooperative matrices (F16 operands)", WEIGHT_TYPES,
+     .full = {{512, 4096, 4096}, {512, 14336, 4096}, {2048, 4096, 4096}, {64, 4096, 4096}},
+     .small = {{128, 512, 512}, {32, 512, 512}},
+     mm_setup, matmul_cm_record},
+    {"cm_peak", "M workgroups of 4 subgroups, N multiply-adds, K accumulators per subgroup",
+     .types = {VKI_GGML_F16}, .n_types = 1,
+     .full = {{1056, 4096, 4}, {1056, 4096, 8}, {2112, 4096, 8}}, .small = {{4, 64, 4}},
+     cm_peak_setup, cm_peak_record},
     {"get_rows", "M ids, N table rows, K", WEIGHT_TYPES,
      .full = {{512, 32000, 4096}, {1, 32000, 4096}},
      .small = {{128, 8000, 1024}, {1, 8000, 1024}},
@@ -496,6 +552,7 @@ static const bench_kernel benches[] = {
 
 typedef struct bench_opts {
     int iters, warmup, reps;
+    bool fastest;      /* report the fastest batch rather than the median (less load noise) */
 } bench_opts;
 
 static double now_s(void)
@@ -526,7 +583,7 @@ static vki_status record_batch(const bench_kernel *b, bench_run *r, vkd_cmd *c, 
     return st != VKI_OK ? st : st2;
 }
 
-/* Median over reps of the per-call time of a batch, in seconds. */
+/* Median (or the minimum, o->fastest) over reps of the per-call time of a batch, in seconds. */
 static vki_status time_run(const bench_kernel *b, bench_run *r, vkd_cmd *c, VkQueryPool qp,
                            const bench_opts *o, double *per_call)
 {
@@ -549,7 +606,7 @@ static vki_status time_run(const bench_kernel *b, bench_run *r, vkd_cmd *c, VkQu
             t[j] = t[j - 1];
             t[j - 1] = x;
         }
-    *per_call = t[reps / 2];
+    *per_call = t[o->fastest ? 0 : reps / 2];
     return st;
 }
 
@@ -573,11 +630,13 @@ static void bench_one(const bench_kernel *b, vkd_device *d, vkd_cmd *c, VkQueryP
     if (st != VKI_OK) {
         printf("%-10s %-5s %6u %6u %6u   %s\n", b->name, tname, s.M, s.N, s.K, vki_status_str(st));
     } else {
-        char gf[32] = "-";
-        if (r.flops > 0)
+        char gf[32] = "-", tf[32] = "-";
+        if (r.flops > 0) {
             snprintf(gf, sizeof gf, "%.1f", r.flops / per_call * 1e-9);
-        printf("%-10s %-5s %6u %6u %6u %11.1f %9.1f %9s\n", b->name, tname, s.M, s.N, s.K, per_call * 1e6,
-               r.bytes / per_call * 1e-9, gf);
+            snprintf(tf, sizeof tf, "%.3f", r.flops / per_call * 1e-12);
+        }
+        printf("%-10s %-5s %6u %6u %6u %11.1f %9.1f %9s %8s\n", b->name, tname, s.M, s.N, s.K, per_call * 1e6,
+               r.bytes / per_call * 1e-9, gf, tf);
     }
     fflush(stdout);
     run_release(&r);
@@ -597,6 +656,9 @@ static void usage(FILE *f)
                "  -n, --iters N       calls per timed batch (default 20)\n"
                "  -w, --warmup N      calls in the warm-up batch (default 3)\n"
                "  -r, --reps N        timed batches; the median is printed (default 3)\n"
+               "      --coopmat MODE  auto (tensor cores where the device has them), off, emulate\n"
+               "      --crossover     per type: GEMV vs the device's GEMM for M = 8, 16, ... at the\n"
+               "                      first shape's N x K; prints gemv_max_m (vki_device_params)\n"
                "kernels:\n");
     for (size_t i = 0; i < N_BENCHES; i++)
         fprintf(f, "  %-10s %s\n", benches[i].name, benches[i].dims);
@@ -617,6 +679,7 @@ typedef struct bench_cli {
     const char *kernels, *types;       /* comma lists; NULL = all */
     bench_shape shapes[MAX_SHAPES];
     int n_shapes, size_pref;           /* size_pref: -1 auto, 0 small, 1 full */
+    bool crossover;
     bench_opts o;
     vki_device_params dp;
 } bench_cli;
@@ -627,7 +690,8 @@ static int parse_args(int argc, char **argv, bench_cli *cl)
     static const struct option lo[] = {
         {"kernel", 1, 0, 'k'}, {"type", 1, 0, 't'}, {"shape", 1, 0, 's'}, {"device", 1, 0, 'd'},
         {"iters", 1, 0, 'n'},  {"warmup", 1, 0, 'w'}, {"reps", 1, 0, 'r'}, {"small", 0, 0, 'S'},
-        {"full", 0, 0, 'F'},   {"help", 0, 0, 'h'},  {0, 0, 0, 0}};
+        {"full", 0, 0, 'F'},   {"help", 0, 0, 'h'},  {"coopmat", 1, 0, 'C'}, {"crossover", 0, 0, 'X'},
+        {0, 0, 0, 0}};
     for (int ch; (ch = getopt_long(argc, argv, "k:t:s:d:n:w:r:h", lo, NULL)) != -1;) {
         bench_shape *sh = &cl->shapes[cl->n_shapes < MAX_SHAPES ? cl->n_shapes : 0];
         switch (ch) {
@@ -652,6 +716,15 @@ static int parse_args(int argc, char **argv, bench_cli *cl)
         case 'r': cl->o.reps = atoi(optarg); break;
         case 'S': cl->size_pref = 0; break;
         case 'F': cl->size_pref = 1; break;
+        case 'X': cl->crossover = true; break;
+        case 'C':
+            if (!strcmp(optarg, "auto") || !strcmp(optarg, "off") || !strcmp(optarg, "emulate")) {
+                cl->dp.coopmat = optarg[0] == 'a' ? VKI_COOPMAT_AUTO : optarg[0] == 'o' ? VKI_COOPMAT_OFF
+                                                                                     : VKI_COOPMAT_EMULATED;
+                break;
+            }
+            fprintf(stderr, "--coopmat: auto, off or emulate\n");
+            return 2;
         case 'h': usage(stdout); return 1;
         default: usage(stderr); return 2;
         }
@@ -661,6 +734,58 @@ static int parse_args(int argc, char **argv, bench_cli *cl)
         return 2;
     }
     return 0;
+}
+
+static void print_cm_path(const vkd_device *d)
+{
+    const vkd_cm *cm = &d->cm;
+    if (cm->kind == VKD_CM_NONE)
+        printf("matmul path: FP32 GEMM (no cooperative matrices); gemv_max_m %u\n", op_matmul_gemv_max_m(d));
+    else
+        printf("matmul path: %s cooperative matrices %ux%ux%u over %u lanes; gemv_max_m %u\n",
+               cm->kind == VKD_CM_NV ? "VK_NV" : "emulated", cm->m, cm->n, cm->k, cm->sg, op_matmul_gemv_max_m(d));
+}
+
+/* GEMV against the device's GEMM (OP_MM_AUTO's choice above the crossover) for M = 8, 16, ...
+ * at one N x K per type (fastest of the timed batches): prints both times and the largest M
+ * (a multiple of 8, the GEMV's pass size) before the GEMM is faster, the value for
+ * vki_device_params.gemv_max_m and ops_matmul.c's table. */
+static void crossover_all(const bench_cli *cl, vkd_device *d, vkd_cmd *c, VkQueryPool qp, bool small)
+{
+    const uint32_t max_m = small ? 128 : 256;
+    bench_shape sh = cl->n_shapes ? cl->shapes[0] : small ? (bench_shape){0, 1024, 1024} : (bench_shape){0, 4096, 4096};
+    const bench_kernel gemv = {.record = matvec_record};
+    const bench_kernel gemm = {.record = d->cm.kind != VKD_CM_NONE ? matmul_cm_record : matmul_record};
+    bench_opts o = cl->o;
+    o.fastest = true; /* a loaded machine slows some batches; the fastest is the kernel's own time */
+    static const uint32_t types[] = {VKI_GGML_F32, VKI_GGML_F16, VKI_GGML_Q8_0, VKI_GGML_Q4_0, VKI_GGML_Q4_K,
+                                     VKI_GGML_Q6_K};
+    printf("%-5s %6s %6s %6s %11s %11s\n", "type", "M", "N", "K", "gemv us", "gemm us");
+    for (size_t t = 0; t < sizeof types / sizeof types[0]; t++) {
+        if (!in_list(cl->types ? cl->types : "f16,q4_k", quant_get(types[t])->name))
+            continue;
+        bench_run r = {.d = d, .type = types[t], .M = max_m, .N = sh.N, .K = sh.K, .rng = 0x5eed};
+        vki_status st = mm_setup(&r);
+        uint32_t cross = 0;
+        bool gemm_won = false;
+        for (uint32_t m = 8; st == VKI_OK && m <= max_m && !gemm_won; m += 8) {
+            double tv = 0, tg = 0;
+            r.M = m;
+            st = time_run(&gemv, &r, c, qp, &o, &tv);
+            if (st == VKI_OK)
+                st = time_run(&gemm, &r, c, qp, &o, &tg);
+            printf("%-5s %6u %6u %6u %11.1f %11.1f\n", quant_get(types[t])->name, m, sh.N, sh.K, tv * 1e6, tg * 1e6);
+            gemm_won = st == VKI_OK && tg < tv;
+            cross = gemm_won ? m - 8 : m;
+        }
+        if (st != VKI_OK)
+            printf("crossover %s: %s\n", quant_get(types[t])->name, vki_status_str(st));
+        else
+            printf("crossover %s N=%u K=%u: gemv_max_m = %u%s\n", quant_get(types[t])->name, sh.N, sh.K, cross,
+                   gemm_won ? "" : " (the GEMM never won up to here)");
+        fflush(stdout);
+        run_release(&r);
+    }
 }
 
 /* Every selected (kernel, type, shape), one table row each. */
@@ -711,11 +836,17 @@ int main(int argc, char **argv)
         vkd_close(d);
         return 1;
     }
-    printf("device: %s (%s); %s shapes; %d calls per batch, median of %d batches; timer: %s\n", d->info.name,
-           d->info.driver_info, cl.n_shapes ? "given" : small ? "small" : "full", cl.o.iters, cl.o.reps,
-           qp ? "GPU timestamps" : "host clock");
-    printf("%-10s %-5s %6s %6s %6s %11s %9s %9s\n", "kernel", "type", "M", "N", "K", "us/call", "GB/s", "GFLOP/s");
-    run_all(&cl, d, &c, qp, small);
+    printf("device: %s (%s); %s shapes; %d calls per batch, %s of %d batches; timer: %s\n", d->info.name,
+           d->info.driver_info, cl.n_shapes ? "given" : small ? "small" : "full", cl.o.iters,
+           cl.crossover ? "fastest" : "median", cl.o.reps, qp ? "GPU timestamps" : "host clock");
+    print_cm_path(d);
+    if (cl.crossover) {
+        crossover_all(&cl, d, &c, qp, small);
+    } else {
+        printf("%-10s %-5s %6s %6s %6s %11s %9s %9s %8s\n", "kernel", "type", "M", "N", "K", "us/call", "GB/s",
+               "GFLOP/s", "TFLOP/s");
+        run_all(&cl, d, &c, qp, small);
+    }
     if (qp)
         vkDestroyQueryPool(d->dev, qp, NULL);
     vkd_cmd_destroy(&c);

@@ -24,6 +24,36 @@ static void api_str(uint32_t v, char *buf, size_t n)
     snprintf(buf, n, "%u.%u.%u", (v >> 22) & 0x7f, (v >> 12) & 0x3ff, v & 0xfff);
 }
 
+static cJSON *shapes_json(const vki_coopmat_shape *shapes, uint32_t n)
+{
+    cJSON *cm = cJSON_CreateArray();
+    for (uint32_t i = 0; i < n; i++) {
+        const vki_coopmat_shape *s = &shapes[i];
+        cJSON *e = cJSON_CreateObject();
+        cJSON_AddNumberToObject(e, "m", s->m);
+        cJSON_AddNumberToObject(e, "n", s->n);
+        cJSON_AddNumberToObject(e, "k", s->k);
+        cJSON_AddNumberToObject(e, "a_type", s->a_type);
+        cJSON_AddNumberToObject(e, "b_type", s->b_type);
+        cJSON_AddNumberToObject(e, "c_type", s->c_type);
+        cJSON_AddNumberToObject(e, "result_type", s->result_type);
+        cJSON_AddBoolToObject(e, "saturating", s->saturating);
+        cJSON_AddNumberToObject(e, "scope", s->scope);
+        cJSON_AddItemToArray(cm, e);
+    }
+    return cm;
+}
+
+/* The kernels vkinfer runs prefill matmuls and attention with on this device (VKI_COOPMAT_AUTO). */
+static void matmul_path(const vki_device_info *d, char *buf, size_t n)
+{
+    if (d->coopmat_pick.m)
+        snprintf(buf, n, "tensor cores (VK_NV_cooperative_matrix %ux%ux%u, F16 operands, F32 accumulation)",
+                 d->coopmat_pick.m, d->coopmat_pick.n, d->coopmat_pick.k);
+    else
+        snprintf(buf, n, "FP32 (no F16 x F16 -> F32 VK_NV_cooperative_matrix shape)");
+}
+
 static cJSON *device_json(const vki_device_info *d)
 {
     char api[32];
@@ -50,21 +80,12 @@ static cJSON *device_json(const vki_device_info *d)
     cJSON_AddBoolToObject(f, "timestamps", d->timestamps);
     cJSON_AddNumberToObject(f, "timestamp_period_ns", d->timestamp_period_ns);
     cJSON_AddBoolToObject(f, "cooperative_matrix", d->coopmat);
-    cJSON *cm = cJSON_AddArrayToObject(f, "cooperative_matrix_shapes");
-    for (uint32_t i = 0; i < d->n_coopmat; i++) {
-        const vki_coopmat_shape *s = &d->coopmat_shapes[i];
-        cJSON *e = cJSON_CreateObject();
-        cJSON_AddNumberToObject(e, "m", s->m);
-        cJSON_AddNumberToObject(e, "n", s->n);
-        cJSON_AddNumberToObject(e, "k", s->k);
-        cJSON_AddNumberToObject(e, "a_type", s->a_type);
-        cJSON_AddNumberToObject(e, "b_type", s->b_type);
-        cJSON_AddNumberToObject(e, "c_type", s->c_type);
-        cJSON_AddNumberToObject(e, "result_type", s->result_type);
-        cJSON_AddBoolToObject(e, "saturating", s->saturating);
-        cJSON_AddNumberToObject(e, "scope", s->scope);
-        cJSON_AddItemToArray(cm, e);
-    }
+    cJSON_AddItemToObject(f, "cooperative_matrix_shapes", shapes_json(d->coopmat_shapes, d->n_coopmat));
+    cJSON_AddBoolToObject(f, "cooperative_matrix_nv", d->coopmat_nv);
+    cJSON_AddItemToObject(f, "cooperative_matrix_nv_shapes", shapes_json(d->coopmat_nv_shapes, d->n_coopmat_nv));
+    char path[160];
+    matmul_path(d, path, sizeof path);
+    cJSON_AddStringToObject(o, "matmul_path", path);
     cJSON *sg = cJSON_AddObjectToObject(o, "subgroup");
     cJSON_AddNumberToObject(sg, "size", d->subgroup_size);
     cJSON_AddNumberToObject(sg, "min_size", d->subgroup_min_size);
@@ -95,6 +116,14 @@ static cJSON *device_json(const vki_device_info *d)
     return o;
 }
 
+/* ": MxNxK(A,B,C,R), ..." with VkComponentTypeKHR numbers (0 = f16, 1 = f32). */
+static void print_shapes(const vki_coopmat_shape *s, uint32_t n)
+{
+    for (uint32_t i = 0; i < n; i++)
+        printf("%s%ux%ux%u(A%u,B%u,C%u,R%u)", i ? ", " : ": ", s[i].m, s[i].n, s[i].k, s[i].a_type, s[i].b_type,
+               s[i].c_type, s[i].result_type);
+}
+
 static void print_text(const vki_device_info *d)
 {
     char api[32];
@@ -115,11 +144,13 @@ static void print_text(const vki_device_info *d)
     for (int i = 0; i < 8; i++)
         if (d->subgroup_ops & (1u << i))
             printf(" %s", subgroup_op_names[i]);
-    printf("\n  cooperative matrix   %s", d->coopmat ? "yes" : "no");
-    for (uint32_t i = 0; i < d->n_coopmat; i++)
-        printf("%s%ux%ux%u(A%u,B%u,C%u,R%u)", i ? ", " : ": ", d->coopmat_shapes[i].m, d->coopmat_shapes[i].n,
-               d->coopmat_shapes[i].k, d->coopmat_shapes[i].a_type, d->coopmat_shapes[i].b_type,
-               d->coopmat_shapes[i].c_type, d->coopmat_shapes[i].result_type);
+    printf("\n  cooperative matrix   KHR %s", d->coopmat ? "yes" : "no");
+    print_shapes(d->coopmat_shapes, d->n_coopmat);
+    printf("\n                       NV %s", d->coopmat_nv ? "yes" : "no");
+    print_shapes(d->coopmat_nv_shapes, d->n_coopmat_nv);
+    char path[160];
+    matmul_path(d, path, sizeof path);
+    printf("\n  matmul path          %s", path);
     printf("\n  maxStorageBufferRange %llu MiB, maxMemoryAllocationSize %llu MiB, push constants %u B\n",
            (unsigned long long)(d->max_storage_buffer_range >> 20),
            (unsigned long long)(d->max_memory_allocation_size >> 20), d->max_push_constants_size);

@@ -49,6 +49,9 @@ int vt_gpu_setup(void **state)
         free(g);
         return -1;
     }
+    /* Suites check the FP32 kernels to FP32 precision on every device; the cooperative-matrix
+     * tests choose their path (real where the device has it, or emulated) themselves. */
+    vkd_coopmat_select(g->dev, VKI_COOPMAT_OFF);
     fprintf(stderr, "device: %s (%s)\n", g->dev->info.name, g->dev->info.driver_info);
     if (vkd_cmd_create(g->dev, "test cmd", &g->cmd) != VKI_OK) {
         vkd_close(g->dev);

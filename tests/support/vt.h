@@ -25,6 +25,9 @@ typedef struct vt_gpu {
     vkd_cmd cmd;
 } vt_gpu;
 
+/* The device runs the FP32 kernels (vkd_device.cm = NONE) unless a test selects a
+ * cooperative-matrix path with vkd_coopmat_select (VK_NV_cooperative_matrix is enabled at open
+ * where the device offers it). */
 int vt_gpu_setup(void **state);
 /* Keeps the Vulkan driver and validation layer loaded for the process's life so LeakSanitizer
  * can see their one-off allocations as reachable; suites that open engines through the public

@@ -1,0 +1,101 @@
+#version 450
+#extension GL_GOOGLE_include_directive : require
+#extension GL_EXT_shader_explicit_arithmetic_types_float16 : require
+#extension GL_KHR_shader_subgroup_basic : require
+#include "common.glsl"
+// Tiled matrix multiply on cooperative matrices (tensor cores): Y[m, n] = sum_k X[m, k] W[n, k]
+// (+ bias[n]), the same contract as matmul.comp. A workgroup computes a BM x BN tile of Y; per
+// BK step every invocation helps stage BM x BK of X (converted to F16) and BN x BK of W
+// (dequantised by dq_load4, then rounded to F16) into shared memory; then each subgroup
+// multiplies its WM x WN part with (WM / CM_M) x (WN / CM_N) F32 accumulator fragments. The
+// residual stream and Y stay F32; only the operands of the products are F16.
+//
+// Bound by: tensor-core throughput once tiles are big (per BK step a subgroup issues
+// (WM/CM_M)(WN/CM_N)(BK/CM_K) multiply-adds against WM + WN fragment loads from shared
+// memory), else by the dequantising stage, which is the portable kernel's. Weight bytes are
+// read ceil(M / BM) times. Shared rows are padded by 8 halves: 16-byte aligned starts for the
+// fragment loads, and consecutive rows off the 128-byte bank period.
+//
+// Edge tiles: X rows >= M and W rows >= N stage as zeros, K tails (F32/F16 only) as zeros;
+// each accumulator goes through a per-subgroup scratch to Y, where store_y drops the padding
+// (fragment layouts are opaque, so there is no per-element bounds check on the fragment).
+layout(local_size_x_id = 0) in;             // (BM / WM) * (BN / WN) subgroups
+layout(constant_id = 1) const uint BM = 128; // X rows per tile, multiple of WM
+layout(constant_id = 2) const uint BN = 128; // W rows per tile, multiple of WN
+layout(constant_id = 3) const uint BK = 32;  // k per step: multiple of CM_K and 4, divides 32
+layout(constant_id = 4) const uint WM = 64;  // rows per subgroup, multiple of CM_M
+layout(constant_id = 5) const uint WN = 32;  // columns per subgroup, multiple of CM_N
+#define CM_SPEC_ID 6
+#include "coopmat.glsl"
+
+#define DQ_BINDING 0
+#include "dequant.glsl" // binding 0: W, one part, N rows of w_stride bytes (the ggml type's blocks)
+#include "matmul_io.glsl" // push constants, X, bias, Y; load_x4, store_y
+
+const uint ST = BK + 8u;          // shared row stride in halves
+const uint WGN = BN / WN;         // subgroups along N
+const uint FM = WM / CM_M, FN = WN / CM_N;
+shared float16_t As[BM * ST];     // X tile, [m][k]
+shared float16_t Bs[BN * ST];     // W tile, dequantised, [n][k]
+shared float Cs[(BM / WM) * WGN * CM_M * CM_N]; // one accumulator fragment per subgroup
+
+// Stage X[m_tile.., k0..] and W[n_tile.., k0..] as F16 (zeros outside the matrix).
+void stage(uint m_tile, uint n_tile, uint k0)
+{
+    const uint K4 = BK / 4u;
+    for (uint i = gl_LocalInvocationID.x; i < BM * K4; i += gl_WorkGroupSize.x) {
+        const uint row = i / K4, k = 4u * (i % K4);
+        const vec4 v = m_tile + row < p.M ? load_x4(m_tile + row, k0 + k) : vec4(0.0);
+        [[unroll]] for (uint c = 0u; c < 4u; c++)
+            As[row * ST + k + c] = float16_t(v[c]);
+    }
+    for (uint i = gl_LocalInvocationID.x; i < BN * K4; i += gl_WorkGroupSize.x) {
+        const uint row = i / K4, k = 4u * (i % K4), n = n_tile + row;
+        const vec4 v = n < p.N ? dq_load4(dq_row_base(n, p.w_stride), k0 + k, p.K) : vec4(0.0);
+        [[unroll]] for (uint c = 0u; c < 4u; c++)
+            Bs[row * ST + k + c] = float16_t(v[c]);
+    }
+}
+
+void main()
+{
+    const uint n_tile = p.n0 + gl_WorkGroupID.x * BN, m_tile = gl_WorkGroupID.y * BM;
+    const uint sg = gl_SubgroupID, wm0 = (sg / WGN) * WM, wn0 = (sg % WGN) * WN;
+    // a subgroup whose whole part lies past M or N skips the products (uniform in the subgroup)
+    const bool busy = m_tile + wm0 < p.M && n_tile + wn0 < p.N;
+    CM_DECL_C(acc, FM * FN);
+    CM_UNROLL for (uint f = 0u; f < FM * FN; f++)
+        cm_fill_c(acc[f], 0.0);
+
+    for (uint k0 = 0u; k0 < p.K; k0 += BK) {
+        stage(m_tile, n_tile, k0);
+        barrier();
+        if (busy) {
+            CM_UNROLL for (uint kk = 0u; kk < BK; kk += CM_K) {
+                CM_DECL_A(a, FM);
+                CM_UNROLL for (uint i = 0u; i < FM; i++)
+                    cm_load_a(a[i], As, (wm0 + i * CM_M) * ST + kk, ST);
+                CM_UNROLL for (uint j = 0u; j < FN; j++) {
+                    CM_DECL_B(b);
+                    cm_load_bt(b, Bs, (wn0 + j * CM_N) * ST + kk, ST);
+                    CM_UNROLL for (uint i = 0u; i < FM; i++)
+                        cm_mul_add(acc[i * FN + j], a[i], b);
+                }
+            }
+        }
+        barrier();
+    }
+
+    if (!busy)
+        return;
+    const uint cs = sg * CM_M * CM_N;
+    CM_UNROLL for (uint f = 0u; f < FM * FN; f++) {
+        cm_store_c(acc[f], Cs, cs, CM_N);
+        subgroupMemoryBarrierShared();
+        subgroupBarrier();
+        const uint m0 = m_tile + wm0 + (f / FN) * CM_M, n0 = n_tile + wn0 + (f % FN) * CM_N;
+        for (uint e = gl_SubgroupInvocationID; e < CM_M * CM_N; e += gl_SubgroupSize)
+            store_y(m0 + e / CM_N, n0 + e % CM_N, Cs[cs + e]);
+        subgroupBarrier(); // Cs is rewritten by the next fragment
+    }
+}
