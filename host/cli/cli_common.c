@@ -262,7 +262,7 @@ static void warmup(vki_engine *e, bool progress)
             }
             pthread_cond_timedwait(&w.cv, &w.mu, &ts);
             if (progress && cli_now_s() - t0 > 1.0) {
-                fprintf(stderr, "\rvkinfer: compiling kernels (first run only) %u/%u ", ph, n_phases);
+                fprintf(stderr, "\rvkinfer: compiling kernels (first run only) %u/%u ", ph + 1, n_phases);
                 shown = true;
             }
         }
