@@ -162,13 +162,15 @@ static vki_status create_kv(vk_engine *e)
     return VKI_OK;
 }
 
-/* Adds t to the set types[0..*n) (at most 8 distinct weight types exist). */
+/* Adds t to the set types[0..*n) of at most VK_MAX_WEIGHT_TYPES (the types ops_matmul runs,
+ * so every distinct type fits). */
+#define VK_MAX_WEIGHT_TYPES 16
 static void add_type(uint32_t *types, uint32_t *n, uint32_t t)
 {
     for (uint32_t j = 0; j < *n; j++)
         if (types[j] == t)
             return;
-    if (*n < 8)
+    if (*n < VK_MAX_WEIGHT_TYPES)
         types[(*n)++] = t;
 }
 
@@ -176,7 +178,7 @@ static vki_status prepare_pipelines(vk_engine *e)
 {
     vki_status st = op_basic_prepare(e->dev);
     const vk_model *m = &e->model;
-    uint32_t types[8], n = 0;
+    uint32_t types[VK_MAX_WEIGHT_TYPES], n = 0;
     add_type(types, &n, VKI_GGML_F32); /* activation gathers */
     add_type(types, &n, m->tok_embd.type);
     add_type(types, &n, vk_model_lm_head(m)->type);
@@ -190,7 +192,7 @@ static vki_status prepare_pipelines(vk_engine *e)
     for (uint32_t i = 0; st == VKI_OK && i < n; i++) {
         if (!op_matmul_supported(e->dev, types[i])) {
             vkd_log(e->dev, VKI_LOG_ERROR, "this device cannot run %s weights (needs 16-bit storage)",
-                    quant_get(types[i]) ? quant_get(types[i])->name : "?");
+                    quant_type_name(types[i]));
             return VKI_ERR_UNSUPPORTED;
         }
         st = op_matmul_prepare(e->dev, types[i]);

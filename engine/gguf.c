@@ -80,16 +80,6 @@ static const char *gguf_printable(gguf_str s, char *buf, size_t n)
     return buf;
 }
 
-static const char *gguf_ggml_type_name(uint32_t t)
-{
-    static const char *const names[] = {
-        "f32", "f16", "q4_0", "q4_1", "q4_2 (removed)", "q4_3 (removed)", "q5_0", "q5_1", "q8_0", "q8_1",
-        "q2_k", "q3_k", "q4_k", "q5_k", "q6_k", "q8_k", "iq2_xxs", "iq2_xs", "iq3_xxs", "iq1_s", "iq4_nl",
-        "iq3_s", "iq2_s", "iq4_xs", "i8", "i16", "i32", "i64", "f64", "iq1_m", "bf16",
-    };
-    return t < sizeof names / sizeof names[0] ? names[t] : "unknown";
-}
-
 const char *gguf_type_name(gguf_type t)
 {
     static const char *const names[GGUF_TYPE_COUNT] = {
@@ -399,11 +389,12 @@ static vki_status parse_tensor_info(gguf_rd *r, gguf_file *f, uint64_t i)
     }
     if ((st = rd_u32(r, &t->type, "type", ctx)) != VKI_OK)
         return st;
-    if (!quant_get(t->type))
+    /* Any type with a known block size is read (its bytes can be placed and inspected); whether
+     * vkinfer can run it is the model loader's question (model_meta.c). */
+    if (!quant_info(t->type))
         return gguf_fail(r->err, r->err_len, VKI_ERR_UNSUPPORTED,
-                         "%sat offset %llu: tensor type %s (id %u) is not supported (vkinfer runs f32, f16, q8_0, "
-                         "q4_0, q4_k, q6_k)", ctx, (unsigned long long)(r->pos - 4), gguf_ggml_type_name(t->type),
-                         t->type);
+                         "%sat offset %llu: tensor type id %u is not a ggml type with a known block size (removed "
+                         "from ggml or newer than this reader)", ctx, (unsigned long long)(r->pos - 4), t->type);
     if ((st = rd_u64(r, &t->offset, "data offset", ctx)) != VKI_OK)
         return st;
     f->t_hash[slot] = i + 1;
@@ -414,7 +405,7 @@ static vki_status parse_tensor_info(gguf_rd *r, gguf_file *f, uint64_t i)
 static vki_status place_tensor(gguf_rd *r, gguf_file *f, gguf_tensor *t)
 {
     char nb[80];
-    const quant_traits *q = quant_get(t->type);
+    const quant_traits *q = quant_info(t->type);
     const char *nm = gguf_printable(t->name, nb, sizeof nb);
     if (t->ne[0] % q->block_elems)
         return gguf_fail(r->err, r->err_len, VKI_ERR_FORMAT,

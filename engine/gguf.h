@@ -3,8 +3,10 @@
  * until gguf_close().
  *
  * Errors: gguf_open*() return VKI_ERR_IO (cannot open/map) or VKI_ERR_FORMAT (malformed) /
- * VKI_ERR_UNSUPPORTED (unknown version or tensor type) and write a message into err naming the
- * problem, e.g. "tensor 'blk.0.attn_q.weight': data [1024, 5120) past end of file (4000 bytes)". */
+ * VKI_ERR_UNSUPPORTED (unknown version, or a tensor type id with no known block size) and write a
+ * message into err naming the problem, e.g. "tensor 'blk.0.attn_q.weight': data [1024, 5120)
+ * past end of file (4000 bytes)". Every ggml type with a known block size is read, also those
+ * vkinfer cannot run (engine/quant.h: quant_info vs quant_get); the model loader refuses those. */
 #ifndef VKI_ENGINE_GGUF_H
 #define VKI_ENGINE_GGUF_H
 
@@ -48,7 +50,8 @@ typedef struct gguf_tensor {
     gguf_str name;
     uint32_t n_dims;
     uint64_t ne[GGUF_MAX_DIMS]; /* ggml order: ne[0] is the contiguous (row) dimension; unused = 1 */
-    uint32_t type;              /* ggml type id (VKI_GGML_* in shaders/vki_shared.h) */
+    uint32_t type;              /* ggml type id with a known layout (quant_info(type) != NULL;
+                                   VKI_GGML_* in shaders/vki_shared.h are those vkinfer runs) */
     uint64_t offset;            /* relative to the data section */
     uint64_t nbytes;            /* checked: rows * row_bytes, no overflow, inside the file */
     const uint8_t *data;        /* into the mapping */

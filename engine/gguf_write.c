@@ -293,9 +293,9 @@ vki_status gguf_w_add_tensor(gguf_writer *w, const char *name, uint32_t ggml_typ
     size_t len = strlen(name);
     if (len == 0 || len > GGUF_W_MAX_NAME)
         return w_fail(w, VKI_ERR_INVALID_ARG, "tensor '%.64s': name length %zu (allowed 1..%d)", name, len, GGUF_W_MAX_NAME);
-    const quant_traits *q = quant_get(ggml_type);
+    const quant_traits *q = quant_info(ggml_type); /* any known layout: the caller brings the bytes */
     if (!q)
-        return w_fail(w, VKI_ERR_UNSUPPORTED, "tensor '%s': type id %u is not supported", name, ggml_type);
+        return w_fail(w, VKI_ERR_UNSUPPORTED, "tensor '%s': type id %u has no known block size", name, ggml_type);
     if (n_dims < 1 || n_dims > GGUF_MAX_DIMS)
         return w_fail(w, VKI_ERR_INVALID_ARG, "tensor '%s': %u dims (allowed 1..%d)", name, n_dims, GGUF_MAX_DIMS);
     gguf_w_tensor t = {.type = ggml_type, .n_dims = n_dims, .ne = {1, 1, 1, 1}};

@@ -150,10 +150,10 @@ static vki_status find(const gguf_file *f, const char *name, uint64_t ne0, uint6
                     (unsigned long long)t->ne[0], (unsigned long long)rows, (unsigned long long)ne0,
                     (unsigned long long)want1);
     if (f32_only && t->type != VKI_GGML_F32)
-        return fail(VKI_ERR_UNSUPPORTED, err, n, "tensor %s: type %u, expected f32", name, t->type);
+        return fail(VKI_ERR_UNSUPPORTED, err, n, "tensor %s: type %s, expected f32", name, quant_type_name(t->type));
     if (!quant_get(t->type))
-        return fail(VKI_ERR_UNSUPPORTED, err, n, "tensor %s: ggml type %u is not supported "
-                    "(f32, f16, q8_0, q4_0, q4_k, q6_k)", name, t->type);
+        return fail(VKI_ERR_UNSUPPORTED, err, n, "tensor %s: weight type %s (id %u) is not supported; vkinfer runs %s",
+                    name, quant_type_name(t->type), t->type, quant_supported_list());
     return VKI_OK;
 }
 

@@ -1,4 +1,5 @@
-/* Matrix multiply with weights in their GGUF types (F32, F16, Q8_0, Q4_0, Q4_K, Q6_K; quantised
+/* Matrix multiply with weights in their GGUF types (every type engine/quant.h runs: F32, F16,
+ * BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS; quantised
  * weights stay quantised on the device and are dequantised in the shaders) and F32 activations,
  * F32 accumulation (the cooperative-matrix GEMM rounds both operands to F16 first); and the row
  * gather (embedding lookup).
@@ -6,9 +7,10 @@
  * Every op records dispatches into a command buffer that is recording; it records no barrier
  * (put vkd_barrier() between dependent ops). On any error nothing is recorded.
  * Errors: VKI_ERR_INVALID_ARG (a shape, stride or view that does not fit, logged),
- * VKI_ERR_UNSUPPORTED (a weight type the device cannot run: Q8_0, Q4_0, Q6_K and F16 need
- * storageBuffer16BitAccess; the matrix-vector path needs subgroup arithmetic; OP_MM_COOPMAT
- * needs the device's cooperative-matrix path, vkd_device.cm). */
+ * VKI_ERR_UNSUPPORTED (a weight type vkinfer does not run, or one the device cannot: F16, BF16,
+ * Q8_0, Q4_0, Q5_0, IQ4_NL, Q3_K and Q6_K need storageBuffer16BitAccess; the matrix-vector path
+ * needs subgroup arithmetic; OP_MM_COOPMAT needs the device's cooperative-matrix path,
+ * vkd_device.cm). */
 #ifndef VKI_ENGINE_OPS_MATMUL_H
 #define VKI_ENGINE_OPS_MATMUL_H
 
@@ -39,7 +41,7 @@ uint32_t op_matmul_gemv_max_m(const vkd_device *d);
  *   y:    f32[M, y_stride] row-major, y_stride >= N; only the first N columns are written
  *   bias: f32[N] or NULL
  * y must not overlap x or bias (no in-place product).
- * M from 1 up; any N; K a multiple of the type's block (F32/F16: any K). Loops over the
+ * M from 1 up; any N; K a multiple of the type's block (F32/F16/BF16: any K). Loops over the
  * tensor's parts (each writes its own output columns) and splits N further where the
  * device's workgroup-count limit requires. */
 vki_status op_matmul(vkd_cmd *c, const vk_tensor *w, const vkd_view *bias, vkd_view x, uint32_t x_stride,

@@ -1,39 +1,86 @@
 /* Scalar reference for the ggml weight formats. The dequantisers follow the block layouts
- * exactly (they define what the kernels must reproduce); the quantisers aim for a small error,
- * in the spirit of ggml's reference quantisers, without being bit-identical to them (a GGUF
- * file only fixes how blocks decode, not how they were chosen).
+ * exactly (they define what the kernels must reproduce), in the f32 operation order of ggml's
+ * and gguf-py's reference code, so they are bit-exact with them (this file is compiled with
+ * -ffp-contract=off: a fused multiply-add rounds differently). The quantisers aim for a small
+ * error, in the spirit of ggml's reference quantisers, without being bit-identical to them (a
+ * GGUF file only fixes how blocks decode, not how they were chosen).
  *
  * Cost: dequantisation is a few operations per weight. quant_row searches a handful of scales
- * per sub-block for the K-quants (~10 candidate scales x 32 weights); quant_row_fast skips the
- * search (plain min/max rounding: ~10x faster for Q4_K/Q6_K, ~9 vs ~95 ns per weight on the dev
- * machine, and ~5% more RMS error on Gaussian rows),
- * for the synthetic model writer where billions of random weights are quantised and their exact
- * values do not matter. */
+ * per sub-block for the K- and IQ4 quants (~10 candidate scales x 16-32 weights); quant_row_fast
+ * skips the search (plain min/max rounding: ~10x faster for Q4_K/Q6_K, ~9 vs ~95 ns per weight
+ * on the dev machine, and ~5% more RMS error on Gaussian rows), for the synthetic model writer
+ * where billions of random weights are quantised and their exact values do not matter. */
 #include "engine/quant.h"
 
 #include <math.h>
 #include <string.h>
 
+/* Every ggml type whose block layout is fixed (ggml-common.h); ids 4, 5 (q4_2, q4_3) and 31-33,
+ * 36-38 (the removed repacked Q4_0 / IQ4_NL variants) have none and stay unknown. */
 static const quant_traits quant_table[] = {
-    [VKI_GGML_F32] = {"f32", 1, 4},
-    [VKI_GGML_F16] = {"f16", 1, 2},
-    [VKI_GGML_Q4_0] = {"q4_0", VKI_QK4_0, VKI_Q4_0_BYTES},
-    [VKI_GGML_Q8_0] = {"q8_0", VKI_QK8_0, VKI_Q8_0_BYTES},
-    [VKI_GGML_Q4_K] = {"q4_k", VKI_QK_K, VKI_Q4_K_BYTES},
-    [VKI_GGML_Q6_K] = {"q6_k", VKI_QK_K, VKI_Q6_K_BYTES},
+    [VKI_GGML_F32] = {"f32", 1, 4, true},
+    [VKI_GGML_F16] = {"f16", 1, 2, true},
+    [VKI_GGML_Q4_0] = {"q4_0", 32, VKI_Q4_0_BYTES, true},
+    [VKI_GGML_Q4_1] = {"q4_1", 32, VKI_Q4_1_BYTES, true},
+    [VKI_GGML_Q5_0] = {"q5_0", 32, VKI_Q5_0_BYTES, true},
+    [VKI_GGML_Q5_1] = {"q5_1", 32, VKI_Q5_1_BYTES, true},
+    [VKI_GGML_Q8_0] = {"q8_0", 32, VKI_Q8_0_BYTES, true},
+    [9] = {"q8_1", 32, 36, false},
+    [VKI_GGML_Q2_K] = {"q2_k", VKI_QK_K, VKI_Q2_K_BYTES, true},
+    [VKI_GGML_Q3_K] = {"q3_k", VKI_QK_K, VKI_Q3_K_BYTES, true},
+    [VKI_GGML_Q4_K] = {"q4_k", VKI_QK_K, VKI_Q4_K_BYTES, true},
+    [VKI_GGML_Q5_K] = {"q5_k", VKI_QK_K, VKI_Q5_K_BYTES, true},
+    [VKI_GGML_Q6_K] = {"q6_k", VKI_QK_K, VKI_Q6_K_BYTES, true},
+    [15] = {"q8_k", 256, 292, false},
+    [16] = {"iq2_xxs", 256, 66, false},
+    [17] = {"iq2_xs", 256, 74, false},
+    [18] = {"iq3_xxs", 256, 98, false},
+    [19] = {"iq1_s", 256, 50, false},
+    [VKI_GGML_IQ4_NL] = {"iq4_nl", 32, VKI_IQ4_NL_BYTES, true},
+    [21] = {"iq3_s", 256, 110, false},
+    [22] = {"iq2_s", 256, 82, false},
+    [VKI_GGML_IQ4_XS] = {"iq4_xs", VKI_QK_K, VKI_IQ4_XS_BYTES, true},
+    [24] = {"i8", 1, 1, false},
+    [25] = {"i16", 1, 2, false},
+    [26] = {"i32", 1, 4, false},
+    [27] = {"i64", 1, 8, false},
+    [28] = {"f64", 1, 8, false},
+    [29] = {"iq1_m", 256, 56, false},
+    [VKI_GGML_BF16] = {"bf16", 1, 2, true},
+    [34] = {"tq1_0", 256, 54, false},
+    [35] = {"tq2_0", 256, 66, false},
+    [39] = {"mxfp4", 32, 17, false},
 };
-_Static_assert(sizeof quant_table / sizeof quant_table[0] == VKI_GGML_Q6_K + 1, "trait table size");
+#define QUANT_N_TYPES (sizeof quant_table / sizeof quant_table[0])
+_Static_assert(QUANT_N_TYPES == 40, "trait table size");
 
-const quant_traits *quant_get(uint32_t ggml_type)
+const quant_traits *quant_info(uint32_t ggml_type)
 {
-    if (ggml_type >= sizeof quant_table / sizeof quant_table[0] || !quant_table[ggml_type].name)
+    if (ggml_type >= QUANT_N_TYPES || !quant_table[ggml_type].name)
         return NULL;
     return &quant_table[ggml_type];
 }
 
+const quant_traits *quant_get(uint32_t ggml_type)
+{
+    const quant_traits *t = quant_info(ggml_type);
+    return t && t->runs ? t : NULL;
+}
+
+const char *quant_type_name(uint32_t ggml_type)
+{
+    const quant_traits *t = quant_info(ggml_type);
+    return t ? t->name : "unknown";
+}
+
+const char *quant_supported_list(void)
+{
+    return "f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, iq4_nl, q2_k, q3_k, q4_k, q5_k, q6_k, iq4_xs";
+}
+
 size_t quant_row_bytes(uint32_t ggml_type, uint64_t n)
 {
-    const quant_traits *t = quant_get(ggml_type);
+    const quant_traits *t = quant_info(ggml_type);
     if (!t || n == 0 || n % t->block_elems)
         return 0;
     uint64_t blocks = n / t->block_elems;
@@ -87,6 +134,25 @@ float quant_f16_to_f32(uint16_t h)
         bits = sign | ((e + 112) << 23) | (m << 13);
     float f;
     memcpy(&f, &bits, 4);
+    return f;
+}
+
+/* ggml_compute_fp32_to_bf16: a nan keeps its sign and top payload bits and is made quiet (a
+ * payload only in the low bits would otherwise round to inf). */
+uint16_t quant_f32_to_bf16(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u)
+        return (uint16_t)((u >> 16) | 64);
+    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
+float quant_bf16_to_f32(uint16_t h)
+{
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, 4);
     return f;
 }
 
@@ -153,15 +219,22 @@ static void dequant_q8_0(const uint8_t *b, float *y)
         y[i] = (float)(int8_t)b[2 + i] * d;
 }
 
+/* The signed value of largest magnitude among n: symmetric formats map it to their most
+ * negative level, which uses the whole range. */
+static float signed_absmax(const float *x, int n)
+{
+    float m = 0;
+    for (int i = 0; i < n; i++)
+        if (fabsf(x[i]) > fabsf(m))
+            m = x[i];
+    return m;
+}
+
 /* ---- Q4_0: { f16 d; uint8 qs[16]; }  w = (q - 8) * d; low nibbles 0..15, high 16..31 ----------- */
 
 static void quant_q4_0(const float *x, uint8_t *b)
 {
-    float m = 0; /* the signed value of largest magnitude maps to q = 0 (-8), using the whole range */
-    for (int i = 0; i < 32; i++)
-        if (fabsf(x[i]) > fabsf(m))
-            m = x[i];
-    put_f16(b, m / -8.0f);
+    put_f16(b, signed_absmax(x, 32) / -8.0f);
     float d = get_f16(b), id = d != 0 ? 1.0f / d : 0;
     for (int i = 0; i < 16; i++) {
         int q0 = clampi(near_int(x[i] * id) + 8, 0, 15), q1 = clampi(near_int(x[i + 16] * id) + 8, 0, 15);
@@ -175,6 +248,194 @@ static void dequant_q4_0(const uint8_t *b, float *y)
     for (int i = 0; i < 16; i++) {
         y[i] = (float)((b[2 + i] & 0xf) - 8) * d;
         y[i + 16] = (float)((b[2 + i] >> 4) - 8) * d;
+    }
+}
+
+/* ---- Q4_1 / Q5_1: { f16 d, m; [uint8 qh[4];] uint8 qs[16]; }  w = d * q + m -------------------
+ * The block's min and max span q = 0..nmax; q is rounded against the stored (f16) d and m. */
+static void quant_affine32(const float *x, int nmax, uint8_t *hdr, int *q)
+{
+    float mn = x[0], mx = x[0];
+    for (int i = 1; i < 32; i++) {
+        mn = minf(mn, x[i]);
+        mx = maxf(mx, x[i]);
+    }
+    put_f16(hdr, (mx - mn) / (float)nmax);
+    put_f16(hdr + 2, mn);
+    float d = get_f16(hdr), m = get_f16(hdr + 2), id = d > 0 ? 1.0f / d : 0;
+    for (int i = 0; i < 32; i++)
+        q[i] = clampi(near_int((x[i] - m) * id), 0, nmax);
+}
+
+static void quant_q4_1(const float *x, uint8_t *b)
+{
+    int q[32];
+    quant_affine32(x, 15, b, q);
+    for (int i = 0; i < 16; i++)
+        b[4 + i] = (uint8_t)(q[i] | (q[i + 16] << 4));
+}
+
+static void dequant_q4_1(const uint8_t *b, float *y)
+{
+    float d = get_f16(b), m = get_f16(b + 2);
+    for (int i = 0; i < 16; i++) {
+        y[i] = d * (float)(b[4 + i] & 0xf) + m;
+        y[i + 16] = d * (float)(b[4 + i] >> 4) + m;
+    }
+}
+
+/* ---- Q5_0 / Q5_1: the fifth bit of element j is bit j of the little-endian u32 qh ---------- */
+
+static void pack_q5(const int *q, uint8_t *qh, uint8_t *qs)
+{
+    uint32_t h = 0;
+    for (int i = 0; i < 32; i++)
+        h |= (uint32_t)(q[i] >> 4) << i;
+    for (int k = 0; k < 4; k++)
+        qh[k] = (uint8_t)(h >> 8 * k);
+    for (int i = 0; i < 16; i++)
+        qs[i] = (uint8_t)((q[i] & 15) | ((q[i + 16] & 15) << 4));
+}
+
+static void unpack_q5(const uint8_t *qh, const uint8_t *qs, int *q)
+{
+    uint32_t h = qh[0] | (uint32_t)qh[1] << 8 | (uint32_t)qh[2] << 16 | (uint32_t)qh[3] << 24;
+    for (int i = 0; i < 16; i++) {
+        q[i] = (qs[i] & 15) | (int)((h >> i) & 1) << 4;
+        q[i + 16] = (qs[i] >> 4) | (int)((h >> (i + 16)) & 1) << 4;
+    }
+}
+
+/* Q5_0: { f16 d; uint8 qh[4]; uint8 qs[16]; }  w = d * (q - 16) */
+static void quant_q5_0(const float *x, uint8_t *b)
+{
+    put_f16(b, signed_absmax(x, 32) / -16.0f);
+    float d = get_f16(b), id = d != 0 ? 1.0f / d : 0;
+    int q[32];
+    for (int i = 0; i < 32; i++)
+        q[i] = clampi(near_int(x[i] * id) + 16, 0, 31);
+    pack_q5(q, b + 2, b + 6);
+}
+
+static void dequant_q5_0(const uint8_t *b, float *y)
+{
+    float d = get_f16(b);
+    int q[32];
+    unpack_q5(b + 2, b + 6, q);
+    for (int i = 0; i < 32; i++)
+        y[i] = d * (float)(q[i] - 16);
+}
+
+/* Q5_1: { f16 d, m; uint8 qh[4]; uint8 qs[16]; }  w = d * q + m */
+static void quant_q5_1(const float *x, uint8_t *b)
+{
+    int q[32];
+    quant_affine32(x, 31, b, q);
+    pack_q5(q, b + 4, b + 8);
+}
+
+static void dequant_q5_1(const uint8_t *b, float *y)
+{
+    float d = get_f16(b), m = get_f16(b + 2);
+    int q[32];
+    unpack_q5(b + 4, b + 8, q);
+    for (int i = 0; i < 32; i++)
+        y[i] = d * (float)q[i] + m;
+}
+
+/* ---- IQ4_NL: { f16 d; uint8 qs[16]; }  w = d * level[nibble], 16 non-uniform levels --------- */
+
+static const int8_t iq4nl_levels[16] = {VKI_IQ4NL_VALUES};
+
+/* Index of the level nearest to v (levels ascending): a binary search, 4 compares. */
+static int iq4nl_index(float v)
+{
+    int lo = 0, hi = 15;
+    if (v <= iq4nl_levels[0])
+        return 0;
+    if (v >= iq4nl_levels[15])
+        return 15;
+    while (hi - lo > 1) {
+        int mid = (lo + hi) / 2;
+        if (v < (float)iq4nl_levels[mid])
+            hi = mid;
+        else
+            lo = mid;
+    }
+    return v - (float)iq4nl_levels[lo] < (float)iq4nl_levels[hi] - v ? lo : hi;
+}
+
+/* The level nearest v: of -nlev..nlev-1 (the integer levels of Q6_K, Q3_K), or of the IQ4_NL
+ * levels when nlev == 0. */
+static float level_of(float v, int nlev)
+{
+    return nlev ? (float)clampi(near_int(v), -nlev, nlev - 1) : (float)iq4nl_levels[iq4nl_index(v)];
+}
+
+/* Symmetric scale a of n weights, x ~ a * level: the weight of largest magnitude maps to the
+ * most negative level (-nlev, or -127), then 2 * nstep other spacings around it are tried (as
+ * ggml does), each with the least-squares a for its level choice; the best by weighted error
+ * wins. */
+static float fit_scale(const float *x, const float *w, int n, int nlev, int nstep)
+{
+    float m = signed_absmax(x, n), lo = nlev ? (float)-nlev : -127.0f, step = nlev ? 0.1f : 1.0f;
+    float best_a = m / lo, best_err = INFINITY;
+    if (m == 0)
+        return 0;
+    for (int k = -nstep; k <= nstep; k++) {
+        float is = (lo + step * (float)k) / m, sxl = 0, sl2 = 0;
+        for (int i = 0; i < n; i++) {
+            float l = level_of(is * x[i], nlev);
+            sxl += w[i] * x[i] * l, sl2 += w[i] * l * l;
+        }
+        if (sl2 <= 0)
+            continue;
+        float a = sxl / sl2, err = 0;
+        if (nstep == 0)
+            return a;
+        for (int i = 0; i < n; i++) {
+            float e = a * level_of(is * x[i], nlev) - x[i];
+            err += w[i] * e * e;
+        }
+        if (err < best_err)
+            best_err = err, best_a = a;
+    }
+    return best_a;
+}
+
+/* 32 weights of scale d as nibbles in qs[16] (element i low, i + 16 high). */
+static void pack_iq4(const float *x, float d, uint8_t *qs)
+{
+    float id = d != 0 ? 1.0f / d : 0;
+    for (int i = 0; i < 16; i++)
+        qs[i] = (uint8_t)(iq4nl_index(x[i] * id) | (iq4nl_index(x[i + 16] * id) << 4));
+}
+
+/* Weights for the scale fits: big values dominate the dot products, so they count more. */
+static void fit_weights(const float *x, int n, float *w)
+{
+    float s2 = 0;
+    for (int i = 0; i < n; i++)
+        s2 += x[i] * x[i];
+    float av = sqrtf(s2 / (float)n);
+    for (int i = 0; i < n; i++)
+        w[i] = av + fabsf(x[i]);
+}
+
+static void quant_iq4_nl(const float *x, uint8_t *b, int nstep)
+{
+    float w[32];
+    fit_weights(x, 32, w);
+    put_f16(b, fit_scale(x, w, 32, 0, nstep));
+    pack_iq4(x, get_f16(b), b + 2);
+}
+
+static void dequant_iq4_nl(const uint8_t *b, float *y)
+{
+    float d = get_f16(b);
+    for (int i = 0; i < 16; i++) {
+        y[i] = d * (float)iq4nl_levels[b[2 + i] & 0xf];
+        y[i + 16] = d * (float)iq4nl_levels[b[2 + i] >> 4];
     }
 }
 
@@ -243,22 +504,19 @@ static float fit_affine(const float *x, const float *w, int n, int nmax, int nst
     return best_a;
 }
 
-static void quant_q4_k(const float *x, uint8_t *b, int nstep)
+/* Q4_K and Q5_K share the first 16 bytes { f16 d, dmin; uint8 scales[12] }: fits the 8
+ * sub-blocks with q in 0..nmax, writes them, and sets L[256] to q requantised against the
+ * scales the decoder will see. */
+static void quant_k_affine(const float *x, uint8_t *b, int nstep, int nmax, uint8_t *L)
 {
     float sc[8], mn[8], w[32], max_sc = 0, max_mn = 0;
     for (int j = 0; j < 8; j++) {
-        const float *xs = x + 32 * j;
-        float s2 = 0;
-        for (int i = 0; i < 32; i++)
-            s2 += xs[i] * xs[i];
-        float av = sqrtf(s2 / 32); /* weight big values more: they dominate the dot products */
-        for (int i = 0; i < 32; i++)
-            w[i] = av + fabsf(xs[i]);
-        sc[j] = fit_affine(xs, w, 32, 15, nstep, &mn[j]);
+        fit_weights(x + 32 * j, 32, w);
+        sc[j] = fit_affine(x + 32 * j, w, 32, nmax, nstep, &mn[j]);
         max_sc = maxf(max_sc, sc[j]);
         max_mn = maxf(max_mn, mn[j]);
     }
-    uint8_t *s = b + 4, *qs = b + 16;
+    uint8_t *s = b + 4;
     memset(s, 0, 12);
     float isc = max_sc > 0 ? 63 / max_sc : 0, imn = max_mn > 0 ? 63 / max_mn : 0;
     for (int j = 0; j < 8; j++) {
@@ -275,30 +533,100 @@ static void quant_q4_k(const float *x, uint8_t *b, int nstep)
     put_f16(b, max_sc / 63);
     put_f16(b + 2, max_mn / 63);
     float d = get_f16(b), dmin = get_f16(b + 2);
-    uint8_t L[256];
-    for (int j = 0; j < 8; j++) { /* requantise against the scales the decoder will see */
+    for (int j = 0; j < 8; j++) {
         int is, im;
         q4k_scale_min(j, s, &is, &im);
         float ds = d * (float)is, dm = dmin * (float)im, ids = ds > 0 ? 1.0f / ds : 0;
         for (int i = 0; i < 32; i++)
-            L[32 * j + i] = (uint8_t)clampi(near_int((x[32 * j + i] + dm) * ids), 0, 15);
+            L[32 * j + i] = (uint8_t)clampi(near_int((x[32 * j + i] + dm) * ids), 0, nmax);
     }
+}
+
+static void quant_q4_k(const float *x, uint8_t *b, int nstep)
+{
+    uint8_t L[256], *qs = b + 16;
+    quant_k_affine(x, b, nstep, 15, L);
     for (int j = 0; j < 4; j++)
         for (int i = 0; i < 32; i++)
             qs[32 * j + i] = (uint8_t)(L[64 * j + i] | (L[64 * j + 32 + i] << 4));
 }
 
-static void dequant_q4_k(const uint8_t *b, float *y)
+/* Q4_K (qh == NULL) and Q5_K: element 32j + l of sub-block j = 2c + h sits in nibble h of
+ * qs[32c + l]; Q5_K's fifth bit is bit j of qh[l]. */
+static void dequant_k_affine(const uint8_t *b, const uint8_t *qh, const uint8_t *qs, float *y)
 {
     float d = get_f16(b), dmin = get_f16(b + 2);
-    const uint8_t *s = b + 4, *qs = b + 16;
     for (int j = 0; j < 8; j++) {
         int sc, m;
-        q4k_scale_min(j, s, &sc, &m);
+        q4k_scale_min(j, b + 4, &sc, &m);
         float ds = d * (float)sc, dm = dmin * (float)m;
         const uint8_t *q = qs + 32 * (j / 2);
-        for (int i = 0; i < 32; i++)
-            y[32 * j + i] = ds * (float)((j & 1) ? q[i] >> 4 : q[i] & 0xf) - dm;
+        for (int i = 0; i < 32; i++) {
+            int v = (j & 1) ? q[i] >> 4 : q[i] & 0xf;
+            if (qh)
+                v |= ((qh[i] >> j) & 1) << 4;
+            y[32 * j + i] = ds * (float)v - dm;
+        }
+    }
+}
+
+/* ---- Q5_K: { f16 d, dmin; uint8 scales[12]; uint8 qh[32]; uint8 qs[128]; } -------------------
+ * Q4_K with a fifth bit per weight: 5-bit q, w = d*sc * q - dmin*m. */
+static void quant_q5_k(const float *x, uint8_t *b, int nstep)
+{
+    uint8_t L[256], *qh = b + 16, *qs = b + 48;
+    quant_k_affine(x, b, nstep, 31, L);
+    memset(qh, 0, 32);
+    for (int j = 0; j < 8; j++)
+        for (int i = 0; i < 32; i++) {
+            uint8_t v = L[32 * j + i];
+            qh[i] |= (uint8_t)((v >> 4) << j);
+            if (j & 1)
+                qs[32 * (j / 2) + i] |= (uint8_t)((v & 15) << 4);
+            else
+                qs[32 * (j / 2) + i] = (uint8_t)(v & 15);
+        }
+}
+
+/* ---- Q2_K: { uint8 scales[16]; uint8 qs[64]; f16 d, dmin; } ------------------------------------
+ * 16 sub-blocks of 16 weights with a 4-bit scale and a 4-bit min each (scales[s]: low / high
+ * nibble): w = d*sc * q - dmin*m, q a 2-bit value. Element 128n + 32j + l has its q in bits
+ * 2j..2j+1 of qs[32n + l]. */
+static void quant_q2_k(const float *x, uint8_t *b, int nstep)
+{
+    uint8_t *sc = b, *qs = b + 16;
+    float a[16], mn[16], w[16], max_a = 0, max_m = 0;
+    for (int s = 0; s < 16; s++) {
+        fit_weights(x + 16 * s, 16, w);
+        a[s] = fit_affine(x + 16 * s, w, 16, 3, nstep, &mn[s]);
+        max_a = maxf(max_a, a[s]);
+        max_m = maxf(max_m, mn[s]);
+    }
+    put_f16(b + 80, max_a / 15);
+    put_f16(b + 82, max_m / 15);
+    float d = get_f16(b + 80), dmin = get_f16(b + 82), id = d > 0 ? 1.0f / d : 0, im = dmin > 0 ? 1.0f / dmin : 0;
+    memset(qs, 0, 64);
+    for (int s = 0; s < 16; s++) {
+        int ls = clampi(near_int(a[s] * id), 0, 15), lm = clampi(near_int(mn[s] * im), 0, 15);
+        sc[s] = (uint8_t)(ls | (lm << 4));
+        float ds = d * (float)ls, dm = dmin * (float)lm, ids = ds > 0 ? 1.0f / ds : 0;
+        for (int i = 0; i < 16; i++) {
+            int e = 16 * s + i, q = clampi(near_int((x[e] + dm) * ids), 0, 3);
+            qs[32 * (e / 128) + e % 32] |= (uint8_t)(q << (2 * ((e / 32) % 4)));
+        }
+    }
+}
+
+static void dequant_q2_k(const uint8_t *b, float *y)
+{
+    const uint8_t *sc = b, *qs = b + 16;
+    float d = get_f16(b + 80), dmin = get_f16(b + 82);
+    for (int s = 0; s < 16; s++) {
+        float dl = d * (float)(sc[s] & 15), ml = dmin * (float)(sc[s] >> 4);
+        for (int i = 0; i < 16; i++) {
+            int e = 16 * s + i;
+            y[e] = dl * (float)((qs[32 * (e / 128) + e % 32] >> (2 * ((e / 32) % 4))) & 3) - ml;
+        }
     }
 }
 
@@ -308,49 +636,26 @@ static void dequant_q4_k(const uint8_t *b, float *y)
  * 32 qh bytes: for l < 32, element l takes ql[l] low nibble, l+32 ql[l+32] low, l+64 ql[l] high,
  * l+96 ql[l+32] high; their top 2 bits are qh[l] bits 0-1, 2-3, 4-5, 6-7. */
 
-/* Symmetric fit x ~ a*(L) with L in [-32, 31]; the largest-magnitude value maps to -32. */
-static float fit_symmetric(const float *x, const float *w, int n, int nstep)
+/* Q6_K and Q3_K: symmetric scales a[16] of the 16 sub-blocks of 16 weights (weighted by x^2,
+ * levels -nlev..nlev-1); returns the one of largest magnitude. */
+static float fit_symmetric16(const float *x, int nlev, int nstep, float *a)
 {
-    float m = 0;
-    for (int i = 0; i < n; i++)
-        if (fabsf(x[i]) > fabsf(m))
-            m = x[i];
-    if (m == 0)
-        return 0;
-    float best_a = m / -32, best_err = INFINITY;
-    for (int k = -nstep; k <= nstep; k++) {
-        float is = -(32 + 0.1f * (float)k) / m, sxl = 0, sl2 = 0;
-        for (int i = 0; i < n; i++) {
-            float l = (float)clampi(near_int(is * x[i]), -32, 31);
-            sxl += w[i] * x[i] * l, sl2 += w[i] * l * l;
-        }
-        if (sl2 <= 0)
-            continue;
-        float a = sxl / sl2, err = 0;
-        if (nstep == 0)
-            return a;
-        for (int i = 0; i < n; i++) {
-            float e = a * (float)clampi(near_int(is * x[i]), -32, 31) - x[i];
-            err += w[i] * e * e;
-        }
-        if (err < best_err)
-            best_err = err, best_a = a;
+    float w[16], max_a = 0;
+    for (int j = 0; j < 16; j++) {
+        for (int i = 0; i < 16; i++)
+            w[i] = x[16 * j + i] * x[16 * j + i];
+        a[j] = fit_scale(x + 16 * j, w, 16, nlev, nstep);
+        if (fabsf(a[j]) > fabsf(max_a))
+            max_a = a[j];
     }
-    return best_a;
+    return max_a;
 }
 
 static void quant_q6_k(const float *x, uint8_t *b, int nstep)
 {
     uint8_t *ql = b, *qh = b + 128, L[256];
     int8_t *sc = (int8_t *)(b + 192);
-    float a[16], w[16], max_a = 0;
-    for (int j = 0; j < 16; j++) {
-        for (int i = 0; i < 16; i++)
-            w[i] = x[16 * j + i] * x[16 * j + i];
-        a[j] = fit_symmetric(x + 16 * j, w, 16, nstep);
-        if (fabsf(a[j]) > fabsf(max_a))
-            max_a = a[j];
-    }
+    float a[16], max_a = fit_symmetric16(x, 32, nstep, a);
     float is = max_a != 0 ? -128 / max_a : 0;
     for (int j = 0; j < 16; j++)
         sc[j] = (int8_t)clampi(near_int(is * a[j]), -128, 127);
@@ -395,6 +700,98 @@ static void dequant_q6_k(const uint8_t *b, float *y)
     }
 }
 
+/* ---- Q3_K: { uint8 hmask[32]; uint8 qs[64]; uint8 scales[12]; f16 d; } ------------------------
+ * 16 sub-blocks of 16 weights, w = d * (scale - 32) * q with q in -4..3: the low 2 bits of
+ * element e = 128n + 32j + l in bits 2j.. of qs[32n + l] (as Q2_K), the third in bit e/32 of
+ * hmask[l], set meaning "q = low bits", clear "low bits - 4". 6-bit scales: sub-block s has its
+ * low 4 bits in nibble s/8 of scales[s % 8] and its top 2 in bits 2(s/4).. of scales[8 + s%4]. */
+
+static int q3k_scale(const uint8_t *sc, int s)
+{
+    return ((sc[s % 8] >> (4 * (s / 8))) & 15) | (((sc[8 + s % 4] >> (2 * (s / 4))) & 3) << 4);
+}
+
+static void quant_q3_k(const float *x, uint8_t *b, int nstep)
+{
+    uint8_t *hm = b, *qs = b + 32, *sc = b + 96;
+    float a[16], max_a = fit_symmetric16(x, 4, nstep, a);
+    float is = max_a != 0 ? -32 / max_a : 0;
+    memset(b, 0, 108);
+    put_f16(b + 108, is != 0 ? 1 / is : 0);
+    float d = get_f16(b + 108);
+    for (int s = 0; s < 16; s++) {
+        int ls = clampi(near_int(is * a[s]), -32, 31), l6 = ls + 32;
+        sc[s % 8] |= (uint8_t)((l6 & 15) << (4 * (s / 8)));
+        sc[8 + s % 4] |= (uint8_t)((l6 >> 4) << (2 * (s / 4)));
+        float ds = d * (float)ls, ids = ds != 0 ? 1.0f / ds : 0;
+        for (int i = 0; i < 16; i++) {
+            int e = 16 * s + i, q = clampi(near_int(x[e] * ids), -4, 3) + 4, l = e % 32;
+            qs[32 * (e / 128) + l] |= (uint8_t)((q & 3) << (2 * ((e / 32) % 4)));
+            if (q & 4)
+                hm[l] |= (uint8_t)(1 << (e / 32));
+        }
+    }
+}
+
+static void dequant_q3_k(const uint8_t *b, float *y)
+{
+    const uint8_t *hm = b, *qs = b + 32, *sc = b + 96;
+    float d = get_f16(b + 108);
+    for (int s = 0; s < 16; s++) {
+        float dl = d * (float)(q3k_scale(sc, s) - 32);
+        for (int i = 0; i < 16; i++) {
+            int e = 16 * s + i, l = e % 32;
+            int q = ((qs[32 * (e / 128) + l] >> (2 * ((e / 32) % 4))) & 3) - (((hm[l] >> (e / 32)) & 1) ? 0 : 4);
+            y[e] = dl * (float)q;
+        }
+    }
+}
+
+/* ---- IQ4_XS: { f16 d; uint16 scales_h; uint8 scales_l[4]; uint8 qs[128]; } --------------------
+ * 8 sub-blocks of 32 IQ4_NL-coded weights (qs bytes 16b.., element i low nibble, i + 16 high)
+ * with 6-bit signed sub-scales: w = d * (ls - 32) * level[q]. */
+static int iq4xs_scale(const uint8_t *b, int j)
+{
+    uint16_t h = (uint16_t)(b[2] | (b[3] << 8));
+    return ((b[4 + j / 2] >> (4 * (j % 2))) & 15) | (((h >> (2 * j)) & 3) << 4);
+}
+
+static void quant_iq4_xs(const float *x, uint8_t *b, int nstep)
+{
+    float a[8], w[32], max_a = 0;
+    for (int j = 0; j < 8; j++) {
+        fit_weights(x + 32 * j, 32, w);
+        a[j] = fit_scale(x + 32 * j, w, 32, 0, nstep);
+        if (fabsf(a[j]) > fabsf(max_a))
+            max_a = a[j];
+    }
+    memset(b, 0, 8);
+    put_f16(b, max_a / -32.0f); /* the largest sub-scale maps to ls - 32 = -32 */
+    float d = get_f16(b), id = d != 0 ? 1.0f / d : 0;
+    uint16_t h = 0;
+    for (int j = 0; j < 8; j++) {
+        int ls = clampi(near_int(a[j] * id), -32, 31) + 32;
+        b[4 + j / 2] |= (uint8_t)((ls & 15) << (4 * (j % 2)));
+        h |= (uint16_t)((ls >> 4) << (2 * j));
+        pack_iq4(x + 32 * j, d * (float)(ls - 32), b + 8 + 16 * j);
+    }
+    b[2] = (uint8_t)h;
+    b[3] = (uint8_t)(h >> 8);
+}
+
+static void dequant_iq4_xs(const uint8_t *b, float *y)
+{
+    float d = get_f16(b);
+    for (int j = 0; j < 8; j++) {
+        float dl = d * (float)(iq4xs_scale(b, j) - 32);
+        const uint8_t *qs = b + 8 + 16 * j;
+        for (int i = 0; i < 16; i++) {
+            y[32 * j + i] = dl * (float)iq4nl_levels[qs[i] & 0xf];
+            y[32 * j + i + 16] = dl * (float)iq4nl_levels[qs[i] >> 4];
+        }
+    }
+}
+
 /* ---- rows ----------------------------------------------------------------------------------- */
 
 static void quant_row_n(uint32_t type, const float *x, void *dst, uint64_t n, int nstep)
@@ -414,10 +811,23 @@ static void quant_row_n(uint32_t type, const float *x, void *dst, uint64_t n, in
         switch (type) {
         case VKI_GGML_F32: memcpy(ob, xb, 4); break;
         case VKI_GGML_F16: put_f16(ob, *xb); break;
+        case VKI_GGML_BF16: {
+            uint16_t h = quant_f32_to_bf16(*xb);
+            ob[0] = (uint8_t)h, ob[1] = (uint8_t)(h >> 8);
+            break;
+        }
         case VKI_GGML_Q8_0: quant_q8_0(xb, ob); break;
         case VKI_GGML_Q4_0: quant_q4_0(xb, ob); break;
+        case VKI_GGML_Q4_1: quant_q4_1(xb, ob); break;
+        case VKI_GGML_Q5_0: quant_q5_0(xb, ob); break;
+        case VKI_GGML_Q5_1: quant_q5_1(xb, ob); break;
+        case VKI_GGML_IQ4_NL: quant_iq4_nl(xb, ob, nstep); break;
+        case VKI_GGML_Q2_K: quant_q2_k(xb, ob, nstep); break;
+        case VKI_GGML_Q3_K: quant_q3_k(xb, ob, nstep); break;
         case VKI_GGML_Q4_K: quant_q4_k(xb, ob, nstep); break;
+        case VKI_GGML_Q5_K: quant_q5_k(xb, ob, nstep); break;
         case VKI_GGML_Q6_K: quant_q6_k(xb, ob, nstep); break;
+        case VKI_GGML_IQ4_XS: quant_iq4_xs(xb, ob, nstep); break;
         }
     }
 }
@@ -449,10 +859,19 @@ void dequant_row(uint32_t ggml_type, const void *src, float *y, uint64_t n)
         switch (ggml_type) {
         case VKI_GGML_F32: memcpy(yb, sb, 4); break;
         case VKI_GGML_F16: *yb = get_f16(sb); break;
+        case VKI_GGML_BF16: *yb = quant_bf16_to_f32((uint16_t)(sb[0] | (sb[1] << 8))); break;
         case VKI_GGML_Q8_0: dequant_q8_0(sb, yb); break;
         case VKI_GGML_Q4_0: dequant_q4_0(sb, yb); break;
-        case VKI_GGML_Q4_K: dequant_q4_k(sb, yb); break;
+        case VKI_GGML_Q4_1: dequant_q4_1(sb, yb); break;
+        case VKI_GGML_Q5_0: dequant_q5_0(sb, yb); break;
+        case VKI_GGML_Q5_1: dequant_q5_1(sb, yb); break;
+        case VKI_GGML_IQ4_NL: dequant_iq4_nl(sb, yb); break;
+        case VKI_GGML_Q2_K: dequant_q2_k(sb, yb); break;
+        case VKI_GGML_Q3_K: dequant_q3_k(sb, yb); break;
+        case VKI_GGML_Q4_K: dequant_k_affine(sb, NULL, sb + 16, yb); break;
+        case VKI_GGML_Q5_K: dequant_k_affine(sb, sb + 16, sb + 48, yb); break;
         case VKI_GGML_Q6_K: dequant_q6_k(sb, yb); break;
+        case VKI_GGML_IQ4_XS: dequant_iq4_xs(sb, yb); break;
         }
     }
 }

@@ -19,31 +19,60 @@
 #define SYNTH_MAX_LAYERS 1024
 #define SYNTH_BYTE_VOCAB 259 /* <unk> <s> </s> + 256 byte tokens */
 
-static const char *const synth_wtype_names[SYNTH_WTYPE_COUNT] = {
-    [SYNTH_F32] = "f32", [SYNTH_F16] = "f16", [SYNTH_Q8_0] = "q8_0", [SYNTH_Q4_0] = "q4_0",
-    [SYNTH_Q4_K] = "q4_k", [SYNTH_Q6_K] = "q6_k", [SYNTH_Q4_K_M] = "q4_k_m",
+/* llama_ftype (llama.h), written as general.file_type and keying llama-quantize's mix rules. */
+enum {
+    FT_F32 = 0, FT_F16 = 1, FT_Q4_0 = 2, FT_Q4_1 = 3, FT_Q8_0 = 7, FT_Q5_0 = 8, FT_Q5_1 = 9, FT_Q2_K = 10,
+    FT_Q3_K_S = 11, FT_Q3_K_M = 12, FT_Q3_K_L = 13, FT_Q4_K_S = 14, FT_Q4_K_M = 15, FT_Q5_K_S = 16,
+    FT_Q5_K_M = 17, FT_Q6_K = 18, FT_Q2_K_S = 21, FT_IQ4_NL = 25, FT_IQ4_XS = 30, FT_BF16 = 32,
 };
-static const uint32_t synth_wtype_ggml[SYNTH_WTYPE_COUNT] = {
-    [SYNTH_F32] = VKI_GGML_F32, [SYNTH_F16] = VKI_GGML_F16, [SYNTH_Q8_0] = VKI_GGML_Q8_0,
-    [SYNTH_Q4_0] = VKI_GGML_Q4_0, [SYNTH_Q4_K] = VKI_GGML_Q4_K, [SYNTH_Q6_K] = VKI_GGML_Q6_K,
-    [SYNTH_Q4_K_M] = VKI_GGML_Q4_K,
-};
-/* llama.cpp's general.file_type (llama_ftype) for each; plain q4_k has no exact ftype, Q4_K_S
- * (14) is the closest. */
-static const uint32_t synth_wtype_ftype[SYNTH_WTYPE_COUNT] = {
-    [SYNTH_F32] = 0, [SYNTH_F16] = 1, [SYNTH_Q8_0] = 7, [SYNTH_Q4_0] = 2,
-    [SYNTH_Q4_K] = 14, [SYNTH_Q6_K] = 18, [SYNTH_Q4_K_M] = 15,
+
+typedef struct synth_scheme {
+    const char *name;
+    uint32_t type;  /* VKI_GGML_*: every weight matrix, before the mix rules and the fallback */
+    uint32_t ftype; /* the llama file type; plain K types take the nearest (q4_k: Q4_K_S) */
+    bool mix;       /* always llama-quantize's per-tensor choices (the _s / _m / _l names) */
+} synth_scheme;
+
+static const synth_scheme synth_schemes[SYNTH_WTYPE_COUNT] = {
+    [SYNTH_F32] = {"f32", VKI_GGML_F32, FT_F32, false},
+    [SYNTH_F16] = {"f16", VKI_GGML_F16, FT_F16, false},
+    [SYNTH_BF16] = {"bf16", VKI_GGML_BF16, FT_BF16, false},
+    [SYNTH_Q8_0] = {"q8_0", VKI_GGML_Q8_0, FT_Q8_0, false},
+    [SYNTH_Q4_0] = {"q4_0", VKI_GGML_Q4_0, FT_Q4_0, false},
+    [SYNTH_Q4_1] = {"q4_1", VKI_GGML_Q4_1, FT_Q4_1, false},
+    [SYNTH_Q5_0] = {"q5_0", VKI_GGML_Q5_0, FT_Q5_0, false},
+    [SYNTH_Q5_1] = {"q5_1", VKI_GGML_Q5_1, FT_Q5_1, false},
+    [SYNTH_IQ4_NL] = {"iq4_nl", VKI_GGML_IQ4_NL, FT_IQ4_NL, false},
+    [SYNTH_Q2_K] = {"q2_k", VKI_GGML_Q2_K, FT_Q2_K, false},
+    [SYNTH_Q3_K] = {"q3_k", VKI_GGML_Q3_K, FT_Q3_K_S, false},
+    [SYNTH_Q4_K] = {"q4_k", VKI_GGML_Q4_K, FT_Q4_K_S, false},
+    [SYNTH_Q5_K] = {"q5_k", VKI_GGML_Q5_K, FT_Q5_K_S, false},
+    [SYNTH_Q6_K] = {"q6_k", VKI_GGML_Q6_K, FT_Q6_K, false},
+    [SYNTH_IQ4_XS] = {"iq4_xs", VKI_GGML_IQ4_XS, FT_IQ4_XS, false},
+    [SYNTH_Q2_K_S] = {"q2_k_s", VKI_GGML_Q2_K, FT_Q2_K_S, true},
+    [SYNTH_Q3_K_S] = {"q3_k_s", VKI_GGML_Q3_K, FT_Q3_K_S, true},
+    [SYNTH_Q3_K_M] = {"q3_k_m", VKI_GGML_Q3_K, FT_Q3_K_M, true},
+    [SYNTH_Q3_K_L] = {"q3_k_l", VKI_GGML_Q3_K, FT_Q3_K_L, true},
+    [SYNTH_Q4_K_S] = {"q4_k_s", VKI_GGML_Q4_K, FT_Q4_K_S, true},
+    [SYNTH_Q4_K_M] = {"q4_k_m", VKI_GGML_Q4_K, FT_Q4_K_M, true},
+    [SYNTH_Q5_K_S] = {"q5_k_s", VKI_GGML_Q5_K, FT_Q5_K_S, true},
+    [SYNTH_Q5_K_M] = {"q5_k_m", VKI_GGML_Q5_K, FT_Q5_K_M, true},
 };
 
 const char *synth_wtype_name(synth_wtype t)
 {
-    return (unsigned)t < SYNTH_WTYPE_COUNT ? synth_wtype_names[t] : "invalid";
+    return (unsigned)t < SYNTH_WTYPE_COUNT ? synth_schemes[t].name : "invalid";
+}
+
+bool synth_wtype_is_mix(synth_wtype t)
+{
+    return (unsigned)t < SYNTH_WTYPE_COUNT && synth_schemes[t].mix;
 }
 
 bool synth_wtype_parse(const char *s, synth_wtype *out)
 {
     for (int i = 0; i < SYNTH_WTYPE_COUNT; i++)
-        if (!strcasecmp(s, synth_wtype_names[i])) {
+        if (!strcasecmp(s, synth_schemes[i].name)) {
             *out = (synth_wtype)i;
             return true;
         }
@@ -100,25 +129,79 @@ vki_status synth_preset(const char *name, synth_params *p)
 
 /* ---- tensor types ---------------------------------------------------------------------------- */
 
-/* llama.cpp's Q4_K_M rule for which layers' attn_v / ffn_down get Q6_K: the first and last
- * eighth of the layers and every third one in between. */
+/* llama.cpp's use_more_bits: the first and last eighth of the layers and every third one in
+ * between get more bits for attn_v / ffn_down in Q4_K_M and Q5_K_M. */
 static bool synth_more_bits(uint32_t layer, uint32_t n_layer)
 {
     return layer < n_layer / 8 || layer >= 7 * n_layer / 8 || (layer - n_layer / 8) % 3 == 2;
 }
 
+/* llama-quantize's per-tensor choice (llama.cpp src/llama-quant.cpp, llama_tensor_get_type) for
+ * the dense llama / qwen2 tensors this writer makes: t is the file type's base type; the MoE,
+ * 70B and importance-matrix rules do not apply. */
+static uint32_t llama_mix_type(const synth_params *p, uint32_t ftype, uint32_t t, const char *role, uint32_t il,
+                               uint64_t ne0)
+{
+    const uint32_t n = p->n_layer, gqa = p->n_head / p->n_head_kv;
+    const bool more = synth_more_bits(il, n);
+    if (!strcmp(role, "output") || (p->tied && !strcmp(role, "token_embd")))
+        return ne0 % quant_get(t)->block_elems ? VKI_GGML_Q8_0 : t == VKI_GGML_Q8_0 ? t : VKI_GGML_Q6_K;
+    if (!strcmp(role, "attn_v")) {
+        switch (ftype) {
+        case FT_Q2_K: return gqa >= 4 ? VKI_GGML_Q4_K : VKI_GGML_Q3_K;
+        case FT_Q2_K_S: return gqa >= 4 ? VKI_GGML_Q4_K : t;
+        case FT_Q3_K_M: return il < 2 ? VKI_GGML_Q5_K : VKI_GGML_Q4_K;
+        case FT_Q3_K_L: return VKI_GGML_Q5_K;
+        case FT_IQ4_NL: case FT_IQ4_XS: return gqa >= 4 ? VKI_GGML_Q5_K : t;
+        case FT_Q4_K_M: case FT_Q5_K_M: return more ? VKI_GGML_Q6_K : t;
+        case FT_Q4_K_S: return il < 4 ? VKI_GGML_Q5_K : t;
+        }
+    } else if (!strcmp(role, "ffn_down")) {
+        switch (ftype) {
+        case FT_Q2_K: return VKI_GGML_Q3_K;
+        case FT_Q2_K_S: return il < n / 8 ? VKI_GGML_Q4_K : t;
+        case FT_Q3_K_M: return il < n / 16 ? VKI_GGML_Q5_K : VKI_GGML_Q4_K;
+        case FT_Q3_K_L: return VKI_GGML_Q5_K;
+        case FT_Q4_K_M: case FT_Q5_K_M: return more ? VKI_GGML_Q6_K : t;
+        case FT_IQ4_NL: case FT_IQ4_XS: case FT_Q4_K_S: return il < n / 8 ? VKI_GGML_Q5_K : t;
+        }
+    } else if (!strcmp(role, "attn_output")) {
+        switch (ftype) {
+        case FT_Q2_K: return VKI_GGML_Q3_K;
+        case FT_Q3_K_M: return VKI_GGML_Q4_K;
+        case FT_Q3_K_L: return VKI_GGML_Q5_K;
+        }
+    }
+    return t;
+}
+
+/* llama.cpp's tensor_type_fallback for rows the block does not divide: a 32-element type of
+ * about the same size. It has none for the 32-element types (it stops); F16 is what it takes
+ * when 32 does not divide either, and what this writer takes in both cases. */
+static uint32_t llama_fallback(uint32_t t, uint64_t ne0)
+{
+    if (quant_row_bytes(t, ne0))
+        return t;
+    uint32_t f;
+    switch (t) {
+    case VKI_GGML_IQ4_XS: f = VKI_GGML_IQ4_NL; break;
+    case VKI_GGML_Q2_K: case VKI_GGML_Q3_K: f = VKI_GGML_Q4_0; break;
+    case VKI_GGML_Q4_K: f = VKI_GGML_Q5_0; break;
+    case VKI_GGML_Q5_K: f = VKI_GGML_Q5_1; break;
+    case VKI_GGML_Q6_K: f = VKI_GGML_Q8_0; break;
+    default: f = VKI_GGML_F16; break;
+    }
+    return quant_row_bytes(f, ne0) ? f : VKI_GGML_F16;
+}
+
 uint32_t synth_weight_type(const synth_params *p, const char *role, uint32_t layer, uint64_t ne0, bool fallback)
 {
-    uint32_t t = synth_wtype_ggml[p->wtype];
-    if (p->wtype == SYNTH_Q4_K_M) {
-        if (!strcmp(role, "output") || (p->tied && !strcmp(role, "token_embd")))
-            t = VKI_GGML_Q6_K;
-        else if ((!strcmp(role, "attn_v") || !strcmp(role, "ffn_down")) && synth_more_bits(layer, p->n_layer))
-            t = VKI_GGML_Q6_K;
-    }
-    if (fallback && quant_row_bytes(t, ne0) == 0)
-        t = VKI_GGML_F16; /* llama.cpp's last-resort fallback for rows the block does not divide */
-    return t;
+    const synth_scheme *s = &synth_schemes[p->wtype];
+    uint32_t t = s->type;
+    bool quantised = t != VKI_GGML_F32 && t != VKI_GGML_F16 && t != VKI_GGML_BF16; /* llama-quantize mixes only those */
+    if (quantised && (s->mix || p->llama_mix))
+        t = llama_mix_type(p, s->ftype, t, role, layer, ne0);
+    return fallback ? llama_fallback(t, ne0) : t;
 }
 
 /* ---- the tensor list ------------------------------------------------------------------------- */
@@ -240,9 +323,9 @@ static void log_fallbacks(synth_ctx *c)
         for (uint32_t j = 0; j < i && !seen; j++)
             seen = !strcmp(c->t[j].role, t->role) && c->t[j].type != synth_weight_type(c->p, t->role, c->t[j].layer, c->t[j].ne[0], false);
         if (!seen)
-            synth_log(c->p, "note: %s: row length %llu is not a multiple of the %s block (%u): written as f16, as "
-                      "llama.cpp falls back", t->role, (unsigned long long)t->ne[0], quant_get(want)->name,
-                      quant_get(want)->block_elems);
+            synth_log(c->p, "note: %s: row length %llu is not a multiple of the %s block (%u): written as %s, "
+                      "llama.cpp's fallback", t->role, (unsigned long long)t->ne[0], quant_get(want)->name,
+                      quant_get(want)->block_elems, quant_get(t->type)->name);
     }
 }
 
@@ -421,8 +504,8 @@ static vki_status write_metadata(synth_ctx *c, gguf_writer *w)
     } while (0)
     SET(gguf_w_set_str, "general.architecture%.0s", a);
     SET(gguf_w_set_str, "general.name%.0s", p->name ? p->name : "vkinfer-synthetic");
-    SET(gguf_w_set_u32, "general.file_type%.0s", synth_wtype_ftype[p->wtype]);
-    if (p->wtype != SYNTH_F32 && p->wtype != SYNTH_F16)
+    SET(gguf_w_set_u32, "general.file_type%.0s", synth_schemes[p->wtype].ftype);
+    if (p->wtype != SYNTH_F32 && p->wtype != SYNTH_F16 && p->wtype != SYNTH_BF16)
         SET(gguf_w_set_u32, "general.quantization_version%.0s", 2);
     SET(gguf_w_set_u32, "%s.context_length", p->n_ctx);
     SET(gguf_w_set_u32, "%s.embedding_length", p->d_model);

@@ -14,6 +14,14 @@
 
 #include "vkinfer.h"
 
+/* Weight schemes. A plain type puts every weight matrix in that type, as llama-quantize --pure
+ * does; a mix (the _s / _m / _l names, or any type with synth_params.llama_mix) makes
+ * llama-quantize's per-tensor choices for the llama file type of that name (llama.cpp's
+ * llama_tensor_get_type: output.weight in Q6_K, more bits for attn_v / ffn_down / attn_output of
+ * some layers). Either way a matrix whose rows the type's block does not divide takes the type
+ * llama.cpp falls back to (Q4_K -> Q5_0, Q5_K -> Q5_1, Q6_K -> Q8_0, Q2_K/Q3_K -> Q4_0,
+ * IQ4_XS -> IQ4_NL; F16 when even 32 does not divide). New values are appended so that the
+ * old ones keep their numbers. */
 typedef enum synth_wtype {
     SYNTH_F32,
     SYNTH_F16,
@@ -23,6 +31,22 @@ typedef enum synth_wtype {
     SYNTH_Q6_K,
     SYNTH_Q4_K_M, /* Q4_K, with Q6_K for output.weight (token_embd when tied) and for attn_v /
                      ffn_down of the layers llama.cpp's Q4_K_M gives more bits */
+    SYNTH_BF16,
+    SYNTH_Q4_1,
+    SYNTH_Q5_0,
+    SYNTH_Q5_1,
+    SYNTH_IQ4_NL,
+    SYNTH_Q2_K,
+    SYNTH_Q3_K,
+    SYNTH_Q5_K,
+    SYNTH_IQ4_XS,
+    SYNTH_Q2_K_S, /* llama-quantize's mixes, named as it names them */
+    SYNTH_Q3_K_S,
+    SYNTH_Q3_K_M,
+    SYNTH_Q3_K_L,
+    SYNTH_Q4_K_S,
+    SYNTH_Q5_K_S,
+    SYNTH_Q5_K_M,
     SYNTH_WTYPE_COUNT
 } synth_wtype;
 
@@ -42,7 +66,9 @@ typedef struct synth_params {
     float rms_eps;
     bool tied;              /* no output.weight: the LM head is token_embd */
     synth_wtype wtype;      /* norms and biases are always F32; a tensor whose row length is not
-                               a multiple of the type's block falls back to F16 (logged) */
+                               a multiple of the type's block takes llama.cpp's fallback (logged) */
+    bool llama_mix;         /* a plain wtype as llama-quantize's mix of that name (Q2_K: Q3_K for
+                               attn_v/attn_output/ffn_down, Q6_K output, ...); implied by mixes */
     uint64_t seed;
     /* Optional: notes (type fallbacks) and progress lines; msg has no newline. */
     void (*log)(void *user, const char *msg);
@@ -59,8 +85,9 @@ vki_status synth_preset(const char *name, synth_params *p);
 /* Names of the presets, NULL-terminated. */
 const char *const *synth_preset_names(void);
 
-const char *synth_wtype_name(synth_wtype t); /* "f32", ..., "q4_k_m" */
+const char *synth_wtype_name(synth_wtype t); /* "f32", ..., "q4_k_m", "iq4_xs", "q3_k_l" */
 bool synth_wtype_parse(const char *s, synth_wtype *out);
+bool synth_wtype_is_mix(synth_wtype t); /* a llama-quantize mix name (q4_k_m, q3_k_s, ...) */
 
 /* The ggml type (VKI_GGML_*) written for a weight matrix: role is the tensor name without
  * "blk.N." and ".weight" ("token_embd", "output", "attn_q", "ffn_down", ...), layer its block

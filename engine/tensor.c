@@ -13,10 +13,10 @@ vki_status vk_tensor_create(vkd_device *d, uint32_t type, uint64_t ne0, uint64_t
     t->type = type;
     t->ne0 = ne0;
     t->n_rows = n_rows;
-    t->row_bytes = quant_row_bytes(type, ne0);
+    t->row_bytes = quant_get(type) ? quant_row_bytes(type, ne0) : 0;
     if (!t->row_bytes || !n_rows) {
-        vkd_log(d, VKI_LOG_ERROR, "tensor %s: type %u with row length %llu is not supported", t->name, type,
-                (unsigned long long)ne0);
+        vkd_log(d, VKI_LOG_ERROR, "tensor %s: type %s (%u) with row length %llu is not supported", t->name,
+                quant_type_name(type), type, (unsigned long long)ne0);
         return VKI_ERR_UNSUPPORTED;
     }
     uint64_t limit = d->info.max_storage_buffer_range;

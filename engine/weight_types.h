@@ -6,12 +6,21 @@
 #ifndef VKI_ENGINE_WEIGHT_TYPES_H
 #define VKI_ENGINE_WEIGHT_TYPES_H
 
-#define VKK_WEIGHT_TYPES(X)                                                                     \
-    X(F32, f32)                                                                                 \
-    X(F16, f16)                                                                                 \
-    X(Q8_0, q8_0)                                                                               \
-    X(Q4_0, q4_0)                                                                               \
-    X(Q4_K, q4_k)                                                                               \
-    X(Q6_K, q6_k)
+#define VKK_WEIGHT_TYPES(X)                                                                 \
+    X(F32, f32)                                                                             \
+    X(F16, f16)                                                                             \
+    X(BF16, bf16)                                                                           \
+    X(Q8_0, q8_0)                                                                           \
+    X(Q4_0, q4_0)                                                                           \
+    X(Q4_1, q4_1)                                                                           \
+    X(Q5_0, q5_0)                                                                           \
+    X(Q5_1, q5_1)                                                                           \
+    X(IQ4_NL, iq4_nl)                                                                       \
+    X(Q2_K, q2_k)                                                                           \
+    X(Q3_K, q3_k)                                                                           \
+    X(Q4_K, q4_k)                                                                           \
+    X(Q5_K, q5_k)                                                                           \
+    X(Q6_K, q6_k)                                                                           \
+    X(IQ4_XS, iq4_xs)
 
 #endif

@@ -1,30 +1,37 @@
 // Dequantise-on-load for every weight type vkinfer runs: the raw GGUF/ggml block bytes stay on
 // the device and the kernels expand them in registers. Block layouts: shaders/vki_shared.h.
 //
-// A kernel defines DQ_BINDING (the weight binding) and exactly one of DQ_F32, DQ_F16, DQ_Q8_0,
-// DQ_Q4_0, DQ_Q4_K, DQ_Q6_K (shaders.cmake), then includes this file after common.glsl. It may be
+// A kernel defines DQ_BINDING (the weight binding) and exactly one of DQ_F32, DQ_F16, DQ_BF16,
+// DQ_Q8_0, DQ_Q4_0, DQ_Q4_1, DQ_Q5_0, DQ_Q5_1, DQ_IQ4_NL, DQ_Q2_K, DQ_Q3_K, DQ_Q4_K, DQ_Q5_K,
+// DQ_Q6_K, DQ_IQ4_XS (shaders.cmake), then includes this file after common.glsl. It may be
 // included read-only by other kernels that read weights.
 //
 // What it offers (rb = dq_row_base(row, stride_bytes), the row start in this type's load unit):
-//   DQ_BLOCK            elements per block (F32/F16: 16, a tiling granule only; any K works)
+//   DQ_BLOCK            elements per block (F32/F16/BF16: 16, a tiling granule only; any K works)
 //   DQ_UNITS            GEMV work items per block; a unit is 16 elements = 4 groups of 4
-//                       (F32/F16: only whole units; the caller handles K % 16 with dq_load1)
+//                       (F32/F16/BF16: only whole units; the caller handles K % 16 with dq_load1)
 //   dq_unit(rb, ib, iu, w)      the 4 groups of unit iu of block ib (decoded once per unit:
 //                               the block scale and sub-block scales are loaded once for 16
 //                               weights, which keeps the GEMV memory-bound rather than ALU-bound)
-//   dq_load1(rb, k)             F32/F16 only (DQ_FLOAT): element k (row tails)
+//   dq_load1(rb, k)             F32/F16/BF16 only (DQ_FLOAT): element k (row tails)
 //   dq_unit_k(iu, g)            element offset of group g of unit iu inside its block
 //   dq_load4(rb, k, K)          elements k..k+3 of the row (k % 4 == 0): the GEMM tile loader and
-//                               the row gather; elements >= K read as 0 (F32/F16 tails)
+//                               the row gather; elements >= K read as 0 (F32/F16/BF16 tails)
+// Values are computed in the f32 operation order of vki_shared.h (that of ggml's reference), so
+// they match engine/quant.c up to the compiler's freedom to fuse a multiply-add.
 //
-// Storage views. Q8_0 (34 B), Q4_0 (18 B) and Q6_K (210 B) blocks and F16 rows of odd length are
-// only 2-byte aligned, so they are read through 16-bit storage (GL_EXT_shader_16bit_storage,
-// uint16_t only converted to 32-bit on load, so shaderInt16 is not needed); the host refuses
-// these types with VKI_ERR_UNSUPPORTED on a device without storageBuffer16BitAccess. 16-bit
-// rather than 8-bit loads halve the load count. Q4_K blocks (144 B) are 16-byte aligned and
-// use 16/8/4-byte loads. F32 and 8-aligned F16 rows use 16-byte vector loads.
+// Storage views: every type is read with the widest loads its block alignment allows. Blocks
+// that are only 2-byte aligned (F16/BF16 rows of odd length, Q8_0 34 B, Q4_0 and IQ4_NL 18 B,
+// Q5_0 22 B, Q3_K 110 B, Q6_K 210 B) are read through 16-bit storage
+// (GL_EXT_shader_16bit_storage, uint16_t only converted to 32-bit on load, so shaderInt16 is not
+// needed); the host refuses these types with VKI_ERR_UNSUPPORTED on a device without
+// storageBuffer16BitAccess. 16-bit rather than 8-bit loads halve the load count. 4-byte aligned
+// blocks (Q4_1 20 B, Q2_K 84 B) use 32-bit loads, 8-byte aligned ones (Q5_1 24 B, IQ4_XS 136 B)
+// 8-byte loads, 16-byte aligned ones (Q4_K 144 B, Q5_K 176 B) 16-byte loads for the header. F32
+// and 8-aligned F16/BF16 rows use 16-byte vector loads.
 
-#if defined(DQ_F16) || defined(DQ_Q8_0) || defined(DQ_Q4_0) || defined(DQ_Q6_K)
+#if defined(DQ_F16) || defined(DQ_BF16) || defined(DQ_Q8_0) || defined(DQ_Q4_0) || defined(DQ_Q5_0) || \
+    defined(DQ_IQ4_NL) || defined(DQ_Q3_K) || defined(DQ_Q6_K)
 #extension GL_EXT_shader_16bit_storage : require
 #endif
 
@@ -33,6 +40,38 @@
 // Four bytes of a 32-bit word, low byte first, unsigned / sign-extended.
 uvec4 dq_bytes(uint w) { return (uvec4(w) >> uvec4(0u, 8u, 16u, 24u)) & 0xFFu; }
 vec4 dq_sbytes(uint w) { return vec4(ivec4(uvec4(w) << uvec4(24u, 16u, 8u, 0u)) >> 24); }
+// Bits j..j+3 of w, one per lane (the fifth bits of Q5_0 / Q5_1 elements j..j+3).
+uvec4 dq_bits4(uint w, uint j) { return (uvec4(w >> j) >> uvec4(0u, 1u, 2u, 3u)) & 1u; }
+
+// Nibble-packed 32-weight (sub-)blocks (Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, IQ4_XS): qs byte j holds
+// element j (low nibble) and j + 16 (high nibble). A GEMV unit iu is the 8 bytes 8iu.. read as
+// two words q0, q1: group g's 4 nibbles are dq_nib4(q0, q1, g), its elements dq_nib_k(iu, g)...
+uvec4 dq_nib4(uint q0, uint q1, uint g) { return dq_bytes((((g & 1u) != 0u ? q1 : q0) >> (4u * (g >> 1))) & 0x0F0F0F0Fu); }
+uint dq_nib_k(uint iu, uint g) { return 8u * iu + 4u * (g & 1u) + 16u * (g >> 1); }
+// ... and elements j..j+3 (j % 4 == 0) are nibbles of the qs word at byte j % 16.
+uvec4 dq_nib_at(uint w, uint j) { return dq_bytes((w >> (j >= 16u ? 4u : 0u)) & 0x0F0F0F0Fu); }
+
+// For the 16-bit views (dq_w of uint16_t): a 32-bit word and an f16 at a uint16 index.
+#define DQ_U16_HELPERS                                                                              \
+    uint dq_u32(uint i) { return uint(dq_w[i]) | (uint(dq_w[i + 1u]) << 16); }                    \
+    float dq_half(uint i) { return unpackHalf2x16(uint(dq_w[i])).x; }
+
+#if defined(DQ_IQ4_NL) || defined(DQ_IQ4_XS)
+// The 16 IQ4 levels as int8 bytes in 4 words (folded at compile time), looked up with selects
+// and shifts: no indexed array, which lavapipe turns into a per-lane stack copy (measured 100x
+// slower than this in the GEMV) and NVIDIA serialises across a warp's distinct indices.
+const int dq_iq4_levels[16] = int[16](VKI_IQ4NL_VALUES);
+#define DQ_IQ4_WORD(i) ((uint(dq_iq4_levels[4 * i]) & 0xFFu) | ((uint(dq_iq4_levels[4 * i + 1]) & 0xFFu) << 8) | \
+                        ((uint(dq_iq4_levels[4 * i + 2]) & 0xFFu) << 16) | (uint(dq_iq4_levels[4 * i + 3]) << 24))
+const uvec4 dq_iq4_words = uvec4(DQ_IQ4_WORD(0), DQ_IQ4_WORD(1), DQ_IQ4_WORD(2), DQ_IQ4_WORD(3));
+// Levels of 4 nibbles n (each < 16): pick the word n/4, then its byte n%4, sign-extended.
+vec4 dq_iq4(uvec4 n) {
+    uvec4 lo = mix(uvec4(dq_iq4_words.x), uvec4(dq_iq4_words.y), greaterThanEqual(n, uvec4(4u)));
+    uvec4 hi = mix(uvec4(dq_iq4_words.z), uvec4(dq_iq4_words.w), greaterThanEqual(n, uvec4(12u)));
+    uvec4 w = mix(lo, hi, greaterThanEqual(n, uvec4(8u)));
+    return vec4(ivec4(w << (24u - 8u * (n & 3u))) >> 24);
+}
+#endif
 
 #if defined(DQ_F32) // ------------------------------------------------------------------------
 // W: f32[rows][stride/4]. rb in floats.
@@ -62,20 +101,26 @@ void dq_unit(uint rb, uint ib, uint iu, out vec4 w[DQ_UNIT_V4]) {
 }
 uint dq_unit_k(uint iu, uint g) { return 4u * g; }
 
-#elif defined(DQ_F16) // ----------------------------------------------------------------------
-// W: f16[rows][stride/2]. rb in halves. 16-byte loads (8 halves) when the row is 8-aligned.
+#elif defined(DQ_F16) || defined(DQ_BF16) // ----------------------------------------------------
+// W: f16 or bf16 [rows][stride/2]. rb in halves. 16-byte loads (8 halves) when the row is
+// 8-aligned. dq_h2: the two values of a 32-bit word (lower element in the low half).
 layout(std430, binding = DQ_BINDING) readonly buffer DqW { uint16_t dq_w[]; };
 layout(std430, binding = DQ_BINDING) readonly buffer DqW2 { uvec2 dq_w4[]; };
 layout(std430, binding = DQ_BINDING) readonly buffer DqW8 { uvec4 dq_w8[]; };
 #define DQ_BLOCK 16u
 #define DQ_UNITS 1u
 #define DQ_FLOAT 1
+#ifdef DQ_F16
+vec2 dq_h2(uint u) { return unpackHalf2x16(u); }
+#else // bf16: the top 16 bits of an f32
+vec2 dq_h2(uint u) { return vec2(uintBitsToFloat(u << 16), uintBitsToFloat(u & 0xFFFF0000u)); }
+#endif
 uint dq_row_base(uint row, uint stride_bytes) { return row * (stride_bytes >> 1); }
-float dq_load1(uint rb, uint k) { return unpackHalf2x16(uint(dq_w[rb + k])).x; }
+float dq_load1(uint rb, uint k) { return dq_h2(uint(dq_w[rb + k])).x; }
 vec4 dq_load4(uint rb, uint k, uint K) {
     if ((rb & 3u) == 0u && k + 4u <= K) {
         uvec2 u = dq_w4[(rb + k) >> 2];
-        return vec4(unpackHalf2x16(u.x), unpackHalf2x16(u.y));
+        return vec4(dq_h2(u.x), dq_h2(u.y));
     }
     vec4 v = vec4(0.0);
     [[unroll]] for (uint i = 0u; i < 4u; i++)
@@ -86,14 +131,14 @@ void dq_unit(uint rb, uint ib, uint iu, out vec4 w[DQ_UNIT_V4]) {
     const uint i = rb + ib * 16u;
     if ((rb & 7u) == 0u) {
         uvec4 a = dq_w8[i >> 3], b = dq_w8[(i >> 3) + 1u];
-        w[0] = vec4(unpackHalf2x16(a.x), unpackHalf2x16(a.y));
-        w[1] = vec4(unpackHalf2x16(a.z), unpackHalf2x16(a.w));
-        w[2] = vec4(unpackHalf2x16(b.x), unpackHalf2x16(b.y));
-        w[3] = vec4(unpackHalf2x16(b.z), unpackHalf2x16(b.w));
+        w[0] = vec4(dq_h2(a.x), dq_h2(a.y));
+        w[1] = vec4(dq_h2(a.z), dq_h2(a.w));
+        w[2] = vec4(dq_h2(b.x), dq_h2(b.y));
+        w[3] = vec4(dq_h2(b.z), dq_h2(b.w));
     } else {
         [[unroll]] for (uint g = 0u; g < 4u; g++)
-            w[g] = vec4(unpackHalf2x16(uint(dq_w[i + 4u * g]) | (uint(dq_w[i + 4u * g + 1u]) << 16)),
-                        unpackHalf2x16(uint(dq_w[i + 4u * g + 2u]) | (uint(dq_w[i + 4u * g + 3u]) << 16)));
+            w[g] = vec4(dq_h2(uint(dq_w[i + 4u * g]) | (uint(dq_w[i + 4u * g + 1u]) << 16)),
+                        dq_h2(uint(dq_w[i + 4u * g + 2u]) | (uint(dq_w[i + 4u * g + 3u]) << 16)));
     }
 }
 uint dq_unit_k(uint iu, uint g) { return 4u * g; }
@@ -104,8 +149,7 @@ layout(std430, binding = DQ_BINDING) readonly buffer DqW { uint16_t dq_w[]; };
 #define DQ_BLOCK 32u
 #define DQ_UNITS 2u
 uint dq_row_base(uint row, uint stride_bytes) { return row * (stride_bytes >> 1); }
-uint dq_u32(uint i) { return uint(dq_w[i]) | (uint(dq_w[i + 1u]) << 16); }
-float dq_half(uint i) { return unpackHalf2x16(uint(dq_w[i])).x; }
+DQ_U16_HELPERS
 vec4 dq_load4(uint rb, uint k, uint K) {
     uint b = rb + (k >> 5) * 17u;
     return dq_half(b) * dq_sbytes(dq_u32(b + 1u + ((k & 31u) >> 1)));
@@ -119,42 +163,197 @@ void dq_unit(uint rb, uint ib, uint iu, out vec4 w[DQ_UNIT_V4]) {
 uint dq_unit_k(uint iu, uint g) { return 16u * iu + 4u * g; }
 
 #elif defined(DQ_Q4_0) // ---------------------------------------------------------------------
-// W: 9 uint16 per block { f16 d; uint8 qs[16] }; byte j holds element j (low nibble) and
-// j + 16 (high nibble). rb in uint16. w = (q - 8) * d.
+// W: 9 uint16 per block { f16 d; uint8 qs[16] } (nibbles as above). rb in uint16.
+// w = (q - 8) * d.
 layout(std430, binding = DQ_BINDING) readonly buffer DqW { uint16_t dq_w[]; };
 #define DQ_BLOCK 32u
 #define DQ_UNITS 2u
 uint dq_row_base(uint row, uint stride_bytes) { return row * (stride_bytes >> 1); }
-uint dq_u32(uint i) { return uint(dq_w[i]) | (uint(dq_w[i + 1u]) << 16); }
-float dq_half(uint i) { return unpackHalf2x16(uint(dq_w[i])).x; }
+DQ_U16_HELPERS
 vec4 dq_load4(uint rb, uint k, uint K) {
     uint b = rb + (k >> 5) * 9u, j = k & 31u;
-    uint q = dq_u32(b + 1u + ((j & 15u) >> 1)) >> (j >= 16u ? 4u : 0u);
-    return dq_half(b) * (vec4(dq_bytes(q & 0x0F0F0F0Fu)) - 8.0);
+    return dq_half(b) * (vec4(dq_nib_at(dq_u32(b + 1u + ((j & 15u) >> 1)), j)) - 8.0);
 }
-// Unit iu: bytes 8iu..8iu+7 -> elements 8iu..8iu+7 (low nibbles) and 16+8iu.. (high nibbles).
 void dq_unit(uint rb, uint ib, uint iu, out vec4 w[DQ_UNIT_V4]) {
     uint b = rb + ib * 9u;
     float d = dq_half(b);
     uint q0 = dq_u32(b + 1u + 4u * iu), q1 = dq_u32(b + 3u + 4u * iu);
-    w[0] = d * (vec4(dq_bytes(q0 & 0x0F0F0F0Fu)) - 8.0);
-    w[1] = d * (vec4(dq_bytes(q1 & 0x0F0F0F0Fu)) - 8.0);
-    w[2] = d * (vec4(dq_bytes((q0 >> 4) & 0x0F0F0F0Fu)) - 8.0);
-    w[3] = d * (vec4(dq_bytes((q1 >> 4) & 0x0F0F0F0Fu)) - 8.0);
+    [[unroll]] for (uint g = 0u; g < 4u; g++) w[g] = d * (vec4(dq_nib4(q0, q1, g)) - 8.0);
 }
-uint dq_unit_k(uint iu, uint g) { return 8u * iu + 4u * (g & 1u) + 16u * (g >> 1); }
+uint dq_unit_k(uint iu, uint g) { return dq_nib_k(iu, g); }
 
-#elif defined(DQ_Q4_K) // ---------------------------------------------------------------------
-// W: 36 uint32 per block { f16 d, dmin; uint8 scales[12]; uint8 qs[128] }. rb in uint32.
+#elif defined(DQ_Q4_1) // ---------------------------------------------------------------------
+// W: 5 uint32 per block { f16 d, m; uint8 qs[16] } (20 B: 4-byte aligned). rb in uint32.
+// w = d * q + m.
+layout(std430, binding = DQ_BINDING) readonly buffer DqW { uint dq_w[]; };
+#define DQ_BLOCK 32u
+#define DQ_UNITS 2u
+uint dq_row_base(uint row, uint stride_bytes) { return row * (stride_bytes >> 2); }
+vec4 dq_load4(uint rb, uint k, uint K) {
+    uint b = rb + (k >> 5) * 5u, j = k & 31u;
+    vec2 dm = unpackHalf2x16(dq_w[b]);
+    return dm.x * vec4(dq_nib_at(dq_w[b + 1u + ((j & 15u) >> 2)], j)) + dm.y;
+}
+void dq_unit(uint rb, uint ib, uint iu, out vec4 w[DQ_UNIT_V4]) {
+    uint b = rb + ib * 5u;
+    vec2 dm = unpackHalf2x16(dq_w[b]);
+    uint q0 = dq_w[b + 1u + 2u * iu], q1 = dq_w[b + 2u + 2u * iu];
+    [[unroll]] for (uint g = 0u; g < 4u; g++) w[g] = dm.x * vec4(dq_nib4(q0, q1, g)) + dm.y;
+}
+uint dq_unit_k(uint iu, uint g) { return dq_nib_k(iu, g); }
+
+#elif defined(DQ_Q5_0) || defined(DQ_Q5_1) // -----------------------------------------------------
+// Q5_0: 11 uint16 per block { f16 d; uint8 qh[4]; uint8 qs[16] } (22 B: 2-byte aligned), rb in
+//       uint16, w = d * (q - 16);
+// Q5_1: 3 uvec2 per block { f16 d, m; uint8 qh[4]; uint8 qs[16] } (24 B: 8-byte aligned: the
+//       header d, m, qh is one 8-byte load and a unit's 8 qs bytes another), rb in uint32,
+//       w = d * q + m.
+// q: the nibble, and element j's fifth bit is bit j of the u32 qh.
+#define DQ_BLOCK 32u
+#define DQ_UNITS 2u
+vec4 dq_q5(uvec4 nib, uint qh, uint j) { return vec4(nib | (dq_bits4(qh, j) << 4)); }
+#ifdef DQ_Q5_0
+layout(std430, binding = DQ_BINDING) readonly buffer DqW { uint16_t dq_w[]; };
+uint dq_row_base(uint row, uint stride_bytes) { return row * (stride_bytes >> 1); }
+DQ_U16_HELPERS
+vec4 dq_load4(uint rb, uint k, uint K) {
+    uint b = rb + (k >> 5) * 11u, j = k & 31u;
+    return dq_half(b) * (dq_q5(dq_nib_at(dq_u32(b + 3u + ((j & 15u) >> 1)), j), dq_u32(b + 1u), j) - 16.0);
+}
+void dq_unit(uint rb, uint ib, uint iu, out vec4 w[DQ_UNIT_V4]) {
+    uint b = rb + ib * 11u, qh = dq_u32(b + 1u);
+    float d = dq_half(b);
+    uint q0 = dq_u32(b + 3u + 4u * iu), q1 = dq_u32(b + 5u + 4u * iu);
+    [[unroll]] for (uint g = 0u; g < 4u; g++) w[g] = d * (dq_q5(dq_nib4(q0, q1, g), qh, dq_nib_k(iu, g)) - 16.0);
+}
+#else
+layout(std430, binding = DQ_BINDING) readonly buffer DqW { uint dq_w[]; };
+layout(std430, binding = DQ_BINDING) readonly buffer DqW2 { uvec2 dq_w2[]; };
+uint dq_row_base(uint row, uint stride_bytes) { return row * (stride_bytes >> 2); }
+vec4 dq_load4(uint rb, uint k, uint K) {
+    uint b = rb + (k >> 5) * 6u, j = k & 31u;
+    uvec2 hd = dq_w2[b >> 1];
+    vec2 dm = unpackHalf2x16(hd.x);
+    return dm.x * dq_q5(dq_nib_at(dq_w[b + 2u + ((j & 15u) >> 2)], j), hd.y, j) + dm.y;
+}
+void dq_unit(uint rb, uint ib, uint iu, out vec4 w[DQ_UNIT_V4]) {
+    uint b2 = (rb + ib * 6u) >> 1;
+    uvec2 hd = dq_w2[b2], q = dq_w2[b2 + 1u + iu];
+    vec2 dm = unpackHalf2x16(hd.x);
+    [[unroll]] for (uint g = 0u; g < 4u; g++) w[g] = dm.x * dq_q5(dq_nib4(q.x, q.y, g), hd.y, dq_nib_k(iu, g)) + dm.y;
+}
+#endif
+uint dq_unit_k(uint iu, uint g) { return dq_nib_k(iu, g); }
+
+#elif defined(DQ_IQ4_NL) // -------------------------------------------------------------------
+// W: 9 uint16 per block { f16 d; uint8 qs[16] } (18 B, as Q4_0). w = d * level[nibble].
+layout(std430, binding = DQ_BINDING) readonly buffer DqW { uint16_t dq_w[]; };
+#define DQ_BLOCK 32u
+#define DQ_UNITS 2u
+uint dq_row_base(uint row, uint stride_bytes) { return row * (stride_bytes >> 1); }
+DQ_U16_HELPERS
+vec4 dq_load4(uint rb, uint k, uint K) {
+    uint b = rb + (k >> 5) * 9u, j = k & 31u;
+    return dq_half(b) * dq_iq4(dq_nib_at(dq_u32(b + 1u + ((j & 15u) >> 1)), j));
+}
+void dq_unit(uint rb, uint ib, uint iu, out vec4 w[DQ_UNIT_V4]) {
+    uint b = rb + ib * 9u;
+    float d = dq_half(b);
+    uint q0 = dq_u32(b + 1u + 4u * iu), q1 = dq_u32(b + 3u + 4u * iu);
+    [[unroll]] for (uint g = 0u; g < 4u; g++) w[g] = d * dq_iq4(dq_nib4(q0, q1, g));
+}
+uint dq_unit_k(uint iu, uint g) { return dq_nib_k(iu, g); }
+
+#elif defined(DQ_Q2_K) // ---------------------------------------------------------------------
+// W: 21 uint32 per block { uint8 scales[16]; uint8 qs[64]; f16 d, dmin } (84 B: 4-byte aligned).
+// rb in uint32. Element 128n + 32j + l: q = (qs[32n + l] >> 2j) & 3, sub-block s = 8n + 2j +
+// l/16 with scales[s] = sc | m << 4: w = (d * sc) * q - dmin * m.
+layout(std430, binding = DQ_BINDING) readonly buffer DqW { uint dq_w[]; };
+#define DQ_BLOCK 256u
+#define DQ_UNITS 16u
+uint dq_row_base(uint row, uint stride_bytes) { return row * (stride_bytes >> 2); }
+// Elements of one sub-block from their 2-bit codes (4 per byte lane, already shifted down).
+vec4 dq_q2k(vec2 dm, uint sc, uint q) {
+    return (dm.x * float(sc & 15u)) * vec4(dq_bytes(q & 0x03030303u)) - dm.y * float(sc >> 4);
+}
+vec4 dq_load4(uint rb, uint k, uint K) {
+    uint b = rb + (k >> 8) * 21u, kb = k & 255u, n = kb >> 7, j = (kb >> 5) & 3u, l = kb & 31u;
+    uint s = 8u * n + 2u * j + (l >> 4);
+    uint sc = (dq_w[b + (s >> 2)] >> (8u * (s & 3u))) & 0xFFu;
+    return dq_q2k(unpackHalf2x16(dq_w[b + 20u]), sc, dq_w[b + 4u + 8u * n + (l >> 2)] >> (2u * j));
+}
+// Unit iu: l = 4(iu%8) .. +3 of half n = iu/8, all four shifts j: one qs word serves 16
+// weights; their 4 scales are bytes h, h+2 of scale words 2n and 2n+1 (h = l/16).
+void dq_unit(uint rb, uint ib, uint iu, out vec4 w[DQ_UNIT_V4]) {
+    uint b = rb + ib * 21u, n = iu >> 3, h = 8u * ((iu >> 2) & 1u);
+    vec2 dm = unpackHalf2x16(dq_w[b + 20u]);
+    uint s0 = dq_w[b + 2u * n], s1 = dq_w[b + 2u * n + 1u], q = dq_w[b + 4u + 8u * n + (iu & 7u)];
+    w[0] = dq_q2k(dm, (s0 >> h) & 0xFFu, q);
+    w[1] = dq_q2k(dm, (s0 >> (h + 16u)) & 0xFFu, q >> 2);
+    w[2] = dq_q2k(dm, (s1 >> h) & 0xFFu, q >> 4);
+    w[3] = dq_q2k(dm, (s1 >> (h + 16u)) & 0xFFu, q >> 6);
+}
+uint dq_unit_k(uint iu, uint g) { return 128u * (iu >> 3) + 4u * (iu & 7u) + 32u * g; }
+
+#elif defined(DQ_Q3_K) // ---------------------------------------------------------------------
+// W: 55 uint16 per block { uint8 hmask[32]; uint8 qs[64]; uint8 scales[12]; f16 d } (110 B:
+// 2-byte aligned). rb in uint16. Element e = 128n + 32j + l: q = ((qs[32n + l] >> 2j) & 3) -
+// (bit e/32 of hmask[l] ? 0 : 4), 6-bit scale s = 8n + 2j + l/16: w = (d * (scale - 32)) * q.
+layout(std430, binding = DQ_BINDING) readonly buffer DqW { uint16_t dq_w[]; };
+#define DQ_BLOCK 256u
+#define DQ_UNITS 16u
+uint dq_row_base(uint row, uint stride_bytes) { return row * (stride_bytes >> 1); }
+DQ_U16_HELPERS
+// d * (scale s - 32) from the 12 scale bytes sc (x: bytes 0-3, y: 4-7, z: 8-11): low 4 bits in
+// nibble s/8 of byte s%8, top 2 bits at 2(s/4) of byte 8 + s%4.
+float dq_q3k_scale(float d, uvec3 sc, uint s) {
+    uint lo = ((s & 4u) != 0u ? sc.y : sc.x) >> (8u * (s & 3u) + 4u * (s >> 3));
+    uint hi = sc.z >> (8u * (s & 3u) + 2u * (s >> 2));
+    return d * float(int((lo & 15u) | ((hi & 3u) << 4)) - 32);
+}
+// q for 4 elements: 2 low bits at shift 2j of qw's bytes, the hmask bit at hs of hw's bytes.
+vec4 dq_q3k(uint qw, uint hw, uint j, uint hs) {
+    return vec4(dq_bytes(((qw >> (2u * j)) & 0x03030303u) | (((hw >> hs) & 0x01010101u) << 2))) - 4.0;
+}
+vec4 dq_load4(uint rb, uint k, uint K) {
+    uint b = rb + (k >> 8) * 55u, kb = k & 255u, n = kb >> 7, j = (kb >> 5) & 3u, l = kb & 31u;
+    uvec3 sc = uvec3(dq_u32(b + 48u), dq_u32(b + 50u), dq_u32(b + 52u));
+    float d = dq_half(b + 54u);
+    return dq_q3k_scale(d, sc, 8u * n + 2u * j + (l >> 4)) *
+           dq_q3k(dq_u32(b + 16u + 16u * n + (l >> 1)), dq_u32(b + (l >> 1)), j, 4u * n + j);
+}
+// Unit iu: l = 4(iu%8) .. +3 of half n = iu/8, all four shifts j (as Q2_K).
+void dq_unit(uint rb, uint ib, uint iu, out vec4 w[DQ_UNIT_V4]) {
+    uint b = rb + ib * 55u, n = iu >> 3, li = iu & 7u, h = li >> 2;
+    uvec3 sc = uvec3(dq_u32(b + 48u), dq_u32(b + 50u), dq_u32(b + 52u));
+    float d = dq_half(b + 54u);
+    uint qw = dq_u32(b + 16u + 16u * n + 2u * li), hw = dq_u32(b + 2u * li);
+    [[unroll]] for (uint j = 0u; j < 4u; j++)
+        w[j] = dq_q3k_scale(d, sc, 8u * n + 2u * j + h) * dq_q3k(qw, hw, j, 4u * n + j);
+}
+uint dq_unit_k(uint iu, uint g) { return 128u * (iu >> 3) + 4u * (iu & 7u) + 32u * g; }
+
+#elif defined(DQ_Q4_K) || defined(DQ_Q5_K) // ---------------------------------------------------
+// W: Q4_K: 36 uint32 per block { f16 d, dmin; uint8 scales[12]; uint8 qs[128] } (144 B);
+//    Q5_K: 44 uint32 per block { f16 d, dmin; uint8 scales[12]; uint8 qh[32]; uint8 qs[128] }
+//    (176 B). rb in uint32.
 // Sub-block j (32 elements) has a 6-bit scale sc and min m: w = d*sc*q - dmin*m. qs bytes
-// 32c..32c+31 hold elements 64c.. (low nibbles, sub-block 2c) and 64c+32.. (high, 2c+1).
-// Blocks are 144 = 9 * 16 bytes, so the header (d, dmin, scales) is one 16-byte load and a
-// unit's 8 qs bytes one 8-byte load.
+// 32c..32c+31 hold elements 64c.. (low nibbles, sub-block 2c) and 64c+32.. (high, 2c+1); Q5_K's
+// fifth bit of element 64c + 32h + l is bit 2c + h of qh[l].
+// Both blocks are multiples of 16 bytes, so the header (d, dmin, scales) is one 16-byte load and
+// a unit's 8 qs bytes (and 8 qh bytes) one 8-byte load.
 layout(std430, binding = DQ_BINDING) readonly buffer DqW { uint dq_w[]; };
 layout(std430, binding = DQ_BINDING) readonly buffer DqW2 { uvec2 dq_w2[]; };
 layout(std430, binding = DQ_BINDING) readonly buffer DqW4 { uvec4 dq_w4[]; };
 #define DQ_BLOCK 256u
 #define DQ_UNITS 16u
+#ifdef DQ_Q5_K
+#define DQ_KW 44u  // uint32 per block
+#define DQ_KQS 12u // first qs word
+#else
+#define DQ_KW 36u
+#define DQ_KQS 4u
+#endif
 uint dq_row_base(uint row, uint stride_bytes) { return row * (stride_bytes >> 2); }
 // (d*sc, dmin*m) of sub-block j (0..7) from the block header hd = {d|dmin, scales[0..11]}.
 // The 12 scale bytes pack eight 6-bit pairs: j < 4 in the low 6 bits of bytes j / j+4; j >= 4
@@ -172,23 +371,37 @@ vec2 dq_q4k_scale(uvec4 hd, uint j) {
     }
     return vec2(dm.x * float(sc), dm.y * float(m));
 }
+// q of 4 elements from their nibbles (shifted down) and, for Q5_K, qh bytes shifted to the bit.
+vec4 dq_k5(uint nib, uint qh) {
+#ifdef DQ_Q5_K
+    return vec4(dq_bytes((nib & 0x0F0F0F0Fu) | ((qh & 0x01010101u) << 4)));
+#else
+    return vec4(dq_bytes(nib & 0x0F0F0F0Fu));
+#endif
+}
 vec4 dq_load4(uint rb, uint k, uint K) {
-    uint b = rb + (k >> 8) * 36u, kb = k & 255u, c = kb >> 6, h = (kb >> 5) & 1u;
+    uint b = rb + (k >> 8) * DQ_KW, kb = k & 255u, c = kb >> 6, h = (kb >> 5) & 1u, l = kb & 31u;
     vec2 s = dq_q4k_scale(dq_w4[b >> 2], 2u * c + h);
-    uint q = (dq_w[b + 4u + 8u * c + ((kb & 31u) >> 2)] >> (4u * h)) & 0x0F0F0F0Fu;
-    return s.x * vec4(dq_bytes(q)) - s.y;
+    uint qh = 0u;
+#ifdef DQ_Q5_K
+    qh = dq_w[b + 4u + (l >> 2)] >> (2u * c + h);
+#endif
+    return s.x * dq_k5(dq_w[b + DQ_KQS + 8u * c + (l >> 2)] >> (4u * h), qh) - s.y;
 }
 // Unit iu: 8 qs bytes 32c+8s.. (c = iu/4, s = iu%4): elements 64c+8s+0..7 (low nibbles) and
-// 64c+32+8s+0..7 (high nibbles).
+// 64c+32+8s+0..7 (high nibbles); for Q5_K also qh bytes 8s..8s+7.
 void dq_unit(uint rb, uint ib, uint iu, out vec4 w[DQ_UNIT_V4]) {
-    uint b = rb + ib * 36u, c = iu >> 2, s = iu & 3u;
+    uint b = rb + ib * DQ_KW, c = iu >> 2, s = iu & 3u;
     uvec4 hd = dq_w4[b >> 2];
     vec2 lo = dq_q4k_scale(hd, 2u * c), hi = dq_q4k_scale(hd, 2u * c + 1u);
-    uvec2 q = dq_w2[(b + 4u + 8u * c + 2u * s) >> 1];
-    w[0] = lo.x * vec4(dq_bytes(q.x & 0x0F0F0F0Fu)) - lo.y;
-    w[1] = lo.x * vec4(dq_bytes(q.y & 0x0F0F0F0Fu)) - lo.y;
-    w[2] = hi.x * vec4(dq_bytes((q.x >> 4) & 0x0F0F0F0Fu)) - hi.y;
-    w[3] = hi.x * vec4(dq_bytes((q.y >> 4) & 0x0F0F0F0Fu)) - hi.y;
+    uvec2 q = dq_w2[(b + DQ_KQS + 8u * c + 2u * s) >> 1], qh = uvec2(0u);
+#ifdef DQ_Q5_K
+    qh = dq_w2[(b + 4u + 2u * s) >> 1] >> (2u * c);
+#endif
+    w[0] = lo.x * dq_k5(q.x, qh.x) - lo.y;
+    w[1] = lo.x * dq_k5(q.y, qh.y) - lo.y;
+    w[2] = hi.x * dq_k5(q.x >> 4, qh.x >> 1) - hi.y;
+    w[3] = hi.x * dq_k5(q.y >> 4, qh.y >> 1) - hi.y;
 }
 uint dq_unit_k(uint iu, uint g) { return 64u * (iu >> 2) + 8u * (iu & 3u) + 4u * (g & 1u) + 32u * (g >> 1); }
 
@@ -201,7 +414,7 @@ layout(std430, binding = DQ_BINDING) readonly buffer DqW { uint16_t dq_w[]; };
 #define DQ_BLOCK 256u
 #define DQ_UNITS 16u
 uint dq_row_base(uint row, uint stride_bytes) { return row * (stride_bytes >> 1); }
-uint dq_u32(uint i) { return uint(dq_w[i]) | (uint(dq_w[i + 1u]) << 16); }
+DQ_U16_HELPERS
 // d * scales[i] of the block starting at b.
 float dq_q6k_scale(uint b, uint i) {
     return unpackHalf2x16(uint(dq_w[b + 104u])).x *
@@ -229,9 +442,38 @@ void dq_unit(uint rb, uint ib, uint iu, out vec4 w[DQ_UNIT_V4]) {
 }
 uint dq_unit_k(uint iu, uint g) { return 128u * (iu >> 3) + 4u * (iu & 7u) + 32u * g; }
 
+#elif defined(DQ_IQ4_XS) // -------------------------------------------------------------------
+// W: 17 uvec2 per block { f16 d; uint16 scales_h; uint8 scales_l[4]; uint8 qs[128] } (136 B:
+// 8-byte aligned): the header is one 8-byte load, a unit's 8 qs bytes another. rb in uint32.
+// Sub-block j (32 elements, qs bytes 16j.., nibbles as above) has the 6-bit scale ls = nibble j
+// of scales_l | 2 bits j of scales_h << 4: w = (d * (ls - 32)) * level[nibble].
+layout(std430, binding = DQ_BINDING) readonly buffer DqW { uint dq_w[]; };
+layout(std430, binding = DQ_BINDING) readonly buffer DqW2 { uvec2 dq_w2[]; };
+#define DQ_BLOCK 256u
+#define DQ_UNITS 16u
+uint dq_row_base(uint row, uint stride_bytes) { return row * (stride_bytes >> 2); }
+// d * (ls - 32) of sub-block j from the header {d | scales_h << 16, scales_l}.
+float dq_iq4xs_scale(uvec2 hd, uint j) {
+    uint ls = ((hd.y >> (4u * j)) & 15u) | (((hd.x >> (16u + 2u * j)) & 3u) << 4);
+    return unpackHalf2x16(hd.x).x * float(int(ls) - 32);
+}
+vec4 dq_load4(uint rb, uint k, uint K) {
+    uint b = rb + (k >> 8) * 34u, kb = k & 255u, j = kb >> 5, i = kb & 31u;
+    return dq_iq4xs_scale(dq_w2[b >> 1], j) * dq_iq4(dq_nib_at(dq_w[b + 2u + 4u * j + ((i & 15u) >> 2)], i));
+}
+// Unit iu: half iu%2 of sub-block iu/2, i.e. qs bytes 8iu..8iu+7.
+void dq_unit(uint rb, uint ib, uint iu, out vec4 w[DQ_UNIT_V4]) {
+    uint b2 = (rb + ib * 34u) >> 1;
+    float dl = dq_iq4xs_scale(dq_w2[b2], iu >> 1);
+    uvec2 q = dq_w2[b2 + 1u + iu];
+    [[unroll]] for (uint g = 0u; g < 4u; g++) w[g] = dl * dq_iq4(dq_nib4(q.x, q.y, g));
+}
+uint dq_unit_k(uint iu, uint g) { return 32u * (iu >> 1) + dq_nib_k(iu & 1u, g); }
+
 #endif
 
-#if !defined(DQ_F32) && !defined(DQ_F16) && !defined(DQ_Q8_0) && !defined(DQ_Q4_0) && \
-    !defined(DQ_Q4_K) && !defined(DQ_Q6_K)
-#error "dequant.glsl: define one of DQ_F32 DQ_F16 DQ_Q8_0 DQ_Q4_0 DQ_Q4_K DQ_Q6_K"
+#if !defined(DQ_F32) && !defined(DQ_F16) && !defined(DQ_BF16) && !defined(DQ_Q8_0) && !defined(DQ_Q4_0) && \
+    !defined(DQ_Q4_1) && !defined(DQ_Q5_0) && !defined(DQ_Q5_1) && !defined(DQ_IQ4_NL) && !defined(DQ_Q2_K) && \
+    !defined(DQ_Q3_K) && !defined(DQ_Q4_K) && !defined(DQ_Q5_K) && !defined(DQ_Q6_K) && !defined(DQ_IQ4_XS)
+#error "dequant.glsl: define one of DQ_F32 DQ_F16 DQ_BF16 DQ_Q8_0 DQ_Q4_0 DQ_Q4_1 DQ_Q5_0 DQ_Q5_1 DQ_IQ4_NL DQ_Q2_K DQ_Q3_K DQ_Q4_K DQ_Q5_K DQ_Q6_K DQ_IQ4_XS"
 #endif

@@ -27,27 +27,69 @@ typedef float vki_f32;
 /* Smallest maxPushConstantsSize a Vulkan device may report (lavapipe and NVIDIA: 128+). */
 #define VKI_MAX_PUSH 128
 
-/* ggml tensor type ids (GGUF tensor_info.type). Only those vkinfer runs are listed. */
+/* ggml tensor type ids (GGUF tensor_info.type). Only those vkinfer runs are listed; the other
+ * ggml ids with a known block size (engine/quant.c) can be read and inspected, not run. */
 #define VKI_GGML_F32 0
 #define VKI_GGML_F16 1
 #define VKI_GGML_Q4_0 2
+#define VKI_GGML_Q4_1 3
+#define VKI_GGML_Q5_0 6
+#define VKI_GGML_Q5_1 7
 #define VKI_GGML_Q8_0 8
+#define VKI_GGML_Q2_K 10
+#define VKI_GGML_Q3_K 11
 #define VKI_GGML_Q4_K 12
+#define VKI_GGML_Q5_K 13
 #define VKI_GGML_Q6_K 14
+#define VKI_GGML_IQ4_NL 20
+#define VKI_GGML_IQ4_XS 23
+#define VKI_GGML_BF16 30
 
-/* Block layouts (bytes per block of QK elements), as in ggml:
- *  Q8_0: { f16 d; int8 qs[32]; }                         34 bytes / 32 weights
- *  Q4_0: { f16 d; uint8 qs[16]; }  w = (q - 8) * d        18 bytes / 32 weights
- *        low nibbles are elements 0..15, high nibbles 16..31
- *  Q4_K: { f16 d; f16 dmin; uint8 scales[12]; uint8 qs[128]; }   144 bytes / 256 weights
- *  Q6_K: { uint8 ql[128]; uint8 qh[64]; int8 scales[16]; f16 d; } 210 bytes / 256 weights */
+/* Block layouts (bytes per block of QK elements), as in ggml; multi-byte fields little-endian,
+ * f16 = IEEE half. "Nibbles" of a 32-weight block: byte j holds element j (low) and j + 16
+ * (high). The decoded value is computed in f32 in exactly the order written (what gguf-py and
+ * ggml's CPU reference do), so a dequantiser can be bit-exact.
+ *  F32, F16, BF16 (bf16: the top 16 bits of an f32)            4 / 2 / 2 bytes per weight
+ *  Q8_0: { f16 d; int8 qs[32]; }                  w = q * d                        34 B / 32
+ *  Q4_0: { f16 d; uint8 qs[16]; }                 w = d * (q - 8), q a nibble      18 B / 32
+ *  Q4_1: { f16 d, m; uint8 qs[16]; }              w = d * q + m                    20 B / 32
+ *  Q5_0: { f16 d; uint8 qh[4]; uint8 qs[16]; }    w = d * (q - 16), q = nibble | bit j of
+ *        the little-endian u32 qh << 4 (element j)                                 22 B / 32
+ *  Q5_1: { f16 d, m; uint8 qh[4]; uint8 qs[16]; } w = d * q + m, q as Q5_0         24 B / 32
+ *  IQ4_NL: { f16 d; uint8 qs[16]; }               w = d * VKI_IQ4NL_VALUES[nibble] 18 B / 32
+ *  Q2_K: { uint8 scales[16]; uint8 qs[64]; f16 d, dmin; }                          84 B / 256
+ *        element 128n + 32j + l (n < 2, j < 4, l < 32): q = (qs[32n + l] >> 2j) & 3,
+ *        sub-block s = 8n + 2j + l/16: w = (d * (scales[s] & 15)) * q - dmin * (scales[s] >> 4)
+ *  Q3_K: { uint8 hmask[32]; uint8 qs[64]; uint8 scales[12]; f16 d; }               110 B / 256
+ *        element e = 128n + 32j + l: q = ((qs[32n + l] >> 2j) & 3) - (bit e/32 of hmask[l] ?
+ *        0 : 4); 6-bit scale s = 8n + 2j + l/16: low 4 bits scales[s % 8] >> 4(s / 8), high 2
+ *        bits scales[8 + s % 4] >> 2(s / 4); w = (d * (scale - 32)) * q
+ *  Q4_K: { f16 d, dmin; uint8 scales[12]; uint8 qs[128]; }                         144 B / 256
+ *        8 sub-blocks of 32 with 6-bit (sc, m) pairs (engine/quant.c): w = (d*sc) * q - dmin*m;
+ *        qs bytes 32c.. hold elements 64c.. (low nibbles) and 64c+32.. (high)
+ *  Q5_K: { f16 d, dmin; uint8 scales[12]; uint8 qh[32]; uint8 qs[128]; }           176 B / 256
+ *        as Q4_K with a fifth bit: element 64c + 32h + l takes bit 2c + h of qh[l]
+ *  Q6_K: { uint8 ql[128]; uint8 qh[64]; int8 scales[16]; f16 d; }                  210 B / 256
+ *  IQ4_XS: { f16 d; uint16 scales_h; uint8 scales_l[4]; uint8 qs[128]; }           136 B / 256
+ *        sub-block b (32 weights, qs bytes 16b.., nibbles as above): 6-bit scale ls = (scales_l[b/2]
+ *        >> 4(b%2)) & 15 | ((scales_h >> 2b) & 3) << 4; w = (d * (ls - 32)) * VKI_IQ4NL_VALUES[q] */
 #define VKI_QK8_0 32
 #define VKI_QK4_0 32
 #define VKI_QK_K 256
 #define VKI_Q8_0_BYTES 34
 #define VKI_Q4_0_BYTES 18
+#define VKI_Q4_1_BYTES 20
+#define VKI_Q5_0_BYTES 22
+#define VKI_Q5_1_BYTES 24
+#define VKI_IQ4_NL_BYTES 18
+#define VKI_Q2_K_BYTES 84
+#define VKI_Q3_K_BYTES 110
 #define VKI_Q4_K_BYTES 144
+#define VKI_Q5_K_BYTES 176
 #define VKI_Q6_K_BYTES 210
+#define VKI_IQ4_XS_BYTES 136
+/* The 16 non-linear levels of IQ4_NL and IQ4_XS (ggml's kvalues_iq4nl), for C and GLSL tables. */
+#define VKI_IQ4NL_VALUES -127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113
 
 /* ---- push-constant structs (one per kernel family) ----------------------------------------- */
 

@@ -322,6 +322,8 @@ static const shape_case SHAPES[] = {
     {"qwen2_hd128_q4k", "qwen2", 256, 2, 1, 128, 512, SYNTH_Q4_K, true, VKI_GGML_F32, TOL_F32},
     {"gqa2_hd64_q6k", "llama", 256, 4, 2, 64, 512, SYNTH_Q6_K, false, VKI_GGML_F32, TOL_F32},
     {"q4km_f16kv", "llama", 256, 4, 2, 64, 512, SYNTH_Q4_K_M, false, VKI_GGML_F16, TOL_F16KV},
+    {"q3km_mix", "llama", 256, 4, 2, 64, 512, SYNTH_Q3_K_M, false, VKI_GGML_F32, TOL_F32}, /* q3..q6_k */
+    {"qwen2_iq4xs", "qwen2", 256, 4, 1, 64, 320, SYNTH_IQ4_XS, true, VKI_GGML_F32, TOL_F32}, /* + iq4_nl */
 };
 
 static void test_synthetic_shapes_vs_reference(void **state)
@@ -711,6 +713,27 @@ static void test_unsupported_models_refused(void **state)
     assert_int_equal(ftruncate(fileno(f), size - 1000), 0); /* cut inside the last tensor's data */
     fclose(f);
     expect_refused(path, VKI_ERR_FORMAT, "past the end of the file");
+    /* a weight type the reader knows but vkinfer cannot run: attn_q of a Q4_K model relabelled
+     * IQ2_XXS (smaller blocks: the data still lies inside the file) */
+    c = &SHAPES[4];
+    write_model(c, path, sizeof path);
+    f = fopen(path, "r+b");
+    assert_non_null(f);
+    static uint8_t buf[1 << 16];
+    size_t n = fread(buf, 1, sizeof buf, f);
+    const char *nm = "blk.0.attn_q.weight";
+    uint8_t *at = NULL;
+    for (size_t i = 0; !at && i + strlen(nm) <= n; i++)
+        if (!memcmp(buf + i, nm, strlen(nm)))
+            at = buf + i + strlen(nm);
+    assert_non_null(at);
+    uint32_t n_dims;
+    memcpy(&n_dims, at, 4);
+    const uint32_t iq2_xxs = 16;
+    assert_int_equal(fseek(f, (long)(at + 4 + 8 * n_dims - buf), SEEK_SET), 0);
+    assert_int_equal(fwrite(&iq2_xxs, 4, 1, f), 1);
+    fclose(f);
+    expect_refused(path, VKI_ERR_UNSUPPORTED, "blk.0.attn_q.weight: weight type iq2_xxs (id 16) is not supported");
     unlink(path);
     vt_assert_clean(g);
 }

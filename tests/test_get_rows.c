@@ -12,10 +12,6 @@
 
 #define NAN_BITS 0x7fc00000u
 
-static const uint32_t all_types[] = {VKI_GGML_F32, VKI_GGML_F16, VKI_GGML_Q8_0,
-                                     VKI_GGML_Q4_0, VKI_GGML_Q4_K, VKI_GGML_Q6_K};
-
-static bool is_float_type(uint32_t type) { return type == VKI_GGML_F32 || type == VKI_GGML_F16; }
 
 /* ids: mostly valid, some repeated, a few outside [0, rows) when `oob`. */
 static void random_ids(vt_rng *r, int32_t *ids, uint32_t n, uint32_t rows, bool oob)
@@ -55,7 +51,7 @@ static void run_type(vt_gpu *g, vt_rng *r, uint32_t type)
     for (uint32_t c = 0; c < 22; c++) {
         uint32_t n = c < 5 ? fixed_n[c] : vt_range(r, 1, 40);
         uint32_t rows = c < 5 ? fixed_rows[c] : vt_range(r, 1, 120);
-        uint32_t K = is_float_type(type) ? (c < 3 ? (uint32_t[]){1, 7, 3}[c] : vt_range(r, 1, 700))
+        uint32_t K = vt_is_float_type(type) ? (c < 3 ? (uint32_t[]){1, 7, 3}[c] : vt_range(r, 1, 700))
                                          : qt->block_elems * (c < 3 ? (uint32_t[]){1, 3, 5}[c] : vt_range(r, 1, 7));
         uint32_t ys = K + (vt_range(r, 0, 1) ? 0 : vt_range(r, 1, 5));
         uint32_t parts = c % 4 == 3 ? 3 : 1;
@@ -91,7 +87,7 @@ static void run_type(vt_gpu *g, vt_rng *r, uint32_t type)
         char label[128];
         snprintf(label, sizeof label, "get_rows %s n=%u rows=%u K=%u ys=%u parts=%u", qt->name, n, rows, K, ys,
                  t.n_parts);
-        check_rows(y, ref, n, K, ys, is_float_type(type) ? 1e-10 : 1e-8, label);
+        check_rows(y, ref, n, K, ys, vt_is_float_type(type) ? 1e-10 : 1e-8, label);
         for (uint32_t i = 0; i < n; i++) /* out-of-range ids: exact zeros */
             if (ids[i] < 0 || (uint32_t)ids[i] >= rows)
                 for (uint32_t k = 0; k < K; k++)
@@ -108,8 +104,8 @@ static void test_get_rows_all_types(void **state)
 {
     vt_gpu *g = vt_gpu_get(state);
     vt_rng r = vt_rng_seeded("get_rows");
-    for (uint32_t i = 0; i < sizeof all_types / sizeof all_types[0]; i++)
-        run_type(g, &r, all_types[i]);
+    for (uint32_t i = 0; i < vt_n_weight_types; i++)
+        run_type(g, &r, vt_weight_types[i]);
     vt_assert_clean(g);
 }
 

@@ -447,9 +447,14 @@ static void mem_close(memfile *m)
     m->fp = NULL;
 }
 
-static const uint64_t wt_shapes[][4] = {{5, 3, 1, 1}, {64, 2, 1, 1}, {256, 1, 1, 1}, {7, 1, 2, 3}, {512, 3, 1, 1}};
-static const uint32_t wt_types[] = {VKI_GGML_F32, VKI_GGML_Q8_0, VKI_GGML_Q4_K, VKI_GGML_F16, VKI_GGML_Q6_K};
-static const uint32_t wt_dims[] = {2, 2, 1, 4, 2};
+/* Odd sizes on purpose: 22-byte Q5_0 and 110-byte Q3_K blocks and 7-element BF16 rows leave the
+ * next tensor unaligned until the writer pads; IQ2_XXS is a type vkinfer reads but cannot run. */
+static const uint64_t wt_shapes[][4] = {{5, 3, 1, 1}, {64, 2, 1, 1}, {256, 1, 1, 1}, {7, 1, 2, 3}, {512, 3, 1, 1},
+                                        {96, 3, 1, 1}, {256, 1, 1, 1}, {7, 5, 1, 1}, {512, 2, 1, 1}, {256, 2, 1, 1}};
+static const uint32_t wt_types[] = {VKI_GGML_F32, VKI_GGML_Q8_0, VKI_GGML_Q4_K, VKI_GGML_F16, VKI_GGML_Q6_K,
+                                    VKI_GGML_Q5_0, VKI_GGML_Q3_K, VKI_GGML_BF16, VKI_GGML_IQ4_XS, 16};
+static const uint32_t wt_dims[] = {2, 2, 1, 4, 2, 2, 1, 2, 2, 2};
+#define WT_N (sizeof wt_types / sizeof wt_types[0])
 
 static void build_writer_file(gguf_writer *w, vt_rng *r, uint8_t **data, uint64_t *total)
 {
@@ -477,7 +482,7 @@ static void build_writer_file(gguf_writer *w, vt_rng *r, uint8_t **data, uint64_
     gguf_str ss[3] = {{"x", 1}, {"", 0}, {"n\0ul", 4}};
     assert_int_equal(gguf_w_set_arr_str(w, "w.arr_str", ss, 3), VKI_OK);
     *total = 0;
-    for (int i = 0; i < 5; i++) {
+    for (int i = 0; i < (int)WT_N; i++) {
         char nm[32];
         snprintf(nm, sizeof nm, "t%d.weight", i);
         assert_int_equal(gguf_w_add_tensor(w, nm, wt_types[i], wt_dims[i], wt_shapes[i]), VKI_OK);
@@ -532,9 +537,9 @@ static void check_writer_file(const uint8_t *p, size_t n, const uint8_t *data, u
     assert_int_equal(s.len, 4), assert_memory_equal(s.ptr, "n\0ul", 4);
     assert_int_equal(gguf_arr_str(f, "w.arr_str", 1, &s), VKI_OK), assert_int_equal(s.len, 0);
     assert_int_equal(gguf_n_kv(f), 19 + (align != 32));
-    assert_int_equal(gguf_n_tensors(f), 5);
+    assert_int_equal(gguf_n_tensors(f), WT_N);
     uint64_t off = 0;
-    for (int i = 0; i < 5; i++) {
+    for (int i = 0; i < (int)WT_N; i++) {
         const gguf_tensor *t = gguf_tensor_at(f, (uint64_t)i);
         char nm[32];
         snprintf(nm, sizeof nm, "t%d.weight", i);
@@ -600,7 +605,7 @@ static void test_writer_errors(void **state)
     assert_int_equal(gguf_w_add_tensor(w, "z", VKI_GGML_F32, 2, zero), VKI_ERR_INVALID_ARG);
     assert_int_equal(gguf_w_add_tensor(w, "d", VKI_GGML_F32, 0, ne), VKI_ERR_INVALID_ARG);
     assert_int_equal(gguf_w_add_tensor(w, "d", VKI_GGML_F32, 5, ne), VKI_ERR_INVALID_ARG);
-    assert_int_equal(gguf_w_add_tensor(w, "u", 13, 2, ne), VKI_ERR_UNSUPPORTED);
+    assert_int_equal(gguf_w_add_tensor(w, "u", 4, 2, ne), VKI_ERR_UNSUPPORTED); /* no such ggml type */
     char longname[80];
     memset(longname, 'n', 65), longname[65] = 0;
     assert_int_equal(gguf_w_add_tensor(w, longname, VKI_GGML_F32, 1, ne), VKI_ERR_INVALID_ARG);
@@ -845,9 +850,21 @@ static void test_bad_tensor_infos(void **state)
          * (wrapped to 64 bytes, which would have "fit") */
         {"t", 1, (uint64_t[]){1ull << 62}, VKI_GGML_F32, 0, 256, VKI_ERR_FORMAT, "row size overflows"},
         {"t", 1, (uint64_t[]){(1ull << 62) + 16}, VKI_GGML_F32, 0, 256, VKI_ERR_FORMAT, "row size overflows"},
-        {"t", 2, ne, 13, 0, 256, VKI_ERR_UNSUPPORTED, "q5_k (id 13)"},
+        {"t", 2, ne, 4, 0, 256, VKI_ERR_UNSUPPORTED, "type id 4 is not a ggml type"}, /* q4_2: removed */
+        {"t", 2, ne, 31, 0, 256, VKI_ERR_UNSUPPORTED, "type id 31"},
         {"t", 2, ne, 1000, 0, 256, VKI_ERR_UNSUPPORTED, "id 1000"},
         {"t", 2, (uint64_t[]){100, 1}, VKI_GGML_Q4_K, 0, 256, VKI_ERR_FORMAT, "not a multiple"},
+        /* rows the new types' blocks do not divide */
+        {"t", 2, (uint64_t[]){48, 1}, VKI_GGML_Q5_0, 0, 256, VKI_ERR_FORMAT, "not a multiple of the q5_0 block size 32"},
+        {"t", 2, (uint64_t[]){16, 2}, VKI_GGML_IQ4_NL, 0, 256, VKI_ERR_FORMAT, "iq4_nl block size 32"},
+        {"t", 2, (uint64_t[]){96, 1}, VKI_GGML_Q3_K, 0, 256, VKI_ERR_FORMAT, "q3_k block size 256"},
+        {"t", 2, (uint64_t[]){288, 1}, VKI_GGML_IQ4_XS, 0, 512, VKI_ERR_FORMAT, "iq4_xs block size 256"},
+        {"t", 2, (uint64_t[]){32, 1}, 16, 0, 256, VKI_ERR_FORMAT, "iq2_xxs block size 256"}, /* not run, still sized */
+        /* one byte short of the odd-sized blocks: 22-byte Q5_0, 110-byte Q3_K, 136-byte IQ4_XS, bf16 */
+        {"t", 2, (uint64_t[]){32, 2}, VKI_GGML_Q5_0, 0, 43, VKI_ERR_FORMAT, "past the end"},
+        {"t", 2, (uint64_t[]){256, 1}, VKI_GGML_Q3_K, 0, 109, VKI_ERR_FORMAT, "past the end"},
+        {"t", 2, (uint64_t[]){256, 3}, VKI_GGML_IQ4_XS, 0, 407, VKI_ERR_FORMAT, "past the end"},
+        {"t", 2, (uint64_t[]){7, 3}, VKI_GGML_BF16, 0, 41, VKI_ERR_FORMAT, "past the end"},
         {"t", 2, ne, 0, 4, 256, VKI_ERR_FORMAT, "alignment"},
         {"t", 2, ne, 0, 1ull << 62, 256, VKI_ERR_FORMAT, "past the end"},
         {"t", 2, ne, 0, UINT64_MAX & ~31ull, 256, VKI_ERR_FORMAT, "past the end"},
@@ -953,6 +970,29 @@ static void test_inspect_tool(void **state)
     int rc = pclose(p);
     assert_true(WIFEXITED(rc) && WEXITSTATUS(rc) == 1);
     assert_true(saw_error);
+    /* every type is listed, also one vkinfer cannot run (IQ2_XXS), marked with a note */
+    vt_rng r = vt_rng_seeded("inspect");
+    gguf_writer *w;
+    uint8_t *data;
+    uint64_t total;
+    assert_int_equal(gguf_w_create(&w), VKI_OK);
+    build_writer_file(w, &r, &data, &total);
+    assert_int_equal(gguf_w_open(w, path), VKI_OK);
+    assert_int_equal(gguf_w_data(w, data, (size_t)total), VKI_OK);
+    assert_int_equal(gguf_w_finish(w), VKI_OK);
+    gguf_w_destroy(w);
+    free(data);
+    p = popen(cmd, "r");
+    assert_non_null(p);
+    bool saw_iq2 = false, saw_note = false, saw_bf16 = false, saw_q3k = false;
+    while (fgets(line, sizeof line, p)) {
+        saw_iq2 |= strstr(line, "t9.weight") && strstr(line, "iq2_xxs*") && strstr(line, "[256, 2]");
+        saw_bf16 |= strstr(line, "t7.weight") && strstr(line, " bf16 ");
+        saw_q3k |= strstr(line, "t6.weight") && strstr(line, " q3_k ");
+        saw_note |= strstr(line, "vkinfer cannot run") != NULL;
+    }
+    assert_int_equal(pclose(p), 0);
+    assert_true(saw_iq2 && saw_note && saw_bf16 && saw_q3k);
     unlink(path);
     free(b);
 }

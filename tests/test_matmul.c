@@ -1,10 +1,10 @@
 /* Matrix multiply (engine/ops_matmul.c: matvec.comp + matmul.comp) against a scalar reference
- * for every weight type, on both kernels, over random shapes with awkward sizes (1, 7, tile
+ * for every weight type (all 15 that engine/quant.h runs), on both kernels, over random shapes with awkward sizes (1, 7, tile
  * +/- 1, K of one block and odd multiples), strided and offset activations, the bias path,
  * multi-part tensors, and the GEMV/GEMM boundary. The reference dequantises the very blocks
  * that were uploaded (engine/quant.c) and accumulates in double.
  *
- * Tolerances (NMSE): F32/F16 weights 1e-10, quantised 1e-8 (issue 2). Outputs are NaN-filled
+ * Tolerances (NMSE): F32/F16/BF16 weights 1e-10, quantised 1e-8 (issue 2). Outputs are NaN-filled
  * first, so unwritten elements fail; columns past N of a strided Y must stay NaN. */
 #include "support/vt.h"
 
@@ -27,10 +27,6 @@
 #define CM_TOL_MIN 256
 static double worst_cm[2]; /* worst NMSE seen: against the exact / the F16-rounded reference */
 
-static const uint32_t all_types[] = {VKI_GGML_F32, VKI_GGML_F16, VKI_GGML_Q8_0,
-                                     VKI_GGML_Q4_0, VKI_GGML_Q4_K, VKI_GGML_Q6_K};
-
-static bool is_float_type(uint32_t type) { return type == VKI_GGML_F32 || type == VKI_GGML_F16; }
 static uint32_t block_of(uint32_t type) { return quant_get(type)->block_elems; }
 
 static void put_f16(uint8_t *p, float f)
@@ -52,12 +48,23 @@ static void random_blocks(vt_rng *r, uint32_t type, uint8_t *row, uint64_t K)
         }
         switch (type) {
         case VKI_GGML_Q8_0: put_f16(blk, vt_uniform(r, -0.02f, 0.02f)); break;
-        case VKI_GGML_Q4_0: put_f16(blk, vt_uniform(r, -0.2f, 0.2f)); break;
-        case VKI_GGML_Q4_K:
+        case VKI_GGML_Q4_0: case VKI_GGML_Q5_0: put_f16(blk, vt_uniform(r, -0.2f, 0.2f)); break;
+        case VKI_GGML_Q4_1: case VKI_GGML_Q5_1:
+            put_f16(blk, vt_uniform(r, 0.0f, 0.1f));
+            put_f16(blk + 2, vt_uniform(r, -1.0f, 1.0f));
+            break;
+        case VKI_GGML_IQ4_NL: put_f16(blk, vt_uniform(r, -0.01f, 0.01f)); break;
+        case VKI_GGML_Q2_K:
+            put_f16(blk + 80, vt_uniform(r, 0.0f, 0.02f));
+            put_f16(blk + 82, vt_uniform(r, 0.0f, 0.02f));
+            break;
+        case VKI_GGML_Q3_K: put_f16(blk + 108, vt_uniform(r, -0.01f, 0.01f)); break;
+        case VKI_GGML_Q4_K: case VKI_GGML_Q5_K:
             put_f16(blk, vt_uniform(r, 0.0f, 0.01f));
             put_f16(blk + 2, vt_uniform(r, 0.0f, 0.01f));
             break;
         case VKI_GGML_Q6_K: put_f16(blk + 208, vt_uniform(r, -0.001f, 0.001f)); break;
+        case VKI_GGML_IQ4_XS: put_f16(blk, vt_uniform(r, -0.0005f, 0.0005f)); break;
         }
     }
 }
@@ -70,7 +77,7 @@ static uint8_t *make_weights(vt_rng *r, uint32_t type, uint32_t N, uint32_t K, f
     uint8_t *raw = malloc(rb * N);
     float *tmp = malloc((size_t)K * sizeof(float));
     assert_non_null(raw);
-    bool quantise = is_float_type(type) || (vt_u64(r) & 1);
+    bool quantise = vt_is_float_type(type) || (vt_u64(r) & 1);
     for (uint32_t n = 0; n < N; n++) {
         if (quantise) {
             vt_fill_uniform(r, tmp, K, -1.0f, 1.0f);
@@ -186,7 +193,7 @@ static void run_case(vt_gpu *g, vt_rng *r, uint32_t type, const mm_case *s)
         worst_cm[1] = e > worst_cm[1] ? e : worst_cm[1];
         vt_assert_nmse(got, ref, (size_t)M * N, g->dev->cm.kind == VKD_CM_EMULATED ? CM_EMU_TOL : CM_NV_TOL, label);
     } else {
-        vt_assert_nmse(got, ref, (size_t)M * N, is_float_type(type) ? 1e-10 : 1e-8, label);
+        vt_assert_nmse(got, ref, (size_t)M * N, vt_is_float_type(type) ? 1e-10 : 1e-8, label);
     }
 
     vk_tensor_destroy(g->dev, &t);
@@ -199,7 +206,7 @@ static void run_case(vt_gpu *g, vt_rng *r, uint32_t type, const mm_case *s)
 /* K for a type: `blocks` blocks (quantised) or an awkward length (float types). */
 static uint32_t pick_k(vt_rng *r, uint32_t type, uint32_t i)
 {
-    if (is_float_type(type)) {
+    if (vt_is_float_type(type)) {
         static const uint32_t ks[] = {1, 3, 4, 7, 15, 16, 17, 31, 33, 64, 100, 257};
         return i < sizeof ks / sizeof ks[0] ? ks[i] : vt_range(r, 1, 600);
     }
@@ -212,7 +219,7 @@ static uint32_t pick_k(vt_rng *r, uint32_t type, uint32_t i)
 /* A K over twice 16 * 128 elements: every GEMV invocation (and subgroup) gets units. */
 static uint32_t big_k(uint32_t type)
 {
-    return is_float_type(type) ? 4099 : block_of(type) * (block_of(type) == 256 ? 17 : 129);
+    return vt_is_float_type(type) ? 4099 : block_of(type) * (block_of(type) == 256 ? 17 : 129);
 }
 
 static void random_case(vt_rng *r, mm_case *s, uint32_t type, uint32_t i)
@@ -326,12 +333,7 @@ static void run_coopmat(void **state, uint32_t type)
     static void test_gemv_##t(void **state) { run_gemv(state, VKI_GGML_##T); }                    \
     static void test_gemm_##t(void **state) { run_gemm(state, VKI_GGML_##T); }                    \
     static void test_coopmat_##t(void **state) { run_coopmat(state, VKI_GGML_##T); }
-TYPE_TESTS(F32, f32)
-TYPE_TESTS(F16, f16)
-TYPE_TESTS(Q8_0, q8_0)
-TYPE_TESTS(Q4_0, q4_0)
-TYPE_TESTS(Q4_K, q4_k)
-TYPE_TESTS(Q6_K, q6_k)
+VKK_WEIGHT_TYPES(TYPE_TESTS)
 
 /* The GPU tile configurations (128 x 128 tiles over 8 subgroups of 64 x 32; 64 x 128 up to 64
  * rows) and NVIDIA's other fragment shape (16 x 8 x 16), through the emulation: the tiling code
@@ -351,7 +353,7 @@ static void test_coopmat_gpu_configs(void **state)
     const uint32_t ns[2] = {16, 8}, types[2] = {VKI_GGML_F32, VKI_GGML_Q4_K};
     for (int shape = 0; shape < 2; shape++) {
         g->dev->cm.n = ns[shape] % g->dev->cm.sg ? g->dev->cm.n : ns[shape];
-        uint32_t type = types[shape], K = is_float_type(type) ? 77 : 2 * block_of(type);
+        uint32_t type = types[shape], K = vt_is_float_type(type) ? 77 : 2 * block_of(type);
         mm_case a = {.M = 129, .N = 130, .K = K, .y_pad = 2, .bias = true, .path = OP_MM_COOPMAT}; /* 128-row tiles */
         mm_case b = {.M = 31, .N = 7, .K = K, .x_pad = 1, .parts = 2, .path = OP_MM_COOPMAT};      /* 64-row tiles */
         run_case(g, &r, type, &a);
@@ -366,11 +368,14 @@ static void test_coopmat_gpu_configs(void **state)
 static void test_prepare(void **state)
 {
     vt_gpu *g = vt_gpu_get(state);
-    for (size_t i = 0; i < sizeof all_types / sizeof all_types[0]; i++) {
-        assert_true(op_matmul_supported(g->dev, all_types[i]));
-        assert_int_equal(op_matmul_prepare(g->dev, all_types[i]), VKI_OK);
+    for (size_t i = 0; i < vt_n_weight_types; i++) {
+        assert_true(op_matmul_supported(g->dev, vt_weight_types[i]));
+        assert_int_equal(op_matmul_prepare(g->dev, vt_weight_types[i]), VKI_OK);
     }
-    assert_int_equal(op_matmul_prepare(g->dev, 3 /* Q4_1: not run by vkinfer */), VKI_ERR_UNSUPPORTED);
+    assert_int_equal(op_matmul_prepare(g->dev, 16 /* IQ2_XXS: not run by vkinfer */), VKI_ERR_UNSUPPORTED);
+    assert_int_equal(op_matmul_prepare(g->dev, 4 /* no ggml type */), VKI_ERR_UNSUPPORTED);
+    vk_tensor t; /* nor can a tensor of it be made */
+    assert_int_equal(vk_tensor_create(g->dev, 16, 256, 4, 0, "iq2_xxs", &t), VKI_ERR_UNSUPPORTED);
     vt_assert_clean(g);
 }
 
@@ -380,11 +385,11 @@ static void test_boundary_parts_bias(void **state)
 {
     vt_gpu *g = vt_gpu_get(state);
     vt_rng r = vt_rng_seeded("boundary");
-    for (size_t i = 0; i < sizeof all_types / sizeof all_types[0]; i++)
+    for (size_t i = 0; i < vt_n_weight_types; i++)
         for (uint32_t M = op_matmul_gemv_max_m(g->dev); M <= op_matmul_gemv_max_m(g->dev) + 1; M++) {
-            uint32_t K = is_float_type(all_types[i]) ? 37 : block_of(all_types[i]) * 3;
+            uint32_t K = vt_is_float_type(vt_weight_types[i]) ? 37 : block_of(vt_weight_types[i]) * 3;
             mm_case s = {.M = M, .N = 67, .K = K, .x_pad = 3, .y_pad = 1, .bias = true, .parts = 4};
-            run_case(g, &r, all_types[i], &s);
+            run_case(g, &r, vt_weight_types[i], &s);
         }
     vt_assert_clean(g);
 }
@@ -412,12 +417,12 @@ static void test_gpu_configs(void **state)
         {.M = 129, .N = 127, .K = 0, .y_pad = 2, .parts = 2},
         {.M = 31, .N = 7, .K = 1, .bias = true, .path = OP_MM_GEMM},
     };
-    for (size_t i = 0; i < sizeof all_types / sizeof all_types[0]; i++) {
-        uint32_t type = all_types[i];
+    for (size_t i = 0; i < vt_n_weight_types; i++) {
+        uint32_t type = vt_weight_types[i];
         for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
             mm_case s = cases[c];
-            s.K = s.K ? big_k(type) / 2 : (is_float_type(type) ? 77 : 3 * block_of(type));
-            if (!is_float_type(type) && s.K % block_of(type))
+            s.K = s.K ? big_k(type) / 2 : (vt_is_float_type(type) ? 77 : 3 * block_of(type));
+            if (!vt_is_float_type(type) && s.K % block_of(type))
                 s.K += block_of(type) - s.K % block_of(type);
             run_case(g, &r, type, &s);
         }
@@ -435,12 +440,12 @@ static void test_dispatch_split(void **state)
     vki_device_info saved = g->dev->info;
     g->dev->info.max_workgroup_count[0] = 2;
     g->dev->info.max_workgroup_count[1] = 3;
-    for (size_t i = 0; i < sizeof all_types / sizeof all_types[0]; i++) {
-        uint32_t K = is_float_type(all_types[i]) ? 21 : block_of(all_types[i]);
+    for (size_t i = 0; i < vt_n_weight_types; i++) {
+        uint32_t K = vt_is_float_type(vt_weight_types[i]) ? 21 : block_of(vt_weight_types[i]);
         mm_case gemv = {.M = 3, .N = 150, .K = K, .bias = true, .parts = 2};
         mm_case gemm = {.M = 150, .N = 300, .K = K, .y_pad = 1};
-        run_case(g, &r, all_types[i], &gemv);
-        run_case(g, &r, all_types[i], &gemm);
+        run_case(g, &r, vt_weight_types[i], &gemv);
+        run_case(g, &r, vt_weight_types[i], &gemm);
     }
     g->dev->info = saved;
     vt_assert_clean(g);
@@ -472,15 +477,9 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_prepare),
-        cmocka_unit_test(test_gemv_f32),  cmocka_unit_test(test_gemm_f32),
-        cmocka_unit_test(test_gemv_f16),  cmocka_unit_test(test_gemm_f16),
-        cmocka_unit_test(test_gemv_q8_0), cmocka_unit_test(test_gemm_q8_0),
-        cmocka_unit_test(test_gemv_q4_0), cmocka_unit_test(test_gemm_q4_0),
-        cmocka_unit_test(test_gemv_q4_k), cmocka_unit_test(test_gemm_q4_k),
-        cmocka_unit_test(test_gemv_q6_k), cmocka_unit_test(test_gemm_q6_k),
-        cmocka_unit_test(test_coopmat_f32), cmocka_unit_test(test_coopmat_f16),
-        cmocka_unit_test(test_coopmat_q8_0), cmocka_unit_test(test_coopmat_q4_0),
-        cmocka_unit_test(test_coopmat_q4_k), cmocka_unit_test(test_coopmat_q6_k),
+#define TYPE_UNIT_TESTS(T, t)                                                                     \
+    cmocka_unit_test(test_gemv_##t), cmocka_unit_test(test_gemm_##t), cmocka_unit_test(test_coopmat_##t),
+        VKK_WEIGHT_TYPES(TYPE_UNIT_TESTS)
         cmocka_unit_test(test_coopmat_gpu_configs),
         cmocka_unit_test(test_boundary_parts_bias),
         cmocka_unit_test(test_gpu_configs),

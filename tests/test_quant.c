@@ -121,19 +121,81 @@ static void test_traits(void **state)
 {
     assert_int_equal(quant_row_bytes(VKI_GGML_F32, 7), 28);
     assert_int_equal(quant_row_bytes(VKI_GGML_F16, 7), 14);
+    assert_int_equal(quant_row_bytes(VKI_GGML_BF16, 7), 14);
     assert_int_equal(quant_row_bytes(VKI_GGML_Q8_0, 64), 68);
     assert_int_equal(quant_row_bytes(VKI_GGML_Q4_0, 96), 54);
+    assert_int_equal(quant_row_bytes(VKI_GGML_Q4_1, 96), 60);
+    assert_int_equal(quant_row_bytes(VKI_GGML_Q5_0, 96), 66);
+    assert_int_equal(quant_row_bytes(VKI_GGML_Q5_1, 96), 72);
+    assert_int_equal(quant_row_bytes(VKI_GGML_IQ4_NL, 96), 54);
+    assert_int_equal(quant_row_bytes(VKI_GGML_Q2_K, 512), 168);
+    assert_int_equal(quant_row_bytes(VKI_GGML_Q3_K, 512), 220);
     assert_int_equal(quant_row_bytes(VKI_GGML_Q4_K, 512), 288);
+    assert_int_equal(quant_row_bytes(VKI_GGML_Q5_K, 512), 352);
     assert_int_equal(quant_row_bytes(VKI_GGML_Q6_K, 768), 630);
+    assert_int_equal(quant_row_bytes(VKI_GGML_IQ4_XS, 768), 408);
     assert_int_equal(quant_row_bytes(VKI_GGML_Q4_K, 100), 0);
     assert_int_equal(quant_row_bytes(VKI_GGML_Q8_0, 33), 0);
+    assert_int_equal(quant_row_bytes(VKI_GGML_Q5_0, 48), 0);
     assert_int_equal(quant_row_bytes(VKI_GGML_F32, 0), 0);
-    assert_int_equal(quant_row_bytes(3, 32), 0); /* q4_1: not run by vkinfer */
-    assert_null(quant_get(3));
-    assert_null(quant_get(13));
-    assert_null(quant_get(1000));
+    /* known but not run: sizes for the reader and gguf-inspect, no quant_get */
+    assert_int_equal(quant_row_bytes(16, 512), 132); /* iq2_xxs: 66 bytes per 256 */
+    assert_null(quant_get(16));
+    assert_string_equal(quant_info(16)->name, "iq2_xxs");
+    assert_false(quant_info(9)->runs);
+    assert_string_equal(quant_type_name(39), "mxfp4");
+    /* unknown ids: removed from ggml or never assigned */
+    assert_null(quant_info(4));
+    assert_null(quant_info(31));
+    assert_null(quant_info(1000));
+    assert_int_equal(quant_row_bytes(4, 32), 0);
+    assert_string_equal(quant_type_name(1000), "unknown");
     assert_string_equal(quant_get(VKI_GGML_Q6_K)->name, "q6_k");
     assert_int_equal(quant_get(VKI_GGML_Q4_K)->block_bytes, 144);
+    /* the message list names exactly the types that run */
+    int runs = 0;
+    for (uint32_t t = 0; t < 64; t++) {
+        const quant_traits *q = quant_get(t);
+        if (!q)
+            continue;
+        runs++;
+        char needle[24];
+        snprintf(needle, sizeof needle, "%s,", q->name);
+        assert_true(strstr(quant_supported_list(), needle) || strstr(quant_supported_list(), q->name));
+    }
+    int commas = 0;
+    for (const char *c = quant_supported_list(); *c; c++)
+        commas += *c == ',';
+    assert_int_equal(runs, 15);
+    assert_int_equal(commas + 1, runs);
+}
+
+static void test_bf16(void **state)
+{
+    static const struct { float f; uint16_t h; } c[] = {
+        {1.0f, 0x3f80}, {-2.5f, 0xc020}, {0.0f, 0x0000}, {-0.0f, 0x8000}, {INFINITY, 0x7f80},
+        {1.0f + 0x1p-8f, 0x3f80},             /* tie: to even (down) */
+        {1.0f + 0x1.8p-7f, 0x3f82},           /* tie: to even (up) */
+        {1.0f + 0x1.2p-8f, 0x3f81},           /* above the tie */
+        {0x1.fffffep127f, 0x7f80},            /* rounds past the largest bf16: inf */
+    };
+    for (size_t i = 0; i < sizeof c / sizeof c[0]; i++)
+        if (quant_f32_to_bf16(c[i].f) != c[i].h)
+            fail_msg("bf16(%a) = %04x, want %04x", (double)c[i].f, quant_f32_to_bf16(c[i].f), c[i].h);
+    for (uint32_t h = 0; h < 65536; h++) { /* every pattern decodes to its f32 and back */
+        float f = quant_bf16_to_f32((uint16_t)h);
+        uint32_t bits;
+        memcpy(&bits, &f, 4);
+        assert_int_equal(bits, h << 16);
+        if (!isnan(f))
+            assert_int_equal(quant_f32_to_bf16(f), h);
+        else
+            assert_true(isnan(quant_bf16_to_f32(quant_f32_to_bf16(f))));
+    }
+    uint32_t low_nan = 0x7f800001u; /* a payload only in the low bits must stay a nan */
+    float n;
+    memcpy(&n, &low_nan, 4);
+    assert_true(isnan(quant_bf16_to_f32(quant_f32_to_bf16(n))));
 }
 
 static void test_dequant_q8_0_q4_0(void **state)
@@ -216,6 +278,133 @@ static void test_dequant_q6_k(void **state)
     }
 }
 
+/* The 32-weight formats: one block each, element values from the layout's definition. */
+static const int iq4_levels[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
+
+static void expect_block(uint32_t type, const uint8_t *b, const float *want, int n)
+{
+    float y[256];
+    dequant_row(type, b, y, (uint64_t)n);
+    for (int i = 0; i < n; i++)
+        if (y[i] != want[i])
+            fail_msg("%s element %d: %g, want %g", quant_get(type)->name, i, y[i], want[i]);
+}
+
+static void test_dequant_legacy32(void **state)
+{
+    uint8_t b[24];
+    float want[32];
+    /* Q4_1: d = 0.5, m = -3, byte j: element j low nibble, j + 16 high */
+    put_h(b, 0x3800), put_h(b + 2, 0xc200);
+    for (int j = 0; j < 16; j++) {
+        b[4 + j] = (uint8_t)(j | ((15 - j) << 4));
+        want[j] = 0.5f * (float)j - 3.0f;
+        want[j + 16] = 0.5f * (float)(15 - j) - 3.0f;
+    }
+    expect_block(VKI_GGML_Q4_1, b, want, 32);
+    /* Q5_0: d = -2; qh = 0xA5C3_0F91 little-endian: bit e is element e's fifth bit */
+    const uint32_t qh = 0xA5C30F91u;
+    put_h(b, 0xc000);
+    for (int k = 0; k < 4; k++)
+        b[2 + k] = (uint8_t)(qh >> (8 * k));
+    for (int j = 0; j < 16; j++) {
+        b[6 + j] = (uint8_t)(((j * 7) & 15) | (((j * 3 + 5) & 15) << 4));
+        int q0 = ((j * 7) & 15) | (int)((qh >> j) & 1) << 4, q1 = ((j * 3 + 5) & 15) | (int)((qh >> (j + 16)) & 1) << 4;
+        want[j] = -2.0f * (float)(q0 - 16);
+        want[j + 16] = -2.0f * (float)(q1 - 16);
+    }
+    expect_block(VKI_GGML_Q5_0, b, want, 32);
+    /* Q5_1: the same q, d = 0.25, m = 1 */
+    uint8_t c[24];
+    put_h(c, 0x3400), put_h(c + 2, 0x3c00);
+    memcpy(c + 4, b + 2, 20);
+    for (int e = 0; e < 32; e++)
+        want[e] = 0.25f * (want[e] / -2.0f + 16.0f) + 1.0f;
+    expect_block(VKI_GGML_Q5_1, c, want, 32);
+    /* IQ4_NL: d = 0.5, nibbles index the non-linear levels */
+    put_h(b, 0x3800);
+    for (int j = 0; j < 16; j++) {
+        b[2 + j] = (uint8_t)(j | ((15 - j) << 4));
+        want[j] = 0.5f * (float)iq4_levels[j];
+        want[j + 16] = 0.5f * (float)iq4_levels[15 - j];
+    }
+    expect_block(VKI_GGML_IQ4_NL, b, want, 32);
+}
+
+/* Q2_K / Q3_K: element e = 128n + 32j + l keeps 2 bits at shift 2j of qs[32n + l]; sub-block
+ * e / 16 gives the scale. Q3_K's third bit: bit e / 32 of hmask[l], set = no -4 offset. */
+static void test_dequant_q2_k_q3_k(void **state)
+{
+    uint8_t b[110] = {0};
+    float want[256];
+    put_h(b + 80, 0x3c00), put_h(b + 82, 0x3800); /* Q2_K d = 1, dmin = 0.5 */
+    for (int s = 0; s < 16; s++)
+        b[s] = (uint8_t)(s | ((15 - s) << 4));
+    for (int e = 0; e < 256; e++) {
+        int q = (e * 5 + 1) & 3, s = e / 16;
+        b[16 + 32 * (e / 128) + e % 32] |= (uint8_t)(q << (2 * ((e % 128) / 32)));
+        want[e] = 1.0f * (float)s * (float)q - 0.5f * (float)(15 - s);
+    }
+    expect_block(VKI_GGML_Q2_K, b, want, 256);
+
+    memset(b, 0, sizeof b);
+    uint8_t *hm = b, *qs = b + 32, *sc = b + 96;
+    put_h(b + 108, 0x3400); /* d = 0.25 */
+    int scale[16];
+    for (int s = 0; s < 16; s++) {
+        scale[s] = (s * 7 + 5) & 63;
+        if (s < 8)
+            sc[s] |= (uint8_t)(scale[s] & 15);
+        else
+            sc[s - 8] |= (uint8_t)((scale[s] & 15) << 4);
+        sc[8 + s % 4] |= (uint8_t)((scale[s] >> 4) << (2 * (s / 4)));
+    }
+    for (int e = 0; e < 256; e++) {
+        int q = ((e * 3 + 1) % 8) - 4, u = q + 4; /* -4..3 */
+        qs[32 * (e / 128) + e % 32] |= (uint8_t)((u & 3) << (2 * ((e % 128) / 32)));
+        hm[e % 32] |= (uint8_t)((u >> 2) << (e / 32));
+        want[e] = 0.25f * (float)(scale[e / 16] - 32) * (float)q;
+    }
+    expect_block(VKI_GGML_Q3_K, b, want, 256);
+}
+
+/* Q5_K: Q4_K's scales and nibbles plus bit j (the sub-block) of qh[l]. IQ4_XS: 8 sub-blocks
+ * with 6-bit scales (low nibble in scales_l, top 2 bits in scales_h). */
+static void test_dequant_q5_k_iq4_xs(void **state)
+{
+    uint8_t b[176] = {0};
+    float want[256];
+    put_h(b, 0x3800), put_h(b + 2, 0x3c00); /* d = 0.5, dmin = 1 */
+    uint8_t *s = b + 4, *qh = b + 16, *qs = b + 48;
+    for (int j = 0; j < 4; j++) /* sc = 2j + 1, m = j; sub-blocks 4..7 use the low nibbles only */
+        s[j] = (uint8_t)(2 * j + 1), s[j + 4] = (uint8_t)j, s[j + 8] = (uint8_t)((j + 1) | ((j + 2) << 4));
+    for (int e = 0; e < 256; e++) {
+        int j = e / 32, l = e % 32, q = (e * 11 + 7) & 31;
+        qs[32 * (j / 2) + l] |= (uint8_t)((q & 15) << (4 * (j & 1)));
+        qh[l] |= (uint8_t)((q >> 4) << j);
+        int sc = j < 4 ? 2 * j + 1 : j - 3, m = j < 4 ? j : j - 2;
+        want[e] = 0.5f * (float)sc * (float)q - 1.0f * (float)m;
+    }
+    expect_block(VKI_GGML_Q5_K, b, want, 256);
+
+    memset(b, 0, sizeof b);
+    put_h(b, 0x3800); /* d = 0.5 */
+    uint16_t sh = 0;
+    int ls[8];
+    for (int j = 0; j < 8; j++) {
+        ls[j] = (j * 9 + 3) & 63;
+        b[4 + j / 2] |= (uint8_t)((ls[j] & 15) << (4 * (j % 2)));
+        sh |= (uint16_t)((ls[j] >> 4) << (2 * j));
+    }
+    put_h(b + 2, sh);
+    for (int e = 0; e < 256; e++) {
+        int j = e / 32, i = e % 32, q = (i * 5 + j) & 15;
+        b[8 + 16 * j + i % 16] |= (uint8_t)(q << (4 * (i / 16)));
+        want[e] = 0.5f * (float)(ls[j] - 32) * (float)iq4_levels[q];
+    }
+    expect_block(VKI_GGML_IQ4_XS, b, want, 256);
+}
+
 /* ---- round trips ----------------------------------------------------------------------------- */
 
 static double rel_rms(const float *a, const float *ref, size_t n)
@@ -231,12 +420,17 @@ static double rel_rms(const float *a, const float *ref, size_t n)
 }
 
 /* Bounds on the relative RMS error for Gaussian rows, about 1.2-1.5x what this reference
- * measures (f16 2.1e-4, q8_0 0.0053, q6_k 0.018, q4_k 0.072 (fast 0.076), q4_0 0.085). */
+ * measures (reference / fast where they differ): bf16 0.0017, f16 2.1e-4, q8_0 0.0054, q6_k
+ * 0.018, q5_k 0.036 / 0.038, q5_1 0.038, q5_0 0.042, q4_k 0.072 / 0.075, iq4_nl 0.076 / 0.078,
+ * iq4_xs 0.076 / 0.078, q4_1 0.078, q4_0 0.086, q3_k 0.150 / 0.152, q2_k 0.27 / 0.29. */
 static void test_roundtrip(void **state)
 {
     static const struct { uint32_t type; double bound, bound_fast; } c[] = {
-        {VKI_GGML_F32, 0, 0}, {VKI_GGML_F16, 3e-4, 3e-4}, {VKI_GGML_Q8_0, 0.008, 0.008},
-        {VKI_GGML_Q4_0, 0.12, 0.12}, {VKI_GGML_Q4_K, 0.085, 0.10}, {VKI_GGML_Q6_K, 0.025, 0.03},
+        {VKI_GGML_F32, 0, 0}, {VKI_GGML_F16, 3e-4, 3e-4}, {VKI_GGML_BF16, 2.5e-3, 2.5e-3},
+        {VKI_GGML_Q8_0, 0.008, 0.008}, {VKI_GGML_Q4_0, 0.12, 0.12}, {VKI_GGML_Q4_1, 0.10, 0.10},
+        {VKI_GGML_Q5_0, 0.055, 0.055}, {VKI_GGML_Q5_1, 0.05, 0.05}, {VKI_GGML_IQ4_NL, 0.10, 0.10},
+        {VKI_GGML_Q2_K, 0.35, 0.37}, {VKI_GGML_Q3_K, 0.19, 0.19}, {VKI_GGML_Q4_K, 0.085, 0.10},
+        {VKI_GGML_Q5_K, 0.045, 0.048}, {VKI_GGML_Q6_K, 0.025, 0.03}, {VKI_GGML_IQ4_XS, 0.10, 0.10},
     };
     vt_rng r = vt_rng_seeded("quant_roundtrip");
     enum { N = 256 * 64 };
@@ -262,7 +456,9 @@ static void test_roundtrip(void **state)
  * format can be exact. */
 static void test_degenerate_rows(void **state)
 {
-    static const uint32_t types[] = {VKI_GGML_Q8_0, VKI_GGML_Q4_0, VKI_GGML_Q4_K, VKI_GGML_Q6_K};
+    static const uint32_t types[] = {VKI_GGML_Q8_0, VKI_GGML_Q4_0, VKI_GGML_Q4_1, VKI_GGML_Q5_0, VKI_GGML_Q5_1,
+                                     VKI_GGML_IQ4_NL, VKI_GGML_Q2_K, VKI_GGML_Q3_K, VKI_GGML_Q4_K,
+                                     VKI_GGML_Q5_K, VKI_GGML_Q6_K, VKI_GGML_IQ4_XS, VKI_GGML_BF16};
     float x[256], y[256];
     uint8_t q[256 * 4];
     for (size_t k = 0; k < sizeof types / sizeof types[0]; k++) {
@@ -271,10 +467,14 @@ static void test_degenerate_rows(void **state)
                 x[i] = kind == 0 ? 0.0f : kind == 1 ? 0.75f : kind == 2 ? (i == 77 ? 5.0f : 0.0f) : -1.0f - (float)(i % 5);
             quant_row(types[k], x, q, 256);
             dequant_row(types[k], q, y, 256);
+            /* zeros and a single spike are representable exactly, except by the IQ4 levels, which
+             * have no 0: a zero becomes the level nearest 0, 1/127 of the block's largest */
+            bool iq4 = types[k] == VKI_GGML_IQ4_NL || types[k] == VKI_GGML_IQ4_XS;
+            float tol = iq4 && kind == 2 ? 5.0f / 120.0f : 1e-3f * 5;
             for (int i = 0; i < 256; i++) {
                 assert_true(isfinite(y[i]));
-                if (kind == 0 || kind == 2) /* zeros and a single spike are representable exactly */
-                    if (fabsf(y[i] - x[i]) > 1e-3f * 5)
+                if (kind == 0 || kind == 2)
+                    if (fabsf(y[i] - x[i]) > tol)
                         fail_msg("%s kind %d element %d: %g, want %g", quant_get(types[k])->name, kind, i, y[i], x[i]);
             }
             assert_true(rel_rms(y, x, 256) < 0.15 || kind == 0);
@@ -292,6 +492,10 @@ int main(void)
         cmocka_unit_test(test_dequant_q8_0_q4_0),
         cmocka_unit_test(test_dequant_q4_k),
         cmocka_unit_test(test_dequant_q6_k),
+        cmocka_unit_test(test_bf16),
+        cmocka_unit_test(test_dequant_legacy32),
+        cmocka_unit_test(test_dequant_q2_k_q3_k),
+        cmocka_unit_test(test_dequant_q5_k_iq4_xs),
         cmocka_unit_test(test_roundtrip),
         cmocka_unit_test(test_degenerate_rows),
     };

@@ -164,7 +164,8 @@ static void test_shapes(void **state)
 
 /* The Q4_K_M mix, hand-computed from llama.cpp's rule for 8 layers: Q6_K for attn_v / ffn_down
  * of layers 0, 3, 6, 7 (first eighth, last eighth, every third in between), for output.weight,
- * and for token_embd only when tied; F16 where 256 does not divide the row. */
+ * and for token_embd only when tied; where 256 does not divide the row llama.cpp's fallback:
+ * Q5_0 for Q4_K, Q8_0 for Q6_K. */
 static void test_q4_k_m_mix(void **state)
 {
     synth_params p = synth_default_params();
@@ -182,7 +183,7 @@ static void test_q4_k_m_mix(void **state)
             bool more = l == 0 || l == 3 || l == 6 || l == 7;
             assert_int_equal(tensor(f, "blk.%d.attn_v.weight", l)->type, more ? VKI_GGML_Q6_K : VKI_GGML_Q4_K);
             assert_int_equal(tensor(f, "blk.%d.attn_q.weight", l)->type, VKI_GGML_Q4_K);
-            assert_int_equal(tensor(f, "blk.%d.ffn_down.weight", l)->type, VKI_GGML_F16); /* 320 % 256 */
+            assert_int_equal(tensor(f, "blk.%d.ffn_down.weight", l)->type, more ? VKI_GGML_Q8_0 : VKI_GGML_Q5_0);
             assert_int_equal(tensor(f, "blk.%d.ffn_up.weight", l)->type, VKI_GGML_Q4_K);
         }
         gguf_close(f);
@@ -197,6 +198,95 @@ static void test_q4_k_m_mix(void **state)
     }
     gguf_close(f);
     assert_int_equal(unlink(path), 0);
+}
+
+/* Every type and mix is written and loads back with the types synth_weight_type names (test_shapes
+ * checks each tensor), on a shape whose rows the 256-blocks do not all divide: d_ff 320 (a
+ * multiple of 32 only) and, in a second pass, 100 (not even of 32). */
+static void test_every_type_and_fallback(void **state)
+{
+    for (int w = 0; w < SYNTH_WTYPE_COUNT; w++)
+        for (int pass = 0; pass < 2; pass++) {
+            synth_params p = synth_default_params();
+            p.d_model = 256, p.n_head = 4, p.n_head_kv = 1, p.d_ff = pass ? 100 : 320, p.n_vocab = 300;
+            p.wtype = (synth_wtype)w, p.llama_mix = pass;
+            char path[512];
+            gguf_file *f = write_and_open(state, &p, "types.gguf", path, sizeof path);
+            check_model(f, &p, 300);
+            gguf_close(f);
+            assert_int_equal(unlink(path), 0);
+        }
+}
+
+/* llama.cpp's fallback (src/llama-quant.cpp tensor_type_fallback) for rows a block does not
+ * divide, and F16 when 32 does not divide them either. */
+static void test_llama_fallbacks(void **state)
+{
+    static const struct { synth_wtype w; uint32_t at320, at100; } c[] = {
+        {SYNTH_Q2_K, VKI_GGML_Q4_0, VKI_GGML_F16},   {SYNTH_Q3_K, VKI_GGML_Q4_0, VKI_GGML_F16},
+        {SYNTH_Q4_K, VKI_GGML_Q5_0, VKI_GGML_F16},   {SYNTH_Q5_K, VKI_GGML_Q5_1, VKI_GGML_F16},
+        {SYNTH_Q6_K, VKI_GGML_Q8_0, VKI_GGML_F16},   {SYNTH_IQ4_XS, VKI_GGML_IQ4_NL, VKI_GGML_F16},
+        {SYNTH_Q4_0, VKI_GGML_Q4_0, VKI_GGML_F16},   {SYNTH_Q5_1, VKI_GGML_Q5_1, VKI_GGML_F16},
+        {SYNTH_BF16, VKI_GGML_BF16, VKI_GGML_BF16},  {SYNTH_F32, VKI_GGML_F32, VKI_GGML_F32},
+    };
+    synth_params p = synth_default_params();
+    for (size_t i = 0; i < sizeof c / sizeof c[0]; i++) {
+        p.wtype = c[i].w;
+        assert_int_equal(synth_weight_type(&p, "ffn_down", 0, 320, true), c[i].at320);
+        assert_int_equal(synth_weight_type(&p, "ffn_down", 0, 100, true), c[i].at100);
+        assert_int_equal(synth_weight_type(&p, "ffn_down", 0, 512, true), synth_weight_type(&p, "ffn_down", 0, 512, false));
+    }
+    /* a mix's output.weight whose rows the base block does not divide is Q8_0 (llama.cpp's rule) */
+    p.wtype = SYNTH_Q4_K_M, p.tied = false;
+    assert_int_equal(synth_weight_type(&p, "output", 0, 320, true), VKI_GGML_Q8_0);
+    assert_int_equal(synth_weight_type(&p, "output", 0, 256, true), VKI_GGML_Q6_K);
+}
+
+/* The per-tensor types of llama.cpp's own quantiser for the quant-zoo files (their shape: 2
+ * layers, d 256, 4 heads, 2 KV heads, d_ff 512, untied) are what synth_weight_type picks for
+ * the same mix. */
+static void test_mixes_match_llama_quantize(void **state)
+{
+    static const struct { const char *zoo; synth_wtype w; bool mix; } c[] = {
+        {"f16", SYNTH_F16, false},     {"bf16", SYNTH_BF16, false},    {"q8_0", SYNTH_Q8_0, true},
+        {"q4_0", SYNTH_Q4_0, true},    {"q4_1", SYNTH_Q4_1, true},     {"q5_0", SYNTH_Q5_0, true},
+        {"q5_1", SYNTH_Q5_1, true},    {"q2_k", SYNTH_Q2_K, true},     {"q3_k_s", SYNTH_Q3_K_S, false},
+        {"q3_k_m", SYNTH_Q3_K_M, false}, {"q4_k_s", SYNTH_Q4_K_S, false}, {"q4_k_m", SYNTH_Q4_K_M, false},
+        {"q5_k_s", SYNTH_Q5_K_S, false}, {"q5_k_m", SYNTH_Q5_K_M, false}, {"q6_k", SYNTH_Q6_K, true},
+        {"iq4_nl", SYNTH_IQ4_NL, true}, {"iq4_xs", SYNTH_IQ4_XS, true},
+    };
+    int seen = 0;
+    for (size_t i = 0; i < sizeof c / sizeof c[0]; i++) {
+        char rel[96], path[1024], err[256];
+        snprintf(rel, sizeof rel, "quant-zoo/zoo-%s.gguf", c[i].zoo);
+        if (!vt_shared_model(rel, path, sizeof path))
+            continue;
+        seen++;
+        gguf_file *f;
+        assert_int_equal(gguf_open(path, &f, err, sizeof err), VKI_OK);
+        synth_params p = synth_default_params();
+        p.n_layer = 2, p.d_model = 256, p.n_head = 4, p.n_head_kv = 2, p.d_ff = 512, p.tied = false;
+        p.wtype = c[i].w, p.llama_mix = c[i].mix;
+        for (uint64_t k = 0; k < gguf_n_tensors(f); k++) {
+            const gguf_tensor *t = gguf_tensor_at(f, k);
+            char name[80], role[32] = "";
+            unsigned layer = 0;
+            snprintf(name, sizeof name, "%.*s", (int)t->name.len, t->name.ptr);
+            if (t->n_dims < 2)
+                continue; /* norms: always f32 */
+            if (sscanf(name, "blk.%u.%31[a-z_].weight", &layer, role) != 2)
+                sscanf(name, "%31[a-z_].weight", role);
+            uint32_t want = synth_weight_type(&p, role, layer, t->ne[0], true);
+            if (want != t->type)
+                fail_msg("zoo-%s %s: llama-quantize wrote %s, synth picks %s", c[i].zoo, name, quant_type_name(t->type),
+                         quant_type_name(want));
+        }
+        gguf_close(f);
+    }
+    if (!seen) {
+        fprintf(stderr, "skipping: %s/models/quant-zoo is absent\n", VKI_SHARED_DIR);
+        skip();
+    }
 }
 
 static void test_vocab_copied(void **state)
@@ -449,7 +539,12 @@ static void test_bad_params(void **state)
     assert_int_equal(synth_write(&p, "/nonexistent/dir/m.gguf", err, sizeof err), VKI_ERR_IO);
     synth_wtype t;
     assert_true(synth_wtype_parse("Q4_K_M", &t)), assert_int_equal(t, SYNTH_Q4_K_M);
-    assert_false(synth_wtype_parse("q5_k", &t));
+    assert_true(synth_wtype_parse("IQ4_XS", &t)), assert_int_equal(t, SYNTH_IQ4_XS);
+    assert_true(synth_wtype_parse("q3_k_l", &t)), assert_true(synth_wtype_is_mix(t));
+    assert_false(synth_wtype_is_mix(SYNTH_Q3_K));
+    assert_false(synth_wtype_parse("q7_k", &t));
+    for (int i = 0; i < SYNTH_WTYPE_COUNT; i++) /* names round-trip */
+        assert_true(synth_wtype_parse(synth_wtype_name((synth_wtype)i), &t)), assert_int_equal(t, i);
     for (const char *const *n = synth_preset_names(); *n; n++)
         assert_int_equal(synth_preset(*n, &p), VKI_OK);
     assert_int_equal(synth_preset("nope", &p), VKI_ERR_NOT_FOUND);
@@ -460,6 +555,9 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_shapes),
         cmocka_unit_test(test_q4_k_m_mix),
+        cmocka_unit_test(test_every_type_and_fallback),
+        cmocka_unit_test(test_llama_fallbacks),
+        cmocka_unit_test(test_mixes_match_llama_quantize),
         cmocka_unit_test(test_vocab_copied),
         cmocka_unit_test(test_byte_vocab),
         cmocka_unit_test(test_activations_and_logits),

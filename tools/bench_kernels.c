@@ -41,11 +41,14 @@ typedef struct bench_shape {
 } bench_shape;
 
 #define MAX_SHAPES 8
+/* Every weight type of the matmul family (engine/kernels.h VKK_WEIGHT_TYPES). */
+#define COUNT_TYPE(T, t) +1
+#define BENCH_WEIGHT_TYPES (0 VKK_WEIGHT_TYPES(COUNT_TYPE))
 
 typedef struct bench_kernel {
     const char *name;
     const char *dims;                        /* meaning of M, N, K (for --help) */
-    uint32_t types[8], n_types;              /* ggml types it runs (F32 only for activations) */
+    uint32_t types[BENCH_WEIGHT_TYPES], n_types; /* ggml types it runs (F32 only for activations) */
     bench_shape full[MAX_SHAPES], small[MAX_SHAPES]; /* zero-terminated; small: CPU devices */
     vki_status (*setup)(bench_run *r);
     vki_status (*record)(bench_run *r, vkd_cmd *c);
@@ -85,9 +88,12 @@ static void random_weights(bench_run *r, uint8_t *raw, size_t n_bytes, uint32_t 
             ((float *)raw)[i] = rng_float(&r->rng);
         return;
     }
-    if (type == VKI_GGML_F16) {
-        for (uint64_t i = 0; i < n_elems; i++)
-            put_f16(raw + 2 * i, rng_float(&r->rng));
+    if (type == VKI_GGML_F16 || type == VKI_GGML_BF16) {
+        for (uint64_t i = 0; i < n_elems; i++) {
+            float f = rng_float(&r->rng);
+            uint16_t h = type == VKI_GGML_F16 ? quant_f32_to_f16(f) : quant_f32_to_bf16(f);
+            memcpy(raw + 2 * i, &h, 2);
+        }
         return;
     }
     for (size_t i = 0; i < n_bytes; i += 8) {
@@ -97,9 +103,15 @@ static void random_weights(bench_run *r, uint8_t *raw, size_t n_bytes, uint32_t 
     const quant_traits *qt = quant_get(type);
     for (size_t b = 0; b < n_bytes / qt->block_bytes; b++) {
         uint8_t *blk = raw + b * qt->block_bytes;
-        switch (type) {
-        case VKI_GGML_Q8_0: case VKI_GGML_Q4_0: put_f16(blk, 0.01f); break;
-        case VKI_GGML_Q4_K: put_f16(blk, 0.01f); put_f16(blk + 2, 0.01f); break;
+        switch (type) { /* where each layout keeps its f16 scales (shaders/vki_shared.h) */
+        case VKI_GGML_Q8_0: case VKI_GGML_Q4_0: case VKI_GGML_Q5_0: case VKI_GGML_IQ4_NL: put_f16(blk, 0.01f); break;
+        case VKI_GGML_Q4_1: case VKI_GGML_Q5_1: case VKI_GGML_Q4_K: case VKI_GGML_Q5_K:
+            put_f16(blk, 0.01f);
+            put_f16(blk + 2, 0.01f);
+            break;
+        case VKI_GGML_IQ4_XS: put_f16(blk, 0.001f); break;
+        case VKI_GGML_Q2_K: put_f16(blk + 80, 0.01f); put_f16(blk + 82, 0.01f); break;
+        case VKI_GGML_Q3_K: put_f16(blk + 108, 0.001f); break;
         case VKI_GGML_Q6_K: put_f16(blk + 208, 0.001f); break;
         }
     }
@@ -221,9 +233,8 @@ static vki_status get_rows_record(bench_run *r, vkd_cmd *c)
     return op_get_rows(c, &r->w, vkd_whole(r->buf[0]), r->M, vkd_whole(r->buf[1]), r->K);
 }
 
-#define WEIGHT_TYPES                                                                               \
-    .types = {VKI_GGML_F32, VKI_GGML_F16, VKI_GGML_Q8_0, VKI_GGML_Q4_0, VKI_GGML_Q4_K, VKI_GGML_Q6_K}, \
-    .n_types = 6
+#define WEIGHT_TYPE_ID(T, t) VKI_GGML_##T,
+#define WEIGHT_TYPES .types = {VKK_WEIGHT_TYPES(WEIGHT_TYPE_ID)}, .n_types = BENCH_WEIGHT_TYPES
 
 /* ---- row norms, elementwise, rope, attention (engine/ops_basic.h, engine/ops_attn.h) ------- */
 
@@ -648,7 +659,8 @@ static void usage(FILE *f)
 {
     fprintf(f, "usage: bench-kernels [options]\n"
                "  -k, --kernel LIST   comma-separated kernels (default: all)\n"
-               "  -t, --type LIST     comma-separated weight types: f32,f16,q8_0,q4_0,q4_k,q6_k\n"
+               "  -t, --type LIST     comma-separated weight types: f32,f16,bf16,q8_0,q4_0,q4_1,q5_0,q5_1,\n"
+               "                      iq4_nl,q2_k,q3_k,q4_k,q5_k,q6_k,iq4_xs\n"
                "  -s, --shape MxNxK   a shape (repeatable); replaces the defaults\n"
                "      --small         the small default shapes (default on CPU devices)\n"
                "      --full          the model-sized default shapes (default on GPUs)\n"
@@ -758,8 +770,7 @@ static void crossover_all(const bench_cli *cl, vkd_device *d, vkd_cmd *c, VkQuer
     const bench_kernel gemm = {.record = d->cm.kind != VKD_CM_NONE ? matmul_cm_record : matmul_record};
     bench_opts o = cl->o;
     o.fastest = true; /* a loaded machine slows some batches; the fastest is the kernel's own time */
-    static const uint32_t types[] = {VKI_GGML_F32, VKI_GGML_F16, VKI_GGML_Q8_0, VKI_GGML_Q4_0, VKI_GGML_Q4_K,
-                                     VKI_GGML_Q6_K};
+    static const uint32_t types[] = {VKK_WEIGHT_TYPES(WEIGHT_TYPE_ID)};
     printf("%-5s %6s %6s %6s %11s %11s\n", "type", "M", "N", "K", "gemv us", "gemm us");
     for (size_t t = 0; t < sizeof types / sizeof types[0]; t++) {
         if (!in_list(cl->types ? cl->types : "f16,q4_k", quant_get(types[t])->name))

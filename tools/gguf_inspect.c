@@ -1,6 +1,7 @@
 /* gguf-inspect FILE.gguf [--all]: version, metadata (long arrays abbreviated unless --all) and the
- * tensor table (name, type, shape, offset, bytes). A malformed file prints the reader's error
- * and exits 1. */
+ * tensor table (name, type, shape, offset, bytes), with the types vkinfer cannot run marked. A
+ * malformed file (or a tensor type id with no known block size) prints the reader's error and
+ * exits 1. */
 #include "engine/gguf.h"
 #include "engine/quant.h"
 
@@ -98,26 +99,42 @@ static void print_kv(const gguf_kv *kv, bool all)
     putchar('\n');
 }
 
+/* Every tensor with its type; a type vkinfer cannot run (but whose block size is known, so the
+ * file still parses) is marked and listed under the table. */
 static void print_tensors(const gguf_file *f)
 {
-    uint64_t total = 0;
+    uint64_t total = 0, n_type[64] = {0};
     printf("\ntensors: %" PRIu64 " (data section at offset %" PRIu64 ")\n", gguf_n_tensors(f), gguf_data_offset(f));
     if (gguf_n_tensors(f) == 0)
         return;
-    printf("  %-4s %-32s %-5s %-26s %12s %12s\n", "#", "name", "type", "shape (ne0 first)", "offset", "bytes");
+    printf("  %-4s %-32s %-8s %-26s %12s %12s\n", "#", "name", "type", "shape (ne0 first)", "offset", "bytes");
     for (uint64_t i = 0; i < gguf_n_tensors(f); i++) {
         const gguf_tensor *t = gguf_tensor_at(f, i);
-        char shape[96];
+        char shape[96], type[16];
         int k = snprintf(shape, sizeof shape, "[");
         for (uint32_t d = 0; d < t->n_dims && k < (int)sizeof shape; d++)
             k += snprintf(shape + k, sizeof shape - (size_t)k, "%s%" PRIu64, d ? ", " : "", t->ne[d]);
         if (k < (int)sizeof shape)
             snprintf(shape + k, sizeof shape - (size_t)k, "]");
-        printf("  %-4" PRIu64 " %-32.*s %-5s %-26s %12" PRIu64 " %12" PRIu64 "\n", i, (int)t->name.len, t->name.ptr,
-               quant_get(t->type)->name, shape, t->offset, t->nbytes);
+        bool runs = quant_get(t->type) != NULL;
+        snprintf(type, sizeof type, "%s%s", quant_type_name(t->type), runs ? "" : "*");
+        if (t->type < 64)
+            n_type[t->type]++;
+        printf("  %-4" PRIu64 " %-32.*s %-8s %-26s %12" PRIu64 " %12" PRIu64 "\n", i, (int)t->name.len, t->name.ptr,
+               type, shape, t->offset, t->nbytes);
         total += t->nbytes;
     }
     printf("  total tensor bytes: %" PRIu64 " (%.2f MiB)\n", total, (double)total / (1024.0 * 1024.0));
+    printf("  types:");
+    for (uint32_t t = 0; t < 64; t++)
+        if (n_type[t])
+            printf(" %s x%" PRIu64 "%s", quant_type_name(t), n_type[t], quant_get(t) ? "" : "*");
+    printf("\n");
+    for (uint32_t t = 0; t < 64; t++)
+        if (n_type[t] && !quant_get(t)) {
+            printf("  * vkinfer cannot run this weight type (it runs %s)\n", quant_supported_list());
+            break;
+        }
 }
 
 int main(int argc, char **argv)

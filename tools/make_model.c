@@ -8,6 +8,25 @@
 #include <string.h>
 #include <time.h>
 
+/* The plain types or the mixes, wrapped under the option column. */
+static void print_wtypes(FILE *o, bool mixes)
+{
+    int col = 0;
+    for (int t = 0; t < SYNTH_WTYPE_COUNT; t++) {
+        if (synth_wtype_is_mix((synth_wtype)t) != mixes)
+            continue;
+        const char *n = synth_wtype_name((synth_wtype)t);
+        if (col && col + 1 + (int)strlen(n) > 96) {
+            fprintf(o, "\n");
+            col = 0;
+        }
+        if (!col)
+            col = fprintf(o, "%21s", "");
+        col += fprintf(o, " %s", n);
+    }
+    fprintf(o, "\n");
+}
+
 static void usage(FILE *o)
 {
     fprintf(o,
@@ -26,7 +45,13 @@ static void usage(FILE *o)
                "  --vocab N           byte-level vocabulary of N tokens (>= 259)\n"
                "  --vocab-from FILE   copy the tokenizer.* keys of a GGUF (vocab size from it)\n"
                "  --ctx C             context length\n"
-               "  --type T            f32 f16 q8_0 q4_0 q4_k q6_k q4_k_m\n"
+               "  --type T            weight type of every matrix:\n");
+    print_wtypes(o, false);
+    fprintf(o, "                      or a llama-quantize mix (its per-tensor types):\n");
+    print_wtypes(o, true);
+    fprintf(o,                "                      rows a block does not divide take llama.cpp's fallback type\n"
+               "  --mix               with a plain --type: llama-quantize's mix of that name (q2_k:\n"
+               "                      q3_k attn_v/attn_output/ffn_down, q6_k output.weight, ...)\n"
                "  --tied / --untied   reuse token_embd as the LM head (no output.weight), or not\n"
                "  --rope-base B       RoPE frequency base\n"
                "  --rms-eps E         RMSNorm epsilon\n"
@@ -129,6 +154,10 @@ int main(int argc, char **argv)
             p.tied = a[2] == 't';
             continue;
         }
+        if (!strcmp(a, "--mix")) {
+            p.llama_mix = true;
+            continue;
+        }
         if (i + 1 >= argc) {
             fprintf(stderr, "make-model: %s needs a value\n", a);
             return 2;
@@ -158,8 +187,9 @@ int main(int argc, char **argv)
         size = ftell(f);
     if (f)
         fclose(f);
-    fprintf(stderr, "make-model: wrote %s (%s, %u layers, d_model %u, %u/%u heads, d_ff %u, %s weights, %.1f MiB) in %.1f s\n",
+    fprintf(stderr, "make-model: wrote %s (%s, %u layers, d_model %u, %u/%u heads, d_ff %u, %s%s weights, %.1f MiB) in %.1f s\n",
             out, p.arch, p.n_layer, p.d_model, p.n_head, p.n_head_kv, p.d_ff, synth_wtype_name(p.wtype),
+            p.llama_mix ? " mix" : "",
             (double)size / (1024.0 * 1024.0),
             (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec));
     return 0;

@@ -63,6 +63,12 @@ double vt_nmse(const float *a, const float *ref, size_t n);
 /* Asserts nmse <= tol, printing the shape label and the worst element on failure. */
 void vt_assert_nmse(const float *a, const float *ref, size_t n, double tol, const char *label);
 
+/* Every weight type the matmul family runs (engine/kernels.h VKK_WEIGHT_TYPES), and whether a
+ * type is stored per element (f32, f16, bf16: any row length) rather than in blocks. */
+extern const uint32_t vt_weight_types[];
+extern const size_t vt_n_weight_types;
+bool vt_is_float_type(uint32_t ggml_type);
+
 /* ../shared/models/<name> if present, else NULL (the caller skips with a message). */
 const char *vt_shared_model(const char *name, char *buf, size_t n);
 
