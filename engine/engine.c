@@ -518,6 +518,57 @@ static vki_status host_round_trips(vk_engine *e, const vki_step_plan *plan, vki_
     return st;
 }
 
+/* Embeddings: the final hidden state of every row (rmsnorm * output_norm, what the LM head
+ * reads) into s->h, which no later dispatch of the step touches. One norm over the step's rows,
+ * recorded only when a sequence of the plan has a hidden_hook. */
+static bool wants_hidden(const vki_step_plan *plan)
+{
+    for (uint32_t i = 0; i < plan->n_seqs; i++)
+        if (plan->seqs[i].hidden_hook)
+            return true;
+    return false;
+}
+
+static vki_status record_hidden(vk_engine *e, const vki_step_plan *plan)
+{
+    uint32_t d = e->model.hp.d_model;
+    vkd_barrier(&e->cmd);
+    vkd_label_begin(&e->cmd, "hidden states");
+    vki_status st = op_rmsnorm(&e->cmd, op_mat_rows(e->s.x, d), vkd_whole(e->model.output_norm.parts[0].buf),
+                               op_mat_rows(e->s.h, d), plan->n_tokens, d, e->model.hp.rms_eps);
+    vkd_label_end(&e->cmd);
+    return st;
+}
+
+/* Reads each hooked sequence's rows of s->h back and hands them to its hook. */
+static vki_status host_hidden(vk_engine *e, const vki_step_plan *plan)
+{
+    uint32_t d = e->model.hp.d_model, row = 0;
+    float *rows = NULL;
+    size_t cap = 0;
+    vki_status st = VKI_OK;
+    for (uint32_t i = 0; i < plan->n_seqs && st == VKI_OK; row += plan->seqs[i++].n_new) {
+        const vki_step_seq *s = &plan->seqs[i];
+        if (!s->hidden_hook)
+            continue;
+        size_t n = (size_t)s->n_new * d;
+        if (n > cap) {
+            float *r = realloc(rows, n * sizeof *rows);
+            if (!r) {
+                st = VKI_ERR_OUT_OF_HOST_MEMORY;
+                break;
+            }
+            rows = r;
+            cap = n;
+        }
+        st = vkd_download(e->dev, e->s.h, (VkDeviceSize)row * d * 4, rows, n * 4);
+        if (st == VKI_OK)
+            s->hidden_hook(s->hidden_hook_ctx, rows, s->n_new, d, s->pos0);
+    }
+    free(rows);
+    return st;
+}
+
 vki_status vk_engine_step(vk_engine *e, const vki_step_plan *plan, vki_step_out *outs, float *logits)
 {
     double t0 = now_ms();
@@ -544,6 +595,9 @@ vki_status vk_engine_step(vk_engine *e, const vki_step_plan *plan, vki_step_out 
     vkd_barrier_transfer_to_compute(&e->cmd);
     memcpy(e->attn_plan, ap, sizeof ap);
     st = vk_forward_record(e, plan, n_out);
+    bool hidden = wants_hidden(plan);
+    if (st == VKI_OK && hidden)
+        st = record_hidden(e, plan);
     if (st == VKI_OK && n_out) {
         vkd_barrier(&e->cmd);
         vkd_role(&e->cmd, "sample");
@@ -566,6 +620,8 @@ vki_status vk_engine_step(vk_engine *e, const vki_step_plan *plan, vki_step_out 
     if (n_out)
         op_sampler_read_plan(e->sampler, plan, outs);
     if (n_out && (st = host_round_trips(e, plan, outs)) != VKI_OK)
+        return st;
+    if (hidden && (st = host_hidden(e, plan)) != VKI_OK)
         return st;
     for (uint32_t i = 0; logits && i < n_out; i++) {
         st = vkd_download(e->dev, e->s.logits, (VkDeviceSize)i * vk_engine_logits_stride(e) * 4,

@@ -376,6 +376,19 @@ typedef enum vki_finish_reason {
 typedef void (*vki_logits_fn)(void *user, uint64_t request_id, float *logits, uint32_t n_vocab,
                               const int32_t *tokens, uint32_t n_tokens);
 
+/* Embedding requests. The prompt is run and the model's final hidden state (after the output
+ * norm, the LM head's input: [n_prompt][d_model]) is pooled over the prompt's positions and
+ * L2-normalised; the final response carries it in vki_response.embedding and generates no token
+ * (n_tokens 0, finish LENGTH; max_new_tokens and sampling are ignored). Every position is
+ * computed (no prefix reuse for such a request). For a decoder-only language model this is what
+ * llama.cpp's --embeddings gives: usable for similarity within one model, not a trained
+ * retrieval embedding. */
+typedef enum vki_pooling {
+    VKI_POOL_NONE = 0,              /* a generation request */
+    VKI_POOL_MEAN = 1,              /* mean over every prompt position */
+    VKI_POOL_LAST = 2,              /* the last prompt position */
+} vki_pooling;
+
 /* One generation request. Every pointer is copied at submission; the caller keeps ownership. */
 typedef struct vki_request {
     uint64_t id;                    /* caller's id; must not be in flight (reusable after its
@@ -399,6 +412,10 @@ typedef struct vki_request {
                                        grammar is complete ends with an end id (EOS), or with
                                        VKI_FINISH_STOP when it may not emit one (ignore_eos
                                        without end_ids) */
+    uint32_t min_tokens;            /* the end-of-generation tokens, end_ids and stop_ids are banned
+                                       (logit -inf) until this many tokens were generated;
+                                       <= max_new_tokens. 0 */
+    vki_pooling pooling;            /* != VKI_POOL_NONE: an embedding request (see vki_pooling) */
 } vki_request;
 
 /* What a response callback receives. Pointers are valid only during the callback. The ending
@@ -424,6 +441,11 @@ typedef struct vki_response {
                                        VKI_ERR_DUPLICATE_ID, VKI_ERR_DEVICE_LOST and the other
                                        engine failures, ...); else VKI_OK */
     uint64_t seed;                  /* the request's seed, or the one drawn for it */
+    uint32_t n_cached;              /* prompt tokens whose KV came from the prefix cache at the
+                                       request's first admission (0 before it) */
+    const float *embedding;         /* final response of an embedding request: [n_embd], unit
+                                       length; else NULL */
+    uint32_t n_embd;
 } vki_response;
 
 typedef void (*vki_response_fn)(void *user, const vki_response *resp);
@@ -435,6 +457,21 @@ typedef struct vki_request_list vki_request_list;
  * get_requests was given (the request was not added); VKI_ERR_OUT_OF_HOST_MEMORY. Validation
  * happens later: an invalid or duplicate request gets a final error response. */
 VKI_API vki_status vki_request_list_add(vki_request_list *sink, const vki_request *req);
+
+/* One tick's figures (vki_batch_callbacks.tick_stats). */
+typedef struct vki_batch_stats {
+    uint64_t iteration;             /* ticks run */
+    uint32_t queued;                /* waiting for admission (paused ones included) */
+    uint32_t running;               /* holding KV (admitted, not finished) */
+    uint32_t paused;                /* paused and waiting to resume (MAX_UTILIZATION) */
+    uint32_t scheduled;             /* sequences in this tick's step */
+    uint32_t context_requests, generation_requests;
+    uint32_t context_tokens;        /* prompt tokens computed this tick */
+    uint32_t kv_max, kv_free, kv_used, kv_cached; /* KV blocks */
+    uint64_t kv_reused_blocks;      /* cumulative */
+    uint64_t reused_tokens;         /* cumulative prompt tokens taken from the prefix cache */
+    double step_ms;                 /* engine time of this tick's step (0: no step) */
+} vki_batch_stats;
 
 /* TensorRT-LLM-style callbacks; any may be NULL. All run on the worker thread (see above). */
 typedef struct vki_batch_callbacks {
@@ -453,6 +490,9 @@ typedef struct vki_batch_callbacks {
      * "Iteration Counter", "Active Request Count", "Max KV cache blocks", ... fields of the
      * TensorRT-LLM batch manager; see the README. */
     void (*stats)(void *user, const char *json);
+    /* The same figures as a struct, without building or parsing JSON (what a server's metrics
+     * want on the tick path): called every tick with work, like stats. */
+    void (*tick_stats)(void *user, const vki_batch_stats *st);
 } vki_batch_callbacks;
 
 /* Creates a manager over an engine and starts its worker thread. params NULL: the defaults; cb

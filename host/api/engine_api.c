@@ -276,7 +276,7 @@ vki_status vki_batch_manager_create(vki_engine *e, const vki_batch_params *param
                      .max_ctx = g->max_ctx, .max_tokens = g->p.max_tokens, .vocab_size = g->model.hp.n_vocab,
                      .kv_window = g->kv_window, .kv_sink = g->kv_sink,
                      .step = backend_step, .is_eog = backend_is_eog, .token_piece = backend_token_piece,
-                     .detach = backend_detach, .tok = e->tok, .chat = e->chat};
+                     .detach = backend_detach, .tok = e->tok, .chat = e->chat, .n_embd = g->model.hp.d_model};
     vki_status st = bm_create(&be, params, cb, out);
     if (st != VKI_OK)
         atomic_store(&e->has_manager, false);

@@ -18,6 +18,7 @@ typedef struct bm_backend {
      * its first kv_sink) are seen by no layer: the scheduler releases them while it runs (and
      * plans them as VKI_PAGE_NONE). 0 = every page stays. */
     uint32_t kv_window, kv_sink;
+    uint32_t n_embd;     /* width of the hidden rows a hidden_hook receives (embeddings) */
     /* Runs the plan; fills outs[i] for the i-th sequence of the plan with want_token set, in
      * plan order. On error nothing of the plan took effect for sampling purposes; the KV of
      * its sequences is undefined (the batch manager fails or recomputes them). */

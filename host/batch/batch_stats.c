@@ -25,6 +25,18 @@ void bm_emit_stats(vki_batch_manager *bm, const sched_tick *t, double step_ms)
     pthread_mutex_lock(&bm->mu);
     uint32_t inbox = bm->inbox_len;
     pthread_mutex_unlock(&bm->mu);
+    if (bm->cb.tick_stats) {
+        vki_batch_stats st = {
+            .iteration = bm->iteration, .queued = ss.queued + inbox, .running = ss.running, .paused = ss.paused,
+            .scheduled = t->plan.n_seqs, .context_requests = t->n_context,
+            .generation_requests = t->n_generation, .context_tokens = t->n_context_tokens,
+            .kv_max = ss.kv.max_blocks, .kv_free = ss.kv.free_blocks, .kv_used = ss.kv.used_blocks,
+            .kv_cached = ss.kv.cached_blocks, .kv_reused_blocks = ss.kv.reused_blocks,
+            .reused_tokens = ss.reused_tokens, .step_ms = step_ms};
+        bm->cb.tick_stats(bm->cb.user, &st);
+    }
+    if (!bm->cb.stats)
+        return;
     char ts[48], json[1024];
     timestamp(ts, sizeof ts);
     int n = snprintf(json, sizeof json,

@@ -209,13 +209,16 @@ void vt_assert_nmse(const float *a, const float *ref, size_t n, double tol, cons
     fail_msg("%s: NMSE %.3g > %.3g (worst [%zu]: got %.9g, want %.9g)", label, e, tol, worst, a[worst], ref[worst]);
 }
 
-void vt_run_vkinfer(const char *args, vt_run_result *r)
+void vt_run_vkinfer(const char *args, vt_run_result *r) { vt_run_vkinfer_in(NULL, args, r); }
+
+void vt_run_vkinfer_in(const char *prefix, const char *args, vt_run_result *r)
 {
     char cmd[4096], errf[] = "/tmp/vki_cli_err_XXXXXX";
     int fd = mkstemp(errf);
     assert_true(fd >= 0);
     close(fd);
-    snprintf(cmd, sizeof cmd, "ASAN_OPTIONS=detect_leaks=0 %s/vkinfer %s 2>%s", VKI_BINARY_DIR, args, errf);
+    snprintf(cmd, sizeof cmd, "%s%sASAN_OPTIONS=detect_leaks=0 %s/vkinfer %s 2>%s", prefix ? prefix : "",
+             prefix ? " | " : "", VKI_BINARY_DIR, args, errf);
     FILE *p = popen(cmd, "r");
     assert_non_null(p);
     size_t n = fread(r->out, 1, sizeof r->out - 1, p);

@@ -82,6 +82,8 @@ typedef struct vt_run_result {
     int rc;
 } vt_run_result;
 void vt_run_vkinfer(const char *args, vt_run_result *r);
+/* The same with `PREFIX | ` before it (a shell pipeline feeding the program's stdin). */
+void vt_run_vkinfer_in(const char *prefix, const char *args, vt_run_result *r);
 
 /* Every weight type the matmul family runs (engine/kernels.h VKK_WEIGHT_TYPES), and whether a
  * type is stored per element (f32, f16, bf16: any row length) rather than in blocks. */
