@@ -255,7 +255,7 @@ static void test_generate_context(void **state)
     assert_non_null(strstr(r.err, "-n 100 clamped to 11"));
     assert_non_null(strstr(r.err, "generated: 11 tokens"));
     assert_non_null(strstr(r.err, "finish: length"));
-    assert_non_null(strstr(r.err, "(1 pages of 16 tokens, context 16)")); /* one sequence, not 256 slots */
+    assert_non_null(strstr(r.err, "= 16 tokens (1 pages of 16, context 16)")); /* one sequence, not 256 slots */
     snprintf(args, sizeof args, "generate --no-progress --no-warmup -m %s -p x -n 2 --ctx 4096", m);
     vt_run_vkinfer(args, &r);
     assert_int_equal(r.rc, 0);
