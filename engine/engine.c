@@ -477,7 +477,7 @@ static double now_ms(void)
     return t.tv_sec * 1e3 + t.tv_nsec * 1e-6;
 }
 
-/* Requests with a logits post-processor: read their rows back, let the hook modify them, sample
+/* Requests with a logits post-processor or a sampled-row logits sink: read their rows back, let the hook modify them, sample
  * on the host with the GPU sampler's semantics (the GPU's token for that row is replaced). The
  * only place logits rows leave the device; O(n_vocab log n_vocab) per such row when a cut is
  * active. */
@@ -491,13 +491,18 @@ static vki_status host_round_trips(vk_engine *e, const vki_step_plan *plan, vki_
         if (!s->want_token)
             continue;
         uint32_t k = w++;
-        if (!s->logits_hook)
+        bool sink = s->logits_sink && s->sink_sampled;
+        if (!s->logits_hook && !sink)
             continue;
         if (!row && !(row = malloc((size_t)V * sizeof *row)))
             return VKI_ERR_OUT_OF_HOST_MEMORY;
         st = vkd_download(e->dev, e->s.logits, (VkDeviceSize)k * vk_engine_logits_stride(e) * 4, row, (size_t)V * 4);
         if (st != VKI_OK)
             break;
+        if (sink) /* the raw row, before a post-processor changes it */
+            s->logits_sink(s->logits_sink_ctx, row, 1, V, s->pos0 + s->n_new - 1, true);
+        if (!s->logits_hook)
+            continue;
         s->logits_hook(s->logits_hook_ctx, row, V);
         sample_req req = {.params = s->sampling, .seed = s->seed, .position = s->pos0 + s->n_new,
                           .history = s->history, .n_history = s->n_history, .mask = s->token_mask};
@@ -569,6 +574,80 @@ static vki_status host_hidden(vk_engine *e, const vki_step_plan *plan)
     return st;
 }
 
+/* Context logits: rows [first, first + n) of sequence i's new rows, that is its positions below
+ * sink_rows_end. */
+static uint32_t ctx_rows(const vki_step_seq *s)
+{
+    if (!s->logits_sink || s->sink_rows_end <= s->pos0)
+        return 0;
+    uint32_t n = s->sink_rows_end - s->pos0;
+    return n < s->n_new ? n : s->n_new;
+}
+
+/* One LM-head pass over n rows of s.x (indices in rows[]) and their copy back to out [n][V]. */
+static vki_status lm_head_rows(vk_engine *e, uint32_t T, const int32_t *rows, uint32_t n, float *out)
+{
+    uint32_t V = e->model.hp.n_vocab, ls = vk_engine_logits_stride(e);
+    memcpy((char *)e->in.host->mapped + e->in.off_rows, rows, (size_t)n * 4);
+    vki_status st = vkd_cmd_begin(&e->cmd);
+    if (st != VKI_OK)
+        return st;
+    vkd_label_begin(&e->cmd, "context logits");
+    vkd_copy(&e->cmd, e->in.host, e->in.off_rows, e->in.dev, e->in.off_rows, (VkDeviceSize)n * 4);
+    vkd_barrier_transfer_to_compute(&e->cmd);
+    st = vk_forward_record_lm_head(e, T, n);
+    vkd_label_end(&e->cmd);
+    if (st != VKI_OK) {
+        vkd_cmd_abort(&e->cmd);
+        return st;
+    }
+    if ((st = vkd_cmd_submit(&e->cmd)) != VKI_OK || (st = vkd_cmd_wait(&e->cmd)) != VKI_OK)
+        return st;
+    for (uint32_t r = 0; r < n && st == VKI_OK; r++)
+        st = vkd_download(e->dev, e->s.logits, (VkDeviceSize)r * ls * 4, out + (size_t)r * V, (size_t)V * 4);
+    return st;
+}
+
+/* After the step, s.x still holds every row's final residual: the sequences that asked for
+ * context logits get the LM head over their rows, max_out rows per pass (s.logits holds no
+ * more). Runs after the sampled rows were read, because it overwrites s.logits. */
+static vki_status host_context_logits(vk_engine *e, const vki_step_plan *plan)
+{
+    uint32_t V = e->model.hp.n_vocab, R = e->max_out, row0 = 0;
+    float *out = NULL;
+    int32_t *rows = NULL;
+    vki_status st = VKI_OK;
+    for (uint32_t i = 0; i < plan->n_seqs && st == VKI_OK; row0 += plan->seqs[i++].n_new) {
+        const vki_step_seq *s = &plan->seqs[i];
+        uint32_t n = ctx_rows(s);
+        if (!n)
+            continue;
+        if (!out && (!(out = malloc((size_t)R * V * sizeof *out)) || !(rows = malloc((size_t)R * sizeof *rows)))) {
+            st = VKI_ERR_OUT_OF_HOST_MEMORY;
+            break;
+        }
+        for (uint32_t r0 = 0; r0 < n && st == VKI_OK; r0 += R) {
+            uint32_t m = n - r0 < R ? n - r0 : R;
+            for (uint32_t r = 0; r < m; r++)
+                rows[r] = (int32_t)(row0 + r0 + r);
+            st = lm_head_rows(e, plan->n_tokens, rows, m, out);
+            if (st == VKI_OK)
+                s->logits_sink(s->logits_sink_ctx, out, m, V, s->pos0 + r0, false);
+        }
+    }
+    free(out);
+    free(rows);
+    return st;
+}
+
+static bool wants_ctx_logits(const vki_step_plan *plan)
+{
+    for (uint32_t i = 0; i < plan->n_seqs; i++)
+        if (ctx_rows(&plan->seqs[i]))
+            return true;
+    return false;
+}
+
 vki_status vk_engine_step(vk_engine *e, const vki_step_plan *plan, vki_step_out *outs, float *logits)
 {
     double t0 = now_ms();
@@ -630,6 +709,8 @@ vki_status vk_engine_step(vk_engine *e, const vki_step_plan *plan, vki_step_out 
             return st;
     }
     if (e->prof.trace && (st = vk_profile_step(&e->prof, &e->cmd, e->n_steps, plan->n_tokens, plan->n_seqs)) != VKI_OK)
+        return st;
+    if (wants_ctx_logits(plan) && (st = host_context_logits(e, plan)) != VKI_OK)
         return st;
     e->n_steps++;
     e->last_step_ms = now_ms() - t0;

@@ -121,5 +121,8 @@ uint32_t vk_engine_logits_stride(const vk_engine *e);
 
 /* Records the forward pass of a validated, uploaded plan (engine/forward.c). */
 vki_status vk_forward_record(vk_engine *e, const vki_step_plan *plan, uint32_t n_out);
+/* Records the LM head over the n_out rows of s.x (of T) whose indices are at in.off_rows (device
+ * copy) into s.logits rows [0, n_out); n_out <= max_out. */
+vki_status vk_forward_record_lm_head(vk_engine *e, uint32_t T, uint32_t n_out);
 
 #endif

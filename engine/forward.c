@@ -177,8 +177,8 @@ static vki_status record_ffn_block(vk_engine *e, uint32_t il, uint32_t T)
     return VKI_OK;
 }
 
-/* LM head on the rows that want a token: gather, norm, project [, soft-cap]. */
-static vki_status record_lm_head(vk_engine *e, uint32_t T, uint32_t n_out)
+/* LM head on the rows listed at in->off_rows: gather, norm, project [, soft-cap]. */
+vki_status vk_forward_record_lm_head(vk_engine *e, uint32_t T, uint32_t n_out)
 {
     const model_hparams *hp = &e->model.hp;
     const vk_step_inputs *in = &e->in;
@@ -245,7 +245,7 @@ vki_status vk_forward_record(vk_engine *e, const vki_step_plan *plan, uint32_t n
     if (!n_out)
         return VKI_OK;
     vkd_label_begin(c, "lm head");
-    vki_status st = record_lm_head(e, T, n_out);
+    vki_status st = vk_forward_record_lm_head(e, T, n_out);
     vkd_label_end(c);
     return st;
 }

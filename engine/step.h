@@ -47,6 +47,20 @@ typedef struct vki_step_seq {
      * Costs one norm over the step's rows and a device->host copy of n_new * d_model floats. */
     void (*hidden_hook)(void *ctx, const float *rows, uint32_t n_rows, uint32_t d, uint32_t pos0);
     void *hidden_hook_ctx;
+    /* Logits outputs (return_context_logits / return_generation_logits): the engine hands raw
+     * logits rows (before any logits_hook changes them) to logits_sink(ctx, rows, n_rows, n_vocab,
+     * pos0, sampled) on its own thread; rows is [n_rows][n_vocab], row r being the logits at
+     * position pos0 + r (they predict the token at pos0 + r + 1), valid during the call.
+     *  - sink_sampled (and want_token): the sampled row, sampled = true. Costs one device->host
+     *    copy of n_vocab floats.
+     *  - sink_rows_end > pos0: every new row at a position < sink_rows_end, sampled = false.
+     *    Costs an extra LM-head pass over those rows after the step (one submit per max_out rows)
+     *    and their copy back. */
+    void (*logits_sink)(void *ctx, const float *rows, uint32_t n_rows, uint32_t n_vocab, uint32_t pos0,
+                        bool sampled);
+    void *logits_sink_ctx;
+    bool sink_sampled;
+    uint32_t sink_rows_end;
 } vki_step_seq;
 
 typedef struct vki_step_plan {

@@ -352,6 +352,10 @@ typedef struct vki_batch_params {
                                        vki_batch_notify. 1000 */
     uint64_t seed;                  /* seeds the per-manager generator that draws the seeds of
                                        requests without one; 0 = from the clock */
+    uint64_t max_logits_bytes;      /* per request: the most host memory its logits outputs may
+                                       need ((n_prompt if context + max_new_tokens if generation)
+                                       * n_vocab * 4 bytes); past it the request is refused.
+                                       256 MiB (a 32k vocabulary: 2048 rows) */
 } vki_batch_params;
 
 VKI_API vki_batch_params vki_batch_default_params(void);
@@ -416,6 +420,16 @@ typedef struct vki_request {
                                        (logit -inf) until this many tokens were generated;
                                        <= max_new_tokens. 0 */
     vki_pooling pooling;            /* != VKI_POOL_NONE: an embedding request (see vki_pooling) */
+    /* Logits outputs (TensorRT-LLM's gather_context_logits / gather_generation_logits), raw F32
+     * model logits (before a logits post-processor, penalties or temperature), copied to the host
+     * only for requests that ask. Host memory: n_vocab * 4 bytes per row, held until the final
+     * response, [n_prompt] rows for the context plus up to [max_new_tokens] for generation; a
+     * request whose worst case exceeds vki_batch_params.max_logits_bytes is refused
+     * (VKI_ERR_INVALID_ARG naming the sizes). Device cost: context logits run the LM head over
+     * every prompt position (an extra pass after each prompt chunk, and no prefix-cache reuse for
+     * that request); generation logits copy one row back per generated token. */
+    bool return_context_logits;     /* vki_response.context_logits. false */
+    bool return_generation_logits;  /* vki_response.generation_logits. false */
 } vki_request;
 
 /* What a response callback receives. Pointers are valid only during the callback. The ending
@@ -446,6 +460,15 @@ typedef struct vki_response {
     const float *embedding;         /* final response of an embedding request: [n_embd], unit
                                        length; else NULL */
     uint32_t n_embd;
+    /* return_context_logits: in the request's first response carrying tokens (or its final
+     * response), [n_context_logits][n_vocab] = [n_prompt][n_vocab], row p the logits at prompt
+     * position p (they predict token p + 1); else NULL */
+    const float *context_logits;
+    uint32_t n_context_logits;
+    /* return_generation_logits: [n_tokens][n_vocab], row i the logits tokens[i] was sampled
+     * from (aligned with tokens and logprobs); else NULL */
+    const float *generation_logits;
+    uint32_t n_vocab;               /* row length of the logits arrays (0 when neither is set) */
 } vki_response;
 
 typedef void (*vki_response_fn)(void *user, const vki_response *resp);

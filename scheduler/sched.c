@@ -365,6 +365,10 @@ vki_status sched_add(sched *s, const sched_add_args *a, sched_seq **out)
     q->hidden_hook = a->hidden_hook;
     q->hidden_hook_ctx = a->hidden_hook_ctx;
     q->no_reuse = a->no_reuse;
+    q->logits_sink = a->logits_sink;
+    q->logits_sink_ctx = a->logits_sink_ctx;
+    q->sink_sampled = a->sink_sampled;
+    q->sink_rows_end = a->sink_rows_end;
     heap_push(s, q);
     *out = q;
     return VKI_OK;
@@ -393,6 +397,8 @@ void sched_remove(sched *s, sched_seq *q)
         q->logits_hook = NULL;
         q->logits_hook_ctx = NULL;
         q->token_mask = NULL;
+        q->logits_sink = NULL;
+        q->logits_sink_ctx = NULL;
         return;
     } else {
         drop_running(s, q);
@@ -640,6 +646,10 @@ static void plan_entry(sched *s, sched_seq *q, uint32_t k)
         .token_mask = q->ghost ? NULL : q->token_mask,
         .hidden_hook = q->ghost ? NULL : q->hidden_hook,
         .hidden_hook_ctx = q->hidden_hook_ctx,
+        .logits_sink = q->ghost ? NULL : q->logits_sink,
+        .logits_sink_ctx = q->logits_sink_ctx,
+        .sink_sampled = q->sink_sampled,
+        .sink_rows_end = q->sink_rows_end,
     };
     uint32_t window = q->sampling ? q->sampling->penalty_window : 0;
     if (e->want_token && window) {

@@ -84,6 +84,11 @@ struct sched_seq {
     void (*hidden_hook)(void *ctx, const float *rows, uint32_t n_rows, uint32_t d, uint32_t pos0);
     void *hidden_hook_ctx;
     bool no_reuse;            /* computes every position (takes no cached prefix blocks) */
+    void (*logits_sink)(void *ctx, const float *rows, uint32_t n_rows, uint32_t n_vocab, uint32_t pos0,
+                        bool sampled); /* logits outputs, see vki_step_seq */
+    void *logits_sink_ctx;
+    bool sink_sampled;
+    uint32_t sink_rows_end;
     bool admitted_once;
     uint32_t n_cached;        /* prompt tokens taken from the prefix cache at the first admission */
     /* private */
@@ -107,6 +112,11 @@ typedef struct sched_add_args {
     void *hidden_hook_ctx;    /* copied into the plan (embeddings) */
     bool no_reuse;            /* never start from cached prefix blocks (embeddings need every
                                  position's hidden state); its own blocks are still sealed */
+    void (*logits_sink)(void *ctx, const float *rows, uint32_t n_rows, uint32_t n_vocab, uint32_t pos0,
+                        bool sampled); /* copied into the plan with the two below (logits outputs) */
+    void *logits_sink_ctx;
+    bool sink_sampled;
+    uint32_t sink_rows_end;
     void *user;
 } sched_add_args;
 

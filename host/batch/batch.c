@@ -60,6 +60,7 @@ static void respond(vki_batch_manager *bm, bm_req *q, uint32_t from, bool final,
             r.top_logprobs = q->top_lp + (size_t)from * q->n_top;
         }
     }
+    bm_logits_fill(bm, q, &r, from);
     q->n_sent = gen;
     if (final) {
         pthread_mutex_lock(&bm->mu);
@@ -182,6 +183,8 @@ static void enter_scheduler(vki_batch_manager *bm, bm_req *q)
                         .logits_hook = q->processor ? processor_hook : NULL, .logits_hook_ctx = q,
                         .token_mask = q->gram ? q->gr.mask : NULL,
                         .hidden_hook = embed ? hidden_hook : NULL, .hidden_hook_ctx = q, .no_reuse = embed};
+    if (st == VKI_OK)
+        st = bm_logits_attach(bm, q, &a);
     if (st == VKI_OK)
         st = sched_add(bm->s, &a, &q->seq);
     if (st != VKI_OK) {
@@ -310,7 +313,7 @@ static vki_finish_reason apply_token(vki_batch_manager *bm, bm_req *q, const vki
         q->sampling.logit_bias = q->bias;
         q->sampling.n_logit_bias = q->n_bias;
     }
-    if (q->want_lp && !lp_reserve(q, k)) {
+    if (q->logits_oom || (q->want_lp && !lp_reserve(q, k))) {
         q->status = VKI_ERR_OUT_OF_HOST_MEMORY;
         return VKI_FINISH_ERROR;
     }
@@ -400,7 +403,8 @@ static void run_step(vki_batch_manager *bm, const sched_tick *t, double *step_ms
         if (g == VKI_FINISH_ERROR || (g == VKI_FINISH_STOP && why == VKI_FINISH_NONE))
             why = g;
         if (why != VKI_FINISH_NONE)
-            finish(bm, q, why, why != VKI_FINISH_ERROR ? NULL : msg[0] ? msg : "out of host memory for the logprobs");
+            finish(bm, q, why,
+                   why != VKI_FINISH_ERROR ? NULL : msg[0] ? msg : "out of host memory for the logprobs or logits");
         else if (q->streaming)
             respond(bm, q, q->n_sent, false, VKI_FINISH_NONE, NULL);
     }

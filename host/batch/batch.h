@@ -75,6 +75,13 @@ typedef struct bm_req {
     uint32_t lp_cap;
     double cum_lp;
     uint32_t n_sent;           /* generated tokens already delivered (streaming) */
+    /* logits outputs (batch_logits.c) */
+    bool want_ctx_logits, want_gen_logits;
+    float *ctx_logits;         /* [n_prompt][n_vocab] raw logits by prompt position, or NULL */
+    float *gen_logits;         /* [gen_cap][n_vocab] row k: the logits generated token k came from */
+    uint32_t gen_cap;
+    bool ctx_sent;             /* context logits went out with a response */
+    bool logits_oom;           /* a generation row could not be stored: the request fails */
     struct bm_req *next;       /* inbox / request list link */
     struct bm_req *hnext;      /* in-flight map chain */
 } bm_req;
@@ -168,6 +175,13 @@ void bm_constraint_masks(vki_batch_manager *bm, const sched_tick *t);
  * may follow) or ERROR (msg filled). */
 vki_finish_reason bm_constraint_advance(vki_batch_manager *bm, bm_req *q, int32_t tok, char *msg, size_t cap);
 void bm_grammar_free_all(vki_batch_manager *bm);
+
+/* batch_logits.c (logits outputs): the cap at submission (any thread); on the worker: the
+ * context array and the engine sink (fills *a), and the response fields of a response that
+ * carries generated tokens [from, from + r->n_tokens). */
+vki_status bm_logits_validate(const vki_batch_manager *bm, const vki_request *r, char *msg, size_t cap);
+vki_status bm_logits_attach(vki_batch_manager *bm, bm_req *q, sched_add_args *a);
+void bm_logits_fill(const vki_batch_manager *bm, bm_req *q, vki_response *r, uint32_t from);
 
 /* batch_stats.c: emits the stats JSON of one tick through cb.stats. */
 void bm_emit_stats(vki_batch_manager *bm, const sched_tick *t, double step_ms);

@@ -1,0 +1,246 @@
+/* The rest of the TensorRT-LLM batch manager on the real engine (stories260K on the Vulkan
+ * device, validation layer on): logits outputs (return_context_logits / return_generation_logits)
+ * against the CPU reference model, the cap on their memory, and that requests without them get
+ * none. Prompts are random (seeded: VKI_TEST_SEED); chunks of 16 with max_seqs 8 make the context
+ * logits come from several steps and several LM-head passes per step. */
+#include "support/ref_model.h"
+#include "support/vt.h"
+
+#include <pthread.h>
+#include <stdatomic.h>
+
+#include "vkinfer.h"
+
+#define MAX_NEW 6
+#define MAX_PROMPT 48
+
+typedef struct got {
+    int32_t tok[MAX_NEW];
+    uint32_t n_tok;
+    float *ctx;                 /* [n_ctx][V] copied from the response that carried it */
+    uint32_t n_ctx, ctx_responses;
+    float *gen;                 /* [MAX_NEW][V] */
+    uint32_t n_gen;
+    bool logits_without_ask;    /* a request that asked for nothing got logits */
+    vki_finish_reason finish;
+    char error[256];
+    bool final;
+} got;
+
+typedef struct run {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    uint32_t n_final;
+    uint32_t V;
+    got g[4];
+} run;
+
+typedef struct fixture {
+    vki_engine *e;
+    uint32_t V;
+    atomic_int validation_msgs;
+    char path[512];
+    vt_rng rng;
+} fixture;
+
+static void count_validation(void *user, vki_log_level lvl, const char *msg)
+{
+    fixture *f = user;
+    if (lvl <= VKI_LOG_WARN && !strncmp(msg, "validation", 10))
+        atomic_fetch_add(&f->validation_msgs, 1);
+    if (lvl <= VKI_LOG_WARN)
+        fprintf(stderr, "[vkinfer] %s\n", msg);
+}
+
+static int setup(void **state)
+{
+    *state = NULL;
+    fixture *f = calloc(1, sizeof *f);
+    if (!vt_shared_model("stories260K.gguf", f->path, sizeof f->path)) {
+        fprintf(stderr, "SKIP: ../shared/models/stories260K.gguf is absent\n");
+        free(f);
+        return 0;
+    }
+    vt_pin_vulkan_libraries();
+    vki_engine_params p = vki_engine_default_params();
+    p.device = vt_device_params();
+    p.device.log = count_validation;
+    p.device.log_user = f;
+    p.kv_tokens = 2048;
+    p.max_seqs = 8; /* max_out 8: a 16-token chunk needs two LM-head passes for its context logits */
+    p.max_tokens = 64;
+    char err[512];
+    if (vki_engine_create(f->path, &p, &f->e, err, sizeof err) != VKI_OK) {
+        fprintf(stderr, "FAIL: engine: %s\n", err);
+        free(f);
+        return -1;
+    }
+    vki_model_info mi;
+    vki_engine_info(f->e, &mi);
+    f->V = mi.n_vocab;
+    f->rng = vt_rng_seeded("test_beam");
+    *state = f;
+    return 0;
+}
+
+static int teardown(void **state)
+{
+    fixture *f = *state;
+    if (!f)
+        return 0;
+    vki_engine_destroy(f->e);
+    int msgs = atomic_load(&f->validation_msgs);
+    free(f);
+    if (msgs)
+        fprintf(stderr, "FAIL: %d validation messages\n", msgs);
+    return msgs ? -1 : 0;
+}
+
+static fixture *get(void **state)
+{
+    if (!*state)
+        skip();
+    return *state;
+}
+
+static void on_response(void *user, const vki_response *r)
+{
+    run *x = user;
+    got *g = &x->g[r->id];
+    if (r->context_logits) {
+        g->ctx_responses++;
+        g->n_ctx = r->n_context_logits;
+        g->ctx = malloc((size_t)g->n_ctx * x->V * sizeof *g->ctx);
+        memcpy(g->ctx, r->context_logits, (size_t)g->n_ctx * x->V * sizeof *g->ctx);
+    }
+    if ((r->context_logits || r->generation_logits) && r->n_vocab != x->V)
+        g->logits_without_ask = true; /* a wrong row length is as bad */
+    for (uint32_t i = 0; i < r->n_tokens && g->n_tok < MAX_NEW; i++) {
+        if (r->generation_logits) {
+            if (!g->gen)
+                g->gen = malloc((size_t)MAX_NEW * x->V * sizeof *g->gen);
+            memcpy(g->gen + (size_t)g->n_gen++ * x->V, r->generation_logits + (size_t)i * x->V,
+                   x->V * sizeof *g->gen);
+        }
+        g->tok[g->n_tok++] = r->tokens[i];
+    }
+    if (r->id == 3 && (r->context_logits || r->generation_logits))
+        g->logits_without_ask = true;
+    if (!r->final)
+        return;
+    pthread_mutex_lock(&x->mu);
+    g->final = true;
+    g->finish = r->finish;
+    snprintf(g->error, sizeof g->error, "%s", r->error ? r->error : "");
+    x->n_final++;
+    pthread_cond_signal(&x->cv);
+    pthread_mutex_unlock(&x->mu);
+}
+
+static void wait_finals(run *x, uint32_t n)
+{
+    pthread_mutex_lock(&x->mu);
+    while (x->n_final < n)
+        pthread_cond_wait(&x->cv, &x->mu);
+    pthread_mutex_unlock(&x->mu);
+}
+
+/* Request 0 (both kinds, whole response at the end) and request 1 (streaming, both kinds) run
+ * next to request 3 (neither); request 2 asks for more than the cap and is refused. Context rows
+ * are compared with the reference's every-position logits, generation row k with the reference's
+ * last-position logits over prompt + the first k tokens. */
+static void test_logits_outputs(void **state)
+{
+    fixture *f = get(state);
+    uint32_t V = f->V;
+    int32_t prompt[3][MAX_PROMPT];
+    uint32_t n_prompt[3];
+    for (uint32_t i = 0; i < 3; i++) {
+        n_prompt[i] = vt_range(&f->rng, i == 1 ? 1 : 17, MAX_PROMPT - MAX_NEW); /* 1: a one-token prompt can occur */
+        prompt[i][0] = 1;
+        for (uint32_t k = 1; k < n_prompt[i]; k++)
+            prompt[i][k] = (int32_t)vt_range(&f->rng, 259, V - 1);
+    }
+    vki_batch_params bp = vki_batch_default_params();
+    bp.chunk_size = 16;
+    bp.max_num_tokens = 40;
+    /* request 2: its context rows alone exceed the cap; the others need at most 48 + 6 rows */
+    bp.max_logits_bytes = (uint64_t)(MAX_PROMPT + MAX_NEW) * V * 4;
+    vki_batch_manager *bm;
+    assert_int_equal(vki_batch_manager_create(f->e, &bp, NULL, &bm), VKI_OK);
+    run x = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER, .V = V};
+    int32_t long_prompt[200] = {1};
+    for (uint32_t k = 1; k < 200; k++)
+        long_prompt[k] = 300;
+    char err[256];
+    vki_request big = {.id = 2, .prompt = long_prompt, .n_prompt = 200, .max_new_tokens = 1,
+                       .sampling = vki_sampling_default_params(), .return_context_logits = true};
+    assert_int_equal(vki_batch_submit(bm, &big, on_response, &x, err, sizeof err), VKI_ERR_INVALID_ARG);
+    printf("refused: %s\n", err);
+    assert_non_null(strstr(err, "max_logits_bytes"));
+    assert_non_null(strstr(err, "return_context_logits"));
+    for (uint32_t i = 0; i < 4; i++) {
+        if (i == 2)
+            continue;
+        uint32_t p = i == 3 ? 0 : i;
+        vki_request r = {.id = i, .prompt = prompt[p], .n_prompt = n_prompt[p], .max_new_tokens = MAX_NEW,
+                         .ignore_eos = true, .sampling = vki_sampling_default_params(), .streaming = i == 1,
+                         .return_context_logits = i < 2, .return_generation_logits = i < 2};
+        assert_int_equal(vki_batch_submit(bm, &r, on_response, &x, err, sizeof err), VKI_OK);
+    }
+    wait_finals(&x, 3);
+    assert_int_equal(vki_batch_manager_destroy(bm, false), VKI_OK);
+
+    ref_model *rm;
+    assert_int_equal(ref_model_load(f->path, &(ref_model_opts){.kv_type = VKI_GGML_F16}, &rm, err, sizeof err),
+                     VKI_OK);
+    float *want = malloc((size_t)(MAX_PROMPT + MAX_NEW) * V * sizeof *want);
+    double worst_ctx = 0, worst_gen = 0;
+    for (uint32_t i = 0; i < 2; i++) {
+        got *g = &x.g[i];
+        assert_int_equal(g->finish, VKI_FINISH_LENGTH);
+        assert_int_equal(g->n_tok, MAX_NEW);
+        assert_int_equal(g->ctx_responses, 1);
+        assert_int_equal(g->n_ctx, n_prompt[i]);
+        assert_int_equal(g->n_gen, MAX_NEW);
+        assert_false(g->logits_without_ask);
+        assert_int_equal(ref_model_forward(rm, prompt[i], n_prompt[i], true, want), VKI_OK);
+        double e = vt_nmse(g->ctx, want, (size_t)n_prompt[i] * V);
+        worst_ctx = e > worst_ctx ? e : worst_ctx;
+        int32_t seq[MAX_PROMPT + MAX_NEW];
+        memcpy(seq, prompt[i], n_prompt[i] * sizeof *seq);
+        memcpy(seq + n_prompt[i], g->tok, MAX_NEW * sizeof *seq);
+        for (uint32_t k = 0; k < MAX_NEW; k++) {
+            assert_int_equal(ref_model_forward(rm, seq, n_prompt[i] + k, false, want), VKI_OK);
+            const float *row = g->gen + (size_t)k * V;
+            e = vt_nmse(row, want, V);
+            worst_gen = e > worst_gen ? e : worst_gen;
+            uint32_t best = 0; /* greedy: the token is the row's argmax (lowest id on ties) */
+            for (uint32_t v = 1; v < V; v++)
+                best = row[v] > row[best] ? v : best;
+            assert_int_equal(g->tok[k], (int32_t)best);
+        }
+    }
+    printf("context logits NMSE %.2e, generation logits NMSE %.2e vs the CPU reference\n", worst_ctx, worst_gen);
+    /* achieved with F16 KV over seeds 1-4: context 6e-12 .. 2.3e-8, generation 9e-11 .. 2.5e-7 */
+    assert_true(worst_ctx <= 1e-7);
+    assert_true(worst_gen <= 1e-6);
+    /* request 3 has request 0's prompt and no logits: the same tokens */
+    assert_memory_equal(x.g[3].tok, x.g[0].tok, sizeof x.g[0].tok);
+    assert_false(x.g[3].logits_without_ask);
+    for (uint32_t i = 0; i < 4; i++) {
+        free(x.g[i].ctx);
+        free(x.g[i].gen);
+    }
+    free(want);
+    ref_model_free(rm);
+    assert_int_equal(atomic_load(&f->validation_msgs), 0);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_logits_outputs),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
