@@ -408,6 +408,16 @@ static vki_status check_plan(vk_engine *e, const vki_step_plan *plan, uint64_t *
     }
     if (tokens != plan->n_tokens || tokens > e->p.max_tokens)
         return bad_plan(e, "n_tokens must equal the sum of n_new and be <= max_tokens", 0);
+    if (plan->n_copies && !plan->copies)
+        return bad_plan(e, "page copies: NULL", 0);
+    for (uint32_t i = 0; i < plan->n_copies; i++) { /* O(copies^2): a handful per beam request */
+        const vki_page_copy *c = &plan->copies[i];
+        if (c->src >= e->n_pages || c->dst >= e->n_pages || c->src == c->dst)
+            return bad_plan(e, "page copy outside the KV pool or onto itself", i);
+        for (uint32_t j = 0; j < i; j++)
+            if (plan->copies[j].dst == c->dst || plan->copies[j].dst == c->src || plan->copies[j].src == c->dst)
+                return bad_plan(e, "page copies overlap", i);
+    }
     /* slots unique: mark, then clear what was marked. O(n_seqs), on every step. */
     uint32_t marked = 0, dup = UINT32_MAX;
     for (; marked < plan->n_seqs && dup == UINT32_MAX; marked++) {
@@ -574,6 +584,21 @@ static vki_status host_hidden(vk_engine *e, const vki_step_plan *plan)
     return st;
 }
 
+/* Beam search's copy-on-write pages: one transfer per page, layer and pool, in the step's command
+ * buffer before the barrier that precedes the forward pass (which may write the source page). */
+static void record_page_copies(vk_engine *e, const vki_step_plan *plan)
+{
+    VkDeviceSize pb = op_kv_page_bytes(&e->attn[0].s);
+    if (plan->n_copies) /* the previous step's KV writes (an earlier submission) before the reads */
+        vkd_barrier_compute_to_transfer(&e->cmd);
+    for (uint32_t i = 0; i < plan->n_copies; i++)
+        for (uint32_t l = 0; l < e->model.hp.n_layer; l++) {
+            VkDeviceSize src = plan->copies[i].src * pb, dst = plan->copies[i].dst * pb;
+            vkd_copy(&e->cmd, e->k_pool[l], src, e->k_pool[l], dst, pb);
+            vkd_copy(&e->cmd, e->v_pool[l], src, e->v_pool[l], dst, pb);
+        }
+}
+
 /* Context logits: rows [first, first + n) of sequence i's new rows, that is its positions below
  * sink_rows_end. */
 static uint32_t ctx_rows(const vki_step_seq *s)
@@ -671,6 +696,7 @@ vki_status vk_engine_step(vk_engine *e, const vki_step_plan *plan, vki_step_out 
         return st;
     vkd_label_begin(&e->cmd, "step %llu", (unsigned long long)e->n_steps);
     vkd_copy(&e->cmd, e->in.host, 0, e->in.dev, 0, e->in.used);
+    record_page_copies(e, plan);
     vkd_barrier_transfer_to_compute(&e->cmd);
     memcpy(e->attn_plan, ap, sizeof ap);
     st = vk_forward_record(e, plan, n_out);

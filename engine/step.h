@@ -63,10 +63,18 @@ typedef struct vki_step_seq {
     uint32_t sink_rows_end;
 } vki_step_seq;
 
+/* Copy-on-write of a KV page (beam search): page dst of every layer's K and V pools becomes a
+ * copy of page src before the step's forward pass reads or writes any page. */
+typedef struct vki_page_copy {
+    uint32_t src, dst;
+} vki_page_copy;
+
 typedef struct vki_step_plan {
     uint32_t n_seqs;
     const vki_step_seq *seqs; /* [n_seqs]; each slot appears at most once */
     uint32_t n_tokens;        /* sum of n_new */
+    uint32_t n_copies;        /* page copies done first: 2 * n_layer transfers of one page each */
+    const vki_page_copy *copies; /* [n_copies]; distinct dst, none of them a src */
 } vki_step_plan;
 
 #define VKI_MAX_TOP_LOGPROBS 20

@@ -8,36 +8,14 @@
  *    (need_total - n_held), kept incrementally, so GUARANTEED_NO_EVICT admission is O(1)
  *    instead of a walk over the running set. */
 #include "scheduler/sched.h"
+#include "scheduler/sched_internal.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-struct sched {
-    sched_params p;
-    uint32_t max_running;     /* min(max_seqs, max_batch_size) */
-    uint32_t max_seq_blocks;  /* ceil(max_ctx / block_size): longest block table */
-    uint32_t sink_blocks;     /* leading blocks the window never releases (kv_sink) */
-    sched_kv *kv;
-    sched_seq **heap;         /* [heap_cap] wait queue */
-    uint32_t n_heap, heap_cap;
-    sched_seq *run_head, *run_tail;
-    uint32_t n_running;
-    uint32_t *free_slots;     /* [max_seqs] stack of free backend slots */
-    uint32_t n_free_slots;
-    uint64_t next_order;
-    uint64_t reserved;        /* sum over running of need_total - n_held */
-    uint32_t n_paused_waiting;
-    uint64_t reused_tokens, pauses;
-    /* per-tick scratch, sized at create: a tick allocates nothing */
-    vki_step_seq *plan_seqs;  /* [max_running] */
-    sched_seq **plan_ptrs;    /* [max_running] */
-    uint32_t *match;          /* [max_seq_blocks] prefix lookup result */
-    uint32_t tick_paused;
-    uint32_t tick_decode;     /* decode entries scheduled this tick */
-};
 
-static uint32_t blocks_for(const sched *s, uint64_t n_tokens)
+uint32_t sched_blocks_for(const sched *s, uint64_t n_tokens)
 {
     return (uint32_t)((n_tokens + s->p.block_size - 1) / s->p.block_size);
 }
@@ -53,20 +31,20 @@ _Static_assert(SCHED_KV_NONE == VKI_PAGE_NONE, "a released table entry is the en
  * both ends). O(1). */
 static uint32_t seq_need(const sched *s, uint64_t cap)
 {
-    uint32_t all = blocks_for(s, cap - 1);
+    uint32_t all = sched_blocks_for(s, cap - 1);
     if (!s->p.kv_window)
         return all;
     uint64_t n = min_u32(s->p.chunk_size, s->p.max_num_tokens);
-    uint64_t win = s->sink_blocks + blocks_for(s, n + s->p.kv_window - 1) + 2ull;
+    uint64_t win = s->sink_blocks + sched_blocks_for(s, n + s->p.kv_window - 1) + 2ull;
     return win < all ? (uint32_t)win : all;
 }
 
-static uint32_t live_blocks(const sched_seq *q) { return q->n_held - q->n_dropped; }
+uint32_t sched_live_blocks(const sched_seq *q) { return q->n_held - q->n_dropped; }
 
 /* What GUARANTEED_NO_EVICT and STATIC keep allocatable: every running sequence's way to its
  * peak, plus with windows one block per reference beyond the first of a shared block (released
  * mid-run, it stays in use by the others while its releaser may grow again). O(1). */
-static uint64_t reserved_total(const sched *s)
+uint64_t sched_reserved_total(const sched *s)
 {
     return s->reserved + (s->p.kv_window ? sched_kv_shared(s->kv) : 0);
 }
@@ -179,7 +157,7 @@ static void heap_remove(sched *s, sched_seq *q)
 
 /* ---- running list ------------------------------------------------------------------------- */
 
-static void run_append(sched *s, sched_seq *q)
+void sched_run_append(sched *s, sched_seq *q)
 {
     q->run_prev = s->run_tail;
     q->run_next = NULL;
@@ -206,7 +184,7 @@ static void run_unlink(sched *s, sched_seq *q)
 }
 
 /* Returns a running sequence's blocks (sealed ones stay cached) and slot. O(blocks held). */
-static void drop_running(sched *s, sched_seq *q)
+void sched_drop_running(sched *s, sched_seq *q)
 {
     /* the live entries: [0, n_held), or with released ones in the middle the window's part and
      * then the sink's (each call releases its deepest block first) */
@@ -214,7 +192,7 @@ static void drop_running(sched *s, sched_seq *q)
     sched_kv_release(s->kv, q->blocks + from, q->n_held - from);
     if (q->n_dropped)
         sched_kv_release(s->kv, q->blocks, min_u32(s->sink_blocks, q->n_held));
-    s->reserved -= q->need_total - live_blocks(q);
+    s->reserved -= q->need_total - sched_live_blocks(q);
     q->n_held = q->n_sealed = q->n_computed = q->n_dropped = 0;
     q->n_new = 0;
     s->free_slots[s->n_free_slots++] = q->slot;
@@ -228,7 +206,7 @@ static void pause_seq(sched *s, sched_seq *q)
 {
     if (q->n_new && !in_context(q))
         s->tick_decode--;
-    drop_running(s, q);
+    sched_drop_running(s, q);
     q->paused = true;
     q->n_pauses++;
     heap_push(s, q);
@@ -240,7 +218,7 @@ static void pause_seq(sched *s, sched_seq *q)
 /* Grows q's block table to cover `n_tokens` positions. False when the pool is short. */
 static bool grow_blocks(sched *s, sched_seq *q, uint32_t n_tokens)
 {
-    uint32_t want = blocks_for(s, n_tokens);
+    uint32_t want = sched_blocks_for(s, n_tokens);
     while (q->n_held < want) {
         uint32_t b = sched_kv_alloc(s->kv);
         if (b == SCHED_KV_NONE)
@@ -265,8 +243,8 @@ vki_status sched_create(const sched_params *p, sched **out)
         return VKI_ERR_OUT_OF_HOST_MEMORY;
     s->p = *p;
     s->max_running = p->max_batch_size ? min_u32(p->max_seqs, p->max_batch_size) : p->max_seqs;
-    s->max_seq_blocks = blocks_for(s, p->max_ctx);
-    s->sink_blocks = p->kv_window ? blocks_for(s, p->kv_sink) : 0;
+    s->max_seq_blocks = sched_blocks_for(s, p->max_ctx);
+    s->sink_blocks = p->kv_window ? sched_blocks_for(s, p->kv_sink) : 0;
     vki_status st = sched_kv_create(p->n_blocks, p->block_size, p->block_reuse, &s->kv);
     if (st != VKI_OK) {
         free(s);
@@ -278,7 +256,8 @@ vki_status sched_create(const sched_params *p, sched **out)
     s->plan_seqs = calloc(s->max_running, sizeof *s->plan_seqs);
     s->plan_ptrs = calloc(s->max_running, sizeof *s->plan_ptrs);
     s->match = malloc((size_t)s->max_seq_blocks * sizeof *s->match);
-    if (!s->free_slots || !s->plan_seqs || !s->plan_ptrs || !s->match) {
+    s->copies = malloc((size_t)p->max_seqs * sizeof *s->copies);
+    if (!s->free_slots || !s->plan_seqs || !s->plan_ptrs || !s->match || !s->copies) {
         sched_destroy(s);
         return VKI_ERR_OUT_OF_HOST_MEMORY;
     }
@@ -295,16 +274,20 @@ void sched_destroy(sched *s)
         return;
     for (sched_seq *q = s->run_head, *n; q; q = n) {
         n = q->run_next;
+        sched_beam_free_parked(q); /* its running followers are in this list too */
         free(q);
     }
-    for (uint32_t i = 0; i < s->n_heap; i++)
+    for (uint32_t i = 0; i < s->n_heap; i++) {
+        sched_beam_free_parked(s->heap[i]);
         free(s->heap[i]);
+    }
     sched_kv_destroy(s->kv);
     free(s->heap);
     free(s->free_slots);
     free(s->plan_seqs);
     free(s->plan_ptrs);
     free(s->match);
+    free(s->copies);
     free(s);
 }
 
@@ -331,7 +314,8 @@ vki_status sched_add(sched *s, const sched_add_args *a, sched_seq **out)
 {
     char msg[160];
     *out = NULL;
-    if (sched_validate(s, a->n_prompt, a->max_new, msg, sizeof msg) != VKI_OK)
+    uint32_t width = a->beam_width > 1 ? a->beam_width : 1;
+    if (sched_validate_beams(s, a->n_prompt, a->max_new, width, msg, sizeof msg) != VKI_OK)
         return VKI_ERR_INVALID_ARG;
     if (s->p.max_queue && s->n_heap >= s->p.max_queue)
         return VKI_RETRY_QUEUE_FULL;
@@ -339,7 +323,7 @@ vki_status sched_add(sched *s, const sched_add_args *a, sched_seq **out)
     uint32_t need = seq_need(s, cap);
     /* STATIC pads members in place to the batch's longest: room for max_ctx up front */
     uint32_t alloc_cap = s->p.policy == VKI_POLICY_STATIC ? s->p.max_ctx : cap;
-    uint32_t alloc_need = blocks_for(s, alloc_cap);
+    uint32_t alloc_need = sched_blocks_for(s, alloc_cap);
     size_t bytes = sizeof(sched_seq) + (size_t)alloc_cap * sizeof(int32_t) + (size_t)alloc_need * sizeof(uint32_t);
     if (heap_reserve(s, s->n_heap + s->n_running + 1) != VKI_OK)
         return VKI_ERR_OUT_OF_HOST_MEMORY;
@@ -369,6 +353,11 @@ vki_status sched_add(sched *s, const sched_add_args *a, sched_seq **out)
     q->logits_sink_ctx = a->logits_sink_ctx;
     q->sink_sampled = a->sink_sampled;
     q->sink_rows_end = a->sink_rows_end;
+    q->beam_width = width;
+    if (width > 1 && sched_beam_create(s, q, width) != VKI_OK) {
+        free(q);
+        return VKI_ERR_OUT_OF_HOST_MEMORY;
+    }
     heap_push(s, q);
     *out = q;
     return VKI_OK;
@@ -386,6 +375,8 @@ static bool static_batch_live(const sched *s, const sched_seq *q)
 void sched_remove(sched *s, sched_seq *q)
 {
     bool is_static = s->p.policy == VKI_POLICY_STATIC;
+    if (q->beams) /* the followers first; the lead then leaves as any sequence */
+        sched_beam_remove(s, q);
     if (q->state == SCHED_QUEUED) {
         heap_remove(s, q);
         if (q->paused)
@@ -401,13 +392,13 @@ void sched_remove(sched *s, sched_seq *q)
         q->logits_sink_ctx = NULL;
         return;
     } else {
-        drop_running(s, q);
+        sched_drop_running(s, q);
     }
     free(q);
     if (is_static && s->run_head && !static_batch_live(s, NULL)) /* the batch ended: drop its ghosts */
         while (s->run_head) {
             sched_seq *g = s->run_head;
-            drop_running(s, g);
+            sched_drop_running(s, g);
             free(g);
         }
 }
@@ -430,13 +421,25 @@ static void budget_running(sched *s, uint32_t *tok, uint32_t *nseq)
         }
     }
     if (!(s->p.policy == VKI_POLICY_STATIC && any_ctx))
-        for (sched_seq *q = s->run_head; q && *tok && *nseq; q = q->run_next)
+        for (sched_seq *q = s->run_head; q && *tok && *nseq; q = q->run_next) {
+            if (q->lead) { /* a beam group decodes all its beams in one step, or waits */
+                if (q->lead != q || q->beams[1]->beam_idle || in_context(q) || sched_seq_done(q) ||
+                    *tok < q->beam_width || *nseq < q->beam_width)
+                    continue;
+                for (uint32_t b = 0; b < q->beam_width; b++)
+                    q->beams[b]->n_new = 1;
+                *tok -= q->beam_width;
+                *nseq -= q->beam_width;
+                s->tick_decode += q->beam_width;
+                continue;
+            }
             if (!in_context(q) && (q->ghost ? q->n_computed < q->n_tokens : !sched_seq_done(q))) {
                 q->n_new = 1;
                 (*tok)--;
                 (*nseq)--;
                 s->tick_decode++;
             }
+        }
     for (sched_seq *q = s->run_head; q && *tok && *nseq; q = q->run_next)
         if (in_context(q)) {
             q->n_new = min_u32(min_u32(s->p.chunk_size, q->ctx_end - q->n_computed), *tok);
@@ -455,12 +458,16 @@ static vki_status alloc_running(sched *s)
             next = q->run_next;
             continue;
         }
-        uint32_t want = blocks_for(s, q->n_computed + q->n_new);
+        uint32_t want = sched_blocks_for(s, q->n_computed + q->n_new);
         if (want > q->n_held) { /* only at block boundaries */
             while (sched_kv_avail(s->kv) < want - q->n_held) {
                 if (s->p.policy != VKI_POLICY_MAX_UTILIZATION)
                     return VKI_ERR_INTERNAL;
                 sched_seq *victim = s->run_tail;
+                while (victim && victim->lead) /* beam groups hold a reservation: never paused */
+                    victim = victim->run_prev;
+                if (!victim)
+                    return VKI_ERR_INTERNAL;
                 pause_seq(s, victim);
                 if (victim == q)
                     break;
@@ -536,18 +543,20 @@ static prefix_take plan_take(const sched *s, uint32_t m)
 /* Whether q may start with `n` tokens after matching the blocks of pt. O(1). */
 static bool admission_fits(const sched *s, const sched_seq *q, const prefix_take *pt, uint32_t n, admit_state *a)
 {
+    if (q->beams)
+        return n > 0 && sched_beam_fits(s, q, pt->t - pt->t_cached);
     uint64_t avail = sched_kv_avail(s->kv);
     switch (s->p.policy) {
     case VKI_POLICY_GUARANTEED_NO_EVICT: {
         /* every block q may hold to completion, except taken blocks others already hold; with
          * windows those are released while still shared (each such release leaves q a block to
          * allocate again), so they are not discounted and shared references stay reserved */
-        uint64_t res = reserved_total(s);
+        uint64_t res = sched_reserved_total(s);
         uint64_t need = q->need_total - (s->p.kv_window ? 0 : pt->t - pt->t_cached);
         return avail >= res && need <= avail - res;
     }
     case VKI_POLICY_MAX_UTILIZATION:
-        return n > 0 && (uint64_t)blocks_for(s, (uint64_t)pt->m * s->p.block_size + n) - pt->m + pt->t_cached <= avail;
+        return n > 0 && (uint64_t)sched_blocks_for(s, (uint64_t)pt->m * s->p.block_size + n) - pt->m + pt->t_cached <= avail;
     case VKI_POLICY_STATIC: {
         /* padded to the longest: every member may run to the longest prompt + max_new */
         uint32_t mp = q->n_prompt > a->max_prompt ? q->n_prompt : a->max_prompt;
@@ -587,9 +596,11 @@ static vki_status admit_seq(sched *s, sched_seq *q, const prefix_take *pt, uint3
     q->admitted_once = true;
     q->slot = s->free_slots[--s->n_free_slots];
     q->state = SCHED_RUNNING;
-    run_append(s, q);
+    sched_run_append(s, q);
     s->reserved += q->need_total - pt->t;
     q->n_new = n;
+    if (q->beams)
+        sched_beam_admit(s, q);
     return grow_blocks(s, q, q->n_computed + n) ? VKI_OK : VKI_ERR_INTERNAL;
 }
 
@@ -689,6 +700,8 @@ vki_status sched_plan(sched *s, sched_tick *t)
     t->n_generation = dec;
     t->n_context = ctx - dec;
     t->plan.n_seqs = ctx;
+    t->plan.n_copies = ctx ? s->n_copies : 0; /* consumed by the step sched_commit confirms */
+    t->plan.copies = s->copies;
     return VKI_OK;
 }
 
@@ -706,6 +719,7 @@ static void seal_full(sched *s, sched_seq *q)
 void sched_commit(sched *s, const sched_tick *t, const vki_step_out *outs)
 {
     uint32_t k = 0;
+    s->n_copies -= t->plan.n_copies; /* reorders add only after a commit: these were all emitted */
     for (uint32_t i = 0; i < t->plan.n_seqs; i++) {
         sched_seq *q = t->seqs[i];
         const vki_step_seq *e = &t->plan.seqs[i];
@@ -755,12 +769,12 @@ static vki_status check_running(const sched *s, uint32_t *ref, uint8_t *slot_use
         slot_used[q->slot] = 1;
         CHECK(q->n_computed <= q->n_tokens && q->n_tokens <= q->cap && q->ctx_end <= q->n_tokens,
               "sequence %llu: computed %u, tokens %u, cap %u", (unsigned long long)q->order, q->n_computed, q->n_tokens, q->cap);
-        CHECK(live_blocks(q) <= q->need_total && q->n_held >= blocks_for(s, q->n_computed),
+        CHECK(sched_live_blocks(q) <= q->need_total && q->n_held >= sched_blocks_for(s, q->n_computed),
               "sequence %llu holds %u blocks (%u live) for %u computed tokens (may hold %u)", (unsigned long long)q->order,
-              q->n_held, live_blocks(q), q->n_computed, q->need_total);
+              q->n_held, sched_live_blocks(q), q->n_computed, q->need_total);
         CHECK((uint64_t)q->n_sealed * bs <= q->n_computed && q->n_sealed <= q->n_held, "sequence %llu: %u sealed blocks",
               (unsigned long long)q->order, q->n_sealed);
-        *reserved += q->need_total - live_blocks(q);
+        *reserved += q->need_total - sched_live_blocks(q);
         uint32_t dropped = 0;
         for (uint32_t i = 0; i < q->n_held; i++) {
             uint32_t b = q->blocks[i];
@@ -783,6 +797,8 @@ static vki_status check_running(const sched *s, uint32_t *ref, uint8_t *slot_use
         }
         CHECK(dropped == q->n_dropped, "sequence %llu: %u released entries, counter %u", (unsigned long long)q->order,
               dropped, q->n_dropped);
+        if (q->beams && (st = sched_beam_check(s, q, msg, msg_cap)) != VKI_OK)
+            goto out;
     }
     CHECK(n == s->n_running && prev == s->run_tail, "running count %u, list has %u", s->n_running, n);
     CHECK(n <= s->max_running, "%u running, max %u", n, s->max_running);
@@ -819,8 +835,8 @@ vki_status sched_check(const sched *s, char *msg, size_t msg_cap)
     CHECK(reserved == s->reserved, "reserved %llu, recomputed %llu", (unsigned long long)s->reserved,
           (unsigned long long)reserved);
     if (s->p.policy != VKI_POLICY_MAX_UTILIZATION)
-        CHECK(sched_kv_avail(s->kv) >= reserved_total(s), "%u allocatable blocks < %llu reserved by running sequences",
-              sched_kv_avail(s->kv), (unsigned long long)reserved_total(s));
+        CHECK(sched_kv_avail(s->kv) >= sched_reserved_total(s), "%u allocatable blocks < %llu reserved by running sequences",
+              sched_kv_avail(s->kv), (unsigned long long)sched_reserved_total(s));
     st = sched_kv_check(s->kv, ref, msg, msg_cap);
 out:
     free(ref);

@@ -89,6 +89,18 @@ struct sched_seq {
     void *logits_sink_ctx;
     bool sink_sampled;
     uint32_t sink_rows_end;
+    /* Beam search: a request of beam_width > 1 is a group of that many sequences, the lead (the
+     * one sched_add returns, which computes the prompt) and its followers. The group is admitted
+     * and removed as one, with slots and a full reservation for every beam under every policy,
+     * so it is never paused; its beams decode in the same step or not at all. After each step
+     * the owner picks every beam's parent and token (sched_beam_reorder). */
+    uint32_t beam_width;      /* 1: a plain sequence */
+    uint32_t beam_idx;        /* position in the group (0 = the lead) */
+    sched_seq *lead;          /* the group's lead (itself for the lead); NULL when beam_width 1 */
+    sched_seq **beams;        /* lead only: [beam_width] the group, beams[0] = the lead */
+    bool beam_idle;           /* a follower before the first reorder: holds a slot, no KV */
+    int32_t *beam_scratch;    /* lead only: [beam_width][cap] token snapshot for the reorder */
+    uint32_t *beam_blocks;    /* lead only: [beam_width][max blocks] table snapshot */
     bool admitted_once;
     uint32_t n_cached;        /* prompt tokens taken from the prefix cache at the first admission */
     /* private */
@@ -117,6 +129,7 @@ typedef struct sched_add_args {
     void *logits_sink_ctx;
     bool sink_sampled;
     uint32_t sink_rows_end;
+    uint32_t beam_width;      /* > 1: a beam group (see sched_seq); 0 or 1: a plain sequence */
     void *user;
 } sched_add_args;
 
@@ -155,8 +168,8 @@ vki_status sched_validate(const sched *s, uint32_t n_prompt, uint32_t max_new, c
  * VKI_ERR_INVALID_ARG (see sched_validate), VKI_ERR_OUT_OF_HOST_MEMORY. O(n_prompt + log queue). */
 vki_status sched_add(sched *s, const sched_add_args *a, sched_seq **out);
 
-/* Removes a sequence in any state, returning its blocks (full ones stay cached) and slot, and
- * frees it — except a STATIC batch member while other members still run, which becomes a ghost
+/* Removes a sequence in any state (a beam group: pass its lead; the whole group goes), returning
+ * its blocks (full ones stay cached) and slot, and frees it — except a STATIC batch member while other members still run, which becomes a ghost
  * (the owner must forget it either way). Not between sched_plan and sched_commit.
  * O(blocks held + log queue; STATIC: + running). */
 void sched_remove(sched *s, sched_seq *q);
@@ -170,6 +183,21 @@ vki_status sched_plan(sched *s, sched_tick *tick);
  * is appended to its sequence. The owner then removes the sequences that finished. If the step
  * failed, do not call this: remove the plan's sequences instead (their KV is undefined). */
 void sched_commit(sched *s, const sched_tick *tick, const vki_step_out *outs);
+
+/* Beam search, after sched_commit of a step where every beam of lead's group sampled: beam b
+ * continues beam parent[b]'s sequence with token[b] instead of its own sample. Every beam's KV
+ * table becomes its parent's: full blocks are shared (reference counted), the partial last block
+ * stays with one child per parent and is copied for the others (page copies done first in the
+ * next step). The first reorder after the prompt (parents all 0) starts the idle followers.
+ * Costs O(width * (tokens + blocks)) host work and at most width - 1 page copies (each
+ * 2 * n_layer page transfers). VKI_ERR_INVALID_ARG for a parent out of range or an idle parent;
+ * VKI_ERR_INTERNAL if the pool had no block for a copy (the reservation makes that a bug). */
+vki_status sched_beam_reorder(sched *s, sched_seq *lead, const uint32_t *parent, const int32_t *token);
+
+/* Validation of a beam request (width >= 1): sched_validate, then width <= max running sequences,
+ * the group's blocks within the pool, no sliding windows and not under STATIC. */
+vki_status sched_validate_beams(const sched *s, uint32_t n_prompt, uint32_t max_new, uint32_t width, char *msg,
+                                size_t msg_cap);
 
 void sched_get_stats(const sched *s, sched_stats *st);
 uint32_t sched_queue_len(const sched *s);

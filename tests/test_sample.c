@@ -918,7 +918,7 @@ static void test_step_plan(void **state)
         {.slot = 1, .pos0 = 0, .n_new = 4, .tokens = tokens, .want_token = false},
         {.slot = 2, .pos0 = 99, .n_new = 1, .tokens = tokens, .want_token = true, .sampling = &p, .seed = 78},
     };
-    vki_step_plan plan = {5, seqs, 12};
+    vki_step_plan plan = {.n_seqs = 5, .seqs = seqs, .n_tokens = 12};
     op_sampler *s;
     assert_int_equal(op_sampler_create(g->dev, 3, V, &s), VKI_OK);
     char err[256] = "";
