@@ -352,6 +352,8 @@ typedef struct vki_batch_params {
                                        vki_batch_notify. 1000 */
     uint64_t seed;                  /* seeds the per-manager generator that draws the seeds of
                                        requests without one; 0 = from the clock */
+    uint32_t max_beam_width;        /* the largest beam_width a request may ask (each beam takes a
+                                       sequence slot while it runs). 8 */
     uint64_t max_logits_bytes;      /* per request: the most host memory its logits outputs may
                                        need ((n_prompt if context + max_new_tokens if generation)
                                        * n_vocab * 4 bytes); past it the request is refused.
@@ -393,6 +395,18 @@ typedef enum vki_pooling {
     VKI_POOL_LAST = 2,              /* the last prompt position */
 } vki_pooling;
 
+/* When a beam search stops (TensorRT-LLM's earlyStopping; Hugging Face's early_stopping). A beam
+ * that emits an end token is finished (kept if among the best beam_width finished ones); the
+ * search goes on with beam_width unfinished beams until max_new_tokens or: */
+typedef enum vki_early_stopping {
+    VKI_EARLY_STOP_ON = 0,          /* beam_width beams have finished (TensorRT-LLM's default, 1) */
+    VKI_EARLY_STOP_HEURISTIC = 1,   /* ... and the best unfinished beam, scored at its current
+                                       length, cannot beat the worst finished one (TRT-LLM 0,
+                                       HF False, vLLM's default) */
+    VKI_EARLY_STOP_NEVER = 2,       /* as HEURISTIC, but with length_penalty > 0 scored at the
+                                       longest length it could reach (HF "never") */
+} vki_early_stopping;
+
 /* One generation request. Every pointer is copied at submission; the caller keeps ownership. */
 typedef struct vki_request {
     uint64_t id;                    /* caller's id; must not be in flight (reusable after its
@@ -430,6 +444,22 @@ typedef struct vki_request {
      * that request); generation logits copy one row back per generated token. */
     bool return_context_logits;     /* vki_response.context_logits. false */
     bool return_generation_logits;  /* vki_response.generation_logits. false */
+    /* Beam search (TensorRT-LLM's beamWidth): beam_width > 1 keeps that many hypotheses, ranked by
+     * the model's log-probabilities (sampling's temperature, cuts, penalties, bias and seed are not
+     * used); <= vki_batch_params.max_beam_width. Beams share the prompt's KV pages and copy a
+     * partial page when they diverge; each beam is one sequence of the step (it counts against
+     * max_num_tokens, max_batch_size and the KV pool: the request is admitted only when every
+     * beam's whole KV fits, under every policy, and is never paused; STATIC and sliding windows on
+     * every layer refuse it). Not with a constraint, a logits post-processor, min_tokens,
+     * return_generation_logits, logprobs / top_logprobs or pooling (refused, naming the field).
+     * The final response carries the beams (vki_response.n_beams ...), best first; streaming
+     * responses carry the current best beam whole. 0 or 1: no beam search, bit for bit. */
+    uint32_t beam_width;
+    /* A finished beam's score is cum_logprob / length^length_penalty, length = its generated
+     * tokens (the end token included); 0 = no normalisation (TensorRT-LLM's default), 1 = the
+     * mean (vLLM's default). Finite. */
+    float length_penalty;
+    vki_early_stopping early_stopping;
 } vki_request;
 
 /* What a response callback receives. Pointers are valid only during the callback. The ending
@@ -469,6 +499,18 @@ typedef struct vki_response {
      * from (aligned with tokens and logprobs); else NULL */
     const float *generation_logits;
     uint32_t n_vocab;               /* row length of the logits arrays (0 when neither is set) */
+    /* Beam search (beam_width > 1): tokens / n_tokens / cum_logprob are the best beam's, whole
+     * (streaming too: not a delta, since the best beam may change). The final response also
+     * has the n_beams best beams (beam_width of them, fewer only when the vocabulary offered
+     * fewer hypotheses), best first by score: beam b's generated tokens are
+     * beam_tokens[b][0, beam_lengths[b]) (an end token included), its cumulative
+     * log-probability beam_cum_logprobs[b], its score (with the length penalty)
+     * beam_scores[b]. n_beams 0 otherwise. */
+    uint32_t n_beams;
+    const int32_t *const *beam_tokens;
+    const uint32_t *beam_lengths;
+    const double *beam_cum_logprobs;
+    const double *beam_scores;
 } vki_response;
 
 typedef void (*vki_response_fn)(void *user, const vki_response *resp);

@@ -202,7 +202,7 @@ void sched_drop_running(sched *s, sched_seq *q)
 
 /* MAX_UTILIZATION: the sequence loses its KV and slot and waits at the front of the queue. Its
  * tokens stay, so resuming recomputes them (cached full blocks are picked up again). */
-static void pause_seq(sched *s, sched_seq *q)
+void sched_pause_seq(sched *s, sched_seq *q)
 {
     if (q->n_new && !in_context(q))
         s->tick_decode--;
@@ -450,7 +450,8 @@ static void budget_running(sched *s, uint32_t *tok, uint32_t *nseq)
 
 /* Blocks for the scheduled tokens of running sequences, oldest first. When the pool is short,
  * MAX_UTILIZATION pauses from the newest end (possibly the sequence itself); the other
- * policies reserved these blocks at admission, so a shortage is a bug. O(running + blocks). */
+ * policies reserved these blocks at admission, so a shortage is a bug. O(running + blocks), plus
+ * O(running) per sequence that pauses itself while a beam group (never paused) runs after it. */
 static vki_status alloc_running(sched *s)
 {
     for (sched_seq *q = s->run_head, *next; q; q = next) {
@@ -468,12 +469,16 @@ static vki_status alloc_running(sched *s)
                     victim = victim->run_prev;
                 if (!victim)
                     return VKI_ERR_INTERNAL;
-                pause_seq(s, victim);
+                sched_pause_seq(s, victim);
                 if (victim == q)
                     break;
             }
-            if (q->state != SCHED_RUNNING)
-                break; /* q was the newest: everything after it is paused too */
+            if (q->state != SCHED_RUNNING) { /* q paused itself: those after it are paused too, but
+                                                 for beam groups (never paused): go over the list
+                                                 again (the grown ones have their blocks) */
+                next = s->run_head;
+                continue;
+            }
             if (!grow_blocks(s, q, q->n_computed + q->n_new))
                 return VKI_ERR_INTERNAL;
         }

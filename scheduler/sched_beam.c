@@ -168,6 +168,31 @@ static void pick_keepers(uint32_t w, const uint32_t *parent, uint32_t *keeper)
             keeper[parent[b]] = b;
 }
 
+static uint32_t count_keepers(uint32_t w, const uint32_t *keeper)
+{
+    uint32_t n = 0;
+    for (uint32_t p = 0; p < w; p++)
+        n += keeper[p] != UINT32_MAX;
+    return n;
+}
+
+/* Blocks for n copies. The group's reservation covers them, but MAX_UTILIZATION lets other
+ * requests use reserved blocks meanwhile: it pauses them (newest first, never a beam group) as it
+ * does when a step is short. O(paused). */
+static bool room_for_copies(sched *s, const sched_seq *lead, uint32_t n)
+{
+    while (sched_kv_avail(s->kv) < n) {
+        sched_seq *victim = s->run_tail;
+        while (victim && victim->lead)
+            victim = victim->run_prev;
+        if (s->p.policy != VKI_POLICY_MAX_UTILIZATION || !victim)
+            return false;
+        sched_pause_seq(s, victim);
+    }
+    (void)lead;
+    return true;
+}
+
 static vki_status check_reorder(const sched_seq *lead, const uint32_t *parent)
 {
     if (!lead->beams || lead->state != SCHED_RUNNING || lead->n_computed + 1 != lead->n_tokens ||
@@ -213,6 +238,8 @@ vki_status sched_beam_reorder(sched *s, sched_seq *lead, const uint32_t *parent,
         s->reserved += B[b]->n_held; /* live blocks: no windows with beams */
         s->reserved -= nb;
     }
+    if (partial && !room_for_copies(s, lead, w - count_keepers(w, keeper)))
+        return VKI_ERR_INTERNAL;
     for (uint32_t b = 0; b < w; b++) {
         sched_seq *q = B[b];
         uint32_t p = parent[b];

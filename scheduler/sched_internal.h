@@ -37,6 +37,8 @@ uint32_t sched_live_blocks(const sched_seq *q);
 void sched_run_append(sched *s, sched_seq *q);
 /* Returns a running sequence's blocks and slot; it leaves the running list. */
 void sched_drop_running(sched *s, sched_seq *q);
+/* MAX_UTILIZATION: q loses its KV and slot and waits at the front of the queue. */
+void sched_pause_seq(sched *s, sched_seq *q);
 /* What GUARANTEED_NO_EVICT keeps allocatable for the running sequences. */
 uint64_t sched_reserved_total(const sched *s);
 

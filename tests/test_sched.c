@@ -24,6 +24,7 @@ typedef struct dreq {
     uint32_t n_finish;            /* must end at exactly 1 */
     uint64_t admit_tick;          /* last tick it went from queued to running */
     bool was_queued;
+    uint32_t beam_width;          /* > 1: a beam group; the driver reorders it at random */
 } dreq;
 
 typedef struct drv {
@@ -37,6 +38,9 @@ typedef struct drv {
     sched_tick last;
     uint32_t max_running_seen;
     bool check_lockstep;          /* STATIC: no context entry together with a decode entry */
+    uint32_t beam_width;          /* drv_add_ex: the next request's beam width (0: none) */
+    vt_rng *beam_rng;             /* the random parents and tokens of beam reorders */
+    uint64_t reorders, copies;    /* beam reorders done, page copies they asked for */
 } drv;
 
 static void drv_init(drv *d, sched_params p, uint32_t cap, uint32_t vocab, int32_t eos, uint32_t fail_every)
@@ -91,8 +95,9 @@ static dreq *drv_add_ex(drv *d, const int32_t *prompt, uint32_t n_prompt, uint32
     r->sp.temperature = sampled ? 0.8f : 0.0f;
     r->sp.penalty_window = 3 + (uint32_t)(seed % 40);
     r->sp.seed = seed;
+    r->beam_width = d->beam_width;
     sched_add_args a = {.prompt = prompt, .n_prompt = n_prompt, .max_new = max_new, .priority = priority,
-                        .sampling = &r->sp, .seed = seed, .user = r};
+                        .sampling = &r->sp, .seed = seed, .user = r, .beam_width = d->beam_width};
     vki_status st = sched_add(d->s, &a, &r->seq);
     assert_int_equal(st, expect);
     if (st != VKI_OK) {
@@ -144,6 +149,28 @@ static void drv_apply(drv *d, sched_seq *q)
         drv_finish(d, r, FIN_LENGTH);
 }
 
+/* A beam group sampled: it ends at max_new, else every beam continues a random parent (the
+ * lead's only one after the prompt) with a random token. The copies asked for are done by the
+ * fake engine's next step, whose chain checks then catch a wrong table or copy. */
+static void drv_beam_step(drv *d, sched_seq *lead)
+{
+    dreq *r = lead->user;
+    uint32_t w = lead->beam_width, parent[w];
+    int32_t token[w];
+    r->n_out = sched_seq_generated(lead);
+    if (r->n_out >= r->max_new) {
+        drv_finish(d, r, FIN_LENGTH);
+        return;
+    }
+    bool first = lead->beams[1]->beam_idle;
+    for (uint32_t b = 0; b < w; b++) {
+        parent[b] = first ? 0 : vt_range(d->beam_rng, 0, w - 1);
+        token[b] = (int32_t)vt_range(d->beam_rng, 1, 39); /* the stress's vocabulary, no end id */
+    }
+    assert_int_equal(sched_beam_reorder(d->s, lead, parent, token), VKI_OK);
+    d->reorders++;
+}
+
 /* One tick. Returns the number of plan entries (0 = nothing ran). */
 static uint32_t drv_tick(drv *d)
 {
@@ -160,6 +187,7 @@ static uint32_t drv_tick(drv *d)
     drv_check(d);
     if (!t->plan.n_seqs)
         return 0;
+    d->copies += t->plan.n_copies;
     for (uint32_t i = 0; i < t->plan.n_seqs; i++) { /* decode entries first; ghosts sample nothing */
         if (i < t->n_generation)
             assert_true(t->plan.seqs[i].n_new == 1 && t->plan.seqs[i].want_token != t->seqs[i]->ghost);
@@ -174,8 +202,9 @@ static uint32_t drv_tick(drv *d)
         if (fake_violations(d->f, msg, sizeof msg))
             fail_msg("fake engine: %s", msg);
         dreq *failed[n];
-        for (uint32_t i = 0; i < n; i++) /* collected first: finishing may end a STATIC batch */
-            failed[i] = t->seqs[i]->user;
+        for (uint32_t i = 0; i < n; i++) /* collected first: finishing may end a STATIC batch; a beam
+                                            group ends through its lead */
+            failed[i] = t->seqs[i]->beam_idx == 0 ? t->seqs[i]->user : NULL;
         for (uint32_t i = 0; i < n; i++) /* the plan's KV is undefined: fail them */
             if (failed[i])
                 drv_finish(d, failed[i], FIN_ERROR);
@@ -184,10 +213,13 @@ static uint32_t drv_tick(drv *d)
         sched_seq *sampled[n];
         uint32_t ns = 0;
         for (uint32_t i = 0; i < n; i++)
-            if (t->plan.seqs[i].want_token)
+            if (t->plan.seqs[i].want_token && t->seqs[i]->beam_idx == 0)
                 sampled[ns++] = t->seqs[i];
         for (uint32_t i = 0; i < ns; i++)
-            drv_apply(d, sampled[i]);
+            if (sampled[i]->beams)
+                drv_beam_step(d, sampled[i]);
+            else
+                drv_apply(d, sampled[i]);
     }
     sched_stats ss;
     sched_get_stats(d->s, &ss);
@@ -215,12 +247,12 @@ static void drv_verify(drv *d)
         assert_int_equal(r->n_finish, 1);
         int32_t *ref = malloc(r->max_new * sizeof(int32_t));
         fake_reference(d->f, r->prompt, r->n_prompt, r->max_new, r->sampled, r->sp.seed, ref, NULL);
-        for (uint32_t k = 0; k < r->n_out; k++)
+        for (uint32_t k = 0; r->beam_width <= 1 && k < r->n_out; k++) /* beams: random tokens */
             if (r->out[k] != ref[k])
                 fail_msg("request %u: token %u is %d, alone it is %d", i, k, r->out[k], ref[k]);
         if (r->finish == FIN_LENGTH)
             assert_int_equal(r->n_out, r->max_new);
-        if (r->finish == FIN_EOS || r->finish == FIN_LENGTH)
+        if ((r->finish == FIN_EOS || r->finish == FIN_LENGTH) && r->beam_width <= 1)
             for (uint32_t k = 0; k + 1 < r->n_out; k++)
                 assert_false(fake_is_eog(d->f, ref[k])); /* it did not stop early */
         free(ref);
@@ -849,6 +881,8 @@ static void stress(vki_capacity_policy pol, const char *name)
         p.kv_sink = vt_range(&rng, 0, 1) ? p.block_size : 0;
     }
     drv_init(&d, p, n_req, 40, 0, vt_range(&rng, 0, 1) ? 0 : 97);
+    d.beam_rng = &rng;
+    uint32_t beams = 0;
     int32_t prefixes[4][64];
     for (int i = 0; i < 4; i++)
         for (int j = 0; j < 64; j++)
@@ -867,8 +901,17 @@ static void stress(vki_capacity_policy pol, const char *name)
                 t[i] = i < shared ? pre[i] : (int32_t)vt_range(&rng, 1, 39);
             uint32_t max_new = vt_range(&rng, 1, 64);
             vki_status expect = sched_queue_len(d.s) >= 200 ? VKI_RETRY_QUEUE_FULL : VKI_OK;
+            /* one request in 8 a beam group, where its whole KV fits the pool; STATIC and windows
+             * refuse beams */
+            d.beam_width = vt_range(&rng, 0, 7) == 0 ? vt_range(&rng, 2, 4) : 0;
+            if (d.beam_width && d.beam_width * ((n + max_new - 1 + 3) / 4) > p.n_blocks)
+                d.beam_width = 0;
+            if (d.beam_width && (pol == VKI_POLICY_STATIC || p.kv_window))
+                expect = VKI_ERR_INVALID_ARG;
             refused += expect != VKI_OK;
+            beams += d.beam_width && expect == VKI_OK;
             drv_add_ex(&d, t, n, max_new, (int32_t)vt_range(&rng, 0, 2), vt_range(&rng, 0, 1), vt_u64(&rng), expect);
+            d.beam_width = 0;
         }
         if (vt_range(&rng, 0, 9) == 0 && d.n) { /* cancel a random live request */
             dreq *r = &d.r[vt_range(&rng, 0, d.n - 1)];
@@ -891,6 +934,10 @@ static void stress(vki_capacity_policy pol, const char *name)
             "%llu reused tokens, max running %u\n", name, d.n, refused, (unsigned long long)d.ticks, p.block_reuse,
             p.kv_window, p.kv_sink, (unsigned long long)ss.pauses, (unsigned long long)ss.reused_tokens,
             d.max_running_seen);
+    fprintf(stderr, "%s: %u beam groups, %llu reorders, %llu page copies\n", name, beams,
+            (unsigned long long)d.reorders, (unsigned long long)d.copies);
+    if (pol != VKI_POLICY_STATIC && !p.kv_window)
+        assert_true(beams > 0 && d.reorders > 0 && d.copies > 0);
     if (pol == VKI_POLICY_MAX_UTILIZATION && !p.kv_window) /* windows keep little KV: pool pressure may never come */
         assert_true(ss.pauses > 0);
     else if (pol != VKI_POLICY_MAX_UTILIZATION)

@@ -61,6 +61,8 @@ static void respond(vki_batch_manager *bm, bm_req *q, uint32_t from, bool final,
         }
     }
     bm_logits_fill(bm, q, &r, from);
+    if (q->beam)
+        bm_beam_fill(bm, q, &r);
     q->n_sent = gen;
     if (final) {
         pthread_mutex_lock(&bm->mu);
@@ -185,6 +187,8 @@ static void enter_scheduler(vki_batch_manager *bm, bm_req *q)
                         .hidden_hook = embed ? hidden_hook : NULL, .hidden_hook_ctx = q, .no_reuse = embed};
     if (st == VKI_OK)
         st = bm_logits_attach(bm, q, &a);
+    if (st == VKI_OK)
+        st = bm_beam_attach(bm, q, &a);
     if (st == VKI_OK)
         st = sched_add(bm->s, &a, &q->seq);
     if (st != VKI_OK) {
@@ -326,6 +330,14 @@ static vki_finish_reason apply_token(vki_batch_manager *bm, bm_req *q, const vki
             q->top_lp[(size_t)k * q->n_top + j] = have ? o->top_logprobs[j] : -INFINITY;
         }
     }
+    vki_finish_reason why = bm_end_reason(bm, q, tok);
+    if (why != VKI_FINISH_NONE)
+        return why;
+    return sched_seq_generated(s) >= q->max_new ? VKI_FINISH_LENGTH : VKI_FINISH_NONE;
+}
+
+vki_finish_reason bm_end_reason(const vki_batch_manager *bm, const bm_req *q, int32_t tok)
+{
     bool end = false;
     for (uint32_t i = 0; i < q->n_end_ids; i++)
         end |= q->end_ids[i] == tok;
@@ -336,7 +348,7 @@ static vki_finish_reason apply_token(vki_batch_manager *bm, bm_req *q, const vki
     for (uint32_t i = 0; i < q->n_stop_ids; i++)
         if (q->stop_ids[i] == tok)
             return VKI_FINISH_STOP;
-    return sched_seq_generated(s) >= q->max_new ? VKI_FINISH_LENGTH : VKI_FINISH_NONE;
+    return VKI_FINISH_NONE;
 }
 
 /* The request's row sampled no token: its grammar admits none here, its grammar's caches
@@ -372,7 +384,8 @@ static void run_step(vki_batch_manager *bm, const sched_tick *t, double *step_ms
         char msg[BM_MSG_CAP];
         snprintf(msg, sizeof msg, "engine step failed: %s", vki_status_str(st));
         for (uint32_t i = 0; i < n; i++)
-            if (reqs[i]) { /* NULL: a STATIC padding member, owned by the scheduler */
+            if (reqs[i] && t->seqs[i]->beam_idx == 0) { /* NULL: a STATIC padding member, owned by the
+                                                          scheduler; beam groups end at their lead */
                 reqs[i]->status = st;
                 finish(bm, reqs[i], VKI_FINISH_ERROR, msg);
             }
@@ -382,16 +395,23 @@ static void run_step(vki_batch_manager *bm, const sched_tick *t, double *step_ms
      * placeholder token that is never shown nor computed */
     for (uint32_t i = 0, k = 0; i < n; i++)
         if (t->plan.seqs[i].want_token && bm->outs[k++].token < 0) {
-            reqs[i]->drop_last = true;
+            reqs[i]->drop_last = !reqs[i]->beam; /* a beam's token is the search's, not this one */
             bm->outs[k - 1].token = 0;
         }
     sched_commit(bm->s, t, bm->outs);
-    uint32_t k = 0;
+    uint32_t k = 0, n_beam = 0;
+    bm_req *beams[n ? n : 1]; /* beam requests of this step, once each (at their lead's row) */
     for (uint32_t i = 0; i < n; i++) {
         if (!t->plan.seqs[i].want_token)
             continue;
         bm_req *q = reqs[i];
         const vki_step_out *o = &bm->outs[k++];
+        if (q->beam) {
+            bm_beam_row(q, t->seqs[i], o);
+            if (t->seqs[i]->beam_idx == 0)
+                beams[n_beam++] = q;
+            continue;
+        }
         if (q->drop_last) {
             no_token(bm, q);
             continue;
@@ -407,6 +427,14 @@ static void run_step(vki_batch_manager *bm, const sched_tick *t, double *step_ms
                    why != VKI_FINISH_ERROR ? NULL : msg[0] ? msg : "out of host memory for the logprobs or logits");
         else if (q->streaming)
             respond(bm, q, q->n_sent, false, VKI_FINISH_NONE, NULL);
+    }
+    for (uint32_t i = 0; i < n_beam; i++) {
+        bm_req *q = beams[i];
+        vki_finish_reason why = bm_beam_step(bm, q);
+        if (why != VKI_FINISH_NONE)
+            finish(bm, q, why, why == VKI_FINISH_ERROR ? "beam search: internal error or out of host memory" : NULL);
+        else if (q->streaming)
+            respond(bm, q, 0, false, VKI_FINISH_NONE, NULL);
     }
 }
 

@@ -82,6 +82,11 @@ typedef struct bm_req {
     uint32_t gen_cap;
     bool ctx_sent;             /* context logits went out with a response */
     bool logits_oom;           /* a generation row could not be stored: the request fails */
+    /* beam search (batch_beam.c) */
+    uint32_t beam_width;       /* 1: none */
+    float length_penalty;
+    vki_early_stopping early_stopping;
+    struct bm_beam *beam;      /* worker: the search state, or NULL */
     struct bm_req *next;       /* inbox / request list link */
     struct bm_req *hnext;      /* in-flight map chain */
 } bm_req;
@@ -182,6 +187,21 @@ void bm_grammar_free_all(vki_batch_manager *bm);
 vki_status bm_logits_validate(const vki_batch_manager *bm, const vki_request *r, char *msg, size_t cap);
 vki_status bm_logits_attach(vki_batch_manager *bm, bm_req *q, sched_add_args *a);
 void bm_logits_fill(const vki_batch_manager *bm, bm_req *q, vki_response *r, uint32_t from);
+
+/* batch_beam.c (beam search). bm_beam_validate on any thread; the rest on the worker:
+ * attach (fills *a) before sched_add; row stores a beam's sampled row of this step; step runs the
+ * search once every beam of q reported (after sched_commit): the next tokens and the scheduler's
+ * reorder, or q's end (returns the finish reason, NONE to go on); fill writes a response's
+ * beam fields. */
+vki_status bm_beam_validate(const vki_batch_manager *bm, const vki_request *r, char *msg, size_t cap);
+vki_status bm_beam_attach(vki_batch_manager *bm, bm_req *q, sched_add_args *a);
+void bm_beam_row(bm_req *q, const sched_seq *seq, const vki_step_out *o);
+vki_finish_reason bm_beam_step(vki_batch_manager *bm, bm_req *q);
+void bm_beam_fill(vki_batch_manager *bm, bm_req *q, vki_response *r);
+void bm_beam_free(bm_req *q);
+/* batch.c: why token tok would end q (EOS for an end id or the model's end of generation, STOP
+ * for a stop id), else NONE. */
+vki_finish_reason bm_end_reason(const vki_batch_manager *bm, const bm_req *q, int32_t tok);
 
 /* batch_stats.c: emits the stats JSON of one tick through cb.stats. */
 void bm_emit_stats(vki_batch_manager *bm, const sched_tick *t, double step_ms);

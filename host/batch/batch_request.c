@@ -21,6 +21,7 @@ vki_batch_params vki_batch_default_params(void)
         .stats = true,
         .idle_poll_us = 1000,
         .seed = 0,
+        .max_beam_width = 8,
         .max_logits_bytes = 256u << 20,
     };
 }
@@ -86,7 +87,8 @@ vki_status bm_validate(const vki_batch_manager *bm, const vki_request *r, char *
         !ids_ok(r->stop_ids, r->n_stop_ids, vocab, "stop_ids", msg, cap) ||
         (!embed && !sampling_ok(&r->sampling, vocab, msg, cap)))
         return VKI_ERR_INVALID_ARG;
-    return bm_logits_validate(bm, r, msg, cap);
+    vki_status st = bm_logits_validate(bm, r, msg, cap);
+    return st == VKI_OK ? bm_beam_validate(bm, r, msg, cap) : st;
 }
 
 /* ---- copies ------------------------------------------------------------------------------- */
@@ -129,6 +131,9 @@ vki_status bm_req_copy(const vki_request *r, bm_req **out)
     q->want_lp = r->sampling.logprobs || q->n_top;
     q->want_ctx_logits = r->return_context_logits;
     q->want_gen_logits = r->return_generation_logits;
+    q->beam_width = r->beam_width > 1 && r->pooling == VKI_POOL_NONE ? r->beam_width : 1;
+    q->length_penalty = r->length_penalty;
+    q->early_stopping = r->early_stopping;
     uint32_t n_bias = r->sampling.logit_bias ? r->sampling.n_logit_bias : 0;
     if (q->pooling != VKI_POOL_NONE) { /* embeddings: the one sample is discarded; greedy, no extras */
         q->sampling = vki_sampling_default_params();
@@ -167,6 +172,7 @@ void bm_req_free(bm_req *q)
     free(q->top_lp);
     free(q->ctx_logits);
     free(q->gen_logits);
+    bm_beam_free(q);
     gram_grammar_free(q->grammar);
     free(q->gbnf);
     gram_req_free(&q->gr);

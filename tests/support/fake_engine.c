@@ -318,6 +318,15 @@ vki_status fake_step(void *ctx, const vki_step_plan *plan, vki_step_out *outs)
         f->max_tokens_seen = plan->n_tokens;
     if (f->c.on_step)
         f->c.on_step(f->c.on_step_user, plan);
+    for (uint32_t i = 0; i < plan->n_copies; i++) { /* beam search's copy-on-write pages, first */
+        const vki_page_copy *c = &plan->copies[i];
+        if (c->src >= f->c.n_pages || c->dst >= f->c.n_pages || c->src == c->dst) {
+            violation(f, "page copy %u: %u -> %u outside the pool or onto itself", i, c->src, c->dst);
+            return VKI_ERR_INTERNAL;
+        }
+        memcpy(f->kv + (size_t)c->dst * f->c.page_size, f->kv + (size_t)c->src * f->c.page_size,
+               f->c.page_size * sizeof *f->kv);
+    }
     if (f->c.fail_every && f->steps % f->c.fail_every == 0) {
         scribble(f, plan);
         return VKI_ERR_DEVICE_LOST;
