@@ -1,8 +1,14 @@
 /* The rest of the TensorRT-LLM batch manager on the real engine (stories260K on the Vulkan
- * device, validation layer on): logits outputs (return_context_logits / return_generation_logits)
- * against the CPU reference model, the cap on their memory, and that requests without them get
- * none. Prompts are random (seeded: VKI_TEST_SEED); chunks of 16 with max_seqs 8 make the context
- * logits come from several steps and several LM-head passes per step. */
+ * device, validation layer on):
+ *  - logits outputs (return_context_logits / return_generation_logits) against the CPU reference
+ *    model, the cap on their memory, and that requests without them get none; chunks of 16 with
+ *    max_seqs 8 make the context logits come from several steps and LM-head passes per step;
+ *  - beam search: widths 1, 2, 4, 8 (and 3) with each early-stopping rule and length penalties,
+ *    all in one batch, every returned beam (tokens, cumulative log-probability, score) equal to
+ *    the CPU reference beam search (tests/support/ref_beam.c) on the reference model; streaming
+ *    sends the best beam whole; refusals name the field.
+ * Prompts are random (seeded: VKI_TEST_SEED). */
+#include "support/ref_beam.h"
 #include "support/ref_model.h"
 #include "support/vt.h"
 
@@ -222,7 +228,7 @@ static void test_logits_outputs(void **state)
         }
     }
     printf("context logits NMSE %.2e, generation logits NMSE %.2e vs the CPU reference\n", worst_ctx, worst_gen);
-    /* achieved with F16 KV over seeds 1-4: context 6e-12 .. 2.3e-8, generation 9e-11 .. 2.5e-7 */
+    /* achieved with F16 KV over seeds 1-16: context 6e-12 .. 3.4e-8, generation 9e-11 .. 5.4e-7 */
     assert_true(worst_ctx <= 1e-7);
     assert_true(worst_gen <= 1e-6);
     /* request 3 has request 0's prompt and no logits: the same tokens */
@@ -237,10 +243,205 @@ static void test_logits_outputs(void **state)
     assert_int_equal(atomic_load(&f->validation_msgs), 0);
 }
 
+/* ---- beam search ---------------------------------------------------------------------------- */
+
+#define BS_N 7
+#define BS_NEW 12
+/* the device's logits differ from the reference's by NMSE up to ~5e-7 (F16 KV, decode path),
+ * ~1e-3 relative per logit: summed over 12 tokens, cum logprobs differ by 9e-5 .. 5.4e-3
+ * (seeds 11-36) */
+#define BS_TOL 1e-2
+
+typedef struct bs_case {
+    uint32_t width;
+    float length_penalty;
+    vki_early_stopping es;
+    bool custom_end;            /* end id: a token greedy decoding emits early (so beams finish) */
+    bool streaming;
+} bs_case;
+
+typedef struct bs_got {
+    uint32_t n_beams;
+    int32_t tok[REF_BEAM_MAX][BS_NEW];
+    uint32_t len[REF_BEAM_MAX];
+    double cum[REF_BEAM_MAX], score[REF_BEAM_MAX];
+    int32_t best[BS_NEW];       /* the final tokens / n_tokens (the best beam) */
+    uint32_t n_best;
+    uint32_t n_stream, stream_bad; /* streaming: non-final responses, ones not the whole beam */
+    vki_finish_reason finish;
+    char error[256];
+} bs_got;
+
+typedef struct bs_run {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    uint32_t n_final;
+    bs_got g[BS_N];
+} bs_run;
+
+static void bs_response(void *user, const vki_response *r)
+{
+    bs_run *x = user;
+    bs_got *g = &x->g[r->id];
+    if (!r->final) { /* the best beam so far, whole: one token longer each step */
+        g->stream_bad += r->n_tokens != g->n_stream + 1 || r->n_beams;
+        g->n_stream++;
+        return;
+    }
+    for (uint32_t b = 0; b < r->n_beams && b < REF_BEAM_MAX; b++) {
+        g->len[b] = r->beam_lengths[b];
+        memcpy(g->tok[b], r->beam_tokens[b], (r->beam_lengths[b] < BS_NEW ? r->beam_lengths[b] : BS_NEW) * 4);
+        g->cum[b] = r->beam_cum_logprobs[b];
+        g->score[b] = r->beam_scores[b];
+    }
+    g->n_beams = r->n_beams;
+    g->n_best = r->n_tokens < BS_NEW ? r->n_tokens : BS_NEW;
+    memcpy(g->best, r->tokens, g->n_best * 4);
+    pthread_mutex_lock(&x->mu);
+    g->finish = r->finish;
+    snprintf(g->error, sizeof g->error, "%s", r->error ? r->error : "");
+    x->n_final++;
+    pthread_cond_signal(&x->cv);
+    pthread_mutex_unlock(&x->mu);
+}
+
+static void bs_compare(const bs_case *c, const bs_got *g, const ref_beam_result *want, uint32_t i, double *worst)
+{
+    if (g->error[0])
+        fail_msg("case %u: %s", i, g->error);
+    if (c->width == 1) { /* no beam search: today's path, the greedy tokens */
+        assert_int_equal(g->n_beams, 0);
+        assert_int_equal(g->n_best, want->len[0]);
+        assert_memory_equal(g->best, want->tokens[0], want->len[0] * 4);
+        return;
+    }
+    assert_int_equal(g->n_beams, want->n);
+    assert_int_equal(g->n_best, g->len[0]);
+    assert_memory_equal(g->best, g->tok[0], g->len[0] * 4);
+    /* every reference beam is a device beam with the same tokens, at the same rank unless the two
+     * ranks' reference scores are within the tolerance below (a near tie the device's rounding
+     * may order the other way) */
+    for (uint32_t b = 0; b < want->n; b++) {
+        uint32_t j = 0;
+        while (j < g->n_beams && (g->len[j] != want->len[b] || memcmp(g->tok[j], want->tokens[b], want->len[b] * 4)))
+            j++;
+        if (j == g->n_beams || (j != b && fabs(want->score[j] - want->score[b]) > BS_TOL)) {
+            for (uint32_t k = 0; k < want->n; k++)
+                fprintf(stderr, "  beam %u: device cum %.5f score %.5f, reference cum %.5f score %.5f\n", k, g->cum[k],
+                        g->score[k], want->cum[k], want->score[k]);
+            fail_msg("case %u (width %u): reference beam %u is %s", i, c->width, b,
+                     j == g->n_beams ? "not among the device's" : "at another rank on the device");
+        }
+        double e = fmax(fabs(g->cum[j] - want->cum[b]), fabs(g->score[j] - want->score[b]));
+        *worst = e > *worst ? e : *worst;
+    }
+}
+
+static void test_beam_search_matches_reference(void **state)
+{
+    fixture *f = get(state);
+    static const bs_case cases[BS_N] = {
+        {1, 0, VKI_EARLY_STOP_ON, false, false},         {2, 0, VKI_EARLY_STOP_ON, false, false},
+        {4, 0, VKI_EARLY_STOP_ON, false, false},         {8, 0, VKI_EARLY_STOP_ON, false, false},
+        {4, 1.0f, VKI_EARLY_STOP_HEURISTIC, true, true}, {4, 1.0f, VKI_EARLY_STOP_NEVER, true, false},
+        {3, 0.5f, VKI_EARLY_STOP_ON, true, false},
+    };
+    ref_model *rm;
+    char err[256];
+    assert_int_equal(ref_model_load(f->path, &(ref_model_opts){.kv_type = VKI_GGML_F16}, &rm, err, sizeof err),
+                     VKI_OK);
+    int32_t prompt[BS_N][24], end[BS_N];
+    uint32_t n_prompt[BS_N];
+    ref_beam_result want[BS_N];
+    for (uint32_t i = 0; i < BS_N; i++) {
+        n_prompt[i] = vt_range(&f->rng, 2, 22); /* pages of 16: the beams fork inside a page or at its end */
+        prompt[i][0] = 1;
+        for (uint32_t k = 1; k < n_prompt[i]; k++)
+            prompt[i][k] = (int32_t)vt_range(&f->rng, 259, f->V - 1);
+        end[i] = 2; /* stories260K's </s> */
+        if (cases[i].custom_end) { /* greedy's third token ends a beam: finished hypotheses happen */
+            ref_beam_params g = {.width = 1, .max_new = 3, .end_ids = &end[i], .n_end_ids = 1};
+            ref_beam_result gr;
+            assert_int_equal(ref_beam_search(rm, prompt[i], n_prompt[i], &g, &gr), VKI_OK);
+            end[i] = gr.tokens[0][gr.len[0] - 1];
+        }
+        ref_beam_params p = {.width = cases[i].width, .max_new = BS_NEW, .length_penalty = cases[i].length_penalty,
+                             .early_stopping = cases[i].es, .end_ids = &end[i], .n_end_ids = 1};
+        assert_int_equal(ref_beam_search(rm, prompt[i], n_prompt[i], &p, &want[i]), VKI_OK);
+    }
+    ref_model_free(rm);
+
+    vki_batch_params bp = vki_batch_default_params();
+    bp.chunk_size = 16;
+    bp.max_num_tokens = 40;
+    vki_batch_manager *bm;
+    assert_int_equal(vki_batch_manager_create(f->e, &bp, NULL, &bm), VKI_OK);
+    bs_run x = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER};
+    for (uint32_t i = 0; i < BS_N; i++) {
+        vki_request r = {.id = i, .prompt = prompt[i], .n_prompt = n_prompt[i], .max_new_tokens = BS_NEW,
+                         .end_ids = &end[i], .n_end_ids = 1, .sampling = vki_sampling_default_params(),
+                         .beam_width = cases[i].width, .length_penalty = cases[i].length_penalty,
+                         .early_stopping = cases[i].es, .streaming = cases[i].streaming};
+        assert_int_equal(vki_batch_submit(bm, &r, bs_response, &x, err, sizeof err), VKI_OK);
+    }
+    pthread_mutex_lock(&x.mu);
+    while (x.n_final < BS_N)
+        pthread_cond_wait(&x.cv, &x.mu);
+    pthread_mutex_unlock(&x.mu);
+    assert_int_equal(vki_batch_manager_destroy(bm, false), VKI_OK);
+    double worst = 0;
+    uint32_t finished = 0;
+    for (uint32_t i = 0; i < BS_N; i++) {
+        bs_compare(&cases[i], &x.g[i], &want[i], i, &worst);
+        for (uint32_t b = 0; b < want[i].n; b++)
+            finished += want[i].tokens[b][want[i].len[b] - 1] == end[i];
+        if (cases[i].streaming)
+            assert_true(x.g[i].n_stream > 0 && x.g[i].stream_bad == 0);
+    }
+    printf("beam search: %u requests (widths 1-8) equal to the CPU reference, %u finished beams among them, "
+           "cum logprob / score off by %.2e at most\n", BS_N, finished, worst);
+    assert_true(finished > 0);
+    assert_true(worst <= BS_TOL);
+    assert_int_equal(atomic_load(&f->validation_msgs), 0);
+}
+
+/* Beam requests the manager cannot run are refused at submission, naming the field. */
+static void test_beam_refusals(void **state)
+{
+    fixture *f = get(state);
+    int32_t prompt[4] = {1, 300, 301, 302};
+    vki_batch_params bp = vki_batch_default_params();
+    vki_batch_manager *bm;
+    assert_int_equal(vki_batch_manager_create(f->e, &bp, NULL, &bm), VKI_OK);
+    bs_run x = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER};
+    char err[256];
+    vki_request r = {.id = 0, .prompt = prompt, .n_prompt = 4, .max_new_tokens = 4,
+                     .sampling = vki_sampling_default_params(), .beam_width = 9};
+    assert_int_equal(vki_batch_submit(bm, &r, bs_response, &x, err, sizeof err), VKI_ERR_INVALID_ARG);
+    assert_non_null(strstr(err, "max_beam_width"));
+    r.beam_width = 2;
+    r.sampling.logprobs = true;
+    assert_int_equal(vki_batch_submit(bm, &r, bs_response, &x, err, sizeof err), VKI_ERR_INVALID_ARG);
+    assert_non_null(strstr(err, "logprobs"));
+    r.sampling.logprobs = false;
+    r.length_penalty = NAN;
+    assert_int_equal(vki_batch_submit(bm, &r, bs_response, &x, err, sizeof err), VKI_ERR_INVALID_ARG);
+    assert_non_null(strstr(err, "length_penalty"));
+    assert_int_equal(vki_batch_manager_destroy(bm, false), VKI_OK);
+    bp.policy = VKI_POLICY_STATIC;
+    assert_int_equal(vki_batch_manager_create(f->e, &bp, NULL, &bm), VKI_OK);
+    r.length_penalty = 0;
+    assert_int_equal(vki_batch_submit(bm, &r, bs_response, &x, err, sizeof err), VKI_ERR_INVALID_ARG);
+    assert_non_null(strstr(err, "STATIC"));
+    assert_int_equal(vki_batch_manager_destroy(bm, false), VKI_OK);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_logits_outputs),
+        cmocka_unit_test(test_beam_search_matches_reference),
+        cmocka_unit_test(test_beam_refusals),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
