@@ -65,7 +65,8 @@ static void count_validation(void *user, vki_log_level lvl, const char *msg)
 static vki_request make_req(const e2e *x, uint32_t i)
 {
     return (vki_request){.id = 1000 + i, .prompt = x->r[i].prompt, .n_prompt = x->r[i].n_prompt,
-                         .max_new_tokens = x->r[i].max_new, .sampling = x->r[i].sampling, .ignore_eos = true};
+                         .max_new_tokens = x->r[i].max_new, .sampling = x->r[i].sampling, .ignore_eos = true,
+                         .beam_width = 1 /* width 1 is no beam search: batch invariance must hold */};
 }
 
 /* Worker thread, every tick: 0..3 of the remaining requests arrive. */

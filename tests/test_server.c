@@ -736,6 +736,14 @@ static const bad_case BAD[] = {
     {"/v1/completions", "{\"prompt\":\"x\",\"skip_special_tokens\":\"no\"}", 400, "skip_special_tokens", "boolean"},
     {"/v1/completions", "{\"prompt\":\"x\",\"grammar\":\"root ::= x\"}", 400, "grammar", "not supported"},
     {"/v1/completions", "{\"prompt\":\"x\",\"guided_json\":{}}", 400, "guided_json", "not supported"},
+    /* vLLM's beam search fields */
+    {"/v1/completions", "{\"prompt\":\"x\",\"use_beam_search\":true,\"stream\":true}", 400, "use_beam_search",
+     "stream"},
+    {"/v1/completions", "{\"prompt\":\"x\",\"length_penalty\":1}", 400, "length_penalty", "use_beam_search"},
+    {"/v1/completions", "{\"prompt\":\"x\",\"use_beam_search\":true,\"n\":3,\"best_of\":2}", 400, "best_of",
+     "best_of"},
+    {"/v1/completions", "{\"prompt\":\"x\",\"use_beam_search\":true,\"early_stopping\":\"soon\"}", 400,
+     "early_stopping", "early_stopping"},
 };
 
 static void test_errors(void **state)
@@ -1254,6 +1262,42 @@ static void test_n_and_echo(void **state)
     stop(t);
 }
 
+/* use_beam_search: best_of beams, the n best answered; deterministic; beam 0 is at least as likely
+ * as greedy decoding's answer under the same length (checked by the CPU reference in test_beam). */
+static void test_beam_search(void **state)
+{
+    T *t = *state;
+    start(t, NULL, 0);
+    static const char body[] = "{\"prompt\":\"Once upon a time\",\"use_beam_search\":true,\"best_of\":4,\"n\":3,"
+                               "\"max_tokens\":10,\"length_penalty\":0.5,\"early_stopping\":\"never\"}";
+    cJSON *j = http_json(t, "POST", "/v1/completions", body, 200), *j2 = http_json(t, "POST", "/v1/completions", body, 200);
+    assert_int_equal(cJSON_GetArraySize(get(j, "choices")), 3);
+    int total = 0;
+    for (int i = 0; i < 3; i++) {
+        char path[40];
+        snprintf(path, sizeof path, "choices.%d.text", i);
+        assert_string_equal(get_str(j, path), get_str(j2, path));
+        assert_true(strlen(get_str(j, path)) > 0);
+        for (int k = 0; k < i; k++) { /* distinct beams */
+            char other[40];
+            snprintf(other, sizeof other, "choices.%d.text", k);
+            assert_true(strcmp(get_str(j, path), get_str(j, other)) != 0);
+        }
+        snprintf(path, sizeof path, "choices.%d.finish_reason", i);
+        total += strcmp(get_str(j, path), "length") ? 0 : 10;
+    }
+    assert_true(get_num(j, "usage.completion_tokens") >= total);
+    printf("beam search (4 beams, 3 answered): \"%s\" | \"%s\" | \"%s\"\n", get_str(j, "choices.0.text"),
+           get_str(j, "choices.1.text"), get_str(j, "choices.2.text"));
+    cJSON_Delete(j);
+    cJSON_Delete(j2);
+    j = http_json(t, "POST", "/v1/chat/completions", "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],"
+                  "\"use_beam_search\":true,\"best_of\":2,\"max_tokens\":6,\"early_stopping\":true}", 200);
+    assert_int_equal(cJSON_GetArraySize(get(j, "choices")), 1);
+    cJSON_Delete(j);
+    stop(t);
+}
+
 static int32_t token_at(const cJSON *j, const char *path, int i)
 {
     const cJSON *a = get(j, path);
@@ -1402,6 +1446,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_errors),        cmocka_unit_test(test_queue_full), cmocka_unit_test(test_disconnect),
         cmocka_unit_test(test_many_connections), cmocka_unit_test(test_drain),   cmocka_unit_test(test_metrics),
         cmocka_unit_test(test_routes),        cmocka_unit_test(test_embeddings), cmocka_unit_test(test_n_and_echo),
+        cmocka_unit_test(test_beam_search),
         cmocka_unit_test(test_request_fields), cmocka_unit_test(test_no_prealloc),
         cmocka_unit_test(test_chats_default_policy),
     };

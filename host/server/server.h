@@ -377,6 +377,11 @@ struct srv_job {
     uint32_t n_stops;
     srv_choice ch[SRV_MAX_N];
     bool rest_submitted;       /* choices 1..n-1 (submitted once choice 0 has its prompt's KV) */
+    /* use_beam_search (vLLM): one batch request of beam_width (best_of) beams; its n best become
+     * the choices. 0: none */
+    uint32_t beam_width;
+    float length_penalty;
+    vki_early_stopping early_stopping;
     double t_arrive, t_first, t_last; /* seconds, monotonic (under mu) */
     /* the handler's */
     srv_conn *conn;

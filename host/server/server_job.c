@@ -136,6 +136,31 @@ static void toks_copy(const srv_job *j, srv_toks *dst, const srv_toks *src, uint
 
 static void submit_rest(srv_job *j, bool ok, vki_finish_reason why, const char *error);
 
+/* use_beam_search: the one request's final response spreads its n best beams over the choices
+ * (choice i = beam i; the batch manager's references of choices 1..n-1 go with it). Worker
+ * thread, under j->mu. O(tokens of the n beams). */
+static void beams_to_choices(srv_job *j, const vki_response *r)
+{
+    for (uint32_t i = 1; i < j->n; i++) {
+        srv_choice *ch = &j->ch[i];
+        uint32_t len = i < r->n_beams ? r->beam_lengths[i] : 0;
+        len = len < j->max_tokens ? len : j->max_tokens;
+        if (len && !toks_reserve(j, &ch->w, len))
+            ch->oom = true;
+        for (uint32_t k = 0; k < len && !ch->oom; k++)
+            ch->w.tok[k] = r->beam_tokens[i][k];
+        ch->n_recv = ch->oom ? 0 : len;
+        ch->final = true;
+        int32_t last = len ? r->beam_tokens[i][len - 1] : -1;
+        ch->finish = i >= r->n_beams ? r->finish : len && vki_token_is_eog(j->s->tok, last) ? VKI_FINISH_EOS
+                                                                                       : VKI_FINISH_LENGTH;
+        for (uint32_t k = 0; len && k < j->n_stop_ids; k++)
+            ch->finish = j->stop_ids[k] == last ? VKI_FINISH_STOP : ch->finish;
+        ch->status = r->status;
+        snprintf(ch->error, sizeof ch->error, "%s", r->error ? r->error : "");
+    }
+}
+
 /* Runs on the batch manager's worker thread: O(1 + top) per token (amortised growth). */
 static void on_response(void *user, const vki_response *r)
 {
@@ -172,6 +197,8 @@ static void on_response(void *user, const vki_response *r)
         ch->finish = r->finish;
         ch->status = r->status;
         snprintf(ch->error, sizeof ch->error, "%s", r->error ? r->error : "");
+        if (j->beam_width > 1)
+            beams_to_choices(j, r);
     }
     bool kick = ch->index == 0 && j->n > 1 && !j->rest_submitted && (n_new || r->final);
     if (kick)
@@ -201,6 +228,8 @@ static void on_response(void *user, const vki_response *r)
     s->n_active--;
     pthread_cond_broadcast(&s->cv);
     pthread_mutex_unlock(&s->mu);
+    if (j->beam_width > 1 && j->n > 1)
+        job_unref(j, (int)j->n - 1); /* the other choices came with this request */
     srv_job_release(j); /* the batch manager's reference for this choice */
 }
 
@@ -210,7 +239,10 @@ static vki_status submit_choice(srv_job *j, srv_choice *ch, char *err, size_t n_
     srv *s = j->s;
     vki_request req = {.prompt = j->prompt, .n_prompt = j->n_prompt, .max_new_tokens = j->max_tokens,
                        .min_tokens = j->min_tokens, .stop_ids = j->stop_ids, .n_stop_ids = j->n_stop_ids,
-                       .ignore_eos = j->ignore_eos, .sampling = j->sampling, .streaming = true};
+                       .ignore_eos = j->ignore_eos, .sampling = j->sampling, .streaming = true,
+                       .beam_width = j->beam_width, .length_penalty = j->length_penalty,
+                       .early_stopping = j->early_stopping};
+    req.streaming = j->beam_width <= 1; /* beams: one final response with every beam */
     if (ch->index && j->sampling.has_seed)
         req.sampling.seed = j->sampling.seed + ch->index;
     vki_status st = VKI_ERR_SHUTDOWN;
@@ -265,6 +297,7 @@ bool srv_job_submit(srv_job *j, srv_error *e)
     bool lost = s->device_lost;
     snprintf(j->cmpl_id, sizeof j->cmpl_id, "%s-%llx%08llx", j->chat ? "chatcmpl" : "cmpl",
              (unsigned long long)s->t_start, (unsigned long long)s->next_id);
+    j->rest_submitted |= j->beam_width > 1; /* one request holds every choice */
     vki_status st = submit_choice(j, &j->ch[0], err, sizeof err);
     uint32_t max_queue = s->p.batch.max_queue;
     pthread_mutex_unlock(&s->mu);
@@ -278,8 +311,8 @@ bool srv_job_submit(srv_job *j, srv_error *e)
         e->type = "rate_limit_error";
         e->code = "rate_limit_exceeded";
     } else if (st == VKI_ERR_INVALID_ARG) {
-        bool mt = !strncmp(err, "max_new_tokens", 14);
-        srv_err(e, 400, mt ? "max_tokens" : j->chat ? "messages" : "prompt", "%s", err);
+        bool mt = !strncmp(err, "max_new_tokens", 14), bw = !strncmp(err, "beam_width", 10);
+        srv_err(e, 400, mt ? "max_tokens" : bw ? "best_of" : j->chat ? "messages" : "prompt", "%s", err);
     } else if (st == VKI_ERR_SHUTDOWN || st == VKI_ERR_DEVICE_LOST || lost) {
         srv_err(e, 503, NULL, "%s", lost ? "the device was lost; the server must be restarted"
                                          : "the server is shutting down");

@@ -25,6 +25,7 @@ typedef struct req_ctx {
     srv *s;
     srv_job *j;
     const cJSON *prompt, *messages, *max_tokens, *stream_options, *top_logprobs, *logprobs, *best_of;
+    const cJSON *use_beam_search, *length_penalty, *early_stopping;
     const char *max_name;
 } req_ctx;
 
@@ -209,6 +210,9 @@ KEEP(f_stream_options, stream_options)
 KEEP(f_top_logprobs, top_logprobs)
 KEEP(f_logprobs, logprobs)
 KEEP(f_best_of, best_of)
+KEEP(f_use_beam_search, use_beam_search)
+KEEP(f_length_penalty, length_penalty)
+KEEP(f_early_stopping, early_stopping)
 
 static bool f_max_tokens(req_ctx *c, const cJSON *v, srv_error *e)
 {
@@ -273,7 +277,10 @@ static const struct {
     {"logprobs", F_BOTH, f_logprobs},
     {"top_logprobs", F_CHAT, f_top_logprobs},
     {"n", F_BOTH, f_n},
-    {"best_of", F_CMPL, f_best_of},
+    {"best_of", F_BOTH, f_best_of},
+    {"use_beam_search", F_BOTH, f_use_beam_search},
+    {"length_penalty", F_BOTH, f_length_penalty},
+    {"early_stopping", F_BOTH, f_early_stopping},
     {"echo", F_CMPL, f_echo},
     {"echo", F_CHAT, f_chat_echo},
     {"suffix", F_CMPL, f_suffix},
@@ -289,7 +296,7 @@ static const struct {
 static const char *const REFUSED[] = {
     "tools", "functions", "tool_choice", "function_call", "response_format", "grammar", "json_schema",
     "guided_json", "guided_regex", "guided_choice", "guided_grammar", "structured_outputs", "prompt_logprobs",
-    "use_beam_search", "logits_processors", "reasoning_effort", "audio", "modalities", "prediction",
+    "logits_processors", "reasoning_effort", "audio", "modalities", "prediction",
 };
 
 static bool asks_nothing(const cJSON *v)
@@ -508,6 +515,8 @@ static bool parse_messages(srv *s, srv_job *j, const cJSON *a, srv_error *e)
 
 /* ---- cross-field rules --------------------------------------------------------------------- */
 
+static bool beam_opts(req_ctx *c, uint32_t best_of, srv_error *e);
+
 static bool output_opts(req_ctx *c, srv_error *e)
 {
     srv_job *j = c->j;
@@ -544,14 +553,51 @@ static bool output_opts(req_ctx *c, srv_error *e)
     j->sampling.top_logprobs = j->n_top;
     if (c->best_of && !num(c->best_of, "best_of", 1, SRV_MAX_N, true, &x, e))
         return false;
-    if (c->best_of && (uint32_t)x != j->n)
-        return srv_err(e, 400, "best_of", "best_of: only best_of = n is supported (no ranking of candidates)"), false;
+    if (!beam_opts(c, c->best_of ? (uint32_t)x : j->n, e))
+        return false;
+    if (c->best_of && (uint32_t)x != j->n && !j->beam_width)
+        return srv_err(e, 400, "best_of", "best_of: only best_of = n is supported without use_beam_search (no "
+                       "ranking of sampled candidates)"), false;
     char msg[256];
     if (sample_params_check(&j->sampling, c->s->info.n_vocab, msg, sizeof msg) != VKI_OK) {
         char param[64];
         snprintf(param, sizeof param, "%.*s", (int)strcspn(msg, " :"), msg);
         return srv_err(e, 400, param, "%s", msg), false;
     }
+    return true;
+}
+
+/* vLLM's beam search fields: use_beam_search with best_of beams (default n) of which the n best
+ * are the choices; length_penalty; early_stopping true / false / "never". Beam search ranks by
+ * the model's log-probabilities: it does not stream, return logprobs or take min_tokens. */
+static bool beam_opts(req_ctx *c, uint32_t best_of, srv_error *e)
+{
+    srv_job *j = c->j;
+    bool on = false;
+    double x;
+    if (c->use_beam_search && !boolean(c->use_beam_search, "use_beam_search", &on, e))
+        return false;
+    if (!on) {
+        const cJSON *extra = c->length_penalty ? c->length_penalty : c->early_stopping;
+        return !extra || (srv_err(e, 400, extra->string, "%s: only with use_beam_search", extra->string), false);
+    }
+    if (best_of < j->n)
+        return srv_err(e, 400, "best_of", "best_of (%u) must be >= n (%u)", best_of, j->n), false;
+    if (j->stream || j->want_lp || j->min_tokens)
+        return srv_err(e, 400, "use_beam_search", "use_beam_search: not with %s",
+                       j->stream ? "stream" : j->want_lp ? "logprobs" : "min_tokens"), false;
+    if (c->length_penalty && !num(c->length_penalty, "length_penalty", -100, 100, false, &x, e))
+        return false;
+    const cJSON *es = c->early_stopping;
+    bool never = es && cJSON_IsString(es) && !strcmp(es->valuestring, "never");
+    if (es && !never && !cJSON_IsBool(es))
+        return srv_err(e, 400, "early_stopping", "early_stopping must be true, false or \"never\""), false;
+    j->beam_width = best_of;
+    if (best_of == 1) /* one beam is greedy decoding */
+        j->sampling.temperature = 0;
+    j->length_penalty = c->length_penalty ? (float)x : 1.0f; /* vLLM's defaults */
+    j->early_stopping = never ? VKI_EARLY_STOP_NEVER : es && cJSON_IsTrue(es) ? VKI_EARLY_STOP_ON
+                                                                            : VKI_EARLY_STOP_HEURISTIC;
     return true;
 }
 
