@@ -904,7 +904,7 @@ static void cb_stats(void *user, const char *json)
         "Timestamp", "Iteration Counter", "Active Request Count", "Max Request Count", "Max KV cache blocks",
         "Free KV cache blocks", "Used KV cache blocks", "Tokens per KV cache block", "Scheduled Requests",
         "Context Requests", "Generation Requests", "Total Context Tokens", "Paused Requests", "Queue Length",
-        "Step Time ms", "Reused KV cache blocks", "Cached KV cache blocks"};
+        "Step Time ms", "Reused KV cache blocks", "Cached KV cache blocks", "MicroBatch ID"};
     cJSON *o = cJSON_Parse(json);
     pthread_mutex_lock(&c->mu);
     c->n_stats++;
@@ -929,6 +929,132 @@ static void cb_stats(void *user, const char *json)
     snprintf(c->last_stats, sizeof c->last_stats, "%s", json);
     pthread_mutex_unlock(&c->mu);
     cJSON_Delete(o);
+}
+
+/* Beam requests among plain ones under MAX_UTILIZATION with a small pool (the plain ones get
+ * paused, the beam groups never), two of them cancelled: every request one final response, the
+ * beams best first with the width asked for, and the pool drained at the end. */
+typedef struct beam_seen {
+    coll *c;
+    uint32_t width[NREC], n_beams[NREC], bad_order[NREC], n_ticks, last_used, paused;
+    double best_cum[NREC];
+} beam_seen;
+
+static void on_beam_response(void *user, const vki_response *r)
+{
+    beam_seen *b = user;
+    if (r->final && r->id < NREC) {
+        pthread_mutex_lock(&b->c->mu);
+        b->n_beams[r->id] = r->n_beams;
+        for (uint32_t i = 1; i < r->n_beams; i++)
+            b->bad_order[r->id] += r->beam_scores[i] > r->beam_scores[i - 1] || r->beam_lengths[i] == 0;
+        if (r->n_beams && (r->tokens != r->beam_tokens[0] || r->n_tokens != r->beam_lengths[0]))
+            b->bad_order[r->id]++;
+        pthread_mutex_unlock(&b->c->mu);
+    }
+    on_response(b->c, r);
+}
+
+static void beam_tick_stats(void *user, const vki_batch_stats *st)
+{
+    beam_seen *b = user; /* worker thread only; read after destroy */
+    b->n_ticks++;
+    b->last_used = st->kv_used;
+    b->paused += st->paused;
+}
+
+static void test_beam_requests(void **state)
+{
+    (void)state;
+    coll *c = coll_new();
+    fake_engine *f = mkfake(8, 24, 0);
+    bm_backend be = fake_backend(f);
+    vki_batch_params p = mkparams(VKI_POLICY_MAX_UTILIZATION);
+    beam_seen b = {.c = c};
+    vki_batch_callbacks cb = {.user = &b, .tick_stats = beam_tick_stats};
+    vki_batch_manager *bm;
+    assert_int_equal(bm_create(&be, &p, &cb, &bm), VKI_OK);
+    enum { N = 30 };
+    for (uint32_t i = 0; i < N; i++) {
+        vki_request r = mkreq(c, i, 4 + i % 9, 6 + (i * 7) % 9, false, i); /* <= 7 blocks of 4 */
+        r.beam_width = b.width[i] = i % 3 == 0 ? 2 + i % 2 : 0; /* <= 21 of the 24 blocks */
+        r.ignore_eos = !r.beam_width; /* the plain ones run long: the pool runs short */
+        r.length_penalty = i % 2 ? 1.0f : 0.0f;
+        r.early_stopping = (vki_early_stopping)(i % 3);
+        char err[200];
+        if (vki_batch_submit(bm, &r, on_beam_response, &b, err, sizeof err) != VKI_OK)
+            fail_msg("submit %u: %s", i, err);
+        if (i == 9 || i == 21) /* a beam request cancelled queued or running */
+            assert_int_equal(vki_batch_cancel(bm, i), VKI_OK);
+    }
+    wait_finals(c, N);
+    assert_int_equal(vki_batch_manager_destroy(bm, false), VKI_OK);
+    if (c->bad[0])
+        fail_msg("%s", c->bad);
+    uint32_t beams = 0;
+    for (uint32_t i = 0; i < N; i++) {
+        assert_int_equal(c->r[i].n_final, 1);
+        assert_int_equal(b.bad_order[i], 0);
+        if (!b.width[i] || c->r[i].finish == VKI_FINISH_CANCELLED)
+            continue;
+        assert_true(c->r[i].finish == VKI_FINISH_EOS || c->r[i].finish == VKI_FINISH_LENGTH);
+        assert_int_equal(b.n_beams[i], b.width[i]);
+        beams++;
+    }
+    printf("beam requests: %u completed beside plain ones, %u paused-request ticks, %u ticks\n", beams, b.paused,
+           b.n_ticks);
+    assert_true(beams >= 6);
+    assert_true(b.paused > 0); /* plain requests were paused around the beam groups */
+    assert_int_equal(b.last_used, 0); /* no block leaked */
+    fake_destroy(f);
+    coll_free(c);
+}
+
+/* STATIC adds TensorRT-LLM's static batching fields: live decode tokens and the padding slots of
+ * members that finished while their batch runs on. */
+typedef struct static_stats {
+    uint32_t n, empty_ticks;
+    char bad[512];
+} static_stats;
+
+static void cb_static_stats(void *user, const char *json)
+{
+    static_stats *x = user; /* worker thread only; read after destroy */
+    cJSON *o = cJSON_Parse(json);
+    const cJSON *gen = cJSON_GetObjectItemCaseSensitive(o, "Generation Requests"),
+                *tot = cJSON_GetObjectItemCaseSensitive(o, "Total Generation Tokens"),
+                *empty = cJSON_GetObjectItemCaseSensitive(o, "Empty Generation Slots"),
+                *mb = cJSON_GetObjectItemCaseSensitive(o, "MicroBatch ID");
+    if (!gen || !tot || !empty || !mb || tot->valuedouble + empty->valuedouble != gen->valuedouble)
+        snprintf(x->bad, sizeof x->bad, "%s", json);
+    x->empty_ticks += empty && empty->valuedouble > 0;
+    x->n++;
+    cJSON_Delete(o);
+}
+
+static void test_static_stats(void **state)
+{
+    (void)state;
+    coll *c = coll_new();
+    fake_engine *f = mkfake(4, 128, 0);
+    bm_backend be = fake_backend(f);
+    vki_batch_params p = mkparams(VKI_POLICY_STATIC);
+    static_stats x = {0};
+    vki_batch_callbacks cb = {.user = &x, .stats = cb_static_stats};
+    vki_batch_manager *bm;
+    assert_int_equal(bm_create(&be, &p, &cb, &bm), VKI_OK);
+    for (uint32_t i = 0; i < 3; i++) { /* one batch; the short ones become padding */
+        vki_request r = mkreq(c, i, 5, 2 + 5 * i, false, i);
+        r.ignore_eos = true;
+        assert_int_equal(vki_batch_submit(bm, &r, on_response, c, NULL, 0), VKI_OK);
+    }
+    wait_finals(c, 3);
+    assert_int_equal(vki_batch_manager_destroy(bm, false), VKI_OK);
+    if (x.bad[0])
+        fail_msg("static stats: %s", x.bad);
+    assert_true(x.n > 0 && x.empty_ticks > 0);
+    coll_free(c);
+    fake_destroy(f);
 }
 
 static void test_callback_interface(void **state)
@@ -1198,6 +1324,8 @@ int main(void)
         cmocka_unit_test(test_cancel_states),
         cmocka_unit_test(test_cancel_paused),
         cmocka_unit_test(test_callback_interface),
+        cmocka_unit_test(test_static_stats),
+        cmocka_unit_test(test_beam_requests),
         cmocka_unit_test(test_stats_after_cancel_to_idle),
         cmocka_unit_test(test_notify_without_polling),
         cmocka_unit_test(test_destroy_waits),

@@ -1,5 +1,6 @@
 /* Per-tick stats JSON, with the field names of the TensorRT-LLM batch manager's iteration stats
- * plus a few of ours (reuse, pauses). Written with snprintf into a fixed buffer: every value is a
+ * plus a few of ours (reuse, pauses). "MicroBatch ID" is always 0: one process runs one device,
+ * so every tick is one micro-batch (TensorRT-LLM numbers micro-batches of pipeline parallelism). Written with snprintf into a fixed buffer: every value is a
  * number or an ASCII timestamp, so nothing needs escaping, and libvkinfer needs no JSON library.
  * O(1) fields, one stack buffer, no allocation per tick. */
 #include <inttypes.h>
@@ -37,7 +38,17 @@ void bm_emit_stats(vki_batch_manager *bm, const sched_tick *t, double step_ms)
     }
     if (!bm->cb.stats)
         return;
-    char ts[48], json[1024];
+    /* STATIC (TensorRT-LLM's static batching stats): decode tokens of live members, and the slots
+     * of members that finished but are still computed as padding (ghosts) */
+    char extra[128] = "";
+    if (bm->p.policy == VKI_POLICY_STATIC) {
+        uint32_t ghosts = 0;
+        for (uint32_t i = 0; i < t->plan.n_seqs; i++)
+            ghosts += t->seqs[i]->ghost;
+        snprintf(extra, sizeof extra, ",\"Total Generation Tokens\":%u,\"Empty Generation Slots\":%u",
+                 t->n_generation - ghosts, ghosts);
+    }
+    char ts[48], json[1152];
     timestamp(ts, sizeof ts);
     int n = snprintf(json, sizeof json,
                      "{\"Timestamp\":\"%s\",\"Iteration Counter\":%" PRIu64 ",\"Active Request Count\":%u,"
@@ -47,11 +58,11 @@ void bm_emit_stats(vki_batch_manager *bm, const sched_tick *t, double step_ms)
                      "\"Reused Tokens\":%" PRIu64 ",\"Scheduled Requests\":%u,\"Context Requests\":%u,"
                      "\"Generation Requests\":%u,\"Total Context Tokens\":%u,\"Paused Requests\":%u,"
                      "\"Waiting Paused Requests\":%u,\"Running Requests\":%u,\"Queue Length\":%u,"
-                     "\"Step Time ms\":%.17g}",
+                     "\"Step Time ms\":%.17g,\"MicroBatch ID\":0%s}",
                      ts, bm->iteration, bm->n_active, ss.max_running, ss.kv.max_blocks, ss.kv.free_blocks,
                      ss.kv.used_blocks, ss.kv.cached_blocks, ss.kv.tokens_per_block, (uint64_t)ss.kv.reused_blocks,
                      (uint64_t)ss.reused_tokens, t->plan.n_seqs, t->n_context, t->n_generation, t->n_context_tokens,
-                     t->n_paused, ss.paused, ss.running, ss.queued + inbox, step_ms);
+                     t->n_paused, ss.paused, ss.running, ss.queued + inbox, step_ms, extra);
     if (n > 0 && (size_t)n < sizeof json)
         bm->cb.stats(bm->cb.user, json);
 }
