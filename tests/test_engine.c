@@ -875,6 +875,89 @@ static void test_bad_plans_refused(void **state)
     vt_assert_clean(g);
 }
 
+/* Beam search's copy-on-write KV pages (plan.copies, vkCmdCopyBuffer per layer and pool, before
+ * the forward pass). Sequence A prefills 21 tokens (pages 0 and 1, page 1 partial); in one step
+ * page 1 is copied to B's page 160, then A decodes its token and B a different one at position
+ * 21 on the copy: both match the CPU reference (a copy after the writes, or not done, would give
+ * B A's KV or garbage). Then a copy in a step that writes neither page: dst equals src byte for
+ * byte in every layer's K and V pool (the scalar reference of a copy is memcpy). */
+static void test_page_copy(void **state)
+{
+    vt_gpu *g = vt_gpu_get(state);
+    char path[512];
+    if (!vt_shared_model("stories260K.gguf", path, sizeof path))
+        skip();
+    vt_rng r = vt_rng_seeded("page copy");
+    fixture fx;
+    fixture_open(g, path, VKI_GGML_F16, 64, &fx);
+    int32_t pa[24], pc[5];
+    random_prompt(&r, pa, 21, fx.n_vocab);
+    random_prompt(&r, pc, 5, fx.n_vocab);
+    tseq A, B, C;
+    tseq_init(&A, 0, pa, 21, 32);
+    tseq_init(&C, 2, pc, 5, 32);
+    tseq *one[1] = {&A};
+    uint32_t n21 = 21;
+    step(&fx, one, &n21, 1, NULL); /* A: prompt -> its 22nd token */
+    tseq_init(&B, 1, A.tok, 22, 32);
+    B.tok[21] = (A.tok[21] + 1) % (int32_t)fx.n_vocab; /* B diverges at position 21 */
+    B.pages[0] = A.pages[0]; /* shares A's full page; its partial page is a copy of A's */
+    B.done = 21;
+    vki_page_copy cp = {.src = A.pages[1], .dst = B.pages[1]};
+    vki_step_seq ss[2] = {
+        {.slot = 0, .pos0 = 21, .n_new = 1, .tokens = A.tok + 21, .n_pages = 2, .pages = A.pages, .want_token = true},
+        {.slot = 1, .pos0 = 21, .n_new = 1, .tokens = B.tok + 21, .n_pages = 2, .pages = B.pages, .want_token = true}};
+    vki_step_plan plan = {.n_seqs = 2, .seqs = ss, .n_tokens = 2, .n_copies = 1, .copies = &cp};
+    vki_step_out outs[2];
+    float *got = malloc(2 * fx.n_vocab * sizeof *got), *want = malloc(fx.n_vocab * sizeof *want);
+    assert_int_equal(vk_engine_step(fx.e, &plan, outs, got), VKI_OK);
+    const int32_t *toks[2] = {A.tok, B.tok};
+    for (uint32_t i = 0; i < 2; i++) {
+        assert_int_equal(ref_model_forward(fx.ref, toks[i], 22, false, want), VKI_OK);
+        double e = vt_nmse(got + (size_t)i * fx.n_vocab, want, fx.n_vocab);
+        fprintf(stderr, "  %s after a page copy: NMSE %.2e\n", i ? "B (the copy)" : "A (the source)", e);
+        vt_assert_nmse(got + (size_t)i * fx.n_vocab, want, fx.n_vocab, TOL_F16KV, "page copy");
+    }
+    /* a copy alone: C decodes elsewhere while page 1 goes to page 161 */
+    vki_page_copy cp2 = {.src = A.pages[1], .dst = B.pages[2]};
+    uint32_t n5 = 5;
+    tseq *c1[1] = {&C};
+    step(&fx, c1, &n5, 1, NULL);
+    vki_step_seq sc = {.slot = 2, .pos0 = 5, .n_new = 1, .tokens = C.tok + 5, .n_pages = 1, .pages = C.pages,
+                       .want_token = true};
+    vki_step_plan p2 = {.n_seqs = 1, .seqs = &sc, .n_tokens = 1, .n_copies = 1, .copies = &cp2};
+    assert_int_equal(vk_engine_step(fx.e, &p2, outs, NULL), VKI_OK);
+    size_t pb = (size_t)op_kv_page_bytes(&fx.e->attn[0].s);
+    uint8_t *a = malloc(pb), *b = malloc(pb);
+    for (uint32_t l = 0; l < fx.hp.n_layer; l++)
+        for (int kv = 0; kv < 2; kv++) {
+            const vkd_buffer *pool = kv ? fx.e->v_pool[l] : fx.e->k_pool[l];
+            assert_int_equal(vkd_download(g->dev, pool, (VkDeviceSize)cp2.src * pb, a, pb), VKI_OK);
+            assert_int_equal(vkd_download(g->dev, pool, (VkDeviceSize)cp2.dst * pb, b, pb), VKI_OK);
+            if (memcmp(a, b, pb))
+                fail_msg("layer %u %s pool: page %u is not a copy of page %u", l, kv ? "V" : "K", cp2.dst, cp2.src);
+        }
+    /* refused: a copy onto itself, two copies into one page, a page outside the pool */
+    vki_page_copy bad[2] = {{5, 5}, {0, 0}};
+    p2.copies = bad;
+    assert_int_equal(vk_engine_step(fx.e, &p2, outs, NULL), VKI_ERR_INVALID_ARG);
+    bad[0] = (vki_page_copy){5, 7};
+    bad[1] = (vki_page_copy){6, 7};
+    p2.n_copies = 2;
+    assert_int_equal(vk_engine_step(fx.e, &p2, outs, NULL), VKI_ERR_INVALID_ARG);
+    bad[1] = (vki_page_copy){6, UINT32_MAX - 1};
+    assert_int_equal(vk_engine_step(fx.e, &p2, outs, NULL), VKI_ERR_INVALID_ARG);
+    free(a);
+    free(b);
+    free(got);
+    free(want);
+    free(A.tok);
+    free(B.tok);
+    free(C.tok);
+    fixture_close(&fx);
+    vt_assert_clean(g);
+}
+
 /* A model the engine cannot run is refused through the public API with a message that names
  * the problem: an unsupported architecture, a missing tensor, a truncated file. */
 static void write_meta_only(const char *path, const char *arch)
@@ -991,6 +1074,7 @@ int main(void)
         cmocka_unit_test(test_kv_sizing_budget),
         cmocka_unit_test(test_unsupported_models_refused),
         cmocka_unit_test(test_bad_plans_refused),
+        cmocka_unit_test(test_page_copy),
     };
     return cmocka_run_group_tests(tests, vt_gpu_setup, vt_gpu_teardown);
 }
