@@ -699,6 +699,7 @@ vki_status sched_plan(sched *s, sched_tick *t)
         t->plan.n_tokens += q->n_new;
         t->n_context_tokens += c ? q->n_new : 0;
         t->n_sampled += s->plan_seqs[k].want_token;
+        t->n_ghosts += q->ghost && !c;
     }
     if (dec != s->tick_decode)
         return VKI_ERR_INTERNAL;

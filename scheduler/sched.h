@@ -142,6 +142,7 @@ typedef struct sched_tick {
     uint32_t n_sampled;                      /* entries with want_token: outs for sched_commit */
     uint32_t n_admitted;                     /* sequences that left the queue this tick */
     uint32_t n_paused;                       /* sequences paused this tick */
+    uint32_t n_ghosts;                       /* STATIC padding members decoding in the plan */
 } sched_tick;
 
 typedef struct sched_stats {

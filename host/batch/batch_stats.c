@@ -41,13 +41,9 @@ void bm_emit_stats(vki_batch_manager *bm, const sched_tick *t, double step_ms)
     /* STATIC (TensorRT-LLM's static batching stats): decode tokens of live members, and the slots
      * of members that finished but are still computed as padding (ghosts) */
     char extra[128] = "";
-    if (bm->p.policy == VKI_POLICY_STATIC) {
-        uint32_t ghosts = 0;
-        for (uint32_t i = 0; i < t->plan.n_seqs; i++)
-            ghosts += t->seqs[i]->ghost;
+    if (bm->p.policy == VKI_POLICY_STATIC) /* counted at planning: the step may have freed them */
         snprintf(extra, sizeof extra, ",\"Total Generation Tokens\":%u,\"Empty Generation Slots\":%u",
-                 t->n_generation - ghosts, ghosts);
-    }
+                 t->n_generation - t->n_ghosts, t->n_ghosts);
     char ts[48], json[1152];
     timestamp(ts, sizeof ts);
     int n = snprintf(json, sizeof json,
