@@ -76,6 +76,14 @@ static cJSON *post(T *t, const char *path, const char *fmt, ...)
 #define CMPL "/v1/completions"
 #define USER "\"messages\":[{\"role\":\"user\",\"content\":\"Tell me about a cat.\"}]"
 
+/* max_tokens below cover the worst case of each grammar in bytes (each token is at least one):
+ * 21 whitespace bytes at each ws of vki_json_schema_to_grammar's output, 6 bytes per string
+ * character (\uXXXX), 17 per integer, plus the literals and the Hermes call wrapper. PERSON: 16
+ * ws, 464 bytes; the time call 154; the weather call 313. So a constrained output always
+ * completes whatever the seed (typical outputs take a fifth of it). */
+#define PERSON_MAX "480"
+#define TIME_MAX "200"
+#define ANY_CALL_MAX "330"
 static const char PERSON[] = "{\"type\":\"object\",\"properties\":{\"name\":{\"type\":\"string\",\"maxLength\":12},"
                              "\"age\":{\"type\":\"integer\"},\"pets\":{\"type\":\"array\",\"items\":{\"enum\":[\"cat\","
                              "\"dog\"]},\"maxItems\":2}},\"required\":[\"name\",\"age\",\"pets\"]}";
@@ -88,7 +96,7 @@ static void test_response_format(void **state)
     start(t, NULL, 0);
     char *g_person = schema_gbnf(PERSON), *g_object = schema_gbnf("{\"type\":\"object\"}");
     /* chat, json_schema, not streamed */
-    cJSON *r = post(t, CHAT, "{" USER ",\"max_tokens\":120,\"seed\":%llu,\"response_format\":{\"type\":\"json_schema\","
+    cJSON *r = post(t, CHAT, "{" USER ",\"max_tokens\":" PERSON_MAX ",\"seed\":%llu,\"response_format\":{\"type\":\"json_schema\","
                     "\"json_schema\":{\"name\":\"person\",\"strict\":true,\"schema\":%s}}}",
                     (unsigned long long)g_seed, PERSON);
     const char *text = get_str(r, "choices.0.message.content");
@@ -99,10 +107,11 @@ static void test_response_format(void **state)
     assert_true(cJSON_IsNumber(get(v, "age")) && cJSON_IsString(get(v, "name")) && cJSON_IsArray(get(v, "pets")));
     cJSON_Delete(v);
     cJSON_Delete(r);
-    /* completions, json_object, streamed: the joined deltas are one JSON object */
+    /* completions, json_object, streamed: the joined deltas are one JSON object (greedy: any
+     * object has no length bound, and a sampled one may run past max_tokens) */
     char body[1024];
-    snprintf(body, sizeof body, "{\"prompt\":\"Once upon a time\",\"max_tokens\":80,\"stream\":true,\"seed\":%llu,"
-             "\"response_format\":{\"type\":\"json_object\"}}", (unsigned long long)g_seed + 1);
+    snprintf(body, sizeof body, "{\"prompt\":\"Once upon a time\",\"max_tokens\":80,\"stream\":true,\"temperature\":0,"
+             "\"response_format\":{\"type\":\"json_object\"}}");
     bool done;
     cJSON *ev = stream(t, CMPL, body, 0, &done);
     const char *finish;
@@ -115,7 +124,7 @@ static void test_response_format(void **state)
     free(joined);
     cJSON_Delete(ev);
     /* chat, json_schema, streamed */
-    snprintf(body, sizeof body, "{" USER ",\"max_tokens\":120,\"stream\":true,\"seed\":%llu,\"response_format\":"
+    snprintf(body, sizeof body, "{" USER ",\"max_tokens\":" PERSON_MAX ",\"stream\":true,\"seed\":%llu,\"response_format\":"
              "{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"p\",\"schema\":%s}}}",
              (unsigned long long)g_seed + 2, PERSON);
     ev = stream(t, CHAT, body, 0, &done);
@@ -155,7 +164,7 @@ static void test_grammar_fields(void **state)
         for (const char *p = small; *p; p++) /* as a JSON string for guided_json */
             k += (size_t)snprintf(quoted + k, sizeof quoted - k, *p == '"' ? "\\%c" : "%c", *p);
         snprintf(field, sizeof field, forms[i], i ? small : quoted);
-        r = post(t, CMPL, "{\"prompt\":\"Once\",\"max_tokens\":40,\"seed\":%llu,%s}", (unsigned long long)g_seed + 5 + i,
+        r = post(t, CMPL, "{\"prompt\":\"Once\",\"max_tokens\":160,\"seed\":%llu,%s}", (unsigned long long)g_seed + 5 + i,
                  field);
         if (i < 2) /* json_object's schema is llama-server's: an object is not required there */
             expect_in(g, get_str(r, "choices.0.text"), forms[i]);
@@ -276,7 +285,7 @@ static void test_tools_forced(void **state)
     T *t = *state;
     start(t, NULL, 0);
     /* required, one call */
-    cJSON *r = post(t, CHAT, "{" USER ",\"max_tokens\":80,\"seed\":%llu,\"tools\":%s,\"tool_choice\":\"required\","
+    cJSON *r = post(t, CHAT, "{" USER ",\"max_tokens\":" ANY_CALL_MAX ",\"seed\":%llu,\"tools\":%s,\"tool_choice\":\"required\","
                     "\"parallel_tool_calls\":false}", (unsigned long long)g_seed + 10, TOOLS);
     assert_string_equal(get_str(r, "choices.0.finish_reason"), "tool_calls");
     assert_true(cJSON_IsNull(get(r, "choices.0.message.content")));
@@ -318,7 +327,7 @@ static void test_tools_stream(void **state)
     T *t = *state;
     start(t, NULL, 0);
     char body[2048];
-    snprintf(body, sizeof body, "{" USER ",\"max_tokens\":80,\"stream\":true,\"seed\":%llu,\"tools\":%s,\"tool_choice\":"
+    snprintf(body, sizeof body, "{" USER ",\"max_tokens\":" TIME_MAX ",\"stream\":true,\"seed\":%llu,\"tools\":%s,\"tool_choice\":"
              "{\"type\":\"function\",\"function\":{\"name\":\"time\"}},\"parallel_tool_calls\":false}",
              (unsigned long long)g_seed + 12, TOOLS);
     bool done;
@@ -401,7 +410,7 @@ static void test_tool_result_turn(void **state)
     cJSON *r = post(t, CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"Weather?\"},{\"role\":\"assistant\","
                     "\"content\":null,\"tool_calls\":[{\"id\":\"call_1\",\"type\":\"function\",\"function\":{\"name\":"
                     "\"weather\",\"arguments\":\"{\\\"city\\\": \\\"Paris\\\", \\\"days\\\": 2}\"}}]},{\"role\":\"tool\","
-                    "\"tool_call_id\":\"call_1\",\"content\":\"sunny\"}],\"max_tokens\":80,\"seed\":%llu,\"tools\":%s,"
+                    "\"tool_call_id\":\"call_1\",\"content\":\"sunny\"}],\"max_tokens\":" ANY_CALL_MAX ",\"seed\":%llu,\"tools\":%s,"
                     "\"tool_choice\":\"required\",\"parallel_tool_calls\":false}", (unsigned long long)g_seed + 15, TOOLS);
     check_call(get_str(r, "choices.0.message.tool_calls.0.function.name"),
                get_str(r, "choices.0.message.tool_calls.0.function.arguments"), "after a tool result");
