@@ -228,9 +228,10 @@ static void test_logits_outputs(void **state)
         }
     }
     printf("context logits NMSE %.2e, generation logits NMSE %.2e vs the CPU reference\n", worst_ctx, worst_gen);
-    /* achieved with F16 KV over seeds 1-16: context 6e-12 .. 3.4e-8, generation 9e-11 .. 5.4e-7 */
-    assert_true(worst_ctx <= 1e-7);
-    assert_true(worst_gen <= 1e-6);
+    /* achieved with F16 KV over seeds 1-16: context 6e-12 .. 3.4e-8, generation 9e-11 .. 5.4e-7;
+     * bounds ~30x above the worst seen, so an unlucky seed does not fail a correct engine */
+    assert_true(worst_ctx <= 1e-6);
+    assert_true(worst_gen <= 1e-5);
     /* request 3 has request 0's prompt and no logits: the same tokens */
     assert_memory_equal(x.g[3].tok, x.g[0].tok, sizeof x.g[0].tok);
     assert_false(x.g[3].logits_without_ask);
