@@ -66,6 +66,8 @@ typedef enum vki_status {
     VKI_ERR_SHUTDOWN = -12,         /* the object is shutting down; no new work is taken */
     VKI_ERR_INTERNAL = -13,         /* an invariant broke: a bug, please report it */
     VKI_ERR_CANCELLED = -14,        /* the caller cancelled (a progress callback returned false) */
+    VKI_ERR_NONFINITE = -15,        /* the model produced NaN or +inf logits (broken or misread
+                                       weights, or a logits post-processor wrote them) */
 } vki_status;
 
 /* Short constant English text for a status, e.g. "out of device memory". Never NULL. */

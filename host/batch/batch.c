@@ -336,12 +336,19 @@ static vki_finish_reason apply_token(vki_batch_manager *bm, bm_req *q, const vki
     return sched_seq_generated(s) >= q->max_new ? VKI_FINISH_LENGTH : VKI_FINISH_NONE;
 }
 
-/* The request's row sampled no token: its grammar admits none here, its grammar's caches
- * failed, or every logit was banned (logit_bias) or not a number. */
-static void no_token(vki_batch_manager *bm, bm_req *q)
+/* The request's row sampled no token: its logits were not all finite numbers (checked first:
+ * a broken model is what the user must hear about), its grammar admits none here, its grammar's
+ * caches failed, or every logit was banned (logit_bias). */
+static void no_token(vki_batch_manager *bm, bm_req *q, bool nonfinite)
 {
     char msg[BM_MSG_CAP];
-    if (q->gram_error[0]) {
+    uint32_t pos = q->seq->n_tokens - 1; /* the placeholder stands where the token would have */
+    if (nonfinite) {
+        snprintf(msg, sizeof msg, "the model produced non-finite logits (NaN/Inf) at position %u (generated "
+                 "token %u)%s", pos, sched_seq_generated(q->seq) - 1,
+                 q->processor ? " after the logits post-processor" : "");
+        q->status = VKI_ERR_NONFINITE;
+    } else if (q->gram_error[0]) {
         snprintf(msg, sizeof msg, "%s", q->gram_error);
     } else if (q->gram && q->no_token) {
         snprintf(msg, sizeof msg, "grammar: no token of the vocabulary can continue the output here (the grammar "
@@ -375,13 +382,15 @@ static void run_step(vki_batch_manager *bm, const sched_tick *t, double *step_ms
             }
         return;
     }
-    /* a row that could sample nothing (-1) ends only its own request; the scheduler gets a
-     * placeholder token that is never shown nor computed */
-    for (uint32_t i = 0, k = 0; i < n; i++)
-        if (t->plan.seqs[i].want_token && bm->outs[k++].token < 0) {
+    /* a row that could sample nothing (-1) or saw non-finite logits ends only its own request;
+     * the scheduler gets a placeholder token that is never shown nor computed */
+    for (uint32_t i = 0, k = 0; i < n; i++) {
+        vki_step_out *o = t->plan.seqs[i].want_token ? &bm->outs[k++] : NULL;
+        if (o && (o->token < 0 || o->nonfinite)) {
             reqs[i]->drop_last = true;
-            bm->outs[k - 1].token = 0;
+            o->token = 0;
         }
+    }
     sched_commit(bm->s, t, bm->outs);
     uint32_t k = 0;
     for (uint32_t i = 0; i < n; i++) {
@@ -390,7 +399,7 @@ static void run_step(vki_batch_manager *bm, const sched_tick *t, double *step_ms
         bm_req *q = reqs[i];
         const vki_step_out *o = &bm->outs[k++];
         if (q->drop_last) {
-            no_token(bm, q);
+            no_token(bm, q, o->nonfinite);
             continue;
         }
         char msg[BM_MSG_CAP] = "";
