@@ -181,6 +181,7 @@ vki_status vki_engine_create(const char *path, const vki_engine_params *params, 
     if (!e || !ol) {
         free(e);
         free(ol);
+        set_err(err, err_len, "out of host memory for the engine object");
         return VKI_ERR_OUT_OF_HOST_MEMORY;
     }
     atomic_init(&e->has_manager, false);
@@ -202,6 +203,8 @@ vki_status vki_engine_create(const char *path, const vki_engine_params *params, 
         e->dev->log_level = p.device.log_level;
     }
     if (st != VKI_OK) {
+        if (err && err_len && !err[0]) /* every failure names at least its status */
+            set_err(err, err_len, "%s while opening the model", vki_status_str(st));
         vki_engine_destroy(e);
         free(ol);
         return st;

@@ -310,8 +310,9 @@ static vki_finish_reason apply_token(vki_batch_manager *bm, bm_req *q, const vki
         q->sampling.logit_bias = q->bias;
         q->sampling.n_logit_bias = q->n_bias;
     }
-    if (q->want_lp && !lp_reserve(q, k)) {
+    if (q->want_lp && !lp_reserve(q, k)) { /* the token without its logprobs is not delivered */
         q->status = VKI_ERR_OUT_OF_HOST_MEMORY;
+        q->drop_last = true;
         return VKI_FINISH_ERROR;
     }
     if (q->want_lp) {
@@ -667,6 +668,8 @@ vki_status vki_batch_submit(vki_batch_manager *bm, const vki_request *req, vki_r
     if (st == VKI_OK) /* compiled here, on the caller's thread: the worker only attaches it */
         st = bm_constraint_compile(bm, req, q, err ? err : msg, err ? err_cap : sizeof msg);
     if (st != VKI_OK) {
+        if (st == VKI_ERR_OUT_OF_HOST_MEMORY && err && err_cap)
+            snprintf(err, err_cap, "out of host memory copying the request");
         bm_req_free(q);
         return st;
     }

@@ -186,6 +186,7 @@ typedef struct srv_json_err {
     size_t at;
     char key[64];      /* the top-level field whose value failed, "" if none */
     char msg[160];
+    bool oom;          /* the parser ran out of memory (the body may be fine) */
 } srv_json_err;
 cJSON *srv_json_parse(const char *text, size_t n, srv_json_err *err);
 

@@ -458,6 +458,8 @@ static bool render_messages(srv *s, srv_job *j, chat_msg *msgs, size_t n, srv_er
     chat_prompt p;
     char err[256] = "";
     vki_status st = chat_render(&s->chat, msgs, n, true, &p, err, sizeof err);
+    if (st == VKI_ERR_OUT_OF_HOST_MEMORY) /* the server's fault, not the conversation's */
+        return srv_err(e, 500, NULL, "out of memory while rendering the conversation"), false;
     if (st != VKI_OK)
         return srv_err(e, 400, "messages", "%s", err[0] ? err : vki_status_str(st)), false;
     int32_t *ids = NULL;
@@ -608,6 +610,10 @@ cJSON *srv_parse_body(const char *body, size_t n, srv_error *e)
 {
     srv_json_err je;
     cJSON *root = srv_json_parse(body, n, &je);
+    if (!root && je.oom) {
+        srv_err(e, 500, NULL, "out of memory while parsing the request body");
+        return NULL;
+    }
     if (!root) {
         srv_err(e, 400, je.key[0] ? je.key : NULL, "the request body is not valid JSON: %s (at byte %zu%s%s)", je.msg,
                 je.at, je.key[0] ? ", in " : "", je.key);
