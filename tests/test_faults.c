@@ -413,12 +413,169 @@ static void test_alloc_faults_server(void **state)
     vki_engine_destroy(e);
 }
 
+/* ---- Vulkan failures ---------------------------------------------------------------------- */
+
+/* Engine create with its Nth vkAllocateMemory (out of device memory) or vkMapMemory (device
+ * lost) failing, N = 1, 2, ... until it completes: a clean error naming the cause each time. */
+static void test_vk_faults_engine_create(void **state)
+{
+    F *f = *state;
+    if (!vkf_enabled())
+        skip();
+    static const struct {
+        vkf_site site;
+        int result;
+        const char *name;
+    } sites[] = {{VKF_ALLOCATE_MEMORY, VK_ERROR_OUT_OF_DEVICE_MEMORY, "vkAllocateMemory"},
+                 {VKF_MAP_MEMORY, VK_ERROR_DEVICE_LOST, "vkMapMemory"},
+                 {VKF_QUEUE_SUBMIT, VK_ERROR_DEVICE_LOST, "vkQueueSubmit"},
+                 {VKF_WAIT_FENCES, VK_ERROR_OUT_OF_DEVICE_MEMORY, "vkWaitForFences"}};
+    for (size_t k = 0; k < sizeof sites / sizeof *sites; k++) {
+        uint64_t n = 1, failed = 0, runs = 0;
+        /* the submits and waits of engine create are one staging upload repeated per tensor
+         * (52 each on stories260K): calls 1..3, then every 10th, rather than all */
+        for (;; n += n < 3 || k < 2 ? 1 : 10, runs++) {
+            char err[512] = "";
+            vki_engine_params ep = engine_params(f);
+            vki_engine *e = NULL;
+            vkf_arm(sites[k].site, n, sites[k].result);
+            vki_status st = vki_engine_create(f->src, &ep, &e, err, sizeof err);
+            vkf_arm(sites[k].site, 0, 0);
+            vki_engine_destroy(e);
+            if (!vkf_fired(sites[k].site)) {
+                assert_int_equal(st, VKI_OK);
+                break;
+            }
+            failed += st != VKI_OK;
+            if (st != VKI_OK && !err[0]) /* VKI_OK: the allocator retried smaller, or the call's work was done */
+                fail_msg("engine create, %s call %llu failing: %s with no message", sites[k].name,
+                         (unsigned long long)n, vki_status_str(st));
+        }
+        printf("engine create: %llu of its %s calls failed once each: %llu clean errors, the rest recovered\n",
+               (unsigned long long)runs, sites[k].name, (unsigned long long)failed);
+    }
+}
+
+typedef struct req_thread {
+    pthread_t t;
+    uint16_t port;
+    const char *body;
+    int status;
+    char *out;
+} req_thread;
+
+static void *req_main(void *arg)
+{
+    req_thread *r = arg;
+    r->status = http(r->port, "POST", "/v1/completions", r->body, &r->out);
+    return NULL;
+}
+
+static const char LONG_REQ[] = "{\"prompt\":\"Once upon a time\",\"max_tokens\":40,\"ignore_eos\":true,\"temperature\":0}";
+
+/* Two requests in flight when a step's submit (or fence wait) fails with `result`: each gets one
+ * 500 naming the cause. */
+static void fail_two(uint16_t port, vkf_site site, int result, const char *want)
+{
+    req_thread r[2] = {{.port = port, .body = LONG_REQ}, {.port = port, .body = LONG_REQ}};
+    vkf_arm(site, 12, result); /* a few steps in: both are generating by then */
+    for (int i = 0; i < 2; i++)
+        assert_int_equal(pthread_create(&r[i].t, NULL, req_main, &r[i]), 0);
+    for (int i = 0; i < 2; i++) {
+        pthread_join(r[i].t, NULL);
+        if (r[i].status != 500 || !strstr(r[i].out, want))
+            fail_msg("request %d: %d %s (want 500 with \"%s\")", i, r[i].status, r[i].out, want);
+        free(r[i].out);
+    }
+    vkf_arm(site, 0, 0);
+    assert_true(vkf_fired(site));
+}
+
+static void assert_answer(uint16_t port, int want_status, const char *want_text)
+{
+    char *out;
+    int st = http(port, "POST", "/v1/completions", LONG_REQ, &out);
+    if (st != want_status || (want_text && !strstr(out, want_text)))
+        fail_msg("status %d (want %d): %s", st, want_status, out);
+    free(out);
+}
+
+static int ready(uint16_t port)
+{
+    char *out;
+    int st = http(port, "GET", "/health/ready", NULL, &out);
+    free(out);
+    return st;
+}
+
+/* Out of device memory during a step fails that step's requests; the engine goes on. A lost
+ * device fails everything in flight once, /health/ready and new requests answer 503, and the
+ * server's recovery thread recreates the engine (device reopened, model reloaded): ready again,
+ * the same answer as before. */
+static void test_vk_faults_server(void **state)
+{
+    F *f = *state;
+    if (!vkf_enabled())
+        skip();
+    vki_engine *e = open_engine(f, f->src);
+    srv_params p = srv_default_params();
+    p.port = 0;
+    p.model_path = f->src;
+    p.log_level = VKI_LOG_ERROR;
+    p.recover_backoff_ms = 1500; /* the window in which the 503s are checked */
+    srv *s = NULL;
+    char err[256] = "";
+    if (srv_create(e, &p, &s, err, sizeof err) != VKI_OK)
+        fail_msg("srv_create: %s", err);
+    uint16_t port = srv_port(s);
+    char *ref;
+    assert_int_equal(http(port, "POST", "/v1/completions", LONG_REQ, &ref), 200);
+    cJSON *j = cJSON_Parse(ref);
+    char text[1024];
+    snprintf(text, sizeof text, "%s", cJSON_GetArrayItem(cJSON_GetObjectItem(j, "choices"), 0)->child->next->valuestring);
+    cJSON_Delete(j);
+    free(ref);
+
+    fail_two(port, VKF_QUEUE_SUBMIT, VK_ERROR_OUT_OF_DEVICE_MEMORY, "engine step failed: out of device memory");
+    fail_two(port, VKF_WAIT_FENCES, VK_ERROR_OUT_OF_DEVICE_MEMORY, "engine step failed: out of device memory");
+    assert_int_equal(ready(port), 200);
+    assert_int_equal(vki_engine_status(e), VKI_OK);
+    assert_answer(port, 200, text);
+
+    fail_two(port, VKF_QUEUE_SUBMIT, VK_ERROR_DEVICE_LOST, "engine step failed: device lost");
+    assert_int_equal(ready(port), 503);
+    assert_int_equal(vki_engine_status(e), VKI_ERR_DEVICE_LOST);
+    assert_answer(port, 503, "the GPU device was lost; the engine is being recreated");
+    double end = lg_now() + 120;
+    while (ready(port) != 200 && lg_now() < end)
+        usleep(50 * 1000);
+    assert_int_equal(ready(port), 200);
+    assert_int_equal(vki_engine_status(e), VKI_OK);
+    assert_answer(port, 200, text);
+    assert_int_equal(metric(port, "vkinfer_requests_total{outcome=\"error\"}"), 6);
+    assert_int_equal(metric(port, "vkinfer_requests_total{outcome=\"cancelled\"}"), 0);
+
+    fail_two(port, VKF_WAIT_FENCES, VK_ERROR_DEVICE_LOST, "engine step failed: device lost"); /* twice */
+    end = lg_now() + 120;
+    while (ready(port) != 200 && lg_now() < end)
+        usleep(50 * 1000);
+    assert_answer(port, 200, text);
+    pthread_mutex_lock(&s->mu);
+    uint32_t recovered = s->n_recovered;
+    pthread_mutex_unlock(&s->mu);
+    assert_int_equal(recovered, 2);
+    srv_destroy(s);
+    vki_engine_destroy(e);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_nan_model_server),
         cmocka_unit_test(test_alloc_faults_engine),
         cmocka_unit_test(test_alloc_faults_server),
+        cmocka_unit_test(test_vk_faults_engine_create),
+        cmocka_unit_test(test_vk_faults_server),
     };
     if (getenv("VKI_TEST_FILTER")) /* e.g. "*server*": one test while reproducing a failure */
         cmocka_set_test_filter(getenv("VKI_TEST_FILTER"));

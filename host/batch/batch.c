@@ -165,6 +165,14 @@ static vki_status ban_end_ids(vki_batch_manager *bm, bm_req *q)
 static void enter_scheduler(vki_batch_manager *bm, bm_req *q)
 {
     vki_status st = VKI_OK;
+    pthread_mutex_lock(&bm->mu);
+    bool lost = bm->lost;
+    pthread_mutex_unlock(&bm->mu);
+    if (lost) { /* submitted while the failing step ran */
+        q->status = VKI_ERR_DEVICE_LOST;
+        finish(bm, q, VKI_FINISH_ERROR, "the GPU device was lost; the engine must be recovered");
+        return;
+    }
     bool embed = q->pooling != VKI_POOL_NONE;
     if (embed) {
         q->emb_sum = calloc(bm->be.n_embd ? bm->be.n_embd : 1, sizeof *q->emb_sum);
@@ -375,12 +383,19 @@ static void run_step(vki_batch_manager *bm, const sched_tick *t, double *step_ms
         reqs[i] = t->seqs[i]->user;
     if (st != VKI_OK) { /* their KV is undefined: fail exactly the plan's requests */
         char msg[BM_MSG_CAP];
-        snprintf(msg, sizeof msg, "engine step failed: %s", vki_status_str(st));
+        snprintf(msg, sizeof msg, "engine step failed: %s%s", vki_status_str(st),
+                 st == VKI_ERR_DEVICE_LOST ? " (the engine must be recovered: vki_engine_recover)" : "");
         for (uint32_t i = 0; i < n; i++)
             if (reqs[i]) { /* NULL: a STATIC padding member, owned by the scheduler */
                 reqs[i]->status = st;
                 finish(bm, reqs[i], VKI_FINISH_ERROR, msg);
             }
+        if (st == VKI_ERR_DEVICE_LOST) { /* no step can run again: the rest end now, once each */
+            pthread_mutex_lock(&bm->mu);
+            bm->lost = true;
+            pthread_mutex_unlock(&bm->mu);
+            finish_all(bm, VKI_FINISH_ERROR, st, msg);
+        }
         return;
     }
     /* a row that could sample nothing (-1) or saw non-finite logits ends only its own request;
@@ -678,6 +693,8 @@ vki_status vki_batch_submit(vki_batch_manager *bm, const vki_request *req, vki_r
     pthread_mutex_lock(&bm->mu);
     if (bm->shutdown)
         st = VKI_ERR_SHUTDOWN;
+    else if (bm->lost)
+        st = VKI_ERR_DEVICE_LOST;
     else if (bm_map_find(&bm->inflight, q->id))
         st = VKI_ERR_DUPLICATE_ID;
     else if (bm->p.max_queue && bm->inbox_len + bm->sched_waiting >= bm->p.max_queue)
