@@ -105,7 +105,20 @@ vki_status vkd_cmd_wait(vkd_cmd *c)
     if (!c->pending)
         return VKI_OK;
     c->pending = false;
-    VKD_TRY(d, vkWaitForFences(d->dev, 1, &c->fence, VK_TRUE, UINT64_MAX));
+    VkResult r = vkWaitForFences(d->dev, 1, &c->fence, VK_TRUE, UINT64_MAX);
+    if (r != VK_SUCCESS && r != VK_ERROR_DEVICE_LOST) {
+        /* out of memory while waiting: this wait's results are not trusted (the step fails),
+         * but the fence must be settled before it is reset and used again; a second failure
+         * leaves the queue in an unknown state, which only a new device fixes */
+        VkResult again = vkWaitForFences(d->dev, 1, &c->fence, VK_TRUE, UINT64_MAX);
+        if (again != VK_SUCCESS)
+            r = again == VK_ERROR_DEVICE_LOST ? again : VK_ERROR_DEVICE_LOST;
+        else
+            vkResetFences(d->dev, 1, &c->fence);
+    }
+    vki_status st = vkd_check(d, r, "vkWaitForFences");
+    if (st != VKI_OK)
+        return st;
     VKD_TRY(d, vkResetFences(d->dev, 1, &c->fence));
     return VKI_OK;
 }

@@ -102,13 +102,16 @@ static VKAPI_ATTR VkBool32 VKAPI_CALL on_debug_message(
 
 /* ---- instance ------------------------------------------------------------------------------- */
 
-static bool has_layer(const char *name)
+/* 1: the layer is installed; 0: not; -1: out of host memory while listing them. */
+static int has_layer(const char *name)
 {
     uint32_t n = 0;
     if (vkEnumerateInstanceLayerProperties(&n, NULL) != VK_SUCCESS || !n)
-        return false;
+        return 0;
     VkLayerProperties *p = calloc(n, sizeof *p);
-    bool found = false;
+    if (!p)
+        return -1;
+    int found = 0;
     if (p && vkEnumerateInstanceLayerProperties(&n, p) == VK_SUCCESS)
         for (uint32_t i = 0; i < n && !found; i++)
             found = !strcmp(p[i].layerName, name);
@@ -151,7 +154,12 @@ static vki_status create_instance(vkd_device *d, bool validation, bool *debug_ut
         api = VK_API_VERSION_1_2;
     if (api > VK_API_VERSION_1_3)
         api = VK_API_VERSION_1_3;
-    if (validation && !has_layer(VALIDATION_LAYER)) {
+    int layer = validation ? has_layer(VALIDATION_LAYER) : 1;
+    if (layer < 0) {
+        vkd_log(d, VKI_LOG_ERROR, "out of host memory listing the Vulkan layers");
+        return VKI_ERR_OUT_OF_HOST_MEMORY;
+    }
+    if (!layer) {
         vkd_log(d, VKI_LOG_ERROR, "validation requested but %s is not installed "
                 "(Debian: apt-get install vulkan-validationlayers)", VALIDATION_LAYER);
         return VKI_ERR_UNSUPPORTED;
@@ -314,8 +322,10 @@ void vkd_read_heaps(PFN_vkGetPhysicalDeviceMemoryProperties2 get, VkPhysicalDevi
 
 /* Fills *info for one physical device. Returns false if it cannot run vkinfer at all
  * (Vulkan < 1.2 or no compute queue); such devices are still listed. */
-static bool describe_device(VkInstance inst, VkPhysicalDevice pd, uint32_t index, vki_device_info *info)
+/* false: not usable, or *oom (out of host memory: nothing can be said about it). */
+static bool describe_device(VkInstance inst, VkPhysicalDevice pd, uint32_t index, vki_device_info *info, bool *oom)
 {
+    *oom = false;
     memset(info, 0, sizeof *info);
     info->index = index;
     VkPhysicalDeviceProperties bp;
@@ -348,8 +358,10 @@ static bool describe_device(VkInstance inst, VkPhysicalDevice pd, uint32_t index
     uint32_t n_ext = 0;
     vkEnumerateDeviceExtensionProperties(pd, NULL, &n_ext, NULL);
     VkExtensionProperties *ext = calloc(n_ext ? n_ext : 1, sizeof *ext);
-    if (!ext)
+    if (!ext) {
+        *oom = true;
         return false;
+    }
     vkEnumerateDeviceExtensionProperties(pd, NULL, &n_ext, ext);
     info->push_descriptor = has_device_ext(ext, n_ext, VK_KHR_PUSH_DESCRIPTOR_EXTENSION_NAME);
     info->coopmat = has_device_ext(ext, n_ext, VK_KHR_COOPERATIVE_MATRIX_EXTENSION_NAME);
@@ -450,7 +462,12 @@ static vki_status pick_device(vkd_device *d, const vki_device_params *p)
     int best = -1, best_rank = -1;
     vki_device_info info;
     for (uint32_t i = 0; i < n; i++) {
-        bool usable = describe_device(d->instance, pds[i], i, &info) && info.push_descriptor;
+        bool oom, usable = describe_device(d->instance, pds[i], i, &info, &oom) && info.push_descriptor;
+        if (oom) {
+            free(pds);
+            vkd_log(d, VKI_LOG_ERROR, "out of host memory describing Vulkan device %u", i);
+            return VKI_ERR_OUT_OF_HOST_MEMORY;
+        }
         bool wanted = true;
         if (p->device_index >= 0)
             wanted = (int)i == p->device_index;
@@ -472,7 +489,12 @@ static vki_status pick_device(vkd_device *d, const vki_device_params *p)
     }
     d->phys = pds[best];
     free(pds);
-    describe_device(d->instance, d->phys, (uint32_t)best, &d->info);
+    bool oom;
+    describe_device(d->instance, d->phys, (uint32_t)best, &d->info, &oom);
+    if (oom) { /* a half-filled description would disable what the device has */
+        vkd_log(d, VKI_LOG_ERROR, "out of host memory describing Vulkan device %d", best);
+        return VKI_ERR_OUT_OF_HOST_MEMORY;
+    }
     return VKI_OK;
 }
 
@@ -785,7 +807,10 @@ vki_status vki_list_devices(vki_device_info *out, uint32_t cap, uint32_t *n_out)
     st = enumerate(&tmp, &pds, &n);
     if (st == VKI_OK) {
         for (uint32_t i = 0; i < n && i < cap; i++) {
-            describe_device(tmp.instance, pds[i], i, &out[i]);
+            bool oom;
+            describe_device(tmp.instance, pds[i], i, &out[i], &oom);
+            if (oom)
+                st = VKI_ERR_OUT_OF_HOST_MEMORY;
             out[i].debug_utils = debug_utils;
         }
         *n_out = n;

@@ -525,6 +525,7 @@ static vki_status host_round_trips(vk_engine *e, const vki_step_plan *plan, vki_
         }
         outs[k].token = o.token;
         outs[k].logprob = o.logprob;
+        outs[k].nonfinite = o.nonfinite != 0; /* of the row the hook left */
         outs[k].n_top = o.n_top;
         memcpy(outs[k].top_tokens, o.top_tokens, o.n_top * sizeof *o.top_tokens);
         memcpy(outs[k].top_logprobs, o.top_logprobs, o.n_top * sizeof *o.top_logprobs);

@@ -250,6 +250,7 @@ void op_sampler_read_plan(const op_sampler *s, const vki_step_plan *plan, vki_st
         t->slot = plan->seqs[i].slot;
         t->token = o[n].token;
         t->logprob = o[n].logprob;
+        t->nonfinite = o[n].nonfinite != 0;
         t->n_top = o[n].n_top < VKI_MAX_TOP_LOGPROBS ? o[n].n_top : VKI_MAX_TOP_LOGPROBS;
         memcpy(t->top_tokens, o[n].top_tokens, t->n_top * sizeof *t->top_tokens);
         memcpy(t->top_logprobs, o[n].top_logprobs, t->n_top * sizeof *t->top_logprobs);

@@ -11,7 +11,7 @@
  *     ... submit, wait ...
  *     op_sampler_read_plan(s, plan, outs);                 // host: token, logprob, top-n
  *
- * Nothing but vki_sample_out (176 bytes per row) comes back; the logits rows stay on the GPU and
+ * Nothing but vki_sample_out (180 bytes per row) comes back; the logits rows stay on the GPU and
  * are unchanged afterwards (the penalties and biases are applied in place and undone).
  *
  * Buffers: rows, edits and out are host-visible (written / read through their mappings), saved

@@ -245,8 +245,17 @@ static void apply_edits(float *z, const vki_sample_row *row, const vki_sample_ed
             float pen = (float)ed->count * row->frequency + row->presence;
             v = v - pen;
         }
-        z[ed->token] = v + ed->bias;
+        z[ed->token] = fminf(v + ed->bias, FLT_MAX); /* as the kernel: an overflow reads as the max */
     }
+}
+
+/* Whether a raw logit is NaN or +inf (vki_sample_out.nonfinite). O(n_vocab). */
+static uint32_t row_broken(const float *logits, uint32_t n_vocab)
+{
+    for (uint32_t i = 0; i < n_vocab; i++)
+        if (isnan(logits[i]) || logits[i] == INFINITY)
+            return 1;
+    return 0;
 }
 
 static int u64_cmp(const void *a, const void *b)
@@ -442,6 +451,7 @@ vki_status sample_ref_row(const float *logits, uint32_t n_vocab, const vki_sampl
     memset(out, 0, sizeof *out);
     out->token = sample_dist_draw(&d, ((uint64_t)row->seed_hi << 32) | row->seed_lo, row->position, NULL);
     out->n_kept = d.n_kept;
+    out->nonfinite = row_broken(logits, n_vocab);
     sample_dist_free(&d);
     if (row->flags & VKI_SAMPLE_LOGPROBS || row->n_top)
         sample_ref_logprobs(logits, n_vocab, out->token, row->flags & VKI_SAMPLE_LOGPROBS, row->n_top, out);

@@ -27,6 +27,7 @@ const char *vki_status_str(vki_status st)
     case VKI_ERR_SHUTDOWN: return "shutting down";
     case VKI_ERR_INTERNAL: return "internal error";
     case VKI_ERR_CANCELLED: return "cancelled";
+    case VKI_ERR_NONFINITE: return "non-finite logits";
     }
     return "unknown status";
 }

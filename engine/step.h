@@ -86,6 +86,8 @@ typedef struct vki_step_out {
     uint32_t n_top;           /* number of alternatives filled */
     int32_t top_tokens[VKI_MAX_TOP_LOGPROBS];
     float top_logprobs[VKI_MAX_TOP_LOGPROBS];
+    bool nonfinite;           /* a logit of the row was NaN or +inf (the model's numbers broke, or
+                                 a logits post-processor wrote one): `token` means nothing */
 } vki_step_out;
 
 #endif

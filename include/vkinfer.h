@@ -66,6 +66,8 @@ typedef enum vki_status {
     VKI_ERR_SHUTDOWN = -12,         /* the object is shutting down; no new work is taken */
     VKI_ERR_INTERNAL = -13,         /* an invariant broke: a bug, please report it */
     VKI_ERR_CANCELLED = -14,        /* the caller cancelled (a progress callback returned false) */
+    VKI_ERR_NONFINITE = -15,        /* the model produced NaN or +inf logits (broken or misread
+                                       weights, or a logits post-processor wrote them) */
 } vki_status;
 
 /* Short constant English text for a status, e.g. "out of device memory". Never NULL. */
@@ -577,7 +579,8 @@ VKI_API vki_status vki_batch_manager_destroy(vki_batch_manager *bm, bool abort);
  * responses on the worker thread, exactly one of them final. Returns VKI_OK, or with no callback
  * ever made: VKI_ERR_INVALID_ARG (err, when not NULL, receives a message naming the field),
  * VKI_ERR_DUPLICATE_ID (the id is in flight), VKI_RETRY_QUEUE_FULL (max_queue requests wait),
- * VKI_ERR_SHUTDOWN, VKI_ERR_OUT_OF_HOST_MEMORY. */
+ * VKI_ERR_SHUTDOWN, VKI_ERR_OUT_OF_HOST_MEMORY, VKI_ERR_DEVICE_LOST (a step lost the device: every
+ * request in flight got its final error then; see vki_engine_recover). */
 VKI_API vki_status vki_batch_submit(vki_batch_manager *bm, const vki_request *req,
                                     vki_response_fn on_response, void *user, char *err, size_t err_cap);
 
@@ -823,6 +826,16 @@ VKI_API const vki_tokenizer *vki_engine_tokenizer(const vki_engine *e);
 /* The model's chat template (vki_chat_template_create(tok, NULL)), made at load; owned by e. */
 VKI_API const vki_chat_template *vki_engine_chat_template(const vki_engine *e);
 VKI_API void vki_engine_info(const vki_engine *e, vki_model_info *out);
+/* VKI_OK, or VKI_ERR_DEVICE_LOST once a step lost the device (the batch manager then ends every
+ * request in flight with that error and refuses new ones). Any thread. */
+VKI_API vki_status vki_engine_status(const vki_engine *e);
+/* After a device loss: reopens the device and reloads the model (weights, KV cache, pipelines)
+ * from the path and parameters given to vki_engine_create, keeping the tokenizer and chat
+ * template (their pointers stay valid). Destroy the batch manager first (VKI_ERR_INVALID_ARG
+ * otherwise) and create a new one after. On failure err says why and the engine stays lost;
+ * call again later (a driver reset can take seconds). The parameters' strings were copied;
+ * the progress callback is not called again. */
+VKI_API vki_status vki_engine_recover(vki_engine *e, char *err, size_t err_len);
 
 /* With profile_path set: a text table of the GPU time of every step so far, by role and kernel
  * ("attn_q / matvec_q4_k"), most expensive first, with calls, total ms, mean us and % of all

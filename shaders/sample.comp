@@ -66,6 +66,7 @@ shared float red_f[WG];                        // per-subgroup partials
 shared uint red_u[WG];
 shared uint s_prefix, s_tied, s_owner, s_rank, s_id, s_ntop;
 shared uint s_bin, s_ncand, s_nbefore, s_ncross;
+shared uint s_bad; // some raw logit of the row is NaN or +inf (vki_sample_out.nonfinite)
 shared uvec2 s_rem, s_before, s_target, s_total;
 shared uint s_top_id[VKI_SAMPLE_MAX_TOP], s_top_key[VKI_SAMPLE_MAX_TOP];
 shared uint s_lid[CAP];  // candidate list: ids ascending
@@ -75,18 +76,23 @@ uint tid, g_base, g_n;
 float g_zmax, g_invt;
 bool g_list;  // the passes below read the candidate list instead of the row
 bool g_mask;  // the row has an allowed-token mask and the selection passes apply it
+bool g_bad;   // this invocation saw a NaN or +inf raw logit
 uint g_count; // elements they read: g_n, or the list's length
 
 // Sanitised logit: NaN -> -inf, +inf -> FLT_MAX (the CPU reference does the same); a token the
 // row's mask excludes reads as -inf during selection (one extra word read per element, from a
 // 4 KiB-per-32k-tokens bitset that stays in cache).
-float load_z(uint i)
+float sanitized(uint i, float v)
 {
     if (g_mask && (masks[sp.mask0 + (i >> 5u)] & (1u << (i & 31u))) == 0u)
         return NEG_INF;
-    float v = logits[g_base + i];
     return isnan(v) ? NEG_INF : min(v, FLT_MAX_);
 }
+
+float load_z(uint i) { return sanitized(i, logits[g_base + i]); }
+
+// A raw logit that says the model's numbers broke (NaN or +inf; -inf is a legitimate ban).
+bool broken(float v) { return isnan(v) || (isinf(v) && v > 0.0); }
 
 // Fixed-point weight w * 2^40 of a token relative to the row maximum; exactly 2^40 at the max.
 uvec2 wfix(float z)
@@ -244,6 +250,7 @@ void apply_edits(bool restore)
         }
         float raw = logits[at];
         saved[g] = raw;
+        g_bad = g_bad || broken(raw);
         precise float z = isnan(raw) ? NEG_INF : min(raw, FLT_MAX_);
         uint cnt = edits[g].count;
         if (cnt > 0u) {
@@ -251,7 +258,8 @@ void apply_edits(bool restore)
             precise float pen = float(cnt) * sp.frequency + sp.presence;
             z = z - pen;
         }
-        logits[at] = z + edits[g].bias;
+        logits[at] = min(z + edits[g].bias, FLT_MAX_); // what load_z reads anyway; never +inf, so
+                                                       // only raw logits can look broken
     }
     memoryBarrierBuffer();
     barrier();
@@ -691,8 +699,11 @@ void main()
     g_n = p.n_vocab;
     g_count = g_n;
     g_list = false;
-    if (tid == 0u)
+    g_bad = false;
+    if (tid == 0u) {
         sp = rows[row];
+        s_bad = 0u;
+    }
     barrier();
     g_invt = sp.inv_temp;
     g_mask = (sp.flags & VKI_SAMPLE_MASK) != 0u;
@@ -700,13 +711,17 @@ void main()
 
     float zmax = NEG_INF;
     uint amax = NO_ID;
-    for (uint i = tid; i < g_n; i += WG) {
-        float z = load_z(i);
+    for (uint i = tid; i < g_n; i += WG) { // also the non-finite check (the edited ids' raw
+        float v = logits[g_base + i];        // values were checked in apply_edits): 2 compares
+        g_bad = g_bad || broken(v);
+        float z = sanitized(i, v);
         if (z > zmax) {
             zmax = z;
             amax = i;
         }
     }
+    if (g_bad)
+        s_bad = 1u; // every writer stores the same value; wg_argmax's barrier publishes it
     wg_argmax(zmax, amax);
     g_zmax = zmax;
     int token = -1;
@@ -733,6 +748,7 @@ void main()
         outs[row].token = token;
         outs[row].logprob = !want_lp ? 0.0 : token < 0 || lse == NEG_INF ? NEG_INF : load_z(uint(token)) - lse;
         outs[row].n_kept = kept;
+        outs[row].nonfinite = s_bad;
         outs[row].n_top = 0u;
     }
     if (sp.n_top > 0u)

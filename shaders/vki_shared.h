@@ -330,6 +330,9 @@ VKI_STRUCT(vki_sample_out) {
     vki_f32 logprob;     /* log-softmax of the raw logits at token (VKI_SAMPLE_LOGPROBS), else 0 */
     vki_u32 n_top;       /* alternatives filled: min(n_top, n_vocab) */
     vki_u32 n_kept;      /* tokens with nonzero probability after the cuts (1 when greedy) */
+    vki_u32 nonfinite;   /* 1: a raw logit of the row (before penalties, bias and mask) is NaN or
+                            +inf: the model's numbers broke, the token means nothing. -inf is
+                            not counted (a logits post-processor bans tokens with it) */
     vki_i32 top_tokens[VKI_SAMPLE_MAX_TOP];   /* by raw logprob descending, ties lowest id */
     vki_f32 top_logprobs[VKI_SAMPLE_MAX_TOP];
 };

@@ -32,6 +32,8 @@ typedef struct e2e_req {
     int32_t out[MAX_OUT];
     uint32_t n_out, n_final;
     vki_finish_reason finish;
+    vki_status status;   /* of the final response */
+    char error[200];
 } e2e_req;
 
 typedef struct e2e {
@@ -93,6 +95,8 @@ static void on_response(void *user, const vki_response *r)
         fprintf(stderr, "request %llu failed: %s\n", (unsigned long long)r->id, r->error);
     pthread_mutex_lock(&x->mu);
     q->finish = r->finish;
+    q->status = r->status;
+    snprintf(q->error, sizeof q->error, "%s", r->error ? r->error : "");
     q->n_final++;
     x->n_final++;
     pthread_cond_signal(&x->cv);
@@ -308,11 +312,22 @@ static void test_seeded_sampling_independent_of_batch(void **state)
 }
 
 /* A logits post-processor forces token 260 + (tokens so far % 5); a request without one running
- * in the same steps keeps its solo output (its row never leaves the GPU). */
+ * in the same steps keeps its solo output (its row never leaves the GPU). A third request's
+ * processor writes one NaN at its 4th token: that request alone ends with the non-finite error
+ * naming the position, after its 3 tokens. */
 typedef struct proc_state {
     uint32_t calls, bad_len;
     uint32_t n_prompt;
 } proc_state;
+
+static void nan_at_4th(void *user, uint64_t id, float *logits, uint32_t n_vocab, const int32_t *tokens,
+                       uint32_t n_tokens)
+{
+    uint32_t *calls = user;
+    (void)id, (void)tokens, (void)n_tokens;
+    if (++*calls == 4)
+        logits[n_vocab / 2] = NAN;
+}
 
 static void force_token(void *user, uint64_t id, float *logits, uint32_t n_vocab, const int32_t *tokens,
                         uint32_t n_tokens)
@@ -345,17 +360,30 @@ static void test_logits_processor(void **state)
     assert_int_equal(vki_batch_manager_create(x->e, &bp, NULL, &bm), VKI_OK);
     reset_outputs(x);
     proc_state ps = {.n_prompt = x->r[0].n_prompt};
+    uint32_t nan_calls = 0;
+    x->r[2].sampling = vki_sampling_default_params();
+    x->r[2].n_final = x->r[2].n_out = 0;
     char err[256];
-    for (uint32_t i = 0; i < 2; i++) {
+    for (uint32_t i = 0; i < 3; i++) {
         vki_request req = make_req(x, i);
         if (i == 0) {
             req.logits_processor = force_token;
             req.logits_processor_user = &ps;
         }
+        if (i == 2) {
+            req.logits_processor = nan_at_4th;
+            req.logits_processor_user = &nan_calls;
+        }
         assert_int_equal(vki_batch_submit(bm, &req, on_response, x, err, sizeof err), VKI_OK);
     }
-    wait_all(x, 2);
+    wait_all(x, 3);
     assert_int_equal(vki_batch_manager_destroy(bm, false), VKI_OK);
+    char want[128];
+    snprintf(want, sizeof want, "the model produced non-finite logits (NaN/Inf) at position %u", x->r[2].n_prompt + 3);
+    if (x->r[2].finish != VKI_FINISH_ERROR || x->r[2].status != VKI_ERR_NONFINITE || !strstr(x->r[2].error, want))
+        fail_msg("NaN request: finish %d, status %d, error \"%s\"", x->r[2].finish, x->r[2].status, x->r[2].error);
+    assert_int_equal(x->r[2].n_out, 3);
+    assert_int_equal(nan_calls, 4);
     assert_int_equal(ps.calls, x->r[0].max_new);
     assert_int_equal(ps.bad_len, 0);
     for (uint32_t k = 0; k < x->r[0].n_out; k++)

@@ -4,11 +4,13 @@
  * contexts.
  *
  * Tolerances (NMSE of logits against the reference, which accumulates in double):
- *   F32 weights, F32 KV: 1e-6 (the issue's bound)
- *   quantised weights, F32 KV: 1e-6 as well: the reference dequantises the same blocks, so only
+ *   F32 weights, F32 KV: TOL_F32 5e-11, ~100x what lavapipe achieves (<= 5.2e-13; the issue
+ *     asked for 1e-6, which is 2e6x looser and would let a real bug through)
+ *   quantised weights, F32 KV: the same: the reference dequantises the same blocks, so only
  *     summation order differs
- *   F16 KV: 1e-4 against a reference that rounds K/V through f16 too (the device keeps the
- *     f32 query and accumulates in f32; the difference left is f32 rounding in softmax/exp)
+ *   F16 KV: TOL_F16KV 1e-7 against a reference that rounds K/V through f16 too (the device
+ *     keeps the f32 query and accumulates in f32; the difference left is f32 rounding in
+ *     softmax/exp and an f16 rounding tie now and then: <= 6.2e-10)
  *   Q8_0 KV: TOL_Q8KV against a reference that quantises K/V as the device does
  * The newer architectures (qwen3, gemma2, gemma3, phi3, windowed llama) are held to the same
  * bounds (measured ~1e-13 with F32 KV). */
@@ -29,8 +31,8 @@
 #include "support/gguf_edit.h"
 
 #define PAGES_PER_SEQ 160
-#define TOL_F32 1e-6
-#define TOL_F16KV 1e-4
+#define TOL_F32 5e-11   /* measured on lavapipe: <= 5.2e-13 (was 1e-6, 2e6x looser) */
+#define TOL_F16KV 1e-7  /* measured on lavapipe: <= 6.2e-10 (q4km_f16kv; was 1e-4) */
 /* Q8_0 KV: measured 1e-10 against a reference that quantises K/V the same way; the margin is
  * for a value within rounding of a quantisation step landing on the other side (a step is 1/127
  * of its block's largest magnitude, far more than an f16 ulp) */

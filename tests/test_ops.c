@@ -8,15 +8,15 @@
  *
  * Tolerances (NMSE against the double reference): 1e-10 for add, RMSNorm and softmax; RoPE,
  * whose angle is exact to < 1e-6 rad for positions < 2^24, is held to 1e-11 at positions up to
- * 2^24-1; GLU and unary to 1e-12 (GLU_TOL, UNARY_TOL: measured values next to them). */
+ * 2^24-1; GLU to 1e-12, unary to 2e-13 (GLU_TOL, UNARY_TOL: measured values next to them). */
 #include "support/vt.h"
 
 #include "engine/ops_basic.h"
 
 #define N_SHAPES 24
 #define ROPE_TOL 1e-11
-#define GLU_TOL 1e-12   /* measured on lavapipe: SwiGLU ~7e-15, GeGLU ~4e-16 */
-#define UNARY_TOL 1e-12 /* measured: scale exact (0), soft-cap ~5e-15 */
+#define GLU_TOL 1e-12   /* measured on lavapipe: SwiGLU 7e-15 to 1.2e-14, GeGLU ~4e-16 */
+#define UNARY_TOL 2e-13 /* measured: scale exact (0), soft-cap 4.5e-15 (was 1e-12: 220x) */
 
 typedef struct mshape {
     uint32_t rows, cols, off, stride; /* element (r, c) at off + r * stride + c */

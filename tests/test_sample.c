@@ -199,6 +199,8 @@ static void assert_row_matches(const float *logits, uint32_t n_vocab, const samp
         fail_msg("%s: token %d, reference %d (margin %.3g)", label, got->token, want.token, margin);
     if (got->n_kept != want.n_kept)
         fail_msg("%s: n_kept %u, reference %u", label, got->n_kept, want.n_kept);
+    if (got->nonfinite != want.nonfinite)
+        fail_msg("%s: nonfinite %u, reference %u", label, got->nonfinite, want.nonfinite);
     if (got->token != want.token)
         return; /* a near-edge draw: the logprob fields differ with the token */
 #define CLOSE(a, b) ((a) == (b) || fabs((double)(a) - (b)) <= 2e-4 * fmax(1.0, fabs((double)(b))))
@@ -604,6 +606,62 @@ static void test_all_but_one_inf(void **state)
     vt_assert_clean(g);
 }
 
+/* The non-finite flag: NaN or +inf anywhere in the raw row, also under a bias, a penalty or a
+ * grammar mask, on the greedy and the sampled routes; -inf (a ban) and a bias that overflows the
+ * float range are not broken numbers. V = 1 and 7 and 64 + 1 (the CPU device's workgroup + 1):
+ * a lone bad id in the last partial stride. */
+static void test_nonfinite_flag(void **state)
+{
+    vt_gpu *g = vt_gpu_get(state);
+    vt_rng rng = vt_rng_seeded("sample nonfinite");
+    static const uint32_t sizes[] = {1, 7, 65, 1000};
+    enum { R = 9 };
+    for (uint32_t si = 0; si < sizeof sizes / sizeof *sizes; si++) {
+        uint32_t V = sizes[si], last = V - 1, words = (V + 31) / 32;
+        float *x = malloc((size_t)R * V * 4);
+        uint32_t *mask = calloc(words, 4);
+        for (uint32_t i = 0; i < R * V; i++)
+            x[i] = 2.0f * vt_normal(&rng);
+        mask[0] = 1u; /* only token 0 may be drawn */
+        vki_sampling_params p[R];
+        sample_req r[R];
+        vki_sample_out out[R];
+        static const int32_t hist[2] = {0, 0};
+        vki_logit_bias bias[1] = {{(int32_t)last, 5.0f}}, huge[1] = {{0, 3e38f}};
+        for (uint32_t i = 0; i < R; i++) {
+            p[i] = i % 2 ? sampled_params() : vki_sampling_default_params(); /* odd rows sample */
+            r[i] = (sample_req){&p[i], vt_u64(&rng), i, NULL, 0, NULL};
+        }
+        bool want[R] = {false, true, true, false, true, true, true, true, false};
+        x[1 * V + last] = NAN;       /* row 0 clean; 1 and 2: a NaN, a +inf, in the last stride */
+        x[2 * V + last] = INFINITY;
+        x[3 * V + last] = -INFINITY; /* a ban is not broken */
+        x[4 * V + last] = NAN;       /* under a bias */
+        p[4].logit_bias = bias, p[4].n_logit_bias = 1;
+        x[5 * V + 0] = INFINITY;     /* under a penalty (token 0 is in the history) */
+        p[5].repetition_penalty = 1.3f, r[5].history = hist, r[5].n_history = 2;
+        x[6 * V + last] = NAN;       /* outside a grammar mask (V = 1: inside it) */
+        r[6].mask = mask;
+        for (uint32_t i = 0; i < V; i++) /* every logit NaN: no token, and flagged */
+            x[7 * V + i] = NAN;
+        x[8 * V + 0] = 3e38f;        /* 3e38 + a bias of 3e38 overflows: still the max, not broken */
+        p[8].logit_bias = huge, p[8].n_logit_bias = 1;
+        gpu_sample(g, x, R, V, V, r, out);
+        for (uint32_t i = 0; i < R; i++) {
+            char label[64];
+            snprintf(label, sizeof label, "nonfinite V=%u row %u", V, i);
+            if (out[i].nonfinite != want[i])
+                fail_msg("%s: nonfinite %u, want %u", label, out[i].nonfinite, want[i]);
+            assert_row_matches(x + i * V, V, &r[i], &out[i], label);
+        }
+        assert_int_equal(out[7].token, -1);
+        assert_int_equal(out[8].token, 0);
+        free(x);
+        free(mask);
+    }
+    vt_assert_clean(g);
+}
+
 /* R rows of a V-token vocabulary (rows padded to V + pad floats) with typical parameter sets,
  * each against the reference. */
 static void vocab_rows(vt_gpu *g, vt_rng *rng, uint32_t V, uint32_t pad)
@@ -1000,6 +1058,7 @@ int main(void)
         cmocka_unit_test(test_greedy_logprobs),
         cmocka_unit_test(test_boundaries),
         cmocka_unit_test(test_all_but_one_inf),
+        cmocka_unit_test(test_nonfinite_flag),
         cmocka_unit_test(test_temperature_extremes),
         cmocka_unit_test(test_vocab_sizes),
         cmocka_unit_test(test_masks),

@@ -19,6 +19,10 @@ struct vki_engine {
     vki_tokenizer *tok;
     vki_chat_template *chat; /* the model's own chat template */
     vki_model_info info;
+    /* what vki_engine_recover reopens: copies of the path, the parameters and their strings */
+    char *path, *device_name, *cache_dir, *profile_path;
+    vki_engine_params params;
+    atomic_bool lost;        /* a step reported VKI_ERR_DEVICE_LOST (read by any thread) */
     atomic_bool has_manager; /* the engine runs one batch manager at a time: claimed with a
                                 compare-and-swap, so concurrent creators cannot both win */
 };
@@ -129,7 +133,7 @@ static vki_status load(vki_engine *e, const char *path, const vki_engine_params 
         st = model_read_hparams(f, &hp, err, n);
     if (st == VKI_OK)
         st = model_find_tensors(f, &hp, &t, err, n);
-    if (st == VKI_OK)
+    if (st == VKI_OK && !e->tok) /* a recovery keeps the tokenizer */
         st = tok_from_gguf(f, &e->tok, err, n);
     if (st == VKI_OK && vki_vocab_size(e->tok) != hp.n_vocab) {
         set_err(err, n, "tokenizer has %u tokens but token_embd.weight has %u rows", vki_vocab_size(e->tok),
@@ -157,12 +161,63 @@ static vki_status load(vki_engine *e, const char *path, const vki_engine_params 
         if (st != VKI_OK)
             set_err(err, n, "%s%s%s", vki_status_str(st), ol->first_error[0] ? ": " : "", ol->first_error);
     }
-    if (st == VKI_OK && (st = vki_chat_template_create(e->tok, NULL, &e->chat)) != VKI_OK)
+    if (st == VKI_OK && !e->chat && (st = vki_chat_template_create(e->tok, NULL, &e->chat)) != VKI_OK)
         set_err(err, n, "chat template: %s", vki_status_str(st));
     if (st == VKI_OK)
         fill_info(e, f, path);
     model_tensors_free(&t);
     gguf_close(f);
+    return st;
+}
+
+/* Copies of what recovery needs (the caller's strings may not outlive the call). */
+static bool keep_params(vki_engine *e, const char *path, const vki_engine_params *p)
+{
+    e->params = *p;
+    e->params.progress = NULL;
+    e->params.progress_user = NULL;
+    e->path = strdup(path);
+    e->device_name = p->device.device_name ? strdup(p->device.device_name) : NULL;
+    e->cache_dir = p->device.pipeline_cache_dir ? strdup(p->device.pipeline_cache_dir) : NULL;
+    e->profile_path = p->profile_path ? strdup(p->profile_path) : NULL;
+    e->params.device.device_name = e->device_name;
+    e->params.device.pipeline_cache_dir = e->cache_dir;
+    e->params.profile_path = e->profile_path;
+    return e->path && (!p->device.device_name || e->device_name) && (!p->device.pipeline_cache_dir || e->cache_dir) &&
+           (!p->profile_path || e->profile_path);
+}
+
+/* Opens the device and loads the model into e (whose tokenizer and chat template, if set, stay). */
+static vki_status open_and_load(vki_engine *e, const char *path, const vki_engine_params *params, char *err,
+                                size_t err_len)
+{
+    vki_engine_params p = *params;
+    open_log *ol = calloc(1, sizeof *ol);
+    if (!ol) {
+        set_err(err, err_len, "out of host memory opening the engine");
+        return VKI_ERR_OUT_OF_HOST_MEMORY;
+    }
+    /* Route device messages through open_log while opening so the last error reaches err. */
+    *ol = (open_log){.user_fn = p.device.log, .user = p.device.log_user, .level = p.device.log_level};
+    vki_device_params dp = p.device;
+    dp.log = open_log_fn;
+    dp.log_user = ol;
+    dp.log_level = VKI_LOG_DEBUG;
+    vki_status st = vkd_open(&dp, &e->dev);
+    if (st != VKI_OK)
+        set_err(err, err_len, "%s%s%s", vki_status_str(st), ol->first_error[0] ? ": " : "", ol->first_error);
+    if (st == VKI_OK)
+        st = load(e, path, &p, ol, err, err_len);
+    if (e->dev) {
+        /* from now on the user's logger directly (open_log dies here, also on failure: the
+         * caller's cleanup may still log) */
+        e->dev->log = p.device.log ? p.device.log : no_log;
+        e->dev->log_user = p.device.log_user;
+        e->dev->log_level = p.device.log_level;
+    }
+    if (st != VKI_OK && err && err_len && !err[0]) /* every failure names at least its status */
+        set_err(err, err_len, "%s while opening the model", vki_status_str(st));
+    free(ol);
     return st;
 }
 
@@ -177,37 +232,55 @@ vki_status vki_engine_create(const char *path, const vki_engine_params *params, 
         return VKI_ERR_INVALID_ARG;
     }
     vki_engine *e = calloc(1, sizeof *e);
-    open_log *ol = calloc(1, sizeof *ol);
-    if (!e || !ol) {
-        free(e);
-        free(ol);
+    if (!e) {
+        set_err(err, err_len, "out of host memory for the engine object");
         return VKI_ERR_OUT_OF_HOST_MEMORY;
     }
     atomic_init(&e->has_manager, false);
-    /* Route device messages through open_log while opening so the last error reaches err. */
-    *ol = (open_log){.user_fn = p.device.log, .user = p.device.log_user, .level = p.device.log_level};
-    vki_device_params dp = p.device;
-    dp.log = open_log_fn;
-    dp.log_user = ol;
-    dp.log_level = VKI_LOG_DEBUG;
-    vki_status st = vkd_open(&dp, &e->dev);
+    atomic_init(&e->lost, false);
+    vki_status st = keep_params(e, path, &p) ? VKI_OK : VKI_ERR_OUT_OF_HOST_MEMORY;
     if (st != VKI_OK)
-        set_err(err, err_len, "%s%s%s", vki_status_str(st), ol->first_error[0] ? ": " : "", ol->first_error);
+        set_err(err, err_len, "out of host memory for the engine's parameters");
     if (st == VKI_OK)
-        st = load(e, path, &p, ol, err, err_len);
-    if (st == VKI_OK) {
-        /* from now on the user's logger directly (open_log dies here) */
-        e->dev->log = p.device.log ? p.device.log : no_log;
-        e->dev->log_user = p.device.log_user;
-        e->dev->log_level = p.device.log_level;
-    }
+        st = open_and_load(e, path, &p, err, err_len);
     if (st != VKI_OK) {
         vki_engine_destroy(e);
-        free(ol);
         return st;
     }
-    free(ol);
     *out = e;
+    return VKI_OK;
+}
+
+vki_status vki_engine_status(const vki_engine *e)
+{
+    return !e ? VKI_ERR_INVALID_ARG : atomic_load(&e->lost) ? VKI_ERR_DEVICE_LOST : VKI_OK;
+}
+
+vki_status vki_engine_recover(vki_engine *e, char *err, size_t err_len)
+{
+    set_err(err, err_len, "%s", "");
+    if (!e) {
+        set_err(err, err_len, "engine: NULL");
+        return VKI_ERR_INVALID_ARG;
+    }
+    if (atomic_load(&e->has_manager)) {
+        set_err(err, err_len, "a batch manager still runs on the engine: destroy it first");
+        return VKI_ERR_INVALID_ARG;
+    }
+    atomic_store(&e->lost, true); /* until the new device serves */
+    vk_engine_destroy(e->eng); /* the old device's objects, then the device */
+    e->eng = NULL;
+    vkd_close(e->dev);
+    e->dev = NULL;
+    vki_status st = open_and_load(e, e->path, &e->params, err, err_len);
+    if (st != VKI_OK) { /* stays lost; a later call tries again */
+        vk_engine_destroy(e->eng);
+        e->eng = NULL;
+        vkd_close(e->dev);
+        e->dev = NULL;
+        return st;
+    }
+    atomic_store(&e->lost, false);
     return VKI_OK;
 }
 
@@ -219,6 +292,10 @@ void vki_engine_destroy(vki_engine *e)
     vki_chat_template_free(e->chat);
     vki_tokenizer_free(e->tok);
     vkd_close(e->dev);
+    free(e->path);
+    free(e->device_name);
+    free(e->cache_dir);
+    free(e->profile_path);
     free(e);
 }
 
@@ -228,7 +305,7 @@ const vki_chat_template *vki_engine_chat_template(const vki_engine *e) { return 
 
 vki_status vki_engine_profile_summary(const vki_engine *e, uint32_t max_rows, char *buf, size_t cap, size_t *n_out)
 {
-    if (!e || !n_out || (!buf && cap))
+    if (!e || !e->eng || !n_out || (!buf && cap))
         return VKI_ERR_INVALID_ARG;
     return vk_profile_summary(&e->eng->prof, max_rows, buf, cap, n_out);
 }
@@ -241,7 +318,10 @@ void vki_engine_info(const vki_engine *e, vki_model_info *out) { *out = e->info;
 static vki_status backend_step(void *ctx, const vki_step_plan *plan, vki_step_out *outs)
 {
     vki_engine *e = ctx;
-    return vk_engine_step(e->eng, plan, outs, NULL);
+    vki_status st = vk_engine_step(e->eng, plan, outs, NULL);
+    if (st == VKI_ERR_DEVICE_LOST)
+        atomic_store(&e->lost, true);
+    return st;
 }
 
 static bool backend_is_eog(void *ctx, int32_t token)
@@ -269,6 +349,8 @@ vki_status vki_batch_manager_create(vki_engine *e, const vki_batch_params *param
     if (!e || !out)
         return VKI_ERR_INVALID_ARG;
     bool free_ = false;
+    if (vki_engine_status(e) != VKI_OK)
+        return VKI_ERR_DEVICE_LOST; /* vki_engine_recover first */
     if (!atomic_compare_exchange_strong(&e->has_manager, &free_, true))
         return VKI_ERR_INVALID_ARG; /* another manager runs on this engine */
     const vk_engine *g = e->eng;

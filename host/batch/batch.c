@@ -168,6 +168,14 @@ static vki_status ban_end_ids(vki_batch_manager *bm, bm_req *q)
 static void enter_scheduler(vki_batch_manager *bm, bm_req *q)
 {
     vki_status st = VKI_OK;
+    pthread_mutex_lock(&bm->mu);
+    bool lost = bm->lost;
+    pthread_mutex_unlock(&bm->mu);
+    if (lost) { /* submitted while the failing step ran */
+        q->status = VKI_ERR_DEVICE_LOST;
+        finish(bm, q, VKI_FINISH_ERROR, "the GPU device was lost; the engine must be recovered");
+        return;
+    }
     bool embed = q->pooling != VKI_POOL_NONE;
     if (embed) {
         q->emb_sum = calloc(bm->be.n_embd ? bm->be.n_embd : 1, sizeof *q->emb_sum);
@@ -317,8 +325,9 @@ static vki_finish_reason apply_token(vki_batch_manager *bm, bm_req *q, const vki
         q->sampling.logit_bias = q->bias;
         q->sampling.n_logit_bias = q->n_bias;
     }
-    if (q->logits_oom || (q->want_lp && !lp_reserve(q, k))) {
+    if (q->logits_oom || (q->want_lp && !lp_reserve(q, k))) { /* the token without its logprobs is not delivered */
         q->status = VKI_ERR_OUT_OF_HOST_MEMORY;
+        q->drop_last = true;
         return VKI_FINISH_ERROR;
     }
     if (q->want_lp) {
@@ -351,12 +360,19 @@ vki_finish_reason bm_end_reason(const vki_batch_manager *bm, const bm_req *q, in
     return VKI_FINISH_NONE;
 }
 
-/* The request's row sampled no token: its grammar admits none here, its grammar's caches
- * failed, or every logit was banned (logit_bias) or not a number. */
-static void no_token(vki_batch_manager *bm, bm_req *q)
+/* The request's row sampled no token: its logits were not all finite numbers (checked first:
+ * a broken model is what the user must hear about), its grammar admits none here, its grammar's
+ * caches failed, or every logit was banned (logit_bias). */
+static void no_token(vki_batch_manager *bm, bm_req *q, bool nonfinite)
 {
     char msg[BM_MSG_CAP];
-    if (q->gram_error[0]) {
+    uint32_t pos = q->seq->n_tokens - 1; /* the placeholder stands where the token would have */
+    if (nonfinite) {
+        snprintf(msg, sizeof msg, "the model produced non-finite logits (NaN/Inf) at position %u (generated "
+                 "token %u)%s", pos, sched_seq_generated(q->seq) - 1,
+                 q->processor ? " after the logits post-processor" : "");
+        q->status = VKI_ERR_NONFINITE;
+    } else if (q->gram_error[0]) {
         snprintf(msg, sizeof msg, "%s", q->gram_error);
     } else if (q->gram && q->no_token) {
         snprintf(msg, sizeof msg, "grammar: no token of the vocabulary can continue the output here (the grammar "
@@ -382,22 +398,31 @@ static void run_step(vki_batch_manager *bm, const sched_tick *t, double *step_ms
         reqs[i] = t->seqs[i]->user;
     if (st != VKI_OK) { /* their KV is undefined: fail exactly the plan's requests */
         char msg[BM_MSG_CAP];
-        snprintf(msg, sizeof msg, "engine step failed: %s", vki_status_str(st));
+        snprintf(msg, sizeof msg, "engine step failed: %s%s", vki_status_str(st),
+                 st == VKI_ERR_DEVICE_LOST ? " (the engine must be recovered: vki_engine_recover)" : "");
         for (uint32_t i = 0; i < n; i++)
             if (reqs[i] && t->seqs[i]->beam_idx == 0) { /* NULL: a STATIC padding member, owned by the
                                                           scheduler; beam groups end at their lead */
                 reqs[i]->status = st;
                 finish(bm, reqs[i], VKI_FINISH_ERROR, msg);
             }
+        if (st == VKI_ERR_DEVICE_LOST) { /* no step can run again: the rest end now, once each */
+            pthread_mutex_lock(&bm->mu);
+            bm->lost = true;
+            pthread_mutex_unlock(&bm->mu);
+            finish_all(bm, VKI_FINISH_ERROR, st, msg);
+        }
         return;
     }
-    /* a row that could sample nothing (-1) ends only its own request; the scheduler gets a
-     * placeholder token that is never shown nor computed */
-    for (uint32_t i = 0, k = 0; i < n; i++)
-        if (t->plan.seqs[i].want_token && bm->outs[k++].token < 0) {
+    /* a row that could sample nothing (-1) or saw non-finite logits ends only its own request;
+     * the scheduler gets a placeholder token that is never shown nor computed */
+    for (uint32_t i = 0, k = 0; i < n; i++) {
+        vki_step_out *o = t->plan.seqs[i].want_token ? &bm->outs[k++] : NULL;
+        if (o && (o->token < 0 || o->nonfinite)) {
             reqs[i]->drop_last = !reqs[i]->beam; /* a beam's token is the search's, not this one */
-            bm->outs[k - 1].token = 0;
+            o->token = 0;
         }
+    }
     sched_commit(bm->s, t, bm->outs);
     uint32_t k = 0, n_beam = 0;
     bm_req *beams[n ? n : 1]; /* beam requests of this step, once each (at their lead's row) */
@@ -413,7 +438,7 @@ static void run_step(vki_batch_manager *bm, const sched_tick *t, double *step_ms
             continue;
         }
         if (q->drop_last) {
-            no_token(bm, q);
+            no_token(bm, q, o->nonfinite);
             continue;
         }
         char msg[BM_MSG_CAP] = "";
@@ -690,6 +715,8 @@ vki_status vki_batch_submit(vki_batch_manager *bm, const vki_request *req, vki_r
     if (st == VKI_OK) /* compiled here, on the caller's thread: the worker only attaches it */
         st = bm_constraint_compile(bm, req, q, err ? err : msg, err ? err_cap : sizeof msg);
     if (st != VKI_OK) {
+        if (st == VKI_ERR_OUT_OF_HOST_MEMORY && err && err_cap)
+            snprintf(err, err_cap, "out of host memory copying the request");
         bm_req_free(q);
         return st;
     }
@@ -698,6 +725,8 @@ vki_status vki_batch_submit(vki_batch_manager *bm, const vki_request *req, vki_r
     pthread_mutex_lock(&bm->mu);
     if (bm->shutdown)
         st = VKI_ERR_SHUTDOWN;
+    else if (bm->lost)
+        st = VKI_ERR_DEVICE_LOST;
     else if (bm_map_find(&bm->inflight, q->id))
         st = VKI_ERR_DUPLICATE_ID;
     else if (bm->p.max_queue && bm->inbox_len + bm->sched_waiting >= bm->p.max_queue)

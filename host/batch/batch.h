@@ -124,6 +124,7 @@ struct vki_batch_manager {
     uint32_t n_cancels, cancels_cap;
     bm_id_map inflight;        /* id -> request, from acceptance to the final response */
     bool shutdown, abort;
+    bool lost;                 /* under mu: a step reported device loss; submissions are refused */
     bool notified;
     uint64_t rng;              /* seed generator state (splitmix64) */
     uint64_t next_serial;

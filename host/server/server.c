@@ -29,7 +29,8 @@ srv_params srv_default_params(void)
     bp.policy = VKI_POLICY_MAX_UTILIZATION;
     return (srv_params){.host = "127.0.0.1", .port = 8080, .listen_fd = -1, .body_limit = 1u << 20,
                         .max_connections = 512, .idle_timeout_s = 60, .request_timeout_s = 30,
-                        .stats_interval_s = 10, .pooling = VKI_POOL_MEAN, .batch = bp, .log_level = VKI_LOG_INFO};
+                        .stats_interval_s = 10, .pooling = VKI_POOL_MEAN, .batch = bp, .log_level = VKI_LOG_INFO,
+                        .recover_backoff_ms = 500};
 }
 
 double srv_now(void)
@@ -255,11 +256,14 @@ void srv_serve_heavy(srv_conn *c)
     srv *s = c->s;
     srv_route r = c->req.route;
     pthread_mutex_lock(&s->mu);
-    bool refuse = s->draining || s->device_lost;
+    bool draining = s->draining, lost = s->device_lost;
     pthread_mutex_unlock(&s->mu);
-    if (refuse && r != R_TOKENIZE && r != R_DETOKENIZE) { /* before any tokenising */
+    if ((draining || lost) && r != R_TOKENIZE && r != R_DETOKENIZE) { /* before any tokenising */
         srv_error e;
-        srv_err(&e, 503, NULL, "the server is not taking requests (shutting down or device lost)");
+        srv_err(&e, 503, NULL, "%s", draining ? "the server is shutting down"
+                                   : s->p.recover_backoff_ms ? "the GPU device was lost; the engine is being recreated, "
+                                                               "retry shortly"
+                                                             : "the GPU device was lost; the server must be restarted");
         e.code = "service_unavailable";
         if (r == R_CMPL || r == R_CHAT)
             srv_metrics_outcome(&s->m, SRV_OUT_UNAVAILABLE);
@@ -441,6 +445,12 @@ static void srv_free(srv *s)
     free(s);
 }
 
+vki_status srv_bm_create(srv *s, vki_batch_manager **out)
+{
+    vki_batch_callbacks cb = {.user = s, .tick_stats = on_tick};
+    return vki_batch_manager_create(s->engine, &s->p.batch, &cb, out);
+}
+
 static vki_status check_params(const srv_params *p, char *err, size_t n_err)
 {
     const char *bad = !p->max_connections ? "max_connections must be >= 1"
@@ -493,14 +503,16 @@ vki_status srv_create(vki_engine *e, const srv_params *p, srv **out, char *err, 
         st = VKI_ERR_OUT_OF_HOST_MEMORY;
     if (st == VKI_OK)
         st = setup_chat(s, err, n_err);
-    vki_batch_callbacks cb = {.user = s, .tick_stats = on_tick};
-    if (st == VKI_OK && (st = vki_batch_manager_create(e, &p->batch, &cb, &s->bm)) != VKI_OK)
+    if (st == VKI_OK && (st = srv_bm_create(s, &s->bm)) != VKI_OK)
         snprintf(err, n_err, "batch manager: %s", vki_status_str(st));
+    if (st == VKI_OK && (st = srv_recover_start(s)) != VKI_OK)
+        snprintf(err, n_err, "recovery thread: %s", vki_status_str(st));
     if (st == VKI_OK)
         st = srv_http_start(s, err, n_err);
     else if (p->listen_fd >= 0)
         close(p->listen_fd);
     if (st != VKI_OK) {
+        srv_recover_stop(s);
         vki_batch_manager_destroy(s->bm, true);
         srv_http_stop(s);
         srv_free(s);
@@ -545,6 +557,7 @@ void srv_destroy(srv *s)
     if (!s)
         return;
     srv_drain_begin(s);
+    srv_recover_stop(s); /* a recovery under way finishes its attempt first */
     pthread_mutex_lock(&s->mu);
     vki_batch_manager *bm = s->bm;
     s->bm = NULL; /* cancels and submissions from now on see no manager */

@@ -69,6 +69,11 @@ typedef struct srv_params {
     uint32_t max_connections;   /* connections served at once; past it 503 + Retry-After. 512 */
     uint32_t idle_timeout_s;    /* an idle keep-alive connection is closed after this. 60 */
     uint32_t request_timeout_s; /* receiving one request's head and body, in all; 408 past it. 30 */
+    uint32_t recover_backoff_ms; /* after a device loss the engine is recreated (device reopened,
+                                    model reloaded) by a thread of the server, first after this
+                                    wait, then doubling up to 30 s while it fails; /health/ready
+                                    and new requests get 503 meanwhile. 0: never (503 until the
+                                    server is restarted). 500 */
     const char *const *api_keys; /* [n_api_keys] accepted bearer tokens; none: no authentication */
     uint32_t n_api_keys;
     const char *const *cors_origins; /* [n_cors_origins] allowed origins ("*" = any); none: no CORS */
@@ -189,6 +194,7 @@ typedef struct srv_json_err {
     size_t at;
     char key[64];      /* the top-level field whose value failed, "" if none */
     char msg[160];
+    bool oom;          /* the parser ran out of memory (the body may be fine) */
 } srv_json_err;
 cJSON *srv_json_parse(const char *text, size_t n, srv_json_err *err);
 
@@ -264,6 +270,11 @@ bool srv_stream_end(srv_conn *c);
 bool srv_probe(srv_conn *c);
 
 /* server.c */
+vki_status srv_bm_create(srv *s, vki_batch_manager **out); /* the server's manager on s->engine */
+
+/* server_recover.c: the engine's recovery after a device loss (srv_params.recover_backoff_ms) */
+vki_status srv_recover_start(srv *s);
+void srv_recover_stop(srv *s);
 bool srv_route_is_heavy(srv_route r);
 void srv_serve_small(srv_conn *c);  /* io thread */
 void srv_serve_heavy(srv_conn *c);  /* handler thread */
@@ -289,6 +300,9 @@ struct srv {
     pthread_cond_t cv;         /* n_active or n_handlers changed */
     vki_batch_manager *bm;     /* NULL once srv_destroy took it */
     bool draining, device_lost;
+    pthread_t recover;         /* the recovery thread (recover_started) */
+    bool recover_started, recover_stop; /* under mu */
+    uint32_t n_recovered;      /* under mu: engines recreated after a device loss */
     uint32_t n_active;         /* jobs submitted and not yet final */
     uint64_t next_id;
     srv_metrics m;

@@ -169,6 +169,12 @@ static bool put_head(srv_conn *c, strbuf *b, unsigned code, const char *ctype, l
     return ok && strbuf_put(b, "\r\n", 2);
 }
 
+/* The answer when there is no memory to build one: a constant, sent as it is. */
+#define OOM_BODY "{\"error\":{\"message\":\"out of memory while building the answer\",\"type\":\"server_error\"}}"
+static const char OOM_REPLY[] = "HTTP/1.1 500 Internal Server Error\r\nContent-Type: application/json\r\n"
+                                "Content-Length: 85\r\nConnection: close\r\n\r\n" OOM_BODY;
+_Static_assert(sizeof OOM_BODY - 1 == 85, "Content-Length of OOM_REPLY");
+
 void srv_reply(srv_conn *c, unsigned code, const char *ctype, char *body, const char *extra)
 {
     srv_metrics_http(&c->s->m, code);
@@ -178,9 +184,13 @@ void srv_reply(srv_conn *c, unsigned code, const char *ctype, char *body, const 
     bool ok = body && put_head(c, &b, code, ctype, code == 204 ? -1 : (long long)n, extra) &&
               (head_only || strbuf_put(&b, body, n));
     free(body);
-    if (!ok) {
+    if (!ok) { /* nothing queued before it (else it would interleave): the constant answer */
         c->close_after = true;
         strbuf_free(&b);
+        if (c->on_handler || !c->out.len) {
+            ssize_t w = send(c->fd, OOM_REPLY, sizeof OOM_REPLY - 1, MSG_NOSIGNAL | MSG_DONTWAIT);
+            (void)w; /* a small reply into an empty socket buffer; if even that fails, the close says it */
+        }
         return;
     }
     if (c->on_handler) {

@@ -316,8 +316,10 @@ bool srv_job_submit(srv_job *j, srv_error *e)
         bool mt = !strncmp(err, "max_new_tokens", 14), bw = !strncmp(err, "beam_width", 10);
         srv_err(e, 400, mt ? "max_tokens" : bw ? "best_of" : j->chat ? "messages" : "prompt", "%s", err);
     } else if (st == VKI_ERR_SHUTDOWN || st == VKI_ERR_DEVICE_LOST || lost) {
-        srv_err(e, 503, NULL, "%s", lost ? "the device was lost; the server must be restarted"
-                                         : "the server is shutting down");
+        srv_err(e, 503, NULL, "%s", !lost ? "the server is shutting down"
+                                  : s->p.recover_backoff_ms ? "the GPU device was lost; the engine is being recreated, "
+                                                              "retry shortly"
+                                                            : "the GPU device was lost; the server must be restarted");
         e->code = "service_unavailable";
     } else {
         srv_err(e, 500, NULL, "cannot queue the request: %s", vki_status_str(st));

@@ -34,6 +34,7 @@ static void fail(jp *j, const unsigned char *at, const char *fmt, ...)
     if (j->failed)
         return;
     j->failed = true;
+    j->err->oom = !strcmp(fmt, "out of memory"); /* the server's fault, not the body's: a 500 */
     j->err->at = (size_t)(at - j->start);
     snprintf(j->err->key, sizeof j->err->key, "%s", j->top_key ? j->top_key : "");
     va_list ap;

@@ -674,6 +674,10 @@ cJSON *srv_parse_body(const char *body, size_t n, srv_error *e)
 {
     srv_json_err je;
     cJSON *root = srv_json_parse(body, n, &je);
+    if (!root && je.oom) {
+        srv_err(e, 500, NULL, "out of memory while parsing the request body");
+        return NULL;
+    }
     if (!root) {
         srv_err(e, 400, je.key[0] ? je.key : NULL, "the request body is not valid JSON: %s (at byte %zu%s%s)", je.msg,
                 je.at, je.key[0] ? ", in " : "", je.key);

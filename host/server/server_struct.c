@@ -309,6 +309,8 @@ bool srv_struct_render(srv_job *j, const chat_msg *m, const chat_tool_msg *tm, s
     const chat_tool_set *tools = so->parse ? so->tools : NULL;
     vki_status st = tools || tm ? chat_render_tools(&s->chat, s->tool_fmt, m, tm, n, tools, true, p, err, sizeof err)
                                 : chat_render(&s->chat, m, n, true, p, err, sizeof err);
+    if (st == VKI_ERR_OUT_OF_HOST_MEMORY) /* the server's fault, not the conversation's */
+        return srv_err(e, 500, NULL, "out of memory while rendering the conversation"), false;
     if (st != VKI_OK)
         return srv_err(e, st == VKI_ERR_INVALID_ARG ? 400 : 500, "messages", "%s", err[0] ? err : vki_status_str(st)),
                false;

@@ -10,7 +10,8 @@
 static const gguf_edit *find_edit(const gguf_edit *e, uint32_t n, gguf_str name, bool tensor)
 {
     for (uint32_t i = 0; i < n; i++) {
-        bool is_tensor = e[i].kind == GGUF_EDIT_DROP_TENSOR || e[i].kind == GGUF_EDIT_SHAPE;
+        bool is_tensor = e[i].kind == GGUF_EDIT_DROP_TENSOR || e[i].kind == GGUF_EDIT_SHAPE ||
+                         e[i].kind == GGUF_EDIT_FILL;
         if (is_tensor == tensor && gguf_str_eq(name, e[i].name))
             return &e[i];
     }
@@ -56,8 +57,12 @@ vki_status gguf_edit_copy(const char *src, const char *dst, const gguf_edit *e, 
         const gguf_edit *x = find_edit(e, n, t->name, true);
         char name[128];
         snprintf(name, sizeof name, "%.*s", (int)t->name.len, t->name.ptr);
+        if (x && x->kind == GGUF_EDIT_FILL && t->type != VKI_GGML_F32)
+            st = VKI_ERR_UNSUPPORTED;
+        if (x && x->kind == GGUF_EDIT_FILL)
+            x = NULL; /* same shape, other data */
         uint64_t ne[2] = {x ? x->ne0 : t->ne[0], x ? (x->ne1 ? x->ne1 : 1) : t->ne[1]};
-        if (!x || x->kind == GGUF_EDIT_SHAPE)
+        if (st == VKI_OK && (!x || x->kind == GGUF_EDIT_SHAPE))
             st = gguf_w_add_tensor(w, name, t->type, x ? (x->ne1 ? 2 : 1) : t->n_dims, x ? ne : t->ne);
     }
     if (st == VKI_OK)
@@ -65,7 +70,13 @@ vki_status gguf_edit_copy(const char *src, const char *dst, const gguf_edit *e, 
     for (uint64_t i = 0; i < gguf_n_tensors(f) && st == VKI_OK; i++) {
         const gguf_tensor *t = gguf_tensor_at(f, i);
         const gguf_edit *x = find_edit(e, n, t->name, true);
-        if (!x) {
+        if (x && x->kind == GGUF_EDIT_FILL) {
+            float *v = malloc(t->nbytes ? t->nbytes : 1);
+            for (size_t k = 0; v && k < t->nbytes / 4; k++)
+                v[k] = x->f;
+            st = v ? gguf_w_data(w, v, t->nbytes) : VKI_ERR_OUT_OF_HOST_MEMORY;
+            free(v);
+        } else if (!x) {
             st = gguf_w_data(w, t->data, t->nbytes);
         } else if (x->kind == GGUF_EDIT_SHAPE) {
             size_t bytes = quant_row_bytes(t->type, x->ne0) * (x->ne1 ? x->ne1 : 1);

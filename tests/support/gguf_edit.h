@@ -1,5 +1,5 @@
 /* Copies a GGUF with edits, to build malformed models from valid synthetic ones: drop or
- * reshape a tensor (its data becomes zeros of the new size), set a u32 / f32 / string key
+ * reshape a tensor (its data becomes zeros of the new size), fill an F32 tensor, set a u32 / f32 / string key
  * (replacing it or adding it), drop a key. No Vulkan. */
 #ifndef VKI_TESTS_GGUF_EDIT_H
 #define VKI_TESTS_GGUF_EDIT_H
@@ -13,6 +13,7 @@ typedef enum gguf_edit_kind {
     GGUF_EDIT_F32,          /* name = key, f */
     GGUF_EDIT_STR,          /* name = key, s */
     GGUF_EDIT_DROP_KEY,     /* name = key */
+    GGUF_EDIT_FILL,         /* name: an F32 tensor, every element set to f (NaN: a broken model) */
 } gguf_edit_kind;
 
 typedef struct gguf_edit {
