@@ -498,7 +498,6 @@ static struct srv_repo *repo_new(const srv_params *p, const srv_repo_params *rp)
         return NULL;
     }
     r->p = *rp;
-    r->p.load_models = NULL; /* used only at start */
     r->sp = *p;
     r->sp.listen_fd = -1;
     pthread_mutex_init(&r->mu, NULL);
@@ -534,6 +533,8 @@ vki_status srv_create_repo(const srv_params *p, const srv_repo_params *rp, srv *
         if (wanted_at_start(r, r->models[i]->name))
             repo_load(r, r->models[i]->name, &e); /* a failure is the model's, not the server's */
     }
+    r->p.load_models = NULL; /* the caller's list: used only at start */
+    r->p.n_load_models = 0;
     if (st == VKI_OK)
         st = srv_front_create(p, r, out, err, n_err);
     else if (p->listen_fd >= 0)
