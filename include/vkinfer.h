@@ -352,6 +352,12 @@ typedef struct vki_batch_params {
                                        vki_batch_notify. 1000 */
     uint64_t seed;                  /* seeds the per-manager generator that draws the seeds of
                                        requests without one; 0 = from the clock */
+    /* Stateful sessions (vki_request.session_id): a session's KV is pinned between its requests
+     * and released when it ends (vki_batch_session_end), after session_idle_s without a request,
+     * or, oldest idle session first, when the pins pass session_max_blocks or a waiting request
+     * cannot be admitted for want of blocks. A running request's blocks are never taken. */
+    double session_idle_s;          /* seconds. 300 */
+    uint32_t session_max_blocks;    /* KV blocks all sessions may pin; 0 = half the pool. 0 */
 } vki_batch_params;
 
 VKI_API vki_batch_params vki_batch_default_params(void);
@@ -416,6 +422,11 @@ typedef struct vki_request {
                                        (logit -inf) until this many tokens were generated;
                                        <= max_new_tokens. 0 */
     vki_pooling pooling;            /* != VKI_POOL_NONE: an embedding request (see vki_pooling) */
+    /* != 0: the request belongs to this session (a conversation). When it finishes, the KV of
+     * its prompt and output (whole blocks) stays pinned for the session, so the session's next
+     * request, whose prompt starts with those tokens, computes only what follows them (see
+     * vki_batch_params.session_*). 0 = none */
+    uint64_t session_id;
 } vki_request;
 
 /* What a response callback receives. Pointers are valid only during the callback. The ending
@@ -471,6 +482,8 @@ typedef struct vki_batch_stats {
     uint64_t kv_reused_blocks;      /* cumulative */
     uint64_t reused_tokens;         /* cumulative prompt tokens taken from the prefix cache */
     double step_ms;                 /* engine time of this tick's step (0: no step) */
+    uint32_t sessions;              /* sessions holding pinned KV */
+    uint32_t kv_pinned;             /* block references those sessions hold */
 } vki_batch_stats;
 
 /* TensorRT-LLM-style callbacks; any may be NULL. All run on the worker thread (see above). */
@@ -523,6 +536,10 @@ VKI_API vki_status vki_batch_cancel(vki_batch_manager *bm, uint64_t id);
 
 /* Wakes an idle manager so it polls get_requests now rather than after idle_poll_us. */
 VKI_API void vki_batch_notify(vki_batch_manager *bm);
+
+/* Ends a session: its pinned KV is released at the next tick boundary (a request of it still
+ * running finishes normally and pins nothing). VKI_OK also when the session holds nothing. */
+VKI_API vki_status vki_batch_session_end(vki_batch_manager *bm, uint64_t session_id);
 
 /* ---- tokenizer --------------------------------------------------------------------------- */
 

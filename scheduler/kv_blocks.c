@@ -255,6 +255,12 @@ void sched_kv_take(sched_kv *kv, const uint32_t *blocks, uint32_t n)
     kv->reused_blocks += n;
 }
 
+void sched_kv_retain(sched_kv *kv, const uint32_t *blocks, uint32_t n)
+{
+    for (uint32_t i = 0; i < n; i++)
+        take_one(kv, blocks[i]);
+}
+
 uint32_t sched_kv_seal(sched_kv *kv, uint32_t b, uint32_t parent, const int32_t *tokens)
 {
     if (!kv->reuse || kv->b[b].sealed || kv->b[b].ref != 1)

@@ -21,6 +21,8 @@ vki_batch_params vki_batch_default_params(void)
         .stats = true,
         .idle_poll_us = 1000,
         .seed = 0,
+        .session_idle_s = 300,
+        .session_max_blocks = 0,
     };
 }
 
@@ -124,6 +126,7 @@ vki_status bm_req_copy(const vki_request *r, bm_req **out)
     q->processor = r->logits_processor;
     q->processor_user = r->logits_processor_user;
     q->priority = r->priority;
+    q->session_id = r->pooling != VKI_POOL_NONE ? 0 : r->session_id;
     q->n_top = r->sampling.top_logprobs <= VKI_MAX_TOP_LOGPROBS ? r->sampling.top_logprobs : 0;
     q->want_lp = r->sampling.logprobs || q->n_top;
     uint32_t n_bias = r->sampling.logit_bias ? r->sampling.n_logit_bias : 0;

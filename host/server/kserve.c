@@ -420,8 +420,28 @@ static bool words(const cJSON *v, cJSON *out, const char *name, srv_error *e)
 
 static bool is_false(const cJSON *v) { return cJSON_IsFalse(v) || (cJSON_IsNumber(v) && v->valuedouble == 0); }
 
-/* One argument into body; stream into *stream. */
-static bool map_arg(const cJSON *a, cJSON *body, int *stream, srv_error *e)
+/* Triton's sequence batcher parameters of one request (sessions.c keeps the sequence). */
+typedef struct v2_seq {
+    uint64_t id;               /* 0: not part of a sequence */
+    bool start, end;
+    bool finished;             /* seq_finished ran (else the request never became a job) */
+} v2_seq;
+
+static bool seq_arg(const char *k, const cJSON *v, v2_seq *sq, srv_error *e)
+{
+    if (!strcmp(k, "sequence_id")) {
+        if (cJSON_IsNumber(v) && v->valuedouble == 0)
+            return true; /* Triton's "no sequence" */
+        return (sq->id = srv_session_id(v, k, e)) != 0;
+    }
+    if (!cJSON_IsBool(v))
+        return srv_err(e, 400, k, "%s: a boolean", k), false;
+    *(strcmp(k, "sequence_start") ? &sq->end : &sq->start) = cJSON_IsTrue(v);
+    return true;
+}
+
+/* One argument into body; stream into *stream, sequence parameters into *sq. */
+static bool map_arg(const cJSON *a, cJSON *body, int *stream, v2_seq *sq, srv_error *e)
 {
     const char *k = a->string;
     const cJSON *v = scalar(a);
@@ -465,7 +485,7 @@ static bool map_arg(const cJSON *a, cJSON *body, int *stream, srv_error *e)
             return srv_err(e, 400, k, "%s: not supported (the model's own end token ends the text; greedy or "
                            "sampled decoding, one beam)", k), false;
     } else if (!strcmp(k, "sequence_id") || !strcmp(k, "sequence_start") || !strcmp(k, "sequence_end")) {
-        return srv_err(e, 400, k, "%s: sequence batching (stateful sessions) is not supported yet", k), false;
+        return seq_arg(k, v, sq, e);
     } else {
         return srv_err(e, 400, k, "unknown input or parameter '%.64s' (known: text_input, max_tokens, "
                        "temperature, top_k, top_p, stop_words, random_seed, repetition_penalty, presence_penalty, "
@@ -475,7 +495,8 @@ static bool map_arg(const cJSON *a, cJSON *body, int *stream, srv_error *e)
 }
 
 /* The completion body for a v2 request; *stream: -1 unset, 0, 1. *id: the request's id. */
-static char *to_completion(const srv_req *r, bool infer, int *stream, char *id, size_t n_id, srv_error *e)
+static cJSON *to_completion(const srv_req *r, bool infer, int *stream, v2_seq *sq, char *id, size_t n_id,
+                            srv_error *e)
 {
     srv_json_err je;
     cJSON *req = srv_json_parse(r->body.p ? r->body.p : "", r->body.len, &je);
@@ -488,16 +509,46 @@ static char *to_completion(const srv_req *r, bool infer, int *stream, char *id, 
     cJSON *args = cJSON_CreateObject(), *body = cJSON_CreateObject();
     bool ok = gather(req, infer, args, e);
     for (const cJSON *a = ok ? args->child : NULL; a && ok; a = a->next)
-        ok = map_arg(a, body, stream, e);
+        ok = map_arg(a, body, stream, sq, e);
     if (ok && !cJSON_GetObjectItemCaseSensitive(body, "prompt")) {
         srv_err(e, 400, "text_input", "text_input is required");
         ok = false;
     }
-    char *s = ok ? cJSON_PrintUnformatted(body) : NULL;
+    if (ok && !sq->id && (sq->start || sq->end)) {
+        srv_err(e, 400, "sequence_id", "sequence_start / sequence_end need a sequence_id");
+        ok = false;
+    }
     cJSON_Delete(args);
-    cJSON_Delete(body);
     cJSON_Delete(req);
-    return s;
+    if (!ok)
+        cJSON_Delete(body);
+    return ok ? body : NULL;
+}
+
+/* A sequence's request: the prompt becomes the sequence's tokens so far + this text's tokens
+ * (no BOS after the first request). */
+static bool seq_prompt(srv *m, cJSON *body, const v2_seq *sq, srv_error *e)
+{
+    int32_t *hist = NULL;
+    uint32_t n_hist = 0;
+    if (!srv_seq_begin(m, sq->id, sq->start, &hist, &n_hist, e))
+        return false;
+    const char *text = cJSON_GetObjectItemCaseSensitive(body, "prompt")->valuestring;
+    size_t len = strlen(text), n = 0;
+    int32_t *ids = len < (1u << 26) ? malloc((len + 8) * sizeof *ids) : NULL;
+    vki_status st = ids ? vki_tokenize(m->tok, text, len, n_hist == 0, true, ids, len + 8, &n)
+                        : VKI_ERR_OUT_OF_HOST_MEMORY;
+    cJSON *arr = st == VKI_OK ? cJSON_CreateArray() : NULL;
+    for (uint32_t i = 0; arr && i < n_hist + n; i++)
+        cJSON_AddItemToArray(arr, cJSON_CreateNumber(i < n_hist ? hist[i] : ids[i - n_hist]));
+    free(hist);
+    free(ids);
+    if (!arr) {
+        srv_seq_finish(m, sq->id, NULL, 0, NULL, 0, false, false);
+        return srv_err(e, 400, "text_input", "text_input: cannot tokenize: %s", vki_status_str(st)), false;
+    }
+    cJSON_ReplaceItemInObjectCaseSensitive(body, "prompt", arr);
+    return true;
 }
 
 /* ---- answers in v2 shapes ----------------------------------------------------------------------- */
@@ -588,8 +639,30 @@ static bool generate_end(srv_job *j, strbuf *out, const srv_error *failed)
     return sse(out, o);
 }
 
-static const srv_job_fmt INFER_FMT = {.answer = infer_answer, .chunk = generate_chunk, .end = generate_end};
-static const srv_job_fmt GENERATE_FMT = {.answer = generate_answer, .chunk = generate_chunk, .end = generate_end};
+/* A sequence's request pins its KV for the next one (the manager's session of the same id). */
+static void seq_prepare(srv_job *j)
+{
+    const v2_seq *sq = j->fmt_ctx;
+    if (sq && sq->id && !sq->end)
+        j->session_id = sq->id;
+}
+
+/* ... and leaves the sequence its prompt + everything it generated, or ends it. */
+static void seq_finished(srv_job *j)
+{
+    v2_seq *sq = j->fmt_ctx;
+    if (!sq || !sq->id)
+        return;
+    sq->finished = true;
+    const srv_choice *ch = &j->ch[0];
+    bool ok = j->outcome == SRV_OUT_STOP || j->outcome == SRV_OUT_LENGTH;
+    srv_seq_finish(j->s, sq->id, j->prompt, j->n_prompt, ch->h.tok, ch->n_used, ok, sq->end);
+}
+
+static const srv_job_fmt INFER_FMT = {.answer = infer_answer, .chunk = generate_chunk, .end = generate_end,
+                                      .prepare = seq_prepare, .finished = seq_finished};
+static const srv_job_fmt GENERATE_FMT = {.answer = generate_answer, .chunk = generate_chunk, .end = generate_end,
+                                         .prepare = seq_prepare, .finished = seq_finished};
 
 /* ---- handler-thread routes ------------------------------------------------------------------------ */
 
@@ -598,35 +671,42 @@ static void generation(srv_conn *c, const v2_path *vp)
     srv_error e;
     int stream = -1;
     char id[128];
+    v2_seq sq = {0};
     bool infer = vp->kind == V2_INFER;
-    char *body = to_completion(&c->req, infer, &stream, id, sizeof id, &e);
+    cJSON *body = to_completion(&c->req, infer, &stream, &sq, id, sizeof id, &e);
     if (body && infer && stream == 1) {
-        free(body);
+        cJSON_Delete(body);
         body = NULL;
         srv_err(&e, 400, "stream", "stream: an infer request has one response; use /generate_stream");
     }
-    if (!body)
-        return srv_reply_error(c, &e);
-    /* the route decides streaming: splice "stream" into the translated body */
-    bool want = vp->kind == V2_GENERATE_STREAM;
-    strbuf b = {0};
-    size_t n = strlen(body);
-    bool ok = n >= 2 && strbuf_put(&b, body, n - 1) &&
-              strbuf_printf(&b, "%s\"stream\":%s}", n > 2 ? "," : "", want ? "true" : "false");
-    free(body);
-    if (!ok) {
-        strbuf_free(&b);
-        return reply_err(c, 500, "%s", "out of memory");
+    if (body && !(c->model = srv_model_acquire(c->s, vp->model, true, &e))) {
+        cJSON_Delete(body);
+        body = NULL;
     }
-    if (!(c->model = srv_model_acquire(c->s, vp->model, true, &e))) {
-        strbuf_free(&b);
-        return srv_reply_error(c, &e);
+    if (body && sq.id && !seq_prompt(c->model, body, &sq, &e)) {
+        cJSON_Delete(body);
+        body = NULL;
     }
-    strbuf orig = c->req.body; /* the job parser reads the request body: give it the translation */
-    c->req.body = b;
-    srv_serve_generation(c, infer ? &INFER_FMT : &GENERATE_FMT, id);
-    c->req.body = orig;
-    strbuf_free(&b);
+    /* the route decides streaming */
+    char *text = body && cJSON_AddBoolToObject(body, "stream", vp->kind == V2_GENERATE_STREAM)
+                     ? cJSON_PrintUnformatted(body) : NULL;
+    if (body && !text) {
+        srv_err(&e, 500, NULL, "out of memory");
+        if (sq.id)
+            srv_seq_finish(c->model, sq.id, NULL, 0, NULL, 0, false, false);
+    }
+    cJSON_Delete(body);
+    if (text) {
+        strbuf orig = c->req.body; /* the job parser reads the request body: give it the translation */
+        c->req.body = (strbuf){.p = text, .len = strlen(text), .cap = strlen(text) + 1};
+        srv_serve_generation(c, infer ? &INFER_FMT : &GENERATE_FMT, id, sq.id ? &sq : NULL);
+        c->req.body = orig;
+        if (sq.id && !sq.finished) /* refused before it ran (400, 429, 503): the sequence is unchanged */
+            srv_seq_finish(c->model, sq.id, NULL, 0, NULL, 0, false, sq.end);
+        cJSON_free(text);
+    } else {
+        srv_reply_error(c, &e);
+    }
     srv_model_release(c->s, c->model);
     c->model = NULL;
 }

@@ -108,6 +108,7 @@ static const struct {
     {"/v1/embeddings", false, true, false, R_EMBED},
     {"/tokenize", false, true, false, R_TOKENIZE},
     {"/detokenize", false, true, false, R_DETOKENIZE},
+    {"/v1/sessions/", true, true, false, R_SESSION},
     {"/v2", false, false, false, R_V2},  /* KServe v2: kserve.c checks methods and auth itself */
     {"/v2/", true, false, false, R_V2},
 };
@@ -261,6 +262,7 @@ void srv_serve_small(srv_conn *c)
     case R_VERSION: return srv_route_version(c);
     case R_MODELS: return s->repo ? srv_repo_models(c) : srv_route_models(c);
     case R_MODEL: return s->repo ? srv_repo_model(c, r->path + strlen("/v1/models/")) : srv_route_model(c);
+    case R_SESSION: return srv_route_session_end(c);
     case R_PROPS: return s->repo ? with_only_model(c, srv_route_props) : srv_route_props(c);
     default: return; /* heavy: a handler thread answers */
     }
@@ -287,12 +289,12 @@ void srv_serve_heavy(srv_conn *c)
         return srv_kserve_heavy(c);
     if (!pick_model(c, &e))
         return srv_reply_error(c, &e);
-    srv_serve_generation(c, NULL, NULL);
+    srv_serve_generation(c, NULL, NULL, NULL);
     srv_model_release(c->s, c->model);
     c->model = NULL;
 }
 
-void srv_serve_generation(srv_conn *c, const srv_job_fmt *fmt, const char *fmt_id)
+void srv_serve_generation(srv_conn *c, const srv_job_fmt *fmt, const char *fmt_id, void *fmt_ctx)
 {
     srv *s = srv_conn_model(c);
     srv_route r = c->req.route;
@@ -322,7 +324,10 @@ void srv_serve_generation(srv_conn *c, const srv_job_fmt *fmt, const char *fmt_i
         return srv_reply_error(c, &e);
     }
     j->fmt = fmt;
+    j->fmt_ctx = fmt_ctx;
     snprintf(j->fmt_id, sizeof j->fmt_id, "%s", fmt_id ? fmt_id : "");
+    if (fmt && fmt->prepare)
+        fmt->prepare(j);
     j->conn = c;
     j->t_arrive = c->t_req ? c->t_req : srv_now();
     c->acc.prompt = j->n_prompt;
@@ -333,6 +338,8 @@ void srv_serve_generation(srv_conn *c, const srv_job_fmt *fmt, const char *fmt_i
         return srv_reply_error(c, &e);
     }
     srv_job_serve(j, c);
+    if (fmt && fmt->finished)
+        fmt->finished(j);
     srv_job_release(j);
 }
 
@@ -474,6 +481,7 @@ static void free_strings(char **v, uint32_t n)
 static void srv_free(srv *s)
 {
     srv_repo_free(s->repo);
+    srv_sessions_free(s->sessions);
     chat_specials_free(s->specials);
     chat_template_free(&s->chat);
     srv_metrics_destroy(&s->m);

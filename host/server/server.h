@@ -110,6 +110,7 @@ typedef enum srv_route {
     R_VERSION,
     R_PROPS,
     R_V2,         /* /v2...: KServe v2 metadata, health, config, stats (kserve.c, io thread) */
+    R_SESSION,    /* POST /v1/sessions/{id}/end (sessions.c) */
     R_CMPL,       /* heavy routes (handler threads) from here on */
     R_CHAT,
     R_EMBED,
@@ -319,6 +320,7 @@ struct srv {
      * is an srv of its own without HTTP (engine, batch manager, chat template, counters, ids),
      * which the front's handlers borrow per request (srv_conn.model). */
     struct srv_repo *repo;     /* the front in repository mode, else NULL */
+    struct srv_sessions *sessions; /* a model's v2 sequences (sessions.c), made on first use */
     bool is_model;             /* a repository's model: no HTTP of its own */
 };
 
@@ -401,6 +403,8 @@ struct srv_job {
     bool counted;              /* outcome recorded in the metrics */
     const struct srv_job_fmt *fmt; /* NULL: OpenAI's shapes; else another protocol's (kserve.c) */
     char fmt_id[128];          /* the client's request id in that protocol ("" = none) */
+    void *fmt_ctx;             /* the protocol's own state for fmt->finished */
+    uint64_t session_id;       /* != 0: its KV stays pinned for the session (sessions.c) */
 };
 
 /* A protocol's output shapes for a job (the OpenAI ones are server_job.c's own). */
@@ -409,6 +413,8 @@ typedef struct srv_job_fmt {
     /* one streamed piece of choice ch: text (may be ""), finish NULL until its last piece */
     bool (*chunk)(srv_job *j, const srv_choice *ch, strbuf *out, const char *text, const char *finish);
     bool (*end)(srv_job *j, strbuf *out, const srv_error *failed); /* the stream's end; failed: why */
+    void (*prepare)(srv_job *j);   /* NULL, or called on the parsed job before it is submitted */
+    void (*finished)(srv_job *j);  /* NULL, or called once the answer is out (handler thread) */
 } srv_job_fmt;
 
 /* server_req.c: a validated job (tokenised prompt, sampling, stops), or false with *e filled. */
@@ -477,7 +483,19 @@ bool srv_repo_unload(srv *s, const char *name, srv_error *e);
 /* "READY", "LOADING", "UNLOADING", "UNAVAILABLE" or NULL (no such model); reason when unavailable */
 const char *srv_repo_state(srv *s, const char *name, char *reason, size_t n_reason);
 /* server.c: a generation request on c's model, answered in fmt's shapes (NULL: OpenAI's) */
-void srv_serve_generation(srv_conn *c, const srv_job_fmt *fmt, const char *fmt_id);
+void srv_serve_generation(srv_conn *c, const srv_job_fmt *fmt, const char *fmt_id, void *fmt_ctx);
+/* sessions.c */
+uint64_t srv_session_id(const cJSON *v, const char *name, srv_error *e); /* 0 with *e: bad */
+bool srv_session_field(srv_job *j, const cJSON *v, srv_error *e);       /* "session_id" */
+/* A v2 sequence's request begins: its tokens so far (*hist malloc'd, may be NULL), or false
+ * with *e (not started, running, out of memory). start: a new sequence under that id. */
+bool srv_seq_begin(srv *m, uint64_t id, bool start, int32_t **hist, uint32_t *n, srv_error *e);
+/* ... and finishes: its tokens become a[0..na) + b[0..nb) (ok), stay as they were (!ok), or
+ * the sequence ends (end). */
+void srv_seq_finish(srv *m, uint64_t id, const int32_t *a, uint32_t na, const int32_t *b, uint32_t nb, bool ok,
+                    bool end);
+void srv_sessions_free(struct srv_sessions *ss);
+void srv_route_session_end(srv_conn *c);
 bool srv_authorized(const srv *s, const char *auth);
 /* kserve.c */
 void srv_kserve_small(srv_conn *c);  /* io thread: answers, or marks the route R_V2_HEAVY */

@@ -213,6 +213,7 @@ static vki_status submit_choice(srv_job *j, srv_choice *ch, char *err, size_t n_
                        .ignore_eos = j->ignore_eos, .sampling = j->sampling, .streaming = true};
     if (ch->index && j->sampling.has_seed)
         req.sampling.seed = j->sampling.seed + ch->index;
+    req.session_id = ch->index ? 0 : j->session_id; /* choice 0 is the conversation's turn */
     vki_status st = VKI_ERR_SHUTDOWN;
     if (s->bm && !s->draining && !s->device_lost) {
         req.id = ch->id = s->next_id++;

@@ -148,7 +148,7 @@ typedef struct per_model {
 } per_model;
 
 typedef enum { PM_ACTIVE, PM_READY, PM_ITER, PM_QUEUE, PM_RUNNING, PM_PAUSED, PM_KV_MAX, PM_KV_REUSED,
-               PM_PROMPT, PM_CACHED, PM_GEN, PM_COUNT } pm_value;
+               PM_PROMPT, PM_CACHED, PM_GEN, PM_SESSIONS, PM_PINNED, PM_COUNT } pm_value;
 
 static double pm_get(const per_model *m, pm_value v)
 {
@@ -164,6 +164,8 @@ static double pm_get(const per_model *m, pm_value v)
     case PM_KV_REUSED: return (double)t->kv_reused_blocks;
     case PM_PROMPT: return (double)m->c.prompt_tokens;
     case PM_CACHED: return (double)m->c.cached_tokens;
+    case PM_SESSIONS: return t->sessions;
+    case PM_PINNED: return t->kv_pinned;
     default: return (double)m->c.generated_tokens;
     }
 }
@@ -183,6 +185,9 @@ static const struct {
     [PM_PROMPT] = {"vkinfer_prompt_tokens_total", "counter", "Prompt tokens of accepted requests."},
     [PM_CACHED] = {"vkinfer_prompt_tokens_cached_total", "counter", "Prompt tokens whose KV came from the prefix cache."},
     [PM_GEN] = {"vkinfer_generation_tokens_total", "counter", "Tokens generated."},
+    [PM_SESSIONS] = {"vkinfer_sessions", "gauge", "Sessions holding pinned KV (as of the last tick with work)."},
+    [PM_PINNED] = {"vkinfer_kv_blocks_pinned", "gauge", "KV block references sessions hold (as of the last tick "
+                   "with work)."},
 };
 
 static void model_series(strbuf *b, const per_model *pm, uint32_t n)
