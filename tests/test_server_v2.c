@@ -552,11 +552,84 @@ static void test_control_none(void **state)
     assert_non_null(strstr(err, "/nonexistent/vki"));
 }
 
+
+/* Triton's sequence batcher on v2: the server keeps the sequence's tokens, each request sends
+ * only its new text, and the pinned KV means the follow-up computes only the new tokens. */
+static void test_sequences(void **state)
+{
+    T *t = *state;
+    static const char LONGTEXT[] = "Once upon a time there was a little girl named Lily who lived in a small house "
+                                   "near the park with her mother and her dog";
+    char body[512];
+    double cached0 = metric(t, "vkinfer_prompt_tokens_cached_total{model=\"b\"}");
+    snprintf(body, sizeof body, "{\"text_input\":\"%s\",\"max_tokens\":8,\"temperature\":0,\"parameters\":"
+             "{\"sequence_id\":42,\"sequence_start\":true}}", LONGTEXT);
+    cJSON *j1 = http_json(t, "POST", "/v2/models/b/generate", body, 200);
+    cJSON *j2 = http_json(t, "POST", "/v2/models/b/generate", "{\"text_input\":\" Then\",\"max_tokens\":8,"
+                          "\"temperature\":0,\"parameters\":{\"sequence_id\":42}}", 200);
+    /* turn 2 took turn 1's whole blocks from its pinned KV (>= 2 blocks of 16 tokens) */
+    double cached = metric(t, "vkinfer_prompt_tokens_cached_total{model=\"b\"}") - cached0;
+    if (cached < 32)
+        fail_msg("the follow-up reused %g prompt tokens", cached);
+    /* the second turn continued the first: it equals one request over turn 1's prompt and output
+     * tokens followed by the new text's tokens (no BOS) */
+    snprintf(body, sizeof body, "{\"model\":\"b\",\"prompt\":\"%s\",\"max_tokens\":8,\"temperature\":0,"
+             "\"return_token_ids\":true}", LONGTEXT);
+    cJSON *t1 = http_json(t, "POST", "/v1/completions", body, 200);
+    assert_string_equal(get_str(t1, "choices.0.text"), get_str(j1, "text_output"));
+    cJSON *add = http_json(t, "POST", "/tokenize", "{\"model\":\"b\",\"content\":\" Then\",\"add_special\":false}", 200);
+    cJSON *ids = cJSON_Duplicate(get(t1, "choices.0.prompt_token_ids"), true);
+    for (const cJSON *x = get(t1, "choices.0.token_ids")->child; x; x = x->next)
+        cJSON_AddItemToArray(ids, cJSON_CreateNumber(x->valuedouble));
+    for (const cJSON *x = get(add, "tokens")->child; x; x = x->next)
+        cJSON_AddItemToArray(ids, cJSON_CreateNumber(x->valuedouble));
+    cJSON *q = cJSON_CreateObject();
+    cJSON_AddStringToObject(q, "model", "b");
+    cJSON_AddItemToObject(q, "prompt", ids);
+    cJSON_AddNumberToObject(q, "max_tokens", 8);
+    cJSON_AddNumberToObject(q, "temperature", 0);
+    char *qs = cJSON_PrintUnformatted(q);
+    cJSON *ref = http_json(t, "POST", "/v1/completions", qs, 200);
+    assert_string_equal(get_str(j2, "text_output"), get_str(ref, "choices.0.text"));
+    free(qs);
+    cJSON_Delete(q);
+    cJSON_Delete(add);
+    cJSON_Delete(t1);
+    assert_true(metric(t, "vkinfer_sessions{model=\"b\"}") >= 1);
+    cJSON_Delete(j1);
+    cJSON_Delete(j2);
+    cJSON_Delete(ref);
+    /* a sequence that was never started, ended, or is malformed */
+    v2_error(t, "POST", "/v2/models/b/generate", "{\"text_input\":\"x\",\"parameters\":{\"sequence_id\":43}}", 400,
+             "sequence_start");
+    cJSON *j = http_json(t, "POST", "/v2/models/b/generate", "{\"text_input\":\" The end.\",\"max_tokens\":2,"
+                         "\"parameters\":{\"sequence_id\":42,\"sequence_end\":true}}", 200);
+    cJSON_Delete(j);
+    v2_error(t, "POST", "/v2/models/b/generate", "{\"text_input\":\"x\",\"parameters\":{\"sequence_id\":42}}", 400,
+             "not running");
+    v2_error(t, "POST", "/v2/models/b/generate", "{\"text_input\":\"x\",\"parameters\":{\"sequence_start\":true}}",
+             400, "need a sequence_id");
+    v2_error(t, "POST", "/v2/models/b/generate", "{\"text_input\":\"x\",\"parameters\":{\"sequence_id\":-3}}", 400,
+             "sequence_id");
+    /* OpenAI routes: session_id pins, the end route releases */
+    j = http_json(t, "POST", "/v1/completions", "{\"model\":\"a\",\"prompt\":\"hello there\",\"max_tokens\":3,"
+                  "\"session_id\":\"chat-1\"}", 200);
+    cJSON_Delete(j);
+    j = http_json(t, "POST", "/v1/sessions/chat-1/end", "{\"model\":\"a\"}", 200);
+    assert_true(cJSON_IsTrue(get(j, "ended")));
+    cJSON_Delete(j);
+    char *out;
+    assert_int_equal(http(t, "POST", "/v1/completions", "{\"model\":\"a\",\"prompt\":\"x\",\"session_id\":{}}", &out),
+                     400);
+    free(out);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_repository),     cmocka_unit_test(test_v2_metadata),
         cmocka_unit_test(test_infer_generate), cmocka_unit_test(test_metrics_stats),
+        cmocka_unit_test(test_sequences),
         cmocka_unit_test(test_unload_under_traffic), cmocka_unit_test(test_control_none),
     };
     if (getenv("VKI_TEST_FILTER"))
