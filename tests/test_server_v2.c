@@ -23,6 +23,7 @@
 
 #include "engine/synth.h"
 #include "host/server/server.h"
+#include "vkinfer_server.h"
 #include "support/vt.h"
 
 /* Greedy, BOS + "Once upon a time", 48 tokens (../shared/models/README.md). */
@@ -624,12 +625,62 @@ static void test_sequences(void **state)
     free(out);
 }
 
+
+/* include/vkinfer_server.h: a server with no repository over the program's own engine, added,
+ * served, removed and added again; the engine outlives the server. */
+static void test_c_api(void **state)
+{
+    T *t = *state;
+    char path[400], err[256] = "";
+    snprintf(path, sizeof path, "%s/a/model.gguf", t->dir);
+    vki_engine_params ep = vki_engine_default_params();
+    ep.kv_tokens = 1024;
+    ep.max_seqs = 4;
+    ep.device = vt_device_params();
+    ep.device.pipeline_cache_dir = "";
+    ep.device.log = count_validation;
+    ep.device.log_user = t;
+    vki_engine *e = NULL;
+    if (vki_engine_create(path, &ep, &e, err, sizeof err) != VKI_OK)
+        fail_msg("engine: %s", err);
+    vki_server_params sp = vki_server_default_params();
+    sp.port = 0;
+    vki_server *vs = NULL;
+    if (vki_server_create(&sp, &vs, err, sizeof err) != VKI_OK)
+        fail_msg("vki_server_create: %s", err);
+    T c = {.port = vki_server_port(vs)};
+    assert_true(c.port > 0);
+    cJSON *idx = http_json(&c, "POST", "/v2/repository/index", NULL, 200);
+    assert_int_equal(cJSON_GetArraySize(idx), 0);
+    cJSON_Delete(idx);
+    assert_int_equal(vki_server_add_model(vs, "mine", e, NULL, err, sizeof err), VKI_OK);
+    assert_int_equal(vki_server_add_model(vs, "mine", e, NULL, err, sizeof err), VKI_ERR_DUPLICATE_ID);
+    assert_int_equal(vki_server_add_model(vs, "../x", e, NULL, err, sizeof err), VKI_ERR_INVALID_ARG);
+    cJSON *j = http_json(&c, "GET", "/v2/models/mine/ready", NULL, 200);
+    cJSON_Delete(j);
+    j = http_json(&c, "POST", "/v2/models/mine/generate", "{\"text_input\":\"hi\",\"max_tokens\":3}", 200);
+    assert_string_equal(get_str(j, "finish_reason"), "length");
+    cJSON_Delete(j);
+    j = http_json(&c, "POST", "/v1/completions", "{\"prompt\":\"hi\",\"max_tokens\":2}", 200); /* the only model */
+    assert_string_equal(get_str(j, "model"), "mine");
+    cJSON_Delete(j);
+    assert_int_equal(vki_server_remove_model(vs, "mine"), VKI_OK);
+    assert_int_equal(vki_server_remove_model(vs, "nope"), VKI_ERR_NOT_FOUND);
+    v2_error(&c, "POST", "/v2/models/mine/generate", "{\"text_input\":\"hi\"}", 404, "not loaded");
+    assert_int_equal(vki_server_add_model(vs, "mine", e, NULL, err, sizeof err), VKI_OK); /* its manager was freed */
+    j = http_json(&c, "POST", "/v2/models/mine/generate", "{\"text_input\":\"hi\",\"max_tokens\":2}", 200);
+    cJSON_Delete(j);
+    assert_true(vki_server_drain(vs, 10));
+    vki_server_destroy(vs);
+    vki_engine_destroy(e);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_repository),     cmocka_unit_test(test_v2_metadata),
         cmocka_unit_test(test_infer_generate), cmocka_unit_test(test_metrics_stats),
-        cmocka_unit_test(test_sequences),
+        cmocka_unit_test(test_sequences),      cmocka_unit_test(test_c_api),
         cmocka_unit_test(test_unload_under_traffic), cmocka_unit_test(test_control_none),
     };
     if (getenv("VKI_TEST_FILTER"))

@@ -50,6 +50,7 @@ typedef struct repo_model {
     int refs;                /* handlers using m (under repo.mu) */
     time_t mtime;            /* of the GGUF when it was loaded (POLL) */
     bool present;            /* seen by the last scan */
+    bool external;           /* the program's engine (srv_repo_add_engine): never destroyed here */
 } repo_model;
 
 struct srv_repo {
@@ -143,6 +144,8 @@ static bool entry_model(const char *dir, const char *ent, char *name, char *path
 /* Rescans the folder (under mu): new models are added UNAVAILABLE, present marks the rest. */
 static vki_status scan(struct srv_repo *r, char *err, size_t n_err)
 {
+    if (!r->dir)
+        return VKI_OK; /* models added by the program only */
     DIR *d = opendir(r->dir);
     if (!d) {
         snprintf(err, n_err, "--model-repository %s: %s", r->dir, strerror(errno));
@@ -296,6 +299,8 @@ static bool budget_for(struct srv_repo *r, const repo_model *m, uint64_t want, u
 /* Creates m's engine and server (load_mu held, m LOADING). */
 static bool load_model(struct srv_repo *r, repo_model *m, char *err, size_t n_err)
 {
+    if (m->external)
+        return snprintf(err, n_err, "'%s' was added by the program: it adds it again", m->name), false;
     vki_engine_params ep = r->p.engine;
     srv_params sp = r->sp;
     sp.model_path = m->path;
@@ -385,7 +390,8 @@ static void unload_model(struct srv_repo *r, repo_model *m, const char *why)
     snprintf(m->reason, sizeof m->reason, "%s", why);
     pthread_mutex_unlock(&r->mu);
     srv_model_destroy(ms);
-    vki_engine_destroy(e);
+    if (!m->external)
+        vki_engine_destroy(e);
     repo_log(r, VKI_LOG_INFO, "model '%s' unloaded (%s)", m->name, why);
 }
 
@@ -443,6 +449,8 @@ static void poll_once(struct srv_repo *r)
     pthread_mutex_unlock(&r->mu);
     for (uint32_t i = 0; st == VKI_OK && i < n; i++) {
         repo_model *m = r->models[i]; /* only this thread and load_mu holders change the table */
+        if (m->external)
+            continue;
         struct stat s;
         bool have = m->present && !stat(m->path, &s);
         if (m->state == M_READY && (!have || s.st_mtime != m->mtime))
@@ -493,7 +501,7 @@ static bool wanted_at_start(const struct srv_repo *r, const char *name)
 static struct srv_repo *repo_new(const srv_params *p, const srv_repo_params *rp)
 {
     struct srv_repo *r = calloc(1, sizeof *r);
-    if (!r || !(r->dir = strdup(rp->dir))) {
+    if (!r || (rp->dir && !(r->dir = strdup(rp->dir)))) {
         free(r);
         return NULL;
     }
@@ -514,9 +522,9 @@ static struct srv_repo *repo_new(const srv_params *p, const srv_repo_params *rp)
 vki_status srv_create_repo(const srv_params *p, const srv_repo_params *rp, srv **out, char *err, size_t n_err)
 {
     *out = NULL;
-    struct srv_repo *r = rp && rp->dir ? repo_new(p, rp) : NULL;
-    vki_status st = !rp || !rp->dir ? VKI_ERR_INVALID_ARG : r ? VKI_OK : VKI_ERR_OUT_OF_HOST_MEMORY;
-    if (st == VKI_OK && rp->control == SRV_CONTROL_POLL && !rp->poll_s)
+    struct srv_repo *r = rp ? repo_new(p, rp) : NULL;
+    vki_status st = !rp ? VKI_ERR_INVALID_ARG : r ? VKI_OK : VKI_ERR_OUT_OF_HOST_MEMORY;
+    if (st == VKI_OK && rp->control == SRV_CONTROL_POLL && (!rp->poll_s || !rp->dir))
         st = VKI_ERR_INVALID_ARG;
     if (st == VKI_OK) {
         pthread_mutex_lock(&r->mu);
@@ -816,7 +824,8 @@ void srv_repo_free(struct srv_repo *r)
     stop_poller(r);
     for (uint32_t i = 0; i < r->n; i++) {
         srv_model_destroy(r->models[i]->m);
-        vki_engine_destroy(r->models[i]->e);
+        if (!r->models[i]->external)
+            vki_engine_destroy(r->models[i]->e);
         free(r->models[i]);
     }
     pthread_cond_destroy(&r->stop_cv);
@@ -825,4 +834,66 @@ void srv_repo_free(struct srv_repo *r)
     pthread_mutex_destroy(&r->mu);
     free(r->dir);
     free(r);
+}
+
+/* ---- models the program brings (vkinfer_server.h) ------------------------------------------------ */
+
+vki_status srv_repo_add_engine(srv *s, const char *name, vki_engine *e, const vki_batch_params *bp, char *err,
+                               size_t n_err)
+{
+    struct srv_repo *r = s->repo;
+    if (!r || !e || !name || !valid_name(name))
+        return snprintf(err, n_err, "add a model: %s", !r ? "not a multi-model server" : "a name ([^/\"\\], < 128 "
+                        "bytes, not starting with '.') and an engine are needed"), VKI_ERR_INVALID_ARG;
+    srv_params sp = r->sp;
+    sp.model_path = NULL;
+    sp.model_id = name;
+    if (bp)
+        sp.batch = *bp;
+    pthread_mutex_lock(&r->load_mu);
+    pthread_mutex_lock(&r->mu);
+    repo_model *m = find(r, name);
+    vki_status st = m && m->state != M_UNAVAILABLE ? VKI_ERR_DUPLICATE_ID : !m && r->n == REPO_MAX ? VKI_ERR_INVALID_ARG
+                  : VKI_OK;
+    if (st == VKI_OK && !m && (m = calloc(1, sizeof *m))) {
+        snprintf(m->name, sizeof m->name, "%s", name);
+        r->models[r->n++] = m;
+        qsort(r->models, r->n, sizeof r->models[0], by_name);
+    }
+    if (st == VKI_OK && !m)
+        st = VKI_ERR_OUT_OF_HOST_MEMORY;
+    if (st == VKI_OK)
+        m->state = M_LOADING;
+    pthread_mutex_unlock(&r->mu);
+    srv *ms = NULL;
+    if (st == VKI_OK && (st = srv_model_create(e, &sp, &ms, err, n_err)) == VKI_OK) {
+        ms->p.model_id = m->name;
+        pthread_mutex_lock(&r->mu);
+        m->external = true;
+        m->path[0] = m->cfg[0] = 0;
+        m->e = e;
+        m->m = ms;
+        m->state = M_READY;
+        m->reason[0] = 0;
+        pthread_mutex_unlock(&r->mu); /* the program's engine is not charged to the budget */
+    } else if (m && st != VKI_ERR_DUPLICATE_ID) {
+        pthread_mutex_lock(&r->mu);
+        m->state = M_UNAVAILABLE;
+        snprintf(m->reason, sizeof m->reason, "%s", err);
+        pthread_mutex_unlock(&r->mu);
+    }
+    pthread_mutex_unlock(&r->load_mu);
+    if (st == VKI_ERR_DUPLICATE_ID)
+        snprintf(err, n_err, "a model named '%s' is already loaded", name);
+    else if (st == VKI_ERR_INVALID_ARG && !err[0])
+        snprintf(err, n_err, "at most %d models", REPO_MAX);
+    return st;
+}
+
+vki_status srv_repo_remove(srv *s, const char *name)
+{
+    if (!s->repo)
+        return VKI_ERR_INVALID_ARG;
+    srv_error e;
+    return repo_unload(s->repo, name, &e) ? VKI_OK : VKI_ERR_NOT_FOUND;
 }

@@ -467,6 +467,10 @@ vki_status srv_front_create(const srv_params *p, struct srv_repo *repo, srv **ou
  * loads or unloads). On a single-model server: that server (a lenient name when !strict). */
 srv *srv_model_acquire(srv *s, const char *name, bool strict, srv_error *e);
 void srv_model_release(srv *s, srv *m);
+/* A model over the program's engine e (not charged to the budget, never destroyed here). */
+vki_status srv_repo_add_engine(srv *s, const char *name, vki_engine *e, const vki_batch_params *bp, char *err,
+                               size_t n_err);
+vki_status srv_repo_remove(srv *s, const char *name); /* unload; VKI_ERR_NOT_FOUND */
 /* repository mode: the io thread's routes and the life cycle hooks of server.c */
 cJSON *srv_model_object(const srv *m);          /* server_routes.c: a /v1/models entry */
 void srv_repo_models(srv_conn *c);                 /* GET /v1/models */
