@@ -48,6 +48,8 @@ static void usage(FILE *f)
             "  --load-model NAME       explicit: load NAME at start (repeatable; * = all)\n"
             "  --repository-poll-secs S  poll: seconds between scans (15)\n"
             "  --unload-timeout S      running requests of a model being unloaded get this long (30)\n"
+            "  --session-idle S        a session's pinned KV is released after S idle seconds (300)\n"
+            "  --session-max-blocks N  KV blocks all sessions may pin (0 = half the pool)\n"
             "  --host ADDR             address to listen on (127.0.0.1; 0.0.0.0 or :: for all)\n"
             "  --port N                port (8080; 0 = any free port, printed at start)\n"
             "  --api-key KEY           require Authorization: Bearer KEY on /v1/*, /props, /tokenize,\n"
@@ -138,7 +140,8 @@ static int serve_opt(int argc, char **argv, int *i, serve_opts *o)
                                         "--max-batch-size", "--max-num-tokens", "--chunk-size", "--max-queue",
                                         "--api-key", "--api-key-file", "--cors-origin", "--request-timeout",
                                         "--stats-interval", "--pooling", "--model-repository", "--model-control",
-                                        "--load-model", "--repository-poll-secs", "--unload-timeout"};
+                                        "--load-model", "--repository-poll-secs", "--unload-timeout",
+                                        "--session-idle", "--session-max-blocks"};
     size_t k;
     int r = cli_value_opt("serve", argc, argv, i, names, sizeof names / sizeof names[0], &k, &v);
     if (r <= 0)
@@ -181,6 +184,8 @@ static int serve_opt(int argc, char **argv, int *i, serve_opts *o)
     case 21: ok = add_item(o->load, &o->repo.n_load_models, v, a); break;
     case 22: ok = cli_parse_u64("serve", a, v, 1, 86400, &u); o->repo.poll_s = (uint32_t)u; break;
     case 23: ok = cli_parse_u64("serve", a, v, 0, 86400, &u); o->repo.unload_timeout_s = (double)u; break;
+    case 24: ok = cli_parse_u64("serve", a, v, 1, 30 * 86400, &u); p->batch.session_idle_s = (double)u; break;
+    case 25: ok = cli_parse_u64("serve", a, v, 0, UINT32_MAX, &u); p->batch.session_max_blocks = (uint32_t)u; break;
     case 18:
         ok = !strcmp(v, "mean") || !strcmp(v, "last");
         p->pooling = !strcmp(v, "last") ? VKI_POOL_LAST : VKI_POOL_MEAN;
