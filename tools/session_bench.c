@@ -137,7 +137,7 @@ static uint32_t u32_arg(const char *v) { return (uint32_t)strtoul(v, NULL, 10); 
 
 int main(int argc, char **argv)
 {
-    opts o = {.turns = 5, .user = 360, .answer = 40, .traffic = 3, .traffic_len = 1000, .kv_tokens = 3072};
+    opts o = {.turns = 5, .user = 360, .answer = 40, .traffic = 2, .traffic_len = 800, .kv_tokens = 3072};
     for (int i = 1; i + 1 < argc; i += 2) {
         const char *a = argv[i], *v = argv[i + 1];
         if (!strcmp(a, "-m"))
@@ -156,8 +156,8 @@ int main(int argc, char **argv)
             o.kv_tokens = u32_arg(v);
     }
     if (!o.model || !o.turns || !o.user || !o.answer || !o.traffic_len) {
-        fprintf(stderr, "usage: session-bench -m MODEL.gguf [--turns 5] [--user 360] [--answer 40] [--traffic 3] "
-                "[--traffic-len 1000] [--kv-tokens 3072]\n");
+        fprintf(stderr, "usage: session-bench -m MODEL.gguf [--turns 5] [--user 360] [--answer 40] [--traffic 2] "
+                "[--traffic-len 800] [--kv-tokens 3072]\n");
         return 2;
     }
     vki_engine_params ep = vki_engine_default_params();
@@ -180,7 +180,17 @@ int main(int argc, char **argv)
                  {"prefix cache, traffic between turns", true, false, true},
                  {"session (pinned KV), traffic between turns", true, true, true},
                  {"prefix cache, no traffic (best case)", true, false, false}};
-    conversation(e, &o, true, false, false, vocab); /* warm-up: pipelines, allocator */
+    { /* warm-up: pipelines and allocations of prefill and decode */
+        vki_batch_manager *bm = NULL;
+        int32_t warm[64];
+        for (uint32_t i = 0; i < 64; i++)
+            warm[i] = rnd_tok(vocab);
+        wait1 w;
+        if (vki_batch_manager_create(e, NULL, NULL, &bm) == VKI_OK) {
+            run(bm, 1, warm, 64, 4, 0, &w);
+            vki_batch_manager_destroy(bm, false);
+        }
+    }
     printf("model %s (%s, %u layers, d %u) on %s; KV pool %u tokens; turn %u of a conversation, "
            "%u-token user messages, %u-token answers, %u requests of %u tokens between turns\n\n",
            mi.name, mi.arch, mi.n_layer, mi.d_model, mi.device, o.kv_tokens, o.turns, o.user, o.answer,

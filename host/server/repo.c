@@ -78,18 +78,10 @@ srv_repo_params srv_repo_default_params(void)
 static void repo_log(const struct srv_repo *r, vki_log_level lv, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 static void repo_log(const struct srv_repo *r, vki_log_level lv, const char *fmt, ...)
 {
-    if (lv > r->sp.log_level)
-        return;
-    char msg[768];
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
+    srv_logv(&r->sp, lv, fmt, ap);
     va_end(ap);
-    if (r->sp.log)
-        r->sp.log(r->sp.log_user, lv, msg);
-    else
-        fprintf(stderr, "vkinfer serve: %s%s\n", lv == VKI_LOG_ERROR ? "error: " : lv == VKI_LOG_WARN ? "warning: " : "",
-                msg);
 }
 
 /* ---- the folder ------------------------------------------------------------------------------ */

@@ -41,15 +41,20 @@ double srv_now(void)
 
 void srv_log(const srv *s, vki_log_level lv, const char *fmt, ...)
 {
-    if (lv > s->p.log_level)
-        return;
-    char msg[768];
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
+    srv_logv(&s->p, lv, fmt, ap);
     va_end(ap);
-    if (s->p.log)
-        s->p.log(s->p.log_user, lv, msg);
+}
+
+void srv_logv(const srv_params *p, vki_log_level lv, const char *fmt, va_list ap)
+{
+    if (lv > p->log_level)
+        return;
+    char msg[768];
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    if (p->log)
+        p->log(p->log_user, lv, msg);
     else
         fprintf(stderr, "vkinfer serve: %s%s\n", lv == VKI_LOG_ERROR ? "error: " : lv == VKI_LOG_WARN ? "warning: " : "",
                 msg);

@@ -38,6 +38,7 @@
 #define VKI_HOST_SERVER_H
 
 #include <pthread.h>
+#include <stdarg.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -329,6 +330,7 @@ static inline srv *srv_conn_model(const srv_conn *c) { return c->model ? c->mode
 
 double srv_now(void); /* monotonic seconds */
 void srv_log(const srv *s, vki_log_level lv, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+void srv_logv(const srv_params *p, vki_log_level lv, const char *fmt, va_list ap) __attribute__((format(printf, 3, 0)));
 
 /* ---- jobs (server_req.c, server_job.c) --------------------------------------------------------- */
 
