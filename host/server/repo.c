@@ -403,7 +403,7 @@ static bool repo_load(struct srv_repo *r, const char *name, srv_error *e)
     if (m && !loaded && !(ok = load_model(r, m, err, sizeof err))) {
         pthread_mutex_lock(&r->mu);
         m->state = M_UNAVAILABLE;
-        snprintf(m->reason, sizeof m->reason, "%s", err);
+        snprintf(m->reason, sizeof m->reason, "%.500s", err);
         pthread_mutex_unlock(&r->mu);
         repo_log(r, VKI_LOG_WARN, "model '%s' not loaded: %s", name, err);
     }
