@@ -5,7 +5,7 @@
  * named with the list of those that do, an occupied port is reported before the model loads;
  * `chat` through a pipe (turns per line, history from the KV cache) and on a pseudo-terminal
  * (prompt, continued lines, Ctrl-C stopping an answer but not the program); `info --json` is
- * valid JSON naming the device; qwen3, gemma2, gemma3 and phi3 models from make-model generate.
+ * valid JSON naming the device; --grammar / --json-schema constrain generate and chat; qwen3, gemma2, gemma3 and phi3 models from make-model generate.
  * Runs with --validation and fails on any validation message. */
 #include "support/vt.h"
 
@@ -213,6 +213,56 @@ static void test_generate_json(void **state)
     assert_true(cJSON_GetObjectItem(cJSON_GetObjectItem(o, "timings"), "generation_tokens_per_s")->valuedouble > 0);
     assert_true(cJSON_IsNumber(cJSON_GetObjectItem(o, "seed")));
     cJSON_Delete(o);
+}
+
+/* Structured output: --json-schema-file (the answer is in the schema's language and ends where
+ * it may), --grammar on chat, and bad constraints refused before the model loads (exit 2, the
+ * rule and position named). -n 256 covers the schema's worst case (8 whitespace runs of at most
+ * 21 bytes and 19 bytes of JSON, a token at least a byte: 187 tokens). Greedy. */
+static void test_generate_constrained(void **state)
+{
+    (void)state;
+    static const char schema[] = "{\"type\": \"object\", \"properties\": {\"a\": {\"type\": \"boolean\"}, "
+                                 "\"b\": {\"enum\": [\"x\", \"y\"]}}, \"required\": [\"a\", \"b\"]}";
+    char m[512], args[1024], file[] = "/tmp/vki_cli_schema_XXXXXX", gbnf[2048];
+    model(m, sizeof m);
+    int fd = mkstemp(file);
+    assert_true(fd >= 0);
+    assert_int_equal(write(fd, schema, strlen(schema)), (ssize_t)strlen(schema));
+    close(fd);
+    vt_run_result r;
+    snprintf(args, sizeof args, "generate --validation --no-progress --no-warmup -m %s -p \"Once upon a time\" -n 256 "
+             "--json --json-schema-file %s", m, file);
+    vt_run_vkinfer(args, &r);
+    unlink(file);
+    assert_int_equal(r.rc, 0);
+    cJSON *o = cJSON_Parse(r.out);
+    assert_non_null(o);
+    const char *text = cJSON_GetObjectItem(o, "text")->valuestring;
+    size_t n;
+    assert_int_equal(vki_json_schema_to_grammar(schema, strlen(schema), gbnf, sizeof gbnf, &n, NULL, 0), VKI_OK);
+    if (!vt_in_grammar(gbnf, strlen(gbnf), text, strlen(text)))
+        fail_msg("\"%s\" is not valid against %s", text, schema);
+    assert_string_equal(cJSON_GetObjectItem(o, "finish_reason")->valuestring, "stop");
+    cJSON_Delete(o);
+    snprintf(args, sizeof args, "chat --validation --no-progress --no-warmup -m %s --grammar 'root ::= \"yes\" | "
+             "\"no\"'", m);
+    vt_run_vkinfer_in("printf 'Is the sky blue?\\n'", args, &r);
+    assert_int_equal(r.rc, 0);
+    assert_true(strstr(r.out, "yes\n") || strstr(r.out, "no\n"));
+    vt_run_vkinfer("generate -m /nonexistent.gguf -p x --grammar 'root ::= valu'", &r);
+    assert_int_equal(r.rc, 2);
+    assert_non_null(strstr(r.err, "--grammar: grammar: line 1, column 10: undefined rule 'valu'"));
+    vt_run_vkinfer("generate -m /nonexistent.gguf -p x --json-schema '{\"type\": \"string\", \"format\": \"uri\"}'",
+                   &r);
+    assert_int_equal(r.rc, 2);
+    assert_non_null(strstr(r.err, "keyword 'format'"));
+    vt_run_vkinfer("generate -m /nonexistent.gguf -p x --grammar 'root ::= \"a\"' --json-schema-file /nonexistent", &r);
+    assert_int_equal(r.rc, 2);
+    assert_non_null(strstr(r.err, "give one of"));
+    vt_run_vkinfer("chat -m /nonexistent.gguf --json-schema-file /nonexistent/s.json", &r);
+    assert_int_equal(r.rc, 2);
+    assert_non_null(strstr(r.err, "/nonexistent/s.json: cannot open it"));
 }
 
 /* -p - reads stdin, -f FILE a file; --no-display-prompt prints only the answer. */
@@ -423,6 +473,7 @@ int main(void)
         cmocka_unit_test(test_generate_ignore_eos),
         cmocka_unit_test(test_generate_escapes),
         cmocka_unit_test(test_generate_json),
+        cmocka_unit_test(test_generate_constrained),
         cmocka_unit_test(test_generate_prompt_sources),
         cmocka_unit_test(test_generate_context),
         cmocka_unit_test(test_devices_version_port),

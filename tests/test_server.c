@@ -692,8 +692,8 @@ static const bad_case BAD[] = {
     {"/v1/chat/completions", "{\"messages\":\"hi\"}", 400, "messages", "messages"},
     {"/v1/chat/completions", "{\"messages\":[{\"role\":\"user\"}]}", 400, "messages", "messages[0].content"},
     {"/v1/chat/completions", "{\"messages\":[{\"content\":\"x\"}]}", 400, "messages", "messages[0].role"},
-    {"/v1/chat/completions", "{\"messages\":[{\"role\":\"user\",\"content\":\"a\"},{\"role\":\"tool\",\"content\":"
-     "\"b\"}]}", 400, "messages", "messages[1].role"},
+    {"/v1/chat/completions", "{\"messages\":[{\"role\":\"user\",\"content\":\"a\"},{\"role\":\"function\","
+     "\"content\":\"b\"}]}", 400, "messages", "messages[1].role"},
     {"/v1/chat/completions", "{\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"image_url\"}]}]}", 400,
      "messages", "messages[0].content[0]"},
     {"/v1/chat/completions", "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"tools\":[{\"type\":"
@@ -703,7 +703,7 @@ static const bad_case BAD[] = {
     {"/v1/chat/completions", "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"functions\":[{}]}", 400,
      "functions", "functions"},
     {"/v1/chat/completions", "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"response_format\":{\"type\":"
-     "\"json_object\"}}", 400, "response_format", "response_format"},
+     "\"yaml\"}}", 400, "response_format", "response_format"},
     {"/v1/chat/completions", "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"top_logprobs\":2}", 400,
      "top_logprobs", "logprobs"},
     {"/v1/chat/completions", "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"logprobs\":1}", 400,
@@ -734,8 +734,8 @@ static const bad_case BAD[] = {
     {"/v1/completions", "{\"prompt\":\"x\",\"stop_token_ids\":[99999999]}", 400, "stop_token_ids", "stop_token_ids"},
     {"/v1/completions", "{\"prompt\":\"x\",\"ignore_eos\":1}", 400, "ignore_eos", "boolean"},
     {"/v1/completions", "{\"prompt\":\"x\",\"skip_special_tokens\":\"no\"}", 400, "skip_special_tokens", "boolean"},
-    {"/v1/completions", "{\"prompt\":\"x\",\"grammar\":\"root ::= x\"}", 400, "grammar", "not supported"},
-    {"/v1/completions", "{\"prompt\":\"x\",\"guided_json\":{}}", 400, "guided_json", "not supported"},
+    {"/v1/completions", "{\"prompt\":\"x\",\"grammar\":\"root ::= x\"}", 400, "grammar", "undefined rule 'x'"},
+    {"/v1/completions", "{\"prompt\":\"x\",\"guided_regex\":\"a+\"}", 400, "guided_regex", "guided_regex"},
 };
 
 static void test_errors(void **state)
@@ -1394,6 +1394,7 @@ static void test_chats_default_policy(void **state)
     vki_engine_destroy(e);
 }
 
+#ifndef TEST_SERVER_NO_MAIN /* test_server_struct.c includes this file for its fixture and helpers */
 int main(int argc, char **argv)
 {
     const struct CMUnitTest tests[] = {
@@ -1411,3 +1412,4 @@ int main(int argc, char **argv)
         cmocka_set_test_filter(getenv("VKI_TEST_FILTER"));
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }
+#endif

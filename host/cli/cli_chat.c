@@ -106,6 +106,7 @@ typedef struct chat_state {
     int sfd, done_fd;
     bool tty, timings, ignore_eos;
     vki_sampling_params sp;
+    cli_constraint con;        /* --grammar / --json-schema: every answer follows it */
     uint32_t n_max;            /* -n: tokens per answer (0: the rest of the context) */
     char **stops;
     uint32_t n_stops;
@@ -319,7 +320,7 @@ static void exchange(chat_state *c, const char *text)
     vki_text_stream_create(c->tok, (const char *const *)c->stops, c->n_stops, VKI_DETOK_STRIP_LEADING_SPACE, &c->ts);
     uint64_t id = c->next_id++;
     vki_request req = {.id = id, .prompt = ids, .n_prompt = (uint32_t)n, .max_new_tokens = max_new,
-                       .ignore_eos = c->ignore_eos, .sampling = c->sp, .streaming = true};
+                       .ignore_eos = c->ignore_eos, .sampling = c->sp, .streaming = true, .constraint = c->con.c};
     char err[256] = "";
     c->t0 = cli_now_s();
     vki_status st = c->ts ? vki_batch_submit(c->bm, &req, on_answer, c, err, sizeof err) : VKI_ERR_OUT_OF_HOST_MEMORY;
@@ -446,6 +447,7 @@ static void usage(FILE *f)
             "  --ignore-eos            answers run to -n (benchmarks, tests)\n"
             "  --timings               after each answer, a line on stderr: prompt tokens, how many came\n"
             "                          from the cache, answer tokens and speed\n");
+    cli_constraint_help(f);
     cli_sampling_help(f);
     cli_engine_opts_help(f);
 }
@@ -518,10 +520,13 @@ int vki_cli_chat(int argc, char **argv)
             rc = cli_sampling_opt("chat", argc, argv, &i, &c.sp);
         if (rc == 0)
             rc = chat_opt(argc, argv, &i, &c, &family, stops, &n_max);
-        if (rc < 0)
-            return 2;
+        if (rc == 0)
+            rc = cli_constraint_opt("chat", argc, argv, &i, &c.con);
         if (rc > 0)
             continue;
+        cli_constraint_free(&c.con);
+        if (rc < 0)
+            return 2;
         if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help"))
             return usage(stdout), 0;
         fprintf(stderr, "vkinfer chat: unknown or incomplete option '%s'\n", argv[i]);
@@ -556,6 +561,7 @@ int vki_cli_chat(int argc, char **argv)
         vki_engine_destroy(c.e);
     }
     clear_history(&c);
+    cli_constraint_free(&c.con);
     free(c.msgs);
     free(c.hist);
     free(c.gen);

@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include "engine/synth.h"
+#include "host/util/strbuf.h"
 
 #include <errno.h>
 #include <math.h>
@@ -519,4 +520,71 @@ bool cli_default_model(const char *preset, char *path, size_t n)
         return false;
     }
     return true;
+}
+
+/* ---- output constraints -------------------------------------------------------------------------- */
+
+/* A whole file as a NUL-terminated string (malloc'd), or NULL after printing why. */
+static char *read_text_file(const char *cmd, const char *opt, const char *path)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        fprintf(stderr, "vkinfer %s: %s %s: cannot open it\n", cmd, opt, path);
+        return NULL;
+    }
+    strbuf b = {0};
+    char buf[4096];
+    size_t n;
+    bool ok = true;
+    while (ok && (n = fread(buf, 1, sizeof buf, f)) > 0)
+        ok = strbuf_put(&b, buf, n);
+    ok = ok && !ferror(f) && strbuf_put(&b, "", 0);
+    fclose(f);
+    if (!ok || strlen(b.p) != b.len) {
+        fprintf(stderr, "vkinfer %s: %s %s: cannot read it%s\n", cmd, opt, path, ok ? " (it holds a NUL byte)" : "");
+        strbuf_free(&b);
+        return NULL;
+    }
+    return b.p;
+}
+
+int cli_constraint_opt(const char *cmd, int argc, char **argv, int *i, cli_constraint *c)
+{
+    static const char *const names[] = {"--grammar", "--grammar-file", "--json-schema", "--json-schema-file"};
+    size_t k;
+    const char *v, *opt = argv[*i];
+    int r = cli_value_opt(cmd, argc, argv, i, names, sizeof names / sizeof names[0], &k, &v);
+    if (r <= 0)
+        return r;
+    if (c->c.type != VKI_CONSTRAINT_NONE) {
+        fprintf(stderr, "vkinfer %s: %s: give one of --grammar, --grammar-file, --json-schema, --json-schema-file\n",
+                cmd, opt);
+        return -1;
+    }
+    c->own = k == 1 || k == 3 ? read_text_file(cmd, opt, v) : strdup(v);
+    if (!c->own)
+        return -1;
+    c->c = (vki_constraint){k < 2 ? VKI_CONSTRAINT_GBNF : VKI_CONSTRAINT_JSON_SCHEMA, c->own, strlen(c->own)};
+    char err[320] = "";
+    if (vki_constraint_check(&c->c, err, sizeof err) != VKI_OK) {
+        fprintf(stderr, "vkinfer %s: %s: %s\n", cmd, opt, err[0] ? err : "invalid");
+        return -1;
+    }
+    return 1;
+}
+
+void cli_constraint_help(FILE *f)
+{
+    fprintf(f, "output constraint (structured output; at most one):\n"
+               "  --grammar GBNF          the output follows a GBNF grammar (llama.cpp syntax, start rule root)\n"
+               "  --grammar-file F        the same, read from F\n"
+               "  --json-schema JSON      the output is JSON valid against a JSON Schema ('{\"type\": \"object\"}':\n"
+               "                          any object; see the README for the supported keywords)\n"
+               "  --json-schema-file F    the same, read from F\n");
+}
+
+void cli_constraint_free(cli_constraint *c)
+{
+    free(c->own);
+    *c = (cli_constraint){0};
 }

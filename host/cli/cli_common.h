@@ -61,6 +61,18 @@ bool cli_chat_tokens(cli_chat *c, const vki_tokenizer *tok, const chat_msg *m, s
 int cli_sampling_opt(const char *cmd, int argc, char **argv, int *i, vki_sampling_params *s);
 void cli_sampling_help(FILE *f);
 
+/* The output constraint of generate and chat: --grammar GBNF, --grammar-file F, --json-schema
+ * JSON, --json-schema-file F (at most one). Checked when read (vki_constraint_check), so a bad
+ * grammar is reported before the model loads. */
+typedef struct cli_constraint {
+    vki_constraint c;               /* type NONE when no option was given; text is `own` */
+    char *own;                      /* the grammar or schema text (malloc'd) */
+} cli_constraint;
+/* The *_opt contract (1 / 0 / -1, message printed). */
+int cli_constraint_opt(const char *cmd, int argc, char **argv, int *i, cli_constraint *c);
+void cli_constraint_help(FILE *f);
+void cli_constraint_free(cli_constraint *c);
+
 /* Interprets the usual backslash escapes of a command-line string in place: \n \t \r \\ \" \'
  * \a \b \f \v \e, \xHH and \uXXXX (UTF-8); an unknown escape stays as written. false (message
  * printed) for \x00 / \u0000 or a malformed \x / \u. */

@@ -2,7 +2,8 @@
  * stdout gets the prompt followed by the generated text and nothing else (--no-display-prompt:
  * only the generated text; --json: one JSON object instead); stderr gets the loading line and
  * timings. The prompt comes from -p TEXT (escapes interpreted), -p - (stdin) or -f FILE; --chat
- * wraps it as one user message in the model's chat template. */
+ * wraps it as one user message in the model's chat template. --grammar / --json-schema (and
+ * their -file forms) constrain the output (cli_constraint). */
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -22,6 +23,7 @@ typedef struct gen_opts {
     char *stops[MAX_STOPS];
     uint32_t n_stops;
     vki_sampling_params sp;
+    cli_constraint con;
 } gen_opts;
 
 typedef struct gen_state {
@@ -132,6 +134,7 @@ static void usage(FILE *f)
             "                          finish reason, seed, timings\n"
             "  --no-escape             take -p and --stop literally (default: \\n, \\t, \\\\, \\xHH, ... are\n"
             "                          interpreted, so --stop \"\\n\\n\" is two newlines)\n");
+    cli_constraint_help(f);
     cli_sampling_help(f);
     cli_engine_opts_help(f);
 }
@@ -286,7 +289,7 @@ static int run(cli_engine_opts *eo, gen_opts *o)
         st = vki_batch_manager_create(e, &bp, NULL, &g.bm);
     o->sp.logprobs = o->json;
     vki_request req = {.id = g.id, .prompt = ids, .n_prompt = (uint32_t)np, .max_new_tokens = n_predict,
-                       .ignore_eos = o->ignore_eos, .sampling = o->sp, .streaming = true};
+                       .ignore_eos = o->ignore_eos, .sampling = o->sp, .streaming = true, .constraint = o->con.c};
     if (st == VKI_OK) {
         if (!o->no_display && !o->json && !o->chat)
             write_out(prompt, strlen(prompt));
@@ -374,10 +377,15 @@ int vki_cli_generate(int argc, char **argv)
             r = cli_sampling_opt("generate", argc, argv, &i, &o.sp);
         if (r == 0)
             r = gen_opt(argc, argv, &i, &o);
-        if (r < 0)
+        if (r == 0)
+            r = cli_constraint_opt("generate", argc, argv, &i, &o.con);
+        if (r < 0) {
+            cli_constraint_free(&o.con);
             return 2;
+        }
         if (r > 0)
             continue;
+        cli_constraint_free(&o.con);
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             usage(stdout);
             return 0;
@@ -386,18 +394,16 @@ int vki_cli_generate(int argc, char **argv)
         usage(stderr);
         return 2;
     }
-    if (!o.prompt_arg == !o.prompt_file) {
+    bool bad = !o.prompt_arg == !o.prompt_file;
+    if (bad)
         fprintf(stderr, "vkinfer generate: %s\n", o.prompt_file ? "-p and -f together: give one prompt"
                                                                 : "no prompt (-p TEXT, -p - for stdin, or -f FILE)");
-        return 2;
-    }
-    for (uint32_t s = 0; s < o.n_stops && !o.no_escape; s++)
-        if (!cli_unescape("generate", "--stop", o.stops[s]))
-            return 2;
-    for (uint32_t s = 0; s < o.n_stops; s++)
-        if (!o.stops[s][0]) {
+    for (uint32_t s = 0; s < o.n_stops && !o.no_escape && !bad; s++)
+        bad = !cli_unescape("generate", "--stop", o.stops[s]);
+    for (uint32_t s = 0; s < o.n_stops && !bad; s++)
+        if ((bad = !o.stops[s][0]))
             fprintf(stderr, "vkinfer generate: --stop: an empty stop string\n");
-            return 2;
-        }
-    return run(&eo, &o);
+    int rc = bad ? 2 : run(&eo, &o);
+    cli_constraint_free(&o.con);
+    return rc;
 }

@@ -455,6 +455,8 @@ static vki_status setup_chat(srv *s, char *err, size_t n_err)
     s->chat_known = known;
     chat_token_texts(s->tok, bos, sizeof bos, eos, sizeof eos);
     vki_status st = chat_template_init(&s->chat, f, tmpl, bos, eos);
+    if (st == VKI_OK)
+        s->tool_fmt = chat_tools_format(&s->chat, tmpl);
     free(tmpl);
     if (st == VKI_OK)
         st = chat_specials_create(s->tok, &s->specials);

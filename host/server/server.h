@@ -9,6 +9,8 @@
  *                     validation (400s naming the field), prompts, chat messages through chat.h
  *   server_job.c      a job's life: n choices submitted to the batch manager, their callback,
  *                     waiting for tokens or a client that went away, the JSON / SSE output
+ *   server_struct.c   structured output (response_format, grammar, json_schema, guided_*) and tool
+ *                     calling (tools, tool_choice, tool messages; output parsed into tool_calls)
  *   server_routes.c   /v1/models, /props, /version, /tokenize, /detokenize, /v1/embeddings
  *   server_metrics.c  counters, histograms, the tick gauges, Prometheus text
  *
@@ -47,6 +49,7 @@
 #include <cjson/cJSON.h>
 
 #include "host/chat/chat.h"
+#include "host/chat/chat_tools.h"
 #include "host/util/strbuf.h"
 #include "vkinfer.h"
 
@@ -290,6 +293,7 @@ struct srv {
     char model_id[128];
     chat_template chat;
     bool chat_known;           /* the GGUF's template was recognised (else the plain fallback) */
+    chat_tool_format tool_fmt; /* how tools are rendered and calls written (from the template) */
     chat_specials *specials;
     pthread_mutex_t mu;
     pthread_cond_t cv;         /* n_active or n_handlers changed */
@@ -370,7 +374,26 @@ typedef struct srv_choice {
     size_t text_bytes;         /* completion bytes emitted so far (text_offset) */
     cJSON *lp_all;             /* non-streaming logprobs being built */
     bool role_sent, end_sent;  /* streaming chat: the role chunk, the finish chunk */
+    chat_tool_parser *tp;      /* tools: the output parsed into calls (NULL: plain content) */
+    uint32_t n_calls;          /* tool calls begun in the output */
+    bool tp_done;              /* tp has seen the end of the output */
 } srv_choice;
+
+/* Structured output and tools of a job (server_struct.c). */
+typedef enum srv_tool_choice { SRV_TOOLS_AUTO = 0, SRV_TOOLS_NONE, SRV_TOOLS_REQUIRED, SRV_TOOLS_NAMED } srv_tool_choice;
+
+typedef struct srv_struct {
+    vki_constraint_type type;  /* the output constraint: NONE, GBNF or JSON_SCHEMA */
+    strbuf text;               /* its grammar or schema text */
+    const char *field;         /* the request field that set it (errors name it) */
+    chat_tool_set *tools;      /* "tools" (NULL: none or an empty list) */
+    srv_tool_choice choice;
+    char name[72];             /* SRV_TOOLS_NAMED: the function */
+    bool serial;               /* parallel_tool_calls: false */
+    bool choice_given;
+    bool parse;                /* the choices parse their output into tool calls */
+    bool opened;               /* the prompt ends with the call opener (Mistral's [TOOL_CALLS]) */
+} srv_struct;
 
 /* One generation request: n choices over one prompt. Refcounted: the handler and the batch
  * manager (one reference per submitted choice, until its final response) each hold one. */
@@ -395,6 +418,7 @@ struct srv_job {
     uint32_t n_stop_ids;
     char *stops[SRV_MAX_STOPS];
     uint32_t n_stops;
+    srv_struct so;             /* response_format / grammar / tools */
     srv_choice ch[SRV_MAX_N];
     bool rest_submitted;       /* choices 1..n-1 (submitted once choice 0 has its prompt's KV) */
     double t_arrive, t_first, t_last; /* seconds, monotonic (under mu) */
@@ -423,6 +447,29 @@ typedef struct srv_job_fmt {
 bool srv_job_from_json(srv *s, bool chat, const char *body, size_t n, srv_job **out, srv_error *e);
 /* Fields shared with the other routes: the top-level object of a body, or false with *e. */
 cJSON *srv_parse_body(const char *body, size_t n, srv_error *e);
+
+/* server_struct.c. A request field it owns (response_format, grammar, json_schema, guided_*,
+ * tools, tool_choice, parallel_tool_calls; v->string is the name): false with *e (400 naming it). */
+bool srv_struct_field(srv_job *j, const cJSON *v, srv_error *e);
+/* Cross-field rules once every field was read (tool_choice without tools, a forced call with
+ * another constraint). */
+bool srv_struct_check(srv_job *j, srv_error *e);
+/* messages[i]'s tool parts: an assistant's tool_calls, a tool message's tool_call_id. Pointers
+ * into m; tm->calls is malloc'd (free it). */
+bool srv_struct_message(const cJSON *m, size_t i, chat_role role, chat_tool_msg *tm, srv_error *e);
+/* Renders the conversation (with the tools unless tool_choice is none; tm may be NULL) and, for
+ * a forced call, sets the job's grammar and appends the format's opener to the prompt. */
+bool srv_struct_render(srv_job *j, const chat_msg *m, const chat_tool_msg *tm, size_t n, chat_prompt *p,
+                       srv_error *e);
+bool srv_struct_choice_init(srv_job *j, srv_choice *ch, srv_error *e);
+/* Streaming: the deltas ({"content": ...} / {"tool_calls": [...]}, OpenAI's shapes) that a piece
+ * of text gives, appended to `deltas`; end: the output is complete. false: out of memory. */
+bool srv_struct_deltas(srv_choice *ch, const char *text, size_t n, bool end, cJSON *deltas);
+/* Non-streaming: message.content and message.tool_calls from the whole text. */
+bool srv_struct_answer(srv_choice *ch, const char *text, size_t n, cJSON *message);
+void srv_struct_free(srv_job *j);
+/* What /props says is supported. */
+cJSON *srv_struct_props(const srv *s);
 
 /* server_job.c */
 srv_job *srv_job_new(srv *s, bool chat);

@@ -56,6 +56,7 @@ static void job_free(srv_job *j)
     free(j->stop_ids);
     for (uint32_t i = 0; i < j->n_stops; i++)
         free(j->stops[i]);
+    srv_struct_free(j);
     for (uint32_t i = 0; i < SRV_MAX_N; i++) {
         srv_choice *ch = &j->ch[i];
         srv_toks *all[] = {&ch->w, &ch->h};
@@ -210,7 +211,8 @@ static vki_status submit_choice(srv_job *j, srv_choice *ch, char *err, size_t n_
     srv *s = j->s;
     vki_request req = {.prompt = j->prompt, .n_prompt = j->n_prompt, .max_new_tokens = j->max_tokens,
                        .min_tokens = j->min_tokens, .stop_ids = j->stop_ids, .n_stop_ids = j->n_stop_ids,
-                       .ignore_eos = j->ignore_eos, .sampling = j->sampling, .streaming = true};
+                       .ignore_eos = j->ignore_eos, .sampling = j->sampling, .streaming = true,
+                       .constraint = {j->so.type, j->so.text.p, j->so.text.len}};
     if (ch->index && j->sampling.has_seed)
         req.sampling.seed = j->sampling.seed + ch->index;
     req.session_id = ch->index ? 0 : j->session_id; /* choice 0 is the conversation's turn */
@@ -533,7 +535,7 @@ static bool choice_ended_ok(const srv_choice *ch)
 static const char *finish_reason(const srv_choice *ch)
 {
     if (ch->stop_hit || ch->finish == VKI_FINISH_EOS || ch->finish == VKI_FINISH_STOP)
-        return "stop";
+        return ch->n_calls ? "tool_calls" : "stop";
     return ch->finish == VKI_FINISH_LENGTH ? "length" : "abort";
 }
 
@@ -614,7 +616,8 @@ static cJSON *answer_choice(srv_job *j, srv_choice *ch)
     if (j->chat) {
         cJSON *m = cJSON_AddObjectToObject(c, "message");
         cJSON_AddStringToObject(m, "role", "assistant");
-        cJSON_AddStringToObject(m, "content", text);
+        if (!srv_struct_answer(ch, text, ch->text.len, m))
+            cJSON_AddStringToObject(m, "content", text); /* out of memory in the parser: the raw text */
     } else if (j->echo) {
         strbuf b = {0};
         strbuf_printf(&b, "%s%s", j->prompt_text ? j->prompt_text : "", text);
@@ -699,9 +702,9 @@ static bool sse_event(strbuf *out, cJSON *o)
 }
 
 /* One chunk of choice ch: text (may be NULL), logprob entries and ids (taken; may be NULL),
- * finish reason (NULL: none). */
+ * finish reason (NULL: none). delta (chat, taken): the delta object itself, instead of text. */
 static bool sse_chunk(srv_job *j, const srv_choice *ch, strbuf *out, const char *text, bool role, cJSON *lp,
-                      cJSON *ids, const char *finish)
+                      cJSON *ids, const char *finish, cJSON *delta)
 {
     if (j->fmt) {
         cJSON_Delete(lp);
@@ -711,7 +714,9 @@ static bool sse_chunk(srv_job *j, const srv_choice *ch, strbuf *out, const char 
     cJSON *o = envelope(j, true);
     cJSON *c = cJSON_CreateObject();
     cJSON_AddNumberToObject(c, "index", ch->index);
-    if (j->chat) {
+    if (delta) {
+        cJSON_AddItemToObject(c, "delta", delta);
+    } else if (j->chat) {
         cJSON *d = cJSON_AddObjectToObject(c, "delta");
         if (role)
             cJSON_AddStringToObject(d, "role", "assistant");
@@ -740,6 +745,29 @@ static bool sse_chunk(srv_job *j, const srv_choice *ch, strbuf *out, const char 
     return sse_event(out, o);
 }
 
+/* Tools: the new text goes through the call parser, each delta it gives is a chunk (OpenAI's
+ * delta.content / delta.tool_calls); logprobs and ids ride on the first, or on an empty delta
+ * when the parser holds everything back. At the choice's end the parser's rest comes out. Takes
+ * lp and ids. */
+static bool sse_tool_chunks(srv_job *j, srv_choice *ch, strbuf *out, const strbuf *text, cJSON *lp, cJSON *ids)
+{
+    cJSON *deltas = cJSON_CreateArray();
+    bool ok = deltas && srv_struct_deltas(ch, text->p ? text->p : "", text->len, ch->final_seen, deltas);
+    cJSON *d = ok ? cJSON_DetachItemFromArray(deltas, 0) : NULL;
+    if (ok && !d && (lp || ids))
+        ok = (d = cJSON_CreateObject()) != NULL;
+    while (ok && d) {
+        ok = sse_chunk(j, ch, out, NULL, false, lp, ids, NULL, d);
+        lp = ids = NULL;
+        d = cJSON_DetachItemFromArray(deltas, 0);
+    }
+    cJSON_Delete(d);
+    cJSON_Delete(deltas);
+    cJSON_Delete(lp);
+    cJSON_Delete(ids);
+    return ok;
+}
+
 /* The chunks of choice ch's new tokens (the opening chunk first: chat's role, completions'
  * echoed prompt), and its finish chunk once it ended. */
 static bool sse_choice(srv_job *j, srv_choice *ch, strbuf *out)
@@ -749,7 +777,7 @@ static bool sse_choice(srv_job *j, srv_choice *ch, strbuf *out)
         ch->role_sent = true;
         if (j->chat || j->echo || j->return_ids)
             ok = sse_chunk(j, ch, out, j->chat ? "" : j->echo && j->prompt_text ? j->prompt_text : "", true, NULL,
-                           NULL, NULL);
+                           NULL, NULL, NULL);
     }
     strbuf text = {0};
     cJSON *lp = j->want_lp ? (j->chat ? cJSON_CreateArray() : cJSON_CreateObject()) : NULL;
@@ -758,8 +786,12 @@ static bool sse_choice(srv_job *j, srv_choice *ch, strbuf *out)
     if (ch->oom_seen)
         choice_cancel(ch);
     bool has_lp = lp && lp->child, has_ids = ids && ids->child; /* sse_chunk takes (frees) them */
-    if (ok && (text.len || has_lp || has_ids)) {
-        ok = sse_chunk(j, ch, out, text.p ? text.p : "", false, has_lp ? lp : NULL, has_ids ? ids : NULL, NULL);
+    if (ok && ch->tp) { /* tools: content and tool_calls deltas */
+        ok = sse_tool_chunks(j, ch, out, &text, has_lp ? lp : NULL, has_ids ? ids : NULL);
+        lp = has_lp ? NULL : lp;
+        ids = has_ids ? NULL : ids;
+    } else if (ok && (text.len || has_lp || has_ids)) {
+        ok = sse_chunk(j, ch, out, text.p ? text.p : "", false, has_lp ? lp : NULL, has_ids ? ids : NULL, NULL, NULL);
         lp = has_lp ? NULL : lp;
         ids = has_ids ? NULL : ids;
     }
@@ -768,7 +800,7 @@ static bool sse_choice(srv_job *j, srv_choice *ch, strbuf *out)
     strbuf_free(&text);
     if (ok && ch->final_seen && !ch->end_sent && choice_ended_ok(ch) && !ch->oom_seen) {
         ch->end_sent = true;
-        ok = sse_chunk(j, ch, out, j->chat ? NULL : "", false, NULL, NULL, finish_reason(ch));
+        ok = sse_chunk(j, ch, out, j->chat ? NULL : "", false, NULL, NULL, finish_reason(ch), NULL);
     }
     return ok;
 }

@@ -1,11 +1,11 @@
 /* Completion / chat request JSON -> a job.
  *
  * One table (FIELDS) names every field the two routes know, which route takes it and the function
- * that reads it: adding a field is adding a row (structured output will add response_format,
- * grammar and tools here). Every value is checked for type and range with a 400 naming it.
+ * that reads it: adding a field is adding a row. Every value is checked for type and range with a 400 naming it.
  * Fields nobody knows are accepted and logged as a warning (what OpenAI does), except the ones in
  * REFUSED: asking for something we do not do there would change the answer, so they keep a 400
- * naming them unless their value asks for nothing. Cross-field rules (max_tokens against the
+ * naming them unless their value asks for nothing. Structured output and tools are read by
+ * server_struct.c (srv_struct_field). Cross-field rules (max_tokens against the
  * context, top_logprobs needing logprobs, ...) run after the table. The prompt is tokenised here
  * on the handler thread (text, token ids, or chat messages through the chat template).
  * Cost: O(body) parse + O(prompt) tokenise. */
@@ -237,6 +237,8 @@ static bool f_suffix(req_ctx *c, const cJSON *v, srv_error *e)
            (srv_err(e, 400, "suffix", "suffix: insertion (a suffix) is not supported"), false);
 }
 
+static bool f_struct(req_ctx *c, const cJSON *v, srv_error *e) { return srv_struct_field(c->j, v, e); }
+
 static bool f_chat_echo(req_ctx *c, const cJSON *v, srv_error *e)
 {
     (void)c;
@@ -283,14 +285,22 @@ static const struct {
     {"metadata", F_BOTH, f_ignored},
     {"store", F_BOTH, f_ignored},
     {"service_tier", F_BOTH, f_ignored},
-    {"parallel_tool_calls", F_CHAT, f_ignored},
+    {"response_format", F_BOTH, f_struct},
+    {"grammar", F_BOTH, f_struct},
+    {"json_schema", F_BOTH, f_struct},
+    {"guided_json", F_BOTH, f_struct},
+    {"guided_grammar", F_BOTH, f_struct},
+    {"guided_choice", F_BOTH, f_struct},
+    {"guided_regex", F_BOTH, f_struct},
+    {"tools", F_CHAT, f_struct},
+    {"tool_choice", F_CHAT, f_struct},
+    {"parallel_tool_calls", F_CHAT, f_struct},
 };
 
 /* Fields whose absence of support changes the answer: refused (400 naming them) unless their
  * value asks for nothing (null, false, an empty list, "none", {"type": "text"}). */
 static const char *const REFUSED[] = {
-    "tools", "functions", "tool_choice", "function_call", "response_format", "grammar", "json_schema",
-    "guided_json", "guided_regex", "guided_choice", "guided_grammar", "structured_outputs", "prompt_logprobs",
+    "tools", "functions", "tool_choice", "function_call", "structured_outputs", "prompt_logprobs",
     "use_beam_search", "logits_processors", "reasoning_effort", "audio", "modalities", "prediction",
 };
 
@@ -444,28 +454,25 @@ static bool message_role(const cJSON *m, size_t i, chat_role *role, srv_error *e
         *role = CHAT_USER;
     else if (!strcmp(v, "assistant"))
         *role = CHAT_ASSISTANT;
-    else if (!strcmp(v, "tool") || !strcmp(v, "function"))
-        return srv_err(e, 400, "messages", "messages[%zu].role: '%s' messages are not supported (no tool calling)",
-                       i, v), false;
+    else if (!strcmp(v, "tool"))
+        *role = CHAT_TOOL;
+    else if (!strcmp(v, "function"))
+        return srv_err(e, 400, "messages", "messages[%zu].role: 'function' messages (the deprecated functions API) "
+                       "are not supported; use tools and 'tool' messages", i), false;
     else
         return srv_err(e, 400, "messages", "messages[%zu].role: unknown role '%.32s'", i, v), false;
-    const cJSON *tc = cJSON_GetObjectItemCaseSensitive(m, "tool_calls");
-    if (tc && !cJSON_IsNull(tc) && !(cJSON_IsArray(tc) && !tc->child))
-        return srv_err(e, 400, "messages", "messages[%zu].tool_calls: tool calling is not supported", i), false;
     return true;
 }
 
-static bool render_messages(srv *s, srv_job *j, chat_msg *msgs, size_t n, srv_error *e)
+static bool render_messages(srv *s, srv_job *j, chat_msg *msgs, const chat_tool_msg *tm, size_t n, srv_error *e)
 {
     chat_prompt p;
-    char err[256] = "";
-    vki_status st = chat_render(&s->chat, msgs, n, true, &p, err, sizeof err);
-    if (st != VKI_OK)
-        return srv_err(e, 400, "messages", "%s", err[0] ? err : vki_status_str(st)), false;
+    if (!srv_struct_render(j, msgs, tm, n, &p, e))
+        return false;
     int32_t *ids = NULL;
     size_t n_ids = 0;
     bool add_bos = s->chat.family == CHAT_PLAIN && vki_tokenizer_adds_bos(s->tok);
-    st = chat_tokenize(s->specials, s->tok, &p, add_bos, &ids, &n_ids);
+    vki_status st = chat_tokenize(s->specials, s->tok, &p, add_bos, &ids, &n_ids);
     chat_prompt_free(&p);
     if (st != VKI_OK)
         return srv_err(e, 500, NULL, "cannot tokenize the conversation: %s", vki_status_str(st)), false;
@@ -476,34 +483,45 @@ static bool render_messages(srv *s, srv_job *j, chat_msg *msgs, size_t n, srv_er
     return true;
 }
 
+/* One message: role, text, tool parts. An assistant message with tool calls may have no content. */
+static bool parse_message(const cJSON *m, size_t i, chat_msg *msg, chat_tool_msg *tm, char **owned, srv_error *e)
+{
+    if (!message_role(m, i, &msg->role, e) || !srv_struct_message(m, i, msg->role, tm, e))
+        return false;
+    const cJSON *c = cJSON_GetObjectItemCaseSensitive(m, "content");
+    const char *text = "";
+    if ((!c || cJSON_IsNull(c)) && !tm->n_calls)
+        return srv_err(e, 400, "messages", "messages[%zu].content is required", i), false;
+    if (c && !cJSON_IsNull(c) && !message_text(c, i, &text, owned, e))
+        return false;
+    msg->content = text;
+    msg->len = strlen(text);
+    return true;
+}
+
 static bool parse_messages(srv *s, srv_job *j, const cJSON *a, srv_error *e)
 {
     if (!cJSON_IsArray(a) || !a->child)
         return srv_err(e, 400, "messages", "messages must be a non-empty array"), false;
     size_t n = (size_t)cJSON_GetArraySize(a), i = 0;
     chat_msg *msgs = calloc(n, sizeof *msgs);
+    chat_tool_msg *tm = calloc(n, sizeof *tm);
     char **owned = calloc(n, sizeof *owned);
-    bool ok = msgs && owned;
+    bool ok = msgs && owned && tm, tools = false;
     if (!ok)
         srv_err(e, 500, NULL, "out of memory");
     for (const cJSON *m = a->child; ok && m; m = m->next, i++) {
-        ok = message_role(m, i, &msgs[i].role, e);
-        const cJSON *c = ok ? cJSON_GetObjectItemCaseSensitive(m, "content") : NULL;
-        if (ok && (!c || cJSON_IsNull(c)))
-            ok = (srv_err(e, 400, "messages", "messages[%zu].content is required", i), false);
-        const char *text = NULL;
-        if (ok)
-            ok = message_text(c, i, &text, &owned[i], e);
-        if (ok) {
-            msgs[i].content = text;
-            msgs[i].len = strlen(text);
-        }
+        ok = parse_message(m, i, &msgs[i], &tm[i], &owned[i], e);
+        tools |= tm[i].n_calls || msgs[i].role == CHAT_TOOL;
     }
     if (ok)
-        ok = render_messages(s, j, msgs, n, e);
-    for (size_t k = 0; owned && k < n; k++)
+        ok = render_messages(s, j, msgs, tools ? tm : NULL, n, e);
+    for (size_t k = 0; owned && tm && k < n; k++) {
         free(owned[k]);
+        free((void *)tm[k].calls);
+    }
     free(owned);
+    free(tm);
     free(msgs);
     return ok;
 }
@@ -600,6 +618,8 @@ static bool alloc_outputs(srv *s, srv_job *j, srv_error *e)
         ch->index = i;
         if (vki_text_stream_create(s->tok, (const char *const *)j->stops, j->n_stops, flags, &ch->ts) != VKI_OK)
             return srv_err(e, 500, NULL, "out of memory"), false;
+        if (!srv_struct_choice_init(j, ch, e))
+            return false;
         if (j->want_lp && !j->stream && !(ch->lp_all = j->chat ? cJSON_CreateArray() : cJSON_CreateObject()))
             return srv_err(e, 500, NULL, "out of memory"), false;
     }
@@ -635,7 +655,7 @@ bool srv_job_from_json(srv *s, bool chat, const char *body, size_t n, srv_job **
     bool ok = j != NULL;
     if (!ok)
         srv_err(e, 500, NULL, "out of memory");
-    ok = ok && read_fields(&c, root, &ignored, e) && output_opts(&c, e) &&
+    ok = ok && read_fields(&c, root, &ignored, e) && srv_struct_check(j, e) && output_opts(&c, e) &&
          (chat ? parse_messages(s, j, c.messages, e) : parse_prompt(s, j, c.prompt, e)) && max_tokens(&c, e) &&
          alloc_outputs(s, j, e);
     if (ok && ignored.len)

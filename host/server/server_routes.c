@@ -92,6 +92,8 @@ void srv_route_props(srv_conn *c)
     cJSON_AddNumberToObject(g, "penalty_window", d.penalty_window);
     cJSON_AddNumberToObject(g, "max_tokens_completions", 16);
     cJSON_AddStringToObject(g, "max_tokens_chat", "the rest of the context");
+    cJSON_AddItemToObject(o, "structured_output", srv_struct_props(s));
+    cJSON_AddItemToObject(o, "structured_output", srv_struct_props(s));
     cJSON_AddStringToObject(o, "version", SRV_VERSION);
     srv_reply_json(c, 200, o);
 }

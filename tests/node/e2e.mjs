@@ -1,12 +1,16 @@
 // End-to-end: `vkinfer serve` over stories260K (with an API key), driven by the official openai npm
 // client: completions and chat (streamed and not), n choices, stop strings, logprobs, embeddings
-// (the client asks for base64 and decodes it), vLLM-style extra fields, unknown fields, errors.
+// (the client asks for base64 and decodes it), vLLM-style extra fields, unknown fields, errors;
+// structured output (response_format json_object / json_schema, grammar) and tool calls, whose
+// outputs are validated against their schemas with ajv (the model writes gibberish: the
+// constraint is what makes them valid), streamed tool calls reassembled by the client's stream().
 // usage: node e2e.mjs VKINFER_BINARY MODEL.gguf
 // Exit 0 = pass, 1 = fail, 77 = skipped (the model is absent; ctest SKIP_RETURN_CODE).
 import { spawn } from 'node:child_process';
 import { existsSync, readFileSync } from 'node:fs';
 import assert from 'node:assert/strict';
 import OpenAI from 'openai';
+import Ajv from 'ajv';
 
 const [vkinfer, model] = process.argv.slice(2);
 if (!vkinfer || !model) {
@@ -156,10 +160,96 @@ async function run(client) {
     client.chat.completions.create({ model: 'stories260K', messages, n: 17 }),
     (e) => e instanceof OpenAI.BadRequestError && e.param === 'n');
   await assert.rejects(
-    client.chat.completions.create({ model: 'stories260K', messages, response_format: { type: 'json_object' } }),
-    (e) => e instanceof OpenAI.BadRequestError && e.param === 'response_format');
+    client.chat.completions.create({
+      model: 'stories260K', messages,
+      response_format: { type: 'json_schema', json_schema: { name: 'n', schema: { type: 'integer', minimum: 3 } } },
+    }),
+    (e) => e instanceof OpenAI.BadRequestError && e.param === 'response_format' && /'minimum'/.test(e.message));
+  await assert.rejects(
+    client.completions.create({ model: 'stories260K', prompt: 'x', grammar: 'root ::= valu' }),
+    (e) => e instanceof OpenAI.BadRequestError && e.param === 'grammar' && /line 1, column 10/.test(e.message));
   const wrongKey = new OpenAI({ baseURL: client.baseURL, apiKey: 'wrong', maxRetries: 0 });
   await assert.rejects(wrongKey.models.list(), (e) => e instanceof OpenAI.AuthenticationError && e.status === 401);
+}
+
+const PERSON = {
+  type: 'object',
+  properties: {
+    name: { type: 'string', maxLength: 12 },
+    age: { type: 'integer' },
+    pets: { type: 'array', items: { enum: ['cat', 'dog'] }, maxItems: 2 },
+  },
+  required: ['name', 'age', 'pets'],
+  additionalProperties: false,
+};
+const TIME = { type: 'object', properties: { tz: { enum: ['UTC', 'CET'] } }, required: ['tz'], additionalProperties: false };
+const TOOLS = [
+  { type: 'function', function: { name: 'time', description: 'The time in a zone', parameters: TIME } },
+];
+
+function valid(schema, text, what) {
+  const ajv = new Ajv({ strict: true });
+  let value;
+  try {
+    value = JSON.parse(text);
+  } catch (e) {
+    throw new Error(`${what}: not JSON: ${text}`);
+  }
+  assert.ok(ajv.validate(schema, value), `${what}: ${text}: ${ajv.errorsText()}`);
+  return value;
+}
+
+async function structured(client) {
+  // max_tokens: each bounded grammar's worst case (see test_server_struct.c), so outputs complete;
+  // any JSON object is unbounded, so json_object is asked greedily
+  const messages = [{ role: 'user', content: 'Tell me about a cat.' }];
+  const rf = { type: 'json_schema', json_schema: { name: 'person', schema: PERSON, strict: true } };
+  const js = await client.chat.completions.create({
+    model: 'stories260K', messages, max_tokens: 480, seed: 1, response_format: rf,
+  });
+  valid(PERSON, js.choices[0].message.content, 'json_schema');
+  assert.equal(js.choices[0].finish_reason, 'stop');
+  const jss = await collect(await client.chat.completions.create({
+    model: 'stories260K', messages, max_tokens: 480, seed: 2, response_format: rf, stream: true,
+  }), (ch) => ch.delta?.content);
+  valid(PERSON, jss.text, 'json_schema, streamed');
+  const jo = await collect(await client.completions.create({
+    model: 'stories260K', prompt: 'Once upon a time', max_tokens: 80, temperature: 0, stream: true,
+    response_format: { type: 'json_object' },
+  }), (ch) => ch.text);
+  valid({ type: 'object' }, jo.text, 'json_object, streamed');
+  const g = await client.completions.create({
+    model: 'stories260K', prompt: 'Once', max_tokens: 8, grammar: 'root ::= "yes" | "no"',
+  });
+  assert.ok(['yes', 'no'].includes(g.choices[0].text));
+
+  // tools: a forced call (not streamed), a named call streamed and reassembled by the client,
+  // a tool result turn
+  const req = await client.chat.completions.create({
+    model: 'stories260K', messages, max_tokens: 200, seed: 4, tools: TOOLS, tool_choice: 'required',
+    parallel_tool_calls: false,
+  });
+  const call = req.choices[0].message.tool_calls[0];
+  assert.equal(req.choices[0].finish_reason, 'tool_calls');
+  assert.equal(call.type, 'function');
+  assert.equal(call.function.name, 'time');
+  valid(TIME, call.function.arguments, 'tool_choice required');
+  const st = client.chat.completions.stream({
+    model: 'stories260K', messages, max_tokens: 200, seed: 5, tools: TOOLS,
+    tool_choice: { type: 'function', function: { name: 'time' } }, parallel_tool_calls: false,
+  });
+  const fin = await st.finalChatCompletion();
+  const sc = fin.choices[0].message.tool_calls;
+  assert.equal(sc.length, 1);
+  assert.match(sc[0].id, /^call_[A-Za-z0-9]{24}$/);
+  valid(TIME, sc[0].function.arguments, 'named tool, streamed');
+  assert.equal(fin.choices[0].finish_reason, 'tool_calls');
+  const turn = await client.chat.completions.create({
+    model: 'stories260K', max_tokens: 4, tools: TOOLS,
+    messages: [...messages, { role: 'assistant', content: null, tool_calls: [call] },
+      { role: 'tool', tool_call_id: call.id, content: '12:00' }],
+  });
+  assert.ok(turn.usage.prompt_tokens > req.usage.prompt_tokens);
 }
 
 const { child, port } = await startServer();
@@ -167,6 +257,7 @@ const client = new OpenAI({ baseURL: `http://127.0.0.1:${port}/v1`, apiKey: KEY,
 let failed = null;
 try {
   await run(client);
+  await structured(client);
 } catch (e) {
   failed = e;
 }

@@ -1,0 +1,457 @@
+/* Structured output and tool calling over HTTP (host/server/server_struct.c), in process over
+ * stories260K (or the synthetic model) with test_server.c's fixture and client helpers: the tiny
+ * model writes gibberish, so the check is that constrained outputs are in their grammar's
+ * language (vt_in_grammar, byte by byte, independent of the server's matcher) and parse as JSON.
+ * response_format json_object / json_schema, grammar, guided_choice, guided_json, llama-server's
+ * json_schema, streamed and not, completions and chat; tools with tool_choice required (one call,
+ * and parallel calls), a named function streamed as OpenAI streams delta.tool_calls (reassembled
+ * here), auto (free text, and a call the parser finds), none (the tools are not rendered); a tool
+ * result turn rendered as chat_render_tools renders it; errors: 400s naming the field with the
+ * rule / keyword and position, and a request that its grammar kills mid-way (500, or an error
+ * event then [DONE] when streaming). Sampling seeds come from VKI_TEST_SEED (printed). */
+#define TEST_SERVER_NO_MAIN
+#pragma GCC diagnostic ignored "-Wunused-function"
+#pragma GCC diagnostic ignored "-Wunused-const-variable"
+#include "test_server.c"
+
+#include "host/chat/chat_tools.h"
+
+static uint64_t g_seed; /* the requests' sampling seed (each adds its own offset) */
+
+/* The GBNF of a JSON Schema (the server's converter; vt_in_grammar then checks independently). */
+static char *schema_gbnf(const char *schema)
+{
+    size_t need = 0;
+    char err[256];
+    vki_status st = vki_json_schema_to_grammar(schema, strlen(schema), NULL, 0, &need, err, sizeof err);
+    assert_true(st == VKI_ERR_INVALID_ARG && need > 0);
+    char *g = malloc(need);
+    assert_int_equal(vki_json_schema_to_grammar(schema, strlen(schema), g, need, &need, err, sizeof err), VKI_OK);
+    return g;
+}
+
+static void expect_in(const char *gbnf, const char *text, const char *what)
+{
+    if (!vt_in_grammar(gbnf, strlen(gbnf), text, strlen(text)))
+        fail_msg("%s: \"%s\" is not in the language of\n%s", what, text, gbnf);
+}
+
+/* A JSON value's text that parses (the model's output), parsed. */
+static cJSON *parse_out(const char *text, const char *what)
+{
+    cJSON *v = cJSON_Parse(text);
+    if (!v)
+        fail_msg("%s: not JSON: %s", what, text);
+    return v;
+}
+
+/* The text of a stream: completions' text or chat's delta.content, and the last finish reason. */
+static char *stream_text(const cJSON *events, bool chat, const char **finish)
+{
+    strbuf b = {0};
+    strbuf_put(&b, "", 0);
+    *finish = NULL;
+    for (const cJSON *ev = events->child; ev; ev = ev->next) {
+        const cJSON *t = get(ev, chat ? "choices.0.delta.content" : "choices.0.text"), *f = get(ev, "choices.0.finish_reason");
+        if (cJSON_IsString(t))
+            strbuf_put(&b, t->valuestring, strlen(t->valuestring));
+        if (cJSON_IsString(f))
+            *finish = f->valuestring;
+    }
+    return b.p;
+}
+
+static cJSON *post(T *t, const char *path, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static cJSON *post(T *t, const char *path, const char *fmt, ...)
+{
+    char body[8192];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(body, sizeof body, fmt, ap);
+    va_end(ap);
+    return http_json(t, "POST", path, body, 200);
+}
+
+#define CHAT "/v1/chat/completions"
+#define CMPL "/v1/completions"
+#define USER "\"messages\":[{\"role\":\"user\",\"content\":\"Tell me about a cat.\"}]"
+
+/* max_tokens below cover the worst case of each grammar in bytes (each token is at least one):
+ * 21 whitespace bytes at each ws of vki_json_schema_to_grammar's output, 6 bytes per string
+ * character (\uXXXX), 17 per integer, plus the literals and the Hermes call wrapper. PERSON: 16
+ * ws, 464 bytes; the time call 154; the weather call 313. So a constrained output always
+ * completes whatever the seed (typical outputs take a fifth of it). */
+#define PERSON_MAX "480"
+#define TIME_MAX "200"
+#define ANY_CALL_MAX "330"
+static const char PERSON[] = "{\"type\":\"object\",\"properties\":{\"name\":{\"type\":\"string\",\"maxLength\":12},"
+                             "\"age\":{\"type\":\"integer\"},\"pets\":{\"type\":\"array\",\"items\":{\"enum\":[\"cat\","
+                             "\"dog\"]},\"maxItems\":2}},\"required\":[\"name\",\"age\",\"pets\"]}";
+
+/* ---- response_format, grammar, guided_* ---------------------------------------------------- */
+
+static void test_response_format(void **state)
+{
+    T *t = *state;
+    start(t, NULL, 0);
+    char *g_person = schema_gbnf(PERSON), *g_object = schema_gbnf("{\"type\":\"object\"}");
+    /* chat, json_schema, not streamed */
+    cJSON *r = post(t, CHAT, "{" USER ",\"max_tokens\":" PERSON_MAX ",\"seed\":%llu,\"response_format\":{\"type\":\"json_schema\","
+                    "\"json_schema\":{\"name\":\"person\",\"strict\":true,\"schema\":%s}}}",
+                    (unsigned long long)g_seed, PERSON);
+    const char *text = get_str(r, "choices.0.message.content");
+    print_message("json_schema (chat): %s\n", text);
+    assert_string_equal(get_str(r, "choices.0.finish_reason"), "stop");
+    expect_in(g_person, text, "json_schema");
+    cJSON *v = parse_out(text, "json_schema");
+    assert_true(cJSON_IsNumber(get(v, "age")) && cJSON_IsString(get(v, "name")) && cJSON_IsArray(get(v, "pets")));
+    cJSON_Delete(v);
+    cJSON_Delete(r);
+    /* completions, json_object, streamed: the joined deltas are one JSON object (greedy: any
+     * object has no length bound, and a sampled one may run past max_tokens) */
+    char body[1024];
+    snprintf(body, sizeof body, "{\"prompt\":\"Once upon a time\",\"max_tokens\":80,\"stream\":true,\"temperature\":0,"
+             "\"response_format\":{\"type\":\"json_object\"}}");
+    bool done;
+    cJSON *ev = stream(t, CMPL, body, 0, &done);
+    const char *finish;
+    char *joined = stream_text(ev, false, &finish);
+    print_message("json_object (completions, streamed): %s\n", joined);
+    assert_true(done);
+    assert_string_equal(finish, "stop");
+    expect_in(g_object, joined, "json_object");
+    cJSON_Delete(parse_out(joined, "json_object"));
+    free(joined);
+    cJSON_Delete(ev);
+    /* chat, json_schema, streamed */
+    snprintf(body, sizeof body, "{" USER ",\"max_tokens\":" PERSON_MAX ",\"stream\":true,\"seed\":%llu,\"response_format\":"
+             "{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"p\",\"schema\":%s}}}",
+             (unsigned long long)g_seed + 2, PERSON);
+    ev = stream(t, CHAT, body, 0, &done);
+    joined = stream_text(ev, true, &finish);
+    assert_string_equal(finish, "stop");
+    expect_in(g_person, joined, "json_schema (streamed)");
+    free(joined);
+    cJSON_Delete(ev);
+    free(g_person);
+    free(g_object);
+    stop(t);
+}
+
+/* The other ways to ask: llama.cpp's grammar and json_schema, vLLM's guided_choice and guided_json
+ * (as JSON text), llama-server's json_object with a schema; and what /props says. */
+static void test_grammar_fields(void **state)
+{
+    T *t = *state;
+    start(t, NULL, 0);
+    static const char gbnf[] = "root ::= (\"yes\" | \"no\") \", \" [a-z]{2,6} \".\"";
+    cJSON *r = post(t, CMPL, "{\"prompt\":\"Once\",\"max_tokens\":20,\"seed\":%llu,\"grammar\":\"root ::= (\\\"yes\\\" | "
+                    "\\\"no\\\") \\\", \\\" [a-z]{2,6} \\\".\\\"\"}", (unsigned long long)g_seed + 3);
+    expect_in(gbnf, get_str(r, "choices.0.text"), "grammar");
+    cJSON_Delete(r);
+    r = post(t, CHAT, "{" USER ",\"max_tokens\":20,\"seed\":%llu,\"guided_choice\":[\"red \\\"x\\\"\",\"blue\\\\\"]}",
+             (unsigned long long)g_seed + 4);
+    const char *c = get_str(r, "choices.0.message.content");
+    assert_true(!strcmp(c, "red \"x\"") || !strcmp(c, "blue\\"));
+    cJSON_Delete(r);
+    static const char small[] = "{\"type\":\"array\",\"items\":{\"type\":\"boolean\"},\"minItems\":1,\"maxItems\":3}";
+    char *g = schema_gbnf(small);
+    const char *forms[] = {"\"guided_json\":\"%s\"", "\"json_schema\":%s",
+                           "\"response_format\":{\"type\":\"json_object\",\"schema\":%s}"};
+    for (int i = 0; i < 3; i++) {
+        char field[512], quoted[256];
+        size_t k = 0;
+        for (const char *p = small; *p; p++) /* as a JSON string for guided_json */
+            k += (size_t)snprintf(quoted + k, sizeof quoted - k, *p == '"' ? "\\%c" : "%c", *p);
+        snprintf(field, sizeof field, forms[i], i ? small : quoted);
+        r = post(t, CMPL, "{\"prompt\":\"Once\",\"max_tokens\":160,\"seed\":%llu,%s}", (unsigned long long)g_seed + 5 + i,
+                 field);
+        if (i < 2) /* json_object's schema is llama-server's: an object is not required there */
+            expect_in(g, get_str(r, "choices.0.text"), forms[i]);
+        cJSON_Delete(r);
+    }
+    free(g);
+    r = http_json(t, "GET", "/props", NULL, 200);
+    assert_true(cJSON_IsTrue(get(r, "structured_output.tools")));
+    assert_string_equal(get_str(r, "structured_output.tool_call_format"), "hermes");
+    assert_string_equal(get_str(r, "structured_output.response_format.2"), "json_schema");
+    cJSON_Delete(r);
+    stop(t);
+}
+
+/* ---- errors -------------------------------------------------------------------------------- */
+
+static const bad_case SBAD[] = {
+    {CMPL, "{\"prompt\":\"x\",\"grammar\":\"root ::= valu\"}", 400, "grammar", "line 1, column 10: undefined rule 'valu'"},
+    {CMPL, "{\"prompt\":\"x\",\"grammar\":\"root ::= [a-\"}", 400, "grammar", "column"},
+    {CHAT, "{" USER ",\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"n\",\"schema\":{\"type\":"
+     "\"object\",\"properties\":{\"a\":{\"type\":\"integer\",\"minimum\":3}}}}}}", 400, "response_format",
+     "/properties/a: keyword 'minimum' is not supported"},
+    {CHAT, "{" USER ",\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"n\"}}}", 400,
+     "response_format", "json_schema.schema"},
+    {CHAT, "{" USER ",\"response_format\":{\"type\":\"xml\"}}", 400, "response_format", "\"xml\""},
+    {CMPL, "{\"prompt\":\"x\",\"grammar\":\"root ::= \\\"a\\\"\",\"guided_json\":{}}", 400, "guided_json", "only one"},
+    {CMPL, "{\"prompt\":\"x\",\"guided_regex\":\"a+\"}", 400, "guided_regex", "regular expressions"},
+    {CMPL, "{\"prompt\":\"x\",\"guided_choice\":[]}", 400, "guided_choice", "non-empty"},
+    {CMPL, "{\"prompt\":\"x\",\"tools\":[{\"type\":\"function\"}]}", 400, "tools", "not supported"},
+    {CHAT, "{" USER ",\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"a b\"}}]}", 400, "tools",
+     "tools[0].function.name"},
+    {CHAT, "{" USER ",\"tool_choice\":\"required\"}", 400, "tool_choice", "no tools"},
+    {CHAT, "{" USER ",\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\"}}],\"tool_choice\":{\"type\":"
+     "\"function\",\"function\":{\"name\":\"g\"}}}", 400, "tool_choice", "no tool named \"g\""},
+    {CHAT, "{" USER ",\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\"}}],\"tool_choice\":\"always\"}",
+     400, "tool_choice", "tool_choice must be"},
+    {CHAT, "{" USER ",\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\"}}],\"tool_choice\":\"required\","
+     "\"grammar\":\"root ::= \\\"a\\\"\"}", 400, "tool_choice", "grammar"},
+    {CHAT, "{" USER ",\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\",\"parameters\":{\"type\":"
+     "\"object\",\"properties\":{\"d\":{\"type\":\"string\",\"format\":\"date\"}}}}}],\"tool_choice\":\"required\"}",
+     400, "tools", "keyword 'format'"},
+    {CHAT, "{\"messages\":[{\"role\":\"assistant\",\"content\":null,\"tool_calls\":[{\"id\":\"c1\",\"type\":"
+     "\"function\",\"function\":{\"name\":\"f\",\"arguments\":{}}}]}]}", 400, "messages",
+     "messages[0].tool_calls[0].function.arguments"},
+    {CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\",\"tool_calls\":[]}]}", 400, "messages",
+     "only assistant"},
+    {CHAT, "{\"messages\":[{\"role\":\"function\",\"content\":\"x\"}]}", 400, "messages", "messages[0].role"},
+};
+
+/* A request its grammar kills after "Once upon": the grammar is then complete and admits only
+ * the end token, which min_tokens bans. */
+static const char DEAD_END[] = "{\"prompt\":\"Once\",\"max_tokens\":20,\"min_tokens\":10,\"stream\":%s,"
+                               "\"grammar\":\"root ::= \\\"Once upon\\\"\"}";
+
+static void test_struct_errors(void **state)
+{
+    T *t = *state;
+    start(t, NULL, 0);
+    for (size_t i = 0; i < sizeof SBAD / sizeof SBAD[0]; i++) {
+        const bad_case *c = &SBAD[i];
+        char *out;
+        int st = http(t, "POST", c->path, c->body, NULL, &out);
+        cJSON *j = cJSON_Parse(out);
+        const cJSON *param = get(j, "error.param"), *msg = get(j, "error.message");
+        if (st != c->status || !cJSON_IsString(msg) || !strstr(msg->valuestring, c->in_msg) ||
+            !cJSON_IsString(param) || strcmp(param->valuestring, c->param))
+            fail_msg("%s %s: got %d %s", c->path, c->body, st, out);
+        cJSON_Delete(j);
+        free(out);
+    }
+    /* killed mid-way: not streamed, the engine-error answer; streamed, its text, an error event, [DONE] */
+    char body[256], *out;
+    snprintf(body, sizeof body, DEAD_END, "false");
+    assert_int_equal(http(t, "POST", CMPL, body, NULL, &out), 500);
+    cJSON *j = parse_out(out, "error");
+    assert_string_equal(get_str(j, "error.type"), "server_error");
+    assert_non_null(strstr(get_str(j, "error.message"), "no token could be sampled"));
+    cJSON_Delete(j);
+    free(out);
+    snprintf(body, sizeof body, DEAD_END, "true");
+    bool done;
+    cJSON *ev = stream(t, CMPL, body, 0, &done);
+    const char *finish;
+    char *text = stream_text(ev, false, &finish);
+    assert_true(done);
+    assert_string_equal(text, "Once upon");
+    assert_null(finish);
+    const cJSON *last = cJSON_GetArrayItem(ev, cJSON_GetArraySize(ev) - 1);
+    assert_non_null(strstr(get_str(last, "error.message"), "no token could be sampled"));
+    free(text);
+    cJSON_Delete(ev);
+    /* the server goes on */
+    cJSON_Delete(post(t, CMPL, "{\"prompt\":\"Once\",\"max_tokens\":2}"));
+    stop(t);
+}
+
+/* ---- tools --------------------------------------------------------------------------------- */
+
+#define WEATHER_PARAMS "{\"type\":\"object\",\"properties\":{\"city\":{\"type\":\"string\",\"maxLength\":8},\"days\":{\"type\":\"integer\"}},\"required\":[\"city\",\"days\"]}"
+#define TIME_PARAMS "{\"type\":\"object\",\"properties\":{\"tz\":{\"enum\":[\"UTC\",\"CET\"]}},\"required\":[\"tz\"]}"
+static const char TOOLS[] = "[{\"type\":\"function\",\"function\":{\"name\":\"weather\",\"description\":\"Forecast\","
+                            "\"parameters\":" WEATHER_PARAMS "}},{\"type\":\"function\",\"function\":{\"name\":"
+                            "\"time\",\"parameters\":" TIME_PARAMS "}}]";
+
+/* A call's arguments: JSON in the language of its function's parameters. */
+static void check_call(const char *name, const char *args, const char *what)
+{
+    char *g = schema_gbnf(!strcmp(name, "weather") ? WEATHER_PARAMS : TIME_PARAMS);
+    if (strcmp(name, "weather") && strcmp(name, "time"))
+        fail_msg("%s: unknown function \"%s\"", what, name);
+    expect_in(g, args, what);
+    cJSON_Delete(parse_out(args, what));
+    free(g);
+}
+
+static void test_tools_forced(void **state)
+{
+    T *t = *state;
+    start(t, NULL, 0);
+    /* required, one call */
+    cJSON *r = post(t, CHAT, "{" USER ",\"max_tokens\":" ANY_CALL_MAX ",\"seed\":%llu,\"tools\":%s,\"tool_choice\":\"required\","
+                    "\"parallel_tool_calls\":false}", (unsigned long long)g_seed + 10, TOOLS);
+    assert_string_equal(get_str(r, "choices.0.finish_reason"), "tool_calls");
+    assert_true(cJSON_IsNull(get(r, "choices.0.message.content")));
+    assert_int_equal(cJSON_GetArraySize(get(r, "choices.0.message.tool_calls")), 1);
+    assert_string_equal(get_str(r, "choices.0.message.tool_calls.0.type"), "function");
+    assert_int_equal(strncmp(get_str(r, "choices.0.message.tool_calls.0.id"), "call_", 5), 0);
+    check_call(get_str(r, "choices.0.message.tool_calls.0.function.name"),
+               get_str(r, "choices.0.message.tool_calls.0.function.arguments"), "required");
+    cJSON_Delete(r);
+    /* parallel calls of the short function: the end token is biased away, so calls follow calls
+     * up to max_tokens; every call but a cut last one is whole and valid */
+    r = post(t, CHAT, "{" USER ",\"max_tokens\":100,\"seed\":%llu,\"tools\":%s,\"tool_choice\":{\"type\":"
+             "\"function\",\"function\":{\"name\":\"time\"}},\"logit_bias\":{\"%d\":-100}}",
+             (unsigned long long)g_seed + 11, TOOLS,
+             vki_token_eos(vki_engine_tokenizer(t->e)));
+    const cJSON *calls = get(r, "choices.0.message.tool_calls");
+    int n = cJSON_GetArraySize(calls);
+    print_message("parallel: %d calls, finish %s\n", n, get_str(r, "choices.0.finish_reason"));
+    assert_true(n >= 2);
+    for (int i = 0; i < n - 1; i++) {
+        char path[64];
+        snprintf(path, sizeof path, "%d.function.name", i);
+        const char *name = get_str(calls, path);
+        snprintf(path, sizeof path, "%d.function.arguments", i);
+        check_call(name, get_str(calls, path), "parallel");
+        snprintf(path, sizeof path, "%d.id", i);
+        if (i)
+            assert_string_not_equal(get_str(calls, path), get_str(calls, "0.id"));
+    }
+    cJSON_Delete(r);
+    stop(t);
+}
+
+/* A named function, streamed: the chunks are OpenAI's (a call's first chunk has index, id,
+ * type, function.name and empty arguments; then only index and argument fragments), and the
+ * calls reassembled from them are whole and valid. */
+static void test_tools_stream(void **state)
+{
+    T *t = *state;
+    start(t, NULL, 0);
+    char body[2048];
+    snprintf(body, sizeof body, "{" USER ",\"max_tokens\":" TIME_MAX ",\"stream\":true,\"seed\":%llu,\"tools\":%s,\"tool_choice\":"
+             "{\"type\":\"function\",\"function\":{\"name\":\"time\"}},\"parallel_tool_calls\":false}",
+             (unsigned long long)g_seed + 12, TOOLS);
+    bool done;
+    cJSON *ev = stream(t, CHAT, body, 0, &done);
+    strbuf args = {0};
+    strbuf_put(&args, "", 0);
+    int begins = 0;
+    const char *finish = NULL;
+    for (const cJSON *e = ev->child; e; e = e->next) {
+        const cJSON *tc = get(e, "choices.0.delta.tool_calls"), *f = get(e, "choices.0.finish_reason");
+        finish = cJSON_IsString(f) ? f->valuestring : finish;
+        assert_false(cJSON_IsString(get(e, "choices.0.delta.content")) && get(e, "choices.0.delta.content")->valuestring[0]);
+        if (!tc)
+            continue;
+        assert_int_equal(cJSON_GetArraySize(tc), 1);
+        assert_int_equal(get_num(tc, "0.index"), 0);
+        if (get(tc, "0.id")) { /* the first chunk of the call */
+            begins++;
+            assert_int_equal(strncmp(get_str(tc, "0.id"), "call_", 5), 0);
+            assert_string_equal(get_str(tc, "0.type"), "function");
+            assert_string_equal(get_str(tc, "0.function.name"), "time");
+            assert_string_equal(get_str(tc, "0.function.arguments"), "");
+        } else {
+            assert_null(get(tc, "0.type"));
+            assert_null(get(tc, "0.function.name"));
+            const char *frag = get_str(tc, "0.function.arguments");
+            strbuf_put(&args, frag, strlen(frag));
+        }
+    }
+    print_message("named, streamed: time(%s)\n", args.p);
+    assert_true(done);
+    assert_int_equal(begins, 1);
+    assert_string_equal(finish, "tool_calls");
+    check_call("time", args.p, "named (streamed)");
+    strbuf_free(&args);
+    cJSON_Delete(ev);
+    stop(t);
+}
+
+/* auto: free text stays content; a call in the output (here forced by a grammar written in the
+ * Hermes syntax) is parsed into tool_calls. none: the tools are not rendered and nothing is
+ * parsed. */
+static void test_tools_auto_none(void **state)
+{
+    T *t = *state;
+    start(t, NULL, 0);
+    cJSON *r = post(t, CHAT, "{" USER ",\"max_tokens\":16,\"seed\":%llu,\"tools\":%s}", (unsigned long long)g_seed + 13,
+                    TOOLS);
+    assert_null(get(r, "choices.0.message.tool_calls"));
+    assert_true(strlen(get_str(r, "choices.0.message.content")) > 0);
+    assert_string_not_equal(get_str(r, "choices.0.finish_reason"), "tool_calls");
+    double with_tools = get_num(r, "usage.prompt_tokens");
+    cJSON_Delete(r);
+    r = post(t, CHAT, "{" USER ",\"max_tokens\":100,\"seed\":%llu,\"tools\":%s,\"tool_choice\":\"auto\",\"grammar\":"
+             "\"root ::= [A-Za-z]{1,3} \\\"<tool_call>\\\\n{\\\\\\\"name\\\\\\\": \\\\\\\"time\\\\\\\", "
+             "\\\\\\\"arguments\\\\\\\": {\\\\\\\"tz\\\\\\\": \\\\\\\"UTC\\\\\\\"}}\\\\n</tool_call>\\\"\"}",
+             (unsigned long long)g_seed + 14, TOOLS);
+    assert_string_equal(get_str(r, "choices.0.finish_reason"), "tool_calls");
+    assert_string_equal(get_str(r, "choices.0.message.tool_calls.0.function.name"), "time");
+    assert_string_equal(get_str(r, "choices.0.message.tool_calls.0.function.arguments"), "{\"tz\": \"UTC\"}");
+    assert_true(strlen(get_str(r, "choices.0.message.content")) >= 1); /* the text before the call */
+    cJSON_Delete(r);
+    r = post(t, CHAT, "{" USER ",\"max_tokens\":4,\"tools\":%s,\"tool_choice\":\"none\"}", TOOLS);
+    chat_msg m = {CHAT_USER, "Tell me about a cat.", 20};
+    assert_int_equal(get_num(r, "usage.prompt_tokens"), plain_chat_tokens(t, &m, 1));
+    assert_true(get_num(r, "usage.prompt_tokens") < with_tools);
+    assert_null(get(r, "choices.0.message.tool_calls"));
+    cJSON_Delete(r);
+    stop(t);
+}
+
+/* A tool result turn: the assistant's call (content null) and the tool's answer are rendered
+ * as chat_render_tools renders them (the prompt's token count says so), and the next answer may
+ * be another forced call. */
+static void test_tool_result_turn(void **state)
+{
+    T *t = *state;
+    start(t, NULL, 0);
+    static const char args[] = "{\"city\": \"Paris\", \"days\": 2}";
+    cJSON *r = post(t, CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"Weather?\"},{\"role\":\"assistant\","
+                    "\"content\":null,\"tool_calls\":[{\"id\":\"call_1\",\"type\":\"function\",\"function\":{\"name\":"
+                    "\"weather\",\"arguments\":\"{\\\"city\\\": \\\"Paris\\\", \\\"days\\\": 2}\"}}]},{\"role\":\"tool\","
+                    "\"tool_call_id\":\"call_1\",\"content\":\"sunny\"}],\"max_tokens\":" ANY_CALL_MAX ",\"seed\":%llu,\"tools\":%s,"
+                    "\"tool_choice\":\"required\",\"parallel_tool_calls\":false}", (unsigned long long)g_seed + 15, TOOLS);
+    check_call(get_str(r, "choices.0.message.tool_calls.0.function.name"),
+               get_str(r, "choices.0.message.tool_calls.0.function.arguments"), "after a tool result");
+    /* the prompt the server must have rendered */
+    const vki_tokenizer *tok = vki_engine_tokenizer(t->e);
+    chat_template ct;
+    chat_prompt p;
+    chat_specials *sp;
+    chat_tool_set *ts;
+    int32_t *ids;
+    size_t n_ids;
+    chat_msg m[3] = {{CHAT_USER, "Weather?", 8}, {CHAT_ASSISTANT, "", 0}, {CHAT_TOOL, "sunny", 5}};
+    chat_tool_call call = {"call_1", 6, "weather", 7, args, sizeof args - 1};
+    chat_tool_msg tm[3] = {{0}, {&call, 1, NULL, 0}, {NULL, 0, "call_1", 6}};
+    assert_int_equal(chat_template_init(&ct, CHAT_PLAIN, NULL, "", ""), VKI_OK);
+    assert_int_equal(chat_tools_parse(TOOLS, strlen(TOOLS), &ts, NULL, 0), VKI_OK);
+    assert_int_equal(chat_render_tools(&ct, CHAT_TOOLS_HERMES, m, tm, 3, ts, true, &p, NULL, 0), VKI_OK);
+    assert_non_null(strstr(p.text, "<tool_response>\nsunny\n</tool_response>"));
+    assert_int_equal(chat_specials_create(tok, &sp), VKI_OK);
+    assert_int_equal(chat_tokenize(sp, tok, &p, vki_tokenizer_adds_bos(tok), &ids, &n_ids), VKI_OK);
+    assert_int_equal(get_num(r, "usage.prompt_tokens"), n_ids);
+    free(ids);
+    chat_specials_free(sp);
+    chat_prompt_free(&p);
+    chat_tools_free(ts);
+    chat_template_free(&ct);
+    cJSON_Delete(r);
+    stop(t);
+}
+
+int main(void)
+{
+    vt_rng rng = vt_rng_seeded("test_server_struct");
+    g_seed = vt_u64(&rng) >> 12; /* JSON numbers: exact below 2^53 */
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_response_format), cmocka_unit_test(test_grammar_fields),
+        cmocka_unit_test(test_struct_errors),   cmocka_unit_test(test_tools_forced),
+        cmocka_unit_test(test_tools_stream),    cmocka_unit_test(test_tools_auto_none),
+        cmocka_unit_test(test_tool_result_turn),
+    };
+    if (getenv("VKI_TEST_FILTER"))
+        cmocka_set_test_filter(getenv("VKI_TEST_FILTER"));
+    return cmocka_run_group_tests(tests, group_setup, group_teardown);
+}
