@@ -17,6 +17,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "host/server/server.h"
 
@@ -31,14 +32,17 @@ typedef struct srv_seq {
 
 struct srv_sessions {
     pthread_mutex_t mu;
+    pthread_cond_t cv;         /* a sequence's request finished */
     srv_seq *head;
 };
 
 static struct srv_sessions *sessions_of(srv *m)
 {
     pthread_mutex_lock(&m->mu);
-    if (!m->sessions && (m->sessions = calloc(1, sizeof *m->sessions)))
+    if (!m->sessions && (m->sessions = calloc(1, sizeof *m->sessions))) {
         pthread_mutex_init(&m->sessions->mu, NULL);
+        pthread_cond_init(&m->sessions->cv, NULL);
+    }
     struct srv_sessions *ss = m->sessions;
     pthread_mutex_unlock(&m->mu);
     return ss;
@@ -53,6 +57,7 @@ void srv_sessions_free(struct srv_sessions *ss)
         free(q->tok);
         free(q);
     }
+    pthread_cond_destroy(&ss->cv);
     pthread_mutex_destroy(&ss->mu);
     free(ss);
 }
@@ -117,12 +122,21 @@ bool srv_seq_begin(srv *m, uint64_t id, bool start, int32_t **hist, uint32_t *n,
             unlink_free(pp);
         else
             pp = &(*pp)->next;
+    /* requests of one sequence run one at a time, as Triton's sequence batcher queues them (the
+     * previous one's answer may reach the client just before its tokens reach the sequence) */
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    ts.tv_sec += 30;
     srv_seq **pp = find(ss, id), *q = *pp;
+    while (q && q->busy && pthread_cond_timedwait(&ss->cv, &ss->mu, &ts) == 0) {
+        pp = find(ss, id);
+        q = *pp;
+    }
     bool ok = true;
     if (q && q->busy) {
         ok = false;
-        srv_err(e, 400, "sequence_id", "sequence %llu has a request running; send its requests one at a time",
-                (unsigned long long)id);
+        srv_err(e, 400, "sequence_id", "sequence %llu has had a request running for 30 s; send its requests one "
+                "at a time", (unsigned long long)id);
     } else if (q && !start && now - q->t_last >= idle) {
         unlink_free(pp);
         q = NULL;
@@ -181,6 +195,7 @@ void srv_seq_finish(srv *m, uint64_t id, const int32_t *a, uint32_t na, const in
         q->busy = false;
         q->t_last = srv_now();
     }
+    pthread_cond_broadcast(&ss->cv);
     pthread_mutex_unlock(&ss->mu);
     if (end)
         end_kv(m, id);
