@@ -360,6 +360,12 @@ typedef struct vki_batch_params {
                                        need ((n_prompt if context + max_new_tokens if generation)
                                        * n_vocab * 4 bytes); past it the request is refused.
                                        256 MiB (a 32k vocabulary: 2048 rows) */
+    /* Stateful sessions (vki_request.session_id): a session's KV is pinned between its requests
+     * and released when it ends (vki_batch_session_end), after session_idle_s without a request,
+     * or, oldest idle session first, when the pins pass session_max_blocks or a waiting request
+     * cannot be admitted for want of blocks. A running request's blocks are never taken. */
+    double session_idle_s;          /* seconds. 300 */
+    uint32_t session_max_blocks;    /* KV blocks all sessions may pin; 0 = half the pool. 0 */
 } vki_batch_params;
 
 VKI_API vki_batch_params vki_batch_default_params(void);
@@ -462,6 +468,11 @@ typedef struct vki_request {
      * mean (vLLM's default). Finite. */
     float length_penalty;
     vki_early_stopping early_stopping;
+    /* != 0: the request belongs to this session (a conversation). When it finishes, the KV of
+     * its prompt and output (whole blocks) stays pinned for the session, so the session's next
+     * request, whose prompt starts with those tokens, computes only what follows them (see
+     * vki_batch_params.session_*). 0 = none */
+    uint64_t session_id;
 } vki_request;
 
 /* What a response callback receives. Pointers are valid only during the callback. The ending
@@ -538,6 +549,8 @@ typedef struct vki_batch_stats {
     uint64_t kv_reused_blocks;      /* cumulative */
     uint64_t reused_tokens;         /* cumulative prompt tokens taken from the prefix cache */
     double step_ms;                 /* engine time of this tick's step (0: no step) */
+    uint32_t sessions;              /* sessions holding pinned KV */
+    uint32_t kv_pinned;             /* block references those sessions hold */
 } vki_batch_stats;
 
 /* TensorRT-LLM-style callbacks; any may be NULL. All run on the worker thread (see above). */
@@ -591,6 +604,10 @@ VKI_API vki_status vki_batch_cancel(vki_batch_manager *bm, uint64_t id);
 
 /* Wakes an idle manager so it polls get_requests now rather than after idle_poll_us. */
 VKI_API void vki_batch_notify(vki_batch_manager *bm);
+
+/* Ends a session: its pinned KV is released at the next tick boundary (a request of it still
+ * running finishes normally and pins nothing). VKI_OK also when the session holds nothing. */
+VKI_API vki_status vki_batch_session_end(vki_batch_manager *bm, uint64_t session_id);
 
 /* ---- tokenizer --------------------------------------------------------------------------- */
 

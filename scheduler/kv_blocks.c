@@ -255,7 +255,7 @@ void sched_kv_take(sched_kv *kv, const uint32_t *blocks, uint32_t n)
     kv->reused_blocks += n;
 }
 
-void sched_kv_share(sched_kv *kv, const uint32_t *blocks, uint32_t n)
+void sched_kv_retain(sched_kv *kv, const uint32_t *blocks, uint32_t n)
 {
     for (uint32_t i = 0; i < n; i++)
         take_one(kv, blocks[i]);

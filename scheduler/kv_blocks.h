@@ -67,9 +67,10 @@ uint32_t sched_kv_lookup(const sched_kv *kv, const int32_t *tokens, uint32_t max
  * between). Adds n * block_size to the reused-token count. */
 void sched_kv_take(sched_kv *kv, const uint32_t *blocks, uint32_t n);
 
-/* One more reference of each of blocks[0..n), all in use (ref > 0): a block table copied into
- * another (beam search). Full blocks only: nobody writes a shared block. O(n). */
-void sched_kv_share(sched_kv *kv, const uint32_t *blocks, uint32_t n);
+/* One more reference of each of blocks[0..n) (sealed, or held by someone): a block table copied
+ * into another (beam search; full blocks only: nobody writes a shared block) or a holder outside
+ * any sequence (a pinned session). Not counted as reuse. O(n). */
+void sched_kv_retain(sched_kv *kv, const uint32_t *blocks, uint32_t n);
 
 /* Block `b` (ref 1, owned by one sequence) is now full of the KV of `tokens[0..block_size)`,
  * after the chain ending at `parent` (a sealed block, or SCHED_KV_NONE for the first block).

@@ -282,6 +282,7 @@ void sched_destroy(sched *s)
         free(s->heap[i]);
     }
     sched_kv_destroy(s->kv);
+    free(s->pin_ref);
     free(s->heap);
     free(s->free_slots);
     free(s->plan_seqs);
@@ -744,10 +745,44 @@ void sched_commit(sched *s, const sched_tick *t, const vki_step_out *outs)
 
 /* ---- stats and checks ---------------------------------------------------------------------- */
 
+vki_status sched_pin_seq(sched *s, const sched_seq *q, sched_pin *out)
+{
+    *out = (sched_pin){0};
+    uint32_t n = 0;
+    while (n < q->n_sealed && n < q->n_held && q->blocks[n] != SCHED_KV_NONE)
+        n++;
+    if (!s->p.block_reuse || !n)
+        return VKI_OK;
+    if (!s->pin_ref && !(s->pin_ref = calloc(s->p.n_blocks, sizeof *s->pin_ref)))
+        return VKI_ERR_OUT_OF_HOST_MEMORY;
+    if (!(out->blocks = malloc((size_t)n * sizeof *out->blocks)))
+        return VKI_ERR_OUT_OF_HOST_MEMORY;
+    memcpy(out->blocks, q->blocks, (size_t)n * sizeof *out->blocks);
+    out->n = n;
+    sched_kv_retain(s->kv, out->blocks, n);
+    for (uint32_t i = 0; i < n; i++)
+        s->pin_ref[out->blocks[i]]++;
+    s->pinned_refs += n;
+    return VKI_OK;
+}
+
+void sched_pin_release(sched *s, sched_pin *p)
+{
+    if (p->n) {
+        sched_kv_release(s->kv, p->blocks, p->n);
+        for (uint32_t i = 0; i < p->n; i++)
+            s->pin_ref[p->blocks[i]]--;
+        s->pinned_refs -= p->n;
+    }
+    free(p->blocks);
+    *p = (sched_pin){0};
+}
+
 void sched_get_stats(const sched *s, sched_stats *st)
 {
     *st = (sched_stats){.queued = s->n_heap, .running = s->n_running, .paused = s->n_paused_waiting,
-                        .max_running = s->max_running, .reused_tokens = s->reused_tokens, .pauses = s->pauses};
+                        .max_running = s->max_running, .reused_tokens = s->reused_tokens, .pauses = s->pauses,
+                        .pinned_refs = s->pinned_refs};
     sched_kv_get_stats(s->kv, &st->kv);
 }
 
@@ -843,6 +878,8 @@ vki_status sched_check(const sched *s, char *msg, size_t msg_cap)
     if (s->p.policy != VKI_POLICY_MAX_UTILIZATION)
         CHECK(sched_kv_avail(s->kv) >= sched_reserved_total(s), "%u allocatable blocks < %llu reserved by running sequences",
               sched_kv_avail(s->kv), (unsigned long long)sched_reserved_total(s));
+    for (uint32_t b = 0; s->pin_ref && b < s->p.n_blocks; b++)
+        ref[b] += s->pin_ref[b];
     st = sched_kv_check(s->kv, ref, msg, msg_cap);
 out:
     free(ref);

@@ -153,6 +153,7 @@ typedef struct sched_stats {
     sched_kv_stats kv;
     uint64_t reused_tokens;   /* tokens whose KV came from the cache instead of a prefill */
     uint64_t pauses;          /* cumulative */
+    uint32_t pinned_refs;     /* block references held by pins */
 } sched_stats;
 
 /* VKI_ERR_INVALID_ARG when a size is 0 or chunk_size is not a multiple of block_size. */
@@ -199,6 +200,21 @@ vki_status sched_beam_reorder(sched *s, sched_seq *lead, const uint32_t *parent,
  * the group's blocks within the pool, no sliding windows and not under STATIC. */
 vki_status sched_validate_beams(const sched *s, uint32_t n_prompt, uint32_t max_new, uint32_t width, char *msg,
                                 size_t msg_cap);
+/* Pins (stateful sessions): references to a sequence's sealed leading blocks held outside any
+ * sequence, so that its KV outlives it (never evicted) until the pin is released; the next
+ * sequence with that prefix finds the blocks by the usual prefix lookup and computes only what
+ * follows. A pinned block counts as used (it is not allocatable). */
+typedef struct sched_pin {
+    uint32_t *blocks;         /* [n] in position order */
+    uint32_t n;
+} sched_pin;
+
+/* Pins q's sealed blocks up to its first released one (windows) in *out (replacing nothing: out
+ * must be empty). Nothing is pinned when reuse is off. O(blocks). VKI_ERR_OUT_OF_HOST_MEMORY. */
+vki_status sched_pin_seq(sched *s, const sched_seq *q, sched_pin *out);
+/* Drops the pin's references (its blocks become cached, evictable, or stay with their other
+ * holders) and empties it. O(blocks). */
+void sched_pin_release(sched *s, sched_pin *p);
 
 void sched_get_stats(const sched *s, sched_stats *st);
 uint32_t sched_queue_len(const sched *s);

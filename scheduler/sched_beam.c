@@ -229,9 +229,9 @@ vki_status sched_beam_reorder(sched *s, sched_seq *lead, const uint32_t *parent,
     /* the new tables' references first, then the old ones go: shared blocks never reach 0 */
     for (uint32_t b = 0; b < w; b++) {
         const uint32_t *pt = lead->beam_blocks + (size_t)parent[b] * mb;
-        sched_kv_share(s->kv, pt, nfull);
+        sched_kv_retain(s->kv, pt, nfull);
         if (partial && keeper[parent[b]] == b)
-            sched_kv_share(s->kv, pt + nfull, 1);
+            sched_kv_retain(s->kv, pt + nfull, 1);
     }
     for (uint32_t b = 0; b < w; b++) {
         sched_kv_release(s->kv, B[b]->blocks, B[b]->n_held);

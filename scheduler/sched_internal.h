@@ -27,6 +27,8 @@ struct sched {
     uint32_t *match;          /* [max_seq_blocks] prefix lookup result */
     uint32_t tick_paused;
     uint32_t tick_decode;     /* decode entries scheduled this tick */
+    uint32_t *pin_ref;        /* [n_blocks] references held by pins (sched_check); NULL until the first */
+    uint32_t pinned_refs;     /* their sum */
     /* beam search (sched_beam.c): copy-on-write page copies for the next plan */
     vki_page_copy *copies;    /* [max_seqs] pending: each running beam adds at most one per reorder */
     uint32_t n_copies;

@@ -95,6 +95,8 @@ static void finish(vki_batch_manager *bm, bm_req *q, vki_finish_reason why, cons
     if (q->pooling != VKI_POOL_NONE && why == VKI_FINISH_LENGTH)
         pool_result(bm, q);
     respond(bm, q, q->streaming ? q->n_sent : 0, true, why, error);
+    if (q->seq && q->session_id)
+        bm_session_finish(bm, q); /* pins its blocks before they leave with the sequence */
     if (q->seq) {
         sched_remove(bm->s, q->seq);
         bm->n_active--;
@@ -207,6 +209,8 @@ static void enter_scheduler(vki_batch_manager *bm, bm_req *q)
         return;
     }
     bm->n_active++;
+    if (q->session_id)
+        bm_session_enter(bm, q);
     free(q->prompt); /* the scheduler has its own copy */
     q->prompt = NULL;
 }
@@ -475,6 +479,8 @@ static void tick(vki_batch_manager *bm)
     pthread_mutex_lock(&bm->mu); /* admissions made room in the queue */
     bm->sched_waiting = sched_queue_len(bm->s);
     pthread_mutex_unlock(&bm->mu);
+    if (bm->sess_head)
+        bm_session_tick(bm, &t); /* expiry; pins give way when requests wait for blocks */
     if (t.plan.n_seqs && bm->grams)
         bm_constraint_masks(bm, &t);
     if (t.plan.n_seqs)
@@ -487,13 +493,24 @@ static void tick(vki_batch_manager *bm)
 /* Waits for work; takes the inbox and the cancellations. Returns false when the worker must
  * exit. */
 static bool wait_work(vki_batch_manager *bm, bm_req **inbox, bm_cancel **cancels, uint32_t *n_cancels,
-                      bool *abort, int32_t *max_new_reqs)
+                      bool *abort, int32_t *max_new_reqs, uint64_t **ends, uint32_t *n_ends)
 {
+    double expiry = bm_session_next_expiry_s(bm); /* idle sessions expire while nothing else runs */
     pthread_mutex_lock(&bm->mu);
     for (;;) {
         bool poll = bm->cb.get_requests && !bm->shutdown && bm->p.idle_poll_us;
-        if (bm->inbox_head || bm->n_cancels || bm->n_active || bm->shutdown || bm->notified)
+        if (bm->inbox_head || bm->n_cancels || bm->n_active || bm->shutdown || bm->notified || bm->n_session_ends)
             break;
+        if (expiry >= 0 && !poll) {
+            struct timespec ts;
+            clock_gettime(CLOCK_MONOTONIC, &ts);
+            double end = (double)ts.tv_sec + ts.tv_nsec * 1e-9 + expiry + 0.001;
+            ts.tv_sec = (time_t)end;
+            ts.tv_nsec = (long)((end - (double)ts.tv_sec) * 1e9);
+            if (pthread_cond_timedwait(&bm->cv, &bm->mu, &ts) == ETIMEDOUT)
+                break;
+            continue;
+        }
         if (!poll) {
             pthread_cond_wait(&bm->cv, &bm->mu);
             continue;
@@ -515,6 +532,10 @@ static bool wait_work(vki_batch_manager *bm, bm_req **inbox, bm_cancel **cancels
     *n_cancels = bm->n_cancels;
     bm->cancels = NULL;
     bm->n_cancels = bm->cancels_cap = 0;
+    *ends = bm->session_ends;
+    *n_ends = bm->n_session_ends;
+    bm->session_ends = NULL;
+    bm->n_session_ends = bm->session_ends_cap = 0;
     *abort = bm->abort;
     *max_new_reqs = -1;
     if (bm->shutdown)
@@ -535,8 +556,16 @@ static void *worker(void *arg)
         uint32_t n_cancels;
         bool abort;
         int32_t max_new_reqs;
-        if (!wait_work(bm, &inbox, &cancels, &n_cancels, &abort, &max_new_reqs))
+        uint64_t *ends;
+        uint32_t n_ends;
+        if (!wait_work(bm, &inbox, &cancels, &n_cancels, &abort, &max_new_reqs, &ends, &n_ends)) {
+            free(ends);
             break;
+        }
+        bm_session_apply_ends(bm, ends, n_ends);
+        free(ends);
+        if (!bm->n_active && bm->sess_head)
+            bm_session_tick(bm, NULL); /* expiry while idle */
         uint64_t finished0 = bm->n_finished;
         for (bm_req *q = inbox, *next; q; q = next) {
             next = q->next;
@@ -604,6 +633,8 @@ static vki_status list_eog(vki_batch_manager *bm)
 
 static void bm_free(vki_batch_manager *bm)
 {
+    if (bm->s)
+        bm_session_free_all(bm); /* pins go back before the scheduler */
     bm_grammar_free_all(bm);
     free(bm->eog_ids);
     sched_destroy(bm->s);

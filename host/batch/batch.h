@@ -39,6 +39,7 @@ typedef struct bm_req {
     bool streaming;
     bool ignore_eos;           /* the model's end-of-generation ids do not end it */
     int32_t priority;
+    uint64_t session_id;       /* 0: none (batch_session.c) */
     bool want_lp;              /* logprobs or top_logprobs asked for */
     uint32_t n_top;
     uint64_t seed;             /* resolved */
@@ -144,6 +145,12 @@ struct vki_batch_manager {
     uint32_t n_grams;
     double gram_us;            /* host time in grammar work, summed (stats) */
     uint64_t gram_tokens;      /* constrained tokens it covers */
+    /* stateful sessions (batch_session.c) */
+    uint64_t *session_ends;    /* under mu: [n_session_ends] vki_batch_session_end calls to apply */
+    uint32_t n_session_ends, session_ends_cap;
+    struct bm_session *sess_head, *sess_tail; /* worker: least recently used first */
+    uint32_t n_sessions;       /* worker: sessions in the list */
+    uint32_t session_cap;      /* worker: session_max_blocks resolved */
 };
 
 /* Creates a manager over `be` (copied; be->ctx must outlive the manager) and starts its worker.
@@ -203,6 +210,16 @@ void bm_beam_free(bm_req *q);
 /* batch.c: why token tok would end q (EOS for an end id or the model's end of generation, STOP
  * for a stop id), else NONE. */
 vki_finish_reason bm_end_reason(const vki_batch_manager *bm, const bm_req *q, int32_t tok);
+/* batch_session.c (worker thread): a request of a session enters the scheduler / finishes (before
+ * sched_remove: its blocks are pinned for the session); the end calls taken from the mutex;
+ * expiry and pressure after a plan that admitted nothing while requests wait; destroy. */
+void bm_session_enter(vki_batch_manager *bm, const bm_req *q);
+void bm_session_finish(vki_batch_manager *bm, const bm_req *q);
+void bm_session_apply_ends(vki_batch_manager *bm, const uint64_t *ids, uint32_t n);
+void bm_session_tick(vki_batch_manager *bm, const sched_tick *t);
+void bm_session_free_all(vki_batch_manager *bm);
+/* seconds until the oldest idle session expires (the worker's idle wait), or < 0: none */
+double bm_session_next_expiry_s(const vki_batch_manager *bm);
 
 /* batch_stats.c: emits the stats JSON of one tick through cb.stats. */
 void bm_emit_stats(vki_batch_manager *bm, const sched_tick *t, double step_ms);

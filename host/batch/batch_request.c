@@ -23,6 +23,8 @@ vki_batch_params vki_batch_default_params(void)
         .seed = 0,
         .max_beam_width = 8,
         .max_logits_bytes = 256u << 20,
+        .session_idle_s = 300,
+        .session_max_blocks = 0,
     };
 }
 
@@ -127,6 +129,7 @@ vki_status bm_req_copy(const vki_request *r, bm_req **out)
     q->processor = r->logits_processor;
     q->processor_user = r->logits_processor_user;
     q->priority = r->priority;
+    q->session_id = r->pooling != VKI_POOL_NONE ? 0 : r->session_id;
     q->n_top = r->sampling.top_logprobs <= VKI_MAX_TOP_LOGPROBS ? r->sampling.top_logprobs : 0;
     q->want_lp = r->sampling.logprobs || q->n_top;
     q->want_ctx_logits = r->return_context_logits;

@@ -33,7 +33,8 @@ void bm_emit_stats(vki_batch_manager *bm, const sched_tick *t, double step_ms)
             .generation_requests = t->n_generation, .context_tokens = t->n_context_tokens,
             .kv_max = ss.kv.max_blocks, .kv_free = ss.kv.free_blocks, .kv_used = ss.kv.used_blocks,
             .kv_cached = ss.kv.cached_blocks, .kv_reused_blocks = ss.kv.reused_blocks,
-            .reused_tokens = ss.reused_tokens, .step_ms = step_ms};
+            .reused_tokens = ss.reused_tokens, .step_ms = step_ms, .sessions = bm->n_sessions,
+            .kv_pinned = ss.pinned_refs};
         bm->cb.tick_stats(bm->cb.user, &st);
     }
     if (!bm->cb.stats)

@@ -201,7 +201,7 @@ void cli_engine_opts_help(FILE *f)
 }
 
 /* The library prints nothing: the program shows its log messages... */
-static void log_stderr(void *user, vki_log_level lvl, const char *msg)
+void cli_log_stderr(void *user, vki_log_level lvl, const char *msg)
 {
     (void)user;
     static const char *const tag[] = {"error", "warning", "info", "debug"};
@@ -358,7 +358,7 @@ vki_engine *cli_open_engine(cli_engine_opts *o)
     char err[512] = "";
     double t0 = cli_now_s();
     if (!o->p.device.log)
-        o->p.device.log = log_stderr;
+        o->p.device.log = cli_log_stderr;
     if (o->progress && isatty(STDERR_FILENO)) {
         o->p.progress = progress_bar;
         o->p.progress_user = o;

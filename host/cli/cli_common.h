@@ -38,6 +38,8 @@ void cli_engine_opts_help(FILE *f);
  * compiles pipelines on first use (lavapipe) does it now, with a progress line, rather than
  * during the first request. Returns NULL after printing the reason. */
 vki_engine *cli_open_engine(cli_engine_opts *o);
+/* The engine's log messages to stderr ("vkinfer warning: ..."): the device's log callback. */
+void cli_log_stderr(void *user, vki_log_level lvl, const char *msg);
 /* With --profile: prints the engine's GPU time summary (top ops) to stderr. */
 void cli_print_profile(const cli_engine_opts *o, const vki_engine *e);
 

@@ -27,15 +27,29 @@ typedef struct serve_opts {
     const char *keys[MAX_LIST], *origins[MAX_LIST];
     uint32_t n_keys, n_origins;
     strbuf key_file;           /* --api-key-file contents (keys point into it) */
+    srv_repo_params repo;      /* --model-repository DIR: dir set */
+    const char *load[MAX_LIST];
 } serve_opts;
 
 static void usage(FILE *f)
 {
     fprintf(f,
             "usage: vkinfer serve -m MODEL.gguf [options]\n"
+            "       vkinfer serve --model-repository DIR [options]\n"
             "OpenAI-compatible API: POST /v1/completions, /v1/chat/completions (stream: true -> SSE),\n"
             "/v1/embeddings, /tokenize, /detokenize; GET /v1/models, /props, /version, /health,\n"
-            "/health/ready, /metrics (Prometheus).\n"
+            "/health/ready, /metrics (Prometheus). KServe v2 / Triton: /v2, /v2/health/live|ready,\n"
+            "/v2/models/NAME[/ready|/config|/stats|/infer|/generate|/generate_stream], /v2/repository/...\n"
+            "  --model-repository DIR  serve every model of DIR (DIR/NAME/model.gguf + optional config.json,\n"
+            "                          or DIR/NAME.gguf), each with its own engine and batch manager; requests\n"
+            "                          pick one by \"model\"; --device-memory MIB is the budget they share\n"
+            "  --model-control M       none (load all at start), explicit (--load-model at start, then\n"
+            "                          /v2/repository/models/NAME/load|unload), poll (load all, rescan DIR)\n"
+            "  --load-model NAME       explicit: load NAME at start (repeatable; * = all)\n"
+            "  --repository-poll-secs S  poll: seconds between scans (15)\n"
+            "  --unload-timeout S      running requests of a model being unloaded get this long (30)\n"
+            "  --session-idle S        a session's pinned KV is released after S idle seconds (300)\n"
+            "  --session-max-blocks N  KV blocks all sessions may pin (0 = half the pool)\n"
             "  --host ADDR             address to listen on (127.0.0.1; 0.0.0.0 or :: for all)\n"
             "  --port N                port (8080; 0 = any free port, printed at start)\n"
             "  --api-key KEY           require Authorization: Bearer KEY on /v1/*, /props, /tokenize,\n"
@@ -125,7 +139,9 @@ static int serve_opt(int argc, char **argv, int *i, serve_opts *o)
                                         "--max-connections", "--idle-timeout", "--drain-timeout", "--policy",
                                         "--max-batch-size", "--max-num-tokens", "--chunk-size", "--max-queue",
                                         "--api-key", "--api-key-file", "--cors-origin", "--request-timeout",
-                                        "--stats-interval", "--pooling"};
+                                        "--stats-interval", "--pooling", "--model-repository", "--model-control",
+                                        "--load-model", "--repository-poll-secs", "--unload-timeout",
+                                        "--session-idle", "--session-max-blocks"};
     size_t k;
     int r = cli_value_opt("serve", argc, argv, i, names, sizeof names / sizeof names[0], &k, &v);
     if (r <= 0)
@@ -157,7 +173,20 @@ static int serve_opt(int argc, char **argv, int *i, serve_opts *o)
     case 15: ok = add_item(o->origins, &o->n_origins, v, a); break;
     case 16: ok = cli_parse_u64("serve", a, v, 1, 86400, &u); p->request_timeout_s = (uint32_t)u; break;
     case 17: ok = cli_parse_u64("serve", a, v, 0, 86400, &u); p->stats_interval_s = (uint32_t)u; break;
-    default:
+    case 19: o->repo.dir = v; break;
+    case 20:
+        ok = !strcmp(v, "none") || !strcmp(v, "explicit") || !strcmp(v, "poll");
+        o->repo.control = !strcmp(v, "explicit") ? SRV_CONTROL_EXPLICIT : !strcmp(v, "poll") ? SRV_CONTROL_POLL
+                                                                                               : SRV_CONTROL_NONE;
+        if (!ok)
+            fprintf(stderr, "vkinfer serve: --model-control is none, explicit or poll, got '%s'\n", v);
+        break;
+    case 21: ok = add_item(o->load, &o->repo.n_load_models, v, a); break;
+    case 22: ok = cli_parse_u64("serve", a, v, 1, 86400, &u); o->repo.poll_s = (uint32_t)u; break;
+    case 23: ok = cli_parse_u64("serve", a, v, 0, 86400, &u); o->repo.unload_timeout_s = (double)u; break;
+    case 24: ok = cli_parse_u64("serve", a, v, 1, 30 * 86400, &u); p->batch.session_idle_s = (double)u; break;
+    case 25: ok = cli_parse_u64("serve", a, v, 0, UINT32_MAX, &u); p->batch.session_max_blocks = (uint32_t)u; break;
+    case 18:
         ok = !strcmp(v, "mean") || !strcmp(v, "last");
         p->pooling = !strcmp(v, "last") ? VKI_POOL_LAST : VKI_POOL_MEAN;
         if (!ok)
@@ -189,11 +218,13 @@ static void wait_and_drain(srv *s, const sigset_t *set, double drain_s)
     }
 }
 
+static int serve_repo_or_model(serve_opts *so, cli_engine_opts *eo, const sigset_t *set);
+
 int vki_cli_serve(int argc, char **argv)
 {
     cli_engine_opts eo;
     cli_engine_opts_init(&eo);
-    serve_opts o = {.p = srv_default_params(), .drain_s = 30};
+    serve_opts o = {.p = srv_default_params(), .drain_s = 30, .repo = srv_repo_default_params()};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         int r = cli_engine_opt(argc, argv, &i, &eo);
@@ -235,21 +266,62 @@ int vki_cli_serve(int argc, char **argv)
         strbuf_free(&o.key_file);
         return 1;
     }
-    vki_engine *e = cli_open_engine(&eo);
+    if (o.repo.dir || eo.model)
+        return serve_repo_or_model(&o, &eo, &set);
+    fprintf(stderr, "vkinfer: no model given (-m FILE.gguf, or --model-repository DIR)\n");
+    close(p->listen_fd);
+    strbuf_free(&o.key_file);
+    return 1;
+}
+
+/* -m FILE: one engine; --model-repository DIR: the repository's models (repo.c). */
+static int serve_repo_or_model(serve_opts *so, cli_engine_opts *eo, const sigset_t *set)
+{
+    serve_opts o = *so; /* the key list points into so->key_file, freed below through so */
+    srv_params *p = &o.p;
+    char err[512] = "";
+    if (o.repo.dir) {
+        if (eo->model) {
+            fprintf(stderr, "vkinfer serve: -m and --model-repository exclude each other\n");
+            close(p->listen_fd);
+            strbuf_free(&so->key_file);
+            return 2;
+        }
+        if (o.repo.n_load_models && o.repo.control != SRV_CONTROL_EXPLICIT)
+            fprintf(stderr, "vkinfer serve: warning: --load-model applies to --model-control explicit only\n");
+        o.repo.load_models = o.load;
+        o.repo.engine = eo->p;
+        if (!o.repo.engine.device.log)
+            o.repo.engine.device.log = cli_log_stderr;
+        o.repo.memory_budget = eo->p.device_memory_limit; /* shared by all the models */
+        o.repo.engine.device_memory_limit = 0;            /* each load gets what is left */
+        srv *s = NULL;
+        vki_status st = srv_create_repo(p, &o.repo, &s, err, sizeof err);
+        strbuf_free(&so->key_file);
+        if (st != VKI_OK) {
+            fprintf(stderr, "vkinfer serve: %s\n", err[0] ? err : vki_status_str(st));
+            return 1;
+        }
+        wait_and_drain(s, set, o.drain_s);
+        srv_destroy(s);
+        fprintf(stderr, "vkinfer serve: stopped\n");
+        return 0;
+    }
+    vki_engine *e = cli_open_engine(eo);
     if (!e) {
         close(p->listen_fd);
-        strbuf_free(&o.key_file);
+        strbuf_free(&so->key_file);
         return 1;
     }
     srv *s = NULL;
     vki_status st = srv_create(e, p, &s, err, sizeof err); /* takes the socket, even on failure */
-    strbuf_free(&o.key_file);
+    strbuf_free(&so->key_file);
     if (st != VKI_OK) {
         fprintf(stderr, "vkinfer serve: %s\n", err[0] ? err : vki_status_str(st));
         vki_engine_destroy(e);
         return 1;
     }
-    wait_and_drain(s, &set, o.drain_s);
+    wait_and_drain(s, set, o.drain_s);
     srv_destroy(s);
     vki_engine_destroy(e);
     fprintf(stderr, "vkinfer serve: stopped\n");

@@ -42,15 +42,20 @@ double srv_now(void)
 
 void srv_log(const srv *s, vki_log_level lv, const char *fmt, ...)
 {
-    if (lv > s->p.log_level)
-        return;
-    char msg[768];
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
+    srv_logv(&s->p, lv, fmt, ap);
     va_end(ap);
-    if (s->p.log)
-        s->p.log(s->p.log_user, lv, msg);
+}
+
+void srv_logv(const srv_params *p, vki_log_level lv, const char *fmt, va_list ap)
+{
+    if (lv > p->log_level)
+        return;
+    char msg[768];
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    if (p->log)
+        p->log(p->log_user, lv, msg);
     else
         fprintf(stderr, "vkinfer serve: %s%s\n", lv == VKI_LOG_ERROR ? "error: " : lv == VKI_LOG_WARN ? "warning: " : "",
                 msg);
@@ -109,6 +114,9 @@ static const struct {
     {"/v1/embeddings", false, true, false, R_EMBED},
     {"/tokenize", false, true, false, R_TOKENIZE},
     {"/detokenize", false, true, false, R_DETOKENIZE},
+    {"/v1/sessions/", true, true, false, R_SESSION},
+    {"/v2", false, false, false, R_V2},  /* KServe v2: kserve.c checks methods and auth itself */
+    {"/v2/", true, false, false, R_V2},
 };
 #define N_ROUTES (sizeof ROUTES / sizeof ROUTES[0])
 
@@ -134,7 +142,7 @@ static bool same_secret(const char *a, const char *b)
     return d == 0;
 }
 
-static bool authorized(const srv *s, const char *auth)
+bool srv_authorized(const srv *s, const char *auth)
 {
     if (!s->p.n_api_keys)
         return true;
@@ -191,7 +199,8 @@ static void health(srv_conn *c)
     default: { /* R_METRICS */
         cJSON_Delete(o);
         srv_gauges g = {.active = active, .connections = conns, .handlers = handlers, .ready = !draining && !lost};
-        return srv_reply(c, 200, "text/plain; version=0.0.4; charset=utf-8", srv_metrics_render(&s->m, &g), NULL);
+        return srv_reply(c, 200, "text/plain; version=0.0.4; charset=utf-8",
+                         s->repo ? srv_repo_metrics(s, &g) : srv_metrics_render(&s->m, &g), NULL);
     }
     }
 }
@@ -203,6 +212,17 @@ static void refuse_route(srv_conn *c, unsigned code, const char *param, const ch
     srv_err(&e, code, param, fmt, a, b);
     e.code = code_str;
     srv_reply_error(c, &e);
+}
+
+/* A route about "the" model, in repository mode: the only one loaded (else 400 naming them). */
+static void with_only_model(srv_conn *c, void (*fn)(srv_conn *))
+{
+    srv_error e;
+    if (!(c->model = srv_model_acquire(c->s, NULL, true, &e)))
+        return srv_reply_error(c, &e);
+    fn(c);
+    srv_model_release(c->s, c->model);
+    c->model = NULL;
 }
 
 void srv_serve_small(srv_conn *c)
@@ -221,6 +241,8 @@ void srv_serve_small(srv_conn *c)
     }
     if (!strcmp(r->method, "OPTIONS"))
         return preflight(c);
+    if (r->route == R_V2)
+        return srv_kserve_small(c);
     if (i == N_ROUTES)
         return refuse_route(c, 404, NULL, "not_found", "unknown route: %.16s %.200s", r->method, r->path);
     if (ROUTES[i].post ? !post : !get) {
@@ -232,7 +254,7 @@ void srv_serve_small(srv_conn *c)
         return srv_reply(c, 405, "application/json", srv_error_json(&e),
                          ROUTES[i].post ? "Allow: POST, OPTIONS\r\n" : "Allow: GET, HEAD, OPTIONS\r\n");
     }
-    if (!ROUTES[i].open && !authorized(s, r->auth)) {
+    if (!ROUTES[i].open && !srv_authorized(s, r->auth)) {
         srv_error e;
         srv_err(&e, 401, NULL, "%s", r->auth[0] ? "invalid API key (Authorization: Bearer ...)"
                                                 : "an API key is required: send Authorization: Bearer <key>");
@@ -244,16 +266,43 @@ void srv_serve_small(srv_conn *c)
     case R_READY:
     case R_METRICS: return health(c);
     case R_VERSION: return srv_route_version(c);
-    case R_MODELS: return srv_route_models(c);
-    case R_MODEL: return srv_route_model(c);
-    case R_PROPS: return srv_route_props(c);
+    case R_MODELS: return s->repo ? srv_repo_models(c) : srv_route_models(c);
+    case R_MODEL: return s->repo ? srv_repo_model(c, r->path + strlen("/v1/models/")) : srv_route_model(c);
+    case R_SESSION: return srv_route_session_end(c);
+    case R_PROPS: return s->repo ? with_only_model(c, srv_route_props) : srv_route_props(c);
     default: return; /* heavy: a handler thread answers */
     }
 }
 
+/* The model a heavy OpenAI-style request names in its body's "model" (repository mode). A body
+ * that is not JSON goes to the only model, if one, whose parser then names the fault. */
+static bool pick_model(srv_conn *c, srv_error *e)
+{
+    if (!c->s->repo)
+        return true;
+    srv_json_err je;
+    cJSON *o = srv_json_parse(c->req.body.p ? c->req.body.p : "", c->req.body.len, &je);
+    const cJSON *m = cJSON_GetObjectItemCaseSensitive(o, "model");
+    c->model = srv_model_acquire(c->s, cJSON_IsString(m) ? m->valuestring : NULL, true, e);
+    cJSON_Delete(o);
+    return c->model != NULL;
+}
+
 void srv_serve_heavy(srv_conn *c)
 {
-    srv *s = c->s;
+    srv_error e;
+    if (c->req.route == R_V2_HEAVY)
+        return srv_kserve_heavy(c);
+    if (!pick_model(c, &e))
+        return srv_reply_error(c, &e);
+    srv_serve_generation(c, NULL, NULL, NULL);
+    srv_model_release(c->s, c->model);
+    c->model = NULL;
+}
+
+void srv_serve_generation(srv_conn *c, const srv_job_fmt *fmt, const char *fmt_id, void *fmt_ctx)
+{
+    srv *s = srv_conn_model(c);
     srv_route r = c->req.route;
     pthread_mutex_lock(&s->mu);
     bool draining = s->draining, lost = s->device_lost;
@@ -283,6 +332,11 @@ void srv_serve_heavy(srv_conn *c)
         srv_metrics_outcome(&s->m, e.http >= 500 ? SRV_OUT_ERROR : SRV_OUT_INVALID);
         return srv_reply_error(c, &e);
     }
+    j->fmt = fmt;
+    j->fmt_ctx = fmt_ctx;
+    snprintf(j->fmt_id, sizeof j->fmt_id, "%s", fmt_id ? fmt_id : "");
+    if (fmt && fmt->prepare)
+        fmt->prepare(j);
     j->conn = c;
     j->t_arrive = c->t_req ? c->t_req : srv_now();
     c->acc.prompt = j->n_prompt;
@@ -293,6 +347,8 @@ void srv_serve_heavy(srv_conn *c)
         return srv_reply_error(c, &e);
     }
     srv_job_serve(j, c);
+    if (fmt && fmt->finished)
+        fmt->finished(j);
     srv_job_release(j);
 }
 
@@ -435,6 +491,8 @@ static void free_strings(char **v, uint32_t n)
 
 static void srv_free(srv *s)
 {
+    srv_repo_free(s->repo);
+    srv_sessions_free(s->sessions);
     chat_specials_free(s->specials);
     chat_template_free(&s->chat);
     srv_metrics_destroy(&s->m);
@@ -466,7 +524,9 @@ static vki_status check_params(const srv_params *p, char *err, size_t n_err)
     return bad ? VKI_ERR_INVALID_ARG : VKI_OK;
 }
 
-vki_status srv_create(vki_engine *e, const srv_params *p, srv **out, char *err, size_t n_err)
+/* One server: e NULL = a repository's front (HTTP only); http false = a repository's model. */
+static vki_status srv_new(vki_engine *e, const srv_params *p, bool http, struct srv_repo *repo, srv **out,
+                          char *err, size_t n_err)
 {
     *out = NULL;
     char scratch[8];
@@ -484,8 +544,12 @@ vki_status srv_create(vki_engine *e, const srv_params *p, srv **out, char *err, 
     }
     s->p = *p;
     s->engine = e;
-    s->tok = vki_engine_tokenizer(e);
-    vki_engine_info(e, &s->info);
+    s->repo = repo;
+    s->is_model = !http;
+    if (e) {
+        s->tok = vki_engine_tokenizer(e);
+        vki_engine_info(e, &s->info);
+    }
     s->t_start = (long long)time(NULL);
     s->next_id = 1;
     s->listen_fd = s->ep = s->wake_fd = s->reserve_fd = -1;
@@ -496,32 +560,76 @@ vki_status srv_create(vki_engine *e, const srv_params *p, srv **out, char *err, 
     pthread_condattr_destroy(&ca);
     pthread_mutex_init(&s->mu, NULL);
     srv_metrics_init(&s->m);
-    set_model_id(s);
+    if (e)
+        set_model_id(s);
     s->api_keys = copy_strings(p->api_keys, p->n_api_keys);
     s->cors = copy_strings(p->cors_origins, p->n_cors_origins);
     if (!s->api_keys || !s->cors)
         st = VKI_ERR_OUT_OF_HOST_MEMORY;
-    if (st == VKI_OK)
+    if (st == VKI_OK && e)
         st = setup_chat(s, err, n_err);
-    if (st == VKI_OK && (st = srv_bm_create(s, &s->bm)) != VKI_OK)
+    if (st == VKI_OK && e && (st = srv_bm_create(s, &s->bm)) != VKI_OK)
         snprintf(err, n_err, "batch manager: %s", vki_status_str(st));
-    if (st == VKI_OK && (st = srv_recover_start(s)) != VKI_OK)
+    if (st == VKI_OK && e && (st = srv_recover_start(s)) != VKI_OK)
         snprintf(err, n_err, "recovery thread: %s", vki_status_str(st));
-    if (st == VKI_OK)
+    if (st == VKI_OK && http)
         st = srv_http_start(s, err, n_err);
-    else if (p->listen_fd >= 0)
+    else if (http && p->listen_fd >= 0)
         close(p->listen_fd);
     if (st != VKI_OK) {
         srv_recover_stop(s);
+        s->repo = NULL; /* the caller still owns it */
         vki_batch_manager_destroy(s->bm, true);
         srv_http_stop(s);
         srv_free(s);
         return st;
     }
-    srv_log(s, VKI_LOG_INFO, "model '%s' (context %u) listening on http://%s:%u%s", s->model_id, s->info.n_ctx,
-            s->p.host, s->port, s->p.n_api_keys ? " (API key required)" : "");
+    if (http && e)
+        srv_log(s, VKI_LOG_INFO, "model '%s' (context %u) listening on http://%s:%u%s", s->model_id, s->info.n_ctx,
+                s->p.host, s->port, s->p.n_api_keys ? " (API key required)" : "");
+    else if (http)
+        srv_log(s, VKI_LOG_INFO, "model repository listening on http://%s:%u%s", s->p.host, s->port,
+                s->p.n_api_keys ? " (API key required)" : "");
     *out = s;
     return VKI_OK;
+}
+
+vki_status srv_create(vki_engine *e, const srv_params *p, srv **out, char *err, size_t n_err)
+{
+    if (!e) {
+        if (p->listen_fd >= 0)
+            close(p->listen_fd);
+        if (err && n_err)
+            snprintf(err, n_err, "no engine");
+        *out = NULL;
+        return VKI_ERR_INVALID_ARG;
+    }
+    return srv_new(e, p, true, NULL, out, err, n_err);
+}
+
+vki_status srv_model_create(vki_engine *e, const srv_params *p, srv **out, char *err, size_t n_err)
+{
+    srv_params q = *p;
+    q.listen_fd = -1;
+    return srv_new(e, &q, false, NULL, out, err, n_err);
+}
+
+vki_status srv_front_create(const srv_params *p, struct srv_repo *repo, srv **out, char *err, size_t n_err)
+{
+    return srv_new(NULL, p, true, repo, out, err, n_err);
+}
+
+void srv_model_destroy(srv *m)
+{
+    if (!m)
+        return;
+    pthread_mutex_lock(&m->mu);
+    m->draining = true;
+    vki_batch_manager *bm = m->bm;
+    m->bm = NULL;
+    pthread_mutex_unlock(&m->mu);
+    vki_batch_manager_destroy(bm, true);
+    srv_free(m);
 }
 
 uint16_t srv_port(const srv *s) { return s->port; }
@@ -532,12 +640,16 @@ void srv_drain_begin(srv *s)
     bool was = s->draining;
     s->draining = true;
     pthread_mutex_unlock(&s->mu);
+    if (s->repo)
+        srv_repo_drain(s->repo);
     if (!was)
         srv_http_stop_accepting(s);
 }
 
 bool srv_wait_idle(srv *s, double timeout_s)
 {
+    if (s->repo)
+        return srv_repo_wait_idle(s->repo, timeout_s);
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     double end = (double)ts.tv_sec + ts.tv_nsec * 1e-9 + timeout_s;
@@ -563,6 +675,8 @@ void srv_destroy(srv *s)
     s->bm = NULL; /* cancels and submissions from now on see no manager */
     pthread_mutex_unlock(&s->mu);
     vki_batch_manager_destroy(bm, true); /* every request left gets its final (cancelled) response */
+    if (s->repo)
+        srv_repo_stop(s->repo);          /* the same for every model */
     srv_http_stop(s);                    /* handlers write those answers out, then every socket closes */
     srv_free(s);
 }

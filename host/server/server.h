@@ -40,6 +40,7 @@
 #define VKI_HOST_SERVER_H
 
 #include <pthread.h>
+#include <stdarg.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -117,11 +118,14 @@ typedef enum srv_route {
     R_METRICS,
     R_VERSION,
     R_PROPS,
+    R_V2,         /* /v2...: KServe v2 metadata, health, config, stats (kserve.c, io thread) */
+    R_SESSION,    /* POST /v1/sessions/{id}/end (sessions.c) */
     R_CMPL,       /* heavy routes (handler threads) from here on */
     R_CHAT,
     R_EMBED,
     R_TOKENIZE,
     R_DETOKENIZE,
+    R_V2_HEAVY,   /* /v2 infer, generate, generate_stream and the repository routes (kserve.c) */
 } srv_route;
 
 typedef enum srv_outcome {
@@ -175,6 +179,10 @@ typedef struct srv_gauges {
     bool ready;
 } srv_gauges;
 char *srv_metrics_render(srv_metrics *m, const srv_gauges *g);
+/* Several models: server-wide series from server and g, the rest once per model, labelled
+ * model="names[k]" (names NULL: no label, one model). */
+char *srv_metrics_render_models(srv_metrics *server, const srv_gauges *g, srv_metrics *const *models,
+                                const char *const *names, const srv_gauges *mg, uint32_t n);
 
 /* An HTTP-level error: status, OpenAI error type, the parameter it is about, message. */
 typedef struct srv_error {
@@ -243,6 +251,8 @@ typedef struct srv_conn {
     int chunk_state;           /* chunked body decoding */
     uint64_t chunk_left;
     srv_req req;
+    srv *model;                /* handler: the model answering this request (a reference, repo.c);
+                                  NULL: the connection's own server (one model) */
     strbuf out;                /* io thread: answer bytes not yet written, from out_off */
     size_t out_off;
     double t_req, deadline;    /* first byte of the request; when the current state times out */
@@ -325,10 +335,20 @@ struct srv {
     /* periodic stats line (io thread) */
     double t_stats;
     uint64_t stats_gen, stats_prompt, stats_done;
+    /* Several models (repo.c). The front server of a model repository has no engine: each model
+     * is an srv of its own without HTTP (engine, batch manager, chat template, counters, ids),
+     * which the front's handlers borrow per request (srv_conn.model). */
+    struct srv_repo *repo;     /* the front in repository mode, else NULL */
+    struct srv_sessions *sessions; /* a model's v2 sequences (sessions.c), made on first use */
+    bool is_model;             /* a repository's model: no HTTP of its own */
 };
+
+/* The server that owns the model facts of c's request (tokenizer, info, chat, metrics). */
+static inline srv *srv_conn_model(const srv_conn *c) { return c->model ? c->model : c->s; }
 
 double srv_now(void); /* monotonic seconds */
 void srv_log(const srv *s, vki_log_level lv, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+void srv_logv(const srv_params *p, vki_log_level lv, const char *fmt, va_list ap) __attribute__((format(printf, 3, 0)));
 
 /* ---- jobs (server_req.c, server_job.c) --------------------------------------------------------- */
 
@@ -426,7 +446,21 @@ struct srv_job {
     bool gone;
     srv_outcome outcome;
     bool counted;              /* outcome recorded in the metrics */
+    const struct srv_job_fmt *fmt; /* NULL: OpenAI's shapes; else another protocol's (kserve.c) */
+    char fmt_id[128];          /* the client's request id in that protocol ("" = none) */
+    void *fmt_ctx;             /* the protocol's own state for fmt->finished */
+    uint64_t session_id;       /* != 0: its KV stays pinned for the session (sessions.c) */
 };
+
+/* A protocol's output shapes for a job (the OpenAI ones are server_job.c's own). */
+typedef struct srv_job_fmt {
+    char *(*answer)(srv_job *j);   /* the non-streaming body (malloc'd; NULL = out of memory) */
+    /* one streamed piece of choice ch: text (may be ""), finish NULL until its last piece */
+    bool (*chunk)(srv_job *j, const srv_choice *ch, strbuf *out, const char *text, const char *finish);
+    bool (*end)(srv_job *j, strbuf *out, const srv_error *failed); /* the stream's end; failed: why */
+    void (*prepare)(srv_job *j);   /* NULL, or called on the parsed job before it is submitted */
+    void (*finished)(srv_job *j);  /* NULL, or called once the answer is out (handler thread) */
+} srv_job_fmt;
 
 /* server_req.c: a validated job (tokenised prompt, sampling, stops), or false with *e filled. */
 bool srv_job_from_json(srv *s, bool chat, const char *body, size_t n, srv_job **out, srv_error *e);
@@ -463,6 +497,83 @@ void srv_job_release(srv_job *j);
 bool srv_job_submit(srv_job *j, srv_error *e);
 /* Runs a submitted job to its answer on c (JSON or SSE), recording the access-log fields. */
 void srv_job_serve(srv_job *j, srv_conn *c);
+/* "stop", "length", ... as the OpenAI answers name a choice's end. */
+const char *srv_choice_finish(const srv_choice *ch);
+
+/* ---- several models (repo.c) and KServe v2 (kserve.c) ----------------------------------------- */
+
+typedef enum srv_model_control {
+    SRV_CONTROL_NONE,      /* every model loaded at start; load / unload requests refused */
+    SRV_CONTROL_EXPLICIT,  /* the load_models at start; then load / unload on request */
+    SRV_CONTROL_POLL,      /* every model at start; then the folder is rescanned every poll_s */
+} srv_model_control;
+
+typedef struct srv_repo_params {
+    const char *dir;              /* DIR/NAME/model.gguf (+ config.json) or DIR/NAME.gguf */
+    srv_model_control control;
+    const char *const *load_models; /* [n_load_models] EXPLICIT: loaded at start ("*" = all) */
+    uint32_t n_load_models;
+    uint32_t poll_s;              /* POLL: seconds between scans. 15 */
+    double unload_timeout_s;      /* running requests of an unloading model get this long. 30 */
+    uint64_t memory_budget;       /* bytes of device memory for all models together; 0 = none */
+    vki_engine_params engine;     /* every model's, before its config.json */
+} srv_repo_params;
+
+srv_repo_params srv_repo_default_params(void);
+/* Scans and loads (models that fail are listed UNAVAILABLE with the reason, not fatal), then
+ * serves them all on p's address. err: a repository that cannot be read at all. */
+vki_status srv_create_repo(const srv_params *p, const srv_repo_params *rp, srv **out, char *err, size_t n_err);
+
+/* A model with no HTTP of its own, over engine e (which must outlive it): p as the front's. */
+vki_status srv_model_create(vki_engine *e, const srv_params *p, srv **out, char *err, size_t n_err);
+void srv_model_destroy(srv *m);  /* its manager cancels what is left; no handler may hold it */
+/* The front of a repository: HTTP only, models from repo (taken: freed by srv_destroy). */
+vki_status srv_front_create(const srv_params *p, struct srv_repo *repo, srv **out, char *err, size_t n_err);
+
+/* The model a request names (name NULL or "": the only one loaded), with a reference; NULL with
+ * *e (404 naming the loaded models, 400 when several are loaded and none is named, 503 while it
+ * loads or unloads). On a single-model server: that server (a lenient name when !strict). */
+srv *srv_model_acquire(srv *s, const char *name, bool strict, srv_error *e);
+void srv_model_release(srv *s, srv *m);
+/* A model over the program's engine e (not charged to the budget, never destroyed here). */
+vki_status srv_repo_add_engine(srv *s, const char *name, vki_engine *e, const vki_batch_params *bp, char *err,
+                               size_t n_err);
+vki_status srv_repo_remove(srv *s, const char *name); /* unload; VKI_ERR_NOT_FOUND */
+/* repository mode: the io thread's routes and the life cycle hooks of server.c */
+cJSON *srv_model_object(const srv *m);          /* server_routes.c: a /v1/models entry */
+void srv_repo_models(srv_conn *c);                 /* GET /v1/models */
+void srv_repo_model(srv_conn *c, const char *id);  /* GET /v1/models/{id} */
+char *srv_repo_metrics(srv *s, const srv_gauges *g);
+void srv_repo_drain(struct srv_repo *r);
+bool srv_repo_wait_idle(struct srv_repo *r, double timeout_s);
+void srv_repo_stop(struct srv_repo *r);            /* cancels every model's requests */
+void srv_repo_free(struct srv_repo *r);            /* after HTTP stopped: models and engines */
+uint32_t srv_repo_active(struct srv_repo *r);      /* generation requests in flight, all models */
+cJSON *srv_repo_index(srv *s, bool ready_only);   /* Triton's repository index entries */
+bool srv_repo_load(srv *s, const char *name, srv_error *e);
+bool srv_repo_unload(srv *s, const char *name, srv_error *e);
+/* "READY", "LOADING", "UNLOADING", "UNAVAILABLE" or NULL (no such model); reason when unavailable */
+const char *srv_repo_state(srv *s, const char *name, char *reason, size_t n_reason);
+/* server.c: a generation request on c's model, answered in fmt's shapes (NULL: OpenAI's) */
+void srv_serve_generation(srv_conn *c, const srv_job_fmt *fmt, const char *fmt_id, void *fmt_ctx);
+/* sessions.c */
+uint64_t srv_session_id(const cJSON *v, const char *name, srv_error *e); /* 0 with *e: bad */
+bool srv_session_field(srv_job *j, const cJSON *v, srv_error *e);       /* "session_id" */
+/* A v2 sequence's request begins: its tokens so far (*hist malloc'd, may be NULL), or false
+ * with *e (not started, running, out of memory). start: a new sequence under that id. */
+bool srv_seq_begin(srv *m, uint64_t id, bool start, int32_t **hist, uint32_t *n, srv_error *e);
+/* ... and finishes: its tokens become a[0..na) + b[0..nb) (ok), stay as they were (!ok), or
+ * the sequence ends (end). */
+void srv_seq_finish(srv *m, uint64_t id, const int32_t *a, uint32_t na, const int32_t *b, uint32_t nb, bool ok,
+                    bool end);
+void srv_sessions_free(struct srv_sessions *ss);
+void srv_route_session_end(srv_conn *c);
+bool srv_authorized(const srv *s, const char *auth);
+/* kserve.c */
+void srv_kserve_small(srv_conn *c);  /* io thread: answers, or marks the route R_V2_HEAVY */
+void srv_kserve_heavy(srv_conn *c);  /* handler thread */
+/* An error in the v2 shape {"error": "..."} (server_http.c picks it for /v2 routes). */
+char *srv_error_json_v2(const srv_error *e);
 
 /* Waiting on one eventfd and the client socket (server_job.c; embeddings use it too). */
 enum { SRV_EV_DATA = 1, SRV_EV_GONE = 2 };

@@ -247,6 +247,7 @@ static vki_status submit_choice(srv_job *j, srv_choice *ch, char *err, size_t n_
     req.streaming = j->beam_width <= 1; /* beams: one final response with every beam */
     if (ch->index && j->sampling.has_seed)
         req.sampling.seed = j->sampling.seed + ch->index;
+    req.session_id = ch->index ? 0 : j->session_id; /* choice 0 is the conversation's turn */
     vki_status st = VKI_ERR_SHUTDOWN;
     if (s->bm && !s->draining && !s->device_lost) {
         req.id = ch->id = s->next_id++;
@@ -676,8 +677,12 @@ static cJSON *answer_choice(srv_job *j, srv_choice *ch)
     return c;
 }
 
+const char *srv_choice_finish(const srv_choice *ch) { return finish_reason(ch); }
+
 static char *answer_json(srv_job *j)
 {
+    if (j->fmt)
+        return j->fmt->answer(j);
     cJSON *o = envelope(j, false);
     cJSON *choices = cJSON_AddArrayToObject(o, "choices");
     for (uint32_t i = 0; i < j->n; i++)
@@ -736,6 +741,11 @@ static bool sse_event(strbuf *out, cJSON *o)
 static bool sse_chunk(srv_job *j, const srv_choice *ch, strbuf *out, const char *text, bool role, cJSON *lp,
                       cJSON *ids, const char *finish, cJSON *delta)
 {
+    if (j->fmt) {
+        cJSON_Delete(lp);
+        cJSON_Delete(ids);
+        return j->fmt->chunk(j, ch, out, text ? text : "", finish);
+    }
     cJSON *o = envelope(j, true);
     cJSON *c = cJSON_CreateObject();
     cJSON_AddNumberToObject(c, "index", ch->index);
@@ -837,6 +847,10 @@ static bool sse_end(srv_job *j, strbuf *out)
     bool ok = true;
     j->outcome = job_outcome(j);
     job_count(j);
+    if (j->fmt) {
+        bool failed = job_failed(j, &e);
+        return j->fmt->end(j, out, failed ? &e : NULL);
+    }
     if (job_failed(j, &e)) {
         e.type = e.http >= 500 ? "server_error" : e.type;
         char *s = srv_error_json(&e);

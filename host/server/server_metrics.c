@@ -1,6 +1,7 @@
 /* Server metrics: counters and latency histograms updated by the HTTP threads and the batch
  * manager's worker (one mutex, held for O(buckets) per observation), the gauges of the last
  * per-tick stats JSON, and their Prometheus text exposition (format 0.0.4). */
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -105,75 +106,166 @@ static void metric_head(strbuf *b, const char *name, const char *type, const cha
     strbuf_printf(b, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
 }
 
+/* One sample: name{lab,extra} v, where lab is a model's label ("" on a one-model server). */
+static void sample(strbuf *b, const char *name, const char *lab, const char *extra, double v)
+{
+    bool any = lab[0] || (extra && extra[0]);
+    strbuf_printf(b, "%s%s%s%s%s%s %.17g\n", name, any ? "{" : "", lab, lab[0] && extra && extra[0] ? "," : "",
+                  extra ? extra : "", any ? "}" : "", v);
+}
+
 static void gauge(strbuf *b, const char *name, const char *help, double v)
 {
     metric_head(b, name, "gauge", help);
-    strbuf_printf(b, "%s %.17g\n", name, v);
+    sample(b, name, "", NULL, v);
 }
 
 static void counter(strbuf *b, const char *name, const char *help, double v)
 {
     metric_head(b, name, "counter", help);
-    strbuf_printf(b, "%s %.17g\n", name, v);
+    sample(b, name, "", NULL, v);
 }
 
-static void histogram(strbuf *b, const char *name, const char *help, const srv_hist *h)
+static void hist_samples(strbuf *b, const char *name, const char *lab, const srv_hist *h)
 {
-    metric_head(b, name, "histogram", help);
     uint64_t cum = 0;
+    const char *sep = lab[0] ? "," : "";
     for (uint32_t i = 0; i < h->n; i++) {
         cum += h->count[i];
-        strbuf_printf(b, "%s_bucket{le=\"%g\"} %llu\n", name, h->le[i], (unsigned long long)cum);
+        strbuf_printf(b, "%s_bucket{%s%sle=\"%g\"} %llu\n", name, lab, sep, h->le[i], (unsigned long long)cum);
     }
     cum += h->count[h->n];
-    strbuf_printf(b, "%s_bucket{le=\"+Inf\"} %llu\n%s_sum %.9g\n%s_count %llu\n", name, (unsigned long long)cum, name,
-                  h->sum, name, (unsigned long long)h->total);
+    strbuf_printf(b, "%s_bucket{%s%sle=\"+Inf\"} %llu\n", name, lab, sep, (unsigned long long)cum);
+    strbuf_printf(b, "%s_sum%s%s%s %.9g\n%s_count%s%s%s %llu\n", name, lab[0] ? "{" : "", lab, lab[0] ? "}" : "",
+                  h->sum, name, lab[0] ? "{" : "", lab, lab[0] ? "}" : "", (unsigned long long)h->total);
 }
 
-char *srv_metrics_render(srv_metrics *m, const srv_gauges *g)
+/* What each model contributes: a snapshot of its counters, its gauges, its label. */
+typedef struct per_model {
+    srv_metrics c;
+    srv_gauges g;
+    char lab[160];
+} per_model;
+
+typedef enum { PM_ACTIVE, PM_READY, PM_ITER, PM_QUEUE, PM_RUNNING, PM_PAUSED, PM_KV_MAX, PM_KV_REUSED,
+               PM_PROMPT, PM_CACHED, PM_GEN, PM_SESSIONS, PM_PINNED, PM_COUNT } pm_value;
+
+static double pm_get(const per_model *m, pm_value v)
 {
-    strbuf b = {0};
-    pthread_mutex_lock(&m->mu);
-    srv_metrics c = *m; /* a consistent snapshot; rendering happens outside the lock */
-    pthread_mutex_unlock(&m->mu);
-    const vki_batch_stats *t = &c.tick;
-    metric_head(&b, "vkinfer_requests_total", "counter",
+    const vki_batch_stats *t = &m->c.tick;
+    switch (v) {
+    case PM_ACTIVE: return m->g.active;
+    case PM_READY: return m->g.ready;
+    case PM_ITER: return (double)t->iteration;
+    case PM_QUEUE: return t->queued;
+    case PM_RUNNING: return t->running;
+    case PM_PAUSED: return t->paused;
+    case PM_KV_MAX: return t->kv_max;
+    case PM_KV_REUSED: return (double)t->kv_reused_blocks;
+    case PM_PROMPT: return (double)m->c.prompt_tokens;
+    case PM_CACHED: return (double)m->c.cached_tokens;
+    case PM_SESSIONS: return t->sessions;
+    case PM_PINNED: return t->kv_pinned;
+    default: return (double)m->c.generated_tokens;
+    }
+}
+
+static const struct {
+    const char *name, *type, *help;
+} PM_META[PM_COUNT] = {
+    [PM_ACTIVE] = {"vkinfer_active_requests", "gauge", "Generation requests submitted and not yet finished."},
+    [PM_READY] = {"vkinfer_ready", "gauge", "1 when the server (with a model label: that model) takes requests."},
+    [PM_ITER] = {"vkinfer_iterations", "gauge", "Batch manager ticks run (as of the last tick with work)."},
+    [PM_QUEUE] = {"vkinfer_queue_length", "gauge", "Requests waiting for admission (as of the last tick with work)."},
+    [PM_RUNNING] = {"vkinfer_running_requests", "gauge", "Requests holding KV in the batch, queued ones not "
+                    "included (as of the last tick with work)."},
+    [PM_PAUSED] = {"vkinfer_paused_requests", "gauge", "Requests paused to be recomputed later (MAX_UTILIZATION)."},
+    [PM_KV_MAX] = {"vkinfer_kv_blocks_max", "gauge", "KV cache blocks in the pool."},
+    [PM_KV_REUSED] = {"vkinfer_kv_blocks_reused", "gauge", "KV blocks reused from cached prefixes, cumulative."},
+    [PM_PROMPT] = {"vkinfer_prompt_tokens_total", "counter", "Prompt tokens of accepted requests."},
+    [PM_CACHED] = {"vkinfer_prompt_tokens_cached_total", "counter", "Prompt tokens whose KV came from the prefix cache."},
+    [PM_GEN] = {"vkinfer_generation_tokens_total", "counter", "Tokens generated."},
+    [PM_SESSIONS] = {"vkinfer_sessions", "gauge", "Sessions holding pinned KV (as of the last tick with work)."},
+    [PM_PINNED] = {"vkinfer_kv_blocks_pinned", "gauge", "KV block references sessions hold (as of the last tick "
+                   "with work)."},
+};
+
+static void model_series(strbuf *b, const per_model *pm, uint32_t n)
+{
+    metric_head(b, "vkinfer_requests_total", "counter",
                 "Generation requests by outcome (stop, length, cancelled by a client that went away, aborted at "
                 "shutdown, error, invalid 400, queue_full 429, unavailable 503; bodies over the limit are counted by their 413).");
-    for (int o = 0; o < SRV_OUT_COUNT; o++)
-        strbuf_printf(&b, "vkinfer_requests_total{outcome=\"%s\"} %llu\n", OUTCOME_NAMES[o],
-                      (unsigned long long)c.outcome[o]);
+    char x[64];
+    for (uint32_t k = 0; k < n; k++)
+        for (int o = 0; o < SRV_OUT_COUNT; o++) {
+            snprintf(x, sizeof x, "outcome=\"%s\"", OUTCOME_NAMES[o]);
+            sample(b, "vkinfer_requests_total", pm[k].lab, x, (double)pm[k].c.outcome[o]);
+        }
+    for (int v = 0; v < PM_COUNT; v++) {
+        metric_head(b, PM_META[v].name, PM_META[v].type, PM_META[v].help);
+        for (uint32_t k = 0; k < n; k++)
+            sample(b, PM_META[v].name, pm[k].lab, NULL, pm_get(&pm[k], (pm_value)v));
+    }
+    metric_head(b, "vkinfer_kv_blocks", "gauge",
+                "KV cache blocks by state: used by running requests, cached (reusable prefixes, evictable), free "
+                "(as of the last tick with work).");
+    for (uint32_t k = 0; k < n; k++) {
+        sample(b, "vkinfer_kv_blocks", pm[k].lab, "state=\"used\"", pm[k].c.tick.kv_used);
+        sample(b, "vkinfer_kv_blocks", pm[k].lab, "state=\"cached\"", pm[k].c.tick.kv_cached);
+        sample(b, "vkinfer_kv_blocks", pm[k].lab, "state=\"free\"", pm[k].c.tick.kv_free);
+    }
+    static const struct {
+        const char *name, *help;
+        size_t off;
+    } H[] = {
+        {"vkinfer_time_to_first_token_seconds", "Request received to first generated token.", offsetof(srv_metrics, ttft)},
+        {"vkinfer_inter_token_latency_seconds", "Time between consecutive tokens of a request.", offsetof(srv_metrics, itl)},
+        {"vkinfer_e2e_request_latency_seconds", "Request received to its last token.", offsetof(srv_metrics, e2e)},
+        {"vkinfer_step_time_seconds", "Engine time of one batch step (tick).", offsetof(srv_metrics, step)},
+    };
+    for (size_t h = 0; h < sizeof H / sizeof H[0]; h++) {
+        metric_head(b, H[h].name, "histogram", H[h].help);
+        for (uint32_t k = 0; k < n; k++)
+            hist_samples(b, H[h].name, pm[k].lab, (const srv_hist *)((const char *)&pm[k].c + H[h].off));
+    }
+}
+
+char *srv_metrics_render_models(srv_metrics *server, const srv_gauges *g, srv_metrics *const *models,
+                                const char *const *names, const srv_gauges *mg, uint32_t n)
+{
+    strbuf b = {0};
+    per_model *pm = calloc(n ? n : 1, sizeof *pm);
+    if (!pm)
+        return NULL;
+    for (uint32_t k = 0; k < n; k++) { /* consistent snapshots; rendering happens outside the locks */
+        pthread_mutex_lock(&models[k]->mu);
+        pm[k].c = *models[k];
+        pthread_mutex_unlock(&models[k]->mu);
+        pm[k].g = mg[k];
+        if (names)
+            snprintf(pm[k].lab, sizeof pm[k].lab, "model=\"%.140s\"", names[k]);
+    }
+    pthread_mutex_lock(&server->mu);
+    srv_metrics c = *server;
+    pthread_mutex_unlock(&server->mu);
     metric_head(&b, "vkinfer_http_responses_total", "counter", "HTTP responses by status code.");
     for (size_t i = 0; i < sizeof HTTP_CODES / sizeof HTTP_CODES[0]; i++)
         strbuf_printf(&b, "vkinfer_http_responses_total{code=\"%u\"} %llu\n", HTTP_CODES[i],
                       (unsigned long long)c.http[i]);
     counter(&b, "vkinfer_connections_rejected_total", "Connections past --max-connections answered 503.",
             (double)c.overflow_rejected);
-    counter(&b, "vkinfer_prompt_tokens_total", "Prompt tokens of accepted requests.", (double)c.prompt_tokens);
-    counter(&b, "vkinfer_prompt_tokens_cached_total", "Prompt tokens whose KV came from the prefix cache.",
-            (double)c.cached_tokens);
-    counter(&b, "vkinfer_generation_tokens_total", "Tokens generated.", (double)c.generated_tokens);
-    gauge(&b, "vkinfer_active_requests", "Generation requests submitted and not yet finished.", g->active);
     gauge(&b, "vkinfer_open_connections", "Client connections within the cap (idle keep-alive included).",
           g->connections);
     gauge(&b, "vkinfer_handler_threads", "Threads answering a request.", g->handlers);
-    gauge(&b, "vkinfer_ready", "1 when the server takes requests (not draining, device OK).", g->ready);
-    gauge(&b, "vkinfer_iterations", "Batch manager ticks run (as of the last tick with work).", (double)t->iteration);
-    gauge(&b, "vkinfer_queue_length", "Requests waiting for admission (as of the last tick with work).", t->queued);
-    gauge(&b, "vkinfer_running_requests", "Requests holding KV in the batch, queued ones not included (as of the "
-          "last tick with work).", t->running);
-    gauge(&b, "vkinfer_paused_requests", "Requests paused to be recomputed later (MAX_UTILIZATION).", t->paused);
-    metric_head(&b, "vkinfer_kv_blocks", "gauge",
-                "KV cache blocks by state: used by running requests, cached (reusable prefixes, evictable), free "
-                "(as of the last tick with work).");
-    strbuf_printf(&b, "vkinfer_kv_blocks{state=\"used\"} %u\nvkinfer_kv_blocks{state=\"cached\"} %u\n"
-                  "vkinfer_kv_blocks{state=\"free\"} %u\n", t->kv_used, t->kv_cached, t->kv_free);
-    gauge(&b, "vkinfer_kv_blocks_max", "KV cache blocks in the pool.", t->kv_max);
-    gauge(&b, "vkinfer_kv_blocks_reused", "KV blocks reused from cached prefixes, cumulative.",
-          (double)t->kv_reused_blocks);
-    histogram(&b, "vkinfer_time_to_first_token_seconds", "Request received to first generated token.", &c.ttft);
-    histogram(&b, "vkinfer_inter_token_latency_seconds", "Time between consecutive tokens of a request.", &c.itl);
-    histogram(&b, "vkinfer_e2e_request_latency_seconds", "Request received to its last token.", &c.e2e);
-    histogram(&b, "vkinfer_step_time_seconds", "Engine time of one batch step (tick).", &c.step);
+    if (names)
+        gauge(&b, "vkinfer_server_ready", "1 when the server takes requests (not draining, device OK).", g->ready);
+    model_series(&b, pm, n);
+    free(pm);
     return b.p;
+}
+
+char *srv_metrics_render(srv_metrics *m, const srv_gauges *g)
+{
+    srv_metrics *one[1] = {m};
+    return srv_metrics_render_models(m, g, one, NULL, g, 1);
 }

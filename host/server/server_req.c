@@ -92,6 +92,7 @@ static bool f_string(const cJSON *v, const char *name, srv_error *e)
 static bool f_model(req_ctx *c, const cJSON *v, srv_error *e) { return (void)c, f_string(v, "model", e); }
 static bool f_user(req_ctx *c, const cJSON *v, srv_error *e) { return (void)c, f_string(v, "user", e); }
 static bool f_ignored(req_ctx *c, const cJSON *v, srv_error *e) { return (void)c, (void)v, (void)e, true; }
+static bool f_session(req_ctx *c, const cJSON *v, srv_error *e) { return srv_session_field(c->j, v, e); }
 
 static bool f_top_k(req_ctx *c, const cJSON *v, srv_error *e)
 {
@@ -254,6 +255,7 @@ static const struct {
     field_fn read;
 } FIELDS[] = {
     {"model", F_BOTH, f_model},
+    {"session_id", F_BOTH, f_session},
     {"prompt", F_CMPL, f_prompt},
     {"messages", F_CHAT, f_messages},
     {"max_tokens", F_BOTH, f_max_tokens},

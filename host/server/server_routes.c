@@ -11,7 +11,7 @@
 
 /* ---- model facts ---------------------------------------------------------------------------- */
 
-static cJSON *model_object(const srv *s)
+cJSON *srv_model_object(const srv *s)
 {
     cJSON *m = cJSON_CreateObject();
     cJSON_AddStringToObject(m, "id", s->model_id);
@@ -31,7 +31,7 @@ void srv_route_models(srv_conn *c)
 {
     cJSON *o = cJSON_CreateObject();
     cJSON_AddStringToObject(o, "object", "list");
-    cJSON_AddItemToArray(cJSON_AddArrayToObject(o, "data"), model_object(c->s));
+    cJSON_AddItemToArray(cJSON_AddArrayToObject(o, "data"), srv_model_object(c->s));
     srv_reply_json(c, 200, o);
 }
 
@@ -40,7 +40,7 @@ void srv_route_model(srv_conn *c)
     srv *s = c->s;
     const char *id = c->req.path + strlen("/v1/models/");
     if (!strcmp(id, s->model_id))
-        return srv_reply_json(c, 200, model_object(s));
+        return srv_reply_json(c, 200, srv_model_object(s));
     srv_error e;
     srv_err(&e, 404, "model", "the model '%.200s' does not exist; this server has '%s'", id, s->model_id);
     e.code = "model_not_found";
@@ -63,7 +63,7 @@ static const char *policy_name(vki_capacity_policy p)
 /* What a client may want to know before sending requests (llama-server's /props, extended). */
 void srv_route_props(srv_conn *c)
 {
-    srv *s = c->s;
+    srv *s = srv_conn_model(c);
     const vki_model_info *i = &s->info;
     cJSON *o = cJSON_CreateObject();
     cJSON_AddStringToObject(o, "model", s->model_id);
@@ -140,7 +140,7 @@ static bool get_bool(const cJSON *o, const char *name, bool dflt, bool *out, srv
 
 void srv_route_tokenize(srv_conn *c)
 {
-    srv *s = c->s;
+    srv *s = srv_conn_model(c);
     srv_error e;
     cJSON *root = srv_parse_body(c->req.body.p, c->req.body.len, &e), *out = NULL;
     const cJSON *content = root ? cJSON_GetObjectItemCaseSensitive(root, "content") : NULL;
@@ -186,7 +186,7 @@ void srv_route_tokenize(srv_conn *c)
 
 void srv_route_detokenize(srv_conn *c)
 {
-    srv *s = c->s;
+    srv *s = srv_conn_model(c);
     srv_error e;
     cJSON *root = srv_parse_body(c->req.body.p, c->req.body.len, &e);
     const cJSON *t = root ? cJSON_GetObjectItemCaseSensitive(root, "tokens") : NULL;
@@ -461,7 +461,7 @@ static bool emb_submit(srv *s, emb_req *r, srv_error *e)
 
 void srv_route_embeddings(srv_conn *c)
 {
-    srv *s = c->s;
+    srv *s = srv_conn_model(c);
     srv_error e;
     bool base64 = false;
     c->acc.gen = true;

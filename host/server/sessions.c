@@ -1,0 +1,243 @@
+/* Stateful sessions in the server.
+ *
+ * OpenAI routes: "session_id" (a string or an integer) on a completion or chat request names a
+ * conversation; the batch manager keeps the KV of each finished turn pinned for it
+ * (host/batch/batch_session.c), so the next turn, which resends the conversation, computes only
+ * the new tokens. POST /v1/sessions/{id}/end releases it (idle sessions expire by themselves).
+ *
+ * KServe v2 (Triton's sequence batcher): parameters sequence_id, sequence_start, sequence_end.
+ * A sequence's requests carry only their new text: the server keeps the sequence's tokens
+ * (prompt + generated so far) and prepends them, and the KV of those tokens is the session's
+ * pinned KV. The first request must say sequence_start (as Triton requires); sequence_end
+ * releases the tokens and the KV after that request; a sequence idle past the manager's
+ * session_idle_s is forgotten. One request of a sequence at a time.
+ *
+ * Costs: the token list of each live sequence (4 bytes a token) in host memory; lookups are
+ * O(sequences) under the model's sessions lock. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "host/server/server.h"
+
+typedef struct srv_seq {
+    uint64_t id;
+    int32_t *tok;              /* [n] the sequence so far: prompts and generated tokens */
+    uint32_t n;
+    double t_last;             /* when its last request finished (srv_now) */
+    bool busy;                 /* a request of it is running */
+    struct srv_seq *next;
+} srv_seq;
+
+struct srv_sessions {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;         /* a sequence's request finished */
+    srv_seq *head;
+};
+
+static struct srv_sessions *sessions_of(srv *m)
+{
+    pthread_mutex_lock(&m->mu);
+    if (!m->sessions && (m->sessions = calloc(1, sizeof *m->sessions))) {
+        pthread_mutex_init(&m->sessions->mu, NULL);
+        pthread_cond_init(&m->sessions->cv, NULL);
+    }
+    struct srv_sessions *ss = m->sessions;
+    pthread_mutex_unlock(&m->mu);
+    return ss;
+}
+
+void srv_sessions_free(struct srv_sessions *ss)
+{
+    if (!ss)
+        return;
+    for (srv_seq *q = ss->head, *n; q; q = n) {
+        n = q->next;
+        free(q->tok);
+        free(q);
+    }
+    pthread_cond_destroy(&ss->cv);
+    pthread_mutex_destroy(&ss->mu);
+    free(ss);
+}
+
+/* A session id from JSON: a positive integer (itself) or a non-empty string (its FNV-1a hash
+ * with the top bit set, so strings and numbers do not meet). 0 with *e on a bad value. */
+uint64_t srv_session_id(const cJSON *v, const char *name, srv_error *e)
+{
+    if (cJSON_IsNumber(v) && v->valuedouble >= 1 && v->valuedouble <= 9007199254740992.0 &&
+        v->valuedouble == (double)(uint64_t)v->valuedouble)
+        return (uint64_t)v->valuedouble;
+    if (cJSON_IsString(v) && v->valuestring[0] && strlen(v->valuestring) <= 256) {
+        uint64_t h = 0xcbf29ce484222325ull;
+        for (const unsigned char *p = (const unsigned char *)v->valuestring; *p; p++)
+            h = (h ^ *p) * 0x100000001b3ull;
+        return h | (1ull << 63);
+    }
+    srv_err(e, 400, name, "%s: a positive integer or a non-empty string (<= 256 bytes)", name);
+    return 0;
+}
+
+bool srv_session_field(srv_job *j, const cJSON *v, srv_error *e)
+{
+    return (j->session_id = srv_session_id(v, "session_id", e)) != 0;
+}
+
+static void end_kv(srv *m, uint64_t id)
+{
+    pthread_mutex_lock(&m->mu);
+    if (m->bm)
+        vki_batch_session_end(m->bm, id);
+    pthread_mutex_unlock(&m->mu);
+}
+
+static srv_seq **find(struct srv_sessions *ss, uint64_t id)
+{
+    srv_seq **pp = &ss->head;
+    while (*pp && (*pp)->id != id)
+        pp = &(*pp)->next;
+    return pp;
+}
+
+static void unlink_free(srv_seq **pp)
+{
+    srv_seq *q = *pp;
+    *pp = q->next;
+    free(q->tok);
+    free(q);
+}
+
+bool srv_seq_begin(srv *m, uint64_t id, bool start, int32_t **hist, uint32_t *n, srv_error *e)
+{
+    *hist = NULL;
+    *n = 0;
+    struct srv_sessions *ss = sessions_of(m);
+    if (!ss)
+        return srv_err(e, 500, NULL, "out of memory"), false;
+    double now = srv_now(), idle = m->p.batch.session_idle_s;
+    pthread_mutex_lock(&ss->mu);
+    for (srv_seq **pp = &ss->head; *pp;) /* expiry, as the manager's pins expire */
+        if (!(*pp)->busy && now - (*pp)->t_last >= idle && (*pp)->id != id)
+            unlink_free(pp);
+        else
+            pp = &(*pp)->next;
+    /* requests of one sequence run one at a time, as Triton's sequence batcher queues them (the
+     * previous one's answer may reach the client just before its tokens reach the sequence) */
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    ts.tv_sec += 30;
+    srv_seq **pp = find(ss, id), *q = *pp;
+    while (q && q->busy && pthread_cond_timedwait(&ss->cv, &ss->mu, &ts) == 0) {
+        pp = find(ss, id);
+        q = *pp;
+    }
+    bool ok = true;
+    if (q && q->busy) {
+        ok = false;
+        srv_err(e, 400, "sequence_id", "sequence %llu has had a request running for 30 s; send its requests one "
+                "at a time", (unsigned long long)id);
+    } else if (q && !start && now - q->t_last >= idle) {
+        unlink_free(pp);
+        q = NULL;
+    }
+    if (ok && !q && !start) {
+        ok = false;
+        srv_err(e, 400, "sequence_start", "sequence %llu is not running (expired, ended or never started): its "
+                "first request must set sequence_start", (unsigned long long)id);
+    }
+    if (ok && q && start) { /* a new sequence under an old id */
+        free(q->tok);
+        q->tok = NULL;
+        q->n = 0;
+    }
+    if (ok && !q && (q = calloc(1, sizeof *q))) {
+        q->id = id;
+        q->next = ss->head;
+        ss->head = q;
+    }
+    if (ok && !q)
+        ok = (srv_err(e, 500, NULL, "out of memory"), false);
+    if (ok && q->n && !(*hist = malloc((size_t)q->n * sizeof **hist)))
+        ok = (srv_err(e, 500, NULL, "out of memory"), false);
+    if (ok) {
+        if (q->n)
+            memcpy(*hist, q->tok, (size_t)q->n * sizeof **hist);
+        *n = q->n;
+        q->busy = true;
+    }
+    pthread_mutex_unlock(&ss->mu);
+    if (ok && start)
+        end_kv(m, id); /* whatever an old sequence of that id pinned */
+    return ok;
+}
+
+void srv_seq_finish(srv *m, uint64_t id, const int32_t *a, uint32_t na, const int32_t *b, uint32_t nb, bool ok,
+                    bool end)
+{
+    struct srv_sessions *ss = sessions_of(m);
+    if (!ss)
+        return;
+    pthread_mutex_lock(&ss->mu);
+    srv_seq **pp = find(ss, id), *q = *pp;
+    int32_t *t = ok && !end && q ? malloc(((size_t)na + nb + 1) * sizeof *t) : NULL;
+    if (q && t) {
+        memcpy(t, a, (size_t)na * sizeof *t);
+        memcpy(t + na, b, (size_t)nb * sizeof *t);
+        free(q->tok);
+        q->tok = t;
+        q->n = na + nb;
+    }
+    if (q && (end || (ok && !t))) { /* ended, or out of memory: the sequence is over */
+        unlink_free(pp);
+        end = true;
+    } else if (q) { /* a failed request leaves the sequence as it was */
+        q->busy = false;
+        q->t_last = srv_now();
+    }
+    pthread_cond_broadcast(&ss->cv);
+    pthread_mutex_unlock(&ss->mu);
+    if (end)
+        end_kv(m, id);
+}
+
+/* POST /v1/sessions/{id}/end ({"model": ...} when several models are loaded). */
+void srv_route_session_end(srv_conn *c)
+{
+    const char *p = c->req.path + strlen("/v1/sessions/");
+    size_t n = strlen(p);
+    srv_error e;
+    if (n <= 4 || strcmp(p + n - 4, "/end") || n - 4 > 256) {
+        srv_err(&e, 404, NULL, "unknown route: %.200s (POST /v1/sessions/{id}/end)", c->req.path);
+        return srv_reply_error(c, &e);
+    }
+    char idtext[260];
+    snprintf(idtext, sizeof idtext, "%.*s", (int)(n - 4), p);
+    bool digits = idtext[0] && strspn(idtext, "0123456789") == strlen(idtext) && strlen(idtext) < 16;
+    cJSON *v = digits ? cJSON_CreateNumber(strtod(idtext, NULL)) : cJSON_CreateString(idtext);
+    uint64_t id = srv_session_id(v, "session_id", &e);
+    cJSON_Delete(v);
+    if (!id)
+        return srv_reply_error(c, &e);
+    srv_json_err je;
+    cJSON *body = c->req.body.len ? srv_json_parse(c->req.body.p, c->req.body.len, &je) : NULL;
+    const cJSON *model = cJSON_GetObjectItemCaseSensitive(body, "model");
+    srv *m = srv_model_acquire(c->s, cJSON_IsString(model) ? model->valuestring : NULL, true, &e);
+    cJSON_Delete(body);
+    if (!m)
+        return srv_reply_error(c, &e);
+    struct srv_sessions *ss = sessions_of(m);
+    if (ss) {
+        pthread_mutex_lock(&ss->mu);
+        srv_seq **pp = find(ss, id);
+        if (*pp && !(*pp)->busy)
+            unlink_free(pp);
+        pthread_mutex_unlock(&ss->mu);
+    }
+    end_kv(m, id);
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "session_id", idtext);
+    cJSON_AddBoolToObject(o, "ended", true);
+    srv_model_release(c->s, m);
+    srv_reply_json(c, 200, o);
+}
