@@ -51,6 +51,15 @@ typedef struct vk_scratch {
     vkd_buffer *attn_tmp;   /* split-K partials (op_attn_scratch_bytes) */
     vkd_buffer *rope_freqs[2]; /* f32 [2 * n_rot] rotation tables (op_rope_freqs) of the global and
                                   the sliding-window layers ([1] == [0] when they agree) */
+    /* mixture of experts (engine/forward_moe.c), for C = moe_rows tokens per chunk, P = C n_used
+     * pairs; NULL for dense models */
+    uint32_t moe_rows;      /* C */
+    vkd_buffer *moe_logits; /* f32 [C][n_expert] router logits */
+    vkd_buffer *moe_ids;    /* i32 [P] chosen expert of each pair (pair = t * n_used + j) */
+    vkd_buffer *moe_w;      /* f32 [P] its weight */
+    vkd_buffer *moe_route;  /* u32 [n_expert + 1 + P] pairs grouped by expert */
+    vkd_buffer *moe_g, *moe_u; /* f32 [P][d_ff_exp] expert gate (then silu(gate) * up) and up */
+    vkd_buffer *moe_o;      /* f32 [P][d] expert outputs */
 } vk_scratch;
 
 /* Per-step inputs: packed on the host into `host` (host-visible), copied into `dev` with one
@@ -118,5 +127,13 @@ uint32_t vk_engine_logits_stride(const vk_engine *e);
 
 /* Records the forward pass of a validated, uploaded plan (engine/forward.c). */
 vki_status vk_forward_record(vk_engine *e, const vki_step_plan *plan, uint32_t n_out);
+
+/* Mixture of experts (engine/forward_moe.c): the FFN of layer il for T token rows (h holds the
+ * normed input; the result is added into x), its scratch (no-ops for dense models) and its
+ * pipelines. */
+vki_status vk_forward_moe(vk_engine *e, uint32_t il, uint32_t T);
+vki_status vk_moe_scratch_create(vk_engine *e);
+void vk_moe_scratch_destroy(vk_engine *e);
+vki_status vk_moe_prepare(vk_engine *e);
 
 #endif
