@@ -113,8 +113,12 @@ static vki_status moe_chunk(vk_engine *e, const vk_layer *L, uint32_t t0, uint32
     const vkd_view h = {s->h, rows, bytes}, x = {s->x, rows, bytes};
     const vkd_view ids = vkd_whole(s->moe_ids), w = vkd_whole(s->moe_w), route = vkd_whole(s->moe_route);
     op_mm_path path = e->p.batch_invariant ? OP_MM_GEMV : op_matmul_id_path(e->dev, P, E);
+    /* the router always in F32 (never the F16-operand tensor-core GEMM): its output is a discrete
+     * choice, and F16 rounding would pick other experts than the F32 reference near a tie; it is
+     * n_expert x d, negligible next to the experts */
+    bool router_gemv = e->p.batch_invariant || n <= op_matmul_gemv_max_m(e->dev);
     TRY(op_matmul_path(c, &L->router, NULL, h, d, vkd_whole(s->moe_logits), E, n,
-                       e->p.batch_invariant ? OP_MM_GEMV : OP_MM_AUTO));
+                       router_gemv ? OP_MM_GEMV : OP_MM_GEMM));
     vkd_barrier(c);
     TRY(op_moe_topk(c, vkd_whole(s->moe_logits), n, E, k, hp->expert_norm, ids, w));
     vkd_barrier(c);
