@@ -2,16 +2,16 @@
  * scalar references, and the GGUF MoE layouts' checks (engine/model_meta.c).
  *
  *  - moe_topk: ids exactly those of ref_moe_route (ties included: the lower expert first),
- *    weights by NMSE <= 1e-12 (measured <= 3e-15: exp in F32 vs double), E from 1 to 512, k up
+ *    weights by NMSE <= TOL_W (exp and the sum in F32 vs double), E from 1 to 512, k up
  *    to 32, 1 / 7 / 65 tokens, with and without renormalisation;
  *  - moe_group: the route bit for bit (stable grouping), experts never chosen, every pair on one
  *    expert, ids out of range left out;
  *  - matmul_id on the matrix-vector kernel and the tiled FP32 GEMM for every weight type, on the
  *    emulated cooperative-matrix GEMM for F16, Q4_0 and Q4_K: 1, 7 and 65 (tile + 1) tokens, gate/up
  *    (X = token rows) and down (X = pair rows), unused experts, all tokens on one expert,
- *    weights in parts of whole experts; NMSE bounds of test_matmul (F32/F16/BF16 1e-10,
- *    quantised 1e-8; coopmat against an F16-rounded reference 1e-10);
- *  - moe_combine: NMSE <= 1e-12 (measured ~1e-15).
+ *    weights in parts of whole experts; NMSE <= TOL_FLOAT / TOL_QUANT (coopmat: TOL_CME against
+ *    a reference that rounds both operands to F16, as the kernel stages them);
+ *  - moe_combine: NMSE <= TOL_C.
  * Outputs start as NaN, so unwritten elements fail. */
 #include "support/ref_model.h"
 #include "support/vt.h"
@@ -26,10 +26,12 @@
 #include "engine/tensor.h"
 #include "support/gguf_edit.h"
 
-#define TOL_W 1e-12     /* router weights and the combine: measured <= 3e-15 */
-#define TOL_FLOAT 1e-10 /* matmul_id, F32/F16/BF16 weights (test_matmul's bounds) */
-#define TOL_QUANT 1e-8  /* matmul_id, quantised weights */
-#define TOL_CME 1e-10   /* emulated coopmat against the F16-rounded reference (test_matmul's) */
+#define TOL_W 1e-11     /* router weights: measured <= 1.6e-12 over 30 runs (F32 sum of up to 512 exps) */
+#define TOL_C 1e-13     /* the combine: measured <= 1.5e-14 */
+static double worst_w, worst_c, worst_id[3]; /* worst NMSE seen; matmul_id: float, quantised, coopmat */
+#define TOL_FLOAT 1e-12 /* matmul_id, F32/F16/BF16 weights: measured <= 5.2e-14 over 8 runs */
+#define TOL_QUANT 1e-11 /* matmul_id, quantised weights (quantiser-made blocks): measured <= 2.8e-13 */
+#define TOL_CME 1e-11   /* emulated coopmat against the F16-rounded reference: measured <= 2.8e-13 */
 
 static vkd_view whole(vkd_buffer *b) { return vkd_whole(b); }
 
@@ -56,6 +58,8 @@ static void topk_case(vt_gpu *g, vt_rng *r, uint32_t T, uint32_t E, uint32_t k, 
     for (size_t i = 0; i < (size_t)T * k; i++)
         if (ids[i] != iref[i])
             fail_msg("%s: pair %zu: expert %d, reference %d", label, i, ids[i], iref[i]);
+    double e = vt_nmse(w, wref, (size_t)T * k);
+    worst_w = e > worst_w ? e : worst_w;
     vt_assert_nmse(w, wref, (size_t)T * k, TOL_W, label);
     vkd_buffer_destroy(g->dev, bl), vkd_buffer_destroy(g->dev, bi), vkd_buffer_destroy(g->dev, bw);
     free(logits), free(w), free(wref), free(ids), free(iref);
@@ -74,6 +78,7 @@ static void test_topk(void **state)
         uint32_t E = vt_range(&r, 1, 300), k = vt_range(&r, 1, E < 32 ? E : 32);
         topk_case(g, &r, vt_range(&r, 1, 100), E, k, vt_range(&r, 0, 1), vt_range(&r, 0, 1));
     }
+    fprintf(stderr, "  topk weights: worst NMSE %.2e (tolerance %.0e)\n", worst_w, TOL_W);
     vt_assert_clean(g);
 }
 
@@ -209,7 +214,10 @@ static void id_case_run(vt_gpu *g, vt_rng *r, uint32_t type, const id_case *s)
     snprintf(label, sizeof label, "%s %s T=%u E=%u k=%u N=%u K=%u %s%s parts=%u", quant_get(type)->name,
              s->path == OP_MM_GEMV ? "gemv" : cm ? "coopmat-emulated" : "gemm", s->T, s->E, s->k, s->N, s->K,
              s->down ? "down" : "gate/up", s->one ? " one-expert" : "", t.n_parts);
-    vt_assert_nmse(y, ref, (size_t)P * s->N, cm ? TOL_CME : vt_is_float_type(type) ? TOL_FLOAT : TOL_QUANT, label);
+    int cls = cm ? 2 : vt_is_float_type(type) ? 0 : 1;
+    double e = vt_nmse(y, ref, (size_t)P * s->N);
+    worst_id[cls] = e > worst_id[cls] ? e : worst_id[cls];
+    vt_assert_nmse(y, ref, (size_t)P * s->N, cm ? TOL_CME : cls == 0 ? TOL_FLOAT : TOL_QUANT, label);
     vk_tensor_destroy(g->dev, &t);
     vkd_buffer_destroy(g->dev, bx), vkd_buffer_destroy(g->dev, bi), vkd_buffer_destroy(g->dev, br);
     vkd_buffer_destroy(g->dev, by);
@@ -248,6 +256,8 @@ static void run_id_type(void **state, uint32_t type)
     else if (cm_type)
         fprintf(stderr, "  no emulated cooperative-matrix path (needs shaderFloat16): skipped\n");
     g->dev->cm = saved;
+    fprintf(stderr, "  matmul_id worst NMSE so far: float %.2e, quantised %.2e, coopmat %.2e\n", worst_id[0],
+            worst_id[1], worst_id[2]);
     vt_assert_clean(g);
 }
 
@@ -284,10 +294,13 @@ static void test_combine(void **state)
         vt_download(g, bx, got, (size_t)T * d * 4);
         char label[64];
         snprintf(label, sizeof label, "combine T=%u k=%u d=%u", T, k, d);
-        vt_assert_nmse(got, ref, (size_t)T * d, TOL_W, label);
+        double e = vt_nmse(got, ref, (size_t)T * d);
+        worst_c = e > worst_c ? e : worst_c;
+        vt_assert_nmse(got, ref, (size_t)T * d, TOL_C, label);
         vkd_buffer_destroy(g->dev, bo), vkd_buffer_destroy(g->dev, bw), vkd_buffer_destroy(g->dev, bx);
         free(o), free(w), free(x), free(ref), free(got);
     }
+    fprintf(stderr, "  combine: worst NMSE %.2e (tolerance %.0e)\n", worst_c, TOL_C);
     vt_assert_clean(g);
 }
 
