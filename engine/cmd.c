@@ -30,6 +30,7 @@ void vkd_cmd_destroy(vkd_cmd *c)
     if (c->queries)
         vkDestroyQueryPool(d->dev, c->queries, NULL);
     free(c->query_names);
+    free(c->query_roles);
     if (c->fence)
         vkDestroyFence(d->dev, c->fence, NULL);
     if (c->cb)
@@ -45,7 +46,8 @@ vki_status vkd_cmd_enable_profiling(vkd_cmd *c, uint32_t max_dispatches)
     VkQueryPoolCreateInfo qi = {.sType = VK_STRUCTURE_TYPE_QUERY_POOL_CREATE_INFO,
                                 .queryType = VK_QUERY_TYPE_TIMESTAMP, .queryCount = 2 * max_dispatches};
     c->query_names = calloc(max_dispatches, sizeof *c->query_names);
-    if (!c->query_names)
+    c->query_roles = calloc(max_dispatches, sizeof *c->query_roles);
+    if (!c->query_names || !c->query_roles)
         return VKI_ERR_OUT_OF_HOST_MEMORY;
     VKD_TRY(d, vkCreateQueryPool(d->dev, &qi, NULL, &c->queries));
     c->max_queries = 2 * max_dispatches;
@@ -69,6 +71,7 @@ vki_status vkd_cmd_begin(vkd_cmd *c)
     if (c->queries)
         vkCmdResetQueryPool(c->cb, c->queries, 0, c->max_queries);
     c->n_queries = 0;
+    c->role = NULL;
     c->label_depth = 0;
     c->label_path[0] = 0;
     c->recording = true;

@@ -18,10 +18,10 @@
 
 /* ---- logging and results -------------------------------------------------------------------- */
 
-static void log_stderr(void *user, vki_log_level lvl, const char *msg)
+/* The logger when the caller gives none: the library prints nothing by itself. */
+static void log_none(void *user, vki_log_level lvl, const char *msg)
 {
-    static const char *const tag[] = {"error", "warning", "info", "debug"};
-    fprintf(stderr, "vkinfer %s: %s\n", tag[lvl <= VKI_LOG_DEBUG ? lvl : VKI_LOG_DEBUG], msg);
+    (void)user, (void)lvl, (void)msg;
 }
 
 void vkd_log(const vkd_device *d, vki_log_level lvl, const char *fmt, ...)
@@ -295,6 +295,23 @@ static void query_features(VkInstance inst, VkPhysicalDevice pd, uint32_t api, b
     }
 }
 
+void vkd_read_heaps(PFN_vkGetPhysicalDeviceMemoryProperties2 get, VkPhysicalDevice pd, vki_device_info *info)
+{
+    VkPhysicalDeviceMemoryBudgetPropertiesEXT mb = {
+        .sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_MEMORY_BUDGET_PROPERTIES_EXT};
+    VkPhysicalDeviceMemoryProperties2 mp = {.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_MEMORY_PROPERTIES_2,
+                                            .pNext = info->memory_budget ? &mb : NULL};
+    get(pd, &mp);
+    info->n_heaps = mp.memoryProperties.memoryHeapCount < VKI_MAX_HEAPS ? mp.memoryProperties.memoryHeapCount
+                                                                        : VKI_MAX_HEAPS;
+    for (uint32_t i = 0; i < info->n_heaps; i++) {
+        info->heap_size[i] = mp.memoryProperties.memoryHeaps[i].size;
+        info->heap_device_local[i] = mp.memoryProperties.memoryHeaps[i].flags & VK_MEMORY_HEAP_DEVICE_LOCAL_BIT;
+        info->heap_budget[i] = info->memory_budget && mb.heapBudget[i] ? mb.heapBudget[i] : info->heap_size[i];
+        info->heap_usage[i] = info->memory_budget ? mb.heapUsage[i] : 0;
+    }
+}
+
 /* Fills *info for one physical device. Returns false if it cannot run vkinfer at all
  * (Vulkan < 1.2 or no compute queue); such devices are still listed. */
 static bool describe_device(VkInstance inst, VkPhysicalDevice pd, uint32_t index, vki_device_info *info)
@@ -368,18 +385,8 @@ static bool describe_device(VkInstance inst, VkPhysicalDevice pd, uint32_t index
     query_features(inst, pd, bp.apiVersion, dot_ext, info);
 
     /* memory */
-    VkPhysicalDeviceMemoryBudgetPropertiesEXT mb = {
-        .sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_MEMORY_BUDGET_PROPERTIES_EXT};
-    VkPhysicalDeviceMemoryProperties2 mp = {.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_MEMORY_PROPERTIES_2,
-                                            .pNext = budget ? &mb : NULL};
-    vkGetPhysicalDeviceMemoryProperties2(pd, &mp);
-    info->n_heaps = mp.memoryProperties.memoryHeapCount < VKI_MAX_HEAPS ? mp.memoryProperties.memoryHeapCount
-                                                                        : VKI_MAX_HEAPS;
-    for (uint32_t i = 0; i < info->n_heaps; i++) {
-        info->heap_size[i] = mp.memoryProperties.memoryHeaps[i].size;
-        info->heap_device_local[i] = mp.memoryProperties.memoryHeaps[i].flags & VK_MEMORY_HEAP_DEVICE_LOCAL_BIT;
-        info->heap_budget[i] = budget && mb.heapBudget[i] ? mb.heapBudget[i] : info->heap_size[i];
-    }
+    info->memory_budget = budget;
+    vkd_read_heaps(vkGetPhysicalDeviceMemoryProperties2, pd, info);
 
     /* queue: need compute; timestamps */
     uint32_t nq = 0;
@@ -471,6 +478,17 @@ static vki_status pick_device(vkd_device *d, const vki_device_params *p)
 
 /* ---- logical device ------------------------------------------------------------------------- */
 
+static bool phys_has_ext(VkPhysicalDevice pd, const char *name)
+{
+    uint32_t n = 0;
+    if (vkEnumerateDeviceExtensionProperties(pd, NULL, &n, NULL) != VK_SUCCESS || !n)
+        return false;
+    VkExtensionProperties *e = calloc(n, sizeof *e);
+    bool found = e && vkEnumerateDeviceExtensionProperties(pd, NULL, &n, e) == VK_SUCCESS && has_device_ext(e, n, name);
+    free(e);
+    return found;
+}
+
 static vki_status create_logical_device(vkd_device *d, vki_coopmat_mode cm_mode)
 {
     const vki_device_info *in = &d->info;
@@ -497,9 +515,15 @@ static vki_status create_logical_device(vkd_device *d, vki_coopmat_mode cm_mode)
     VkDeviceQueueCreateInfo qci = {.sType = VK_STRUCTURE_TYPE_DEVICE_QUEUE_CREATE_INFO,
                                    .queueFamilyIndex = d->queue_family, .queueCount = 1,
                                    .pQueuePriorities = &prio};
-    const char *exts[4];
+    const char *exts[5];
     uint32_t n_ext = 0;
     exts[n_ext++] = VK_KHR_PUSH_DESCRIPTOR_EXTENSION_NAME;
+    /* the profiling build's SPIR-V (VKI_SHADER_DEBUG) imports NonSemantic.Shader.DebugInfo.100:
+     * core in Vulkan 1.3, an extension before; enabling it costs nothing */
+    if (in->api_version < VK_API_VERSION_1_3 && phys_has_ext(d->phys, VK_KHR_SHADER_NON_SEMANTIC_INFO_EXTENSION_NAME))
+        exts[n_ext++] = VK_KHR_SHADER_NON_SEMANTIC_INFO_EXTENSION_NAME;
+    if (in->memory_budget)
+        exts[n_ext++] = VK_EXT_MEMORY_BUDGET_EXTENSION_NAME;
     /* The NV tensor-core modules: the extension, its feature and the memory model they declare. */
     bool nv = in->coopmat_pick.m && cm_mode != VKI_COOPMAT_OFF;
     if (nv)
@@ -681,7 +705,8 @@ vki_status vkd_open(const vki_device_params *p, vkd_device **out)
     vkd_device *d = calloc(1, sizeof *d);
     if (!d)
         return VKI_ERR_OUT_OF_HOST_MEMORY;
-    d->log = p->log ? p->log : log_stderr;
+    d->log = p->log ? p->log : log_none;
+    d->fn.memory_properties2 = vkGetPhysicalDeviceMemoryProperties2;
     d->log_user = p->log_user;
     d->log_level = p->log_level;
     atomic_init(&d->n_validation_errors, 0);
@@ -750,7 +775,7 @@ void vkd_close(vkd_device *d)
 vki_status vki_list_devices(vki_device_info *out, uint32_t cap, uint32_t *n_out)
 {
     *n_out = 0;
-    vkd_device tmp = {.log = log_stderr, .log_level = VKI_LOG_ERROR};
+    vkd_device tmp = {.log = log_none, .log_level = VKI_LOG_ERROR};
     bool debug_utils = false;
     vki_status st = create_instance(&tmp, false, &debug_utils);
     if (st != VKI_OK)

@@ -47,6 +47,8 @@ typedef struct vkd_fns {
     PFN_vkCmdBeginDebugUtilsLabelEXT label_begin;
     PFN_vkCmdEndDebugUtilsLabelEXT label_end;
     PFN_vkCmdPushDescriptorSetKHR push_descriptor;
+    /* core 1.1; a pointer so that tests can stand in for a driver with VK_EXT_memory_budget */
+    PFN_vkGetPhysicalDeviceMemoryProperties2 memory_properties2;
 } vkd_fns;
 
 struct vkd_kernels; /* engine/kernels.h */
@@ -85,6 +87,9 @@ struct vkd_device {
     vkd_block *blocks;
     VkDeviceSize block_size;         /* default size of a new block */
     VkDeviceSize bytes_allocated[2]; /* live sub-allocations, by vkd_mem kind */
+    VkDeviceSize heap_buffer_bytes[VK_MAX_MEMORY_HEAPS]; /* live sub-allocations, by heap */
+    VkDeviceSize heap_block_bytes[VK_MAX_MEMORY_HEAPS];  /* VkDeviceMemory held, by heap */
+    VkDeviceSize mem_limit;          /* 0: none; else live sub-allocations stay <= it */
 
     /* staging ring for uploads/readbacks outside of a step */
     vkd_buffer *staging;
@@ -114,6 +119,10 @@ struct vkd_device {
 vki_status vkd_open(const vki_device_params *p, vkd_device **out);
 void vkd_close(vkd_device *d);
 
+/* Reads the heaps' sizes, and with info->memory_budget set their current budget and usage, into
+ * *info through get (vkGetPhysicalDeviceMemoryProperties2 or a stand-in). */
+void vkd_read_heaps(PFN_vkGetPhysicalDeviceMemoryProperties2 get, VkPhysicalDevice pd, vki_device_info *info);
+
 /* Chooses the cooperative-matrix path (vkd_open calls it with the device params' mode; tests
  * switch between paths with it). AUTO: NV when it was enabled at open, else NONE. EMULATED:
  * VKI_ERR_UNSUPPORTED (path unchanged) without shaderFloat16, 16-bit storage or subgroup
@@ -138,6 +147,13 @@ void vkd_name(vkd_device *d, VkObjectType type, uint64_t handle, const char *fmt
     __attribute__((format(printf, 4, 5)));
 
 /* ---- memory -------------------------------------------------------------------------------- */
+
+/* Bytes a new device-local buffer can still take now: with VK_EXT_memory_budget the heap's
+ * current budget minus what is in use now (the driver's usage: other engines, other processes,
+ * the application's own Vulkan work; less what this device holds in its blocks but has not handed
+ * out); without it, the heap's size minus this device's buffers (other users are invisible).
+ * Never more than what mem_limit leaves. O(heaps); one driver query. */
+VkDeviceSize vkd_memory_available(vkd_device *d);
 
 /* Creates a storage + transfer buffer of `size` bytes (size > 0). */
 vki_status vkd_buffer_create(vkd_device *d, VkDeviceSize size, vkd_mem kind, const char *name,
@@ -165,7 +181,11 @@ typedef struct vkd_cmd {
     /* profiling (optional): timestamps around every dispatch */
     VkQueryPool queries;
     uint32_t n_queries, max_queries;
-    char (*query_names)[VKD_LABEL_PATH]; /* [max_queries / 2] "label / label / kernel" */
+    char (*query_names)[VKD_LABEL_PATH]; /* [max_queries / 2] "label / label / role / kernel" */
+    const char **query_roles;            /* [max_queries / 2] the role of each timed dispatch */
+    /* what the next dispatches compute ("attn_q"), set by vkd_role; names their debug label
+     * "role / kernel". A string with static storage; NULL after vkd_cmd_begin. */
+    const char *role;
     /* the open debug labels, joined by " / " (kept only while profiling) */
     char label_path[VKD_LABEL_PATH];
     uint32_t label_len[VKD_LABEL_DEPTH]; /* label_path length before each open label */
@@ -199,6 +219,10 @@ void vkd_copy(vkd_cmd *c, const vkd_buffer *src, VkDeviceSize src_off, const vkd
               VkDeviceSize dst_off, VkDeviceSize n);
 
 void vkd_label_begin(vkd_cmd *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* Names what the following dispatches compute, until the next call: their debug labels (RenderDoc,
+ * Nsight) and profile events read "role / kernel" ("attn_q / matvec_q4_k"). role: a string
+ * literal (kept by pointer). One store; free when not profiling or capturing. */
+static inline void vkd_role(vkd_cmd *c, const char *role) { c->role = role; }
 void vkd_label_end(vkd_cmd *c);
 
 #endif

@@ -14,7 +14,7 @@
 vk_engine_params vk_engine_default_params(void)
 {
     return (vk_engine_params){.page_size = 16, .kv_type = VKI_GGML_F16, .kv_fraction = 0.8f,
-                              .max_seqs = 256, .max_tokens = 2048};
+                              .max_seqs = 256, .max_tokens = 2048, .capture_first = -1, .capture_last = -1};
 }
 
 static VkDeviceSize align_up(VkDeviceSize x, VkDeviceSize a) { return (x + a - 1) / a * a; }
@@ -139,8 +139,10 @@ static uint64_t seq_pages(const vk_engine *e, uint64_t n)
     return win < all ? win : all;
 }
 
-/* KV pages per layer pool: from a token budget, or a fraction of the device-local memory left,
- * capped so one pool is one binding and no more than every slot at full context needs. */
+/* KV pages per layer pool: from a token budget, or a fraction of the device memory free now
+ * (vkd_memory_available: read after weights and scratch are in, so it counts them, other
+ * engines and, with VK_EXT_memory_budget, everyone else on the device), capped so one pool is one
+ * binding and no more than every slot at full context needs. */
 static vki_status size_kv(vk_engine *e)
 {
     const model_hparams *hp = &e->model.hp;
@@ -149,12 +151,7 @@ static vki_status size_kv(vk_engine *e)
     if (e->p.kv_tokens) {
         pages = (e->p.kv_tokens + ps - 1) / ps;
     } else {
-        uint64_t budget = 0;
-        for (uint32_t i = 0; i < e->dev->info.n_heaps; i++)
-            if (e->dev->info.heap_device_local[i] && e->dev->info.heap_budget[i] > budget)
-                budget = e->dev->info.heap_budget[i];
-        uint64_t used = e->dev->bytes_allocated[VKD_MEM_DEVICE] + e->dev->bytes_allocated[VKD_MEM_HOST];
-        uint64_t left = budget > used ? budget - used : 0;
+        uint64_t left = vkd_memory_available(e->dev);
         pages = (uint64_t)(left * (double)e->p.kv_fraction) / (2ull * hp->n_layer * page_bytes);
         uint64_t all_slots = (uint64_t)e->p.max_seqs * seq_pages(e, e->p.max_tokens);
         if (pages > all_slots)
@@ -275,46 +272,6 @@ static vki_status setup_attention(vk_engine *e, const model_hparams *hp)
     return VKI_OK;
 }
 
-/* ---- profile: Chrome trace of GPU timestamps ------------------------------------------------ */
-
-static vki_status trace_open(vk_engine *e)
-{
-    if (!e->dev->info.timestamps) {
-        vkd_log(e->dev, VKI_LOG_ERROR, "profiling needs timestamp queries, which this device lacks");
-        return VKI_ERR_UNSUPPORTED;
-    }
-    e->trace_ns = malloc(2 * VK_TRACE_MAX * sizeof *e->trace_ns);
-    if (!e->trace_ns)
-        return VKI_ERR_OUT_OF_HOST_MEMORY;
-    if (!(e->trace = fopen(e->p.profile_path, "w"))) {
-        vkd_log(e->dev, VKI_LOG_ERROR, "cannot write the profile %s", e->p.profile_path);
-        return VKI_ERR_IO;
-    }
-    fputs("[", e->trace);
-    return vkd_cmd_enable_profiling(&e->cmd, VK_TRACE_MAX);
-}
-
-/* Appends the last step's dispatches: one complete event each, named by its kernel, grouped by
- * its label path ("step 12 / layer 3"), on the device's timeline. O(dispatches). */
-static vki_status trace_step(vk_engine *e, const vki_step_plan *plan)
-{
-    uint64_t *b = e->trace_ns, *en = e->trace_ns + VK_TRACE_MAX;
-    uint32_t n = 0;
-    vki_status st = vkd_cmd_read_profile(&e->cmd, b, en, VK_TRACE_MAX, &n);
-    if (st != VKI_OK || !n)
-        return st;
-    if (!e->trace_t0_ns)
-        e->trace_t0_ns = b[0];
-    for (uint32_t i = 0; i < n; i++) {
-        const char *name = e->cmd.query_names[i], *cut = strrchr(name, '/');
-        fprintf(e->trace, "%s\n{\"name\":\"%s\",\"cat\":\"%.*s\",\"ph\":\"X\",\"pid\":1,\"tid\":1,"
-                "\"ts\":%.3f,\"dur\":%.3f,\"args\":{\"tokens\":%u,\"sequences\":%u}}",
-                e->n_steps || i ? "," : "", cut ? cut + 2 : name, cut ? (int)(cut - name - 1) : 0, name,
-                (double)(b[i] - e->trace_t0_ns) / 1e3, (double)(en[i] - b[i]) / 1e3, plan->n_tokens, plan->n_seqs);
-    }
-    return ferror(e->trace) ? VKI_ERR_IO : VKI_OK;
-}
-
 vki_status vk_engine_create(vkd_device *d, const gguf_file *f, const model_hparams *hp, const model_tensors *t,
                             const vk_engine_params *p, vk_engine **out)
 {
@@ -332,11 +289,13 @@ vki_status vk_engine_create(vkd_device *d, const gguf_file *f, const model_hpara
         free(e);
         return VKI_ERR_INVALID_ARG;
     }
+    if (e->p.device_memory_limit)
+        d->mem_limit = e->p.device_memory_limit;
     e->max_ctx = e->p.max_ctx ? e->p.max_ctx : hp->n_ctx_train;
     e->max_out = e->p.max_seqs < e->p.max_tokens ? e->p.max_seqs : e->p.max_tokens;
     vki_status st = setup_attention(e, hp);
     if (st == VKI_OK)
-        st = vk_model_load(d, f, hp, t, e->max_ctx, e->p.progress, &e->model);
+        st = vk_model_load(d, f, hp, t, e->max_ctx, e->p.progress, e->p.progress_user, &e->model);
     if (st == VKI_OK)
         st = prepare_pipelines(e);
     if (st == VKI_OK && e->p.batch_invariant) {
@@ -368,7 +327,7 @@ vki_status vk_engine_create(vkd_device *d, const gguf_file *f, const model_hpara
     if (st == VKI_OK)
         st = vkd_cmd_create(d, "step", &e->cmd);
     if (st == VKI_OK && e->p.profile_path)
-        st = trace_open(e);
+        st = vk_profile_open(&e->prof, &e->cmd, e->p.profile_path);
     if (st == VKI_OK)
         st = size_kv(e);
     if (st == VKI_OK)
@@ -377,6 +336,7 @@ vki_status vk_engine_create(vkd_device *d, const gguf_file *f, const model_hpara
         vk_engine_destroy(e);
         return st;
     }
+    vk_capture_init(&e->capture, d, e->p.capture_first, e->p.capture_last);
     *out = e;
     return VKI_OK;
 }
@@ -385,11 +345,8 @@ void vk_engine_destroy(vk_engine *e)
 {
     if (!e)
         return;
-    if (e->trace) {
-        fputs("\n]\n", e->trace);
-        fclose(e->trace);
-    }
-    free(e->trace_ns);
+    vk_capture_close(&e->capture, e->dev);
+    vk_profile_close(&e->prof);
     vkd_cmd_destroy(&e->cmd);
     op_sampler_destroy(e->sampler);
     for (uint32_t il = 0; il < e->model.hp.n_layer; il++) {
@@ -566,6 +523,57 @@ static vki_status host_round_trips(vk_engine *e, const vki_step_plan *plan, vki_
     return st;
 }
 
+/* Embeddings: the final hidden state of every row (rmsnorm * output_norm, what the LM head
+ * reads) into s->h, which no later dispatch of the step touches. One norm over the step's rows,
+ * recorded only when a sequence of the plan has a hidden_hook. */
+static bool wants_hidden(const vki_step_plan *plan)
+{
+    for (uint32_t i = 0; i < plan->n_seqs; i++)
+        if (plan->seqs[i].hidden_hook)
+            return true;
+    return false;
+}
+
+static vki_status record_hidden(vk_engine *e, const vki_step_plan *plan)
+{
+    uint32_t d = e->model.hp.d_model;
+    vkd_barrier(&e->cmd);
+    vkd_label_begin(&e->cmd, "hidden states");
+    vki_status st = op_rmsnorm(&e->cmd, op_mat_rows(e->s.x, d), vkd_whole(e->model.output_norm.parts[0].buf),
+                               op_mat_rows(e->s.h, d), plan->n_tokens, d, e->model.hp.rms_eps);
+    vkd_label_end(&e->cmd);
+    return st;
+}
+
+/* Reads each hooked sequence's rows of s->h back and hands them to its hook. */
+static vki_status host_hidden(vk_engine *e, const vki_step_plan *plan)
+{
+    uint32_t d = e->model.hp.d_model, row = 0;
+    float *rows = NULL;
+    size_t cap = 0;
+    vki_status st = VKI_OK;
+    for (uint32_t i = 0; i < plan->n_seqs && st == VKI_OK; row += plan->seqs[i++].n_new) {
+        const vki_step_seq *s = &plan->seqs[i];
+        if (!s->hidden_hook)
+            continue;
+        size_t n = (size_t)s->n_new * d;
+        if (n > cap) {
+            float *r = realloc(rows, n * sizeof *rows);
+            if (!r) {
+                st = VKI_ERR_OUT_OF_HOST_MEMORY;
+                break;
+            }
+            rows = r;
+            cap = n;
+        }
+        st = vkd_download(e->dev, e->s.h, (VkDeviceSize)row * d * 4, rows, n * 4);
+        if (st == VKI_OK)
+            s->hidden_hook(s->hidden_hook_ctx, rows, s->n_new, d, s->pos0);
+    }
+    free(rows);
+    return st;
+}
+
 vki_status vk_engine_step(vk_engine *e, const vki_step_plan *plan, vki_step_out *outs, float *logits)
 {
     double t0 = now_ms();
@@ -584,6 +592,7 @@ vki_status vk_engine_step(vk_engine *e, const vki_step_plan *plan, vki_step_out 
     op_attn_plan ap[2] = {{0}};
     if ((st = pack_inputs(e, plan, n_pt, ap)) != VKI_OK)
         return st;
+    vk_capture_before_step(&e->capture, e->dev, e->n_steps);
     if ((st = vkd_cmd_begin(&e->cmd)) != VKI_OK)
         return st;
     vkd_label_begin(&e->cmd, "step %llu", (unsigned long long)e->n_steps);
@@ -591,8 +600,12 @@ vki_status vk_engine_step(vk_engine *e, const vki_step_plan *plan, vki_step_out 
     vkd_barrier_transfer_to_compute(&e->cmd);
     memcpy(e->attn_plan, ap, sizeof ap);
     st = vk_forward_record(e, plan, n_out);
+    bool hidden = wants_hidden(plan);
+    if (st == VKI_OK && hidden)
+        st = record_hidden(e, plan);
     if (st == VKI_OK && n_out) {
         vkd_barrier(&e->cmd);
+        vkd_role(&e->cmd, "sample");
         vkd_view masks = {e->in.dev, e->in.off_masks, op_sampler_mask_bytes(e->sampler)};
         st = op_sampler_record(e->sampler, &e->cmd, vkd_whole(e->s.logits), vk_engine_logits_stride(e), masks);
     }
@@ -601,11 +614,19 @@ vki_status vk_engine_step(vk_engine *e, const vki_step_plan *plan, vki_step_out 
         vkd_cmd_abort(&e->cmd);
         return st;
     }
-    if ((st = vkd_cmd_submit_wait(&e->cmd)) != VKI_OK)
+    st = vkd_cmd_submit(&e->cmd);
+    vk_capture_after_step(&e->capture, e->dev, e->n_steps);
+    if (st != VKI_OK)
         return st;
+    double t_wait = now_ms();
+    if ((st = vkd_cmd_wait(&e->cmd)) != VKI_OK)
+        return st;
+    e->last_wait_ms = now_ms() - t_wait;
     if (n_out)
         op_sampler_read_plan(e->sampler, plan, outs);
     if (n_out && (st = host_round_trips(e, plan, outs)) != VKI_OK)
+        return st;
+    if (hidden && (st = host_hidden(e, plan)) != VKI_OK)
         return st;
     for (uint32_t i = 0; logits && i < n_out; i++) {
         st = vkd_download(e->dev, e->s.logits, (VkDeviceSize)i * vk_engine_logits_stride(e) * 4,
@@ -613,7 +634,7 @@ vki_status vk_engine_step(vk_engine *e, const vki_step_plan *plan, vki_step_out 
         if (st != VKI_OK)
             return st;
     }
-    if (e->trace && (st = trace_step(e, plan)) != VKI_OK)
+    if (e->prof.trace && (st = vk_profile_step(&e->prof, &e->cmd, e->n_steps, plan->n_tokens, plan->n_seqs)) != VKI_OK)
         return st;
     e->n_steps++;
     e->last_step_ms = now_ms() - t0;

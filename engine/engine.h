@@ -5,24 +5,27 @@
 #ifndef VKI_ENGINE_ENGINE_H
 #define VKI_ENGINE_ENGINE_H
 
+#include "engine/capture.h"
 #include "engine/model.h"
 #include "engine/ops_attn.h"
 #include "engine/ops_sample.h"
+#include "engine/profile.h"
 #include "engine/step.h"
-
-#include <stdio.h>
 
 typedef struct vk_engine_params {
     uint32_t page_size;     /* tokens per KV page (default 16) */
     uint32_t kv_type;       /* VKI_GGML_F16 (default), VKI_GGML_F32 or VKI_GGML_Q8_0 (head_dim % 32 == 0) */
     uint64_t kv_tokens;     /* KV pool capacity in tokens; 0: kv_fraction of free memory */
-    float kv_fraction;      /* of the device-local heap budget left after weights (default 0.8) */
+    float kv_fraction;      /* of the device memory free after weights (vkd_memory_available; 0.8) */
+    uint64_t device_memory_limit; /* 0: none; else the device's buffers stay under it (mem_limit) */
     uint32_t max_seqs;      /* sequence slots (default 256) */
     uint32_t max_tokens;    /* new tokens per step: activation scratch rows (default 2048) */
     uint32_t max_ctx;       /* longest sequence; 0: the model's context length */
-    bool progress;          /* progress bar on stderr while loading weights */
+    vki_progress_fn progress; /* weight upload progress (NULL: none); may cancel the load */
+    void *progress_user;
     const char *profile_path; /* non-NULL: GPU timestamps of every dispatch of every step written
                                  to this file as a Chrome trace (chrome://tracing, Perfetto) */
+    int64_t capture_first, capture_last; /* RenderDoc capture of these steps; first < 0: off */
     /* Bitwise batch invariance: a sequence's logits do not depend on what else is in the step,
      * on how its prompt was chunked, or on a pause and recompute. Costs prefill speed: every
      * matmul takes the matrix-vector kernel (one fixed reduction order per row, weights re-read
@@ -102,13 +105,13 @@ typedef struct vk_engine {
     op_sampler *sampler;
     vkd_cmd cmd;
     uint64_t n_steps;
-    double last_step_ms;
-    FILE *trace;            /* profile_path open, or NULL */
-    uint64_t trace_t0_ns;   /* device time of the first traced dispatch */
-    uint64_t *trace_ns;     /* [2 * VK_TRACE_MAX] begin/end scratch */
+    double last_step_ms;    /* wall time of the last vk_engine_step */
+    double last_wait_ms;    /* of which blocked on the fence after the submit: the rest is host
+                               work on the step's critical path (checks, packing, recording,
+                               submit, reading results) */
+    vk_profile prof;        /* profile mode (prof.trace == NULL: off) */
+    vk_capture capture;     /* RenderDoc capture of chosen steps */
 } vk_engine;
-
-#define VK_TRACE_MAX 16384  /* dispatches timed per step when profiling */
 
 /* Loads the model's weights (hp, t found in f), sizes and allocates the KV pools and scratch,
  * creates every pipeline. Errors leave nothing allocated. */

@@ -23,7 +23,9 @@
  *            [gemma2: logits = 30 tanh(logits / 30)]
  *
  * A barrier separates each stage from the next; independent dispatches of one stage (Q, K, V
- * projections; gate and up) share one. */
+ * projections; gate and up) share one. vkd_role names what the next dispatches compute, for the
+ * debug labels and the profile ("layer 3 / attn_q / matvec_q4_k"); its prefix (embed, attn, ffn,
+ * lm) is the step phase the profile groups it under. */
 #include <math.h>
 
 #include "engine/engine.h"
@@ -77,11 +79,15 @@ static vki_status project_qkv(vk_engine *e, const vk_layer *L, uint32_t T, op_ma
         uint32_t w = qd + 2 * kvd;
         *q = (op_mat){vkd_whole(s->q), 0, w}, *k = (op_mat){vkd_whole(s->q), qd, w};
         *v = (op_mat){vkd_whole(s->q), qd + kvd, w};
+        vkd_role(&e->cmd, "attn_qkv");
         return mm(e, &L->wqkv, NULL, vkd_whole(s->h), d, vkd_whole(s->q), w, T);
     }
     *q = op_mat_rows(s->q, qd), *k = op_mat_rows(s->k, kvd), *v = op_mat_rows(s->v, kvd);
+    vkd_role(&e->cmd, "attn_q");
     TRY(mm(e, &L->wq, bias_view(&L->bq, &b), vkd_whole(s->h), d, vkd_whole(s->q), qd, T));
+    vkd_role(&e->cmd, "attn_k");
     TRY(mm(e, &L->wk, bias_view(&L->bk, &b), vkd_whole(s->h), d, vkd_whole(s->k), kvd, T));
+    vkd_role(&e->cmd, "attn_v");
     return mm(e, &L->wv, bias_view(&L->bv, &b), vkd_whole(s->h), d, vkd_whole(s->v), kvd, T);
 }
 
@@ -93,12 +99,14 @@ static vki_status record_attention_block(vk_engine *e, uint32_t il, uint32_t T, 
     vkd_cmd *c = &e->cmd;
     uint32_t d = hp->d_model, qd = hp->n_head * hp->head_dim, kind = model_layer_kind(hp, il);
     op_mat q, k, v;
+    vkd_role(c, "attn_norm");
     TRY(op_rmsnorm(c, op_mat_rows(s->x, d), vkd_whole(L->attn_norm.parts[0].buf), op_mat_rows(s->h, d), T, d,
                    hp->rms_eps));
     vkd_barrier(c);
     TRY(project_qkv(e, L, T, &q, &k, &v));
     vkd_barrier(c);
     if (hp->qk_norm) { /* rows of head_dim: q and k are unfused here, so rows are hd apart */
+        vkd_role(c, "attn_qk_norm");
         TRY(norm_rows(e, (op_mat){q.v, 0, hp->head_dim}, &L->q_norm, T * hp->n_head, hp->head_dim));
         TRY(norm_rows(e, (op_mat){k.v, 0, hp->head_dim}, &L->k_norm, T * hp->n_head_kv, hp->head_dim));
         vkd_barrier(c);
@@ -108,20 +116,27 @@ static vki_status record_attention_block(vk_engine *e, uint32_t il, uint32_t T, 
     op_rope_p rk = rq;
     rk.n_heads = hp->n_head_kv;
     vkd_view freqs = vkd_whole(s->rope_freqs[kind]);
+    vkd_role(c, "attn_rope_q");
     TRY(op_rope(c, &rq, q, q, ast[kind].tok_pos, freqs));
+    vkd_role(c, "attn_rope_k");
     TRY(op_rope(c, &rk, k, k, ast[kind].tok_pos, freqs));
     vkd_barrier(c);
+    vkd_role(c, "attn_kv_write");
     TRY(op_kv_write(c, &e->attn[kind], &ast[kind], k, v, vkd_whole(e->k_pool[il]), vkd_whole(e->v_pool[il])));
     vkd_barrier(c);
+    vkd_role(c, "attn");
     TRY(op_attention(c, &e->attn[kind], &ast[kind], q, op_mat_rows(s->att, qd), vkd_whole(e->k_pool[il]),
                      vkd_whole(e->v_pool[il]), vkd_whole(s->attn_tmp)));
     vkd_barrier(c);
+    vkd_role(c, "attn_o");
     TRY(mm(e, &L->wo, NULL, vkd_whole(s->att), qd, vkd_whole(s->h), d, T));
     vkd_barrier(c);
     if (hp->post_norms) {
+        vkd_role(c, "attn_post_norm");
         TRY(norm_rows(e, op_mat_rows(s->h, d), &L->post_attn_norm, T, d));
         vkd_barrier(c);
     }
+    vkd_role(c, "attn_residual");
     TRY(op_add(c, vkd_whole(s->x), vkd_whole(s->h), vkd_whole(s->x), T * d));
     vkd_barrier(c);
     return VKI_OK;
@@ -135,24 +150,32 @@ static vki_status record_ffn_block(vk_engine *e, uint32_t il, uint32_t T)
     vkd_cmd *c = &e->cmd;
     uint32_t d = hp->d_model, ff = hp->d_ff, gs = hp->fused_gate_up ? 2 * ff : ff;
     op_mat g = {vkd_whole(s->g), 0, gs}, u = hp->fused_gate_up ? (op_mat){vkd_whole(s->g), ff, gs} : op_mat_rows(s->u, ff);
+    vkd_role(c, "ffn_norm");
     TRY(op_rmsnorm(c, op_mat_rows(s->x, d), vkd_whole(L->ffn_norm.parts[0].buf), op_mat_rows(s->h, d), T, d,
                    hp->rms_eps));
     vkd_barrier(c);
     if (hp->n_expert) /* qwen3moe, Mixtral: engine/forward_moe.c */
         return vk_forward_moe(e, il, T);
-    if (!hp->fused_gate_up)
+    if (!hp->fused_gate_up) {
+        vkd_role(c, "ffn_gate");
         TRY(mm(e, &L->w_gate, NULL, vkd_whole(s->h), d, vkd_whole(s->g), ff, T));
+    }
+    vkd_role(c, hp->fused_gate_up ? "ffn_gate_up" : "ffn_up");
     TRY(mm(e, &L->w_up, NULL, vkd_whole(s->h), d, hp->fused_gate_up ? vkd_whole(s->g) : vkd_whole(s->u),
            hp->fused_gate_up ? gs : ff, T));
     vkd_barrier(c);
+    vkd_role(c, "ffn_act");
     TRY(op_glu(c, hp->ffn_gelu ? VKI_GLU_GELU_TANH : VKI_GLU_SILU, g, u, g, T, ff));
     vkd_barrier(c);
+    vkd_role(c, "ffn_down");
     TRY(mm(e, &L->w_down, NULL, vkd_whole(s->g), gs, vkd_whole(s->h), d, T));
     vkd_barrier(c);
     if (hp->post_norms) {
+        vkd_role(c, "ffn_post_norm");
         TRY(norm_rows(e, op_mat_rows(s->h, d), &L->post_ffn_norm, T, d));
         vkd_barrier(c);
     }
+    vkd_role(c, "ffn_residual");
     TRY(op_add(c, vkd_whole(s->x), vkd_whole(s->h), vkd_whole(s->x), T * d));
     vkd_barrier(c);
     return VKI_OK;
@@ -166,15 +189,19 @@ static vki_status record_lm_head(vk_engine *e, uint32_t T, uint32_t n_out)
     vk_scratch *s = &e->s;
     vkd_cmd *c = &e->cmd;
     uint32_t d = hp->d_model, ls = vk_engine_logits_stride(e);
+    vkd_role(c, "lm_rows");
     TRY(op_gather_rows(c, vkd_whole(s->x), d, T, d, in_view(e, in->off_rows, (VkDeviceSize)n_out * 4), n_out,
                        vkd_whole(s->xs), d));
     vkd_barrier(c);
+    vkd_role(c, "lm_norm");
     TRY(op_rmsnorm(c, op_mat_rows(s->xs, d), vkd_whole(e->model.output_norm.parts[0].buf), op_mat_rows(s->xs, d),
                    n_out, d, hp->rms_eps));
     vkd_barrier(c);
+    vkd_role(c, "lm_head");
     TRY(mm(e, vk_model_lm_head(&e->model), NULL, vkd_whole(s->xs), d, vkd_whole(s->logits), ls, n_out));
     if (hp->final_softcap > 0) {
         vkd_barrier(c);
+        vkd_role(c, "lm_softcap");
         TRY(op_unary(c, VKI_UNARY_SOFTCAP, hp->final_softcap, op_mat_rows(s->logits, ls), op_mat_rows(s->logits, ls),
                      n_out, hp->n_vocab));
     }
@@ -201,9 +228,11 @@ vki_status vk_forward_record(vk_engine *e, const vki_step_plan *plan, uint32_t n
     }
 
     vkd_label_begin(c, "embed");
+    vkd_role(c, "embed");
     TRY(op_get_rows(c, &e->model.tok_embd, in_view(e, in->off_tokens, (VkDeviceSize)T * 4), T, vkd_whole(s->x), d));
     if (hp->embd_scale) {
         vkd_barrier(c);
+        vkd_role(c, "embed_scale");
         TRY(op_unary(c, VKI_UNARY_SCALE, sqrtf((float)d), op_mat_rows(s->x, d), op_mat_rows(s->x, d), T, d));
     }
     vkd_label_end(c);

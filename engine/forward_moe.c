@@ -117,23 +117,31 @@ static vki_status moe_chunk(vk_engine *e, const vk_layer *L, uint32_t t0, uint32
      * choice, and F16 rounding would pick other experts than the F32 reference near a tie; it is
      * n_expert x d, negligible next to the experts */
     bool router_gemv = e->p.batch_invariant || n <= op_matmul_gemv_max_m(e->dev);
+    vkd_role(c, "ffn_router");
     TRY(op_matmul_path(c, &L->router, NULL, h, d, vkd_whole(s->moe_logits), E, n,
                        router_gemv ? OP_MM_GEMV : OP_MM_GEMM));
     vkd_barrier(c);
+    vkd_role(c, "ffn_topk");
     TRY(op_moe_topk(c, vkd_whole(s->moe_logits), n, E, k, hp->expert_norm, ids, w));
     vkd_barrier(c);
     if (path != OP_MM_GEMV) {
+        vkd_role(c, "ffn_moe_group");
         TRY(op_moe_group(c, ids, P, E, route));
         vkd_barrier(c);
     }
+    vkd_role(c, "ffn_gate_exps");
     TRY(op_matmul_id(c, &L->w_gate_exps, E, ids, route, h, d, k, vkd_whole(s->moe_g), ff, P, n, path));
+    vkd_role(c, "ffn_up_exps");
     TRY(op_matmul_id(c, &L->w_up_exps, E, ids, route, h, d, k, vkd_whole(s->moe_u), ff, P, n, path));
     vkd_barrier(c);
+    vkd_role(c, "ffn_act");
     TRY(op_glu(c, VKI_GLU_SILU, op_mat_rows(s->moe_g, ff), op_mat_rows(s->moe_u, ff), op_mat_rows(s->moe_g, ff), P, ff));
     vkd_barrier(c);
+    vkd_role(c, "ffn_down_exps");
     TRY(op_matmul_id(c, &L->w_down_exps, E, ids, route, vkd_whole(s->moe_g), ff, 1, vkd_whole(s->moe_o), d, P, n,
                      path));
     vkd_barrier(c);
+    vkd_role(c, "ffn_moe_combine");
     TRY(op_moe_combine(c, vkd_whole(s->moe_o), w, x, n, k, d));
     vkd_barrier(c);
     return VKI_OK;

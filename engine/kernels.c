@@ -9,6 +9,7 @@
 
 #define PUSH_OK(T) (sizeof(T) % 4 == 0 && sizeof(T) <= VKI_MAX_PUSH)
 _Static_assert(PUSH_OK(vki_pc_add), "push struct vki_pc_add");
+_Static_assert(PUSH_OK(vki_pc_copy), "push struct vki_pc_copy");
 _Static_assert(PUSH_OK(vki_pc_matmul), "push struct vki_pc_matmul");
 _Static_assert(PUSH_OK(vki_pc_get_rows), "push struct vki_pc_get_rows");
 _Static_assert(PUSH_OK(vki_pc_matmul_id) && PUSH_OK(vki_pc_moe), "push structs of the experts' kernels");
@@ -87,6 +88,8 @@ _Static_assert(sizeof(vki_seq_info) == 16 && sizeof(vki_attn_item) == 16, "std43
 static const vkk_desc kernel_table[] = {
     [VKK_ADD] = {"add", SPV(add), .n_bindings = 3, .push_size = sizeof(vki_pc_add),
                  .n_spec = 1, .spec_default = {256}},
+    [VKK_COPY] = {"copy", SPV(copy), .n_bindings = 2, .push_size = sizeof(vki_pc_copy),
+                  .n_spec = 1, .spec_default = {256}},
     VKK_WEIGHT_TYPES(MATMUL_ROWS)
     VKK_WEIGHT_TYPES(MATMUL_ID_ROWS)
     /* engine/ops_moe.c: spec {WG} */
@@ -305,11 +308,15 @@ vki_status vkk_dispatch(vkd_cmd *c, vkk_id k, const uint32_t *spec, const vkd_vi
                                       .descriptorCount = 1, .descriptorType = VK_DESCRIPTOR_TYPE_STORAGE_BUFFER,
                                       .pBufferInfo = &bi[i]};
     }
-    vkd_label_begin(c, "%s", kd->name);
+    if (c->role)
+        vkd_label_begin(c, "%s / %s", c->role, kd->name);
+    else
+        vkd_label_begin(c, "%s", kd->name);
     bool timed = c->queries && c->n_queries + 2 <= c->max_queries;
     if (timed) {
-        /* the label opened above makes the path end with this kernel: "step 3 / layer 0 / rope" */
+        /* the label opened above ends the path: "step 3 / layer 0 / attn_rope_q / rope" */
         memcpy(c->query_names[c->n_queries / 2], c->label_path, VKD_LABEL_PATH);
+        c->query_roles[c->n_queries / 2] = c->role;
         vkCmdWriteTimestamp(c->cb, VK_PIPELINE_STAGE_TOP_OF_PIPE_BIT, c->queries, c->n_queries++);
     }
     vkCmdBindPipeline(c->cb, VK_PIPELINE_BIND_POINT_COMPUTE, p);

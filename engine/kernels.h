@@ -21,6 +21,7 @@
 
 typedef enum vkk_id {
     VKK_ADD,
+    VKK_COPY, /* the copy-bandwidth probe (engine/ops_basic.c) */
     /* matmul family (engine/ops_matmul.c) */
     VKK_WEIGHT_TYPES(VKK_MM_IDS)
     VKK_WEIGHT_TYPES(VKK_MM_ID_IDS)

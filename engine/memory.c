@@ -148,6 +148,7 @@ static vki_status block_create(vkd_device *d, uint32_t type, VkDeviceSize size, 
              (unsigned long long)(size >> 20), type);
     b->size = size;
     b->type_index = type;
+    d->heap_block_bytes[d->mem_props.memoryTypes[type].heapIndex] += size;
     b->free[0] = (range){0, size};
     b->n_free = 1;
     b->next = d->blocks;
@@ -166,6 +167,7 @@ static void block_release(vkd_device *d, vkd_block *b)
     if (b->mapped)
         vkUnmapMemory(d->dev, b->mem);
     vkFreeMemory(d->dev, b->mem, NULL);
+    d->heap_block_bytes[d->mem_props.memoryTypes[b->type_index].heapIndex] -= b->size;
     free(b->free);
     free(b);
 }
@@ -200,6 +202,13 @@ static vki_status sub_alloc(vkd_device *d, uint32_t type, VkDeviceSize size, VkD
     VkDeviceSize want = size > d->block_size ? size : d->block_size;
     if (want > max_alloc)
         want = max_alloc;
+    if (d->mem_limit) { /* blocks no larger than what the limit leaves: the limit bounds memory held */
+        VkDeviceSize held = 0;
+        for (uint32_t h = 0; h < VK_MAX_MEMORY_HEAPS; h++)
+            held += d->heap_block_bytes[h];
+        VkDeviceSize room = d->mem_limit > held ? d->mem_limit - held : 0;
+        want = want > room ? (room > size ? room : size) : want;
+    }
     vkd_block *b = NULL;
     vki_status st = block_create(d, type, want, &b);
     if (st == VKI_ERR_OUT_OF_DEVICE_MEMORY && want > size)
@@ -240,8 +249,16 @@ vki_status vkd_buffer_create(vkd_device *d, VkDeviceSize size, vkd_mem kind, con
     VkMemoryRequirements req;
     vkGetBufferMemoryRequirements(d->dev, b->buf, &req);
     uint32_t type = pick_type(d, req.memoryTypeBits, kind);
-    st = type == UINT32_MAX ? VKI_ERR_UNSUPPORTED
-                            : sub_alloc(d, type, req.size, req.alignment, &b->block, &b->mem_off);
+    VkDeviceSize live = d->bytes_allocated[VKD_MEM_DEVICE] + d->bytes_allocated[VKD_MEM_HOST];
+    if (d->mem_limit && req.size > d->mem_limit - (live < d->mem_limit ? live : d->mem_limit)) {
+        vkd_log(d, VKI_LOG_ERROR, "%s: %llu bytes would pass the device memory limit of %llu bytes (%llu in use)",
+                name ? name : "buffer", (unsigned long long)req.size, (unsigned long long)d->mem_limit,
+                (unsigned long long)live);
+        st = VKI_ERR_OUT_OF_DEVICE_MEMORY;
+    } else {
+        st = type == UINT32_MAX ? VKI_ERR_UNSUPPORTED
+                                : sub_alloc(d, type, req.size, req.alignment, &b->block, &b->mem_off);
+    }
     if (st == VKI_OK)
         st = vkd_check(d, vkBindBufferMemory(d->dev, b->buf, b->block->mem, b->mem_off), "vkBindBufferMemory");
     if (st != VKI_OK) {
@@ -258,6 +275,7 @@ vki_status vkd_buffer_create(vkd_device *d, VkDeviceSize size, vkd_mem kind, con
     if (kind != VKD_MEM_HOST)
         b->mapped = NULL; /* device buffers are not for the host even where memory is unified */
     d->bytes_allocated[kind] += req.size;
+    d->heap_buffer_bytes[d->mem_props.memoryTypes[type].heapIndex] += req.size;
     vkd_name(d, VK_OBJECT_TYPE_BUFFER, (uint64_t)b->buf, "%s", name ? name : "vkinfer buffer");
     *out = b;
     return VKI_OK;
@@ -270,9 +288,34 @@ void vkd_buffer_destroy(vkd_device *d, vkd_buffer *b)
     vkDestroyBuffer(d->dev, b->buf, NULL);
     range_give(b->block, b->mem_off, b->mem_size);
     d->bytes_allocated[b->kind] -= b->mem_size;
+    d->heap_buffer_bytes[d->mem_props.memoryTypes[b->block->type_index].heapIndex] -= b->mem_size;
     if (--b->block->n_live == 0)
         block_release(d, b->block);
     free(b);
+}
+
+VkDeviceSize vkd_memory_available(vkd_device *d)
+{
+    int t = find_type(d, ~0u, VK_MEMORY_PROPERTY_DEVICE_LOCAL_BIT);
+    uint32_t h = d->mem_props.memoryTypes[t < 0 ? 0 : t].heapIndex;
+    VkDeviceSize avail;
+    if (d->info.memory_budget) {
+        vki_device_info now = d->info;
+        vkd_read_heaps(d->fn.memory_properties2, d->phys, &now);
+        /* in use: the driver's usage less what our blocks hold but have not handed out */
+        VkDeviceSize idle = d->heap_block_bytes[h] - d->heap_buffer_bytes[h];
+        VkDeviceSize used = now.heap_usage[h] > idle ? now.heap_usage[h] - idle : 0;
+        avail = now.heap_budget[h] > used ? now.heap_budget[h] - used : 0;
+    } else {
+        VkDeviceSize size = d->mem_props.memoryHeaps[h].size;
+        avail = size > d->heap_buffer_bytes[h] ? size - d->heap_buffer_bytes[h] : 0;
+    }
+    if (d->mem_limit) {
+        VkDeviceSize live = d->bytes_allocated[VKD_MEM_DEVICE] + d->bytes_allocated[VKD_MEM_HOST];
+        VkDeviceSize room = d->mem_limit > live ? d->mem_limit - live : 0;
+        avail = avail < room ? avail : room;
+    }
+    return avail;
 }
 
 /* ---- staging ring --------------------------------------------------------------------------- */

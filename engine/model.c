@@ -3,40 +3,26 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
-#include <unistd.h>
 
 #include "engine/quant.h"
 
+/* The caller's progress callback, called when the percentage changes (about 100 calls a load). */
 typedef struct progress {
-    bool on;
+    vki_progress_fn fn;
+    void *user;
     uint64_t done, total;
     int last_pct;
-    struct timespec t0;
 } progress;
 
-static double since(const struct timespec *t0)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (t.tv_sec - t0->tv_sec) + (t.tv_nsec - t0->tv_nsec) * 1e-9;
-}
-
-static void progress_step(progress *p, uint64_t bytes)
+/* VKI_ERR_CANCELLED when the callback asks to stop. */
+static vki_status progress_step(progress *p, uint64_t bytes)
 {
     p->done += bytes;
-    if (!p->on)
-        return;
     int pct = p->total ? (int)(100 * p->done / p->total) : 100;
-    if (pct == p->last_pct)
-        return;
+    if (!p->fn || pct == p->last_pct)
+        return VKI_OK;
     p->last_pct = pct;
-    double s = since(&p->t0);
-    fprintf(stderr, "\rloading [%-40.*s] %3d%% %6.0f MiB %5.1fs", pct * 40 / 100,
-            "########################################", pct, p->done / 1048576.0, s);
-    if (p->done >= p->total)
-        fprintf(stderr, "  (%.0f MiB/s)\n", s > 0 ? p->done / 1048576.0 / s : 0.0);
-    fflush(stderr);
+    return p->fn(p->user, p->done, p->total) ? VKI_OK : VKI_ERR_CANCELLED;
 }
 
 #define LAYER_TENSORS 21
@@ -73,10 +59,13 @@ static vki_status upload(vkd_device *d, const gguf_tensor *g, vk_tensor *t, prog
     vki_status st = vk_tensor_create_grouped(d, g->type, g->ne[0], rows, group, 0, name, t);
     if (st == VKI_OK)
         st = vk_tensor_upload(d, t, g->data);
-    if (st != VKI_OK)
+    if (st != VKI_OK) {
         vkd_log(d, VKI_LOG_ERROR, "loading tensor %s (%llu bytes) failed: %s", name,
                 (unsigned long long)g->nbytes, vki_status_str(st));
-    progress_step(p, g->nbytes);
+        return st;
+    }
+    if ((st = progress_step(p, g->nbytes)) != VKI_OK)
+        vkd_log(d, VKI_LOG_ERROR, "loading cancelled by the progress callback after %s", name);
     return st;
 }
 
@@ -94,7 +83,7 @@ static uint64_t total_bytes(const model_hparams *hp, const model_tensors *t, con
 }
 
 vki_status vk_model_load(vkd_device *d, const gguf_file *f, const model_hparams *hp, const model_tensors *t,
-                         uint32_t n_ctx, bool progress_bar, vk_model *m)
+                         uint32_t n_ctx, vki_progress_fn progress_fn, void *progress_user, vk_model *m)
 {
     (void)f;
     memset(m, 0, sizeof *m);
@@ -103,8 +92,7 @@ vki_status vk_model_load(vkd_device *d, const gguf_file *f, const model_hparams 
     if (!m->layers)
         return VKI_ERR_OUT_OF_HOST_MEMORY;
     const gguf_tensor *factors = model_rope_factors(hp, t, n_ctx);
-    progress p = {.on = progress_bar && isatty(STDERR_FILENO), .total = total_bytes(hp, t, factors), .last_pct = -1};
-    clock_gettime(CLOCK_MONOTONIC, &p.t0);
+    progress p = {.fn = progress_fn, .user = progress_user, .total = total_bytes(hp, t, factors), .last_pct = -1};
     vki_status st = upload(d, t->tok_embd, &m->tok_embd, &p);
     if (st == VKI_OK)
         st = upload(d, t->output_norm, &m->output_norm, &p);

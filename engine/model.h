@@ -40,9 +40,10 @@ typedef struct vk_model {
 } vk_model;
 
 /* Uploads the weights named by `t` (found in f) for an engine whose longest sequence is n_ctx
- * (it picks phi3's long or short RoPE factors). progress: draw a bar on stderr. */
-vki_status vk_model_load(vkd_device *d, const gguf_file *f, const model_hparams *hp,
-                         const model_tensors *t, uint32_t n_ctx, bool progress, vk_model *m);
+ * (it picks phi3's long or short RoPE factors), reporting to progress (may be NULL; returning
+ * false cancels: VKI_ERR_CANCELLED, nothing left allocated). */
+vki_status vk_model_load(vkd_device *d, const gguf_file *f, const model_hparams *hp, const model_tensors *t,
+                         uint32_t n_ctx, vki_progress_fn progress, void *progress_user, vk_model *m);
 void vk_model_free(vkd_device *d, vk_model *m);
 /* The LM head (output or, when tied, token_embd). */
 const vk_tensor *vk_model_lm_head(const vk_model *m);

@@ -69,6 +69,22 @@ vki_status op_add(vkd_cmd *c, vkd_view a, vkd_view b, vkd_view y, uint32_t n)
     return vkk_dispatch(c, VKK_ADD, &wg, v, 3, &pc, sizeof pc, elem_groups(n), 1, 1);
 }
 
+vki_status op_copy(vkd_cmd *c, vkd_view src, vkd_view dst, uint64_t n_bytes)
+{
+    if (!n_bytes)
+        return VKI_OK;
+    uint64_t words = n_bytes / 4;
+    if (n_bytes % 4 || words > UINT32_MAX || src.offset % 16 || dst.offset % 16 || op_view_floats(src) < words ||
+        op_view_floats(dst) < words ||
+        (src.buf == dst.buf && src.offset < dst.offset + n_bytes && dst.offset < src.offset + n_bytes))
+        return bad(c, "copy");
+    vki_pc_copy pc = {.n = (uint32_t)words};
+    vkd_view v[2] = {src, dst};
+    uint32_t wg = ELEM_WG;
+    /* 4 uvec4 per invocation per pass (copy.comp's U): one pass when the groups allow */
+    return vkk_dispatch(c, VKK_COPY, &wg, v, 2, &pc, sizeof pc, elem_groups((words + 15) / 16), 1, 1);
+}
+
 vki_status op_rmsnorm(vkd_cmd *c, op_mat x, vkd_view w, op_mat y, uint32_t n_rows, uint32_t n_cols,
                       float eps)
 {

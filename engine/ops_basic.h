@@ -35,6 +35,12 @@ vki_status op_basic_prepare(vkd_device *d);
 /* y[i] = a[i] + b[i], i < n. a, b, y: f32[n] (y may be a or b). */
 vki_status op_add(vkd_cmd *c, vkd_view a, vkd_view b, vkd_view y, uint32_t n);
 
+/* dst[0, n_bytes) = src[0, n_bytes): n_bytes a multiple of 4 (< 16 GiB), both views starting
+ * 16-byte aligned in their buffers and holding n_bytes; they must not overlap. The kernel that
+ * measures the device's copy bandwidth (host/cli/devprobe.c); not prepared by
+ * op_basic_prepare (the forward pass does not use it), so its first use compiles it. */
+vki_status op_copy(vkd_cmd *c, vkd_view src, vkd_view dst, uint64_t n_bytes);
+
 /* y[r, :] = x[r, :] / sqrt(mean(x[r, :]^2) + eps) * w, r < n_rows. w: f32[n_cols]. y may be x. */
 vki_status op_rmsnorm(vkd_cmd *c, op_mat x, vkd_view w, op_mat y, uint32_t n_rows, uint32_t n_cols,
                       float eps);

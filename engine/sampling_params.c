@@ -2,6 +2,6 @@
 
 vki_sampling_params vki_sampling_default_params(void)
 {
-    return (vki_sampling_params){.temperature = 1.0f, .top_p = 1.0f, .repetition_penalty = 1.0f,
+    return (vki_sampling_params){.temperature = 0.0f, .top_p = 1.0f, .repetition_penalty = 1.0f,
                                  .penalty_window = 64};
 }

@@ -1,5 +1,13 @@
 #include "vkinfer.h"
 
+#define VKI_STR_(x) #x
+#define VKI_STR(x) VKI_STR_(x)
+
+const char *vki_version(void)
+{
+    return VKI_STR(VKI_VERSION_MAJOR) "." VKI_STR(VKI_VERSION_MINOR) "." VKI_STR(VKI_VERSION_PATCH);
+}
+
 const char *vki_status_str(vki_status st)
 {
     switch (st) {
@@ -18,6 +26,7 @@ const char *vki_status_str(vki_status st)
     case VKI_ERR_NOT_FOUND: return "not found";
     case VKI_ERR_SHUTDOWN: return "shutting down";
     case VKI_ERR_INTERNAL: return "internal error";
+    case VKI_ERR_CANCELLED: return "cancelled";
     }
     return "unknown status";
 }

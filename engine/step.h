@@ -41,6 +41,12 @@ typedef struct vki_step_seq {
      * leaves the GPU. */
     void (*logits_hook)(void *ctx, float *logits, uint32_t n_vocab);
     void *logits_hook_ctx;
+    /* Embeddings: when set, the engine reads this sequence's final hidden rows (after the output
+     * norm: what the LM head would see) back after the step and calls hidden_hook(ctx, rows,
+     * n_new, d_model, pos0) on its own thread; rows is [n_new][d_model], valid during the call.
+     * Costs one norm over the step's rows and a device->host copy of n_new * d_model floats. */
+    void (*hidden_hook)(void *ctx, const float *rows, uint32_t n_rows, uint32_t d, uint32_t pos0);
+    void *hidden_hook_ctx;
 } vki_step_seq;
 
 typedef struct vki_step_plan {

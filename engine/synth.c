@@ -1,6 +1,7 @@
 /* Synthetic model writer (see synth.h). Cost: one pass over the weights, ~7 ns of CPU per weight
- * (random generation + quant_row_fast; the 1.24B-weight "1b" preset in Q4_K_M: 8.6 s CPU, ~18 s
- * wall with the disk), 4 MiB float + 4 MiB quantised buffers. */
+ * (random generation + quant_row_fast; the 1.24B-weight "1b" preset in Q4_K_M: 8.6 s CPU),
+ * spread over n_threads workers; per worker a 4 MiB float buffer and two 4 MiB output buffers
+ * (the main thread writes one batch while the workers fill the next). */
 #include "engine/synth.h"
 #include "engine/gguf.h"
 #include "engine/gguf_write.h"
@@ -11,6 +12,7 @@
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <pthread.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -18,6 +20,8 @@
 #define SYNTH_MAX_DIM (1u << 20)
 #define SYNTH_MAX_LAYERS 1024
 #define SYNTH_BYTE_VOCAB 259 /* <unk> <s> </s> + 256 byte tokens */
+#define SYNTH_MAX_THREADS 64
+#define SYNTH_GAMMA 0x9e3779b97f4a7c15ull /* splitmix64's increment: draw i of a stream jumps to it */
 
 /* llama_ftype (llama.h), written as general.file_type and keying llama-quantize's mix rules. */
 enum {
@@ -109,6 +113,7 @@ static const synth_preset_def synth_presets[] = {
     {"gemma2-2b", "gemma2", 26, 2304, 8, 4, 256, 9216, 256000, 8192, 10000.0f, 1e-6f, true, SYNTH_Q4_K_M, 0, 0, 0},
     {"gemma3-1b", "gemma3", 26, 1152, 4, 1, 256, 6912, 262144, 32768, 1000000.0f, 1e-6f, true, SYNTH_Q4_K_M, 0, 0, 0},
     {"phi3-mini", "phi3", 32, 3072, 32, 32, 96, 8192, 32064, 4096, 10000.0f, 1e-5f, false, SYNTH_Q4_K_M, 0, 0, 0},
+    {"8b", "llama", 32, 4096, 32, 8, 0, 14336, 128256, 8192, 500000.0f, 1e-5f, false, SYNTH_Q4_K_M, 0, 0, 0},
     /* Qwen3-30B-A3B and Mixtral-8x7B (config.json): 128 experts of 768 using 8, 8 of 14336 using 2 */
     {"qwen3-30b-a3b", "qwen3moe", 48, 2048, 32, 4, 128, 6144, 151936, 40960, 1000000.0f, 1e-6f, false, SYNTH_Q4_K_M,
      128, 8, 768},
@@ -119,7 +124,7 @@ static const synth_preset_def synth_presets[] = {
 const char *const *synth_preset_names(void)
 {
     static const char *const names[] = {"tiny", "small", "qwen2-small", "tinyllama", "1b", "qwen2-1.5b",
-                                        "qwen3-0.6b", "gemma2-2b", "gemma3-1b", "phi3-mini", "qwen3-30b-a3b",
+                                        "qwen3-0.6b", "gemma2-2b", "gemma3-1b", "phi3-mini", "8b", "qwen3-30b-a3b",
                                         "mixtral-8x7b", NULL};
     _Static_assert(sizeof names / sizeof names[0] == sizeof synth_presets / sizeof synth_presets[0] + 1, "presets");
     return names;
@@ -673,31 +678,97 @@ static float synth_gauss(uint64_t *s)
     return (a * (1.0f / 65536.0f) - 2.0f) * 1.7320508f;
 }
 
+/* Rows [r0, r1) of one tensor, generated and encoded by one worker into out (row r0 first).
+ * Element e of a tensor is draw e + 1 of its stream whatever the split: the same bytes for any
+ * number of threads. */
+typedef struct synth_job {
+    const synth_tensor *t;
+    uint64_t rng0;       /* the tensor's stream state before its first draw */
+    uint64_t r0, r1;
+    float *f;            /* [SYNTH_CHUNK_ELEMS] this worker's scratch */
+    uint8_t *out;
+} synth_job;
+
+static void *synth_run_job(void *arg)
+{
+    const synth_job *j = arg;
+    const synth_tensor *t = j->t;
+    uint64_t ne0 = t->ne[0], rows_per = SYNTH_CHUNK_ELEMS / ne0;
+    size_t row_bytes = quant_row_bytes(t->type, ne0);
+    for (uint64_t r0 = j->r0; r0 < j->r1; r0 += rows_per) {
+        uint64_t nr = j->r1 - r0 < rows_per ? j->r1 - r0 : rows_per, rng = j->rng0 + r0 * ne0 * SYNTH_GAMMA;
+        for (uint64_t i = 0; i < nr * ne0; i++) {
+            float g = synth_gauss(&rng) * t->std;
+            j->f[i] = t->init == SYNTH_INIT_NORM ? 1.0f + g : t->init == SYNTH_INIT_FACTOR ? 1.0f + fabsf(g) : g;
+        }
+        for (uint64_t r = 0; r < nr; r++)
+            quant_row_fast(t->type, j->f + r * ne0, j->out + (r0 - j->r0 + r) * row_bytes, ne0);
+    }
+    return NULL;
+}
+
 typedef struct synth_stream {
-    float *f;            /* [SYNTH_CHUNK_ELEMS] generated values */
-    uint8_t *q;          /* [SYNTH_CHUNK_ELEMS * 4] the same, encoded */
+    uint32_t n_threads;
+    float *f;            /* [n_threads][SYNTH_CHUNK_ELEMS] */
+    uint8_t *q[2];       /* [n_threads * SYNTH_CHUNK_ELEMS * 4] each: batch i is encoded into q[i % 2] */
+    synth_job jobs[SYNTH_MAX_THREADS];
+    pthread_t tid[SYNTH_MAX_THREADS];
+    uint32_t n_started;  /* workers of the batch in flight (jobs[1..n_started]) */
     uint64_t done, total; /* bytes, for progress */
     int last_pct;
 } synth_stream;
+
+/* Starts rows [r0, r0 + nr) of t on the workers, encoding into out; job 0 runs on the caller
+ * at synth_batch_join (so do jobs whose thread could not be created). */
+static void synth_batch_start(synth_stream *s, const synth_tensor *t, uint64_t rng0, uint64_t r0, uint64_t nr,
+                              uint8_t *out)
+{
+    uint64_t per = (nr + s->n_threads - 1) / s->n_threads;
+    size_t row_bytes = quant_row_bytes(t->type, t->ne[0]);
+    s->n_started = 0;
+    for (uint32_t k = 0; k < s->n_threads; k++) {
+        uint64_t a = r0 + k * per < r0 + nr ? r0 + k * per : r0 + nr, b = a + per < r0 + nr ? a + per : r0 + nr;
+        s->jobs[k] = (synth_job){t, rng0, a, b, s->f + (size_t)k * SYNTH_CHUNK_ELEMS, out + (a - r0) * row_bytes};
+    }
+    for (uint32_t k = 1; k < s->n_threads && s->jobs[k].r0 < s->jobs[k].r1; k++) {
+        if (pthread_create(&s->tid[k], NULL, synth_run_job, &s->jobs[k]) != 0)
+            break;
+        s->n_started = k;
+    }
+}
+
+static void synth_batch_join(synth_stream *s)
+{
+    synth_run_job(&s->jobs[0]);
+    for (uint32_t k = s->n_started + 1; k < s->n_threads; k++) /* not started: run them here */
+        synth_run_job(&s->jobs[k]);
+    for (uint32_t k = 1; k <= s->n_started; k++)
+        pthread_join(s->tid[k], NULL);
+    s->n_started = 0;
+}
 
 static vki_status write_tensor(synth_ctx *c, gguf_writer *w, const synth_tensor *t, synth_stream *s)
 {
     uint64_t rng = c->p->seed * 0x2545f4914f6cdd1dull;
     for (const char *n = t->name; *n; n++) /* per-tensor stream: independent of chunking and order */
         rng = (rng ^ (uint8_t)*n) * 1099511628211ull;
-    uint64_t ne0 = t->ne[0], rows_per = SYNTH_CHUNK_ELEMS / ne0, n_rows = t->ne[1] * t->ne[2];
+    uint64_t ne0 = t->ne[0], batch = SYNTH_CHUNK_ELEMS / ne0 * s->n_threads, n_rows = t->ne[1] * t->ne[2];
     size_t row_bytes = quant_row_bytes(t->type, ne0);
-    for (uint64_t r0 = 0; r0 < n_rows; r0 += rows_per) {
-        uint64_t nr = n_rows - r0 < rows_per ? n_rows - r0 : rows_per;
-        for (uint64_t i = 0; i < nr * ne0; i++) {
-            float g = synth_gauss(&rng) * t->std;
-            s->f[i] = t->init == SYNTH_INIT_NORM ? 1.0f + g : t->init == SYNTH_INIT_FACTOR ? 1.0f + fabsf(g) : g;
-        }
-        for (uint64_t r = 0; r < nr; r++)
-            quant_row_fast(t->type, s->f + r * ne0, s->q + r * row_bytes, ne0);
-        vki_status st = gguf_w_data(w, s->q, (size_t)(nr * row_bytes));
-        if (st != VKI_OK)
+    uint64_t n_batches = (n_rows + batch - 1) / batch;
+    synth_batch_start(s, t, rng, 0, n_rows < batch ? n_rows : batch, s->q[0]);
+    for (uint64_t i = 0; i < n_batches; i++) {
+        uint64_t r0 = i * batch, nr = n_rows - r0 < batch ? n_rows - r0 : batch;
+        synth_batch_join(s);
+        bool more = i + 1 < n_batches;
+        if (more) /* the next batch is computed while this one is written */
+            synth_batch_start(s, t, rng, r0 + batch, n_rows - r0 - batch < batch ? n_rows - r0 - batch : batch,
+                              s->q[(i + 1) % 2]);
+        vki_status st = gguf_w_data(w, s->q[i % 2], (size_t)(nr * row_bytes));
+        if (st != VKI_OK) {
+            if (more)
+                synth_batch_join(s);
             return synth_fail(c, st, "tensor '%s': %s", t->name, gguf_w_error(w));
+        }
         s->done += nr * row_bytes;
         int pct = (int)(s->done * 10 / s->total) * 10;
         if (pct > s->last_pct && s->total > (64u << 20)) {
@@ -709,11 +780,21 @@ static vki_status write_tensor(synth_ctx *c, gguf_writer *w, const synth_tensor 
     return VKI_OK;
 }
 
+static uint32_t synth_threads(const synth_params *p)
+{
+    long n = p->n_threads ? (long)p->n_threads : sysconf(_SC_NPROCESSORS_ONLN);
+    return n < 1 ? 1 : n > SYNTH_MAX_THREADS ? SYNTH_MAX_THREADS : (uint32_t)n;
+}
+
 static vki_status write_all(synth_ctx *c, gguf_writer *w, const char *tmp)
 {
-    synth_stream s = {.f = malloc(SYNTH_CHUNK_ELEMS * sizeof(float)), .q = malloc(SYNTH_CHUNK_ELEMS * sizeof(float))};
+    synth_stream s = {.n_threads = synth_threads(c->p)};
+    size_t n = (size_t)s.n_threads * SYNTH_CHUNK_ELEMS;
+    s.f = malloc(n * sizeof(float));
+    s.q[0] = malloc(n * sizeof(float));
+    s.q[1] = malloc(n * sizeof(float));
     vki_status st = VKI_OK;
-    if (!s.f || !s.q)
+    if (!s.f || !s.q[0] || !s.q[1])
         st = synth_fail(c, VKI_ERR_OUT_OF_HOST_MEMORY, "out of memory");
     for (uint32_t i = 0; i < c->n_t; i++)
         s.total += gguf_w_tensor_bytes(w, i);
@@ -724,7 +805,8 @@ static vki_status write_all(synth_ctx *c, gguf_writer *w, const char *tmp)
     if (st == VKI_OK && (st = gguf_w_finish(w)) != VKI_OK)
         synth_fail(c, st, "%s", gguf_w_error(w));
     free(s.f);
-    free(s.q);
+    free(s.q[0]);
+    free(s.q[1]);
     return st;
 }
 

@@ -7,8 +7,8 @@
  * Weights: seeded, approximately N(0, 1/fan_in) (output projections further scaled by
  * 1/sqrt(2 n_layer) so the residual stream stays O(1) through many layers), norms ~1 +- 0.1, LM
  * head scaled for logits of standard deviation ~3 so greedy decoding has few near-ties. Tensors
- * are generated and quantised chunk by chunk and streamed to the file: memory stays ~16 MiB
- * whatever the model size. */
+ * are generated and quantised batch by batch on n_threads workers and streamed to the file:
+ * memory stays ~12 MiB per worker whatever the model size. */
 #ifndef VKI_ENGINE_SYNTH_H
 #define VKI_ENGINE_SYNTH_H
 
@@ -84,6 +84,8 @@ typedef struct synth_params {
     uint32_t n_expert_used; /* expert_used_count (top-k), 1..n_expert */
     uint32_t d_ff_exp;      /* qwen3moe expert_feed_forward_length (d_ff is then the unused dense
                                length, as the converter writes it); 0 = d_ff. Mixtral: d_ff */
+    uint32_t n_threads;     /* workers generating and encoding weights; 0: one per online CPU.
+                               The file is byte-identical for any count */
     /* Optional: notes (type fallbacks) and progress lines; msg has no newline. */
     void (*log)(void *user, const char *msg);
     void *log_user;
@@ -94,7 +96,8 @@ typedef struct synth_params {
 synth_params synth_default_params(void);
 /* Shapes of named presets: "tiny", "small" (llama, d 256, GQA 4), "qwen2-small" (tied, biases),
  * "tinyllama" (1.1B), "1b" (Llama-3.2-1B shape), "qwen2-1.5b" (Qwen2.5-1.5B shape),
- * "qwen3-0.6b", "gemma2-2b", "gemma3-1b", "phi3-mini" (Phi-3-mini-4k), the mixtures of experts
+ * "qwen3-0.6b", "gemma2-2b", "gemma3-1b", "phi3-mini" (Phi-3-mini-4k), "8b" (Llama-3-8B shape:
+ * 32 layers, d 4096, 32/8 heads, d_ff 14336, vocab 128256, untied), the mixtures of experts
  * "qwen3-30b-a3b" (Qwen3-30B-A3B: 48 layers, 128 experts, 8 used; with --layers 2 a reduced-layer
  * model of the real per-layer shape) and "mixtral-8x7b" (32 layers, 8 experts, 2 used). Only shape
  * fields change (with the architecture's window and soft-caps, and wtype: Q4_K_M for the large

@@ -7,8 +7,15 @@
  *  - every fallible call returns vki_status: VKI_OK (0) on success, > 0 for a retryable
  *    condition (the call had no effect; try again later), < 0 for an error (the call had no
  *    effect and any partially created object was released);
- *  - no global state: two engines on two devices in one process are independent;
- *  - the library never calls exit()/abort(); it reports through statuses and the log callback.
+ *  - no global state: two engines (on two devices, or on one) in one process are independent;
+ *  - the library never calls exit()/abort() and prints nothing by itself: it reports through
+ *    statuses, error strings, the log callback and the progress callback the caller passes.
+ *
+ * Two levels (see README "Embedding"):
+ *  - the simple API: vki_engine_create, vki_batch_manager_create, then vki_generate /
+ *    vki_generate_chat (blocking, a text callback, stop strings, cancellation);
+ *  - the full API: the batch manager's push and callback interfaces, in token ids, with the
+ *    tokenizer, text streaming and chat templates as separate pieces.
  */
 #ifndef VKINFER_H
 #define VKINFER_H
@@ -28,6 +35,18 @@ extern "C" {
 #define VKI_API __attribute__((visibility("default")))
 #endif
 
+/* ---- version ----------------------------------------------------------------------------- */
+
+/* The version of this header (semantic versioning; while MAJOR is 0 a MINOR step may change the
+ * API). CMake reads these three lines: they are the one place the version is written. */
+#define VKI_VERSION_MAJOR 0
+#define VKI_VERSION_MINOR 2
+#define VKI_VERSION_PATCH 0
+
+/* The version of the library actually linked, "MAJOR.MINOR.PATCH": compare it with the macros to
+ * catch a program built against another header. Never NULL. */
+VKI_API const char *vki_version(void);
+
 /* ---- status ------------------------------------------------------------------------------ */
 
 typedef enum vki_status {
@@ -46,6 +65,7 @@ typedef enum vki_status {
     VKI_ERR_NOT_FOUND = -11,        /* no such request / key / tensor */
     VKI_ERR_SHUTDOWN = -12,         /* the object is shutting down; no new work is taken */
     VKI_ERR_INTERNAL = -13,         /* an invariant broke: a bug, please report it */
+    VKI_ERR_CANCELLED = -14,        /* the caller cancelled (a progress callback returned false) */
 } vki_status;
 
 /* Short constant English text for a status, e.g. "out of device memory". Never NULL. */
@@ -62,6 +82,11 @@ typedef enum vki_log_level {
 
 /* Called from any thread that does library work; must be thread-safe. msg has no newline. */
 typedef void (*vki_log_fn)(void *user, vki_log_level level, const char *msg);
+
+/* Progress of a long operation (uploading a model's weights): done of total bytes, called on the
+ * thread doing it, about once per percent. Return false to cancel: the operation then fails with
+ * VKI_ERR_CANCELLED and releases what it had made. */
+typedef bool (*vki_progress_fn)(void *user, uint64_t done, uint64_t total);
 
 /* ---- devices ----------------------------------------------------------------------------- */
 
@@ -149,12 +174,16 @@ typedef struct vki_device_info {
     uint32_t n_heaps;
     uint64_t heap_size[VKI_MAX_HEAPS];
     bool heap_device_local[VKI_MAX_HEAPS];
-    uint64_t heap_budget[VKI_MAX_HEAPS]; /* VK_EXT_memory_budget, else heap_size */
+    bool memory_budget;             /* VK_EXT_memory_budget: heap_budget / heap_usage are live */
+    uint64_t heap_budget[VKI_MAX_HEAPS]; /* what this process may use now (VK_EXT_memory_budget;
+                                       other processes taken into account), else heap_size */
+    uint64_t heap_usage[VKI_MAX_HEAPS];  /* what this process uses now (VK_EXT_memory_budget),
+                                       else 0 */
 } vki_device_info;
 
 /* Lists the Vulkan devices. *n_out receives the number found (which may exceed cap; only
  * min(cap, found) entries are written). Returns VKI_ERR_NO_DEVICE when no Vulkan loader or
- * device exists. */
+ * device exists. Prints nothing. */
 VKI_API vki_status vki_list_devices(vki_device_info *out, uint32_t cap, uint32_t *n_out);
 
 /* Which kernels run the matrix multiplies of prefill (and of decode with many sequences) and
@@ -180,7 +209,8 @@ typedef struct vki_device_params {
     bool validation;                /* enable VK_LAYER_KHRONOS_validation + a debug messenger */
     const char *pipeline_cache_dir; /* NULL: $XDG_CACHE_HOME/vkinfer or ~/.cache/vkinfer;
                                        "" disables the on-disk pipeline cache */
-    vki_log_fn log;                 /* NULL: warnings and errors to stderr */
+    vki_log_fn log;                 /* NULL: messages are dropped (the library prints nothing);
+                                       the calls that fail still say why in their err text */
     void *log_user;
     vki_log_level log_level;        /* messages above this level are dropped */
     vki_coopmat_mode coopmat;       /* VKI_COOPMAT_AUTO */
@@ -220,7 +250,9 @@ typedef struct vki_sampling_params {
     uint32_t top_logprobs;          /* 0..20 most likely alternatives per position */
 } vki_sampling_params;
 
-/* temperature 1, top_k 0, top_p 1, min_p 0, no penalties (window 64), random seed, no logprobs. */
+/* Greedy, as `vkinfer generate` without --temp: temperature 0, top_k 0, top_p 1, min_p 0, no
+ * penalties (window 64), random seed (used once temperature > 0), no logprobs. The HTTP server
+ * starts from temperature 1 instead, the OpenAI API's default. */
 VKI_API vki_sampling_params vki_sampling_default_params(void);
 
 /* ---- structured output ------------------------------------------------------------------- */
@@ -344,6 +376,19 @@ typedef enum vki_finish_reason {
 typedef void (*vki_logits_fn)(void *user, uint64_t request_id, float *logits, uint32_t n_vocab,
                               const int32_t *tokens, uint32_t n_tokens);
 
+/* Embedding requests. The prompt is run and the model's final hidden state (after the output
+ * norm, the LM head's input: [n_prompt][d_model]) is pooled over the prompt's positions and
+ * L2-normalised; the final response carries it in vki_response.embedding and generates no token
+ * (n_tokens 0, finish LENGTH; max_new_tokens and sampling are ignored). Every position is
+ * computed (no prefix reuse for such a request). For a decoder-only language model this is what
+ * llama.cpp's --embeddings gives: usable for similarity within one model, not a trained
+ * retrieval embedding. */
+typedef enum vki_pooling {
+    VKI_POOL_NONE = 0,              /* a generation request */
+    VKI_POOL_MEAN = 1,              /* mean over every prompt position */
+    VKI_POOL_LAST = 2,              /* the last prompt position */
+} vki_pooling;
+
 /* One generation request. Every pointer is copied at submission; the caller keeps ownership. */
 typedef struct vki_request {
     uint64_t id;                    /* caller's id; must not be in flight (reusable after its
@@ -367,6 +412,10 @@ typedef struct vki_request {
                                        grammar is complete ends with an end id (EOS), or with
                                        VKI_FINISH_STOP when it may not emit one (ignore_eos
                                        without end_ids) */
+    uint32_t min_tokens;            /* the end-of-generation tokens, end_ids and stop_ids are banned
+                                       (logit -inf) until this many tokens were generated;
+                                       <= max_new_tokens. 0 */
+    vki_pooling pooling;            /* != VKI_POOL_NONE: an embedding request (see vki_pooling) */
 } vki_request;
 
 /* What a response callback receives. Pointers are valid only during the callback. The ending
@@ -392,6 +441,11 @@ typedef struct vki_response {
                                        VKI_ERR_DUPLICATE_ID, VKI_ERR_DEVICE_LOST and the other
                                        engine failures, ...); else VKI_OK */
     uint64_t seed;                  /* the request's seed, or the one drawn for it */
+    uint32_t n_cached;              /* prompt tokens whose KV came from the prefix cache at the
+                                       request's first admission (0 before it) */
+    const float *embedding;         /* final response of an embedding request: [n_embd], unit
+                                       length; else NULL */
+    uint32_t n_embd;
 } vki_response;
 
 typedef void (*vki_response_fn)(void *user, const vki_response *resp);
@@ -403,6 +457,21 @@ typedef struct vki_request_list vki_request_list;
  * get_requests was given (the request was not added); VKI_ERR_OUT_OF_HOST_MEMORY. Validation
  * happens later: an invalid or duplicate request gets a final error response. */
 VKI_API vki_status vki_request_list_add(vki_request_list *sink, const vki_request *req);
+
+/* One tick's figures (vki_batch_callbacks.tick_stats). */
+typedef struct vki_batch_stats {
+    uint64_t iteration;             /* ticks run */
+    uint32_t queued;                /* waiting for admission (paused ones included) */
+    uint32_t running;               /* holding KV (admitted, not finished) */
+    uint32_t paused;                /* paused and waiting to resume (MAX_UTILIZATION) */
+    uint32_t scheduled;             /* sequences in this tick's step */
+    uint32_t context_requests, generation_requests;
+    uint32_t context_tokens;        /* prompt tokens computed this tick */
+    uint32_t kv_max, kv_free, kv_used, kv_cached; /* KV blocks */
+    uint64_t kv_reused_blocks;      /* cumulative */
+    uint64_t reused_tokens;         /* cumulative prompt tokens taken from the prefix cache */
+    double step_ms;                 /* engine time of this tick's step (0: no step) */
+} vki_batch_stats;
 
 /* TensorRT-LLM-style callbacks; any may be NULL. All run on the worker thread (see above). */
 typedef struct vki_batch_callbacks {
@@ -421,10 +490,15 @@ typedef struct vki_batch_callbacks {
      * "Iteration Counter", "Active Request Count", "Max KV cache blocks", ... fields of the
      * TensorRT-LLM batch manager; see the README. */
     void (*stats)(void *user, const char *json);
+    /* The same figures as a struct, without building or parsing JSON (what a server's metrics
+     * want on the tick path): called every tick with work, like stats. */
+    void (*tick_stats)(void *user, const vki_batch_stats *st);
 } vki_batch_callbacks;
 
-/* Creates a manager over an engine and starts its worker thread. cb may be NULL (push only).
- * Defined by the engine adapter; the engine must outlive the manager. */
+/* Creates a manager over an engine and starts its worker thread. params NULL: the defaults; cb
+ * may be NULL (push only). One manager per engine at a time: VKI_ERR_INVALID_ARG while another
+ * exists (safe to race: of concurrent calls on one engine exactly one succeeds). The engine must
+ * outlive the manager. */
 VKI_API vki_status vki_batch_manager_create(vki_engine *engine, const vki_batch_params *params,
                                             const vki_batch_callbacks *cb, vki_batch_manager **out);
 
@@ -538,6 +612,59 @@ VKI_API vki_status vki_text_stream_push(vki_text_stream *s, int32_t token, const
 VKI_API vki_status vki_text_stream_finish(vki_text_stream *s, const char **text, size_t *len);
 VKI_API bool vki_text_stream_stopped(const vki_text_stream *s);
 
+/* ---- chat templates ---------------------------------------------------------------------- */
+
+/* Chat messages -> the prompt the model was trained on, without a Jinja engine: a GGUF's
+ * tokenizer.chat_template is recognised by the markers of the common families and rendered by C
+ * code that reproduces each family's upstream template exactly: ChatML (Qwen, SmolLM, ...),
+ * Llama 3, Llama 2, Mistral, Zephyr, Gemma, Phi-3. Anything else falls back to "plain":
+ * "role: content" lines ending in "assistant:". Control tokens ("<|im_start|>", "<s>") are
+ * recognised only in the text the template writes; message content is always tokenised as plain
+ * text, so a user cannot inject "<|im_end|>". Immutable once created: any number of threads may
+ * use one template at the same time. Needs its tokenizer to outlive it. */
+typedef struct vki_chat_template vki_chat_template;
+
+typedef enum vki_chat_role {
+    VKI_CHAT_SYSTEM = 0,
+    VKI_CHAT_USER = 1,
+    VKI_CHAT_ASSISTANT = 2,
+} vki_chat_role;
+
+typedef struct vki_chat_message {
+    vki_chat_role role;
+    const char *content;            /* NUL-terminated UTF-8 */
+} vki_chat_message;
+
+/* The chat template text of the GGUF the tokenizer was loaded from (tokenizer.chat_template), or
+ * NULL when it has none. */
+VKI_API const char *vki_tokenizer_chat_template(const vki_tokenizer *tok);
+
+/* tmpl: NULL = the model's own (vki_tokenizer_chat_template; "plain" when it has none or it is
+ * not one of the families); a family name: "chatml", "llama3", "llama2", "mistral", "zephyr",
+ * "gemma", "phi3", "plain"; or any other text = a template's source, recognised by its markers
+ * ("plain" when unrecognised: vki_chat_template_name says which family was chosen). Walks the
+ * vocabulary once, O(n_vocab): make one per model and keep it (the engine keeps one,
+ * vki_engine_chat_template). VKI_ERR_OUT_OF_HOST_MEMORY. */
+VKI_API vki_status vki_chat_template_create(const vki_tokenizer *tok, const char *tmpl, vki_chat_template **out);
+VKI_API void vki_chat_template_free(vki_chat_template *t); /* NULL is fine */
+/* The family in use: "chatml", "llama3", "llama2", "mistral", "zephyr", "gemma", "phi3", "plain". */
+VKI_API const char *vki_chat_template_name(const vki_chat_template *t);
+
+/* Renders msgs[0, n), then (add_generation_prompt) the opening of the assistant's turn. Writes
+ * NUL-terminated text into buf; *n_out = its length without the NUL. When cap is too small:
+ * VKI_ERR_INVALID_ARG with *n_out = the length needed (call again with cap > *n_out). Where the
+ * upstream template raises (roles that do not alternate user/assistant in Llama 2, Mistral and
+ * Gemma; an unknown role): VKI_ERR_INVALID_ARG, *n_out = 0, err (when not NULL) names msgs[i]. */
+VKI_API vki_status vki_chat_apply(const vki_chat_template *t, const vki_chat_message *msgs, size_t n,
+                                  bool add_generation_prompt, char *buf, size_t cap, size_t *n_out, char *err,
+                                  size_t err_len);
+/* The same conversation as token ids for the model: the template's control tokens become their
+ * ids, content is plain text, BOS as the template writes it (the plain fallback: as the
+ * tokenizer adds it). Contract of vki_chat_apply for a small buffer (ids instead of bytes, no NUL). */
+VKI_API vki_status vki_chat_tokenize(const vki_chat_template *t, const vki_chat_message *msgs, size_t n,
+                                     bool add_generation_prompt, int32_t *out, size_t cap, size_t *n_out,
+                                     char *err, size_t err_len);
+
 /* ---- engine ------------------------------------------------------------------------------ */
 
 /* An engine: one model (GGUF) on one Vulkan device, with its tokenizer and a paged KV cache.
@@ -557,19 +684,31 @@ typedef struct vki_engine_params {
     uint32_t page_size;             /* tokens per KV page (= scheduler block). 16 */
     vki_kv_type kv_type;            /* VKI_KV_F16 */
     uint64_t kv_tokens;             /* KV capacity in tokens; 0 = kv_fraction of free memory. 0 */
-    float kv_fraction;              /* of the device memory left after weights and scratch. 0.8 */
+    float kv_fraction;              /* of the device memory free once weights and scratch are
+                                       loaded: measured then (VK_EXT_memory_budget: budget minus
+                                       current usage, so other engines and the application's own
+                                       Vulkan work count; without it: the heap minus this engine's
+                                       buffers) and capped by device_memory_limit. 0.8 */
+    uint64_t device_memory_limit;   /* bytes of device buffers this engine may hold in all
+                                       (weights, scratch, KV); 0 = no cap. Loading fails with
+                                       VKI_ERR_OUT_OF_DEVICE_MEMORY when the weights do not fit
+                                       under it. The way to share a device without
+                                       VK_EXT_memory_budget (lavapipe). 0 */
     uint32_t max_seqs;              /* sequences that may hold KV at once. 256 */
     uint32_t max_tokens;            /* new tokens per step (activation scratch rows). 2048 */
     uint32_t max_ctx;               /* longest sequence; 0 = the model's context length */
-    bool progress;                  /* progress bar on stderr while uploading weights. false */
+    vki_progress_fn progress;       /* weight upload progress (may cancel the load); NULL */
+    void *progress_user;
     /* Bitwise batch invariance: a request's logits (and so its tokens, greedy or seeded) do not
      * depend on the other requests in a step, on how its prompt is chunked, or on a pause and
      * recompute. Costs prefill throughput (matrix-vector kernels for every matmul, attention one
      * query at a time). false */
     bool batch_invariant;
     /* Profile: GPU timestamps around every dispatch of every step, written to this file as a
-     * Chrome trace (open in chrome://tracing or ui.perfetto.dev); each event is named by its
-     * kernel and grouped by its debug-label path ("step 12 / layer 3"). NULL = off (default). */
+     * Chrome trace (open in chrome://tracing or ui.perfetto.dev): each event is named by its role
+     * and kernel ("layer 3 / attn_q / matvec_q4_k"), its category is the step, and each step
+     * phase (embed, attention, ffn, lm head, sample) is a track of its own.
+     * vki_engine_profile_summary() tabulates the same timings. NULL = off (default). */
     const char *profile_path;
     /* Caps every layer's attention window at this many tokens (StreamingLLM style): a query sees
      * its last max_attention_window positions plus the first KV page (the attention sink), so a
@@ -577,6 +716,12 @@ typedef struct vki_engine_params {
      * the sequence runs). Layers with a smaller window of their own (gemma, mistral) keep it.
      * Changes the model's outputs once a sequence is longer than the window. 0 = off (default) */
     uint32_t max_attention_window;
+    /* RenderDoc: when the process runs under RenderDoc (`renderdoccmd capture`, or launched from
+     * its UI), steps capture_first..capture_last (counted from 0 per engine) are recorded as one
+     * capture through RenderDoc's in-app API; every dispatch carries the debug label path
+     * "step N / layer L / role / kernel". vkinfer never loads RenderDoc itself: without it this
+     * does nothing (logged at INFO). capture_first < 0: off. Default -1, -1 */
+    int64_t capture_first, capture_last;
 } vki_engine_params;
 
 VKI_API vki_engine_params vki_engine_default_params(void);
@@ -592,6 +737,8 @@ typedef struct vki_model_info {
     uint32_t max_seqs, max_tokens;
     uint64_t weight_bytes;          /* device memory held by weights */
     uint64_t kv_bytes;              /* device memory held by the KV cache */
+    uint64_t device_bytes;          /* all device buffers of this engine: weights, KV, scratch,
+                                       step inputs, staging (what device_memory_limit bounds) */
     char device[256];
     char kv_type[8];                /* "f16", "f32", "q8_0" */
     uint32_t sliding_window;        /* the model's sliding window (its windowed layers); 0 = none */
@@ -601,13 +748,90 @@ typedef struct vki_model_info {
 } vki_model_info;
 
 /* Opens the device, reads the GGUF, builds the tokenizer, uploads the weights, allocates the KV
- * cache and compiles every pipeline. On failure err (when not NULL) says why: the malformed key
- * or tensor, the unsupported architecture or type, the memory that ran out. */
+ * cache and compiles every pipeline. params NULL: the defaults. On failure err (when not NULL)
+ * says why: the malformed key or tensor, the unsupported architecture or type, the memory that
+ * ran out; VKI_ERR_CANCELLED when the progress callback returned false. */
 VKI_API vki_status vki_engine_create(const char *gguf_path, const vki_engine_params *params, vki_engine **out,
                                      char *err, size_t err_len);
 VKI_API void vki_engine_destroy(vki_engine *e); /* NULL is fine; destroy its batch manager first */
 VKI_API const vki_tokenizer *vki_engine_tokenizer(const vki_engine *e);
+/* The model's chat template (vki_chat_template_create(tok, NULL)), made at load; owned by e. */
+VKI_API const vki_chat_template *vki_engine_chat_template(const vki_engine *e);
 VKI_API void vki_engine_info(const vki_engine *e, vki_model_info *out);
+
+/* With profile_path set: a text table of the GPU time of every step so far, by role and kernel
+ * ("attn_q / matvec_q4_k"), most expensive first, with calls, total ms, mean us and % of all
+ * step time, one line each, at most max_rows rows (0: all). Same size contract as vki_detokenize
+ * (NUL-terminated; *n_out excludes the NUL). VKI_ERR_INVALID_ARG when profiling is off. Call it
+ * when no step runs (no batch manager, or after vki_batch_manager_destroy). */
+VKI_API vki_status vki_engine_profile_summary(const vki_engine *e, uint32_t max_rows, char *buf, size_t cap,
+                                              size_t *n_out);
+
+/* ---- simple generation ------------------------------------------------------------------- */
+
+/* Text in, text out: the common case in a handful of calls (docs/embed/simple.c is the whole
+ * program):
+ *
+ *   vki_engine *e;
+ *   vki_engine_create("model.gguf", NULL, &e, err, sizeof err);
+ *   vki_batch_manager *bm;
+ *   vki_batch_manager_create(e, NULL, NULL, &bm);
+ *   vki_generate_params gp = vki_generate_default_params();
+ *   gp.on_text = print_text;                 // each piece of text as it is generated
+ *   vki_generate(bm, "Once upon a time", &gp, NULL, err, sizeof err);
+ *   vki_batch_manager_destroy(bm, false);
+ *   vki_engine_destroy(e);
+ *
+ * vki_generate blocks until its generation ends. It is one request of the batch manager: calls
+ * from several threads on one manager run batched together, next to requests of the full API. */
+
+/* Receives the next piece of generated text (never a partial UTF-8 character, never part of a
+ * stop string), on the batch manager's worker thread. Return false to stop the generation
+ * (result finish CANCELLED). */
+typedef bool (*vki_text_fn)(void *user, const char *text, size_t len);
+
+typedef struct vki_generate_params {
+    uint32_t max_tokens;            /* generated tokens at most. 128 (as `vkinfer generate`) */
+    vki_sampling_params sampling;   /* vki_sampling_default_params(): greedy */
+    const char *const *stops;       /* [n_stops] stop strings: the text ends before the first one
+                                       that appears (matched across tokens, not emitted) */
+    uint32_t n_stops;
+    bool ignore_eos;                /* run to max_tokens or a stop string. false */
+    vki_text_fn on_text;            /* NULL: the text is dropped (benchmarks) */
+    void *user;
+    uint64_t id;                    /* the request id; 0 = a free one is chosen. Give one to cancel
+                                       from another thread with vki_batch_cancel(bm, id) */
+} vki_generate_params;
+
+VKI_API vki_generate_params vki_generate_default_params(void);
+
+typedef struct vki_generate_result {
+    vki_finish_reason finish;       /* EOS, LENGTH, STOP (a stop string), CANCELLED (on_text
+                                       returned false, or vki_batch_cancel) */
+    uint32_t n_prompt;              /* prompt tokens (BOS and the chat template's included) */
+    uint32_t n_generated;           /* tokens generated, the ending one included */
+    uint64_t seed;                  /* the sampling seed used (drawn when none was given) */
+    double first_token_ms;          /* from the call to the first generated token */
+    double total_ms;                /* from the call to the end */
+} vki_generate_result;
+
+/* Tokenises prompt (BOS as the model's metadata says; control-token text stays plain text), runs
+ * it on bm and streams the generated text to on_text; returns after the generation ended.
+ * p NULL: the defaults; result may be NULL. VKI_OK: see result->finish. Errors, with err (when
+ * not NULL) naming the cause and no text produced: VKI_ERR_INVALID_ARG (an empty prompt, one
+ * longer than the context, a bad sampling parameter, a manager without a tokenizer),
+ * VKI_ERR_DUPLICATE_ID (p->id is in flight), VKI_RETRY_QUEUE_FULL, VKI_ERR_SHUTDOWN,
+ * VKI_ERR_OUT_OF_HOST_MEMORY; and the engine's failures (VKI_ERR_DEVICE_LOST, ...) once running.
+ * Must not be called from a callback of bm (it would wait on itself; VKI_ERR_INVALID_ARG). */
+VKI_API vki_status vki_generate(vki_batch_manager *bm, const char *prompt, const vki_generate_params *p,
+                                vki_generate_result *result, char *err, size_t err_len);
+
+/* The assistant's answer to a conversation: msgs rendered and tokenised with tmpl (NULL: the
+ * model's own, vki_engine_chat_template), then as vki_generate. The template's errors (roles that
+ * do not alternate, ...) are VKI_ERR_INVALID_ARG with err naming the message. */
+VKI_API vki_status vki_generate_chat(vki_batch_manager *bm, const vki_chat_template *tmpl,
+                                     const vki_chat_message *msgs, size_t n, const vki_generate_params *p,
+                                     vki_generate_result *result, char *err, size_t err_len);
 
 #ifdef __cplusplus
 }

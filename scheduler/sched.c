@@ -362,6 +362,9 @@ vki_status sched_add(sched *s, const sched_add_args *a, sched_seq **out)
     q->logits_hook = a->logits_hook;
     q->logits_hook_ctx = a->logits_hook_ctx;
     q->token_mask = a->token_mask;
+    q->hidden_hook = a->hidden_hook;
+    q->hidden_hook_ctx = a->hidden_hook_ctx;
+    q->no_reuse = a->no_reuse;
     heap_push(s, q);
     *out = q;
     return VKI_OK;
@@ -573,6 +576,9 @@ static vki_status admit_seq(sched *s, sched_seq *q, const prefix_take *pt, uint3
     q->n_computed = pt->m * s->p.block_size;
     q->ctx_end = q->n_tokens;
     s->reused_tokens += q->n_computed;
+    if (!q->admitted_once)
+        q->n_cached = q->n_computed;
+    q->admitted_once = true;
     q->slot = s->free_slots[--s->n_free_slots];
     q->state = SCHED_RUNNING;
     run_append(s, q);
@@ -595,7 +601,9 @@ static vki_status admit_waiting(sched *s, admit_state *a, uint32_t *n_admitted)
         sched_seq *q = s->heap[0];
         uint32_t m_cached;
         /* at least the last known token is computed, so the step yields logits */
-        uint32_t m = sched_kv_lookup(s->kv, q->tokens, (q->n_tokens - 1) / s->p.block_size, s->match, &m_cached);
+        uint32_t m = q->no_reuse ? (m_cached = 0)
+                                 : sched_kv_lookup(s->kv, q->tokens, (q->n_tokens - 1) / s->p.block_size, s->match,
+                                                   &m_cached);
         prefix_take pt = plan_take(s, m);
         uint32_t left = q->n_tokens - m * s->p.block_size;
         uint32_t n = a->nseq ? min_u32(min_u32(s->p.chunk_size, left), a->tok) : 0;
@@ -630,6 +638,8 @@ static void plan_entry(sched *s, sched_seq *q, uint32_t k)
         .logits_hook = q->ghost ? NULL : q->logits_hook,
         .logits_hook_ctx = q->logits_hook_ctx,
         .token_mask = q->ghost ? NULL : q->token_mask,
+        .hidden_hook = q->ghost ? NULL : q->hidden_hook,
+        .hidden_hook_ctx = q->hidden_hook_ctx,
     };
     uint32_t window = q->sampling ? q->sampling->penalty_window : 0;
     if (e->want_token && window) {

@@ -81,6 +81,11 @@ struct sched_seq {
     void (*logits_hook)(void *ctx, float *logits, uint32_t n_vocab); /* see vki_step_seq */
     void *logits_hook_ctx;
     const uint32_t *token_mask; /* owner's allowed-token bitset or NULL (see vki_step_seq) */
+    void (*hidden_hook)(void *ctx, const float *rows, uint32_t n_rows, uint32_t d, uint32_t pos0);
+    void *hidden_hook_ctx;
+    bool no_reuse;            /* computes every position (takes no cached prefix blocks) */
+    bool admitted_once;
+    uint32_t n_cached;        /* prompt tokens taken from the prefix cache at the first admission */
     /* private */
     uint32_t heap_idx;        /* position in the queue heap while QUEUED */
     uint32_t n_new;           /* tokens scheduled this tick */
@@ -98,6 +103,10 @@ typedef struct sched_add_args {
     void *logits_hook_ctx;
     const uint32_t *token_mask; /* kept by pointer, copied into the plan: the owner refills the
                                    bitset before each step (must outlive the sequence) */
+    void (*hidden_hook)(void *ctx, const float *rows, uint32_t n_rows, uint32_t d, uint32_t pos0);
+    void *hidden_hook_ctx;    /* copied into the plan (embeddings) */
+    bool no_reuse;            /* never start from cached prefix blocks (embeddings need every
+                                 position's hidden state); its own blocks are still sealed */
     void *user;
 } sched_add_args;
 

@@ -1,6 +1,7 @@
 # Every SPIR-V module the library embeds: vki_shader(<blob name> <source> [DEFINE=VALUE...]).
 # Data types are #defines; sizes/flags are specialisation constants (see engine/kernels.c).
 vki_shader(add add.comp)
+vki_shader(copy copy.comp)
 # matmul family: one module per weight type (dequant.glsl picks the block decoder), for each
 # X(ID, blob suffix) entry of engine/weight_types.h, the list the C side generates its kernel ids
 # from. matmul_cm: tensor cores through VK_NV_cooperative_matrix; matmul_cme: the same source on

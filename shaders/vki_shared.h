@@ -98,6 +98,12 @@ VKI_STRUCT(vki_pc_add) {
     vki_u32 n;
 };
 
+/* copy: y[i] = x[i] for 32-bit words i < n (the copy-bandwidth probe).
+ * bindings: 0 x (u32[n]), 1 y (u32[n]); both views start 16-byte aligned */
+VKI_STRUCT(vki_pc_copy) {
+    vki_u32 n;
+};
+
 /* matvec / matmul (one weight part per dispatch):
  *   Y[m, y_col0 + n] = sum_k X[m, k] * W[n, k] (+ bias[y_col0 + n]),  m < M, n0 <= n < N
  * bindings: 0 W (weight part: N rows of K elements in the kernel's ggml type, w_stride bytes

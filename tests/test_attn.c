@@ -32,6 +32,7 @@
  * coopmat prefill kernel, and the worst NMSE seen. */
 static double attn_tol = ATTN_TOL;
 static bool expect_cm;
+static bool nvidia_lanes; /* decode lanes per key giving NVIDIA's keys per subgroup (test_gpu_configs) */
 static double worst_nmse;
 
 typedef struct acase {
@@ -289,6 +290,17 @@ static double check_output(const op_attn *a, const hstep *h, const float *o, con
     return vs_f32;
 }
 
+/* NVIDIA's decode puts L = the largest power of 2 dividing head_dim / 8 (<= 32) lanes on a key,
+ * so 32 / L keys share a 32-lane subgroup (2 at head dim 128). The lanes giving the same keys
+ * per subgroup at this device's smallest subgroup (at least 1 lane). */
+static uint32_t nvidia_lanes_here(vt_gpu *g, uint32_t hd)
+{
+    uint32_t l = 1, sg = g->dev->info.subgroup_min_size ? g->dev->info.subgroup_min_size : g->dev->info.subgroup_size;
+    while (l * 2 <= 32 && (hd / 8) % (l * 2) == 0)
+        l *= 2;
+    return l * sg / 32 ? l * sg / 32 : 1;
+}
+
 /* Device buffers of one case. */
 typedef struct dstep {
     vkd_buffer *qkv, *o, *kp, *vp, *pos, *seq, *info, *pt, *items, *scratch;
@@ -321,6 +333,8 @@ static double run_case(vt_gpu *g, vt_rng *r, const acase *ac, uint32_t kv_type, 
     op_attn a;
     assert_int_equal(op_attn_setup(g->dev, &s, &a), VKI_OK);
     a.split_keys = ac->split_keys;
+    if (nvidia_lanes)
+        a.dec_spec[2] = nvidia_lanes_here(g, ac->hd);
     if (expect_cm) /* the coopmat kernel really runs (no silent fall-back to the FP32 one) */
         assert_true(a.pre_kid >= VKK_ATTN_PREFILL_CM_F16 && a.pre_kid <= VKK_ATTN_PREFILL_CME_Q8_0);
     hstep h;
@@ -570,6 +584,42 @@ static void test_attn_coopmat_windows(void **state)
     run_cm_cases(state, "attn coopmat windows", cases, sizeof cases / sizeof cases[0], 0, ATTN_CM_WINDOW_TOL);
 }
 
+/* The choices ops_attn.c makes for NVIDIA, on this device where it can run them: the device is
+ * presented as a discrete NVIDIA GPU with 32-lane subgroups (decode splits then aim at 2048
+ * workgroups of >= 128 keys, so long contexts take the split + reduce path with GPU split
+ * lengths) keeping its real smallest subgroup (the reach of the shuffles), and the decode kernel
+ * gets the lanes per key that give NVIDIA's keys per subgroup (nvidia_lanes_here). Not runnable
+ * on a 32 KiB device: prefill's 32-row tile at head dim 128 (38 KiB of shared memory on NVIDIA);
+ * the same tile runs here at head dim 64. */
+static void test_gpu_configs(void **state)
+{
+    vt_gpu *g = vt_gpu_get(state);
+    vki_device_info saved = g->dev->info;
+    g->dev->info.type = VKI_DEVICE_DISCRETE;
+    g->dev->info.vendor_id = 0x10DE;
+    g->dev->info.subgroup_size = 32;
+    if (!g->dev->info.subgroup_min_size || g->dev->info.subgroup_min_size > saved.subgroup_size)
+        g->dev->info.subgroup_min_size = saved.subgroup_size;
+    op_attn a;
+    op_attn_shape s = {.n_heads = 8, .n_kv_heads = 2, .head_dim = 128, .page_size = 16, .kv_type = VKI_GGML_F16};
+    assert_int_equal(op_attn_setup(g->dev, &s, &a), VKI_OK);
+    assert_int_equal(a.target_groups, 2048); /* the GPU plan, not the CPU one */
+    assert_int_equal(a.min_split, 128);
+    /* head dim 128 (the 8B shape) and the F16 pool NVIDIA runs: one new decode pipeline, which
+     * lavapipe compiles for seconds on a cold shader cache */
+    const acase cases[] = {
+        {"gpu hd128 G=4 ragged", 8, 2, 128, 16, 4, {1000, 0, 300, 131}, {1, 40, 1, 1}, 0, 2.0f, 0, 0, 0, 0},
+        {"gpu hd128 MQA page 32", 4, 1, 128, 32, 2, {2100, 64}, {1, 17}, 0, 1.0f, 0, 0, 0, 0},
+    };
+    vt_rng r = vt_rng_seeded("attn gpu configs");
+    nvidia_lanes = true;
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+        run_case(g, &r, &cases[i], VKI_GGML_F16, NULL);
+    nvidia_lanes = false;
+    g->dev->info = saved;
+    vt_assert_clean(g);
+}
+
 /* kv_write's F16 rounding on the awkward values: ties, subnormals, overflow, signed zero. */
 static void test_kv_write_f16_rounding(void **state)
 {
@@ -696,6 +746,7 @@ int main(void)
         cmocka_unit_test(test_attn_coopmat),
         cmocka_unit_test(test_attn_coopmat_gpu_tiles),
         cmocka_unit_test(test_attn_coopmat_windows),
+        cmocka_unit_test(test_gpu_configs),
     };
     return cmocka_run_group_tests(tests, vt_gpu_setup, vt_gpu_teardown);
 }

@@ -363,6 +363,61 @@ static void test_end_and_stop_ids(void **state)
     coll_free(c);
 }
 
+/* ---- allocation follows what a request generates; cached-token counts --------------------- */
+
+typedef struct grow_probe {
+    coll *c;
+    vki_batch_manager *bm;
+    uint32_t cap_at_3;           /* the request's logprob capacity when its 3rd token came */
+    uint32_t n_cached;           /* of the last final response */
+} grow_probe;
+
+/* Worker thread: looks the request up (the manager's own map) for its capacity, then records
+ * (the test thread reads the probe once the collector has the final response). */
+static void grow_response(void *user, const vki_response *r)
+{
+    grow_probe *g = user;
+    if (r->final) {
+        g->n_cached = r->n_cached;
+    } else {
+        pthread_mutex_lock(&g->bm->mu);
+        bm_req *q = bm_map_find(&g->bm->inflight, r->id);
+        uint32_t cap = q ? q->lp_cap : 0;
+        pthread_mutex_unlock(&g->bm->mu);
+        if (r->seq_len == 10 + 3) {
+            g->cap_at_3 = cap;
+            vki_batch_cancel(g->bm, r->id); /* allowed from a callback */
+        }
+    }
+    on_response(g->c, r);
+}
+
+static void test_lazy_logprobs_and_cached(void **state)
+{
+    (void)state;
+    coll *c = coll_new();
+    fake_engine *f = mkfake(4, 256, 0);
+    bm_backend be = fake_backend(f);
+    vki_batch_params p = mkparams(VKI_POLICY_GUARANTEED_NO_EVICT);
+    grow_probe g = {.c = c};
+    assert_int_equal(bm_create(&be, &p, NULL, &g.bm), VKI_OK);
+    vki_request r = mkreq(c, 1, 10, 500, true, 7);
+    set_lp(c, &r, true, 20);
+    assert_int_equal(vki_batch_submit(g.bm, &r, grow_response, &g, NULL, 0), VKI_OK);
+    wait_finals(c, 1);
+    assert_int_equal(c->r[1].finish, VKI_FINISH_CANCELLED);
+    assert_true(g.cap_at_3 >= 3 && g.cap_at_3 <= 16); /* was 500 (x 20 alternatives) up front */
+    /* the same prompt again: its full blocks come from the prefix cache, and the response says so */
+    vki_request r2 = mkreq(c, 2, 10, 4, false, 7);
+    assert_int_equal(vki_batch_submit(g.bm, &r2, grow_response, &g, NULL, 0), VKI_OK);
+    wait_finals(c, 2);
+    assert_int_equal(g.n_cached, 8); /* 10 prompt tokens: two whole blocks of 4 */
+    assert_int_equal(vki_batch_manager_destroy(g.bm, false), VKI_OK);
+    assert_clean(c, f);
+    fake_destroy(f);
+    coll_free(c);
+}
+
 /* ---- validation, duplicates, queue bound -------------------------------------------------- */
 
 static void expect_invalid(vki_batch_manager *bm, coll *c, vki_request r, const char *field)
@@ -950,6 +1005,20 @@ static void test_callback_interface(void **state)
     coll_free(c);
 }
 
+static void on_response_cancel_at_3(void *user, const vki_response *resp)
+{
+    coll *c = user;
+    on_response(user, resp);
+    pthread_mutex_lock(&c->mu);
+    bool third = !resp->final && c->r[resp->id].n_tokens == 3;
+    pthread_mutex_unlock(&c->mu);
+    if (third && vki_batch_cancel(c->bm, resp->id) != VKI_OK) {
+        pthread_mutex_lock(&c->mu);
+        bad(c, "cannot cancel a running request from its callback", resp->id);
+        pthread_mutex_unlock(&c->mu);
+    }
+}
+
 /* A request cancelled mid-generation leaves the manager idle between ticks: the last stats object
  * must show the pool drained (no active request, no used KV block), not the last busy tick. */
 static void test_stats_after_cancel_to_idle(void **state)
@@ -964,17 +1033,12 @@ static void test_stats_after_cancel_to_idle(void **state)
     assert_int_equal(bm_create(&be, &p, &cb, &bm), VKI_OK);
     vki_request r = mkreq(c, 7, 10, 400, true, 7);
     r.ignore_eos = true; /* the fake's end token must not finish it before the cancel */
-    assert_int_equal(vki_batch_submit(bm, &r, on_response, c, NULL, 0), VKI_OK);
-    for (;;) { /* let it generate a few tokens */
-        pthread_mutex_lock(&c->mu);
-        uint32_t got = c->r[7].n_tokens;
-        pthread_mutex_unlock(&c->mu);
-        if (got >= 3)
-            break;
-        sched_yield();
-    }
-    assert_int_equal(vki_batch_cancel(bm, 7), VKI_OK);
+    c->bm = bm;
+    /* cancelled from its own third token's callback: a thread polling for that token could be
+     * descheduled while the fake generates all 400 (it did, on a loaded machine) */
+    assert_int_equal(vki_batch_submit(bm, &r, on_response_cancel_at_3, c, NULL, 0), VKI_OK);
     wait_finals(c, 1);
+    assert_int_equal(c->r[7].n_tokens, 3); /* the cancel ends it at the next tick boundary */
     assert_int_equal(vki_batch_manager_destroy(bm, false), VKI_OK); /* joins: stats are done */
     assert_int_equal(c->r[7].finish, VKI_FINISH_CANCELLED);
     cJSON *o = cJSON_Parse(c->last_stats);
@@ -1127,6 +1191,7 @@ int main(void)
         cmocka_unit_test(test_push_static),
         cmocka_unit_test(test_push_step_failures),
         cmocka_unit_test(test_end_and_stop_ids),
+        cmocka_unit_test(test_lazy_logprobs_and_cached),
         cmocka_unit_test(test_validation),
         cmocka_unit_test(test_constrained),
         cmocka_unit_test(test_duplicate_ids_and_queue_full),

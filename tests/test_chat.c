@@ -2,7 +2,8 @@
  * same conversation (the expected strings were worked out by hand from the upstream Jinja, with
  * transformers' trim_blocks/lstrip_blocks), recognition from the real template strings, the
  * errors the upstream templates raise, the plain fallback, reading the key from a GGUF, and
- * tokenisation: control tokens only where the template wrote them. No GPU. */
+ * tokenisation: control tokens only where the template wrote them; the public vki_chat_* API
+ * over it. No GPU. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -537,6 +538,103 @@ static void test_from_gguf(void **state)
     assert_int_equal(chat_template_from_gguf(path, &t, err, sizeof err), VKI_ERR_IO);
 }
 
+/* ---- the public API (vkinfer.h "chat templates") ------------------------------------------------ */
+
+/* The llama-spm vocabulary with a tokenizer.chat_template added: what a model file carries. */
+static void write_vocab_with_template(const char *dst, const char *tmpl)
+{
+    char src[1024], err[256];
+    if (!vt_shared_model("vocab/ggml-vocab-llama-spm.gguf", src, sizeof src)) {
+        printf("SKIP: %s/models/vocab is absent\n", VKI_SHARED_DIR);
+        skip();
+    }
+    gguf_file *f;
+    gguf_writer *w;
+    assert_int_equal(gguf_open(src, &f, err, sizeof err), VKI_OK);
+    assert_int_equal(gguf_w_create(&w), VKI_OK);
+    for (uint64_t i = 0; i < gguf_n_kv(f); i++)
+        assert_int_equal(gguf_w_copy_kv(w, gguf_kv_at(f, i)), VKI_OK);
+    assert_int_equal(gguf_w_set_str(w, "tokenizer.chat_template", tmpl), VKI_OK);
+    assert_int_equal(gguf_w_open(w, dst), VKI_OK);
+    assert_int_equal(gguf_w_finish(w), VKI_OK);
+    gguf_w_destroy(w);
+    gguf_close(f);
+}
+
+/* The model's own template found from its tokenizer; families by name; the contracts of a small
+ * buffer (the size needed, call again) and of a bad message (named); tokens = chat_tokenize's. */
+static void test_public_api(void **state)
+{
+    char path[] = "/tmp/vki_test_chat_vocab_XXXXXX", err[256] = "";
+    int fd = mkstemp(path);
+    assert_true(fd >= 0);
+    close(fd);
+    write_vocab_with_template(path, T_LLAMA2);
+    vki_tokenizer *tok;
+    assert_int_equal(vki_tokenizer_load(path, &tok, err, sizeof err), VKI_OK);
+    unlink(path);
+    assert_string_equal(vki_tokenizer_chat_template(tok), T_LLAMA2);
+    vki_chat_template *own, *named, *source, *unknown;
+    assert_int_equal(vki_chat_template_create(tok, NULL, &own), VKI_OK);
+    assert_int_equal(vki_chat_template_create(tok, "chatml", &named), VKI_OK);
+    assert_int_equal(vki_chat_template_create(tok, T_LLAMA3, &source), VKI_OK);
+    assert_int_equal(vki_chat_template_create(tok, "{{ messages }}", &unknown), VKI_OK);
+    assert_string_equal(vki_chat_template_name(own), "llama2");
+    assert_string_equal(vki_chat_template_name(named), "chatml");
+    assert_string_equal(vki_chat_template_name(source), "llama3");
+    assert_string_equal(vki_chat_template_name(unknown), "plain");
+
+    static const vki_chat_message m[] = {{VKI_CHAT_USER, "hi"}, {VKI_CHAT_ASSISTANT, "ok"}, {VKI_CHAT_USER, "more"}};
+    static const char want[] = "<s>[INST] hi [/INST] ok </s><s>[INST] more [/INST]";
+    char buf[128];
+    size_t n = 0;
+    assert_int_equal(vki_chat_apply(own, m, 3, true, buf, 8, &n, err, sizeof err), VKI_ERR_INVALID_ARG);
+    assert_int_equal(n, strlen(want)); /* the length needed */
+    assert_int_equal(vki_chat_apply(own, m, 3, true, buf, n + 1, &n, err, sizeof err), VKI_OK);
+    assert_string_equal(buf, want);
+    assert_int_equal(vki_chat_apply(named, m, 1, true, buf, sizeof buf, &n, NULL, 0), VKI_OK);
+    assert_string_equal(buf, "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n");
+
+    /* roles that do not alternate: Llama 2 raises, naming the message; an unknown role too */
+    static const vki_chat_message two_users[] = {{VKI_CHAT_USER, "a"}, {VKI_CHAT_USER, "b"}};
+    assert_int_equal(vki_chat_apply(own, two_users, 2, true, buf, sizeof buf, &n, err, sizeof err),
+                     VKI_ERR_INVALID_ARG);
+    assert_int_equal(n, 0);
+    assert_non_null(strstr(err, "messages[1]"));
+    static const vki_chat_message bad_role[] = {{(vki_chat_role)9, "a"}};
+    assert_int_equal(vki_chat_tokenize(own, bad_role, 1, true, NULL, 0, &n, err, sizeof err), VKI_ERR_INVALID_ARG);
+    assert_non_null(strstr(err, "messages[0]"));
+
+    /* tokens: BOS and EOS of the template's text are ids 1 and 2; the same as chat_tokenize */
+    int32_t ids[64];
+    assert_int_equal(vki_chat_tokenize(own, m, 3, true, ids, 2, &n, NULL, 0), VKI_ERR_INVALID_ARG);
+    size_t need = n;
+    assert_int_equal(vki_chat_tokenize(own, m, 3, true, ids, need, &n, NULL, 0), VKI_OK);
+    assert_int_equal(n, need);
+    chat_template t;
+    chat_specials *sp;
+    chat_prompt p;
+    int32_t *ref;
+    size_t n_ref;
+    assert_int_equal(chat_template_init(&t, CHAT_LLAMA2, T_LLAMA2, "<s>", "</s>"), VKI_OK);
+    assert_int_equal(chat_specials_create(tok, &sp), VKI_OK);
+    static const chat_msg cm[] = {M(CHAT_USER, "hi"), M(CHAT_ASSISTANT, "ok"), M(CHAT_USER, "more")};
+    assert_int_equal(chat_render(&t, cm, 3, true, &p, NULL, 0), VKI_OK);
+    assert_int_equal(chat_tokenize(sp, tok, &p, false, &ref, &n_ref), VKI_OK);
+    assert_int_equal(n, n_ref);
+    assert_memory_equal(ids, ref, n * sizeof *ids);
+    assert_int_equal(ids[0], 1);
+    free(ref);
+    chat_prompt_free(&p);
+    chat_specials_free(sp);
+    chat_template_free(&t);
+    vki_chat_template_free(own);
+    vki_chat_template_free(named);
+    vki_chat_template_free(source);
+    vki_chat_template_free(unknown);
+    vki_tokenizer_free(tok);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -544,6 +642,7 @@ int main(void)
         cmocka_unit_test(test_mistral),      cmocka_unit_test(test_zephyr),       cmocka_unit_test(test_gemma),
         cmocka_unit_test(test_phi3),         cmocka_unit_test(test_fallback),     cmocka_unit_test(test_errors),
         cmocka_unit_test(test_tokenize_spm), cmocka_unit_test(test_tokenize_bpe), cmocka_unit_test(test_from_gguf),
+        cmocka_unit_test(test_public_api),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

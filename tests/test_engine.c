@@ -623,7 +623,56 @@ static void test_batch_invariant_mode(void **state)
     vt_assert_clean(g);
 }
 
-/* The profile: a Chrome trace with one event per dispatch, named by kernel, grouped by layer. */
+/* The profile: a Chrome trace with one event per dispatch, named "layer L / role / kernel",
+ * categorised by step, one track (tid) per step phase; and the summary table. */
+static void check_trace(const char *buf)
+{
+    cJSON *arr = cJSON_Parse(buf);
+    if (!arr)
+        fail_msg("trace is not JSON: %.200s", buf);
+    int n = cJSON_GetArraySize(arr), tracks = 0, layer0 = 0, attn = 0, dispatches = 0;
+    bool tids[16] = {0}, roles[7] = {0};
+    static const char *const layer0_roles[7] = {"layer 0 / attn_q / ", "layer 0 / attn_k / ", "layer 0 / attn_v / ",
+                                                "layer 0 / attn_o / ", "layer 0 / ffn_gate / ", "layer 0 / ffn_up / ",
+                                                "layer 0 / ffn_down / "};
+    for (int i = 0; i < n; i++) {
+        cJSON *ev = cJSON_GetArrayItem(arr, i);
+        const char *name = cJSON_GetStringValue(cJSON_GetObjectItem(ev, "name"));
+        const char *ph = cJSON_GetStringValue(cJSON_GetObjectItem(ev, "ph"));
+        assert_non_null(name);
+        assert_non_null(ph);
+        if (!strcmp(ph, "M")) { /* track names */
+            tracks += !strcmp(name, "thread_name");
+            continue;
+        }
+        const char *cat = cJSON_GetStringValue(cJSON_GetObjectItem(ev, "cat"));
+        assert_non_null(cat);
+        assert_int_equal(strncmp(cat, "step ", 5), 0);
+        assert_null(strstr(name, "step "));
+        assert_true(cJSON_GetNumberValue(cJSON_GetObjectItem(ev, "dur")) >= 0);
+        int tid = (int)cJSON_GetNumberValue(cJSON_GetObjectItem(ev, "tid"));
+        assert_true(tid >= 1 && tid < 16);
+        tids[tid] = true;
+        dispatches++;
+        layer0 += !strncmp(name, "layer 0 / ", 10);
+        attn += strstr(name, " / attn / attn_") != NULL;
+        for (int r = 0; r < 7; r++)
+            roles[r] |= !strncmp(name, layer0_roles[r], strlen(layer0_roles[r]));
+    }
+    assert_int_equal(tracks, 6); /* other, embed, attention, ffn, lm head, sample */
+    assert_true(dispatches > 2 * 5 * 10); /* two steps of 5 layers, over 10 dispatches each */
+    assert_true(layer0 > 5 && attn >= 2 * 5);
+    for (int r = 0; r < 7; r++)
+        if (!roles[r])
+            fail_msg("no event named %s...", layer0_roles[r]);
+    int used = 0;
+    for (int t = 0; t < 16; t++)
+        used += tids[t];
+    assert_int_equal(used, 5); /* embed, attention, ffn, lm head, sample: nothing left unnamed */
+    fprintf(stderr, "  profile: %d dispatch events in 2 steps on %d tracks\n", dispatches, used);
+    cJSON_Delete(arr);
+}
+
 static void test_profile_trace(void **state)
 {
     vt_gpu *g = vt_gpu_get(state);
@@ -643,34 +692,106 @@ static void test_profile_trace(void **state)
     step(&fx, &ps, &n_new, 1, NULL);
     n_new = 1;
     step(&fx, &ps, &n_new, 1, NULL);
+    /* the summary: top rows by GPU time; the size contract of a small buffer */
+    char table[4096], small[16];
+    size_t len = 0, need = 0;
+    assert_int_equal(vk_profile_summary(&fx.e->prof, 3, table, sizeof table, &len), VKI_OK);
+    assert_int_equal(vk_profile_summary(&fx.e->prof, 3, small, sizeof small, &need), VKI_ERR_INVALID_ARG);
+    assert_int_equal(need, len);
+    assert_non_null(strstr(table, "2 steps"));
+    assert_non_null(strstr(table, "role / kernel"));
+    int rows = 0;
+    for (const char *l = strchr(table, '\n'); l && l[1]; l = strchr(l + 1, '\n'))
+        rows++;
+    assert_int_equal(rows, 1 + 3); /* the column header and three rows */
+    fprintf(stderr, "%s", table);
     fixture_close(&fx); /* closes the trace */
     FILE *f = fopen(trace, "r");
     assert_non_null(f);
     static char buf[1 << 20];
-    size_t len = fread(buf, 1, sizeof buf - 1, f);
-    buf[len] = 0;
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    buf[n] = 0;
     fclose(f);
     unlink(trace);
-    cJSON *arr = cJSON_Parse(buf);
-    if (!arr)
-        fail_msg("trace is not JSON: %.200s", buf);
-    int n = cJSON_GetArraySize(arr), layer0 = 0, attn = 0;
-    assert_true(n > 2 * 5 * 10); /* two steps of 5 layers, over 10 dispatches each */
-    for (int i = 0; i < n; i++) {
-        cJSON *ev = cJSON_GetArrayItem(arr, i);
-        const char *name = cJSON_GetStringValue(cJSON_GetObjectItem(ev, "name"));
-        const char *cat = cJSON_GetStringValue(cJSON_GetObjectItem(ev, "cat"));
-        assert_non_null(name);
-        assert_non_null(cat);
-        assert_true(cJSON_GetNumberValue(cJSON_GetObjectItem(ev, "dur")) >= 0);
-        assert_null(strstr(cat, name)); /* the group is the label path above the kernel */
-        layer0 += strstr(cat, "layer 0") != NULL;
-        attn += strncmp(name, "attn", 4) == 0;
-    }
-    assert_true(layer0 > 5 && attn >= 2 * 5);
-    fprintf(stderr, "  profile: %d dispatch events in 2 steps\n", n);
-    cJSON_Delete(arr);
+    check_trace(buf);
     free(s.tok);
+    vt_assert_clean(g);
+}
+
+/* ---- KV sizing from the memory budget ------------------------------------------------------- */
+
+/* A stand-in for vkGetPhysicalDeviceMemoryProperties2 on a driver with VK_EXT_memory_budget
+ * (lavapipe has none): the real heaps, a fixed budget, and as usage what this device holds in
+ * blocks plus `external` (other engines, processes, the application's renderer). */
+static struct {
+    vkd_device *dev;
+    uint64_t budget, external;
+} g_budget;
+
+static VKAPI_ATTR void VKAPI_CALL fake_memory_properties2(VkPhysicalDevice pd, VkPhysicalDeviceMemoryProperties2 *p)
+{
+    VkPhysicalDeviceMemoryProperties2 real = {.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_MEMORY_PROPERTIES_2};
+    vkGetPhysicalDeviceMemoryProperties2(pd, &real); /* no budget struct: the driver lacks it */
+    p->memoryProperties = real.memoryProperties;
+    for (VkBaseOutStructure *s = p->pNext; s; s = s->pNext)
+        if (s->sType == VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_MEMORY_BUDGET_PROPERTIES_EXT) {
+            VkPhysicalDeviceMemoryBudgetPropertiesEXT *b = (void *)s;
+            for (uint32_t h = 0; h < real.memoryProperties.memoryHeapCount; h++) {
+                b->heapBudget[h] = g_budget.budget;
+                b->heapUsage[h] = g_budget.dev->heap_block_bytes[h] + g_budget.external;
+            }
+        }
+}
+
+static uint64_t device_buffers(const vkd_device *d)
+{
+    return d->bytes_allocated[VKD_MEM_DEVICE] + d->bytes_allocated[VKD_MEM_HOST];
+}
+
+/* The KV cache an engine got against what it should get: kv_fraction of (budget - external -
+ * every buffer on the device when it sized its KV), in whole pages (< 1/64 short). */
+static void check_kv(const fixture *fx, uint64_t external, const char *what)
+{
+    uint64_t before_kv = device_buffers(fx->g->dev) - fx->e->kv_bytes;
+    double want = 0.8 * (double)(g_budget.budget - external - before_kv);
+    fprintf(stderr, "  %-38s KV %6.1f MiB, wanted %6.1f MiB\n", what, fx->e->kv_bytes / 1048576.0, want / 1048576.0);
+    assert_true((double)fx->e->kv_bytes <= want && (double)fx->e->kv_bytes >= want * (1 - 1.0 / 64));
+}
+
+/* Sizing reads the budget and the usage when the engine is made: a second engine on the device
+ * gets kv_fraction of what the first left, and memory used elsewhere counts too. */
+static void test_kv_sizing_budget(void **state)
+{
+    vt_gpu *g = vt_gpu_get(state);
+    char path[512];
+    if (!vt_shared_model("stories260K.gguf", path, sizeof path))
+        skip();
+    vkd_fns saved_fn = g->dev->fn;
+    bool saved_budget = g->dev->info.memory_budget;
+    g->dev->fn.memory_properties2 = fake_memory_properties2;
+    g->dev->info.memory_budget = true;
+    g_budget.dev = g->dev;
+    g_budget.budget = device_buffers(g->dev) + (128ull << 20);
+    g_budget.external = 0;
+    vk_engine_params p = test_params(VKI_GGML_F16, 64);
+    p.kv_tokens = 0;   /* from memory */
+    p.max_seqs = 256;  /* 320 MiB for every slot at full context: the budget decides */
+    fixture a, b, c;
+    fixture_open_p(g, path, &p, &a);
+    check_kv(&a, 0, "first engine");
+    fixture_open_p(g, path, &p, &b);
+    check_kv(&b, 0, "second engine, the first alive");
+    assert_true(b.e->kv_bytes < a.e->kv_bytes / 2);
+    uint64_t a_kv = a.e->kv_bytes;
+    fixture_close(&b);
+    fixture_close(&a);
+    g_budget.external = 24ull << 20;
+    fixture_open_p(g, path, &p, &c);
+    check_kv(&c, g_budget.external, "alone, 24 MiB used elsewhere");
+    assert_true(c.e->kv_bytes < a_kv - (16ull << 20)); /* 0.8 * 24 MiB less, give or take a page */
+    fixture_close(&c);
+    g->dev->fn = saved_fn;
+    g->dev->info.memory_budget = saved_budget;
     vt_assert_clean(g);
 }
 
@@ -889,7 +1010,7 @@ static void expect_refused_p(const char *path, vki_kv_type kv_type, uint32_t max
                              const char *needle)
 {
     vki_engine_params p = vki_engine_default_params();
-    p.device.validation = true;
+    p.device = vt_device_params();
     p.kv_tokens = 1024;
     p.kv_type = kv_type;
     p.max_attention_window = max_window;
@@ -980,6 +1101,7 @@ int main(void)
         cmocka_unit_test(test_profile_trace),
         cmocka_unit_test(test_moe_vs_reference),
         cmocka_unit_test(test_moe_batched_equals_solo),
+        cmocka_unit_test(test_kv_sizing_budget),
         cmocka_unit_test(test_unsupported_models_refused),
         cmocka_unit_test(test_bad_plans_refused),
     };

@@ -1,5 +1,5 @@
 /* Row norms and elementwise ops (engine/ops_basic.h) against scalar double-precision references:
- * add, RMSNorm, RoPE (normal / NeoX, partial rotary, linear scale, llama3 factors, in place),
+ * add, copy (bit-exact), RMSNorm, RoPE (normal / NeoX, partial rotary, linear scale, llama3 factors, in place),
  * SwiGLU / GeGLU, scale / soft-cap, softmax (scale, -inf entries, all -inf rows, length-1
  * rows). A per-head RMSNorm (qwen3, gemma3 Q/K norms) is RMSNorm over rows of head_dim: the
  * rmsnorm shapes include such rows (64 and 256 columns). Operands are random strided
@@ -121,6 +121,41 @@ static void test_add(void **state)
         vkd_buffer_destroy(g->dev, bb);
         vkd_buffer_destroy(g->dev, by);
         free(a); free(b); free(ref);
+    }
+    vt_assert_clean(g);
+}
+
+/* copy: every 32-bit pattern (NaNs too) arrives unchanged, nothing outside the destination range
+ * is written. Sizes cover the one-word tail, the remainder loop and the unrolled 4 x 16-byte body
+ * (2^20 words: every invocation takes one unrolled pass; 2^20 + 5: some do, some do not). */
+static void test_copy(void **state)
+{
+    vt_gpu *g = vt_gpu_get(state);
+    vt_rng r = vt_rng_seeded("op_copy");
+    for (int t = 0; t < 10; t++) {
+        uint32_t n = t < 7 ? (uint32_t[]){1, 3, 4, 7, 4097, 1u << 20, (1u << 20) + 5}[t] : vt_range(&r, 1, 200000);
+        uint32_t src_off = 4 * vt_range(&r, 0, 3), dst_off = 4 * vt_range(&r, 0, 3), pad = 5; /* in words */
+        uint32_t *x = malloc(((size_t)n + src_off) * 4), *y = malloc(((size_t)n + dst_off + pad) * 4);
+        for (size_t i = 0; i < (size_t)n + src_off; i++)
+            x[i] = (uint32_t)vt_u64(&r);
+        vkd_buffer *bx = vt_buf_from(g, x, ((size_t)n + src_off) * 4, "x");
+        vkd_buffer *by = vt_buf_nan(g, ((size_t)n + dst_off + pad) * 4, "y");
+        vt_begin(g);
+        assert_int_equal(op_copy(&g->cmd, (vkd_view){bx, 4ull * src_off, 4ull * n},
+                                 (vkd_view){by, 4ull * dst_off, VK_WHOLE_SIZE}, 4ull * n), VKI_OK);
+        vt_submit_wait(g);
+        vt_download(g, by, y, ((size_t)n + dst_off + pad) * 4);
+        for (size_t i = 0; i < (size_t)n + dst_off + pad; i++) {
+            bool inside = i >= dst_off && i < (size_t)dst_off + n;
+            uint32_t want = inside ? x[src_off + i - dst_off] : 0x7fc00000u;
+            if (y[i] != want)
+                fail_msg("copy n=%u (src +%u, dst +%u words): word %zu is %08x, want %08x", n, src_off, dst_off, i,
+                         y[i], want);
+        }
+        vkd_buffer_destroy(g->dev, bx);
+        vkd_buffer_destroy(g->dev, by);
+        free(x);
+        free(y);
     }
     vt_assert_clean(g);
 }
@@ -458,10 +493,33 @@ static void test_bad_shapes(void **state)
     op_rope_p rp = {.n_tokens = 2, .n_heads = 2, .head_dim = 8, .n_rot = 10};
     assert_int_equal(op_rope(&g->cmd, &rp, m, m, vkd_whole(b), vkd_whole(b)), VKI_ERR_INVALID_ARG);
     assert_int_equal(op_add(&g->cmd, vkd_whole(b), vkd_whole(b), vkd_whole(b), 65), VKI_ERR_INVALID_ARG);
+    vkd_buffer *b2 = vt_buf_nan(g, 64 * 4, "b2");
+    assert_int_equal(op_copy(&g->cmd, vkd_whole(b), vkd_whole(b2), 6), VKI_ERR_INVALID_ARG);  /* not words */
+    assert_int_equal(op_copy(&g->cmd, vkd_whole(b), vkd_whole(b2), 260), VKI_ERR_INVALID_ARG); /* too long */
+    assert_int_equal(op_copy(&g->cmd, (vkd_view){b, 4, VK_WHOLE_SIZE}, vkd_whole(b2), 8), VKI_ERR_INVALID_ARG);
+    assert_int_equal(op_copy(&g->cmd, (vkd_view){b, 0, 64}, (vkd_view){b, 48, 64}, 64), VKI_ERR_INVALID_ARG);
+    assert_int_equal(op_copy(&g->cmd, (vkd_view){b, 0, 64}, (vkd_view){b, 64, 64}, 64), VKI_OK);
     assert_int_equal(op_softmax(&g->cmd, m, m, 0, 8, 1.0f), VKI_OK); /* empty: nothing recorded */
     vt_submit_wait(g);
     vkd_buffer_destroy(g->dev, b);
+    vkd_buffer_destroy(g->dev, b2);
     vt_assert_clean(g);
+}
+
+/* The row kernels' workgroup on a GPU (256 invocations per row; a CPU device gets 64): the
+ * RMSNorm and softmax cases again with the device presented as a discrete NVIDIA GPU, which
+ * lavapipe runs as it is (the kernels size their reduction by the workgroup, not the subgroup). */
+static void test_gpu_configs(void **state)
+{
+    vt_gpu *g = vt_gpu_get(state);
+    vki_device_info saved = g->dev->info;
+    if (saved.max_workgroup_invocations < 256)
+        skip();
+    g->dev->info.type = VKI_DEVICE_DISCRETE;
+    g->dev->info.vendor_id = 0x10DE;
+    test_rmsnorm(state);
+    test_softmax(state);
+    g->dev->info = saved;
 }
 
 static void test_prepare(void **state)
@@ -476,6 +534,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_prepare),
         cmocka_unit_test(test_add),
+        cmocka_unit_test(test_copy),
         cmocka_unit_test(test_rmsnorm),
         cmocka_unit_test(test_rope_freqs_table),
         cmocka_unit_test(test_rope),
@@ -483,6 +542,7 @@ int main(void)
         cmocka_unit_test(test_unary),
         cmocka_unit_test(test_softmax),
         cmocka_unit_test(test_bad_shapes),
+        cmocka_unit_test(test_gpu_configs),
     };
     return cmocka_run_group_tests(tests, vt_gpu_setup, vt_gpu_teardown);
 }

@@ -22,6 +22,16 @@
 
 /* Samples n_rows rows (row i at logits[i * stride]) on the GPU; checks that the logits come back
  * unchanged (the edits are undone). */
+
+/* The library's defaults are greedy; these suites are about the sampled path: temperature 1 and
+ * everything else as the defaults. */
+static vki_sampling_params sampled_params(void)
+{
+    vki_sampling_params p = vki_sampling_default_params();
+    p.temperature = 1.0f;
+    return p;
+}
+
 static void gpu_sample(vt_gpu *g, const float *logits, uint32_t n_rows, uint32_t n_vocab, uint32_t stride,
                        const sample_req *reqs, vki_sample_out *out)
 {
@@ -242,7 +252,7 @@ static void test_penalty_semantics(void **state)
     const float x[8] = {2, -1, 0.5f, 3, -2, 1, 0, 4};
     const int32_t hist[5] = {0, 3, 3, 1, 7};
     const vki_logit_bias bias[3] = {{6, 1.0f}, {2, -0.5f}, {6, 0.25f}};
-    vki_sampling_params p = vki_sampling_default_params();
+    vki_sampling_params p = sampled_params();
     p.temperature = 0;
     p.repetition_penalty = 2;
     p.presence_penalty = 0.5f;
@@ -308,7 +318,7 @@ static void test_params_check(void **state)
 {
     (void)state;
     char err[256];
-    vki_sampling_params ok = vki_sampling_default_params();
+    vki_sampling_params ok = sampled_params();
     ok.top_p = 1;
     ok.min_p = 1;
     ok.top_logprobs = 20;
@@ -318,7 +328,7 @@ static void test_params_check(void **state)
     ok.n_logit_bias = 1;
     assert_int_equal(sample_params_check(&ok, 1000, err, sizeof err), VKI_OK);
     for (size_t i = 0; i < sizeof bad_cases / sizeof bad_cases[0]; i++) {
-        vki_sampling_params p = vki_sampling_default_params();
+        vki_sampling_params p = sampled_params();
         bad_cases[i].set(&p);
         err[0] = 0;
         assert_int_equal(sample_params_check(&p, 1000, err, sizeof err), VKI_ERR_INVALID_ARG);
@@ -326,7 +336,7 @@ static void test_params_check(void **state)
             fail_msg("case %zu: message \"%s\" does not name %s", i, err, bad_cases[i].field);
     }
     /* history ids are checked at packing */
-    vki_sampling_params p = vki_sampling_default_params();
+    vki_sampling_params p = sampled_params();
     p.repetition_penalty = 1.2f;
     const int32_t hist[2] = {5, 1000};
     sample_req r = {&p, 1, 0, hist, 2, NULL};
@@ -427,7 +437,7 @@ static void test_distributions(void **state)
         {"combo k50 p0.9 minp .02", 1.4f, 0.9f, 0.02f, 1.2f, 0.2f, 0.1f, 50, true},
     };
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
-        vki_sampling_params p = vki_sampling_default_params();
+        vki_sampling_params p = sampled_params();
         p.temperature = cases[c].t;
         p.top_p = cases[c].top_p;
         p.min_p = cases[c].min_p;
@@ -442,7 +452,7 @@ static void test_distributions(void **state)
     }
     /* a grammar's mask keeping 40% of the tokens, with and without cuts */
     uint32_t *mask = random_mask(&rng, V, 0.4f);
-    vki_sampling_params p = vki_sampling_default_params();
+    vki_sampling_params p = sampled_params();
     r.params = &p;
     r.mask = mask;
     run_distribution(g, "mask 40%", row, V, &r);
@@ -464,7 +474,7 @@ static void test_tie_cuts(void **state)
     for (uint32_t i = 0; i < 30; i++)
         row[(i * 37 + 11) % V] = 2.0f; /* 30 tied maxima, scattered */
     row[690] = 3.0f;                   /* one above them */
-    vki_sampling_params p = vki_sampling_default_params();
+    vki_sampling_params p = sampled_params();
     sample_req r = {&p, 0x5eed, 0, NULL, 0, NULL};
     p.top_k = 10; /* 690 and the 9 lowest-id tied tokens */
     sample_dist d = ref_dist(row, V, &r);
@@ -502,7 +512,7 @@ static void test_boundaries(void **state)
     vki_sample_out out[R];
     for (uint32_t i = 0; i < R; i++) {
         fill_logits(&rng, x + i * V, V);
-        p[i] = vki_sampling_default_params();
+        p[i] = sampled_params();
         r[i] = (sample_req){&p[i], vt_u64(&rng), vt_range(&rng, 0, 100000), NULL, 0, NULL};
     }
     p[0].top_k = 1;
@@ -566,7 +576,7 @@ static void test_all_but_one_inf(void **state)
     vki_sample_out out[R];
     static const vki_logit_bias ban[1] = {{7, -INFINITY}};
     for (uint32_t i = 0; i < R; i++) {
-        p[i] = vki_sampling_default_params();
+        p[i] = sampled_params();
         p[i].logprobs = true;
         p[i].top_logprobs = 3;
         r[i] = (sample_req){&p[i], 99 + i, i, NULL, 0, NULL};
@@ -594,45 +604,72 @@ static void test_all_but_one_inf(void **state)
     vt_assert_clean(g);
 }
 
-/* Vocabulary sizes around the workgroup sizes (64 .. 1024 invocations) with typical parameter
- * sets, each row against the reference. */
+/* R rows of a V-token vocabulary (rows padded to V + pad floats) with typical parameter sets,
+ * each against the reference. */
+static void vocab_rows(vt_gpu *g, vt_rng *rng, uint32_t V, uint32_t pad)
+{
+    enum { R = 6 };
+    uint32_t stride = V + pad;
+    float *x = malloc(((size_t)(R - 1) * stride + V) * 4);
+    int32_t hist[32];
+    for (int i = 0; i < 32; i++)
+        hist[i] = (int32_t)vt_range(rng, 0, V - 1);
+    vki_logit_bias bias[3] = {{0, 1.5f}, {(int32_t)(V / 2), -INFINITY}, {(int32_t)(V - 1), 2.0f}};
+    vki_sampling_params p[R];
+    sample_req r[R];
+    vki_sample_out out[R];
+    for (uint32_t i = 0; i < R; i++) {
+        fill_logits(rng, x + (size_t)i * stride, V);
+        p[i] = sampled_params();
+        p[i].logprobs = true;
+        p[i].top_logprobs = i * 4;
+        r[i] = (sample_req){&p[i], vt_u64(rng), vt_range(rng, 0, 1u << 30), hist, 32, NULL};
+    }
+    p[0].temperature = 0;
+    p[1].temperature = 0.8f, p[1].top_k = 40, p[1].top_p = 0.95f;
+    p[2].min_p = 0.05f, p[2].repetition_penalty = 1.1f, p[2].frequency_penalty = 0.5f;
+    p[3].top_p = 0.6f, p[3].logit_bias = bias, p[3].n_logit_bias = V > 2 ? 3 : 0;
+    p[4].temperature = 0, p[4].presence_penalty = 1.0f, p[4].logit_bias = bias, p[4].n_logit_bias = V > 2 ? 3 : 0;
+    p[5].temperature = 1.7f, p[5].top_k = 3;
+    gpu_sample(g, x, R, V, stride, r, out);
+    for (uint32_t i = 0; i < R; i++) {
+        char label[64];
+        snprintf(label, sizeof label, "vocab %u row %u", V, i);
+        assert_row_matches(x + (size_t)i * stride, V, &r[i], &out[i], label);
+    }
+    free(x);
+}
+
+/* Vocabulary sizes around the workgroup sizes (64 .. 1024 invocations). */
 static void test_vocab_sizes(void **state)
 {
     vt_gpu *g = vt_gpu_get(state);
     vt_rng rng = vt_rng_seeded("sample vocab sizes");
     const uint32_t sizes[] = {1, 2, 7, 63, 64, 65, 127, 1000, 2049, 4097, 32000, 33001};
-    enum { R = 6 };
-    for (size_t s = 0; s < sizeof sizes / sizeof sizes[0]; s++) {
-        uint32_t V = sizes[s], stride = V + (uint32_t)(s % 3) * 5; /* some rows padded */
-        float *x = malloc(((size_t)(R - 1) * stride + V) * 4);
-        int32_t hist[32];
-        for (int i = 0; i < 32; i++)
-            hist[i] = (int32_t)vt_range(&rng, 0, V - 1);
-        vki_logit_bias bias[3] = {{0, 1.5f}, {(int32_t)(V / 2), -INFINITY}, {(int32_t)(V - 1), 2.0f}};
-        vki_sampling_params p[R];
-        sample_req r[R];
-        vki_sample_out out[R];
-        for (uint32_t i = 0; i < R; i++) {
-            fill_logits(&rng, x + (size_t)i * stride, V);
-            p[i] = vki_sampling_default_params();
-            p[i].logprobs = true;
-            p[i].top_logprobs = i * 4;
-            r[i] = (sample_req){&p[i], vt_u64(&rng), vt_range(&rng, 0, 1u << 30), hist, 32, NULL};
-        }
-        p[0].temperature = 0;
-        p[1].temperature = 0.8f, p[1].top_k = 40, p[1].top_p = 0.95f;
-        p[2].min_p = 0.05f, p[2].repetition_penalty = 1.1f, p[2].frequency_penalty = 0.5f;
-        p[3].top_p = 0.6f, p[3].logit_bias = bias, p[3].n_logit_bias = V > 2 ? 3 : 0;
-        p[4].temperature = 0, p[4].presence_penalty = 1.0f, p[4].logit_bias = bias, p[4].n_logit_bias = V > 2 ? 3 : 0;
-        p[5].temperature = 1.7f, p[5].top_k = 3;
-        gpu_sample(g, x, R, V, stride, r, out);
-        for (uint32_t i = 0; i < R; i++) {
-            char label[64];
-            snprintf(label, sizeof label, "vocab %u row %u", V, i);
-            assert_row_matches(x + (size_t)i * stride, V, &r[i], &out[i], label);
-        }
-        free(x);
-    }
+    for (size_t s = 0; s < sizeof sizes / sizeof sizes[0]; s++)
+        vocab_rows(g, &rng, sizes[s], (uint32_t)(s % 3) * 5); /* some rows padded */
+    vt_assert_clean(g);
+}
+
+/* The workgroup a GPU gets (ops_sample.c: 1024 invocations for vocabularies above 16k, 32 ids
+ * each; a CPU device gets 64), on this device: it is presented as a discrete NVIDIA GPU, and
+ * 1024 invocations with their 28 KiB of shared memory fit lavapipe's real limits. Vocabularies
+ * at the 1024 boundary (16 ids per invocation) and Llama 2's (32 000: 32 per invocation). */
+static void test_gpu_configs(void **state)
+{
+    vt_gpu *g = vt_gpu_get(state);
+    vt_rng rng = vt_rng_seeded("sample gpu configs");
+    vki_device_info saved = g->dev->info;
+    if (saved.max_workgroup_invocations < 1024 || saved.max_compute_shared_memory < 28 * 1024)
+        skip();
+    g->dev->info.type = VKI_DEVICE_DISCRETE;
+    g->dev->info.vendor_id = 0x10DE;
+    assert_int_equal(op_sample_wg(g->dev, 16385), 1024);
+    assert_int_equal(op_sample_wg(g->dev, 128256), 1024);
+    const uint32_t sizes[] = {16385, 32000}; /* 128256 as well would add ~15 s on lavapipe */
+    for (size_t s = 0; s < sizeof sizes / sizeof sizes[0]; s++)
+        vocab_rows(g, &rng, sizes[s], (uint32_t)s * 3);
+    g->dev->info = saved;
     vt_assert_clean(g);
 }
 
@@ -655,7 +692,7 @@ static void test_masks(void **state)
         const float keep[R] = {0.5f, 0.02f, 0.9f, 0, 0.3f, -1, 0.5f, 0.0f};
         for (uint32_t i = 0; i < R; i++) {
             fill_logits(&rng, x + (size_t)i * V, V);
-            p[i] = vki_sampling_default_params();
+            p[i] = sampled_params();
             p[i].logprobs = true;
             p[i].top_logprobs = 3;
             m[i] = keep[i] < 0 ? NULL : random_mask(&rng, V, keep[i]); /* row 5: no mask */
@@ -701,7 +738,7 @@ static void test_temperature_extremes(void **state)
     vki_sample_out out[R];
     for (uint32_t i = 0; i < R; i++) {
         fill_logits(&rng, x + i * V, V);
-        p[i] = vki_sampling_default_params();
+        p[i] = sampled_params();
         p[i].temperature = temps[i];
         p[i].top_p = i % 2 ? 0.9f : 1.0f;
         r[i] = (sample_req){&p[i], vt_u64(&rng), i, NULL, 0, NULL};
@@ -726,7 +763,7 @@ static void test_vocab_256k(void **state)
     float *x = malloc((size_t)R * V * 4);
     fill_logits(&rng, x, V);
     fill_logits(&rng, x + V, V);
-    vki_sampling_params p[R] = {vki_sampling_default_params(), vki_sampling_default_params()};
+    vki_sampling_params p[R] = {sampled_params(), sampled_params()};
     p[0].temperature = 0.7f, p[0].top_k = 50, p[0].top_p = 0.9f, p[0].min_p = 0.01f;
     p[1].top_p = 0.95f; /* a top-p cut among ~all tokens */
     for (int i = 0; i < R; i++)
@@ -747,7 +784,7 @@ static void test_greedy_logprobs(void **state)
     vt_rng rng = vt_rng_seeded("sample greedy");
     enum { V = 5000, R = 64 };
     float *x = malloc((size_t)R * V * 4);
-    vki_sampling_params p = vki_sampling_default_params();
+    vki_sampling_params p = sampled_params();
     p.temperature = 0;
     p.logprobs = true;
     p.top_logprobs = 20;
@@ -782,7 +819,7 @@ static void test_reproducible(void **state)
     int32_t hist[20];
     for (int i = 0; i < 20; i++)
         hist[i] = (int32_t)vt_range(&rng, 0, V - 1);
-    vki_sampling_params p = vki_sampling_default_params(), other = vki_sampling_default_params();
+    vki_sampling_params p = sampled_params(), other = sampled_params();
     p.temperature = 1.1f, p.top_p = 0.97f, p.repetition_penalty = 1.2f, p.logprobs = true, p.top_logprobs = 5;
     other.top_k = 7, other.temperature = 0.3f;
     for (uint32_t pos = 0; pos < 64; pos += 9) {
@@ -833,9 +870,9 @@ static void test_entry_point_checks(void **state)
     enum { V = 100 };
     op_sampler *s;
     assert_int_equal(op_sampler_create(g->dev, 4, V, &s), VKI_OK);
-    vki_sampling_params ok = vki_sampling_default_params();
+    vki_sampling_params ok = sampled_params();
     for (size_t i = 0; i < sizeof bad_cases / sizeof bad_cases[0]; i++) {
-        vki_sampling_params bad = vki_sampling_default_params();
+        vki_sampling_params bad = sampled_params();
         bad_cases[i].set(&bad);
         if (bad.logit_bias == bad_tok) /* token 1000 is outside this vocabulary too */
             assert_true(bad_tok[0].token >= V);
@@ -870,7 +907,7 @@ static void test_step_plan(void **state)
     float *x = malloc((size_t)3 * V * 4);
     for (int i = 0; i < 3; i++)
         fill_logits(&rng, x + i * V, V);
-    vki_sampling_params p = vki_sampling_default_params();
+    vki_sampling_params p = sampled_params();
     p.top_k = 20, p.logprobs = true, p.top_logprobs = 2, p.presence_penalty = 1.5f;
     const int32_t tokens[4] = {1, 2, 3, 4}, hist[3] = {10, 11, 12};
     vki_step_seq seqs[5] = {
@@ -922,7 +959,7 @@ static void test_kernel_routes(void **state)
     enum { V = 3000 };
     float row[V];
     vt_fill_uniform(&rng, row, V, -0.1f, 0.1f);
-    vki_sampling_params p = vki_sampling_default_params();
+    vki_sampling_params p = sampled_params();
     sample_req r = {&p, vt_u64(&rng), 0, NULL, 0, NULL};
     p.top_k = 30;
     run_distribution_n(g, "route: top_k 30, list", row, V, &r, CHUNK, false);
@@ -967,6 +1004,7 @@ int main(void)
         cmocka_unit_test(test_vocab_sizes),
         cmocka_unit_test(test_masks),
         cmocka_unit_test(test_vocab_256k),
+        cmocka_unit_test(test_gpu_configs),
         cmocka_unit_test(test_reproducible),
         cmocka_unit_test(test_step_plan),
         cmocka_unit_test(test_tie_cuts),

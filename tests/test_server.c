@@ -6,12 +6,9 @@
  * 405, 413, 429 with Retry-After, 503 while draining); a client that hangs up (its request is
  * cancelled, KV blocks freed); 300 connections at once; drain and shutdown with requests in
  * flight; the Prometheus text.
- *
- * `test_server load` runs the load test instead (its own ctest entry): `vkinfer serve` as a
- * child process over the tiny synthetic model (the server, not the model, is under test; tiny
- * steps 3x faster than stories260K on lavapipe), 2,000 streaming requests from 64 clients of
- * which 10% hang up at random points; no failures, every other request complete, no KV block
- * left in use, resident memory growth within RSS_BOUND_MIB. */
+ * The routes beyond generation (version, props, tokenize, embeddings), n choices and echo, the
+ * vLLM / llama.cpp request fields, cached tokens, no up-front allocation, and the default policy
+ * serving many chats at once. The HTTP layer itself and the load test: test_server_http.c. */
 #define LOADGEN_NO_MAIN
 #include "tools/loadgen.c"
 
@@ -42,9 +39,10 @@ typedef struct T {
     srv *s;
     uint16_t port;
     char id[128];
-    pid_t child;            /* the load test's server process (0: none) */
     atomic_int validation;  /* validation-layer messages seen by the in-process engine */
-    char log[128];          /* its stderr */
+    pthread_mutex_t log_mu;
+    strbuf logs;            /* the in-process server's log lines */
+    const char *key;        /* API key the client helpers send (NULL: none) */
 } T;
 
 /* ---- fixture ------------------------------------------------------------------------------- */
@@ -63,6 +61,7 @@ static int group_setup(void **state)
 {
     vt_pin_vulkan_libraries(); /* LeakSanitizer keeps checking the server's own code */
     T *t = calloc(1, sizeof *t);
+    pthread_mutex_init(&t->log_mu, NULL);
     signal(SIGPIPE, SIG_IGN);
     struct rlimit rl; /* 300 connections: client socket, server socket and eventfd each */
     if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {
@@ -86,8 +85,8 @@ static int group_setup(void **state)
     vki_engine_params ep = vki_engine_default_params();
     ep.kv_tokens = 64 * 1024;
     ep.max_seqs = 320;
+    ep.device = vt_device_params();
     ep.device.pipeline_cache_dir = "";
-    ep.device.validation = true;
     ep.device.log = count_validation;
     ep.device.log_user = t;
     char err[512] = "";
@@ -111,28 +110,56 @@ static int group_teardown(void **state)
     if (!t->stories)
         unlink(t->model);
     int msgs = atomic_load(&t->validation);
+    strbuf_free(&t->logs);
+    pthread_mutex_destroy(&t->log_mu);
     free(t);
     if (msgs)
         fprintf(stderr, "FAIL: %d validation messages\n", msgs);
     return msgs ? -1 : 0;
 }
 
-/* A server over the group's engine; bp may be NULL (defaults). */
-static void start(T *t, const vki_batch_params *bp, size_t body_limit)
+/* The in-process server's log: kept for the tests to read, warnings also shown. */
+static void capture_log(void *user, vki_log_level lvl, const char *msg)
 {
-    if (t->s) /* left by a test that failed: one failure should not fail the rest */
-        srv_destroy(t->s);
-    t->s = NULL;
+    T *t = user;
+    pthread_mutex_lock(&t->log_mu);
+    strbuf_printf(&t->logs, "%s\n", msg);
+    pthread_mutex_unlock(&t->log_mu);
+    if (lvl <= VKI_LOG_WARN)
+        fprintf(stderr, "[server] %s\n", msg);
+}
+
+static bool log_has(T *t, const char *needle)
+{
+    pthread_mutex_lock(&t->log_mu);
+    bool has = t->logs.p && strstr(t->logs.p, needle);
+    pthread_mutex_unlock(&t->log_mu);
+    return has;
+}
+
+/* The parameters every in-process server starts from. */
+static srv_params test_params(T *t)
+{
     srv_params p = srv_default_params();
     p.port = 0;
     p.model_path = t->model;
     p.log_level = VKI_LOG_WARN;
-    if (bp)
-        p.batch = *bp;
-    if (body_limit)
-        p.body_limit = body_limit;
+    p.log = capture_log;
+    p.log_user = t;
+    return p;
+}
+
+/* A server over engine e with parameters p. */
+static void start_p(T *t, vki_engine *e, srv_params *p)
+{
+    if (t->s) /* left by a test that failed: one failure should not fail the rest */
+        srv_destroy(t->s);
+    t->s = NULL;
+    pthread_mutex_lock(&t->log_mu);
+    strbuf_clear(&t->logs);
+    pthread_mutex_unlock(&t->log_mu);
     char err[256] = "";
-    if (srv_create(t->e, &p, &t->s, err, sizeof err) != VKI_OK)
+    if (srv_create(e, p, &t->s, err, sizeof err) != VKI_OK)
         fail_msg("srv_create: %s", err);
     t->port = srv_port(t->s);
     assert_true(t->port > 0);
@@ -140,6 +167,17 @@ static void start(T *t, const vki_batch_params *bp, size_t body_limit)
     char *dot = strstr(t->id, ".gguf");
     if (dot)
         *dot = 0;
+}
+
+/* A server over the group's engine; bp may be NULL (defaults). */
+static void start(T *t, const vki_batch_params *bp, size_t body_limit)
+{
+    srv_params p = test_params(t);
+    if (bp)
+        p.batch = *bp;
+    if (body_limit)
+        p.body_limit = body_limit;
+    start_p(t, t->e, &p);
 }
 
 static void stop(T *t)
@@ -155,6 +193,7 @@ static int http(T *t, const char *method, const char *path, const char *body, lg
 {
     lg_http h;
     lg_http_init(&h, "127.0.0.1", t->port, 120);
+    lg_http_auth(&h, t->key);
     lg_resp rr;
     lg_buf b = {0};
     int st = lg_http_request(&h, method, path, body, r ? r : &rr, &b);
@@ -256,17 +295,8 @@ static cJSON *stream(T *t, const char *path, const char *body, int hang, bool *d
 /* The value of a sample line of /metrics ("vkinfer_active_requests", or with its labels). */
 static double metric(T *t, const char *name)
 {
-    char *m;
-    assert_int_equal(http(t, "GET", "/metrics", NULL, NULL, &m), 200);
-    size_t n = strlen(name);
     double v = NAN;
-    for (char *l = m; l && *l; l = strchr(l, '\n') ? strchr(l, '\n') + 1 : NULL)
-        if (!strncmp(l, name, n) && l[n] == ' ') {
-            v = strtod(l + n + 1, NULL);
-            break;
-        }
-    free(m);
-    if (isnan(v))
+    if (!lg_metric("127.0.0.1", t->port, name, &v))
         fail_msg("no metric %s", name);
     return v;
 }
@@ -632,7 +662,6 @@ typedef struct bad_case {
 static const bad_case BAD[] = {
     {"/v1/completions", "{\"prompt\":\"x\",", 400, NULL, "not valid JSON"},
     {"/v1/completions", "[1,2]", 400, NULL, "JSON object"},
-    {"/v1/completions", "{\"prompt\":\"x\",\"foo\":1}", 400, "foo", "foo"},
     {"/v1/completions", "{\"prompt\":\"x\",\"temperature\":3}", 400, "temperature", "temperature"},
     {"/v1/completions", "{\"prompt\":\"x\",\"temperature\":\"hot\"}", 400, "temperature", "number"},
     {"/v1/completions", "{\"prompt\":\"x\",\"top_p\":0}", 400, "top_p", "top_p"},
@@ -642,9 +671,7 @@ static const bad_case BAD[] = {
     {"/v1/completions", "{\"prompt\":\"x\",\"frequency_penalty\":3}", 400, "frequency_penalty", "frequency_penalty"},
     {"/v1/completions", "{\"prompt\":\"x\",\"max_tokens\":0}", 400, "max_tokens", "max_tokens"},
     {"/v1/completions", "{\"prompt\":\"x\",\"max_tokens\":100000000}", 400, "max_tokens", "context"},
-    {"/v1/completions", "{\"prompt\":\"x\",\"n\":2}", 400, "n", "n"},
     {"/v1/completions", "{\"prompt\":\"x\",\"best_of\":3}", 400, "best_of", "best_of"},
-    {"/v1/completions", "{\"prompt\":\"x\",\"echo\":true}", 400, "echo", "echo"},
     {"/v1/completions", "{\"prompt\":\"x\",\"suffix\":\"y\"}", 400, "suffix", "suffix"},
     {"/v1/completions", "{\"prompt\":\"x\",\"logprobs\":21}", 400, "logprobs", "logprobs"},
     {"/v1/completions", "{\"prompt\":\"x\",\"stop\":\"\"}", 400, "stop", "stop[0]"},
@@ -660,7 +687,7 @@ static const bad_case BAD[] = {
     {"/v1/completions", "{\"prompt\":[]}", 400, "prompt", "empty"},
     {"/v1/completions", "{\"prompt\":{}}", 400, "prompt", "prompt"},
     {"/v1/completions", "{\"prompt\":\"x\",\"model\":7}", 400, "model", "model"},
-    {"/v1/chat/completions", "{\"prompt\":\"x\"}", 400, "prompt", "prompt"},
+    {"/v1/chat/completions", "{\"prompt\":\"x\"}", 400, "messages", "messages"},
     {"/v1/chat/completions", "{\"messages\":[]}", 400, "messages", "messages"},
     {"/v1/chat/completions", "{\"messages\":\"hi\"}", 400, "messages", "messages"},
     {"/v1/chat/completions", "{\"messages\":[{\"role\":\"user\"}]}", 400, "messages", "messages[0].content"},
@@ -681,10 +708,34 @@ static const bad_case BAD[] = {
      "top_logprobs", "logprobs"},
     {"/v1/chat/completions", "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"logprobs\":1}", 400,
      "logprobs", "boolean"},
-    {"/v1/chat/completions", "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"echo\":false}", 400, "echo",
+    {"/v1/chat/completions", "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"echo\":true}", 400, "echo",
      "echo"},
     {"/v1/chat/completions", "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"max_completion_tokens\":0}",
      400, "max_completion_tokens", "max_completion_tokens"},
+    /* strict JSON: nothing may mean two things */
+    {"/v1/completions", "{\"prompt\":\"x\"} xyz", 400, NULL, "after the JSON value"},
+    {"/v1/completions", "{\"prompt\":\"x\"}{\"prompt\":\"y\"}", 400, NULL, "after the JSON value"},
+    {"/v1/completions", "{\"prompt\":\"x\",\"temperature\":0,\"temperature\":1}", 400, NULL, "duplicate key"},
+    {"/v1/completions", "{\"prompt\":\"Once upon\\u0000 a time there was\"}", 400, "prompt", "NUL"},
+    {"/v1/completions", "{\"prompt\":\"\\ud800\"}", 400, "prompt", "surrogate"},
+    {"/v1/completions", "{\"prompt\":\"\xff\"}", 400, "prompt", "UTF-8"},
+    {"/v1/completions", "{\"prompt\":\"x\",\"top_k\":01}", 400, "top_k", "number"},
+    {"/v1/completions", "{\"prompt\":\"x\",\"temperature\":NaN}", 400, "temperature", "invalid"},
+    {"/v1/completions", "[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[]]]]]]]]]]]]]]]]]]]]]]]]]]]]]"
+     "]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]", 400, NULL, "nesting"},
+    {"/v1/completions", "{\"prompt\":\"x\",\"logit_bias\":{\" 5\":1}}", 400, "logit_bias", "logit_bias"},
+    {"/v1/completions", "{\"prompt\":\"x\",\"logit_bias\":{\"+5\":1}}", 400, "logit_bias", "logit_bias"},
+    {"/v1/completions", "{\"prompt\":\"x\",\"logit_bias\":{\"05\":1}}", 400, "logit_bias", "logit_bias"},
+    /* fields added for vLLM / llama.cpp clients, and what stays refused */
+    {"/v1/completions", "{\"prompt\":\"x\",\"n\":17}", 400, "n", "n"},
+    {"/v1/completions", "{\"prompt\":\"x\",\"n\":2,\"best_of\":3}", 400, "best_of", "best_of"},
+    {"/v1/completions", "{\"prompt\":\"x\",\"echo\":true,\"logprobs\":1}", 400, "logprobs", "echo"},
+    {"/v1/completions", "{\"prompt\":\"x\",\"min_tokens\":5,\"max_tokens\":4}", 400, "min_tokens", "min_tokens"},
+    {"/v1/completions", "{\"prompt\":\"x\",\"stop_token_ids\":[99999999]}", 400, "stop_token_ids", "stop_token_ids"},
+    {"/v1/completions", "{\"prompt\":\"x\",\"ignore_eos\":1}", 400, "ignore_eos", "boolean"},
+    {"/v1/completions", "{\"prompt\":\"x\",\"skip_special_tokens\":\"no\"}", 400, "skip_special_tokens", "boolean"},
+    {"/v1/completions", "{\"prompt\":\"x\",\"grammar\":\"root ::= x\"}", 400, "grammar", "not supported"},
+    {"/v1/completions", "{\"prompt\":\"x\",\"guided_json\":{}}", 400, "guided_json", "not supported"},
 };
 
 static void test_errors(void **state)
@@ -711,6 +762,10 @@ static void test_errors(void **state)
                           "\"x\"}],\"n\":1,\"tools\":[],\"tool_choice\":\"none\",\"response_format\":{\"type\":"
                           "\"text\"},\"user\":\"u\",\"seed\":-5,\"max_tokens\":2,\"stop\":null,\"top_k\":-1}", 200);
     cJSON_Delete(ok);
+    /* fields nobody knows: accepted, named in a warning */
+    cJSON_Delete(http_json(t, "POST", "/v1/completions", "{\"prompt\":\"x\",\"max_tokens\":2,\"foo\":1,\"bar\":[1]}",
+                           200));
+    assert_true(log_has(t, "ignored unknown fields: foo, bar"));
     /* 404, 405 with Allow, 413 (Content-Length over the limit; and a body that grows past it) */
     lg_resp r;
     char *out;
@@ -731,7 +786,8 @@ static void test_errors(void **state)
     assert_non_null(strstr(out, "4096"));
     free(out);
     free(big);
-    assert_int_equal(metric(t, "vkinfer_requests_total{outcome=\"invalid\"}"), sizeof BAD / sizeof BAD[0] + 1);
+    assert_int_equal(metric(t, "vkinfer_requests_total{outcome=\"invalid\"}"), sizeof BAD / sizeof BAD[0]);
+    assert_int_equal(metric(t, "vkinfer_http_responses_total{code=\"413\"}"), 1); /* refused before the route */
     assert_int_equal(metric(t, "vkinfer_http_responses_total{code=\"405\"}"), 2);
     stop(t);
 }
@@ -739,11 +795,11 @@ static void test_errors(void **state)
 /* ---- queue full, hang-ups, many connections -------------------------------------------------- */
 
 /* Opens a stream and reads until its first text arrives (the request is running). */
-static void open_stream(T *t, lg_http *h, const char *body)
+static void open_stream_at(T *t, lg_http *h, const char *path, const char *body)
 {
     lg_http_init(h, "127.0.0.1", t->port, 120);
     lg_resp r;
-    assert_true(lg_http_send(h, "POST", "/v1/completions", body, strlen(body), NULL));
+    assert_true(lg_http_send(h, "POST", path, body, strlen(body), NULL));
     assert_true(lg_http_head(h, &r));
     assert_int_equal(r.status, 200);
     sse_coll c = {.events = cJSON_CreateArray(), .hang = 1};
@@ -752,6 +808,8 @@ static void open_stream(T *t, lg_http *h, const char *body)
     cJSON_Delete(c.events);
     free(sse.line.p);
 }
+
+static void open_stream(T *t, lg_http *h, const char *body) { open_stream_at(t, h, "/v1/completions", body); }
 
 static const char LONG[] = "{\"prompt\":\"Once upon a time\",\"max_tokens\":1500,\"ignore_eos\":true,\"stream\":true}";
 
@@ -768,6 +826,8 @@ static void test_queue_full(void **state)
     lg_http_init(&b, "127.0.0.1", t->port, 120);
     assert_true(lg_http_send(&b, "POST", "/v1/completions", LONG, strlen(LONG), NULL)); /* queued */
     wait_metric(t, "vkinfer_active_requests", 2);
+    wait_metric(t, "vkinfer_queue_length", 1);
+    assert_int_equal(metric(t, "vkinfer_running_requests"), 1); /* the queued one is not running */
     lg_resp r;
     char *out;
     assert_int_equal(http(t, "POST", "/v1/completions", "{\"prompt\":\"x\",\"max_tokens\":2}", &r, &out), 429);
@@ -991,171 +1051,347 @@ static void test_metrics(void **state)
     stop(t);
 }
 
-/* ---- the load test --------------------------------------------------------------------------- */
+/* ---- the other routes ------------------------------------------------------------------------ */
 
-#define RSS_BOUND_MIB 64 /* growth of the server's resident memory over the run, after warm-up */
-
-static long rss_kib(pid_t pid)
+static cJSON *ids_of(const vki_tokenizer *tok, const char *text, bool add_special, size_t *n)
 {
-    char path[64], line[256];
-    snprintf(path, sizeof path, "/proc/%d/status", (int)pid);
-    FILE *f = fopen(path, "r");
-    long kib = -1;
-    while (f && fgets(line, sizeof line, f))
-        if (!strncmp(line, "VmRSS:", 6))
-            kib = strtol(line + 6, NULL, 10);
-    if (f)
-        fclose(f);
-    return kib;
+    int32_t ids[256];
+    assert_int_equal(vki_tokenize(tok, text, strlen(text), add_special, true, ids, 256, n), VKI_OK);
+    return cJSON_CreateIntArray(ids, (int)*n);
 }
 
-/* Starts `vkinfer serve` on a free port, its stderr into log; *port from its "listening on" line. */
-static pid_t spawn_server(const char *model, const char *log, uint16_t *port)
-{
-    pid_t pid = fork();
-    assert_true(pid >= 0);
-    if (pid == 0) {
-        int fd = open(log, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-        if (fd >= 0) { /* stdout too: an inherited pipe would outlive the test */
-            dup2(fd, 1);
-            dup2(fd, 2);
-        }
-        /* Under AddressSanitizer freed memory waits in a quarantine (256 MiB by default) that
-         * would count as growth: keep it small so the RSS bound measures the server. Leak
-         * checking is off in the child: the Vulkan driver, unloaded at exit, leaves allocations
-         * no suppression can name (the in-process suite checks the server's leaks). */
-        char asan[512];
-        const char *prev = getenv("ASAN_OPTIONS");
-        snprintf(asan, sizeof asan, "%s%squarantine_size_mb=4:thread_local_quarantine_size_kb=64:detect_leaks=0",
-                 prev ? prev : "", prev && *prev ? ":" : "");
-        setenv("ASAN_OPTIONS", asan, 1);
-        char exe[1024];
-        snprintf(exe, sizeof exe, "%s/vkinfer", VKI_BINARY_DIR);
-        execl(exe, exe, "serve", "-m", model, "--port", "0", "--no-progress", "--kv-tokens", "65536", "--max-seqs",
-              "128", (char *)NULL);
-        _exit(127);
-    }
-    *port = 0;
-    for (double end = lg_now() + 120; !*port && lg_now() < end; usleep(20000)) {
-        FILE *f = fopen(log, "r");
-        char line[1024];
-        while (f && !*port && fgets(line, sizeof line, f)) {
-            const char *l = strstr(line, "listening on http://");
-            const char *c = l ? strrchr(l, ':') : NULL;
-            if (c)
-                *port = (uint16_t)atoi(c + 1);
-        }
-        if (f)
-            fclose(f);
-        int status;
-        if (waitpid(pid, &status, WNOHANG) == pid)
-            fail_msg("vkinfer serve exited (built %s/vkinfer? see %s)", VKI_BINARY_DIR, log);
-    }
-    if (!*port)
-        fail_msg("vkinfer serve did not start (see %s)", log);
-    return pid;
-}
-
-static lg_summary load_run(uint16_t port, const char *n, const char *disconnect, double *wall, lg_req **reqs)
-{
-    char url[64];
-    snprintf(url, sizeof url, "http://127.0.0.1:%u", port);
-    char *argv[] = {"loadgen", "--url", url, "-n", (char *)n, "-c", "64", "--input-len", "8", "--output-len", "6",
-                    "--token-prompts", "--vocab", "256", "--disconnect", (char *)disconnect, "--timeout", "120"};
-    lg_opts o;
-    lg_opts_default(&o);
-    assert_int_equal(lg_parse_args((int)(sizeof argv / sizeof argv[0]), argv, &o), 1);
-    char id[128];
-    assert_true(lg_probe(&o, id, sizeof id));
-    lg_req *r = calloc(o.n_requests, sizeof *r);
-    assert_true(lg_run_all(&o, r, wall));
-    lg_summary s;
-    lg_summarize(&o, r, *wall, &s);
-    lg_print_table(&o, &s);
-    char *j = lg_summary_json(&o, &s);
-    printf("%s\n", j);
-    free(j);
-    *reqs = r;
-    return s;
-}
-
-static void test_load(void **state)
+static void test_routes(void **state)
 {
     T *t = *state;
-    uint16_t port;
-    char *log = t->log;
-    snprintf(t->log, sizeof t->log, "/tmp/vki_test_server_load_%d.log", (int)getpid());
-    pid_t pid = t->child = spawn_server(t->model, log, &port);
-    t->port = port;
-    double wall;
-    lg_req *r;
-    lg_summary warm = load_run(port, "200", "0", &wall, &r); /* warm-up: pools, caches, thread stacks */
-    lg_free_reqs(r, 200);
-    assert_int_equal(warm.errors, 0);
-    long rss0 = rss_kib(pid);
-    lg_summary s = load_run(port, "2000", "0.1", &wall, &r);
-    long rss1 = rss_kib(pid);
-    printf("server RSS: %.1f MiB after warm-up, %.1f MiB after 2000 requests (bound: +%d MiB)\n", rss0 / 1024.0,
-           rss1 / 1024.0, RSS_BOUND_MIB);
-    if (s.errors)
-        fail_msg("%u requests failed; first: %s", s.errors, s.first_error);
-    assert_int_equal(s.ok + s.cancelled, 2000);
-    assert_true(s.cancelled > 100 && s.cancelled < 300); /* 10% of 2000, drawn */
-    for (uint32_t i = 0; i < 2000; i++)
-        if (r[i].status == LG_OK)
-            assert_int_equal(r[i].out_tokens, r[i].out_len); /* every other request complete */
-    lg_free_reqs(r, 2000);
-    wait_metric(t, "vkinfer_active_requests", 0);
-    /* A client that hangs up after the last token was sent cancels nothing: the server may count
-     * fewer cancellations than the clients made, never more, and every request one outcome. */
-    double cancelled = metric(t, "vkinfer_requests_total{outcome=\"cancelled\"}");
-    double length = metric(t, "vkinfer_requests_total{outcome=\"length\"}");
-    printf("server: %.0f cancelled, %.0f finished (clients: %u hung up)\n", cancelled, length, s.cancelled);
-    assert_true(cancelled > 0 && cancelled <= s.cancelled);
-    assert_true(length >= 200 + s.ok);
-    assert_int_equal(cancelled + length, 2200);
-    /* a last request makes a tick after the last cancellation (see test_disconnect) */
-    cJSON_Delete(http_json(t, "POST", "/v1/completions", "{\"prompt\":\"x\",\"max_tokens\":2}", 200));
-    wait_metric(t, "vkinfer_kv_blocks{state=\"used\"}", 0); /* its tick's stats follow its answer */
-    assert_true(rss1 - rss0 < RSS_BOUND_MIB * 1024L);
-    kill(pid, SIGTERM);
-    int status = 0;
-    waitpid(pid, &status, 0);
-    t->child = 0;
-    assert_true(WIFEXITED(status) && WEXITSTATUS(status) == 0);
-    unlink(log);
+    start(t, NULL, 0);
+    const vki_tokenizer *tok = vki_engine_tokenizer(t->e);
+    cJSON *j = http_json(t, "GET", "/version", NULL, 200);
+    assert_string_equal(get_str(j, "version"), SRV_VERSION);
+    cJSON_Delete(j);
+    j = http_json(t, "GET", "/props", NULL, 200);
+    cJSON *m = http_json(t, "GET", "/v1/models", NULL, 200);
+    assert_string_equal(get_str(j, "model"), t->id);
+    assert_int_equal(get_num(j, "n_ctx"), get_num(m, "data.0.max_model_len"));
+    assert_int_equal(get_num(j, "n_ctx"), get_num(m, "data.0.meta.n_ctx"));
+    assert_true(get_num(m, "data.0.meta.n_ctx_train") > 0);
+    assert_string_equal(get_str(j, "policy"), "max-util");
+    assert_true(cJSON_IsObject(get(j, "default_generation_settings")));
+    if (t->stories)
+        assert_string_equal(get_str(j, "chat_template"), "plain"); /* stories260K has none */
+    cJSON_Delete(j);
+    cJSON_Delete(m);
+    /* /tokenize as llama-server: no BOS unless add_special, control tokens parsed, pieces */
+    size_t n;
+    cJSON *want = ids_of(tok, "Once upon a time", false, &n);
+    j = http_json(t, "POST", "/tokenize", "{\"content\":\"Once upon a time\"}", 200);
+    assert_true(cJSON_Compare(get(j, "tokens"), want, true));
+    cJSON_Delete(j);
+    cJSON_Delete(want);
+    want = ids_of(tok, "Once upon a time", true, &n);
+    j = http_json(t, "POST", "/tokenize", "{\"content\":\"Once upon a time\",\"add_special\":true,\"with_pieces\":true}",
+                  200);
+    assert_int_equal(cJSON_GetArraySize(get(j, "tokens")), n);
+    for (size_t i = 0; i < n; i++) {
+        char path[48];
+        snprintf(path, sizeof path, "tokens.%zu.id", i);
+        assert_int_equal(get_num(j, path), cJSON_GetArrayItem(want, (int)i)->valueint);
+        snprintf(path, sizeof path, "tokens.%zu.piece", i);
+        get_str(j, path);
+    }
+    cJSON_Delete(j);
+    /* /detokenize: the ids back to the text */
+    char *ids = cJSON_PrintUnformatted(want), body[512], text[256];
+    snprintf(body, sizeof body, "{\"tokens\":%s}", ids);
+    int32_t v[64];
+    for (size_t i = 0; i < n; i++)
+        v[i] = cJSON_GetArrayItem(want, (int)i)->valueint;
+    size_t len = 0;
+    assert_int_equal(vki_detokenize(tok, v, n, 0, text, sizeof text - 1, &len), VKI_OK);
+    text[len] = 0;
+    j = http_json(t, "POST", "/detokenize", body, 200);
+    assert_string_equal(get_str(j, "content"), text);
+    cJSON_Delete(j);
+    free(ids);
+    cJSON_Delete(want);
+    cJSON_Delete(http_json(t, "POST", "/detokenize", "{\"tokens\":[1,99999999]}", 400));
+    cJSON_Delete(http_json(t, "POST", "/tokenize", "{\"text\":\"x\"}", 400));
+    stop(t);
 }
 
-/* The load test's group: only a model file (the server runs in a child process). */
-static int load_setup(void **state)
+static void embedding_of(const cJSON *j, int i, float *out, int d)
 {
-    T *t = calloc(1, sizeof *t);
-    signal(SIGPIPE, SIG_IGN);
-    snprintf(t->model, sizeof t->model, "/tmp/vki_test_server_tiny_%d.gguf", (int)getpid());
-    synth_params sp = synth_default_params();
+    char path[48];
+    snprintf(path, sizeof path, "data.%d.embedding", i);
+    const cJSON *e = get(j, path);
+    assert_int_equal(cJSON_GetArraySize(e), d);
+    int k = 0;
+    for (const cJSON *x = e->child; x; x = x->next)
+        out[k++] = (float)x->valuedouble;
+}
+
+/* /v1/embeddings: shape, unit length, one vector per input, base64 = the same floats. (That the
+ * vector is the model's pooled final hidden state is checked in test_batch_e2e against the CPU
+ * reference.) */
+static void test_embeddings(void **state)
+{
+    T *t = *state;
+    start(t, NULL, 0);
+    vki_model_info mi;
+    vki_engine_info(t->e, &mi);
+    int d = (int)mi.d_model;
+    float *a = calloc((size_t)d * 4, sizeof *a), *b = a + d, *c = b + d, *x = c + d;
+    cJSON *j = http_json(t, "POST", "/v1/embeddings",
+                         "{\"model\":\"m\",\"input\":[\"Once upon a time\",\"Once upon a time\",\"A dog ran\"]}", 200);
+    assert_string_equal(get_str(j, "object"), "list");
+    assert_string_equal(get_str(j, "data.2.object"), "embedding");
+    assert_int_equal(get_num(j, "data.2.index"), 2);
+    embedding_of(j, 0, a, d);
+    embedding_of(j, 1, b, d);
+    embedding_of(j, 2, c, d);
+    double norm = 0;
+    for (int i = 0; i < d; i++)
+        norm += (double)a[i] * a[i];
+    assert_true(fabs(sqrt(norm) - 1) < 1e-5); /* L2-normalised; achieved ~1e-7 */
+    assert_memory_equal(a, b, (size_t)d * sizeof *a);
+    assert_memory_not_equal(a, c, (size_t)d * sizeof *a);
+    assert_true(get_num(j, "usage.prompt_tokens") > 6);
+    cJSON_Delete(j);
+    /* base64: little-endian float32, the same numbers */
+    j = http_json(t, "POST", "/v1/embeddings", "{\"input\":\"Once upon a time\",\"encoding_format\":\"base64\"}", 200);
+    const char *s64 = get_str(j, "data.0.embedding");
+    static const char tbl[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    unsigned char *raw = (unsigned char *)x;
+    size_t nb = 0;
+    uint32_t acc = 0;
+    int bits = 0;
+    for (const char *p = s64; *p && *p != '='; p++) {
+        acc = acc << 6 | (uint32_t)(strchr(tbl, *p) - tbl);
+        if ((bits += 6) >= 8)
+            raw[nb++] = (unsigned char)(acc >> (bits -= 8));
+    }
+    assert_int_equal(nb, (size_t)d * 4);
+    assert_memory_equal(x, a, (size_t)d * sizeof *a);
+    cJSON_Delete(j);
+    cJSON_Delete(http_json(t, "POST", "/v1/embeddings", "{\"input\":[5,6,7]}", 200));
+    j = http_json(t, "POST", "/v1/embeddings", "{\"input\":\"x\",\"dimensions\":8}", 400);
+    assert_string_equal(get_str(j, "error.param"), "dimensions");
+    cJSON_Delete(j);
+    cJSON_Delete(http_json(t, "POST", "/v1/embeddings", "{\"input\":[]}", 400));
+    cJSON_Delete(http_json(t, "POST", "/v1/embeddings", "{\"input\":\"x\",\"encoding_format\":\"hex\"}", 400));
+    free(a);
+    stop(t);
+}
+
+/* ---- n choices, echo, request fields --------------------------------------------------------- */
+
+static const char LONG_PROMPT[] = "Once upon a time there was a little girl named Lily who lived in a small house "
+                                  "near the woods with her mother and her dog";
+
+static void test_n_and_echo(void **state)
+{
+    T *t = *state;
+    start(t, NULL, 0);
+    /* n sampled choices, each its own seed stream; the same request gives the same choices */
+    static const char body[] = "{\"prompt\":\"Once upon a time\",\"n\":3,\"max_tokens\":12,\"temperature\":1,\"seed\":42,"
+                               "\"ignore_eos\":true}";
+    cJSON *j = http_json(t, "POST", "/v1/completions", body, 200), *j2 = http_json(t, "POST", "/v1/completions", body, 200);
+    assert_int_equal(cJSON_GetArraySize(get(j, "choices")), 3);
+    for (int i = 0; i < 3; i++) {
+        char path[32];
+        snprintf(path, sizeof path, "choices.%d.index", i);
+        assert_int_equal(get_num(j, path), i);
+        snprintf(path, sizeof path, "choices.%d.text", i);
+        assert_string_equal(get_str(j, path), get_str(j2, path));
+    }
+    assert_true(strcmp(get_str(j, "choices.0.text"), get_str(j, "choices.1.text")) ||
+                strcmp(get_str(j, "choices.1.text"), get_str(j, "choices.2.text"))); /* 3 x 12 sampled tokens */
+    assert_int_equal(get_num(j, "usage.completion_tokens"), 36);
+    assert_int_equal(get_num(j, "usage.prompt_tokens"), get_num(j2, "usage.prompt_tokens"));
+    cJSON_Delete(j);
+    cJSON_Delete(j2);
+    /* the other choices take the prompt's KV blocks from the first one */
+    double reused0 = metric(t, "vkinfer_kv_blocks_reused");
+    char b2[512];
+    snprintf(b2, sizeof b2, "{\"prompt\":\"%s\",\"n\":4,\"max_tokens\":2,\"temperature\":0}", LONG_PROMPT);
+    j = http_json(t, "POST", "/v1/completions", b2, 200);
+    size_t np = (size_t)get_num(j, "usage.prompt_tokens");
+    assert_string_equal(get_str(j, "choices.0.text"), get_str(j, "choices.3.text")); /* greedy */
+    cJSON_Delete(j);
+    double reused = metric(t, "vkinfer_kv_blocks_reused") - reused0;
+    printf("n = 4 over a %zu-token prompt: %.0f KV blocks reused\n", np, reused);
+    assert_true(reused >= 3.0 * ((np - 1) / 16)); /* every full block of the prompt, for choices 1..3 */
+    /* streamed: chunks carry their choice's index; each choice ends with its finish chunk */
+    bool done;
+    snprintf(b2, sizeof b2, "{\"prompt\":\"Once upon a time\",\"n\":2,\"max_tokens\":6,\"temperature\":0,\"stream\":true}");
+    cJSON *ev = stream(t, "/v1/completions", b2, 0, &done);
+    lg_buf text[2] = {{0}};
+    int finishes[2] = {0};
+    for (const cJSON *e = ev->child; e; e = e->next) {
+        int i = (int)get_num(e, "choices.0.index");
+        assert_true(i == 0 || i == 1);
+        const char *s = get_str(e, "choices.0.text");
+        lg_buf_put(&text[i], s, strlen(s));
+        finishes[i] += cJSON_IsString(get(e, "choices.0.finish_reason"));
+    }
+    assert_true(done && finishes[0] == 1 && finishes[1] == 1);
+    assert_string_equal(text[0].p, text[1].p);
+    free(text[0].p);
+    free(text[1].p);
+    cJSON_Delete(ev);
+    /* echo: the prompt, then the completion */
+    j = http_json(t, "POST", "/v1/completions", "{\"prompt\":\"Once upon a time\",\"max_tokens\":8,\"temperature\":0}", 200);
+    j2 = http_json(t, "POST", "/v1/completions", "{\"prompt\":\"Once upon a time\",\"max_tokens\":8,\"temperature\":0,"
+                   "\"echo\":true}", 200);
+    char joined[512];
+    snprintf(joined, sizeof joined, "Once upon a time%s", get_str(j, "choices.0.text"));
+    assert_string_equal(get_str(j2, "choices.0.text"), joined);
+    cJSON_Delete(j);
+    cJSON_Delete(j2);
+    ev = stream(t, "/v1/completions", "{\"prompt\":\"Once upon a time\",\"max_tokens\":3,\"echo\":true,\"stream\":true}",
+                0, &done);
+    assert_string_equal(get_str(cJSON_GetArrayItem(ev, 0), "choices.0.text"), "Once upon a time");
+    cJSON_Delete(ev);
+    stop(t);
+}
+
+static int32_t token_at(const cJSON *j, const char *path, int i)
+{
+    const cJSON *a = get(j, path);
+    assert_true(cJSON_IsArray(a) && i < cJSON_GetArraySize(a));
+    return cJSON_GetArrayItem(a, i)->valueint;
+}
+
+static void test_request_fields(void **state)
+{
+    T *t = *state;
+    start(t, NULL, 0);
+    const vki_tokenizer *tok = vki_engine_tokenizer(t->e);
+    /* return_token_ids: the prompt's and the completion's ids */
+    cJSON *j = http_json(t, "POST", "/v1/completions", "{\"prompt\":\"Once upon a time\",\"max_tokens\":8,"
+                         "\"temperature\":0,\"return_token_ids\":true}", 200);
+    size_t n;
+    cJSON *want = ids_of(tok, "Once upon a time", true, &n);
+    assert_true(cJSON_Compare(get(j, "choices.0.prompt_token_ids"), want, true));
+    assert_int_equal(cJSON_GetArraySize(get(j, "choices.0.token_ids")), 8);
+    int32_t third = token_at(j, "choices.0.token_ids", 2);
+    bool third_is_new = third != token_at(j, "choices.0.token_ids", 0) && third != token_at(j, "choices.0.token_ids", 1);
+    cJSON_Delete(want);
+    cJSON_Delete(j);
+    /* stop_token_ids end at that token (included); min_tokens bans it until reached */
+    char body[512];
+    snprintf(body, sizeof body, "{\"prompt\":\"Once upon a time\",\"max_tokens\":8,\"temperature\":0,\"stop_token_ids\":"
+             "[%d],\"return_token_ids\":true}", third);
+    j = http_json(t, "POST", "/v1/completions", body, 200);
+    if (third_is_new) {
+        assert_int_equal(get_num(j, "usage.completion_tokens"), 3);
+        assert_string_equal(get_str(j, "choices.0.finish_reason"), "stop");
+    }
+    cJSON_Delete(j);
+    snprintf(body, sizeof body, "{\"prompt\":\"Once upon a time\",\"max_tokens\":8,\"temperature\":0,\"stop_token_ids\":"
+             "[%d],\"min_tokens\":4,\"return_token_ids\":true}", third);
+    j = http_json(t, "POST", "/v1/completions", body, 200);
+    assert_true(get_num(j, "usage.completion_tokens") >= 4);
+    for (int i = 0; i < 3; i++)
+        assert_int_not_equal(token_at(j, "choices.0.token_ids", i), third);
+    cJSON_Delete(j);
+    /* skip_special_tokens: an end-of-text token forced by a bias shows only when asked */
+    int32_t eos = vki_token_eos(tok);
+    if (eos >= 0) {
+        char piece[64] = "";
+        size_t pn = 0;
+        assert_int_equal(vki_token_to_piece(tok, eos, true, piece, sizeof piece - 1, &pn), VKI_OK);
+        piece[pn] = 0;
+        static const char f[] = "{\"prompt\":\"Once\",\"max_tokens\":2,\"ignore_eos\":true,\"logit_bias\":{\"%d\":100}%s}";
+        snprintf(body, sizeof body, f, eos, "");
+        j = http_json(t, "POST", "/v1/completions", body, 200);
+        assert_string_equal(get_str(j, "choices.0.text"), "");
+        cJSON_Delete(j);
+        snprintf(body, sizeof body, f, eos, ",\"skip_special_tokens\":false");
+        j = http_json(t, "POST", "/v1/completions", body, 200);
+        assert_non_null(strstr(get_str(j, "choices.0.text"), piece));
+        cJSON_Delete(j);
+    }
+    /* accepted for llama.cpp / vLLM clients */
+    cJSON_Delete(http_json(t, "POST", "/v1/completions", "{\"prompt\":\"x\",\"max_tokens\":2,\"cache_prompt\":true,"
+                           "\"repetition_penalty\":1.3}", 200));
+    /* the prefix cache shows in usage: the same long prompt twice */
+    snprintf(body, sizeof body, "{\"prompt\":\"%s\",\"max_tokens\":2}", LONG_PROMPT);
+    cJSON_Delete(http_json(t, "POST", "/v1/completions", body, 200));
+    j = http_json(t, "POST", "/v1/completions", body, 200);
+    double np = get_num(j, "usage.prompt_tokens"), cached = get_num(j, "usage.prompt_tokens_details.cached_tokens");
+    assert_true(cached >= 16 * floor((np - 1) / 16) && cached < np);
+    cJSON_Delete(j);
+    stop(t);
+}
+
+/* A request that may run to a long max_tokens with 20 alternatives per token allocates for what
+ * it generates, not for max_tokens up front. */
+static void test_no_prealloc(void **state)
+{
+    T *t = *state;
+    start(t, NULL, 0);
+    char body[256];
+    snprintf(body, sizeof body, "{\"prompt\":\"Once upon a time\",\"max_tokens\":%u,\"logprobs\":20}",
+             t->s->info.n_ctx - 16);
+    srv_job *j = NULL;
+    srv_error e;
+    assert_true(srv_job_from_json(t->s, false, body, strlen(body), &j, &e));
+    assert_true(j->max_tokens > 1000 && j->n_top == 20);
+    const srv_toks *w = &j->ch[0].w, *h = &j->ch[0].h;
+    assert_true(w->cap == 0 && !w->tok && !w->lp && !w->top_id && !w->top_lp);
+    assert_true(h->cap == 0 && !h->tok && !h->lp && !h->top_id && !h->top_lp);
+    srv_job_release(j);
+    stop(t);
+}
+
+/* The default policy serves many chats without max_tokens at once: 6 chats over a 4,096-token
+ * pool (each may run to the 2,048-token context). GUARANTEED_NO_EVICT, which reserves each
+ * one's whole context, runs 2 and queues 4; the server's default (MAX_UTILIZATION) runs all 6. */
+static void test_chats_default_policy(void **state)
+{
+    T *t = *state;
+    vki_engine_params ep = vki_engine_default_params();
+    ep.kv_tokens = 4096;
+    ep.max_seqs = 8;
+    ep.device.pipeline_cache_dir = "";
+    ep.device.validation = true;
+    ep.device.log = count_validation;
+    ep.device.log_user = t;
+    vki_engine *e = NULL;
     char err[256] = "";
-    if (synth_preset("tiny", &sp) != VKI_OK || synth_write(&sp, t->model, err, sizeof err) != VKI_OK) {
-        printf("cannot write %s: %s\n", t->model, err);
-        free(t);
-        return -1;
+    if (vki_engine_create(t->model, &ep, &e, err, sizeof err) != VKI_OK)
+        fail_msg("engine: %s", err);
+    vki_model_info mi;
+    vki_engine_info(e, &mi);
+    static const char chat[] = "{\"messages\":[{\"role\":\"user\",\"content\":\"Tell me a story\"}],\"stream\":true,"
+                               "\"ignore_eos\":true}";
+    for (int run = 0; run < 2; run++) {
+        srv_params p = test_params(t);
+        if (run == 0)
+            p.batch.policy = VKI_POLICY_GUARANTEED_NO_EVICT;
+        start_p(t, e, &p);
+        lg_http h[6];
+        for (int i = 0; i < 6; i++)
+            open_stream_at(t, &h[i], "/v1/chat/completions", chat);
+        wait_metric(t, "vkinfer_active_requests", 6);
+        double end = lg_now() + 60;
+        while (metric(t, "vkinfer_running_requests") + metric(t, "vkinfer_queue_length") < 6 && lg_now() < end)
+            usleep(2000);
+        /* two more ticks: the last arrival may have been counted as queued before its admission */
+        wait_metric_at_least(t, "vkinfer_iterations", metric(t, "vkinfer_iterations") + 2);
+        double running = metric(t, "vkinfer_running_requests"), queued = metric(t, "vkinfer_queue_length");
+        printf("%s: %.0f chats running, %.0f queued (context %u, KV pool %u tokens)\n",
+               run ? "max-util (default)" : "guaranteed", running, queued, mi.n_ctx, mi.kv_pages * mi.page_size);
+        if (t->stories && mi.n_ctx * 2 <= mi.kv_pages * mi.page_size && mi.n_ctx * 3 > mi.kv_pages * mi.page_size)
+            assert_int_equal(running, run ? 6 : 2);
+        else
+            assert_int_equal(running, 6 - (run ? 0 : queued));
+        for (int i = 0; i < 6; i++)
+            lg_http_close(&h[i]);
+        wait_metric(t, "vkinfer_active_requests", 0);
+        stop(t);
     }
-    *state = t;
-    return 0;
-}
-
-static int load_teardown(void **state)
-{
-    T *t = *state;
-    if (!t)
-        return 0;
-    if (t->child > 0) { /* the test failed with the server running: stop it, keep its log */
-        kill(t->child, SIGKILL);
-        waitpid(t->child, NULL, 0);
-        printf("server log: %s\n", t->log);
-    }
-    unlink(t->model);
-    free(t);
-    return 0;
+    vki_engine_destroy(e);
 }
 
 int main(int argc, char **argv)
@@ -1165,9 +1401,13 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_chat),          cmocka_unit_test(test_stop_strings), cmocka_unit_test(test_logprobs),
         cmocka_unit_test(test_errors),        cmocka_unit_test(test_queue_full), cmocka_unit_test(test_disconnect),
         cmocka_unit_test(test_many_connections), cmocka_unit_test(test_drain),   cmocka_unit_test(test_metrics),
+        cmocka_unit_test(test_routes),        cmocka_unit_test(test_embeddings), cmocka_unit_test(test_n_and_echo),
+        cmocka_unit_test(test_request_fields), cmocka_unit_test(test_no_prealloc),
+        cmocka_unit_test(test_chats_default_policy),
     };
-    const struct CMUnitTest load[] = {cmocka_unit_test(test_load)};
-    if (argc > 1 && !strcmp(argv[1], "load"))
-        return cmocka_run_group_tests_name("server_load", load, load_setup, load_teardown);
+    (void)argc;
+    (void)argv;
+    if (getenv("VKI_TEST_FILTER")) /* one test while developing: VKI_TEST_FILTER=test_chat */
+        cmocka_set_test_filter(getenv("VKI_TEST_FILTER"));
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }

@@ -507,6 +507,30 @@ static void test_weights_seeded(void **state)
     unlink(pa), unlink(pb), unlink(pc);
 }
 
+/* The writer's workers split each tensor's rows in batches; the file must not depend on how many
+ * there are. d_model 1024 x vocab 4096 embeddings take several batches at 1 and at 3 workers
+ * (1024 rows each), and 3 does not divide the rows evenly. */
+static void test_threads_same_bytes(void **state)
+{
+    synth_params p = synth_default_params();
+    p.d_model = 1024, p.n_head = 8, p.n_vocab = 4096, p.d_ff = 512, p.wtype = SYNTH_Q8_0, p.seed = 5;
+    p.tied = true; /* one 4M-weight matrix, not two: the sanitizer build encodes slowly */
+    char pa[512], pb[512];
+    p.n_threads = 1;
+    gguf_file *a = write_and_open(state, &p, "t1.gguf", pa, sizeof pa);
+    p.n_threads = 3;
+    gguf_file *b = write_and_open(state, &p, "t3.gguf", pb, sizeof pb);
+    assert_int_equal(gguf_file_size(a), gguf_file_size(b));
+    for (uint64_t i = 0; i < gguf_n_tensors(a); i++) {
+        const gguf_tensor *ta = gguf_tensor_at(a, i), *tb = gguf_tensor_at(b, i);
+        assert_int_equal(ta->nbytes, tb->nbytes);
+        if (memcmp(ta->data, tb->data, ta->nbytes))
+            fail_msg("tensor %.*s differs between 1 and 3 writer threads", (int)ta->name.len, ta->name.ptr);
+    }
+    gguf_close(a), gguf_close(b);
+    unlink(pa), unlink(pb);
+}
+
 static void test_bad_params(void **state)
 {
     char path[512], err[512];
@@ -562,6 +586,7 @@ int main(void)
         cmocka_unit_test(test_byte_vocab),
         cmocka_unit_test(test_activations_and_logits),
         cmocka_unit_test(test_weights_seeded),
+        cmocka_unit_test(test_threads_same_bytes),
         cmocka_unit_test(test_bad_params),
     };
     return cmocka_run_group_tests(tests, make_dir, remove_dir);

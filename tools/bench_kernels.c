@@ -1,8 +1,14 @@
 /* bench-kernels: kernel micro-benchmark. For each kernel, weight type and shape it records
  * `iters` calls (a compute barrier between calls, as between the layers of a model) in one
  * command buffer, times the batch with GPU timestamps after a warm-up batch, and prints time
- * per call, bandwidth (bytes read + written once: the algorithmic minimum) and GFLOP/s.
+ * per call, bandwidth (bytes read + written once: the algorithmic minimum), GFLOP/s, and the
+ * bandwidth as a share of the copy kernel's (the first row, measured in the same run).
+ * --json writes one object per row to stdout (the table then goes to stderr).
  * A program that prints numbers; it asserts nothing.
+ *
+ * Weights rotate between copies totalling >= 256 MiB on GPUs, so consecutive calls do not find
+ * the previous call's weights in L2 (50-60 MB on an H100/H200, larger than one 4096 x 4096
+ * quantised matrix): the numbers are what a model's layers, each with its own weights, see.
  *
  * Adding a kernel is adding one row to `benches` below: a setup function that allocates the
  * inputs for (type, M, N, K) into a bench_run and states its bytes and flops, a record function
@@ -22,15 +28,22 @@
 #include "engine/ops_sample.h"
 #include "engine/quant.h"
 #include "engine/rng.h"
+#include "engine/ops_basic.h"
 #include "engine/tensor.h"
+#include "host/cli/cli_common.h"
+#include "host/cli/devprobe.h"
 
 #define MAX_BUFS 8
+#define MAX_WCOPIES 16
+#define ROTATE_BYTES (256ull << 20)
 
 /* One benchmarked configuration. M, N, K mean what the kernel's `dims` says. */
 typedef struct bench_run {
     vkd_device *d;
     uint32_t type, M, N, K;
-    vk_tensor w;               /* weights, when the kernel has some (w.n_parts = 0 otherwise) */
+    vk_tensor w[MAX_WCOPIES];  /* weights, when the kernel has some: n_w copies, call i uses
+                                  w[i % n_w] (n_w = 0 otherwise) */
+    uint32_t n_w, call;
     vkd_buffer *buf[MAX_BUFS]; /* inputs / outputs, any use */
     double bytes, flops;       /* per call, set by setup */
     uint64_t rng;
@@ -117,7 +130,8 @@ static void random_weights(bench_run *r, uint8_t *raw, size_t n_bytes, uint32_t 
     }
 }
 
-/* r->w: rows x K weights of r->type. */
+/* r->w: rows x K weights of r->type, in enough copies to rotate through ROTATE_BYTES on a GPU
+ * (one on CPU devices, whose caches the kernels' working sets exceed anyway). */
 static vki_status make_weights(bench_run *r, uint32_t rows, uint32_t K)
 {
     size_t rb = quant_row_bytes(r->type, K);
@@ -127,12 +141,20 @@ static vki_status make_weights(bench_run *r, uint32_t rows, uint32_t K)
     if (!raw)
         return VKI_ERR_OUT_OF_HOST_MEMORY;
     random_weights(r, raw, rb * rows, r->type, (uint64_t)rows * K);
-    vki_status st = vk_tensor_create(r->d, r->type, K, rows, 0, "bench w", &r->w);
-    if (st == VKI_OK)
-        st = vk_tensor_upload(r->d, &r->w, raw);
+    uint64_t copies = r->d->info.type == VKI_DEVICE_CPU ? 1 : (ROTATE_BYTES + rb * rows - 1) / (rb * rows);
+    copies = copies < MAX_WCOPIES ? copies : MAX_WCOPIES;
+    vki_status st = VKI_OK;
+    for (; st == VKI_OK && r->n_w < copies; r->n_w++) {
+        st = vk_tensor_create(r->d, r->type, K, rows, 0, "bench w", &r->w[r->n_w]);
+        if (st == VKI_OK)
+            st = vk_tensor_upload(r->d, &r->w[r->n_w], raw);
+    }
     free(raw);
     return st;
 }
+
+/* The weights of the next call. */
+static const vk_tensor *next_w(bench_run *r) { return &r->w[r->call++ % r->n_w]; }
 
 /* ---- matmul family ----------------------------------------------------------------------- */
 
@@ -144,26 +166,26 @@ static vki_status mm_setup(bench_run *r)
         st = make_floats(r, (size_t)r->M * r->K, "bench x", &r->buf[0]);
     if (st == VKI_OK)
         st = vkd_buffer_create(r->d, (size_t)r->M * r->N * 4, VKD_MEM_DEVICE, "bench y", &r->buf[1]);
-    r->bytes = (double)r->w.row_bytes * r->N + 4.0 * r->M * r->K + 4.0 * r->M * r->N;
+    r->bytes = (double)r->w[0].row_bytes * r->N + 4.0 * r->M * r->K + 4.0 * r->M * r->N;
     r->flops = 2.0 * r->M * r->N * r->K;
     return st;
 }
 
 static vki_status matvec_record(bench_run *r, vkd_cmd *c)
 {
-    return op_matmul_path(c, &r->w, NULL, vkd_whole(r->buf[0]), r->K, vkd_whole(r->buf[1]), r->N, r->M, OP_MM_GEMV);
+    return op_matmul_path(c, next_w(r), NULL, vkd_whole(r->buf[0]), r->K, vkd_whole(r->buf[1]), r->N, r->M, OP_MM_GEMV);
 }
 
 static vki_status matmul_record(bench_run *r, vkd_cmd *c)
 {
-    return op_matmul_path(c, &r->w, NULL, vkd_whole(r->buf[0]), r->K, vkd_whole(r->buf[1]), r->N, r->M, OP_MM_GEMM);
+    return op_matmul_path(c, next_w(r), NULL, vkd_whole(r->buf[0]), r->K, vkd_whole(r->buf[1]), r->N, r->M, OP_MM_GEMM);
 }
 
 /* The cooperative-matrix GEMM of the device's path (tensor cores, or the emulation with
  * --coopmat emulate); "unsupported" on devices with neither. */
 static vki_status matmul_cm_record(bench_run *r, vkd_cmd *c)
 {
-    return op_matmul_path(c, &r->w, NULL, vkd_whole(r->buf[0]), r->K, vkd_whole(r->buf[1]), r->N, r->M, OP_MM_COOPMAT);
+    return op_matmul_path(c, next_w(r), NULL, vkd_whole(r->buf[0]), r->K, vkd_whole(r->buf[1]), r->N, r->M, OP_MM_COOPMAT);
 }
 
 /* cm_peak (shaders/cm_peak.comp): M workgroups of 4 subgroups, N multiply-adds per accumulator,
@@ -223,14 +245,33 @@ static vki_status get_rows_setup(bench_run *r)
     if (st == VKI_OK)
         st = vkd_buffer_create(r->d, (size_t)r->M * r->K * 4, VKD_MEM_DEVICE, "bench y", &r->buf[1]);
     free(ids);
-    r->bytes = (double)r->w.row_bytes * r->M + 4.0 * r->M + 4.0 * r->M * r->K;
+    r->bytes = (double)r->w[0].row_bytes * r->M + 4.0 * r->M + 4.0 * r->M * r->K;
     r->flops = 0;
     return st;
 }
 
 static vki_status get_rows_record(bench_run *r, vkd_cmd *c)
 {
-    return op_get_rows(c, &r->w, vkd_whole(r->buf[0]), r->M, vkd_whole(r->buf[1]), r->K);
+    return op_get_rows(c, next_w(r), vkd_whole(r->buf[0]), r->M, vkd_whole(r->buf[1]), r->K);
+}
+
+/* ---- copy: the bandwidth ceiling (engine/ops_basic.h) ----------------------------------------- */
+
+/* M MiB copied from one buffer to another; bytes read + written. buf: 0 src, 1 dst. */
+static vki_status copy_setup(bench_run *r)
+{
+    size_t n = (size_t)r->M << 20;
+    vki_status st = make_floats(r, n / 4, "bench copy src", &r->buf[0]);
+    if (st == VKI_OK)
+        st = vkd_buffer_create(r->d, n, VKD_MEM_DEVICE, "bench copy dst", &r->buf[1]);
+    r->bytes = 2.0 * n;
+    r->flops = 0;
+    return st;
+}
+
+static vki_status copy_record(bench_run *r, vkd_cmd *c)
+{
+    return op_copy(c, vkd_whole(r->buf[0]), vkd_whole(r->buf[1]), (uint64_t)r->M << 20);
 }
 
 #define WEIGHT_TYPE_ID(T, t) VKI_GGML_##T,
@@ -513,6 +554,9 @@ static vki_status sample_record(bench_run *r, vkd_cmd *c)
 /* ---- the registration table ---------------------------------------------------------------- */
 
 static const bench_kernel benches[] = {
+    /* first: the rows after it report their GB/s as a share of its */
+    {"copy", "M MiB copied (bytes read + written)", .types = {VKI_GGML_F32}, .n_types = 1,
+     .full = {{512, 1, 1}}, .small = {{32, 1, 1}}, copy_setup, copy_record},
     {"matvec", "M activation rows (<= 8 per pass), N weight rows, K", WEIGHT_TYPES,
      .full = {{1, 4096, 4096}, {1, 14336, 4096}, {1, 4096, 14336}, {1, 32000, 4096}, {8, 4096, 4096}},
      .small = {{1, 1024, 1024}, {1, 2816, 1024}, {1, 8192, 512}, {8, 1024, 1024}},
@@ -561,97 +605,85 @@ static const bench_kernel benches[] = {
 };
 #define N_BENCHES (sizeof benches / sizeof benches[0])
 
-/* ---- timing -------------------------------------------------------------------------------- */
+/* ---- timing and output ---------------------------------------------------------------------- */
 
-typedef struct bench_opts {
-    int iters, warmup, reps;
-    bool fastest;      /* report the fastest batch rather than the median (less load noise) */
-} bench_opts;
+typedef struct bench_out {
+    bool json;           /* JSON lines on stdout, the table on stderr */
+    FILE *table;
+    const vkd_device *d;
+    double copy_gbps;    /* the copy row's GB/s once measured, else 0 */
+} bench_out;
 
-static double now_s(void)
+typedef struct record_ctx {
+    const bench_kernel *b;
+    bench_run *r;
+} record_ctx;
+
+static vki_status record_one(void *ctx, vkd_cmd *c)
 {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return t.tv_sec + t.tv_nsec * 1e-9;
-}
-
-/* Records n calls with barriers between them; with a query pool, timestamps around them. */
-static vki_status record_batch(const bench_kernel *b, bench_run *r, vkd_cmd *c, int n, VkQueryPool qp)
-{
-    vki_status st = vkd_cmd_begin(c);
-    if (st != VKI_OK)
-        return st;
-    if (qp) {
-        vkCmdResetQueryPool(c->cb, qp, 0, 2);
-        vkCmdWriteTimestamp(c->cb, VK_PIPELINE_STAGE_TOP_OF_PIPE_BIT, qp, 0);
-    }
-    for (int i = 0; i < n && st == VKI_OK; i++) {
-        if (i)
-            vkd_barrier(c);
-        st = b->record(r, c);
-    }
-    if (qp)
-        vkCmdWriteTimestamp(c->cb, VK_PIPELINE_STAGE_BOTTOM_OF_PIPE_BIT, qp, 1);
-    vki_status st2 = vkd_cmd_submit_wait(c);
-    return st != VKI_OK ? st : st2;
+    record_ctx *k = ctx;
+    return k->b->record(k->r, c);
 }
 
 /* Median (or the minimum, o->fastest) over reps of the per-call time of a batch, in seconds. */
-static vki_status time_run(const bench_kernel *b, bench_run *r, vkd_cmd *c, VkQueryPool qp,
-                           const bench_opts *o, double *per_call)
+static vki_status time_run(const bench_kernel *b, bench_run *r, vkd_cmd *c, const devprobe_opts *o,
+                           double *per_call)
 {
-    vki_status st = record_batch(b, r, c, o->warmup, VK_NULL_HANDLE); /* pipelines, caches, clocks */
-    double t[64];
-    int reps = o->reps < 64 ? o->reps : 64;
-    for (int i = 0; i < reps && st == VKI_OK; i++) {
-        double t0 = now_s();
-        st = record_batch(b, r, c, o->iters, qp);
-        t[i] = (now_s() - t0) / o->iters;
-        uint64_t ts[2];
-        if (st == VKI_OK && qp &&
-            vkGetQueryPoolResults(r->d->dev, qp, 0, 2, sizeof ts, ts, sizeof ts[0],
-                                  VK_QUERY_RESULT_64_BIT | VK_QUERY_RESULT_WAIT_BIT) == VK_SUCCESS)
-            t[i] = (double)(ts[1] - ts[0]) * r->d->info.timestamp_period_ns * 1e-9 / o->iters;
-    }
-    for (int i = 1; i < reps; i++) /* insertion sort: a handful of values */
-        for (int j = i; j > 0 && t[j] < t[j - 1]; j--) {
-            double x = t[j];
-            t[j] = t[j - 1];
-            t[j - 1] = x;
-        }
-    *per_call = t[o->fastest ? 0 : reps / 2];
-    return st;
+    record_ctx k = {b, r};
+    return devprobe_time(c, record_one, &k, o, per_call, NULL);
 }
 
 static void run_release(bench_run *r)
 {
-    vk_tensor_destroy(r->d, &r->w);
+    for (uint32_t i = 0; i < r->n_w; i++)
+        vk_tensor_destroy(r->d, &r->w[i]);
+    r->n_w = 0;
     for (int i = 0; i < MAX_BUFS; i++)
         vkd_buffer_destroy(r->d, r->buf[i]);
     memset(r->buf, 0, sizeof r->buf);
 }
 
-static void bench_one(const bench_kernel *b, vkd_device *d, vkd_cmd *c, VkQueryPool qp, uint32_t type,
-                      bench_shape s, const bench_opts *o)
+static void print_row(bench_out *out, const char *kernel, const char *tname, bench_shape s, vki_status st,
+                      const bench_run *r, double per_call)
+{
+    if (st != VKI_OK) {
+        fprintf(out->table, "%-12s %-5s %6u %6u %6u   %s\n", kernel, tname, s.M, s.N, s.K, vki_status_str(st));
+        return;
+    }
+    double gbps = r->bytes / per_call * 1e-9, frac = out->copy_gbps > 0 ? gbps / out->copy_gbps : -1;
+    char gf[32] = "-", tf[32] = "-", pc[32] = "-", fr[32] = "null";
+    if (r->flops > 0) {
+        snprintf(gf, sizeof gf, "%.1f", r->flops / per_call * 1e-9);
+        snprintf(tf, sizeof tf, "%.3f", r->flops / per_call * 1e-12);
+    }
+    if (frac >= 0) {
+        snprintf(pc, sizeof pc, "%.1f", 100 * frac);
+        snprintf(fr, sizeof fr, "%.4f", frac);
+    }
+    fprintf(out->table, "%-12s %-5s %6u %6u %6u %11.1f %9.1f %9s %8s %6s\n", kernel, tname, s.M, s.N, s.K,
+            per_call * 1e6, gbps, gf, tf, pc);
+    fflush(out->table);
+    if (!out->json)
+        return;
+    printf("{\"device\":\"%s\",\"driver\":\"%s %s\",\"kernel\":\"%s\",\"type\":\"%s\",\"M\":%u,\"N\":%u,"
+           "\"K\":%u,\"us_per_call\":%.3f,\"gbps\":%.3f,\"gflops\":%.3f,\"copy_gbps\":%.3f,\"bw_fraction\":%s}\n",
+           out->d->info.name, out->d->info.driver_name, out->d->info.driver_info, kernel, tname, s.M, s.N, s.K,
+           per_call * 1e6, gbps, r->flops / per_call * 1e-9, out->copy_gbps, fr);
+    fflush(stdout);
+}
+
+static void bench_one(const bench_kernel *b, vkd_device *d, vkd_cmd *c, uint32_t type, bench_shape s,
+                      const devprobe_opts *o, bench_out *out)
 {
     const char *tname = quant_get(type) ? quant_get(type)->name : "?";
     bench_run r = {.d = d, .type = type, .M = s.M, .N = s.N, .K = s.K, .rng = 0x5eed ^ ((uint64_t)type << 32)};
     double per_call = 0;
     vki_status st = b->setup(&r);
     if (st == VKI_OK)
-        st = time_run(b, &r, c, qp, o, &per_call);
-    if (st != VKI_OK) {
-        printf("%-10s %-5s %6u %6u %6u   %s\n", b->name, tname, s.M, s.N, s.K, vki_status_str(st));
-    } else {
-        char gf[32] = "-", tf[32] = "-";
-        if (r.flops > 0) {
-            snprintf(gf, sizeof gf, "%.1f", r.flops / per_call * 1e-9);
-            snprintf(tf, sizeof tf, "%.3f", r.flops / per_call * 1e-12);
-        }
-        printf("%-10s %-5s %6u %6u %6u %11.1f %9.1f %9s %8s\n", b->name, tname, s.M, s.N, s.K, per_call * 1e6,
-               r.bytes / per_call * 1e-9, gf, tf);
-    }
-    fflush(stdout);
+        st = time_run(b, &r, c, o, &per_call);
+    if (st == VKI_OK && b->setup == copy_setup)
+        out->copy_gbps = r.bytes / per_call * 1e-9;
+    print_row(out, b->name, tname, s, st, &r, per_call);
     run_release(&r);
 }
 
@@ -666,16 +698,18 @@ static void usage(FILE *f)
                "  -s, --shape MxNxK   a shape (repeatable); replaces the defaults\n"
                "      --small         the small default shapes (default on CPU devices)\n"
                "      --full          the model-sized default shapes (default on GPUs)\n"
-               "  -d, --device I|NAME device index or name substring\n"
+               "  -d, --device I|NAME device index or name substring (default: $VKI_DEVICE, else\n"
+               "                      discrete NVIDIA first)\n"
                "  -n, --iters N       calls per timed batch (default 20)\n"
                "  -w, --warmup N      calls in the warm-up batch (default 3)\n"
                "  -r, --reps N        timed batches; the median is printed (default 3)\n"
                "      --coopmat MODE  auto (tensor cores where the device has them), off, emulate\n"
                "      --crossover     per type: GEMV vs the device's GEMM for M = 8, 16, ... at the\n"
                "                      first shape's N x K; prints gemv_max_m (vki_device_params)\n"
+               "      --json          one JSON object per table row on stdout (the table goes to stderr)\n"
                "kernels:\n");
     for (size_t i = 0; i < N_BENCHES; i++)
-        fprintf(f, "  %-10s %s\n", benches[i].name, benches[i].dims);
+        fprintf(f, "  %-12s %s\n", benches[i].name, benches[i].dims);
 }
 
 static bool in_list(const char *list, const char *name)
@@ -693,10 +727,23 @@ typedef struct bench_cli {
     const char *kernels, *types;       /* comma lists; NULL = all */
     bench_shape shapes[MAX_SHAPES];
     int n_shapes, size_pref;           /* size_pref: -1 auto, 0 small, 1 full */
-    bool crossover;
-    bench_opts o;
+    bool crossover, json;
+    devprobe_opts o;
     vki_device_params dp;
 } bench_cli;
+
+/* A count option in [1, max]; false (with a message) otherwise. */
+static bool parse_count(const char *opt, const char *s, uint32_t max, uint32_t *out)
+{
+    char *end;
+    long v = strtol(s, &end, 10);
+    if (*s && !*end && v >= 1 && v <= (long)max) {
+        *out = (uint32_t)v;
+        return true;
+    }
+    fprintf(stderr, "bench-kernels: %s needs a number in [1, %u], got '%s'\n", opt, max, s);
+    return false;
+}
 
 /* 0: parsed; 1: --help printed; 2: usage error (printed). */
 static int parse_args(int argc, char **argv, bench_cli *cl)
@@ -705,9 +752,10 @@ static int parse_args(int argc, char **argv, bench_cli *cl)
         {"kernel", 1, 0, 'k'}, {"type", 1, 0, 't'}, {"shape", 1, 0, 's'}, {"device", 1, 0, 'd'},
         {"iters", 1, 0, 'n'},  {"warmup", 1, 0, 'w'}, {"reps", 1, 0, 'r'}, {"small", 0, 0, 'S'},
         {"full", 0, 0, 'F'},   {"help", 0, 0, 'h'},  {"coopmat", 1, 0, 'C'}, {"crossover", 0, 0, 'X'},
-        {0, 0, 0, 0}};
+        {"json", 0, 0, 'J'},   {0, 0, 0, 0}};
     for (int ch; (ch = getopt_long(argc, argv, "k:t:s:d:n:w:r:h", lo, NULL)) != -1;) {
         bench_shape *sh = &cl->shapes[cl->n_shapes < MAX_SHAPES ? cl->n_shapes : 0];
+        bool ok = true;
         switch (ch) {
         case 'k': cl->kernels = optarg; break;
         case 't': cl->types = optarg; break;
@@ -719,15 +767,11 @@ static int parse_args(int argc, char **argv, bench_cli *cl)
             }
             cl->n_shapes++;
             break;
-        case 'd':
-            if (optarg[0] >= '0' && optarg[0] <= '9')
-                cl->dp.device_index = atoi(optarg);
-            else
-                cl->dp.device_name = optarg;
-            break;
-        case 'n': cl->o.iters = atoi(optarg); break;
-        case 'w': cl->o.warmup = atoi(optarg); break;
-        case 'r': cl->o.reps = atoi(optarg); break;
+        case 'd': cli_device_choice(optarg, &cl->dp); break;
+        case 'n': ok = parse_count("--iters", optarg, 1u << 20, &cl->o.iters); break;
+        case 'w': ok = parse_count("--warmup", optarg, 1u << 20, &cl->o.warmup); break;
+        case 'r': ok = parse_count("--reps", optarg, 64, &cl->o.reps); break;
+        case 'J': cl->json = true; break;
         case 'S': cl->size_pref = 0; break;
         case 'F': cl->size_pref = 1; break;
         case 'X': cl->crossover = true; break;
@@ -742,21 +786,19 @@ static int parse_args(int argc, char **argv, bench_cli *cl)
         case 'h': usage(stdout); return 1;
         default: usage(stderr); return 2;
         }
-    }
-    if (cl->o.iters < 1 || cl->o.warmup < 1 || cl->o.reps < 1) {
-        fprintf(stderr, "--iters, --warmup and --reps must be >= 1\n");
-        return 2;
+        if (!ok)
+            return 2;
     }
     return 0;
 }
 
-static void print_cm_path(const vkd_device *d)
+static void print_cm_path(FILE *f, const vkd_device *d)
 {
     const vkd_cm *cm = &d->cm;
     if (cm->kind == VKD_CM_NONE)
-        printf("matmul path: FP32 GEMM (no cooperative matrices); gemv_max_m %u\n", op_matmul_gemv_max_m(d));
+        fprintf(f, "matmul path: FP32 GEMM (no cooperative matrices); gemv_max_m %u\n", op_matmul_gemv_max_m(d));
     else
-        printf("matmul path: %s cooperative matrices %ux%ux%u over %u lanes; gemv_max_m %u\n",
+        fprintf(f, "matmul path: %s cooperative matrices %ux%ux%u over %u lanes; gemv_max_m %u\n",
                cm->kind == VKD_CM_NV ? "VK_NV" : "emulated", cm->m, cm->n, cm->k, cm->sg, op_matmul_gemv_max_m(d));
 }
 
@@ -764,13 +806,13 @@ static void print_cm_path(const vkd_device *d)
  * at one N x K per type (fastest of the timed batches): prints both times and the largest M
  * (a multiple of 8, the GEMV's pass size) before the GEMM is faster, the value for
  * vki_device_params.gemv_max_m and ops_matmul.c's table. */
-static void crossover_all(const bench_cli *cl, vkd_device *d, vkd_cmd *c, VkQueryPool qp, bool small)
+static void crossover_all(const bench_cli *cl, vkd_device *d, vkd_cmd *c, bool small)
 {
     const uint32_t max_m = small ? 128 : 256;
     bench_shape sh = cl->n_shapes ? cl->shapes[0] : small ? (bench_shape){0, 1024, 1024} : (bench_shape){0, 4096, 4096};
     const bench_kernel gemv = {.record = matvec_record};
     const bench_kernel gemm = {.record = d->cm.kind != VKD_CM_NONE ? matmul_cm_record : matmul_record};
-    bench_opts o = cl->o;
+    devprobe_opts o = cl->o;
     o.fastest = true; /* a loaded machine slows some batches; the fastest is the kernel's own time */
     static const uint32_t types[] = {VKK_WEIGHT_TYPES(WEIGHT_TYPE_ID)};
     printf("%-5s %6s %6s %6s %11s %11s\n", "type", "M", "N", "K", "gemv us", "gemm us");
@@ -784,9 +826,9 @@ static void crossover_all(const bench_cli *cl, vkd_device *d, vkd_cmd *c, VkQuer
         for (uint32_t m = 8; st == VKI_OK && m <= max_m && !gemm_won; m += 8) {
             double tv = 0, tg = 0;
             r.M = m;
-            st = time_run(&gemv, &r, c, qp, &o, &tv);
+            st = time_run(&gemv, &r, c, &o, &tv);
             if (st == VKI_OK)
-                st = time_run(&gemm, &r, c, qp, &o, &tg);
+                st = time_run(&gemm, &r, c, &o, &tg);
             printf("%-5s %6u %6u %6u %11.1f %11.1f\n", quant_get(types[t])->name, m, sh.N, sh.K, tv * 1e6, tg * 1e6);
             gemm_won = st == VKI_OK && tg < tv;
             cross = gemm_won ? m - 8 : m;
@@ -802,7 +844,7 @@ static void crossover_all(const bench_cli *cl, vkd_device *d, vkd_cmd *c, VkQuer
 }
 
 /* Every selected (kernel, type, shape), one table row each. */
-static void run_all(const bench_cli *cl, vkd_device *d, vkd_cmd *c, VkQueryPool qp, bool small)
+static void run_all(const bench_cli *cl, vkd_device *d, vkd_cmd *c, bool small, bench_out *out)
 {
     for (size_t i = 0; i < N_BENCHES; i++) {
         const bench_kernel *b = &benches[i];
@@ -810,22 +852,23 @@ static void run_all(const bench_cli *cl, vkd_device *d, vkd_cmd *c, VkQueryPool 
             continue;
         for (uint32_t t = 0; t < b->n_types; t++) {
             const quant_traits *qt = quant_get(b->types[t]);
-            if (!qt || !in_list(cl->types, qt->name))
+            if (!qt || (b->setup != copy_setup && !in_list(cl->types, qt->name))) /* copy: always */
                 continue;
             const bench_shape *sh = cl->n_shapes ? cl->shapes : small ? b->small : b->full;
             int n = cl->n_shapes;
             while (!cl->n_shapes && n < MAX_SHAPES && sh[n].M)
                 n++;
             for (int j = 0; j < n; j++)
-                bench_one(b, d, c, qp, b->types[t], sh[j], &cl->o);
+                bench_one(b, d, c, b->types[t], sh[j], &cl->o, out);
         }
     }
 }
 
 int main(int argc, char **argv)
 {
-    bench_cli cl = {.size_pref = -1, .o = {.iters = 20, .warmup = 3, .reps = 3},
-                    .dp = vki_device_default_params()};
+    bench_cli cl = {.size_pref = -1, .o = {.iters = 20, .warmup = 3, .reps = 3}, .dp = vki_device_default_params()};
+    if (getenv("VKI_DEVICE") && *getenv("VKI_DEVICE"))
+        cli_device_choice(getenv("VKI_DEVICE"), &cl.dp);
     int rc = parse_args(argc, argv, &cl);
     if (rc)
         return rc == 1 ? 0 : rc;
@@ -837,31 +880,22 @@ int main(int argc, char **argv)
     }
     bool small = cl.size_pref == 0 || (cl.size_pref < 0 && d->info.type == VKI_DEVICE_CPU);
     vkd_cmd c;
-    VkQueryPool qp = VK_NULL_HANDLE;
-    st = vkd_cmd_create(d, "bench", &c);
-    if (st == VKI_OK && d->info.timestamps) {
-        VkQueryPoolCreateInfo qi = {.sType = VK_STRUCTURE_TYPE_QUERY_POOL_CREATE_INFO,
-                                    .queryType = VK_QUERY_TYPE_TIMESTAMP, .queryCount = 2};
-        if (vkCreateQueryPool(d->dev, &qi, NULL, &qp) != VK_SUCCESS)
-            qp = VK_NULL_HANDLE;
-    }
-    if (st != VKI_OK) {
+    if (vkd_cmd_create(d, "bench", &c) != VKI_OK) {
         vkd_close(d);
         return 1;
     }
-    printf("device: %s (%s); %s shapes; %d calls per batch, %s of %d batches; timer: %s\n", d->info.name,
-           d->info.driver_info, cl.n_shapes ? "given" : small ? "small" : "full", cl.o.iters,
-           cl.crossover ? "fastest" : "median", cl.o.reps, qp ? "GPU timestamps" : "host clock");
-    print_cm_path(d);
+    bench_out out = {.json = cl.json && !cl.crossover, .table = cl.json && !cl.crossover ? stderr : stdout, .d = d};
+    fprintf(out.table, "device: %s (%s); %s shapes; %u calls per batch, %s of %u batches; timer: %s\n", d->info.name,
+            d->info.driver_info, cl.n_shapes ? "given" : small ? "small" : "full", cl.o.iters,
+            cl.crossover ? "fastest" : "median", cl.o.reps, d->info.timestamps ? "GPU timestamps" : "host clock");
+    print_cm_path(out.table, d);
     if (cl.crossover) {
-        crossover_all(&cl, d, &c, qp, small);
+        crossover_all(&cl, d, &c, small);
     } else {
-        printf("%-10s %-5s %6s %6s %6s %11s %9s %9s %8s\n", "kernel", "type", "M", "N", "K", "us/call", "GB/s",
-               "GFLOP/s", "TFLOP/s");
-        run_all(&cl, d, &c, qp, small);
+        fprintf(out.table, "%-12s %-5s %6s %6s %6s %11s %9s %9s %8s %6s\n", "kernel", "type", "M", "N", "K", "us/call",
+                "GB/s", "GFLOP/s", "TFLOP/s", "%copy");
+        run_all(&cl, d, &c, small, &out);
     }
-    if (qp)
-        vkDestroyQueryPool(d->dev, qp, NULL);
     vkd_cmd_destroy(&c);
     vkd_close(d);
     return 0;

@@ -66,7 +66,9 @@ static void usage(FILE *o)
                "  --experts N         mixture of experts: N experts per layer (qwen3moe needs it; with\n"
                "                      --arch llama: Mixtral's layout), ffn_gate_inp + ffn_*_exps\n"
                "  --experts-used K    experts per token (top-k)\n"
-               "  --expert-ff F       qwen3moe: each expert's feed-forward length (default --ff)\n");
+               "  --expert-ff F       qwen3moe: each expert's feed-forward length (default --ff)\n"
+               "  --threads N         workers generating and encoding weights (default: one per CPU;\n"
+               "                      the file is the same for any N)\n");
 }
 
 static void log_stderr(void *user, const char *msg)
@@ -142,6 +144,7 @@ static bool apply(synth_params *p, const char *opt, const char *val)
                     : !strcmp(opt, "--experts") ? &p->n_expert
                     : !strcmp(opt, "--experts-used") ? &p->n_expert_used
                     : !strcmp(opt, "--expert-ff") ? &p->d_ff_exp
+                    : !strcmp(opt, "--threads")  ? &p->n_threads
                                                  : NULL;
     if (!dst) {
         fprintf(stderr, "make-model: unknown option %s\n", opt);
@@ -221,10 +224,10 @@ int main(int argc, char **argv)
     if (p.n_expert)
         snprintf(experts, sizeof experts, ", %u of %u experts of %u", p.n_expert_used, p.n_expert,
                  p.d_ff_exp ? p.d_ff_exp : p.d_ff);
-    fprintf(stderr, "make-model: wrote %s (%s, %u layers, d_model %u, %u/%u heads, d_ff %u%s, %s%s weights, %.1f MiB) in %.1f s\n",
-            out, p.arch, p.n_layer, p.d_model, p.n_head, p.n_head_kv, p.d_ff, experts, synth_wtype_name(p.wtype),
-            p.llama_mix ? " mix" : "",
-            (double)size / (1024.0 * 1024.0),
-            (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec));
+    double sec = (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
+    fprintf(stderr, "make-model: wrote %s (%s, %u layers, d_model %u, %u/%u heads, d_ff %u%s, vocab %u, %s%s weights, "
+            "%.1f MiB) in %.1f s (%.0f MiB/s)\n", out, p.arch, p.n_layer, p.d_model, p.n_head, p.n_head_kv, p.d_ff,
+            experts, p.n_vocab, synth_wtype_name(p.wtype), p.llama_mix ? " mix" : "", (double)size / 1048576.0, sec,
+            (double)size / 1048576.0 / sec);
     return 0;
 }

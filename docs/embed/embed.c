@@ -1,4 +1,6 @@
-/* Embedding vkinfer: load a model, run two prompts through the batch manager, print the text.
+/* The full API: load a model, run two prompts through the batch manager's push interface at
+ * once (token ids in, a response callback per token on the worker thread), print the text.
+ * simple.c does the common case with vki_generate in a few calls.
  *   cc embed.c $(pkg-config --cflags --libs vkinfer) -o embed && ./embed model.gguf */
 #include <pthread.h>
 #include <stdio.h>
@@ -69,8 +71,7 @@ int main(int argc, char **argv)
         size_t n = 0;
         vki_tokenize(j->tok, prompts[i], strlen(prompts[i]), true, false, ids, 256, &n);
         vki_request req = {.id = (uint64_t)i + 1, .prompt = ids, .n_prompt = (uint32_t)n, .max_new_tokens = 32,
-                           .sampling = vki_sampling_default_params(), .streaming = true};
-        req.sampling.temperature = 0; /* greedy */
+                           .sampling = vki_sampling_default_params() /* greedy */, .streaming = true};
         st = vki_batch_submit(bm, &req, on_response, j, err, sizeof err);
         if (st != VKI_OK) {
             fprintf(stderr, "submit: %s: %s\n", vki_status_str(st), err);

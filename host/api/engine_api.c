@@ -1,11 +1,12 @@
 /* The public engine object (device + model on the GPU + tokenizer) and its adapter to the batch
  * manager's executor interface (host/batch/backend.h). */
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine/engine.h"
+#include "host/api/engine_api.h"
 #include "engine/quant.h"
 #include "host/batch/backend.h"
 #include "host/batch/batch.h"
@@ -16,8 +17,10 @@ struct vki_engine {
     vkd_device *dev;
     vk_engine *eng;
     vki_tokenizer *tok;
+    vki_chat_template *chat; /* the model's own chat template */
     vki_model_info info;
-    bool has_manager;     /* the engine runs one batch manager at a time */
+    atomic_bool has_manager; /* the engine runs one batch manager at a time: claimed with a
+                                compare-and-swap, so concurrent creators cannot both win */
 };
 
 vki_engine_params vki_engine_default_params(void)
@@ -25,7 +28,8 @@ vki_engine_params vki_engine_default_params(void)
     vk_engine_params d = vk_engine_default_params();
     return (vki_engine_params){.device = vki_device_default_params(), .page_size = d.page_size,
                                .kv_type = VKI_KV_F16, .kv_fraction = d.kv_fraction, .max_seqs = d.max_seqs,
-                               .max_tokens = d.max_tokens};
+                               .max_tokens = d.max_tokens, .capture_first = d.capture_first,
+                               .capture_last = d.capture_last};
 }
 
 static void set_err(char *err, size_t n, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
@@ -84,33 +88,34 @@ static void fill_info(vki_engine *e, const gguf_file *f, const char *path)
     i->max_tokens = g->p.max_tokens;
     i->weight_bytes = g->model.weight_bytes;
     i->kv_bytes = g->kv_bytes;
+    i->device_bytes = e->dev->bytes_allocated[VKD_MEM_DEVICE] + e->dev->bytes_allocated[VKD_MEM_HOST];
     snprintf(i->device, sizeof i->device, "%s", e->dev->info.name);
     snprintf(i->kv_type, sizeof i->kv_type, "%s", quant_get(g->p.kv_type) ? quant_get(g->p.kv_type)->name : "?");
     i->sliding_window = hp->swa_pattern ? hp->kind[1].window : 0;
     i->kv_window = g->kv_window;
 }
 
-/* Captures the device log's last error so vki_engine_create can report it in err. */
+/* Captures the device log's first error so vki_engine_create can report it in err. */
 typedef struct open_log {
     vki_log_fn user_fn;
     void *user;
     vki_log_level level;
-    char last_error[256];
+    char first_error[256];
 } open_log;
 
-static void stderr_log(void *u, vki_log_level lvl, const char *msg)
+/* The logger when the caller gives none: the library prints nothing by itself. */
+static void no_log(void *u, vki_log_level lvl, const char *msg)
 {
-    (void)u;
-    fprintf(stderr, "vkinfer %s: %s\n", lvl == VKI_LOG_ERROR ? "error" : lvl == VKI_LOG_WARN ? "warning" : "info", msg);
+    (void)u, (void)lvl, (void)msg;
 }
 
 static void open_log_fn(void *u, vki_log_level lvl, const char *msg)
 {
     open_log *l = u;
-    if (lvl == VKI_LOG_ERROR)
-        snprintf(l->last_error, sizeof l->last_error, "%s", msg);
-    if (lvl <= l->level)
-        (l->user_fn ? l->user_fn : stderr_log)(l->user, lvl, msg);
+    if (lvl == VKI_LOG_ERROR && !l->first_error[0]) /* the first error is the cause; later ones follow */
+        snprintf(l->first_error, sizeof l->first_error, "%s", msg);
+    if (lvl <= l->level && l->user_fn)
+        l->user_fn(l->user, lvl, msg);
 }
 
 static vki_status load(vki_engine *e, const char *path, const vki_engine_params *p, open_log *ol, char *err,
@@ -138,16 +143,22 @@ static vki_status load(vki_engine *e, const char *path, const vki_engine_params 
         ep.max_window = p->max_attention_window;
         ep.kv_tokens = p->kv_tokens;
         ep.kv_fraction = p->kv_fraction;
+        ep.device_memory_limit = p->device_memory_limit;
         ep.max_seqs = p->max_seqs;
         ep.max_tokens = p->max_tokens;
         ep.max_ctx = p->max_ctx;
         ep.progress = p->progress;
+        ep.progress_user = p->progress_user;
         ep.batch_invariant = p->batch_invariant;
         ep.profile_path = p->profile_path;
+        ep.capture_first = p->capture_first;
+        ep.capture_last = p->capture_last;
         st = vk_engine_create(e->dev, f, &hp, &t, &ep, &e->eng);
         if (st != VKI_OK)
-            set_err(err, n, "%s%s%s", vki_status_str(st), ol->last_error[0] ? ": " : "", ol->last_error);
+            set_err(err, n, "%s%s%s", vki_status_str(st), ol->first_error[0] ? ": " : "", ol->first_error);
     }
+    if (st == VKI_OK && (st = vki_chat_template_create(e->tok, NULL, &e->chat)) != VKI_OK)
+        set_err(err, n, "chat template: %s", vki_status_str(st));
     if (st == VKI_OK)
         fill_info(e, f, path);
     model_tensors_free(&t);
@@ -172,6 +183,7 @@ vki_status vki_engine_create(const char *path, const vki_engine_params *params, 
         free(ol);
         return VKI_ERR_OUT_OF_HOST_MEMORY;
     }
+    atomic_init(&e->has_manager, false);
     /* Route device messages through open_log while opening so the last error reaches err. */
     *ol = (open_log){.user_fn = p.device.log, .user = p.device.log_user, .level = p.device.log_level};
     vki_device_params dp = p.device;
@@ -180,12 +192,12 @@ vki_status vki_engine_create(const char *path, const vki_engine_params *params, 
     dp.log_level = VKI_LOG_DEBUG;
     vki_status st = vkd_open(&dp, &e->dev);
     if (st != VKI_OK)
-        set_err(err, err_len, "%s%s%s", vki_status_str(st), ol->last_error[0] ? ": " : "", ol->last_error);
+        set_err(err, err_len, "%s%s%s", vki_status_str(st), ol->first_error[0] ? ": " : "", ol->first_error);
     if (st == VKI_OK)
         st = load(e, path, &p, ol, err, err_len);
     if (st == VKI_OK) {
         /* from now on the user's logger directly (open_log dies here) */
-        e->dev->log = p.device.log ? p.device.log : stderr_log;
+        e->dev->log = p.device.log ? p.device.log : no_log;
         e->dev->log_user = p.device.log_user;
         e->dev->log_level = p.device.log_level;
     }
@@ -204,12 +216,23 @@ void vki_engine_destroy(vki_engine *e)
     if (!e)
         return;
     vk_engine_destroy(e->eng);
+    vki_chat_template_free(e->chat);
     vki_tokenizer_free(e->tok);
     vkd_close(e->dev);
     free(e);
 }
 
 const vki_tokenizer *vki_engine_tokenizer(const vki_engine *e) { return e->tok; }
+
+const vki_chat_template *vki_engine_chat_template(const vki_engine *e) { return e->chat; }
+
+vki_status vki_engine_profile_summary(const vki_engine *e, uint32_t max_rows, char *buf, size_t cap, size_t *n_out)
+{
+    if (!e || !n_out || (!buf && cap))
+        return VKI_ERR_INVALID_ARG;
+    return vk_profile_summary(&e->eng->prof, max_rows, buf, cap, n_out);
+}
+vk_engine *engine_api_core(vki_engine *e) { return e ? e->eng : NULL; }
 
 void vki_engine_info(const vki_engine *e, vki_model_info *out) { *out = e->info; }
 
@@ -236,25 +259,26 @@ static vki_status backend_token_piece(void *ctx, int32_t token, char *buf, size_
 static void backend_detach(void *ctx)
 {
     vki_engine *e = ctx;
-    e->has_manager = false;
+    atomic_store(&e->has_manager, false);
 }
 
 vki_status vki_batch_manager_create(vki_engine *e, const vki_batch_params *params, const vki_batch_callbacks *cb,
                                     vki_batch_manager **out)
 {
     *out = NULL;
-    if (!e)
+    if (!e || !out)
         return VKI_ERR_INVALID_ARG;
-    if (e->has_manager)
-        return VKI_ERR_INVALID_ARG;
+    bool free_ = false;
+    if (!atomic_compare_exchange_strong(&e->has_manager, &free_, true))
+        return VKI_ERR_INVALID_ARG; /* another manager runs on this engine */
     const vk_engine *g = e->eng;
     bm_backend be = {.ctx = e, .max_seqs = g->p.max_seqs, .n_pages = g->n_pages, .page_size = g->p.page_size,
                      .max_ctx = g->max_ctx, .max_tokens = g->p.max_tokens, .vocab_size = g->model.hp.n_vocab,
                      .kv_window = g->kv_window, .kv_sink = g->kv_sink,
                      .step = backend_step, .is_eog = backend_is_eog, .token_piece = backend_token_piece,
-                     .detach = backend_detach};
+                     .detach = backend_detach, .tok = e->tok, .chat = e->chat, .n_embd = g->model.hp.d_model};
     vki_status st = bm_create(&be, params, cb, out);
-    if (st == VKI_OK)
-        e->has_manager = true;
+    if (st != VKI_OK)
+        atomic_store(&e->has_manager, false);
     return st;
 }

@@ -18,6 +18,7 @@ typedef struct bm_backend {
      * its first kv_sink) are seen by no layer: the scheduler releases them while it runs (and
      * plans them as VKI_PAGE_NONE). 0 = every page stays. */
     uint32_t kv_window, kv_sink;
+    uint32_t n_embd;     /* width of the hidden rows a hidden_hook receives (embeddings) */
     /* Runs the plan; fills outs[i] for the i-th sequence of the plan with want_token set, in
      * plan order. On error nothing of the plan took effect for sampling purposes; the KV of
      * its sequences is undefined (the batch manager fails or recomputes them). */
@@ -30,6 +31,10 @@ typedef struct bm_backend {
     /* Called once when the batch manager is destroyed (may be NULL): the executor may serve
      * another manager afterwards. */
     void (*detach)(void *ctx);
+    /* The model's tokenizer and chat template, for vki_generate / vki_generate_chat; NULL for
+     * executors without a vocabulary (test fakes), where those calls are refused. */
+    const vki_tokenizer *tok;
+    const vki_chat_template *chat;
 } bm_backend;
 
 #endif

@@ -45,7 +45,14 @@ static void respond(vki_batch_manager *bm, bm_req *q, uint32_t from, bool final,
         .error = why == VKI_FINISH_ERROR ? error : NULL,
         .status = why == VKI_FINISH_ERROR ? (q->status != VKI_OK ? q->status : VKI_ERR_INTERNAL) : VKI_OK,
         .seed = q->seed,
+        .n_cached = s ? s->n_cached : 0,
     };
+    if (final && q->pooling != VKI_POOL_NONE) { /* the one sampled token is not an output */
+        r.tokens = NULL;
+        r.n_tokens = 0;
+        r.embedding = why == VKI_FINISH_LENGTH ? q->emb : NULL;
+        r.n_embd = r.embedding ? bm->be.n_embd : 0;
+    }
     if (q->want_lp && r.n_tokens) {
         r.logprobs = q->lp + from;
         if (q->n_top) {
@@ -62,11 +69,28 @@ static void respond(vki_batch_manager *bm, bm_req *q, uint32_t from, bool final,
     q->respond(q->respond_user, &r);
 }
 
+/* An embedding request finishes: mean (or last row), then unit length. O(n_embd). */
+static void pool_result(vki_batch_manager *bm, bm_req *q)
+{
+    uint32_t d = bm->be.n_embd;
+    if (q->pooling == VKI_POOL_MEAN)
+        for (uint32_t i = 0; i < d; i++)
+            q->emb[i] = (float)(q->emb_sum[i] / (q->n_pooled ? q->n_pooled : 1));
+    double norm = 0;
+    for (uint32_t i = 0; i < d; i++)
+        norm += (double)q->emb[i] * q->emb[i];
+    norm = sqrt(norm);
+    for (uint32_t i = 0; norm > 0 && i < d; i++)
+        q->emb[i] = (float)(q->emb[i] / norm);
+}
+
 /* Final response, then q leaves the scheduler and is freed. Streaming requests get the tokens
  * not yet delivered (none, normally); others get everything they generated. */
 static void finish(vki_batch_manager *bm, bm_req *q, vki_finish_reason why, const char *error)
 {
     bm->n_finished++;
+    if (q->pooling != VKI_POOL_NONE && why == VKI_FINISH_LENGTH)
+        pool_result(bm, q);
     respond(bm, q, q->streaming ? q->n_sent : 0, true, why, error);
     if (q->seq) {
         sched_remove(bm->s, q->seq);
@@ -97,25 +121,67 @@ static void processor_hook(void *ctx, float *logits, uint32_t n_vocab)
     q->processor(q->processor_user, q->id, logits, n_vocab, q->seq->tokens, q->seq->n_tokens);
 }
 
+/* Embedding requests: the engine hands over the final hidden rows of each computed chunk.
+ * A chunk at position 0 starts over (a recompute after a pause). O(n_rows * d). */
+static void hidden_hook(void *ctx, const float *rows, uint32_t n_rows, uint32_t d, uint32_t pos0)
+{
+    bm_req *q = ctx;
+    if (pos0 == 0) {
+        memset(q->emb_sum, 0, (size_t)d * sizeof *q->emb_sum);
+        q->n_pooled = 0;
+    }
+    for (uint32_t r = 0; r < n_rows; r++)
+        for (uint32_t i = 0; i < d; i++)
+            q->emb_sum[i] += rows[(size_t)r * d + i];
+    if (n_rows)
+        memcpy(q->emb, rows + (size_t)(n_rows - 1) * d, (size_t)d * sizeof *q->emb);
+    q->n_pooled += n_rows;
+}
+
+/* min_tokens: the request samples with the tokens that would end it banned (-inf) until it has
+ * that many; q->sampling points at the widened list meanwhile (the scheduler reads it by
+ * pointer every step). O(bias + end ids). */
+static vki_status ban_end_ids(vki_batch_manager *bm, bm_req *q)
+{
+    bool eog = !q->n_end_ids && !q->ignore_eos;
+    size_t n = (size_t)q->sampling.n_logit_bias + q->n_end_ids + q->n_stop_ids + (eog ? bm->n_eog : 0), k = 0;
+    if (!(q->ban = malloc(n * sizeof *q->ban)))
+        return VKI_ERR_OUT_OF_HOST_MEMORY;
+    for (uint32_t i = 0; i < q->sampling.n_logit_bias; i++)
+        q->ban[k++] = q->sampling.logit_bias[i];
+    for (uint32_t i = 0; i < q->n_end_ids; i++)
+        q->ban[k++] = (vki_logit_bias){q->end_ids[i], -INFINITY};
+    for (uint32_t i = 0; i < q->n_stop_ids; i++)
+        q->ban[k++] = (vki_logit_bias){q->stop_ids[i], -INFINITY};
+    for (uint32_t i = 0; eog && i < bm->n_eog; i++)
+        q->ban[k++] = (vki_logit_bias){bm->eog_ids[i], -INFINITY};
+    q->n_ban = (uint32_t)k;
+    q->n_bias = q->sampling.n_logit_bias;
+    q->sampling.logit_bias = q->ban;
+    q->sampling.n_logit_bias = q->n_ban;
+    return VKI_OK;
+}
+
 static void enter_scheduler(vki_batch_manager *bm, bm_req *q)
 {
     vki_status st = VKI_OK;
-    if (q->want_lp) {
-        q->lp = malloc((size_t)q->max_new * sizeof *q->lp);
-        if (q->n_top) {
-            q->top_tok = malloc((size_t)q->max_new * q->n_top * sizeof *q->top_tok);
-            q->top_lp = malloc((size_t)q->max_new * q->n_top * sizeof *q->top_lp);
-        }
-        if (!q->lp || (q->n_top && (!q->top_tok || !q->top_lp)))
+    bool embed = q->pooling != VKI_POOL_NONE;
+    if (embed) {
+        q->emb_sum = calloc(bm->be.n_embd ? bm->be.n_embd : 1, sizeof *q->emb_sum);
+        q->emb = calloc(bm->be.n_embd ? bm->be.n_embd : 1, sizeof *q->emb);
+        if (!q->emb_sum || !q->emb)
             st = VKI_ERR_OUT_OF_HOST_MEMORY;
     }
     char msg[BM_MSG_CAP] = "";
     if (st == VKI_OK)
         st = bm_constraint_attach(bm, q, msg, sizeof msg);
+    if (st == VKI_OK && q->min_tokens)
+        st = ban_end_ids(bm, q);
     sched_add_args a = {.prompt = q->prompt, .n_prompt = q->n_prompt, .max_new = q->max_new, .priority = q->priority,
                         .sampling = &q->sampling, .seed = q->seed, .user = q,
                         .logits_hook = q->processor ? processor_hook : NULL, .logits_hook_ctx = q,
-                        .token_mask = q->gram ? q->gr.mask : NULL};
+                        .token_mask = q->gram ? q->gr.mask : NULL,
+                        .hidden_hook = embed ? hidden_hook : NULL, .hidden_hook_ctx = q, .no_reuse = embed};
     if (st == VKI_OK)
         st = sched_add(bm->s, &a, &q->seq);
     if (st != VKI_OK) {
@@ -209,12 +275,45 @@ static void finish_all(vki_batch_manager *bm, vki_finish_reason why, vki_status 
 
 /* ---- the tick ----------------------------------------------------------------------------- */
 
+/* Room for logprobs of k + 1 tokens: doubling, so a request costs what it generates rather
+ * than what max_new_tokens allows. */
+static bool lp_reserve(bm_req *q, uint32_t k)
+{
+    if (k < q->lp_cap)
+        return true;
+    uint32_t cap = q->lp_cap ? 2 * q->lp_cap : 16;
+    if (cap > q->max_new)
+        cap = q->max_new > k ? q->max_new : k + 1;
+    size_t nt = (size_t)cap * q->n_top;
+    float *lp = realloc(q->lp, (size_t)cap * sizeof *lp);
+    if (lp)
+        q->lp = lp;
+    int32_t *tt = nt ? realloc(q->top_tok, nt * sizeof *tt) : NULL;
+    if (tt)
+        q->top_tok = tt;
+    float *tl = nt ? realloc(q->top_lp, nt * sizeof *tl) : NULL;
+    if (tl)
+        q->top_lp = tl;
+    if (!lp || (nt && (!tt || !tl)))
+        return false;
+    q->lp_cap = cap;
+    return true;
+}
+
 /* Records the sampled token of q and decides whether q is done. Returns the finish reason. */
 static vki_finish_reason apply_token(vki_batch_manager *bm, bm_req *q, const vki_step_out *o)
 {
     const sched_seq *s = q->seq;
     uint32_t k = sched_seq_generated(s) - 1;
     int32_t tok = s->tokens[s->n_tokens - 1];
+    if (q->ban && k + 1 >= q->min_tokens) { /* min_tokens reached: the request's own biases again */
+        q->sampling.logit_bias = q->bias;
+        q->sampling.n_logit_bias = q->n_bias;
+    }
+    if (q->want_lp && !lp_reserve(q, k)) {
+        q->status = VKI_ERR_OUT_OF_HOST_MEMORY;
+        return VKI_FINISH_ERROR;
+    }
     if (q->want_lp) {
         q->lp[k] = o->logprob;
         q->cum_lp += o->logprob;
@@ -301,7 +400,7 @@ static void run_step(vki_batch_manager *bm, const sched_tick *t, double *step_ms
         if (g == VKI_FINISH_ERROR || (g == VKI_FINISH_STOP && why == VKI_FINISH_NONE))
             why = g;
         if (why != VKI_FINISH_NONE)
-            finish(bm, q, why, why == VKI_FINISH_ERROR ? msg : NULL);
+            finish(bm, q, why, why != VKI_FINISH_ERROR ? NULL : msg[0] ? msg : "out of host memory for the logprobs");
         else if (q->streaming)
             respond(bm, q, q->n_sent, false, VKI_FINISH_NONE, NULL);
     }
@@ -324,7 +423,7 @@ static void tick(vki_batch_manager *bm)
     if (t.plan.n_seqs)
         run_step(bm, &t, &step_ms);
     bm->iteration++;
-    if (bm->p.stats && bm->cb.stats)
+    if (bm->p.stats && (bm->cb.stats || bm->cb.tick_stats))
         bm_emit_stats(bm, &t, step_ms);
 }
 
@@ -398,7 +497,7 @@ static void *worker(void *arg)
             finish_all(bm, VKI_FINISH_CANCELLED, VKI_OK, NULL);
         if (bm->n_active) {
             tick(bm);
-        } else if (bm->n_finished != finished0 && bm->p.stats && bm->cb.stats) {
+        } else if (bm->n_finished != finished0 && bm->p.stats && (bm->cb.stats || bm->cb.tick_stats)) {
             /* the last requests left between ticks (cancelled, stopped, aborted): one more stats
              * object, so observers see the drained KV pool rather than the last busy tick */
             sched_tick idle = {0};
@@ -425,9 +524,31 @@ static vki_status check_params(const bm_backend *be, const vki_batch_params *p, 
     return VKI_OK;
 }
 
+/* The backend's end-of-generation ids, for min_tokens bans. O(vocab) once per manager. */
+static vki_status list_eog(vki_batch_manager *bm)
+{
+    if (!bm->be.is_eog)
+        return VKI_OK;
+    uint32_t cap = 0;
+    for (uint32_t t = 0; t < bm->be.vocab_size; t++) {
+        if (!bm->be.is_eog(bm->be.ctx, (int32_t)t))
+            continue;
+        if (bm->n_eog == cap) {
+            cap = cap ? 2 * cap : 8;
+            int32_t *ids = realloc(bm->eog_ids, cap * sizeof *ids);
+            if (!ids)
+                return VKI_ERR_OUT_OF_HOST_MEMORY;
+            bm->eog_ids = ids;
+        }
+        bm->eog_ids[bm->n_eog++] = (int32_t)t;
+    }
+    return VKI_OK;
+}
+
 static void bm_free(vki_batch_manager *bm)
 {
     bm_grammar_free_all(bm);
+    free(bm->eog_ids);
     sched_destroy(bm->s);
     bm_map_free(&bm->inflight);
     free(bm->outs);
@@ -439,6 +560,9 @@ vki_status bm_create(const bm_backend *be, const vki_batch_params *p, const vki_
                      vki_batch_manager **out)
 {
     *out = NULL;
+    vki_batch_params defaults = vki_batch_default_params();
+    if (!p)
+        p = &defaults;
     vki_status st = check_params(be, p, cb);
     if (st != VKI_OK)
         return st;
@@ -462,6 +586,8 @@ vki_status bm_create(const bm_backend *be, const vki_batch_params *p, const vki_
     bm->outs = calloc(be->max_seqs, sizeof *bm->outs);
     if (st == VKI_OK && !bm->outs)
         st = VKI_ERR_OUT_OF_HOST_MEMORY;
+    if (st == VKI_OK)
+        st = list_eog(bm);
     if (st != VKI_OK) {
         bm_free(bm);
         return st;
@@ -487,11 +613,21 @@ vki_status bm_create(const bm_backend *be, const vki_batch_params *p, const vki_
     return VKI_OK;
 }
 
+uint64_t bm_auto_id(vki_batch_manager *bm)
+{
+    pthread_mutex_lock(&bm->mu);
+    uint64_t id = bm->next_auto_id++ | (1ull << 63);
+    pthread_mutex_unlock(&bm->mu);
+    return id;
+}
+
+bool bm_on_worker(const vki_batch_manager *bm) { return pthread_equal(pthread_self(), bm->thread); }
+
 vki_status vki_batch_manager_destroy(vki_batch_manager *bm, bool abort)
 {
     if (!bm)
         return VKI_OK;
-    if (pthread_equal(pthread_self(), bm->thread))
+    if (bm_on_worker(bm))
         return VKI_ERR_INVALID_ARG;
     pthread_mutex_lock(&bm->mu);
     bm->shutdown = true;

@@ -42,6 +42,14 @@ typedef struct bm_req {
     bool want_lp;              /* logprobs or top_logprobs asked for */
     uint32_t n_top;
     uint64_t seed;             /* resolved */
+    uint32_t min_tokens;       /* end ids banned until this many tokens were generated */
+    vki_logit_bias *ban;       /* [n_ban] bias + the -inf bans of min_tokens (while active) */
+    uint32_t n_ban;
+    uint32_t n_bias;           /* the request's own biases (first n_bias entries of ban) */
+    vki_pooling pooling;       /* embedding request when != NONE */
+    double *emb_sum;           /* [n_embd] sum of the pooled rows (MEAN) */
+    float *emb;                /* [n_embd] the last row (LAST), then the result */
+    uint32_t n_pooled;         /* rows summed */
     vki_logits_fn processor;   /* logits post-processor or NULL */
     void *processor_user;
     /* structured output */
@@ -60,9 +68,11 @@ typedef struct bm_req {
     vki_status status;         /* the cause reported with a final error response */
     /* worker-thread state */
     sched_seq *seq;            /* in the scheduler (NULL before intake) */
-    float *lp;                 /* [max_new] logprob of each generated token, when want_lp */
-    int32_t *top_tok;          /* [max_new][n_top] */
-    float *top_lp;             /* [max_new][n_top] */
+    float *lp;                 /* [lp_cap] logprob of each generated token, when want_lp; grown
+                                  by doubling as tokens come (max_new may be the whole context) */
+    int32_t *top_tok;          /* [lp_cap][n_top] */
+    float *top_lp;             /* [lp_cap][n_top] */
+    uint32_t lp_cap;
     double cum_lp;
     uint32_t n_sent;           /* generated tokens already delivered (streaming) */
     struct bm_req *next;       /* inbox / request list link */
@@ -105,6 +115,10 @@ struct vki_batch_manager {
     bool notified;
     uint64_t rng;              /* seed generator state (splitmix64) */
     uint64_t next_serial;
+    uint64_t next_auto_id;     /* ids vki_generate picks: this | 1 << 63 */
+    int32_t *eog_ids;          /* [n_eog] the backend's end-of-generation ids (min_tokens bans, the
+                                  end of a grammar); set at creation */
+    uint32_t n_eog;
     /* worker thread only */
     sched *s;
     vki_step_out *outs;        /* [max_seqs] */
@@ -113,8 +127,6 @@ struct vki_batch_manager {
     uint64_t n_finished;       /* final responses sent (worker thread) */
     /* structured output (worker thread; built on the first constrained request) */
     gram_vocab *vocab;         /* the executor's vocabulary as a byte trie */
-    int32_t *eog_ids;          /* [n_eog] its end-of-generation tokens */
-    uint32_t n_eog;
     struct bm_gram_entry *grams; /* compiled grammars by GBNF text (list, most recent first) */
     uint32_t n_grams;
     double gram_us;            /* host time in grammar work, summed (stats) */
@@ -126,6 +138,12 @@ struct vki_batch_manager {
  * page size, get_requests without send_response, an empty backend). */
 vki_status bm_create(const bm_backend *be, const vki_batch_params *p, const vki_batch_callbacks *cb,
                      vki_batch_manager **out);
+
+/* An id for a request of vki_generate: from a counter in the top half of the id space (where
+ * callers rarely number their own), so a clash, answered VKI_ERR_DUPLICATE_ID, is retried. */
+uint64_t bm_auto_id(vki_batch_manager *bm);
+/* Whether the calling thread is bm's worker (a callback of bm is running). */
+bool bm_on_worker(const vki_batch_manager *bm);
 
 /* batch_request.c */
 vki_status bm_validate(const vki_batch_manager *bm, const vki_request *r, char *msg, size_t cap);

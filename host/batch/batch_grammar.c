@@ -109,25 +109,11 @@ void bm_grammar_free_all(vki_batch_manager *bm)
     bm->grams = NULL;
     gram_vocab_free(bm->vocab);
     bm->vocab = NULL;
-    free(bm->eog_ids);
-    bm->eog_ids = NULL;
 }
 
 static vki_status build_vocab(vki_batch_manager *bm)
 {
-    vki_status st = gram_vocab_create(bm->be.vocab_size, bm->be.token_piece, bm->be.is_eog, bm->be.ctx, &bm->vocab);
-    if (st != VKI_OK)
-        return st;
-    uint32_t n = 0;
-    for (uint32_t id = 0; id < bm->be.vocab_size; id++)
-        n += gram_vocab_is_end(bm->vocab, (int32_t)id);
-    bm->eog_ids = malloc((n ? n : 1) * sizeof *bm->eog_ids);
-    if (!bm->eog_ids)
-        return VKI_ERR_OUT_OF_HOST_MEMORY;
-    for (uint32_t id = 0; id < bm->be.vocab_size; id++)
-        if (gram_vocab_is_end(bm->vocab, (int32_t)id))
-            bm->eog_ids[bm->n_eog++] = (int32_t)id;
-    return VKI_OK;
+    return gram_vocab_create(bm->be.vocab_size, bm->be.token_piece, bm->be.is_eog, bm->be.ctx, &bm->vocab);
 }
 
 /* The live entry for q's grammar text, or a new one (taking q->grammar). */

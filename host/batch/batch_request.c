@@ -69,11 +69,21 @@ vki_status bm_validate(const vki_batch_manager *bm, const vki_request *r, char *
         snprintf(msg, cap, "prompt: NULL with n_prompt %u", r->n_prompt);
         return VKI_ERR_INVALID_ARG;
     }
-    if (sched_validate(bm->s, r->n_prompt, r->max_new_tokens, msg, cap) != VKI_OK)
+    if ((unsigned)r->pooling > VKI_POOL_LAST) {
+        snprintf(msg, cap, "pooling: %d is not a vki_pooling", (int)r->pooling);
         return VKI_ERR_INVALID_ARG;
+    }
+    bool embed = r->pooling != VKI_POOL_NONE; /* runs the prompt and one (discarded) sample */
+    if (sched_validate(bm->s, r->n_prompt, embed ? 1 : r->max_new_tokens, msg, cap) != VKI_OK)
+        return VKI_ERR_INVALID_ARG;
+    if (!embed && r->min_tokens > r->max_new_tokens) {
+        snprintf(msg, cap, "min_tokens: %u exceeds max_new_tokens %u", r->min_tokens, r->max_new_tokens);
+        return VKI_ERR_INVALID_ARG;
+    }
     if (!ids_ok(r->prompt, r->n_prompt, vocab, "prompt", msg, cap) ||
         !ids_ok(r->end_ids, r->n_end_ids, vocab, "end_ids", msg, cap) ||
-        !ids_ok(r->stop_ids, r->n_stop_ids, vocab, "stop_ids", msg, cap) || !sampling_ok(&r->sampling, vocab, msg, cap))
+        !ids_ok(r->stop_ids, r->n_stop_ids, vocab, "stop_ids", msg, cap) ||
+        (!embed && !sampling_ok(&r->sampling, vocab, msg, cap)))
         return VKI_ERR_INVALID_ARG;
     return VKI_OK;
 }
@@ -103,7 +113,9 @@ vki_status bm_req_copy(const vki_request *r, bm_req **out)
         return VKI_ERR_OUT_OF_HOST_MEMORY;
     q->id = r->id;
     q->n_prompt = r->prompt ? r->n_prompt : 0;
-    q->max_new = r->max_new_tokens;
+    q->pooling = r->pooling;
+    q->max_new = r->pooling != VKI_POOL_NONE ? 1 : r->max_new_tokens;
+    q->min_tokens = r->pooling != VKI_POOL_NONE ? 0 : r->min_tokens;
     q->n_end_ids = r->end_ids ? r->n_end_ids : 0;
     q->n_stop_ids = r->stop_ids ? r->n_stop_ids : 0;
     q->sampling = r->sampling;
@@ -115,6 +127,13 @@ vki_status bm_req_copy(const vki_request *r, bm_req **out)
     q->n_top = r->sampling.top_logprobs <= VKI_MAX_TOP_LOGPROBS ? r->sampling.top_logprobs : 0;
     q->want_lp = r->sampling.logprobs || q->n_top;
     uint32_t n_bias = r->sampling.logit_bias ? r->sampling.n_logit_bias : 0;
+    if (q->pooling != VKI_POOL_NONE) { /* embeddings: the one sample is discarded; greedy, no extras */
+        q->sampling = vki_sampling_default_params();
+        q->sampling.temperature = 0;
+        q->n_top = 0;
+        q->want_lp = false;
+        n_bias = 0;
+    }
     bool ok = dup_array(r->prompt, q->n_prompt, sizeof(int32_t), (void **)&q->prompt) &&
               dup_array(r->end_ids, q->n_end_ids, sizeof(int32_t), (void **)&q->end_ids) &&
               dup_array(r->stop_ids, q->n_stop_ids, sizeof(int32_t), (void **)&q->stop_ids) &&
@@ -137,6 +156,9 @@ void bm_req_free(bm_req *q)
     free(q->end_ids);
     free(q->stop_ids);
     free(q->bias);
+    free(q->ban);
+    free(q->emb_sum);
+    free(q->emb);
     free(q->lp);
     free(q->top_tok);
     free(q->top_lp);

@@ -7,6 +7,8 @@ int vki_cli_info(int argc, char **argv);
 int vki_cli_generate(int argc, char **argv);
 int vki_cli_demo(int argc, char **argv);
 int vki_cli_bench(int argc, char **argv);
+int vki_cli_bench_model(int argc, char **argv);
 int vki_cli_serve(int argc, char **argv);
+int vki_cli_chat(int argc, char **argv);
 
 #endif

@@ -1,5 +1,6 @@
 #include "host/cli/cli_common.h"
 
+#include <ctype.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -7,15 +8,28 @@
 
 #include <errno.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+
+void cli_device_choice(const char *spec, vki_device_params *p)
+{
+    char *end;
+    long idx = strtol(spec, &end, 10);
+    bool is_index = *spec && !*end && idx >= 0 && idx <= INT32_MAX;
+    p->device_index = is_index ? (int)idx : -1;
+    p->device_name = is_index ? NULL : spec;
+}
 
 void cli_engine_opts_init(cli_engine_opts *o)
 {
     memset(o, 0, sizeof *o);
     o->p = vki_engine_default_params();
-    o->p.progress = true;
+    o->progress = true;
+    const char *env = getenv("VKI_DEVICE");
+    if (env && *env)
+        cli_device_choice(env, &o->p.device);
 }
 
 bool cli_parse_u64(const char *cmd, const char *opt, const char *s, uint64_t lo, uint64_t hi, uint64_t *out)
@@ -63,6 +77,23 @@ int cli_value_opt(const char *cmd, int argc, char **argv, int *i, const char *co
     return 1;
 }
 
+/* --capture-steps A or A-B: steps counted from 0. */
+static bool parse_steps(const char *cmd, const char *v, cli_engine_opts *o)
+{
+    char *end = NULL;
+    errno = 0;
+    long long a = strtoll(v, &end, 10), b = a;
+    if (!errno && end != v && *end == '-' && end[1])
+        b = strtoll(end + 1, &end, 10);
+    if (errno || end == v || *end || a < 0 || b < a || v[0] == '-') {
+        fprintf(stderr, "vkinfer %s: --capture-steps needs A or A-B with 0 <= A <= B, got '%s'\n", cmd, v);
+        return false;
+    }
+    o->p.capture_first = a;
+    o->p.capture_last = b;
+    return true;
+}
+
 int cli_engine_opt(int argc, char **argv, int *i, cli_engine_opts *o)
 {
     const char *a = argv[*i], *cmd = argv[0], *v;
@@ -82,12 +113,17 @@ int cli_engine_opt(int argc, char **argv, int *i, cli_engine_opts *o)
         return 1;
     }
     if (!strcmp(a, "--no-progress")) {
-        o->p.progress = false;
+        o->progress = false;
+        return 1;
+    }
+    if (!strcmp(a, "--no-warmup")) {
+        o->no_warmup = true;
         return 1;
     }
     static const char *const with_value[] = {"-m", "--model", "--device", "--kv-type", "--kv-tokens",
                                              "--kv-fraction", "--page-size", "--max-seqs", "--max-tokens", "--ctx",
-                                             "--profile", "--max-attention-window"};
+                                             "--profile", "--capture-steps", "--device-memory",
+                                             "--max-attention-window"};
     int r = cli_value_opt(cmd, argc, argv, i, with_value, sizeof with_value / sizeof with_value[0], NULL, &v);
     if (r <= 0)
         return r;
@@ -95,13 +131,14 @@ int cli_engine_opt(int argc, char **argv, int *i, cli_engine_opts *o)
         o->model = v;
     } else if (!strcmp(a, "--profile")) {
         o->p.profile_path = v;
+    } else if (!strcmp(a, "--capture-steps")) {
+        return parse_steps(cmd, v, o) ? 1 : -1;
+    } else if (!strcmp(a, "--device-memory")) {
+        if (!cli_parse_u64(cmd, a, v, 1, UINT64_MAX >> 20, &u))
+            return -1;
+        o->p.device_memory_limit = u << 20;
     } else if (!strcmp(a, "--device")) {
-        char *end;
-        long idx = strtol(v, &end, 10);
-        if (*v && !*end && idx >= 0)
-            o->p.device.device_index = (int)idx;
-        else
-            o->p.device.device_name = v;
+        cli_device_choice(v, &o->p.device);
     } else if (!strcmp(a, "--kv-type")) {
         if (strcmp(v, "f16") && strcmp(v, "f32") && strcmp(v, "q8_0")) {
             fprintf(stderr, "vkinfer %s: --kv-type is f16, f32 or q8_0, got '%s'\n", cmd, v);
@@ -128,6 +165,7 @@ int cli_engine_opt(int argc, char **argv, int *i, cli_engine_opts *o)
         if (!cli_parse_u64(cmd, a, v, 1, 1u << 24, &u))
             return -1;
         *dst = (uint32_t)u;
+        o->max_seqs_set |= dst == &o->p.max_seqs;
     }
     return 1;
 }
@@ -137,7 +175,8 @@ void cli_engine_opts_help(FILE *f)
     fprintf(f,
             "model and device:\n"
             "  -m, --model FILE.gguf   the model (llama, qwen2, qwen3, gemma2, gemma3 or phi3)\n"
-            "  --device N|NAME         device index or name substring (default: discrete NVIDIA first)\n"
+            "  --device N|NAME         device index or name substring (default: $VKI_DEVICE, else\n"
+            "                          discrete NVIDIA first)\n"
             "  --validation            enable the Vulkan validation layer\n"
             "  --kv-type f16|f32|q8_0  KV cache element type (f16; q8_0 holds 1.88x the tokens)\n"
             "  --kv-tokens N           KV cache capacity in tokens (default: --kv-fraction of free memory)\n"
@@ -150,9 +189,160 @@ void cli_engine_opts_help(FILE *f)
             "                          page (StreamingLLM): bounded KV for long generations\n"
             "  --batch-invariant       a request's tokens do not depend on the rest of the batch\n"
             "                          (bitwise; slower prefill)\n"
-            "  --profile FILE          GPU time of every dispatch as a Chrome trace (chrome://tracing)\n"
+            "  --device-memory MIB     device memory this engine may use in all (weights, KV, scratch)\n"
+            "  --profile FILE          GPU time of every dispatch as a Chrome trace (chrome://tracing),\n"
+            "                          and a table of the top ops by GPU time at the end\n"
+            "  --capture-steps A[-B]   under RenderDoc (renderdoccmd capture ...), capture steps A..B\n"
             "  --no-progress           no loading progress bar\n"
+            "  --no-warmup             skip the warm-up steps at load (which compile the kernels on\n"
+            "                          devices that compile on first use, e.g. lavapipe)\n"
             "  -v, --verbose           more log output (twice: debug)\n");
+}
+
+/* The library prints nothing: the program shows its log messages... */
+static void log_stderr(void *user, vki_log_level lvl, const char *msg)
+{
+    (void)user;
+    static const char *const tag[] = {"error", "warning", "info", "debug"};
+    fprintf(stderr, "vkinfer %s: %s\n", tag[lvl <= VKI_LOG_DEBUG ? lvl : VKI_LOG_DEBUG], msg);
+}
+
+/* ... and draws the loading bar from the engine's progress callback. */
+static bool progress_bar(void *user, uint64_t done, uint64_t total)
+{
+    cli_engine_opts *o = user;
+    int pct = total ? (int)(100 * done / total) : 100;
+    double s = cli_now_s() - o->progress_t0;
+    fprintf(stderr, "\rloading [%-40.*s] %3d%% %6.0f MiB %5.1fs", pct * 40 / 100,
+            "########################################", pct, done / 1048576.0, s);
+    if (done >= total)
+        fprintf(stderr, "  (%.0f MiB/s)\n", s > 0 ? done / 1048576.0 / s : 0.0);
+    fflush(stderr);
+    return true;
+}
+
+void cli_print_profile(const cli_engine_opts *o, const vki_engine *e)
+{
+    static char table[8192];
+    size_t n = 0;
+    if (o->p.profile_path && vki_engine_profile_summary(e, 20, table, sizeof table, &n) == VKI_OK)
+        fprintf(stderr, "profile written to %s\n%s", o->p.profile_path, table);
+}
+
+/* --device N or NAME against the devices that exist: a clear list rather than an engine error. */
+static bool check_device(const cli_engine_opts *o)
+{
+    int idx = o->p.device.device_index;
+    const char *name = o->p.device.device_name;
+    if (idx < 0 && !(name && *name))
+        return true;
+    vki_device_info *d = calloc(16, sizeof *d);
+    uint32_t n = 0;
+    vki_status st = d ? vki_list_devices(d, 16, &n) : VKI_ERR_OUT_OF_HOST_MEMORY;
+    bool found = false;
+    for (uint32_t i = 0; st == VKI_OK && i < n && i < 16; i++) {
+        char lower[256], want[256];
+        size_t k = 0;
+        for (; d[i].name[k] && k < sizeof lower - 1; k++)
+            lower[k] = (char)tolower((unsigned char)d[i].name[k]);
+        lower[k] = 0;
+        for (k = 0; name && name[k] && k < sizeof want - 1; k++)
+            want[k] = (char)tolower((unsigned char)name[k]);
+        want[k] = 0;
+        found |= idx >= 0 ? (uint32_t)idx == d[i].index : strstr(lower, want) != NULL;
+    }
+    if (!found) {
+        char what[300];
+        if (idx >= 0)
+            snprintf(what, sizeof what, "%d", idx);
+        else
+            snprintf(what, sizeof what, "'%s'", name);
+        if (st != VKI_OK)
+            fprintf(stderr, "vkinfer: --device %s: no Vulkan device is available (%s)\n", what, vki_status_str(st));
+        else
+            fprintf(stderr, "vkinfer: --device %s: no such device; this machine has:\n", what);
+        static const char *const types[] = {"other", "integrated GPU", "discrete GPU", "virtual GPU", "CPU"};
+        for (uint32_t i = 0; st == VKI_OK && i < n && i < 16; i++)
+            fprintf(stderr, "  %u: %s (%s)\n", d[i].index, d[i].name,
+                    (unsigned)d[i].type <= VKI_DEVICE_CPU ? types[d[i].type] : "other");
+    }
+    free(d);
+    return found;
+}
+
+/* ---- warm-up --------------------------------------------------------------------------------- */
+
+typedef struct warm {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    uint32_t finals;
+} warm;
+
+static void warm_response(void *user, const vki_response *r)
+{
+    warm *w = user;
+    if (!r->final)
+        return;
+    pthread_mutex_lock(&w->mu);
+    w->finals++;
+    pthread_cond_signal(&w->cv);
+    pthread_mutex_unlock(&w->mu);
+}
+
+/* A prefill long enough for the matrix-matrix kernels and prefill attention, then decode steps
+ * alone and in a batch: on a device that compiles each pipeline at its first dispatch (lavapipe
+ * takes tens of seconds the first time; Mesa caches the result on disk) this happens here, with
+ * a progress line, instead of inside the first request. Costs a few steps when already cached. */
+static void warmup(vki_engine *e, bool progress)
+{
+    vki_model_info mi;
+    vki_engine_info(e, &mi);
+    static const struct { uint32_t n_req, n_prompt; } phases[] = {{1, 40}, {8, 2}};
+    const uint32_t n_phases = sizeof phases / sizeof phases[0];
+    warm w = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER};
+    vki_batch_params bp = vki_batch_default_params();
+    vki_batch_manager *bm = NULL;
+    if (mi.n_ctx < 8 || vki_batch_manager_create(e, &bp, NULL, &bm) != VKI_OK)
+        return;
+    double t0 = cli_now_s();
+    bool shown = false;
+    uint64_t id = 1;
+    for (uint32_t ph = 0; ph < n_phases; ph++) {
+        uint32_t np = phases[ph].n_prompt < mi.n_ctx - 4 ? phases[ph].n_prompt : mi.n_ctx - 4;
+        uint32_t nr = phases[ph].n_req < mi.max_seqs ? phases[ph].n_req : mi.max_seqs;
+        int32_t ids[64];
+        for (uint32_t i = 0; i < np; i++)
+            ids[i] = (int32_t)((i * 7919u + 11u) % mi.n_vocab);
+        pthread_mutex_lock(&w.mu);
+        w.finals = 0;
+        pthread_mutex_unlock(&w.mu);
+        uint32_t sent = 0;
+        for (uint32_t r = 0; r < nr; r++) {
+            vki_request q = {.id = id++, .prompt = ids, .n_prompt = np, .max_new_tokens = 2, .ignore_eos = true,
+                             .sampling = vki_sampling_default_params(), .streaming = false};
+            sent += vki_batch_submit(bm, &q, warm_response, &w, NULL, 0) == VKI_OK;
+        }
+        pthread_mutex_lock(&w.mu);
+        while (w.finals < sent) {
+            struct timespec ts;
+            clock_gettime(CLOCK_REALTIME, &ts);
+            ts.tv_nsec += 200000000;
+            if (ts.tv_nsec >= 1000000000) {
+                ts.tv_sec++;
+                ts.tv_nsec -= 1000000000;
+            }
+            pthread_cond_timedwait(&w.cv, &w.mu, &ts);
+            if (progress && cli_now_s() - t0 > 1.0) {
+                fprintf(stderr, "\rvkinfer: compiling kernels (first run only) %u/%u ", ph + 1, n_phases);
+                shown = true;
+            }
+        }
+        pthread_mutex_unlock(&w.mu);
+    }
+    vki_batch_manager_destroy(bm, false);
+    if (shown)
+        fprintf(stderr, "\rvkinfer: compiling kernels (first run only) %u/%u, %.1f s (cached for the next runs)\n",
+                n_phases, n_phases, cli_now_s() - t0);
 }
 
 vki_engine *cli_open_engine(cli_engine_opts *o)
@@ -161,9 +351,18 @@ vki_engine *cli_open_engine(cli_engine_opts *o)
         fprintf(stderr, "vkinfer: no model given (-m FILE.gguf)\n");
         return NULL;
     }
+    if (!check_device(o))
+        return NULL;
     vki_engine *e = NULL;
     char err[512] = "";
     double t0 = cli_now_s();
+    if (!o->p.device.log)
+        o->p.device.log = log_stderr;
+    if (o->progress && isatty(STDERR_FILENO)) {
+        o->p.progress = progress_bar;
+        o->p.progress_user = o;
+        o->progress_t0 = t0;
+    }
     vki_status st = vki_engine_create(o->model, &o->p, &e, err, sizeof err);
     if (st != VKI_OK) {
         fprintf(stderr, "vkinfer: cannot load %s: %s\n", o->model, err[0] ? err : vki_status_str(st));
@@ -183,7 +382,101 @@ vki_engine *cli_open_engine(cli_engine_opts *o)
             mi.weight_bytes / 1048576.0, mi.kv_bytes / 1048576.0, mi.kv_type,
             (unsigned long long)mi.kv_pages * mi.page_size, mi.kv_pages, mi.page_size, mi.n_ctx, window,
             cli_now_s() - t0);
+    if (o->p.max_ctx > mi.n_ctx_train && mi.n_ctx_train)
+        fprintf(stderr, "vkinfer: warning: --ctx %u is above the context the model was trained for (%u); output "
+                "quality usually degrades past it\n", o->p.max_ctx, mi.n_ctx_train);
+    if (!o->no_warmup)
+        warmup(e, o->progress && isatty(2));
     return e;
+}
+
+/* ---- sampling options, escapes ------------------------------------------------------------------ */
+
+int cli_sampling_opt(const char *cmd, int argc, char **argv, int *i, vki_sampling_params *s)
+{
+    const char *a = argv[*i], *v;
+    static const char *const names[] = {"--temp", "--top-k", "--top-p", "--min-p", "--repeat-penalty",
+                                        "--presence-penalty", "--frequency-penalty", "--penalty-window", "--seed"};
+    size_t k;
+    int r = cli_value_opt(cmd, argc, argv, i, names, sizeof names / sizeof names[0], &k, &v);
+    if (r <= 0)
+        return r;
+    uint64_t u;
+    bool ok;
+    switch (k) {
+    case 0: ok = cli_parse_f32(cmd, a, v, 0, 100, &s->temperature); break;
+    case 1: ok = cli_parse_u64(cmd, a, v, 0, 1u << 24, &u); s->top_k = (int32_t)u; break;
+    case 2: ok = cli_parse_f32(cmd, a, v, 1e-6f, 1, &s->top_p); break;
+    case 3: ok = cli_parse_f32(cmd, a, v, 0, 1, &s->min_p); break;
+    case 4: ok = cli_parse_f32(cmd, a, v, 1e-3f, 100, &s->repetition_penalty); break;
+    case 5: ok = cli_parse_f32(cmd, a, v, -2, 2, &s->presence_penalty); break;
+    case 6: ok = cli_parse_f32(cmd, a, v, -2, 2, &s->frequency_penalty); break;
+    case 7: ok = cli_parse_u64(cmd, a, v, 0, 1u << 24, &u); s->penalty_window = (uint32_t)u; break;
+    default: ok = cli_parse_u64(cmd, a, v, 0, UINT64_MAX, &s->seed); s->has_seed = true; break;
+    }
+    return ok ? 1 : -1;
+}
+
+void cli_sampling_help(FILE *f)
+{
+    fprintf(f, "sampling:\n"
+               "  --temp T                temperature; 0 = greedy (0)\n"
+               "  --top-k K, --top-p P, --min-p P\n"
+               "  --repeat-penalty R, --presence-penalty P, --frequency-penalty F, --penalty-window N\n"
+               "  --seed S                seed for sampling (default: drawn and printed)\n");
+}
+
+static int hexval(char c)
+{
+    return c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
+}
+
+bool cli_unescape(const char *cmd, const char *opt, char *s)
+{
+    char *w = s;
+    for (const char *r = s; *r;) {
+        if (*r != '\\' || !r[1]) {
+            *w++ = *r++;
+            continue;
+        }
+        const char *simple = strchr("ntr\\\"'abfve", r[1]);
+        if (simple) {
+            *w++ = "\n\t\r\\\"'\a\b\f\v\x1b"[simple - "ntr\\\"'abfve"];
+            r += 2;
+            continue;
+        }
+        int digits = r[1] == 'x' ? 2 : r[1] == 'u' ? 4 : 0;
+        if (!digits) { /* unknown escape: kept as written */
+            *w++ = *r++;
+            continue;
+        }
+        uint32_t cp = 0;
+        for (int k = 0; k < digits; k++) {
+            int h = hexval(r[2 + k]);
+            if (h < 0) {
+                fprintf(stderr, "vkinfer %s: %s: \\%c needs %d hex digits\n", cmd, opt, r[1], digits);
+                return false;
+            }
+            cp = cp * 16 + (uint32_t)h;
+        }
+        if (!cp || (cp >= 0xD800 && cp <= 0xDFFF)) {
+            fprintf(stderr, "vkinfer %s: %s: \\%c%.*s is not allowed in text\n", cmd, opt, r[1], digits, r + 2);
+            return false;
+        }
+        r += 2 + digits;
+        if (digits == 2 || cp < 0x80) { /* \xHH is a byte, as in C */
+            *w++ = (char)cp;
+        } else if (cp < 0x800) {
+            *w++ = (char)(0xC0 | cp >> 6);
+            *w++ = (char)(0x80 | (cp & 0x3F));
+        } else {
+            *w++ = (char)(0xE0 | cp >> 12);
+            *w++ = (char)(0x80 | (cp >> 6 & 0x3F));
+            *w++ = (char)(0x80 | (cp & 0x3F));
+        }
+    }
+    *w = 0;
+    return true;
 }
 
 double cli_now_s(void)

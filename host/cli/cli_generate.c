@@ -1,19 +1,33 @@
 /* `vkinfer generate`: one prompt through the batch manager, streamed to stdout.
- * stdout gets the prompt followed by the generated text and nothing else; stderr gets the
- * loading line and timings. */
+ * stdout gets the prompt followed by the generated text and nothing else (--no-display-prompt:
+ * only the generated text; --json: one JSON object instead); stderr gets the loading line and
+ * timings. The prompt comes from -p TEXT (escapes interpreted), -p - (stdin) or -f FILE; --chat
+ * wraps it as one user message in the model's chat template. */
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include <cjson/cJSON.h>
+
 #include "host/cli/cli.h"
 #include "host/cli/cli_common.h"
+#include "host/util/strbuf.h"
 
 #define MAX_STOPS 16
+
+typedef struct gen_opts {
+    const char *prompt_arg, *prompt_file, *system, *chat_template;
+    bool chat, json, no_display, no_escape, ignore_eos;
+    uint64_t n_predict;
+    char *stops[MAX_STOPS];
+    uint32_t n_stops;
+    vki_sampling_params sp;
+} gen_opts;
 
 typedef struct gen_state {
     pthread_mutex_t mu;
     pthread_cond_t cv;
-    bool done;
+    bool done, json;
     vki_text_stream *ts;
     vki_batch_manager *bm;
     uint64_t id;
@@ -23,6 +37,10 @@ typedef struct gen_state {
     vki_finish_reason finish;
     char error[256];
     uint64_t seed;
+    strbuf text;              /* --json: the text shown */
+    int32_t *ids;             /* [n_gen] --json: the generated ids */
+    float *lp;                /* [n_gen] their logprobs */
+    uint32_t cap;
 } gen_state;
 
 static void write_out(const char *p, size_t n)
@@ -33,18 +51,48 @@ static void write_out(const char *p, size_t n)
     }
 }
 
+static void emit(gen_state *g, const char *p, size_t n)
+{
+    if (g->json)
+        strbuf_put(&g->text, p, n);
+    else
+        write_out(p, n);
+}
+
+/* --json: keeps ids and logprobs (worker thread; grown by doubling). */
+static void keep_token(gen_state *g, int32_t id, float lp)
+{
+    if (g->n_gen >= g->cap) {
+        uint32_t cap = g->cap ? 2 * g->cap : 64;
+        int32_t *i = realloc(g->ids, cap * sizeof *i);
+        if (i)
+            g->ids = i;
+        float *l = realloc(g->lp, cap * sizeof *l);
+        if (l)
+            g->lp = l;
+        if (!i || !l)
+            return;
+        g->cap = cap;
+    }
+    g->ids[g->n_gen] = id;
+    g->lp[g->n_gen] = lp;
+}
+
 /* Runs on the batch manager's worker thread. */
 static void on_response(void *user, const vki_response *r)
 {
     gen_state *g = user;
     for (uint32_t i = 0; i < r->n_tokens && !vki_text_stream_stopped(g->ts); i++) {
-        if (!g->n_gen++)
+        if (!g->n_gen)
             g->t_first = cli_now_s();
+        if (g->json)
+            keep_token(g, r->tokens[i], r->logprobs ? r->logprobs[i] : 0.0f);
+        g->n_gen++;
         const char *t;
         size_t n;
         bool stopped = false;
         if (vki_text_stream_push(g->ts, r->tokens[i], &t, &n, &stopped) == VKI_OK)
-            write_out(t, n);
+            emit(g, t, n);
         if (stopped) { /* a stop string: end the request; its final response comes next tick */
             g->stopped_by_string = true;
             vki_batch_cancel(g->bm, g->id);
@@ -54,8 +102,8 @@ static void on_response(void *user, const vki_response *r)
         return;
     const char *t;
     size_t n;
-    if (vki_text_stream_finish(g->ts, &t, &n) == VKI_OK)
-        write_out(t, n);
+    if (!g->stopped_by_string && vki_text_stream_finish(g->ts, &t, &n) == VKI_OK)
+        emit(g, t, n);
     pthread_mutex_lock(&g->mu);
     g->t_end = cli_now_s();
     g->finish = g->stopped_by_string ? VKI_FINISH_STOP : r->finish;
@@ -70,67 +118,178 @@ static void on_response(void *user, const vki_response *r)
 static void usage(FILE *f)
 {
     fprintf(f,
-            "usage: vkinfer generate -m MODEL.gguf -p PROMPT [-n N] [sampling options]\n"
-            "  -p, --prompt TEXT       the prompt (BOS is added as the model's metadata says)\n"
-            "  -n, --n-predict N       tokens to generate (128)\n"
-            "  --temp T                temperature; 0 = greedy (0)\n"
-            "  --top-k K, --top-p P, --min-p P\n"
-            "  --repeat-penalty R, --presence-penalty P, --frequency-penalty F, --penalty-window N\n"
-            "  --seed S                seed for sampling (default: drawn and printed)\n"
+            "usage: vkinfer generate -m MODEL.gguf (-p PROMPT | -p - | -f FILE) [-n N] [options]\n"
+            "  -p, --prompt TEXT       the prompt (BOS is added as the model's metadata says); '-' reads stdin\n"
+            "  -f, --file FILE         read the prompt from FILE\n"
+            "  -n, --n-predict N       tokens to generate (128; clamped to the context, with a note)\n"
             "  --stop STR              stop string (repeatable; not printed)\n"
-            "  --ignore-eos            do not stop at the model's end-of-generation tokens\n");
+            "  --ignore-eos            do not stop at the model's end-of-generation tokens\n"
+            "  --chat                  the prompt is one user message in the model's chat template\n"
+            "  --system TEXT           with --chat: a system message first\n"
+            "  --chat-template NAME    with --chat: chatml|llama3|llama2|mistral|zephyr|gemma|phi3|plain\n"
+            "  --no-display-prompt     print only the generated text\n"
+            "  --json                  print one JSON object: prompt and generated ids, text, logprobs,\n"
+            "                          finish reason, seed, timings\n"
+            "  --no-escape             take -p and --stop literally (default: \\n, \\t, \\\\, \\xHH, ... are\n"
+            "                          interpreted, so --stop \"\\n\\n\" is two newlines)\n");
+    cli_sampling_help(f);
     cli_engine_opts_help(f);
 }
 
-/* Parses the sampling options into s; 1 consumed, 0 not ours, -1 bad value. */
-static int sampling_opt(int argc, char **argv, int *i, vki_sampling_params *s)
+/* The prompt's text: -p (escapes), -p - (stdin) or -f FILE. malloc'd, or NULL (message printed). */
+static char *read_prompt(const gen_opts *o)
 {
-    const char *a = argv[*i], *v;
-    static const char *const names[] = {"--temp", "--top-k", "--top-p", "--min-p", "--repeat-penalty",
-                                        "--presence-penalty", "--frequency-penalty", "--penalty-window", "--seed"};
-    size_t k;
-    int r = cli_value_opt("generate", argc, argv, i, names, sizeof names / sizeof names[0], &k, &v);
-    if (r <= 0)
-        return r;
-    uint64_t u;
-    bool ok;
-    switch (k) {
-    case 0: ok = cli_parse_f32("generate", a, v, 0, 100, &s->temperature); break;
-    case 1: ok = cli_parse_u64("generate", a, v, 0, 1u << 24, &u); s->top_k = (int32_t)u; break;
-    case 2: ok = cli_parse_f32("generate", a, v, 1e-6f, 1, &s->top_p); break;
-    case 3: ok = cli_parse_f32("generate", a, v, 0, 1, &s->min_p); break;
-    case 4: ok = cli_parse_f32("generate", a, v, 1e-3f, 100, &s->repetition_penalty); break;
-    case 5: ok = cli_parse_f32("generate", a, v, -2, 2, &s->presence_penalty); break;
-    case 6: ok = cli_parse_f32("generate", a, v, -2, 2, &s->frequency_penalty); break;
-    case 7: ok = cli_parse_u64("generate", a, v, 0, 1u << 24, &u); s->penalty_window = (uint32_t)u; break;
-    default: ok = cli_parse_u64("generate", a, v, 0, UINT64_MAX, &s->seed); s->has_seed = true; break;
+    if (o->prompt_arg && strcmp(o->prompt_arg, "-")) {
+        char *p = strdup(o->prompt_arg);
+        if (p && !o->no_escape && !cli_unescape("generate", "-p", p)) {
+            free(p);
+            return NULL;
+        }
+        return p;
     }
-    return ok ? 1 : -1;
+    FILE *f = o->prompt_file ? fopen(o->prompt_file, "rb") : stdin;
+    if (!f) {
+        fprintf(stderr, "vkinfer generate: -f %s: cannot open it\n", o->prompt_file);
+        return NULL;
+    }
+    strbuf b = {0};
+    char buf[4096];
+    size_t n;
+    while ((n = fread(buf, 1, sizeof buf, f)) > 0)
+        if (!strbuf_put(&b, buf, n))
+            break;
+    bool bad = ferror(f) != 0;
+    if (f != stdin)
+        fclose(f);
+    if (bad || !strbuf_put(&b, "", 0) || strlen(b.p) != b.len) {
+        fprintf(stderr, "vkinfer generate: cannot read the prompt from %s%s\n", o->prompt_file ? o->prompt_file : "stdin",
+                !bad && b.p && strlen(b.p) != b.len ? " (it contains a NUL byte)" : "");
+        strbuf_free(&b);
+        return NULL;
+    }
+    return b.p;
 }
 
-static int run(cli_engine_opts *eo, const char *prompt, uint32_t n_predict, const vki_sampling_params *sp,
-               const char *const *stops, uint32_t n_stops, bool ignore_eos)
+/* Prompt text -> ids (plain, or one user message in the chat template). */
+static bool prompt_ids(const gen_opts *o, const cli_engine_opts *eo, const vki_tokenizer *tok, const char *text,
+                       int32_t **ids, size_t *n)
 {
-    vki_engine *e = cli_open_engine(eo);
-    if (!e)
+    if (!o->chat) {
+        size_t cap = strlen(text) + 8;
+        *ids = malloc(cap * sizeof **ids);
+        return *ids && vki_tokenize(tok, text, strlen(text), true, false, *ids, cap, n) == VKI_OK;
+    }
+    cli_chat c;
+    if (!cli_chat_open(eo->model, o->chat_template, tok, &c))
+        return false;
+    chat_msg m[2];
+    size_t k = 0;
+    if (o->system)
+        m[k++] = (chat_msg){CHAT_SYSTEM, o->system, strlen(o->system)};
+    m[k++] = (chat_msg){CHAT_USER, text, strlen(text)};
+    bool ok = cli_chat_tokens(&c, tok, m, k, NULL, ids, n);
+    cli_chat_close(&c);
+    return ok;
+}
+
+static cJSON *ids_json(const int32_t *ids, size_t n)
+{
+    cJSON *a = cJSON_CreateArray();
+    for (size_t i = 0; i < n; i++)
+        cJSON_AddItemToArray(a, cJSON_CreateNumber(ids[i]));
+    return a;
+}
+
+static const char *finish_name(vki_finish_reason f)
+{
+    static const char *const why[] = {"none", "stop", "length", "stop", "cancelled", "error"};
+    return why[f <= VKI_FINISH_ERROR ? f : 0];
+}
+
+static void print_json(const gen_state *g, const char *prompt, const int32_t *ids, size_t np, double load_s)
+{
+    double tp = g->t_first - g->t_submit, tg = g->t_end - g->t_first;
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "prompt", prompt);
+    cJSON_AddItemToObject(o, "prompt_ids", ids_json(ids, np));
+    uint32_t n = g->n_gen < g->cap ? g->n_gen : g->cap;
+    cJSON_AddItemToObject(o, "ids", ids_json(g->ids, n));
+    cJSON_AddStringToObject(o, "text", g->text.p ? g->text.p : "");
+    cJSON *lp = cJSON_AddArrayToObject(o, "logprobs");
+    for (uint32_t i = 0; i < n; i++)
+        cJSON_AddItemToArray(lp, cJSON_CreateNumber(g->lp[i] > -1e30f ? g->lp[i] : -9999.0));
+    cJSON_AddStringToObject(o, "finish_reason", finish_name(g->finish));
+    char seed[24]; /* a 64-bit integer: a double would round it */
+    snprintf(seed, sizeof seed, "%llu", (unsigned long long)g->seed);
+    cJSON_AddRawToObject(o, "seed", seed);
+    cJSON *t = cJSON_AddObjectToObject(o, "timings");
+    cJSON_AddNumberToObject(t, "load_ms", load_s * 1e3);
+    cJSON_AddNumberToObject(t, "prompt_ms", g->n_gen ? tp * 1e3 : 0);
+    cJSON_AddNumberToObject(t, "generation_ms", g->n_gen ? tg * 1e3 : 0);
+    cJSON_AddNumberToObject(t, "prompt_tokens_per_s", g->n_gen && tp > 0 ? np / tp : 0);
+    cJSON_AddNumberToObject(t, "generation_tokens_per_s", g->n_gen > 1 && tg > 0 ? (g->n_gen - 1) / tg : 0);
+    char *s = cJSON_Print(o);
+    cJSON_Delete(o);
+    if (s)
+        printf("%s\n", s);
+    free(s);
+}
+
+/* Clamps n_predict to the context (a note on stderr); false when the prompt itself does not fit. */
+static bool fit_context(const vki_engine *e, size_t np, uint32_t *n_predict)
+{
+    vki_model_info mi;
+    vki_engine_info(e, &mi);
+    if (np >= mi.n_ctx) {
+        fprintf(stderr, "vkinfer generate: the prompt is %zu tokens; the context is %u tokens (--ctx, --kv-tokens)\n",
+                np, mi.n_ctx);
+        return false;
+    }
+    if (np + *n_predict > mi.n_ctx) {
+        fprintf(stderr, "vkinfer generate: note: -n %u clamped to %u: the prompt (%zu tokens) and the answer must fit "
+                "the context of %u tokens\n", *n_predict, (uint32_t)(mi.n_ctx - np), np, mi.n_ctx);
+        *n_predict = (uint32_t)(mi.n_ctx - np);
+    }
+    return true;
+}
+
+static int run(cli_engine_opts *eo, gen_opts *o)
+{
+    char *prompt = read_prompt(o);
+    if (!prompt)
         return 1;
+    if (!eo->max_seqs_set)
+        eo->p.max_seqs = 1; /* one sequence: size the KV pool for it, not for 256 */
+    double t_load = cli_now_s();
+    vki_engine *e = cli_open_engine(eo);
+    if (!e) {
+        free(prompt);
+        return 1;
+    }
+    t_load = cli_now_s() - t_load;
     const vki_tokenizer *tok = vki_engine_tokenizer(e);
-    size_t np = 0, cap = strlen(prompt) + 8;
-    int32_t *ids = malloc(cap * sizeof *ids);
-    vki_status st = ids ? vki_tokenize(tok, prompt, strlen(prompt), true, false, ids, cap, &np) : VKI_ERR_OUT_OF_HOST_MEMORY;
-    gen_state g = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER, .id = 1};
+    int32_t *ids = NULL;
+    size_t np = 0;
+    uint32_t n_predict = (uint32_t)o->n_predict;
+    gen_state g = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER, .id = 1, .json = o->json};
+    vki_status st = prompt_ids(o, eo, tok, prompt, &ids, &np) ? VKI_OK : VKI_ERR_INVALID_ARG;
+    char err[256] = "";
+    if (st != VKI_OK)
+        snprintf(err, sizeof err, "cannot tokenize the prompt");
+    if (st == VKI_OK && !fit_context(e, np, &n_predict))
+        st = VKI_ERR_INVALID_ARG;
     vki_batch_params bp = vki_batch_default_params();
+    uint32_t flags = o->chat ? VKI_DETOK_STRIP_LEADING_SPACE : 0;
     if (st == VKI_OK)
-        st = vki_text_stream_create(tok, stops, n_stops, 0, &g.ts);
+        st = vki_text_stream_create(tok, (const char *const *)o->stops, o->n_stops, flags, &g.ts);
     if (st == VKI_OK)
         st = vki_batch_manager_create(e, &bp, NULL, &g.bm);
-    int32_t never = -1; /* an end id no token has: disables the model's end-of-generation ids */
+    o->sp.logprobs = o->json;
     vki_request req = {.id = g.id, .prompt = ids, .n_prompt = (uint32_t)np, .max_new_tokens = n_predict,
-                       .end_ids = ignore_eos ? &never : NULL, .n_end_ids = ignore_eos ? 1 : 0,
-                       .sampling = *sp, .streaming = true};
-    char err[256] = "";
+                       .ignore_eos = o->ignore_eos, .sampling = o->sp, .streaming = true};
     if (st == VKI_OK) {
-        write_out(prompt, strlen(prompt));
+        if (!o->no_display && !o->json && !o->chat)
+            write_out(prompt, strlen(prompt));
         g.t_submit = cli_now_s();
         st = vki_batch_submit(g.bm, &req, on_response, &g, err, sizeof err);
     }
@@ -139,46 +298,82 @@ static int run(cli_engine_opts *eo, const char *prompt, uint32_t n_predict, cons
         while (!g.done)
             pthread_cond_wait(&g.cv, &g.mu);
         pthread_mutex_unlock(&g.mu);
-        write_out("\n", 1);
+        if (!o->json)
+            write_out("\n", 1);
     }
     if (g.bm)
         vki_batch_manager_destroy(g.bm, true);
     int rc = 0;
     if (st != VKI_OK) {
-        fprintf(stderr, "vkinfer generate: %s%s%s\n", vki_status_str(st), err[0] ? ": " : "", err);
+        if (err[0] || st != VKI_ERR_INVALID_ARG)
+            fprintf(stderr, "vkinfer generate: %s%s%s\n", vki_status_str(st), err[0] ? ": " : "", err);
         rc = 1;
     } else if (g.finish == VKI_FINISH_ERROR) {
         fprintf(stderr, "vkinfer generate: %s\n", g.error);
         rc = 1;
+    } else if (o->json) {
+        print_json(&g, prompt, ids, np, t_load);
     } else {
         double tp = g.t_first - g.t_submit, tg = g.t_end - g.t_first;
-        static const char *const why[] = {"none", "end of text", "length", "stop", "cancelled", "error"};
         fprintf(stderr, "prompt: %zu tokens in %.1f ms (%.1f tokens/s) | generated: %u tokens in %.1f ms "
                 "(%.1f tokens/s) | finish: %s | seed %llu\n", np, tp * 1e3, tp > 0 ? np / tp : 0.0, g.n_gen,
                 tg * 1e3, g.n_gen > 1 && tg > 0 ? (g.n_gen - 1) / tg : 0.0,
-                why[g.finish <= VKI_FINISH_ERROR ? g.finish : 0], (unsigned long long)g.seed);
+                g.finish == VKI_FINISH_EOS ? "end of text" : finish_name(g.finish), (unsigned long long)g.seed);
     }
     vki_text_stream_free(g.ts);
+    strbuf_free(&g.text);
+    free(g.ids);
+    free(g.lp);
     free(ids);
+    free(prompt);
     vki_engine_destroy(e);
     return rc;
+}
+
+/* Options of generate itself; 1 consumed, 0 not ours, -1 bad value. */
+static int gen_opt(int argc, char **argv, int *i, gen_opts *o)
+{
+    const char *a = argv[*i], *v;
+    static const char *const flags[] = {"--ignore-eos", "--chat", "--json", "--no-display-prompt", "--no-escape"};
+    bool *dst[] = {&o->ignore_eos, &o->chat, &o->json, &o->no_display, &o->no_escape};
+    for (size_t k = 0; k < sizeof flags / sizeof flags[0]; k++)
+        if (!strcmp(a, flags[k]))
+            return *dst[k] = true, 1;
+    static const char *const names[] = {"-p", "--prompt", "-f", "--file", "-n", "--n-predict", "--stop",
+                                        "--system", "--chat-template"};
+    size_t k;
+    int r = cli_value_opt("generate", argc, argv, i, names, sizeof names / sizeof names[0], &k, &v);
+    if (r <= 0)
+        return r;
+    switch (k) {
+    case 0: case 1: o->prompt_arg = v; return 1;
+    case 2: case 3: o->prompt_file = v; return 1;
+    case 4: case 5: return cli_parse_u64("generate", a, v, 1, 1u << 24, &o->n_predict) ? 1 : -1;
+    case 6:
+        if (o->n_stops == MAX_STOPS) {
+            fprintf(stderr, "vkinfer generate: at most %d --stop strings\n", MAX_STOPS);
+            return -1;
+        }
+        o->stops[o->n_stops++] = argv[*i]; /* unescaped once every option is read (--no-escape) */
+        return 1;
+    case 7: o->system = v; return 1;
+    default: o->chat_template = v; return 1;
+    }
 }
 
 int vki_cli_generate(int argc, char **argv)
 {
     cli_engine_opts eo;
     cli_engine_opts_init(&eo);
-    vki_sampling_params sp = vki_sampling_default_params();
-    sp.temperature = 0;
-    const char *prompt = NULL, *stops[MAX_STOPS];
-    uint32_t n_stops = 0;
-    uint64_t n_predict = 128;
-    bool ignore_eos = false;
+    gen_opts o = {.n_predict = 128, .sp = vki_sampling_default_params()};
+    o.sp.temperature = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         int r = cli_engine_opt(argc, argv, &i, &eo);
         if (r == 0)
-            r = sampling_opt(argc, argv, &i, &sp);
+            r = cli_sampling_opt("generate", argc, argv, &i, &o.sp);
+        if (r == 0)
+            r = gen_opt(argc, argv, &i, &o);
         if (r < 0)
             return 2;
         if (r > 0)
@@ -186,24 +381,23 @@ int vki_cli_generate(int argc, char **argv)
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             usage(stdout);
             return 0;
-        } else if ((!strcmp(a, "-p") || !strcmp(a, "--prompt")) && i + 1 < argc) {
-            prompt = argv[++i];
-        } else if ((!strcmp(a, "-n") || !strcmp(a, "--n-predict")) && i + 1 < argc) {
-            if (!cli_parse_u64("generate", a, argv[++i], 1, 1u << 24, &n_predict))
-                return 2;
-        } else if (!strcmp(a, "--stop") && i + 1 < argc && n_stops < MAX_STOPS) {
-            stops[n_stops++] = argv[++i];
-        } else if (!strcmp(a, "--ignore-eos")) {
-            ignore_eos = true;
-        } else {
-            fprintf(stderr, "vkinfer generate: unknown or incomplete option '%s'\n", a);
-            usage(stderr);
-            return 2;
         }
-    }
-    if (!prompt) {
-        fprintf(stderr, "vkinfer generate: no prompt (-p TEXT)\n");
+        fprintf(stderr, "vkinfer generate: unknown or incomplete option '%s'\n", a);
+        usage(stderr);
         return 2;
     }
-    return run(&eo, prompt, (uint32_t)n_predict, &sp, stops, n_stops, ignore_eos);
+    if (!o.prompt_arg == !o.prompt_file) {
+        fprintf(stderr, "vkinfer generate: %s\n", o.prompt_file ? "-p and -f together: give one prompt"
+                                                                : "no prompt (-p TEXT, -p - for stdin, or -f FILE)");
+        return 2;
+    }
+    for (uint32_t s = 0; s < o.n_stops && !o.no_escape; s++)
+        if (!cli_unescape("generate", "--stop", o.stops[s]))
+            return 2;
+    for (uint32_t s = 0; s < o.n_stops; s++)
+        if (!o.stops[s][0]) {
+            fprintf(stderr, "vkinfer generate: --stop: an empty stop string\n");
+            return 2;
+        }
+    return run(&eo, &o);
 }

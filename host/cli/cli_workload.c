@@ -243,6 +243,7 @@ static int run(wl_cli *c, bool demo)
                    sum[0].out_tok_per_s / sum[2].out_tok_per_s, sum[1].out_tok_per_s / sum[2].out_tok_per_s);
     }
     cJSON_Delete(all);
+    cli_print_profile(&c->eo, e);
     vki_engine_destroy(e);
     return rc;
 }

@@ -1,50 +1,35 @@
-/* The HTTP side of `vkinfer serve`: libmicrohttpd daemon (one thread per connection, see
- * server.h), routing, request bodies (limit -> 413), the small routes (health, readiness, models,
- * metrics), OpenAI-shaped errors, and drain / shutdown. */
-#include <arpa/inet.h>
-#include <netdb.h>
+/* `vkinfer serve`: life cycle, parameters, routing (auth, CORS, the connection cap), the small
+ * routes answered on the io thread (health, readiness, metrics), OpenAI-shaped errors, the access
+ * log and the periodic stats line. HTTP itself is server_http.c. */
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/socket.h>
+#include <strings.h>
 #include <time.h>
 #include <unistd.h>
 
-#include <microhttpd.h>
-
 #include "host/server/server.h"
 
-typedef enum route {
-    R_NONE,
-    R_HEALTH,
-    R_READY,
-    R_MODELS,
-    R_MODEL,   /* /v1/models/{id} */
-    R_METRICS,
-    R_CMPL,
-    R_CHAT,
-} route;
-
-/* One HTTP request (MHD's per-request context). */
-typedef struct srv_conn {
-    srv *s;
-    route r;
-    bool post;         /* a POST route, method right: the body is kept */
-    srv_error pending; /* http != 0: the answer (404 / 405), sent once the request is read */
-    const char *allow; /* 405: the Allow header */
-    strbuf body;
-    bool too_big;
-    srv_job *job;
-    unsigned status;
-    double t0;
-} srv_conn;
+/* server_routes.c */
+void srv_route_models(srv_conn *c);
+void srv_route_model(srv_conn *c);
+void srv_route_props(srv_conn *c);
+void srv_route_version(srv_conn *c);
+void srv_route_tokenize(srv_conn *c);
+void srv_route_detokenize(srv_conn *c);
+void srv_route_embeddings(srv_conn *c);
 
 srv_params srv_default_params(void)
 {
     vki_batch_params bp = vki_batch_default_params();
-    return (srv_params){.host = "127.0.0.1", .port = 8080, .body_limit = 1u << 20, .max_connections = 512,
-                        .idle_timeout_s = 60, .batch = bp, .log_level = VKI_LOG_INFO};
+    /* Many chats at once: admit by the next step's need and pause (recompute) the newest when
+     * the pool runs short, as vLLM preempts, rather than reserving every request's whole
+     * max_tokens up front (a chat without max_tokens may run to the end of the context). */
+    bp.policy = VKI_POLICY_MAX_UTILIZATION;
+    return (srv_params){.host = "127.0.0.1", .port = 8080, .listen_fd = -1, .body_limit = 1u << 20,
+                        .max_connections = 512, .idle_timeout_s = 60, .request_timeout_s = 30,
+                        .stats_interval_s = 10, .pooling = VKI_POOL_MEAN, .batch = bp, .log_level = VKI_LOG_INFO};
 }
 
 double srv_now(void)
@@ -58,7 +43,7 @@ void srv_log(const srv *s, vki_log_level lv, const char *fmt, ...)
 {
     if (lv > s->p.log_level)
         return;
-    char msg[512];
+    char msg[768];
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(msg, sizeof msg, fmt, ap);
@@ -66,28 +51,8 @@ void srv_log(const srv *s, vki_log_level lv, const char *fmt, ...)
     if (s->p.log)
         s->p.log(s->p.log_user, lv, msg);
     else
-        fprintf(stderr, "vkinfer serve: %s\n", msg);
-}
-
-static void mhd_log(void *cls, const char *fmt, va_list ap)
-{
-    char msg[512];
-    vsnprintf(msg, sizeof msg, fmt, ap);
-    msg[strcspn(msg, "\n")] = 0;
-    /* A client that hangs up makes MHD log the connection it closed: expected, not a warning. */
-    bool hangup = strstr(msg, "Closing connection") || strstr(msg, "closing connection");
-    srv_log(cls, hangup ? VKI_LOG_DEBUG : VKI_LOG_WARN, "http: %s", msg);
-}
-
-cJSON *srv_json_parse(srv *s, const char *body, size_t n, size_t *err_at)
-{
-    const char *end = NULL;
-    pthread_mutex_lock(&s->json_mu);
-    cJSON *o = body ? cJSON_ParseWithLengthOpts(body, n, &end, false) : NULL;
-    pthread_mutex_unlock(&s->json_mu);
-    if (err_at)
-        *err_at = end && body ? (size_t)(end - body) : 0;
-    return o;
+        fprintf(stderr, "vkinfer serve: %s%s\n", lv == VKI_LOG_ERROR ? "error: " : lv == VKI_LOG_WARN ? "warning: " : "",
+                msg);
 }
 
 /* ---- errors -------------------------------------------------------------------------------- */
@@ -95,7 +60,7 @@ cJSON *srv_json_parse(srv *s, const char *body, size_t n, size_t *err_at)
 void srv_err(srv_error *e, unsigned http, const char *param, const char *fmt, ...)
 {
     e->http = http;
-    e->type = http >= 500 ? "server_error" : "invalid_request_error";
+    e->type = http >= 500 ? "server_error" : "invalid_request_error"; /* OpenAI's 401 is one too */
     e->code = NULL;
     snprintf(e->param, sizeof e->param, "%s", param ? param : "");
     va_list ap;
@@ -122,274 +87,273 @@ char *srv_error_json(const srv_error *e)
     return s;
 }
 
-/* ---- replies ------------------------------------------------------------------------------- */
-
-static bool is_draining(srv *s)
-{
-    pthread_mutex_lock(&s->mu);
-    bool d = s->draining;
-    pthread_mutex_unlock(&s->mu);
-    return d;
-}
-
-/* Queues body (malloc'd; freed by MHD) with status code; hdr/val: one extra header or NULL. */
-static enum MHD_Result reply(srv_conn *k, struct MHD_Connection *c, unsigned code, const char *ctype, char *body,
-                             const char *hdr, const char *val)
-{
-    if (!body)
-        return MHD_NO;
-    struct MHD_Response *r = MHD_create_response_from_buffer(strlen(body), body, MHD_RESPMEM_MUST_FREE);
-    if (!r) {
-        free(body);
-        return MHD_NO;
-    }
-    MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, ctype);
-    if (hdr)
-        MHD_add_response_header(r, hdr, val);
-    if (is_draining(k->s)) /* send clients to another replica */
-        MHD_add_response_header(r, MHD_HTTP_HEADER_CONNECTION, "close");
-    enum MHD_Result ok = MHD_queue_response(c, code, r);
-    MHD_destroy_response(r);
-    k->status = code;
-    srv_metrics_http(&k->s->m, code);
-    return ok;
-}
-
-static enum MHD_Result reply_json(srv_conn *k, struct MHD_Connection *c, unsigned code, cJSON *o)
-{
-    char *s = o ? cJSON_PrintUnformatted(o) : NULL;
-    cJSON_Delete(o);
-    return reply(k, c, code, "application/json", s, NULL, NULL);
-}
-
-static enum MHD_Result reply_error(srv_conn *k, struct MHD_Connection *c, const srv_error *e)
-{
-    if (k->r == R_CMPL || k->r == R_CHAT)
-        srv_metrics_outcome(&k->s->m, e->http == 429 ? SRV_OUT_QUEUE_FULL : e->http == 503 ? SRV_OUT_UNAVAILABLE
-                                      : e->http >= 500 ? SRV_OUT_ERROR : SRV_OUT_INVALID);
-    const char *hdr = e->http == 429 ? MHD_HTTP_HEADER_RETRY_AFTER : NULL;
-    return reply(k, c, e->http, "application/json", srv_error_json(e), hdr, "1");
-}
-
-/* ---- routing -------------------------------------------------------------------------------- */
+/* ---- routing ------------------------------------------------------------------------------- */
 
 static const struct {
     const char *path;
     bool prefix;
     bool post;
-    route r;
+    bool open;  /* answered without an API key (probes and scrapes) */
+    srv_route r;
 } ROUTES[] = {
-    {"/health", false, false, R_HEALTH},         {"/health/ready", false, false, R_READY},
-    {"/v1/models", false, false, R_MODELS},      {"/v1/models/", true, false, R_MODEL},
-    {"/metrics", false, false, R_METRICS},       {"/v1/completions", false, true, R_CMPL},
-    {"/v1/chat/completions", false, true, R_CHAT},
+    {"/health", false, false, true, R_HEALTH},
+    {"/health/ready", false, false, true, R_READY},
+    {"/metrics", false, false, true, R_METRICS},
+    {"/version", false, false, true, R_VERSION},
+    {"/v1/models", false, false, false, R_MODELS},
+    {"/v1/models/", true, false, false, R_MODEL},
+    {"/props", false, false, false, R_PROPS},
+    {"/v1/completions", false, true, false, R_CMPL},
+    {"/v1/chat/completions", false, true, false, R_CHAT},
+    {"/v1/embeddings", false, true, false, R_EMBED},
+    {"/tokenize", false, true, false, R_TOKENIZE},
+    {"/detokenize", false, true, false, R_DETOKENIZE},
 };
+#define N_ROUTES (sizeof ROUTES / sizeof ROUTES[0])
 
-/* The route of url, R_NONE if none. *method_ok: the method fits it (GET/HEAD or POST). */
-static route route_of(const char *url, const char *method, bool *method_ok, bool *post)
+bool srv_route_is_heavy(srv_route r) { return r >= R_CMPL; }
+
+static size_t route_index(const char *path)
 {
-    for (size_t i = 0; i < sizeof ROUTES / sizeof ROUTES[0]; i++) {
+    for (size_t i = 0; i < N_ROUTES; i++) {
         size_t n = strlen(ROUTES[i].path);
-        if (ROUTES[i].prefix ? strncmp(url, ROUTES[i].path, n) || !url[n] : strcmp(url, ROUTES[i].path))
-            continue;
-        *post = ROUTES[i].post;
-        *method_ok = ROUTES[i].post ? !strcmp(method, "POST") : !strcmp(method, "GET") || !strcmp(method, "HEAD");
-        return ROUTES[i].r;
+        if (ROUTES[i].prefix ? !strncmp(path, ROUTES[i].path, n) && path[n] : !strcmp(path, ROUTES[i].path))
+            return i;
     }
-    return R_NONE;
+    return N_ROUTES;
 }
 
-static cJSON *model_object(const srv *s)
+/* Compares every byte whatever the first difference (no timing signal about the key). */
+static bool same_secret(const char *a, const char *b)
 {
-    cJSON *m = cJSON_CreateObject();
-    cJSON_AddStringToObject(m, "id", s->model_id);
-    cJSON_AddStringToObject(m, "object", "model");
-    cJSON_AddNumberToObject(m, "created", (double)s->t_start);
-    cJSON_AddStringToObject(m, "owned_by", "vkinfer");
-    cJSON_AddNumberToObject(m, "max_model_len", s->info.n_ctx);
-    return m;
+    size_t na = strlen(a), nb = strlen(b);
+    unsigned char d = (unsigned char)(na != nb);
+    for (size_t i = 0; i < na; i++)
+        d |= (unsigned char)(a[i] ^ b[i % (nb ? nb : 1)]);
+    return d == 0;
 }
 
-static enum MHD_Result handle_get(srv_conn *k, struct MHD_Connection *c, const char *url)
+static bool authorized(const srv *s, const char *auth)
 {
-    srv *s = k->s;
-    pthread_mutex_lock(&s->mu);
-    bool draining = s->draining, lost = s->device_lost;
-    uint32_t active = s->n_active, open = s->n_open;
-    pthread_mutex_unlock(&s->mu);
-    cJSON *o = cJSON_CreateObject();
-    switch (k->r) {
-    case R_HEALTH:
-        cJSON_AddStringToObject(o, "status", "ok");
-        return reply_json(k, c, 200, o);
-    case R_READY:
-        cJSON_AddStringToObject(o, "status", lost ? "device lost" : draining ? "draining" : "ready");
-        return reply_json(k, c, lost || draining ? 503 : 200, o);
-    case R_MODELS:
-        cJSON_AddStringToObject(o, "object", "list");
-        cJSON_AddItemToArray(cJSON_AddArrayToObject(o, "data"), model_object(s));
-        return reply_json(k, c, 200, o);
-    case R_MODEL:
-        cJSON_Delete(o);
-        if (!strcmp(url + strlen("/v1/models/"), s->model_id))
-            return reply_json(k, c, 200, model_object(s));
-        srv_error e;
-        srv_err(&e, 404, "model", "the model '%.200s' does not exist; this server has '%s'",
-                url + strlen("/v1/models/"), s->model_id);
-        e.code = "model_not_found";
-        return reply_error(k, c, &e);
-    default: /* R_METRICS */
-        cJSON_Delete(o);
-        return reply(k, c, 200, "text/plain; version=0.0.4; charset=utf-8",
-                     srv_metrics_render(&s->m, active, open, !draining && !lost), NULL, NULL);
-    }
-}
-
-static enum MHD_Result handle_generate(srv_conn *k, struct MHD_Connection *c)
-{
-    srv *s = k->s;
-    srv_error e;
-    srv_job *j = NULL;
-    pthread_mutex_lock(&s->mu);
-    bool refuse = s->draining || s->device_lost;
-    pthread_mutex_unlock(&s->mu);
-    if (refuse) { /* before any tokenising */
-        srv_err(&e, 503, NULL, "the server is not taking requests (shutting down or device lost)");
-        e.code = "service_unavailable";
-        return reply_error(k, c, &e);
-    }
-    if (!srv_job_from_json(s, k->r == R_CHAT, k->body.p, k->body.len, &j, &e))
-        return reply_error(k, c, &e);
-    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
-    j->fd = ci ? ci->connect_fd : -1;
-    j->t_arrive = k->t0;
-    if (!srv_job_submit(j, &e)) {
-        srv_job_release(j);
-        return reply_error(k, c, &e);
-    }
-    k->job = j;
-    if (!j->stream) {
-        char *body = NULL;
-        unsigned code = srv_job_run_blocking(j, &body);
-        if (!code) /* the client went away: nothing to send */
-            return MHD_NO;
-        return reply(k, c, code, "application/json", body, NULL, NULL);
-    }
-    srv_job_ref(j); /* the response's */
-    struct MHD_Response *r =
-        MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16 * 1024, srv_job_sse_reader, j, srv_job_sse_free);
-    if (!r) {
-        srv_job_cancel(j);
-        srv_job_release(j);
-        return MHD_NO;
-    }
-    MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, "text/event-stream");
-    MHD_add_response_header(r, MHD_HTTP_HEADER_CACHE_CONTROL, "no-cache");
-    enum MHD_Result ok = MHD_queue_response(c, 200, r);
-    MHD_destroy_response(r);
-    k->status = 200;
-    srv_metrics_http(&s->m, 200);
+    if (!s->p.n_api_keys)
+        return true;
+    if (strncasecmp(auth, "Bearer ", 7))
+        return false;
+    const char *key = auth + 7;
+    while (*key == ' ')
+        key++;
+    bool ok = false;
+    for (uint32_t i = 0; i < s->p.n_api_keys; i++)
+        ok |= same_secret(key, s->api_keys[i]);
     return ok;
 }
 
-/* First call for a request: route, method, declared body size. Only a 413 is answered here:
- * libmicrohttpd closes a connection whose response was queued in the first call, which is right
- * for a body we will not read and wrong for everything else (keep-alive). */
-static enum MHD_Result begin(srv_conn *k, struct MHD_Connection *c, const char *url, const char *method)
+const char *srv_cors_origin(const srv *s, const char *origin)
 {
-    srv *s = k->s;
-    bool method_ok = false, post = false;
-    k->r = route_of(url, method, &method_ok, &post);
-    if (k->r == R_NONE) {
-        srv_err(&k->pending, 404, NULL, "unknown route: %.16s %.200s", method, url);
-        k->pending.code = "not_found";
-    } else if (!method_ok) {
-        srv_err(&k->pending, 405, NULL, "%.16s is not allowed on %.200s (use %s)", method, url, post ? "POST" : "GET");
-        k->pending.code = "method_not_allowed";
-        k->allow = post ? "POST" : "GET, HEAD";
-        k->r = R_NONE; /* not a generation request for the metrics */
-    }
-    k->post = post && method_ok;
-    const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
-    if (k->post && cl && strtoull(cl, NULL, 10) > s->p.body_limit) {
-        srv_error e;
-        srv_err(&e, 413, NULL, "the request body (%.20s bytes) exceeds the limit of %zu bytes", cl, s->p.body_limit);
-        return reply_error(k, c, &e);
-    }
-    return MHD_YES;
+    if (!origin || !origin[0])
+        return NULL;
+    for (uint32_t i = 0; i < s->p.n_cors_origins; i++)
+        if (!strcmp(s->cors[i], "*") || !strcmp(s->cors[i], origin))
+            return origin;
+    return NULL;
 }
 
-static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const char *url, const char *method,
-                                  const char *version, const char *upload, size_t *upload_size, void **con_cls)
+/* OPTIONS: the CORS preflight (no key needed: browsers send none with it). */
+static void preflight(srv_conn *c)
 {
-    srv *s = cls;
-    srv_conn *k = *con_cls;
-    if (!k) {
-        if (!(k = calloc(1, sizeof *k)))
-            return MHD_NO;
-        k->s = s;
-        k->t0 = srv_now();
-        *con_cls = k;
-        pthread_mutex_lock(&s->mu);
-        s->n_open++;
-        pthread_mutex_unlock(&s->mu);
-        return begin(k, c, url, method);
-    }
-    if (k->status) /* answered early (413); the rest of the upload is discarded */
-        return MHD_YES;
-    if (*upload_size) {
-        if (k->post && !k->too_big && k->body.len + *upload_size > s->p.body_limit)
-            k->too_big = true;
-        if (k->post && !k->too_big && !strbuf_put(&k->body, upload, *upload_size))
-            return MHD_NO;
-        *upload_size = 0;
-        return MHD_YES;
-    }
-    if (k->pending.http == 405)
-        return reply(k, c, 405, "application/json", srv_error_json(&k->pending), MHD_HTTP_HEADER_ALLOW, k->allow);
-    if (k->pending.http)
-        return reply_error(k, c, &k->pending);
-    if (k->too_big) {
-        srv_error e;
-        srv_err(&e, 413, NULL, "the request body exceeds the limit of %zu bytes", s->p.body_limit);
-        return reply_error(k, c, &e);
-    }
-    return k->post ? handle_generate(k, c) : handle_get(k, c, url);
+    const char *origin = srv_cors_origin(c->s, c->req.origin);
+    char extra[768];
+    if (origin)
+        snprintf(extra, sizeof extra, "Allow: GET, HEAD, POST, OPTIONS\r\nAccess-Control-Allow-Methods: GET, HEAD, "
+                 "POST, OPTIONS\r\nAccess-Control-Allow-Headers: %s\r\nAccess-Control-Max-Age: 600\r\n",
+                 c->req.acr_headers[0] ? c->req.acr_headers : "Authorization, Content-Type");
+    else
+        snprintf(extra, sizeof extra, "Allow: GET, HEAD, POST, OPTIONS\r\n");
+    srv_reply(c, 204, NULL, strdup(""), extra);
 }
 
-static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, enum MHD_RequestTerminationCode toe)
+static void health(srv_conn *c)
 {
-    srv *s = cls;
-    srv_conn *k = *con_cls;
-    if (!k)
-        return;
-    if (k->job) {
-        srv_job *j = k->job;
-        if (!j->final_seen) /* the response did not finish (a write failed): the client is gone */
-            srv_job_gone(j);
-        srv_job_count(j); /* normally counted already, before the last bytes went out */
-        srv_job_release(j);
-    }
-    srv_log(s, VKI_LOG_DEBUG, "%s %u %.1f ms%s", k->r == R_CHAT ? "chat" : k->r == R_CMPL ? "completions" : "-",
-            k->status, (srv_now() - k->t0) * 1e3, toe == MHD_REQUEST_TERMINATED_COMPLETED_OK ? "" : " (aborted)");
-    strbuf_free(&k->body);
-    free(k);
-    *con_cls = NULL;
+    srv *s = c->s;
     pthread_mutex_lock(&s->mu);
-    s->n_open--;
-    pthread_cond_broadcast(&s->cv);
+    bool draining = s->draining, lost = s->device_lost;
+    uint32_t active = s->n_active, conns = s->n_conns, handlers = s->n_handlers;
     pthread_mutex_unlock(&s->mu);
+    cJSON *o = cJSON_CreateObject();
+    switch (c->req.route) {
+    case R_HEALTH:
+        cJSON_AddStringToObject(o, "status", "ok");
+        return srv_reply_json(c, 200, o);
+    case R_READY:
+        cJSON_AddStringToObject(o, "status", lost ? "device lost" : draining ? "draining" : "ready");
+        return srv_reply_json(c, lost || draining ? 503 : 200, o);
+    default: { /* R_METRICS */
+        cJSON_Delete(o);
+        srv_gauges g = {.active = active, .connections = conns, .handlers = handlers, .ready = !draining && !lost};
+        return srv_reply(c, 200, "text/plain; version=0.0.4; charset=utf-8", srv_metrics_render(&s->m, &g), NULL);
+    }
+    }
+}
+
+static void refuse_route(srv_conn *c, unsigned code, const char *param, const char *code_str, const char *fmt,
+                         const char *a, const char *b)
+{
+    srv_error e;
+    srv_err(&e, code, param, fmt, a, b);
+    e.code = code_str;
+    srv_reply_error(c, &e);
+}
+
+void srv_serve_small(srv_conn *c)
+{
+    srv *s = c->s;
+    srv_req *r = &c->req;
+    size_t i = route_index(r->path);
+    bool get = !strcmp(r->method, "GET") || !strcmp(r->method, "HEAD"), post = !strcmp(r->method, "POST");
+    r->route = i < N_ROUTES ? ROUTES[i].r : R_NONE;
+    bool probe = r->route == R_HEALTH || r->route == R_READY || r->route == R_METRICS;
+    if (c->overflow && !(probe && get)) { /* past the cap: probes only */
+        c->close_after = true;
+        srv_metrics_overflow(&s->m);
+        return refuse_route(c, 503, NULL, "service_unavailable", "the server is at its connection limit (%s%s); "
+                            "retry later", "--max-connections", "");
+    }
+    if (!strcmp(r->method, "OPTIONS"))
+        return preflight(c);
+    if (i == N_ROUTES)
+        return refuse_route(c, 404, NULL, "not_found", "unknown route: %.16s %.200s", r->method, r->path);
+    if (ROUTES[i].post ? !post : !get) {
+        srv_error e;
+        srv_err(&e, 405, NULL, "%.16s is not allowed on %.200s (use %s)", r->method, r->path,
+                ROUTES[i].post ? "POST" : "GET");
+        e.code = "method_not_allowed";
+        r->route = R_NONE;
+        return srv_reply(c, 405, "application/json", srv_error_json(&e),
+                         ROUTES[i].post ? "Allow: POST, OPTIONS\r\n" : "Allow: GET, HEAD, OPTIONS\r\n");
+    }
+    if (!ROUTES[i].open && !authorized(s, r->auth)) {
+        srv_error e;
+        srv_err(&e, 401, NULL, "%s", r->auth[0] ? "invalid API key (Authorization: Bearer ...)"
+                                                : "an API key is required: send Authorization: Bearer <key>");
+        e.code = "invalid_api_key";
+        return srv_reply_error(c, &e);
+    }
+    switch (r->route) {
+    case R_HEALTH:
+    case R_READY:
+    case R_METRICS: return health(c);
+    case R_VERSION: return srv_route_version(c);
+    case R_MODELS: return srv_route_models(c);
+    case R_MODEL: return srv_route_model(c);
+    case R_PROPS: return srv_route_props(c);
+    default: return; /* heavy: a handler thread answers */
+    }
+}
+
+void srv_serve_heavy(srv_conn *c)
+{
+    srv *s = c->s;
+    srv_route r = c->req.route;
+    pthread_mutex_lock(&s->mu);
+    bool refuse = s->draining || s->device_lost;
+    pthread_mutex_unlock(&s->mu);
+    if (refuse && r != R_TOKENIZE && r != R_DETOKENIZE) { /* before any tokenising */
+        srv_error e;
+        srv_err(&e, 503, NULL, "the server is not taking requests (shutting down or device lost)");
+        e.code = "service_unavailable";
+        if (r == R_CMPL || r == R_CHAT)
+            srv_metrics_outcome(&s->m, SRV_OUT_UNAVAILABLE);
+        return srv_reply_error(c, &e);
+    }
+    if (r == R_EMBED)
+        return srv_route_embeddings(c);
+    if (r == R_TOKENIZE)
+        return srv_route_tokenize(c);
+    if (r == R_DETOKENIZE)
+        return srv_route_detokenize(c);
+    srv_job *j = NULL;
+    srv_error e;
+    c->acc.gen = true;
+    c->acc.ttft_ms = -1;
+    if (!srv_job_from_json(s, r == R_CHAT, c->req.body.p, c->req.body.len, &j, &e)) {
+        srv_metrics_outcome(&s->m, e.http >= 500 ? SRV_OUT_ERROR : SRV_OUT_INVALID);
+        return srv_reply_error(c, &e);
+    }
+    j->conn = c;
+    j->t_arrive = c->t_req ? c->t_req : srv_now();
+    c->acc.prompt = j->n_prompt;
+    if (!srv_job_submit(j, &e)) {
+        srv_metrics_outcome(&s->m, e.http == 429 ? SRV_OUT_QUEUE_FULL : e.http == 503 ? SRV_OUT_UNAVAILABLE
+                                   : e.http >= 500 ? SRV_OUT_ERROR : SRV_OUT_INVALID);
+        srv_job_release(j);
+        return srv_reply_error(c, &e);
+    }
+    srv_job_serve(j, c);
+    srv_job_release(j);
+}
+
+/* ---- logging: access log, periodic stats ---------------------------------------------------- */
+
+void srv_access_log(srv_conn *c)
+{
+    srv *s = c->s;
+    srv_route r = c->req.route;
+    if (!c->status)
+        return;
+    vki_log_level lv = r == R_HEALTH || r == R_READY || r == R_METRICS ? VKI_LOG_DEBUG : VKI_LOG_INFO;
+    if (lv > s->p.log_level)
+        return;
+    char when[32], gen[160] = "";
+    time_t now = time(NULL);
+    struct tm tm;
+    gmtime_r(&now, &tm);
+    strftime(when, sizeof when, "%Y-%m-%dT%H:%M:%SZ", &tm);
+    double total_ms = c->t_req ? (srv_now() - c->t_req) * 1e3 : 0;
+    if (c->acc.gen) {
+        char ttft[24] = "-";
+        if (c->acc.ttft_ms >= 0)
+            snprintf(ttft, sizeof ttft, "%.1fms", c->acc.ttft_ms);
+        snprintf(gen, sizeof gen, " prompt=%u output=%u cached=%u ttft=%s finish=%s", c->acc.prompt, c->acc.output,
+                 c->acc.cached, ttft, c->acc.finish ? c->acc.finish : "-");
+    }
+    srv_log(s, lv, "%s %s %s %s %u%s total=%.1fms%s", when, c->peer, c->req.method[0] ? c->req.method : "-",
+            c->req.path[0] ? c->req.path : "-", c->status, gen, total_ms, c->overflow ? " (over the cap)" : "");
+}
+
+void srv_maybe_log_stats(srv *s)
+{
+    double now = srv_now();
+    if (!s->p.stats_interval_s || now - s->t_stats < s->p.stats_interval_s)
+        return;
+    pthread_mutex_lock(&s->m.mu);
+    vki_batch_stats t = s->m.tick;
+    uint64_t gen = s->m.generated_tokens, prompt = s->m.prompt_tokens, done = 0;
+    for (int o = 0; o < SRV_OUT_COUNT; o++)
+        done += s->m.outcome[o];
+    pthread_mutex_unlock(&s->m.mu);
+    pthread_mutex_lock(&s->mu);
+    uint32_t active = s->n_active, conns = s->n_conns;
+    pthread_mutex_unlock(&s->mu);
+    double dt = s->t_stats ? now - s->t_stats : 0;
+    bool busy = active || gen != s->stats_gen || done != s->stats_done;
+    if (busy && dt > 0)
+        srv_log(s, VKI_LOG_INFO, "stats: %u running, %u queued, %u in flight, %u connections | KV %.0f%% used, "
+                "%.0f%% cached | %.1f prompt tok/s, %.1f gen tok/s, %llu requests finished in %.0f s", t.running,
+                t.queued, active, conns, t.kv_max ? 100.0 * t.kv_used / t.kv_max : 0.0,
+                t.kv_max ? 100.0 * t.kv_cached / t.kv_max : 0.0, (double)(prompt - s->stats_prompt) / dt,
+                (double)(gen - s->stats_gen) / dt, (unsigned long long)(done - s->stats_done), dt);
+    s->t_stats = now;
+    s->stats_gen = gen;
+    s->stats_prompt = prompt;
+    s->stats_done = done;
 }
 
 /* ---- life cycle ------------------------------------------------------------------------------ */
 
-static void on_stats(void *user, const char *json)
+static void on_tick(void *user, const vki_batch_stats *st)
 {
     srv *s = user;
-    cJSON *o = srv_json_parse(s, json, strlen(json), NULL);
-    if (o)
-        srv_metrics_stats(&s->m, o);
-    cJSON_Delete(o);
+    srv_metrics_tick(&s->m, st);
 }
 
 /* The model id: the option, else the file name without directories and ".gguf". */
@@ -419,6 +383,7 @@ static vki_status setup_chat(srv *s, char *err, size_t n_err)
                      "gemma, phi3, plain)", s->p.chat_template);
             return VKI_ERR_INVALID_ARG;
         }
+        known = true;
         srv_log(s, VKI_LOG_INFO, "chat template: %s (from the command line)", chat_family_name(f));
     } else {
         vki_status st = s->p.model_path ? chat_template_from_gguf(s->p.model_path, &tmpl, err, n_err) : VKI_OK;
@@ -431,6 +396,7 @@ static vki_status setup_chat(srv *s, char *err, size_t n_err)
             srv_log(s, VKI_LOG_INFO, "chat template: %s; using the plain fallback (\"role: content\" lines, then "
                     "\"assistant:\")", tmpl ? "not one of the known families" : "none in the GGUF");
     }
+    s->chat_known = known;
     chat_token_texts(s->tok, bos, sizeof bos, eos, sizeof eos);
     vki_status st = chat_template_init(&s->chat, f, tmpl, bos, eos);
     free(tmpl);
@@ -441,32 +407,24 @@ static vki_status setup_chat(srv *s, char *err, size_t n_err)
     return st;
 }
 
-static vki_status start_daemon(srv *s, char *err, size_t n_err)
+static char **copy_strings(const char *const *v, uint32_t n)
 {
-    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM, .ai_flags = AI_PASSIVE}, *ai = NULL;
-    char port[8];
-    snprintf(port, sizeof port, "%u", s->p.port);
-    int rc = getaddrinfo(s->p.host, port, &hints, &ai);
-    if (rc) {
-        snprintf(err, n_err, "--host %s: %s", s->p.host, gai_strerror(rc));
-        return VKI_ERR_INVALID_ARG;
-    }
-    unsigned flags = MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_POLL | MHD_USE_ITC |
-                     MHD_USE_ERROR_LOG | (ai->ai_family == AF_INET6 ? MHD_USE_IPv6 : 0);
-    s->d = MHD_start_daemon(flags, s->p.port, NULL, NULL, on_request, s, MHD_OPTION_EXTERNAL_LOGGER, mhd_log, s,
-                            MHD_OPTION_SOCK_ADDR, ai->ai_addr, MHD_OPTION_CONNECTION_LIMIT,
-                            (unsigned)s->p.max_connections, MHD_OPTION_CONNECTION_TIMEOUT,
-                            (unsigned)s->p.idle_timeout_s, MHD_OPTION_THREAD_STACK_SIZE, (size_t)SRV_STACK_BYTES,
-                            MHD_OPTION_LISTEN_BACKLOG_SIZE, (unsigned)1024, MHD_OPTION_NOTIFY_COMPLETED,
-                            on_completed, s, MHD_OPTION_END);
-    freeaddrinfo(ai);
-    if (!s->d) {
-        snprintf(err, n_err, "cannot listen on %s:%u (address in use or not available)", s->p.host, s->p.port);
-        return VKI_ERR_IO;
-    }
-    const union MHD_DaemonInfo *di = MHD_get_daemon_info(s->d, MHD_DAEMON_INFO_BIND_PORT);
-    s->port = di ? di->port : s->p.port;
-    return VKI_OK;
+    char **o = calloc(n ? n : 1, sizeof *o);
+    for (uint32_t i = 0; o && i < n; i++)
+        if (!(o[i] = strdup(v[i]))) {
+            for (uint32_t k = 0; k < i; k++)
+                free(o[k]);
+            free(o);
+            return NULL;
+        }
+    return o;
+}
+
+static void free_strings(char **v, uint32_t n)
+{
+    for (uint32_t i = 0; v && i < n; i++)
+        free(v[i]);
+    free(v);
 }
 
 static void srv_free(srv *s)
@@ -474,10 +432,26 @@ static void srv_free(srv *s)
     chat_specials_free(s->specials);
     chat_template_free(&s->chat);
     srv_metrics_destroy(&s->m);
+    free_strings(s->api_keys, s->p.n_api_keys);
+    free_strings(s->cors, s->p.n_cors_origins);
     pthread_cond_destroy(&s->cv);
     pthread_mutex_destroy(&s->mu);
-    pthread_mutex_destroy(&s->json_mu);
     free(s);
+}
+
+static vki_status check_params(const srv_params *p, char *err, size_t n_err)
+{
+    const char *bad = !p->max_connections ? "max_connections must be >= 1"
+                    : !p->idle_timeout_s || !p->request_timeout_s ? "the timeouts must be >= 1 s"
+                    : p->body_limit < 64 ? "body_limit must be >= 64 bytes"
+                    : p->pooling != VKI_POOL_MEAN && p->pooling != VKI_POOL_LAST ? "pooling must be mean or last"
+                    : NULL;
+    for (uint32_t i = 0; !bad && i < p->n_api_keys; i++)
+        if (!p->api_keys[i] || !p->api_keys[i][0])
+            bad = "an API key is empty";
+    if (bad)
+        snprintf(err, n_err, "%s", bad);
+    return bad ? VKI_ERR_INVALID_ARG : VKI_OK;
 }
 
 vki_status srv_create(vki_engine *e, const srv_params *p, srv **out, char *err, size_t n_err)
@@ -489,38 +463,49 @@ vki_status srv_create(vki_engine *e, const srv_params *p, srv **out, char *err, 
         n_err = sizeof scratch;
     }
     err[0] = 0;
-    srv *s = calloc(1, sizeof *s);
-    if (!s)
-        return VKI_ERR_OUT_OF_HOST_MEMORY;
+    vki_status st = check_params(p, err, n_err);
+    srv *s = st == VKI_OK ? calloc(1, sizeof *s) : NULL;
+    if (!s) {
+        if (p->listen_fd >= 0)
+            close(p->listen_fd);
+        return st != VKI_OK ? st : VKI_ERR_OUT_OF_HOST_MEMORY;
+    }
     s->p = *p;
     s->engine = e;
     s->tok = vki_engine_tokenizer(e);
     vki_engine_info(e, &s->info);
     s->t_start = (long long)time(NULL);
     s->next_id = 1;
-    s->listen_fd = -1;
+    s->listen_fd = s->ep = s->wake_fd = s->reserve_fd = -1;
     pthread_condattr_t ca;
     pthread_condattr_init(&ca);
     pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
     pthread_cond_init(&s->cv, &ca);
     pthread_condattr_destroy(&ca);
     pthread_mutex_init(&s->mu, NULL);
-    pthread_mutex_init(&s->json_mu, NULL);
     srv_metrics_init(&s->m);
     set_model_id(s);
-    vki_status st = setup_chat(s, err, n_err);
-    vki_batch_callbacks cb = {.user = s, .stats = on_stats};
+    s->api_keys = copy_strings(p->api_keys, p->n_api_keys);
+    s->cors = copy_strings(p->cors_origins, p->n_cors_origins);
+    if (!s->api_keys || !s->cors)
+        st = VKI_ERR_OUT_OF_HOST_MEMORY;
+    if (st == VKI_OK)
+        st = setup_chat(s, err, n_err);
+    vki_batch_callbacks cb = {.user = s, .tick_stats = on_tick};
     if (st == VKI_OK && (st = vki_batch_manager_create(e, &p->batch, &cb, &s->bm)) != VKI_OK)
         snprintf(err, n_err, "batch manager: %s", vki_status_str(st));
     if (st == VKI_OK)
-        st = start_daemon(s, err, n_err);
+        st = srv_http_start(s, err, n_err);
+    else if (p->listen_fd >= 0)
+        close(p->listen_fd);
     if (st != VKI_OK) {
         vki_batch_manager_destroy(s->bm, true);
+        srv_http_stop(s);
         srv_free(s);
         return st;
     }
-    srv_log(s, VKI_LOG_INFO, "model '%s' (context %u) listening on http://%s:%u", s->model_id, s->info.n_ctx,
-            s->p.host, s->port);
+    srv_log(s, VKI_LOG_INFO, "model '%s' (context %u) listening on http://%s:%u%s", s->model_id, s->info.n_ctx,
+            s->p.host, s->port, s->p.n_api_keys ? " (API key required)" : "");
     *out = s;
     return VKI_OK;
 }
@@ -533,19 +518,11 @@ void srv_drain_begin(srv *s)
     bool was = s->draining;
     s->draining = true;
     pthread_mutex_unlock(&s->mu);
-    if (was)
-        return;
-    /* No new connections; open ones keep working. The socket must stay open until the daemon
-     * stops (its thread may still poll it), but shutdown() stops a listening socket on Linux at
-     * once: connecting clients are refused instead of waiting in a backlog nobody accepts. */
-    MHD_socket fd = MHD_quiesce_daemon(s->d);
-    if (fd != MHD_INVALID_SOCKET)
-        shutdown(fd, SHUT_RDWR);
-    s->listen_fd = fd == MHD_INVALID_SOCKET ? -1 : fd;
+    if (!was)
+        srv_http_stop_accepting(s);
 }
 
-/* Waits on s->cv until *count (under s->mu) is 0 or the deadline passes. */
-static bool wait_zero(srv *s, const uint32_t *count, double timeout_s)
+bool srv_wait_idle(srv *s, double timeout_s)
 {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -554,14 +531,12 @@ static bool wait_zero(srv *s, const uint32_t *count, double timeout_s)
     ts.tv_nsec = (long)((end - (double)ts.tv_sec) * 1e9);
     pthread_mutex_lock(&s->mu);
     int rc = 0;
-    while (*count && rc == 0)
+    while (s->n_active && rc == 0)
         rc = pthread_cond_timedwait(&s->cv, &s->mu, &ts);
-    bool zero = *count == 0;
+    bool idle = s->n_active == 0;
     pthread_mutex_unlock(&s->mu);
-    return zero;
+    return idle;
 }
-
-bool srv_wait_idle(srv *s, double timeout_s) { return wait_zero(s, &s->n_active, timeout_s); }
 
 void srv_destroy(srv *s)
 {
@@ -573,10 +548,6 @@ void srv_destroy(srv *s)
     s->bm = NULL; /* cancels and submissions from now on see no manager */
     pthread_mutex_unlock(&s->mu);
     vki_batch_manager_destroy(bm, true); /* every request left gets its final (cancelled) response */
-    if (!wait_zero(s, &s->n_open, 1.0))
-        srv_log(s, VKI_LOG_WARN, "HTTP requests still open at shutdown; closing them");
-    MHD_stop_daemon(s->d);
-    if (s->listen_fd >= 0)
-        close(s->listen_fd);
+    srv_http_stop(s);                    /* handlers write those answers out, then every socket closes */
     srv_free(s);
 }

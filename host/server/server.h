@@ -1,27 +1,39 @@
 /* `vkinfer serve`: an OpenAI-compatible HTTP server over one engine and one batch manager.
  *
- *   server.c          daemon, routing, bodies, health / models / metrics routes, drain, errors
- *   server_req.c      request JSON -> a job: validation (400s naming the field), sampling,
- *                     stop strings, prompts (text or token ids), chat messages through chat.h
- *   server_job.c      a job's life: submission, the batch manager's callback, waiting for tokens
- *                     or a client that went away, text and logprobs, the JSON / SSE output
- *   server_metrics.c  counters, histograms and the stats-callback gauges, Prometheus text
+ *   server.c          life cycle, parameters, routing, auth / CORS, errors, the small GET routes,
+ *                     the access log and the periodic stats line
+ *   server_http.c     HTTP/1.1: the listener, the connection (io) thread, request parsing with
+ *                     deadlines, the connection cap (503 past it), handler threads, writers
+ *   server_json.c     strict JSON for request bodies (no trailing data, duplicate keys, NUL)
+ *   server_req.c      completion / chat request JSON -> a job: the table of known fields,
+ *                     validation (400s naming the field), prompts, chat messages through chat.h
+ *   server_job.c      a job's life: n choices submitted to the batch manager, their callback,
+ *                     waiting for tokens or a client that went away, the JSON / SSE output
+ *   server_routes.c   /v1/models, /props, /version, /tokenize, /detokenize, /v1/embeddings
+ *   server_metrics.c  counters, histograms, the tick gauges, Prometheus text
  *
- * Threading. libmicrohttpd runs one thread per connection (MHD_USE_THREAD_PER_CONNECTION with
- * poll()). A generation request tokenises its prompt on that thread, submits through the push
- * interface, then blocks in poll() on two descriptors: the job's eventfd (the batch manager's
- * worker writes it after appending tokens) and the client socket (POLLRDHUP: the client closed).
- * Nothing busy-waits; a client that goes away is seen at once, even while its request waits in
- * the queue, and its request is cancelled (freed at the next tick boundary). Cost: one thread
- * (stack SRV_STACK_BYTES) and two descriptors per open connection; the per-connection thread
- * model is what lets a content reader block, which suspend/resume would not (MHD does not watch
- * suspended sockets, so a disconnect would go unseen until the next write).
+ * Threading. One io thread owns every connection while a request is being received: it accepts,
+ * reads and parses with a deadline (a client that trickles cannot hold a slot longer than
+ * request_timeout_s), answers the small routes itself (health, readiness, metrics, models, props,
+ * version, errors) and answers connections past max_connections with 503 + Retry-After (after
+ * reading their request head, so /health and /metrics are still answered when every slot is
+ * taken). A complete request for a heavy route (completions, chat, embeddings, tokenize) is handed
+ * to a handler thread, which owns the connection until the answer is written, then gives it back
+ * (keep-alive) or closes it. Threads: io + one handler per busy connection (<= max_connections,
+ * stack SRV_STACK_BYTES) + the batch manager's worker.
  *
- * Locks: srv.mu (bm pointer, draining, active count, ids) is never held by the worker thread
- * while it is inside the batch manager, and the worker's callbacks take only job.mu, srv.mu and
- * metrics.mu, each briefly: submit/cancel (srv.mu -> the manager's lock) cannot deadlock with a
- * callback. srv.json_mu serialises cJSON parsing (its parser writes a process-wide error
- * position). */
+ * A generation handler tokenises on its own thread, submits through the push interface, then
+ * blocks in poll() on the job's eventfd (the worker writes it after appending tokens) and the
+ * client socket: POLLHUP / POLLERR = the client is gone (its requests are cancelled, freed at the
+ * next tick boundary). POLLRDHUP alone is a half-close (a client that shut its sending side after
+ * the request): the request goes on, and the handler probes the socket (an SSE comment, or an
+ * interim "102 Processing" on a JSON request) so that a client that really closed is seen by the
+ * reset its kernel answers with.
+ *
+ * Locks: srv.mu (bm pointer, draining, counts, ids, the returned-connection list) is never held
+ * by the worker thread while it is inside the batch manager; the worker's callbacks take only
+ * job.mu, srv.mu and metrics.mu, each briefly. Nothing on the tick path waits for a connection
+ * thread: stats arrive as a struct (tick_stats), not JSON. */
 #ifndef VKI_HOST_SERVER_H
 #define VKI_HOST_SERVER_H
 
@@ -40,26 +52,40 @@
 #define SRV_STACK_BYTES (512u * 1024u)
 #define SRV_MAX_STOPS 16
 #define SRV_MAX_STOP_BYTES 512
+#define SRV_MAX_N 16            /* choices per request */
+#define SRV_HEAD_LIMIT 16384    /* bytes of a request line + headers (431 past it) */
+#define SRV_VERSION VKI_PROGRAM_VERSION /* the project version, from CMake */
 
 typedef struct srv srv;
 
 typedef struct srv_params {
     const char *host;           /* address to bind ("127.0.0.1"; "0.0.0.0" or "::" for all) */
     uint16_t port;              /* 8080; 0 = any free port (srv_port) */
+    int listen_fd;              /* >= 0: a socket from srv_listen (taken over); -1: bind host:port */
     size_t body_limit;          /* request body bytes; larger -> 413. 1 MiB */
-    uint32_t max_connections;   /* open connections; more are refused by the listener. 512 */
-    uint32_t idle_timeout_s;    /* idle keep-alive connections are closed after this. 60 */
+    uint32_t max_connections;   /* connections served at once; past it 503 + Retry-After. 512 */
+    uint32_t idle_timeout_s;    /* an idle keep-alive connection is closed after this. 60 */
+    uint32_t request_timeout_s; /* receiving one request's head and body, in all; 408 past it. 30 */
+    const char *const *api_keys; /* [n_api_keys] accepted bearer tokens; none: no authentication */
+    uint32_t n_api_keys;
+    const char *const *cors_origins; /* [n_cors_origins] allowed origins ("*" = any); none: no CORS */
+    uint32_t n_cors_origins;
+    uint32_t stats_interval_s;  /* a one-line summary this often while busy; 0 = never. 10 */
+    vki_pooling pooling;        /* /v1/embeddings: VKI_POOL_MEAN or VKI_POOL_LAST */
     const char *model_path;     /* the GGUF (its tokenizer.chat_template) */
     const char *model_id;       /* the "model" in responses; NULL: the file name without .gguf */
     const char *chat_template;  /* NULL: recognise the GGUF's template; else a chat family name */
-    vki_batch_params batch;
+    vki_batch_params batch;     /* the server's default policy is MAX_UTILIZATION (see README) */
     vki_log_fn log;             /* NULL: stderr */
     void *log_user;
-    vki_log_level log_level;    /* VKI_LOG_INFO; DEBUG adds one line per HTTP request */
+    vki_log_level log_level;    /* VKI_LOG_INFO: the access log; DEBUG adds health probes */
 } srv_params;
 
 srv_params srv_default_params(void);
 
+/* Binds and listens on host:port (so a program can report an occupied port before it loads a
+ * model): *fd for srv_params.listen_fd. On failure err names the address and the cause. */
+vki_status srv_listen(const char *host, uint16_t port, int *fd, char *err, size_t n_err);
 /* Starts serving e (which must outlive the server). On failure err says why (bad address, port
  * in use, unknown chat template name). */
 vki_status srv_create(vki_engine *e, const srv_params *p, srv **out, char *err, size_t n_err);
@@ -69,10 +95,26 @@ void srv_drain_begin(srv *s);
 /* Waits until no generation request is in flight or timeout_s passed; true when idle. */
 bool srv_wait_idle(srv *s, double timeout_s);
 /* Cancels whatever is still running (each request still gets its final response), waits up to
- * a second for the responses to go out, then stops the daemon and frees everything. */
+ * a second for the answers to go out, then closes every connection and frees everything. */
 void srv_destroy(srv *s);
 
 /* ---- internals shared by server*.c ---------------------------------------------------------- */
+
+typedef enum srv_route {
+    R_NONE,
+    R_HEALTH,
+    R_READY,
+    R_MODELS,
+    R_MODEL,      /* /v1/models/{id} */
+    R_METRICS,
+    R_VERSION,
+    R_PROPS,
+    R_CMPL,       /* heavy routes (handler threads) from here on */
+    R_CHAT,
+    R_EMBED,
+    R_TOKENIZE,
+    R_DETOKENIZE,
+} srv_route;
 
 typedef enum srv_outcome {
     SRV_OUT_STOP,        /* finished: end of text or a stop string / id */
@@ -87,6 +129,7 @@ typedef enum srv_outcome {
 } srv_outcome;
 
 #define SRV_HIST_MAX 24
+#define SRV_N_CODES 14
 
 typedef struct srv_hist {
     const double *le;                 /* [n] upper bounds, seconds */
@@ -99,12 +142,12 @@ typedef struct srv_hist {
 typedef struct srv_metrics {
     pthread_mutex_t mu;
     uint64_t outcome[SRV_OUT_COUNT];
-    uint64_t http[8];                 /* responses by status code (srv_metrics.c lists them) */
-    uint64_t prompt_tokens, generated_tokens;
+    uint64_t http[SRV_N_CODES];       /* responses by status code (srv_metrics.c lists them) */
+    uint64_t prompt_tokens, generated_tokens, cached_tokens;
+    uint64_t overflow_rejected;       /* connections past max_connections answered 503 */
     srv_hist ttft, itl, e2e, step;
-    /* from the last stats JSON (the last tick with work) */
-    bool have_stats;
-    double iterations, queue_len, running, kv_max, kv_free, kv_used, kv_cached, kv_reused;
+    bool have_stats;                  /* tick: the last tick with work */
+    vki_batch_stats tick;
 } srv_metrics;
 
 void srv_metrics_init(srv_metrics *m);
@@ -112,11 +155,18 @@ void srv_metrics_destroy(srv_metrics *m);
 void srv_metrics_outcome(srv_metrics *m, srv_outcome o);
 void srv_metrics_http(srv_metrics *m, unsigned code);
 void srv_metrics_observe(srv_metrics *m, srv_hist *h, double seconds);
-void srv_metrics_tokens(srv_metrics *m, uint64_t prompt, uint64_t generated);
-/* The batch manager's stats JSON of one tick (already parsed). */
-void srv_metrics_stats(srv_metrics *m, const cJSON *o);
-/* Prometheus text exposition (malloc'd); active = generation requests in flight. */
-char *srv_metrics_render(srv_metrics *m, uint32_t active, uint32_t open_requests, bool ready);
+void srv_metrics_tokens(srv_metrics *m, uint64_t prompt, uint64_t generated, uint64_t cached);
+void srv_metrics_overflow(srv_metrics *m);
+/* One tick's stats (the batch manager's worker: O(buckets) under metrics.mu). */
+void srv_metrics_tick(srv_metrics *m, const vki_batch_stats *st);
+/* Prometheus text exposition (malloc'd). */
+typedef struct srv_gauges {
+    uint32_t active;                  /* generation requests in flight */
+    uint32_t connections;             /* open connections within the cap */
+    uint32_t handlers;                /* handler threads */
+    bool ready;
+} srv_gauges;
+char *srv_metrics_render(srv_metrics *m, const srv_gauges *g);
 
 /* An HTTP-level error: status, OpenAI error type, the parameter it is about, message. */
 typedef struct srv_error {
@@ -131,100 +181,225 @@ void srv_err(srv_error *e, unsigned http, const char *param, const char *fmt, ..
 /* {"error": {...}} as a malloc'd string. */
 char *srv_error_json(const srv_error *e);
 
-/* One generation request. Refcounted: the HTTP side, the MHD response (streaming) and the batch
- * manager (from a successful submit to the final response) each hold a reference. */
-typedef struct srv_job {
+/* server_json.c: strict JSON; NULL with *err (byte offset, the top-level key, message). */
+typedef struct srv_json_err {
+    size_t at;
+    char key[64];      /* the top-level field whose value failed, "" if none */
+    char msg[160];
+} srv_json_err;
+cJSON *srv_json_parse(const char *text, size_t n, srv_json_err *err);
+
+/* ---- HTTP (server_http.c) --------------------------------------------------------------------- */
+
+/* One parsed request. */
+typedef struct srv_req {
+    char method[16];
+    char path[512];            /* the target without its query */
+    int minor;                 /* HTTP/1.minor */
+    bool keep_alive;           /* the client allows another request on this connection */
+    bool chunked;              /* Transfer-Encoding: chunked body */
+    uint64_t content_length;
+    bool expect_continue;
+    char auth[512];            /* Authorization */
+    char origin[256];          /* Origin */
+    char acr_headers[256];     /* Access-Control-Request-Headers */
+    srv_route route;
+    strbuf body;
+} srv_req;
+
+/* What the access log says about a request beyond its status. */
+typedef struct srv_access {
+    bool gen;                  /* a generation / embedding request: the fields below are set */
+    uint32_t prompt, output, cached;
+    double ttft_ms;            /* < 0: no token */
+    const char *finish;        /* "stop", "length", ... or NULL */
+} srv_access;
+
+typedef struct srv_conn {
     srv *s;
+    int fd;
+    char peer[64];             /* "address:port" */
+    int state;                 /* server_http.c's conn_state */
+    bool overflow;             /* accepted past max_connections: only probes are served */
+    bool on_handler;           /* owned by a handler thread (blocking writes) */
+    bool close_after;          /* close once the answer is out */
+    bool peer_eof;             /* the client shut its sending side */
+    bool half_closed;          /* the handler saw the half-close (probing from now on) */
+    bool headers_sent;         /* a streamed answer has begun */
+    bool stream_chunked;       /* the stream uses chunked framing (HTTP/1.1) */
+    strbuf in;                 /* bytes received: the request being parsed starts at in_off */
+    size_t in_off, scan;       /* scan: where the search for the head's end resumes */
+    size_t head_len;           /* > 0 once the head is parsed */
+    uint64_t body_left;        /* Content-Length bytes still to come */
+    int chunk_state;           /* chunked body decoding */
+    uint64_t chunk_left;
+    srv_req req;
+    strbuf out;                /* io thread: answer bytes not yet written, from out_off */
+    size_t out_off;
+    double t_req, deadline;    /* first byte of the request; when the current state times out */
+    unsigned status;           /* of the answer (access log) */
+    srv_access acc;
+    struct srv_conn *prev, *next; /* the io thread's list */
+    struct srv_conn *ret_next;    /* handed back by a handler */
+} srv_conn;
+
+vki_status srv_http_start(srv *s, char *err, size_t n_err);
+void srv_http_stop_accepting(srv *s);
+void srv_http_stop(srv *s);   /* waits for handlers (unblocking them after a second), closes all */
+
+/* An answer with a body (malloc'd, taken; NULL = out of memory: the connection is closed).
+ * extra: more header lines ("Name: value\r\n..."), or NULL. HEAD requests get no body. */
+void srv_reply(srv_conn *c, unsigned code, const char *ctype, char *body, const char *extra);
+void srv_reply_error(srv_conn *c, const srv_error *e);
+void srv_reply_json(srv_conn *c, unsigned code, cJSON *o); /* takes o */
+/* Streaming (handler threads): 200 with Transfer-Encoding: chunked (HTTP/1.0: until close). */
+bool srv_stream_begin(srv_conn *c, const char *ctype);
+bool srv_stream_send(srv_conn *c, const char *p, size_t n);
+bool srv_stream_end(srv_conn *c);
+/* A half-closed client: sends something harmless (an SSE comment when streaming, else an interim
+ * 102 response) so that a client that is really gone answers with a reset. false: gone. */
+bool srv_probe(srv_conn *c);
+
+/* server.c */
+bool srv_route_is_heavy(srv_route r);
+void srv_serve_small(srv_conn *c);  /* io thread */
+void srv_serve_heavy(srv_conn *c);  /* handler thread */
+void srv_access_log(srv_conn *c);
+const char *srv_cors_origin(const srv *s, const char *origin); /* the value to echo, or NULL */
+void srv_maybe_log_stats(srv *s);   /* io thread, every wake: the periodic summary */
+
+/* ---- the server object --------------------------------------------------------------------- */
+
+struct srv {
+    srv_params p;
+    char **api_keys;           /* [p.n_api_keys] copies */
+    char **cors;               /* [p.n_cors_origins] copies */
+    vki_engine *engine;
+    const vki_tokenizer *tok;
+    vki_model_info info;
+    char model_id[128];
+    chat_template chat;
+    bool chat_known;           /* the GGUF's template was recognised (else the plain fallback) */
+    chat_specials *specials;
     pthread_mutex_t mu;
-    int evfd;                  /* written by the worker after each response */
-    int refs;                  /* under mu */
+    pthread_cond_t cv;         /* n_active or n_handlers changed */
+    vki_batch_manager *bm;     /* NULL once srv_destroy took it */
+    bool draining, device_lost;
+    uint32_t n_active;         /* jobs submitted and not yet final */
+    uint64_t next_id;
+    srv_metrics m;
+    long long t_start;         /* unix seconds */
+    /* HTTP (server_http.c) */
+    int listen_fd, ep, wake_fd, reserve_fd;
+    uint16_t port;
+    pthread_t io;
+    bool io_started;
+    bool stopping;             /* under mu: the io thread exits */
+    bool stop_accepting;       /* under mu: the listener is to be closed */
+    uint32_t n_handlers;       /* under mu */
+    uint32_t n_conns;          /* under mu: connections within the cap */
+    uint32_t n_overflow;       /* io thread: connections past the cap */
+    uint32_t overflow_max;
+    uint64_t fd_limit;
+    srv_conn *conns;           /* io thread: every connection it owns */
+    srv_conn *returned;        /* under mu: given back by handlers */
+    srv_conn **handled;        /* under mu: [max_connections] owned by handlers (to unblock) */
+    /* periodic stats line (io thread) */
+    double t_stats;
+    uint64_t stats_gen, stats_prompt, stats_done;
+};
+
+double srv_now(void); /* monotonic seconds */
+void srv_log(const srv *s, vki_log_level lv, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+
+/* ---- jobs (server_req.c, server_job.c) --------------------------------------------------------- */
+
+typedef struct srv_job srv_job;
+
+/* Generated ids and their logprobs, grown by doubling (a request costs what it generates). */
+typedef struct srv_toks {
+    int32_t *tok;              /* [cap] generated ids */
+    float *lp;                 /* [cap] when the job wants logprobs */
+    int32_t *top_id;           /* [cap][n_top] alternatives */
+    float *top_lp;             /* [cap][n_top] */
+    uint32_t cap;
+} srv_toks;
+
+/* One choice of a job: one batch-manager request. */
+typedef struct srv_choice {
+    srv_job *j;
+    uint32_t index;
     uint64_t id;
-    char cmpl_id[40];          /* "cmpl-..." / "chatcmpl-..." */
-    long long created;
-    /* the request */
-    bool chat, stream, include_usage, ignore_eos;
-    bool want_lp;              /* completions: logprobs != null; chat: logprobs: true */
-    uint32_t n_top;            /* alternatives per token */
-    uint32_t max_tokens;
-    int32_t *prompt;           /* [n_prompt] */
-    uint32_t n_prompt;
-    vki_sampling_params sampling;
-    vki_logit_bias *bias;      /* [sampling.n_logit_bias] */
-    char *stops[SRV_MAX_STOPS];
-    uint32_t n_stops;
-    /* written by the worker thread, under mu */
-    int32_t *tok;              /* [max_tokens] generated ids */
-    float *lp;                 /* [max_tokens] when want_lp */
-    int32_t *top_id;           /* [max_tokens][n_top] */
-    float *top_lp;
-    uint32_t n_recv;
-    bool final;
+    bool submitted;
+    /* written by the worker thread, under j->mu */
+    srv_toks w;                /* may move when it grows: the handler reads h, its copy */
+    uint32_t n_recv, n_cached;
+    double t_last;             /* when its last token came (inter-token latency) */
+    bool final, oom;
     vki_finish_reason finish;
+    vki_status status;
     char error[192];
-    double t_arrive, t_first, t_last; /* seconds, monotonic */
-    /* the HTTP thread's */
-    int fd;                    /* the client socket (-1: unknown) */
-    bool submitted, final_seen, stop_hit, gone;
+    /* the handler's */
+    srv_toks h;                /* [0, n_used) copied from w under j->mu */
+    bool final_seen, stop_hit;
+    bool oom_seen;             /* oom, as of the last copy */
     uint32_t n_used;           /* tokens turned into text so far */
     uint32_t n_counted;        /* tokens that count (up to and including a stop string's end) */
     vki_text_stream *ts;
     strbuf text;               /* the whole completion (non-streaming) */
     size_t text_bytes;         /* completion bytes emitted so far (text_offset) */
     cJSON *lp_all;             /* non-streaming logprobs being built */
-    strbuf out;                /* streaming: SSE bytes not yet handed to MHD */
-    size_t out_pos;
-    int phase;                 /* streaming: 0 role chunk due, 1 tokens, 2 done */
+    bool role_sent, end_sent;  /* streaming chat: the role chunk, the finish chunk */
+} srv_choice;
+
+/* One generation request: n choices over one prompt. Refcounted: the handler and the batch
+ * manager (one reference per submitted choice, until its final response) each hold one. */
+struct srv_job {
+    srv *s;
+    pthread_mutex_t mu;
+    int evfd;                  /* written by the worker after each response */
+    int refs;                  /* under mu */
+    char cmpl_id[40];          /* "cmpl-..." / "chatcmpl-..." */
+    long long created;
+    /* the request */
+    bool chat, stream, include_usage, ignore_eos, echo, return_ids, skip_special;
+    bool want_lp;              /* completions: logprobs != null; chat: logprobs: true */
+    uint32_t n_top;            /* alternatives per token */
+    uint32_t max_tokens, min_tokens, n;
+    int32_t *prompt;           /* [n_prompt] */
+    uint32_t n_prompt;
+    char *prompt_text;         /* echo: the prompt as text (completions) */
+    vki_sampling_params sampling;
+    vki_logit_bias *bias;      /* [sampling.n_logit_bias] */
+    int32_t *stop_ids;         /* [n_stop_ids] */
+    uint32_t n_stop_ids;
+    char *stops[SRV_MAX_STOPS];
+    uint32_t n_stops;
+    srv_choice ch[SRV_MAX_N];
+    bool rest_submitted;       /* choices 1..n-1 (submitted once choice 0 has its prompt's KV) */
+    double t_arrive, t_first, t_last; /* seconds, monotonic (under mu) */
+    /* the handler's */
+    srv_conn *conn;
+    bool gone;
     srv_outcome outcome;
     bool counted;              /* outcome recorded in the metrics */
-} srv_job;
-
-struct srv {
-    srv_params p;
-    vki_engine *engine;
-    const vki_tokenizer *tok;
-    vki_model_info info;
-    char model_id[128];
-    chat_template chat;
-    chat_specials *specials;
-    struct MHD_Daemon *d;
-    int listen_fd;             /* after srv_drain_begin: the quiesced listening socket (-1 before) */
-    uint16_t port;
-    pthread_mutex_t mu;
-    pthread_cond_t cv;         /* n_active or n_open changed */
-    vki_batch_manager *bm;     /* NULL once srv_destroy took it */
-    bool draining, device_lost;
-    uint32_t n_active;         /* jobs submitted and not yet final */
-    uint32_t n_open;           /* HTTP requests between their first callback and completion */
-    uint64_t next_id;
-    pthread_mutex_t json_mu;
-    srv_metrics m;
-    long long t_start;         /* unix seconds */
 };
-
-double srv_now(void); /* monotonic seconds */
-void srv_log(const srv *s, vki_log_level lv, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-cJSON *srv_json_parse(srv *s, const char *body, size_t n, size_t *err_at);
 
 /* server_req.c: a validated job (tokenised prompt, sampling, stops), or false with *e filled. */
 bool srv_job_from_json(srv *s, bool chat, const char *body, size_t n, srv_job **out, srv_error *e);
+/* Fields shared with the other routes: the top-level object of a body, or false with *e. */
+cJSON *srv_parse_body(const char *body, size_t n, srv_error *e);
 
 /* server_job.c */
 srv_job *srv_job_new(srv *s, bool chat);
-void srv_job_ref(srv_job *j);
 void srv_job_release(srv_job *j);
 /* Submits j; false with *e (429, 400, 503) when it was not queued. */
 bool srv_job_submit(srv_job *j, srv_error *e);
-/* Cancels j if it is still running (the client went away or a stop string ended it). */
-void srv_job_cancel(srv_job *j);
-/* The client went away before the answer was complete: cancel, and count the outcome once. */
-void srv_job_gone(srv_job *j);
-/* Records j->outcome in the metrics (once), before the last bytes go out. */
-void srv_job_count(srv_job *j);
-/* Non-streaming: waits for the whole answer. Returns the HTTP status and *body (malloc'd JSON);
- * 0 when the client went away (no response is to be sent). */
-unsigned srv_job_run_blocking(srv_job *j, char **body);
-/* Streaming: MHD's content reader over j (cls = j). */
-ssize_t srv_job_sse_reader(void *cls, uint64_t pos, char *buf, size_t max);
-void srv_job_sse_free(void *cls);
+/* Runs a submitted job to its answer on c (JSON or SSE), recording the access-log fields. */
+void srv_job_serve(srv_job *j, srv_conn *c);
+
+/* Waiting on one eventfd and the client socket (server_job.c; embeddings use it too). */
+enum { SRV_EV_DATA = 1, SRV_EV_GONE = 2 };
+int srv_wait_events(int evfd, srv_conn *c, bool ready);
 
 #endif

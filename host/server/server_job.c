@@ -1,9 +1,15 @@
-/* A generation job's life: submission through the push interface (always streaming inside, so
- * stop strings end a request early whether or not the client streams), the worker-thread
- * callback that appends tokens into preallocated arrays and wakes the HTTP thread through an
- * eventfd, the HTTP thread's wait (tokens, or the client socket closing), and the output: one
- * JSON answer, or Server-Sent Events. Text comes from host/textstream (UTF-8 safe, stop strings
- * held back); on a stop string the request is cancelled and reported as finish_reason "stop". */
+/* A generation job's life: its n choices submitted through the push interface (always streaming
+ * inside, so stop strings end a choice early whether or not the client streams), the
+ * worker-thread callback that appends tokens (arrays grown by doubling: a request costs what it
+ * generates, not what max_tokens allows) and wakes the handler through an eventfd, the handler's
+ * wait (tokens, or the client socket closing), and the output: one JSON answer, or Server-Sent
+ * Events. Text comes from vki_text_stream (UTF-8 safe, stop strings held back); on a stop string
+ * the choice is cancelled and reported as finish_reason "stop".
+ *
+ * n > 1: choice 0 is submitted alone; when its first token arrives its prompt's full KV blocks
+ * are sealed in the prefix cache, and the other choices are submitted then, so they take those
+ * blocks instead of computing the prompt again (each recomputes at most its last partial block).
+ * Choice i samples with seed + i when the request has a seed, else with its own drawn seed. */
 #include <errno.h>
 #include <math.h>
 #include <poll.h>
@@ -13,8 +19,6 @@
 #include <sys/eventfd.h>
 #include <time.h>
 #include <unistd.h>
-
-#include <microhttpd.h>
 
 #include "host/server/server.h"
 
@@ -33,8 +37,10 @@ srv_job *srv_job_new(srv *s, bool chat)
     j->s = s;
     j->chat = chat;
     j->refs = 1;
-    j->fd = -1;
+    j->n = 1;
+    j->skip_special = true;
     j->sampling = vki_sampling_default_params();
+    j->sampling.temperature = 1.0f; /* the OpenAI API's default (the library's is greedy) */
     j->created = (long long)time(NULL);
     j->outcome = SRV_OUT_ERROR;
     return j;
@@ -45,124 +51,228 @@ static void job_free(srv_job *j)
     close(j->evfd);
     pthread_mutex_destroy(&j->mu);
     free(j->prompt);
+    free(j->prompt_text);
     free(j->bias);
+    free(j->stop_ids);
     for (uint32_t i = 0; i < j->n_stops; i++)
         free(j->stops[i]);
-    free(j->tok);
-    free(j->lp);
-    free(j->top_id);
-    free(j->top_lp);
-    vki_text_stream_free(j->ts);
-    strbuf_free(&j->text);
-    strbuf_free(&j->out);
-    cJSON_Delete(j->lp_all);
+    for (uint32_t i = 0; i < SRV_MAX_N; i++) {
+        srv_choice *ch = &j->ch[i];
+        srv_toks *all[] = {&ch->w, &ch->h};
+        for (int k = 0; k < 2; k++) {
+            free(all[k]->tok);
+            free(all[k]->lp);
+            free(all[k]->top_id);
+            free(all[k]->top_lp);
+        }
+        vki_text_stream_free(ch->ts);
+        strbuf_free(&ch->text);
+        cJSON_Delete(ch->lp_all);
+    }
     free(j);
 }
 
-void srv_job_release(srv_job *j)
+static void job_unref(srv_job *j, int n)
 {
-    if (!j)
-        return;
     pthread_mutex_lock(&j->mu);
-    int left = --j->refs;
+    int left = j->refs -= n;
     pthread_mutex_unlock(&j->mu);
     if (!left)
         job_free(j);
 }
 
-void srv_job_ref(srv_job *j)
+void srv_job_release(srv_job *j)
 {
-    pthread_mutex_lock(&j->mu);
-    j->refs++;
-    pthread_mutex_unlock(&j->mu);
+    if (j)
+        job_unref(j, 1);
 }
 
 /* ---- the worker side ------------------------------------------------------------------------ */
 
-/* Runs on the batch manager's worker thread: O(1 + top) per token, no allocation. */
+/* Room for `need` tokens in t (doubling, at most max_tokens): the worker's arrays and the
+ * handler's copy grow the same way. */
+static bool toks_reserve(const srv_job *j, srv_toks *t, uint32_t need)
+{
+    if (need <= t->cap)
+        return true;
+    uint32_t cap = t->cap ? t->cap : 16;
+    while (cap < need)
+        cap *= 2;
+    if (cap > j->max_tokens && need <= j->max_tokens)
+        cap = j->max_tokens;
+    size_t nt = (size_t)cap * j->n_top;
+    int32_t *id = realloc(t->tok, (size_t)cap * sizeof *id);
+    if (id)
+        t->tok = id;
+    float *lp = j->want_lp ? realloc(t->lp, (size_t)cap * sizeof *lp) : NULL;
+    if (lp)
+        t->lp = lp;
+    int32_t *ti = nt ? realloc(t->top_id, nt * sizeof *ti) : NULL;
+    if (ti)
+        t->top_id = ti;
+    float *tl = nt ? realloc(t->top_lp, nt * sizeof *tl) : NULL;
+    if (tl)
+        t->top_lp = tl;
+    if (!id || (j->want_lp && !lp) || (nt && (!ti || !tl)))
+        return false;
+    t->cap = cap;
+    return true;
+}
+
+/* Copies entries [from, to) of src into dst (which has room). */
+static void toks_copy(const srv_job *j, srv_toks *dst, const srv_toks *src, uint32_t from, uint32_t to)
+{
+    size_t n = to - from, nt = j->n_top;
+    if (to <= from)
+        return;
+    memcpy(dst->tok + from, src->tok + from, n * sizeof *dst->tok);
+    if (j->want_lp)
+        memcpy(dst->lp + from, src->lp + from, n * sizeof *dst->lp);
+    if (nt) {
+        memcpy(dst->top_id + from * nt, src->top_id + from * nt, n * nt * sizeof *dst->top_id);
+        memcpy(dst->top_lp + from * nt, src->top_lp + from * nt, n * nt * sizeof *dst->top_lp);
+    }
+}
+
+static void submit_rest(srv_job *j, bool ok, vki_finish_reason why, const char *error);
+
+/* Runs on the batch manager's worker thread: O(1 + top) per token (amortised growth). */
 static void on_response(void *user, const vki_response *r)
 {
-    srv_job *j = user;
+    srv_choice *ch = user;
+    srv_job *j = ch->j;
     srv *s = j->s;
     double now = srv_now();
     pthread_mutex_lock(&j->mu);
     uint32_t n_new = 0;
-    for (uint32_t k = 0; k < r->n_tokens && j->n_recv < j->max_tokens; k++, n_new++) {
-        uint32_t i = j->n_recv++;
-        j->tok[i] = r->tokens[k];
-        if (j->lp)
-            j->lp[i] = r->logprobs ? r->logprobs[k] : 0.0f;
+    srv_toks *wt = &ch->w;
+    if (r->n_tokens && !ch->oom && !toks_reserve(j, wt, ch->n_recv + r->n_tokens))
+        ch->oom = true; /* the handler cancels it and answers 500 */
+    for (uint32_t k = 0; k < r->n_tokens && !ch->oom && ch->n_recv < j->max_tokens; k++, n_new++) {
+        uint32_t i = ch->n_recv++;
+        wt->tok[i] = r->tokens[k];
+        if (j->want_lp)
+            wt->lp[i] = r->logprobs ? r->logprobs[k] : 0.0f;
         for (uint32_t t = 0; t < j->n_top; t++) {
             bool have = r->top_tokens && t < r->n_top;
-            j->top_id[(size_t)i * j->n_top + t] = have ? r->top_tokens[(size_t)k * r->n_top + t] : -1;
-            j->top_lp[(size_t)i * j->n_top + t] = have ? r->top_logprobs[(size_t)k * r->n_top + t] : -INFINITY;
+            wt->top_id[(size_t)i * j->n_top + t] = have ? r->top_tokens[(size_t)k * r->n_top + t] : -1;
+            wt->top_lp[(size_t)i * j->n_top + t] = have ? r->top_logprobs[(size_t)k * r->n_top + t] : -INFINITY;
         }
     }
-    double t_prev = j->t_last;
+    bool first_cached = ch->index == 0 && n_new && ch->n_recv == n_new;
+    ch->n_cached = r->n_cached;
+    double t_prev = ch->t_last;
     bool first = n_new && j->t_first == 0;
-    if (n_new) {
-        if (first)
-            j->t_first = now;
-        j->t_last = now;
-    }
+    if (first)
+        j->t_first = now;
+    if (n_new)
+        ch->t_last = now;
     if (r->final) {
-        j->final = true;
-        j->finish = r->finish;
-        snprintf(j->error, sizeof j->error, "%s", r->error ? r->error : "");
+        ch->final = true;
+        ch->finish = r->finish;
+        ch->status = r->status;
+        snprintf(ch->error, sizeof ch->error, "%s", r->error ? r->error : "");
     }
+    bool kick = ch->index == 0 && j->n > 1 && !j->rest_submitted && (n_new || r->final);
+    if (kick)
+        j->rest_submitted = true;
+    bool rest_ok = !j->gone && (!r->final || r->finish == VKI_FINISH_EOS || r->finish == VKI_FINISH_LENGTH ||
+                                r->finish == VKI_FINISH_STOP);
     double t_arrive = j->t_arrive;
-    bool any = j->n_recv > 0;
     pthread_mutex_unlock(&j->mu);
     if (first)
         srv_metrics_observe(&s->m, &s->m.ttft, now - t_arrive);
-    else if (n_new)
+    else if (n_new && t_prev > 0)
         srv_metrics_observe(&s->m, &s->m.itl, now - t_prev);
     if (n_new)
-        srv_metrics_tokens(&s->m, 0, n_new);
-    if (r->final && any)
+        srv_metrics_tokens(&s->m, 0, n_new, first_cached ? r->n_cached : 0);
+    if (r->final && ch->n_recv)
         srv_metrics_observe(&s->m, &s->m.e2e, now - t_arrive);
+    if (kick)
+        submit_rest(j, rest_ok, r->finish, r->error);
     uint64_t one = 1;
     ssize_t w = write(j->evfd, &one, sizeof one); /* cannot fail short of a counter overflow */
     (void)w;
     if (!r->final)
         return;
-    /* There is no status in a response: a lost device shows in the error text of the step. */
     bool lost = r->finish == VKI_FINISH_ERROR && r->status == VKI_ERR_DEVICE_LOST;
     pthread_mutex_lock(&s->mu);
     s->device_lost |= lost;
     s->n_active--;
     pthread_cond_broadcast(&s->cv);
     pthread_mutex_unlock(&s->mu);
-    srv_job_release(j); /* the batch manager's reference */
+    srv_job_release(j); /* the batch manager's reference for this choice */
+}
+
+/* Submits choice ch (under s->mu). */
+static vki_status submit_choice(srv_job *j, srv_choice *ch, char *err, size_t n_err)
+{
+    srv *s = j->s;
+    vki_request req = {.prompt = j->prompt, .n_prompt = j->n_prompt, .max_new_tokens = j->max_tokens,
+                       .min_tokens = j->min_tokens, .stop_ids = j->stop_ids, .n_stop_ids = j->n_stop_ids,
+                       .ignore_eos = j->ignore_eos, .sampling = j->sampling, .streaming = true};
+    if (ch->index && j->sampling.has_seed)
+        req.sampling.seed = j->sampling.seed + ch->index;
+    vki_status st = VKI_ERR_SHUTDOWN;
+    if (s->bm && !s->draining && !s->device_lost) {
+        req.id = ch->id = s->next_id++;
+        st = vki_batch_submit(s->bm, &req, on_response, ch, err, n_err);
+    }
+    if (st == VKI_OK) {
+        s->n_active++;
+        ch->submitted = true;
+    }
+    return st;
+}
+
+/* Choices 1..n-1, once choice 0 has its first token (or ended). ok = false (choice 0 failed or
+ * the client is gone): they end with choice 0's reason instead. Worker thread. */
+static void submit_rest(srv_job *j, bool ok, vki_finish_reason why, const char *error)
+{
+    srv *s = j->s;
+    int unused = 0;
+    for (uint32_t i = 1; i < j->n; i++) {
+        srv_choice *ch = &j->ch[i];
+        char err[192] = "";
+        vki_status st = VKI_ERR_SHUTDOWN;
+        if (ok) {
+            pthread_mutex_lock(&s->mu);
+            st = submit_choice(j, ch, err, sizeof err);
+            pthread_mutex_unlock(&s->mu);
+        }
+        if (st == VKI_OK)
+            continue;
+        pthread_mutex_lock(&j->mu);
+        ch->final = true;
+        ch->finish = ok ? VKI_FINISH_ERROR : why == VKI_FINISH_ERROR ? VKI_FINISH_ERROR : VKI_FINISH_CANCELLED;
+        ch->status = ok ? st : VKI_OK;
+        snprintf(ch->error, sizeof ch->error, "%s", ok ? (err[0] ? err : vki_status_str(st)) : error ? error : "");
+        pthread_mutex_unlock(&j->mu);
+        unused++;
+    }
+    if (unused)
+        job_unref(j, unused); /* the references taken for them at submission */
 }
 
 bool srv_job_submit(srv_job *j, srv_error *e)
 {
     srv *s = j->s;
-    vki_request req = {.prompt = j->prompt, .n_prompt = j->n_prompt, .max_new_tokens = j->max_tokens,
-                       .ignore_eos = j->ignore_eos, .sampling = j->sampling, .streaming = true};
     char err[256] = "";
-    vki_status st = VKI_ERR_SHUTDOWN;
-    srv_job_ref(j); /* for the batch manager: its final response may come before submit returns */
+    pthread_mutex_lock(&j->mu);
+    j->refs += (int)j->n; /* one per choice: the batch manager's, until its final response */
+    pthread_mutex_unlock(&j->mu);
     pthread_mutex_lock(&s->mu);
     bool lost = s->device_lost;
-    if (s->bm && !s->draining && !lost) {
-        req.id = j->id = s->next_id++;
-        snprintf(j->cmpl_id, sizeof j->cmpl_id, "%s-%llx%08llx", j->chat ? "chatcmpl" : "cmpl",
-                 (unsigned long long)s->t_start, (unsigned long long)j->id);
-        st = vki_batch_submit(s->bm, &req, on_response, j, err, sizeof err);
-        if (st == VKI_OK) {
-            s->n_active++;
-            j->submitted = true;
-        }
-    }
+    snprintf(j->cmpl_id, sizeof j->cmpl_id, "%s-%llx%08llx", j->chat ? "chatcmpl" : "cmpl",
+             (unsigned long long)s->t_start, (unsigned long long)s->next_id);
+    vki_status st = submit_choice(j, &j->ch[0], err, sizeof err);
     uint32_t max_queue = s->p.batch.max_queue;
     pthread_mutex_unlock(&s->mu);
     if (st == VKI_OK) {
-        srv_metrics_tokens(&s->m, j->n_prompt, 0);
+        srv_metrics_tokens(&s->m, j->n_prompt, 0, 0);
         return true;
     }
-    srv_job_release(j);
+    job_unref(j, (int)j->n);
     if (st == VKI_RETRY_QUEUE_FULL) {
         srv_err(e, 429, NULL, "the request queue is full (%u waiting); retry later", max_queue);
         e->type = "rate_limit_error";
@@ -173,75 +283,99 @@ bool srv_job_submit(srv_job *j, srv_error *e)
     } else if (st == VKI_ERR_SHUTDOWN || st == VKI_ERR_DEVICE_LOST || lost) {
         srv_err(e, 503, NULL, "%s", lost ? "the device was lost; the server must be restarted"
                                          : "the server is shutting down");
-        e->type = "server_error";
         e->code = "service_unavailable";
     } else {
         srv_err(e, 500, NULL, "cannot queue the request: %s", vki_status_str(st));
-        e->type = "server_error";
     }
     return false;
 }
 
-void srv_job_cancel(srv_job *j)
+static void choice_cancel(srv_choice *ch)
 {
+    srv_job *j = ch->j;
     pthread_mutex_lock(&j->mu);
-    bool done = j->final;
+    bool live = !ch->final;
     pthread_mutex_unlock(&j->mu);
-    if (!j->submitted || done)
+    if (!live)
         return;
     srv *s = j->s;
-    pthread_mutex_lock(&s->mu);
-    if (s->bm) /* ids are never reused: a request that finished meanwhile gives NOT_FOUND */
-        vki_batch_cancel(s->bm, j->id);
+    pthread_mutex_lock(&s->mu); /* submitted and id are written under it */
+    if (s->bm && ch->submitted) /* ids are never reused: one that finished meanwhile gives NOT_FOUND */
+        vki_batch_cancel(s->bm, ch->id);
     pthread_mutex_unlock(&s->mu);
 }
 
-void srv_job_count(srv_job *j)
+static void job_cancel(srv_job *j)
 {
-    if (j->counted)
-        return;
+    pthread_mutex_lock(&j->mu);
+    j->gone = true; /* choices not yet submitted will not be */
+    pthread_mutex_unlock(&j->mu);
+    for (uint32_t i = 0; i < j->n; i++)
+        choice_cancel(&j->ch[i]);
+}
+
+static void job_count(srv_job *j)
+{
+    if (!j->counted)
+        srv_metrics_outcome(&j->s->m, j->outcome);
     j->counted = true;
-    srv_metrics_outcome(&j->s->m, j->outcome);
 }
 
-void srv_job_gone(srv_job *j)
+/* The client went away before the answer was complete: cancel, and count the outcome once. */
+static void job_gone(srv_job *j)
 {
-    j->gone = true;
     j->outcome = SRV_OUT_CANCELLED;
-    srv_job_count(j);
-    srv_job_cancel(j);
+    job_count(j);
+    job_cancel(j);
 }
 
-/* ---- the HTTP side: waiting ----------------------------------------------------------------- */
+/* ---- the handler side: waiting ---------------------------------------------------------------- */
 
-enum { EV_DATA = 1, EV_GONE = 2 };
-
-/* Blocks until there are new tokens or the final response, or the client closed its socket. The
- * eventfd is level-triggered (a counter), so a write between the check and poll() still wakes
- * it. The socket is checked (without waiting) even while tokens flow. */
-static int job_wait(srv_job *j)
+int srv_wait_events(int evfd, srv_conn *c, bool ready)
 {
-    struct pollfd pf[2] = {{.fd = j->evfd, .events = POLLIN}, {.fd = j->fd, .events = POLLRDHUP}};
     for (;;) {
-        pthread_mutex_lock(&j->mu);
-        bool ready = j->n_recv > j->n_used || (j->final && !j->final_seen);
-        pthread_mutex_unlock(&j->mu);
-        int rc = poll(pf, 2, ready ? 0 : -1);
-        if (rc < 0 && errno != EINTR)
-            return EV_GONE; /* cannot wait: treat the client as gone (the request is cancelled) */
-        if (rc > 0 && (pf[1].revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL)))
-            return EV_GONE;
-        if (rc > 0 && (pf[0].revents & POLLIN)) {
+        struct pollfd pf[2] = {{.fd = evfd, .events = POLLIN}, {.fd = c->fd, .events = c->half_closed ? 0 : POLLRDHUP}};
+        int rc = poll(pf, 2, ready ? 0 : c->half_closed ? 1000 : -1);
+        if (rc < 0 && errno == EINTR)
+            continue;
+        if (rc < 0 || (pf[1].revents & (POLLHUP | POLLERR | POLLNVAL)))
+            return SRV_EV_GONE;
+        if ((pf[1].revents & POLLRDHUP) || (rc == 0 && !ready)) { /* half-closed: is anyone there? */
+            c->half_closed = true;
+            if (!srv_probe(c))
+                return SRV_EV_GONE;
+            continue;
+        }
+        if (pf[0].revents & POLLIN) {
             uint64_t v;
-            ssize_t r = read(j->evfd, &v, sizeof v);
+            ssize_t r = read(evfd, &v, sizeof v);
             (void)r;
         }
-        if (ready)
-            return EV_DATA;
+        if (ready || (pf[0].revents & POLLIN))
+            return SRV_EV_DATA;
     }
 }
 
-/* ---- the HTTP side: text and logprobs ------------------------------------------------------ */
+/* Whether a choice has something new for the handler (under j->mu). */
+static bool job_ready(srv_job *j)
+{
+    bool ready = false;
+    pthread_mutex_lock(&j->mu);
+    for (uint32_t i = 0; i < j->n && !ready; i++)
+        ready = j->ch[i].n_recv > j->ch[i].n_used || (j->ch[i].final && !j->ch[i].final_seen) || j->ch[i].oom;
+    pthread_mutex_unlock(&j->mu);
+    return ready;
+}
+
+static bool job_done(const srv_job *j)
+{
+    for (uint32_t i = 0; i < j->n; i++)
+        if (!j->ch[i].final_seen)
+            return false;
+    return true;
+}
+
+/* ---- text and logprobs ------------------------------------------------------------------------ */
 
 /* A token's text for JSON: the piece (control tokens shown), with bytes that are not valid UTF-8
  * written as "\xNN". raw[256] receives the piece's bytes, *n_raw their count; out[cap] the text. */
@@ -280,25 +414,26 @@ static cJSON *bytes_array(const char *raw, size_t n)
 }
 
 /* Chat: one entry of logprobs.content. */
-static cJSON *chat_lp_entry(srv_job *j, uint32_t i)
+static cJSON *chat_lp_entry(const srv_choice *ch, uint32_t i)
 {
+    const srv_job *j = ch->j;
     const vki_tokenizer *tok = j->s->tok;
     char text[1040], raw[256];
     size_t n_raw;
     cJSON *o = cJSON_CreateObject();
-    token_text(tok, j->tok[i], text, sizeof text, raw, &n_raw);
+    token_text(tok, ch->h.tok[i], text, sizeof text, raw, &n_raw);
     cJSON_AddStringToObject(o, "token", text);
-    cJSON_AddNumberToObject(o, "logprob", finite_lp(j->lp[i]));
+    cJSON_AddNumberToObject(o, "logprob", finite_lp(ch->h.lp[i]));
     cJSON_AddItemToObject(o, "bytes", bytes_array(raw, n_raw));
     cJSON *top = cJSON_AddArrayToObject(o, "top_logprobs");
     for (uint32_t t = 0; t < j->n_top; t++) {
-        int32_t id = j->top_id[(size_t)i * j->n_top + t];
+        int32_t id = ch->h.top_id[(size_t)i * j->n_top + t];
         if (id < 0)
             continue;
         cJSON *a = cJSON_CreateObject();
         token_text(tok, id, text, sizeof text, raw, &n_raw);
         cJSON_AddStringToObject(a, "token", text);
-        cJSON_AddNumberToObject(a, "logprob", finite_lp(j->top_lp[(size_t)i * j->n_top + t]));
+        cJSON_AddNumberToObject(a, "logprob", finite_lp(ch->h.top_lp[(size_t)i * j->n_top + t]));
         cJSON_AddItemToObject(a, "bytes", bytes_array(raw, n_raw));
         cJSON_AddItemToArray(top, a);
     }
@@ -313,106 +448,147 @@ static cJSON *arr(cJSON *o, const char *key)
 
 /* Completions: token i appended to the tokens / token_logprobs / top_logprobs / text_offset
  * arrays of lp. text_offset: the byte offset of the token's text in the completion. */
-static void cmpl_lp_add(srv_job *j, cJSON *lp, uint32_t i, size_t offset)
+static void cmpl_lp_add(const srv_choice *ch, cJSON *lp, uint32_t i, size_t offset)
 {
+    const srv_job *j = ch->j;
     const vki_tokenizer *tok = j->s->tok;
     char text[1040], raw[256];
     size_t n_raw;
-    token_text(tok, j->tok[i], text, sizeof text, raw, &n_raw);
+    token_text(tok, ch->h.tok[i], text, sizeof text, raw, &n_raw);
     cJSON_AddItemToArray(arr(lp, "tokens"), cJSON_CreateString(text));
-    cJSON_AddItemToArray(arr(lp, "token_logprobs"), cJSON_CreateNumber(finite_lp(j->lp[i])));
+    cJSON_AddItemToArray(arr(lp, "token_logprobs"), cJSON_CreateNumber(finite_lp(ch->h.lp[i])));
     cJSON *top = cJSON_CreateObject();
     for (uint32_t t = 0; t < j->n_top; t++) {
-        int32_t id = j->top_id[(size_t)i * j->n_top + t];
+        int32_t id = ch->h.top_id[(size_t)i * j->n_top + t];
         if (id < 0)
             continue;
         token_text(tok, id, text, sizeof text, raw, &n_raw);
         if (!cJSON_GetObjectItemCaseSensitive(top, text)) /* alternatives with one text: the best */
-            cJSON_AddNumberToObject(top, text, finite_lp(j->top_lp[(size_t)i * j->n_top + t]));
+            cJSON_AddNumberToObject(top, text, finite_lp(ch->h.top_lp[(size_t)i * j->n_top + t]));
     }
     cJSON_AddItemToArray(arr(lp, "top_logprobs"), top);
     cJSON_AddItemToArray(arr(lp, "text_offset"), cJSON_CreateNumber((double)offset));
 }
 
-/* Turns the tokens received since the last call into text (appended to text) and logprob
- * entries (into lp: an array for chat, an object for completions; NULL: none). At the final
- * response, flushes what the text stream held back. A stop string cancels the request; later
- * tokens are not shown and not counted. */
-static bool job_drain(srv_job *j, strbuf *text, cJSON *lp)
+/* Turns the tokens ch received since the last call into text (appended to text), logprob
+ * entries (into lp: an array for chat, an object for completions; NULL: none) and ids (into ids,
+ * NULL: none). At the final response, flushes what the text stream held back. A stop string
+ * cancels the choice; later tokens are not shown and not counted. */
+static bool choice_drain(srv_choice *ch, strbuf *text, cJSON *lp, cJSON *ids)
 {
+    srv_job *j = ch->j;
+    /* the new entries into the handler's copy: the worker may move its arrays when they grow */
     pthread_mutex_lock(&j->mu);
-    uint32_t n = j->n_recv;
-    bool fin = j->final;
+    uint32_t n = ch->n_recv;
+    pthread_mutex_unlock(&j->mu);
+    if (!toks_reserve(j, &ch->h, n))
+        return false;
+    pthread_mutex_lock(&j->mu);
+    n = n < ch->n_recv ? n : ch->n_recv;
+    bool fin = ch->final && n == ch->n_recv;
+    ch->oom_seen = ch->oom;
+    toks_copy(j, &ch->h, &ch->w, ch->n_used, n);
     pthread_mutex_unlock(&j->mu);
     bool ok = true;
-    for (uint32_t i = j->n_used; i < n && !j->stop_hit; i++) {
+    for (uint32_t i = ch->n_used; i < n && !ch->stop_hit; i++) {
         const char *t;
         size_t len, piece = 0;
         bool stopped = false;
-        if (vki_text_stream_push(j->ts, j->tok[i], &t, &len, &stopped) != VKI_OK)
+        if (vki_text_stream_push(ch->ts, ch->h.tok[i], &t, &len, &stopped) != VKI_OK)
             return false;
         if (lp && j->chat)
-            cJSON_AddItemToArray(lp, chat_lp_entry(j, i));
+            cJSON_AddItemToArray(lp, chat_lp_entry(ch, i));
         else if (lp)
-            cmpl_lp_add(j, lp, i, j->text_bytes);
+            cmpl_lp_add(ch, lp, i, ch->text_bytes);
+        if (ids)
+            cJSON_AddItemToArray(ids, cJSON_CreateNumber(ch->h.tok[i]));
         char pbuf[256];
-        if (lp && !j->chat && vki_token_to_piece(j->s->tok, j->tok[i], false, pbuf, sizeof pbuf, &piece) == VKI_OK)
-            j->text_bytes += piece;
+        if (lp && !j->chat && vki_token_to_piece(j->s->tok, ch->h.tok[i], false, pbuf, sizeof pbuf, &piece) == VKI_OK)
+            ch->text_bytes += piece;
         ok &= strbuf_put(text, t, len);
-        j->n_counted = i + 1;
+        ch->n_counted = i + 1;
         if (stopped) {
-            j->stop_hit = true;
-            srv_job_cancel(j);
+            ch->stop_hit = true;
+            choice_cancel(ch);
         }
     }
-    j->n_used = n;
-    if (fin && !j->final_seen) {
-        j->final_seen = true;
+    ch->n_used = n;
+    if (fin && !ch->final_seen) {
+        ch->final_seen = true;
         const char *t;
         size_t len;
-        if (!j->stop_hit && vki_text_stream_finish(j->ts, &t, &len) == VKI_OK)
+        if (!ch->stop_hit && vki_text_stream_finish(ch->ts, &t, &len) == VKI_OK)
             ok &= strbuf_put(text, t, len);
     }
     return ok;
 }
 
-static const char *finish_reason(const srv_job *j)
+static bool choice_ended_ok(const srv_choice *ch)
 {
-    if (j->stop_hit || j->finish == VKI_FINISH_EOS || j->finish == VKI_FINISH_STOP)
+    return ch->stop_hit || ch->finish == VKI_FINISH_EOS || ch->finish == VKI_FINISH_STOP ||
+           ch->finish == VKI_FINISH_LENGTH;
+}
+
+static const char *finish_reason(const srv_choice *ch)
+{
+    if (ch->stop_hit || ch->finish == VKI_FINISH_EOS || ch->finish == VKI_FINISH_STOP)
         return "stop";
-    return j->finish == VKI_FINISH_LENGTH ? "length" : "abort";
+    return ch->finish == VKI_FINISH_LENGTH ? "length" : "abort";
 }
 
 static srv_outcome job_outcome(const srv_job *j)
 {
-    if (j->stop_hit || j->finish == VKI_FINISH_EOS || j->finish == VKI_FINISH_STOP)
-        return SRV_OUT_STOP;
-    if (j->finish == VKI_FINISH_LENGTH)
-        return SRV_OUT_LENGTH;
-    return j->finish == VKI_FINISH_CANCELLED ? (j->gone ? SRV_OUT_CANCELLED : SRV_OUT_ABORTED) : SRV_OUT_ERROR;
+    for (uint32_t i = 0; i < j->n; i++)
+        if (!choice_ended_ok(&j->ch[i]))
+            return j->ch[i].finish == VKI_FINISH_CANCELLED ? (j->gone ? SRV_OUT_CANCELLED : SRV_OUT_ABORTED)
+                                                           : SRV_OUT_ERROR;
+    const srv_choice *ch = &j->ch[0];
+    return ch->finish == VKI_FINISH_LENGTH && !ch->stop_hit ? SRV_OUT_LENGTH : SRV_OUT_STOP;
 }
 
-/* A final response that is not an answer: engine error, or aborted by the shutdown. */
+/* A final response that is not an answer: engine error, out of memory, or the shutdown. */
 static bool job_failed(const srv_job *j, srv_error *e)
 {
-    if (j->stop_hit || j->finish == VKI_FINISH_EOS || j->finish == VKI_FINISH_STOP || j->finish == VKI_FINISH_LENGTH)
-        return false;
-    if (j->finish == VKI_FINISH_CANCELLED)
-        srv_err(e, 503, NULL, "the server shut down before the request finished (%u tokens generated)", j->n_recv);
-    else
-        srv_err(e, 500, NULL, "generation failed: %s", j->error[0] ? j->error : "unknown error");
-    e->type = "server_error";
-    return true;
+    for (uint32_t i = 0; i < j->n; i++) {
+        const srv_choice *ch = &j->ch[i];
+        if (ch->oom_seen) {
+            srv_err(e, 500, NULL, "out of memory while receiving the tokens of choice %u", i);
+            return true;
+        }
+        if (choice_ended_ok(ch))
+            continue;
+        if (ch->finish == VKI_FINISH_CANCELLED)
+            srv_err(e, 503, NULL, "the server shut down before the request finished (%u tokens generated)",
+                    ch->n_recv);
+        else
+            srv_err(e, 500, NULL, "generation failed: %s", ch->error[0] ? ch->error : "unknown error");
+        return true;
+    }
+    return false;
 }
+
+static uint32_t choice_tokens(const srv_choice *ch) { return ch->stop_hit ? ch->n_counted : ch->n_recv; }
 
 static cJSON *usage_json(const srv_job *j)
 {
-    uint32_t gen = j->stop_hit ? j->n_counted : j->n_recv;
+    uint32_t gen = 0;
+    for (uint32_t i = 0; i < j->n; i++)
+        gen += choice_tokens(&j->ch[i]);
     cJSON *u = cJSON_CreateObject();
     cJSON_AddNumberToObject(u, "prompt_tokens", j->n_prompt);
     cJSON_AddNumberToObject(u, "completion_tokens", gen);
     cJSON_AddNumberToObject(u, "total_tokens", (double)j->n_prompt + gen);
+    /* what the prefix cache gave the prompt (choice 0; the others share its blocks) */
+    cJSON_AddNumberToObject(cJSON_AddObjectToObject(u, "prompt_tokens_details"), "cached_tokens", j->ch[0].n_cached);
     return u;
+}
+
+static cJSON *id_array(const int32_t *ids, uint32_t n)
+{
+    cJSON *a = cJSON_CreateArray();
+    for (uint32_t i = 0; a && i < n; i++)
+        cJSON_AddItemToArray(a, cJSON_CreateNumber(ids[i]));
+    return a;
 }
 
 static cJSON *envelope(const srv_job *j, bool chunk)
@@ -429,87 +605,102 @@ static cJSON *envelope(const srv_job *j, bool chunk)
 
 /* ---- non-streaming ------------------------------------------------------------------------ */
 
-static char *answer_json(srv_job *j)
+static cJSON *answer_choice(srv_job *j, srv_choice *ch)
 {
-    cJSON *o = envelope(j, false);
     cJSON *c = cJSON_CreateObject();
-    cJSON_AddNumberToObject(c, "index", 0);
-    const char *text = j->text.p ? j->text.p : "";
+    cJSON_AddNumberToObject(c, "index", ch->index);
+    const char *text = ch->text.p ? ch->text.p : "";
     if (j->chat) {
         cJSON *m = cJSON_AddObjectToObject(c, "message");
         cJSON_AddStringToObject(m, "role", "assistant");
         cJSON_AddStringToObject(m, "content", text);
+    } else if (j->echo) {
+        strbuf b = {0};
+        strbuf_printf(&b, "%s%s", j->prompt_text ? j->prompt_text : "", text);
+        cJSON_AddStringToObject(c, "text", b.p ? b.p : "");
+        strbuf_free(&b);
     } else {
         cJSON_AddStringToObject(c, "text", text);
     }
-    if (j->lp_all && j->chat) {
-        cJSON *lp = cJSON_AddObjectToObject(c, "logprobs");
-        cJSON_AddItemToObject(lp, "content", j->lp_all);
-        j->lp_all = NULL;
-    } else if (j->lp_all) {
-        cJSON_AddItemToObject(c, "logprobs", j->lp_all);
-        j->lp_all = NULL;
-    } else {
+    if (ch->lp_all && j->chat)
+        cJSON_AddItemToObject(cJSON_AddObjectToObject(c, "logprobs"), "content", ch->lp_all);
+    else if (ch->lp_all)
+        cJSON_AddItemToObject(c, "logprobs", ch->lp_all);
+    else
         cJSON_AddNullToObject(c, "logprobs");
+    ch->lp_all = NULL;
+    cJSON_AddStringToObject(c, "finish_reason", finish_reason(ch));
+    if (j->return_ids) {
+        if (!j->chat)
+            cJSON_AddItemToObject(c, "prompt_token_ids", id_array(j->prompt, j->n_prompt));
+        cJSON_AddItemToObject(c, "token_ids", id_array(ch->h.tok, choice_tokens(ch)));
     }
-    cJSON_AddStringToObject(c, "finish_reason", finish_reason(j));
-    cJSON_AddItemToArray(cJSON_AddArrayToObject(o, "choices"), c);
+    return c;
+}
+
+static char *answer_json(srv_job *j)
+{
+    cJSON *o = envelope(j, false);
+    cJSON *choices = cJSON_AddArrayToObject(o, "choices");
+    for (uint32_t i = 0; i < j->n; i++)
+        cJSON_AddItemToArray(choices, answer_choice(j, &j->ch[i]));
+    if (j->return_ids && j->chat)
+        cJSON_AddItemToObject(o, "prompt_token_ids", id_array(j->prompt, j->n_prompt));
     cJSON_AddItemToObject(o, "usage", usage_json(j));
     char *s = cJSON_PrintUnformatted(o);
     cJSON_Delete(o);
     return s;
 }
 
-unsigned srv_job_run_blocking(srv_job *j, char **body)
+static void serve_blocking(srv_job *j, srv_conn *c)
 {
-    *body = NULL;
     bool ok = true;
-    while (ok && !j->final_seen) {
-        if (job_wait(j) == EV_GONE) {
-            srv_job_gone(j);
-            return 0;
+    while (ok && !job_done(j)) {
+        if (srv_wait_events(j->evfd, c, job_ready(j)) == SRV_EV_GONE) {
+            job_gone(j);
+            c->close_after = true; /* nothing to send */
+            c->status = 499;       /* the access log's "client closed the request" */
+            return;
         }
-        ok = job_drain(j, &j->text, j->lp_all);
+        for (uint32_t i = 0; i < j->n; i++) {
+            srv_choice *ch = &j->ch[i];
+            ok &= choice_drain(ch, &ch->text, ch->lp_all, NULL);
+            if (ch->oom_seen)
+                choice_cancel(ch);
+        }
     }
     srv_error e;
-    if (!ok) {
-        srv_job_cancel(j);
-        j->outcome = SRV_OUT_ERROR;
-    } else {
-        j->outcome = job_outcome(j);
-        srv_job_count(j);
-        if (job_failed(j, &e)) {
-            *body = srv_error_json(&e);
-            return e.http;
-        }
-        if ((*body = answer_json(j)))
-            return 200;
-    }
-    srv_job_count(j);
+    j->outcome = ok ? job_outcome(j) : SRV_OUT_ERROR;
+    job_count(j);
+    if (ok && job_failed(j, &e))
+        return srv_reply_error(c, &e);
+    char *body = ok ? answer_json(j) : NULL;
+    if (body)
+        return srv_reply(c, 200, "application/json", body, NULL);
+    job_cancel(j);
     srv_err(&e, 500, NULL, "out of memory while building the answer");
-    e.type = "server_error";
-    *body = srv_error_json(&e);
-    return e.http;
+    srv_reply_error(c, &e);
 }
 
 /* ---- streaming ------------------------------------------------------------------------------ */
 
-static bool sse_event(srv_job *j, cJSON *o)
+static bool sse_event(strbuf *out, cJSON *o)
 {
     char *s = o ? cJSON_PrintUnformatted(o) : NULL;
     cJSON_Delete(o);
-    bool ok = s && strbuf_put(&j->out, "data: ", 6) && strbuf_put(&j->out, s, strlen(s)) &&
-              strbuf_put(&j->out, "\n\n", 2);
+    bool ok = s && strbuf_put(out, "data: ", 6) && strbuf_put(out, s, strlen(s)) && strbuf_put(out, "\n\n", 2);
     cJSON_free(s);
     return ok;
 }
 
-/* One chunk: text (may be empty), logprob entries (may be NULL), finish reason (NULL: none). */
-static bool sse_chunk(srv_job *j, const char *text, bool role, cJSON *lp, const char *finish)
+/* One chunk of choice ch: text (may be NULL), logprob entries and ids (taken; may be NULL),
+ * finish reason (NULL: none). */
+static bool sse_chunk(srv_job *j, const srv_choice *ch, strbuf *out, const char *text, bool role, cJSON *lp,
+                      cJSON *ids, const char *finish)
 {
     cJSON *o = envelope(j, true);
     cJSON *c = cJSON_CreateObject();
-    cJSON_AddNumberToObject(c, "index", 0);
+    cJSON_AddNumberToObject(c, "index", ch->index);
     if (j->chat) {
         cJSON *d = cJSON_AddObjectToObject(c, "delta");
         if (role)
@@ -529,84 +720,124 @@ static bool sse_chunk(srv_job *j, const char *text, bool role, cJSON *lp, const 
         cJSON_AddStringToObject(c, "finish_reason", finish);
     else
         cJSON_AddNullToObject(c, "finish_reason");
+    if (ids)
+        cJSON_AddItemToObject(c, "token_ids", ids);
+    if (role && j->return_ids) /* the first chunk of a choice */
+        cJSON_AddItemToObject(j->chat ? o : c, "prompt_token_ids", id_array(j->prompt, j->n_prompt));
     cJSON_AddItemToArray(cJSON_AddArrayToObject(o, "choices"), c);
     if (j->include_usage)
         cJSON_AddNullToObject(o, "usage");
-    return sse_event(j, o);
+    return sse_event(out, o);
 }
 
-/* The end of a stream: the finish chunk (or an error event), the usage chunk, [DONE]. */
-static bool sse_end(srv_job *j)
+/* The chunks of choice ch's new tokens (the opening chunk first: chat's role, completions'
+ * echoed prompt), and its finish chunk once it ended. */
+static bool sse_choice(srv_job *j, srv_choice *ch, strbuf *out)
 {
-    srv_error e;
-    bool ok;
-    j->outcome = job_outcome(j);
-    srv_job_count(j);
-    if (job_failed(j, &e)) {
-        char *s = srv_error_json(&e);
-        ok = s && strbuf_printf(&j->out, "data: %s\n\n", s);
-        free(s);
-    } else {
-        ok = sse_chunk(j, j->chat ? NULL : "", false, NULL, finish_reason(j));
-        if (ok && j->include_usage) {
-            cJSON *o = envelope(j, true);
-            cJSON_AddArrayToObject(o, "choices");
-            cJSON_AddItemToObject(o, "usage", usage_json(j));
-            ok = sse_event(j, o);
-        }
-    }
-    j->phase = 2;
-    return ok && strbuf_put(&j->out, "data: [DONE]\n\n", 14);
-}
-
-/* Waits for tokens and formats what came into j->out. false: stop the stream with an error
- * (the client went away, or no memory). */
-static bool sse_step(srv_job *j)
-{
-    if (j->phase == 0) { /* chat streams open with the role */
-        j->phase = 1;
-        return !j->chat || sse_chunk(j, "", true, NULL, NULL);
-    }
-    if (job_wait(j) == EV_GONE) {
-        srv_job_gone(j);
-        return false;
+    bool ok = true;
+    if (!ch->role_sent) {
+        ch->role_sent = true;
+        if (j->chat || j->echo || j->return_ids)
+            ok = sse_chunk(j, ch, out, j->chat ? "" : j->echo && j->prompt_text ? j->prompt_text : "", true, NULL,
+                           NULL, NULL);
     }
     strbuf text = {0};
     cJSON *lp = j->want_lp ? (j->chat ? cJSON_CreateArray() : cJSON_CreateObject()) : NULL;
-    bool ok = job_drain(j, &text, lp) && (!j->want_lp || lp);
-    if (lp && !lp->child) { /* no tokens came (only the final response) */
-        cJSON_Delete(lp);
-        lp = NULL;
+    cJSON *ids = j->return_ids ? cJSON_CreateArray() : NULL;
+    ok = ok && choice_drain(ch, &text, lp, ids) && (!j->want_lp || lp) && (!j->return_ids || ids);
+    if (ch->oom_seen)
+        choice_cancel(ch);
+    bool has_lp = lp && lp->child, has_ids = ids && ids->child; /* sse_chunk takes (frees) them */
+    if (ok && (text.len || has_lp || has_ids)) {
+        ok = sse_chunk(j, ch, out, text.p ? text.p : "", false, has_lp ? lp : NULL, has_ids ? ids : NULL, NULL);
+        lp = has_lp ? NULL : lp;
+        ids = has_ids ? NULL : ids;
     }
-    if (ok && (text.len || lp))
-        ok = sse_chunk(j, text.p ? text.p : "", false, lp, NULL); /* takes lp */
-    else
-        cJSON_Delete(lp);
+    cJSON_Delete(lp);
+    cJSON_Delete(ids);
     strbuf_free(&text);
-    if (ok && j->final_seen)
-        ok = sse_end(j);
-    if (!ok)
-        srv_job_cancel(j);
+    if (ok && ch->final_seen && !ch->end_sent && choice_ended_ok(ch) && !ch->oom_seen) {
+        ch->end_sent = true;
+        ok = sse_chunk(j, ch, out, j->chat ? NULL : "", false, NULL, NULL, finish_reason(ch));
+    }
     return ok;
 }
 
-ssize_t srv_job_sse_reader(void *cls, uint64_t pos, char *buf, size_t max)
+/* The end of a stream: an error event if a choice failed, the usage chunk, [DONE]. */
+static bool sse_end(srv_job *j, strbuf *out)
 {
-    srv_job *j = cls;
-    while (j->out_pos >= j->out.len) {
-        strbuf_clear(&j->out);
-        j->out_pos = 0;
-        if (j->phase == 2)
-            return MHD_CONTENT_READER_END_OF_STREAM;
-        if (!sse_step(j))
-            return MHD_CONTENT_READER_END_WITH_ERROR;
+    srv_error e;
+    bool ok = true;
+    j->outcome = job_outcome(j);
+    job_count(j);
+    if (job_failed(j, &e)) {
+        e.type = e.http >= 500 ? "server_error" : e.type;
+        char *s = srv_error_json(&e);
+        ok = s && strbuf_printf(out, "data: %s\n\n", s);
+        free(s);
+    } else if (j->include_usage) {
+        cJSON *o = envelope(j, true);
+        cJSON_AddArrayToObject(o, "choices");
+        cJSON_AddItemToObject(o, "usage", usage_json(j));
+        ok = sse_event(out, o);
     }
-    size_t n = j->out.len - j->out_pos;
-    if (n > max)
-        n = max;
-    memcpy(buf, j->out.p + j->out_pos, n);
-    j->out_pos += n;
-    return (ssize_t)n;
+    return ok && strbuf_put(out, "data: [DONE]\n\n", 14);
 }
 
-void srv_job_sse_free(void *cls) { srv_job_release(cls); }
+static void serve_stream(srv_job *j, srv_conn *c)
+{
+    if (!srv_stream_begin(c, "text/event-stream"))
+        return job_gone(j);
+    strbuf out = {0};
+    bool ok = true;
+    for (bool first = true; ok;) {
+        strbuf_clear(&out);
+        if (!first && srv_wait_events(j->evfd, c, job_ready(j)) == SRV_EV_GONE) {
+            job_gone(j);
+            break;
+        }
+        first = false;
+        for (uint32_t i = 0; ok && i < j->n; i++)
+            ok = sse_choice(j, &j->ch[i], &out);
+        bool done = ok && job_done(j);
+        if (done)
+            ok = sse_end(j, &out);
+        if (!ok) { /* out of memory: end the stream and the request */
+            job_cancel(j);
+            break;
+        }
+        if (!srv_stream_send(c, out.p, out.len)) {
+            job_gone(j);
+            break;
+        }
+        if (done) {
+            srv_stream_end(c);
+            break;
+        }
+    }
+    if (!ok || !job_done(j))
+        c->close_after = true;
+    strbuf_free(&out);
+}
+
+void srv_job_serve(srv_job *j, srv_conn *c)
+{
+    if (j->stream)
+        serve_stream(j, c);
+    else
+        serve_blocking(j, c);
+    /* the access log's fields */
+    pthread_mutex_lock(&j->mu);
+    double t_first = j->t_first;
+    c->acc.cached = j->ch[0].n_cached;
+    pthread_mutex_unlock(&j->mu);
+    c->acc.ttft_ms = t_first > 0 ? (t_first - j->t_arrive) * 1e3 : -1;
+    c->acc.output = 0;
+    for (uint32_t i = 0; i < j->n; i++)
+        c->acc.output += choice_tokens(&j->ch[i]);
+    c->acc.finish = j->outcome == SRV_OUT_CANCELLED ? "cancelled" : j->outcome == SRV_OUT_ERROR ? "error"
+                  : j->outcome == SRV_OUT_ABORTED ? "aborted" : finish_reason(&j->ch[0]);
+    /* a client that went away mid-answer: nothing more is sent on this connection */
+    if (j->gone)
+        c->close_after = true;
+}

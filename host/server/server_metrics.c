@@ -18,7 +18,7 @@ static const double LE_E2E[] = {0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10
 _Static_assert(N_OF(LE_TTFT) <= SRV_HIST_MAX && N_OF(LE_TICK) <= SRV_HIST_MAX && N_OF(LE_E2E) <= SRV_HIST_MAX,
                "histogram bounds fit");
 
-static const unsigned HTTP_CODES[] = {200, 400, 404, 405, 413, 429, 500, 503};
+static const unsigned HTTP_CODES[] = {200, 204, 400, 401, 404, 405, 408, 413, 429, 431, 500, 501, 503, 505};
 _Static_assert(sizeof HTTP_CODES / sizeof HTTP_CODES[0] == sizeof ((srv_metrics *)0)->http / sizeof(uint64_t),
                "a counter per listed status code");
 
@@ -72,37 +72,30 @@ void srv_metrics_observe(srv_metrics *m, srv_hist *h, double s)
     pthread_mutex_unlock(&m->mu);
 }
 
-void srv_metrics_tokens(srv_metrics *m, uint64_t prompt, uint64_t generated)
+void srv_metrics_tokens(srv_metrics *m, uint64_t prompt, uint64_t generated, uint64_t cached)
 {
     pthread_mutex_lock(&m->mu);
     m->prompt_tokens += prompt;
     m->generated_tokens += generated;
+    m->cached_tokens += cached;
     pthread_mutex_unlock(&m->mu);
 }
 
-static double num(const cJSON *o, const char *key, double dflt)
+void srv_metrics_overflow(srv_metrics *m)
 {
-    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
-    return cJSON_IsNumber(v) ? v->valuedouble : dflt;
+    pthread_mutex_lock(&m->mu);
+    m->overflow_rejected++;
+    pthread_mutex_unlock(&m->mu);
 }
 
-void srv_metrics_stats(srv_metrics *m, const cJSON *o)
+void srv_metrics_tick(srv_metrics *m, const vki_batch_stats *st)
 {
-    double step_ms = num(o, "Step Time ms", -1);
-    bool stepped = num(o, "Scheduled Requests", 0) > 0;
     pthread_mutex_lock(&m->mu);
     m->have_stats = true;
-    m->iterations = num(o, "Iteration Counter", m->iterations);
-    m->queue_len = num(o, "Queue Length", m->queue_len);
-    m->running = num(o, "Active Request Count", m->running);
-    m->kv_max = num(o, "Max KV cache blocks", m->kv_max);
-    m->kv_free = num(o, "Free KV cache blocks", m->kv_free);
-    m->kv_used = num(o, "Used KV cache blocks", m->kv_used);
-    m->kv_cached = num(o, "Cached KV cache blocks", m->kv_cached);
-    m->kv_reused = num(o, "Reused KV cache blocks", m->kv_reused);
+    m->tick = *st;
     pthread_mutex_unlock(&m->mu);
-    if (stepped && step_ms >= 0)
-        srv_metrics_observe(m, &m->step, step_ms / 1e3);
+    if (st->scheduled)
+        srv_metrics_observe(m, &m->step, st->step_ms / 1e3);
 }
 
 /* ---- exposition ------------------------------------------------------------------------------ */
@@ -137,15 +130,16 @@ static void histogram(strbuf *b, const char *name, const char *help, const srv_h
                   h->sum, name, (unsigned long long)h->total);
 }
 
-char *srv_metrics_render(srv_metrics *m, uint32_t active, uint32_t open_requests, bool ready)
+char *srv_metrics_render(srv_metrics *m, const srv_gauges *g)
 {
     strbuf b = {0};
     pthread_mutex_lock(&m->mu);
     srv_metrics c = *m; /* a consistent snapshot; rendering happens outside the lock */
     pthread_mutex_unlock(&m->mu);
+    const vki_batch_stats *t = &c.tick;
     metric_head(&b, "vkinfer_requests_total", "counter",
                 "Generation requests by outcome (stop, length, cancelled by a client that went away, aborted at "
-                "shutdown, error, invalid 400/413, queue_full 429, unavailable 503).");
+                "shutdown, error, invalid 400, queue_full 429, unavailable 503; bodies over the limit are counted by their 413).");
     for (int o = 0; o < SRV_OUT_COUNT; o++)
         strbuf_printf(&b, "vkinfer_requests_total{outcome=\"%s\"} %llu\n", OUTCOME_NAMES[o],
                       (unsigned long long)c.outcome[o]);
@@ -153,21 +147,30 @@ char *srv_metrics_render(srv_metrics *m, uint32_t active, uint32_t open_requests
     for (size_t i = 0; i < sizeof HTTP_CODES / sizeof HTTP_CODES[0]; i++)
         strbuf_printf(&b, "vkinfer_http_responses_total{code=\"%u\"} %llu\n", HTTP_CODES[i],
                       (unsigned long long)c.http[i]);
+    counter(&b, "vkinfer_connections_rejected_total", "Connections past --max-connections answered 503.",
+            (double)c.overflow_rejected);
     counter(&b, "vkinfer_prompt_tokens_total", "Prompt tokens of accepted requests.", (double)c.prompt_tokens);
+    counter(&b, "vkinfer_prompt_tokens_cached_total", "Prompt tokens whose KV came from the prefix cache.",
+            (double)c.cached_tokens);
     counter(&b, "vkinfer_generation_tokens_total", "Tokens generated.", (double)c.generated_tokens);
-    gauge(&b, "vkinfer_active_requests", "Generation requests submitted and not yet finished.", active);
-    gauge(&b, "vkinfer_open_http_requests", "HTTP requests being received or answered.", open_requests);
-    gauge(&b, "vkinfer_ready", "1 when the server takes requests (not draining, device OK).", ready);
-    gauge(&b, "vkinfer_iterations", "Batch manager ticks run (as of the last tick with work).", c.iterations);
-    gauge(&b, "vkinfer_queue_length", "Requests waiting for admission (as of the last tick with work).", c.queue_len);
-    gauge(&b, "vkinfer_running_requests", "Requests in the batch (as of the last tick with work).", c.running);
+    gauge(&b, "vkinfer_active_requests", "Generation requests submitted and not yet finished.", g->active);
+    gauge(&b, "vkinfer_open_connections", "Client connections within the cap (idle keep-alive included).",
+          g->connections);
+    gauge(&b, "vkinfer_handler_threads", "Threads answering a request.", g->handlers);
+    gauge(&b, "vkinfer_ready", "1 when the server takes requests (not draining, device OK).", g->ready);
+    gauge(&b, "vkinfer_iterations", "Batch manager ticks run (as of the last tick with work).", (double)t->iteration);
+    gauge(&b, "vkinfer_queue_length", "Requests waiting for admission (as of the last tick with work).", t->queued);
+    gauge(&b, "vkinfer_running_requests", "Requests holding KV in the batch, queued ones not included (as of the "
+          "last tick with work).", t->running);
+    gauge(&b, "vkinfer_paused_requests", "Requests paused to be recomputed later (MAX_UTILIZATION).", t->paused);
     metric_head(&b, "vkinfer_kv_blocks", "gauge",
                 "KV cache blocks by state: used by running requests, cached (reusable prefixes, evictable), free "
                 "(as of the last tick with work).");
-    strbuf_printf(&b, "vkinfer_kv_blocks{state=\"used\"} %.17g\nvkinfer_kv_blocks{state=\"cached\"} %.17g\n"
-                  "vkinfer_kv_blocks{state=\"free\"} %.17g\n", c.kv_used, c.kv_cached, c.kv_free);
-    gauge(&b, "vkinfer_kv_blocks_max", "KV cache blocks in the pool.", c.kv_max);
-    gauge(&b, "vkinfer_kv_blocks_reused", "KV blocks reused from cached prefixes, cumulative.", c.kv_reused);
+    strbuf_printf(&b, "vkinfer_kv_blocks{state=\"used\"} %u\nvkinfer_kv_blocks{state=\"cached\"} %u\n"
+                  "vkinfer_kv_blocks{state=\"free\"} %u\n", t->kv_used, t->kv_cached, t->kv_free);
+    gauge(&b, "vkinfer_kv_blocks_max", "KV cache blocks in the pool.", t->kv_max);
+    gauge(&b, "vkinfer_kv_blocks_reused", "KV blocks reused from cached prefixes, cumulative.",
+          (double)t->kv_reused_blocks);
     histogram(&b, "vkinfer_time_to_first_token_seconds", "Request received to first generated token.", &c.ttft);
     histogram(&b, "vkinfer_inter_token_latency_seconds", "Time between consecutive tokens of a request.", &c.itl);
     histogram(&b, "vkinfer_e2e_request_latency_seconds", "Request received to its last token.", &c.e2e);

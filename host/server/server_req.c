@@ -1,12 +1,14 @@
-/* Request JSON -> a job: every field checked for type and range with a message naming it (400),
- * unsupported features refused by name rather than ignored, the prompt tokenised here on the
- * HTTP thread (text, token ids, or chat messages through the chat template).
+/* Completion / chat request JSON -> a job.
  *
- * Accepted: model (any value; responses carry the server's model id), prompt / messages,
- * max_tokens (max_completion_tokens), temperature, top_p, top_k, min_p, frequency_penalty,
- * presence_penalty, repetition_penalty, logit_bias, stop, seed, stream, stream_options,
- * logprobs / top_logprobs, user, ignore_eos; n / best_of / echo / suffix / response_format /
- * tools ... only at values that ask for nothing we lack. Cost: O(body) parse + O(prompt) tokenise. */
+ * One table (FIELDS) names every field the two routes know, which route takes it and the function
+ * that reads it: adding a field is adding a row (structured output will add response_format,
+ * grammar and tools here). Every value is checked for type and range with a 400 naming it.
+ * Fields nobody knows are accepted and logged as a warning (what OpenAI does), except the ones in
+ * REFUSED: asking for something we do not do there would change the answer, so they keep a 400
+ * naming them unless their value asks for nothing. Cross-field rules (max_tokens against the
+ * context, top_logprobs needing logprobs, ...) run after the table. The prompt is tokenised here
+ * on the handler thread (text, token ids, or chat messages through the chat template).
+ * Cost: O(body) parse + O(prompt) tokenise. */
 #include <float.h>
 #include <math.h>
 #include <stdio.h>
@@ -18,107 +20,120 @@
 
 enum { F_CMPL = 1, F_CHAT = 2, F_BOTH = 3 };
 
-static const struct {
-    const char *name;
-    unsigned where;
-} FIELDS[] = {
-    {"model", F_BOTH},          {"prompt", F_CMPL},           {"messages", F_CHAT},
-    {"max_tokens", F_BOTH},     {"max_completion_tokens", F_CHAT}, {"temperature", F_BOTH},
-    {"top_p", F_BOTH},          {"top_k", F_BOTH},            {"min_p", F_BOTH},
-    {"frequency_penalty", F_BOTH}, {"presence_penalty", F_BOTH}, {"repetition_penalty", F_BOTH},
-    {"logit_bias", F_BOTH},     {"stop", F_BOTH},             {"seed", F_BOTH},
-    {"stream", F_BOTH},         {"stream_options", F_BOTH},   {"logprobs", F_BOTH},
-    {"top_logprobs", F_CHAT},   {"user", F_BOTH},             {"n", F_BOTH},
-    {"best_of", F_CMPL},        {"echo", F_CMPL},             {"suffix", F_CMPL},
-    {"response_format", F_CHAT}, {"tools", F_CHAT},           {"tool_choice", F_CHAT},
-    {"functions", F_CHAT},      {"function_call", F_CHAT},    {"parallel_tool_calls", F_CHAT},
-    {"ignore_eos", F_BOTH},     {"metadata", F_BOTH},         {"store", F_BOTH},
-    {"service_tier", F_BOTH},
-};
+/* What the table's readers fill besides the job. */
+typedef struct req_ctx {
+    srv *s;
+    srv_job *j;
+    const cJSON *prompt, *messages, *max_tokens, *stream_options, *top_logprobs, *logprobs, *best_of;
+    const char *max_name;
+} req_ctx;
 
-static const cJSON *field(const cJSON *o, const char *name)
-{
-    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, name);
-    return v && !cJSON_IsNull(v) ? v : NULL; /* null = absent, as the OpenAI API treats it */
-}
+typedef bool (*field_fn)(req_ctx *c, const cJSON *v, srv_error *e);
 
-static bool known_fields(const cJSON *root, bool chat, srv_error *e)
-{
-    for (const cJSON *c = root->child; c; c = c->next) {
-        size_t k = 0;
-        while (k < sizeof FIELDS / sizeof FIELDS[0] && strcmp(FIELDS[k].name, c->string))
-            k++;
-        if (k == sizeof FIELDS / sizeof FIELDS[0] || !(FIELDS[k].where & (chat ? F_CHAT : F_CMPL))) {
-            srv_err(e, 400, c->string, "unrecognized request argument supplied: %s", c->string);
-            return false;
-        }
-    }
-    return true;
-}
+/* ---- value readers -------------------------------------------------------------------------- */
 
-/* Fields we accept only at the value that asks for nothing we lack. */
-static bool unsupported(const cJSON *root, srv_error *e)
+static bool num(const cJSON *v, const char *name, double lo, double hi, bool integer, double *out, srv_error *e)
 {
-    const cJSON *v;
-    if ((v = field(root, "n")) && !(cJSON_IsNumber(v) && v->valuedouble == 1))
-        return srv_err(e, 400, "n", "n: only one choice per request is supported (n = 1)"), false;
-    if ((v = field(root, "best_of")) && !(cJSON_IsNumber(v) && v->valuedouble == 1))
-        return srv_err(e, 400, "best_of", "best_of: only 1 is supported"), false;
-    if ((v = field(root, "echo")) && !cJSON_IsFalse(v))
-        return srv_err(e, 400, "echo", "echo: echoing the prompt is not supported"), false;
-    if ((v = field(root, "suffix")) && !(cJSON_IsString(v) && !v->valuestring[0]))
-        return srv_err(e, 400, "suffix", "suffix: insertion (a suffix) is not supported"), false;
-    static const char *const tools[] = {"tools", "functions"};
-    for (int k = 0; k < 2; k++)
-        if ((v = field(root, tools[k])) && !(cJSON_IsArray(v) && !v->child))
-            return srv_err(e, 400, tools[k], "%s: tool / function calling is not supported", tools[k]), false;
-    static const char *const choice[] = {"tool_choice", "function_call"};
-    for (int k = 0; k < 2; k++)
-        if ((v = field(root, choice[k])) && !(cJSON_IsString(v) && !strcmp(v->valuestring, "none")))
-            return srv_err(e, 400, choice[k], "%s: tool / function calling is not supported", choice[k]), false;
-    if ((v = field(root, "response_format"))) {
-        const cJSON *t = cJSON_IsObject(v) ? cJSON_GetObjectItemCaseSensitive(v, "type") : NULL;
-        if (!cJSON_IsString(t) || strcmp(t->valuestring, "text"))
-            return srv_err(e, 400, "response_format", "response_format: only {\"type\": \"text\"} is supported"), false;
-    }
-    if ((v = field(root, "model")) && !cJSON_IsString(v))
-        return srv_err(e, 400, "model", "model must be a string"), false;
-    if ((v = field(root, "user")) && !cJSON_IsString(v))
-        return srv_err(e, 400, "user", "user must be a string"), false;
-    return true;
-}
-
-/* 0 absent, 1 read into *out, -1 bad (e filled). */
-static int get_num(const cJSON *root, const char *name, double lo, double hi, bool integer, double *out, srv_error *e)
-{
-    const cJSON *v = field(root, name);
-    if (!v)
-        return 0;
     if (!cJSON_IsNumber(v) || !isfinite(v->valuedouble))
-        return srv_err(e, 400, name, "%s must be a number", name), -1;
+        return srv_err(e, 400, name, "%s must be a number", name), false;
     double x = v->valuedouble;
     if (integer && x != floor(x))
-        return srv_err(e, 400, name, "%s must be an integer, got %g", name, x), -1;
+        return srv_err(e, 400, name, "%s must be an integer, got %g", name, x), false;
     if (x < lo || x > hi)
-        return srv_err(e, 400, name, "%s must be in [%g, %g], got %g", name, lo, hi, x), -1;
+        return srv_err(e, 400, name, "%s must be in [%g, %g], got %g", name, lo, hi, x), false;
     *out = x;
-    return 1;
+    return true;
 }
 
-/* 0 absent, 1 read, -1 bad. */
-static int get_bool(const cJSON *root, const char *name, bool *out, srv_error *e)
+static bool boolean(const cJSON *v, const char *name, bool *out, srv_error *e)
 {
-    const cJSON *v = field(root, name);
-    if (!v)
-        return 0;
     if (!cJSON_IsBool(v))
-        return srv_err(e, 400, name, "%s must be a boolean", name), -1;
+        return srv_err(e, 400, name, "%s must be a boolean", name), false;
     *out = cJSON_IsTrue(v);
-    return 1;
+    return true;
 }
 
-static bool parse_bias(srv_job *j, const cJSON *v, uint32_t n_vocab, srv_error *e)
+#define FLOAT_FIELD(fn, name, lo, hi, dst)                                                         \
+    static bool fn(req_ctx *c, const cJSON *v, srv_error *e)                                       \
+    {                                                                                              \
+        double x;                                                                                  \
+        if (!num(v, name, lo, hi, false, &x, e))                                                   \
+            return false;                                                                          \
+        c->j->sampling.dst = (float)x;                                                             \
+        return true;                                                                               \
+    }
+FLOAT_FIELD(f_temperature, "temperature", 0, 2, temperature)
+FLOAT_FIELD(f_top_p, "top_p", 0, 1, top_p)
+FLOAT_FIELD(f_min_p, "min_p", 0, 1, min_p)
+FLOAT_FIELD(f_frequency, "frequency_penalty", -2, 2, frequency_penalty)
+FLOAT_FIELD(f_presence, "presence_penalty", -2, 2, presence_penalty)
+FLOAT_FIELD(f_repetition, "repetition_penalty", 1e-6, 100, repetition_penalty)
+
+#define BOOL_FIELD(fn, name, dst)                                                                  \
+    static bool fn(req_ctx *c, const cJSON *v, srv_error *e) { return boolean(v, name, &c->j->dst, e); }
+BOOL_FIELD(f_stream, "stream", stream)
+BOOL_FIELD(f_ignore_eos, "ignore_eos", ignore_eos)
+BOOL_FIELD(f_skip_special, "skip_special_tokens", skip_special)
+BOOL_FIELD(f_return_ids, "return_token_ids", return_ids)
+BOOL_FIELD(f_echo, "echo", echo)
+
+static bool f_cache_prompt(req_ctx *c, const cJSON *v, srv_error *e)
 {
+    bool b; /* accepted for llama.cpp clients: prefix caching is always on */
+    (void)c;
+    return boolean(v, "cache_prompt", &b, e);
+}
+
+static bool f_string(const cJSON *v, const char *name, srv_error *e)
+{
+    return cJSON_IsString(v) || (srv_err(e, 400, name, "%s must be a string", name), false);
+}
+static bool f_model(req_ctx *c, const cJSON *v, srv_error *e) { return (void)c, f_string(v, "model", e); }
+static bool f_user(req_ctx *c, const cJSON *v, srv_error *e) { return (void)c, f_string(v, "user", e); }
+static bool f_ignored(req_ctx *c, const cJSON *v, srv_error *e) { return (void)c, (void)v, (void)e, true; }
+
+static bool f_top_k(req_ctx *c, const cJSON *v, srv_error *e)
+{
+    double x;
+    if (!num(v, "top_k", -1, 1 << 24, true, &x, e))
+        return false;
+    c->j->sampling.top_k = x < 0 ? 0 : (int32_t)x; /* -1 = off, as in vLLM */
+    return true;
+}
+
+static bool f_seed(req_ctx *c, const cJSON *v, srv_error *e)
+{
+    double x;
+    if (!num(v, "seed", -9007199254740992.0, 9007199254740992.0, true, &x, e))
+        return false;
+    c->j->sampling.has_seed = true;
+    c->j->sampling.seed = (uint64_t)(int64_t)x;
+    return true;
+}
+
+static bool f_n(req_ctx *c, const cJSON *v, srv_error *e)
+{
+    double x;
+    if (!num(v, "n", 1, SRV_MAX_N, true, &x, e))
+        return false;
+    c->j->n = (uint32_t)x;
+    return true;
+}
+
+static bool f_min_tokens(req_ctx *c, const cJSON *v, srv_error *e)
+{
+    double x;
+    if (!num(v, "min_tokens", 0, 1 << 30, true, &x, e))
+        return false;
+    c->j->min_tokens = (uint32_t)x;
+    return true;
+}
+
+/* logit_bias: {"token id": bias}; a key is digits only ("5", not " 5" or "+5"). */
+static bool f_logit_bias(req_ctx *c, const cJSON *v, srv_error *e)
+{
+    srv_job *j = c->j;
+    uint32_t n_vocab = c->s->info.n_vocab;
     if (!cJSON_IsObject(v))
         return srv_err(e, 400, "logit_bias", "logit_bias must be an object mapping token ids to biases"), false;
     uint32_t n = (uint32_t)cJSON_GetArraySize(v);
@@ -128,114 +143,186 @@ static bool parse_bias(srv_job *j, const cJSON *v, uint32_t n_vocab, srv_error *
     if (n && !j->bias)
         return srv_err(e, 500, NULL, "out of memory"), false;
     uint32_t k = 0;
-    for (const cJSON *c = v->child; c; c = c->next, k++) {
-        char *end = NULL;
-        long long id = strtoll(c->string, &end, 10);
-        if (!c->string[0] || *end || id < 0 || id >= n_vocab)
-            return srv_err(e, 400, "logit_bias", "logit_bias[\"%.32s\"]: not a token id in [0, %u)", c->string,
+    for (const cJSON *b = v->child; b; b = b->next, k++) {
+        const char *key = b->string;
+        size_t len = strspn(key, "0123456789");
+        unsigned long long id = len && len <= 9 && !key[len] && (key[0] != '0' || len == 1) ? strtoull(key, NULL, 10)
+                                                                                           : ~0ull;
+        if (id >= n_vocab)
+            return srv_err(e, 400, "logit_bias", "logit_bias[\"%.32s\"]: not a token id in [0, %u) (digits only)", key,
                            n_vocab), false;
-        if (!cJSON_IsNumber(c) || !(c->valuedouble >= -100 && c->valuedouble <= 100))
-            return srv_err(e, 400, "logit_bias", "logit_bias[\"%.32s\"] must be a number in [-100, 100]", c->string),
-                   false;
-        j->bias[k] = (vki_logit_bias){.token = (int32_t)id, .bias = (float)c->valuedouble};
+        if (!cJSON_IsNumber(b) || !(b->valuedouble >= -100 && b->valuedouble <= 100))
+            return srv_err(e, 400, "logit_bias", "logit_bias[\"%.32s\"] must be a number in [-100, 100]", key), false;
+        j->bias[k] = (vki_logit_bias){.token = (int32_t)id, .bias = (float)b->valuedouble};
     }
     j->sampling.logit_bias = j->bias;
     j->sampling.n_logit_bias = n;
     return true;
 }
 
-static bool parse_sampling(srv_job *j, const cJSON *root, uint32_t n_vocab, srv_error *e)
+static bool f_stop(req_ctx *c, const cJSON *v, srv_error *e)
 {
-    vki_sampling_params *sp = &j->sampling;
-    double x;
-    int r;
-    if ((r = get_num(root, "temperature", 0, 2, false, &x, e)) > 0)
-        sp->temperature = (float)x;
-    if (r >= 0 && (r = get_num(root, "top_p", 0, 1, false, &x, e)) > 0)
-        sp->top_p = (float)x;
-    if (r >= 0 && (r = get_num(root, "top_k", -1, 1 << 24, true, &x, e)) > 0)
-        sp->top_k = x < 0 ? 0 : (int32_t)x; /* -1 = off, as in vLLM */
-    if (r >= 0 && (r = get_num(root, "min_p", 0, 1, false, &x, e)) > 0)
-        sp->min_p = (float)x;
-    if (r >= 0 && (r = get_num(root, "frequency_penalty", -2, 2, false, &x, e)) > 0)
-        sp->frequency_penalty = (float)x;
-    if (r >= 0 && (r = get_num(root, "presence_penalty", -2, 2, false, &x, e)) > 0)
-        sp->presence_penalty = (float)x;
-    if (r >= 0 && (r = get_num(root, "repetition_penalty", 1e-6, 100, false, &x, e)) > 0)
-        sp->repetition_penalty = (float)x;
-    if (r >= 0 && (r = get_num(root, "seed", -9007199254740992.0, 9007199254740992.0, true, &x, e)) > 0) {
-        sp->has_seed = true;
-        sp->seed = (uint64_t)(int64_t)x;
-    }
-    if (r < 0)
-        return false;
-    const cJSON *b = field(root, "logit_bias");
-    if (b && !parse_bias(j, b, n_vocab, e))
-        return false;
-    char msg[256];
-    if (sample_params_check(sp, n_vocab, msg, sizeof msg) != VKI_OK) {
-        char param[64];
-        snprintf(param, sizeof param, "%.*s", (int)strcspn(msg, " :"), msg);
-        srv_err(e, 400, param, "%s", msg);
-        return false;
-    }
-    return true;
-}
-
-static bool parse_stops(srv_job *j, const cJSON *root, srv_error *e)
-{
-    const cJSON *v = field(root, "stop");
-    if (!v)
-        return true;
+    srv_job *j = c->j;
     const cJSON *one = cJSON_IsString(v) ? v : NULL;
     if (!one && !cJSON_IsArray(v))
         return srv_err(e, 400, "stop", "stop must be a string or an array of strings"), false;
     if (!one && cJSON_GetArraySize(v) > SRV_MAX_STOPS)
         return srv_err(e, 400, "stop", "stop: at most %d stop strings", SRV_MAX_STOPS), false;
     uint32_t k = 0;
-    for (const cJSON *c = one ? one : v->child; c; c = one ? NULL : c->next, k++) {
-        if (!cJSON_IsString(c))
+    for (const cJSON *s = one ? one : v->child; s; s = one ? NULL : s->next, k++) {
+        if (!cJSON_IsString(s))
             return srv_err(e, 400, "stop", "stop[%u] must be a string", k), false;
-        size_t len = strlen(c->valuestring);
+        size_t len = strlen(s->valuestring);
         if (!len || len > SRV_MAX_STOP_BYTES)
             return srv_err(e, 400, "stop", "stop[%u] must be 1 to %d bytes long", k, SRV_MAX_STOP_BYTES), false;
-        if (!(j->stops[j->n_stops++] = strdup(c->valuestring)))
+        if (!(j->stops[j->n_stops++] = strdup(s->valuestring)))
             return srv_err(e, 500, NULL, "out of memory"), false;
     }
     return true;
 }
 
-static bool parse_output_opts(srv_job *j, const cJSON *root, srv_error *e)
+static bool f_stop_token_ids(req_ctx *c, const cJSON *v, srv_error *e)
 {
-    double x;
-    if (get_bool(root, "stream", &j->stream, e) < 0 || get_bool(root, "ignore_eos", &j->ignore_eos, e) < 0)
-        return false;
-    const cJSON *so = field(root, "stream_options");
-    if (so) {
-        if (!j->stream)
-            return srv_err(e, 400, "stream_options", "stream_options is only allowed when stream is true"), false;
-        if (!cJSON_IsObject(so) || get_bool(so, "include_usage", &j->include_usage, e) < 0)
-            return srv_err(e, 400, "stream_options", "stream_options must be {\"include_usage\": boolean}"), false;
-    }
-    if (!j->chat) { /* logprobs: N alternatives (0..20) */
-        int r = get_num(root, "logprobs", 0, VKI_SAMPLE_MAX_TOP, true, &x, e);
-        if (r < 0)
+    srv_job *j = c->j;
+    int n = cJSON_IsArray(v) ? cJSON_GetArraySize(v) : -1;
+    if (n < 0 || n > 1024)
+        return srv_err(e, 400, "stop_token_ids", "stop_token_ids must be an array of at most 1024 token ids"), false;
+    j->stop_ids = malloc((size_t)(n ? n : 1) * sizeof *j->stop_ids);
+    if (!j->stop_ids)
+        return srv_err(e, 500, NULL, "out of memory"), false;
+    int k = 0;
+    for (const cJSON *t = v->child; t; t = t->next, k++) {
+        double x;
+        if (!num(t, "stop_token_ids", 0, c->s->info.n_vocab - 1.0, true, &x, e))
             return false;
-        j->want_lp = r > 0;
-        j->n_top = r > 0 ? (uint32_t)x : 0;
-    } else {
-        bool lp = false;
-        int r1 = get_bool(root, "logprobs", &lp, e);
-        int r2 = r1 < 0 ? -1 : get_num(root, "top_logprobs", 0, VKI_SAMPLE_MAX_TOP, true, &x, e);
-        if (r1 < 0 || r2 < 0)
-            return false;
-        if (r2 > 0 && !lp)
-            return srv_err(e, 400, "top_logprobs", "top_logprobs requires logprobs: true"), false;
-        j->want_lp = lp;
-        j->n_top = r2 > 0 ? (uint32_t)x : 0;
+        j->stop_ids[k] = (int32_t)x;
     }
-    j->sampling.logprobs = j->want_lp;
-    j->sampling.top_logprobs = j->n_top;
+    j->n_stop_ids = (uint32_t)n;
+    return true;
+}
+
+#define KEEP(fn, slot)                                                                             \
+    static bool fn(req_ctx *c, const cJSON *v, srv_error *e) { return (void)e, c->slot = v, true; }
+KEEP(f_prompt, prompt)
+KEEP(f_messages, messages)
+KEEP(f_stream_options, stream_options)
+KEEP(f_top_logprobs, top_logprobs)
+KEEP(f_logprobs, logprobs)
+KEEP(f_best_of, best_of)
+
+static bool f_max_tokens(req_ctx *c, const cJSON *v, srv_error *e)
+{
+    (void)e;
+    if (!c->max_tokens || !strcmp(c->max_name, "max_tokens")) { /* max_completion_tokens wins */
+        c->max_tokens = v;
+        c->max_name = "max_tokens";
+    }
+    return true;
+}
+
+static bool f_max_completion_tokens(req_ctx *c, const cJSON *v, srv_error *e)
+{
+    (void)e;
+    c->max_tokens = v;
+    c->max_name = "max_completion_tokens";
+    return true;
+}
+
+/* Suffix (insertion) is refused unless empty; echo on chat unless false. */
+static bool f_suffix(req_ctx *c, const cJSON *v, srv_error *e)
+{
+    (void)c;
+    return (cJSON_IsString(v) && !v->valuestring[0]) ||
+           (srv_err(e, 400, "suffix", "suffix: insertion (a suffix) is not supported"), false);
+}
+
+static bool f_chat_echo(req_ctx *c, const cJSON *v, srv_error *e)
+{
+    (void)c;
+    return cJSON_IsFalse(v) || (srv_err(e, 400, "echo", "echo: not supported on chat completions"), false);
+}
+
+static const struct {
+    const char *name;
+    unsigned where;
+    field_fn read;
+} FIELDS[] = {
+    {"model", F_BOTH, f_model},
+    {"prompt", F_CMPL, f_prompt},
+    {"messages", F_CHAT, f_messages},
+    {"max_tokens", F_BOTH, f_max_tokens},
+    {"max_completion_tokens", F_CHAT, f_max_completion_tokens},
+    {"min_tokens", F_BOTH, f_min_tokens},
+    {"temperature", F_BOTH, f_temperature},
+    {"top_p", F_BOTH, f_top_p},
+    {"top_k", F_BOTH, f_top_k},
+    {"min_p", F_BOTH, f_min_p},
+    {"frequency_penalty", F_BOTH, f_frequency},
+    {"presence_penalty", F_BOTH, f_presence},
+    {"repetition_penalty", F_BOTH, f_repetition},
+    {"logit_bias", F_BOTH, f_logit_bias},
+    {"seed", F_BOTH, f_seed},
+    {"stop", F_BOTH, f_stop},
+    {"stop_token_ids", F_BOTH, f_stop_token_ids},
+    {"ignore_eos", F_BOTH, f_ignore_eos},
+    {"skip_special_tokens", F_BOTH, f_skip_special},
+    {"return_token_ids", F_BOTH, f_return_ids},
+    {"cache_prompt", F_BOTH, f_cache_prompt},
+    {"stream", F_BOTH, f_stream},
+    {"stream_options", F_BOTH, f_stream_options},
+    {"logprobs", F_BOTH, f_logprobs},
+    {"top_logprobs", F_CHAT, f_top_logprobs},
+    {"n", F_BOTH, f_n},
+    {"best_of", F_CMPL, f_best_of},
+    {"echo", F_CMPL, f_echo},
+    {"echo", F_CHAT, f_chat_echo},
+    {"suffix", F_CMPL, f_suffix},
+    {"user", F_BOTH, f_user},
+    {"metadata", F_BOTH, f_ignored},
+    {"store", F_BOTH, f_ignored},
+    {"service_tier", F_BOTH, f_ignored},
+    {"parallel_tool_calls", F_CHAT, f_ignored},
+};
+
+/* Fields whose absence of support changes the answer: refused (400 naming them) unless their
+ * value asks for nothing (null, false, an empty list, "none", {"type": "text"}). */
+static const char *const REFUSED[] = {
+    "tools", "functions", "tool_choice", "function_call", "response_format", "grammar", "json_schema",
+    "guided_json", "guided_regex", "guided_choice", "guided_grammar", "structured_outputs", "prompt_logprobs",
+    "use_beam_search", "logits_processors", "reasoning_effort", "audio", "modalities", "prediction",
+};
+
+static bool asks_nothing(const cJSON *v)
+{
+    if (cJSON_IsNull(v) || cJSON_IsFalse(v) || (cJSON_IsArray(v) && !v->child))
+        return true;
+    if (cJSON_IsString(v) && !strcmp(v->valuestring, "none"))
+        return true;
+    const cJSON *t = cJSON_IsObject(v) ? cJSON_GetObjectItemCaseSensitive(v, "type") : NULL;
+    return cJSON_IsString(t) && !strcmp(t->valuestring, "text") && !t->next && t == v->child;
+}
+
+/* Runs every field of root through the table. Unknown fields are collected into *ignored. */
+static bool read_fields(req_ctx *c, const cJSON *root, strbuf *ignored, srv_error *e)
+{
+    unsigned where = c->j->chat ? F_CHAT : F_CMPL;
+    for (const cJSON *f = root->child; f; f = f->next) {
+        size_t k = 0, nf = sizeof FIELDS / sizeof FIELDS[0];
+        while (k < nf && (strcmp(FIELDS[k].name, f->string) || !(FIELDS[k].where & where)))
+            k++;
+        if (k < nf) {
+            if (!cJSON_IsNull(f) && !FIELDS[k].read(c, f, e)) /* null = absent, as the OpenAI API treats it */
+                return false;
+            continue;
+        }
+        size_t r = 0, nr = sizeof REFUSED / sizeof REFUSED[0];
+        while (r < nr && strcmp(REFUSED[r], f->string))
+            r++;
+        if (r < nr && !asks_nothing(f))
+            return srv_err(e, 400, f->string, "%s: not supported by this server", f->string), false;
+        if (r == nr)
+            strbuf_printf(ignored, "%s%.40s", ignored->len ? ", " : "", f->string);
+    }
     return true;
 }
 
@@ -255,6 +342,8 @@ static bool tokenize_text(srv *s, srv_job *j, const char *text, size_t len, srv_
     if (st != VKI_OK)
         return srv_err(e, 400, "prompt", "prompt: cannot tokenize: %s", vki_status_str(st)), false;
     j->n_prompt = (uint32_t)n;
+    if (j->echo && !(j->prompt_text = strdup(text)))
+        return srv_err(e, 500, NULL, "out of memory"), false;
     return true;
 }
 
@@ -272,14 +361,22 @@ static bool token_array(srv *s, srv_job *j, const cJSON *a, srv_error *e)
         j->prompt[k] = (int32_t)c->valuedouble;
     }
     j->n_prompt = (uint32_t)n;
+    if (j->echo && n) { /* the prompt as the model would show it */
+        size_t cap = (size_t)n * 16 + 64, got = 0;
+        j->prompt_text = malloc(cap);
+        vki_status st = j->prompt_text ? vki_detokenize(s->tok, j->prompt, (size_t)n, 0, j->prompt_text, cap - 1, &got)
+                                       : VKI_ERR_OUT_OF_HOST_MEMORY;
+        if (st != VKI_OK)
+            return srv_err(e, 500, NULL, "echo: cannot detokenize the prompt: %s", vki_status_str(st)), false;
+        j->prompt_text[got] = 0;
+    }
     return true;
 }
 
 /* prompt: a string, an array holding one string, an array of token ids, or an array holding one
  * array of token ids. */
-static bool parse_prompt(srv *s, srv_job *j, const cJSON *root, srv_error *e)
+static bool parse_prompt(srv *s, srv_job *j, const cJSON *p, srv_error *e)
 {
-    const cJSON *p = field(root, "prompt");
     if (!p)
         return srv_err(e, 400, "prompt", "prompt is required"), false;
     if (cJSON_IsArray(p) && cJSON_GetArraySize(p) == 1 && (cJSON_IsString(p->child) || cJSON_IsArray(p->child)))
@@ -377,9 +474,8 @@ static bool render_messages(srv *s, srv_job *j, chat_msg *msgs, size_t n, srv_er
     return true;
 }
 
-static bool parse_messages(srv *s, srv_job *j, const cJSON *root, srv_error *e)
+static bool parse_messages(srv *s, srv_job *j, const cJSON *a, srv_error *e)
 {
-    const cJSON *a = field(root, "messages");
     if (!cJSON_IsArray(a) || !a->child)
         return srv_err(e, 400, "messages", "messages must be a non-empty array"), false;
     size_t n = (size_t)cJSON_GetArraySize(a), i = 0;
@@ -410,73 +506,142 @@ static bool parse_messages(srv *s, srv_job *j, const cJSON *root, srv_error *e)
     return ok;
 }
 
-/* max_tokens against the context: the prompt must leave room for one token; the default is 16
- * for completions (the OpenAI default) and the rest of the context (and of the KV pool) for chat. */
-static bool parse_max_tokens(srv *s, srv_job *j, const cJSON *root, srv_error *e)
+/* ---- cross-field rules --------------------------------------------------------------------- */
+
+static bool output_opts(req_ctx *c, srv_error *e)
 {
+    srv_job *j = c->j;
+    double x;
+    if (c->stream_options) {
+        if (!j->stream)
+            return srv_err(e, 400, "stream_options", "stream_options is only allowed when stream is true"), false;
+        const cJSON *u = cJSON_IsObject(c->stream_options)
+                             ? cJSON_GetObjectItemCaseSensitive(c->stream_options, "include_usage") : NULL;
+        if (!cJSON_IsObject(c->stream_options) || (u && !cJSON_IsNull(u) && !cJSON_IsBool(u)))
+            return srv_err(e, 400, "stream_options", "stream_options must be {\"include_usage\": boolean}"), false;
+        j->include_usage = cJSON_IsTrue(u);
+    }
+    if (!j->chat) { /* logprobs: N alternatives (0..20) */
+        if (c->logprobs && !num(c->logprobs, "logprobs", 0, VKI_SAMPLE_MAX_TOP, true, &x, e))
+            return false;
+        j->want_lp = c->logprobs != NULL;
+        j->n_top = c->logprobs ? (uint32_t)x : 0;
+        if (j->want_lp && j->echo)
+            return srv_err(e, 400, "logprobs", "logprobs with echo would need the prompt's logprobs, which this "
+                           "server does not compute"), false;
+    } else {
+        bool lp = false;
+        if (c->logprobs && !boolean(c->logprobs, "logprobs", &lp, e))
+            return false;
+        if (c->top_logprobs && !num(c->top_logprobs, "top_logprobs", 0, VKI_SAMPLE_MAX_TOP, true, &x, e))
+            return false;
+        if (c->top_logprobs && !lp)
+            return srv_err(e, 400, "top_logprobs", "top_logprobs requires logprobs: true"), false;
+        j->want_lp = lp;
+        j->n_top = c->top_logprobs ? (uint32_t)x : 0;
+    }
+    j->sampling.logprobs = j->want_lp;
+    j->sampling.top_logprobs = j->n_top;
+    if (c->best_of && !num(c->best_of, "best_of", 1, SRV_MAX_N, true, &x, e))
+        return false;
+    if (c->best_of && (uint32_t)x != j->n)
+        return srv_err(e, 400, "best_of", "best_of: only best_of = n is supported (no ranking of candidates)"), false;
+    char msg[256];
+    if (sample_params_check(&j->sampling, c->s->info.n_vocab, msg, sizeof msg) != VKI_OK) {
+        char param[64];
+        snprintf(param, sizeof param, "%.*s", (int)strcspn(msg, " :"), msg);
+        return srv_err(e, 400, param, "%s", msg), false;
+    }
+    return true;
+}
+
+/* max_tokens against the context: the prompt must leave room for one token; the default is 16
+ * for completions (the OpenAI default) and the rest of the context (and of the KV pool) for chat
+ * (what vLLM does; the default policy admits by the next step's need, so this reserves nothing). */
+static bool max_tokens(req_ctx *c, srv_error *e)
+{
+    srv *s = c->s;
+    srv_job *j = c->j;
     uint32_t ctx = s->info.n_ctx;
-    const char *which = j->chat ? "messages" : "prompt";
+    const char *which = j->chat ? "messages" : "prompt", *name = c->max_name ? c->max_name : "max_tokens";
     if (j->n_prompt >= ctx)
         return srv_err(e, 400, which, "%s: the prompt is %u tokens; the model's context is %u tokens", which,
                        j->n_prompt, ctx), false;
     double x;
-    const char *name = j->chat && field(root, "max_completion_tokens") ? "max_completion_tokens" : "max_tokens";
-    int r = get_num(root, name, 1, 1 << 30, true, &x, e);
-    if (r < 0)
+    if (c->max_tokens && !num(c->max_tokens, name, 1, 1 << 30, true, &x, e))
         return false;
-    if (r == 0) {
+    if (!c->max_tokens) {
         uint32_t room = ctx - j->n_prompt;
         uint64_t pool = (uint64_t)s->info.kv_pages * s->info.page_size; /* a sequence fits the pool too */
         if (!s->info.kv_window && pool > j->n_prompt && pool - j->n_prompt < room) /* windows: any length */
             room = (uint32_t)(pool - j->n_prompt);
         j->max_tokens = j->chat || room < 16 ? room : 16;
-        return true;
-    }
-    if ((uint64_t)j->n_prompt + (uint64_t)x > ctx)
+    } else if ((uint64_t)j->n_prompt + (uint64_t)x > ctx) {
         return srv_err(e, 400, name, "%s: the prompt (%u tokens) plus %s (%.0f) exceeds the model's context (%u "
                        "tokens)", name, j->n_prompt, name, x, ctx), false;
-    j->max_tokens = (uint32_t)x;
+    } else {
+        j->max_tokens = (uint32_t)x;
+    }
+    if (j->min_tokens > j->max_tokens)
+        return srv_err(e, 400, "min_tokens", "min_tokens (%u) exceeds %s (%u)", j->min_tokens, name, j->max_tokens),
+               false;
     return true;
 }
 
-/* Output arrays the worker writes into (no allocation on the worker thread). */
+/* Per-choice text streams (no token arrays: they grow as tokens come). */
 static bool alloc_outputs(srv *s, srv_job *j, srv_error *e)
 {
-    size_t n = j->max_tokens, nt = (size_t)j->max_tokens * j->n_top;
-    j->tok = malloc(n * sizeof *j->tok);
-    j->lp = j->want_lp ? malloc(n * sizeof *j->lp) : NULL;
-    j->top_id = nt ? malloc(nt * sizeof *j->top_id) : NULL;
-    j->top_lp = nt ? malloc(nt * sizeof *j->top_lp) : NULL;
-    uint32_t flags = j->chat ? VKI_DETOK_STRIP_LEADING_SPACE : 0;
-    if (!j->tok || (j->want_lp && !j->lp) || (nt && (!j->top_id || !j->top_lp)) ||
-        vki_text_stream_create(s->tok, (const char *const *)j->stops, j->n_stops, flags, &j->ts) != VKI_OK)
-        return srv_err(e, 500, NULL, "out of memory"), false;
-    if (j->want_lp && !j->stream && !(j->lp_all = j->chat ? cJSON_CreateArray() : cJSON_CreateObject()))
-        return srv_err(e, 500, NULL, "out of memory"), false;
+    uint32_t flags = (j->chat ? VKI_DETOK_STRIP_LEADING_SPACE : 0) | (j->skip_special ? 0 : VKI_DETOK_SPECIAL);
+    for (uint32_t i = 0; i < j->n; i++) {
+        srv_choice *ch = &j->ch[i];
+        ch->j = j;
+        ch->index = i;
+        if (vki_text_stream_create(s->tok, (const char *const *)j->stops, j->n_stops, flags, &ch->ts) != VKI_OK)
+            return srv_err(e, 500, NULL, "out of memory"), false;
+        if (j->want_lp && !j->stream && !(ch->lp_all = j->chat ? cJSON_CreateArray() : cJSON_CreateObject()))
+            return srv_err(e, 500, NULL, "out of memory"), false;
+    }
     return true;
+}
+
+cJSON *srv_parse_body(const char *body, size_t n, srv_error *e)
+{
+    srv_json_err je;
+    cJSON *root = srv_json_parse(body, n, &je);
+    if (!root) {
+        srv_err(e, 400, je.key[0] ? je.key : NULL, "the request body is not valid JSON: %s (at byte %zu%s%s)", je.msg,
+                je.at, je.key[0] ? ", in " : "", je.key);
+        return NULL;
+    }
+    if (!cJSON_IsObject(root)) {
+        cJSON_Delete(root);
+        srv_err(e, 400, NULL, "the request body must be a JSON object");
+        return NULL;
+    }
+    return root;
 }
 
 bool srv_job_from_json(srv *s, bool chat, const char *body, size_t n, srv_job **out, srv_error *e)
 {
     *out = NULL;
-    size_t at = 0;
-    cJSON *root = srv_json_parse(s, body, n, &at);
+    cJSON *root = srv_parse_body(body, n, e);
     if (!root)
-        return srv_err(e, 400, NULL, "the request body is not valid JSON (error at byte %zu)", at), false;
-    bool ok = cJSON_IsObject(root);
+        return false;
+    srv_job *j = srv_job_new(s, chat);
+    strbuf ignored = {0};
+    req_ctx c = {.s = s, .j = j};
+    bool ok = j != NULL;
     if (!ok)
-        srv_err(e, 400, NULL, "the request body must be a JSON object");
-    srv_job *j = ok ? srv_job_new(s, chat) : NULL;
-    if (ok && !j)
-        ok = (srv_err(e, 500, NULL, "out of memory"), false);
-    ok = ok && known_fields(root, chat, e) && unsupported(root, e) && parse_sampling(j, root, s->info.n_vocab, e) &&
-         parse_stops(j, root, e) && parse_output_opts(j, root, e) &&
-         (chat ? parse_messages(s, j, root, e) : parse_prompt(s, j, root, e)) && parse_max_tokens(s, j, root, e) &&
+        srv_err(e, 500, NULL, "out of memory");
+    ok = ok && read_fields(&c, root, &ignored, e) && output_opts(&c, e) &&
+         (chat ? parse_messages(s, j, c.messages, e) : parse_prompt(s, j, c.prompt, e)) && max_tokens(&c, e) &&
          alloc_outputs(s, j, e);
+    if (ok && ignored.len)
+        srv_log(s, VKI_LOG_WARN, "%s request: ignored unknown fields: %s", chat ? "chat" : "completions", ignored.p);
+    strbuf_free(&ignored);
     cJSON_Delete(root);
     if (!ok) {
-        if (j)
-            srv_job_release(j);
+        srv_job_release(j);
         return false;
     }
     *out = j;

@@ -81,6 +81,7 @@ struct vki_tokenizer {
     uint32_t n_re;
     char model[16];
     char pre[32];
+    char *chat_template;    /* tokenizer.chat_template, NUL-terminated, or NULL */
 };
 
 /* For the tokenizer's growable arrays (v, n, cap): when n == *cap, returns v reallocated to twice

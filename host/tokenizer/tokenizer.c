@@ -555,6 +555,24 @@ static vki_status load_pre(vki_tokenizer *t, const gguf_file *f, char *err, size
     return tok_bpe_setup_pre(t, name, err, err_len);
 }
 
+/* tokenizer.chat_template, kept for vki_chat_template_create (absent: NULL, not an error). */
+static vki_status load_chat_template(vki_tokenizer *t, const gguf_file *f, char *err, size_t err_len)
+{
+    gguf_str s;
+    vki_status st = gguf_get_str(f, "tokenizer.chat_template", &s);
+    if (st == VKI_ERR_NOT_FOUND)
+        return VKI_OK;
+    if (st != VKI_OK) {
+        tok_err(err, err_len, "tokenizer.chat_template: not a string");
+        return VKI_ERR_FORMAT;
+    }
+    if (!(t->chat_template = s.len < SIZE_MAX ? malloc((size_t)s.len + 1) : NULL))
+        return VKI_ERR_OUT_OF_HOST_MEMORY;
+    memcpy(t->chat_template, s.ptr, (size_t)s.len);
+    t->chat_template[s.len] = 0;
+    return VKI_OK;
+}
+
 vki_status tok_from_gguf(const gguf_file *f, vki_tokenizer **out, char *err, size_t err_len)
 {
     if (!f || !out)
@@ -586,6 +604,8 @@ vki_status tok_from_gguf(const gguf_file *f, vki_tokenizer **out, char *err, siz
     if (t->kind == TOK_BPE && (st = load_merges(t, f, err, err_len)) != VKI_OK)
         goto fail;
     if ((st = build_special_list(t)) != VKI_OK)
+        goto fail;
+    if ((st = load_chat_template(t, f, err, err_len)) != VKI_OK)
         goto fail;
     *out = t;
     return VKI_OK;
@@ -623,8 +643,11 @@ void vki_tokenizer_free(vki_tokenizer *t)
     free(t->map.slot);
     free(t->arena);
     free(t->tok);
+    free(t->chat_template);
     free(t);
 }
+
+const char *vki_tokenizer_chat_template(const vki_tokenizer *t) { return t ? t->chat_template : NULL; }
 
 const char *tok_model_name(const vki_tokenizer *t) { return t->model; }
 const char *tok_pre_name(const vki_tokenizer *t) { return t->pre; }

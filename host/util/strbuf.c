@@ -25,6 +25,22 @@ bool strbuf_put(strbuf *b, const char *s, size_t n)
     return true;
 }
 
+bool strbuf_reserve(strbuf *b, size_t more)
+{
+    if (b->len + more + 1 <= b->cap)
+        return true;
+    size_t len = b->len;
+    if (!strbuf_put(b, NULL, 0) || more > SIZE_MAX / 4 - len)
+        return false;
+    size_t cap = (len + more + 1) * 2;
+    char *p = realloc(b->p, cap);
+    if (!p)
+        return false;
+    b->p = p;
+    b->cap = cap;
+    return true;
+}
+
 bool strbuf_printf(strbuf *b, const char *fmt, ...)
 {
     char small[512]; /* most lines fit: one vsnprintf, no malloc */

@@ -18,6 +18,9 @@ typedef struct strbuf {
  * valid "" afterwards). false on size overflow or out of memory, b unchanged. */
 bool strbuf_put(strbuf *b, const char *s, size_t n);
 bool strbuf_printf(strbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* Makes room for `more` bytes after len (for a reader writing into p + len directly: at most
+ * cap - len - 1 bytes, then len += n and p[len] = 0). false on overflow or out of memory. */
+bool strbuf_reserve(strbuf *b, size_t more);
 /* Empties b and keeps its memory for the next puts. */
 void strbuf_clear(strbuf *b);
 /* Releases the memory; b is an empty buffer again. */

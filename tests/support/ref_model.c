@@ -389,7 +389,20 @@ static void lm_head(const ref_model *m, ref_scratch *s, float *logits)
         logits[i] = (float)(hp->final_softcap * tanh(logits[i] / (double)hp->final_softcap));
 }
 
+static vki_status run(ref_model *m, const int32_t *tokens, uint32_t n, bool all, float *logits, float *hidden);
+
 vki_status ref_model_forward(ref_model *m, const int32_t *tokens, uint32_t n, bool all, float *logits)
+{
+    return run(m, tokens, n, all, logits, NULL);
+}
+
+vki_status ref_model_hidden(ref_model *m, const int32_t *tokens, uint32_t n, float *hidden)
+{
+    return run(m, tokens, n, false, NULL, hidden);
+}
+
+/* logits (when not NULL) as ref_model_forward; hidden (when not NULL): [n][d] normed states. */
+static vki_status run(ref_model *m, const int32_t *tokens, uint32_t n, bool all, float *logits, float *hidden)
 {
     const model_hparams *hp = &m->hp;
     uint32_t d = hp->d_model, q_dim = hp->n_head * hp->head_dim, kv_dim = hp->n_head_kv * hp->head_dim;
@@ -415,7 +428,9 @@ vki_status ref_model_forward(ref_model *m, const int32_t *tokens, uint32_t n, bo
             attention_block(m, &s, il, pos, n);
             ffn_block(m, &s, il);
         }
-        if (all || pos == n - 1)
+        if (hidden)
+            rmsnorm(hidden + (size_t)pos * d, s.x, m->output_norm, d, hp->rms_eps);
+        if (logits && (all || pos == n - 1))
             lm_head(m, &s, all ? logits + (size_t)pos * hp->n_vocab : logits);
     }
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)

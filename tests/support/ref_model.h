@@ -26,6 +26,9 @@ const model_hparams *ref_model_hparams(const ref_model *m);
 /* Runs tokens[0..n) from position 0 with a fresh KV cache. logits: [n][n_vocab] when all, else
  * [n_vocab] for the last position only. */
 vki_status ref_model_forward(ref_model *m, const int32_t *tokens, uint32_t n, bool all, float *logits);
+/* The final hidden states (after the output norm: what the LM head reads) of tokens[0..n) from
+ * position 0: hidden [n][d_model]. */
+vki_status ref_model_hidden(ref_model *m, const int32_t *tokens, uint32_t n, float *hidden);
 
 /* Mixture-of-experts routing as llama.cpp computes it (in double): the n_used largest of
  * logits[0..n) (ties: lower index first) into ids, their softmax weights over all n into w,

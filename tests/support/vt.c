@@ -3,12 +3,14 @@
 #include "host/grammar/grammar.h"
 #include "engine/quant.h"
 #include "engine/rng.h"
+#include "host/cli/cli_common.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 #include <dlfcn.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 static void quiet_log(void *user, vki_log_level lvl, const char *msg)
@@ -28,6 +30,16 @@ void vt_pin_vulkan_libraries(void)
         dlopen(libs[i], RTLD_NOW | RTLD_NODELETE | RTLD_LOCAL);
 }
 
+vki_device_params vt_device_params(void)
+{
+    vki_device_params p = vki_device_default_params();
+    p.validation = true;
+    const char *env = getenv("VKI_DEVICE");
+    if (env && *env)
+        cli_device_choice(env, &p);
+    return p;
+}
+
 int vt_gpu_setup(void **state)
 {
     *state = NULL;
@@ -35,8 +47,7 @@ int vt_gpu_setup(void **state)
     vt_gpu *g = calloc(1, sizeof *g);
     if (!g)
         return -1;
-    vki_device_params p = vki_device_default_params();
-    p.validation = true;
+    vki_device_params p = vt_device_params();
     p.log = quiet_log;
     p.log_level = VKI_LOG_WARN;
     vki_status st = vkd_open(&p, &g->dev);
@@ -196,6 +207,34 @@ void vt_assert_nmse(const float *a, const float *ref, size_t n, double tol, cons
         }
     }
     fail_msg("%s: NMSE %.3g > %.3g (worst [%zu]: got %.9g, want %.9g)", label, e, tol, worst, a[worst], ref[worst]);
+}
+
+void vt_run_vkinfer(const char *args, vt_run_result *r) { vt_run_vkinfer_in(NULL, args, r); }
+
+void vt_run_vkinfer_in(const char *prefix, const char *args, vt_run_result *r)
+{
+    char cmd[4096], errf[] = "/tmp/vki_cli_err_XXXXXX";
+    int fd = mkstemp(errf);
+    assert_true(fd >= 0);
+    close(fd);
+    snprintf(cmd, sizeof cmd, "%s%sASAN_OPTIONS=detect_leaks=0 %s/vkinfer %s 2>%s", prefix ? prefix : "",
+             prefix ? " | " : "", VKI_BINARY_DIR, args, errf);
+    FILE *p = popen(cmd, "r");
+    assert_non_null(p);
+    size_t n = fread(r->out, 1, sizeof r->out - 1, p);
+    r->out[n] = 0;
+    while (fread(cmd, 1, sizeof cmd, p) > 0) /* the rest, unread, would block the child */
+        ;
+    int status = pclose(p);
+    r->rc = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    FILE *e = fopen(errf, "r");
+    n = e ? fread(r->err, 1, sizeof r->err - 1, e) : 0;
+    r->err[n] = 0;
+    if (e)
+        fclose(e);
+    unlink(errf);
+    if (strstr(r->err, "validation"))
+        fail_msg("validation messages from `vkinfer %s`:\n%s", args, r->err);
 }
 
 const char *vt_shared_model(const char *name, char *buf, size_t n)

@@ -25,6 +25,11 @@ typedef struct vt_gpu {
     vkd_cmd cmd;
 } vt_gpu;
 
+/* Device parameters of every GPU suite: validation on, and the device named by $VKI_DEVICE
+ * (an index or a name substring, as `vkinfer --device` takes it) when set, so a GPU run
+ * (tools/gpu-check) tests the device it asks for; otherwise the automatic choice. */
+vki_device_params vt_device_params(void);
+
 /* The device runs the FP32 kernels (vkd_device.cm = NONE) unless a test selects a
  * cooperative-matrix path with vkd_coopmat_select (VK_NV_cooperative_matrix is enabled at open
  * where the device offers it). */
@@ -67,6 +72,19 @@ void vt_assert_nmse(const float *a, const float *ref, size_t n, double tol, cons
  * d = amax / 127 in f32 for the quotients, stored as f16; q = roundf(x / d). Returns d's f16
  * bits. */
 uint16_t vt_q8_0_block(const float *x, int8_t *q);
+/* `vkinfer ARGS` (the build's program) through the shell, stdout and stderr captured separately
+ * (each cut to its buffer); fails the test on any validation message in stderr. The child runs
+ * without LeakSanitizer's exit report: the Vulkan driver's one-off allocations, freed by no one
+ * once the loader unloads it, would be reported (the GPU harness pins those libraries; a child
+ * process cannot), while every other sanitizer check stays on. */
+typedef struct vt_run_result {
+    char out[32768], err[16384];
+    int rc;
+} vt_run_result;
+void vt_run_vkinfer(const char *args, vt_run_result *r);
+/* The same with `PREFIX | ` before it (a shell pipeline feeding the program's stdin). */
+void vt_run_vkinfer_in(const char *prefix, const char *args, vt_run_result *r);
+
 /* Every weight type the matmul family runs (engine/kernels.h VKK_WEIGHT_TYPES), and whether a
  * type is stored per element (f32, f16, bf16: any row length) rather than in blocks. */
 extern const uint32_t vt_weight_types[];
