@@ -128,6 +128,15 @@ vki_status vk_engine_step(vk_engine *e, const vki_step_plan *plan, vki_step_out 
 /* Floats between rows of the logits buffer (vocab rounded up so each row can start a binding). */
 uint32_t vk_engine_logits_stride(const vk_engine *e);
 
+/* Returns the status of x from the enclosing function when it is an error (the forward pass's
+ * recording functions, which record nothing more after a failure). */
+#define VK_TRY(x)                                                                               \
+    do {                                                                                        \
+        vki_status st_ = (x);                                                                   \
+        if (st_ != VKI_OK)                                                                      \
+            return st_;                                                                         \
+    } while (0)
+
 /* Records the forward pass of a validated, uploaded plan (engine/forward.c). */
 vki_status vk_forward_record(vk_engine *e, const vki_step_plan *plan, uint32_t n_out);
 

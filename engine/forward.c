@@ -32,12 +32,7 @@
 #include "engine/ops_basic.h"
 #include "engine/ops_matmul.h"
 
-#define TRY(x)                                                                                  \
-    do {                                                                                        \
-        vki_status st_ = (x);                                                                   \
-        if (st_ != VKI_OK)                                                                      \
-            return st_;                                                                         \
-    } while (0)
+#define TRY VK_TRY
 
 static vkd_view in_view(const vk_engine *e, VkDeviceSize off, VkDeviceSize bytes)
 {

@@ -21,12 +21,7 @@
 #include "engine/ops_matmul.h"
 #include "engine/ops_moe.h"
 
-#define TRY(x)                                                                                  \
-    do {                                                                                        \
-        vki_status st_ = (x);                                                                   \
-        if (st_ != VKI_OK)                                                                      \
-            return st_;                                                                         \
-    } while (0)
+#define TRY VK_TRY
 
 /* Bytes of the largest per-pair buffer of one chunk: keeps every binding under 64 MiB. */
 #define MOE_CHUNK_BYTES (64u << 20)
@@ -88,16 +83,12 @@ vki_status vk_moe_prepare(vk_engine *e)
     if (!m->hp.n_expert)
         return VKI_OK;
     vki_status st = op_moe_prepare(e->dev);
-    uint32_t done[3] = {UINT32_MAX, UINT32_MAX, UINT32_MAX}; /* types prepared (mixes vary them by layer) */
+    /* every expert tensor: mixes vary the type by layer; a pipeline that exists is a lookup */
     for (uint32_t il = 0; st == VKI_OK && il < m->hp.n_layer; il++) {
         const vk_layer *L = &m->layers[il];
         const vk_tensor *w[3] = {&L->w_gate_exps, &L->w_up_exps, &L->w_down_exps};
-        for (int i = 0; i < 3 && st == VKI_OK; i++) {
-            if (w[i]->type == done[0] || w[i]->type == done[1] || w[i]->type == done[2])
-                continue;
+        for (int i = 0; i < 3 && st == VKI_OK; i++)
             st = op_matmul_id_prepare(e->dev, w[i]->type, e->s.moe_rows);
-            done[i] = w[i]->type;
-        }
     }
     return st;
 }

@@ -255,6 +255,15 @@ vki_status model_read_hparams(const gguf_file *f, model_hparams *hp, char *err, 
     return read_arch_extras(f, a, hp, err, n);
 }
 
+/* The tensor's type is one vkinfer runs. */
+static vki_status runnable(const gguf_tensor *t, const char *name, char *err, size_t n)
+{
+    if (!quant_get(t->type))
+        return fail(VKI_ERR_UNSUPPORTED, err, n, "tensor %s: weight type %s (id %u) is not supported; vkinfer runs %s",
+                    name, quant_type_name(t->type), t->type, quant_supported_list());
+    return VKI_OK;
+}
+
 /* Finds `name`, checks ggml shape [ne0, ne1] (ne1 = 0: a vector) and type class. */
 static vki_status find(const gguf_file *f, const char *name, uint64_t ne0, uint64_t ne1, bool f32_only,
                        bool optional, const gguf_tensor **out, char *err, size_t n)
@@ -273,10 +282,7 @@ static vki_status find(const gguf_file *f, const char *name, uint64_t ne0, uint6
                     (unsigned long long)want1);
     if (f32_only && t->type != VKI_GGML_F32)
         return fail(VKI_ERR_UNSUPPORTED, err, n, "tensor %s: type %s, expected f32", name, quant_type_name(t->type));
-    if (!quant_get(t->type))
-        return fail(VKI_ERR_UNSUPPORTED, err, n, "tensor %s: weight type %s (id %u) is not supported; vkinfer runs %s",
-                    name, quant_type_name(t->type), t->type, quant_supported_list());
-    return VKI_OK;
+    return runnable(t, name, err, n);
 }
 
 /* The attention projections: q, k, v, or phi3's fused attn_qkv (either is accepted for phi3). */
@@ -325,10 +331,7 @@ static vki_status find3(const gguf_file *f, const char *name, uint64_t ne0, uint
                     "%llu]", name, (unsigned long long)t->ne[0], (unsigned long long)(t->n_dims > 1 ? t->ne[1] : 1),
                     (unsigned long long)(t->n_dims > 2 ? t->ne[2] : 1), t->n_dims, (unsigned long long)ne0,
                     (unsigned long long)ne1, (unsigned long long)ne2);
-    if (!quant_get(t->type))
-        return fail(VKI_ERR_UNSUPPORTED, err, n, "tensor %s: weight type %s (id %u) is not supported; vkinfer runs %s",
-                    name, quant_type_name(t->type), t->type, quant_supported_list());
-    return VKI_OK;
+    return runnable(t, name, err, n);
 }
 
 /* The router and the stacked experts of a mixture-of-experts layer (llama.cpp's names). */
