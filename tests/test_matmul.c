@@ -22,6 +22,9 @@
  *    dot product whose terms cancel can have a relative error far above the typical one). */
 #define CM_EMU_TOL 1e-10 /* measured on lavapipe: <= 4.6e-12 (K-quants: the device may round a
                           * dequantised weight to the other neighbouring F16, rarely) */
+#define CM_EMU_TOL_FEW 1e-8 /* the same on cases of < CM_TOL_MIN outputs, where one such flip in a
+                             * dot product whose terms cancel weighs more: seen 1.3e-10 (q5_k,
+                             * M = N = 1, K = 256, seed 62257346402873) */
 #define CM_NV_TOL 1e-9
 #define CM_TOL 1e-6      /* measured on lavapipe (emulated): <= 1.7e-7 */
 #define CM_TOL_MIN 256
@@ -191,7 +194,8 @@ static void run_case(vt_gpu *g, vt_rng *r, uint32_t type, const mm_case *s)
         reference(s, x, xs, wref, bias, true, ref);
         e = vt_nmse(got, ref, (size_t)M * N);
         worst_cm[1] = e > worst_cm[1] ? e : worst_cm[1];
-        vt_assert_nmse(got, ref, (size_t)M * N, g->dev->cm.kind == VKD_CM_EMULATED ? CM_EMU_TOL : CM_NV_TOL, label);
+        double emu = (size_t)M * N >= CM_TOL_MIN ? CM_EMU_TOL : CM_EMU_TOL_FEW;
+        vt_assert_nmse(got, ref, (size_t)M * N, g->dev->cm.kind == VKD_CM_EMULATED ? emu : CM_NV_TOL, label);
     } else {
         vt_assert_nmse(got, ref, (size_t)M * N, vt_is_float_type(type) ? 1e-10 : 1e-8, label);
     }
