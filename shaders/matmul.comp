@@ -16,6 +16,8 @@
 // tn + j*BN/TN): shared reads are broadcasts or consecutive words (no bank conflicts) and Y
 // stores are coalesced. The +1 padding of the shared rows spreads the transposing stores over
 // the banks.
+// Compiled with MM_ID it is the experts' grouped GEMM (matmul_id): workgroup z is an expert,
+// its tile rows that expert's token-expert pairs (shaders/moe_id.glsl).
 layout(local_size_x_id = 0) in;              // (BM / TM) * (BN / TN) invocations
 layout(constant_id = 1) const uint BM = 64;  // X rows per tile
 layout(constant_id = 2) const uint BN = 64;  // W rows per tile

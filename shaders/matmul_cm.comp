@@ -19,6 +19,8 @@
 // Edge tiles: X rows >= M and W rows >= N stage as zeros, K tails (F32/F16 only) as zeros;
 // each accumulator goes through a per-subgroup scratch to Y, where store_y drops the padding
 // (fragment layouts are opaque, so there is no per-element bounds check on the fragment).
+// Compiled with MM_ID it is the experts' grouped GEMM (matmul_id): workgroup z is an expert,
+// its tile rows that expert's token-expert pairs (shaders/moe_id.glsl).
 layout(local_size_x_id = 0) in;             // (BM / WM) * (BN / WN) subgroups
 layout(constant_id = 1) const uint BM = 128; // X rows per tile, multiple of WM
 layout(constant_id = 2) const uint BN = 128; // W rows per tile, multiple of WN

@@ -19,6 +19,8 @@
 // kernel turns ALU-bound. More than MC rows of X take several passes (workgroups along y,
 // running side by side, so the later ones mostly hit L2); above OP_MATVEC_MAX_M rows
 // (engine/ops_matmul.h) the tiled GEMM (matmul.comp) takes over.
+// Compiled with MM_ID it is the experts' matvec_id (mixture of experts): one token-expert pair
+// per workgroup row, the expert's rows of a stacked [n_expert * N][K] tensor (moe_id: see below).
 layout(local_size_x_id = 0) in;
 layout(constant_id = 1) const uint NR = 4;   // weight rows per workgroup
 layout(constant_id = 2) const uint MC = 1;   // activation rows per workgroup

@@ -36,6 +36,8 @@ struct ref_model {
     float *output;              /* [n_vocab][d] (aliases tok_embd when tied) */
     float *rope_factors;        /* [n_rot/2] or NULL */
     ref_layer *layers;          /* [n_layer] */
+    double route_margin;        /* smallest k-th chosen minus best unchosen router logit of the
+                                   last ref_model_forward (INFINITY: dense, or every expert used) */
 };
 
 static void layer_arrays(ref_layer *R, float **all[REF_LAYER_ARRAYS])
@@ -173,6 +175,8 @@ void ref_model_free(ref_model *m)
 }
 
 const model_hparams *ref_model_hparams(const ref_model *m) { return &m->hp; }
+
+double ref_model_route_margin(const ref_model *m) { return m->route_margin; }
 
 static void rmsnorm(float *y, const float *x, const float *w, uint32_t d, float eps)
 {
@@ -333,7 +337,7 @@ void ref_moe_route(const float *logits, uint32_t n, uint32_t n_used, bool norm, 
 }
 
 /* The mixture-of-experts FFN of xb into o: the chosen experts' SwiGLU outputs, weighted. */
-static void moe_ffn(const ref_model *m, ref_scratch *s, const ref_layer *L)
+static void moe_ffn(ref_model *m, ref_scratch *s, const ref_layer *L)
 {
     const model_hparams *hp = &m->hp;
     uint32_t d = hp->d_model, ff = hp->d_ff_exp, k = hp->n_expert_used;
@@ -341,6 +345,14 @@ static void moe_ffn(const ref_model *m, ref_scratch *s, const ref_layer *L)
     float w[VKI_MOE_MAX_USED];
     matvec(s->scores, L->router, s->xb, NULL, hp->n_expert, d); /* scores holds >= n_expert floats */
     ref_moe_route(s->scores, hp->n_expert, k, hp->expert_norm, ids, w);
+    for (uint32_t e = 0; e < hp->n_expert; e++) {
+        bool chosen = false;
+        for (uint32_t j = 0; j < k; j++)
+            chosen |= ids[j] == (int32_t)e;
+        double gap = (double)s->scores[ids[k - 1]] - s->scores[e];
+        if (!chosen && gap < m->route_margin)
+            m->route_margin = gap;
+    }
     double *acc = calloc(d, sizeof *acc);
     for (uint32_t j = 0; acc && j < k; j++) {
         size_t e = (size_t)ids[j];
@@ -357,7 +369,7 @@ static void moe_ffn(const ref_model *m, ref_scratch *s, const ref_layer *L)
     free(acc);
 }
 
-static void ffn_block(const ref_model *m, ref_scratch *s, uint32_t il)
+static void ffn_block(ref_model *m, ref_scratch *s, uint32_t il)
 {
     const model_hparams *hp = &m->hp;
     const ref_layer *L = &m->layers[il];
@@ -412,6 +424,7 @@ static vki_status run(ref_model *m, const int32_t *tokens, uint32_t n, bool all,
         if (tokens[i] < 0 || (uint32_t)tokens[i] >= hp->n_vocab)
             return VKI_ERR_INVALID_ARG;
     ref_scratch s = {0};
+    m->route_margin = INFINITY;
     float **bufs[] = {&s.x, &s.xb, &s.o, &s.q, &s.att_out, &s.k, &s.v, &s.g, &s.u, &s.scores, &s.kc, &s.vc};
     size_t ff = hp->d_ff > hp->d_ff_exp ? hp->d_ff : hp->d_ff_exp;
     size_t sizes[] = {d, d, d, q_dim, q_dim, kv_dim, kv_dim, ff, ff, n > hp->n_expert ? n : hp->n_expert,

@@ -30,6 +30,12 @@ vki_status ref_model_forward(ref_model *m, const int32_t *tokens, uint32_t n, bo
  * position 0: hidden [n][d_model]. */
 vki_status ref_model_hidden(ref_model *m, const int32_t *tokens, uint32_t n, float *hidden);
 
+/* Mixture of experts: the smallest gap, over every position and layer of the last
+ * ref_model_forward, between the last chosen expert's router logit and the best unchosen one
+ * (INFINITY for a dense model). A device path whose activations differ by rounding (F16
+ * operands) may choose other experts where it is that small. */
+double ref_model_route_margin(const ref_model *m);
+
 /* Mixture-of-experts routing as llama.cpp computes it (in double): the n_used largest of
  * logits[0..n) (ties: lower index first) into ids, their softmax weights over all n into w,
  * renormalised over the chosen ones when norm. */
