@@ -79,7 +79,8 @@ static vki_status create_scratch(vk_engine *e)
         (st = make_buf(e, hp->fused_gate_up ? 4 : T * hp->d_ff * 4, "act ffn up", &s->u)) ||
         (st = make_buf(e, R * hp->d_model * 4, "act lm rows", &s->xs)) ||
         (st = make_buf(e, R * vk_engine_logits_stride(e) * 4, "logits", &s->logits)) ||
-        (st = make_buf(e, op_attn_scratch_bytes(&e->attn[0], slots), "attn partials", &s->attn_tmp)))
+        (st = make_buf(e, op_attn_scratch_bytes(&e->attn[0], slots), "attn partials", &s->attn_tmp)) ||
+        (st = vk_moe_scratch_create(e)))
         return st;
     return upload_rope_tables(e);
 }
@@ -94,6 +95,7 @@ static void destroy_scratch(vk_engine *e)
         vkd_buffer_destroy(e->dev, *all[i]);
         *all[i] = NULL;
     }
+    vk_moe_scratch_destroy(e);
 }
 
 /* Lays out the step inputs for `pages` page-table entries and mask_bytes of token masks and
@@ -219,7 +221,8 @@ static vki_status prepare_pipelines(vk_engine *e)
     /* quantised mixes (Q4_K_M) vary the type per layer: collect every type used */
     for (uint32_t il = 0; il < m->hp.n_layer; il++) {
         const vk_layer *L = &m->layers[il];
-        const vk_tensor *lw[] = {&L->wq, &L->wk, &L->wv, &L->wqkv, &L->wo, &L->w_gate, &L->w_up, &L->w_down};
+        const vk_tensor *lw[] = {&L->wq, &L->wk, &L->wv, &L->wqkv, &L->wo, &L->w_gate, &L->w_up, &L->w_down,
+                                 &L->router};
         for (size_t i = 0; i < sizeof lw / sizeof lw[0]; i++)
             add_type(types, &n, lw[i]->type);
     }
@@ -315,6 +318,8 @@ vki_status vk_engine_create(vkd_device *d, const gguf_file *f, const model_hpara
     }
     if (st == VKI_OK)
         st = create_scratch(e);
+    if (st == VKI_OK)
+        st = vk_moe_prepare(e);
     if (st == VKI_OK)
         st = size_inputs(e, (uint64_t)e->p.max_seqs * 16, 0);
     if (st == VKI_OK)

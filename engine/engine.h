@@ -54,6 +54,15 @@ typedef struct vk_scratch {
     vkd_buffer *attn_tmp;   /* split-K partials (op_attn_scratch_bytes) */
     vkd_buffer *rope_freqs[2]; /* f32 [2 * n_rot] rotation tables (op_rope_freqs) of the global and
                                   the sliding-window layers ([1] == [0] when they agree) */
+    /* mixture of experts (engine/forward_moe.c), for C = moe_rows tokens per chunk, P = C n_used
+     * pairs; NULL for dense models */
+    uint32_t moe_rows;      /* C */
+    vkd_buffer *moe_logits; /* f32 [C][n_expert] router logits */
+    vkd_buffer *moe_ids;    /* i32 [P] chosen expert of each pair (pair = t * n_used + j) */
+    vkd_buffer *moe_w;      /* f32 [P] its weight */
+    vkd_buffer *moe_route;  /* u32 [n_expert + 1 + P] pairs grouped by expert */
+    vkd_buffer *moe_g, *moe_u; /* f32 [P][d_ff_exp] expert gate (then silu(gate) * up) and up */
+    vkd_buffer *moe_o;      /* f32 [P][d] expert outputs */
 } vk_scratch;
 
 /* Per-step inputs: packed on the host into `host` (host-visible), copied into `dev` with one
@@ -119,10 +128,27 @@ vki_status vk_engine_step(vk_engine *e, const vki_step_plan *plan, vki_step_out 
 /* Floats between rows of the logits buffer (vocab rounded up so each row can start a binding). */
 uint32_t vk_engine_logits_stride(const vk_engine *e);
 
+/* Returns the status of x from the enclosing function when it is an error (the forward pass's
+ * recording functions, which record nothing more after a failure). */
+#define VK_TRY(x)                                                                               \
+    do {                                                                                        \
+        vki_status st_ = (x);                                                                   \
+        if (st_ != VKI_OK)                                                                      \
+            return st_;                                                                         \
+    } while (0)
+
 /* Records the forward pass of a validated, uploaded plan (engine/forward.c). */
 vki_status vk_forward_record(vk_engine *e, const vki_step_plan *plan, uint32_t n_out);
 /* Records the LM head over the n_out rows of s.x (of T) whose indices are at in.off_rows (device
  * copy) into s.logits rows [0, n_out); n_out <= max_out. */
 vki_status vk_forward_record_lm_head(vk_engine *e, uint32_t T, uint32_t n_out);
+
+/* Mixture of experts (engine/forward_moe.c): the FFN of layer il for T token rows (h holds the
+ * normed input; the result is added into x), its scratch (no-ops for dense models) and its
+ * pipelines. */
+vki_status vk_forward_moe(vk_engine *e, uint32_t il, uint32_t T);
+vki_status vk_moe_scratch_create(vk_engine *e);
+void vk_moe_scratch_destroy(vk_engine *e);
+vki_status vk_moe_prepare(vk_engine *e);
 
 #endif

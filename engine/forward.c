@@ -16,6 +16,8 @@
  *     h = rmsnorm(x) * ffn_norm
  *     o = (act(h Wgate) * (h Wup)) Wdown                    act: silu, gemma: tanh-GELU
  *         [phi3: gate | up from one h Wup]  [gemma: o = rmsnorm(o) * post_ffw_norm]
+ *         [qwen3moe, Mixtral: o = sum over the token's top-k experts e of
+ *          w_e (silu(h Wgate_e) * (h Wup_e)) Wdown_e  (engine/forward_moe.c)]
  *     x = x + o
  *   logits = (rmsnorm(x[rows that want a token]) * output_norm) Wout     [R][vocab]
  *            [gemma2: logits = 30 tanh(logits / 30)]
@@ -30,12 +32,7 @@
 #include "engine/ops_basic.h"
 #include "engine/ops_matmul.h"
 
-#define TRY(x)                                                                                  \
-    do {                                                                                        \
-        vki_status st_ = (x);                                                                   \
-        if (st_ != VKI_OK)                                                                      \
-            return st_;                                                                         \
-    } while (0)
+#define TRY VK_TRY
 
 static vkd_view in_view(const vk_engine *e, VkDeviceSize off, VkDeviceSize bytes)
 {
@@ -152,6 +149,8 @@ static vki_status record_ffn_block(vk_engine *e, uint32_t il, uint32_t T)
     TRY(op_rmsnorm(c, op_mat_rows(s->x, d), vkd_whole(L->ffn_norm.parts[0].buf), op_mat_rows(s->h, d), T, d,
                    hp->rms_eps));
     vkd_barrier(c);
+    if (hp->n_expert) /* qwen3moe, Mixtral: engine/forward_moe.c */
+        return vk_forward_moe(e, il, T);
     if (!hp->fused_gate_up) {
         vkd_role(c, "ffn_gate");
         TRY(mm(e, &L->w_gate, NULL, vkd_whole(s->h), d, vkd_whole(s->g), ff, T));

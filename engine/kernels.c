@@ -1,6 +1,7 @@
 /* Kernel table, pipeline creation (with specialisation constants) and the dispatch path. */
 #include "engine/kernels.h"
 
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -11,6 +12,10 @@ _Static_assert(PUSH_OK(vki_pc_add), "push struct vki_pc_add");
 _Static_assert(PUSH_OK(vki_pc_copy), "push struct vki_pc_copy");
 _Static_assert(PUSH_OK(vki_pc_matmul), "push struct vki_pc_matmul");
 _Static_assert(PUSH_OK(vki_pc_get_rows), "push struct vki_pc_get_rows");
+_Static_assert(PUSH_OK(vki_pc_matmul_id) && PUSH_OK(vki_pc_moe), "push structs of the experts' kernels");
+_Static_assert(offsetof(vki_pc_matmul_id, x_vec4) == offsetof(vki_pc_matmul, x_vec4) &&
+                   offsetof(vki_pc_matmul_id, n0) == offsetof(vki_pc_matmul, n0),
+               "vki_pc_matmul_id starts with vki_pc_matmul's fields");
 
 _Static_assert(PUSH_OK(vki_pc_rmsnorm), "push struct vki_pc_rmsnorm");
 _Static_assert(PUSH_OK(vki_pc_rope), "push struct vki_pc_rope");
@@ -47,6 +52,21 @@ _Static_assert(sizeof(vki_seq_info) == 16 && sizeof(vki_attn_item) == 16, "std43
     [VKK_GET_ROWS_##T] = {"get_rows_" #t, SPV(get_rows_##t), .n_bindings = 3,                    \
                           .push_size = sizeof(vki_pc_get_rows), .n_spec = 1, .spec_default = {256}},
 
+/* the experts' matmuls: the specialisations of their plain twins (matvec_id always MC = 1) */
+#define MATMUL_ID_ROWS(T, t)                                                                     \
+    [VKK_MATVEC_ID_##T] = {"matvec_id_" #t, SPV(matvec_id_##t), .n_bindings = 4,                 \
+                           .push_size = sizeof(vki_pc_matmul_id), .n_spec = 4,                   \
+                           .spec_default = {128, 4, 1, 16}},                                     \
+    [VKK_MATMUL_ID_##T] = {"matmul_id_" #t, SPV(matmul_id_##t), .n_bindings = 4,                 \
+                           .push_size = sizeof(vki_pc_matmul_id), .n_spec = 6,                   \
+                           .spec_default = {256, 64, 64, 32, 4, 4}},                             \
+    [VKK_MATMUL_CM_ID_##T] = {"matmul_cm_id_" #t, SPV(matmul_cm_id_##t), .n_bindings = 4,        \
+                              .push_size = sizeof(vki_pc_matmul_id), .n_spec = 10,               \
+                              .spec_default = CM_SPEC(256, 128, 128, 32, 64, 32)},               \
+    [VKK_MATMUL_CME_ID_##T] = {"matmul_cme_id_" #t, SPV(matmul_cme_id_##t), .n_bindings = 4,     \
+                               .push_size = sizeof(vki_pc_matmul_id), .n_spec = 10,              \
+                               .spec_default = CM_SPEC(256, 128, 128, 32, 64, 32)},
+
 /* engine/ops_attn.c: kv_write {WG}; decode {WG, HD, L, GMAX}; prefill {WG, HD, BR, BC};
  * prefill on cooperative matrices {WG, HD, BR, BC, CM_M, CM_N, CM_K, CM_SG}; reduce {WG} */
 #define ATTN_ROWS(T, t)                                                                          \
@@ -71,6 +91,14 @@ static const vkk_desc kernel_table[] = {
     [VKK_COPY] = {"copy", SPV(copy), .n_bindings = 2, .push_size = sizeof(vki_pc_copy),
                   .n_spec = 1, .spec_default = {256}},
     VKK_WEIGHT_TYPES(MATMUL_ROWS)
+    VKK_WEIGHT_TYPES(MATMUL_ID_ROWS)
+    /* engine/ops_moe.c: spec {WG} */
+    [VKK_MOE_TOPK] = {"moe_topk", SPV(moe_topk), .n_bindings = 3, .push_size = sizeof(vki_pc_moe),
+                      .n_spec = 1, .spec_default = {64}},
+    [VKK_MOE_GROUP] = {"moe_group", SPV(moe_group), .n_bindings = 2, .push_size = sizeof(vki_pc_moe),
+                       .n_spec = 1, .spec_default = {256}},
+    [VKK_MOE_COMBINE] = {"moe_combine", SPV(moe_combine), .n_bindings = 3, .push_size = sizeof(vki_pc_moe),
+                         .n_spec = 1, .spec_default = {256}},
     /* engine/ops_basic.c: spec {WG} */
     [VKK_RMSNORM] = {"rmsnorm", SPV(rmsnorm), .n_bindings = 3, .push_size = sizeof(vki_pc_rmsnorm),
                      .n_spec = 1, .spec_default = {256}},

@@ -16,12 +16,17 @@
 /* Per weight type: matrix-vector, tiled FP32 GEMM, cooperative-matrix GEMM (NV tensor cores)
  * and its plain-GLSL emulation (CME), row gather. */
 #define VKK_MM_IDS(T, t) VKK_MATVEC_##T, VKK_MATMUL_##T, VKK_MATMUL_CM_##T, VKK_MATMUL_CME_##T, VKK_GET_ROWS_##T,
+/* The same four matmuls with the mixture-of-experts indirection (each row its own expert). */
+#define VKK_MM_ID_IDS(T, t) VKK_MATVEC_ID_##T, VKK_MATMUL_ID_##T, VKK_MATMUL_CM_ID_##T, VKK_MATMUL_CME_ID_##T,
 
 typedef enum vkk_id {
     VKK_ADD,
     VKK_COPY, /* the copy-bandwidth probe (engine/ops_basic.c) */
     /* matmul family (engine/ops_matmul.c) */
     VKK_WEIGHT_TYPES(VKK_MM_IDS)
+    VKK_WEIGHT_TYPES(VKK_MM_ID_IDS)
+    /* mixture-of-experts routing (engine/ops_moe.c) */
+    VKK_MOE_TOPK, VKK_MOE_GROUP, VKK_MOE_COMBINE,
     /* row norms and elementwise ops (engine/ops_basic.c) */
     VKK_RMSNORM, VKK_ROPE, VKK_GLU, VKK_SOFTMAX, VKK_UNARY,
     /* paged KV writes and attention (engine/ops_attn.c), per KV element type (F16, F32, Q8_0:

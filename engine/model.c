@@ -25,13 +25,14 @@ static vki_status progress_step(progress *p, uint64_t bytes)
     return p->fn(p->user, p->done, p->total) ? VKI_OK : VKI_ERR_CANCELLED;
 }
 
-#define LAYER_TENSORS 17
+#define LAYER_TENSORS 21
 /* The per-layer tensors in one order, for both sides of the upload. */
 static void gguf_layer_list(const model_layer_tensors *L, const gguf_tensor *out[LAYER_TENSORS])
 {
     const gguf_tensor *all[LAYER_TENSORS] = {L->attn_norm, L->wq, L->wk, L->wv, L->wqkv, L->bq, L->bk, L->bv,
                                              L->q_norm, L->k_norm, L->wo, L->post_attn_norm, L->ffn_norm,
-                                             L->w_gate, L->w_up, L->w_down, L->post_ffn_norm};
+                                             L->w_gate, L->w_up, L->w_down, L->post_ffn_norm, L->ffn_gate_inp,
+                                             L->ffn_gate_exps, L->ffn_up_exps, L->ffn_down_exps};
     memcpy(out, all, sizeof all);
 }
 
@@ -39,7 +40,8 @@ static void vk_layer_list(vk_layer *V, vk_tensor *out[LAYER_TENSORS])
 {
     vk_tensor *all[LAYER_TENSORS] = {&V->attn_norm, &V->wq, &V->wk, &V->wv, &V->wqkv, &V->bq, &V->bk, &V->bv,
                                      &V->q_norm, &V->k_norm, &V->wo, &V->post_attn_norm, &V->ffn_norm,
-                                     &V->w_gate, &V->w_up, &V->w_down, &V->post_ffn_norm};
+                                     &V->w_gate, &V->w_up, &V->w_down, &V->post_ffn_norm, &V->router,
+                                     &V->w_gate_exps, &V->w_up_exps, &V->w_down_exps};
     memcpy(out, all, sizeof all);
 }
 
@@ -52,7 +54,9 @@ static vki_status upload(vkd_device *d, const gguf_tensor *g, vk_tensor *t, prog
         rows *= g->ne[i];
     char name[96];
     snprintf(name, sizeof name, "%.*s", (int)(g->name.len < 90 ? g->name.len : 90), g->name.ptr);
-    vki_status st = vk_tensor_create(d, g->type, g->ne[0], rows, 0, name, t);
+    /* 3-D (stacked experts): every part holds whole experts of ne[1] rows */
+    uint64_t group = g->n_dims == 3 ? g->ne[1] : 1;
+    vki_status st = vk_tensor_create_grouped(d, g->type, g->ne[0], rows, group, 0, name, t);
     if (st == VKI_OK)
         st = vk_tensor_upload(d, t, g->data);
     if (st != VKI_OK) {

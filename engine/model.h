@@ -20,6 +20,12 @@ typedef struct vk_layer {
     vk_tensor w_up;               /* [d_ff][d] (phi3 fused: [2 d_ff][d], gate rows first) */
     vk_tensor w_down;             /* [d][d_ff] */
     vk_tensor post_ffn_norm;      /* f32 [1][d] (gemma) or absent */
+    /* mixture of experts (hp.n_expert > 0; then w_gate, w_up, w_down are absent): */
+    vk_tensor router;             /* [n_expert][d] ffn_gate_inp */
+    vk_tensor w_gate_exps;        /* [n_expert * d_ff_exp][d], rows e * d_ff_exp.. = expert e; parts of
+                                     whole experts */
+    vk_tensor w_up_exps;          /* [n_expert * d_ff_exp][d], same */
+    vk_tensor w_down_exps;        /* [n_expert * d][d_ff_exp], rows e * d.. = expert e */
 } vk_layer;
 
 typedef struct vk_model {

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "engine/quant.h"
+#include "shaders/vki_shared.h"
 
 static vki_status fail(vki_status st, char *err, size_t n, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
@@ -115,6 +116,7 @@ static const arch_def ARCHS[] = {
     {"gemma2", MODEL_ARCH_GEMMA2, true, false, true, 1e-6f, 2},
     {"gemma3", MODEL_ARCH_GEMMA3, true, true, true, 1e-6f, 6},
     {"phi3", MODEL_ARCH_PHI3, true, false, false, 1e-5f, 1},
+    {"qwen3moe", MODEL_ARCH_QWEN3MOE, true, true, false, 1e-6f, 0},
 };
 
 /* A soft-cap key: absent keeps *out, else a finite number >= 0 (0 = none). */
@@ -140,7 +142,7 @@ static vki_status read_arch_extras(const gguf_file *f, const arch_def *a, model_
     if ((a->arch == MODEL_ARCH_GEMMA2 && window == 0) || window > (1u << 24))
         return fail(VKI_ERR_FORMAT, err, n, "%s.attention.sliding_window = %u must be in [%u, 2^24]", hp->arch_name,
                     window, a->arch == MODEL_ARCH_GEMMA2 ? 1 : 0);
-    if (a->arch == MODEL_ARCH_QWEN2 || a->arch == MODEL_ARCH_QWEN3)
+    if (a->arch == MODEL_ARCH_QWEN2 || a->arch == MODEL_ARCH_QWEN3 || a->arch == MODEL_ARCH_QWEN3MOE)
         window = 0; /* their files may carry HF's unused sliding_window; llama.cpp ignores it too */
     hp->swa_pattern = window ? a->swa_pattern : 0;
     hp->kind[0] = (model_attn_kind){0, hp->rope_base, hp->rope_freq_scale};
@@ -163,6 +165,45 @@ static vki_status read_arch_extras(const gguf_file *f, const arch_def *a, model_
     return VKI_OK;
 }
 
+/* Mixture of experts: expert_count / expert_used_count (qwen3moe needs them; llama has them for
+ * Mixtral; other architectures must not), the expert FFN length and the weight normalisation. */
+static vki_status read_experts(const gguf_file *f, model_hparams *hp, char *err, size_t n)
+{
+    vki_status st;
+    bool moe_arch = hp->arch == MODEL_ARCH_QWEN3MOE;
+    if ((st = get_u32(f, hp, "expert_count", moe_arch, &hp->n_expert, err, n)) ||
+        (st = get_u32(f, hp, "expert_used_count", hp->n_expert > 0, &hp->n_expert_used, err, n)))
+        return st;
+    if (!hp->n_expert && moe_arch)
+        return fail(VKI_ERR_FORMAT, err, n, "%s.expert_count is 0", hp->arch_name);
+    if (!hp->n_expert)
+        return VKI_OK;
+    if (hp->arch != MODEL_ARCH_LLAMA && !moe_arch)
+        return fail(VKI_ERR_UNSUPPORTED, err, n, "%s with experts (expert_count %u) is not supported (qwen3moe, llama "
+                    "/ Mixtral)", hp->arch_name, hp->n_expert);
+    if (hp->n_expert > VKI_MOE_MAX_EXPERTS)
+        return fail(VKI_ERR_UNSUPPORTED, err, n, "%s.expert_count = %u: at most %u experts are supported", hp->arch_name,
+                    hp->n_expert, VKI_MOE_MAX_EXPERTS);
+    if (!hp->n_expert_used || hp->n_expert_used > hp->n_expert)
+        return fail(VKI_ERR_FORMAT, err, n, "%s.expert_used_count = %u must be in [1, expert_count %u]", hp->arch_name,
+                    hp->n_expert_used, hp->n_expert);
+    if (hp->n_expert_used > VKI_MOE_MAX_USED)
+        return fail(VKI_ERR_UNSUPPORTED, err, n, "%s.expert_used_count = %u: at most %u experts per token are "
+                    "supported", hp->arch_name, hp->n_expert_used, VKI_MOE_MAX_USED);
+    hp->d_ff_exp = moe_arch ? hp->d_ff / hp->n_expert_used : hp->d_ff;
+    if (moe_arch && (st = get_u32(f, hp, "expert_feed_forward_length", false, &hp->d_ff_exp, err, n)))
+        return st;
+    if (!hp->d_ff_exp || hp->d_ff_exp > 1 << 20)
+        return fail(VKI_ERR_FORMAT, err, n, "%s: expert feed-forward length %u out of range", hp->arch_name,
+                    hp->d_ff_exp);
+    char key[128];
+    hp->expert_norm = true;
+    st = gguf_get_bool(f, akey(hp, "expert_weights_norm", key, sizeof key), &hp->expert_norm);
+    if (st != VKI_OK && st != VKI_ERR_NOT_FOUND)
+        return fail(VKI_ERR_FORMAT, err, n, "metadata key %s: not a bool", key);
+    return VKI_OK;
+}
+
 vki_status model_read_hparams(const gguf_file *f, model_hparams *hp, char *err, size_t n)
 {
     memset(hp, 0, sizeof *hp);
@@ -174,8 +215,8 @@ vki_status model_read_hparams(const gguf_file *f, model_hparams *hp, char *err, 
         if (gguf_str_eq(arch, ARCHS[i].name))
             a = &ARCHS[i];
     if (!a)
-        return fail(VKI_ERR_UNSUPPORTED, err, n, "architecture '%.*s' is not supported (llama, qwen2, qwen3, gemma2, "
-                    "gemma3, phi3)", (int)(arch.len > 32 ? 32 : arch.len), arch.ptr);
+        return fail(VKI_ERR_UNSUPPORTED, err, n, "architecture '%.*s' is not supported (llama, qwen2, qwen3, qwen3moe, "
+                    "gemma2, gemma3, phi3)", (int)(arch.len > 32 ? 32 : arch.len), arch.ptr);
     hp->arch = a->arch;
     hp->rope_neox = a->neox;
     hp->rms_eps = a->rms_eps;
@@ -209,9 +250,18 @@ vki_status model_read_hparams(const gguf_file *f, model_hparams *hp, char *err, 
     if (!(hp->rms_eps > 0) || hp->n_ctx_train == 0)
         return fail(VKI_ERR_FORMAT, err, n, "rms epsilon %g / context length %u invalid", hp->rms_eps, hp->n_ctx_train);
     hp->attn_scale = 1.0f / sqrtf((float)hp->head_dim);
-    if ((st = read_rope(f, hp, err, n)) != VKI_OK)
+    if ((st = read_rope(f, hp, err, n)) != VKI_OK || (st = read_experts(f, hp, err, n)) != VKI_OK)
         return st;
     return read_arch_extras(f, a, hp, err, n);
+}
+
+/* The tensor's type is one vkinfer runs. */
+static vki_status runnable(const gguf_tensor *t, const char *name, char *err, size_t n)
+{
+    if (!quant_get(t->type))
+        return fail(VKI_ERR_UNSUPPORTED, err, n, "tensor %s: weight type %s (id %u) is not supported; vkinfer runs %s",
+                    name, quant_type_name(t->type), t->type, quant_supported_list());
+    return VKI_OK;
 }
 
 /* Finds `name`, checks ggml shape [ne0, ne1] (ne1 = 0: a vector) and type class. */
@@ -232,10 +282,7 @@ static vki_status find(const gguf_file *f, const char *name, uint64_t ne0, uint6
                     (unsigned long long)want1);
     if (f32_only && t->type != VKI_GGML_F32)
         return fail(VKI_ERR_UNSUPPORTED, err, n, "tensor %s: type %s, expected f32", name, quant_type_name(t->type));
-    if (!quant_get(t->type))
-        return fail(VKI_ERR_UNSUPPORTED, err, n, "tensor %s: weight type %s (id %u) is not supported; vkinfer runs %s",
-                    name, quant_type_name(t->type), t->type, quant_supported_list());
-    return VKI_OK;
+    return runnable(t, name, err, n);
 }
 
 /* The attention projections: q, k, v, or phi3's fused attn_qkv (either is accepted for phi3). */
@@ -271,6 +318,46 @@ static vki_status find_qkv(const gguf_file *f, const model_hparams *hp, uint32_t
     return VKI_OK;
 }
 
+/* A 3-D tensor of ggml shape [ne0, ne1, ne2] (the stacked experts), any supported type. */
+static vki_status find3(const gguf_file *f, const char *name, uint64_t ne0, uint64_t ne1, uint64_t ne2,
+                        const gguf_tensor **out, char *err, size_t n)
+{
+    const gguf_tensor *t = gguf_find_tensor(f, name);
+    *out = t;
+    if (!t)
+        return fail(VKI_ERR_FORMAT, err, n, "missing tensor %s", name);
+    if (t->n_dims != 3 || t->ne[0] != ne0 || t->ne[1] != ne1 || t->ne[2] != ne2)
+        return fail(VKI_ERR_FORMAT, err, n, "tensor %s has shape [%llu, %llu, %llu] (%u dims), expected [%llu, %llu, "
+                    "%llu]", name, (unsigned long long)t->ne[0], (unsigned long long)(t->n_dims > 1 ? t->ne[1] : 1),
+                    (unsigned long long)(t->n_dims > 2 ? t->ne[2] : 1), t->n_dims, (unsigned long long)ne0,
+                    (unsigned long long)ne1, (unsigned long long)ne2);
+    return runnable(t, name, err, n);
+}
+
+/* The router and the stacked experts of a mixture-of-experts layer (llama.cpp's names). */
+static vki_status find_experts(const gguf_file *f, const model_hparams *hp, uint32_t il, model_layer_tensors *L,
+                               char *err, size_t n)
+{
+    const uint64_t d = hp->d_model, ff = hp->d_ff_exp, E = hp->n_expert;
+    char name[96];
+    vki_status st;
+    snprintf(name, sizeof name, "blk.%u.ffn_gate_inp.weight", il);
+    if ((st = find(f, name, d, E, false, false, &L->ffn_gate_inp, err, n)) != VKI_OK)
+        return st;
+    snprintf(name, sizeof name, "blk.%u.ffn_gate.0.weight", il);
+    if (gguf_find_tensor(f, name))
+        return fail(VKI_ERR_UNSUPPORTED, err, n, "%s: one tensor per expert is the old Mixtral layout; convert the "
+                    "model again with a current llama.cpp (stacked ffn_*_exps)", name);
+    snprintf(name, sizeof name, "blk.%u.ffn_gate_exps.weight", il);
+    if ((st = find3(f, name, d, ff, E, &L->ffn_gate_exps, err, n)) != VKI_OK)
+        return st;
+    snprintf(name, sizeof name, "blk.%u.ffn_up_exps.weight", il);
+    if ((st = find3(f, name, d, ff, E, &L->ffn_up_exps, err, n)) != VKI_OK)
+        return st;
+    snprintf(name, sizeof name, "blk.%u.ffn_down_exps.weight", il);
+    return find3(f, name, ff, d, E, &L->ffn_down_exps, err, n);
+}
+
 static vki_status find_layer(const gguf_file *f, const model_hparams *hp, uint32_t il, model_layer_tensors *L,
                              char *err, size_t n)
 {
@@ -290,6 +377,8 @@ static vki_status find_layer(const gguf_file *f, const model_hparams *hp, uint32
     T(wo, "attn_output.weight", q, d, false, false)
     T(post_attn_norm, "post_attention_norm.weight", d, 0, true, !gemma)
     T(ffn_norm, "ffn_norm.weight", d, 0, true, false)
+    if (hp->n_expert)
+        return find_experts(f, hp, il, L, err, n);
     T(w_gate, "ffn_gate.weight", d, hp->d_ff, false, fused_ffn)
     T(w_up, "ffn_up.weight", d, fused_ffn ? 2ull * hp->d_ff : hp->d_ff, false, false)
     T(w_down, "ffn_down.weight", hp->d_ff, d, false, false)

@@ -13,6 +13,7 @@ typedef enum model_arch {
     MODEL_ARCH_GEMMA2 = 3, /* GeGLU, post-norms, sqrt(d) embedding scale, soft-caps, local/global */
     MODEL_ARCH_GEMMA3 = 4, /* gemma2's block without soft-caps, + Q/K norms, 5 local : 1 global */
     MODEL_ARCH_PHI3 = 5,   /* fused QKV and gate|up, LongRoPE factors */
+    MODEL_ARCH_QWEN3MOE = 6, /* qwen3's attention, a mixture-of-experts FFN in every layer */
 } model_arch;
 
 /* Layers of one attention kind share these (gemma: sliding-window layers and global ones). */
@@ -59,6 +60,14 @@ typedef struct model_hparams {
     bool longrope;          /* rope.scaling.type longrope / su: rope_factors_long/short must exist */
     uint32_t n_ctx_orig;    /* phi3 LongRoPE: rope.scaling.original_context_length; the long factors
                                apply when the engine's context exceeds it (llama.cpp's rule) */
+    /* Mixture of experts (qwen3moe; llama with expert_count: Mixtral). 0 experts = dense FFN. */
+    uint32_t n_expert;      /* expert_count: experts per layer, <= VKI_MOE_MAX_EXPERTS */
+    uint32_t n_expert_used; /* expert_used_count: experts each token runs (top-k), <= VKI_MOE_MAX_USED */
+    uint32_t d_ff_exp;      /* rows of one expert's gate/up: qwen3moe expert_feed_forward_length (else
+                               d_ff / n_expert_used, as llama.cpp), Mixtral feed_forward_length */
+    bool expert_norm;       /* divide the chosen experts' softmax weights by their sum: llama.cpp
+                               always does for qwen3moe and Mixtral; <arch>.expert_weights_norm
+                               overrides it when present */
 } model_hparams;
 
 /* Which attention kind layer il uses: 0 global, 1 sliding window. */
@@ -82,6 +91,12 @@ typedef struct model_layer_tensors {
     const gguf_tensor *w_up;               /* [d_model -> d_ff] (phi3: -> 2 d_ff, gate | up) */
     const gguf_tensor *w_down;             /* [d_ff -> d_model] */
     const gguf_tensor *post_ffn_norm;      /* f32 [d_model] (gemma) or NULL */
+    /* mixture of experts (hp.n_expert > 0; then w_gate / w_up / w_down are NULL): */
+    const gguf_tensor *ffn_gate_inp;       /* router [d_model -> n_expert] */
+    const gguf_tensor *ffn_gate_exps;      /* ggml ne [d_model, d_ff_exp, n_expert]: expert e's gate
+                                              is rows e * d_ff_exp .. of the [rows][d_model] view */
+    const gguf_tensor *ffn_up_exps;        /* same shape as ffn_gate_exps */
+    const gguf_tensor *ffn_down_exps;      /* ne [d_ff_exp, d_model, n_expert] */
 } model_layer_tensors;
 
 typedef struct model_tensors {

@@ -14,13 +14,15 @@
 typedef struct mm_type {
     uint32_t ggml_type;
     vkk_id matvec, matmul, matmul_cm, matmul_cme, get_rows;
+    vkk_id id[4];     /* the same four matmuls with the experts' indirection (in that order) */
     uint32_t block;   /* elements per block: K must be a multiple */
     bool needs16;     /* read through 16-bit storage (blocks or rows only 2-byte aligned) */
 } mm_type;
 
 #define MM_TYPE(T, block, needs16)                                                               \
     {VKI_GGML_##T, VKK_MATVEC_##T, VKK_MATMUL_##T, VKK_MATMUL_CM_##T, VKK_MATMUL_CME_##T,        \
-     VKK_GET_ROWS_##T, block, needs16}
+     VKK_GET_ROWS_##T, {VKK_MATVEC_ID_##T, VKK_MATMUL_ID_##T, VKK_MATMUL_CM_ID_##T,               \
+     VKK_MATMUL_CME_ID_##T}, block, needs16}
 static const mm_type mm_types[] = {
     MM_TYPE(F32, 1, false),        MM_TYPE(F16, 1, true),         MM_TYPE(BF16, 1, true),
     MM_TYPE(Q8_0, 32, true),       MM_TYPE(Q4_0, 32, true),       MM_TYPE(Q4_1, 32, false),
@@ -293,6 +295,99 @@ vki_status op_matmul(vkd_cmd *c, const vk_tensor *w, const vkd_view *bias, vkd_v
                      vkd_view y, uint32_t y_stride, uint32_t M)
 {
     return op_matmul_path(c, w, bias, x, x_stride, y, y_stride, M, OP_MM_AUTO);
+}
+
+/* ---- the experts' matmul (mixture of experts) ------------------------------------------------ */
+
+op_mm_path op_matmul_id_path(const vkd_device *d, uint32_t M, uint32_t n_expert)
+{
+    uint32_t per_expert = n_expert ? (M + n_expert - 1) / n_expert : M;
+    if (per_expert <= op_matmul_gemv_max_m(d))
+        return OP_MM_GEMV;
+    return d->cm.kind != VKD_CM_NONE ? OP_MM_COOPMAT : OP_MM_GEMM;
+}
+
+/* One part (experts e0 .. e0 + n_exp): dispatches along N as the workgroup-count limit needs. */
+static vki_status matmul_id_part(vkd_cmd *c, vkk_id k, const uint32_t *spec, uint32_t rows_per_group,
+                                 uint32_t gy, uint32_t gz, const vkd_view bind[4], vki_pc_matmul_id pc)
+{
+    const uint64_t rows_per_dispatch = (uint64_t)c->d->info.max_workgroup_count[0] * rows_per_group;
+    for (uint64_t n0 = 0; n0 < pc.N; n0 += rows_per_dispatch) {
+        uint64_t rows = pc.N - n0 < rows_per_dispatch ? pc.N - n0 : rows_per_dispatch;
+        pc.n0 = (uint32_t)n0;
+        vki_status st = vkk_dispatch(c, k, spec, bind, 4, &pc, sizeof pc, vkk_groups(rows, rows_per_group), gy, gz);
+        if (st != VKI_OK)
+            return st;
+    }
+    return VKI_OK;
+}
+
+vki_status op_matmul_id(vkd_cmd *c, const vk_tensor *w, uint32_t n_expert, vkd_view ids, vkd_view route, vkd_view x,
+                        uint32_t x_stride, uint32_t x_div, vkd_view y, uint32_t y_stride, uint32_t M,
+                        uint32_t max_rows, op_mm_path path)
+{
+    vkd_device *d = c->d;
+    const mm_type *t;
+    vki_status st = check_type(d, w, &t);
+    if (st != VKI_OK)
+        return st;
+    if (!n_expert || n_expert > VKI_MOE_MAX_EXPERTS || w->n_rows % n_expert || !M || !x_div || !max_rows)
+        return bad_arg(d, "matmul_id", w, "n_expert (1..VKI_MOE_MAX_EXPERTS, dividing the rows), M, x_div and "
+                       "max_rows must be > 0");
+    const uint64_t K = w->ne0, N = w->n_rows / n_expert;
+    if (path == OP_MM_AUTO)
+        path = op_matmul_id_path(d, M, n_expert);
+    bool gemv = path == OP_MM_GEMV;
+    if (!view_holds(&x, (M - 1) / x_div + 1, K, x_stride, 4) || !view_holds(&y, M, N, y_stride, 4))
+        return bad_arg(d, "matmul_id", w, "X or Y view too small (or a stride below K / N)");
+    if (gemv ? !view_holds(&ids, 1, M, M, 4) : !view_holds(&route, 1, n_expert + 1ull + M, n_expert + 1ull + M, 4))
+        return bad_arg(d, "matmul_id", w, gemv ? "ids view holds fewer than M int32" : "route view too small");
+    uint32_t spec[VKK_MAX_SPEC], per_n, per_m = 1;
+    if (gemv) {
+        matvec_spec(d, 1, spec);
+        per_n = spec[1];
+    } else if (path == OP_MM_COOPMAT) {
+        if (d->cm.kind == VKD_CM_NONE || !cm_spec(d, max_rows, spec))
+            return bad_arg(d, "matmul_id", w, "no cooperative-matrix GEMM on this device");
+        per_n = spec[2], per_m = spec[1];
+    } else {
+        matmul_spec(d, spec);
+        per_n = spec[2], per_m = spec[1];
+    }
+    vkk_id kid = t->id[gemv ? 0 : path == OP_MM_GEMM ? 1 : d->cm.kind == VKD_CM_NV ? 2 : 3];
+    uint32_t gy = gemv ? M : vkk_groups(max_rows, per_m);
+    if (gy > d->info.max_workgroup_count[1])
+        return bad_arg(d, "matmul_id", w, "M too large for one dispatch on this device");
+    vki_pc_matmul_id pc = {.M = M, .N = (uint32_t)N, .K = (uint32_t)K, .w_stride = (uint32_t)w->row_bytes,
+                           .x_stride = x_stride, .y_stride = y_stride, .x_vec4 = x_stride % 4 == 0 && x.offset % 16 == 0,
+                           .x_div = x_div, .n_expert = n_expert};
+    for (uint32_t i = 0; i < w->n_parts && st == VKI_OK; i++) {
+        const vk_tensor_part *part = &w->parts[i];
+        if (part->row0 % N || part->n_rows % N)
+            return bad_arg(d, "matmul_id", w, "a weight part does not hold whole experts");
+        pc.e0 = (uint32_t)(part->row0 / N);
+        pc.n_exp = (uint32_t)(part->n_rows / N);
+        vkd_view bind[4] = {vkd_whole(part->buf), x, gemv ? ids : route, y};
+        st = matmul_id_part(c, kid, spec, per_n, gy, gemv ? 1 : pc.n_exp, bind, pc);
+    }
+    return st;
+}
+
+vki_status op_matmul_id_prepare(vkd_device *d, uint32_t type, uint32_t max_rows)
+{
+    const mm_type *t = mm_type_get(type);
+    if (!t || !op_matmul_supported(d, type))
+        return VKI_ERR_UNSUPPORTED;
+    uint32_t spec[VKK_MAX_SPEC];
+    matvec_spec(d, 1, spec);
+    vki_status st = vkk_prepare(d, t->id[0], spec);
+    if (st == VKI_OK && d->cm.kind != VKD_CM_NONE && cm_spec(d, max_rows, spec))
+        st = vkk_prepare(d, t->id[d->cm.kind == VKD_CM_NV ? 2 : 3], spec);
+    else if (st == VKI_OK) {
+        matmul_spec(d, spec);
+        st = vkk_prepare(d, t->id[1], spec);
+    }
+    return st;
 }
 
 /* ---- row gather ----------------------------------------------------------------------------- */

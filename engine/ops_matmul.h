@@ -50,6 +50,29 @@ vki_status op_matmul(vkd_cmd *c, const vk_tensor *w, const vkd_view *bias, vkd_v
 vki_status op_matmul_path(vkd_cmd *c, const vk_tensor *w, const vkd_view *bias, vkd_view x,
                           uint32_t x_stride, vkd_view y, uint32_t y_stride, uint32_t M, op_mm_path path);
 
+/* Mixture of experts: every row of Y ("pair") is multiplied by its own expert's matrix:
+ *   Y[p, n] = sum_k X[p / x_div, k] * W_e[n, k],  p < M, n < N, e = the pair's expert
+ *   w:     n_expert stacked [N][K] matrices (ggml's ffn_*_exps: w->n_rows = n_expert * N), stored
+ *          in parts of whole experts (vk_tensor_create_grouped)
+ *   ids:   i32[M], the expert of each pair (op_moe_topk's output): read by the GEMV path
+ *   route: u32[n_expert + 1 + M], the pairs grouped by expert (op_moe_group): the GEMM paths
+ *   x:     f32[(M - 1) / x_div + 1, x_stride]: x_div = n_used when X holds the tokens (gate, up),
+ *          1 when it holds the pairs (down)
+ *   y:     f32[M, y_stride]
+ *   max_rows: the most pairs one expert can have (the tokens): the GEMM's grid along M.
+ * The expert ids are read on the device only: no host round trip. The GEMV path reads each
+ * chosen expert's rows once per pair (decode: n_used experts per token); the GEMM paths read an
+ * expert's rows once per 64/128 of its pairs. path OP_MM_AUTO: op_matmul_id_path. */
+vki_status op_matmul_id(vkd_cmd *c, const vk_tensor *w, uint32_t n_expert, vkd_view ids, vkd_view route,
+                        vkd_view x, uint32_t x_stride, uint32_t x_div, vkd_view y, uint32_t y_stride,
+                        uint32_t M, uint32_t max_rows, op_mm_path path);
+/* The kernel op_matmul_id takes for M pairs over n_expert experts: the matrix-vector kernel
+ * while an expert has on average no more pairs than the GEMV/GEMM crossover, else the device's
+ * GEMM (cooperative matrices where present). */
+op_mm_path op_matmul_id_path(const vkd_device *d, uint32_t M, uint32_t n_expert);
+/* Creates the experts' matmul pipelines for a weight type (GEMV, the device's GEMM for max_rows). */
+vki_status op_matmul_id_prepare(vkd_device *d, uint32_t type, uint32_t max_rows);
+
 /* y[i, :K] = dequant(W[ids[i], :]) for i < n (embedding lookup), K = w->ne0
  *   ids: i32[n]; y: f32[n, y_stride], y_stride >= K.
  * An id outside [0, w->n_rows) yields a row of zeros: the host should validate ids, but a bad

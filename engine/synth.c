@@ -98,27 +98,34 @@ typedef struct synth_preset_def {
     float rope_base, rms_eps;
     bool tied;
     synth_wtype wtype;
+    uint32_t n_expert, n_expert_used, d_ff_exp; /* mixtures of experts */
 } synth_preset_def;
 
 static const synth_preset_def synth_presets[] = {
-    {"tiny", "llama", 2, 64, 4, 2, 0, 192, 320, 512, 10000.0f, 1e-5f, false, SYNTH_F32},
-    {"small", "llama", 4, 256, 8, 2, 0, 768, 1024, 2048, 10000.0f, 1e-5f, false, SYNTH_F32},
-    {"qwen2-small", "qwen2", 4, 256, 4, 1, 64, 512, 1024, 4096, 1000000.0f, 1e-6f, true, SYNTH_F32},
-    {"tinyllama", "llama", 22, 2048, 32, 4, 0, 5632, 32000, 2048, 10000.0f, 1e-5f, false, SYNTH_Q4_K_M},
-    {"1b", "llama", 16, 2048, 32, 8, 64, 8192, 128256, 8192, 500000.0f, 1e-5f, true, SYNTH_Q4_K_M},
-    {"qwen2-1.5b", "qwen2", 28, 1536, 12, 2, 128, 8960, 151936, 32768, 1000000.0f, 1e-6f, true, SYNTH_Q4_K_M},
+    {"tiny", "llama", 2, 64, 4, 2, 0, 192, 320, 512, 10000.0f, 1e-5f, false, SYNTH_F32, 0, 0, 0},
+    {"small", "llama", 4, 256, 8, 2, 0, 768, 1024, 2048, 10000.0f, 1e-5f, false, SYNTH_F32, 0, 0, 0},
+    {"qwen2-small", "qwen2", 4, 256, 4, 1, 64, 512, 1024, 4096, 1000000.0f, 1e-6f, true, SYNTH_F32, 0, 0, 0},
+    {"tinyllama", "llama", 22, 2048, 32, 4, 0, 5632, 32000, 2048, 10000.0f, 1e-5f, false, SYNTH_Q4_K_M, 0, 0, 0},
+    {"1b", "llama", 16, 2048, 32, 8, 64, 8192, 128256, 8192, 500000.0f, 1e-5f, true, SYNTH_Q4_K_M, 0, 0, 0},
+    {"qwen2-1.5b", "qwen2", 28, 1536, 12, 2, 128, 8960, 151936, 32768, 1000000.0f, 1e-6f, true, SYNTH_Q4_K_M, 0, 0, 0},
     /* the shapes of Qwen3-0.6B, gemma-2-2b, gemma-3-1b-pt and Phi-3-mini-4k (their config.json) */
-    {"qwen3-0.6b", "qwen3", 28, 1024, 16, 8, 128, 3072, 151936, 40960, 1000000.0f, 1e-6f, true, SYNTH_Q4_K_M},
-    {"gemma2-2b", "gemma2", 26, 2304, 8, 4, 256, 9216, 256000, 8192, 10000.0f, 1e-6f, true, SYNTH_Q4_K_M},
-    {"gemma3-1b", "gemma3", 26, 1152, 4, 1, 256, 6912, 262144, 32768, 1000000.0f, 1e-6f, true, SYNTH_Q4_K_M},
-    {"phi3-mini", "phi3", 32, 3072, 32, 32, 96, 8192, 32064, 4096, 10000.0f, 1e-5f, false, SYNTH_Q4_K_M},
-    {"8b", "llama", 32, 4096, 32, 8, 0, 14336, 128256, 8192, 500000.0f, 1e-5f, false, SYNTH_Q4_K_M},
+    {"qwen3-0.6b", "qwen3", 28, 1024, 16, 8, 128, 3072, 151936, 40960, 1000000.0f, 1e-6f, true, SYNTH_Q4_K_M, 0, 0, 0},
+    {"gemma2-2b", "gemma2", 26, 2304, 8, 4, 256, 9216, 256000, 8192, 10000.0f, 1e-6f, true, SYNTH_Q4_K_M, 0, 0, 0},
+    {"gemma3-1b", "gemma3", 26, 1152, 4, 1, 256, 6912, 262144, 32768, 1000000.0f, 1e-6f, true, SYNTH_Q4_K_M, 0, 0, 0},
+    {"phi3-mini", "phi3", 32, 3072, 32, 32, 96, 8192, 32064, 4096, 10000.0f, 1e-5f, false, SYNTH_Q4_K_M, 0, 0, 0},
+    {"8b", "llama", 32, 4096, 32, 8, 0, 14336, 128256, 8192, 500000.0f, 1e-5f, false, SYNTH_Q4_K_M, 0, 0, 0},
+    /* Qwen3-30B-A3B and Mixtral-8x7B (config.json): 128 experts of 768 using 8, 8 of 14336 using 2 */
+    {"qwen3-30b-a3b", "qwen3moe", 48, 2048, 32, 4, 128, 6144, 151936, 40960, 1000000.0f, 1e-6f, false, SYNTH_Q4_K_M,
+     128, 8, 768},
+    {"mixtral-8x7b", "llama", 32, 4096, 32, 8, 0, 14336, 32000, 32768, 1000000.0f, 1e-5f, false, SYNTH_Q4_K_M,
+     8, 2, 0},
 };
 
 const char *const *synth_preset_names(void)
 {
     static const char *const names[] = {"tiny", "small", "qwen2-small", "tinyllama", "1b", "qwen2-1.5b",
-                                        "qwen3-0.6b", "gemma2-2b", "gemma3-1b", "phi3-mini", "8b", NULL};
+                                        "qwen3-0.6b", "gemma2-2b", "gemma3-1b", "phi3-mini", "8b", "qwen3-30b-a3b",
+                                        "mixtral-8x7b", NULL};
     _Static_assert(sizeof names / sizeof names[0] == sizeof synth_presets / sizeof synth_presets[0] + 1, "presets");
     return names;
 }
@@ -133,6 +140,7 @@ vki_status synth_preset(const char *name, synth_params *p)
         p->n_head_kv = d->n_head_kv, p->head_dim = d->head_dim, p->d_ff = d->d_ff, p->n_vocab = d->n_vocab;
         p->n_ctx = d->n_ctx, p->rope_base = d->rope_base, p->rms_eps = d->rms_eps, p->tied = d->tied;
         p->wtype = d->wtype;
+        p->n_expert = d->n_expert, p->n_expert_used = d->n_expert_used, p->d_ff_exp = d->d_ff_exp;
         synth_arch_defaults(p);
         if (!strcmp(name, "gemma3-1b"))
             p->sliding_window = 512; /* gemma-3-1b's window; the larger gemma 3 models have 1024 */
@@ -158,6 +166,7 @@ static const synth_arch synth_archs[] = {
     {"gemma2", false, false, true, false, 4096, 50.0f, 30.0f},
     {"gemma3", false, true, true, false, 1024, 0, 0},
     {"phi3", false, false, false, true, 2047, 0, 0},
+    {"qwen3moe", false, true, false, false, 0, 0, 0},
 };
 
 static const synth_arch *find_arch(const char *name)
@@ -208,7 +217,7 @@ static uint32_t llama_mix_type(const synth_params *p, uint32_t ftype, uint32_t t
         case FT_Q4_K_M: case FT_Q5_K_M: return more ? VKI_GGML_Q6_K : t;
         case FT_Q4_K_S: return il < 4 ? VKI_GGML_Q5_K : t;
         }
-    } else if (!strcmp(role, "ffn_down")) {
+    } else if (!strcmp(role, "ffn_down") || !strcmp(role, "ffn_down_exps")) { /* llama.cpp matches both */
         switch (ftype) {
         case FT_Q2_K: return VKI_GGML_Q3_K;
         case FT_Q2_K_S: return il < n / 8 ? VKI_GGML_Q4_K : t;
@@ -266,7 +275,8 @@ typedef struct synth_tensor {
     char role[24];
     uint32_t layer;
     uint32_t n_dims;
-    uint64_t ne[2];      /* ggml order: ne[0] = row length (fan-in), ne[1] = rows */
+    uint64_t ne[3];      /* ggml order: ne[0] = row length (fan-in), ne[1] = rows, ne[2] = experts
+                            (1 unless n_dims == 3) */
     uint32_t type;       /* VKI_GGML_* */
     synth_init init;
     float std;           /* weights: standard deviation; norms/biases: spread */
@@ -323,9 +333,30 @@ static void add_tensor(synth_ctx *c, const char *role, int layer, const char *su
     t->n_dims = n_dims;
     t->ne[0] = ne0;
     t->ne[1] = ne1;
+    t->ne[2] = 1;
     t->init = init;
     t->std = std;
     t->type = init == SYNTH_INIT_WEIGHT ? synth_weight_type(c->p, role, t->layer, ne0, true) : VKI_GGML_F32;
+    if (!strcmp(role, "ffn_gate_inp")) /* llama-quantize leaves the router in F32 */
+        t->type = VKI_GGML_F32;
+}
+
+/* The router and the stacked experts of a mixture-of-experts layer (llama.cpp's names and shapes:
+ * ne [d, ff, n_expert] for gate and up, [ff, d, n_expert] for down). */
+static void add_experts(synth_ctx *c, int l)
+{
+    const synth_params *p = c->p;
+    uint64_t d = p->d_model, ff = p->d_ff_exp ? p->d_ff_exp : p->d_ff;
+    float in_std = 1.0f / sqrtf((float)d), resid = 1.0f / sqrtf(2.0f * (float)p->n_layer);
+    /* router logits ~ N(0, 4): gaps between the k-th and (k+1)-th largest well above the device's
+     * rounding, so the CPU reference and the device choose the same experts */
+    add_tensor(c, "ffn_gate_inp", l, "weight", 2, d, p->n_expert, SYNTH_INIT_WEIGHT, 2.0f * in_std);
+    const char *roles[3] = {"ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"};
+    for (int i = 0; i < 3; i++) {
+        add_tensor(c, roles[i], l, "weight", 3, i < 2 ? d : ff, i < 2 ? ff : d, SYNTH_INIT_WEIGHT,
+                   i < 2 ? in_std : resid / sqrtf((float)ff));
+        c->t[c->n_t - 1].ne[2] = p->n_expert;
+    }
 }
 
 /* One layer's tensors, in llama.cpp's order and names for the architecture. */
@@ -353,6 +384,10 @@ static void add_layer(synth_ctx *c, const synth_arch *a, int l)
     if (a->post_norms)
         add_tensor(c, "post_attention_norm", l, "weight", 1, d, 1, SYNTH_INIT_NORM, 0.1f);
     add_tensor(c, "ffn_norm", l, "weight", 1, d, 1, SYNTH_INIT_NORM, 0.1f);
+    if (p->n_expert) {
+        add_experts(c, l);
+        return;
+    }
     if (!a->fused)
         add_tensor(c, "ffn_gate", l, "weight", 2, d, p->d_ff, SYNTH_INIT_WEIGHT, in_std);
     add_tensor(c, "ffn_up", l, "weight", 2, d, a->fused ? 2ull * p->d_ff : p->d_ff, SYNTH_INIT_WEIGHT, in_std);
@@ -414,7 +449,8 @@ static vki_status validate(synth_ctx *c)
 {
     const synth_params *p = c->p;
     if (!find_arch(p->arch))
-        return synth_fail(c, VKI_ERR_INVALID_ARG, "arch '%s': llama, qwen2, qwen3, gemma2, gemma3 and phi3 are written",
+        return synth_fail(c, VKI_ERR_INVALID_ARG, "arch '%s': llama, qwen2, qwen3, qwen3moe, gemma2, gemma3 and phi3 are "
+                          "written",
                           p->arch ? p->arch : "(null)");
     if (p->n_layer < 1 || p->n_layer > SYNTH_MAX_LAYERS)
         return synth_fail(c, VKI_ERR_INVALID_ARG, "n_layer %u (allowed 1..%d)", p->n_layer, SYNTH_MAX_LAYERS);
@@ -439,6 +475,14 @@ static vki_status validate(synth_ctx *c)
         p->n_ctx_orig >= p->n_ctx || (p->n_ctx_orig && strcmp(p->arch, "phi3")))
         return synth_fail(c, VKI_ERR_INVALID_ARG, "soft-caps must be >= 0, the window <= 2^24, and the LongRoPE "
                           "original context (phi3 only) below the context");
+    bool moe_arch = !strcmp(p->arch, "qwen3moe");
+    if ((moe_arch && !p->n_expert) || (p->n_expert && strcmp(p->arch, "llama") && !moe_arch))
+        return synth_fail(c, VKI_ERR_INVALID_ARG, "experts: qwen3moe needs them (n_expert > 0); besides it only llama "
+                          "(Mixtral's layout) has them");
+    if (p->n_expert && (p->n_expert > 4096 || !p->n_expert_used || p->n_expert_used > p->n_expert ||
+                        p->d_ff_exp > SYNTH_MAX_DIM))
+        return synth_fail(c, VKI_ERR_INVALID_ARG, "experts: n_expert %u (<= 4096), n_expert_used %u must be in [1, "
+                          "n_expert]", p->n_expert, p->n_expert_used);
     if (!p->vocab_from && (p->n_vocab < SYNTH_BYTE_VOCAB || p->n_vocab > 4 * SYNTH_MAX_DIM))
         return synth_fail(c, VKI_ERR_INVALID_ARG, "n_vocab %u (a byte-level vocabulary needs %d..%u)", p->n_vocab,
                           SYNTH_BYTE_VOCAB, 4 * SYNTH_MAX_DIM);
@@ -602,6 +646,12 @@ static vki_status write_metadata(synth_ctx *c, gguf_writer *w)
     SET(gguf_w_set_u32, "%s.vocab_size", c->n_vocab);
     if (p->sliding_window || !strcmp(a, "phi3")) /* the phi3 converter writes 0 for "none" */
         SET(gguf_w_set_u32, "%s.attention.sliding_window", p->sliding_window);
+    if (p->n_expert) {
+        SET(gguf_w_set_u32, "%s.expert_count", p->n_expert);
+        SET(gguf_w_set_u32, "%s.expert_used_count", p->n_expert_used);
+        if (!strcmp(a, "qwen3moe"))
+            SET(gguf_w_set_u32, "%s.expert_feed_forward_length", p->d_ff_exp ? p->d_ff_exp : p->d_ff);
+    }
     if (p->attn_softcap > 0)
         SET(gguf_w_set_f32, "%s.attn_logit_softcapping", p->attn_softcap);
     if (p->final_softcap > 0)
@@ -702,16 +752,16 @@ static vki_status write_tensor(synth_ctx *c, gguf_writer *w, const synth_tensor 
     uint64_t rng = c->p->seed * 0x2545f4914f6cdd1dull;
     for (const char *n = t->name; *n; n++) /* per-tensor stream: independent of chunking and order */
         rng = (rng ^ (uint8_t)*n) * 1099511628211ull;
-    uint64_t ne0 = t->ne[0], batch = SYNTH_CHUNK_ELEMS / ne0 * s->n_threads;
+    uint64_t ne0 = t->ne[0], batch = SYNTH_CHUNK_ELEMS / ne0 * s->n_threads, n_rows = t->ne[1] * t->ne[2];
     size_t row_bytes = quant_row_bytes(t->type, ne0);
-    uint64_t n_batches = (t->ne[1] + batch - 1) / batch;
-    synth_batch_start(s, t, rng, 0, t->ne[1] < batch ? t->ne[1] : batch, s->q[0]);
+    uint64_t n_batches = (n_rows + batch - 1) / batch;
+    synth_batch_start(s, t, rng, 0, n_rows < batch ? n_rows : batch, s->q[0]);
     for (uint64_t i = 0; i < n_batches; i++) {
-        uint64_t r0 = i * batch, nr = t->ne[1] - r0 < batch ? t->ne[1] - r0 : batch;
+        uint64_t r0 = i * batch, nr = n_rows - r0 < batch ? n_rows - r0 : batch;
         synth_batch_join(s);
         bool more = i + 1 < n_batches;
         if (more) /* the next batch is computed while this one is written */
-            synth_batch_start(s, t, rng, r0 + batch, t->ne[1] - r0 - batch < batch ? t->ne[1] - r0 - batch : batch,
+            synth_batch_start(s, t, rng, r0 + batch, n_rows - r0 - batch < batch ? n_rows - r0 - batch : batch,
                               s->q[(i + 1) % 2]);
         vki_status st = gguf_w_data(w, s->q[i % 2], (size_t)(nr * row_bytes));
         if (st != VKI_OK) {

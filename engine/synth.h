@@ -51,9 +51,10 @@ typedef enum synth_wtype {
 } synth_wtype;
 
 typedef struct synth_params {
-    const char *arch;       /* "llama", "qwen2" (+ Q/K/V biases), "qwen3" (+ Q/K norms), "gemma2"
-                               (+ post-norms, soft-caps), "gemma3" (+ post-norms, Q/K norms) or "phi3"
-                               (fused attn_qkv and gate|up ffn_up), with llama.cpp's tensor names */
+    const char *arch;       /* "llama", "qwen2" (+ Q/K/V biases), "qwen3" (+ Q/K norms), "qwen3moe"
+                               (qwen3 + experts), "gemma2" (+ post-norms, soft-caps), "gemma3" (+
+                               post-norms, Q/K norms) or "phi3" (fused attn_qkv and gate|up ffn_up),
+                               with llama.cpp's tensor names */
     const char *name;       /* general.name */
     uint32_t n_layer;
     uint32_t d_model;
@@ -78,6 +79,11 @@ typedef struct synth_params {
     float final_softcap;    /* gemma2/3 final_logit_softcapping; 0 = not written */
     uint32_t n_ctx_orig;    /* phi3 LongRoPE: original context < n_ctx; writes rope_factors_long/short
                                and the converter's attention factor; 0 = none */
+    /* Mixture of experts (qwen3moe needs them; llama with experts is Mixtral's layout): */
+    uint32_t n_expert;      /* expert_count: ffn_gate_inp + stacked ffn_{gate,up,down}_exps; 0 = dense */
+    uint32_t n_expert_used; /* expert_used_count (top-k), 1..n_expert */
+    uint32_t d_ff_exp;      /* qwen3moe expert_feed_forward_length (d_ff is then the unused dense
+                               length, as the converter writes it); 0 = d_ff. Mixtral: d_ff */
     uint32_t n_threads;     /* workers generating and encoding weights; 0: one per online CPU.
                                The file is byte-identical for any count */
     /* Optional: notes (type fallbacks) and progress lines; msg has no newline. */
@@ -91,8 +97,11 @@ synth_params synth_default_params(void);
 /* Shapes of named presets: "tiny", "small" (llama, d 256, GQA 4), "qwen2-small" (tied, biases),
  * "tinyllama" (1.1B), "1b" (Llama-3.2-1B shape), "qwen2-1.5b" (Qwen2.5-1.5B shape),
  * "qwen3-0.6b", "gemma2-2b", "gemma3-1b", "phi3-mini" (Phi-3-mini-4k), "8b" (Llama-3-8B shape:
- * 32 layers, d 4096, 32/8 heads, d_ff 14336, vocab 128256, untied). Only shape fields
- * change (with the architecture's window and soft-caps, and wtype: Q4_K_M for the large ones).
+ * 32 layers, d 4096, 32/8 heads, d_ff 14336, vocab 128256, untied), the mixtures of experts
+ * "qwen3-30b-a3b" (Qwen3-30B-A3B: 48 layers, 128 experts, 8 used; with --layers 2 a reduced-layer
+ * model of the real per-layer shape) and "mixtral-8x7b" (32 layers, 8 experts, 2 used). Only shape
+ * fields change (with the architecture's window and soft-caps, and wtype: Q4_K_M for the large
+ * ones).
  * VKI_ERR_NOT_FOUND for an unknown name. */
 vki_status synth_preset(const char *name, synth_params *p);
 /* Names of the presets, NULL-terminated. */

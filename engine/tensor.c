@@ -8,15 +8,22 @@
 vki_status vk_tensor_create(vkd_device *d, uint32_t type, uint64_t ne0, uint64_t n_rows,
                             size_t max_part_bytes, const char *name, vk_tensor *t)
 {
+    return vk_tensor_create_grouped(d, type, ne0, n_rows, 1, max_part_bytes, name, t);
+}
+
+vki_status vk_tensor_create_grouped(vkd_device *d, uint32_t type, uint64_t ne0, uint64_t n_rows, uint64_t group_rows,
+                                    size_t max_part_bytes, const char *name, vk_tensor *t)
+{
     memset(t, 0, sizeof *t);
     snprintf(t->name, sizeof t->name, "%s", name ? name : "tensor");
     t->type = type;
     t->ne0 = ne0;
     t->n_rows = n_rows;
     t->row_bytes = quant_get(type) ? quant_row_bytes(type, ne0) : 0;
-    if (!t->row_bytes || !n_rows) {
-        vkd_log(d, VKI_LOG_ERROR, "tensor %s: type %s (%u) with row length %llu is not supported", t->name,
-                quant_type_name(type), type, (unsigned long long)ne0);
+    if (!t->row_bytes || !n_rows || !group_rows || n_rows % group_rows) {
+        vkd_log(d, VKI_LOG_ERROR, "tensor %s: type %s (%u) with row length %llu (%llu rows in groups of %llu) is "
+                "not supported", t->name, quant_type_name(type), type, (unsigned long long)ne0,
+                (unsigned long long)n_rows, (unsigned long long)group_rows);
         return VKI_ERR_UNSUPPORTED;
     }
     uint64_t limit = d->info.max_storage_buffer_range;
@@ -24,10 +31,10 @@ vki_status vk_tensor_create(vkd_device *d, uint32_t type, uint64_t ne0, uint64_t
         limit = d->info.max_memory_allocation_size;
     if (max_part_bytes && max_part_bytes < limit)
         limit = max_part_bytes;
-    uint64_t rows_per_part = limit / t->row_bytes;
+    uint64_t rows_per_part = limit / t->row_bytes / group_rows * group_rows;
     if (rows_per_part == 0) {
-        vkd_log(d, VKI_LOG_ERROR, "tensor %s: one row (%zu bytes) exceeds a storage buffer (%llu bytes)",
-                t->name, t->row_bytes, (unsigned long long)limit);
+        vkd_log(d, VKI_LOG_ERROR, "tensor %s: one group of %llu rows (%zu bytes each) exceeds a storage buffer "
+                "(%llu bytes)", t->name, (unsigned long long)group_rows, t->row_bytes, (unsigned long long)limit);
         return VKI_ERR_UNSUPPORTED;
     }
     uint64_t n_parts = (n_rows + rows_per_part - 1) / rows_per_part;
@@ -37,7 +44,8 @@ vki_status vk_tensor_create(vkd_device *d, uint32_t type, uint64_t ne0, uint64_t
         return VKI_ERR_UNSUPPORTED;
     }
     /* balance the parts so the last one is not a sliver */
-    rows_per_part = (n_rows + n_parts - 1) / n_parts;
+    uint64_t groups = n_rows / group_rows;
+    rows_per_part = (groups + n_parts - 1) / n_parts * group_rows;
     for (uint64_t row0 = 0; row0 < n_rows; row0 += rows_per_part) {
         vk_tensor_part *p = &t->parts[t->n_parts];
         p->row0 = row0;

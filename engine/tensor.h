@@ -31,6 +31,12 @@ typedef struct vk_tensor {
  * part, VKI_ERR_OUT_OF_DEVICE_MEMORY when memory runs out (nothing is left allocated). */
 vki_status vk_tensor_create(vkd_device *d, uint32_t type, uint64_t ne0, uint64_t n_rows,
                             size_t max_part_bytes, const char *name, vk_tensor *out);
+/* The same with every part holding whole groups of group_rows rows (a mixture-of-experts
+ * tensor: one group per expert), so a kernel binds each expert within one part. n_rows must be
+ * a multiple of group_rows; VKI_ERR_UNSUPPORTED when one group exceeds a part. */
+vki_status vk_tensor_create_grouped(vkd_device *d, uint32_t type, uint64_t ne0, uint64_t n_rows,
+                                    uint64_t group_rows, size_t max_part_bytes, const char *name,
+                                    vk_tensor *out);
 void vk_tensor_destroy(vkd_device *d, vk_tensor *t);
 /* Uploads n_rows * row_bytes bytes of row-major data (the GGUF layout) through the staging ring. */
 vki_status vk_tensor_upload(vkd_device *d, vk_tensor *t, const void *data);

@@ -813,7 +813,7 @@ VKI_API vki_engine_params vki_engine_default_params(void);
 
 typedef struct vki_model_info {
     char name[128];                 /* general.name, or the file name */
-    char arch[16];                  /* "llama", "qwen2", "qwen3", "gemma2", "gemma3", "phi3" */
+    char arch[16];                  /* "llama", "qwen2", "qwen3", "qwen3moe", "gemma2", "gemma3", "phi3" */
     char weight_type[16];           /* type of most matrix weights: "q4_k", "f16", ... */
     uint32_t n_vocab, n_layer, d_model, d_ff, n_head, n_head_kv, head_dim;
     uint32_t n_ctx_train;           /* context length in the file */

@@ -16,6 +16,8 @@
 // tn + j*BN/TN): shared reads are broadcasts or consecutive words (no bank conflicts) and Y
 // stores are coalesced. The +1 padding of the shared rows spreads the transposing stores over
 // the banks.
+// Compiled with MM_ID it is the experts' grouped GEMM (matmul_id): workgroup z is an expert,
+// its tile rows that expert's token-expert pairs (shaders/moe_id.glsl).
 layout(local_size_x_id = 0) in;              // (BM / TM) * (BN / TN) invocations
 layout(constant_id = 1) const uint BM = 64;  // X rows per tile
 layout(constant_id = 2) const uint BN = 64;  // W rows per tile
@@ -37,13 +39,13 @@ void load_tiles(uint m_tile, uint n_tile, uint k0)
     const uint K4 = BK / 4u;
     for (uint i = gl_LocalInvocationID.x; i < BM * K4; i += gl_WorkGroupSize.x) {
         const uint row = i / K4, k = 4u * (i % K4);
-        const vec4 v = m_tile + row < p.M ? load_x4(m_tile + row, k0 + k) : vec4(0.0);
+        const vec4 v = m_tile + row < MM_ROWS ? load_x4(m_tile + row, k0 + k) : vec4(0.0);
         [[unroll]] for (uint c = 0u; c < 4u; c++)
             As[(k + c) * (BM + 1u) + row] = v[c];
     }
     for (uint i = gl_LocalInvocationID.x; i < BN * K4; i += gl_WorkGroupSize.x) {
         const uint row = i / K4, k = 4u * (i % K4), n = n_tile + row;
-        const vec4 v = n < p.N ? dq_load4(dq_row_base(n, p.w_stride), k0 + k, p.K) : vec4(0.0);
+        const vec4 v = n < p.N ? dq_load4(dq_row_base(W_ROW(n), p.w_stride), k0 + k, p.K) : vec4(0.0);
         [[unroll]] for (uint c = 0u; c < 4u; c++)
             Bs[(k + c) * (BN + 1u) + row] = v[c];
     }
@@ -54,6 +56,10 @@ void main()
     const uint SM = BM / TM, SN = BN / TN; // invocation grid inside the tile
     const uint tn = gl_LocalInvocationID.x % SN, tm = gl_LocalInvocationID.x / SN;
     const uint n_tile = p.n0 + gl_WorkGroupID.x * BN, m_tile = gl_WorkGroupID.y * BM;
+#ifdef MM_ID
+    if (!mm_id_begin(m_tile))
+        return; // uniform: the whole workgroup, before any barrier
+#endif
     float acc[TM * TN];
     [[unroll]] for (uint i = 0u; i < TM * TN; i++)
         acc[i] = 0.0;

@@ -19,6 +19,8 @@
 // Edge tiles: X rows >= M and W rows >= N stage as zeros, K tails (F32/F16 only) as zeros;
 // each accumulator goes through a per-subgroup scratch to Y, where store_y drops the padding
 // (fragment layouts are opaque, so there is no per-element bounds check on the fragment).
+// Compiled with MM_ID it is the experts' grouped GEMM (matmul_id): workgroup z is an expert,
+// its tile rows that expert's token-expert pairs (shaders/moe_id.glsl).
 layout(local_size_x_id = 0) in;             // (BM / WM) * (BN / WN) subgroups
 layout(constant_id = 1) const uint BM = 128; // X rows per tile, multiple of WM
 layout(constant_id = 2) const uint BN = 128; // W rows per tile, multiple of WN
@@ -45,13 +47,13 @@ void stage(uint m_tile, uint n_tile, uint k0)
     const uint K4 = BK / 4u;
     for (uint i = gl_LocalInvocationID.x; i < BM * K4; i += gl_WorkGroupSize.x) {
         const uint row = i / K4, k = 4u * (i % K4);
-        const vec4 v = m_tile + row < p.M ? load_x4(m_tile + row, k0 + k) : vec4(0.0);
+        const vec4 v = m_tile + row < MM_ROWS ? load_x4(m_tile + row, k0 + k) : vec4(0.0);
         [[unroll]] for (uint c = 0u; c < 4u; c++)
             As[row * ST + k + c] = float16_t(v[c]);
     }
     for (uint i = gl_LocalInvocationID.x; i < BN * K4; i += gl_WorkGroupSize.x) {
         const uint row = i / K4, k = 4u * (i % K4), n = n_tile + row;
-        const vec4 v = n < p.N ? dq_load4(dq_row_base(n, p.w_stride), k0 + k, p.K) : vec4(0.0);
+        const vec4 v = n < p.N ? dq_load4(dq_row_base(W_ROW(n), p.w_stride), k0 + k, p.K) : vec4(0.0);
         [[unroll]] for (uint c = 0u; c < 4u; c++)
             Bs[row * ST + k + c] = float16_t(v[c]);
     }
@@ -61,8 +63,12 @@ void main()
 {
     const uint n_tile = p.n0 + gl_WorkGroupID.x * BN, m_tile = gl_WorkGroupID.y * BM;
     const uint sg = gl_SubgroupID, wm0 = (sg / WGN) * WM, wn0 = (sg % WGN) * WN;
+#ifdef MM_ID
+    if (!mm_id_begin(m_tile))
+        return; // uniform: the whole workgroup, before any barrier
+#endif
     // a subgroup whose whole part lies past M or N skips the products (uniform in the subgroup)
-    const bool busy = m_tile + wm0 < p.M && n_tile + wn0 < p.N;
+    const bool busy = m_tile + wm0 < MM_ROWS && n_tile + wn0 < p.N;
     CM_DECL_C(acc, FM * FN);
     CM_UNROLL for (uint f = 0u; f < FM * FN; f++)
         cm_fill_c(acc[f], 0.0);

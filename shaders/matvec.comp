@@ -19,6 +19,8 @@
 // kernel turns ALU-bound. More than MC rows of X take several passes (workgroups along y,
 // running side by side, so the later ones mostly hit L2); above OP_MATVEC_MAX_M rows
 // (engine/ops_matmul.h) the tiled GEMM (matmul.comp) takes over.
+// Compiled with MM_ID it is the experts' matvec_id (mixture of experts): one token-expert pair
+// per workgroup row, the expert's rows of a stacked [n_expert * N][K] tensor (moe_id: see below).
 layout(local_size_x_id = 0) in;
 layout(constant_id = 1) const uint NR = 4;   // weight rows per workgroup
 layout(constant_id = 2) const uint MC = 1;   // activation rows per workgroup
@@ -27,10 +29,22 @@ layout(constant_id = 3) const uint NSG = 32; // >= subgroups per workgroup (WG /
 #define DQ_BINDING 0
 #include "dequant.glsl" // binding 0: W, one part, N rows of w_stride bytes (the ggml type's blocks)
 
+#ifdef MM_ID
+// matvec_id (mixture of experts): one pair per workgroup row (MC = 1), its expert read here on the
+// GPU, so decode needs no host round trip; pairs of experts outside the bound part return.
+layout(push_constant) uniform PushBlock { vki_pc_matmul_id p; };
+layout(std430, binding = 2) readonly buffer Ids { int ids[]; }; // i32[M]: each pair's expert
+uint id_wbase; // first weight row of the pair's expert in the part
+#define X_ROW(m) ((m) / p.x_div)
+#define W_ROW(r) (id_wbase + (r))
+#else
 layout(push_constant) uniform PushBlock { vki_pc_matmul p; };
+layout(std430, binding = 2) readonly buffer Bias { float bias[]; }; // f32[y_col0 + N] if has_bias
+#define X_ROW(m) (m)
+#define W_ROW(r) (r)
+#endif
 layout(std430, binding = 1) readonly buffer X { float x[]; };    // f32[M, x_stride]
 layout(std430, binding = 1) readonly buffer X4 { vec4 x4[]; };   // same, when p.x_vec4 == 1
-layout(std430, binding = 2) readonly buffer Bias { float bias[]; }; // f32[y_col0 + N] if has_bias
 layout(std430, binding = 3) writeonly buffer Y { float y[]; };   // f32[M, y_stride]
 
 shared float red[NR * MC * NSG]; // per-subgroup partial sums: [NR * MC][NSG]
@@ -41,7 +55,7 @@ vec4 wv[NR * DQ_UNIT_V4];  // the current unit of each of the NR weight rows, de
 // X[m, k..k+3]; k % 4 == 0.
 vec4 load_x4(uint m, uint k)
 {
-    uint i = m * p.x_stride + k;
+    uint i = X_ROW(m) * p.x_stride + k;
     if (p.x_vec4 != 0u)
         return x4[i >> 2];
     return vec4(x[i], x[i + 1u], x[i + 2u], x[i + 3u]);
@@ -57,7 +71,7 @@ void unit_step(uint u, uint r0, uint m0)
         [[unroll]] for (uint g = 0u; g < DQ_UNIT_V4; g++)
             w[g] = vec4(0.0);
         if (r0 + r < p.N) // uniform across the workgroup
-            dq_unit(dq_row_base(r0 + r, p.w_stride), ib, iu, w);
+            dq_unit(dq_row_base(W_ROW(r0 + r), p.w_stride), ib, iu, w);
         [[unroll]] for (uint g = 0u; g < DQ_UNIT_V4; g++)
             wv[r * DQ_UNIT_V4 + g] = w[g];
     }
@@ -78,6 +92,12 @@ void main()
     const uint tid = gl_LocalInvocationID.x;
     const uint r0 = p.n0 + gl_WorkGroupID.x * NR; // first weight row (within the part)
     const uint m0 = gl_WorkGroupID.y * MC;        // first activation row
+#ifdef MM_ID
+    const int e = ids[m0];
+    if (e < int(p.e0) || e >= int(p.e0 + p.n_exp))
+        return; // uniform: another part's expert (or an invalid id), before any barrier
+    id_wbase = uint(e - int(p.e0)) * p.N;
+#endif
     [[unroll]] for (uint i = 0u; i < NR * MC; i++)
         acc[i] = 0.0;
 
@@ -90,10 +110,10 @@ void main()
     const uint kt = n_full * DQ_BLOCK + tid;
     if (kt < p.K) {
         [[unroll]] for (uint r = 0u; r < NR; r++) {
-            const float w = r0 + r < p.N ? dq_load1(dq_row_base(r0 + r, p.w_stride), kt) : 0.0;
+            const float w = r0 + r < p.N ? dq_load1(dq_row_base(W_ROW(r0 + r), p.w_stride), kt) : 0.0;
             [[unroll]] for (uint c = 0u; c < MC; c++)
                 if (m0 + c < p.M)
-                    acc[r * MC + c] += w * x[(m0 + c) * p.x_stride + kt];
+                    acc[r * MC + c] += w * x[X_ROW(m0 + c) * p.x_stride + kt];
         }
     }
 #endif
@@ -112,8 +132,10 @@ void main()
         for (uint sg = 0u; sg < gl_NumSubgroups; sg++)
             s += red[i * NSG + sg];
         const uint n = p.y_col0 + r0 + r;
+#ifndef MM_ID
         if (p.has_bias != 0u)
             s += bias[n];
+#endif
         y[(m0 + c) * p.y_stride + n] = s;
     }
 }

@@ -121,6 +121,49 @@ VKI_STRUCT(vki_pc_matmul) {
     vki_u32 x_vec4;   /* 1: X rows may be read as vec4 (x_stride % 4 == 0, binding 16-aligned) */
 };
 
+/* matvec_id / matmul_id (mixture of experts; one weight part per dispatch): the weights are
+ * n_expert stacked matrices of N rows (ggml's ffn_*_exps: row e * N + n is row n of expert e),
+ * and every Y row ("pair": token t's j-th chosen expert, pair = t * n_used + j) is multiplied by
+ * its own expert:
+ *   Y[pair, n] = sum_k X[pair / x_div, k] * W_e[n, k],  e = the pair's expert, n0 <= n < N
+ * (x_div = n_used: X is the token rows, the gate/up projections; 1: X is the pair rows, down).
+ * The part holds experts [e0, e0 + n_exp) (parts are whole experts); pairs of other experts are
+ * left for another part's dispatch.
+ * matvec_id: workgroup (row block, pair); binding 2 = ids (i32[M]: the expert of each pair).
+ * matmul_id: workgroup (N tile, M tile, e - e0); binding 2 = route (u32[n_expert + 1 + M]:
+ *   route[e] .. route[e + 1] - 1 index the pairs of expert e, listed from route[n_expert + 1];
+ *   moe_group writes it), max_rows = M tiles' bound (most pairs one expert can have).
+ * The first ten fields are vki_pc_matmul's, so matvec.comp / matmul*.comp share their code. */
+VKI_STRUCT(vki_pc_matmul_id) {
+    vki_u32 M, N, K, n0, w_stride, x_stride, y_stride, y_col0, has_bias, x_vec4;
+    vki_u32 x_div;    /* X row of a pair: pair / x_div */
+    vki_u32 e0;       /* first expert of the bound part */
+    vki_u32 n_exp;    /* experts in the bound part */
+    vki_u32 n_expert; /* experts in the tensor (offsets in route) */
+};
+
+/* Mixture-of-experts routing (engine/ops_moe.h). VKI_MOE_MAX_EXPERTS bounds n_expert (the group
+ * kernel keeps one counter per expert in shared memory; Qwen3-MoE 128, DeepSeek 256, Qwen3-Next
+ * 512), VKI_MOE_MAX_USED the experts per token.
+ * moe_topk:    per token t < n_tokens, the n_used largest logits[t][:n_expert] (ties: lower
+ *              expert first) -> ids[t][j], weights[t][j] = softmax over all experts at the
+ *              chosen ones, divided by their sum when norm (qwen3moe, Mixtral: the same as a
+ *              softmax over the chosen logits). bindings: 0 logits (f32[n_tokens][n_expert]),
+ *              1 ids (i32[n_tokens][n_used]), 2 weights (f32[n_tokens][n_used])
+ * moe_group:   counts the pairs per expert and lists them by expert, stable (pair order within
+ *              an expert) -> route as matmul_id reads it. bindings: 0 ids (i32[n_pairs]),
+ *              1 route (u32[n_expert + 1 + n_pairs])
+ * moe_combine: x[t][c] += sum_j weights[t][j] * o[t * n_used + j][c] (j in order: the same
+ *              arithmetic whatever the batch). bindings: 0 o (f32[n_tokens * n_used][d]),
+ *              1 weights (f32[n_tokens][n_used]), 2 x (f32[n_tokens][d], read-write) */
+#define VKI_MOE_MAX_EXPERTS 512u
+#define VKI_MOE_MAX_USED 32u
+VKI_STRUCT(vki_pc_moe) {
+    vki_u32 n_tokens, n_expert, n_used;
+    vki_u32 norm;     /* moe_topk: renormalise the chosen weights */
+    vki_u32 d;        /* moe_combine: columns */
+};
+
 /* get_rows (one weight part per dispatch): for i < n, with r = ids[i]:
  *   row0 <= r < row0 + part_rows:  y[i, :K] = dequant(W[r - row0, :])
  *   r < 0 or r >= n_rows:          y[i, :K] = 0 when zero_oob == 1 (one dispatch per call)

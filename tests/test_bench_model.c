@@ -48,15 +48,17 @@ static int teardown(void **state)
 /* Facts of the model file, counted here from its tensor table. */
 typedef struct file_facts {
     double params;      /* elements of every tensor */
-    double step_bytes;  /* every tensor but token_embd: what each step reads once */
+    double step_bytes;  /* every tensor but token_embd: what each step reads once (of the stacked
+                           experts *_exps, the share expert_share: a batch-1 step's) */
     double embd_row;    /* one token_embd row */
     double kv_pos;      /* K + V of one position over all layers, F16 */
 } file_facts;
 
-static file_facts read_facts(const char *path)
+/* expert_share: used / count experts (1 for a dense model). */
+static file_facts read_facts(const char *path, const char *arch, double expert_share)
 {
     gguf_file *g;
-    char err[256];
+    char err[256], key[96];
     if (gguf_open(path, &g, err, sizeof err) != VKI_OK)
         fail_msg("%s: %s", path, err);
     file_facts ff = {0};
@@ -66,17 +68,22 @@ static file_facts read_facts(const char *path)
         for (uint32_t d = 0; d < t->n_dims; d++)
             n *= (double)t->ne[d];
         ff.params += n;
+        bool exps = t->name.len > 12 && !memcmp(t->name.ptr + t->name.len - 12, "_exps.weight", 12);
         if (gguf_str_eq(t->name, "token_embd.weight"))
             ff.embd_row = (double)t->nbytes / (double)t->ne[1];
         else
-            ff.step_bytes += (double)t->nbytes;
+            ff.step_bytes += (double)t->nbytes * (exps ? expert_share : 1.0);
     }
-    uint32_t layers, heads_kv, d, heads;
-    assert_int_equal(gguf_get_u32(g, "llama.block_count", &layers), VKI_OK);
-    assert_int_equal(gguf_get_u32(g, "llama.attention.head_count_kv", &heads_kv), VKI_OK);
-    assert_int_equal(gguf_get_u32(g, "llama.attention.head_count", &heads), VKI_OK);
-    assert_int_equal(gguf_get_u32(g, "llama.embedding_length", &d), VKI_OK);
-    ff.kv_pos = 2.0 * layers * heads_kv * (d / heads) * 2;
+    uint32_t layers, heads_kv, d, heads, hd;
+#define U32(suffix, dst) (snprintf(key, sizeof key, "%s.%s", arch, suffix), gguf_get_u32(g, key, dst))
+    assert_int_equal(U32("block_count", &layers), VKI_OK);
+    assert_int_equal(U32("attention.head_count_kv", &heads_kv), VKI_OK);
+    assert_int_equal(U32("attention.head_count", &heads), VKI_OK);
+    assert_int_equal(U32("embedding_length", &d), VKI_OK);
+    if (U32("attention.key_length", &hd) != VKI_OK)
+        hd = d / heads;
+#undef U32
+    ff.kv_pos = 2.0 * layers * heads_kv * hd * 2;
     gguf_close(g);
     return ff;
 }
@@ -139,7 +146,7 @@ static void check_line(const cJSON *o, const file_facts *ff, const char *test, u
 static void test_json_lines(void **state)
 {
     fixture *f = *state;
-    file_facts ff = read_facts(f->model);
+    file_facts ff = read_facts(f->model, "llama", 1.0);
     char args[1024];
     snprintf(args, sizeof args, "bench-model --validation -m %s --pp 16 --tg 4 --depth 8 --pp-batches 1,2 "
              "--tg-batches 1,3 --copy-mib 1 --json --commit abc123", f->model);
@@ -159,6 +166,34 @@ static void test_json_lines(void **state)
     }
     assert_null(line); /* nothing else on stdout: the table went to stderr */
     assert_non_null(strstr(r->err, "copy kernel"));
+    free(r);
+}
+
+/* A mixture of experts: batch-1 generation reads the router and 2 of the 8 experts of every
+ * layer, not all of them (the roofline's bytes per token count the active parameters only). */
+static void test_moe_active_experts(void **state)
+{
+    fixture *f = *state;
+    char path[160], err[256], args[1024];
+    snprintf(path, sizeof path, "%s/moe.gguf", f->dir);
+    synth_params p = synth_default_params();
+    p.arch = "qwen3moe", p.n_expert = 8, p.n_expert_used = 2, p.d_ff_exp = 64, p.head_dim = 32;
+    p.wtype = SYNTH_Q8_0;
+    assert_int_equal(synth_write(&p, path, err, sizeof err), VKI_OK);
+    file_facts ff = read_facts(path, "qwen3moe", 2.0 / 8.0);
+    snprintf(args, sizeof args, "bench-model --validation -m %s --pp 0 --tg 3 --depth 4 --tg-batches 1 --copy-mib 1 "
+             "--json --commit abc123", path);
+    vt_run_result *r = malloc(sizeof *r);
+    vt_run_vkinfer(args, r);
+    unlink(path);
+    if (r->rc != 0)
+        fail_msg("exit %d:\n%s", r->rc, r->err);
+    cJSON *o = cJSON_Parse(r->out);
+    if (!o)
+        fail_msg("not a JSON object: %s", r->out);
+    check_tg_bytes(o, &ff, 1, 4, 3);
+    assert_non_null(strstr(r->err, "(batch 1: 2 of 8 experts)"));
+    cJSON_Delete(o);
     free(r);
 }
 
@@ -196,6 +231,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_json_lines),
+        cmocka_unit_test(test_moe_active_experts),
         cmocka_unit_test(test_bad_usage),
     };
     return cmocka_run_group_tests(tests, setup, teardown);

@@ -35,8 +35,9 @@ static void usage(FILE *o)
     for (const char *const *n = synth_preset_names(); *n; n++)
         fprintf(o, " %s", *n);
     fprintf(o, "\n"
-               "  --arch A            llama, qwen2 (Q/K/V biases), qwen3 (Q/K norms), gemma2, gemma3,\n"
-               "                      phi3 (fused QKV and gate|up); sets the arch's window and soft-caps\n"
+               "  --arch A            llama, qwen2 (Q/K/V biases), qwen3 (Q/K norms), qwen3moe (+ experts),\n"
+               "                      gemma2, gemma3, phi3 (fused QKV and gate|up); sets the arch's window\n"
+               "                      and soft-caps\n"
                "  --layers N          transformer blocks\n"
                "  --dim D             embedding length (d_model)\n"
                "  --heads H           attention heads\n"
@@ -62,6 +63,10 @@ static void usage(FILE *o)
                "  --attn-softcap C    attn_logit_softcapping (gemma2; 0: none)\n"
                "  --final-softcap C   final_logit_softcapping (gemma2/3; 0: none)\n"
                "  --ctx-orig N        phi3 LongRoPE: original context (< --ctx), writes rope factors\n"
+               "  --experts N         mixture of experts: N experts per layer (qwen3moe needs it; with\n"
+               "                      --arch llama: Mixtral's layout), ffn_gate_inp + ffn_*_exps\n"
+               "  --experts-used K    experts per token (top-k)\n"
+               "  --expert-ff F       qwen3moe: each expert's feed-forward length (default --ff)\n"
                "  --threads N         workers generating and encoding weights (default: one per CPU;\n"
                "                      the file is the same for any N)\n");
 }
@@ -136,6 +141,9 @@ static bool apply(synth_params *p, const char *opt, const char *val)
                     : !strcmp(opt, "--ctx")      ? &p->n_ctx
                     : !strcmp(opt, "--window")   ? &p->sliding_window
                     : !strcmp(opt, "--ctx-orig") ? &p->n_ctx_orig
+                    : !strcmp(opt, "--experts") ? &p->n_expert
+                    : !strcmp(opt, "--experts-used") ? &p->n_expert_used
+                    : !strcmp(opt, "--expert-ff") ? &p->d_ff_exp
                     : !strcmp(opt, "--threads")  ? &p->n_threads
                                                  : NULL;
     if (!dst) {
@@ -212,10 +220,14 @@ int main(int argc, char **argv)
         size = ftell(f);
     if (f)
         fclose(f);
+    char experts[64] = "";
+    if (p.n_expert)
+        snprintf(experts, sizeof experts, ", %u of %u experts of %u", p.n_expert_used, p.n_expert,
+                 p.d_ff_exp ? p.d_ff_exp : p.d_ff);
     double sec = (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
-    fprintf(stderr, "make-model: wrote %s (%s, %u layers, d_model %u, %u/%u heads, d_ff %u, vocab %u, %s%s weights, "
+    fprintf(stderr, "make-model: wrote %s (%s, %u layers, d_model %u, %u/%u heads, d_ff %u%s, vocab %u, %s%s weights, "
             "%.1f MiB) in %.1f s (%.0f MiB/s)\n", out, p.arch, p.n_layer, p.d_model, p.n_head, p.n_head_kv, p.d_ff,
-            p.n_vocab, synth_wtype_name(p.wtype), p.llama_mix ? " mix" : "", (double)size / 1048576.0, sec,
+            experts, p.n_vocab, synth_wtype_name(p.wtype), p.llama_mix ? " mix" : "", (double)size / 1048576.0, sec,
             (double)size / 1048576.0 / sec);
     return 0;
 }

@@ -7,7 +7,8 @@
  *        per token for all B (greedy, each sampled token fed back).
  *
  * For generation it reports the bytes a step must read (every weight matrix, the norms and the
- * LM head once per step, one embedding row and the KV cache of its context per sequence) over
+ * LM head once per step, of a mixture of experts only the experts the step's tokens pick: n_used
+ * per layer at batch 1; one embedding row and the KV cache of its context per sequence) over
  * the time, as a fraction of the copy bandwidth the copy kernel reaches on the same device in
  * the same run; for both, host time on the step's critical path (everything but the fence
  * wait) and TFLOP/s. The tg context is random values written into each sequence's own KV pages
@@ -51,7 +52,11 @@ typedef struct bm_model {
     char name[128], weight_type[16], arch[16];
     uint64_t n_params;         /* elements of every tensor in the file */
     double weight_bytes;       /* read once per step: layers (matrices, norms, biases), output
-                                  norm, LM head; not the embedding table (gathered by row) */
+                                  norm, LM head; not the embedding table (gathered by row), not
+                                  the experts of a mixture of experts (expert_bytes) */
+    double expert_bytes;       /* one expert of every layer (its gate, up, down): a step reads the
+                                  experts its tokens pick, not all of them (active_experts) */
+    uint32_t n_expert, n_used; /* experts per layer and per token (0: dense) */
     double embd_row_bytes;     /* one token_embd row, per token */
     double kv_bytes_pos;       /* K and V of one position, all layers */
     double layer_flops_token;  /* 2 x layer matrix elements: per token through every layer */
@@ -239,14 +244,24 @@ static void account(const vk_engine *e, bm_model *m)
     const model_hparams *hp = &md->hp;
     for (uint32_t il = 0; il < hp->n_layer; il++) {
         const vk_layer *L = &md->layers[il];
-        const vk_tensor *all[] = {&L->attn_norm, &L->wq, &L->wk, &L->wv, &L->bq, &L->bk, &L->bv,
-                                  &L->wo, &L->ffn_norm, &L->w_gate, &L->w_up, &L->w_down};
-        const vk_tensor *mats[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down};
+        const vk_tensor *all[] = {&L->attn_norm, &L->wq, &L->wk, &L->wv, &L->wqkv, &L->bq, &L->bk, &L->bv,
+                                  &L->q_norm, &L->k_norm, &L->wo, &L->post_attn_norm, &L->ffn_norm, &L->w_gate,
+                                  &L->w_up, &L->w_down, &L->post_ffn_norm};
+        const vk_tensor *mats[] = {&L->wq, &L->wk, &L->wv, &L->wqkv, &L->wo, &L->w_gate, &L->w_up, &L->w_down,
+                                   &L->router};
         for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
             m->weight_bytes += bytes_of(all[i]);
         for (size_t i = 0; i < sizeof mats / sizeof mats[0]; i++)
             m->layer_flops_token += 2 * elems(mats[i]);
+        /* mixture of experts: the router is read every step; each token runs n_used experts */
+        const vk_tensor *exps[] = {&L->w_gate_exps, &L->w_up_exps, &L->w_down_exps};
+        m->weight_bytes += bytes_of(&L->router);
+        for (size_t i = 0; hp->n_expert && i < 3; i++) {
+            m->expert_bytes += bytes_of(exps[i]) / hp->n_expert;
+            m->layer_flops_token += 2 * elems(exps[i]) / hp->n_expert * hp->n_expert_used;
+        }
     }
+    m->n_expert = hp->n_expert, m->n_used = hp->n_expert_used;
     const vk_tensor *head = vk_model_lm_head(md);
     m->weight_bytes += bytes_of(&md->output_norm) + bytes_of(head);
     m->head_flops_row = 2 * elems(head);
@@ -254,6 +269,18 @@ static void account(const vk_engine *e, bm_model *m)
     double esz = e->p.kv_type == VKI_GGML_F16 ? 2 : 4;
     m->kv_bytes_pos = 2.0 * hp->n_layer * hp->n_head_kv * hp->head_dim * esz;
     m->attn_flops_key = 4.0 * hp->n_head * hp->head_dim * hp->n_layer;
+}
+
+/* Distinct experts per layer that a step of B tokens reads: exactly n_used for one token; for
+ * more, the expectation under uniform routing, E (1 - (1 - k/E)^B) (real routers are skewed:
+ * fewer distinct experts, so this is an upper estimate of the bytes). 0 for dense models. */
+static double active_experts(const bm_model *m, uint32_t B)
+{
+    if (!m->n_expert)
+        return 0;
+    if (B == 1)
+        return m->n_used;
+    return m->n_expert * (1.0 - pow(1.0 - (double)m->n_used / m->n_expert, B));
 }
 
 /* ---- the engine, sized for the tests ------------------------------------------------------ */
@@ -402,7 +429,8 @@ static vki_status run_tg(bm_state *s, uint32_t B, uint32_t ctx, uint32_t n, bm_r
             last[i] = s->outs[i].token >= 0 ? s->outs[i].token : last[i];
         if (run) {
             double keys = (double)B * (ctx + k + 1.0);
-            run->bytes += m->weight_bytes + B * m->embd_row_bytes + keys * m->kv_bytes_pos;
+            run->bytes += m->weight_bytes + active_experts(m, B) * m->expert_bytes + B * m->embd_row_bytes +
+                          keys * m->kv_bytes_pos;
             run->flops += B * (m->layer_flops_token + m->head_flops_row) + keys * m->attn_flops_key;
         }
     }
@@ -454,9 +482,12 @@ static void report_header(const bm_report *r, const vk_engine *e)
             r->d->info.driver_name, r->d->info.driver_info, r->copy.gbps, r->copy.bytes / 1048576.0,
             r->copy.us_per_call);
     double np = (double)r->m->n_params;
-    fprintf(r->table, "model: %s (%s, %s, %.2f %s params, %.3f GiB read per step + KV), KV %s, page %u\n", r->m->name,
-            r->m->arch, r->m->weight_type, np >= 1e9 ? np * 1e-9 : np * 1e-6, np >= 1e9 ? "B" : "M",
-            r->m->weight_bytes / 1073741824.0,
+    char experts[64] = "";
+    if (r->m->n_expert)
+        snprintf(experts, sizeof experts, " (batch 1: %u of %u experts)", r->m->n_used, r->m->n_expert);
+    fprintf(r->table, "model: %s (%s, %s, %.2f %s params, %.3f GiB read per step%s + KV), KV %s, page %u\n",
+            r->m->name, r->m->arch, r->m->weight_type, np >= 1e9 ? np * 1e-9 : np * 1e-6, np >= 1e9 ? "B" : "M",
+            (r->m->weight_bytes + active_experts(r->m, 1) * r->m->expert_bytes) / 1073741824.0, experts,
             e->p.kv_type == VKI_GGML_F16 ? "f16" : "f32", e->p.page_size);
     fprintf(r->table, "%-8s %6s %7s %8s %10s %9s %12s %9s %6s %8s\n", "test", "n_seqs", "context", "tokens", "tok/s",
             "ms/step", "host us/step", "GB/s", "%copy", "TFLOP/s");

@@ -175,7 +175,7 @@ void cli_engine_opts_help(FILE *f)
 {
     fprintf(f,
             "model and device:\n"
-            "  -m, --model FILE.gguf   the model (llama, qwen2, qwen3, gemma2, gemma3 or phi3)\n"
+            "  -m, --model FILE.gguf   the model (llama, qwen2, qwen3, qwen3moe, gemma2, gemma3 or phi3)\n"
             "  --device N|NAME         device index or name substring (default: $VKI_DEVICE, else\n"
             "                          discrete NVIDIA first)\n"
             "  --validation            enable the Vulkan validation layer\n"

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "engine/quant.h"
+#include "shaders/vki_shared.h"
 #include "support/vt.h"
 
 typedef struct ref_layer {
@@ -19,9 +20,12 @@ typedef struct ref_layer {
     float *w_gate, *w_up;       /* [d_ff][d] (phi3's fused ffn_up is cut into these) */
     float *w_down;              /* [d][d_ff] */
     float *post_ffn_norm;       /* [d] or NULL */
+    float *router;              /* [n_expert][d] or NULL (dense) */
+    float *gate_exps, *up_exps; /* [n_expert * d_ff_exp][d]: expert e's rows from e * d_ff_exp */
+    float *down_exps;           /* [n_expert * d][d_ff_exp] */
 } ref_layer;
 
-#define REF_LAYER_ARRAYS 16
+#define REF_LAYER_ARRAYS 20
 
 struct ref_model {
     model_hparams hp;
@@ -32,13 +36,16 @@ struct ref_model {
     float *output;              /* [n_vocab][d] (aliases tok_embd when tied) */
     float *rope_factors;        /* [n_rot/2] or NULL */
     ref_layer *layers;          /* [n_layer] */
+    double route_margin;        /* smallest k-th chosen minus best unchosen router logit of the
+                                   last ref_model_forward (INFINITY: dense, or every expert used) */
 };
 
 static void layer_arrays(ref_layer *R, float **all[REF_LAYER_ARRAYS])
 {
     float **a[REF_LAYER_ARRAYS] = {&R->attn_norm, &R->wq, &R->wk, &R->wv, &R->wo, &R->bq, &R->bk, &R->bv,
                                    &R->q_norm, &R->k_norm, &R->post_attn_norm, &R->ffn_norm, &R->w_gate,
-                                   &R->w_up, &R->w_down, &R->post_ffn_norm};
+                                   &R->w_up, &R->w_down, &R->post_ffn_norm, &R->router, &R->gate_exps,
+                                   &R->up_exps, &R->down_exps};
     memcpy(all, a, sizeof a);
 }
 
@@ -88,8 +95,13 @@ static bool load_layer(const model_hparams *hp, const model_layer_tensors *L, re
     R->ffn_norm = dequant_tensor(L->ffn_norm);
     R->w_down = dequant_tensor(L->w_down);
     R->post_ffn_norm = dequant_tensor(L->post_ffn_norm);
-    return R->attn_norm && R->wq && R->wk && R->wv && R->wo && R->ffn_norm && R->w_gate && R->w_up && R->w_down &&
-           (!L->q_norm || R->q_norm) && (!L->post_attn_norm || R->post_attn_norm);
+    R->router = dequant_tensor(L->ffn_gate_inp);
+    R->gate_exps = dequant_tensor(L->ffn_gate_exps), R->up_exps = dequant_tensor(L->ffn_up_exps);
+    R->down_exps = dequant_tensor(L->ffn_down_exps);
+    bool ffn = hp->n_expert ? R->router && R->gate_exps && R->up_exps && R->down_exps
+                            : R->w_gate && R->w_up && R->w_down;
+    return R->attn_norm && R->wq && R->wk && R->wv && R->wo && R->ffn_norm && ffn && (!L->q_norm || R->q_norm) &&
+           (!L->post_attn_norm || R->post_attn_norm);
 }
 
 /* The engine's windows: the model's, capped by max_window with the first page as the sink. */
@@ -163,6 +175,8 @@ void ref_model_free(ref_model *m)
 }
 
 const model_hparams *ref_model_hparams(const ref_model *m) { return &m->hp; }
+
+double ref_model_route_margin(const ref_model *m) { return m->route_margin; }
 
 static void rmsnorm(float *y, const float *x, const float *w, uint32_t d, float eps)
 {
@@ -298,12 +312,75 @@ static double act(const model_hparams *hp, double v)
     return v / (1.0 + exp(-v));
 }
 
-static void ffn_block(const ref_model *m, ref_scratch *s, uint32_t il)
+/* The n_used largest of logits[0..n) (ties: lower index first) into ids, and their softmax
+ * weights over all n, renormalised over the chosen ones when norm (llama.cpp's build_moe_ffn). */
+void ref_moe_route(const float *logits, uint32_t n, uint32_t n_used, bool norm, int32_t *ids, float *w)
+{
+    for (uint32_t j = 0; j < n_used; j++) {
+        int32_t best = -1;
+        for (uint32_t e = 0; e < n; e++) {
+            bool taken = false;
+            for (uint32_t i = 0; i < j && !taken; i++)
+                taken = ids[i] == (int32_t)e;
+            if (!taken && (best < 0 || logits[e] > logits[best]))
+                best = (int32_t)e;
+        }
+        ids[j] = best;
+    }
+    double mx = logits[ids[0]], all = 0, sel = 0;
+    for (uint32_t e = 0; e < n; e++)
+        all += exp((double)logits[e] - mx);
+    for (uint32_t j = 0; j < n_used; j++)
+        sel += exp((double)logits[ids[j]] - mx);
+    for (uint32_t j = 0; j < n_used; j++)
+        w[j] = (float)(exp((double)logits[ids[j]] - mx) / (norm ? sel : all));
+}
+
+/* The mixture-of-experts FFN of xb into o: the chosen experts' SwiGLU outputs, weighted. */
+static void moe_ffn(ref_model *m, ref_scratch *s, const ref_layer *L)
+{
+    const model_hparams *hp = &m->hp;
+    uint32_t d = hp->d_model, ff = hp->d_ff_exp, k = hp->n_expert_used;
+    int32_t ids[VKI_MOE_MAX_USED];
+    float w[VKI_MOE_MAX_USED];
+    matvec(s->scores, L->router, s->xb, NULL, hp->n_expert, d); /* scores holds >= n_expert floats */
+    ref_moe_route(s->scores, hp->n_expert, k, hp->expert_norm, ids, w);
+    for (uint32_t e = 0; e < hp->n_expert; e++) {
+        bool chosen = false;
+        for (uint32_t j = 0; j < k; j++)
+            chosen |= ids[j] == (int32_t)e;
+        double gap = (double)s->scores[ids[k - 1]] - s->scores[e];
+        if (!chosen && gap < m->route_margin)
+            m->route_margin = gap;
+    }
+    double *acc = calloc(d, sizeof *acc);
+    for (uint32_t j = 0; acc && j < k; j++) {
+        size_t e = (size_t)ids[j];
+        matvec(s->g, L->gate_exps + e * ff * d, s->xb, NULL, ff, d);
+        matvec(s->u, L->up_exps + e * ff * d, s->xb, NULL, ff, d);
+        for (uint32_t i = 0; i < ff; i++)
+            s->g[i] = (float)act(hp, s->g[i]) * s->u[i];
+        matvec(s->o, L->down_exps + e * d * ff, s->g, NULL, d, ff);
+        for (uint32_t i = 0; i < d; i++)
+            acc[i] += (double)w[j] * s->o[i];
+    }
+    for (uint32_t i = 0; i < d; i++)
+        s->o[i] = acc ? (float)acc[i] : NAN;
+    free(acc);
+}
+
+static void ffn_block(ref_model *m, ref_scratch *s, uint32_t il)
 {
     const model_hparams *hp = &m->hp;
     const ref_layer *L = &m->layers[il];
     uint32_t d = hp->d_model;
     rmsnorm(s->xb, s->x, L->ffn_norm, d, hp->rms_eps);
+    if (L->router) {
+        moe_ffn(m, s, L);
+        for (uint32_t i = 0; i < d; i++)
+            s->x[i] += s->o[i];
+        return;
+    }
     matvec(s->g, L->w_gate, s->xb, NULL, hp->d_ff, d);
     matvec(s->u, L->w_up, s->xb, NULL, hp->d_ff, d);
     for (uint32_t i = 0; i < hp->d_ff; i++)
@@ -347,8 +424,10 @@ static vki_status run(ref_model *m, const int32_t *tokens, uint32_t n, bool all,
         if (tokens[i] < 0 || (uint32_t)tokens[i] >= hp->n_vocab)
             return VKI_ERR_INVALID_ARG;
     ref_scratch s = {0};
+    m->route_margin = INFINITY;
     float **bufs[] = {&s.x, &s.xb, &s.o, &s.q, &s.att_out, &s.k, &s.v, &s.g, &s.u, &s.scores, &s.kc, &s.vc};
-    size_t sizes[] = {d, d, d, q_dim, q_dim, kv_dim, kv_dim, hp->d_ff, hp->d_ff, n,
+    size_t ff = hp->d_ff > hp->d_ff_exp ? hp->d_ff : hp->d_ff_exp;
+    size_t sizes[] = {d, d, d, q_dim, q_dim, kv_dim, kv_dim, ff, ff, n > hp->n_expert ? n : hp->n_expert,
                       (size_t)hp->n_layer * n * kv_dim, (size_t)hp->n_layer * n * kv_dim};
     vki_status st = VKI_OK;
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)

@@ -1,4 +1,5 @@
-/* Scalar CPU reference forward pass (llama, qwen2, qwen3, gemma2, gemma3, phi3), straight from
+/* Scalar CPU reference forward pass (llama incl. Mixtral's experts, qwen2, qwen3, qwen3moe,
+ * gemma2, gemma3, phi3), straight from
  * the maths as llama.cpp's graphs compute it: weights dequantised to f32 once at load,
  * activations f32, dot products accumulated in double, RoPE angles in double, attention as a
  * plain masked softmax over every cached position (no pages, no splits). Used by the tests as
@@ -28,5 +29,16 @@ vki_status ref_model_forward(ref_model *m, const int32_t *tokens, uint32_t n, bo
 /* The final hidden states (after the output norm: what the LM head reads) of tokens[0..n) from
  * position 0: hidden [n][d_model]. */
 vki_status ref_model_hidden(ref_model *m, const int32_t *tokens, uint32_t n, float *hidden);
+
+/* Mixture of experts: the smallest gap, over every position and layer of the last
+ * ref_model_forward, between the last chosen expert's router logit and the best unchosen one
+ * (INFINITY for a dense model). A device path whose activations differ by rounding (F16
+ * operands) may choose other experts where it is that small. */
+double ref_model_route_margin(const ref_model *m);
+
+/* Mixture-of-experts routing as llama.cpp computes it (in double): the n_used largest of
+ * logits[0..n) (ties: lower index first) into ids, their softmax weights over all n into w,
+ * renormalised over the chosen ones when norm. */
+void ref_moe_route(const float *logits, uint32_t n, uint32_t n_used, bool norm, int32_t *ids, float *w);
 
 #endif

@@ -1,0 +1,149 @@
+/* The mixture-of-experts FFN of the forward pass (qwen3moe, Mixtral), recorded after the FFN's
+ * RMSNorm (h = rmsnorm(x) * ffn_norm) in place of the dense gate/up/down:
+ *
+ *   logits = h Wrouter                       [C][n_expert]
+ *   ids, w = top n_used of softmax(logits)   [C][n_used]   (renormalised: expert_norm)
+ *   g, u   = h Wgate_e, h Wup_e per pair     [C n_used][d_ff_exp]  (pair = token's j-th expert)
+ *   g      = silu(g) * u
+ *   o      = g Wdown_e per pair              [C n_used][d]
+ *   x     += sum_j w[t][j] o[t n_used + j]
+ *
+ * Tokens go through in chunks of C = vk_scratch.moe_rows so the per-pair buffers stay bounded
+ * (n_used copies of every row: Qwen3-30B-A3B at 2048 tokens would need 128 MiB for o alone, over
+ * lavapipe's binding limit). The expert ids stay on the device: decode (few pairs per expert)
+ * runs the matrix-vector kernel over just the chosen experts' rows; prefill chunks group the
+ * pairs by expert (moe_group) and run the tiled GEMM (cooperative matrices where present) over
+ * each expert's pairs. Batch-invariant engines always take the matrix-vector kernel, whose
+ * arithmetic per pair does not depend on the other pairs, and the routing and the weighted sum
+ * are per token: a token's experts and its output do not depend on its batch-mates. */
+#include "engine/engine.h"
+#include "engine/ops_basic.h"
+#include "engine/ops_matmul.h"
+#include "engine/ops_moe.h"
+
+#define TRY VK_TRY
+
+/* Bytes of the largest per-pair buffer of one chunk: keeps every binding under 64 MiB. */
+#define MOE_CHUNK_BYTES (64u << 20)
+
+/* Rows per chunk: all tokens when they fit, else a multiple of 64 (so chunk offsets into the
+ * activations stay aligned for binding), at least 64. */
+static uint32_t moe_chunk_rows(const vk_engine *e)
+{
+    const model_hparams *hp = &e->model.hp;
+    uint64_t widest = hp->d_model > hp->d_ff_exp ? hp->d_model : hp->d_ff_exp;
+    uint64_t per_token = (uint64_t)hp->n_expert_used * widest * 4;
+    uint64_t rows = MOE_CHUNK_BYTES / per_token;
+    uint64_t max_pairs_rows = e->dev->info.max_workgroup_count[1] / hp->n_expert_used; /* GEMV grid y */
+    if (rows > max_pairs_rows)
+        rows = max_pairs_rows;
+    if (rows >= e->p.max_tokens)
+        return e->p.max_tokens;
+    return rows < 64 ? 64 : (uint32_t)(rows / 64 * 64);
+}
+
+vki_status vk_moe_scratch_create(vk_engine *e)
+{
+    const model_hparams *hp = &e->model.hp;
+    vk_scratch *s = &e->s;
+    if (!hp->n_expert)
+        return VKI_OK;
+    s->moe_rows = moe_chunk_rows(e);
+    VkDeviceSize C = s->moe_rows, P = C * hp->n_expert_used;
+    struct { vkd_buffer **b; VkDeviceSize bytes; const char *name; } all[] = {
+        {&s->moe_logits, C * hp->n_expert * 4, "moe router logits"},
+        {&s->moe_ids, P * 4, "moe expert ids"},
+        {&s->moe_w, P * 4, "moe expert weights"},
+        {&s->moe_route, (hp->n_expert + 1 + P) * 4, "moe route"},
+        {&s->moe_g, P * hp->d_ff_exp * 4, "moe gate"},
+        {&s->moe_u, P * hp->d_ff_exp * 4, "moe up"},
+        {&s->moe_o, P * hp->d_model * 4, "moe expert out"},
+    };
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) {
+        vki_status st = vkd_buffer_create(e->dev, all[i].bytes, VKD_MEM_DEVICE, all[i].name, all[i].b);
+        if (st != VKI_OK)
+            return st;
+    }
+    return VKI_OK;
+}
+
+void vk_moe_scratch_destroy(vk_engine *e)
+{
+    vk_scratch *s = &e->s;
+    vkd_buffer **all[] = {&s->moe_logits, &s->moe_ids, &s->moe_w, &s->moe_route, &s->moe_g, &s->moe_u, &s->moe_o};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) {
+        vkd_buffer_destroy(e->dev, *all[i]);
+        *all[i] = NULL;
+    }
+}
+
+vki_status vk_moe_prepare(vk_engine *e)
+{
+    const vk_model *m = &e->model;
+    if (!m->hp.n_expert)
+        return VKI_OK;
+    vki_status st = op_moe_prepare(e->dev);
+    /* every expert tensor: mixes vary the type by layer; a pipeline that exists is a lookup */
+    for (uint32_t il = 0; st == VKI_OK && il < m->hp.n_layer; il++) {
+        const vk_layer *L = &m->layers[il];
+        const vk_tensor *w[3] = {&L->w_gate_exps, &L->w_up_exps, &L->w_down_exps};
+        for (int i = 0; i < 3 && st == VKI_OK; i++)
+            st = op_matmul_id_prepare(e->dev, w[i]->type, e->s.moe_rows);
+    }
+    return st;
+}
+
+/* Rows [t0, t0 + n) of the step's tokens through the layer's experts, added into x. */
+static vki_status moe_chunk(vk_engine *e, const vk_layer *L, uint32_t t0, uint32_t n)
+{
+    const model_hparams *hp = &e->model.hp;
+    vk_scratch *s = &e->s;
+    vkd_cmd *c = &e->cmd;
+    const uint32_t d = hp->d_model, E = hp->n_expert, k = hp->n_expert_used, ff = hp->d_ff_exp, P = n * k;
+    const VkDeviceSize rows = (VkDeviceSize)t0 * d * 4, bytes = (VkDeviceSize)n * d * 4;
+    const vkd_view h = {s->h, rows, bytes}, x = {s->x, rows, bytes};
+    const vkd_view ids = vkd_whole(s->moe_ids), w = vkd_whole(s->moe_w), route = vkd_whole(s->moe_route);
+    op_mm_path path = e->p.batch_invariant ? OP_MM_GEMV : op_matmul_id_path(e->dev, P, E);
+    /* the router always in F32 (never the F16-operand tensor-core GEMM): its output is a discrete
+     * choice, and F16 rounding would pick other experts than the F32 reference near a tie; it is
+     * n_expert x d, negligible next to the experts */
+    bool router_gemv = e->p.batch_invariant || n <= op_matmul_gemv_max_m(e->dev);
+    vkd_role(c, "ffn_router");
+    TRY(op_matmul_path(c, &L->router, NULL, h, d, vkd_whole(s->moe_logits), E, n,
+                       router_gemv ? OP_MM_GEMV : OP_MM_GEMM));
+    vkd_barrier(c);
+    vkd_role(c, "ffn_topk");
+    TRY(op_moe_topk(c, vkd_whole(s->moe_logits), n, E, k, hp->expert_norm, ids, w));
+    vkd_barrier(c);
+    if (path != OP_MM_GEMV) {
+        vkd_role(c, "ffn_moe_group");
+        TRY(op_moe_group(c, ids, P, E, route));
+        vkd_barrier(c);
+    }
+    vkd_role(c, "ffn_gate_exps");
+    TRY(op_matmul_id(c, &L->w_gate_exps, E, ids, route, h, d, k, vkd_whole(s->moe_g), ff, P, n, path));
+    vkd_role(c, "ffn_up_exps");
+    TRY(op_matmul_id(c, &L->w_up_exps, E, ids, route, h, d, k, vkd_whole(s->moe_u), ff, P, n, path));
+    vkd_barrier(c);
+    vkd_role(c, "ffn_act");
+    TRY(op_glu(c, VKI_GLU_SILU, op_mat_rows(s->moe_g, ff), op_mat_rows(s->moe_u, ff), op_mat_rows(s->moe_g, ff), P, ff));
+    vkd_barrier(c);
+    vkd_role(c, "ffn_down_exps");
+    TRY(op_matmul_id(c, &L->w_down_exps, E, ids, route, vkd_whole(s->moe_g), ff, 1, vkd_whole(s->moe_o), d, P, n,
+                     path));
+    vkd_barrier(c);
+    vkd_role(c, "ffn_moe_combine");
+    TRY(op_moe_combine(c, vkd_whole(s->moe_o), w, x, n, k, d));
+    vkd_barrier(c);
+    return VKI_OK;
+}
+
+vki_status vk_forward_moe(vk_engine *e, uint32_t il, uint32_t T)
+{
+    const vk_layer *L = &e->model.layers[il];
+    for (uint32_t t0 = 0; t0 < T; t0 += e->s.moe_rows) {
+        uint32_t n = T - t0 < e->s.moe_rows ? T - t0 : e->s.moe_rows;
+        TRY(moe_chunk(e, L, t0, n));
+    }
+    return VKI_OK;
+}
