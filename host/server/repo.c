@@ -365,6 +365,7 @@ static void unload_model(struct srv_repo *r, repo_model *m, const char *why)
     double end = srv_now() + r->p.unload_timeout_s;
     while (model_active(ms) && srv_now() < end)
         usleep(10 * 1000);
+    srv_recover_stop(ms); /* no engine recovery may start a manager behind the unload */
     pthread_mutex_lock(&ms->mu);
     vki_batch_manager *bm = ms->bm;
     ms->bm = NULL;

@@ -491,6 +491,7 @@ static void free_strings(char **v, uint32_t n)
 
 static void srv_free(srv *s)
 {
+    srv_recover_stop(s); /* its thread waits on s->cv: stopped before the condition goes */
     srv_repo_free(s->repo);
     srv_sessions_free(s->sessions);
     chat_specials_free(s->specials);
