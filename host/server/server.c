@@ -491,7 +491,6 @@ static void free_strings(char **v, uint32_t n)
 
 static void srv_free(srv *s)
 {
-    srv_recover_stop(s); /* its thread waits on s->cv: stopped before the condition goes */
     srv_repo_free(s->repo);
     srv_sessions_free(s->sessions);
     chat_specials_free(s->specials);
@@ -624,6 +623,7 @@ void srv_model_destroy(srv *m)
 {
     if (!m)
         return;
+    srv_recover_stop(m); /* its thread waits on m->cv and may install a manager: stopped first */
     pthread_mutex_lock(&m->mu);
     m->draining = true;
     vki_batch_manager *bm = m->bm;
