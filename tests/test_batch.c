@@ -244,15 +244,20 @@ static void assert_clean(coll *c, fake_engine *f)
         fail_msg("fake engine: %s", msg);
 }
 
-static fake_engine *mkfake(uint32_t max_seqs, uint32_t n_pages, uint32_t fail_every)
+static fake_engine *mkfake_failing(uint32_t max_seqs, uint32_t n_pages, uint32_t fail_every, vki_status fail_status)
 {
     /* the executor's step holds 40 tokens, fewer than the managers' budget of 48 (mkparams):
      * the fake flags any plan above 40 */
     fake_config fc = {.max_seqs = max_seqs, .n_pages = n_pages, .page_size = 4, .max_ctx = 512, .vocab = VOCAB,
-                      .max_tokens = 40, .eos = EOS, .fail_every = fail_every};
+                      .max_tokens = 40, .eos = EOS, .fail_every = fail_every, .fail_status = fail_status};
     fake_engine *f;
     assert_int_equal(fake_create(&fc, &f), VKI_OK);
     return f;
+}
+
+static fake_engine *mkfake(uint32_t max_seqs, uint32_t n_pages, uint32_t fail_every)
+{
+    return mkfake_failing(max_seqs, n_pages, fail_every, VKI_ERR_DEVICE_LOST);
 }
 
 static vki_batch_params mkparams(vki_capacity_policy pol)
@@ -267,11 +272,13 @@ static vki_batch_params mkparams(vki_capacity_policy pol)
 
 /* ---- push interface: mixed workload under each policy ---------------------------------------- */
 
+/* fail_every: every Nth step fails with an error the engine survives (out of device memory): exactly
+ * that step's requests end, the rest go on */
 static void mixed_workload(vki_capacity_policy pol, uint32_t n_pages, uint32_t fail_every)
 {
     vt_rng rng = vt_rng_seeded("batch mixed");
     coll *c = coll_new();
-    fake_engine *f = mkfake(8, n_pages, fail_every);
+    fake_engine *f = mkfake_failing(8, n_pages, fail_every, VKI_ERR_OUT_OF_DEVICE_MEMORY);
     bm_backend be = fake_backend(f);
     vki_batch_params p = mkparams(pol);
     vki_batch_manager *bm;
@@ -311,7 +318,7 @@ static void mixed_workload(vki_capacity_policy pol, uint32_t n_pages, uint32_t f
         errors += c->r[i].finish == VKI_FINISH_ERROR;
         if (c->r[i].finish == VKI_FINISH_ERROR) {
             assert_non_null(strstr(c->r[i].error, "engine step failed"));
-            assert_int_equal(c->r[i].status, VKI_ERR_DEVICE_LOST); /* the fake's failure */
+            assert_int_equal(c->r[i].status, VKI_ERR_OUT_OF_DEVICE_MEMORY); /* the fake's failure */
         }
     }
     assert_true(fail_every ? errors > 0 : errors == 0);
@@ -328,6 +335,61 @@ static void test_push_no_evict(void **state) { (void)state; mixed_workload(VKI_P
 static void test_push_max_util_small_pool(void **state) { (void)state; mixed_workload(VKI_POLICY_MAX_UTILIZATION, 40, 0); }
 static void test_push_static(void **state) { (void)state; mixed_workload(VKI_POLICY_STATIC, 256, 0); }
 static void test_push_step_failures(void **state) { (void)state; mixed_workload(VKI_POLICY_GUARANTEED_NO_EVICT, 256, 11); }
+
+/* A lost device ends every request in flight once, with the loss as its status, and refuses what
+ * comes after it: a submission racing the failing step is either refused at the door or ended. */
+static void test_push_device_lost(void **state)
+{
+    (void)state;
+    coll *c = coll_new();
+    fake_engine *f = mkfake(8, 256, 3);
+    bm_backend be = fake_backend(f);
+    vki_batch_params p = mkparams(VKI_POLICY_GUARANTEED_NO_EVICT);
+    vki_batch_manager *bm;
+    assert_int_equal(bm_create(&be, &p, NULL, &bm), VKI_OK);
+    enum { N = 24 };
+    static vki_request reqs[N];
+    bool accepted[N];
+    uint32_t n_accepted = 0;
+    for (uint32_t i = 0; i < N; i++) {
+        reqs[i] = mkreq(c, i, 4 + i % 7, 30, i % 2, i % 9);
+        char err[200];
+        vki_status st = vki_batch_submit(bm, &reqs[i], on_response, c, err, sizeof err);
+        if (st != VKI_OK && st != VKI_ERR_DEVICE_LOST)
+            fail_msg("submit %u: %s (%s)", i, vki_status_str(st), err);
+        accepted[i] = st == VKI_OK;
+        n_accepted += accepted[i];
+    }
+    assert_true(n_accepted > 0); /* the first is in before any step ran */
+    wait_finals(c, n_accepted);
+    char err[200];
+    vki_request late = mkreq(c, N, 5, 10, false, 1);
+    assert_int_equal(vki_batch_submit(bm, &late, on_response, c, err, sizeof err), VKI_ERR_DEVICE_LOST);
+    assert_non_null(strstr(err, "lost"));
+    assert_int_equal(vki_batch_manager_destroy(bm, false), VKI_OK);
+    assert_clean(c, f);
+    uint32_t errors = 0;
+    for (uint32_t i = 0; i < N; i++) {
+        rec *x = &c->r[i];
+        if (!accepted[i]) {
+            assert_int_equal(x->n_final, 0);
+            continue;
+        }
+        assert_int_equal(x->n_final, 1);
+        check_rec(c, f, &reqs[i]);
+        if (x->finish == VKI_FINISH_ERROR) {
+            errors++;
+            assert_int_equal(x->status, VKI_ERR_DEVICE_LOST);
+            assert_non_null(strstr(x->error, "lost"));
+        }
+    }
+    assert_int_equal(c->r[N].n_final, 0);
+    /* 30 new tokens each cannot finish within the 2 steps before the third fails */
+    assert_true(errors > 0);
+    printf("device lost: %u of %u accepted, %u ended by the loss\n", n_accepted, N, errors);
+    fake_destroy(f);
+    coll_free(c);
+}
 
 /* End ids replace the model's end of text; stop ids finish with STOP; both tokens included. */
 static void test_end_and_stop_ids(void **state)
@@ -1316,6 +1378,7 @@ int main(void)
         cmocka_unit_test(test_push_max_util_small_pool),
         cmocka_unit_test(test_push_static),
         cmocka_unit_test(test_push_step_failures),
+        cmocka_unit_test(test_push_device_lost),
         cmocka_unit_test(test_end_and_stop_ids),
         cmocka_unit_test(test_lazy_logprobs_and_cached),
         cmocka_unit_test(test_validation),

@@ -776,8 +776,16 @@ vki_status vki_batch_submit(vki_batch_manager *bm, const vki_request *req, vki_r
         pthread_cond_signal(&bm->cv);
     }
     pthread_mutex_unlock(&bm->mu);
-    if (st != VKI_OK)
+    if (st != VKI_OK) {
+        if (err && err_cap)
+            snprintf(err, err_cap, "%s",
+                     st == VKI_ERR_SHUTDOWN        ? "the batch manager is shutting down"
+                     : st == VKI_ERR_DEVICE_LOST   ? "the GPU device was lost; the engine must be recovered"
+                     : st == VKI_ERR_DUPLICATE_ID  ? "a request with this id is in flight"
+                     : st == VKI_RETRY_QUEUE_FULL ? "the queue is full (max_queue)"
+                                                   : vki_status_str(st));
         bm_req_free(q);
+    }
     return st;
 }
 

@@ -329,7 +329,7 @@ vki_status fake_step(void *ctx, const vki_step_plan *plan, vki_step_out *outs)
     }
     if (f->c.fail_every && f->steps % f->c.fail_every == 0) {
         scribble(f, plan);
-        return VKI_ERR_DEVICE_LOST;
+        return f->c.fail_status ? f->c.fail_status : VKI_ERR_DEVICE_LOST;
     }
     uint32_t k = 0;
     for (uint32_t i = 0; i < plan->n_seqs; i++) {

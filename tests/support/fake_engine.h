@@ -29,8 +29,9 @@ typedef struct fake_config {
     uint32_t max_batch;       /* sequences per step the plan may hold; 0 = max_seqs */
     uint32_t max_tokens;      /* tokens per step; 0 = unchecked */
     int32_t eos;              /* is_eog() is true for this token; -1 = never */
-    uint32_t fail_every;      /* every Nth step fails with VKI_ERR_DEVICE_LOST after scribbling
-                                 over the pages it would have written; 0 = never */
+    uint32_t fail_every;      /* every Nth step fails with fail_status after scribbling over the
+                                 pages it would have written; 0 = never */
+    vki_status fail_status;   /* that failure; 0 = VKI_ERR_DEVICE_LOST */
     uint32_t window, sink;    /* attention window and sink (the engine's kv_window / kv_sink): a
                                  step reads only the positions its first new token sees, and a page
                                  may be VKI_PAGE_NONE only where none of them lies; 0 = all. A
