@@ -97,6 +97,7 @@ static void fill_info(vki_engine *e, const gguf_file *f, const char *path)
     snprintf(i->kv_type, sizeof i->kv_type, "%s", quant_get(g->p.kv_type) ? quant_get(g->p.kv_type)->name : "?");
     i->sliding_window = hp->swa_pattern ? hp->kind[1].window : 0;
     i->kv_window = g->kv_window;
+    i->fingerprint = gguf_fingerprint(f);
 }
 
 /* Captures the device log's first error so vki_engine_create can report it in err. */
@@ -336,6 +337,24 @@ static vki_status backend_token_piece(void *ctx, int32_t token, char *buf, size_
     return vki_token_to_piece(e->tok, token, false, buf, cap, n_out);
 }
 
+static vki_status backend_kv_read(void *ctx, const uint32_t *pages, uint32_t n, void *dst)
+{
+    vki_engine *e = ctx;
+    vki_status st = vk_engine_kv_read(e->eng, pages, n, dst);
+    if (st == VKI_ERR_DEVICE_LOST)
+        atomic_store(&e->lost, true);
+    return st;
+}
+
+static vki_status backend_kv_write(void *ctx, const uint32_t *pages, uint32_t n, const void *src)
+{
+    vki_engine *e = ctx;
+    vki_status st = vk_engine_kv_write(e->eng, pages, n, src);
+    if (st == VKI_ERR_DEVICE_LOST)
+        atomic_store(&e->lost, true);
+    return st;
+}
+
 static void backend_detach(void *ctx)
 {
     vki_engine *e = ctx;
@@ -358,7 +377,12 @@ vki_status vki_batch_manager_create(vki_engine *e, const vki_batch_params *param
                      .max_ctx = g->max_ctx, .max_tokens = g->p.max_tokens, .vocab_size = g->model.hp.n_vocab,
                      .kv_window = g->kv_window, .kv_sink = g->kv_sink,
                      .step = backend_step, .is_eog = backend_is_eog, .token_piece = backend_token_piece,
-                     .detach = backend_detach, .tok = e->tok, .chat = e->chat, .n_embd = g->model.hp.d_model};
+                     .detach = backend_detach, .tok = e->tok, .chat = e->chat, .n_embd = g->model.hp.d_model,
+                     .fingerprint = e->info.fingerprint, .model_name = e->info.name,
+                     .kv_layers = g->model.hp.n_layer, .kv_heads = g->model.hp.n_head_kv,
+                     .kv_head_dim = g->model.hp.head_dim, .kv_type = g->p.kv_type,
+                     .kv_row_bytes = vk_engine_kv_row_bytes(g), .kv_read = backend_kv_read,
+                     .kv_write = backend_kv_write};
     vki_status st = bm_create(&be, params, cb, out);
     if (st != VKI_OK)
         atomic_store(&e->has_manager, false);
