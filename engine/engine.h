@@ -111,6 +111,8 @@ typedef struct vk_engine {
                                submit, reading results) */
     vk_profile prof;        /* profile mode (prof.trace == NULL: off) */
     vk_capture capture;     /* RenderDoc capture of chosen steps */
+    uint64_t kv_io_chunk;   /* staging bytes per command buffer of vk_engine_kv_read / _write;
+                               0 = 32 MiB (tests lower it to cover several) */
 } vk_engine;
 
 /* Loads the model's weights (hp, t found in f), sizes and allocates the KV pools and scratch,

@@ -10,7 +10,7 @@
 
 #include "engine/engine.h"
 
-#define KV_IO_CHUNK (32u << 20) /* staging bytes per command buffer */
+#define KV_IO_CHUNK (32u << 20) /* staging bytes per command buffer (vk_engine.kv_io_chunk: 0) */
 
 typedef struct kv_geom {
     uint32_t L, H, ps;        /* layers, KV heads, tokens per page */
@@ -104,10 +104,8 @@ static vki_status kv_io(vk_engine *e, const uint32_t *pages, uint32_t n, uint8_t
     if (!n)
         return VKI_OK;
     kv_geom g = geom(e);
-    VkDeviceSize per_page = 2 * (VkDeviceSize)g.L * g.pb;
-    uint32_t chunk = per_page >= KV_IO_CHUNK ? 1 : (uint32_t)(KV_IO_CHUNK / per_page);
-    if (chunk > n)
-        chunk = n;
+    VkDeviceSize per_page = 2 * (VkDeviceSize)g.L * g.pb, cap = e->kv_io_chunk ? e->kv_io_chunk : KV_IO_CHUNK;
+    uint32_t chunk = per_page >= cap ? 1 : cap / per_page > n ? n : (uint32_t)(cap / per_page);
     size_t host_page = (size_t)g.ps * g.L * 2 * g.H * g.row; /* a page's tokens in the host layout */
     vkd_cmd c = {0};
     vkd_buffer *stage = NULL;
