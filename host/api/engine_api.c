@@ -25,6 +25,7 @@ struct vki_engine {
     atomic_bool lost;        /* a step reported VKI_ERR_DEVICE_LOST (read by any thread) */
     atomic_bool has_manager; /* the engine runs one batch manager at a time: claimed with a
                                 compare-and-swap, so concurrent creators cannot both win */
+    uint32_t kv_flags;       /* how this engine computes KV beyond the model (bm_backend.kv_flags) */
 };
 
 vki_engine_params vki_engine_default_params(void)
@@ -164,8 +165,12 @@ static vki_status load(vki_engine *e, const char *path, const vki_engine_params 
     }
     if (st == VKI_OK && !e->chat && (st = vki_chat_template_create(e->tok, NULL, &e->chat)) != VKI_OK)
         set_err(err, n, "chat template: %s", vki_status_str(st));
-    if (st == VKI_OK)
+    if (st == VKI_OK) {
         fill_info(e, f, path);
+        /* LongRoPE: the context chose the long or the short factors, and K carries them */
+        const gguf_tensor *rf = model_rope_factors(&hp, &t, e->eng->max_ctx);
+        e->kv_flags = rf && rf == t.rope_long && !t.rope_freqs ? BM_KV_ROPE_LONG : 0;
+    }
     model_tensors_free(&t);
     gguf_close(f);
     return st;
@@ -381,7 +386,7 @@ vki_status vki_batch_manager_create(vki_engine *e, const vki_batch_params *param
                      .fingerprint = e->info.fingerprint, .model_name = e->info.name,
                      .kv_layers = g->model.hp.n_layer, .kv_heads = g->model.hp.n_head_kv,
                      .kv_head_dim = g->model.hp.head_dim, .kv_type = g->p.kv_type,
-                     .kv_row_bytes = vk_engine_kv_row_bytes(g), .kv_read = backend_kv_read,
+                     .kv_row_bytes = vk_engine_kv_row_bytes(g), .kv_flags = e->kv_flags, .kv_read = backend_kv_read,
                      .kv_write = backend_kv_write};
     vki_status st = bm_create(&be, params, cb, out);
     if (st != VKI_OK)

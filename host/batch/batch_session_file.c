@@ -25,7 +25,7 @@
 #define SF_MAGIC "VKISESS\x1a"
 #define SF_VERSION 1u
 #define SF_HEADER 128u           /* bytes of the header, its checksum included */
-#define SF_NAME 64u              /* model name field (NUL-padded) */
+#define SF_NAME 60u              /* model name field (NUL-padded) */
 #define SF_SEED_HEADER 0x53455353484452ull
 #define SF_SEED_FILE 0x5345535346494c45ull
 
@@ -33,6 +33,7 @@ typedef struct sf_header {
     uint32_t version, header_bytes;
     uint64_t fingerprint;
     char name[SF_NAME + 1];
+    uint32_t flags;            /* bm_backend.kv_flags of the engine that computed the KV */
     uint32_t n_layer, n_head_kv, head_dim, kv_type, row_bytes, page_size, n_tokens, n_kv;
 } sf_header;
 
@@ -86,6 +87,7 @@ static void encode_header(const sf_header *h, uint8_t *raw)
     put32(raw + 12, h->header_bytes);
     put64(raw + 16, h->fingerprint);
     memcpy(raw + 24, h->name, strnlen(h->name, SF_NAME - 1));
+    put32(raw + 84, h->flags);
     const uint32_t f[] = {h->n_layer, h->n_head_kv, h->head_dim, h->kv_type, h->row_bytes, h->page_size,
                           h->n_tokens, h->n_kv};
     for (int i = 0; i < 8; i++)
@@ -107,6 +109,7 @@ static void decode_header(const uint8_t *raw, sf_header *h)
     for (char *c = h->name; *c; c++) /* shown in messages and JSON: printable ASCII only */
         if (*c < 0x20 || *c > 0x7e)
             *c = '?';
+    h->flags = get32(raw + 84);
     uint32_t *f[] = {&h->n_layer, &h->n_head_kv, &h->head_dim, &h->kv_type, &h->row_bytes, &h->page_size,
                      &h->n_tokens, &h->n_kv};
     for (int i = 0; i < 8; i++)
@@ -186,6 +189,7 @@ static vki_status write_file(const char *path, const bm_backend *be, const bm_se
     sf_header h = {.version = SF_VERSION, .header_bytes = SF_HEADER, .fingerprint = be->fingerprint,
                    .n_layer = be->kv_layers, .n_head_kv = be->kv_heads, .head_dim = be->kv_head_dim,
                    .kv_type = be->kv_type, .row_bytes = be->kv_row_bytes, .page_size = be->page_size,
+                   .flags = be->kv_flags,
                    .n_tokens = j->n_tokens, .n_kv = j->n_kv};
     snprintf(h.name, sizeof h.name, "%s", be->model_name ? be->model_name : "");
     size_t n = strlen(path);
@@ -270,6 +274,10 @@ static vki_status check_model(const sf_header *h, const bm_backend *be, const ch
     if (h->kv_type != be->kv_type)
         return fail(err, cap, VKI_ERR_INVALID_ARG, "%s holds %s KV; this engine stores %s (kv_type)", path,
                     kv_name(h->kv_type), kv_name(be->kv_type));
+    if (h->flags != be->kv_flags)
+        return fail(err, cap, VKI_ERR_INVALID_ARG, "%s: its KV was computed with LongRoPE's %s factors, this engine "
+                    "uses the %s ones (the context length decides: --ctx)", path,
+                    h->flags & BM_KV_ROPE_LONG ? "long" : "short", be->kv_flags & BM_KV_ROPE_LONG ? "long" : "short");
     if (h->n_layer != be->kv_layers || h->n_head_kv != be->kv_heads || h->head_dim != be->kv_head_dim ||
         h->row_bytes != be->kv_row_bytes)
         return fail(err, cap, VKI_ERR_INVALID_ARG, "%s: KV layout %u layers x %u heads x %u dims (%u-byte rows); this "

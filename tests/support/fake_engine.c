@@ -146,7 +146,7 @@ bm_backend fake_backend(fake_engine *f)
                         .token_piece = fake_token_piece,
                         .fingerprint = f->c.fingerprint ? f->c.fingerprint : 0xfa4efa4efa4efa4eull,
                         .model_name = "fake", .kv_layers = 1, .kv_heads = 1, .kv_head_dim = 4,
-                        .kv_type = 0 /* f32 */, .kv_row_bytes = 16, .kv_read = fake_kv_read,
+                        .kv_type = 0 /* f32 */, .kv_row_bytes = 16, .kv_flags = f->c.kv_flags, .kv_read = fake_kv_read,
                         .kv_write = fake_kv_write};
 }
 

@@ -38,6 +38,7 @@ typedef struct fake_config {
                                  window of 1 is refused: the chain continues from the previous
                                  token's entry, which the window must cover */
     uint64_t fingerprint;     /* the model identity session files carry; 0 = a fixed default */
+    uint32_t kv_flags;        /* bm_backend.kv_flags (session files) */
     /* called with every plan before it runs (after the checks), e.g. to record its shape */
     void (*on_step)(void *user, const vki_step_plan *plan);
     void *on_step_user;
