@@ -20,14 +20,9 @@
 
 #include "engine/hash.h"
 #include "host/batch/batch.h"
+#include "host/batch/session_file.h"
 #include "shaders/vki_shared.h"
 
-#define SF_MAGIC "VKISESS\x1a"
-#define SF_VERSION 1u
-#define SF_HEADER 128u           /* bytes of the header, its checksum included */
-#define SF_NAME 60u              /* model name field (NUL-padded) */
-#define SF_SEED_HEADER 0x53455353484452ull
-#define SF_SEED_FILE 0x5345535346494c45ull
 
 typedef struct sf_header {
     uint32_t version, header_bytes;
