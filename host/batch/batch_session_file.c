@@ -228,35 +228,6 @@ static vki_status write_file(const char *path, const bm_backend *be, const bm_se
     return VKI_OK;
 }
 
-vki_status vki_batch_session_save(vki_batch_manager *bm, uint64_t session_id, const char *path,
-                                  vki_session_file_info *info, char *err, size_t err_cap)
-{
-    double t0 = now_ms();
-    char scratch[8];
-    if (!err || !err_cap) {
-        err = scratch;
-        err_cap = sizeof scratch;
-    }
-    err[0] = 0;
-    bm_sess_job j = {.session_id = session_id};
-    uint64_t bytes = 0;
-    vki_status st = check_args(bm, session_id, path, err, err_cap);
-    if (st == VKI_OK)
-        st = post(bm, &j, err, err_cap);
-    if (st == VKI_OK)
-        st = write_file(path, &bm->be, &j, &bytes, err, err_cap);
-    if (st == VKI_OK && info) {
-        info->n_tokens = j.n_tokens;
-        info->n_kv_tokens = j.n_kv;
-        info->bytes = bytes;
-        info->fingerprint = bm->be.fingerprint;
-        info->ms = now_ms() - t0;
-    }
-    free(j.tokens);
-    free(j.kv);
-    return st;
-}
-
 /* ---- restore ---------------------------------------------------------------------------------- */
 
 /* The file's model and KV layout against the backend's. */
@@ -383,35 +354,51 @@ static vki_status read_file(const char *path, const bm_backend *be, bm_sess_job 
     return st;
 }
 
-vki_status vki_batch_session_restore(vki_batch_manager *bm, uint64_t session_id, const char *path,
-                                     vki_session_file_info *info, char *err, size_t err_cap)
+/* ---- the calls ------------------------------------------------------------------------------ */
+
+static vki_status session_file(vki_batch_manager *bm, bool restore, uint64_t session_id, const char *path,
+                               vki_session_file_info *info, char *err, size_t cap)
 {
     double t0 = now_ms();
     char scratch[8];
-    if (!err || !err_cap) {
+    if (!err || !cap) {
         err = scratch;
-        err_cap = sizeof scratch;
+        cap = sizeof scratch;
     }
     err[0] = 0;
-    bm_sess_job j = {.restore = true, .session_id = session_id};
+    bm_sess_job j = {.restore = restore, .session_id = session_id};
     sf_header h = {0};
     uint64_t bytes = 0;
-    vki_status st = check_args(bm, session_id, path, err, err_cap);
+    vki_status st = check_args(bm, session_id, path, err, cap);
+    if (st == VKI_OK && restore) /* the whole file is checked before the worker sees any of it */
+        st = read_file(path, &bm->be, &j, &h, &bytes, err, cap);
     if (st == VKI_OK)
-        st = read_file(path, &bm->be, &j, &h, &bytes, err, err_cap);
-    if (st == VKI_OK)
-        st = post(bm, &j, err, err_cap);
+        st = post(bm, &j, err, cap);
+    if (st == VKI_OK && !restore)
+        st = write_file(path, &bm->be, &j, &bytes, err, cap);
     if (st == VKI_OK && info) {
-        uint32_t n = info->tokens_cap < j.n_tokens ? info->tokens_cap : j.n_tokens;
-        if (info->tokens && n)
+        uint32_t n = restore && info->tokens ? (info->tokens_cap < j.n_tokens ? info->tokens_cap : j.n_tokens) : 0;
+        if (n)
             memcpy(info->tokens, j.tokens, (size_t)n * sizeof *j.tokens);
         info->n_tokens = j.n_tokens;
         info->n_kv_tokens = j.n_kv;
         info->bytes = bytes;
-        info->fingerprint = h.fingerprint;
+        info->fingerprint = restore ? h.fingerprint : bm->be.fingerprint;
         info->ms = now_ms() - t0;
     }
     free(j.tokens);
     free(j.kv);
     return st;
+}
+
+vki_status vki_batch_session_save(vki_batch_manager *bm, uint64_t session_id, const char *path,
+                                  vki_session_file_info *info, char *err, size_t err_cap)
+{
+    return session_file(bm, false, session_id, path, info, err, err_cap);
+}
+
+vki_status vki_batch_session_restore(vki_batch_manager *bm, uint64_t session_id, const char *path,
+                                     vki_session_file_info *info, char *err, size_t err_cap)
+{
+    return session_file(bm, true, session_id, path, info, err, err_cap);
 }

@@ -153,52 +153,46 @@ bm_backend fake_backend(fake_engine *f)
 static void put_u64(uint8_t *p, uint64_t v) { memcpy(p, &v, 8); }
 static uint64_t get_u64(const uint8_t *p) { uint64_t v; memcpy(&v, p, 8); return v; }
 
-vki_status fake_kv_read(void *ctx, const uint32_t *pages, uint32_t n, void *dst)
+/* Page i's entries <-> rows [i * page_size, ...) of buf: K = token, position, hash; V = valid,
+ * 0, the hash's complement (a write whose K and V disagree is a violation). */
+static vki_status kv_copy(fake_engine *f, const uint32_t *pages, uint32_t n, uint8_t *o, bool read)
 {
-    fake_engine *f = ctx;
-    uint8_t *o = dst;
     f->kv_copies++;
     for (uint32_t i = 0; i < n; i++) {
         if (pages[i] >= f->c.n_pages) {
-            violation(f, "kv_read: page %u out of range", pages[i]);
+            violation(f, "kv copy: page %u out of range", pages[i]);
             return VKI_ERR_INVALID_ARG;
         }
         for (uint32_t s = 0; s < f->c.page_size; s++, o += 32) {
-            const fake_entry *x = &f->kv[(size_t)pages[i] * f->c.page_size + s];
+            fake_entry *x = &f->kv[(size_t)pages[i] * f->c.page_size + s];
             uint32_t tp[2] = {(uint32_t)x->token, x->pos}, v[2] = {x->valid, 0};
-            memcpy(o, tp, 8);
-            put_u64(o + 8, x->h);
-            memcpy(o + 16, v, 8);
-            put_u64(o + 24, ~x->h);
+            if (read) {
+                memcpy(o, tp, 8);
+                put_u64(o + 8, x->h);
+                memcpy(o + 16, v, 8);
+                put_u64(o + 24, ~x->h);
+                continue;
+            }
+            memcpy(tp, o, 8);
+            memcpy(v, o + 16, 8);
+            if (get_u64(o + 24) != ~get_u64(o + 8)) {
+                violation(f, "kv_write: page %u slot %u: K and V rows disagree", pages[i], s);
+                return VKI_ERR_INTERNAL;
+            }
+            *x = (fake_entry){.token = (int32_t)tp[0], .pos = tp[1], .h = get_u64(o + 8), .valid = v[0] != 0};
         }
     }
     return VKI_OK;
 }
 
+vki_status fake_kv_read(void *ctx, const uint32_t *pages, uint32_t n, void *dst)
+{
+    return kv_copy(ctx, pages, n, dst, true);
+}
+
 vki_status fake_kv_write(void *ctx, const uint32_t *pages, uint32_t n, const void *src)
 {
-    fake_engine *f = ctx;
-    const uint8_t *o = src;
-    f->kv_copies++;
-    for (uint32_t i = 0; i < n; i++) {
-        if (pages[i] >= f->c.n_pages) {
-            violation(f, "kv_write: page %u out of range", pages[i]);
-            return VKI_ERR_INVALID_ARG;
-        }
-        for (uint32_t s = 0; s < f->c.page_size; s++, o += 32) {
-            uint32_t tp[2], v[2];
-            memcpy(tp, o, 8);
-            memcpy(v, o + 16, 8);
-            uint64_t h = get_u64(o + 8);
-            if (get_u64(o + 24) != ~h) {
-                violation(f, "kv_write: page %u slot %u: K and V rows disagree", pages[i], s);
-                return VKI_ERR_INTERNAL;
-            }
-            f->kv[(size_t)pages[i] * f->c.page_size + s] =
-                (fake_entry){.token = (int32_t)tp[0], .pos = tp[1], .h = h, .valid = v[0] != 0};
-        }
-    }
-    return VKI_OK;
+    return kv_copy(ctx, pages, n, (uint8_t *)(uintptr_t)src, false);
 }
 
 uint32_t fake_kv_copies(const fake_engine *f) { return f->kv_copies; }
