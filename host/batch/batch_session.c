@@ -14,7 +14,12 @@
  *
  * Worker thread only, except the end calls (queued under bm->mu like cancellations). Sessions
  * are a list in LRU order: lookups are O(sessions), fine for the hundreds of conversations one
- * device holds in KV; the pins cost O(blocks) each. */
+ * device holds in KV; the pins cost O(blocks) each, and each session keeps its last request's
+ * tokens (4 bytes a token, for session files: far less than the KV they describe).
+ *
+ * Session files (batch_session_file.c) are copied here, on the worker between ticks: save copies
+ * the pinned blocks' KV out, restore pins blocks for the file's tokens (sched_pin_prepare /
+ * _commit) after writing the KV of those not already cached. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>

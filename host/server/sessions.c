@@ -109,6 +109,17 @@ static void unlink_free(srv_seq **pp)
     free(q);
 }
 
+/* Forgets the sequences idle for idle seconds (but keep), as the manager's pins expire. Under
+ * ss->mu; O(sequences). */
+static void expire(struct srv_sessions *ss, double now, double idle, uint64_t keep)
+{
+    for (srv_seq **pp = &ss->head; *pp;)
+        if (!(*pp)->busy && now - (*pp)->t_last >= idle && (*pp)->id != keep)
+            unlink_free(pp);
+        else
+            pp = &(*pp)->next;
+}
+
 bool srv_seq_begin(srv *m, uint64_t id, bool start, int32_t **hist, uint32_t *n, srv_error *e)
 {
     *hist = NULL;
@@ -118,11 +129,7 @@ bool srv_seq_begin(srv *m, uint64_t id, bool start, int32_t **hist, uint32_t *n,
         return srv_err(e, 500, NULL, "out of memory"), false;
     double now = srv_now(), idle = m->p.batch.session_idle_s;
     pthread_mutex_lock(&ss->mu);
-    for (srv_seq **pp = &ss->head; *pp;) /* expiry, as the manager's pins expire */
-        if (!(*pp)->busy && now - (*pp)->t_last >= idle && (*pp)->id != id)
-            unlink_free(pp);
-        else
-            pp = &(*pp)->next;
+    expire(ss, now, idle, id);
     /* requests of one sequence run one at a time, as Triton's sequence batcher queues them (the
      * previous one's answer may reach the client just before its tokens reach the sequence) */
     struct timespec ts;
@@ -303,6 +310,7 @@ static void seq_restored(srv *m, uint64_t id, const int32_t *tok, uint32_t n)
         return;
     memcpy(t, tok, (size_t)n * sizeof *t);
     pthread_mutex_lock(&ss->mu);
+    expire(ss, srv_now(), m->p.batch.session_idle_s, id); /* restores alone must not pile sequences up */
     srv_seq **pp = find(ss, id), *q = *pp;
     if (!q && (q = calloc(1, sizeof *q))) {
         q->id = id;
