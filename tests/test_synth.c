@@ -620,5 +620,7 @@ int main(void)
         cmocka_unit_test(test_bad_params),
         cmocka_unit_test(test_fingerprint),
     };
+    if (getenv("VKI_TEST_FILTER")) /* one test while developing: VKI_TEST_FILTER=test_fingerprint */
+        cmocka_set_test_filter(getenv("VKI_TEST_FILTER"));
     return cmocka_run_group_tests(tests, make_dir, remove_dir);
 }
