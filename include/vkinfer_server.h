@@ -3,8 +3,10 @@
  * with its own batch manager. Models come from a model repository folder, from the program's own
  * engines (vki_server_add_model), or both. What `vkinfer serve --model-repository` runs.
  *
- * Build: link the vki_server static library of this tree (and libvkinfer, cJSON, pthread). The
- * core libvkinfer knows nothing of it (tests/exports.sh); it is not installed yet.
+ * Build: `pkg-config --cflags --libs vkinfer-server`, or CMake's `vkinfer::server` target of
+ * find_package(vkinfer) (docs/embed/server.c). libvkinfer_server.a is static only: it uses the
+ * runtime's internals, so it links libvkinfer.a (and cJSON, Vulkan, PCRE2, pthread). The core
+ * libvkinfer knows nothing of it (tests/exports.sh).
  *
  * Threads: the server's own (one connection thread, handler threads, each model's batch-manager
  * worker). Every function here may be called from any thread but never from a server callback.

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs vkinfer into a temporary prefix and builds the embedding examples against it the ways a
 # C program would: pkg-config (shared, and static with --static), CMake find_package (shared and
-# static targets); runs them on stories260K without LD_LIBRARY_PATH (rpath). Also checks that
+# static targets) and the embedded server (vkinfer-server.pc, vkinfer::server); runs them on
+# stories260K without LD_LIBRARY_PATH (rpath). Also checks that
 # libvkinfer carries no HTTP server dependency and that the installed program runs from the prefix.
 #   install_embed.sh SOURCE_DIR BINARY_DIR SHARED_DIR
 set -euo pipefail
@@ -35,6 +36,10 @@ cc $cflags "$src/docs/embed/embed.c" $(pkg-config --libs vkinfer) -lpthread -Wl,
 static_libs=$(pkg-config --static --libs vkinfer)
 cc $cflags "$src/docs/embed/simple.c" ${static_libs/-lvkinfer/$libdir/libvkinfer.a} -o "$tmp/simple_pc_static"
 ! readelf -d "$tmp/simple_pc_static" | grep -q "libvkinfer" || fail "the static build still needs libvkinfer.so"
+# the embedded server: libvkinfer_server.a over libvkinfer.a (vkinfer-server.pc)
+test -f "$tmp/prefix/include/vkinfer_server.h" || fail "vkinfer_server.h not installed"
+cc $cflags "$src/docs/embed/server.c" $(pkg-config --cflags --libs vkinfer-server) -o "$tmp/server_pc"
+! readelf -d "$tmp/server_pc" | grep -q "libvkinfer" || fail "the server example needs libvkinfer.so"
 cmake -S "$src/docs/embed" -B "$tmp/build" -DCMAKE_PREFIX_PATH="$tmp/prefix" >/dev/null
 cmake --build "$tmp/build" >/dev/null
 ! readelf -d "$tmp/build/simple_static" | grep -q "libvkinfer" || fail "vkinfer::static still needs libvkinfer.so"
@@ -57,4 +62,10 @@ for exe in "$tmp/embed_pc" "$tmp/build/embed"; do
     grep -q "^Once upon a time, there was a little girl named Lily" <<<"$out" || fail "$exe printed: $out"
 done
 echo "$out"
-echo "ok: pkg-config (shared, --static) and find_package (vkinfer::vkinfer, vkinfer::static) builds run"
+# the server example asks itself over HTTP: /v1/completions and /v2/models/story/generate, greedy
+for exe in "$tmp/server_pc" "$tmp/build/server"; do
+    out=$("$exe" "$model" 2>/dev/null)
+    [ "$(grep -c '^HTTP/1.1 200 OK' <<<"$out")" = 2 ] || fail "$exe printed: $out"
+    [ "$(grep -c '", there was a little girl named Lily. She"' <<<"$out")" = 2 ] || fail "$exe printed: $out"
+done
+echo "ok: pkg-config (shared, --static) and find_package (vkinfer::vkinfer, vkinfer::static, vkinfer::server) builds run"

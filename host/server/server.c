@@ -588,7 +588,7 @@ static vki_status srv_new(vki_engine *e, const srv_params *p, bool http, struct 
         srv_log(s, VKI_LOG_INFO, "model '%s' (context %u) listening on http://%s:%u%s", s->model_id, s->info.n_ctx,
                 s->p.host, s->port, s->p.n_api_keys ? " (API key required)" : "");
     else if (http)
-        srv_log(s, VKI_LOG_INFO, "model repository listening on http://%s:%u%s", s->p.host, s->port,
+        srv_log(s, VKI_LOG_INFO, "models (a repository and/or the program's own) served on http://%s:%u%s", s->p.host, s->port,
                 s->p.n_api_keys ? " (API key required)" : "");
     *out = s;
     return VKI_OK;
