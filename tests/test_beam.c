@@ -345,6 +345,27 @@ static void bs_compare(const bs_case *c, const bs_got *g, const ref_beam_result 
     }
 }
 
+/* A random prompt for case c (BOS + up to 21 ids; pages of 16: the beams fork inside a page or at
+ * its end), its end id and the CPU reference's beams. */
+static void bs_prepare(fixture *f, ref_model *rm, const bs_case *c, int32_t prompt[24], uint32_t *n_prompt,
+                       int32_t *end, ref_beam_result *want)
+{
+    *n_prompt = vt_range(&f->rng, 2, 22);
+    prompt[0] = 1;
+    for (uint32_t k = 1; k < *n_prompt; k++)
+        prompt[k] = (int32_t)vt_range(&f->rng, 259, f->V - 1);
+    *end = 2; /* stories260K's </s> */
+    if (c->custom_end) { /* greedy's third token ends a beam: finished hypotheses happen */
+        ref_beam_params g = {.width = 1, .max_new = 3, .end_ids = end, .n_end_ids = 1};
+        ref_beam_result gr;
+        assert_int_equal(ref_beam_search(rm, prompt, *n_prompt, &g, &gr), VKI_OK);
+        *end = gr.tokens[0][gr.len[0] - 1];
+    }
+    ref_beam_params p = {.width = c->width, .max_new = BS_NEW, .length_penalty = c->length_penalty,
+                         .early_stopping = c->es, .end_ids = end, .n_end_ids = 1};
+    assert_int_equal(ref_beam_search(rm, prompt, *n_prompt, &p, want), VKI_OK);
+}
+
 static void test_beam_search_matches_reference(void **state)
 {
     fixture *f = get(state);
@@ -361,22 +382,8 @@ static void test_beam_search_matches_reference(void **state)
     int32_t prompt[BS_N][24], end[BS_N];
     uint32_t n_prompt[BS_N];
     ref_beam_result want[BS_N];
-    for (uint32_t i = 0; i < BS_N; i++) {
-        n_prompt[i] = vt_range(&f->rng, 2, 22); /* pages of 16: the beams fork inside a page or at its end */
-        prompt[i][0] = 1;
-        for (uint32_t k = 1; k < n_prompt[i]; k++)
-            prompt[i][k] = (int32_t)vt_range(&f->rng, 259, f->V - 1);
-        end[i] = 2; /* stories260K's </s> */
-        if (cases[i].custom_end) { /* greedy's third token ends a beam: finished hypotheses happen */
-            ref_beam_params g = {.width = 1, .max_new = 3, .end_ids = &end[i], .n_end_ids = 1};
-            ref_beam_result gr;
-            assert_int_equal(ref_beam_search(rm, prompt[i], n_prompt[i], &g, &gr), VKI_OK);
-            end[i] = gr.tokens[0][gr.len[0] - 1];
-        }
-        ref_beam_params p = {.width = cases[i].width, .max_new = BS_NEW, .length_penalty = cases[i].length_penalty,
-                             .early_stopping = cases[i].es, .end_ids = &end[i], .n_end_ids = 1};
-        assert_int_equal(ref_beam_search(rm, prompt[i], n_prompt[i], &p, &want[i]), VKI_OK);
-    }
+    for (uint32_t i = 0; i < BS_N; i++)
+        bs_prepare(f, rm, &cases[i], prompt[i], &n_prompt[i], &end[i], &want[i]);
     ref_model_free(rm);
 
     vki_batch_params bp = vki_batch_default_params();
@@ -482,12 +489,7 @@ static void lp_compare(ref_model *rm, const int32_t *prompt, uint32_t n_prompt, 
     assert_int_equal(ref_beam_rows(rm, prompt, n_prompt, want->tokens[b], n, ref_rows), VKI_OK);
     for (uint32_t k = 0; k < n; k++) {
         const float *row = ref_rows + (size_t)k * V;
-        double mx = row[0], z = 0;
-        for (uint32_t v = 1; v < V; v++)
-            mx = row[v] > mx ? row[v] : mx;
-        for (uint32_t v = 0; v < V; v++)
-            z += exp((double)row[v] - mx);
-        double lse = mx + log(z);
+        double lse = ref_logsumexp(row, V);
         w->lp = fmax(w->lp, fabs(g->lp[j][k] - want->lp[b][k]));
         sum += g->lp[j][k];
         for (uint32_t t = 0; t < LP_TOP; t++) {
@@ -520,22 +522,8 @@ static void test_beam_logprobs_and_logits(void **state)
     int32_t prompt[LP_N][24], end[LP_N];
     uint32_t n_prompt[LP_N];
     ref_beam_result want[LP_N];
-    for (uint32_t i = 0; i < LP_N; i++) {
-        n_prompt[i] = vt_range(&f->rng, 2, 22);
-        prompt[i][0] = 1;
-        for (uint32_t k = 1; k < n_prompt[i]; k++)
-            prompt[i][k] = (int32_t)vt_range(&f->rng, 259, f->V - 1);
-        end[i] = 2;
-        if (cases[i].custom_end) { /* greedy's third token ends a beam: finished hypotheses happen */
-            ref_beam_params gp = {.width = 1, .max_new = 3, .end_ids = &end[i], .n_end_ids = 1};
-            ref_beam_result gr;
-            assert_int_equal(ref_beam_search(rm, prompt[i], n_prompt[i], &gp, &gr), VKI_OK);
-            end[i] = gr.tokens[0][gr.len[0] - 1];
-        }
-        ref_beam_params p = {.width = cases[i].width, .max_new = BS_NEW, .length_penalty = cases[i].length_penalty,
-                             .early_stopping = cases[i].es, .end_ids = &end[i], .n_end_ids = 1};
-        assert_int_equal(ref_beam_search(rm, prompt[i], n_prompt[i], &p, &want[i]), VKI_OK);
-    }
+    for (uint32_t i = 0; i < LP_N; i++)
+        bs_prepare(f, rm, &cases[i], prompt[i], &n_prompt[i], &end[i], &want[i]);
     vki_batch_params bp = vki_batch_default_params();
     bp.chunk_size = 16;
     vki_batch_manager *bm;

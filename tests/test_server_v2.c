@@ -24,6 +24,7 @@
 #include "engine/synth.h"
 #include "host/server/server.h"
 #include "vkinfer_server.h"
+#include "support/ref_beam.h"
 #include "support/vt.h"
 
 /* Greedy, BOS + "Once upon a time", 48 tokens (../shared/models/README.md). */
@@ -460,12 +461,7 @@ static float *floats(const cJSON *a, size_t *n)
 
 static double log_softmax_at(const float *row, size_t V, int32_t tok)
 {
-    double mx = row[0], z = 0;
-    for (size_t v = 1; v < V; v++)
-        mx = row[v] > mx ? row[v] : mx;
-    for (size_t v = 0; v < V; v++)
-        z += exp((double)row[v] - mx);
-    return (double)row[tok] - mx - log(z);
+    return (double)row[tok] - ref_logsumexp(row, (uint32_t)V);
 }
 
 /* TensorRT-LLM's beam_width, return_log_probs and return_generation_logits: the beams of

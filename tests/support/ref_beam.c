@@ -52,6 +52,16 @@ static rb_hyp extend(const rb_hyp *h, const rb_cand *c)
     return e;
 }
 
+double ref_logsumexp(const float *row, uint32_t n)
+{
+    double mx = row[0], sum = 0;
+    for (uint32_t v = 1; v < n; v++)
+        mx = row[v] > mx ? row[v] : mx;
+    for (uint32_t v = 0; v < n; v++)
+        sum += exp((double)row[v] - mx);
+    return mx + log(sum);
+}
+
 /* Every (beam, token) of the live beams, scored by cum + log-softmax (double), best first. */
 static vki_status score_all(ref_model *m, const int32_t *prompt, uint32_t n_prompt, const rb_hyp *live,
                             uint32_t n_live, int32_t *seq, float *logits, rb_cand *c, uint32_t *n_c)
@@ -63,12 +73,7 @@ static vki_status score_all(ref_model *m, const int32_t *prompt, uint32_t n_prom
         vki_status st = ref_model_forward(m, seq, n_prompt + live[b].n, false, logits);
         if (st != VKI_OK)
             return st;
-        double mx = logits[0], sum = 0;
-        for (uint32_t v = 1; v < V; v++)
-            mx = logits[v] > mx ? logits[v] : mx;
-        for (uint32_t v = 0; v < V; v++)
-            sum += exp((double)logits[v] - mx);
-        double lse = mx + log(sum);
+        double lse = ref_logsumexp(logits, V);
         for (uint32_t v = 0; v < V; v++)
             c[n++] = (rb_cand){live[b].cum + ((double)logits[v] - lse), (double)logits[v] - lse, b, (int32_t)v};
     }

@@ -36,6 +36,9 @@ typedef struct ref_beam_result {
                                                         cum is their sum, in order */
 } ref_beam_result;
 
+/* log(sum exp(row[v])) over [n] in double (max-subtracted): row[v] - it is the log-softmax. */
+double ref_logsumexp(const float *row, uint32_t n);
+
 vki_status ref_beam_search(ref_model *m, const int32_t *prompt, uint32_t n_prompt, const ref_beam_params *p,
                            ref_beam_result *out);
 
