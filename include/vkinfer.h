@@ -357,9 +357,11 @@ typedef struct vki_batch_params {
     uint32_t max_beam_width;        /* the largest beam_width a request may ask (each beam takes a
                                        sequence slot while it runs). 8 */
     uint64_t max_logits_bytes;      /* per request: the most host memory its logits outputs may
-                                       need ((n_prompt if context + max_new_tokens if generation)
-                                       * n_vocab * 4 bytes); past it the request is refused.
-                                       256 MiB (a 32k vocabulary: 2048 rows) */
+                                       need ((n_prompt if context + max_new_tokens * beams if
+                                       generation) * n_vocab * 4 bytes, plus a beam search's
+                                       per-beam history when it returns logprobs or generation
+                                       logits: see vki_request.beam_width); past it the request
+                                       is refused. 256 MiB (a 32k vocabulary: 2048 rows) */
     /* Stateful sessions (vki_request.session_id): a session's KV is pinned between its requests
      * and released when it ends (vki_batch_session_end), after session_idle_s without a request,
      * or, oldest idle session first, when the pins pass session_max_blocks or a waiting request
@@ -458,10 +460,20 @@ typedef struct vki_request {
      * partial page when they diverge; each beam is one sequence of the step (it counts against
      * max_num_tokens, max_batch_size and the KV pool: the request is admitted only when every
      * beam's whole KV fits, under every policy, and is never paused; STATIC and sliding windows on
-     * every layer refuse it). Not with a constraint, a logits post-processor, min_tokens,
-     * return_generation_logits, logprobs / top_logprobs or pooling (refused, naming the field).
-     * The final response carries the beams (vki_response.n_beams ...), best first; streaming
-     * responses carry the current best beam whole. 0 or 1: no beam search, bit for bit. */
+     * every layer refuse it). Not with a constraint, a logits post-processor, min_tokens or
+     * pooling (refused, naming the field). The final response carries the beams
+     * (vki_response.n_beams ...), best first; streaming responses carry the current best beam
+     * whole. 0 or 1: no beam search, bit for bit.
+     * With sampling.logprobs / top_logprobs (<= 20) or return_generation_logits, every returned
+     * beam carries its own tokens' log-probabilities (log-softmax of the model's logits, which
+     * beam search does not alter: they sum to the beam's cum_logprob), the top_logprobs best
+     * alternatives of the same rows, and the rows themselves: each follows the beam's lineage
+     * back through its parents (TensorRT-LLM's non-streaming [beam, output_len, vocab]), not the
+     * rows of whatever beam sat in a slot. Cost: every live beam's row of every step is kept
+     * until the search ends (beam_width * max_new_tokens * n_vocab * 4 bytes at most; the
+     * returned rows are then gathered in place), plus beam_width * max_new_tokens *
+     * (16 + 16 * top_logprobs) bytes of history and output arrays (+ 20 per row for the in-place
+     * gather); all of it counts against vki_batch_params.max_logits_bytes at submission. */
     uint32_t beam_width;
     /* A finished beam's score is cum_logprob / length^length_penalty, length = its generated
      * tokens (the end token included); 0 = no normalisation (TensorRT-LLM's default), 1 = the
@@ -518,12 +530,22 @@ typedef struct vki_response {
      * fewer hypotheses), best first by score: beam b's generated tokens are
      * beam_tokens[b][0, beam_lengths[b]) (an end token included), its cumulative
      * log-probability beam_cum_logprobs[b], its score (with the length penalty)
-     * beam_scores[b]. n_beams 0 otherwise. */
+     * beam_scores[b]. n_beams 0 otherwise.
+     * Logprobs and logits with beams: the final response's logprobs / top_tokens / top_logprobs /
+     * generation_logits are the best beam's (aligned with tokens), and every beam's are below
+     * (each pointer array [n_beams], NULL when not asked for; absent after an error); streaming
+     * responses carry the best beam's logprobs and alternatives whole (aligned with tokens) and
+     * no generation logits (the rows come with the final response, by lineage). */
     uint32_t n_beams;
     const int32_t *const *beam_tokens;
     const uint32_t *beam_lengths;
     const double *beam_cum_logprobs;
     const double *beam_scores;
+    const float *const *beam_logprobs;          /* [b] -> [beam_lengths[b]] */
+    const int32_t *const *beam_top_tokens;      /* [b] -> [beam_lengths[b]][n_top] */
+    const float *const *beam_top_logprobs;      /* [b] -> [beam_lengths[b]][n_top] */
+    const float *const *beam_generation_logits; /* [b] -> [beam_lengths[b]][n_vocab]: row i the
+                                                   logits beam_tokens[b][i] was chosen from */
 } vki_response;
 
 typedef void (*vki_response_fn)(void *user, const vki_response *resp);

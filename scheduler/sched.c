@@ -351,11 +351,11 @@ vki_status sched_add(sched *s, const sched_add_args *a, sched_seq **out)
     q->hidden_hook_ctx = a->hidden_hook_ctx;
     q->no_reuse = a->no_reuse;
     q->logits_sink = a->logits_sink;
-    q->logits_sink_ctx = a->logits_sink_ctx;
+    q->logits_sink_ctx = width > 1 && a->beam_sink_ctx ? a->beam_sink_ctx[0] : a->logits_sink_ctx;
     q->sink_sampled = a->sink_sampled;
     q->sink_rows_end = a->sink_rows_end;
     q->beam_width = width;
-    if (width > 1 && sched_beam_create(s, q, width) != VKI_OK) {
+    if (width > 1 && sched_beam_create(s, q, width, a->beam_sink_ctx) != VKI_OK) {
         free(q);
         return VKI_ERR_OUT_OF_HOST_MEMORY;
     }

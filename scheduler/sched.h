@@ -130,6 +130,9 @@ typedef struct sched_add_args {
     bool sink_sampled;
     uint32_t sink_rows_end;
     uint32_t beam_width;      /* > 1: a beam group (see sched_seq); 0 or 1: a plain sequence */
+    void *const *beam_sink_ctx; /* beam groups: [beam_width] each beam's logits_sink_ctx (the lead's
+                                   is [0]; followers get the sink and sink_sampled, no context rows),
+                                   each must outlive the group; NULL: followers have no sink */
     void *user;
 } sched_add_args;
 

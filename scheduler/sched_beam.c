@@ -48,7 +48,7 @@ static void free_extras(sched_seq *lead)
     lead->beam_blocks = NULL;
 }
 
-vki_status sched_beam_create(sched *s, sched_seq *lead, uint32_t width)
+vki_status sched_beam_create(sched *s, sched_seq *lead, uint32_t width, void *const *sink_ctx)
 {
     uint32_t cap = lead->cap, nb = sched_blocks_for(s, cap);
     lead->beams = calloc(width, sizeof *lead->beams);
@@ -80,7 +80,9 @@ vki_status sched_beam_create(sched *s, sched_seq *lead, uint32_t width)
         f->state = SCHED_QUEUED; /* parked: never in the queue, running with its lead */
         f->logits_hook = NULL;
         f->hidden_hook = NULL;
-        f->logits_sink = NULL;
+        f->logits_sink = sink_ctx ? lead->logits_sink : NULL; /* its own sampled rows (generation logits) */
+        f->logits_sink_ctx = sink_ctx ? sink_ctx[b] : NULL;
+        f->sink_rows_end = 0;
         lead->beams[b] = f;
     }
     return VKI_OK;

@@ -46,7 +46,7 @@ uint64_t sched_reserved_total(const sched *s);
 
 /* sched_beam.c */
 /* sched_add of a beam request: the width - 1 followers, parked until the lead is admitted. */
-vki_status sched_beam_create(sched *s, sched_seq *lead, uint32_t width);
+vki_status sched_beam_create(sched *s, sched_seq *lead, uint32_t width, void *const *sink_ctx);
 /* Whether the group of lead q may start: slots for every beam and, under every policy, every
  * block each beam may hold to its end (beams are never paused). taken_shared: blocks of the
  * matched prefix that other sequences already hold. O(running) under MAX_UTILIZATION. */

@@ -258,10 +258,91 @@ static void test_schema_accept(void **state)
     gram_vocab_free(v);
 }
 
+/* Integer bounds: for fixed and seeded random ranges (1 to 16 digits, both signs, exclusive and
+ * fractional bounds), the grammar accepts exactly the integers inside, probed at and around both
+ * bounds, at random inside and outside, and never a leading zero, "-0" or "+". */
+static bool probe(gram_automaton *a, long long v)
+{
+    char t[32];
+    snprintf(t, sizeof t, "%lld", v);
+    return gram_accepts(a, t, strlen(t));
+}
+
+static void check_range(const gram_vocab *v, const char *schema, long long lo, long long hi, vt_rng *rng)
+{
+    gram_automaton *a = compile_schema(schema, v);
+    long long probes[80];
+    int n = 0;
+    for (int d = -3; d <= 3; d++) {
+        probes[n++] = lo + d;
+        probes[n++] = hi + d;
+    }
+    long long span = hi - lo;
+    for (int k = 0; k < 20; k++) /* inside */
+        probes[n++] = lo + (span > 0 ? (long long)(vt_u64(rng) % (unsigned long long)(span + 1)) : 0);
+    for (int k = 0; k < 20; k++) { /* anywhere within 16 digits, and one digit more */
+        long long m = (long long)(vt_u64(rng) % 10000000000000000ULL);
+        probes[n++] = k == 19 ? 10000000000000000LL : vt_u64(rng) & 1 ? -m : m;
+    }
+    for (int i = 0; i < n; i++) {
+        bool in = probes[i] >= lo && probes[i] <= hi && probes[i] < 10000000000000000LL &&
+                  probes[i] > -10000000000000000LL;
+        if (probe(a, probes[i]) != in)
+            fail_msg("%s: %lld %s", schema, probes[i], in ? "refused" : "accepted");
+    }
+    static const char *const never[] = {"-0", "00", "01", "+1", "-", "", "1.0", "-01"};
+    for (size_t i = 0; i < sizeof never / sizeof *never; i++)
+        if (gram_accepts(a, never[i], strlen(never[i])))
+            fail_msg("%s: accepted \"%s\"", schema, never[i]);
+    gram_automaton_free(a);
+}
+
+static void test_schema_integer_ranges(void **state)
+{
+    (void)state;
+    gram_vocab *v = byte_vocab();
+    vt_rng rng = vt_rng_seeded("grammar integer ranges");
+    char schema[256];
+    static const struct { const char *kw; long long lo, hi; } fixed[] = {
+        {"\"minimum\": 0, \"maximum\": 0", 0, 0},
+        {"\"minimum\": -5, \"maximum\": -5", -5, -5},
+        {"\"minimum\": -10, \"maximum\": 10", -10, 10},
+        {"\"minimum\": 7, \"maximum\": 123", 7, 123},
+        {"\"minimum\": -1000, \"maximum\": -37", -1000, -37},
+        {"\"minimum\": 1", 1, 9999999999999999LL},
+        {"\"maximum\": -1", -9999999999999999LL, -1},
+        {"\"exclusiveMinimum\": 0, \"exclusiveMaximum\": 100", 1, 99},
+        {"\"minimum\": 0.5, \"maximum\": 9.5", 1, 9},
+        {"\"exclusiveMinimum\": -0.5, \"maximum\": 1e300", 0, 9999999999999999LL},
+        {"\"minimum\": 1, \"exclusiveMinimum\": 3, \"maximum\": 10, \"exclusiveMaximum\": 9", 4, 8},
+        {"\"minimum\": 100, \"maximum\": 199", 100, 199},
+        {"\"minimum\": 1099, \"maximum\": 9100", 1099, 9100},
+    };
+    for (size_t i = 0; i < sizeof fixed / sizeof *fixed; i++) {
+        snprintf(schema, sizeof schema, "{\"type\": \"integer\", %s}", fixed[i].kw);
+        check_range(v, schema, fixed[i].lo, fixed[i].hi, &rng);
+    }
+    for (int i = 0; i < 150; i++) {
+        long long m = 1;
+        for (uint32_t d = vt_range(&rng, 0, 15); d; d--)
+            m *= 10;
+        long long lo = (long long)(vt_u64(&rng) % (unsigned long long)m) * (vt_u64(&rng) & 1 ? -1 : 1);
+        long long hi = lo + (long long)(vt_u64(&rng) % (unsigned long long)m);
+        if (hi > 9999999999999999LL)
+            hi = 9999999999999999LL;
+        snprintf(schema, sizeof schema, "{\"type\": \"integer\", \"minimum\": %lld, \"maximum\": %lld}", lo, hi);
+        check_range(v, schema, lo, hi, &rng);
+    }
+    gram_vocab_free(v);
+}
+
 static const error_case schema_errors[] = {
     {"{\"type\": \"string\", \"pattern\": \"^a\"}", "json_schema: (root): keyword 'pattern' is not supported"},
-    {"{\"properties\": {\"a\": {\"type\": \"integer\", \"minimum\": 0}}}",
-     "json_schema: /properties/a: keyword 'minimum' is not supported"},
+    {"{\"properties\": {\"a\": {\"type\": \"number\", \"minimum\": 0}}}",
+     "json_schema: /properties/a: keyword 'minimum' is supported for \"type\": \"integer\" only"},
+    {"{\"maximum\": 3}", "keyword 'maximum' needs \"type\": \"integer\""},
+    {"{\"type\": \"integer\", \"minimum\": 5, \"exclusiveMaximum\": 5}", "no integer lies between the minimum and"},
+    {"{\"type\": \"integer\", \"exclusiveMinimum\": true}", "'exclusiveMinimum' must be a number"},
     {"{\"type\": \"array\", \"items\": {\"format\": \"uuid\"}}", "/items: keyword 'format' is not supported"},
     {"{\"allOf\": [{}]}", "keyword 'allOf' is not supported"},
     {"{\"type\": \"strin\"}", "unknown type \"strin\""},
@@ -467,6 +548,7 @@ int main(void)
         cmocka_unit_test(test_gbnf_errors),
         cmocka_unit_test(test_schema_accept),
         cmocka_unit_test(test_schema_errors),
+        cmocka_unit_test(test_schema_integer_ranges),
         cmocka_unit_test(test_masks_synthetic),
         cmocka_unit_test(test_masks_real_vocab),
     };

@@ -1263,18 +1263,38 @@ static void test_n_and_echo(void **state)
 }
 
 /* use_beam_search: best_of beams, the n best answered; deterministic; beam 0 is at least as likely
- * as greedy decoding's answer under the same length (checked by the CPU reference in test_beam). */
+ * as greedy decoding's answer under the same length (checked by the CPU reference in test_beam).
+ * Each choice's logprobs are its own beam's, in OpenAI's shape: their sum over length^0.5 (the
+ * beam's score) falls from choice to choice. */
 static void test_beam_search(void **state)
 {
     T *t = *state;
     start(t, NULL, 0);
     static const char body[] = "{\"prompt\":\"Once upon a time\",\"use_beam_search\":true,\"best_of\":4,\"n\":3,"
-                               "\"max_tokens\":10,\"length_penalty\":0.5,\"early_stopping\":\"never\"}";
+                               "\"max_tokens\":10,\"length_penalty\":0.5,\"early_stopping\":\"never\",\"logprobs\":2}";
     cJSON *j = http_json(t, "POST", "/v1/completions", body, 200), *j2 = http_json(t, "POST", "/v1/completions", body, 200);
     assert_int_equal(cJSON_GetArraySize(get(j, "choices")), 3);
-    int total = 0;
+    int total = 0, n_lp = 0;
+    double prev_score = 0;
     for (int i = 0; i < 3; i++) {
         char path[40];
+        snprintf(path, sizeof path, "choices.%d.logprobs", i);
+        const cJSON *lp = get(j, path), *tlp = get(lp, "token_logprobs"), *top = get(lp, "top_logprobs");
+        int n = cJSON_GetArraySize(tlp);
+        double sum = 0;
+        assert_true(n > 0 && cJSON_GetArraySize(get(lp, "tokens")) == n && cJSON_GetArraySize(top) == n &&
+                    cJSON_GetArraySize(get(lp, "text_offset")) == n);
+        for (int k = 0; k < n; k++) { /* a beam's token need not be its row's best: never above it */
+            double l = cJSON_GetArrayItem(tlp, k)->valuedouble, best = -1e30;
+            for (const cJSON *a = cJSON_GetArrayItem(top, k)->child; a; a = a->next)
+                best = a->valuedouble > best ? a->valuedouble : best;
+            assert_true(l <= 0 && l <= best + 1e-6);
+            sum += l;
+        }
+        double score = sum / sqrt(n); /* length_penalty 0.5 */
+        assert_true(i == 0 || score <= prev_score + 1e-4);
+        prev_score = score;
+        n_lp += n;
         snprintf(path, sizeof path, "choices.%d.text", i);
         assert_string_equal(get_str(j, path), get_str(j2, path));
         assert_true(strlen(get_str(j, path)) > 0);
@@ -1287,13 +1307,17 @@ static void test_beam_search(void **state)
         total += strcmp(get_str(j, path), "length") ? 0 : 10;
     }
     assert_true(get_num(j, "usage.completion_tokens") >= total);
+    assert_int_equal(get_num(j, "usage.completion_tokens"), n_lp);
     printf("beam search (4 beams, 3 answered): \"%s\" | \"%s\" | \"%s\"\n", get_str(j, "choices.0.text"),
            get_str(j, "choices.1.text"), get_str(j, "choices.2.text"));
     cJSON_Delete(j);
     cJSON_Delete(j2);
     j = http_json(t, "POST", "/v1/chat/completions", "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],"
-                  "\"use_beam_search\":true,\"best_of\":2,\"max_tokens\":6,\"early_stopping\":true}", 200);
+                  "\"use_beam_search\":true,\"best_of\":2,\"max_tokens\":6,\"early_stopping\":true,\"logprobs\":true,"
+                  "\"top_logprobs\":1}", 200);
     assert_int_equal(cJSON_GetArraySize(get(j, "choices")), 1);
+    assert_int_equal(cJSON_GetArraySize(get(j, "choices.0.logprobs.content")), get_num(j, "usage.completion_tokens"));
+    assert_int_equal(cJSON_GetArraySize(get(j, "choices.0.logprobs.content.0.top_logprobs")), 1);
     cJSON_Delete(j);
     stop(t);
 }

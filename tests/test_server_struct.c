@@ -185,8 +185,8 @@ static const bad_case SBAD[] = {
     {CMPL, "{\"prompt\":\"x\",\"grammar\":\"root ::= valu\"}", 400, "grammar", "line 1, column 10: undefined rule 'valu'"},
     {CMPL, "{\"prompt\":\"x\",\"grammar\":\"root ::= [a-\"}", 400, "grammar", "column"},
     {CHAT, "{" USER ",\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"n\",\"schema\":{\"type\":"
-     "\"object\",\"properties\":{\"a\":{\"type\":\"integer\",\"minimum\":3}}}}}}", 400, "response_format",
-     "/properties/a: keyword 'minimum' is not supported"},
+     "\"object\",\"properties\":{\"a\":{\"type\":\"string\",\"pattern\":\"^a\"}}}}}}", 400, "response_format",
+     "/properties/a: keyword 'pattern' is not supported"},
     {CHAT, "{" USER ",\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"n\"}}}", 400,
      "response_format", "json_schema.schema"},
     {CHAT, "{" USER ",\"response_format\":{\"type\":\"xml\"}}", 400, "response_format", "\"xml\""},

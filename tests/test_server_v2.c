@@ -24,6 +24,7 @@
 #include "engine/synth.h"
 #include "host/server/server.h"
 #include "vkinfer_server.h"
+#include "support/ref_beam.h"
 #include "support/vt.h"
 
 /* Greedy, BOS + "Once upon a time", 48 tokens (../shared/models/README.md). */
@@ -399,7 +400,7 @@ static void test_v2_metadata(void **state)
     v2_error(t, "GET", "/v2/models/nope", NULL, 404, "'nope' is not loaded");
     v2_error(t, "GET", "/v2/models/a/infer", NULL, 405, "GET is not allowed");
     v2_error(t, "GET", "/v2/nothing", NULL, 404, "unknown route");
-    v2_error(t, "POST", "/v2/models/a/generate", "{\"text_input\":\"x\",\"beam_width\":4}", 400, "beam_width");
+    v2_error(t, "POST", "/v2/models/a/generate", "{\"text_input\":\"x\",\"beam_width\":0}", 400, "beam_width");
     v2_error(t, "POST", "/v2/models/a/generate", "{\"text_input\":\"x\",\"colour\":1}", 400, "unknown input");
     v2_error(t, "POST", "/v2/models/a/generate", "{\"max_tokens\":3}", 400, "text_input is required");
     v2_error(t, "POST", "/v2/models/a/generate", "{\"text_input\":\"x\",\"temperature\":-1}", 400, "temperature");
@@ -457,6 +458,103 @@ static void test_infer_generate(void **state)
     v2_error(t, "POST", "/v2/models/b/infer", "{\"inputs\":[{\"name\":\"text_input\",\"data\":[\"x\"]},{\"name\":"
              "\"stream\",\"data\":[true]}]}", 400, "generate_stream");
     cJSON_Delete(ref);
+}
+
+/* A flat JSON array of numbers as floats (n of them). */
+static float *floats(const cJSON *a, size_t *n)
+{
+    *n = (size_t)cJSON_GetArraySize(a);
+    float *x = malloc((*n ? *n : 1) * sizeof *x), *p = x;
+    for (const cJSON *e = a ? a->child : NULL; e; e = e->next)
+        *p++ = (float)e->valuedouble;
+    return x;
+}
+
+static double log_softmax_at(const float *row, size_t V, int32_t tok)
+{
+    return (double)row[tok] - ref_logsumexp(row, (uint32_t)V);
+}
+
+/* TensorRT-LLM's beam_width, return_log_probs and return_generation_logits: the beams of
+ * /v1/completions' use_beam_search (same search: length_penalty 0, early stopping on), with
+ * per-beam cum_log_probs, output_log_probs [beam][L] and generation_logits [beam][L][vocab]
+ * (padded with 0 past a beam's end); each beam's row k gives its token k the logprob reported. */
+static void test_beams_logprobs(void **state)
+{
+    T *t = *state;
+    cJSON *ref = http_json(t, "POST", "/v1/completions", "{\"model\":\"b\",\"prompt\":\"Once upon a time\","
+                           "\"max_tokens\":6,\"use_beam_search\":true,\"best_of\":3,\"n\":3,\"length_penalty\":0,"
+                           "\"early_stopping\":true,\"logprobs\":0,\"return_token_ids\":true}", 200);
+    cJSON *j = http_json(t, "POST", "/v2/models/b/generate", "{\"text_input\":\"Once upon a time\",\"max_tokens\":6,"
+                         "\"beam_width\":3,\"return_log_probs\":true,\"return_generation_logits\":true}", 200);
+    size_t n_lp, n_rows, n_cum;
+    float *lp = floats(get(j, "output_log_probs"), &n_lp), *rows = floats(get(j, "generation_logits"), &n_rows);
+    float *cum = floats(get(j, "cum_log_probs"), &n_cum);
+    size_t L = n_lp / 3, V = L ? n_rows / (3 * L) : 0;
+    assert_true(n_cum == 3 && L >= 1 && n_lp == 3 * L && V > 1 && n_rows == 3 * L * V);
+    if (t->stories)
+        assert_int_equal(V, 512);
+    double worst = 0;
+    for (int b = 0; b < 3; b++) {
+        char path[48];
+        snprintf(path, sizeof path, "choices.%d.text", b);
+        assert_string_equal(cJSON_GetArrayItem(get(j, "text_output"), b)->valuestring, get_str(ref, path));
+        snprintf(path, sizeof path, "choices.%d.token_ids", b);
+        const cJSON *ids = get(ref, path);
+        snprintf(path, sizeof path, "choices.%d.logprobs.token_logprobs", b);
+        const cJSON *want = get(ref, path);
+        size_t n = (size_t)cJSON_GetArraySize(ids);
+        double sum = 0;
+        for (size_t k = 0; k < L; k++) {
+            const float *row = rows + ((size_t)b * L + k) * V;
+            float l = lp[(size_t)b * L + k];
+            if (k >= n) { /* padding */
+                assert_true(l == 0 && row[0] == 0 && row[V - 1] == 0);
+                continue;
+            }
+            assert_true(fabs(l - cJSON_GetArrayItem(want, (int)k)->valuedouble) < 1e-6); /* the same search */
+            double e = fabs(log_softmax_at(row, V, cJSON_GetArrayItem(ids, (int)k)->valueint) - l);
+            worst = e > worst ? e : worst;
+            sum += l;
+        }
+        assert_true(fabs(sum - cum[b]) < 1e-6 && (b == 0 || cum[b] <= cum[b - 1]));
+    }
+    /* the GPU sampler's float log-softmax against the row's in double: achieved 6.7e-7 */
+    printf("v2 beams: 3 beams of up to %zu tokens, row log-softmax vs logprob off by %.1e\n", L, worst);
+    assert_true(worst < 2e-5);
+    free(lp);
+    free(rows);
+    free(cum);
+    cJSON_Delete(j);
+    cJSON_Delete(ref);
+    /* infer: FP32 tensors with Triton's batch dimension */
+    j = http_json(t, "POST", "/v2/models/b/infer", "{\"inputs\":[{\"name\":\"text_input\",\"data\":[\"Once upon a "
+                  "time\"]},{\"name\":\"beam_width\",\"data\":[2]},{\"name\":\"return_log_probs\",\"data\":[true]}],"
+                  "\"parameters\":{\"max_tokens\":4}}", 200);
+    assert_string_equal(get_str(j, "outputs.1.name"), "cum_log_probs");
+    assert_int_equal(cJSON_GetArraySize(get(j, "outputs.0.data")), 2);
+    assert_int_equal((int)get(j, "outputs.1.shape.1")->valuedouble, 2);
+    assert_int_equal(cJSON_GetArraySize(get(j, "outputs.2.data")), 2 * (int)get(j, "outputs.2.shape.2")->valuedouble);
+    cJSON_Delete(j);
+    /* one beam: a string and a scalar (Triton's generate strips one-element tensors); greedy */
+    j = http_json(t, "POST", "/v2/models/b/generate", "{\"text_input\":\"Once upon a time\",\"max_tokens\":3,"
+                  "\"temperature\":0,\"return_log_probs\":1,\"return_generation_logits\":true}", 200);
+    assert_true(cJSON_IsString(get(j, "text_output")) && cJSON_IsNumber(get(j, "cum_log_probs")));
+    lp = floats(get(j, "output_log_probs"), &n_lp);
+    rows = floats(get(j, "generation_logits"), &n_rows);
+    assert_true(n_lp == 3 && n_rows == 3 * V);
+    for (size_t k = 0; k < 3; k++) {
+        int32_t best = 0;
+        for (size_t v = 1; v < V; v++)
+            best = rows[k * V + v] > rows[k * V + best] ? (int32_t)v : best;
+        assert_true(fabs(log_softmax_at(rows + k * V, V, best) - lp[k]) < 2e-5); /* as above */
+    }
+    free(lp);
+    free(rows);
+    cJSON_Delete(j);
+    v2_error(t, "POST", "/v2/models/b/generate_stream", "{\"text_input\":\"x\",\"beam_width\":2}", 400, "beam_width");
+    v2_error(t, "POST", "/v2/models/b/generate", "{\"text_input\":\"x\",\"return_context_logits\":true}", 400,
+             "return_context_logits");
 }
 
 /* Per-model labels on the model series; Triton's statistics per model. */
@@ -804,7 +902,8 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_repository),     cmocka_unit_test(test_v2_metadata),
-        cmocka_unit_test(test_infer_generate), cmocka_unit_test(test_metrics_stats),
+        cmocka_unit_test(test_infer_generate), cmocka_unit_test(test_beams_logprobs),
+        cmocka_unit_test(test_metrics_stats),
         cmocka_unit_test(test_sequences),      cmocka_unit_test(test_session_files),
         cmocka_unit_test(test_c_api),
         cmocka_unit_test(test_unload_under_traffic), cmocka_unit_test(test_control_none),

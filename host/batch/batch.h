@@ -214,14 +214,26 @@ void bm_grammar_free_all(vki_batch_manager *bm);
  * carries generated tokens [from, from + r->n_tokens). */
 vki_status bm_logits_validate(const vki_batch_manager *bm, const vki_request *r, char *msg, size_t cap);
 vki_status bm_logits_attach(vki_batch_manager *bm, bm_req *q, sched_add_args *a);
+/* context rows [pos0, pos0 + n_rows) into q->ctx_logits (the part before n_prompt) */
+void bm_logits_context(bm_req *q, const float *rows, uint32_t n_rows, uint32_t V, uint32_t pos0);
 void bm_logits_fill(const vki_batch_manager *bm, bm_req *q, vki_response *r, uint32_t from);
 
 /* batch_beam.c (beam search). bm_beam_validate on any thread; the rest on the worker:
  * attach (fills *a) before sched_add; row stores a beam's sampled row of this step; step runs the
  * search once every beam of q reported (after sched_commit): the next tokens and the scheduler's
  * reorder, or q's end (returns the finish reason, NONE to go on); fill writes a response's
- * beam fields. */
+ * beam fields (with logprobs / generation logits, each returned beam's by lineage). A beam
+ * group's logits sink is batch_beam.c's own (one context per beam, set up by attach). */
 vki_status bm_beam_validate(const vki_batch_manager *bm, const vki_request *r, char *msg, size_t cap);
+/* Host bytes a beam request's lineage of logprobs / generation rows may take besides the rows
+ * themselves (0 without beams or without those outputs): counted against max_logits_bytes. */
+uint64_t bm_beam_history_bytes(const vki_request *r, uint32_t n_vocab);
+/* The in-place gather of generation rows (exposed for its test): slot d < n_dst of rows
+ * ([n_slots][V]) becomes a copy of the row that was at slot src[d] before the call; slots
+ * >= n_dst are left in any state. One spare row breaks cycles; scratch is 2 * n_slots + n_dst
+ * words and n_slots bytes. O(n_slots + n_dst * V). */
+void bm_gather_rows(float *rows, size_t V, const uint32_t *src, uint32_t n_dst, uint32_t n_slots, float *spare,
+                    uint32_t *scratch, uint8_t *done);
 vki_status bm_beam_attach(vki_batch_manager *bm, bm_req *q, sched_add_args *a);
 void bm_beam_row(bm_req *q, const sched_seq *seq, const vki_step_out *o);
 vki_finish_reason bm_beam_step(vki_batch_manager *bm, bm_req *q);

@@ -89,8 +89,8 @@ vki_status bm_validate(const vki_batch_manager *bm, const vki_request *r, char *
         !ids_ok(r->stop_ids, r->n_stop_ids, vocab, "stop_ids", msg, cap) ||
         (!embed && !sampling_ok(&r->sampling, vocab, msg, cap)))
         return VKI_ERR_INVALID_ARG;
-    vki_status st = bm_logits_validate(bm, r, msg, cap);
-    return st == VKI_OK ? bm_beam_validate(bm, r, msg, cap) : st;
+    vki_status st = bm_beam_validate(bm, r, msg, cap); /* the width first: the logits cap counts beams */
+    return st == VKI_OK ? bm_logits_validate(bm, r, msg, cap) : st;
 }
 
 /* ---- copies ------------------------------------------------------------------------------- */

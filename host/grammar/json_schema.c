@@ -7,15 +7,18 @@
  * model cannot pad an object with keys nobody asked for; say `true` to allow them), enum,
  * const, items, minItems, maxItems, anyOf, oneOf (as anyOf: exclusivity is not enforced, so a
  * value matching two branches is possible), nullable (OpenAPI), $ref to "#", "#/$defs/..." or
- * "#/definitions/..." (recursion allowed), minLength, maxLength. Annotations are ignored (title,
- * description, default, examples, $schema, $id, $comment, deprecated, readOnly, writeOnly, x-*).
- * Anything else (pattern, format, minimum, maximum, allOf, not, uniqueItems, ...) is refused.
+ * "#/definitions/..." (recursion allowed), minLength, maxLength, and for integers minimum, maximum,
+ * exclusiveMinimum, exclusiveMaximum (draft 6 numbers; exact decimal ranges, see gen_integer).
+ * Annotations are ignored (title, description, default, examples, $schema, $id, $comment,
+ * deprecated, readOnly, writeOnly, x-*). Anything else (pattern, format, numeric bounds on
+ * "number", allOf, not, uniqueItems, ...) is refused.
  *
  * Layout: properties in schema order; between tokens a bounded whitespace rule `ws` (up to one
  * newline and 20 indentation characters, so a model cannot loop on whitespace); numbers with at
  * most 16 integer digits, 16 fraction digits and 3 exponent digits (finite JSON, and integers
  * that round-trip through a double). Extra keys under additionalProperties are written without
  * escapes and differ from every declared name (a trie of the names becomes rules). */
+#include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -193,7 +196,8 @@ static bool prim(conv *c, uint32_t which)
 
 static const char *const supported[] = {"type", "properties", "required", "additionalProperties", "enum", "const",
                                         "items", "minItems", "maxItems", "anyOf", "oneOf", "nullable", "$ref",
-                                        "$defs", "definitions", "minLength", "maxLength"};
+                                        "$defs", "definitions", "minLength", "maxLength", "minimum", "maximum",
+                                        "exclusiveMinimum", "exclusiveMaximum"};
 static const char *const annotations[] = {"title", "description", "default", "examples", "$schema", "$id",
                                           "$comment", "deprecated", "readOnly", "writeOnly"};
 
@@ -229,6 +233,127 @@ static bool count_kw(conv *c, const json_value *s, const char *kw, uint32_t *v, 
         return cfail(c, "'%s' %.0f is above the supported %u", kw, x->num, limit);
     *v = (uint32_t)x->num;
     return true;
+}
+
+/* ---- integer ranges ------------------------------------------------------------------------------ */
+
+/* minimum / maximum / exclusiveMinimum / exclusiveMaximum of an integer, as the decimal texts of
+ * exactly the integers in [lo, hi]: per digit count, the classic split of a same-length range
+ * into a prefix that runs along the low bound, a free middle and a prefix along the high bound
+ * (O(digits^2) grammar text). Bounds beyond json-integer's 16 digits are clamped to them (the
+ * language stays a subset of the schema's). */
+#define INT_LIMIT 9999999999999999LL /* 16 digits */
+
+static const char *const numeric_kw[] = {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"};
+
+static bool all_digit(const char *p, size_t n, char d)
+{
+    for (size_t i = 0; i < n; i++)
+        if (p[i] != d)
+            return false;
+    return true;
+}
+
+/* Texts of equal length n from x to y (x <= y digit-wise), leading zeros allowed (a suffix). */
+static bool same_len(conv *c, strbuf *e, const char *x, const char *y, size_t n)
+{
+    if (!n)
+        return put(c, e, "\"\"");
+    if (!memcmp(x, y, n)) {
+        return put(c, e, "\"") && (strbuf_put(e, x, n) || coom(c)) && put(c, e, "\"");
+    }
+    if (x[0] == y[0])
+        return (strbuf_printf(e, "\"%c\" ", x[0]) || coom(c)) && same_len(c, e, x + 1, y + 1, n - 1);
+    char nines[20], zeros[20];
+    memset(nines, '9', n - 1);
+    memset(zeros, '0', n - 1);
+    char d0 = x[0], d1 = y[0];
+    bool ok = put(c, e, "( "), first = true;
+    if (!all_digit(x + 1, n - 1, '0')) { /* x[0] then at least x's rest */
+        ok = ok && (strbuf_printf(e, "\"%c\" ( ", x[0]) || coom(c)) && same_len(c, e, x + 1, nines, n - 1) &&
+             put(c, e, " )");
+        d0++;
+        first = false;
+    }
+    if (!all_digit(y + 1, n - 1, '9')) { /* y[0] then at most y's rest */
+        ok = ok && (first || put(c, e, " | ")) && (strbuf_printf(e, "\"%c\" ( ", y[0]) || coom(c)) &&
+             same_len(c, e, zeros, y + 1, n - 1) && put(c, e, " )");
+        d1--;
+        first = false;
+    }
+    if (d0 <= d1) { /* a free first digit in [d0, d1], any rest */
+        ok = ok && (first || put(c, e, " | ")) && (strbuf_printf(e, "[%c-%c]", d0, d1) || coom(c));
+        if (n > 2)
+            ok = ok && (strbuf_printf(e, " [0-9]{%zu}", n - 1) || coom(c));
+        else if (n == 2)
+            ok = ok && put(c, e, " [0-9]");
+    }
+    return ok && put(c, e, " )");
+}
+
+/* The decimal texts of a..b, 0 <= a <= b <= INT_LIMIT, without leading zeros. */
+static bool nonneg_range(conv *c, strbuf *e, long long a, long long b)
+{
+    char sa[24], sb[24];
+    int la = snprintf(sa, sizeof sa, "%lld", a), lb = snprintf(sb, sizeof sb, "%lld", b);
+    bool ok = put(c, e, "( ");
+    for (int len = la; len <= lb && ok; len++) {
+        char lo[24], hi[24];
+        if (len == la)
+            memcpy(lo, sa, (size_t)la);
+        else {
+            lo[0] = '1';
+            memset(lo + 1, '0', (size_t)len - 1);
+        }
+        if (len == lb)
+            memcpy(hi, sb, (size_t)lb);
+        else
+            memset(hi, '9', (size_t)len);
+        ok = (len == la || put(c, e, " | ")) && same_len(c, e, lo, hi, (size_t)len);
+    }
+    return ok && put(c, e, " )");
+}
+
+/* One numeric bound: *v (an integer bound, inward: ceil for lower, floor for upper; exclusive
+ * ones one step further in) when the keyword is present. */
+static bool int_bound(conv *c, const json_value *s, const char *kw, bool lower, bool exclusive, long long *v,
+                      bool *has)
+{
+    const json_value *x = json_get(s, kw);
+    if (!x)
+        return true;
+    if (x->type != JSON_NUMBER)
+        return cfail(c, "'%s' must be a number", kw);
+    double d = lower ? ceil(x->num) : floor(x->num);
+    if (exclusive && d == x->num)
+        d += lower ? 1 : -1;
+    /* (double)INT_LIMIT rounds up to 1e16: clamp in integers */
+    long long b = d <= -1e16 ? -INT_LIMIT : d >= 1e16 ? INT_LIMIT : (long long)d;
+    if (!*has || (lower ? b > *v : b < *v))
+        *v = b;
+    *has = true;
+    return true;
+}
+
+static bool gen_integer(conv *c, const json_value *s, strbuf *e)
+{
+    long long lo = -INT_LIMIT, hi = INT_LIMIT;
+    bool has_lo = false, has_hi = false;
+    if (!int_bound(c, s, "minimum", true, false, &lo, &has_lo) ||
+        !int_bound(c, s, "exclusiveMinimum", true, true, &lo, &has_lo) ||
+        !int_bound(c, s, "maximum", false, false, &hi, &has_hi) ||
+        !int_bound(c, s, "exclusiveMaximum", false, true, &hi, &has_hi))
+        return false;
+    if (!has_lo && !has_hi)
+        return prim(c, PRIM_INTEGER) && put(c, e, "json-integer");
+    if (lo > hi)
+        return cfail(c, "no integer lies between the minimum and the maximum");
+    bool ok = put(c, e, "( ");
+    if (lo < 0) /* negatives: "-" and the magnitudes, never "-0" */
+        ok = ok && put(c, e, "\"-\" ") && nonneg_range(c, e, hi < 0 ? -hi : 1, -lo);
+    if (hi >= 0)
+        ok = ok && (lo >= 0 || put(c, e, " | ")) && nonneg_range(c, e, lo > 0 ? lo : 0, hi);
+    return ok && put(c, e, " )");
 }
 
 /* ---- the converter ------------------------------------------------------------------------------- */
@@ -563,9 +688,13 @@ static bool gen_type(conv *c, const json_value *s, const char *t, strbuf *e)
     if (!strcmp(t, "string"))
         return gen_string(c, s, e);
     if (!strcmp(t, "integer"))
-        return prim(c, PRIM_INTEGER) && put(c, e, "json-integer");
-    if (!strcmp(t, "number"))
+        return gen_integer(c, s, e);
+    if (!strcmp(t, "number")) {
+        for (size_t i = 0; i < sizeof numeric_kw / sizeof *numeric_kw; i++)
+            if (json_get(s, numeric_kw[i]))
+                return cfail(c, "keyword '%s' is supported for \"type\": \"integer\" only", numeric_kw[i]);
         return prim(c, PRIM_NUMBER) && put(c, e, "json-number");
+    }
     if (!strcmp(t, "boolean"))
         return put(c, e, "( \"true\" | \"false\" )");
     if (!strcmp(t, "null"))
@@ -585,6 +714,9 @@ static bool gen_typed(conv *c, const json_value *s, strbuf *e)
         const char *k = json_get(s, "properties") || json_get(s, "additionalProperties") || json_get(s, "required")
                             ? "object" : json_get(s, "items") || json_get(s, "minItems") || json_get(s, "maxItems")
                             ? "array" : json_get(s, "minLength") || json_get(s, "maxLength") ? "string" : NULL;
+        for (size_t i = 0; !k && i < sizeof numeric_kw / sizeof *numeric_kw; i++)
+            if (json_get(s, numeric_kw[i])) /* any value, but a number must be in range: not expressible */
+                return cfail(c, "keyword '%s' needs \"type\": \"integer\"", numeric_kw[i]);
         return k ? gen_type(c, s, k, e) : prim(c, PRIM_VALUE) && put(c, e, "json-value");
     }
     if (t->type == JSON_STRING)

@@ -13,9 +13,15 @@
  * A text model speaks as Triton's TensorRT-LLM ensemble does: a BYTES "text_input" tensor in, a
  * BYTES "text_output" out, and the request's max_tokens, temperature, top_k, top_p, stop_words
  * (or stop), random_seed (or seed), repetition / presence / frequency penalties, min_length,
- * exclude_input_in_output and stream as input tensors, generate fields or parameters. A v2
- * request is translated into the OpenAI completion body the job code already validates, so one
- * parser owns limits and 400s. Errors are {"error": "..."} (server_http.c). */
+ * exclude_input_in_output, stream, beam_width (with length_penalty and early_stopping, TensorRT-LLM's
+ * defaults 0 and on), return_log_probs and return_generation_logits as input tensors, generate
+ * fields or parameters. Those last two add TensorRT-LLM's cum_log_probs [beam],
+ * output_log_probs [beam, L] and generation_logits [beam, L, vocab] (L the longest beam, the
+ * others padded with 0; with Triton's batch dimension of 1 in infer's tensors, flat arrays in
+ * generate's answer, a one-element tensor as its value). A v2 request is translated into the
+ * OpenAI completion body the job code already validates (beam_width into use_beam_search with
+ * best_of = n = beam_width), so one parser owns limits and 400s. Errors are {"error": "..."}
+ * (server_http.c). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -129,7 +135,17 @@ static const struct {
     {"random_seed", "UINT64", "TYPE_UINT64"}, {"repetition_penalty", "FP32", "TYPE_FP32"},
     {"presence_penalty", "FP32", "TYPE_FP32"}, {"frequency_penalty", "FP32", "TYPE_FP32"},
     {"min_length", "INT32", "TYPE_INT32"},  {"exclude_input_in_output", "BOOL", "TYPE_BOOL"},
-    {"stream", "BOOL", "TYPE_BOOL"},
+    {"stream", "BOOL", "TYPE_BOOL"},        {"beam_width", "INT32", "TYPE_INT32"},
+    {"length_penalty", "FP32", "TYPE_FP32"}, {"early_stopping", "INT32", "TYPE_INT32"},
+    {"return_log_probs", "BOOL", "TYPE_BOOL"}, {"return_generation_logits", "BOOL", "TYPE_BOOL"},
+};
+
+/* ... and what it answers (the last three when return_log_probs / return_generation_logits). */
+static const struct {
+    const char *name, *v2, *triton;
+} OUTPUTS[] = {
+    {"text_output", "BYTES", "TYPE_STRING"}, {"cum_log_probs", "FP32", "TYPE_FP32"},
+    {"output_log_probs", "FP32", "TYPE_FP32"}, {"generation_logits", "FP32", "TYPE_FP32"},
 };
 
 static void add_io(cJSON *o, bool triton)
@@ -141,8 +157,9 @@ static void add_io(cJSON *o, bool triton)
             cJSON_AddBoolToObject(t, "optional", i > 0);
         cJSON_AddItemToArray(in, t);
     }
-    cJSON_AddItemToArray(cJSON_AddArrayToObject(o, triton ? "output" : "outputs"),
-                         tensor_meta("text_output", triton ? "TYPE_STRING" : "BYTES", triton));
+    cJSON *out = cJSON_AddArrayToObject(o, triton ? "output" : "outputs");
+    for (size_t i = 0; i < sizeof OUTPUTS / sizeof OUTPUTS[0]; i++)
+        cJSON_AddItemToArray(out, tensor_meta(OUTPUTS[i].name, triton ? OUTPUTS[i].triton : OUTPUTS[i].v2, triton));
 }
 
 static const char *policy_name(vki_capacity_policy p)
@@ -427,6 +444,63 @@ typedef struct v2_seq {
     bool finished;             /* seq_finished ran (else the request never became a job) */
 } v2_seq;
 
+/* A v2 request's own state (the job's fmt_ctx): its sequence, and the TensorRT-LLM outputs and
+ * beam search it asked for. */
+typedef struct v2_ctx {
+    v2_seq sq;
+    bool want_lp, want_rows;   /* return_log_probs, return_generation_logits */
+    uint32_t beam_width;       /* 0: not given */
+    double length_penalty;     /* TensorRT-LLM's default 0 (no normalisation) */
+    int early_stopping;        /* 0 false, 1 true (TensorRT-LLM's default), 2 "never" */
+} v2_ctx;
+
+/* A boolean flag as TensorRT-LLM's inputs carry them: true / false or 1 / 0. */
+static bool flag_arg(const char *k, const cJSON *v, bool *out, srv_error *e)
+{
+    if (!cJSON_IsBool(v) && !(cJSON_IsNumber(v) && (v->valuedouble == 0 || v->valuedouble == 1)))
+        return srv_err(e, 400, k, "%s: a boolean", k), false;
+    *out = cJSON_IsTrue(v) || (cJSON_IsNumber(v) && v->valuedouble == 1);
+    return true;
+}
+
+/* beam_width, length_penalty / len_penalty, early_stopping, return_log_probs and
+ * return_generation_logits into x. */
+static bool beam_arg(const char *k, const cJSON *v, v2_ctx *x, srv_error *e)
+{
+    if (!strcmp(k, "return_log_probs"))
+        return flag_arg(k, v, &x->want_lp, e);
+    if (!strcmp(k, "return_generation_logits"))
+        return flag_arg(k, v, &x->want_rows, e);
+    if (!strcmp(k, "beam_width")) {
+        if (!cJSON_IsNumber(v) || v->valuedouble != (double)(int)v->valuedouble || v->valuedouble < 1 ||
+            v->valuedouble > SRV_MAX_N)
+            return srv_err(e, 400, k, "beam_width: an integer in 1..%d", SRV_MAX_N), false;
+        x->beam_width = (uint32_t)v->valuedouble;
+        return true;
+    }
+    if (!strcmp(k, "early_stopping")) {
+        bool never = cJSON_IsString(v) && !strcmp(v->valuestring, "never"), on = false;
+        if (!never && !flag_arg(k, v, &on, e))
+            return srv_err(e, 400, k, "early_stopping: true / 1, false / 0 or \"never\""), false;
+        x->early_stopping = never ? 2 : on;
+        return true;
+    }
+    if (!cJSON_IsNumber(v))
+        return srv_err(e, 400, k, "%s: a number", k), false;
+    x->length_penalty = v->valuedouble;
+    return true;
+}
+
+static bool is_beam_arg(const char *k)
+{
+    static const char *const names[] = {"beam_width", "length_penalty", "len_penalty", "early_stopping",
+                                        "return_log_probs", "return_generation_logits"};
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
+        if (!strcmp(k, names[i]))
+            return true;
+    return false;
+}
+
 static bool seq_arg(const char *k, const cJSON *v, v2_seq *sq, srv_error *e)
 {
     if (!strcmp(k, "sequence_id")) {
@@ -440,8 +514,8 @@ static bool seq_arg(const char *k, const cJSON *v, v2_seq *sq, srv_error *e)
     return true;
 }
 
-/* One argument into body; stream into *stream, sequence parameters into *sq. */
-static bool map_arg(const cJSON *a, cJSON *body, int *stream, v2_seq *sq, srv_error *e)
+/* One argument into body; stream into *stream, the rest into *x. */
+static bool map_arg(const cJSON *a, cJSON *body, int *stream, v2_ctx *x, srv_error *e)
 {
     const char *k = a->string;
     const cJSON *v = scalar(a);
@@ -477,27 +551,48 @@ static bool map_arg(const cJSON *a, cJSON *body, int *stream, v2_seq *sq, srv_er
         if (!cJSON_IsBool(v))
             return srv_err(e, 400, k, "exclude_input_in_output: a boolean"), false;
         cJSON_AddBoolToObject(body, "echo", cJSON_IsFalse(v));
-    } else if (!strcmp(k, "beam_width") || !strcmp(k, "return_log_probs") || !strcmp(k, "end_id") ||
-               !strcmp(k, "pad_id")) {
-        bool harmless = (!strcmp(k, "beam_width") && cJSON_IsNumber(v) && v->valuedouble == 1) ||
-                        (!strcmp(k, "return_log_probs") && is_false(v));
-        if (!harmless)
-            return srv_err(e, 400, k, "%s: not supported (the model's own end token ends the text; greedy or "
-                           "sampled decoding, one beam)", k), false;
+    } else if (is_beam_arg(k)) {
+        return beam_arg(k, v, x, e);
+    } else if (!strcmp(k, "end_id") || !strcmp(k, "pad_id") || !strcmp(k, "return_context_logits")) {
+        if (!strcmp(k, "return_context_logits") ? !is_false(v) : true)
+            return srv_err(e, 400, k, "%s: not supported on the v2 routes (%s)", k,
+                           k[0] == 'r' ? "the C API returns context logits" : "the model's own end token ends the text"),
+                   false;
     } else if (!strcmp(k, "sequence_id") || !strcmp(k, "sequence_start") || !strcmp(k, "sequence_end")) {
-        return seq_arg(k, v, sq, e);
+        return seq_arg(k, v, &x->sq, e);
     } else {
         return srv_err(e, 400, k, "unknown input or parameter '%.64s' (known: text_input, max_tokens, "
                        "temperature, top_k, top_p, stop_words, random_seed, repetition_penalty, presence_penalty, "
-                       "frequency_penalty, min_length, exclude_input_in_output, stream)", k), false;
+                       "frequency_penalty, min_length, exclude_input_in_output, stream, beam_width, length_penalty, "
+                       "early_stopping, return_log_probs, return_generation_logits)", k), false;
     }
     return true;
 }
 
+/* beam_width > 1: vLLM's use_beam_search with best_of = n = beam_width (every beam answered)
+ * and TensorRT-LLM's defaults (length_penalty 0, early_stopping on); return_log_probs: the
+ * chosen tokens' logprobs (OpenAI's logprobs 0). */
+static void beam_body(cJSON *body, const v2_ctx *x)
+{
+    if (x->beam_width > 1) {
+        cJSON_AddBoolToObject(body, "use_beam_search", true);
+        cJSON_AddNumberToObject(body, "best_of", x->beam_width);
+        cJSON_AddNumberToObject(body, "n", x->beam_width);
+        cJSON_AddNumberToObject(body, "length_penalty", x->length_penalty);
+        if (x->early_stopping == 2)
+            cJSON_AddStringToObject(body, "early_stopping", "never");
+        else
+            cJSON_AddBoolToObject(body, "early_stopping", x->early_stopping);
+    }
+    if (x->want_lp)
+        cJSON_AddNumberToObject(body, "logprobs", 0);
+}
+
 /* The completion body for a v2 request; *stream: -1 unset, 0, 1. *id: the request's id. */
-static cJSON *to_completion(const srv_req *r, bool infer, int *stream, v2_seq *sq, char *id, size_t n_id,
+static cJSON *to_completion(const srv_req *r, bool infer, int *stream, v2_ctx *x, char *id, size_t n_id,
                             srv_error *e)
 {
+    v2_seq *sq = &x->sq;
     srv_json_err je;
     cJSON *req = srv_json_parse(r->body.p ? r->body.p : "", r->body.len, &je);
     if (!req) {
@@ -509,7 +604,9 @@ static cJSON *to_completion(const srv_req *r, bool infer, int *stream, v2_seq *s
     cJSON *args = cJSON_CreateObject(), *body = cJSON_CreateObject();
     bool ok = gather(req, infer, args, e);
     for (const cJSON *a = ok ? args->child : NULL; a && ok; a = a->next)
-        ok = map_arg(a, body, stream, sq, e);
+        ok = map_arg(a, body, stream, x, e);
+    if (ok)
+        beam_body(body, x);
     if (ok && !cJSON_GetObjectItemCaseSensitive(body, "prompt")) {
         srv_err(e, 400, "text_input", "text_input is required");
         ok = false;
@@ -563,47 +660,161 @@ static cJSON *envelope(const srv_job *j)
     return o;
 }
 
-static const char *text_of(const srv_job *j)
-{
-    return j->ch[0].text.p ? j->ch[0].text.p : "";
-}
-
-/* An echoed prompt (exclude_input_in_output: false) goes first, as TensorRT-LLM's ensemble. */
-static char *full_text(const srv_job *j)
+/* Choice i's text (beam i with beam_width > 1), the echoed prompt first (exclude_input_in_output:
+ * false) as TensorRT-LLM's ensemble does. */
+static char *full_text(const srv_job *j, uint32_t i)
 {
     strbuf b = {0};
-    strbuf_printf(&b, "%s%s", j->echo && j->prompt_text ? j->prompt_text : "", text_of(j));
+    strbuf_printf(&b, "%s%s", j->echo && j->prompt_text ? j->prompt_text : "", j->ch[i].text.p ? j->ch[i].text.p : "");
     return b.p ? b.p : strdup("");
+}
+
+/* text_output: one string, or one per beam. */
+static cJSON *texts(const srv_job *j)
+{
+    cJSON *a = j->n > 1 ? cJSON_CreateArray() : NULL;
+    for (uint32_t i = 0; i < j->n; i++) {
+        char *t = full_text(j, i);
+        cJSON *str = cJSON_CreateString(t ? t : "");
+        free(t);
+        if (!a)
+            return str;
+        cJSON_AddItemToArray(a, str);
+    }
+    return a;
+}
+
+/* The per-token outputs of TensorRT-LLM, [beam][L] with L the longest beam's length, shorter
+ * beams padded with 0 (as its output_log_probs and generation_logits are):
+ *  cum_log_probs [beam], output_log_probs [beam][L], generation_logits [beam][L][vocab]. The
+ * logits rows are written into the answer's text in place of ROWS_MARK: a cJSON node per float
+ * would take ~16x the rows' own memory. */
+#define ROWS_MARK "@@vki_generation_logits@@"
+
+static uint32_t longest(const srv_job *j)
+{
+    uint32_t L = 0;
+    for (uint32_t i = 0; i < j->n; i++)
+        L = srv_choice_tokens(&j->ch[i]) > L ? srv_choice_tokens(&j->ch[i]) : L;
+    return L;
+}
+
+static cJSON *cum_log_probs(const srv_job *j)
+{
+    cJSON *a = cJSON_CreateArray();
+    for (uint32_t i = 0; i < j->n; i++) {
+        double sum = 0;
+        for (uint32_t k = 0; k < srv_choice_tokens(&j->ch[i]); k++)
+            sum += j->ch[i].h.lp[k];
+        cJSON_AddItemToArray(a, cJSON_CreateNumber(sum));
+    }
+    return a;
+}
+
+static cJSON *output_log_probs(const srv_job *j, uint32_t L)
+{
+    cJSON *a = cJSON_CreateArray();
+    for (uint32_t i = 0; i < j->n; i++)
+        for (uint32_t k = 0; k < L; k++)
+            cJSON_AddItemToArray(a, cJSON_CreateNumber(k < srv_choice_tokens(&j->ch[i]) ? j->ch[i].h.lp[k] : 0.0));
+    return a;
+}
+
+/* The answer's text with the generation logits where ROWS_MARK stands. NULL: out of memory. */
+static char *splice_rows(const srv_job *j, char *json, uint32_t L)
+{
+    const char *at = json ? strstr(json, ":\"" ROWS_MARK "\"") : NULL; /* text is escaped: no bare :" there */
+    if (!at)
+        return json;
+    size_t V = j->s->info.n_vocab;
+    strbuf b = {0};
+    bool ok = strbuf_put(&b, json, (size_t)(at - json)) && strbuf_put(&b, ":[", 2);
+    for (uint32_t i = 0; ok && i < j->n; i++) {
+        const srv_choice *ch = &j->ch[i];
+        uint32_t n = srv_choice_tokens(ch) < ch->n_rows ? srv_choice_tokens(ch) : ch->n_rows;
+        for (size_t k = 0; ok && k < (size_t)L * V; k++)
+            ok = strbuf_printf(&b, "%s%.9g", i || k ? "," : "", k < n * V ? ch->rows[k] : 0.0f);
+    }
+    size_t mark = strlen(":\"" ROWS_MARK "\"");
+    ok = ok && strbuf_put(&b, "]", 1) && strbuf_put(&b, at + mark, strlen(at + mark));
+    free(json); /* cJSON's default allocator: the answers are released with free() */
+    if (!ok)
+        strbuf_free(&b);
+    return b.p;
+}
+
+/* One infer output tensor: FP32 with shape [1, dims...] (Triton's batch of one). */
+static void add_tensor(cJSON *outputs, const char *name, cJSON *data, uint32_t n_dims, const uint32_t *dims)
+{
+    cJSON *t = cJSON_CreateObject();
+    cJSON_AddStringToObject(t, "name", name);
+    cJSON_AddStringToObject(t, "datatype", "FP32");
+    cJSON *shape = cJSON_AddArrayToObject(t, "shape");
+    cJSON_AddItemToArray(shape, cJSON_CreateNumber(1));
+    for (uint32_t d = 0; d < n_dims; d++)
+        cJSON_AddItemToArray(shape, cJSON_CreateNumber(dims[d]));
+    cJSON_AddItemToObject(t, "data", data);
+    cJSON_AddItemToArray(outputs, t);
 }
 
 static char *infer_answer(srv_job *j)
 {
-    cJSON *o = envelope(j), *t = cJSON_CreateObject();
-    char *text = full_text(j);
+    const v2_ctx *x = j->fmt_ctx;
+    uint32_t L = longest(j), dims[3] = {j->n, L, j->s->info.n_vocab};
+    cJSON *o = envelope(j), *t = cJSON_CreateObject(), *outputs = cJSON_AddArrayToObject(o, "outputs");
     cJSON_AddStringToObject(t, "name", "text_output");
     cJSON_AddStringToObject(t, "datatype", "BYTES");
-    cJSON_AddItemToArray(cJSON_AddArrayToObject(t, "shape"), cJSON_CreateNumber(1));
-    cJSON_AddItemToArray(cJSON_AddArrayToObject(t, "data"), cJSON_CreateString(text));
-    cJSON_AddItemToArray(cJSON_AddArrayToObject(o, "outputs"), t);
+    cJSON *shape = cJSON_AddArrayToObject(t, "shape"); /* [1], or [1, beams] */
+    cJSON_AddItemToArray(shape, cJSON_CreateNumber(1));
+    if (j->n > 1)
+        cJSON_AddItemToArray(shape, cJSON_CreateNumber(j->n));
+    cJSON *txt = texts(j);
+    if (cJSON_IsArray(txt))
+        cJSON_AddItemToObject(t, "data", txt);
+    else
+        cJSON_AddItemToArray(cJSON_AddArrayToObject(t, "data"), txt);
+    cJSON_AddItemToArray(outputs, t);
+    if (x->want_lp) {
+        add_tensor(outputs, "cum_log_probs", cum_log_probs(j), 1, dims);
+        add_tensor(outputs, "output_log_probs", output_log_probs(j, L), 2, dims);
+    }
+    if (x->want_rows)
+        add_tensor(outputs, "generation_logits", cJSON_CreateString(ROWS_MARK), 3, dims);
     cJSON *p = cJSON_AddObjectToObject(o, "parameters");
     cJSON_AddStringToObject(p, "finish_reason", srv_choice_finish(&j->ch[0]));
     cJSON_AddNumberToObject(p, "prompt_tokens", j->n_prompt);
-    free(text);
     char *s = cJSON_PrintUnformatted(o);
     cJSON_Delete(o);
-    return s;
+    return splice_rows(j, s, L);
+}
+
+/* Triton's generate shape: a tensor of one element is that value, any other a flat array. */
+static void add_value(cJSON *o, const char *name, cJSON *a)
+{
+    if (cJSON_IsArray(a) && cJSON_GetArraySize(a) == 1) {
+        cJSON *one = cJSON_DetachItemFromArray(a, 0);
+        cJSON_Delete(a);
+        a = one;
+    }
+    cJSON_AddItemToObject(o, name, a);
 }
 
 static char *generate_answer(srv_job *j)
 {
+    const v2_ctx *x = j->fmt_ctx;
+    uint32_t L = longest(j);
     cJSON *o = envelope(j);
-    char *text = full_text(j);
-    cJSON_AddStringToObject(o, "text_output", text);
+    cJSON_AddItemToObject(o, "text_output", texts(j));
     cJSON_AddStringToObject(o, "finish_reason", srv_choice_finish(&j->ch[0]));
-    free(text);
+    if (x->want_lp) {
+        add_value(o, "cum_log_probs", cum_log_probs(j));
+        add_value(o, "output_log_probs", output_log_probs(j, L));
+    }
+    if (x->want_rows)
+        cJSON_AddStringToObject(o, "generation_logits", ROWS_MARK);
     char *s = cJSON_PrintUnformatted(o);
     cJSON_Delete(o);
-    return s;
+    return splice_rows(j, s, L);
 }
 
 static bool sse(strbuf *out, cJSON *o)
@@ -639,19 +850,21 @@ static bool generate_end(srv_job *j, strbuf *out, const srv_error *failed)
     return sse(out, o);
 }
 
-/* A sequence's request pins its KV for the next one (the manager's session of the same id). */
+/* A sequence's request pins its KV for the next one (the manager's session of the same id);
+ * return_generation_logits goes to the job. */
 static void seq_prepare(srv_job *j)
 {
-    const v2_seq *sq = j->fmt_ctx;
-    if (sq && sq->id && !sq->end)
-        j->session_id = sq->id;
+    const v2_ctx *x = j->fmt_ctx;
+    if (x->sq.id && !x->sq.end)
+        j->session_id = x->sq.id;
+    j->want_gen_logits = x->want_rows;
 }
 
 /* ... and leaves the sequence its prompt + everything it generated, or ends it. */
 static void seq_finished(srv_job *j)
 {
-    v2_seq *sq = j->fmt_ctx;
-    if (!sq || !sq->id)
+    v2_seq *sq = &((v2_ctx *)j->fmt_ctx)->sq;
+    if (!sq->id)
         return;
     sq->finished = true;
     const srv_choice *ch = &j->ch[0];
@@ -671,19 +884,26 @@ static void generation(srv_conn *c, const v2_path *vp)
     srv_error e;
     int stream = -1;
     char id[128];
-    v2_seq sq = {0};
-    bool infer = vp->kind == V2_INFER;
-    cJSON *body = to_completion(&c->req, infer, &stream, &sq, id, sizeof id, &e);
+    v2_ctx x = {.early_stopping = 1};
+    v2_seq *sq = &x.sq;
+    bool infer = vp->kind == V2_INFER, streamed = vp->kind == V2_GENERATE_STREAM;
+    cJSON *body = to_completion(&c->req, infer, &stream, &x, id, sizeof id, &e);
     if (body && infer && stream == 1) {
         cJSON_Delete(body);
         body = NULL;
         srv_err(&e, 400, "stream", "stream: an infer request has one response; use /generate_stream");
     }
+    if (body && streamed && (x.beam_width > 1 || x.want_lp || x.want_rows)) { /* they come with the final answer */
+        const char *k = x.beam_width > 1 ? "beam_width" : x.want_lp ? "return_log_probs" : "return_generation_logits";
+        cJSON_Delete(body);
+        body = NULL;
+        srv_err(&e, 400, k, "%s: not with generate_stream (use generate or infer)", k);
+    }
     if (body && !(c->model = srv_model_acquire(c->s, vp->model, true, &e))) {
         cJSON_Delete(body);
         body = NULL;
     }
-    if (body && sq.id && !seq_prompt(c->model, body, &sq, &e)) {
+    if (body && sq->id && !seq_prompt(c->model, body, sq, &e)) {
         cJSON_Delete(body);
         body = NULL;
     }
@@ -692,17 +912,17 @@ static void generation(srv_conn *c, const v2_path *vp)
                      ? cJSON_PrintUnformatted(body) : NULL;
     if (body && !text) {
         srv_err(&e, 500, NULL, "out of memory");
-        if (sq.id)
-            srv_seq_finish(c->model, sq.id, NULL, 0, NULL, 0, false, false);
+        if (sq->id)
+            srv_seq_finish(c->model, sq->id, NULL, 0, NULL, 0, false, false);
     }
     cJSON_Delete(body);
     if (text) {
         strbuf orig = c->req.body; /* the job parser reads the request body: give it the translation */
         c->req.body = (strbuf){.p = text, .len = strlen(text), .cap = strlen(text) + 1};
-        srv_serve_generation(c, infer ? &INFER_FMT : &GENERATE_FMT, id, sq.id ? &sq : NULL);
+        srv_serve_generation(c, infer ? &INFER_FMT : &GENERATE_FMT, id, &x);
         c->req.body = orig;
-        if (sq.id && !sq.finished) /* refused before it ran (400, 429, 503): the sequence is unchanged */
-            srv_seq_finish(c->model, sq.id, NULL, 0, NULL, 0, false, sq.end);
+        if (sq->id && !sq->finished) /* refused before it ran (400, 429, 503): the sequence is unchanged */
+            srv_seq_finish(c->model, sq->id, NULL, 0, NULL, 0, false, sq->end);
         cJSON_free(text);
     } else {
         srv_reply_error(c, &e);

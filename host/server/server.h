@@ -399,6 +399,9 @@ typedef struct srv_choice {
     size_t text_bytes;         /* completion bytes emitted so far (text_offset) */
     cJSON *lp_all;             /* non-streaming logprobs being built */
     bool role_sent, end_sent;  /* streaming chat: the role chunk, the finish chunk */
+    float *rows;               /* worker, under j->mu: [n_rows][n_vocab] generation logits (the job's
+                                  want_gen_logits), aligned with w.tok; grown by doubling */
+    uint32_t n_rows, rows_cap;
     chat_tool_parser *tp;      /* tools: the output parsed into calls (NULL: plain content) */
     uint32_t n_calls;          /* tool calls begun in the output */
     bool tp_done;              /* tp has seen the end of the output */
@@ -433,6 +436,7 @@ struct srv_job {
     bool chat, stream, include_usage, ignore_eos, echo, return_ids, skip_special;
     bool want_lp;              /* completions: logprobs != null; chat: logprobs: true */
     uint32_t n_top;            /* alternatives per token */
+    bool want_gen_logits;      /* v2's return_generation_logits (set by its fmt's prepare) */
     uint32_t max_tokens, min_tokens, n;
     int32_t *prompt;           /* [n_prompt] */
     uint32_t n_prompt;
@@ -510,6 +514,9 @@ bool srv_job_submit(srv_job *j, srv_error *e);
 void srv_job_serve(srv_job *j, srv_conn *c);
 /* "stop", "length", ... as the OpenAI answers name a choice's end. */
 const char *srv_choice_finish(const srv_choice *ch);
+/* The tokens of ch that count (up to and including a stop string's end): after the job is done,
+ * ch->h.tok / h.lp and ch->rows hold at least that many. */
+uint32_t srv_choice_tokens(const srv_choice *ch);
 
 /* ---- several models (repo.c) and KServe v2 (kserve.c) ----------------------------------------- */
 

@@ -67,6 +67,7 @@ static void job_free(srv_job *j)
             free(all[k]->top_lp);
         }
         vki_text_stream_free(ch->ts);
+        free(ch->rows);
         strbuf_free(&ch->text);
         cJSON_Delete(ch->lp_all);
     }
@@ -137,9 +138,53 @@ static void toks_copy(const srv_job *j, srv_toks *dst, const srv_toks *src, uint
 
 static void submit_rest(srv_job *j, bool ok, vki_finish_reason why, const char *error);
 
+/* Room for n generation-logits rows of n_vocab in ch (doubling, at most max_tokens). */
+static bool rows_reserve(const srv_job *j, srv_choice *ch, uint32_t n)
+{
+    if (n <= ch->rows_cap)
+        return true;
+    size_t V = j->s->info.n_vocab;
+    uint32_t cap = ch->rows_cap ? 2 * ch->rows_cap : 16;
+    cap = cap < n ? n : cap > j->max_tokens ? j->max_tokens : cap;
+    float *r = realloc(ch->rows, (size_t)cap * V * sizeof *r);
+    if (!r)
+        return false;
+    ch->rows = r;
+    ch->rows_cap = cap;
+    return true;
+}
+
+/* Appends n rows ([n][n_vocab]) to ch's generation logits: false when out of memory. */
+static bool rows_put(const srv_job *j, srv_choice *ch, const float *rows, uint32_t n)
+{
+    size_t V = j->s->info.n_vocab;
+    if (!j->want_gen_logits || !n)
+        return true;
+    if (!rows || !rows_reserve(j, ch, ch->n_rows + n))
+        return false;
+    memcpy(ch->rows + (size_t)ch->n_rows * V, rows, (size_t)n * V * sizeof *rows);
+    ch->n_rows += n;
+    return true;
+}
+
+/* Entry i of t: token tok, its logprob (lp may be NULL: 0) and alternatives ([n_top] of top_tok /
+ * top_lp, may be NULL: none) as the job wants them. */
+static void toks_put(const srv_job *j, srv_toks *t, uint32_t i, int32_t tok, const float *lp, const int32_t *top_tok,
+                     const float *top_lp, uint32_t n_top)
+{
+    t->tok[i] = tok;
+    if (j->want_lp)
+        t->lp[i] = lp ? *lp : 0.0f;
+    for (uint32_t k = 0; k < j->n_top; k++) {
+        bool have = top_tok && k < n_top;
+        t->top_id[(size_t)i * j->n_top + k] = have ? top_tok[k] : -1;
+        t->top_lp[(size_t)i * j->n_top + k] = have ? top_lp[k] : -INFINITY;
+    }
+}
+
 /* use_beam_search: the one request's final response spreads its n best beams over the choices
- * (choice i = beam i; the batch manager's references of choices 1..n-1 go with it). Worker
- * thread, under j->mu. O(tokens of the n beams). */
+ * (choice i = beam i, with its own logprobs; the batch manager's references of choices 1..n-1 go
+ * with it). Worker thread, under j->mu. O(tokens of the n beams * (1 + top_logprobs)). */
 static void beams_to_choices(srv_job *j, const vki_response *r)
 {
     for (uint32_t i = 1; i < j->n; i++) {
@@ -148,8 +193,14 @@ static void beams_to_choices(srv_job *j, const vki_response *r)
         len = len < j->max_tokens ? len : j->max_tokens;
         if (len && !toks_reserve(j, &ch->w, len))
             ch->oom = true;
+        const float *lp = r->beam_logprobs ? r->beam_logprobs[i] : NULL;
+        const int32_t *tt = r->beam_top_tokens ? r->beam_top_tokens[i] : NULL;
+        const float *tl = r->beam_top_logprobs ? r->beam_top_logprobs[i] : NULL;
         for (uint32_t k = 0; k < len && !ch->oom; k++)
-            ch->w.tok[k] = r->beam_tokens[i][k];
+            toks_put(j, &ch->w, k, r->beam_tokens[i][k], lp ? lp + k : NULL, tt ? tt + (size_t)k * r->n_top : NULL,
+                     tl ? tl + (size_t)k * r->n_top : NULL, r->n_top);
+        if (!ch->oom && !rows_put(j, ch, r->beam_generation_logits ? r->beam_generation_logits[i] : NULL, len))
+            ch->oom = r->finish != VKI_FINISH_ERROR; /* no rows after an error: the error is the answer */
         ch->n_recv = ch->oom ? 0 : len;
         ch->final = true;
         int32_t last = len ? r->beam_tokens[i][len - 1] : -1;
@@ -174,17 +225,12 @@ static void on_response(void *user, const vki_response *r)
     srv_toks *wt = &ch->w;
     if (r->n_tokens && !ch->oom && !toks_reserve(j, wt, ch->n_recv + r->n_tokens))
         ch->oom = true; /* the handler cancels it and answers 500 */
-    for (uint32_t k = 0; k < r->n_tokens && !ch->oom && ch->n_recv < j->max_tokens; k++, n_new++) {
-        uint32_t i = ch->n_recv++;
-        wt->tok[i] = r->tokens[k];
-        if (j->want_lp)
-            wt->lp[i] = r->logprobs ? r->logprobs[k] : 0.0f;
-        for (uint32_t t = 0; t < j->n_top; t++) {
-            bool have = r->top_tokens && t < r->n_top;
-            wt->top_id[(size_t)i * j->n_top + t] = have ? r->top_tokens[(size_t)k * r->n_top + t] : -1;
-            wt->top_lp[(size_t)i * j->n_top + t] = have ? r->top_logprobs[(size_t)k * r->n_top + t] : -INFINITY;
-        }
-    }
+    for (uint32_t k = 0; k < r->n_tokens && !ch->oom && ch->n_recv < j->max_tokens; k++, n_new++)
+        toks_put(j, wt, ch->n_recv++, r->tokens[k], r->logprobs ? r->logprobs + k : NULL,
+                 r->top_tokens ? r->top_tokens + (size_t)k * r->n_top : NULL,
+                 r->top_logprobs ? r->top_logprobs + (size_t)k * r->n_top : NULL, r->n_top);
+    if (n_new && !ch->oom && !rows_put(j, ch, r->generation_logits, n_new))
+        ch->oom = r->finish != VKI_FINISH_ERROR;
     bool first_cached = ch->index == 0 && n_new && ch->n_recv == n_new;
     ch->n_cached = r->n_cached;
     double t_prev = ch->t_last;
@@ -243,7 +289,7 @@ static vki_status submit_choice(srv_job *j, srv_choice *ch, char *err, size_t n_
                        .ignore_eos = j->ignore_eos, .sampling = j->sampling, .streaming = true,
                        .constraint = {j->so.type, j->so.text.p, j->so.text.len},
                        .beam_width = j->beam_width, .length_penalty = j->length_penalty,
-                       .early_stopping = j->early_stopping};
+                       .early_stopping = j->early_stopping, .return_generation_logits = j->want_gen_logits};
     req.streaming = j->beam_width <= 1; /* beams: one final response with every beam */
     if (ch->index && j->sampling.has_seed)
         req.sampling.seed = j->sampling.seed + ch->index;
@@ -315,7 +361,9 @@ bool srv_job_submit(srv_job *j, srv_error *e)
         e->code = "rate_limit_exceeded";
     } else if (st == VKI_ERR_INVALID_ARG) {
         bool mt = !strncmp(err, "max_new_tokens", 14), bw = !strncmp(err, "beam_width", 10);
-        srv_err(e, 400, mt ? "max_tokens" : bw ? "best_of" : j->chat ? "messages" : "prompt", "%s", err);
+        bool gl = !strncmp(err, "return_generation_logits", 24), lp = !strncmp(err, "sampling.logprobs", 17);
+        srv_err(e, 400, mt ? "max_tokens" : bw ? "best_of" : gl ? "return_generation_logits" : lp ? "logprobs"
+                        : j->chat ? "messages" : "prompt", "%s", err);
     } else if (st == VKI_ERR_SHUTDOWN || st == VKI_ERR_DEVICE_LOST || lost) {
         srv_err(e, 503, NULL, "%s", !lost ? "the server is shutting down"
                                   : s->p.recover_backoff_ms ? "the GPU device was lost; the engine is being recreated, "
@@ -678,6 +726,7 @@ static cJSON *answer_choice(srv_job *j, srv_choice *ch)
 }
 
 const char *srv_choice_finish(const srv_choice *ch) { return finish_reason(ch); }
+uint32_t srv_choice_tokens(const srv_choice *ch) { return choice_tokens(ch); }
 
 static char *answer_json(srv_job *j)
 {

@@ -589,7 +589,8 @@ static bool output_opts(req_ctx *c, srv_error *e)
 
 /* vLLM's beam search fields: use_beam_search with best_of beams (default n) of which the n best
  * are the choices; length_penalty; early_stopping true / false / "never". Beam search ranks by
- * the model's log-probabilities: it does not stream, return logprobs or take min_tokens. */
+ * the model's log-probabilities: it does not stream or take min_tokens; logprobs are each
+ * choice's own tokens' (its beam's lineage). */
 static bool beam_opts(req_ctx *c, uint32_t best_of, srv_error *e)
 {
     srv_job *j = c->j;
@@ -603,9 +604,9 @@ static bool beam_opts(req_ctx *c, uint32_t best_of, srv_error *e)
     }
     if (best_of < j->n)
         return srv_err(e, 400, "best_of", "best_of (%u) must be >= n (%u)", best_of, j->n), false;
-    if (j->stream || j->want_lp || j->min_tokens)
-        return srv_err(e, 400, "use_beam_search", "use_beam_search: not with %s",
-                       j->stream ? "stream" : j->want_lp ? "logprobs" : "min_tokens"), false;
+    if (j->stream || j->min_tokens)
+        return srv_err(e, 400, "use_beam_search", "use_beam_search: not with %s", j->stream ? "stream" : "min_tokens"),
+               false;
     if (c->length_penalty && !num(c->length_penalty, "length_penalty", -100, 100, false, &x, e))
         return false;
     const cJSON *es = c->early_stopping;

@@ -162,7 +162,7 @@ async function run(client) {
   await assert.rejects(
     client.chat.completions.create({
       model: 'stories260K', messages,
-      response_format: { type: 'json_schema', json_schema: { name: 'n', schema: { type: 'integer', minimum: 3 } } },
+      response_format: { type: 'json_schema', json_schema: { name: 'n', schema: { type: 'number', minimum: 3 } } },
     }),
     (e) => e instanceof OpenAI.BadRequestError && e.param === 'response_format' && /'minimum'/.test(e.message));
   await assert.rejects(
@@ -176,7 +176,7 @@ const PERSON = {
   type: 'object',
   properties: {
     name: { type: 'string', maxLength: 12 },
-    age: { type: 'integer' },
+    age: { type: 'integer', minimum: 0, exclusiveMaximum: 130 },
     pets: { type: 'array', items: { enum: ['cat', 'dog'] }, maxItems: 2 },
   },
   required: ['name', 'age', 'pets'],

@@ -30,6 +30,7 @@ struct fake_engine {
     char first[256];
     uint32_t max_seqs_seen, max_tokens_seen;
     uint32_t kv_copies;
+    float *row;             /* [vocab] the logits row handed to a logits sink */
 };
 
 static uint64_t chain(uint64_t h, int32_t token, uint32_t pos)
@@ -118,7 +119,8 @@ vki_status fake_create(const fake_config *c, fake_engine **out)
     f->write_stamp = calloc(c->n_pages, sizeof *f->write_stamp);
     f->writer = calloc(c->n_pages, sizeof *f->writer);
     f->seq_stamp = calloc(c->n_pages, sizeof *f->seq_stamp);
-    if (!f->kv || !f->slot_stamp || !f->write_stamp || !f->writer || !f->seq_stamp) {
+    f->row = calloc(c->vocab, sizeof *f->row);
+    if (!f->kv || !f->slot_stamp || !f->write_stamp || !f->writer || !f->seq_stamp || !f->row) {
         fake_destroy(f);
         return VKI_ERR_OUT_OF_HOST_MEMORY;
     }
@@ -135,6 +137,7 @@ void fake_destroy(fake_engine *f)
     free(f->write_stamp);
     free(f->writer);
     free(f->seq_stamp);
+    free(f->row);
     free(f);
 }
 
@@ -345,6 +348,19 @@ static void scribble(fake_engine *f, const vki_step_plan *plan)
     }
 }
 
+/* The sampled row a logits sink receives: the token's and its alternatives' logprobs at their
+ * ids, -100 elsewhere (so row[token] == logprob: a row can be told apart from another's). */
+static void sink_row(fake_engine *f, const vki_step_seq *e, const vki_step_out *o)
+{
+    for (uint32_t v = 0; v < f->c.vocab; v++)
+        f->row[v] = -100.0f;
+    for (uint32_t j = o->n_top; j-- > 0;)
+        f->row[o->top_tokens[j]] = o->top_logprobs[j];
+    if (o->token >= 0)
+        f->row[o->token] = o->logprob;
+    e->logits_sink(e->logits_sink_ctx, f->row, 1, f->c.vocab, e->pos0 + e->n_new - 1, true);
+}
+
 vki_status fake_step(void *ctx, const vki_step_plan *plan, vki_step_out *outs)
 {
     fake_engine *f = ctx;
@@ -400,6 +416,8 @@ vki_status fake_step(void *ctx, const vki_step_plan *plan, vki_step_out *outs)
             o->top_tokens[j] = (int32_t)(((uint32_t)o->token + 1 + j) % f->c.vocab);
             o->top_logprobs[j] = o->logprob - 1.0f - (float)j;
         }
+        if (e->logits_sink && e->sink_sampled)
+            sink_row(f, e, o);
     }
     return VKI_OK;
 }

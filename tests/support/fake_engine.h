@@ -78,5 +78,6 @@ void fake_reference(const fake_engine *f, const int32_t *prompt, uint32_t n_prom
                     bool sampled, uint64_t seed, int32_t *out, float *lp);
 
 /* Top alternative j of a sampled token t with logprob lp is (t + 1 + j) % vocab with logprob
- * lp - 1 - j (n_top = the request's top_logprobs). */
+ * lp - 1 - j (n_top = the request's top_logprobs). A row with a logits sink that wants sampled
+ * rows gets [vocab] floats: those logprobs at those ids, -100 elsewhere (context rows: none). */
 #endif

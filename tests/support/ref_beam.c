@@ -6,12 +6,13 @@
 
 typedef struct rb_hyp {
     int32_t t[REF_BEAM_MAX_NEW];
+    double lp[REF_BEAM_MAX_NEW];
     uint32_t n;
     double cum, score;
 } rb_hyp;
 
 typedef struct rb_cand {
-    double s;
+    double s, lp;
     uint32_t beam;
     int32_t tok;
 } rb_cand;
@@ -42,12 +43,23 @@ static int hyp_cmp(const void *pa, const void *pb)
     return (a->score < b->score) - (a->score > b->score);
 }
 
-static rb_hyp extend(const rb_hyp *h, int32_t tok, double cum)
+static rb_hyp extend(const rb_hyp *h, const rb_cand *c)
 {
     rb_hyp e = *h;
-    e.t[e.n++] = tok;
-    e.cum = cum;
+    e.lp[e.n] = c->lp;
+    e.t[e.n++] = c->tok;
+    e.cum = c->s;
     return e;
+}
+
+double ref_logsumexp(const float *row, uint32_t n)
+{
+    double mx = row[0], sum = 0;
+    for (uint32_t v = 1; v < n; v++)
+        mx = row[v] > mx ? row[v] : mx;
+    for (uint32_t v = 0; v < n; v++)
+        sum += exp((double)row[v] - mx);
+    return mx + log(sum);
 }
 
 /* Every (beam, token) of the live beams, scored by cum + log-softmax (double), best first. */
@@ -61,14 +73,9 @@ static vki_status score_all(ref_model *m, const int32_t *prompt, uint32_t n_prom
         vki_status st = ref_model_forward(m, seq, n_prompt + live[b].n, false, logits);
         if (st != VKI_OK)
             return st;
-        double mx = logits[0], sum = 0;
-        for (uint32_t v = 1; v < V; v++)
-            mx = logits[v] > mx ? logits[v] : mx;
+        double lse = ref_logsumexp(logits, V);
         for (uint32_t v = 0; v < V; v++)
-            sum += exp((double)logits[v] - mx);
-        double lse = mx + log(sum);
-        for (uint32_t v = 0; v < V; v++)
-            c[n++] = (rb_cand){live[b].cum + (double)logits[v] - lse, b, (int32_t)v};
+            c[n++] = (rb_cand){live[b].cum + ((double)logits[v] - lse), (double)logits[v] - lse, b, (int32_t)v};
     }
     qsort(c, n, sizeof *c, cand_cmp);
     *n_c = n;
@@ -81,7 +88,7 @@ vki_status ref_beam_search(ref_model *m, const int32_t *prompt, uint32_t n_promp
     uint32_t W = p->width, V = ref_model_hparams(m)->n_vocab;
     if (W < 1 || W > REF_BEAM_MAX || p->max_new < 1 || p->max_new > REF_BEAM_MAX_NEW)
         return VKI_ERR_INVALID_ARG;
-    rb_hyp live[REF_BEAM_MAX] = {{{0}, 0, 0, 0}}, next[REF_BEAM_MAX], fin[REF_BEAM_MAX], all[2 * REF_BEAM_MAX];
+    rb_hyp live[REF_BEAM_MAX] = {{{0}, {0}, 0, 0, 0}}, next[REF_BEAM_MAX], fin[REF_BEAM_MAX], all[2 * REF_BEAM_MAX];
     uint32_t n_live = 1, n_fin = 0; /* after the prompt every beam is the same: one */
     float *logits = malloc(V * sizeof *logits);
     int32_t *seq = malloc((n_prompt + p->max_new) * sizeof *seq);
@@ -94,12 +101,12 @@ vki_status ref_beam_search(ref_model *m, const int32_t *prompt, uint32_t n_promp
             break;
         for (uint32_t i = 0; i < n_c && i < 2 * W && n_next < W; i++) {
             if (!is_end(p, c[i].tok)) {
-                next[n_next++] = extend(&live[c[i].beam], c[i].tok, c[i].s);
+                next[n_next++] = extend(&live[c[i].beam], &c[i]);
                 continue;
             }
             if (i >= W)
                 continue;
-            rb_hyp h = extend(&live[c[i].beam], c[i].tok, c[i].s);
+            rb_hyp h = extend(&live[c[i].beam], &c[i]);
             h.score = penalised(h.cum, h.n, p->length_penalty);
             uint32_t slot = n_fin;
             if (n_fin < W) {
@@ -142,6 +149,7 @@ vki_status ref_beam_search(ref_model *m, const int32_t *prompt, uint32_t n_promp
     out->n = n < W ? n : W;
     for (uint32_t j = 0; j < out->n; j++) {
         memcpy(out->tokens[j], all[j].t, all[j].n * sizeof *all[j].t);
+        memcpy(out->lp[j], all[j].lp, all[j].n * sizeof *all[j].lp);
         out->len[j] = all[j].n;
         out->cum[j] = all[j].cum;
         out->score[j] = all[j].score;
@@ -149,5 +157,21 @@ vki_status ref_beam_search(ref_model *m, const int32_t *prompt, uint32_t n_promp
     free(logits);
     free(seq);
     free(c);
+    return st;
+}
+
+vki_status ref_beam_rows(ref_model *m, const int32_t *prompt, uint32_t n_prompt, const int32_t *tokens, uint32_t n,
+                         float *rows)
+{
+    uint32_t V = ref_model_hparams(m)->n_vocab;
+    int32_t *seq = malloc((size_t)(n_prompt + n) * sizeof *seq);
+    if (!seq)
+        return VKI_ERR_OUT_OF_HOST_MEMORY;
+    memcpy(seq, prompt, n_prompt * sizeof *seq);
+    memcpy(seq + n_prompt, tokens, n * sizeof *seq);
+    vki_status st = VKI_OK;
+    for (uint32_t k = 0; k < n && st == VKI_OK; k++)
+        st = ref_model_forward(m, seq, n_prompt + k, false, rows + (size_t)k * V);
+    free(seq);
     return st;
 }

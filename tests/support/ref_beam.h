@@ -31,9 +31,22 @@ typedef struct ref_beam_result {
     int32_t tokens[REF_BEAM_MAX][REF_BEAM_MAX_NEW];  /* generated tokens, an end token included */
     uint32_t len[REF_BEAM_MAX];
     double cum[REF_BEAM_MAX], score[REF_BEAM_MAX];
+    double lp[REF_BEAM_MAX][REF_BEAM_MAX_NEW];       /* each token's log-probability (the double
+                                                        log-softmax the search scored it with);
+                                                        cum is their sum, in order */
 } ref_beam_result;
+
+/* log(sum exp(row[v])) over [n] in double (max-subtracted): row[v] - it is the log-softmax. */
+double ref_logsumexp(const float *row, uint32_t n);
 
 vki_status ref_beam_search(ref_model *m, const int32_t *prompt, uint32_t n_prompt, const ref_beam_params *p,
                            ref_beam_result *out);
+
+/* The logits rows a beam's tokens were chosen from: rows[k] ([n][n_vocab]) = the model's last-position
+ * logits over prompt + tokens[0, k), the row the search scored tokens[k] with (a forward pass is a
+ * function of the tokens, so recomputing a beam's prefixes gives exactly its lineage's rows).
+ * O(n * (n_prompt + n)^2). */
+vki_status ref_beam_rows(ref_model *m, const int32_t *prompt, uint32_t n_prompt, const int32_t *tokens, uint32_t n,
+                         float *rows);
 
 #endif
