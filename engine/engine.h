@@ -111,6 +111,8 @@ typedef struct vk_engine {
                                submit, reading results) */
     vk_profile prof;        /* profile mode (prof.trace == NULL: off) */
     vk_capture capture;     /* RenderDoc capture of chosen steps */
+    uint64_t kv_io_chunk;   /* staging bytes per command buffer of vk_engine_kv_read / _write;
+                               0 = 32 MiB (tests lower it to cover several) */
 } vk_engine;
 
 /* Loads the model's weights (hp, t found in f), sizes and allocates the KV pools and scratch,
@@ -124,6 +126,18 @@ void vk_engine_destroy(vk_engine *e);
  * debugging; costs a device->host copy). Invalid plans are refused with VKI_ERR_INVALID_ARG and
  * a log message before anything is recorded. */
 vki_status vk_engine_step(vk_engine *e, const vki_step_plan *plan, vki_step_out *outs, float *logits);
+
+/* Session files (engine/kv_io.c): the KV of whole pages copied between the pools and the host in a
+ * layout that knows no page size nor the pools' padding: for the pages' tokens in order,
+ *     [token][layer][K, V][kv head][row],  row = vk_engine_kv_row_bytes bytes:
+ * head_dim values in F32 or F16, or for Q8_0 head_dim int8 then head_dim / 32 f16 scales (ggml's
+ * Q8_0 numbers). Through a host-visible staging buffer of <= 32 MiB, one command buffer per
+ * chunk of pages. Between steps only (the batch manager's worker, at a tick boundary).
+ * VKI_ERR_INVALID_ARG for a page out of range; a device error otherwise (nothing written to the
+ * pool is then defined). */
+uint32_t vk_engine_kv_row_bytes(const vk_engine *e);
+vki_status vk_engine_kv_read(vk_engine *e, const uint32_t *pages, uint32_t n, void *dst);
+vki_status vk_engine_kv_write(vk_engine *e, const uint32_t *pages, uint32_t n, const void *src);
 
 /* Floats between rows of the logits buffer (vocab rounded up so each row can start a binding). */
 uint32_t vk_engine_logits_stride(const vk_engine *e);

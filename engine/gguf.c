@@ -4,6 +4,7 @@
  * metadata) time, plus 8 bytes per string-array element (the O(1) gguf_arr_str index) and two
  * small hash tables (O(1) key/tensor lookup, duplicate detection). Tensor data is not touched. */
 #include "engine/gguf.h"
+#include "engine/hash.h"
 #include "engine/quant.h"
 
 #include <errno.h>
@@ -845,4 +846,51 @@ vki_status gguf_arr_i64(const gguf_file *f, const char *key, uint64_t i, int64_t
         return VKI_ERR_FORMAT;
     *out = neg ? s : (int64_t)u;
     return VKI_OK;
+}
+
+/* ---- fingerprint ------------------------------------------------------------------------------ */
+
+/* Metadata that cannot change what the model computes for given token ids: descriptions under
+ * general.* (name, author, license, ...) and the chat template. A copy of a model renamed or given
+ * another template keeps its fingerprint (its session files stay valid). */
+static bool fp_skip(gguf_str k)
+{
+    if (k.len >= 8 && !memcmp(k.ptr, "general.", 8))
+        return !gguf_str_eq(k, "general.architecture");
+    return k.len >= 23 && !memcmp(k.ptr, "tokenizer.chat_template", 23);
+}
+
+#define FP_SAMPLE 64 /* bytes hashed at the start, middle and end of each tensor */
+
+uint64_t gguf_fingerprint(const gguf_file *f)
+{
+    vki_hash h;
+    vki_hash_init(&h, 0x766b696e66657221ull);
+    for (uint64_t i = 0; i < f->n_kv; i++) {
+        const gguf_kv *kv = &f->kv[i];
+        if (fp_skip(kv->key))
+            continue;
+        vki_hash_u64(&h, kv->key.len);
+        vki_hash_update(&h, kv->key.ptr, kv->key.len);
+        vki_hash_u64(&h, (uint64_t)kv->type << 32 | kv->arr_type);
+        vki_hash_u64(&h, kv->arr_n);
+        vki_hash_u64(&h, kv->value_bytes);
+        vki_hash_update(&h, kv->value, kv->value_bytes);
+    }
+    for (uint64_t i = 0; i < f->n_tensors; i++) {
+        const gguf_tensor *t = &f->tensors[i];
+        vki_hash_u64(&h, t->name.len);
+        vki_hash_update(&h, t->name.ptr, t->name.len);
+        vki_hash_u64(&h, (uint64_t)t->type << 32 | t->n_dims);
+        for (uint32_t d = 0; d < GGUF_MAX_DIMS; d++)
+            vki_hash_u64(&h, t->ne[d]);
+        if (t->nbytes <= 3 * FP_SAMPLE) {
+            vki_hash_update(&h, t->data, t->nbytes);
+            continue;
+        }
+        vki_hash_update(&h, t->data, FP_SAMPLE);
+        vki_hash_update(&h, t->data + (t->nbytes - FP_SAMPLE) / 2, FP_SAMPLE);
+        vki_hash_update(&h, t->data + t->nbytes - FP_SAMPLE, FP_SAMPLE);
+    }
+    return vki_hash_final(&h);
 }

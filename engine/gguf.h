@@ -93,6 +93,13 @@ uint64_t gguf_n_tensors(const gguf_file *f);
 const gguf_tensor *gguf_tensor_at(const gguf_file *f, uint64_t i);
 const gguf_tensor *gguf_find_tensor(const gguf_file *f, const char *name); /* NULL if absent */
 
+/* The model's identity for its KV cache (session files refuse another model's KV): a 64-bit hash
+ * of the metadata (but the descriptions under general.* other than general.architecture, and the
+ * chat template), every tensor's name, type and shape, and 3 x 64 bytes of each tensor's data
+ * (start, middle, end), so that two fine-tunes of one architecture differ. Reads the metadata
+ * and ~200 bytes per tensor: a few ms, not a pass over the weights. */
+uint64_t gguf_fingerprint(const gguf_file *f);
+
 /* Compare a gguf_str with a C string. */
 bool gguf_str_eq(gguf_str s, const char *c);
 

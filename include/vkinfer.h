@@ -631,6 +631,56 @@ VKI_API void vki_batch_notify(vki_batch_manager *bm);
  * running finishes normally and pins nothing). VKI_OK also when the session holds nothing. */
 VKI_API vki_status vki_batch_session_end(vki_batch_manager *bm, uint64_t session_id);
 
+/* Session files: a session's KV saved to a file and restored later, into this manager or another
+ * one over the same model (after a restart, on another machine), as llama.cpp's slot save /
+ * restore. The file holds the session's conversation (the prompt and output tokens of its last
+ * finished request) and the KV of its pinned blocks, with the model's fingerprint
+ * (vki_model_info.fingerprint), the KV layout, a format version and checksums; the format is in
+ * docs/session-file.md. A file from another model (another fine-tune of the same architecture
+ * too), another KV type or layout, another version, or a truncated or corrupted file is refused
+ * with a message that says which. Page sizes may differ: the KV is stored per token and restored
+ * in whole pages of this engine (a tail shorter than a page is recomputed by the next request).
+ *
+ * Both calls block the calling thread: the worker copies the KV at its next tick boundary (one
+ * device transfer; no step runs meanwhile) and the calling thread does the file I/O. They cost
+ * host memory for the session's KV while they run, and restore reads the whole file (checksum)
+ * before anything reaches the pool. Not from one of this manager's callbacks
+ * (VKI_ERR_INVALID_ARG), and not racing vki_batch_manager_destroy. */
+typedef struct vki_session_file_info {
+    int32_t *tokens;                /* in, restore, optional: receives the file's first
+                                       min(n_tokens, tokens_cap) tokens (the conversation, e.g. to
+                                       continue it as text) */
+    uint32_t tokens_cap;
+    uint32_t n_tokens;              /* out: tokens of the conversation in the file */
+    uint32_t n_kv_tokens;           /* out: of which KV was saved / restored (whole pages) */
+    uint64_t bytes;                 /* out: file size */
+    double ms;                      /* out: wall time of the call (file, copy and waiting) */
+    uint64_t fingerprint;           /* out: the model fingerprint the file carries */
+} vki_session_file_info;
+
+/* Writes session_id's KV to path (through a temporary file in the same folder, renamed when
+ * complete: a reader never sees a partial file). A session with a running request saves what its
+ * last finished request left. VKI_ERR_NOT_FOUND: the session holds no KV (unknown, ended,
+ * expired, or released under pressure); VKI_ERR_IO: the file could not be written (err names it
+ * and why); VKI_ERR_UNSUPPORTED: the executor cannot copy KV. info may be NULL. */
+VKI_API vki_status vki_batch_session_save(vki_batch_manager *bm, uint64_t session_id, const char *path,
+                                          vki_session_file_info *info, char *err, size_t err_cap);
+/* Reads path and pins its KV for session_id exactly as if the conversation had run here: the
+ * session's next request whose prompt starts with the file's tokens computes only what follows
+ * (the pins count against session_max_blocks, expire and give way like any session's). An idle
+ * session of that id is replaced (its old pins are released once the new ones are in); one with
+ * a running request is refused (VKI_ERR_INVALID_ARG). Blocks already cached for a prefix of
+ * the tokens are shared, not written. Errors (nothing changed but, when the pool was short, idle
+ * sessions released oldest first as for a waiting request): VKI_ERR_NOT_FOUND (no such file),
+ * VKI_ERR_IO (cannot read it),
+ * VKI_ERR_FORMAT (not a session file, truncated, corrupted: a checksum differs, a token outside the
+ * vocabulary), VKI_ERR_UNSUPPORTED (another format version), VKI_ERR_INVALID_ARG (another model,
+ * named with both fingerprints; another KV type or layout; longer than the context; more blocks
+ * than session_max_blocks; block reuse off), VKI_ERR_OUT_OF_DEVICE_MEMORY (the pool cannot hold
+ * the blocks beside what running requests may still need). */
+VKI_API vki_status vki_batch_session_restore(vki_batch_manager *bm, uint64_t session_id, const char *path,
+                                             vki_session_file_info *info, char *err, size_t err_cap);
+
 /* ---- tokenizer --------------------------------------------------------------------------- */
 
 /* A tokenizer built from a GGUF file's tokenizer.ggml.* metadata: SentencePiece ("llama":
@@ -852,6 +902,9 @@ typedef struct vki_model_info {
     uint32_t kv_window;             /* every layer windowed (the model's, or max_attention_window):
                                        a sequence keeps the KV of its last kv_window tokens (and the
                                        first page); 0 = the KV of its whole context */
+    uint64_t fingerprint;           /* the model's identity (its metadata, tensor shapes and a sample
+                                       of every tensor's bytes): session files of another model,
+                                       another fine-tune included, are refused by it */
 } vki_model_info;
 
 /* Opens the device, reads the GGUF, builds the tokenizer, uploads the weights, allocates the KV

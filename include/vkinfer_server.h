@@ -43,6 +43,9 @@ typedef struct vki_server_params {
     uint64_t memory_budget;         /* device bytes all repository models share; 0 = no cap */
     vki_engine_params engine;       /* every repository model's engine, before its config.json */
     vki_batch_params batch;         /* every model's batch manager (MAX_UTILIZATION) */
+    const char *session_dir;        /* POST /v1/sessions/{id}/save|restore {"filename": NAME} write
+                                       and read DIR/NAME (a folder that exists; copied); NULL: those
+                                       routes answer 501 */
     vki_log_fn log;                 /* NULL: nothing is logged */
     void *log_user;
     vki_log_level log_level;        /* VKI_LOG_INFO: one line per request */

@@ -745,6 +745,13 @@ void sched_commit(sched *s, const sched_tick *t, const vki_step_out *outs)
 
 /* ---- stats and checks ---------------------------------------------------------------------- */
 
+static void pin_count(sched *s, const uint32_t *blocks, uint32_t n)
+{
+    for (uint32_t i = 0; i < n; i++)
+        s->pin_ref[blocks[i]]++;
+    s->pinned_refs += n;
+}
+
 vki_status sched_pin_seq(sched *s, const sched_seq *q, sched_pin *out)
 {
     *out = (sched_pin){0};
@@ -760,9 +767,7 @@ vki_status sched_pin_seq(sched *s, const sched_seq *q, sched_pin *out)
     memcpy(out->blocks, q->blocks, (size_t)n * sizeof *out->blocks);
     out->n = n;
     sched_kv_retain(s->kv, out->blocks, n);
-    for (uint32_t i = 0; i < n; i++)
-        s->pin_ref[out->blocks[i]]++;
-    s->pinned_refs += n;
+    pin_count(s, out->blocks, n);
     return VKI_OK;
 }
 
@@ -776,6 +781,45 @@ void sched_pin_release(sched *s, sched_pin *p)
     }
     free(p->blocks);
     *p = (sched_pin){0};
+}
+
+vki_status sched_pin_prepare(sched *s, const int32_t *tokens, uint32_t n, sched_pin *out, uint32_t *n_fresh,
+                             uint32_t *room)
+{
+    *out = (sched_pin){0};
+    *n_fresh = 0;
+    uint64_t avail = sched_kv_avail(s->kv), res = sched_reserved_total(s);
+    *room = avail > res ? (uint32_t)(avail - res) : 0;
+    if (!s->p.block_reuse || n > s->max_seq_blocks || n > s->p.n_blocks)
+        return VKI_ERR_INVALID_ARG;
+    if (!n)
+        return VKI_OK;
+    if (!s->pin_ref && !(s->pin_ref = calloc(s->p.n_blocks, sizeof *s->pin_ref)))
+        return VKI_ERR_OUT_OF_HOST_MEMORY;
+    uint32_t cached, m = sched_kv_lookup(s->kv, tokens, n, s->match, &cached);
+    *n_fresh = n - m;
+    if ((uint64_t)(n - m) + cached > *room) /* taking a cached block costs an allocatable one too */
+        return VKI_ERR_OUT_OF_DEVICE_MEMORY;
+    if (!(out->blocks = malloc((size_t)n * sizeof *out->blocks)))
+        return VKI_ERR_OUT_OF_HOST_MEMORY;
+    memcpy(out->blocks, s->match, (size_t)m * sizeof *out->blocks);
+    sched_kv_retain(s->kv, out->blocks, m);
+    for (uint32_t i = m; i < n; i++) /* cannot fail: counted above; the prefix is held, never evicted */
+        out->blocks[i] = sched_kv_alloc(s->kv);
+    out->n = n;
+    pin_count(s, out->blocks, n);
+    return VKI_OK;
+}
+
+void sched_pin_commit(sched *s, const int32_t *tokens, sched_pin *p, uint32_t n_fresh)
+{
+    for (uint32_t i = p->n - n_fresh; i < p->n; i++) {
+        uint32_t parent = i ? p->blocks[i - 1] : SCHED_KV_NONE;
+        uint32_t b = sched_kv_seal(s->kv, p->blocks[i], parent, tokens + (size_t)i * s->p.block_size);
+        s->pin_ref[p->blocks[i]]--; /* an identical sealed block took the place of ours: hold that one */
+        s->pin_ref[b]++;
+        p->blocks[i] = b;
+    }
 }
 
 void sched_get_stats(const sched *s, sched_stats *st)

@@ -219,6 +219,21 @@ vki_status sched_pin_seq(sched *s, const sched_seq *q, sched_pin *out);
  * holders) and empties it. O(blocks). */
 void sched_pin_release(sched *s, sched_pin *p);
 
+/* Pins restored from outside (a session file) for tokens[0, n * block_size): sched_pin_prepare
+ * takes the longest cached prefix by the usual lookup (those blocks already hold that KV) and
+ * allocates the other *n_fresh blocks, the last ones of out->blocks (unsealed, contents
+ * undefined); the caller writes their KV, then sched_pin_commit seals them in order (from then on
+ * they are a cached prefix like any other, found by the next sequence's lookup), or
+ * sched_pin_release gives everything back (unsealed blocks go to the free list: their contents
+ * are never found). Nothing else may run in between. Restored KV never takes what running
+ * sequences may still allocate: *room is the blocks allocatable beyond their reservations.
+ * VKI_ERR_INVALID_ARG without block reuse or for n past the longest sequence or the pool;
+ * VKI_ERR_OUT_OF_DEVICE_MEMORY (nothing taken) when n - prefix blocks (+ the prefix's cached
+ * ones) exceed *room; VKI_ERR_OUT_OF_HOST_MEMORY. O(n * block_size). */
+vki_status sched_pin_prepare(sched *s, const int32_t *tokens, uint32_t n, sched_pin *out, uint32_t *n_fresh,
+                             uint32_t *room);
+void sched_pin_commit(sched *s, const int32_t *tokens, sched_pin *p, uint32_t n_fresh);
+
 void sched_get_stats(const sched *s, sched_stats *st);
 uint32_t sched_queue_len(const sched *s);
 

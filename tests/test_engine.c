@@ -28,6 +28,7 @@
 #include "engine/gguf_write.h"
 #include "engine/synth.h"
 #include "host/tokenizer/tokenizer.h"
+#include "engine/quant.h"
 #include "support/gguf_edit.h"
 
 #define PAGES_PER_SEQ 160
@@ -1102,6 +1103,63 @@ static void test_page_copy(void **state)
     vt_assert_clean(g);
 }
 
+/* Session files' KV copies (engine/kv_io.c): a prompt's first two pages read from an engine with
+ * 16-token pages and written into one with 8-token pages (four scattered page ids, one page per
+ * command buffer) read back there byte for byte (the host layout knows no page size), and the
+ * next 5 tokens computed over them give the logits the first engine gives over its own pages, bit
+ * for bit, for F32, F16 and Q8_0 pools. */
+static void test_kv_io(void **state)
+{
+    vt_gpu *g = vt_gpu_get(state);
+    vt_rng r = vt_rng_seeded("kv io");
+    synth_params sp = synth_default_params();
+    sp.n_layer = 2, sp.d_model = 128, sp.n_head = 4, sp.n_head_kv = 2, sp.head_dim = 32, sp.d_ff = 256;
+    sp.n_vocab = 512, sp.n_ctx = 1024, sp.wtype = SYNTH_F16, sp.seed = 77;
+    char path[512];
+    write_synth("kv_io", &sp, path, sizeof path);
+    const uint32_t types[] = {VKI_GGML_F32, VKI_GGML_F16, VKI_GGML_Q8_0};
+    int32_t prompt[37];
+    random_prompt(&r, prompt, 37, sp.n_vocab);
+    for (size_t k = 0; k < 3; k++) {
+        vk_engine_params pa = test_params(types[k], 64), pb = pa;
+        pb.page_size = 8;
+        fixture A, B;
+        fixture_open_p(g, path, &pa, &A);
+        fixture_open_p(g, path, &pb, &B);
+        tseq s, t;
+        tseq_init(&s, 0, prompt, 37, 40);
+        tseq_init(&t, 1, prompt, 37, 40);
+        float *la = malloc(sp.n_vocab * sizeof *la), *lb = malloc(sp.n_vocab * sizeof *lb), *lga[1] = {la}, *lgb[1] = {lb};
+        tseq *sa[1] = {&s}, *sb[1] = {&t};
+        uint32_t n32 = 32, n5 = 5;
+        step(&A, sa, &n32, 1, NULL); /* pages 0 and 1 full */
+        size_t bytes = 32 * (size_t)2 * sp.n_layer * sp.n_head_kv * vk_engine_kv_row_bytes(A.e);
+        uint8_t *kv = malloc(bytes), *back = malloc(bytes);
+        const uint32_t bp[4] = {9, 3, 17, 5};
+        B.e->kv_io_chunk = 1;
+        assert_int_equal(vk_engine_kv_read(A.e, s.pages, 2, kv), VKI_OK);
+        assert_int_equal(vk_engine_kv_write(B.e, bp, 4, kv), VKI_OK);
+        assert_int_equal(vk_engine_kv_read(B.e, bp, 4, back), VKI_OK);
+        assert_memory_equal(kv, back, bytes);
+        memcpy(t.pages, bp, sizeof bp);
+        t.pages[4] = 30;
+        t.done = 32;
+        step(&A, sa, &n5, 1, lga);
+        step(&B, sb, &n5, 1, lgb);
+        /* bit for bit (lavapipe, seeds 1-6): the same KV bytes, and no kernel splits by page */
+        if (memcmp(la, lb, sp.n_vocab * sizeof *la))
+            fail_msg("%s KV: logits over copied pages differ from the source's (NMSE %.2e)",
+                     quant_type_name(types[k]), vt_nmse(lb, la, sp.n_vocab));
+        const uint32_t out_of_pool = B.e->n_pages;
+        assert_int_equal(vk_engine_kv_read(B.e, &out_of_pool, 1, back), VKI_ERR_INVALID_ARG);
+        free(kv), free(back), free(la), free(lb), free(s.tok), free(t.tok);
+        fixture_close(&A);
+        fixture_close(&B);
+    }
+    unlink(path);
+    vt_assert_clean(g);
+}
+
 /* A model the engine cannot run is refused through the public API with a message that names
  * the problem: an unsupported architecture, a missing tensor, a truncated file. */
 static void write_meta_only(const char *path, const char *arch)
@@ -1221,6 +1279,7 @@ int main(void)
         cmocka_unit_test(test_unsupported_models_refused),
         cmocka_unit_test(test_bad_plans_refused),
         cmocka_unit_test(test_page_copy),
+        cmocka_unit_test(test_kv_io),
     };
     if (getenv("VKI_TEST_FILTER")) /* one test while developing: VKI_TEST_FILTER=test_moe_vs_reference */
         cmocka_set_test_filter(getenv("VKI_TEST_FILTER"));

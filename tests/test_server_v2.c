@@ -33,6 +33,7 @@ static const char KNOWN[] = ", there was a little girl named Lily. She loved to 
 
 typedef struct T {
     char dir[256];
+    char sdir[256];            /* the session file folder (--session-dir) */
     bool stories;
     srv *s;
     uint16_t port;
@@ -128,6 +129,7 @@ static vki_status start(T *t, srv_model_control control, const char *dir, char *
     rp.load_models = all;
     rp.n_load_models = 1;
     rp.unload_timeout_s = 1;
+    p.session_dir = t->sdir[0] ? t->sdir : NULL;
     rp.memory_budget = 512ull << 20; /* each small model holds ~40 MiB on lavapipe (scratch) */
     rp.engine.kv_tokens = 4096;
     rp.engine.max_seqs = 16;
@@ -146,7 +148,9 @@ static int group_setup(void **state)
     signal(SIGPIPE, SIG_IGN);
     T *t = calloc(1, sizeof *t);
     char err[512] = "";
-    if (!t || !make_repo(t)) {
+    if (t)
+        snprintf(t->sdir, sizeof t->sdir, "/tmp/vki_test_v2_sessions_%d", (int)getpid());
+    if (!t || !make_repo(t) || mkdir(t->sdir, 0755)) {
         printf("cannot build the test repository\n");
         return -1;
     }
@@ -166,6 +170,13 @@ static int group_teardown(void **state)
     T *t = *state;
     srv_destroy(t->s);
     rm_repo(t);
+    static const char *const sfiles[] = {"conv.bin", "a.bin", "mini.bin"};
+    char p[400];
+    for (size_t i = 0; i < sizeof sfiles / sizeof sfiles[0]; i++) {
+        snprintf(p, sizeof p, "%s/%s", t->sdir, sfiles[i]);
+        remove(p);
+    }
+    remove(t->sdir);
     int msgs = atomic_load(&t->validation);
     free(t);
     if (msgs)
@@ -724,6 +735,116 @@ static void test_sequences(void **state)
 }
 
 
+/* ids of a completion answer: prompt_token_ids + token_ids (+ more), as a JSON array */
+static cJSON *conv_ids(const cJSON *answer, const cJSON *more)
+{
+    cJSON *ids = cJSON_Duplicate(get(answer, "choices.0.prompt_token_ids"), true);
+    for (const cJSON *x = get(answer, "choices.0.token_ids")->child; x; x = x->next)
+        cJSON_AddItemToArray(ids, cJSON_CreateNumber(x->valuedouble));
+    for (const cJSON *x = more ? more->child : NULL; x; x = x->next)
+        cJSON_AddItemToArray(ids, cJSON_CreateNumber(x->valuedouble));
+    return ids;
+}
+
+/* A completion over ids in session sid: the answer. */
+static cJSON *turn(T *t, const cJSON *ids, const char *sid)
+{
+    cJSON *q = cJSON_CreateObject();
+    cJSON_AddStringToObject(q, "model", "b");
+    cJSON_AddItemToObject(q, "prompt", cJSON_Duplicate(ids, true));
+    cJSON_AddNumberToObject(q, "max_tokens", 8);
+    cJSON_AddNumberToObject(q, "temperature", 0);
+    cJSON_AddStringToObject(q, "session_id", sid);
+    char *qs = cJSON_PrintUnformatted(q);
+    cJSON *a = http_json(t, "POST", "/v1/completions", qs, 200);
+    free(qs);
+    cJSON_Delete(q);
+    return a;
+}
+
+/* An OpenAI-style error with status want whose message (or param) contains needle. */
+static void oai_error(T *t, const char *path, const char *body, int want, const char *needle)
+{
+    cJSON *j = http_json(t, "POST", path, body, want);
+    const char *msg = get_str(j, "error.message");
+    const cJSON *param = get(j, "error.param");
+    if (!strstr(msg, needle) && !(cJSON_IsString(param) && strstr(param->valuestring, needle)))
+        fail_msg("POST %s %s: want an error naming '%s', got %s", path, body, needle, msg);
+    cJSON_Delete(j);
+}
+
+/* Session files through the server on the real engine: a turn, save, the same conversation's
+ * next turn (the reference), the model unloaded and loaded again (a fresh KV pool: a restart),
+ * restore into another session, the next turn: the same greedy tokens with only the new tokens
+ * prefilled; the file continues a v2 sequence too. A file of another model, traversal file
+ * names, a missing file, a session without KV are refused. */
+static void test_session_files(void **state)
+{
+    T *t = *state;
+    static const char TEXT[] = "Once upon a time there was a little girl named Lily who lived in a small house near "
+                               "the park";
+    char body[512];
+    snprintf(body, sizeof body, "{\"model\":\"b\",\"prompt\":\"%s\",\"max_tokens\":8,\"temperature\":0,"
+             "\"return_token_ids\":true,\"session_id\":\"sf-1\"}", TEXT);
+    cJSON *t1 = http_json(t, "POST", "/v1/completions", body, 200);
+    cJSON *sv = http_json(t, "POST", "/v1/sessions/sf-1/save", "{\"model\":\"b\",\"filename\":\"conv.bin\"}", 200);
+    uint32_t n_tok = (uint32_t)get(sv, "tokens")->valuedouble, n_kv = (uint32_t)get(sv, "kv_tokens")->valuedouble;
+    uint32_t n_conv = (uint32_t)cJSON_GetArraySize(get(t1, "choices.0.prompt_token_ids")) + 8;
+    assert_int_equal(n_tok, n_conv);
+    assert_true(n_kv >= 16 && n_kv % 16 == 0 && n_kv < n_conv); /* whole 16-token pages */
+    assert_true(get(sv, "bytes")->valuedouble > 128 && get(sv, "ms")->valuedouble >= 0);
+    assert_string_equal(get_str(sv, "filename"), "conv.bin");
+    cJSON *add = http_json(t, "POST", "/tokenize", "{\"model\":\"b\",\"content\":\" Then\",\"add_special\":false}", 200);
+    cJSON *ids = conv_ids(t1, get(add, "tokens"));
+    cJSON *ref = turn(t, ids, "sf-1"); /* the conversation without save and restore */
+    assert_int_equal((int)get(ref, "usage.prompt_tokens_details.cached_tokens")->valuedouble, (int)n_kv);
+    cJSON *j = http_json(t, "POST", "/v2/repository/models/b/unload", "", 200);
+    cJSON_Delete(j);
+    j = http_json(t, "POST", "/v2/repository/models/b/load", NULL, 200);
+    cJSON_Delete(j);
+    cJSON *rs = http_json(t, "POST", "/v1/sessions/sf-2/restore", "{\"model\":\"b\",\"filename\":\"conv.bin\"}", 200);
+    assert_int_equal((int)get(rs, "tokens")->valuedouble, (int)n_tok);
+    assert_int_equal((int)get(rs, "kv_tokens")->valuedouble, (int)n_kv);
+    assert_string_equal(get_str(rs, "fingerprint"), get_str(sv, "fingerprint"));
+    cJSON *again = turn(t, ids, "sf-2");
+    assert_string_equal(get_str(again, "choices.0.text"), get_str(ref, "choices.0.text"));
+    assert_int_equal((int)get(again, "usage.prompt_tokens_details.cached_tokens")->valuedouble, (int)n_kv);
+    /* a v2 sequence restored from the file continues the conversation with its new text only */
+    rs = (cJSON_Delete(rs), http_json(t, "POST", "/v1/sessions/77/restore", "{\"model\":\"b\",\"filename\":"
+                                      "\"conv.bin\"}", 200));
+    j = http_json(t, "POST", "/v2/models/b/generate", "{\"text_input\":\" Then\",\"max_tokens\":8,\"temperature\":0,"
+                  "\"parameters\":{\"sequence_id\":77}}", 200);
+    assert_string_equal(get_str(j, "text_output"), get_str(ref, "choices.0.text"));
+    cJSON_Delete(j);
+    /* refusals */
+    j = http_json(t, "POST", "/v1/completions", "{\"model\":\"a\",\"prompt\":\"hello there, a longer prompt to fill "
+                  "a page of sixteen tokens or more\",\"max_tokens\":4,\"session_id\":\"sa\"}", 200);
+    cJSON_Delete(j);
+    j = http_json(t, "POST", "/v1/sessions/sa/save", "{\"model\":\"a\",\"filename\":\"a.bin\"}", 200);
+    cJSON_Delete(j);
+    oai_error(t, "/v1/sessions/sf-3/restore", "{\"model\":\"b\",\"filename\":\"a.bin\"}", 400, "from another model");
+    oai_error(t, "/v1/sessions/sf-3/restore", "{\"model\":\"b\",\"filename\":\"../x\"}", 400, "filename");
+    oai_error(t, "/v1/sessions/sf-3/restore", "{\"model\":\"b\",\"filename\":\"/etc/passwd\"}", 400, "filename");
+    oai_error(t, "/v1/sessions/sf-3/save", "{\"model\":\"b\",\"filename\":\".hidden\"}", 400, "filename");
+    oai_error(t, "/v1/sessions/sf-3/save", "{\"model\":\"b\"}", 400, "filename");
+    oai_error(t, "/v1/sessions/sf-3/save", "{\"model\":\"b\",\"filename\":\"x\",\"path\":\"/tmp\"}", 400, "path");
+    oai_error(t, "/v1/sessions/sf-3/restore", "{\"model\":\"b\",\"filename\":\"none.bin\"}", 404, "none.bin");
+    oai_error(t, "/v1/sessions/sf-3/save", "{\"model\":\"b\",\"filename\":\"mini.bin\"}", 404, "holds no KV");
+    oai_error(t, "/v1/sessions/sf-3/save", "{\"filename\":\"mini.bin\"}", 400, "model");
+    char *out;
+    int st = http(t, "POST", "/v1/sessions/sf-3/restore", "{\"model\":\"b\",\"filename\":\"a.bin\"}", &out);
+    if (st != 400 || strstr(out, t->sdir)) /* the client sees its file name, not the server's folder */
+        fail_msg("%d: %s", st, out);
+    free(out);
+    cJSON_Delete(t1);
+    cJSON_Delete(sv);
+    cJSON_Delete(add);
+    cJSON_Delete(ids);
+    cJSON_Delete(ref);
+    cJSON_Delete(rs);
+    cJSON_Delete(again);
+}
+
 /* include/vkinfer_server.h: a server with no repository over the program's own engine, added,
  * served, removed and added again; the engine outlives the server. */
 static void test_c_api(void **state)
@@ -762,6 +883,10 @@ static void test_c_api(void **state)
     j = http_json(&c, "POST", "/v1/completions", "{\"prompt\":\"hi\",\"max_tokens\":2}", 200); /* the only model */
     assert_string_equal(get_str(j, "model"), "mine");
     cJSON_Delete(j);
+    j = http_json(&c, "POST", "/v1/sessions/x/save", "{\"filename\":\"f\"}", 501); /* no session_dir */
+    if (!strstr(get_str(j, "error.message"), "--session-dir"))
+        fail_msg("%s", get_str(j, "error.message"));
+    cJSON_Delete(j);
     assert_int_equal(vki_server_remove_model(vs, "mine"), VKI_OK);
     assert_int_equal(vki_server_remove_model(vs, "nope"), VKI_ERR_NOT_FOUND);
     v2_error(&c, "POST", "/v2/models/mine/generate", "{\"text_input\":\"hi\"}", 404, "not loaded");
@@ -779,7 +904,8 @@ int main(void)
         cmocka_unit_test(test_repository),     cmocka_unit_test(test_v2_metadata),
         cmocka_unit_test(test_infer_generate), cmocka_unit_test(test_beams_logprobs),
         cmocka_unit_test(test_metrics_stats),
-        cmocka_unit_test(test_sequences),      cmocka_unit_test(test_c_api),
+        cmocka_unit_test(test_sequences),      cmocka_unit_test(test_session_files),
+        cmocka_unit_test(test_c_api),
         cmocka_unit_test(test_unload_under_traffic), cmocka_unit_test(test_control_none),
     };
     if (getenv("VKI_TEST_FILTER"))

@@ -8,6 +8,7 @@
 #include "engine/gguf.h"
 #include "engine/quant.h"
 #include "engine/synth.h"
+#include "support/gguf_edit.h"
 
 #include <unistd.h>
 
@@ -574,6 +575,35 @@ static void test_bad_params(void **state)
     assert_int_equal(synth_preset("nope", &p), VKI_ERR_NOT_FOUND);
 }
 
+/* gguf_fingerprint (session files refuse another model's KV by it): the same weights give the
+ * same fingerprint, another seed of the same shape (another fine-tune) another one; a new
+ * general.name or chat template keeps it, a hyperparameter change does not. */
+static void test_fingerprint(void **state)
+{
+    synth_params p = synth_default_params();
+    char pa[512], pb[512], pc[512], pd[512], pe[512];
+    gguf_file *a = write_and_open(state, &p, "fa.gguf", pa, sizeof pa), *b = write_and_open(state, &p, "fb.gguf", pb, sizeof pb);
+    p.seed = 2;
+    gguf_file *c = write_and_open(state, &p, "fc.gguf", pc, sizeof pc);
+    assert_true(gguf_fingerprint(a) == gguf_fingerprint(b));
+    assert_true(gguf_fingerprint(a) != gguf_fingerprint(c));
+    tmp_path(state, pd, sizeof pd, "fd.gguf");
+    tmp_path(state, pe, sizeof pe, "fe.gguf");
+    const gguf_edit rename[] = {{.kind = GGUF_EDIT_STR, .name = "general.name", .s = "renamed"},
+                                {.kind = GGUF_EDIT_STR, .name = "tokenizer.chat_template", .s = "{{ x }}"}};
+    const gguf_edit rope[] = {{.kind = GGUF_EDIT_F32, .name = "llama.rope.freq_base", .f = 5000.0f}};
+    assert_int_equal(gguf_edit_copy(pa, pd, rename, 2), VKI_OK);
+    assert_int_equal(gguf_edit_copy(pa, pe, rope, 1), VKI_OK);
+    char err[256];
+    gguf_file *d = NULL, *e = NULL;
+    assert_int_equal(gguf_open(pd, &d, err, sizeof err), VKI_OK);
+    assert_int_equal(gguf_open(pe, &e, err, sizeof err), VKI_OK);
+    assert_true(gguf_fingerprint(a) == gguf_fingerprint(d));
+    assert_true(gguf_fingerprint(a) != gguf_fingerprint(e));
+    gguf_close(a), gguf_close(b), gguf_close(c), gguf_close(d), gguf_close(e);
+    unlink(pa), unlink(pb), unlink(pc), unlink(pd), unlink(pe);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -588,6 +618,9 @@ int main(void)
         cmocka_unit_test(test_weights_seeded),
         cmocka_unit_test(test_threads_same_bytes),
         cmocka_unit_test(test_bad_params),
+        cmocka_unit_test(test_fingerprint),
     };
+    if (getenv("VKI_TEST_FILTER")) /* one test while developing: VKI_TEST_FILTER=test_fingerprint */
+        cmocka_set_test_filter(getenv("VKI_TEST_FILTER"));
     return cmocka_run_group_tests(tests, make_dir, remove_dir);
 }

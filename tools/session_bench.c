@@ -10,7 +10,12 @@
  * turns --traffic unrelated requests of --traffic-len prompt tokens run, enough to evict every
  * block the conversation left cached (the pool is --kv-tokens). Modes: no prefix reuse; prefix
  * reuse with that traffic; a session with that traffic; prefix reuse with no traffic (the best
- * the cache can do). */
+ * the cache can do).
+ *
+ * --file PATH (session files): the conversation's first turns in a session, the session saved to
+ * PATH, the batch manager destroyed and a new one created (an empty pool, as after a restart),
+ * the file restored, then the last turn: save and restore times, file size, and the last turn's
+ * computed tokens and TTFT against the same turn without the file. --file-only skips the table. */
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -79,6 +84,8 @@ static double run(vki_batch_manager *bm, uint64_t id, const int32_t *prompt, uin
 
 typedef struct opts {
     const char *model;
+    const char *file;          /* --file: session file measurements */
+    bool file_only;
     uint32_t turns, user, answer, traffic, traffic_len, kv_tokens;
 } opts;
 
@@ -133,14 +140,80 @@ static result conversation(vki_engine *e, const opts *o, bool reuse, bool sessio
     return r;
 }
 
+static vki_batch_manager *manager(vki_engine *e, const opts *o)
+{
+    vki_batch_params p = vki_batch_default_params();
+    p.session_max_blocks = o->kv_tokens / 16;
+    vki_batch_manager *bm = NULL;
+    if (vki_batch_manager_create(e, &p, NULL, &bm) != VKI_OK) {
+        fprintf(stderr, "session-bench: cannot create the batch manager\n");
+        exit(1);
+    }
+    return bm;
+}
+
+/* Turns 1 .. turns-1 in a session, save, a new manager, restore, the last turn; then the last
+ * turn again in a new manager without the file. */
+static void file_mode(vki_engine *e, const opts *o, uint32_t vocab)
+{
+    size_t cap = (size_t)o->turns * (o->user + o->answer) + 16;
+    int32_t *conv = malloc(cap * sizeof *conv);
+    uint32_t n = 0;
+    uint64_t id = 1;
+    wait1 w;
+    rng = 88172645463325252ull;
+    vki_batch_manager *bm = manager(e, o);
+    for (uint32_t turn = 1; turn < o->turns; turn++) {
+        for (uint32_t i = 0; i < o->user; i++)
+            conv[n++] = rnd_tok(vocab);
+        run(bm, id++, conv, n, o->answer, 77, &w);
+        memcpy(conv + n, w.out, (size_t)w.n_out * sizeof *conv);
+        n += w.n_out;
+    }
+    char err[512] = "";
+    vki_session_file_info sv = {0}, rs = {0};
+    if (vki_batch_session_save(bm, 77, o->file, &sv, err, sizeof err) != VKI_OK) {
+        fprintf(stderr, "session-bench: save: %s\n", err);
+        exit(1);
+    }
+    vki_batch_manager_destroy(bm, false);
+    bm = manager(e, o);
+    if (vki_batch_session_restore(bm, 77, o->file, &rs, err, sizeof err) != VKI_OK) {
+        fprintf(stderr, "session-bench: restore: %s\n", err);
+        exit(1);
+    }
+    for (uint32_t i = 0; i < o->user; i++)
+        conv[n++] = rnd_tok(vocab);
+    double ttft = run(bm, id++, conv, n, o->answer, 77, &w);
+    uint32_t cached = w.n_cached;
+    vki_batch_manager_destroy(bm, false);
+    bm = manager(e, o);
+    double cold = run(bm, id++, conv, n, o->answer, 0, &w);
+    vki_batch_manager_destroy(bm, false);
+    double mb = (double)sv.bytes / (1024.0 * 1024.0);
+    uint64_t kv_bytes = sv.bytes - 136 - 4ull * sv.n_tokens; /* less the header, tokens, checksum */
+    printf("\nsession file: %u tokens, KV of %u (%llu bytes a token), %.2f MiB\n\n", sv.n_tokens, sv.n_kv_tokens,
+           (unsigned long long)(sv.n_kv_tokens ? kv_bytes / sv.n_kv_tokens : 0), mb);
+    printf("| save ms | restore ms | save MiB/s | restore MiB/s | last turn: prompt | from the file | computed | "
+           "TTFT ms | without the file: TTFT ms |\n|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+    printf("| %.1f | %.1f | %.0f | %.0f | %u | %u | %u | %.1f | %.1f |\n", sv.ms, rs.ms, mb / (sv.ms / 1e3),
+           mb / (rs.ms / 1e3), n, cached, n - cached, ttft, cold);
+    free(conv);
+}
+
 static uint32_t u32_arg(const char *v) { return (uint32_t)strtoul(v, NULL, 10); }
 
 int main(int argc, char **argv)
 {
     opts o = {.turns = 5, .user = 360, .answer = 40, .traffic = 2, .traffic_len = 800, .kv_tokens = 3072};
-    for (int i = 1; i + 1 < argc; i += 2) {
-        const char *a = argv[i], *v = argv[i + 1];
-        if (!strcmp(a, "-m"))
+    for (int i = 1; i < argc; i += 2) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : "";
+        if (!strcmp(a, "--file-only")) {
+            o.file_only = true;
+            i--;
+        } else if (!strcmp(a, "--file")) {
+            o.file = v;
+        } else if (!strcmp(a, "-m"))
             o.model = v;
         else if (!strcmp(a, "--turns"))
             o.turns = u32_arg(v);
@@ -155,9 +228,9 @@ int main(int argc, char **argv)
         else if (!strcmp(a, "--kv-tokens"))
             o.kv_tokens = u32_arg(v);
     }
-    if (!o.model || !o.turns || !o.user || !o.answer || !o.traffic_len) {
+    if (!o.model || !o.turns || !o.user || !o.answer || !o.traffic_len || (o.file_only && !o.file)) {
         fprintf(stderr, "usage: session-bench -m MODEL.gguf [--turns 5] [--user 360] [--answer 40] [--traffic 2] "
-                "[--traffic-len 800] [--kv-tokens 3072]\n");
+                "[--traffic-len 800] [--kv-tokens 3072] [--file PATH [--file-only]]\n");
         return 2;
     }
     vki_engine_params ep = vki_engine_default_params();
@@ -195,13 +268,16 @@ int main(int argc, char **argv)
            "%u-token user messages, %u-token answers, %u requests of %u tokens between turns\n\n",
            mi.name, mi.arch, mi.n_layer, mi.d_model, mi.device, o.kv_tokens, o.turns, o.user, o.answer,
            o.traffic, o.traffic_len);
-    printf("| mode | prompt tokens | from cache | computed | TTFT ms |\n|---|---:|---:|---:|---:|\n");
-    for (size_t m = 0; m < sizeof MODES / sizeof MODES[0]; m++) {
+    if (!o.file_only)
+        printf("| mode | prompt tokens | from cache | computed | TTFT ms |\n|---|---:|---:|---:|---:|\n");
+    for (size_t m = 0; !o.file_only && m < sizeof MODES / sizeof MODES[0]; m++) {
         result r = conversation(e, &o, MODES[m].reuse, MODES[m].session, MODES[m].traffic, vocab);
         printf("| %s | %u | %u | %u | %.1f |\n", MODES[m].name, r.prompt, r.cached, r.prompt - r.cached,
                r.ttft_ms);
         fflush(stdout);
     }
+    if (o.file)
+        file_mode(e, &o, vocab);
     vki_engine_destroy(e);
     return 0;
 }

@@ -25,6 +25,7 @@ struct vki_engine {
     atomic_bool lost;        /* a step reported VKI_ERR_DEVICE_LOST (read by any thread) */
     atomic_bool has_manager; /* the engine runs one batch manager at a time: claimed with a
                                 compare-and-swap, so concurrent creators cannot both win */
+    uint32_t kv_flags;       /* how this engine computes KV beyond the model (bm_backend.kv_flags) */
 };
 
 vki_engine_params vki_engine_default_params(void)
@@ -97,6 +98,7 @@ static void fill_info(vki_engine *e, const gguf_file *f, const char *path)
     snprintf(i->kv_type, sizeof i->kv_type, "%s", quant_get(g->p.kv_type) ? quant_get(g->p.kv_type)->name : "?");
     i->sliding_window = hp->swa_pattern ? hp->kind[1].window : 0;
     i->kv_window = g->kv_window;
+    i->fingerprint = gguf_fingerprint(f);
 }
 
 /* Captures the device log's first error so vki_engine_create can report it in err. */
@@ -163,8 +165,12 @@ static vki_status load(vki_engine *e, const char *path, const vki_engine_params 
     }
     if (st == VKI_OK && !e->chat && (st = vki_chat_template_create(e->tok, NULL, &e->chat)) != VKI_OK)
         set_err(err, n, "chat template: %s", vki_status_str(st));
-    if (st == VKI_OK)
+    if (st == VKI_OK) {
         fill_info(e, f, path);
+        /* LongRoPE: the context chose the long or the short factors, and K carries them */
+        const gguf_tensor *rf = model_rope_factors(&hp, &t, e->eng->max_ctx);
+        e->kv_flags = rf && rf == t.rope_long && !t.rope_freqs ? BM_KV_ROPE_LONG : 0;
+    }
     model_tensors_free(&t);
     gguf_close(f);
     return st;
@@ -336,6 +342,24 @@ static vki_status backend_token_piece(void *ctx, int32_t token, char *buf, size_
     return vki_token_to_piece(e->tok, token, false, buf, cap, n_out);
 }
 
+static vki_status backend_kv_read(void *ctx, const uint32_t *pages, uint32_t n, void *dst)
+{
+    vki_engine *e = ctx;
+    vki_status st = vk_engine_kv_read(e->eng, pages, n, dst);
+    if (st == VKI_ERR_DEVICE_LOST)
+        atomic_store(&e->lost, true);
+    return st;
+}
+
+static vki_status backend_kv_write(void *ctx, const uint32_t *pages, uint32_t n, const void *src)
+{
+    vki_engine *e = ctx;
+    vki_status st = vk_engine_kv_write(e->eng, pages, n, src);
+    if (st == VKI_ERR_DEVICE_LOST)
+        atomic_store(&e->lost, true);
+    return st;
+}
+
 static void backend_detach(void *ctx)
 {
     vki_engine *e = ctx;
@@ -358,7 +382,12 @@ vki_status vki_batch_manager_create(vki_engine *e, const vki_batch_params *param
                      .max_ctx = g->max_ctx, .max_tokens = g->p.max_tokens, .vocab_size = g->model.hp.n_vocab,
                      .kv_window = g->kv_window, .kv_sink = g->kv_sink,
                      .step = backend_step, .is_eog = backend_is_eog, .token_piece = backend_token_piece,
-                     .detach = backend_detach, .tok = e->tok, .chat = e->chat, .n_embd = g->model.hp.d_model};
+                     .detach = backend_detach, .tok = e->tok, .chat = e->chat, .n_embd = g->model.hp.d_model,
+                     .fingerprint = e->info.fingerprint, .model_name = e->info.name,
+                     .kv_layers = g->model.hp.n_layer, .kv_heads = g->model.hp.n_head_kv,
+                     .kv_head_dim = g->model.hp.head_dim, .kv_type = g->p.kv_type,
+                     .kv_row_bytes = vk_engine_kv_row_bytes(g), .kv_flags = e->kv_flags, .kv_read = backend_kv_read,
+                     .kv_write = backend_kv_write};
     vki_status st = bm_create(&be, params, cb, out);
     if (st != VKI_OK)
         atomic_store(&e->has_manager, false);

@@ -6,6 +6,9 @@
 
 #include "engine/step.h"
 
+/* bm_backend.kv_flags: choices of the engine (not the model) that change the KV it writes. */
+#define BM_KV_ROPE_LONG 1u     /* LongRoPE's long factors (context above the original length) */
+
 typedef struct bm_backend {
     void *ctx;
     uint32_t max_seqs;   /* sequence slots: at most this many sequences hold KV at once */
@@ -35,6 +38,19 @@ typedef struct bm_backend {
      * executors without a vocabulary (test fakes), where those calls are refused. */
     const vki_tokenizer *tok;
     const vki_chat_template *chat;
+    /* Session files (batch_session_file.c). The model's identity and KV layout, which a file must
+     * match, and copies of the KV of whole pages between the pool and the host in the layout
+     *     [n * page_size tokens][kv_layers][K, V][kv_heads][kv_row_bytes]
+     * (the engine's vk_engine_kv_read). Called by the worker between steps. kv_read NULL: session
+     * files are refused. */
+    uint64_t fingerprint;      /* gguf_fingerprint of the model */
+    const char *model_name;    /* for messages; lives as long as ctx */
+    uint32_t kv_layers, kv_heads, kv_head_dim;
+    uint32_t kv_type;          /* VKI_GGML_F32, F16 or Q8_0 */
+    uint32_t kv_row_bytes;     /* one token's row of one head in kv_type */
+    uint32_t kv_flags;         /* how the engine computes KV beyond the model: BM_KV_* */
+    vki_status (*kv_read)(void *ctx, const uint32_t *pages, uint32_t n, void *dst);
+    vki_status (*kv_write)(void *ctx, const uint32_t *pages, uint32_t n, const void *src);
 } bm_backend;
 
 #endif

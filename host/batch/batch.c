@@ -493,13 +493,14 @@ static void tick(vki_batch_manager *bm)
 /* Waits for work; takes the inbox and the cancellations. Returns false when the worker must
  * exit. */
 static bool wait_work(vki_batch_manager *bm, bm_req **inbox, bm_cancel **cancels, uint32_t *n_cancels,
-                      bool *abort, int32_t *max_new_reqs, uint64_t **ends, uint32_t *n_ends)
+                      bool *abort, int32_t *max_new_reqs, uint64_t **ends, uint32_t *n_ends, bm_sess_job **jobs)
 {
     double expiry = bm_session_next_expiry_s(bm); /* idle sessions expire while nothing else runs */
     pthread_mutex_lock(&bm->mu);
     for (;;) {
         bool poll = bm->cb.get_requests && !bm->shutdown && bm->p.idle_poll_us;
-        if (bm->inbox_head || bm->n_cancels || bm->n_active || bm->shutdown || bm->notified || bm->n_session_ends)
+        if (bm->inbox_head || bm->n_cancels || bm->n_active || bm->shutdown || bm->notified || bm->n_session_ends ||
+            bm->sess_jobs)
             break;
         if (expiry >= 0 && !poll) {
             struct timespec ts;
@@ -536,6 +537,8 @@ static bool wait_work(vki_batch_manager *bm, bm_req **inbox, bm_cancel **cancels
     *n_ends = bm->n_session_ends;
     bm->session_ends = NULL;
     bm->n_session_ends = bm->session_ends_cap = 0;
+    *jobs = bm->sess_jobs;
+    bm->sess_jobs = NULL;
     *abort = bm->abort;
     *max_new_reqs = -1;
     if (bm->shutdown)
@@ -558,12 +561,13 @@ static void *worker(void *arg)
         int32_t max_new_reqs;
         uint64_t *ends;
         uint32_t n_ends;
-        if (!wait_work(bm, &inbox, &cancels, &n_cancels, &abort, &max_new_reqs, &ends, &n_ends)) {
-            free(ends);
-            break;
-        }
+        bm_sess_job *jobs;
+        bool go_on = wait_work(bm, &inbox, &cancels, &n_cancels, &abort, &max_new_reqs, &ends, &n_ends, &jobs);
         bm_session_apply_ends(bm, ends, n_ends);
         free(ends);
+        bm_session_run_jobs(bm, jobs); /* at the tick boundary: no step runs while the KV is copied */
+        if (!go_on)
+            break;
         if (!bm->n_active && bm->sess_head)
             bm_session_tick(bm, NULL); /* expiry while idle */
         uint64_t finished0 = bm->n_finished;
@@ -689,9 +693,12 @@ vki_status bm_create(const bm_backend *be, const vki_batch_params *p, const vki_
     bool cv_ok = pthread_cond_init(&bm->cv, &ca) == 0;
     pthread_condattr_destroy(&ca);
     bool mu_ok = pthread_mutex_init(&bm->mu, NULL) == 0;
-    if (!cv_ok || !mu_ok || pthread_create(&bm->thread, NULL, worker, bm) != 0) {
+    bool scv_ok = pthread_cond_init(&bm->sess_cv, NULL) == 0;
+    if (!cv_ok || !mu_ok || !scv_ok || pthread_create(&bm->thread, NULL, worker, bm) != 0) {
         if (cv_ok)
             pthread_cond_destroy(&bm->cv);
+        if (scv_ok)
+            pthread_cond_destroy(&bm->sess_cv);
         if (mu_ok)
             pthread_mutex_destroy(&bm->mu);
         bm_free(bm);
@@ -723,7 +730,12 @@ vki_status vki_batch_manager_destroy(vki_batch_manager *bm, bool abort)
     pthread_cond_signal(&bm->cv);
     pthread_mutex_unlock(&bm->mu);
     pthread_join(bm->thread, NULL);
+    pthread_mutex_lock(&bm->mu); /* a session file call still returning from its wait */
+    while (bm->sess_callers)
+        pthread_cond_wait(&bm->sess_cv, &bm->mu);
+    pthread_mutex_unlock(&bm->mu);
     pthread_cond_destroy(&bm->cv);
+    pthread_cond_destroy(&bm->sess_cv);
     pthread_mutex_destroy(&bm->mu);
     if (bm->be.detach)
         bm->be.detach(bm->be.ctx);

@@ -109,6 +109,23 @@ typedef struct bm_cancel {
     uint64_t id, serial;
 } bm_cancel;
 
+/* A session file's save or restore (batch_session_file.c): the caller's thread does the file I/O
+ * and waits while the worker copies the KV at a tick boundary (batch_session.c). */
+typedef struct bm_sess_job {
+    bool restore;
+    uint64_t session_id;
+    int32_t *tokens;           /* [n_tokens] the conversation: restore's input (the caller's),
+                                  save's output (malloc'd by the worker, freed by the caller) */
+    uint32_t n_tokens;
+    uint32_t n_kv;             /* tokens of kv: whole pages of this backend */
+    uint8_t *kv;               /* [n_kv][kv token bytes] in the backend's kv_read layout, owned as
+                                  tokens is */
+    vki_status st;             /* the worker's answer, with err */
+    char err[256];
+    bool done;                 /* under mu: the worker answered */
+    struct bm_sess_job *next;
+} bm_sess_job;
+
 struct vki_batch_manager {
     bm_backend be;
     vki_batch_params p;
@@ -151,6 +168,9 @@ struct vki_batch_manager {
     struct bm_session *sess_head, *sess_tail; /* worker: least recently used first */
     uint32_t n_sessions;       /* worker: sessions in the list */
     uint32_t session_cap;      /* worker: session_max_blocks resolved */
+    bm_sess_job *sess_jobs;    /* under mu: session file copies for the worker, oldest first */
+    uint32_t sess_callers;     /* under mu: threads inside a session file call (destroy waits) */
+    pthread_cond_t sess_cv;    /* a job is done, or a caller left */
 };
 
 /* Creates a manager over `be` (copied; be->ctx must outlive the manager) and starts its worker.
@@ -232,6 +252,10 @@ void bm_session_tick(vki_batch_manager *bm, const sched_tick *t);
 void bm_session_free_all(vki_batch_manager *bm);
 /* seconds until the oldest idle session expires (the worker's idle wait), or < 0: none */
 double bm_session_next_expiry_s(const vki_batch_manager *bm);
+/* The session file jobs taken from the mutex: each done (with its status) and signalled. */
+void bm_session_run_jobs(vki_batch_manager *bm, bm_sess_job *jobs);
+/* Bytes of one token's KV in the backend's kv_read layout (0: the backend cannot copy KV). */
+uint64_t bm_kv_token_bytes(const bm_backend *be);
 
 /* batch_stats.c: emits the stats JSON of one tick through cb.stats. */
 void bm_emit_stats(vki_batch_manager *bm, const sched_tick *t, double step_ms);

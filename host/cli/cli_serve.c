@@ -50,6 +50,8 @@ static void usage(FILE *f)
             "  --unload-timeout S      running requests of a model being unloaded get this long (30)\n"
             "  --session-idle S        a session's pinned KV is released after S idle seconds (300)\n"
             "  --session-max-blocks N  KV blocks all sessions may pin (0 = half the pool)\n"
+            "  --session-dir DIR       enable POST /v1/sessions/ID/save and /restore {\"filename\": NAME}: a\n"
+            "                          session's KV to and from DIR/NAME (plain names only)\n"
             "  --host ADDR             address to listen on (127.0.0.1; 0.0.0.0 or :: for all)\n"
             "  --port N                port (8080; 0 = any free port, printed at start)\n"
             "  --api-key KEY           require Authorization: Bearer KEY on /v1/*, /props, /tokenize,\n"
@@ -141,7 +143,7 @@ static int serve_opt(int argc, char **argv, int *i, serve_opts *o)
                                         "--api-key", "--api-key-file", "--cors-origin", "--request-timeout",
                                         "--stats-interval", "--pooling", "--model-repository", "--model-control",
                                         "--load-model", "--repository-poll-secs", "--unload-timeout",
-                                        "--session-idle", "--session-max-blocks"};
+                                        "--session-idle", "--session-max-blocks", "--session-dir"};
     size_t k;
     int r = cli_value_opt("serve", argc, argv, i, names, sizeof names / sizeof names[0], &k, &v);
     if (r <= 0)
@@ -186,6 +188,7 @@ static int serve_opt(int argc, char **argv, int *i, serve_opts *o)
     case 23: ok = cli_parse_u64("serve", a, v, 0, 86400, &u); o->repo.unload_timeout_s = (double)u; break;
     case 24: ok = cli_parse_u64("serve", a, v, 1, 30 * 86400, &u); p->batch.session_idle_s = (double)u; break;
     case 25: ok = cli_parse_u64("serve", a, v, 0, UINT32_MAX, &u); p->batch.session_max_blocks = (uint32_t)u; break;
+    case 26: p->session_dir = v; break;
     case 18:
         ok = !strcmp(v, "mean") || !strcmp(v, "last");
         p->pooling = !strcmp(v, "last") ? VKI_POOL_LAST : VKI_POOL_MEAN;

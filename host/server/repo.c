@@ -501,6 +501,7 @@ static struct srv_repo *repo_new(const srv_params *p, const srv_repo_params *rp)
     r->p = *rp;
     r->sp = *p;
     r->sp.listen_fd = -1;
+    r->sp.session_dir = NULL; /* the front's copy serves the session file routes of every model */
     pthread_mutex_init(&r->mu, NULL);
     pthread_mutex_init(&r->load_mu, NULL);
     pthread_condattr_t ca;

@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -268,7 +269,12 @@ void srv_serve_small(srv_conn *c)
     case R_VERSION: return srv_route_version(c);
     case R_MODELS: return s->repo ? srv_repo_models(c) : srv_route_models(c);
     case R_MODEL: return s->repo ? srv_repo_model(c, r->path + strlen("/v1/models/")) : srv_route_model(c);
-    case R_SESSION: return srv_route_session_end(c);
+    case R_SESSION:
+        if (srv_session_is_file_route(r->path)) {
+            r->route = R_SESSION_FILE; /* file I/O and a wait for the worker: a handler thread */
+            return;
+        }
+        return srv_route_session_end(c);
     case R_PROPS: return s->repo ? with_only_model(c, srv_route_props) : srv_route_props(c);
     default: return; /* heavy: a handler thread answers */
     }
@@ -293,6 +299,8 @@ void srv_serve_heavy(srv_conn *c)
     srv_error e;
     if (c->req.route == R_V2_HEAVY)
         return srv_kserve_heavy(c);
+    if (c->req.route == R_SESSION_FILE)
+        return srv_route_session_file(c);
     if (!pick_model(c, &e))
         return srv_reply_error(c, &e);
     srv_serve_generation(c, NULL, NULL, NULL);
@@ -500,7 +508,15 @@ static void srv_free(srv *s)
     free_strings(s->cors, s->p.n_cors_origins);
     pthread_cond_destroy(&s->cv);
     pthread_mutex_destroy(&s->mu);
+    pthread_rwlock_destroy(&s->bm_use);
+    free(s->session_dir);
     free(s);
+}
+
+void srv_bm_quiesce(srv *s)
+{
+    pthread_rwlock_wrlock(&s->bm_use);
+    pthread_rwlock_unlock(&s->bm_use);
 }
 
 vki_status srv_bm_create(srv *s, vki_batch_manager **out)
@@ -519,6 +535,9 @@ static vki_status check_params(const srv_params *p, char *err, size_t n_err)
     for (uint32_t i = 0; !bad && i < p->n_api_keys; i++)
         if (!p->api_keys[i] || !p->api_keys[i][0])
             bad = "an API key is empty";
+    struct stat sb;
+    if (!bad && p->session_dir && (stat(p->session_dir, &sb) != 0 || !S_ISDIR(sb.st_mode)))
+        bad = "session_dir: not a folder (--session-dir)";
     if (bad)
         snprintf(err, n_err, "%s", bad);
     return bad ? VKI_ERR_INVALID_ARG : VKI_OK;
@@ -559,12 +578,15 @@ static vki_status srv_new(vki_engine *e, const srv_params *p, bool http, struct 
     pthread_cond_init(&s->cv, &ca);
     pthread_condattr_destroy(&ca);
     pthread_mutex_init(&s->mu, NULL);
+    pthread_rwlock_init(&s->bm_use, NULL);
     srv_metrics_init(&s->m);
     if (e)
         set_model_id(s);
     s->api_keys = copy_strings(p->api_keys, p->n_api_keys);
     s->cors = copy_strings(p->cors_origins, p->n_cors_origins);
-    if (!s->api_keys || !s->cors)
+    s->session_dir = p->session_dir ? strdup(p->session_dir) : NULL;
+    s->p.session_dir = s->session_dir;
+    if (!s->api_keys || !s->cors || (p->session_dir && !s->session_dir))
         st = VKI_ERR_OUT_OF_HOST_MEMORY;
     if (st == VKI_OK && e)
         st = setup_chat(s, err, n_err);
@@ -629,6 +651,7 @@ void srv_model_destroy(srv *m)
     vki_batch_manager *bm = m->bm;
     m->bm = NULL;
     pthread_mutex_unlock(&m->mu);
+    srv_bm_quiesce(m);
     vki_batch_manager_destroy(bm, true);
     srv_free(m);
 }
@@ -675,6 +698,7 @@ void srv_destroy(srv *s)
     vki_batch_manager *bm = s->bm;
     s->bm = NULL; /* cancels and submissions from now on see no manager */
     pthread_mutex_unlock(&s->mu);
+    srv_bm_quiesce(s);
     vki_batch_manager_destroy(bm, true); /* every request left gets its final (cancelled) response */
     if (s->repo)
         srv_repo_stop(s->repo);          /* the same for every model */

@@ -85,6 +85,9 @@ typedef struct srv_params {
     const char *model_id;       /* the "model" in responses; NULL: the file name without .gguf */
     const char *chat_template;  /* NULL: recognise the GGUF's template; else a chat family name */
     vki_batch_params batch;     /* the server's default policy is MAX_UTILIZATION (see README) */
+    const char *session_dir;    /* POST /v1/sessions/{id}/save|restore write and read session
+                                   files in this folder (sessions.c; copied); NULL: those routes
+                                   answer 501 */
     vki_log_fn log;             /* NULL: stderr */
     void *log_user;
     vki_log_level log_level;    /* VKI_LOG_INFO: the access log; DEBUG adds health probes */
@@ -126,6 +129,7 @@ typedef enum srv_route {
     R_TOKENIZE,
     R_DETOKENIZE,
     R_V2_HEAVY,   /* /v2 infer, generate, generate_stream and the repository routes (kserve.c) */
+    R_SESSION_FILE, /* POST /v1/sessions/{id}/save|restore (sessions.c): file I/O and a tick's wait */
 } srv_route;
 
 typedef enum srv_outcome {
@@ -281,6 +285,9 @@ bool srv_probe(srv_conn *c);
 
 /* server.c */
 vki_status srv_bm_create(srv *s, vki_batch_manager **out); /* the server's manager on s->engine */
+/* After s->bm was set to NULL (under mu), before the old manager is destroyed: waits until no
+ * session file call still uses it. */
+void srv_bm_quiesce(srv *s);
 
 /* server_recover.c: the engine's recovery after a device loss (srv_params.recover_backoff_ms) */
 vki_status srv_recover_start(srv *s);
@@ -309,6 +316,10 @@ struct srv {
     pthread_mutex_t mu;
     pthread_cond_t cv;         /* n_active or n_handlers changed */
     vki_batch_manager *bm;     /* NULL once srv_destroy took it */
+    pthread_rwlock_t bm_use;   /* read-held by a session file call while it uses bm outside mu (it
+                                  waits for a tick); taken for writing (srv_bm_quiesce) between
+                                  taking bm away and destroying it */
+    char *session_dir;         /* p.session_dir's copy, or NULL */
     bool draining, device_lost;
     pthread_t recover;         /* the recovery thread (recover_started) */
     bool recover_started, recover_stop; /* under mu */
@@ -575,6 +586,8 @@ void srv_seq_finish(srv *m, uint64_t id, const int32_t *a, uint32_t na, const in
                     bool end);
 void srv_sessions_free(struct srv_sessions *ss);
 void srv_route_session_end(srv_conn *c);
+void srv_route_session_file(srv_conn *c); /* handler thread */
+bool srv_session_is_file_route(const char *path); /* /v1/sessions/{id}/save or /restore */
 bool srv_authorized(const srv *s, const char *auth);
 /* kserve.c */
 void srv_kserve_small(srv_conn *c);  /* io thread: answers, or marks the route R_V2_HEAVY */

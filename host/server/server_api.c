@@ -41,6 +41,7 @@ vki_status vki_server_create(const vki_server_params *vp, vki_server **out, char
     p.n_api_keys = vp->n_api_keys;
     p.max_connections = vp->max_connections;
     p.batch = vp->batch;
+    p.session_dir = vp->session_dir;
     p.log = vp->log ? vp->log : no_log;
     p.log_user = vp->log_user;
     p.log_level = vp->log_level;

@@ -34,6 +34,7 @@ static bool recover_once(srv *s)
     vki_batch_manager *bm = s->bm;
     s->bm = NULL; /* submissions and cancels from now on see no manager */
     pthread_mutex_unlock(&s->mu);
+    srv_bm_quiesce(s);
     vki_batch_manager_destroy(bm, true); /* nothing is left in it: the loss ended every request */
     pthread_mutex_lock(&s->mu);
     uint32_t wait = s->p.recover_backoff_ms;

@@ -14,6 +14,7 @@
  *
  * Costs: the token list of each live sequence (4 bytes a token) in host memory; lookups are
  * O(sequences) under the model's sessions lock. */
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -108,6 +109,17 @@ static void unlink_free(srv_seq **pp)
     free(q);
 }
 
+/* Forgets the sequences idle for idle seconds (but keep), as the manager's pins expire. Under
+ * ss->mu; O(sequences). */
+static void expire(struct srv_sessions *ss, double now, double idle, uint64_t keep)
+{
+    for (srv_seq **pp = &ss->head; *pp;)
+        if (!(*pp)->busy && now - (*pp)->t_last >= idle && (*pp)->id != keep)
+            unlink_free(pp);
+        else
+            pp = &(*pp)->next;
+}
+
 bool srv_seq_begin(srv *m, uint64_t id, bool start, int32_t **hist, uint32_t *n, srv_error *e)
 {
     *hist = NULL;
@@ -117,11 +129,7 @@ bool srv_seq_begin(srv *m, uint64_t id, bool start, int32_t **hist, uint32_t *n,
         return srv_err(e, 500, NULL, "out of memory"), false;
     double now = srv_now(), idle = m->p.batch.session_idle_s;
     pthread_mutex_lock(&ss->mu);
-    for (srv_seq **pp = &ss->head; *pp;) /* expiry, as the manager's pins expire */
-        if (!(*pp)->busy && now - (*pp)->t_last >= idle && (*pp)->id != id)
-            unlink_free(pp);
-        else
-            pp = &(*pp)->next;
+    expire(ss, now, idle, id);
     /* requests of one sequence run one at a time, as Triton's sequence batcher queues them (the
      * previous one's answer may reach the client just before its tokens reach the sequence) */
     struct timespec ts;
@@ -201,23 +209,36 @@ void srv_seq_finish(srv *m, uint64_t id, const int32_t *a, uint32_t na, const in
         end_kv(m, id);
 }
 
+/* "/v1/sessions/{id}/{action}": the id's text (<= 256 bytes) and its session id. */
+static bool parse_route(const char *path, const char *action, char *idtext, size_t cap, uint64_t *id, srv_error *e)
+{
+    const char *p = path + strlen("/v1/sessions/");
+    size_t n = strlen(p), a = strlen(action);
+    if (n <= a + 1 || p[n - a - 1] != '/' || strcmp(p + n - a, action) || n - a - 1 > 256) {
+        srv_err(e, 404, NULL, "unknown route: %.200s (POST /v1/sessions/{id}/end, /save or /restore)", path);
+        return false;
+    }
+    snprintf(idtext, cap, "%.*s", (int)(n - a - 1), p);
+    bool digits = idtext[0] && strspn(idtext, "0123456789") == strlen(idtext) && strlen(idtext) < 16;
+    cJSON *v = digits ? cJSON_CreateNumber(strtod(idtext, NULL)) : cJSON_CreateString(idtext);
+    *id = srv_session_id(v, "session_id", e);
+    cJSON_Delete(v);
+    return *id != 0;
+}
+
+bool srv_session_is_file_route(const char *path)
+{
+    size_t n = strlen(path);
+    return (n > 5 && !strcmp(path + n - 5, "/save")) || (n > 8 && !strcmp(path + n - 8, "/restore"));
+}
+
 /* POST /v1/sessions/{id}/end ({"model": ...} when several models are loaded). */
 void srv_route_session_end(srv_conn *c)
 {
-    const char *p = c->req.path + strlen("/v1/sessions/");
-    size_t n = strlen(p);
     srv_error e;
-    if (n <= 4 || strcmp(p + n - 4, "/end") || n - 4 > 256) {
-        srv_err(&e, 404, NULL, "unknown route: %.200s (POST /v1/sessions/{id}/end)", c->req.path);
-        return srv_reply_error(c, &e);
-    }
     char idtext[260];
-    snprintf(idtext, sizeof idtext, "%.*s", (int)(n - 4), p);
-    bool digits = idtext[0] && strspn(idtext, "0123456789") == strlen(idtext) && strlen(idtext) < 16;
-    cJSON *v = digits ? cJSON_CreateNumber(strtod(idtext, NULL)) : cJSON_CreateString(idtext);
-    uint64_t id = srv_session_id(v, "session_id", &e);
-    cJSON_Delete(v);
-    if (!id)
+    uint64_t id;
+    if (!parse_route(c->req.path, "end", idtext, sizeof idtext, &id, &e))
         return srv_reply_error(c, &e);
     srv_json_err je;
     cJSON *body = c->req.body.len ? srv_json_parse(c->req.body.p, c->req.body.len, &je) : NULL;
@@ -240,4 +261,171 @@ void srv_route_session_end(srv_conn *c)
     cJSON_AddBoolToObject(o, "ended", true);
     srv_model_release(c->s, m);
     srv_reply_json(c, 200, o);
+}
+
+/* ---- session files -------------------------------------------------------------------------- */
+
+/* A plain name inside the session folder: letters, digits, '.', '_', '-', not starting with a
+ * dot (no "..", no hidden files), no '/' (no other folder, no absolute path). */
+static bool plain_name(const char *f)
+{
+    size_t n = strlen(f);
+    return n && n <= 128 && f[0] != '.' &&
+           strspn(f, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-") == n;
+}
+
+/* The request body: {"filename": "...", "model": "..."} (model optional with one model). */
+static bool file_body(srv_conn *c, char *filename, size_t cap, char *model, size_t mcap, srv_error *e)
+{
+    srv_json_err je;
+    cJSON *o = srv_json_parse(c->req.body.p ? c->req.body.p : "", c->req.body.len, &je);
+    bool ok = o && cJSON_IsObject(o);
+    if (!ok)
+        srv_err(e, 400, je.key[0] ? je.key : NULL, "invalid JSON body: %s", o ? "not an object" : je.msg);
+    for (const cJSON *x = ok ? o->child : NULL; x && ok; x = x->next)
+        if (strcmp(x->string, "filename") && strcmp(x->string, "model"))
+            ok = (srv_err(e, 400, x->string, "unknown field '%.60s' (filename, model)", x->string), false);
+    const cJSON *f = cJSON_GetObjectItemCaseSensitive(o, "filename"), *m = cJSON_GetObjectItemCaseSensitive(o, "model");
+    if (ok && (!cJSON_IsString(f) || !plain_name(f->valuestring)))
+        ok = (srv_err(e, 400, "filename", "filename: a plain file name inside the session folder (letters, digits, "
+                      "'.', '_', '-'; not starting with '.'; at most 128 bytes), got %.140s",
+                      cJSON_IsString(f) ? f->valuestring : f ? "a non-string" : "nothing"), false);
+    if (ok && m && !cJSON_IsString(m))
+        ok = (srv_err(e, 400, "model", "model: a string"), false);
+    if (ok) {
+        snprintf(filename, cap, "%s", f->valuestring);
+        snprintf(model, mcap, "%s", m ? m->valuestring : "");
+    }
+    cJSON_Delete(o);
+    return ok;
+}
+
+/* A v2 sequence of that id continues from the restored conversation (its requests send only new
+ * text): its token list becomes the file's. */
+static void seq_restored(srv *m, uint64_t id, const int32_t *tok, uint32_t n)
+{
+    struct srv_sessions *ss = sessions_of(m);
+    int32_t *t = ss && n ? malloc((size_t)n * sizeof *t) : NULL;
+    if (!t)
+        return;
+    memcpy(t, tok, (size_t)n * sizeof *t);
+    pthread_mutex_lock(&ss->mu);
+    expire(ss, srv_now(), m->p.batch.session_idle_s, id); /* restores alone must not pile sequences up */
+    srv_seq **pp = find(ss, id), *q = *pp;
+    if (!q && (q = calloc(1, sizeof *q))) {
+        q->id = id;
+        q->next = ss->head;
+        ss->head = q;
+    }
+    if (q && !q->busy) {
+        free(q->tok);
+        q->tok = t;
+        q->n = n;
+        q->t_last = srv_now();
+        t = NULL;
+    }
+    pthread_mutex_unlock(&ss->mu);
+    free(t);
+}
+
+static unsigned file_http(vki_status st)
+{
+    switch (st) {
+    case VKI_ERR_NOT_FOUND: return 404;
+    case VKI_ERR_INVALID_ARG: case VKI_ERR_FORMAT: case VKI_ERR_UNSUPPORTED: return 400;
+    case VKI_ERR_OUT_OF_DEVICE_MEMORY: case VKI_ERR_SHUTDOWN: case VKI_ERR_DEVICE_LOST: return 503;
+    default: return 500;
+    }
+}
+
+/* Runs the save or restore on m's manager (held against its destruction: bm_use). */
+static vki_status file_call(srv *m, bool save, uint64_t id, const char *path, vki_session_file_info *fi, char *err,
+                            size_t cap)
+{
+    pthread_rwlock_rdlock(&m->bm_use);
+    pthread_mutex_lock(&m->mu);
+    vki_batch_manager *bm = m->draining || m->device_lost ? NULL : m->bm;
+    pthread_mutex_unlock(&m->mu);
+    vki_status st = !bm ? VKI_ERR_SHUTDOWN
+                  : save ? vki_batch_session_save(bm, id, path, fi, err, cap)
+                         : vki_batch_session_restore(bm, id, path, fi, err, cap);
+    pthread_rwlock_unlock(&m->bm_use);
+    if (!bm)
+        snprintf(err, cap, "the model is not serving (shutting down, unloading or recovering from a device loss)");
+    return st;
+}
+
+/* err names the file by its path inside the server: the client sees its own file name. */
+static void hide_dir(char *err, size_t cap, const char *path, const char *filename)
+{
+    char out[384];
+    size_t o = 0, n = strlen(path);
+    for (const char *p = err; *p && o + 1 < sizeof out;) {
+        if (!strncmp(p, path, n)) {
+            o += (size_t)snprintf(out + o, sizeof out - o, "%s", filename);
+            p += n;
+        } else {
+            out[o++] = *p++;
+        }
+        if (o >= sizeof out)
+            o = sizeof out - 1;
+    }
+    out[o] = 0;
+    snprintf(err, cap, "%s", out);
+}
+
+/* POST /v1/sessions/{id}/save and /restore with {"filename": ..., "model": ...}: the session's KV
+ * to or from a file of --session-dir (llama.cpp's --slot-save-path). A restore also gives a v2
+ * sequence of that id its conversation back. Answers the tokens, KV tokens, bytes and ms. */
+void srv_route_session_file(srv_conn *c)
+{
+    srv_error e;
+    size_t pl = strlen(c->req.path);
+    bool save = pl > 5 && !strcmp(c->req.path + pl - 5, "/save");
+    char idtext[260], filename[160], model[160], path[PATH_MAX], err[384] = "";
+    uint64_t id;
+    if (!parse_route(c->req.path, save ? "save" : "restore", idtext, sizeof idtext, &id, &e))
+        return srv_reply_error(c, &e);
+    if (!c->s->session_dir) {
+        srv_err(&e, 501, NULL, "saving and restoring sessions is off: start the server with --session-dir DIR");
+        e.code = "not_implemented";
+        return srv_reply_error(c, &e);
+    }
+    if (!file_body(c, filename, sizeof filename, model, sizeof model, &e))
+        return srv_reply_error(c, &e);
+    if ((size_t)snprintf(path, sizeof path, "%s/%s", c->s->session_dir, filename) >= sizeof path) {
+        srv_err(&e, 400, "filename", "filename: too long for the session folder's path");
+        return srv_reply_error(c, &e);
+    }
+    srv *m = srv_model_acquire(c->s, model[0] ? model : NULL, true, &e);
+    if (!m)
+        return srv_reply_error(c, &e);
+    int32_t *tok = save ? NULL : malloc((size_t)(m->info.n_ctx ? m->info.n_ctx : 1) * sizeof *tok);
+    vki_session_file_info fi = {.tokens = tok, .tokens_cap = tok ? m->info.n_ctx : 0};
+    vki_status st = file_call(m, save, id, path, &fi, err, sizeof err);
+    if (st == VKI_OK && !save)
+        seq_restored(m, id, tok, fi.n_tokens < fi.tokens_cap ? fi.n_tokens : fi.tokens_cap);
+    free(tok);
+    cJSON *o = NULL;
+    if (st == VKI_OK) {
+        char fp[20];
+        snprintf(fp, sizeof fp, "%016llx", (unsigned long long)fi.fingerprint);
+        o = cJSON_CreateObject();
+        cJSON_AddStringToObject(o, "session_id", idtext);
+        cJSON_AddStringToObject(o, "filename", filename);
+        cJSON_AddStringToObject(o, "model", m->model_id);
+        cJSON_AddNumberToObject(o, "tokens", fi.n_tokens);
+        cJSON_AddNumberToObject(o, "kv_tokens", fi.n_kv_tokens);
+        cJSON_AddNumberToObject(o, "bytes", (double)fi.bytes);
+        cJSON_AddNumberToObject(o, "ms", fi.ms);
+        cJSON_AddStringToObject(o, "fingerprint", fp);
+    }
+    srv_log(m, st == VKI_OK ? VKI_LOG_INFO : VKI_LOG_WARN, "session %s %s %s: %s", idtext, save ? "save to" : "restore from",
+            filename, st == VKI_OK ? "done" : err);
+    srv_model_release(c->s, m);
+    if (st == VKI_OK)
+        return srv_reply_json(c, 200, o);
+    hide_dir(err, sizeof err, path, filename);
+    srv_err(&e, file_http(st), st == VKI_ERR_NOT_FOUND && !save ? "filename" : NULL, "%s", err);
+    srv_reply_error(c, &e);
 }

@@ -29,6 +29,7 @@ struct fake_engine {
     uint32_t violations;
     char first[256];
     uint32_t max_seqs_seen, max_tokens_seen;
+    uint32_t kv_copies;
     float *row;             /* [vocab] the logits row handed to a logits sink */
 };
 
@@ -145,8 +146,59 @@ bm_backend fake_backend(fake_engine *f)
     return (bm_backend){.ctx = f, .max_seqs = f->c.max_seqs, .n_pages = f->c.n_pages, .page_size = f->c.page_size,
                         .max_ctx = f->c.max_ctx, .max_tokens = f->c.max_tokens, .vocab_size = f->c.vocab,
                         .kv_window = f->c.window, .kv_sink = f->c.sink, .step = fake_step, .is_eog = fake_is_eog,
-                        .token_piece = fake_token_piece};
+                        .token_piece = fake_token_piece,
+                        .fingerprint = f->c.fingerprint ? f->c.fingerprint : 0xfa4efa4efa4efa4eull,
+                        .model_name = "fake", .kv_layers = 1, .kv_heads = 1, .kv_head_dim = 4,
+                        .kv_type = 0 /* f32 */, .kv_row_bytes = 16, .kv_flags = f->c.kv_flags, .kv_read = fake_kv_read,
+                        .kv_write = fake_kv_write};
 }
+
+static void put_u64(uint8_t *p, uint64_t v) { memcpy(p, &v, 8); }
+static uint64_t get_u64(const uint8_t *p) { uint64_t v; memcpy(&v, p, 8); return v; }
+
+/* Page i's entries <-> rows [i * page_size, ...) of buf: K = token, position, hash; V = valid,
+ * 0, the hash's complement (a write whose K and V disagree is a violation). */
+static vki_status kv_copy(fake_engine *f, const uint32_t *pages, uint32_t n, uint8_t *o, bool read)
+{
+    f->kv_copies++;
+    for (uint32_t i = 0; i < n; i++) {
+        if (pages[i] >= f->c.n_pages) {
+            violation(f, "kv copy: page %u out of range", pages[i]);
+            return VKI_ERR_INVALID_ARG;
+        }
+        for (uint32_t s = 0; s < f->c.page_size; s++, o += 32) {
+            fake_entry *x = &f->kv[(size_t)pages[i] * f->c.page_size + s];
+            uint32_t tp[2] = {(uint32_t)x->token, x->pos}, v[2] = {x->valid, 0};
+            if (read) {
+                memcpy(o, tp, 8);
+                put_u64(o + 8, x->h);
+                memcpy(o + 16, v, 8);
+                put_u64(o + 24, ~x->h);
+                continue;
+            }
+            memcpy(tp, o, 8);
+            memcpy(v, o + 16, 8);
+            if (get_u64(o + 24) != ~get_u64(o + 8)) {
+                violation(f, "kv_write: page %u slot %u: K and V rows disagree", pages[i], s);
+                return VKI_ERR_INTERNAL;
+            }
+            *x = (fake_entry){.token = (int32_t)tp[0], .pos = tp[1], .h = get_u64(o + 8), .valid = v[0] != 0};
+        }
+    }
+    return VKI_OK;
+}
+
+vki_status fake_kv_read(void *ctx, const uint32_t *pages, uint32_t n, void *dst)
+{
+    return kv_copy(ctx, pages, n, dst, true);
+}
+
+vki_status fake_kv_write(void *ctx, const uint32_t *pages, uint32_t n, const void *src)
+{
+    return kv_copy(ctx, pages, n, (uint8_t *)(uintptr_t)src, false);
+}
+
+uint32_t fake_kv_copies(const fake_engine *f) { return f->kv_copies; }
 
 bool fake_is_eog(void *ctx, int32_t token)
 {

@@ -37,6 +37,8 @@ typedef struct fake_config {
                                  may be VKI_PAGE_NONE only where none of them lies; 0 = all. A
                                  window of 1 is refused: the chain continues from the previous
                                  token's entry, which the window must cover */
+    uint64_t fingerprint;     /* the model identity session files carry; 0 = a fixed default */
+    uint32_t kv_flags;        /* bm_backend.kv_flags (session files) */
     /* called with every plan before it runs (after the checks), e.g. to record its shape */
     void (*on_step)(void *user, const vki_step_plan *plan);
     void *on_step_user;
@@ -55,6 +57,13 @@ bool fake_is_eog(void *ctx, int32_t token);
  * "<eos>". A row with a token mask or -inf logit biases draws its own token if allowed, else the
  * next allowed id, else -1 (as the GPU sampler returns for a row that allows nothing). */
 vki_status fake_token_piece(void *ctx, int32_t token, char *buf, size_t cap, size_t *n_out);
+
+/* Session files: the fake's KV in the backend's layout (1 layer, 1 head, rows of 16 bytes: K =
+ * token, position, chain hash; V = valid, the hash's complement), so a restored page that is
+ * wrong trips the chain check of the next step that reads it. */
+vki_status fake_kv_read(void *ctx, const uint32_t *pages, uint32_t n, void *dst);
+vki_status fake_kv_write(void *ctx, const uint32_t *pages, uint32_t n, const void *src);
+uint32_t fake_kv_copies(const fake_engine *f); /* kv_read / kv_write calls so far */
 
 /* Number of invariant violations so far; the first one's text goes to msg. */
 uint32_t fake_violations(const fake_engine *f, char *msg, size_t cap);
