@@ -296,8 +296,10 @@ static void test_tools_forced(void **state)
                get_str(r, "choices.0.message.tool_calls.0.function.arguments"), "required");
     cJSON_Delete(r);
     /* parallel calls of the short function: the end token is biased away, so calls follow calls
-     * up to max_tokens; every call but a cut last one is whole and valid */
-    r = post(t, CHAT, "{" USER ",\"max_tokens\":100,\"seed\":%llu,\"tools\":%s,\"tool_choice\":{\"type\":"
+     * up to max_tokens; every call but a cut last one is whole and valid. Greedy: sampled, a
+     * call's whitespace (up to 21 characters at each of its ~10 `ws` places) could fill 100
+     * tokens with one call (seed 6439951437431 did) */
+    r = post(t, CHAT, "{" USER ",\"max_tokens\":100,\"temperature\":0,\"seed\":%llu,\"tools\":%s,\"tool_choice\":{\"type\":"
              "\"function\",\"function\":{\"name\":\"time\"}},\"logit_bias\":{\"%d\":-100}}",
              (unsigned long long)g_seed + 11, TOOLS,
              vki_token_eos(vki_engine_tokenizer(t->e)));
