@@ -27,6 +27,7 @@
 
 #include "host/server/server.h"
 #include "support/vt.h"
+#include "support/vt_json.h"
 
 /* Greedy, BOS + "Once upon a time", 48 tokens (../shared/models/README.md). */
 static const char KNOWN[] = ", there was a little girl named Lily. She loved to play outside in the park. One day, she "
@@ -218,34 +219,6 @@ static cJSON *http_json(T *t, const char *method, const char *path, const char *
     return j;
 }
 
-static const cJSON *get(const cJSON *o, const char *path) /* "choices.0.text" */
-{
-    char key[64];
-    while (o && *path) {
-        size_t n = strcspn(path, ".");
-        snprintf(key, sizeof key, "%.*s", (int)n, path);
-        o = cJSON_IsArray(o) ? cJSON_GetArrayItem(o, atoi(key)) : cJSON_GetObjectItemCaseSensitive(o, key);
-        path += n + (path[n] == '.');
-    }
-    return o;
-}
-
-static const char *get_str(const cJSON *o, const char *path)
-{
-    const cJSON *v = get(o, path);
-    if (!cJSON_IsString(v))
-        fail_msg("%s is not a string", path);
-    return v->valuestring;
-}
-
-static double get_num(const cJSON *o, const char *path)
-{
-    const cJSON *v = get(o, path);
-    if (!cJSON_IsNumber(v))
-        fail_msg("%s is not a number", path);
-    return v->valuedouble;
-}
-
 /* A stream: its data events parsed (an array), whether [DONE] came. Hangs up after `hang`
  * events (0: read to the end). */
 typedef struct sse_coll {
@@ -327,24 +300,24 @@ static void test_health_models(void **state)
     T *t = *state;
     start(t, NULL, 0);
     cJSON *j = http_json(t, "GET", "/health", NULL, 200);
-    assert_string_equal(get_str(j, "status"), "ok");
+    assert_string_equal(vt_json_str(j, "status"), "ok");
     cJSON_Delete(j);
     j = http_json(t, "GET", "/health/ready", NULL, 200);
-    assert_string_equal(get_str(j, "status"), "ready");
+    assert_string_equal(vt_json_str(j, "status"), "ready");
     cJSON_Delete(j);
     j = http_json(t, "GET", "/v1/models", NULL, 200);
-    assert_string_equal(get_str(j, "object"), "list");
-    assert_string_equal(get_str(j, "data.0.id"), t->id);
-    assert_string_equal(get_str(j, "data.0.object"), "model");
-    assert_true(get_num(j, "data.0.max_model_len") > 0);
+    assert_string_equal(vt_json_str(j, "object"), "list");
+    assert_string_equal(vt_json_str(j, "data.0.id"), t->id);
+    assert_string_equal(vt_json_str(j, "data.0.object"), "model");
+    assert_true(vt_json_num(j, "data.0.max_model_len") > 0);
     cJSON_Delete(j);
     char path[256];
     snprintf(path, sizeof path, "/v1/models/%s", t->id);
     j = http_json(t, "GET", path, NULL, 200);
-    assert_string_equal(get_str(j, "id"), t->id);
+    assert_string_equal(vt_json_str(j, "id"), t->id);
     cJSON_Delete(j);
     j = http_json(t, "GET", "/v1/models/gpt-4", NULL, 404);
-    assert_string_equal(get_str(j, "error.code"), "model_not_found");
+    assert_string_equal(vt_json_str(j, "error.code"), "model_not_found");
     cJSON_Delete(j);
     stop(t);
 }
@@ -357,17 +330,17 @@ static void test_completion(void **state)
     T *t = *state;
     start(t, NULL, 0);
     cJSON *j = http_json(t, "POST", "/v1/completions", CMPL48, 200);
-    assert_string_equal(get_str(j, "object"), "text_completion");
-    assert_string_equal(get_str(j, "model"), t->id);
-    assert_int_equal(strncmp(get_str(j, "id"), "cmpl-", 5), 0);
-    assert_true(get_num(j, "created") > 1.6e9);
-    assert_string_equal(get_str(j, "choices.0.finish_reason"), "length");
-    assert_true(cJSON_IsNull(get(j, "choices.0.logprobs")));
-    assert_int_equal(get_num(j, "usage.completion_tokens"), 48);
-    assert_int_equal(get_num(j, "usage.total_tokens"), get_num(j, "usage.prompt_tokens") + 48);
+    assert_string_equal(vt_json_str(j, "object"), "text_completion");
+    assert_string_equal(vt_json_str(j, "model"), t->id);
+    assert_int_equal(strncmp(vt_json_str(j, "id"), "cmpl-", 5), 0);
+    assert_true(vt_json_num(j, "created") > 1.6e9);
+    assert_string_equal(vt_json_str(j, "choices.0.finish_reason"), "length");
+    assert_true(cJSON_IsNull(vt_json_get(j, "choices.0.logprobs")));
+    assert_int_equal(vt_json_num(j, "usage.completion_tokens"), 48);
+    assert_int_equal(vt_json_num(j, "usage.total_tokens"), vt_json_num(j, "usage.prompt_tokens") + 48);
     if (t->stories) {
-        assert_string_equal(get_str(j, "choices.0.text"), KNOWN);
-        assert_int_equal(get_num(j, "usage.prompt_tokens"), 5); /* BOS + 4 */
+        assert_string_equal(vt_json_str(j, "choices.0.text"), KNOWN);
+        assert_int_equal(vt_json_num(j, "usage.prompt_tokens"), 5); /* BOS + 4 */
     }
     /* the prompt as token ids gives the same answer */
     size_t n = 0;
@@ -379,7 +352,7 @@ static void test_completion(void **state)
         k += snprintf(body + k, sizeof body - (size_t)k, "%s%d", i ? "," : "", ids[i]);
     snprintf(body + k, sizeof body - (size_t)k, "],\"max_tokens\":48,\"temperature\":0}");
     cJSON *j2 = http_json(t, "POST", "/v1/completions", body, 200);
-    assert_string_equal(get_str(j2, "choices.0.text"), get_str(j, "choices.0.text"));
+    assert_string_equal(vt_json_str(j2, "choices.0.text"), vt_json_str(j, "choices.0.text"));
     cJSON_Delete(j2);
     cJSON_Delete(j);
     stop(t);
@@ -401,27 +374,27 @@ static void test_completion_stream(void **state)
     lg_buf text = {0};
     for (int i = 0; i < n - 1; i++) {
         const cJSON *e = cJSON_GetArrayItem(ev, i);
-        assert_string_equal(get_str(e, "object"), "text_completion");
-        assert_true(cJSON_IsNull(get(e, "usage")));
-        const char *s = get_str(e, "choices.0.text");
+        assert_string_equal(vt_json_str(e, "object"), "text_completion");
+        assert_true(cJSON_IsNull(vt_json_get(e, "usage")));
+        const char *s = vt_json_str(e, "choices.0.text");
         lg_buf_put(&text, s, strlen(s));
         bool last = i == n - 2;
-        assert_true(last ? cJSON_IsString(get(e, "choices.0.finish_reason"))
-                         : cJSON_IsNull(get(e, "choices.0.finish_reason")));
+        assert_true(last ? cJSON_IsString(vt_json_get(e, "choices.0.finish_reason"))
+                         : cJSON_IsNull(vt_json_get(e, "choices.0.finish_reason")));
     }
-    assert_string_equal(get_str(cJSON_GetArrayItem(ev, n - 2), "choices.0.finish_reason"), "length");
-    assert_string_equal(text.p, get_str(whole, "choices.0.text"));
+    assert_string_equal(vt_json_str(cJSON_GetArrayItem(ev, n - 2), "choices.0.finish_reason"), "length");
+    assert_string_equal(text.p, vt_json_str(whole, "choices.0.text"));
     const cJSON *u = cJSON_GetArrayItem(ev, n - 1);
-    assert_int_equal(cJSON_GetArraySize(get(u, "choices")), 0);
-    assert_int_equal(get_num(u, "usage.completion_tokens"), 48);
-    assert_int_equal(get_num(u, "usage.prompt_tokens"), get_num(whole, "usage.prompt_tokens"));
+    assert_int_equal(cJSON_GetArraySize(vt_json_get(u, "choices")), 0);
+    assert_int_equal(vt_json_num(u, "usage.completion_tokens"), 48);
+    assert_int_equal(vt_json_num(u, "usage.prompt_tokens"), vt_json_num(whole, "usage.prompt_tokens"));
     free(text.p);
     cJSON_Delete(ev);
     /* without include_usage: no usage field at all */
     ev = stream(t, "/v1/completions", "{\"prompt\":\"Once\",\"max_tokens\":4,\"stream\":true}", 0, &done);
     assert_true(done);
     for (const cJSON *e = ev->child; e; e = e->next)
-        assert_null(get(e, "usage"));
+        assert_null(vt_json_get(e, "usage"));
     cJSON_Delete(ev);
     cJSON_Delete(whole);
     stop(t);
@@ -458,31 +431,31 @@ static void test_chat(void **state)
     snprintf(b1, sizeof b1, body, "");
     snprintf(b2, sizeof b2, body, ",\"stream\":true,\"stream_options\":{\"include_usage\":true}");
     cJSON *j = http_json(t, "POST", "/v1/chat/completions", b1, 200);
-    assert_string_equal(get_str(j, "object"), "chat.completion");
-    assert_int_equal(strncmp(get_str(j, "id"), "chatcmpl-", 9), 0);
-    assert_string_equal(get_str(j, "choices.0.message.role"), "assistant");
-    const char *answer = get_str(j, "choices.0.message.content");
+    assert_string_equal(vt_json_str(j, "object"), "chat.completion");
+    assert_int_equal(strncmp(vt_json_str(j, "id"), "chatcmpl-", 9), 0);
+    assert_string_equal(vt_json_str(j, "choices.0.message.role"), "assistant");
+    const char *answer = vt_json_str(j, "choices.0.message.content");
     assert_true(answer[0] != ' '); /* SentencePiece's leading space is not part of the answer */
     const chat_msg m[] = {{CHAT_SYSTEM, "You tell stories.", 17}, {CHAT_USER, "Tell me\na story", 15}};
-    assert_int_equal(get_num(j, "usage.prompt_tokens"), plain_chat_tokens(t, m, 2));
+    assert_int_equal(vt_json_num(j, "usage.prompt_tokens"), plain_chat_tokens(t, m, 2));
     bool done;
     cJSON *ev = stream(t, "/v1/chat/completions", b2, 0, &done);
     assert_true(done);
     int n = cJSON_GetArraySize(ev);
     const cJSON *first = cJSON_GetArrayItem(ev, 0);
-    assert_string_equal(get_str(first, "object"), "chat.completion.chunk");
-    assert_string_equal(get_str(first, "choices.0.delta.role"), "assistant");
+    assert_string_equal(vt_json_str(first, "object"), "chat.completion.chunk");
+    assert_string_equal(vt_json_str(first, "choices.0.delta.role"), "assistant");
     lg_buf text = {0};
     for (int i = 1; i < n - 2; i++) {
-        const char *s = get_str(cJSON_GetArrayItem(ev, i), "choices.0.delta.content");
+        const char *s = vt_json_str(cJSON_GetArrayItem(ev, i), "choices.0.delta.content");
         lg_buf_put(&text, s, strlen(s));
     }
     const cJSON *fin = cJSON_GetArrayItem(ev, n - 2);
-    assert_null(get(fin, "choices.0.delta.content"));
-    assert_string_equal(get_str(fin, "choices.0.finish_reason"), get_str(j, "choices.0.finish_reason"));
+    assert_null(vt_json_get(fin, "choices.0.delta.content"));
+    assert_string_equal(vt_json_str(fin, "choices.0.finish_reason"), vt_json_str(j, "choices.0.finish_reason"));
     assert_string_equal(text.p ? text.p : "", answer);
-    assert_int_equal(get_num(cJSON_GetArrayItem(ev, n - 1), "usage.completion_tokens"),
-                     get_num(j, "usage.completion_tokens"));
+    assert_int_equal(vt_json_num(cJSON_GetArrayItem(ev, n - 1), "usage.completion_tokens"),
+                     vt_json_num(j, "usage.completion_tokens"));
     free(text.p);
     cJSON_Delete(ev);
     cJSON_Delete(j);
@@ -514,7 +487,7 @@ static void test_stop_strings(void **state)
     T *t = *state;
     start(t, NULL, 0);
     cJSON *whole = http_json(t, "POST", "/v1/completions", CMPL48, 200);
-    const char *full = get_str(whole, "choices.0.text");
+    const char *full = vt_json_str(whole, "choices.0.text");
     size_t len = strlen(full), a = len / 3, b = a + 12, c = len * 2 / 3;
     while (a < len && ((unsigned char)full[a] & 0xC0) == 0x80)
         a++;
@@ -535,11 +508,11 @@ static void test_stop_strings(void **state)
     cJSON_AddItemToObject(sb, "stop", cJSON_CreateStringArray(stops, 3));
     char *body = cJSON_PrintUnformatted(sb);
     cJSON *j = http_json(t, "POST", "/v1/completions", body, 200);
-    const char *got = get_str(j, "choices.0.text");
+    const char *got = vt_json_str(j, "choices.0.text");
     assert_int_equal(strlen(got), cut);
     assert_memory_equal(got, full, cut);
-    assert_string_equal(get_str(j, "choices.0.finish_reason"), "stop");
-    assert_true(get_num(j, "usage.completion_tokens") < 48);
+    assert_string_equal(vt_json_str(j, "choices.0.finish_reason"), "stop");
+    assert_true(vt_json_num(j, "usage.completion_tokens") < 48);
     cJSON_Delete(j);
     free(body);
     cJSON_AddTrueToObject(sb, "stream");
@@ -549,12 +522,12 @@ static void test_stop_strings(void **state)
     assert_true(done);
     lg_buf text = {0};
     for (const cJSON *e = ev->child; e; e = e->next) {
-        const char *s = get_str(e, "choices.0.text");
+        const char *s = vt_json_str(e, "choices.0.text");
         lg_buf_put(&text, s, strlen(s));
     }
     assert_int_equal(text.len, cut);
     assert_true(!cut || !memcmp(text.p, full, cut));
-    assert_string_equal(get_str(cJSON_GetArrayItem(ev, cJSON_GetArraySize(ev) - 1), "choices.0.finish_reason"),
+    assert_string_equal(vt_json_str(cJSON_GetArrayItem(ev, cJSON_GetArraySize(ev) - 1), "choices.0.finish_reason"),
                         "stop");
     free(text.p);
     cJSON_Delete(ev);
@@ -564,7 +537,7 @@ static void test_stop_strings(void **state)
         j = http_json(t, "POST", "/v1/completions",
                       "{\"prompt\":\"Once upon a time\",\"max_tokens\":48,\"temperature\":0,\"stop\":\"little girl "
                       "named\"}", 200);
-        assert_string_equal(get_str(j, "choices.0.text"), ", there was a ");
+        assert_string_equal(vt_json_str(j, "choices.0.text"), ", there was a ");
         cJSON_Delete(j);
     }
     cJSON_Delete(whole);
@@ -573,8 +546,9 @@ static void test_stop_strings(void **state)
 
 static void check_cmpl_logprobs(const cJSON *lp, int n_tokens, int n_top, const char *text, bool pieces_are_text)
 {
-    const cJSON *toks = get(lp, "tokens"), *tlp = get(lp, "token_logprobs"), *top = get(lp, "top_logprobs");
-    const cJSON *off = get(lp, "text_offset");
+    const cJSON *toks = vt_json_get(lp, "tokens"), *tlp = vt_json_get(lp, "token_logprobs"),
+                *top = vt_json_get(lp, "top_logprobs");
+    const cJSON *off = vt_json_get(lp, "text_offset");
     assert_int_equal(cJSON_GetArraySize(toks), n_tokens);
     assert_int_equal(cJSON_GetArraySize(tlp), n_tokens);
     assert_int_equal(cJSON_GetArraySize(top), n_tokens);
@@ -608,17 +582,17 @@ static void test_logprobs(void **state)
     start(t, NULL, 0);
     cJSON *j = http_json(t, "POST", "/v1/completions",
                          "{\"prompt\":\"Once upon a time\",\"max_tokens\":12,\"temperature\":0,\"logprobs\":3}", 200);
-    check_cmpl_logprobs(get(j, "choices.0.logprobs"), 12, 3, get_str(j, "choices.0.text"), t->stories);
+    check_cmpl_logprobs(vt_json_get(j, "choices.0.logprobs"), 12, 3, vt_json_str(j, "choices.0.text"), t->stories);
     cJSON_Delete(j);
     /* chat: content[] with token, logprob, bytes, top_logprobs */
     j = http_json(t, "POST", "/v1/chat/completions",
                   "{\"messages\":[{\"role\":\"user\",\"content\":\"Hi\"}],\"max_tokens\":8,\"temperature\":0,"
                   "\"logprobs\":true,\"top_logprobs\":2,\"ignore_eos\":true}", 200);
-    const cJSON *c = get(j, "choices.0.logprobs.content");
+    const cJSON *c = vt_json_get(j, "choices.0.logprobs.content");
     assert_int_equal(cJSON_GetArraySize(c), 8);
     for (const cJSON *e = c->child; e; e = e->next) {
-        const char *tok = get_str(e, "token");
-        const cJSON *bytes = get(e, "bytes");
+        const char *tok = vt_json_str(e, "token");
+        const cJSON *bytes = vt_json_get(e, "bytes");
         bool ascii = true;
         for (int k = 0; k < cJSON_GetArraySize(bytes); k++)
             ascii &= cJSON_GetArrayItem(bytes, k)->valueint < 0x80;
@@ -627,11 +601,11 @@ static void test_logprobs(void **state)
             for (int k = 0; k < cJSON_GetArraySize(bytes); k++)
                 assert_int_equal(cJSON_GetArrayItem(bytes, k)->valueint, (unsigned char)tok[k]);
         }
-        assert_true(get_num(e, "logprob") <= 0);
-        const cJSON *top = get(e, "top_logprobs");
+        assert_true(vt_json_num(e, "logprob") <= 0);
+        const cJSON *top = vt_json_get(e, "top_logprobs");
         assert_int_equal(cJSON_GetArraySize(top), 2);
-        assert_string_equal(get_str(top, "0.token"), tok);
-        assert_true(get_num(top, "0.logprob") >= get_num(top, "1.logprob"));
+        assert_string_equal(vt_json_str(top, "0.token"), tok);
+        assert_true(vt_json_num(top, "0.logprob") >= vt_json_num(top, "1.logprob"));
     }
     cJSON_Delete(j);
     /* chat without logprobs: null; streaming completions: per-chunk logprobs */
@@ -641,9 +615,9 @@ static void test_logprobs(void **state)
                        "true}", 0, &done);
     int with_lp = 0;
     for (const cJSON *e = ev->child; e; e = e->next) {
-        const cJSON *lp = get(e, "choices.0.logprobs");
+        const cJSON *lp = vt_json_get(e, "choices.0.logprobs");
         if (cJSON_IsObject(lp))
-            with_lp += cJSON_GetArraySize(get(lp, "tokens"));
+            with_lp += cJSON_GetArraySize(vt_json_get(lp, "tokens"));
     }
     assert_int_equal(with_lp, 6);
     cJSON_Delete(ev);
@@ -755,12 +729,12 @@ static void test_errors(void **state)
         char *out;
         int st = http(t, "POST", c->path, c->body, NULL, &out);
         cJSON *j = cJSON_Parse(out);
-        const cJSON *param = get(j, "error.param"), *msg = get(j, "error.message");
+        const cJSON *param = vt_json_get(j, "error.param"), *msg = vt_json_get(j, "error.message");
         if (st != c->status || !cJSON_IsString(msg) || !strstr(msg->valuestring, c->in_msg) ||
             (c->param ? !cJSON_IsString(param) || strcmp(param->valuestring, c->param) : !cJSON_IsNull(param)) ||
-            !cJSON_IsString(get(j, "error.type")))
+            !cJSON_IsString(vt_json_get(j, "error.type")))
             fail_msg("%s %s: got %d %s", c->path, c->body, st, out);
-        assert_string_equal(get_str(j, "error.type"), "invalid_request_error");
+        assert_string_equal(vt_json_str(j, "error.type"), "invalid_request_error");
         cJSON_Delete(j);
         free(out);
     }
@@ -841,8 +815,8 @@ static void test_queue_full(void **state)
     assert_int_equal(http(t, "POST", "/v1/completions", "{\"prompt\":\"x\",\"max_tokens\":2}", &r, &out), 429);
     assert_non_null(lg_header(&r, "Retry-After"));
     cJSON *j = cJSON_Parse(out);
-    assert_string_equal(get_str(j, "error.type"), "rate_limit_error");
-    assert_string_equal(get_str(j, "error.code"), "rate_limit_exceeded");
+    assert_string_equal(vt_json_str(j, "error.type"), "rate_limit_error");
+    assert_string_equal(vt_json_str(j, "error.code"), "rate_limit_exceeded");
     cJSON_Delete(j);
     free(out);
     assert_int_equal(metric(t, "vkinfer_requests_total{outcome=\"queue_full\"}"), 1);
@@ -913,7 +887,7 @@ static void test_many_connections(void **state)
         cJSON *j = i % 2 ? NULL : cJSON_Parse(b.p);
         const cJSON *last = i % 2 ? cJSON_GetArrayItem(c.events, cJSON_GetArraySize(c.events) - 1) : j;
         assert_true(i % 2 == 0 || c.done);
-        assert_int_equal(get_num(last, "usage.completion_tokens"), 3);
+        assert_int_equal(vt_json_num(last, "usage.completion_tokens"), 3);
         cJSON_Delete(j);
         cJSON_Delete(c.events);
         free(parse.line.p);
@@ -978,7 +952,7 @@ static void test_drain(void **state)
     assert_true(srv_wait_idle(t->s, 60));
     pthread_join(th, NULL);
     assert_true(run.done); /* the running stream finished normally */
-    assert_string_equal(get_str(cJSON_GetArrayItem(run.events, cJSON_GetArraySize(run.events) - 1),
+    assert_string_equal(vt_json_str(cJSON_GetArrayItem(run.events, cJSON_GetArraySize(run.events) - 1),
                                 "choices.0.finish_reason"), "length");
     cJSON_Delete(run.events);
     lg_http_close(&k);
@@ -994,8 +968,8 @@ static void test_drain(void **state)
     pthread_join(th, NULL);
     assert_true(bs.done);
     const cJSON *last = cJSON_GetArrayItem(bs.events, cJSON_GetArraySize(bs.events) - 1);
-    assert_string_equal(get_str(last, "error.type"), "server_error");
-    assert_non_null(strstr(get_str(last, "error.message"), "shut down"));
+    assert_string_equal(vt_json_str(last, "error.type"), "server_error");
+    assert_non_null(strstr(vt_json_str(last, "error.message"), "shut down"));
     cJSON_Delete(bs.events);
 }
 
@@ -1009,8 +983,8 @@ static void test_metrics(void **state)
     for (int i = 0; i < 3; i++) {
         cJSON *j = http_json(t, "POST", "/v1/completions", "{\"prompt\":\"Once upon\",\"max_tokens\":5,\"ignore_eos\":true}",
                              200);
-        prompt += (uint64_t)get_num(j, "usage.prompt_tokens");
-        gen += (uint64_t)get_num(j, "usage.completion_tokens");
+        prompt += (uint64_t)vt_json_num(j, "usage.prompt_tokens");
+        gen += (uint64_t)vt_json_num(j, "usage.completion_tokens");
         cJSON_Delete(j);
     }
     lg_resp r;
@@ -1074,37 +1048,37 @@ static void test_routes(void **state)
     start(t, NULL, 0);
     const vki_tokenizer *tok = vki_engine_tokenizer(t->e);
     cJSON *j = http_json(t, "GET", "/version", NULL, 200);
-    assert_string_equal(get_str(j, "version"), SRV_VERSION);
+    assert_string_equal(vt_json_str(j, "version"), SRV_VERSION);
     cJSON_Delete(j);
     j = http_json(t, "GET", "/props", NULL, 200);
     cJSON *m = http_json(t, "GET", "/v1/models", NULL, 200);
-    assert_string_equal(get_str(j, "model"), t->id);
-    assert_int_equal(get_num(j, "n_ctx"), get_num(m, "data.0.max_model_len"));
-    assert_int_equal(get_num(j, "n_ctx"), get_num(m, "data.0.meta.n_ctx"));
-    assert_true(get_num(m, "data.0.meta.n_ctx_train") > 0);
-    assert_string_equal(get_str(j, "policy"), "max-util");
-    assert_true(cJSON_IsObject(get(j, "default_generation_settings")));
+    assert_string_equal(vt_json_str(j, "model"), t->id);
+    assert_int_equal(vt_json_num(j, "n_ctx"), vt_json_num(m, "data.0.max_model_len"));
+    assert_int_equal(vt_json_num(j, "n_ctx"), vt_json_num(m, "data.0.meta.n_ctx"));
+    assert_true(vt_json_num(m, "data.0.meta.n_ctx_train") > 0);
+    assert_string_equal(vt_json_str(j, "policy"), "max-util");
+    assert_true(cJSON_IsObject(vt_json_get(j, "default_generation_settings")));
     if (t->stories)
-        assert_string_equal(get_str(j, "chat_template"), "plain"); /* stories260K has none */
+        assert_string_equal(vt_json_str(j, "chat_template"), "plain"); /* stories260K has none */
     cJSON_Delete(j);
     cJSON_Delete(m);
     /* /tokenize as llama-server: no BOS unless add_special, control tokens parsed, pieces */
     size_t n;
     cJSON *want = ids_of(tok, "Once upon a time", false, &n);
     j = http_json(t, "POST", "/tokenize", "{\"content\":\"Once upon a time\"}", 200);
-    assert_true(cJSON_Compare(get(j, "tokens"), want, true));
+    assert_true(cJSON_Compare(vt_json_get(j, "tokens"), want, true));
     cJSON_Delete(j);
     cJSON_Delete(want);
     want = ids_of(tok, "Once upon a time", true, &n);
     j = http_json(t, "POST", "/tokenize", "{\"content\":\"Once upon a time\",\"add_special\":true,\"with_pieces\":true}",
                   200);
-    assert_int_equal(cJSON_GetArraySize(get(j, "tokens")), n);
+    assert_int_equal(cJSON_GetArraySize(vt_json_get(j, "tokens")), n);
     for (size_t i = 0; i < n; i++) {
         char path[48];
         snprintf(path, sizeof path, "tokens.%zu.id", i);
-        assert_int_equal(get_num(j, path), cJSON_GetArrayItem(want, (int)i)->valueint);
+        assert_int_equal(vt_json_num(j, path), cJSON_GetArrayItem(want, (int)i)->valueint);
         snprintf(path, sizeof path, "tokens.%zu.piece", i);
-        get_str(j, path);
+        vt_json_str(j, path);
     }
     cJSON_Delete(j);
     /* /detokenize: the ids back to the text */
@@ -1117,7 +1091,7 @@ static void test_routes(void **state)
     assert_int_equal(vki_detokenize(tok, v, n, 0, text, sizeof text - 1, &len), VKI_OK);
     text[len] = 0;
     j = http_json(t, "POST", "/detokenize", body, 200);
-    assert_string_equal(get_str(j, "content"), text);
+    assert_string_equal(vt_json_str(j, "content"), text);
     cJSON_Delete(j);
     free(ids);
     cJSON_Delete(want);
@@ -1130,7 +1104,7 @@ static void embedding_of(const cJSON *j, int i, float *out, int d)
 {
     char path[48];
     snprintf(path, sizeof path, "data.%d.embedding", i);
-    const cJSON *e = get(j, path);
+    const cJSON *e = vt_json_get(j, path);
     assert_int_equal(cJSON_GetArraySize(e), d);
     int k = 0;
     for (const cJSON *x = e->child; x; x = x->next)
@@ -1150,9 +1124,9 @@ static void test_embeddings(void **state)
     float *a = calloc((size_t)d * 4, sizeof *a), *b = a + d, *c = b + d, *x = c + d;
     cJSON *j = http_json(t, "POST", "/v1/embeddings",
                          "{\"model\":\"m\",\"input\":[\"Once upon a time\",\"Once upon a time\",\"A dog ran\"]}", 200);
-    assert_string_equal(get_str(j, "object"), "list");
-    assert_string_equal(get_str(j, "data.2.object"), "embedding");
-    assert_int_equal(get_num(j, "data.2.index"), 2);
+    assert_string_equal(vt_json_str(j, "object"), "list");
+    assert_string_equal(vt_json_str(j, "data.2.object"), "embedding");
+    assert_int_equal(vt_json_num(j, "data.2.index"), 2);
     embedding_of(j, 0, a, d);
     embedding_of(j, 1, b, d);
     embedding_of(j, 2, c, d);
@@ -1162,11 +1136,11 @@ static void test_embeddings(void **state)
     assert_true(fabs(sqrt(norm) - 1) < 1e-5); /* L2-normalised; achieved ~1e-7 */
     assert_memory_equal(a, b, (size_t)d * sizeof *a);
     assert_memory_not_equal(a, c, (size_t)d * sizeof *a);
-    assert_true(get_num(j, "usage.prompt_tokens") > 6);
+    assert_true(vt_json_num(j, "usage.prompt_tokens") > 6);
     cJSON_Delete(j);
     /* base64: little-endian float32, the same numbers */
     j = http_json(t, "POST", "/v1/embeddings", "{\"input\":\"Once upon a time\",\"encoding_format\":\"base64\"}", 200);
-    const char *s64 = get_str(j, "data.0.embedding");
+    const char *s64 = vt_json_str(j, "data.0.embedding");
     static const char tbl[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
     unsigned char *raw = (unsigned char *)x;
     size_t nb = 0;
@@ -1182,7 +1156,7 @@ static void test_embeddings(void **state)
     cJSON_Delete(j);
     cJSON_Delete(http_json(t, "POST", "/v1/embeddings", "{\"input\":[5,6,7]}", 200));
     j = http_json(t, "POST", "/v1/embeddings", "{\"input\":\"x\",\"dimensions\":8}", 400);
-    assert_string_equal(get_str(j, "error.param"), "dimensions");
+    assert_string_equal(vt_json_str(j, "error.param"), "dimensions");
     cJSON_Delete(j);
     cJSON_Delete(http_json(t, "POST", "/v1/embeddings", "{\"input\":[]}", 400));
     cJSON_Delete(http_json(t, "POST", "/v1/embeddings", "{\"input\":\"x\",\"encoding_format\":\"hex\"}", 400));
@@ -1203,18 +1177,18 @@ static void test_n_and_echo(void **state)
     static const char body[] = "{\"prompt\":\"Once upon a time\",\"n\":3,\"max_tokens\":12,\"temperature\":1,\"seed\":42,"
                                "\"ignore_eos\":true}";
     cJSON *j = http_json(t, "POST", "/v1/completions", body, 200), *j2 = http_json(t, "POST", "/v1/completions", body, 200);
-    assert_int_equal(cJSON_GetArraySize(get(j, "choices")), 3);
+    assert_int_equal(cJSON_GetArraySize(vt_json_get(j, "choices")), 3);
     for (int i = 0; i < 3; i++) {
         char path[32];
         snprintf(path, sizeof path, "choices.%d.index", i);
-        assert_int_equal(get_num(j, path), i);
+        assert_int_equal(vt_json_num(j, path), i);
         snprintf(path, sizeof path, "choices.%d.text", i);
-        assert_string_equal(get_str(j, path), get_str(j2, path));
+        assert_string_equal(vt_json_str(j, path), vt_json_str(j2, path));
     }
-    assert_true(strcmp(get_str(j, "choices.0.text"), get_str(j, "choices.1.text")) ||
-                strcmp(get_str(j, "choices.1.text"), get_str(j, "choices.2.text"))); /* 3 x 12 sampled tokens */
-    assert_int_equal(get_num(j, "usage.completion_tokens"), 36);
-    assert_int_equal(get_num(j, "usage.prompt_tokens"), get_num(j2, "usage.prompt_tokens"));
+    assert_true(strcmp(vt_json_str(j, "choices.0.text"), vt_json_str(j, "choices.1.text")) ||
+                strcmp(vt_json_str(j, "choices.1.text"), vt_json_str(j, "choices.2.text"))); /* 3 x 12 sampled tokens */
+    assert_int_equal(vt_json_num(j, "usage.completion_tokens"), 36);
+    assert_int_equal(vt_json_num(j, "usage.prompt_tokens"), vt_json_num(j2, "usage.prompt_tokens"));
     cJSON_Delete(j);
     cJSON_Delete(j2);
     /* the other choices take the prompt's KV blocks from the first one */
@@ -1222,8 +1196,8 @@ static void test_n_and_echo(void **state)
     char b2[512];
     snprintf(b2, sizeof b2, "{\"prompt\":\"%s\",\"n\":4,\"max_tokens\":2,\"temperature\":0}", LONG_PROMPT);
     j = http_json(t, "POST", "/v1/completions", b2, 200);
-    size_t np = (size_t)get_num(j, "usage.prompt_tokens");
-    assert_string_equal(get_str(j, "choices.0.text"), get_str(j, "choices.3.text")); /* greedy */
+    size_t np = (size_t)vt_json_num(j, "usage.prompt_tokens");
+    assert_string_equal(vt_json_str(j, "choices.0.text"), vt_json_str(j, "choices.3.text")); /* greedy */
     cJSON_Delete(j);
     double reused = metric(t, "vkinfer_kv_blocks_reused") - reused0;
     printf("n = 4 over a %zu-token prompt: %.0f KV blocks reused\n", np, reused);
@@ -1235,11 +1209,11 @@ static void test_n_and_echo(void **state)
     lg_buf text[2] = {{0}};
     int finishes[2] = {0};
     for (const cJSON *e = ev->child; e; e = e->next) {
-        int i = (int)get_num(e, "choices.0.index");
+        int i = (int)vt_json_num(e, "choices.0.index");
         assert_true(i == 0 || i == 1);
-        const char *s = get_str(e, "choices.0.text");
+        const char *s = vt_json_str(e, "choices.0.text");
         lg_buf_put(&text[i], s, strlen(s));
-        finishes[i] += cJSON_IsString(get(e, "choices.0.finish_reason"));
+        finishes[i] += cJSON_IsString(vt_json_get(e, "choices.0.finish_reason"));
     }
     assert_true(done && finishes[0] == 1 && finishes[1] == 1);
     assert_string_equal(text[0].p, text[1].p);
@@ -1251,13 +1225,13 @@ static void test_n_and_echo(void **state)
     j2 = http_json(t, "POST", "/v1/completions", "{\"prompt\":\"Once upon a time\",\"max_tokens\":8,\"temperature\":0,"
                    "\"echo\":true}", 200);
     char joined[512];
-    snprintf(joined, sizeof joined, "Once upon a time%s", get_str(j, "choices.0.text"));
-    assert_string_equal(get_str(j2, "choices.0.text"), joined);
+    snprintf(joined, sizeof joined, "Once upon a time%s", vt_json_str(j, "choices.0.text"));
+    assert_string_equal(vt_json_str(j2, "choices.0.text"), joined);
     cJSON_Delete(j);
     cJSON_Delete(j2);
     ev = stream(t, "/v1/completions", "{\"prompt\":\"Once upon a time\",\"max_tokens\":3,\"echo\":true,\"stream\":true}",
                 0, &done);
-    assert_string_equal(get_str(cJSON_GetArrayItem(ev, 0), "choices.0.text"), "Once upon a time");
+    assert_string_equal(vt_json_str(cJSON_GetArrayItem(ev, 0), "choices.0.text"), "Once upon a time");
     cJSON_Delete(ev);
     stop(t);
 }
@@ -1273,17 +1247,18 @@ static void test_beam_search(void **state)
     static const char body[] = "{\"prompt\":\"Once upon a time\",\"use_beam_search\":true,\"best_of\":4,\"n\":3,"
                                "\"max_tokens\":10,\"length_penalty\":0.5,\"early_stopping\":\"never\",\"logprobs\":2}";
     cJSON *j = http_json(t, "POST", "/v1/completions", body, 200), *j2 = http_json(t, "POST", "/v1/completions", body, 200);
-    assert_int_equal(cJSON_GetArraySize(get(j, "choices")), 3);
+    assert_int_equal(cJSON_GetArraySize(vt_json_get(j, "choices")), 3);
     int total = 0, n_lp = 0;
     double prev_score = 0;
     for (int i = 0; i < 3; i++) {
         char path[40];
         snprintf(path, sizeof path, "choices.%d.logprobs", i);
-        const cJSON *lp = get(j, path), *tlp = get(lp, "token_logprobs"), *top = get(lp, "top_logprobs");
+        const cJSON *lp = vt_json_get(j, path), *tlp = vt_json_get(lp, "token_logprobs"),
+                    *top = vt_json_get(lp, "top_logprobs");
         int n = cJSON_GetArraySize(tlp);
         double sum = 0;
-        assert_true(n > 0 && cJSON_GetArraySize(get(lp, "tokens")) == n && cJSON_GetArraySize(top) == n &&
-                    cJSON_GetArraySize(get(lp, "text_offset")) == n);
+        assert_true(n > 0 && cJSON_GetArraySize(vt_json_get(lp, "tokens")) == n && cJSON_GetArraySize(top) == n &&
+                    cJSON_GetArraySize(vt_json_get(lp, "text_offset")) == n);
         for (int k = 0; k < n; k++) { /* a beam's token need not be its row's best: never above it */
             double l = cJSON_GetArrayItem(tlp, k)->valuedouble, best = -1e30;
             for (const cJSON *a = cJSON_GetArrayItem(top, k)->child; a; a = a->next)
@@ -1296,35 +1271,36 @@ static void test_beam_search(void **state)
         prev_score = score;
         n_lp += n;
         snprintf(path, sizeof path, "choices.%d.text", i);
-        assert_string_equal(get_str(j, path), get_str(j2, path));
-        assert_true(strlen(get_str(j, path)) > 0);
+        assert_string_equal(vt_json_str(j, path), vt_json_str(j2, path));
+        assert_true(strlen(vt_json_str(j, path)) > 0);
         for (int k = 0; k < i; k++) { /* distinct beams */
             char other[40];
             snprintf(other, sizeof other, "choices.%d.text", k);
-            assert_true(strcmp(get_str(j, path), get_str(j, other)) != 0);
+            assert_true(strcmp(vt_json_str(j, path), vt_json_str(j, other)) != 0);
         }
         snprintf(path, sizeof path, "choices.%d.finish_reason", i);
-        total += strcmp(get_str(j, path), "length") ? 0 : 10;
+        total += strcmp(vt_json_str(j, path), "length") ? 0 : 10;
     }
-    assert_true(get_num(j, "usage.completion_tokens") >= total);
-    assert_int_equal(get_num(j, "usage.completion_tokens"), n_lp);
-    printf("beam search (4 beams, 3 answered): \"%s\" | \"%s\" | \"%s\"\n", get_str(j, "choices.0.text"),
-           get_str(j, "choices.1.text"), get_str(j, "choices.2.text"));
+    assert_true(vt_json_num(j, "usage.completion_tokens") >= total);
+    assert_int_equal(vt_json_num(j, "usage.completion_tokens"), n_lp);
+    printf("beam search (4 beams, 3 answered): \"%s\" | \"%s\" | \"%s\"\n", vt_json_str(j, "choices.0.text"),
+           vt_json_str(j, "choices.1.text"), vt_json_str(j, "choices.2.text"));
     cJSON_Delete(j);
     cJSON_Delete(j2);
     j = http_json(t, "POST", "/v1/chat/completions", "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],"
                   "\"use_beam_search\":true,\"best_of\":2,\"max_tokens\":6,\"early_stopping\":true,\"logprobs\":true,"
                   "\"top_logprobs\":1}", 200);
-    assert_int_equal(cJSON_GetArraySize(get(j, "choices")), 1);
-    assert_int_equal(cJSON_GetArraySize(get(j, "choices.0.logprobs.content")), get_num(j, "usage.completion_tokens"));
-    assert_int_equal(cJSON_GetArraySize(get(j, "choices.0.logprobs.content.0.top_logprobs")), 1);
+    assert_int_equal(cJSON_GetArraySize(vt_json_get(j, "choices")), 1);
+    assert_int_equal(cJSON_GetArraySize(vt_json_get(j, "choices.0.logprobs.content")),
+                     vt_json_num(j, "usage.completion_tokens"));
+    assert_int_equal(cJSON_GetArraySize(vt_json_get(j, "choices.0.logprobs.content.0.top_logprobs")), 1);
     cJSON_Delete(j);
     stop(t);
 }
 
 static int32_t token_at(const cJSON *j, const char *path, int i)
 {
-    const cJSON *a = get(j, path);
+    const cJSON *a = vt_json_get(j, path);
     assert_true(cJSON_IsArray(a) && i < cJSON_GetArraySize(a));
     return cJSON_GetArrayItem(a, i)->valueint;
 }
@@ -1339,8 +1315,8 @@ static void test_request_fields(void **state)
                          "\"temperature\":0,\"return_token_ids\":true}", 200);
     size_t n;
     cJSON *want = ids_of(tok, "Once upon a time", true, &n);
-    assert_true(cJSON_Compare(get(j, "choices.0.prompt_token_ids"), want, true));
-    assert_int_equal(cJSON_GetArraySize(get(j, "choices.0.token_ids")), 8);
+    assert_true(cJSON_Compare(vt_json_get(j, "choices.0.prompt_token_ids"), want, true));
+    assert_int_equal(cJSON_GetArraySize(vt_json_get(j, "choices.0.token_ids")), 8);
     int32_t third = token_at(j, "choices.0.token_ids", 2);
     bool third_is_new = third != token_at(j, "choices.0.token_ids", 0) && third != token_at(j, "choices.0.token_ids", 1);
     cJSON_Delete(want);
@@ -1351,14 +1327,14 @@ static void test_request_fields(void **state)
              "[%d],\"return_token_ids\":true}", third);
     j = http_json(t, "POST", "/v1/completions", body, 200);
     if (third_is_new) {
-        assert_int_equal(get_num(j, "usage.completion_tokens"), 3);
-        assert_string_equal(get_str(j, "choices.0.finish_reason"), "stop");
+        assert_int_equal(vt_json_num(j, "usage.completion_tokens"), 3);
+        assert_string_equal(vt_json_str(j, "choices.0.finish_reason"), "stop");
     }
     cJSON_Delete(j);
     snprintf(body, sizeof body, "{\"prompt\":\"Once upon a time\",\"max_tokens\":8,\"temperature\":0,\"stop_token_ids\":"
              "[%d],\"min_tokens\":4,\"return_token_ids\":true}", third);
     j = http_json(t, "POST", "/v1/completions", body, 200);
-    assert_true(get_num(j, "usage.completion_tokens") >= 4);
+    assert_true(vt_json_num(j, "usage.completion_tokens") >= 4);
     for (int i = 0; i < 3; i++)
         assert_int_not_equal(token_at(j, "choices.0.token_ids", i), third);
     cJSON_Delete(j);
@@ -1372,11 +1348,11 @@ static void test_request_fields(void **state)
         static const char f[] = "{\"prompt\":\"Once\",\"max_tokens\":2,\"ignore_eos\":true,\"logit_bias\":{\"%d\":100}%s}";
         snprintf(body, sizeof body, f, eos, "");
         j = http_json(t, "POST", "/v1/completions", body, 200);
-        assert_string_equal(get_str(j, "choices.0.text"), "");
+        assert_string_equal(vt_json_str(j, "choices.0.text"), "");
         cJSON_Delete(j);
         snprintf(body, sizeof body, f, eos, ",\"skip_special_tokens\":false");
         j = http_json(t, "POST", "/v1/completions", body, 200);
-        assert_non_null(strstr(get_str(j, "choices.0.text"), piece));
+        assert_non_null(strstr(vt_json_str(j, "choices.0.text"), piece));
         cJSON_Delete(j);
     }
     /* accepted for llama.cpp / vLLM clients */
@@ -1386,7 +1362,8 @@ static void test_request_fields(void **state)
     snprintf(body, sizeof body, "{\"prompt\":\"%s\",\"max_tokens\":2}", LONG_PROMPT);
     cJSON_Delete(http_json(t, "POST", "/v1/completions", body, 200));
     j = http_json(t, "POST", "/v1/completions", body, 200);
-    double np = get_num(j, "usage.prompt_tokens"), cached = get_num(j, "usage.prompt_tokens_details.cached_tokens");
+    double np = vt_json_num(j, "usage.prompt_tokens"),
+           cached = vt_json_num(j, "usage.prompt_tokens_details.cached_tokens");
     assert_true(cached >= 16 * floor((np - 1) / 16) && cached < np);
     cJSON_Delete(j);
     stop(t);

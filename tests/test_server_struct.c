@@ -52,7 +52,8 @@ static char *stream_text(const cJSON *events, bool chat, const char **finish)
     strbuf_put(&b, "", 0);
     *finish = NULL;
     for (const cJSON *ev = events->child; ev; ev = ev->next) {
-        const cJSON *t = get(ev, chat ? "choices.0.delta.content" : "choices.0.text"), *f = get(ev, "choices.0.finish_reason");
+        const cJSON *t = vt_json_get(ev, chat ? "choices.0.delta.content" : "choices.0.text"),
+                    *f = vt_json_get(ev, "choices.0.finish_reason");
         if (cJSON_IsString(t))
             strbuf_put(&b, t->valuestring, strlen(t->valuestring));
         if (cJSON_IsString(f))
@@ -99,12 +100,13 @@ static void test_response_format(void **state)
     cJSON *r = post(t, CHAT, "{" USER ",\"max_tokens\":" PERSON_MAX ",\"seed\":%llu,\"response_format\":{\"type\":\"json_schema\","
                     "\"json_schema\":{\"name\":\"person\",\"strict\":true,\"schema\":%s}}}",
                     (unsigned long long)g_seed, PERSON);
-    const char *text = get_str(r, "choices.0.message.content");
+    const char *text = vt_json_str(r, "choices.0.message.content");
     print_message("json_schema (chat): %s\n", text);
-    assert_string_equal(get_str(r, "choices.0.finish_reason"), "stop");
+    assert_string_equal(vt_json_str(r, "choices.0.finish_reason"), "stop");
     expect_in(g_person, text, "json_schema");
     cJSON *v = parse_out(text, "json_schema");
-    assert_true(cJSON_IsNumber(get(v, "age")) && cJSON_IsString(get(v, "name")) && cJSON_IsArray(get(v, "pets")));
+    assert_true(cJSON_IsNumber(vt_json_get(v, "age")) && cJSON_IsString(vt_json_get(v, "name")) &&
+                cJSON_IsArray(vt_json_get(v, "pets")));
     cJSON_Delete(v);
     cJSON_Delete(r);
     /* completions, json_object, streamed: the joined deltas are one JSON object (greedy: any
@@ -147,11 +149,11 @@ static void test_grammar_fields(void **state)
     static const char gbnf[] = "root ::= (\"yes\" | \"no\") \", \" [a-z]{2,6} \".\"";
     cJSON *r = post(t, CMPL, "{\"prompt\":\"Once\",\"max_tokens\":20,\"seed\":%llu,\"grammar\":\"root ::= (\\\"yes\\\" | "
                     "\\\"no\\\") \\\", \\\" [a-z]{2,6} \\\".\\\"\"}", (unsigned long long)g_seed + 3);
-    expect_in(gbnf, get_str(r, "choices.0.text"), "grammar");
+    expect_in(gbnf, vt_json_str(r, "choices.0.text"), "grammar");
     cJSON_Delete(r);
     r = post(t, CHAT, "{" USER ",\"max_tokens\":20,\"seed\":%llu,\"guided_choice\":[\"red \\\"x\\\"\",\"blue\\\\\"]}",
              (unsigned long long)g_seed + 4);
-    const char *c = get_str(r, "choices.0.message.content");
+    const char *c = vt_json_str(r, "choices.0.message.content");
     assert_true(!strcmp(c, "red \"x\"") || !strcmp(c, "blue\\"));
     cJSON_Delete(r);
     static const char small[] = "{\"type\":\"array\",\"items\":{\"type\":\"boolean\"},\"minItems\":1,\"maxItems\":3}";
@@ -167,14 +169,14 @@ static void test_grammar_fields(void **state)
         r = post(t, CMPL, "{\"prompt\":\"Once\",\"max_tokens\":160,\"seed\":%llu,%s}", (unsigned long long)g_seed + 5 + i,
                  field);
         if (i < 2) /* json_object's schema is llama-server's: an object is not required there */
-            expect_in(g, get_str(r, "choices.0.text"), forms[i]);
+            expect_in(g, vt_json_str(r, "choices.0.text"), forms[i]);
         cJSON_Delete(r);
     }
     free(g);
     r = http_json(t, "GET", "/props", NULL, 200);
-    assert_true(cJSON_IsTrue(get(r, "structured_output.tools")));
-    assert_string_equal(get_str(r, "structured_output.tool_call_format"), "hermes");
-    assert_string_equal(get_str(r, "structured_output.response_format.2"), "json_schema");
+    assert_true(cJSON_IsTrue(vt_json_get(r, "structured_output.tools")));
+    assert_string_equal(vt_json_str(r, "structured_output.tool_call_format"), "hermes");
+    assert_string_equal(vt_json_str(r, "structured_output.response_format.2"), "json_schema");
     cJSON_Delete(r);
     stop(t);
 }
@@ -228,7 +230,7 @@ static void test_struct_errors(void **state)
         char *out;
         int st = http(t, "POST", c->path, c->body, NULL, &out);
         cJSON *j = cJSON_Parse(out);
-        const cJSON *param = get(j, "error.param"), *msg = get(j, "error.message");
+        const cJSON *param = vt_json_get(j, "error.param"), *msg = vt_json_get(j, "error.message");
         if (st != c->status || !cJSON_IsString(msg) || !strstr(msg->valuestring, c->in_msg) ||
             !cJSON_IsString(param) || strcmp(param->valuestring, c->param))
             fail_msg("%s %s: got %d %s", c->path, c->body, st, out);
@@ -240,8 +242,8 @@ static void test_struct_errors(void **state)
     snprintf(body, sizeof body, DEAD_END, "false");
     assert_int_equal(http(t, "POST", CMPL, body, NULL, &out), 500);
     cJSON *j = parse_out(out, "error");
-    assert_string_equal(get_str(j, "error.type"), "server_error");
-    assert_non_null(strstr(get_str(j, "error.message"), "no token could be sampled"));
+    assert_string_equal(vt_json_str(j, "error.type"), "server_error");
+    assert_non_null(strstr(vt_json_str(j, "error.message"), "no token could be sampled"));
     cJSON_Delete(j);
     free(out);
     snprintf(body, sizeof body, DEAD_END, "true");
@@ -253,7 +255,7 @@ static void test_struct_errors(void **state)
     assert_string_equal(text, "Once upon");
     assert_null(finish);
     const cJSON *last = cJSON_GetArrayItem(ev, cJSON_GetArraySize(ev) - 1);
-    assert_non_null(strstr(get_str(last, "error.message"), "no token could be sampled"));
+    assert_non_null(strstr(vt_json_str(last, "error.message"), "no token could be sampled"));
     free(text);
     cJSON_Delete(ev);
     /* the server goes on */
@@ -287,13 +289,13 @@ static void test_tools_forced(void **state)
     /* required, one call */
     cJSON *r = post(t, CHAT, "{" USER ",\"max_tokens\":" ANY_CALL_MAX ",\"seed\":%llu,\"tools\":%s,\"tool_choice\":\"required\","
                     "\"parallel_tool_calls\":false}", (unsigned long long)g_seed + 10, TOOLS);
-    assert_string_equal(get_str(r, "choices.0.finish_reason"), "tool_calls");
-    assert_true(cJSON_IsNull(get(r, "choices.0.message.content")));
-    assert_int_equal(cJSON_GetArraySize(get(r, "choices.0.message.tool_calls")), 1);
-    assert_string_equal(get_str(r, "choices.0.message.tool_calls.0.type"), "function");
-    assert_int_equal(strncmp(get_str(r, "choices.0.message.tool_calls.0.id"), "call_", 5), 0);
-    check_call(get_str(r, "choices.0.message.tool_calls.0.function.name"),
-               get_str(r, "choices.0.message.tool_calls.0.function.arguments"), "required");
+    assert_string_equal(vt_json_str(r, "choices.0.finish_reason"), "tool_calls");
+    assert_true(cJSON_IsNull(vt_json_get(r, "choices.0.message.content")));
+    assert_int_equal(cJSON_GetArraySize(vt_json_get(r, "choices.0.message.tool_calls")), 1);
+    assert_string_equal(vt_json_str(r, "choices.0.message.tool_calls.0.type"), "function");
+    assert_int_equal(strncmp(vt_json_str(r, "choices.0.message.tool_calls.0.id"), "call_", 5), 0);
+    check_call(vt_json_str(r, "choices.0.message.tool_calls.0.function.name"),
+               vt_json_str(r, "choices.0.message.tool_calls.0.function.arguments"), "required");
     cJSON_Delete(r);
     /* parallel calls of the short function: the end token is biased away, so calls follow calls
      * up to max_tokens; every call but a cut last one is whole and valid. Greedy: sampled, a
@@ -303,19 +305,19 @@ static void test_tools_forced(void **state)
              "\"function\",\"function\":{\"name\":\"time\"}},\"logit_bias\":{\"%d\":-100}}",
              (unsigned long long)g_seed + 11, TOOLS,
              vki_token_eos(vki_engine_tokenizer(t->e)));
-    const cJSON *calls = get(r, "choices.0.message.tool_calls");
+    const cJSON *calls = vt_json_get(r, "choices.0.message.tool_calls");
     int n = cJSON_GetArraySize(calls);
-    print_message("parallel: %d calls, finish %s\n", n, get_str(r, "choices.0.finish_reason"));
+    print_message("parallel: %d calls, finish %s\n", n, vt_json_str(r, "choices.0.finish_reason"));
     assert_true(n >= 2);
     for (int i = 0; i < n - 1; i++) {
         char path[64];
         snprintf(path, sizeof path, "%d.function.name", i);
-        const char *name = get_str(calls, path);
+        const char *name = vt_json_str(calls, path);
         snprintf(path, sizeof path, "%d.function.arguments", i);
-        check_call(name, get_str(calls, path), "parallel");
+        check_call(name, vt_json_str(calls, path), "parallel");
         snprintf(path, sizeof path, "%d.id", i);
         if (i)
-            assert_string_not_equal(get_str(calls, path), get_str(calls, "0.id"));
+            assert_string_not_equal(vt_json_str(calls, path), vt_json_str(calls, "0.id"));
     }
     cJSON_Delete(r);
     stop(t);
@@ -339,23 +341,24 @@ static void test_tools_stream(void **state)
     int begins = 0;
     const char *finish = NULL;
     for (const cJSON *e = ev->child; e; e = e->next) {
-        const cJSON *tc = get(e, "choices.0.delta.tool_calls"), *f = get(e, "choices.0.finish_reason");
+        const cJSON *tc = vt_json_get(e, "choices.0.delta.tool_calls"), *f = vt_json_get(e, "choices.0.finish_reason");
         finish = cJSON_IsString(f) ? f->valuestring : finish;
-        assert_false(cJSON_IsString(get(e, "choices.0.delta.content")) && get(e, "choices.0.delta.content")->valuestring[0]);
+        const cJSON *dc = vt_json_get(e, "choices.0.delta.content");
+        assert_false(cJSON_IsString(dc) && dc->valuestring[0]);
         if (!tc)
             continue;
         assert_int_equal(cJSON_GetArraySize(tc), 1);
-        assert_int_equal(get_num(tc, "0.index"), 0);
-        if (get(tc, "0.id")) { /* the first chunk of the call */
+        assert_int_equal(vt_json_num(tc, "0.index"), 0);
+        if (vt_json_get(tc, "0.id")) { /* the first chunk of the call */
             begins++;
-            assert_int_equal(strncmp(get_str(tc, "0.id"), "call_", 5), 0);
-            assert_string_equal(get_str(tc, "0.type"), "function");
-            assert_string_equal(get_str(tc, "0.function.name"), "time");
-            assert_string_equal(get_str(tc, "0.function.arguments"), "");
+            assert_int_equal(strncmp(vt_json_str(tc, "0.id"), "call_", 5), 0);
+            assert_string_equal(vt_json_str(tc, "0.type"), "function");
+            assert_string_equal(vt_json_str(tc, "0.function.name"), "time");
+            assert_string_equal(vt_json_str(tc, "0.function.arguments"), "");
         } else {
-            assert_null(get(tc, "0.type"));
-            assert_null(get(tc, "0.function.name"));
-            const char *frag = get_str(tc, "0.function.arguments");
+            assert_null(vt_json_get(tc, "0.type"));
+            assert_null(vt_json_get(tc, "0.function.name"));
+            const char *frag = vt_json_str(tc, "0.function.arguments");
             strbuf_put(&args, frag, strlen(frag));
         }
     }
@@ -378,25 +381,25 @@ static void test_tools_auto_none(void **state)
     start(t, NULL, 0);
     cJSON *r = post(t, CHAT, "{" USER ",\"max_tokens\":16,\"seed\":%llu,\"tools\":%s}", (unsigned long long)g_seed + 13,
                     TOOLS);
-    assert_null(get(r, "choices.0.message.tool_calls"));
-    assert_true(strlen(get_str(r, "choices.0.message.content")) > 0);
-    assert_string_not_equal(get_str(r, "choices.0.finish_reason"), "tool_calls");
-    double with_tools = get_num(r, "usage.prompt_tokens");
+    assert_null(vt_json_get(r, "choices.0.message.tool_calls"));
+    assert_true(strlen(vt_json_str(r, "choices.0.message.content")) > 0);
+    assert_string_not_equal(vt_json_str(r, "choices.0.finish_reason"), "tool_calls");
+    double with_tools = vt_json_num(r, "usage.prompt_tokens");
     cJSON_Delete(r);
     r = post(t, CHAT, "{" USER ",\"max_tokens\":100,\"seed\":%llu,\"tools\":%s,\"tool_choice\":\"auto\",\"grammar\":"
              "\"root ::= [A-Za-z]{1,3} \\\"<tool_call>\\\\n{\\\\\\\"name\\\\\\\": \\\\\\\"time\\\\\\\", "
              "\\\\\\\"arguments\\\\\\\": {\\\\\\\"tz\\\\\\\": \\\\\\\"UTC\\\\\\\"}}\\\\n</tool_call>\\\"\"}",
              (unsigned long long)g_seed + 14, TOOLS);
-    assert_string_equal(get_str(r, "choices.0.finish_reason"), "tool_calls");
-    assert_string_equal(get_str(r, "choices.0.message.tool_calls.0.function.name"), "time");
-    assert_string_equal(get_str(r, "choices.0.message.tool_calls.0.function.arguments"), "{\"tz\": \"UTC\"}");
-    assert_true(strlen(get_str(r, "choices.0.message.content")) >= 1); /* the text before the call */
+    assert_string_equal(vt_json_str(r, "choices.0.finish_reason"), "tool_calls");
+    assert_string_equal(vt_json_str(r, "choices.0.message.tool_calls.0.function.name"), "time");
+    assert_string_equal(vt_json_str(r, "choices.0.message.tool_calls.0.function.arguments"), "{\"tz\": \"UTC\"}");
+    assert_true(strlen(vt_json_str(r, "choices.0.message.content")) >= 1); /* the text before the call */
     cJSON_Delete(r);
     r = post(t, CHAT, "{" USER ",\"max_tokens\":4,\"tools\":%s,\"tool_choice\":\"none\"}", TOOLS);
     chat_msg m = {CHAT_USER, "Tell me about a cat.", 20};
-    assert_int_equal(get_num(r, "usage.prompt_tokens"), plain_chat_tokens(t, &m, 1));
-    assert_true(get_num(r, "usage.prompt_tokens") < with_tools);
-    assert_null(get(r, "choices.0.message.tool_calls"));
+    assert_int_equal(vt_json_num(r, "usage.prompt_tokens"), plain_chat_tokens(t, &m, 1));
+    assert_true(vt_json_num(r, "usage.prompt_tokens") < with_tools);
+    assert_null(vt_json_get(r, "choices.0.message.tool_calls"));
     cJSON_Delete(r);
     stop(t);
 }
@@ -414,8 +417,8 @@ static void test_tool_result_turn(void **state)
                     "\"weather\",\"arguments\":\"{\\\"city\\\": \\\"Paris\\\", \\\"days\\\": 2}\"}}]},{\"role\":\"tool\","
                     "\"tool_call_id\":\"call_1\",\"content\":\"sunny\"}],\"max_tokens\":" ANY_CALL_MAX ",\"seed\":%llu,\"tools\":%s,"
                     "\"tool_choice\":\"required\",\"parallel_tool_calls\":false}", (unsigned long long)g_seed + 15, TOOLS);
-    check_call(get_str(r, "choices.0.message.tool_calls.0.function.name"),
-               get_str(r, "choices.0.message.tool_calls.0.function.arguments"), "after a tool result");
+    check_call(vt_json_str(r, "choices.0.message.tool_calls.0.function.name"),
+               vt_json_str(r, "choices.0.message.tool_calls.0.function.arguments"), "after a tool result");
     /* the prompt the server must have rendered */
     const vki_tokenizer *tok = vki_engine_tokenizer(t->e);
     chat_template ct;
@@ -433,7 +436,7 @@ static void test_tool_result_turn(void **state)
     assert_non_null(strstr(p.text, "<tool_response>\nsunny\n</tool_response>"));
     assert_int_equal(chat_specials_create(tok, &sp), VKI_OK);
     assert_int_equal(chat_tokenize(sp, tok, &p, vki_tokenizer_adds_bos(tok), &ids, &n_ids), VKI_OK);
-    assert_int_equal(get_num(r, "usage.prompt_tokens"), n_ids);
+    assert_int_equal(vt_json_num(r, "usage.prompt_tokens"), n_ids);
     free(ids);
     chat_specials_free(sp);
     chat_prompt_free(&p);

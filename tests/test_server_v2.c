@@ -26,6 +26,7 @@
 #include "vkinfer_server.h"
 #include "support/ref_beam.h"
 #include "support/vt.h"
+#include "support/vt_json.h"
 
 /* Greedy, BOS + "Once upon a time", 48 tokens (../shared/models/README.md). */
 static const char KNOWN[] = ", there was a little girl named Lily. She loved to play outside in the park. One day, she "
@@ -211,23 +212,6 @@ static cJSON *http_json(T *t, const char *method, const char *path, const char *
     return j;
 }
 
-static const cJSON *get(const cJSON *o, const char *path) /* "outputs.0.data.0" */
-{
-    char buf[256];
-    snprintf(buf, sizeof buf, "%s", path);
-    for (char *k = strtok(buf, "."); k && o; k = strtok(NULL, "."))
-        o = cJSON_IsArray(o) ? cJSON_GetArrayItem(o, atoi(k)) : cJSON_GetObjectItemCaseSensitive(o, k);
-    return o;
-}
-
-static const char *get_str(const cJSON *o, const char *path)
-{
-    const cJSON *v = get(o, path);
-    if (!cJSON_IsString(v))
-        fail_msg("%s is not a string", path);
-    return v->valuestring;
-}
-
 /* An error in the v2 shape: {"error": "<message containing needle>"} with status want. */
 static void v2_error(T *t, const char *method, const char *path, const char *body, int want, const char *needle)
 {
@@ -243,9 +227,9 @@ static const char *index_state(const cJSON *idx, const char *name, const char **
 {
     *reason = "";
     for (const cJSON *m = idx->child; m; m = m->next)
-        if (!strcmp(get_str(m, "name"), name)) {
-            *reason = get_str(m, "reason");
-            return get_str(m, "state");
+        if (!strcmp(vt_json_str(m, "name"), name)) {
+            *reason = vt_json_str(m, "reason");
+            return vt_json_str(m, "state");
         }
     return "absent";
 }
@@ -266,7 +250,7 @@ static bool on_sse(void *user, const char *data, size_t n)
         return false;
     const cJSON *txt = cJSON_GetObjectItemCaseSensitive(o, "text_output");
     if (!txt)
-        txt = get(o, "choices.0.text");
+        txt = vt_json_get(o, "choices.0.text");
     if (cJSON_IsString(txt))
         strbuf_printf(&c->text, "%s", txt->valuestring);
     cJSON_Delete(c->last);
@@ -336,9 +320,9 @@ static void test_repository(void **state)
     cJSON_Delete(idx);
 
     cJSON *m = http_json(t, "GET", "/v1/models", NULL, 200);
-    assert_int_equal(cJSON_GetArraySize(get(m, "data")), 2);
-    assert_string_equal(get_str(m, "data.0.id"), "a");
-    assert_string_equal(get_str(m, "data.1.id"), "b");
+    assert_int_equal(cJSON_GetArraySize(vt_json_get(m, "data")), 2);
+    assert_string_equal(vt_json_str(m, "data.0.id"), "a");
+    assert_string_equal(vt_json_str(m, "data.1.id"), "b");
     cJSON_Delete(m);
     /* OpenAI routes route by "model": unknown -> 404 naming the loaded ones; none of several -> 400 */
     char *out;
@@ -353,7 +337,7 @@ static void test_repository(void **state)
         fail_msg("%s", out);
     free(out);
     cJSON *c = http_json(t, "POST", "/v1/completions", "{\"model\":\"a\",\"prompt\":\"x\",\"max_tokens\":3}", 200);
-    assert_string_equal(get_str(c, "model"), "a");
+    assert_string_equal(vt_json_str(c, "model"), "a");
     cJSON_Delete(c);
 }
 
@@ -361,40 +345,40 @@ static void test_v2_metadata(void **state)
 {
     T *t = *state;
     cJSON *j = http_json(t, "GET", "/v2", NULL, 200);
-    assert_string_equal(get_str(j, "name"), "vkinfer");
+    assert_string_equal(vt_json_str(j, "name"), "vkinfer");
     bool gen = false, repo = false;
-    for (const cJSON *x = get(j, "extensions")->child; x; x = x->next) {
+    for (const cJSON *x = vt_json_get(j, "extensions")->child; x; x = x->next) {
         gen |= !strcmp(x->valuestring, "generate");
         repo |= !strcmp(x->valuestring, "model_repository");
     }
     assert_true(gen && repo);
     cJSON_Delete(j);
     j = http_json(t, "GET", "/v2/health/live", NULL, 200);
-    assert_true(cJSON_IsTrue(get(j, "live")));
+    assert_true(cJSON_IsTrue(vt_json_get(j, "live")));
     cJSON_Delete(j);
     j = http_json(t, "GET", "/v2/health/ready", NULL, 200);
-    assert_true(cJSON_IsTrue(get(j, "ready")));
+    assert_true(cJSON_IsTrue(vt_json_get(j, "ready")));
     cJSON_Delete(j);
     j = http_json(t, "GET", "/v2/models/b", NULL, 200);
-    assert_string_equal(get_str(j, "name"), "b");
-    assert_string_equal(get_str(j, "versions.0"), "1");
-    assert_string_equal(get_str(j, "inputs.0.name"), "text_input");
-    assert_string_equal(get_str(j, "inputs.0.datatype"), "BYTES");
-    assert_string_equal(get_str(j, "outputs.0.name"), "text_output");
+    assert_string_equal(vt_json_str(j, "name"), "b");
+    assert_string_equal(vt_json_str(j, "versions.0"), "1");
+    assert_string_equal(vt_json_str(j, "inputs.0.name"), "text_input");
+    assert_string_equal(vt_json_str(j, "inputs.0.datatype"), "BYTES");
+    assert_string_equal(vt_json_str(j, "outputs.0.name"), "text_output");
     cJSON_Delete(j);
     j = http_json(t, "GET", "/v2/models/b/versions/1", NULL, 200);
     cJSON_Delete(j);
     j = http_json(t, "GET", "/v2/models/a/ready", NULL, 200);
-    assert_true(cJSON_IsTrue(get(j, "ready")));
+    assert_true(cJSON_IsTrue(vt_json_get(j, "ready")));
     cJSON_Delete(j);
     j = http_json(t, "GET", "/v2/models/huge/ready", NULL, 503);
-    assert_string_equal(get_str(j, "state"), "UNAVAILABLE");
+    assert_string_equal(vt_json_str(j, "state"), "UNAVAILABLE");
     cJSON_Delete(j);
     v2_error(t, "GET", "/v2/models/nope/ready", NULL, 404, "unknown model");
     j = http_json(t, "GET", "/v2/models/a/config", NULL, 200);
-    assert_int_equal((int)get(j, "max_batch_size")->valuedouble, 8); /* from a/config.json */
-    assert_string_equal(get_str(j, "input.0.data_type"), "TYPE_STRING");
-    assert_true(cJSON_IsTrue(get(j, "model_transaction_policy.decoupled")));
+    assert_int_equal((int)vt_json_get(j, "max_batch_size")->valuedouble, 8); /* from a/config.json */
+    assert_string_equal(vt_json_str(j, "input.0.data_type"), "TYPE_STRING");
+    assert_true(cJSON_IsTrue(vt_json_get(j, "model_transaction_policy.decoupled")));
     cJSON_Delete(j);
     /* errors in the v2 shape */
     v2_error(t, "GET", "/v2/models/nope", NULL, 404, "'nope' is not loaded");
@@ -414,45 +398,45 @@ static void test_infer_generate(void **state)
     T *t = *state;
     cJSON *ref = http_json(t, "POST", "/v1/completions", "{\"model\":\"b\",\"prompt\":\"Once upon a time\","
                            "\"max_tokens\":48,\"temperature\":0}", 200);
-    const char *want = get_str(ref, "choices.0.text");
+    const char *want = vt_json_str(ref, "choices.0.text");
     if (t->stories)
         assert_string_equal(want, KNOWN);
     cJSON *j = http_json(t, "POST", "/v2/models/b/infer", "{\"id\":\"r1\",\"inputs\":[{\"name\":\"text_input\","
                          "\"shape\":[1],\"datatype\":\"BYTES\",\"data\":[\"Once upon a time\"]},{\"name\":\"max_tokens\","
                          "\"shape\":[1],\"datatype\":\"INT32\",\"data\":[48]},{\"name\":\"temperature\",\"shape\":[1],"
                          "\"datatype\":\"FP32\",\"data\":[0]}]}", 200);
-    assert_string_equal(get_str(j, "model_name"), "b");
-    assert_string_equal(get_str(j, "id"), "r1");
-    assert_string_equal(get_str(j, "outputs.0.name"), "text_output");
-    assert_string_equal(get_str(j, "outputs.0.datatype"), "BYTES");
-    assert_string_equal(get_str(j, "outputs.0.data.0"), want);
+    assert_string_equal(vt_json_str(j, "model_name"), "b");
+    assert_string_equal(vt_json_str(j, "id"), "r1");
+    assert_string_equal(vt_json_str(j, "outputs.0.name"), "text_output");
+    assert_string_equal(vt_json_str(j, "outputs.0.datatype"), "BYTES");
+    assert_string_equal(vt_json_str(j, "outputs.0.data.0"), want);
     cJSON_Delete(j);
     j = http_json(t, "POST", "/v2/models/b/generate", "{\"text_input\":\"Once upon a time\",\"parameters\":"
                   "{\"max_tokens\":48,\"temperature\":0}}", 200);
-    assert_string_equal(get_str(j, "text_output"), want);
-    assert_string_equal(get_str(j, "finish_reason"), "length");
+    assert_string_equal(vt_json_str(j, "text_output"), want);
+    assert_string_equal(vt_json_str(j, "finish_reason"), "length");
     cJSON_Delete(j);
     /* the prompt first when exclude_input_in_output is false, as TensorRT-LLM's ensemble */
     j = http_json(t, "POST", "/v2/models/b/generate", "{\"text_input\":\"Once upon a time\",\"max_tokens\":48,"
                   "\"temperature\":0,\"exclude_input_in_output\":false}", 200);
-    assert_int_equal(strncmp(get_str(j, "text_output"), "Once upon a time", 16), 0);
-    assert_string_equal(get_str(j, "text_output") + 16, want);
+    assert_int_equal(strncmp(vt_json_str(j, "text_output"), "Once upon a time", 16), 0);
+    assert_string_equal(vt_json_str(j, "text_output") + 16, want);
     cJSON_Delete(j);
     bg_stream b;
     stream(t, "/v2/models/b/generate_stream", "{\"text_input\":\"Once upon a time\",\"max_tokens\":48,"
            "\"temperature\":0,\"stream\":false}", &b); /* the route decides: it streams */
     assert_true(b.c.n > 2);
     assert_string_equal(b.c.text.p, want);
-    assert_string_equal(get_str(b.c.last, "finish_reason"), "length");
-    assert_string_equal(get_str(b.c.last, "model_name"), "b");
+    assert_string_equal(vt_json_str(b.c.last, "finish_reason"), "length");
+    assert_string_equal(vt_json_str(b.c.last, "model_name"), "b");
     strbuf_free(&b.c.text);
     cJSON_Delete(b.c.last);
     /* a stop word ends the text before it */
     j = http_json(t, "POST", "/v2/models/b/generate", "{\"text_input\":\"Once upon a time\",\"max_tokens\":48,"
                   "\"temperature\":0,\"stop_words\":\"Lily\"}", 200);
     if (t->stories) {
-        assert_string_equal(get_str(j, "text_output"), ", there was a little girl named ");
-        assert_string_equal(get_str(j, "finish_reason"), "stop");
+        assert_string_equal(vt_json_str(j, "text_output"), ", there was a little girl named ");
+        assert_string_equal(vt_json_str(j, "finish_reason"), "stop");
     }
     cJSON_Delete(j);
     v2_error(t, "POST", "/v2/models/b/infer", "{\"inputs\":[{\"name\":\"text_input\",\"data\":[\"x\"]},{\"name\":"
@@ -488,8 +472,9 @@ static void test_beams_logprobs(void **state)
     cJSON *j = http_json(t, "POST", "/v2/models/b/generate", "{\"text_input\":\"Once upon a time\",\"max_tokens\":6,"
                          "\"beam_width\":3,\"return_log_probs\":true,\"return_generation_logits\":true}", 200);
     size_t n_lp, n_rows, n_cum;
-    float *lp = floats(get(j, "output_log_probs"), &n_lp), *rows = floats(get(j, "generation_logits"), &n_rows);
-    float *cum = floats(get(j, "cum_log_probs"), &n_cum);
+    float *lp = floats(vt_json_get(j, "output_log_probs"), &n_lp),
+          *rows = floats(vt_json_get(j, "generation_logits"), &n_rows);
+    float *cum = floats(vt_json_get(j, "cum_log_probs"), &n_cum);
     size_t L = n_lp / 3, V = L ? n_rows / (3 * L) : 0;
     assert_true(n_cum == 3 && L >= 1 && n_lp == 3 * L && V > 1 && n_rows == 3 * L * V);
     if (t->stories)
@@ -498,11 +483,11 @@ static void test_beams_logprobs(void **state)
     for (int b = 0; b < 3; b++) {
         char path[48];
         snprintf(path, sizeof path, "choices.%d.text", b);
-        assert_string_equal(cJSON_GetArrayItem(get(j, "text_output"), b)->valuestring, get_str(ref, path));
+        assert_string_equal(cJSON_GetArrayItem(vt_json_get(j, "text_output"), b)->valuestring, vt_json_str(ref, path));
         snprintf(path, sizeof path, "choices.%d.token_ids", b);
-        const cJSON *ids = get(ref, path);
+        const cJSON *ids = vt_json_get(ref, path);
         snprintf(path, sizeof path, "choices.%d.logprobs.token_logprobs", b);
-        const cJSON *want = get(ref, path);
+        const cJSON *want = vt_json_get(ref, path);
         size_t n = (size_t)cJSON_GetArraySize(ids);
         double sum = 0;
         for (size_t k = 0; k < L; k++) {
@@ -531,17 +516,18 @@ static void test_beams_logprobs(void **state)
     j = http_json(t, "POST", "/v2/models/b/infer", "{\"inputs\":[{\"name\":\"text_input\",\"data\":[\"Once upon a "
                   "time\"]},{\"name\":\"beam_width\",\"data\":[2]},{\"name\":\"return_log_probs\",\"data\":[true]}],"
                   "\"parameters\":{\"max_tokens\":4}}", 200);
-    assert_string_equal(get_str(j, "outputs.1.name"), "cum_log_probs");
-    assert_int_equal(cJSON_GetArraySize(get(j, "outputs.0.data")), 2);
-    assert_int_equal((int)get(j, "outputs.1.shape.1")->valuedouble, 2);
-    assert_int_equal(cJSON_GetArraySize(get(j, "outputs.2.data")), 2 * (int)get(j, "outputs.2.shape.2")->valuedouble);
+    assert_string_equal(vt_json_str(j, "outputs.1.name"), "cum_log_probs");
+    assert_int_equal(cJSON_GetArraySize(vt_json_get(j, "outputs.0.data")), 2);
+    assert_int_equal((int)vt_json_get(j, "outputs.1.shape.1")->valuedouble, 2);
+    assert_int_equal(cJSON_GetArraySize(vt_json_get(j, "outputs.2.data")),
+                     2 * (int)vt_json_get(j, "outputs.2.shape.2")->valuedouble);
     cJSON_Delete(j);
     /* one beam: a string and a scalar (Triton's generate strips one-element tensors); greedy */
     j = http_json(t, "POST", "/v2/models/b/generate", "{\"text_input\":\"Once upon a time\",\"max_tokens\":3,"
                   "\"temperature\":0,\"return_log_probs\":1,\"return_generation_logits\":true}", 200);
-    assert_true(cJSON_IsString(get(j, "text_output")) && cJSON_IsNumber(get(j, "cum_log_probs")));
-    lp = floats(get(j, "output_log_probs"), &n_lp);
-    rows = floats(get(j, "generation_logits"), &n_rows);
+    assert_true(cJSON_IsString(vt_json_get(j, "text_output")) && cJSON_IsNumber(vt_json_get(j, "cum_log_probs")));
+    lp = floats(vt_json_get(j, "output_log_probs"), &n_lp);
+    rows = floats(vt_json_get(j, "generation_logits"), &n_rows);
     assert_true(n_lp == 3 && n_rows == 3 * V);
     for (size_t k = 0; k < 3; k++) {
         int32_t best = 0;
@@ -568,12 +554,12 @@ static void test_metrics_stats(void **state)
     assert_true(metric(t, "vkinfer_generation_tokens_total{model=\"a\"}") >= 4);
     assert_true(metric(t, "vkinfer_server_ready") == 1);
     j = http_json(t, "GET", "/v2/models/a/stats", NULL, 200);
-    assert_string_equal(get_str(j, "model_stats.0.name"), "a");
-    assert_true(get(j, "model_stats.0.inference_count")->valuedouble >= 1);
-    assert_true(get(j, "model_stats.0.inference_stats.success.ns")->valuedouble > 0);
+    assert_string_equal(vt_json_str(j, "model_stats.0.name"), "a");
+    assert_true(vt_json_get(j, "model_stats.0.inference_count")->valuedouble >= 1);
+    assert_true(vt_json_get(j, "model_stats.0.inference_stats.success.ns")->valuedouble > 0);
     cJSON_Delete(j);
     j = http_json(t, "GET", "/v2/models/stats", NULL, 200);
-    assert_int_equal(cJSON_GetArraySize(get(j, "model_stats")), 2);
+    assert_int_equal(cJSON_GetArraySize(vt_json_get(j, "model_stats")), 2);
     cJSON_Delete(j);
 }
 
@@ -605,11 +591,11 @@ static void test_unload_under_traffic(void **state)
     /* the short request finished normally within the timeout */
     assert_int_equal(sb.status, 200);
     assert_int_equal(sb.rc, 1);
-    assert_string_equal(get_str(sb.c.last, "finish_reason"), "length");
+    assert_string_equal(vt_json_str(sb.c.last, "finish_reason"), "length");
     /* the long one ended cleanly: a final error event, then [DONE], no reset */
     assert_int_equal(lb.status, 200);
     assert_int_equal(lb.rc, 1);
-    assert_non_null(get(lb.c.last, "error.message"));
+    assert_non_null(vt_json_get(lb.c.last, "error.message"));
     const char *why = "";
     cJSON *idx = http_json(t, "POST", "/v2/repository/index", NULL, 200);
     assert_string_equal(index_state(idx, "b", &why), "UNAVAILABLE");
@@ -618,12 +604,12 @@ static void test_unload_under_traffic(void **state)
     v2_error(t, "POST", "/v2/models/b/generate", short_b, 404, "not loaded");
     pthread_join(ta, NULL); /* a ran on undisturbed to its length */
     assert_int_equal(sa.rc, 1);
-    assert_string_equal(get_str(sa.c.last, "choices.0.finish_reason"), "length");
+    assert_string_equal(vt_json_str(sa.c.last, "choices.0.finish_reason"), "length");
     /* loading it back */
     j = http_json(t, "POST", "/v2/repository/models/b/load", NULL, 200);
     cJSON_Delete(j);
     j = http_json(t, "POST", "/v2/models/b/generate", short_b, 200);
-    assert_string_equal(get_str(j, "finish_reason"), "length");
+    assert_string_equal(vt_json_str(j, "finish_reason"), "length");
     cJSON_Delete(j);
     v2_error(t, "POST", "/v2/repository/models/nope/load", NULL, 404, "no model 'nope'");
     v2_error(t, "POST", "/v2/repository/models/huge/load", NULL, 400, "does not fit");
@@ -686,12 +672,12 @@ static void test_sequences(void **state)
     snprintf(body, sizeof body, "{\"model\":\"b\",\"prompt\":\"%s\",\"max_tokens\":8,\"temperature\":0,"
              "\"return_token_ids\":true}", LONGTEXT);
     cJSON *t1 = http_json(t, "POST", "/v1/completions", body, 200);
-    assert_string_equal(get_str(t1, "choices.0.text"), get_str(j1, "text_output"));
+    assert_string_equal(vt_json_str(t1, "choices.0.text"), vt_json_str(j1, "text_output"));
     cJSON *add = http_json(t, "POST", "/tokenize", "{\"model\":\"b\",\"content\":\" Then\",\"add_special\":false}", 200);
-    cJSON *ids = cJSON_Duplicate(get(t1, "choices.0.prompt_token_ids"), true);
-    for (const cJSON *x = get(t1, "choices.0.token_ids")->child; x; x = x->next)
+    cJSON *ids = cJSON_Duplicate(vt_json_get(t1, "choices.0.prompt_token_ids"), true);
+    for (const cJSON *x = vt_json_get(t1, "choices.0.token_ids")->child; x; x = x->next)
         cJSON_AddItemToArray(ids, cJSON_CreateNumber(x->valuedouble));
-    for (const cJSON *x = get(add, "tokens")->child; x; x = x->next)
+    for (const cJSON *x = vt_json_get(add, "tokens")->child; x; x = x->next)
         cJSON_AddItemToArray(ids, cJSON_CreateNumber(x->valuedouble));
     cJSON *q = cJSON_CreateObject();
     cJSON_AddStringToObject(q, "model", "b");
@@ -700,7 +686,7 @@ static void test_sequences(void **state)
     cJSON_AddNumberToObject(q, "temperature", 0);
     char *qs = cJSON_PrintUnformatted(q);
     cJSON *ref = http_json(t, "POST", "/v1/completions", qs, 200);
-    assert_string_equal(get_str(j2, "text_output"), get_str(ref, "choices.0.text"));
+    assert_string_equal(vt_json_str(j2, "text_output"), vt_json_str(ref, "choices.0.text"));
     free(qs);
     cJSON_Delete(q);
     cJSON_Delete(add);
@@ -726,7 +712,7 @@ static void test_sequences(void **state)
                   "\"session_id\":\"chat-1\"}", 200);
     cJSON_Delete(j);
     j = http_json(t, "POST", "/v1/sessions/chat-1/end", "{\"model\":\"a\"}", 200);
-    assert_true(cJSON_IsTrue(get(j, "ended")));
+    assert_true(cJSON_IsTrue(vt_json_get(j, "ended")));
     cJSON_Delete(j);
     char *out;
     assert_int_equal(http(t, "POST", "/v1/completions", "{\"model\":\"a\",\"prompt\":\"x\",\"session_id\":{}}", &out),
@@ -738,8 +724,8 @@ static void test_sequences(void **state)
 /* ids of a completion answer: prompt_token_ids + token_ids (+ more), as a JSON array */
 static cJSON *conv_ids(const cJSON *answer, const cJSON *more)
 {
-    cJSON *ids = cJSON_Duplicate(get(answer, "choices.0.prompt_token_ids"), true);
-    for (const cJSON *x = get(answer, "choices.0.token_ids")->child; x; x = x->next)
+    cJSON *ids = cJSON_Duplicate(vt_json_get(answer, "choices.0.prompt_token_ids"), true);
+    for (const cJSON *x = vt_json_get(answer, "choices.0.token_ids")->child; x; x = x->next)
         cJSON_AddItemToArray(ids, cJSON_CreateNumber(x->valuedouble));
     for (const cJSON *x = more ? more->child : NULL; x; x = x->next)
         cJSON_AddItemToArray(ids, cJSON_CreateNumber(x->valuedouble));
@@ -766,8 +752,8 @@ static cJSON *turn(T *t, const cJSON *ids, const char *sid)
 static void oai_error(T *t, const char *path, const char *body, int want, const char *needle)
 {
     cJSON *j = http_json(t, "POST", path, body, want);
-    const char *msg = get_str(j, "error.message");
-    const cJSON *param = get(j, "error.param");
+    const char *msg = vt_json_str(j, "error.message");
+    const cJSON *param = vt_json_get(j, "error.param");
     if (!strstr(msg, needle) && !(cJSON_IsString(param) && strstr(param->valuestring, needle)))
         fail_msg("POST %s %s: want an error naming '%s', got %s", path, body, needle, msg);
     cJSON_Delete(j);
@@ -788,33 +774,34 @@ static void test_session_files(void **state)
              "\"return_token_ids\":true,\"session_id\":\"sf-1\"}", TEXT);
     cJSON *t1 = http_json(t, "POST", "/v1/completions", body, 200);
     cJSON *sv = http_json(t, "POST", "/v1/sessions/sf-1/save", "{\"model\":\"b\",\"filename\":\"conv.bin\"}", 200);
-    uint32_t n_tok = (uint32_t)get(sv, "tokens")->valuedouble, n_kv = (uint32_t)get(sv, "kv_tokens")->valuedouble;
-    uint32_t n_conv = (uint32_t)cJSON_GetArraySize(get(t1, "choices.0.prompt_token_ids")) + 8;
+    uint32_t n_tok = (uint32_t)vt_json_get(sv, "tokens")->valuedouble,
+             n_kv = (uint32_t)vt_json_get(sv, "kv_tokens")->valuedouble;
+    uint32_t n_conv = (uint32_t)cJSON_GetArraySize(vt_json_get(t1, "choices.0.prompt_token_ids")) + 8;
     assert_int_equal(n_tok, n_conv);
     assert_true(n_kv >= 16 && n_kv % 16 == 0 && n_kv < n_conv); /* whole 16-token pages */
-    assert_true(get(sv, "bytes")->valuedouble > 128 && get(sv, "ms")->valuedouble >= 0);
-    assert_string_equal(get_str(sv, "filename"), "conv.bin");
+    assert_true(vt_json_get(sv, "bytes")->valuedouble > 128 && vt_json_get(sv, "ms")->valuedouble >= 0);
+    assert_string_equal(vt_json_str(sv, "filename"), "conv.bin");
     cJSON *add = http_json(t, "POST", "/tokenize", "{\"model\":\"b\",\"content\":\" Then\",\"add_special\":false}", 200);
-    cJSON *ids = conv_ids(t1, get(add, "tokens"));
+    cJSON *ids = conv_ids(t1, vt_json_get(add, "tokens"));
     cJSON *ref = turn(t, ids, "sf-1"); /* the conversation without save and restore */
-    assert_int_equal((int)get(ref, "usage.prompt_tokens_details.cached_tokens")->valuedouble, (int)n_kv);
+    assert_int_equal((int)vt_json_get(ref, "usage.prompt_tokens_details.cached_tokens")->valuedouble, (int)n_kv);
     cJSON *j = http_json(t, "POST", "/v2/repository/models/b/unload", "", 200);
     cJSON_Delete(j);
     j = http_json(t, "POST", "/v2/repository/models/b/load", NULL, 200);
     cJSON_Delete(j);
     cJSON *rs = http_json(t, "POST", "/v1/sessions/sf-2/restore", "{\"model\":\"b\",\"filename\":\"conv.bin\"}", 200);
-    assert_int_equal((int)get(rs, "tokens")->valuedouble, (int)n_tok);
-    assert_int_equal((int)get(rs, "kv_tokens")->valuedouble, (int)n_kv);
-    assert_string_equal(get_str(rs, "fingerprint"), get_str(sv, "fingerprint"));
+    assert_int_equal((int)vt_json_get(rs, "tokens")->valuedouble, (int)n_tok);
+    assert_int_equal((int)vt_json_get(rs, "kv_tokens")->valuedouble, (int)n_kv);
+    assert_string_equal(vt_json_str(rs, "fingerprint"), vt_json_str(sv, "fingerprint"));
     cJSON *again = turn(t, ids, "sf-2");
-    assert_string_equal(get_str(again, "choices.0.text"), get_str(ref, "choices.0.text"));
-    assert_int_equal((int)get(again, "usage.prompt_tokens_details.cached_tokens")->valuedouble, (int)n_kv);
+    assert_string_equal(vt_json_str(again, "choices.0.text"), vt_json_str(ref, "choices.0.text"));
+    assert_int_equal((int)vt_json_get(again, "usage.prompt_tokens_details.cached_tokens")->valuedouble, (int)n_kv);
     /* a v2 sequence restored from the file continues the conversation with its new text only */
     rs = (cJSON_Delete(rs), http_json(t, "POST", "/v1/sessions/77/restore", "{\"model\":\"b\",\"filename\":"
                                       "\"conv.bin\"}", 200));
     j = http_json(t, "POST", "/v2/models/b/generate", "{\"text_input\":\" Then\",\"max_tokens\":8,\"temperature\":0,"
                   "\"parameters\":{\"sequence_id\":77}}", 200);
-    assert_string_equal(get_str(j, "text_output"), get_str(ref, "choices.0.text"));
+    assert_string_equal(vt_json_str(j, "text_output"), vt_json_str(ref, "choices.0.text"));
     cJSON_Delete(j);
     /* refusals */
     j = http_json(t, "POST", "/v1/completions", "{\"model\":\"a\",\"prompt\":\"hello there, a longer prompt to fill "
@@ -878,14 +865,14 @@ static void test_c_api(void **state)
     cJSON *j = http_json(&c, "GET", "/v2/models/mine/ready", NULL, 200);
     cJSON_Delete(j);
     j = http_json(&c, "POST", "/v2/models/mine/generate", "{\"text_input\":\"hi\",\"max_tokens\":3}", 200);
-    assert_string_equal(get_str(j, "finish_reason"), "length");
+    assert_string_equal(vt_json_str(j, "finish_reason"), "length");
     cJSON_Delete(j);
     j = http_json(&c, "POST", "/v1/completions", "{\"prompt\":\"hi\",\"max_tokens\":2}", 200); /* the only model */
-    assert_string_equal(get_str(j, "model"), "mine");
+    assert_string_equal(vt_json_str(j, "model"), "mine");
     cJSON_Delete(j);
     j = http_json(&c, "POST", "/v1/sessions/x/save", "{\"filename\":\"f\"}", 501); /* no session_dir */
-    if (!strstr(get_str(j, "error.message"), "--session-dir"))
-        fail_msg("%s", get_str(j, "error.message"));
+    if (!strstr(vt_json_str(j, "error.message"), "--session-dir"))
+        fail_msg("%s", vt_json_str(j, "error.message"));
     cJSON_Delete(j);
     assert_int_equal(vki_server_remove_model(vs, "mine"), VKI_OK);
     assert_int_equal(vki_server_remove_model(vs, "nope"), VKI_ERR_NOT_FOUND);
