@@ -766,6 +766,10 @@ static void test_masks(void **state)
         m[6][(V - 1) >> 5] = 1u << ((V - 1) & 31);
         m[7][0] |= 1u;                /* keeps only token 0 */
         p[7].top_k = 5;
+        /* the sole allowed tokens of rows 6 and 7 get a low finite logit: fill_logits may have made
+         * them -inf or NaN, which leaves nothing to pick (seen in CI: row 7 gave -1) */
+        x[(size_t)6 * V + V - 1] = -30.0f;
+        x[(size_t)7 * V] = -30.0f;
         gpu_sample(g, x, R, V, V, r, out);
         assert_int_equal(out[3].token, -1);
         assert_int_equal(out[6].token, (int32_t)V - 1);

@@ -570,7 +570,7 @@ static void test_unload_under_traffic(void **state)
     T *t = *state;
     const char *gen_a = "{\"model\":\"a\",\"prompt\":\"x\",\"max_tokens\":300,\"ignore_eos\":true,\"stream\":true}";
     const char *long_b = "{\"model\":\"b\",\"prompt\":\"Once\",\"max_tokens\":1500,\"ignore_eos\":true,\"stream\":true}";
-    const char *short_b = "{\"text_input\":\"Once\",\"max_tokens\":6}";
+    const char *short_b = "{\"text_input\":\"Once\",\"max_tokens\":6,\"min_length\":6}";
     bg_stream sa = {.port = t->port, .path = "/v1/completions", .body = gen_a};
     bg_stream lb = {.port = t->port, .path = "/v1/completions", .body = long_b};
     bg_stream sb = {.port = t->port, .path = "/v2/models/b/generate_stream", .body = short_b};
@@ -864,8 +864,9 @@ static void test_c_api(void **state)
     assert_int_equal(vki_server_add_model(vs, "../x", e, NULL, err, sizeof err), VKI_ERR_INVALID_ARG);
     cJSON *j = http_json(&c, "GET", "/v2/models/mine/ready", NULL, 200);
     cJSON_Delete(j);
-    j = http_json(&c, "POST", "/v2/models/mine/generate", "{\"text_input\":\"hi\",\"max_tokens\":3}", 200);
-    assert_string_equal(vt_json_str(j, "finish_reason"), "length");
+    j = http_json(&c, "POST", "/v2/models/mine/generate",
+                  "{\"text_input\":\"hi\",\"max_tokens\":3,\"min_length\":3}", 200);
+    assert_string_equal(vt_json_str(j, "finish_reason"), "length"); /* min_length: sampled, no early EOS */
     cJSON_Delete(j);
     j = http_json(&c, "POST", "/v1/completions", "{\"prompt\":\"hi\",\"max_tokens\":2}", 200); /* the only model */
     assert_string_equal(vt_json_str(j, "model"), "mine");
