@@ -5,9 +5,10 @@
  * named with the list of those that do, an occupied port is reported before the model loads;
  * `chat` through a pipe (turns per line, history from the KV cache) and on a pseudo-terminal
  * (prompt, continued lines, Ctrl-C stopping an answer but not the program); `info --json` is
- * valid JSON naming the device; --grammar / --json-schema constrain generate and chat; qwen3, gemma2, gemma3 and phi3 models from make-model generate.
+ * valid JSON naming the device; --prompt-cache keeps the prompt's KV in a file between runs; --grammar / --json-schema constrain generate and chat; qwen3, gemma2, gemma3 and phi3 models from make-model generate.
  * Runs with --validation and fails on any validation message. */
 #include "support/vt.h"
+#include "support/vt_json.h"
 
 #include <arpa/inet.h>
 #include <cjson/cJSON.h>
@@ -18,6 +19,7 @@
 #include <pty.h>
 #include <signal.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -213,6 +215,91 @@ static void test_generate_json(void **state)
     assert_true(cJSON_GetObjectItem(cJSON_GetObjectItem(o, "timings"), "generation_tokens_per_s")->valuedouble > 0);
     assert_true(cJSON_IsNumber(cJSON_GetObjectItem(o, "seed")));
     cJSON_Delete(o);
+}
+
+/* --prompt-cache FILE: the first run writes the KV of its prompt and answer, a second run with the
+ * same prompt takes its first whole page from the file and gives the same greedy ids as a run
+ * without it; --prompt-cache-ro reads without writing; a damaged file stops the run with the
+ * reason (exit 1); --prompt-cache-ro alone is a usage error (exit 2). */
+static cJSON *cache_run(const char *m, const char *prompt, const char *extra, vt_run_result *r)
+{
+    char args[2048];
+    snprintf(args, sizeof args, "generate --validation --no-progress --no-warmup -m %s -p \"%s\" -n 24 --temp 0 "
+             "--page-size 16 --json %s", m, prompt, extra);
+    vt_run_vkinfer(args, r);
+    if (r->rc != 0)
+        fail_msg("rc %d: %s", r->rc, r->err);
+    cJSON *o = cJSON_Parse(r->out);
+    assert_non_null(o);
+    return o;
+}
+
+static char *ids_of(const cJSON *o)
+{
+    return cJSON_PrintUnformatted(vt_json_get(o, "ids"));
+}
+
+static void test_generate_prompt_cache(void **state)
+{
+    (void)state;
+    char m[512], dir[] = "/tmp/vki-pcache-XXXXXX", file[600], extra[700], bad[600];
+    model(m, sizeof m);
+    assert_non_null(mkdtemp(dir));
+    snprintf(file, sizeof file, "%s/cache.bin", dir);
+    const char *prompt = "Once upon a time, there was a little girl named Lily. She loved to play outside";
+    vt_run_result r;
+    cJSON *plain = cache_run(m, prompt, "", &r);
+    assert_int_equal(vt_json_num(plain, "timings.prompt_cached_tokens"), 0);
+    assert_int_equal(cJSON_GetArraySize(vt_json_get(plain, "prompt_ids")), 26);
+    char *want = ids_of(plain);
+    snprintf(extra, sizeof extra, "--prompt-cache %s", file);
+    cJSON *first = cache_run(m, prompt, extra, &r); /* no file yet: computes all, then saves */
+    assert_int_equal(vt_json_num(first, "timings.prompt_cached_tokens"), 0);
+    assert_non_null(strstr(r.err, "prompt cache: saved 50 tokens (48 with KV"));
+    cJSON *second = cache_run(m, prompt, extra, &r); /* page 0 of the prompt from the file */
+    assert_non_null(strstr(r.err, "tokens (48 with KV)"));
+    struct stat st0;
+    assert_int_equal(stat(file, &st0), 0);
+    assert_int_equal(vt_json_num(second, "timings.prompt_cached_tokens"), 16);
+    char *got1 = ids_of(first), *got2 = ids_of(second);
+    assert_string_equal(got1, want);
+    assert_string_equal(got2, want);
+    /* read-only: another prompt sharing the first page; the file stays as it was */
+    snprintf(extra, sizeof extra, "--prompt-cache %s --prompt-cache-ro", file);
+    cJSON *ro = cache_run(m, "Once upon a time, there was a little girl named Lily. She had a dog", extra, &r);
+    assert_int_equal(vt_json_num(ro, "timings.prompt_cached_tokens"), 16);
+    assert_null(strstr(r.err, "saved"));
+    struct stat st1;
+    assert_int_equal(stat(file, &st1), 0);
+    assert_true(st1.st_size == st0.st_size && st1.st_mtim.tv_sec == st0.st_mtim.tv_sec &&
+                st1.st_mtim.tv_nsec == st0.st_mtim.tv_nsec);
+    /* a damaged file: the run stops with the reason, the file is left alone */
+    snprintf(bad, sizeof bad, "%s/bad.bin", dir);
+    FILE *f = fopen(bad, "wb");
+    assert_non_null(f);
+    fputs("not a session file", f);
+    fclose(f);
+    char args[2048];
+    snprintf(args, sizeof args, "generate --validation --no-progress --no-warmup -m %s -p \"%s\" -n 4 "
+             "--prompt-cache %s", m, prompt, bad);
+    vt_run_vkinfer(args, &r);
+    assert_int_equal(r.rc, 1);
+    assert_non_null(strstr(r.err, "--prompt-cache: "));
+    assert_string_equal(r.out, "");
+    snprintf(args, sizeof args, "generate -m %s -p x --prompt-cache-ro", m);
+    vt_run_vkinfer(args, &r);
+    assert_int_equal(r.rc, 2);
+    assert_non_null(strstr(r.err, "--prompt-cache-ro without --prompt-cache"));
+    free(want);
+    free(got1);
+    free(got2);
+    cJSON_Delete(plain);
+    cJSON_Delete(first);
+    cJSON_Delete(second);
+    cJSON_Delete(ro);
+    unlink(bad);
+    unlink(file);
+    rmdir(dir);
 }
 
 /* Structured output: --json-schema-file (the answer is in the schema's language and ends where
@@ -473,6 +560,7 @@ int main(void)
         cmocka_unit_test(test_generate_ignore_eos),
         cmocka_unit_test(test_generate_escapes),
         cmocka_unit_test(test_generate_json),
+        cmocka_unit_test(test_generate_prompt_cache),
         cmocka_unit_test(test_generate_constrained),
         cmocka_unit_test(test_generate_prompt_sources),
         cmocka_unit_test(test_generate_context),

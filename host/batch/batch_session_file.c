@@ -177,7 +177,7 @@ static bool write_tokens(FILE *f, const int32_t *t, uint32_t n, vki_hash *h)
     return true;
 }
 
-/* header, tokens, KV, checksum -> a temporary file next to path, renamed over it when complete. */
+/* header, tokens, KV, checksum -> a temporary file next to path, synced, renamed over it when complete. */
 static vki_status write_file(const char *path, const bm_backend *be, const bm_sess_job *j, uint64_t *bytes,
                              char *err, size_t cap)
 {
@@ -209,7 +209,8 @@ static vki_status write_file(const char *path, const bm_backend *be, const bm_se
     bool ok = write_hashed(f, raw, SF_HEADER, &s) && write_tokens(f, j->tokens, j->n_tokens, &s) &&
               write_hashed(f, j->kv, (size_t)kv_bytes, &s);
     put64(sum, vki_hash_final(&s));
-    ok = ok && fwrite(sum, 1, 8, f) == 8 && fflush(f) == 0;
+    /* on disk before the rename: a crash leaves the old file or the whole new one, never a torn one */
+    ok = ok && fwrite(sum, 1, 8, f) == 8 && fflush(f) == 0 && fsync(fileno(f)) == 0;
     int e = ok ? 0 : errno;
     if (fclose(f) != 0 && ok) {
         ok = false;

@@ -3,10 +3,14 @@
  * only the generated text; --json: one JSON object instead); stderr gets the loading line and
  * timings. The prompt comes from -p TEXT (escapes interpreted), -p - (stdin) or -f FILE; --chat
  * wraps it as one user message in the model's chat template. --grammar / --json-schema (and
- * their -file forms) constrain the output (cli_constraint). */
+ * their -file forms) constrain the output (cli_constraint). --prompt-cache FILE (llama.cpp's
+ * name) keeps the KV of the prompt and answer in a session file (docs/session-file.md) between
+ * runs: a later prompt that starts with the same tokens computes only what follows. */
+#include <errno.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include <cjson/cJSON.h>
 
@@ -18,7 +22,8 @@
 
 typedef struct gen_opts {
     const char *prompt_arg, *prompt_file, *system, *chat_template;
-    bool chat, json, no_display, no_escape, ignore_eos;
+    const char *prompt_cache;          /* --prompt-cache FILE, or NULL */
+    bool chat, json, no_display, no_escape, ignore_eos, prompt_cache_ro;
     uint64_t n_predict;
     char *stops[MAX_STOPS];
     uint32_t n_stops;
@@ -34,7 +39,7 @@ typedef struct gen_state {
     vki_batch_manager *bm;
     uint64_t id;
     double t_submit, t_first, t_end;
-    uint32_t n_gen;
+    uint32_t n_gen, n_cached;
     bool stopped_by_string;
     vki_finish_reason finish;
     char error[256];
@@ -110,6 +115,7 @@ static void on_response(void *user, const vki_response *r)
     g->t_end = cli_now_s();
     g->finish = g->stopped_by_string ? VKI_FINISH_STOP : r->finish;
     g->seed = r->seed;
+    g->n_cached = r->n_cached;
     if (r->error)
         snprintf(g->error, sizeof g->error, "%s", r->error);
     g->done = true;
@@ -133,7 +139,11 @@ static void usage(FILE *f)
             "  --json                  print one JSON object: prompt and generated ids, text, logprobs,\n"
             "                          finish reason, seed, timings\n"
             "  --no-escape             take -p and --stop literally (default: \\n, \\t, \\\\, \\xHH, ... are\n"
-            "                          interpreted, so --stop \"\\n\\n\" is two newlines)\n");
+            "                          interpreted, so --stop \"\\n\\n\" is two newlines)\n"
+            "  --prompt-cache FILE     restore the KV saved in FILE (when it exists) and save the prompt's and\n"
+            "                          answer's KV to it afterwards: a prompt starting with the same tokens\n"
+            "                          computes only the rest. A file of another model is an error\n"
+            "  --prompt-cache-ro       with --prompt-cache: restore only, never write FILE\n");
     cli_constraint_help(f);
     cli_sampling_help(f);
     cli_engine_opts_help(f);
@@ -228,6 +238,7 @@ static void print_json(const gen_state *g, const char *prompt, const int32_t *id
     cJSON *t = cJSON_AddObjectToObject(o, "timings");
     cJSON_AddNumberToObject(t, "load_ms", load_s * 1e3);
     cJSON_AddNumberToObject(t, "prompt_ms", g->n_gen ? tp * 1e3 : 0);
+    cJSON_AddNumberToObject(t, "prompt_cached_tokens", g->n_cached);
     cJSON_AddNumberToObject(t, "generation_ms", g->n_gen ? tg * 1e3 : 0);
     cJSON_AddNumberToObject(t, "prompt_tokens_per_s", g->n_gen && tp > 0 ? np / tp : 0);
     cJSON_AddNumberToObject(t, "generation_tokens_per_s", g->n_gen > 1 && tg > 0 ? (g->n_gen - 1) / tg : 0);
@@ -254,6 +265,43 @@ static bool fit_context(const vki_engine *e, size_t np, uint32_t *n_predict)
         *n_predict = (uint32_t)(mi.n_ctx - np);
     }
     return true;
+}
+
+#define CACHE_SESSION 1
+
+/* --prompt-cache: a missing file is a first run (nothing to restore); anything else that fails
+ * (another model, a damaged file) stops the run with the library's reason. */
+static vki_status cache_restore(vki_batch_manager *bm, const char *path, char *err, size_t cap)
+{
+    struct stat sb;
+    if (stat(path, &sb) != 0 && errno == ENOENT)
+        return VKI_OK;
+    vki_session_file_info info = {0};
+    char why[256] = "";
+    vki_status st = vki_batch_session_restore(bm, CACHE_SESSION, path, &info, why, sizeof why);
+    if (st != VKI_OK)
+        snprintf(err, cap, "--prompt-cache: %s", why);
+    else
+        fprintf(stderr, "prompt cache: %s: %u tokens (%u with KV) in %.1f ms\n", path, info.n_tokens,
+                info.n_kv_tokens, info.ms);
+    return st;
+}
+
+static vki_status cache_save(vki_batch_manager *bm, const char *path, char *err, size_t cap)
+{
+    vki_session_file_info info = {0};
+    char why[256] = "";
+    vki_status st = vki_batch_session_save(bm, CACHE_SESSION, path, &info, why, sizeof why);
+    if (st == VKI_ERR_NOT_FOUND) { /* nothing pinned: the prompt and answer fill no whole page */
+        fprintf(stderr, "prompt cache: nothing to save: no whole KV page was kept\n");
+        return VKI_OK;
+    }
+    if (st != VKI_OK)
+        snprintf(err, cap, "--prompt-cache: %s", why);
+    else
+        fprintf(stderr, "prompt cache: saved %u tokens (%u with KV, %.1f KiB) to %s\n", info.n_tokens,
+                info.n_kv_tokens, info.bytes / 1024.0, path);
+    return st;
 }
 
 static int run(cli_engine_opts *eo, gen_opts *o)
@@ -287,9 +335,12 @@ static int run(cli_engine_opts *eo, gen_opts *o)
         st = vki_text_stream_create(tok, (const char *const *)o->stops, o->n_stops, flags, &g.ts);
     if (st == VKI_OK)
         st = vki_batch_manager_create(e, &bp, NULL, &g.bm);
+    if (st == VKI_OK && o->prompt_cache)
+        st = cache_restore(g.bm, o->prompt_cache, err, sizeof err);
     o->sp.logprobs = o->json;
     vki_request req = {.id = g.id, .prompt = ids, .n_prompt = (uint32_t)np, .max_new_tokens = n_predict,
-                       .ignore_eos = o->ignore_eos, .sampling = o->sp, .streaming = true, .constraint = o->con.c};
+                       .ignore_eos = o->ignore_eos, .sampling = o->sp, .streaming = true, .constraint = o->con.c,
+                       .session_id = o->prompt_cache ? CACHE_SESSION : 0};
     if (st == VKI_OK) {
         if (!o->no_display && !o->json && !o->chat)
             write_out(prompt, strlen(prompt));
@@ -303,6 +354,8 @@ static int run(cli_engine_opts *eo, gen_opts *o)
         pthread_mutex_unlock(&g.mu);
         if (!o->json)
             write_out("\n", 1);
+        if (o->prompt_cache && !o->prompt_cache_ro && g.finish != VKI_FINISH_ERROR)
+            st = cache_save(g.bm, o->prompt_cache, err, sizeof err);
     }
     if (g.bm)
         vki_batch_manager_destroy(g.bm, true);
@@ -318,8 +371,11 @@ static int run(cli_engine_opts *eo, gen_opts *o)
         print_json(&g, prompt, ids, np, t_load);
     } else {
         double tp = g.t_first - g.t_submit, tg = g.t_end - g.t_first;
-        fprintf(stderr, "prompt: %zu tokens in %.1f ms (%.1f tokens/s) | generated: %u tokens in %.1f ms "
-                "(%.1f tokens/s) | finish: %s | seed %llu\n", np, tp * 1e3, tp > 0 ? np / tp : 0.0, g.n_gen,
+        char cached[48] = "";
+        if (o->prompt_cache)
+            snprintf(cached, sizeof cached, ", %u from the cache", g.n_cached);
+        fprintf(stderr, "prompt: %zu tokens%s in %.1f ms (%.1f tokens/s) | generated: %u tokens in %.1f ms "
+                "(%.1f tokens/s) | finish: %s | seed %llu\n", np, cached, tp * 1e3, tp > 0 ? np / tp : 0.0, g.n_gen,
                 tg * 1e3, g.n_gen > 1 && tg > 0 ? (g.n_gen - 1) / tg : 0.0,
                 g.finish == VKI_FINISH_EOS ? "end of text" : finish_name(g.finish), (unsigned long long)g.seed);
     }
@@ -337,13 +393,14 @@ static int run(cli_engine_opts *eo, gen_opts *o)
 static int gen_opt(int argc, char **argv, int *i, gen_opts *o)
 {
     const char *a = argv[*i], *v;
-    static const char *const flags[] = {"--ignore-eos", "--chat", "--json", "--no-display-prompt", "--no-escape"};
-    bool *dst[] = {&o->ignore_eos, &o->chat, &o->json, &o->no_display, &o->no_escape};
+    static const char *const flags[] = {"--ignore-eos", "--chat", "--json", "--no-display-prompt", "--no-escape",
+                                        "--prompt-cache-ro"};
+    bool *dst[] = {&o->ignore_eos, &o->chat, &o->json, &o->no_display, &o->no_escape, &o->prompt_cache_ro};
     for (size_t k = 0; k < sizeof flags / sizeof flags[0]; k++)
         if (!strcmp(a, flags[k]))
             return *dst[k] = true, 1;
     static const char *const names[] = {"-p", "--prompt", "-f", "--file", "-n", "--n-predict", "--stop",
-                                        "--system", "--chat-template"};
+                                        "--system", "--chat-template", "--prompt-cache"};
     size_t k;
     int r = cli_value_opt("generate", argc, argv, i, names, sizeof names / sizeof names[0], &k, &v);
     if (r <= 0)
@@ -360,7 +417,8 @@ static int gen_opt(int argc, char **argv, int *i, gen_opts *o)
         o->stops[o->n_stops++] = argv[*i]; /* unescaped once every option is read (--no-escape) */
         return 1;
     case 7: o->system = v; return 1;
-    default: o->chat_template = v; return 1;
+    case 8: o->chat_template = v; return 1;
+    default: o->prompt_cache = v; return 1;
     }
 }
 
@@ -398,6 +456,8 @@ int vki_cli_generate(int argc, char **argv)
     if (bad)
         fprintf(stderr, "vkinfer generate: %s\n", o.prompt_file ? "-p and -f together: give one prompt"
                                                                 : "no prompt (-p TEXT, -p - for stdin, or -f FILE)");
+    if (!bad && o.prompt_cache_ro && !o.prompt_cache)
+        bad = true, fprintf(stderr, "vkinfer generate: --prompt-cache-ro without --prompt-cache FILE\n");
     for (uint32_t s = 0; s < o.n_stops && !o.no_escape && !bad; s++)
         bad = !cli_unescape("generate", "--stop", o.stops[s]);
     for (uint32_t s = 0; s < o.n_stops && !bad; s++)
