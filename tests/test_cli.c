@@ -101,6 +101,9 @@ static void test_bad_usage(void **state)
     vt_run_vkinfer("generate -m /nonexistent.gguf -p x --max-attention-window 0", &r);
     assert_int_equal(r.rc, 2);
     assert_non_null(strstr(r.err, "--max-attention-window"));
+    vt_run_vkinfer("serve -m /nonexistent.gguf --max-logits-mb 0", &r);
+    assert_int_equal(r.rc, 2);
+    assert_non_null(strstr(r.err, "--max-logits-mb"));
 }
 
 /* The newer architectures through `vkinfer generate`: small models that make-model writes with

@@ -851,6 +851,10 @@ static void test_c_api(void **state)
         fail_msg("engine: %s", err);
     vki_server_params sp = vki_server_default_params();
     sp.port = 0;
+    assert_int_equal(sp.batch.max_logits_bytes, 64u << 20); /* the server's cap, below the library's */
+    vki_model_info mi;
+    vki_engine_info(e, &mi);
+    sp.batch.max_logits_bytes = 8ull * mi.n_vocab * 4; /* eight rows */
     vki_server *vs = NULL;
     if (vki_server_create(&sp, &vs, err, sizeof err) != VKI_OK)
         fail_msg("vki_server_create: %s", err);
@@ -868,6 +872,12 @@ static void test_c_api(void **state)
                   "{\"text_input\":\"hi\",\"max_tokens\":3,\"min_length\":3}", 200);
     assert_string_equal(vt_json_str(j, "finish_reason"), "length"); /* min_length: sampled, no early EOS */
     cJSON_Delete(j);
+    j = http_json(&c, "POST", "/v2/models/mine/generate", "{\"text_input\":\"hi\",\"max_tokens\":8,\"min_length\":8,"
+                  "\"return_generation_logits\":true}", 200);
+    assert_int_equal(cJSON_GetArraySize(vt_json_get(j, "generation_logits")), 8 * (int)mi.n_vocab);
+    cJSON_Delete(j);
+    v2_error(&c, "POST", "/v2/models/mine/generate", "{\"text_input\":\"hi\",\"max_tokens\":9,"
+             "\"return_generation_logits\":true}", 400, "exceeds max_logits_bytes");
     j = http_json(&c, "POST", "/v1/completions", "{\"prompt\":\"hi\",\"max_tokens\":2}", 200); /* the only model */
     assert_string_equal(vt_json_str(j, "model"), "mine");
     cJSON_Delete(j);

@@ -78,6 +78,9 @@ static void usage(FILE *f)
             "  --max-num-tokens N      tokens per step (8192)\n"
             "  --chunk-size N          prefill chunk, a multiple of the page size (512)\n"
             "  --max-queue N           waiting requests before 429 (1024; 0 = unbounded)\n"
+            "  --max-logits-mb N       a request's logits outputs (v2 return_generation_logits: beams x\n"
+            "                          max_tokens x vocabulary x 4 bytes) at most N MiB; more -> 400 before\n"
+            "                          it runs (64)\n"
             "  --no-block-reuse        do not reuse KV blocks of shared prompt prefixes\n");
     cli_engine_opts_help(f);
 }
@@ -143,7 +146,8 @@ static int serve_opt(int argc, char **argv, int *i, serve_opts *o)
                                         "--api-key", "--api-key-file", "--cors-origin", "--request-timeout",
                                         "--stats-interval", "--pooling", "--model-repository", "--model-control",
                                         "--load-model", "--repository-poll-secs", "--unload-timeout",
-                                        "--session-idle", "--session-max-blocks", "--session-dir"};
+                                        "--session-idle", "--session-max-blocks", "--session-dir",
+                                        "--max-logits-mb"};
     size_t k;
     int r = cli_value_opt("serve", argc, argv, i, names, sizeof names / sizeof names[0], &k, &v);
     if (r <= 0)
@@ -189,6 +193,7 @@ static int serve_opt(int argc, char **argv, int *i, serve_opts *o)
     case 24: ok = cli_parse_u64("serve", a, v, 1, 30 * 86400, &u); p->batch.session_idle_s = (double)u; break;
     case 25: ok = cli_parse_u64("serve", a, v, 0, UINT32_MAX, &u); p->batch.session_max_blocks = (uint32_t)u; break;
     case 26: p->session_dir = v; break;
+    case 27: ok = cli_parse_u64("serve", a, v, 1, 1u << 16, &u); p->batch.max_logits_bytes = u << 20; break;
     case 18:
         ok = !strcmp(v, "mean") || !strcmp(v, "last");
         p->pooling = !strcmp(v, "last") ? VKI_POOL_LAST : VKI_POOL_MEAN;

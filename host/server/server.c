@@ -28,6 +28,10 @@ srv_params srv_default_params(void)
      * the pool runs short, as vLLM preempts, rather than reserving every request's whole
      * max_tokens up front (a chat without max_tokens may run to the end of the context). */
     bp.policy = VKI_POLICY_MAX_UTILIZATION;
+    /* Logits outputs (v2 return_generation_logits) live three times over in the server: the batch
+     * manager's rows, the job's copy and ~12 bytes of JSON per float, so a request's rows are
+     * capped at 64 MiB rather than the library's 256 (--max-logits-mb). */
+    bp.max_logits_bytes = 64u << 20;
     return (srv_params){.host = "127.0.0.1", .port = 8080, .listen_fd = -1, .body_limit = 1u << 20,
                         .max_connections = 512, .idle_timeout_s = 60, .request_timeout_s = 30,
                         .stats_interval_s = 10, .pooling = VKI_POOL_MEAN, .batch = bp, .log_level = VKI_LOG_INFO,
