@@ -55,15 +55,6 @@ typedef struct e2e {
     char path[512];      /* the model file (the CPU reference reads it too) */
 } e2e;
 
-static void count_validation(void *user, vki_log_level lvl, const char *msg)
-{
-    e2e *x = user;
-    if (lvl <= VKI_LOG_WARN && !strncmp(msg, "validation", 10))
-        atomic_fetch_add(&x->validation_msgs, 1);
-    if (lvl <= VKI_LOG_WARN)
-        fprintf(stderr, "[vkinfer] %s\n", msg);
-}
-
 static vki_request make_req(const e2e *x, uint32_t i)
 {
     return (vki_request){.id = 1000 + i, .prompt = x->r[i].prompt, .n_prompt = x->r[i].n_prompt,
@@ -194,8 +185,8 @@ static vki_status open_engine(e2e *x, const char *path, uint64_t kv_tokens, vki_
 {
     vki_engine_params p = vki_engine_default_params();
     p.device = vt_device_params();
-    p.device.log = count_validation;
-    p.device.log_user = x;
+    p.device.log = vt_count_validation;
+    p.device.log_user = &x->validation_msgs;
     p.kv_tokens = kv_tokens;
     p.max_seqs = 24;
     p.max_tokens = 1024;

@@ -49,15 +49,6 @@ typedef struct fixture {
     vt_rng rng;
 } fixture;
 
-static void count_validation(void *user, vki_log_level lvl, const char *msg)
-{
-    fixture *f = user;
-    if (lvl <= VKI_LOG_WARN && !strncmp(msg, "validation", 10))
-        atomic_fetch_add(&f->validation_msgs, 1);
-    if (lvl <= VKI_LOG_WARN)
-        fprintf(stderr, "[vkinfer] %s\n", msg);
-}
-
 static int setup(void **state)
 {
     *state = NULL;
@@ -70,8 +61,8 @@ static int setup(void **state)
     vt_pin_vulkan_libraries();
     vki_engine_params p = vki_engine_default_params();
     p.device = vt_device_params();
-    p.device.log = count_validation;
-    p.device.log_user = f;
+    p.device.log = vt_count_validation;
+    p.device.log_user = &f->validation_msgs;
     p.kv_tokens = 2048;
     p.max_seqs = 8; /* max_out 8: a 16-token chunk needs two LM-head passes for its context logits */
     p.max_tokens = 64;

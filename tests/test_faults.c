@@ -33,15 +33,6 @@ typedef struct F {
     atomic_int validation;
 } F;
 
-static void count_validation(void *user, vki_log_level lvl, const char *msg)
-{
-    F *f = user;
-    if (lvl <= VKI_LOG_WARN && !strncmp(msg, "validation", 10))
-        atomic_fetch_add(&f->validation, 1);
-    if (lvl <= VKI_LOG_WARN)
-        fprintf(stderr, "[vkinfer] %s\n", msg);
-}
-
 static int group_setup(void **state)
 {
     vt_pin_vulkan_libraries();
@@ -97,8 +88,8 @@ static vki_engine_params engine_params(F *f)
     ep.max_seqs = 8;
     ep.device = vt_device_params();
     ep.device.pipeline_cache_dir = f->cache;
-    ep.device.log = count_validation;
-    ep.device.log_user = f;
+    ep.device.log = vt_count_validation;
+    ep.device.log_user = &f->validation;
     return ep;
 }
 

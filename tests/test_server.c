@@ -49,15 +49,6 @@ typedef struct T {
 /* ---- fixture ------------------------------------------------------------------------------- */
 
 /* The in-process engine runs with the validation layer; any warning or error fails the suite. */
-static void count_validation(void *user, vki_log_level lvl, const char *msg)
-{
-    T *t = user;
-    if (lvl <= VKI_LOG_WARN && !strncmp(msg, "validation", 10))
-        atomic_fetch_add(&t->validation, 1);
-    if (lvl <= VKI_LOG_WARN)
-        fprintf(stderr, "[vkinfer] %s\n", msg);
-}
-
 static int group_setup(void **state)
 {
     vt_pin_vulkan_libraries(); /* LeakSanitizer keeps checking the server's own code */
@@ -88,8 +79,8 @@ static int group_setup(void **state)
     ep.max_seqs = 320;
     ep.device = vt_device_params();
     ep.device.pipeline_cache_dir = "";
-    ep.device.log = count_validation;
-    ep.device.log_user = t;
+    ep.device.log = vt_count_validation;
+    ep.device.log_user = &t->validation;
     char err[512] = "";
     if (vki_engine_create(t->model, &ep, &t->e, err, sizeof err) != VKI_OK) {
         printf("engine: %s\n", err);
@@ -1400,8 +1391,8 @@ static void test_chats_default_policy(void **state)
     ep.max_seqs = 8;
     ep.device.pipeline_cache_dir = "";
     ep.device.validation = true;
-    ep.device.log = count_validation;
-    ep.device.log_user = t;
+    ep.device.log = vt_count_validation;
+    ep.device.log_user = &t->validation;
     vki_engine *e = NULL;
     char err[256] = "";
     if (vki_engine_create(t->model, &ep, &e, err, sizeof err) != VKI_OK)

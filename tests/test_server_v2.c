@@ -41,15 +41,6 @@ typedef struct T {
     atomic_int validation;
 } T;
 
-static void count_validation(void *user, vki_log_level lvl, const char *msg)
-{
-    T *t = user;
-    if (lvl <= VKI_LOG_WARN && !strncmp(msg, "validation", 10))
-        atomic_fetch_add(&t->validation, 1);
-    if (lvl <= VKI_LOG_WARN)
-        fprintf(stderr, "[vkinfer] %s\n", msg);
-}
-
 static void quiet_log(void *user, vki_log_level lvl, const char *msg)
 {
     (void)user;
@@ -136,8 +127,8 @@ static vki_status start(T *t, srv_model_control control, const char *dir, char *
     rp.engine.max_seqs = 16;
     rp.engine.device = vt_device_params();
     rp.engine.device.pipeline_cache_dir = "";
-    rp.engine.device.log = count_validation;
-    rp.engine.device.log_user = t;
+    rp.engine.device.log = vt_count_validation;
+    rp.engine.device.log_user = &t->validation;
     vki_status st = srv_create_repo(&p, &rp, &t->s, err, n_err);
     t->port = st == VKI_OK ? srv_port(t->s) : 0;
     return st;
@@ -844,8 +835,8 @@ static void test_c_api(void **state)
     ep.max_seqs = 4;
     ep.device = vt_device_params();
     ep.device.pipeline_cache_dir = "";
-    ep.device.log = count_validation;
-    ep.device.log_user = t;
+    ep.device.log = vt_count_validation;
+    ep.device.log_user = &t->validation;
     vki_engine *e = NULL;
     if (vki_engine_create(path, &ep, &e, err, sizeof err) != VKI_OK)
         fail_msg("engine: %s", err);

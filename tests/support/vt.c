@@ -5,6 +5,7 @@
 #include "engine/rng.h"
 #include "host/cli/cli_common.h"
 
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -274,4 +275,12 @@ bool vt_in_grammar(const char *gbnf, size_t len, const char *text, size_t n)
     gram_automaton_free(a);
     gram_vocab_free(v);
     return ok;
+}
+
+void vt_count_validation(void *user, vki_log_level lvl, const char *msg)
+{
+    if (lvl <= VKI_LOG_WARN && !strncmp(msg, "validation", 10))
+        atomic_fetch_add((atomic_int *)user, 1);
+    if (lvl <= VKI_LOG_WARN)
+        fprintf(stderr, "[vkinfer] %s\n", msg);
 }

@@ -29,6 +29,9 @@ typedef struct vt_gpu {
  * (an index or a name substring, as `vkinfer --device` takes it) when set, so a GPU run
  * (tools/gpu-check) tests the device it asks for; otherwise the automatic choice. */
 vki_device_params vt_device_params(void);
+/* A vki_device_params.log callback for engines a suite creates itself: user is an atomic_int
+ * counting validation-layer messages; warnings and errors are printed to stderr. */
+void vt_count_validation(void *user, vki_log_level lvl, const char *msg);
 
 /* The device runs the FP32 kernels (vkd_device.cm = NONE) unless a test selects a
  * cooperative-matrix path with vkd_coopmat_select (VK_NV_cooperative_matrix is enabled at open
