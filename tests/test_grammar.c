@@ -336,11 +336,258 @@ static void test_schema_integer_ranges(void **state)
     gram_vocab_free(v);
 }
 
+/* Number bounds: the grammar accepts exactly the decimals (no exponent, at most 16 integer and 16
+ * fraction digits, no "-0") inside the bounds, judged by an exact decimal comparison of the texts.
+ * Probes: the bounds' own values, their neighbours 1 and 2 units away at every digit position
+ * from 10^1 down to 10^-16, each written with its shortest fraction and with trailing zeros,
+ * random values inside, random values anywhere. */
+
+/* A plain decimal text "-?D+(.D+)?" as sign, integer digits without leading zeros, fraction
+ * digits without trailing zeros. */
+typedef struct { bool neg; char ip[40], fp[40]; } dtext;
+
+static void dparse(const char *t, dtext *d)
+{
+    memset(d, 0, sizeof *d);
+    d->neg = *t == '-';
+    t += d->neg;
+    while (*t == '0' && t[1] && t[1] != '.')
+        t++;
+    size_t n = strcspn(t, ".");
+    memcpy(d->ip, t, n);
+    if (t[n] == '.')
+        snprintf(d->fp, sizeof d->fp, "%s", t + n + 1);
+    for (size_t k = strlen(d->fp); k && d->fp[k - 1] == '0'; k--)
+        d->fp[k - 1] = 0;
+    if (!strcmp(d->ip, "0") && !d->fp[0])
+        d->neg = false; /* -0 == 0 */
+}
+
+static int dcmp_abs(const dtext *a, const dtext *b)
+{
+    size_t la = strlen(a->ip), lb = strlen(b->ip);
+    if (la != lb)
+        return la < lb ? -1 : 1;
+    int c = strcmp(a->ip, b->ip);
+    if (c)
+        return c < 0 ? -1 : 1;
+    c = strcmp(a->fp, b->fp); /* no trailing zeros: plain string order is numeric order */
+    return c < 0 ? -1 : c > 0;
+}
+
+static int dcmp(const char *x, const char *y)
+{
+    dtext a, b;
+    dparse(x, &a);
+    dparse(y, &b);
+    if (a.neg != b.neg)
+        return a.neg ? -1 : 1;
+    int c = dcmp_abs(&a, &b);
+    return a.neg ? -c : c;
+}
+
+/* A probe value: sign and a magnitude of ip + fp * 1e-16 (0 <= fp < 1e16). */
+typedef struct { bool neg; unsigned long long ip, fp; } pval;
+
+static pval pval_of(const char *t)
+{
+    dtext d;
+    dparse(t, &d);
+    pval v = {d.neg, 0, 0};
+    if (strlen(d.ip) > 16)
+        v.ip = 10000000000000000ULL; /* out of the texts' range */
+    else
+        v.ip = strtoull(d.ip, NULL, 10);
+    char f[17] = "0000000000000000";
+    memcpy(f, d.fp, strlen(d.fp) > 16 ? 16 : strlen(d.fp));
+    v.fp = strtoull(f, NULL, 10);
+    return v;
+}
+
+/* v + k * 10^(-j) as a signed sum (k may be negative). */
+static pval pval_add(pval v, long long k, int j)
+{
+    unsigned long long unit = 1;
+    for (int i = 0; i < 16 - j; i++)
+        unit *= 10; /* in fp units; j <= 16; j < 0 for 10 and 100 */
+    if (j < 0)
+        unit = 10000000000000000ULL * (j == -1 ? 10 : 100);
+    /* to a signed pair of (ip, fp) magnitudes, add, and back */
+    __int128 m = (__int128)v.ip * 10000000000000000LL + v.fp;
+    if (v.neg)
+        m = -m;
+    m += (__int128)k * unit;
+    pval r = {m < 0, 0, 0};
+    if (m < 0)
+        m = -m;
+    r.ip = (unsigned long long)(m / 10000000000000000LL);
+    r.fp = (unsigned long long)(m % 10000000000000000LL);
+    return r;
+}
+
+/* v as text: the shortest fraction, or padded with zeros to `pad` digits (when longer). */
+static void pval_text(pval v, int pad, char *t, size_t cap)
+{
+    char f[17];
+    snprintf(f, sizeof f, "%016llu", v.fp);
+    int n = 16;
+    while (n > 0 && f[n - 1] == '0')
+        n--;
+    if (pad > n)
+        n = pad;
+    int w = snprintf(t, cap, "%s%llu", v.neg && (v.ip || v.fp) ? "-" : "", v.ip);
+    if (n)
+        snprintf(t + w, cap - (size_t)w, ".%.*s", n, f);
+}
+
+typedef struct { const char *schema_kw, *lo, *hi; bool lo_ex, hi_ex; } num_case;
+
+static bool check_number_range(const gram_vocab *v, const num_case *nc, vt_rng *rng)
+{
+    char schema[512];
+    snprintf(schema, sizeof schema, "{\"type\": \"number\", %s}", nc->schema_kw);
+    strbuf g = {0};
+    char err[256] = "";
+    if (gram_schema_to_gbnf(schema, strlen(schema), &g, err, sizeof err) != VKI_OK) {
+        /* refused as empty: then no grid value next to lo (the least one inside would be) is inside */
+        if (!strstr(err, "no number lies between") || !nc->lo)
+            fail_msg("%s: %s", schema, err);
+        for (long long k = -1; k <= 2; k++) {
+            char t[64];
+            pval_text(pval_add(pval_of(nc->lo), k, 16), 0, t, sizeof t);
+            int cl = dcmp(t, nc->lo), ch = nc->hi ? dcmp(t, nc->hi) : -1;
+            if ((nc->lo_ex ? cl > 0 : cl >= 0) && (nc->hi_ex ? ch < 0 : ch <= 0))
+                fail_msg("%s refused as empty, but %s lies inside", schema, t);
+        }
+        strbuf_free(&g);
+        return false;
+    }
+    gram_automaton *a = compile(g.p, v);
+    strbuf_free(&g);
+    pval probes[300];
+    int n = 0;
+    const char *bounds[2] = {nc->lo, nc->hi};
+    for (int b = 0; b < 2; b++) {
+        if (!bounds[b])
+            continue;
+        pval x = pval_of(bounds[b]);
+        probes[n++] = x;
+        for (int j = -2; j <= 16; j++)
+            for (long long k = -2; k <= 2; k++)
+                if (k)
+                    probes[n++] = pval_add(x, k, j);
+    }
+    pval lo = nc->lo ? pval_of(nc->lo) : (pval){true, 9999999999999999ULL, 0};
+    pval hi = nc->hi ? pval_of(nc->hi) : (pval){false, 9999999999999999ULL, 0};
+    for (int k = 0; k < 20; k++) { /* inside (near lo, by a random amount at a random scale) and anywhere */
+        pval in = pval_add(lo, (long long)vt_range(rng, 0, 99), (int)vt_range(rng, 0, 16));
+        probes[n++] = in;
+        probes[n++] = (pval){vt_u64(rng) & 1, vt_u64(rng) % (k < 10 ? 100 : 10000000000000000ULL),
+                             vt_u64(rng) % 10000000000000000ULL};
+    }
+    (void)hi;
+    for (int i = 0; i < n; i++) {
+        if (probes[i].ip >= 10000000000000000ULL)
+            continue; /* beyond 16 integer digits: never a text */
+        for (int pad = 0; pad <= 16; pad += 16) {
+            char t[64];
+            pval_text(probes[i], pad, t, sizeof t);
+            int cl = nc->lo ? dcmp(t, nc->lo) : 1, ch = nc->hi ? dcmp(t, nc->hi) : -1;
+            bool in = (nc->lo_ex ? cl > 0 : cl >= 0) && (nc->hi_ex ? ch < 0 : ch <= 0);
+            if (gram_accepts(a, t, strlen(t)) != in)
+                fail_msg("%s: %s %s", schema, t, in ? "refused" : "accepted");
+        }
+    }
+    static const char *const never[] = {"-0", "-0.0", "00", "01", "+1", "-", "", ".5", "1.", "1e1", "0.5e0",
+                                        "1.00000000000000000"};
+    for (size_t i = 0; i < sizeof never / sizeof *never; i++)
+        if (gram_accepts(a, never[i], strlen(never[i])))
+            fail_msg("%s: accepted \"%s\"", schema, never[i]);
+    gram_automaton_free(a);
+    return true;
+}
+
+/* A random decimal of 1 to 15 significant digits with its point anywhere from 10^15 to 10^-18. */
+static void random_decimal(vt_rng *rng, bool allow_neg, char *t, size_t cap)
+{
+    int sig = (int)vt_range(rng, 1, 15), point = (int)vt_range(rng, 0, 33) - 18; /* 10^point: first digit */
+    char digits[16];
+    for (int i = 0; i < sig; i++)
+        digits[i] = (char)('0' + (i ? vt_range(rng, 0, 9) : vt_range(rng, 1, 9)));
+    size_t w = 0;
+    if (allow_neg && vt_u64(rng) & 1)
+        t[w++] = '-';
+    if (point < 0) {
+        w += (size_t)snprintf(t + w, cap - w, "0.");
+        for (int i = -1; i > point; i--)
+            t[w++] = '0';
+        for (int i = 0; i < sig; i++)
+            t[w++] = digits[i];
+    } else {
+        for (int i = 0; i <= point || i < sig; i++) {
+            if (i == point + 1)
+                t[w++] = '.';
+            t[w++] = i < sig ? digits[i] : '0';
+        }
+    }
+    t[w] = 0;
+}
+
+static void test_schema_number_ranges(void **state)
+{
+    (void)state;
+    gram_vocab *v = byte_vocab();
+    vt_rng rng = vt_rng_seeded("grammar number ranges");
+    static const num_case fixed[] = {
+        {"\"minimum\": 0, \"maximum\": 1", "0", "1", false, false},
+        {"\"minimum\": 0.1, \"maximum\": 0.3", "0.1", "0.3", false, false},
+        {"\"exclusiveMinimum\": 0, \"exclusiveMaximum\": 1", "0", "1", true, true},
+        {"\"minimum\": -1.5, \"maximum\": 2.25", "-1.5", "2.25", false, false},
+        {"\"minimum\": -10, \"exclusiveMaximum\": -9.99", "-10", "-9.99", false, true},
+        {"\"exclusiveMinimum\": -0.001", "-0.001", NULL, true, false},
+        {"\"maximum\": 2.5e-3", NULL, "0.0025", false, false},
+        {"\"minimum\": 1.5e-17, \"maximum\": 1e-15", "0.000000000000000015", "0.000000000000001", false, false},
+        {"\"minimum\": -1e-20, \"exclusiveMaximum\": 1e-20", "-0.00000000000000000001", "0.00000000000000000001",
+         false, true},
+        {"\"minimum\": 0.5, \"maximum\": 0.5", "0.5", "0.5", false, false},
+        {"\"minimum\": 123456789012345.6, \"maximum\": 1e300", "123456789012345.6", NULL, false, false},
+        {"\"minimum\": 1, \"exclusiveMinimum\": 1, \"maximum\": 3, \"exclusiveMaximum\": 2.5", "1", "2.5", true, true},
+        {"\"minimum\": 0.9999999999999999, \"maximum\": 1.0000000000000002", "0.9999999999999999",
+         "1.0000000000000002", false, false},
+        {"\"maximum\": 1e400, \"minimum\": -1e999", NULL, NULL, false, false}, /* +-inf: the whole range */
+    };
+    for (size_t i = 0; i < sizeof fixed / sizeof *fixed; i++)
+        assert_true(check_number_range(v, &fixed[i], &rng));
+    int empty = 0;
+    for (int i = 0; i < 120; i++) {
+        char lo[64], hi[64], kw[200];
+        random_decimal(&rng, true, lo, sizeof lo);
+        random_decimal(&rng, true, hi, sizeof hi);
+        if (dcmp(lo, hi) > 0) {
+            char t[64];
+            memcpy(t, lo, sizeof t), memcpy(lo, hi, sizeof lo), memcpy(hi, t, sizeof hi);
+        }
+        num_case nc = {kw, lo, hi, vt_u64(&rng) & 1, vt_u64(&rng) & 1};
+        if (!dcmp(lo, hi))
+            nc.lo_ex = nc.hi_ex = false;
+        snprintf(kw, sizeof kw, "\"%s\": %s, \"%s\": %s", nc.lo_ex ? "exclusiveMinimum" : "minimum", lo,
+                 nc.hi_ex ? "exclusiveMaximum" : "maximum", hi);
+        empty += !check_number_range(v, &nc, &rng);
+    }
+    fprintf(stderr, "number ranges: %zu fixed, 120 random (%d with no 16-digit decimal inside)\n",
+            sizeof fixed / sizeof *fixed, empty);
+    assert_true(empty < 30);
+    gram_vocab_free(v);
+}
+
 static const error_case schema_errors[] = {
     {"{\"type\": \"string\", \"pattern\": \"^a\"}", "json_schema: (root): keyword 'pattern' is not supported"},
-    {"{\"properties\": {\"a\": {\"type\": \"number\", \"minimum\": 0}}}",
-     "json_schema: /properties/a: keyword 'minimum' is supported for \"type\": \"integer\" only"},
-    {"{\"maximum\": 3}", "keyword 'maximum' needs \"type\": \"integer\""},
+    {"{\"properties\": {\"a\": {\"type\": \"number\", \"minimum\": 1e17}}}",
+     "json_schema: /properties/a: no number lies between the minimum and the maximum"},
+    {"{\"type\": \"number\", \"minimum\": 0.5, \"exclusiveMaximum\": 0.5}", "no number lies between"},
+    {"{\"type\": \"number\", \"minimum\": 1e400}", "no number lies between"},
+    {"{\"type\": \"number\", \"exclusiveMaximum\": \"1\"}", "'exclusiveMaximum' must be a number"},
+    {"{\"maximum\": 3}", "keyword 'maximum' needs \"type\": \"number\" or \"integer\""},
     {"{\"type\": \"integer\", \"minimum\": 5, \"exclusiveMaximum\": 5}", "no integer lies between the minimum and"},
     {"{\"type\": \"integer\", \"exclusiveMinimum\": true}", "'exclusiveMinimum' must be a number"},
     {"{\"type\": \"array\", \"items\": {\"format\": \"uuid\"}}", "/items: keyword 'format' is not supported"},
@@ -549,6 +796,7 @@ int main(void)
         cmocka_unit_test(test_schema_accept),
         cmocka_unit_test(test_schema_errors),
         cmocka_unit_test(test_schema_integer_ranges),
+        cmocka_unit_test(test_schema_number_ranges),
         cmocka_unit_test(test_masks_synthetic),
         cmocka_unit_test(test_masks_real_vocab),
     };

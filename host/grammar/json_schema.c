@@ -7,11 +7,11 @@
  * model cannot pad an object with keys nobody asked for; say `true` to allow them), enum,
  * const, items, minItems, maxItems, anyOf, oneOf (as anyOf: exclusivity is not enforced, so a
  * value matching two branches is possible), nullable (OpenAPI), $ref to "#", "#/$defs/..." or
- * "#/definitions/..." (recursion allowed), minLength, maxLength, and for integers minimum, maximum,
- * exclusiveMinimum, exclusiveMaximum (draft 6 numbers; exact decimal ranges, see gen_integer).
- * Annotations are ignored (title, description, default, examples, $schema, $id, $comment,
- * deprecated, readOnly, writeOnly, x-*). Anything else (pattern, format, numeric bounds on
- * "number", allOf, not, uniqueItems, ...) is refused.
+ * "#/definitions/..." (recursion allowed), minLength, maxLength, and for integers and numbers
+ * minimum, maximum, exclusiveMinimum, exclusiveMaximum (draft 6 numbers; exact decimal ranges,
+ * see gen_integer and gen_number). Annotations are ignored (title, description, default,
+ * examples, $schema, $id, $comment, deprecated, readOnly, writeOnly, x-*). Anything else
+ * (pattern, format, allOf, not, uniqueItems, ...) is refused.
  *
  * Layout: properties in schema order; between tokens a bounded whitespace rule `ws` (up to one
  * newline and 20 indentation characters, so a model cannot loop on whitespace); numbers with at
@@ -356,6 +356,191 @@ static bool gen_integer(conv *c, const json_value *s, strbuf *e)
     return ok && put(c, e, " )");
 }
 
+/* ---- number ranges ------------------------------------------------------------------------------- */
+
+/* minimum / maximum / exclusiveMinimum / exclusiveMaximum of a number: the texts of exactly the
+ * decimals in the range that have at most 16 integer and 16 fraction digits and no exponent (a
+ * subset of json-number's texts). Every such text lies on the grid of multiples of 1e-16, so a
+ * bound becomes the nearest grid value inside it, computed in exact decimal from the bound's
+ * shortest round-trip digits (the "0.1" the schema's author wrote, not the double's
+ * 0.1000000000000000055...). A value is fx: ip + fp * 1e-16 with 0 <= fp < 1e16 (floor form, so
+ * -0.5 is {-1, 5e15}); the texts of a range of magnitudes are an integer-part range (gen_integer's
+ * nonneg_range) beside a fraction language per end digit by digit (frac_suffix). */
+#define FX_ONE 10000000000000000LL /* 1e16: one unit of ip in fp */
+
+typedef struct fx {
+    long long ip, fp;
+} fx;
+
+static int fx_cmp(fx a, fx b) { return a.ip != b.ip ? (a.ip < b.ip ? -1 : 1) : a.fp != b.fp ? (a.fp < b.fp ? -1 : 1) : 0; }
+static fx fx_neg(fx a) { return a.fp ? (fx){-a.ip - 1, FX_ONE - a.fp} : (fx){-a.ip, 0}; }
+static fx fx_up(fx a) { return a.fp + 1 == FX_ONE ? (fx){a.ip + 1, 0} : (fx){a.ip, a.fp + 1}; }
+static fx fx_down(fx a) { return a.fp ? (fx){a.ip, a.fp - 1} : (fx){a.ip - 1, FX_ONE - 1}; }
+
+/* |x| truncated to the grid (saturated at 1e16 beyond the texts' 16 integer digits), and whether
+ * digits were cut (x lies strictly between two grid values). */
+static fx fx_trunc_abs(double x, bool *more)
+{
+    *more = false;
+    if (!(fabs(x) < 1e16)) /* also inf (a bound like 1e400) */
+        return (fx){FX_ONE, 0};
+    char t[40];
+    int p = 0;
+    for (; p < 17; p++) { /* shortest digits that read back as x */
+        snprintf(t, sizeof t, "%.*e", p, fabs(x));
+        if (strtod(t, NULL) == fabs(x))
+            break;
+    }
+    char digits[24];
+    int n = 0;
+    for (const char *q = t; *q && *q != 'e'; q++)
+        if (*q >= '0' && *q <= '9')
+            digits[n++] = *q;
+    int e = atoi(strchr(t, 'e') + 1); /* digits[i] weighs 10^(e - i); e < 16 */
+    fx r = {0, 0};
+    for (int i = 0; i < n; i++) {
+        int w = e - i; /* weight 10^w */
+        int d = digits[i] - '0';
+        if (w >= 0)
+            r.ip = r.ip * 10 + d; /* the integer digits come first, each once */
+        else if (w >= -16) {
+            long long m = 1;
+            for (int k = 0; k < 16 + w; k++)
+                m *= 10;
+            r.fp += d * m;
+        } else if (d)
+            *more = true;
+        if (w > 0 && i == n - 1) /* trailing zeros of the integer part */
+            for (int k = 0; k < w; k++)
+                r.ip *= 10;
+    }
+    return r;
+}
+
+/* One numeric bound of a number (as int_bound): lower bounds rise to the grid, upper ones fall. */
+static bool num_bound(conv *c, const json_value *s, const char *kw, bool lower, bool exclusive, fx *v, bool *has)
+{
+    const json_value *x = json_get(s, kw);
+    if (!x)
+        return true;
+    if (x->type != JSON_NUMBER || isnan(x->num))
+        return cfail(c, "'%s' must be a number", kw);
+    bool more;
+    fx t = fx_trunc_abs(x->num, &more), b;
+    bool neg = x->num < 0;
+    if (lower) /* ceil: up when digits were cut from a positive value; a negative one truncates up */
+        b = neg ? fx_neg(t) : more ? fx_up(t) : t;
+    else
+        b = neg ? fx_neg(more ? fx_up(t) : t) : t;
+    if (exclusive && !more) /* on the grid: one step inside */
+        b = lower ? fx_up(b) : fx_down(b);
+    if (!*has || (lower ? fx_cmp(b, *v) > 0 : fx_cmp(b, *v) < 0))
+        *v = b;
+    *has = true;
+    return true;
+}
+
+static void frac_digits(long long fp, char out[17])
+{
+    snprintf(out, 17, "%016lld", fp);
+}
+
+/* The fraction digits from position p on (after p digits already matched, at least one digit
+ * when p == 0) whose zero-padded value lies in [lo, hi] (16-digit strings), while tl / th say the
+ * digits so far equal lo's / hi's. */
+static bool frac_suffix(conv *c, strbuf *e, const char *lo, const char *hi, int p, bool tl, bool th)
+{
+    tl = tl && !all_digit(lo + p, (size_t)(16 - p), '0'); /* padding with zeros already reaches lo */
+    th = th && !all_digit(hi + p, (size_t)(16 - p), '9');
+    if (!tl && !th)
+        return p == 16 ? put(c, e, "\"\"") : (strbuf_printf(e, "[0-9]{%d,%d}", p ? 0 : 1, 16 - p) || coom(c));
+    bool ok = put(c, e, "( "), first = true;
+    if (p && !tl) { /* end here: the rest reads as zeros, at most hi */
+        ok = ok && put(c, e, "\"\"");
+        first = false;
+    }
+    char l = tl ? lo[p] : '0', h = th ? hi[p] : '9';
+    if (tl && th && l == h)
+        return ok && (first || put(c, e, " | ")) && (strbuf_printf(e, "\"%c\" ", l) || coom(c)) &&
+               frac_suffix(c, e, lo, hi, p + 1, true, true) && put(c, e, " )");
+    if (tl) {
+        ok = ok && (first || put(c, e, " | ")) && (strbuf_printf(e, "\"%c\" ", l) || coom(c)) &&
+             frac_suffix(c, e, lo, hi, p + 1, true, false);
+        l++;
+        first = false;
+    }
+    if (th) {
+        ok = ok && (first || put(c, e, " | ")) && (strbuf_printf(e, "\"%c\" ", h) || coom(c)) &&
+             frac_suffix(c, e, lo, hi, p + 1, false, true);
+        h--;
+        first = false;
+    }
+    if (l <= h) {
+        ok = ok && (first || put(c, e, " | ")) && (strbuf_printf(e, "[%c-%c]", l, h) || coom(c));
+        if (p < 15)
+            ok = ok && (strbuf_printf(e, " [0-9]{0,%d}", 15 - p) || coom(c));
+    }
+    return ok && put(c, e, " )");
+}
+
+/* No fraction (when lo is zero) or "." and fraction digits in [lo, hi]. */
+static bool frac_range(conv *c, strbuf *e, long long lo, long long hi)
+{
+    char sl[17], sh[17];
+    frac_digits(lo, sl);
+    frac_digits(hi, sh);
+    return put(c, e, lo ? "( \".\" " : "( \"\" | \".\" ") && frac_suffix(c, e, sl, sh, 0, true, true) &&
+           put(c, e, " )");
+}
+
+/* The texts of the magnitudes a..b (0 <= a <= b < 1e16, on the grid). */
+static bool magnitudes(conv *c, strbuf *e, fx a, fx b)
+{
+    if (a.ip == b.ip)
+        return (strbuf_printf(e, "( \"%lld\" ", a.ip) || coom(c)) && frac_range(c, e, a.fp, b.fp) &&
+               put(c, e, " )");
+    bool ok = put(c, e, "( "), first = true;
+    long long i0 = a.ip, i1 = b.ip;
+    if (a.fp) { /* a's integer part, fractions from a's up */
+        ok = ok && (strbuf_printf(e, "\"%lld\" ", a.ip) || coom(c)) && frac_range(c, e, a.fp, FX_ONE - 1);
+        i0++, first = false;
+    }
+    if (b.fp != FX_ONE - 1) { /* b's integer part, fractions up to b's */
+        ok = ok && (first || put(c, e, " | ")) && (strbuf_printf(e, "\"%lld\" ", b.ip) || coom(c)) &&
+             frac_range(c, e, 0, b.fp);
+        i1--, first = false;
+    }
+    if (i0 <= i1) /* whole integer parts between, any fraction */
+        ok = ok && (first || put(c, e, " | ")) && nonneg_range(c, e, i0, i1) &&
+             put(c, e, " ( \".\" [0-9]{1,16} )?");
+    return ok && put(c, e, " )");
+}
+
+static bool gen_number(conv *c, const json_value *s, strbuf *e)
+{
+    const fx max = {INT_LIMIT, FX_ONE - 1}, min = fx_neg(max);
+    fx lo = min, hi = max;
+    bool has_lo = false, has_hi = false;
+    if (!num_bound(c, s, "minimum", true, false, &lo, &has_lo) ||
+        !num_bound(c, s, "exclusiveMinimum", true, true, &lo, &has_lo) ||
+        !num_bound(c, s, "maximum", false, false, &hi, &has_hi) ||
+        !num_bound(c, s, "exclusiveMaximum", false, true, &hi, &has_hi))
+        return false;
+    if (!has_lo && !has_hi)
+        return prim(c, PRIM_NUMBER) && put(c, e, "json-number");
+    lo = fx_cmp(lo, min) < 0 ? min : lo;
+    hi = fx_cmp(hi, max) > 0 ? max : hi;
+    if (fx_cmp(lo, hi) > 0)
+        return cfail(c, "no number lies between the minimum and the maximum (16 fraction digits at most)");
+    const fx zero = {0, 0}, ulp = {0, 1};
+    bool ok = put(c, e, "( ");
+    if (lo.ip < 0) /* negatives: "-" and magnitudes above zero, never "-0" */
+        ok = ok && put(c, e, "\"-\" ") && magnitudes(c, e, hi.ip < 0 ? fx_neg(hi) : ulp, fx_neg(lo));
+    if (hi.ip >= 0)
+        ok = ok && (lo.ip >= 0 || put(c, e, " | ")) && magnitudes(c, e, lo.ip >= 0 ? lo : zero, hi);
+    return ok && put(c, e, " )");
+}
+
 /* ---- the converter ------------------------------------------------------------------------------- */
 
 static bool gen(conv *c, const json_value *s, strbuf *e);
@@ -689,12 +874,8 @@ static bool gen_type(conv *c, const json_value *s, const char *t, strbuf *e)
         return gen_string(c, s, e);
     if (!strcmp(t, "integer"))
         return gen_integer(c, s, e);
-    if (!strcmp(t, "number")) {
-        for (size_t i = 0; i < sizeof numeric_kw / sizeof *numeric_kw; i++)
-            if (json_get(s, numeric_kw[i]))
-                return cfail(c, "keyword '%s' is supported for \"type\": \"integer\" only", numeric_kw[i]);
-        return prim(c, PRIM_NUMBER) && put(c, e, "json-number");
-    }
+    if (!strcmp(t, "number"))
+        return gen_number(c, s, e);
     if (!strcmp(t, "boolean"))
         return put(c, e, "( \"true\" | \"false\" )");
     if (!strcmp(t, "null"))
@@ -716,7 +897,7 @@ static bool gen_typed(conv *c, const json_value *s, strbuf *e)
                             ? "array" : json_get(s, "minLength") || json_get(s, "maxLength") ? "string" : NULL;
         for (size_t i = 0; !k && i < sizeof numeric_kw / sizeof *numeric_kw; i++)
             if (json_get(s, numeric_kw[i])) /* any value, but a number must be in range: not expressible */
-                return cfail(c, "keyword '%s' needs \"type\": \"integer\"", numeric_kw[i]);
+                return cfail(c, "keyword '%s' needs \"type\": \"number\" or \"integer\"", numeric_kw[i]);
         return k ? gen_type(c, s, k, e) : prim(c, PRIM_VALUE) && put(c, e, "json-value");
     }
     if (t->type == JSON_STRING)

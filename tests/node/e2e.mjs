@@ -162,9 +162,11 @@ async function run(client) {
   await assert.rejects(
     client.chat.completions.create({
       model: 'stories260K', messages,
-      response_format: { type: 'json_schema', json_schema: { name: 'n', schema: { type: 'number', minimum: 3 } } },
+      response_format: {
+        type: 'json_schema', json_schema: { name: 'n', schema: { type: 'number', minimum: 3, exclusiveMaximum: 3 } },
+      },
     }),
-    (e) => e instanceof OpenAI.BadRequestError && e.param === 'response_format' && /'minimum'/.test(e.message));
+    (e) => e instanceof OpenAI.BadRequestError && e.param === 'response_format' && /no number lies/.test(e.message));
   await assert.rejects(
     client.completions.create({ model: 'stories260K', prompt: 'x', grammar: 'root ::= valu' }),
     (e) => e instanceof OpenAI.BadRequestError && e.param === 'grammar' && /line 1, column 10/.test(e.message));
@@ -177,9 +179,10 @@ const PERSON = {
   properties: {
     name: { type: 'string', maxLength: 12 },
     age: { type: 'integer', minimum: 0, exclusiveMaximum: 130 },
+    score: { type: 'number', minimum: -0.5, exclusiveMaximum: 1 },
     pets: { type: 'array', items: { enum: ['cat', 'dog'] }, maxItems: 2 },
   },
-  required: ['name', 'age', 'pets'],
+  required: ['name', 'age', 'score', 'pets'],
   additionalProperties: false,
 };
 const TIME = { type: 'object', properties: { tz: { enum: ['UTC', 'CET'] } }, required: ['tz'], additionalProperties: false };
@@ -205,12 +208,12 @@ async function structured(client) {
   const messages = [{ role: 'user', content: 'Tell me about a cat.' }];
   const rf = { type: 'json_schema', json_schema: { name: 'person', schema: PERSON, strict: true } };
   const js = await client.chat.completions.create({
-    model: 'stories260K', messages, max_tokens: 480, seed: 1, response_format: rf,
+    model: 'stories260K', messages, max_tokens: 560, seed: 1, response_format: rf,
   });
   valid(PERSON, js.choices[0].message.content, 'json_schema');
   assert.equal(js.choices[0].finish_reason, 'stop');
   const jss = await collect(await client.chat.completions.create({
-    model: 'stories260K', messages, max_tokens: 480, seed: 2, response_format: rf, stream: true,
+    model: 'stories260K', messages, max_tokens: 560, seed: 2, response_format: rf, stream: true,
   }), (ch) => ch.delta?.content);
   valid(PERSON, jss.text, 'json_schema, streamed');
   const jo = await collect(await client.completions.create({
