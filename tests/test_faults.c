@@ -6,7 +6,10 @@
  *    allocation of engine create, batch manager create, submit, a whole request's life and the
  *    server's request handling fails: each run ends with a status (and a message where the API
  *    has one), no crash, no leak (the ASan build's LeakSanitizer), and the engine still gives
- *    the reference answer afterwards.
+ *    the reference answer afterwards;
+ *  - Vulkan failures in engine create and in steps: out of device memory (the engine goes on) and
+ *    device loss (503s, then the engine recreated), on a single-model server and in one model of
+ *    a repository of two (the other model unaffected).
  * The model is stories260K (or a synthetic one when ../shared/models is absent). */
 #define LOADGEN_NO_MAIN
 #include "tools/loadgen.c"
@@ -559,6 +562,108 @@ static void test_vk_faults_server(void **state)
     vki_engine_destroy(e);
 }
 
+/* A repository of two models: a device loss in one model's engine (only "a" has traffic, so only
+ * its engine submits) fails a's requests in flight, makes a not ready (503 on its readiness
+ * route and requests) while b stays ready and answers as before; a's recovery thread recreates
+ * its engine and a answers its reference again. */
+static int status_of(uint16_t port, const char *method, const char *path, const char *body)
+{
+    char *out;
+    int st = http(port, method, path, body, &out);
+    free(out);
+    return st;
+}
+
+static char *answer_of(uint16_t port, const char *body, int want)
+{
+    char *out;
+    int st = http(port, "POST", "/v1/completions", body, &out);
+    if (st != want)
+        fail_msg("status %d (want %d): %s", st, want, out);
+    return out;
+}
+
+/* The text of a completion's first choice (malloc'd). */
+static char *text_of(const char *out)
+{
+    cJSON *j = cJSON_Parse(out);
+    const cJSON *t = cJSON_GetObjectItem(cJSON_GetArrayItem(cJSON_GetObjectItem(j, "choices"), 0), "text");
+    if (!cJSON_IsString(t))
+        fail_msg("no choices[0].text in %s", out);
+    char *r = strdup(t->valuestring);
+    cJSON_Delete(j);
+    return r;
+}
+
+static void test_vk_faults_repository(void **state)
+{
+    F *f = *state;
+    if (!vkf_enabled())
+        skip();
+    char dir[] = "/tmp/vki_test_faults_repo_XXXXXX", pa[64], pb[64], cmd[2 * sizeof f->src + 256];
+    assert_non_null(mkdtemp(dir));
+    snprintf(pa, sizeof pa, "%s/a.gguf", dir);
+    snprintf(pb, sizeof pb, "%s/b.gguf", dir);
+    snprintf(cmd, sizeof cmd, "cp '%s' '%s' && cp '%s' '%s'", f->src, pa, f->src, pb);
+    assert_int_equal(system(cmd), 0);
+    srv_params p = srv_default_params();
+    p.port = 0;
+    p.log_level = VKI_LOG_ERROR;
+    p.recover_backoff_ms = 1500;
+    srv_repo_params rp = srv_repo_default_params();
+    rp.dir = dir;
+    rp.control = SRV_CONTROL_NONE;
+    rp.engine = engine_params(f);
+    srv *s = NULL;
+    char err[256] = "";
+    if (srv_create_repo(&p, &rp, &s, err, sizeof err) != VKI_OK)
+        fail_msg("srv_create_repo: %s", err);
+    uint16_t port = srv_port(s);
+    static const char A[] = "{\"model\":\"a\",\"prompt\":\"Once upon a time\",\"max_tokens\":40,\"ignore_eos\":true,"
+                            "\"temperature\":0}";
+    static const char B[] = "{\"model\":\"b\",\"prompt\":\"Once upon a time\",\"max_tokens\":40,\"ignore_eos\":true,"
+                            "\"temperature\":0}";
+    char *out = answer_of(port, A, 200), *want = text_of(out), *got; /* the same weights: one answer */
+    free(out);
+
+    req_thread r[2] = {{.port = port, .body = A}, {.port = port, .body = A}};
+    vkf_arm(VKF_QUEUE_SUBMIT, 12, VK_ERROR_DEVICE_LOST);
+    for (int i = 0; i < 2; i++)
+        assert_int_equal(pthread_create(&r[i].t, NULL, req_main, &r[i]), 0);
+    for (int i = 0; i < 2; i++) {
+        pthread_join(r[i].t, NULL);
+        if (r[i].status != 500 || !strstr(r[i].out, "device lost"))
+            fail_msg("request %d: %d %s", i, r[i].status, r[i].out);
+        free(r[i].out);
+    }
+    vkf_arm(VKF_QUEUE_SUBMIT, 0, 0);
+    assert_true(vkf_fired(VKF_QUEUE_SUBMIT));
+    assert_int_equal(status_of(port, "GET", "/v2/models/a/ready", NULL), 503);
+    assert_int_equal(status_of(port, "GET", "/v2/models/b/ready", NULL), 200);
+    out = answer_of(port, A, 503);
+    assert_non_null(strstr(out, "the GPU device was lost"));
+    free(out);
+    out = answer_of(port, B, 200); /* b is untouched */
+    got = text_of(out);
+    assert_string_equal(got, want);
+    free(got);
+    free(out);
+    double end = lg_now() + 120;
+    while (status_of(port, "GET", "/v2/models/a/ready", NULL) != 200 && lg_now() < end)
+        usleep(50 * 1000);
+    assert_int_equal(status_of(port, "GET", "/v2/models/a/ready", NULL), 200);
+    out = answer_of(port, A, 200); /* a after its recovery */
+    got = text_of(out);
+    assert_string_equal(got, want);
+    free(got);
+    free(out);
+    free(want);
+    srv_destroy(s);
+    unlink(pa);
+    unlink(pb);
+    rmdir(dir);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -567,6 +672,7 @@ int main(void)
         cmocka_unit_test(test_alloc_faults_server),
         cmocka_unit_test(test_vk_faults_engine_create),
         cmocka_unit_test(test_vk_faults_server),
+        cmocka_unit_test(test_vk_faults_repository),
     };
     if (getenv("VKI_TEST_FILTER")) /* e.g. "*server*": one test while reproducing a failure */
         cmocka_set_test_filter(getenv("VKI_TEST_FILTER"));
