@@ -305,6 +305,42 @@ static void test_generate_prompt_cache(void **state)
     rmdir(dir);
 }
 
+/* llama.cpp's option names: -c / --ctx-size, -s, --repeat-last-n, -j and -e do what --ctx, --seed,
+ * --penalty-window, --json-schema and the default escapes do (the same sampled text); -ngl and -t
+ * are accepted with a note naming why they change nothing. */
+static void test_generate_llama_cpp_names(void **state)
+{
+    (void)state;
+    char m[512], args[1024];
+    model(m, sizeof m);
+    vt_run_result a, b;
+    snprintf(args, sizeof args, "generate --validation --no-progress --no-warmup -m %s -p \"Lily\\x20saw\" -n 24 "
+             "--temp 1 --ctx 64 --seed 7 --penalty-window 16 --repeat-penalty 1.3", m);
+    vt_run_vkinfer(args, &a);
+    assert_int_equal(a.rc, 0);
+    snprintf(args, sizeof args, "generate --validation --no-progress --no-warmup -m %s -p \"Lily\\x20saw\" -n 24 "
+             "--temp 1 -c 64 -s 7 --repeat-last-n 16 --repeat-penalty 1.3 -ngl 99 -t 8 -e", m);
+    vt_run_vkinfer(args, &b);
+    assert_int_equal(b.rc, 0);
+    assert_string_equal(a.out, b.out);
+    assert_int_equal(strncmp(b.out, "Lily saw", 8), 0); /* the prompt printed with its escape read */
+    assert_non_null(strstr(b.err, "context 64"));
+    assert_non_null(strstr(b.err, "-ngl ignored: every layer runs on the GPU"));
+    assert_non_null(strstr(b.err, "-t ignored"));
+    snprintf(args, sizeof args, "generate --validation --no-progress --no-warmup -m %s -p Once -n 24 "
+             "--no-display-prompt -j '{\"type\": \"integer\", \"minimum\": 10, \"maximum\": 99}'", m);
+    vt_run_vkinfer(args, &a);
+    assert_int_equal(a.rc, 0);
+    char *end;
+    long x = strtol(a.out, &end, 10);
+    if (end == a.out || *end != '\n' || x < 10 || x > 99)
+        fail_msg("-j: \"%s\"", a.out);
+    snprintf(args, sizeof args, "generate -m %s -p x -ngl many", m);
+    vt_run_vkinfer(args, &a);
+    assert_int_equal(a.rc, 2);
+    assert_non_null(strstr(a.err, "-ngl needs an integer"));
+}
+
 /* Structured output: --json-schema-file (the answer is in the schema's language and ends where
  * it may), --grammar on chat, and bad constraints refused before the model loads (exit 2, the
  * rule and position named). -n 256 covers the schema's worst case (8 whitespace runs of at most
@@ -564,6 +600,7 @@ int main(void)
         cmocka_unit_test(test_generate_escapes),
         cmocka_unit_test(test_generate_json),
         cmocka_unit_test(test_generate_prompt_cache),
+        cmocka_unit_test(test_generate_llama_cpp_names),
         cmocka_unit_test(test_generate_constrained),
         cmocka_unit_test(test_generate_prompt_sources),
         cmocka_unit_test(test_generate_context),

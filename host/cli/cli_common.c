@@ -124,11 +124,18 @@ int cli_engine_opt(int argc, char **argv, int *i, cli_engine_opts *o)
     static const char *const with_value[] = {"-m", "--model", "--device", "--kv-type", "--kv-tokens",
                                              "--kv-fraction", "--page-size", "--max-seqs", "--max-tokens", "--ctx",
                                              "--profile", "--capture-steps", "--device-memory",
-                                             "--max-attention-window"};
+                                             "--max-attention-window", "-c", "--ctx-size", "-ngl",
+                                             "--n-gpu-layers", "--gpu-layers", "-t", "--threads"};
     int r = cli_value_opt(cmd, argc, argv, i, with_value, sizeof with_value / sizeof with_value[0], NULL, &v);
     if (r <= 0)
         return r;
-    if (!strcmp(a, "-m") || !strcmp(a, "--model")) {
+    bool gpu_layers = !strcmp(a, "-ngl") || !strcmp(a, "--n-gpu-layers") || !strcmp(a, "--gpu-layers");
+    if (gpu_layers || !strcmp(a, "-t") || !strcmp(a, "--threads")) { /* llama.cpp's: nothing to set here */
+        if (!cli_parse_u64(cmd, a, v, 0, 1u << 20, &u))
+            return -1;
+        fprintf(stderr, "vkinfer %s: note: %s ignored: %s\n", cmd, a,
+                gpu_layers ? "every layer runs on the GPU" : "the model runs on the GPU; one host thread drives it");
+    } else if (!strcmp(a, "-m") || !strcmp(a, "--model")) {
         o->model = v;
     } else if (!strcmp(a, "--profile")) {
         o->p.profile_path = v;
@@ -185,7 +192,8 @@ void cli_engine_opts_help(FILE *f)
             "  --page-size N           tokens per KV page (16)\n"
             "  --max-seqs N            sequences holding KV at once (256)\n"
             "  --max-tokens N          new tokens per step (2048)\n"
-            "  --ctx N                 longest sequence (default: the model's context length)\n"
+            "  --ctx N                 longest sequence (default: the model's context length; -c and\n"
+            "                          --ctx-size as in llama.cpp)\n"
             "  --max-attention-window N  every layer attends to its last N tokens and the first\n"
             "                          page (StreamingLLM): bounded KV for long generations\n"
             "  --batch-invariant       a request's tokens do not depend on the rest of the batch\n"
@@ -197,7 +205,9 @@ void cli_engine_opts_help(FILE *f)
             "  --no-progress           no loading progress bar\n"
             "  --no-warmup             skip the warm-up steps at load (which compile the kernels on\n"
             "                          devices that compile on first use, e.g. lavapipe)\n"
-            "  -v, --verbose           more log output (twice: debug)\n");
+            "  -v, --verbose           more log output (twice: debug)\n"
+            "  -ngl N, -t N            llama.cpp's GPU layers and threads: accepted, with a note, and\n"
+            "                          ignored (every layer runs on the GPU)\n");
 }
 
 /* The library prints nothing: the program shows its log messages... */
@@ -397,11 +407,13 @@ int cli_sampling_opt(const char *cmd, int argc, char **argv, int *i, vki_samplin
 {
     const char *a = argv[*i], *v;
     static const char *const names[] = {"--temp", "--top-k", "--top-p", "--min-p", "--repeat-penalty",
-                                        "--presence-penalty", "--frequency-penalty", "--penalty-window", "--seed"};
+                                        "--presence-penalty", "--frequency-penalty", "--penalty-window", "--seed",
+                                        "-s", "--repeat-last-n"}; /* the last two: llama.cpp's names */
     size_t k;
     int r = cli_value_opt(cmd, argc, argv, i, names, sizeof names / sizeof names[0], &k, &v);
     if (r <= 0)
         return r;
+    k = k == 9 ? 8 : k == 10 ? 7 : k;
     uint64_t u;
     bool ok;
     switch (k) {
@@ -424,7 +436,8 @@ void cli_sampling_help(FILE *f)
                "  --temp T                temperature; 0 = greedy (0)\n"
                "  --top-k K, --top-p P, --min-p P\n"
                "  --repeat-penalty R, --presence-penalty P, --frequency-penalty F, --penalty-window N\n"
-               "  --seed S                seed for sampling (default: drawn and printed)\n");
+               "                          (--repeat-last-n N as in llama.cpp)\n"
+               "  --seed S, -s S          seed for sampling (default: drawn and printed)\n");
 }
 
 static int hexval(char c)
@@ -550,12 +563,14 @@ static char *read_text_file(const char *cmd, const char *opt, const char *path)
 
 int cli_constraint_opt(const char *cmd, int argc, char **argv, int *i, cli_constraint *c)
 {
-    static const char *const names[] = {"--grammar", "--grammar-file", "--json-schema", "--json-schema-file"};
+    static const char *const names[] = {"--grammar", "--grammar-file", "--json-schema", "--json-schema-file",
+                                        "-j"}; /* llama.cpp's short --json-schema */
     size_t k;
     const char *v, *opt = argv[*i];
     int r = cli_value_opt(cmd, argc, argv, i, names, sizeof names / sizeof names[0], &k, &v);
     if (r <= 0)
         return r;
+    k = k == 4 ? 2 : k;
     if (c->c.type != VKI_CONSTRAINT_NONE) {
         fprintf(stderr, "vkinfer %s: %s: give one of --grammar, --grammar-file, --json-schema, --json-schema-file\n",
                 cmd, opt);
@@ -578,7 +593,7 @@ void cli_constraint_help(FILE *f)
     fprintf(f, "output constraint (structured output; at most one):\n"
                "  --grammar GBNF          the output follows a GBNF grammar (llama.cpp syntax, start rule root)\n"
                "  --grammar-file F        the same, read from F\n"
-               "  --json-schema JSON      the output is JSON valid against a JSON Schema ('{\"type\": \"object\"}':\n"
+               "  -j, --json-schema JSON  the output is JSON valid against a JSON Schema ('{\"type\": \"object\"}':\n"
                "                          any object; see the README for the supported keywords)\n"
                "  --json-schema-file F    the same, read from F\n");
 }

@@ -138,8 +138,8 @@ static void usage(FILE *f)
             "  --no-display-prompt     print only the generated text\n"
             "  --json                  print one JSON object: prompt and generated ids, text, logprobs,\n"
             "                          finish reason, seed, timings\n"
-            "  --no-escape             take -p and --stop literally (default: \\n, \\t, \\\\, \\xHH, ... are\n"
-            "                          interpreted, so --stop \"\\n\\n\" is two newlines)\n"
+            "  --no-escape             take -p and --stop literally (default, or -e: \\n, \\t, \\\\, \\xHH, ...\n"
+            "                          are interpreted, so --stop \"\\n\\n\" is two newlines)\n"
             "  --prompt-cache FILE     restore the KV saved in FILE (when it exists) and save the prompt's and\n"
             "                          answer's KV to it afterwards: a prompt starting with the same tokens\n"
             "                          computes only the rest. A file of another model is an error\n"
@@ -399,6 +399,8 @@ static int gen_opt(int argc, char **argv, int *i, gen_opts *o)
     for (size_t k = 0; k < sizeof flags / sizeof flags[0]; k++)
         if (!strcmp(a, flags[k]))
             return *dst[k] = true, 1;
+    if (!strcmp(a, "-e") || !strcmp(a, "--escape")) /* llama.cpp's; escapes are interpreted by default */
+        return o->no_escape = false, 1;
     static const char *const names[] = {"-p", "--prompt", "-f", "--file", "-n", "--n-predict", "--stop",
                                         "--system", "--chat-template", "--prompt-cache"};
     size_t k;
