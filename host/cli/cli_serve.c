@@ -58,7 +58,8 @@ static void usage(FILE *f)
             "                          /detokenize (repeatable; /health, /metrics and /version stay open)\n"
             "  --api-key-file FILE     more keys, one per line\n"
             "  --cors-origin ORIGIN    allow browser requests from ORIGIN (repeatable; * = any)\n"
-            "  --model-id NAME         the model name in responses (default: the file name without .gguf);\n"
+            "  --model-id NAME         the model name in responses (default: the file name without .gguf;\n"
+            "                          -a / --alias as in llama-server);\n"
             "                          the \"model\" field of requests is accepted whatever it says\n"
             "  --chat-template NAME    chatml|llama3|llama2|mistral|zephyr|gemma|phi3|plain (default: recognise\n"
             "                          the GGUF's tokenizer.chat_template; plain when absent or unknown)\n"
@@ -147,7 +148,7 @@ static int serve_opt(int argc, char **argv, int *i, serve_opts *o)
                                         "--stats-interval", "--pooling", "--model-repository", "--model-control",
                                         "--load-model", "--repository-poll-secs", "--unload-timeout",
                                         "--session-idle", "--session-max-blocks", "--session-dir",
-                                        "--max-logits-mb"};
+                                        "--max-logits-mb", "-a", "--alias"}; /* the last two: llama-server's */
     size_t k;
     int r = cli_value_opt("serve", argc, argv, i, names, sizeof names / sizeof names[0], &k, &v);
     if (r <= 0)
@@ -194,6 +195,7 @@ static int serve_opt(int argc, char **argv, int *i, serve_opts *o)
     case 25: ok = cli_parse_u64("serve", a, v, 0, UINT32_MAX, &u); p->batch.session_max_blocks = (uint32_t)u; break;
     case 26: p->session_dir = v; break;
     case 27: ok = cli_parse_u64("serve", a, v, 1, 1u << 16, &u); p->batch.max_logits_bytes = u << 20; break;
+    case 28: case 29: p->model_id = v; break;
     case 18:
         ok = !strcmp(v, "mean") || !strcmp(v, "last");
         p->pooling = !strcmp(v, "last") ? VKI_POOL_LAST : VKI_POOL_MEAN;

@@ -29,8 +29,8 @@ const KNOWN = ', there was a little girl named Lily. She loved to play outside i
 const KEY = 'sk-e2e-test';
 
 function startServer() {
-  const child = spawn(vkinfer, ['serve', '-m', model, '--port', '0', '--no-progress', '--api-key', KEY],
-                      { stdio: ['ignore', 'inherit', 'pipe'] });
+  const args = ['serve', '-m', model, '--port', '0', '--no-progress', '--api-key', KEY, '-a', 'stories-alias'];
+  const child = spawn(vkinfer, args, { stdio: ['ignore', 'inherit', 'pipe'] });
   return new Promise((resolve, reject) => {
     let log = '';
     const timer = setTimeout(() => reject(new Error(`vkinfer serve did not start:\n${log}`)), 120000);
@@ -63,8 +63,8 @@ async function run(client) {
   const models = await client.models.list();
   const ids = [];
   for await (const m of models) ids.push(m.id);
-  assert.deepEqual(ids, ['stories260K']);
-  const info = await client.models.retrieve('stories260K');
+  assert.deepEqual(ids, ['stories-alias']); // -a, llama-server's --alias
+  const info = await client.models.retrieve('stories-alias');
   assert.ok(info.max_model_len > 0 && info.meta.n_ctx === info.max_model_len);
 
   // completions, not streamed: the known greedy answer
