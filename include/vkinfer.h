@@ -768,6 +768,8 @@ VKI_API vki_status vki_text_stream_push(vki_text_stream *s, int32_t token, const
  * UTF-8 as U+FFFD). */
 VKI_API vki_status vki_text_stream_finish(vki_text_stream *s, const char **text, size_t *len);
 VKI_API bool vki_text_stream_stopped(const vki_text_stream *s);
+/* Which stop string ended the text (its index in the create call's stops), or -1 while none has. */
+VKI_API int32_t vki_text_stream_stop_index(const vki_text_stream *s);
 
 /* ---- chat templates ---------------------------------------------------------------------- */
 

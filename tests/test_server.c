@@ -391,6 +391,108 @@ static void test_completion_stream(void **state)
     stop(t);
 }
 
+/* llama-server's POST /completion: the greedy text equals /v1/completions', in llama-server's shapes
+ * (content, stop, stop_type, tokens_predicted, timings, generation_settings with its defaults);
+ * streamed: one event per piece with its token ids, a last event with "stop": true and the
+ * totals, no [DONE]; a stop word names itself; n_probs gives each token's alternatives (the
+ * greedy token first); logit_bias [[id, false]] bans a token; what vkinfer lacks is a 400 naming
+ * the field. */
+static void test_llama_completion(void **state)
+{
+    T *t = *state;
+    start(t, NULL, 0);
+    cJSON *ref = http_json(t, "POST", "/v1/completions", CMPL48, 200);
+    const char *want = vt_json_str(ref, "choices.0.text");
+    cJSON *j = http_json(t, "POST", "/completion", "{\"prompt\":\"Once upon a time\",\"n_predict\":48,\"temperature\":0,"
+                         "\"return_tokens\":true,\"n_probs\":2,\"cache_prompt\":true,\"samplers\":[\"top_k\"]}", 200);
+    assert_string_equal(vt_json_str(j, "content"), want);
+    assert_true(cJSON_IsTrue(vt_json_get(j, "stop")));
+    assert_string_equal(vt_json_str(j, "stop_type"), "limit");
+    assert_string_equal(vt_json_str(j, "stopping_word"), "");
+    assert_false(cJSON_IsTrue(vt_json_get(j, "truncated")));
+    assert_int_equal(vt_json_num(j, "tokens_predicted"), 48);
+    assert_int_equal(vt_json_num(j, "tokens_evaluated"), vt_json_num(ref, "usage.prompt_tokens"));
+    assert_int_equal(vt_json_num(j, "timings.predicted_n"), 48);
+    assert_true(vt_json_num(j, "timings.predicted_per_second") > 0);
+    assert_string_equal(vt_json_str(j, "prompt"), "Once upon a time");
+    assert_int_equal(vt_json_num(j, "generation_settings.n_predict"), 48);
+    assert_int_equal(vt_json_num(j, "generation_settings.top_k"), 40); /* llama-server's defaults */
+    assert_true(fabs(vt_json_num(j, "generation_settings.top_p") - 0.95) < 1e-6);
+    assert_true(fabs(vt_json_num(j, "generation_settings.min_p") - 0.05) < 1e-6);
+    const cJSON *ids = vt_json_get(j, "tokens"), *probs = vt_json_get(j, "completion_probabilities");
+    assert_int_equal(cJSON_GetArraySize(ids), 48);
+    assert_int_equal(cJSON_GetArraySize(probs), 48);
+    const cJSON *id = ids->child;
+    for (const cJSON *p = probs->child; p; p = p->next, id = id->next) {
+        assert_int_equal(vt_json_num(p, "id"), id->valuedouble);
+        assert_int_equal(vt_json_num(p, "top_logprobs.0.id"), id->valuedouble); /* greedy: the best */
+        assert_int_equal(cJSON_GetArraySize(vt_json_get(p, "top_logprobs")), 2);
+        assert_true(vt_json_num(p, "logprob") <= 0 &&
+                    vt_json_num(p, "top_logprobs.1.logprob") <= vt_json_num(p, "logprob"));
+    }
+    int first = (int)ids->child->valuedouble;
+    /* streamed: the same text and ids, then the totals */
+    bool done = true;
+    cJSON *ev = stream(t, "/completion", "{\"prompt\":\"Once upon a time\",\"n_predict\":48,\"temperature\":0,"
+                       "\"stream\":true}", 0, &done);
+    assert_false(done); /* llama-server sends no [DONE] */
+    int n = cJSON_GetArraySize(ev), n_ids = 0;
+    lg_buf text = {0};
+    for (int i = 0; i < n; i++) {
+        const cJSON *e = cJSON_GetArrayItem(ev, i);
+        const char *s = vt_json_str(e, "content");
+        lg_buf_put(&text, s, strlen(s));
+        n_ids += cJSON_GetArraySize(vt_json_get(e, "tokens"));
+        assert_true(cJSON_IsTrue(vt_json_get(e, "stop")) == (i == n - 1));
+    }
+    assert_string_equal(text.p, want);
+    assert_int_equal(n_ids, 48);
+    const cJSON *last = cJSON_GetArrayItem(ev, n - 1);
+    assert_string_equal(vt_json_str(last, "stop_type"), "limit");
+    assert_int_equal(vt_json_num(last, "tokens_predicted"), 48);
+    free(text.p);
+    cJSON_Delete(ev);
+    /* a stop word: cut before it, and named (stories260K's answer has " a" in it) */
+    cJSON *w;
+    if (t->stories) {
+        w = http_json(t, "POST", "/completion", "{\"prompt\":\"Once upon a time\",\"n_predict\":48,\"temperature\":0,"
+                      "\"stop\":[\"no such words\",\" a\"]}", 200);
+        assert_string_equal(vt_json_str(w, "stop_type"), "word");
+        assert_string_equal(vt_json_str(w, "stopping_word"), " a");
+        const char *cut = strstr(want, " a");
+        assert_non_null(cut);
+        assert_int_equal(strlen(vt_json_str(w, "content")), (size_t)(cut - want));
+        cJSON_Delete(w);
+    }
+    /* logit_bias [[id, false]]: the greedy first token is banned */
+    char body[256];
+    snprintf(body, sizeof body, "{\"prompt\":\"Once upon a time\",\"n_predict\":1,\"temperature\":0,\"return_tokens\":"
+             "true,\"logit_bias\":[[%d,false]]}", first);
+    w = http_json(t, "POST", "/completion", body, 200);
+    assert_int_not_equal(vt_json_num(w, "tokens.0"), first);
+    cJSON_Delete(w);
+    /* refusals name the field */
+    static const struct { const char *body, *param; } bad[] = {
+        {"{\"prompt\":\"x\",\"mirostat\":2}", "mirostat"},
+        {"{\"prompt\":\"x\",\"typical_p\":0.5}", "typical_p"},
+        {"{\"prompt\":\"x\",\"n_predict\":0}", "n_predict"},
+        {"{\"n_predict\":4}", "prompt"},
+        {"{\"prompt\":[\"a\",\"b\"]}", "prompt"},
+        {"{\"prompt\":\"x\",\"logit_bias\":[[\"Hello\",1]]}", "logit_bias"},
+        {"{\"prompt\":\"x\",\"post_sampling_probs\":true}", "post_sampling_probs"},
+        {"{\"prompt\":\"x\",\"n_probs\":21}", "n_probs"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        cJSON *e = http_json(t, "POST", "/completion", bad[i].body, 400);
+        if (strcmp(vt_json_str(e, "error.param"), bad[i].param))
+            fail_msg("%s: %s", bad[i].body, cJSON_PrintUnformatted(e));
+        cJSON_Delete(e);
+    }
+    cJSON_Delete(j);
+    cJSON_Delete(ref);
+    stop(t);
+}
+
 /* The prompt tokens the server must have built for a chat with the fallback template. */
 static size_t plain_chat_tokens(T *t, const chat_msg *m, size_t n)
 {
@@ -1435,6 +1537,7 @@ int main(int argc, char **argv)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_health_models), cmocka_unit_test(test_completion), cmocka_unit_test(test_completion_stream),
+        cmocka_unit_test(test_llama_completion),
         cmocka_unit_test(test_chat),          cmocka_unit_test(test_stop_strings), cmocka_unit_test(test_logprobs),
         cmocka_unit_test(test_errors),        cmocka_unit_test(test_queue_full), cmocka_unit_test(test_disconnect),
         cmocka_unit_test(test_many_connections), cmocka_unit_test(test_drain),   cmocka_unit_test(test_metrics),

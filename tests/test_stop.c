@@ -295,7 +295,7 @@ static void test_text_stream_tokens(void **state)
     vki_tokenizer *tok;
     char err[256];
     assert_int_equal(vki_tokenizer_load(path, &tok, err, sizeof err), VKI_OK);
-    const char *text = "One day, she said \xc2\xa1Hola! The end", *stops[] = {"\xc2\xa1Hola", "never"};
+    const char *text = "One day, she said \xc2\xa1Hola! The end", *stops[] = {"never", "\xc2\xa1Hola"};
     int32_t ids[64];
     size_t n = 0;
     assert_int_equal(vki_tokenize(tok, text, strlen(text), false, false, ids, 64, &n), VKI_OK);
@@ -304,6 +304,7 @@ static void test_text_stream_tokens(void **state)
     char out[256] = "";
     size_t len = 0;
     bool stopped = false;
+    assert_int_equal(vki_text_stream_stop_index(ts), -1);
     for (size_t i = 0; i < n; i++) {
         const char *t;
         size_t k;
@@ -320,6 +321,7 @@ static void test_text_stream_tokens(void **state)
     assert_int_equal(vki_text_stream_finish(ts, &t, &k), VKI_OK);
     assert_int_equal(k, 0); /* stopped: nothing held back is released */
     assert_true(stopped && vki_text_stream_stopped(ts));
+    assert_int_equal(vki_text_stream_stop_index(ts), 1); /* which one: the second */
     assert_string_equal(out, "One day, she said ");
     vki_text_stream_free(ts);
     vki_tokenizer_free(tok);

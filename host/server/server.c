@@ -116,6 +116,8 @@ static const struct {
     {"/props", false, false, false, R_PROPS},
     {"/v1/completions", false, true, false, R_CMPL},
     {"/v1/chat/completions", false, true, false, R_CHAT},
+    {"/completion", false, true, false, R_LLAMA_CMPL},  /* llama-server's own API and its alias */
+    {"/completions", false, true, false, R_LLAMA_CMPL},
     {"/v1/embeddings", false, true, false, R_EMBED},
     {"/tokenize", false, true, false, R_TOKENIZE},
     {"/detokenize", false, true, false, R_DETOKENIZE},
@@ -307,7 +309,10 @@ void srv_serve_heavy(srv_conn *c)
         return srv_route_session_file(c);
     if (!pick_model(c, &e))
         return srv_reply_error(c, &e);
-    srv_serve_generation(c, NULL, NULL, NULL);
+    if (c->req.route == R_LLAMA_CMPL)
+        srv_llama_completion(c);
+    else
+        srv_serve_generation(c, NULL, NULL, NULL);
     srv_model_release(c->s, c->model);
     c->model = NULL;
 }

@@ -125,6 +125,7 @@ typedef enum srv_route {
     R_SESSION,    /* POST /v1/sessions/{id}/end (sessions.c) */
     R_CMPL,       /* heavy routes (handler threads) from here on */
     R_CHAT,
+    R_LLAMA_CMPL, /* POST /completion: llama-server's own completion API (llama_api.c) */
     R_EMBED,
     R_TOKENIZE,
     R_DETOKENIZE,
@@ -477,6 +478,9 @@ typedef struct srv_job_fmt {
     void (*finished)(srv_job *j);  /* NULL, or called once the answer is out (handler thread) */
 } srv_job_fmt;
 
+/* server_req.c: the most new tokens j's prompt leaves room for (the context, and the KV pool for
+ * one sequence unless attention windows bound it). */
+uint32_t srv_job_room(const srv *s, const srv_job *j);
 /* server_req.c: a validated job (tokenised prompt, sampling, stops), or false with *e filled. */
 bool srv_job_from_json(srv *s, bool chat, const char *body, size_t n, srv_job **out, srv_error *e);
 /* Fields shared with the other routes: the top-level object of a body, or false with *e. */
@@ -512,6 +516,10 @@ void srv_job_release(srv_job *j);
 bool srv_job_submit(srv_job *j, srv_error *e);
 /* Runs a submitted job to its answer on c (JSON or SSE), recording the access-log fields. */
 void srv_job_serve(srv_job *j, srv_conn *c);
+/* A token's text for JSON: its piece (control tokens shown), bytes that are not valid UTF-8 as
+ * "\xNN"; raw[256] gets the piece's bytes, *n_raw their count. And bytes as a JSON array. */
+void srv_token_text(const vki_tokenizer *tok, int32_t id, char *out, size_t cap, char *raw, size_t *n_raw);
+cJSON *srv_bytes_json(const char *raw, size_t n);
 /* "stop", "length", ... as the OpenAI answers name a choice's end. */
 const char *srv_choice_finish(const srv_choice *ch);
 /* The tokens of ch that count (up to and including a stop string's end): after the job is done,
@@ -589,6 +597,10 @@ void srv_route_session_end(srv_conn *c);
 void srv_route_session_file(srv_conn *c); /* handler thread */
 bool srv_session_is_file_route(const char *path); /* /v1/sessions/{id}/save or /restore */
 bool srv_authorized(const srv *s, const char *auth);
+/* llama_api.c: POST /completion (handler thread, c->model chosen); and its translation alone,
+ * a llama-server body into the OpenAI completion body (malloc'd) or NULL with *e (fuzz_request). */
+void srv_llama_completion(srv_conn *c);
+char *srv_llama_body(const char *body, size_t n, srv_error *e);
 /* kserve.c */
 void srv_kserve_small(srv_conn *c);  /* io thread: answers, or marks the route R_V2_HEAVY */
 void srv_kserve_heavy(srv_conn *c);  /* handler thread */

@@ -465,7 +465,7 @@ static bool job_done(const srv_job *j)
 
 /* A token's text for JSON: the piece (control tokens shown), with bytes that are not valid UTF-8
  * written as "\xNN". raw[256] receives the piece's bytes, *n_raw their count; out[cap] the text. */
-static void token_text(const vki_tokenizer *tok, int32_t id, char *out, size_t cap, char *raw, size_t *n_raw)
+void srv_token_text(const vki_tokenizer *tok, int32_t id, char *out, size_t cap, char *raw, size_t *n_raw)
 {
     size_t n = 0, o = 0;
     if (vki_token_to_piece(tok, id, true, raw, 256, &n) != VKI_OK)
@@ -491,7 +491,7 @@ static void token_text(const vki_tokenizer *tok, int32_t id, char *out, size_t c
 
 static double finite_lp(float x) { return isfinite(x) ? x : -9999.0; /* JSON has no -inf; vLLM's value */ }
 
-static cJSON *bytes_array(const char *raw, size_t n)
+cJSON *srv_bytes_json(const char *raw, size_t n)
 {
     cJSON *a = cJSON_CreateArray();
     for (size_t i = 0; a && i < n; i++)
@@ -507,20 +507,20 @@ static cJSON *chat_lp_entry(const srv_choice *ch, uint32_t i)
     char text[1040], raw[256];
     size_t n_raw;
     cJSON *o = cJSON_CreateObject();
-    token_text(tok, ch->h.tok[i], text, sizeof text, raw, &n_raw);
+    srv_token_text(tok, ch->h.tok[i], text, sizeof text, raw, &n_raw);
     cJSON_AddStringToObject(o, "token", text);
     cJSON_AddNumberToObject(o, "logprob", finite_lp(ch->h.lp[i]));
-    cJSON_AddItemToObject(o, "bytes", bytes_array(raw, n_raw));
+    cJSON_AddItemToObject(o, "bytes", srv_bytes_json(raw, n_raw));
     cJSON *top = cJSON_AddArrayToObject(o, "top_logprobs");
     for (uint32_t t = 0; t < j->n_top; t++) {
         int32_t id = ch->h.top_id[(size_t)i * j->n_top + t];
         if (id < 0)
             continue;
         cJSON *a = cJSON_CreateObject();
-        token_text(tok, id, text, sizeof text, raw, &n_raw);
+        srv_token_text(tok, id, text, sizeof text, raw, &n_raw);
         cJSON_AddStringToObject(a, "token", text);
         cJSON_AddNumberToObject(a, "logprob", finite_lp(ch->h.top_lp[(size_t)i * j->n_top + t]));
-        cJSON_AddItemToObject(a, "bytes", bytes_array(raw, n_raw));
+        cJSON_AddItemToObject(a, "bytes", srv_bytes_json(raw, n_raw));
         cJSON_AddItemToArray(top, a);
     }
     return o;
@@ -540,7 +540,7 @@ static void cmpl_lp_add(const srv_choice *ch, cJSON *lp, uint32_t i, size_t offs
     const vki_tokenizer *tok = j->s->tok;
     char text[1040], raw[256];
     size_t n_raw;
-    token_text(tok, ch->h.tok[i], text, sizeof text, raw, &n_raw);
+    srv_token_text(tok, ch->h.tok[i], text, sizeof text, raw, &n_raw);
     cJSON_AddItemToArray(arr(lp, "tokens"), cJSON_CreateString(text));
     cJSON_AddItemToArray(arr(lp, "token_logprobs"), cJSON_CreateNumber(finite_lp(ch->h.lp[i])));
     cJSON *top = cJSON_CreateObject();
@@ -548,7 +548,7 @@ static void cmpl_lp_add(const srv_choice *ch, cJSON *lp, uint32_t i, size_t offs
         int32_t id = ch->h.top_id[(size_t)i * j->n_top + t];
         if (id < 0)
             continue;
-        token_text(tok, id, text, sizeof text, raw, &n_raw);
+        srv_token_text(tok, id, text, sizeof text, raw, &n_raw);
         if (!cJSON_GetObjectItemCaseSensitive(top, text)) /* alternatives with one text: the best */
             cJSON_AddNumberToObject(top, text, finite_lp(ch->h.top_lp[(size_t)i * j->n_top + t]));
     }

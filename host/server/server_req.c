@@ -103,6 +103,16 @@ static bool f_top_k(req_ctx *c, const cJSON *v, srv_error *e)
     return true;
 }
 
+/* llama.cpp's repeat_last_n: the penalties' look-back in tokens; -1 = the whole context, 0 = none. */
+static bool f_repeat_last_n(req_ctx *c, const cJSON *v, srv_error *e)
+{
+    double x;
+    if (!num(v, "repeat_last_n", -1, 1 << 24, true, &x, e))
+        return false;
+    c->j->sampling.penalty_window = x < 0 ? c->s->info.n_ctx : (uint32_t)x;
+    return true;
+}
+
 static bool f_seed(req_ctx *c, const cJSON *v, srv_error *e)
 {
     double x;
@@ -268,6 +278,7 @@ static const struct {
     {"frequency_penalty", F_BOTH, f_frequency},
     {"presence_penalty", F_BOTH, f_presence},
     {"repetition_penalty", F_BOTH, f_repetition},
+    {"repeat_last_n", F_BOTH, f_repeat_last_n},
     {"logit_bias", F_BOTH, f_logit_bias},
     {"seed", F_BOTH, f_seed},
     {"stop", F_BOTH, f_stop},
@@ -622,6 +633,15 @@ static bool beam_opts(req_ctx *c, uint32_t best_of, srv_error *e)
     return true;
 }
 
+uint32_t srv_job_room(const srv *s, const srv_job *j)
+{
+    uint32_t room = s->info.n_ctx > j->n_prompt ? s->info.n_ctx - j->n_prompt : 0;
+    uint64_t pool = (uint64_t)s->info.kv_pages * s->info.page_size; /* a sequence fits the pool too */
+    if (!s->info.kv_window && pool > j->n_prompt && pool - j->n_prompt < room) /* windows: any length */
+        room = (uint32_t)(pool - j->n_prompt);
+    return room;
+}
+
 /* max_tokens against the context: the prompt must leave room for one token; the default is 16
  * for completions (the OpenAI default) and the rest of the context (and of the KV pool) for chat
  * (what vLLM does; the default policy admits by the next step's need, so this reserves nothing). */
@@ -638,10 +658,7 @@ static bool max_tokens(req_ctx *c, srv_error *e)
     if (c->max_tokens && !num(c->max_tokens, name, 1, 1 << 30, true, &x, e))
         return false;
     if (!c->max_tokens) {
-        uint32_t room = ctx - j->n_prompt;
-        uint64_t pool = (uint64_t)s->info.kv_pages * s->info.page_size; /* a sequence fits the pool too */
-        if (!s->info.kv_window && pool > j->n_prompt && pool - j->n_prompt < room) /* windows: any length */
-            room = (uint32_t)(pool - j->n_prompt);
+        uint32_t room = srv_job_room(s, j);
         j->max_tokens = j->chat || room < 16 ? room : 16;
     } else if ((uint64_t)j->n_prompt + (uint64_t)x > ctx) {
         return srv_err(e, 400, name, "%s: the prompt (%u tokens) plus %s (%.0f) exceeds the model's context (%u "

@@ -8,6 +8,7 @@ struct vki_text_stream {
     vki_detok *dt;
     stop_matcher *stops;
     bool stopped;
+    int32_t which;     /* the stop string that matched, or -1 */
     strbuf out;        /* vki_text_stream_finish's result */
 };
 
@@ -18,6 +19,7 @@ vki_status vki_text_stream_create(const vki_tokenizer *tok, const char *const *s
     vki_text_stream *s = calloc(1, sizeof *s);
     if (!s)
         return VKI_ERR_OUT_OF_HOST_MEMORY;
+    s->which = -1;
     vki_status st = vki_detok_create(tok, flags, &s->dt);
     if (st == VKI_OK)
         st = stop_create(stops, n_stops, &s->stops);
@@ -57,6 +59,7 @@ vki_status vki_text_stream_push(vki_text_stream *s, int32_t token, const char **
     *emit = r.emit;
     *n_emit = r.n_emit;
     *stopped = s->stopped = r.matched;
+    s->which = r.matched ? (int32_t)r.which : -1;
     return VKI_OK;
 }
 
@@ -85,6 +88,7 @@ vki_status vki_text_stream_finish(vki_text_stream *s, const char **emit, size_t 
         return st;
     if (r.matched) { /* the flushed bytes completed a stop string */
         s->stopped = true;
+        s->which = (int32_t)r.which;
     } else {
         stop_flush(s->stops, &r);
         if ((st = out_append(s, r.emit, r.n_emit)) != VKI_OK)
@@ -96,3 +100,5 @@ vki_status vki_text_stream_finish(vki_text_stream *s, const char **emit, size_t 
 }
 
 bool vki_text_stream_stopped(const vki_text_stream *s) { return s->stopped; }
+
+int32_t vki_text_stream_stop_index(const vki_text_stream *s) { return s->stopped ? s->which : -1; }

@@ -4,8 +4,9 @@
  * them (srv_job_from_json) before anything reaches the batch manager. Model facts come from a real
  * vocabulary (../shared/models/vocab/ggml-vocab-llama-spm.gguf, ggml-vocab-gpt-2.gguf) and a small
  * context, so that length limits are reached.
- * Input: byte 0 = bit 0 chat (else completions), bits 1-3 the chat family, bit 4 the vocabulary;
- * the rest is the request body.
+ * Input: byte 0 = bit 0 chat (else completions), bits 1-3 the chat family, bit 4 the vocabulary,
+ * bit 5 (completions) a llama-server /completion body translated first (llama_api.c); the rest
+ * is the request body.
  * Properties: a refused body gets a 4xx with a message (a 5xx only for out of memory), never a
  * crash; an accepted one is a job the batch manager would take: 1 <= n <= SRV_MAX_N, prompt ids
  * inside the vocabulary, prompt + max_tokens within the context, min_tokens <= max_tokens, finite
@@ -108,10 +109,21 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     if (!n_toks || size < 1)
         return 0;
     srv *s = &servers[(data[0] >> 4 & 1) % n_toks][data[0] >> 1 & 7];
-    bool chat = data[0] & 1;
+    bool chat = data[0] & 1, llama = !chat && (data[0] & 32);
     srv_error e = {0};
     srv_job *j = NULL;
-    if (srv_job_from_json(s, chat, (const char *)data + 1, size - 1, &j, &e)) {
+    const char *body = (const char *)data + 1;
+    size_t n = size - 1;
+    char *translated = NULL;
+    if (llama) {
+        translated = srv_llama_body(body, n, &e);
+        body = translated;
+        n = translated ? strlen(translated) : 0;
+    }
+    if (llama && !translated) {
+        FUZZ_CHECK(e.msg[0] && e.type);
+        FUZZ_CHECK((e.http >= 400 && e.http < 500) || (e.http == 500 && strstr(e.msg, "memory")));
+    } else if (srv_job_from_json(s, chat, body, n, &j, &e)) {
         FUZZ_CHECK(j != NULL);
         check_job(s, j);
         srv_job_release(j);
@@ -120,5 +132,6 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         FUZZ_CHECK(e.msg[0] && e.type);
         FUZZ_CHECK((e.http >= 400 && e.http < 500) || (e.http == 500 && strstr(e.msg, "memory")));
     }
+    cJSON_free(translated);
     return 0;
 }
