@@ -355,6 +355,35 @@ static void test_fallback(void **state)
     assert_false(chat_family_parse("jinja", &f));
 }
 
+/* chat_prompt_open_end (continue_final_message) on every family: the conversation ending with the
+ * assistant's turn, rendered closed, then opened: a prefix of the closed text that ends in that
+ * turn's text (spaces the template trims aside), its template spans still inside it. */
+static void test_open_end(void **state)
+{
+    (void)state;
+    for (int k = 0; k < CHAT_FAMILY_COUNT; k++) {
+        chat_template t;
+        assert_int_equal(chat_template_init(&t, (chat_family)k, NULL, "<s>", "</s>"), VKI_OK);
+        chat_prompt p;
+        char err[256] = "", closed[2048];
+        if (chat_render(&t, CONV, N_CONV - 1, false, &p, err, sizeof err) != VKI_OK)
+            fail_msg("%s: %s", chat_family_name((chat_family)k), err);
+        snprintf(closed, sizeof closed, "%s", p.text);
+        chat_prompt_open_end(&p);
+        assert_int_equal(strlen(p.text), p.len);
+        assert_true(p.len < strlen(closed) && !strncmp(p.text, closed, p.len));
+        size_t n = p.len;
+        while (n && p.text[n - 1] == ' ')
+            n--;
+        if (n < 17 || strncmp(p.text + n - 17, "I am an assistant", 17))
+            fail_msg("%s: opened [%s]", chat_family_name((chat_family)k), p.text);
+        for (size_t i = 0; i < p.n_tmpl; i++)
+            assert_true(p.tmpl[i].off + p.tmpl[i].len <= p.len);
+        chat_prompt_free(&p);
+        chat_template_free(&t);
+    }
+}
+
 /* The upstream templates raise on these; we answer with an error naming the message. */
 static void test_errors(void **state)
 {
@@ -641,6 +670,7 @@ int main(void)
         cmocka_unit_test(test_chatml),       cmocka_unit_test(test_qwen3),        cmocka_unit_test(test_llama3),       cmocka_unit_test(test_llama2),
         cmocka_unit_test(test_mistral),      cmocka_unit_test(test_zephyr),       cmocka_unit_test(test_gemma),
         cmocka_unit_test(test_phi3),         cmocka_unit_test(test_fallback),     cmocka_unit_test(test_errors),
+        cmocka_unit_test(test_open_end),
         cmocka_unit_test(test_tokenize_spm), cmocka_unit_test(test_tokenize_bpe), cmocka_unit_test(test_from_gguf),
         cmocka_unit_test(test_public_api),
     };

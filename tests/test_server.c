@@ -493,6 +493,72 @@ static void test_llama_completion(void **state)
     stop(t);
 }
 
+/* vLLM's add_generation_prompt / continue_final_message: the prompt with the generation prompt
+ * extends the closed conversation, which extends the open one (the assistant's last message
+ * without its end of turn, its text at the end); continuing answers what /v1/completions answers
+ * on those ids; contradictions and a last message that is not the assistant's are 400s. */
+static cJSON *ids_of_chat(T *t, const char *extra)
+{
+    char body[512];
+    snprintf(body, sizeof body, "{\"messages\":[{\"role\":\"user\",\"content\":\"Tell me a story\"},{\"role\":"
+             "\"assistant\",\"content\":\"Once upon a time\"}],\"max_tokens\":8,\"temperature\":0,"
+             "\"return_token_ids\":true%s}", extra);
+    return http_json(t, "POST", "/v1/chat/completions", body, 200);
+}
+
+static bool ids_prefix(const cJSON *a, const cJSON *b) /* a a proper prefix of b */
+{
+    if (cJSON_GetArraySize(a) >= cJSON_GetArraySize(b))
+        return false;
+    for (const cJSON *x = a->child, *y = b->child; x; x = x->next, y = y->next)
+        if (x->valuedouble != y->valuedouble)
+            return false;
+    return true;
+}
+
+static void test_chat_continue(void **state)
+{
+    T *t = *state;
+    start(t, NULL, 0);
+    cJSON *gen = ids_of_chat(t, ""), *closed = ids_of_chat(t, ",\"add_generation_prompt\":false"),
+          *open = ids_of_chat(t, ",\"continue_final_message\":true");
+    const cJSON *ig = vt_json_get(gen, "prompt_token_ids"), *ic = vt_json_get(closed, "prompt_token_ids"),
+                *io = vt_json_get(open, "prompt_token_ids");
+    assert_true(ids_prefix(ic, ig));
+    assert_true(ids_prefix(io, ic));
+    int32_t ids[256];
+    size_t n = 0, len = 0;
+    for (const cJSON *x = io->child; x && n < 256; x = x->next)
+        ids[n++] = (int32_t)x->valuedouble;
+    char text[2048];
+    assert_int_equal(vki_detokenize(vki_engine_tokenizer(t->e), ids, n, 0, text, sizeof text - 1, &len), VKI_OK);
+    text[len] = 0;
+    assert_true(len >= 16 && !strcmp(text + len - 16, "Once upon a time"));
+    char *prompt = cJSON_PrintUnformatted(io), body[2048];
+    snprintf(body, sizeof body, "{\"prompt\":%s,\"max_tokens\":8,\"temperature\":0}", prompt);
+    cJSON *cmpl = http_json(t, "POST", "/v1/completions", body, 200);
+    assert_string_equal(vt_json_str(open, "choices.0.message.content"), vt_json_str(cmpl, "choices.0.text"));
+    free(prompt);
+    static const struct { const char *body, *param; } bad[] = {
+        {"{\"messages\":[{\"role\":\"assistant\",\"content\":\"a\"}],\"continue_final_message\":true,"
+         "\"add_generation_prompt\":true}", "continue_final_message"},
+        {"{\"messages\":[{\"role\":\"user\",\"content\":\"a\"}],\"continue_final_message\":true}",
+         "continue_final_message"},
+        {"{\"messages\":[{\"role\":\"user\",\"content\":\"a\"}],\"add_generation_prompt\":\"yes\"}",
+         "add_generation_prompt"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        cJSON *e = http_json(t, "POST", "/v1/chat/completions", bad[i].body, 400);
+        assert_string_equal(vt_json_str(e, "error.param"), bad[i].param);
+        cJSON_Delete(e);
+    }
+    cJSON_Delete(cmpl);
+    cJSON_Delete(gen);
+    cJSON_Delete(closed);
+    cJSON_Delete(open);
+    stop(t);
+}
+
 /* The prompt tokens the server must have built for a chat with the fallback template. */
 static size_t plain_chat_tokens(T *t, const chat_msg *m, size_t n)
 {
@@ -1538,6 +1604,7 @@ int main(int argc, char **argv)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_health_models), cmocka_unit_test(test_completion), cmocka_unit_test(test_completion_stream),
         cmocka_unit_test(test_llama_completion),
+        cmocka_unit_test(test_chat_continue),
         cmocka_unit_test(test_chat),          cmocka_unit_test(test_stop_strings), cmocka_unit_test(test_logprobs),
         cmocka_unit_test(test_errors),        cmocka_unit_test(test_queue_full), cmocka_unit_test(test_disconnect),
         cmocka_unit_test(test_many_connections), cmocka_unit_test(test_drain),   cmocka_unit_test(test_metrics),

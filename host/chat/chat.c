@@ -466,6 +466,17 @@ static const render_fn renderers[CHAT_FAMILY_COUNT] = {
     [CHAT_GEMMA] = render_gemma,     [CHAT_PHI3] = render_phi3,
 };
 
+void chat_prompt_open_end(chat_prompt *p)
+{
+    size_t end = p->len, k = p->n_tmpl;
+    while (k && p->tmpl[k - 1].off + p->tmpl[k - 1].len == end) /* template text up to the end */
+        end = p->tmpl[--k].off;
+    p->n_tmpl = k;
+    p->len = end;
+    if (p->text)
+        p->text[end] = 0;
+}
+
 vki_status chat_render(const chat_template *t, const chat_msg *m, size_t n, bool add_generation_prompt,
                        chat_prompt *out, char *err, size_t n_err)
 {

@@ -95,6 +95,9 @@ typedef struct chat_prompt {
 vki_status chat_render(const chat_template *t, const chat_msg *m, size_t n, bool add_generation_prompt,
                        chat_prompt *out, char *err, size_t n_err);
 void chat_prompt_free(chat_prompt *p);
+/* Cuts what the template wrote after the last message's text (its end-of-turn markers), so that
+ * generation continues that message (vLLM's continue_final_message). */
+void chat_prompt_open_end(chat_prompt *p);
 /* Appends text to a prompt: template text (tmpl, its control tokens are recognised) or message
  * content. For renderers outside chat.c (chat_tools.c). */
 vki_status chat_prompt_append(chat_prompt *p, const char *s, size_t n, bool tmpl);

@@ -435,6 +435,9 @@ struct srv_job {
     long long created;
     /* the request */
     bool chat, stream, include_usage, ignore_eos, echo, return_ids, skip_special;
+    /* chat rendering (vLLM's fields): no assistant header after the messages; the last
+     * (assistant) message left open, so the answer continues it */
+    bool no_gen_prompt, continue_final;
     bool want_lp;              /* completions: logprobs != null; chat: logprobs: true */
     uint32_t n_top;            /* alternatives per token */
     bool want_gen_logits;      /* v2's return_generation_logits (set by its fmt's prepare) */

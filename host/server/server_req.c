@@ -25,7 +25,7 @@ typedef struct req_ctx {
     srv *s;
     srv_job *j;
     const cJSON *prompt, *messages, *max_tokens, *stream_options, *top_logprobs, *logprobs, *best_of;
-    const cJSON *use_beam_search, *length_penalty, *early_stopping;
+    const cJSON *use_beam_search, *length_penalty, *early_stopping, *add_gen_prompt;
     const char *max_name;
 } req_ctx;
 
@@ -217,6 +217,8 @@ static bool f_stop_token_ids(req_ctx *c, const cJSON *v, srv_error *e)
     static bool fn(req_ctx *c, const cJSON *v, srv_error *e) { return (void)e, c->slot = v, true; }
 KEEP(f_prompt, prompt)
 KEEP(f_messages, messages)
+KEEP(f_add_gen_prompt, add_gen_prompt)
+BOOL_FIELD(f_continue_final, "continue_final_message", continue_final)
 KEEP(f_stream_options, stream_options)
 KEEP(f_top_logprobs, top_logprobs)
 KEEP(f_logprobs, logprobs)
@@ -312,6 +314,8 @@ static const struct {
     {"guided_regex", F_BOTH, f_struct},
     {"tools", F_CHAT, f_struct},
     {"tool_choice", F_CHAT, f_struct},
+    {"add_generation_prompt", F_CHAT, f_add_gen_prompt},
+    {"continue_final_message", F_CHAT, f_continue_final},
     {"parallel_tool_calls", F_CHAT, f_struct},
 };
 
@@ -517,6 +521,22 @@ static bool parse_message(const cJSON *m, size_t i, chat_msg *msg, chat_tool_msg
     return true;
 }
 
+/* add_generation_prompt (default true) and continue_final_message (vLLM's): continuing the last
+ * message means no generation prompt, so add_generation_prompt true beside it is a contradiction
+ * (absent, it follows). */
+static bool render_opts(req_ctx *c, srv_error *e)
+{
+    srv_job *j = c->j;
+    bool add = !j->continue_final;
+    if (c->add_gen_prompt && !boolean(c->add_gen_prompt, "add_generation_prompt", &add, e))
+        return false;
+    if (add && j->continue_final)
+        return srv_err(e, 400, "continue_final_message", "continue_final_message: not with add_generation_prompt "
+                       "true (the final message is continued, no new one begins)"), false;
+    j->no_gen_prompt = !add;
+    return true;
+}
+
 static bool parse_messages(srv *s, srv_job *j, const cJSON *a, srv_error *e)
 {
     if (!cJSON_IsArray(a) || !a->child)
@@ -531,6 +551,11 @@ static bool parse_messages(srv *s, srv_job *j, const cJSON *a, srv_error *e)
     for (const cJSON *m = a->child; ok && m; m = m->next, i++) {
         ok = parse_message(m, i, &msgs[i], &tm[i], &owned[i], e);
         tools |= tm[i].n_calls || msgs[i].role == CHAT_TOOL;
+    }
+    if (ok && j->continue_final && (msgs[n - 1].role != CHAT_ASSISTANT || !msgs[n - 1].len || tm[n - 1].n_calls)) {
+        srv_err(e, 400, "continue_final_message", "continue_final_message: the last message must be the "
+                "assistant's, with text to continue");
+        ok = false;
     }
     if (ok)
         ok = render_messages(s, j, msgs, tools ? tm : NULL, n, e);
@@ -724,7 +749,8 @@ bool srv_job_from_json(srv *s, bool chat, const char *body, size_t n, srv_job **
     if (!ok)
         srv_err(e, 500, NULL, "out of memory");
     ok = ok && read_fields(&c, root, &ignored, e) && srv_struct_check(j, e) && output_opts(&c, e) &&
-         (chat ? parse_messages(s, j, c.messages, e) : parse_prompt(s, j, c.prompt, e)) && max_tokens(&c, e) &&
+         (chat ? render_opts(&c, e) && parse_messages(s, j, c.messages, e) : parse_prompt(s, j, c.prompt, e)) &&
+         max_tokens(&c, e) &&
          alloc_outputs(s, j, e);
     if (ok && ignored.len)
         srv_log(s, VKI_LOG_WARN, "%s request: ignored unknown fields: %s", chat ? "chat" : "completions", ignored.p);

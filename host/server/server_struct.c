@@ -307,8 +307,11 @@ bool srv_struct_render(srv_job *j, const chat_msg *m, const chat_tool_msg *tm, s
     srv_struct *so = &j->so;
     char err[320] = "";
     const chat_tool_set *tools = so->parse ? so->tools : NULL;
-    vki_status st = tools || tm ? chat_render_tools(&s->chat, s->tool_fmt, m, tm, n, tools, true, p, err, sizeof err)
-                                : chat_render(&s->chat, m, n, true, p, err, sizeof err);
+    bool gen = !j->no_gen_prompt;
+    vki_status st = tools || tm ? chat_render_tools(&s->chat, s->tool_fmt, m, tm, n, tools, gen, p, err, sizeof err)
+                                : chat_render(&s->chat, m, n, gen, p, err, sizeof err);
+    if (st == VKI_OK && j->continue_final)
+        chat_prompt_open_end(p);
     if (st == VKI_ERR_OUT_OF_HOST_MEMORY) /* the server's fault, not the conversation's */
         return srv_err(e, 500, NULL, "out of memory while rendering the conversation"), false;
     if (st != VKI_OK)
