@@ -26,6 +26,7 @@
 #include <stdatomic.h>
 
 #include "host/server/server.h"
+#include "support/gguf_edit.h"
 #include "support/vt.h"
 #include "support/vt_json.h"
 
@@ -1598,6 +1599,110 @@ static void test_chats_default_policy(void **state)
     vki_engine_destroy(e);
 }
 
+/* vLLM's fields beyond the OpenAI API: include_stop_str_in_output ends the text with the stop
+ * string; chat_template_kwargs.enable_thinking false opens a Qwen3-style answer with an empty
+ * reasoning block (a model whose GGUF carries such a template), and changes nothing for a
+ * template that has none; samplers vkinfer lacks are refused unless set to their "off" value. */
+static void test_vllm_fields(void **state)
+{
+    T *t = *state;
+    start(t, NULL, 0);
+    cJSON *a = http_json(t, "POST", "/v1/completions", CMPL48, 200);
+    const char *whole = vt_json_str(a, "choices.0.text");
+    char word[8] = "", body[512];
+    if (strlen(whole) > 12)
+        memcpy(word, whole + 8, 4); /* four characters from inside the greedy answer */
+    snprintf(body, sizeof body, "{\"prompt\":\"Once upon a time\",\"max_tokens\":48,\"temperature\":0,\"stop\":[\"%s\"],"
+             "\"include_stop_str_in_output\":true}", word);
+    if (word[0] && !strchr(word, '"') && !strchr(word, '\\')) {
+        cJSON *b = http_json(t, "POST", "/v1/completions", body, 200);
+        const char *cut = strstr(whole, word);
+        assert_int_equal(strlen(vt_json_str(b, "choices.0.text")), (size_t)(cut - whole) + 4);
+        assert_int_equal(strncmp(vt_json_str(b, "choices.0.text"), whole, (size_t)(cut - whole) + 4), 0);
+        cJSON_Delete(b);
+    }
+    cJSON_Delete(a);
+    /* off values pass, others name the field */
+    cJSON_Delete(http_json(t, "POST", "/v1/completions", "{\"prompt\":\"x\",\"max_tokens\":2,\"typical_p\":1,"
+                           "\"mirostat\":0,\"tfs_z\":1,\"dry_multiplier\":0}", 200));
+    static const struct { const char *body, *param; } bad[] = {
+        {"{\"prompt\":\"x\",\"typical_p\":0.9}", "typical_p"},
+        {"{\"prompt\":\"x\",\"mirostat\":2}", "mirostat"},
+        {"{\"prompt\":\"x\",\"bad_words\":[\"a\"]}", "bad_words"},
+        {"{\"prompt\":\"x\",\"allowed_token_ids\":[1,2]}", "allowed_token_ids"},
+        {"{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"chat_template\":\"{{x}}\"}", "chat_template"},
+        {"{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"chat_template_kwargs\":{\"enable_thinking\":1}}",
+         "chat_template_kwargs"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        const char *path = strstr(bad[i].body, "messages") ? "/v1/chat/completions" : "/v1/completions";
+        cJSON *e = http_json(t, "POST", path, bad[i].body, 400);
+        if (strcmp(vt_json_str(e, "error.param"), bad[i].param))
+            fail_msg("%s: %s", bad[i].body, cJSON_PrintUnformatted(e));
+        cJSON_Delete(e);
+    }
+    /* no template of its own: enable_thinking changes nothing */
+    static const char CHAT_T[] = "{\"messages\":[{\"role\":\"user\",\"content\":\"Tell me a story\"}],\"max_tokens\":1,"
+                                 "\"return_token_ids\":true,\"chat_template_kwargs\":{\"enable_thinking\":%s}}";
+    char on[512], off[512];
+    snprintf(on, sizeof on, CHAT_T, "true");
+    snprintf(off, sizeof off, CHAT_T, "false");
+    cJSON *x = http_json(t, "POST", "/v1/chat/completions", on, 200), *y = http_json(t, "POST", "/v1/chat/completions",
+                                                                                       off, 200);
+    assert_int_equal(cJSON_GetArraySize(vt_json_get(x, "prompt_token_ids")),
+                     cJSON_GetArraySize(vt_json_get(y, "prompt_token_ids")));
+    cJSON_Delete(x);
+    cJSON_Delete(y);
+    stop(t);
+    /* a Qwen3-style template in the GGUF: the empty reasoning block after the generation prompt */
+    char qpath[96];
+    snprintf(qpath, sizeof qpath, "/tmp/vki_test_server_qwen3_%d.gguf", (int)getpid());
+    gguf_edit ed = {.kind = GGUF_EDIT_STR, .name = "tokenizer.chat_template",
+                    .s = "{%- for message in messages %}{{- '<|im_start|>' + message.role + '\\n' + message.content + "
+                         "'<|im_end|>\\n' }}{%- endfor %}{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}"
+                         "{%- if enable_thinking is defined and enable_thinking is false %}{{- '<think>\\n\\n</think>"
+                         "\\n\\n' }}{%- endif %}{%- endif %}"};
+    assert_int_equal(gguf_edit_copy(t->model, qpath, &ed, 1), VKI_OK);
+    vki_engine_params ep = vki_engine_default_params();
+    ep.kv_tokens = 1024;
+    ep.max_seqs = 4;
+    ep.device = vt_device_params();
+    ep.device.pipeline_cache_dir = "";
+    ep.device.log = vt_count_validation;
+    ep.device.log_user = &t->validation;
+    vki_engine *e = NULL;
+    char err[256] = "";
+    if (vki_engine_create(qpath, &ep, &e, err, sizeof err) != VKI_OK)
+        fail_msg("engine: %s", err);
+    srv_params p = test_params(t);
+    p.model_path = qpath;
+    start_p(t, e, &p);
+    x = http_json(t, "POST", "/v1/chat/completions", on, 200);
+    y = http_json(t, "POST", "/v1/chat/completions", off, 200);
+    const cJSON *ix = vt_json_get(x, "prompt_token_ids"), *iy = vt_json_get(y, "prompt_token_ids");
+    int32_t ids[512];
+    size_t n = 0, len_x = 0, len_y = 0;
+    char tx[4096], ty[4096];
+    for (const cJSON *v = ix->child; v && n < 512; v = v->next)
+        ids[n++] = (int32_t)v->valuedouble;
+    assert_int_equal(vki_detokenize(vki_engine_tokenizer(e), ids, n, 0, tx, sizeof tx - 1, &len_x), VKI_OK);
+    n = 0;
+    for (const cJSON *v = iy->child; v && n < 512; v = v->next)
+        ids[n++] = (int32_t)v->valuedouble;
+    assert_int_equal(vki_detokenize(vki_engine_tokenizer(e), ids, n, 0, ty, sizeof ty - 1, &len_y), VKI_OK);
+    tx[len_x] = ty[len_y] = 0;
+    static const char think[] = "<think>\n\n</think>\n\n";
+    assert_int_equal(len_y, len_x + strlen(think));
+    assert_int_equal(memcmp(tx, ty, len_x), 0);
+    assert_string_equal(ty + len_x, think);
+    assert_non_null(strstr(tx, "<|im_start|>assistant\n")); /* the template was recognised: ChatML */
+    cJSON_Delete(x);
+    cJSON_Delete(y);
+    stop(t);
+    vki_engine_destroy(e);
+    unlink(qpath);
+}
+
 #ifndef TEST_SERVER_NO_MAIN /* test_server_struct.c includes this file for its fixture and helpers */
 int main(int argc, char **argv)
 {
@@ -1605,6 +1710,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_health_models), cmocka_unit_test(test_completion), cmocka_unit_test(test_completion_stream),
         cmocka_unit_test(test_llama_completion),
         cmocka_unit_test(test_chat_continue),
+        cmocka_unit_test(test_vllm_fields),
         cmocka_unit_test(test_chat),          cmocka_unit_test(test_stop_strings), cmocka_unit_test(test_logprobs),
         cmocka_unit_test(test_errors),        cmocka_unit_test(test_queue_full), cmocka_unit_test(test_disconnect),
         cmocka_unit_test(test_many_connections), cmocka_unit_test(test_drain),   cmocka_unit_test(test_metrics),

@@ -438,6 +438,8 @@ struct srv_job {
     /* chat rendering (vLLM's fields): no assistant header after the messages; the last
      * (assistant) message left open, so the answer continues it */
     bool no_gen_prompt, continue_final;
+    bool no_think;             /* chat_template_kwargs.enable_thinking false (Qwen3's templates) */
+    bool include_stop;         /* include_stop_str_in_output (vLLM): the stop string ends the text */
     bool want_lp;              /* completions: logprobs != null; chat: logprobs: true */
     uint32_t n_top;            /* alternatives per token */
     bool want_gen_logits;      /* v2's return_generation_logits (set by its fmt's prepare) */

@@ -596,6 +596,9 @@ static bool choice_drain(srv_choice *ch, strbuf *text, cJSON *lp, cJSON *ids)
         if (stopped) {
             ch->stop_hit = true;
             choice_cancel(ch);
+            int32_t w = vki_text_stream_stop_index(ch->ts);
+            if (j->include_stop && w >= 0 && (uint32_t)w < j->n_stops) /* vLLM's include_stop_str_in_output */
+                ok &= strbuf_put(text, j->stops[w], strlen(j->stops[w]));
         }
     }
     ch->n_used = n;

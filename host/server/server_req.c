@@ -219,6 +219,22 @@ KEEP(f_prompt, prompt)
 KEEP(f_messages, messages)
 KEEP(f_add_gen_prompt, add_gen_prompt)
 BOOL_FIELD(f_continue_final, "continue_final_message", continue_final)
+BOOL_FIELD(f_include_stop, "include_stop_str_in_output", include_stop)
+
+/* chat_template_kwargs (vLLM, llama-server): the variables a Jinja template reads. vkinfer's
+ * renderers read one, Qwen3's enable_thinking (false: an empty reasoning block opens the answer);
+ * the others change nothing in the templates it renders and are accepted. */
+static bool f_template_kwargs(req_ctx *c, const cJSON *v, srv_error *e)
+{
+    if (!cJSON_IsObject(v))
+        return srv_err(e, 400, "chat_template_kwargs", "chat_template_kwargs must be an object"), false;
+    const cJSON *t = cJSON_GetObjectItemCaseSensitive(v, "enable_thinking");
+    if (t && !cJSON_IsBool(t))
+        return srv_err(e, 400, "chat_template_kwargs", "chat_template_kwargs.enable_thinking must be a boolean"),
+               false;
+    c->j->no_think = cJSON_IsFalse(t);
+    return true;
+}
 KEEP(f_stream_options, stream_options)
 KEEP(f_top_logprobs, top_logprobs)
 KEEP(f_logprobs, logprobs)
@@ -315,6 +331,8 @@ static const struct {
     {"tools", F_CHAT, f_struct},
     {"tool_choice", F_CHAT, f_struct},
     {"add_generation_prompt", F_CHAT, f_add_gen_prompt},
+    {"chat_template_kwargs", F_CHAT, f_template_kwargs},
+    {"include_stop_str_in_output", F_BOTH, f_include_stop},
     {"continue_final_message", F_CHAT, f_continue_final},
     {"parallel_tool_calls", F_CHAT, f_struct},
 };
@@ -323,7 +341,18 @@ static const struct {
  * value asks for nothing (null, false, an empty list, "none", {"type": "text"}). */
 static const char *const REFUSED[] = {
     "tools", "functions", "tool_choice", "function_call", "structured_outputs", "prompt_logprobs",
-    "logits_processors", "reasoning_effort", "audio", "modalities", "prediction",
+    "logits_processors", "reasoning_effort", "audio", "modalities", "prediction", "bad_words", "allowed_token_ids",
+    "chat_template", "guided_whitespace_pattern",
+};
+
+/* Samplers and options of vLLM / llama.cpp clients that vkinfer does not have: refused unless
+ * they hold the value that turns them off (clients such as SillyTavern send them every time). */
+static const struct {
+    const char *name;
+    double off;
+} REFUSED_UNLESS[] = {
+    {"typical_p", 1}, {"tfs_z", 1}, {"top_a", 0}, {"mirostat", 0}, {"mirostat_mode", 0}, {"dry_multiplier", 0},
+    {"xtc_probability", 0}, {"dynatemp_range", 0}, {"smoothing_factor", 0}, {"truncate_prompt_tokens", -1},
 };
 
 static bool asks_nothing(const cJSON *v)
@@ -347,6 +376,15 @@ static bool read_fields(req_ctx *c, const cJSON *root, strbuf *ignored, srv_erro
         if (k < nf) {
             if (!cJSON_IsNull(f) && !FIELDS[k].read(c, f, e)) /* null = absent, as the OpenAI API treats it */
                 return false;
+            continue;
+        }
+        size_t u = 0, nu = sizeof REFUSED_UNLESS / sizeof REFUSED_UNLESS[0];
+        while (u < nu && strcmp(REFUSED_UNLESS[u].name, f->string))
+            u++;
+        if (u < nu) {
+            if (!cJSON_IsNull(f) && !(cJSON_IsNumber(f) && f->valuedouble == REFUSED_UNLESS[u].off))
+                return srv_err(e, 400, f->string, "%s: not supported by this server (only %g, which turns it off)",
+                               f->string, REFUSED_UNLESS[u].off), false;
             continue;
         }
         size_t r = 0, nr = sizeof REFUSED / sizeof REFUSED[0];

@@ -301,6 +301,9 @@ bool srv_struct_message(const cJSON *m, size_t i, chat_role role, chat_tool_msg 
     return true;
 }
 
+/* What Qwen3's template writes after the generation prompt when enable_thinking is false. */
+#define NO_THINK "<think>\n\n</think>\n\n"
+
 bool srv_struct_render(srv_job *j, const chat_msg *m, const chat_tool_msg *tm, size_t n, chat_prompt *p, srv_error *e)
 {
     srv *s = j->s;
@@ -312,6 +315,9 @@ bool srv_struct_render(srv_job *j, const chat_msg *m, const chat_tool_msg *tm, s
                                 : chat_render(&s->chat, m, n, gen, p, err, sizeof err);
     if (st == VKI_OK && j->continue_final)
         chat_prompt_open_end(p);
+    if (st == VKI_OK && gen && j->no_think && s->chat.strip_think && /* Qwen3, enable_thinking false */
+        (st = chat_prompt_append(p, NO_THINK, strlen(NO_THINK), true)) != VKI_OK)
+        chat_prompt_free(p);
     if (st == VKI_ERR_OUT_OF_HOST_MEMORY) /* the server's fault, not the conversation's */
         return srv_err(e, 500, NULL, "out of memory while rendering the conversation"), false;
     if (st != VKI_OK)
