@@ -75,13 +75,7 @@ static int group_setup(void **state)
             return -1;
         }
     }
-    vki_engine_params ep = vki_engine_default_params();
-    ep.kv_tokens = 64 * 1024;
-    ep.max_seqs = 320;
-    ep.device = vt_device_params();
-    ep.device.pipeline_cache_dir = "";
-    ep.device.log = vt_count_validation;
-    ep.device.log_user = &t->validation;
+    vki_engine_params ep = vt_engine_params(64 * 1024, 320, &t->validation);
     char err[512] = "";
     if (vki_engine_create(t->model, &ep, &t->e, err, sizeof err) != VKI_OK) {
         printf("engine: %s\n", err);
@@ -1555,13 +1549,7 @@ static void test_no_prealloc(void **state)
 static void test_chats_default_policy(void **state)
 {
     T *t = *state;
-    vki_engine_params ep = vki_engine_default_params();
-    ep.kv_tokens = 4096;
-    ep.max_seqs = 8;
-    ep.device.pipeline_cache_dir = "";
-    ep.device.validation = true;
-    ep.device.log = vt_count_validation;
-    ep.device.log_user = &t->validation;
+    vki_engine_params ep = vt_engine_params(4096, 8, &t->validation);
     vki_engine *e = NULL;
     char err[256] = "";
     if (vki_engine_create(t->model, &ep, &e, err, sizeof err) != VKI_OK)
@@ -1663,13 +1651,7 @@ static void test_vllm_fields(void **state)
                          "{%- if enable_thinking is defined and enable_thinking is false %}{{- '<think>\\n\\n</think>"
                          "\\n\\n' }}{%- endif %}{%- endif %}"};
     assert_int_equal(gguf_edit_copy(t->model, qpath, &ed, 1), VKI_OK);
-    vki_engine_params ep = vki_engine_default_params();
-    ep.kv_tokens = 1024;
-    ep.max_seqs = 4;
-    ep.device = vt_device_params();
-    ep.device.pipeline_cache_dir = "";
-    ep.device.log = vt_count_validation;
-    ep.device.log_user = &t->validation;
+    vki_engine_params ep = vt_engine_params(1024, 4, &t->validation);
     vki_engine *e = NULL;
     char err[256] = "";
     if (vki_engine_create(qpath, &ep, &e, err, sizeof err) != VKI_OK)

@@ -830,13 +830,7 @@ static void test_c_api(void **state)
     T *t = *state;
     char path[400], err[256] = "";
     snprintf(path, sizeof path, "%s/a/model.gguf", t->dir);
-    vki_engine_params ep = vki_engine_default_params();
-    ep.kv_tokens = 1024;
-    ep.max_seqs = 4;
-    ep.device = vt_device_params();
-    ep.device.pipeline_cache_dir = "";
-    ep.device.log = vt_count_validation;
-    ep.device.log_user = &t->validation;
+    vki_engine_params ep = vt_engine_params(1024, 4, &t->validation);
     vki_engine *e = NULL;
     if (vki_engine_create(path, &ep, &e, err, sizeof err) != VKI_OK)
         fail_msg("engine: %s", err);

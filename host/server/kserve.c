@@ -817,15 +817,6 @@ static char *generate_answer(srv_job *j)
     return splice_rows(j, s, L);
 }
 
-static bool sse(strbuf *out, cJSON *o)
-{
-    char *s = o ? cJSON_PrintUnformatted(o) : NULL;
-    cJSON_Delete(o);
-    bool ok = s && strbuf_printf(out, "data: %s\n\n", s);
-    cJSON_free(s);
-    return ok;
-}
-
 /* One streamed piece: {"model_name", "model_version", "text_output"}; the last also names why
  * it ended. Empty pieces other than the last are not sent. */
 static bool generate_chunk(srv_job *j, const srv_choice *ch, strbuf *out, const char *text, const char *finish)
@@ -837,7 +828,7 @@ static bool generate_chunk(srv_job *j, const srv_choice *ch, strbuf *out, const 
     cJSON_AddStringToObject(o, "text_output", text);
     if (finish)
         cJSON_AddStringToObject(o, "finish_reason", finish);
-    return sse(out, o);
+    return srv_sse_json(out, o);
 }
 
 static bool generate_end(srv_job *j, strbuf *out, const srv_error *failed)
@@ -847,7 +838,7 @@ static bool generate_end(srv_job *j, strbuf *out, const srv_error *failed)
         return true;
     cJSON *o = cJSON_CreateObject();
     cJSON_AddStringToObject(o, "error", failed->msg);
-    return sse(out, o);
+    return srv_sse_json(out, o);
 }
 
 /* A sequence's request pins its KV for the next one (the manager's session of the same id);

@@ -337,15 +337,6 @@ static char *answer(srv_job *j)
     return s;
 }
 
-static bool event(strbuf *out, cJSON *o)
-{
-    char *s = o ? cJSON_PrintUnformatted(o) : NULL;
-    cJSON_Delete(o);
-    bool ok = s && strbuf_printf(out, "data: %s\n\n", s);
-    cJSON_free(s);
-    return ok;
-}
-
 /* A piece of text with the tokens it came from (always their ids, as llama-server streams them),
  * or, with finish, the last event: no text, "stop": true and the totals. */
 static bool chunk(srv_job *j, const srv_choice *ch, strbuf *out, const char *text, const char *finish)
@@ -362,7 +353,7 @@ static bool chunk(srv_job *j, const srv_choice *ch, strbuf *out, const char *tex
         add_totals(j, o);
     else
         cJSON_AddBoolToObject(o, "stop", false);
-    return event(out, o);
+    return srv_sse_json(out, o);
 }
 
 /* A request that failed on the way: one error event (the OpenAI error object). */

@@ -525,6 +525,8 @@ void srv_job_serve(srv_job *j, srv_conn *c);
  * "\xNN"; raw[256] gets the piece's bytes, *n_raw their count. And bytes as a JSON array. */
 void srv_token_text(const vki_tokenizer *tok, int32_t id, char *out, size_t cap, char *raw, size_t *n_raw);
 cJSON *srv_bytes_json(const char *raw, size_t n);
+/* One server-sent event "data: JSON\n\n" appended to out; takes o (NULL: false). */
+bool srv_sse_json(strbuf *out, cJSON *o);
 /* "stop", "length", ... as the OpenAI answers name a choice's end. */
 const char *srv_choice_finish(const srv_choice *ch);
 /* The tokens of ch that count (up to and including a stop string's end): after the job is done,

@@ -779,7 +779,7 @@ static void serve_blocking(srv_job *j, srv_conn *c)
 
 /* ---- streaming ------------------------------------------------------------------------------ */
 
-static bool sse_event(strbuf *out, cJSON *o)
+bool srv_sse_json(strbuf *out, cJSON *o)
 {
     char *s = o ? cJSON_PrintUnformatted(o) : NULL;
     cJSON_Delete(o);
@@ -829,7 +829,7 @@ static bool sse_chunk(srv_job *j, const srv_choice *ch, strbuf *out, const char 
     cJSON_AddItemToArray(cJSON_AddArrayToObject(o, "choices"), c);
     if (j->include_usage)
         cJSON_AddNullToObject(o, "usage");
-    return sse_event(out, o);
+    return srv_sse_json(out, o);
 }
 
 /* Tools: the new text goes through the call parser, each delta it gives is a chunk (OpenAI's
@@ -912,7 +912,7 @@ static bool sse_end(srv_job *j, strbuf *out)
         cJSON *o = envelope(j, true);
         cJSON_AddArrayToObject(o, "choices");
         cJSON_AddItemToObject(o, "usage", usage_json(j));
-        ok = sse_event(out, o);
+        ok = srv_sse_json(out, o);
     }
     return ok && strbuf_put(out, "data: [DONE]\n\n", 14);
 }

@@ -284,3 +284,15 @@ void vt_count_validation(void *user, vki_log_level lvl, const char *msg)
     if (lvl <= VKI_LOG_WARN)
         fprintf(stderr, "[vkinfer] %s\n", msg);
 }
+
+vki_engine_params vt_engine_params(uint64_t kv_tokens, uint32_t max_seqs, void *validation)
+{
+    vki_engine_params ep = vki_engine_default_params();
+    ep.kv_tokens = kv_tokens;
+    ep.max_seqs = max_seqs;
+    ep.device = vt_device_params();
+    ep.device.pipeline_cache_dir = "";
+    ep.device.log = vt_count_validation;
+    ep.device.log_user = validation;
+    return ep;
+}

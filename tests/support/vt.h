@@ -32,6 +32,9 @@ vki_device_params vt_device_params(void);
 /* A vki_device_params.log callback for engines a suite creates itself: user is an atomic_int
  * counting validation-layer messages; warnings and errors are printed to stderr. */
 void vt_count_validation(void *user, vki_log_level lvl, const char *msg);
+/* Engine parameters for a suite's own engine: vt_device_params (validation on), no pipeline cache
+ * on disk, kv_tokens / max_seqs, validation messages counted into *validation (an atomic_int). */
+vki_engine_params vt_engine_params(uint64_t kv_tokens, uint32_t max_seqs, void *validation);
 
 /* The device runs the FP32 kernels (vkd_device.cm = NONE) unless a test selects a
  * cooperative-matrix path with vkd_coopmat_select (VK_NV_cooperative_matrix is enabled at open
