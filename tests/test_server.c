@@ -554,6 +554,39 @@ static void test_chat_continue(void **state)
     stop(t);
 }
 
+/* llama-server's POST /apply-template: the conversation as the template renders it (the plain
+ * fallback here: neither model has a template), whose tokens are the chat's prompt tokens. */
+static void test_apply_template(void **state)
+{
+    T *t = *state;
+    start(t, NULL, 0);
+#define MSGS "\"messages\":[{\"role\":\"system\",\"content\":\"Be brief\"},{\"role\":\"user\",\"content\":\"Hi\"}]"
+    cJSON *r = http_json(t, "POST", "/apply-template", "{" MSGS "}", 200);
+    assert_string_equal(vt_json_str(r, "prompt"), "system: Be brief\nuser: Hi\nassistant:");
+    cJSON *body = cJSON_CreateObject();
+    cJSON_AddStringToObject(body, "content", vt_json_str(r, "prompt"));
+    cJSON_AddBoolToObject(body, "add_special", true);
+    char *b = cJSON_PrintUnformatted(body);
+    cJSON *tk = http_json(t, "POST", "/tokenize", b, 200);
+    cJSON *chat = http_json(t, "POST", "/v1/chat/completions", "{" MSGS ",\"max_tokens\":1,\"return_token_ids\":true}",
+                            200);
+    char *x = cJSON_PrintUnformatted(vt_json_get(tk, "tokens")),
+         *y = cJSON_PrintUnformatted(vt_json_get(chat, "prompt_token_ids"));
+    assert_string_equal(x, y);
+    cJSON *e = http_json(t, "POST", "/apply-template", "{\"messages\":[]}", 400);
+    assert_string_equal(vt_json_str(e, "error.param"), "messages");
+#undef MSGS
+    free(x);
+    free(y);
+    free(b);
+    cJSON_Delete(e);
+    cJSON_Delete(chat);
+    cJSON_Delete(tk);
+    cJSON_Delete(body);
+    cJSON_Delete(r);
+    stop(t);
+}
+
 /* The prompt tokens the server must have built for a chat with the fallback template. */
 static size_t plain_chat_tokens(T *t, const chat_msg *m, size_t n)
 {
@@ -1692,6 +1725,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_health_models), cmocka_unit_test(test_completion), cmocka_unit_test(test_completion_stream),
         cmocka_unit_test(test_llama_completion),
         cmocka_unit_test(test_chat_continue),
+        cmocka_unit_test(test_apply_template),
         cmocka_unit_test(test_vllm_fields),
         cmocka_unit_test(test_chat),          cmocka_unit_test(test_stop_strings), cmocka_unit_test(test_logprobs),
         cmocka_unit_test(test_errors),        cmocka_unit_test(test_queue_full), cmocka_unit_test(test_disconnect),

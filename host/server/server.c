@@ -118,6 +118,7 @@ static const struct {
     {"/v1/chat/completions", false, true, false, R_CHAT},
     {"/completion", false, true, false, R_LLAMA_CMPL},  /* llama-server's own API and its alias */
     {"/completions", false, true, false, R_LLAMA_CMPL},
+    {"/apply-template", false, true, false, R_APPLY_TEMPLATE},
     {"/v1/embeddings", false, true, false, R_EMBED},
     {"/tokenize", false, true, false, R_TOKENIZE},
     {"/detokenize", false, true, false, R_DETOKENIZE},
@@ -311,6 +312,8 @@ void srv_serve_heavy(srv_conn *c)
         return srv_reply_error(c, &e);
     if (c->req.route == R_LLAMA_CMPL)
         srv_llama_completion(c);
+    else if (c->req.route == R_APPLY_TEMPLATE)
+        srv_route_apply_template(c);
     else
         srv_serve_generation(c, NULL, NULL, NULL);
     srv_model_release(c->s, c->model);

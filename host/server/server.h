@@ -126,6 +126,7 @@ typedef enum srv_route {
     R_CMPL,       /* heavy routes (handler threads) from here on */
     R_CHAT,
     R_LLAMA_CMPL, /* POST /completion: llama-server's own completion API (llama_api.c) */
+    R_APPLY_TEMPLATE, /* POST /apply-template: the conversation rendered, not run */
     R_EMBED,
     R_TOKENIZE,
     R_DETOKENIZE,
@@ -439,6 +440,8 @@ struct srv_job {
      * (assistant) message left open, so the answer continues it */
     bool no_gen_prompt, continue_final;
     bool no_think;             /* chat_template_kwargs.enable_thinking false (Qwen3's templates) */
+    char *rendered;            /* /apply-template: the rendered conversation (set when the job asks) */
+    bool want_rendered;
     bool include_stop;         /* include_stop_str_in_output (vLLM): the stop string ends the text */
     bool want_lp;              /* completions: logprobs != null; chat: logprobs: true */
     uint32_t n_top;            /* alternatives per token */
@@ -488,6 +491,9 @@ typedef struct srv_job_fmt {
 uint32_t srv_job_room(const srv *s, const srv_job *j);
 /* server_req.c: a validated job (tokenised prompt, sampling, stops), or false with *e filled. */
 bool srv_job_from_json(srv *s, bool chat, const char *body, size_t n, srv_job **out, srv_error *e);
+/* POST /apply-template (llama-server's): a chat body rendered by the model's template, not run:
+ * {"prompt": text}. Handler thread. */
+void srv_route_apply_template(srv_conn *c);
 /* Fields shared with the other routes: the top-level object of a body, or false with *e. */
 cJSON *srv_parse_body(const char *body, size_t n, srv_error *e);
 

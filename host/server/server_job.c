@@ -52,6 +52,7 @@ static void job_free(srv_job *j)
     pthread_mutex_destroy(&j->mu);
     free(j->prompt);
     free(j->prompt_text);
+    free(j->rendered);
     free(j->bias);
     free(j->stop_ids);
     for (uint32_t i = 0; i < j->n_stops; i++)

@@ -532,6 +532,10 @@ static bool render_messages(srv *s, srv_job *j, chat_msg *msgs, const chat_tool_
     int32_t *ids = NULL;
     size_t n_ids = 0;
     bool add_bos = s->chat.family == CHAT_PLAIN && vki_tokenizer_adds_bos(s->tok);
+    if (j->want_rendered && !(j->rendered = strdup(p.text))) {
+        chat_prompt_free(&p);
+        return srv_err(e, 500, NULL, "out of memory"), false;
+    }
     vki_status st = chat_tokenize(s->specials, s->tok, &p, add_bos, &ids, &n_ids);
     chat_prompt_free(&p);
     if (st != VKI_OK)
@@ -774,13 +778,16 @@ cJSON *srv_parse_body(const char *body, size_t n, srv_error *e)
     return root;
 }
 
-bool srv_job_from_json(srv *s, bool chat, const char *body, size_t n, srv_job **out, srv_error *e)
+static bool job_from_json(srv *s, bool chat, bool render_only, const char *body, size_t n, srv_job **out,
+                          srv_error *e)
 {
     *out = NULL;
     cJSON *root = srv_parse_body(body, n, e);
     if (!root)
         return false;
     srv_job *j = srv_job_new(s, chat);
+    if (j)
+        j->want_rendered = render_only;
     strbuf ignored = {0};
     req_ctx c = {.s = s, .j = j};
     bool ok = j != NULL;
@@ -800,4 +807,21 @@ bool srv_job_from_json(srv *s, bool chat, const char *body, size_t n, srv_job **
     }
     *out = j;
     return true;
+}
+
+bool srv_job_from_json(srv *s, bool chat, const char *body, size_t n, srv_job **out, srv_error *e)
+{
+    return job_from_json(s, chat, false, body, n, out, e);
+}
+
+void srv_route_apply_template(srv_conn *c)
+{
+    srv_error e;
+    srv_job *j = NULL;
+    if (!job_from_json(srv_conn_model(c), true, true, c->req.body.p ? c->req.body.p : "", c->req.body.len, &j, &e))
+        return srv_reply_error(c, &e);
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "prompt", j->rendered ? j->rendered : "");
+    srv_job_release(j);
+    srv_reply_json(c, 200, o);
 }
