@@ -700,6 +700,13 @@ VKI_API void vki_tokenizer_free(vki_tokenizer *tok);
 VKI_API uint32_t vki_vocab_size(const vki_tokenizer *tok);
 VKI_API int32_t vki_token_bos(const vki_tokenizer *tok); /* -1 when the vocabulary has none */
 VKI_API int32_t vki_token_eos(const vki_tokenizer *tok); /* -1 when the vocabulary has none */
+/* Fill-in-the-middle tokens of code models (tokenizer.ggml.fim_*_token_id, or their usual texts:
+ * <|fim_prefix|>, <fim_prefix>, <PRE>, ...): prefix, suffix, middle, repository name, file
+ * separator. -1 when the vocabulary has none. */
+typedef enum vki_fim_token {
+    VKI_FIM_PRE, VKI_FIM_SUF, VKI_FIM_MID, VKI_FIM_REP, VKI_FIM_SEP, VKI_FIM_COUNT
+} vki_fim_token;
+VKI_API int32_t vki_token_fim(const vki_tokenizer *tok, vki_fim_token which);
 /* End of generation: eos, eot, eom and the end-of-turn tokens (<|im_end|>, <|eot_id|>, ...). */
 VKI_API bool vki_token_is_eog(const vki_tokenizer *tok, int32_t id);
 /* Whether vki_tokenize(add_special = true) prepends BOS (tokenizer.ggml.add_bos_token; default

@@ -1718,6 +1718,90 @@ static void test_vllm_fields(void **state)
     unlink(qpath);
 }
 
+/* llama-server's POST /infill on a model whose GGUF names fill-in-the-middle tokens: the answer is
+ * /completion's on the prompt [BOS] <PRE>prefix<SUF>suffix<MID>prompt (with input_extra: the
+ * repository pattern first), built here from /tokenize; a model without FIM tokens and a bad
+ * input_extra are 400s. */
+static void append_tokens(T *t, cJSON *ids, const char *text)
+{
+    cJSON *b = cJSON_CreateObject();
+    cJSON_AddStringToObject(b, "content", text);
+    char *body = cJSON_PrintUnformatted(b);
+    cJSON *r = http_json(t, "POST", "/tokenize", body, 200);
+    for (const cJSON *x = vt_json_get(r, "tokens")->child; x; x = x->next)
+        cJSON_AddItemToArray(ids, cJSON_CreateNumber(x->valuedouble));
+    cJSON_Delete(r);
+    cJSON_Delete(b);
+    free(body);
+}
+
+static void test_infill(void **state)
+{
+    T *t = *state;
+    start(t, NULL, 0);
+    cJSON *e = http_json(t, "POST", "/infill", "{\"input_prefix\":\"a\",\"input_suffix\":\"b\"}", 400);
+    assert_non_null(strstr(vt_json_str(e, "error.message"), "no fill-in-the-middle tokens"));
+    cJSON_Delete(e);
+    stop(t);
+    char fpath[96];
+    snprintf(fpath, sizeof fpath, "/tmp/vki_test_server_fim_%d.gguf", (int)getpid());
+    const gguf_edit ed[] = {{.kind = GGUF_EDIT_U32, .name = "tokenizer.ggml.fim_pre_token_id", .u = 3},
+                            {.kind = GGUF_EDIT_U32, .name = "tokenizer.ggml.fim_suf_token_id", .u = 4},
+                            {.kind = GGUF_EDIT_U32, .name = "tokenizer.ggml.fim_mid_token_id", .u = 5},
+                            {.kind = GGUF_EDIT_U32, .name = "tokenizer.ggml.fim_rep_token_id", .u = 6},
+                            {.kind = GGUF_EDIT_U32, .name = "tokenizer.ggml.fim_sep_token_id", .u = 7}};
+    assert_int_equal(gguf_edit_copy(t->model, fpath, ed, 5), VKI_OK);
+    vki_engine_params ep = vt_engine_params(1024, 4, &t->validation);
+    vki_engine *eng = NULL;
+    char err[256] = "";
+    if (vki_engine_create(fpath, &ep, &eng, err, sizeof err) != VKI_OK)
+        fail_msg("engine: %s", err);
+    assert_int_equal(vki_token_fim(vki_engine_tokenizer(eng), VKI_FIM_MID), 5);
+    srv_params p = test_params(t);
+    p.model_path = fpath;
+    start_p(t, eng, &p);
+    for (int with_extra = 0; with_extra < 2; with_extra++) {
+        cJSON *ids = cJSON_CreateArray();
+        if (vki_tokenizer_adds_bos(vki_engine_tokenizer(eng)))
+            cJSON_AddItemToArray(ids, cJSON_CreateNumber(vki_token_bos(vki_engine_tokenizer(eng))));
+        if (with_extra) {
+            cJSON_AddItemToArray(ids, cJSON_CreateNumber(6));
+            append_tokens(t, ids, "myproject\n");
+            cJSON_AddItemToArray(ids, cJSON_CreateNumber(7));
+            append_tokens(t, ids, "lib.c");
+            append_tokens(t, ids, "\n");
+            append_tokens(t, ids, "int x;");
+            cJSON_AddItemToArray(ids, cJSON_CreateNumber(7));
+            append_tokens(t, ids, "filename\n");
+        }
+        cJSON_AddItemToArray(ids, cJSON_CreateNumber(3));
+        append_tokens(t, ids, "Once upon");
+        cJSON_AddItemToArray(ids, cJSON_CreateNumber(4));
+        append_tokens(t, ids, " happily ever after.");
+        cJSON_AddItemToArray(ids, cJSON_CreateNumber(5));
+        append_tokens(t, ids, " a");
+        char *prompt = cJSON_PrintUnformatted(ids), body[4096];
+        snprintf(body, sizeof body, "{\"prompt\":%s,\"n_predict\":16,\"temperature\":0}", prompt);
+        cJSON *want = http_json(t, "POST", "/completion", body, 200);
+        snprintf(body, sizeof body, "{\"input_prefix\":\"Once upon\",\"input_suffix\":\" happily ever after.\","
+                 "\"prompt\":\" a\",\"n_predict\":16,\"temperature\":0%s}",
+                 with_extra ? ",\"input_extra\":[{\"filename\":\"lib.c\",\"text\":\"int x;\"}]" : "");
+        cJSON *got = http_json(t, "POST", "/infill", body, 200);
+        assert_int_equal(vt_json_num(got, "tokens_evaluated"), cJSON_GetArraySize(ids));
+        assert_string_equal(vt_json_str(got, "content"), vt_json_str(want, "content"));
+        free(prompt);
+        cJSON_Delete(ids);
+        cJSON_Delete(want);
+        cJSON_Delete(got);
+    }
+    e = http_json(t, "POST", "/infill", "{\"input_prefix\":\"a\",\"input_extra\":[{\"filename\":1}]}", 400);
+    assert_string_equal(vt_json_str(e, "error.param"), "input_extra");
+    cJSON_Delete(e);
+    stop(t);
+    vki_engine_destroy(eng);
+    unlink(fpath);
+}
+
 #ifndef TEST_SERVER_NO_MAIN /* test_server_struct.c includes this file for its fixture and helpers */
 int main(int argc, char **argv)
 {
@@ -1726,6 +1810,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_llama_completion),
         cmocka_unit_test(test_chat_continue),
         cmocka_unit_test(test_apply_template),
+        cmocka_unit_test(test_infill),
         cmocka_unit_test(test_vllm_fields),
         cmocka_unit_test(test_chat),          cmocka_unit_test(test_stop_strings), cmocka_unit_test(test_logprobs),
         cmocka_unit_test(test_errors),        cmocka_unit_test(test_queue_full), cmocka_unit_test(test_disconnect),

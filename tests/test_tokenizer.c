@@ -175,6 +175,31 @@ static void test_vocab_deepseek_llm(void **state) { run_vocab_set("vocab/ggml-vo
 /* 512-token SentencePiece vocabulary. "▁Once▁upon▁a▁time" merges by score: ▁t (score 0) first,
  * then ▁a (-2), im, on, ▁u, ▁O, ▁On, ce, ▁up, ime, ▁time (-119), ▁Once (-144, from ▁On + ce),
  * ▁upon (-148, from ▁up + on): ids 403 407 261 378, after BOS 1. */
+/* Fill-in-the-middle tokens found by their text where the GGUF has no fim_* keys: StarCoder's
+ * <fim_prefix> / <fim_suffix> / <fim_middle> / <repo_name> / <file_sep>; GPT-2 has none. */
+static void test_fim_tokens(void **state)
+{
+    (void)state;
+    vki_tokenizer *t = load_or_skip("vocab/ggml-vocab-starcoder.gguf");
+    static const char *const want[VKI_FIM_COUNT] = {"<fim_prefix>", "<fim_suffix>", "<fim_middle>", "<repo_name>",
+                                                    "<file_sep>"};
+    for (int k = 0; k < VKI_FIM_COUNT; k++) {
+        int32_t id = vki_token_fim(t, (vki_fim_token)k);
+        char piece[64];
+        size_t n = 0;
+        assert_true(id >= 0);
+        assert_int_equal(vki_token_to_piece(t, id, true, piece, sizeof piece, &n), VKI_OK);
+        assert_int_equal(n, strlen(want[k]));
+        assert_memory_equal(piece, want[k], n);
+    }
+    assert_int_equal(vki_token_fim(t, VKI_FIM_COUNT), -1);
+    vki_tokenizer_free(t);
+    t = load_or_skip("vocab/ggml-vocab-gpt-2.gguf");
+    for (int k = 0; k < VKI_FIM_COUNT; k++)
+        assert_int_equal(vki_token_fim(t, (vki_fim_token)k), -1);
+    vki_tokenizer_free(t);
+}
+
 static void test_stories_once_upon(void **state)
 {
     vki_tokenizer *t = load_or_skip("stories260K.gguf");
@@ -763,6 +788,7 @@ int main(void)
         cmocka_unit_test(test_vocab_starcoder),
         cmocka_unit_test(test_vocab_deepseek_coder),
         cmocka_unit_test(test_vocab_deepseek_llm),
+        cmocka_unit_test(test_fim_tokens),
         cmocka_unit_test(test_stories_once_upon),
         cmocka_unit_test(test_stream_split_utf8),
         cmocka_unit_test(test_stream_random),

@@ -12,7 +12,10 @@
  * the output and that vkinfer does not have (typical_p, mirostat, DRY, XTC, dynamic temperature,
  * n_indent, post_sampling_probs, LoRA, images) are refused with a 400 naming them unless they
  * hold their "off" value; the ones that change nothing here (cache_prompt, id_slot, n_keep,
- * timings_per_token, ...) and unknown ones are ignored, as llama-server ignores them. */
+ * timings_per_token, ...) and unknown ones are ignored, as llama-server ignores them.
+ *
+ * POST /infill: code completion between a prefix and a suffix with the model's fill-in-the-middle
+ * tokens, built into a token prompt as llama-server builds it, then the same completion. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -383,11 +386,11 @@ char *srv_llama_body(const char *body, size_t n, srv_error *e)
 
 static const srv_job_fmt LLAMA_FMT = {.answer = answer, .chunk = chunk, .end = end, .prepare = prepare};
 
-void srv_llama_completion(srv_conn *c)
+/* Runs the parsed llama-server body `in` (taken) as a completion on c. */
+static void serve(srv_conn *c, cJSON *in, srv_error *err)
 {
-    srv_error e;
+    srv_error e = *err;
     llama_ctx x = {0};
-    cJSON *in = srv_parse_body(c->req.body.p ? c->req.body.p : "", c->req.body.len, &e);
     cJSON *body = in ? translate(in, &x, &e) : NULL;
     char *text = body ? cJSON_PrintUnformatted(body) : NULL;
     if (body && !text)
@@ -399,10 +402,130 @@ void srv_llama_completion(srv_conn *c)
     }
     strbuf orig = c->req.body; /* the job parser reads the request body: give it the translation */
     c->req.body = (strbuf){.p = text, .len = strlen(text), .cap = strlen(text) + 1};
+    srv_route route = c->req.route;
     c->req.route = R_CMPL; /* a completion from here on (metrics, access log) */
     srv_serve_generation(c, &LLAMA_FMT, NULL, &x);
-    c->req.route = R_LLAMA_CMPL;
+    c->req.route = route;
     c->req.body = orig;
     cJSON_free(text);
     cJSON_Delete(in); /* x.prompt pointed into it */
+}
+
+void srv_llama_completion(srv_conn *c)
+{
+    srv_error e;
+    serve(c, srv_parse_body(c->req.body.p ? c->req.body.p : "", c->req.body.len, &e), &e);
+}
+
+/* ---- POST /infill ---------------------------------------------------------------------------- */
+
+/* text (user data: control-token texts in it stay text) appended to ids as tokens. */
+static bool add_text(const vki_tokenizer *tok, const char *text, int32_t **ids, size_t *n, size_t *cap)
+{
+    size_t len = strlen(text), got = 0;
+    if (*n + len + 8 > *cap) {
+        size_t c2 = (*n + len + 8) * 2;
+        int32_t *p = realloc(*ids, c2 * sizeof *p);
+        if (!p)
+            return false;
+        *ids = p;
+        *cap = c2;
+    }
+    if (vki_tokenize(tok, text, len, false, false, *ids + *n, *cap - *n, &got) != VKI_OK)
+        return false;
+    *n += got;
+    return true;
+}
+
+static bool add_id(int32_t id, int32_t **ids, size_t *n, size_t *cap)
+{
+    if (*n + 1 > *cap) {
+        size_t c2 = (*n + 1) * 2;
+        int32_t *p = realloc(*ids, c2 * sizeof *p);
+        if (!p)
+            return false;
+        *ids = p;
+        *cap = c2;
+    }
+    (*ids)[(*n)++] = id;
+    return true;
+}
+
+static const char *str_or(const cJSON *o, const char *k, srv_error *e, bool *ok)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, k);
+    if (!v || cJSON_IsNull(v))
+        return "";
+    if (!cJSON_IsString(v)) {
+        *ok = false;
+        srv_err(e, 400, k, "%s must be a string", k);
+        return "";
+    }
+    return v->valuestring;
+}
+
+/* The fill-in-the-middle prompt as llama-server builds it: [BOS] (with input_extra, and the
+ * repository tokens: <REP>myproject\n, then <SEP>filename\ntext per chunk, <SEP>filename\n)
+ * <PRE>input_prefix<SUF>input_suffix<MID>prompt; replaces in's prompt with those ids. */
+static bool infill_prompt(const srv *m, cJSON *in, srv_error *e)
+{
+    const vki_tokenizer *tok = m->tok;
+    int32_t pre = vki_token_fim(tok, VKI_FIM_PRE), suf = vki_token_fim(tok, VKI_FIM_SUF),
+            mid = vki_token_fim(tok, VKI_FIM_MID), rep = vki_token_fim(tok, VKI_FIM_REP),
+            sep = vki_token_fim(tok, VKI_FIM_SEP);
+    if (pre < 0 || suf < 0 || mid < 0)
+        return srv_err(e, 400, NULL, "infill: the model has no fill-in-the-middle tokens (prefix, suffix, middle)"),
+               false;
+    bool ok = true;
+    const char *prefix = str_or(in, "input_prefix", e, &ok), *suffix = ok ? str_or(in, "input_suffix", e, &ok) : "",
+               *prompt = ok ? str_or(in, "prompt", e, &ok) : "";
+    const cJSON *extra = cJSON_GetObjectItemCaseSensitive(in, "input_extra");
+    if (!ok)
+        return false;
+    if (extra && !cJSON_IsNull(extra) && !cJSON_IsArray(extra))
+        return srv_err(e, 400, "input_extra", "input_extra must be an array of {\"filename\", \"text\"}"), false;
+    bool chunks = extra && cJSON_IsArray(extra) && extra->child;
+    if (chunks && (rep < 0 || sep < 0))
+        return srv_err(e, 400, "input_extra", "input_extra: the model has no repository / file separator tokens"),
+               false;
+    int32_t *ids = NULL;
+    size_t n = 0, cap = 0;
+    ok = !vki_tokenizer_adds_bos(tok) || add_id(vki_token_bos(tok), &ids, &n, &cap);
+    if (ok && chunks) {
+        ok = add_id(rep, &ids, &n, &cap) && add_text(tok, "myproject\n", &ids, &n, &cap);
+        for (const cJSON *ch = extra->child; ok && ch; ch = ch->next) {
+            const cJSON *f = cJSON_GetObjectItemCaseSensitive(ch, "filename"),
+                        *t = cJSON_GetObjectItemCaseSensitive(ch, "text");
+            if (!cJSON_IsString(f) || !cJSON_IsString(t)) {
+                free(ids);
+                return srv_err(e, 400, "input_extra", "input_extra: each chunk is {\"filename\": string, "
+                               "\"text\": string}"), false;
+            }
+            ok = add_id(sep, &ids, &n, &cap) && add_text(tok, f->valuestring, &ids, &n, &cap) &&
+                 add_text(tok, "\n", &ids, &n, &cap) && add_text(tok, t->valuestring, &ids, &n, &cap);
+        }
+        ok = ok && add_id(sep, &ids, &n, &cap) && add_text(tok, "filename\n", &ids, &n, &cap);
+    }
+    ok = ok && add_id(pre, &ids, &n, &cap) && add_text(tok, prefix, &ids, &n, &cap) && add_id(suf, &ids, &n, &cap) &&
+         add_text(tok, suffix, &ids, &n, &cap) && add_id(mid, &ids, &n, &cap) && add_text(tok, prompt, &ids, &n, &cap);
+    cJSON *a = ok ? cJSON_CreateArray() : NULL;
+    for (size_t i = 0; a && i < n; i++)
+        cJSON_AddItemToArray(a, cJSON_CreateNumber(ids[i]));
+    free(ids);
+    if (!a)
+        return srv_err(e, 500, NULL, "out of memory"), false;
+    cJSON_DeleteItemFromObjectCaseSensitive(in, "prompt");
+    cJSON_AddItemToObject(in, "prompt", a);
+    return true;
+}
+
+void srv_llama_infill(srv_conn *c)
+{
+    srv_error e;
+    cJSON *in = srv_parse_body(c->req.body.p ? c->req.body.p : "", c->req.body.len, &e);
+    if (in && !infill_prompt(srv_conn_model(c), in, &e)) {
+        cJSON_Delete(in);
+        in = NULL;
+    }
+    serve(c, in, &e);
 }

@@ -119,6 +119,7 @@ static const struct {
     {"/completion", false, true, false, R_LLAMA_CMPL},  /* llama-server's own API and its alias */
     {"/completions", false, true, false, R_LLAMA_CMPL},
     {"/apply-template", false, true, false, R_APPLY_TEMPLATE},
+    {"/infill", false, true, false, R_INFILL},
     {"/v1/embeddings", false, true, false, R_EMBED},
     {"/tokenize", false, true, false, R_TOKENIZE},
     {"/detokenize", false, true, false, R_DETOKENIZE},
@@ -314,6 +315,8 @@ void srv_serve_heavy(srv_conn *c)
         srv_llama_completion(c);
     else if (c->req.route == R_APPLY_TEMPLATE)
         srv_route_apply_template(c);
+    else if (c->req.route == R_INFILL)
+        srv_llama_infill(c);
     else
         srv_serve_generation(c, NULL, NULL, NULL);
     srv_model_release(c->s, c->model);

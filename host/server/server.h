@@ -127,6 +127,7 @@ typedef enum srv_route {
     R_CHAT,
     R_LLAMA_CMPL, /* POST /completion: llama-server's own completion API (llama_api.c) */
     R_APPLY_TEMPLATE, /* POST /apply-template: the conversation rendered, not run */
+    R_INFILL,     /* POST /infill: fill-in-the-middle (llama_api.c) */
     R_EMBED,
     R_TOKENIZE,
     R_DETOKENIZE,
@@ -613,6 +614,7 @@ bool srv_authorized(const srv *s, const char *auth);
 /* llama_api.c: POST /completion (handler thread, c->model chosen); and its translation alone,
  * a llama-server body into the OpenAI completion body (malloc'd) or NULL with *e (fuzz_request). */
 void srv_llama_completion(srv_conn *c);
+void srv_llama_infill(srv_conn *c); /* POST /infill */
 char *srv_llama_body(const char *body, size_t n, srv_error *e);
 /* kserve.c */
 void srv_kserve_small(srv_conn *c);  /* io thread: answers, or marks the route R_V2_HEAVY */

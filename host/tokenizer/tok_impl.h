@@ -76,6 +76,7 @@ struct vki_tokenizer {
     int32_t *special;       /* control / user-defined / unknown ids, longest text first */
     uint32_t n_special;
     int32_t bos, eos, eot, eom, unk, pad; /* -1 when absent */
+    int32_t fim[VKI_FIM_COUNT];           /* fill-in-the-middle tokens (vki_fim_token), -1 when absent */
     bool add_bos, add_eos, add_space_prefix, ignore_merges;
     pcre2_code *re[TOK_MAX_REGEX]; /* pre-tokenizer, applied in sequence (BPE only) */
     uint32_t n_re;

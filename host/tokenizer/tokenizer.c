@@ -382,6 +382,11 @@ static vki_status load_special_ids(vki_tokenizer *t, const gguf_file *f, char *e
         {"tokenizer.ggml.eom_token_id", offsetof(vki_tokenizer, eom)},
         {"tokenizer.ggml.unknown_token_id", offsetof(vki_tokenizer, unk)},
         {"tokenizer.ggml.padding_token_id", offsetof(vki_tokenizer, pad)},
+        {"tokenizer.ggml.fim_pre_token_id", offsetof(vki_tokenizer, fim[VKI_FIM_PRE])},
+        {"tokenizer.ggml.fim_suf_token_id", offsetof(vki_tokenizer, fim[VKI_FIM_SUF])},
+        {"tokenizer.ggml.fim_mid_token_id", offsetof(vki_tokenizer, fim[VKI_FIM_MID])},
+        {"tokenizer.ggml.fim_rep_token_id", offsetof(vki_tokenizer, fim[VKI_FIM_REP])},
+        {"tokenizer.ggml.fim_sep_token_id", offsetof(vki_tokenizer, fim[VKI_FIM_SEP])},
     };
     for (size_t i = 0; i < sizeof ids / sizeof ids[0]; i++) {
         vki_status st = meta_id(t, f, ids[i].key, (int32_t *)((char *)t + ids[i].field), err, err_len);
@@ -418,6 +423,17 @@ static void mark_eog(vki_tokenizer *t)
         if (t->eom < 0 && !strcmp(eot_texts[i], "<|eom_id|>"))
             t->eom = id;
     }
+    /* FIM tokens of GGUFs written before the fim_*_token_id keys, by their text (Qwen2.5-Coder,
+     * StarCoder, CodeLlama spellings) */
+    static const char *const fim_texts[][VKI_FIM_COUNT] = {
+        {"<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>", "<|repo_name|>", "<|file_sep|>"},
+        {"<fim_prefix>", "<fim_suffix>", "<fim_middle>", "<repo_name>", "<file_sep>"},
+        {"<PRE>", "<SUF>", "<MID>", "<reponame>", NULL},
+    };
+    for (size_t i = 0; i < sizeof fim_texts / sizeof fim_texts[0]; i++)
+        for (int k = 0; k < VKI_FIM_COUNT; k++)
+            if (t->fim[k] < 0 && fim_texts[i][k])
+                t->fim[k] = tok_lookup(t, fim_texts[i][k], strlen(fim_texts[i][k]));
     int32_t ends[3] = {t->eos, t->eot, t->eom};
     for (int i = 0; i < 3; i++)
         if (ends[i] >= 0)
@@ -582,6 +598,8 @@ vki_status tok_from_gguf(const gguf_file *f, vki_tokenizer **out, char *err, siz
     if (!t)
         return VKI_ERR_OUT_OF_HOST_MEMORY;
     t->bos = t->eos = t->eot = t->eom = t->unk = t->pad = -1;
+    for (int k = 0; k < VKI_FIM_COUNT; k++)
+        t->fim[k] = -1;
     vki_status st = load_model_kind(t, f, err, err_len);
     if (st == VKI_OK)
         st = load_pre(t, f, err, err_len);
@@ -655,6 +673,10 @@ const char *tok_pre_name(const vki_tokenizer *t) { return t->pre; }
 uint32_t vki_vocab_size(const vki_tokenizer *t) { return t ? t->n_vocab : 0; }
 int32_t vki_token_bos(const vki_tokenizer *t) { return t ? t->bos : -1; }
 int32_t vki_token_eos(const vki_tokenizer *t) { return t ? t->eos : -1; }
+int32_t vki_token_fim(const vki_tokenizer *t, vki_fim_token which)
+{
+    return t && (unsigned)which < VKI_FIM_COUNT ? t->fim[which] : -1;
+}
 bool vki_tokenizer_adds_bos(const vki_tokenizer *t) { return t && t->add_bos; }
 
 bool vki_token_is_eog(const vki_tokenizer *t, int32_t id)
