@@ -297,6 +297,9 @@ static void test_health_models(void **state)
     assert_string_equal(vt_json_str(j, "data.0.object"), "model");
     assert_true(vt_json_num(j, "data.0.max_model_len") > 0);
     cJSON_Delete(j);
+    j = http_json(t, "GET", "/models", NULL, 200); /* llama-server's alias */
+    assert_string_equal(vt_json_str(j, "data.0.id"), t->id);
+    cJSON_Delete(j);
     char path[256];
     snprintf(path, sizeof path, "/v1/models/%s", t->id);
     j = http_json(t, "GET", path, NULL, 200);
@@ -1642,6 +1645,18 @@ static void test_vllm_fields(void **state)
         assert_int_equal(strncmp(vt_json_str(b, "choices.0.text"), whole, (size_t)(cut - whole) + 4), 0);
         cJSON_Delete(b);
     }
+    cJSON_Delete(a);
+    /* llama.cpp's repeat_penalty = repetition_penalty */
+    a = http_json(t, "POST", "/v1/completions", "{\"prompt\":\"Once upon a time\",\"max_tokens\":32,\"temperature\":0,"
+                  "\"repetition_penalty\":1.8,\"return_token_ids\":true}", 200);
+    cJSON *a2 = http_json(t, "POST", "/v1/completions", "{\"prompt\":\"Once upon a time\",\"max_tokens\":32,"
+                          "\"temperature\":0,\"repeat_penalty\":1.8,\"return_token_ids\":true}", 200);
+    char *ta = cJSON_PrintUnformatted(vt_json_get(a, "choices.0.token_ids")),
+         *tb = cJSON_PrintUnformatted(vt_json_get(a2, "choices.0.token_ids"));
+    assert_string_equal(ta, tb);
+    free(ta);
+    free(tb);
+    cJSON_Delete(a2);
     cJSON_Delete(a);
     /* off values pass, others name the field */
     cJSON_Delete(http_json(t, "POST", "/v1/completions", "{\"prompt\":\"x\",\"max_tokens\":2,\"typical_p\":1,"

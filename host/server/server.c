@@ -112,6 +112,7 @@ static const struct {
     {"/metrics", false, false, true, R_METRICS},
     {"/version", false, false, true, R_VERSION},
     {"/v1/models", false, false, false, R_MODELS},
+    {"/models", false, false, false, R_MODELS}, /* llama-server's alias */
     {"/v1/models/", true, false, false, R_MODEL},
     {"/props", false, false, false, R_PROPS},
     {"/v1/completions", false, true, false, R_CMPL},

@@ -69,6 +69,7 @@ FLOAT_FIELD(f_min_p, "min_p", 0, 1, min_p)
 FLOAT_FIELD(f_frequency, "frequency_penalty", -2, 2, frequency_penalty)
 FLOAT_FIELD(f_presence, "presence_penalty", -2, 2, presence_penalty)
 FLOAT_FIELD(f_repetition, "repetition_penalty", 1e-6, 100, repetition_penalty)
+FLOAT_FIELD(f_repeat_penalty, "repeat_penalty", 1e-6, 100, repetition_penalty) /* llama.cpp's name */
 
 #define BOOL_FIELD(fn, name, dst)                                                                  \
     static bool fn(req_ctx *c, const cJSON *v, srv_error *e) { return boolean(v, name, &c->j->dst, e); }
@@ -297,6 +298,7 @@ static const struct {
     {"presence_penalty", F_BOTH, f_presence},
     {"repetition_penalty", F_BOTH, f_repetition},
     {"repeat_last_n", F_BOTH, f_repeat_last_n},
+    {"repeat_penalty", F_BOTH, f_repeat_penalty},
     {"logit_bias", F_BOTH, f_logit_bias},
     {"seed", F_BOTH, f_seed},
     {"stop", F_BOTH, f_stop},
