@@ -311,22 +311,34 @@ static uint32_t match_beam(const ref_beam_result *want, uint32_t b, uint32_t n, 
     return j;
 }
 
-static void bs_compare(const bs_case *c, const bs_got *g, const ref_beam_result *want, uint32_t i, double *worst)
+/* Returns the reference beams left unchecked: when the reference's search had a near tie at a cut
+ * (margin below BS_TOL: the device's rounding may keep the other candidate, and everything after
+ * follows from it), a reference beam missing on the device, or at another rank, is noted instead. */
+static uint32_t bs_compare(const bs_case *c, const bs_got *g, const ref_beam_result *want, uint32_t i, double *worst)
 {
+    uint32_t skipped = 0;
     if (g->error[0])
         fail_msg("case %u: %s", i, g->error);
     if (c->width == 1) { /* no beam search: today's path, the greedy tokens */
         assert_int_equal(g->n_beams, 0);
         assert_int_equal(g->n_best, want->len[0]);
         assert_memory_equal(g->best, want->tokens[0], want->len[0] * 4);
-        return;
+        return 0;
     }
     assert_int_equal(g->n_beams, want->n);
     assert_int_equal(g->n_best, g->len[0]);
     assert_memory_equal(g->best, g->tok[0], g->len[0] * 4);
     for (uint32_t b = 0; b < want->n; b++) {
         uint32_t j = match_beam(want, b, g->n_beams, g->len, g->tok);
-        if (j == g->n_beams || (j != b && fabs(want->score[j] - want->score[b]) > BS_TOL)) {
+        bool bad = j == g->n_beams || (j != b && fabs(want->score[j] - want->score[b]) > BS_TOL);
+        if (bad && want->margin < BS_TOL) {
+            fprintf(stderr, "  case %u (width %u): reference beam %u %s; the reference's search had a near tie at a "
+                    "cut (margin %.2e)\n", i, c->width, b, j == g->n_beams ? "is not among the device's" : "is at "
+                    "another rank", want->margin);
+            skipped++;
+            if (j == g->n_beams)
+                continue;
+        } else if (bad) {
             for (uint32_t k = 0; k < want->n; k++)
                 fprintf(stderr, "  beam %u: device cum %.5f score %.5f, reference cum %.5f score %.5f\n", k, g->cum[k],
                         g->score[k], want->cum[k], want->score[k]);
@@ -336,6 +348,7 @@ static void bs_compare(const bs_case *c, const bs_got *g, const ref_beam_result 
         double e = fmax(fabs(g->cum[j] - want->cum[b]), fabs(g->score[j] - want->score[b]));
         *worst = e > *worst ? e : *worst;
     }
+    return skipped;
 }
 
 /* A random prompt for case c (BOS + up to 21 ids; pages of 16: the beams fork inside a page or at
@@ -398,17 +411,20 @@ static void test_beam_search_matches_reference(void **state)
     pthread_mutex_unlock(&x.mu);
     assert_int_equal(vki_batch_manager_destroy(bm, false), VKI_OK);
     double worst = 0;
-    uint32_t finished = 0;
+    uint32_t finished = 0, skipped = 0, total = 0;
     for (uint32_t i = 0; i < BS_N; i++) {
-        bs_compare(&cases[i], &x.g[i], &want[i], i, &worst);
+        skipped += bs_compare(&cases[i], &x.g[i], &want[i], i, &worst);
+        total += want[i].n;
         for (uint32_t b = 0; b < want[i].n; b++)
             finished += want[i].tokens[b][want[i].len[b] - 1] == end[i];
         if (cases[i].streaming)
             assert_true(x.g[i].n_stream > 0 && x.g[i].stream_bad == 0);
     }
     printf("beam search: %u requests (widths 1-8) equal to the CPU reference, %u finished beams among them, "
-           "cum logprob / score off by %.2e at most\n", BS_N, finished, worst);
+           "cum logprob / score off by %.2e at most; %u of %u beams left unchecked after near ties\n", BS_N, finished,
+           worst, skipped, total);
     assert_true(finished > 0);
+    assert_true(2 * skipped < total); /* near ties are the exception, not the rule */
     assert_true(worst <= BS_TOL);
     assert_int_equal(atomic_load(&f->validation_msgs), 0);
 }
@@ -545,15 +561,17 @@ static void test_beam_logprobs_and_logits(void **state)
     for (uint32_t i = 0; i < LP_N; i++) {
         lp_got *g = &x->g[i];
         const bs_got *bg = &x->b.g[i];
-        bs_compare(&cases[i], bg, &want[i], i, &worst_cum); /* tokens, cum and score as above */
+        bs_compare(&cases[i], bg, &want[i], i, &worst_cum); /* tokens, cum and score as above (near ties aside) */
         assert_true(g->best_aliases);
         assert_int_equal(g->n_top, LP_TOP);
         assert_true(rows[i] == (g->rows != NULL));
         if (cases[i].streaming)
             assert_true(g->n_stream > 0 && g->stream_bad == 0);
-        for (uint32_t b = 0; b < want[i].n; b++)
-            lp_compare(rm, prompt[i], n_prompt[i], &want[i], b, bg, g, match_beam(&want[i], b, bg->n_beams, bg->len, bg->tok),
-                       f->V, ref_rows, &w);
+        for (uint32_t b = 0; b < want[i].n; b++) {
+            uint32_t j = match_beam(&want[i], b, bg->n_beams, bg->len, bg->tok);
+            if (j < bg->n_beams) /* missing only after a near tie (bs_compare) */
+                lp_compare(rm, prompt[i], n_prompt[i], &want[i], b, bg, g, j, f->V, ref_rows, &w);
+        }
         free(g->rows);
     }
     printf("beam lineage: per-token logprobs off by %.2e, alternatives by %.2e, sum - cum %.1e, rows NMSE %.2e "

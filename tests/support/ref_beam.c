@@ -95,6 +95,7 @@ vki_status ref_beam_search(ref_model *m, const int32_t *prompt, uint32_t n_promp
     rb_cand *c = malloc((size_t)W * V * sizeof *c);
     vki_status st = logits && seq && c ? VKI_OK : VKI_ERR_OUT_OF_HOST_MEMORY;
     bool stopped = false;
+    out->margin = INFINITY;
     for (uint32_t step = 0; st == VKI_OK && step < p->max_new; step++) {
         uint32_t n_c = 0, n_next = 0;
         if ((st = score_all(m, prompt, n_prompt, live, n_live, seq, logits, c, &n_c)) != VKI_OK)
@@ -102,6 +103,11 @@ vki_status ref_beam_search(ref_model *m, const int32_t *prompt, uint32_t n_promp
         for (uint32_t i = 0; i < n_c && i < 2 * W && n_next < W; i++) {
             if (!is_end(p, c[i].tok)) {
                 next[n_next++] = extend(&live[c[i].beam], &c[i]);
+                for (uint32_t k = i + 1; n_next == W && k < n_c; k++) /* the cut: the next one that lost */
+                    if (!is_end(p, c[k].tok)) {
+                        out->margin = fmin(out->margin, c[i].s - c[k].s);
+                        break;
+                    }
                 continue;
             }
             if (i >= W)

@@ -34,6 +34,11 @@ typedef struct ref_beam_result {
     double lp[REF_BEAM_MAX][REF_BEAM_MAX_NEW];       /* each token's log-probability (the double
                                                         log-softmax the search scored it with);
                                                         cum is their sum, in order */
+    double margin;                                   /* the smallest gap, over the steps, between
+                                                        the last candidate kept as a live beam and
+                                                        the best one dropped: below the device's
+                                                        rounding, its search may keep the other
+                                                        and end with other beams */
 } ref_beam_result;
 
 /* log(sum exp(row[v])) over [n] in double (max-subtracted): row[v] - it is the log-softmax. */
