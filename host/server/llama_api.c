@@ -49,35 +49,11 @@ static bool num_or(const cJSON *o, const char *k, double def, double *x, srv_err
     return true;
 }
 
-/* Fields vkinfer has no equivalent of, with the value that means "off". */
-static const struct {
-    const char *name;
-    double off;
-} OFF_ONLY[] = {
-    {"typical_p", 1}, {"mirostat", 0}, {"dry_multiplier", 0}, {"xtc_probability", 0}, {"dynatemp_range", 0},
-    {"n_indent", 0}, {"t_max_predict_ms", 0}, {"n_cmpl", 1},
-};
-
-static bool refuse_unsupported(const cJSON *in, srv_error *e)
-{
-    for (size_t i = 0; i < sizeof OFF_ONLY / sizeof *OFF_ONLY; i++) {
-        double x;
-        if (!num_or(in, OFF_ONLY[i].name, OFF_ONLY[i].off, &x, e))
-            return false;
-        if (x != OFF_ONLY[i].off)
-            return srv_err(e, 400, OFF_ONLY[i].name, "%s: not supported by vkinfer (only %g, which turns it off)",
-                           OFF_ONLY[i].name, OFF_ONLY[i].off), false;
-    }
-    static const char *const never[] = {"post_sampling_probs", "lora", "image_data", "multimodal_data",
-                                        "response_fields"};
-    for (size_t i = 0; i < sizeof never / sizeof *never; i++) {
-        const cJSON *v = cJSON_GetObjectItemCaseSensitive(in, never[i]);
-        bool off = !v || cJSON_IsNull(v) || cJSON_IsFalse(v) || (cJSON_IsArray(v) && !v->child);
-        if (!off)
-            return srv_err(e, 400, never[i], "%s: not supported by vkinfer", never[i]), false;
-    }
-    return true;
-}
+/* llama-server's fields that change the output and that vkinfer does not have: passed on, so
+ * that server_req.c refuses them by name unless they hold their "off" value, as on /v1. */
+static const char *const PASSED[] = {"typical_p", "mirostat", "dry_multiplier", "xtc_probability", "dynatemp_range",
+                                     "n_indent", "t_max_predict_ms", "n_cmpl", "post_sampling_probs", "lora",
+                                     "image_data", "multimodal_data", "response_fields"};
 
 /* llama's logit_bias: [[id, bias | false], ...] or {"id": bias}; false bans the token (-100,
  * OpenAI's strongest bias). Token strings are refused (ids only). */
@@ -128,8 +104,6 @@ static void copy_as(const cJSON *in, const char *k, cJSON *out, const char *k2)
 /* The OpenAI completion body for a llama /completion request; NULL with *e. */
 static cJSON *translate(const cJSON *in, llama_ctx *x, srv_error *e)
 {
-    if (!refuse_unsupported(in, e))
-        return NULL;
     const cJSON *prompt = cJSON_GetObjectItemCaseSensitive(in, "prompt");
     if (!prompt)
         return srv_err(e, 400, "prompt", "prompt is required"), NULL;
@@ -180,6 +154,8 @@ static cJSON *translate(const cJSON *in, llama_ctx *x, srv_error *e)
     copy_as(in, "grammar", o, "grammar");
     copy_as(in, "json_schema", o, "json_schema");
     copy_as(in, "model", o, "model");
+    for (size_t i = 0; i < sizeof PASSED / sizeof *PASSED; i++)
+        copy_as(in, PASSED[i], o, PASSED[i]);
     if (!logit_bias(cJSON_GetObjectItemCaseSensitive(in, "logit_bias"), o, e)) {
         cJSON_Delete(o);
         return NULL;
@@ -419,19 +395,25 @@ void srv_llama_completion(srv_conn *c)
 
 /* ---- POST /infill ---------------------------------------------------------------------------- */
 
+/* Room for need ids (doubling). */
+static bool grow(int32_t **ids, size_t *cap, size_t need)
+{
+    if (need <= *cap)
+        return true;
+    int32_t *p = realloc(*ids, 2 * need * sizeof *p);
+    if (!p)
+        return false;
+    *ids = p;
+    *cap = 2 * need;
+    return true;
+}
+
 /* text (user data: control-token texts in it stay text) appended to ids as tokens. */
 static bool add_text(const vki_tokenizer *tok, const char *text, int32_t **ids, size_t *n, size_t *cap)
 {
     size_t len = strlen(text), got = 0;
-    if (*n + len + 8 > *cap) {
-        size_t c2 = (*n + len + 8) * 2;
-        int32_t *p = realloc(*ids, c2 * sizeof *p);
-        if (!p)
-            return false;
-        *ids = p;
-        *cap = c2;
-    }
-    if (vki_tokenize(tok, text, len, false, false, *ids + *n, *cap - *n, &got) != VKI_OK)
+    if (!grow(ids, cap, *n + len + 8) ||
+        vki_tokenize(tok, text, len, false, false, *ids + *n, *cap - *n, &got) != VKI_OK)
         return false;
     *n += got;
     return true;
@@ -439,14 +421,8 @@ static bool add_text(const vki_tokenizer *tok, const char *text, int32_t **ids, 
 
 static bool add_id(int32_t id, int32_t **ids, size_t *n, size_t *cap)
 {
-    if (*n + 1 > *cap) {
-        size_t c2 = (*n + 1) * 2;
-        int32_t *p = realloc(*ids, c2 * sizeof *p);
-        if (!p)
-            return false;
-        *ids = p;
-        *cap = c2;
-    }
+    if (!grow(ids, cap, *n + 1))
+        return false;
     (*ids)[(*n)++] = id;
     return true;
 }

@@ -465,7 +465,7 @@ struct srv_job {
     uint32_t beam_width;
     float length_penalty;
     vki_early_stopping early_stopping;
-    double t_arrive, t_first, t_last; /* seconds, monotonic (under mu) */
+    double t_arrive, t_first;  /* seconds, monotonic (under mu) */
     /* the handler's */
     srv_conn *conn;
     bool gone;

@@ -344,7 +344,8 @@ static const struct {
 static const char *const REFUSED[] = {
     "tools", "functions", "tool_choice", "function_call", "structured_outputs", "prompt_logprobs",
     "logits_processors", "reasoning_effort", "audio", "modalities", "prediction", "bad_words", "allowed_token_ids",
-    "chat_template", "guided_whitespace_pattern",
+    "chat_template", "guided_whitespace_pattern", "post_sampling_probs", "lora", "image_data", "multimodal_data",
+    "response_fields",
 };
 
 /* Samplers and options of vLLM / llama.cpp clients that vkinfer does not have: refused unless
@@ -355,6 +356,7 @@ static const struct {
 } REFUSED_UNLESS[] = {
     {"typical_p", 1}, {"tfs_z", 1}, {"top_a", 0}, {"mirostat", 0}, {"mirostat_mode", 0}, {"dry_multiplier", 0},
     {"xtc_probability", 0}, {"dynatemp_range", 0}, {"smoothing_factor", 0}, {"truncate_prompt_tokens", -1},
+    {"n_indent", 0}, {"t_max_predict_ms", 0}, {"n_cmpl", 1},
 };
 
 static bool asks_nothing(const cJSON *v)

@@ -8,7 +8,7 @@ struct vki_text_stream {
     vki_detok *dt;
     stop_matcher *stops;
     bool stopped;
-    int32_t which;     /* the stop string that matched, or -1 */
+    int32_t which;     /* the stop string that matched (when stopped) */
     strbuf out;        /* vki_text_stream_finish's result */
 };
 
@@ -19,7 +19,6 @@ vki_status vki_text_stream_create(const vki_tokenizer *tok, const char *const *s
     vki_text_stream *s = calloc(1, sizeof *s);
     if (!s)
         return VKI_ERR_OUT_OF_HOST_MEMORY;
-    s->which = -1;
     vki_status st = vki_detok_create(tok, flags, &s->dt);
     if (st == VKI_OK)
         st = stop_create(stops, n_stops, &s->stops);
@@ -59,7 +58,8 @@ vki_status vki_text_stream_push(vki_text_stream *s, int32_t token, const char **
     *emit = r.emit;
     *n_emit = r.n_emit;
     *stopped = s->stopped = r.matched;
-    s->which = r.matched ? (int32_t)r.which : -1;
+    if (r.matched)
+        s->which = (int32_t)r.which;
     return VKI_OK;
 }
 
