@@ -242,8 +242,8 @@ static vki_status matmul_part(vkd_cmd *c, vkk_id k, const uint32_t *spec, uint32
     return VKI_OK;
 }
 
-vki_status op_matmul_path(vkd_cmd *c, const vk_tensor *w, const vkd_view *bias, vkd_view x,
-                          uint32_t x_stride, vkd_view y, uint32_t y_stride, uint32_t M, op_mm_path path)
+vki_status op_matmul_ex(vkd_cmd *c, const vk_tensor *w, const vkd_view *bias, vkd_view x, uint32_t x_stride,
+                        vkd_view y, uint32_t y_stride, uint32_t M, op_mm_path path, bool accumulate)
 {
     vkd_device *d = c->d;
     const mm_type *t;
@@ -277,7 +277,8 @@ vki_status op_matmul_path(vkd_cmd *c, const vk_tensor *w, const vkd_view *bias, 
     if (vkk_groups(M, per_group_m) > d->info.max_workgroup_count[1])
         return bad_arg(d, "matmul", w, "M too large for one dispatch on this device");
     vki_pc_matmul pc = {.M = M, .K = (uint32_t)K, .x_stride = x_stride, .y_stride = y_stride,
-                        .w_stride = (uint32_t)w->row_bytes, .has_bias = bias != NULL,
+                        .w_stride = (uint32_t)w->row_bytes,
+                        .flags = (bias ? VKI_MM_BIAS : 0u) | (accumulate ? VKI_MM_ACCUM : 0u),
                         .x_vec4 = x_stride % 4 == 0 && x.offset % 16 == 0};
     for (uint32_t i = 0; i < w->n_parts; i++) {
         const vk_tensor_part *part = &w->parts[i];
@@ -289,6 +290,12 @@ vki_status op_matmul_path(vkd_cmd *c, const vk_tensor *w, const vkd_view *bias, 
             return st;
     }
     return VKI_OK;
+}
+
+vki_status op_matmul_path(vkd_cmd *c, const vk_tensor *w, const vkd_view *bias, vkd_view x,
+                          uint32_t x_stride, vkd_view y, uint32_t y_stride, uint32_t M, op_mm_path path)
+{
+    return op_matmul_ex(c, w, bias, x, x_stride, y, y_stride, M, path, false);
 }
 
 vki_status op_matmul(vkd_cmd *c, const vk_tensor *w, const vkd_view *bias, vkd_view x, uint32_t x_stride,

@@ -49,6 +49,12 @@ vki_status op_matmul(vkd_cmd *c, const vk_tensor *w, const vkd_view *bias, vkd_v
 /* Same with the kernel chosen by the caller (tests and the benchmark). */
 vki_status op_matmul_path(vkd_cmd *c, const vk_tensor *w, const vkd_view *bias, vkd_view x,
                           uint32_t x_stride, vkd_view y, uint32_t y_stride, uint32_t M, op_mm_path path);
+/* Same, and with accumulate the product is added to Y instead of replacing it:
+ *   Y[m, n] = Y[m, n] + (sum_k X[m, k] * W[n, k] (+ bias[n]))
+ * rounded exactly as a separate op_add after the product (the residual stream: x = x + o W^T
+ * in one dispatch, without o's round trip through memory and a barrier). */
+vki_status op_matmul_ex(vkd_cmd *c, const vk_tensor *w, const vkd_view *bias, vkd_view x, uint32_t x_stride,
+                        vkd_view y, uint32_t y_stride, uint32_t M, op_mm_path path, bool accumulate);
 
 /* Mixture of experts: every row of Y ("pair") is multiplied by its own expert's matrix:
  *   Y[p, n] = sum_k X[p / x_div, k] * W_e[n, k],  p < M, n < N, e = the pair's expert

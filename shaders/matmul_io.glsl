@@ -7,7 +7,7 @@
 #include "moe_id.glsl"
 #else
 layout(push_constant) uniform PushBlock { vki_pc_matmul p; };
-layout(std430, binding = 2) readonly buffer Bias { float bias[]; }; // f32[y_col0 + N] if has_bias
+layout(std430, binding = 2) readonly buffer Bias { float bias[]; }; // f32[y_col0 + N] if VKI_MM_BIAS
 #define MM_ROWS p.M
 #define Y_ROW(m) (m)
 #define X_ROW(m) (m)
@@ -15,7 +15,7 @@ layout(std430, binding = 2) readonly buffer Bias { float bias[]; }; // f32[y_col
 #endif
 layout(std430, binding = 1) readonly buffer X { float x[]; };    // f32[M, x_stride]
 layout(std430, binding = 1) readonly buffer X4 { vec4 x4[]; };   // same, when p.x_vec4 == 1
-layout(std430, binding = 3) writeonly buffer Y { float y[]; };   // f32[M, y_stride]
+layout(std430, binding = 3) buffer Y { float y[]; };             // f32[M, y_stride] (read: VKI_MM_ACCUM)
 
 // X[m, k..k+3]; k % 4 == 0. Elements at k >= K (only in F32/F16 tails) read as 0.
 vec4 load_x4(uint m, uint k)
@@ -34,14 +34,18 @@ vec4 load_x4(uint m, uint k)
     return vec4(x[i], x[i + 1u], x[i + 2u], x[i + 3u]);
 }
 
-// Y[m, n] = acc (+ bias[n]) for m < M, n < N (edge tiles compute padding that is dropped here).
+// Y[m, n] (+)= acc (+ bias[n]) for m < M, n < N (edge tiles compute padding that is dropped here).
 void store_y(uint m, uint n, float acc)
 {
 #ifdef MM_ID
     if (m < MM_ROWS && n < p.N)
         y[Y_ROW(m) * p.y_stride + p.y_col0 + n] = acc;
 #else
-    if (m < p.M && n < p.N)
-        y[m * p.y_stride + p.y_col0 + n] = acc + (p.has_bias != 0u ? bias[p.y_col0 + n] : 0.0);
+    if (m < p.M && n < p.N) {
+        const uint i = m * p.y_stride + p.y_col0 + n;
+        if ((p.flags & VKI_MM_BIAS) != 0u)
+            acc += bias[p.y_col0 + n];
+        y[i] = (p.flags & VKI_MM_ACCUM) != 0u ? y[i] + acc : acc;
+    }
 #endif
 }

@@ -3,7 +3,7 @@
 #include "common.glsl"
 #extension GL_KHR_shader_subgroup_basic : require
 #extension GL_KHR_shader_subgroup_arithmetic : require
-// Matrix-vector product for few activation rows (decode): Y[m, n] = sum_k X[m, k] W[n, k]
+// Matrix-vector product for few activation rows (decode): Y[m, n] (+)= sum_k X[m, k] W[n, k]
 // (+ bias[n]) for MC rows of X at once, so each weight row is streamed from memory once for
 // all of them. Weights stay in their GGUF blocks and are expanded in registers (dequant.glsl).
 //
@@ -39,13 +39,13 @@ uint id_wbase; // first weight row of the pair's expert in the part
 #define W_ROW(r) (id_wbase + (r))
 #else
 layout(push_constant) uniform PushBlock { vki_pc_matmul p; };
-layout(std430, binding = 2) readonly buffer Bias { float bias[]; }; // f32[y_col0 + N] if has_bias
+layout(std430, binding = 2) readonly buffer Bias { float bias[]; }; // f32[y_col0 + N] if VKI_MM_BIAS
 #define X_ROW(m) (m)
 #define W_ROW(r) (r)
 #endif
 layout(std430, binding = 1) readonly buffer X { float x[]; };    // f32[M, x_stride]
 layout(std430, binding = 1) readonly buffer X4 { vec4 x4[]; };   // same, when p.x_vec4 == 1
-layout(std430, binding = 3) writeonly buffer Y { float y[]; };   // f32[M, y_stride]
+layout(std430, binding = 3) buffer Y { float y[]; };             // f32[M, y_stride] (read: VKI_MM_ACCUM)
 
 shared float red[NR * MC * NSG]; // per-subgroup partial sums: [NR * MC][NSG]
 
@@ -132,10 +132,13 @@ void main()
         for (uint sg = 0u; sg < gl_NumSubgroups; sg++)
             s += red[i * NSG + sg];
         const uint n = p.y_col0 + r0 + r;
+        const uint iy = (m0 + c) * p.y_stride + n;
 #ifndef MM_ID
-        if (p.has_bias != 0u)
+        if ((p.flags & VKI_MM_BIAS) != 0u)
             s += bias[n];
+        if ((p.flags & VKI_MM_ACCUM) != 0u)
+            s = y[iy] + s;
 #endif
-        y[(m0 + c) * p.y_stride + n] = s;
+        y[iy] = s;
     }
 }

@@ -105,11 +105,15 @@ VKI_STRUCT(vki_pc_copy) {
 };
 
 /* matvec / matmul (one weight part per dispatch):
- *   Y[m, y_col0 + n] = sum_k X[m, k] * W[n, k] (+ bias[y_col0 + n]),  m < M, n0 <= n < N
+ *   Y[m, y_col0 + n] (+)= sum_k X[m, k] * W[n, k] (+ bias[y_col0 + n]),  m < M, n0 <= n < N
  * bindings: 0 W (weight part: N rows of K elements in the kernel's ggml type, w_stride bytes
  *             apart, raw GGUF blocks), 1 X (f32[M, x_stride]),
- *           2 bias (f32[>= y_col0 + N]; any valid binding when has_bias == 0),
- *           3 Y (f32[M, y_stride]) */
+ *           2 bias (f32[>= y_col0 + N]; any valid binding without VKI_MM_BIAS),
+ *           3 Y (f32[M, y_stride])
+ * flags: VKI_MM_BIAS adds the bias; VKI_MM_ACCUM adds the product to Y instead of replacing
+ * it (the residual stream: Y = Y + (X W^T + bias), the same roundings as a separate add). */
+#define VKI_MM_BIAS 1u
+#define VKI_MM_ACCUM 2u
 VKI_STRUCT(vki_pc_matmul) {
     vki_u32 M, N, K;
     vki_u32 n0;       /* first weight row of this dispatch (splits huge N over dispatches) */
@@ -117,7 +121,7 @@ VKI_STRUCT(vki_pc_matmul) {
     vki_u32 x_stride; /* elements between X rows */
     vki_u32 y_stride; /* elements between Y rows */
     vki_u32 y_col0;   /* Y column (and bias index) of weight row 0 of this part */
-    vki_u32 has_bias;
+    vki_u32 flags;    /* VKI_MM_BIAS | VKI_MM_ACCUM */
     vki_u32 x_vec4;   /* 1: X rows may be read as vec4 (x_stride % 4 == 0, binding 16-aligned) */
 };
 
@@ -135,7 +139,7 @@ VKI_STRUCT(vki_pc_matmul) {
  *   moe_group writes it), max_rows = M tiles' bound (most pairs one expert can have).
  * The first ten fields are vki_pc_matmul's, so matvec.comp / matmul*.comp share their code. */
 VKI_STRUCT(vki_pc_matmul_id) {
-    vki_u32 M, N, K, n0, w_stride, x_stride, y_stride, y_col0, has_bias, x_vec4;
+    vki_u32 M, N, K, n0, w_stride, x_stride, y_stride, y_col0, flags, x_vec4;
     vki_u32 x_div;    /* X row of a pair: pair / x_div */
     vki_u32 e0;       /* first expert of the bound part */
     vki_u32 n_exp;    /* experts in the bound part */

@@ -112,6 +112,7 @@ typedef struct mm_case {
     uint32_t x_pad, y_pad;  /* x_stride = K + x_pad, y_stride = N + y_pad */
     uint32_t x_off;         /* X binding offset in bytes (0 or 256: any device's alignment) */
     bool bias;
+    bool accum;             /* Y += X W^T (op_matmul_ex's accumulate): Y starts random */
     uint32_t parts;         /* >1: weights split in about this many parts */
     op_mm_path path;
 } mm_case;
@@ -119,12 +120,12 @@ typedef struct mm_case {
 static float round16(float v) { return quant_f16_to_f32(quant_f32_to_f16(v)); }
 
 /* f16: both operands rounded to F16 first, as the cooperative-matrix kernels stage them. */
-static void reference(const mm_case *s, const float *x, uint32_t xs, const float *w, const float *bias, bool f16,
-                      float *ref)
+static void reference(const mm_case *s, const float *x, uint32_t xs, const float *w, const float *bias,
+                      const float *y0, uint32_t ys, bool f16, float *ref)
 {
     for (uint32_t m = 0; m < s->M; m++)
         for (uint32_t n = 0; n < s->N; n++) {
-            double acc = bias ? bias[n] : 0.0;
+            double acc = (bias ? bias[n] : 0.0) + (y0 ? y0[(size_t)m * ys + n] : 0.0);
             const float *xr = x + (size_t)m * xs, *wr = w + (size_t)n * s->K;
             for (uint32_t k = 0; k < s->K; k++)
                 acc += f16 ? (double)round16(xr[k]) * round16(wr[k]) : (double)xr[k] * wr[k];
@@ -166,16 +167,30 @@ static void run_case(vt_gpu *g, vt_rng *r, uint32_t type, const mm_case *s)
     }
     vkd_buffer *bx = vt_buf_from(g, xh, x_floats * 4, "x");
     vkd_buffer *bb = bias ? vt_buf_from(g, bias, N * 4, "bias") : NULL;
-    vkd_buffer *by = vt_buf_nan(g, (size_t)M * ys * 4, "y");
+    /* Y: NaN in the stride padding (a kernel writing there fails below); with accum the first N
+     * columns start random and the product is added to them */
+    float *y0 = NULL;
+    vkd_buffer *by;
+    if (s->accum) {
+        y0 = malloc((size_t)M * ys * 4);
+        for (size_t i = 0; i < (size_t)M * ys; i++)
+            memcpy(&y0[i], &nan, 4);
+        for (uint32_t m = 0; m < M; m++)
+            vt_fill_uniform(r, y0 + (size_t)m * ys, N, -4.0f, 4.0f);
+        by = vt_buf_from(g, y0, (size_t)M * ys * 4, "y");
+    } else {
+        by = vt_buf_nan(g, (size_t)M * ys * 4, "y");
+    }
     vkd_view vx = {bx, s->x_off, VK_WHOLE_SIZE}, vb = bb ? vkd_whole(bb) : (vkd_view){0};
 
     vt_begin(g);
-    assert_int_equal(op_matmul_path(&g->cmd, &t, bb ? &vb : NULL, vx, xs, vkd_whole(by), ys, M, s->path), VKI_OK);
+    assert_int_equal(op_matmul_ex(&g->cmd, &t, bb ? &vb : NULL, vx, xs, vkd_whole(by), ys, M, s->path, s->accum),
+                     VKI_OK);
     vt_submit_wait(g);
 
     float *y = malloc((size_t)M * ys * 4), *got = malloc((size_t)M * N * 4), *ref = malloc((size_t)M * N * 4);
     vt_download(g, by, y, (size_t)M * ys * 4);
-    reference(s, x, xs, wref, bias, false, ref);
+    reference(s, x, xs, wref, bias, y0, ys, false, ref);
     for (uint32_t m = 0; m < M; m++) {
         memcpy(got + (size_t)m * N, y + (size_t)m * ys, N * 4);
         for (uint32_t n = N; n < ys; n++)
@@ -183,15 +198,15 @@ static void run_case(vt_gpu *g, vt_rng *r, uint32_t type, const mm_case *s)
     }
     char label[160];
     const char *path = path_name(g->dev, s);
-    snprintf(label, sizeof label, "%s %s M=%u N=%u K=%u xs=%u ys=%u off=%u bias=%d parts=%u", quant_get(type)->name,
-             path, M, N, K, xs, ys, s->x_off, s->bias, t.n_parts);
+    snprintf(label, sizeof label, "%s %s M=%u N=%u K=%u xs=%u ys=%u off=%u bias=%d accum=%d parts=%u",
+             quant_get(type)->name, path, M, N, K, xs, ys, s->x_off, s->bias, s->accum, t.n_parts);
     if (!strncmp(path, "coopmat", 7)) {
         double e = vt_nmse(got, ref, (size_t)M * N);
         if ((size_t)M * N >= CM_TOL_MIN) {
             worst_cm[0] = e > worst_cm[0] ? e : worst_cm[0];
             vt_assert_nmse(got, ref, (size_t)M * N, CM_TOL, label);
         }
-        reference(s, x, xs, wref, bias, true, ref);
+        reference(s, x, xs, wref, bias, y0, ys, true, ref);
         e = vt_nmse(got, ref, (size_t)M * N);
         worst_cm[1] = e > worst_cm[1] ? e : worst_cm[1];
         double emu = (size_t)M * N >= CM_TOL_MIN ? CM_EMU_TOL : CM_EMU_TOL_FEW;
@@ -204,7 +219,7 @@ static void run_case(vt_gpu *g, vt_rng *r, uint32_t type, const mm_case *s)
     vkd_buffer_destroy(g->dev, bx);
     vkd_buffer_destroy(g->dev, bb);
     vkd_buffer_destroy(g->dev, by);
-    free(wref); free(raw); free(xh); free(bias); free(y); free(got); free(ref);
+    free(wref); free(raw); free(xh); free(bias); free(y0); free(y); free(got); free(ref);
 }
 
 /* K for a type: `blocks` blocks (quantised) or an awkward length (float types). */
@@ -233,6 +248,7 @@ static void random_case(vt_rng *r, mm_case *s, uint32_t type, uint32_t i)
     s->y_pad = vt_range(r, 0, 1) ? 0 : vt_range(r, 1, 3);
     s->x_off = vt_range(r, 0, 3) == 0 ? 256 : 0;
     s->bias = vt_range(r, 0, 1);
+    s->accum = vt_range(r, 0, 2) == 0;
     s->parts = vt_range(r, 0, 4) == 0 ? 3 : 1;
 }
 
@@ -384,7 +400,7 @@ static void test_prepare(void **state)
 }
 
 /* Both sides of the GEMV/GEMM switch with the same shapes, for every type, with bias and
- * several parts. */
+ * several parts, replacing Y and adding to it. */
 static void test_boundary_parts_bias(void **state)
 {
     vt_gpu *g = vt_gpu_get(state);
@@ -392,8 +408,11 @@ static void test_boundary_parts_bias(void **state)
     for (size_t i = 0; i < vt_n_weight_types; i++)
         for (uint32_t M = op_matmul_gemv_max_m(g->dev); M <= op_matmul_gemv_max_m(g->dev) + 1; M++) {
             uint32_t K = vt_is_float_type(vt_weight_types[i]) ? 37 : block_of(vt_weight_types[i]) * 3;
-            mm_case s = {.M = M, .N = 67, .K = K, .x_pad = 3, .y_pad = 1, .bias = true, .parts = 4};
-            run_case(g, &r, vt_weight_types[i], &s);
+            for (int accum = 0; accum < 2; accum++) {
+                mm_case s = {.M = M, .N = 67, .K = K, .x_pad = 3, .y_pad = 1, .bias = true, .accum = accum,
+                             .parts = 4};
+                run_case(g, &r, vt_weight_types[i], &s);
+            }
         }
     vt_assert_clean(g);
 }
@@ -415,10 +434,10 @@ static void test_gpu_configs(void **state)
         g->dev->info.subgroup_min_size = saved.subgroup_size;
     g->dev->info.max_compute_shared_memory = 48 * 1024;
     static const mm_case cases[] = {
-        {.M = 1, .N = 9, .K = 0, .bias = true},  {.M = 5, .N = 67, .K = 0, .x_pad = 1},
+        {.M = 1, .N = 9, .K = 0, .bias = true},  {.M = 5, .N = 67, .K = 0, .x_pad = 1, .accum = true},
         {.M = 1, .N = 5, .K = 1},                /* K = 1: big_k below */
         {.M = 9, .N = 129, .K = 0, .path = OP_MM_GEMM},
-        {.M = 129, .N = 127, .K = 0, .y_pad = 2, .parts = 2},
+        {.M = 129, .N = 127, .K = 0, .y_pad = 2, .accum = true, .parts = 2},
         {.M = 31, .N = 7, .K = 1, .bias = true, .path = OP_MM_GEMM},
     };
     for (size_t i = 0; i < vt_n_weight_types; i++) {
