@@ -71,6 +71,7 @@ vki_status vkd_cmd_begin(vkd_cmd *c)
     if (c->queries)
         vkCmdResetQueryPool(c->cb, c->queries, 0, c->max_queries);
     c->n_queries = 0;
+    c->n_dispatches = c->n_barriers = 0;
     c->role = NULL;
     c->label_depth = 0;
     c->label_path[0] = 0;
@@ -135,6 +136,7 @@ static void memory_barrier(vkd_cmd *c, VkPipelineStageFlags src, VkAccessFlags s
     VkMemoryBarrier mb = {.sType = VK_STRUCTURE_TYPE_MEMORY_BARRIER, .srcAccessMask = src_access,
                           .dstAccessMask = dst_access};
     vkCmdPipelineBarrier(c->cb, src, dst, 0, 1, &mb, 0, NULL, 0, NULL);
+    c->n_barriers++;
 }
 
 void vkd_barrier(vkd_cmd *c)

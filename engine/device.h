@@ -178,6 +178,7 @@ typedef struct vkd_cmd {
     VkFence fence;
     bool recording;
     bool pending;            /* submitted, not yet waited */
+    uint32_t n_dispatches, n_barriers; /* recorded since vkd_cmd_begin (what a step costs) */
     /* profiling (optional): timestamps around every dispatch */
     VkQueryPool queries;
     uint32_t n_queries, max_queries;

@@ -66,17 +66,28 @@ static vki_status create_scratch(vk_engine *e)
     const model_hparams *hp = &e->model.hp;
     VkDeviceSize T = e->p.max_tokens, R = e->max_out;
     VkDeviceSize qd = (VkDeviceSize)hp->n_head * hp->head_dim, kvd = (VkDeviceSize)hp->n_head_kv * hp->head_dim;
-    VkDeviceSize q_cols = hp->fused_qkv ? qd + 2 * kvd : qd, g_cols = hp->fused_gate_up ? 2ull * hp->d_ff : hp->d_ff;
+    /* the layers' layouts (vk_layer): q holds [T][q | k | v] where any layer has them in one
+     * matrix; k, v and u are needed where any layer has its own wk, wv, w_gate */
+    bool qkv_one = false, k_own = false, v_own = false, gu_one = false, u_own = false;
+    for (uint32_t il = 0; il < hp->n_layer; il++) {
+        const vk_layer *L = &e->model.layers[il];
+        qkv_one |= L->wqkv.n_parts > 0;
+        k_own |= L->wk.n_parts > 0;
+        v_own |= L->wv.n_parts > 0;
+        gu_one |= !hp->n_expert && !L->w_gate.n_parts;
+        u_own |= L->w_gate.n_parts > 0;
+    }
+    VkDeviceSize q_cols = qkv_one ? qd + 2 * kvd : qd, g_cols = gu_one ? 2ull * hp->d_ff : hp->d_ff;
     vk_scratch *s = &e->s;
     uint32_t slots = e->in.max_items; /* partial slots <= items */
     vki_status st;
     if ((st = make_buf(e, T * hp->d_model * 4, "act x", &s->x)) || (st = make_buf(e, T * hp->d_model * 4, "act h", &s->h)) ||
         (st = make_buf(e, T * q_cols * 4, "act q", &s->q)) ||
-        (st = make_buf(e, hp->fused_qkv ? 4 : T * kvd * 4, "act k", &s->k)) ||
-        (st = make_buf(e, hp->fused_qkv ? 4 : T * kvd * 4, "act v", &s->v)) ||
+        (st = make_buf(e, k_own ? T * kvd * 4 : 4, "act k", &s->k)) ||
+        (st = make_buf(e, v_own ? T * kvd * 4 : 4, "act v", &s->v)) ||
         (st = make_buf(e, T * qd * 4, "act attn", &s->att)) ||
         (st = make_buf(e, T * g_cols * 4, "act ffn gate", &s->g)) ||
-        (st = make_buf(e, hp->fused_gate_up ? 4 : T * hp->d_ff * 4, "act ffn up", &s->u)) ||
+        (st = make_buf(e, u_own ? T * hp->d_ff * 4 : 4, "act ffn up", &s->u)) ||
         (st = make_buf(e, R * hp->d_model * 4, "act lm rows", &s->xs)) ||
         (st = make_buf(e, R * vk_engine_logits_stride(e) * 4, "logits", &s->logits)) ||
         (st = make_buf(e, op_attn_scratch_bytes(&e->attn[0], slots), "attn partials", &s->attn_tmp)) ||
@@ -295,7 +306,7 @@ vki_status vk_engine_create(vkd_device *d, const gguf_file *f, const model_hpara
     e->max_out = e->p.max_seqs < e->p.max_tokens ? e->p.max_seqs : e->p.max_tokens;
     vki_status st = setup_attention(e, hp);
     if (st == VKI_OK)
-        st = vk_model_load(d, f, hp, t, e->max_ctx, e->p.progress, e->p.progress_user, &e->model);
+        st = vk_model_load(d, f, hp, t, e->max_ctx, !e->p.no_fusion, e->p.progress, e->p.progress_user, &e->model);
     if (st == VKI_OK)
         st = prepare_pipelines(e);
     if (st == VKI_OK && e->p.batch_invariant) {

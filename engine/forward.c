@@ -5,20 +5,24 @@
  *   for each layer:
  *     h = rmsnorm(x) * attn_norm
  *     q, k, v = h Wq (+bq), h Wk (+bk), h Wv (+bv)          [T][n_head*hd], [T][n_kv*hd] x2
- *               [phi3: one h Wqkv, sliced]
+ *               (one h Wqkv, sliced, where the matrices share a type: phi3's, or
+ *                concatenated at load; V apart when its type differs)
  *     [qwen3, gemma3: q, k = rmsnorm per head * q_norm, k_norm]
- *     q, k = rope(q, pos), rope(k, pos)                     (the layer kind's base and scale)
+ *     q, k = rope(q, pos), rope(k, pos)                     (the layer kind's base and scale;
+ *                                                            one dispatch where k follows q)
  *     K/V pages <- k, v                                     (each token at its position)
  *     att = attention(q, K/V pages of its sequence)         [T][n_head*hd]
  *           (the layer kind's window and sink; gemma2's soft-cap)
- *     o = att Wo  [gemma: o = rmsnorm(o) * post_attention_norm]
- *     x = x + o
+ *     x = x + att Wo                                        (added by the matmul)
+ *         [gemma: x = x + rmsnorm(att Wo) * post_attention_norm]
  *     h = rmsnorm(x) * ffn_norm
  *     o = (act(h Wgate) * (h Wup)) Wdown                    act: silu, gemma: tanh-GELU
- *         [phi3: gate | up from one h Wup]  [gemma: o = rmsnorm(o) * post_ffw_norm]
+ *         (gate | up from one h Wup where they share a type: phi3's, or concatenated at load)
+ *         [gemma: o = rmsnorm(o) * post_ffw_norm]
  *         [qwen3moe, Mixtral: o = sum over the token's top-k experts e of
  *          w_e (silu(h Wgate_e) * (h Wup_e)) Wdown_e  (engine/forward_moe.c)]
- *     x = x + o
+ *     x = x + o                                             (added by the down projection's
+ *                                                            matmul; MoE: by the combine)
  *   logits = (rmsnorm(x[rows that want a token]) * output_norm) Wout     [R][vocab]
  *            [gemma2: logits = 30 tanh(logits / 30)]
  *
@@ -41,11 +45,51 @@ static vkd_view in_view(const vk_engine *e, VkDeviceSize off, VkDeviceSize bytes
 
 /* Every matmul of the forward pass: batch-invariant engines use the matrix-vector kernel for
  * any number of rows (its per-row arithmetic does not depend on the other rows). */
+static vki_status mm_to(vk_engine *e, const vk_tensor *w, const vkd_view *bias, vkd_view x, uint32_t x_stride,
+                        vkd_view y, uint32_t y_stride, uint32_t M, bool accumulate)
+{
+    return op_matmul_ex(&e->cmd, w, bias, x, x_stride, y, y_stride, M,
+                        e->p.batch_invariant ? OP_MM_GEMV : OP_MM_AUTO, accumulate);
+}
+
 static vki_status mm(vk_engine *e, const vk_tensor *w, const vkd_view *bias, vkd_view x, uint32_t x_stride,
                      vkd_view y, uint32_t y_stride, uint32_t M)
 {
-    return op_matmul_path(&e->cmd, w, bias, x, x_stride, y, y_stride, M,
-                          e->p.batch_invariant ? OP_MM_GEMV : OP_MM_AUTO);
+    return mm_to(e, w, bias, x, x_stride, y, y_stride, M, false);
+}
+
+/* RMSNorm of rows in place (y = x) with a weight tensor. */
+static vki_status norm_rows(vk_engine *e, op_mat x, const vk_tensor *w, uint32_t rows, uint32_t cols)
+{
+    return op_rmsnorm(&e->cmd, x, vkd_whole(w->parts[0].buf), x, rows, cols, e->model.hp.rms_eps);
+}
+
+/* x = x + o: the block's output projection (o = in W^T, in: [T][in_stride]) added to the
+ * residual stream by the matmul itself, or, where a norm comes between (gemma's post-norms) or
+ * with no_fusion, through s->h, [the norm] and an add. Ends with a barrier. */
+static vki_status project_residual(vk_engine *e, const vk_tensor *w, vkd_view in, uint32_t in_stride, uint32_t T,
+                                   const vk_tensor *post_norm, const char *post_role, const char *add_role)
+{
+    const model_hparams *hp = &e->model.hp;
+    vk_scratch *s = &e->s;
+    vkd_cmd *c = &e->cmd;
+    uint32_t d = hp->d_model;
+    if (!hp->post_norms && !e->p.no_fusion) {
+        TRY(mm_to(e, w, NULL, in, in_stride, vkd_whole(s->x), d, T, true));
+        vkd_barrier(c);
+        return VKI_OK;
+    }
+    TRY(mm(e, w, NULL, in, in_stride, vkd_whole(s->h), d, T));
+    vkd_barrier(c);
+    if (hp->post_norms) {
+        vkd_role(c, post_role);
+        TRY(norm_rows(e, op_mat_rows(s->h, d), post_norm, T, d));
+        vkd_barrier(c);
+    }
+    vkd_role(c, add_role);
+    TRY(op_add(c, vkd_whole(s->x), vkd_whole(s->h), vkd_whole(s->x), T * d));
+    vkd_barrier(c);
+    return VKI_OK;
 }
 
 static const vkd_view *bias_view(const vk_tensor *b, vkd_view *tmp)
@@ -56,32 +100,32 @@ static const vkd_view *bias_view(const vk_tensor *b, vkd_view *tmp)
     return tmp;
 }
 
-/* RMSNorm of rows in place (y = x) with a weight tensor. */
-static vki_status norm_rows(vk_engine *e, op_mat x, const vk_tensor *w, uint32_t rows, uint32_t cols)
-{
-    return op_rmsnorm(&e->cmd, x, vkd_whole(w->parts[0].buf), x, rows, cols, e->model.hp.rms_eps);
-}
-
-/* q, k, v projections into the scratch; *q, *k, *v are where each landed (phi3's fused output
- * is one [T][q | k | v] matrix, sliced by offsets). */
+/* q, k, v projections into the scratch; *q, *k, *v are where each landed. A layer whose Q|K(|V)
+ * are one matrix (phi3's attn_qkv, or concatenated at load) writes one [T][q | k (| v)] matrix,
+ * sliced by offsets; v comes from its own matrix where its type differed. */
 static vki_status project_qkv(vk_engine *e, const vk_layer *L, uint32_t T, op_mat *q, op_mat *k, op_mat *v)
 {
     const model_hparams *hp = &e->model.hp;
     vk_scratch *s = &e->s;
     uint32_t d = hp->d_model, qd = hp->n_head * hp->head_dim, kvd = hp->n_head_kv * hp->head_dim;
     vkd_view b;
-    if (hp->fused_qkv) {
-        uint32_t w = qd + 2 * kvd;
+    if (L->wqkv.n_parts) {
+        uint32_t w = (uint32_t)L->wqkv.n_rows;
         *q = (op_mat){vkd_whole(s->q), 0, w}, *k = (op_mat){vkd_whole(s->q), qd, w};
-        *v = (op_mat){vkd_whole(s->q), qd + kvd, w};
-        vkd_role(&e->cmd, "attn_qkv");
-        return mm(e, &L->wqkv, NULL, vkd_whole(s->h), d, vkd_whole(s->q), w, T);
+        vkd_role(&e->cmd, w > qd + kvd ? "attn_qkv" : "attn_qk");
+        TRY(mm(e, &L->wqkv, bias_view(&L->bq, &b), vkd_whole(s->h), d, vkd_whole(s->q), w, T));
+        if (w > qd + kvd) {
+            *v = (op_mat){vkd_whole(s->q), qd + kvd, w};
+            return VKI_OK;
+        }
+    } else {
+        *q = op_mat_rows(s->q, qd), *k = op_mat_rows(s->k, kvd);
+        vkd_role(&e->cmd, "attn_q");
+        TRY(mm(e, &L->wq, bias_view(&L->bq, &b), vkd_whole(s->h), d, vkd_whole(s->q), qd, T));
+        vkd_role(&e->cmd, "attn_k");
+        TRY(mm(e, &L->wk, bias_view(&L->bk, &b), vkd_whole(s->h), d, vkd_whole(s->k), kvd, T));
     }
-    *q = op_mat_rows(s->q, qd), *k = op_mat_rows(s->k, kvd), *v = op_mat_rows(s->v, kvd);
-    vkd_role(&e->cmd, "attn_q");
-    TRY(mm(e, &L->wq, bias_view(&L->bq, &b), vkd_whole(s->h), d, vkd_whole(s->q), qd, T));
-    vkd_role(&e->cmd, "attn_k");
-    TRY(mm(e, &L->wk, bias_view(&L->bk, &b), vkd_whole(s->h), d, vkd_whole(s->k), kvd, T));
+    *v = op_mat_rows(s->v, kvd);
     vkd_role(&e->cmd, "attn_v");
     return mm(e, &L->wv, bias_view(&L->bv, &b), vkd_whole(s->h), d, vkd_whole(s->v), kvd, T);
 }
@@ -111,10 +155,16 @@ static vki_status record_attention_block(vk_engine *e, uint32_t il, uint32_t T, 
     op_rope_p rk = rq;
     rk.n_heads = hp->n_head_kv;
     vkd_view freqs = vkd_whole(s->rope_freqs[kind]);
-    vkd_role(c, "attn_rope_q");
-    TRY(op_rope(c, &rq, q, q, ast[kind].tok_pos, freqs));
-    vkd_role(c, "attn_rope_k");
-    TRY(op_rope(c, &rk, k, k, ast[kind].tok_pos, freqs));
+    if (!e->p.no_fusion && k.v.buf == q.v.buf && k.off == q.off + hp->n_head * hp->head_dim && k.stride == q.stride) {
+        rq.n_heads += hp->n_head_kv; /* [q heads | k heads] in each row: one rotation */
+        vkd_role(c, "attn_rope_qk");
+        TRY(op_rope(c, &rq, q, q, ast[kind].tok_pos, freqs));
+    } else {
+        vkd_role(c, "attn_rope_q");
+        TRY(op_rope(c, &rq, q, q, ast[kind].tok_pos, freqs));
+        vkd_role(c, "attn_rope_k");
+        TRY(op_rope(c, &rk, k, k, ast[kind].tok_pos, freqs));
+    }
     vkd_barrier(c);
     vkd_role(c, "attn_kv_write");
     TRY(op_kv_write(c, &e->attn[kind], &ast[kind], k, v, vkd_whole(e->k_pool[il]), vkd_whole(e->v_pool[il])));
@@ -124,17 +174,8 @@ static vki_status record_attention_block(vk_engine *e, uint32_t il, uint32_t T, 
                      vkd_whole(e->v_pool[il]), vkd_whole(s->attn_tmp)));
     vkd_barrier(c);
     vkd_role(c, "attn_o");
-    TRY(mm(e, &L->wo, NULL, vkd_whole(s->att), qd, vkd_whole(s->h), d, T));
-    vkd_barrier(c);
-    if (hp->post_norms) {
-        vkd_role(c, "attn_post_norm");
-        TRY(norm_rows(e, op_mat_rows(s->h, d), &L->post_attn_norm, T, d));
-        vkd_barrier(c);
-    }
-    vkd_role(c, "attn_residual");
-    TRY(op_add(c, vkd_whole(s->x), vkd_whole(s->h), vkd_whole(s->x), T * d));
-    vkd_barrier(c);
-    return VKI_OK;
+    return project_residual(e, &L->wo, vkd_whole(s->att), qd, T, &L->post_attn_norm, "attn_post_norm",
+                            "attn_residual");
 }
 
 static vki_status record_ffn_block(vk_engine *e, uint32_t il, uint32_t T)
@@ -143,37 +184,28 @@ static vki_status record_ffn_block(vk_engine *e, uint32_t il, uint32_t T)
     const vk_layer *L = &e->model.layers[il];
     vk_scratch *s = &e->s;
     vkd_cmd *c = &e->cmd;
-    uint32_t d = hp->d_model, ff = hp->d_ff, gs = hp->fused_gate_up ? 2 * ff : ff;
-    op_mat g = {vkd_whole(s->g), 0, gs}, u = hp->fused_gate_up ? (op_mat){vkd_whole(s->g), ff, gs} : op_mat_rows(s->u, ff);
+    bool one = !L->w_gate.n_parts; /* gate | up in w_up (phi3's, or concatenated at load) */
+    uint32_t d = hp->d_model, ff = hp->d_ff, gs = one ? 2 * ff : ff;
+    op_mat g = {vkd_whole(s->g), 0, gs}, u = one ? (op_mat){vkd_whole(s->g), ff, gs} : op_mat_rows(s->u, ff);
     vkd_role(c, "ffn_norm");
     TRY(op_rmsnorm(c, op_mat_rows(s->x, d), vkd_whole(L->ffn_norm.parts[0].buf), op_mat_rows(s->h, d), T, d,
                    hp->rms_eps));
     vkd_barrier(c);
     if (hp->n_expert) /* qwen3moe, Mixtral: engine/forward_moe.c */
         return vk_forward_moe(e, il, T);
-    if (!hp->fused_gate_up) {
+    if (!one) {
         vkd_role(c, "ffn_gate");
         TRY(mm(e, &L->w_gate, NULL, vkd_whole(s->h), d, vkd_whole(s->g), ff, T));
     }
-    vkd_role(c, hp->fused_gate_up ? "ffn_gate_up" : "ffn_up");
-    TRY(mm(e, &L->w_up, NULL, vkd_whole(s->h), d, hp->fused_gate_up ? vkd_whole(s->g) : vkd_whole(s->u),
-           hp->fused_gate_up ? gs : ff, T));
+    vkd_role(c, one ? "ffn_gate_up" : "ffn_up");
+    TRY(mm(e, &L->w_up, NULL, vkd_whole(s->h), d, one ? vkd_whole(s->g) : vkd_whole(s->u), one ? gs : ff, T));
     vkd_barrier(c);
     vkd_role(c, "ffn_act");
     TRY(op_glu(c, hp->ffn_gelu ? VKI_GLU_GELU_TANH : VKI_GLU_SILU, g, u, g, T, ff));
     vkd_barrier(c);
     vkd_role(c, "ffn_down");
-    TRY(mm(e, &L->w_down, NULL, vkd_whole(s->g), gs, vkd_whole(s->h), d, T));
-    vkd_barrier(c);
-    if (hp->post_norms) {
-        vkd_role(c, "ffn_post_norm");
-        TRY(norm_rows(e, op_mat_rows(s->h, d), &L->post_ffn_norm, T, d));
-        vkd_barrier(c);
-    }
-    vkd_role(c, "ffn_residual");
-    TRY(op_add(c, vkd_whole(s->x), vkd_whole(s->h), vkd_whole(s->x), T * d));
-    vkd_barrier(c);
-    return VKI_OK;
+    return project_residual(e, &L->w_down, vkd_whole(s->g), gs, T, &L->post_ffn_norm, "ffn_post_norm",
+                            "ffn_residual");
 }
 
 /* LM head on the rows listed at in->off_rows: gather, norm, project [, soft-cap]. */

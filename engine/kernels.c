@@ -324,6 +324,7 @@ vki_status vkk_dispatch(vkd_cmd *c, vkk_id k, const uint32_t *spec, const vkd_vi
     if (push_size)
         vkCmdPushConstants(c->cb, ks->layout, VK_SHADER_STAGE_COMPUTE_BIT, 0, push_size, push);
     vkCmdDispatch(c->cb, gx, gy, gz);
+    c->n_dispatches++;
     if (timed)
         vkCmdWriteTimestamp(c->cb, VK_PIPELINE_STAGE_BOTTOM_OF_PIPE_BIT, c->queries, c->n_queries++);
     vkd_label_end(c);

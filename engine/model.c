@@ -69,6 +69,104 @@ static vki_status upload(vkd_device *d, const gguf_tensor *g, vk_tensor *t, prog
     return st;
 }
 
+/* Concatenation at load: matrices one matmul can read as one (the same type and row length)
+ * are uploaded as one tensor, rows of src[0] first. Q|K(|V) and gate|up are each one dispatch
+ * over a wider N, so the small K and V projections no longer run as grids of their own. Their
+ * biases (f32 vectors) are concatenated alike. */
+static bool same_layout(const gguf_tensor *a, const gguf_tensor *b)
+{
+    return a && b && a->type == b->type && a->n_dims == b->n_dims && a->ne[0] == b->ne[0] &&
+           (a->n_dims == 1 || (a->n_dims == 2 && a->ne[2] == 1 && b->ne[2] == 1));
+}
+
+static vki_status upload_concat(vkd_device *d, const gguf_tensor *const *src, uint32_t n, vk_tensor *t, progress *p)
+{
+    bool vec = src[0]->n_dims == 1; /* biases: ne0 grows, one row */
+    uint64_t rows = 0;
+    char name[96] = "";
+    for (uint32_t i = 0; i < n; i++) {
+        rows += vec ? src[i]->ne[0] : src[i]->ne[1];
+        size_t len = strlen(name);
+        snprintf(name + len, sizeof name - len, "%s%.*s", i ? "|" : "", (int)(src[i]->name.len < 40 ? src[i]->name.len : 40),
+                 src[i]->name.ptr);
+    }
+    vki_status st = vec ? vk_tensor_create(d, src[0]->type, rows, 1, 0, name, t)
+                        : vk_tensor_create(d, src[0]->type, src[0]->ne[0], rows, 0, name, t);
+    if (st == VKI_OK && vec) { /* one row: gather it on the host */
+        char *buf = malloc(t->row_bytes);
+        uint64_t off = 0;
+        if (!buf)
+            st = VKI_ERR_OUT_OF_HOST_MEMORY;
+        for (uint32_t i = 0; st == VKI_OK && i < n; i++) {
+            memcpy(buf + off, src[i]->data, src[i]->nbytes);
+            off += src[i]->nbytes;
+        }
+        if (st == VKI_OK)
+            st = vk_tensor_upload(d, t, buf);
+        free(buf);
+    }
+    for (uint64_t i = 0, row0 = 0; st == VKI_OK && !vec && i < n; row0 += src[i]->ne[1], i++)
+        st = vk_tensor_upload_rows(d, t, row0, src[i]->ne[1], src[i]->data);
+    if (st != VKI_OK) {
+        vkd_log(d, VKI_LOG_ERROR, "loading tensor %s failed: %s", name, vki_status_str(st));
+        vk_tensor_destroy(d, t);
+        return st;
+    }
+    for (uint32_t i = 0; st == VKI_OK && i < n; i++)
+        st = progress_step(p, src[i]->nbytes);
+    return st;
+}
+
+/* How many of q, k, v go into one matmul: 3, 2 (V has another type: llama-quantize's Q4_K_M
+ * gives some layers' attn_v Q6_K) or 0. Biases must be all there (f32) or all absent. Layers
+ * with per-head q/k norms keep q and k apart (the norm runs on rows of head_dim). */
+static uint32_t qkv_concat(const model_hparams *hp, const model_layer_tensors *L)
+{
+    if (hp->fused_qkv || hp->qk_norm || !same_layout(L->wq, L->wk))
+        return 0;
+    uint32_t n = same_layout(L->wq, L->wv) ? 3 : 2;
+    const gguf_tensor *b[3] = {L->bq, L->bk, L->bv};
+    bool any = false, all = true;
+    for (uint32_t i = 0; i < n; i++) {
+        any |= b[i] != NULL;
+        all &= b[i] != NULL && b[i]->type == VKI_GGML_F32 && b[i]->n_dims == 1;
+    }
+    return !any || all ? n : 0;
+}
+
+/* Uploads a layer's tensors; with concat, Q|K(|V) into wqkv (their biases into bq) and gate|up
+ * into w_up (gate rows first: phi3's layout), the pieces left empty. */
+static vki_status upload_layer(vkd_device *d, const model_hparams *hp, const model_layer_tensors *L, bool concat,
+                               vk_layer *V, progress *p)
+{
+    const gguf_tensor *src[LAYER_TENSORS];
+    vk_tensor *dst[LAYER_TENSORS];
+    gguf_layer_list(L, src);
+    vk_layer_list(V, dst);
+    vki_status st = VKI_OK;
+    uint32_t nq = concat ? qkv_concat(hp, L) : 0;
+    if (nq) {
+        const gguf_tensor *w[3] = {L->wq, L->wk, L->wv}, *b[3] = {L->bq, L->bk, L->bv};
+        st = upload_concat(d, w, nq, &V->wqkv, p);
+        if (st == VKI_OK && L->bq)
+            st = upload_concat(d, b, nq, &V->bq, p);
+        for (size_t i = 0; i < LAYER_TENSORS; i++) /* uploaded above */
+            for (uint32_t j = 0; j < nq; j++)
+                if (src[i] == w[j] || src[i] == b[j])
+                    src[i] = NULL;
+    }
+    if (st == VKI_OK && concat && !hp->fused_gate_up && !hp->n_expert && same_layout(L->w_gate, L->w_up)) {
+        const gguf_tensor *gu[2] = {L->w_gate, L->w_up};
+        st = upload_concat(d, gu, 2, &V->w_up, p);
+        for (size_t i = 0; i < LAYER_TENSORS; i++)
+            if (src[i] == L->w_gate || src[i] == L->w_up)
+                src[i] = NULL;
+    }
+    for (size_t i = 0; st == VKI_OK && i < LAYER_TENSORS; i++)
+        st = upload(d, src[i], dst[i], p);
+    return st;
+}
+
 static uint64_t total_bytes(const model_hparams *hp, const model_tensors *t, const gguf_tensor *factors)
 {
     uint64_t n = t->tok_embd->nbytes + t->output_norm->nbytes + (hp->tied_embeddings ? 0 : t->output->nbytes) +
@@ -83,7 +181,7 @@ static uint64_t total_bytes(const model_hparams *hp, const model_tensors *t, con
 }
 
 vki_status vk_model_load(vkd_device *d, const gguf_file *f, const model_hparams *hp, const model_tensors *t,
-                         uint32_t n_ctx, vki_progress_fn progress_fn, void *progress_user, vk_model *m)
+                         uint32_t n_ctx, bool concat, vki_progress_fn progress_fn, void *progress_user, vk_model *m)
 {
     (void)f;
     memset(m, 0, sizeof *m);
@@ -100,14 +198,8 @@ vki_status vk_model_load(vkd_device *d, const gguf_file *f, const model_hparams 
         st = upload(d, t->output, &m->output, &p);
     if (st == VKI_OK)
         st = upload(d, factors, &m->rope_freqs, &p);
-    for (uint32_t il = 0; st == VKI_OK && il < hp->n_layer; il++) {
-        const gguf_tensor *src[LAYER_TENSORS];
-        vk_tensor *dst[LAYER_TENSORS];
-        gguf_layer_list(&t->layers[il], src);
-        vk_layer_list(&m->layers[il], dst);
-        for (size_t i = 0; st == VKI_OK && i < LAYER_TENSORS; i++)
-            st = upload(d, src[i], dst[i], &p);
-    }
+    for (uint32_t il = 0; st == VKI_OK && il < hp->n_layer; il++)
+        st = upload_layer(d, hp, &t->layers[il], concat, &m->layers[il], &p);
     if (st != VKI_OK) {
         vk_model_free(d, m);
         return st;

@@ -9,15 +9,18 @@
 typedef struct vk_layer {
     vk_tensor attn_norm;          /* f32 [1][d] */
     vk_tensor wq, wk, wv;         /* [q_dim][d], [kv_dim][d], [kv_dim][d] rows = outputs; n_parts == 0
-                                     when fused into wqkv */
-    vk_tensor wqkv;               /* phi3: [q_dim + 2 kv_dim][d] (q | k | v) or n_parts == 0 */
-    vk_tensor bq, bk, bv;         /* f32 [1][q_dim|kv_dim]; n_parts == 0 when absent */
+                                     when in wqkv */
+    vk_tensor wqkv;               /* [q_dim + 2 kv_dim][d] (q | k | v: phi3's, or concatenated at
+                                     load), [q_dim + kv_dim][d] (q | k; v in wv) or n_parts == 0 */
+    vk_tensor bq, bk, bv;         /* f32 [1][q_dim|kv_dim]; n_parts == 0 when absent; with wqkv
+                                     concatenated at load, bq holds the biases of its rows */
     vk_tensor q_norm, k_norm;     /* f32 [1][hd] per-head RMSNorm weights (qwen3, gemma3) or absent */
     vk_tensor wo;                 /* [d][q_dim] */
     vk_tensor post_attn_norm;     /* f32 [1][d] (gemma) or absent */
     vk_tensor ffn_norm;           /* f32 [1][d] */
-    vk_tensor w_gate;             /* [d_ff][d]; absent when fused into w_up */
-    vk_tensor w_up;               /* [d_ff][d] (phi3 fused: [2 d_ff][d], gate rows first) */
+    vk_tensor w_gate;             /* [d_ff][d]; absent when in w_up */
+    vk_tensor w_up;               /* [d_ff][d], or [2 d_ff][d] gate rows first (phi3's, or
+                                     concatenated at load) */
     vk_tensor w_down;             /* [d][d_ff] */
     vk_tensor post_ffn_norm;      /* f32 [1][d] (gemma) or absent */
     /* mixture of experts (hp.n_expert > 0; then w_gate, w_up, w_down are absent): */
@@ -41,9 +44,10 @@ typedef struct vk_model {
 
 /* Uploads the weights named by `t` (found in f) for an engine whose longest sequence is n_ctx
  * (it picks phi3's long or short RoPE factors), reporting to progress (may be NULL; returning
- * false cancels: VKI_ERR_CANCELLED, nothing left allocated). */
+ * false cancels: VKI_ERR_CANCELLED, nothing left allocated). concat: Q|K(|V) and gate|up of
+ * one type become one tensor each (wqkv, w_up; see vk_layer). */
 vki_status vk_model_load(vkd_device *d, const gguf_file *f, const model_hparams *hp, const model_tensors *t,
-                         uint32_t n_ctx, vki_progress_fn progress, void *progress_user, vk_model *m);
+                         uint32_t n_ctx, bool concat, vki_progress_fn progress, void *progress_user, vk_model *m);
 void vk_model_free(vkd_device *d, vk_model *m);
 /* The LM head (output or, when tied, token_embd). */
 const vk_tensor *vk_model_lm_head(const vk_model *m);

@@ -74,9 +74,21 @@ void vk_tensor_destroy(vkd_device *d, vk_tensor *t)
 
 vki_status vk_tensor_upload(vkd_device *d, vk_tensor *t, const void *data)
 {
+    return vk_tensor_upload_rows(d, t, 0, t->n_rows, data);
+}
+
+vki_status vk_tensor_upload_rows(vkd_device *d, vk_tensor *t, uint64_t row0, uint64_t n_rows, const void *data)
+{
+    if (row0 > t->n_rows || n_rows > t->n_rows - row0)
+        return VKI_ERR_INVALID_ARG;
     for (uint32_t i = 0; i < t->n_parts; i++) {
         const vk_tensor_part *p = &t->parts[i];
-        vki_status st = vkd_upload(d, p->buf, 0, (const char *)data + p->row0 * t->row_bytes, p->n_rows * t->row_bytes);
+        uint64_t a = row0 > p->row0 ? row0 : p->row0, b = row0 + n_rows < p->row0 + p->n_rows ? row0 + n_rows
+                                                                                              : p->row0 + p->n_rows;
+        if (a >= b)
+            continue;
+        vki_status st = vkd_upload(d, p->buf, (a - p->row0) * t->row_bytes,
+                                   (const char *)data + (a - row0) * t->row_bytes, (b - a) * t->row_bytes);
         if (st != VKI_OK)
             return st;
     }

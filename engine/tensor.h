@@ -40,6 +40,9 @@ vki_status vk_tensor_create_grouped(vkd_device *d, uint32_t type, uint64_t ne0, 
 void vk_tensor_destroy(vkd_device *d, vk_tensor *t);
 /* Uploads n_rows * row_bytes bytes of row-major data (the GGUF layout) through the staging ring. */
 vki_status vk_tensor_upload(vkd_device *d, vk_tensor *t, const void *data);
+/* Rows [row0, row0 + n_rows) from data (n_rows * row_bytes bytes), across the parts they fall
+ * in: how concatenated tensors (Q|K|V, gate|up) are filled from their GGUF pieces. */
+vki_status vk_tensor_upload_rows(vkd_device *d, vk_tensor *t, uint64_t row0, uint64_t n_rows, const void *data);
 /* Device bytes held. */
 uint64_t vk_tensor_bytes(const vk_tensor *t);
 

@@ -888,6 +888,12 @@ typedef struct vki_engine_params {
      * "step N / layer L / role / kernel". vkinfer never loads RenderDoc itself: without it this
      * does nothing (logged at INFO). capture_first < 0: off. Default -1, -1 */
     int64_t capture_first, capture_last;
+    /* Runs the forward pass op by op, as the model is written: no Q|K|V or gate|up matrices
+     * concatenated at load, no residual add folded into the matmul before it. The results are
+     * the same bit for bit (the fusions round exactly as the separate ops); only dispatches,
+     * barriers and memory traffic differ. For measuring what the fusions give (bench-model
+     * --no-fusion). false */
+    bool no_fusion;
 } vki_engine_params;
 
 VKI_API vki_engine_params vki_engine_default_params(void);

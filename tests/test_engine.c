@@ -60,8 +60,8 @@ static vk_engine_params test_params(uint32_t kv_type, uint32_t max_tokens)
     return p;
 }
 
-/* Engine (on the harness's validated device) and CPU reference for the model at path. */
-static void fixture_open_p(vt_gpu *g, const char *path, const vk_engine_params *p, fixture *fx)
+/* Engine only (on the harness's validated device), no reference. */
+static void fixture_open_engine(vt_gpu *g, const char *path, const vk_engine_params *p, fixture *fx)
 {
     memset(fx, 0, sizeof *fx);
     fx->g = g;
@@ -72,12 +72,18 @@ static void fixture_open_p(vt_gpu *g, const char *path, const vk_engine_params *
     vki_status st = vk_engine_create(g->dev, fx->f, &fx->hp, &fx->t, p, &fx->e);
     if (st != VKI_OK)
         fail_msg("vk_engine_create(%s): %s", path, vki_status_str(st));
+    fx->n_vocab = fx->hp.n_vocab;
+}
+
+/* Engine (on the harness's validated device) and CPU reference for the model at path. */
+static void fixture_open_p(vt_gpu *g, const char *path, const vk_engine_params *p, fixture *fx)
+{
+    fixture_open_engine(g, path, p, fx);
+    char err[256] = "";
     ref_model_opts ro = {.kv_type = p->kv_type, .n_ctx = p->max_ctx, .max_window = p->max_window,
                          .page_size = p->page_size};
-    st = ref_model_load(path, &ro, &fx->ref, err, sizeof err);
-    if (st != VKI_OK)
+    if (ref_model_load(path, &ro, &fx->ref, err, sizeof err) != VKI_OK)
         fail_msg("ref_model_load: %s", err);
-    fx->n_vocab = fx->hp.n_vocab;
 }
 
 static void fixture_open_ex(vt_gpu *g, const char *path, uint32_t kv_type, uint32_t max_tokens, bool invariant,
@@ -443,6 +449,82 @@ static void test_archs_vs_reference(void **state)
     vt_assert_clean(g);
 }
 
+/* ---- fusions ------------------------------------------------------------------------------------ */
+
+/* The fused forward pass (Q|K(|V) and gate|up concatenated at load, the residual added by the
+ * matmul, one rotation of q and k) gives the op-by-op pass's logits bit for bit, with fewer
+ * dispatches and barriers (gemma: as many barriers; its post-norms sit between matmul and
+ * residual): prefill in chunks of 7 (GEMV and GEMM rows) and decode steps. */
+static void fusion_case(vt_gpu *g, const char *path, uint32_t kv_type, const char *label)
+{
+    fixture fx[2];
+    double n_disp[2] = {0}, n_bar[2] = {0};
+    for (int f = 0; f < 2; f++) {
+        vk_engine_params p = test_params(kv_type, 64);
+        p.no_fusion = f == 1;
+        fixture_open_engine(g, path, &p, &fx[f]);
+    }
+    const uint32_t V = fx[0].n_vocab, np = 23, nd = 4;
+    int32_t prompt[23];
+    vt_rng r = vt_rng_seeded(label);
+    random_prompt(&r, prompt, np, V < 300 ? V : 300);
+    tseq s[2];
+    float *lg[2] = {malloc(V * sizeof(float)), malloc(V * sizeof(float))};
+    for (int f = 0; f < 2; f++)
+        tseq_init(&s[f], 2, prompt, np, np + nd + 2);
+    for (uint32_t it = 0; s[0].done < np + nd; it++) {
+        for (int f = 0; f < 2; f++) {
+            tseq *ps = &s[f];
+            uint32_t n_new = s[f].done < np ? (np - s[f].done < 7 ? np - s[f].done : 7) : 1;
+            float *out[1] = {lg[f]};
+            step(&fx[f], &ps, &n_new, 1, out);
+            n_disp[f] += fx[f].e->cmd.n_dispatches;
+            n_bar[f] += fx[f].e->cmd.n_barriers;
+        }
+        assert_int_equal(s[0].n, s[1].n);
+        if (s[0].done >= np && memcmp(lg[0], lg[1], V * sizeof(float)))
+            fail_msg("%s: step %u: fused logits differ from op-by-op (NMSE %.3g)", label, it, vt_nmse(lg[0], lg[1], V));
+        assert_memory_equal(s[0].tok, s[1].tok, s[0].n * sizeof(int32_t));
+    }
+    if (!(n_disp[0] < n_disp[1] && n_bar[0] <= n_bar[1])) /* gemma's post-norms keep their barriers */
+        fail_msg("%s: fused %.0f dispatches / %.0f barriers, op by op %.0f / %.0f", label, n_disp[0], n_bar[0],
+                 n_disp[1], n_bar[1]);
+    fprintf(stderr, "  %-30s bitwise equal; dispatches %.0f -> %.0f, barriers %.0f -> %.0f\n", label, n_disp[1],
+            n_disp[0], n_bar[1], n_bar[0]);
+    for (int f = 0; f < 2; f++) {
+        free(s[f].tok);
+        free(lg[f]);
+        fixture_close(&fx[f]);
+    }
+}
+
+static void test_fusion_bitwise(void **state)
+{
+    vt_gpu *g = vt_gpu_get(state);
+    char path[512];
+    if (vt_shared_model("stories260K.gguf", path, sizeof path))
+        fusion_case(g, path, VKI_GGML_F16, "stories260K (f32: q|k|v)");
+    /* Q4_K_M over 4 layers: attn_v is Q6_K in layers 2 and 3 (llama-quantize's more bits), so
+     * those layers concatenate only q|k */
+    synth_params p = synth_default_params();
+    p.n_layer = 4, p.d_model = 256, p.n_head = 4, p.n_head_kv = 2, p.head_dim = 64, p.d_ff = 512;
+    p.n_vocab = 512, p.wtype = SYNTH_Q4_K_M, p.seed = 7;
+    write_synth("fusion q4km", &p, path, sizeof path);
+    fusion_case(g, path, VKI_GGML_F32, "llama q4_k_m (q|k, v apart)");
+    unlink(path);
+    const shape_case *qw = &SHAPES[4]; /* qwen2: q, k, v biases */
+    write_model(qw, path, sizeof path);
+    fusion_case(g, path, VKI_GGML_F32, "qwen2 q4_k + biases");
+    unlink(path);
+    static const size_t archs[] = {0, 1, 3}; /* qwen3 (q/k norms: apart), gemma2 (post-norms), phi3 */
+    for (size_t i = 0; i < sizeof archs / sizeof archs[0]; i++) {
+        write_arch_model(&ARCH_CASES[archs[i]], path, sizeof path);
+        fusion_case(g, path, VKI_GGML_F32, ARCH_CASES[archs[i]].label);
+        unlink(path);
+    }
+    vt_assert_clean(g);
+}
+
 /* Whole-prompt prefill and chunked prefill give the same logits (and the same next token). */
 static void test_chunked_prefill_equals_whole(void **state)
 {
@@ -634,9 +716,9 @@ static void check_trace(const char *buf)
     if (!arr)
         fail_msg("trace is not JSON: %.200s", buf);
     int n = cJSON_GetArraySize(arr), tracks = 0, layer0 = 0, attn = 0, dispatches = 0;
-    bool tids[16] = {0}, roles[7] = {0};
-    static const char *const layer0_roles[7] = {"layer 0 / attn_q / ", "layer 0 / attn_k / ", "layer 0 / attn_v / ",
-                                                "layer 0 / attn_o / ", "layer 0 / ffn_gate / ", "layer 0 / ffn_up / ",
+    bool tids[16] = {0}, roles[5] = {0}; /* stories260K's q|k|v and gate|up are one matrix each */
+    static const char *const layer0_roles[5] = {"layer 0 / attn_qkv / ", "layer 0 / attn_rope_qk / ",
+                                                "layer 0 / attn_o / ", "layer 0 / ffn_gate_up / ",
                                                 "layer 0 / ffn_down / "};
     for (int i = 0; i < n; i++) {
         cJSON *ev = cJSON_GetArrayItem(arr, i);
@@ -659,13 +741,13 @@ static void check_trace(const char *buf)
         dispatches++;
         layer0 += !strncmp(name, "layer 0 / ", 10);
         attn += strstr(name, " / attn / attn_") != NULL;
-        for (int r = 0; r < 7; r++)
+        for (int r = 0; r < 5; r++)
             roles[r] |= !strncmp(name, layer0_roles[r], strlen(layer0_roles[r]));
     }
     assert_int_equal(tracks, 6); /* other, embed, attention, ffn, lm head, sample */
     assert_true(dispatches > 2 * 5 * 10); /* two steps of 5 layers, over 10 dispatches each */
     assert_true(layer0 > 5 && attn >= 2 * 5);
-    for (int r = 0; r < 7; r++)
+    for (int r = 0; r < 5; r++)
         if (!roles[r])
             fail_msg("no event named %s...", layer0_roles[r]);
     int used = 0;
@@ -1267,6 +1349,7 @@ int main(void)
         cmocka_unit_test(test_stories_logits_vs_reference),
         cmocka_unit_test(test_synthetic_shapes_vs_reference),
         cmocka_unit_test(test_archs_vs_reference),
+        cmocka_unit_test(test_fusion_bitwise),
         cmocka_unit_test(test_chunked_prefill_equals_whole),
         cmocka_unit_test(test_ragged_batch),
         cmocka_unit_test(test_long_context),

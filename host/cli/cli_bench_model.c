@@ -69,6 +69,7 @@ typedef struct bm_run {
     double sec;                /* wall time of the run's steps */
     double host_ms;            /* host time on the steps' critical path, summed */
     double bytes, flops;       /* read by / computed in the run's steps */
+    double dispatches, barriers; /* recorded in the run's steps, summed */
     uint32_t steps;
 } bm_run;
 
@@ -376,6 +377,8 @@ static vki_status step(bm_state *s, uint32_t n_seqs, uint32_t n_tokens, bm_run *
     }
     if (run) {
         run->host_ms += s->e->last_step_ms - s->e->last_wait_ms;
+        run->dispatches += s->e->cmd.n_dispatches;
+        run->barriers += s->e->cmd.n_barriers;
         run->steps++;
     }
     return VKI_OK;
@@ -529,6 +532,9 @@ static void report_row(const bm_report *r, bool pp, uint32_t B, const bm_run *ru
     cJSON_AddNumberToObject(j, "tokens_per_s", tps);
     cJSON_AddNumberToObject(j, "ms_per_step", run->sec * 1e3 / run->steps);
     cJSON_AddNumberToObject(j, "host_us_per_step", host_us);
+    cJSON_AddNumberToObject(j, "dispatches_per_step", run->dispatches / run->steps);
+    cJSON_AddNumberToObject(j, "barriers_per_step", run->barriers / run->steps);
+    cJSON_AddBoolToObject(j, "fusion", !r->o->eo.p.no_fusion);
     if (pp) {
         cJSON_AddNullToObject(j, "bytes_per_token");
         cJSON_AddNullToObject(j, "bw_fraction");

@@ -113,6 +113,10 @@ int cli_engine_opt(int argc, char **argv, int *i, cli_engine_opts *o)
         o->p.batch_invariant = true;
         return 1;
     }
+    if (!strcmp(a, "--no-fusion")) {
+        o->p.no_fusion = true;
+        return 1;
+    }
     if (!strcmp(a, "--no-progress")) {
         o->progress = false;
         return 1;
@@ -198,6 +202,8 @@ void cli_engine_opts_help(FILE *f)
             "                          page (StreamingLLM): bounded KV for long generations\n"
             "  --batch-invariant       a request's tokens do not depend on the rest of the batch\n"
             "                          (bitwise; slower prefill)\n"
+            "  --no-fusion             op by op: no Q|K|V or gate|up concatenated at load, no residual\n"
+            "                          add in the matmul (same results; to measure the fusions)\n"
             "  --device-memory MIB     device memory this engine may use in all (weights, KV, scratch)\n"
             "  --profile FILE          GPU time of every dispatch as a Chrome trace (chrome://tracing),\n"
             "                          and a table of the top ops by GPU time at the end\n"

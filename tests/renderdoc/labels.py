@@ -5,14 +5,15 @@ usage: labels.py CAPTURE.rdc FIRST_STEP LAST_STEP
 Reads the capture's structured data (no replay, so no GPU is needed to check it), rebuilds the
 label path of every vkCmdDispatch from the vkCmdBegin/EndDebugUtilsLabelEXT around it, and
 asserts: only steps FIRST..LAST were captured; every dispatch sits inside "step N"; every layer
-of every step has the projections' roles (attn_q, attn_k, attn_v, attn_o, ffn_gate, ffn_up,
-ffn_down) as "step N / layer L / role / kernel"; the LM head and the sampler have theirs.
+of every step has the projections' roles (attn_qkv, attn_o, ffn_gate_up, ffn_down: stories260K's
+q|k|v and gate|up are concatenated at load) as "step N / layer L / role / kernel"; the LM head
+and the sampler have theirs.
 """
 import sys
 
 import renderdoc as rd
 
-ROLES = ["attn_q", "attn_k", "attn_v", "attn_o", "ffn_gate", "ffn_up", "ffn_down"]
+ROLES = ["attn_qkv", "attn_o", "ffn_gate_up", "ffn_down"]
 
 
 def label_name(chunk):
