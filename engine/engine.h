@@ -36,8 +36,9 @@ typedef struct vk_engine_params {
      * its last max_window positions plus the first page (the attention sink); pages outside that
      * are released while the sequence runs. 0 = the model's own windows (default). */
     uint32_t max_window;
-    /* Op by op: no Q|K|V or gate|up concatenated at load, no residual add folded into a matmul,
-     * no joint rotation of q and k (the same results bit for bit; for measuring the fusions). */
+    /* Op by op: no Q|K|V or gate|up concatenated at load, no residual add or gated activation
+     * folded into a matmul, no joint rotation of q and k (the same results bit for bit; for
+     * measuring the fusions). */
     bool no_fusion;
 } vk_engine_params;
 

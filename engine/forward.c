@@ -17,7 +17,8 @@
  *         [gemma: x = x + rmsnorm(att Wo) * post_attention_norm]
  *     h = rmsnorm(x) * ffn_norm
  *     o = (act(h Wgate) * (h Wup)) Wdown                    act: silu, gemma: tanh-GELU
- *         (gate | up from one h Wup where they share a type: phi3's, or concatenated at load)
+ *         (gate | up from one h Wup where they share a type: phi3's, or concatenated at load;
+ *          then in decode the matrix-vector pass applies act and the product itself)
  *         [gemma: o = rmsnorm(o) * post_ffw_norm]
  *         [qwen3moe, Mixtral: o = sum over the token's top-k experts e of
  *          w_e (silu(h Wgate_e) * (h Wup_e)) Wdown_e  (engine/forward_moe.c)]
@@ -193,6 +194,17 @@ static vki_status record_ffn_block(vk_engine *e, uint32_t il, uint32_t T)
     vkd_barrier(c);
     if (hp->n_expert) /* qwen3moe, Mixtral: engine/forward_moe.c */
         return vk_forward_moe(e, il, T);
+    uint32_t act = hp->ffn_gelu ? VKI_GLU_GELU_TANH : VKI_GLU_SILU;
+    if (one && !e->p.no_fusion && L->w_up.n_parts == 1 &&
+        (e->p.batch_invariant || T <= op_matmul_gemv_max_m(e->dev))) {
+        /* decode: the matrix-vector pass writes act(gate) * up itself, [T][ff] */
+        vkd_role(c, "ffn_gate_up");
+        TRY(op_matmul_glu(c, &L->w_up, act, vkd_whole(s->h), d, vkd_whole(s->g), ff, T));
+        vkd_barrier(c);
+        vkd_role(c, "ffn_down");
+        return project_residual(e, &L->w_down, vkd_whole(s->g), ff, T, &L->post_ffn_norm, "ffn_post_norm",
+                                "ffn_residual");
+    }
     if (!one) {
         vkd_role(c, "ffn_gate");
         TRY(mm(e, &L->w_gate, NULL, vkd_whole(s->h), d, vkd_whole(s->g), ff, T));
@@ -201,7 +213,7 @@ static vki_status record_ffn_block(vk_engine *e, uint32_t il, uint32_t T)
     TRY(mm(e, &L->w_up, NULL, vkd_whole(s->h), d, one ? vkd_whole(s->g) : vkd_whole(s->u), one ? gs : ff, T));
     vkd_barrier(c);
     vkd_role(c, "ffn_act");
-    TRY(op_glu(c, hp->ffn_gelu ? VKI_GLU_GELU_TANH : VKI_GLU_SILU, g, u, g, T, ff));
+    TRY(op_glu(c, act, g, u, g, T, ff));
     vkd_barrier(c);
     vkd_role(c, "ffn_down");
     return project_residual(e, &L->w_down, vkd_whole(s->g), gs, T, &L->post_ffn_norm, "ffn_post_norm",

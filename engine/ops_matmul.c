@@ -74,7 +74,7 @@ static vki_status check_type(vkd_device *d, const vk_tensor *w, const mm_type **
  * subgroups on one thread: 32 invocations over 8 rows keep the SIMD lanes busy and halve the
  * reduction cost; measured 2-3x faster there than the GPU choice. NSG bounds the subgroups of
  * a workgroup for the shared reduction: WG over the smallest subgroup size the device may use. */
-static void matvec_spec(const vkd_device *d, uint32_t mc, uint32_t spec[4])
+static void matvec_spec(const vkd_device *d, uint32_t mc, uint32_t spec[5])
 {
     bool cpu = d->info.type == VKI_DEVICE_CPU;
     uint32_t wg = cpu ? 32 : 128;
@@ -87,6 +87,7 @@ static void matvec_spec(const vkd_device *d, uint32_t mc, uint32_t spec[4])
     spec[1] = cpu ? 8 : 4;
     spec[2] = mc;
     spec[3] = wg / sg ? wg / sg : 1;
+    spec[4] = 0; /* GLU: op_matmul_glu sets it */
 }
 
 /* matmul {WG, BM, BN, BK, TM, TN}. Where shared memory and subgroups are large (NVIDIA: 48 KiB,
@@ -298,6 +299,33 @@ vki_status op_matmul_path(vkd_cmd *c, const vk_tensor *w, const vkd_view *bias, 
     return op_matmul_ex(c, w, bias, x, x_stride, y, y_stride, M, path, false);
 }
 
+vki_status op_matmul_glu(vkd_cmd *c, const vk_tensor *w, uint32_t act, vkd_view x, uint32_t x_stride, vkd_view y,
+                         uint32_t y_stride, uint32_t M)
+{
+    vkd_device *d = c->d;
+    const mm_type *t;
+    vki_status st = check_type(d, w, &t);
+    if (st != VKI_OK)
+        return st;
+    const uint64_t K = w->ne0, N = w->n_rows / 2;
+    if (M == 0 || w->n_rows % 2 || w->n_parts != 1 || (act != VKI_GLU_SILU && act != VKI_GLU_GELU_TANH))
+        return bad_arg(d, "matmul_glu", w, "needs M > 0, one part of an even number of rows, SiLU or GELU");
+    if (!view_holds(&x, M, K, x_stride, 4))
+        return bad_arg(d, "matmul_glu", w, "X view too small for [M, x_stride] (or x_stride < K)");
+    if (!view_holds(&y, M, N, y_stride, 4))
+        return bad_arg(d, "matmul_glu", w, "Y view too small for [M, y_stride] (or y_stride < rows / 2)");
+    uint32_t spec[VKK_MAX_SPEC];
+    matvec_spec(d, M == 1 ? 1 : OP_MATVEC_ROWS, spec);
+    spec[4] = 1;
+    if (vkk_groups(M, spec[2]) > d->info.max_workgroup_count[1])
+        return bad_arg(d, "matmul_glu", w, "M too large for one dispatch on this device");
+    vki_pc_matmul pc = {.M = M, .N = (uint32_t)N, .K = (uint32_t)K, .x_stride = x_stride, .y_stride = y_stride,
+                        .w_stride = (uint32_t)w->row_bytes, .flags = act == VKI_GLU_GELU_TANH ? VKI_MM_GELU : 0u,
+                        .x_vec4 = x_stride % 4 == 0 && x.offset % 16 == 0};
+    vkd_view bind[4] = {vkd_whole(w->parts[0].buf), x, x, y};
+    return matmul_part(c, t->matvec, spec, spec[1] / 2, spec[2], bind, pc);
+}
+
 vki_status op_matmul(vkd_cmd *c, const vk_tensor *w, const vkd_view *bias, vkd_view x, uint32_t x_stride,
                      vkd_view y, uint32_t y_stride, uint32_t M)
 {
@@ -502,13 +530,16 @@ vki_status op_matmul_prepare(vkd_device *d, uint32_t type)
     const mm_type *t = mm_type_get(type);
     if (!t || !op_matmul_supported(d, type))
         return VKI_ERR_UNSUPPORTED;
-    uint32_t mv1[4], mv8[4], mm[VKK_MAX_SPEC], gr[1] = {get_rows_wg(d)};
+    uint32_t mv1[5], mv8[5], mm[VKK_MAX_SPEC], gr[1] = {get_rows_wg(d)};
     vkk_id mm_kid;
     matvec_spec(d, 1, mv1);
     matvec_spec(d, OP_MATVEC_ROWS, mv8);
-    vki_status st = vkk_prepare(d, t->matvec, mv1);
-    if (st == VKI_OK)
-        st = vkk_prepare(d, t->matvec, mv8);
+    vki_status st = VKI_OK;
+    for (uint32_t glu = 0; glu < 2 && st == VKI_OK; glu++) { /* plain, and op_matmul_glu's */
+        mv1[4] = mv8[4] = glu;
+        if ((st = vkk_prepare(d, t->matvec, mv1)) == VKI_OK)
+            st = vkk_prepare(d, t->matvec, mv8);
+    }
     /* the device's GEMM for few rows above the crossover and for many (tile sizes may differ) */
     const uint32_t ms[2] = {op_matmul_gemv_max_m(d) + 1, 4096};
     for (int i = 0; i < 2 && st == VKI_OK; i++)

@@ -56,6 +56,15 @@ vki_status op_matmul_path(vkd_cmd *c, const vk_tensor *w, const vkd_view *bias, 
 vki_status op_matmul_ex(vkd_cmd *c, const vk_tensor *w, const vkd_view *bias, vkd_view x, uint32_t x_stride,
                         vkd_view y, uint32_t y_stride, uint32_t M, op_mm_path path, bool accumulate);
 
+/* The FFN's gate and up projections and their gated unit in one matrix-vector pass (decode):
+ *   Y[m, n] = act(sum_k X[m, k] * W[n, k]) * (sum_k X[m, k] * W[N + n, k]),  n < N = w->n_rows / 2
+ *   w: [gate | up] rows in one part (concatenated at load); act: VKI_GLU_SILU or _GELU_TANH
+ * The same bits as op_matmul into [gate | up] followed by op_glu, without the intermediate
+ * round trip and barrier. The matrix-vector kernel for any M (one pass per 8 rows): use it
+ * where op_matmul would take that kernel. */
+vki_status op_matmul_glu(vkd_cmd *c, const vk_tensor *w, uint32_t act, vkd_view x, uint32_t x_stride, vkd_view y,
+                         uint32_t y_stride, uint32_t M);
+
 /* Mixture of experts: every row of Y ("pair") is multiplied by its own expert's matrix:
  *   Y[p, n] = sum_k X[p / x_div, k] * W_e[n, k],  p < M, n < N, e = the pair's expert
  *   w:     n_expert stacked [N][K] matrices (ggml's ffn_*_exps: w->n_rows = n_expert * N), stored

@@ -889,7 +889,8 @@ typedef struct vki_engine_params {
      * does nothing (logged at INFO). capture_first < 0: off. Default -1, -1 */
     int64_t capture_first, capture_last;
     /* Runs the forward pass op by op, as the model is written: no Q|K|V or gate|up matrices
-     * concatenated at load, no residual add folded into the matmul before it. The results are
+     * concatenated at load, no residual add or gated activation folded into the matmul before
+     * it. The results are
      * the same bit for bit (the fusions round exactly as the separate ops); only dispatches,
      * barriers and memory traffic differ. For measuring what the fusions give (bench-model
      * --no-fusion). false */

@@ -25,6 +25,12 @@ layout(local_size_x_id = 0) in;
 layout(constant_id = 1) const uint NR = 4;   // weight rows per workgroup
 layout(constant_id = 2) const uint MC = 1;   // activation rows per workgroup
 layout(constant_id = 3) const uint NSG = 32; // >= subgroups per workgroup (WG / min subgroup size)
+// GLU = 1 (the FFN's gate and up in one pass, decode): the part holds gate rows [0, N) then up
+// rows [N, 2N); a workgroup reads NR / 2 rows of each and writes Y[m, n] = act(gate_n . x_m) *
+// (up_n . x_m), act by p.flags (VKI_MM_GELU: tanh-GELU, else SiLU), as glu.comp would from the
+// two products: the same bits, without their round trip through memory and a barrier.
+layout(constant_id = 4) const uint GLU = 0;
+const uint NO = GLU != 0u ? NR / 2u : NR; // output rows per workgroup
 
 #define DQ_BINDING 0
 #include "dequant.glsl" // binding 0: W, one part, N rows of w_stride bytes (the ggml type's blocks)
@@ -49,7 +55,7 @@ layout(std430, binding = 3) buffer Y { float y[]; };             // f32[M, y_str
 
 shared float red[NR * MC * NSG]; // per-subgroup partial sums: [NR * MC][NSG]
 
-float acc[NR * MC];        // acc[r * MC + c]: row r0 + r of W times row m0 + c of X
+float acc[NR * MC];        // acc[r * MC + c]: row mv_row(r0, r) of W times row m0 + c of X
 vec4 wv[NR * DQ_UNIT_V4];  // the current unit of each of the NR weight rows, decoded
 
 // X[m, k..k+3]; k % 4 == 0.
@@ -61,6 +67,10 @@ vec4 load_x4(uint m, uint k)
     return vec4(x[i], x[i + 1u], x[i + 2u], x[i + 3u]);
 }
 
+// The part's row behind the workgroup's row r (r0: its first output row): r0 + r, or with GLU
+// the gate rows r0.. then the up rows N + r0... The row is real when r0 + r % NO < N.
+uint mv_row(uint r0, uint r) { return GLU != 0u && r >= NO ? p.N + r0 + r - NO : r0 + r; }
+
 // Unit u of the NR rows, decoded once, dotted with the MC activation rows: every X load serves
 // NR rows.
 void unit_step(uint u, uint r0, uint m0)
@@ -70,8 +80,8 @@ void unit_step(uint u, uint r0, uint m0)
         vec4 w[DQ_UNIT_V4];
         [[unroll]] for (uint g = 0u; g < DQ_UNIT_V4; g++)
             w[g] = vec4(0.0);
-        if (r0 + r < p.N) // uniform across the workgroup
-            dq_unit(dq_row_base(W_ROW(r0 + r), p.w_stride), ib, iu, w);
+        if (r0 + r % NO < p.N) // uniform across the workgroup
+            dq_unit(dq_row_base(W_ROW(mv_row(r0, r)), p.w_stride), ib, iu, w);
         [[unroll]] for (uint g = 0u; g < DQ_UNIT_V4; g++)
             wv[r * DQ_UNIT_V4 + g] = w[g];
     }
@@ -90,7 +100,7 @@ void unit_step(uint u, uint r0, uint m0)
 void main()
 {
     const uint tid = gl_LocalInvocationID.x;
-    const uint r0 = p.n0 + gl_WorkGroupID.x * NR; // first weight row (within the part)
+    const uint r0 = p.n0 + gl_WorkGroupID.x * NO; // first output row (weight row within the part)
     const uint m0 = gl_WorkGroupID.y * MC;        // first activation row
 #ifdef MM_ID
     const int e = ids[m0];
@@ -110,7 +120,7 @@ void main()
     const uint kt = n_full * DQ_BLOCK + tid;
     if (kt < p.K) {
         [[unroll]] for (uint r = 0u; r < NR; r++) {
-            const float w = r0 + r < p.N ? dq_load1(dq_row_base(W_ROW(r0 + r), p.w_stride), kt) : 0.0;
+            const float w = r0 + r % NO < p.N ? dq_load1(dq_row_base(W_ROW(mv_row(r0, r)), p.w_stride), kt) : 0.0;
             [[unroll]] for (uint c = 0u; c < MC; c++)
                 if (m0 + c < p.M)
                     acc[r * MC + c] += w * x[X_ROW(m0 + c) * p.x_stride + kt];
@@ -124,7 +134,7 @@ void main()
         [[unroll]] for (uint i = 0u; i < NR * MC; i++)
             red[i * NSG + gl_SubgroupID] = acc[i];
     barrier();
-    for (uint i = tid; i < NR * MC; i += gl_WorkGroupSize.x) {
+    for (uint i = tid; i < NO * MC; i += gl_WorkGroupSize.x) {
         const uint r = i / MC, c = i % MC;
         if (r0 + r >= p.N || m0 + c >= p.M)
             continue;
@@ -134,6 +144,14 @@ void main()
         const uint n = p.y_col0 + r0 + r;
         const uint iy = (m0 + c) * p.y_stride + n;
 #ifndef MM_ID
+        if (GLU != 0u) { // the up row's sum, reduced in the same order, times the gate's activation
+            float su = 0.0;
+            for (uint sg = 0u; sg < gl_NumSubgroups; sg++)
+                su += red[(i + NO * MC) * NSG + sg];
+            precise float v = vki_glu_act((p.flags & VKI_MM_GELU) != 0u ? VKI_GLU_GELU_TANH : VKI_GLU_SILU, s) * su;
+            y[iy] = v;
+            continue;
+        }
         if ((p.flags & VKI_MM_BIAS) != 0u)
             s += bias[n];
         if ((p.flags & VKI_MM_ACCUM) != 0u)

@@ -114,6 +114,9 @@ VKI_STRUCT(vki_pc_copy) {
  * it (the residual stream: Y = Y + (X W^T + bias), the same roundings as a separate add). */
 #define VKI_MM_BIAS 1u
 #define VKI_MM_ACCUM 2u
+/* matvec specialised GLU = 1 (see matvec.comp): the part is [gate | up] rows, N = d_ff and
+ * Y[m, n] = act(gate_n . x_m) * (up_n . x_m); act = tanh-GELU with this flag, else SiLU */
+#define VKI_MM_GELU 4u
 VKI_STRUCT(vki_pc_matmul) {
     vki_u32 M, N, K;
     vki_u32 n0;       /* first weight row of this dispatch (splits huge N over dispatches) */
@@ -121,7 +124,7 @@ VKI_STRUCT(vki_pc_matmul) {
     vki_u32 x_stride; /* elements between X rows */
     vki_u32 y_stride; /* elements between Y rows */
     vki_u32 y_col0;   /* Y column (and bias index) of weight row 0 of this part */
-    vki_u32 flags;    /* VKI_MM_BIAS | VKI_MM_ACCUM */
+    vki_u32 flags;    /* VKI_MM_BIAS | VKI_MM_ACCUM | VKI_MM_GELU */
     vki_u32 x_vec4;   /* 1: X rows may be read as vec4 (x_stride % 4 == 0, binding 16-aligned) */
 };
 

@@ -8,6 +8,9 @@
  * first, so unwritten elements fail; columns past N of a strided Y must stay NaN. */
 #include "support/vt.h"
 
+#include <math.h>
+
+#include "engine/ops_basic.h"
 #include "engine/ops_matmul.h"
 #include "engine/quant.h"
 #include "engine/tensor.h"
@@ -474,6 +477,126 @@ static void test_dispatch_split(void **state)
     vt_assert_clean(g);
 }
 
+/* op_matmul_glu (gate | up and their gated unit in one matrix-vector pass) for every type, both
+ * activations, 1..17 rows, odd N: the same bits as op_matmul into [gate | up] and op_glu, and
+ * act(gate) * up of the CPU reference's dot products (double; act in f32) to GLU_TOL.
+ * Also under the NVIDIA-like configuration (32-lane subgroups, 4-row workgroups: 2 outputs). */
+/* The activation in f32, as the device computes it: GELU's 1 + tanh(z) is 0 in f32 below
+ * z ~ -9 where double keeps ~1e-10, and one such output alone would be an NMSE of 1. How
+ * closely the f32 formulas follow the exact ones is test_ops' glu case. */
+static float glu_ref_act(uint32_t act, float v)
+{
+    if (act == VKI_GLU_GELU_TANH) {
+        float z = 0.7978845608028654f * v * (1.0f + 0.044715f * v * v);
+        return 0.5f * v * (1.0f + tanhf(z < -9.0f ? -9.0f : z > 9.0f ? 9.0f : z));
+    }
+    return v / (1.0f + expf(-v));
+}
+
+/* One case; adds its squared error and squared reference to err[0], err[1] (the NMSE is taken
+ * over all cases of a type: a single output in GELU's saturated tail, ~1e-7 where the f32 tanh
+ * of one side is -1 and the other's is not, would alone be an NMSE of 1). */
+static void glu_case(vt_gpu *g, vt_rng *r, uint32_t type, uint32_t M, uint32_t N, uint32_t K, uint32_t act,
+                     double err[2])
+{
+    const uint32_t xs = K + (uint32_t)vt_range(r, 0, 2), ys = N + (uint32_t)vt_range(r, 0, 2);
+    float *wref = malloc((size_t)2 * N * K * sizeof(float)), *x = malloc((size_t)M * xs * 4);
+    uint8_t *raw = make_weights(r, type, 2 * N, K, wref);
+    vk_tensor t = upload_weights(g, type, 2 * N, K, raw, 1);
+    for (uint32_t i = 0; i < M * xs; i++)
+        x[i] = vt_uniform(r, -1.0f, 1.0f);
+    vkd_buffer *bx = vt_buf_from(g, x, (size_t)M * xs * 4, "x");
+    vkd_buffer *by = vt_buf_nan(g, (size_t)M * ys * 4, "y"), *bgu = vt_buf_nan(g, (size_t)M * 2 * N * 4, "gu");
+    vkd_buffer *bz = vt_buf_nan(g, (size_t)M * ys * 4, "y op by op");
+    vt_begin(g);
+    assert_int_equal(op_matmul_glu(&g->cmd, &t, act, vkd_whole(bx), xs, vkd_whole(by), ys, M), VKI_OK);
+    assert_int_equal(op_matmul_path(&g->cmd, &t, NULL, vkd_whole(bx), xs, vkd_whole(bgu), 2 * N, M, OP_MM_GEMV),
+                     VKI_OK);
+    vkd_barrier(&g->cmd);
+    assert_int_equal(op_glu(&g->cmd, act, (op_mat){vkd_whole(bgu), 0, 2 * N}, (op_mat){vkd_whole(bgu), N, 2 * N},
+                            (op_mat){vkd_whole(bz), 0, ys}, M, N), VKI_OK);
+    vt_submit_wait(g);
+    float *y = malloc((size_t)M * ys * 4), *z = malloc((size_t)M * ys * 4), *got = malloc((size_t)M * N * 4);
+    float *ref = malloc((size_t)M * N * 4);
+    vt_download(g, by, y, (size_t)M * ys * 4);
+    vt_download(g, bz, z, (size_t)M * ys * 4);
+    char label[128];
+    snprintf(label, sizeof label, "glu %s %s M=%u N=%u K=%u", quant_get(type)->name,
+             act == VKI_GLU_SILU ? "silu" : "gelu", M, N, K);
+    if (memcmp(y, z, (size_t)M * ys * 4)) /* padding too: NaN where neither wrote */
+        fail_msg("%s: differs from op_matmul + op_glu (NMSE %.3g)", label, vt_nmse(y, z, (size_t)M * ys));
+    for (uint32_t m = 0; m < M; m++)
+        for (uint32_t n = 0; n < N; n++) {
+            double a = 0, b = 0;
+            for (uint32_t k = 0; k < K; k++) {
+                a += (double)x[(size_t)m * xs + k] * wref[(size_t)n * K + k];
+                b += (double)x[(size_t)m * xs + k] * wref[(size_t)(N + n) * K + k];
+            }
+            ref[(size_t)m * N + n] = (float)((double)glu_ref_act(act, (float)a) * b);
+            got[(size_t)m * N + n] = y[(size_t)m * ys + n];
+        }
+    for (size_t i = 0; i < (size_t)M * N; i++) {
+        err[0] += ((double)got[i] - ref[i]) * ((double)got[i] - ref[i]);
+        err[1] += (double)ref[i] * ref[i];
+    }
+    vk_tensor_destroy(g->dev, &t);
+    vkd_buffer_destroy(g->dev, bx);
+    vkd_buffer_destroy(g->dev, by);
+    vkd_buffer_destroy(g->dev, bgu);
+    vkd_buffer_destroy(g->dev, bz);
+    free(wref); free(x); free(raw); free(y); free(z); free(got); free(ref);
+}
+
+static double worst_glu;
+#define GLU_TOL 1e-11 /* measured on lavapipe: <= 1.1e-13 over seeds 1-4 */
+
+static void test_glu_epilogue(void **state)
+{
+    vt_gpu *g = vt_gpu_get(state);
+    vt_rng r = vt_rng_seeded("glu");
+    vki_device_info saved = g->dev->info;
+    static const uint32_t Ms[] = {1, 3, 8, 9, 17}, Ns[] = {1, 7, 33, 65, 5};
+    for (int config = 0; config < 2; config++) {
+        if (config == 1) { /* NVIDIA's matvec shape where lavapipe can run it (as test_gpu_configs) */
+            g->dev->info.type = VKI_DEVICE_DISCRETE;
+            g->dev->info.subgroup_size = 32;
+            if (!g->dev->info.subgroup_min_size)
+                g->dev->info.subgroup_min_size = saved.subgroup_size;
+        }
+        for (size_t i = 0; i < vt_n_weight_types; i++) {
+            uint32_t type = vt_weight_types[i];
+            double err[2] = {0, 0};
+            for (uint32_t c = 0; c < 5; c++) {
+                uint32_t K = c == 4 ? big_k(type) : pick_k(&r, type, c + 3);
+                glu_case(g, &r, type, Ms[c], Ns[c], K, (c + config) % 2 ? VKI_GLU_GELU_TANH : VKI_GLU_SILU, err);
+            }
+            double nmse = err[0] / (err[1] > 0 ? err[1] : 1);
+            if (!(nmse <= GLU_TOL))
+                fail_msg("glu %s (config %d): NMSE %.3g > %.0e over its cases", quant_get(type)->name, config, nmse,
+                         GLU_TOL);
+            worst_glu = nmse > worst_glu ? nmse : worst_glu;
+        }
+        g->dev->info = saved;
+    }
+    fprintf(stderr, "  glu epilogue: worst NMSE %.2e over a type's cases, bitwise equal to matmul + glu\n", worst_glu);
+    /* refused: an odd number of rows, an unknown activation, M = 0 */
+    vk_tensor t;
+    assert_int_equal(vk_tensor_create(g->dev, VKI_GGML_F32, 16, 7, 0, "w", &t), VKI_OK);
+    vkd_buffer *x = vt_buf_nan(g, 4 * 16 * 2, "x"), *y = vt_buf_nan(g, 4 * 8 * 2, "y");
+    vt_begin(g);
+    assert_int_equal(op_matmul_glu(&g->cmd, &t, VKI_GLU_SILU, vkd_whole(x), 16, vkd_whole(y), 4, 1), VKI_ERR_INVALID_ARG);
+    vk_tensor_destroy(g->dev, &t);
+    assert_int_equal(vk_tensor_create(g->dev, VKI_GGML_F32, 16, 8, 0, "w", &t), VKI_OK);
+    assert_int_equal(op_matmul_glu(&g->cmd, &t, 7, vkd_whole(x), 16, vkd_whole(y), 4, 1), VKI_ERR_INVALID_ARG);
+    assert_int_equal(op_matmul_glu(&g->cmd, &t, VKI_GLU_SILU, vkd_whole(x), 16, vkd_whole(y), 4, 0), VKI_ERR_INVALID_ARG);
+    assert_int_equal(op_matmul_glu(&g->cmd, &t, VKI_GLU_SILU, vkd_whole(x), 16, vkd_whole(y), 4, 2), VKI_OK);
+    vt_submit_wait(g);
+    vk_tensor_destroy(g->dev, &t);
+    vkd_buffer_destroy(g->dev, x);
+    vkd_buffer_destroy(g->dev, y);
+    vt_assert_clean(g);
+}
+
 /* Shapes and views that do not fit are refused with a status and record nothing. */
 static void test_bad_args(void **state)
 {
@@ -507,6 +630,7 @@ int main(void)
         cmocka_unit_test(test_boundary_parts_bias),
         cmocka_unit_test(test_gpu_configs),
         cmocka_unit_test(test_dispatch_split),
+        cmocka_unit_test(test_glu_epilogue),
         cmocka_unit_test(test_bad_args),
     };
     return cmocka_run_group_tests(tests, vt_gpu_setup, vt_gpu_teardown);

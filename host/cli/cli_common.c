@@ -203,7 +203,7 @@ void cli_engine_opts_help(FILE *f)
             "  --batch-invariant       a request's tokens do not depend on the rest of the batch\n"
             "                          (bitwise; slower prefill)\n"
             "  --no-fusion             op by op: no Q|K|V or gate|up concatenated at load, no residual\n"
-            "                          add in the matmul (same results; to measure the fusions)\n"
+            "                          add or activation in a matmul (same results; to measure them)\n"
             "  --device-memory MIB     device memory this engine may use in all (weights, KV, scratch)\n"
             "  --profile FILE          GPU time of every dispatch as a Chrome trace (chrome://tracing),\n"
             "                          and a table of the top ops by GPU time at the end\n"
