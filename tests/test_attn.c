@@ -10,7 +10,7 @@
  * Tolerances (NMSE of each case's output against the reference): 1e-10 for F32, F16 and Q8_0
  * pools alike, since the reference reads the same f16-rounded or Q8_0-quantised K/V the kernels
  * read (Q8_0 pools must also equal ggml's quantisation byte for byte). Measured on lavapipe:
- * ~1e-14..1e-13. Against unquantised f32 K/V a Q8_0 pool is held to Q8_VS_F32_TOL.
+ * <= 1.0e-12 over seeds 1-3 (printed at the end). Against unquantised f32 K/V a Q8_0 pool is held to Q8_VS_F32_TOL.
  *
  * Sliding windows and the attention sink: pages no query of a case sees any more point at a
  * NaN page, so a kernel that reads outside the window fails; the soft-cap is gemma 2's. */
@@ -34,6 +34,7 @@ static double attn_tol = ATTN_TOL;
 static bool expect_cm;
 static bool nvidia_lanes; /* decode lanes per key giving NVIDIA's keys per subgroup (test_gpu_configs) */
 static double worst_nmse;
+static double worst_fp32; /* the FP32 kernels' worst over the run (ATTN_TOL) */
 
 typedef struct acase {
     const char *name;
@@ -274,6 +275,8 @@ static double check_output(const op_attn *a, const hstep *h, const float *o, con
              a->s.n_heads, a->s.n_kv_heads, a->s.head_dim, a->s.page_size, ac->window, ac->sink, ac->softcap);
     double e = vt_nmse(got, ref, n_out);
     worst_nmse = e > worst_nmse ? e : worst_nmse;
+    if (!expect_cm)
+        worst_fp32 = e > worst_fp32 ? e : worst_fp32;
     vt_assert_nmse(got, ref, n_out, attn_tol, label);
     size_t n = h->o_off + (size_t)h->n_tokens * h->o_stride;
     for (size_t i = 0; i < n; i++) { /* padding and the offset are never written */
@@ -748,5 +751,7 @@ int main(void)
         cmocka_unit_test(test_attn_coopmat_windows),
         cmocka_unit_test(test_gpu_configs),
     };
-    return cmocka_run_group_tests(tests, vt_gpu_setup, vt_gpu_teardown);
+    int rc = cmocka_run_group_tests(tests, vt_gpu_setup, vt_gpu_teardown);
+    fprintf(stderr, "worst NMSE of the FP32 attention kernels: %.2e (tolerance %.0e)\n", worst_fp32, ATTN_TOL);
+    return rc;
 }

@@ -2,8 +2,10 @@
  * the F32 activation gather, against the reference dequantisation (engine/quant.c) of the same
  * blocks. Shapes: 1 and 7 rows/ids, K of one block and odd multiples (F32/F16: any K), strided
  * outputs, multi-part tensors, repeated ids, and ids outside the tensor (which must give zero
- * rows, never a fault). Tolerances (NMSE): float types 1e-10, quantised 1e-8. Outputs start
- * NaN-filled; stride padding must stay NaN. */
+ * rows, never a fault). Tolerance GATHER_TOL (NMSE): lavapipe gives the CPU dequantisation bit
+ * for bit (0, printed at the end); a GPU compiler that contracts d * q + m into one FMA may move
+ * values by an ulp (NMSE ~4e-15). Was 1e-10 / 1e-8. Outputs start NaN-filled; stride padding must
+ * stay NaN. */
 #include "support/vt.h"
 
 #include "engine/ops_matmul.h"
@@ -11,6 +13,9 @@
 #include "engine/tensor.h"
 
 #define NAN_BITS 0x7fc00000u
+
+#define GATHER_TOL 1e-13
+static double worst; /* over every gather of the run */
 
 
 /* ids: mostly valid, some repeated, a few outside [0, rows) when `oob`. */
@@ -39,6 +44,8 @@ static void check_rows(const float *y, const float *ref, uint32_t n, uint32_t K,
         for (uint32_t k = K; k < ys; k++)
             assert_memory_equal(&y[(size_t)i * ys + k], &nan, 4);
     }
+    double e = vt_nmse(got, ref, (size_t)n * K);
+    worst = e > worst ? e : worst;
     vt_assert_nmse(got, ref, (size_t)n * K, tol, label);
     free(got);
 }
@@ -87,7 +94,7 @@ static void run_type(vt_gpu *g, vt_rng *r, uint32_t type)
         char label[128];
         snprintf(label, sizeof label, "get_rows %s n=%u rows=%u K=%u ys=%u parts=%u", qt->name, n, rows, K, ys,
                  t.n_parts);
-        check_rows(y, ref, n, K, ys, vt_is_float_type(type) ? 1e-10 : 1e-8, label);
+        check_rows(y, ref, n, K, ys, GATHER_TOL, label);
         for (uint32_t i = 0; i < n; i++) /* out-of-range ids: exact zeros */
             if (ids[i] < 0 || (uint32_t)ids[i] >= rows)
                 for (uint32_t k = 0; k < K; k++)
@@ -152,7 +159,7 @@ static void test_gather_rows(void **state)
         vt_download(g, by, y, (size_t)n * ys * 4);
         char label[96];
         snprintf(label, sizeof label, "gather_rows rows=%u K=%u ss=%u n=%u ys=%u off=%u", rows, K, ss, n, ys, off);
-        check_rows(y, ref, n, K, ys, 1e-10, label);
+        check_rows(y, ref, n, K, ys, GATHER_TOL, label);
         vkd_buffer_destroy(g->dev, bs);
         vkd_buffer_destroy(g->dev, bi);
         vkd_buffer_destroy(g->dev, by);
@@ -190,5 +197,7 @@ int main(void)
         cmocka_unit_test(test_gather_rows),
         cmocka_unit_test(test_get_rows_bad_args),
     };
-    return cmocka_run_group_tests(tests, vt_gpu_setup, vt_gpu_teardown);
+    int rc = cmocka_run_group_tests(tests, vt_gpu_setup, vt_gpu_teardown);
+    fprintf(stderr, "worst NMSE of a gather: %.2e (tolerance %.0e)\n", worst, GATHER_TOL);
+    return rc;
 }

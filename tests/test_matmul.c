@@ -4,8 +4,10 @@
  * multi-part tensors, and the GEMV/GEMM boundary. The reference dequantises the very blocks
  * that were uploaded (engine/quant.c) and accumulates in double.
  *
- * Tolerances (NMSE): F32/F16/BF16 weights 1e-10, quantised 1e-8 (issue 2). Outputs are NaN-filled
- * first, so unwritten elements fail; columns past N of a strided Y must stay NaN. */
+ * Tolerances (NMSE): MM_TOL for the FP32 kernels, every weight type (measured on lavapipe: <= 2e-12
+ * with float weights, <= 7.4e-12 quantised over seeds 1-9; the printed worst at the end; was 1e-8
+ * for quantised weights, 1360x above it). Outputs are NaN-filled first, so unwritten elements fail;
+ * columns past N of a strided Y must stay NaN. */
 #include "support/vt.h"
 
 #include <math.h>
@@ -120,6 +122,9 @@ typedef struct mm_case {
     op_mm_path path;
 } mm_case;
 
+#define MM_TOL 1e-10
+static double worst_plain[2]; /* FP32 GEMV/GEMM: float types, quantised types */
+
 static float round16(float v) { return quant_f16_to_f32(quant_f32_to_f16(v)); }
 
 /* f16: both operands rounded to F16 first, as the cooperative-matrix kernels stage them. */
@@ -215,7 +220,10 @@ static void run_case(vt_gpu *g, vt_rng *r, uint32_t type, const mm_case *s)
         double emu = (size_t)M * N >= CM_TOL_MIN ? CM_EMU_TOL : CM_EMU_TOL_FEW;
         vt_assert_nmse(got, ref, (size_t)M * N, g->dev->cm.kind == VKD_CM_EMULATED ? emu : CM_NV_TOL, label);
     } else {
-        vt_assert_nmse(got, ref, (size_t)M * N, vt_is_float_type(type) ? 1e-10 : 1e-8, label);
+        double e = vt_nmse(got, ref, (size_t)M * N);
+        double *w = &worst_plain[vt_is_float_type(type) ? 0 : 1];
+        *w = e > *w ? e : *w;
+        vt_assert_nmse(got, ref, (size_t)M * N, MM_TOL, label);
     }
 
     vk_tensor_destroy(g->dev, &t);
@@ -633,5 +641,8 @@ int main(void)
         cmocka_unit_test(test_glu_epilogue),
         cmocka_unit_test(test_bad_args),
     };
-    return cmocka_run_group_tests(tests, vt_gpu_setup, vt_gpu_teardown);
+    int rc = cmocka_run_group_tests(tests, vt_gpu_setup, vt_gpu_teardown);
+    fprintf(stderr, "worst NMSE of the FP32 kernels: float weights %.2e, quantised %.2e (tolerance %.0e)\n",
+            worst_plain[0], worst_plain[1], MM_TOL);
+    return rc;
 }

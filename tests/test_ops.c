@@ -6,14 +6,17 @@
  * sub-matrices at random offsets of NaN-filled buffers: the result must match the
  * reference and every float outside the matrix must still be NaN.
  *
- * Tolerances (NMSE against the double reference): 1e-10 for add, RMSNorm and softmax; RoPE,
- * whose angle is exact to < 1e-6 rad for positions < 2^24, is held to 1e-11 at positions up to
- * 2^24-1; GLU to 1e-12, unary to 2e-13 (GLU_TOL, UNARY_TOL: measured values next to them). */
+ * Tolerances (NMSE against the double reference): add exact (0: one correctly rounded add);
+ * RMSNorm and softmax RMSNORM_TOL, SOFTMAX_TOL; RoPE, whose angle is exact to < 1e-6 rad for
+ * positions < 2^24, is held to 1e-11 at positions up to 2^24-1; GLU to 1e-12, unary to 2e-13
+ * (GLU_TOL, UNARY_TOL; measured values next to each; the worst is printed per test). */
 #include "support/vt.h"
 
 #include "engine/ops_basic.h"
 
 #define N_SHAPES 24
+#define RMSNORM_TOL 2e-12 /* measured on lavapipe: <= 2.3e-14 over seeds 1-7 (was 1e-10) */
+#define SOFTMAX_TOL 3e-11 /* measured: <= 3.6e-13 (was 1e-10) */
 #define ROPE_TOL 1e-11
 #define GLU_TOL 1e-12   /* measured on lavapipe: SwiGLU 7e-15 to 1.2e-14, GeGLU ~4e-16 */
 #define UNARY_TOL 2e-13 /* measured: scale exact (0), soft-cap 4.5e-15 (was 1e-12: 220x) */
@@ -116,7 +119,7 @@ static void test_add(void **state)
         vt_submit_wait(g);
         char label[64];
         snprintf(label, sizeof label, "add n=%u", n);
-        check_out(g, by, n, (mshape){1, n, 0, n}, ref, 1e-10, label);
+        check_out(g, by, n, (mshape){1, n, 0, n}, ref, 0, label); /* one correctly rounded add: exact */
         vkd_buffer_destroy(g->dev, ba);
         vkd_buffer_destroy(g->dev, bb);
         vkd_buffer_destroy(g->dev, by);
@@ -177,6 +180,7 @@ static void test_rmsnorm(void **state)
 {
     vt_gpu *g = vt_gpu_get(state);
     vt_rng r = vt_rng_seeded("op_rmsnorm");
+    double worst = 0;
     for (int t = 0; t < N_SHAPES; t++) {
         mshape xs = random_shape(&r, t, 9000), ys = xs;
         bool in_place = t % 4 == 2;
@@ -197,13 +201,15 @@ static void test_rmsnorm(void **state)
         char label[96];
         snprintf(label, sizeof label, "rmsnorm %ux%u stride %u/%u%s", xs.rows, xs.cols, xs.stride, ys.stride,
                  in_place ? " in place" : "");
-        check_result(g, by, in_place, in_place ? nx : ny, in_place ? xs : ys, ref, 1e-10, NULL, label);
+        double e = check_result(g, by, in_place, in_place ? nx : ny, in_place ? xs : ys, ref, RMSNORM_TOL, NULL, label);
+        worst = e > worst ? e : worst;
         if (!in_place)
             vkd_buffer_destroy(g->dev, by);
         vkd_buffer_destroy(g->dev, bx);
         vkd_buffer_destroy(g->dev, bw);
         free(x); free(w); free(ref);
     }
+    fprintf(stderr, "  worst NMSE: rmsnorm %.2e (tolerance %.0e)\n", worst, RMSNORM_TOL);
     vt_assert_clean(g);
 }
 
@@ -440,6 +446,7 @@ static void test_softmax(void **state)
 {
     vt_gpu *g = vt_gpu_get(state);
     vt_rng r = vt_rng_seeded("op_softmax");
+    double worst = 0;
     for (int t = 0; t < N_SHAPES; t++) {
         mshape xs = random_shape(&r, t, t == 23 ? 50000 : 5000), ys = xs;
         if (t == 23)
@@ -466,13 +473,15 @@ static void test_softmax(void **state)
         vt_submit_wait(g);
         char label[96];
         snprintf(label, sizeof label, "softmax %ux%u scale %g%s", xs.rows, xs.cols, scale, in_place ? " in place" : "");
-        check_result(g, by, in_place, in_place ? nx : ny, in_place ? xs : ys, ref, 1e-10, NULL, label);
+        double e = check_result(g, by, in_place, in_place ? nx : ny, in_place ? xs : ys, ref, SOFTMAX_TOL, NULL, label);
+        worst = e > worst ? e : worst;
         if (!in_place)
             vkd_buffer_destroy(g->dev, by);
         vkd_buffer_destroy(g->dev, bx);
         free(x);
         free(ref);
     }
+    fprintf(stderr, "  worst NMSE: softmax %.2e (tolerance %.0e)\n", worst, SOFTMAX_TOL);
     vt_assert_clean(g);
 }
 
