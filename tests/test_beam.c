@@ -361,14 +361,20 @@ static void bs_prepare(fixture *f, ref_model *rm, const bs_case *c, int32_t prom
     for (uint32_t k = 1; k < *n_prompt; k++)
         prompt[k] = (int32_t)vt_range(&f->rng, 259, f->V - 1);
     *end = 2; /* stories260K's </s> */
-    if (c->custom_end) { /* greedy's third token ends a beam: finished hypotheses happen */
-        ref_beam_params g = {.width = 1, .max_new = 3, .end_ids = end, .n_end_ids = 1};
+    ref_beam_params p = {.width = c->width, .max_new = BS_NEW, .length_penalty = c->length_penalty,
+                         .early_stopping = c->es, .end_ids = end, .n_end_ids = 1};
+    /* custom_end: greedy's k-th token (k = 3, 2, 1) ends a beam, the first k whose returned beams
+     * hold a finished hypothesis (one may be outscored by longer live beams and not returned) */
+    for (uint32_t k = 3; c->custom_end && k >= 1; k--) {
+        ref_beam_params g = {.width = 1, .max_new = k, .end_ids = &(int32_t){2}, .n_end_ids = 1};
         ref_beam_result gr;
         assert_int_equal(ref_beam_search(rm, prompt, *n_prompt, &g, &gr), VKI_OK);
         *end = gr.tokens[0][gr.len[0] - 1];
+        assert_int_equal(ref_beam_search(rm, prompt, *n_prompt, &p, want), VKI_OK);
+        for (uint32_t b = 0; b < want->n; b++)
+            if (want->tokens[b][want->len[b] - 1] == *end)
+                return;
     }
-    ref_beam_params p = {.width = c->width, .max_new = BS_NEW, .length_penalty = c->length_penalty,
-                         .early_stopping = c->es, .end_ids = end, .n_end_ids = 1};
     assert_int_equal(ref_beam_search(rm, prompt, *n_prompt, &p, want), VKI_OK);
 }
 
