@@ -32,14 +32,14 @@ _Static_assert(sizeof(vki_seq_info) == 16 && sizeof(vki_attn_item) == 16, "std43
 
 #define SPV(name) .spv = vki_spv_##name, .spv_size = &vki_spv_##name##_size
 /* matmul family (engine/ops_matmul.c picks the specialisations from the device):
- * matvec spec {WG, NR rows, MC activation rows, NSG max subgroups, GLU}; matmul spec
+ * matvec spec {WG, NR rows, MC activation rows, NSG max subgroups, GLU, MCH chunks}; matmul spec
  * {WG, BM, BN, BK, TM, TN} with WG = (BM/TM)*(BN/TN); matmul_cm(e) spec {WG, BM, BN, BK, WM,
  * WN, CM_M, CM_N, CM_K, CM_SG} with WG = (BM/WM)*(BN/WN) subgroups; get_rows spec {WG}. */
 #define CM_SPEC(WG, a, b, c, d, e) {WG, a, b, c, d, e, 16, 16, 16, 32}
 #define MATMUL_ROWS(T, t)                                                                        \
     [VKK_MATVEC_##T] = {"matvec_" #t, SPV(matvec_##t), .n_bindings = 4,                          \
-                        .push_size = sizeof(vki_pc_matmul), .n_spec = 5,                         \
-                        .spec_default = {128, 4, 1, 16, 0}},                                     \
+                        .push_size = sizeof(vki_pc_matmul), .n_spec = 6,                         \
+                        .spec_default = {128, 4, 1, 16, 0, 1}},                                  \
     [VKK_MATMUL_##T] = {"matmul_" #t, SPV(matmul_##t), .n_bindings = 4,                          \
                         .push_size = sizeof(vki_pc_matmul), .n_spec = 6,                         \
                         .spec_default = {256, 64, 64, 32, 4, 4}},                                \
@@ -55,8 +55,8 @@ _Static_assert(sizeof(vki_seq_info) == 16 && sizeof(vki_attn_item) == 16, "std43
 /* the experts' matmuls: the specialisations of their plain twins (matvec_id always MC = 1) */
 #define MATMUL_ID_ROWS(T, t)                                                                     \
     [VKK_MATVEC_ID_##T] = {"matvec_id_" #t, SPV(matvec_id_##t), .n_bindings = 4,                 \
-                           .push_size = sizeof(vki_pc_matmul_id), .n_spec = 5,                   \
-                           .spec_default = {128, 4, 1, 16, 0}},                                  \
+                           .push_size = sizeof(vki_pc_matmul_id), .n_spec = 6,                   \
+                           .spec_default = {128, 4, 1, 16, 0, 1}},                               \
     [VKK_MATMUL_ID_##T] = {"matmul_id_" #t, SPV(matmul_id_##t), .n_bindings = 4,                 \
                            .push_size = sizeof(vki_pc_matmul_id), .n_spec = 6,                   \
                            .spec_default = {256, 64, 64, 32, 4, 4}},                             \

@@ -74,7 +74,7 @@ static vki_status check_type(vkd_device *d, const vk_tensor *w, const mm_type **
  * subgroups on one thread: 32 invocations over 8 rows keep the SIMD lanes busy and halve the
  * reduction cost; measured 2-3x faster there than the GPU choice. NSG bounds the subgroups of
  * a workgroup for the shared reduction: WG over the smallest subgroup size the device may use. */
-static void matvec_spec(const vkd_device *d, uint32_t mc, uint32_t spec[5])
+static void matvec_spec(const vkd_device *d, uint32_t mc, uint32_t spec[6])
 {
     bool cpu = d->info.type == VKI_DEVICE_CPU;
     uint32_t wg = cpu ? 32 : 128;
@@ -88,7 +88,11 @@ static void matvec_spec(const vkd_device *d, uint32_t mc, uint32_t spec[5])
     spec[2] = mc;
     spec[3] = wg / sg ? wg / sg : 1;
     spec[4] = 0; /* GLU: op_matmul_glu sets it */
+    spec[5] = mc > 1 ? OP_MATVEC_CHUNKS : 1;
 }
+
+/* Activation rows one matrix-vector workgroup covers (MC rows, MCH times). */
+static uint32_t matvec_rows_per_group(const uint32_t *spec) { return spec[2] * spec[5]; }
 
 /* matmul {WG, BM, BN, BK, TM, TN}. Where shared memory and subgroups are large (NVIDIA: 48 KiB,
  * 32 lanes) 128x128 tiles over 256 invocations; elsewhere (lavapipe: 32 KiB, 8 lanes; small
@@ -270,7 +274,7 @@ vki_status op_matmul_ex(vkd_cmd *c, const vk_tensor *w, const vkd_view *bias, vk
     }
     if (kid == t->matvec) {
         per_group_n = spec[1];
-        per_group_m = spec[2];
+        per_group_m = matvec_rows_per_group(spec);
     } else {
         per_group_n = spec[2];
         per_group_m = spec[1];
@@ -317,13 +321,13 @@ vki_status op_matmul_glu(vkd_cmd *c, const vk_tensor *w, uint32_t act, vkd_view 
     uint32_t spec[VKK_MAX_SPEC];
     matvec_spec(d, M == 1 ? 1 : OP_MATVEC_ROWS, spec);
     spec[4] = 1;
-    if (vkk_groups(M, spec[2]) > d->info.max_workgroup_count[1])
+    if (vkk_groups(M, matvec_rows_per_group(spec)) > d->info.max_workgroup_count[1])
         return bad_arg(d, "matmul_glu", w, "M too large for one dispatch on this device");
     vki_pc_matmul pc = {.M = M, .N = (uint32_t)N, .K = (uint32_t)K, .x_stride = x_stride, .y_stride = y_stride,
                         .w_stride = (uint32_t)w->row_bytes, .flags = act == VKI_GLU_GELU_TANH ? VKI_MM_GELU : 0u,
                         .x_vec4 = x_stride % 4 == 0 && x.offset % 16 == 0};
     vkd_view bind[4] = {vkd_whole(w->parts[0].buf), x, x, y};
-    return matmul_part(c, t->matvec, spec, spec[1] / 2, spec[2], bind, pc);
+    return matmul_part(c, t->matvec, spec, spec[1] / 2, matvec_rows_per_group(spec), bind, pc);
 }
 
 vki_status op_matmul(vkd_cmd *c, const vk_tensor *w, const vkd_view *bias, vkd_view x, uint32_t x_stride,
@@ -530,7 +534,7 @@ vki_status op_matmul_prepare(vkd_device *d, uint32_t type)
     const mm_type *t = mm_type_get(type);
     if (!t || !op_matmul_supported(d, type))
         return VKI_ERR_UNSUPPORTED;
-    uint32_t mv1[5], mv8[5], mm[VKK_MAX_SPEC], gr[1] = {get_rows_wg(d)};
+    uint32_t mv1[6], mv8[6], mm[VKK_MAX_SPEC], gr[1] = {get_rows_wg(d)};
     vkk_id mm_kid;
     matvec_spec(d, 1, mv1);
     matvec_spec(d, OP_MATVEC_ROWS, mv8);

@@ -18,11 +18,14 @@
 #include "engine/tensor.h"
 
 /* The matrix-vector kernel reads each weight row once for up to OP_MATVEC_ROWS activation rows
- * (ceil(M / 8) passes over the weights, run side by side, so on a GPU the later passes mostly
- * hit L2); the tiled GEMMs (FP32, or cooperative matrices where the device has them) compute
- * whole 64- or 128-row tiles, mostly padding for few rows. op_matmul switches at the measured
- * crossover op_matmul_gemv_max_m(): no step in time where the kernel changes. */
+ * per pass; a workgroup makes OP_MATVEC_CHUNKS such passes over its own few rows in turn (they
+ * are still in cache), so a weight comes from memory once for up to 32 rows (2..32 sequences
+ * decoding), and more rows take more workgroups along y. The tiled GEMMs (FP32, or cooperative
+ * matrices where the device has them) compute whole 64- or 128-row tiles, mostly padding for
+ * few rows. op_matmul switches at the measured crossover op_matmul_gemv_max_m(): no step in
+ * time where the kernel changes. */
 #define OP_MATVEC_ROWS 8
+#define OP_MATVEC_CHUNKS 4
 
 typedef enum op_mm_path {
     OP_MM_AUTO = 0, /* GEMV up to the crossover, then the device's GEMM (coopmat or FP32) */

@@ -16,9 +16,10 @@
 // 4096x4096 Q4_0 matrix is 9.4 MB, ~3 us at 3.35 TB/s; the per-weight ALU work (unpack, scale,
 // FMA: ~2-3 ops per weight with 16-weight units) stays under that, which is why units are 16
 // weights with one scale decode rather than 4. As MC grows the FMAs grow with it and the
-// kernel turns ALU-bound. More than MC rows of X take several passes (workgroups along y,
-// running side by side, so the later ones mostly hit L2); above OP_MATVEC_MAX_M rows
-// (engine/ops_matmul.h) the tiled GEMM (matmul.comp) takes over.
+// kernel turns ALU-bound. More than MC rows of X are taken MC at a time by the same workgroup
+// (MCH chunks: its few weight rows were just read, so the later chunks find them in L1/L2 and
+// each weight comes from memory once for up to MCH * MC rows), and beyond that by workgroups
+// along y; above gemv_max_m rows the tiled GEMM (matmul.comp) takes over.
 // Compiled with MM_ID it is the experts' matvec_id (mixture of experts): one token-expert pair
 // per workgroup row, the expert's rows of a stacked [n_expert * N][K] tensor (moe_id: see below).
 layout(local_size_x_id = 0) in;
@@ -31,6 +32,7 @@ layout(constant_id = 3) const uint NSG = 32; // >= subgroups per workgroup (WG /
 // two products: the same bits, without their round trip through memory and a barrier.
 layout(constant_id = 4) const uint GLU = 0;
 const uint NO = GLU != 0u ? NR / 2u : NR; // output rows per workgroup
+layout(constant_id = 5) const uint MCH = 1; // chunks of MC activation rows per workgroup (main)
 
 #define DQ_BINDING 0
 #include "dequant.glsl" // binding 0: W, one part, N rows of w_stride bytes (the ggml type's blocks)
@@ -97,17 +99,10 @@ void unit_step(uint u, uint r0, uint m0)
     }
 }
 
-void main()
+// Rows r0.. of W times activation rows m0..m0 + MC - 1 of X, written to Y.
+void chunk(uint r0, uint m0)
 {
     const uint tid = gl_LocalInvocationID.x;
-    const uint r0 = p.n0 + gl_WorkGroupID.x * NO; // first output row (weight row within the part)
-    const uint m0 = gl_WorkGroupID.y * MC;        // first activation row
-#ifdef MM_ID
-    const int e = ids[m0];
-    if (e < int(p.e0) || e >= int(p.e0 + p.n_exp))
-        return; // uniform: another part's expert (or an invalid id), before any barrier
-    id_wbase = uint(e - int(p.e0)) * p.N;
-#endif
     [[unroll]] for (uint i = 0u; i < NR * MC; i++)
         acc[i] = 0.0;
 
@@ -158,5 +153,27 @@ void main()
             s = y[iy] + s;
 #endif
         y[iy] = s;
+    }
+}
+
+void main()
+{
+    const uint r0 = p.n0 + gl_WorkGroupID.x * NO; // first output row (weight row within the part)
+    const uint m_first = gl_WorkGroupID.y * MCH * MC; // first activation row
+#ifdef MM_ID
+    const int e = ids[m_first];
+    if (e < int(p.e0) || e >= int(p.e0 + p.n_exp))
+        return; // uniform: another part's expert (or an invalid id), before any barrier
+    id_wbase = uint(e - int(p.e0)) * p.N;
+#endif
+    // MCH chunks of MC activation rows in turn: the later chunks find the workgroup's NR weight
+    // rows in cache, so up to MCH * MC rows read each weight from memory once
+    for (uint ch = 0u; ch < MCH; ch++) {
+        const uint m0 = m_first + ch * MC;
+        if (m0 >= p.M)
+            break; // uniform
+        if (ch > 0u)
+            barrier(); // the previous chunk's sums are read from red before this one's go in
+        chunk(r0, m0);
     }
 }

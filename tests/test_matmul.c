@@ -269,7 +269,8 @@ static void run_gemv(void **state, uint32_t type)
 {
     vt_gpu *g = vt_gpu_get(state);
     vt_rng r = vt_rng_seeded("gemv");
-    static const uint32_t Ms[] = {1, 2, 3, 5, 7, 8, 1, 1, 9, 17, 1, 8};
+    /* 9..32 rows: chunks of 8 in one workgroup; 33: a second workgroup along y */
+    static const uint32_t Ms[] = {1, 2, 3, 5, 7, 8, 1, 33, 9, 17, 1, 8};
     static const uint32_t Ns[] = {1, 7, 3, 65, 33, 4, 129, 1, 5, 9, 64, 63};
     for (uint32_t i = 0; i < 24; i++) {
         mm_case s = {0};
