@@ -29,7 +29,7 @@ typedef struct vk_engine_params {
     /* Bitwise batch invariance: a sequence's logits do not depend on what else is in the step,
      * on how its prompt was chunked, or on a pause and recompute. Costs prefill speed: every
      * matmul takes the matrix-vector kernel (one fixed reduction order per row, weights re-read
-     * per 8 rows) and every query token is attended on its own with a split length fixed per
+     * per 32 rows) and every query token is attended on its own with a split length fixed per
      * engine (the decode kernel; no tiled prefill). */
     bool batch_invariant;
     /* Caps every layer's attention window at this many tokens, StreamingLLM style: a query sees

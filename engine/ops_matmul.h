@@ -29,7 +29,7 @@
 
 typedef enum op_mm_path {
     OP_MM_AUTO = 0, /* GEMV up to the crossover, then the device's GEMM (coopmat or FP32) */
-    OP_MM_GEMV,     /* matrix-vector kernel, any M (one pass over the weights per 8 rows) */
+    OP_MM_GEMV,     /* matrix-vector kernel, any M (weights read once per 32 rows) */
     OP_MM_GEMM,     /* tiled FP32 kernel, any M */
     OP_MM_COOPMAT,  /* tiled cooperative-matrix kernel (the device's vkd_cm path), any M;
                        VKI_ERR_UNSUPPORTED when the device has none */
@@ -63,7 +63,7 @@ vki_status op_matmul_ex(vkd_cmd *c, const vk_tensor *w, const vkd_view *bias, vk
  *   Y[m, n] = act(sum_k X[m, k] * W[n, k]) * (sum_k X[m, k] * W[N + n, k]),  n < N = w->n_rows / 2
  *   w: [gate | up] rows in one part (concatenated at load); act: VKI_GLU_SILU or _GELU_TANH
  * The same bits as op_matmul into [gate | up] followed by op_glu, without the intermediate
- * round trip and barrier. The matrix-vector kernel for any M (one pass per 8 rows): use it
+ * round trip and barrier. The matrix-vector kernel for any M (as OP_MM_GEMV): use it
  * where op_matmul would take that kernel. */
 vki_status op_matmul_glu(vkd_cmd *c, const vk_tensor *w, uint32_t act, vkd_view x, uint32_t x_stride, vkd_view y,
                          uint32_t y_stride, uint32_t M);

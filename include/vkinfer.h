@@ -217,7 +217,7 @@ typedef struct vki_device_params {
     vki_log_level log_level;        /* messages above this level are dropped */
     vki_coopmat_mode coopmat;       /* VKI_COOPMAT_AUTO */
     /* Matrix multiplies with at most this many activation rows take the matrix-vector kernel
-     * (weights read once per 8 rows), more rows the tiled GEMM. 0: the crossover measured for
+     * (weights read from memory once per 32 rows), more rows the tiled GEMM. 0: the crossover measured for
      * this kind of device and path (bench-kernels --crossover measures it; engine/ops_matmul.c
      * holds the table). */
     uint32_t gemv_max_m;
