@@ -451,6 +451,8 @@ static void test_gpu_configs(void **state)
         {.M = 9, .N = 129, .K = 0, .path = OP_MM_GEMM},
         {.M = 129, .N = 127, .K = 0, .y_pad = 2, .accum = true, .parts = 2},
         {.M = 31, .N = 7, .K = 1, .bias = true, .path = OP_MM_GEMM},
+        {.M = 31, .N = 9, .K = 0, .accum = true, .path = OP_MM_GEMV}, /* 4 chunks of 8 rows */
+        {.M = 40, .N = 5, .K = 0, .bias = true, .path = OP_MM_GEMV},  /* and a second workgroup row */
     };
     for (size_t i = 0; i < vt_n_weight_types; i++) {
         uint32_t type = vt_weight_types[i];
