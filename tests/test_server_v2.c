@@ -120,7 +120,7 @@ static vki_status start(T *t, srv_model_control control, const char *dir, char *
     static const char *const all[] = {"*"};
     rp.load_models = all;
     rp.n_load_models = 1;
-    rp.unload_timeout_s = 1;
+    rp.unload_timeout_s = 3; /* the short request under unload needs 6 tokens in it, under ASan and load */
     p.session_dir = t->sdir[0] ? t->sdir : NULL;
     rp.memory_budget = 512ull << 20; /* each small model holds ~40 MiB on lavapipe (scratch) */
     rp.engine.kv_tokens = 4096;
@@ -555,7 +555,7 @@ static void test_metrics_stats(void **state)
 }
 
 /* Unloading b while a streams: a is undisturbed; b's short request finishes, its long one ends
- * with an error event when the unload timeout (1 s) passes; b can be loaded again. */
+ * with an error event when the unload timeout (3 s) passes; b can be loaded again. */
 static void test_unload_under_traffic(void **state)
 {
     T *t = *state;
