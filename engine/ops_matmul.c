@@ -247,6 +247,22 @@ static vki_status matmul_part(vkd_cmd *c, vkk_id k, const uint32_t *spec, uint32
     return VKI_OK;
 }
 
+/* The views of a product of M rows, K -> N columns (op_matmul_ex, op_matmul_glu). */
+static vki_status check_xy(vkd_device *d, const char *op, const vk_tensor *w, uint32_t M, uint64_t K, uint64_t N,
+                           const vkd_view *x, uint32_t x_stride, const vkd_view *y, uint32_t y_stride)
+{
+    if (M == 0)
+        return bad_arg(d, op, w, "M = 0");
+    if (!view_holds(x, M, K, x_stride, 4))
+        return bad_arg(d, op, w, "X view too small for [M, x_stride] (or x_stride < K)");
+    if (!view_holds(y, M, N, y_stride, 4))
+        return bad_arg(d, op, w, "Y view too small for [M, y_stride] (or y_stride < N)");
+    return VKI_OK;
+}
+
+/* X rows may be read as vec4 (vki_pc_matmul.x_vec4). */
+static uint32_t x_vec4(const vkd_view *x, uint32_t x_stride) { return x_stride % 4 == 0 && x->offset % 16 == 0; }
+
 vki_status op_matmul_ex(vkd_cmd *c, const vk_tensor *w, const vkd_view *bias, vkd_view x, uint32_t x_stride,
                         vkd_view y, uint32_t y_stride, uint32_t M, op_mm_path path, bool accumulate)
 {
@@ -256,12 +272,8 @@ vki_status op_matmul_ex(vkd_cmd *c, const vk_tensor *w, const vkd_view *bias, vk
     if (st != VKI_OK)
         return st;
     const uint64_t K = w->ne0, N = w->n_rows;
-    if (M == 0)
-        return bad_arg(d, "matmul", w, "M = 0");
-    if (!view_holds(&x, M, K, x_stride, 4))
-        return bad_arg(d, "matmul", w, "X view too small for [M, x_stride] (or x_stride < K)");
-    if (!view_holds(&y, M, N, y_stride, 4))
-        return bad_arg(d, "matmul", w, "Y view too small for [M, y_stride] (or y_stride < N)");
+    if ((st = check_xy(d, "matmul", w, M, K, N, &x, x_stride, &y, y_stride)) != VKI_OK)
+        return st;
     if (bias && !view_holds(bias, 1, N, N, 4))
         return bad_arg(d, "matmul", w, "bias view holds fewer than N floats");
 
@@ -284,7 +296,7 @@ vki_status op_matmul_ex(vkd_cmd *c, const vk_tensor *w, const vkd_view *bias, vk
     vki_pc_matmul pc = {.M = M, .K = (uint32_t)K, .x_stride = x_stride, .y_stride = y_stride,
                         .w_stride = (uint32_t)w->row_bytes,
                         .flags = (bias ? VKI_MM_BIAS : 0u) | (accumulate ? VKI_MM_ACCUM : 0u),
-                        .x_vec4 = x_stride % 4 == 0 && x.offset % 16 == 0};
+                        .x_vec4 = x_vec4(&x, x_stride)};
     for (uint32_t i = 0; i < w->n_parts; i++) {
         const vk_tensor_part *part = &w->parts[i];
         vkd_view bind[4] = {vkd_whole(part->buf), x, bias ? *bias : x, y};
@@ -312,12 +324,10 @@ vki_status op_matmul_glu(vkd_cmd *c, const vk_tensor *w, uint32_t act, vkd_view 
     if (st != VKI_OK)
         return st;
     const uint64_t K = w->ne0, N = w->n_rows / 2;
-    if (M == 0 || w->n_rows % 2 || w->n_parts != 1 || (act != VKI_GLU_SILU && act != VKI_GLU_GELU_TANH))
-        return bad_arg(d, "matmul_glu", w, "needs M > 0, one part of an even number of rows, SiLU or GELU");
-    if (!view_holds(&x, M, K, x_stride, 4))
-        return bad_arg(d, "matmul_glu", w, "X view too small for [M, x_stride] (or x_stride < K)");
-    if (!view_holds(&y, M, N, y_stride, 4))
-        return bad_arg(d, "matmul_glu", w, "Y view too small for [M, y_stride] (or y_stride < rows / 2)");
+    if (w->n_rows % 2 || w->n_parts != 1 || (act != VKI_GLU_SILU && act != VKI_GLU_GELU_TANH))
+        return bad_arg(d, "matmul_glu", w, "needs one part of an even number of rows, SiLU or GELU");
+    if ((st = check_xy(d, "matmul_glu", w, M, K, N, &x, x_stride, &y, y_stride)) != VKI_OK)
+        return st;
     uint32_t spec[VKK_MAX_SPEC];
     matvec_spec(d, M == 1 ? 1 : OP_MATVEC_ROWS, spec);
     spec[4] = 1;
@@ -325,7 +335,7 @@ vki_status op_matmul_glu(vkd_cmd *c, const vk_tensor *w, uint32_t act, vkd_view 
         return bad_arg(d, "matmul_glu", w, "M too large for one dispatch on this device");
     vki_pc_matmul pc = {.M = M, .N = (uint32_t)N, .K = (uint32_t)K, .x_stride = x_stride, .y_stride = y_stride,
                         .w_stride = (uint32_t)w->row_bytes, .flags = act == VKI_GLU_GELU_TANH ? VKI_MM_GELU : 0u,
-                        .x_vec4 = x_stride % 4 == 0 && x.offset % 16 == 0};
+                        .x_vec4 = x_vec4(&x, x_stride)};
     vkd_view bind[4] = {vkd_whole(w->parts[0].buf), x, x, y};
     return matmul_part(c, t->matvec, spec, spec[1] / 2, matvec_rows_per_group(spec), bind, pc);
 }
@@ -398,7 +408,7 @@ vki_status op_matmul_id(vkd_cmd *c, const vk_tensor *w, uint32_t n_expert, vkd_v
     if (gy > d->info.max_workgroup_count[1])
         return bad_arg(d, "matmul_id", w, "M too large for one dispatch on this device");
     vki_pc_matmul_id pc = {.M = M, .N = (uint32_t)N, .K = (uint32_t)K, .w_stride = (uint32_t)w->row_bytes,
-                           .x_stride = x_stride, .y_stride = y_stride, .x_vec4 = x_stride % 4 == 0 && x.offset % 16 == 0,
+                           .x_stride = x_stride, .y_stride = y_stride, .x_vec4 = x_vec4(&x, x_stride),
                            .x_div = x_div, .n_expert = n_expert};
     for (uint32_t i = 0; i < w->n_parts && st == VKI_OK; i++) {
         const vk_tensor_part *part = &w->parts[i];
