@@ -5,6 +5,213 @@
 
 #include "engine/device.h"
 
+/* ---- records ------------------------------------------------------------------------------------
+ * Each command is a record: a head, a fixed part and (dispatches) the descriptors and push
+ * constants, 8-byte aligned, written into zeroed memory so that equal commands are equal bytes. */
+enum { OP_DISPATCH, OP_BARRIER, OP_COPY, OP_LABEL_BEGIN, OP_LABEL_END };
+
+typedef struct op_head {
+    uint32_t kind, bytes; /* bytes: the whole record, head included, a multiple of 8 */
+} op_head;
+
+typedef struct op_dispatch {
+    op_head h;
+    VkPipeline pipeline;
+    VkPipelineLayout layout;
+    VkBuffer indirect;
+    VkDeviceSize indirect_off;
+    uint32_t n_bind, push_size, g[3], pad;
+    /* VkDescriptorBufferInfo[n_bind], then push_size bytes */
+} op_dispatch;
+
+typedef struct op_barrier {
+    op_head h;
+    uint32_t src, src_access, dst, dst_access;
+} op_barrier;
+
+typedef struct op_copy {
+    op_head h;
+    VkBuffer src, dst;
+    VkBufferCopy region;
+} op_copy;
+
+typedef struct op_label {
+    op_head h;
+    char name[]; /* NUL-terminated */
+} op_label;
+
+static size_t pad8(size_t n) { return (n + 7) & ~(size_t)7; }
+
+/* Zeroed room for a record of `bytes` at the end of ops; NULL when out of memory (the recording
+ * is then marked failed). vkd_cmd_create leaves room for any record but a long label. */
+static void *rec_reserve(vkd_cmd *c, uint32_t kind, size_t bytes)
+{
+    bytes = pad8(bytes);
+    if (c->n_ops + bytes > c->cap_ops) {
+        size_t cap = c->cap_ops * 2 > c->n_ops + bytes ? c->cap_ops * 2 : c->n_ops + bytes;
+        uint8_t *p = realloc(c->ops, cap);
+        if (!p) {
+            c->ops_status = VKI_ERR_OUT_OF_HOST_MEMORY;
+            return NULL;
+        }
+        c->ops = p;
+        c->cap_ops = cap;
+    }
+    op_head *h = (op_head *)(c->ops + c->n_ops);
+    memset(h, 0, bytes);
+    h->kind = kind;
+    h->bytes = (uint32_t)bytes;
+    return h;
+}
+
+/* Hands one record to the driver. */
+static void rec_exec(vkd_device *d, VkCommandBuffer cb, const op_head *h)
+{
+    switch (h->kind) {
+    case OP_DISPATCH: {
+        const op_dispatch *r = (const op_dispatch *)h;
+        const VkDescriptorBufferInfo *bi = (const VkDescriptorBufferInfo *)(r + 1);
+        VkWriteDescriptorSet w[16];
+        for (uint32_t i = 0; i < r->n_bind; i++)
+            w[i] = (VkWriteDescriptorSet){.sType = VK_STRUCTURE_TYPE_WRITE_DESCRIPTOR_SET, .dstBinding = i,
+                                          .descriptorCount = 1, .descriptorType = VK_DESCRIPTOR_TYPE_STORAGE_BUFFER,
+                                          .pBufferInfo = &bi[i]};
+        vkCmdBindPipeline(cb, VK_PIPELINE_BIND_POINT_COMPUTE, r->pipeline);
+        if (r->n_bind)
+            d->fn.push_descriptor(cb, VK_PIPELINE_BIND_POINT_COMPUTE, r->layout, 0, r->n_bind, w);
+        if (r->push_size)
+            vkCmdPushConstants(cb, r->layout, VK_SHADER_STAGE_COMPUTE_BIT, 0, r->push_size, bi + r->n_bind);
+        if (r->indirect)
+            vkCmdDispatchIndirect(cb, r->indirect, r->indirect_off);
+        else
+            vkCmdDispatch(cb, r->g[0], r->g[1], r->g[2]);
+        break;
+    }
+    case OP_BARRIER: {
+        const op_barrier *r = (const op_barrier *)h;
+        VkMemoryBarrier mb = {.sType = VK_STRUCTURE_TYPE_MEMORY_BARRIER, .srcAccessMask = r->src_access,
+                              .dstAccessMask = r->dst_access};
+        vkCmdPipelineBarrier(cb, r->src, r->dst, 0, 1, &mb, 0, NULL, 0, NULL);
+        break;
+    }
+    case OP_COPY: {
+        const op_copy *r = (const op_copy *)h;
+        vkCmdCopyBuffer(cb, r->src, r->dst, 1, &r->region);
+        break;
+    }
+    case OP_LABEL_BEGIN:
+        if (d->fn.label_begin)
+            d->fn.label_begin(cb, &(VkDebugUtilsLabelEXT){.sType = VK_STRUCTURE_TYPE_DEBUG_UTILS_LABEL_EXT,
+                                                          .pLabelName = ((const op_label *)h)->name});
+        break;
+    case OP_LABEL_END:
+        if (d->fn.label_end)
+            d->fn.label_end(cb);
+        break;
+    }
+}
+
+/* The record just reserved is complete: without streaming it goes to the driver now. */
+static void rec_commit(vkd_cmd *c, op_head *h)
+{
+    if (c->streaming) {
+        c->n_ops += h->bytes;
+        return;
+    }
+    rec_exec(c->d, c->cb, h);
+}
+
+/* ---- reuse --------------------------------------------------------------------------------------- */
+
+typedef struct reuse_slot {
+    VkCommandBuffer cb;
+    uint8_t *ops;            /* the stream it was recorded from */
+    size_t n_ops;
+    uint64_t last_use;
+    uint64_t buffers_destroyed; /* the device's count when it was recorded */
+} reuse_slot;
+
+struct vkd_reuse {
+    uint32_t n_slots;
+    uint64_t clock;
+    reuse_slot slot[VKD_REUSE_MAX_SLOTS];
+};
+
+static void reuse_free(vkd_device *d, vkd_reuse *r)
+{
+    if (!r)
+        return;
+    for (uint32_t i = 0; i < r->n_slots; i++) {
+        if (r->slot[i].cb)
+            vkFreeCommandBuffers(d->dev, d->cmd_pool, 1, &r->slot[i].cb);
+        free(r->slot[i].ops);
+    }
+    free(r);
+}
+
+vki_status vkd_cmd_enable_reuse(vkd_cmd *c, uint32_t n_slots)
+{
+    if (!n_slots || n_slots > VKD_REUSE_MAX_SLOTS || c->recording || c->pending || c->reuse)
+        return VKI_ERR_INVALID_ARG;
+    vkd_reuse *r = calloc(1, sizeof *r);
+    if (!r)
+        return VKI_ERR_OUT_OF_HOST_MEMORY;
+    r->n_slots = n_slots;
+    c->reuse = r;
+    return VKI_OK;
+}
+
+/* The slot holding a command buffer recorded from the current stream, recording it into the least
+ * recently used slot when none does. */
+static vki_status reuse_pick(vkd_cmd *c, VkCommandBuffer *out)
+{
+    vkd_device *d = c->d;
+    vkd_reuse *r = c->reuse;
+    reuse_slot *victim = &r->slot[0];
+    r->clock++;
+    for (uint32_t i = 0; i < r->n_slots; i++) {
+        reuse_slot *s = &r->slot[i];
+        /* a stream of another shape differs in length or early on: memcmp stops there */
+        if (s->cb && s->n_ops == c->n_ops && s->buffers_destroyed == d->buffers_destroyed &&
+            !memcmp(s->ops, c->ops, c->n_ops)) {
+            s->last_use = r->clock;
+            c->reuse_hits++;
+            *out = s->cb;
+            return VKI_OK;
+        }
+        if (s->last_use < victim->last_use)
+            victim = s;
+    }
+    c->reuse_misses++;
+    reuse_slot *s = victim;
+    s->n_ops = 0;
+    s->last_use = 0; /* until recorded: a failure leaves it the next victim, not a match */
+    if (!s->cb) {
+        VkCommandBufferAllocateInfo ai = {.sType = VK_STRUCTURE_TYPE_COMMAND_BUFFER_ALLOCATE_INFO,
+                                          .commandPool = d->cmd_pool, .level = VK_COMMAND_BUFFER_LEVEL_PRIMARY,
+                                          .commandBufferCount = 1};
+        VKD_TRY(d, vkAllocateCommandBuffers(d->dev, &ai, &s->cb));
+        vkd_name(d, VK_OBJECT_TYPE_COMMAND_BUFFER, (uint64_t)(uintptr_t)s->cb, "vkinfer reused cmd %u",
+                 (unsigned)(s - r->slot));
+    }
+    uint8_t *keep = realloc(s->ops, c->n_ops ? c->n_ops : 8);
+    if (!keep)
+        return VKI_ERR_OUT_OF_HOST_MEMORY;
+    s->ops = keep;
+    VKD_TRY(d, vkResetCommandBuffer(s->cb, 0));
+    VkCommandBufferBeginInfo bi = {.sType = VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO};
+    VKD_TRY(d, vkBeginCommandBuffer(s->cb, &bi));
+    for (size_t o = 0; o < c->n_ops; o += ((const op_head *)(c->ops + o))->bytes)
+        rec_exec(d, s->cb, (const op_head *)(c->ops + o));
+    VKD_TRY(d, vkEndCommandBuffer(s->cb));
+    memcpy(s->ops, c->ops, c->n_ops);
+    s->n_ops = c->n_ops;
+    s->buffers_destroyed = d->buffers_destroyed;
+    s->last_use = r->clock;
+    *out = s->cb;
+    return VKI_OK;
+}
+
 vki_status vkd_cmd_create(vkd_device *d, const char *name, vkd_cmd *c)
 {
     *c = (vkd_cmd){.d = d};
@@ -13,6 +220,12 @@ vki_status vkd_cmd_create(vkd_device *d, const char *name, vkd_cmd *c)
                                       .commandBufferCount = 1};
     VKD_TRY(d, vkAllocateCommandBuffers(d->dev, &ai, &c->cb));
     vkd_name(d, VK_OBJECT_TYPE_COMMAND_BUFFER, (uint64_t)(uintptr_t)c->cb, "%s", name ? name : "vkinfer cmd");
+    /* room for the largest record but a long label: without reuse nothing grows */
+    c->cap_ops = 4096;
+    if (!(c->ops = malloc(c->cap_ops))) {
+        vkd_cmd_destroy(c);
+        return VKI_ERR_OUT_OF_HOST_MEMORY;
+    }
     vki_status st = vkd_check(d, vkCreateFence(d->dev, &(VkFenceCreateInfo){.sType = VK_STRUCTURE_TYPE_FENCE_CREATE_INFO},
                                                NULL, &c->fence), "vkCreateFence");
     if (st != VKI_OK)
@@ -35,6 +248,8 @@ void vkd_cmd_destroy(vkd_cmd *c)
         vkDestroyFence(d->dev, c->fence, NULL);
     if (c->cb)
         vkFreeCommandBuffers(d->dev, d->cmd_pool, 1, &c->cb);
+    reuse_free(d, c->reuse);
+    free(c->ops);
     *c = (vkd_cmd){0};
 }
 
@@ -64,12 +279,17 @@ vki_status vkd_cmd_begin(vkd_cmd *c)
         if (st != VKI_OK)
             return st;
     }
-    VKD_TRY(d, vkResetCommandBuffer(c->cb, 0));
-    VkCommandBufferBeginInfo bi = {.sType = VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO,
-                                   .flags = VK_COMMAND_BUFFER_USAGE_ONE_TIME_SUBMIT_BIT};
-    VKD_TRY(d, vkBeginCommandBuffer(c->cb, &bi));
-    if (c->queries)
-        vkCmdResetQueryPool(c->cb, c->queries, 0, c->max_queries);
+    c->streaming = c->reuse && !c->queries;
+    c->n_ops = 0;
+    c->ops_status = VKI_OK;
+    if (!c->streaming) {
+        VKD_TRY(d, vkResetCommandBuffer(c->cb, 0));
+        VkCommandBufferBeginInfo bi = {.sType = VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO,
+                                       .flags = VK_COMMAND_BUFFER_USAGE_ONE_TIME_SUBMIT_BIT};
+        VKD_TRY(d, vkBeginCommandBuffer(c->cb, &bi));
+        if (c->queries)
+            vkCmdResetQueryPool(c->cb, c->queries, 0, c->max_queries);
+    }
     c->n_queries = 0;
     c->n_dispatches = c->n_barriers = 0;
     c->role = NULL;
@@ -85,8 +305,17 @@ vki_status vkd_cmd_submit(vkd_cmd *c)
     if (!c->recording)
         return VKI_ERR_INVALID_ARG;
     c->recording = false;
-    VKD_TRY(d, vkEndCommandBuffer(c->cb));
-    VkSubmitInfo si = {.sType = VK_STRUCTURE_TYPE_SUBMIT_INFO, .commandBufferCount = 1, .pCommandBuffers = &c->cb};
+    VkCommandBuffer cb = c->cb;
+    if (!c->streaming)
+        VKD_TRY(d, vkEndCommandBuffer(c->cb));
+    if (c->ops_status != VKI_OK)
+        return c->ops_status;
+    if (c->streaming) {
+        vki_status st = reuse_pick(c, &cb);
+        if (st != VKI_OK)
+            return st;
+    }
+    VkSubmitInfo si = {.sType = VK_STRUCTURE_TYPE_SUBMIT_INFO, .commandBufferCount = 1, .pCommandBuffers = &cb};
     VKD_TRY(d, vkQueueSubmit(d->queue, 1, &si, c->fence));
     c->pending = true;
     return VKI_OK;
@@ -97,7 +326,8 @@ void vkd_cmd_abort(vkd_cmd *c)
     if (!c->recording)
         return;
     c->recording = false;
-    vkEndCommandBuffer(c->cb); /* the next vkd_cmd_begin resets it */
+    if (!c->streaming)
+        vkEndCommandBuffer(c->cb); /* the next vkd_cmd_begin resets it */
 }
 
 vki_status vkd_cmd_wait(vkd_cmd *c)
@@ -130,38 +360,77 @@ vki_status vkd_cmd_submit_wait(vkd_cmd *c)
     return st == VKI_OK ? vkd_cmd_wait(c) : st;
 }
 
-static void memory_barrier(vkd_cmd *c, VkPipelineStageFlags src, VkAccessFlags src_access,
-                           VkPipelineStageFlags dst, VkAccessFlags dst_access)
+void vkd_barrier_ex(vkd_cmd *c, VkPipelineStageFlags src, VkAccessFlags src_access, VkPipelineStageFlags dst,
+                    VkAccessFlags dst_access)
 {
-    VkMemoryBarrier mb = {.sType = VK_STRUCTURE_TYPE_MEMORY_BARRIER, .srcAccessMask = src_access,
-                          .dstAccessMask = dst_access};
-    vkCmdPipelineBarrier(c->cb, src, dst, 0, 1, &mb, 0, NULL, 0, NULL);
+    op_barrier *r = rec_reserve(c, OP_BARRIER, sizeof *r);
+    if (r) {
+        r->src = src, r->src_access = src_access, r->dst = dst, r->dst_access = dst_access;
+        rec_commit(c, &r->h);
+    }
     c->n_barriers++;
 }
 
 void vkd_barrier(vkd_cmd *c)
 {
-    memory_barrier(c, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, VK_ACCESS_SHADER_WRITE_BIT,
+    vkd_barrier_ex(c, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, VK_ACCESS_SHADER_WRITE_BIT,
                    VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, VK_ACCESS_SHADER_READ_BIT | VK_ACCESS_SHADER_WRITE_BIT);
 }
 
 void vkd_barrier_transfer_to_compute(vkd_cmd *c)
 {
-    memory_barrier(c, VK_PIPELINE_STAGE_TRANSFER_BIT, VK_ACCESS_TRANSFER_WRITE_BIT,
-                   VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, VK_ACCESS_SHADER_READ_BIT | VK_ACCESS_SHADER_WRITE_BIT);
+    vkd_barrier_ex(c, VK_PIPELINE_STAGE_TRANSFER_BIT, VK_ACCESS_TRANSFER_WRITE_BIT,
+                   VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT | VK_PIPELINE_STAGE_DRAW_INDIRECT_BIT,
+                   VK_ACCESS_SHADER_READ_BIT | VK_ACCESS_SHADER_WRITE_BIT | VK_ACCESS_INDIRECT_COMMAND_READ_BIT);
 }
 
 void vkd_barrier_compute_to_transfer(vkd_cmd *c)
 {
-    memory_barrier(c, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, VK_ACCESS_SHADER_WRITE_BIT,
+    vkd_barrier_ex(c, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, VK_ACCESS_SHADER_WRITE_BIT,
                    VK_PIPELINE_STAGE_TRANSFER_BIT, VK_ACCESS_TRANSFER_READ_BIT);
+}
+
+void vkd_barrier_compute_to_host(vkd_cmd *c)
+{
+    op_barrier *r = rec_reserve(c, OP_BARRIER, sizeof *r); /* not a barrier between dispatches */
+    if (r) {
+        r->src = VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, r->src_access = VK_ACCESS_SHADER_WRITE_BIT;
+        r->dst = VK_PIPELINE_STAGE_HOST_BIT, r->dst_access = VK_ACCESS_HOST_READ_BIT;
+        rec_commit(c, &r->h);
+    }
 }
 
 void vkd_copy(vkd_cmd *c, const vkd_buffer *src, VkDeviceSize src_off, const vkd_buffer *dst,
               VkDeviceSize dst_off, VkDeviceSize n)
 {
-    VkBufferCopy r = {.srcOffset = src_off, .dstOffset = dst_off, .size = n};
-    vkCmdCopyBuffer(c->cb, src->buf, dst->buf, 1, &r);
+    op_copy *r = rec_reserve(c, OP_COPY, sizeof *r);
+    if (r) {
+        r->src = src->buf, r->dst = dst->buf;
+        r->region = (VkBufferCopy){.srcOffset = src_off, .dstOffset = dst_off, .size = n};
+        rec_commit(c, &r->h);
+    }
+}
+
+void vkd_dispatch_raw(vkd_cmd *c, VkPipeline p, VkPipelineLayout layout, const VkDescriptorBufferInfo *bind,
+                      uint32_t n_bind, const void *push, uint32_t push_size, const uint32_t g[3], VkBuffer indirect,
+                      VkDeviceSize indirect_off)
+{
+    if (n_bind > 16 || push_size > VKD_MAX_PUSH) { /* the callers' tables are smaller */
+        c->ops_status = VKI_ERR_INVALID_ARG;
+        return;
+    }
+    size_t nb = n_bind * sizeof *bind;
+    op_dispatch *r = rec_reserve(c, OP_DISPATCH, sizeof *r + nb + push_size);
+    if (!r)
+        return;
+    r->pipeline = p, r->layout = layout, r->indirect = indirect, r->indirect_off = indirect_off;
+    r->n_bind = n_bind, r->push_size = push_size;
+    if (!indirect)
+        memcpy(r->g, g, sizeof r->g);
+    memcpy(r + 1, bind, nb);
+    if (push_size)
+        memcpy((char *)(r + 1) + nb, push, push_size);
+    rec_commit(c, &r->h);
 }
 
 void vkd_label_begin(vkd_cmd *c, const char *fmt, ...)
@@ -174,8 +443,12 @@ void vkd_label_begin(vkd_cmd *c, const char *fmt, ...)
     vsnprintf(name, sizeof name, fmt, ap);
     va_end(ap);
     if (c->d->fn.label_begin) {
-        VkDebugUtilsLabelEXT l = {.sType = VK_STRUCTURE_TYPE_DEBUG_UTILS_LABEL_EXT, .pLabelName = name};
-        c->d->fn.label_begin(c->cb, &l);
+        size_t n = strlen(name) + 1;
+        op_label *r = rec_reserve(c, OP_LABEL_BEGIN, sizeof *r + n);
+        if (r) {
+            memcpy(r->name, name, n);
+            rec_commit(c, &r->h);
+        }
     }
     if (c->queries && c->label_depth < VKD_LABEL_DEPTH) { /* the path profile events are named by */
         char path[VKD_LABEL_PATH];
@@ -187,8 +460,9 @@ void vkd_label_begin(vkd_cmd *c, const char *fmt, ...)
 
 void vkd_label_end(vkd_cmd *c)
 {
-    if (c->d->fn.label_end)
-        c->d->fn.label_end(c->cb);
+    op_head *r = c->d->fn.label_end ? rec_reserve(c, OP_LABEL_END, sizeof *r) : NULL;
+    if (r)
+        rec_commit(c, r);
     if (c->queries && c->label_depth)
         c->label_path[c->label_len[--c->label_depth]] = 0;
 }

@@ -108,6 +108,9 @@ struct vkd_device {
     void *log_user;
     vki_log_level log_level;
     bool lost;                       /* sticky: VK_ERROR_DEVICE_LOST seen */
+    uint64_t buffers_destroyed;      /* vkd_buffer_destroy calls: a command buffer recorded before
+                                        the count changed may name a buffer that is gone, so
+                                        vkd_cmd's reuse records it again */
 
     bool nv_coopmat;                 /* VK_NV_cooperative_matrix enabled at open */
     vkd_cm cm;                       /* the path the kernels take now (vkd_coopmat_select) */
@@ -172,13 +175,27 @@ vki_status vkd_fill(vkd_device *d, vkd_buffer *dst, VkDeviceSize off, VkDeviceSi
 #define VKD_LABEL_PATH 96
 #define VKD_LABEL_DEPTH 8
 
+typedef struct vkd_reuse vkd_reuse;
+
 typedef struct vkd_cmd {
     vkd_device *d;
-    VkCommandBuffer cb;
+    VkCommandBuffer cb;      /* the recording's command buffer (streaming: the slot last submitted) */
     VkFence fence;
     bool recording;
     bool pending;            /* submitted, not yet waited */
     uint32_t n_dispatches, n_barriers; /* recorded since vkd_cmd_begin (what a step costs) */
+    /* Every command is first written as a record (engine/cmd.c) into ops. Without reuse each is
+     * handed to the driver at once; with reuse (vkd_cmd_enable_reuse) the recording is a stream
+     * that vkd_cmd_submit compares with the streams of the command buffers it already holds: an
+     * identical one (same pipelines, bindings, push constants, groups, barriers, copies and
+     * labels) is submitted again without recording anything, else the least recently used slot
+     * is recorded from the stream. Never while profiling (timestamps are per recording). */
+    uint8_t *ops;
+    size_t n_ops, cap_ops;   /* bytes */
+    vki_status ops_status;   /* not VKI_OK: a record could not be written; the submit fails */
+    vkd_reuse *reuse;
+    bool streaming;          /* this recording goes to ops (reuse on, profiling off) */
+    uint64_t reuse_hits, reuse_misses; /* submits that did / did not find their stream */
     /* profiling (optional): timestamps around every dispatch */
     VkQueryPool queries;
     uint32_t n_queries, max_queries;
@@ -204,6 +221,12 @@ vki_status vkd_cmd_create(vkd_device *d, const char *name, vkd_cmd *out);
 void vkd_cmd_destroy(vkd_cmd *c);
 /* Enable per-dispatch GPU timestamps for up to max_dispatches dispatches per recording. */
 vki_status vkd_cmd_enable_profiling(vkd_cmd *c, uint32_t max_dispatches);
+/* Keep up to n_slots (1..VKD_REUSE_MAX_SLOTS) recorded command buffers and resubmit one whenever
+ * a recording repeats it (see vkd_cmd). Recordings that differ only in what the buffers hold
+ * (the step inputs, the weights) repeat; so a decode step of the same batch shape costs a
+ * comparison instead of a driver recording. Has no effect while profiling. */
+#define VKD_REUSE_MAX_SLOTS 16
+vki_status vkd_cmd_enable_reuse(vkd_cmd *c, uint32_t n_slots);
 vki_status vkd_cmd_begin(vkd_cmd *c);
 vki_status vkd_cmd_submit(vkd_cmd *c);           /* end + submit; does not wait */
 vki_status vkd_cmd_wait(vkd_cmd *c);             /* waits for the last submit */
@@ -216,8 +239,21 @@ void vkd_barrier(vkd_cmd *c);
 /* Transfer->compute and compute->transfer barriers around copies recorded in a step. */
 void vkd_barrier_transfer_to_compute(vkd_cmd *c);
 void vkd_barrier_compute_to_transfer(vkd_cmd *c);
+/* Shader writes visible to the host after the submission's fence (mapped results). */
+void vkd_barrier_compute_to_host(vkd_cmd *c);
+/* Any memory barrier (kv_io's transfer barriers). */
+void vkd_barrier_ex(vkd_cmd *c, VkPipelineStageFlags src, VkAccessFlags src_access, VkPipelineStageFlags dst,
+                    VkAccessFlags dst_access);
 void vkd_copy(vkd_cmd *c, const vkd_buffer *src, VkDeviceSize src_off, const vkd_buffer *dst,
               VkDeviceSize dst_off, VkDeviceSize n);
+/* Binds p, pushes n_bind storage-buffer descriptors (set 0, bindings 0..n_bind-1) and push_size
+ * bytes of push constants (<= VKD_MAX_PUSH), then dispatches (g[0], g[1], g[2]) groups or, when
+ * indirect is not VK_NULL_HANDLE, the VkDispatchIndirectCommand at indirect_off. The one place a
+ * dispatch reaches the driver (engine/kernels.c checks and labels it). */
+#define VKD_MAX_PUSH 128
+void vkd_dispatch_raw(vkd_cmd *c, VkPipeline p, VkPipelineLayout layout, const VkDescriptorBufferInfo *bind,
+                      uint32_t n_bind, const void *push, uint32_t push_size, const uint32_t g[3], VkBuffer indirect,
+                      VkDeviceSize indirect_off);
 
 void vkd_label_begin(vkd_cmd *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* Names what the following dispatches compute, until the next call: their debug labels (RenderDoc,

@@ -339,6 +339,11 @@ vki_status vk_engine_create(vkd_device *d, const gguf_file *f, const model_hpara
         st = vkd_cmd_create(d, "step", &e->cmd);
     if (st == VKI_OK && e->p.profile_path)
         st = vk_profile_open(&e->prof, &e->cmd, e->p.profile_path);
+    /* A step that records what an earlier one recorded is submitted again (vkd_cmd reuse): up
+     * to 8 shapes, e.g. decode at the batch sizes a server moves between and a prefill chunk or
+     * two. Not with a RenderDoc capture set (whose steps want labels of their own). */
+    if (st == VKI_OK && !e->p.no_cmd_reuse && e->p.capture_first < 0)
+        st = vkd_cmd_enable_reuse(&e->cmd, 8);
     if (st == VKI_OK)
         st = size_kv(e);
     if (st == VKI_OK)
@@ -711,8 +716,14 @@ vki_status vk_engine_step(vk_engine *e, const vki_step_plan *plan, vki_step_out 
     vk_capture_before_step(&e->capture, e->dev, e->n_steps);
     if ((st = vkd_cmd_begin(&e->cmd)) != VKI_OK)
         return st;
-    vkd_label_begin(&e->cmd, "step %llu", (unsigned long long)e->n_steps);
-    vkd_copy(&e->cmd, e->in.host, 0, e->in.dev, 0, e->in.used);
+    if (e->cmd.streaming) /* one label for every step a recording serves */
+        vkd_label_begin(&e->cmd, "step");
+    else
+        vkd_label_begin(&e->cmd, "step %llu", (unsigned long long)e->n_steps);
+    /* in whole 16 KiB: the copy changes size once per 4,096 page-table entries, not per page
+     * (vkd_cmd reuse); the extra bytes cost the transfer next to nothing */
+    VkDeviceSize copy = (e->in.used + 16383) / 16384 * 16384;
+    vkd_copy(&e->cmd, e->in.host, 0, e->in.dev, 0, copy < e->in.cap ? copy : e->in.cap);
     record_page_copies(e, plan);
     vkd_barrier_transfer_to_compute(&e->cmd);
     memcpy(e->attn_plan, ap, sizeof ap);

@@ -40,6 +40,8 @@ typedef struct vk_engine_params {
      * folded into a matmul, no joint rotation of q and k (the same results bit for bit; for
      * measuring the fusions). */
     bool no_fusion;
+    /* Record every step anew instead of resubmitting a repeated recording (vkd_cmd reuse). */
+    bool no_cmd_reuse;
 } vk_engine_params;
 
 vk_engine_params vk_engine_default_params(void);

@@ -261,8 +261,10 @@ vki_status vk_forward_record(vk_engine *e, const vki_step_plan *plan, uint32_t n
             .tok_pos = in_view(e, in->off_pos, (VkDeviceSize)T * 4),
             .tok_seq = in_view(e, in->off_seq, (VkDeviceSize)T * 4),
             .seq_info = in_view(e, in->off_info, (VkDeviceSize)in->n_info * sizeof(vki_seq_info)),
-            .page_table = in_view(e, in->off_pages, in->used - in->off_pages),
-            .items = in_view(e, in->off_items[kk], (VkDeviceSize)e->attn_plan[kk].n_items * sizeof(vki_attn_item)),
+            /* the whole table and item list, not the step's part, so that the recording of one
+             * step shape does not change with the context (vkd_cmd reuse) */
+            .page_table = in_view(e, in->off_pages, in->cap - in->off_pages),
+            .items = in_view(e, in->off_items[kk], (VkDeviceSize)in->max_items * sizeof(vki_attn_item)),
             .plan = &e->attn_plan[kk]};
     }
 

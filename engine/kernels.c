@@ -286,14 +286,20 @@ static vki_status check_dispatch(vkd_device *d, const vkk_desc *kd, const vkd_vi
     return VKI_OK;
 }
 
-vki_status vkk_dispatch(vkd_cmd *c, vkk_id k, const uint32_t *spec, const vkd_view *bind, uint32_t n_bind,
-                        const void *push, uint32_t push_size, uint32_t gx, uint32_t gy, uint32_t gz)
+/* The checked, labelled (and, profiling, timed) dispatch both entry points record. */
+static vki_status dispatch(vkd_cmd *c, vkk_id k, const uint32_t *spec, const vkd_view *bind, uint32_t n_bind,
+                           const void *push, uint32_t push_size, const uint32_t g[3], const vkd_view *indirect)
 {
     vkd_device *d = c->d;
     const vkk_desc *kd = vkk_get(k);
     if (!kd || !c->recording)
         return VKI_ERR_INVALID_ARG;
-    vki_status st = check_dispatch(d, kd, bind, n_bind, push_size, gx, gy, gz);
+    vki_status st = check_dispatch(d, kd, bind, n_bind, push_size, g[0], g[1], g[2]);
+    if (st == VKI_OK && indirect &&
+        (!indirect->buf || indirect->offset % 4 || indirect->offset + sizeof(VkDispatchIndirectCommand) > indirect->buf->size)) {
+        vkd_log(d, VKI_LOG_ERROR, "dispatch %s: indirect arguments outside their buffer", kd->name);
+        st = VKI_ERR_INVALID_ARG;
+    }
     VkPipeline p = VK_NULL_HANDLE;
     if (st == VKI_OK)
         st = get_pipeline(d, k, spec, &p);
@@ -301,13 +307,8 @@ vki_status vkk_dispatch(vkd_cmd *c, vkk_id k, const uint32_t *spec, const vkd_vi
         return st;
     kernel_state *ks = &d->kernels->k[k];
     VkDescriptorBufferInfo bi[VKK_MAX_BINDINGS];
-    VkWriteDescriptorSet w[VKK_MAX_BINDINGS];
-    for (uint32_t i = 0; i < n_bind; i++) {
+    for (uint32_t i = 0; i < n_bind; i++)
         bi[i] = (VkDescriptorBufferInfo){bind[i].buf->buf, bind[i].offset, bind[i].range};
-        w[i] = (VkWriteDescriptorSet){.sType = VK_STRUCTURE_TYPE_WRITE_DESCRIPTOR_SET, .dstBinding = i,
-                                      .descriptorCount = 1, .descriptorType = VK_DESCRIPTOR_TYPE_STORAGE_BUFFER,
-                                      .pBufferInfo = &bi[i]};
-    }
     if (c->role)
         vkd_label_begin(c, "%s / %s", c->role, kd->name);
     else
@@ -319,14 +320,23 @@ vki_status vkk_dispatch(vkd_cmd *c, vkk_id k, const uint32_t *spec, const vkd_vi
         c->query_roles[c->n_queries / 2] = c->role;
         vkCmdWriteTimestamp(c->cb, VK_PIPELINE_STAGE_TOP_OF_PIPE_BIT, c->queries, c->n_queries++);
     }
-    vkCmdBindPipeline(c->cb, VK_PIPELINE_BIND_POINT_COMPUTE, p);
-    d->fn.push_descriptor(c->cb, VK_PIPELINE_BIND_POINT_COMPUTE, ks->layout, 0, n_bind, w);
-    if (push_size)
-        vkCmdPushConstants(c->cb, ks->layout, VK_SHADER_STAGE_COMPUTE_BIT, 0, push_size, push);
-    vkCmdDispatch(c->cb, gx, gy, gz);
+    vkd_dispatch_raw(c, p, ks->layout, bi, n_bind, push, push_size, g, indirect ? indirect->buf->buf : VK_NULL_HANDLE,
+                     indirect ? indirect->offset : 0);
     c->n_dispatches++;
     if (timed)
         vkCmdWriteTimestamp(c->cb, VK_PIPELINE_STAGE_BOTTOM_OF_PIPE_BIT, c->queries, c->n_queries++);
     vkd_label_end(c);
     return VKI_OK;
+}
+
+vki_status vkk_dispatch(vkd_cmd *c, vkk_id k, const uint32_t *spec, const vkd_view *bind, uint32_t n_bind,
+                        const void *push, uint32_t push_size, uint32_t gx, uint32_t gy, uint32_t gz)
+{
+    return dispatch(c, k, spec, bind, n_bind, push, push_size, (uint32_t[3]){gx, gy, gz}, NULL);
+}
+
+vki_status vkk_dispatch_indirect(vkd_cmd *c, vkk_id k, const uint32_t *spec, const vkd_view *bind, uint32_t n_bind,
+                                 const void *push, uint32_t push_size, vkd_view args)
+{
+    return dispatch(c, k, spec, bind, n_bind, push, push_size, (uint32_t[3]){1, 1, 1}, &args);
 }

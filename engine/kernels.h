@@ -74,6 +74,13 @@ vki_status vkk_dispatch(vkd_cmd *c, vkk_id k, const uint32_t *spec, const vkd_vi
                         uint32_t n_bindings, const void *push, uint32_t push_size, uint32_t gx,
                         uint32_t gy, uint32_t gz);
 
+/* The same with the group counts read by the device from args (a VkDispatchIndirectCommand at
+ * args.offset, a multiple of 4): the counts may change between submissions of one recording.
+ * Whoever writes them keeps each within the device's maxComputeWorkGroupCount (0 is allowed:
+ * nothing runs). */
+vki_status vkk_dispatch_indirect(vkd_cmd *c, vkk_id k, const uint32_t *spec, const vkd_view *bindings,
+                                 uint32_t n_bindings, const void *push, uint32_t push_size, vkd_view args);
+
 /* Ceil-divide helper for group counts. */
 static inline uint32_t vkk_groups(uint64_t n, uint32_t per_group)
 {

@@ -238,7 +238,8 @@ vki_status vkd_buffer_create(vkd_device *d, VkDeviceSize size, vkd_mem kind, con
     b->size = size;
     b->kind = kind;
     VkBufferCreateInfo bi = {.sType = VK_STRUCTURE_TYPE_BUFFER_CREATE_INFO, .size = size,
-                             .usage = VK_BUFFER_USAGE_STORAGE_BUFFER_BIT | VK_BUFFER_USAGE_TRANSFER_SRC_BIT |
+                             .usage = VK_BUFFER_USAGE_STORAGE_BUFFER_BIT | VK_BUFFER_USAGE_INDIRECT_BUFFER_BIT |
+                                      VK_BUFFER_USAGE_TRANSFER_SRC_BIT |
                                       VK_BUFFER_USAGE_TRANSFER_DST_BIT,
                              .sharingMode = VK_SHARING_MODE_EXCLUSIVE};
     vki_status st = vkd_check(d, vkCreateBuffer(d->dev, &bi, NULL, &b->buf), "vkCreateBuffer");
@@ -285,6 +286,7 @@ void vkd_buffer_destroy(vkd_device *d, vkd_buffer *b)
 {
     if (!b)
         return;
+    d->buffers_destroyed++;
     vkDestroyBuffer(d->dev, b->buf, NULL);
     range_give(b->block, b->mem_off, b->mem_size);
     d->bytes_allocated[b->kind] -= b->mem_size;

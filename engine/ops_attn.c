@@ -169,8 +169,8 @@ uint32_t op_attn_max_items(const op_attn *a, uint32_t max_seqs, uint32_t max_tok
 {
     /* decode: one split per key range of a sequence (window, sink) plus at most target_groups
      * more (see pick_split), one reduce entry per sequence; prefill: one block per pre_nq tokens
-     * plus one per sequence. */
-    uint64_t n = 4ull * max_seqs + max_tokens / a->pre_nq + a->target_groups;
+     * plus one per sequence; the decode dispatch's indirect arguments. */
+    uint64_t n = 1 + 4ull * max_seqs + max_tokens / a->pre_nq + a->target_groups;
     return n > UINT32_MAX ? UINT32_MAX : (uint32_t)n;
 }
 
@@ -217,21 +217,23 @@ static uint32_t n_splits(const op_attn *a, uint32_t n_ctx, uint32_t c)
 static bool count_items(const op_attn *a, const vki_seq_info *seqs, uint32_t n_seqs, uint32_t c, uint32_t cap,
                         op_attn_plan *p)
 {
-    uint64_t dec = 0, red = 0, pre = 0, slots = 0;
+    uint64_t dec = 0, dec_seqs = 0, split = 0, pre = 0, slots = 0;
     for (uint32_t i = 0; i < n_seqs; i++) {
         if (seqs[i].n_new == 1) {
             uint32_t n = n_splits(a, seqs[i].n_ctx, c);
             dec += n;
-            red += n > 1;
+            dec_seqs++;
+            split += n > 1;
             slots += n > 1 ? n : 0;
         } else {
             pre += ceil_div(seqs[i].n_new, a->pre_nq);
         }
     }
-    if (dec + red + pre > cap)
+    if (1 + dec + dec_seqs + pre > cap)
         return false;
-    p->n_dec = (uint32_t)dec, p->n_red = (uint32_t)red, p->n_pre = (uint32_t)pre;
-    p->n_slots = (uint32_t)slots, p->n_items = (uint32_t)(dec + red + pre), p->split = c;
+    p->n_dec = (uint32_t)dec, p->n_red = split ? (uint32_t)dec_seqs : 0, p->n_pre = (uint32_t)pre;
+    p->red_off = 1 + p->n_pre, p->dec_off = p->red_off + (uint32_t)dec_seqs;
+    p->n_slots = (uint32_t)slots, p->n_items = p->dec_off + p->n_dec, p->split = c;
     return true;
 }
 
@@ -246,14 +248,14 @@ static void split_range(vki_attn_item *items, uint32_t *di, uint32_t i, uint32_t
 static void fill_items(const op_attn *a, const vki_seq_info *seqs, uint32_t n_seqs, const op_attn_plan *p,
                        vki_attn_item *items)
 {
-    uint32_t di = 0, ri = p->n_dec, pi = p->n_dec + p->n_red, slot = 0;
+    uint32_t di = p->dec_off, ri = p->red_off, pi = 1, slot = 0;
+    items[0] = (vki_attn_item){p->n_dec, a->s.n_kv_heads * a->dec_nhb, 1, 0};
     for (uint32_t i = 0; i < n_seqs; i++) {
         const vki_seq_info *s = &seqs[i];
         if (s->n_new == 1) {
             uint32_t n = n_splits(a, s->n_ctx, p->split), s0, s1, w0;
             visible_keys(a, s->n_ctx, &s0, &s1, &w0);
-            if (n > 1)
-                items[ri++] = (vki_attn_item){i, slot, n, 0};
+            items[ri++] = (vki_attn_item){i, slot, n, 0};
             split_range(items, &di, i, s0, s1, p->split, n == 1, &slot);
             split_range(items, &di, i, w0, s->n_ctx, p->split, n == 1, &slot);
         } else {
@@ -349,20 +351,27 @@ vki_status op_attention(vkd_cmd *c, const op_attn *a, const op_attn_step *st, op
                       .inv_softcap = cap ? 1.0f / a->s.softcap : 0.0f, .softcap_log2e = a->s.softcap * log2e,
                       .window = a->s.window, .sink = a->s.sink};
     vki_status s = VKI_OK;
+    /* decode splits: their number changes with the contexts, so the device reads it from item 0 */
+    const uint32_t *mx = c->d->info.max_workgroup_count;
+    if (p->n_dec > mx[0] || a->s.n_kv_heads * a->dec_nhb > mx[1]) {
+        vkd_log(c->d, VKI_LOG_ERROR, "attention: %u decode splits of %u groups pass the device's group counts",
+                p->n_dec, a->s.n_kv_heads * a->dec_nhb);
+        return VKI_ERR_INVALID_ARG;
+    }
     if (p->n_dec) {
-        pc.gw = a->dec_gw, pc.n_hblocks = a->dec_nhb, pc.item_off = 0, pc.n_items = p->n_dec;
+        pc.gw = a->dec_gw, pc.n_hblocks = a->dec_nhb, pc.item_off = p->dec_off, pc.n_items = p->n_dec;
         vkd_view b[8] = {q.v, k_pool, v_pool, st->seq_info, st->page_table, st->items, out.v, scratch};
-        s = vkk_dispatch(c, kid(a, VKK_ATTN_DECODE_F16), a->dec_spec, b, 8, &pc, sizeof pc, p->n_dec,
-                         a->s.n_kv_heads * a->dec_nhb, 1);
+        vkd_view args = {st->items.buf, st->items.offset, sizeof(VkDispatchIndirectCommand)};
+        s = vkk_dispatch_indirect(c, kid(a, VKK_ATTN_DECODE_F16), a->dec_spec, b, 8, &pc, sizeof pc, args);
     }
     if (s == VKI_OK && p->n_pre) {
-        pc.gw = a->pre_gw, pc.n_hblocks = a->pre_nhb, pc.item_off = p->n_dec + p->n_red, pc.n_items = p->n_pre;
+        pc.gw = a->pre_gw, pc.n_hblocks = a->pre_nhb, pc.item_off = 1, pc.n_items = p->n_pre;
         vkd_view b[7] = {q.v, k_pool, v_pool, st->seq_info, st->page_table, st->items, out.v};
         s = vkk_dispatch(c, a->pre_kid, a->pre_spec, b, 7, &pc, sizeof pc, p->n_pre, a->s.n_kv_heads * a->pre_nhb, 1);
     }
     if (s == VKI_OK && p->n_red) {
         vkd_barrier(c); /* the decode partials */
-        pc.item_off = p->n_dec, pc.n_items = p->n_red;
+        pc.item_off = p->red_off, pc.n_items = p->n_red;
         vkd_view b[4] = {scratch, st->items, st->seq_info, out.v};
         s = vkk_dispatch(c, VKK_ATTN_REDUCE, a->red_spec, b, 4, &pc, sizeof pc, p->n_red, a->s.n_heads, 1);
     }

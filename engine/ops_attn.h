@@ -60,8 +60,10 @@ uint32_t op_kv_max_pages(const vkd_device *d, const op_attn_shape *s);
 
 typedef struct op_attn_plan {
     uint32_t n_tokens;           /* sum of n_new: rows of q / k / v / out */
-    uint32_t n_items;            /* items written: n_dec + n_red + n_pre */
-    uint32_t n_dec, n_red, n_pre;/* decode splits, reduce entries, prefill blocks (in this order) */
+    uint32_t n_items;            /* items written: 1 + n_pre + (one-token sequences) + n_dec */
+    uint32_t n_dec, n_red, n_pre;/* decode splits, reduce entries (one per one-token sequence, or
+                                    0 when no sequence splits), prefill blocks */
+    uint32_t red_off, dec_off;   /* first reduce entry, first decode split (vki_shared.h) */
     uint32_t n_slots;            /* partial slots the decode splits use */
     uint32_t split;              /* decode split length chosen (keys) */
 } op_attn_plan;

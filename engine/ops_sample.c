@@ -80,10 +80,7 @@ vki_status op_sample(vkd_cmd *c, const op_sample_args *a)
     }
     if (st != VKI_OK)
         return st;
-    VkMemoryBarrier mb = {.sType = VK_STRUCTURE_TYPE_MEMORY_BARRIER, .srcAccessMask = VK_ACCESS_SHADER_WRITE_BIT,
-                          .dstAccessMask = VK_ACCESS_HOST_READ_BIT};
-    vkCmdPipelineBarrier(c->cb, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, VK_PIPELINE_STAGE_HOST_BIT, 0, 1, &mb, 0,
-                         NULL, 0, NULL);
+    vkd_barrier_compute_to_host(c);
     return VKI_OK;
 }
 

@@ -895,6 +895,13 @@ typedef struct vki_engine_params {
      * barriers and memory traffic differ. For measuring what the fusions give (bench-model
      * --no-fusion). false */
     bool no_fusion;
+    /* Records every step's command buffer anew. By default the engine keeps the command buffers
+     * of its last few step shapes and submits one again when a step records exactly the same
+     * commands (a decode step of the same batch: what changes is in the step's input buffer),
+     * which takes the driver's recording off the host's critical path. The results are the same
+     * bit for bit. Reuse is off anyway while profiling or capturing (per-step labels and
+     * timestamps). For measuring it (bench-model --no-cmd-reuse). false */
+    bool no_cmd_reuse;
 } vki_engine_params;
 
 VKI_API vki_engine_params vki_engine_default_params(void);

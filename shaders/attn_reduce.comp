@@ -17,6 +17,8 @@ layout(std430, binding = 3) writeonly buffer O { float o[]; };            // f32
 void main()
 {
     uvec4 it = items[p.item_off + gl_WorkGroupID.x];
+    if (it.z < 2) // one split: it wrote the output itself
+        return;
     uint h = gl_WorkGroupID.y, hd = p.head_dim;
     vki_seq_info sq = seqs[it.x];
     uint t = sq.row0 + sq.n_new - 1;

@@ -287,8 +287,14 @@ VKI_STRUCT(vki_seq_info) {
 /* One work item (see op_attn_plan):
  *  decode split:  {seq, k0, k1, slot}  keys [k0, k1) of a one-token sequence; slot = partial
  *                 slot, or VKI_ATTN_FINAL when the split is the whole context (writes output)
- *  reduce entry:  {seq, slot0, n, 0}   merges the n partial slots slot0 .. slot0 + n - 1
- *  prefill block: {seq, q0, nq, 0}     new tokens q0 .. q0 + nq - 1 of a sequence */
+ *  reduce entry:  {seq, slot0, n, 0}   merges the n partial slots slot0 .. slot0 + n - 1 (n = 1:
+ *                 nothing to merge, the split wrote the output)
+ *  prefill block: {seq, q0, nq, 0}     new tokens q0 .. q0 + nq - 1 of a sequence
+ * The list: item 0 holds the decode dispatch's VkDispatchIndirectCommand {n_dec, groups per
+ * split, 1}; then n_pre prefill blocks, one reduce entry per one-token sequence, the n_dec
+ * decode splits. Every offset and every other group count follows from the step's shape (which
+ * sequences decode, how many tokens the others bring), not from their contexts, so a recorded
+ * step serves every step of its shape. */
 VKI_STRUCT(vki_attn_item) {
     vki_u32 seq, a, b, c;
 };

@@ -670,7 +670,8 @@ static void test_kv_write_f16_rounding(void **state)
 }
 
 /* The work list: decode splits cover [0, n_ctx) once with consecutive slots, prefill blocks
- * cover the new tokens, a small cap grows the splits, bad sequences are refused. Host only. */
+ * cover the new tokens, offsets follow the shape and not the contexts, a small cap grows the
+ * splits, bad sequences are refused. Host only. */
 static void test_plan(void **state)
 {
     vt_gpu *g = vt_gpu_get(state);
@@ -682,13 +683,20 @@ static void test_plan(void **state)
     vki_attn_item *it = malloc(cap * sizeof *it);
     op_attn_plan p;
     assert_int_equal(op_attn_plan_build(&a, seqs, 4, it, cap, &p), VKI_OK);
-    assert_int_equal(p.n_items, p.n_dec + p.n_red + p.n_pre);
+    /* item 0: the decode dispatch's group counts; then prefill, reduce, decode */
+    assert_int_equal(p.n_items, 1 + p.n_pre + 3 + p.n_dec);
+    assert_int_equal(it[0].seq, p.n_dec);
+    assert_int_equal(it[0].a, s.n_kv_heads * a.dec_nhb);
+    assert_int_equal(it[0].b, 1);
     assert_int_equal(p.n_pre, (50 + a.pre_nq - 1) / a.pre_nq);
-    assert_int_equal(p.n_red, 2); /* seqs 0 and 3 are split; seq 2 is not */
-    uint32_t covered[4] = {0}, slots = 0;
-    for (uint32_t i = 0; i < p.n_dec; i++) {
+    assert_int_equal(p.red_off, 1 + p.n_pre);
+    assert_int_equal(p.dec_off, p.red_off + 3);
+    assert_int_equal(p.n_red, 3); /* an entry per one-token sequence (0, 2, 3) as one of them splits */
+    uint32_t covered[4] = {0}, slots = 0, splits[4] = {0};
+    for (uint32_t i = p.dec_off; i < p.n_items; i++) {
         assert_int_equal(it[i].a, covered[it[i].seq]);
         covered[it[i].seq] = it[i].b;
+        splits[it[i].seq]++;
         if (it[i].c != VKI_ATTN_FINAL)
             assert_int_equal(it[i].c, slots++);
     }
@@ -696,15 +704,35 @@ static void test_plan(void **state)
     assert_int_equal(covered[2], 3);
     assert_int_equal(covered[3], 5000);
     assert_int_equal(slots, p.n_slots);
-    for (uint32_t i = p.n_dec; i < p.n_dec + p.n_red; i++)
-        assert_true(it[i].seq == 0 || it[i].seq == 3);
+    const uint32_t dec_seq[3] = {0, 2, 3};
+    for (uint32_t i = 0; i < 3; i++) { /* seq 2 is one split: its entry merges nothing */
+        assert_int_equal(it[p.red_off + i].seq, dec_seq[i]);
+        assert_int_equal(it[p.red_off + i].b, splits[dec_seq[i]]);
+    }
+    assert_true(splits[0] > 1 && splits[2] == 1 && splits[3] > 1);
     uint32_t q = 0;
-    for (uint32_t i = p.n_dec + p.n_red; i < p.n_items; i++) {
+    for (uint32_t i = 1; i < p.red_off; i++) {
         assert_int_equal(it[i].seq, 1);
         assert_int_equal(it[i].a, q);
         q += it[i].b;
     }
     assert_int_equal(q, 50);
+    /* other contexts, the same shape: only the decode split count (item 0) moves */
+    vki_seq_info longer[4] = {{0, 1, 1700, 0}, {1, 50, 90, 0}, {51, 1, 33, 0}, {52, 1, 6000, 0}};
+    op_attn_plan pl;
+    assert_int_equal(op_attn_plan_build(&a, longer, 4, it, cap, &pl), VKI_OK);
+    assert_int_equal(pl.n_pre, p.n_pre);
+    assert_int_equal(pl.n_red, p.n_red);
+    assert_int_equal(pl.red_off, p.red_off);
+    assert_int_equal(pl.dec_off, p.dec_off);
+    assert_int_equal(it[0].seq, pl.n_dec);
+    /* no split at all: no reduce */
+    vki_seq_info short1[1] = {{0, 1, 20, 0}};
+    assert_int_equal(op_attn_plan_build(&a, short1, 1, it, cap, &pl), VKI_OK);
+    assert_int_equal(pl.n_dec, 1);
+    assert_int_equal(pl.n_red, 0);
+    assert_int_equal(it[pl.dec_off].c, VKI_ATTN_FINAL);
+    assert_int_equal(op_attn_plan_build(&a, seqs, 4, it, cap, &p), VKI_OK);
     op_attn_plan p2;
     assert_int_equal(op_attn_plan_build(&a, seqs, 4, it, p.n_items - 5, &p2), VKI_OK); /* fewer, longer splits */
     assert_true(p2.n_items <= p.n_items - 5 && p2.split > p.split);
@@ -724,7 +752,7 @@ static void test_plan(void **state)
     assert_int_equal(op_attn_plan_build(&aw, &one, 1, it, cap, &p2), VKI_OK);
     assert_int_equal(p2.n_dec, 1 + 4); /* [0,16) + [900,932) [932,964) [964,996) [996,1000) */
     uint32_t keys = 0;
-    for (uint32_t i = 0; i < p2.n_dec; i++) {
+    for (uint32_t i = p2.dec_off; i < p2.n_items; i++) {
         assert_true(it[i].b <= 16 || it[i].a >= 900);
         keys += it[i].b - it[i].a;
     }

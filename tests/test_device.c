@@ -157,6 +157,90 @@ static void test_dispatch_checks(void **state)
     vt_assert_clean(g);
 }
 
+/* Command-buffer reuse (vkd_cmd_enable_reuse): a recording equal to a kept one is submitted
+ * again (and reads what the buffers hold now), a different push constant or a destroyed buffer
+ * records anew, the least recently used slot goes first, and an indirect dispatch takes its
+ * group count from the buffer at each submission. */
+static void add_case(vt_gpu *g, vkd_cmd *c, vkd_buffer *const bufs[3], uint32_t n, const vkd_buffer *args)
+{
+    assert_int_equal(vkd_cmd_begin(c), VKI_OK);
+    vkd_label_begin(c, "reuse test");
+    vki_pc_add pc = {.n = n};
+    vkd_view v[3] = {vkd_whole(bufs[0]), vkd_whole(bufs[1]), vkd_whole(bufs[2])};
+    if (args)
+        assert_int_equal(vkk_dispatch_indirect(c, VKK_ADD, NULL, v, 3, &pc, sizeof pc, vkd_whole(args)), VKI_OK);
+    else
+        assert_int_equal(vkk_dispatch(c, VKK_ADD, NULL, v, 3, &pc, sizeof pc, vkk_groups(n, 256), 1, 1), VKI_OK);
+    vkd_barrier_compute_to_host(c);
+    vkd_label_end(c);
+    assert_int_equal(vkd_cmd_submit_wait(c), VKI_OK);
+    (void)g;
+}
+
+static void expect_add(vt_gpu *g, vkd_buffer *const bufs[3], const float *a, const float *b, uint32_t n,
+                       uint32_t n_all, const char *label)
+{
+    float *y = malloc(n_all * 4);
+    vt_download(g, bufs[2], y, n_all * 4);
+    for (uint32_t i = 0; i < n_all; i++)
+        if (i < n ? y[i] != a[i] + b[i] : y[i] == y[i])
+            fail_msg("%s: y[%u] = %g (n %u)", label, i, y[i], n);
+    free(y);
+}
+
+static void test_cmd_reuse(void **state)
+{
+    vt_gpu *g = vt_gpu_get(state);
+    vt_rng r = vt_rng_seeded("cmd reuse");
+    const uint32_t N = 1000;
+    float a[1000], b[1000];
+    vt_fill_uniform(&r, a, N, -4, 4);
+    vt_fill_uniform(&r, b, N, -4, 4);
+    vkd_buffer *bufs[3] = {vt_buf_from(g, a, N * 4, "a"), vt_buf_from(g, b, N * 4, "b"), vt_buf_nan(g, N * 4, "y")};
+    vkd_cmd c;
+    assert_int_equal(vkd_cmd_create(g->dev, "reuse test", &c), VKI_OK);
+    assert_int_equal(vkd_cmd_enable_reuse(&c, 0), VKI_ERR_INVALID_ARG);
+    assert_int_equal(vkd_cmd_enable_reuse(&c, VKD_REUSE_MAX_SLOTS + 1), VKI_ERR_INVALID_ARG);
+    assert_int_equal(vkd_cmd_enable_reuse(&c, 2), VKI_OK);
+    add_case(g, &c, bufs, N, NULL);
+    expect_add(g, bufs, a, b, N, N, "first");
+    assert_true(c.reuse_hits == 0 && c.reuse_misses == 1);
+    vt_fill_uniform(&r, a, N, -4, 4); /* new contents, the same recording */
+    assert_int_equal(vkd_upload(g->dev, bufs[0], 0, a, N * 4), VKI_OK);
+    add_case(g, &c, bufs, N, NULL);
+    expect_add(g, bufs, a, b, N, N, "reused");
+    assert_true(c.reuse_hits == 1 && c.reuse_misses == 1);
+    assert_int_equal(vkd_fill(g->dev, bufs[2], 0, N * 4, 0x7fc00000u), VKI_OK);
+    add_case(g, &c, bufs, 500, NULL); /* another push constant and group count */
+    expect_add(g, bufs, a, b, 500, N, "n 500");
+    assert_true(c.reuse_hits == 1 && c.reuse_misses == 2);
+    /* indirect: the group count is read at each submission, the recording stays the same */
+    uint32_t cmd3[3] = {vkk_groups(N, 256), 1, 1};
+    vkd_buffer *args = vt_buf_from(g, cmd3, sizeof cmd3, "args");
+    add_case(g, &c, bufs, N, args); /* evicts the first recording (n 1000, direct) */
+    expect_add(g, bufs, a, b, N, N, "indirect");
+    assert_true(c.reuse_hits == 1 && c.reuse_misses == 3);
+    assert_int_equal(vkd_fill(g->dev, bufs[2], 0, N * 4, 0x7fc00000u), VKI_OK);
+    cmd3[0] = 0;
+    assert_int_equal(vkd_upload(g->dev, args, 0, cmd3, sizeof cmd3), VKI_OK);
+    add_case(g, &c, bufs, N, args);
+    expect_add(g, bufs, a, b, 0, N, "indirect, no groups");
+    assert_true(c.reuse_hits == 2 && c.reuse_misses == 3);
+    add_case(g, &c, bufs, N, NULL); /* evicted: recorded again */
+    expect_add(g, bufs, a, b, N, N, "after eviction");
+    assert_true(c.reuse_hits == 2 && c.reuse_misses == 4);
+    vkd_buffer_destroy(g->dev, vt_buf_nan(g, 64, "gone")); /* any destroyed buffer: record anew */
+    add_case(g, &c, bufs, N, NULL);
+    assert_true(c.reuse_hits == 2 && c.reuse_misses == 5);
+    add_case(g, &c, bufs, N, NULL);
+    assert_true(c.reuse_hits == 3 && c.reuse_misses == 5);
+    vkd_cmd_destroy(&c);
+    for (int i = 0; i < 3; i++)
+        vkd_buffer_destroy(g->dev, bufs[i]);
+    vkd_buffer_destroy(g->dev, args);
+    vt_assert_clean(g);
+}
+
 /* The cooperative-matrix path chosen at open from vki_device_params.coopmat: AUTO takes the NV
  * shape the device offers (F16 x F16 -> F32) or none, OFF none, EMULATED the emulation (on a
  * device with shaderFloat16 and shuffles), anything else is refused; vkd_coopmat_select switches
@@ -234,6 +318,7 @@ int main(void)
         cmocka_unit_test(test_oom_is_a_status),
         cmocka_unit_test(test_add_kernel),
         cmocka_unit_test(test_dispatch_checks),
+        cmocka_unit_test(test_cmd_reuse),
         cmocka_unit_test(test_coopmat_modes),
         cmocka_unit_test(test_validation_counter_works),
     };

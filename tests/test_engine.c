@@ -525,6 +525,89 @@ static void test_fusion_bitwise(void **state)
     vt_assert_clean(g);
 }
 
+/* Command-buffer reuse: an engine that submits repeated recordings again gives, bit for bit, the
+ * logits and tokens of one that records every step, through ragged prefill chunks and decode at
+ * changing batch sizes, with contexts that cross the decode split length (the device reads the
+ * split count from the item list, so those steps repeat their recording). And it does reuse:
+ * most decode steps are hits, at more than one split count. */
+static void test_cmd_reuse_bitwise(void **state)
+{
+    vt_gpu *g = vt_gpu_get(state);
+    char path[256];
+    write_model(&SHAPES[6], path, sizeof path); /* q4_k_m weights, f16 KV */
+    fixture fx[2];
+    for (int f = 0; f < 2; f++) {
+        vk_engine_params p = test_params(VKI_GGML_F16, 64);
+        p.no_cmd_reuse = f == 1;
+        fixture_open_engine(g, path, &p, &fx[f]);
+    }
+    assert_non_null(fx[0].e->cmd.reuse);
+    assert_null(fx[1].e->cmd.reuse);
+    const uint32_t V = fx[0].n_vocab, np[3] = {40, 9, 70}, nd = 70;
+    vt_rng r = vt_rng_seeded("cmd reuse");
+    tseq s[2][3];
+    for (uint32_t i = 0; i < 3; i++) {
+        int32_t prompt[70];
+        random_prompt(&r, prompt, np[i], V);
+        for (int f = 0; f < 2; f++)
+            tseq_init(&s[f][i], 1 + 2 * i, prompt, np[i], np[i] + nd + 2);
+    }
+    float *lg[2][3];
+    for (int f = 0; f < 2; f++)
+        for (uint32_t i = 0; i < 3; i++)
+            lg[f][i] = malloc(V * sizeof(float));
+    uint32_t hits = 0, decode_steps = 0, n_dec_seen[2] = {0, 0};
+    for (uint32_t it = 0; s[0][0].n < np[0] + nd; it++) {
+        uint32_t n_new[3];
+        for (uint32_t i = 0; i < 3; i++) { /* prefill in chunks of 16; sequence 1 pauses a while */
+            const tseq *q = &s[0][i];
+            n_new[i] = q->done < np[i] ? (np[i] - q->done < 16 ? np[i] - q->done : 16) : 1;
+            if (i == 1 && it >= 20 && it < 30)
+                n_new[i] = 0;
+        }
+        bool decode = n_new[0] == 1 && n_new[2] == 1 && n_new[1] <= 1;
+        uint64_t h0 = fx[0].e->cmd.reuse_hits;
+        for (int f = 0; f < 2; f++) {
+            tseq *ps[3] = {&s[f][0], &s[f][1], &s[f][2]};
+            float *out[3] = {lg[f][0], lg[f][1], lg[f][2]};
+            step(&fx[f], ps, n_new, 3, out);
+        }
+        for (uint32_t i = 0; i < 3; i++) {
+            assert_int_equal(s[0][i].n, s[1][i].n);
+            assert_memory_equal(s[0][i].tok, s[1][i].tok, s[0][i].n * sizeof(int32_t));
+            if (n_new[i] && s[0][i].done == s[0][i].n - 1 && memcmp(lg[0][i], lg[1][i], V * sizeof(float)))
+                fail_msg("step %u, sequence %u: logits with reuse differ (NMSE %.3g)", it, i,
+                         vt_nmse(lg[0][i], lg[1][i], V));
+        }
+        if (decode) {
+            decode_steps++;
+            if (fx[0].e->cmd.reuse_hits > h0) {
+                hits++;
+                uint32_t nd0 = fx[0].e->attn_plan[0].n_dec; /* two split counts among the hits */
+                if (!n_dec_seen[0] || n_dec_seen[0] == nd0)
+                    n_dec_seen[0] = nd0;
+                else
+                    n_dec_seen[1] = nd0;
+            }
+        }
+    }
+    assert_int_equal(fx[1].e->cmd.reuse_hits, 0);
+    if (hits * 10 < decode_steps * 8 || !n_dec_seen[1])
+        fail_msg("%u of %u decode steps reused a recording (want >= 80%%), split counts %u and %u", hits,
+                 decode_steps, n_dec_seen[0], n_dec_seen[1]);
+    fprintf(stderr, "  bitwise equal; %u of %u decode steps reused (split counts %u, %u among them), %llu misses "
+            "in all\n", hits, decode_steps, n_dec_seen[0], n_dec_seen[1], (unsigned long long)fx[0].e->cmd.reuse_misses);
+    for (int f = 0; f < 2; f++) {
+        for (uint32_t i = 0; i < 3; i++) {
+            free(s[f][i].tok);
+            free(lg[f][i]);
+        }
+        fixture_close(&fx[f]);
+    }
+    unlink(path);
+    vt_assert_clean(g);
+}
+
 /* Whole-prompt prefill and chunked prefill give the same logits (and the same next token). */
 static void test_chunked_prefill_equals_whole(void **state)
 {
@@ -1350,6 +1433,7 @@ int main(void)
         cmocka_unit_test(test_synthetic_shapes_vs_reference),
         cmocka_unit_test(test_archs_vs_reference),
         cmocka_unit_test(test_fusion_bitwise),
+        cmocka_unit_test(test_cmd_reuse_bitwise),
         cmocka_unit_test(test_chunked_prefill_equals_whole),
         cmocka_unit_test(test_ragged_batch),
         cmocka_unit_test(test_long_context),

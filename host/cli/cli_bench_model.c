@@ -70,6 +70,7 @@ typedef struct bm_run {
     double host_ms;            /* host time on the steps' critical path, summed */
     double bytes, flops;       /* read by / computed in the run's steps */
     double dispatches, barriers; /* recorded in the run's steps, summed */
+    double reused;               /* steps whose command buffer was submitted again, not recorded */
     uint32_t steps;
 } bm_run;
 
@@ -83,6 +84,7 @@ typedef struct bm_state {
     vki_step_seq *seqs;        /* [max_b] */
     vki_step_out *outs;        /* [max_b] */
     uint64_t rng;
+    uint64_t reuse_hits;       /* the engine's command-buffer reuse hits after the last step */
 } bm_state;
 
 /* ---- options ------------------------------------------------------------------------------ */
@@ -376,11 +378,13 @@ static vki_status step(bm_state *s, uint32_t n_seqs, uint32_t n_tokens, bm_run *
         return st;
     }
     if (run) {
+        run->reused += s->e->cmd.reuse_hits != s->reuse_hits;
         run->host_ms += s->e->last_step_ms - s->e->last_wait_ms;
         run->dispatches += s->e->cmd.n_dispatches;
         run->barriers += s->e->cmd.n_barriers;
         run->steps++;
     }
+    s->reuse_hits = s->e->cmd.reuse_hits;
     return VKI_OK;
 }
 
@@ -535,6 +539,8 @@ static void report_row(const bm_report *r, bool pp, uint32_t B, const bm_run *ru
     cJSON_AddNumberToObject(j, "dispatches_per_step", run->dispatches / run->steps);
     cJSON_AddNumberToObject(j, "barriers_per_step", run->barriers / run->steps);
     cJSON_AddBoolToObject(j, "fusion", !r->o->eo.p.no_fusion);
+    cJSON_AddBoolToObject(j, "cmd_reuse", !r->o->eo.p.no_cmd_reuse);
+    cJSON_AddNumberToObject(j, "reused_steps", run->reused / run->steps); /* share of the steps */
     if (pp) {
         cJSON_AddNullToObject(j, "bytes_per_token");
         cJSON_AddNullToObject(j, "bw_fraction");

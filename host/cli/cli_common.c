@@ -117,6 +117,10 @@ int cli_engine_opt(int argc, char **argv, int *i, cli_engine_opts *o)
         o->p.no_fusion = true;
         return 1;
     }
+    if (!strcmp(a, "--no-cmd-reuse")) {
+        o->p.no_cmd_reuse = true;
+        return 1;
+    }
     if (!strcmp(a, "--no-progress")) {
         o->progress = false;
         return 1;
@@ -204,6 +208,8 @@ void cli_engine_opts_help(FILE *f)
             "                          (bitwise; slower prefill)\n"
             "  --no-fusion             op by op: no Q|K|V or gate|up concatenated at load, no residual\n"
             "                          add or activation in a matmul (same results; to measure them)\n"
+            "  --no-cmd-reuse          record every step's command buffer anew instead of submitting\n"
+            "                          a repeated one again (same results; to measure the host cost)\n"
             "  --device-memory MIB     device memory this engine may use in all (weights, KV, scratch)\n"
             "  --profile FILE          GPU time of every dispatch as a Chrome trace (chrome://tracing),\n"
             "                          and a table of the top ops by GPU time at the end\n"
