@@ -966,7 +966,7 @@ static void cb_stats(void *user, const char *json)
         "Timestamp", "Iteration Counter", "Active Request Count", "Max Request Count", "Max KV cache blocks",
         "Free KV cache blocks", "Used KV cache blocks", "Tokens per KV cache block", "Scheduled Requests",
         "Context Requests", "Generation Requests", "Total Context Tokens", "Paused Requests", "Queue Length",
-        "Step Time ms", "Reused KV cache blocks", "Cached KV cache blocks", "MicroBatch ID"};
+        "Step Time ms", "Reused KV cache blocks", "Cached KV cache blocks", "Reused Step Recordings", "MicroBatch ID"};
     cJSON *o = cJSON_Parse(json);
     pthread_mutex_lock(&c->mu);
     c->n_stats++;

@@ -532,6 +532,8 @@ typedef struct win_run {
     vki_finish_reason finish;
     uint32_t max_used;        /* "Used KV cache blocks", most seen */
     double reused;            /* "Reused Tokens", last seen */
+    double steps_reused;      /* "Reused Step Recordings", last seen */
+    double iterations;        /* "Iteration Counter", last seen */
     atomic_int validation_msgs;
 } win_run;
 
@@ -567,6 +569,11 @@ static void win_stats(void *user, const char *json)
         w->max_used = (uint32_t)u->valuedouble;
     if (t)
         w->reused = t->valuedouble;
+    cJSON *sr = o ? cJSON_GetObjectItem(o, "Reused Step Recordings") : NULL, *it = o ? cJSON_GetObjectItem(o, "Iteration Counter") : NULL;
+    if (sr && it) {
+        w->steps_reused = sr->valuedouble;
+        w->iterations = it->valuedouble;
+    }
     cJSON_Delete(o);
 }
 
@@ -654,6 +661,10 @@ static void test_window_bounded_kv(void **state)
     uint32_t n_gen = win_generate(w, bm, prompt, 40, 600);
     assert_int_equal(n_gen, 600);
     uint32_t used_long = w->max_used;
+    /* one sequence decoding: after its first steps each step submits the recording of the one
+     * before (the window's released pages and the growing context live in the step's inputs) */
+    fprintf(stderr, "  %.0f of %.0f ticks reused a step recording\n", w->steps_reused, w->iterations);
+    assert_true(w->steps_reused >= 0.9 * w->iterations - 10 && w->steps_reused <= w->iterations);
     int32_t first[WIN_OUT], p2[120], second[WIN_OUT];
     memcpy(first, w->out, sizeof first);
     /* prefix reuse with windows: P2 runs, then P2 + its 10 tokens reuses the 6 full blocks it

@@ -1184,7 +1184,8 @@ static void test_metrics(void **state)
     static const char *const fams[] = {
         "vkinfer_requests_total", "vkinfer_prompt_tokens_total", "vkinfer_generation_tokens_total",
         "vkinfer_active_requests", "vkinfer_queue_length", "vkinfer_kv_blocks",
-        "vkinfer_time_to_first_token_seconds", "vkinfer_inter_token_latency_seconds", "vkinfer_step_time_seconds"};
+        "vkinfer_time_to_first_token_seconds", "vkinfer_inter_token_latency_seconds", "vkinfer_step_time_seconds",
+        "vkinfer_steps_reused_total"};
     for (size_t i = 0; i < sizeof fams / sizeof fams[0]; i++) {
         char help[128], type[128];
         snprintf(help, sizeof help, "# HELP %s ", fams[i]);
@@ -1219,6 +1220,9 @@ static void test_metrics(void **state)
     assert_int_equal(metric(t, "vkinfer_inter_token_latency_seconds_count"), gen - 3);
     assert_int_equal(metric(t, "vkinfer_requests_total{outcome=\"length\"}"), 3);
     assert_true(metric(t, "vkinfer_step_time_seconds_count") >= 5);
+    /* three one-sequence decodes of 4 steps each: all but the first of a shape are resubmitted */
+    assert_true(metric(t, "vkinfer_steps_reused_total") >= 3);
+    assert_true(metric(t, "vkinfer_steps_reused_total") <= metric(t, "vkinfer_iterations"));
     assert_int_equal(metric(t, "vkinfer_ready"), 1);
     stop(t);
 }

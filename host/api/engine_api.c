@@ -332,6 +332,13 @@ static vki_status backend_step(void *ctx, const vki_step_plan *plan, vki_step_ou
     return st;
 }
 
+/* Of the current vk_engine (a recovery after a device loss starts it again at 0). */
+static uint64_t backend_steps_reused(void *ctx)
+{
+    vki_engine *e = ctx;
+    return e->eng ? e->eng->cmd.reuse_hits : 0;
+}
+
 static bool backend_is_eog(void *ctx, int32_t token)
 {
     vki_engine *e = ctx;
@@ -383,7 +390,7 @@ vki_status vki_batch_manager_create(vki_engine *e, const vki_batch_params *param
     bm_backend be = {.ctx = e, .max_seqs = g->p.max_seqs, .n_pages = g->n_pages, .page_size = g->p.page_size,
                      .max_ctx = g->max_ctx, .max_tokens = g->p.max_tokens, .vocab_size = g->model.hp.n_vocab,
                      .kv_window = g->kv_window, .kv_sink = g->kv_sink,
-                     .step = backend_step, .is_eog = backend_is_eog, .token_piece = backend_token_piece,
+                     .step = backend_step, .steps_reused = backend_steps_reused, .is_eog = backend_is_eog, .token_piece = backend_token_piece,
                      .detach = backend_detach, .tok = e->tok, .chat = e->chat, .n_embd = g->model.hp.d_model,
                      .fingerprint = e->info.fingerprint, .model_name = e->info.name,
                      .kv_layers = g->model.hp.n_layer, .kv_heads = g->model.hp.n_head_kv,

@@ -26,6 +26,8 @@ typedef struct bm_backend {
      * plan order. On error nothing of the plan took effect for sampling purposes; the KV of
      * its sequences is undefined (the batch manager fails or recomputes them). */
     vki_status (*step)(void *ctx, const vki_step_plan *plan, vki_step_out *outs);
+    /* Steps so far whose recording was reused (vki_batch_stats.steps_reused); NULL: 0. */
+    uint64_t (*steps_reused)(void *ctx);
     /* End-of-generation token (EOS/EOT from the model's metadata). */
     bool (*is_eog)(void *ctx, int32_t token);
     /* The bytes of a token as generated text shows them (vki_token_to_piece's contract, control

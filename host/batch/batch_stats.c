@@ -1,5 +1,5 @@
 /* Per-tick stats JSON, with the field names of the TensorRT-LLM batch manager's iteration stats
- * plus a few of ours (reuse, pauses). "MicroBatch ID" is always 0: one process runs one device,
+ * plus a few of ours (reuse, pauses, reused step recordings). "MicroBatch ID" is always 0: one process runs one device,
  * so every tick is one micro-batch (TensorRT-LLM numbers micro-batches of pipeline parallelism). Written with snprintf into a fixed buffer: every value is a
  * number or an ASCII timestamp, so nothing needs escaping, and libvkinfer needs no JSON library.
  * O(1) fields, one stack buffer, no allocation per tick. */
@@ -26,6 +26,7 @@ void bm_emit_stats(vki_batch_manager *bm, const sched_tick *t, double step_ms)
     pthread_mutex_lock(&bm->mu);
     uint32_t inbox = bm->inbox_len;
     pthread_mutex_unlock(&bm->mu);
+    uint64_t reused = bm->be.steps_reused ? bm->be.steps_reused(bm->be.ctx) : 0;
     if (bm->cb.tick_stats) {
         vki_batch_stats st = {
             .iteration = bm->iteration, .queued = ss.queued + inbox, .running = ss.running, .paused = ss.paused,
@@ -34,7 +35,7 @@ void bm_emit_stats(vki_batch_manager *bm, const sched_tick *t, double step_ms)
             .kv_max = ss.kv.max_blocks, .kv_free = ss.kv.free_blocks, .kv_used = ss.kv.used_blocks,
             .kv_cached = ss.kv.cached_blocks, .kv_reused_blocks = ss.kv.reused_blocks,
             .reused_tokens = ss.reused_tokens, .step_ms = step_ms, .sessions = bm->n_sessions,
-            .kv_pinned = ss.pinned_refs};
+            .kv_pinned = ss.pinned_refs, .steps_reused = reused};
         bm->cb.tick_stats(bm->cb.user, &st);
     }
     if (!bm->cb.stats)
@@ -55,11 +56,11 @@ void bm_emit_stats(vki_batch_manager *bm, const sched_tick *t, double step_ms)
                      "\"Reused Tokens\":%" PRIu64 ",\"Scheduled Requests\":%u,\"Context Requests\":%u,"
                      "\"Generation Requests\":%u,\"Total Context Tokens\":%u,\"Paused Requests\":%u,"
                      "\"Waiting Paused Requests\":%u,\"Running Requests\":%u,\"Queue Length\":%u,"
-                     "\"Step Time ms\":%.17g,\"MicroBatch ID\":0%s}",
+                     "\"Step Time ms\":%.17g,\"Reused Step Recordings\":%" PRIu64 ",\"MicroBatch ID\":0%s}",
                      ts, bm->iteration, bm->n_active, ss.max_running, ss.kv.max_blocks, ss.kv.free_blocks,
                      ss.kv.used_blocks, ss.kv.cached_blocks, ss.kv.tokens_per_block, (uint64_t)ss.kv.reused_blocks,
                      (uint64_t)ss.reused_tokens, t->plan.n_seqs, t->n_context, t->n_generation, t->n_context_tokens,
-                     t->n_paused, ss.paused, ss.running, ss.queued + inbox, step_ms, extra);
+                     t->n_paused, ss.paused, ss.running, ss.queued + inbox, step_ms, reused, extra);
     if (n > 0 && (size_t)n < sizeof json)
         bm->cb.stats(bm->cb.user, json);
 }
