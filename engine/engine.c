@@ -742,7 +742,9 @@ vki_status vk_engine_step(vk_engine *e, const vki_step_plan *plan, vki_step_out 
         vkd_cmd_abort(&e->cmd);
         return st;
     }
+    uint64_t hits = e->cmd.reuse_hits;
     st = vkd_cmd_submit(&e->cmd);
+    e->steps_reused += e->cmd.reuse_hits != hits;
     vk_capture_after_step(&e->capture, e->dev, e->n_steps);
     if (st != VKI_OK)
         return st;

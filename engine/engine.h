@@ -111,6 +111,7 @@ typedef struct vk_engine {
     op_sampler *sampler;
     vkd_cmd cmd;
     uint64_t n_steps;
+    uint64_t steps_reused;  /* steps whose command buffer was a kept recording (vkd_cmd reuse) */
     double last_step_ms;    /* wall time of the last vk_engine_step */
     double last_wait_ms;    /* of which blocked on the fence after the submit: the rest is host
                                work on the step's critical path (checks, packing, recording,

@@ -573,8 +573,9 @@ typedef struct vki_batch_stats {
     double step_ms;                 /* engine time of this tick's step (0: no step) */
     uint32_t sessions;              /* sessions holding pinned KV */
     uint32_t kv_pinned;             /* block references those sessions hold */
-    uint64_t steps_reused;          /* cumulative: steps submitted as a command buffer kept from an
-                                       earlier step of the same shape (vki_engine_params.no_cmd_reuse) */
+    uint64_t steps_reused;          /* cumulative: this manager's steps submitted as a command buffer
+                                       kept from an earlier step of the same shape
+                                       (vki_engine_params.no_cmd_reuse) */
 } vki_batch_stats;
 
 /* TensorRT-LLM-style callbacks; any may be NULL. All run on the worker thread (see above). */

@@ -336,7 +336,7 @@ static vki_status backend_step(void *ctx, const vki_step_plan *plan, vki_step_ou
 static uint64_t backend_steps_reused(void *ctx)
 {
     vki_engine *e = ctx;
-    return e->eng ? e->eng->cmd.reuse_hits : 0;
+    return e->eng ? e->eng->steps_reused : 0;
 }
 
 static bool backend_is_eog(void *ctx, int32_t token)

@@ -662,6 +662,7 @@ vki_status bm_create(const bm_backend *be, const vki_batch_params *p, const vki_
     if (!bm)
         return VKI_ERR_OUT_OF_HOST_MEMORY;
     bm->be = *be;
+    bm->steps_reused0 = be->steps_reused ? be->steps_reused(be->ctx) : 0;
     bm->p = *p;
     if (cb)
         bm->cb = *cb;

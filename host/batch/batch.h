@@ -128,6 +128,7 @@ typedef struct bm_sess_job {
 
 struct vki_batch_manager {
     bm_backend be;
+    uint64_t steps_reused0;  /* be.steps_reused when the manager started (warm-up steps before) */
     vki_batch_params p;
     vki_batch_callbacks cb;
     bool has_cb;

@@ -26,7 +26,8 @@ void bm_emit_stats(vki_batch_manager *bm, const sched_tick *t, double step_ms)
     pthread_mutex_lock(&bm->mu);
     uint32_t inbox = bm->inbox_len;
     pthread_mutex_unlock(&bm->mu);
-    uint64_t reused = bm->be.steps_reused ? bm->be.steps_reused(bm->be.ctx) : 0;
+    uint64_t now = bm->be.steps_reused ? bm->be.steps_reused(bm->be.ctx) : 0;
+    uint64_t reused = now >= bm->steps_reused0 ? now - bm->steps_reused0 : now; /* this manager's steps */
     if (bm->cb.tick_stats) {
         vki_batch_stats st = {
             .iteration = bm->iteration, .queued = ss.queued + inbox, .running = ss.running, .paused = ss.paused,
