@@ -360,14 +360,20 @@ vki_status vkd_cmd_submit_wait(vkd_cmd *c)
     return st == VKI_OK ? vkd_cmd_wait(c) : st;
 }
 
-void vkd_barrier_ex(vkd_cmd *c, VkPipelineStageFlags src, VkAccessFlags src_access, VkPipelineStageFlags dst,
-                    VkAccessFlags dst_access)
+static void barrier_rec(vkd_cmd *c, VkPipelineStageFlags src, VkAccessFlags src_access, VkPipelineStageFlags dst,
+                        VkAccessFlags dst_access)
 {
     op_barrier *r = rec_reserve(c, OP_BARRIER, sizeof *r);
     if (r) {
         r->src = src, r->src_access = src_access, r->dst = dst, r->dst_access = dst_access;
         rec_commit(c, &r->h);
     }
+}
+
+void vkd_barrier_ex(vkd_cmd *c, VkPipelineStageFlags src, VkAccessFlags src_access, VkPipelineStageFlags dst,
+                    VkAccessFlags dst_access)
+{
+    barrier_rec(c, src, src_access, dst, dst_access);
     c->n_barriers++;
 }
 
@@ -392,12 +398,9 @@ void vkd_barrier_compute_to_transfer(vkd_cmd *c)
 
 void vkd_barrier_compute_to_host(vkd_cmd *c)
 {
-    op_barrier *r = rec_reserve(c, OP_BARRIER, sizeof *r); /* not a barrier between dispatches */
-    if (r) {
-        r->src = VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, r->src_access = VK_ACCESS_SHADER_WRITE_BIT;
-        r->dst = VK_PIPELINE_STAGE_HOST_BIT, r->dst_access = VK_ACCESS_HOST_READ_BIT;
-        rec_commit(c, &r->h);
-    }
+    /* not a barrier between dispatches: not counted in n_barriers */
+    barrier_rec(c, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, VK_ACCESS_SHADER_WRITE_BIT, VK_PIPELINE_STAGE_HOST_BIT,
+                VK_ACCESS_HOST_READ_BIT);
 }
 
 void vkd_copy(vkd_cmd *c, const vkd_buffer *src, VkDeviceSize src_off, const vkd_buffer *dst,

@@ -179,7 +179,7 @@ typedef struct vkd_reuse vkd_reuse;
 
 typedef struct vkd_cmd {
     vkd_device *d;
-    VkCommandBuffer cb;      /* the recording's command buffer (streaming: the slot last submitted) */
+    VkCommandBuffer cb;      /* recorded without reuse; with it the reuse slots hold their own */
     VkFence fence;
     bool recording;
     bool pending;            /* submitted, not yet waited */
@@ -241,7 +241,7 @@ void vkd_barrier_transfer_to_compute(vkd_cmd *c);
 void vkd_barrier_compute_to_transfer(vkd_cmd *c);
 /* Shader writes visible to the host after the submission's fence (mapped results). */
 void vkd_barrier_compute_to_host(vkd_cmd *c);
-/* Any memory barrier (kv_io's transfer barriers). */
+/* Any memory barrier, counted in n_barriers (kv_io's transfer barriers). */
 void vkd_barrier_ex(vkd_cmd *c, VkPipelineStageFlags src, VkAccessFlags src_access, VkPipelineStageFlags dst,
                     VkAccessFlags dst_access);
 void vkd_copy(vkd_cmd *c, const vkd_buffer *src, VkDeviceSize src_off, const vkd_buffer *dst,

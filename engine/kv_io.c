@@ -63,13 +63,6 @@ static void transpose(const kv_geom *g, uint8_t *stage, uint8_t *host, uint32_t 
             }
 }
 
-static void barrier(VkCommandBuffer cb, VkPipelineStageFlags src_stage, VkAccessFlags src,
-                    VkPipelineStageFlags dst_stage, VkAccessFlags dst)
-{
-    VkMemoryBarrier mb = {.sType = VK_STRUCTURE_TYPE_MEMORY_BARRIER, .srcAccessMask = src, .dstAccessMask = dst};
-    vkCmdPipelineBarrier(cb, src_stage, dst_stage, 0, 1, &mb, 0, NULL, 0, NULL);
-}
-
 /* One chunk: pages[0, n) <-> stage, in one command buffer. */
 static vki_status copy_chunk(vk_engine *e, vkd_cmd *c, const kv_geom *g, const uint32_t *pages, uint32_t n,
                              vkd_buffer *stage, bool read, VkBufferCopy *rg)
@@ -78,7 +71,7 @@ static vki_status copy_chunk(vk_engine *e, vkd_cmd *c, const kv_geom *g, const u
     vkd_label_begin(c, "session KV %s: %u pages", read ? "save" : "restore", n);
     VkPipelineStageFlags compute = VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, xfer = VK_PIPELINE_STAGE_TRANSFER_BIT;
     /* earlier steps' KV writes (and, restoring, their reads) before the copies */
-    barrier(c->cb, compute | xfer, VK_ACCESS_SHADER_WRITE_BIT | VK_ACCESS_TRANSFER_WRITE_BIT, xfer,
+    vkd_barrier_ex(c, compute | xfer, VK_ACCESS_SHADER_WRITE_BIT | VK_ACCESS_TRANSFER_WRITE_BIT, xfer,
             VK_ACCESS_TRANSFER_READ_BIT | VK_ACCESS_TRANSFER_WRITE_BIT);
     for (uint32_t l = 0; l < g->L; l++)
         for (uint32_t kv = 0; kv < 2; kv++) {
@@ -90,7 +83,7 @@ static vki_status copy_chunk(vk_engine *e, vkd_cmd *c, const kv_geom *g, const u
             }
             vkCmdCopyBuffer(c->cb, read ? pool->buf : stage->buf, read ? stage->buf : pool->buf, n, rg);
         }
-    barrier(c->cb, xfer, VK_ACCESS_TRANSFER_WRITE_BIT, compute | VK_PIPELINE_STAGE_HOST_BIT,
+    vkd_barrier_ex(c, xfer, VK_ACCESS_TRANSFER_WRITE_BIT, compute | VK_PIPELINE_STAGE_HOST_BIT,
             VK_ACCESS_SHADER_READ_BIT | VK_ACCESS_SHADER_WRITE_BIT | VK_ACCESS_HOST_READ_BIT);
     vkd_label_end(c);
     return vkd_cmd_submit_wait(c);

@@ -84,7 +84,6 @@ typedef struct bm_state {
     vki_step_seq *seqs;        /* [max_b] */
     vki_step_out *outs;        /* [max_b] */
     uint64_t rng;
-    uint64_t reuse_hits;       /* the engine's command-buffer reuse hits after the last step */
 } bm_state;
 
 /* ---- options ------------------------------------------------------------------------------ */
@@ -371,6 +370,7 @@ static vki_status fill_kv_random(bm_state *s)
 static vki_status step(bm_state *s, uint32_t n_seqs, uint32_t n_tokens, bm_run *run)
 {
     vki_step_plan plan = {.n_seqs = n_seqs, .seqs = s->seqs, .n_tokens = n_tokens};
+    uint64_t reused0 = s->e->steps_reused;
     vki_status st = vk_engine_step(s->e, &plan, s->outs, NULL);
     if (st != VKI_OK) {
         fprintf(stderr, "vkinfer bench-model: step of %u sequences, %u tokens: %s\n", n_seqs, n_tokens,
@@ -378,13 +378,12 @@ static vki_status step(bm_state *s, uint32_t n_seqs, uint32_t n_tokens, bm_run *
         return st;
     }
     if (run) {
-        run->reused += s->e->cmd.reuse_hits != s->reuse_hits;
+        run->reused += s->e->steps_reused != reused0;
         run->host_ms += s->e->last_step_ms - s->e->last_wait_ms;
         run->dispatches += s->e->cmd.n_dispatches;
         run->barriers += s->e->cmd.n_barriers;
         run->steps++;
     }
-    s->reuse_hits = s->e->cmd.reuse_hits;
     return VKI_OK;
 }
 
