@@ -634,7 +634,10 @@ static void test_chunked_prefill_equals_whole(void **state)
         if (k) {
             char l[64];
             snprintf(l, sizeof l, "chunk %u vs whole", chunks[k]);
-            vt_assert_nmse(got, first, fx.n_vocab, 1e-9, l);
+            /* F16 KV: a chunk's K/V rows come from the GEMV or the GEMM by its size, and a last-bit
+             * difference can round to another F16 value; over 29 seeds the worst was 1.07e-9
+             * (seed 19977688675532, which failed the earlier 1e-9 bound), most 1e-10..7e-10 */
+            vt_assert_nmse(got, first, fx.n_vocab, 1e-8, l);
             fprintf(stderr, "  chunk %3u vs whole prompt: NMSE %.2e\n", chunks[k], vt_nmse(got, first, fx.n_vocab));
         }
         free(s.tok);
