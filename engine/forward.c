@@ -8,11 +8,13 @@
  *               (one h Wqkv, sliced, where the matrices share a type: phi3's, or
  *                concatenated at load; V apart when its type differs)
  *     [qwen3, gemma3: q, k = rmsnorm per head * q_norm, k_norm]
- *     q, k = rope(q, pos), rope(k, pos)                     (the layer kind's base and scale;
- *                                                            one dispatch where k follows q)
- *     K/V pages <- k, v                                     (each token at its position)
+ *     q, k = rope(q, pos), rope(k, pos)                     (the layer kind's base and scale)
+ *     K/V pages <- k, v                                     (each token at its position; k's
+ *                                                            rope done by this write, in the
+ *                                                            stage of q's)
  *     att = attention(q, K/V pages of its sequence)         [T][n_head*hd]
- *           (the layer kind's window and sink; gemma2's soft-cap)
+ *           (the layer kind's window and sink; gemma2's soft-cap; a decode sequence's splits
+ *            merged by the last one to finish)
  *     x = x + att Wo                                        (added by the matmul)
  *         [gemma: x = x + rmsnorm(att Wo) * post_attention_norm]
  *     h = rmsnorm(x) * ffn_norm
@@ -156,23 +158,28 @@ static vki_status record_attention_block(vk_engine *e, uint32_t il, uint32_t T, 
     op_rope_p rk = rq;
     rk.n_heads = hp->n_head_kv;
     vkd_view freqs = vkd_whole(s->rope_freqs[kind]);
-    if (!e->p.no_fusion && k.v.buf == q.v.buf && k.off == q.off + hp->n_head * hp->head_dim && k.stride == q.stride) {
-        rq.n_heads += hp->n_head_kv; /* [q heads | k heads] in each row: one rotation */
-        vkd_role(c, "attn_rope_qk");
+    if (!e->p.no_fusion) { /* K is rotated by the cache write: one stage, no barrier between */
+        op_kv_rope kr = {.n_rot = hp->n_rot, .neox = hp->rope_neox, .freqs = freqs};
+        vkd_role(c, "attn_rope_q");
         TRY(op_rope(c, &rq, q, q, ast[kind].tok_pos, freqs));
+        vkd_role(c, "attn_kv_write");
+        TRY(op_kv_write(c, &e->attn[kind], &ast[kind], k, v, vkd_whole(e->k_pool[il]), vkd_whole(e->v_pool[il]),
+                        &kr));
     } else {
         vkd_role(c, "attn_rope_q");
         TRY(op_rope(c, &rq, q, q, ast[kind].tok_pos, freqs));
         vkd_role(c, "attn_rope_k");
         TRY(op_rope(c, &rk, k, k, ast[kind].tok_pos, freqs));
+        vkd_barrier(c);
+        vkd_role(c, "attn_kv_write");
+        TRY(op_kv_write(c, &e->attn[kind], &ast[kind], k, v, vkd_whole(e->k_pool[il]), vkd_whole(e->v_pool[il]),
+                        NULL));
     }
     vkd_barrier(c);
-    vkd_role(c, "attn_kv_write");
-    TRY(op_kv_write(c, &e->attn[kind], &ast[kind], k, v, vkd_whole(e->k_pool[il]), vkd_whole(e->v_pool[il])));
-    vkd_barrier(c);
     vkd_role(c, "attn");
+    vkd_view merge = vkd_whole(s->attn_cnt); /* the last decode split merges (no reduce pass) */
     TRY(op_attention(c, &e->attn[kind], &ast[kind], q, op_mat_rows(s->att, qd), vkd_whole(e->k_pool[il]),
-                     vkd_whole(e->v_pool[il]), vkd_whole(s->attn_tmp)));
+                     vkd_whole(e->v_pool[il]), vkd_whole(s->attn_tmp), e->p.no_fusion ? NULL : &merge));
     vkd_barrier(c);
     vkd_role(c, "attn_o");
     return project_residual(e, &L->wo, vkd_whole(s->att), qd, T, &L->post_attn_norm, "attn_post_norm",

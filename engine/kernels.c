@@ -70,9 +70,9 @@ _Static_assert(sizeof(vki_seq_info) == 16 && sizeof(vki_attn_item) == 16, "std43
 /* engine/ops_attn.c: kv_write {WG}; decode {WG, HD, L, GMAX}; prefill {WG, HD, BR, BC};
  * prefill on cooperative matrices {WG, HD, BR, BC, CM_M, CM_N, CM_K, CM_SG}; reduce {WG} */
 #define ATTN_ROWS(T, t)                                                                          \
-    [VKK_KV_WRITE_##T] = {"kv_write_" #t, SPV(kv_write_##t), .n_bindings = 8,                    \
+    [VKK_KV_WRITE_##T] = {"kv_write_" #t, SPV(kv_write_##t), .n_bindings = 9,                    \
                           .push_size = sizeof(vki_pc_kv_write), .n_spec = 1, .spec_default = {256}}, \
-    [VKK_ATTN_DECODE_##T] = {"attn_decode_" #t, SPV(attn_decode_##t), .n_bindings = 8,           \
+    [VKK_ATTN_DECODE_##T] = {"attn_decode_" #t, SPV(attn_decode_##t), .n_bindings = 9,           \
                              .push_size = sizeof(vki_pc_attn), .n_spec = 4,                      \
                              .spec_default = {128, 128, 16, 8}},                                 \
     [VKK_ATTN_PREFILL_##T] = {"attn_prefill_" #t, SPV(attn_prefill_##t), .n_bindings = 7,        \
@@ -147,6 +147,10 @@ struct vkd_kernels {
 static vki_status kernel_init(vkd_device *d, vkk_id id, kernel_state *ks)
 {
     const vkk_desc *kd = &kernel_table[id];
+    if (kd->n_bindings > VKK_MAX_BINDINGS) {
+        vkd_log(d, VKI_LOG_ERROR, "kernel %s: %u bindings, more than VKK_MAX_BINDINGS", kd->name, kd->n_bindings);
+        return VKI_ERR_INVALID_ARG;
+    }
     VkShaderModuleCreateInfo mi = {.sType = VK_STRUCTURE_TYPE_SHADER_MODULE_CREATE_INFO,
                                    .codeSize = *kd->spv_size, .pCode = kd->spv};
     VKD_TRY(d, vkCreateShaderModule(d->dev, &mi, NULL, &ks->module));

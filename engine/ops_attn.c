@@ -168,7 +168,7 @@ vki_status op_attn_setup(vkd_device *d, const op_attn_shape *s, op_attn *out)
 uint32_t op_attn_max_items(const op_attn *a, uint32_t max_seqs, uint32_t max_tokens)
 {
     /* decode: one split per key range of a sequence (window, sink) plus at most target_groups
-     * more (see pick_split), one reduce entry per sequence; prefill: one block per pre_nq tokens
+     * more (see pick_split); one reduce entry per sequence; prefill: one block per pre_nq tokens
      * plus one per sequence; the decode dispatch's indirect arguments. */
     uint64_t n = 1 + 4ull * max_seqs + max_tokens / a->pre_nq + a->target_groups;
     return n > UINT32_MAX ? UINT32_MAX : (uint32_t)n;
@@ -177,6 +177,11 @@ uint32_t op_attn_max_items(const op_attn *a, uint32_t max_seqs, uint32_t max_tok
 uint64_t op_attn_scratch_bytes(const op_attn *a, uint32_t n_slots)
 {
     return 4ull * n_slots * a->s.n_heads * (a->s.head_dim + 2);
+}
+
+uint64_t op_attn_merge_bytes(const op_attn *a, uint32_t max_seqs)
+{
+    return 4ull * max_seqs * a->s.n_kv_heads * a->dec_nhb;
 }
 
 /* Split length for the decode sequences: long enough that the splits of all sequences make about
@@ -217,22 +222,21 @@ static uint32_t n_splits(const op_attn *a, uint32_t n_ctx, uint32_t c)
 static bool count_items(const op_attn *a, const vki_seq_info *seqs, uint32_t n_seqs, uint32_t c, uint32_t cap,
                         op_attn_plan *p)
 {
-    uint64_t dec = 0, dec_seqs = 0, split = 0, pre = 0, slots = 0;
+    uint64_t dec = 0, split = 0, pre = 0, slots = 0;
     for (uint32_t i = 0; i < n_seqs; i++) {
         if (seqs[i].n_new == 1) {
             uint32_t n = n_splits(a, seqs[i].n_ctx, c);
             dec += n;
-            dec_seqs++;
             split += n > 1;
             slots += n > 1 ? n : 0;
         } else {
             pre += ceil_div(seqs[i].n_new, a->pre_nq);
         }
     }
-    if (1 + dec + dec_seqs + pre > cap)
+    if (1 + dec + n_seqs + pre > cap)
         return false;
-    p->n_dec = (uint32_t)dec, p->n_red = split ? (uint32_t)dec_seqs : 0, p->n_pre = (uint32_t)pre;
-    p->red_off = 1 + p->n_pre, p->dec_off = p->red_off + (uint32_t)dec_seqs;
+    p->n_dec = (uint32_t)dec, p->n_red = split ? n_seqs : 0, p->n_pre = (uint32_t)pre;
+    p->red_off = 1 + p->n_pre, p->dec_off = p->red_off + n_seqs;
     p->n_slots = (uint32_t)slots, p->n_items = p->dec_off + p->n_dec, p->split = c;
     return true;
 }
@@ -259,6 +263,7 @@ static void fill_items(const op_attn *a, const vki_seq_info *seqs, uint32_t n_se
             split_range(items, &di, i, s0, s1, p->split, n == 1, &slot);
             split_range(items, &di, i, w0, s->n_ctx, p->split, n == 1, &slot);
         } else {
+            items[ri++] = (vki_attn_item){i, 0, 0, 0}; /* nothing to merge */
             for (uint32_t q0 = 0; q0 < s->n_new; q0 += a->pre_nq) {
                 uint32_t nq = s->n_new - q0 < a->pre_nq ? s->n_new - q0 : a->pre_nq;
                 items[pi++] = (vki_attn_item){i, q0, nq, 0};
@@ -313,35 +318,40 @@ static bool step_ok(const op_attn_step *st)
 }
 
 vki_status op_kv_write(vkd_cmd *c, const op_attn *a, const op_attn_step *st, op_mat k, op_mat v,
-                       vkd_view k_pool, vkd_view v_pool)
+                       vkd_view k_pool, vkd_view v_pool, const op_kv_rope *rope)
 {
     uint32_t n = st->plan ? st->plan->n_tokens : 0, row = a->s.n_kv_heads * a->s.head_dim;
     if (!n)
         return VKI_OK;
     uint64_t page = op_kv_page_bytes(&a->s);
     if (!step_ok(st) || !op_mat_fits(k, n, row) || !op_mat_fits(v, n, row) || op_view_floats(k_pool) * 4 < page ||
-        op_view_floats(v_pool) * 4 < page)
+        op_view_floats(v_pool) * 4 < page ||
+        (rope && (!rope->n_rot || rope->n_rot % 2 || rope->n_rot > a->s.head_dim ||
+                  op_view_floats(rope->freqs) < 2ull * rope->n_rot)))
         return bad(c, "kv_write");
     vki_pc_kv_write pc = {.n_tokens = n, .n_kv_heads = a->s.n_kv_heads, .head_dim = a->s.head_dim,
                           .page_size = a->s.page_size, .k_off = k.off, .k_stride = k.stride,
-                          .v_off = v.off, .v_stride = v.stride};
-    vkd_view b[8] = {k.v, v.v, st->tok_pos, st->tok_seq, st->seq_info, st->page_table, k_pool, v_pool};
+                          .v_off = v.off, .v_stride = v.stride, .rope_n_rot = rope ? rope->n_rot : 0,
+                          .rope_neox = rope && rope->neox};
+    vkd_view b[9] = {k.v, v.v, st->tok_pos, st->tok_seq, st->seq_info, st->page_table, k_pool, v_pool,
+                     rope ? rope->freqs : st->tok_pos};
     /* an invocation per 8-dim chunk (Q8_0: per pair of 32-value blocks) */
     uint64_t per_row = a->s.kv_type == VKI_GGML_Q8_0 ? a->s.n_kv_heads * VKI_KV_Q8_DW(a->s.head_dim) : row / 8;
     uint32_t groups = vkk_groups((uint64_t)n * per_row, KVW_WG);
-    return vkk_dispatch(c, kid(a, VKK_KV_WRITE_F16), a->kvw_spec, b, 8, &pc, sizeof pc, groups < 65535 ? groups : 65535,
+    return vkk_dispatch(c, kid(a, VKK_KV_WRITE_F16), a->kvw_spec, b, 9, &pc, sizeof pc, groups < 65535 ? groups : 65535,
                         1, 1);
 }
 
 vki_status op_attention(vkd_cmd *c, const op_attn *a, const op_attn_step *st, op_mat q, op_mat out,
-                        vkd_view k_pool, vkd_view v_pool, vkd_view scratch)
+                        vkd_view k_pool, vkd_view v_pool, vkd_view scratch, const vkd_view *merge)
 {
     const op_attn_plan *p = st->plan;
     uint32_t row = a->s.n_heads * a->s.head_dim;
     if (!p || !p->n_tokens)
         return VKI_OK;
     if (!step_ok(st) || !op_mat_fits(q, p->n_tokens, row) || !op_mat_fits(out, p->n_tokens, row) ||
-        op_view_floats(scratch) * 4 < op_attn_scratch_bytes(a, p->n_slots))
+        op_view_floats(scratch) * 4 < op_attn_scratch_bytes(a, p->n_slots) ||
+        (merge && op_view_floats(*merge) * 4 < op_attn_merge_bytes(a, p->dec_off - p->red_off)))
         return bad(c, "attention");
     const float log2e = 1.4426950408889634f;
     bool cap = a->s.softcap > 0;
@@ -360,16 +370,18 @@ vki_status op_attention(vkd_cmd *c, const op_attn *a, const op_attn_step *st, op
     }
     if (p->n_dec) {
         pc.gw = a->dec_gw, pc.n_hblocks = a->dec_nhb, pc.item_off = p->dec_off, pc.n_items = p->n_dec;
-        vkd_view b[8] = {q.v, k_pool, v_pool, st->seq_info, st->page_table, st->items, out.v, scratch};
+        pc.red_off = p->red_off, pc.merge = merge && p->n_red;
+        vkd_view b[9] = {q.v, k_pool, v_pool, st->seq_info, st->page_table, st->items, out.v, scratch,
+                         merge ? *merge : scratch};
         vkd_view args = {st->items.buf, st->items.offset, sizeof(VkDispatchIndirectCommand)};
-        s = vkk_dispatch_indirect(c, kid(a, VKK_ATTN_DECODE_F16), a->dec_spec, b, 8, &pc, sizeof pc, args);
+        s = vkk_dispatch_indirect(c, kid(a, VKK_ATTN_DECODE_F16), a->dec_spec, b, 9, &pc, sizeof pc, args);
     }
     if (s == VKI_OK && p->n_pre) {
         pc.gw = a->pre_gw, pc.n_hblocks = a->pre_nhb, pc.item_off = 1, pc.n_items = p->n_pre;
         vkd_view b[7] = {q.v, k_pool, v_pool, st->seq_info, st->page_table, st->items, out.v};
         s = vkk_dispatch(c, a->pre_kid, a->pre_spec, b, 7, &pc, sizeof pc, p->n_pre, a->s.n_kv_heads * a->pre_nhb, 1);
     }
-    if (s == VKI_OK && p->n_red) {
+    if (s == VKI_OK && p->n_red && !merge) {
         vkd_barrier(c); /* the decode partials */
         pc.item_off = p->red_off, pc.n_items = p->n_red;
         vkd_view b[4] = {scratch, st->items, st->seq_info, out.v};

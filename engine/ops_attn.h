@@ -4,13 +4,13 @@
  * Per model, at engine open: op_attn_setup() validates the shape, picks the kernels' sizes from
  * the device and creates their pipelines. Per step: fill vki_seq_info[] (and tok_pos, tok_seq,
  * page_table) on the host, build the work list with op_attn_plan_build(), upload all five, then
- * per layer record op_kv_write(), vkd_barrier(), op_attention().
+ * per layer record op_kv_write() (which can apply RoPE to K), vkd_barrier(), op_attention().
  *
  * A ragged batch is split by kind: one-token sequences (decode) go to the split-K decode kernel
- * (their long contexts are cut into splits over many workgroups and merged by a reduce pass);
- * sequences with several new tokens (prefill chunks) go to the tiled prefill kernel. Both
- * dispatches are recorded back to back without a barrier (they write disjoint output rows), so
- * a mid-prefill sequence and the decoding ones run concurrently. */
+ * (their long contexts are cut into splits over many workgroups; the last split of a sequence
+ * to finish merges them); sequences with several new tokens (prefill chunks) go to the tiled
+ * prefill kernel. Both dispatches are recorded back to back without a barrier (they write
+ * disjoint output rows), so a mid-prefill sequence and the decoding ones run concurrently. */
 #ifndef VKI_ENGINE_OPS_ATTN_H
 #define VKI_ENGINE_OPS_ATTN_H
 
@@ -60,9 +60,9 @@ uint32_t op_kv_max_pages(const vkd_device *d, const op_attn_shape *s);
 
 typedef struct op_attn_plan {
     uint32_t n_tokens;           /* sum of n_new: rows of q / k / v / out */
-    uint32_t n_items;            /* items written: 1 + n_pre + (one-token sequences) + n_dec */
-    uint32_t n_dec, n_red, n_pre;/* decode splits, reduce entries (one per one-token sequence, or
-                                    0 when no sequence splits), prefill blocks */
+    uint32_t n_items;            /* items written: 1 + n_pre + n_seqs + n_dec */
+    uint32_t n_dec, n_red, n_pre;/* decode splits, reduce entries to run (one per sequence, or 0
+                                    when no sequence splits), prefill blocks */
     uint32_t red_off, dec_off;   /* first reduce entry, first decode split (vki_shared.h) */
     uint32_t n_slots;            /* partial slots the decode splits use */
     uint32_t split;              /* decode split length chosen (keys) */
@@ -73,6 +73,8 @@ typedef struct op_attn_plan {
 uint32_t op_attn_max_items(const op_attn *a, uint32_t max_seqs, uint32_t max_tokens);
 /* Scratch bytes for n_slots partial slots (op_attn_max_items slots always suffice). */
 uint64_t op_attn_scratch_bytes(const op_attn *a, uint32_t n_slots);
+/* Bytes of the merge counters for steps of up to max_seqs sequences (op_attention's merge). */
+uint64_t op_attn_merge_bytes(const op_attn *a, uint32_t max_seqs);
 
 /* Builds the step's work list from its sequences into items[cap]. Each sequence needs
  * 1 <= n_new <= n_ctx and rows row0 .. row0 + n_new - 1 < sum of n_new. Decode splits cover only
@@ -88,17 +90,29 @@ typedef struct op_attn_step {
     const op_attn_plan *plan;
 } op_attn_step;
 
-/* Writes rows k, v (f32 [n_tokens][n_kv_heads * head_dim] at the op_mat offsets/strides, K
- * after RoPE) into the pools at their tokens' positions. */
+/* RoPE of K done by op_kv_write as it writes (op_rope's rotation, bit for bit): the step then
+ * needs no rope pass over K and no barrier between it and the write. */
+typedef struct op_kv_rope {
+    uint32_t n_rot; /* even, 2 .. head_dim */
+    bool neox;
+    vkd_view freqs; /* op_rope_freqs' table: vec4[n_rot / 2] */
+} op_kv_rope;
+
+/* Writes rows k, v (f32 [n_tokens][n_kv_heads * head_dim] at the op_mat offsets/strides) into
+ * the pools at their tokens' positions; K rotated by rope on the way, or as given (rope NULL:
+ * K after RoPE already). Positions < 2^24 with rope. */
 vki_status op_kv_write(vkd_cmd *c, const op_attn *a, const op_attn_step *st, op_mat k, op_mat v,
-                       vkd_view k_pool, vkd_view v_pool);
+                       vkd_view k_pool, vkd_view v_pool, const op_kv_rope *rope);
 
 /* out[t][h] = sum_j softmax_j(scale q[t][h] . K_j) V_j over positions j <= pos(t) of t's
  * sequence, read from the pools (kv_write must have run, with a barrier, for this step).
  * q, out: f32 [n_tokens][n_heads * head_dim]. scratch: op_attn_scratch_bytes(plan->n_slots)
- * (any valid view when n_slots is 0). Records decode + prefill, then a barrier and the reduce;
- * the caller puts a barrier before the next reader of out. */
+ * (any valid view when n_slots is 0). Records decode + prefill; a sequence's decode splits are
+ * merged by the last of them to finish when merge is given (u32 counters,
+ * op_attn_merge_bytes(the step's sequences), zero-filled once when created: every dispatch
+ * leaves them zero), else by a reduce pass after a barrier (the same bits either way). The
+ * caller puts a barrier before the next reader of out. */
 vki_status op_attention(vkd_cmd *c, const op_attn *a, const op_attn_step *st, op_mat q, op_mat out,
-                        vkd_view k_pool, vkd_view v_pool, vkd_view scratch);
+                        vkd_view k_pool, vkd_view v_pool, vkd_view scratch, const vkd_view *merge);
 
 #endif

@@ -893,10 +893,10 @@ typedef struct vki_engine_params {
     int64_t capture_first, capture_last;
     /* Runs the forward pass op by op, as the model is written: no Q|K|V or gate|up matrices
      * concatenated at load, no residual add or gated activation folded into the matmul before
-     * it. The results are
-     * the same bit for bit (the fusions round exactly as the separate ops); only dispatches,
-     * barriers and memory traffic differ. For measuring what the fusions give (bench-model
-     * --no-fusion). false */
+     * it, RoPE of K as a pass of its own before the KV cache write, the decode attention's
+     * splits merged by a reduce pass of their own. The results are the same bit for bit (the
+     * fusions round exactly as the separate ops); only dispatches, barriers and memory traffic
+     * differ. For measuring what the fusions give (bench-model --no-fusion). false */
     bool no_fusion;
     /* Records every step's command buffer anew. By default the engine keeps the command buffers
      * of its last few step shapes and submits one again when a step records exactly the same

@@ -14,7 +14,10 @@
 // the row. Per key: q.k by partial dot products + an L-lane shuffle-xor sum, then an online
 // softmax update of the group's own (max, sum, acc) in registers. At the end key groups merge
 // by shuffles within the subgroup, subgroups one after another through shared memory, and the
-// split writes its output (the whole context) or an unnormalised partial for attn_reduce.
+// split writes its output (the whole context) or an unnormalised partial. With p.merge the last
+// split of a sequence to finish (an atomic count per sequence and workgroup row) merges the
+// partials itself (attn_merge.glsl), so decode needs no reduce pass and no barrier before one;
+// else attn_reduce.comp merges them after a barrier.
 // Scores are in the log2 domain: q is pre-scaled by scale * log2(e) and p = exp2(s - max)
 // (soft-capped models: q by scale, the cap's tanh then times log2(e)). A split only ever holds
 // keys its query sees: the host plans splits over the window and the sink (op_attn_plan_build).
@@ -34,11 +37,15 @@ layout(std430, binding = 3) readonly buffer SI { vki_seq_info seqs[]; };  // [n_
 layout(std430, binding = 4) readonly buffer PT { uint page_table[]; };    // u32 page ids
 layout(std430, binding = 5) readonly buffer IT { uvec4 items[]; };        // vki_attn_item: {seq, k0, k1, slot}
 layout(std430, binding = 6) writeonly buffer O { float o[]; };            // f32 rows: [o_off + t * o_stride + h * HD + d]
-layout(std430, binding = 7) writeonly buffer PA { float part[]; };        // f32 [slot][n_heads][HD + 2]
+// Partials and counters are coherent: a split reads the others' partials after their atomic.
+layout(std430, binding = 7) coherent buffer PA { float part[]; };         // f32 [slot][n_heads][HD + 2]
+layout(std430, binding = 8) coherent buffer CN { uint cnt[]; };           // u32 [n_seqs][groups in y], 0 between dispatches
+#include "attn_merge.glsl"
 
 shared vec4 qs[GMAX * HD / 4];  // scaled queries of the workgroup's heads
 shared float st_acc[GMAX * HD]; // merged state of the subgroups done so far
 shared float st_m[2][GMAX], st_l[2][GMAX]; // double-buffered: one subgroup reads while it writes
+shared bool last_split;
 
 // This invocation's online-softmax state for the keys its key group saw.
 float m[GMAX], l[GMAX];
@@ -191,4 +198,25 @@ void main()
             }
         }
     }
+    if (slot == VKI_ATTN_FINAL || p.merge == 0u)
+        return;
+
+    // Count this split done (release: its partials first); the sequence's last one merges.
+    memoryBarrierBuffer();
+    barrier();
+    uvec4 re = items[p.red_off + it.x]; // the sequence's reduce entry {seq, slot0, n, 0}
+    if (gl_LocalInvocationIndex == 0u) {
+        uint ci = it.x * gl_NumWorkGroups.y + gl_WorkGroupID.y;
+        memoryBarrierBuffer();
+        last_split = atomicAdd(cnt[ci], 1u) + 1u == re.z;
+        memoryBarrierBuffer(); // acquire: the other splits' partials
+        if (last_split)
+            cnt[ci] = 0u; // every split of this dispatch has counted: ready for the next one
+    }
+    barrier();
+    if (!last_split) // uniform
+        return;
+    memoryBarrierBuffer();
+    for (uint i = gl_LocalInvocationID.x; i < gn * HD; i += WG)
+        o[p.o_off + t * p.o_stride + (h0 + i / HD) * HD + i % HD] = attn_merge(re.y, re.z, h0 + i / HD, i % HD);
 }

@@ -2,12 +2,15 @@
 #extension GL_GOOGLE_include_directive : require
 #include "common.glsl"
 #include "attn_common.glsl"
+#include "rope_common.glsl"
 // Writes the step's new K and V rows into their pages: one invocation per (token, kv head,
 // 8-dim chunk) (Q8_0: per pair of 32-value blocks, whose two f16 scales share a word),
 // grid-stride. Memory-bound and small (2 * n_tokens * n_kv * head_dim values). F16 values and
 // Q8_0 scales round to nearest even in integer arithmetic, bit-exact with quant_f32_to_f16 on
 // every device (GLSL's packHalf2x16 leaves the rounding mode to the implementation); Q8_0
-// quantises as ggml's quantize_row_q8_0_ref (and engine/quant.c) does, bit for bit.
+// quantises as ggml's quantize_row_q8_0_ref (and engine/quant.c) does, bit for bit. With
+// p.rope_n_rot > 0, K is rotated (RoPE) as it is read, with rope.comp's arithmetic: the decode
+// step needs no rope pass over K and no barrier between it and this write.
 layout(local_size_x_id = 0) in;
 layout(push_constant) uniform PushBlock { vki_pc_kv_write p; };
 layout(std430, binding = 0) readonly buffer KA { float k_act[]; };         // f32 rows: [k_off + t * k_stride + h * head_dim + d]
@@ -18,6 +21,7 @@ layout(std430, binding = 4) readonly buffer SI { vki_seq_info seqs[]; };   // [n
 layout(std430, binding = 5) readonly buffer PT { uint page_table[]; };     // u32 page ids
 layout(std430, binding = 6) writeonly buffer KP { KV_T kpool[]; };         // K[page][kv_head][slot][head_dim] (Q8_0: two planes)
 layout(std430, binding = 7) writeonly buffer VP { KV_T vpool[]; };         // V, same layout
+layout(std430, binding = 8) readonly buffer F { vec4 fr[]; };              // vec4 [rope_n_rot / 2] (rope.comp's)
 
 #if defined(KV_F16) || defined(KV_Q8_0)
 uint half_rne(float f)
@@ -54,11 +58,25 @@ uvec4 pack8(vec4 a, vec4 b)
 }
 #endif
 
-float act_at(uint i, bool is_k) { return is_k ? k_act[i] : v_act[i]; }
+uint tpos; // position of the token being written
 
-vec4 load4(uint base, bool is_k)
+// Element j of the head row at hb: V as projected, K after RoPE when p.rope_n_rot > 0 (the pair
+// partner is read and rotated here; dims >= n_rot pass through, as in rope.comp).
+float act_at(uint hb, uint j, bool is_k)
 {
-    return vec4(act_at(base, is_k), act_at(base + 1, is_k), act_at(base + 2, is_k), act_at(base + 3, is_k));
+    if (!is_k)
+        return v_act[hb + j];
+    if (j >= p.rope_n_rot)
+        return k_act[hb + j];
+    uint i = rope_pair_of(j, p.rope_n_rot, p.rope_neox != 0u);
+    uvec2 ab = rope_pair(i, p.rope_n_rot, p.rope_neox != 0u);
+    vec2 r = rope_rotate(k_act[hb + ab.x], k_act[hb + ab.y], rope_angle(tpos, fr[i]));
+    return j == ab.x ? r.x : r.y;
+}
+
+vec4 load4(uint hb, uint j, bool is_k)
+{
+    return vec4(act_at(hb, j, is_k), act_at(hb, j + 1, is_k), act_at(hb, j + 2, is_k), act_at(hb, j + 3, is_k));
 }
 
 #ifdef KV_Q8_0
@@ -69,17 +87,18 @@ int round_away(float v)
     return int(abs(v - t) >= 0.5 ? t + sign(v) : t);
 }
 
-// Quantises block `b` (32 values from act index base) into its 8 qs words; returns its f16 scale.
-uint quant_block(uint base, bool is_k, uint qw)
+// Quantises the 32 values from element j0 of the head row at hb into its 8 qs words at qw;
+// returns its f16 scale.
+uint quant_block(uint hb, uint j0, bool is_k, uint qw)
 {
     float amax = 0.0;
     for (uint i = 0; i < 32u; i++)
-        amax = max(amax, abs(act_at(base + i, is_k)));
+        amax = max(amax, abs(act_at(hb, j0 + i, is_k)));
     float d = amax / 127.0, id = d != 0.0 ? 1.0 / d : 0.0;
     for (uint w = 0; w < 8u; w++) {
         uint word = 0u;
         for (uint e = 0; e < 4u; e++)
-            word |= (uint(round_away(act_at(base + 4u * w + e, is_k) * id)) & 0xffu) << (8u * e);
+            word |= (uint(round_away(act_at(hb, j0 + 4u * w + e, is_k) * id)) & 0xffu) << (8u * e);
         if (is_k)
             kpool[qw + w] = word;
         else
@@ -98,7 +117,7 @@ void write_q8(uint page, uint rip, uint bp, uint kb, uint vb)
         uint base = is_k ? kb : vb, word = 0u;
         for (uint j = 0; j < 2u && 2u * bp + j < nb; j++) {
             uint b = 2u * bp + j;
-            word |= quant_block(base + 32u * b, is_k, pb + (rip * hd + 32u * b) / 4u) << (16u * j);
+            word |= quant_block(base, 32u * b, is_k, pb + (rip * hd + 32u * b) / 4u) << (16u * j);
         }
         if (is_k)
             kpool[dw] = word;
@@ -121,23 +140,22 @@ void main()
         uint c = idx % per_row, th = idx / per_row;
         uint h = th % p.n_kv_heads, t = th / p.n_kv_heads;
         uint pos = tok_pos[t];
+        tpos = pos;
         uint page = page_table[seqs[tok_seq[t]].pt_off + pos / p.page_size], rip = h * p.page_size + pos % p.page_size;
         uint kb = p.k_off + t * p.k_stride + h * p.head_dim;
         uint vb = p.v_off + t * p.v_stride + h * p.head_dim;
 #if defined(KV_Q8_0)
         write_q8(page, rip, c, kb, vb);
 #else
-        uint ci = (page * KV_ROWS_PP + rip) * (p.head_dim / 8) + c;
-        kb += 8 * c;
-        vb += 8 * c;
+        uint ci = (page * KV_ROWS_PP + rip) * (p.head_dim / 8) + c, j = 8 * c;
 #if defined(KV_F16)
-        kpool[ci] = pack8(load4(kb, true), load4(kb + 4, true));
-        vpool[ci] = pack8(load4(vb, false), load4(vb + 4, false));
+        kpool[ci] = pack8(load4(kb, j, true), load4(kb, j + 4, true));
+        vpool[ci] = pack8(load4(vb, j, false), load4(vb, j + 4, false));
 #else
-        kpool[2 * ci] = load4(kb, true);
-        kpool[2 * ci + 1] = load4(kb + 4, true);
-        vpool[2 * ci] = load4(vb, false);
-        vpool[2 * ci + 1] = load4(vb + 4, false);
+        kpool[2 * ci] = load4(kb, j, true);
+        kpool[2 * ci + 1] = load4(kb, j + 4, true);
+        vpool[2 * ci] = load4(vb, j, false);
+        vpool[2 * ci + 1] = load4(vb, j + 4, false);
 #endif
 #endif
     }

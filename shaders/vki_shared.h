@@ -288,11 +288,11 @@ VKI_STRUCT(vki_seq_info) {
  *  decode split:  {seq, k0, k1, slot}  keys [k0, k1) of a one-token sequence; slot = partial
  *                 slot, or VKI_ATTN_FINAL when the split is the whole context (writes output)
  *  reduce entry:  {seq, slot0, n, 0}   merges the n partial slots slot0 .. slot0 + n - 1 (n = 1:
- *                 nothing to merge, the split wrote the output)
+ *                 nothing to merge, the split wrote the output; n = 0: a prefilling sequence)
  *  prefill block: {seq, q0, nq, 0}     new tokens q0 .. q0 + nq - 1 of a sequence
  * The list: item 0 holds the decode dispatch's VkDispatchIndirectCommand {n_dec, groups per
- * split, 1}; then n_pre prefill blocks, one reduce entry per one-token sequence, the n_dec
- * decode splits. Every offset and every other group count follows from the step's shape (which
+ * split, 1}; then n_pre prefill blocks, one reduce entry per sequence (sequence i's at
+ * red_off + i, so a split finds its own), the n_dec decode splits. Every offset and every other group count follows from the step's shape (which
  * sequences decode, how many tokens the others bring), not from their contexts, so a recorded
  * step serves every step of its shape. */
 VKI_STRUCT(vki_attn_item) {
@@ -302,19 +302,26 @@ VKI_STRUCT(vki_attn_item) {
 
 /* kv_write: for row t < n_tokens and kv head h, K[t][h*head_dim ..] and V[...] go to page
  * page_table[pt_off(seq) + pos / page_size], slot pos % page_size (Q8_0: quantised there).
+ * rope_n_rot > 0: K is rotated on the way (RoPE at the token's position, as vki_pc_rope with
+ * n_rot = rope_n_rot, neox = rope_neox and the freqs table at binding 8, bit for bit rope.comp).
  * bindings: 0 k (f32 rows), 1 v (f32 rows), 2 tok_pos, 3 tok_seq, 4 seq_info, 5 page_table,
- *           6 K pool, 7 V pool */
+ *           6 K pool, 7 V pool, 8 freqs (vec4[rope_n_rot/2]; any buffer when rope_n_rot = 0) */
 VKI_STRUCT(vki_pc_kv_write) {
     vki_u32 n_tokens, n_kv_heads, head_dim, page_size;
     vki_u32 k_off, k_stride, v_off, v_stride;
+    vki_u32 rope_n_rot, rope_neox;
 };
 
 /* attention (decode split, prefill block and the split reduce share it). Query head h uses
  * kv head h / (n_heads / n_kv_heads); a workgroup takes `gw` query heads of one kv head
  * (n_hblocks = ceil(group / gw) workgroups per kv head); items item_off .. + n_items.
- * decode  bindings: 0 q, 1 K pool, 2 V pool, 3 seq_info, 4 page_table, 5 items, 6 out, 7 partials
+ * decode  bindings: 0 q, 1 K pool, 2 V pool, 3 seq_info, 4 page_table, 5 items, 6 out, 7 partials,
+ *                  8 merge counters (u32 [n_seqs][n_kv_heads * n_hblocks], zero between
+ *                  dispatches; any buffer when merge = 0)
  * prefill bindings: 0 q, 1 K pool, 2 V pool, 3 seq_info, 4 page_table, 5 items, 6 out
  * reduce  bindings: 0 partials, 1 items, 2 seq_info, 3 out
+ * merge = 1 (decode): the last split of a sequence to finish merges its partials (the reduce
+ * entry of sequence i is item red_off + i); merge = 0: attn_reduce does, after a barrier.
  * q, out: f32 rows [n_tokens][.. n_heads * head_dim ..] (offsets/strides in floats);
  * partials: f32 [slot][n_heads][head_dim + 2] = unnormalised sum_j p_j v_j, then (max, sum)
  * with p_j = 2^(s_j - max) and the score s_j in the log2 domain:
@@ -334,6 +341,8 @@ VKI_STRUCT(vki_pc_attn) {
     vki_f32 softcap_log2e; /* the cap times log2(e) */
     vki_u32 window;        /* keys per query (its own included); 0 = unlimited */
     vki_u32 sink;          /* leading keys every query also sees (0, or a page when capped) */
+    vki_u32 red_off;       /* decode: first reduce entry (sequence i's is red_off + i) */
+    vki_u32 merge;         /* decode: 1 = the last split merges (see above) */
 };
 
 /* ---- sampling (engine/ops_sample.h, shaders/sample.comp, CPU reference engine/sample_ref.h) --

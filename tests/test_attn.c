@@ -35,6 +35,7 @@ static bool expect_cm;
 static bool nvidia_lanes; /* decode lanes per key giving NVIDIA's keys per subgroup (test_gpu_configs) */
 static double worst_nmse;
 static double worst_fp32; /* the FP32 kernels' worst over the run (ATTN_TOL) */
+static uint32_t merged_runs; /* runs whose decode splits were merged by the last split */
 
 typedef struct acase {
     const char *name;
@@ -306,7 +307,7 @@ static uint32_t nvidia_lanes_here(vt_gpu *g, uint32_t hd)
 
 /* Device buffers of one case. */
 typedef struct dstep {
-    vkd_buffer *qkv, *o, *kp, *vp, *pos, *seq, *info, *pt, *items, *scratch;
+    vkd_buffer *qkv, *o, *o2, *kp, *vp, *pos, *seq, *info, *pt, *items, *scratch, *cnt;
 } dstep;
 
 /* NaN over row (page, kvh, slot) of a device pool, in the pool's layout (both Q8_0 planes). */
@@ -351,6 +352,7 @@ static double run_case(vt_gpu *g, vt_rng *r, const acase *ac, uint32_t kv_type, 
     d.qkv = vt_buf_from(g, h.qkv, (size_t)h.n_tokens * h.qkv_stride * 4, "qkv");
     size_t o_n = h.o_off + (size_t)h.n_tokens * h.o_stride;
     d.o = vt_buf_nan(g, o_n * 4, "attn out");
+    d.o2 = vt_buf_nan(g, o_n * 4, "attn out, reduce pass");
     d.kp = vt_buf_from(g, h.kpool.bytes, h.kpool.n, "K pool");
     d.vp = vt_buf_from(g, h.vpool.bytes, h.vpool.n, "V pool");
     d.pos = vt_buf_from(g, h.tok_pos, h.n_tokens * 4, "tok_pos");
@@ -360,6 +362,9 @@ static double run_case(vt_gpu *g, vt_rng *r, const acase *ac, uint32_t kv_type, 
     d.items = vt_buf_from(g, items, plan.n_items * sizeof *items, "items");
     uint64_t sb = op_attn_scratch_bytes(&a, plan.n_slots);
     d.scratch = vt_buf_nan(g, sb ? sb : 4, "partials");
+    size_t cb = op_attn_merge_bytes(&a, ac->n_seqs);
+    uint32_t *cnt = calloc(cb / 4, 4);
+    d.cnt = vt_buf_from(g, cnt, cb, "merge counters");
     /* the host pools already hold the new tokens: put NaN there so only kv_write can fix them */
     for (uint32_t t = 0; t < h.n_tokens; t++) {
         const vki_seq_info *q = &h.seq[h.tok_seq[t]];
@@ -373,10 +378,17 @@ static double run_case(vt_gpu *g, vt_rng *r, const acase *ac, uint32_t kv_type, 
     uint32_t qrow = s.n_heads * s.head_dim, kvrow = s.n_kv_heads * s.head_dim;
     op_mat q = {vkd_whole(d.qkv), 0, h.qkv_stride}, k = {vkd_whole(d.qkv), qrow, h.qkv_stride};
     op_mat v = {vkd_whole(d.qkv), qrow + kvrow, h.qkv_stride}, o = {vkd_whole(d.o), h.o_off, h.o_stride};
+    /* the decode splits merged by the last of them, then (same pools) by the reduce pass */
+    vkd_view merge = vkd_whole(d.cnt);
+    op_mat o2 = {vkd_whole(d.o2), h.o_off, h.o_stride};
     vt_begin(g);
-    assert_int_equal(op_kv_write(&g->cmd, &a, &st, k, v, vkd_whole(d.kp), vkd_whole(d.vp)), VKI_OK);
+    assert_int_equal(op_kv_write(&g->cmd, &a, &st, k, v, vkd_whole(d.kp), vkd_whole(d.vp), NULL), VKI_OK);
     vkd_barrier(&g->cmd);
-    assert_int_equal(op_attention(&g->cmd, &a, &st, q, o, vkd_whole(d.kp), vkd_whole(d.vp), vkd_whole(d.scratch)), VKI_OK);
+    assert_int_equal(op_attention(&g->cmd, &a, &st, q, o, vkd_whole(d.kp), vkd_whole(d.vp), vkd_whole(d.scratch),
+                                  &merge), VKI_OK);
+    vkd_barrier(&g->cmd);
+    assert_int_equal(op_attention(&g->cmd, &a, &st, q, o2, vkd_whole(d.kp), vkd_whole(d.vp), vkd_whole(d.scratch),
+                                  NULL), VKI_OK);
     vt_submit_wait(g);
 
     const char *type = kv_name(kv_type);
@@ -388,13 +400,24 @@ static double run_case(vt_gpu *g, vt_rng *r, const acase *ac, uint32_t kv_type, 
     if (memcmp(pool, h.vpool.bytes, h.vpool.n))
         fail_msg("%s %s: V pool differs from the host layout after kv_write", ac->name, type);
     free(pool);
-    float *out = malloc(o_n * sizeof *out);
+    float *out = malloc(o_n * sizeof *out), *out2 = malloc(o_n * sizeof *out2);
     vt_download(g, d.o, out, o_n * 4);
+    vt_download(g, d.o2, out2, o_n * 4);
+    if (memcmp(out, out2, o_n * 4))
+        fail_msg("%s %s: splits merged by the last split differ from the reduce pass (NMSE %.3g)", ac->name, type,
+                 vt_nmse(out, out2, o_n));
+    merged_runs += plan.n_red > 0;
+    vt_download(g, d.cnt, cnt, cb); /* every dispatch leaves its counters zero */
+    for (size_t i = 0; i < cb / 4; i++)
+        if (cnt[i])
+            fail_msg("%s %s: merge counter %zu left at %u", ac->name, type, i, cnt[i]);
     double vs_f32 = check_output(&a, &h, out, ac, type);
     free(out);
+    free(out2);
+    free(cnt);
     if (released)
         *released += h.n_released;
-    vkd_buffer *all[] = {d.qkv, d.o, d.kp, d.vp, d.pos, d.seq, d.info, d.pt, d.items, d.scratch};
+    vkd_buffer *all[] = {d.qkv, d.o, d.o2, d.kp, d.vp, d.pos, d.seq, d.info, d.pt, d.items, d.scratch, d.cnt};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
         vkd_buffer_destroy(g->dev, all[i]);
     free(items);
@@ -464,7 +487,9 @@ static void test_attn_long(void **state)
         {"long ragged", 2, 1, 64, 16, 3, {2499, 2100, 0}, {1, 64, 1}, 0, 1.0f, 0, 0, 0, 0},
         {"2048 prompt + decode", 2, 1, 64, 16, 2, {0, 3000}, {2048, 1}, 0, 1.0f, 0, 0, 0, 0},
     };
+    uint32_t merged = merged_runs;
     run_cases(state, "attn long", cases, sizeof cases / sizeof cases[0]);
+    assert_true(merged_runs > merged); /* long contexts split: the last split merged them */
 }
 
 /* Sliding windows across page boundaries: decode and prefill rows see only their last `window`
@@ -651,7 +676,7 @@ static void test_kv_write_f16_rounding(void **state)
     op_attn_step st = {vkd_whole(bpos), vkd_whole(bseq), vkd_whole(binfo), vkd_whole(bpt), vkd_whole(bit), &plan};
     op_mat m = {vkd_whole(bx), 0, 64};
     vt_begin(g);
-    assert_int_equal(op_kv_write(&g->cmd, &a, &st, m, m, vkd_whole(kp), vkd_whole(vp)), VKI_OK);
+    assert_int_equal(op_kv_write(&g->cmd, &a, &st, m, m, vkd_whole(kp), vkd_whole(vp), NULL), VKI_OK);
     vt_submit_wait(g);
     uint16_t got[4][64];
     vt_download(g, kp, got, sizeof got);
@@ -666,6 +691,94 @@ static void test_kv_write_f16_rounding(void **state)
     vkd_buffer *all[] = {bx, kp, vp, bpos, bseq, binfo, bpt, bit};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
         vkd_buffer_destroy(g->dev, all[i]);
+    vt_assert_clean(g);
+}
+
+/* kv_write rotating K itself (the decode step's fold of RoPE into the cache write) writes the
+ * pools op_rope followed by an unrotated kv_write writes, byte for byte: every pool type, both
+ * pairings, a partial rotation (dims >= n_rot pass through), positions up to 2^16 on scattered
+ * pages. */
+static void test_kv_write_rope(void **state)
+{
+    vt_gpu *g = vt_gpu_get(state);
+    static const struct { uint32_t hd, n_rot; bool neox; } rc[] = {{64, 64, false}, {64, 64, true}, {96, 32, true},
+                                                                   {128, 48, false}, {32, 2, true}};
+    static const uint32_t types[] = {VKI_GGML_F32, VKI_GGML_F16, VKI_GGML_Q8_0};
+    enum { T = 6, KVH = 2, PAGE = 16, PT = 4096 };
+    vt_rng r = vt_rng_seeded("kv_write rope");
+    for (size_t ci = 0; ci < sizeof rc / sizeof rc[0]; ci++)
+        for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
+            uint32_t hd = rc[ci].hd, row = KVH * hd;
+            if (types[ti] == VKI_GGML_Q8_0 && hd % 32)
+                continue;
+            op_attn_shape s = {.n_heads = 2 * KVH, .n_kv_heads = KVH, .head_dim = hd, .page_size = PAGE,
+                               .kv_type = types[ti]};
+            op_attn a;
+            assert_int_equal(op_attn_setup(g->dev, &s, &a), VKI_OK);
+            /* token t at position ~t * 12000: its own page (page t of the pool) */
+            uint32_t pos[T], seq[T] = {0}, *pt = calloc(PT, 4);
+            for (uint32_t t = 0; t < T; t++) {
+                pos[t] = t * 12000 + (uint32_t)vt_uniform(&r, 0, PAGE);
+                pt[pos[t] / PAGE] = t;
+            }
+            vki_seq_info info = {0, T, PT * PAGE, 0};
+            vki_attn_item items[16];
+            op_attn_plan plan;
+            assert_int_equal(op_attn_plan_build(&a, &info, 1, items, 16, &plan), VKI_OK);
+            float *k = malloc((size_t)T * row * 4 * 2), *fr = malloc(2 * rc[ci].n_rot * 4);
+            for (uint32_t i = 0; i < T * row * 2; i++) /* k rows then v rows */
+                k[i] = vt_uniform(&r, -3, 3);
+            op_rope_freqs(500000.0, 1.0, NULL, rc[ci].n_rot, fr);
+            size_t pool = T * op_kv_page_bytes(&s);
+            vkd_buffer *bk = vt_buf_from(g, k, (size_t)T * row * 8, "k, v"), *bk2 = vt_buf_from(g, k, (size_t)T * row * 8, "k, v copy");
+            vkd_buffer *bfr = vt_buf_from(g, fr, 2 * rc[ci].n_rot * 4, "freqs");
+            vkd_buffer *kp[2] = {vt_buf_nan(g, pool, "K a"), vt_buf_nan(g, pool, "K b")};
+            vkd_buffer *vp[2] = {vt_buf_nan(g, pool, "V a"), vt_buf_nan(g, pool, "V b")};
+            vkd_buffer *bpos = vt_buf_from(g, pos, sizeof pos, "pos"), *bseq = vt_buf_from(g, seq, sizeof seq, "seq");
+            vkd_buffer *binfo = vt_buf_from(g, &info, sizeof info, "info"), *bpt = vt_buf_from(g, pt, PT * 4, "pt");
+            vkd_buffer *bit = vt_buf_from(g, items, plan.n_items * sizeof items[0], "items");
+            op_attn_step st = {vkd_whole(bpos), vkd_whole(bseq), vkd_whole(binfo), vkd_whole(bpt), vkd_whole(bit), &plan};
+            op_kv_rope kr = {.n_rot = rc[ci].n_rot, .neox = rc[ci].neox, .freqs = vkd_whole(bfr)};
+            op_rope_p rp = {.n_tokens = T, .n_heads = KVH, .head_dim = hd, .n_rot = rc[ci].n_rot, .neox = rc[ci].neox};
+            op_mat k1 = {vkd_whole(bk), 0, row}, v1 = {vkd_whole(bk), T * row, row};
+            op_mat k2 = {vkd_whole(bk2), 0, row}, v2 = {vkd_whole(bk2), T * row, row};
+            vt_begin(g);
+            assert_int_equal(op_kv_write(&g->cmd, &a, &st, k1, v1, vkd_whole(kp[0]), vkd_whole(vp[0]), &kr), VKI_OK);
+            assert_int_equal(op_rope(&g->cmd, &rp, k2, k2, vkd_whole(bpos), vkd_whole(bfr)), VKI_OK);
+            vkd_barrier(&g->cmd);
+            assert_int_equal(op_kv_write(&g->cmd, &a, &st, k2, v2, vkd_whole(kp[1]), vkd_whole(vp[1]), NULL), VKI_OK);
+            vt_submit_wait(g);
+            uint8_t *got[2] = {malloc(pool), malloc(pool)};
+            const char *what[2] = {"K", "V"};
+            for (int kv = 0; kv < 2; kv++) {
+                vkd_buffer **b = kv ? vp : kp;
+                vt_download(g, b[0], got[0], pool);
+                vt_download(g, b[1], got[1], pool);
+                if (memcmp(got[0], got[1], pool))
+                    fail_msg("hd %u n_rot %u %s, %s pool: %s written with RoPE differs from rope + kv_write", hd,
+                             rc[ci].n_rot, rc[ci].neox ? "neox" : "normal", kv_name(types[ti]), what[kv]);
+            }
+            /* and RoPE did rotate: the K pool differs from an unrotated write */
+            vt_begin(g);
+            assert_int_equal(op_kv_write(&g->cmd, &a, &st, k1, v1, vkd_whole(kp[1]), vkd_whole(vp[1]), NULL), VKI_OK);
+            vt_submit_wait(g);
+            vt_download(g, kp[0], got[0], pool);
+            vt_download(g, kp[1], got[1], pool);
+            assert_true(memcmp(got[0], got[1], pool) != 0);
+            /* a rotation the head cannot hold, or an odd one, is refused */
+            op_kv_rope wide = kr, odd = kr;
+            wide.n_rot = hd + 2, odd.n_rot = 3;
+            vt_begin(g);
+            assert_int_equal(op_kv_write(&g->cmd, &a, &st, k1, v1, vkd_whole(kp[0]), vkd_whole(vp[0]), &wide),
+                             VKI_ERR_INVALID_ARG);
+            assert_int_equal(op_kv_write(&g->cmd, &a, &st, k1, v1, vkd_whole(kp[0]), vkd_whole(vp[0]), &odd),
+                             VKI_ERR_INVALID_ARG);
+            vt_submit_wait(g);
+            vkd_buffer *all[] = {bk, bk2, bfr, kp[0], kp[1], vp[0], vp[1], bpos, bseq, binfo, bpt, bit};
+            for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
+                vkd_buffer_destroy(g->dev, all[i]);
+            free(got[0]), free(got[1]), free(k), free(fr), free(pt);
+        }
     vt_assert_clean(g);
 }
 
@@ -684,14 +797,14 @@ static void test_plan(void **state)
     op_attn_plan p;
     assert_int_equal(op_attn_plan_build(&a, seqs, 4, it, cap, &p), VKI_OK);
     /* item 0: the decode dispatch's group counts; then prefill, reduce, decode */
-    assert_int_equal(p.n_items, 1 + p.n_pre + 3 + p.n_dec);
+    assert_int_equal(p.n_items, 1 + p.n_pre + 4 + p.n_dec);
     assert_int_equal(it[0].seq, p.n_dec);
     assert_int_equal(it[0].a, s.n_kv_heads * a.dec_nhb);
     assert_int_equal(it[0].b, 1);
     assert_int_equal(p.n_pre, (50 + a.pre_nq - 1) / a.pre_nq);
     assert_int_equal(p.red_off, 1 + p.n_pre);
-    assert_int_equal(p.dec_off, p.red_off + 3);
-    assert_int_equal(p.n_red, 3); /* an entry per one-token sequence (0, 2, 3) as one of them splits */
+    assert_int_equal(p.dec_off, p.red_off + 4);
+    assert_int_equal(p.n_red, 4); /* an entry per sequence, in order, as one of them splits */
     uint32_t covered[4] = {0}, slots = 0, splits[4] = {0};
     for (uint32_t i = p.dec_off; i < p.n_items; i++) {
         assert_int_equal(it[i].a, covered[it[i].seq]);
@@ -704,10 +817,15 @@ static void test_plan(void **state)
     assert_int_equal(covered[2], 3);
     assert_int_equal(covered[3], 5000);
     assert_int_equal(slots, p.n_slots);
-    const uint32_t dec_seq[3] = {0, 2, 3};
-    for (uint32_t i = 0; i < 3; i++) { /* seq 2 is one split: its entry merges nothing */
-        assert_int_equal(it[p.red_off + i].seq, dec_seq[i]);
-        assert_int_equal(it[p.red_off + i].b, splits[dec_seq[i]]);
+    for (uint32_t i = 0; i < 4; i++) { /* seq 2 is one split, seq 1 prefills: they merge nothing */
+        assert_int_equal(it[p.red_off + i].seq, i);
+        assert_int_equal(it[p.red_off + i].b, splits[i]);
+    }
+    for (uint32_t i = p.dec_off, prev = 0; i < p.n_items; i++) { /* a split finds its entry's slots */
+        const vki_attn_item *re = &it[p.red_off + it[i].seq];
+        if (it[i].c != VKI_ATTN_FINAL)
+            assert_true(it[i].c >= re->a && it[i].c < re->a + re->b && it[i].c >= prev);
+        prev = it[i].c != VKI_ATTN_FINAL ? it[i].c : prev;
     }
     assert_true(splits[0] > 1 && splits[2] == 1 && splits[3] > 1);
     uint32_t q = 0;
@@ -768,6 +886,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_plan),
         cmocka_unit_test(test_kv_write_f16_rounding),
+        cmocka_unit_test(test_kv_write_rope),
         cmocka_unit_test(test_attn_small_heads),
         cmocka_unit_test(test_attn_gqa),
         cmocka_unit_test(test_attn_long),

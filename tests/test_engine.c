@@ -452,7 +452,8 @@ static void test_archs_vs_reference(void **state)
 /* ---- fusions ------------------------------------------------------------------------------------ */
 
 /* The fused forward pass (Q|K(|V) and gate|up concatenated at load, the residual added by the
- * matmul, one rotation of q and k, the gated unit in decode's gate|up pass) gives the op-by-op pass's logits bit for bit, with fewer
+ * matmul, K rotated by the cache write, decode splits merged by the last split, the gated unit in
+ * decode's gate|up pass) gives the op-by-op pass's logits bit for bit, with fewer
  * dispatches and barriers (gemma: as many barriers; its post-norms sit between matmul and
  * residual): prefill in chunks of 7 (GEMV and GEMM rows) and decode steps. */
 static void fusion_case(vt_gpu *g, const char *path, uint32_t kv_type, const char *label)
@@ -803,7 +804,7 @@ static void check_trace(const char *buf)
         fail_msg("trace is not JSON: %.200s", buf);
     int n = cJSON_GetArraySize(arr), tracks = 0, layer0 = 0, attn = 0, dispatches = 0;
     bool tids[16] = {0}, roles[5] = {0}; /* stories260K's q|k|v and gate|up are one matrix each */
-    static const char *const layer0_roles[5] = {"layer 0 / attn_qkv / ", "layer 0 / attn_rope_qk / ",
+    static const char *const layer0_roles[5] = {"layer 0 / attn_qkv / ", "layer 0 / attn_kv_write / ",
                                                 "layer 0 / attn_o / ", "layer 0 / ffn_gate_up / ",
                                                 "layer 0 / ffn_down / "};
     for (int i = 0; i < n; i++) {

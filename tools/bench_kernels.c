@@ -452,6 +452,9 @@ static vki_status attn_setup(bench_run *r, bool decode)
     uint64_t sb = op_attn_scratch_bytes(&ab.a, ab.plan.n_slots);
     if (st == VKI_OK)
         st = vkd_buffer_create(r->d, sb ? sb : 4, VKD_MEM_DEVICE, "bench partials", &r->buf[5]);
+    uint64_t mb = op_attn_merge_bytes(&ab.a, ab.plan.dec_off - ab.plan.red_off);
+    if (st == VKI_OK && (st = vkd_buffer_create(r->d, mb, VKD_MEM_DEVICE, "bench merge counters", &r->buf[6])) == VKI_OK)
+        st = vkd_fill(r->d, r->buf[6], 0, mb, 0);
     double esz = r->type == VKI_GGML_F16 ? 2 : r->type == VKI_GGML_Q8_0 ? 34.0 / 32 : 4, keys = (double)r->N + r->M;
     double pairs = decode ? (double)r->M * r->N : (double)r->M * r->N + 0.5 * r->M * (r->M + 1.0);
     r->bytes = (decode ? r->M : 1) * (decode ? r->N : keys) * BA_KV * r->K * 2 * esz + 8.0 * n_tok * row;
@@ -472,8 +475,9 @@ static vki_status attn_record(bench_run *r, vkd_cmd *c, bool decode)
             v[i] = (vkd_view){sb, ab.off[i], (i < 4 ? ab.off[i + 1] : ab.size) - ab.off[i]};
         op_attn_step step = {v[0], v[1], v[2], v[3], v[4], &ab.plan};
         uint32_t row = BA_HEADS * r->K;
+        vkd_view merge = vkd_whole(r->buf[6]); /* as the engine: the last decode split merges */
         st = op_attention(c, &ab.a, &step, op_mat_rows(r->buf[0], row), op_mat_rows(r->buf[1], row),
-                          vkd_whole(r->buf[2]), vkd_whole(r->buf[3]), vkd_whole(r->buf[5]));
+                          vkd_whole(r->buf[2]), vkd_whole(r->buf[3]), vkd_whole(r->buf[5]), &merge);
     }
     attn_bench_free(&ab);
     return st;
