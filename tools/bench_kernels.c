@@ -274,6 +274,35 @@ static vki_status copy_record(bench_run *r, vkd_cmd *c)
     return op_copy(c, vkd_whole(r->buf[0]), vkd_whole(r->buf[1]), (uint64_t)r->M << 20);
 }
 
+/* What a compute barrier costs between small dispatches (a batch-1 decode step is ~300 of them):
+ * a call is M one-workgroup adds of N floats, each into its own slice of Y, with a barrier after
+ * every one (K = 1) or none inside the call (K = 0); the difference of the two rows' time per
+ * dispatch (us_per_call / M) is the barrier's. buf: 0 a, 1 b, 2 y [M][N]. */
+static vki_status chain_setup(bench_run *r)
+{
+    vki_status st = make_floats(r, r->N, "bench a", &r->buf[0]);
+    if (st == VKI_OK)
+        st = make_floats(r, r->N, "bench b", &r->buf[1]);
+    if (st == VKI_OK)
+        st = vkd_buffer_create(r->d, (size_t)r->M * r->N * 4, VKD_MEM_DEVICE, "bench y", &r->buf[2]);
+    r->bytes = 12.0 * r->M * r->N;
+    r->flops = 0;
+    return r->K > 1 ? VKI_ERR_INVALID_ARG : st;
+}
+
+static vki_status chain_record(bench_run *r, vkd_cmd *c)
+{
+    for (uint32_t j = 0; j < r->M; j++) {
+        vkd_view y = {r->buf[2], (VkDeviceSize)j * r->N * 4, (VkDeviceSize)r->N * 4};
+        vki_status st = op_add(c, vkd_whole(r->buf[0]), vkd_whole(r->buf[1]), y, r->N);
+        if (st != VKI_OK)
+            return st;
+        if (r->K && j + 1 < r->M)
+            vkd_barrier(c);
+    }
+    return VKI_OK;
+}
+
 #define WEIGHT_TYPE_ID(T, t) VKI_GGML_##T,
 #define WEIGHT_TYPES .types = {VKK_WEIGHT_TYPES(WEIGHT_TYPE_ID)}, .n_types = BENCH_WEIGHT_TYPES
 
@@ -577,6 +606,10 @@ static const bench_kernel benches[] = {
      .types = {VKI_GGML_F16}, .n_types = 1,
      .full = {{1056, 4096, 4}, {1056, 4096, 8}, {2112, 4096, 8}}, .small = {{4, 64, 4}},
      cm_peak_setup, cm_peak_record},
+    {"barrier", "M dispatches of one workgroup (add of N floats) per call, K = 1: a barrier after each, 0: none",
+     .types = {VKI_GGML_F32}, .n_types = 1,
+     .full = {{64, 256, 0}, {64, 256, 1}}, .small = {{64, 256, 0}, {64, 256, 1}},
+     chain_setup, chain_record},
     {"get_rows", "M ids, N table rows, K", WEIGHT_TYPES,
      .full = {{512, 32000, 4096}, {1, 32000, 4096}},
      .small = {{128, 8000, 1024}, {1, 8000, 1024}},
