@@ -93,10 +93,12 @@ static vki_status create_scratch(vk_engine *e)
         (st = make_buf(e, op_attn_scratch_bytes(&e->attn[0], slots), "attn partials", &s->attn_tmp)) ||
         (st = vk_moe_scratch_create(e)))
         return st;
-    /* the decode splits' merge counters: zero once here, every attention dispatch leaves them zero */
+    /* the decode splits' merge counters and the norming projection's counter: zero once here, every
+     * dispatch leaves them zero */
     uint64_t mb = op_attn_merge_bytes(&e->attn[0], e->in.max_info), mb1 = op_attn_merge_bytes(&e->attn[1], e->in.max_info);
     if ((st = make_buf(e, mb > mb1 ? mb : mb1, "attn merge counters", &s->attn_cnt)) ||
-        (st = vkd_fill(e->dev, s->attn_cnt, 0, s->attn_cnt->size, 0)))
+        (st = vkd_fill(e->dev, s->attn_cnt, 0, s->attn_cnt->size, 0)) ||
+        (st = make_buf(e, 4, "matmul norm counter", &s->mm_cnt)) || (st = vkd_fill(e->dev, s->mm_cnt, 0, 4, 0)))
         return st;
     return upload_rope_tables(e);
 }
@@ -106,8 +108,8 @@ static void destroy_scratch(vk_engine *e)
     if (e->s.rope_freqs[1] == e->s.rope_freqs[0])
         e->s.rope_freqs[1] = NULL;
     vkd_buffer **all[] = {&e->s.x, &e->s.h, &e->s.q, &e->s.k, &e->s.v, &e->s.att, &e->s.g, &e->s.u,
-                          &e->s.xs, &e->s.logits, &e->s.attn_tmp, &e->s.attn_cnt, &e->s.rope_freqs[0],
-                          &e->s.rope_freqs[1]};
+                          &e->s.xs, &e->s.logits, &e->s.attn_tmp, &e->s.attn_cnt, &e->s.mm_cnt,
+                          &e->s.rope_freqs[0], &e->s.rope_freqs[1]};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) {
         vkd_buffer_destroy(e->dev, *all[i]);
         *all[i] = NULL;

@@ -60,6 +60,7 @@ typedef struct vk_scratch {
     vkd_buffer *attn_tmp;   /* split-K partials (op_attn_scratch_bytes) */
     vkd_buffer *attn_cnt;   /* u32 merge counters of the decode splits (op_attn_merge_bytes), zero
                                between dispatches */
+    vkd_buffer *mm_cnt;     /* u32 counter of the projection that also norms (op_matmul_norm) */
     vkd_buffer *rope_freqs[2]; /* f32 [2 * n_rot] rotation tables (op_rope_freqs) of the global and
                                   the sliding-window layers ([1] == [0] when they agree) */
     /* mixture of experts (engine/forward_moe.c), for C = moe_rows tokens per chunk, P = C n_used

@@ -15,7 +15,9 @@
  *     att = attention(q, K/V pages of its sequence)         [T][n_head*hd]
  *           (the layer kind's window and sink; gemma2's soft-cap; a decode sequence's splits
  *            merged by the last one to finish)
- *     x = x + att Wo                                        (added by the matmul)
+ *     x = x + att Wo                                        (added by the matmul; for one
+ *                                                            token its last workgroup also
+ *                                                            writes the next rmsnorm, below)
  *         [gemma: x = x + rmsnorm(att Wo) * post_attention_norm]
  *     h = rmsnorm(x) * ffn_norm
  *     o = (act(h Wgate) * (h Wup)) Wdown                    act: silu, gemma: tanh-GELU
@@ -69,16 +71,26 @@ static vki_status norm_rows(vk_engine *e, op_mat x, const vk_tensor *w, uint32_t
 
 /* x = x + o: the block's output projection (o = in W^T, in: [T][in_stride]) added to the
  * residual stream by the matmul itself, or, where a norm comes between (gemma's post-norms) or
- * with no_fusion, through s->h, [the norm] and an add. Ends with a barrier. */
+ * with no_fusion, through s->h, [the norm] and an add. With next_norm (the next block's input
+ * norm) and one token, the projection's last workgroup also writes h = rmsnorm(x) * next_norm
+ * (op_matmul_norm) and *normed tells the next block to skip its norm. Ends with a barrier. */
 static vki_status project_residual(vk_engine *e, const vk_tensor *w, vkd_view in, uint32_t in_stride, uint32_t T,
-                                   const vk_tensor *post_norm, const char *post_role, const char *add_role)
+                                   const vk_tensor *post_norm, const char *post_role, const char *add_role,
+                                   const vk_tensor *next_norm, bool *normed)
 {
     const model_hparams *hp = &e->model.hp;
     vk_scratch *s = &e->s;
     vkd_cmd *c = &e->cmd;
     uint32_t d = hp->d_model;
+    *normed = false;
     if (!hp->post_norms && !e->p.no_fusion) {
-        TRY(mm_to(e, w, NULL, in, in_stride, vkd_whole(s->x), d, T, true));
+        if (next_norm && T == 1 && op_matmul_norm_fits(e->dev, w)) {
+            op_mm_norm n = {vkd_whole(next_norm->parts[0].buf), vkd_whole(s->h), vkd_whole(s->mm_cnt), hp->rms_eps};
+            TRY(op_matmul_norm(c, w, in, vkd_whole(s->x), &n));
+            *normed = true;
+        } else {
+            TRY(mm_to(e, w, NULL, in, in_stride, vkd_whole(s->x), d, T, true));
+        }
         vkd_barrier(c);
         return VKI_OK;
     }
@@ -133,7 +145,10 @@ static vki_status project_qkv(vk_engine *e, const vk_layer *L, uint32_t T, op_ma
     return mm(e, &L->wv, bias_view(&L->bv, &b), vkd_whole(s->h), d, vkd_whole(s->v), kvd, T);
 }
 
-static vki_status record_attention_block(vk_engine *e, uint32_t il, uint32_t T, const op_attn_step *ast)
+/* *normed: on entry, h already holds the block's normed input (the previous projection wrote
+ * it); on return, whether the output projection wrote the FFN's. */
+static vki_status record_attention_block(vk_engine *e, uint32_t il, uint32_t T, const op_attn_step *ast,
+                                         bool *normed)
 {
     const model_hparams *hp = &e->model.hp;
     const vk_layer *L = &e->model.layers[il];
@@ -141,10 +156,12 @@ static vki_status record_attention_block(vk_engine *e, uint32_t il, uint32_t T, 
     vkd_cmd *c = &e->cmd;
     uint32_t d = hp->d_model, qd = hp->n_head * hp->head_dim, kind = model_layer_kind(hp, il);
     op_mat q, k, v;
-    vkd_role(c, "attn_norm");
-    TRY(op_rmsnorm(c, op_mat_rows(s->x, d), vkd_whole(L->attn_norm.parts[0].buf), op_mat_rows(s->h, d), T, d,
-                   hp->rms_eps));
-    vkd_barrier(c);
+    if (!*normed) {
+        vkd_role(c, "attn_norm");
+        TRY(op_rmsnorm(c, op_mat_rows(s->x, d), vkd_whole(L->attn_norm.parts[0].buf), op_mat_rows(s->h, d), T, d,
+                       hp->rms_eps));
+        vkd_barrier(c);
+    }
     TRY(project_qkv(e, L, T, &q, &k, &v));
     vkd_barrier(c);
     if (hp->qk_norm) { /* rows of head_dim: q and k are unfused here, so rows are hd apart */
@@ -183,10 +200,11 @@ static vki_status record_attention_block(vk_engine *e, uint32_t il, uint32_t T, 
     vkd_barrier(c);
     vkd_role(c, "attn_o");
     return project_residual(e, &L->wo, vkd_whole(s->att), qd, T, &L->post_attn_norm, "attn_post_norm",
-                            "attn_residual");
+                            "attn_residual", &L->ffn_norm, normed);
 }
 
-static vki_status record_ffn_block(vk_engine *e, uint32_t il, uint32_t T)
+/* *normed as for record_attention_block (the next layer's attention norm on return). */
+static vki_status record_ffn_block(vk_engine *e, uint32_t il, uint32_t T, bool *normed)
 {
     const model_hparams *hp = &e->model.hp;
     const vk_layer *L = &e->model.layers[il];
@@ -195,10 +213,14 @@ static vki_status record_ffn_block(vk_engine *e, uint32_t il, uint32_t T)
     bool one = !L->w_gate.n_parts; /* gate | up in w_up (phi3's, or concatenated at load) */
     uint32_t d = hp->d_model, ff = hp->d_ff, gs = one ? 2 * ff : ff;
     op_mat g = {vkd_whole(s->g), 0, gs}, u = one ? (op_mat){vkd_whole(s->g), ff, gs} : op_mat_rows(s->u, ff);
-    vkd_role(c, "ffn_norm");
-    TRY(op_rmsnorm(c, op_mat_rows(s->x, d), vkd_whole(L->ffn_norm.parts[0].buf), op_mat_rows(s->h, d), T, d,
-                   hp->rms_eps));
-    vkd_barrier(c);
+    const vk_tensor *next_norm = il + 1 < hp->n_layer ? &e->model.layers[il + 1].attn_norm : NULL;
+    if (!*normed) {
+        vkd_role(c, "ffn_norm");
+        TRY(op_rmsnorm(c, op_mat_rows(s->x, d), vkd_whole(L->ffn_norm.parts[0].buf), op_mat_rows(s->h, d), T, d,
+                       hp->rms_eps));
+        vkd_barrier(c);
+    }
+    *normed = false;
     if (hp->n_expert) /* qwen3moe, Mixtral: engine/forward_moe.c */
         return vk_forward_moe(e, il, T);
     uint32_t act = hp->ffn_gelu ? VKI_GLU_GELU_TANH : VKI_GLU_SILU;
@@ -210,7 +232,7 @@ static vki_status record_ffn_block(vk_engine *e, uint32_t il, uint32_t T)
         vkd_barrier(c);
         vkd_role(c, "ffn_down");
         return project_residual(e, &L->w_down, vkd_whole(s->g), ff, T, &L->post_ffn_norm, "ffn_post_norm",
-                                "ffn_residual");
+                                "ffn_residual", next_norm, normed);
     }
     if (!one) {
         vkd_role(c, "ffn_gate");
@@ -224,7 +246,7 @@ static vki_status record_ffn_block(vk_engine *e, uint32_t il, uint32_t T)
     vkd_barrier(c);
     vkd_role(c, "ffn_down");
     return project_residual(e, &L->w_down, vkd_whole(s->g), gs, T, &L->post_ffn_norm, "ffn_post_norm",
-                            "ffn_residual");
+                            "ffn_residual", next_norm, normed);
 }
 
 /* LM head on the rows listed at in->off_rows: gather, norm, project [, soft-cap]. */
@@ -285,11 +307,12 @@ vki_status vk_forward_record(vk_engine *e, const vki_step_plan *plan, uint32_t n
     }
     vkd_label_end(c);
     vkd_barrier(c);
+    bool normed = false; /* h holds the next block's normed input already */
     for (uint32_t il = 0; il < hp->n_layer; il++) {
         vkd_label_begin(c, "layer %u", il);
-        vki_status st = record_attention_block(e, il, T, ast);
+        vki_status st = record_attention_block(e, il, T, ast, &normed);
         if (st == VKI_OK)
-            st = record_ffn_block(e, il, T);
+            st = record_ffn_block(e, il, T, &normed);
         vkd_label_end(c);
         if (st != VKI_OK)
             return st;

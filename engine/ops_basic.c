@@ -8,10 +8,13 @@
 
 /* Row kernels (rmsnorm, softmax): one workgroup per row. A CPU device runs every invocation,
  * so it gets a small one (model rows there are short); GPUs get 256 threads per row. */
+/* RMSNorm / softmax rows: a power of two dividing VKI_NORM_LANES (rmsnorm's virtual lanes). */
 static uint32_t row_wg(const vkd_device *d)
 {
     uint32_t wg = d->info.type == VKI_DEVICE_CPU ? 64u : 256u;
-    return wg <= d->info.max_workgroup_invocations ? wg : d->info.max_workgroup_invocations;
+    while (wg > d->info.max_workgroup_invocations)
+        wg /= 2;
+    return wg;
 }
 
 static uint32_t elem_groups(uint64_t n)

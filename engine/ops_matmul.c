@@ -230,17 +230,22 @@ static vki_status pick_kernel(const vkd_device *d, const mm_type *t, uint32_t M,
     }
 }
 
-/* One weight part: as many dispatches along N as the device's workgroup-count limit needs. */
+/* One weight part: as many dispatches along N as the device's workgroup-count limit needs.
+ * bind: W, X, bias, Y; the matrix-vector kernel's norm bindings (VKI_MM_NORM) follow as 4..6,
+ * bound to X where the caller gives none. */
 static vki_status matmul_part(vkd_cmd *c, vkk_id k, const uint32_t *spec, uint32_t rows_per_group,
-                              uint32_t m_per_group, const vkd_view bind[4], vki_pc_matmul pc)
+                              uint32_t m_per_group, const vkd_view bind[4], vki_pc_matmul pc, const vkd_view *norm)
 {
     const uint32_t max_gx = c->d->info.max_workgroup_count[0];
     const uint64_t rows_per_dispatch = (uint64_t)max_gx * rows_per_group;
+    const vkk_desc *kd = vkk_get(k);
+    vkd_view b[7] = {bind[0], bind[1], bind[2], bind[3], norm ? norm[0] : bind[1], norm ? norm[1] : bind[1],
+                     norm ? norm[2] : bind[1]};
     for (uint64_t n0 = 0; n0 < pc.N; n0 += rows_per_dispatch) {
         uint64_t rows = pc.N - n0 < rows_per_dispatch ? pc.N - n0 : rows_per_dispatch;
         pc.n0 = (uint32_t)n0;
-        vki_status st = vkk_dispatch(c, k, spec, bind, 4, &pc, sizeof pc, vkk_groups(rows, rows_per_group),
-                                     vkk_groups(pc.M, m_per_group), 1);
+        vki_status st = vkk_dispatch(c, k, spec, b, kd ? kd->n_bindings : 4, &pc, sizeof pc,
+                                     vkk_groups(rows, rows_per_group), vkk_groups(pc.M, m_per_group), 1);
         if (st != VKI_OK)
             return st;
     }
@@ -302,7 +307,7 @@ vki_status op_matmul_ex(vkd_cmd *c, const vk_tensor *w, const vkd_view *bias, vk
         vkd_view bind[4] = {vkd_whole(part->buf), x, bias ? *bias : x, y};
         pc.N = (uint32_t)part->n_rows;
         pc.y_col0 = (uint32_t)part->row0;
-        st = matmul_part(c, kid, spec, per_group_n, per_group_m, bind, pc);
+        st = matmul_part(c, kid, spec, per_group_n, per_group_m, bind, pc, NULL);
         if (st != VKI_OK)
             return st;
     }
@@ -337,7 +342,38 @@ vki_status op_matmul_glu(vkd_cmd *c, const vk_tensor *w, uint32_t act, vkd_view 
                         .w_stride = (uint32_t)w->row_bytes, .flags = act == VKI_GLU_GELU_TANH ? VKI_MM_GELU : 0u,
                         .x_vec4 = x_vec4(&x, x_stride)};
     vkd_view bind[4] = {vkd_whole(w->parts[0].buf), x, x, y};
-    return matmul_part(c, t->matvec, spec, spec[1] / 2, matvec_rows_per_group(spec), bind, pc);
+    return matmul_part(c, t->matvec, spec, spec[1] / 2, matvec_rows_per_group(spec), bind, pc, NULL);
+}
+
+bool op_matmul_norm_fits(const vkd_device *d, const vk_tensor *w)
+{
+    uint32_t spec[VKK_MAX_SPEC];
+    matvec_spec(d, 1, spec);
+    return w->n_parts == 1 && vkk_groups(w->n_rows, spec[1]) <= d->info.max_workgroup_count[0] &&
+           VKI_NORM_LANES % spec[0] == 0;
+}
+
+vki_status op_matmul_norm(vkd_cmd *c, const vk_tensor *w, vkd_view x, vkd_view y, const op_mm_norm *n)
+{
+    vkd_device *d = c->d;
+    const mm_type *t;
+    vki_status st = check_type(d, w, &t);
+    if (st != VKI_OK)
+        return st;
+    const uint64_t K = w->ne0, N = w->n_rows;
+    if ((st = check_xy(d, "matmul_norm", w, 1, K, N, &x, (uint32_t)K, &y, (uint32_t)N)) != VKI_OK)
+        return st;
+    if (!op_matmul_norm_fits(d, w) || !view_holds(&n->weight, 1, N, N, 4) || !view_holds(&n->h, 1, N, N, 4) ||
+        !view_holds(&n->counter, 1, 1, 1, 4) || !(n->eps >= 0))
+        return bad_arg(d, "matmul_norm", w, "needs one part in one dispatch, N norm weights and H floats, a "
+                       "counter and eps >= 0");
+    uint32_t spec[VKK_MAX_SPEC];
+    matvec_spec(d, 1, spec);
+    vki_pc_matmul pc = {.M = 1, .N = (uint32_t)N, .K = (uint32_t)K, .x_stride = (uint32_t)K, .y_stride = (uint32_t)N,
+                        .w_stride = (uint32_t)w->row_bytes, .flags = VKI_MM_ACCUM | VKI_MM_NORM,
+                        .x_vec4 = x_vec4(&x, (uint32_t)K), .norm_eps = n->eps};
+    vkd_view bind[4] = {vkd_whole(w->parts[0].buf), x, x, y}, norm[3] = {n->weight, n->h, n->counter};
+    return matmul_part(c, t->matvec, spec, spec[1], 1, bind, pc, norm);
 }
 
 vki_status op_matmul(vkd_cmd *c, const vk_tensor *w, const vkd_view *bias, vkd_view x, uint32_t x_stride,

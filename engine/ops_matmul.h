@@ -68,6 +68,20 @@ vki_status op_matmul_ex(vkd_cmd *c, const vk_tensor *w, const vkd_view *bias, vk
 vki_status op_matmul_glu(vkd_cmd *c, const vk_tensor *w, uint32_t act, vkd_view x, uint32_t x_stride, vkd_view y,
                          uint32_t y_stride, uint32_t M);
 
+/* The residual projection of one token that also normalises the result for the next block
+ * (decode, batch 1): Y = Y + x W^T (as op_matmul_ex with accumulate), then
+ *   H[n] = Y[n] / sqrt(mean(Y^2) + eps) * weight[n]
+ * written by the last of the matrix-vector workgroups, bit for bit what op_rmsnorm gives on
+ * the device (the same reduction, shaders/norm_common.glsl), without the norm's dispatch and
+ * the barrier before it. x: f32[K], y, h: f32[N] (h must not overlap y); counter: one u32, zero
+ * when created and left zero by every dispatch. Needs op_matmul_norm_fits(). */
+typedef struct op_mm_norm {
+    vkd_view weight, h, counter;
+    float eps;
+} op_mm_norm;
+bool op_matmul_norm_fits(const vkd_device *d, const vk_tensor *w);
+vki_status op_matmul_norm(vkd_cmd *c, const vk_tensor *w, vkd_view x, vkd_view y, const op_mm_norm *n);
+
 /* Mixture of experts: every row of Y ("pair") is multiplied by its own expert's matrix:
  *   Y[p, n] = sum_k X[p / x_div, k] * W_e[n, k],  p < M, n < N, e = the pair's expert
  *   w:     n_expert stacked [N][K] matrices (ggml's ffn_*_exps: w->n_rows = n_expert * N), stored

@@ -894,9 +894,11 @@ typedef struct vki_engine_params {
     /* Runs the forward pass op by op, as the model is written: no Q|K|V or gate|up matrices
      * concatenated at load, no residual add or gated activation folded into the matmul before
      * it, RoPE of K as a pass of its own before the KV cache write, the decode attention's
-     * splits merged by a reduce pass of their own. The results are the same bit for bit (the
-     * fusions round exactly as the separate ops); only dispatches, barriers and memory traffic
-     * differ. For measuring what the fusions give (bench-model --no-fusion). false */
+     * splits merged by a reduce pass of their own, every RMSNorm a pass of its own (else a
+     * one-token step's output and down projections also write the next block's normed input).
+     * The results are the same bit for bit (the fusions round exactly as the separate ops);
+     * only dispatches, barriers and memory traffic differ. For measuring what the fusions give
+     * (bench-model --no-fusion). false */
     bool no_fusion;
     /* Records every step's command buffer anew. By default the engine keeps the command buffers
      * of its last few step shapes and submits one again when a step records exactly the same

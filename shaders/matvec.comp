@@ -53,7 +53,18 @@ layout(std430, binding = 2) readonly buffer Bias { float bias[]; }; // f32[y_col
 #endif
 layout(std430, binding = 1) readonly buffer X { float x[]; };    // f32[M, x_stride]
 layout(std430, binding = 1) readonly buffer X4 { vec4 x4[]; };   // same, when p.x_vec4 == 1
-layout(std430, binding = 3) buffer Y { float y[]; };             // f32[M, y_stride] (read: VKI_MM_ACCUM)
+layout(std430, binding = 3) coherent buffer Y { float y[]; };    // f32[M, y_stride] (read: VKI_MM_ACCUM, VKI_MM_NORM)
+#ifndef MM_ID
+// VKI_MM_NORM (M = 1, one part, one dispatch): after the product, the last workgroup to finish
+// normalises the whole Y row (the residual stream) into H, as rmsnorm.comp would (the next
+// block's input): no norm dispatch and no barrier before it.
+layout(std430, binding = 4) readonly buffer NW { float nw[]; };  // f32 [N] norm weight
+layout(std430, binding = 5) writeonly buffer NH { float nh[]; }; // f32 [N]: H
+layout(std430, binding = 6) coherent buffer NC { uint ncnt[]; }; // u32 [1], 0 between dispatches
+#define NORM_SRC(i) y[i]
+#include "norm_common.glsl"
+shared bool norm_last;
+#endif
 
 shared float red[NR * MC * NSG]; // per-subgroup partial sums: [NR * MC][NSG]
 
@@ -156,6 +167,30 @@ void chunk(uint r0, uint m0)
     }
 }
 
+#ifndef MM_ID
+// The norm epilogue: count this workgroup done (release: its Y rows first); the last one reads
+// the whole row back and writes H = rmsnorm(Y) * nw.
+void norm_tail()
+{
+    memoryBarrierBuffer();
+    barrier();
+    if (gl_LocalInvocationIndex == 0u) {
+        memoryBarrierBuffer();
+        norm_last = atomicAdd(ncnt[0], 1u) + 1u == gl_NumWorkGroups.x;
+        memoryBarrierBuffer(); // acquire: the other workgroups' rows
+        if (norm_last)
+            ncnt[0] = 0u; // every workgroup has counted: ready for the next dispatch
+    }
+    barrier();
+    if (!norm_last) // uniform
+        return;
+    memoryBarrierBuffer();
+    float inv = norm_inv(0u, p.N, p.norm_eps);
+    for (uint c = gl_LocalInvocationID.x; c < p.N; c += gl_WorkGroupSize.x)
+        nh[c] = norm_apply(y[c], inv, nw[c]);
+}
+#endif
+
 void main()
 {
     const uint r0 = p.n0 + gl_WorkGroupID.x * NO; // first output row (weight row within the part)
@@ -176,4 +211,8 @@ void main()
             barrier(); // the previous chunk's sums are read from red before this one's go in
         chunk(r0, m0);
     }
+#ifndef MM_ID
+    if ((p.flags & VKI_MM_NORM) != 0u)
+        norm_tail();
+#endif
 }

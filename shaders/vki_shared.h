@@ -117,6 +117,12 @@ VKI_STRUCT(vki_pc_copy) {
 /* matvec specialised GLU = 1 (see matvec.comp): the part is [gate | up] rows, N = d_ff and
  * Y[m, n] = act(gate_n . x_m) * (up_n . x_m); act = tanh-GELU with this flag, else SiLU */
 #define VKI_MM_GELU 4u
+/* matvec, M = 1, the whole Y row in one dispatch (y_col0 = n0 = 0): after the product the last
+ * workgroup writes H[n] = rmsnorm(Y[0, :]) * nw[n] with norm_eps, as rmsnorm.comp (the
+ * residual projection also writing the next block's normed input).
+ * matvec bindings beyond the four: 4 nw (f32[N]), 5 H (f32), 6 counter (u32[1], zero between
+ * dispatches); any valid buffers without this flag (matvec_id has only the four) */
+#define VKI_MM_NORM 8u
 VKI_STRUCT(vki_pc_matmul) {
     vki_u32 M, N, K;
     vki_u32 n0;       /* first weight row of this dispatch (splits huge N over dispatches) */
@@ -124,8 +130,9 @@ VKI_STRUCT(vki_pc_matmul) {
     vki_u32 x_stride; /* elements between X rows */
     vki_u32 y_stride; /* elements between Y rows */
     vki_u32 y_col0;   /* Y column (and bias index) of weight row 0 of this part */
-    vki_u32 flags;    /* VKI_MM_BIAS | VKI_MM_ACCUM | VKI_MM_GELU */
+    vki_u32 flags;    /* VKI_MM_BIAS | VKI_MM_ACCUM | VKI_MM_GELU | VKI_MM_NORM */
     vki_u32 x_vec4;   /* 1: X rows may be read as vec4 (x_stride % 4 == 0, binding 16-aligned) */
+    vki_f32 norm_eps; /* VKI_MM_NORM: the norm's epsilon */
 };
 
 /* matvec_id / matmul_id (mixture of experts; one weight part per dispatch): the weights are
@@ -195,7 +202,9 @@ VKI_STRUCT(vki_pc_cm_peak) {
  * of its binding, so one GEMM output (fused QKV, fused gate|up) feeds several ops unsplit. */
 
 /* rmsnorm: y[r, c] = x[r, c] / sqrt(mean_c(x[r, :]^2) + eps) * w[c], r < n_rows, c < n_cols.
- * bindings: 0 x (f32 rows), 1 w (f32[n_cols]), 2 y (f32 rows) */
+ * bindings: 0 x (f32 rows), 1 w (f32[n_cols]), 2 y (f32 rows). The sum of squares runs over
+ * VKI_NORM_LANES virtual lanes (shaders/norm_common.glsl): the workgroup size must divide it. */
+#define VKI_NORM_LANES 256u
 VKI_STRUCT(vki_pc_rmsnorm) {
     vki_u32 n_rows, n_cols;
     vki_u32 x_off, x_stride, y_off, y_stride;

@@ -613,6 +613,123 @@ static void test_glu_epilogue(void **state)
     vt_assert_clean(g);
 }
 
+/* The projection that also norms (op_matmul_norm, decode at batch 1): twice in a row (the
+ * counter must come back to zero), Y and H bit for bit what op_matmul_ex (accumulate) followed
+ * by op_rmsnorm give, for every type, awkward N and K, on lavapipe's and NVIDIA's matvec and
+ * rmsnorm workgroup sizes; H also against a double-precision reference. */
+static double worst_norm;
+#define NORM_TOL 1e-12 /* measured on lavapipe: 2.8e-14 */
+
+static void norm_case(vt_gpu *g, vt_rng *r, uint32_t type, uint32_t N, uint32_t K, double err[2])
+{
+    float *wref = malloc((size_t)N * K * sizeof(float)), *x = malloc((size_t)K * 4), *y0 = malloc((size_t)N * 4);
+    float *nw = malloc((size_t)N * 4);
+    uint8_t *raw = make_weights(r, type, N, K, wref);
+    vk_tensor t = upload_weights(g, type, N, K, raw, 1);
+    vt_fill_uniform(r, x, K, -1.0f, 1.0f);
+    vt_fill_uniform(r, y0, N, -2.0f, 2.0f);
+    vt_fill_uniform(r, nw, N, 0.5f, 1.5f);
+    const float eps = 1e-5f;
+    vkd_buffer *bx = vt_buf_from(g, x, (size_t)K * 4, "x"), *bw = vt_buf_from(g, nw, (size_t)N * 4, "norm w");
+    vkd_buffer *by[2] = {vt_buf_from(g, y0, (size_t)N * 4, "y fused"), vt_buf_from(g, y0, (size_t)N * 4, "y apart")};
+    vkd_buffer *bh[2] = {vt_buf_nan(g, (size_t)N * 4, "h fused"), vt_buf_nan(g, (size_t)N * 4, "h apart")};
+    uint32_t zero = 0;
+    vkd_buffer *bc = vt_buf_from(g, &zero, 4, "counter");
+    assert_true(op_matmul_norm_fits(g->dev, &t));
+    op_mm_norm n = {vkd_whole(bw), vkd_whole(bh[0]), vkd_whole(bc), eps};
+    vt_begin(g);
+    for (int rep = 0; rep < 2; rep++) {
+        assert_int_equal(op_matmul_norm(&g->cmd, &t, vkd_whole(bx), vkd_whole(by[0]), &n), VKI_OK);
+        assert_int_equal(op_matmul_ex(&g->cmd, &t, NULL, vkd_whole(bx), K, vkd_whole(by[1]), N, 1, OP_MM_GEMV, true),
+                         VKI_OK);
+        vkd_barrier(&g->cmd);
+        assert_int_equal(op_rmsnorm(&g->cmd, op_mat_rows(by[1], N), vkd_whole(bw), op_mat_rows(bh[1], N), 1, N, eps),
+                         VKI_OK);
+        vkd_barrier(&g->cmd);
+    }
+    vt_submit_wait(g);
+    float *y[2] = {malloc((size_t)N * 4), malloc((size_t)N * 4)}, *h[2] = {malloc((size_t)N * 4), malloc((size_t)N * 4)};
+    for (int i = 0; i < 2; i++) {
+        vt_download(g, by[i], y[i], (size_t)N * 4);
+        vt_download(g, bh[i], h[i], (size_t)N * 4);
+    }
+    char label[96];
+    snprintf(label, sizeof label, "norm epilogue %s N=%u K=%u", quant_get(type)->name, N, K);
+    if (memcmp(y[0], y[1], (size_t)N * 4))
+        fail_msg("%s: Y differs from op_matmul_ex (NMSE %.3g)", label, vt_nmse(y[0], y[1], N));
+    if (memcmp(h[0], h[1], (size_t)N * 4))
+        fail_msg("%s: H differs from op_rmsnorm (NMSE %.3g)", label, vt_nmse(h[0], h[1], N));
+    vt_download(g, bc, &zero, 4);
+    assert_int_equal(zero, 0);
+    double *yr = malloc((size_t)N * sizeof(double)), ss = 0; /* reference: y0 + 2 x W^T, then the norm */
+    for (uint32_t i = 0; i < N; i++) {
+        double a = 0;
+        for (uint32_t k = 0; k < K; k++)
+            a += (double)x[k] * wref[(size_t)i * K + k];
+        yr[i] = (double)y0[i] + 2 * a;
+        ss += yr[i] * yr[i];
+    }
+    double inv = 1.0 / sqrt(ss / N + eps);
+    for (uint32_t i = 0; i < N; i++) {
+        double ref = yr[i] * inv * nw[i];
+        err[0] += (h[0][i] - ref) * (h[0][i] - ref);
+        err[1] += ref * ref;
+    }
+    vk_tensor_destroy(g->dev, &t);
+    vkd_buffer *all[] = {bx, bw, by[0], by[1], bh[0], bh[1], bc};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
+        vkd_buffer_destroy(g->dev, all[i]);
+    free(wref), free(x), free(y0), free(nw), free(raw), free(yr);
+    for (int i = 0; i < 2; i++)
+        free(y[i]), free(h[i]);
+}
+
+static void test_norm_epilogue(void **state)
+{
+    vt_gpu *g = vt_gpu_get(state);
+    vt_rng r = vt_rng_seeded("norm epilogue");
+    vki_device_info saved = g->dev->info;
+    static const uint32_t Ns[] = {1, 7, 300, 1000};
+    for (int config = 0; config < 2; config++) {
+        if (config == 1) { /* NVIDIA's matvec (128) and rmsnorm (256) workgroups, as test_glu_epilogue */
+            g->dev->info.type = VKI_DEVICE_DISCRETE;
+            g->dev->info.subgroup_size = 32;
+            if (!g->dev->info.subgroup_min_size)
+                g->dev->info.subgroup_min_size = saved.subgroup_size;
+        }
+        for (size_t i = 0; i < vt_n_weight_types; i++) {
+            uint32_t type = vt_weight_types[i];
+            double err[2] = {0, 0};
+            for (uint32_t c = 0; c < 4; c++)
+                norm_case(g, &r, type, Ns[c], c == 3 ? big_k(type) : pick_k(&r, type, c + 3), err);
+            double nmse = err[0] / (err[1] > 0 ? err[1] : 1);
+            if (!(nmse <= NORM_TOL))
+                fail_msg("norm epilogue %s (config %d): NMSE %.3g > %.0e", quant_get(type)->name, config, nmse,
+                         NORM_TOL);
+            worst_norm = nmse > worst_norm ? nmse : worst_norm;
+        }
+        g->dev->info = saved;
+    }
+    fprintf(stderr, "  norm epilogue: worst NMSE %.2e against double, bitwise equal to matmul + rmsnorm\n",
+            worst_norm);
+    /* refused: a tensor in several parts, a counter view too small */
+    vk_tensor t;
+    assert_int_equal(vk_tensor_create(g->dev, VKI_GGML_F32, 16, 64, 16 * 4 * 16, "w", &t), VKI_OK);
+    assert_true(t.n_parts > 1 && !op_matmul_norm_fits(g->dev, &t));
+    vkd_buffer *b = vt_buf_nan(g, 4 * 64, "b");
+    op_mm_norm n = {vkd_whole(b), vkd_whole(b), vkd_whole(b), 1e-5f};
+    vt_begin(g);
+    assert_int_equal(op_matmul_norm(&g->cmd, &t, vkd_whole(b), vkd_whole(b), &n), VKI_ERR_INVALID_ARG);
+    vk_tensor_destroy(g->dev, &t);
+    assert_int_equal(vk_tensor_create(g->dev, VKI_GGML_F32, 16, 8, 0, "w", &t), VKI_OK);
+    n.eps = -1.0f;
+    assert_int_equal(op_matmul_norm(&g->cmd, &t, vkd_whole(b), vkd_whole(b), &n), VKI_ERR_INVALID_ARG);
+    vt_submit_wait(g);
+    vk_tensor_destroy(g->dev, &t);
+    vkd_buffer_destroy(g->dev, b);
+    vt_assert_clean(g);
+}
+
 /* Shapes and views that do not fit are refused with a status and record nothing. */
 static void test_bad_args(void **state)
 {
@@ -647,6 +764,7 @@ int main(void)
         cmocka_unit_test(test_gpu_configs),
         cmocka_unit_test(test_dispatch_split),
         cmocka_unit_test(test_glu_epilogue),
+        cmocka_unit_test(test_norm_epilogue),
         cmocka_unit_test(test_bad_args),
     };
     int rc = cmocka_run_group_tests(tests, vt_gpu_setup, vt_gpu_teardown);
