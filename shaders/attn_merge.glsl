@@ -12,7 +12,7 @@ float attn_merge(uint slot0, uint n, uint h, uint d)
     float mx = NEG_INF;
     for (uint i = 0; i < n; i++)
         mx = max(mx, part[((slot0 + i) * p.n_heads + h) * (hd + 2) + hd]);
-    float den = 0.0, num = 0.0;
+    precise float den = 0.0, num = 0.0; // precise: both kernels round alike (no FMA contraction)
     for (uint i = 0; i < n; i++) {
         uint pb = ((slot0 + i) * p.n_heads + h) * (hd + 2);
         float w = exp2(part[pb + hd] - mx);

@@ -22,7 +22,7 @@ float norm_inv(uint base, uint n, float eps)
     const uint wg = gl_WorkGroupSize.x, sg = gl_SubgroupSize;
     for (uint k = 0u; k < NORM_LANES / wg; k++) {
         uint l = k * wg + gl_SubgroupID * sg + gl_SubgroupInvocationID; // lanes in subgroup order
-        float ss = 0.0;
+        precise float ss = 0.0; // precise: no FMA contraction that could differ between kernels
         for (uint c = l; c < n; c += NORM_LANES) {
             float v = NORM_SRC(base + c);
             ss += v * v;
@@ -32,11 +32,12 @@ float norm_inv(uint base, uint n, float eps)
             norm_part[(k * wg) / sg + gl_SubgroupID] = ss;
     }
     barrier();
-    float t = 0.0;
+    precise float t = 0.0;
     for (uint i = 0u; i < NORM_LANES / sg; i++)
         t += norm_part[i];
     barrier(); // norm_part is reused by the next row
-    return 1.0 / sqrt(t / float(n) + eps);
+    precise float inv = 1.0 / sqrt(t / float(n) + eps);
+    return inv;
 }
 
 // One normed element: v * inv * g, in that order.
