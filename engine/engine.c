@@ -93,10 +93,10 @@ static vki_status create_scratch(vk_engine *e)
         (st = make_buf(e, op_attn_scratch_bytes(&e->attn[0], slots), "attn partials", &s->attn_tmp)) ||
         (st = vk_moe_scratch_create(e)))
         return st;
-    /* the decode splits' merge counters and the norming projection's counter: zero once here, every
-     * dispatch leaves them zero */
-    uint64_t mb = op_attn_merge_bytes(&e->attn[0], e->in.max_info), mb1 = op_attn_merge_bytes(&e->attn[1], e->in.max_info);
-    if ((st = make_buf(e, mb > mb1 ? mb : mb1, "attn merge counters", &s->attn_cnt)) ||
+    /* the decode splits' merge counters (both layer kinds have the same heads) and the norming
+     * projection's counter: zero once here, every dispatch leaves them zero */
+    uint64_t mb = op_attn_merge_bytes(&e->attn[0], e->in.max_info);
+    if ((st = make_buf(e, mb, "attn merge counters", &s->attn_cnt)) ||
         (st = vkd_fill(e->dev, s->attn_cnt, 0, s->attn_cnt->size, 0)) ||
         (st = make_buf(e, 4, "matmul norm counter", &s->mm_cnt)) || (st = vkd_fill(e->dev, s->mm_cnt, 0, 4, 0)))
         return st;

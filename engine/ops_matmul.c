@@ -252,10 +252,16 @@ static vki_status matmul_part(vkd_cmd *c, vkk_id k, const uint32_t *spec, uint32
     return VKI_OK;
 }
 
-/* The views of a product of M rows, K -> N columns (op_matmul_ex, op_matmul_glu). */
-static vki_status check_xy(vkd_device *d, const char *op, const vk_tensor *w, uint32_t M, uint64_t K, uint64_t N,
-                           const vkd_view *x, uint32_t x_stride, const vkd_view *y, uint32_t y_stride)
+/* The weight's kernels (*t) and the views of a product of M rows, K = w->ne0 -> N columns
+ * (op_matmul_ex, op_matmul_glu, op_matmul_norm). */
+static vki_status check_mm(vkd_device *d, const char *op, const vk_tensor *w, uint32_t M, uint64_t N,
+                           const vkd_view *x, uint32_t x_stride, const vkd_view *y, uint32_t y_stride,
+                           const mm_type **t)
 {
+    vki_status st = check_type(d, w, t);
+    if (st != VKI_OK)
+        return st;
+    const uint64_t K = w->ne0;
     if (M == 0)
         return bad_arg(d, op, w, "M = 0");
     if (!view_holds(x, M, K, x_stride, 4))
@@ -273,11 +279,9 @@ vki_status op_matmul_ex(vkd_cmd *c, const vk_tensor *w, const vkd_view *bias, vk
 {
     vkd_device *d = c->d;
     const mm_type *t;
-    vki_status st = check_type(d, w, &t);
-    if (st != VKI_OK)
-        return st;
     const uint64_t K = w->ne0, N = w->n_rows;
-    if ((st = check_xy(d, "matmul", w, M, K, N, &x, x_stride, &y, y_stride)) != VKI_OK)
+    vki_status st = check_mm(d, "matmul", w, M, N, &x, x_stride, &y, y_stride, &t);
+    if (st != VKI_OK)
         return st;
     if (bias && !view_holds(bias, 1, N, N, 4))
         return bad_arg(d, "matmul", w, "bias view holds fewer than N floats");
@@ -325,14 +329,12 @@ vki_status op_matmul_glu(vkd_cmd *c, const vk_tensor *w, uint32_t act, vkd_view 
 {
     vkd_device *d = c->d;
     const mm_type *t;
-    vki_status st = check_type(d, w, &t);
+    const uint64_t K = w->ne0, N = w->n_rows / 2;
+    vki_status st = check_mm(d, "matmul_glu", w, M, N, &x, x_stride, &y, y_stride, &t);
     if (st != VKI_OK)
         return st;
-    const uint64_t K = w->ne0, N = w->n_rows / 2;
     if (w->n_rows % 2 || w->n_parts != 1 || (act != VKI_GLU_SILU && act != VKI_GLU_GELU_TANH))
         return bad_arg(d, "matmul_glu", w, "needs one part of an even number of rows, SiLU or GELU");
-    if ((st = check_xy(d, "matmul_glu", w, M, K, N, &x, x_stride, &y, y_stride)) != VKI_OK)
-        return st;
     uint32_t spec[VKK_MAX_SPEC];
     matvec_spec(d, M == 1 ? 1 : OP_MATVEC_ROWS, spec);
     spec[4] = 1;
@@ -357,11 +359,9 @@ vki_status op_matmul_norm(vkd_cmd *c, const vk_tensor *w, vkd_view x, vkd_view y
 {
     vkd_device *d = c->d;
     const mm_type *t;
-    vki_status st = check_type(d, w, &t);
-    if (st != VKI_OK)
-        return st;
     const uint64_t K = w->ne0, N = w->n_rows;
-    if ((st = check_xy(d, "matmul_norm", w, 1, K, N, &x, (uint32_t)K, &y, (uint32_t)N)) != VKI_OK)
+    vki_status st = check_mm(d, "matmul_norm", w, 1, N, &x, (uint32_t)K, &y, (uint32_t)N, &t);
+    if (st != VKI_OK)
         return st;
     if (!op_matmul_norm_fits(d, w) || !view_holds(&n->weight, 1, N, N, 4) || !view_holds(&n->h, 1, N, N, 4) ||
         !view_holds(&n->counter, 1, 1, 1, 4) || !(n->eps >= 0))

@@ -479,6 +479,17 @@ static void test_boundary_parts_bias(void **state)
     vt_assert_clean(g);
 }
 
+/* Presents lavapipe as a GPU with 32-lane subgroups (NVIDIA's matvec and row workgroups) where
+ * it can run them; the smallest subgroup size stays the real one (the GEMV's reduction is sized
+ * from it). Restore with g->dev->info = saved. */
+static void as_nvidia(vt_gpu *g, const vki_device_info *saved)
+{
+    g->dev->info.type = VKI_DEVICE_DISCRETE;
+    g->dev->info.subgroup_size = 32;
+    if (!g->dev->info.subgroup_min_size)
+        g->dev->info.subgroup_min_size = saved->subgroup_size;
+}
+
 /* The configurations ops_matmul.c picks for NVIDIA (GEMV: 128 invocations x 4 rows; GEMM:
  * 128x128 tiles, BK 16, 256 invocations) also fit lavapipe's real limits, so they are checked
  * here by presenting the device as a GPU with 32-lane subgroups and 48 KiB of shared memory.
@@ -490,10 +501,7 @@ static void test_gpu_configs(void **state)
     vki_device_info saved = g->dev->info;
     if (saved.max_compute_shared_memory < 17 * 1024 || saved.max_workgroup_invocations < 256)
         skip();
-    g->dev->info.type = VKI_DEVICE_DISCRETE;
-    g->dev->info.subgroup_size = 32;
-    if (!g->dev->info.subgroup_min_size)
-        g->dev->info.subgroup_min_size = saved.subgroup_size;
+    as_nvidia(g, &saved);
     g->dev->info.max_compute_shared_memory = 48 * 1024;
     static const mm_case cases[] = {
         {.M = 1, .N = 9, .K = 0, .bias = true},  {.M = 5, .N = 67, .K = 0, .x_pad = 1, .accum = true},
@@ -618,12 +626,8 @@ static void test_glu_epilogue(void **state)
     vki_device_info saved = g->dev->info;
     static const uint32_t Ms[] = {1, 3, 8, 9, 17}, Ns[] = {1, 7, 33, 65, 5};
     for (int config = 0; config < 2; config++) {
-        if (config == 1) { /* NVIDIA's matvec shape where lavapipe can run it (as test_gpu_configs) */
-            g->dev->info.type = VKI_DEVICE_DISCRETE;
-            g->dev->info.subgroup_size = 32;
-            if (!g->dev->info.subgroup_min_size)
-                g->dev->info.subgroup_min_size = saved.subgroup_size;
-        }
+        if (config == 1) /* NVIDIA's matvec shape where lavapipe can run it */
+            as_nvidia(g, &saved);
         for (size_t i = 0; i < vt_n_weight_types; i++) {
             uint32_t type = vt_weight_types[i];
             double err[2] = {0, 0};
@@ -736,12 +740,8 @@ static void test_norm_epilogue(void **state)
     vki_device_info saved = g->dev->info;
     static const uint32_t Ns[] = {1, 7, 300, 1000};
     for (int config = 0; config < 2; config++) {
-        if (config == 1) { /* NVIDIA's matvec (128) and rmsnorm (256) workgroups, as test_glu_epilogue */
-            g->dev->info.type = VKI_DEVICE_DISCRETE;
-            g->dev->info.subgroup_size = 32;
-            if (!g->dev->info.subgroup_min_size)
-                g->dev->info.subgroup_min_size = saved.subgroup_size;
-        }
+        if (config == 1) /* NVIDIA's matvec (128) and rmsnorm (256) workgroups */
+            as_nvidia(g, &saved);
         for (size_t i = 0; i < vt_n_weight_types; i++) {
             uint32_t type = vt_weight_types[i];
             double err[2] = {0, 0};
