@@ -280,7 +280,7 @@ static vki_status cache_restore(vki_batch_manager *bm, const char *path, char *e
     char why[256] = "";
     vki_status st = vki_batch_session_restore(bm, CACHE_SESSION, path, &info, why, sizeof why);
     if (st != VKI_OK)
-        snprintf(err, cap, "--prompt-cache: %s", why);
+        snprintf(err, cap, "--prompt-cache: %.200s", why);
     else
         fprintf(stderr, "prompt cache: %s: %u tokens (%u with KV) in %.1f ms\n", path, info.n_tokens,
                 info.n_kv_tokens, info.ms);
@@ -297,7 +297,7 @@ static vki_status cache_save(vki_batch_manager *bm, const char *path, char *err,
         return VKI_OK;
     }
     if (st != VKI_OK)
-        snprintf(err, cap, "--prompt-cache: %s", why);
+        snprintf(err, cap, "--prompt-cache: %.200s", why);
     else
         fprintf(stderr, "prompt cache: saved %u tokens (%u with KV, %.1f KiB) to %s\n", info.n_tokens,
                 info.n_kv_tokens, info.bytes / 1024.0, path);

@@ -125,7 +125,7 @@ static bool entry_model(const char *dir, const char *ent, char *name, char *path
     }
     if (!S_ISDIR(st.st_mode) || !valid_name(ent))
         return false;
-    snprintf(name, 128, "%s", ent);
+    memcpy(name, ent, n + 1); /* valid_name: n < 128 */
     if ((size_t)snprintf(path, PATH_MAX, "%s/model.gguf", full) >= PATH_MAX)
         return false;
     if ((size_t)snprintf(cfg, PATH_MAX, "%s/config.json", full) >= PATH_MAX || access(cfg, F_OK))
