@@ -229,9 +229,19 @@ static void add_type(uint32_t *types, uint32_t *n, uint32_t t)
         types[(*n)++] = t;
 }
 
+/* Every pipeline the forward pass and the sampler use, created last in vk_engine_create: on
+ * devices that compile at creation (lavapipe: ~0.6 s for stories260K) a parameter, memory or KV
+ * sizing error is reported before that cost, and an open that fails early pays none of it. */
 static vki_status prepare_pipelines(vk_engine *e)
 {
     vki_status st = op_basic_prepare(e->dev);
+    for (uint32_t k = 0; st == VKI_OK && k < e->n_kinds; k++)
+        if (e->kind_used[k])
+            st = op_attn_prepare(e->dev, &e->attn[k]);
+    if (st == VKI_OK)
+        st = vk_moe_prepare(e);
+    if (st == VKI_OK)
+        st = op_sampler_prepare(e->sampler);
     const vk_model *m = &e->model;
     uint32_t types[VK_MAX_WEIGHT_TYPES], n = 0;
     add_type(types, &n, VKI_GGML_F32); /* activation gathers */
@@ -315,8 +325,6 @@ vki_status vk_engine_create(vkd_device *d, const gguf_file *f, const model_hpara
     vki_status st = setup_attention(e, hp);
     if (st == VKI_OK)
         st = vk_model_load(d, f, hp, t, e->max_ctx, !e->p.no_fusion, e->p.progress, e->p.progress_user, &e->model);
-    if (st == VKI_OK)
-        st = prepare_pipelines(e);
     if (st == VKI_OK && e->p.batch_invariant) {
         /* one attention entry per token, splits of a fixed length: items never overflow, so the
          * planner never lengthens the splits (which would change the reduction order); per token
@@ -338,8 +346,6 @@ vki_status vk_engine_create(vkd_device *d, const gguf_file *f, const model_hpara
     if (st == VKI_OK)
         st = create_scratch(e);
     if (st == VKI_OK)
-        st = vk_moe_prepare(e);
-    if (st == VKI_OK)
         st = size_inputs(e, (uint64_t)e->p.max_seqs * 16, 0);
     if (st == VKI_OK)
         st = op_sampler_create(d, e->max_out, hp->n_vocab, &e->sampler);
@@ -356,6 +362,8 @@ vki_status vk_engine_create(vkd_device *d, const gguf_file *f, const model_hpara
         st = size_kv(e);
     if (st == VKI_OK)
         st = create_kv(e);
+    if (st == VKI_OK)
+        st = prepare_pipelines(e);
     if (st != VKI_OK) {
         vk_engine_destroy(e);
         return st;

@@ -152,16 +152,23 @@ vki_status op_attn_setup(vkd_device *d, const op_attn_shape *s, op_attn *out)
     bool cpu = d->info.type == VKI_DEVICE_CPU;
     a.target_groups = cpu ? 32 : 2048;
     a.min_split = cpu ? 64 : 128;
-    const struct { vkk_id k; const uint32_t *spec; } all[] = {
-        {kid(&a, VKK_KV_WRITE_F16), a.kvw_spec},
-        {kid(&a, VKK_ATTN_DECODE_F16), a.dec_spec},
-        {a.pre_kid, a.pre_spec},
-        {VKK_ATTN_REDUCE, a.red_spec},
-    };
-    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
-        if ((st = vkk_prepare(d, all[i].k, all[i].spec)) != VKI_OK)
-            return st;
     *out = a;
+    return VKI_OK;
+}
+
+vki_status op_attn_prepare(vkd_device *d, const op_attn *a)
+{
+    const struct { vkk_id k; const uint32_t *spec; } all[] = {
+        {kid(a, VKK_KV_WRITE_F16), a->kvw_spec},
+        {kid(a, VKK_ATTN_DECODE_F16), a->dec_spec},
+        {a->pre_kid, a->pre_spec},
+        {VKK_ATTN_REDUCE, a->red_spec},
+    };
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) {
+        vki_status st = vkk_prepare(d, all[i].k, all[i].spec);
+        if (st != VKI_OK)
+            return st;
+    }
     return VKI_OK;
 }
 

@@ -1,8 +1,9 @@
 /* Paged KV cache writes and attention over the pages (layout and per-step buffers: the "paged
  * KV cache" section of shaders/vki_shared.h).
  *
- * Per model, at engine open: op_attn_setup() validates the shape, picks the kernels' sizes from
- * the device and creates their pipelines. Per step: fill vki_seq_info[] (and tok_pos, tok_seq,
+ * Per model, at engine open: op_attn_setup() validates the shape and picks the kernels' sizes
+ * from the device; op_attn_prepare() creates their pipelines (else the first dispatch of each
+ * does). Per step: fill vki_seq_info[] (and tok_pos, tok_seq,
  * page_table) on the host, build the work list with op_attn_plan_build(), upload all five, then
  * per layer record op_kv_write() (which can apply RoPE to K), vkd_barrier(), op_attention().
  *
@@ -46,11 +47,14 @@ typedef struct op_attn {
 } op_attn;
 
 /* VKI_ERR_INVALID_ARG for an invalid shape, VKI_ERR_UNSUPPORTED when the device lacks subgroup
- * shuffles or shared memory for the smallest tiles; else creates every pipeline used. Prefill
+ * shuffles or shared memory for the smallest tiles. Creates no device object. Prefill
  * runs on cooperative matrices (F16 Q, K, V, P; F32 softmax and accumulation) when the device
  * has a cooperative-matrix path (vkd_device.cm) and a tile fits its shared memory, else on the
  * FP32 kernel. */
 vki_status op_attn_setup(vkd_device *d, const op_attn_shape *s, op_attn *out);
+
+/* Creates the pipelines a's dispatches use (KV write, decode, prefill, reduce). */
+vki_status op_attn_prepare(vkd_device *d, const op_attn *a);
 
 /* Bytes of one page of one pool (K or V; Q8_0: both planes and padding, vki_shared.h) and the
  * most pages one pool may hold so that it stays one storage binding (maxStorageBufferRange) and

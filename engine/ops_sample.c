@@ -134,8 +134,6 @@ vki_status op_sampler_create(vkd_device *d, uint32_t max_rows, uint32_t n_vocab,
                                &s->out);
     if (st == VKI_OK)
         st = grow_edits(s, 256 + 64 * max_rows);
-    if (st == VKI_OK)
-        st = vkk_prepare(d, VKK_SAMPLE, &s->wg);
     if (st != VKI_OK) {
         op_sampler_destroy(s);
         return st;
@@ -143,6 +141,8 @@ vki_status op_sampler_create(vkd_device *d, uint32_t max_rows, uint32_t n_vocab,
     *out = s;
     return VKI_OK;
 }
+
+vki_status op_sampler_prepare(op_sampler *s) { return vkk_prepare(s->d, VKK_SAMPLE, &s->wg); }
 
 void op_sampler_destroy(op_sampler *s)
 {

@@ -47,8 +47,10 @@ vki_status op_sample(vkd_cmd *c, const op_sample_args *a);
 
 typedef struct op_sampler op_sampler;
 
-/* max_rows: most sequences sampled in one step. Creates the buffers and the pipeline. */
+/* max_rows: most sequences sampled in one step. Creates the buffers; op_sampler_prepare the
+ * pipeline (else the first op_sample compiles it). */
 vki_status op_sampler_create(vkd_device *d, uint32_t max_rows, uint32_t n_vocab, op_sampler **out);
+vki_status op_sampler_prepare(op_sampler *s);
 void op_sampler_destroy(op_sampler *s); /* NULL is fine */
 
 /* Packs rows 0 .. n_rows - 1 from reqs (sample_pack_row). Rows with a mask get mask0 = k * words

@@ -142,6 +142,9 @@ static vki_status load(vki_engine *e, const char *path, const vki_engine_params 
                 hp.n_vocab);
         st = VKI_ERR_FORMAT;
     }
+    /* before the engine, whose pipelines come last: a failure here costs no compilation */
+    if (st == VKI_OK && !e->chat && (st = vki_chat_template_create(e->tok, NULL, &e->chat)) != VKI_OK)
+        set_err(err, n, "chat template: %s", vki_status_str(st));
     if (st == VKI_OK) {
         vk_engine_params ep = vk_engine_default_params();
         ep.page_size = p->page_size;
@@ -165,8 +168,6 @@ static vki_status load(vki_engine *e, const char *path, const vki_engine_params 
         if (st != VKI_OK)
             set_err(err, n, "%s%s%s", vki_status_str(st), ol->first_error[0] ? ": " : "", ol->first_error);
     }
-    if (st == VKI_OK && !e->chat && (st = vki_chat_template_create(e->tok, NULL, &e->chat)) != VKI_OK)
-        set_err(err, n, "chat template: %s", vki_status_str(st));
     if (st == VKI_OK) {
         fill_info(e, f, path);
         /* LongRoPE: the context chose the long or the short factors, and K carries them */
