@@ -121,10 +121,10 @@ void chunk(uint r0, uint m0)
     for (uint u = tid; u < n_full; u += gl_WorkGroupSize.x)
         unit_step(u, r0, m0);
 #ifdef DQ_FLOAT
-    // The last K % 16 elements of an F32/F16 row, one per invocation: scalar code, so the
-    // unrolled unit body above stays free of bounds checks.
-    const uint kt = n_full * DQ_BLOCK + tid;
-    if (kt < p.K) {
+    // The last K % 16 elements of an F32/F16 row, strided over the invocations (a workgroup may
+    // be smaller than 16: one subgroup on CPU devices): scalar code, so the unrolled unit body
+    // above stays free of bounds checks.
+    for (uint kt = n_full * DQ_BLOCK + tid; kt < p.K; kt += gl_WorkGroupSize.x) {
         [[unroll]] for (uint r = 0u; r < NR; r++) {
             const float w = r0 + r % NO < p.N ? dq_load1(dq_row_base(W_ROW(mv_row(r0, r)), p.w_stride), kt) : 0.0;
             [[unroll]] for (uint c = 0u; c < MC; c++)
