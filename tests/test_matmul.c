@@ -667,7 +667,7 @@ static void test_glu_epilogue(void **state)
  * by op_rmsnorm give, for every type, awkward N and K, on lavapipe's and NVIDIA's matvec and
  * rmsnorm workgroup sizes; H also against a double-precision reference. */
 static double worst_norm;
-#define NORM_TOL 1e-12 /* measured on lavapipe: 2.8e-14 */
+#define NORM_TOL 1e-14 /* squared error over the squared term magnitudes; measured on lavapipe: 5.5e-17 */
 
 static void norm_case(vt_gpu *g, vt_rng *r, uint32_t type, uint32_t N, uint32_t K, double err[2])
 {
@@ -710,20 +710,28 @@ static void norm_case(vt_gpu *g, vt_rng *r, uint32_t type, uint32_t N, uint32_t 
         fail_msg("%s: H differs from op_rmsnorm (NMSE %.3g)", label, vt_nmse(h[0], h[1], N));
     vt_download(g, bc, &zero, 4);
     assert_int_equal(zero, 0);
-    double *yr = malloc((size_t)N * sizeof(double)), ss = 0; /* reference: y0 + 2 x W^T, then the norm */
+    /* reference: y0 + 2 x W^T, then the norm. The error is judged against the magnitude of
+     * y's terms carried through the norm (mag * inv * nw), not against H itself: where a few
+     * outputs cancel (N = 1, 7), H's relative error is y's, which float sums cannot bound
+     * (seed 30010732301839: 8.6e-12 relative to H, a q6_k case of one output) */
+    double *yr = malloc((size_t)N * sizeof(double)), *mag = malloc((size_t)N * sizeof(double)), ss = 0;
     for (uint32_t i = 0; i < N; i++) {
-        double a = 0;
-        for (uint32_t k = 0; k < K; k++)
+        double a = 0, m = 0;
+        for (uint32_t k = 0; k < K; k++) {
             a += (double)x[k] * wref[(size_t)i * K + k];
+            m += fabs((double)x[k] * wref[(size_t)i * K + k]);
+        }
         yr[i] = (double)y0[i] + 2 * a;
+        mag[i] = fabs((double)y0[i]) + 2 * m;
         ss += yr[i] * yr[i];
     }
     double inv = 1.0 / sqrt(ss / N + eps);
     for (uint32_t i = 0; i < N; i++) {
-        double ref = yr[i] * inv * nw[i];
+        double ref = yr[i] * inv * nw[i], scale = mag[i] * inv * nw[i];
         err[0] += (h[0][i] - ref) * (h[0][i] - ref);
-        err[1] += ref * ref;
+        err[1] += scale * scale;
     }
+    free(mag);
     vk_tensor_destroy(g->dev, &t);
     vkd_buffer *all[] = {bx, bw, by[0], by[1], bh[0], bh[1], bc};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
