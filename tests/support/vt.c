@@ -67,6 +67,10 @@ int vt_gpu_setup(void **state)
     /* Suites check the FP32 kernels to FP32 precision on every device; the cooperative-matrix
      * tests choose their path (real where the device has it, or emulated) themselves. */
     vkd_coopmat_select(g->dev, VKI_COOPMAT_OFF);
+    g->fn0 = g->dev->fn;
+    g->info0 = g->dev->info;
+    g->cm0 = g->dev->cm;
+    g->gemv_max_m0 = g->dev->gemv_max_m;
     fprintf(stderr, "device: %s (%s)\n", g->dev->info.name, g->dev->info.driver_info);
     if (vkd_cmd_create(g->dev, "test cmd", &g->cmd) != VKI_OK) {
         vkd_close(g->dev);
@@ -98,6 +102,10 @@ vt_gpu *vt_gpu_get(void **state)
     vt_gpu *g = *state;
     if (!g)
         skip();
+    g->dev->fn = g->fn0;
+    g->dev->info = g->info0;
+    g->dev->cm = g->cm0;
+    g->dev->gemv_max_m = g->gemv_max_m0;
     return g;
 }
 

@@ -23,6 +23,14 @@
 typedef struct vt_gpu {
     vkd_device *dev;
     vkd_cmd cmd;
+    /* The device's test-adjustable state as opened: tests present lavapipe as another device
+     * (info), switch the matmul path (cm, gemv_max_m) or wrap driver calls (fn), and restore them
+     * when they end; vt_gpu_get puts them back at the start of every test too, so a test that
+     * fails half way (cmocka leaves it at the failed assertion) cannot change the next ones. */
+    vkd_fns fn0;
+    vki_device_info info0;
+    vkd_cm cm0;
+    uint32_t gemv_max_m0;
 } vt_gpu;
 
 /* Device parameters of every GPU suite: validation on, and the device named by $VKI_DEVICE
