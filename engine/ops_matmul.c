@@ -71,18 +71,21 @@ static vki_status check_type(vkd_device *d, const vk_tensor *w, const mm_type **
 /* matvec {WG, NR, MC, NSG}. GPUs: 128 invocations (4 warps on NVIDIA) over 4 weight rows: at
  * K = 4096 every invocation holds 2 units of each row (8 independent loads in flight) and N/4
  * workgroups fill the machine. CPU devices (lavapipe) run a workgroup as a loop over its
- * subgroups on one thread: 32 invocations over 8 rows keep the SIMD lanes busy and halve the
- * reduction cost; measured 2-3x faster there than the GPU choice. NSG bounds the subgroups of
- * a workgroup for the shared reduction: WG over the smallest subgroup size the device may use. */
+ * subgroups on one thread, and a workgroup costs in proportion to its invocations even when
+ * most have no unit to work on: one subgroup over 8 rows (no shared reduction across
+ * subgroups). Measured on lavapipe against the earlier 32 invocations: 1.9x batch-1 decode on
+ * stories260K and a Q4_K_M stack, 1.6-1.7x at 8 sequences (bench/RESULTS.md). NSG bounds the
+ * subgroups of a workgroup for the shared reduction: WG over the smallest subgroup size the
+ * device may use. */
 static void matvec_spec(const vkd_device *d, uint32_t mc, uint32_t spec[6])
 {
     bool cpu = d->info.type == VKI_DEVICE_CPU;
-    uint32_t wg = cpu ? 32 : 128;
-    if (wg > d->info.max_workgroup_invocations)
-        wg = d->info.max_workgroup_invocations;
     uint32_t sg = d->info.subgroup_min_size ? d->info.subgroup_min_size : d->info.subgroup_size;
     if (!sg)
         sg = 1;
+    uint32_t wg = cpu ? (sg < 4 ? 4 : sg) : 128;
+    if (wg > d->info.max_workgroup_invocations)
+        wg = d->info.max_workgroup_invocations;
     spec[0] = wg;
     spec[1] = cpu ? 8 : 4;
     spec[2] = mc;
