@@ -130,7 +130,10 @@ vki_status op_attn_setup(vkd_device *d, const op_attn_shape *s, op_attn *out)
     uint32_t lanes = 1; /* lanes per key: the largest power of 2 dividing head_dim/8, <= subgroup */
     while (lanes * 2 <= sg && d8 % (lanes * 2) == 0)
         lanes *= 2;
-    uint32_t wg = DEC_WG < sg ? sg : DEC_WG;
+    /* CPU devices (lavapipe) run a workgroup as a loop over its subgroups and pay for every
+     * invocation and every merge round whether or not it has keys: one subgroup there (13x less
+     * decode attention time on a stories260K serving load, bench/RESULTS.md). */
+    uint32_t wg = d->info.type == VKI_DEVICE_CPU ? sg : DEC_WG < sg ? sg : DEC_WG;
     a.dec_gw = group < DEC_GMAX ? group : DEC_GMAX;
     a.dec_nhb = (group + a.dec_gw - 1) / a.dec_gw;
     memcpy(a.dec_spec, (uint32_t[4]){wg, s->head_dim, lanes, a.dec_gw}, sizeof a.dec_spec);
