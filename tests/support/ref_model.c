@@ -239,6 +239,7 @@ static void kv_round(const ref_model *m, float *dst, const float *x, uint32_t n)
 typedef struct ref_scratch {
     float *x, *xb, *q, *k, *v, *att_out, *o, *g, *u, *scores;
     float *kc, *vc; /* [n_layer][n][kv_dim] */
+    double *p;      /* [n]: one head's exp(score - max), computed once for all its head dims */
 } ref_scratch;
 
 /* Attention of one token at `pos` (its K/V already cached) for all heads, over the keys its
@@ -268,12 +269,14 @@ static void attend(const ref_model *m, ref_scratch *s, uint32_t il, uint32_t pos
             if (s->scores[j] > mx)
                 mx = s->scores[j];
         }
-        for (uint32_t j = 0; j <= pos; j++)
-            sum += exp(s->scores[j] - mx);
+        for (uint32_t j = 0; j <= pos; j++) {
+            s->p[j] = exp(s->scores[j] - mx);
+            sum += s->p[j];
+        }
         for (uint32_t i = 0; i < hd; i++) {
             double acc = 0;
             for (uint32_t j = 0; j <= pos; j++)
-                acc += exp(s->scores[j] - mx) / sum * vc[(size_t)j * kv_dim + kvh * hd + i];
+                acc += s->p[j] / sum * vc[(size_t)j * kv_dim + kvh * hd + i];
             s->att_out[(size_t)h * hd + i] = (float)acc;
         }
     }
@@ -433,6 +436,8 @@ static vki_status run(ref_model *m, const int32_t *tokens, uint32_t n, bool all,
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         if (!(*bufs[i] = malloc(sizes[i] * sizeof(float))))
             st = VKI_ERR_OUT_OF_HOST_MEMORY;
+    if (!(s.p = malloc(n * sizeof *s.p)))
+        st = VKI_ERR_OUT_OF_HOST_MEMORY;
     for (uint32_t pos = 0; st == VKI_OK && pos < n; pos++) {
         memcpy(s.x, m->tok_embd + (size_t)tokens[pos] * d, d * sizeof(float));
         for (uint32_t i = 0; hp->embd_scale && i < d; i++) /* gemma: ggml_scale by sqrtf(n_embd) */
@@ -448,5 +453,6 @@ static vki_status run(ref_model *m, const int32_t *tokens, uint32_t n, bool all,
     }
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         free(*bufs[i]);
+    free(s.p);
     return st;
 }
