@@ -256,6 +256,12 @@ const char *vt_shared_model(const char *name, char *buf, size_t n)
 const uint32_t vt_weight_types[] = {VKK_WEIGHT_TYPES(VT_TYPE_ID)};
 const size_t vt_n_weight_types = sizeof vt_weight_types / sizeof vt_weight_types[0];
 
+bool vt_quick(void)
+{
+    const char *q = getenv("VKI_TEST_QUICK");
+    return q && !strcmp(q, "1");
+}
+
 bool vt_is_float_type(uint32_t ggml_type)
 {
     return ggml_type == VKI_GGML_F32 || ggml_type == VKI_GGML_F16 || ggml_type == VKI_GGML_BF16;

@@ -114,4 +114,9 @@ bool vt_in_grammar(const char *gbnf, size_t len, const char *text, size_t n);
 /* ../shared/models/<name> if present, else NULL (the caller skips with a message). */
 const char *vt_shared_model(const char *name, char *buf, size_t n);
 
+/* VKI_TEST_QUICK=1 (tools/dev test sets it for the sanitizer pass, which is there for host
+ * code): suites cut repetition that only makes the GPU (lavapipe) work longer, such as
+ * statistical draw counts or the longest context, and say so; every code path still runs. */
+bool vt_quick(void);
+
 #endif
