@@ -86,12 +86,17 @@ static void matvec_spec(const vkd_device *d, uint32_t mc, uint32_t spec[6])
     uint32_t wg = cpu ? (sg < 4 ? 4 : sg) : 128;
     if (wg > d->info.max_workgroup_invocations)
         wg = d->info.max_workgroup_invocations;
+    /* CPU devices take the activation rows 4 at a time (8 passes, the same 32 rows per
+     * workgroup): lavapipe keeps every lane's 8 x 8 accumulators and 8 decoded units in vector
+     * registers and spills, and LLVM took ~3x longer to compile each such variant (a cold
+     * shader cache, as in CI, paid ~10 s per weight type and epilogue) for no faster a kernel. */
+    bool half = cpu && mc > 1 && mc % 2 == 0;
     spec[0] = wg;
     spec[1] = cpu ? 8 : 4;
-    spec[2] = mc;
+    spec[2] = half ? mc / 2 : mc;
     spec[3] = wg / sg ? wg / sg : 1;
     spec[4] = 0; /* GLU: op_matmul_glu sets it */
-    spec[5] = mc > 1 ? OP_MATVEC_CHUNKS : 1;
+    spec[5] = mc > 1 ? (half ? 2 : 1) * OP_MATVEC_CHUNKS : 1;
 }
 
 /* Activation rows one matrix-vector workgroup covers (MC rows, MCH times). */
