@@ -2,8 +2,8 @@
  * (engine/sample_ref.c), which computes the same distribution by sorting the vocabulary.
  *
  * Distribution tests: 20,480 draws per parameter set (4,096 in the quick mode of the sanitizer
- * pass; one row per draw, positions 0..N-1, one seed), compared with the exact reference distribution by Pearson's chi-square. Bins are the
- * tokens by expected count; tokens expected fewer than 5 times are merged (in that order) into
+ * pass; one row per draw, positions 0..N-1, one seed), compared with the exact reference
+ * distribution by Pearson's chi-square. Bins are the tokens by expected count; tokens expected fewer than 5 times are merged (in that order) into
  * bins of >= 5. The threshold is the chi-square critical value at p = 1e-6 for bins - 1 degrees
  * of freedom (Wilson-Hilferty, slightly conservative for df < 3), so a correct sampler fails one
  * set in a million runs. Every draw is also checked against the reference draw for the same
