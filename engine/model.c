@@ -93,7 +93,7 @@ static vki_status upload_concat(vkd_device *d, const gguf_tensor *const *src, ui
     vki_status st = vec ? vk_tensor_create(d, src[0]->type, rows, 1, 0, name, t)
                         : vk_tensor_create(d, src[0]->type, src[0]->ne[0], rows, 0, name, t);
     if (st == VKI_OK && vec) { /* one row: gather it on the host */
-        char *buf = malloc(t->row_bytes);
+        char *buf = malloc(t->src_row_bytes);
         uint64_t off = 0;
         if (!buf)
             st = VKI_ERR_OUT_OF_HOST_MEMORY;

@@ -25,10 +25,10 @@ typedef struct mm_type {
      VKK_MATMUL_CME_ID_##T}, block, needs16}
 static const mm_type mm_types[] = {
     MM_TYPE(F32, 1, false),        MM_TYPE(F16, 1, true),         MM_TYPE(BF16, 1, true),
-    MM_TYPE(Q8_0, 32, true),       MM_TYPE(Q4_0, 32, true),       MM_TYPE(Q4_1, 32, false),
-    MM_TYPE(Q5_0, 32, true),       MM_TYPE(Q5_1, 32, false),      MM_TYPE(IQ4_NL, 32, true),
-    MM_TYPE(Q2_K, 256, false),     MM_TYPE(Q3_K, 256, true),      MM_TYPE(Q4_K, 256, false),
-    MM_TYPE(Q5_K, 256, false),     MM_TYPE(Q6_K, 256, true),      MM_TYPE(IQ4_XS, 256, false),
+    MM_TYPE(Q8_0, 32, false),      MM_TYPE(Q4_0, 32, false),      MM_TYPE(Q4_1, 32, false),
+    MM_TYPE(Q5_0, 32, false),      MM_TYPE(Q5_1, 32, false),      MM_TYPE(IQ4_NL, 32, false),
+    MM_TYPE(Q2_K, 256, false),     MM_TYPE(Q3_K, 256, false),     MM_TYPE(Q4_K, 256, false),
+    MM_TYPE(Q5_K, 256, false),     MM_TYPE(Q6_K, 256, false),     MM_TYPE(IQ4_XS, 256, false),
 };
 #define MM_COUNT_ONE(T, t) +1
 _Static_assert(sizeof mm_types / sizeof mm_types[0] == 0 VKK_WEIGHT_TYPES(MM_COUNT_ONE),
@@ -52,8 +52,8 @@ static vki_status check_type(vkd_device *d, const vk_tensor *w, const mm_type **
 {
     *out = mm_type_get(w->type);
     if (!*out || !op_matmul_supported(d, w->type)) {
-        vkd_log(d, VKI_LOG_ERROR, "tensor %s: weight type %s cannot run %s (F16, BF16, Q8_0, Q4_0, Q5_0, "
-                "IQ4_NL, Q3_K and Q6_K need 16-bit storage; all types need subgroup arithmetic)", w->name,
+        vkd_log(d, VKI_LOG_ERROR, "tensor %s: weight type %s cannot run %s (F16 and BF16 need "
+                "16-bit storage; all types need subgroup arithmetic)", w->name,
                 quant_type_name(w->type), *out ? "on this device" : "in vkinfer");
         return VKI_ERR_UNSUPPORTED;
     }

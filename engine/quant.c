@@ -89,6 +89,97 @@ size_t quant_row_bytes(uint32_t ggml_type, uint64_t n)
     return (size_t)(blocks * t->block_bytes);
 }
 
+/* ---- device row layout (vki_shared.h) ------------------------------------------------------ */
+
+/* A scale-grouped type: the GGUF block's fields gathered at the head of each group of
+ * VKI_DG_BLOCKS blocks, one array of 8 per field in this order (d first); the body is the rest
+ * of the block, its bytes in order. */
+typedef struct dev_group {
+    uint32_t n_fields;
+    struct { uint32_t off, size; } f[2];
+    uint32_t head, body; /* bytes per group of the gathered arrays, of one block's body */
+} dev_group;
+
+static bool dev_group_get(uint32_t type, dev_group *g)
+{
+    switch (type) {
+    case VKI_GGML_Q8_0:
+    case VKI_GGML_Q4_0:
+    case VKI_GGML_IQ4_NL: *g = (dev_group){1, {{0, 2}}, 0, 0}; break;
+    case VKI_GGML_Q5_0: *g = (dev_group){2, {{0, 2}, {2, 4}}, 0, 0}; break;   /* d, qh */
+    case VKI_GGML_Q3_K: *g = (dev_group){2, {{108, 2}, {96, 12}}, 0, 0}; break; /* d, scales */
+    case VKI_GGML_Q6_K: *g = (dev_group){1, {{208, 2}}, 0, 0}; break;
+    default: return false;
+    }
+    g->body = quant_info(type)->block_bytes;
+    for (uint32_t i = 0; i < g->n_fields; i++) {
+        g->head += VKI_DG_BLOCKS * g->f[i].size;
+        g->body -= g->f[i].size;
+    }
+    return true;
+}
+
+bool quant_dev_grouped(uint32_t ggml_type)
+{
+    dev_group g;
+    return dev_group_get(ggml_type, &g);
+}
+
+size_t quant_dev_row_bytes(uint32_t ggml_type, uint64_t n)
+{
+    size_t gguf = quant_row_bytes(ggml_type, n);
+    dev_group g;
+    if (!gguf || !dev_group_get(ggml_type, &g))
+        return gguf;
+    uint64_t blocks = n / quant_info(ggml_type)->block_elems, groups = (blocks + VKI_DG_BLOCKS - 1) / VKI_DG_BLOCKS;
+    if (groups > (SIZE_MAX - blocks * g.body) / g.head)
+        return 0;
+    return (size_t)(groups * g.head + blocks * g.body);
+}
+
+void quant_row_to_dev(uint32_t ggml_type, const void *src, void *dst, uint64_t n)
+{
+    size_t gguf = quant_row_bytes(ggml_type, n);
+    dev_group g;
+    if (!gguf || !quant_get(ggml_type))
+        return;
+    if (!dev_group_get(ggml_type, &g)) {
+        memcpy(dst, src, gguf);
+        return;
+    }
+    const uint32_t bb = quant_info(ggml_type)->block_bytes;
+    /* the body: the runs of block bytes outside the gathered fields (at most 3), in order */
+    struct dev_seg { uint32_t off, len; } seg[3];
+    uint32_t n_seg = 0;
+    for (uint32_t i = 0; i < bb; i++) {
+        bool gathered = false;
+        for (uint32_t f = 0; f < g.n_fields; f++)
+            gathered |= i >= g.f[f].off && i < g.f[f].off + g.f[f].size;
+        if (gathered)
+            continue;
+        if (n_seg && seg[n_seg - 1].off + seg[n_seg - 1].len == i)
+            seg[n_seg - 1].len++;
+        else
+            seg[n_seg++] = (struct dev_seg){i, 1};
+    }
+    const uint8_t *s = src;
+    uint8_t *o = dst;
+    uint64_t blocks = n / quant_info(ggml_type)->block_elems;
+    for (uint64_t g0 = 0; g0 < blocks; g0 += VKI_DG_BLOCKS) {
+        uint64_t r = blocks - g0 < VKI_DG_BLOCKS ? blocks - g0 : VKI_DG_BLOCKS;
+        memset(o, 0, g.head);
+        for (uint64_t j = 0; j < r; j++) {
+            const uint8_t *b = s + (g0 + j) * bb;
+            uint8_t *body = o + g.head + j * g.body;
+            for (uint32_t i = 0, arr = 0; i < g.n_fields; arr += VKI_DG_BLOCKS * g.f[i].size, i++)
+                memcpy(o + arr + j * g.f[i].size, b + g.f[i].off, g.f[i].size);
+            for (uint32_t k = 0; k < n_seg; body += seg[k].len, k++)
+                memcpy(body, b + seg[k].off, seg[k].len);
+        }
+        o += g.head + r * g.body;
+    }
+}
+
 /* ---- f16 ----------------------------------------------------------------------------------- */
 
 uint16_t quant_f32_to_f16(float f)

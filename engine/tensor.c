@@ -1,6 +1,7 @@
 #include "engine/tensor.h"
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "engine/quant.h"
@@ -19,7 +20,8 @@ vki_status vk_tensor_create_grouped(vkd_device *d, uint32_t type, uint64_t ne0, 
     t->type = type;
     t->ne0 = ne0;
     t->n_rows = n_rows;
-    t->row_bytes = quant_get(type) ? quant_row_bytes(type, ne0) : 0;
+    t->src_row_bytes = quant_get(type) ? quant_row_bytes(type, ne0) : 0;
+    t->row_bytes = t->src_row_bytes ? quant_dev_row_bytes(type, ne0) : 0;
     if (!t->row_bytes || !n_rows || !group_rows || n_rows % group_rows) {
         vkd_log(d, VKI_LOG_ERROR, "tensor %s: type %s (%u) with row length %llu (%llu rows in groups of %llu) is "
                 "not supported", t->name, quant_type_name(type), type, (unsigned long long)ne0,
@@ -77,22 +79,41 @@ vki_status vk_tensor_upload(vkd_device *d, vk_tensor *t, const void *data)
     return vk_tensor_upload_rows(d, t, 0, t->n_rows, data);
 }
 
+/* Scale-grouped types are repacked through a host buffer of at most this many bytes (or one row). */
+#define TENSOR_REPACK_BYTES ((size_t)4 << 20)
+
 vki_status vk_tensor_upload_rows(vkd_device *d, vk_tensor *t, uint64_t row0, uint64_t n_rows, const void *data)
 {
     if (row0 > t->n_rows || n_rows > t->n_rows - row0)
         return VKI_ERR_INVALID_ARG;
-    for (uint32_t i = 0; i < t->n_parts; i++) {
+    const bool repack = quant_dev_grouped(t->type);
+    uint64_t chunk = repack ? TENSOR_REPACK_BYTES / t->row_bytes : 0;
+    if (repack && chunk == 0)
+        chunk = 1;
+    if (repack && chunk > n_rows)
+        chunk = n_rows;
+    char *tmp = repack && chunk ? malloc(chunk * t->row_bytes) : NULL;
+    if (repack && chunk && !tmp)
+        return VKI_ERR_OUT_OF_HOST_MEMORY;
+    vki_status st = VKI_OK;
+    for (uint32_t i = 0; st == VKI_OK && i < t->n_parts; i++) {
         const vk_tensor_part *p = &t->parts[i];
         uint64_t a = row0 > p->row0 ? row0 : p->row0, b = row0 + n_rows < p->row0 + p->n_rows ? row0 + n_rows
                                                                                               : p->row0 + p->n_rows;
-        if (a >= b)
+        const char *src = (const char *)data + (a - row0) * t->src_row_bytes;
+        if (!repack && a < b) {
+            st = vkd_upload(d, p->buf, (a - p->row0) * t->row_bytes, src, (b - a) * t->row_bytes);
             continue;
-        vki_status st = vkd_upload(d, p->buf, (a - p->row0) * t->row_bytes,
-                                   (const char *)data + (a - row0) * t->row_bytes, (b - a) * t->row_bytes);
-        if (st != VKI_OK)
-            return st;
+        }
+        for (uint64_t r = a; st == VKI_OK && r < b; r += chunk) {
+            uint64_t nr = b - r < chunk ? b - r : chunk;
+            for (uint64_t j = 0; j < nr; j++)
+                quant_row_to_dev(t->type, src + (r - a + j) * t->src_row_bytes, tmp + j * t->row_bytes, t->ne0);
+            st = vkd_upload(d, p->buf, (r - p->row0) * t->row_bytes, tmp, nr * t->row_bytes);
+        }
     }
-    return VKI_OK;
+    free(tmp);
+    return st;
 }
 
 uint64_t vk_tensor_bytes(const vk_tensor *t)

@@ -20,7 +20,8 @@ typedef struct vk_tensor {
     uint32_t type;       /* VKI_GGML_* */
     uint64_t ne0;        /* elements per row (the contiguous dimension) */
     uint64_t n_rows;     /* product of the other dimensions */
-    size_t row_bytes;    /* quant_row_bytes(type, ne0) */
+    size_t row_bytes;    /* device row stride: quant_dev_row_bytes(type, ne0) */
+    size_t src_row_bytes; /* a GGUF row, as uploads take them: quant_row_bytes(type, ne0) */
     uint32_t n_parts;
     vk_tensor_part parts[VK_TENSOR_MAX_PARTS];
 } vk_tensor;
@@ -38,9 +39,10 @@ vki_status vk_tensor_create_grouped(vkd_device *d, uint32_t type, uint64_t ne0, 
                                     uint64_t group_rows, size_t max_part_bytes, const char *name,
                                     vk_tensor *out);
 void vk_tensor_destroy(vkd_device *d, vk_tensor *t);
-/* Uploads n_rows * row_bytes bytes of row-major data (the GGUF layout) through the staging ring. */
+/* Uploads n_rows * src_row_bytes bytes of row-major data (the GGUF layout) through the staging
+ * ring, repacked into the device layout (quant_row_to_dev) where the type has its own. */
 vki_status vk_tensor_upload(vkd_device *d, vk_tensor *t, const void *data);
-/* Rows [row0, row0 + n_rows) from data (n_rows * row_bytes bytes), across the parts they fall
+/* Rows [row0, row0 + n_rows) from data (n_rows * src_row_bytes bytes), across the parts they fall
  * in: how concatenated tensors (Q|K|V, gate|up) are filled from their GGUF pieces. */
 vki_status vk_tensor_upload_rows(vkd_device *d, vk_tensor *t, uint64_t row0, uint64_t n_rows, const void *data);
 /* Device bytes held. */

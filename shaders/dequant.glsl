@@ -1,5 +1,6 @@
-// Dequantise-on-load for every weight type vkinfer runs: the raw GGUF/ggml block bytes stay on
-// the device and the kernels expand them in registers. Block layouts: shaders/vki_shared.h.
+// Dequantise-on-load for every weight type vkinfer runs: the GGUF/ggml block bytes stay on the
+// device (Q8_0, Q4_0, IQ4_NL and Q6_K scale-grouped at upload, see below) and the kernels expand
+// them in registers. Block layouts: shaders/vki_shared.h.
 //
 // A kernel defines DQ_BINDING (the weight binding) and exactly one of DQ_F32, DQ_F16, DQ_BF16,
 // DQ_Q8_0, DQ_Q4_0, DQ_Q4_1, DQ_Q5_0, DQ_Q5_1, DQ_IQ4_NL, DQ_Q2_K, DQ_Q3_K, DQ_Q4_K, DQ_Q5_K,
@@ -20,18 +21,20 @@
 // Values are computed in the f32 operation order of vki_shared.h (that of ggml's reference), so
 // they match engine/quant.c up to the compiler's freedom to fuse a multiply-add.
 //
-// Storage views: every type is read with the widest loads its block alignment allows. Blocks
-// that are only 2-byte aligned (F16/BF16 rows of odd length, Q8_0 34 B, Q4_0 and IQ4_NL 18 B,
-// Q5_0 22 B, Q3_K 110 B, Q6_K 210 B) are read through 16-bit storage
-// (GL_EXT_shader_16bit_storage, uint16_t only converted to 32-bit on load, so shaderInt16 is not
-// needed); the host refuses these types with VKI_ERR_UNSUPPORTED on a device without
-// storageBuffer16BitAccess. 16-bit rather than 8-bit loads halve the load count. 4-byte aligned
-// blocks (Q4_1 20 B, Q2_K 84 B) use 32-bit loads, 8-byte aligned ones (Q5_1 24 B, IQ4_XS 136 B)
-// 8-byte loads, 16-byte aligned ones (Q4_K 144 B, Q5_K 176 B) 16-byte loads for the header. F32
-// and 8-aligned F16/BF16 rows use 16-byte vector loads.
+// Storage views: every type is read with the widest loads its block alignment allows. Q8_0,
+// Q4_0, IQ4_NL, Q5_0, Q3_K and Q6_K, whose GGUF blocks are only 2-byte aligned, are repacked at
+// upload into the scale-grouped layout (vki_shared.h: per 8 blocks their f16 scales and other
+// small fields gathered at the head, then the 8 bodies, each 16-byte aligned): a Q8_0 unit is
+// one 16-byte load, a Q4_0 / IQ4_NL / Q5_0 unit one 8-byte load, a Q6_K unit three 4-byte loads
+// and one 8-byte load of its scales; scales and heads are 32-bit loads. 4-byte aligned blocks
+// (Q4_1 20 B, Q2_K 84 B) use 32-bit loads, 8-byte aligned ones (Q5_1 24 B, IQ4_XS 136 B) 8-byte
+// loads, 16-byte aligned ones (Q4_K 144 B, Q5_K 176 B) 16-byte loads for the header. F32 and
+// 8-aligned F16/BF16 rows use 16-byte vector loads; F16/BF16 rows of odd length are read through
+// 16-bit storage (GL_EXT_shader_16bit_storage, uint16_t only converted to 32-bit on load, so
+// shaderInt16 is not needed), and the host refuses F16/BF16 with VKI_ERR_UNSUPPORTED on a device
+// without storageBuffer16BitAccess.
 
-#if defined(DQ_F16) || defined(DQ_BF16) || defined(DQ_Q8_0) || defined(DQ_Q4_0) || defined(DQ_Q5_0) || \
-    defined(DQ_IQ4_NL) || defined(DQ_Q3_K) || defined(DQ_Q6_K)
+#if defined(DQ_F16) || defined(DQ_BF16)
 #extension GL_EXT_shader_16bit_storage : require
 #endif
 
@@ -51,10 +54,43 @@ uint dq_nib_k(uint iu, uint g) { return 8u * iu + 4u * (g & 1u) + 16u * (g >> 1)
 // ... and elements j..j+3 (j % 4 == 0) are nibbles of the qs word at byte j % 16.
 uvec4 dq_nib_at(uint w, uint j) { return dq_bytes((w >> (j >= 16u ? 4u : 0u)) & 0x0F0F0F0Fu); }
 
-// For the 16-bit views (dq_w of uint16_t): a 32-bit word and an f16 at a uint16 index.
-#define DQ_U16_HELPERS                                                                              \
-    uint dq_u32(uint i) { return uint(dq_w[i]) | (uint(dq_w[i + 1u]) << 16); }                    \
-    float dq_half(uint i) { return unpackHalf2x16(uint(dq_w[i])).x; }
+
+#if defined(DQ_Q8_0) || defined(DQ_Q4_0) || defined(DQ_IQ4_NL) || defined(DQ_Q5_0) || defined(DQ_Q3_K) || \
+    defined(DQ_Q6_K)
+// The scale-grouped device layout (vki_shared.h), in 32-bit words from the row start rb (a row
+// stride is a multiple of 16 bytes): group ib / 8 is DQ_GW words, a head of DQ_HW words (the 8
+// scales in its first 4) and 8 bodies of DQ_BODY_W.
+layout(std430, binding = DQ_BINDING) readonly buffer DqW { uint dq_w[]; };
+layout(std430, binding = DQ_BINDING) readonly buffer DqW2 { uvec2 dq_w2[]; };
+layout(std430, binding = DQ_BINDING) readonly buffer DqW4 { uvec4 dq_w4[]; };
+#if defined(DQ_Q8_0)
+#define DQ_HW uint(VKI_DG_HEAD_Q8_0 / 4)
+#define DQ_BODY_W uint(VKI_DG_BODY_Q8_0 / 4)
+#elif defined(DQ_Q5_0)
+#define DQ_HW uint(VKI_DG_HEAD_Q5_0 / 4)
+#define DQ_BODY_W uint(VKI_DG_BODY_Q5_0 / 4)
+#elif defined(DQ_Q3_K)
+#define DQ_HW uint(VKI_DG_HEAD_Q3_K / 4)
+#define DQ_BODY_W uint(VKI_DG_BODY_Q3_K / 4)
+#elif defined(DQ_Q6_K)
+#define DQ_HW uint(VKI_DG_HEAD_Q6_K / 4)
+#define DQ_BODY_W uint(VKI_DG_BODY_Q6_K / 4)
+#else
+#define DQ_HW uint(VKI_DG_HEAD_Q4_0 / 4)
+#define DQ_BODY_W uint(VKI_DG_BODY_Q4_0 / 4)
+#endif
+#define DQ_GB uint(VKI_DG_BLOCKS)
+#define DQ_GW (DQ_HW + DQ_GB * DQ_BODY_W)
+uint dq_row_base(uint row, uint stride_bytes) { return row * (stride_bytes >> 2); }
+// The first word of block ib's group (its head), of its body (a multiple of 4: 16-byte
+// aligned), and the block's scale d.
+uint dq_group(uint rb, uint ib) { return rb + (ib / DQ_GB) * DQ_GW; }
+uint dq_body(uint rb, uint ib) { return dq_group(rb, ib) + DQ_HW + (ib % DQ_GB) * DQ_BODY_W; }
+float dq_gscale(uint rb, uint ib) {
+    const uint w = dq_w[dq_group(rb, ib) + (ib % DQ_GB) / 2u];
+    return unpackHalf2x16((ib & 1u) != 0u ? w >> 16 : w).x;
+}
+#endif
 
 #if defined(DQ_IQ4_NL) || defined(DQ_IQ4_XS)
 // The 16 IQ4 levels as int8 bytes in 4 words (folded at compile time), looked up with selects
@@ -144,41 +180,32 @@ void dq_unit(uint rb, uint ib, uint iu, out vec4 w[DQ_UNIT_V4]) {
 uint dq_unit_k(uint iu, uint g) { return 4u * g; }
 
 #elif defined(DQ_Q8_0) // ---------------------------------------------------------------------
-// W: 17 uint16 per block { f16 d; int8 qs[32] }. rb in uint16. w = q * d.
-layout(std430, binding = DQ_BINDING) readonly buffer DqW { uint16_t dq_w[]; };
+// W: scale-grouped, body int8 qs[32] (8 words). w = q * d. Unit iu: qs 16iu.., one 16-byte load.
 #define DQ_BLOCK 32u
 #define DQ_UNITS 2u
-uint dq_row_base(uint row, uint stride_bytes) { return row * (stride_bytes >> 1); }
-DQ_U16_HELPERS
 vec4 dq_load4(uint rb, uint k, uint K) {
-    uint b = rb + (k >> 5) * 17u;
-    return dq_half(b) * dq_sbytes(dq_u32(b + 1u + ((k & 31u) >> 1)));
+    return dq_gscale(rb, k >> 5) * dq_sbytes(dq_w[dq_body(rb, k >> 5) + ((k & 31u) >> 2)]);
 }
 void dq_unit(uint rb, uint ib, uint iu, out vec4 w[DQ_UNIT_V4]) {
-    uint b = rb + ib * 17u;
-    float d = dq_half(b);
-    uint q = b + 1u + 8u * iu;
-    [[unroll]] for (uint g = 0u; g < 4u; g++) w[g] = d * dq_sbytes(dq_u32(q + 2u * g));
+    float d = dq_gscale(rb, ib);
+    uvec4 q = dq_w4[(dq_body(rb, ib) >> 2) + iu];
+    [[unroll]] for (uint g = 0u; g < 4u; g++) w[g] = d * dq_sbytes(q[g]);
 }
 uint dq_unit_k(uint iu, uint g) { return 16u * iu + 4u * g; }
 
 #elif defined(DQ_Q4_0) // ---------------------------------------------------------------------
-// W: 9 uint16 per block { f16 d; uint8 qs[16] } (nibbles as above). rb in uint16.
-// w = (q - 8) * d.
-layout(std430, binding = DQ_BINDING) readonly buffer DqW { uint16_t dq_w[]; };
+// W: scale-grouped, body uint8 qs[16] (4 words; nibbles as above). w = (q - 8) * d. Unit iu:
+// qs 8iu.., one 8-byte load.
 #define DQ_BLOCK 32u
 #define DQ_UNITS 2u
-uint dq_row_base(uint row, uint stride_bytes) { return row * (stride_bytes >> 1); }
-DQ_U16_HELPERS
 vec4 dq_load4(uint rb, uint k, uint K) {
-    uint b = rb + (k >> 5) * 9u, j = k & 31u;
-    return dq_half(b) * (vec4(dq_nib_at(dq_u32(b + 1u + ((j & 15u) >> 1)), j)) - 8.0);
+    uint ib = k >> 5, j = k & 31u;
+    return dq_gscale(rb, ib) * (vec4(dq_nib_at(dq_w[dq_body(rb, ib) + ((j & 15u) >> 2)], j)) - 8.0);
 }
 void dq_unit(uint rb, uint ib, uint iu, out vec4 w[DQ_UNIT_V4]) {
-    uint b = rb + ib * 9u;
-    float d = dq_half(b);
-    uint q0 = dq_u32(b + 1u + 4u * iu), q1 = dq_u32(b + 3u + 4u * iu);
-    [[unroll]] for (uint g = 0u; g < 4u; g++) w[g] = d * (vec4(dq_nib4(q0, q1, g)) - 8.0);
+    float d = dq_gscale(rb, ib);
+    uvec2 q = dq_w2[(dq_body(rb, ib) >> 1) + iu];
+    [[unroll]] for (uint g = 0u; g < 4u; g++) w[g] = d * (vec4(dq_nib4(q.x, q.y, g)) - 8.0);
 }
 uint dq_unit_k(uint iu, uint g) { return dq_nib_k(iu, g); }
 
@@ -203,8 +230,8 @@ void dq_unit(uint rb, uint ib, uint iu, out vec4 w[DQ_UNIT_V4]) {
 uint dq_unit_k(uint iu, uint g) { return dq_nib_k(iu, g); }
 
 #elif defined(DQ_Q5_0) || defined(DQ_Q5_1) // -----------------------------------------------------
-// Q5_0: 11 uint16 per block { f16 d; uint8 qh[4]; uint8 qs[16] } (22 B: 2-byte aligned), rb in
-//       uint16, w = d * (q - 16);
+// Q5_0: scale-grouped { f16 d[8]; uint8 qh[8][4]; uint8 qs[16] x 8 } (the head's qh at word
+//       4 + block), w = d * (q - 16); a unit's 8 qs bytes are one 8-byte load;
 // Q5_1: 3 uvec2 per block { f16 d, m; uint8 qh[4]; uint8 qs[16] } (24 B: 8-byte aligned: the
 //       header d, m, qh is one 8-byte load and a unit's 8 qs bytes another), rb in uint32,
 //       w = d * q + m.
@@ -213,18 +240,16 @@ uint dq_unit_k(uint iu, uint g) { return dq_nib_k(iu, g); }
 #define DQ_UNITS 2u
 vec4 dq_q5(uvec4 nib, uint qh, uint j) { return vec4(nib | (dq_bits4(qh, j) << 4)); }
 #ifdef DQ_Q5_0
-layout(std430, binding = DQ_BINDING) readonly buffer DqW { uint16_t dq_w[]; };
-uint dq_row_base(uint row, uint stride_bytes) { return row * (stride_bytes >> 1); }
-DQ_U16_HELPERS
+uint dq_q5_qh(uint rb, uint ib) { return dq_w[dq_group(rb, ib) + 4u + ib % DQ_GB]; }
 vec4 dq_load4(uint rb, uint k, uint K) {
-    uint b = rb + (k >> 5) * 11u, j = k & 31u;
-    return dq_half(b) * (dq_q5(dq_nib_at(dq_u32(b + 3u + ((j & 15u) >> 1)), j), dq_u32(b + 1u), j) - 16.0);
+    uint ib = k >> 5, j = k & 31u;
+    return dq_gscale(rb, ib) * (dq_q5(dq_nib_at(dq_w[dq_body(rb, ib) + ((j & 15u) >> 2)], j), dq_q5_qh(rb, ib), j) - 16.0);
 }
 void dq_unit(uint rb, uint ib, uint iu, out vec4 w[DQ_UNIT_V4]) {
-    uint b = rb + ib * 11u, qh = dq_u32(b + 1u);
-    float d = dq_half(b);
-    uint q0 = dq_u32(b + 3u + 4u * iu), q1 = dq_u32(b + 5u + 4u * iu);
-    [[unroll]] for (uint g = 0u; g < 4u; g++) w[g] = d * (dq_q5(dq_nib4(q0, q1, g), qh, dq_nib_k(iu, g)) - 16.0);
+    uint qh = dq_q5_qh(rb, ib);
+    float d = dq_gscale(rb, ib);
+    uvec2 q = dq_w2[(dq_body(rb, ib) >> 1) + iu];
+    [[unroll]] for (uint g = 0u; g < 4u; g++) w[g] = d * (dq_q5(dq_nib4(q.x, q.y, g), qh, dq_nib_k(iu, g)) - 16.0);
 }
 #else
 layout(std430, binding = DQ_BINDING) readonly buffer DqW { uint dq_w[]; };
@@ -246,21 +271,17 @@ void dq_unit(uint rb, uint ib, uint iu, out vec4 w[DQ_UNIT_V4]) {
 uint dq_unit_k(uint iu, uint g) { return dq_nib_k(iu, g); }
 
 #elif defined(DQ_IQ4_NL) // -------------------------------------------------------------------
-// W: 9 uint16 per block { f16 d; uint8 qs[16] } (18 B, as Q4_0). w = d * level[nibble].
-layout(std430, binding = DQ_BINDING) readonly buffer DqW { uint16_t dq_w[]; };
+// W: scale-grouped as Q4_0. w = d * level[nibble].
 #define DQ_BLOCK 32u
 #define DQ_UNITS 2u
-uint dq_row_base(uint row, uint stride_bytes) { return row * (stride_bytes >> 1); }
-DQ_U16_HELPERS
 vec4 dq_load4(uint rb, uint k, uint K) {
-    uint b = rb + (k >> 5) * 9u, j = k & 31u;
-    return dq_half(b) * dq_iq4(dq_nib_at(dq_u32(b + 1u + ((j & 15u) >> 1)), j));
+    uint ib = k >> 5, j = k & 31u;
+    return dq_gscale(rb, ib) * dq_iq4(dq_nib_at(dq_w[dq_body(rb, ib) + ((j & 15u) >> 2)], j));
 }
 void dq_unit(uint rb, uint ib, uint iu, out vec4 w[DQ_UNIT_V4]) {
-    uint b = rb + ib * 9u;
-    float d = dq_half(b);
-    uint q0 = dq_u32(b + 1u + 4u * iu), q1 = dq_u32(b + 3u + 4u * iu);
-    [[unroll]] for (uint g = 0u; g < 4u; g++) w[g] = d * dq_iq4(dq_nib4(q0, q1, g));
+    float d = dq_gscale(rb, ib);
+    uvec2 q = dq_w2[(dq_body(rb, ib) >> 1) + iu];
+    [[unroll]] for (uint g = 0u; g < 4u; g++) w[g] = d * dq_iq4(dq_nib4(q.x, q.y, g));
 }
 uint dq_unit_k(uint iu, uint g) { return dq_nib_k(iu, g); }
 
@@ -296,14 +317,16 @@ void dq_unit(uint rb, uint ib, uint iu, out vec4 w[DQ_UNIT_V4]) {
 uint dq_unit_k(uint iu, uint g) { return 128u * (iu >> 3) + 4u * (iu & 7u) + 32u * g; }
 
 #elif defined(DQ_Q3_K) // ---------------------------------------------------------------------
-// W: 55 uint16 per block { uint8 hmask[32]; uint8 qs[64]; uint8 scales[12]; f16 d } (110 B:
-// 2-byte aligned). rb in uint16. Element e = 128n + 32j + l: q = ((qs[32n + l] >> 2j) & 3) -
-// (bit e/32 of hmask[l] ? 0 : 4), 6-bit scale s = 8n + 2j + l/16: w = (d * (scale - 32)) * q.
-layout(std430, binding = DQ_BINDING) readonly buffer DqW { uint16_t dq_w[]; };
+// W: scale-grouped { f16 d[8]; uint8 scales[8][12]; {uint8 hmask[32]; uint8 qs[64]} x 8 } (a
+// block's 12 scale bytes at head word 4 + 3 * block, its body 24 words: hmask words 0-7, qs
+// 8-23). Element e = 128n + 32j + l: q = ((qs[32n + l] >> 2j) & 3) - (bit e/32 of hmask[l] ? 0 :
+// 4), 6-bit scale s = 8n + 2j + l/16: w = (d * (scale - 32)) * q.
 #define DQ_BLOCK 256u
 #define DQ_UNITS 16u
-uint dq_row_base(uint row, uint stride_bytes) { return row * (stride_bytes >> 1); }
-DQ_U16_HELPERS
+uvec3 dq_q3k_scales(uint rb, uint ib) {
+    uint s = dq_group(rb, ib) + 4u + 3u * (ib % DQ_GB);
+    return uvec3(dq_w[s], dq_w[s + 1u], dq_w[s + 2u]);
+}
 // d * (scale s - 32) from the 12 scale bytes sc (x: bytes 0-3, y: 4-7, z: 8-11): low 4 bits in
 // nibble s/8 of byte s%8, top 2 bits at 2(s/4) of byte 8 + s%4.
 float dq_q3k_scale(float d, uvec3 sc, uint s) {
@@ -316,18 +339,16 @@ vec4 dq_q3k(uint qw, uint hw, uint j, uint hs) {
     return vec4(dq_bytes(((qw >> (2u * j)) & 0x03030303u) | (((hw >> hs) & 0x01010101u) << 2))) - 4.0;
 }
 vec4 dq_load4(uint rb, uint k, uint K) {
-    uint b = rb + (k >> 8) * 55u, kb = k & 255u, n = kb >> 7, j = (kb >> 5) & 3u, l = kb & 31u;
-    uvec3 sc = uvec3(dq_u32(b + 48u), dq_u32(b + 50u), dq_u32(b + 52u));
-    float d = dq_half(b + 54u);
-    return dq_q3k_scale(d, sc, 8u * n + 2u * j + (l >> 4)) *
-           dq_q3k(dq_u32(b + 16u + 16u * n + (l >> 1)), dq_u32(b + (l >> 1)), j, 4u * n + j);
+    uint ib = k >> 8, b = dq_body(rb, ib), kb = k & 255u, n = kb >> 7, j = (kb >> 5) & 3u, l = kb & 31u;
+    return dq_q3k_scale(dq_gscale(rb, ib), dq_q3k_scales(rb, ib), 8u * n + 2u * j + (l >> 4)) *
+           dq_q3k(dq_w[b + 8u + 8u * n + (l >> 2)], dq_w[b + (l >> 2)], j, 4u * n + j);
 }
 // Unit iu: l = 4(iu%8) .. +3 of half n = iu/8, all four shifts j (as Q2_K).
 void dq_unit(uint rb, uint ib, uint iu, out vec4 w[DQ_UNIT_V4]) {
-    uint b = rb + ib * 55u, n = iu >> 3, li = iu & 7u, h = li >> 2;
-    uvec3 sc = uvec3(dq_u32(b + 48u), dq_u32(b + 50u), dq_u32(b + 52u));
-    float d = dq_half(b + 54u);
-    uint qw = dq_u32(b + 16u + 16u * n + 2u * li), hw = dq_u32(b + 2u * li);
+    uint b = dq_body(rb, ib), n = iu >> 3, li = iu & 7u, h = li >> 2;
+    uvec3 sc = dq_q3k_scales(rb, ib);
+    float d = dq_gscale(rb, ib);
+    uint qw = dq_w[b + 8u + 8u * n + li], hw = dq_w[b + li];
     [[unroll]] for (uint j = 0u; j < 4u; j++)
         w[j] = dq_q3k_scale(d, sc, 8u * n + 2u * j + h) * dq_q3k(qw, hw, j, 4u * n + j);
 }
@@ -406,39 +427,36 @@ void dq_unit(uint rb, uint ib, uint iu, out vec4 w[DQ_UNIT_V4]) {
 uint dq_unit_k(uint iu, uint g) { return 64u * (iu >> 2) + 8u * (iu & 3u) + 4u * (g & 1u) + 32u * (g >> 1); }
 
 #elif defined(DQ_Q6_K) // ---------------------------------------------------------------------
-// W: 105 uint16 per block { uint8 ql[128]; uint8 qh[64]; int8 scales[16]; f16 d }. rb in
-// uint16. Each 128-element half h uses ql[64h..], qh[32h..], scales[8h..]; element
-// 128h + 32q + l (q = 0..3, l < 32) is ((ql[64h + 32(q&1) + l] >> 4(q>>1)) & 15) |
-// ((qh[32h + l] >> 2q) & 3) << 4, minus 32, times d * scales[8h + 2q + l/16].
-layout(std430, binding = DQ_BINDING) readonly buffer DqW { uint16_t dq_w[]; };
+// W: scale-grouped, body { uint8 ql[128]; uint8 qh[64]; int8 scales[16] } (52 words; the
+// GGUF block without its trailing d). Each 128-element half h uses ql[64h..], qh[32h..],
+// scales[8h..]; element 128h + 32q + l (q = 0..3, l < 32) is ((ql[64h + 32(q&1) + l] >> 4(q>>1))
+// & 15) | ((qh[32h + l] >> 2q) & 3) << 4, minus 32, times d * scales[8h + 2q + l/16].
 #define DQ_BLOCK 256u
 #define DQ_UNITS 16u
-uint dq_row_base(uint row, uint stride_bytes) { return row * (stride_bytes >> 1); }
-DQ_U16_HELPERS
-// d * scales[i] of the block starting at b.
-float dq_q6k_scale(uint b, uint i) {
-    return unpackHalf2x16(uint(dq_w[b + 104u])).x *
-           float(bitfieldExtract(int(uint(dq_w[b + 96u + (i >> 1)])), int(8u * (i & 1u)), 8));
-}
+// d * the int8 scale byte sb of a word.
+float dq_q6k_scale(float d, uint w, uint sb) { return d * float(bitfieldExtract(int(w), int(8u * sb), 8)); }
 vec4 dq_q6k_group(uint ql, uint qh, uint q) {
     uint v = ((ql >> (4u * (q >> 1))) & 0x0F0F0F0Fu) | (((qh >> (2u * q)) & 0x03030303u) << 4);
     return vec4(dq_bytes(v)) - 32.0;
 }
 vec4 dq_load4(uint rb, uint k, uint K) {
-    uint b = rb + (k >> 8) * 105u, kb = k & 255u, h = kb >> 7, q = (kb >> 5) & 3u, l = kb & 31u;
-    uint ql = dq_u32(b + 32u * h + 16u * (q & 1u) + (l >> 1));
-    uint qh = dq_u32(b + 64u + 16u * h + (l >> 1));
-    return dq_q6k_scale(b, 8u * h + 2u * q + (l >> 4)) * dq_q6k_group(ql, qh, q);
+    uint ib = k >> 8, b = dq_body(rb, ib), kb = k & 255u, h = kb >> 7, q = (kb >> 5) & 3u, l = kb & 31u;
+    uint ql = dq_w[b + 16u * h + 8u * (q & 1u) + (l >> 2)];
+    uint qh = dq_w[b + 32u + 8u * h + (l >> 2)];
+    uint si = 8u * h + 2u * q + (l >> 4);
+    return dq_q6k_scale(dq_gscale(rb, ib), dq_w[b + 48u + (si >> 2)], si & 3u) * dq_q6k_group(ql, qh, q);
 }
 // Unit iu: l = 4(iu%8) .. +3 of half h = iu/8, all four quarters q: one qh word serves 16
-// weights.
+// weights; its four scales 8h + l/16 + 2q lie in the 8-byte word of scales 8h...
 void dq_unit(uint rb, uint ib, uint iu, out vec4 w[DQ_UNIT_V4]) {
-    uint b = rb + ib * 105u, h = iu >> 3, l = 4u * (iu & 7u);
-    uint ql0 = dq_u32(b + 32u * h + (l >> 1)), ql1 = dq_u32(b + 32u * h + 16u + (l >> 1));
-    uint qh = dq_u32(b + 64u + 16u * h + (l >> 1));
-    uint si = 8u * h + (l >> 4);
+    uint b = dq_body(rb, ib), h = iu >> 3, l = 4u * (iu & 7u);
+    uint ql0 = dq_w[b + 16u * h + (l >> 2)], ql1 = dq_w[b + 16u * h + 8u + (l >> 2)];
+    uint qh = dq_w[b + 32u + 8u * h + (l >> 2)];
+    uvec2 sc = dq_w2[(b + 48u + 2u * h) >> 1];
+    float d = dq_gscale(rb, ib);
     [[unroll]] for (uint q = 0u; q < 4u; q++)
-        w[q] = dq_q6k_scale(b, si + 2u * q) * dq_q6k_group((q & 1u) != 0u ? ql1 : ql0, qh, q);
+        w[q] = dq_q6k_scale(d, q < 2u ? sc.x : sc.y, (l >> 4) + 2u * (q & 1u)) *
+               dq_q6k_group((q & 1u) != 0u ? ql1 : ql0, qh, q);
 }
 uint dq_unit_k(uint iu, uint g) { return 128u * (iu >> 3) + 4u * (iu & 7u) + 32u * g; }
 

@@ -88,6 +88,31 @@ typedef float vki_f32;
 #define VKI_Q5_K_BYTES 176
 #define VKI_Q6_K_BYTES 210
 #define VKI_IQ4_XS_BYTES 136
+/* Device row layout, "scale-grouped" (engine/quant.c quant_row_to_dev, shaders/dequant.glsl):
+ * the blocks of Q8_0, Q4_0, IQ4_NL, Q5_0, Q3_K and Q6_K are only 2-byte aligned in GGUF (34, 18,
+ * 18, 22, 110, 210 B), which would leave the kernels 16-bit loads. At upload each run of
+ * VKI_DG_BLOCKS blocks of a row becomes a group: a head of the blocks' small fields gathered
+ * into arrays of 8 (always the f16 d first; slots past a short last group are 0), then the 8
+ * bodies (the rest of each block, its bytes in order), every body 16-byte aligned:
+ *   Q8_0:         { f16 d[8];                    int8 qs[32] x 8 }            head 16, body 32
+ *   Q4_0, IQ4_NL: { f16 d[8];                    uint8 qs[16] x 8 }           head 16, body 16
+ *   Q5_0:         { f16 d[8]; uint8 qh[8][4];    uint8 qs[16] x 8 }           head 48, body 16
+ *   Q3_K:         { f16 d[8]; uint8 scales[8][12]; {hmask[32], qs[64]} x 8 }  head 112, body 96
+ *   Q6_K:         { f16 d[8];                    {ql[128], qh[64], scales[16]} x 8 } 16, 208
+ * A full group is exactly the size of its 8 GGUF blocks; a short last group of r < 8 blocks takes
+ * (8 - r) times the gathered fields' bytes more (at most 98 B a row, Q3_K). Every other type keeps its
+ * GGUF blocks on the device. */
+#define VKI_DG_BLOCKS 8
+#define VKI_DG_HEAD_Q8_0 16
+#define VKI_DG_BODY_Q8_0 32
+#define VKI_DG_HEAD_Q4_0 16 /* and IQ4_NL */
+#define VKI_DG_BODY_Q4_0 16
+#define VKI_DG_HEAD_Q5_0 48
+#define VKI_DG_BODY_Q5_0 16
+#define VKI_DG_HEAD_Q3_K 112
+#define VKI_DG_BODY_Q3_K 96
+#define VKI_DG_HEAD_Q6_K 16
+#define VKI_DG_BODY_Q6_K 208
 /* The 16 non-linear levels of IQ4_NL and IQ4_XS (ggml's kvalues_iq4nl), for C and GLSL tables. */
 #define VKI_IQ4NL_VALUES -127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113
 
@@ -107,7 +132,7 @@ VKI_STRUCT(vki_pc_copy) {
 /* matvec / matmul (one weight part per dispatch):
  *   Y[m, y_col0 + n] (+)= sum_k X[m, k] * W[n, k] (+ bias[y_col0 + n]),  m < M, n0 <= n < N
  * bindings: 0 W (weight part: N rows of K elements in the kernel's ggml type, w_stride bytes
- *             apart, raw GGUF blocks), 1 X (f32[M, x_stride]),
+ *             apart, GGUF blocks or their scale-grouped device layout), 1 X (f32[M, x_stride]),
  *           2 bias (f32[>= y_col0 + N]; any valid binding without VKI_MM_BIAS),
  *           3 Y (f32[M, y_stride])
  * flags: VKI_MM_BIAS adds the bias; VKI_MM_ACCUM adds the product to Y instead of replacing

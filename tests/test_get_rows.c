@@ -73,7 +73,7 @@ static void run_type(vt_gpu *g, vt_rng *r, uint32_t type)
             dequant_row(type, raw + i * rb, wref + (size_t)i * K, K);
         }
         vk_tensor t;
-        size_t max_part = parts > 1 ? rb * ((rows + parts - 1) / parts) : 0;
+        size_t max_part = parts > 1 ? quant_dev_row_bytes(type, K) * ((rows + parts - 1) / parts) : 0;
         assert_int_equal(vk_tensor_create(g->dev, type, K, rows, max_part, "emb", &t), VKI_OK);
         assert_int_equal(vk_tensor_upload(g->dev, &t, raw), VKI_OK);
 

@@ -104,8 +104,7 @@ static vk_tensor upload_weights(vt_gpu *g, uint32_t type, uint32_t N, uint32_t K
                                 uint32_t parts)
 {
     vk_tensor t;
-    size_t rb = quant_row_bytes(type, K);
-    size_t max_part = parts > 1 ? rb * ((N + parts - 1) / parts) : 0;
+    size_t max_part = parts > 1 ? quant_dev_row_bytes(type, K) * ((N + parts - 1) / parts) : 0;
     assert_int_equal(vk_tensor_create(g->dev, type, K, N, max_part, "w", &t), VKI_OK);
     if (parts > 1)
         assert_true(t.n_parts > 1 || N == 1);

@@ -482,6 +482,80 @@ static void test_degenerate_rows(void **state)
     }
 }
 
+/* The device row layout (vki_shared.h): scale-grouped rows of 1..19 blocks (full and short last
+ * groups) against the layout written out field by field from the GGUF blocks, with the head and
+ * body sizes the shaders use; every other type is copied unchanged. */
+static void test_dev_layout(void **state)
+{
+    static const struct {
+        uint32_t type, head, body, n_f;
+        struct { uint32_t off, size; } f[2]; /* gathered fields, in head order */
+    } g[] = {
+        {VKI_GGML_Q8_0, VKI_DG_HEAD_Q8_0, VKI_DG_BODY_Q8_0, 1, {{0, 2}}},
+        {VKI_GGML_Q4_0, VKI_DG_HEAD_Q4_0, VKI_DG_BODY_Q4_0, 1, {{0, 2}}},
+        {VKI_GGML_IQ4_NL, VKI_DG_HEAD_Q4_0, VKI_DG_BODY_Q4_0, 1, {{0, 2}}},
+        {VKI_GGML_Q5_0, VKI_DG_HEAD_Q5_0, VKI_DG_BODY_Q5_0, 2, {{0, 2}, {2, 4}}},
+        {VKI_GGML_Q3_K, VKI_DG_HEAD_Q3_K, VKI_DG_BODY_Q3_K, 2, {{108, 2}, {96, 12}}},
+        {VKI_GGML_Q6_K, VKI_DG_HEAD_Q6_K, VKI_DG_BODY_Q6_K, 1, {{208, 2}}},
+    };
+    vt_rng r = vt_rng_seeded("quant_dev_layout");
+    uint8_t src[19 * 210], dst[19 * 210 + 256], want[19 * 210 + 256];
+    for (size_t k = 0; k < sizeof g / sizeof g[0]; k++) {
+        const quant_traits *qt = quant_get(g[k].type);
+        assert_true(quant_dev_grouped(g[k].type));
+        uint32_t gathered = 0;
+        for (uint32_t f = 0; f < g[k].n_f; f++)
+            gathered += g[k].f[f].size;
+        assert_int_equal(g[k].head, 8 * gathered);
+        assert_int_equal(qt->block_bytes, g[k].body + gathered);
+        assert_int_equal(g[k].head % 16, 0);
+        assert_int_equal(g[k].body % 16, 0);
+        for (uint32_t nb = 1; nb <= 19; nb++) {
+            uint64_t n = (uint64_t)nb * qt->block_elems;
+            uint32_t groups = (nb + 7) / 8;
+            size_t bytes = quant_dev_row_bytes(g[k].type, n);
+            assert_int_equal(bytes, (size_t)groups * g[k].head + (size_t)nb * g[k].body);
+            /* full groups cost nothing: only a short last group of r blocks takes (8 - r) x more */
+            assert_int_equal(bytes - quant_row_bytes(g[k].type, n), nb % 8 ? (8 - nb % 8) * gathered : 0);
+            for (size_t i = 0; i < sizeof src; i++)
+                src[i] = (uint8_t)vt_range(&r, 0, 255);
+            memset(want, 0, sizeof want);
+            for (uint32_t b = 0; b < nb; b++) {
+                const uint8_t *blk = src + (size_t)b * qt->block_bytes;
+                uint8_t *grp = want + (size_t)(b / 8) * (g[k].head + 8 * g[k].body);
+                uint8_t *body = grp + g[k].head + (size_t)(b % 8) * g[k].body;
+                for (uint32_t f = 0, arr = 0; f < g[k].n_f; arr += 8 * g[k].f[f].size, f++)
+                    memcpy(grp + arr + (b % 8) * g[k].f[f].size, blk + g[k].f[f].off, g[k].f[f].size);
+                for (uint32_t i = 0; i < qt->block_bytes; i++) {
+                    bool in_f = false;
+                    for (uint32_t f = 0; f < g[k].n_f; f++)
+                        in_f |= i >= g[k].f[f].off && i < g[k].f[f].off + g[k].f[f].size;
+                    if (!in_f)
+                        *body++ = blk[i];
+                }
+            }
+            memset(dst, 0xA5, sizeof dst);
+            quant_row_to_dev(g[k].type, src, dst, n);
+            assert_memory_equal(dst, want, bytes);
+            assert_int_equal(dst[bytes], 0xA5); /* nothing written past the row */
+        }
+    }
+    static const uint32_t same[] = {VKI_GGML_F32, VKI_GGML_F16,  VKI_GGML_BF16, VKI_GGML_Q4_1,
+                                    VKI_GGML_Q5_1, VKI_GGML_Q2_K, VKI_GGML_Q4_K, VKI_GGML_Q5_K, VKI_GGML_IQ4_XS};
+    for (size_t k = 0; k < sizeof same / sizeof same[0]; k++) {
+        uint64_t n = quant_get(same[k])->block_elems * 3;
+        size_t bytes = quant_row_bytes(same[k], n);
+        assert_false(quant_dev_grouped(same[k]));
+        assert_int_equal(quant_dev_row_bytes(same[k], n), bytes);
+        for (size_t i = 0; i < bytes; i++)
+            src[i] = (uint8_t)vt_range(&r, 0, 255);
+        quant_row_to_dev(same[k], src, dst, n);
+        assert_memory_equal(dst, src, bytes);
+    }
+    assert_int_equal(quant_dev_row_bytes(VKI_GGML_Q8_0, 33), 0);
+    assert_int_equal(quant_dev_row_bytes(VKI_GGML_Q6_K, 0), 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -498,6 +572,7 @@ int main(void)
         cmocka_unit_test(test_dequant_q5_k_iq4_xs),
         cmocka_unit_test(test_roundtrip),
         cmocka_unit_test(test_degenerate_rows),
+        cmocka_unit_test(test_dev_layout),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
