@@ -91,92 +91,81 @@ size_t quant_row_bytes(uint32_t ggml_type, uint64_t n)
 
 /* ---- device row layout (vki_shared.h) ------------------------------------------------------ */
 
-/* A scale-grouped type: the GGUF block's fields gathered at the head of each group of
- * VKI_DG_BLOCKS blocks, one array of 8 per field in this order (d first); the body is the rest
- * of the block, its bytes in order. */
-typedef struct dev_group {
-    uint32_t n_fields;
-    struct { uint32_t off, size; } f[2];
-    uint32_t head, body; /* bytes per group of the gathered arrays, of one block's body */
-} dev_group;
+/* A scale-grouped type: fields f0 (d) and f1 (s1 = 0: none) of the GGUF block gathered at the
+ * head of each group of VKI_DG_BLOCKS blocks, one array of 8 per field in that order; the body
+ * is the rest of the block, one run of its bytes [b_off, b_off + body). */
+typedef struct dev_layout {
+    uint32_t bb;             /* GGUF block bytes */
+    uint32_t o0, s0, o1, s1; /* the gathered fields: offset and size in the block */
+    uint32_t b_off, body;
+} dev_layout;
 
-static bool dev_group_get(uint32_t type, dev_group *g)
+static const dev_layout dl_q8_0 = {34, 0, 2, 0, 0, 2, VKI_DG_BODY_Q8_0};
+static const dev_layout dl_q4_0 = {18, 0, 2, 0, 0, 2, VKI_DG_BODY_Q4_0}; /* and IQ4_NL */
+static const dev_layout dl_q5_0 = {22, 0, 2, 2, 4, 6, VKI_DG_BODY_Q5_0}; /* d, qh */
+static const dev_layout dl_q3_k = {110, 108, 2, 96, 12, 0, VKI_DG_BODY_Q3_K}; /* d, scales */
+static const dev_layout dl_q6_k = {210, 208, 2, 0, 0, 0, VKI_DG_BODY_Q6_K};
+
+static const dev_layout *dev_layout_get(uint32_t type)
 {
     switch (type) {
-    case VKI_GGML_Q8_0:
+    case VKI_GGML_Q8_0: return &dl_q8_0;
     case VKI_GGML_Q4_0:
-    case VKI_GGML_IQ4_NL: *g = (dev_group){1, {{0, 2}}, 0, 0}; break;
-    case VKI_GGML_Q5_0: *g = (dev_group){2, {{0, 2}, {2, 4}}, 0, 0}; break;   /* d, qh */
-    case VKI_GGML_Q3_K: *g = (dev_group){2, {{108, 2}, {96, 12}}, 0, 0}; break; /* d, scales */
-    case VKI_GGML_Q6_K: *g = (dev_group){1, {{208, 2}}, 0, 0}; break;
-    default: return false;
+    case VKI_GGML_IQ4_NL: return &dl_q4_0;
+    case VKI_GGML_Q5_0: return &dl_q5_0;
+    case VKI_GGML_Q3_K: return &dl_q3_k;
+    case VKI_GGML_Q6_K: return &dl_q6_k;
+    default: return NULL;
     }
-    g->body = quant_info(type)->block_bytes;
-    for (uint32_t i = 0; i < g->n_fields; i++) {
-        g->head += VKI_DG_BLOCKS * g->f[i].size;
-        g->body -= g->f[i].size;
-    }
-    return true;
 }
 
-bool quant_dev_grouped(uint32_t ggml_type)
-{
-    dev_group g;
-    return dev_group_get(ggml_type, &g);
-}
+bool quant_dev_grouped(uint32_t ggml_type) { return dev_layout_get(ggml_type) != NULL; }
 
 size_t quant_dev_row_bytes(uint32_t ggml_type, uint64_t n)
 {
     size_t gguf = quant_row_bytes(ggml_type, n);
-    dev_group g;
-    if (!gguf || !dev_group_get(ggml_type, &g))
+    const dev_layout *L = dev_layout_get(ggml_type);
+    if (!gguf || !L)
         return gguf;
-    uint64_t blocks = n / quant_info(ggml_type)->block_elems, groups = (blocks + VKI_DG_BLOCKS - 1) / VKI_DG_BLOCKS;
-    if (groups > (SIZE_MAX - blocks * g.body) / g.head)
-        return 0;
-    return (size_t)(groups * g.head + blocks * g.body);
+    uint64_t blocks = gguf / L->bb, groups = (blocks + VKI_DG_BLOCKS - 1) / VKI_DG_BLOCKS;
+    if (blocks > SIZE_MAX / 2 / L->bb)
+        return 0; /* the device row is at most twice the GGUF row (one short group) */
+    return (size_t)(groups * VKI_DG_BLOCKS * (L->s0 + L->s1) + blocks * L->body);
+}
+
+/* One row of blocks into groups. Inlined per type with L's sizes constant, so every copy is a
+ * few moves (a loop of variable-size memcpy calls ran ~30% slower). */
+static inline void dev_repack(const dev_layout *L, const uint8_t *s, uint8_t *o, uint64_t blocks)
+{
+    const uint32_t head = VKI_DG_BLOCKS * (L->s0 + L->s1);
+    for (uint64_t g0 = 0; g0 < blocks; g0 += VKI_DG_BLOCKS) {
+        uint64_t r = blocks - g0 < VKI_DG_BLOCKS ? blocks - g0 : VKI_DG_BLOCKS;
+        if (r < VKI_DG_BLOCKS)
+            memset(o, 0, head);
+        for (uint64_t j = 0; j < r; j++) {
+            const uint8_t *b = s + (g0 + j) * L->bb;
+            memcpy(o + j * L->s0, b + L->o0, L->s0);
+            if (L->s1)
+                memcpy(o + VKI_DG_BLOCKS * L->s0 + j * L->s1, b + L->o1, L->s1);
+            memcpy(o + head + j * L->body, b + L->b_off, L->body);
+        }
+        o += head + r * L->body;
+    }
 }
 
 void quant_row_to_dev(uint32_t ggml_type, const void *src, void *dst, uint64_t n)
 {
     size_t gguf = quant_row_bytes(ggml_type, n);
-    dev_group g;
     if (!gguf || !quant_get(ggml_type))
         return;
-    if (!dev_group_get(ggml_type, &g)) {
-        memcpy(dst, src, gguf);
-        return;
-    }
-    const uint32_t bb = quant_info(ggml_type)->block_bytes;
-    /* the body: the runs of block bytes outside the gathered fields (at most 3), in order */
-    struct dev_seg { uint32_t off, len; } seg[3];
-    uint32_t n_seg = 0;
-    for (uint32_t i = 0; i < bb; i++) {
-        bool gathered = false;
-        for (uint32_t f = 0; f < g.n_fields; f++)
-            gathered |= i >= g.f[f].off && i < g.f[f].off + g.f[f].size;
-        if (gathered)
-            continue;
-        if (n_seg && seg[n_seg - 1].off + seg[n_seg - 1].len == i)
-            seg[n_seg - 1].len++;
-        else
-            seg[n_seg++] = (struct dev_seg){i, 1};
-    }
-    const uint8_t *s = src;
-    uint8_t *o = dst;
-    uint64_t blocks = n / quant_info(ggml_type)->block_elems;
-    for (uint64_t g0 = 0; g0 < blocks; g0 += VKI_DG_BLOCKS) {
-        uint64_t r = blocks - g0 < VKI_DG_BLOCKS ? blocks - g0 : VKI_DG_BLOCKS;
-        memset(o, 0, g.head);
-        for (uint64_t j = 0; j < r; j++) {
-            const uint8_t *b = s + (g0 + j) * bb;
-            uint8_t *body = o + g.head + j * g.body;
-            for (uint32_t i = 0, arr = 0; i < g.n_fields; arr += VKI_DG_BLOCKS * g.f[i].size, i++)
-                memcpy(o + arr + j * g.f[i].size, b + g.f[i].off, g.f[i].size);
-            for (uint32_t k = 0; k < n_seg; body += seg[k].len, k++)
-                memcpy(body, b + seg[k].off, seg[k].len);
-        }
-        o += g.head + r * g.body;
+    switch (ggml_type) { /* each call with a constant layout */
+    case VKI_GGML_Q8_0: dev_repack(&dl_q8_0, src, dst, gguf / dl_q8_0.bb); break;
+    case VKI_GGML_Q4_0:
+    case VKI_GGML_IQ4_NL: dev_repack(&dl_q4_0, src, dst, gguf / dl_q4_0.bb); break;
+    case VKI_GGML_Q5_0: dev_repack(&dl_q5_0, src, dst, gguf / dl_q5_0.bb); break;
+    case VKI_GGML_Q3_K: dev_repack(&dl_q3_k, src, dst, gguf / dl_q3_k.bb); break;
+    case VKI_GGML_Q6_K: dev_repack(&dl_q6_k, src, dst, gguf / dl_q6_k.bb); break;
+    default: memcpy(dst, src, gguf); break;
     }
 }
 

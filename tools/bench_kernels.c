@@ -166,7 +166,7 @@ static vki_status mm_setup(bench_run *r)
         st = make_floats(r, (size_t)r->M * r->K, "bench x", &r->buf[0]);
     if (st == VKI_OK)
         st = vkd_buffer_create(r->d, (size_t)r->M * r->N * 4, VKD_MEM_DEVICE, "bench y", &r->buf[1]);
-    r->bytes = (double)r->w[0].row_bytes * r->N + 4.0 * r->M * r->K + 4.0 * r->M * r->N;
+    r->bytes = (double)r->w[0].src_row_bytes * r->N + 4.0 * r->M * r->K + 4.0 * r->M * r->N;
     r->flops = 2.0 * r->M * r->N * r->K;
     return st;
 }
@@ -245,7 +245,7 @@ static vki_status get_rows_setup(bench_run *r)
     if (st == VKI_OK)
         st = vkd_buffer_create(r->d, (size_t)r->M * r->K * 4, VKD_MEM_DEVICE, "bench y", &r->buf[1]);
     free(ids);
-    r->bytes = (double)r->w[0].row_bytes * r->M + 4.0 * r->M + 4.0 * r->M * r->K;
+    r->bytes = (double)r->w[0].src_row_bytes * r->M + 4.0 * r->M + 4.0 * r->M * r->K;
     r->flops = 0;
     return st;
 }

@@ -236,8 +236,11 @@ static vki_status read_file_facts(const char *path, const vki_model_info *mi, bm
 
 static double elems(const vk_tensor *t) { return t->n_parts ? (double)t->ne0 * (double)t->n_rows : 0; }
 
-/* What a full read of the tensor moves (vk_tensor_bytes counts allocation padding too). */
-static double bytes_of(const vk_tensor *t) { return t->n_parts ? (double)t->n_rows * (double)t->row_bytes : 0; }
+/* What a full read of the tensor moves, counted as its GGUF bytes: neither allocation padding
+ * (vk_tensor_bytes) nor the few bytes a scale-grouped row's short last group adds on the device
+ * (vki_shared.h; none on rows of a multiple of 8 blocks) count, so bw_fraction never gains from
+ * them. */
+static double bytes_of(const vk_tensor *t) { return t->n_parts ? (double)t->n_rows * (double)t->src_row_bytes : 0; }
 
 /* Bytes and FLOPs per step from the tensors the forward pass reads. */
 static void account(const vk_engine *e, bm_model *m)
@@ -267,7 +270,7 @@ static void account(const vk_engine *e, bm_model *m)
     const vk_tensor *head = vk_model_lm_head(md);
     m->weight_bytes += bytes_of(&md->output_norm) + bytes_of(head);
     m->head_flops_row = 2 * elems(head);
-    m->embd_row_bytes = (double)md->tok_embd.row_bytes;
+    m->embd_row_bytes = (double)md->tok_embd.src_row_bytes;
     double esz = e->p.kv_type == VKI_GGML_F16 ? 2 : 4;
     m->kv_bytes_pos = 2.0 * hp->n_layer * hp->n_head_kv * hp->head_dim * esz;
     m->attn_flops_key = 4.0 * hp->n_head * hp->head_dim * hp->n_layer;
