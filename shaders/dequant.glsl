@@ -1,6 +1,6 @@
 // Dequantise-on-load for every weight type vkinfer runs: the GGUF/ggml block bytes stay on the
-// device (Q8_0, Q4_0, IQ4_NL and Q6_K scale-grouped at upload, see below) and the kernels expand
-// them in registers. Block layouts: shaders/vki_shared.h.
+// device (the six 2-byte-aligned types scale-grouped at upload, see below) and the kernels
+// expand them in registers. Block layouts: shaders/vki_shared.h.
 //
 // A kernel defines DQ_BINDING (the weight binding) and exactly one of DQ_F32, DQ_F16, DQ_BF16,
 // DQ_Q8_0, DQ_Q4_0, DQ_Q4_1, DQ_Q5_0, DQ_Q5_1, DQ_IQ4_NL, DQ_Q2_K, DQ_Q3_K, DQ_Q4_K, DQ_Q5_K,
@@ -53,7 +53,6 @@ uvec4 dq_nib4(uint q0, uint q1, uint g) { return dq_bytes((((g & 1u) != 0u ? q1 
 uint dq_nib_k(uint iu, uint g) { return 8u * iu + 4u * (g & 1u) + 16u * (g >> 1); }
 // ... and elements j..j+3 (j % 4 == 0) are nibbles of the qs word at byte j % 16.
 uvec4 dq_nib_at(uint w, uint j) { return dq_bytes((w >> (j >= 16u ? 4u : 0u)) & 0x0F0F0F0Fu); }
-
 
 #if defined(DQ_Q8_0) || defined(DQ_Q4_0) || defined(DQ_IQ4_NL) || defined(DQ_Q5_0) || defined(DQ_Q3_K) || \
     defined(DQ_Q6_K)
