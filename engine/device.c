@@ -14,7 +14,7 @@
 #include "engine/vk_compat.h"
 
 #define VALIDATION_LAYER "VK_LAYER_KHRONOS_validation"
-#define STAGING_BYTES (32u << 20)
+#define STAGING_BYTES (32u << 20) /* tensor.c repacks weights in chunks of the same size */
 
 /* ---- logging and results -------------------------------------------------------------------- */
 

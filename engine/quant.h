@@ -33,8 +33,8 @@ const char *quant_supported_list(void);
  * multiple of its block. */
 size_t quant_row_bytes(uint32_t ggml_type, uint64_t n);
 
-/* The device row layout (vki_shared.h, "scale-grouped" for Q8_0, Q4_0, IQ4_NL and Q6_K; the
- * GGUF blocks for every other type). quant_dev_row_bytes: bytes of a device row of n elements
+/* The device row layout (vki_shared.h, "scale-grouped" for Q8_0, Q4_0, IQ4_NL, Q5_0, Q3_K and
+ * Q6_K; the GGUF blocks for every other type). quant_dev_row_bytes: bytes of a device row of n elements
  * (0 as quant_row_bytes); quant_row_to_dev writes one, from one GGUF row (src: quant_row_bytes,
  * dst: quant_dev_row_bytes bytes; quant_get() types only). quant_dev_grouped: whether the type's
  * device rows differ from its GGUF rows. */

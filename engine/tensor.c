@@ -79,8 +79,10 @@ vki_status vk_tensor_upload(vkd_device *d, vk_tensor *t, const void *data)
     return vk_tensor_upload_rows(d, t, 0, t->n_rows, data);
 }
 
-/* Scale-grouped types are repacked through a host buffer of at most this many bytes (or one row). */
-#define TENSOR_REPACK_BYTES ((size_t)4 << 20)
+/* Scale-grouped types are repacked through a host buffer of at most this many bytes (or one row):
+ * the staging ring's size (device.c), so each repacked chunk is one staging round, as a plain
+ * upload's chunks are. */
+#define TENSOR_REPACK_BYTES ((size_t)32 << 20)
 
 vki_status vk_tensor_upload_rows(vkd_device *d, vk_tensor *t, uint64_t row0, uint64_t n_rows, const void *data)
 {
