@@ -88,30 +88,26 @@ vki_status vk_tensor_upload_rows(vkd_device *d, vk_tensor *t, uint64_t row0, uin
 {
     if (row0 > t->n_rows || n_rows > t->n_rows - row0)
         return VKI_ERR_INVALID_ARG;
-    const bool repack = quant_dev_grouped(t->type);
-    uint64_t chunk = repack ? TENSOR_REPACK_BYTES / t->row_bytes : 0;
-    if (repack && chunk == 0)
-        chunk = 1;
-    if (repack && chunk > n_rows)
-        chunk = n_rows;
-    char *tmp = repack && chunk ? malloc(chunk * t->row_bytes) : NULL;
-    if (repack && chunk && !tmp)
-        return VKI_ERR_OUT_OF_HOST_MEMORY;
+    /* rows per upload: a part's whole range, or what the repack buffer holds */
+    uint64_t chunk = n_rows;
+    char *tmp = NULL;
+    if (quant_dev_grouped(t->type) && n_rows) {
+        uint64_t fit = TENSOR_REPACK_BYTES / t->row_bytes;
+        chunk = fit == 0 ? 1 : fit < n_rows ? fit : n_rows;
+        if (!(tmp = malloc(chunk * t->row_bytes)))
+            return VKI_ERR_OUT_OF_HOST_MEMORY;
+    }
     vki_status st = VKI_OK;
     for (uint32_t i = 0; st == VKI_OK && i < t->n_parts; i++) {
         const vk_tensor_part *p = &t->parts[i];
         uint64_t a = row0 > p->row0 ? row0 : p->row0, b = row0 + n_rows < p->row0 + p->n_rows ? row0 + n_rows
                                                                                               : p->row0 + p->n_rows;
-        const char *src = (const char *)data + (a - row0) * t->src_row_bytes;
-        if (!repack && a < b) {
-            st = vkd_upload(d, p->buf, (a - p->row0) * t->row_bytes, src, (b - a) * t->row_bytes);
-            continue;
-        }
         for (uint64_t r = a; st == VKI_OK && r < b; r += chunk) {
             uint64_t nr = b - r < chunk ? b - r : chunk;
-            for (uint64_t j = 0; j < nr; j++)
-                quant_row_to_dev(t->type, src + (r - a + j) * t->src_row_bytes, tmp + j * t->row_bytes, t->ne0);
-            st = vkd_upload(d, p->buf, (r - p->row0) * t->row_bytes, tmp, nr * t->row_bytes);
+            const char *src = (const char *)data + (r - row0) * t->src_row_bytes;
+            for (uint64_t j = 0; tmp && j < nr; j++)
+                quant_row_to_dev(t->type, src + j * t->src_row_bytes, tmp + j * t->row_bytes, t->ne0);
+            st = vkd_upload(d, p->buf, (r - p->row0) * t->row_bytes, tmp ? tmp : src, nr * t->row_bytes);
         }
     }
     free(tmp);
