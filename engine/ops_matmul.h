@@ -20,10 +20,10 @@
 /* The matrix-vector kernel reads each weight row once for up to OP_MATVEC_ROWS activation rows
  * per pass; a workgroup makes OP_MATVEC_CHUNKS such passes over its own few rows in turn (they
  * are still in cache; CPU devices make twice as many passes of half as many rows), so a weight
- * comes from memory once for up to 32 rows (2..32 sequences decoding), and more rows take more workgroups along y. The tiled GEMMs (FP32, or cooperative
- * matrices where the device has them) compute whole 64- or 128-row tiles, mostly padding for
- * few rows. op_matmul switches at the measured crossover op_matmul_gemv_max_m(): no step in
- * time where the kernel changes. */
+ * comes from memory once for up to 32 rows (2..32 sequences decoding), and more rows take more
+ * workgroups along y. The tiled GEMMs (FP32, or cooperative matrices where the device has them)
+ * compute whole 64- or 128-row tiles, mostly padding for few rows. op_matmul switches at the
+ * measured crossover op_matmul_gemv_max_m(): no step in time where the kernel changes. */
 #define OP_MATVEC_ROWS 8
 #define OP_MATVEC_CHUNKS 4
 

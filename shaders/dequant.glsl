@@ -242,7 +242,8 @@ vec4 dq_q5(uvec4 nib, uint qh, uint j) { return vec4(nib | (dq_bits4(qh, j) << 4
 uint dq_q5_qh(uint rb, uint ib) { return dq_w[dq_group(rb, ib) + 4u + ib % DQ_GB]; }
 vec4 dq_load4(uint rb, uint k, uint K) {
     uint ib = k >> 5, j = k & 31u;
-    return dq_gscale(rb, ib) * (dq_q5(dq_nib_at(dq_w[dq_body(rb, ib) + ((j & 15u) >> 2)], j), dq_q5_qh(rb, ib), j) - 16.0);
+    uint q = dq_w[dq_body(rb, ib) + ((j & 15u) >> 2)];
+    return dq_gscale(rb, ib) * (dq_q5(dq_nib_at(q, j), dq_q5_qh(rb, ib), j) - 16.0);
 }
 void dq_unit(uint rb, uint ib, uint iu, out vec4 w[DQ_UNIT_V4]) {
     uint qh = dq_q5_qh(rb, ib);

@@ -3,12 +3,13 @@
  *
  * Distribution tests: 20,480 draws per parameter set (4,096 in the quick mode of the sanitizer
  * pass; one row per draw, positions 0..N-1, one seed), compared with the exact reference
- * distribution by Pearson's chi-square. Bins are the tokens by expected count; tokens expected fewer than 5 times are merged (in that order) into
- * bins of >= 5. The threshold is the chi-square critical value at p = 1e-6 for bins - 1 degrees
- * of freedom (Wilson-Hilferty, slightly conservative for df < 3), so a correct sampler fails one
- * set in a million runs. Every draw is also checked against the reference draw for the same
- * (seed, position): they must agree whenever the target lies more than 1e-6 of the mass from an
- * interval edge (closer than that a few-ulp exp() difference may move it). */
+ * distribution by Pearson's chi-square. Bins are the tokens by expected count; tokens expected
+ * fewer than 5 times are merged (in that order) into bins of >= 5. The threshold is the
+ * chi-square critical value at p = 1e-6 for bins - 1 degrees of freedom (Wilson-Hilferty, slightly
+ * conservative for df < 3), so a correct sampler fails one set in a million runs. Every draw is
+ * also checked against the reference draw for the same (seed, position): they must agree
+ * whenever the target lies more than 1e-6 of the mass from an interval edge (closer than that a
+ * few-ulp exp() difference may move it). */
 #include "support/vt.h"
 
 #include <float.h>
