@@ -240,6 +240,8 @@ typedef struct ref_scratch {
     float *x, *xb, *q, *k, *v, *att_out, *o, *g, *u, *scores;
     float *kc, *vc; /* [n_layer][n][kv_dim] */
     double *p;      /* [n]: one head's exp(score - max), computed once for all its head dims */
+    const float *kv_in; /* ref_model_forward_kv's given K/V, or NULL */
+    float *kv_out;      /* its K/V as computed, or NULL */
 } ref_scratch;
 
 /* Attention of one token at `pos` (its K/V already cached) for all heads, over the keys its
@@ -298,8 +300,19 @@ static void attention_block(const ref_model *m, ref_scratch *s, uint32_t il, uin
         rmsnorm(s->k + h * hd, s->k + h * hd, L->k_norm, hd, hp->rms_eps);
     rope(m, kind, s->q, hp->n_head, pos);
     rope(m, kind, s->k, hp->n_head_kv, pos);
-    kv_round(m, s->kc + ((size_t)il * n + pos) * kv_dim, s->k, kv_dim);
-    kv_round(m, s->vc + ((size_t)il * n + pos) * kv_dim, s->v, kv_dim);
+    size_t at = ((size_t)pos * hp->n_layer + il) * 2 * kv_dim; /* in kv_in / kv_out */
+    if (s->kv_out) {
+        memcpy(s->kv_out + at, s->k, kv_dim * sizeof(float));
+        memcpy(s->kv_out + at + kv_dim, s->v, kv_dim * sizeof(float));
+    }
+    float *kc = s->kc + ((size_t)il * n + pos) * kv_dim, *vc = s->vc + ((size_t)il * n + pos) * kv_dim;
+    if (s->kv_in) {
+        memcpy(kc, s->kv_in + at, kv_dim * sizeof(float));
+        memcpy(vc, s->kv_in + at + kv_dim, kv_dim * sizeof(float));
+    } else {
+        kv_round(m, kc, s->k, kv_dim);
+        kv_round(m, vc, s->v, kv_dim);
+    }
     attend(m, s, il, pos, n);
     matvec(s->o, L->wo, s->att_out, NULL, d, q_dim);
     if (L->post_attn_norm)
@@ -404,20 +417,29 @@ static void lm_head(const ref_model *m, ref_scratch *s, float *logits)
         logits[i] = (float)(hp->final_softcap * tanh(logits[i] / (double)hp->final_softcap));
 }
 
-static vki_status run(ref_model *m, const int32_t *tokens, uint32_t n, bool all, float *logits, float *hidden);
+static vki_status run(ref_model *m, const int32_t *tokens, uint32_t n, bool all, float *logits, float *hidden,
+                      const float *kv_in, float *kv_out);
 
 vki_status ref_model_forward(ref_model *m, const int32_t *tokens, uint32_t n, bool all, float *logits)
 {
-    return run(m, tokens, n, all, logits, NULL);
+    return run(m, tokens, n, all, logits, NULL, NULL, NULL);
+}
+
+vki_status ref_model_forward_kv(ref_model *m, const int32_t *tokens, uint32_t n, bool all, float *logits,
+                                const float *kv_in, float *kv_out)
+{
+    return run(m, tokens, n, all, logits, NULL, kv_in, kv_out);
 }
 
 vki_status ref_model_hidden(ref_model *m, const int32_t *tokens, uint32_t n, float *hidden)
 {
-    return run(m, tokens, n, false, NULL, hidden);
+    return run(m, tokens, n, false, NULL, hidden, NULL, NULL);
 }
 
-/* logits (when not NULL) as ref_model_forward; hidden (when not NULL): [n][d] normed states. */
-static vki_status run(ref_model *m, const int32_t *tokens, uint32_t n, bool all, float *logits, float *hidden)
+/* logits (when not NULL) as ref_model_forward; hidden (when not NULL): [n][d] normed states;
+ * kv_in / kv_out (when not NULL) as ref_model_forward_kv. */
+static vki_status run(ref_model *m, const int32_t *tokens, uint32_t n, bool all, float *logits, float *hidden,
+                      const float *kv_in, float *kv_out)
 {
     const model_hparams *hp = &m->hp;
     uint32_t d = hp->d_model, q_dim = hp->n_head * hp->head_dim, kv_dim = hp->n_head_kv * hp->head_dim;
@@ -426,7 +448,7 @@ static vki_status run(ref_model *m, const int32_t *tokens, uint32_t n, bool all,
     for (uint32_t i = 0; i < n; i++)
         if (tokens[i] < 0 || (uint32_t)tokens[i] >= hp->n_vocab)
             return VKI_ERR_INVALID_ARG;
-    ref_scratch s = {0};
+    ref_scratch s = {.kv_in = kv_in, .kv_out = kv_out};
     m->route_margin = INFINITY;
     float **bufs[] = {&s.x, &s.xb, &s.o, &s.q, &s.att_out, &s.k, &s.v, &s.g, &s.u, &s.scores, &s.kc, &s.vc};
     size_t ff = hp->d_ff > hp->d_ff_exp ? hp->d_ff : hp->d_ff_exp;

@@ -26,6 +26,14 @@ const model_hparams *ref_model_hparams(const ref_model *m);
 /* Runs tokens[0..n) from position 0 with a fresh KV cache. logits: [n][n_vocab] when all, else
  * [n_vocab] for the last position only. */
 vki_status ref_model_forward(ref_model *m, const int32_t *tokens, uint32_t n, bool all, float *logits);
+/* ref_model_forward with the cached K/V given: attention reads kv_in [n][n_layer][K, V][kv_dim]
+ * (e.g. a device's pool read back and dequantised) in place of the rows the reference computes
+ * and rounds; kv_out (when not NULL) receives those computed rows unrounded, same layout. For a
+ * Q8_0 pool: a K the device computes a few f32 ulps off the reference's can round to the other
+ * side of a quantisation step (1/127 of its block's largest magnitude); fed the device's own
+ * rows, the rest of the pass is compared without those flips, and the rows are checked apart. */
+vki_status ref_model_forward_kv(ref_model *m, const int32_t *tokens, uint32_t n, bool all, float *logits,
+                                const float *kv_in, float *kv_out);
 /* The final hidden states (after the output norm: what the LM head reads) of tokens[0..n) from
  * position 0: hidden [n][d_model]. */
 vki_status ref_model_hidden(ref_model *m, const int32_t *tokens, uint32_t n, float *hidden);
