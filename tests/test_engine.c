@@ -1045,7 +1045,7 @@ static void test_kv_sizing_budget(void **state)
  * (then decode runs the GEMV and split-K kernels as usual). Logits against the double
  * reference: NMSE <= TOL_CM; the greedy token is the reference's unless the reference itself
  * has a near tie (within 1% of the logits' rms). */
-#define TOL_CM 5e-6 /* measured on lavapipe: <= 9.1e-7 over four random prompts */
+#define TOL_CM 5e-6 /* measured on lavapipe: <= 1.6e-6 over seeds 1-120 (p99 1.3e-6) */
 #define TIE_F16 0.01 /* check_argmax's near tie for the paths with F16 operands */
 
 static void coopmat_vs_reference(vt_gpu *g, vt_rng *r)
