@@ -10,7 +10,8 @@
 // A workgroup owns NR weight rows and MC activation rows. Its invocations stride over the
 // rows' 16-element units (adjacent invocations read adjacent bytes: coalesced), decode each unit
 // once, and dot it with the MC activation rows; partial sums are reduced with subgroupAdd and
-// then across subgroups through shared memory.
+// then across subgroups through shared memory (a workgroup of one subgroup, NSG = 1, skips that:
+// its lanes store the sums, with no barrier).
 //
 // Bound by: weight bandwidth for M = 1 (the X rows are tiny and stay in L1/L2). On an H100 a
 // 4096x4096 Q4_0 matrix is 9.4 MB, ~3 us at 3.35 TB/s; the per-weight ALU work (unpack, scale,
@@ -110,6 +111,29 @@ void unit_step(uint u, uint r0, uint m0)
     }
 }
 
+// Output i = r * MC + c of the workgroup (row r0 + r, activation row m0 + c): its sum s (with
+// GLU: the gate's, and su the up row's) into Y, through the epilogue.
+void store(uint r0, uint m0, uint i, float s, float su)
+{
+    const uint r = i / MC, c = i % MC;
+    if (r0 + r >= p.N || m0 + c >= p.M)
+        return;
+    const uint n = p.y_col0 + r0 + r;
+    const uint iy = (m0 + c) * p.y_stride + n;
+#ifndef MM_ID
+    if (GLU != 0u) { // the up row's sum times the gate's activation
+        precise float v = vki_glu_act((p.flags & VKI_MM_GELU) != 0u ? VKI_GLU_GELU_TANH : VKI_GLU_SILU, s) * su;
+        y[iy] = v;
+        return;
+    }
+    if ((p.flags & VKI_MM_BIAS) != 0u)
+        s += bias[n];
+    if ((p.flags & VKI_MM_ACCUM) != 0u)
+        s = y[iy] + s;
+#endif
+    y[iy] = s;
+}
+
 // Rows r0.. of W times activation rows m0..m0 + MC - 1 of X, written to Y.
 void chunk(uint r0, uint m0)
 {
@@ -136,34 +160,24 @@ void chunk(uint r0, uint m0)
 
     [[unroll]] for (uint i = 0u; i < NR * MC; i++)
         acc[i] = subgroupAdd(acc[i]);
+    if (NSG == 1u) { // one subgroup: every lane holds the sums; no shared memory, no barrier
+        [[unroll]] for (uint i = 0u; i < NO * MC; i++)
+            if (i % gl_WorkGroupSize.x == tid)
+                store(r0, m0, i, acc[i], acc[GLU != 0u ? i + NO * MC : i]); // (an index past acc: undefined)
+        return;
+    }
     if (subgroupElect())
         [[unroll]] for (uint i = 0u; i < NR * MC; i++)
             red[i * NSG + gl_SubgroupID] = acc[i];
     barrier();
     for (uint i = tid; i < NO * MC; i += gl_WorkGroupSize.x) {
-        const uint r = i / MC, c = i % MC;
-        if (r0 + r >= p.N || m0 + c >= p.M)
-            continue;
-        float s = 0.0;
-        for (uint sg = 0u; sg < gl_NumSubgroups; sg++)
+        float s = 0.0, su = 0.0; // the up row's sum (GLU) reduced in the same order
+        for (uint sg = 0u; sg < gl_NumSubgroups; sg++) {
             s += red[i * NSG + sg];
-        const uint n = p.y_col0 + r0 + r;
-        const uint iy = (m0 + c) * p.y_stride + n;
-#ifndef MM_ID
-        if (GLU != 0u) { // the up row's sum, reduced in the same order, times the gate's activation
-            float su = 0.0;
-            for (uint sg = 0u; sg < gl_NumSubgroups; sg++)
+            if (GLU != 0u)
                 su += red[(i + NO * MC) * NSG + sg];
-            precise float v = vki_glu_act((p.flags & VKI_MM_GELU) != 0u ? VKI_GLU_GELU_TANH : VKI_GLU_SILU, s) * su;
-            y[iy] = v;
-            continue;
         }
-        if ((p.flags & VKI_MM_BIAS) != 0u)
-            s += bias[n];
-        if ((p.flags & VKI_MM_ACCUM) != 0u)
-            s = y[iy] + s;
-#endif
-        y[iy] = s;
+        store(r0, m0, i, s, su);
     }
 }
 
@@ -207,7 +221,7 @@ void main()
         const uint m0 = m_first + ch * MC;
         if (m0 >= p.M)
             break; // uniform
-        if (ch > 0u)
+        if (ch > 0u && NSG > 1u)
             barrier(); // the previous chunk's sums are read from red before this one's go in
         chunk(r0, m0);
     }
