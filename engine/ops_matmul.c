@@ -83,7 +83,7 @@ static void matvec_spec(const vkd_device *d, uint32_t mc, uint32_t spec[6])
     uint32_t sg = d->info.subgroup_min_size ? d->info.subgroup_min_size : d->info.subgroup_size;
     if (!sg)
         sg = 1;
-    uint32_t wg = cpu ? (sg < 4 ? 4 : sg) : 128;
+    uint32_t wg = d->matvec_wg ? d->matvec_wg : cpu ? (sg < 4 ? 4 : sg) : 128;
     if (wg > d->info.max_workgroup_invocations)
         wg = d->info.max_workgroup_invocations;
     /* CPU devices take the activation rows 4 at a time (8 passes, the same 32 rows per
@@ -92,9 +92,9 @@ static void matvec_spec(const vkd_device *d, uint32_t mc, uint32_t spec[6])
      * shader cache, as in CI, paid ~10 s per weight type and epilogue) for no faster a kernel. */
     bool half = cpu && mc > 1 && mc % 2 == 0;
     spec[0] = wg;
-    spec[1] = cpu ? 8 : 4;
+    spec[1] = d->matvec_rows ? d->matvec_rows : cpu ? 8 : 4;
     spec[2] = half ? mc / 2 : mc;
-    spec[3] = wg / sg ? wg / sg : 1;
+    spec[3] = (wg + sg - 1) / sg; /* a last partial subgroup counts */
     spec[4] = 0; /* GLU: op_matmul_glu sets it */
     spec[5] = mc > 1 ? (half ? 2 : 1) * OP_MATVEC_CHUNKS : 1;
 }
@@ -354,6 +354,7 @@ vki_status op_matmul_glu(vkd_cmd *c, const vk_tensor *w, uint32_t act, vkd_view 
         return bad_arg(d, "matmul_glu", w, "needs one part of an even number of rows, SiLU or GELU");
     uint32_t spec[VKK_MAX_SPEC];
     matvec_spec(d, M == 1 ? 1 : OP_MATVEC_ROWS, spec);
+    spec[1] += spec[1] % 2; /* as many gate rows as up rows */
     spec[4] = 1;
     if (vkk_groups(M, matvec_rows_per_group(spec)) > d->info.max_workgroup_count[1])
         return bad_arg(d, "matmul_glu", w, "M too large for one dispatch on this device");

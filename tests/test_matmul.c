@@ -661,6 +661,50 @@ static void test_glu_epilogue(void **state)
     vt_assert_clean(g);
 }
 
+/* The matrix-vector kernel's configurations bench-kernels --matvec-cfg sweeps on a GPU
+ * (vkd_device.matvec_wg / matvec_rows: invocations at most one subgroup or a multiple of it, x
+ * weight rows): a workgroup smaller than a subgroup over one row, one subgroup over an odd row
+ * count (the gate|up pass rounds it up to even), two and three subgroups (shared reduction)
+ * over 2 and 5 rows; against the reference like every GEMV, and the gate|up pass too. */
+static void test_matvec_overrides(void **state)
+{
+    vt_gpu *g = vt_gpu_get(state);
+    vt_rng r = vt_rng_seeded("matvec overrides");
+    uint32_t sg = g->dev->info.subgroup_min_size ? g->dev->info.subgroup_min_size : g->dev->info.subgroup_size;
+    const uint32_t cfg[4][2] = {{sg > 1 ? sg / 2 : 1, 1}, {sg, 3}, {2 * sg, 2}, {3 * sg, 5}};
+    const uint32_t types[2] = {VKI_GGML_F32, VKI_GGML_Q4_K};
+    for (int c = 0; c < 4; c++) {
+        if (cfg[c][0] > g->dev->info.max_workgroup_invocations)
+            continue;
+        g->dev->matvec_wg = cfg[c][0], g->dev->matvec_rows = cfg[c][1];
+        for (int t = 0; t < 2; t++) {
+            uint32_t K = vt_is_float_type(types[t]) ? 45 : 2 * block_of(types[t]);
+            mm_case a = {.M = 1, .N = 11, .K = K, .bias = true, .path = OP_MM_GEMV};
+            mm_case b = {.M = 19, .N = 7, .K = K, .x_pad = 1, .y_pad = 3, .accum = true, .parts = 2,
+                         .path = OP_MM_GEMV};
+            run_case(g, &r, types[t], &a);
+            run_case(g, &r, types[t], &b);
+            if (cfg[c][1] % 2) { /* the gate|up pass over an odd row count */
+                double err[2] = {0, 0};
+                glu_case(g, &r, types[t], 1, 9, K, VKI_GLU_SILU, err);
+                glu_case(g, &r, types[t], 3, 5, K, VKI_GLU_GELU_TANH, err);
+                if (!(err[0] <= GLU_TOL * err[1]))
+                    fail_msg("glu %s, matvec %ux%u: NMSE %.3g > %.0e", quant_get(types[t])->name, cfg[c][0],
+                             cfg[c][1], err[0] / err[1], GLU_TOL);
+            }
+        }
+    }
+    vt_assert_clean(g);
+}
+
+/* The library's matvec configuration back, also after a failure (the tests after it). */
+static int matvec_overrides_reset(void **state)
+{
+    vt_gpu *g = vt_gpu_get(state);
+    g->dev->matvec_wg = g->dev->matvec_rows = 0;
+    return 0;
+}
+
 /* The projection that also norms (op_matmul_norm, decode at batch 1): twice in a row (the
  * counter must come back to zero), Y and H bit for bit what op_matmul_ex (accumulate) followed
  * by op_rmsnorm give, for every type, awkward N and K, on lavapipe's and NVIDIA's matvec and
@@ -816,6 +860,7 @@ int main(void)
         cmocka_unit_test(test_gpu_configs),
         cmocka_unit_test(test_dispatch_split),
         cmocka_unit_test(test_glu_epilogue),
+        cmocka_unit_test_teardown(test_matvec_overrides, matvec_overrides_reset),
         cmocka_unit_test(test_norm_epilogue),
         cmocka_unit_test(test_bad_args),
     };

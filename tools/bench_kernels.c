@@ -702,10 +702,14 @@ static void print_row(bench_out *out, const char *kernel, const char *tname, ben
     fflush(out->table);
     if (!out->json)
         return;
+    char cfg[32] = "null";
+    if (out->d->matvec_wg)
+        snprintf(cfg, sizeof cfg, "\"%ux%u\"", out->d->matvec_wg, out->d->matvec_rows);
     printf("{\"device\":\"%s\",\"driver\":\"%s %s\",\"kernel\":\"%s\",\"type\":\"%s\",\"M\":%u,\"N\":%u,"
-           "\"K\":%u,\"us_per_call\":%.3f,\"gbps\":%.3f,\"gflops\":%.3f,\"copy_gbps\":%.3f,\"bw_fraction\":%s}\n",
+           "\"K\":%u,\"us_per_call\":%.3f,\"gbps\":%.3f,\"gflops\":%.3f,\"copy_gbps\":%.3f,\"bw_fraction\":%s,"
+           "\"matvec_cfg\":%s}\n",
            out->d->info.name, out->d->info.driver_name, out->d->info.driver_info, kernel, tname, s.M, s.N, s.K,
-           per_call * 1e6, gbps, r->flops / per_call * 1e-9, out->copy_gbps, fr);
+           per_call * 1e6, gbps, r->flops / per_call * 1e-9, out->copy_gbps, fr, cfg);
     fflush(stdout);
 }
 
@@ -744,6 +748,12 @@ static void usage(FILE *f)
                "      --crossover     per type: GEMV vs the device's GEMM for M = 8, 16, ... at the\n"
                "                      first shape's N x K; prints gemv_max_m (vki_device_params)\n"
                "      --json          one JSON object per table row on stdout (the table goes to stderr)\n"
+               "      --matvec-cfg WGxR\n"
+               "                      the matrix-vector kernel with WG invocations over R weight rows per\n"
+               "                      workgroup instead of the library's choice (GPUs 128x4, CPUs one\n"
+               "                      subgroup x 8); WG at most one subgroup (no shared-memory\n"
+               "                      reduction) or a multiple of it. The matvec rows and --crossover's\n"
+               "                      GEMV take it; JSON rows carry \"matvec_cfg\" (null: the library's)\n"
                "kernels:\n");
     for (size_t i = 0; i < N_BENCHES; i++)
         fprintf(f, "  %-12s %s\n", benches[i].name, benches[i].dims);
@@ -765,6 +775,7 @@ typedef struct bench_cli {
     bench_shape shapes[MAX_SHAPES];
     int n_shapes, size_pref;           /* size_pref: -1 auto, 0 small, 1 full */
     bool crossover, json;
+    uint32_t matvec_wg, matvec_rows;   /* --matvec-cfg (0: the library's choice) */
     devprobe_opts o;
     vki_device_params dp;
 } bench_cli;
@@ -789,7 +800,7 @@ static int parse_args(int argc, char **argv, bench_cli *cl)
         {"kernel", 1, 0, 'k'}, {"type", 1, 0, 't'}, {"shape", 1, 0, 's'}, {"device", 1, 0, 'd'},
         {"iters", 1, 0, 'n'},  {"warmup", 1, 0, 'w'}, {"reps", 1, 0, 'r'}, {"small", 0, 0, 'S'},
         {"full", 0, 0, 'F'},   {"help", 0, 0, 'h'},  {"coopmat", 1, 0, 'C'}, {"crossover", 0, 0, 'X'},
-        {"json", 0, 0, 'J'},   {0, 0, 0, 0}};
+        {"json", 0, 0, 'J'},   {"matvec-cfg", 1, 0, 'V'}, {0, 0, 0, 0}};
     for (int ch; (ch = getopt_long(argc, argv, "k:t:s:d:n:w:r:h", lo, NULL)) != -1;) {
         bench_shape *sh = &cl->shapes[cl->n_shapes < MAX_SHAPES ? cl->n_shapes : 0];
         bool ok = true;
@@ -812,6 +823,15 @@ static int parse_args(int argc, char **argv, bench_cli *cl)
         case 'S': cl->size_pref = 0; break;
         case 'F': cl->size_pref = 1; break;
         case 'X': cl->crossover = true; break;
+        case 'V': {
+            char tail;
+            if (sscanf(optarg, "%ux%u%c", &cl->matvec_wg, &cl->matvec_rows, &tail) != 2 || !cl->matvec_wg ||
+                cl->matvec_wg > 1024 || !cl->matvec_rows || cl->matvec_rows > 16) {
+                fprintf(stderr, "--matvec-cfg: WGxROWS, invocations 1..1024 x weight rows 1..16, got '%s'\n", optarg);
+                return 2;
+            }
+            break;
+        }
         case 'C':
             if (!strcmp(optarg, "auto") || !strcmp(optarg, "off") || !strcmp(optarg, "emulate")) {
                 cl->dp.coopmat = optarg[0] == 'a' ? VKI_COOPMAT_AUTO : optarg[0] == 'o' ? VKI_COOPMAT_OFF
@@ -915,6 +935,15 @@ int main(int argc, char **argv)
         fprintf(stderr, "bench-kernels: cannot open a Vulkan device: %s\n", vki_status_str(st));
         return 1;
     }
+    uint32_t sg = d->info.subgroup_size ? d->info.subgroup_size : 1;
+    if (cl.matvec_wg > d->info.max_workgroup_invocations || (cl.matvec_wg > sg && cl.matvec_wg % sg)) {
+        /* a partial last subgroup: lavapipe's sums came out wrong (tests/test_matmul.c) */
+        fprintf(stderr, "bench-kernels: --matvec-cfg: %u invocations; this device takes at most %u, and at "
+                "most one subgroup (%u) or a multiple of it\n", cl.matvec_wg, d->info.max_workgroup_invocations, sg);
+        vkd_close(d);
+        return 2;
+    }
+    d->matvec_wg = cl.matvec_wg, d->matvec_rows = cl.matvec_rows;
     bool small = cl.size_pref == 0 || (cl.size_pref < 0 && d->info.type == VKI_DEVICE_CPU);
     vkd_cmd c;
     if (vkd_cmd_create(d, "bench", &c) != VKI_OK) {
