@@ -14,7 +14,6 @@
 #include "engine/vk_compat.h"
 
 #define VALIDATION_LAYER "VK_LAYER_KHRONOS_validation"
-#define STAGING_BYTES (32u << 20) /* tensor.c repacks weights in chunks of the same size */
 
 /* ---- logging and results -------------------------------------------------------------------- */
 
@@ -747,7 +746,7 @@ vki_status vkd_open(const vki_device_params *p, vkd_device **out)
         st = vkd_coopmat_select(d, p->coopmat);
     }
     if (st == VKI_OK)
-        st = vkd_memory_init(d, STAGING_BYTES);
+        st = vkd_memory_init(d, VKD_STAGING_BYTES);
     if (st == VKI_OK) {
         cache_path(d, p->pipeline_cache_dir);
         st = create_pipeline_cache(d);

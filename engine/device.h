@@ -167,6 +167,9 @@ vki_status vkd_buffer_create(vkd_device *d, VkDeviceSize size, vkd_mem kind, con
                              vkd_buffer **out);
 void vkd_buffer_destroy(vkd_device *d, vkd_buffer *b); /* NULL is fine */
 
+/* Bytes of the host-visible staging ring vkd_upload / vkd_download go through. */
+#define VKD_STAGING_BYTES (32u << 20)
+
 /* Synchronous transfers through the staging ring (any size; chunked). Not for use while a
  * command buffer of this device is being recorded by the same thread... they submit their own. */
 vki_status vkd_upload(vkd_device *d, vkd_buffer *dst, VkDeviceSize off, const void *src, size_t n);

@@ -79,11 +79,6 @@ vki_status vk_tensor_upload(vkd_device *d, vk_tensor *t, const void *data)
     return vk_tensor_upload_rows(d, t, 0, t->n_rows, data);
 }
 
-/* Scale-grouped types are repacked through a host buffer of at most this many bytes (or one row):
- * the staging ring's size (device.c), so each repacked chunk is one staging round, as a plain
- * upload's chunks are. */
-#define TENSOR_REPACK_BYTES ((size_t)32 << 20)
-
 vki_status vk_tensor_upload_rows(vkd_device *d, vk_tensor *t, uint64_t row0, uint64_t n_rows, const void *data)
 {
     if (row0 > t->n_rows || n_rows > t->n_rows - row0)
@@ -92,7 +87,9 @@ vki_status vk_tensor_upload_rows(vkd_device *d, vk_tensor *t, uint64_t row0, uin
     uint64_t chunk = n_rows;
     char *tmp = NULL;
     if (quant_dev_grouped(t->type) && n_rows) {
-        uint64_t fit = TENSOR_REPACK_BYTES / t->row_bytes;
+        /* a host buffer of the staging ring's size (or one row): one staging round per chunk,
+         * as a plain upload's chunks are */
+        uint64_t fit = VKD_STAGING_BYTES / t->row_bytes;
         chunk = fit == 0 ? 1 : fit < n_rows ? fit : n_rows;
         if (!(tmp = malloc(chunk * t->row_bytes)))
             return VKI_ERR_OUT_OF_HOST_MEMORY;
