@@ -195,7 +195,8 @@ static void id_case_run(vt_gpu *g, vt_rng *r, uint32_t type, const id_case *s)
     random_ids(r, s, ids);
     group_ref(ids, P, s->E, route);
     vk_tensor t;
-    size_t part = s->parts ? quant_dev_row_bytes(type, s->K) * s->N * ((s->E + 2) / 3) : 0; /* about 3 parts of whole experts */
+    /* about 3 parts of whole experts */
+    size_t part = s->parts ? quant_dev_row_bytes(type, s->K) * s->N * ((s->E + 2) / 3) : 0;
     assert_int_equal(vk_tensor_create_grouped(g->dev, type, s->K, W_rows, s->N, part, "experts", &t), VKI_OK);
     assert_true(!s->parts || s->E < 3 || t.n_parts > 1);
     assert_int_equal(vk_tensor_upload(g->dev, &t, raw), VKI_OK);
