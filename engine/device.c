@@ -370,8 +370,10 @@ static bool describe_device(VkInstance inst, VkPhysicalDevice pd, uint32_t index
     free(ext);
 
     /* properties */
+    VkPhysicalDeviceShaderIntegerDotProductProperties idot = {
+        .sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_INTEGER_DOT_PRODUCT_PROPERTIES};
     VkPhysicalDeviceSubgroupSizeControlProperties ssc = {
-        .sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SUBGROUP_SIZE_CONTROL_PROPERTIES};
+        .sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SUBGROUP_SIZE_CONTROL_PROPERTIES, .pNext = &idot};
     VkPhysicalDeviceDriverProperties drv = {.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_DRIVER_PROPERTIES,
                                             .pNext = bp.apiVersion >= VK_API_VERSION_1_3 ? &ssc : NULL};
     VkPhysicalDeviceIDProperties idp = {.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_ID_PROPERTIES, .pNext = &drv};
@@ -394,6 +396,8 @@ static bool describe_device(VkInstance inst, VkPhysicalDevice pd, uint32_t index
     }
 
     query_features(inst, pd, bp.apiVersion, dot_ext, info);
+    info->integer_dot_accel = info->integer_dot && bp.apiVersion >= VK_API_VERSION_1_3 &&
+                              idot.integerDotProduct4x8BitPackedSignedAccelerated;
 
     /* memory */
     info->memory_budget = budget;

@@ -12,6 +12,7 @@ _Static_assert(PUSH_OK(vki_pc_add), "push struct vki_pc_add");
 _Static_assert(PUSH_OK(vki_pc_copy), "push struct vki_pc_copy");
 _Static_assert(PUSH_OK(vki_pc_matmul), "push struct vki_pc_matmul");
 _Static_assert(PUSH_OK(vki_pc_get_rows), "push struct vki_pc_get_rows");
+_Static_assert(PUSH_OK(vki_pc_quant_x8), "push struct vki_pc_quant_x8");
 _Static_assert(PUSH_OK(vki_pc_matmul_id) && PUSH_OK(vki_pc_moe), "push structs of the experts' kernels");
 _Static_assert(offsetof(vki_pc_matmul_id, x_vec4) == offsetof(vki_pc_matmul, x_vec4) &&
                    offsetof(vki_pc_matmul_id, n0) == offsetof(vki_pc_matmul, n0),
@@ -67,6 +68,11 @@ _Static_assert(sizeof(vki_seq_info) == 16 && sizeof(vki_attn_item) == 16, "std43
                                .push_size = sizeof(vki_pc_matmul_id), .n_spec = 10,              \
                                .spec_default = CM_SPEC(256, 128, 128, 32, 64, 32)},
 
+#define MATVEC_I8_ROW(T, t)                                                                      \
+    [VKK_MATVEC_I8_##T] = {"matvec_i8_" #t, SPV(matvec_i8_##t), .n_bindings = 7,                 \
+                           .push_size = sizeof(vki_pc_matmul), .n_spec = 6,                      \
+                           .spec_default = {128, 4, 1, 16, 0, 1}}
+
 /* engine/ops_attn.c: kv_write {WG}; decode {WG, HD, L, GMAX}; prefill {WG, HD, BR, BC};
  * prefill on cooperative matrices {WG, HD, BR, BC, CM_M, CM_N, CM_K, CM_SG}; reduce {WG} */
 #define ATTN_ROWS(T, t)                                                                          \
@@ -92,6 +98,11 @@ static const vkk_desc kernel_table[] = {
                   .n_spec = 1, .spec_default = {256}},
     VKK_WEIGHT_TYPES(MATMUL_ROWS)
     VKK_WEIGHT_TYPES(MATMUL_ID_ROWS)
+    /* engine/ops_matmul.c op_matmul_i8: quant_x8 {WG}; matvec_i8 as matvec */
+    [VKK_QUANT_X8] = {"quant_x8", SPV(quant_x8), .n_bindings = 2, .push_size = sizeof(vki_pc_quant_x8),
+                      .n_spec = 1, .spec_default = {64}},
+    MATVEC_I8_ROW(Q8_0, q8_0), MATVEC_I8_ROW(Q4_0, q4_0), MATVEC_I8_ROW(Q4_K, q4_k), MATVEC_I8_ROW(Q5_K, q5_k),
+    MATVEC_I8_ROW(Q6_K, q6_k),
     /* engine/ops_moe.c: spec {WG} */
     [VKK_MOE_TOPK] = {"moe_topk", SPV(moe_topk), .n_bindings = 3, .push_size = sizeof(vki_pc_moe),
                       .n_spec = 1, .spec_default = {64}},

@@ -219,7 +219,7 @@ static bool view_holds(const vkd_view *v, uint64_t rows, uint64_t cols, uint64_t
 
 static vki_status bad_arg(vkd_device *d, const char *op, const vk_tensor *w, const char *what)
 {
-    vkd_log(d, VKI_LOG_ERROR, "%s %s: %s", op, w ? w->name : "", what);
+    vkd_log(d, VKI_LOG_ERROR, "%s%s%s: %s", op, w ? " " : "", w ? w->name : "", what);
     return VKI_ERR_INVALID_ARG;
 }
 
@@ -401,6 +401,92 @@ vki_status op_matmul(vkd_cmd *c, const vk_tensor *w, const vkd_view *bias, vkd_v
 }
 
 /* ---- the experts' matmul (mixture of experts) ------------------------------------------------ */
+
+/* ---- the integer-dot matrix-vector path -------------------------------------------------------- */
+
+static vkk_id matvec_i8_kernel(uint32_t type)
+{
+    switch (type) {
+    case VKI_GGML_Q8_0: return VKK_MATVEC_I8_Q8_0;
+    case VKI_GGML_Q4_0: return VKK_MATVEC_I8_Q4_0;
+    case VKI_GGML_Q4_K: return VKK_MATVEC_I8_Q4_K;
+    case VKI_GGML_Q5_K: return VKK_MATVEC_I8_Q5_K;
+    case VKI_GGML_Q6_K: return VKK_MATVEC_I8_Q6_K;
+    default: return VKK_COUNT;
+    }
+}
+
+uint64_t op_quant_x8_bytes(uint32_t M, uint32_t K) { return 4 * ((uint64_t)M * (K / 4) + (uint64_t)M * (K / 32)); }
+
+bool op_matmul_i8_supported(const vkd_device *d, uint32_t type)
+{
+    /* the device enables shaderIntegerDotProduct only through Vulkan 1.3's features */
+    return matvec_i8_kernel(type) != VKK_COUNT && op_matmul_supported(d, type) && d->info.integer_dot &&
+           d->info.api_version >= VK_API_VERSION_1_3;
+}
+
+vki_status op_quant_x8(vkd_cmd *c, vkd_view x, uint32_t x_stride, uint32_t M, uint32_t K, vkd_view xq)
+{
+    vkd_device *d = c->d;
+    if (!d->info.integer_dot || d->info.api_version < VK_API_VERSION_1_3) {
+        vkd_log(d, VKI_LOG_ERROR, "quant_x8: the integer-dot path needs shaderIntegerDotProduct (Vulkan 1.3)");
+        return VKI_ERR_UNSUPPORTED;
+    }
+    if (M == 0 || K == 0 || K % 32)
+        return bad_arg(d, "quant_x8", NULL, "M = 0, or K not a positive multiple of 32");
+    if (!view_holds(&x, M, K, x_stride, 4))
+        return bad_arg(d, "quant_x8", NULL, "X view too small for [M, x_stride] (or x_stride < K)");
+    if (view_range(&xq) < op_quant_x8_bytes(M, K) || xq.offset % 4)
+        return bad_arg(d, "quant_x8", NULL, "XQ view smaller than op_quant_x8_bytes(M, K) (or not 4-aligned)");
+    const uint32_t spec[1] = {64};
+    if (vkk_groups(M, 1) > d->info.max_workgroup_count[1])
+        return bad_arg(d, "quant_x8", NULL, "M too large for one dispatch on this device");
+    vki_pc_quant_x8 pc = {.M = M, .K = K, .x_stride = x_stride, .x_vec4 = x_vec4(&x, x_stride)};
+    vkd_view b[2] = {x, xq};
+    return vkk_dispatch(c, VKK_QUANT_X8, spec, b, 2, &pc, sizeof pc, vkk_groups(K / 32, spec[0]), M, 1);
+}
+
+vki_status op_matmul_i8(vkd_cmd *c, const vk_tensor *w, const vkd_view *bias, vkd_view xq, vkd_view y,
+                        uint32_t y_stride, uint32_t M, bool accumulate)
+{
+    vkd_device *d = c->d;
+    const mm_type *t;
+    vki_status st = check_type(d, w, &t);
+    if (st != VKI_OK)
+        return st;
+    const vkk_id kid = matvec_i8_kernel(w->type);
+    if (!op_matmul_i8_supported(d, w->type)) {
+        vkd_log(d, VKI_LOG_ERROR, "matmul_i8 %s: the integer-dot path runs Q8_0, Q4_0, Q4_K, Q5_K and Q6_K "
+                "weights on a device with shaderIntegerDotProduct (Vulkan 1.3); this is %s", w->name,
+                quant_type_name(w->type));
+        return VKI_ERR_UNSUPPORTED;
+    }
+    const uint32_t K = (uint32_t)w->ne0, N = (uint32_t)w->n_rows;
+    if (M == 0)
+        return bad_arg(d, "matmul_i8", w, "M = 0");
+    if (view_range(&xq) < op_quant_x8_bytes(M, K) || xq.offset % 4)
+        return bad_arg(d, "matmul_i8", w, "XQ view smaller than op_quant_x8_bytes(M, K)");
+    if (!view_holds(&y, M, N, y_stride, 4))
+        return bad_arg(d, "matmul_i8", w, "Y view too small for [M, y_stride] (or y_stride < N)");
+    if (bias && !view_holds(bias, 1, N, N, 4))
+        return bad_arg(d, "matmul_i8", w, "bias view holds fewer than N floats");
+    uint32_t spec[VKK_MAX_SPEC];
+    matvec_spec(d, M == 1 ? 1 : OP_MATVEC_ROWS, spec);
+    if (vkk_groups(M, matvec_rows_per_group(spec)) > d->info.max_workgroup_count[1])
+        return bad_arg(d, "matmul_i8", w, "M too large for one dispatch on this device");
+    vki_pc_matmul pc = {.M = M, .K = K, .y_stride = y_stride, .w_stride = (uint32_t)w->row_bytes,
+                        .flags = (bias ? VKI_MM_BIAS : 0u) | (accumulate ? VKI_MM_ACCUM : 0u)};
+    for (uint32_t i = 0; i < w->n_parts; i++) {
+        const vk_tensor_part *part = &w->parts[i];
+        vkd_view bind[4] = {vkd_whole(part->buf), xq, bias ? *bias : xq, y};
+        pc.N = (uint32_t)part->n_rows;
+        pc.y_col0 = (uint32_t)part->row0;
+        st = matmul_part(c, kid, spec, spec[1], matvec_rows_per_group(spec), bind, pc, NULL);
+        if (st != VKI_OK)
+            return st;
+    }
+    return VKI_OK;
+}
 
 op_mm_path op_matmul_id_path(const vkd_device *d, uint32_t M, uint32_t n_expert)
 {

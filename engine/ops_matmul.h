@@ -82,6 +82,24 @@ typedef struct op_mm_norm {
 bool op_matmul_norm_fits(const vkd_device *d, const vk_tensor *w);
 vki_status op_matmul_norm(vkd_cmd *c, const vk_tensor *w, vkd_view x, vkd_view y, const op_mm_norm *n);
 
+/* The integer-dot matrix-vector path, a candidate for batch-1 decode on GPUs where the float
+ * path's per-weight conversions bound it (issue 9; measured by `bench-kernels --i8`, not yet
+ * taken by the engine): X is quantised to int8 per block of 32 with an f32 scale (op_quant_x8),
+ * and each group of 4 weights is one packed 4x8-bit dot product with its X bytes (shaders/
+ * matvec.comp MV_I8). The result differs from op_matmul's by X's rounding (~2e-5 relative,
+ * measured in tests/test_matmul.c), not only by the order of the sums.
+ *   op_quant_x8:  XQ = quantise(X), x: f32[M, x_stride], K a multiple of 32; xq: at least
+ *                 op_quant_x8_bytes(M, K) bytes (layout: shaders/vki_shared.h vki_pc_quant_x8)
+ *   op_matmul_i8: Y[m, n] (+)= sum_k dequant(W[n, k]) * dx qx[m, k] (+ bias[n]) from that XQ
+ *                 (the same M and K = w->ne0), the matrix-vector kernel's shape for M rows.
+ * Weight types: Q8_0, Q4_0, Q4_K, Q5_K, Q6_K; the device needs shaderIntegerDotProduct
+ * (Vulkan 1.3). VKI_ERR_UNSUPPORTED otherwise (op_matmul_i8_supported). */
+uint64_t op_quant_x8_bytes(uint32_t M, uint32_t K);
+vki_status op_quant_x8(vkd_cmd *c, vkd_view x, uint32_t x_stride, uint32_t M, uint32_t K, vkd_view xq);
+bool op_matmul_i8_supported(const vkd_device *d, uint32_t type);
+vki_status op_matmul_i8(vkd_cmd *c, const vk_tensor *w, const vkd_view *bias, vkd_view xq, vkd_view y,
+                        uint32_t y_stride, uint32_t M, bool accumulate);
+
 /* Mixture of experts: every row of Y ("pair") is multiplied by its own expert's matrix:
  *   Y[p, n] = sum_k X[p / x_div, k] * W_e[n, k],  p < M, n < N, e = the pair's expert
  *   w:     n_expert stacked [N][K] matrices (ggml's ffn_*_exps: w->n_rows = n_expert * N), stored

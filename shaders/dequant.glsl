@@ -18,6 +18,12 @@
 //   dq_unit_k(iu, g)            element offset of group g of unit iu inside its block
 //   dq_load4(rb, k, K)          elements k..k+3 of the row (k % 4 == 0): the GEMM tile loader and
 //                               the row gather; elements >= K read as 0 (F32/F16/BF16 tails)
+//   dq_unit_i8(rb, ib, iu, q, a, b)  (DQ_I8: Q8_0, Q4_0, Q4_K, Q5_K, Q6_K; the integer-dot
+//                               GEMV, matvec.comp MV_I8) unit iu as integers: group g's 4 weights
+//                               are a[g] * q + b[g], q the 4 bytes of q[g] (low byte first; int8,
+//                               non-negative below 128 for all but Q8_0). DQI_SPAN consecutive
+//                               groups share a, b and their 32-element block of X; DQI_OFF = 0:
+//                               b is 0.
 // Values are computed in the f32 operation order of vki_shared.h (that of ggml's reference), so
 // they match engine/quant.c up to the compiler's freedom to fuse a multiply-add.
 //
@@ -191,6 +197,14 @@ void dq_unit(uint rb, uint ib, uint iu, out vec4 w[DQ_UNIT_V4]) {
     [[unroll]] for (uint g = 0u; g < 4u; g++) w[g] = d * dq_sbytes(q[g]);
 }
 uint dq_unit_k(uint iu, uint g) { return 16u * iu + 4u * g; }
+#define DQ_I8 1
+#define DQI_SPAN 4u
+#define DQI_OFF 0
+void dq_unit_i8(uint rb, uint ib, uint iu, out uvec4 q, out vec4 a, out vec4 b) {
+    q = dq_w4[(dq_body(rb, ib) >> 2) + iu];
+    a = vec4(dq_gscale(rb, ib));
+    b = vec4(0.0);
+}
 
 #elif defined(DQ_Q4_0) // ---------------------------------------------------------------------
 // W: scale-grouped, body uint8 qs[16] (4 words; nibbles as above). w = (q - 8) * d. Unit iu:
@@ -207,6 +221,16 @@ void dq_unit(uint rb, uint ib, uint iu, out vec4 w[DQ_UNIT_V4]) {
     [[unroll]] for (uint g = 0u; g < 4u; g++) w[g] = d * (vec4(dq_nib4(q.x, q.y, g)) - 8.0);
 }
 uint dq_unit_k(uint iu, uint g) { return dq_nib_k(iu, g); }
+#define DQ_I8 1
+#define DQI_SPAN 4u
+#define DQI_OFF 1
+void dq_unit_i8(uint rb, uint ib, uint iu, out uvec4 q, out vec4 a, out vec4 b) {
+    const float d = dq_gscale(rb, ib);
+    const uvec2 w = dq_w2[(dq_body(rb, ib) >> 1) + iu];
+    q = (uvec4(w.x, w.y, w.x, w.y) >> uvec4(0u, 0u, 4u, 4u)) & 0x0F0F0F0Fu;
+    a = vec4(d);
+    b = vec4(-8.0 * d);
+}
 
 #elif defined(DQ_Q4_1) // ---------------------------------------------------------------------
 // W: 5 uint32 per block { f16 d, m; uint8 qs[16] } (20 B: 4-byte aligned). rb in uint32.
@@ -425,6 +449,22 @@ void dq_unit(uint rb, uint ib, uint iu, out vec4 w[DQ_UNIT_V4]) {
     w[3] = hi.x * dq_k5(q.y >> 4, qh.y >> 1) - hi.y;
 }
 uint dq_unit_k(uint iu, uint g) { return 64u * (iu >> 2) + 8u * (iu & 3u) + 4u * (g & 1u) + 32u * (g >> 1); }
+#define DQ_I8 1
+#define DQI_SPAN 2u
+#define DQI_OFF 1
+void dq_unit_i8(uint rb, uint ib, uint iu, out uvec4 q, out vec4 a, out vec4 b) {
+    uint bb = rb + ib * DQ_KW, c = iu >> 2, s = iu & 3u;
+    uvec4 hd = dq_w4[bb >> 2];
+    vec2 lo = dq_q4k_scale(hd, 2u * c), hi = dq_q4k_scale(hd, 2u * c + 1u);
+    uvec2 w = dq_w2[(bb + DQ_KQS + 8u * c + 2u * s) >> 1];
+    q = (uvec4(w.x, w.y, w.x, w.y) >> uvec4(0u, 0u, 4u, 4u)) & 0x0F0F0F0Fu;
+#ifdef DQ_Q5_K
+    uvec2 qh = dq_w2[(bb + 4u + 2u * s) >> 1] >> (2u * c);
+    q |= ((uvec4(qh.x, qh.y, qh.x, qh.y) >> uvec4(0u, 0u, 1u, 1u)) & 0x01010101u) << 4;
+#endif
+    a = vec4(lo.x, lo.x, hi.x, hi.x);
+    b = -vec4(lo.y, lo.y, hi.y, hi.y);
+}
 
 #elif defined(DQ_Q6_K) // ---------------------------------------------------------------------
 // W: scale-grouped, body { uint8 ql[128]; uint8 qh[64]; int8 scales[16] } (52 words; the
@@ -459,6 +499,21 @@ void dq_unit(uint rb, uint ib, uint iu, out vec4 w[DQ_UNIT_V4]) {
                dq_q6k_group((q & 1u) != 0u ? ql1 : ql0, qh, q);
 }
 uint dq_unit_k(uint iu, uint g) { return 128u * (iu >> 3) + 4u * (iu & 7u) + 32u * g; }
+#define DQ_I8 1
+#define DQI_SPAN 1u
+#define DQI_OFF 1
+void dq_unit_i8(uint rb, uint ib, uint iu, out uvec4 q, out vec4 a, out vec4 b) {
+    uint bb = dq_body(rb, ib), h = iu >> 3, l = 4u * (iu & 7u);
+    uint ql0 = dq_w[bb + 16u * h + (l >> 2)], ql1 = dq_w[bb + 16u * h + 8u + (l >> 2)];
+    uint qh = dq_w[bb + 32u + 8u * h + (l >> 2)];
+    uvec2 sc = dq_w2[(bb + 48u + 2u * h) >> 1];
+    float d = dq_gscale(rb, ib);
+    [[unroll]] for (uint g = 0u; g < 4u; g++) {
+        q[g] = ((((g & 1u) != 0u ? ql1 : ql0) >> (4u * (g >> 1))) & 0x0F0F0F0Fu) | (((qh >> (2u * g)) & 0x03030303u) << 4);
+        a[g] = dq_q6k_scale(d, g < 2u ? sc.x : sc.y, (l >> 4) + 2u * (g & 1u));
+    }
+    b = -32.0 * a;
+}
 
 #elif defined(DQ_IQ4_XS) // -------------------------------------------------------------------
 // W: 17 uvec2 per block { f16 d; uint16 scales_h; uint8 scales_l[4]; uint8 qs[128] } (136 B:

@@ -23,6 +23,14 @@
 // along y; above gemv_max_m rows the tiled GEMM (matmul.comp) takes over.
 // Compiled with MM_ID it is the experts' matvec_id (mixture of experts): one token-expert pair
 // per workgroup row, the expert's rows of a stacked [n_expert * N][K] tensor (moe_id: see below).
+// Compiled with MV_I8 (Q8_0, Q4_0, Q4_K, Q5_K, Q6_K: dequant.glsl's DQ_I8) it is matvec_i8, the
+// integer-dot variant: X comes quantised to int8 per block of 32 (quant_x8.comp) and each group
+// of 4 weights is one packed 4x8-bit dot product (SPV_KHR_integer_dot_product) with its X bytes,
+// summed in int32 over the groups that share a scale and converted once:
+//   sum_k w_k x_k ~= sum_span a * dx * sum_g dot(q_g, qx_g) + b * dx * sum_g dot(qx_g, 1)
+// (w = a q + b; x = dx qx): one instruction per 4 weights instead of 4 conversions and 4 FMAs,
+// at the price of X's 8-bit rounding (~2e-5 relative error in the product). A candidate for
+// batch-1 decode where the float path is ALU-bound (issue 9), measured by bench-kernels.
 layout(local_size_x_id = 0) in;
 layout(constant_id = 1) const uint NR = 4;   // weight rows per workgroup
 layout(constant_id = 2) const uint MC = 1;   // activation rows per workgroup
@@ -52,8 +60,20 @@ layout(std430, binding = 2) readonly buffer Bias { float bias[]; }; // f32[y_col
 #define X_ROW(m) (m)
 #define W_ROW(r) (r)
 #endif
+#ifdef MV_I8
+#extension GL_EXT_spirv_intrinsics : require
+layout(std430, binding = 1) readonly buffer XQ { uint xq[]; };   // quant_x8's int8 words [M][K/4] ...
+layout(std430, binding = 1) readonly buffer XD { float xd[]; };  // ... then f32 scales [M][K/32]
+// OpSDot on two 32-bit words of four int8 each (PackedVectorFormat4x8Bit = 0): glslang 12 has no
+// GL_EXT_integer_dot_product, so the instruction is declared through GL_EXT_spirv_intrinsics
+// (capabilities DotProductInput4x8BitPacked 6018, DotProduct 6019; OpSDot 4450).
+spirv_instruction(extensions = ["SPV_KHR_integer_dot_product"], capabilities = [6019, 6018], id = 4450)
+int vki_sdot4x8(int a, int b, spirv_literal int fmt);
+int dot8(uint a, uint b) { return vki_sdot4x8(int(a), int(b), 0); }
+#else
 layout(std430, binding = 1) readonly buffer X { float x[]; };    // f32[M, x_stride]
 layout(std430, binding = 1) readonly buffer X4 { vec4 x4[]; };   // same, when p.x_vec4 == 1
+#endif
 layout(std430, binding = 3) coherent buffer Y { float y[]; };    // f32[M, y_stride] (read: VKI_MM_ACCUM, VKI_MM_NORM)
 #ifndef MM_ID
 // VKI_MM_NORM (M = 1, one part, one dispatch): after the product, the last workgroup to finish
@@ -70,6 +90,10 @@ shared bool norm_last;
 shared float red[NR * MC * NSG]; // per-subgroup partial sums: [NR * MC][NSG]
 
 float acc[NR * MC];        // acc[r * MC + c]: row mv_row(r0, r) of W times row m0 + c of X
+#ifdef MV_I8
+uvec4 wq[NR];              // the current unit of each of the NR weight rows: packed bytes,
+vec4 wa[NR], wb[NR];       // per-group scale and offset (dq_unit_i8)
+#else
 vec4 wv[NR * DQ_UNIT_V4];  // the current unit of each of the NR weight rows, decoded
 
 // X[m, k..k+3]; k % 4 == 0.
@@ -80,11 +104,63 @@ vec4 load_x4(uint m, uint k)
         return x4[i >> 2];
     return vec4(x[i], x[i + 1u], x[i + 2u], x[i + 3u]);
 }
+#endif
 
 // The part's row behind the workgroup's row r (r0: its first output row): r0 + r, or with GLU
 // the gate rows r0.. then the up rows N + r0... The row is real when r0 + r % NO < N.
 uint mv_row(uint r0, uint r) { return GLU != 0u && r >= NO ? p.N + r0 + r - NO : r0 + r; }
 
+#ifdef MV_I8
+// Unit u of the NR rows as integers, dotted with the MC quantised activation rows: X's words,
+// scales and (DQI_OFF) byte sums are loaded once per unit and serve NR rows.
+void unit_step(uint u, uint r0, uint m0)
+{
+    const uint ib = u / DQ_UNITS, iu = u % DQ_UNITS;
+    [[unroll]] for (uint r = 0u; r < NR; r++) {
+        uvec4 q = uvec4(0u);
+        vec4 a = vec4(0.0), b = vec4(0.0);
+        if (r0 + r % NO < p.N) // uniform across the workgroup
+            dq_unit_i8(dq_row_base(W_ROW(mv_row(r0, r)), p.w_stride), ib, iu, q, a, b);
+        wq[r] = q;
+        wa[r] = a;
+        wb[r] = b;
+    }
+    const uint kw = p.K / 4u, d0 = p.M * kw;
+    [[unroll]] for (uint c = 0u; c < MC; c++) {
+        if (m0 + c >= p.M)
+            break; // uniform
+        uvec4 qx;
+        vec4 dx, sx = vec4(0.0);
+        [[unroll]] for (uint g = 0u; g < 4u; g++) {
+            const uint k = ib * DQ_BLOCK + dq_unit_k(iu, g);
+            qx[g] = xq[(m0 + c) * kw + k / 4u];
+            if (g % DQI_SPAN == 0u)
+                dx[g] = xd[d0 + (m0 + c) * (p.K / 32u) + k / 32u];
+        }
+#if DQI_OFF
+        [[unroll]] for (uint g = 0u; g < 4u; g += DQI_SPAN) { // dx * sum of the span's X bytes
+            int s = 0;
+            [[unroll]] for (uint j = 0u; j < DQI_SPAN; j++)
+                s += dot8(qx[g + j], 0x01010101u);
+            sx[g] = dx[g] * float(s);
+        }
+#endif
+        [[unroll]] for (uint r = 0u; r < NR; r++) {
+            float sum = 0.0;
+            [[unroll]] for (uint g = 0u; g < 4u; g += DQI_SPAN) {
+                int s = 0;
+                [[unroll]] for (uint j = 0u; j < DQI_SPAN; j++)
+                    s += dot8(wq[r][g + j], qx[g + j]);
+                sum += wa[r][g] * dx[g] * float(s);
+#if DQI_OFF
+                sum += wb[r][g] * sx[g];
+#endif
+            }
+            acc[r * MC + c] += sum;
+        }
+    }
+}
+#else
 // Unit u of the NR rows, decoded once, dotted with the MC activation rows: every X load serves
 // NR rows.
 void unit_step(uint u, uint r0, uint m0)
@@ -110,6 +186,7 @@ void unit_step(uint u, uint r0, uint m0)
         }
     }
 }
+#endif
 
 // Output i = r * MC + c of the workgroup (row r0 + r, activation row m0 + c): its sum s (with
 // GLU: the gate's, and su the up row's) into Y, through the epilogue.

@@ -203,6 +203,19 @@ VKI_STRUCT(vki_pc_moe) {
     vki_u32 d;        /* moe_combine: columns */
 };
 
+/* quant_x8 (the integer-dot matrix-vector path, engine/ops_matmul.h): X f32[M, x_stride] ->
+ * XQ, per row m and block b of 32 elements (K a multiple of 32):
+ *   d = max|x| * (1/127),  q[k] = round(x[k] / d) (half away from zero; int8, |q| <= 127; 0 if d = 0)
+ * XQ in 32-bit words: [M][K/4] words of 4 int8 (element k in byte k % 4 of word m * K/4 + k/4),
+ * then f32 d[M][K/32] from word M * K/4 (VKI_XQ_WORDS). matvec_i8 reads it as its binding 1 with
+ * vki_pc_matmul (x_stride unused). bindings: 0 X, 1 XQ. grid (K/32 / WG, M). */
+#define VKI_XQ_WORDS(M, K) ((M) * ((K) / 4u) + (M) * ((K) / 32u))
+VKI_STRUCT(vki_pc_quant_x8) {
+    vki_u32 M, K;
+    vki_u32 x_stride; /* elements between X rows */
+    vki_u32 x_vec4;   /* 1: X rows may be read as vec4 */
+};
+
 /* get_rows (one weight part per dispatch): for i < n, with r = ids[i]:
  *   row0 <= r < row0 + part_rows:  y[i, :K] = dequant(W[r - row0, :])
  *   r < 0 or r >= n_rows:          y[i, :K] = 0 when zero_oob == 1 (one dispatch per call)

@@ -827,6 +827,152 @@ static void test_norm_epilogue(void **state)
 }
 
 /* Shapes and views that do not fit are refused with a status and record nothing. */
+/* The integer-dot matrix-vector path (op_quant_x8, then op_matmul_i8) for each of its weight
+ * types, on lavapipe's and NVIDIA's matvec shapes, M = 1 .. 19 (chunks and rows along y), with
+ * bias, accumulate, two weight parts and padded strides:
+ *  - the quantiser: every block's d is max|x| * (1/127) bit for bit (a product: the C side
+ *    computes the same), every q within half a step of x / d plus I8_Q_SLACK (1 / d is a
+ *    division, 2.5 ulp in Vulkan), |q| <= 127; a block of zeros gives d = 0 and q = 0;
+ *  - the product against a double reference over the device's own XQ (dequantised weights times
+ *    d q): only the f32 sums differ, NMSE <= I8_TOL over a type's cases;
+ *  - and against the exact product of the unrounded X: X's 8-bit rounding, NMSE <= I8_X_TOL. */
+#define I8_Q_SLACK 1e-4 /* of a step (ties and 1 / d's ulps); no q beyond half a step seen */
+#define I8_TOL 1e-12    /* measured on lavapipe, 26 seeds: <= 4.0e-14 */
+#define I8_X_TOL 2e-4   /* uniform X: (step^2 / 12) / E[x^2] ~ 1.5e-5 expected; 26 seeds: <= 4.3e-5 */
+static double worst_i8[2];
+
+static void i8_case(vt_gpu *g, vt_rng *r, uint32_t type, const mm_case *s, double err[4])
+{
+    const uint32_t M = s->M, N = s->N, K = s->K, xs = K + s->x_pad, ys = N + s->y_pad;
+    float *wref = malloc((size_t)N * K * sizeof(float)), *x = malloc((size_t)M * xs * 4);
+    float *bias = malloc((size_t)N * 4), *y0 = malloc((size_t)M * ys * 4), *y = malloc((size_t)M * ys * 4);
+    uint8_t *raw = make_weights(r, type, N, K, wref);
+    vk_tensor t = upload_weights(g, type, N, K, raw, s->parts);
+    for (size_t i = 0; i < (size_t)M * xs; i++)
+        x[i] = vt_uniform(r, -1.0f, 1.0f);
+    if (K >= 64)
+        memset(x + 32, 0, 32 * sizeof(float)); /* row 0's second block: d = 0 */
+    vt_fill_uniform(r, bias, N, -1.0f, 1.0f);
+    vt_fill_uniform(r, y0, (size_t)M * ys, -1.0f, 1.0f);
+    const uint64_t xq_bytes = op_quant_x8_bytes(M, K);
+    vkd_buffer *bx = vt_buf_from(g, x, (size_t)M * xs * 4, "x"), *bq = vt_buf_nan(g, xq_bytes, "xq");
+    vkd_buffer *bb = vt_buf_from(g, bias, (size_t)N * 4, "bias");
+    vkd_buffer *by = s->accum ? vt_buf_from(g, y0, (size_t)M * ys * 4, "y") : vt_buf_nan(g, (size_t)M * ys * 4, "y");
+    vkd_view vb = vkd_whole(bb);
+    vt_begin(g);
+    assert_int_equal(op_quant_x8(&g->cmd, vkd_whole(bx), xs, M, K, vkd_whole(bq)), VKI_OK);
+    vkd_barrier(&g->cmd);
+    assert_int_equal(op_matmul_i8(&g->cmd, &t, s->bias ? &vb : NULL, vkd_whole(bq), vkd_whole(by), ys, M, s->accum),
+                     VKI_OK);
+    vt_submit_wait(g);
+    uint32_t *xq = malloc(xq_bytes);
+    vt_download(g, bq, xq, xq_bytes);
+    vt_download(g, by, y, (size_t)M * ys * 4);
+    char label[128];
+    snprintf(label, sizeof label, "matvec_i8 %s M=%u N=%u K=%u", quant_get(type)->name, M, N, K);
+
+    /* the quantiser */
+    const float *xd = (const float *)(xq + (size_t)M * (K / 4));
+    float *xr = malloc((size_t)M * K * 4); /* X as the device rounded it: d q */
+    for (uint32_t m = 0; m < M; m++)
+        for (uint32_t b = 0; b < K / 32; b++) {
+            const float *xb = x + (size_t)m * xs + 32 * b;
+            float amax = 0;
+            for (int j = 0; j < 32; j++)
+                amax = fabsf(xb[j]) > amax ? fabsf(xb[j]) : amax;
+            const float d = amax * (1.0f / 127.0f), dd = xd[(size_t)m * (K / 32) + b];
+            if (memcmp(&d, &dd, 4))
+                fail_msg("%s: row %u block %u: d %.9g, expected max|x| / 127 = %.9g", label, m, b, dd, d);
+            for (int j = 0; j < 32; j++) {
+                const size_t k = 32 * b + j;
+                const int q = (int8_t)(xq[(size_t)m * (K / 4) + k / 4] >> (8 * (k % 4)));
+                const double off = d > 0 ? fabs(q - (double)xb[j] / d) : fabs((double)q);
+                if (q < -127 || off > 0.5 + I8_Q_SLACK)
+                    fail_msg("%s: row %u element %zu: q %d for x / d = %.6f", label, m, k, q,
+                             d > 0 ? (double)xb[j] / d : 0.0);
+                xr[(size_t)m * K + k] = d * (float)q;
+            }
+        }
+    /* the product: over the device's X, and over the exact X */
+    for (uint32_t m = 0; m < M; m++)
+        for (uint32_t n = 0; n < N; n++) {
+            double a = (s->bias ? bias[n] : 0.0) + (s->accum ? y0[(size_t)m * ys + n] : 0.0), e = a;
+            for (uint32_t k = 0; k < K; k++) {
+                a += (double)xr[(size_t)m * K + k] * wref[(size_t)n * K + k];
+                e += (double)x[(size_t)m * xs + k] * wref[(size_t)n * K + k];
+            }
+            const double got = y[(size_t)m * ys + n];
+            err[0] += (got - a) * (got - a);
+            err[1] += a * a;
+            err[2] += (got - e) * (got - e);
+            err[3] += e * e;
+        }
+    for (uint32_t m = 0; m < M; m++) /* the stride padding stays untouched */
+        for (uint32_t n = N; n < ys; n++) {
+            float v = y[(size_t)m * ys + n], w0 = y0[(size_t)m * ys + n];
+            if (s->accum ? memcmp(&v, &w0, 4) != 0 : !isnan(v))
+                fail_msg("%s: Y padding written at row %u column %u", label, m, n);
+        }
+    vk_tensor_destroy(g->dev, &t);
+    vkd_buffer_destroy(g->dev, bx);
+    vkd_buffer_destroy(g->dev, bq);
+    vkd_buffer_destroy(g->dev, bb);
+    vkd_buffer_destroy(g->dev, by);
+    free(wref); free(x); free(bias); free(y0); free(y); free(raw); free(xq); free(xr);
+}
+
+static void test_matvec_i8(void **state)
+{
+    vt_gpu *g = vt_gpu_get(state);
+    vt_rng r = vt_rng_seeded("matvec_i8");
+    static const uint32_t types[] = {VKI_GGML_Q8_0, VKI_GGML_Q4_0, VKI_GGML_Q4_K, VKI_GGML_Q5_K, VKI_GGML_Q6_K};
+    if (!op_matmul_i8_supported(g->dev, VKI_GGML_Q8_0))
+        skip(); /* a device without shaderIntegerDotProduct (lavapipe has it) */
+    vki_device_info saved = g->dev->info;
+    static const uint32_t Ms[] = {1, 1, 3, 8, 19}, Ns[] = {1, 67, 33, 9, 21};
+    for (int config = 0; config < 2; config++) {
+        if (config == 1)
+            as_nvidia(g, &saved);
+        for (size_t i = 0; i < sizeof types / sizeof types[0]; i++) {
+            double err[4] = {0, 0, 0, 0};
+            for (uint32_t c = 0; c < 5; c++) {
+                mm_case s = {.M = Ms[c], .N = Ns[c], .K = c == 1 ? big_k(types[i]) : pick_k(&r, types[i], c),
+                             .x_pad = c % 2 ? 3 : 0, .y_pad = c >= 3 ? 2 : 0, .bias = c % 2 == 0,
+                             .accum = c == 2 || c == 4, .parts = c == 3 ? 2 : 1};
+                i8_case(g, &r, types[i], &s, err);
+            }
+            const double nmse = err[0] / err[1], nmse_x = err[2] / err[3];
+            if (!(nmse <= I8_TOL) || !(nmse_x <= I8_X_TOL))
+                fail_msg("matvec_i8 %s (config %d): NMSE %.3g (tolerance %.0e) over the device's X, %.3g (%.0e) "
+                         "over the exact X", quant_get(types[i])->name, config, nmse, I8_TOL, nmse_x, I8_X_TOL);
+            worst_i8[0] = nmse > worst_i8[0] ? nmse : worst_i8[0];
+            worst_i8[1] = nmse_x > worst_i8[1] ? nmse_x : worst_i8[1];
+        }
+        g->dev->info = saved;
+    }
+    fprintf(stderr, "  matvec_i8: worst NMSE %.2e over the device's int8 X, %.2e over the exact X\n", worst_i8[0],
+            worst_i8[1]);
+    /* refused: a type without integer blocks, K not a multiple of 32, too small an XQ */
+    vk_tensor t;
+    assert_int_equal(vk_tensor_create(g->dev, VKI_GGML_F16, 64, 8, 0, "w", &t), VKI_OK);
+    vkd_buffer *x = vt_buf_nan(g, 4 * 64 * 2, "x"), *q = vt_buf_nan(g, op_quant_x8_bytes(2, 64), "xq");
+    vkd_buffer *y = vt_buf_nan(g, 4 * 8 * 2, "y");
+    vt_begin(g);
+    assert_int_equal(op_matmul_i8(&g->cmd, &t, NULL, vkd_whole(q), vkd_whole(y), 8, 1, false), VKI_ERR_UNSUPPORTED);
+    assert_int_equal(op_quant_x8(&g->cmd, vkd_whole(x), 48, 2, 48, vkd_whole(q)), VKI_ERR_INVALID_ARG);
+    assert_int_equal(op_quant_x8(&g->cmd, vkd_whole(x), 64, 3, 64, vkd_whole(q)), VKI_ERR_INVALID_ARG);
+    vk_tensor_destroy(g->dev, &t);
+    assert_int_equal(vk_tensor_create(g->dev, VKI_GGML_Q8_0, 64, 8, 0, "w", &t), VKI_OK);
+    assert_int_equal(op_matmul_i8(&g->cmd, &t, NULL, vkd_whole(q), vkd_whole(y), 8, 3, false), VKI_ERR_INVALID_ARG);
+    assert_int_equal(op_matmul_i8(&g->cmd, &t, NULL, vkd_whole(q), vkd_whole(y), 8, 0, false), VKI_ERR_INVALID_ARG);
+    vt_submit_wait(g);
+    vk_tensor_destroy(g->dev, &t);
+    vkd_buffer_destroy(g->dev, x);
+    vkd_buffer_destroy(g->dev, q);
+    vkd_buffer_destroy(g->dev, y);
+    vt_assert_clean(g);
+}
+
 static void test_bad_args(void **state)
 {
     vt_gpu *g = vt_gpu_get(state);
@@ -862,8 +1008,11 @@ int main(void)
         cmocka_unit_test(test_glu_epilogue),
         cmocka_unit_test_teardown(test_matvec_overrides, matvec_overrides_reset),
         cmocka_unit_test(test_norm_epilogue),
+        cmocka_unit_test(test_matvec_i8),
         cmocka_unit_test(test_bad_args),
     };
+    if (getenv("VKI_TEST_FILTER")) /* one test while developing: VKI_TEST_FILTER=test_matvec_i8 */
+        cmocka_set_test_filter(getenv("VKI_TEST_FILTER"));
     int rc = cmocka_run_group_tests(tests, vt_gpu_setup, vt_gpu_teardown);
     fprintf(stderr, "worst NMSE of the FP32 kernels: float weights %.2e, quantised %.2e (tolerance %.0e); "
             "cases of < %d outputs %.2e (%.0e)\n", worst_plain[0], worst_plain[1], MM_TOL, CM_TOL_MIN, worst_plain[2],

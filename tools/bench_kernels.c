@@ -181,6 +181,40 @@ static vki_status matmul_record(bench_run *r, vkd_cmd *c)
     return op_matmul_path(c, next_w(r), NULL, vkd_whole(r->buf[0]), r->K, vkd_whole(r->buf[1]), r->N, r->M, OP_MM_GEMM);
 }
 
+/* The integer-dot path (op_matmul_i8): X quantised (quant_x8), a barrier, the product: what
+ * one projection costs on it, against matvec's row. buf: 0 X, 1 Y, 2 XQ. */
+static vki_status i8_setup(bench_run *r)
+{
+    vki_status st = mm_setup(r);
+    if (st == VKI_OK)
+        st = vkd_buffer_create(r->d, op_quant_x8_bytes(r->M, r->K), VKD_MEM_DEVICE, "bench xq", &r->buf[2]);
+    return st;
+}
+
+static vki_status matvec_i8_record(bench_run *r, vkd_cmd *c)
+{
+    vki_status st = op_quant_x8(c, vkd_whole(r->buf[0]), r->K, r->M, r->K, vkd_whole(r->buf[2]));
+    if (st != VKI_OK)
+        return st;
+    vkd_barrier(c);
+    return op_matmul_i8(c, next_w(r), NULL, vkd_whole(r->buf[2]), vkd_whole(r->buf[1]), r->N, r->M, false);
+}
+
+/* quant_x8 alone: M rows of K floats to int8 blocks. buf: 0 X, 1 XQ. */
+static vki_status quant_x8_setup(bench_run *r)
+{
+    vki_status st = make_floats(r, (size_t)r->M * r->K, "bench x", &r->buf[0]);
+    if (st == VKI_OK)
+        st = vkd_buffer_create(r->d, op_quant_x8_bytes(r->M, r->K), VKD_MEM_DEVICE, "bench xq", &r->buf[1]);
+    r->bytes = 4.0 * r->M * r->K + (double)op_quant_x8_bytes(r->M, r->K);
+    return st;
+}
+
+static vki_status quant_x8_record(bench_run *r, vkd_cmd *c)
+{
+    return op_quant_x8(c, vkd_whole(r->buf[0]), r->K, r->M, r->K, vkd_whole(r->buf[1]));
+}
+
 /* The cooperative-matrix GEMM of the device's path (tensor cores, or the emulation with
  * --coopmat emulate); "unsupported" on devices with neither. */
 static vki_status matmul_cm_record(bench_run *r, vkd_cmd *c)
@@ -594,6 +628,14 @@ static const bench_kernel benches[] = {
      .full = {{1, 4096, 4096}, {1, 14336, 4096}, {1, 4096, 14336}, {1, 32000, 4096}, {8, 4096, 4096}},
      .small = {{1, 1024, 1024}, {1, 2816, 1024}, {1, 8192, 512}, {8, 1024, 1024}},
      mm_setup, matvec_record},
+    {"matvec_i8", "as matvec, on the integer-dot path: X quantised to int8 (quant_x8), a barrier, the product",
+     .types = {VKI_GGML_Q4_K, VKI_GGML_Q8_0, VKI_GGML_Q6_K, VKI_GGML_Q4_0, VKI_GGML_Q5_K}, .n_types = 5,
+     .full = {{1, 4096, 4096}, {1, 14336, 4096}, {1, 4096, 14336}, {1, 32000, 4096}, {8, 4096, 4096}},
+     .small = {{1, 1024, 1024}, {1, 2816, 1024}, {1, 8192, 512}, {8, 1024, 1024}},
+     i8_setup, matvec_i8_record},
+    {"quant_x8", "M rows, K columns (N = 1): X to int8 blocks for matvec_i8", .types = {VKI_GGML_F32}, .n_types = 1,
+     .full = {{1, 1, 4096}, {1, 1, 14336}, {8, 1, 4096}}, .small = {{1, 1, 1024}, {8, 1, 1024}},
+     quant_x8_setup, quant_x8_record},
     {"matmul", "M activation rows, N weight rows, K", WEIGHT_TYPES,
      .full = {{512, 4096, 4096}, {512, 14336, 4096}, {64, 4096, 4096}},
      .small = {{128, 512, 512}, {32, 512, 512}},

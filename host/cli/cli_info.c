@@ -75,6 +75,7 @@ static cJSON *device_json(const vki_device_info *d)
     cJSON_AddBoolToObject(f, "storage_buffer_16bit", d->storage16);
     cJSON_AddBoolToObject(f, "storage_buffer_8bit", d->storage8);
     cJSON_AddBoolToObject(f, "integer_dot_product", d->integer_dot);
+    cJSON_AddBoolToObject(f, "integer_dot_4x8_accelerated", d->integer_dot_accel);
     cJSON_AddBoolToObject(f, "push_descriptor", d->push_descriptor);
     cJSON_AddBoolToObject(f, "debug_utils", d->debug_utils);
     cJSON_AddBoolToObject(f, "timestamps", d->timestamps);
@@ -135,7 +136,7 @@ static void print_text(const vki_device_info *d)
            d->float16 ? "yes" : "no", d->int8 ? "yes" : "no", d->int16 ? "yes" : "no", d->int64 ? "yes" : "no",
            d->storage16 ? "yes" : "no", d->storage8 ? "yes" : "no");
     printf("  integer dot %s  push descriptors %s  debug utils %s  timestamps %s (%.3g ns/tick)\n",
-           d->integer_dot ? "yes" : "no", d->push_descriptor ? "yes" : "no", d->debug_utils ? "yes" : "no",
+           d->integer_dot ? (d->integer_dot_accel ? "yes (4x8 accelerated)" : "yes") : "no", d->push_descriptor ? "yes" : "no", d->debug_utils ? "yes" : "no",
            d->timestamps ? "yes" : "no", d->timestamp_period_ns);
     printf("  subgroup             size %u", d->subgroup_size);
     if (d->subgroup_min_size)
