@@ -100,6 +100,12 @@ static vki_status create_scratch(vk_engine *e)
         (st = vkd_fill(e->dev, s->attn_cnt, 0, s->attn_cnt->size, 0)) ||
         (st = make_buf(e, 4, "matmul norm counter", &s->mm_cnt)) || (st = vkd_fill(e->dev, s->mm_cnt, 0, 4, 0)))
         return st;
+    if (e->p.int_dot) { /* the projections' inputs: d (Q|K|V, gate|up, LM head), q (out), d_ff (down) */
+        uint32_t K = hp->d_model > qd ? hp->d_model : (uint32_t)qd;
+        K = hp->d_ff > K ? hp->d_ff : K;
+        if ((st = make_buf(e, op_quant_x8_bytes((uint32_t)T, K), "act int8 x", &s->xq)))
+            return st;
+    }
     return upload_rope_tables(e);
 }
 
@@ -108,7 +114,7 @@ static void destroy_scratch(vk_engine *e)
     if (e->s.rope_freqs[1] == e->s.rope_freqs[0])
         e->s.rope_freqs[1] = NULL;
     vkd_buffer **all[] = {&e->s.x, &e->s.h, &e->s.q, &e->s.k, &e->s.v, &e->s.att, &e->s.g, &e->s.u,
-                          &e->s.xs, &e->s.logits, &e->s.attn_tmp, &e->s.attn_cnt, &e->s.mm_cnt,
+                          &e->s.xs, &e->s.logits, &e->s.attn_tmp, &e->s.attn_cnt, &e->s.mm_cnt, &e->s.xq,
                           &e->s.rope_freqs[0], &e->s.rope_freqs[1]};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) {
         vkd_buffer_destroy(e->dev, *all[i]);
@@ -317,6 +323,12 @@ vki_status vk_engine_create(vkd_device *d, const gguf_file *f, const model_hpara
                 "kv_fraction in (0, 1], max_attention_window <= 2^24");
         free(e);
         return VKI_ERR_INVALID_ARG;
+    }
+    if (e->p.int_dot && !op_matmul_i8_supported(d, VKI_GGML_Q8_0)) {
+        vkd_log(d, VKI_LOG_ERROR, "int_dot: %s has no integer dot products (shaderIntegerDotProduct, Vulkan 1.3)",
+                d->info.name);
+        free(e);
+        return VKI_ERR_UNSUPPORTED;
     }
     if (e->p.device_memory_limit)
         d->mem_limit = e->p.device_memory_limit;

@@ -42,6 +42,9 @@ typedef struct vk_engine_params {
     bool no_fusion;
     /* Record every step anew instead of resubmitting a repeated recording (vkd_cmd reuse). */
     bool no_cmd_reuse;
+    /* Decode projections of integer-block weights on the integer-dot path (op_matmul_i8):
+     * activations rounded to int8 per block of 32 (vki_engine_params.int_dot). */
+    bool int_dot;
 } vk_engine_params;
 
 vk_engine_params vk_engine_default_params(void);
@@ -61,6 +64,7 @@ typedef struct vk_scratch {
     vkd_buffer *attn_cnt;   /* u32 merge counters of the decode splits (op_attn_merge_bytes), zero
                                between dispatches */
     vkd_buffer *mm_cnt;     /* u32 counter of the projection that also norms (op_matmul_norm) */
+    vkd_buffer *xq;         /* int_dot: a projection input quantised (op_quant_x8_bytes(T, max K)) */
     vkd_buffer *rope_freqs[2]; /* f32 [2 * n_rot] rotation tables (op_rope_freqs) of the global and
                                   the sliding-window layers ([1] == [0] when they agree) */
     /* mixture of experts (engine/forward_moe.c), for C = moe_rows tokens per chunk, P = C n_used

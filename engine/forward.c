@@ -57,10 +57,33 @@ static vki_status mm_to(vk_engine *e, const vk_tensor *w, const vkd_view *bias, 
                         e->p.batch_invariant ? OP_MM_GEMV : OP_MM_AUTO, accumulate);
 }
 
-static vki_status mm(vk_engine *e, const vk_tensor *w, const vkd_view *bias, vkd_view x, uint32_t x_stride,
-                     vkd_view y, uint32_t y_stride, uint32_t M)
+/* int_dot: whether a product of M rows by w takes the integer-dot path (the matrix-vector
+ * kernel's rows, a weight type it runs). */
+static bool use_i8(const vk_engine *e, const vk_tensor *w, uint32_t M)
 {
-    return mm_to(e, w, bias, x, x_stride, y, y_stride, M, false);
+    return e->p.int_dot && w->n_parts && op_matmul_i8_supported(e->dev, w->type) &&
+           (e->p.batch_invariant || M <= op_matmul_gemv_max_m(e->dev));
+}
+
+/* The input of the next integer-dot products, [M][K] at x (stride x_stride), quantised into
+ * s->xq, and the barrier after it (the role: what it feeds, "_xq"). */
+static vki_status quant_x(vk_engine *e, const char *role, vkd_view x, uint32_t x_stride, uint32_t M, uint32_t K)
+{
+    vkd_role(&e->cmd, role);
+    TRY(op_quant_x8(&e->cmd, x, x_stride, M, K, vkd_whole(e->s.xq)));
+    vkd_barrier(&e->cmd);
+    return VKI_OK;
+}
+
+/* mm_to, on the integer-dot path where use_i8 says so (its input quantised by quant_x). */
+static vki_status mm_q(vk_engine *e, const vk_tensor *w, const vkd_view *bias, vkd_view x, uint32_t x_stride,
+                       vkd_view y, uint32_t y_stride, uint32_t M, bool accumulate)
+{
+    if (use_i8(e, w, M)) {
+        op_mm_i8 o = {.bias = bias, .accumulate = accumulate};
+        return op_matmul_i8(&e->cmd, w, vkd_whole(e->s.xq), y, y_stride, M, &o);
+    }
+    return mm_to(e, w, bias, x, x_stride, y, y_stride, M, accumulate);
 }
 
 /* RMSNorm of rows in place (y = x) with a weight tensor. */
@@ -73,28 +96,40 @@ static vki_status norm_rows(vk_engine *e, op_mat x, const vk_tensor *w, uint32_t
  * residual stream by the matmul itself, or, where a norm comes between (gemma's post-norms) or
  * with no_fusion, through s->h, [the norm] and an add. With next_norm (the next block's input
  * norm) and one token, the projection's last workgroup also writes h = rmsnorm(x) * next_norm
- * (op_matmul_norm) and *normed tells the next block to skip its norm. Ends with a barrier. */
+ * (op_matmul_norm) and *normed tells the next block to skip its norm. On the integer-dot path
+ * (int_dot) `in` is quantised first (xq_role). Ends with a barrier. */
 static vki_status project_residual(vk_engine *e, const vk_tensor *w, vkd_view in, uint32_t in_stride, uint32_t T,
-                                   const vk_tensor *post_norm, const char *post_role, const char *add_role,
-                                   const vk_tensor *next_norm, bool *normed)
+                                   const char *mm_role, const char *xq_role, const vk_tensor *post_norm,
+                                   const char *post_role, const char *add_role, const vk_tensor *next_norm,
+                                   bool *normed)
 {
     const model_hparams *hp = &e->model.hp;
     vk_scratch *s = &e->s;
     vkd_cmd *c = &e->cmd;
     uint32_t d = hp->d_model;
     *normed = false;
+    vkd_role(c, mm_role);
+    if (use_i8(e, w, T)) {
+        TRY(quant_x(e, xq_role, in, in_stride, T, (uint32_t)w->ne0));
+        vkd_role(c, mm_role);
+    }
     if (!hp->post_norms && !e->p.no_fusion) {
         if (next_norm && T == 1 && op_matmul_norm_fits(e->dev, w)) {
             op_mm_norm n = {vkd_whole(next_norm->parts[0].buf), vkd_whole(s->h), vkd_whole(s->mm_cnt), hp->rms_eps};
-            TRY(op_matmul_norm(c, w, in, vkd_whole(s->x), &n));
+            if (use_i8(e, w, T)) {
+                op_mm_i8 o = {.accumulate = true, .norm = &n};
+                TRY(op_matmul_i8(c, w, vkd_whole(s->xq), vkd_whole(s->x), d, 1, &o));
+            } else {
+                TRY(op_matmul_norm(c, w, in, vkd_whole(s->x), &n));
+            }
             *normed = true;
         } else {
-            TRY(mm_to(e, w, NULL, in, in_stride, vkd_whole(s->x), d, T, true));
+            TRY(mm_q(e, w, NULL, in, in_stride, vkd_whole(s->x), d, T, true));
         }
         vkd_barrier(c);
         return VKI_OK;
     }
-    TRY(mm(e, w, NULL, in, in_stride, vkd_whole(s->h), d, T));
+    TRY(mm_q(e, w, NULL, in, in_stride, vkd_whole(s->h), d, T, false));
     vkd_barrier(c);
     if (hp->post_norms) {
         vkd_role(c, post_role);
@@ -124,11 +159,13 @@ static vki_status project_qkv(vk_engine *e, const vk_layer *L, uint32_t T, op_ma
     vk_scratch *s = &e->s;
     uint32_t d = hp->d_model, qd = hp->n_head * hp->head_dim, kvd = hp->n_head_kv * hp->head_dim;
     vkd_view b;
+    if (use_i8(e, &L->wqkv, T) || use_i8(e, &L->wq, T) || use_i8(e, &L->wk, T) || use_i8(e, &L->wv, T))
+        TRY(quant_x(e, "attn_xq", vkd_whole(s->h), d, T, d));
     if (L->wqkv.n_parts) {
         uint32_t w = (uint32_t)L->wqkv.n_rows;
         *q = (op_mat){vkd_whole(s->q), 0, w}, *k = (op_mat){vkd_whole(s->q), qd, w};
         vkd_role(&e->cmd, w > qd + kvd ? "attn_qkv" : "attn_qk");
-        TRY(mm(e, &L->wqkv, bias_view(&L->bq, &b), vkd_whole(s->h), d, vkd_whole(s->q), w, T));
+        TRY(mm_q(e, &L->wqkv, bias_view(&L->bq, &b), vkd_whole(s->h), d, vkd_whole(s->q), w, T, false));
         if (w > qd + kvd) {
             *v = (op_mat){vkd_whole(s->q), qd + kvd, w};
             return VKI_OK;
@@ -136,13 +173,13 @@ static vki_status project_qkv(vk_engine *e, const vk_layer *L, uint32_t T, op_ma
     } else {
         *q = op_mat_rows(s->q, qd), *k = op_mat_rows(s->k, kvd);
         vkd_role(&e->cmd, "attn_q");
-        TRY(mm(e, &L->wq, bias_view(&L->bq, &b), vkd_whole(s->h), d, vkd_whole(s->q), qd, T));
+        TRY(mm_q(e, &L->wq, bias_view(&L->bq, &b), vkd_whole(s->h), d, vkd_whole(s->q), qd, T, false));
         vkd_role(&e->cmd, "attn_k");
-        TRY(mm(e, &L->wk, bias_view(&L->bk, &b), vkd_whole(s->h), d, vkd_whole(s->k), kvd, T));
+        TRY(mm_q(e, &L->wk, bias_view(&L->bk, &b), vkd_whole(s->h), d, vkd_whole(s->k), kvd, T, false));
     }
     *v = op_mat_rows(s->v, kvd);
     vkd_role(&e->cmd, "attn_v");
-    return mm(e, &L->wv, bias_view(&L->bv, &b), vkd_whole(s->h), d, vkd_whole(s->v), kvd, T);
+    return mm_q(e, &L->wv, bias_view(&L->bv, &b), vkd_whole(s->h), d, vkd_whole(s->v), kvd, T, false);
 }
 
 /* *normed: on entry, h already holds the block's normed input (the previous projection wrote
@@ -198,8 +235,7 @@ static vki_status record_attention_block(vk_engine *e, uint32_t il, uint32_t T, 
     TRY(op_attention(c, &e->attn[kind], &ast[kind], q, op_mat_rows(s->att, qd), vkd_whole(e->k_pool[il]),
                      vkd_whole(e->v_pool[il]), vkd_whole(s->attn_tmp), e->p.no_fusion ? NULL : &merge));
     vkd_barrier(c);
-    vkd_role(c, "attn_o");
-    return project_residual(e, &L->wo, vkd_whole(s->att), qd, T, &L->post_attn_norm, "attn_post_norm",
+    return project_residual(e, &L->wo, vkd_whole(s->att), qd, T, "attn_o", "attn_o_xq", &L->post_attn_norm, "attn_post_norm",
                             "attn_residual", &L->ffn_norm, normed);
 }
 
@@ -224,28 +260,35 @@ static vki_status record_ffn_block(vk_engine *e, uint32_t il, uint32_t T, bool *
     if (hp->n_expert) /* qwen3moe, Mixtral: engine/forward_moe.c */
         return vk_forward_moe(e, il, T);
     uint32_t act = hp->ffn_gelu ? VKI_GLU_GELU_TANH : VKI_GLU_SILU;
+    if (use_i8(e, &L->w_up, T) || use_i8(e, &L->w_gate, T))
+        TRY(quant_x(e, "ffn_xq", vkd_whole(s->h), d, T, d));
     if (one && !e->p.no_fusion && L->w_up.n_parts == 1 &&
         (e->p.batch_invariant || T <= op_matmul_gemv_max_m(e->dev))) {
         /* decode: the matrix-vector pass writes act(gate) * up itself, [T][ff] */
         vkd_role(c, "ffn_gate_up");
-        TRY(op_matmul_glu(c, &L->w_up, act, vkd_whole(s->h), d, vkd_whole(s->g), ff, T));
+        if (use_i8(e, &L->w_up, T)) {
+            op_mm_i8 o = {.glu = true, .act = act};
+            TRY(op_matmul_i8(c, &L->w_up, vkd_whole(s->xq), vkd_whole(s->g), ff, T, &o));
+        } else {
+            TRY(op_matmul_glu(c, &L->w_up, act, vkd_whole(s->h), d, vkd_whole(s->g), ff, T));
+        }
         vkd_barrier(c);
-        vkd_role(c, "ffn_down");
-        return project_residual(e, &L->w_down, vkd_whole(s->g), ff, T, &L->post_ffn_norm, "ffn_post_norm",
-                                "ffn_residual", next_norm, normed);
+        return project_residual(e, &L->w_down, vkd_whole(s->g), ff, T, "ffn_down", "ffn_down_xq", &L->post_ffn_norm,
+                                "ffn_post_norm", "ffn_residual", next_norm, normed);
     }
     if (!one) {
         vkd_role(c, "ffn_gate");
-        TRY(mm(e, &L->w_gate, NULL, vkd_whole(s->h), d, vkd_whole(s->g), ff, T));
+        TRY(mm_q(e, &L->w_gate, NULL, vkd_whole(s->h), d, vkd_whole(s->g), ff, T, false));
     }
     vkd_role(c, one ? "ffn_gate_up" : "ffn_up");
-    TRY(mm(e, &L->w_up, NULL, vkd_whole(s->h), d, one ? vkd_whole(s->g) : vkd_whole(s->u), one ? gs : ff, T));
+    TRY(mm_q(e, &L->w_up, NULL, vkd_whole(s->h), d, one ? vkd_whole(s->g) : vkd_whole(s->u), one ? gs : ff, T,
+             false));
     vkd_barrier(c);
     vkd_role(c, "ffn_act");
     TRY(op_glu(c, act, g, u, g, T, ff));
     vkd_barrier(c);
-    vkd_role(c, "ffn_down");
-    return project_residual(e, &L->w_down, vkd_whole(s->g), gs, T, &L->post_ffn_norm, "ffn_post_norm",
+    return project_residual(e, &L->w_down, vkd_whole(s->g), gs, T, "ffn_down", "ffn_down_xq", &L->post_ffn_norm,
+                            "ffn_post_norm",
                             "ffn_residual", next_norm, normed);
 }
 
@@ -265,8 +308,10 @@ vki_status vk_forward_record_lm_head(vk_engine *e, uint32_t T, uint32_t n_out)
     TRY(op_rmsnorm(c, op_mat_rows(s->xs, d), vkd_whole(e->model.output_norm.parts[0].buf), op_mat_rows(s->xs, d),
                    n_out, d, hp->rms_eps));
     vkd_barrier(c);
+    if (use_i8(e, vk_model_lm_head(&e->model), n_out))
+        TRY(quant_x(e, "lm_xq", vkd_whole(s->xs), d, n_out, d));
     vkd_role(c, "lm_head");
-    TRY(mm(e, vk_model_lm_head(&e->model), NULL, vkd_whole(s->xs), d, vkd_whole(s->logits), ls, n_out));
+    TRY(mm_q(e, vk_model_lm_head(&e->model), NULL, vkd_whole(s->xs), d, vkd_whole(s->logits), ls, n_out, false));
     if (hp->final_softcap > 0) {
         vkd_barrier(c);
         vkd_role(c, "lm_softcap");

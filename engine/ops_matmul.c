@@ -446,11 +446,14 @@ vki_status op_quant_x8(vkd_cmd *c, vkd_view x, uint32_t x_stride, uint32_t M, ui
     return vkk_dispatch(c, VKK_QUANT_X8, spec, b, 2, &pc, sizeof pc, vkk_groups(K / 32, spec[0]), M, 1);
 }
 
-vki_status op_matmul_i8(vkd_cmd *c, const vk_tensor *w, const vkd_view *bias, vkd_view xq, vkd_view y,
-                        uint32_t y_stride, uint32_t M, bool accumulate)
+vki_status op_matmul_i8(vkd_cmd *c, const vk_tensor *w, vkd_view xq, vkd_view y, uint32_t y_stride, uint32_t M,
+                        const op_mm_i8 *o)
 {
     vkd_device *d = c->d;
+    const op_mm_i8 none = {0};
     const mm_type *t;
+    if (!o)
+        o = &none;
     vki_status st = check_type(d, w, &t);
     if (st != VKI_OK)
         return st;
@@ -461,24 +464,46 @@ vki_status op_matmul_i8(vkd_cmd *c, const vk_tensor *w, const vkd_view *bias, vk
                 quant_type_name(w->type));
         return VKI_ERR_UNSUPPORTED;
     }
-    const uint32_t K = (uint32_t)w->ne0, N = (uint32_t)w->n_rows;
+    const uint32_t K = (uint32_t)w->ne0, N = (uint32_t)(o->glu ? w->n_rows / 2 : w->n_rows);
     if (M == 0)
         return bad_arg(d, "matmul_i8", w, "M = 0");
     if (view_range(&xq) < op_quant_x8_bytes(M, K) || xq.offset % 4)
         return bad_arg(d, "matmul_i8", w, "XQ view smaller than op_quant_x8_bytes(M, K)");
     if (!view_holds(&y, M, N, y_stride, 4))
         return bad_arg(d, "matmul_i8", w, "Y view too small for [M, y_stride] (or y_stride < N)");
-    if (bias && !view_holds(bias, 1, N, N, 4))
-        return bad_arg(d, "matmul_i8", w, "bias view holds fewer than N floats");
+    if (o->bias && (o->glu || !view_holds(o->bias, 1, N, N, 4)))
+        return bad_arg(d, "matmul_i8", w, "bias view holds fewer than N floats (or a bias with glu)");
+    if (o->glu && (w->n_rows % 2 || w->n_parts != 1 || o->accumulate || o->norm ||
+                   (o->act != VKI_GLU_SILU && o->act != VKI_GLU_GELU_TANH)))
+        return bad_arg(d, "matmul_i8", w, "glu needs one part of an even number of rows, SiLU or GELU, and no "
+                       "accumulate or norm");
+    if (o->norm && (M != 1 || y_stride != N || !o->accumulate || !op_matmul_norm_fits(d, w) ||
+                    !view_holds(&o->norm->weight, 1, N, N, 4) || !view_holds(&o->norm->h, 1, N, N, 4) ||
+                    !view_holds(&o->norm->counter, 1, 1, 1, 4) || !(o->norm->eps >= 0)))
+        return bad_arg(d, "matmul_i8", w, "norm needs M = 1, accumulate, one part in one dispatch, N norm "
+                       "weights and H floats, a counter and eps >= 0");
     uint32_t spec[VKK_MAX_SPEC];
     matvec_spec(d, M == 1 ? 1 : OP_MATVEC_ROWS, spec);
+    if (o->glu) {
+        spec[1] += spec[1] % 2; /* as many gate rows as up rows */
+        spec[4] = 1;
+    }
     if (vkk_groups(M, matvec_rows_per_group(spec)) > d->info.max_workgroup_count[1])
         return bad_arg(d, "matmul_i8", w, "M too large for one dispatch on this device");
-    vki_pc_matmul pc = {.M = M, .K = K, .y_stride = y_stride, .w_stride = (uint32_t)w->row_bytes,
-                        .flags = (bias ? VKI_MM_BIAS : 0u) | (accumulate ? VKI_MM_ACCUM : 0u)};
+    vki_pc_matmul pc = {.M = M, .N = N, .K = K, .y_stride = y_stride, .w_stride = (uint32_t)w->row_bytes,
+                        .flags = (o->bias ? VKI_MM_BIAS : 0u) | (o->accumulate ? VKI_MM_ACCUM : 0u) |
+                                 (o->glu && o->act == VKI_GLU_GELU_TANH ? VKI_MM_GELU : 0u) |
+                                 (o->norm ? VKI_MM_NORM : 0u),
+                        .norm_eps = o->norm ? o->norm->eps : 0.0f};
+    if (o->glu || o->norm) { /* one part */
+        vkd_view bind[4] = {vkd_whole(w->parts[0].buf), xq, xq, y};
+        vkd_view norm[3] = {o->norm ? o->norm->weight : xq, o->norm ? o->norm->h : xq, o->norm ? o->norm->counter : xq};
+        return matmul_part(c, kid, spec, o->glu ? spec[1] / 2 : spec[1], matvec_rows_per_group(spec), bind, pc,
+                           o->norm ? norm : NULL);
+    }
     for (uint32_t i = 0; i < w->n_parts; i++) {
         const vk_tensor_part *part = &w->parts[i];
-        vkd_view bind[4] = {vkd_whole(part->buf), xq, bias ? *bias : xq, y};
+        vkd_view bind[4] = {vkd_whole(part->buf), xq, o->bias ? *o->bias : xq, y};
         pc.N = (uint32_t)part->n_rows;
         pc.y_col0 = (uint32_t)part->row0;
         st = matmul_part(c, kid, spec, spec[1], matvec_rows_per_group(spec), bind, pc, NULL);

@@ -82,23 +82,33 @@ typedef struct op_mm_norm {
 bool op_matmul_norm_fits(const vkd_device *d, const vk_tensor *w);
 vki_status op_matmul_norm(vkd_cmd *c, const vk_tensor *w, vkd_view x, vkd_view y, const op_mm_norm *n);
 
-/* The integer-dot matrix-vector path, a candidate for batch-1 decode on GPUs where the float
- * path's per-weight conversions bound it (issue 9; measured by `bench-kernels --i8`, not yet
- * taken by the engine): X is quantised to int8 per block of 32 with an f32 scale (op_quant_x8),
- * and each group of 4 weights is one packed 4x8-bit dot product with its X bytes (shaders/
- * matvec.comp MV_I8). The result differs from op_matmul's by X's rounding (~2e-5 relative,
- * measured in tests/test_matmul.c), not only by the order of the sums.
+/* The integer-dot matrix-vector path, for GPUs where the float path's per-weight conversions
+ * bound decode (issue 9; `bench-kernels` matvec_i8, the engine's vki_engine_params.int_dot): X
+ * is quantised to int8 per block of 32 with an f32 scale (op_quant_x8), and each group of 4
+ * weights is one packed 4x8-bit dot product with its X bytes (shaders/matvec.comp MV_I8). The
+ * results differ from op_matmul's by X's rounding (~2e-5 relative; tests/test_matmul.c), as
+ * llama.cpp's CPU and CUDA backends round theirs to Q8.
  *   op_quant_x8:  XQ = quantise(X), x: f32[M, x_stride], K a multiple of 32; xq: at least
  *                 op_quant_x8_bytes(M, K) bytes (layout: shaders/vki_shared.h vki_pc_quant_x8)
  *   op_matmul_i8: Y[m, n] (+)= sum_k dequant(W[n, k]) * dx qx[m, k] (+ bias[n]) from that XQ
- *                 (the same M and K = w->ne0), the matrix-vector kernel's shape for M rows.
+ *                 (M and K = w->ne0 those of its op_quant_x8: the scales follow all M rows'
+ *                 bytes), the matrix-vector kernel's shape for M rows;
+ *                 with o->glu the gate|up pass of op_matmul_glu (w: [gate | up], one part,
+ *                 N = w->n_rows / 2), with o->norm op_matmul_norm's epilogue (M = 1, accumulate).
  * Weight types: Q8_0, Q4_0, Q4_K, Q5_K, Q6_K; the device needs shaderIntegerDotProduct
  * (Vulkan 1.3). VKI_ERR_UNSUPPORTED otherwise (op_matmul_i8_supported). */
+typedef struct op_mm_i8 {
+    const vkd_view *bias;   /* f32[N] or NULL (not with glu) */
+    bool accumulate;        /* Y = Y + product */
+    bool glu;               /* act(gate) * up, act: VKI_GLU_SILU or VKI_GLU_GELU_TANH */
+    uint32_t act;
+    const op_mm_norm *norm; /* or NULL */
+} op_mm_i8;
 uint64_t op_quant_x8_bytes(uint32_t M, uint32_t K);
 vki_status op_quant_x8(vkd_cmd *c, vkd_view x, uint32_t x_stride, uint32_t M, uint32_t K, vkd_view xq);
 bool op_matmul_i8_supported(const vkd_device *d, uint32_t type);
-vki_status op_matmul_i8(vkd_cmd *c, const vk_tensor *w, const vkd_view *bias, vkd_view xq, vkd_view y,
-                        uint32_t y_stride, uint32_t M, bool accumulate);
+vki_status op_matmul_i8(vkd_cmd *c, const vk_tensor *w, vkd_view xq, vkd_view y, uint32_t y_stride, uint32_t M,
+                        const op_mm_i8 *o);
 
 /* Mixture of experts: every row of Y ("pair") is multiplied by its own expert's matrix:
  *   Y[p, n] = sum_k X[p / x_div, k] * W_e[n, k],  p < M, n < N, e = the pair's expert

@@ -909,6 +909,14 @@ typedef struct vki_engine_params {
      * bit for bit. Reuse is off anyway while profiling or capturing (per-step labels and
      * timestamps). For measuring it (bench-model --no-cmd-reuse). false */
     bool no_cmd_reuse;
+    /* Decode projections on the integer-dot path: each matrix-vector product of Q8_0, Q4_0,
+     * Q4_K, Q5_K or Q6_K weights reads its activations quantised to int8 per block of 32 (one
+     * extra small pass per input) and multiplies 4 weights per packed dot product instead of
+     * converting each to float. Changes results: the activations' 8-bit rounding, ~2e-5 relative
+     * in each product (llama.cpp's CPU and CUDA backends round theirs to Q8 likewise). Other
+     * weight types, the GEMM (prefill) and the experts' matmuls keep the float path. Needs
+     * shaderIntegerDotProduct (Vulkan 1.3): VKI_ERR_UNSUPPORTED without. false */
+    bool int_dot;
 } vki_engine_params;
 
 VKI_API vki_engine_params vki_engine_default_params(void);

@@ -595,6 +595,88 @@ static void test_fusion_bitwise(void **state)
     vt_assert_clean(g);
 }
 
+/* int_dot (the integer-dot decode projections) on every weight type it runs: q8_0 with a tied
+ * LM head, q4_0, qwen2's q4_k with Q/K/V biases, q6_k, and a q4_k_m mix. Three engines are fed
+ * the same tokens (the float engine's greedy choices), two sequences, prefill then decode:
+ *  - int_dot with the fusions and int_dot op by op (no_fusion: separate Q, K, V and gate, up,
+ *    the residual through h and an add) give the same logits bit for bit, as the float path's
+ *    fusions do;
+ *  - int_dot against the float engine: not bitwise equal where decode took the integer path, and
+ *    the logits' NMSE at most INT_DOT_TOL (the activations' 8-bit rounding). */
+#define INT_DOT_TOL 3e-3 /* measured on lavapipe, 7 seeds: <= 6.3e-4. The rounding of ~17 products'
+                          * inputs (2-4e-5 each) adds up through the residual stream */
+
+static void test_int_dot(void **state)
+{
+    vt_gpu *g = vt_gpu_get(state);
+    if (!op_matmul_i8_supported(g->dev, VKI_GGML_Q8_0))
+        skip();
+    static const size_t models[] = {2, 3, 4, 5, 6};
+    double worst = 0;
+    vt_rng r = vt_rng_seeded("int dot");
+    for (size_t mi = 0; mi < sizeof models / sizeof models[0]; mi++) {
+        const shape_case *sc = &SHAPES[models[mi]];
+        char path[256];
+        write_model(sc, path, sizeof path);
+        fixture fx[3]; /* float, int_dot, int_dot op by op */
+        for (int f = 0; f < 3; f++) {
+            vk_engine_params p = test_params(sc->kv_type, 64);
+            p.int_dot = f > 0;
+            p.no_fusion = f == 2;
+            fixture_open_engine(g, path, &p, &fx[f]);
+        }
+        const uint32_t V = fx[0].n_vocab, np[2] = {19, 6}, nd = 20;
+        tseq s[3][2];
+        for (uint32_t i = 0; i < 2; i++) {
+            int32_t prompt[19];
+            random_prompt(&r, prompt, np[i], V);
+            for (int f = 0; f < 3; f++)
+                tseq_init(&s[f][i], 1 + i, prompt, np[i], np[i] + nd + 1);
+        }
+        float *lg[3][2];
+        for (int f = 0; f < 3; f++)
+            for (uint32_t i = 0; i < 2; i++)
+                lg[f][i] = malloc(V * sizeof(float));
+        uint32_t differ = 0;
+        double mworst = 0;
+        for (uint32_t it = 0; it <= nd; it++) {
+            uint32_t n_new[2] = {it ? 1 : np[0], it ? 1 : np[1]};
+            for (int f = 0; f < 3; f++) {
+                tseq *ps[2] = {&s[f][0], &s[f][1]};
+                step(&fx[f], ps, n_new, 2, lg[f]);
+            }
+            for (uint32_t i = 0; i < 2; i++) {
+                if (memcmp(lg[1][i], lg[2][i], V * sizeof(float)))
+                    fail_msg("%s step %u sequence %u: int_dot logits differ with no_fusion (NMSE %.3g)", sc->label,
+                             it, i, vt_nmse(lg[2][i], lg[1][i], V));
+                double e = vt_nmse(lg[1][i], lg[0][i], V);
+                if (!(e <= INT_DOT_TOL))
+                    fail_msg("%s step %u sequence %u: int_dot logits NMSE %.3g > %.0e against the float path",
+                             sc->label, it, i, e, INT_DOT_TOL);
+                worst = e > worst ? e : worst;
+                mworst = e > mworst ? e : mworst;
+                differ += it > 0 && memcmp(lg[1][i], lg[0][i], V * sizeof(float)) != 0;
+                for (int f = 1; f < 3; f++) /* teacher forcing: the float engine's token */
+                    s[f][i].tok[s[f][i].n - 1] = s[0][i].tok[s[0][i].n - 1];
+            }
+        }
+        fprintf(stderr, "  %-16s int_dot: logits NMSE against the float path <= %.2e\n", sc->label, mworst);
+        if (differ < 2 * nd)
+            fail_msg("%s: only %u of %u decode logits differ from the float path's: was int_dot used?", sc->label,
+                     differ, 2 * nd);
+        for (int f = 0; f < 3; f++) {
+            for (uint32_t i = 0; i < 2; i++) {
+                free(s[f][i].tok);
+                free(lg[f][i]);
+            }
+            fixture_close(&fx[f]);
+        }
+        unlink(path);
+    }
+    fprintf(stderr, "  int_dot: logits NMSE against the float path <= %.2e; op by op bitwise equal\n", worst);
+    vt_assert_clean(g);
+}
+
 /* Command-buffer reuse: an engine that submits repeated recordings again gives, bit for bit, the
  * logits and tokens of one that records every step, through ragged prefill chunks and decode at
  * changing batch sizes, with contexts that cross the decode split length (the device reads the
@@ -1529,6 +1611,7 @@ int main(void)
         cmocka_unit_test(test_archs_vs_reference),
         cmocka_unit_test(test_fusion_bitwise),
         cmocka_unit_test(test_cmd_reuse_bitwise),
+        cmocka_unit_test(test_int_dot),
         cmocka_unit_test(test_chunked_prefill_equals_whole),
         cmocka_unit_test(test_ragged_batch),
         cmocka_unit_test(test_long_context),

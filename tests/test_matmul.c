@@ -862,8 +862,8 @@ static void i8_case(vt_gpu *g, vt_rng *r, uint32_t type, const mm_case *s, doubl
     vt_begin(g);
     assert_int_equal(op_quant_x8(&g->cmd, vkd_whole(bx), xs, M, K, vkd_whole(bq)), VKI_OK);
     vkd_barrier(&g->cmd);
-    assert_int_equal(op_matmul_i8(&g->cmd, &t, s->bias ? &vb : NULL, vkd_whole(bq), vkd_whole(by), ys, M, s->accum),
-                     VKI_OK);
+    op_mm_i8 o = {.bias = s->bias ? &vb : NULL, .accumulate = s->accum};
+    assert_int_equal(op_matmul_i8(&g->cmd, &t, vkd_whole(bq), vkd_whole(by), ys, M, &o), VKI_OK);
     vt_submit_wait(g);
     uint32_t *xq = malloc(xq_bytes);
     vt_download(g, bq, xq, xq_bytes);
@@ -921,6 +921,70 @@ static void i8_case(vt_gpu *g, vt_rng *r, uint32_t type, const mm_case *s, doubl
     free(wref); free(x); free(bias); free(y0); free(y); free(raw); free(xq); free(xr);
 }
 
+/* The integer-dot path's fused epilogues, bit for bit what they replace: the gate|up pass
+ * (o.glu) against the product into [gate | up] then op_glu, and the norming projection
+ * (o.norm) against the accumulating product then op_rmsnorm; twice, so the counter must be
+ * back at zero. */
+static void i8_fused_case(vt_gpu *g, vt_rng *r, uint32_t type, uint32_t M, uint32_t N, uint32_t K, uint32_t act)
+{
+    float *wref = malloc((size_t)2 * N * K * 4), *x = malloc((size_t)M * K * 4), *nw = malloc((size_t)2 * N * 4);
+    uint8_t *raw = make_weights(r, type, 2 * N, K, wref);
+    vk_tensor t = upload_weights(g, type, 2 * N, K, raw, 1);
+    vt_fill_uniform(r, x, (size_t)M * K, -1.0f, 1.0f);
+    vt_fill_uniform(r, nw, 2 * N, 0.5f, 1.5f);
+    vkd_buffer *bx = vt_buf_from(g, x, (size_t)M * K * 4, "x"), *bq = vt_buf_nan(g, op_quant_x8_bytes(M, K), "xq");
+    vkd_buffer *by = vt_buf_nan(g, (size_t)M * N * 4, "y"), *bgu = vt_buf_nan(g, (size_t)M * 2 * N * 4, "gu");
+    vkd_buffer *bz = vt_buf_nan(g, (size_t)M * N * 4, "z"), *bnw = vt_buf_from(g, nw, (size_t)2 * N * 4, "nw");
+    vkd_buffer *y1 = vt_buf_from(g, nw, (size_t)2 * N * 4, "y1"), *y2 = vt_buf_from(g, nw, (size_t)2 * N * 4, "y2");
+    vkd_buffer *h1 = vt_buf_nan(g, (size_t)2 * N * 4, "h1"), *h2 = vt_buf_nan(g, (size_t)2 * N * 4, "h2");
+    vkd_buffer *cnt = vt_buf_nan(g, 4, "counter"), *bq1 = vt_buf_nan(g, op_quant_x8_bytes(1, K), "xq row 0");
+    vt_begin(g);
+    assert_int_equal(vkd_fill(g->dev, cnt, 0, 4, 0), VKI_OK);
+    assert_int_equal(op_quant_x8(&g->cmd, vkd_whole(bx), K, M, K, vkd_whole(bq)), VKI_OK);
+    assert_int_equal(op_quant_x8(&g->cmd, vkd_whole(bx), K, 1, K, vkd_whole(bq1)), VKI_OK);
+    vkd_barrier(&g->cmd);
+    op_mm_i8 glu = {.glu = true, .act = act};
+    assert_int_equal(op_matmul_i8(&g->cmd, &t, vkd_whole(bq), vkd_whole(by), N, M, &glu), VKI_OK);
+    assert_int_equal(op_matmul_i8(&g->cmd, &t, vkd_whole(bq), vkd_whole(bgu), 2 * N, M, NULL), VKI_OK);
+    vkd_barrier(&g->cmd);
+    assert_int_equal(op_glu(&g->cmd, act, (op_mat){vkd_whole(bgu), 0, 2 * N}, (op_mat){vkd_whole(bgu), N, 2 * N},
+                            (op_mat){vkd_whole(bz), 0, N}, M, N), VKI_OK);
+    /* the norming projection over all 2N rows of one token (X row 0) */
+    op_mm_norm n = {vkd_whole(bnw), vkd_whole(h1), vkd_whole(cnt), 1e-5f};
+    op_mm_i8 nrm = {.accumulate = true, .norm = &n}, acc = {.accumulate = true};
+    for (int rep = 0; rep < 2; rep++) {
+        assert_int_equal(op_matmul_i8(&g->cmd, &t, vkd_whole(bq1), vkd_whole(y1), 2 * N, 1, &nrm), VKI_OK);
+        assert_int_equal(op_matmul_i8(&g->cmd, &t, vkd_whole(bq1), vkd_whole(y2), 2 * N, 1, &acc), VKI_OK);
+        vkd_barrier(&g->cmd);
+        assert_int_equal(op_rmsnorm(&g->cmd, op_mat_rows(y2, 2 * N), vkd_whole(bnw), op_mat_rows(h2, 2 * N), 1, 2 * N,
+                                    1e-5f), VKI_OK);
+        vkd_barrier(&g->cmd);
+    }
+    vt_submit_wait(g);
+    size_t nb = (size_t)M * N * 4, nb2 = (size_t)2 * N * 4;
+    float *a = malloc(nb2 > nb ? nb2 : nb), *b = malloc(nb2 > nb ? nb2 : nb);
+    const char *tn = quant_get(type)->name;
+    vt_download(g, by, a, nb);
+    vt_download(g, bz, b, nb);
+    if (memcmp(a, b, nb))
+        fail_msg("matvec_i8 glu %s M=%u N=%u K=%u: differs from the product + op_glu (NMSE %.3g)", tn, M, N, K,
+                 vt_nmse(a, b, (size_t)M * N));
+    vt_download(g, y1, a, nb2);
+    vt_download(g, y2, b, nb2);
+    if (memcmp(a, b, nb2))
+        fail_msg("matvec_i8 norm %s N=%u K=%u: Y differs from the accumulating product", tn, 2 * N, K);
+    vt_download(g, h1, a, nb2);
+    vt_download(g, h2, b, nb2);
+    if (memcmp(a, b, nb2))
+        fail_msg("matvec_i8 norm %s N=%u K=%u: H differs from op_rmsnorm (NMSE %.3g)", tn, 2 * N, K,
+                 vt_nmse(a, b, 2 * N));
+    vk_tensor_destroy(g->dev, &t);
+    vkd_buffer *all[] = {bx, bq, bq1, by, bgu, bz, bnw, y1, y2, h1, h2, cnt};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
+        vkd_buffer_destroy(g->dev, all[i]);
+    free(wref); free(x); free(nw); free(raw); free(a); free(b);
+}
+
 static void test_matvec_i8(void **state)
 {
     vt_gpu *g = vt_gpu_get(state);
@@ -947,6 +1011,8 @@ static void test_matvec_i8(void **state)
                          "over the exact X", quant_get(types[i])->name, config, nmse, I8_TOL, nmse_x, I8_X_TOL);
             worst_i8[0] = nmse > worst_i8[0] ? nmse : worst_i8[0];
             worst_i8[1] = nmse_x > worst_i8[1] ? nmse_x : worst_i8[1];
+            i8_fused_case(g, &r, types[i], config ? 3 : 1, config ? 37 : 9, pick_k(&r, types[i], 2),
+                          config ? VKI_GLU_GELU_TANH : VKI_GLU_SILU);
         }
         g->dev->info = saved;
     }
@@ -958,13 +1024,13 @@ static void test_matvec_i8(void **state)
     vkd_buffer *x = vt_buf_nan(g, 4 * 64 * 2, "x"), *q = vt_buf_nan(g, op_quant_x8_bytes(2, 64), "xq");
     vkd_buffer *y = vt_buf_nan(g, 4 * 8 * 2, "y");
     vt_begin(g);
-    assert_int_equal(op_matmul_i8(&g->cmd, &t, NULL, vkd_whole(q), vkd_whole(y), 8, 1, false), VKI_ERR_UNSUPPORTED);
+    assert_int_equal(op_matmul_i8(&g->cmd, &t, vkd_whole(q), vkd_whole(y), 8, 1, NULL), VKI_ERR_UNSUPPORTED);
     assert_int_equal(op_quant_x8(&g->cmd, vkd_whole(x), 48, 2, 48, vkd_whole(q)), VKI_ERR_INVALID_ARG);
     assert_int_equal(op_quant_x8(&g->cmd, vkd_whole(x), 64, 3, 64, vkd_whole(q)), VKI_ERR_INVALID_ARG);
     vk_tensor_destroy(g->dev, &t);
     assert_int_equal(vk_tensor_create(g->dev, VKI_GGML_Q8_0, 64, 8, 0, "w", &t), VKI_OK);
-    assert_int_equal(op_matmul_i8(&g->cmd, &t, NULL, vkd_whole(q), vkd_whole(y), 8, 3, false), VKI_ERR_INVALID_ARG);
-    assert_int_equal(op_matmul_i8(&g->cmd, &t, NULL, vkd_whole(q), vkd_whole(y), 8, 0, false), VKI_ERR_INVALID_ARG);
+    assert_int_equal(op_matmul_i8(&g->cmd, &t, vkd_whole(q), vkd_whole(y), 8, 3, NULL), VKI_ERR_INVALID_ARG);
+    assert_int_equal(op_matmul_i8(&g->cmd, &t, vkd_whole(q), vkd_whole(y), 8, 0, NULL), VKI_ERR_INVALID_ARG);
     vt_submit_wait(g);
     vk_tensor_destroy(g->dev, &t);
     vkd_buffer_destroy(g->dev, x);

@@ -197,7 +197,7 @@ static vki_status matvec_i8_record(bench_run *r, vkd_cmd *c)
     if (st != VKI_OK)
         return st;
     vkd_barrier(c);
-    return op_matmul_i8(c, next_w(r), NULL, vkd_whole(r->buf[2]), vkd_whole(r->buf[1]), r->N, r->M, false);
+    return op_matmul_i8(c, next_w(r), vkd_whole(r->buf[2]), vkd_whole(r->buf[1]), r->N, r->M, NULL);
 }
 
 /* quant_x8 alone: M rows of K floats to int8 blocks. buf: 0 X, 1 XQ. */

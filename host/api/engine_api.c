@@ -161,6 +161,7 @@ static vki_status load(vki_engine *e, const char *path, const vki_engine_params 
         ep.batch_invariant = p->batch_invariant;
         ep.no_fusion = p->no_fusion;
         ep.no_cmd_reuse = p->no_cmd_reuse;
+        ep.int_dot = p->int_dot;
         ep.profile_path = p->profile_path;
         ep.capture_first = p->capture_first;
         ep.capture_last = p->capture_last;

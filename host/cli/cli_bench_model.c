@@ -541,6 +541,7 @@ static void report_row(const bm_report *r, bool pp, uint32_t B, const bm_run *ru
     cJSON_AddNumberToObject(j, "dispatches_per_step", run->dispatches / run->steps);
     cJSON_AddNumberToObject(j, "barriers_per_step", run->barriers / run->steps);
     cJSON_AddBoolToObject(j, "fusion", !r->o->eo.p.no_fusion);
+    cJSON_AddBoolToObject(j, "int_dot", r->o->eo.p.int_dot);
     cJSON_AddBoolToObject(j, "cmd_reuse", !r->o->eo.p.no_cmd_reuse);
     cJSON_AddNumberToObject(j, "reused_steps", run->reused / run->steps); /* share of the steps */
     if (pp) {
