@@ -235,8 +235,8 @@ static vki_status record_attention_block(vk_engine *e, uint32_t il, uint32_t T, 
     TRY(op_attention(c, &e->attn[kind], &ast[kind], q, op_mat_rows(s->att, qd), vkd_whole(e->k_pool[il]),
                      vkd_whole(e->v_pool[il]), vkd_whole(s->attn_tmp), e->p.no_fusion ? NULL : &merge));
     vkd_barrier(c);
-    return project_residual(e, &L->wo, vkd_whole(s->att), qd, T, "attn_o", "attn_o_xq", &L->post_attn_norm, "attn_post_norm",
-                            "attn_residual", &L->ffn_norm, normed);
+    return project_residual(e, &L->wo, vkd_whole(s->att), qd, T, "attn_o", "attn_o_xq", &L->post_attn_norm,
+                            "attn_post_norm", "attn_residual", &L->ffn_norm, normed);
 }
 
 /* *normed as for record_attention_block (the next layer's attention norm on return). */

@@ -400,9 +400,7 @@ vki_status op_matmul(vkd_cmd *c, const vk_tensor *w, const vkd_view *bias, vkd_v
     return op_matmul_path(c, w, bias, x, x_stride, y, y_stride, M, OP_MM_AUTO);
 }
 
-/* ---- the experts' matmul (mixture of experts) ------------------------------------------------ */
-
-/* ---- the integer-dot matrix-vector path -------------------------------------------------------- */
+/* ---- the integer-dot matrix-vector path ------------------------------------------------------ */
 
 static vkk_id matvec_i8_kernel(uint32_t type)
 {
@@ -512,6 +510,8 @@ vki_status op_matmul_i8(vkd_cmd *c, const vk_tensor *w, vkd_view xq, vkd_view y,
     }
     return VKI_OK;
 }
+
+/* ---- the experts' matmul (mixture of experts) ------------------------------------------------ */
 
 op_mm_path op_matmul_id_path(const vkd_device *d, uint32_t M, uint32_t n_expert)
 {

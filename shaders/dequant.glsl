@@ -509,7 +509,8 @@ void dq_unit_i8(uint rb, uint ib, uint iu, out uvec4 q, out vec4 a, out vec4 b) 
     uvec2 sc = dq_w2[(bb + 48u + 2u * h) >> 1];
     float d = dq_gscale(rb, ib);
     [[unroll]] for (uint g = 0u; g < 4u; g++) {
-        q[g] = ((((g & 1u) != 0u ? ql1 : ql0) >> (4u * (g >> 1))) & 0x0F0F0F0Fu) | (((qh >> (2u * g)) & 0x03030303u) << 4);
+        q[g] = ((((g & 1u) != 0u ? ql1 : ql0) >> (4u * (g >> 1))) & 0x0F0F0F0Fu) |
+               (((qh >> (2u * g)) & 0x03030303u) << 4);
         a[g] = dq_q6k_scale(d, g < 2u ? sc.x : sc.y, (l >> 4) + 2u * (g & 1u));
     }
     b = -32.0 * a;

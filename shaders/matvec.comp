@@ -29,8 +29,8 @@
 // summed in int32 over the groups that share a scale and converted once:
 //   sum_k w_k x_k ~= sum_span a * dx * sum_g dot(q_g, qx_g) + b * dx * sum_g dot(qx_g, 1)
 // (w = a q + b; x = dx qx): one instruction per 4 weights instead of 4 conversions and 4 FMAs,
-// at the price of X's 8-bit rounding (~2e-5 relative error in the product). A candidate for
-// batch-1 decode where the float path is ALU-bound (issue 9), measured by bench-kernels.
+// at the price of X's 8-bit rounding (~2e-5 relative error in the product): the engine's
+// opt-in int_dot decode path, for GPUs where the float path's conversions bound batch-1 decode.
 layout(local_size_x_id = 0) in;
 layout(constant_id = 1) const uint NR = 4;   // weight rows per workgroup
 layout(constant_id = 2) const uint MC = 1;   // activation rows per workgroup

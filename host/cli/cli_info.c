@@ -135,9 +135,10 @@ static void print_text(const vki_device_info *d)
     printf("  float16 %s  int8 %s  int16 %s  int64 %s  16-bit storage %s  8-bit storage %s\n",
            d->float16 ? "yes" : "no", d->int8 ? "yes" : "no", d->int16 ? "yes" : "no", d->int64 ? "yes" : "no",
            d->storage16 ? "yes" : "no", d->storage8 ? "yes" : "no");
-    printf("  integer dot %s  push descriptors %s  debug utils %s  timestamps %s (%.3g ns/tick)\n",
-           d->integer_dot ? (d->integer_dot_accel ? "yes (4x8 accelerated)" : "yes") : "no", d->push_descriptor ? "yes" : "no", d->debug_utils ? "yes" : "no",
-           d->timestamps ? "yes" : "no", d->timestamp_period_ns);
+    const char *idot = d->integer_dot ? (d->integer_dot_accel ? "yes (4x8 accelerated)" : "yes") : "no";
+    printf("  integer dot %s  push descriptors %s  debug utils %s  timestamps %s (%.3g ns/tick)\n", idot,
+           d->push_descriptor ? "yes" : "no", d->debug_utils ? "yes" : "no", d->timestamps ? "yes" : "no",
+           d->timestamp_period_ns);
     printf("  subgroup             size %u", d->subgroup_size);
     if (d->subgroup_min_size)
         printf(" (%u..%u)", d->subgroup_min_size, d->subgroup_max_size);
