@@ -271,8 +271,8 @@ static void account(const vk_engine *e, bm_model *m)
     m->weight_bytes += bytes_of(&md->output_norm) + bytes_of(head);
     m->head_flops_row = 2 * elems(head);
     m->embd_row_bytes = (double)md->tok_embd.src_row_bytes;
-    double esz = e->p.kv_type == VKI_GGML_F16 ? 2 : 4;
-    m->kv_bytes_pos = 2.0 * hp->n_layer * hp->n_head_kv * hp->head_dim * esz;
+    /* a head's K (or V) row as the pool stores it: F32, F16, or Q8_0's int8 values and f16 scales */
+    m->kv_bytes_pos = 2.0 * hp->n_layer * hp->n_head_kv * vk_engine_kv_row_bytes(e);
     m->attn_flops_key = 4.0 * hp->n_head * hp->head_dim * hp->n_layer;
 }
 
