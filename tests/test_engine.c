@@ -83,17 +83,10 @@ static void fixture_open_p(vt_gpu *g, const char *path, const vk_engine_params *
         fail_msg("ref_model_load: %s", err);
 }
 
-static void fixture_open_ex(vt_gpu *g, const char *path, uint32_t kv_type, uint32_t max_tokens, bool invariant,
-                            fixture *fx)
-{
-    vk_engine_params p = test_params(kv_type, max_tokens);
-    p.batch_invariant = invariant;
-    fixture_open_p(g, path, &p, fx);
-}
-
 static void fixture_open(vt_gpu *g, const char *path, uint32_t kv_type, uint32_t max_tokens, fixture *fx)
 {
-    fixture_open_ex(g, path, kv_type, max_tokens, false, fx);
+    vk_engine_params p = test_params(kv_type, max_tokens);
+    fixture_open_p(g, path, &p, fx);
 }
 
 static void fixture_close(fixture *fx)
@@ -876,11 +869,14 @@ static void test_long_context(void **state)
 
 /* Batch-invariant engines: a sequence's logits are bitwise the same decoded alone, prefilled in
  * chunks inside a ragged batch next to other sequences, and recomputed in one prefill after a
- * "pause" (what MAX_UTILIZATION does). */
-static void invariance_case(vt_gpu *g, const char *path, uint32_t kv_type, const char *label)
+ * "pause" (what MAX_UTILIZATION does); also on the integer-dot path (each row quantised alone). */
+static void invariance_case(vt_gpu *g, const char *path, uint32_t kv_type, bool int_dot, const char *label)
 {
     fixture fx;
-    fixture_open_ex(g, path, kv_type, 128, true, &fx);
+    vk_engine_params p = test_params(kv_type, 128);
+    p.batch_invariant = true;
+    p.int_dot = int_dot;
+    fixture_open_engine(g, path, &p, &fx);
     vt_rng r = {99};
     enum { NP = 37, ND = 6 };
     int32_t prompt[NP], other[50];
@@ -941,11 +937,13 @@ static void test_batch_invariant_mode(void **state)
     vt_gpu *g = vt_gpu_get(state);
     char path[512];
     if (vt_shared_model("stories260K.gguf", path, sizeof path))
-        invariance_case(g, path, VKI_GGML_F16, "stories260K f16 kv");
+        invariance_case(g, path, VKI_GGML_F16, false, "stories260K f16 kv");
     const shape_case *c = &SHAPES[6]; /* Q4_K_M */
     char syn[256];
     write_model(c, syn, sizeof syn);
-    invariance_case(g, syn, VKI_GGML_F16, "synthetic q4_k_m f16 kv");
+    invariance_case(g, syn, VKI_GGML_F16, false, "synthetic q4_k_m f16 kv");
+    if (op_matmul_i8_supported(g->dev, VKI_GGML_Q4_K))
+        invariance_case(g, syn, VKI_GGML_F16, true, "synthetic q4_k_m f16 kv, int_dot");
     unlink(syn);
     vt_assert_clean(g);
 }
@@ -1323,7 +1321,7 @@ static void test_moe_batched_equals_solo(void **state)
         free(solo[i].tok), free(both[i].tok);
     fixture_close(&fx);
     g->dev->gemv_max_m = saved_m;
-    invariance_case(g, path, VKI_GGML_F16, "qwen3moe q4_k_m invariant");
+    invariance_case(g, path, VKI_GGML_F16, false, "qwen3moe q4_k_m invariant");
     unlink(path);
     vt_assert_clean(g);
 }
