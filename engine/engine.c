@@ -268,6 +268,8 @@ static vki_status prepare_pipelines(vk_engine *e)
             return VKI_ERR_UNSUPPORTED;
         }
         st = op_matmul_prepare(e->dev, types[i]);
+        if (st == VKI_OK && e->p.int_dot && op_matmul_i8_supported(e->dev, types[i]))
+            st = op_matmul_i8_prepare(e->dev, types[i]);
     }
     return st;
 }

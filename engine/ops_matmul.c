@@ -414,6 +414,34 @@ static vkk_id matvec_i8_kernel(uint32_t type)
     }
 }
 
+/* matvec_i8's specialisation: the matrix-vector kernel's for M rows (with glu, an even row count) */
+static void i8_spec(const vkd_device *d, uint32_t M, bool glu, uint32_t spec[VKK_MAX_SPEC])
+{
+    matvec_spec(d, M == 1 ? 1 : OP_MATVEC_ROWS, spec);
+    if (glu) {
+        spec[1] += spec[1] % 2; /* as many gate rows as up rows */
+        spec[4] = 1;
+    }
+}
+
+#define QUANT_X8_WG 64u
+
+vki_status op_matmul_i8_prepare(vkd_device *d, uint32_t type)
+{
+    if (!op_matmul_i8_supported(d, type))
+        return VKI_ERR_UNSUPPORTED;
+    const uint32_t q[1] = {QUANT_X8_WG};
+    vki_status st = vkk_prepare(d, VKK_QUANT_X8, q);
+    const uint32_t ms[2] = {1, OP_MATVEC_ROWS}; /* the specialisations of M = 1 and of M > 1 */
+    for (int i = 0; i < 2 && st == VKI_OK; i++)
+        for (uint32_t glu = 0; glu < 2 && st == VKI_OK; glu++) {
+            uint32_t spec[VKK_MAX_SPEC];
+            i8_spec(d, ms[i], glu, spec);
+            st = vkk_prepare(d, matvec_i8_kernel(type), spec);
+        }
+    return st;
+}
+
 uint64_t op_quant_x8_bytes(uint32_t M, uint32_t K) { return 4 * ((uint64_t)M * (K / 4) + (uint64_t)M * (K / 32)); }
 
 bool op_matmul_i8_supported(const vkd_device *d, uint32_t type)
@@ -436,7 +464,7 @@ vki_status op_quant_x8(vkd_cmd *c, vkd_view x, uint32_t x_stride, uint32_t M, ui
         return bad_arg(d, "quant_x8", NULL, "X view too small for [M, x_stride] (or x_stride < K)");
     if (view_range(&xq) < op_quant_x8_bytes(M, K) || xq.offset % 4)
         return bad_arg(d, "quant_x8", NULL, "XQ view smaller than op_quant_x8_bytes(M, K) (or not 4-aligned)");
-    const uint32_t spec[1] = {64};
+    const uint32_t spec[1] = {QUANT_X8_WG};
     if (vkk_groups(M, 1) > d->info.max_workgroup_count[1])
         return bad_arg(d, "quant_x8", NULL, "M too large for one dispatch on this device");
     vki_pc_quant_x8 pc = {.M = M, .K = K, .x_stride = x_stride, .x_vec4 = x_vec4(&x, x_stride)};
@@ -481,11 +509,7 @@ vki_status op_matmul_i8(vkd_cmd *c, const vk_tensor *w, vkd_view xq, vkd_view y,
         return bad_arg(d, "matmul_i8", w, "norm needs M = 1, accumulate, one part in one dispatch, N norm "
                        "weights and H floats, a counter and eps >= 0");
     uint32_t spec[VKK_MAX_SPEC];
-    matvec_spec(d, M == 1 ? 1 : OP_MATVEC_ROWS, spec);
-    if (o->glu) {
-        spec[1] += spec[1] % 2; /* as many gate rows as up rows */
-        spec[4] = 1;
-    }
+    i8_spec(d, M, o->glu, spec);
     if (vkk_groups(M, matvec_rows_per_group(spec)) > d->info.max_workgroup_count[1])
         return bad_arg(d, "matmul_i8", w, "M too large for one dispatch on this device");
     vki_pc_matmul pc = {.M = M, .N = N, .K = K, .y_stride = y_stride, .w_stride = (uint32_t)w->row_bytes,

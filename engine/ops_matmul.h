@@ -109,6 +109,9 @@ vki_status op_quant_x8(vkd_cmd *c, vkd_view x, uint32_t x_stride, uint32_t M, ui
 bool op_matmul_i8_supported(const vkd_device *d, uint32_t type);
 vki_status op_matmul_i8(vkd_cmd *c, const vk_tensor *w, vkd_view xq, vkd_view y, uint32_t y_stride, uint32_t M,
                         const op_mm_i8 *o);
+/* Creates the pipelines op_quant_x8 and op_matmul_i8 use for a weight type (the engine, at open
+ * with int_dot), as op_matmul_prepare does for the float path. */
+vki_status op_matmul_i8_prepare(vkd_device *d, uint32_t type);
 
 /* Mixture of experts: every row of Y ("pair") is multiplied by its own expert's matrix:
  *   Y[p, n] = sum_k X[p / x_div, k] * W_e[n, k],  p < M, n < N, e = the pair's expert

@@ -998,6 +998,10 @@ static void test_matvec_i8(void **state)
         if (config == 1)
             as_nvidia(g, &saved);
         for (size_t i = 0; i < sizeof types / sizeof types[0]; i++) {
+            /* NVIDIA's shape: the types of each DQI_SPAN (4 with and without offsets, 2, 1); on
+             * an empty shader cache (CI) every type and shape is a pipeline to compile */
+            if (config == 1 && (types[i] == VKI_GGML_Q4_0 || types[i] == VKI_GGML_Q5_K))
+                continue;
             double err[4] = {0, 0, 0, 0};
             for (uint32_t c = 0; c < 5; c++) {
                 mm_case s = {.M = Ms[c], .N = Ns[c], .K = c == 1 ? big_k(types[i]) : pick_k(&r, types[i], c),
