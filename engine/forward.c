@@ -108,15 +108,14 @@ static vki_status project_residual(vk_engine *e, const vk_tensor *w, vkd_view in
     vkd_cmd *c = &e->cmd;
     uint32_t d = hp->d_model;
     *normed = false;
-    vkd_role(c, mm_role);
-    if (use_i8(e, w, T)) {
+    const bool i8 = use_i8(e, w, T);
+    if (i8)
         TRY(quant_x(e, xq_role, in, in_stride, T, (uint32_t)w->ne0));
-        vkd_role(c, mm_role);
-    }
+    vkd_role(c, mm_role);
     if (!hp->post_norms && !e->p.no_fusion) {
         if (next_norm && T == 1 && op_matmul_norm_fits(e->dev, w)) {
             op_mm_norm n = {vkd_whole(next_norm->parts[0].buf), vkd_whole(s->h), vkd_whole(s->mm_cnt), hp->rms_eps};
-            if (use_i8(e, w, T)) {
+            if (i8) {
                 op_mm_i8 o = {.accumulate = true, .norm = &n};
                 TRY(op_matmul_i8(c, w, vkd_whole(s->xq), vkd_whole(s->x), d, 1, &o));
             } else {
@@ -288,8 +287,7 @@ static vki_status record_ffn_block(vk_engine *e, uint32_t il, uint32_t T, bool *
     TRY(op_glu(c, act, g, u, g, T, ff));
     vkd_barrier(c);
     return project_residual(e, &L->w_down, vkd_whole(s->g), gs, T, "ffn_down", "ffn_down_xq", &L->post_ffn_norm,
-                            "ffn_post_norm",
-                            "ffn_residual", next_norm, normed);
+                            "ffn_post_norm", "ffn_residual", next_norm, normed);
 }
 
 /* LM head on the rows listed at in->off_rows: gather, norm, project [, soft-cap]. */

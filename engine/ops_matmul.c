@@ -102,6 +102,17 @@ static void matvec_spec(const vkd_device *d, uint32_t mc, uint32_t spec[6])
 /* Activation rows one matrix-vector workgroup covers (MC rows, MCH times). */
 static uint32_t matvec_rows_per_group(const uint32_t *spec) { return spec[2] * spec[5]; }
 
+/* The matrix-vector kernel's specialisation for M activation rows; glu: the gate|up pass (as many
+ * gate rows as up rows per workgroup). */
+static void mv_spec(const vkd_device *d, uint32_t M, bool glu, uint32_t spec[VKK_MAX_SPEC])
+{
+    matvec_spec(d, M == 1 ? 1 : OP_MATVEC_ROWS, spec);
+    if (glu) {
+        spec[1] += spec[1] % 2;
+        spec[4] = 1;
+    }
+}
+
 /* matmul {WG, BM, BN, BK, TM, TN}. Where shared memory and subgroups are large (NVIDIA: 48 KiB,
  * 32 lanes) 128x128 tiles over 256 invocations; elsewhere (small GPUs) 64x64 tiles over 64
  * invocations, less padding waste for the moderate M of prefill chunks. Both use 8x8 register
@@ -234,7 +245,7 @@ static vki_status pick_kernel(const vkd_device *d, const mm_type *t, uint32_t M,
         path = M <= op_matmul_gemv_max_m(d) ? OP_MM_GEMV : d->cm.kind != VKD_CM_NONE ? OP_MM_COOPMAT : OP_MM_GEMM;
     switch (path) {
     case OP_MM_GEMV:
-        matvec_spec(d, M == 1 ? 1 : OP_MATVEC_ROWS, spec);
+        mv_spec(d, M, false, spec);
         *kid = t->matvec;
         return VKI_OK;
     case OP_MM_COOPMAT:
@@ -291,6 +302,35 @@ static vki_status check_mm(vkd_device *d, const char *op, const vk_tensor *w, ui
 /* X rows may be read as vec4 (vki_pc_matmul.x_vec4). */
 static uint32_t x_vec4(const vkd_view *x, uint32_t x_stride) { return x_stride % 4 == 0 && x->offset % 16 == 0; }
 
+/* Kernel k over every part of w (each writes its own Y columns): bind W, X, bias (or X), Y. */
+static vki_status parts_dispatch(vkd_cmd *c, const vk_tensor *w, vkk_id k, const uint32_t *spec, uint32_t per_n,
+                                 uint32_t per_m, vkd_view x, const vkd_view *bias, vkd_view y, vki_pc_matmul pc)
+{
+    for (uint32_t i = 0; i < w->n_parts; i++) {
+        const vk_tensor_part *part = &w->parts[i];
+        vkd_view bind[4] = {vkd_whole(part->buf), x, bias ? *bias : x, y};
+        pc.N = (uint32_t)part->n_rows;
+        pc.y_col0 = (uint32_t)part->row0;
+        vki_status st = matmul_part(c, k, spec, per_n, per_m, bind, pc, NULL);
+        if (st != VKI_OK)
+            return st;
+    }
+    return VKI_OK;
+}
+
+/* The gate|up pass's weights and activation; the norming projection's weights and views. */
+static bool glu_fits(const vk_tensor *w, uint32_t act)
+{
+    return w->n_rows % 2 == 0 && w->n_parts == 1 && (act == VKI_GLU_SILU || act == VKI_GLU_GELU_TANH);
+}
+
+static bool norm_fits(const vkd_device *d, const vk_tensor *w, const op_mm_norm *n)
+{
+    const uint64_t N = w->n_rows;
+    return op_matmul_norm_fits(d, w) && view_holds(&n->weight, 1, N, N, 4) && view_holds(&n->h, 1, N, N, 4) &&
+           view_holds(&n->counter, 1, 1, 1, 4) && n->eps >= 0;
+}
+
 vki_status op_matmul_ex(vkd_cmd *c, const vk_tensor *w, const vkd_view *bias, vkd_view x, uint32_t x_stride,
                         vkd_view y, uint32_t y_stride, uint32_t M, op_mm_path path, bool accumulate)
 {
@@ -323,16 +363,7 @@ vki_status op_matmul_ex(vkd_cmd *c, const vk_tensor *w, const vkd_view *bias, vk
                         .w_stride = (uint32_t)w->row_bytes,
                         .flags = (bias ? VKI_MM_BIAS : 0u) | (accumulate ? VKI_MM_ACCUM : 0u),
                         .x_vec4 = x_vec4(&x, x_stride)};
-    for (uint32_t i = 0; i < w->n_parts; i++) {
-        const vk_tensor_part *part = &w->parts[i];
-        vkd_view bind[4] = {vkd_whole(part->buf), x, bias ? *bias : x, y};
-        pc.N = (uint32_t)part->n_rows;
-        pc.y_col0 = (uint32_t)part->row0;
-        st = matmul_part(c, kid, spec, per_group_n, per_group_m, bind, pc, NULL);
-        if (st != VKI_OK)
-            return st;
-    }
-    return VKI_OK;
+    return parts_dispatch(c, w, kid, spec, per_group_n, per_group_m, x, bias, y, pc);
 }
 
 vki_status op_matmul_path(vkd_cmd *c, const vk_tensor *w, const vkd_view *bias, vkd_view x,
@@ -350,12 +381,10 @@ vki_status op_matmul_glu(vkd_cmd *c, const vk_tensor *w, uint32_t act, vkd_view 
     vki_status st = check_mm(d, "matmul_glu", w, M, N, &x, x_stride, &y, y_stride, &t);
     if (st != VKI_OK)
         return st;
-    if (w->n_rows % 2 || w->n_parts != 1 || (act != VKI_GLU_SILU && act != VKI_GLU_GELU_TANH))
+    if (!glu_fits(w, act))
         return bad_arg(d, "matmul_glu", w, "needs one part of an even number of rows, SiLU or GELU");
     uint32_t spec[VKK_MAX_SPEC];
-    matvec_spec(d, M == 1 ? 1 : OP_MATVEC_ROWS, spec);
-    spec[1] += spec[1] % 2; /* as many gate rows as up rows */
-    spec[4] = 1;
+    mv_spec(d, M, true, spec);
     if (vkk_groups(M, matvec_rows_per_group(spec)) > d->info.max_workgroup_count[1])
         return bad_arg(d, "matmul_glu", w, "M too large for one dispatch on this device");
     vki_pc_matmul pc = {.M = M, .N = (uint32_t)N, .K = (uint32_t)K, .x_stride = x_stride, .y_stride = y_stride,
@@ -381,8 +410,7 @@ vki_status op_matmul_norm(vkd_cmd *c, const vk_tensor *w, vkd_view x, vkd_view y
     vki_status st = check_mm(d, "matmul_norm", w, 1, N, &x, (uint32_t)K, &y, (uint32_t)N, &t);
     if (st != VKI_OK)
         return st;
-    if (!op_matmul_norm_fits(d, w) || !view_holds(&n->weight, 1, N, N, 4) || !view_holds(&n->h, 1, N, N, 4) ||
-        !view_holds(&n->counter, 1, 1, 1, 4) || !(n->eps >= 0))
+    if (!norm_fits(d, w, n))
         return bad_arg(d, "matmul_norm", w, "needs one part in one dispatch, N norm weights and H floats, a "
                        "counter and eps >= 0");
     uint32_t spec[VKK_MAX_SPEC];
@@ -414,16 +442,6 @@ static vkk_id matvec_i8_kernel(uint32_t type)
     }
 }
 
-/* matvec_i8's specialisation: the matrix-vector kernel's for M rows (with glu, an even row count) */
-static void i8_spec(const vkd_device *d, uint32_t M, bool glu, uint32_t spec[VKK_MAX_SPEC])
-{
-    matvec_spec(d, M == 1 ? 1 : OP_MATVEC_ROWS, spec);
-    if (glu) {
-        spec[1] += spec[1] % 2; /* as many gate rows as up rows */
-        spec[4] = 1;
-    }
-}
-
 #define QUANT_X8_WG 64u
 
 vki_status op_matmul_i8_prepare(vkd_device *d, uint32_t type)
@@ -436,7 +454,7 @@ vki_status op_matmul_i8_prepare(vkd_device *d, uint32_t type)
     for (int i = 0; i < 2 && st == VKI_OK; i++)
         for (uint32_t glu = 0; glu < 2 && st == VKI_OK; glu++) {
             uint32_t spec[VKK_MAX_SPEC];
-            i8_spec(d, ms[i], glu, spec);
+            mv_spec(d, ms[i], glu, spec);
             st = vkk_prepare(d, matvec_i8_kernel(type), spec);
         }
     return st;
@@ -465,7 +483,7 @@ vki_status op_quant_x8(vkd_cmd *c, vkd_view x, uint32_t x_stride, uint32_t M, ui
     if (view_range(&xq) < op_quant_x8_bytes(M, K) || xq.offset % 4)
         return bad_arg(d, "quant_x8", NULL, "XQ view smaller than op_quant_x8_bytes(M, K) (or not 4-aligned)");
     const uint32_t spec[1] = {QUANT_X8_WG};
-    if (vkk_groups(M, 1) > d->info.max_workgroup_count[1])
+    if (M > d->info.max_workgroup_count[1])
         return bad_arg(d, "quant_x8", NULL, "M too large for one dispatch on this device");
     vki_pc_quant_x8 pc = {.M = M, .K = K, .x_stride = x_stride, .x_vec4 = x_vec4(&x, x_stride)};
     vkd_view b[2] = {x, xq};
@@ -499,17 +517,14 @@ vki_status op_matmul_i8(vkd_cmd *c, const vk_tensor *w, vkd_view xq, vkd_view y,
         return bad_arg(d, "matmul_i8", w, "Y view too small for [M, y_stride] (or y_stride < N)");
     if (o->bias && (o->glu || !view_holds(o->bias, 1, N, N, 4)))
         return bad_arg(d, "matmul_i8", w, "bias view holds fewer than N floats (or a bias with glu)");
-    if (o->glu && (w->n_rows % 2 || w->n_parts != 1 || o->accumulate || o->norm ||
-                   (o->act != VKI_GLU_SILU && o->act != VKI_GLU_GELU_TANH)))
+    if (o->glu && (!glu_fits(w, o->act) || o->accumulate || o->norm))
         return bad_arg(d, "matmul_i8", w, "glu needs one part of an even number of rows, SiLU or GELU, and no "
                        "accumulate or norm");
-    if (o->norm && (M != 1 || y_stride != N || !o->accumulate || !op_matmul_norm_fits(d, w) ||
-                    !view_holds(&o->norm->weight, 1, N, N, 4) || !view_holds(&o->norm->h, 1, N, N, 4) ||
-                    !view_holds(&o->norm->counter, 1, 1, 1, 4) || !(o->norm->eps >= 0)))
+    if (o->norm && (M != 1 || y_stride != N || !o->accumulate || !norm_fits(d, w, o->norm)))
         return bad_arg(d, "matmul_i8", w, "norm needs M = 1, accumulate, one part in one dispatch, N norm "
                        "weights and H floats, a counter and eps >= 0");
     uint32_t spec[VKK_MAX_SPEC];
-    i8_spec(d, M, o->glu, spec);
+    mv_spec(d, M, o->glu, spec);
     if (vkk_groups(M, matvec_rows_per_group(spec)) > d->info.max_workgroup_count[1])
         return bad_arg(d, "matmul_i8", w, "M too large for one dispatch on this device");
     vki_pc_matmul pc = {.M = M, .N = N, .K = K, .y_stride = y_stride, .w_stride = (uint32_t)w->row_bytes,
@@ -523,16 +538,7 @@ vki_status op_matmul_i8(vkd_cmd *c, const vk_tensor *w, vkd_view xq, vkd_view y,
         return matmul_part(c, kid, spec, o->glu ? spec[1] / 2 : spec[1], matvec_rows_per_group(spec), bind, pc,
                            o->norm ? norm : NULL);
     }
-    for (uint32_t i = 0; i < w->n_parts; i++) {
-        const vk_tensor_part *part = &w->parts[i];
-        vkd_view bind[4] = {vkd_whole(part->buf), xq, o->bias ? *o->bias : xq, y};
-        pc.N = (uint32_t)part->n_rows;
-        pc.y_col0 = (uint32_t)part->row0;
-        st = matmul_part(c, kid, spec, spec[1], matvec_rows_per_group(spec), bind, pc, NULL);
-        if (st != VKI_OK)
-            return st;
-    }
-    return VKI_OK;
+    return parts_dispatch(c, w, kid, spec, spec[1], matvec_rows_per_group(spec), xq, o->bias, y, pc);
 }
 
 /* ---- the experts' matmul (mixture of experts) ------------------------------------------------ */
