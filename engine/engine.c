@@ -124,7 +124,8 @@ static void destroy_scratch(vk_engine *e)
 }
 
 /* Lays out the step inputs for `pages` page-table entries and mask_bytes of token masks and
- * (re)allocates the buffers. */
+ * (re)allocates the buffers (every flight's in_host and in.dev: steps in flight are waited for
+ * first). */
 static vki_status size_inputs(vk_engine *e, uint64_t pages, VkDeviceSize mask_bytes)
 {
     vk_step_inputs *in = &e->in;
@@ -140,11 +141,19 @@ static vki_status size_inputs(vk_engine *e, uint64_t pages, VkDeviceSize mask_by
     in->off_pages = o, o = align_up(o + (pages ? pages : 1) * 4, a);
     if (o <= in->cap)
         return VKI_OK;
-    vkd_buffer_destroy(e->dev, in->host);
+    vki_status st = vk_engine_drain(e);
+    if (st != VKI_OK)
+        return st;
     vkd_buffer_destroy(e->dev, in->dev);
-    in->host = in->dev = NULL;
+    in->dev = NULL;
     in->cap = 0;
-    vki_status st = vkd_buffer_create(e->dev, o, VKD_MEM_HOST, "step inputs (host)", &in->host);
+    for (uint32_t i = 0; i < e->n_flights; i++) {
+        vkd_buffer_destroy(e->dev, e->fl[i].in_host);
+        e->fl[i].in_host = NULL;
+    }
+    for (uint32_t i = 0; i < e->n_flights && st == VKI_OK; i++)
+        st = vkd_buffer_create(e->dev, o, VKD_MEM_HOST, i ? "step inputs (host, flight 1)" : "step inputs (host)",
+                               &e->fl[i].in_host);
     if (st == VKI_OK)
         st = vkd_buffer_create(e->dev, o, VKD_MEM_DEVICE, "step inputs", &in->dev);
     if (st == VKI_OK)
@@ -247,7 +256,7 @@ static vki_status prepare_pipelines(vk_engine *e)
     if (st == VKI_OK)
         st = vk_moe_prepare(e);
     if (st == VKI_OK)
-        st = op_sampler_prepare(e->sampler);
+        st = op_sampler_prepare(e->fl[0].sampler);
     const vk_model *m = &e->model;
     uint32_t types[VK_MAX_WEIGHT_TYPES], n = 0;
     add_type(types, &n, VKI_GGML_F32); /* activation gathers */
@@ -351,27 +360,40 @@ vki_status vk_engine_create(vkd_device *d, const gguf_file *f, const model_hpara
         e->in.max_info = e->p.max_seqs;
         e->in.max_items = op_attn_max_items(&e->attn[0], e->p.max_seqs, e->p.max_tokens);
     }
+    /* profiles and captures are per recorded step: one flight, each step waited before the next */
+    e->n_flights = e->p.profile_path || e->p.capture_first >= 0 ? 1 : VK_MAX_FLIGHTS;
+    e->prev_fl = UINT32_MAX;
     if (st == VKI_OK) {
         e->in.info = calloc(e->in.max_info, sizeof *e->in.info);
         e->slot_seen = calloc(e->p.max_seqs, 1);
         e->in.items = calloc(e->in.max_items, sizeof *e->in.items);
-        st = e->in.info && e->in.items && e->slot_seen ? VKI_OK : VKI_ERR_OUT_OF_HOST_MEMORY;
+        e->prev_row = malloc((size_t)e->p.max_seqs * sizeof *e->prev_row);
+        st = e->in.info && e->in.items && e->slot_seen && e->prev_row ? VKI_OK : VKI_ERR_OUT_OF_HOST_MEMORY;
     }
+    for (uint32_t i = 0; st == VKI_OK && i < e->p.max_seqs; i++)
+        e->prev_row[i] = UINT32_MAX;
     if (st == VKI_OK)
         st = create_scratch(e);
     if (st == VKI_OK)
         st = size_inputs(e, (uint64_t)e->p.max_seqs * 16, 0);
-    if (st == VKI_OK)
-        st = op_sampler_create(d, e->max_out, hp->n_vocab, &e->sampler);
-    if (st == VKI_OK)
-        st = vkd_cmd_create(d, "step", &e->cmd);
+    for (uint32_t i = 0; st == VKI_OK && i < e->n_flights; i++) {
+        vk_flight *fl = &e->fl[i];
+        st = op_sampler_create(d, e->max_out, hp->n_vocab, &fl->sampler);
+        if (st == VKI_OK)
+            st = vkd_cmd_create(d, i ? "step (flight 1)" : "step", &fl->cmd);
+        if (st == VKI_OK && !(fl->out_slots = malloc((size_t)e->max_out * sizeof *fl->out_slots)))
+            st = VKI_ERR_OUT_OF_HOST_MEMORY;
+        /* A step that records what an earlier one recorded is submitted again (vkd_cmd reuse): up
+         * to 8 shapes per flight, e.g. decode at the batch sizes a server moves between and a
+         * prefill chunk or two. Not with a RenderDoc capture set (whose steps want labels of
+         * their own). */
+        if (st == VKI_OK && !e->p.no_cmd_reuse && e->p.capture_first < 0)
+            st = vkd_cmd_enable_reuse(&fl->cmd, 8);
+    }
+    e->cmd = &e->fl[0].cmd;
+    e->sampler = e->fl[0].sampler;
     if (st == VKI_OK && e->p.profile_path)
-        st = vk_profile_open(&e->prof, &e->cmd, e->p.profile_path);
-    /* A step that records what an earlier one recorded is submitted again (vkd_cmd reuse): up
-     * to 8 shapes, e.g. decode at the batch sizes a server moves between and a prefill chunk or
-     * two. Not with a RenderDoc capture set (whose steps want labels of their own). */
-    if (st == VKI_OK && !e->p.no_cmd_reuse && e->p.capture_first < 0)
-        st = vkd_cmd_enable_reuse(&e->cmd, 8);
+        st = vk_profile_open(&e->prof, e->cmd, e->p.profile_path);
     if (st == VKI_OK)
         st = size_kv(e);
     if (st == VKI_OK)
@@ -393,8 +415,12 @@ void vk_engine_destroy(vk_engine *e)
         return;
     vk_capture_close(&e->capture, e->dev);
     vk_profile_close(&e->prof);
-    vkd_cmd_destroy(&e->cmd);
-    op_sampler_destroy(e->sampler);
+    for (uint32_t i = 0; i < e->n_flights; i++) {
+        vkd_cmd_destroy(&e->fl[i].cmd); /* waits for a step still in flight */
+        op_sampler_destroy(e->fl[i].sampler);
+        vkd_buffer_destroy(e->dev, e->fl[i].in_host);
+        free(e->fl[i].out_slots);
+    }
     for (uint32_t il = 0; il < e->model.hp.n_layer; il++) {
         if (e->k_pool)
             vkd_buffer_destroy(e->dev, e->k_pool[il]);
@@ -404,9 +430,9 @@ void vk_engine_destroy(vk_engine *e)
     free(e->k_pool);
     free(e->v_pool);
     destroy_scratch(e);
-    vkd_buffer_destroy(e->dev, e->in.host);
     vkd_buffer_destroy(e->dev, e->in.dev);
     free(e->in.info);
+    free(e->prev_row);
     free(e->in.items);
     free(e->slot_seen);
     vk_model_free(e->dev, &e->model);
@@ -450,9 +476,17 @@ static vki_status check_plan(vk_engine *e, const vki_step_plan *plan, uint64_t *
             if (s->pages[j] >= e->n_pages && !(s->pages[j] == VKI_PAGE_NONE && page_unseen(e, j, s->pos0)))
                 return bad_plan(e, s->pages[j] == VKI_PAGE_NONE ? "a released page is still in a layer's window"
                                                                  : "page id outside the KV pool", i);
-        for (uint32_t j = 0; j < s->n_new; j++)
+        for (uint32_t j = 0; j < s->n_new; j++) {
+            if (s->tokens[j] == VKI_TOKEN_PREV && s->n_new == 1) {
+                if (e->prev_fl == UINT32_MAX || e->prev_row[s->slot] == UINT32_MAX)
+                    return bad_plan(e, "VKI_TOKEN_PREV: the previous step sampled no token for this slot on the "
+                                    "device", i);
+                continue;
+            }
             if (s->tokens[j] < 0 || (uint32_t)s->tokens[j] >= e->model.hp.n_vocab)
-                return bad_plan(e, "token id outside the vocabulary", i);
+                return bad_plan(e, s->tokens[j] == VKI_TOKEN_PREV ? "VKI_TOKEN_PREV in an entry of more than one token"
+                                                                  : "token id outside the vocabulary", i);
+        }
         tokens += s->n_new;
         *n_pt += need;
         *n_out += s->want_token;
@@ -484,14 +518,14 @@ static vki_status check_plan(vk_engine *e, const vki_step_plan *plan, uint64_t *
 
 /* Packs tokens, positions, sequence table, page table, attention items (one list per attention
  * kind), LM-head rows and the sampler's token masks (already packed by op_sampler_pack_plan). */
-static vki_status pack_inputs(vk_engine *e, const vki_step_plan *plan, uint64_t n_pt, op_attn_plan ap[2])
+static vki_status pack_inputs(vk_engine *e, vk_flight *f, const vki_step_plan *plan, uint64_t n_pt, op_attn_plan ap[2])
 {
-    size_t mask_bytes = op_sampler_mask_bytes(e->sampler);
+    size_t mask_bytes = op_sampler_mask_bytes(f->sampler);
     vki_status st = size_inputs(e, n_pt, mask_bytes);
     if (st != VKI_OK)
         return st;
     vk_step_inputs *in = &e->in;
-    char *base = in->host->mapped;
+    char *base = f->in_host->mapped;
     int32_t *tok = (int32_t *)(base + in->off_tokens), *rows = (int32_t *)(base + in->off_rows);
     uint32_t *pos = (uint32_t *)(base + in->off_pos), *seq = (uint32_t *)(base + in->off_seq);
     uint32_t *pt = (uint32_t *)(base + in->off_pages);
@@ -503,7 +537,7 @@ static vki_status pack_inputs(vk_engine *e, const vki_step_plan *plan, uint64_t 
         if (!inv)
             in->info[i] = (vki_seq_info){.row0 = row, .n_new = s->n_new, .n_ctx = s->pos0 + s->n_new, .pt_off = pto};
         for (uint32_t j = 0; j < s->n_new; j++) {
-            tok[row + j] = s->tokens[j];
+            tok[row + j] = s->tokens[j] == VKI_TOKEN_PREV ? 0 : s->tokens[j]; /* PREV: copied on the device */
             pos[row + j] = s->pos0 + j;
             seq[row + j] = inv ? row + j : i;
             if (inv) /* every query token its own one-token "sequence" over its causal prefix */
@@ -516,7 +550,7 @@ static vki_status pack_inputs(vk_engine *e, const vki_step_plan *plan, uint64_t 
         pto += need;
     }
     if (mask_bytes) /* n_vocab / 8 bytes per constrained row: 16 KiB at a 128k vocabulary */
-        op_sampler_copy_masks(e->sampler, base + in->off_masks);
+        op_sampler_copy_masks(f->sampler, base + in->off_masks);
     in->n_info = inv ? row : plan->n_seqs;
     memcpy(base + in->off_info, in->info, in->n_info * sizeof *in->info);
     /* one work list per attention kind: their windows give different decode splits */
@@ -599,11 +633,11 @@ static bool wants_hidden(const vki_step_plan *plan)
 static vki_status record_hidden(vk_engine *e, const vki_step_plan *plan)
 {
     uint32_t d = e->model.hp.d_model;
-    vkd_barrier(&e->cmd);
-    vkd_label_begin(&e->cmd, "hidden states");
-    vki_status st = op_rmsnorm(&e->cmd, op_mat_rows(e->s.x, d), vkd_whole(e->model.output_norm.parts[0].buf),
+    vkd_barrier(e->cmd);
+    vkd_label_begin(e->cmd, "hidden states");
+    vki_status st = op_rmsnorm(e->cmd, op_mat_rows(e->s.x, d), vkd_whole(e->model.output_norm.parts[0].buf),
                                op_mat_rows(e->s.h, d), plan->n_tokens, d, e->model.hp.rms_eps);
-    vkd_label_end(&e->cmd);
+    vkd_label_end(e->cmd);
     return st;
 }
 
@@ -642,12 +676,12 @@ static void record_page_copies(vk_engine *e, const vki_step_plan *plan)
 {
     VkDeviceSize pb = op_kv_page_bytes(&e->attn[0].s);
     if (plan->n_copies) /* the previous step's KV writes (an earlier submission) before the reads */
-        vkd_barrier_compute_to_transfer(&e->cmd);
+        vkd_barrier_compute_to_transfer(e->cmd);
     for (uint32_t i = 0; i < plan->n_copies; i++)
         for (uint32_t l = 0; l < e->model.hp.n_layer; l++) {
             VkDeviceSize src = plan->copies[i].src * pb, dst = plan->copies[i].dst * pb;
-            vkd_copy(&e->cmd, e->k_pool[l], src, e->k_pool[l], dst, pb);
-            vkd_copy(&e->cmd, e->v_pool[l], src, e->v_pool[l], dst, pb);
+            vkd_copy(e->cmd, e->k_pool[l], src, e->k_pool[l], dst, pb);
+            vkd_copy(e->cmd, e->v_pool[l], src, e->v_pool[l], dst, pb);
         }
 }
 
@@ -662,23 +696,24 @@ static uint32_t ctx_rows(const vki_step_seq *s)
 }
 
 /* One LM-head pass over n rows of s.x (indices in rows[]) and their copy back to out [n][V]. */
-static vki_status lm_head_rows(vk_engine *e, uint32_t T, const int32_t *rows, uint32_t n, float *out)
+static vki_status lm_head_rows(vk_engine *e, vkd_buffer *in_host, uint32_t T, const int32_t *rows, uint32_t n,
+                               float *out)
 {
     uint32_t V = e->model.hp.n_vocab, ls = vk_engine_logits_stride(e);
-    memcpy((char *)e->in.host->mapped + e->in.off_rows, rows, (size_t)n * 4);
-    vki_status st = vkd_cmd_begin(&e->cmd);
+    memcpy((char *)in_host->mapped + e->in.off_rows, rows, (size_t)n * 4);
+    vki_status st = vkd_cmd_begin(e->cmd);
     if (st != VKI_OK)
         return st;
-    vkd_label_begin(&e->cmd, "context logits");
-    vkd_copy(&e->cmd, e->in.host, e->in.off_rows, e->in.dev, e->in.off_rows, (VkDeviceSize)n * 4);
-    vkd_barrier_transfer_to_compute(&e->cmd);
+    vkd_label_begin(e->cmd, "context logits");
+    vkd_copy(e->cmd, in_host, e->in.off_rows, e->in.dev, e->in.off_rows, (VkDeviceSize)n * 4);
+    vkd_barrier_transfer_to_compute(e->cmd);
     st = vk_forward_record_lm_head(e, T, n);
-    vkd_label_end(&e->cmd);
+    vkd_label_end(e->cmd);
     if (st != VKI_OK) {
-        vkd_cmd_abort(&e->cmd);
+        vkd_cmd_abort(e->cmd);
         return st;
     }
-    if ((st = vkd_cmd_submit(&e->cmd)) != VKI_OK || (st = vkd_cmd_wait(&e->cmd)) != VKI_OK)
+    if ((st = vkd_cmd_submit(e->cmd)) != VKI_OK || (st = vkd_cmd_wait(e->cmd)) != VKI_OK)
         return st;
     for (uint32_t r = 0; r < n && st == VKI_OK; r++)
         st = vkd_download(e->dev, e->s.logits, (VkDeviceSize)r * ls * 4, out + (size_t)r * V, (size_t)V * 4);
@@ -688,7 +723,7 @@ static vki_status lm_head_rows(vk_engine *e, uint32_t T, const int32_t *rows, ui
 /* After the step, s.x still holds every row's final residual: the sequences that asked for
  * context logits get the LM head over their rows, max_out rows per pass (s.logits holds no
  * more). Runs after the sampled rows were read, because it overwrites s.logits. */
-static vki_status host_context_logits(vk_engine *e, const vki_step_plan *plan)
+static vki_status host_context_logits(vk_engine *e, vkd_buffer *in_host, const vki_step_plan *plan)
 {
     uint32_t V = e->model.hp.n_vocab, R = e->max_out, row0 = 0;
     float *out = NULL;
@@ -707,7 +742,7 @@ static vki_status host_context_logits(vk_engine *e, const vki_step_plan *plan)
             uint32_t m = n - r0 < R ? n - r0 : R;
             for (uint32_t r = 0; r < m; r++)
                 rows[r] = (int32_t)(row0 + r0 + r);
-            st = lm_head_rows(e, plan->n_tokens, rows, m, out);
+            st = lm_head_rows(e, in_host, plan->n_tokens, rows, m, out);
             if (st == VKI_OK)
                 s->logits_sink(s->logits_sink_ctx, out, m, V, s->pos0 + r0, false);
         }
@@ -725,80 +760,203 @@ static bool wants_ctx_logits(const vki_step_plan *plan)
     return false;
 }
 
-vki_status vk_engine_step(vk_engine *e, const vki_step_plan *plan, vki_step_out *outs, float *logits)
+/* Whether the step's wait reads scratch back (logits rows, hidden rows, context logits): no later
+ * step may overwrite it first. */
+static bool plan_exclusive(const vki_step_plan *plan)
+{
+    for (uint32_t i = 0; i < plan->n_seqs; i++) {
+        const vki_step_seq *s = &plan->seqs[i];
+        if ((s->want_token && (s->logits_hook || (s->logits_sink && s->sink_sampled))) || s->hidden_hook || ctx_rows(s))
+            return true;
+    }
+    return false;
+}
+
+/* VKI_TOKEN_PREV entries: their token copied from the previous step's sampler output over the
+ * zero packed in its place (after the inputs' copy, before the barrier to the forward pass). */
+static void record_prev_tokens(vk_engine *e, const vki_step_plan *plan)
+{
+    const op_sampler *prev = NULL;
+    for (uint32_t i = 0, row = 0; i < plan->n_seqs; row += plan->seqs[i++].n_new) {
+        const vki_step_seq *s = &plan->seqs[i];
+        if (s->tokens[0] != VKI_TOKEN_PREV || s->n_new != 1)
+            continue;
+        if (!prev) {
+            prev = e->fl[e->prev_fl].sampler;
+            vkd_barrier_ex(e->cmd, VK_PIPELINE_STAGE_TRANSFER_BIT, VK_ACCESS_TRANSFER_WRITE_BIT,
+                           VK_PIPELINE_STAGE_TRANSFER_BIT, VK_ACCESS_TRANSFER_WRITE_BIT);
+        }
+        vkd_view t = op_sampler_token_view(prev, e->prev_row[s->slot]);
+        vkd_copy(e->cmd, t.buf, t.offset, e->in.dev, e->in.off_tokens + (VkDeviceSize)row * 4, 4);
+    }
+}
+
+/* The submitted step is the one later VKI_TOKEN_PREV entries read: its device-sampled rows. */
+static void note_sampled_rows(vk_engine *e, uint32_t fi, const vki_step_plan *plan)
+{
+    if (e->prev_fl != UINT32_MAX) {
+        const vk_flight *p = &e->fl[e->prev_fl];
+        for (uint32_t k = 0; k < p->n_out; k++)
+            e->prev_row[p->out_slots[k]] = UINT32_MAX;
+    }
+    vk_flight *f = &e->fl[fi];
+    uint32_t k = 0;
+    for (uint32_t i = 0; i < plan->n_seqs; i++) {
+        const vki_step_seq *s = &plan->seqs[i];
+        if (!s->want_token)
+            continue;
+        f->out_slots[k] = s->slot;
+        e->prev_row[s->slot] = s->logits_hook ? UINT32_MAX : k; /* a hook's row is resampled on the host */
+        k++;
+    }
+    f->n_out = k;
+    e->prev_fl = fi;
+}
+
+vki_status vk_engine_submit(vk_engine *e, const vki_step_plan *plan)
 {
     double t0 = now_ms();
+    if (e->n_pending == e->n_flights || (e->n_pending && e->fl[(e->head + e->n_pending - 1) % e->n_flights].exclusive)) {
+        vkd_log(e->dev, VKI_LOG_ERROR, "step submitted with %u in flight%s: wait for one first", e->n_pending,
+                e->n_pending < e->n_flights ? " whose results are read back from scratch" : "");
+        return VKI_ERR_INVALID_ARG;
+    }
+    uint32_t fi = e->n_pending ? (e->head + 1) % e->n_flights : 0; /* alone: always flight 0 */
+    vk_flight *f = &e->fl[fi];
+    e->cmd = &f->cmd;
+    e->sampler = f->sampler;
     uint64_t n_pt;
     uint32_t n_out;
     vki_status st = check_plan(e, plan, &n_pt, &n_out);
     if (st != VKI_OK)
         return st;
     char err[256] = "";
-    if (n_out && (st = op_sampler_pack_plan(e->sampler, plan, err, sizeof err)) != VKI_OK) {
+    if (n_out && (st = op_sampler_pack_plan(f->sampler, plan, err, sizeof err)) != VKI_OK) {
         vkd_log(e->dev, VKI_LOG_ERROR, "sampling parameters refused: %s", err);
         return st;
     }
     if (!n_out) /* no row samples: no masks from an earlier step */
-        op_sampler_pack(e->sampler, NULL, 0, err, sizeof err);
+        op_sampler_pack(f->sampler, NULL, 0, err, sizeof err);
     op_attn_plan ap[2] = {{0}};
-    if ((st = pack_inputs(e, plan, n_pt, ap)) != VKI_OK)
+    if ((st = pack_inputs(e, f, plan, n_pt, ap)) != VKI_OK)
         return st;
     vk_capture_before_step(&e->capture, e->dev, e->n_steps);
-    if ((st = vkd_cmd_begin(&e->cmd)) != VKI_OK)
+    if ((st = vkd_cmd_begin(e->cmd)) != VKI_OK)
         return st;
-    if (e->cmd.streaming) /* one label for every step a recording serves */
-        vkd_label_begin(&e->cmd, "step");
+    if (e->cmd->streaming) /* one label for every step a recording serves */
+        vkd_label_begin(e->cmd, "step");
     else
-        vkd_label_begin(&e->cmd, "step %llu", (unsigned long long)e->n_steps);
+        vkd_label_begin(e->cmd, "step %llu", (unsigned long long)e->n_steps);
+    /* the previous step may still run (submitted without a wait): its reads of the inputs and its
+     * writes of scratch, KV and sampler output come before anything of this one */
+    vkd_barrier_ex(e->cmd, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT | VK_PIPELINE_STAGE_TRANSFER_BIT,
+                   VK_ACCESS_SHADER_WRITE_BIT | VK_ACCESS_TRANSFER_WRITE_BIT,
+                   VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT | VK_PIPELINE_STAGE_TRANSFER_BIT,
+                   VK_ACCESS_SHADER_READ_BIT | VK_ACCESS_SHADER_WRITE_BIT | VK_ACCESS_TRANSFER_READ_BIT |
+                       VK_ACCESS_TRANSFER_WRITE_BIT);
     /* in whole 16 KiB: the copy changes size once per 4,096 page-table entries, not per page
      * (vkd_cmd reuse); the extra bytes cost the transfer next to nothing */
     VkDeviceSize copy = (e->in.used + 16383) / 16384 * 16384;
-    vkd_copy(&e->cmd, e->in.host, 0, e->in.dev, 0, copy < e->in.cap ? copy : e->in.cap);
+    vkd_copy(e->cmd, f->in_host, 0, e->in.dev, 0, copy < e->in.cap ? copy : e->in.cap);
+    record_prev_tokens(e, plan);
     record_page_copies(e, plan);
-    vkd_barrier_transfer_to_compute(&e->cmd);
+    vkd_barrier_transfer_to_compute(e->cmd);
     memcpy(e->attn_plan, ap, sizeof ap);
     st = vk_forward_record(e, plan, n_out);
-    bool hidden = wants_hidden(plan);
-    if (st == VKI_OK && hidden)
+    if (st == VKI_OK && wants_hidden(plan))
         st = record_hidden(e, plan);
     if (st == VKI_OK && n_out) {
-        vkd_barrier(&e->cmd);
-        vkd_role(&e->cmd, "sample");
-        vkd_view masks = {e->in.dev, e->in.off_masks, op_sampler_mask_bytes(e->sampler)};
-        st = op_sampler_record(e->sampler, &e->cmd, vkd_whole(e->s.logits), vk_engine_logits_stride(e), masks);
+        vkd_barrier(e->cmd);
+        vkd_role(e->cmd, "sample");
+        vkd_view masks = {e->in.dev, e->in.off_masks, op_sampler_mask_bytes(f->sampler)};
+        st = op_sampler_record(f->sampler, e->cmd, vkd_whole(e->s.logits), vk_engine_logits_stride(e), masks);
     }
-    vkd_label_end(&e->cmd);
+    vkd_label_end(e->cmd);
     if (st != VKI_OK) {
-        vkd_cmd_abort(&e->cmd);
+        vkd_cmd_abort(e->cmd);
         return st;
     }
-    uint64_t hits = e->cmd.reuse_hits;
-    st = vkd_cmd_submit(&e->cmd);
-    e->steps_reused += e->cmd.reuse_hits != hits;
+    uint64_t hits = e->cmd->reuse_hits;
+    st = vkd_cmd_submit(e->cmd);
+    e->steps_reused += e->cmd->reuse_hits != hits;
     vk_capture_after_step(&e->capture, e->dev, e->n_steps);
     if (st != VKI_OK)
         return st;
-    double t_wait = now_ms();
-    if ((st = vkd_cmd_wait(&e->cmd)) != VKI_OK)
+    note_sampled_rows(e, fi, plan);
+    f->pending = true;
+    f->early_st = VKI_OK;
+    f->exclusive = plan_exclusive(plan);
+    f->plan = plan;
+    f->n_tokens = plan->n_tokens;
+    f->n_seqs = plan->n_seqs;
+    f->step = e->n_steps++;
+    if (!e->n_pending)
+        e->head = fi;
+    e->n_pending++;
+    e->last_dispatches = e->cmd->n_dispatches;
+    e->last_barriers = e->cmd->n_barriers;
+    f->host_ms = now_ms() - t0;
+    return VKI_OK;
+}
+
+vki_status vk_engine_drain(vk_engine *e)
+{
+    vki_status first = VKI_OK;
+    for (uint32_t k = 0; k < e->n_pending; k++) {
+        vk_flight *f = &e->fl[(e->head + k) % e->n_flights];
+        if (f->cmd.pending)
+            f->early_st = vkd_cmd_wait(&f->cmd);
+        first = first != VKI_OK ? first : f->early_st;
+    }
+    return first;
+}
+
+vki_status vk_engine_wait(vk_engine *e, vki_step_out *outs, float *logits)
+{
+    double t0 = now_ms();
+    if (!e->n_pending || (logits && e->n_pending > 1)) {
+        vkd_log(e->dev, VKI_LOG_ERROR, e->n_pending ? "a step's logits read back while a later step is in flight"
+                                                    : "no step in flight to wait for");
+        return VKI_ERR_INVALID_ARG;
+    }
+    vk_flight *f = &e->fl[e->head];
+    e->head = (e->head + 1) % e->n_flights;
+    e->n_pending--;
+    f->pending = false;
+    vki_status st = f->cmd.pending ? vkd_cmd_wait(&f->cmd) : f->early_st;
+    e->last_wait_ms = now_ms() - t0;
+    if (st != VKI_OK)
         return st;
-    e->last_wait_ms = now_ms() - t_wait;
-    if (n_out)
-        op_sampler_read_plan(e->sampler, plan, outs);
-    if (n_out && (st = host_round_trips(e, plan, outs)) != VKI_OK)
-        return st;
-    if (hidden && (st = host_hidden(e, plan)) != VKI_OK)
-        return st;
-    for (uint32_t i = 0; logits && i < n_out; i++) {
+    if (f->n_out)
+        op_sampler_read(f->sampler, f->out_slots, outs);
+    if (f->exclusive) { /* the latest step: scratch still holds its rows */
+        const vki_step_plan *plan = f->plan;
+        e->cmd = &f->cmd;
+        if (f->n_out && (st = host_round_trips(e, plan, outs)) != VKI_OK)
+            return st;
+        if (wants_hidden(plan) && (st = host_hidden(e, plan)) != VKI_OK)
+            return st;
+    }
+    for (uint32_t i = 0; logits && i < f->n_out; i++) {
         st = vkd_download(e->dev, e->s.logits, (VkDeviceSize)i * vk_engine_logits_stride(e) * 4,
                           logits + (size_t)i * e->model.hp.n_vocab, (size_t)e->model.hp.n_vocab * 4);
         if (st != VKI_OK)
             return st;
     }
-    if (e->prof.trace && (st = vk_profile_step(&e->prof, &e->cmd, e->n_steps, plan->n_tokens, plan->n_seqs)) != VKI_OK)
+    if (e->prof.trace && (st = vk_profile_step(&e->prof, &f->cmd, f->step, f->n_tokens, f->n_seqs)) != VKI_OK)
         return st;
-    if (wants_ctx_logits(plan) && (st = host_context_logits(e, plan)) != VKI_OK)
+    if (f->exclusive && wants_ctx_logits(f->plan) && (st = host_context_logits(e, f->in_host, f->plan)) != VKI_OK)
         return st;
-    e->n_steps++;
-    e->last_step_ms = now_ms() - t0;
+    e->last_step_ms = f->host_ms + (now_ms() - t0);
     return VKI_OK;
+}
+
+vki_status vk_engine_step(vk_engine *e, const vki_step_plan *plan, vki_step_out *outs, float *logits)
+{
+    if (e->n_pending) {
+        vkd_log(e->dev, VKI_LOG_ERROR, "vk_engine_step with %u step(s) in flight: wait for them first", e->n_pending);
+        return VKI_ERR_INVALID_ARG;
+    }
+    vki_status st = vk_engine_submit(e, plan);
+    return st == VKI_OK ? vk_engine_wait(e, outs, logits) : st;
 }

@@ -1,6 +1,9 @@
 /* The GPU engine: a device, a model's weights, the paged KV cache, activation scratch and the
  * per-step inputs; vk_engine_step() runs one step plan (engine/step.h) as one command buffer:
  * upload inputs -> embedding -> layers -> LM head on the rows that want a token -> sampling.
+ * vk_engine_submit / vk_engine_wait split a step so that two can be in flight: the host packs and
+ * submits step N + 1 (its decode tokens read on the device from step N's sampler,
+ * VKI_TOKEN_PREV) while the device still runs step N.
  * Knows nothing of requests, queues, tokenizers or HTTP. */
 #ifndef VKI_ENGINE_ENGINE_H
 #define VKI_ENGINE_ENGINE_H
@@ -78,10 +81,11 @@ typedef struct vk_scratch {
     vkd_buffer *moe_o;      /* f32 [P][d] expert outputs */
 } vk_scratch;
 
-/* Per-step inputs: packed on the host into `host` (host-visible), copied into `dev` with one
- * transfer at the start of the step. Offsets are in bytes and aligned for binding. */
+/* Per-step inputs: packed on the host into the step's flight's in_host (host-visible), copied
+ * into `dev` with one transfer at the start of the step. Offsets are in bytes and aligned for
+ * binding; every flight's in_host has the layout and cap of `dev`. */
 typedef struct vk_step_inputs {
-    vkd_buffer *host, *dev;
+    vkd_buffer *dev;
     VkDeviceSize cap;       /* bytes of each buffer */
     VkDeviceSize off_tokens, off_pos, off_seq, off_info, off_pages, off_items[2], off_rows, off_masks, used;
     /* at off_masks: u32 allowed-token bitsets of the rows with a token_mask, ceil(n_vocab / 32)
@@ -94,6 +98,27 @@ typedef struct vk_step_inputs {
     vki_attn_item *items;   /* [max_items] per attention kind */
     uint32_t max_items;
 } vk_step_inputs;
+
+/* A step from its submit to its wait, and what it owns until then: its command buffer (with its
+ * own reused recordings), sampler buffers and packed inputs. Profiling and RenderDoc captures use
+ * one flight (the caller waits before it submits again); otherwise two. */
+typedef struct vk_flight {
+    vkd_cmd cmd;
+    op_sampler *sampler;
+    vkd_buffer *in_host;     /* its packed inputs (host-visible) */
+    bool pending;            /* submitted, not yet waited */
+    bool exclusive;          /* its wait reads scratch back (host round trips, hidden rows, context
+                                logits): no later step may be submitted before that wait */
+    vki_status early_st;     /* of a fence wait done for it before its vk_engine_wait (a drain) */
+    const vki_step_plan *plan; /* the submitted plan: read at the wait only when exclusive */
+    uint32_t n_out;          /* rows sampled */
+    uint32_t *out_slots;     /* [max_out] slot of each sampled row, in plan order */
+    uint32_t n_tokens, n_seqs;
+    uint64_t step;           /* its number (n_steps at the submit) */
+    double host_ms;          /* host time of its submit */
+} vk_flight;
+
+#define VK_MAX_FLIGHTS 2
 
 typedef struct vk_engine {
     vkd_device *dev;
@@ -115,14 +140,23 @@ typedef struct vk_engine {
     vk_step_inputs in;
     op_attn_plan attn_plan[2]; /* the current step's attention work list per kind */
     uint8_t *slot_seen;     /* [max_seqs] all zero between steps; check_plan's uniqueness marks */
-    op_sampler *sampler;
-    vkd_cmd cmd;
-    uint64_t n_steps;
+    vk_flight fl[VK_MAX_FLIGHTS];
+    uint32_t n_flights;     /* 2, or 1 while profiling or capturing */
+    uint32_t n_pending;     /* flights submitted and not yet waited, oldest at fl[head] */
+    uint32_t head;
+    vkd_cmd *cmd;           /* the command buffer being recorded (of the flight being submitted) */
+    op_sampler *sampler;    /* that flight's sampler */
+    /* VKI_TOKEN_PREV: the row of each slot sampled on the device by the last submitted step
+     * (UINT32_MAX: none, or the host resampled it), in the sampler of fl[prev_fl] */
+    uint32_t *prev_row;     /* [max_seqs] */
+    uint32_t prev_fl;       /* UINT32_MAX: no step submitted since open (or the last one failed) */
+    uint32_t last_dispatches, last_barriers; /* recorded by the last submitted step */
+    uint64_t n_steps;       /* steps submitted */
     uint64_t steps_reused;  /* steps whose command buffer was a kept recording (vkd_cmd reuse) */
-    double last_step_ms;    /* wall time of the last vk_engine_step */
-    double last_wait_ms;    /* of which blocked on the fence after the submit: the rest is host
-                               work on the step's critical path (checks, packing, recording,
-                               submit, reading results) */
+    double last_step_ms;    /* host wall time of the last waited step: its submit plus its wait */
+    double last_wait_ms;    /* of which blocked on the fence in the wait: the rest is host work
+                               (checks, packing, recording, submit, reading results); with two
+                               steps in flight it overlaps the device's work */
     vk_profile prof;        /* profile mode (prof.trace == NULL: off) */
     vk_capture capture;     /* RenderDoc capture of chosen steps */
     uint64_t kv_io_chunk;   /* staging bytes per command buffer of vk_engine_kv_read / _write;
@@ -135,11 +169,28 @@ vki_status vk_engine_create(vkd_device *d, const gguf_file *f, const model_hpara
                             const model_tensors *t, const vk_engine_params *p, vk_engine **out);
 void vk_engine_destroy(vk_engine *e);
 
-/* Runs one step. outs: one entry per sequence with want_token, in plan order. logits (optional):
- * the raw logits rows of those sequences, [n_want][n_vocab], read back after the step (tests and
- * debugging; costs a device->host copy). Invalid plans are refused with VKI_ERR_INVALID_ARG and
- * a log message before anything is recorded. */
+/* Runs one step: vk_engine_submit then vk_engine_wait; nothing may be in flight. outs: one entry
+ * per sequence with want_token, in plan order. logits (optional): the raw logits rows of those
+ * sequences, [n_want][n_vocab], read back after the step (tests and debugging; costs a
+ * device->host copy). Invalid plans are refused with VKI_ERR_INVALID_ARG and a log message before
+ * anything is recorded. */
 vki_status vk_engine_step(vk_engine *e, const vki_step_plan *plan, vki_step_out *outs, float *logits);
+
+/* Checks, packs, records and submits one step without waiting for it. At most n_flights steps
+ * in flight (VKI_ERR_INVALID_ARG beyond, or after a step whose wait reads scratch back: one with
+ * a logits_hook, a sampled logits_sink, a hidden_hook or context logits). A decode entry (n_new
+ * == 1) may give VKI_TOKEN_PREV as its token: the token the last submitted step sampled for that
+ * slot on the device, read there, so the host need not have waited for it (refused when that
+ * step sampled none for the slot or the host resampled it). The plan is read during the call;
+ * one with host round trips must also stay valid until its wait. */
+vki_status vk_engine_submit(vk_engine *e, const vki_step_plan *plan);
+/* Waits for the oldest step in flight and fills its outs (and logits as vk_engine_step; logits
+ * only when no later step is in flight, which would overwrite them). VKI_ERR_INVALID_ARG when
+ * none is in flight. When a wait fails, the steps submitted after it read its tokens: their
+ * results mean nothing. */
+vki_status vk_engine_wait(vk_engine *e, vki_step_out *outs, float *logits);
+/* Waits for every step in flight without reading results (their vk_engine_wait still does). */
+vki_status vk_engine_drain(vk_engine *e);
 
 /* Session files (engine/kv_io.c): the KV of whole pages copied between the pools and the host in a
  * layout that knows no page size nor the pools' padding: for the pages' tokens in order,

@@ -53,7 +53,7 @@ static vkd_view in_view(const vk_engine *e, VkDeviceSize off, VkDeviceSize bytes
 static vki_status mm_to(vk_engine *e, const vk_tensor *w, const vkd_view *bias, vkd_view x, uint32_t x_stride,
                         vkd_view y, uint32_t y_stride, uint32_t M, bool accumulate)
 {
-    return op_matmul_ex(&e->cmd, w, bias, x, x_stride, y, y_stride, M,
+    return op_matmul_ex(e->cmd, w, bias, x, x_stride, y, y_stride, M,
                         e->p.batch_invariant ? OP_MM_GEMV : OP_MM_AUTO, accumulate);
 }
 
@@ -69,9 +69,9 @@ static bool use_i8(const vk_engine *e, const vk_tensor *w, uint32_t M)
  * s->xq, and the barrier after it (the role: what it feeds, "_xq"). */
 static vki_status quant_x(vk_engine *e, const char *role, vkd_view x, uint32_t x_stride, uint32_t M, uint32_t K)
 {
-    vkd_role(&e->cmd, role);
-    TRY(op_quant_x8(&e->cmd, x, x_stride, M, K, vkd_whole(e->s.xq)));
-    vkd_barrier(&e->cmd);
+    vkd_role(e->cmd, role);
+    TRY(op_quant_x8(e->cmd, x, x_stride, M, K, vkd_whole(e->s.xq)));
+    vkd_barrier(e->cmd);
     return VKI_OK;
 }
 
@@ -81,7 +81,7 @@ static vki_status mm_q(vk_engine *e, const vk_tensor *w, const vkd_view *bias, v
 {
     if (use_i8(e, w, M)) {
         op_mm_i8 o = {.bias = bias, .accumulate = accumulate};
-        return op_matmul_i8(&e->cmd, w, vkd_whole(e->s.xq), y, y_stride, M, &o);
+        return op_matmul_i8(e->cmd, w, vkd_whole(e->s.xq), y, y_stride, M, &o);
     }
     return mm_to(e, w, bias, x, x_stride, y, y_stride, M, accumulate);
 }
@@ -89,7 +89,7 @@ static vki_status mm_q(vk_engine *e, const vk_tensor *w, const vkd_view *bias, v
 /* RMSNorm of rows in place (y = x) with a weight tensor. */
 static vki_status norm_rows(vk_engine *e, op_mat x, const vk_tensor *w, uint32_t rows, uint32_t cols)
 {
-    return op_rmsnorm(&e->cmd, x, vkd_whole(w->parts[0].buf), x, rows, cols, e->model.hp.rms_eps);
+    return op_rmsnorm(e->cmd, x, vkd_whole(w->parts[0].buf), x, rows, cols, e->model.hp.rms_eps);
 }
 
 /* x = x + o: the block's output projection (o = in W^T, in: [T][in_stride]) added to the
@@ -105,7 +105,7 @@ static vki_status project_residual(vk_engine *e, const vk_tensor *w, vkd_view in
 {
     const model_hparams *hp = &e->model.hp;
     vk_scratch *s = &e->s;
-    vkd_cmd *c = &e->cmd;
+    vkd_cmd *c = e->cmd;
     uint32_t d = hp->d_model;
     *normed = false;
     const bool i8 = use_i8(e, w, T);
@@ -163,7 +163,7 @@ static vki_status project_qkv(vk_engine *e, const vk_layer *L, uint32_t T, op_ma
     if (L->wqkv.n_parts) {
         uint32_t w = (uint32_t)L->wqkv.n_rows;
         *q = (op_mat){vkd_whole(s->q), 0, w}, *k = (op_mat){vkd_whole(s->q), qd, w};
-        vkd_role(&e->cmd, w > qd + kvd ? "attn_qkv" : "attn_qk");
+        vkd_role(e->cmd, w > qd + kvd ? "attn_qkv" : "attn_qk");
         TRY(mm_q(e, &L->wqkv, bias_view(&L->bq, &b), vkd_whole(s->h), d, vkd_whole(s->q), w, T, false));
         if (w > qd + kvd) {
             *v = (op_mat){vkd_whole(s->q), qd + kvd, w};
@@ -171,13 +171,13 @@ static vki_status project_qkv(vk_engine *e, const vk_layer *L, uint32_t T, op_ma
         }
     } else {
         *q = op_mat_rows(s->q, qd), *k = op_mat_rows(s->k, kvd);
-        vkd_role(&e->cmd, "attn_q");
+        vkd_role(e->cmd, "attn_q");
         TRY(mm_q(e, &L->wq, bias_view(&L->bq, &b), vkd_whole(s->h), d, vkd_whole(s->q), qd, T, false));
-        vkd_role(&e->cmd, "attn_k");
+        vkd_role(e->cmd, "attn_k");
         TRY(mm_q(e, &L->wk, bias_view(&L->bk, &b), vkd_whole(s->h), d, vkd_whole(s->k), kvd, T, false));
     }
     *v = op_mat_rows(s->v, kvd);
-    vkd_role(&e->cmd, "attn_v");
+    vkd_role(e->cmd, "attn_v");
     return mm_q(e, &L->wv, bias_view(&L->bv, &b), vkd_whole(s->h), d, vkd_whole(s->v), kvd, T, false);
 }
 
@@ -189,7 +189,7 @@ static vki_status record_attention_block(vk_engine *e, uint32_t il, uint32_t T, 
     const model_hparams *hp = &e->model.hp;
     const vk_layer *L = &e->model.layers[il];
     vk_scratch *s = &e->s;
-    vkd_cmd *c = &e->cmd;
+    vkd_cmd *c = e->cmd;
     uint32_t d = hp->d_model, qd = hp->n_head * hp->head_dim, kind = model_layer_kind(hp, il);
     op_mat q, k, v;
     if (!*normed) {
@@ -244,7 +244,7 @@ static vki_status record_ffn_block(vk_engine *e, uint32_t il, uint32_t T, bool *
     const model_hparams *hp = &e->model.hp;
     const vk_layer *L = &e->model.layers[il];
     vk_scratch *s = &e->s;
-    vkd_cmd *c = &e->cmd;
+    vkd_cmd *c = e->cmd;
     bool one = !L->w_gate.n_parts; /* gate | up in w_up (phi3's, or concatenated at load) */
     uint32_t d = hp->d_model, ff = hp->d_ff, gs = one ? 2 * ff : ff;
     op_mat g = {vkd_whole(s->g), 0, gs}, u = one ? (op_mat){vkd_whole(s->g), ff, gs} : op_mat_rows(s->u, ff);
@@ -296,7 +296,7 @@ vki_status vk_forward_record_lm_head(vk_engine *e, uint32_t T, uint32_t n_out)
     const model_hparams *hp = &e->model.hp;
     const vk_step_inputs *in = &e->in;
     vk_scratch *s = &e->s;
-    vkd_cmd *c = &e->cmd;
+    vkd_cmd *c = e->cmd;
     uint32_t d = hp->d_model, ls = vk_engine_logits_stride(e);
     vkd_role(c, "lm_rows");
     TRY(op_gather_rows(c, vkd_whole(s->x), d, T, d, in_view(e, in->off_rows, (VkDeviceSize)n_out * 4), n_out,
@@ -324,7 +324,7 @@ vki_status vk_forward_record(vk_engine *e, const vki_step_plan *plan, uint32_t n
     const model_hparams *hp = &e->model.hp;
     const vk_step_inputs *in = &e->in;
     vk_scratch *s = &e->s;
-    vkd_cmd *c = &e->cmd;
+    vkd_cmd *c = e->cmd;
     uint32_t T = plan->n_tokens, d = hp->d_model;
     op_attn_step ast[2];
     for (uint32_t k = 0; k < 2; k++) { /* one kind: both entries use the first work list */

@@ -98,7 +98,7 @@ static vki_status moe_chunk(vk_engine *e, const vk_layer *L, uint32_t t0, uint32
 {
     const model_hparams *hp = &e->model.hp;
     vk_scratch *s = &e->s;
-    vkd_cmd *c = &e->cmd;
+    vkd_cmd *c = e->cmd;
     const uint32_t d = hp->d_model, E = hp->n_expert, k = hp->n_expert_used, ff = hp->d_ff_exp, P = n * k;
     const VkDeviceSize rows = (VkDeviceSize)t0 * d * 4, bytes = (VkDeviceSize)n * d * 4;
     const vkd_view h = {s->h, rows, bytes}, x = {s->x, rows, bytes};

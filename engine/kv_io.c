@@ -103,7 +103,7 @@ static vki_status kv_io(vk_engine *e, const uint32_t *pages, uint32_t n, uint8_t
     vkd_cmd c = {0};
     vkd_buffer *stage = NULL;
     VkBufferCopy *rg = malloc((size_t)chunk * sizeof *rg);
-    vki_status st = rg ? vkd_cmd_wait(&e->cmd) : VKI_ERR_OUT_OF_HOST_MEMORY; /* a step still in flight */
+    vki_status st = rg ? vk_engine_drain(e) : VKI_ERR_OUT_OF_HOST_MEMORY; /* steps still in flight */
     if (st == VKI_OK)
         st = vkd_cmd_create(e->dev, "vkinfer session KV", &c);
     if (st == VKI_OK)

@@ -1,6 +1,7 @@
 /* Recording of the sampling stage and the sampler object that owns its small buffers. */
 #include "engine/ops_sample.h"
 
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -236,21 +237,22 @@ vki_status op_sampler_record(op_sampler *s, vkd_cmd *c, vkd_view logits, uint32_
 
 const vki_sample_out *op_sampler_out(const op_sampler *s) { return s->out->mapped; }
 
-void op_sampler_read_plan(const op_sampler *s, const vki_step_plan *plan, vki_step_out *outs)
+void op_sampler_read(const op_sampler *s, const uint32_t *slots, vki_step_out *outs)
 {
     const vki_sample_out *o = op_sampler_out(s);
-    uint32_t n = 0;
-    for (uint32_t i = 0; i < plan->n_seqs && n < s->n_rows; i++) {
-        if (!plan->seqs[i].want_token)
-            continue;
+    for (uint32_t n = 0; n < s->n_rows; n++) {
         vki_step_out *t = &outs[n];
-        t->slot = plan->seqs[i].slot;
+        t->slot = slots[n];
         t->token = o[n].token;
         t->logprob = o[n].logprob;
         t->nonfinite = o[n].nonfinite != 0;
         t->n_top = o[n].n_top < VKI_MAX_TOP_LOGPROBS ? o[n].n_top : VKI_MAX_TOP_LOGPROBS;
         memcpy(t->top_tokens, o[n].top_tokens, t->n_top * sizeof *t->top_tokens);
         memcpy(t->top_logprobs, o[n].top_logprobs, t->n_top * sizeof *t->top_logprobs);
-        n++;
     }
+}
+
+vkd_view op_sampler_token_view(const op_sampler *s, uint32_t row)
+{
+    return (vkd_view){s->out, (VkDeviceSize)row * sizeof(vki_sample_out) + offsetof(vki_sample_out, token), 4};
 }

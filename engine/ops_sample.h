@@ -9,7 +9,7 @@
  *     vkd_barrier(&cmd);                                   // LM head writes -> sampler reads
  *     op_sampler_record(s, &cmd, logits_view, row_stride, masks_view); // in the step's command buffer
  *     ... submit, wait ...
- *     op_sampler_read_plan(s, plan, outs);                 // host: token, logprob, top-n
+ *     op_sampler_read(s, slots, outs);                     // host: token, logprob, top-n
  *
  * Nothing but vki_sample_out (180 bytes per row) comes back; the logits rows stay on the GPU and
  * are unchanged afterwards (the penalties and biases are applied in place and undone).
@@ -76,7 +76,12 @@ vki_status op_sampler_record(op_sampler *s, vkd_cmd *c, vkd_view logits, uint32_
 /* After the command buffer completed: the packed rows' results, [n_rows]. */
 const vki_sample_out *op_sampler_out(const op_sampler *s);
 
-/* Fills outs[i] for the i-th sequence of the plan with want_token (slot, token, logprob, top). */
-void op_sampler_read_plan(const op_sampler *s, const vki_step_plan *plan, vki_step_out *outs);
+/* Fills outs[i] for packed row i (token, logprob, top), its slot from slots[i] (the i-th sequence
+ * of the plan with want_token). */
+void op_sampler_read(const op_sampler *s, const uint32_t *slots, vki_step_out *outs);
+
+/* Where the device writes packed row i's token (an i32 in the out buffer): a later step's copy
+ * source for VKI_TOKEN_PREV. */
+vkd_view op_sampler_token_view(const op_sampler *s, uint32_t row);
 
 #endif

@@ -11,12 +11,16 @@
 
 /* A page-table entry for a released page (sliding windows; see vki_step_seq.pages). */
 #define VKI_PAGE_NONE UINT32_MAX
+/* A decode token not yet known to the host: the one the previous step sampled for this slot,
+ * read on the device (vk_engine_submit). */
+#define VKI_TOKEN_PREV (-2)
 
 typedef struct vki_step_seq {
     uint32_t slot;            /* sequence slot < engine max_seqs: indexes per-sequence device state */
     uint32_t pos0;            /* position of the first new token; KV already holds [0, pos0) */
     uint32_t n_new;           /* new tokens this step: 1 for decode, up to a chunk for prefill */
-    const int32_t *tokens;    /* [n_new] token ids */
+    const int32_t *tokens;    /* [n_new] token ids; a decode entry (n_new == 1) may give
+                                 VKI_TOKEN_PREV (vk_engine_submit) */
     uint32_t n_pages;         /* page-table length, >= ceil((pos0 + n_new) / page_size) */
     const uint32_t *pages;    /* [n_pages] physical KV page ids, in position order; VKI_PAGE_NONE
                                  for a page released because no layer's window sees it any more

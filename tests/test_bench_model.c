@@ -166,6 +166,23 @@ static void test_json_lines(void **state)
     }
     assert_null(line); /* nothing else on stdout: the table went to stderr */
     assert_non_null(strstr(r->err, "copy kernel"));
+    /* two steps in flight: the same accounting, marked in the JSON */
+    snprintf(args, sizeof args, "bench-model --validation -m %s --pp 0 --tg 5 --depth 8 --tg-batches 1,3 --copy-mib 1 "
+             "--json --overlap --commit abc123", f->model);
+    vt_run_vkinfer(args, r);
+    if (r->rc != 0)
+        fail_msg("--overlap: exit %d:\n%s", r->rc, r->err);
+    line = strtok_r(r->out, "\n", &save);
+    for (uint32_t B = 1; B <= 3; B += 2, line = strtok_r(NULL, "\n", &save)) {
+        cJSON *o = line ? cJSON_Parse(line) : NULL;
+        if (!o)
+            fail_msg("--overlap, batch %u: not a JSON object: %s", B, line ? line : "(missing)");
+        check_line(o, &ff, "tg5", B, 8, 5);
+        assert_true(cJSON_IsTrue(cJSON_GetObjectItem(o, "overlap")));
+        assert_int_equal(cJSON_GetObjectItem(o, "steps")->valueint, 5);
+        cJSON_Delete(o);
+    }
+    assert_null(line);
     free(r);
 }
 
@@ -208,6 +225,7 @@ static void test_bad_usage(void **state)
         {"--reps 65", "--reps", 2},
         {"--pp 0 --tg 0", "nothing to run", 2},
         {"--frobnicate 1", "unknown", 2},
+        {"--overlap --profile /dev/null", "--overlap", 2},
         /* 4096 sequences at 16M positions: more KV pages than one pool binding holds anywhere */
         {"--tg 4 --depth 16777216 --tg-batches 4096 --pp 0 --copy-mib 1", "KV", 1},
     };

@@ -541,8 +541,8 @@ static void fusion_case(vt_gpu *g, const char *path, uint32_t kv_type, const cha
             uint32_t n_new = s[f].done < np ? (np - s[f].done < 7 ? np - s[f].done : 7) : 1;
             float *out[1] = {lg[f]};
             step(&fx[f], &ps, &n_new, 1, out);
-            n_disp[f] += fx[f].e->cmd.n_dispatches;
-            n_bar[f] += fx[f].e->cmd.n_barriers;
+            n_disp[f] += fx[f].e->last_dispatches;
+            n_bar[f] += fx[f].e->last_barriers;
         }
         assert_int_equal(s[0].n, s[1].n);
         if (s[0].done >= np && memcmp(lg[0], lg[1], V * sizeof(float)))
@@ -686,8 +686,8 @@ static void test_cmd_reuse_bitwise(void **state)
         p.no_cmd_reuse = f == 1;
         fixture_open_engine(g, path, &p, &fx[f]);
     }
-    assert_non_null(fx[0].e->cmd.reuse);
-    assert_null(fx[1].e->cmd.reuse);
+    assert_non_null(fx[0].e->cmd->reuse);
+    assert_null(fx[1].e->cmd->reuse);
     const uint32_t V = fx[0].n_vocab, np[3] = {40, 9, 70}, nd = 70;
     vt_rng r = vt_rng_seeded("cmd reuse");
     tseq s[2][3];
@@ -711,7 +711,7 @@ static void test_cmd_reuse_bitwise(void **state)
                 n_new[i] = 0;
         }
         bool decode = n_new[0] == 1 && n_new[2] == 1 && n_new[1] <= 1;
-        uint64_t h0 = fx[0].e->cmd.reuse_hits;
+        uint64_t h0 = fx[0].e->cmd->reuse_hits;
         for (int f = 0; f < 2; f++) {
             tseq *ps[3] = {&s[f][0], &s[f][1], &s[f][2]};
             float *out[3] = {lg[f][0], lg[f][1], lg[f][2]};
@@ -726,7 +726,7 @@ static void test_cmd_reuse_bitwise(void **state)
         }
         if (decode) {
             decode_steps++;
-            if (fx[0].e->cmd.reuse_hits > h0) {
+            if (fx[0].e->cmd->reuse_hits > h0) {
                 hits++;
                 uint32_t nd0 = fx[0].e->attn_plan[0].n_dec; /* two split counts among the hits */
                 if (!n_dec_seen[0] || n_dec_seen[0] == nd0)
@@ -736,12 +736,12 @@ static void test_cmd_reuse_bitwise(void **state)
             }
         }
     }
-    assert_int_equal(fx[1].e->cmd.reuse_hits, 0);
+    assert_int_equal(fx[1].e->cmd->reuse_hits, 0);
     if (hits * 10 < decode_steps * 8 || !n_dec_seen[1])
         fail_msg("%u of %u decode steps reused a recording (want >= 80%%), split counts %u and %u", hits,
                  decode_steps, n_dec_seen[0], n_dec_seen[1]);
     fprintf(stderr, "  bitwise equal; %u of %u decode steps reused (split counts %u, %u among them), %llu misses "
-            "in all\n", hits, decode_steps, n_dec_seen[0], n_dec_seen[1], (unsigned long long)fx[0].e->cmd.reuse_misses);
+            "in all\n", hits, decode_steps, n_dec_seen[0], n_dec_seen[1], (unsigned long long)fx[0].e->cmd->reuse_misses);
     for (int f = 0; f < 2; f++) {
         for (uint32_t i = 0; i < 3; i++) {
             free(s[f][i].tok);
@@ -749,6 +749,211 @@ static void test_cmd_reuse_bitwise(void **state)
         }
         fixture_close(&fx[f]);
     }
+    unlink(path);
+    vt_assert_clean(g);
+}
+
+/* One sequence of test_overlap's schedule: token ids known to the host (generated ones arrive at
+ * the wait of the step that sampled them), with their logprobs. */
+typedef struct oseq {
+    int32_t tok[192];
+    float lp[192];
+    uint32_t n;            /* tokens sampled or given (some maybe still in flight) */
+    uint32_t done;         /* tokens whose KV is written */
+    uint32_t slot;
+    int64_t sampled_at;    /* step that sampled its last token (-1: none) */
+    uint32_t pages[PAGES_PER_SEQ];
+} oseq;
+
+static void overlap_hook(void *ctx, float *logits, uint32_t n_vocab)
+{
+    (void)ctx;
+    for (uint32_t i = 0; i < n_vocab; i += 2)
+        logits[i] -= 1.0f;
+}
+
+/* Runs test_overlap's fixed schedule on fx: one step at a time with host tokens (overlap false),
+ * or step k + 1 submitted before step k is waited, its decode tokens VKI_TOKEN_PREV. Midway the
+ * session-file read drains the two steps in flight. Returns the reuse hits. */
+static uint64_t overlap_run(fixture *fx, bool overlap, oseq *q, const uint32_t *np, uint32_t n_steps,
+                            const vki_sampling_params *sp, const uint32_t *mask)
+{
+    static const int32_t prev = VKI_TOKEN_PREV;
+    vki_step_seq ss[2][3];
+    uint32_t who[2][3], n_who[2] = {0, 0}; /* per flight: the sequences whose token it samples */
+    vki_step_out outs[3];
+    uint64_t h0 = fx->e->steps_reused;
+    for (uint32_t it = 0; it <= n_steps; it++) {
+        uint32_t b = it % 2, n = 0, T = 0;
+        n_who[b] = 0;
+        for (uint32_t i = 0; it < n_steps && i < 3; i++) {
+            oseq *s = &q[i];
+            uint32_t n_new = s->done < np[i] ? (np[i] - s->done < 16 ? np[i] - s->done : 16) : 1;
+            if ((i == 1 && it >= 12 && it < 17) || s->n >= 150) /* a pause: sampled two steps back */
+                continue;
+            bool want = s->done + n_new == (s->done < np[i] ? np[i] : s->n);
+            bool from_prev = s->done >= np[i] && s->sampled_at == (int64_t)it - 1;
+            ss[b][n] = (vki_step_seq){.slot = s->slot, .pos0 = s->done, .n_new = n_new,
+                                      .tokens = overlap && from_prev ? &prev : s->tok + s->done,
+                                      .n_pages = PAGES_PER_SEQ, .pages = s->pages, .want_token = want,
+                                      .sampling = sp, .seed = 100 + i,
+                                      .token_mask = it == 20 && i == 2 ? mask : NULL};
+            if (!overlap || !from_prev)
+                assert_true(s->done + n_new <= s->n);
+            s->done += n_new;
+            if (want) {
+                s->sampled_at = it;
+                who[b][n_who[b]++] = i;
+            }
+            T += n_new;
+            n++;
+        }
+        if (n) {
+            vki_step_plan plan = {.n_seqs = n, .seqs = ss[b], .n_tokens = T};
+            assert_int_equal(vk_engine_submit(fx->e, &plan), VKI_OK);
+            for (uint32_t k = 0; k < n_who[b]; k++) /* reserve the slot of the coming token */
+                q[who[b][k]].n++;
+        }
+        if (overlap && it == n_steps / 2) { /* a session read waits for both steps, results kept */
+            assert_int_equal(fx->e->n_pending, 2);
+            uint8_t *kv = malloc((size_t)vk_engine_kv_row_bytes(fx->e) * 2 * fx->hp.n_layer * fx->hp.n_head_kv * 16);
+            assert_int_equal(vk_engine_kv_read(fx->e, q[0].pages, 1, kv), VKI_OK);
+            free(kv);
+        }
+        if (overlap ? it > 0 : n > 0) {
+            uint32_t w = overlap ? (it + 1) % 2 : b; /* overlapped: the previous step's flight */
+            assert_int_equal(vk_engine_wait(fx->e, outs, NULL), VKI_OK);
+            for (uint32_t k = 0; k < n_who[w]; k++) {
+                oseq *s = &q[who[w][k]];
+                /* its slot is n - 1, or n - 2 when the step just submitted samples it again */
+                uint32_t at = s->n - 1 - (overlap && it < n_steps && s->sampled_at == (int64_t)it);
+                assert_int_equal(outs[k].slot, s->slot);
+                assert_true(outs[k].token >= 0);
+                s->tok[at] = outs[k].token;
+                s->lp[at] = outs[k].logprob;
+            }
+        }
+    }
+    assert_int_equal(fx->e->n_pending, 0);
+    return fx->e->steps_reused - h0;
+}
+
+/* Two steps in flight (vk_engine_submit / vk_engine_wait): decode tokens read on the device from
+ * the previous step's sampler (VKI_TOKEN_PREV) give, bit for bit, the tokens and logprobs of
+ * steps run one at a time with the host feeding every token. Seeded sampling, ragged prefill
+ * chunks submitted beside PREV rows, a paused sequence, a token mask, a session read draining both
+ * steps in flight, recordings reused by both flights. Then the refusals. */
+static void test_overlap(void **state)
+{
+    vt_gpu *g = vt_gpu_get(state);
+    char path[256];
+    write_model(&SHAPES[6], path, sizeof path); /* q4_k_m weights, f16 KV */
+    fixture fx[2];
+    for (int f = 0; f < 2; f++) {
+        vk_engine_params p = test_params(VKI_GGML_F16, 64);
+        fixture_open_engine(g, path, &p, &fx[f]);
+    }
+    assert_int_equal(fx[1].e->n_flights, 2);
+    const uint32_t V = fx[0].n_vocab, np[3] = {40, 9, 70}, n_steps = 40;
+    vt_rng r = vt_rng_seeded("overlap");
+    vki_sampling_params sp = vki_sampling_default_params();
+    sp.temperature = 0.9f;
+    sp.top_p = 0.95f;
+    sp.logprobs = true;
+    uint32_t *mask = calloc((V + 31) / 32, 4);
+    for (uint32_t t = 0; t < V; t += 3)
+        mask[t / 32] |= 1u << (t % 32);
+    oseq q[2][3];
+    for (uint32_t i = 0; i < 3; i++) {
+        int32_t prompt[70];
+        random_prompt(&r, prompt, np[i], V);
+        for (int f = 0; f < 2; f++) {
+            oseq *s = &q[f][i];
+            memset(s, 0, sizeof *s);
+            memcpy(s->tok, prompt, np[i] * sizeof *prompt);
+            s->n = np[i];
+            s->slot = 1 + 2 * i;
+            s->sampled_at = -1;
+            for (uint32_t j = 0; j < PAGES_PER_SEQ; j++)
+                s->pages[j] = s->slot * PAGES_PER_SEQ + j;
+        }
+    }
+    uint64_t reused[2];
+    for (int f = 0; f < 2; f++)
+        reused[f] = overlap_run(&fx[f], f == 1, q[f], np, n_steps, &sp, mask);
+    for (uint32_t i = 0; i < 3; i++) {
+        assert_int_equal(q[0][i].n, q[1][i].n);
+        assert_true(q[0][i].n > np[i] + 10);
+        if (memcmp(q[0][i].tok, q[1][i].tok, q[0][i].n * 4) || memcmp(q[0][i].lp + np[i], q[1][i].lp + np[i],
+                                                                         (q[0][i].n - np[i]) * 4))
+            fail_msg("sequence %u: overlapped steps sampled other tokens or logprobs", i);
+    }
+    /* both flights reuse their recordings: the decode steps repeat one shape per flight */
+    if (reused[1] * 2 < n_steps)
+        fail_msg("overlapped: %llu of %u steps reused a recording", (unsigned long long)reused[1], n_steps);
+    fprintf(stderr, "  overlapped = one at a time, bit for bit (%u + %u + %u tokens); steps reused %llu / %llu of %u\n",
+            q[0][0].n, q[0][1].n, q[0][2].n, (unsigned long long)reused[0], (unsigned long long)reused[1], n_steps);
+
+    /* refusals, each leaving the engine usable */
+    vk_engine *e = fx[1].e;
+    oseq *s = &q[1][0];
+    static const int32_t prev = VKI_TOKEN_PREV;
+    vki_step_out outs[2];
+    float *lg = malloc(V * sizeof *lg);
+    vki_step_seq a = {.slot = s->slot, .pos0 = s->done, .n_new = 1, .tokens = s->tok + s->done, .n_pages = PAGES_PER_SEQ,
+                      .pages = s->pages, .want_token = true};
+    vki_step_plan plan = {.n_seqs = 1, .seqs = &a, .n_tokens = 1};
+    assert_int_equal(vk_engine_wait(e, outs, NULL), VKI_ERR_INVALID_ARG);     /* none in flight */
+    vki_step_seq other = {.slot = 7, .pos0 = 0, .n_new = 1, .tokens = &prev, .n_pages = PAGES_PER_SEQ,
+                          .pages = q[1][2].pages, .want_token = true};
+    vki_step_plan bad = {.n_seqs = 1, .seqs = &other, .n_tokens = 1};
+    assert_int_equal(vk_engine_submit(e, &bad), VKI_ERR_INVALID_ARG);         /* slot 7 never sampled */
+    assert_int_equal(vk_engine_submit(e, &plan), VKI_OK);
+    vki_step_seq b = a;
+    b.pos0 = a.pos0 + 1;
+    b.tokens = &prev;
+    vki_step_plan plan2 = {.n_seqs = 1, .seqs = &b, .n_tokens = 1};
+    assert_int_equal(vk_engine_submit(e, &plan2), VKI_OK);
+    assert_int_equal(vk_engine_submit(e, &plan2), VKI_ERR_INVALID_ARG);       /* a third in flight */
+    assert_int_equal(vk_engine_step(e, &plan2, outs, NULL), VKI_ERR_INVALID_ARG);
+    assert_int_equal(vk_engine_wait(e, outs, lg), VKI_ERR_INVALID_ARG);       /* logits of the older */
+    assert_int_equal(vk_engine_wait(e, outs, NULL), VKI_OK);
+    int32_t t1 = outs[0].token;
+    assert_int_equal(vk_engine_wait(e, outs, lg), VKI_OK);                    /* the latest: allowed */
+    /* the PREV step ran on the token the device sampled: a host-fed rerun of it agrees */
+    int32_t t2 = outs[0].token;
+    vki_step_seq c = b;
+    c.tokens = &t1;
+    vki_step_plan plan3 = {.n_seqs = 1, .seqs = &c, .n_tokens = 1};
+    assert_int_equal(vk_engine_step(e, &plan3, outs, NULL), VKI_OK);
+    assert_int_equal(outs[0].token, t2);
+    /* a logits post-processor's step: resampled on the host, read back from scratch at its wait */
+    vki_step_seq h = c;
+    h.pos0 = c.pos0 + 1;
+    h.tokens = &t2;
+    h.logits_hook = overlap_hook;
+    vki_step_plan plan4 = {.n_seqs = 1, .seqs = &h, .n_tokens = 1};
+    assert_int_equal(vk_engine_submit(e, &plan4), VKI_OK);
+    vki_step_seq d = h;
+    d.pos0 = h.pos0 + 1;
+    d.tokens = s->tok; /* any known token */
+    d.logits_hook = NULL;
+    vki_step_plan plan5 = {.n_seqs = 1, .seqs = &d, .n_tokens = 1};
+    assert_int_equal(vk_engine_submit(e, &plan5), VKI_ERR_INVALID_ARG);       /* after an exclusive step */
+    assert_int_equal(vk_engine_wait(e, outs, NULL), VKI_OK);
+    d.tokens = &prev;
+    assert_int_equal(vk_engine_submit(e, &plan5), VKI_ERR_INVALID_ARG);       /* the host's token, not the device's */
+    vki_step_seq two = d;
+    two.n_new = 2;
+    int32_t pair[2] = {VKI_TOKEN_PREV, 1};
+    two.tokens = pair;
+    vki_step_plan plan6 = {.n_seqs = 1, .seqs = &two, .n_tokens = 2};
+    assert_int_equal(vk_engine_submit(e, &plan6), VKI_ERR_INVALID_ARG);       /* PREV in a chunk */
+    assert_int_equal(e->n_pending, 0);
+    free(lg);
+    free(mask);
+    for (int f = 0; f < 2; f++)
+        fixture_close(&fx[f]);
     unlink(path);
     vt_assert_clean(g);
 }
@@ -1609,6 +1814,7 @@ int main(void)
         cmocka_unit_test(test_archs_vs_reference),
         cmocka_unit_test(test_fusion_bitwise),
         cmocka_unit_test(test_cmd_reuse_bitwise),
+        cmocka_unit_test(test_overlap),
         cmocka_unit_test(test_int_dot),
         cmocka_unit_test(test_chunked_prefill_equals_whole),
         cmocka_unit_test(test_ragged_batch),

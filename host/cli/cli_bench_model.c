@@ -4,7 +4,9 @@
  *   ppN  prompt processing: B sequences of N prompt tokens from position 0, chunked so a step
  *        holds at most --max-tokens tokens; the last chunk samples a token, as in serving.
  *   tgN  generation: B sequences at context C (--depth) each generate N tokens, one decode step
- *        per token for all B (greedy, each sampled token fed back).
+ *        per token for all B (greedy, each sampled token fed back). With --overlap each step is
+ *        submitted before the previous one is waited for, its tokens read on the device
+ *        (VKI_TOKEN_PREV): the host's work per step hides behind the device's.
  *
  * For generation it reports the bytes a step must read (every weight matrix, the norms and the
  * LM head once per step, of a mixture of experts only the experts the step's tokens pick: n_used
@@ -43,6 +45,7 @@ typedef struct bm_opts {
     uint32_t reps;                         /* timed runs per test; the median is reported */
     uint32_t copy_mib;                     /* copy probe size; 0: devprobe's default */
     bool json;
+    bool overlap;                          /* tg: two steps in flight */
     const char *commit;
     char command[2048];
 } bm_opts;
@@ -100,6 +103,8 @@ static void usage(FILE *f)
             "  --tg-batches LIST     sequences per tg run (1,2,4,8,16,32,64,256)\n"
             "  -r, --reps N          timed runs per test, the median reported (1)\n"
             "  --copy-mib N          size of the copy-bandwidth probe (default: 512 on GPUs)\n"
+            "  --overlap             tg: submit each step before waiting for the previous one (its tokens\n"
+            "                        read on the device), hiding the host's work per step\n"
             "  --commit STR          recorded in the JSON (tools/gpu-check passes the staged commit)\n"
             "  --json                one JSON object per test on stdout (the table goes to stderr)\n"
             "The KV cache, sequence slots, context and step size are sized from the tests (--kv-tokens,\n"
@@ -172,8 +177,8 @@ static int parse(int argc, char **argv, bm_opts *o)
         const char *a = argv[i];
         if (!strcmp(a, "-h") || !strcmp(a, "--help"))
             return usage(stdout), 1;
-        if (!strcmp(a, "--json")) {
-            o->json = true;
+        if (!strcmp(a, "--json") || !strcmp(a, "--overlap")) {
+            *(a[2] == 'j' ? &o->json : &o->overlap) = true;
             continue;
         }
         int r = cli_engine_opt(argc, argv, &i, &o->eo);
@@ -192,6 +197,11 @@ static int parse(int argc, char **argv, bm_opts *o)
     }
     if (!o->pp && !o->tg) {
         fprintf(stderr, "vkinfer bench-model: nothing to run (--pp 0 and --tg 0)\n");
+        return 2;
+    }
+    if (o->overlap && (o->eo.p.profile_path || o->eo.p.capture_first >= 0)) {
+        fprintf(stderr, "vkinfer bench-model: --overlap keeps two steps in flight, which a profile or a capture "
+                "(one recording per step) does not allow\n");
         return 2;
     }
     return 0;
@@ -369,12 +379,12 @@ static vki_status fill_kv_random(bm_state *s)
 
 /* ---- steps --------------------------------------------------------------------------------- */
 
-/* One step; its time and host share go into run. */
-static vki_status step(bm_state *s, uint32_t n_seqs, uint32_t n_tokens, bm_run *run)
+/* Submits one step of the first n_seqs entries of s->seqs; its recording costs go into run. */
+static vki_status submit(bm_state *s, uint32_t n_seqs, uint32_t n_tokens, bm_run *run)
 {
     vki_step_plan plan = {.n_seqs = n_seqs, .seqs = s->seqs, .n_tokens = n_tokens};
     uint64_t reused0 = s->e->steps_reused;
-    vki_status st = vk_engine_step(s->e, &plan, s->outs, NULL);
+    vki_status st = vk_engine_submit(s->e, &plan);
     if (st != VKI_OK) {
         fprintf(stderr, "vkinfer bench-model: step of %u sequences, %u tokens: %s\n", n_seqs, n_tokens,
                 vki_status_str(st));
@@ -382,12 +392,31 @@ static vki_status step(bm_state *s, uint32_t n_seqs, uint32_t n_tokens, bm_run *
     }
     if (run) {
         run->reused += s->e->steps_reused != reused0;
-        run->host_ms += s->e->last_step_ms - s->e->last_wait_ms;
-        run->dispatches += s->e->cmd.n_dispatches;
-        run->barriers += s->e->cmd.n_barriers;
+        run->dispatches += s->e->last_dispatches;
+        run->barriers += s->e->last_barriers;
         run->steps++;
     }
     return VKI_OK;
+}
+
+/* Waits for the oldest step in flight (its tokens into s->outs); its host share goes into run. */
+static vki_status wait_step(bm_state *s, bm_run *run)
+{
+    vki_status st = vk_engine_wait(s->e, s->outs, NULL);
+    if (st != VKI_OK) {
+        fprintf(stderr, "vkinfer bench-model: step: %s\n", vki_status_str(st));
+        return st;
+    }
+    if (run)
+        run->host_ms += s->e->last_step_ms - s->e->last_wait_ms;
+    return VKI_OK;
+}
+
+/* One step, waited for. */
+static vki_status step(bm_state *s, uint32_t n_seqs, uint32_t n_tokens, bm_run *run)
+{
+    vki_status st = submit(s, n_seqs, n_tokens, run);
+    return st == VKI_OK ? wait_step(s, run) : st;
 }
 
 static vki_step_seq seq_at(bm_state *s, uint32_t i, uint32_t pos0, uint32_t n_new, const int32_t *tokens, bool want)
@@ -420,9 +449,11 @@ static vki_status run_pp(bm_state *s, uint32_t B, uint32_t pp, bm_run *run)
     return VKI_OK;
 }
 
-/* B sequences at context ctx generate n tokens (decode steps from position ctx). */
-static vki_status run_tg(bm_state *s, uint32_t B, uint32_t ctx, uint32_t n, bm_run *run)
+/* B sequences at context ctx generate n tokens (decode steps from position ctx); overlap: step
+ * k + 1 submitted before step k is waited for, its tokens those step k samples on the device. */
+static vki_status run_tg(bm_state *s, uint32_t B, uint32_t ctx, uint32_t n, bool overlap, bm_run *run)
 {
+    static const int32_t prev = VKI_TOKEN_PREV;
     int32_t *last = s->tokens;
     for (uint32_t i = 0; i < B; i++)
         last[i] = (int32_t)(vki_splitmix64(&s->rng) % s->e->model.hp.n_vocab);
@@ -430,8 +461,10 @@ static vki_status run_tg(bm_state *s, uint32_t B, uint32_t ctx, uint32_t n, bm_r
     double t0 = cli_now_s();
     for (uint32_t k = 0; k < n; k++) {
         for (uint32_t i = 0; i < B; i++)
-            s->seqs[i] = seq_at(s, i, ctx + k, 1, &last[i], true);
-        vki_status st = step(s, B, B, run);
+            s->seqs[i] = seq_at(s, i, ctx + k, 1, overlap && k ? &prev : &last[i], true);
+        vki_status st = overlap ? submit(s, B, B, run) : step(s, B, B, run);
+        if (st == VKI_OK && overlap && (k || n == 1))
+            st = wait_step(s, run); /* step k - 1 (or the only one) */
         if (st != VKI_OK)
             return st;
         for (uint32_t i = 0; i < B; i++)
@@ -443,16 +476,17 @@ static vki_status run_tg(bm_state *s, uint32_t B, uint32_t ctx, uint32_t n, bm_r
             run->flops += B * (m->layer_flops_token + m->head_flops_row) + keys * m->attn_flops_key;
         }
     }
+    vki_status st = overlap && n > 1 ? wait_step(s, run) : VKI_OK; /* the last step */
     if (run)
         run->sec = cli_now_s() - t0;
-    return VKI_OK;
+    return st;
 }
 
 /* Warm-up, then reps timed runs; *out is the run with the median time. */
 static vki_status measure(bm_state *s, bool pp, uint32_t B, const bm_opts *o, bm_run *out)
 {
     bm_run runs[64];
-    vki_status st = pp ? run_pp(s, B, o->pp, NULL) : run_tg(s, B, o->ctx, 2, NULL);
+    vki_status st = pp ? run_pp(s, B, o->pp, NULL) : run_tg(s, B, o->ctx, 2, o->overlap, NULL);
     for (uint32_t r = 0; st == VKI_OK && r < o->reps; r++) {
         runs[r] = (bm_run){0};
         if (pp) {
@@ -460,7 +494,7 @@ static vki_status measure(bm_state *s, bool pp, uint32_t B, const bm_opts *o, bm
                 s->tokens[i] = (int32_t)(vki_splitmix64(&s->rng) % s->e->model.hp.n_vocab);
             st = run_pp(s, B, o->pp, &runs[r]);
         } else {
-            st = run_tg(s, B, o->ctx, o->tg, &runs[r]);
+            st = run_tg(s, B, o->ctx, o->tg, o->overlap, &runs[r]);
         }
     }
     if (st != VKI_OK)
@@ -543,6 +577,7 @@ static void report_row(const bm_report *r, bool pp, uint32_t B, const bm_run *ru
     cJSON_AddBoolToObject(j, "fusion", !r->o->eo.p.no_fusion);
     cJSON_AddBoolToObject(j, "int_dot", r->o->eo.p.int_dot);
     cJSON_AddBoolToObject(j, "cmd_reuse", !r->o->eo.p.no_cmd_reuse);
+    cJSON_AddBoolToObject(j, "overlap", !pp && o->overlap); /* tg steps two in flight */
     cJSON_AddNumberToObject(j, "reused_steps", run->reused / run->steps); /* share of the steps */
     if (pp) {
         cJSON_AddNullToObject(j, "bytes_per_token");
