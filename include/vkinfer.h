@@ -578,6 +578,8 @@ typedef struct vki_batch_stats {
     uint64_t steps_reused;          /* cumulative: this manager's steps submitted as a command buffer
                                        kept from an earlier step of the same shape
                                        (vki_engine_params.no_cmd_reuse) */
+    uint64_t steps_ahead;           /* cumulative: lookahead steps, submitted before the step they
+                                       follow was waited for (vki_engine_params.no_overlap) */
 } vki_batch_stats;
 
 /* TensorRT-LLM-style callbacks; any may be NULL. All run on the worker thread (see above). */
@@ -909,6 +911,14 @@ typedef struct vki_engine_params {
      * bit for bit. Reuse is off anyway while profiling or capturing (per-step labels and
      * timestamps). For measuring it (bench-model --no-cmd-reuse). false */
     bool no_cmd_reuse;
+    /* The batch manager waits for every step before it submits the next. By default, while the
+     * running requests only decode (no grammar, repetition penalties, logits post-processor or
+     * outputs, beam search, min_tokens bans) and none waits for admission, it submits each step's
+     * successor before waiting for it, the successor's tokens read on the device from the
+     * step's sampler: the host's work per token (results, stop checks, responses, the next
+     * submission) overlaps the GPU's. The tokens are the same. Off anyway while profiling or
+     * capturing. For measuring it (--no-overlap). false */
+    bool no_overlap;
     /* Decode projections on the integer-dot path: each matrix-vector product of Q8_0, Q4_0,
      * Q4_K, Q5_K or Q6_K weights reads its activations quantised to int8 per block of 32 (one
      * extra small pass per input) and multiplies 4 weights per packed dot product instead of

@@ -229,6 +229,16 @@ static bool grow_blocks(sched *s, sched_seq *q, uint32_t n_tokens)
     return true;
 }
 
+bool sched_grow_ahead(sched *s, sched_seq *q, uint32_t n_tokens)
+{
+    uint32_t want = sched_blocks_for(s, n_tokens);
+    if (q->state != SCHED_RUNNING || want <= q->n_held)
+        return q->state == SCHED_RUNNING;
+    if (sched_live_blocks(q) + (want - q->n_held) > q->need_total || sched_kv_avail(s->kv) < want - q->n_held)
+        return false;
+    return grow_blocks(s, q, n_tokens);
+}
+
 /* ---- create / add / remove ---------------------------------------------------------------- */
 
 vki_status sched_create(const sched_params *p, sched **out)

@@ -189,6 +189,13 @@ vki_status sched_plan(sched *s, sched_tick *tick);
  * failed, do not call this: remove the plan's sequences instead (their KV is undefined). */
 void sched_commit(sched *s, const sched_tick *tick, const vki_step_out *outs);
 
+/* Overlapped decoding: the owner submits q's next decode step itself, before the step in flight
+ * is committed (it commits both with sched_commit, the second as a tick of its own, and calls
+ * sched_plan only after that). Grows q's block table to cover positions [0, n_tokens) from q's
+ * own reservation (blocks it may still allocate) and the free pool, pausing no one. False, with
+ * nothing changed, when q has no reservation left or the pool no block. O(blocks grown). */
+bool sched_grow_ahead(sched *s, sched_seq *q, uint32_t n_tokens);
+
 /* Beam search, after sched_commit of a step where every beam of lead's group sampled: beam b
  * continues beam parent[b]'s sequence with token[b] instead of its own sample. Every beam's KV
  * table becomes its parent's: full blocks are shared (reference counted), the partial last block

@@ -322,6 +322,10 @@ static void mixed_workload(vki_capacity_policy pol, uint32_t n_pages, uint32_t f
         }
     }
     assert_true(fail_every ? errors > 0 : errors == 0);
+    if (be.submit && pol != VKI_POLICY_STATIC) { /* VKI_FAKE_OVERLAP: lookahead steps ran */
+        printf("lookahead rows (VKI_TOKEN_PREV): %llu\n", (unsigned long long)fake_prev_rows(f));
+        assert_true(fake_prev_rows(f) > 0);
+    }
     /* the executor's cap (40) is never passed; whether a step reaches it depends on arrival timing */
     assert_true(fake_max_tokens_seen(f) > 0 && fake_max_tokens_seen(f) <= 40);
     /* requests 0 and 6 sample without a seed: theirs were drawn, and differ */
@@ -387,6 +391,114 @@ static void test_push_device_lost(void **state)
     /* 30 new tokens each cannot finish within the 2 steps before the third fails */
     assert_true(errors > 0);
     printf("device lost: %u of %u accepted, %u ended by the loss\n", n_accepted, N, errors);
+    fake_destroy(f);
+    coll_free(c);
+}
+
+/* ---- lookahead steps ------------------------------------------------------------------------ */
+
+typedef struct la_ctx {
+    coll *c;
+    vki_batch_manager *bm;
+    vki_request *late;            /* [n_late] submitted from a callback while lookaheads run */
+    uint32_t n_late;
+    bool late_sent, cancel_sent;
+} la_ctx;
+
+/* Streams into the collector; request 3's 12th token cancels it, request 0's 20th submits the
+ * late requests (both from the worker thread, between a lookahead's submission and its wait). */
+static void la_response(void *user, const vki_response *resp)
+{
+    la_ctx *x = user;
+    on_response(x->c, resp);
+    pthread_mutex_lock(&x->c->mu);
+    uint32_t n3 = x->c->r[3].n_tokens, n0 = x->c->r[0].n_tokens;
+    pthread_mutex_unlock(&x->c->mu);
+    if (!x->cancel_sent && n3 >= 12) {
+        x->cancel_sent = true;
+        vki_batch_cancel(x->bm, 3);
+    }
+    if (!x->late_sent && n0 >= 20) {
+        x->late_sent = true;
+        for (uint32_t i = 0; i < x->n_late; i++) {
+            char err[200];
+            if (vki_batch_submit(x->bm, &x->late[i], la_response, x, err, sizeof err) != VKI_OK)
+                bad(x->c, err, x->late[i].id);
+        }
+    }
+}
+
+/* An executor that keeps two steps in flight: long plain requests decode mostly in lookahead
+ * steps (their tokens read by the executor, VKI_TOKEN_PREV), and every output is still exactly
+ * what the request produces alone: ends by EOS, stop ids and length between a lookahead's
+ * submission and its wait, streaming, logprobs, seeded sampling, a cancellation and requests
+ * arriving while lookaheads run, and a request with penalties (no lookahead while it decodes). */
+static void test_lookahead(void **state)
+{
+    (void)state;
+    coll *c = coll_new();
+    fake_config fc = {.max_seqs = 8, .n_pages = 256, .page_size = 4, .max_ctx = 512, .vocab = VOCAB,
+                      .max_tokens = 40, .eos = EOS, .overlap = true};
+    fake_engine *f;
+    assert_int_equal(fake_create(&fc, &f), VKI_OK);
+    bm_backend be = fake_backend(f);
+    vki_batch_params p = mkparams(VKI_POLICY_GUARANTEED_NO_EVICT);
+    vki_batch_manager *bm;
+    assert_int_equal(bm_create(&be, &p, NULL, &bm), VKI_OK);
+    enum { N = 8, L = 4 };
+    static vki_request reqs[N + L];
+    static int32_t stops[2] = {9, 31};
+    la_ctx x = {.c = c, .bm = bm, .late = reqs + N, .n_late = L};
+    for (uint32_t i = 0; i < N + L; i++) {
+        uint32_t salt = 40 + i, max_new = i == 5 ? 12 : 60 + 17 * (i % 8);
+        vki_request r = mkreq(c, i, 3 + i % 9, max_new, true, salt);
+        while (i == 0 || i == 3) { /* the triggers' requests run past 30 tokens (greedy, no EOS) */
+            int32_t ref[MAXTOK];
+            fake_reference(f, r.prompt, r.n_prompt, 30, false, 0, ref, NULL);
+            uint32_t k = 0;
+            while (k < 30 && ref[k] != EOS)
+                k++;
+            if (k == 30)
+                break;
+            r = mkreq(c, i, 3 + i % 9, max_new, true, salt += 100);
+        }
+        if (i % 3 == 1) {
+            r.sampling.temperature = 0.8f;
+            r.sampling.has_seed = true;
+            r.sampling.seed = 77 + i;
+        }
+        if (i % 4 == 2)
+            set_lp(c, &r, true, 2);
+        if (i == 6) {
+            r.stop_ids = stops;
+            r.n_stop_ids = 2;
+        }
+        if (i == 5) { /* penalties: its rows keep the steps without lookahead while it runs */
+            r.sampling.penalty_window = 8;
+            r.sampling.repetition_penalty = 1.3f;
+        }
+        reqs[i] = r;
+    }
+    for (uint32_t i = 0; i < N; i++) {
+        char err[200];
+        if (vki_batch_submit(bm, &reqs[i], la_response, &x, err, sizeof err) != VKI_OK)
+            fail_msg("submit %u: %s", i, err);
+    }
+    wait_finals(c, N + L);
+    assert_int_equal(vki_batch_manager_destroy(bm, false), VKI_OK);
+    assert_clean(c, f);
+    assert_true(x.cancel_sent && x.late_sent);
+    uint32_t generated = 0;
+    for (uint32_t i = 0; i < N + L; i++) {
+        check_rec(c, f, &reqs[i]);
+        generated += c->r[i].n_tokens;
+    }
+    assert_int_equal(c->r[3].finish, VKI_FINISH_CANCELLED);
+    uint64_t prev = fake_prev_rows(f);
+    printf("lookahead: %llu of %u generated tokens came from lookahead rows, %llu steps in all\n",
+           (unsigned long long)prev, generated, (unsigned long long)fake_steps(f));
+    if (prev * 2 < generated)
+        fail_msg("only %llu of %u tokens from lookahead rows", (unsigned long long)prev, generated);
     fake_destroy(f);
     coll_free(c);
 }
@@ -966,7 +1078,7 @@ static void cb_stats(void *user, const char *json)
         "Timestamp", "Iteration Counter", "Active Request Count", "Max Request Count", "Max KV cache blocks",
         "Free KV cache blocks", "Used KV cache blocks", "Tokens per KV cache block", "Scheduled Requests",
         "Context Requests", "Generation Requests", "Total Context Tokens", "Paused Requests", "Queue Length",
-        "Step Time ms", "Reused KV cache blocks", "Cached KV cache blocks", "Reused Step Recordings", "MicroBatch ID"};
+        "Step Time ms", "Reused KV cache blocks", "Cached KV cache blocks", "Reused Step Recordings", "Lookahead Steps", "MicroBatch ID"};
     cJSON *o = cJSON_Parse(json);
     pthread_mutex_lock(&c->mu);
     c->n_stats++;
@@ -1388,6 +1500,7 @@ int main(void)
         cmocka_unit_test(test_push_static),
         cmocka_unit_test(test_push_step_failures),
         cmocka_unit_test(test_push_device_lost),
+        cmocka_unit_test(test_lookahead),
         cmocka_unit_test(test_end_and_stop_ids),
         cmocka_unit_test(test_lazy_logprobs_and_cached),
         cmocka_unit_test(test_validation),

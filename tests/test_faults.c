@@ -511,7 +511,14 @@ static void test_vk_faults_server(void **state)
     F *f = *state;
     if (!vkf_enabled())
         skip();
-    vki_engine *e = open_engine(f, f->src);
+    /* every step waited before the next: the 12th submit is a step of both requests (with
+     * lookahead steps it may be one, whose failure loses nothing: test_vk_faults_lookahead) */
+    vki_engine_params ep = engine_params(f);
+    ep.no_overlap = true;
+    vki_engine *e = NULL;
+    char eerr[512] = "";
+    if (vki_engine_create(f->src, &ep, &e, eerr, sizeof eerr) != VKI_OK)
+        fail_msg("engine: %s", eerr);
     srv_params p = srv_default_params();
     p.port = 0;
     p.model_path = f->src;
@@ -664,6 +671,46 @@ static void test_vk_faults_repository(void **state)
     rmdir(dir);
 }
 
+/* Lookahead steps (the default): one request decoding alone runs on them, so the 12th submit
+ * is a lookahead's. Its failure loses nothing (the step in flight goes on alone and the next tick
+ * plans again): the same answer. A lookahead whose fence wait fails fails its request once. */
+static void test_vk_faults_lookahead(void **state)
+{
+    F *f = *state;
+    if (!vkf_enabled())
+        skip();
+    vki_engine *e = open_engine(f, f->src);
+    uint16_t port;
+    srv *s = start_server(e, f->src, &port);
+    char *ref;
+    assert_int_equal(http(port, "POST", "/v1/completions", LONG_REQ, &ref), 200);
+    char *text = text_of(ref);
+    free(ref);
+    assert_true(metric(port, "vkinfer_steps_ahead_total") > 30); /* 40 tokens, nearly all ahead */
+    vkf_arm(VKF_QUEUE_SUBMIT, 12, VK_ERROR_OUT_OF_DEVICE_MEMORY);
+    char *out = answer_of(port, LONG_REQ, 200);
+    vkf_arm(VKF_QUEUE_SUBMIT, 0, 0);
+    assert_true(vkf_fired(VKF_QUEUE_SUBMIT));
+    char *t2 = text_of(out);
+    assert_string_equal(t2, text);
+    free(t2);
+    free(out);
+    vkf_arm(VKF_WAIT_FENCES, 12, VK_ERROR_OUT_OF_DEVICE_MEMORY);
+    out = answer_of(port, LONG_REQ, 500);
+    vkf_arm(VKF_WAIT_FENCES, 0, 0);
+    assert_true(vkf_fired(VKF_WAIT_FENCES));
+    assert_non_null(strstr(out, "engine step failed: out of device memory"));
+    free(out);
+    out = answer_of(port, LONG_REQ, 200);
+    t2 = text_of(out);
+    assert_string_equal(t2, text);
+    free(t2);
+    free(out);
+    free(text);
+    srv_destroy(s);
+    vki_engine_destroy(e);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -672,6 +719,7 @@ int main(void)
         cmocka_unit_test(test_alloc_faults_server),
         cmocka_unit_test(test_vk_faults_engine_create),
         cmocka_unit_test(test_vk_faults_server),
+        cmocka_unit_test(test_vk_faults_lookahead),
         cmocka_unit_test(test_vk_faults_repository),
     };
     if (getenv("VKI_TEST_FILTER")) /* e.g. "*server*": one test while reproducing a failure */

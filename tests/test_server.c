@@ -1185,7 +1185,7 @@ static void test_metrics(void **state)
         "vkinfer_requests_total", "vkinfer_prompt_tokens_total", "vkinfer_generation_tokens_total",
         "vkinfer_active_requests", "vkinfer_queue_length", "vkinfer_kv_blocks",
         "vkinfer_time_to_first_token_seconds", "vkinfer_inter_token_latency_seconds", "vkinfer_step_time_seconds",
-        "vkinfer_steps_reused_total"};
+        "vkinfer_steps_reused_total", "vkinfer_steps_ahead_total"};
     for (size_t i = 0; i < sizeof fams / sizeof fams[0]; i++) {
         char help[128], type[128];
         snprintf(help, sizeof help, "# HELP %s ", fams[i]);

@@ -334,6 +334,24 @@ static vki_status backend_step(void *ctx, const vki_step_plan *plan, vki_step_ou
     return st;
 }
 
+static vki_status backend_submit(void *ctx, const vki_step_plan *plan)
+{
+    vki_engine *e = ctx;
+    vki_status st = vk_engine_submit(e->eng, plan);
+    if (st == VKI_ERR_DEVICE_LOST)
+        atomic_store(&e->lost, true);
+    return st;
+}
+
+static vki_status backend_wait(void *ctx, vki_step_out *outs)
+{
+    vki_engine *e = ctx;
+    vki_status st = vk_engine_wait(e->eng, outs, NULL);
+    if (st == VKI_ERR_DEVICE_LOST)
+        atomic_store(&e->lost, true);
+    return st;
+}
+
 /* Of the current vk_engine (a recovery after a device loss starts it again at 0). */
 static uint64_t backend_steps_reused(void *ctx)
 {
@@ -399,6 +417,10 @@ vki_status vki_batch_manager_create(vki_engine *e, const vki_batch_params *param
                      .kv_head_dim = g->model.hp.head_dim, .kv_type = g->p.kv_type,
                      .kv_row_bytes = vk_engine_kv_row_bytes(g), .kv_flags = e->kv_flags, .kv_read = backend_kv_read,
                      .kv_write = backend_kv_write};
+    if (g->n_flights > 1 && !e->params.no_overlap) { /* two steps in flight (not while profiling or capturing) */
+        be.submit = backend_submit;
+        be.wait = backend_wait;
+    }
     vki_status st = bm_create(&be, params, cb, out);
     if (st != VKI_OK)
         atomic_store(&e->has_manager, false);

@@ -26,6 +26,13 @@ typedef struct bm_backend {
      * plan order. On error nothing of the plan took effect for sampling purposes; the KV of
      * its sequences is undefined (the batch manager fails or recomputes them). */
     vki_status (*step)(void *ctx, const vki_step_plan *plan, vki_step_out *outs);
+    /* Optional, both or neither: step split in two so that the next step can be submitted before
+     * this one is waited for (two in flight at most, waited in submission order). A decode entry
+     * of the second may give VKI_TOKEN_PREV: the token the first sampled for that slot, which the
+     * executor reads itself. submit refuses a plan it cannot run (nothing ran then); wait returns
+     * the oldest step's outs or its failure (after which the later step's result means nothing). */
+    vki_status (*submit)(void *ctx, const vki_step_plan *plan);
+    vki_status (*wait)(void *ctx, vki_step_out *outs);
     /* Steps so far whose recording was reused (vki_batch_stats.steps_reused); NULL: 0. */
     uint64_t (*steps_reused)(void *ctx);
     /* End-of-generation token (EOS/EOT from the model's metadata). */

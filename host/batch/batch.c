@@ -4,6 +4,16 @@
  *   executor step -> sched_commit -> stop checks and responses -> finished requests leave ->
  *   stats JSON
  *
+ * With an executor that can keep two steps in flight (be.submit / be.wait), a step whose rows
+ * all decode plainly (no grammar, penalties, post-processor, logits outputs, beams, min_tokens
+ * bans), with nobody waiting for admission, gets a lookahead: the same sequences' next decode
+ * step, submitted before the step is waited for, each token read by the executor from the
+ * step's sampler (VKI_TOKEN_PREV). The host's work of a tick (reading tokens, stop checks,
+ * responses, the next submission) then runs while the device computes. The next tick waits for
+ * the lookahead instead of planning (and may submit the lookahead's own lookahead first); a
+ * sequence that finished in between has its row computed and dropped. Tokens are the same as
+ * without it; a request arriving meanwhile is admitted one step later.
+ *
  * and sleeps on a condition variable when there is nothing to do (submit, cancel, notify and
  * destroy wake it; with a get_requests callback it also wakes every idle_poll_us to poll).
  * Host cost of a tick: the scheduler's (see sched.h) plus O(sampled tokens) for responses and
@@ -98,6 +108,10 @@ static void finish(vki_batch_manager *bm, bm_req *q, vki_finish_reason why, cons
     if (q->seq && q->session_id)
         bm_session_finish(bm, q); /* pins its blocks before they leave with the sequence */
     if (q->seq) {
+        for (uint32_t a = 0; a < 2; a++) /* its row of a lookahead in flight is computed and dropped */
+            for (uint32_t i = 0; bm->ahead[a].pending && i < bm->ahead[a].n; i++)
+                if (bm->ahead[a].seqs[i] == q->seq)
+                    bm->ahead[a].seqs[i] = NULL;
         sched_remove(bm->s, q->seq);
         bm->n_active--;
     }
@@ -390,12 +404,88 @@ static void no_token(vki_batch_manager *bm, bm_req *q, bool nonfinite)
     finish(bm, q, VKI_FINISH_ERROR, msg);
 }
 
-/* Runs one planned step and delivers its results. */
-static void run_step(vki_batch_manager *bm, const sched_tick *t, double *step_ms)
+/* ---- lookahead steps (see the top) ------------------------------------------------------- */
+
+/* Whether row e of sequence q (its step in flight, not yet committed) may be followed by a
+ * lookahead row: its request decodes plainly and has room for two more tokens, and its blocks
+ * cover the next position (grown from its reservation when needed). */
+static bool ahead_row_ok(vki_batch_manager *bm, sched_seq *q, const vki_step_seq *e)
 {
-    double t0 = now_ms();
-    vki_status st = bm->be.step(bm->be.ctx, &t->plan, bm->outs);
-    *step_ms = now_ms() - t0;
+    const bm_req *r = q->user;
+    if (!e->want_token || !r || q->ghost || q->lead || r->beam || r->gram || r->processor || q->logits_sink ||
+        q->hidden_hook || q->token_mask || (r->ban && r->sampling.logit_bias == r->ban))
+        return false;
+    const vki_sampling_params *sp = q->sampling;
+    if (sp && (sp->repetition_penalty != 1.0f || sp->presence_penalty != 0.0f || sp->frequency_penalty != 0.0f))
+        return false; /* their history would lack the token in flight */
+    uint32_t end = e->pos0 + e->n_new; /* the token in flight goes there; the lookahead samples end + 1 */
+    return q->n_tokens == end && end + 2 <= q->cap && sched_grow_ahead(bm->s, q, end + 1);
+}
+
+/* Submits the lookahead of a step in flight (rows and seqs: its entries; a NULL sequence left)
+ * when every row qualifies and no request waits for admission. */
+static void ahead_submit(vki_batch_manager *bm, const vki_step_seq *rows, sched_seq *const *seqs, uint32_t n)
+{
+    static const int32_t prev = VKI_TOKEN_PREV;
+    if (!bm->be.submit || !n || bm->p.policy == VKI_POLICY_STATIC || sched_queue_len(bm->s))
+        return;
+    pthread_mutex_lock(&bm->mu);
+    bool arriving = bm->inbox_head != NULL;
+    pthread_mutex_unlock(&bm->mu);
+    if (arriving)
+        return;
+    for (uint32_t i = 0; i < n; i++)
+        if (!seqs[i] || !ahead_row_ok(bm, seqs[i], &rows[i]))
+            return;
+    bm_ahead *a = &bm->ahead[bm->ahead[bm->ahead_cur].pending ? bm->ahead_cur ^ 1 : bm->ahead_cur];
+    for (uint32_t i = 0; i < n; i++) {
+        sched_seq *q = seqs[i];
+        a->seqs[i] = q;
+        a->rows[i] = (vki_step_seq){.slot = q->slot, .pos0 = rows[i].pos0 + rows[i].n_new, .n_new = 1, .tokens = &prev,
+                                    .n_pages = q->n_held, .pages = q->blocks, .want_token = true,
+                                    .sampling = q->sampling, .seed = q->seed};
+    }
+    vki_step_plan plan = {.n_seqs = n, .seqs = a->rows, .n_tokens = n};
+    if (bm->be.submit(bm->be.ctx, &plan) != VKI_OK)
+        return; /* refused: the step goes on alone (a device failure shows at its wait) */
+    a->n = n;
+    a->pending = true;
+    bm->n_ahead++;
+}
+
+/* Waits for the older pending lookahead (its outs into bm->outs); the newer becomes the older. */
+static vki_status ahead_wait(vki_batch_manager *bm, bm_ahead **out)
+{
+    bm_ahead *a = &bm->ahead[bm->ahead_cur];
+    vki_status st = bm->be.wait(bm->be.ctx, bm->outs);
+    a->pending = false;
+    if (bm->ahead[bm->ahead_cur ^ 1].pending)
+        bm->ahead_cur ^= 1;
+    *out = a;
+    return st;
+}
+
+/* Lookaheads in flight whose rows all left (finished, cancelled, failed): waited for and
+ * dropped, so that nothing stays in flight while the worker sleeps. */
+static void ahead_settle(vki_batch_manager *bm)
+{
+    while (bm->ahead[bm->ahead_cur].pending) {
+        bm_ahead *a = &bm->ahead[bm->ahead_cur];
+        bool live = false;
+        for (uint32_t a2 = 0; a2 < 2; a2++)
+            for (uint32_t i = 0; bm->ahead[a2].pending && i < bm->ahead[a2].n; i++)
+                live |= bm->ahead[a2].seqs[i] != NULL;
+        if (live)
+            return;
+        ahead_wait(bm, &a); /* its status concerns no request */
+    }
+}
+
+/* ---- running a step ------------------------------------------------------------------------ */
+
+/* Delivers the results of a step that ran t->plan (st: how it went; outs: its sampled rows). */
+static void deliver(vki_batch_manager *bm, const sched_tick *t, vki_status st)
+{
     uint32_t n = t->plan.n_seqs;
     bm_req *reqs[n ? n : 1];
     for (uint32_t i = 0; i < n; i++)
@@ -467,10 +557,60 @@ static void run_step(vki_batch_manager *bm, const sched_tick *t, double *step_ms
     }
 }
 
+/* Runs one planned step (with a lookahead when it qualifies) and delivers its results. */
+static void run_step(vki_batch_manager *bm, const sched_tick *t, double *step_ms)
+{
+    double t0 = now_ms();
+    vki_status st;
+    if (bm->be.submit) {
+        st = bm->be.submit(bm->be.ctx, &t->plan);
+        if (st == VKI_OK) {
+            ahead_submit(bm, t->plan.seqs, t->seqs, t->plan.n_seqs);
+            st = bm->be.wait(bm->be.ctx, bm->outs);
+        }
+    } else {
+        st = bm->be.step(bm->be.ctx, &t->plan, bm->outs);
+    }
+    *step_ms = now_ms() - t0;
+    deliver(bm, t, st);
+}
+
+/* A tick whose step is the lookahead submitted in the last one: its own lookahead first (while
+ * the device runs it), then its results, for the rows whose sequences are still there. */
+static void ahead_tick(vki_batch_manager *bm, sched_tick *t, double *step_ms)
+{
+    double t0 = now_ms();
+    bm_ahead *a = &bm->ahead[bm->ahead_cur];
+    ahead_submit(bm, a->rows, a->seqs, a->n);
+    vki_status st = ahead_wait(bm, &a);
+    *step_ms = now_ms() - t0;
+    uint32_t m = 0;
+    for (uint32_t i = 0; i < a->n; i++) /* the rows that stayed, compacted in place */
+        if (a->seqs[i]) {
+            a->seqs[m] = a->seqs[i];
+            a->rows[m] = a->rows[i];
+            bm->outs[m++] = bm->outs[i];
+        }
+    *t = (sched_tick){.plan = {.n_seqs = m, .seqs = a->rows, .n_tokens = m}, .seqs = a->seqs, .n_generation = m,
+                      .n_sampled = m};
+    if (m)
+        deliver(bm, t, st);
+}
+
 static void tick(vki_batch_manager *bm)
 {
     sched_tick t;
     double step_ms = 0;
+    if (bm->ahead[bm->ahead_cur].pending) {
+        if (bm->sess_head)
+            bm_session_tick(bm, NULL); /* expiry (nobody waits for blocks: a lookahead runs) */
+        ahead_tick(bm, &t, &step_ms);
+        ahead_settle(bm);
+        bm->iteration++;
+        if (bm->p.stats && (bm->cb.stats || bm->cb.tick_stats))
+            bm_emit_stats(bm, &t, step_ms);
+        return;
+    }
     vki_status st = sched_plan(bm->s, &t);
     if (st != VKI_OK) {
         finish_all(bm, VKI_FINISH_ERROR, VKI_ERR_INTERNAL, "internal error: scheduler invariant broken");
@@ -485,6 +625,7 @@ static void tick(vki_batch_manager *bm)
         bm_constraint_masks(bm, &t);
     if (t.plan.n_seqs)
         run_step(bm, &t, &step_ms);
+    ahead_settle(bm);
     bm->iteration++;
     if (bm->p.stats && (bm->cb.stats || bm->cb.tick_stats))
         bm_emit_stats(bm, &t, step_ms);
@@ -562,6 +703,7 @@ static void *worker(void *arg)
         uint64_t *ends;
         uint32_t n_ends;
         bm_sess_job *jobs;
+        ahead_settle(bm); /* cancellations may have emptied a lookahead: none in flight while asleep */
         bool go_on = wait_work(bm, &inbox, &cancels, &n_cancels, &abort, &max_new_reqs, &ends, &n_ends, &jobs);
         bm_session_apply_ends(bm, ends, n_ends);
         free(ends);
@@ -604,7 +746,7 @@ static void *worker(void *arg)
 
 static vki_status check_params(const bm_backend *be, const vki_batch_params *p, const vki_batch_callbacks *cb)
 {
-    if (!be || !p || !be->step || !be->max_seqs || !be->n_pages || !be->page_size || !be->max_ctx || !be->vocab_size)
+    if (!be || !p || !be->step || !be->submit != !be->wait || !be->max_seqs || !be->n_pages || !be->page_size || !be->max_ctx || !be->vocab_size)
         return VKI_ERR_INVALID_ARG;
     if ((unsigned)p->policy > VKI_POLICY_STATIC || !p->max_num_tokens || !p->chunk_size ||
         p->chunk_size % be->page_size || p->max_queue > INT32_MAX)
@@ -644,6 +786,10 @@ static void bm_free(vki_batch_manager *bm)
     sched_destroy(bm->s);
     bm_map_free(&bm->inflight);
     free(bm->outs);
+    for (uint32_t i = 0; i < 2; i++) {
+        free(bm->ahead[i].seqs);
+        free(bm->ahead[i].rows);
+    }
     free(bm->cancels);
     free(bm);
 }
@@ -679,6 +825,12 @@ vki_status bm_create(const bm_backend *be, const vki_batch_params *p, const vki_
     bm->outs = calloc(be->max_seqs, sizeof *bm->outs);
     if (st == VKI_OK && !bm->outs)
         st = VKI_ERR_OUT_OF_HOST_MEMORY;
+    for (uint32_t i = 0; st == VKI_OK && be->submit && i < 2; i++) {
+        bm->ahead[i].seqs = calloc(be->max_seqs, sizeof *bm->ahead[i].seqs);
+        bm->ahead[i].rows = calloc(be->max_seqs, sizeof *bm->ahead[i].rows);
+        if (!bm->ahead[i].seqs || !bm->ahead[i].rows)
+            st = VKI_ERR_OUT_OF_HOST_MEMORY;
+    }
     if (st == VKI_OK)
         st = list_eog(bm);
     if (st != VKI_OK) {

@@ -126,6 +126,15 @@ typedef struct bm_sess_job {
     struct bm_sess_job *next;
 } bm_sess_job;
 
+/* A lookahead step (batch.c): the next decode step of sequences whose step is still in flight,
+ * submitted before that step is waited for; each row's token is VKI_TOKEN_PREV. */
+typedef struct bm_ahead {
+    bool pending;              /* submitted, not yet waited */
+    uint32_t n;                /* rows */
+    sched_seq **seqs;          /* [max_seqs] each row's sequence; NULL once it left the scheduler */
+    vki_step_seq *rows;        /* [max_seqs] */
+} bm_ahead;
+
 struct vki_batch_manager {
     bm_backend be;
     uint64_t steps_reused0;  /* be.steps_reused when the manager started (warm-up steps before) */
@@ -154,6 +163,10 @@ struct vki_batch_manager {
     /* worker thread only */
     sched *s;
     vki_step_out *outs;        /* [max_seqs] */
+    bm_ahead ahead[2];         /* with be.submit: two, as a lookahead is submitted while the one
+                                  before it is still in flight */
+    uint32_t ahead_cur;        /* the older of the pending ones */
+    uint64_t n_ahead;          /* lookahead steps submitted (stats) */
     uint32_t n_active;         /* requests in the scheduler */
     uint64_t iteration;
     uint64_t n_finished;       /* final responses sent (worker thread) */

@@ -36,7 +36,8 @@ void bm_emit_stats(vki_batch_manager *bm, const sched_tick *t, double step_ms)
             .kv_max = ss.kv.max_blocks, .kv_free = ss.kv.free_blocks, .kv_used = ss.kv.used_blocks,
             .kv_cached = ss.kv.cached_blocks, .kv_reused_blocks = ss.kv.reused_blocks,
             .reused_tokens = ss.reused_tokens, .step_ms = step_ms, .sessions = bm->n_sessions,
-            .kv_pinned = ss.pinned_refs, .steps_reused = reused};
+            .kv_pinned = ss.pinned_refs, .steps_reused = reused,
+            .steps_ahead = bm->n_ahead};
         bm->cb.tick_stats(bm->cb.user, &st);
     }
     if (!bm->cb.stats)
@@ -57,11 +58,12 @@ void bm_emit_stats(vki_batch_manager *bm, const sched_tick *t, double step_ms)
                      "\"Reused Tokens\":%" PRIu64 ",\"Scheduled Requests\":%u,\"Context Requests\":%u,"
                      "\"Generation Requests\":%u,\"Total Context Tokens\":%u,\"Paused Requests\":%u,"
                      "\"Waiting Paused Requests\":%u,\"Running Requests\":%u,\"Queue Length\":%u,"
-                     "\"Step Time ms\":%.17g,\"Reused Step Recordings\":%" PRIu64 ",\"MicroBatch ID\":0%s}",
+                     "\"Step Time ms\":%.17g,\"Reused Step Recordings\":%" PRIu64 ",\"Lookahead Steps\":%" PRIu64 ","
+                     "\"MicroBatch ID\":0%s}",
                      ts, bm->iteration, bm->n_active, ss.max_running, ss.kv.max_blocks, ss.kv.free_blocks,
                      ss.kv.used_blocks, ss.kv.cached_blocks, ss.kv.tokens_per_block, (uint64_t)ss.kv.reused_blocks,
                      (uint64_t)ss.reused_tokens, t->plan.n_seqs, t->n_context, t->n_generation, t->n_context_tokens,
-                     t->n_paused, ss.paused, ss.running, ss.queued + inbox, step_ms, reused, extra);
+                     t->n_paused, ss.paused, ss.running, ss.queued + inbox, step_ms, reused, bm->n_ahead, extra);
     if (n > 0 && (size_t)n < sizeof json)
         bm->cb.stats(bm->cb.user, json);
 }

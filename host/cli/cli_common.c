@@ -121,6 +121,10 @@ int cli_engine_opt(int argc, char **argv, int *i, cli_engine_opts *o)
         o->p.no_cmd_reuse = true;
         return 1;
     }
+    if (!strcmp(a, "--no-overlap")) {
+        o->p.no_overlap = true;
+        return 1;
+    }
     if (!strcmp(a, "--int-dot")) {
         o->p.int_dot = true;
         return 1;
@@ -216,6 +220,8 @@ void cli_engine_opts_help(FILE *f)
             "                          measure them)\n"
             "  --no-cmd-reuse          record every step's command buffer anew instead of submitting\n"
             "                          a repeated one again (same results; to measure the host cost)\n"
+            "  --no-overlap            wait for every step before submitting the next (same tokens; to\n"
+            "                          measure the lookahead steps)\n"
             "  --int-dot               decode projections of Q8_0/Q4_0/Q4_K/Q5_K/Q6_K weights as int8\n"
             "                          dot products (activations rounded to int8 per 32; needs\n"
             "                          Vulkan 1.3 integer dot products)\n"

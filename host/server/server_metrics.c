@@ -148,7 +148,7 @@ typedef struct per_model {
 } per_model;
 
 typedef enum { PM_ACTIVE, PM_READY, PM_ITER, PM_QUEUE, PM_RUNNING, PM_PAUSED, PM_KV_MAX, PM_KV_REUSED,
-               PM_PROMPT, PM_CACHED, PM_GEN, PM_SESSIONS, PM_PINNED, PM_STEPS_REUSED, PM_COUNT } pm_value;
+               PM_PROMPT, PM_CACHED, PM_GEN, PM_SESSIONS, PM_PINNED, PM_STEPS_REUSED, PM_STEPS_AHEAD, PM_COUNT } pm_value;
 
 static double pm_get(const per_model *m, pm_value v)
 {
@@ -167,6 +167,7 @@ static double pm_get(const per_model *m, pm_value v)
     case PM_SESSIONS: return t->sessions;
     case PM_PINNED: return t->kv_pinned;
     case PM_STEPS_REUSED: return (double)t->steps_reused;
+    case PM_STEPS_AHEAD: return (double)t->steps_ahead;
     default: return (double)m->c.generated_tokens;
     }
 }
@@ -191,6 +192,8 @@ static const struct {
                    "with work)."},
     [PM_STEPS_REUSED] = {"vkinfer_steps_reused_total", "counter", "Engine steps submitted as a command buffer kept "
                          "from an earlier step of the same shape (no driver recording); compare vkinfer_iterations."},
+    [PM_STEPS_AHEAD] = {"vkinfer_steps_ahead_total", "counter", "Lookahead steps: decode steps submitted before the "
+                        "step they follow was waited for (host work overlapping the GPU's); compare vkinfer_iterations."},
 };
 
 static void model_series(strbuf *b, const per_model *pm, uint32_t n)

@@ -31,6 +31,17 @@ struct fake_engine {
     uint32_t max_seqs_seen, max_tokens_seen;
     uint32_t kv_copies;
     float *row;             /* [vocab] the logits row handed to a logits sink */
+    /* overlap: what the last submitted step sampled per slot, and the steps in flight */
+    int32_t *last_tok;      /* [max_seqs] */
+    uint64_t *last_step;    /* [max_seqs] step number that sampled it (0: none) */
+    bool last_failed;       /* the last submitted step failed */
+    vki_step_out *fl_outs[2]; /* [max_seqs] each: outs of the steps in flight, oldest at fl_head */
+    vki_status fl_st[2];
+    uint32_t fl_n, fl_head;
+    vki_step_seq *resolved; /* [max_seqs] a plan's entries with PREV tokens replaced */
+    int32_t *prev_tok;      /* [max_seqs] the replacing tokens */
+    bool *is_prev;          /* [max_seqs] plan entry i gave VKI_TOKEN_PREV */
+    uint64_t prev_rows;
 };
 
 static uint64_t chain(uint64_t h, int32_t token, uint32_t pos)
@@ -120,7 +131,17 @@ vki_status fake_create(const fake_config *c, fake_engine **out)
     f->writer = calloc(c->n_pages, sizeof *f->writer);
     f->seq_stamp = calloc(c->n_pages, sizeof *f->seq_stamp);
     f->row = calloc(c->vocab, sizeof *f->row);
-    if (!f->kv || !f->slot_stamp || !f->write_stamp || !f->writer || !f->seq_stamp || !f->row) {
+    f->last_tok = calloc(c->max_seqs, sizeof *f->last_tok);
+    f->last_step = calloc(c->max_seqs, sizeof *f->last_step);
+    f->resolved = calloc(c->max_seqs, sizeof *f->resolved);
+    f->prev_tok = calloc(c->max_seqs, sizeof *f->prev_tok);
+    f->is_prev = calloc(c->max_seqs, sizeof *f->is_prev);
+    for (int i = 0; i < 2; i++)
+        f->fl_outs[i] = calloc(c->max_seqs, sizeof *f->fl_outs[i]);
+    const char *env = getenv("VKI_FAKE_OVERLAP");
+    f->c.overlap |= env && env[0] == '1';
+    if (!f->kv || !f->slot_stamp || !f->write_stamp || !f->writer || !f->seq_stamp || !f->row || !f->last_tok ||
+        !f->last_step || !f->resolved || !f->prev_tok || !f->is_prev || !f->fl_outs[0] || !f->fl_outs[1]) {
         fake_destroy(f);
         return VKI_ERR_OUT_OF_HOST_MEMORY;
     }
@@ -138,6 +159,13 @@ void fake_destroy(fake_engine *f)
     free(f->writer);
     free(f->seq_stamp);
     free(f->row);
+    free(f->last_tok);
+    free(f->last_step);
+    free(f->resolved);
+    free(f->prev_tok);
+    free(f->is_prev);
+    free(f->fl_outs[0]);
+    free(f->fl_outs[1]);
     free(f);
 }
 
@@ -150,7 +178,8 @@ bm_backend fake_backend(fake_engine *f)
                         .fingerprint = f->c.fingerprint ? f->c.fingerprint : 0xfa4efa4efa4efa4eull,
                         .model_name = "fake", .kv_layers = 1, .kv_heads = 1, .kv_head_dim = 4,
                         .kv_type = 0 /* f32 */, .kv_row_bytes = 16, .kv_flags = f->c.kv_flags, .kv_read = fake_kv_read,
-                        .kv_write = fake_kv_write};
+                        .kv_write = fake_kv_write, .submit = f->c.overlap ? fake_submit : NULL,
+                        .wait = f->c.overlap ? fake_wait : NULL};
 }
 
 static void put_u64(uint8_t *p, uint64_t v) { memcpy(p, &v, 8); }
@@ -264,7 +293,12 @@ static void check_entry(fake_engine *f, const vki_step_seq *e, uint32_t i)
     }
     uint32_t window = e->sampling ? e->sampling->penalty_window : 0;
     uint64_t want_hist = e->want_token && window ? (window < end ? window : end) : 0;
-    if (e->n_history != want_hist || (want_hist && !e->history))
+    if (i < f->c.max_seqs && f->is_prev[i]) { /* the host does not know its token: no penalties */
+        const vki_sampling_params *sp = e->sampling;
+        if (e->n_history || (sp && (sp->repetition_penalty != 1.0f || sp->presence_penalty != 0.0f ||
+                                    sp->frequency_penalty != 0.0f)))
+            violation(f, "slot %u: a VKI_TOKEN_PREV row with penalties or a history", e->slot);
+    } else if (e->n_history != want_hist || (want_hist && !e->history))
         violation(f, "slot %u: penalty history of %u tokens, expected %llu", e->slot, e->n_history,
                   (unsigned long long)want_hist);
 }
@@ -361,10 +395,49 @@ static void sink_row(fake_engine *f, const vki_step_seq *e, const vki_step_out *
     e->logits_sink(e->logits_sink_ctx, f->row, 1, f->c.vocab, e->pos0 + e->n_new - 1, true);
 }
 
-vki_status fake_step(void *ctx, const vki_step_plan *plan, vki_step_out *outs)
+/* VKI_TOKEN_PREV entries replaced by the token the previous step sampled for their slot (into
+ * f->resolved). False when the plan has such an entry and that step failed (a violation when it
+ * did not sample the slot). */
+static bool resolve_prev(fake_engine *f, vki_step_plan *plan)
 {
-    fake_engine *f = ctx;
+    bool any = false, ok = true;
+    for (uint32_t i = 0; i < plan->n_seqs && i < f->c.max_seqs; i++) {
+        const vki_step_seq *e = &plan->seqs[i];
+        f->resolved[i] = *e;
+        f->is_prev[i] = e->tokens && e->tokens[0] == VKI_TOKEN_PREV;
+        if (!f->is_prev[i])
+            continue;
+        any = true;
+        f->prev_rows++;
+        if (f->last_failed && e->n_new == 1) { /* the token it would read is a failed step's */
+            ok = false;
+            continue;
+        }
+        if (e->n_new != 1 || e->slot >= f->c.max_seqs || f->last_step[e->slot] != f->steps - 1) {
+            violation(f, "slot %u: VKI_TOKEN_PREV, but the previous step did not sample it%s", e->slot,
+                      e->n_new != 1 ? " (or the entry has more than one token)" : "");
+            continue;
+        }
+        f->prev_tok[i] = f->last_tok[e->slot];
+        f->resolved[i].tokens = &f->prev_tok[i];
+    }
+    if (any && plan->n_seqs <= f->c.max_seqs)
+        plan->seqs = f->resolved;
+    return ok;
+}
+
+/* One step, run now; the sampled tokens are remembered for VKI_TOKEN_PREV of the next step. */
+static vki_status run_plan(fake_engine *f, const vki_step_plan *plan0, vki_step_out *outs)
+{
+    vki_step_plan resolved = *plan0, *plan = &resolved;
     f->steps++;
+    if (!resolve_prev(f, plan)) { /* its input tokens are a failed step's: it fails as well */
+        f->last_failed = true;
+        scribble(f, plan);
+        return VKI_ERR_INTERNAL;
+    }
+    vki_status st = VKI_OK;
+    f->last_failed = true;
     uint32_t before = f->violations;
     if (plan->n_seqs > f->c.max_batch)
         violation(f, "plan has %u sequences, max %u", plan->n_seqs, f->c.max_batch);
@@ -418,9 +491,52 @@ vki_status fake_step(void *ctx, const vki_step_plan *plan, vki_step_out *outs)
         }
         if (e->logits_sink && e->sink_sampled)
             sink_row(f, e, o);
+        f->last_tok[e->slot] = o->token;
+        f->last_step[e->slot] = f->steps;
     }
+    f->last_failed = false;
+    return st;
+}
+
+vki_status fake_step(void *ctx, const vki_step_plan *plan, vki_step_out *outs)
+{
+    fake_engine *f = ctx;
+    if (f->fl_n)
+        violation(f, "a step run while %u submitted steps are not waited for", f->fl_n);
+    return run_plan(f, plan, outs);
+}
+
+vki_status fake_submit(void *ctx, const vki_step_plan *plan)
+{
+    fake_engine *f = ctx;
+    if (f->fl_n == 2) {
+        violation(f, "a third step submitted while two are in flight");
+        return VKI_ERR_INVALID_ARG;
+    }
+    uint32_t i = (f->fl_head + f->fl_n) % 2;
+    vki_status st = run_plan(f, plan, f->fl_outs[i]);
+    if (st == VKI_ERR_INTERNAL && f->violations) /* refused at the door, as the engine's checks do */
+        return st;
+    f->fl_st[i] = st;
+    f->fl_n++;
     return VKI_OK;
 }
+
+vki_status fake_wait(void *ctx, vki_step_out *outs)
+{
+    fake_engine *f = ctx;
+    if (!f->fl_n) {
+        violation(f, "a wait with no step in flight");
+        return VKI_ERR_INVALID_ARG;
+    }
+    uint32_t i = f->fl_head;
+    f->fl_head = (f->fl_head + 1) % 2;
+    f->fl_n--;
+    memcpy(outs, f->fl_outs[i], f->c.max_seqs * sizeof *outs);
+    return f->fl_st[i];
+}
+
+uint64_t fake_prev_rows(const fake_engine *f) { return f->prev_rows; }
 
 uint32_t fake_violations(const fake_engine *f, char *msg, size_t cap)
 {

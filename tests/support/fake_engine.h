@@ -39,6 +39,9 @@ typedef struct fake_config {
                                  token's entry, which the window must cover */
     uint64_t fingerprint;     /* the model identity session files carry; 0 = a fixed default */
     uint32_t kv_flags;        /* bm_backend.kv_flags (session files) */
+    /* fake_backend offers submit / wait (two steps in flight, VKI_TOKEN_PREV); also when the
+     * environment has VKI_FAKE_OVERLAP=1 (ctest runs the batch suites both ways) */
+    bool overlap;
     /* called with every plan before it runs (after the checks), e.g. to record its shape */
     void (*on_step)(void *user, const vki_step_plan *plan);
     void *on_step_user;
@@ -52,6 +55,13 @@ bm_backend fake_backend(fake_engine *f);
 
 /* bm_backend entry points (ctx = the fake_engine) */
 vki_status fake_step(void *ctx, const vki_step_plan *plan, vki_step_out *outs);
+/* The step runs at submit (in submission order, as a device queue does); wait hands over its
+ * outs and status, oldest first. A third step in flight, a wait with none, a VKI_TOKEN_PREV whose
+ * slot the previous submitted step did not sample, or a PREV row with a penalty history are
+ * violations. A step reading PREV tokens of a failed step fails too (its inputs mean nothing). */
+vki_status fake_submit(void *ctx, const vki_step_plan *plan);
+vki_status fake_wait(void *ctx, vki_step_out *outs);
+uint64_t fake_prev_rows(const fake_engine *f); /* VKI_TOKEN_PREV rows run so far */
 bool fake_is_eog(void *ctx, int32_t token);
 /* Token i's bytes: one of 24 JSON-ish words ("{", "\":", "true", "a", ...), i modulo 24; token 0 is
  * "<eos>". A row with a token mask or -inf logit biases draws its own token if allowed, else the
