@@ -152,6 +152,46 @@ static void test_info_json(void **state)
     cJSON_Delete(o);
 }
 
+/* `bench --json` as tools/gpu-check records it: the workload's numbers with the device, driver,
+ * model, commit and command; decoding alone, the ticks run lookahead steps, and --no-overlap
+ * runs none with the same token counts. */
+static void test_bench_json(void **state)
+{
+    (void)state;
+    char m[512], args[1024];
+    model(m, sizeof m);
+    double ahead[2] = {0, 0};
+    for (int no = 0; no < 2; no++) {
+        vt_run_result r;
+        snprintf(args, sizeof args, "bench --validation --no-progress -m %s --requests 3 --input 8 --output 12 "
+                 "--policy no-evict --max-seqs 4 --json --commit abc123%s", m, no ? " --no-overlap" : "");
+        vt_run_vkinfer(args, &r);
+        if (r.rc != 0)
+            fail_msg("exit %d: %s", r.rc, r.err);
+        cJSON *o = cJSON_Parse(r.out);
+        if (!o)
+            fail_msg("not JSON: %s", r.out);
+#define NUM(k) (cJSON_GetObjectItem(o, k) ? cJSON_GetObjectItem(o, k)->valuedouble : -1)
+#define STR(k) (cJSON_IsString(cJSON_GetObjectItem(o, k)) ? cJSON_GetObjectItem(o, k)->valuestring : "")
+        assert_true(NUM("requests") == 3 && NUM("errors") == 0 && NUM("output_tokens") == 36);
+        assert_true(NUM("output_tokens_per_s") > 0 && NUM("tpot_ms_p50") > 0);
+        assert_string_equal(STR("commit"), "abc123");
+        assert_string_equal(STR("policy"), "no-evict");
+        assert_string_equal(STR("weight_type"), "f32");
+        assert_true(strlen(STR("device")) && strlen(STR("driver")) && strlen(STR("model")));
+        assert_non_null(strstr(STR("command"), "--commit abc123"));
+        assert_true(cJSON_IsBool(cJSON_GetObjectItem(o, "overlap")) && cJSON_IsTrue(cJSON_GetObjectItem(o, "overlap")) == !no);
+        ahead[no] = NUM("lookahead_steps");
+        assert_true(ahead[no] >= 0 && ahead[no] <= NUM("ticks") && NUM("ticks") >= 12);
+#undef NUM
+#undef STR
+        cJSON_Delete(o);
+    }
+    /* three requests arriving at once decode together: all but the first decode tick or so */
+    assert_true(ahead[0] >= 8);
+    assert_true(ahead[1] == 0);
+}
+
 #define KNOWN48 ", there was a little girl named Lily. She loved to play outside in the park. One day, she saw a big, " \
                 "red ball. She wanted to play with it,"
 
@@ -596,6 +636,7 @@ int main(void)
         cmocka_unit_test(test_bad_usage),
         cmocka_unit_test(test_generate_architectures),
         cmocka_unit_test(test_info_json),
+        cmocka_unit_test(test_bench_json),
         cmocka_unit_test(test_generate_ignore_eos),
         cmocka_unit_test(test_generate_escapes),
         cmocka_unit_test(test_generate_json),

@@ -133,14 +133,6 @@ static bool parse_list(const char *opt, const char *s, uint32_t *out, uint32_t *
     return *n > 0;
 }
 
-static void record_command(bm_opts *o, int argc, char **argv)
-{
-    size_t n = (size_t)snprintf(o->command, sizeof o->command, "vkinfer");
-    for (int i = 0; i < argc && n < sizeof o->command; i++)
-        n += (size_t)snprintf(o->command + n, sizeof o->command - n, strchr(argv[i], ' ') ? " '%s'" : " %s",
-                              argv[i]);
-}
-
 /* Applies one option with a value (argv[*i] is the option, *value its argument). 1: taken, 0:
  * not one of ours, -1: bad value (printed). */
 static int number_opt(bm_opts *o, const char *a, const char *v)
@@ -652,7 +644,7 @@ int vki_cli_bench_model(int argc, char **argv)
                  .tg_b = {1, 2, 4, 8, 16, 32, 64, 256}, .n_tg_b = 8, .reps = 1};
     cli_engine_opts_init(&o.eo);
     o.eo.p.progress = false;
-    record_command(&o, argc, argv);
+    cli_record_command(o.command, sizeof o.command, argc, argv);
     int rc = parse(argc, argv, &o);
     if (rc)
         return rc == 1 ? 0 : rc;

@@ -520,6 +520,13 @@ bool cli_unescape(const char *cmd, const char *opt, char *s)
     return true;
 }
 
+void cli_record_command(char *buf, size_t cap, int argc, char **argv)
+{
+    size_t n = (size_t)snprintf(buf, cap, "vkinfer");
+    for (int i = 0; i < argc && n < cap; i++)
+        n += (size_t)snprintf(buf + n, cap - n, strchr(argv[i], ' ') ? " '%s'" : " %s", argv[i]);
+}
+
 double cli_now_s(void)
 {
     struct timespec t;

@@ -90,6 +90,8 @@ bool cli_parse_u64(const char *cmd, const char *opt, const char *s, uint64_t lo,
 bool cli_parse_f32(const char *cmd, const char *opt, const char *s, float lo, float hi, float *out);
 
 double cli_now_s(void); /* monotonic seconds */
+/* "vkinfer ARG..." (arguments with a space quoted), truncated to cap: the JSON's "command". */
+void cli_record_command(char *buf, size_t cap, int argc, char **argv);
 
 /* When no -m was given: the path of a small synthetic model (written on first use into
  * $XDG_CACHE_HOME/vkinfer or ~/.cache/vkinfer, else /tmp), so the demo and the benchmark run

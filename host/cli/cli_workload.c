@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "host/api/engine_api.h"
 #include "host/cli/cli.h"
 #include "host/cli/cli_common.h"
 #include "host/cli/workload.h"
@@ -18,6 +19,9 @@ typedef struct wl_cli {
     int policy;             /* -1: all three */
     bool json, quiet_ticks;
     const char *cmd;
+    const char *commit;     /* --commit: recorded in the JSON */
+    char command[2048];
+    double ticks, ahead;    /* the run's last stats: iterations, lookahead steps */
 } wl_cli;
 
 static const char *const policy_names[] = {"no-evict", "max-util", "static"};
@@ -81,6 +85,8 @@ static int parse(int argc, char **argv, wl_cli *c)
             ok = cli_parse_u64(c->cmd, a, v, 1, 1u << 16, &u), c->bp.max_batch_size = (uint32_t)u;
         } else if (!strcmp(a, "--max-num-tokens")) {
             ok = cli_parse_u64(c->cmd, a, v, 1, 1u << 20, &u), c->bp.max_num_tokens = (uint32_t)u;
+        } else if (!strcmp(a, "--commit")) {
+            c->commit = v;
         } else if (!strcmp(a, "--chunk")) {
             ok = cli_parse_u64(c->cmd, a, v, 1, 1u << 20, &u), c->bp.chunk_size = (uint32_t)u;
         } else if (!strcmp(a, "--policy")) {
@@ -106,12 +112,16 @@ static int parse(int argc, char **argv, wl_cli *c)
 static void print_tick(void *user, const char *json)
 {
     wl_cli *c = user;
-    if (c->quiet_ticks)
-        return;
     cJSON *o = cJSON_Parse(json);
     if (!o)
         return;
 #define N(k) (cJSON_GetObjectItem(o, k) ? cJSON_GetObjectItem(o, k)->valuedouble : 0.0)
+    c->ticks = N("Iteration Counter") + 1;
+    c->ahead = N("Lookahead Steps");
+    if (c->quiet_ticks) {
+        cJSON_Delete(o);
+        return;
+    }
     int ctx = (int)N("Context Requests"), gen = (int)N("Generation Requests");
     char bar[72];
     int n = 0;
@@ -181,6 +191,34 @@ static void print_samples(vki_engine *e, const wl_result *r, const wl_params *wp
     }
 }
 
+/* summary_json plus what a GPU run's record needs: device, driver, model, commit, command, the
+ * workload's shape and how many ticks ran lookahead steps. */
+static cJSON *run_json(const wl_cli *c, const vki_engine *e, const char *policy, const wl_summary *s)
+{
+    cJSON *o = summary_json(policy, s);
+    const vki_device_info *di = &engine_api_core((vki_engine *)e)->dev->info;
+    vki_model_info mi;
+    vki_engine_info(e, &mi);
+    char drv[520];
+    snprintf(drv, sizeof drv, "%s %s", di->driver_name, di->driver_info);
+    cJSON_AddStringToObject(o, "device", di->name);
+    cJSON_AddStringToObject(o, "driver", drv);
+    cJSON_AddStringToObject(o, "commit", c->commit ? c->commit : "unknown");
+    cJSON_AddStringToObject(o, "model", mi.name);
+    cJSON_AddStringToObject(o, "weight_type", mi.weight_type);
+    cJSON_AddNumberToObject(o, "input_min", c->wp.in_min);
+    cJSON_AddNumberToObject(o, "input_max", c->wp.in_max);
+    cJSON_AddNumberToObject(o, "output_min", c->wp.out_min);
+    cJSON_AddNumberToObject(o, "output_max", c->wp.out_max);
+    cJSON_AddNumberToObject(o, "rate", c->wp.rate);
+    cJSON_AddNumberToObject(o, "max_batch", c->bp.max_batch_size);
+    cJSON_AddBoolToObject(o, "overlap", !c->eo.p.no_overlap);
+    cJSON_AddNumberToObject(o, "ticks", c->ticks);
+    cJSON_AddNumberToObject(o, "lookahead_steps", c->ahead);
+    cJSON_AddStringToObject(o, "command", c->command);
+    return o;
+}
+
 static int run(wl_cli *c, bool demo)
 {
     char path[600];
@@ -209,6 +247,7 @@ static int run(wl_cli *c, bool demo)
             fprintf(stderr, "== %s: %u requests, prompts %u-%u tokens, outputs %u-%u tokens, %s\n", policy_names[k],
                     c->wp.n_requests, c->wp.in_min, c->wp.in_max, c->wp.out_min, c->wp.out_max,
                     c->wp.rate > 0 ? "Poisson arrivals" : "all arriving at once");
+        c->ticks = c->ahead = 0;
         vki_status st = wl_run(e, &bp, &c->wp, &res);
         if (st != VKI_OK) {
             fprintf(stderr, "vkinfer %s: %s\n", c->cmd, vki_status_str(st));
@@ -217,7 +256,7 @@ static int run(wl_cli *c, bool demo)
         wl_summarize(&res, &sum[k]);
         if (demo && k == last && !rc && c->wp.prompts)
             print_samples(e, &res, &c->wp);
-        cJSON_AddItemToArray(all, summary_json(policy_names[k], &sum[k]));
+        cJSON_AddItemToArray(all, run_json(c, e, policy_names[k], &sum[k]));
         wl_result_free(&res);
     }
     if (c->json && !rc) {
@@ -267,6 +306,7 @@ static void usage(FILE *f, const char *cmd, bool demo)
             "  --temp T                sampling temperature (0: greedy)\n"
             "  --seed S                workload and sampling seed (1)\n"
             "  --json                  one JSON object on stdout instead of the table\n"
+            "  --commit STR            recorded in the JSON (tools/gpu-check passes the staged commit)\n"
             "  --quiet                 no per-tick lines\n",
             demo ? "32" : "64", demo ? "no-evict" : "all", demo ? "8" : "engine's --max-seqs");
     cli_engine_opts_help(f);
@@ -275,6 +315,7 @@ static void usage(FILE *f, const char *cmd, bool demo)
 static int workload_main(int argc, char **argv, bool demo)
 {
     wl_cli c = {.cmd = demo ? "demo" : "bench", .policy = demo ? 0 : -1};
+    cli_record_command(c.command, sizeof c.command, argc, argv);
     cli_engine_opts_init(&c.eo);
     c.bp = vki_batch_default_params();
     c.wp = (wl_params){.n_requests = demo ? 32 : 64, .in_min = 16, .in_max = 256, .out_min = 8, .out_max = 128,
