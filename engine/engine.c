@@ -150,10 +150,10 @@ static vki_status size_inputs(vk_engine *e, uint64_t pages, VkDeviceSize mask_by
     for (uint32_t i = 0; i < e->n_flights; i++) {
         vkd_buffer_destroy(e->dev, e->fl[i].in_host);
         e->fl[i].in_host = NULL;
+        if (st == VKI_OK)
+            st = vkd_buffer_create(e->dev, o, VKD_MEM_HOST, i ? "step inputs (host, flight 1)" : "step inputs (host)",
+                                   &e->fl[i].in_host);
     }
-    for (uint32_t i = 0; i < e->n_flights && st == VKI_OK; i++)
-        st = vkd_buffer_create(e->dev, o, VKD_MEM_HOST, i ? "step inputs (host, flight 1)" : "step inputs (host)",
-                               &e->fl[i].in_host);
     if (st == VKI_OK)
         st = vkd_buffer_create(e->dev, o, VKD_MEM_DEVICE, "step inputs", &in->dev);
     if (st == VKI_OK)
@@ -391,7 +391,6 @@ vki_status vk_engine_create(vkd_device *d, const gguf_file *f, const model_hpara
             st = vkd_cmd_enable_reuse(&fl->cmd, 8);
     }
     e->cmd = &e->fl[0].cmd;
-    e->sampler = e->fl[0].sampler;
     if (st == VKI_OK && e->p.profile_path)
         st = vk_profile_open(&e->prof, e->cmd, e->p.profile_path);
     if (st == VKI_OK)
@@ -779,7 +778,7 @@ static void record_prev_tokens(vk_engine *e, const vki_step_plan *plan)
     const op_sampler *prev = NULL;
     for (uint32_t i = 0, row = 0; i < plan->n_seqs; row += plan->seqs[i++].n_new) {
         const vki_step_seq *s = &plan->seqs[i];
-        if (s->tokens[0] != VKI_TOKEN_PREV || s->n_new != 1)
+        if (s->tokens[0] != VKI_TOKEN_PREV) /* check_plan: only in one-token entries */
             continue;
         if (!prev) {
             prev = e->fl[e->prev_fl].sampler;
@@ -824,7 +823,6 @@ vki_status vk_engine_submit(vk_engine *e, const vki_step_plan *plan)
     uint32_t fi = e->n_pending ? (e->head + 1) % e->n_flights : 0; /* alone: always flight 0 */
     vk_flight *f = &e->fl[fi];
     e->cmd = &f->cmd;
-    e->sampler = f->sampler;
     uint64_t n_pt;
     uint32_t n_out;
     vki_status st = check_plan(e, plan, &n_pt, &n_out);

@@ -145,7 +145,6 @@ typedef struct vk_engine {
     uint32_t n_pending;     /* flights submitted and not yet waited, oldest at fl[head] */
     uint32_t head;
     vkd_cmd *cmd;           /* the command buffer being recorded (of the flight being submitted) */
-    op_sampler *sampler;    /* that flight's sampler */
     /* VKI_TOKEN_PREV: the row of each slot sampled on the device by the last submitted step
      * (UINT32_MAX: none, or the host resampled it), in the sampler of fl[prev_fl] */
     uint32_t *prev_row;     /* [max_seqs] */

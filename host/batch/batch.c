@@ -454,30 +454,26 @@ static void ahead_submit(vki_batch_manager *bm, const vki_step_seq *rows, sched_
 }
 
 /* Waits for the older pending lookahead (its outs into bm->outs); the newer becomes the older. */
-static vki_status ahead_wait(vki_batch_manager *bm, bm_ahead **out)
+static vki_status ahead_wait(vki_batch_manager *bm)
 {
-    bm_ahead *a = &bm->ahead[bm->ahead_cur];
     vki_status st = bm->be.wait(bm->be.ctx, bm->outs);
-    a->pending = false;
+    bm->ahead[bm->ahead_cur].pending = false;
     if (bm->ahead[bm->ahead_cur ^ 1].pending)
         bm->ahead_cur ^= 1;
-    *out = a;
     return st;
 }
 
 /* Lookaheads in flight whose rows all left (finished, cancelled, failed): waited for and
- * dropped, so that nothing stays in flight while the worker sleeps. */
+ * dropped, so that nothing stays in flight while the worker sleeps. A newer lookahead's rows are
+ * some of the older's (its sequences): when the older has none left, neither has the newer. */
 static void ahead_settle(vki_batch_manager *bm)
 {
     while (bm->ahead[bm->ahead_cur].pending) {
-        bm_ahead *a = &bm->ahead[bm->ahead_cur];
-        bool live = false;
-        for (uint32_t a2 = 0; a2 < 2; a2++)
-            for (uint32_t i = 0; bm->ahead[a2].pending && i < bm->ahead[a2].n; i++)
-                live |= bm->ahead[a2].seqs[i] != NULL;
-        if (live)
-            return;
-        ahead_wait(bm, &a); /* its status concerns no request */
+        const bm_ahead *a = &bm->ahead[bm->ahead_cur];
+        for (uint32_t i = 0; i < a->n; i++)
+            if (a->seqs[i])
+                return;
+        ahead_wait(bm); /* its status concerns no request */
     }
 }
 
@@ -579,10 +575,12 @@ static void run_step(vki_batch_manager *bm, const sched_tick *t, double *step_ms
  * the device runs it), then its results, for the rows whose sequences are still there. */
 static void ahead_tick(vki_batch_manager *bm, sched_tick *t, double *step_ms)
 {
+    if (bm->sess_head)
+        bm_session_tick(bm, NULL); /* expiry (nobody waits for blocks: a lookahead runs) */
     double t0 = now_ms();
     bm_ahead *a = &bm->ahead[bm->ahead_cur];
     ahead_submit(bm, a->rows, a->seqs, a->n);
-    vki_status st = ahead_wait(bm, &a);
+    vki_status st = ahead_wait(bm);
     *step_ms = now_ms() - t0;
     uint32_t m = 0;
     for (uint32_t i = 0; i < a->n; i++) /* the rows that stayed, compacted in place */
@@ -597,34 +595,33 @@ static void ahead_tick(vki_batch_manager *bm, sched_tick *t, double *step_ms)
         deliver(bm, t, st);
 }
 
-static void tick(vki_batch_manager *bm)
+/* A tick the scheduler plans. False when its invariants broke (every request then ended). */
+static bool planned_tick(vki_batch_manager *bm, sched_tick *t, double *step_ms)
 {
-    sched_tick t;
-    double step_ms = 0;
-    if (bm->ahead[bm->ahead_cur].pending) {
-        if (bm->sess_head)
-            bm_session_tick(bm, NULL); /* expiry (nobody waits for blocks: a lookahead runs) */
-        ahead_tick(bm, &t, &step_ms);
-        ahead_settle(bm);
-        bm->iteration++;
-        if (bm->p.stats && (bm->cb.stats || bm->cb.tick_stats))
-            bm_emit_stats(bm, &t, step_ms);
-        return;
-    }
-    vki_status st = sched_plan(bm->s, &t);
-    if (st != VKI_OK) {
+    if (sched_plan(bm->s, t) != VKI_OK) {
         finish_all(bm, VKI_FINISH_ERROR, VKI_ERR_INTERNAL, "internal error: scheduler invariant broken");
-        return;
+        return false;
     }
     pthread_mutex_lock(&bm->mu); /* admissions made room in the queue */
     bm->sched_waiting = sched_queue_len(bm->s);
     pthread_mutex_unlock(&bm->mu);
     if (bm->sess_head)
-        bm_session_tick(bm, &t); /* expiry; pins give way when requests wait for blocks */
-    if (t.plan.n_seqs && bm->grams)
-        bm_constraint_masks(bm, &t);
-    if (t.plan.n_seqs)
-        run_step(bm, &t, &step_ms);
+        bm_session_tick(bm, t); /* expiry; pins give way when requests wait for blocks */
+    if (t->plan.n_seqs && bm->grams)
+        bm_constraint_masks(bm, t);
+    if (t->plan.n_seqs)
+        run_step(bm, t, step_ms);
+    return true;
+}
+
+static void tick(vki_batch_manager *bm)
+{
+    sched_tick t;
+    double step_ms = 0;
+    if (bm->ahead[bm->ahead_cur].pending)
+        ahead_tick(bm, &t, &step_ms);
+    else if (!planned_tick(bm, &t, &step_ms))
+        return;
     ahead_settle(bm);
     bm->iteration++;
     if (bm->p.stats && (bm->cb.stats || bm->cb.tick_stats))

@@ -193,10 +193,10 @@ static void print_samples(vki_engine *e, const wl_result *r, const wl_params *wp
 
 /* summary_json plus what a GPU run's record needs: device, driver, model, commit, command, the
  * workload's shape and how many ticks ran lookahead steps. */
-static cJSON *run_json(const wl_cli *c, const vki_engine *e, const char *policy, const wl_summary *s)
+static cJSON *run_json(const wl_cli *c, vki_engine *e, const char *policy, const wl_summary *s)
 {
     cJSON *o = summary_json(policy, s);
-    const vki_device_info *di = &engine_api_core((vki_engine *)e)->dev->info;
+    const vki_device_info *di = &engine_api_core(e)->dev->info;
     vki_model_info mi;
     vki_engine_info(e, &mi);
     char drv[520];
