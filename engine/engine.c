@@ -575,7 +575,8 @@ static double now_ms(void)
  * on the host with the GPU sampler's semantics (the GPU's token for that row is replaced). The
  * only place logits rows leave the device; O(n_vocab log n_vocab) per such row when a cut is
  * active. */
-static vki_status host_round_trips(vk_engine *e, const vki_step_plan *plan, vki_step_out *outs)
+static vki_status host_round_trips(vk_engine *e, const op_sampler *sampler, const vki_step_plan *plan,
+                                   vki_step_out *outs)
 {
     uint32_t V = e->model.hp.n_vocab, w = 0;
     float *row = NULL;
@@ -598,8 +599,10 @@ static vki_status host_round_trips(vk_engine *e, const vki_step_plan *plan, vki_
         if (!s->logits_hook)
             continue;
         s->logits_hook(s->logits_hook_ctx, row, V);
+        bool prev = s->n_new == 1 && s->tokens[0] == VKI_TOKEN_PREV; /* its token: what the device copied */
         sample_req req = {.params = s->sampling, .seed = s->seed, .position = s->pos0 + s->n_new,
-                          .history = s->history, .n_history = s->n_history, .mask = s->token_mask};
+                          .history = s->history, .n_history = s->n_history, .mask = s->token_mask,
+                          .pending = prev, .pending_token = op_sampler_pending_token(sampler, k)};
         vki_sample_out o;
         char err[160];
         st = sample_ref_sample(row, V, &req, &o, err, sizeof err);
@@ -772,11 +775,12 @@ static bool plan_exclusive(const vki_step_plan *plan)
 }
 
 /* VKI_TOKEN_PREV entries: their token copied from the previous step's sampler output over the
- * zero packed in its place (after the inputs' copy, before the barrier to the forward pass). */
-static void record_prev_tokens(vk_engine *e, const vki_step_plan *plan)
+ * zero packed in its place, and into their sampled row's pending entry when their penalties
+ * count it (after the inputs' copy, before the barrier to the forward pass). */
+static void record_prev_tokens(vk_engine *e, const op_sampler *cur, const vki_step_plan *plan)
 {
     const op_sampler *prev = NULL;
-    for (uint32_t i = 0, row = 0; i < plan->n_seqs; row += plan->seqs[i++].n_new) {
+    for (uint32_t i = 0, row = 0, k = 0; i < plan->n_seqs; row += plan->seqs[i].n_new, k += plan->seqs[i++].want_token) {
         const vki_step_seq *s = &plan->seqs[i];
         if (s->tokens[0] != VKI_TOKEN_PREV) /* check_plan: only in one-token entries */
             continue;
@@ -787,6 +791,9 @@ static void record_prev_tokens(vk_engine *e, const vki_step_plan *plan)
         }
         vkd_view t = op_sampler_token_view(prev, e->prev_row[s->slot]);
         vkd_copy(e->cmd, t.buf, t.offset, e->in.dev, e->in.off_tokens + (VkDeviceSize)row * 4, 4);
+        vkd_view pv = s->want_token ? op_sampler_pending_view(cur, k) : (vkd_view){0};
+        if (pv.buf)
+            vkd_copy(e->cmd, t.buf, t.offset, pv.buf, pv.offset, 4);
     }
 }
 
@@ -856,7 +863,7 @@ vki_status vk_engine_submit(vk_engine *e, const vki_step_plan *plan)
      * (vkd_cmd reuse); the extra bytes cost the transfer next to nothing */
     VkDeviceSize copy = (e->in.used + 16383) / 16384 * 16384;
     vkd_copy(e->cmd, f->in_host, 0, e->in.dev, 0, copy < e->in.cap ? copy : e->in.cap);
-    record_prev_tokens(e, plan);
+    record_prev_tokens(e, f->sampler, plan);
     record_page_copies(e, plan);
     vkd_barrier_transfer_to_compute(e->cmd);
     memcpy(e->attn_plan, ap, sizeof ap);
@@ -930,7 +937,7 @@ vki_status vk_engine_wait(vk_engine *e, vki_step_out *outs, float *logits)
     if (f->exclusive) { /* the latest step: scratch still holds its rows */
         const vki_step_plan *plan = f->plan;
         e->cmd = &f->cmd;
-        if (f->n_out && (st = host_round_trips(e, plan, outs)) != VKI_OK)
+        if (f->n_out && (st = host_round_trips(e, f->sampler, plan, outs)) != VKI_OK)
             return st;
         if (wants_hidden(plan) && (st = host_hidden(e, plan)) != VKI_OK)
             return st;

@@ -27,7 +27,7 @@ _Static_assert(PUSH_OK(vki_pc_kv_write), "push struct vki_pc_kv_write");
 _Static_assert(PUSH_OK(vki_pc_attn), "push struct vki_pc_attn");
 _Static_assert(PUSH_OK(vki_pc_sample), "push struct vki_pc_sample");
 _Static_assert(PUSH_OK(vki_pc_cm_peak), "push struct vki_pc_cm_peak");
-_Static_assert(sizeof(vki_sample_row) == 64 && sizeof(vki_sample_edit) == 12 &&
+_Static_assert(sizeof(vki_sample_row) == 68 && sizeof(vki_sample_edit) == 12 &&
                    sizeof(vki_sample_out) == 20 + 8 * VKI_SAMPLE_MAX_TOP, "std430 scalar-only sample structs");
 _Static_assert(sizeof(vki_seq_info) == 16 && sizeof(vki_attn_item) == 16, "std430 uvec4-sized structs");
 

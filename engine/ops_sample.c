@@ -168,8 +168,12 @@ vki_status op_sampler_pack(op_sampler *s, const sample_req *reqs, uint32_t n_row
         return VKI_ERR_INVALID_ARG;
     }
     uint64_t need = 0;
-    for (uint32_t i = 0; i < n_rows; i++)
+    uint32_t base = 0; /* the pending entries' region: entry i for row i */
+    for (uint32_t i = 0; i < n_rows; i++) {
         need += sample_edits_bound(&reqs[i]);
+        base = sample_req_pends(&reqs[i]) ? n_rows : base;
+    }
+    need += base;
     if (need > (1u << 26)) {
         snprintf(err, n_err, "%llu penalty-window and bias entries in one step (limit %u)",
                  (unsigned long long)need, 1u << 26);
@@ -181,7 +185,9 @@ vki_status op_sampler_pack(op_sampler *s, const sample_req *reqs, uint32_t n_row
             return st;
     }
     vki_sample_row *rows = s->rows->mapped;
-    uint32_t used = 0, words = (s->n_vocab + 31) / 32, masked = 0;
+    uint32_t used = base, words = (s->n_vocab + 31) / 32, masked = 0;
+    for (uint32_t i = 0; i < base; i++)
+        s->h_edits[i] = (vki_sample_edit){-1, 0, 0.0f};
     for (uint32_t i = 0; i < n_rows; i++) {
         char msg[200];
         uint32_t n = 0;
@@ -193,6 +199,10 @@ vki_status op_sampler_pack(op_sampler *s, const sample_req *reqs, uint32_t n_row
         }
         if (reqs[i].mask)
             s->masks[masked++] = reqs[i].mask;
+        if (rows[i].flags & VKI_SAMPLE_PENDING) { /* packed last: moved to its place */
+            s->h_edits[i] = s->h_edits[used + --n];
+            rows[i].pend = i;
+        }
         used += n;
     }
     s->n_masked = masked;
@@ -213,7 +223,9 @@ vki_status op_sampler_pack_plan(op_sampler *s, const vki_step_plan *plan, char *
             snprintf(err, n_err, "more than %u sequences want a token", s->max_rows);
             return VKI_ERR_INVALID_ARG;
         }
-        s->reqs[n++] = (sample_req){q->sampling, q->seed, q->pos0 + q->n_new, q->history, q->n_history, q->token_mask};
+        bool prev = q->n_new == 1 && q->tokens[0] == VKI_TOKEN_PREV;
+        s->reqs[n++] = (sample_req){q->sampling, q->seed, q->pos0 + q->n_new, q->history, q->n_history, q->token_mask,
+                                    .pending = prev, .pending_token = -1};
     }
     return op_sampler_pack(s, s->reqs, n, err, n_err);
 }
@@ -255,4 +267,18 @@ void op_sampler_read(const op_sampler *s, const uint32_t *slots, vki_step_out *o
 vkd_view op_sampler_token_view(const op_sampler *s, uint32_t row)
 {
     return (vkd_view){s->out, (VkDeviceSize)row * sizeof(vki_sample_out) + offsetof(vki_sample_out, token), 4};
+}
+
+vkd_view op_sampler_pending_view(const op_sampler *s, uint32_t row)
+{
+    const vki_sample_row *r = s->rows->mapped;
+    if (row >= s->n_rows || !(r[row].flags & VKI_SAMPLE_PENDING))
+        return (vkd_view){0};
+    return (vkd_view){s->edits, (VkDeviceSize)r[row].pend * sizeof(vki_sample_edit) + offsetof(vki_sample_edit, token), 4};
+}
+
+int32_t op_sampler_pending_token(const op_sampler *s, uint32_t row)
+{
+    vkd_view v = op_sampler_pending_view(s, row);
+    return v.buf ? ((const vki_sample_edit *)s->edits->mapped)[v.offset / sizeof(vki_sample_edit)].token : -1;
 }

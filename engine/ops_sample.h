@@ -55,13 +55,16 @@ void op_sampler_destroy(op_sampler *s); /* NULL is fine */
 
 /* Packs rows 0 .. n_rows - 1 from reqs (sample_pack_row). Rows with a mask get mask0 = k * words
  * for the k-th of them (words = ceil(n_vocab / 32)): op_sampler_copy_masks lays the masks out in
- * that order. VKI_ERR_INVALID_ARG with err naming the field for an invalid request (nothing is
+ * that order. A row with a pending token (sample_req_pends) has its pending entry at edits[i]
+ * (the first n_rows entries are reserved when any row has one: a recording that copies the token
+ * there keeps its offsets from step to step), see op_sampler_pending_view. VKI_ERR_INVALID_ARG with err naming the field for an invalid request (nothing is
  * packed then), VKI_ERR_OUT_OF_*_MEMORY when growing the edit buffers fails. The masks are read
  * by reference until op_sampler_copy_masks. */
 vki_status op_sampler_pack(op_sampler *s, const sample_req *reqs, uint32_t n_rows, char *err, size_t n_err);
 
 /* Packs the plan's sequences with want_token, in plan order: position pos0 + n_new, the seq's
- * seed, history, token mask and sampling params (NULL = greedy). */
+ * seed, history, token mask and sampling params (NULL = greedy); a VKI_TOKEN_PREV entry's token
+ * is pending (the caller copies it into op_sampler_pending_view on the device). */
 vki_status op_sampler_pack_plan(op_sampler *s, const vki_step_plan *plan, char *err, size_t n_err);
 
 /* Bytes of the packed rows' masks (0: none has one), and a copy of them, back to back, to dst. */
@@ -83,5 +86,12 @@ void op_sampler_read(const op_sampler *s, const uint32_t *slots, vki_step_out *o
 /* Where the device writes packed row i's token (an i32 in the out buffer): a later step's copy
  * source for VKI_TOKEN_PREV. */
 vkd_view op_sampler_token_view(const op_sampler *s, uint32_t row);
+
+/* Packed row i's pending entry's token (an i32 in the edits buffer): where a step copies the
+ * token in flight (a VKI_TOKEN_PREV row with penalties, VKI_SAMPLE_PENDING); .buf NULL when row i
+ * has none. op_sampler_pending_token: the value there (after the step completed: what the device
+ * copied). */
+vkd_view op_sampler_pending_view(const op_sampler *s, uint32_t row);
+int32_t op_sampler_pending_token(const op_sampler *s, uint32_t row);
 
 #endif

@@ -74,17 +74,24 @@ static bool penalties_on(const vki_sampling_params *p)
     return p->repetition_penalty != 1.0f || p->presence_penalty != 0.0f || p->frequency_penalty != 0.0f;
 }
 
+bool sample_req_pends(const sample_req *r)
+{
+    return r->pending && r->params && penalties_on(r->params) && r->params->penalty_window > 0;
+}
+
+/* The history tokens of the window (the pending token takes one place of it). */
 static uint32_t window_len(const sample_req *r)
 {
     const vki_sampling_params *p = r->params;
     if (!p || !penalties_on(p))
         return 0;
-    return r->n_history < p->penalty_window ? r->n_history : p->penalty_window;
+    uint32_t w = p->penalty_window - (sample_req_pends(r) ? 1 : 0);
+    return r->n_history < w ? r->n_history : w;
 }
 
 uint32_t sample_edits_bound(const sample_req *r)
 {
-    return window_len(r) + (r->params ? r->params->n_logit_bias : 0);
+    return window_len(r) + (r->params ? r->params->n_logit_bias : 0) + sample_req_pends(r);
 }
 
 static int edit_cmp(const void *a, const void *b)
@@ -99,7 +106,7 @@ static vki_status pack_edits(const sample_req *r, uint32_t n_vocab, vki_sample_e
 {
     const vki_sampling_params *p = r->params;
     uint32_t nh = window_len(r), n = 0;
-    if (nh + (p ? p->n_logit_bias : 0) > cap)
+    if (sample_edits_bound(r) > cap)
         return fail(err, n_err, "edit buffer too small (%u entries, need %u)", cap, sample_edits_bound(r));
     if (nh && !r->history)
         return fail(err, n_err, "history is NULL but n_history = %u", r->n_history);
@@ -168,6 +175,11 @@ vki_status sample_pack_row(const sample_req *r, uint32_t n_vocab, uint32_t edit0
         uint32_t tp = (uint32_t)((double)p->top_p * 4294967296.0);
         row->top_p32 = tp ? tp : 1;
     }
+    if (sample_req_pends(&rq)) { /* after the known entries (the bound counted it) */
+        edits[n] = (vki_sample_edit){r->pending_token, 1, 0.0f};
+        row->flags |= VKI_SAMPLE_PENDING;
+        row->pend = edit0 + n++;
+    }
     *n_used = n;
     return VKI_OK;
 }
@@ -235,18 +247,30 @@ static uint64_t wfix(float z, float zmax, float inv_t)
 
 /* ---- the reference distribution ------------------------------------------------------------- */
 
-static void apply_edits(float *z, const vki_sample_row *row, const vki_sample_edit *edits)
+static void apply_edit(float *z, const vki_sample_row *row, int32_t token, uint32_t count, float bias)
 {
+    float v = z[token];
+    if (count > 0) {
+        v = v > 0 ? v * row->inv_rep : v * row->rep;
+        float pen = (float)count * row->frequency + row->presence;
+        v = v - pen;
+    }
+    z[token] = fminf(v + bias, FLT_MAX); /* as the kernel: an overflow reads as the max */
+}
+
+/* The row's entries; a pending token (VKI_SAMPLE_PENDING) counts once more in its entry, or is
+ * an entry of its own. */
+static void apply_edits(float *z, uint32_t n_vocab, const vki_sample_row *row, const vki_sample_edit *edits)
+{
+    int32_t pend = row->flags & VKI_SAMPLE_PENDING ? edits[row->pend].token : -1;
+    bool hit = pend < 0 || (uint32_t)pend >= n_vocab;
     for (uint32_t e = 0; e < row->n_edits; e++) {
         const vki_sample_edit *ed = &edits[row->edit0 + e];
-        float v = z[ed->token];
-        if (ed->count > 0) {
-            v = v > 0 ? v * row->inv_rep : v * row->rep;
-            float pen = (float)ed->count * row->frequency + row->presence;
-            v = v - pen;
-        }
-        z[ed->token] = fminf(v + ed->bias, FLT_MAX); /* as the kernel: an overflow reads as the max */
+        apply_edit(z, row, ed->token, ed->count + (ed->token == pend), ed->bias);
+        hit = hit || ed->token == pend;
     }
+    if (!hit)
+        apply_edit(z, row, pend, 1, 0.0f);
 }
 
 /* Whether a raw logit is NaN or +inf (vki_sample_out.nonfinite). O(n_vocab). */
@@ -336,7 +360,7 @@ vki_status sample_dist_build(const float *logits, uint32_t n_vocab, const vki_sa
     }
     for (uint32_t i = 0; i < n_vocab; i++)
         d->z[i] = sample_sanitize(logits[i]);
-    apply_edits(d->z, row, edits);
+    apply_edits(d->z, n_vocab, row, edits);
     if (row->flags & VKI_SAMPLE_MASK) {
         const uint32_t *m = masks + row->mask0;
         for (uint32_t i = 0; i < n_vocab; i++)

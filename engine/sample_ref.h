@@ -40,6 +40,12 @@ typedef struct sample_req {
     uint32_t n_history;
     const uint32_t *mask;              /* [ceil(n_vocab / 32)] allowed tokens (a grammar's), bit i of
                                           word w = token 32w + i; NULL: every token */
+    bool pending;                      /* the window's newest token is not in history: it is the
+                                          token in flight (VKI_TOKEN_PREV); the penalties look at
+                                          the last penalty_window - 1 of history and at it */
+    int32_t pending_token;             /* its value when the host knows it (the reference, tests);
+                                          the engine overwrites it on the device (VKI_SAMPLE_PENDING).
+                                          Outside the vocabulary (-1): no token */
 } sample_req;
 
 /* Largest vocabulary the kernel's 64-bit fixed-point sums allow (n * 2^40 < 2^63). */
@@ -52,11 +58,17 @@ vki_status sample_params_check(const vki_sampling_params *p, uint32_t n_vocab, c
 /* Upper bound of the edit entries sample_pack_row writes for r. */
 uint32_t sample_edits_bound(const sample_req *r);
 
+/* Whether r's row has a pending entry: r->pending with penalties on and a window of >= 1. */
+bool sample_req_pends(const sample_req *r);
+
 /* Packs r into *row and edits[0 .. *n_used) (the row's entries, which the GPU reads at
  * edits_buffer[edit0 ..]; row->edit0 = edit0). cap >= sample_edits_bound(r). With r->mask the
  * row gets VKI_SAMPLE_MASK and reads its mask at masks_buffer[mask0 ..] (the caller copies it
- * there). Checks the parameters (sample_params_check) and the history ids; VKI_ERR_INVALID_ARG
- * with err filled. */
+ * there). When r's penalties have a pending token (sample_req_pends) the row gets
+ * VKI_SAMPLE_PENDING and its last entry, edits[*n_used - 1] = {pending_token, 1, 0}, is the
+ * pending one (row->pend = edit0 + *n_used - 1; n_edits counts the others): a caller may move it
+ * elsewhere and set row->pend. Checks the parameters (sample_params_check) and the history ids;
+ * VKI_ERR_INVALID_ARG with err filled. */
 vki_status sample_pack_row(const sample_req *r, uint32_t n_vocab, uint32_t edit0, uint32_t mask0, vki_sample_row *row,
                            vki_sample_edit *edits, uint32_t cap, uint32_t *n_used, char *err, size_t n_err);
 

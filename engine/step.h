@@ -31,7 +31,10 @@ typedef struct vki_step_seq {
     const struct vki_sampling_params *sampling;
     uint64_t seed;            /* resolved seed (the request's, or drawn at submission) */
     const int32_t *history;   /* [n_history] the sequence's tokens before pos0 + n_new that the
-                                 penalties look at (the last `window` tokens), may be NULL */
+                                 penalties look at (the last `window` tokens), may be NULL. A
+                                 VKI_TOKEN_PREV entry gives the tokens before pos0: its penalties
+                                 look at the last window - 1 of them and at the token in flight,
+                                 which the engine copies on the device */
     uint32_t n_history;
     /* Constrained decoding (only when want_token): the tokens that may be sampled, a bitset of
      * ceil(n_vocab / 32) words (bit i of word w = token 32w + i), uploaded with the step's inputs

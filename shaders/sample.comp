@@ -5,7 +5,8 @@
 #include "common.glsl"
 #include "sample_util.glsl"
 // The sampling stage: one workgroup per logits row, no sort of the vocabulary. Per row:
-//   edits      penalties + bias applied in place at the row's few edited ids (raw saved)
+//   edits      penalties + bias applied in place at the row's few edited ids (raw saved); a
+//              pending token (the one in flight, read from the edits buffer) counts too
 //   argmax     1 strided pass: z_max and the greedy token (lowest id on ties)
 //   candidates with a cut active, the survivors are among the tokens closest to z_max. 1
 //              strided pass bins t = (z_max - z) / T (9 bins per unit, shared histogram of
@@ -67,6 +68,7 @@ shared uint red_u[WG];
 shared uint s_prefix, s_tied, s_owner, s_rank, s_id, s_ntop;
 shared uint s_bin, s_ncand, s_nbefore, s_ncross;
 shared uint s_bad; // some raw logit of the row is NaN or +inf (vki_sample_out.nonfinite)
+shared uint s_pend_hit; // VKI_SAMPLE_PENDING: the pending token has an entry of the row
 shared uvec2 s_rem, s_before, s_target, s_total;
 shared uint s_top_id[VKI_SAMPLE_MAX_TOP], s_top_key[VKI_SAMPLE_MAX_TOP];
 shared uint s_lid[CAP];  // candidate list: ids ascending
@@ -236,30 +238,47 @@ uint locate(uint src, uint n, uvec2 target, out uvec2 before)
 
 // ---- passes ------------------------------------------------------------------------------------
 
-// Penalties then bias at the row's edited ids (raw values to saved[]), or the restore.
+// Penalties then bias at one edited id (its raw value to saved[g]), or the restore.
+void edit_one(uint g, uint tok, uint cnt, float bias, bool restore)
+{
+    uint at = g_base + tok;
+    if (restore) {
+        logits[at] = saved[g];
+        return;
+    }
+    float raw = logits[at];
+    saved[g] = raw;
+    g_bad = g_bad || broken(raw);
+    precise float z = isnan(raw) ? NEG_INF : min(raw, FLT_MAX_);
+    if (cnt > 0u) {
+        z = z > 0.0 ? z * sp.inv_rep : z * sp.rep;
+        precise float pen = float(cnt) * sp.frequency + sp.presence;
+        z = z - pen;
+    }
+    logits[at] = min(z + bias, FLT_MAX_); // what load_z reads anyway; never +inf, so only raw
+                                          // logits can look broken
+}
+
+// The row's edits, or their restore. A pending token (VKI_SAMPLE_PENDING: sampled by the step
+// before, copied into edits[sp.pend] on the device) counts once more in its entry, or is applied
+// by invocation 0 as an entry of its own when the row has none for it (s_pend_hit).
 void apply_edits(bool restore)
 {
+    bool pending = (sp.flags & VKI_SAMPLE_PENDING) != 0u; // uniform: the barrier below is too
+    uint pend = pending ? uint(edits[sp.pend].token) : NO_ID; // -1 (nothing sampled): NO_ID
     for (uint e = tid; e < sp.n_edits; e += WG) {
         uint g = sp.edit0 + e, tok = uint(edits[g].token);
         if (tok >= g_n) // packed on the host from checked ids; never write outside the row
             continue;
-        uint at = g_base + tok;
-        if (restore) {
-            logits[at] = saved[g];
-            continue;
-        }
-        float raw = logits[at];
-        saved[g] = raw;
-        g_bad = g_bad || broken(raw);
-        precise float z = isnan(raw) ? NEG_INF : min(raw, FLT_MAX_);
-        uint cnt = edits[g].count;
-        if (cnt > 0u) {
-            z = z > 0.0 ? z * sp.inv_rep : z * sp.rep;
-            precise float pen = float(cnt) * sp.frequency + sp.presence;
-            z = z - pen;
-        }
-        logits[at] = min(z + edits[g].bias, FLT_MAX_); // what load_z reads anyway; never +inf, so
-                                                       // only raw logits can look broken
+        if (tok == pend && !restore)
+            s_pend_hit = 1u;
+        edit_one(g, tok, edits[g].count + (tok == pend ? 1u : 0u), edits[g].bias, restore);
+    }
+    if (pending) {
+        memoryBarrierShared();
+        barrier();
+        if (tid == 0u && pend < g_n && s_pend_hit == 0u)
+            edit_one(sp.pend, pend, 1u, 0.0, restore);
     }
     memoryBarrierBuffer();
     barrier();
@@ -703,6 +722,7 @@ void main()
     if (tid == 0u) {
         sp = rows[row];
         s_bad = 0u;
+        s_pend_hit = 0u;
     }
     barrier();
     g_invt = sp.inv_temp;

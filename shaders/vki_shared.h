@@ -407,6 +407,13 @@ VKI_STRUCT(vki_pc_attn) {
                                      word w = token 32w + i) may be drawn: the others count as -inf
                                      after penalties and bias (a grammar's constraint). The
                                      logprobs stay those of the raw logits. */
+#define VKI_SAMPLE_PENDING 8u     /* the penalty window's newest token is not among the row's edits:
+                                     it is edits[pend].token (count 1, bias 0), written there on the
+                                     device when the token was sampled by the step before (a
+                                     decode entry of VKI_TOKEN_PREV). It adds one to the count of
+                                     the row's entry for that token, or is applied as its own entry
+                                     when there is none; ignored when outside the vocabulary (-1:
+                                     that step sampled nothing) */
 
 /* One sampled row's parameters (rows binding, vki_sample_row[n_rows]). */
 VKI_STRUCT(vki_sample_row) {
@@ -425,6 +432,7 @@ VKI_STRUCT(vki_sample_row) {
     vki_u32 n_top;       /* top logprob alternatives wanted, 0..VKI_SAMPLE_MAX_TOP */
     vki_u32 flags;       /* VKI_SAMPLE_* */
     vki_u32 mask0;       /* VKI_SAMPLE_MASK: first word of this row's mask in the masks binding */
+    vki_u32 pend;        /* VKI_SAMPLE_PENDING: index of the pending entry in the edits binding */
 };
 
 /* One distinct token of a row that has a penalty count or a bias (edits binding): applied in

@@ -432,7 +432,7 @@ static void la_response(void *user, const vki_response *resp)
  * steps (their tokens read by the executor, VKI_TOKEN_PREV), and every output is still exactly
  * what the request produces alone: ends by EOS, stop ids and length between a lookahead's
  * submission and its wait, streaming, logprobs, seeded sampling, a cancellation and requests
- * arriving while lookaheads run, and a request with penalties (no lookahead while it decodes). */
+ * arriving while lookaheads run, requests with penalties (windows of 1, 8 and 64 tokens). */
 static void test_lookahead(void **state)
 {
     (void)state;
@@ -473,9 +473,11 @@ static void test_lookahead(void **state)
             r.stop_ids = stops;
             r.n_stop_ids = 2;
         }
-        if (i == 5) { /* penalties: its rows keep the steps without lookahead while it runs */
-            r.sampling.penalty_window = 8;
+        if (i == 5 || i % 4 == 3) { /* penalties: lookahead rows whose history ends before the token in
+                                       flight (the fake checks it: window - 1 tokens before pos0) */
+            r.sampling.penalty_window = i == 3 ? 1 : i == 7 ? 8 : 64;
             r.sampling.repetition_penalty = 1.3f;
+            r.sampling.frequency_penalty = i == 11 ? 0.5f : 0.0f;
         }
         reqs[i] = r;
     }
@@ -501,6 +503,128 @@ static void test_lookahead(void **state)
         fail_msg("only %llu of %u tokens from lookahead rows", (unsigned long long)prev, generated);
     fake_destroy(f);
     coll_free(c);
+}
+
+/* Requests with repetition, presence and frequency penalties decode in lookahead steps too (their
+ * history ends before the token in flight, which the engine counts): three of them, together,
+ * almost every token from lookahead rows; outputs as alone. */
+static void test_lookahead_penalties(void **state)
+{
+    (void)state;
+    coll *c = coll_new();
+    fake_config fc = {.max_seqs = 4, .n_pages = 128, .page_size = 4, .max_ctx = 256, .vocab = VOCAB,
+                      .max_tokens = 40, .eos = EOS, .overlap = true};
+    fake_engine *f;
+    assert_int_equal(fake_create(&fc, &f), VKI_OK);
+    bm_backend be = fake_backend(f);
+    vki_batch_params p = mkparams(VKI_POLICY_GUARANTEED_NO_EVICT);
+    vki_batch_manager *bm;
+    assert_int_equal(bm_create(&be, &p, NULL, &bm), VKI_OK);
+    enum { N = 3 };
+    vki_request reqs[N];
+    for (uint32_t i = 0; i < N; i++) {
+        reqs[i] = mkreq(c, i, 5 + 7 * i, 80, true, 900 + i);
+        reqs[i].sampling.penalty_window = i == 0 ? 1 : i == 1 ? 16 : 200; /* 200: longer than prompt + output */
+        reqs[i].sampling.repetition_penalty = 1.2f;
+        reqs[i].sampling.presence_penalty = i == 1 ? 0.5f : 0.0f;
+        reqs[i].sampling.frequency_penalty = i == 2 ? -0.5f : 0.0f;
+        assert_int_equal(vki_batch_submit(bm, &reqs[i], on_response, c, NULL, 0), VKI_OK);
+    }
+    wait_finals(c, N);
+    assert_int_equal(vki_batch_manager_destroy(bm, false), VKI_OK);
+    assert_clean(c, f);
+    uint32_t generated = 0;
+    for (uint32_t i = 0; i < N; i++) {
+        check_rec(c, f, &reqs[i]);
+        generated += c->r[i].n_tokens;
+    }
+    uint64_t prev = fake_prev_rows(f);
+    printf("lookahead with penalties: %llu of %u generated tokens from lookahead rows\n", (unsigned long long)prev,
+           generated);
+    if (prev * 10 < generated * 7)
+        fail_msg("only %llu of %u tokens from lookahead rows", (unsigned long long)prev, generated);
+    fake_destroy(f);
+    coll_free(c);
+}
+
+/* Runs reqs on a fresh fake (overlap: two steps in flight) into c; returns its lookahead rows. */
+static uint64_t run_on_fake(coll *c, vki_request *reqs, uint32_t n, bool overlap)
+{
+    fake_config fc = {.max_seqs = 4, .n_pages = 128, .page_size = 4, .max_ctx = 256, .vocab = VOCAB,
+                      .max_tokens = 40, .eos = EOS, .overlap = overlap};
+    fake_engine *f;
+    assert_int_equal(fake_create(&fc, &f), VKI_OK);
+    bm_backend be = fake_backend(f);
+    vki_batch_params p = mkparams(VKI_POLICY_GUARANTEED_NO_EVICT);
+    vki_batch_manager *bm;
+    assert_int_equal(bm_create(&be, &p, NULL, &bm), VKI_OK);
+    for (uint32_t i = 0; i < n; i++)
+        assert_int_equal(vki_batch_submit(bm, &reqs[i], on_response, c, NULL, 0), VKI_OK);
+    wait_finals(c, n);
+    assert_int_equal(vki_batch_manager_destroy(bm, false), VKI_OK);
+    assert_clean(c, f);
+    uint64_t prev = fake_prev_rows(f);
+    fake_destroy(f);
+    return prev;
+}
+
+/* min_tokens bans the end of text until reached: lookahead steps carry the bans but for the step
+ * where they lift (its row has the request's own biases, so it waits for the step before). Each
+ * request's min_tokens is put where the unbanned model says EOS (after the tokens of a run that
+ * bans it throughout), so a lookahead that kept the ban one token too
+ * long changes the output. The same outputs as an executor of one step at a time, ending there
+ * by EOS; most tokens from lookahead rows. */
+static void test_lookahead_min_tokens(void **state)
+{
+    (void)state;
+    enum { CAND = 8, N = 3, MAX = 60 };
+    vki_request cand[CAND], reqs[N];
+    coll *c[3] = {coll_new(), coll_new(), coll_new()};
+    for (uint32_t i = 0; i < CAND; i++) {
+        cand[i] = mkreq(c[0], i, 4 + 3 * i, MAX, i % 2 == 0, 700 + i);
+        cand[i].min_tokens = MAX;
+    }
+    run_on_fake(c[0], cand, CAND, false);
+    fake_engine *f = mkfake(4, 128, 0);
+    uint32_t n = 0;
+    for (uint32_t i = 0; i < CAND && n < N; i++) {
+        const rec *a = &c[0]->r[i];
+        int32_t seq[MAXTOK + 64], next;
+        memcpy(seq, cand[i].prompt, cand[i].n_prompt * sizeof *seq);
+        memcpy(seq + cand[i].n_prompt, a->tokens, a->n_tokens * sizeof *seq);
+        uint32_t j = 6; /* the first position from 6 on where the unbanned model says EOS */
+        for (; j < a->n_tokens; j++) {
+            fake_reference(f, seq, cand[i].n_prompt + j, 1, false, 0, &next, NULL);
+            if (next == EOS)
+                break;
+        }
+        if (j == a->n_tokens)
+            continue;
+        reqs[n] = mkreq(c[1], n, 4 + 3 * i, MAX, i % 2 == 0, 700 + i);
+        reqs[n].min_tokens = j;
+        c[2]->r[n++].streaming = i % 2 == 0;
+    }
+    fake_destroy(f);
+    if (n < N)
+        fail_msg("%u of %u candidates have an EOS after position 6 to place min_tokens at", n, CAND);
+    run_on_fake(c[1], reqs, N, false);
+    uint64_t prev = run_on_fake(c[2], reqs, N, true);
+    uint32_t generated = 0;
+    for (uint32_t i = 0; i < N; i++) {
+        const rec *a = &c[1]->r[i], *b = &c[2]->r[i];
+        assert_int_equal(a->finish, VKI_FINISH_EOS);
+        assert_int_equal(a->n_tokens, reqs[i].min_tokens + 1);
+        assert_int_equal(b->finish, a->finish);
+        assert_int_equal(b->n_tokens, a->n_tokens);
+        assert_memory_equal(a->tokens, b->tokens, a->n_tokens * sizeof *a->tokens);
+        generated += a->n_tokens;
+    }
+    printf("lookahead with min_tokens: %llu of %u generated tokens from lookahead rows\n", (unsigned long long)prev,
+           generated);
+    if (prev * 2 < generated)
+        fail_msg("only %llu of %u tokens from lookahead rows", (unsigned long long)prev, generated);
+    for (int k = 0; k < 3; k++)
+        coll_free(c[k]);
 }
 
 /* End ids replace the model's end of text; stop ids finish with STOP; both tokens included. */
@@ -1501,6 +1625,8 @@ int main(void)
         cmocka_unit_test(test_push_step_failures),
         cmocka_unit_test(test_push_device_lost),
         cmocka_unit_test(test_lookahead),
+        cmocka_unit_test(test_lookahead_penalties),
+        cmocka_unit_test(test_lookahead_min_tokens),
         cmocka_unit_test(test_end_and_stop_ids),
         cmocka_unit_test(test_lazy_logprobs_and_cached),
         cmocka_unit_test(test_validation),

@@ -8,6 +8,7 @@
 #include "support/ref_model.h"
 #include "support/vt.h"
 #include "engine/rng.h"
+#include "engine/sample_ref.h"
 #include "engine/synth.h"
 
 #include <unistd.h>
@@ -535,6 +536,7 @@ typedef struct win_run {
     double steps_reused;      /* "Reused Step Recordings", last seen */
     double iterations;        /* "Iteration Counter", last seen */
     double ahead;             /* "Lookahead Steps", last seen */
+    const vki_sampling_params *sp; /* the requests' sampling; NULL: greedy */
     atomic_int validation_msgs;
 } win_run;
 
@@ -590,6 +592,8 @@ static uint32_t win_generate(win_run *w, vki_batch_manager *bm, const int32_t *p
     vki_request req = {.id = 7, .prompt = prompt, .n_prompt = n, .max_new_tokens = max_new,
                        .sampling = vki_sampling_default_params(), .ignore_eos = true};
     req.sampling.temperature = 0;
+    if (w->sp)
+        req.sampling = *w->sp;
     char err[256];
     assert_int_equal(vki_batch_submit(bm, &req, win_response, w, err, sizeof err), VKI_OK);
     pthread_mutex_lock(&w->mu);
@@ -600,9 +604,11 @@ static uint32_t win_generate(win_run *w, vki_batch_manager *bm, const int32_t *p
     return w->n_out;
 }
 
-/* Greedy tokens gen[0..n_gen) after prompt are the reference's argmax at every position. */
+/* Greedy tokens gen[0..n_gen) after prompt are the reference's argmax at every position, after
+ * sp's penalties over the tokens up to that position (sp NULL: none; the CPU sampler's reference,
+ * engine/sample_ref.c). */
 static void check_greedy(ref_model *ref, const int32_t *prompt, uint32_t n_prompt, const int32_t *gen, uint32_t n_gen,
-                         const char *label)
+                         const vki_sampling_params *sp, const char *label)
 {
     uint32_t n = n_prompt + n_gen - 1, V = ref_model_hparams(ref)->n_vocab;
     int32_t *seq = malloc((size_t)n * sizeof *seq);
@@ -612,11 +618,22 @@ static void check_greedy(ref_model *ref, const int32_t *prompt, uint32_t n_promp
     assert_int_equal(ref_model_forward(ref, seq, n, true, logits), VKI_OK);
     for (uint32_t i = n_prompt - 1; i < n; i++) {
         const float *l = logits + (size_t)i * V;
-        uint32_t best = 0;
-        for (uint32_t v = 1; v < V; v++)
-            best = l[v] > l[best] ? v : best;
-        if ((int32_t)best != gen[i - (n_prompt - 1)])
-            fail_msg("%s: token %u is %d, the reference's argmax %u", label, i - (n_prompt - 1), gen[i - (n_prompt - 1)],
+        int32_t best = 0;
+        if (sp) {
+            assert_true(sp->temperature == 0);
+            uint32_t nh = sp->penalty_window < i + 1 ? sp->penalty_window : i + 1;
+            sample_req r = {.params = sp, .position = i + 1, .history = seq + i + 1 - nh, .n_history = nh};
+            vki_sample_out o;
+            char err[160];
+            if (sample_ref_sample(l, V, &r, &o, err, sizeof err) != VKI_OK)
+                fail_msg("%s: %s", label, err);
+            best = o.token;
+        } else {
+            for (uint32_t v = 1; v < V; v++)
+                best = l[v] > l[best] ? (int32_t)v : best;
+        }
+        if (best != gen[i - (n_prompt - 1)])
+            fail_msg("%s: token %u is %d, the reference's %d", label, i - (n_prompt - 1), gen[i - (n_prompt - 1)],
                      best);
     }
     free(seq);
@@ -683,18 +700,32 @@ static void test_window_bounded_kv(void **state)
     memcpy(second, w->out, sizeof second);
     memcpy(p2 + 100, w->out, 10 * sizeof *p2);
     assert_int_equal(win_generate(w, bm, p2, 110, 20), 20);
+    int32_t third[WIN_OUT];
+    memcpy(third, w->out, sizeof third);
+    double reused = w->reused;
+    /* penalties (greedy): lookahead steps count the token in flight on the device; the tokens are
+     * the reference's argmax after the CPU sampler's penalties */
+    vki_sampling_params pen = vki_sampling_default_params();
+    pen.temperature = 0, pen.repetition_penalty = 1.3f, pen.presence_penalty = -1.5f, pen.frequency_penalty = 1.0f;
+    pen.penalty_window = 4;
+    w->sp = &pen;
+    double it0 = w->iterations, ahead0 = w->ahead;
+    assert_int_equal(win_generate(w, bm, prompt, 40, 120), 120);
+    fprintf(stderr, "  penalties: %.0f of %.0f ticks ran lookahead steps\n", w->ahead - ahead0, w->iterations - it0);
+    assert_true(w->ahead - ahead0 >= 0.8 * (w->iterations - it0));
     assert_int_equal(vki_batch_manager_destroy(bm, false), VKI_OK);
     vki_engine_destroy(e);
     fprintf(stderr, "  600 tokens with window 48 + sink: at most %u of 12 pages in use; then %.0f tokens reused\n",
-            used_long, w->reused);
+            used_long, reused);
     assert_true(used_long <= 7);
-    assert_true(w->reused == 96);
+    assert_true(reused == 96);
     ref_model *ref = NULL;
     ref_model_opts ro = {.kv_type = VKI_GGML_F16, .max_window = 48, .page_size = 16};
     assert_int_equal(ref_model_load(path, &ro, &ref, err, sizeof err), VKI_OK);
-    check_greedy(ref, prompt, 40, first, 600, "600 tokens, window 48");
-    check_greedy(ref, p2, 100, second, 10, "window 48, prefix of the next");
-    check_greedy(ref, p2, 110, w->out, 20, "window 48, reused prefix");
+    check_greedy(ref, prompt, 40, first, 600, NULL, "600 tokens, window 48");
+    check_greedy(ref, p2, 100, second, 10, NULL, "window 48, prefix of the next");
+    check_greedy(ref, p2, 110, third, 20, NULL, "window 48, reused prefix");
+    check_greedy(ref, prompt, 40, w->out, 120, &pen, "window 48, penalties");
     ref_model_free(ref);
     unlink(path);
     int msgs = atomic_load(&w->validation_msgs);

@@ -776,7 +776,7 @@ static void overlap_hook(void *ctx, float *logits, uint32_t n_vocab)
  * or step k + 1 submitted before step k is waited, its decode tokens VKI_TOKEN_PREV. Midway the
  * session-file read drains the two steps in flight. Returns the reuse hits. */
 static uint64_t overlap_run(fixture *fx, bool overlap, oseq *q, const uint32_t *np, uint32_t n_steps,
-                            const vki_sampling_params *sp, const uint32_t *mask)
+                            const vki_sampling_params *const *sp, const uint32_t *mask)
 {
     static const int32_t prev = VKI_TOKEN_PREV;
     vki_step_seq ss[2][3];
@@ -793,11 +793,16 @@ static uint64_t overlap_run(fixture *fx, bool overlap, oseq *q, const uint32_t *
                 continue;
             bool want = s->done + n_new == (s->done < np[i] ? np[i] : s->n);
             bool from_prev = s->done >= np[i] && s->sampled_at == (int64_t)it - 1;
+            /* the penalties' history: the tokens before pos0 + n_new, or before pos0 for a PREV
+             * entry (the engine adds the one in flight; given a window's worth, it uses the last
+             * window - 1) */
+            uint32_t end = s->done + (overlap && from_prev ? 0 : n_new), w = sp[i]->penalty_window;
+            uint32_t nh = want ? (w < end ? w : end) : 0;
             ss[b][n] = (vki_step_seq){.slot = s->slot, .pos0 = s->done, .n_new = n_new,
                                       .tokens = overlap && from_prev ? &prev : s->tok + s->done,
                                       .n_pages = PAGES_PER_SEQ, .pages = s->pages, .want_token = want,
-                                      .sampling = sp, .seed = 100 + i,
-                                      .token_mask = it == 20 && i == 2 ? mask : NULL};
+                                      .sampling = sp[i], .seed = 100 + i, .history = s->tok + end - nh,
+                                      .n_history = nh, .token_mask = it == 20 && i == 2 ? mask : NULL};
             if (!overlap || !from_prev)
                 assert_true(s->done + n_new <= s->n);
             s->done += n_new;
@@ -856,10 +861,20 @@ static void test_overlap(void **state)
     assert_int_equal(fx[1].e->n_flights, 2);
     const uint32_t V = fx[0].n_vocab, np[3] = {40, 9, 70}, n_steps = 40;
     vt_rng r = vt_rng_seeded("overlap");
-    vki_sampling_params sp = vki_sampling_default_params();
-    sp.temperature = 0.9f;
-    sp.top_p = 0.95f;
-    sp.logprobs = true;
+    vki_sampling_params sp[3];
+    for (int i = 0; i < 3; i++) {
+        sp[i] = vki_sampling_default_params();
+        sp[i].temperature = 0.9f;
+        sp[i].top_p = 0.95f;
+        sp[i].logprobs = true;
+    }
+    /* penalties count the token in flight of a PREV entry (VKI_SAMPLE_PENDING): a 16-token window
+     * with a bias, and a window of one (only the token in flight) */
+    static const vki_logit_bias bias[2] = {{5, 1.5f}, {9, -2.0f}};
+    sp[0].repetition_penalty = 1.5f, sp[0].presence_penalty = 0.5f, sp[0].penalty_window = 16;
+    sp[0].logit_bias = bias, sp[0].n_logit_bias = 2;
+    sp[2].frequency_penalty = 1.0f, sp[2].penalty_window = 1;
+    const vki_sampling_params *spp[3] = {&sp[0], &sp[1], &sp[2]};
     uint32_t *mask = calloc((V + 31) / 32, 4);
     for (uint32_t t = 0; t < V; t += 3)
         mask[t / 32] |= 1u << (t % 32);
@@ -880,7 +895,7 @@ static void test_overlap(void **state)
     }
     uint64_t reused[2];
     for (int f = 0; f < 2; f++)
-        reused[f] = overlap_run(&fx[f], f == 1, q[f], np, n_steps, &sp, mask);
+        reused[f] = overlap_run(&fx[f], f == 1, q[f], np, n_steps, spp, mask);
     for (uint32_t i = 0; i < 3; i++) {
         assert_int_equal(q[0][i].n, q[1][i].n);
         assert_true(q[0][i].n > np[i] + 10);
@@ -927,6 +942,26 @@ static void test_overlap(void **state)
     vki_step_plan plan3 = {.n_seqs = 1, .seqs = &c, .n_tokens = 1};
     assert_int_equal(vk_engine_step(e, &plan3, outs, NULL), VKI_OK);
     assert_int_equal(outs[0].token, t2);
+    /* a PREV entry with penalties and a logits post-processor: the host round trip counts the
+     * token the device copied (window 1: only that token, made far likelier), as a host-fed rerun */
+    vki_sampling_params pen = vki_sampling_default_params();
+    pen.repetition_penalty = 0.05f, pen.presence_penalty = -2.0f, pen.penalty_window = 1;
+    vki_step_seq u = c, v = c;
+    u.pos0 = c.pos0 + 1, u.tokens = &t2, u.sampling = &pen, u.history = &t2, u.n_history = 1;
+    v.pos0 = c.pos0 + 2, v.tokens = &prev, v.sampling = &pen, v.history = &t2, v.n_history = 1;
+    v.logits_hook = overlap_hook;
+    vki_step_plan pu = {.n_seqs = 1, .seqs = &u, .n_tokens = 1}, pv = {.n_seqs = 1, .seqs = &v, .n_tokens = 1};
+    assert_int_equal(vk_engine_submit(e, &pu), VKI_OK);
+    assert_int_equal(vk_engine_submit(e, &pv), VKI_OK);
+    assert_int_equal(vk_engine_wait(e, outs, NULL), VKI_OK);
+    int32_t tu = outs[0].token;
+    assert_int_equal(vk_engine_wait(e, outs, NULL), VKI_OK);
+    int32_t tv = outs[0].token;
+    v.tokens = &tu, v.history = &tu;
+    assert_int_equal(vk_engine_step(e, &pv, outs, NULL), VKI_OK);
+    assert_int_equal(outs[0].token, tv);
+    fprintf(stderr, "  PREV + penalties + post-processor: %d after %d (host-fed rerun: %d)\n", tv, tu, outs[0].token);
+    c.pos0 = v.pos0, t2 = tv; /* the hook step below follows */
     /* a logits post-processor's step: resampled on the host, read back from scratch at its wait */
     vki_step_seq h = c;
     h.pos0 = c.pos0 + 1;

@@ -263,7 +263,7 @@ static void test_penalty_semantics(void **state)
     p.penalty_window = 4; /* token 0 falls outside */
     p.logit_bias = bias;
     p.n_logit_bias = 3;
-    sample_req r = {&p, 1, 0, hist, 5, NULL};
+    sample_req r = {&p, 1, 0, hist, 5, NULL, false, -1};
     sample_dist d = ref_dist(x, 8, &r);
     /* 3: 3/2 - (2*0.25 + 0.5); 1: -1*2 - 0.75; 7: 4/2 - 0.75; 6: 0 + 1.25; 2: 0.5 - 0.5 */
     const float want[8] = {2, -2.75f, 0, 0.5f, -2, 1, 1.25f, 1.25f};
@@ -342,7 +342,7 @@ static void test_params_check(void **state)
     vki_sampling_params p = sampled_params();
     p.repetition_penalty = 1.2f;
     const int32_t hist[2] = {5, 1000};
-    sample_req r = {&p, 1, 0, hist, 2, NULL};
+    sample_req r = {&p, 1, 0, hist, 2, NULL, false, -1};
     vki_sample_row row;
     vki_sample_edit e[4];
     uint32_t n;
@@ -431,7 +431,7 @@ static void test_distributions(void **state)
     for (int i = 0; i < 40; i++) /* the penalties hit likely tokens, some several times */
         hist[i] = i % 3 ? (int32_t)top : (int32_t)((top + 1 + i * 7) % V);
     const vki_logit_bias bias[5] = {{(int32_t)top, -INFINITY}, {3, 4}, {500, 4.5f}, {999, 5}, {7, -2}};
-    sample_req r = {NULL, vt_u64(&rng), 0, hist, 40, NULL};
+    sample_req r = {NULL, vt_u64(&rng), 0, hist, 40, NULL, false, -1};
     struct {
         const char *label;
         float t, top_p, min_p, rep, pres, freq;
@@ -486,7 +486,7 @@ static void test_tie_cuts(void **state)
         row[(i * 37 + 11) % V] = 2.0f; /* 30 tied maxima, scattered */
     row[690] = 3.0f;                   /* one above them */
     vki_sampling_params p = sampled_params();
-    sample_req r = {&p, 0x5eed, 0, NULL, 0, NULL};
+    sample_req r = {&p, 0x5eed, 0, NULL, 0, NULL, false, -1};
     p.top_k = 10; /* 690 and the 9 lowest-id tied tokens */
     sample_dist d = ref_dist(row, V, &r);
     assert_int_equal(d.n_kept, 10);
@@ -524,7 +524,7 @@ static void test_boundaries(void **state)
     for (uint32_t i = 0; i < R; i++) {
         fill_logits(&rng, x + i * V, V);
         p[i] = sampled_params();
-        r[i] = (sample_req){&p[i], vt_u64(&rng), vt_range(&rng, 0, 100000), NULL, 0, NULL};
+        r[i] = (sample_req){&p[i], vt_u64(&rng), vt_range(&rng, 0, 100000), NULL, 0, NULL, false, -1};
     }
     p[0].top_k = 1;
     p[0].temperature = 4.0f;
@@ -590,7 +590,7 @@ static void test_all_but_one_inf(void **state)
         p[i] = sampled_params();
         p[i].logprobs = true;
         p[i].top_logprobs = 3;
-        r[i] = (sample_req){&p[i], 99 + i, i, NULL, 0, NULL};
+        r[i] = (sample_req){&p[i], 99 + i, i, NULL, 0, NULL, false, -1};
     }
     p[0].temperature = 0;
     p[1].top_k = 5;
@@ -639,7 +639,7 @@ static void test_nonfinite_flag(void **state)
         vki_logit_bias bias[1] = {{(int32_t)last, 5.0f}}, huge[1] = {{0, 3e38f}};
         for (uint32_t i = 0; i < R; i++) {
             p[i] = i % 2 ? sampled_params() : vki_sampling_default_params(); /* odd rows sample */
-            r[i] = (sample_req){&p[i], vt_u64(&rng), i, NULL, 0, NULL};
+            r[i] = (sample_req){&p[i], vt_u64(&rng), i, NULL, 0, NULL, false, -1};
         }
         bool want[R] = {false, true, true, false, true, true, true, true, false};
         x[1 * V + last] = NAN;       /* row 0 clean; 1 and 2: a NaN, a +inf, in the last stride */
@@ -690,7 +690,7 @@ static void vocab_rows(vt_gpu *g, vt_rng *rng, uint32_t V, uint32_t pad)
         p[i] = sampled_params();
         p[i].logprobs = true;
         p[i].top_logprobs = i * 4;
-        r[i] = (sample_req){&p[i], vt_u64(rng), vt_range(rng, 0, 1u << 30), hist, 32, NULL};
+        r[i] = (sample_req){&p[i], vt_u64(rng), vt_range(rng, 0, 1u << 30), hist, 32, NULL, false, -1};
     }
     p[0].temperature = 0;
     p[1].temperature = 0.8f, p[1].top_k = 40, p[1].top_p = 0.95f;
@@ -705,6 +705,83 @@ static void vocab_rows(vt_gpu *g, vt_rng *rng, uint32_t V, uint32_t pad)
         assert_row_matches(x + (size_t)i * stride, V, &r[i], &out[i], label);
     }
     free(x);
+}
+
+/* The token in flight (VKI_SAMPLE_PENDING: a VKI_TOKEN_PREV row's penalties count the token the
+ * step before sampled, which the engine copies into the row's pending entry): rows whose pending
+ * token is in the window, in the bias list only, just outside the window, new (window 1: alone),
+ * or -1 (nothing sampled), greedy and sampled, beside rows without one, against the reference
+ * given the resolved history (the window's last tokens, then the pending one). The CPU reference
+ * of a packed pending row gives the resolved one's logits exactly. */
+static void pending_rows(vt_gpu *g, vt_rng *rng, uint32_t V)
+{
+    enum { R = 12, H = 24 };
+    float *x = malloc((size_t)R * V * 4);
+    int32_t hist[R][H + 1];
+    vki_logit_bias bias[2] = {{(int32_t)(V / 3), 0.75f}, {(int32_t)(V - 1), -1.5f}};
+    vki_sampling_params p[R], pr[R];
+    sample_req r[R], rr[R];
+    vki_sample_out out[R];
+    for (uint32_t i = 0; i < R; i++) {
+        fill_logits(rng, x + (size_t)i * V, V);
+        p[i] = sampled_params();
+        p[i].temperature = i % 3 == 0 ? 0.0f : 0.9f;
+        p[i].top_k = i % 4 == 1 ? 20 : 0;
+        p[i].repetition_penalty = 1.3f, p[i].presence_penalty = i % 2 ? 0.4f : -0.6f, p[i].frequency_penalty = 0.3f;
+        p[i].penalty_window = i == 8 ? 1 : 6 + i;
+        p[i].logit_bias = bias, p[i].n_logit_bias = 2;
+        p[i].logprobs = true, p[i].top_logprobs = 3;
+        for (uint32_t j = 0; j < H; j++) /* few distinct ids: repeats */
+            hist[i][j] = (int32_t)vt_range(rng, 0, V - 1 < 11 ? V - 1 : 11);
+        uint32_t w = p[i].penalty_window;
+        int32_t pend = i % 5 == 0   ? hist[i][H - 1]                    /* in the window */
+                       : i % 5 == 1 ? bias[0].token                     /* biased (maybe in it too) */
+                       : i % 5 == 2 ? hist[i][H - w]                    /* the one that left it */
+                       : i % 5 == 3 ? (int32_t)vt_range(rng, V > 12 ? 12 : 0, V - 1) /* mostly new */
+                                    : -1;                               /* nothing sampled */
+        r[i] = (sample_req){&p[i], vt_u64(rng), vt_range(rng, 0, 1u << 20), hist[i], H, NULL, .pending = i != 11,
+                            .pending_token = pend};
+        pr[i] = p[i];
+        rr[i] = r[i];
+        rr[i].params = &pr[i];
+        rr[i].pending = false;
+        if (i == 11) /* no token in flight: a plain row in the same dispatch */
+            continue;
+        if (pend >= 0) {
+            hist[i][H] = pend;
+            rr[i].n_history = H + 1;
+        } else {
+            pr[i].penalty_window = w - 1;
+        }
+    }
+    gpu_sample(g, x, R, V, V, r, out);
+    for (uint32_t i = 0; i < R; i++) {
+        char label[64];
+        snprintf(label, sizeof label, "vocab %u pending row %u", V, i);
+        assert_row_matches(x + (size_t)i * V, V, &rr[i], &out[i], label);
+        sample_dist a = ref_dist(x + (size_t)i * V, V, &r[i]), b = ref_dist(x + (size_t)i * V, V, &rr[i]);
+        assert_memory_equal(a.z, b.z, V * sizeof *a.z);
+        sample_dist_free(&a);
+        sample_dist_free(&b);
+    }
+    free(x);
+}
+
+static void test_pending(void **state)
+{
+    vt_gpu *g = vt_gpu_get(state);
+    vt_rng rng = vt_rng_seeded("sample pending");
+    const uint32_t sizes[] = {7, 65, 1000, 4097};
+    for (size_t s = 0; s < sizeof sizes / sizeof sizes[0]; s++)
+        pending_rows(g, &rng, sizes[s]);
+    /* a GPU's 1024 invocations (fewer entries than invocations) */
+    vki_device_info saved = g->dev->info;
+    if (saved.max_workgroup_invocations >= 1024 && saved.max_compute_shared_memory >= 28 * 1024) {
+        g->dev->info.type = VKI_DEVICE_DISCRETE;
+        pending_rows(g, &rng, 32768 + 5);
+        g->dev->info = saved;
+    }
+    vt_assert_clean(g);
 }
 
 /* Vocabulary sizes around the workgroup sizes (64 .. 1024 invocations). */
@@ -763,7 +840,7 @@ static void test_masks(void **state)
             p[i].logprobs = true;
             p[i].top_logprobs = 3;
             m[i] = keep[i] < 0 ? NULL : random_mask(&rng, V, keep[i]); /* row 5: no mask */
-            r[i] = (sample_req){&p[i], vt_u64(&rng), vt_range(&rng, 0, 1u << 20), NULL, 0, m[i]};
+            r[i] = (sample_req){&p[i], vt_u64(&rng), vt_range(&rng, 0, 1u << 20), NULL, 0, m[i], false, -1};
         }
         p[0].temperature = 0;
         p[1].top_k = 40, p[1].top_p = 0.9f;
@@ -812,7 +889,7 @@ static void test_temperature_extremes(void **state)
         p[i] = sampled_params();
         p[i].temperature = temps[i];
         p[i].top_p = i % 2 ? 0.9f : 1.0f;
-        r[i] = (sample_req){&p[i], vt_u64(&rng), i, NULL, 0, NULL};
+        r[i] = (sample_req){&p[i], vt_u64(&rng), i, NULL, 0, NULL, false, -1};
     }
     gpu_sample(g, x, R, V, V, r, out);
     for (uint32_t i = 0; i < 3; i++) {
@@ -839,7 +916,7 @@ static void test_vocab_256k(void **state)
     p[1].top_p = 0.95f; /* a top-p cut among ~all tokens */
     for (int i = 0; i < R; i++)
         p[i].logprobs = true, p[i].top_logprobs = 20;
-    sample_req r[R] = {{&p[0], 12345, 678, NULL, 0, NULL}, {&p[1], 999, 4242, NULL, 0, NULL}};
+    sample_req r[R] = {{&p[0], 12345, 678, NULL, 0, NULL, false, -1}, {&p[1], 999, 4242, NULL, 0, NULL, false, -1}};
     vki_sample_out out[R];
     gpu_sample(g, x, R, V, V, r, out);
     for (int i = 0; i < R; i++)
@@ -863,7 +940,7 @@ static void test_greedy_logprobs(void **state)
     vki_sample_out out[R];
     for (uint32_t i = 0; i < R; i++) {
         fill_logits(&rng, x + i * V, V);
-        r[i] = (sample_req){&p, i, i, NULL, 0, NULL};
+        r[i] = (sample_req){&p, i, i, NULL, 0, NULL, false, -1};
     }
     gpu_sample(g, x, R, V, V, r, out);
     for (uint32_t i = 0; i < R; i++) {
@@ -894,7 +971,7 @@ static void test_reproducible(void **state)
     p.temperature = 1.1f, p.top_p = 0.97f, p.repetition_penalty = 1.2f, p.logprobs = true, p.top_logprobs = 5;
     other.top_k = 7, other.temperature = 0.3f;
     for (uint32_t pos = 0; pos < 64; pos += 9) {
-        sample_req me = {&p, 0xdeadbeef12345678ull, pos, hist, 20, NULL};
+        sample_req me = {&p, 0xdeadbeef12345678ull, pos, hist, 20, NULL, false, -1};
         vki_sample_out alone, batch[R];
         gpu_sample(g, mine, 1, V, V, &me, &alone);
         assert_row_matches(mine, V, &me, &alone, "alone");
@@ -906,7 +983,7 @@ static void test_reproducible(void **state)
                     r[i] = me;
                 } else {
                     fill_logits(&rng, x + (size_t)i * V, V);
-                    r[i] = (sample_req){&other, vt_u64(&rng), pos, hist, 20, NULL};
+                    r[i] = (sample_req){&other, vt_u64(&rng), pos, hist, 20, NULL, false, -1};
                 }
             }
             gpu_sample(g, x, R, V, V, r, batch);
@@ -921,7 +998,7 @@ static void test_reproducible(void **state)
     float *many = malloc((size_t)64 * V * 4);
     for (uint32_t i = 0; i < 64; i++) {
         memcpy(many + (size_t)i * V, mine, V * 4);
-        a[i] = (sample_req){&p, 0xdeadbeef12345678ull + (i & 1), i / 2, hist, 20, NULL};
+        a[i] = (sample_req){&p, 0xdeadbeef12345678ull + (i & 1), i / 2, hist, 20, NULL, false, -1};
     }
     gpu_sample(g, many, 64, V, V, a, o);
     uint32_t distinct = 0;
@@ -947,13 +1024,13 @@ static void test_entry_point_checks(void **state)
         bad_cases[i].set(&bad);
         if (bad.logit_bias == bad_tok) /* token 1000 is outside this vocabulary too */
             assert_true(bad_tok[0].token >= V);
-        sample_req r[2] = {{&ok, 1, 0, NULL, 0, NULL}, {&bad, 1, 0, NULL, 0, NULL}};
+        sample_req r[2] = {{&ok, 1, 0, NULL, 0, NULL, false, -1}, {&bad, 1, 0, NULL, 0, NULL, false, -1}};
         char err[256] = "";
         assert_int_equal(op_sampler_pack(s, r, 2, err, sizeof err), VKI_ERR_INVALID_ARG);
         if (!strstr(err, bad_cases[i].field) || !strstr(err, "row 1"))
             fail_msg("case %zu: \"%s\" does not name row 1 and %s", i, err, bad_cases[i].field);
     }
-    sample_req five[5] = {{&ok, 1, 0, NULL, 0, NULL}};
+    sample_req five[5] = {{&ok, 1, 0, NULL, 0, NULL, false, -1}};
     char err[256];
     assert_int_equal(op_sampler_pack(s, five, 5, err, sizeof err), VKI_ERR_INVALID_ARG); /* > max_rows */
     assert_int_equal(op_sampler_pack(s, five, 1, err, sizeof err), VKI_OK);
@@ -1003,7 +1080,7 @@ static void test_step_plan(void **state)
     op_sampler_read(s, want_slot, outs);
     for (int i = 0; i < 3; i++) {
         const vki_step_seq *q = &seqs[seq_of[i]];
-        sample_req r = {q->sampling, q->seed, q->pos0 + q->n_new, q->history, q->n_history, NULL};
+        sample_req r = {q->sampling, q->seed, q->pos0 + q->n_new, q->history, q->n_history, NULL, false, -1};
         vki_sample_out want;
         ref_sample(x + i * V, V, &r, &want);
         assert_int_equal(outs[i].slot, want_slot[i]);
@@ -1031,7 +1108,7 @@ static void test_kernel_routes(void **state)
     float row[V];
     vt_fill_uniform(&rng, row, V, -0.1f, 0.1f);
     vki_sampling_params p = sampled_params();
-    sample_req r = {&p, vt_u64(&rng), 0, NULL, 0, NULL};
+    sample_req r = {&p, vt_u64(&rng), 0, NULL, 0, NULL, false, -1};
     p.top_k = 30;
     run_distribution_n(g, "route: top_k 30, list", row, V, &r, CHUNK, false);
     p.top_k = 1500;
@@ -1075,6 +1152,7 @@ int main(void)
         cmocka_unit_test(test_temperature_extremes),
         cmocka_unit_test(test_vocab_sizes),
         cmocka_unit_test(test_masks),
+        cmocka_unit_test(test_pending),
         cmocka_unit_test(test_vocab_256k),
         cmocka_unit_test(test_gpu_configs),
         cmocka_unit_test(test_reproducible),

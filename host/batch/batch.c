@@ -5,10 +5,10 @@
  *   stats JSON
  *
  * With an executor that can keep two steps in flight (be.submit / be.wait), a step whose rows
- * all decode plainly (no grammar, penalties, post-processor, logits outputs, beams, min_tokens
- * bans), with nobody waiting for admission, gets a lookahead: the same sequences' next decode
- * step, submitted before the step is waited for, each token read by the executor from the
- * step's sampler (VKI_TOKEN_PREV). The host's work of a tick (reading tokens, stop checks,
+ * all decode plainly (no grammar, post-processor, logits outputs, beams, nor the step where
+ * min_tokens' bans lift), with nobody waiting for admission, gets a lookahead: the same
+ * sequences' next decode step, submitted before the step is waited for, each token read by the
+ * executor from the step's sampler (VKI_TOKEN_PREV; penalties count it there too). The host's work of a tick (reading tokens, stop checks,
  * responses, the next submission) then runs while the device computes. The next tick waits for
  * the lookahead instead of planning (and may submit the lookahead's own lookahead first); a
  * sequence that finished in between has its row computed and dropped. Tokens are the same as
@@ -413,11 +413,12 @@ static bool ahead_row_ok(vki_batch_manager *bm, sched_seq *q, const vki_step_seq
 {
     const bm_req *r = q->user;
     if (!e->want_token || !r || q->ghost || q->lead || r->beam || r->gram || r->processor || q->logits_sink ||
-        q->hidden_hook || q->token_mask || (r->ban && r->sampling.logit_bias == r->ban))
+        q->hidden_hook || q->token_mask)
         return false;
-    const vki_sampling_params *sp = q->sampling;
-    if (sp && (sp->repetition_penalty != 1.0f || sp->presence_penalty != 0.0f || sp->frequency_penalty != 0.0f))
-        return false; /* their history would lack the token in flight */
+    /* min_tokens: the step in flight samples token G (0-based), the lookahead G + 1 with the same
+     * bans, unless G + 1 is the first the request's own biases apply to (apply_token) */
+    if (r->ban && r->sampling.logit_bias == r->ban && sched_seq_generated(q) + 1 >= r->min_tokens)
+        return false;
     uint32_t end = e->pos0 + e->n_new; /* the token in flight goes there; the lookahead samples end + 1 */
     return q->n_tokens == end && end + 2 <= q->cap && sched_grow_ahead(bm->s, q, end + 1);
 }
@@ -440,10 +441,13 @@ static void ahead_submit(vki_batch_manager *bm, const vki_step_seq *rows, sched_
     bm_ahead *a = &bm->ahead[bm->ahead[bm->ahead_cur].pending ? bm->ahead_cur ^ 1 : bm->ahead_cur];
     for (uint32_t i = 0; i < n; i++) {
         sched_seq *q = seqs[i];
+        /* penalties: the window's tokens before the one in flight (the engine counts that one) */
+        uint32_t pos0 = rows[i].pos0 + rows[i].n_new, w = q->sampling ? q->sampling->penalty_window : 0;
+        uint32_t nh = w ? (w - 1 < pos0 ? w - 1 : pos0) : 0;
         a->seqs[i] = q;
-        a->rows[i] = (vki_step_seq){.slot = q->slot, .pos0 = rows[i].pos0 + rows[i].n_new, .n_new = 1, .tokens = &prev,
-                                    .n_pages = q->n_held, .pages = q->blocks, .want_token = true,
-                                    .sampling = q->sampling, .seed = q->seed};
+        a->rows[i] = (vki_step_seq){.slot = q->slot, .pos0 = pos0, .n_new = 1, .tokens = &prev, .n_pages = q->n_held,
+                                    .pages = q->blocks, .want_token = true, .sampling = q->sampling, .seed = q->seed,
+                                    .history = q->tokens + pos0 - nh, .n_history = nh};
     }
     vki_step_plan plan = {.n_seqs = n, .seqs = a->rows, .n_tokens = n};
     if (bm->be.submit(bm->be.ctx, &plan) != VKI_OK)

@@ -293,14 +293,11 @@ static void check_entry(fake_engine *f, const vki_step_seq *e, uint32_t i)
     }
     uint32_t window = e->sampling ? e->sampling->penalty_window : 0;
     uint64_t want_hist = e->want_token && window ? (window < end ? window : end) : 0;
-    if (i < f->c.max_seqs && f->is_prev[i]) { /* the host does not know its token: no penalties */
-        const vki_sampling_params *sp = e->sampling;
-        if (e->n_history || (sp && (sp->repetition_penalty != 1.0f || sp->presence_penalty != 0.0f ||
-                                    sp->frequency_penalty != 0.0f)))
-            violation(f, "slot %u: a VKI_TOKEN_PREV row with penalties or a history", e->slot);
-    } else if (e->n_history != want_hist || (want_hist && !e->history))
-        violation(f, "slot %u: penalty history of %u tokens, expected %llu", e->slot, e->n_history,
-                  (unsigned long long)want_hist);
+    if (i < f->c.max_seqs && f->is_prev[i]) /* the tokens before pos0: the engine adds the one in flight */
+        want_hist = e->want_token && window ? (window - 1 < e->pos0 ? window - 1 : e->pos0) : 0;
+    if (e->n_history != want_hist || (want_hist && !e->history))
+        violation(f, "slot %u: penalty history of %u tokens, expected %llu%s", e->slot, e->n_history,
+                  (unsigned long long)want_hist, i < f->c.max_seqs && f->is_prev[i] ? " (VKI_TOKEN_PREV)" : "");
 }
 
 /* No page is written by one entry and read or written by another in the same step: pages
@@ -335,7 +332,7 @@ static void check_sharing(fake_engine *f, const vki_step_plan *plan)
 
 /* Attention over the history: verifies the chain of every position before pos0 and the penalty
  * history, then extends the chain over the new tokens. Returns the last position's hash. */
-static bool run_entry(fake_engine *f, const vki_step_seq *e, uint64_t *h_out)
+static bool run_entry(fake_engine *f, const vki_step_seq *e, bool prev, uint64_t *h_out)
 {
     uint64_t h = H0;
     for (uint32_t pos = 0; pos < e->pos0; pos++) {
@@ -352,7 +349,7 @@ static bool run_entry(fake_engine *f, const vki_step_seq *e, uint64_t *h_out)
         }
         h = x->h;
     }
-    uint32_t end = e->pos0 + e->n_new;
+    uint32_t end = prev ? e->pos0 : e->pos0 + e->n_new; /* a PREV entry's history ends before it */
     for (uint32_t j = 0; j < e->n_history; j++) {
         uint32_t pos = end - e->n_history + j;
         if (pos < e->pos0 && e->pages[pos / f->c.page_size] == VKI_PAGE_NONE)
@@ -475,7 +472,7 @@ static vki_status run_plan(fake_engine *f, const vki_step_plan *plan0, vki_step_
     for (uint32_t i = 0; i < plan->n_seqs; i++) {
         const vki_step_seq *e = &plan->seqs[i];
         uint64_t h;
-        if (!run_entry(f, e, &h))
+        if (!run_entry(f, e, i < f->c.max_seqs && f->is_prev[i], &h))
             return VKI_ERR_INTERNAL;
         if (!e->want_token)
             continue;

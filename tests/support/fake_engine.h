@@ -57,8 +57,8 @@ bm_backend fake_backend(fake_engine *f);
 vki_status fake_step(void *ctx, const vki_step_plan *plan, vki_step_out *outs);
 /* The step runs at submit (in submission order, as a device queue does); wait hands over its
  * outs and status, oldest first. A third step in flight, a wait with none, a VKI_TOKEN_PREV whose
- * slot the previous submitted step did not sample, or a PREV row with a penalty history are
- * violations. A step reading PREV tokens of a failed step fails too (its inputs mean nothing). */
+ * slot the previous submitted step did not sample, or a PREV row whose penalty history is not
+ * the window's tokens before its position (the engine adds the one in flight) are violations. A step reading PREV tokens of a failed step fails too (its inputs mean nothing). */
 vki_status fake_submit(void *ctx, const vki_step_plan *plan);
 vki_status fake_wait(void *ctx, vki_step_out *outs);
 uint64_t fake_prev_rows(const fake_engine *f); /* VKI_TOKEN_PREV rows run so far */
