@@ -153,8 +153,9 @@ static void test_info_json(void **state)
 }
 
 /* `bench --json` as tools/gpu-check records it: the workload's numbers with the device, driver,
- * model, commit and command; decoding alone, the ticks run lookahead steps, and --no-overlap
- * runs none with the same token counts. */
+ * model, commit, sampling and command; decoding alone (with a repeat penalty, which lookahead
+ * steps count on the device), the ticks run lookahead steps, and --no-overlap runs none with the
+ * same token counts. */
 static void test_bench_json(void **state)
 {
     (void)state;
@@ -164,7 +165,8 @@ static void test_bench_json(void **state)
     for (int no = 0; no < 2; no++) {
         vt_run_result r;
         snprintf(args, sizeof args, "bench --validation --no-progress -m %s --requests 3 --input 8 --output 12 "
-                 "--policy no-evict --max-seqs 4 --json --commit abc123%s", m, no ? " --no-overlap" : "");
+                 "--policy no-evict --max-seqs 4 --json --commit abc123 --repeat-penalty 1.1 --penalty-window 8%s", m,
+                 no ? " --no-overlap" : "");
         vt_run_vkinfer(args, &r);
         if (r.rc != 0)
             fail_msg("exit %d: %s", r.rc, r.err);
@@ -181,6 +183,7 @@ static void test_bench_json(void **state)
         assert_true(strlen(STR("device")) && strlen(STR("driver")) && strlen(STR("model")));
         assert_non_null(strstr(STR("command"), "--commit abc123"));
         assert_true(cJSON_IsBool(cJSON_GetObjectItem(o, "overlap")) && cJSON_IsTrue(cJSON_GetObjectItem(o, "overlap")) == !no);
+        assert_true(fabs(NUM("repeat_penalty") - 1.1) < 1e-6 && NUM("penalty_window") == 8 && NUM("temperature") == 0);
         ahead[no] = NUM("lookahead_steps");
         assert_true(ahead[no] >= 0 && ahead[no] <= NUM("ticks") && NUM("ticks") >= 12);
 #undef NUM

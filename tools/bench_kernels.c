@@ -578,7 +578,7 @@ static vki_status sample_setup(bench_run *r)
     uint32_t used = 0;
     vki_status st = rows && edits ? VKI_OK : VKI_ERR_OUT_OF_HOST_MEMORY;
     for (uint32_t i = 0; st == VKI_OK && i < r->M; i++) {
-        sample_req q = {&p, vki_splitmix64(&r->rng), 1000 + i, hist, 64, NULL};
+        sample_req q = {&p, vki_splitmix64(&r->rng), 1000 + i, hist, 64, NULL, false, -1};
         uint32_t n = 0;
         char err[128];
         st = sample_pack_row(&q, r->N, used, 0, &rows[i], edits + used, 64, &n, err, sizeof err);

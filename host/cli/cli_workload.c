@@ -81,6 +81,14 @@ static int parse(int argc, char **argv, wl_cli *c)
             ok = cli_parse_u64(c->cmd, a, v, 0, UINT64_MAX, &c->wp.seed);
         } else if (!strcmp(a, "--temp")) {
             ok = cli_parse_f32(c->cmd, a, v, 0, 100, &c->wp.sampling.temperature);
+        } else if (!strcmp(a, "--repeat-penalty")) {
+            ok = cli_parse_f32(c->cmd, a, v, 1e-3f, 100, &c->wp.sampling.repetition_penalty);
+        } else if (!strcmp(a, "--presence-penalty")) {
+            ok = cli_parse_f32(c->cmd, a, v, -2, 2, &c->wp.sampling.presence_penalty);
+        } else if (!strcmp(a, "--frequency-penalty")) {
+            ok = cli_parse_f32(c->cmd, a, v, -2, 2, &c->wp.sampling.frequency_penalty);
+        } else if (!strcmp(a, "--penalty-window")) {
+            ok = cli_parse_u64(c->cmd, a, v, 0, 1u << 24, &u), c->wp.sampling.penalty_window = (uint32_t)u;
         } else if (!strcmp(a, "--max-batch")) {
             ok = cli_parse_u64(c->cmd, a, v, 1, 1u << 16, &u), c->bp.max_batch_size = (uint32_t)u;
         } else if (!strcmp(a, "--max-num-tokens")) {
@@ -212,6 +220,12 @@ static cJSON *run_json(const wl_cli *c, vki_engine *e, const char *policy, const
     cJSON_AddNumberToObject(o, "output_max", c->wp.out_max);
     cJSON_AddNumberToObject(o, "rate", c->wp.rate);
     cJSON_AddNumberToObject(o, "max_batch", c->bp.max_batch_size);
+    const vki_sampling_params *sp = &c->wp.sampling;
+    cJSON_AddNumberToObject(o, "temperature", sp->temperature);
+    cJSON_AddNumberToObject(o, "repeat_penalty", sp->repetition_penalty);
+    cJSON_AddNumberToObject(o, "presence_penalty", sp->presence_penalty);
+    cJSON_AddNumberToObject(o, "frequency_penalty", sp->frequency_penalty);
+    cJSON_AddNumberToObject(o, "penalty_window", sp->penalty_window);
     cJSON_AddBoolToObject(o, "overlap", !c->eo.p.no_overlap);
     cJSON_AddNumberToObject(o, "ticks", c->ticks);
     cJSON_AddNumberToObject(o, "lookahead_steps", c->ahead);
@@ -304,6 +318,8 @@ static void usage(FILE *f, const char *cmd, bool demo)
             "  --max-num-tokens N      token budget per step (8192, capped by --max-tokens)\n"
             "  --chunk N               prefill chunk (512)\n"
             "  --temp T                sampling temperature (0: greedy)\n"
+            "  --repeat-penalty R, --presence-penalty P, --frequency-penalty F, --penalty-window N\n"
+            "                          every request's penalties (1, 0, 0, 64: none)\n"
             "  --seed S                workload and sampling seed (1)\n"
             "  --json                  one JSON object on stdout instead of the table\n"
             "  --commit STR            recorded in the JSON (tools/gpu-check passes the staged commit)\n"
