@@ -438,6 +438,8 @@ static vkk_id matvec_i8_kernel(uint32_t type)
     case VKI_GGML_Q4_K: return VKK_MATVEC_I8_Q4_K;
     case VKI_GGML_Q5_K: return VKK_MATVEC_I8_Q5_K;
     case VKI_GGML_Q6_K: return VKK_MATVEC_I8_Q6_K;
+    case VKI_GGML_IQ4_NL: return VKK_MATVEC_I8_IQ4_NL;
+    case VKI_GGML_IQ4_XS: return VKK_MATVEC_I8_IQ4_XS;
     default: return VKK_COUNT;
     }
 }
@@ -503,8 +505,8 @@ vki_status op_matmul_i8(vkd_cmd *c, const vk_tensor *w, vkd_view xq, vkd_view y,
         return st;
     const vkk_id kid = matvec_i8_kernel(w->type);
     if (!op_matmul_i8_supported(d, w->type)) {
-        vkd_log(d, VKI_LOG_ERROR, "matmul_i8 %s: the integer-dot path runs Q8_0, Q4_0, Q4_K, Q5_K and Q6_K "
-                "weights on a device with shaderIntegerDotProduct (Vulkan 1.3); this is %s", w->name,
+        vkd_log(d, VKI_LOG_ERROR, "matmul_i8 %s: the integer-dot path runs Q8_0, Q4_0, Q4_K, Q5_K, Q6_K, IQ4_NL "
+                "and IQ4_XS weights on a device with shaderIntegerDotProduct (Vulkan 1.3); this is %s", w->name,
                 quant_type_name(w->type));
         return VKI_ERR_UNSUPPORTED;
     }

@@ -18,10 +18,11 @@
 //   dq_unit_k(iu, g)            element offset of group g of unit iu inside its block
 //   dq_load4(rb, k, K)          elements k..k+3 of the row (k % 4 == 0): the GEMM tile loader and
 //                               the row gather; elements >= K read as 0 (F32/F16/BF16 tails)
-//   dq_unit_i8(rb, ib, iu, q, a, b)  (DQ_I8: Q8_0, Q4_0, Q4_K, Q5_K, Q6_K; the integer-dot
-//                               GEMV, matvec.comp MV_I8) unit iu as integers: group g's 4 weights
-//                               are a[g] * q + b[g], q the 4 bytes of q[g] (low byte first; int8,
-//                               non-negative below 128 for all but Q8_0). DQI_SPAN consecutive
+//   dq_unit_i8(rb, ib, iu, q, a, b)  (DQ_I8: Q8_0, Q4_0, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS; the
+//                               integer-dot GEMV, matvec.comp MV_I8) unit iu as integers: group
+//                               g's 4 weights are a[g] * q + b[g], q the 4 bytes of q[g] (low
+//                               byte first; int8: the IQ4 levels and Q8_0's signed, the others'
+//                               non-negative below 128). DQI_SPAN consecutive
 //                               groups share a, b and their 32-element block of X; DQI_OFF = 0:
 //                               b is 0.
 // Values are computed in the f32 operation order of vki_shared.h (that of ggml's reference), so
@@ -105,12 +106,18 @@ const int dq_iq4_levels[16] = int[16](VKI_IQ4NL_VALUES);
 #define DQ_IQ4_WORD(i) ((uint(dq_iq4_levels[4 * i]) & 0xFFu) | ((uint(dq_iq4_levels[4 * i + 1]) & 0xFFu) << 8) | \
                         ((uint(dq_iq4_levels[4 * i + 2]) & 0xFFu) << 16) | (uint(dq_iq4_levels[4 * i + 3]) << 24))
 const uvec4 dq_iq4_words = uvec4(DQ_IQ4_WORD(0), DQ_IQ4_WORD(1), DQ_IQ4_WORD(2), DQ_IQ4_WORD(3));
-// Levels of 4 nibbles n (each < 16): pick the word n/4, then its byte n%4, sign-extended.
-vec4 dq_iq4(uvec4 n) {
+// The words holding the levels of 4 nibbles n (each < 16): word n/4 of dq_iq4_words.
+uvec4 dq_iq4_word(uvec4 n) {
     uvec4 lo = mix(uvec4(dq_iq4_words.x), uvec4(dq_iq4_words.y), greaterThanEqual(n, uvec4(4u)));
     uvec4 hi = mix(uvec4(dq_iq4_words.z), uvec4(dq_iq4_words.w), greaterThanEqual(n, uvec4(12u)));
-    uvec4 w = mix(lo, hi, greaterThanEqual(n, uvec4(8u)));
-    return vec4(ivec4(w << (24u - 8u * (n & 3u))) >> 24);
+    return mix(lo, hi, greaterThanEqual(n, uvec4(8u)));
+}
+// Levels of 4 nibbles: byte n%4 of their word, sign-extended.
+vec4 dq_iq4(uvec4 n) { return vec4(ivec4(dq_iq4_word(n) << (24u - 8u * (n & 3u))) >> 24); }
+// The same levels as the 4 int8 bytes of one word (the integer-dot path), nibble i in byte i.
+uint dq_iq4_packed(uvec4 n) {
+    uvec4 b = (dq_iq4_word(n) >> (8u * (n & 3u))) & 0xFFu;
+    return b.x | (b.y << 8) | (b.z << 16) | (b.w << 24);
 }
 #endif
 
@@ -308,6 +315,15 @@ void dq_unit(uint rb, uint ib, uint iu, out vec4 w[DQ_UNIT_V4]) {
     [[unroll]] for (uint g = 0u; g < 4u; g++) w[g] = d * dq_iq4(dq_nib4(q.x, q.y, g));
 }
 uint dq_unit_k(uint iu, uint g) { return dq_nib_k(iu, g); }
+#define DQ_I8 1
+#define DQI_SPAN 4u
+#define DQI_OFF 0
+void dq_unit_i8(uint rb, uint ib, uint iu, out uvec4 q, out vec4 a, out vec4 b) {
+    uvec2 w = dq_w2[(dq_body(rb, ib) >> 1) + iu];
+    [[unroll]] for (uint g = 0u; g < 4u; g++) q[g] = dq_iq4_packed(dq_nib4(w.x, w.y, g));
+    a = vec4(dq_gscale(rb, ib));
+    b = vec4(0.0);
+}
 
 #elif defined(DQ_Q2_K) // ---------------------------------------------------------------------
 // W: 21 uint32 per block { uint8 scales[16]; uint8 qs[64]; f16 d, dmin } (84 B: 4-byte aligned).
@@ -543,6 +559,16 @@ void dq_unit(uint rb, uint ib, uint iu, out vec4 w[DQ_UNIT_V4]) {
     [[unroll]] for (uint g = 0u; g < 4u; g++) w[g] = dl * dq_iq4(dq_nib4(q.x, q.y, g));
 }
 uint dq_unit_k(uint iu, uint g) { return 32u * (iu >> 1) + dq_nib_k(iu & 1u, g); }
+#define DQ_I8 1
+#define DQI_SPAN 4u
+#define DQI_OFF 0
+void dq_unit_i8(uint rb, uint ib, uint iu, out uvec4 q, out vec4 a, out vec4 b) {
+    uint b2 = (rb + ib * 34u) >> 1;
+    uvec2 w = dq_w2[b2 + 1u + iu];
+    [[unroll]] for (uint g = 0u; g < 4u; g++) q[g] = dq_iq4_packed(dq_nib4(w.x, w.y, g));
+    a = vec4(dq_iq4xs_scale(dq_w2[b2], iu >> 1));
+    b = vec4(0.0);
+}
 
 #endif
 

@@ -589,7 +589,8 @@ static void test_fusion_bitwise(void **state)
 }
 
 /* int_dot (the integer-dot decode projections) on every weight type it runs: q8_0 with a tied
- * LM head, q4_0, qwen2's q4_k with Q/K/V biases, q6_k, and a q4_k_m mix. Three engines are fed
+ * LM head, q4_0, qwen2's q4_k with Q/K/V biases, q6_k, a q4_k_m mix, and qwen2's iq4_xs (with
+ * iq4_nl where a row is no multiple of 256). Three engines are fed
  * the same tokens (the float engine's greedy choices), two sequences, prefill then decode:
  *  - int_dot with the fusions and int_dot op by op (no_fusion: separate Q, K, V and gate, up,
  *    the residual through h and an add) give the same logits bit for bit, as the float path's
@@ -604,7 +605,7 @@ static void test_int_dot(void **state)
     vt_gpu *g = vt_gpu_get(state);
     if (!op_matmul_i8_supported(g->dev, VKI_GGML_Q8_0))
         skip();
-    static const size_t models[] = {2, 3, 4, 5, 6};
+    static const size_t models[] = {2, 3, 4, 5, 6, 8};
     double worst = 0;
     vt_rng r = vt_rng_seeded("int dot");
     for (size_t mi = 0; mi < sizeof models / sizeof models[0]; mi++) {
