@@ -57,9 +57,10 @@ void op_sampler_destroy(op_sampler *s); /* NULL is fine */
  * for the k-th of them (words = ceil(n_vocab / 32)): op_sampler_copy_masks lays the masks out in
  * that order. A row with a pending token (sample_req_pends) has its pending entry at edits[i]
  * (the first n_rows entries are reserved when any row has one: a recording that copies the token
- * there keeps its offsets from step to step), see op_sampler_pending_view. VKI_ERR_INVALID_ARG with err naming the field for an invalid request (nothing is
- * packed then), VKI_ERR_OUT_OF_*_MEMORY when growing the edit buffers fails. The masks are read
- * by reference until op_sampler_copy_masks. */
+ * there keeps its offsets from step to step), see op_sampler_pending_view. VKI_ERR_INVALID_ARG
+ * with err naming the field for an invalid request (nothing is packed then),
+ * VKI_ERR_OUT_OF_*_MEMORY when growing the edit buffers fails. The masks are read by reference
+ * until op_sampler_copy_masks. */
 vki_status op_sampler_pack(op_sampler *s, const sample_req *reqs, uint32_t n_rows, char *err, size_t n_err);
 
 /* Packs the plan's sequences with want_token, in plan order: position pos0 + n_new, the seq's

@@ -8,11 +8,12 @@
  * all decode plainly (no grammar, post-processor, logits outputs, beams, nor the step where
  * min_tokens' bans lift), with nobody waiting for admission, gets a lookahead: the same
  * sequences' next decode step, submitted before the step is waited for, each token read by the
- * executor from the step's sampler (VKI_TOKEN_PREV; penalties count it there too). The host's work of a tick (reading tokens, stop checks,
- * responses, the next submission) then runs while the device computes. The next tick waits for
- * the lookahead instead of planning (and may submit the lookahead's own lookahead first); a
- * sequence that finished in between has its row computed and dropped. Tokens are the same as
- * without it; a request arriving meanwhile is admitted one step later.
+ * executor from the step's sampler (VKI_TOKEN_PREV; penalties count it there too). The host's
+ * work of a tick (reading tokens, stop checks, responses, the next submission) then runs while
+ * the device computes. The next tick waits for the lookahead instead of planning (and may submit
+ * the lookahead's own lookahead first); a sequence that finished in between has its row computed
+ * and dropped. Tokens are the same as without it; a request arriving meanwhile is admitted one
+ * step later.
  *
  * and sleeps on a condition variable when there is nothing to do (submit, cancel, notify and
  * destroy wake it; with a get_requests callback it also wakes every idle_poll_us to poll).
