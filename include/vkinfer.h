@@ -914,10 +914,10 @@ typedef struct vki_engine_params {
     /* The batch manager waits for every step before it submits the next. By default, while the
      * running requests only decode (no grammar, logits post-processor or outputs, beam search;
      * penalties are fine, they count the token in flight on the device; one step waits where
-     * min_tokens' bans lift) and none waits for admission, it submits each step's successor
-     * before waiting for it, the successor's tokens read on the device from the step's sampler:
-     * the host's work per token (results, stop checks, responses, the next
-     * submission) overlaps the GPU's. The tokens are the same. Off anyway while profiling or
+     * min_tokens' bans lift) and no waiting request could be admitted (none waits, or
+     * max_batch_size run), it submits each step's successor before waiting for it, the
+     * successor's tokens read on the device from the step's sampler: the host's work per token
+     * (results, stop checks, responses, the next submission) overlaps the GPU's. The tokens are the same. Off anyway while profiling or
      * capturing. For measuring it (--no-overlap). false */
     bool no_overlap;
     /* Decode projections on the integer-dot path: each matrix-vector product of Q8_0, Q4_0,

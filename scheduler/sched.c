@@ -842,6 +842,8 @@ void sched_get_stats(const sched *s, sched_stats *st)
 
 uint32_t sched_queue_len(const sched *s) { return s->n_heap; }
 
+bool sched_batch_full(const sched *s) { return s->n_running >= s->max_running; }
+
 #define CHECK(cond, ...)                                                                         \
     do {                                                                                         \
         if (!(cond)) {                                                                           \

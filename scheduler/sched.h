@@ -243,6 +243,8 @@ void sched_pin_commit(sched *s, const int32_t *tokens, sched_pin *p, uint32_t n_
 
 void sched_get_stats(const sched *s, sched_stats *st);
 uint32_t sched_queue_len(const sched *s);
+/* Whether max_batch_size sequences run: no queued one can be admitted before one leaves. */
+bool sched_batch_full(const sched *s);
 
 /* A sequence with all its tokens: the owner must remove it (it is never scheduled again). */
 static inline bool sched_seq_done(const sched_seq *q) { return q->n_tokens >= q->cap; }

@@ -547,6 +547,46 @@ static void test_lookahead_penalties(void **state)
     coll_free(c);
 }
 
+/* A full batch (max_batch_size running) with requests queued behind it: none of them could be
+ * admitted before a running one ends, so lookahead steps go on; when one ends, the next planned
+ * tick admits. Outputs as alone; most tokens from lookahead rows although the queue is never
+ * empty until the last two run. */
+static void test_lookahead_full_batch(void **state)
+{
+    (void)state;
+    coll *c = coll_new();
+    fake_config fc = {.max_seqs = 4, .n_pages = 128, .page_size = 4, .max_ctx = 256, .vocab = VOCAB,
+                      .max_tokens = 40, .eos = EOS, .overlap = true};
+    fake_engine *f;
+    assert_int_equal(fake_create(&fc, &f), VKI_OK);
+    bm_backend be = fake_backend(f);
+    vki_batch_params p = mkparams(VKI_POLICY_MAX_UTILIZATION);
+    p.max_batch_size = 2;
+    vki_batch_manager *bm;
+    assert_int_equal(bm_create(&be, &p, NULL, &bm), VKI_OK);
+    enum { N = 6 };
+    vki_request reqs[N];
+    for (uint32_t i = 0; i < N; i++)
+        reqs[i] = mkreq(c, i, 3 + 2 * i, 40 + 5 * i, i % 2 == 0, 300 + i);
+    for (uint32_t i = 0; i < N; i++)
+        assert_int_equal(vki_batch_submit(bm, &reqs[i], on_response, c, NULL, 0), VKI_OK);
+    wait_finals(c, N);
+    assert_int_equal(vki_batch_manager_destroy(bm, false), VKI_OK);
+    assert_clean(c, f);
+    uint32_t generated = 0;
+    for (uint32_t i = 0; i < N; i++) {
+        check_rec(c, f, &reqs[i]);
+        generated += c->r[i].n_tokens;
+    }
+    uint64_t prev = fake_prev_rows(f);
+    printf("lookahead behind a full batch: %llu of %u generated tokens from lookahead rows, %llu steps\n",
+           (unsigned long long)prev, generated, (unsigned long long)fake_steps(f));
+    if (prev * 10 < generated * 7)
+        fail_msg("only %llu of %u tokens from lookahead rows", (unsigned long long)prev, generated);
+    fake_destroy(f);
+    coll_free(c);
+}
+
 /* Runs reqs on a fresh fake (overlap: two steps in flight) into c; returns its lookahead rows. */
 static uint64_t run_on_fake(coll *c, vki_request *reqs, uint32_t n, bool overlap)
 {
@@ -1627,6 +1667,7 @@ int main(void)
         cmocka_unit_test(test_lookahead),
         cmocka_unit_test(test_lookahead_penalties),
         cmocka_unit_test(test_lookahead_min_tokens),
+        cmocka_unit_test(test_lookahead_full_batch),
         cmocka_unit_test(test_end_and_stop_ids),
         cmocka_unit_test(test_lazy_logprobs_and_cached),
         cmocka_unit_test(test_validation),

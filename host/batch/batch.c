@@ -6,7 +6,7 @@
  *
  * With an executor that can keep two steps in flight (be.submit / be.wait), a step whose rows
  * all decode plainly (no grammar, post-processor, logits outputs, beams, nor the step where
- * min_tokens' bans lift), with nobody waiting for admission, gets a lookahead: the same
+ * min_tokens' bans lift), with nobody waiting who could be admitted, gets a lookahead: the same
  * sequences' next decode step, submitted before the step is waited for, each token read by the
  * executor from the step's sampler (VKI_TOKEN_PREV; penalties count it there too). The host's
  * work of a tick (reading tokens, stop checks, responses, the next submission) then runs while
@@ -425,16 +425,18 @@ static bool ahead_row_ok(vki_batch_manager *bm, sched_seq *q, const vki_step_seq
 }
 
 /* Submits the lookahead of a step in flight (rows and seqs: its entries; a NULL sequence left)
- * when every row qualifies and no request waits for admission. */
+ * when every row qualifies and no request waits for admission that could be admitted (with
+ * max_batch_size sequences running, a waiting request waits for one to end anyway). */
 static void ahead_submit(vki_batch_manager *bm, const vki_step_seq *rows, sched_seq *const *seqs, uint32_t n)
 {
     static const int32_t prev = VKI_TOKEN_PREV;
-    if (!bm->be.submit || !n || bm->p.policy == VKI_POLICY_STATIC || sched_queue_len(bm->s))
+    bool full = sched_batch_full(bm->s);
+    if (!bm->be.submit || !n || bm->p.policy == VKI_POLICY_STATIC || (sched_queue_len(bm->s) && !full))
         return;
     pthread_mutex_lock(&bm->mu);
     bool arriving = bm->inbox_head != NULL;
     pthread_mutex_unlock(&bm->mu);
-    if (arriving)
+    if (arriving && !full)
         return;
     for (uint32_t i = 0; i < n; i++)
         if (!seqs[i] || !ahead_row_ok(bm, seqs[i], &rows[i]))
