@@ -69,6 +69,7 @@ static bool use_i8(const vk_engine *e, const vk_tensor *w, uint32_t M)
  * s->xq, and the barrier after it (the role: what it feeds, "_xq"). */
 static vki_status quant_x(vk_engine *e, const char *role, vkd_view x, uint32_t x_stride, uint32_t M, uint32_t K)
 {
+    e->xq_of_h = false;
     vkd_role(e->cmd, role);
     TRY(op_quant_x8(e->cmd, x, x_stride, M, K, vkd_whole(e->s.xq)));
     vkd_barrier(e->cmd);
@@ -96,12 +97,14 @@ static vki_status norm_rows(vk_engine *e, op_mat x, const vk_tensor *w, uint32_t
  * residual stream by the matmul itself, or, where a norm comes between (gemma's post-norms) or
  * with no_fusion, through s->h, [the norm] and an add. With next_norm (the next block's input
  * norm) and one token, the projection's last workgroup also writes h = rmsnorm(x) * next_norm
- * (op_matmul_norm) and *normed tells the next block to skip its norm. On the integer-dot path
- * (int_dot) `in` is quantised first (xq_role). Ends with a barrier. */
+ * (op_matmul_norm) and *normed tells the next block to skip its norm; when that block's products
+ * take the integer-dot path (next_i8) the same workgroup quantises h into s->xq too
+ * (e->xq_of_h). On the integer-dot path (int_dot) `in` is quantised first (xq_role). Ends with a
+ * barrier. */
 static vki_status project_residual(vk_engine *e, const vk_tensor *w, vkd_view in, uint32_t in_stride, uint32_t T,
                                    const char *mm_role, const char *xq_role, const vk_tensor *post_norm,
                                    const char *post_role, const char *add_role, const vk_tensor *next_norm,
-                                   bool *normed)
+                                   bool next_i8, bool *normed)
 {
     const model_hparams *hp = &e->model.hp;
     vk_scratch *s = &e->s;
@@ -114,7 +117,8 @@ static vki_status project_residual(vk_engine *e, const vk_tensor *w, vkd_view in
     vkd_role(c, mm_role);
     if (!hp->post_norms && !e->p.no_fusion) {
         if (next_norm && T == 1 && op_matmul_norm_fits(e->dev, w)) {
-            op_mm_norm n = {vkd_whole(next_norm->parts[0].buf), vkd_whole(s->h), vkd_whole(s->mm_cnt), hp->rms_eps};
+            op_mm_norm n = {vkd_whole(next_norm->parts[0].buf), vkd_whole(s->h), vkd_whole(s->mm_cnt), hp->rms_eps,
+                            .xq = next_i8 && d % 32 == 0 ? vkd_whole(s->xq) : (vkd_view){0}};
             if (i8) {
                 op_mm_i8 o = {.accumulate = true, .norm = &n};
                 TRY(op_matmul_i8(c, w, vkd_whole(s->xq), vkd_whole(s->x), d, 1, &o));
@@ -122,6 +126,7 @@ static vki_status project_residual(vk_engine *e, const vk_tensor *w, vkd_view in
                 TRY(op_matmul_norm(c, w, in, vkd_whole(s->x), &n));
             }
             *normed = true;
+            e->xq_of_h = n.xq.buf != NULL;
         } else {
             TRY(mm_q(e, w, NULL, in, in_stride, vkd_whole(s->x), d, T, true));
         }
@@ -149,6 +154,18 @@ static const vkd_view *bias_view(const vk_tensor *b, vkd_view *tmp)
     return tmp;
 }
 
+/* Whether a block's first products take the integer-dot path (their input h quantised first):
+ * the attention's Q, K, V, the FFN's gate and up (not a mixture of experts). */
+static bool qkv_i8(const vk_engine *e, const vk_layer *L, uint32_t T)
+{
+    return use_i8(e, &L->wqkv, T) || use_i8(e, &L->wq, T) || use_i8(e, &L->wk, T) || use_i8(e, &L->wv, T);
+}
+
+static bool ffn_i8(const vk_engine *e, const vk_layer *L, uint32_t T)
+{
+    return !e->model.hp.n_expert && (use_i8(e, &L->w_up, T) || use_i8(e, &L->w_gate, T));
+}
+
 /* q, k, v projections into the scratch; *q, *k, *v are where each landed. A layer whose Q|K(|V)
  * are one matrix (phi3's attn_qkv, or concatenated at load) writes one [T][q | k (| v)] matrix,
  * sliced by offsets; v comes from its own matrix where its type differed. */
@@ -158,8 +175,9 @@ static vki_status project_qkv(vk_engine *e, const vk_layer *L, uint32_t T, op_ma
     vk_scratch *s = &e->s;
     uint32_t d = hp->d_model, qd = hp->n_head * hp->head_dim, kvd = hp->n_head_kv * hp->head_dim;
     vkd_view b;
-    if (use_i8(e, &L->wqkv, T) || use_i8(e, &L->wq, T) || use_i8(e, &L->wk, T) || use_i8(e, &L->wv, T))
+    if (qkv_i8(e, L, T) && !e->xq_of_h) /* else the previous projection's norm epilogue wrote it */
         TRY(quant_x(e, "attn_xq", vkd_whole(s->h), d, T, d));
+    e->xq_of_h = false;
     if (L->wqkv.n_parts) {
         uint32_t w = (uint32_t)L->wqkv.n_rows;
         *q = (op_mat){vkd_whole(s->q), 0, w}, *k = (op_mat){vkd_whole(s->q), qd, w};
@@ -193,6 +211,7 @@ static vki_status record_attention_block(vk_engine *e, uint32_t il, uint32_t T, 
     uint32_t d = hp->d_model, qd = hp->n_head * hp->head_dim, kind = model_layer_kind(hp, il);
     op_mat q, k, v;
     if (!*normed) {
+        e->xq_of_h = false;
         vkd_role(c, "attn_norm");
         TRY(op_rmsnorm(c, op_mat_rows(s->x, d), vkd_whole(L->attn_norm.parts[0].buf), op_mat_rows(s->h, d), T, d,
                        hp->rms_eps));
@@ -235,7 +254,7 @@ static vki_status record_attention_block(vk_engine *e, uint32_t il, uint32_t T, 
                      vkd_whole(e->v_pool[il]), vkd_whole(s->attn_tmp), e->p.no_fusion ? NULL : &merge));
     vkd_barrier(c);
     return project_residual(e, &L->wo, vkd_whole(s->att), qd, T, "attn_o", "attn_o_xq", &L->post_attn_norm,
-                            "attn_post_norm", "attn_residual", &L->ffn_norm, normed);
+                            "attn_post_norm", "attn_residual", &L->ffn_norm, ffn_i8(e, L, T), normed);
 }
 
 /* *normed as for record_attention_block (the next layer's attention norm on return). */
@@ -249,7 +268,9 @@ static vki_status record_ffn_block(vk_engine *e, uint32_t il, uint32_t T, bool *
     uint32_t d = hp->d_model, ff = hp->d_ff, gs = one ? 2 * ff : ff;
     op_mat g = {vkd_whole(s->g), 0, gs}, u = one ? (op_mat){vkd_whole(s->g), ff, gs} : op_mat_rows(s->u, ff);
     const vk_tensor *next_norm = il + 1 < hp->n_layer ? &e->model.layers[il + 1].attn_norm : NULL;
+    bool next_i8 = next_norm && qkv_i8(e, &e->model.layers[il + 1], T);
     if (!*normed) {
+        e->xq_of_h = false;
         vkd_role(c, "ffn_norm");
         TRY(op_rmsnorm(c, op_mat_rows(s->x, d), vkd_whole(L->ffn_norm.parts[0].buf), op_mat_rows(s->h, d), T, d,
                        hp->rms_eps));
@@ -259,8 +280,9 @@ static vki_status record_ffn_block(vk_engine *e, uint32_t il, uint32_t T, bool *
     if (hp->n_expert) /* qwen3moe, Mixtral: engine/forward_moe.c */
         return vk_forward_moe(e, il, T);
     uint32_t act = hp->ffn_gelu ? VKI_GLU_GELU_TANH : VKI_GLU_SILU;
-    if (use_i8(e, &L->w_up, T) || use_i8(e, &L->w_gate, T))
+    if (ffn_i8(e, L, T) && !e->xq_of_h) /* else the attention's output projection wrote it */
         TRY(quant_x(e, "ffn_xq", vkd_whole(s->h), d, T, d));
+    e->xq_of_h = false;
     if (one && !e->p.no_fusion && L->w_up.n_parts == 1 &&
         (e->p.batch_invariant || T <= op_matmul_gemv_max_m(e->dev))) {
         /* decode: the matrix-vector pass writes act(gate) * up itself, [T][ff] */
@@ -273,7 +295,7 @@ static vki_status record_ffn_block(vk_engine *e, uint32_t il, uint32_t T, bool *
         }
         vkd_barrier(c);
         return project_residual(e, &L->w_down, vkd_whole(s->g), ff, T, "ffn_down", "ffn_down_xq", &L->post_ffn_norm,
-                                "ffn_post_norm", "ffn_residual", next_norm, normed);
+                                "ffn_post_norm", "ffn_residual", next_norm, next_i8, normed);
     }
     if (!one) {
         vkd_role(c, "ffn_gate");
@@ -287,7 +309,7 @@ static vki_status record_ffn_block(vk_engine *e, uint32_t il, uint32_t T, bool *
     TRY(op_glu(c, act, g, u, g, T, ff));
     vkd_barrier(c);
     return project_residual(e, &L->w_down, vkd_whole(s->g), gs, T, "ffn_down", "ffn_down_xq", &L->post_ffn_norm,
-                            "ffn_post_norm", "ffn_residual", next_norm, normed);
+                            "ffn_post_norm", "ffn_residual", next_norm, next_i8, normed);
 }
 
 /* LM head on the rows listed at in->off_rows: gather, norm, project [, soft-cap]. */

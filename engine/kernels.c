@@ -38,7 +38,7 @@ _Static_assert(sizeof(vki_seq_info) == 16 && sizeof(vki_attn_item) == 16, "std43
  * WN, CM_M, CM_N, CM_K, CM_SG} with WG = (BM/WM)*(BN/WN) subgroups; get_rows spec {WG}. */
 #define CM_SPEC(WG, a, b, c, d, e) {WG, a, b, c, d, e, 16, 16, 16, 32}
 #define MATMUL_ROWS(T, t)                                                                        \
-    [VKK_MATVEC_##T] = {"matvec_" #t, SPV(matvec_##t), .n_bindings = 7,                          \
+    [VKK_MATVEC_##T] = {"matvec_" #t, SPV(matvec_##t), .n_bindings = 8,                          \
                         .push_size = sizeof(vki_pc_matmul), .n_spec = 6,                         \
                         .spec_default = {128, 4, 1, 16, 0, 1}},                                  \
     [VKK_MATMUL_##T] = {"matmul_" #t, SPV(matmul_##t), .n_bindings = 4,                          \
@@ -69,7 +69,7 @@ _Static_assert(sizeof(vki_seq_info) == 16 && sizeof(vki_attn_item) == 16, "std43
                                .spec_default = CM_SPEC(256, 128, 128, 32, 64, 32)},
 
 #define MATVEC_I8_ROW(T, t)                                                                      \
-    [VKK_MATVEC_I8_##T] = {"matvec_i8_" #t, SPV(matvec_i8_##t), .n_bindings = 7,                 \
+    [VKK_MATVEC_I8_##T] = {"matvec_i8_" #t, SPV(matvec_i8_##t), .n_bindings = 8,                 \
                            .push_size = sizeof(vki_pc_matmul), .n_spec = 6,                      \
                            .spec_default = {128, 4, 1, 16, 0, 1}}
 

@@ -259,16 +259,16 @@ static vki_status pick_kernel(const vkd_device *d, const mm_type *t, uint32_t M,
 }
 
 /* One weight part: as many dispatches along N as the device's workgroup-count limit needs.
- * bind: W, X, bias, Y; the matrix-vector kernel's norm bindings (VKI_MM_NORM) follow as 4..6,
- * bound to X where the caller gives none. */
+ * bind: W, X, bias, Y; the matrix-vector kernel's norm bindings (VKI_MM_NORM: weight, H, counter,
+ * HQ) follow as 4..7, bound to X where the caller gives none. */
 static vki_status matmul_part(vkd_cmd *c, vkk_id k, const uint32_t *spec, uint32_t rows_per_group,
-                              uint32_t m_per_group, const vkd_view bind[4], vki_pc_matmul pc, const vkd_view *norm)
+                              uint32_t m_per_group, const vkd_view bind[4], vki_pc_matmul pc, const op_mm_norm *norm)
 {
     const uint32_t max_gx = c->d->info.max_workgroup_count[0];
     const uint64_t rows_per_dispatch = (uint64_t)max_gx * rows_per_group;
     const vkk_desc *kd = vkk_get(k);
-    vkd_view b[7] = {bind[0], bind[1], bind[2], bind[3], norm ? norm[0] : bind[1], norm ? norm[1] : bind[1],
-                     norm ? norm[2] : bind[1]};
+    vkd_view b[8] = {bind[0], bind[1], bind[2], bind[3], norm ? norm->weight : bind[1], norm ? norm->h : bind[1],
+                     norm ? norm->counter : bind[1], norm && norm->xq.buf ? norm->xq : bind[1]};
     for (uint64_t n0 = 0; n0 < pc.N; n0 += rows_per_dispatch) {
         uint64_t rows = pc.N - n0 < rows_per_dispatch ? pc.N - n0 : rows_per_dispatch;
         pc.n0 = (uint32_t)n0;
@@ -328,8 +328,12 @@ static bool norm_fits(const vkd_device *d, const vk_tensor *w, const op_mm_norm 
 {
     const uint64_t N = w->n_rows;
     return op_matmul_norm_fits(d, w) && view_holds(&n->weight, 1, N, N, 4) && view_holds(&n->h, 1, N, N, 4) &&
-           view_holds(&n->counter, 1, 1, 1, 4) && n->eps >= 0;
+           view_holds(&n->counter, 1, 1, 1, 4) && n->eps >= 0 &&
+           (!n->xq.buf || (N % 32 == 0 && op_quant_x8_bytes(1, (uint32_t)N) <= view_range(&n->xq)));
 }
+
+/* The flags of a norming product (VKI_MM_NORM, and VKI_MM_NORM_XQ with an HQ view). */
+static uint32_t norm_flags(const op_mm_norm *n) { return n ? VKI_MM_NORM | (n->xq.buf ? VKI_MM_NORM_XQ : 0u) : 0u; }
 
 vki_status op_matmul_ex(vkd_cmd *c, const vk_tensor *w, const vkd_view *bias, vkd_view x, uint32_t x_stride,
                         vkd_view y, uint32_t y_stride, uint32_t M, op_mm_path path, bool accumulate)
@@ -412,14 +416,14 @@ vki_status op_matmul_norm(vkd_cmd *c, const vk_tensor *w, vkd_view x, vkd_view y
         return st;
     if (!norm_fits(d, w, n))
         return bad_arg(d, "matmul_norm", w, "needs one part in one dispatch, N norm weights and H floats, a "
-                       "counter and eps >= 0");
+                       "counter, eps >= 0 (and for HQ N % 32 == 0 and its bytes)");
     uint32_t spec[VKK_MAX_SPEC];
     matvec_spec(d, 1, spec);
     vki_pc_matmul pc = {.M = 1, .N = (uint32_t)N, .K = (uint32_t)K, .x_stride = (uint32_t)K, .y_stride = (uint32_t)N,
-                        .w_stride = (uint32_t)w->row_bytes, .flags = VKI_MM_ACCUM | VKI_MM_NORM,
+                        .w_stride = (uint32_t)w->row_bytes, .flags = VKI_MM_ACCUM | norm_flags(n),
                         .x_vec4 = x_vec4(&x, (uint32_t)K), .norm_eps = n->eps};
-    vkd_view bind[4] = {vkd_whole(w->parts[0].buf), x, x, y}, norm[3] = {n->weight, n->h, n->counter};
-    return matmul_part(c, t->matvec, spec, spec[1], 1, bind, pc, norm);
+    vkd_view bind[4] = {vkd_whole(w->parts[0].buf), x, x, y};
+    return matmul_part(c, t->matvec, spec, spec[1], 1, bind, pc, n);
 }
 
 vki_status op_matmul(vkd_cmd *c, const vk_tensor *w, const vkd_view *bias, vkd_view x, uint32_t x_stride,
@@ -524,7 +528,7 @@ vki_status op_matmul_i8(vkd_cmd *c, const vk_tensor *w, vkd_view xq, vkd_view y,
                        "accumulate or norm");
     if (o->norm && (M != 1 || y_stride != N || !o->accumulate || !norm_fits(d, w, o->norm)))
         return bad_arg(d, "matmul_i8", w, "norm needs M = 1, accumulate, one part in one dispatch, N norm "
-                       "weights and H floats, a counter and eps >= 0");
+                       "weights and H floats, a counter, eps >= 0 (and for HQ N % 32 == 0 and its bytes)");
     uint32_t spec[VKK_MAX_SPEC];
     mv_spec(d, M, o->glu, spec);
     if (vkk_groups(M, matvec_rows_per_group(spec)) > d->info.max_workgroup_count[1])
@@ -532,13 +536,12 @@ vki_status op_matmul_i8(vkd_cmd *c, const vk_tensor *w, vkd_view xq, vkd_view y,
     vki_pc_matmul pc = {.M = M, .N = N, .K = K, .y_stride = y_stride, .w_stride = (uint32_t)w->row_bytes,
                         .flags = (o->bias ? VKI_MM_BIAS : 0u) | (o->accumulate ? VKI_MM_ACCUM : 0u) |
                                  (o->glu && o->act == VKI_GLU_GELU_TANH ? VKI_MM_GELU : 0u) |
-                                 (o->norm ? VKI_MM_NORM : 0u),
+                                 norm_flags(o->norm),
                         .norm_eps = o->norm ? o->norm->eps : 0.0f};
     if (o->glu || o->norm) { /* one part */
         vkd_view bind[4] = {vkd_whole(w->parts[0].buf), xq, xq, y};
-        vkd_view norm[3] = {o->norm ? o->norm->weight : xq, o->norm ? o->norm->h : xq, o->norm ? o->norm->counter : xq};
         return matmul_part(c, kid, spec, o->glu ? spec[1] / 2 : spec[1], matvec_rows_per_group(spec), bind, pc,
-                           o->norm ? norm : NULL);
+                           o->norm);
     }
     return parts_dispatch(c, w, kid, spec, spec[1], matvec_rows_per_group(spec), xq, o->bias, y, pc);
 }

@@ -74,10 +74,13 @@ vki_status op_matmul_glu(vkd_cmd *c, const vk_tensor *w, uint32_t act, vkd_view 
  * written by the last of the matrix-vector workgroups, bit for bit what op_rmsnorm gives on
  * the device (the same reduction, shaders/norm_common.glsl), without the norm's dispatch and
  * the barrier before it. x: f32[K], y, h: f32[N] (h must not overlap y); counter: one u32, zero
- * when created and left zero by every dispatch. Needs op_matmul_norm_fits(). */
+ * when created and left zero by every dispatch. With an xq view (N % 32 == 0) it also writes h
+ * quantised as op_quant_x8(h, M = 1) would, bit for bit: the next integer-dot products' input
+ * without that pass and its barrier. Needs op_matmul_norm_fits(). */
 typedef struct op_mm_norm {
     vkd_view weight, h, counter;
     float eps;
+    vkd_view xq;            /* op_quant_x8_bytes(1, N) bytes, or .buf NULL: none */
 } op_mm_norm;
 bool op_matmul_norm_fits(const vkd_device *d, const vk_tensor *w);
 vki_status op_matmul_norm(vkd_cmd *c, const vk_tensor *w, vkd_view x, vkd_view y, const op_mm_norm *n);

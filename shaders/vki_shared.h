@@ -146,8 +146,12 @@ VKI_STRUCT(vki_pc_copy) {
  * workgroup writes H[n] = rmsnorm(Y[0, :]) * nw[n] with norm_eps, as rmsnorm.comp (the
  * residual projection also writing the next block's normed input).
  * matvec bindings beyond the four: 4 nw (f32[N]), 5 H (f32), 6 counter (u32[1], zero between
- * dispatches); any valid buffers without this flag (matvec_id has only the four) */
+ * dispatches), 7 HQ; any valid buffers without this flag (matvec_id has only the four) */
 #define VKI_MM_NORM 8u
+/* with VKI_MM_NORM: the last workgroup also writes H quantised as quant_x8 would (HQ, binding 7:
+ * VKI_XQ_WORDS(1, N) words, the same bits), the input of the next integer-dot products; N % 32
+ * == 0 */
+#define VKI_MM_NORM_XQ 16u
 VKI_STRUCT(vki_pc_matmul) {
     vki_u32 M, N, K;
     vki_u32 n0;       /* first weight row of this dispatch (splits huge N over dispatches) */
@@ -155,7 +159,7 @@ VKI_STRUCT(vki_pc_matmul) {
     vki_u32 x_stride; /* elements between X rows */
     vki_u32 y_stride; /* elements between Y rows */
     vki_u32 y_col0;   /* Y column (and bias index) of weight row 0 of this part */
-    vki_u32 flags;    /* VKI_MM_BIAS | VKI_MM_ACCUM | VKI_MM_GELU | VKI_MM_NORM */
+    vki_u32 flags;    /* VKI_MM_BIAS | VKI_MM_ACCUM | VKI_MM_GELU | VKI_MM_NORM | VKI_MM_NORM_XQ */
     vki_u32 x_vec4;   /* 1: X rows may be read as vec4 (x_stride % 4 == 0, binding 16-aligned) */
     vki_f32 norm_eps; /* VKI_MM_NORM: the norm's epsilon */
 };

@@ -708,7 +708,8 @@ static int matvec_overrides_reset(void **state)
 /* The projection that also norms (op_matmul_norm, decode at batch 1): twice in a row (the
  * counter must come back to zero), Y and H bit for bit what op_matmul_ex (accumulate) followed
  * by op_rmsnorm give, for every type, awkward N and K, on lavapipe's and NVIDIA's matvec and
- * rmsnorm workgroup sizes; H also against a double-precision reference. */
+ * rmsnorm workgroup sizes; H also against a double-precision reference. Where N % 32 == 0 the
+ * epilogue also quantises H (xq), byte for byte what op_quant_x8 writes from op_rmsnorm's H. */
 static double worst_norm;
 #define NORM_TOL 1e-14 /* squared error over the squared term magnitudes; measured on lavapipe: 5.5e-17 */
 
@@ -727,8 +728,11 @@ static void norm_case(vt_gpu *g, vt_rng *r, uint32_t type, uint32_t N, uint32_t 
     vkd_buffer *bh[2] = {vt_buf_nan(g, (size_t)N * 4, "h fused"), vt_buf_nan(g, (size_t)N * 4, "h apart")};
     uint32_t zero = 0;
     vkd_buffer *bc = vt_buf_from(g, &zero, 4, "counter");
+    const bool q = N % 32 == 0;
+    const size_t qb = q ? op_quant_x8_bytes(1, N) : 4;
+    vkd_buffer *bq[2] = {vt_buf_nan(g, qb, "hq fused"), vt_buf_nan(g, qb, "hq apart")};
     assert_true(op_matmul_norm_fits(g->dev, &t));
-    op_mm_norm n = {vkd_whole(bw), vkd_whole(bh[0]), vkd_whole(bc), eps};
+    op_mm_norm n = {vkd_whole(bw), vkd_whole(bh[0]), vkd_whole(bc), eps, .xq = q ? vkd_whole(bq[0]) : (vkd_view){0}};
     vt_begin(g);
     for (int rep = 0; rep < 2; rep++) {
         assert_int_equal(op_matmul_norm(&g->cmd, &t, vkd_whole(bx), vkd_whole(by[0]), &n), VKI_OK);
@@ -738,8 +742,20 @@ static void norm_case(vt_gpu *g, vt_rng *r, uint32_t type, uint32_t N, uint32_t 
         assert_int_equal(op_rmsnorm(&g->cmd, op_mat_rows(by[1], N), vkd_whole(bw), op_mat_rows(bh[1], N), 1, N, eps),
                          VKI_OK);
         vkd_barrier(&g->cmd);
+        if (q) {
+            assert_int_equal(op_quant_x8(&g->cmd, vkd_whole(bh[1]), N, 1, N, vkd_whole(bq[1])), VKI_OK);
+            vkd_barrier(&g->cmd);
+        }
     }
     vt_submit_wait(g);
+    if (q) {
+        uint8_t *hq[2] = {malloc(qb), malloc(qb)};
+        vt_download(g, bq[0], hq[0], qb);
+        vt_download(g, bq[1], hq[1], qb);
+        if (memcmp(hq[0], hq[1], qb))
+            fail_msg("norm epilogue %s N=%u K=%u: quantised H differs from op_quant_x8's", quant_get(type)->name, N, K);
+        free(hq[0]), free(hq[1]);
+    }
     float *y[2] = {malloc((size_t)N * 4), malloc((size_t)N * 4)}, *h[2] = {malloc((size_t)N * 4), malloc((size_t)N * 4)};
     for (int i = 0; i < 2; i++) {
         vt_download(g, by[i], y[i], (size_t)N * 4);
@@ -776,7 +792,7 @@ static void norm_case(vt_gpu *g, vt_rng *r, uint32_t type, uint32_t N, uint32_t 
     }
     free(mag);
     vk_tensor_destroy(g->dev, &t);
-    vkd_buffer *all[] = {bx, bw, by[0], by[1], bh[0], bh[1], bc};
+    vkd_buffer *all[] = {bx, bw, by[0], by[1], bh[0], bh[1], bc, bq[0], bq[1]};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
         vkd_buffer_destroy(g->dev, all[i]);
     free(wref), free(x), free(y0), free(nw), free(raw), free(yr);
@@ -789,7 +805,7 @@ static void test_norm_epilogue(void **state)
     vt_gpu *g = vt_gpu_get(state);
     vt_rng r = vt_rng_seeded("norm epilogue");
     vki_device_info saved = g->dev->info;
-    static const uint32_t Ns[] = {1, 7, 300, 1000};
+    static const uint32_t Ns[] = {1, 7, 320, 1000}; /* 320: H quantised too */
     for (int config = 0; config < 2; config++) {
         if (config == 1) /* NVIDIA's matvec (128) and rmsnorm (256) workgroups */
             as_nvidia(g, &saved);
@@ -813,7 +829,7 @@ static void test_norm_epilogue(void **state)
     assert_int_equal(vk_tensor_create(g->dev, VKI_GGML_F32, 16, 64, 16 * 4 * 16, "w", &t), VKI_OK);
     assert_true(t.n_parts > 1 && !op_matmul_norm_fits(g->dev, &t));
     vkd_buffer *b = vt_buf_nan(g, 4 * 64, "b");
-    op_mm_norm n = {vkd_whole(b), vkd_whole(b), vkd_whole(b), 1e-5f};
+    op_mm_norm n = {vkd_whole(b), vkd_whole(b), vkd_whole(b), 1e-5f, .xq = {0}};
     vt_begin(g);
     assert_int_equal(op_matmul_norm(&g->cmd, &t, vkd_whole(b), vkd_whole(b), &n), VKI_ERR_INVALID_ARG);
     vk_tensor_destroy(g->dev, &t);
@@ -923,8 +939,8 @@ static void i8_case(vt_gpu *g, vt_rng *r, uint32_t type, const mm_case *s, doubl
 
 /* The integer-dot path's fused epilogues, bit for bit what they replace: the gate|up pass
  * (o.glu) against the product into [gate | up] then op_glu, and the norming projection
- * (o.norm) against the accumulating product then op_rmsnorm; twice, so the counter must be
- * back at zero. */
+ * (o.norm) against the accumulating product then op_rmsnorm (and where 2N % 32 == 0 its
+ * quantised H against op_quant_x8's); twice, so the counter must be back at zero. */
 static void i8_fused_case(vt_gpu *g, vt_rng *r, uint32_t type, uint32_t M, uint32_t N, uint32_t K, uint32_t act)
 {
     float *wref = malloc((size_t)2 * N * K * 4), *x = malloc((size_t)M * K * 4), *nw = malloc((size_t)2 * N * 4);
@@ -938,6 +954,9 @@ static void i8_fused_case(vt_gpu *g, vt_rng *r, uint32_t type, uint32_t M, uint3
     vkd_buffer *y1 = vt_buf_from(g, nw, (size_t)2 * N * 4, "y1"), *y2 = vt_buf_from(g, nw, (size_t)2 * N * 4, "y2");
     vkd_buffer *h1 = vt_buf_nan(g, (size_t)2 * N * 4, "h1"), *h2 = vt_buf_nan(g, (size_t)2 * N * 4, "h2");
     vkd_buffer *cnt = vt_buf_nan(g, 4, "counter"), *bq1 = vt_buf_nan(g, op_quant_x8_bytes(1, K), "xq row 0");
+    const bool hq = (2 * N) % 32 == 0;
+    const size_t qb = hq ? op_quant_x8_bytes(1, 2 * N) : 4;
+    vkd_buffer *hq1 = vt_buf_nan(g, qb, "hq fused"), *hq2 = vt_buf_nan(g, qb, "hq apart");
     vt_begin(g);
     assert_int_equal(vkd_fill(g->dev, cnt, 0, 4, 0), VKI_OK);
     assert_int_equal(op_quant_x8(&g->cmd, vkd_whole(bx), K, M, K, vkd_whole(bq)), VKI_OK);
@@ -950,7 +969,7 @@ static void i8_fused_case(vt_gpu *g, vt_rng *r, uint32_t type, uint32_t M, uint3
     assert_int_equal(op_glu(&g->cmd, act, (op_mat){vkd_whole(bgu), 0, 2 * N}, (op_mat){vkd_whole(bgu), N, 2 * N},
                             (op_mat){vkd_whole(bz), 0, N}, M, N), VKI_OK);
     /* the norming projection over all 2N rows of one token (X row 0) */
-    op_mm_norm n = {vkd_whole(bnw), vkd_whole(h1), vkd_whole(cnt), 1e-5f};
+    op_mm_norm n = {vkd_whole(bnw), vkd_whole(h1), vkd_whole(cnt), 1e-5f, .xq = hq ? vkd_whole(hq1) : (vkd_view){0}};
     op_mm_i8 nrm = {.accumulate = true, .norm = &n}, acc = {.accumulate = true};
     for (int rep = 0; rep < 2; rep++) {
         assert_int_equal(op_matmul_i8(&g->cmd, &t, vkd_whole(bq1), vkd_whole(y1), 2 * N, 1, &nrm), VKI_OK);
@@ -959,6 +978,10 @@ static void i8_fused_case(vt_gpu *g, vt_rng *r, uint32_t type, uint32_t M, uint3
         assert_int_equal(op_rmsnorm(&g->cmd, op_mat_rows(y2, 2 * N), vkd_whole(bnw), op_mat_rows(h2, 2 * N), 1, 2 * N,
                                     1e-5f), VKI_OK);
         vkd_barrier(&g->cmd);
+        if (hq) {
+            assert_int_equal(op_quant_x8(&g->cmd, vkd_whole(h2), 2 * N, 1, 2 * N, vkd_whole(hq2)), VKI_OK);
+            vkd_barrier(&g->cmd);
+        }
     }
     vt_submit_wait(g);
     size_t nb = (size_t)M * N * 4, nb2 = (size_t)2 * N * 4;
@@ -978,8 +1001,16 @@ static void i8_fused_case(vt_gpu *g, vt_rng *r, uint32_t type, uint32_t M, uint3
     if (memcmp(a, b, nb2))
         fail_msg("matvec_i8 norm %s N=%u K=%u: H differs from op_rmsnorm (NMSE %.3g)", tn, 2 * N, K,
                  vt_nmse(a, b, 2 * N));
+    if (hq) {
+        uint8_t *qa = malloc(qb), *qbuf = malloc(qb);
+        vt_download(g, hq1, qa, qb);
+        vt_download(g, hq2, qbuf, qb);
+        if (memcmp(qa, qbuf, qb))
+            fail_msg("matvec_i8 norm %s N=%u K=%u: quantised H differs from op_quant_x8's", tn, 2 * N, K);
+        free(qa), free(qbuf);
+    }
     vk_tensor_destroy(g->dev, &t);
-    vkd_buffer *all[] = {bx, bq, bq1, by, bgu, bz, bnw, y1, y2, h1, h2, cnt};
+    vkd_buffer *all[] = {bx, bq, bq1, by, bgu, bz, bnw, y1, y2, h1, h2, cnt, hq1, hq2};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
         vkd_buffer_destroy(g->dev, all[i]);
     free(wref); free(x); free(nw); free(raw); free(a); free(b);
@@ -1018,6 +1049,8 @@ static void test_matvec_i8(void **state)
             worst_i8[1] = nmse_x > worst_i8[1] ? nmse_x : worst_i8[1];
             i8_fused_case(g, &r, types[i], config ? 3 : 1, config ? 37 : 9, pick_k(&r, types[i], 2),
                           config ? VKI_GLU_GELU_TANH : VKI_GLU_SILU);
+            if (config == 0) /* 2N = 96: the norm epilogue quantises H */
+                i8_fused_case(g, &r, types[i], 1, 48, pick_k(&r, types[i], 2), VKI_GLU_SILU);
         }
         g->dev->info = saved;
     }
