@@ -166,6 +166,21 @@ static bool ffn_i8(const vk_engine *e, const vk_layer *L, uint32_t T)
     return !e->model.hp.n_expert && (use_i8(e, &L->w_up, T) || use_i8(e, &L->w_gate, T));
 }
 
+/* A block's input norm, h = rmsnorm(x) * w over T rows, and the barrier after it; where the
+ * block's first products take the integer-dot path (i8) it also quantises h into s->xq
+ * (e->xq_of_h; not op by op: no_fusion keeps quant_x8's pass). */
+static vki_status block_norm(vk_engine *e, const vk_tensor *w, uint32_t T, bool i8)
+{
+    vk_scratch *s = &e->s;
+    uint32_t d = e->model.hp.d_model;
+    bool q = i8 && !e->p.no_fusion && d % 32 == 0;
+    TRY(op_rmsnorm_xq(e->cmd, op_mat_rows(s->x, d), vkd_whole(w->parts[0].buf), op_mat_rows(s->h, d), T, d,
+                      e->model.hp.rms_eps, q ? vkd_whole(s->xq) : (vkd_view){0}));
+    e->xq_of_h = q;
+    vkd_barrier(e->cmd);
+    return VKI_OK;
+}
+
 /* q, k, v projections into the scratch; *q, *k, *v are where each landed. A layer whose Q|K(|V)
  * are one matrix (phi3's attn_qkv, or concatenated at load) writes one [T][q | k (| v)] matrix,
  * sliced by offsets; v comes from its own matrix where its type differed. */
@@ -208,14 +223,11 @@ static vki_status record_attention_block(vk_engine *e, uint32_t il, uint32_t T, 
     const vk_layer *L = &e->model.layers[il];
     vk_scratch *s = &e->s;
     vkd_cmd *c = e->cmd;
-    uint32_t d = hp->d_model, qd = hp->n_head * hp->head_dim, kind = model_layer_kind(hp, il);
+    uint32_t qd = hp->n_head * hp->head_dim, kind = model_layer_kind(hp, il);
     op_mat q, k, v;
     if (!*normed) {
-        e->xq_of_h = false;
         vkd_role(c, "attn_norm");
-        TRY(op_rmsnorm(c, op_mat_rows(s->x, d), vkd_whole(L->attn_norm.parts[0].buf), op_mat_rows(s->h, d), T, d,
-                       hp->rms_eps));
-        vkd_barrier(c);
+        TRY(block_norm(e, &L->attn_norm, T, qkv_i8(e, L, T)));
     }
     TRY(project_qkv(e, L, T, &q, &k, &v));
     vkd_barrier(c);
@@ -270,11 +282,8 @@ static vki_status record_ffn_block(vk_engine *e, uint32_t il, uint32_t T, bool *
     const vk_tensor *next_norm = il + 1 < hp->n_layer ? &e->model.layers[il + 1].attn_norm : NULL;
     bool next_i8 = next_norm && qkv_i8(e, &e->model.layers[il + 1], T);
     if (!*normed) {
-        e->xq_of_h = false;
         vkd_role(c, "ffn_norm");
-        TRY(op_rmsnorm(c, op_mat_rows(s->x, d), vkd_whole(L->ffn_norm.parts[0].buf), op_mat_rows(s->h, d), T, d,
-                       hp->rms_eps));
-        vkd_barrier(c);
+        TRY(block_norm(e, &L->ffn_norm, T, ffn_i8(e, L, T)));
     }
     *normed = false;
     if (hp->n_expert) /* qwen3moe, Mixtral: engine/forward_moe.c */

@@ -111,7 +111,7 @@ static const vkk_desc kernel_table[] = {
     [VKK_MOE_COMBINE] = {"moe_combine", SPV(moe_combine), .n_bindings = 3, .push_size = sizeof(vki_pc_moe),
                          .n_spec = 1, .spec_default = {256}},
     /* engine/ops_basic.c: spec {WG} */
-    [VKK_RMSNORM] = {"rmsnorm", SPV(rmsnorm), .n_bindings = 3, .push_size = sizeof(vki_pc_rmsnorm),
+    [VKK_RMSNORM] = {"rmsnorm", SPV(rmsnorm), .n_bindings = 4, .push_size = sizeof(vki_pc_rmsnorm),
                      .n_spec = 1, .spec_default = {256}},
     [VKK_ROPE] = {"rope", SPV(rope), .n_bindings = 4, .push_size = sizeof(vki_pc_rope),
                   .n_spec = 1, .spec_default = {256}},

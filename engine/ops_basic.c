@@ -88,18 +88,25 @@ vki_status op_copy(vkd_cmd *c, vkd_view src, vkd_view dst, uint64_t n_bytes)
     return vkk_dispatch(c, VKK_COPY, &wg, v, 2, &pc, sizeof pc, elem_groups((words + 15) / 16), 1, 1);
 }
 
-vki_status op_rmsnorm(vkd_cmd *c, op_mat x, vkd_view w, op_mat y, uint32_t n_rows, uint32_t n_cols,
-                      float eps)
+vki_status op_rmsnorm_xq(vkd_cmd *c, op_mat x, vkd_view w, op_mat y, uint32_t n_rows, uint32_t n_cols, float eps,
+                         vkd_view xq)
 {
     if (!n_rows || !n_cols)
         return VKI_OK;
     if (!op_mat_fits(x, n_rows, n_cols) || !op_mat_fits(y, n_rows, n_cols) || op_view_floats(w) < n_cols || !(eps >= 0))
         return bad(c, "rmsnorm");
+    if (xq.buf && (n_cols % 32 || op_view_floats(xq) < VKI_XQ_WORDS((uint64_t)n_rows, n_cols) || x.v.buf == y.v.buf))
+        return bad(c, "rmsnorm (quantised rows: n_cols % 32 == 0, their words, y apart from x)");
     vki_pc_rmsnorm pc = {.n_rows = n_rows, .n_cols = n_cols, .x_off = x.off, .x_stride = x.stride,
-                         .y_off = y.off, .y_stride = y.stride, .eps = eps};
-    vkd_view v[3] = {x.v, w, y.v};
+                         .y_off = y.off, .y_stride = y.stride, .eps = eps, .xq = xq.buf != NULL};
+    vkd_view v[4] = {x.v, w, y.v, xq.buf ? xq : y.v};
     uint32_t wg = row_wg(c->d);
-    return vkk_dispatch(c, VKK_RMSNORM, &wg, v, 3, &pc, sizeof pc, n_rows < MAX_GROUPS ? n_rows : MAX_GROUPS, 1, 1);
+    return vkk_dispatch(c, VKK_RMSNORM, &wg, v, 4, &pc, sizeof pc, n_rows < MAX_GROUPS ? n_rows : MAX_GROUPS, 1, 1);
+}
+
+vki_status op_rmsnorm(vkd_cmd *c, op_mat x, vkd_view w, op_mat y, uint32_t n_rows, uint32_t n_cols, float eps)
+{
+    return op_rmsnorm_xq(c, x, w, y, n_rows, n_cols, eps, (vkd_view){0});
 }
 
 vki_status op_rope(vkd_cmd *c, const op_rope_p *p, op_mat x, op_mat y, vkd_view pos, vkd_view freqs)

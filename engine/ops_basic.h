@@ -44,6 +44,11 @@ vki_status op_copy(vkd_cmd *c, vkd_view src, vkd_view dst, uint64_t n_bytes);
 /* y[r, :] = x[r, :] / sqrt(mean(x[r, :]^2) + eps) * w, r < n_rows. w: f32[n_cols]. y may be x. */
 vki_status op_rmsnorm(vkd_cmd *c, op_mat x, vkd_view w, op_mat y, uint32_t n_rows, uint32_t n_cols,
                       float eps);
+/* The same, and (xq.buf set) y also quantised into xq as op_quant_x8(y, M = n_rows, K = n_cols)
+ * would write it, bit for bit: the next integer-dot products' input without that pass and its
+ * barrier. n_cols % 32 == 0 and y in another buffer than x. */
+vki_status op_rmsnorm_xq(vkd_cmd *c, op_mat x, vkd_view w, op_mat y, uint32_t n_rows, uint32_t n_cols, float eps,
+                         vkd_view xq);
 
 typedef struct op_rope_p {
     uint32_t n_tokens, n_heads;

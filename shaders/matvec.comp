@@ -86,6 +86,7 @@ layout(std430, binding = 7) writeonly buffer NQ { uint nq[]; };   // VKI_MM_NORM
 layout(std430, binding = 7) writeonly buffer NQD { float nqd[]; }; // int8 words, then its scales
 #define NORM_SRC(i) y[i]
 #include "norm_common.glsl"
+#include "quant_x8.glsl"
 shared bool norm_last;
 #endif
 
@@ -283,26 +284,20 @@ void norm_tail()
         nh[c] = norm_apply(y[c], inv, nw[c]);
     if ((p.flags & VKI_MM_NORM_XQ) == 0u)
         return;
-    // H quantised per block of 32, quant_x8.comp's arithmetic on the same values (recomputed,
-    // bit for bit what was just stored): the next integer-dot products need no quant_x8 pass
-    const uint nb = p.N / 32u;
-    for (uint b = gl_LocalInvocationID.x; b < nb; b += gl_WorkGroupSize.x) {
+    // H quantised per block of 32 (quant_x8.glsl) from the same values recomputed, bit for bit
+    // what was just stored: the next integer-dot products need no quant_x8 pass
+    for (uint b = gl_LocalInvocationID.x; b < p.N / 32u; b += gl_WorkGroupSize.x) {
         vec4 v[8];
-        float amax = 0.0;
         [[unroll]] for (uint i = 0u; i < 8u; i++) {
             const uint c = 32u * b + 4u * i;
             v[i] = vec4(norm_apply(y[c], inv, nw[c]), norm_apply(y[c + 1u], inv, nw[c + 1u]),
                         norm_apply(y[c + 2u], inv, nw[c + 2u]), norm_apply(y[c + 3u], inv, nw[c + 3u]));
-            const vec4 a = abs(v[i]);
-            amax = max(amax, max(max(a.x, a.y), max(a.z, a.w)));
         }
-        const float d = amax * (1.0 / 127.0);
-        const float id = d != 0.0 ? 1.0 / d : 0.0;
-        [[unroll]] for (uint i = 0u; i < 8u; i++) {
-            const vec4 t = v[i] * id;
-            const ivec4 q = clamp(ivec4(sign(t) * floor(abs(t) + 0.5)), -127, 127);
-            nq[8u * b + i] = (uint(q.x) & 0xFFu) | (uint(q.y) & 0xFFu) << 8 | (uint(q.z) & 0xFFu) << 16 | uint(q.w) << 24;
-        }
+        uint q[8];
+        float d;
+        xq_block(v, q, d);
+        [[unroll]] for (uint i = 0u; i < 8u; i++)
+            nq[8u * b + i] = q[i];
         nqd[p.N / 4u + b] = d;
     }
 }

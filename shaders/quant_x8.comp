@@ -1,6 +1,7 @@
 #version 450
 #extension GL_GOOGLE_include_directive : require
 #include "common.glsl"
+#include "quant_x8.glsl"
 // The activations of the integer-dot matrix-vector path (matvec.comp with MV_I8): X rows
 // quantised to int8 per block of 32 with one f32 scale (ggml's Q8_0 rounding, the scale kept in
 // f32), layout vki_shared.h (vki_pc_quant_x8). One invocation per block: eight vec4 loads, the
@@ -30,19 +31,13 @@ void main()
     if (b >= nb || m >= p.M)
         return;
     vec4 v[8];
-    float amax = 0.0;
-    [[unroll]] for (uint i = 0u; i < 8u; i++) {
+    [[unroll]] for (uint i = 0u; i < 8u; i++)
         v[i] = load_x4(m, 32u * b + 4u * i);
-        const vec4 a = abs(v[i]);
-        amax = max(amax, max(max(a.x, a.y), max(a.z, a.w)));
-    }
-    const float d = amax * (1.0 / 127.0); // a product, correctly rounded: the C side gets the same d
-    const float id = d != 0.0 ? 1.0 / d : 0.0;
+    uint q[8];
+    float d;
+    xq_block(v, q, d);
     const uint row = m * (p.K / 4u) + 8u * b;
-    [[unroll]] for (uint i = 0u; i < 8u; i++) {
-        const vec4 t = v[i] * id;
-        const ivec4 q = clamp(ivec4(sign(t) * floor(abs(t) + 0.5)), -127, 127);
-        xq[row + i] = (uint(q.x) & 0xFFu) | (uint(q.y) & 0xFFu) << 8 | (uint(q.z) & 0xFFu) << 16 | uint(q.w) << 24;
-    }
+    [[unroll]] for (uint i = 0u; i < 8u; i++)
+        xq[row + i] = q[i];
     xd[p.M * (p.K / 4u) + m * nb + b] = d;
 }

@@ -13,8 +13,13 @@ layout(push_constant) uniform PushBlock { vki_pc_rmsnorm p; };
 layout(std430, binding = 0) readonly buffer X { float x[]; };  // f32 rows: x[x_off + r * x_stride + c]
 layout(std430, binding = 1) readonly buffer W { float w[]; };  // f32 [n_cols]
 layout(std430, binding = 2) writeonly buffer Y { float y[]; }; // f32 rows: y[y_off + r * y_stride + c]
+// p.xq != 0: the rows also quantised as quant_x8 would (layout vki_pc_quant_x8, M = n_rows,
+// K = n_cols), the input of the next integer-dot products
+layout(std430, binding = 3) writeonly buffer YQ { uint yq[]; };
+layout(std430, binding = 3) writeonly buffer YQD { float yqd[]; };
 #define NORM_SRC(i) x[i]
 #include "norm_common.glsl"
+#include "quant_x8.glsl"
 
 void main()
 {
@@ -24,5 +29,24 @@ void main()
         float inv = norm_inv(xb, p.n_cols, p.eps);
         for (uint c = tid; c < p.n_cols; c += WG)
             y[yb + c] = norm_apply(x[xb + c], inv, w[c]);
+        if (p.xq == 0u)
+            continue; // uniform
+        // the row's values recomputed from x (bit for bit what was just stored; y is not x here,
+        // op_rmsnorm_xq), per block of 32 (quant_x8.glsl)
+        const uint nb = p.n_cols / 32u;
+        for (uint b = tid; b < nb; b += WG) {
+            vec4 v[8];
+            [[unroll]] for (uint i = 0u; i < 8u; i++) {
+                const uint c = 32u * b + 4u * i;
+                v[i] = vec4(norm_apply(x[xb + c], inv, w[c]), norm_apply(x[xb + c + 1u], inv, w[c + 1u]),
+                            norm_apply(x[xb + c + 2u], inv, w[c + 2u]), norm_apply(x[xb + c + 3u], inv, w[c + 3u]));
+            }
+            uint q[8];
+            float d;
+            xq_block(v, q, d);
+            [[unroll]] for (uint i = 0u; i < 8u; i++)
+                yq[r * (p.n_cols / 4u) + 8u * b + i] = q[i];
+            yqd[p.n_rows * (p.n_cols / 4u) + r * nb + b] = d;
+        }
     }
 }

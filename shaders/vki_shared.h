@@ -251,6 +251,7 @@ VKI_STRUCT(vki_pc_rmsnorm) {
     vki_u32 n_rows, n_cols;
     vki_u32 x_off, x_stride, y_off, y_stride;
     vki_f32 eps;
+    vki_u32 xq;       /* 1: binding 3 gets the rows quantised as quant_x8 would (n_cols % 32 == 0) */
 };
 
 /* rope over x[n_tokens][n_heads][head_dim] (token rows x_stride apart, heads contiguous):

@@ -13,6 +13,7 @@
 #include "support/vt.h"
 
 #include "engine/ops_basic.h"
+#include "engine/ops_matmul.h"
 
 #define N_SHAPES 24
 #define RMSNORM_TOL 2e-12 /* measured on lavapipe: <= 2.3e-14 over seeds 1-7 (was 1e-10) */
@@ -485,6 +486,62 @@ static void test_softmax(void **state)
     vt_assert_clean(g);
 }
 
+/* RMSNorm that also quantises its rows for the integer-dot products (op_rmsnorm_xq): y bit for
+ * bit op_rmsnorm's, the int8 words and scales byte for byte what op_quant_x8 writes from that y,
+ * on strided x and y at offsets, row counts 1, 3, 17 and widths 32, 320, 1024; refused for a
+ * width that is no multiple of 32, in place, or a too small xq. */
+static void test_rmsnorm_xq(void **state)
+{
+    vt_gpu *g = vt_gpu_get(state);
+    vt_rng r = vt_rng_seeded("op_rmsnorm_xq");
+    static const uint32_t rows[] = {1, 3, 17}, cols[] = {32, 320, 1024};
+    for (int t = 0; t < 9; t++) {
+        uint32_t M = rows[t % 3], K = cols[t / 3], xs = K + (uint32_t)vt_range(&r, 0, 7), ys = K + 4 * (t % 2);
+        uint32_t xo = (uint32_t)vt_range(&r, 0, 5), yo = (uint32_t)vt_range(&r, 0, 5);
+        size_t nx = (size_t)xo + (size_t)M * xs, ny = (size_t)yo + (size_t)M * ys, qb = op_quant_x8_bytes(M, K);
+        float *x = rand_buf(&r, nx, -3, 3), *w = rand_buf(&r, K, -2, 2);
+        vkd_buffer *bx = vt_buf_from(g, x, nx * 4, "x"), *bw = vt_buf_from(g, w, K * 4, "w");
+        vkd_buffer *by[2] = {vt_buf_nan(g, ny * 4, "y xq"), vt_buf_nan(g, ny * 4, "y")};
+        vkd_buffer *bq[2] = {vt_buf_nan(g, qb, "xq fused"), vt_buf_nan(g, qb, "xq apart")};
+        vkd_buffer *yc = vt_buf_nan(g, (size_t)M * K * 4, "y packed");
+        op_mat mx = {vkd_whole(bx), xo, xs};
+        vt_begin(g);
+        assert_int_equal(op_rmsnorm_xq(&g->cmd, mx, vkd_whole(bw), (op_mat){vkd_whole(by[0]), yo, ys}, M, K, 1e-5f,
+                                       vkd_whole(bq[0])), VKI_OK);
+        assert_int_equal(op_rmsnorm(&g->cmd, mx, vkd_whole(bw), (op_mat){vkd_whole(by[1]), yo, ys}, M, K, 1e-5f), VKI_OK);
+        assert_int_equal(op_rmsnorm(&g->cmd, mx, vkd_whole(bw), op_mat_rows(yc, K), M, K, 1e-5f), VKI_OK);
+        vkd_barrier(&g->cmd);
+        assert_int_equal(op_quant_x8(&g->cmd, vkd_whole(yc), K, M, K, vkd_whole(bq[1])), VKI_OK);
+        vt_submit_wait(g);
+        uint8_t *a = malloc(ny * 4 > qb ? ny * 4 : qb), *b = malloc(ny * 4 > qb ? ny * 4 : qb);
+        vt_download(g, by[0], a, ny * 4);
+        vt_download(g, by[1], b, ny * 4);
+        if (memcmp(a, b, ny * 4))
+            fail_msg("rmsnorm_xq %ux%u: y differs from op_rmsnorm's", M, K);
+        vt_download(g, bq[0], a, qb);
+        vt_download(g, bq[1], b, qb);
+        if (memcmp(a, b, qb))
+            fail_msg("rmsnorm_xq %ux%u: the quantised rows differ from op_quant_x8's", M, K);
+        free(a), free(b), free(x), free(w);
+        vkd_buffer *all[] = {bx, bw, by[0], by[1], bq[0], bq[1], yc};
+        for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
+            vkd_buffer_destroy(g->dev, all[i]);
+    }
+    vkd_buffer *b = vt_buf_nan(g, 4096 * 4, "b"), *q = vt_buf_nan(g, 4096, "q");
+    vt_begin(g);
+    op_mat m48 = {vkd_whole(b), 0, 48}, m64 = {vkd_whole(b), 0, 64};
+    assert_int_equal(op_rmsnorm_xq(&g->cmd, m48, vkd_whole(b), (op_mat){vkd_whole(q), 0, 48}, 2, 48, 1e-5f,
+                                   vkd_whole(q)), VKI_ERR_INVALID_ARG); /* 48 columns */
+    assert_int_equal(op_rmsnorm_xq(&g->cmd, m64, vkd_whole(b), m64, 2, 64, 1e-5f, vkd_whole(q)),
+                     VKI_ERR_INVALID_ARG); /* in place */
+    assert_int_equal(op_rmsnorm_xq(&g->cmd, m64, vkd_whole(b), (op_mat){vkd_whole(q), 0, 64}, 2, 64, 1e-5f,
+                                   (vkd_view){b, 0, 16}), VKI_ERR_INVALID_ARG); /* xq too small */
+    vt_submit_wait(g);
+    vkd_buffer_destroy(g->dev, b);
+    vkd_buffer_destroy(g->dev, q);
+    vt_assert_clean(g);
+}
+
 /* Shapes that do not fit their buffers are refused and record nothing. */
 static void test_bad_shapes(void **state)
 {
@@ -527,6 +584,7 @@ static void test_gpu_configs(void **state)
     g->dev->info.type = VKI_DEVICE_DISCRETE;
     g->dev->info.vendor_id = 0x10DE;
     test_rmsnorm(state);
+    test_rmsnorm_xq(state);
     test_softmax(state);
     g->dev->info = saved;
 }
@@ -545,6 +603,7 @@ int main(void)
         cmocka_unit_test(test_add),
         cmocka_unit_test(test_copy),
         cmocka_unit_test(test_rmsnorm),
+        cmocka_unit_test(test_rmsnorm_xq),
         cmocka_unit_test(test_rope_freqs_table),
         cmocka_unit_test(test_rope),
         cmocka_unit_test(test_glu),

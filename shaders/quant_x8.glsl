@@ -1,0 +1,24 @@
+// quant_x8's arithmetic on one block of 32 values: int8 per value with one f32 scale d = max|v|
+// / 127 (ggml's Q8_0 rounding, the scale kept in f32), four values per word, low byte first.
+// Shared by quant_x8.comp and the norm kernels that write its layout for the next integer-dot
+// products (matvec.comp's norm epilogue, rmsnorm.comp), so all of them give the same bits.
+#ifndef VKI_QUANT_X8_GLSL
+#define VKI_QUANT_X8_GLSL
+
+void xq_block(in vec4 v[8], out uint q[8], out float d)
+{
+    float amax = 0.0;
+    [[unroll]] for (uint i = 0u; i < 8u; i++) {
+        const vec4 a = abs(v[i]);
+        amax = max(amax, max(max(a.x, a.y), max(a.z, a.w)));
+    }
+    d = amax * (1.0 / 127.0); // a product, correctly rounded: the C side gets the same d
+    const float id = d != 0.0 ? 1.0 / d : 0.0;
+    [[unroll]] for (uint i = 0u; i < 8u; i++) {
+        const vec4 t = v[i] * id;
+        const ivec4 s = clamp(ivec4(sign(t) * floor(abs(t) + 0.5)), -127, 127);
+        q[i] = (uint(s.x) & 0xFFu) | (uint(s.y) & 0xFFu) << 8 | (uint(s.z) & 0xFFu) << 16 | uint(s.w) << 24;
+    }
+}
+
+#endif
