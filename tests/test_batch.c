@@ -505,6 +505,35 @@ static void test_lookahead(void **state)
     coll_free(c);
 }
 
+/* Runs reqs on a fresh fake (overlap: two steps in flight) under p into c; with check, each
+ * output against the fake's reference (alone). Returns its lookahead rows; *generated: the
+ * tokens generated in all. */
+static uint64_t run_on_fake(coll *c, vki_request *reqs, uint32_t n, bool overlap, const vki_batch_params *p, bool check,
+                            uint32_t *generated)
+{
+    fake_config fc = {.max_seqs = 4, .n_pages = 128, .page_size = 4, .max_ctx = 256, .vocab = VOCAB,
+                      .max_tokens = 40, .eos = EOS, .overlap = overlap};
+    fake_engine *f;
+    assert_int_equal(fake_create(&fc, &f), VKI_OK);
+    bm_backend be = fake_backend(f);
+    vki_batch_manager *bm;
+    assert_int_equal(bm_create(&be, p, NULL, &bm), VKI_OK);
+    for (uint32_t i = 0; i < n; i++)
+        assert_int_equal(vki_batch_submit(bm, &reqs[i], on_response, c, NULL, 0), VKI_OK);
+    wait_finals(c, n);
+    assert_int_equal(vki_batch_manager_destroy(bm, false), VKI_OK);
+    assert_clean(c, f);
+    *generated = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        if (check)
+            check_rec(c, f, &reqs[i]);
+        *generated += c->r[reqs[i].id].n_tokens;
+    }
+    uint64_t prev = fake_prev_rows(f);
+    fake_destroy(f);
+    return prev;
+}
+
 /* Requests with repetition, presence and frequency penalties decode in lookahead steps too (their
  * history ends before the token in flight, which the engine counts): three of them, together,
  * almost every token from lookahead rows; outputs as alone. */
@@ -512,14 +541,6 @@ static void test_lookahead_penalties(void **state)
 {
     (void)state;
     coll *c = coll_new();
-    fake_config fc = {.max_seqs = 4, .n_pages = 128, .page_size = 4, .max_ctx = 256, .vocab = VOCAB,
-                      .max_tokens = 40, .eos = EOS, .overlap = true};
-    fake_engine *f;
-    assert_int_equal(fake_create(&fc, &f), VKI_OK);
-    bm_backend be = fake_backend(f);
-    vki_batch_params p = mkparams(VKI_POLICY_GUARANTEED_NO_EVICT);
-    vki_batch_manager *bm;
-    assert_int_equal(bm_create(&be, &p, NULL, &bm), VKI_OK);
     enum { N = 3 };
     vki_request reqs[N];
     for (uint32_t i = 0; i < N; i++) {
@@ -528,22 +549,14 @@ static void test_lookahead_penalties(void **state)
         reqs[i].sampling.repetition_penalty = 1.2f;
         reqs[i].sampling.presence_penalty = i == 1 ? 0.5f : 0.0f;
         reqs[i].sampling.frequency_penalty = i == 2 ? -0.5f : 0.0f;
-        assert_int_equal(vki_batch_submit(bm, &reqs[i], on_response, c, NULL, 0), VKI_OK);
     }
-    wait_finals(c, N);
-    assert_int_equal(vki_batch_manager_destroy(bm, false), VKI_OK);
-    assert_clean(c, f);
-    uint32_t generated = 0;
-    for (uint32_t i = 0; i < N; i++) {
-        check_rec(c, f, &reqs[i]);
-        generated += c->r[i].n_tokens;
-    }
-    uint64_t prev = fake_prev_rows(f);
+    vki_batch_params p = mkparams(VKI_POLICY_GUARANTEED_NO_EVICT);
+    uint32_t generated;
+    uint64_t prev = run_on_fake(c, reqs, N, true, &p, true, &generated);
     printf("lookahead with penalties: %llu of %u generated tokens from lookahead rows\n", (unsigned long long)prev,
            generated);
     if (prev * 10 < generated * 7)
         fail_msg("only %llu of %u tokens from lookahead rows", (unsigned long long)prev, generated);
-    fake_destroy(f);
     coll_free(c);
 }
 
@@ -555,57 +568,19 @@ static void test_lookahead_full_batch(void **state)
 {
     (void)state;
     coll *c = coll_new();
-    fake_config fc = {.max_seqs = 4, .n_pages = 128, .page_size = 4, .max_ctx = 256, .vocab = VOCAB,
-                      .max_tokens = 40, .eos = EOS, .overlap = true};
-    fake_engine *f;
-    assert_int_equal(fake_create(&fc, &f), VKI_OK);
-    bm_backend be = fake_backend(f);
-    vki_batch_params p = mkparams(VKI_POLICY_MAX_UTILIZATION);
-    p.max_batch_size = 2;
-    vki_batch_manager *bm;
-    assert_int_equal(bm_create(&be, &p, NULL, &bm), VKI_OK);
     enum { N = 6 };
     vki_request reqs[N];
     for (uint32_t i = 0; i < N; i++)
         reqs[i] = mkreq(c, i, 3 + 2 * i, 40 + 5 * i, i % 2 == 0, 300 + i);
-    for (uint32_t i = 0; i < N; i++)
-        assert_int_equal(vki_batch_submit(bm, &reqs[i], on_response, c, NULL, 0), VKI_OK);
-    wait_finals(c, N);
-    assert_int_equal(vki_batch_manager_destroy(bm, false), VKI_OK);
-    assert_clean(c, f);
-    uint32_t generated = 0;
-    for (uint32_t i = 0; i < N; i++) {
-        check_rec(c, f, &reqs[i]);
-        generated += c->r[i].n_tokens;
-    }
-    uint64_t prev = fake_prev_rows(f);
-    printf("lookahead behind a full batch: %llu of %u generated tokens from lookahead rows, %llu steps\n",
-           (unsigned long long)prev, generated, (unsigned long long)fake_steps(f));
+    vki_batch_params p = mkparams(VKI_POLICY_MAX_UTILIZATION);
+    p.max_batch_size = 2;
+    uint32_t generated;
+    uint64_t prev = run_on_fake(c, reqs, N, true, &p, true, &generated);
+    printf("lookahead behind a full batch: %llu of %u generated tokens from lookahead rows\n",
+           (unsigned long long)prev, generated);
     if (prev * 10 < generated * 7)
         fail_msg("only %llu of %u tokens from lookahead rows", (unsigned long long)prev, generated);
-    fake_destroy(f);
     coll_free(c);
-}
-
-/* Runs reqs on a fresh fake (overlap: two steps in flight) into c; returns its lookahead rows. */
-static uint64_t run_on_fake(coll *c, vki_request *reqs, uint32_t n, bool overlap)
-{
-    fake_config fc = {.max_seqs = 4, .n_pages = 128, .page_size = 4, .max_ctx = 256, .vocab = VOCAB,
-                      .max_tokens = 40, .eos = EOS, .overlap = overlap};
-    fake_engine *f;
-    assert_int_equal(fake_create(&fc, &f), VKI_OK);
-    bm_backend be = fake_backend(f);
-    vki_batch_params p = mkparams(VKI_POLICY_GUARANTEED_NO_EVICT);
-    vki_batch_manager *bm;
-    assert_int_equal(bm_create(&be, &p, NULL, &bm), VKI_OK);
-    for (uint32_t i = 0; i < n; i++)
-        assert_int_equal(vki_batch_submit(bm, &reqs[i], on_response, c, NULL, 0), VKI_OK);
-    wait_finals(c, n);
-    assert_int_equal(vki_batch_manager_destroy(bm, false), VKI_OK);
-    assert_clean(c, f);
-    uint64_t prev = fake_prev_rows(f);
-    fake_destroy(f);
-    return prev;
 }
 
 /* min_tokens bans the end of text until reached: lookahead steps carry the bans but for the step
@@ -624,7 +599,9 @@ static void test_lookahead_min_tokens(void **state)
         cand[i] = mkreq(c[0], i, 4 + 3 * i, MAX, i % 2 == 0, 700 + i);
         cand[i].min_tokens = MAX;
     }
-    run_on_fake(c[0], cand, CAND, false);
+    vki_batch_params p = mkparams(VKI_POLICY_GUARANTEED_NO_EVICT);
+    uint32_t generated;
+    run_on_fake(c[0], cand, CAND, false, &p, false, &generated);
     fake_engine *f = mkfake(4, 128, 0);
     uint32_t n = 0;
     for (uint32_t i = 0; i < CAND && n < N; i++) {
@@ -647,9 +624,8 @@ static void test_lookahead_min_tokens(void **state)
     fake_destroy(f);
     if (n < N)
         fail_msg("%u of %u candidates have an EOS after position 6 to place min_tokens at", n, CAND);
-    run_on_fake(c[1], reqs, N, false);
-    uint64_t prev = run_on_fake(c[2], reqs, N, true);
-    uint32_t generated = 0;
+    run_on_fake(c[1], reqs, N, false, &p, false, &generated);
+    uint64_t prev = run_on_fake(c[2], reqs, N, true, &p, false, &generated);
     for (uint32_t i = 0; i < N; i++) {
         const rec *a = &c[1]->r[i], *b = &c[2]->r[i];
         assert_int_equal(a->finish, VKI_FINISH_EOS);
@@ -657,7 +633,6 @@ static void test_lookahead_min_tokens(void **state)
         assert_int_equal(b->finish, a->finish);
         assert_int_equal(b->n_tokens, a->n_tokens);
         assert_memory_equal(a->tokens, b->tokens, a->n_tokens * sizeof *a->tokens);
-        generated += a->n_tokens;
     }
     printf("lookahead with min_tokens: %llu of %u generated tokens from lookahead rows\n", (unsigned long long)prev,
            generated);
