@@ -14,7 +14,8 @@
  *                                                            stage of q's)
  *     att = attention(q, K/V pages of its sequence)         [T][n_head*hd]
  *           (the layer kind's window and sink; gemma2's soft-cap; a decode sequence's splits
- *            merged by the last one to finish)
+ *            merged by the last one to finish; in a decode step the attention rotates q
+ *            itself and reads each new key from k, v, in the stage of the K/V write)
  *     x = x + att Wo                                        (added by the matmul; for one
  *                                                            token its last workgroup also
  *                                                            writes the next rmsnorm, below)
@@ -215,9 +216,10 @@ static vki_status project_qkv(vk_engine *e, const vk_layer *L, uint32_t T, op_ma
 }
 
 /* *normed: on entry, h already holds the block's normed input (the previous projection wrote
- * it); on return, whether the output projection wrote the FFN's. */
+ * it); on return, whether the output projection wrote the FFN's. one_each: every sequence of the
+ * step has one new token (a decode step). */
 static vki_status record_attention_block(vk_engine *e, uint32_t il, uint32_t T, const op_attn_step *ast,
-                                         bool *normed)
+                                         bool one_each, bool *normed)
 {
     const model_hparams *hp = &e->model.hp;
     const vk_layer *L = &e->model.layers[il];
@@ -242,28 +244,31 @@ static vki_status record_attention_block(vk_engine *e, uint32_t il, uint32_t T, 
     op_rope_p rk = rq;
     rk.n_heads = hp->n_head_kv;
     vkd_view freqs = vkd_whole(s->rope_freqs[kind]);
-    if (!e->p.no_fusion) { /* K is rotated by the cache write: one stage, no barrier between */
-        op_kv_rope kr = {.n_rot = hp->n_rot, .neox = hp->rope_neox, .freqs = freqs};
-        vkd_role(c, "attn_rope_q");
-        TRY(op_rope(c, &rq, q, q, ast[kind].tok_pos, freqs));
-        vkd_role(c, "attn_kv_write");
-        TRY(op_kv_write(c, &e->attn[kind], &ast[kind], k, v, vkd_whole(e->k_pool[il]), vkd_whole(e->v_pool[il]),
-                        &kr));
-    } else {
+    op_kv_rope kr = {.n_rot = hp->n_rot, .neox = hp->rope_neox, .freqs = freqs};
+    /* decode (fused): the attention rotates q and reads each sequence's new K / V from the
+     * projection as the cache write stores them, so the write runs beside it (op_attn_fresh) */
+    bool fresh = !e->p.no_fusion && one_each;
+    op_attn_fresh fr = {k, v, &kr};
+    if (e->p.no_fusion) {
         vkd_role(c, "attn_rope_q");
         TRY(op_rope(c, &rq, q, q, ast[kind].tok_pos, freqs));
         vkd_role(c, "attn_rope_k");
         TRY(op_rope(c, &rk, k, k, ast[kind].tok_pos, freqs));
         vkd_barrier(c);
-        vkd_role(c, "attn_kv_write");
-        TRY(op_kv_write(c, &e->attn[kind], &ast[kind], k, v, vkd_whole(e->k_pool[il]), vkd_whole(e->v_pool[il]),
-                        NULL));
+    } else if (!fresh) { /* K is rotated by the cache write: one stage, no barrier between */
+        vkd_role(c, "attn_rope_q");
+        TRY(op_rope(c, &rq, q, q, ast[kind].tok_pos, freqs));
     }
-    vkd_barrier(c);
+    vkd_role(c, "attn_kv_write");
+    TRY(op_kv_write(c, &e->attn[kind], &ast[kind], k, v, vkd_whole(e->k_pool[il]), vkd_whole(e->v_pool[il]),
+                    e->p.no_fusion ? NULL : &kr));
+    if (!fresh)
+        vkd_barrier(c);
     vkd_role(c, "attn");
     vkd_view merge = vkd_whole(s->attn_cnt); /* the last decode split merges (no reduce pass) */
     TRY(op_attention(c, &e->attn[kind], &ast[kind], q, op_mat_rows(s->att, qd), vkd_whole(e->k_pool[il]),
-                     vkd_whole(e->v_pool[il]), vkd_whole(s->attn_tmp), e->p.no_fusion ? NULL : &merge));
+                     vkd_whole(e->v_pool[il]), vkd_whole(s->attn_tmp), e->p.no_fusion ? NULL : &merge,
+                     fresh ? &fr : NULL));
     vkd_barrier(c);
     return project_residual(e, &L->wo, vkd_whole(s->att), qd, T, "attn_o", "attn_o_xq", &L->post_attn_norm,
                             "attn_post_norm", "attn_residual", &L->ffn_norm, ffn_i8(e, L, T), normed);
@@ -384,7 +389,7 @@ vki_status vk_forward_record(vk_engine *e, const vki_step_plan *plan, uint32_t n
     bool normed = false; /* h holds the next block's normed input already */
     for (uint32_t il = 0; il < hp->n_layer; il++) {
         vkd_label_begin(c, "layer %u", il);
-        vki_status st = record_attention_block(e, il, T, ast, &normed);
+        vki_status st = record_attention_block(e, il, T, ast, plan->n_tokens == plan->n_seqs, &normed);
         if (st == VKI_OK)
             st = record_ffn_block(e, il, T, &normed);
         vkd_label_end(c);

@@ -327,6 +327,13 @@ static bool step_ok(const op_attn_step *st)
            op_view_floats(st->tok_seq) >= p->n_tokens && st->seq_info.buf && st->page_table.buf;
 }
 
+/* A rotation the head can hold (or none), with its table. */
+static bool rope_ok(const op_attn *a, const op_kv_rope *rope)
+{
+    return !rope || (rope->n_rot && rope->n_rot % 2 == 0 && rope->n_rot <= a->s.head_dim &&
+                     op_view_floats(rope->freqs) >= 2ull * rope->n_rot);
+}
+
 vki_status op_kv_write(vkd_cmd *c, const op_attn *a, const op_attn_step *st, op_mat k, op_mat v,
                        vkd_view k_pool, vkd_view v_pool, const op_kv_rope *rope)
 {
@@ -335,9 +342,7 @@ vki_status op_kv_write(vkd_cmd *c, const op_attn *a, const op_attn_step *st, op_
         return VKI_OK;
     uint64_t page = op_kv_page_bytes(&a->s);
     if (!step_ok(st) || !op_mat_fits(k, n, row) || !op_mat_fits(v, n, row) || op_view_floats(k_pool) * 4 < page ||
-        op_view_floats(v_pool) * 4 < page ||
-        (rope && (!rope->n_rot || rope->n_rot % 2 || rope->n_rot > a->s.head_dim ||
-                  op_view_floats(rope->freqs) < 2ull * rope->n_rot)))
+        op_view_floats(v_pool) * 4 < page || !rope_ok(a, rope))
         return bad(c, "kv_write");
     vki_pc_kv_write pc = {.n_tokens = n, .n_kv_heads = a->s.n_kv_heads, .head_dim = a->s.head_dim,
                           .page_size = a->s.page_size, .k_off = k.off, .k_stride = k.stride,
@@ -353,23 +358,35 @@ vki_status op_kv_write(vkd_cmd *c, const op_attn *a, const op_attn_step *st, op_
 }
 
 vki_status op_attention(vkd_cmd *c, const op_attn *a, const op_attn_step *st, op_mat q, op_mat out,
-                        vkd_view k_pool, vkd_view v_pool, vkd_view scratch, const vkd_view *merge)
+                        vkd_view k_pool, vkd_view v_pool, vkd_view scratch, const vkd_view *merge,
+                        const op_attn_fresh *fresh)
 {
     const op_attn_plan *p = st->plan;
-    uint32_t row = a->s.n_heads * a->s.head_dim;
+    uint32_t row = a->s.n_heads * a->s.head_dim, kvrow = a->s.n_kv_heads * a->s.head_dim;
     if (!p || !p->n_tokens)
         return VKI_OK;
     if (!step_ok(st) || !op_mat_fits(q, p->n_tokens, row) || !op_mat_fits(out, p->n_tokens, row) ||
         op_view_floats(scratch) * 4 < op_attn_scratch_bytes(a, p->n_slots) ||
         (merge && op_view_floats(*merge) * 4 < op_attn_merge_bytes(a, p->dec_off - p->red_off)))
         return bad(c, "attention");
+    const op_kv_rope *rope = fresh ? fresh->rope : NULL;
+    if (fresh && (!op_mat_fits(fresh->k, p->n_tokens, kvrow) || !op_mat_fits(fresh->v, p->n_tokens, kvrow) ||
+                  !rope_ok(a, rope)))
+        return bad(c, "attention");
+    if (fresh && p->n_pre) {
+        vkd_log(c->d, VKI_LOG_ERROR, "attention: the newest keys from the projections in a step with prefill blocks");
+        return VKI_ERR_INVALID_ARG;
+    }
     const float log2e = 1.4426950408889634f;
     bool cap = a->s.softcap > 0;
     vki_pc_attn pc = {.n_heads = a->s.n_heads, .n_kv_heads = a->s.n_kv_heads, .head_dim = a->s.head_dim,
                       .page_size = a->s.page_size, .q_off = q.off, .q_stride = q.stride, .o_off = out.off,
                       .o_stride = out.stride, .q_scale = cap ? a->s.scale : a->s.scale * log2e,
                       .inv_softcap = cap ? 1.0f / a->s.softcap : 0.0f, .softcap_log2e = a->s.softcap * log2e,
-                      .window = a->s.window, .sink = a->s.sink};
+                      .window = a->s.window, .sink = a->s.sink, .fresh = fresh != NULL,
+                      .k_off = fresh ? fresh->k.off : 0, .k_stride = fresh ? fresh->k.stride : 0,
+                      .v_off = fresh ? fresh->v.off : 0, .v_stride = fresh ? fresh->v.stride : 0,
+                      .rope_n_rot = rope ? rope->n_rot : 0, .rope_neox = rope && rope->neox};
     vki_status s = VKI_OK;
     /* decode splits: their number changes with the contexts, so the device reads it from item 0 */
     const uint32_t *mx = c->d->info.max_workgroup_count;
@@ -381,10 +398,11 @@ vki_status op_attention(vkd_cmd *c, const op_attn *a, const op_attn_step *st, op
     if (p->n_dec) {
         pc.gw = a->dec_gw, pc.n_hblocks = a->dec_nhb, pc.item_off = p->dec_off, pc.n_items = p->n_dec;
         pc.red_off = p->red_off, pc.merge = merge && p->n_red;
-        vkd_view b[9] = {q.v, k_pool, v_pool, st->seq_info, st->page_table, st->items, out.v, scratch,
-                         merge ? *merge : scratch};
+        vkd_view b[12] = {q.v, k_pool, v_pool, st->seq_info, st->page_table, st->items, out.v, scratch,
+                          merge ? *merge : scratch, fresh ? fresh->k.v : q.v, fresh ? fresh->v.v : q.v,
+                          rope ? rope->freqs : q.v};
         vkd_view args = {st->items.buf, st->items.offset, sizeof(VkDispatchIndirectCommand)};
-        s = vkk_dispatch_indirect(c, kid(a, VKK_ATTN_DECODE_F16), a->dec_spec, b, 9, &pc, sizeof pc, args);
+        s = vkk_dispatch_indirect(c, kid(a, VKK_ATTN_DECODE_F16), a->dec_spec, b, 12, &pc, sizeof pc, args);
     }
     if (s == VKI_OK && p->n_pre) {
         pc.gw = a->pre_gw, pc.n_hblocks = a->pre_nhb, pc.item_off = 1, pc.n_items = p->n_pre;

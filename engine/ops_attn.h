@@ -5,7 +5,8 @@
  * from the device; op_attn_prepare() creates their pipelines (else the first dispatch of each
  * does). Per step: fill vki_seq_info[] (and tok_pos, tok_seq,
  * page_table) on the host, build the work list with op_attn_plan_build(), upload all five, then
- * per layer record op_kv_write() (which can apply RoPE to K), vkd_barrier(), op_attention().
+ * per layer record op_kv_write() (which can apply RoPE to K), vkd_barrier(), op_attention() (a
+ * decode step: op_kv_write() and op_attention() with op_attn_fresh, no barrier between).
  *
  * A ragged batch is split by kind: one-token sequences (decode) go to the split-K decode kernel
  * (their long contexts are cut into splits over many workgroups; the last split of a sequence
@@ -108,8 +109,22 @@ typedef struct op_kv_rope {
 vki_status op_kv_write(vkd_cmd *c, const op_attn *a, const op_attn_step *st, op_mat k, op_mat v,
                        vkd_view k_pool, vkd_view v_pool, const op_kv_rope *rope);
 
+/* A decode step's own keys read from the projections (vki_pc_attn.fresh): op_attention rotates
+ * q by RoPE as it loads it and takes each sequence's newest key and value (position n_ctx - 1)
+ * from k and v, rotated and rounded as op_kv_write (given the same rope) stores them, bit for
+ * bit. The step's op_kv_write then needs no barrier before op_attention (record it before or
+ * after, in the same stage) and q no op_rope. Only for steps whose sequences have one new token
+ * each (every other key of theirs is in the pools already): the plan must have no prefill block,
+ * and no two sequence entries may be one sequence's tokens (the batch-invariant layout of a
+ * prefill). */
+typedef struct op_attn_fresh {
+    op_mat k, v;             /* f32 [n_tokens][n_kv_heads * head_dim]: K before RoPE, V */
+    const op_kv_rope *rope;  /* NULL: q and K as given (no RoPE) */
+} op_attn_fresh;
+
 /* out[t][h] = sum_j softmax_j(scale q[t][h] . K_j) V_j over positions j <= pos(t) of t's
- * sequence, read from the pools (kv_write must have run, with a barrier, for this step).
+ * sequence, read from the pools (kv_write must have run, with a barrier, for this step; with
+ * fresh, see op_attn_fresh).
  * q, out: f32 [n_tokens][n_heads * head_dim]. scratch: op_attn_scratch_bytes(plan->n_slots)
  * (any valid view when n_slots is 0). Records decode + prefill; a sequence's decode splits are
  * merged by the last of them to finish when merge is given (u32 counters,
@@ -117,6 +132,7 @@ vki_status op_kv_write(vkd_cmd *c, const op_attn *a, const op_attn_step *st, op_
  * leaves them zero), else by a reduce pass after a barrier (the same bits either way). The
  * caller puts a barrier before the next reader of out. */
 vki_status op_attention(vkd_cmd *c, const op_attn *a, const op_attn_step *st, op_mat q, op_mat out,
-                        vkd_view k_pool, vkd_view v_pool, vkd_view scratch, const vkd_view *merge);
+                        vkd_view k_pool, vkd_view v_pool, vkd_view scratch, const vkd_view *merge,
+                        const op_attn_fresh *fresh);
 
 #endif

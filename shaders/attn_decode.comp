@@ -4,6 +4,7 @@
 #extension GL_KHR_shader_subgroup_shuffle : require
 #include "common.glsl"
 #include "attn_common.glsl"
+#include "rope_common.glsl"
 // Decode attention, flash-decoding style. A workgroup takes one split {seq, k0, k1} of a
 // one-token sequence's keys and GW query heads sharing one kv head (GQA: K/V are read once for
 // the group). Bound by K/V bandwidth: every K/V byte of the split is read exactly once,
@@ -18,6 +19,10 @@
 // split of a sequence to finish (an atomic count per sequence and workgroup row) merges the
 // partials itself (attn_merge.glsl), so decode needs no reduce pass and no barrier before one;
 // else attn_reduce.comp merges them after a barrier.
+// With p.fresh (a step whose sequences have one new token each) the query is rotated by RoPE as
+// it is loaded and the newest key and value (position n_ctx - 1) come from the new K / V rows,
+// rounded as kv_write stores them (kv_store.glsl), not from the pool: the step's kv_write may run
+// beside this dispatch (no barrier between), and no rope pass over q comes before it.
 // Scores are in the log2 domain: q is pre-scaled by scale * log2(e) and p = exp2(s - max)
 // (soft-capped models: q by scale, the cap's tanh then times log2(e)). A split only ever holds
 // keys its query sees: the host plans splits over the window and the sink (op_attn_plan_build).
@@ -40,7 +45,11 @@ layout(std430, binding = 6) writeonly buffer O { float o[]; };            // f32
 // Partials and counters are coherent: a split reads the others' partials after their atomic.
 layout(std430, binding = 7) coherent buffer PA { float part[]; };         // f32 [slot][n_heads][HD + 2]
 layout(std430, binding = 8) coherent buffer CN { uint cnt[]; };           // u32 [n_seqs][groups in y], 0 between dispatches
+layout(std430, binding = 9) readonly buffer KA { float k_act[]; };        // p.fresh: new K rows [k_off + t * k_stride + h * HD + d]
+layout(std430, binding = 10) readonly buffer VA { float v_act[]; };       // p.fresh: new V rows [v_off + t * v_stride + h * HD + d]
+layout(std430, binding = 11) readonly buffer F { vec4 fr[]; };            // p.fresh: vec4 [rope_n_rot / 2] (rope.comp's)
 #include "attn_merge.glsl"
+#include "kv_store.glsl"
 
 shared vec4 qs[GMAX * HD / 4];  // scaled queries of the workgroup's heads
 shared float st_acc[GMAX * HD]; // merged state of the subgroups done so far
@@ -59,18 +68,41 @@ float lane_sum(float s)
     return s;
 }
 
-void load_queries(uint t, uint h0, uint gn)
+// The workgroup's queries of token t into qs, scaled; with p.fresh rotated by RoPE at position
+// pos first (rope.comp's arithmetic, so the bits of a rope pass before): one angle per pair.
+void load_queries(uint t, uint h0, uint gn, uint pos)
 {
-    for (uint i = gl_LocalInvocationID.x; i < GMAX * HD / 4; i += WG) {
-        uint g = i / (HD / 4), qb = p.q_off + t * p.q_stride + (h0 + g) * HD + 4 * (i % (HD / 4));
-        qs[i] = g < gn ? p.q_scale * vec4(q[qb], q[qb + 1], q[qb + 2], q[qb + 3]) : vec4(0.0);
+    uint n_rot = p.fresh != 0u ? p.rope_n_rot : 0u, half_rot = n_rot / 2u;
+    bool neox = p.rope_neox != 0u;
+    for (uint i = gl_LocalInvocationID.x; i < GMAX * half_rot; i += WG) {
+        uint g = i / half_rot, pr = i % half_rot, qb = p.q_off + t * p.q_stride + (h0 + g) * HD;
+        uvec2 ab = rope_pair(pr, n_rot, neox);
+        vec2 r = g < gn ? rope_rotate(q[qb + ab.x], q[qb + ab.y], rope_angle(pos, fr[pr])) : vec2(0.0);
+        qs[(g * HD + ab.x) / 4][ab.x % 4] = p.q_scale * r.x;
+        qs[(g * HD + ab.y) / 4][ab.y % 4] = p.q_scale * r.y;
+    }
+    for (uint i = gl_LocalInvocationID.x; i < GMAX * (HD - n_rot); i += WG) { // dims past the rotation
+        uint g = i / (HD - n_rot), j = n_rot + i % (HD - n_rot);
+        qs[(g * HD + j) / 4][j % 4] = g < gn ? p.q_scale * q[p.q_off + t * p.q_stride + (h0 + g) * HD + j] : 0.0;
     }
 }
 
 // Keys k0 + kg, k0 + kg + n_kg, ... < k1 into this key group's state. The trip count is the
 // same for all lanes (missing keys are masked), so every lane takes part in every shuffle.
-void attend(vki_seq_info sq, uint kvh, uint k0, uint k1, uint gn)
+// With p.fresh, key n_ctx - 1 comes from the new rows of token t.
+void attend(vki_seq_info sq, uint kvh, uint k0, uint k1, uint gn, uint t)
 {
+    // the step's own key, as kv_write stores it beside this dispatch (only the split that ends
+    // the context holds it)
+    uint newest = p.fresh != 0u && k1 == sq.n_ctx ? sq.n_ctx - 1u : 0xffffffffu;
+    vec4 kf[2 * NC], vf[2 * NC];
+    if (newest != 0xffffffffu) { // uniform
+        uint kb = p.k_off + t * p.k_stride + kvh * HD, vb = p.v_off + t * p.v_stride + kvh * HD;
+        [[unroll]] for (uint ch = 0; ch < NC; ch++) {
+            kv_stored_chunk(kb, c + ch * L, true, p.rope_n_rot, p.rope_neox != 0u, newest, kf[2 * ch], kf[2 * ch + 1]);
+            kv_stored_chunk(vb, c + ch * L, false, 0u, false, newest, vf[2 * ch], vf[2 * ch + 1]);
+        }
+    }
     uint n_kg = gl_NumSubgroups * (gl_SubgroupSize / L);
     uint kg = gl_SubgroupID * (gl_SubgroupSize / L) + lane / L;
     uint n_iter = (k1 - k0 + n_kg - 1) / n_kg;
@@ -80,9 +112,16 @@ void attend(vki_seq_info sq, uint kvh, uint k0, uint k1, uint gn)
         uint jj = valid ? j : k1 - 1;
         uint page = page_table[sq.pt_off + jj / p.page_size], rip = kvh * p.page_size + jj % p.page_size;
         vec4 kv[2 * NC], vv[2 * NC];
-        [[unroll]] for (uint ch = 0; ch < NC; ch++) {
-            KV_LOAD(kpool, page, rip, c + ch * L, HD, kv[2 * ch], kv[2 * ch + 1]);
-            KV_LOAD(vpool, page, rip, c + ch * L, HD, vv[2 * ch], vv[2 * ch + 1]);
+        if (jj == newest) {
+            [[unroll]] for (uint e = 0; e < 2 * NC; e++) {
+                kv[e] = kf[e];
+                vv[e] = vf[e];
+            }
+        } else {
+            [[unroll]] for (uint ch = 0; ch < NC; ch++) {
+                KV_LOAD(kpool, page, rip, c + ch * L, HD, kv[2 * ch], kv[2 * ch + 1]);
+                KV_LOAD(vpool, page, rip, c + ch * L, HD, vv[2 * ch], vv[2 * ch + 1]);
+            }
         }
         [[unroll]] for (uint g = 0; g < GMAX; g++) {
             if (g >= gn) // uniform
@@ -167,7 +206,7 @@ void main()
     uint kvh = gl_WorkGroupID.y / p.n_hblocks, hb = gl_WorkGroupID.y % p.n_hblocks;
     uint h0 = kvh * group + hb * p.gw, gn = min(p.gw, group - hb * p.gw);
     uint t = sq.row0 + sq.n_new - 1;
-    load_queries(t, h0, gn);
+    load_queries(t, h0, gn, sq.n_ctx - 1u);
     barrier();
 
     // Lane roles from the subgroup ids, so that shuffle partners are in one subgroup.
@@ -179,7 +218,7 @@ void main()
         [[unroll]] for (uint e = 0; e < 2 * NC; e++)
             acc[g][e] = vec4(0.0);
     }
-    attend(sq, kvh, it.y, it.z, gn);
+    attend(sq, kvh, it.y, it.z, gn, t);
     merge_subgroup();
     merge_workgroup(gn);
 

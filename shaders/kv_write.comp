@@ -5,12 +5,10 @@
 #include "rope_common.glsl"
 // Writes the step's new K and V rows into their pages: one invocation per (token, kv head,
 // 8-dim chunk) (Q8_0: per pair of 32-value blocks, whose two f16 scales share a word),
-// grid-stride. Memory-bound and small (2 * n_tokens * n_kv * head_dim values). F16 values and
-// Q8_0 scales round to nearest even in integer arithmetic, bit-exact with quant_f32_to_f16 on
-// every device (GLSL's packHalf2x16 leaves the rounding mode to the implementation); Q8_0
-// quantises as ggml's quantize_row_q8_0_ref (and engine/quant.c) does, bit for bit. With
-// p.rope_n_rot > 0, K is rotated (RoPE) as it is read, with rope.comp's arithmetic: the decode
-// step needs no rope pass over K and no barrier between it and this write.
+// grid-stride. Memory-bound and small (2 * n_tokens * n_kv * head_dim values). The rounding
+// (f16 to nearest even, ggml's Q8_0) is kv_store.glsl's, shared with attn_decode's reading of a
+// new key. With p.rope_n_rot > 0, K is rotated (RoPE) as it is read, with rope.comp's
+// arithmetic: the decode step needs no rope pass over K and no barrier between it and this write.
 layout(local_size_x_id = 0) in;
 layout(push_constant) uniform PushBlock { vki_pc_kv_write p; };
 layout(std430, binding = 0) readonly buffer KA { float k_act[]; };         // f32 rows: [k_off + t * k_stride + h * head_dim + d]
@@ -23,32 +21,7 @@ layout(std430, binding = 6) writeonly buffer KP { KV_T kpool[]; };         // K[
 layout(std430, binding = 7) writeonly buffer VP { KV_T vpool[]; };         // V, same layout
 layout(std430, binding = 8) readonly buffer F { vec4 fr[]; };              // vec4 [rope_n_rot / 2] (rope.comp's)
 
-#if defined(KV_F16) || defined(KV_Q8_0)
-uint half_rne(float f)
-{
-    uint x = floatBitsToUint(f);
-    uint sign = (x >> 16) & 0x8000u, ax = x & 0x7fffffffu;
-    if (ax >= 0x7f800000u) { // inf, or nan keeping its top payload bits
-        uint m = (ax & 0x7fffffu) >> 13;
-        return ax == 0x7f800000u ? sign | 0x7c00u : sign | 0x7c00u | (m != 0u ? m : 0x200u);
-    }
-    if (ax >= 0x477ff000u) // rounds past 65504
-        return sign | 0x7c00u;
-    if (ax < 0x38800000u) { // half subnormal: q * 2^-24
-        uint e = ax >> 23;
-        if (e < 102u)
-            return sign;
-        uint m = (ax & 0x7fffffu) | 0x800000u, shift = 126u - e;
-        uint q = m >> shift, rem = m & ((1u << shift) - 1u), hf = 1u << (shift - 1u);
-        if (rem > hf || (rem == hf && (q & 1u) != 0u))
-            q++;
-        return sign | q;
-    }
-    uint r = ax - 0x38000000u;
-    r += 0xfffu + ((r >> 13) & 1u);
-    return sign | (r >> 13);
-}
-#endif
+#include "kv_store.glsl"
 
 #ifdef KV_F16
 uvec4 pack8(vec4 a, vec4 b)
@@ -60,18 +33,10 @@ uvec4 pack8(vec4 a, vec4 b)
 
 uint tpos; // position of the token being written
 
-// Element j of the head row at hb: V as projected, K after RoPE when p.rope_n_rot > 0 (the pair
-// partner is read and rotated here; dims >= n_rot pass through, as in rope.comp).
+// Element j of the head row at hb (kv_store.glsl: K rotated when p.rope_n_rot > 0).
 float act_at(uint hb, uint j, bool is_k)
 {
-    if (!is_k)
-        return v_act[hb + j];
-    if (j >= p.rope_n_rot)
-        return k_act[hb + j];
-    uint i = rope_pair_of(j, p.rope_n_rot, p.rope_neox != 0u);
-    uvec2 ab = rope_pair(i, p.rope_n_rot, p.rope_neox != 0u);
-    vec2 r = rope_rotate(k_act[hb + ab.x], k_act[hb + ab.y], rope_angle(tpos, fr[i]));
-    return j == ab.x ? r.x : r.y;
+    return kv_act(hb, j, is_k, p.rope_n_rot, p.rope_neox != 0u, tpos);
 }
 
 vec4 load4(uint hb, uint j, bool is_k)
@@ -80,21 +45,12 @@ vec4 load4(uint hb, uint j, bool is_k)
 }
 
 #ifdef KV_Q8_0
-// roundf: to nearest, halves away from zero (v - trunc(v) is exact for |v| <= 127.5)
-int round_away(float v)
-{
-    float t = trunc(v);
-    return int(abs(v - t) >= 0.5 ? t + sign(v) : t);
-}
-
 // Quantises the 32 values from element j0 of the head row at hb into its 8 qs words at qw;
 // returns its f16 scale.
 uint quant_block(uint hb, uint j0, bool is_k, uint qw)
 {
-    float amax = 0.0;
-    for (uint i = 0; i < 32u; i++)
-        amax = max(amax, abs(act_at(hb, j0 + i, is_k)));
-    float d = amax / 127.0, id = d != 0.0 ? 1.0 / d : 0.0;
+    vec2 s = kv_q8_scale(hb, j0, is_k, p.rope_n_rot, p.rope_neox != 0u, tpos);
+    float id = s.y;
     for (uint w = 0; w < 8u; w++) {
         uint word = 0u;
         for (uint e = 0; e < 4u; e++)
@@ -104,7 +60,7 @@ uint quant_block(uint hb, uint j0, bool is_k, uint qw)
         else
             vpool[qw + w] = word;
     }
-    return half_rne(d);
+    return half_rne(s.x);
 }
 
 // Blocks 2 bp and 2 bp + 1 of row rip of page `page` (the second may not exist).

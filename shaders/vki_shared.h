@@ -369,7 +369,9 @@ VKI_STRUCT(vki_pc_kv_write) {
  * (n_hblocks = ceil(group / gw) workgroups per kv head); items item_off .. + n_items.
  * decode  bindings: 0 q, 1 K pool, 2 V pool, 3 seq_info, 4 page_table, 5 items, 6 out, 7 partials,
  *                  8 merge counters (u32 [n_seqs][n_kv_heads * n_hblocks], zero between
- *                  dispatches; any buffer when merge = 0)
+ *                  dispatches; any buffer when merge = 0), 9 new K rows, 10 new V rows (f32, at
+ *                  k_off / v_off with strides k_stride / v_stride, as kv_write's), 11 RoPE freqs
+ *                  (vec4[rope_n_rot / 2]); 9-11: any buffer when fresh = 0
  * prefill bindings: 0 q, 1 K pool, 2 V pool, 3 seq_info, 4 page_table, 5 items, 6 out
  * reduce  bindings: 0 partials, 1 items, 2 seq_info, 3 out
  * merge = 1 (decode): the last split of a sequence to finish merges its partials (the reduce
@@ -382,7 +384,12 @@ VKI_STRUCT(vki_pc_kv_write) {
  * The query at position p sees keys j <= p with p - j < window (0: all) or j < sink: a
  * sliding window (gemma, mistral, phi3) plus the attention sink of a capped window (StreamingLLM
  * keeps the first page). The prefill kernel masks by them; decode splits are planned on the host
- * over the visible keys only (op_attn_plan_build), so decode never reads a key outside them. */
+ * over the visible keys only (op_attn_plan_build), so decode never reads a key outside them.
+ * fresh = 1 (decode, a step whose sequences each have one new token): q is rotated by RoPE
+ * (rope_n_rot, rope_neox; kv_write's arithmetic) as it is loaded, and each sequence's newest key
+ * (position n_ctx - 1) is read from the new K / V rows (K rotated), rounded as the pool stores it,
+ * not from the pool: the step's kv_write needs no barrier before the attention, nor q a rope
+ * pass, and the bits are those of rope + kv_write + barrier + attention. */
 VKI_STRUCT(vki_pc_attn) {
     vki_u32 n_heads, n_kv_heads, head_dim, page_size;
     vki_u32 gw, n_hblocks;
@@ -395,6 +402,9 @@ VKI_STRUCT(vki_pc_attn) {
     vki_u32 sink;          /* leading keys every query also sees (0, or a page when capped) */
     vki_u32 red_off;       /* decode: first reduce entry (sequence i's is red_off + i) */
     vki_u32 merge;         /* decode: 1 = the last split merges (see above) */
+    vki_u32 fresh;         /* decode: 1 = the newest keys from bindings 9, 10 (see above) */
+    vki_u32 k_off, k_stride, v_off, v_stride;
+    vki_u32 rope_n_rot, rope_neox;
 };
 
 /* ---- sampling (engine/ops_sample.h, shaders/sample.comp, CPU reference engine/sample_ref.h) --

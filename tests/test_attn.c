@@ -325,6 +325,89 @@ static void fill_row_nan(vt_gpu *g, vkd_buffer *pool, const op_attn_shape *s, ui
     assert_int_equal(vkd_fill(g->dev, pool, pg + rip * hd * esz, hd * esz, 0x7fc00000u), VKI_OK);
 }
 
+/* Device pools holding the host's rows, with the step's new rows NaN (only kv_write sets them). */
+static void pools_new_nan(vt_gpu *g, const hstep *h, const op_attn_shape *s, vkd_buffer **kp, vkd_buffer **vp)
+{
+    *kp = vt_buf_from(g, h->kpool.bytes, h->kpool.n, "K pool");
+    *vp = vt_buf_from(g, h->vpool.bytes, h->vpool.n, "V pool");
+    for (uint32_t t = 0; t < h->n_tokens; t++) {
+        const vki_seq_info *q = &h->seq[h->tok_seq[t]];
+        uint32_t page = h->pt[q->pt_off + h->tok_pos[t] / s->page_size], slot = h->tok_pos[t] % s->page_size;
+        for (uint32_t kvh = 0; kvh < s->n_kv_heads; kvh++) {
+            fill_row_nan(g, *kp, s, page, kvh, slot);
+            fill_row_nan(g, *vp, s, page, kvh, slot);
+        }
+    }
+}
+
+static uint32_t fresh_runs; /* decode steps checked with the newest keys from the projections */
+
+/* A decode-only step (plan->n_pre == 0) with the newest keys read from the projections
+ * (op_attn_fresh), without RoPE and with a normal and a NeoX rotation of part of the head, is
+ * bit for bit the step done as rope(q) + kv_write(rotating K) + barrier + attention; the fresh
+ * attention is recorded before its kv_write, over pools whose new rows are NaN, so a read of
+ * one of them fails the case; the pools the two write are the same bytes. */
+static void check_fresh(vt_gpu *g, const op_attn *a, const op_attn_step *st, const hstep *h, const acase *ac,
+                        vkd_view merge, vkd_view scratch, const char *type)
+{
+    const op_attn_shape *s = &a->s;
+    uint32_t hd = s->head_dim, qrow = s->n_heads * hd, kvrow = s->n_kv_heads * hd;
+    uint32_t rots[3] = {0, hd, hd / 2}; /* head dims are multiples of 8 */
+    size_t qkv_n = (size_t)h->n_tokens * h->qkv_stride, o_n = h->o_off + (size_t)h->n_tokens * h->o_stride;
+    float *fr = malloc(hd * 2 * sizeof *fr), *out[2] = {malloc(o_n * 4), malloc(o_n * 4)};
+    uint8_t *pool[2] = {malloc(h->kpool.n), malloc(h->kpool.n)};
+    for (int ri = 0; ri < 3; ri++) {
+        bool neox = ri == 2;
+        op_rope_freqs(10000.0, 1.0, NULL, rots[ri] ? rots[ri] : 2, fr);
+        vkd_buffer *bfr = vt_buf_from(g, fr, hd * 2 * sizeof *fr, "freqs");
+        vkd_buffer *qkv[2] = {vt_buf_from(g, h->qkv, qkv_n * 4, "qkv, rope pass"), vt_buf_from(g, h->qkv, qkv_n * 4, "qkv")};
+        vkd_buffer *o[2] = {vt_buf_nan(g, o_n * 4, "out, rope pass"), vt_buf_nan(g, o_n * 4, "out, fresh")};
+        vkd_buffer *kp[2], *vp[2];
+        for (int f = 0; f < 2; f++)
+            pools_new_nan(g, h, s, &kp[f], &vp[f]);
+        op_kv_rope kr = {.n_rot = rots[ri], .neox = neox, .freqs = vkd_whole(bfr)};
+        const op_kv_rope *rope = rots[ri] ? &kr : NULL;
+        op_mat q[2], k[2], v[2], om[2];
+        for (int f = 0; f < 2; f++) {
+            q[f] = (op_mat){vkd_whole(qkv[f]), 0, h->qkv_stride}, k[f] = (op_mat){vkd_whole(qkv[f]), qrow, h->qkv_stride};
+            v[f] = (op_mat){vkd_whole(qkv[f]), qrow + kvrow, h->qkv_stride}, om[f] = (op_mat){vkd_whole(o[f]), h->o_off, h->o_stride};
+        }
+        op_rope_p rq = {.n_tokens = h->n_tokens, .n_heads = s->n_heads, .head_dim = hd, .n_rot = rots[ri], .neox = neox};
+        op_attn_fresh fresh = {k[1], v[1], rope};
+        vt_begin(g);
+        if (rope)
+            assert_int_equal(op_rope(&g->cmd, &rq, q[0], q[0], st->tok_pos, vkd_whole(bfr)), VKI_OK);
+        assert_int_equal(op_kv_write(&g->cmd, a, st, k[0], v[0], vkd_whole(kp[0]), vkd_whole(vp[0]), rope), VKI_OK);
+        vkd_barrier(&g->cmd);
+        assert_int_equal(op_attention(&g->cmd, a, st, q[0], om[0], vkd_whole(kp[0]), vkd_whole(vp[0]), scratch, &merge,
+                                      NULL), VKI_OK);
+        vkd_barrier(&g->cmd); /* the partials and counters */
+        assert_int_equal(op_attention(&g->cmd, a, st, q[1], om[1], vkd_whole(kp[1]), vkd_whole(vp[1]), scratch, &merge,
+                                      &fresh), VKI_OK);
+        assert_int_equal(op_kv_write(&g->cmd, a, st, k[1], v[1], vkd_whole(kp[1]), vkd_whole(vp[1]), rope), VKI_OK);
+        vt_submit_wait(g);
+        char label[160];
+        snprintf(label, sizeof label, "%s %s, new keys from the projections, rope %u%s", ac->name, type, rots[ri],
+                 neox ? " neox" : "");
+        for (int f = 0; f < 2; f++)
+            vt_download(g, o[f], out[f], o_n * 4);
+        if (memcmp(out[0], out[1], o_n * 4))
+            fail_msg("%s: differs from rope + kv_write + barrier + attention (NMSE %.3g)", label,
+                     vt_nmse(out[0], out[1], o_n));
+        for (int kv = 0; kv < 2; kv++) {
+            vt_download(g, kv ? vp[0] : kp[0], pool[0], h->kpool.n);
+            vt_download(g, kv ? vp[1] : kp[1], pool[1], h->kpool.n);
+            if (memcmp(pool[0], pool[1], h->kpool.n))
+                fail_msg("%s: %s pool differs", label, kv ? "V" : "K");
+        }
+        vkd_buffer *all[] = {bfr, qkv[0], qkv[1], o[0], o[1], kp[0], kp[1], vp[0], vp[1]};
+        for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
+            vkd_buffer_destroy(g->dev, all[i]);
+    }
+    fresh_runs++;
+    free(fr), free(out[0]), free(out[1]), free(pool[0]), free(pool[1]);
+}
+
 static const char *kv_name(uint32_t t) { return t == VKI_GGML_F16 ? "f16" : t == VKI_GGML_Q8_0 ? "q8_0" : "f32"; }
 
 /* Runs one case with a pool of kv_type; returns the output's NMSE against the reference over
@@ -385,10 +468,10 @@ static double run_case(vt_gpu *g, vt_rng *r, const acase *ac, uint32_t kv_type, 
     assert_int_equal(op_kv_write(&g->cmd, &a, &st, k, v, vkd_whole(d.kp), vkd_whole(d.vp), NULL), VKI_OK);
     vkd_barrier(&g->cmd);
     assert_int_equal(op_attention(&g->cmd, &a, &st, q, o, vkd_whole(d.kp), vkd_whole(d.vp), vkd_whole(d.scratch),
-                                  &merge), VKI_OK);
+                                  &merge, NULL), VKI_OK);
     vkd_barrier(&g->cmd);
     assert_int_equal(op_attention(&g->cmd, &a, &st, q, o2, vkd_whole(d.kp), vkd_whole(d.vp), vkd_whole(d.scratch),
-                                  NULL), VKI_OK);
+                                  NULL, NULL), VKI_OK);
     vt_submit_wait(g);
 
     const char *type = kv_name(kv_type);
@@ -412,6 +495,8 @@ static double run_case(vt_gpu *g, vt_rng *r, const acase *ac, uint32_t kv_type, 
         if (cnt[i])
             fail_msg("%s %s: merge counter %zu left at %u", ac->name, type, i, cnt[i]);
     double vs_f32 = check_output(&a, &h, out, ac, type);
+    if (!plan.n_pre)
+        check_fresh(g, &a, &st, &h, ac, merge, vkd_whole(d.scratch), type);
     free(out);
     free(out2);
     free(cnt);
@@ -535,6 +620,46 @@ static void test_attn_q8(void **state)
         {"G=2 hd256", 4, 2, 256, 16, 2, {90, 0}, {1, 25}, 0, 1.0f, 0, 0, 0, 0},
     };
     run_cases_q8(state, "attn q8_0", cases, sizeof cases / sizeof cases[0], true);
+}
+
+/* Decode steps with the newest keys read from the projections (check_fresh, run by run_case on
+ * every step without prefill): the stories shape, GQA 1..8, head dims 8..256, split and merged
+ * long contexts, windows with and without a sink, the soft-cap; F32, F16 and Q8_0 pools. A step
+ * with a prefill block is refused. */
+static void test_attn_fresh(void **state)
+{
+    const acase cases[] = {
+        {"stories decode", 8, 4, 8, 16, 4, {0, 50, 16, 99}, {1, 1, 1, 1}, 0, 2.0f, 0, 0, 0, 0},
+        {"G=2 hd128 splits", 4, 2, 128, 16, 3, {130, 0, 17}, {1, 1, 1}, 32, 1.0f, 0, 0, 0, 0},
+        {"G=8 MQA hd64 page 7", 8, 1, 64, 7, 2, {45, 300}, {1, 1}, 0, 3.0f, 0, 0, 0, 0},
+        {"long, automatic splits", 2, 1, 64, 16, 2, {2600, 700}, {1, 1}, 0, 1.0f, 0, 0, 0, 0},
+        {"window 33 sink 7 splits", 4, 1, 64, 7, 2, {150, 20}, {1, 1}, 16, 2.0f, 0, 33, 7, 0},
+        {"window 1", 2, 2, 32, 16, 2, {30, 0}, {1, 1}, 0, 1.0f, 0, 1, 0, 0},
+        {"gemma2 cap 50 hd256", 8, 4, 256, 16, 2, {40, 90}, {1, 1}, 0, 4.0f, 0.0625f, 0, 0, 50.0f},
+    };
+    uint32_t runs = fresh_runs;
+    run_cases_q8(state, "attn fresh", cases, sizeof cases / sizeof cases[0], true);
+    assert_int_equal(fresh_runs - runs, 20); /* 7 cases x F32, F16 + 6 with Q8_0 head dims */
+
+    /* refused: a step with a prefill block (its keys are not in the pools before kv_write) */
+    vt_gpu *g = vt_gpu_get(state);
+    op_attn_shape sh = {.n_heads = 2, .n_kv_heads = 1, .head_dim = 32, .page_size = 16};
+    op_attn a;
+    assert_int_equal(op_attn_setup(g->dev, &sh, &a), VKI_OK);
+    vki_seq_info info[2] = {{0, 1, 10, 0}, {1, 3, 3, 1}};
+    vki_attn_item items[32];
+    op_attn_plan plan;
+    assert_int_equal(op_attn_plan_build(&a, info, 2, items, 32, &plan), VKI_OK);
+    vkd_buffer *b = vt_buf_nan(g, 1 << 16, "any");
+    vkd_view w = vkd_whole(b);
+    op_attn_step st = {w, w, w, w, w, &plan};
+    op_mat m = {w, 0, 64};
+    op_attn_fresh fresh = {m, m, NULL};
+    vt_begin(g);
+    assert_int_equal(op_attention(&g->cmd, &a, &st, m, m, w, w, w, NULL, &fresh), VKI_ERR_INVALID_ARG);
+    vt_submit_wait(g);
+    vkd_buffer_destroy(g->dev, b);
+    vt_assert_clean(g);
 }
 
 /* Prefill on cooperative matrices: the emulated path (every device with shaderFloat16 and
@@ -893,6 +1018,7 @@ int main(void)
         cmocka_unit_test(test_attn_window),
         cmocka_unit_test(test_attn_softcap),
         cmocka_unit_test(test_attn_q8),
+        cmocka_unit_test(test_attn_fresh),
         cmocka_unit_test(test_attn_coopmat),
         cmocka_unit_test(test_attn_coopmat_gpu_tiles),
         cmocka_unit_test(test_attn_coopmat_windows),

@@ -515,7 +515,8 @@ static void test_archs_vs_reference(void **state)
 
 /* The fused forward pass (Q|K(|V) and gate|up concatenated at load, the residual added by the
  * matmul, K rotated by the cache write, decode splits merged by the last split, the gated unit in
- * decode's gate|up pass) gives the op-by-op pass's logits bit for bit, with fewer
+ * decode's gate|up pass, decode attention rotating q and reading the new K / V from the
+ * projection beside the cache write) gives the op-by-op pass's logits bit for bit, with fewer
  * dispatches and barriers (gemma: as many barriers; its post-norms sit between matmul and
  * residual): prefill in chunks of 7 (GEMV and GEMM rows) and decode steps. */
 static void fusion_case(vt_gpu *g, const char *path, uint32_t kv_type, const char *label)
@@ -574,6 +575,7 @@ static void test_fusion_bitwise(void **state)
     p.n_vocab = 512, p.wtype = SYNTH_Q4_K_M, p.seed = 7;
     write_synth("fusion q4km", &p, path, sizeof path);
     fusion_case(g, path, VKI_GGML_F32, "llama q4_k_m (q|k, v apart)");
+    fusion_case(g, path, VKI_GGML_Q8_0, "llama q4_k_m, q8_0 cache"); /* decode reads its new key quantised */
     unlink(path);
     const shape_case *qw = &SHAPES[4]; /* qwen2: q, k, v biases */
     write_model(qw, path, sizeof path);

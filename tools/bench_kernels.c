@@ -540,7 +540,7 @@ static vki_status attn_record(bench_run *r, vkd_cmd *c, bool decode)
         uint32_t row = BA_HEADS * r->K;
         vkd_view merge = vkd_whole(r->buf[6]); /* as the engine: the last decode split merges */
         st = op_attention(c, &ab.a, &step, op_mat_rows(r->buf[0], row), op_mat_rows(r->buf[1], row),
-                          vkd_whole(r->buf[2]), vkd_whole(r->buf[3]), vkd_whole(r->buf[5]), &merge);
+                          vkd_whole(r->buf[2]), vkd_whole(r->buf[3]), vkd_whole(r->buf[5]), &merge, NULL);
     }
     attn_bench_free(&ab);
     return st;
