@@ -417,9 +417,12 @@ static vki_status rope_record(bench_run *r, vkd_cmd *c)
 }
 
 /* Attention with 32 query heads over 8 KV heads (GQA 4, Llama-3-8B-like), pages of 16, the KV
- * type as `type`. decode: M one-token sequences of context N each; prefill: one sequence of M
- * new tokens after N cached ones. K: head dim. buf: 0 q, 1 out, 2 K pool, 3 V pool, 4 the
- * step buffers (tok_pos | tok_seq | seq_info | page_table | items, 256-byte aligned), 5 partials. */
+ * type as `type`. decode: M one-token sequences of context N each, as the engine runs a decode
+ * step (q rotated by NeoX RoPE in the kernel, the newest key and value from the projection:
+ * op_attn_fresh); prefill: one sequence of M new tokens after N cached ones. K: head dim. buf:
+ * 0 q (decode: q | k | v rows), 1 out, 2 K pool, 3 V pool, 4 the step buffers (tok_pos |
+ * tok_seq | seq_info | page_table | items, 256-byte aligned), 5 partials, 6 merge counters,
+ * 7 RoPE table (decode). */
 #define BA_HEADS 32u
 #define BA_KV 8u
 #define BA_PAGE 16u
@@ -502,8 +505,18 @@ static vki_status attn_setup(bench_run *r, bool decode)
         memcpy(step + ab.off[2], ab.info, sizeof(vki_seq_info) * ab.n_seqs);
         memcpy(step + ab.off[4], ab.items, sizeof(vki_attn_item) * ab.plan.n_items);
     }
+    uint32_t q_stride = decode ? row + 2 * BA_KV * r->K : row;
     if (st == VKI_OK)
-        st = make_floats(r, (size_t)n_tok * row, "bench q", &r->buf[0]);
+        st = make_floats(r, (size_t)n_tok * q_stride, "bench q", &r->buf[0]);
+    float *tab = decode ? malloc(2 * r->K * sizeof *tab) : NULL;
+    if (decode && st == VKI_OK && !tab)
+        st = VKI_ERR_OUT_OF_HOST_MEMORY;
+    if (tab && st == VKI_OK) {
+        op_rope_freqs(500000.0, 1.0, NULL, r->K, tab);
+        if ((st = vkd_buffer_create(r->d, 8 * r->K, VKD_MEM_DEVICE, "bench freqs", &r->buf[7])) == VKI_OK)
+            st = vkd_upload(r->d, r->buf[7], 0, tab, 8 * r->K);
+    }
+    free(tab);
     if (st == VKI_OK)
         st = vkd_buffer_create(r->d, (size_t)n_tok * row * 4, VKD_MEM_DEVICE, "bench out", &r->buf[1]);
     if (st == VKI_OK)
@@ -520,7 +533,7 @@ static vki_status attn_setup(bench_run *r, bool decode)
         st = vkd_fill(r->d, r->buf[6], 0, mb, 0);
     double esz = r->type == VKI_GGML_F16 ? 2 : r->type == VKI_GGML_Q8_0 ? 34.0 / 32 : 4, keys = (double)r->N + r->M;
     double pairs = decode ? (double)r->M * r->N : (double)r->M * r->N + 0.5 * r->M * (r->M + 1.0);
-    r->bytes = (decode ? r->M : 1) * (decode ? r->N : keys) * BA_KV * r->K * 2 * esz + 8.0 * n_tok * row;
+    r->bytes = (decode ? r->M : 1) * (decode ? r->N : keys) * BA_KV * r->K * 2 * esz + 4.0 * n_tok * (q_stride + row);
     r->flops = 4.0 * pairs * BA_HEADS * r->K;
     free(step);
     attn_bench_free(&ab);
@@ -537,10 +550,13 @@ static vki_status attn_record(bench_run *r, vkd_cmd *c, bool decode)
         for (int i = 0; i < 5; i++)
             v[i] = (vkd_view){sb, ab.off[i], (i < 4 ? ab.off[i + 1] : ab.size) - ab.off[i]};
         op_attn_step step = {v[0], v[1], v[2], v[3], v[4], &ab.plan};
-        uint32_t row = BA_HEADS * r->K;
+        uint32_t row = BA_HEADS * r->K, kvrow = BA_KV * r->K, qs = decode ? row + 2 * kvrow : row;
         vkd_view merge = vkd_whole(r->buf[6]); /* as the engine: the last decode split merges */
-        st = op_attention(c, &ab.a, &step, op_mat_rows(r->buf[0], row), op_mat_rows(r->buf[1], row),
-                          vkd_whole(r->buf[2]), vkd_whole(r->buf[3]), vkd_whole(r->buf[5]), &merge, NULL);
+        op_kv_rope kr = {.n_rot = r->K, .neox = true, .freqs = decode ? vkd_whole(r->buf[7]) : (vkd_view){0}};
+        op_attn_fresh fresh = {{vkd_whole(r->buf[0]), row, qs}, {vkd_whole(r->buf[0]), row + kvrow, qs}, &kr};
+        st = op_attention(c, &ab.a, &step, (op_mat){vkd_whole(r->buf[0]), 0, qs}, op_mat_rows(r->buf[1], row),
+                          vkd_whole(r->buf[2]), vkd_whole(r->buf[3]), vkd_whole(r->buf[5]), &merge,
+                          decode ? &fresh : NULL);
     }
     attn_bench_free(&ab);
     return st;
