@@ -100,10 +100,10 @@ static vki_status norm_rows(vk_engine *e, op_mat x, const vk_tensor *w, uint32_t
  * norm) and one token, the projection's last workgroup also writes h = rmsnorm(x) * next_norm
  * (op_matmul_norm) and *normed tells the next block to skip its norm; when that block's products
  * take the integer-dot path (next_i8) the same workgroup quantises h into s->xq too
- * (e->xq_of_h). On the integer-dot path (int_dot) `in` is quantised first (xq_role). Ends with a
- * barrier. */
+ * (e->xq_of_h). On the integer-dot path (int_dot) `in` is quantised first (xq_role) unless
+ * in_q (the kernel that wrote it quantised it into s->xq too). Ends with a barrier. */
 static vki_status project_residual(vk_engine *e, const vk_tensor *w, vkd_view in, uint32_t in_stride, uint32_t T,
-                                   const char *mm_role, const char *xq_role, const vk_tensor *post_norm,
+                                   bool in_q, const char *mm_role, const char *xq_role, const vk_tensor *post_norm,
                                    const char *post_role, const char *add_role, const vk_tensor *next_norm,
                                    bool next_i8, bool *normed)
 {
@@ -113,7 +113,7 @@ static vki_status project_residual(vk_engine *e, const vk_tensor *w, vkd_view in
     uint32_t d = hp->d_model;
     *normed = false;
     const bool i8 = use_i8(e, w, T);
-    if (i8)
+    if (i8 && !in_q)
         TRY(quant_x(e, xq_role, in, in_stride, T, (uint32_t)w->ne0));
     vkd_role(c, mm_role);
     if (!hp->post_norms && !e->p.no_fusion) {
@@ -248,7 +248,9 @@ static vki_status record_attention_block(vk_engine *e, uint32_t il, uint32_t T, 
     /* decode (fused): the attention rotates q and reads each sequence's new K / V from the
      * projection as the cache write stores them, so the write runs beside it (op_attn_fresh) */
     bool fresh = !e->p.no_fusion && one_each;
-    op_attn_fresh fr = {k, v, &kr};
+    /* integer-dot output projection: the attention writes its output's int8 copy too */
+    bool att_q = fresh && use_i8(e, &L->wo, T) && hp->head_dim % 32 == 0;
+    op_attn_fresh fr = {k, v, &kr, att_q ? vkd_whole(s->xq) : (vkd_view){0}};
     if (e->p.no_fusion) {
         vkd_role(c, "attn_rope_q");
         TRY(op_rope(c, &rq, q, q, ast[kind].tok_pos, freqs));
@@ -270,7 +272,7 @@ static vki_status record_attention_block(vk_engine *e, uint32_t il, uint32_t T, 
                      vkd_whole(e->v_pool[il]), vkd_whole(s->attn_tmp), e->p.no_fusion ? NULL : &merge,
                      fresh ? &fr : NULL));
     vkd_barrier(c);
-    return project_residual(e, &L->wo, vkd_whole(s->att), qd, T, "attn_o", "attn_o_xq", &L->post_attn_norm,
+    return project_residual(e, &L->wo, vkd_whole(s->att), qd, T, att_q, "attn_o", "attn_o_xq", &L->post_attn_norm,
                             "attn_post_norm", "attn_residual", &L->ffn_norm, ffn_i8(e, L, T), normed);
 }
 
@@ -308,7 +310,7 @@ static vki_status record_ffn_block(vk_engine *e, uint32_t il, uint32_t T, bool *
             TRY(op_matmul_glu(c, &L->w_up, act, vkd_whole(s->h), d, vkd_whole(s->g), ff, T));
         }
         vkd_barrier(c);
-        return project_residual(e, &L->w_down, vkd_whole(s->g), ff, T, "ffn_down", "ffn_down_xq", &L->post_ffn_norm,
+        return project_residual(e, &L->w_down, vkd_whole(s->g), ff, T, false, "ffn_down", "ffn_down_xq", &L->post_ffn_norm,
                                 "ffn_post_norm", "ffn_residual", next_norm, next_i8, normed);
     }
     if (!one) {
@@ -322,7 +324,7 @@ static vki_status record_ffn_block(vk_engine *e, uint32_t il, uint32_t T, bool *
     vkd_role(c, "ffn_act");
     TRY(op_glu(c, act, g, u, g, T, ff));
     vkd_barrier(c);
-    return project_residual(e, &L->w_down, vkd_whole(s->g), gs, T, "ffn_down", "ffn_down_xq", &L->post_ffn_norm,
+    return project_residual(e, &L->w_down, vkd_whole(s->g), gs, T, false, "ffn_down", "ffn_down_xq", &L->post_ffn_norm,
                             "ffn_post_norm", "ffn_residual", next_norm, next_i8, normed);
 }
 

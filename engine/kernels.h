@@ -48,7 +48,7 @@ typedef enum vkk_id {
 } vkk_id;
 
 #define VKK_MAX_SPEC 12
-#define VKK_MAX_BINDINGS 12 /* a table entry with more fails at kernel_init (and cmd.c takes 16) */
+#define VKK_MAX_BINDINGS 13 /* a table entry with more fails at kernel_init (and cmd.c takes 16) */
 
 typedef struct vkk_desc {
     const char *name;             /* shows in RenderDoc/Nsight labels and in profiles */

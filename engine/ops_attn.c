@@ -373,6 +373,10 @@ vki_status op_attention(vkd_cmd *c, const op_attn *a, const op_attn_step *st, op
     if (fresh && (!op_mat_fits(fresh->k, p->n_tokens, kvrow) || !op_mat_fits(fresh->v, p->n_tokens, kvrow) ||
                   !rope_ok(a, rope)))
         return bad(c, "attention");
+    bool xq = fresh && fresh->xq.buf;
+    if (xq && (a->s.head_dim % 32 || (p->n_red && !merge) ||
+               op_view_floats(fresh->xq) < (uint64_t)VKI_XQ_WORDS((uint64_t)p->n_tokens, row)))
+        return bad(c, "attention (int8 output)");
     if (fresh && p->n_pre) {
         vkd_log(c->d, VKI_LOG_ERROR, "attention: the newest keys from the projections in a step with prefill blocks");
         return VKI_ERR_INVALID_ARG;
@@ -386,7 +390,8 @@ vki_status op_attention(vkd_cmd *c, const op_attn *a, const op_attn_step *st, op
                       .window = a->s.window, .sink = a->s.sink, .fresh = fresh != NULL,
                       .k_off = fresh ? fresh->k.off : 0, .k_stride = fresh ? fresh->k.stride : 0,
                       .v_off = fresh ? fresh->v.off : 0, .v_stride = fresh ? fresh->v.stride : 0,
-                      .rope_n_rot = rope ? rope->n_rot : 0, .rope_neox = rope && rope->neox};
+                      .rope_n_rot = rope ? rope->n_rot : 0, .rope_neox = rope && rope->neox,
+                      .xq_rows = xq ? p->n_tokens : 0};
     vki_status s = VKI_OK;
     /* decode splits: their number changes with the contexts, so the device reads it from item 0 */
     const uint32_t *mx = c->d->info.max_workgroup_count;
@@ -398,11 +403,11 @@ vki_status op_attention(vkd_cmd *c, const op_attn *a, const op_attn_step *st, op
     if (p->n_dec) {
         pc.gw = a->dec_gw, pc.n_hblocks = a->dec_nhb, pc.item_off = p->dec_off, pc.n_items = p->n_dec;
         pc.red_off = p->red_off, pc.merge = merge && p->n_red;
-        vkd_view b[12] = {q.v, k_pool, v_pool, st->seq_info, st->page_table, st->items, out.v, scratch,
+        vkd_view b[13] = {q.v, k_pool, v_pool, st->seq_info, st->page_table, st->items, out.v, scratch,
                           merge ? *merge : scratch, fresh ? fresh->k.v : q.v, fresh ? fresh->v.v : q.v,
-                          rope ? rope->freqs : q.v};
+                          rope ? rope->freqs : q.v, xq ? fresh->xq : out.v};
         vkd_view args = {st->items.buf, st->items.offset, sizeof(VkDispatchIndirectCommand)};
-        s = vkk_dispatch_indirect(c, kid(a, VKK_ATTN_DECODE_F16), a->dec_spec, b, 12, &pc, sizeof pc, args);
+        s = vkk_dispatch_indirect(c, kid(a, VKK_ATTN_DECODE_F16), a->dec_spec, b, 13, &pc, sizeof pc, args);
     }
     if (s == VKI_OK && p->n_pre) {
         pc.gw = a->pre_gw, pc.n_hblocks = a->pre_nhb, pc.item_off = 1, pc.n_items = p->n_pre;

@@ -120,6 +120,10 @@ vki_status op_kv_write(vkd_cmd *c, const op_attn *a, const op_attn_step *st, op_
 typedef struct op_attn_fresh {
     op_mat k, v;             /* f32 [n_tokens][n_kv_heads * head_dim]: K before RoPE, V */
     const op_kv_rope *rope;  /* NULL: q and K as given (no RoPE) */
+    vkd_view xq;             /* .buf NULL, or the output also quantised as op_quant_x8(out,
+                                M = n_tokens, K = n_heads * head_dim) writes it, bit for bit, for
+                                an integer-dot output projection (head_dim a multiple of 32,
+                                with merge) */
 } op_attn_fresh;
 
 /* out[t][h] = sum_j softmax_j(scale q[t][h] . K_j) V_j over positions j <= pos(t) of t's

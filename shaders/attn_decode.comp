@@ -48,8 +48,11 @@ layout(std430, binding = 8) coherent buffer CN { uint cnt[]; };           // u32
 layout(std430, binding = 9) readonly buffer KA { float k_act[]; };        // p.fresh: new K rows [k_off + t * k_stride + h * HD + d]
 layout(std430, binding = 10) readonly buffer VA { float v_act[]; };       // p.fresh: new V rows [v_off + t * v_stride + h * HD + d]
 layout(std430, binding = 11) readonly buffer F { vec4 fr[]; };            // p.fresh: vec4 [rope_n_rot / 2] (rope.comp's)
+layout(std430, binding = 12) writeonly buffer XQ { uint xq[]; };        // p.xq_rows: the output quantised (vki_pc_quant_x8)
+layout(std430, binding = 12) writeonly buffer XD { float xd[]; };       // the same buffer: its scales
 #include "attn_merge.glsl"
 #include "kv_store.glsl"
+#include "quant_x8.glsl"
 
 shared vec4 qs[GMAX * HD / 4];  // scaled queries of the workgroup's heads
 shared float st_acc[GMAX * HD]; // merged state of the subgroups done so far
@@ -198,6 +201,31 @@ void merge_workgroup(uint gn)
     }
 }
 
+// With p.xq_rows: the workgroup's finished output (gn heads of token t, in st_acc) quantised
+// into XQ as quant_x8.comp would quantise the output rows (M = xq_rows, K = n_heads * HD; HD a
+// multiple of 32, so each block of 32 is one workgroup's): the integer-dot output projection
+// reads it without a quant_x8 pass. Uniform control flow (a barrier first).
+void write_xq(uint t, uint h0, uint gn)
+{
+    if (p.xq_rows == 0u)
+        return;
+    barrier();
+    uint k = p.n_heads * HD, nb = HD / 32u;
+    for (uint b = gl_LocalInvocationID.x; b < gn * nb; b += WG) {
+        vec4 v[8];
+        [[unroll]] for (uint i = 0u; i < 8u; i++)
+            v[i] = vec4(st_acc[32u * b + 4u * i], st_acc[32u * b + 4u * i + 1u], st_acc[32u * b + 4u * i + 2u],
+                        st_acc[32u * b + 4u * i + 3u]);
+        uint qw[8];
+        float d;
+        xq_block(v, qw, d);
+        uint kb = h0 * nb + b; // block of the row
+        [[unroll]] for (uint i = 0u; i < 8u; i++)
+            xq[t * (k / 4u) + 8u * kb + i] = qw[i];
+        xd[p.xq_rows * (k / 4u) + t * (k / 32u) + kb] = d;
+    }
+}
+
 void main()
 {
     uvec4 it = items[p.item_off + gl_WorkGroupID.x];
@@ -226,8 +254,9 @@ void main()
     for (uint i = gl_LocalInvocationID.x; i < gn * HD; i += WG) {
         uint g = i / HD, d = i % HD, h = h0 + g;
         if (slot == VKI_ATTN_FINAL) {
-            float lsum = st_l[fin][g];
-            o[p.o_off + t * p.o_stride + h * HD + d] = lsum > 0.0 ? st_acc[i] / lsum : 0.0;
+            float lsum = st_l[fin][g], val = lsum > 0.0 ? st_acc[i] / lsum : 0.0;
+            o[p.o_off + t * p.o_stride + h * HD + d] = val;
+            st_acc[i] = val; // for the int8 copy
         } else {
             uint pb = (slot * p.n_heads + h) * (HD + 2);
             part[pb + d] = st_acc[i];
@@ -237,7 +266,11 @@ void main()
             }
         }
     }
-    if (slot == VKI_ATTN_FINAL || p.merge == 0u)
+    if (slot == VKI_ATTN_FINAL) {
+        write_xq(t, h0, gn);
+        return;
+    }
+    if (p.merge == 0u)
         return;
 
     // Count this split done (release: its partials first); the sequence's last one merges.
@@ -256,6 +289,10 @@ void main()
     if (!last_split) // uniform
         return;
     memoryBarrierBuffer();
-    for (uint i = gl_LocalInvocationID.x; i < gn * HD; i += WG)
-        o[p.o_off + t * p.o_stride + (h0 + i / HD) * HD + i % HD] = attn_merge(re.y, re.z, h0 + i / HD, i % HD);
+    for (uint i = gl_LocalInvocationID.x; i < gn * HD; i += WG) {
+        float val = attn_merge(re.y, re.z, h0 + i / HD, i % HD);
+        o[p.o_off + t * p.o_stride + (h0 + i / HD) * HD + i % HD] = val;
+        st_acc[i] = val;
+    }
+    write_xq(t, h0, gn);
 }

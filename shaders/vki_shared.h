@@ -371,7 +371,9 @@ VKI_STRUCT(vki_pc_kv_write) {
  *                  8 merge counters (u32 [n_seqs][n_kv_heads * n_hblocks], zero between
  *                  dispatches; any buffer when merge = 0), 9 new K rows, 10 new V rows (f32, at
  *                  k_off / v_off with strides k_stride / v_stride, as kv_write's), 11 RoPE freqs
- *                  (vec4[rope_n_rot / 2]); 9-11: any buffer when fresh = 0
+ *                  (vec4[rope_n_rot / 2]); 9-11: any buffer when fresh = 0; 12 the output
+ *                  quantised for the integer-dot path (quant_x8's layout, M = xq_rows, K =
+ *                  n_heads * head_dim, head_dim a multiple of 32; any buffer when xq_rows = 0)
  * prefill bindings: 0 q, 1 K pool, 2 V pool, 3 seq_info, 4 page_table, 5 items, 6 out
  * reduce  bindings: 0 partials, 1 items, 2 seq_info, 3 out
  * merge = 1 (decode): the last split of a sequence to finish merges its partials (the reduce
@@ -405,6 +407,7 @@ VKI_STRUCT(vki_pc_attn) {
     vki_u32 fresh;         /* decode: 1 = the newest keys from bindings 9, 10 (see above) */
     vki_u32 k_off, k_stride, v_off, v_stride;
     vki_u32 rope_n_rot, rope_neox;
+    vki_u32 xq_rows;       /* decode: M > 0 = also write the output quantised (binding 12, see above) */
 };
 
 /* ---- sampling (engine/ops_sample.h, shaders/sample.comp, CPU reference engine/sample_ref.h) --

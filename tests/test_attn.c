@@ -17,6 +17,7 @@
 #include "support/vt.h"
 
 #include "engine/ops_attn.h"
+#include "engine/ops_matmul.h"
 #include "engine/quant.h"
 
 #define ATTN_TOL 1e-10
@@ -341,6 +342,7 @@ static void pools_new_nan(vt_gpu *g, const hstep *h, const op_attn_shape *s, vkd
 }
 
 static uint32_t fresh_runs; /* decode steps checked with the newest keys from the projections */
+static uint32_t xq_runs;    /* ... of which with the output's int8 copy */
 
 /* A decode-only step (plan->n_pre == 0) with the newest keys read from the projections
  * (op_attn_fresh), without RoPE and with a normal and a NeoX rotation of part of the head, is
@@ -373,7 +375,11 @@ static void check_fresh(vt_gpu *g, const op_attn *a, const op_attn_step *st, con
             v[f] = (op_mat){vkd_whole(qkv[f]), qrow + kvrow, h->qkv_stride}, om[f] = (op_mat){vkd_whole(o[f]), h->o_off, h->o_stride};
         }
         op_rope_p rq = {.n_tokens = h->n_tokens, .n_heads = s->n_heads, .head_dim = hd, .n_rot = rots[ri], .neox = neox};
-        op_attn_fresh fresh = {k[1], v[1], rope};
+        /* head dims of 32s: the output's int8 copy too, = op_quant_x8 of the rope pass's output */
+        bool with_xq = hd % 32 == 0;
+        size_t xq_n = with_xq ? op_quant_x8_bytes(h->n_tokens, qrow) : 4;
+        vkd_buffer *xq[2] = {vt_buf_nan(g, xq_n, "xq, quant_x8"), vt_buf_nan(g, xq_n, "xq, attention")};
+        op_attn_fresh fresh = {k[1], v[1], rope, with_xq ? vkd_whole(xq[1]) : (vkd_view){0}};
         vt_begin(g);
         if (rope)
             assert_int_equal(op_rope(&g->cmd, &rq, q[0], q[0], st->tok_pos, vkd_whole(bfr)), VKI_OK);
@@ -400,7 +406,25 @@ static void check_fresh(vt_gpu *g, const op_attn *a, const op_attn_step *st, con
             if (memcmp(pool[0], pool[1], h->kpool.n))
                 fail_msg("%s: %s pool differs", label, kv ? "V" : "K");
         }
-        vkd_buffer *all[] = {bfr, qkv[0], qkv[1], o[0], o[1], kp[0], kp[1], vp[0], vp[1]};
+        if (with_xq) { /* op_quant_x8 of the rope pass's output rows, packed */
+            float *rows = malloc((size_t)h->n_tokens * qrow * sizeof *rows);
+            for (uint32_t t = 0; t < h->n_tokens; t++)
+                memcpy(rows + (size_t)t * qrow, out[0] + h->o_off + (size_t)t * h->o_stride, qrow * sizeof *rows);
+            vkd_buffer *bx = vt_buf_from(g, rows, (size_t)h->n_tokens * qrow * sizeof *rows, "rows to quantise");
+            vt_begin(g);
+            assert_int_equal(op_quant_x8(&g->cmd, vkd_whole(bx), qrow, h->n_tokens, qrow, vkd_whole(xq[0])), VKI_OK);
+            vt_submit_wait(g);
+            vkd_buffer_destroy(g->dev, bx);
+            free(rows);
+            uint8_t *xb[2] = {malloc(xq_n), malloc(xq_n)};
+            vt_download(g, xq[0], xb[0], xq_n);
+            vt_download(g, xq[1], xb[1], xq_n);
+            if (memcmp(xb[0], xb[1], xq_n))
+                fail_msg("%s: the int8 output differs from op_quant_x8's", label);
+            free(xb[0]), free(xb[1]);
+            xq_runs++;
+        }
+        vkd_buffer *all[] = {bfr, qkv[0], qkv[1], o[0], o[1], kp[0], kp[1], vp[0], vp[1], xq[0], xq[1]};
         for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
             vkd_buffer_destroy(g->dev, all[i]);
     }
@@ -637,9 +661,10 @@ static void test_attn_fresh(void **state)
         {"window 1", 2, 2, 32, 16, 2, {30, 0}, {1, 1}, 0, 1.0f, 0, 1, 0, 0},
         {"gemma2 cap 50 hd256", 8, 4, 256, 16, 2, {40, 90}, {1, 1}, 0, 4.0f, 0.0625f, 0, 0, 50.0f},
     };
-    uint32_t runs = fresh_runs;
+    uint32_t runs = fresh_runs, xruns = xq_runs;
     run_cases_q8(state, "attn fresh", cases, sizeof cases / sizeof cases[0], true);
     assert_int_equal(fresh_runs - runs, 20); /* 7 cases x F32, F16 + 6 with Q8_0 head dims */
+    assert_int_equal(xq_runs - xruns, 54); /* the 6 of head dims of 32s x 3 pools x 3 rotations */
 
     /* refused: a step with a prefill block (its keys are not in the pools before kv_write) */
     vt_gpu *g = vt_gpu_get(state);
@@ -654,7 +679,7 @@ static void test_attn_fresh(void **state)
     vkd_view w = vkd_whole(b);
     op_attn_step st = {w, w, w, w, w, &plan};
     op_mat m = {w, 0, 64};
-    op_attn_fresh fresh = {m, m, NULL};
+    op_attn_fresh fresh = {m, m, NULL, {0}};
     vt_begin(g);
     assert_int_equal(op_attention(&g->cmd, &a, &st, m, m, w, w, w, NULL, &fresh), VKI_ERR_INVALID_ARG);
     vt_submit_wait(g);

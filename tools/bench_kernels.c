@@ -553,7 +553,7 @@ static vki_status attn_record(bench_run *r, vkd_cmd *c, bool decode)
         uint32_t row = BA_HEADS * r->K, kvrow = BA_KV * r->K, qs = decode ? row + 2 * kvrow : row;
         vkd_view merge = vkd_whole(r->buf[6]); /* as the engine: the last decode split merges */
         op_kv_rope kr = {.n_rot = r->K, .neox = true, .freqs = decode ? vkd_whole(r->buf[7]) : (vkd_view){0}};
-        op_attn_fresh fresh = {{vkd_whole(r->buf[0]), row, qs}, {vkd_whole(r->buf[0]), row + kvrow, qs}, &kr};
+        op_attn_fresh fresh = {{vkd_whole(r->buf[0]), row, qs}, {vkd_whole(r->buf[0]), row + kvrow, qs}, &kr, {0}};
         st = op_attention(c, &ab.a, &step, (op_mat){vkd_whole(r->buf[0]), 0, qs}, op_mat_rows(r->buf[1], row),
                           vkd_whole(r->buf[2]), vkd_whole(r->buf[3]), vkd_whole(r->buf[5]), &merge,
                           decode ? &fresh : NULL);
