@@ -210,7 +210,7 @@ void write_xq(uint t, uint h0, uint gn)
     if (p.xq_rows == 0u)
         return;
     barrier();
-    uint k = p.n_heads * HD, nb = HD / 32u;
+    uint nb = HD / 32u;
     for (uint b = gl_LocalInvocationID.x; b < gn * nb; b += WG) {
         vec4 v[8];
         [[unroll]] for (uint i = 0u; i < 8u; i++)
@@ -219,10 +219,7 @@ void write_xq(uint t, uint h0, uint gn)
         uint qw[8];
         float d;
         xq_block(v, qw, d);
-        uint kb = h0 * nb + b; // block of the row
-        [[unroll]] for (uint i = 0u; i < 8u; i++)
-            xq[t * (k / 4u) + 8u * kb + i] = qw[i];
-        xd[p.xq_rows * (k / 4u) + t * (k / 32u) + kb] = d;
+        XQ_STORE(xq, xd, p.xq_rows, p.n_heads * HD, t, h0 * nb + b, qw, d);
     }
 }
 

@@ -296,9 +296,7 @@ void norm_tail()
         uint q[8];
         float d;
         xq_block(v, q, d);
-        [[unroll]] for (uint i = 0u; i < 8u; i++)
-            nq[8u * b + i] = q[i];
-        nqd[p.N / 4u + b] = d;
+        XQ_STORE(nq, nqd, 1u, p.N, 0u, b, q, d);
     }
 }
 #endif

@@ -36,8 +36,5 @@ void main()
     uint q[8];
     float d;
     xq_block(v, q, d);
-    const uint row = m * (p.K / 4u) + 8u * b;
-    [[unroll]] for (uint i = 0u; i < 8u; i++)
-        xq[row + i] = q[i];
-    xd[p.M * (p.K / 4u) + m * nb + b] = d;
+    XQ_STORE(xq, xd, p.M, p.K, m, b, q, d);
 }

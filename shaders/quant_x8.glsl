@@ -22,4 +22,14 @@ void xq_block(in vec4 v[8], out uint q[8], out float d)
     }
 }
 
+// Stores block b of row m (q, d from xq_block) in the layout of vki_pc_quant_x8 for M rows of K
+// elements: words and scales are the uint and float views of one buffer.
+#define XQ_STORE(words, scales, M, K, m, b, q, d)                                                \
+    {                                                                                         \
+        const uint r_ = (m) * ((K) / 4u) + 8u * (b);                                          \
+        [[unroll]] for (uint i_ = 0u; i_ < 8u; i_++)                                          \
+            words[r_ + i_] = q[i_];                                                           \
+        scales[(M) * ((K) / 4u) + (m) * ((K) / 32u) + (b)] = d;                               \
+    }
+
 #endif

@@ -44,9 +44,7 @@ void main()
             uint q[8];
             float d;
             xq_block(v, q, d);
-            [[unroll]] for (uint i = 0u; i < 8u; i++)
-                yq[r * (p.n_cols / 4u) + 8u * b + i] = q[i];
-            yqd[p.n_rows * (p.n_cols / 4u) + r * nb + b] = d;
+            XQ_STORE(yq, yqd, p.n_rows, p.n_cols, r, b, q, d);
         }
     }
 }

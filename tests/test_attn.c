@@ -326,7 +326,8 @@ static void fill_row_nan(vt_gpu *g, vkd_buffer *pool, const op_attn_shape *s, ui
     assert_int_equal(vkd_fill(g->dev, pool, pg + rip * hd * esz, hd * esz, 0x7fc00000u), VKI_OK);
 }
 
-/* Device pools holding the host's rows, with the step's new rows NaN (only kv_write sets them). */
+/* Device pools holding the host's rows (which hold the new tokens already), with the step's new
+ * rows NaN: only kv_write can set them. */
 static void pools_new_nan(vt_gpu *g, const hstep *h, const op_attn_shape *s, vkd_buffer **kp, vkd_buffer **vp)
 {
     *kp = vt_buf_from(g, h->kpool.bytes, h->kpool.n, "K pool");
@@ -460,8 +461,7 @@ static double run_case(vt_gpu *g, vt_rng *r, const acase *ac, uint32_t kv_type, 
     size_t o_n = h.o_off + (size_t)h.n_tokens * h.o_stride;
     d.o = vt_buf_nan(g, o_n * 4, "attn out");
     d.o2 = vt_buf_nan(g, o_n * 4, "attn out, reduce pass");
-    d.kp = vt_buf_from(g, h.kpool.bytes, h.kpool.n, "K pool");
-    d.vp = vt_buf_from(g, h.vpool.bytes, h.vpool.n, "V pool");
+    pools_new_nan(g, &h, &s, &d.kp, &d.vp); /* only kv_write can set the new rows */
     d.pos = vt_buf_from(g, h.tok_pos, h.n_tokens * 4, "tok_pos");
     d.seq = vt_buf_from(g, h.tok_seq, h.n_tokens * 4, "tok_seq");
     d.info = vt_buf_from(g, h.seq, ac->n_seqs * sizeof(vki_seq_info), "seq_info");
@@ -472,15 +472,6 @@ static double run_case(vt_gpu *g, vt_rng *r, const acase *ac, uint32_t kv_type, 
     size_t cb = op_attn_merge_bytes(&a, ac->n_seqs);
     uint32_t *cnt = calloc(cb / 4, 4);
     d.cnt = vt_buf_from(g, cnt, cb, "merge counters");
-    /* the host pools already hold the new tokens: put NaN there so only kv_write can fix them */
-    for (uint32_t t = 0; t < h.n_tokens; t++) {
-        const vki_seq_info *q = &h.seq[h.tok_seq[t]];
-        uint32_t page = h.pt[q->pt_off + h.tok_pos[t] / s.page_size], slot = h.tok_pos[t] % s.page_size;
-        for (uint32_t kvh = 0; kvh < s.n_kv_heads; kvh++) {
-            fill_row_nan(g, d.kp, &s, page, kvh, slot);
-            fill_row_nan(g, d.vp, &s, page, kvh, slot);
-        }
-    }
     op_attn_step st = {vkd_whole(d.pos), vkd_whole(d.seq), vkd_whole(d.info), vkd_whole(d.pt), vkd_whole(d.items), &plan};
     uint32_t qrow = s.n_heads * s.head_dim, kvrow = s.n_kv_heads * s.head_dim;
     op_mat q = {vkd_whole(d.qkv), 0, h.qkv_stride}, k = {vkd_whole(d.qkv), qrow, h.qkv_stride};
