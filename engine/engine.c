@@ -93,17 +93,20 @@ static vki_status create_scratch(vk_engine *e)
         (st = make_buf(e, op_attn_scratch_bytes(&e->attn[0], slots), "attn partials", &s->attn_tmp)) ||
         (st = vk_moe_scratch_create(e)))
         return st;
-    /* the decode splits' merge counters (both layer kinds have the same heads) and the norming
-     * projection's counter: zero once here, every dispatch leaves them zero */
+    /* the decode splits' merge counters (both layer kinds have the same heads) and those of the
+     * matrix-vector epilogues: zero once here, every dispatch leaves them zero */
     uint64_t mb = op_attn_merge_bytes(&e->attn[0], e->in.max_info);
+    VkDeviceSize cnt_bytes = 4 * (hp->d_ff >= 64 ? hp->d_ff / 32 : 1); /* [0] and [d_ff / 32] */
     if ((st = make_buf(e, mb, "attn merge counters", &s->attn_cnt)) ||
         (st = vkd_fill(e->dev, s->attn_cnt, 0, s->attn_cnt->size, 0)) ||
-        (st = make_buf(e, 4, "matmul norm counter", &s->mm_cnt)) || (st = vkd_fill(e->dev, s->mm_cnt, 0, 4, 0)))
+        (st = make_buf(e, cnt_bytes, "matmul counters", &s->mm_cnt)) ||
+        (st = vkd_fill(e->dev, s->mm_cnt, 0, cnt_bytes, 0)))
         return st;
     if (e->p.int_dot) { /* the projections' inputs: d (Q|K|V, gate|up, LM head), q (out), d_ff (down) */
         uint32_t K = hp->d_model > qd ? hp->d_model : (uint32_t)qd;
         K = hp->d_ff > K ? hp->d_ff : K;
-        if ((st = make_buf(e, op_quant_x8_bytes((uint32_t)T, K), "act int8 x", &s->xq)))
+        if ((st = make_buf(e, op_quant_x8_bytes((uint32_t)T, K), "act int8 x", &s->xq)) ||
+            (st = make_buf(e, hp->d_ff % 32 ? 4 : op_quant_x8_bytes((uint32_t)T, hp->d_ff), "act int8 ffn", &s->gq)))
             return st;
     }
     return upload_rope_tables(e);
@@ -114,7 +117,7 @@ static void destroy_scratch(vk_engine *e)
     if (e->s.rope_freqs[1] == e->s.rope_freqs[0])
         e->s.rope_freqs[1] = NULL;
     vkd_buffer **all[] = {&e->s.x, &e->s.h, &e->s.q, &e->s.k, &e->s.v, &e->s.att, &e->s.g, &e->s.u,
-                          &e->s.xs, &e->s.logits, &e->s.attn_tmp, &e->s.attn_cnt, &e->s.mm_cnt, &e->s.xq,
+                          &e->s.xs, &e->s.logits, &e->s.attn_tmp, &e->s.attn_cnt, &e->s.mm_cnt, &e->s.xq, &e->s.gq,
                           &e->s.rope_freqs[0], &e->s.rope_freqs[1]};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) {
         vkd_buffer_destroy(e->dev, *all[i]);

@@ -61,13 +61,18 @@ typedef struct vk_scratch {
     vkd_buffer *att;        /* f32 [T][n_head * hd] attention output */
     vkd_buffer *g, *u;      /* f32 [T][d_ff] FFN gate / up (g also holds act(g) * u; fused gate|up:
                                g is [T][2 d_ff], u unused) */
-    vkd_buffer *xs;         /* f32 [R][d] rows that want logits, then normed */
+    vkd_buffer *xs;         /* f32 [R][d] rows that want logits, then normed (in place; int_dot: into h) */
     vkd_buffer *logits;     /* f32 [R][n_vocab] */
     vkd_buffer *attn_tmp;   /* split-K partials (op_attn_scratch_bytes) */
     vkd_buffer *attn_cnt;   /* u32 merge counters of the decode splits (op_attn_merge_bytes), zero
                                between dispatches */
-    vkd_buffer *mm_cnt;     /* u32 counter of the projection that also norms (op_matmul_norm) */
+    vkd_buffer *mm_cnt;     /* u32 counters of the projection that also norms (op_matmul_norm: [0])
+                               and of the quantising gate|up pass ([d_ff / 32]), zero between
+                               dispatches */
     vkd_buffer *xq;         /* int_dot: a projection input quantised (op_quant_x8_bytes(T, max K)) */
+    vkd_buffer *gq;         /* int_dot: the gate|up pass's output quantised by that pass
+                               (op_mm_glu_xq; op_quant_x8_bytes(T, d_ff)), the down projection's
+                               input, apart from xq (the pass's own input) */
     vkd_buffer *rope_freqs[2]; /* f32 [2 * n_rot] rotation tables (op_rope_freqs) of the global and
                                   the sliding-window layers ([1] == [0] when they agree) */
     /* mixture of experts (engine/forward_moe.c), for C = moe_rows tokens per chunk, P = C n_used

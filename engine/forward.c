@@ -77,13 +77,14 @@ static vki_status quant_x(vk_engine *e, const char *role, vkd_view x, uint32_t x
     return VKI_OK;
 }
 
-/* mm_to, on the integer-dot path where use_i8 says so (its input quantised by quant_x). */
+/* mm_to, on the integer-dot path where use_i8 says so (its input quantised in xq: by quant_x
+ * into s->xq, or by the kernel that wrote it). */
 static vki_status mm_q(vk_engine *e, const vk_tensor *w, const vkd_view *bias, vkd_view x, uint32_t x_stride,
-                       vkd_view y, uint32_t y_stride, uint32_t M, bool accumulate)
+                       vkd_buffer *xq, vkd_view y, uint32_t y_stride, uint32_t M, bool accumulate)
 {
     if (use_i8(e, w, M)) {
         op_mm_i8 o = {.bias = bias, .accumulate = accumulate};
-        return op_matmul_i8(e->cmd, w, vkd_whole(e->s.xq), y, y_stride, M, &o);
+        return op_matmul_i8(e->cmd, w, vkd_whole(xq), y, y_stride, M, &o);
     }
     return mm_to(e, w, bias, x, x_stride, y, y_stride, M, accumulate);
 }
@@ -100,12 +101,13 @@ static vki_status norm_rows(vk_engine *e, op_mat x, const vk_tensor *w, uint32_t
  * norm) and one token, the projection's last workgroup also writes h = rmsnorm(x) * next_norm
  * (op_matmul_norm) and *normed tells the next block to skip its norm; when that block's products
  * take the integer-dot path (next_i8) the same workgroup quantises h into s->xq too
- * (e->xq_of_h). On the integer-dot path (int_dot) `in` is quantised first (xq_role) unless
- * in_q (the kernel that wrote it quantised it into s->xq too). Ends with a barrier. */
+ * (e->xq_of_h). On the integer-dot path (int_dot) `in` is quantised first into s->xq (xq_role)
+ * unless in_q (the buffer where the kernel that wrote `in` quantised it too). Ends with a
+ * barrier. */
 static vki_status project_residual(vk_engine *e, const vk_tensor *w, vkd_view in, uint32_t in_stride, uint32_t T,
-                                   bool in_q, const char *mm_role, const char *xq_role, const vk_tensor *post_norm,
-                                   const char *post_role, const char *add_role, const vk_tensor *next_norm,
-                                   bool next_i8, bool *normed)
+                                   vkd_buffer *in_q, const char *mm_role, const char *xq_role,
+                                   const vk_tensor *post_norm, const char *post_role, const char *add_role,
+                                   const vk_tensor *next_norm, bool next_i8, bool *normed)
 {
     const model_hparams *hp = &e->model.hp;
     vk_scratch *s = &e->s;
@@ -115,6 +117,7 @@ static vki_status project_residual(vk_engine *e, const vk_tensor *w, vkd_view in
     const bool i8 = use_i8(e, w, T);
     if (i8 && !in_q)
         TRY(quant_x(e, xq_role, in, in_stride, T, (uint32_t)w->ne0));
+    vkd_buffer *xq = in_q ? in_q : s->xq;
     vkd_role(c, mm_role);
     if (!hp->post_norms && !e->p.no_fusion) {
         if (next_norm && T == 1 && op_matmul_norm_fits(e->dev, w)) {
@@ -122,19 +125,19 @@ static vki_status project_residual(vk_engine *e, const vk_tensor *w, vkd_view in
                             .xq = next_i8 && d % 32 == 0 ? vkd_whole(s->xq) : (vkd_view){0}};
             if (i8) {
                 op_mm_i8 o = {.accumulate = true, .norm = &n};
-                TRY(op_matmul_i8(c, w, vkd_whole(s->xq), vkd_whole(s->x), d, 1, &o));
+                TRY(op_matmul_i8(c, w, vkd_whole(xq), vkd_whole(s->x), d, 1, &o));
             } else {
                 TRY(op_matmul_norm(c, w, in, vkd_whole(s->x), &n));
             }
             *normed = true;
             e->xq_of_h = n.xq.buf != NULL;
         } else {
-            TRY(mm_q(e, w, NULL, in, in_stride, vkd_whole(s->x), d, T, true));
+            TRY(mm_q(e, w, NULL, in, in_stride, xq, vkd_whole(s->x), d, T, true));
         }
         vkd_barrier(c);
         return VKI_OK;
     }
-    TRY(mm_q(e, w, NULL, in, in_stride, vkd_whole(s->h), d, T, false));
+    TRY(mm_q(e, w, NULL, in, in_stride, xq, vkd_whole(s->h), d, T, false));
     vkd_barrier(c);
     if (hp->post_norms) {
         vkd_role(c, post_role);
@@ -198,7 +201,7 @@ static vki_status project_qkv(vk_engine *e, const vk_layer *L, uint32_t T, op_ma
         uint32_t w = (uint32_t)L->wqkv.n_rows;
         *q = (op_mat){vkd_whole(s->q), 0, w}, *k = (op_mat){vkd_whole(s->q), qd, w};
         vkd_role(e->cmd, w > qd + kvd ? "attn_qkv" : "attn_qk");
-        TRY(mm_q(e, &L->wqkv, bias_view(&L->bq, &b), vkd_whole(s->h), d, vkd_whole(s->q), w, T, false));
+        TRY(mm_q(e, &L->wqkv, bias_view(&L->bq, &b), vkd_whole(s->h), d, s->xq, vkd_whole(s->q), w, T, false));
         if (w > qd + kvd) {
             *v = (op_mat){vkd_whole(s->q), qd + kvd, w};
             return VKI_OK;
@@ -206,13 +209,13 @@ static vki_status project_qkv(vk_engine *e, const vk_layer *L, uint32_t T, op_ma
     } else {
         *q = op_mat_rows(s->q, qd), *k = op_mat_rows(s->k, kvd);
         vkd_role(e->cmd, "attn_q");
-        TRY(mm_q(e, &L->wq, bias_view(&L->bq, &b), vkd_whole(s->h), d, vkd_whole(s->q), qd, T, false));
+        TRY(mm_q(e, &L->wq, bias_view(&L->bq, &b), vkd_whole(s->h), d, s->xq, vkd_whole(s->q), qd, T, false));
         vkd_role(e->cmd, "attn_k");
-        TRY(mm_q(e, &L->wk, bias_view(&L->bk, &b), vkd_whole(s->h), d, vkd_whole(s->k), kvd, T, false));
+        TRY(mm_q(e, &L->wk, bias_view(&L->bk, &b), vkd_whole(s->h), d, s->xq, vkd_whole(s->k), kvd, T, false));
     }
     *v = op_mat_rows(s->v, kvd);
     vkd_role(e->cmd, "attn_v");
-    return mm_q(e, &L->wv, bias_view(&L->bv, &b), vkd_whole(s->h), d, vkd_whole(s->v), kvd, T, false);
+    return mm_q(e, &L->wv, bias_view(&L->bv, &b), vkd_whole(s->h), d, s->xq, vkd_whole(s->v), kvd, T, false);
 }
 
 /* *normed: on entry, h already holds the block's normed input (the previous projection wrote
@@ -272,8 +275,9 @@ static vki_status record_attention_block(vk_engine *e, uint32_t il, uint32_t T, 
                      vkd_whole(e->v_pool[il]), vkd_whole(s->attn_tmp), e->p.no_fusion ? NULL : &merge,
                      fresh ? &fr : NULL));
     vkd_barrier(c);
-    return project_residual(e, &L->wo, vkd_whole(s->att), qd, T, att_q, "attn_o", "attn_o_xq", &L->post_attn_norm,
-                            "attn_post_norm", "attn_residual", &L->ffn_norm, ffn_i8(e, L, T), normed);
+    return project_residual(e, &L->wo, vkd_whole(s->att), qd, T, att_q ? s->xq : NULL, "attn_o", "attn_o_xq",
+                            &L->post_attn_norm, "attn_post_norm", "attn_residual", &L->ffn_norm, ffn_i8(e, L, T),
+                            normed);
 }
 
 /* *normed as for record_attention_block (the next layer's attention norm on return). */
@@ -301,30 +305,33 @@ static vki_status record_ffn_block(vk_engine *e, uint32_t il, uint32_t T, bool *
     e->xq_of_h = false;
     if (one && !e->p.no_fusion && L->w_up.n_parts == 1 &&
         (e->p.batch_invariant || T <= op_matmul_gemv_max_m(e->dev))) {
-        /* decode: the matrix-vector pass writes act(gate) * up itself, [T][ff] */
+        /* decode: the matrix-vector pass writes act(gate) * up itself, [T][ff], and where down
+         * takes the integer-dot path its int8 copy too (s->gq) */
         vkd_role(c, "ffn_gate_up");
+        const bool gq = use_i8(e, &L->w_down, T) && op_matmul_glu_xq_fits(e->dev, &L->w_up);
+        const op_mm_glu_xq gx = {vkd_whole(s->mm_cnt), gq ? vkd_whole(s->gq) : (vkd_view){0}};
         if (use_i8(e, &L->w_up, T)) {
-            op_mm_i8 o = {.glu = true, .act = act};
+            op_mm_i8 o = {.glu = true, .act = act, .glu_xq = gq ? &gx : NULL};
             TRY(op_matmul_i8(c, &L->w_up, vkd_whole(s->xq), vkd_whole(s->g), ff, T, &o));
         } else {
-            TRY(op_matmul_glu(c, &L->w_up, act, vkd_whole(s->h), d, vkd_whole(s->g), ff, T));
+            TRY(op_matmul_glu(c, &L->w_up, act, vkd_whole(s->h), d, vkd_whole(s->g), ff, T, gq ? &gx : NULL));
         }
         vkd_barrier(c);
-        return project_residual(e, &L->w_down, vkd_whole(s->g), ff, T, false, "ffn_down", "ffn_down_xq", &L->post_ffn_norm,
-                                "ffn_post_norm", "ffn_residual", next_norm, next_i8, normed);
+        return project_residual(e, &L->w_down, vkd_whole(s->g), ff, T, gq ? s->gq : NULL, "ffn_down", "ffn_down_xq",
+                                &L->post_ffn_norm, "ffn_post_norm", "ffn_residual", next_norm, next_i8, normed);
     }
     if (!one) {
         vkd_role(c, "ffn_gate");
-        TRY(mm_q(e, &L->w_gate, NULL, vkd_whole(s->h), d, vkd_whole(s->g), ff, T, false));
+        TRY(mm_q(e, &L->w_gate, NULL, vkd_whole(s->h), d, s->xq, vkd_whole(s->g), ff, T, false));
     }
     vkd_role(c, one ? "ffn_gate_up" : "ffn_up");
-    TRY(mm_q(e, &L->w_up, NULL, vkd_whole(s->h), d, one ? vkd_whole(s->g) : vkd_whole(s->u), one ? gs : ff, T,
-             false));
+    TRY(mm_q(e, &L->w_up, NULL, vkd_whole(s->h), d, s->xq, one ? vkd_whole(s->g) : vkd_whole(s->u), one ? gs : ff,
+             T, false));
     vkd_barrier(c);
     vkd_role(c, "ffn_act");
     TRY(op_glu(c, act, g, u, g, T, ff));
     vkd_barrier(c);
-    return project_residual(e, &L->w_down, vkd_whole(s->g), gs, T, false, "ffn_down", "ffn_down_xq", &L->post_ffn_norm,
+    return project_residual(e, &L->w_down, vkd_whole(s->g), gs, T, NULL, "ffn_down", "ffn_down_xq", &L->post_ffn_norm,
                             "ffn_post_norm", "ffn_residual", next_norm, next_i8, normed);
 }
 
@@ -341,13 +348,18 @@ vki_status vk_forward_record_lm_head(vk_engine *e, uint32_t T, uint32_t n_out)
                        vkd_whole(s->xs), d));
     vkd_barrier(c);
     vkd_role(c, "lm_norm");
-    TRY(op_rmsnorm(c, op_mat_rows(s->xs, d), vkd_whole(e->model.output_norm.parts[0].buf), op_mat_rows(s->xs, d),
-                   n_out, d, hp->rms_eps));
+    /* on the integer-dot path the norm also quantises its output (into s->xq; then not in place:
+     * the normed rows go to h, n_out <= T rows); op by op quant_x8 does it */
+    const vk_tensor *head = vk_model_lm_head(&e->model);
+    const bool i8 = use_i8(e, head, n_out), q = i8 && !e->p.no_fusion && d % 32 == 0;
+    vkd_buffer *xn = q ? s->h : s->xs;
+    TRY(op_rmsnorm_xq(c, op_mat_rows(s->xs, d), vkd_whole(e->model.output_norm.parts[0].buf), op_mat_rows(xn, d),
+                      n_out, d, hp->rms_eps, q ? vkd_whole(s->xq) : (vkd_view){0}));
     vkd_barrier(c);
-    if (use_i8(e, vk_model_lm_head(&e->model), n_out))
-        TRY(quant_x(e, "lm_xq", vkd_whole(s->xs), d, n_out, d));
+    if (i8 && !q)
+        TRY(quant_x(e, "lm_xq", vkd_whole(xn), d, n_out, d));
     vkd_role(c, "lm_head");
-    TRY(mm_q(e, vk_model_lm_head(&e->model), NULL, vkd_whole(s->xs), d, vkd_whole(s->logits), ls, n_out, false));
+    TRY(mm_q(e, head, NULL, vkd_whole(xn), d, s->xq, vkd_whole(s->logits), ls, n_out, false));
     if (hp->final_softcap > 0) {
         vkd_barrier(c);
         vkd_role(c, "lm_softcap");

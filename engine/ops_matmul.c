@@ -259,16 +259,19 @@ static vki_status pick_kernel(const vkd_device *d, const mm_type *t, uint32_t M,
 }
 
 /* One weight part: as many dispatches along N as the device's workgroup-count limit needs.
- * bind: W, X, bias, Y; the matrix-vector kernel's norm bindings (VKI_MM_NORM: weight, H, counter,
- * HQ) follow as 4..7, bound to X where the caller gives none. */
+ * bind: W, X, bias, Y; the matrix-vector kernel's epilogue bindings follow as 4..7: the norm's
+ * (VKI_MM_NORM: weight, H, counter, HQ) or the quantising gate|up pass's (VKI_MM_GLU_XQ:
+ * counter, XQ as 6, 7), bound to X where the caller gives none. */
 static vki_status matmul_part(vkd_cmd *c, vkk_id k, const uint32_t *spec, uint32_t rows_per_group,
-                              uint32_t m_per_group, const vkd_view bind[4], vki_pc_matmul pc, const op_mm_norm *norm)
+                              uint32_t m_per_group, const vkd_view bind[4], vki_pc_matmul pc, const op_mm_norm *norm,
+                              const op_mm_glu_xq *gq)
 {
     const uint32_t max_gx = c->d->info.max_workgroup_count[0];
     const uint64_t rows_per_dispatch = (uint64_t)max_gx * rows_per_group;
     const vkk_desc *kd = vkk_get(k);
     vkd_view b[8] = {bind[0], bind[1], bind[2], bind[3], norm ? norm->weight : bind[1], norm ? norm->h : bind[1],
-                     norm ? norm->counter : bind[1], norm && norm->xq.buf ? norm->xq : bind[1]};
+                     norm ? norm->counter : gq ? gq->counter : bind[1],
+                     norm && norm->xq.buf ? norm->xq : gq ? gq->xq : bind[1]};
     for (uint64_t n0 = 0; n0 < pc.N; n0 += rows_per_dispatch) {
         uint64_t rows = pc.N - n0 < rows_per_dispatch ? pc.N - n0 : rows_per_dispatch;
         pc.n0 = (uint32_t)n0;
@@ -311,7 +314,7 @@ static vki_status parts_dispatch(vkd_cmd *c, const vk_tensor *w, vkk_id k, const
         vkd_view bind[4] = {vkd_whole(part->buf), x, bias ? *bias : x, y};
         pc.N = (uint32_t)part->n_rows;
         pc.y_col0 = (uint32_t)part->row0;
-        vki_status st = matmul_part(c, k, spec, per_n, per_m, bind, pc, NULL);
+        vki_status st = matmul_part(c, k, spec, per_n, per_m, bind, pc, NULL, NULL);
         if (st != VKI_OK)
             return st;
     }
@@ -331,6 +334,27 @@ static bool norm_fits(const vkd_device *d, const vk_tensor *w, const op_mm_norm 
            view_holds(&n->counter, 1, 1, 1, 4) && n->eps >= 0 &&
            (!n->xq.buf || (N % 32 == 0 && op_quant_x8_bytes(1, (uint32_t)N) <= view_range(&n->xq)));
 }
+
+bool op_matmul_glu_xq_fits(const vkd_device *d, const vk_tensor *w)
+{
+    uint32_t spec[VKK_MAX_SPEC];
+    mv_spec(d, 1, true, spec); /* the output rows per workgroup (NR / 2) do not depend on M */
+    const uint64_t N = w->n_rows / 2, no = spec[1] / 2;
+    return w->n_parts == 1 && w->n_rows % 2 == 0 && N % 32 == 0 && 32 % no == 0 &&
+           vkk_groups(N, (uint32_t)no) <= d->info.max_workgroup_count[0];
+}
+
+/* The quantising gate|up pass's views for M rows (op_mm_glu_xq; XQ in neither the input's nor
+ * Y's buffer), and its error message. */
+static bool glu_xq_ok(const vkd_device *d, const vk_tensor *w, uint32_t M, const op_mm_glu_xq *q, const vkd_view *in,
+                      const vkd_view *y)
+{
+    const uint64_t N = w->n_rows / 2;
+    return op_matmul_glu_xq_fits(d, w) && view_holds(&q->counter, 1, N / 32, N / 32, 4) && q->xq.offset % 4 == 0 &&
+           view_range(&q->xq) >= op_quant_x8_bytes(M, (uint32_t)N) && q->xq.buf != in->buf && q->xq.buf != y->buf;
+}
+#define GLU_XQ_MSG "the quantised output needs op_matmul_glu_xq_fits (N % 32 == 0, one dispatch), N / 32 " \
+                   "counters and op_quant_x8_bytes(M, N) bytes apart from X and Y"
 
 /* The flags of a norming product (VKI_MM_NORM, and VKI_MM_NORM_XQ with an HQ view). */
 static uint32_t norm_flags(const op_mm_norm *n) { return n ? VKI_MM_NORM | (n->xq.buf ? VKI_MM_NORM_XQ : 0u) : 0u; }
@@ -377,7 +401,7 @@ vki_status op_matmul_path(vkd_cmd *c, const vk_tensor *w, const vkd_view *bias, 
 }
 
 vki_status op_matmul_glu(vkd_cmd *c, const vk_tensor *w, uint32_t act, vkd_view x, uint32_t x_stride, vkd_view y,
-                         uint32_t y_stride, uint32_t M)
+                         uint32_t y_stride, uint32_t M, const op_mm_glu_xq *q)
 {
     vkd_device *d = c->d;
     const mm_type *t;
@@ -387,15 +411,18 @@ vki_status op_matmul_glu(vkd_cmd *c, const vk_tensor *w, uint32_t act, vkd_view 
         return st;
     if (!glu_fits(w, act))
         return bad_arg(d, "matmul_glu", w, "needs one part of an even number of rows, SiLU or GELU");
+    if (q && !glu_xq_ok(d, w, M, q, &x, &y))
+        return bad_arg(d, "matmul_glu", w, GLU_XQ_MSG);
     uint32_t spec[VKK_MAX_SPEC];
     mv_spec(d, M, true, spec);
     if (vkk_groups(M, matvec_rows_per_group(spec)) > d->info.max_workgroup_count[1])
         return bad_arg(d, "matmul_glu", w, "M too large for one dispatch on this device");
     vki_pc_matmul pc = {.M = M, .N = (uint32_t)N, .K = (uint32_t)K, .x_stride = x_stride, .y_stride = y_stride,
-                        .w_stride = (uint32_t)w->row_bytes, .flags = act == VKI_GLU_GELU_TANH ? VKI_MM_GELU : 0u,
+                        .w_stride = (uint32_t)w->row_bytes,
+                        .flags = (act == VKI_GLU_GELU_TANH ? VKI_MM_GELU : 0u) | (q ? VKI_MM_GLU_XQ : 0u),
                         .x_vec4 = x_vec4(&x, x_stride)};
     vkd_view bind[4] = {vkd_whole(w->parts[0].buf), x, x, y};
-    return matmul_part(c, t->matvec, spec, spec[1] / 2, matvec_rows_per_group(spec), bind, pc, NULL);
+    return matmul_part(c, t->matvec, spec, spec[1] / 2, matvec_rows_per_group(spec), bind, pc, NULL, q);
 }
 
 bool op_matmul_norm_fits(const vkd_device *d, const vk_tensor *w)
@@ -423,7 +450,7 @@ vki_status op_matmul_norm(vkd_cmd *c, const vk_tensor *w, vkd_view x, vkd_view y
                         .w_stride = (uint32_t)w->row_bytes, .flags = VKI_MM_ACCUM | norm_flags(n),
                         .x_vec4 = x_vec4(&x, (uint32_t)K), .norm_eps = n->eps};
     vkd_view bind[4] = {vkd_whole(w->parts[0].buf), x, x, y};
-    return matmul_part(c, t->matvec, spec, spec[1], 1, bind, pc, n);
+    return matmul_part(c, t->matvec, spec, spec[1], 1, bind, pc, n, NULL);
 }
 
 vki_status op_matmul(vkd_cmd *c, const vk_tensor *w, const vkd_view *bias, vkd_view x, uint32_t x_stride,
@@ -526,6 +553,8 @@ vki_status op_matmul_i8(vkd_cmd *c, const vk_tensor *w, vkd_view xq, vkd_view y,
     if (o->glu && (!glu_fits(w, o->act) || o->accumulate || o->norm))
         return bad_arg(d, "matmul_i8", w, "glu needs one part of an even number of rows, SiLU or GELU, and no "
                        "accumulate or norm");
+    if (o->glu_xq && (!o->glu || !glu_xq_ok(d, w, M, o->glu_xq, &xq, &y)))
+        return bad_arg(d, "matmul_i8", w, "glu_xq needs glu; " GLU_XQ_MSG);
     if (o->norm && (M != 1 || y_stride != N || !o->accumulate || !norm_fits(d, w, o->norm)))
         return bad_arg(d, "matmul_i8", w, "norm needs M = 1, accumulate, one part in one dispatch, N norm "
                        "weights and H floats, a counter, eps >= 0 (and for HQ N % 32 == 0 and its bytes)");
@@ -536,12 +565,12 @@ vki_status op_matmul_i8(vkd_cmd *c, const vk_tensor *w, vkd_view xq, vkd_view y,
     vki_pc_matmul pc = {.M = M, .N = N, .K = K, .y_stride = y_stride, .w_stride = (uint32_t)w->row_bytes,
                         .flags = (o->bias ? VKI_MM_BIAS : 0u) | (o->accumulate ? VKI_MM_ACCUM : 0u) |
                                  (o->glu && o->act == VKI_GLU_GELU_TANH ? VKI_MM_GELU : 0u) |
-                                 norm_flags(o->norm),
+                                 norm_flags(o->norm) | (o->glu_xq ? VKI_MM_GLU_XQ : 0u),
                         .norm_eps = o->norm ? o->norm->eps : 0.0f};
     if (o->glu || o->norm) { /* one part */
         vkd_view bind[4] = {vkd_whole(w->parts[0].buf), xq, xq, y};
         return matmul_part(c, kid, spec, o->glu ? spec[1] / 2 : spec[1], matvec_rows_per_group(spec), bind, pc,
-                           o->norm);
+                           o->norm, o->glu_xq);
     }
     return parts_dispatch(c, w, kid, spec, spec[1], matvec_rows_per_group(spec), xq, o->bias, y, pc);
 }

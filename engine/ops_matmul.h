@@ -65,8 +65,20 @@ vki_status op_matmul_ex(vkd_cmd *c, const vk_tensor *w, const vkd_view *bias, vk
  * The same bits as op_matmul into [gate | up] followed by op_glu, without the intermediate
  * round trip and barrier. The matrix-vector kernel for any M (as OP_MM_GEMV): use it
  * where op_matmul would take that kernel. */
+typedef struct op_mm_glu_xq op_mm_glu_xq;
 vki_status op_matmul_glu(vkd_cmd *c, const vk_tensor *w, uint32_t act, vkd_view x, uint32_t x_stride, vkd_view y,
-                         uint32_t y_stride, uint32_t M);
+                         uint32_t y_stride, uint32_t M, const op_mm_glu_xq *q);
+
+/* The gate|up pass's output also quantised, for a down projection on the integer-dot path
+ * (op_matmul_glu's q, op_matmul_i8's o->glu_xq): the last workgroup to finish a block of 32
+ * columns writes it, for all M rows, as op_quant_x8(Y, y_stride, M, N) would, bit for bit, into
+ * xq: the down projection's input without that pass and the barrier before it.
+ * counter: N / 32 u32, zero when created and left zero by every dispatch; xq:
+ * op_quant_x8_bytes(M, N) bytes, not the pass's input. Needs op_matmul_glu_xq_fits(). */
+struct op_mm_glu_xq {
+    vkd_view counter, xq;
+};
+bool op_matmul_glu_xq_fits(const vkd_device *d, const vk_tensor *w);
 
 /* The residual projection of one token that also normalises the result for the next block
  * (decode, batch 1): Y = Y + x W^T (as op_matmul_ex with accumulate), then
@@ -106,6 +118,7 @@ typedef struct op_mm_i8 {
     bool glu;               /* act(gate) * up, act: VKI_GLU_SILU or VKI_GLU_GELU_TANH */
     uint32_t act;
     const op_mm_norm *norm; /* or NULL */
+    const op_mm_glu_xq *glu_xq; /* with glu: its output also quantised (op_mm_glu_xq), or NULL */
 } op_mm_i8;
 uint64_t op_quant_x8_bytes(uint32_t M, uint32_t K);
 vki_status op_quant_x8(vkd_cmd *c, vkd_view x, uint32_t x_stride, uint32_t M, uint32_t K, vkd_view xq);

@@ -38,7 +38,8 @@ layout(constant_id = 3) const uint NSG = 32; // >= subgroups per workgroup (WG /
 // GLU = 1 (the FFN's gate and up in one pass, decode): the part holds gate rows [0, N) then up
 // rows [N, 2N); a workgroup reads NR / 2 rows of each and writes Y[m, n] = act(gate_n . x_m) *
 // (up_n . x_m), act by p.flags (VKI_MM_GELU: tanh-GELU, else SiLU), as glu.comp would from the
-// two products: the same bits, without their round trip through memory and a barrier.
+// two products: the same bits, without their round trip through memory and a barrier. With
+// VKI_MM_GLU_XQ it also writes Y's int8 copy for the integer-dot down projection (glu_xq_tail).
 layout(constant_id = 4) const uint GLU = 0;
 const uint NO = GLU != 0u ? NR / 2u : NR; // output rows per workgroup
 layout(constant_id = 5) const uint MCH = 1; // chunks of MC activation rows per workgroup (main)
@@ -81,13 +82,13 @@ layout(std430, binding = 3) coherent buffer Y { float y[]; };    // f32[M, y_str
 // block's input): no norm dispatch and no barrier before it.
 layout(std430, binding = 4) readonly buffer NW { float nw[]; };  // f32 [N] norm weight
 layout(std430, binding = 5) writeonly buffer NH { float nh[]; }; // f32 [N]: H
-layout(std430, binding = 6) coherent buffer NC { uint ncnt[]; }; // u32 [1], 0 between dispatches
-layout(std430, binding = 7) writeonly buffer NQ { uint nq[]; };   // VKI_MM_NORM_XQ: H as quant_x8's
-layout(std430, binding = 7) writeonly buffer NQD { float nqd[]; }; // int8 words, then its scales
+layout(std430, binding = 6) coherent buffer NC { uint ncnt[]; }; // u32 [1] (GLU_XQ: [N / 32]), 0 between dispatches
+layout(std430, binding = 7) writeonly buffer NQ { uint nq[]; };   // VKI_MM_NORM_XQ: H (GLU_XQ: Y) as
+layout(std430, binding = 7) writeonly buffer NQD { float nqd[]; }; // quant_x8's int8 words, then scales
 #define NORM_SRC(i) y[i]
 #include "norm_common.glsl"
 #include "quant_x8.glsl"
-shared bool norm_last;
+shared bool cnt_last; // this workgroup is the last to count (the norm's, or its block's)
 #endif
 
 shared float red[NR * MC * NSG]; // per-subgroup partial sums: [NR * MC][NSG]
@@ -262,23 +263,52 @@ void chunk(uint r0, uint m0)
 }
 
 #ifndef MM_ID
-// The norm epilogue: count this workgroup done (release: its Y rows first); the last one reads
-// the whole row back and writes H = rmsnorm(Y) * nw.
-void norm_tail()
+// Counts this workgroup's n outputs into ncnt[i] (release: its Y rows first); true, uniformly, in
+// the workgroup whose count makes it `total` (acquire: the other workgroups' rows), which also
+// sets the counter back to zero for the next dispatch.
+bool count_last(uint i, uint n, uint total)
 {
     memoryBarrierBuffer();
     barrier();
     if (gl_LocalInvocationIndex == 0u) {
         memoryBarrierBuffer();
-        norm_last = atomicAdd(ncnt[0], 1u) + 1u == gl_NumWorkGroups.x;
+        cnt_last = atomicAdd(ncnt[i], n) + n == total;
         memoryBarrierBuffer(); // acquire: the other workgroups' rows
-        if (norm_last)
-            ncnt[0] = 0u; // every workgroup has counted: ready for the next dispatch
+        if (cnt_last)
+            ncnt[i] = 0u; // every workgroup has counted: ready for the next dispatch
     }
     barrier();
-    if (!norm_last) // uniform
+    if (cnt_last) // uniform
+        memoryBarrierBuffer();
+    return cnt_last;
+}
+
+// The gate|up pass's quantising epilogue (VKI_MM_GLU_XQ): the workgroup's NO rows lie in one
+// block of 32 columns (NO divides 32); the last of the block's 32 / NO workgroups along x, times
+// those along y, reads the block back for all M rows and writes it as quant_x8 would.
+void glu_xq_tail(uint r0)
+{
+    const uint b = r0 / 32u;
+    if (!count_last(b, NO, 32u * gl_NumWorkGroups.y))
         return;
-    memoryBarrierBuffer();
+    for (uint m = gl_LocalInvocationID.x; m < p.M; m += gl_WorkGroupSize.x) {
+        const uint i0 = m * p.y_stride + 32u * b;
+        vec4 v[8];
+        [[unroll]] for (uint i = 0u; i < 8u; i++)
+            v[i] = vec4(y[i0 + 4u * i], y[i0 + 4u * i + 1u], y[i0 + 4u * i + 2u], y[i0 + 4u * i + 3u]);
+        uint q[8];
+        float d;
+        xq_block(v, q, d);
+        XQ_STORE(nq, nqd, p.M, p.N, m, b, q, d);
+    }
+}
+
+// The norm epilogue: the last workgroup to finish reads the whole row back and writes
+// H = rmsnorm(Y) * nw.
+void norm_tail()
+{
+    if (!count_last(0u, 1u, gl_NumWorkGroups.x))
+        return;
     float inv = norm_inv(0u, p.N, p.norm_eps);
     for (uint c = gl_LocalInvocationID.x; c < p.N; c += gl_WorkGroupSize.x)
         nh[c] = norm_apply(y[c], inv, nw[c]);
@@ -324,5 +354,7 @@ void main()
 #ifndef MM_ID
     if ((p.flags & VKI_MM_NORM) != 0u)
         norm_tail();
+    if (GLU != 0u && (p.flags & VKI_MM_GLU_XQ) != 0u)
+        glu_xq_tail(r0);
 #endif
 }

@@ -1,8 +1,8 @@
 // quant_x8's arithmetic on one block of 32 values: int8 per value with one f32 scale d = max|v|
 // / 127 (ggml's Q8_0 rounding, the scale kept in f32), four values per word, low byte first.
 // Shared by quant_x8.comp and the kernels that write its layout for the next integer-dot
-// products (matvec.comp's norm epilogue, rmsnorm.comp, attn_decode.comp's output), so all of them
-// give the same bits.
+// products (matvec.comp's norm and gate|up epilogues, rmsnorm.comp, attn_decode.comp's output),
+// so all of them give the same bits.
 #ifndef VKI_QUANT_X8_GLSL
 #define VKI_QUANT_X8_GLSL
 

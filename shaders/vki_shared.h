@@ -152,6 +152,12 @@ VKI_STRUCT(vki_pc_copy) {
  * VKI_XQ_WORDS(1, N) words, the same bits), the input of the next integer-dot products; N % 32
  * == 0 */
 #define VKI_MM_NORM_XQ 16u
+/* matvec GLU = 1, N % 32 == 0, the whole Y in one dispatch (y_col0 = n0 = 0), NR / 2 dividing 32:
+ * the last workgroup to finish a block of 32 columns (over all workgroups along y) also writes
+ * it for all M rows quantised as quant_x8 would from Y (binding 7: VKI_XQ_WORDS(M, N) words, the
+ * same bits), the down projection's integer-dot input; binding 6: u32[N / 32] counters, zero
+ * between dispatches */
+#define VKI_MM_GLU_XQ 32u
 VKI_STRUCT(vki_pc_matmul) {
     vki_u32 M, N, K;
     vki_u32 n0;       /* first weight row of this dispatch (splits huge N over dispatches) */
@@ -159,7 +165,7 @@ VKI_STRUCT(vki_pc_matmul) {
     vki_u32 x_stride; /* elements between X rows */
     vki_u32 y_stride; /* elements between Y rows */
     vki_u32 y_col0;   /* Y column (and bias index) of weight row 0 of this part */
-    vki_u32 flags;    /* VKI_MM_BIAS | VKI_MM_ACCUM | VKI_MM_GELU | VKI_MM_NORM | VKI_MM_NORM_XQ */
+    vki_u32 flags;    /* VKI_MM_BIAS | VKI_MM_ACCUM | VKI_MM_GELU | VKI_MM_NORM | VKI_MM_NORM_XQ | VKI_MM_GLU_XQ */
     vki_u32 x_vec4;   /* 1: X rows may be read as vec4 (x_stride % 4 == 0, binding 16-aligned) */
     vki_f32 norm_eps; /* VKI_MM_NORM: the norm's epsilon */
 };

@@ -561,6 +561,8 @@ static float glu_ref_act(uint32_t act, float v)
     return v / (1.0f + expf(-v));
 }
 
+static unsigned glu_xq_runs; /* glu_case runs that checked the quantised output */
+
 /* One case; adds its squared error and squared reference to err[0], err[1] (the NMSE is taken
  * over all cases of a type: a single output in GELU's saturated tail, ~1e-7 where the f32 tanh
  * of one side is -1 and the other's is not, would alone be an NMSE of 1). */
@@ -576,13 +578,35 @@ static void glu_case(vt_gpu *g, vt_rng *r, uint32_t type, uint32_t M, uint32_t N
     vkd_buffer *bx = vt_buf_from(g, x, (size_t)M * xs * 4, "x");
     vkd_buffer *by = vt_buf_nan(g, (size_t)M * ys * 4, "y"), *bgu = vt_buf_nan(g, (size_t)M * 2 * N * 4, "gu");
     vkd_buffer *bz = vt_buf_nan(g, (size_t)M * ys * 4, "y op by op");
+    /* N % 32 == 0: twice more with the output quantised (op_mm_glu_xq; the second run needs the
+     * counters back at zero), against op_quant_x8 of the op by op result */
+    const bool gq = N % 32 == 0 && op_matmul_glu_xq_fits(g->dev, &t);
+    const size_t qb = gq ? op_quant_x8_bytes(M, N) : 4;
+    vkd_buffer *cnt = vt_buf_nan(g, N / 32 * 4 + 4, "counters"), *bq[3], *byq[2];
+    for (int i = 0; i < 3; i++)
+        bq[i] = vt_buf_nan(g, qb, "yq");
+    for (int i = 0; i < 2; i++)
+        byq[i] = vt_buf_nan(g, (size_t)M * ys * 4, "y of the quantising pass");
     vt_begin(g);
-    assert_int_equal(op_matmul_glu(&g->cmd, &t, act, vkd_whole(bx), xs, vkd_whole(by), ys, M), VKI_OK);
+    assert_int_equal(vkd_fill(g->dev, cnt, 0, cnt->size, 0), VKI_OK);
+    assert_int_equal(op_matmul_glu(&g->cmd, &t, act, vkd_whole(bx), xs, vkd_whole(by), ys, M, NULL), VKI_OK);
     assert_int_equal(op_matmul_path(&g->cmd, &t, NULL, vkd_whole(bx), xs, vkd_whole(bgu), 2 * N, M, OP_MM_GEMV),
                      VKI_OK);
     vkd_barrier(&g->cmd);
     assert_int_equal(op_glu(&g->cmd, act, (op_mat){vkd_whole(bgu), 0, 2 * N}, (op_mat){vkd_whole(bgu), N, 2 * N},
                             (op_mat){vkd_whole(bz), 0, ys}, M, N), VKI_OK);
+    for (int i = 0; i < 2 && gq; i++) {
+        op_mm_glu_xq q = {vkd_whole(cnt), vkd_whole(bq[i])};
+        assert_int_equal(op_matmul_glu(&g->cmd, &t, act, vkd_whole(bx), xs, vkd_whole(byq[i]), ys, M, &q), VKI_OK);
+        vkd_barrier(&g->cmd);
+    }
+    if (gq)
+        assert_int_equal(op_quant_x8(&g->cmd, vkd_whole(bz), ys, M, N, vkd_whole(bq[2])), VKI_OK);
+    if (!gq && N % 32 == 0) { /* a matvec shape whose workgroups straddle blocks of 32: refused */
+        op_mm_glu_xq q = {vkd_whole(cnt), vkd_whole(bq[0])};
+        assert_int_equal(op_matmul_glu(&g->cmd, &t, act, vkd_whole(bx), xs, vkd_whole(byq[0]), ys, M, &q),
+                         VKI_ERR_INVALID_ARG);
+    }
     vt_submit_wait(g);
     float *y = malloc((size_t)M * ys * 4), *z = malloc((size_t)M * ys * 4), *got = malloc((size_t)M * N * 4);
     float *ref = malloc((size_t)M * N * 4);
@@ -593,6 +617,19 @@ static void glu_case(vt_gpu *g, vt_rng *r, uint32_t type, uint32_t M, uint32_t N
              act == VKI_GLU_SILU ? "silu" : "gelu", M, N, K);
     if (memcmp(y, z, (size_t)M * ys * 4)) /* padding too: NaN where neither wrote */
         fail_msg("%s: differs from op_matmul + op_glu (NMSE %.3g)", label, vt_nmse(y, z, (size_t)M * ys));
+    for (int i = 0; i < 2 && gq; i++) {
+        uint8_t *qa = malloc(qb), *qr = malloc(qb);
+        vt_download(g, byq[i], y, (size_t)M * ys * 4);
+        if (memcmp(y, z, (size_t)M * ys * 4))
+            fail_msg("%s, quantising (run %d): Y differs from op_matmul + op_glu", label, i + 1);
+        vt_download(g, bq[i], qa, qb);
+        vt_download(g, bq[2], qr, qb);
+        if (memcmp(qa, qr, qb))
+            fail_msg("%s, quantising (run %d): its int8 Y differs from op_quant_x8's", label, i + 1);
+        free(qa), free(qr);
+        glu_xq_runs++;
+    }
+    vt_download(g, by, y, (size_t)M * ys * 4);
     for (uint32_t m = 0; m < M; m++)
         for (uint32_t n = 0; n < N; n++) {
             double a = 0, b = 0;
@@ -612,6 +649,11 @@ static void glu_case(vt_gpu *g, vt_rng *r, uint32_t type, uint32_t M, uint32_t N
     vkd_buffer_destroy(g->dev, by);
     vkd_buffer_destroy(g->dev, bgu);
     vkd_buffer_destroy(g->dev, bz);
+    vkd_buffer_destroy(g->dev, cnt);
+    for (int i = 0; i < 3; i++)
+        vkd_buffer_destroy(g->dev, bq[i]);
+    for (int i = 0; i < 2; i++)
+        vkd_buffer_destroy(g->dev, byq[i]);
     free(wref); free(x); free(raw); free(y); free(z); free(got); free(ref);
 }
 
@@ -623,15 +665,16 @@ static void test_glu_epilogue(void **state)
     vt_gpu *g = vt_gpu_get(state);
     vt_rng r = vt_rng_seeded("glu");
     vki_device_info saved = g->dev->info;
-    static const uint32_t Ms[] = {1, 3, 8, 9, 17}, Ns[] = {1, 7, 33, 65, 5};
+    /* N = 64, M = 37: the quantised output too, with two workgroups along y per block */
+    static const uint32_t Ms[] = {1, 3, 8, 9, 17, 37}, Ns[] = {1, 7, 33, 65, 5, 64};
     for (int config = 0; config < 2; config++) {
         if (config == 1) /* NVIDIA's matvec shape where lavapipe can run it */
             as_nvidia(g, &saved);
         for (size_t i = 0; i < vt_n_weight_types; i++) {
             uint32_t type = vt_weight_types[i];
             double err[2] = {0, 0};
-            for (uint32_t c = 0; c < 5; c++) {
-                uint32_t K = c == 4 ? big_k(type) : pick_k(&r, type, c + 3);
+            for (uint32_t c = 0; c < 6; c++) {
+                uint32_t K = c == 4 ? big_k(type) : pick_k(&r, type, c == 5 ? 2 : c + 3);
                 glu_case(g, &r, type, Ms[c], Ns[c], K, (c + config) % 2 ? VKI_GLU_GELU_TANH : VKI_GLU_SILU, err);
             }
             double nmse = err[0] / (err[1] > 0 ? err[1] : 1);
@@ -642,18 +685,22 @@ static void test_glu_epilogue(void **state)
         }
         g->dev->info = saved;
     }
-    fprintf(stderr, "  glu epilogue: worst NMSE %.2e over a type's cases, bitwise equal to matmul + glu\n", worst_glu);
+    fprintf(stderr, "  glu epilogue: worst NMSE %.2e over a type's cases, bitwise equal to matmul + glu; %u "
+            "quantised outputs equal to quant_x8's\n", worst_glu, glu_xq_runs);
+    assert_true(glu_xq_runs >= 2 * 2 * vt_n_weight_types);
     /* refused: an odd number of rows, an unknown activation, M = 0 */
     vk_tensor t;
     assert_int_equal(vk_tensor_create(g->dev, VKI_GGML_F32, 16, 7, 0, "w", &t), VKI_OK);
     vkd_buffer *x = vt_buf_nan(g, 4 * 16 * 2, "x"), *y = vt_buf_nan(g, 4 * 8 * 2, "y");
     vt_begin(g);
-    assert_int_equal(op_matmul_glu(&g->cmd, &t, VKI_GLU_SILU, vkd_whole(x), 16, vkd_whole(y), 4, 1), VKI_ERR_INVALID_ARG);
+    assert_int_equal(op_matmul_glu(&g->cmd, &t, VKI_GLU_SILU, vkd_whole(x), 16, vkd_whole(y), 4, 1, NULL),
+                     VKI_ERR_INVALID_ARG);
     vk_tensor_destroy(g->dev, &t);
     assert_int_equal(vk_tensor_create(g->dev, VKI_GGML_F32, 16, 8, 0, "w", &t), VKI_OK);
-    assert_int_equal(op_matmul_glu(&g->cmd, &t, 7, vkd_whole(x), 16, vkd_whole(y), 4, 1), VKI_ERR_INVALID_ARG);
-    assert_int_equal(op_matmul_glu(&g->cmd, &t, VKI_GLU_SILU, vkd_whole(x), 16, vkd_whole(y), 4, 0), VKI_ERR_INVALID_ARG);
-    assert_int_equal(op_matmul_glu(&g->cmd, &t, VKI_GLU_SILU, vkd_whole(x), 16, vkd_whole(y), 4, 2), VKI_OK);
+    assert_int_equal(op_matmul_glu(&g->cmd, &t, 7, vkd_whole(x), 16, vkd_whole(y), 4, 1, NULL), VKI_ERR_INVALID_ARG);
+    assert_int_equal(op_matmul_glu(&g->cmd, &t, VKI_GLU_SILU, vkd_whole(x), 16, vkd_whole(y), 4, 0, NULL),
+                     VKI_ERR_INVALID_ARG);
+    assert_int_equal(op_matmul_glu(&g->cmd, &t, VKI_GLU_SILU, vkd_whole(x), 16, vkd_whole(y), 4, 2, NULL), VKI_OK);
     vt_submit_wait(g);
     vk_tensor_destroy(g->dev, &t);
     vkd_buffer_destroy(g->dev, x);
@@ -688,6 +735,8 @@ static void test_matvec_overrides(void **state)
                 double err[2] = {0, 0};
                 glu_case(g, &r, types[t], 1, 9, K, VKI_GLU_SILU, err);
                 glu_case(g, &r, types[t], 3, 5, K, VKI_GLU_GELU_TANH, err);
+                /* quantised: 2 output rows per workgroup; 3 straddle blocks of 32 (refused) */
+                glu_case(g, &r, types[t], 2, 32, K, VKI_GLU_SILU, err);
                 if (!(err[0] <= GLU_TOL * err[1]))
                     fail_msg("glu %s, matvec %ux%u: NMSE %.3g > %.0e", quant_get(types[t])->name, cfg[c][0],
                              cfg[c][1], err[0] / err[1], GLU_TOL);
@@ -938,9 +987,12 @@ static void i8_case(vt_gpu *g, vt_rng *r, uint32_t type, const mm_case *s, doubl
 }
 
 /* The integer-dot path's fused epilogues, bit for bit what they replace: the gate|up pass
- * (o.glu) against the product into [gate | up] then op_glu, and the norming projection
+ * (o.glu) against the product into [gate | up] then op_glu (and where N % 32 == 0, twice more
+ * with its output quantised, o.glu_xq, against op_quant_x8's), and the norming projection
  * (o.norm) against the accumulating product then op_rmsnorm (and where 2N % 32 == 0 its
- * quantised H against op_quant_x8's); twice, so the counter must be back at zero. */
+ * quantised H against op_quant_x8's); twice, so the counters must be back at zero. */
+static unsigned i8_glu_xq_runs; /* i8_fused_case runs that checked the quantised GLU output */
+
 static void i8_fused_case(vt_gpu *g, vt_rng *r, uint32_t type, uint32_t M, uint32_t N, uint32_t K, uint32_t act)
 {
     float *wref = malloc((size_t)2 * N * K * 4), *x = malloc((size_t)M * K * 4), *nw = malloc((size_t)2 * N * 4);
@@ -957,8 +1009,14 @@ static void i8_fused_case(vt_gpu *g, vt_rng *r, uint32_t type, uint32_t M, uint3
     const bool hq = (2 * N) % 32 == 0;
     const size_t qb = hq ? op_quant_x8_bytes(1, 2 * N) : 4;
     vkd_buffer *hq1 = vt_buf_nan(g, qb, "hq fused"), *hq2 = vt_buf_nan(g, qb, "hq apart");
+    const bool gq = N % 32 == 0 && op_matmul_glu_xq_fits(g->dev, &t);
+    const size_t gqb = gq ? op_quant_x8_bytes(M, N) : 4;
+    vkd_buffer *gcnt = vt_buf_nan(g, N / 32 * 4 + 4, "glu counters"), *yq = vt_buf_nan(g, (size_t)M * N * 4, "yq");
+    vkd_buffer *gq1 = vt_buf_nan(g, gqb, "glu int8 fused"), *gq2 = vt_buf_nan(g, gqb, "glu int8 again");
+    vkd_buffer *gq3 = vt_buf_nan(g, gqb, "glu int8 apart");
     vt_begin(g);
     assert_int_equal(vkd_fill(g->dev, cnt, 0, 4, 0), VKI_OK);
+    assert_int_equal(vkd_fill(g->dev, gcnt, 0, gcnt->size, 0), VKI_OK);
     assert_int_equal(op_quant_x8(&g->cmd, vkd_whole(bx), K, M, K, vkd_whole(bq)), VKI_OK);
     assert_int_equal(op_quant_x8(&g->cmd, vkd_whole(bx), K, 1, K, vkd_whole(bq1)), VKI_OK);
     vkd_barrier(&g->cmd);
@@ -968,6 +1026,22 @@ static void i8_fused_case(vt_gpu *g, vt_rng *r, uint32_t type, uint32_t M, uint3
     vkd_barrier(&g->cmd);
     assert_int_equal(op_glu(&g->cmd, act, (op_mat){vkd_whole(bgu), 0, 2 * N}, (op_mat){vkd_whole(bgu), N, 2 * N},
                             (op_mat){vkd_whole(bz), 0, N}, M, N), VKI_OK);
+    if (gq) {
+        vkd_buffer *to[2] = {gq1, gq2};
+        for (int i = 0; i < 2; i++) {
+            op_mm_glu_xq gx = {vkd_whole(gcnt), vkd_whole(to[i])};
+            op_mm_i8 o = {.glu = true, .act = act, .glu_xq = &gx};
+            assert_int_equal(op_matmul_i8(&g->cmd, &t, vkd_whole(bq), vkd_whole(yq), N, M, &o), VKI_OK);
+            vkd_barrier(&g->cmd);
+        }
+        assert_int_equal(op_quant_x8(&g->cmd, vkd_whole(bz), N, M, N, vkd_whole(gq3)), VKI_OK);
+        /* refused: the output quantised over the pass's own input, or without glu */
+        op_mm_glu_xq bad = {vkd_whole(gcnt), vkd_whole(bq)};
+        op_mm_i8 o = {.glu = true, .act = act, .glu_xq = &bad}, nog = {.glu_xq = &bad};
+        assert_int_equal(op_matmul_i8(&g->cmd, &t, vkd_whole(bq), vkd_whole(yq), N, M, &o), VKI_ERR_INVALID_ARG);
+        bad.xq = vkd_whole(gq1);
+        assert_int_equal(op_matmul_i8(&g->cmd, &t, vkd_whole(bq), vkd_whole(yq), N, M, &nog), VKI_ERR_INVALID_ARG);
+    }
     /* the norming projection over all 2N rows of one token (X row 0) */
     op_mm_norm n = {vkd_whole(bnw), vkd_whole(h1), vkd_whole(cnt), 1e-5f, .xq = hq ? vkd_whole(hq1) : (vkd_view){0}};
     op_mm_i8 nrm = {.accumulate = true, .norm = &n}, acc = {.accumulate = true};
@@ -992,6 +1066,20 @@ static void i8_fused_case(vt_gpu *g, vt_rng *r, uint32_t type, uint32_t M, uint3
     if (memcmp(a, b, nb))
         fail_msg("matvec_i8 glu %s M=%u N=%u K=%u: differs from the product + op_glu (NMSE %.3g)", tn, M, N, K,
                  vt_nmse(a, b, (size_t)M * N));
+    if (gq) {
+        vt_download(g, yq, a, nb);
+        if (memcmp(a, b, nb))
+            fail_msg("matvec_i8 glu %s M=%u N=%u K=%u: the quantising pass's Y differs", tn, M, N, K);
+        uint8_t *q1 = malloc(gqb), *q2 = malloc(gqb), *q3 = malloc(gqb);
+        vt_download(g, gq1, q1, gqb);
+        vt_download(g, gq2, q2, gqb);
+        vt_download(g, gq3, q3, gqb);
+        if (memcmp(q1, q3, gqb) || memcmp(q2, q3, gqb))
+            fail_msg("matvec_i8 glu %s M=%u N=%u K=%u: its int8 output (run %d) differs from op_quant_x8's", tn, M,
+                     N, K, memcmp(q1, q3, gqb) ? 1 : 2);
+        free(q1), free(q2), free(q3);
+        i8_glu_xq_runs++;
+    }
     vt_download(g, y1, a, nb2);
     vt_download(g, y2, b, nb2);
     if (memcmp(a, b, nb2))
@@ -1010,7 +1098,7 @@ static void i8_fused_case(vt_gpu *g, vt_rng *r, uint32_t type, uint32_t M, uint3
         free(qa), free(qbuf);
     }
     vk_tensor_destroy(g->dev, &t);
-    vkd_buffer *all[] = {bx, bq, bq1, by, bgu, bz, bnw, y1, y2, h1, h2, cnt, hq1, hq2};
+    vkd_buffer *all[] = {bx, bq, bq1, by, bgu, bz, bnw, y1, y2, h1, h2, cnt, hq1, hq2, gcnt, yq, gq1, gq2, gq3};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
         vkd_buffer_destroy(g->dev, all[i]);
     free(wref); free(x); free(nw); free(raw); free(a); free(b);
@@ -1049,13 +1137,15 @@ static void test_matvec_i8(void **state)
             worst_i8[1] = nmse_x > worst_i8[1] ? nmse_x : worst_i8[1];
             i8_fused_case(g, &r, types[i], config ? 3 : 1, config ? 37 : 9, pick_k(&r, types[i], 2),
                           config ? VKI_GLU_GELU_TANH : VKI_GLU_SILU);
-            if (config == 0) /* 2N = 96: the norm epilogue quantises H */
-                i8_fused_case(g, &r, types[i], 1, 48, pick_k(&r, types[i], 2), VKI_GLU_SILU);
+            /* N = 64: the gate|up pass quantises its output (two workgroups along y per block
+             * with 34 rows), and the norm epilogue H (2N = 128) */
+            i8_fused_case(g, &r, types[i], config ? 34 : 1, 64, pick_k(&r, types[i], 2), VKI_GLU_SILU);
         }
         g->dev->info = saved;
     }
-    fprintf(stderr, "  matvec_i8: worst NMSE %.2e over the device's int8 X, %.2e over the exact X\n", worst_i8[0],
-            worst_i8[1]);
+    fprintf(stderr, "  matvec_i8: worst NMSE %.2e over the device's int8 X, %.2e over the exact X; %u quantised "
+            "GLU outputs equal to quant_x8's\n", worst_i8[0], worst_i8[1], i8_glu_xq_runs);
+    assert_true(i8_glu_xq_runs >= sizeof types / sizeof types[0]);
     /* refused: a type without integer blocks, K not a multiple of 32, too small an XQ */
     vk_tensor t;
     assert_int_equal(vk_tensor_create(g->dev, VKI_GGML_F16, 64, 8, 0, "w", &t), VKI_OK);
