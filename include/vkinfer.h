@@ -921,8 +921,9 @@ typedef struct vki_engine_params {
      * capturing. For measuring it (--no-overlap). false */
     bool no_overlap;
     /* Decode projections on the integer-dot path: each matrix-vector product of Q8_0, Q4_0,
-     * Q4_K, Q5_K, Q6_K, IQ4_NL or IQ4_XS weights reads its activations quantised to int8 per block of 32 (one
-     * extra small pass per input) and multiplies 4 weights per packed dot product instead of
+     * Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K, IQ4_NL or IQ4_XS weights reads its activations
+     * quantised to int8 per block of 32 (in a decode step written by the kernel that produces
+     * them: no extra pass) and multiplies 4 weights per packed dot product instead of
      * converting each to float. Changes results: the activations' 8-bit rounding, ~2e-5 relative
      * in each product (llama.cpp's CPU and CUDA backends round theirs to Q8 likewise). Other
      * weight types, the GEMM (prefill) and the experts' matmuls keep the float path. Needs

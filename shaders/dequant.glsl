@@ -18,7 +18,8 @@
 //   dq_unit_k(iu, g)            element offset of group g of unit iu inside its block
 //   dq_load4(rb, k, K)          elements k..k+3 of the row (k % 4 == 0): the GEMM tile loader and
 //                               the row gather; elements >= K read as 0 (F32/F16/BF16 tails)
-//   dq_unit_i8(rb, ib, iu, q, a, b)  (DQ_I8: Q8_0, Q4_0, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS; the
+//   dq_unit_i8(rb, ib, iu, q, a, b)  (DQ_I8: Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K,
+//                               IQ4_NL, IQ4_XS; the
 //                               integer-dot GEMV, matvec.comp MV_I8) unit iu as integers: group
 //                               g's 4 weights are a[g] * q + b[g], q the 4 bytes of q[g] (low
 //                               byte first; int8: the IQ4 levels and Q8_0's signed, the others'
@@ -58,6 +59,8 @@ uvec4 dq_bits4(uint w, uint j) { return (uvec4(w >> j) >> uvec4(0u, 1u, 2u, 3u))
 // two words q0, q1: group g's 4 nibbles are dq_nib4(q0, q1, g), its elements dq_nib_k(iu, g)...
 uvec4 dq_nib4(uint q0, uint q1, uint g) { return dq_bytes((((g & 1u) != 0u ? q1 : q0) >> (4u * (g >> 1))) & 0x0F0F0F0Fu); }
 uint dq_nib_k(uint iu, uint g) { return 8u * iu + 4u * (g & 1u) + 16u * (g >> 1); }
+// The same four groups' nibbles packed, one word per group (low byte first; the integer-dot path).
+uvec4 dq_nib_words(uint q0, uint q1) { return (uvec4(q0, q1, q0, q1) >> uvec4(0u, 0u, 4u, 4u)) & 0x0F0F0F0Fu; }
 // ... and elements j..j+3 (j % 4 == 0) are nibbles of the qs word at byte j % 16.
 uvec4 dq_nib_at(uint w, uint j) { return dq_bytes((w >> (j >= 16u ? 4u : 0u)) & 0x0F0F0F0Fu); }
 
@@ -234,7 +237,7 @@ uint dq_unit_k(uint iu, uint g) { return dq_nib_k(iu, g); }
 void dq_unit_i8(uint rb, uint ib, uint iu, out uvec4 q, out vec4 a, out vec4 b) {
     const float d = dq_gscale(rb, ib);
     const uvec2 w = dq_w2[(dq_body(rb, ib) >> 1) + iu];
-    q = (uvec4(w.x, w.y, w.x, w.y) >> uvec4(0u, 0u, 4u, 4u)) & 0x0F0F0F0Fu;
+    q = dq_nib_words(w.x, w.y);
     a = vec4(d);
     b = vec4(-8.0 * d);
 }
@@ -258,6 +261,16 @@ void dq_unit(uint rb, uint ib, uint iu, out vec4 w[DQ_UNIT_V4]) {
     [[unroll]] for (uint g = 0u; g < 4u; g++) w[g] = dm.x * vec4(dq_nib4(q0, q1, g)) + dm.y;
 }
 uint dq_unit_k(uint iu, uint g) { return dq_nib_k(iu, g); }
+#define DQ_I8 1
+#define DQI_SPAN 4u
+#define DQI_OFF 1
+void dq_unit_i8(uint rb, uint ib, uint iu, out uvec4 q, out vec4 a, out vec4 b) {
+    const uint bb = rb + ib * 5u;
+    const vec2 dm = unpackHalf2x16(dq_w[bb]);
+    q = dq_nib_words(dq_w[bb + 1u + 2u * iu], dq_w[bb + 2u + 2u * iu]);
+    a = vec4(dm.x);
+    b = vec4(dm.y);
+}
 
 #elif defined(DQ_Q5_0) || defined(DQ_Q5_1) // -----------------------------------------------------
 // Q5_0: scale-grouped { f16 d[8]; uint8 qh[8][4]; uint8 qs[16] x 8 } (the head's qh at word
@@ -269,6 +282,16 @@ uint dq_unit_k(uint iu, uint g) { return dq_nib_k(iu, g); }
 #define DQ_BLOCK 32u
 #define DQ_UNITS 2u
 vec4 dq_q5(uvec4 nib, uint qh, uint j) { return vec4(nib | (dq_bits4(qh, j) << 4)); }
+// The integer-dot path's unit: each group's four 5-bit values packed in a word (the fifth bits
+// of elements j..j+3 moved to bit 4 of their bytes).
+uvec4 dq_q5_words(uint q0, uint q1, uint qh, uint iu) {
+    uvec4 q = dq_nib_words(q0, q1);
+    [[unroll]] for (uint g = 0u; g < 4u; g++) {
+        const uint h = qh >> dq_nib_k(iu, g);
+        q[g] |= ((h & 1u) | (h & 2u) << 7 | (h & 4u) << 14 | (h & 8u) << 21) << 4;
+    }
+    return q;
+}
 #ifdef DQ_Q5_0
 uint dq_q5_qh(uint rb, uint ib) { return dq_w[dq_group(rb, ib) + 4u + ib % DQ_GB]; }
 vec4 dq_load4(uint rb, uint k, uint K) {
@@ -281,6 +304,13 @@ void dq_unit(uint rb, uint ib, uint iu, out vec4 w[DQ_UNIT_V4]) {
     float d = dq_gscale(rb, ib);
     uvec2 q = dq_w2[(dq_body(rb, ib) >> 1) + iu];
     [[unroll]] for (uint g = 0u; g < 4u; g++) w[g] = d * (dq_q5(dq_nib4(q.x, q.y, g), qh, dq_nib_k(iu, g)) - 16.0);
+}
+void dq_unit_i8(uint rb, uint ib, uint iu, out uvec4 q, out vec4 a, out vec4 b) {
+    const float d = dq_gscale(rb, ib);
+    const uvec2 w = dq_w2[(dq_body(rb, ib) >> 1) + iu];
+    q = dq_q5_words(w.x, w.y, dq_q5_qh(rb, ib), iu);
+    a = vec4(d);
+    b = vec4(-16.0 * d);
 }
 #else
 layout(std430, binding = DQ_BINDING) readonly buffer DqW { uint dq_w[]; };
@@ -298,8 +328,19 @@ void dq_unit(uint rb, uint ib, uint iu, out vec4 w[DQ_UNIT_V4]) {
     vec2 dm = unpackHalf2x16(hd.x);
     [[unroll]] for (uint g = 0u; g < 4u; g++) w[g] = dm.x * dq_q5(dq_nib4(q.x, q.y, g), hd.y, dq_nib_k(iu, g)) + dm.y;
 }
+void dq_unit_i8(uint rb, uint ib, uint iu, out uvec4 q, out vec4 a, out vec4 b) {
+    const uint b2 = (rb + ib * 6u) >> 1;
+    const uvec2 hd = dq_w2[b2], w = dq_w2[b2 + 1u + iu];
+    const vec2 dm = unpackHalf2x16(hd.x);
+    q = dq_q5_words(w.x, w.y, hd.y, iu);
+    a = vec4(dm.x);
+    b = vec4(dm.y);
+}
 #endif
 uint dq_unit_k(uint iu, uint g) { return dq_nib_k(iu, g); }
+#define DQ_I8 1
+#define DQI_SPAN 4u
+#define DQI_OFF 1
 
 #elif defined(DQ_IQ4_NL) // -------------------------------------------------------------------
 // W: scale-grouped as Q4_0. w = d * level[nibble].

@@ -591,8 +591,8 @@ static void test_fusion_bitwise(void **state)
 }
 
 /* int_dot (the integer-dot decode projections) on every weight type it runs: q8_0 with a tied
- * LM head, q4_0, qwen2's q4_k with Q/K/V biases, q6_k, a q4_k_m mix, and qwen2's iq4_xs (with
- * iq4_nl where a row is no multiple of 256). Three engines are fed the same tokens (the float
+ * LM head, q4_0, qwen2's q4_k with Q/K/V biases, q6_k, a q4_k_m mix, qwen2's iq4_xs (with
+ * iq4_nl where a row is no multiple of 256), q4_1, q5_0 (tied) and qwen2's q5_1. Three engines are fed the same tokens (the float
  * engine's greedy choices), two sequences, prefill then decode, the second stopping halfway (so
  * the last steps have one token: the norm epilogues quantise the next block's input):
  *  - int_dot with the fusions and int_dot op by op (no_fusion: separate Q, K, V and gate, up,
@@ -611,10 +611,18 @@ static void test_int_dot(void **state)
     if (!op_matmul_i8_supported(g->dev, VKI_GGML_Q8_0))
         skip();
     static const size_t models[] = {2, 3, 4, 5, 6, 8};
+    /* and the legacy types with offsets and fifth bits (their own GGUFs: llama-quantize's Q4_1,
+     * Q5_0 and Q5_1 mixes, and the fallbacks of K mixes on rows of no multiple of 256) */
+    static const shape_case legacy[] = {
+        {"q4_1", "llama", 256, 4, 2, 64, 512, SYNTH_Q4_1, false, VKI_GGML_F32, TOL_F32},
+        {"q5_0_tied", "llama", 256, 4, 2, 64, 512, SYNTH_Q5_0, true, VKI_GGML_F32, TOL_F32},
+        {"qwen2_q5_1", "qwen2", 256, 4, 1, 64, 320, SYNTH_Q5_1, false, VKI_GGML_F32, TOL_F32},
+    };
+    const size_t n_models = sizeof models / sizeof models[0];
     double worst = 0;
     vt_rng r = vt_rng_seeded("int dot");
-    for (size_t mi = 0; mi < sizeof models / sizeof models[0]; mi++) {
-        const shape_case *sc = &SHAPES[models[mi]];
+    for (size_t mi = 0; mi < n_models + sizeof legacy / sizeof legacy[0]; mi++) {
+        const shape_case *sc = mi < n_models ? &SHAPES[models[mi]] : &legacy[mi - n_models];
         char path[256];
         write_model(sc, path, sizeof path);
         fixture fx[3]; /* float, int_dot, int_dot op by op */

@@ -646,7 +646,7 @@ static const bench_kernel benches[] = {
      mm_setup, matvec_record},
     {"matvec_i8", "as matvec, on the integer-dot path: X quantised to int8 (quant_x8), a barrier, the product",
      .types = {VKI_GGML_Q4_K, VKI_GGML_Q8_0, VKI_GGML_Q6_K, VKI_GGML_Q4_0, VKI_GGML_Q5_K, VKI_GGML_IQ4_XS,
-               VKI_GGML_IQ4_NL}, .n_types = 7,
+               VKI_GGML_IQ4_NL, VKI_GGML_Q5_0, VKI_GGML_Q4_1, VKI_GGML_Q5_1}, .n_types = 10,
      .full = {{1, 4096, 4096}, {1, 14336, 4096}, {1, 4096, 14336}, {1, 32000, 4096}, {8, 4096, 4096}},
      .small = {{1, 1024, 1024}, {1, 2816, 1024}, {1, 8192, 512}, {8, 1024, 1024}},
      i8_setup, matvec_i8_record},
