@@ -102,8 +102,8 @@ static const vkk_desc kernel_table[] = {
     [VKK_QUANT_X8] = {"quant_x8", SPV(quant_x8), .n_bindings = 2, .push_size = sizeof(vki_pc_quant_x8),
                       .n_spec = 1, .spec_default = {64}},
     MATVEC_I8_ROW(Q8_0, q8_0), MATVEC_I8_ROW(Q4_0, q4_0), MATVEC_I8_ROW(Q4_1, q4_1), MATVEC_I8_ROW(Q5_0, q5_0),
-    MATVEC_I8_ROW(Q5_1, q5_1), MATVEC_I8_ROW(Q4_K, q4_k), MATVEC_I8_ROW(Q5_K, q5_k), MATVEC_I8_ROW(Q6_K, q6_k),
-    MATVEC_I8_ROW(IQ4_NL, iq4_nl), MATVEC_I8_ROW(IQ4_XS, iq4_xs),
+    MATVEC_I8_ROW(Q5_1, q5_1), MATVEC_I8_ROW(Q2_K, q2_k), MATVEC_I8_ROW(Q3_K, q3_k), MATVEC_I8_ROW(Q4_K, q4_k),
+    MATVEC_I8_ROW(Q5_K, q5_k), MATVEC_I8_ROW(Q6_K, q6_k), MATVEC_I8_ROW(IQ4_NL, iq4_nl), MATVEC_I8_ROW(IQ4_XS, iq4_xs),
     /* engine/ops_moe.c: spec {WG} */
     [VKK_MOE_TOPK] = {"moe_topk", SPV(moe_topk), .n_bindings = 3, .push_size = sizeof(vki_pc_moe),
                       .n_spec = 1, .spec_default = {64}},

@@ -28,8 +28,8 @@ typedef enum vkk_id {
     /* the integer-dot matrix-vector path: X's int8 quantiser and the product, for the weight
      * types of shaders/dequant.glsl's DQ_I8 (engine/ops_matmul.c op_matmul_i8) */
     VKK_QUANT_X8, VKK_MATVEC_I8_Q8_0, VKK_MATVEC_I8_Q4_0, VKK_MATVEC_I8_Q4_1, VKK_MATVEC_I8_Q5_0,
-    VKK_MATVEC_I8_Q5_1, VKK_MATVEC_I8_Q4_K, VKK_MATVEC_I8_Q5_K, VKK_MATVEC_I8_Q6_K, VKK_MATVEC_I8_IQ4_NL,
-    VKK_MATVEC_I8_IQ4_XS,
+    VKK_MATVEC_I8_Q5_1, VKK_MATVEC_I8_Q2_K, VKK_MATVEC_I8_Q3_K, VKK_MATVEC_I8_Q4_K, VKK_MATVEC_I8_Q5_K,
+    VKK_MATVEC_I8_Q6_K, VKK_MATVEC_I8_IQ4_NL, VKK_MATVEC_I8_IQ4_XS,
     /* mixture-of-experts routing (engine/ops_moe.c) */
     VKK_MOE_TOPK, VKK_MOE_GROUP, VKK_MOE_COMBINE,
     /* row norms and elementwise ops (engine/ops_basic.c) */

@@ -469,6 +469,8 @@ static vkk_id matvec_i8_kernel(uint32_t type)
     case VKI_GGML_Q4_1: return VKK_MATVEC_I8_Q4_1;
     case VKI_GGML_Q5_0: return VKK_MATVEC_I8_Q5_0;
     case VKI_GGML_Q5_1: return VKK_MATVEC_I8_Q5_1;
+    case VKI_GGML_Q2_K: return VKK_MATVEC_I8_Q2_K;
+    case VKI_GGML_Q3_K: return VKK_MATVEC_I8_Q3_K;
     case VKI_GGML_Q4_K: return VKK_MATVEC_I8_Q4_K;
     case VKI_GGML_Q5_K: return VKK_MATVEC_I8_Q5_K;
     case VKI_GGML_Q6_K: return VKK_MATVEC_I8_Q6_K;
@@ -539,9 +541,8 @@ vki_status op_matmul_i8(vkd_cmd *c, const vk_tensor *w, vkd_view xq, vkd_view y,
         return st;
     const vkk_id kid = matvec_i8_kernel(w->type);
     if (!op_matmul_i8_supported(d, w->type)) {
-        vkd_log(d, VKI_LOG_ERROR, "matmul_i8 %s: the integer-dot path runs Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, "
-                "Q5_K, Q6_K, IQ4_NL and IQ4_XS weights on a device with shaderIntegerDotProduct (Vulkan 1.3); this "
-                "is %s", w->name,
+        vkd_log(d, VKI_LOG_ERROR, "matmul_i8 %s: the integer-dot path runs the integer weight types (not "
+                "F32, F16, BF16) on a device with shaderIntegerDotProduct (Vulkan 1.3); this is %s", w->name,
                 quant_type_name(w->type));
         return VKI_ERR_UNSUPPORTED;
     }

@@ -110,8 +110,8 @@ vki_status op_matmul_norm(vkd_cmd *c, const vk_tensor *w, vkd_view x, vkd_view y
  *                 bytes), the matrix-vector kernel's shape for M rows;
  *                 with o->glu the gate|up pass of op_matmul_glu (w: [gate | up], one part,
  *                 N = w->n_rows / 2), with o->norm op_matmul_norm's epilogue (M = 1, accumulate).
- * Weight types: Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS; the device needs
- * shaderIntegerDotProduct (Vulkan 1.3). VKI_ERR_UNSUPPORTED otherwise (op_matmul_i8_supported). */
+ * Weight types: every integer one (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K..Q6_K, IQ4_NL, IQ4_XS);
+ * the device needs shaderIntegerDotProduct (Vulkan 1.3). VKI_ERR_UNSUPPORTED otherwise (op_matmul_i8_supported). */
 typedef struct op_mm_i8 {
     const vkd_view *bias;   /* f32[N] or NULL (not with glu) */
     bool accumulate;        /* Y = Y + product */

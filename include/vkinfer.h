@@ -920,13 +920,13 @@ typedef struct vki_engine_params {
      * (results, stop checks, responses, the next submission) overlaps the GPU's. The tokens are the same. Off anyway while profiling or
      * capturing. For measuring it (--no-overlap). false */
     bool no_overlap;
-    /* Decode projections on the integer-dot path: each matrix-vector product of Q8_0, Q4_0,
-     * Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K, IQ4_NL or IQ4_XS weights reads its activations
+    /* Decode projections on the integer-dot path: each matrix-vector product of integer-block
+     * weights (every GGUF type vkinfer runs but F32, F16, BF16) reads its activations
      * quantised to int8 per block of 32 (in a decode step written by the kernel that produces
      * them: no extra pass) and multiplies 4 weights per packed dot product instead of
      * converting each to float. Changes results: the activations' 8-bit rounding, ~2e-5 relative
-     * in each product (llama.cpp's CPU and CUDA backends round theirs to Q8 likewise). Other
-     * weight types, the GEMM (prefill) and the experts' matmuls keep the float path. Needs
+     * in each product (llama.cpp's CPU and CUDA backends round theirs to Q8 likewise). F32,
+     * F16 and BF16 weights, the GEMM (prefill) and the experts' matmuls keep the float path. Needs
      * shaderIntegerDotProduct (Vulkan 1.3): VKI_ERR_UNSUPPORTED without. false */
     bool int_dot;
 } vki_engine_params;

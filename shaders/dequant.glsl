@@ -18,8 +18,8 @@
 //   dq_unit_k(iu, g)            element offset of group g of unit iu inside its block
 //   dq_load4(rb, k, K)          elements k..k+3 of the row (k % 4 == 0): the GEMM tile loader and
 //                               the row gather; elements >= K read as 0 (F32/F16/BF16 tails)
-//   dq_unit_i8(rb, ib, iu, q, a, b)  (DQ_I8: Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K,
-//                               IQ4_NL, IQ4_XS; the
+//   dq_unit_i8(rb, ib, iu, q, a, b)  (DQ_I8: every integer type: Q8_0, Q4_0, Q4_1, Q5_0, Q5_1,
+//                               Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS; the
 //                               integer-dot GEMV, matvec.comp MV_I8) unit iu as integers: group
 //                               g's 4 weights are a[g] * q + b[g], q the 4 bytes of q[g] (low
 //                               byte first; int8: the IQ4 levels and Q8_0's signed, the others'
@@ -396,6 +396,18 @@ void dq_unit(uint rb, uint ib, uint iu, out vec4 w[DQ_UNIT_V4]) {
     w[3] = dq_q2k(dm, (s1 >> (h + 16u)) & 0xFFu, q >> 6);
 }
 uint dq_unit_k(uint iu, uint g) { return 128u * (iu >> 3) + 4u * (iu & 7u) + 32u * g; }
+#define DQ_I8 1
+#define DQI_SPAN 1u
+#define DQI_OFF 1
+void dq_unit_i8(uint rb, uint ib, uint iu, out uvec4 q, out vec4 a, out vec4 b) {
+    const uint bb = rb + ib * 21u, n = iu >> 3, h = 8u * ((iu >> 2) & 1u);
+    const vec2 dm = unpackHalf2x16(dq_w[bb + 20u]);
+    const uint s0 = dq_w[bb + 2u * n], s1 = dq_w[bb + 2u * n + 1u], w = dq_w[bb + 4u + 8u * n + (iu & 7u)];
+    const uvec4 sc = (uvec4(s0, s0, s1, s1) >> uvec4(h, h + 16u, h, h + 16u)) & 0xFFu;
+    q = (uvec4(w) >> uvec4(0u, 2u, 4u, 6u)) & 0x03030303u;
+    a = dm.x * vec4(sc & 15u);
+    b = -(dm.y * vec4(sc >> 4));
+}
 
 #elif defined(DQ_Q3_K) // ---------------------------------------------------------------------
 // W: scale-grouped { f16 d[8]; uint8 scales[8][12]; {uint8 hmask[32]; uint8 qs[64]} x 8 } (a
@@ -434,6 +446,20 @@ void dq_unit(uint rb, uint ib, uint iu, out vec4 w[DQ_UNIT_V4]) {
         w[j] = dq_q3k_scale(d, sc, 8u * n + 2u * j + h) * dq_q3k(qw, hw, j, 4u * n + j);
 }
 uint dq_unit_k(uint iu, uint g) { return 128u * (iu >> 3) + 4u * (iu & 7u) + 32u * g; }
+#define DQ_I8 1
+#define DQI_SPAN 1u
+#define DQI_OFF 1
+void dq_unit_i8(uint rb, uint ib, uint iu, out uvec4 q, out vec4 a, out vec4 b) {
+    const uint bo = dq_body(rb, ib), n = iu >> 3, li = iu & 7u, h = li >> 2;
+    const uvec3 sc = dq_q3k_scales(rb, ib);
+    const float d = dq_gscale(rb, ib);
+    const uint qw = dq_w[bo + 8u + 8u * n + li], hw = dq_w[bo + li];
+    [[unroll]] for (uint j = 0u; j < 4u; j++) { // q - 4 as in dq_q3k: the offset goes to b
+        q[j] = ((qw >> (2u * j)) & 0x03030303u) | (((hw >> (4u * n + j)) & 0x01010101u) << 2);
+        a[j] = dq_q3k_scale(d, sc, 8u * n + 2u * j + h);
+    }
+    b = -4.0 * a;
+}
 
 #elif defined(DQ_Q4_K) || defined(DQ_Q5_K) // ---------------------------------------------------
 // W: Q4_K: 36 uint32 per block { f16 d, dmin; uint8 scales[12]; uint8 qs[128] } (144 B);

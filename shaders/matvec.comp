@@ -23,11 +23,10 @@
 // along y; above gemv_max_m rows the tiled GEMM (matmul.comp) takes over.
 // Compiled with MM_ID it is the experts' matvec_id (mixture of experts): one token-expert pair
 // per workgroup row, the expert's rows of a stacked [n_expert * N][K] tensor (moe_id: see below).
-// Compiled with MV_I8 (the types of dequant.glsl's DQ_I8: Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K,
-// Q5_K, Q6_K, IQ4_NL, IQ4_XS) it is matvec_i8, the integer-dot variant: X comes quantised to
-// int8 per block of 32 (quant_x8.comp) and each group of 4 weights is one packed 4x8-bit dot
-// product (SPV_KHR_integer_dot_product) with its X bytes, summed in int32 over the groups that
-// share a scale and converted once:
+// Compiled with MV_I8 (the types of dequant.glsl's DQ_I8: all but F32, F16, BF16) it is
+// matvec_i8, the integer-dot variant: X comes quantised to int8 per block of 32 (quant_x8.comp)
+// and each group of 4 weights is one packed 4x8-bit dot product (SPV_KHR_integer_dot_product)
+// with its X bytes, summed in int32 over the groups that share a scale and converted once:
 //   sum_k w_k x_k ~= sum_span a * dx * sum_g dot(q_g, qx_g) + b * dx * sum_g dot(qx_g, 1)
 // (w = a q + b; x = dx qx): one instruction per 4 weights instead of 4 conversions and 4 FMAs,
 // at the price of X's 8-bit rounding (~2e-5 relative error in the product): the engine's
