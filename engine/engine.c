@@ -625,8 +625,10 @@ static vki_status host_round_trips(vk_engine *e, const op_sampler *sampler, cons
 }
 
 /* Embeddings: the final hidden state of every row (rmsnorm * output_norm, what the LM head
- * reads) into s->h, which no later dispatch of the step touches. One norm over the step's rows,
- * recorded only when a sequence of the plan has a hidden_hook. */
+ * reads) into s->h, which no later dispatch of the step touches (the LM head, recorded before
+ * it, normalises its rows into h on the integer-dot path: the barrier orders the two; the
+ * context logits' LM head passes rewrite h after host_hidden has read it). One norm over the
+ * step's rows, recorded only when a sequence of the plan has a hidden_hook. */
 static bool wants_hidden(const vki_step_plan *plan)
 {
     for (uint32_t i = 0; i < plan->n_seqs; i++)

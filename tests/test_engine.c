@@ -590,6 +590,37 @@ static void test_fusion_bitwise(void **state)
     vt_assert_clean(g);
 }
 
+/* One prefill step of n tokens in a fresh slot wanting a token and the hidden rows (the
+ * embeddings' hook): the rows, [n][d] (malloc'd). */
+typedef struct hidden_got {
+    float *rows;
+    uint32_t n_rows, d;
+} hidden_got;
+
+static void hidden_copy(void *ctx, const float *rows, uint32_t n_rows, uint32_t d, uint32_t pos0)
+{
+    hidden_got *h = ctx;
+    assert_int_equal(pos0, 0);
+    h->rows = malloc((size_t)n_rows * d * sizeof(float));
+    memcpy(h->rows, rows, (size_t)n_rows * d * sizeof(float));
+    h->n_rows = n_rows, h->d = d;
+}
+
+static float *hidden_step(fixture *fx, const int32_t *prompt, uint32_t n, uint32_t slot)
+{
+    uint32_t pages[PAGES_PER_SEQ];
+    for (uint32_t i = 0; i < PAGES_PER_SEQ; i++)
+        pages[i] = slot * PAGES_PER_SEQ + i;
+    hidden_got h = {0};
+    vki_step_seq ss = {.slot = slot, .n_new = n, .tokens = prompt, .n_pages = PAGES_PER_SEQ, .pages = pages,
+                       .want_token = true, .hidden_hook = hidden_copy, .hidden_hook_ctx = &h};
+    vki_step_plan plan = {.n_seqs = 1, .seqs = &ss, .n_tokens = n};
+    vki_step_out out;
+    assert_int_equal(vk_engine_step(fx->e, &plan, &out, NULL), VKI_OK);
+    assert_true(h.rows && h.n_rows == n && h.d == fx->hp.d_model);
+    return h.rows;
+}
+
 /* int_dot (the integer-dot decode projections) on every weight type it runs: q8_0 with a tied
  * LM head, q4_0, qwen2's q4_k with Q/K/V biases, q6_k, a q4_k_m mix, a q3_k_m mix (q3_k to
  * q6_k), qwen2's iq4_xs (with iq4_nl where a row is no multiple of 256), q4_1, q5_0 (tied),
@@ -602,7 +633,9 @@ static void test_fusion_bitwise(void **state)
  *  - int_dot against the float engine: not bitwise equal where decode took the integer path, and
  *    the logits' NMSE at most INT_DOT_TOL (the activations' 8-bit rounding);
  *  - every decode step of int_dot records as many dispatches as the float engine's: the
- *    kernels before each product quantise its input, no quant_x8 pass is left. */
+ *    kernels before each product quantise its input, no quant_x8 pass is left;
+ *  - a prefill step with the embeddings' hidden rows next to a sampled token gives the same
+ *    rows fused and op by op. */
 #define INT_DOT_TOL 3e-3 /* measured on lavapipe, 7 seeds: <= 6.3e-4. The rounding of ~17 products'
                           * inputs (2-4e-5 each) adds up through the residual stream */
 
@@ -684,6 +717,18 @@ static void test_int_dot(void **state)
                     s[f][i].tok[s[f][i].n - 1] = s[0][i].tok[s[0][i].n - 1];
             }
         }
+        /* embeddings next to logits: the hidden rows (record_hidden writes h after the LM head,
+         * which normalises its rows into h on this path) as op by op, bit for bit */
+        int32_t hp[9];
+        random_prompt(&r, hp, 9, V);
+        float *hid[3];
+        for (int f = 0; f < 3; f++)
+            hid[f] = hidden_step(&fx[f], hp, 9, 3);
+        if (memcmp(hid[1], hid[2], (size_t)9 * fx[0].hp.d_model * sizeof(float)))
+            fail_msg("%s: int_dot hidden rows differ with no_fusion (NMSE %.3g)", sc->label,
+                     vt_nmse(hid[2], hid[1], (size_t)9 * fx[0].hp.d_model));
+        for (int f = 0; f < 3; f++)
+            free(hid[f]);
         fprintf(stderr, "  %-16s int_dot: logits NMSE against the float path <= %.2e\n", sc->label, mworst);
         if (differ < compared)
             fail_msg("%s: only %u of %u decode logits differ from the float path's: was int_dot used?", sc->label,
