@@ -68,6 +68,7 @@ static int group_setup(void **state)
                "checks are skipped\n", VKI_SHARED_DIR);
         snprintf(t->model, sizeof t->model, "/tmp/vki_test_server_%d.gguf", (int)getpid());
         synth_params sp = synth_default_params();
+        sp.n_ctx = 2048, sp.n_vocab = 512; /* stories260K's context and token ids */
         char err[256];
         if (synth_write(&sp, t->model, err, sizeof err) != VKI_OK) {
             printf("cannot write %s: %s\n", t->model, err);
@@ -672,22 +673,42 @@ static size_t expected_cut(const char *full, const char *const *stops, int n)
 
 /* Stop strings spanning several tokens: the text before the earliest match, finish "stop", fewer
  * tokens; the same when streamed (nothing of a stop string leaks). */
+/* The first run of printable ASCII in s[from, len) of at least min bytes: its start, and up to
+ * want bytes of it in *n. False when there is none: a synthetic model's text of stray bytes
+ * (which come out as U+FFFD, no string a client can stop on); stories260K's is ASCII throughout. */
+static bool ascii_run(const char *s, size_t len, size_t from, size_t min, size_t want, size_t *at, size_t *n)
+{
+    for (size_t i = from; i < len;) {
+        size_t j = i;
+        while (j < len && (unsigned char)s[j] >= 0x20 && (unsigned char)s[j] < 0x7f)
+            j++;
+        if (j - i >= min) {
+            *at = i;
+            *n = j - i < want ? j - i : want;
+            return true;
+        }
+        i = j + 1;
+    }
+    return false;
+}
+
 static void test_stop_strings(void **state)
 {
     T *t = *state;
     start(t, NULL, 0);
     cJSON *whole = http_json(t, "POST", "/v1/completions", CMPL48, 200);
     const char *full = vt_json_str(whole, "choices.0.text");
-    size_t len = strlen(full), a = len / 3, b = a + 12, c = len * 2 / 3;
-    while (a < len && ((unsigned char)full[a] & 0xC0) == 0x80)
-        a++;
-    while (b < len && ((unsigned char)full[b] & 0xC0) == 0x80)
-        b++;
-    while (c < len && ((unsigned char)full[c] & 0xC0) == 0x80)
-        c++;
+    size_t len = strlen(full), a, na, c, nc;
+    if (!ascii_run(full, len, len / 3, 4, 12, &a, &na) || !ascii_run(full, len, len * 2 / 3, 2, 8, &c, &nc)) {
+        assert_false(t->stories);
+        printf("NOTE: the synthetic model's answer has no ASCII to stop on: stop strings not checked\n");
+        cJSON_Delete(whole);
+        stop(t);
+        return;
+    }
     char stop1[64], stop2[64];
-    snprintf(stop1, sizeof stop1, "%.*s", (int)(b - a), full + a);             /* ~12 bytes: several tokens */
-    snprintf(stop2, sizeof stop2, "%.*s", (int)(len - c < 8 ? len - c : 8), full + c); /* later */
+    snprintf(stop1, sizeof stop1, "%.*s", (int)na, full + a); /* ~12 bytes: several tokens */
+    snprintf(stop2, sizeof stop2, "%.*s", (int)nc, full + c); /* later */
     const char *stops[] = {stop2, stop1, "never appears ~~"};
     size_t cut = expected_cut(full, stops, 3);
     assert_true(cut <= a && cut < len);
@@ -1638,8 +1659,11 @@ static void test_vllm_fields(void **state)
     cJSON *a = http_json(t, "POST", "/v1/completions", CMPL48, 200);
     const char *whole = vt_json_str(a, "choices.0.text");
     char word[8] = "", body[512];
-    if (strlen(whole) > 12)
-        memcpy(word, whole + 8, 4); /* four characters from inside the greedy answer */
+    size_t at, run;
+    if (ascii_run(whole, strlen(whole), 8, 4, 4, &at, &run)) /* four characters from inside the greedy answer */
+        memcpy(word, whole + at, 4);
+    else
+        assert_false(t->stories);
     snprintf(body, sizeof body, "{\"prompt\":\"Once upon a time\",\"max_tokens\":48,\"temperature\":0,\"stop\":[\"%s\"],"
              "\"include_stop_str_in_output\":true}", word);
     if (word[0] && !strchr(word, '"') && !strchr(word, '\\')) {
