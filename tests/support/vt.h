@@ -111,7 +111,9 @@ bool vt_is_float_type(uint32_t ggml_type);
 vki_status vt_byte_piece(void *ctx, int32_t id, char *buf, size_t cap, size_t *n);
 bool vt_in_grammar(const char *gbnf, size_t len, const char *text, size_t n);
 
-/* ../shared/models/<name> if present, else NULL (the caller skips with a message). */
+/* ../shared/models/<name> if present, else NULL (the caller skips with a message, or falls back
+ * to a synthetic model). VKI_TEST_NO_SHARED=1: NULL always, as on a machine without ../shared
+ * (tools/dev test runs the suites with a synthetic fallback so too). */
 const char *vt_shared_model(const char *name, char *buf, size_t n);
 
 /* VKI_TEST_QUICK=1 (tools/dev test sets it for the sanitizer pass, which is there for host
