@@ -671,8 +671,6 @@ static size_t expected_cut(const char *full, const char *const *stops, int n)
     return best_start;
 }
 
-/* Stop strings spanning several tokens: the text before the earliest match, finish "stop", fewer
- * tokens; the same when streamed (nothing of a stop string leaks). */
 /* The first run of printable ASCII in s[from, len) of at least min bytes: its start, and up to
  * want bytes of it in *n. False when there is none: a synthetic model's text of stray bytes
  * (which come out as U+FFFD, no string a client can stop on); stories260K's is ASCII throughout. */
@@ -692,6 +690,8 @@ static bool ascii_run(const char *s, size_t len, size_t from, size_t min, size_t
     return false;
 }
 
+/* Stop strings spanning several tokens: the text before the earliest match, finish "stop", fewer
+ * tokens; the same when streamed (nothing of a stop string leaks). */
 static void test_stop_strings(void **state)
 {
     T *t = *state;
