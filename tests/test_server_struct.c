@@ -382,7 +382,9 @@ static void test_tools_auto_none(void **state)
     cJSON *r = post(t, CHAT, "{" USER ",\"max_tokens\":16,\"min_tokens\":4,\"seed\":%llu,\"tools\":%s}",
                     (unsigned long long)g_seed + 13, TOOLS); /* min_tokens: never an empty answer */
     assert_null(vt_json_get(r, "choices.0.message.tool_calls"));
-    assert_true(strlen(vt_json_str(r, "choices.0.message.content")) > 0);
+    /* the synthetic stand-in (no ../shared) may sample tokens that print nothing (special ones) */
+    assert_true(strlen(vt_json_str(r, "choices.0.message.content")) > 0 ||
+                (!t->stories && vt_json_num(r, "usage.completion_tokens") >= 4));
     assert_string_not_equal(vt_json_str(r, "choices.0.finish_reason"), "tool_calls");
     double with_tools = vt_json_num(r, "usage.prompt_tokens");
     cJSON_Delete(r);
