@@ -213,9 +213,7 @@ void write_xq(uint t, uint h0, uint gn)
     uint nb = HD / 32u;
     for (uint b = gl_LocalInvocationID.x; b < gn * nb; b += WG) {
         vec4 v[8];
-        [[unroll]] for (uint i = 0u; i < 8u; i++)
-            v[i] = vec4(st_acc[32u * b + 4u * i], st_acc[32u * b + 4u * i + 1u], st_acc[32u * b + 4u * i + 2u],
-                        st_acc[32u * b + 4u * i + 3u]);
+        XQ_LOAD(v, st_acc, 32u * b);
         uint qw[8];
         float d;
         xq_block(v, qw, d);

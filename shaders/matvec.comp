@@ -292,10 +292,8 @@ void glu_xq_tail(uint r0)
     if (!count_last(b, NO, 32u * gl_NumWorkGroups.y))
         return;
     for (uint m = gl_LocalInvocationID.x; m < p.M; m += gl_WorkGroupSize.x) {
-        const uint i0 = m * p.y_stride + 32u * b;
         vec4 v[8];
-        [[unroll]] for (uint i = 0u; i < 8u; i++)
-            v[i] = vec4(y[i0 + 4u * i], y[i0 + 4u * i + 1u], y[i0 + 4u * i + 2u], y[i0 + 4u * i + 3u]);
+        XQ_LOAD(v, y, m * p.y_stride + 32u * b);
         uint q[8];
         float d;
         xq_block(v, q, d);

@@ -22,6 +22,12 @@ void xq_block(in vec4 v[8], out uint q[8], out float d)
     }
 }
 
+// v = the 32 consecutive values src[i0 ..] (a buffer or shared array), as xq_block takes them.
+#define XQ_LOAD(v, src, i0)                                                                   \
+    [[unroll]] for (uint i_ = 0u; i_ < 8u; i_++)                                              \
+        v[i_] = vec4(src[(i0) + 4u * i_], src[(i0) + 4u * i_ + 1u], src[(i0) + 4u * i_ + 2u],   \
+                     src[(i0) + 4u * i_ + 3u]);
+
 // Stores block b of row m (q, d from xq_block) in the layout of vki_pc_quant_x8 for M rows of K
 // elements: words and scales are the uint and float views of one buffer.
 #define XQ_STORE(words, scales, M, K, m, b, q, d)                                                \

@@ -387,6 +387,14 @@ static void run_file(vt_gpu *g, const char *gguf_path, uint32_t kv_type, bool in
     gguf_close(f);
 }
 
+static uint32_t argmax(const float *x, uint32_t n)
+{
+    uint32_t best = 0;
+    for (uint32_t v = 1; v < n; v++)
+        best = x[v] > x[best] ? v : best;
+    return best;
+}
+
 /* Greedy ids of the CPU reference (tests/support/ref_model.c: double accumulation, K/V rounded
  * through f16 as the engine's cache) for a line's prompt. */
 static void ref_greedy(const char *gguf_path, const greedy_line *l, int32_t *out)
@@ -402,11 +410,7 @@ static void ref_greedy(const char *gguf_path, const greedy_line *l, int32_t *out
     memcpy(toks, l->prompt, n * sizeof *toks);
     for (int i = 0; i < ZOO_GEN; i++, n++) {
         assert_int_equal(ref_model_forward(m, toks, n, false, lg), VKI_OK);
-        uint32_t best = 0;
-        for (uint32_t v = 1; v < V; v++)
-            if (lg[v] > lg[best])
-                best = v;
-        out[i] = toks[n] = (int32_t)best;
+        out[i] = toks[n] = (int32_t)argmax(lg, V);
     }
     free(lg);
     ref_model_free(m);
@@ -510,11 +514,7 @@ static void test_greedy_int_dot(void **state)
             worst = e > worst ? e : worst;
             int k = 0; /* int_dot's own choice at each step of llama.cpp's line */
             for (; k < ZOO_GEN; k++) {
-                const float *b = li + o + (size_t)k * V;
-                uint32_t best = 0;
-                for (uint32_t v = 1; v < V; v++)
-                    best = b[v] > b[best] ? v : best;
-                if ((int32_t)best != lines[s].want[k])
+                if ((int32_t)argmax(li + o + (size_t)k * V, V) != lines[s].want[k])
                     break;
             }
             same += k == ZOO_GEN;
