@@ -384,6 +384,8 @@ vki_status vk_engine_create(vkd_device *d, const gguf_file *f, const model_hpara
         st = op_sampler_create(d, e->max_out, hp->n_vocab, &fl->sampler);
         if (st == VKI_OK)
             st = vkd_cmd_create(d, i ? "step (flight 1)" : "step", &fl->cmd);
+        if (st == VKI_OK)
+            st = vkd_cmd_create(d, i ? "sampler (flight 1)" : "sampler", &fl->cmd_s);
         if (st == VKI_OK && !(fl->out_slots = malloc((size_t)e->max_out * sizeof *fl->out_slots)))
             st = VKI_ERR_OUT_OF_HOST_MEMORY;
         /* A step that records what an earlier one recorded is submitted again (vkd_cmd reuse): up
@@ -392,6 +394,8 @@ vki_status vk_engine_create(vkd_device *d, const gguf_file *f, const model_hpara
          * their own). */
         if (st == VKI_OK && !e->p.no_cmd_reuse && e->p.capture_first < 0)
             st = vkd_cmd_enable_reuse(&fl->cmd, 8);
+        if (st == VKI_OK && !e->p.no_cmd_reuse && e->p.capture_first < 0)
+            st = vkd_cmd_enable_reuse(&fl->cmd_s, 4);
     }
     e->cmd = &e->fl[0].cmd;
     if (st == VKI_OK && e->p.profile_path)
@@ -419,6 +423,7 @@ void vk_engine_destroy(vk_engine *e)
     vk_profile_close(&e->prof);
     for (uint32_t i = 0; i < e->n_flights; i++) {
         vkd_cmd_destroy(&e->fl[i].cmd); /* waits for a step still in flight */
+        vkd_cmd_destroy(&e->fl[i].cmd_s);
         op_sampler_destroy(e->fl[i].sampler);
         vkd_buffer_destroy(e->dev, e->fl[i].in_host);
         free(e->fl[i].out_slots);
@@ -824,12 +829,74 @@ static void note_sampled_rows(vk_engine *e, uint32_t fi, const vki_step_plan *pl
     e->prev_fl = fi;
 }
 
-vki_status vk_engine_submit(vk_engine *e, const vki_step_plan *plan)
+/* Everything submitted before (compute and transfers, reads and writes) before what follows. */
+static void barrier_after_earlier(vkd_cmd *c)
+{
+    vkd_barrier_ex(c, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT | VK_PIPELINE_STAGE_TRANSFER_BIT,
+                   VK_ACCESS_SHADER_WRITE_BIT | VK_ACCESS_TRANSFER_WRITE_BIT,
+                   VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT | VK_PIPELINE_STAGE_TRANSFER_BIT,
+                   VK_ACCESS_SHADER_READ_BIT | VK_ACCESS_SHADER_WRITE_BIT | VK_ACCESS_TRANSFER_READ_BIT |
+                       VK_ACCESS_TRANSFER_WRITE_BIT);
+}
+
+/* The sampler over the LM head's logits rows, its masks at in.off_masks of the device inputs. */
+static vki_status record_sampler(vk_engine *e, const vk_flight *f)
+{
+    vkd_role(e->cmd, "sample");
+    vkd_view masks = {e->in.dev, e->in.off_masks, op_sampler_mask_bytes(f->sampler)};
+    return op_sampler_record(f->sampler, e->cmd, vkd_whole(e->s.logits), vk_engine_logits_stride(e), masks);
+}
+
+/* The newest step in flight (NULL: none). */
+static vk_flight *newest_flight(vk_engine *e)
+{
+    return e->n_pending ? &e->fl[(e->head + e->n_pending - 1) % e->n_flights] : NULL;
+}
+
+/* The sampler of a step submitted with its masks later, in a command buffer of its own: after
+ * the forward pass (submission order and a barrier), the masks copied from the flight's input
+ * buffer (the forward pass's copy left that region out), then the sampler. plan: the masks
+ * taken from there first; NULL: those the submit copied. */
+static vki_status submit_sampler(vk_engine *e, vk_flight *f, const vki_step_plan *plan)
+{
+    vki_status st = VKI_OK;
+    VkDeviceSize off = e->in.off_masks, bytes = op_sampler_mask_bytes(f->sampler);
+    if (plan) {
+        if ((st = op_sampler_repoint_masks(f->sampler, plan)) != VKI_OK) {
+            vkd_log(e->dev, VKI_LOG_ERROR, "token masks given for other rows than the step's");
+            return st;
+        }
+        op_sampler_copy_masks(f->sampler, (char *)f->in_host->mapped + off);
+    }
+    f->masks_due = false;
+    e->cmd = &f->cmd_s;
+    if ((st = vkd_cmd_begin(e->cmd)) != VKI_OK)
+        return st;
+    vkd_label_begin(e->cmd, "sampler");
+    barrier_after_earlier(e->cmd);
+    vkd_copy(e->cmd, f->in_host, off, e->in.dev, off, bytes);
+    vkd_barrier_transfer_to_compute(e->cmd);
+    st = record_sampler(e, f);
+    vkd_label_end(e->cmd);
+    if (st != VKI_OK) {
+        vkd_cmd_abort(e->cmd);
+        return st;
+    }
+    st = vkd_cmd_submit(e->cmd);
+    e->last_dispatches += e->cmd->n_dispatches;
+    e->last_barriers += e->cmd->n_barriers;
+    return st;
+}
+
+static vki_status submit(vk_engine *e, const vki_step_plan *plan, bool masks_later)
 {
     double t0 = now_ms();
-    if (e->n_pending == e->n_flights || (e->n_pending && e->fl[(e->head + e->n_pending - 1) % e->n_flights].exclusive)) {
-        vkd_log(e->dev, VKI_LOG_ERROR, "step submitted with %u in flight%s: wait for one first", e->n_pending,
-                e->n_pending < e->n_flights ? " whose results are read back from scratch" : "");
+    vk_flight *last = newest_flight(e);
+    if (e->n_pending == e->n_flights || (last && (last->exclusive || last->masks_due))) {
+        vkd_log(e->dev, VKI_LOG_ERROR, "step submitted with %u in flight%s", e->n_pending,
+                e->n_pending == e->n_flights ? ": wait for one first"
+                : last->exclusive        ? ": wait for one first, its results are read back from scratch"
+                                         : " before the last one's token masks (vk_engine_submit_masks)");
         return VKI_ERR_INVALID_ARG;
     }
     uint32_t fi = e->n_pending ? (e->head + 1) % e->n_flights : 0; /* alone: always flight 0 */
@@ -859,15 +926,19 @@ vki_status vk_engine_submit(vk_engine *e, const vki_step_plan *plan)
         vkd_label_begin(e->cmd, "step %llu", (unsigned long long)e->n_steps);
     /* the previous step may still run (submitted without a wait): its reads of the inputs and its
      * writes of scratch, KV and sampler output come before anything of this one */
-    vkd_barrier_ex(e->cmd, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT | VK_PIPELINE_STAGE_TRANSFER_BIT,
-                   VK_ACCESS_SHADER_WRITE_BIT | VK_ACCESS_TRANSFER_WRITE_BIT,
-                   VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT | VK_PIPELINE_STAGE_TRANSFER_BIT,
-                   VK_ACCESS_SHADER_READ_BIT | VK_ACCESS_SHADER_WRITE_BIT | VK_ACCESS_TRANSFER_READ_BIT |
-                       VK_ACCESS_TRANSFER_WRITE_BIT);
+    barrier_after_earlier(e->cmd);
     /* in whole 16 KiB: the copy changes size once per 4,096 page-table entries, not per page
      * (vkd_cmd reuse); the extra bytes cost the transfer next to nothing */
-    VkDeviceSize copy = (e->in.used + 16383) / 16384 * 16384;
-    vkd_copy(e->cmd, f->in_host, 0, e->in.dev, 0, copy < e->in.cap ? copy : e->in.cap);
+    VkDeviceSize copy = (e->in.used + 16383) / 16384 * 16384, mask_bytes = op_sampler_mask_bytes(f->sampler);
+    copy = copy < e->in.cap ? copy : e->in.cap;
+    /* masks later: the host writes them into in_host while this copy may run, so it skips them */
+    bool split = masks_later && n_out && mask_bytes && !e->prof.trace;
+    if (split) {
+        vkd_copy(e->cmd, f->in_host, 0, e->in.dev, 0, e->in.off_masks);
+        vkd_copy(e->cmd, f->in_host, e->in.off_pages, e->in.dev, e->in.off_pages, copy - e->in.off_pages);
+    } else {
+        vkd_copy(e->cmd, f->in_host, 0, e->in.dev, 0, copy);
+    }
     record_prev_tokens(e, f->sampler, plan);
     record_page_copies(e, plan);
     vkd_barrier_transfer_to_compute(e->cmd);
@@ -875,11 +946,9 @@ vki_status vk_engine_submit(vk_engine *e, const vki_step_plan *plan)
     st = vk_forward_record(e, plan, n_out);
     if (st == VKI_OK && wants_hidden(plan))
         st = record_hidden(e, plan);
-    if (st == VKI_OK && n_out) {
+    if (st == VKI_OK && n_out && !split) {
         vkd_barrier(e->cmd);
-        vkd_role(e->cmd, "sample");
-        vkd_view masks = {e->in.dev, e->in.off_masks, op_sampler_mask_bytes(f->sampler)};
-        st = op_sampler_record(f->sampler, e->cmd, vkd_whole(e->s.logits), vk_engine_logits_stride(e), masks);
+        st = record_sampler(e, f);
     }
     vkd_label_end(e->cmd);
     if (st != VKI_OK) {
@@ -894,6 +963,7 @@ vki_status vk_engine_submit(vk_engine *e, const vki_step_plan *plan)
         return st;
     note_sampled_rows(e, fi, plan);
     f->pending = true;
+    f->masks_due = split;
     f->early_st = VKI_OK;
     f->exclusive = plan_exclusive(plan);
     f->plan = plan;
@@ -909,13 +979,43 @@ vki_status vk_engine_submit(vk_engine *e, const vki_step_plan *plan)
     return VKI_OK;
 }
 
+vki_status vk_engine_submit(vk_engine *e, const vki_step_plan *plan) { return submit(e, plan, false); }
+
+vki_status vk_engine_submit_masks_later(vk_engine *e, const vki_step_plan *plan) { return submit(e, plan, true); }
+
+vki_status vk_engine_submit_masks(vk_engine *e, const vki_step_plan *plan)
+{
+    vk_flight *f = newest_flight(e);
+    if (!f || !f->masks_due)
+        return VKI_OK;
+    double t0 = now_ms();
+    vki_status st = submit_sampler(e, f, plan);
+    f->host_ms += now_ms() - t0;
+    if (st != VKI_OK && st != VKI_ERR_INVALID_ARG) /* a failed submit: the step's wait reports it */
+        f->early_st = st;
+    return st;
+}
+
+/* The fences of f (its sampler submitted first when its masks never came). */
+static vki_status flight_wait(vk_engine *e, vk_flight *f)
+{
+    vki_status st = f->masks_due ? submit_sampler(e, f, NULL) : VKI_OK, s;
+    if (f->cmd.pending && (s = vkd_cmd_wait(&f->cmd)) != VKI_OK && st == VKI_OK)
+        st = s;
+    if (f->cmd_s.pending && (s = vkd_cmd_wait(&f->cmd_s)) != VKI_OK && st == VKI_OK)
+        st = s;
+    return st != VKI_OK ? st : f->early_st;
+}
+
+static bool flight_busy(const vk_flight *f) { return f->cmd.pending || f->cmd_s.pending || f->masks_due; }
+
 vki_status vk_engine_drain(vk_engine *e)
 {
     vki_status first = VKI_OK;
     for (uint32_t k = 0; k < e->n_pending; k++) {
         vk_flight *f = &e->fl[(e->head + k) % e->n_flights];
-        if (f->cmd.pending)
-            f->early_st = vkd_cmd_wait(&f->cmd);
+        if (flight_busy(f))
+            f->early_st = flight_wait(e, f);
         first = first != VKI_OK ? first : f->early_st;
     }
     return first;
@@ -933,7 +1033,7 @@ vki_status vk_engine_wait(vk_engine *e, vki_step_out *outs, float *logits)
     e->head = (e->head + 1) % e->n_flights;
     e->n_pending--;
     f->pending = false;
-    vki_status st = f->cmd.pending ? vkd_cmd_wait(&f->cmd) : f->early_st;
+    vki_status st = flight_busy(f) ? flight_wait(e, f) : f->early_st;
     e->last_wait_ms = now_ms() - t0;
     if (st != VKI_OK)
         return st;

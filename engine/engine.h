@@ -3,7 +3,9 @@
  * upload inputs -> embedding -> layers -> LM head on the rows that want a token -> sampling.
  * vk_engine_submit / vk_engine_wait split a step so that two can be in flight: the host packs and
  * submits step N + 1 (its decode tokens read on the device from step N's sampler,
- * VKI_TOKEN_PREV) while the device still runs step N.
+ * VKI_TOKEN_PREV) while the device still runs step N. vk_engine_submit_masks_later submits step
+ * N + 1 without its sampler, whose token masks (a grammar's, which depend on step N's token) come
+ * with vk_engine_submit_masks.
  * Knows nothing of requests, queues, tokenizers or HTTP. */
 #ifndef VKI_ENGINE_ENGINE_H
 #define VKI_ENGINE_ENGINE_H
@@ -109,11 +111,14 @@ typedef struct vk_step_inputs {
  * one flight (the caller waits before it submits again); otherwise two. */
 typedef struct vk_flight {
     vkd_cmd cmd;
+    vkd_cmd cmd_s;           /* its sampler, when the token masks came after the forward pass
+                                (vk_engine_submit_masks_later) */
     op_sampler *sampler;
     vkd_buffer *in_host;     /* its packed inputs (host-visible) */
     bool pending;            /* submitted, not yet waited */
     bool exclusive;          /* its wait reads scratch back (host round trips, hidden rows, context
                                 logits): no later step may be submitted before that wait */
+    bool masks_due;          /* its forward pass submitted, its sampler waits for the masks */
     vki_status early_st;     /* of a fence wait done for it before its vk_engine_wait (a drain) */
     const vki_step_plan *plan; /* the submitted plan: read at the wait only when exclusive */
     uint32_t n_out;          /* rows sampled */
@@ -190,6 +195,18 @@ vki_status vk_engine_step(vk_engine *e, const vki_step_plan *plan, vki_step_out 
  * step sampled none for the slot or the host resampled it). The plan is read during the call;
  * one with host round trips must also stay valid until its wait. */
 vki_status vk_engine_submit(vk_engine *e, const vki_step_plan *plan);
+/* The same, but the token masks of its rows are read later, by vk_engine_submit_masks, which
+ * then submits the step's sampler: a constrained request's mask for this step can be computed
+ * from the token the step before samples while the device already runs this one's forward pass.
+ * Which rows have a mask is fixed here; until the masks are given, no other step may be
+ * submitted (its VKI_TOKEN_PREV tokens come from this one's sampler). A plain submit when no
+ * row has a mask, or while profiling. */
+vki_status vk_engine_submit_masks_later(vk_engine *e, const vki_step_plan *plan);
+/* The masks of the last submitted step, read from plan (the submitted plan, whose rows' token
+ * masks may since point elsewhere: a row with a mask then must have one now), and its sampler
+ * submitted. VKI_OK with nothing to do when that step waits for no masks. A step whose wait (or
+ * a drain) comes first samples with the masks its submit saw. */
+vki_status vk_engine_submit_masks(vk_engine *e, const vki_step_plan *plan);
 /* Waits for the oldest step in flight and fills its outs (and logits as vk_engine_step; logits
  * only when no later step is in flight, which would overwrite them). VKI_ERR_INVALID_ARG when
  * none is in flight. When a wait fails, the steps submitted after it read its tokens: their

@@ -239,6 +239,22 @@ void op_sampler_copy_masks(const op_sampler *s, void *dst)
         memcpy((char *)dst + k * bytes, s->masks[k], bytes);
 }
 
+vki_status op_sampler_repoint_masks(op_sampler *s, const vki_step_plan *plan)
+{
+    uint32_t n = 0, k = 0;
+    for (uint32_t i = 0; i < plan->n_seqs; i++) {
+        const vki_step_seq *q = &plan->seqs[i];
+        if (q->want_token && (n++ >= s->n_rows || (q->token_mask != NULL) != (s->reqs[n - 1].mask != NULL)))
+            return VKI_ERR_INVALID_ARG;
+    }
+    if (n != s->n_rows)
+        return VKI_ERR_INVALID_ARG;
+    for (uint32_t i = 0; i < plan->n_seqs; i++)
+        if (plan->seqs[i].want_token && plan->seqs[i].token_mask)
+            s->masks[k++] = plan->seqs[i].token_mask;
+    return VKI_OK;
+}
+
 vki_status op_sampler_record(op_sampler *s, vkd_cmd *c, vkd_view logits, uint32_t row_stride, vkd_view masks)
 {
     op_sample_args a = {.logits = logits, .row_stride = row_stride, .n_rows = s->n_rows, .n_vocab = s->n_vocab,

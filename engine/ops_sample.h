@@ -71,6 +71,10 @@ vki_status op_sampler_pack_plan(op_sampler *s, const vki_step_plan *plan, char *
 /* Bytes of the packed rows' masks (0: none has one), and a copy of them, back to back, to dst. */
 size_t op_sampler_mask_bytes(const op_sampler *s);
 void op_sampler_copy_masks(const op_sampler *s, void *dst);
+/* The masks taken again from plan, the plan op_sampler_pack_plan packed (the same rows want a
+ * token, the same of them have a mask; what the masks point at may have changed), for a copy
+ * made after the pack. VKI_ERR_INVALID_ARG (nothing changed) when the rows with masks differ. */
+vki_status op_sampler_repoint_masks(op_sampler *s, const vki_step_plan *plan);
 
 /* Records the sampling of the packed rows over logits (row i at float i * row_stride of the view;
  * the view's offset must be a multiple of minStorageBufferOffsetAlignment). masks: where the

@@ -1069,6 +1069,123 @@ static void test_overlap(void **state)
     vt_assert_clean(g);
 }
 
+/* Decode step k of test_masks_later for the two sequences s: row 0 always masked (mask0), row 1
+ * on odd steps (mask1); tokens from the host, or VKI_TOKEN_PREV. */
+static vki_step_plan masked_plan(vki_step_seq *ss, tseq *const *s, uint32_t k, bool prev,
+                                 const vki_sampling_params *sp, const uint32_t *mask0, const uint32_t *mask1)
+{
+    static const int32_t prev_tok = VKI_TOKEN_PREV;
+    for (uint32_t i = 0; i < 2; i++)
+        ss[i] = (vki_step_seq){.slot = s[i]->slot, .pos0 = s[i]->done, .n_new = 1,
+                               .tokens = prev ? &prev_tok : s[i]->tok + s[i]->done, .n_pages = PAGES_PER_SEQ,
+                               .pages = s[i]->pages, .want_token = true, .sampling = sp, .seed = 7 + i,
+                               .token_mask = i == 0 ? mask0 : k % 2 ? mask1 : NULL};
+    return (vki_step_plan){.n_seqs = 2, .seqs = ss, .n_tokens = 2};
+}
+
+/* A step whose token masks come after its submit (vk_engine_submit_masks_later: the batch
+ * manager's grammar rows in lookahead steps). Submitted with VKI_TOKEN_PREV tokens while the
+ * step before runs, its masks written into the buffer its row points at, or its row pointed at
+ * another buffer, after that step's wait: it samples under those masks, the tokens and logprobs
+ * of host-fed steps run one at a time with the same masks, bit for bit. Then: no other step
+ * while masks are due; masks for other rows are refused and the step samples under the masks its
+ * submit saw, as it does when waited for with none given. */
+static void test_masks_later(void **state)
+{
+    vt_gpu *g = vt_gpu_get(state);
+    char path[256];
+    write_model(&SHAPES[6], path, sizeof path); /* q4_k_m weights, f16 KV */
+    fixture fx;
+    vk_engine_params p = test_params(VKI_GGML_F16, 64);
+    fixture_open_engine(g, path, &p, &fx);
+    vk_engine *e = fx.e;
+    const uint32_t V = fx.n_vocab, W = (V + 31) / 32, N = 12;
+    uint32_t *m = calloc(4 * W, 4), *live = calloc(W, 4); /* m + j W: the tokens t with t % 4 == j */
+    for (uint32_t t = 0; t < V; t++)
+        m[(t % 4) * W + t / 32] |= 1u << (t % 32);
+    vki_sampling_params sp = vki_sampling_default_params();
+    sp.temperature = 0.9f;
+    vt_rng r = vt_rng_seeded("masks later");
+    int32_t prompt[2][24];
+    tseq sa[2], sb[2], *a[2] = {&sa[0], &sa[1]}, *b[2] = {&sb[0], &sb[1]};
+    float lp[2][2][16];
+    for (uint32_t i = 0; i < 2; i++) {
+        random_prompt(&r, prompt[i], 24, V);
+        tseq_init(a[i], 1 + 2 * i, prompt[i], 24, 64);
+        tseq_init(b[i], 2 + 2 * i, prompt[i], 24, 64);
+    }
+    const uint32_t n24[2] = {24, 24};
+    step(&fx, a, n24, 2, NULL);
+    step(&fx, b, n24, 2, NULL);
+    vki_step_seq ss[2], st[2];
+    vki_step_out outs[2];
+    for (uint32_t k = 0; k < N; k++) { /* reference: host-fed, one step at a time */
+        vki_step_plan pl = masked_plan(ss, b, k, false, &sp, m + (k % 4) * W, m + ((k + 1) % 4) * W);
+        assert_int_equal(vk_engine_step(e, &pl, outs, NULL), VKI_OK);
+        for (uint32_t i = 0; i < 2; i++) {
+            b[i]->done++;
+            lp[1][i][k] = outs[i].logprob;
+            b[i]->tok[b[i]->n++] = outs[i].token;
+            assert_true((uint32_t)outs[i].token % 4 == (i == 0 ? k % 4 : (k + 1) % 4) || (i == 1 && k % 2 == 0));
+        }
+    }
+    /* step k + 1 submitted (masks later) before step k is waited for; its masks after that wait */
+    vki_step_plan cur = masked_plan(ss, a, 0, false, &sp, m, NULL);
+    assert_int_equal(vk_engine_submit(e, &cur), VKI_OK);
+    for (uint32_t k = 1; k <= N; k++) {
+        for (uint32_t i = 0; i < 2; i++)
+            a[i]->done++;
+        vki_step_seq *nx = k % 2 ? st : ss;
+        vki_step_plan next = masked_plan(nx, a, k, true, &sp, live, live);
+        memcpy(live, m + ((k + 2) % 4) * W, W * 4); /* what the submit sees: not the step's masks */
+        if (k < N) {
+            assert_int_equal(vk_engine_submit_masks_later(e, &next), VKI_OK);
+            assert_int_equal(vk_engine_submit(e, &next), VKI_ERR_INVALID_ARG); /* masks due */
+        }
+        assert_int_equal(vk_engine_wait(e, outs, NULL), VKI_OK);
+        for (uint32_t i = 0; i < 2; i++) {
+            lp[0][i][k - 1] = outs[i].logprob;
+            a[i]->tok[a[i]->n++] = outs[i].token;
+        }
+        if (k < N) {
+            memcpy(live, m + (k % 4) * W, W * 4);   /* row 0: its buffer refilled */
+            nx[1].token_mask = nx[1].token_mask ? m + ((k + 1) % 4) * W : NULL; /* row 1: moved */
+            assert_int_equal(vk_engine_submit_masks(e, &next), VKI_OK);
+        }
+    }
+    for (uint32_t i = 0; i < 2; i++)
+        if (memcmp(a[i]->tok, b[i]->tok, (24 + 1 + N) * 4) || memcmp(lp[0][i], lp[1][i], N * sizeof(float)))
+            fail_msg("sequence %u: masks given after the submit sampled other tokens or logprobs", i);
+    fprintf(stderr, "  masks given after the submit = host-fed steps, bit for bit (%u steps x 2 rows)\n", N);
+    /* refusals */
+    assert_int_equal(vk_engine_submit_masks(e, &cur), VKI_OK); /* none due: nothing to do */
+    vki_step_plan last = masked_plan(ss, a, 0, false, &sp, live, NULL);
+    memcpy(live, m, W * 4);
+    assert_int_equal(vk_engine_submit_masks_later(e, &last), VKI_OK);
+    assert_int_equal(vk_engine_submit(e, &last), VKI_ERR_INVALID_ARG);   /* before its masks */
+    ss[1].token_mask = m + W;                                           /* a row gained a mask */
+    assert_int_equal(vk_engine_submit_masks(e, &last), VKI_ERR_INVALID_ARG);
+    memcpy(live, m + W, W * 4);
+    assert_int_equal(vk_engine_wait(e, outs, NULL), VKI_OK);
+    assert_int_equal(outs[0].token % 4, 0);                              /* the submit's mask */
+    ss[1].token_mask = NULL;
+    memcpy(live, m + 2 * W, W * 4);
+    assert_int_equal(vk_engine_submit_masks_later(e, &last), VKI_OK);
+    memcpy(live, m + 3 * W, W * 4);
+    assert_int_equal(vk_engine_wait(e, outs, NULL), VKI_OK);             /* never given */
+    assert_int_equal(outs[0].token % 4, 2);
+    assert_int_equal(e->n_pending, 0);
+    for (uint32_t i = 0; i < 2; i++) {
+        free(a[i]->tok);
+        free(b[i]->tok);
+    }
+    free(m);
+    free(live);
+    fixture_close(&fx);
+    unlink(path);
+    vt_assert_clean(g);
+}
+
 /* Whole-prompt prefill and chunked prefill give the same logits (and the same next token). */
 static void test_chunked_prefill_equals_whole(void **state)
 {
@@ -1926,6 +2043,7 @@ int main(void)
         cmocka_unit_test(test_fusion_bitwise),
         cmocka_unit_test(test_cmd_reuse_bitwise),
         cmocka_unit_test(test_overlap),
+        cmocka_unit_test(test_masks_later),
         cmocka_unit_test(test_int_dot),
         cmocka_unit_test(test_chunked_prefill_equals_whole),
         cmocka_unit_test(test_ragged_batch),
