@@ -858,6 +858,84 @@ static void test_constrained(void **state)
 }
 
 
+/* The requests of test_constrained_lookahead on f (lookahead steps when ahead): their records. */
+static coll *run_grammar_set(fake_engine *f, bool ahead)
+{
+    static const char g_letters[] = "root ::= \"{\" ( \"a\" | \"b\" | \"c\" )+ \"}\"";
+    static const char g_ab[] = "root ::= \"a\" \"b\"";
+    static const char g_as[] = "root ::= \"a\"+";
+    static const char schema[] = "{\"type\": \"object\", \"properties\": {\"a\": {\"type\": \"boolean\"}, "
+                                 "\"b\": {\"type\": \"array\", \"items\": {\"type\": \"integer\"}, \"maxItems\": 3}}, "
+                                 "\"required\": [\"a\", \"b\"]}";
+    static int32_t yz[1] = {21};
+    coll *c = coll_new();
+    bm_backend be = fake_backend(f);
+    if (!ahead)
+        be.submit = NULL, be.wait = NULL, be.masks = NULL;
+    vki_batch_params p = mkparams(VKI_POLICY_GUARANTEED_NO_EVICT);
+    vki_batch_manager *bm;
+    assert_int_equal(bm_create(&be, &p, NULL, &bm), VKI_OK);
+    for (uint32_t i = 0; i < 7; i++) {
+        vki_request r = mkreq(c, i, 3 + i, 120, i % 2, 7 * i + 1);
+        r.sampling.temperature = i % 3 ? 0.8f : 0; /* seeded (mkreq) where it samples */
+        if (i == 0 || i == 1)
+            r.constraint = (vki_constraint){VKI_CONSTRAINT_GBNF, g_letters, strlen(g_letters)};
+        if (i == 2 || i == 3)
+            r.constraint = (vki_constraint){VKI_CONSTRAINT_JSON_SCHEMA, schema, strlen(schema)};
+        if (i == 4) /* complete after 2 tokens, no end may follow: ends with its next row in flight */
+            r.constraint = (vki_constraint){VKI_CONSTRAINT_GBNF, g_ab, strlen(g_ab)}, r.ignore_eos = true;
+        if (i == 5)
+            r.constraint = (vki_constraint){VKI_CONSTRAINT_GBNF, g_as, strlen(g_as)}, r.end_ids = yz, r.n_end_ids = 1;
+        char err[200] = "";
+        if (vki_batch_submit(bm, &r, on_response, c, err, sizeof err) != VKI_OK)
+            fail_msg("submit %u: %s", i, err);
+    }
+    wait_finals(c, 7);
+    assert_int_equal(vki_batch_manager_destroy(bm, false), VKI_OK);
+    assert_clean(c, f);
+    return c;
+}
+
+/* Grammar-constrained requests in lookahead steps: each lookahead row's mask is computed once the
+ * step in flight has delivered the token before it, and given to the executor (be.masks) while
+ * the fake has already "run" the row (it draws the row's token only then, under that mask). The
+ * tokens are those of the same requests without lookahead steps, in their grammars' languages;
+ * requests that end (grammar complete, their end id, EOS) with a lookahead row in flight leave it
+ * harmlessly. */
+static void test_constrained_lookahead(void **state)
+{
+    (void)state;
+    fake_engine *fa = mkfake(8, 256, 0), *fb = mkfake(8, 256, 0);
+    if (!fake_backend(fa).submit) { /* only VKI_FAKE_OVERLAP=1 turns the fake's submit on */
+        fake_destroy(fa);
+        fake_config fc = {.max_seqs = 8, .n_pages = 256, .page_size = 4, .max_ctx = 512, .vocab = VOCAB,
+                          .max_tokens = 40, .eos = EOS, .overlap = true};
+        assert_int_equal(fake_create(&fc, &fa), VKI_OK);
+    }
+    coll *a = run_grammar_set(fa, true), *b = run_grammar_set(fb, false);
+    print_message("lookahead rows %llu, lookaheads whose masks came late %llu\n",
+                  (unsigned long long)fake_prev_rows(fa), (unsigned long long)fake_late_masks(fa));
+    assert_true(fake_late_masks(fa) >= 20);
+    assert_int_equal(fake_prev_rows(fb), 0);
+    for (uint32_t i = 0; i < 7; i++) {
+        const rec *x = &a->r[i], *y = &b->r[i];
+        char text[4096];
+        rec_text(fa, &a->r[i], text, sizeof text);
+        print_message("request %u: finish %d, %u tokens: %s\n", i, x->finish, x->n_tokens, text);
+        assert_int_equal(x->finish, y->finish);
+        assert_int_equal(x->n_tokens, y->n_tokens);
+        assert_memory_equal(x->tokens, y->tokens, x->n_tokens * sizeof *x->tokens);
+        assert_true(x->finish != VKI_FINISH_ERROR);
+    }
+    assert_int_equal(a->r[4].finish, VKI_FINISH_STOP);
+    assert_int_equal(a->r[4].n_tokens, 2);
+    fake_destroy(fa);
+    fake_destroy(fb);
+    coll_free(a);
+    coll_free(b);
+}
+
+
 static void test_validation(void **state)
 {
     (void)state;
@@ -1647,6 +1725,7 @@ int main(void)
         cmocka_unit_test(test_lazy_logprobs_and_cached),
         cmocka_unit_test(test_validation),
         cmocka_unit_test(test_constrained),
+        cmocka_unit_test(test_constrained_lookahead),
         cmocka_unit_test(test_duplicate_ids_and_queue_full),
         cmocka_unit_test(test_cancel_states),
         cmocka_unit_test(test_cancel_paused),

@@ -182,9 +182,10 @@ static void run_batched(e2e *x, vki_capacity_policy policy, uint32_t max_batch, 
             (unsigned long long)x->pauses);
 }
 
-static vki_status open_engine(e2e *x, const char *path, uint64_t kv_tokens, vki_engine **out)
+static vki_status open_engine(e2e *x, const char *path, uint64_t kv_tokens, bool no_overlap, vki_engine **out)
 {
     vki_engine_params p = vki_engine_default_params();
+    p.no_overlap = no_overlap;
     p.device = vt_device_params();
     p.device.log = vt_count_validation;
     p.device.log_user = &x->validation_msgs;
@@ -225,7 +226,7 @@ static int setup(void **state)
     pthread_mutex_init(&x->mu, NULL);
     pthread_cond_init(&x->cv, NULL);
     snprintf(x->path, sizeof x->path, "%s", path);
-    if (open_engine(x, path, 4096, &x->big) != VKI_OK || open_engine(x, path, 24 * 16, &x->small) != VKI_OK) {
+    if (open_engine(x, path, 4096, false, &x->big) != VKI_OK || open_engine(x, path, 24 * 16, false, &x->small) != VKI_OK) {
         vki_engine_destroy(x->big);
         free(x);
         return -1;
@@ -518,6 +519,83 @@ static void test_constrained_batch(void **state)
     free(c);
     x->n_req = n;
     free(ref);
+}
+
+static void last_ahead(void *user, const vki_batch_stats *st) { *(uint64_t *)user = st->steps_ahead; }
+
+/* test_constrained_lookahead's requests on e: two JSON-schema and two GBNF requests (greedy and
+ * seeded sampling) and a short unconstrained one, all at once; *ahead: the lookahead steps. */
+static c_run *run_constrained(e2e *x, vki_engine *e, uint64_t *ahead)
+{
+    static const char schema[] = "{\"type\": \"object\", \"properties\": {\"name\": {\"type\": \"string\", "
+                                 "\"maxLength\": 12}, \"n\": {\"type\": \"integer\"}}, \"required\": [\"name\", \"n\"]}";
+    static const char gbnf[] = "root ::= \"Once \" [a-z]{2,9} (\" \" [a-z]{1,9}){2,6} \".\"";
+    c_run *c = calloc(1, sizeof *c);
+    pthread_mutex_init(&c->mu, NULL);
+    pthread_cond_init(&c->cv, NULL);
+    vki_batch_params bp = vki_batch_default_params();
+    vki_batch_callbacks cb = {.user = ahead, .tick_stats = last_ahead};
+    vki_batch_manager *bm;
+    assert_int_equal(vki_batch_manager_create(e, &bp, &cb, &bm), VKI_OK);
+    for (uint32_t i = 0; i < 5; i++) {
+        vki_request req = make_req(x, i);
+        req.id = 2000 + i;
+        req.max_new_tokens = i < 4 ? C_MAX : 3;
+        req.ignore_eos = false;
+        req.sampling = vki_sampling_default_params();
+        req.sampling.temperature = i % 2 ? 0.8f : 0;
+        req.sampling.has_seed = true;
+        req.sampling.seed = 77 + i;
+        if (i < 2)
+            req.constraint = (vki_constraint){VKI_CONSTRAINT_JSON_SCHEMA, schema, strlen(schema)};
+        else if (i < 4)
+            req.constraint = (vki_constraint){VKI_CONSTRAINT_GBNF, gbnf, strlen(gbnf)};
+        char err[256];
+        if (vki_batch_submit(bm, &req, c_response, c, err, sizeof err) != VKI_OK)
+            fail_msg("submit %u: %s", i, err);
+    }
+    pthread_mutex_lock(&c->mu);
+    while (c->n_final < 5)
+        pthread_cond_wait(&c->cv, &c->mu);
+    pthread_mutex_unlock(&c->mu);
+    assert_int_equal(vki_batch_manager_destroy(bm, false), VKI_OK);
+    return c;
+}
+
+/* Constrained requests in lookahead steps: each lookahead row's grammar mask is computed after
+ * the step in flight delivered the token before it, while the device runs the lookahead's forward
+ * pass, and given to the engine before its sampler runs. The tokens are those of an engine that
+ * waits for every step (no_overlap), and end with EOS where the grammar ends; the lookahead steps
+ * ran (before, any grammar row kept a batch from them). */
+static void test_constrained_lookahead(void **state)
+{
+    e2e *x = get(state);
+    vki_engine *plain = NULL;
+    assert_int_equal(open_engine(x, x->path, 4096, true, &plain), VKI_OK);
+    uint64_t ahead[2] = {0, 0};
+    c_run *a = run_constrained(x, x->big, &ahead[0]), *b = run_constrained(x, plain, &ahead[1]);
+    const vki_tokenizer *tok = vki_engine_tokenizer(x->big);
+    for (uint32_t i = 0; i < 5; i++) {
+        char text[1024];
+        size_t len = 0;
+        assert_int_equal(vki_detokenize(tok, a->out[i], a->n_out[i], 0, text, sizeof text - 1, &len), VKI_OK);
+        text[len] = 0;
+        fprintf(stderr, "  request %u: %u tokens, finish %d: %s\n", i, a->n_out[i], a->finish[i], text);
+        assert_int_equal(a->finish[i], b->finish[i]);
+        assert_int_equal(a->n_out[i], b->n_out[i]);
+        assert_memory_equal(a->out[i], b->out[i], a->n_out[i] * sizeof(int32_t));
+        assert_int_equal(a->finish[i], i < 4 ? VKI_FINISH_EOS : VKI_FINISH_LENGTH);
+    }
+    fprintf(stderr, "  lookahead steps: %llu (no_overlap: %llu)\n", (unsigned long long)ahead[0],
+            (unsigned long long)ahead[1]);
+    assert_true(ahead[0] >= 8);
+    assert_int_equal(ahead[1], 0);
+    for (c_run *c = a; c; c = c == a ? b : NULL) {
+        pthread_mutex_destroy(&c->mu);
+        pthread_cond_destroy(&c->cv);
+        free(c);
+    }
+    vki_engine_destroy(plain);
 }
 
 /* ---- a long generation with windows ---------------------------------------------------------- */
@@ -834,6 +912,7 @@ int main(void)
         cmocka_unit_test(test_seeded_sampling_independent_of_batch),
         cmocka_unit_test(test_logits_processor),
         cmocka_unit_test(test_constrained_batch),
+        cmocka_unit_test(test_constrained_lookahead),
         cmocka_unit_test(test_window_bounded_kv),
         cmocka_unit_test(test_embeddings),
     };

@@ -334,10 +334,19 @@ static vki_status backend_step(void *ctx, const vki_step_plan *plan, vki_step_ou
     return st;
 }
 
-static vki_status backend_submit(void *ctx, const vki_step_plan *plan)
+static vki_status backend_submit(void *ctx, const vki_step_plan *plan, bool masks_later)
 {
     vki_engine *e = ctx;
-    vki_status st = vk_engine_submit(e->eng, plan);
+    vki_status st = masks_later ? vk_engine_submit_masks_later(e->eng, plan) : vk_engine_submit(e->eng, plan);
+    if (st == VKI_ERR_DEVICE_LOST)
+        atomic_store(&e->lost, true);
+    return st;
+}
+
+static vki_status backend_masks(void *ctx, const vki_step_plan *plan)
+{
+    vki_engine *e = ctx;
+    vki_status st = vk_engine_submit_masks(e->eng, plan);
     if (st == VKI_ERR_DEVICE_LOST)
         atomic_store(&e->lost, true);
     return st;
@@ -420,6 +429,7 @@ vki_status vki_batch_manager_create(vki_engine *e, const vki_batch_params *param
     if (g->n_flights > 1 && !e->params.no_overlap) { /* two steps in flight (not while profiling or capturing) */
         be.submit = backend_submit;
         be.wait = backend_wait;
+        be.masks = backend_masks;
     }
     vki_status st = bm_create(&be, params, cb, out);
     if (st != VKI_OK)

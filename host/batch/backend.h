@@ -30,9 +30,15 @@ typedef struct bm_backend {
      * this one is waited for (two in flight at most, waited in submission order). A decode entry
      * of the second may give VKI_TOKEN_PREV: the token the first sampled for that slot, which the
      * executor reads itself. submit refuses a plan it cannot run (nothing ran then); wait returns
-     * the oldest step's outs or its failure (after which the later step's result means nothing). */
-    vki_status (*submit)(void *ctx, const vki_step_plan *plan);
+     * the oldest step's outs or its failure (after which the later step's result means nothing).
+     * masks_later: the rows' token masks are read by masks(), not by submit (the rows that have
+     * one are fixed at submit): a grammar's mask for the step can come from the token the step
+     * before samples. Then masks() for that plan must come before any other submit or wait. */
+    vki_status (*submit)(void *ctx, const vki_step_plan *plan, bool masks_later);
     vki_status (*wait)(void *ctx, vki_step_out *outs);
+    /* With submit: the masks of the last submitted step (its plan, whose rows' token_mask
+     * pointers may have been changed to other buffers of the same size), which then samples. */
+    vki_status (*masks)(void *ctx, const vki_step_plan *plan);
     /* Steps so far whose recording was reused (vki_batch_stats.steps_reused); NULL: 0. */
     uint64_t (*steps_reused)(void *ctx);
     /* End-of-generation token (EOS/EOT from the model's metadata). */

@@ -5,15 +5,17 @@
  *   stats JSON
  *
  * With an executor that can keep two steps in flight (be.submit / be.wait), a step whose rows
- * all decode plainly (no grammar, post-processor, logits outputs, beams, nor the step where
- * min_tokens' bans lift), with nobody waiting who could be admitted, gets a lookahead: the same
- * sequences' next decode step, submitted before the step is waited for, each token read by the
- * executor from the step's sampler (VKI_TOKEN_PREV; penalties count it there too). The host's
- * work of a tick (reading tokens, stop checks, responses, the next submission) then runs while
- * the device computes. The next tick waits for the lookahead instead of planning (and may submit
- * the lookahead's own lookahead first); a sequence that finished in between has its row computed
- * and dropped. Tokens are the same as without it; a request arriving meanwhile is admitted one
- * step later.
+ * all decode (no post-processor, logits outputs, beams, nor the step where min_tokens' bans
+ * lift), with nobody waiting who could be admitted, gets a lookahead: the same sequences' next
+ * decode step, submitted before the step is waited for, each token read by the executor from
+ * the step's sampler (VKI_TOKEN_PREV; penalties count it there too). The host's work of a tick
+ * (reading tokens, stop checks, responses, the next submission) then runs while the device
+ * computes. A grammar row's mask depends on the token in flight: such a lookahead is submitted
+ * with its masks later (be.masks), given once the step's tokens moved the grammars, while the
+ * device runs the lookahead's forward pass. The next tick waits for the lookahead instead of
+ * planning (and may submit the lookahead's own lookahead first); a sequence that finished in
+ * between has its row computed and dropped. Tokens are the same as without it; a request
+ * arriving meanwhile is admitted one step later.
  *
  * and sleeps on a condition variable when there is nothing to do (submit, cancel, notify and
  * destroy wake it; with a get_requests callback it also wakes every idle_poll_us to poll).
@@ -111,8 +113,11 @@ static void finish(vki_batch_manager *bm, bm_req *q, vki_finish_reason why, cons
     if (q->seq) {
         for (uint32_t a = 0; a < 2; a++) /* its row of a lookahead in flight is computed and dropped */
             for (uint32_t i = 0; bm->ahead[a].pending && i < bm->ahead[a].n; i++)
-                if (bm->ahead[a].seqs[i] == q->seq)
+                if (bm->ahead[a].seqs[i] == q->seq) {
                     bm->ahead[a].seqs[i] = NULL;
+                    if (bm->ahead[a].rows[i].token_mask) /* q's mask leaves with q */
+                        bm->ahead[a].rows[i].token_mask = bm->spare_mask;
+                }
         sched_remove(bm->s, q->seq);
         bm->n_active--;
     }
@@ -408,13 +413,13 @@ static void no_token(vki_batch_manager *bm, bm_req *q, bool nonfinite)
 /* ---- lookahead steps (see the top) ------------------------------------------------------- */
 
 /* Whether row e of sequence q (its step in flight, not yet committed) may be followed by a
- * lookahead row: its request decodes plainly and has room for two more tokens, and its blocks
- * cover the next position (grown from its reservation when needed). */
+ * lookahead row: its request decodes (under its grammar, if any) and has room for two more
+ * tokens, and its blocks cover the next position (grown from its reservation when needed). */
 static bool ahead_row_ok(vki_batch_manager *bm, sched_seq *q, const vki_step_seq *e)
 {
     const bm_req *r = q->user;
-    if (!e->want_token || !r || q->ghost || q->lead || r->beam || r->gram || r->processor || q->logits_sink ||
-        q->hidden_hook || q->token_mask)
+    if (!e->want_token || !r || q->ghost || q->lead || r->beam || r->processor || q->logits_sink || q->hidden_hook ||
+        (q->token_mask && !r->gram) || (r->gram && !bm->be.masks))
         return false;
     /* min_tokens: the step in flight samples token G (0-based), the lookahead G + 1 with the same
      * bans, unless G + 1 is the first the request's own biases apply to (apply_token) */
@@ -442,22 +447,43 @@ static void ahead_submit(vki_batch_manager *bm, const vki_step_seq *rows, sched_
         if (!seqs[i] || !ahead_row_ok(bm, seqs[i], &rows[i]))
             return;
     bm_ahead *a = &bm->ahead[bm->ahead[bm->ahead_cur].pending ? bm->ahead_cur ^ 1 : bm->ahead_cur];
+    bool later = false;
     for (uint32_t i = 0; i < n; i++) {
         sched_seq *q = seqs[i];
+        const bm_req *r = q->user;
+        later |= r->gram != NULL;
         /* penalties: the window's tokens before the one in flight (the engine counts that one) */
         uint32_t pos0 = rows[i].pos0 + rows[i].n_new, w = q->sampling ? q->sampling->penalty_window : 0;
         uint32_t nh = w ? (w - 1 < pos0 ? w - 1 : pos0) : 0;
         a->seqs[i] = q;
         a->rows[i] = (vki_step_seq){.slot = q->slot, .pos0 = pos0, .n_new = 1, .tokens = &prev, .n_pages = q->n_held,
                                     .pages = q->blocks, .want_token = true, .sampling = q->sampling, .seed = q->seed,
-                                    .history = q->tokens + pos0 - nh, .n_history = nh};
+                                    .history = q->tokens + pos0 - nh, .n_history = nh,
+                                    .token_mask = r->gram ? r->gr.mask : NULL}; /* its content: ahead_masks */
     }
     vki_step_plan plan = {.n_seqs = n, .seqs = a->rows, .n_tokens = n};
-    if (bm->be.submit(bm->be.ctx, &plan) != VKI_OK)
+    if (bm->be.submit(bm->be.ctx, &plan, later) != VKI_OK)
         return; /* refused: the step goes on alone (a device failure shows at its wait) */
     a->n = n;
     a->pending = true;
+    a->masks_due = later;
     bm->n_ahead++;
+}
+
+/* After a step's tokens moved its grammars: the masks of the lookahead submitted behind it,
+ * which then samples (the executor runs its forward pass meanwhile). */
+static void ahead_masks(vki_batch_manager *bm)
+{
+    for (uint32_t k = 0; k < 2; k++) {
+        bm_ahead *a = &bm->ahead[k];
+        if (!a->pending || !a->masks_due)
+            continue;
+        sched_tick t = {.plan = {.n_seqs = a->n, .seqs = a->rows, .n_tokens = a->n}, .seqs = a->seqs};
+        bm_constraint_masks(bm, &t);
+        a->masks_due = false;
+        bm->be.masks(bm->be.ctx, &t.plan); /* refused: it samples with the masks it had (its wait
+                                              reports a device failure) */
+    }
 }
 
 /* Waits for the older pending lookahead (its outs into bm->outs); the newer becomes the older. */
@@ -566,7 +592,7 @@ static void run_step(vki_batch_manager *bm, const sched_tick *t, double *step_ms
     double t0 = now_ms();
     vki_status st;
     if (bm->be.submit) {
-        st = bm->be.submit(bm->be.ctx, &t->plan);
+        st = bm->be.submit(bm->be.ctx, &t->plan, false);
         if (st == VKI_OK) {
             ahead_submit(bm, t->plan.seqs, t->seqs, t->plan.n_seqs);
             st = bm->be.wait(bm->be.ctx, bm->outs);
@@ -576,6 +602,7 @@ static void run_step(vki_batch_manager *bm, const sched_tick *t, double *step_ms
     }
     *step_ms = now_ms() - t0;
     deliver(bm, t, st);
+    ahead_masks(bm);
 }
 
 /* A tick whose step is the lookahead submitted in the last one: its own lookahead first (while
@@ -600,6 +627,7 @@ static void ahead_tick(vki_batch_manager *bm, sched_tick *t, double *step_ms)
                       .n_sampled = m};
     if (m)
         deliver(bm, t, st);
+    ahead_masks(bm);
 }
 
 /* A tick the scheduler plans. False when its invariants broke (every request then ended). */
@@ -790,6 +818,7 @@ static void bm_free(vki_batch_manager *bm)
     sched_destroy(bm->s);
     bm_map_free(&bm->inflight);
     free(bm->outs);
+    free(bm->spare_mask);
     for (uint32_t i = 0; i < 2; i++) {
         free(bm->ahead[i].seqs);
         free(bm->ahead[i].rows);
@@ -835,6 +864,8 @@ vki_status bm_create(const bm_backend *be, const vki_batch_params *p, const vki_
         if (!bm->ahead[i].seqs || !bm->ahead[i].rows)
             st = VKI_ERR_OUT_OF_HOST_MEMORY;
     }
+    if (st == VKI_OK && be->masks && !(bm->spare_mask = calloc((be->vocab_size + 31) / 32, sizeof *bm->spare_mask)))
+        st = VKI_ERR_OUT_OF_HOST_MEMORY;
     if (st == VKI_OK)
         st = list_eog(bm);
     if (st != VKI_OK) {

@@ -130,6 +130,7 @@ typedef struct bm_sess_job {
  * submitted before that step is waited for; each row's token is VKI_TOKEN_PREV. */
 typedef struct bm_ahead {
     bool pending;              /* submitted, not yet waited */
+    bool masks_due;            /* submitted with its grammar rows' masks later (be.masks) */
     uint32_t n;                /* rows */
     sched_seq **seqs;          /* [max_seqs] each row's sequence; NULL once it left the scheduler */
     vki_step_seq *rows;        /* [max_seqs] */
@@ -166,6 +167,8 @@ struct vki_batch_manager {
     bm_ahead ahead[2];         /* with be.submit: two, as a lookahead is submitted while the one
                                   before it is still in flight */
     uint32_t ahead_cur;        /* the older of the pending ones */
+    uint32_t *spare_mask;      /* [vocab_size / 32, rounded up] zeros: the mask of a lookahead's
+                                  grammar row whose request left before its masks were given */
     uint64_t n_ahead;          /* lookahead steps submitted (stats) */
     uint32_t n_active;         /* requests in the scheduler */
     uint64_t iteration;

@@ -191,7 +191,7 @@ void bm_constraint_masks(vki_batch_manager *bm, const sched_tick *t)
 {
     double t0 = now_us();
     for (uint32_t i = 0; i < t->plan.n_seqs; i++) {
-        bm_req *q = t->seqs[i]->user;
+        bm_req *q = t->seqs[i] ? t->seqs[i]->user : NULL; /* NULL: a lookahead row whose request left */
         if (!t->plan.seqs[i].want_token || !q || !q->gram)
             continue;
         uint32_t n = 0;

@@ -38,6 +38,16 @@ struct fake_engine {
     vki_step_out *fl_outs[2]; /* [max_seqs] each: outs of the steps in flight, oldest at fl_head */
     vki_status fl_st[2];
     uint32_t fl_n, fl_head;
+    /* a step submitted with its masks later: its rows' own tokens (before any constraint) until
+     * fake_masks draws them under the masks (and bans) */
+    bool masks_due;
+    uint32_t due_fl;          /* its flight */
+    uint32_t due_rows;        /* rows that want a token (outs), and the plan's entries */
+    uint32_t due_seqs;
+    int32_t *raw_tok;         /* [max_seqs] */
+    float *raw_lp;            /* [max_seqs] */
+    bool *had_mask;           /* [max_seqs] per plan entry */
+    uint64_t late_masks;      /* fake_masks calls that drew tokens */
     vki_step_seq *resolved; /* [max_seqs] a plan's entries with PREV tokens replaced */
     int32_t *prev_tok;      /* [max_seqs] the replacing tokens */
     bool *is_prev;          /* [max_seqs] plan entry i gave VKI_TOKEN_PREV */
@@ -138,10 +148,14 @@ vki_status fake_create(const fake_config *c, fake_engine **out)
     f->is_prev = calloc(c->max_seqs, sizeof *f->is_prev);
     for (int i = 0; i < 2; i++)
         f->fl_outs[i] = calloc(c->max_seqs, sizeof *f->fl_outs[i]);
+    f->raw_tok = calloc(c->max_seqs, sizeof *f->raw_tok);
+    f->raw_lp = calloc(c->max_seqs, sizeof *f->raw_lp);
+    f->had_mask = calloc(c->max_seqs, sizeof *f->had_mask);
     const char *env = getenv("VKI_FAKE_OVERLAP");
     f->c.overlap |= env && env[0] == '1';
     if (!f->kv || !f->slot_stamp || !f->write_stamp || !f->writer || !f->seq_stamp || !f->row || !f->last_tok ||
-        !f->last_step || !f->resolved || !f->prev_tok || !f->is_prev || !f->fl_outs[0] || !f->fl_outs[1]) {
+        !f->last_step || !f->resolved || !f->prev_tok || !f->is_prev || !f->fl_outs[0] || !f->fl_outs[1] ||
+        !f->raw_tok || !f->raw_lp || !f->had_mask) {
         fake_destroy(f);
         return VKI_ERR_OUT_OF_HOST_MEMORY;
     }
@@ -166,6 +180,9 @@ void fake_destroy(fake_engine *f)
     free(f->is_prev);
     free(f->fl_outs[0]);
     free(f->fl_outs[1]);
+    free(f->raw_tok);
+    free(f->raw_lp);
+    free(f->had_mask);
     free(f);
 }
 
@@ -179,7 +196,7 @@ bm_backend fake_backend(fake_engine *f)
                         .model_name = "fake", .kv_layers = 1, .kv_heads = 1, .kv_head_dim = 4,
                         .kv_type = 0 /* f32 */, .kv_row_bytes = 16, .kv_flags = f->c.kv_flags, .kv_read = fake_kv_read,
                         .kv_write = fake_kv_write, .submit = f->c.overlap ? fake_submit : NULL,
-                        .wait = f->c.overlap ? fake_wait : NULL};
+                        .wait = f->c.overlap ? fake_wait : NULL, .masks = f->c.overlap ? fake_masks : NULL};
 }
 
 static void put_u64(uint8_t *p, uint64_t v) { memcpy(p, &v, 8); }
@@ -423,8 +440,26 @@ static bool resolve_prev(fake_engine *f, vki_step_plan *plan)
     return ok;
 }
 
-/* One step, run now; the sampled tokens are remembered for VKI_TOKEN_PREV of the next step. */
-static vki_status run_plan(fake_engine *f, const vki_step_plan *plan0, vki_step_out *outs)
+/* Row e's token under its constraints from its own token t (logprob lp), into o, remembered for
+ * VKI_TOKEN_PREV of the next step. */
+static void draw(fake_engine *f, const vki_step_seq *e, int32_t t, float lp, vki_step_out *o)
+{
+    *o = (vki_step_out){.slot = e->slot, .logprob = lp};
+    o->token = constrain(f, e, t);
+    uint32_t n_top = o->token < 0 ? 0 : e->sampling ? e->sampling->top_logprobs : 0;
+    o->n_top = n_top < VKI_MAX_TOP_LOGPROBS ? n_top : VKI_MAX_TOP_LOGPROBS;
+    for (uint32_t j = 0; j < o->n_top; j++) {
+        o->top_tokens[j] = (int32_t)(((uint32_t)o->token + 1 + j) % f->c.vocab);
+        o->top_logprobs[j] = o->logprob - 1.0f - (float)j;
+    }
+    if (e->logits_sink && e->sink_sampled)
+        sink_row(f, e, o);
+    f->last_tok[e->slot] = o->token;
+}
+
+/* One step, run now; the sampled tokens are remembered for VKI_TOKEN_PREV of the next step.
+ * masks_later: rows with a token mask keep their own token (raw_tok) for fake_masks. */
+static vki_status run_plan(fake_engine *f, const vki_step_plan *plan0, vki_step_out *outs, bool masks_later)
 {
     vki_step_plan resolved = *plan0, *plan = &resolved;
     f->steps++;
@@ -476,18 +511,14 @@ static vki_status run_plan(fake_engine *f, const vki_step_plan *plan0, vki_step_
             return VKI_ERR_INTERNAL;
         if (!e->want_token)
             continue;
-        vki_step_out *o = &outs[k++];
-        *o = (vki_step_out){.slot = e->slot};
-        o->token = constrain(f, e, next_token(f, h, is_sampled(e), e->seed, &o->logprob));
-        uint32_t n_top = o->token < 0 ? 0 : e->sampling ? e->sampling->top_logprobs : 0;
-        o->n_top = n_top < VKI_MAX_TOP_LOGPROBS ? n_top : VKI_MAX_TOP_LOGPROBS;
-        for (uint32_t j = 0; j < o->n_top; j++) {
-            o->top_tokens[j] = (int32_t)(((uint32_t)o->token + 1 + j) % f->c.vocab);
-            o->top_logprobs[j] = o->logprob - 1.0f - (float)j;
+        float lp;
+        int32_t t = next_token(f, h, is_sampled(e), e->seed, &lp);
+        if (masks_later && e->token_mask) {
+            f->raw_tok[k] = t, f->raw_lp[k] = lp;
+            outs[k++] = (vki_step_out){.slot = e->slot, .token = -2}; /* fake_masks draws it */
+        } else {
+            draw(f, e, t, lp, &outs[k++]);
         }
-        if (e->logits_sink && e->sink_sampled)
-            sink_row(f, e, o);
-        f->last_tok[e->slot] = o->token;
         f->last_step[e->slot] = f->steps;
     }
     f->last_failed = false;
@@ -499,24 +530,60 @@ vki_status fake_step(void *ctx, const vki_step_plan *plan, vki_step_out *outs)
     fake_engine *f = ctx;
     if (f->fl_n)
         violation(f, "a step run while %u submitted steps are not waited for", f->fl_n);
-    return run_plan(f, plan, outs);
+    return run_plan(f, plan, outs, false);
 }
 
-vki_status fake_submit(void *ctx, const vki_step_plan *plan)
+vki_status fake_submit(void *ctx, const vki_step_plan *plan, bool masks_later)
 {
     fake_engine *f = ctx;
-    if (f->fl_n == 2) {
-        violation(f, "a third step submitted while two are in flight");
+    if (f->fl_n == 2 || f->masks_due) {
+        violation(f, f->masks_due ? "a step submitted before the masks of the one before"
+                                  : "a third step submitted while two are in flight");
         return VKI_ERR_INVALID_ARG;
     }
     uint32_t i = (f->fl_head + f->fl_n) % 2;
-    vki_status st = run_plan(f, plan, f->fl_outs[i]);
+    vki_status st = run_plan(f, plan, f->fl_outs[i], masks_later);
     if (st == VKI_ERR_INTERNAL && f->violations) /* refused at the door, as the engine's checks do */
         return st;
     f->fl_st[i] = st;
     f->fl_n++;
+    f->due_seqs = plan->n_seqs;
+    for (uint32_t k = 0; masks_later && k < plan->n_seqs && k < f->c.max_seqs; k++)
+        if ((f->had_mask[k] = plan->seqs[k].want_token && plan->seqs[k].token_mask))
+            f->masks_due = true;
+    f->due_fl = i;
     return VKI_OK;
 }
+
+vki_status fake_masks(void *ctx, const vki_step_plan *plan)
+{
+    fake_engine *f = ctx;
+    if (!f->masks_due) {
+        violation(f, "masks given for a step that waits for none");
+        return VKI_ERR_INVALID_ARG;
+    }
+    f->masks_due = false;
+    if (f->fl_st[f->due_fl] != VKI_OK) /* a failed step samples nothing */
+        return VKI_OK;
+    if (plan->n_seqs != f->due_seqs) {
+        violation(f, "masks given for %u entries, the step has %u", plan->n_seqs, f->due_seqs);
+        return VKI_ERR_INVALID_ARG;
+    }
+    for (uint32_t i = 0, k = 0; i < plan->n_seqs; i++) {
+        const vki_step_seq *e = &plan->seqs[i];
+        if ((e->want_token && e->token_mask) != f->had_mask[i]) {
+            violation(f, "entry %u: a token mask %s since its submit", i, f->had_mask[i] ? "gone" : "appeared");
+            return VKI_ERR_INVALID_ARG;
+        }
+        if (f->had_mask[i])
+            draw(f, e, f->raw_tok[k], f->raw_lp[k], &f->fl_outs[f->due_fl][k]);
+        k += e->want_token;
+    }
+    f->late_masks++;
+    return VKI_OK;
+}
+
+uint64_t fake_late_masks(const fake_engine *f) { return f->late_masks; }
 
 vki_status fake_wait(void *ctx, vki_step_out *outs)
 {
@@ -526,6 +593,8 @@ vki_status fake_wait(void *ctx, vki_step_out *outs)
         return VKI_ERR_INVALID_ARG;
     }
     uint32_t i = f->fl_head;
+    if (f->masks_due && f->due_fl == i)
+        violation(f, "a step waited for before its masks were given");
     f->fl_head = (f->fl_head + 1) % 2;
     f->fl_n--;
     memcpy(outs, f->fl_outs[i], f->c.max_seqs * sizeof *outs);

@@ -59,8 +59,13 @@ vki_status fake_step(void *ctx, const vki_step_plan *plan, vki_step_out *outs);
  * outs and status, oldest first. A third step in flight, a wait with none, a VKI_TOKEN_PREV whose
  * slot the previous submitted step did not sample, or a PREV row whose penalty history is not
  * the window's tokens before its position (the engine adds the one in flight) are violations. A step reading PREV tokens of a failed step fails too (its inputs mean nothing). */
-vki_status fake_submit(void *ctx, const vki_step_plan *plan);
+vki_status fake_submit(void *ctx, const vki_step_plan *plan, bool masks_later);
 vki_status fake_wait(void *ctx, vki_step_out *outs);
+/* masks_later: the masked rows' tokens are drawn here, under the masks the plan's rows point at
+ * now (a mask that appeared or went since the submit, masks given twice or never before the
+ * next submit or the wait are violations). */
+vki_status fake_masks(void *ctx, const vki_step_plan *plan);
+uint64_t fake_late_masks(const fake_engine *f); /* fake_masks calls that drew tokens */
 uint64_t fake_prev_rows(const fake_engine *f); /* VKI_TOKEN_PREV rows run so far */
 bool fake_is_eog(void *ctx, int32_t token);
 /* Token i's bytes: one of 24 JSON-ish words ("{", "\":", "true", "a", ...), i modulo 24; token 0 is
