@@ -912,8 +912,9 @@ typedef struct vki_engine_params {
      * timestamps). For measuring it (bench-model --no-cmd-reuse). false */
     bool no_cmd_reuse;
     /* The batch manager waits for every step before it submits the next. By default, while the
-     * running requests only decode (no grammar, logits post-processor or outputs, beam search;
-     * penalties are fine, they count the token in flight on the device; one step waits where
+     * running requests only decode (no logits post-processor or outputs, beam search; penalties
+     * are fine, they count the token in flight on the device, and so are grammars, whose masks
+     * are computed while the device runs the step's forward pass; one step waits where
      * min_tokens' bans lift) and no waiting request could be admitted (none waits, or
      * max_batch_size run), it submits each step's successor before waiting for it, the
      * successor's tokens read on the device from the step's sampler: the host's work per token

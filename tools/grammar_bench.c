@@ -90,6 +90,7 @@ typedef struct opts {
     const char *vocab, *schema_path, *model;
     uint32_t requests, tokens;
     uint64_t seed;
+    bool no_overlap;   /* batch: the engine waits for every step (no lookahead steps) */
 } opts;
 
 /* Per-token costs of one request, appended to t[*n]. */
@@ -286,12 +287,14 @@ static double batch_run(vki_engine *e, const opts *o, const int32_t *prompt, uin
     pthread_mutex_unlock(&x.mu);
     double secs = (now_us() - t0) / 1e6;
     *gram_us_per_tok = bm->gram_tokens ? bm->gram_us / (double)bm->gram_tokens : 0; /* the worker is idle now */
+    uint64_t ahead = bm->n_ahead, ticks = bm->iteration;
     vki_batch_manager_destroy(bm, false);
     *tok = x.tokens;
     printf("  %-13s %3u requests, %6llu output tokens in %6.2f s: %8.1f tokens/s (finish: eos %u, length %u, "
-           "stop %u, error %u)\n", schema ? "constrained" : "unconstrained", o->requests,
-           (unsigned long long)x.tokens, secs, (double)x.tokens / secs, x.by_finish[VKI_FINISH_EOS],
-           x.by_finish[VKI_FINISH_LENGTH], x.by_finish[VKI_FINISH_STOP], x.by_finish[VKI_FINISH_ERROR]);
+           "stop %u, error %u; %llu of %llu ticks on lookahead steps)\n", schema ? "constrained" : "unconstrained",
+           o->requests, (unsigned long long)x.tokens, secs, (double)x.tokens / secs, x.by_finish[VKI_FINISH_EOS],
+           x.by_finish[VKI_FINISH_LENGTH], x.by_finish[VKI_FINISH_STOP], x.by_finish[VKI_FINISH_ERROR],
+           (unsigned long long)ahead, (unsigned long long)ticks);
     return x.errors ? -1 : (double)x.tokens / secs;
 }
 
@@ -305,6 +308,7 @@ static int batch_mode(const opts *o)
     vki_engine_params ep = vki_engine_default_params();
     ep.max_seqs = o->requests;
     ep.kv_tokens = (uint64_t)o->requests * (o->tokens + 64);
+    ep.no_overlap = o->no_overlap;
     vki_engine *e;
     char err[512];
     if (vki_engine_create(o->model, &ep, &e, err, sizeof err) != VKI_OK) {
@@ -334,7 +338,8 @@ static int batch_mode(const opts *o)
 static void usage(FILE *f)
 {
     fprintf(f, "usage: grammar-bench host --vocab FILE.gguf [--schema FILE.json] [--requests N] [--tokens N] [--seed S]\n"
-               "       grammar-bench batch -m MODEL.gguf [--schema FILE.json] [--requests N] [--tokens N] [--seed S]\n");
+               "       grammar-bench batch -m MODEL.gguf [--schema FILE.json] [--requests N] [--tokens N] [--seed S]\n"
+               "                           [--no-overlap]   (wait for every step: no lookahead steps)\n");
 }
 
 int main(int argc, char **argv)
@@ -347,6 +352,10 @@ int main(int argc, char **argv)
     }
     for (int i = 2; i < argc; i++) {
         const char *a = argv[i], *val = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(a, "--no-overlap")) {
+            o.no_overlap = true;
+            continue;
+        }
         if (!val) {
             usage(stderr);
             return 2;
