@@ -916,7 +916,7 @@ typedef struct vki_engine_params {
      * are fine, they count the token in flight on the device, and so are grammars, whose masks
      * are computed while the device runs the step's forward pass; one step waits where
      * min_tokens' bans lift) and no waiting request could be admitted (none waits, or
-     * max_batch_size run), it submits each step's successor before waiting for it, the
+     * max_batch_size run, or the head of the queue needs more KV blocks than are free), it submits each step's successor before waiting for it, the
      * successor's tokens read on the device from the step's sampler: the host's work per token
      * (results, stop checks, responses, the next submission) overlaps the GPU's. The tokens are the same. Off anyway while profiling or
      * capturing. For measuring it (--no-overlap). false */

@@ -844,6 +844,24 @@ uint32_t sched_queue_len(const sched *s) { return s->n_heap; }
 
 bool sched_batch_full(const sched *s) { return s->n_running >= s->max_running; }
 
+bool sched_head_admissible(sched *s)
+{
+    if (!s->n_heap || s->n_running >= s->max_running)
+        return false;
+    if (s->p.policy == VKI_POLICY_STATIC)
+        return !s->n_running;
+    if (s->p.max_num_tokens <= s->n_running) /* a token each for the running sequences first */
+        return false;
+    sched_seq *q = s->heap[0];
+    uint32_t m_cached, tok = s->p.max_num_tokens - s->n_running;
+    uint32_t m = q->no_reuse ? 0 : sched_kv_lookup(s->kv, q->tokens, (q->n_tokens - 1) / s->p.block_size, s->match,
+                                                   &m_cached);
+    prefix_take pt = plan_take(s, m);
+    uint32_t n = min_u32(min_u32(s->p.chunk_size, q->n_tokens - m * s->p.block_size), tok);
+    admit_state a = {.tok = tok, .nseq = s->max_running - s->n_running};
+    return admission_fits(s, q, &pt, n, &a);
+}
+
 #define CHECK(cond, ...)                                                                         \
     do {                                                                                         \
         if (!(cond)) {                                                                           \

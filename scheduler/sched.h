@@ -245,6 +245,11 @@ void sched_get_stats(const sched *s, sched_stats *st);
 uint32_t sched_queue_len(const sched *s);
 /* Whether max_batch_size sequences run: no queued one can be admitted before one leaves. */
 bool sched_batch_full(const sched *s);
+/* Whether the next sched_plan, with the running sequences decoding, would admit the head of the
+ * queue: a slot, the step's budgets and its policy's blocks allow it (a tick that pauses admits
+ * nothing, which this does not foresee: it may say true where the plan would not). False with
+ * an empty queue. O(the head's prompt blocks) (its prefix lookup). */
+bool sched_head_admissible(sched *s);
 
 /* A sequence with all its tokens: the owner must remove it (it is never scheduled again). */
 static inline bool sched_seq_done(const sched_seq *q) { return q->n_tokens >= q->cap; }

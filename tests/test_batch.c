@@ -505,13 +505,13 @@ static void test_lookahead(void **state)
     coll_free(c);
 }
 
-/* Runs reqs on a fresh fake (overlap: two steps in flight) under p into c; with check, each
- * output against the fake's reference (alone). Returns its lookahead rows; *generated: the
- * tokens generated in all. */
+/* Runs reqs on a fresh fake of n_pages KV pages (overlap: two steps in flight) under p into c;
+ * with check, each output against the fake's reference (alone). Returns its lookahead rows;
+ * *generated: the tokens generated in all. */
 static uint64_t run_on_fake(coll *c, vki_request *reqs, uint32_t n, bool overlap, const vki_batch_params *p, bool check,
-                            uint32_t *generated)
+                            uint32_t n_pages, uint32_t *generated)
 {
-    fake_config fc = {.max_seqs = 4, .n_pages = 128, .page_size = 4, .max_ctx = 256, .vocab = VOCAB,
+    fake_config fc = {.max_seqs = 4, .n_pages = n_pages, .page_size = 4, .max_ctx = 256, .vocab = VOCAB,
                       .max_tokens = 40, .eos = EOS, .overlap = overlap};
     fake_engine *f;
     assert_int_equal(fake_create(&fc, &f), VKI_OK);
@@ -552,7 +552,7 @@ static void test_lookahead_penalties(void **state)
     }
     vki_batch_params p = mkparams(VKI_POLICY_GUARANTEED_NO_EVICT);
     uint32_t generated;
-    uint64_t prev = run_on_fake(c, reqs, N, true, &p, true, &generated);
+    uint64_t prev = run_on_fake(c, reqs, N, true, &p, true, 128, &generated);
     printf("lookahead with penalties: %llu of %u generated tokens from lookahead rows\n", (unsigned long long)prev,
            generated);
     if (prev * 10 < generated * 7)
@@ -575,8 +575,30 @@ static void test_lookahead_full_batch(void **state)
     vki_batch_params p = mkparams(VKI_POLICY_MAX_UTILIZATION);
     p.max_batch_size = 2;
     uint32_t generated;
-    uint64_t prev = run_on_fake(c, reqs, N, true, &p, true, &generated);
+    uint64_t prev = run_on_fake(c, reqs, N, true, &p, true, 128, &generated);
     printf("lookahead behind a full batch: %llu of %u generated tokens from lookahead rows\n",
+           (unsigned long long)prev, generated);
+    if (prev * 10 < generated * 7)
+        fail_msg("only %llu of %u tokens from lookahead rows", (unsigned long long)prev, generated);
+    coll_free(c);
+}
+
+/* Requests queued for KV blocks (a pool of 26 pages, where NO_EVICT's reservations fit two of
+ * these requests at once) behind a batch that is not full: none of them could be admitted before
+ * a running one ends, so lookahead steps go on (before, any waiting request stopped them);
+ * outputs as alone, most tokens from lookahead rows. */
+static void test_lookahead_waiting_for_blocks(void **state)
+{
+    (void)state;
+    coll *c = coll_new();
+    enum { N = 6 };
+    vki_request reqs[N];
+    for (uint32_t i = 0; i < N; i++)
+        reqs[i] = mkreq(c, i, 3 + i, 40, i % 2 == 0, 500 + i); /* 11-12 pages each to completion */
+    vki_batch_params p = mkparams(VKI_POLICY_GUARANTEED_NO_EVICT);
+    uint32_t generated;
+    uint64_t prev = run_on_fake(c, reqs, N, true, &p, true, 26, &generated);
+    printf("lookahead while requests wait for blocks: %llu of %u generated tokens from lookahead rows\n",
            (unsigned long long)prev, generated);
     if (prev * 10 < generated * 7)
         fail_msg("only %llu of %u tokens from lookahead rows", (unsigned long long)prev, generated);
@@ -601,7 +623,7 @@ static void test_lookahead_min_tokens(void **state)
     }
     vki_batch_params p = mkparams(VKI_POLICY_GUARANTEED_NO_EVICT);
     uint32_t generated;
-    run_on_fake(c[0], cand, CAND, false, &p, false, &generated);
+    run_on_fake(c[0], cand, CAND, false, &p, false, 128, &generated);
     fake_engine *f = mkfake(4, 128, 0);
     uint32_t n = 0;
     for (uint32_t i = 0; i < CAND && n < N; i++) {
@@ -624,8 +646,8 @@ static void test_lookahead_min_tokens(void **state)
     fake_destroy(f);
     if (n < N)
         fail_msg("%u of %u candidates have an EOS after position 6 to place min_tokens at", n, CAND);
-    run_on_fake(c[1], reqs, N, false, &p, false, &generated);
-    uint64_t prev = run_on_fake(c[2], reqs, N, true, &p, false, &generated);
+    run_on_fake(c[1], reqs, N, false, &p, false, 128, &generated);
+    uint64_t prev = run_on_fake(c[2], reqs, N, true, &p, false, 128, &generated);
     for (uint32_t i = 0; i < N; i++) {
         const rec *a = &c[1]->r[i], *b = &c[2]->r[i];
         assert_int_equal(a->finish, VKI_FINISH_EOS);
@@ -1721,6 +1743,7 @@ int main(void)
         cmocka_unit_test(test_lookahead_penalties),
         cmocka_unit_test(test_lookahead_min_tokens),
         cmocka_unit_test(test_lookahead_full_batch),
+        cmocka_unit_test(test_lookahead_waiting_for_blocks),
         cmocka_unit_test(test_end_and_stop_ids),
         cmocka_unit_test(test_lazy_logprobs_and_cached),
         cmocka_unit_test(test_validation),

@@ -6,16 +6,17 @@
  *
  * With an executor that can keep two steps in flight (be.submit / be.wait), a step whose rows
  * all decode (no post-processor, logits outputs, beams, nor the step where min_tokens' bans
- * lift), with nobody waiting who could be admitted, gets a lookahead: the same sequences' next
- * decode step, submitted before the step is waited for, each token read by the executor from
- * the step's sampler (VKI_TOKEN_PREV; penalties count it there too). The host's work of a tick
- * (reading tokens, stop checks, responses, the next submission) then runs while the device
- * computes. A grammar row's mask depends on the token in flight: such a lookahead is submitted
+ * lift), with nobody waiting who could be admitted now (sched_head_admissible), gets a
+ * lookahead: the same sequences' next decode step, submitted before the step is waited for,
+ * each token read by the executor from the step's sampler (VKI_TOKEN_PREV; penalties count it
+ * there too). The host's work of a tick (reading tokens, stop checks, responses, the next
+ * submission) then runs while the device computes. A grammar row's mask depends on the token in flight: such a lookahead is submitted
  * with its masks later (be.masks), given once the step's tokens moved the grammars, while the
  * device runs the lookahead's forward pass. The next tick waits for the lookahead instead of
  * planning (and may submit the lookahead's own lookahead first); a sequence that finished in
  * between has its row computed and dropped. Tokens are the same as without it; a request
- * arriving meanwhile is admitted one step later.
+ * arriving meanwhile, or one whose blocks a sequence ending meanwhile frees, is admitted one step
+ * later.
  *
  * and sleeps on a condition variable when there is nothing to do (submit, cancel, notify and
  * destroy wake it; with a get_requests callback it also wakes every idle_poll_us to poll).
@@ -419,8 +420,8 @@ static bool ahead_row_ok(vki_batch_manager *bm, sched_seq *q, const vki_step_seq
 {
     const bm_req *r = q->user;
     if (!e->want_token || !r || q->ghost || q->lead || r->beam || r->processor || q->logits_sink || q->hidden_hook ||
-        (q->token_mask && !r->gram) || (r->gram && !bm->be.masks))
-        return false;
+        (q->token_mask && !r->gram) || (r->gram && (!bm->be.masks || r->no_token)))
+        return false; /* no_token: its mask for the step in flight allows nothing, the step ends it */
     /* min_tokens: the step in flight samples token G (0-based), the lookahead G + 1 with the same
      * bans, unless G + 1 is the first the request's own biases apply to (apply_token) */
     if (r->ban && r->sampling.logit_bias == r->ban && sched_seq_generated(q) + 1 >= r->min_tokens)
@@ -430,13 +431,14 @@ static bool ahead_row_ok(vki_batch_manager *bm, sched_seq *q, const vki_step_seq
 }
 
 /* Submits the lookahead of a step in flight (rows and seqs: its entries; a NULL sequence left)
- * when every row qualifies and no request waits for admission that could be admitted (with
- * max_batch_size sequences running, a waiting request waits for one to end anyway). */
+ * when every row qualifies and no waiting request could be admitted now (with max_batch_size
+ * sequences running, or too few blocks free for the head of the queue, it waits for a running
+ * one to end anyway: then it is admitted a step later than without the lookahead). */
 static void ahead_submit(vki_batch_manager *bm, const vki_step_seq *rows, sched_seq *const *seqs, uint32_t n)
 {
     static const int32_t prev = VKI_TOKEN_PREV;
     bool full = sched_batch_full(bm->s);
-    if (!bm->be.submit || !n || bm->p.policy == VKI_POLICY_STATIC || (sched_queue_len(bm->s) && !full))
+    if (!bm->be.submit || !n || bm->p.policy == VKI_POLICY_STATIC || sched_head_admissible(bm->s))
         return;
     pthread_mutex_lock(&bm->mu);
     bool arriving = bm->inbox_head != NULL;
