@@ -10,11 +10,11 @@
  * lookahead: the same sequences' next decode step, submitted before the step is waited for,
  * each token read by the executor from the step's sampler (VKI_TOKEN_PREV; penalties count it
  * there too). The host's work of a tick (reading tokens, stop checks, responses, the next
- * submission) then runs while the device computes. A grammar row's mask depends on the token in flight: such a lookahead is submitted
- * with its masks later (be.masks), given once the step's tokens moved the grammars, while the
- * device runs the lookahead's forward pass. The next tick waits for the lookahead instead of
- * planning (and may submit the lookahead's own lookahead first); a sequence that finished in
- * between has its row computed and dropped. Tokens are the same as without it; a request
+ * submission) then runs while the device computes. A grammar row's mask depends on the token in
+ * flight: such a lookahead is submitted with its masks later (be.masks), given once the step's
+ * tokens moved the grammars, while the device runs the lookahead's forward pass. The next tick
+ * waits for the lookahead instead of planning (and may submit the lookahead's own lookahead
+ * first); a sequence that finished in between has its row computed and dropped. Tokens are the same as without it; a request
  * arriving meanwhile, or one whose blocks a sequence ending meanwhile frees, is admitted one step
  * later.
  *

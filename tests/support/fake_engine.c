@@ -42,8 +42,7 @@ struct fake_engine {
      * fake_masks draws them under the masks (and bans) */
     bool masks_due;
     uint32_t due_fl;          /* its flight */
-    uint32_t due_rows;        /* rows that want a token (outs), and the plan's entries */
-    uint32_t due_seqs;
+    uint32_t due_seqs;        /* its plan's entries */
     int32_t *raw_tok;         /* [max_seqs] */
     float *raw_lp;            /* [max_seqs] */
     bool *had_mask;           /* [max_seqs] per plan entry */
