@@ -187,8 +187,8 @@ static const bad_case SBAD[] = {
     {CMPL, "{\"prompt\":\"x\",\"grammar\":\"root ::= valu\"}", 400, "grammar", "line 1, column 10: undefined rule 'valu'"},
     {CMPL, "{\"prompt\":\"x\",\"grammar\":\"root ::= [a-\"}", 400, "grammar", "column"},
     {CHAT, "{" USER ",\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"n\",\"schema\":{\"type\":"
-     "\"object\",\"properties\":{\"a\":{\"type\":\"string\",\"pattern\":\"^a\"}}}}}}", 400, "response_format",
-     "/properties/a: keyword 'pattern' is not supported"},
+     "\"object\",\"properties\":{\"a\":{\"type\":\"array\",\"uniqueItems\":true}}}}}}", 400, "response_format",
+     "/properties/a: keyword 'uniqueItems' is not supported"},
     {CHAT, "{" USER ",\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"n\"}}}", 400,
      "response_format", "json_schema.schema"},
     {CHAT, "{" USER ",\"response_format\":{\"type\":\"xml\"}}", 400, "response_format", "\"xml\""},
@@ -206,8 +206,8 @@ static const bad_case SBAD[] = {
     {CHAT, "{" USER ",\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\"}}],\"tool_choice\":\"required\","
      "\"grammar\":\"root ::= \\\"a\\\"\"}", 400, "tool_choice", "grammar"},
     {CHAT, "{" USER ",\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\",\"parameters\":{\"type\":"
-     "\"object\",\"properties\":{\"d\":{\"type\":\"string\",\"format\":\"date\"}}}}}],\"tool_choice\":\"required\"}",
-     400, "tools", "keyword 'format'"},
+     "\"object\",\"properties\":{\"d\":{\"type\":\"string\",\"format\":\"uri\"}}}}}],\"tool_choice\":\"required\"}",
+     400, "tools", "keyword 'format': \"uri\" is not supported"},
     {CHAT, "{\"messages\":[{\"role\":\"assistant\",\"content\":null,\"tool_calls\":[{\"id\":\"c1\",\"type\":"
      "\"function\",\"function\":{\"name\":\"f\",\"arguments\":{}}}]}]}", 400, "messages",
      "messages[0].tool_calls[0].function.arguments"},

@@ -4,6 +4,7 @@
  *   gbnf.c         GBNF text -> gram_grammar (rules of alternatives of terminals and references;
  *                  repetitions lowered to rules; undefined rules and left recursion refused)
  *   json_schema.c  JSON Schema -> GBNF text (gram_schema_to_gbnf)
+ *   json_pattern.c a string's "pattern" (regular expression) and "format" -> GBNF
  *   gram_vocab.c   a vocabulary as byte strings in a trie (gram_vocab), built once per tokenizer
  *   gram_match.c   the matcher (gram_automaton): grammar x vocabulary -> allowed-token masks
  *
@@ -55,6 +56,14 @@ uint32_t gram_grammar_rules(const gram_grammar *g);
  * json_schema.c for the keywords; what is not supported is an error naming the keyword and its
  * place, never a silent widening). VKI_ERR_INVALID_ARG with err = "json_schema: <path>: ...". */
 vki_status gram_schema_to_gbnf(const char *schema, size_t len, strbuf *out, char *err, size_t n_err);
+
+/* A string's "pattern" (an ECMA-262 regular expression) as a GBNF expression over the JSON text
+ * between its quotes; it refers to the rule json-char (any JSON-escaped character), which the
+ * caller defines. VKI_ERR_INVALID_ARG with err = "at offset N: <what is not supported>". And a
+ * "format" (date, time, date-time, uuid) likewise, VKI_ERR_UNSUPPORTED for others. See
+ * json_pattern.c. */
+vki_status gram_pattern_gbnf(const char *re, size_t len, strbuf *out, char *err, size_t n_err);
+vki_status gram_format_gbnf(const char *format, strbuf *out);
 
 /* Several schemas in one grammar (tool calls: one per function): appends the rules that define
  * `rule` as the JSON texts valid under schema (its $refs resolve inside it); rule names stay

@@ -7,11 +7,12 @@
  * model cannot pad an object with keys nobody asked for; say `true` to allow them), enum,
  * const, items, minItems, maxItems, anyOf, oneOf (as anyOf: exclusivity is not enforced, so a
  * value matching two branches is possible), nullable (OpenAPI), $ref to "#", "#/$defs/..." or
- * "#/definitions/..." (recursion allowed), minLength, maxLength, and for integers and numbers
- * minimum, maximum, exclusiveMinimum, exclusiveMaximum (draft 6 numbers; exact decimal ranges,
- * see gen_integer and gen_number). Annotations are ignored (title, description, default,
- * examples, $schema, $id, $comment, deprecated, readOnly, writeOnly, x-*). Anything else
- * (pattern, format, allOf, not, uniqueItems, ...) is refused.
+ * "#/definitions/..." (recursion allowed), minLength, maxLength, pattern and format (date, time,
+ * date-time, uuid; json_pattern.c), and for integers and numbers minimum, maximum,
+ * exclusiveMinimum, exclusiveMaximum (draft 6 numbers; exact decimal ranges, see gen_integer and
+ * gen_number). Annotations are ignored (title, description, default, examples, $schema, $id,
+ * $comment, deprecated, readOnly, writeOnly, x-*). Anything else (allOf, not, uniqueItems, other
+ * formats, ...) is refused.
  *
  * Layout: properties in schema order; between tokens a bounded whitespace rule `ws` (up to one
  * newline and 20 indentation characters, so a model cannot loop on whitespace); numbers with at
@@ -197,7 +198,7 @@ static bool prim(conv *c, uint32_t which)
 static const char *const supported[] = {"type", "properties", "required", "additionalProperties", "enum", "const",
                                         "items", "minItems", "maxItems", "anyOf", "oneOf", "nullable", "$ref",
                                         "$defs", "definitions", "minLength", "maxLength", "minimum", "maximum",
-                                        "exclusiveMinimum", "exclusiveMaximum"};
+                                        "exclusiveMinimum", "exclusiveMaximum", "pattern", "format"};
 static const char *const annotations[] = {"title", "description", "default", "examples", "$schema", "$id",
                                           "$comment", "deprecated", "readOnly", "writeOnly"};
 
@@ -569,8 +570,31 @@ static bool gen_child(conv *c, const json_value *s, strbuf *e, const char *a, co
     return ok;
 }
 
+/* A string under "pattern" or "format" (json_pattern.c). */
+static bool gen_pattern(conv *c, const json_value *s, strbuf *e)
+{
+    const json_value *pat = json_get(s, "pattern"), *fmt = json_get(s, "format");
+    if (pat && fmt)
+        return cfail(c, "'pattern' together with 'format' is not supported");
+    if (json_get(s, "minLength") || json_get(s, "maxLength"))
+        return cfail(c, "'%s' together with minLength or maxLength is not supported", pat ? "pattern" : "format");
+    const json_value *v = pat ? pat : fmt;
+    if (v->type != JSON_STRING)
+        return cfail(c, "'%s' must be a string", pat ? "pattern" : "format");
+    char msg[160];
+    vki_status st = pat ? gram_pattern_gbnf(v->s, v->len, e, msg, sizeof msg) : gram_format_gbnf(v->s, e);
+    if (st == VKI_ERR_OUT_OF_HOST_MEMORY)
+        return coom(c);
+    if (st != VKI_OK)
+        return pat ? cfail(c, "pattern \"%s\": %s", v->s, msg)
+                   : cfail(c, "keyword 'format': \"%s\" is not supported (date, time, date-time and uuid are)", v->s);
+    return true;
+}
+
 static bool gen_string(conv *c, const json_value *s, strbuf *e)
 {
+    if (json_get(s, "pattern") || json_get(s, "format"))
+        return prim(c, PRIM_STRING) && put(c, e, "( \"\\\"\" ") && gen_pattern(c, s, e) && put(c, e, " \"\\\"\" )");
     uint32_t lo = 0, hi = UINT32_MAX;
     if (!count_kw(c, s, "minLength", &lo, GRAM_MAX_REPEAT) || !count_kw(c, s, "maxLength", &hi, GRAM_MAX_REPEAT) ||
         !prim(c, PRIM_STRING))
@@ -894,7 +918,8 @@ static bool gen_typed(conv *c, const json_value *s, strbuf *e)
     if (!t) { /* untyped: by the keywords present, else any value */
         const char *k = json_get(s, "properties") || json_get(s, "additionalProperties") || json_get(s, "required")
                             ? "object" : json_get(s, "items") || json_get(s, "minItems") || json_get(s, "maxItems")
-                            ? "array" : json_get(s, "minLength") || json_get(s, "maxLength") ? "string" : NULL;
+                            ? "array" : json_get(s, "minLength") || json_get(s, "maxLength") || json_get(s, "pattern") ||
+                                  json_get(s, "format") ? "string" : NULL;
         for (size_t i = 0; !k && i < sizeof numeric_kw / sizeof *numeric_kw; i++)
             if (json_get(s, numeric_kw[i])) /* any value, but a number must be in range: not expressible */
                 return cfail(c, "keyword '%s' needs \"type\": \"number\" or \"integer\"", numeric_kw[i]);
