@@ -346,6 +346,7 @@ static const pattern_case pattern_cases[] = {
     {"^[\\D][\\W]$", {"a-"}, {"1-", "a_"}},
     {"^a+?b{2,}?$", {"abb", "aabbb"}, {"ab", "b"}},
     {"^[^]$", {"\n", "a"}, {"", "ab"}},
+    {"^(a?){2,3}(?:)b$", {"b", "ab", "aab", "aaab"}, {"aaaab", "a"}},
     /* PCRE2 refuses these: a surrogate pair written as two \u escapes */
     {"^\\uD83D\\uDE00$", {"\xf0\x9f\x98\x80"}, {"\xf0\x9f\x98\x81"}},
 };
@@ -765,6 +766,8 @@ static const error_case schema_errors[] = {
     {"{\"type\": \"string\", \"pattern\": \"a$b\"}", "'$' is supported only at the start"},
     {"{\"type\": \"string\", \"pattern\": \"[]\"}", "a character class that matches nothing"},
     {"{\"type\": \"string\", \"pattern\": \"a**\"}", "a quantifier after a quantifier"},
+    {"{\"type\": \"string\", \"pattern\": \"^(a|)+$\"}", "at offset 1: an unbounded repetition of a group that can match the empty"},
+    {"{\"type\": \"string\", \"pattern\": \"(b(a?)*)\"}", "at offset 2: an unbounded repetition"},
     {"{\"type\": \"string\", \"pattern\": \"*a\"}", "nothing to repeat"},
     {"{\"type\": \"string\", \"pattern\": \"(ab\"}", "an unclosed group"},
     {"{\"type\": \"string\", \"pattern\": \"ab)\"}", "an unmatched ')'"},

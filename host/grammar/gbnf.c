@@ -283,9 +283,10 @@ static int range_cmp(const void *a, const void *b)
  * negated, and records it. *id = its class id. */
 static bool close_class(gp *p, uint32_t first, bool negate, uint32_t *id)
 {
-    gram_range *r = p->ranges + first;
+    gram_range *r = p->ranges ? p->ranges + first : NULL; /* NULL: an empty class before any other */
     uint32_t n = p->n_ranges - first, m = 0;
-    qsort(r, n, sizeof *r, range_cmp);
+    if (n)
+        qsort(r, n, sizeof *r, range_cmp);
     for (uint32_t k = 0; k < n; k++) {
         if (m && r[k].lo <= r[m - 1].hi + 1) {
             if (r[k].hi > r[m - 1].hi)
@@ -298,7 +299,8 @@ static bool close_class(gp *p, uint32_t first, bool negate, uint32_t *id)
         gram_range *tmp = malloc((m ? m : 1) * sizeof *tmp);
         if (!tmp)
             return oom(p);
-        memcpy(tmp, r, m * sizeof *r);
+        if (m)
+            memcpy(tmp, r, m * sizeof *r);
         uint32_t lo = 0, k = 0;
         p->n_ranges = first;
         if (!grow(p, (void **)&p->ranges, &p->cap_ranges, first + m + 1, sizeof *p->ranges)) {

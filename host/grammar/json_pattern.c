@@ -91,6 +91,8 @@ static int range_cmp(const void *a, const void *b)
 
 static void set_norm(rx_set *s)
 {
+    if (!s->n)
+        return;
     qsort(s->r, s->n, sizeof *s->r, range_cmp);
     uint32_t m = 0;
     for (uint32_t k = 0; k < s->n; k++) {
@@ -390,7 +392,7 @@ static bool parse_class(rx *r, rx_set *set)
     return !negate || set_complement(r, set);
 }
 
-static bool parse_alt(rx *r, strbuf *out, bool top);
+static bool parse_alt(rx *r, strbuf *out, bool top, bool *nullable);
 
 /* An optional quantifier after an atom; *q = its GBNF suffix ("" if none). */
 static bool parse_quant(rx *r, char q[32])
@@ -437,13 +439,15 @@ static bool parse_quant(rx *r, char q[32])
     return true;
 }
 
-/* One atom into out (a parenthesised GBNF element); false at an error. */
-static bool parse_atom(rx *r, strbuf *out)
+/* One atom into out (a parenthesised GBNF element); *nullable: it can match the empty string
+ * (a group). False at an error. */
+static bool parse_atom(rx *r, strbuf *out, bool *nullable)
 {
     char c = cur(r);
     rx_set set = {0};
     bool ok;
     uint32_t cp;
+    *nullable = false;
     if (c == '(') {
         r->i++;
         if (cur(r) == '?') {
@@ -462,7 +466,7 @@ static bool parse_atom(rx *r, strbuf *out)
         }
         if (++r->depth > 64)
             return rfail(r, "groups nested deeper than 64");
-        ok = parse_alt(r, out, false);
+        ok = parse_alt(r, out, false, nullable);
         r->depth--;
         if (ok && cur(r) != ')')
             return rfail(r, "an unclosed group");
@@ -502,10 +506,13 @@ static bool parse_atom(rx *r, strbuf *out)
 }
 
 /* seq ('|' seq)* up to ')' or the end, as "( a | b )"; top: the pattern itself, whose
- * alternatives may be anchored (else json-char* stands at the open end). */
-static bool parse_alt(rx *r, strbuf *out, bool top)
+ * alternatives may be anchored (else json-char* stands at the open end). *nullable: it can match
+ * the empty string. An unbounded repetition of something that can (a?)* is refused: GBNF has no
+ * such loop, and taking the empty match out of a group is not done here. */
+static bool parse_alt(rx *r, strbuf *out, bool top, bool *nullable)
 {
     bool ok = rput(r, out, "( ");
+    *nullable = false;
     for (bool first = true; ok; first = false) {
         if (!first)
             ok = rput(r, out, " | ");
@@ -514,6 +521,7 @@ static bool parse_alt(rx *r, strbuf *out, bool top)
         if (top && !start)
             ok = ok && rput(r, out, "json-char* ");
         ok = ok && rput(r, out, "\"\"");
+        bool seq_nullable = true;
         while (ok && !at_end(r) && cur(r) != '|' && cur(r) != ')') {
             if (top && cur(r) == '$' && (r->i + 1 == r->n || r->s[r->i + 1] == '|')) {
                 r->i++;
@@ -521,8 +529,18 @@ static bool parse_alt(rx *r, strbuf *out, bool top)
                 break;
             }
             char q[32];
-            ok = rput(r, out, " ") && parse_atom(r, out) && parse_quant(r, q) && rput(r, out, q);
+            bool atom_nullable;
+            size_t at = r->i;
+            ok = rput(r, out, " ") && parse_atom(r, out, &atom_nullable) && parse_quant(r, q) && rput(r, out, q);
+            bool unbounded = q[0] == '*' || q[0] == '+' || (q[0] == '{' && q[strlen(q) - 2] == ',');
+            if (ok && atom_nullable && unbounded) {
+                r->i = at;
+                return rfail(r, "an unbounded repetition of a group that can match the empty string (as (a?)* or "
+                                "(a|)+) is not supported: write it without the empty match");
+            }
+            seq_nullable &= ok && (atom_nullable || q[0] == '*' || q[0] == '?' || !strncmp(q, "{0", 2));
         }
+        *nullable |= seq_nullable;
         if (top && !end)
             ok = ok && rput(r, out, " json-char*");
         if (!ok || cur(r) != '|')
@@ -538,7 +556,7 @@ vki_status gram_pattern_gbnf(const char *re, size_t len, strbuf *out, char *err,
 {
     rx r = {.s = re, .n = len, .err = err, .n_err = n_err};
     strbuf e = {0};
-    bool ok = parse_alt(&r, &e, true) && rput(&r, out, e.p);
+    bool nullable, ok = parse_alt(&r, &e, true, &nullable) && rput(&r, out, e.p);
     free(e.p);
     return ok ? VKI_OK : r.oom ? VKI_ERR_OUT_OF_HOST_MEMORY : VKI_ERR_INVALID_ARG;
 }
