@@ -181,8 +181,9 @@ const PERSON = {
     age: { type: 'integer', minimum: 0, exclusiveMaximum: 130 },
     score: { type: 'number', minimum: -0.5, exclusiveMaximum: 1 },
     pets: { type: 'array', items: { enum: ['cat', 'dog'] }, maxItems: 2 },
+    code: { type: 'string', pattern: '^[A-Z]{2}-\\d{2,3}(?:/[a-z]+)?$' },
   },
-  required: ['name', 'age', 'score', 'pets'],
+  required: ['name', 'age', 'score', 'pets', 'code'],
   additionalProperties: false,
 };
 const TIME = { type: 'object', properties: { tz: { enum: ['UTC', 'CET'] } }, required: ['tz'], additionalProperties: false };
