@@ -333,6 +333,7 @@ typedef struct pattern_case {
 static const pattern_case pattern_cases[] = {
     {"^[a-c]+$", {"a", "abc", "cab"}, {"", "abd", "A"}},
     {"ab", {"ab", "xaby", "aab"}, {"a", "ba", ""}},
+    {"^ab+", {"ab", "abbb", "abc"}, {"a", "xab"}},
     {"^\\d{3}-\\d{4}$", {"555-1234"}, {"5551234", "55-1234", "555-12345"}},
     {"^[^\"\\\\]*$", {"plain", ""}, {"a\"b", "a\\b"}},
     {"^a.c$", {"abc", "a c", "a\"c", "a\\c", "a\tc", "a\xc3\xa9" "c"}, {"a\nc", "ac", "a\rc"}},
@@ -353,7 +354,7 @@ static const pattern_case pattern_cases[] = {
 #define N_PCRE_CASES (sizeof pattern_cases / sizeof *pattern_cases - 1)
 
 /* Patterns as string schemas: the instances of a table (each also checked against PCRE2), then
- * for 15 patterns every one of 2,000 seeded random strings over an alphabet of their characters
+ * for 18 patterns every one of 2,000 seeded random strings over an alphabet of their characters
  * (quotes, backslashes, controls, a two-byte letter): the grammar takes a string's JSON text
  * exactly when PCRE2 finds the pattern in it. Formats: RFC 3339 dates with real calendar days,
  * times, date-times, UUIDs. */
@@ -381,7 +382,8 @@ static void test_schema_pattern(void **state)
     }
     static const char *const random_res[] = {
         "^[a-c]+$", "ab", "^a*b?c{2,3}$", "^(ab|b)*$", "^[^a]{1,3}$", "^\\d{1,2}-\\d$", "^\\w+\\s?$", "a|^b",
-        "^.{2}$", "^[\\\\\"]+$", "x{2", "^(?:a|b)+c$", "^[-a\\n]$", "\\.\\.", "^(a|\\u00e9)+$"};
+        "^.{2}$", "^[\\\\\"]+$", "x{2", "^(?:a|b)+c$", "^[-a\\n]$", "\\.\\.", "^(a|\\u00e9)+$", "ab+", "^a{2}",
+        "c?d*"};
     static const char *const alphabet[] = {"a", "b", "c", "0", "1", "-", "_", ".", " ", "\"", "\\", "\n", "\t", "x", "{",
                                            "2", "\xc3\xa9"};
     vt_rng rng = vt_rng_seeded("schema pattern");

@@ -263,6 +263,8 @@ static bool utf8_cp(rx *r, uint32_t *cp)
             return rfail(r, "invalid UTF-8");
         c = c << 6 | (p[k] & 0x3F);
     }
+    if (c > CP_MAX || (c >= 0xD800 && c <= 0xDFFF))
+        return rfail(r, "invalid UTF-8");
     r->i += len;
     *cp = c;
     return true;
@@ -294,7 +296,7 @@ static bool parse_escape(rx *r, bool in_class, uint32_t *cp, rx_set *set, bool *
         return rfail(r, "a pattern ending in a backslash");
     char e = cur(r);
     r->i++;
-    if (strchr("dwsDWS", e)) {
+    if (e && strchr("dwsDWS", e)) {
         *is_set = true;
         return set_class_escape(r, set, e);
     }
@@ -434,7 +436,7 @@ static bool parse_quant(rx *r, char q[32])
     }
     if (cur(r) == '?') /* lazy: the same language */
         r->i++;
-    if (strchr("*+?", cur(r)) || (cur(r) == '{' && r->i + 1 < r->n && r->s[r->i + 1] >= '0' && r->s[r->i + 1] <= '9'))
+    if ((cur(r) && strchr("*+?", cur(r))) || (cur(r) == '{' && r->i + 1 < r->n && r->s[r->i + 1] >= '0' && r->s[r->i + 1] <= '9'))
         return rfail(r, "a quantifier after a quantifier");
     return true;
 }
