@@ -719,6 +719,57 @@ static void test_vk_faults_lookahead(void **state)
     vki_engine_destroy(e);
 }
 
+/* Grammar-constrained requests run on lookahead steps too, each sampler a submission of its own
+ * (its masks come after the step before was read). A vkQueueSubmit failing at any of ten
+ * consecutive submits (forward passes and samplers alike) ends the request once with "engine
+ * step failed" (a planned step or a sampler), or not at all (a refused lookahead: its step goes on
+ * alone, the same answer); both happen, and the next request gets the same answer again. */
+static void test_vk_faults_lookahead_grammar(void **state)
+{
+    F *f = *state;
+    if (!vkf_enabled())
+        skip();
+    vki_engine *e = open_engine(f, f->src);
+    uint16_t port;
+    srv *s = start_server(e, f->src, &port);
+    static const char req[] = "{\"prompt\":\"Once upon a time\",\"max_tokens\":48,\"temperature\":0,"
+                              "\"grammar\":\"root ::= [a-z ]{24,30} \\\".\\\"\"}";
+    char *out = answer_of(port, req, 200), *text = text_of(out);
+    free(out);
+    double ahead = metric(port, "vkinfer_steps_ahead_total");
+    assert_true(ahead >= 8); /* the constrained request decoded on lookahead steps */
+    uint32_t failed = 0, same = 0;
+    for (uint64_t n = 6; n < 16; n++) {
+        vkf_arm(VKF_QUEUE_SUBMIT, n, VK_ERROR_OUT_OF_DEVICE_MEMORY);
+        int st = http(port, "POST", "/v1/completions", req, &out);
+        bool fired = vkf_fired(VKF_QUEUE_SUBMIT);
+        vkf_arm(VKF_QUEUE_SUBMIT, 0, 0);
+        assert_true(fired);
+        if (st == 200) {
+            char *t = text_of(out);
+            assert_string_equal(t, text);
+            free(t);
+            same++;
+        } else {
+            if (st != 500 || !strstr(out, "engine step failed: out of device memory"))
+                fail_msg("submit %llu failing: status %d, %s", (unsigned long long)n, st, out);
+            failed++;
+        }
+        free(out);
+    }
+    fprintf(stderr, "  constrained on lookahead steps (%.0f): a failed submit ended it %u times, was absorbed %u times\n",
+            ahead, failed, same);
+    assert_true(failed > 0 && same > 0);
+    out = answer_of(port, req, 200);
+    char *t2 = text_of(out);
+    assert_string_equal(t2, text);
+    free(t2);
+    free(out);
+    free(text);
+    srv_destroy(s);
+    vki_engine_destroy(e);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -728,6 +779,7 @@ int main(void)
         cmocka_unit_test(test_vk_faults_engine_create),
         cmocka_unit_test(test_vk_faults_server),
         cmocka_unit_test(test_vk_faults_lookahead),
+        cmocka_unit_test(test_vk_faults_lookahead_grammar),
         cmocka_unit_test(test_vk_faults_repository),
     };
     if (getenv("VKI_TEST_FILTER")) /* e.g. "*server*": one test while reproducing a failure */
