@@ -534,6 +534,14 @@ static uint64_t run_on_fake(coll *c, vki_request *reqs, uint32_t n, bool overlap
     return prev;
 }
 
+/* Most generated tokens (at least 70%) came from lookahead rows; prints the share. */
+static void expect_ahead_share(const char *what, uint64_t prev, uint32_t generated)
+{
+    printf("%s: %llu of %u generated tokens from lookahead rows\n", what, (unsigned long long)prev, generated);
+    if (prev * 10 < generated * 7)
+        fail_msg("only %llu of %u tokens from lookahead rows", (unsigned long long)prev, generated);
+}
+
 /* Requests with repetition, presence and frequency penalties decode in lookahead steps too (their
  * history ends before the token in flight, which the engine counts): three of them, together,
  * almost every token from lookahead rows; outputs as alone. */
@@ -553,10 +561,7 @@ static void test_lookahead_penalties(void **state)
     vki_batch_params p = mkparams(VKI_POLICY_GUARANTEED_NO_EVICT);
     uint32_t generated;
     uint64_t prev = run_on_fake(c, reqs, N, true, &p, true, 128, &generated);
-    printf("lookahead with penalties: %llu of %u generated tokens from lookahead rows\n", (unsigned long long)prev,
-           generated);
-    if (prev * 10 < generated * 7)
-        fail_msg("only %llu of %u tokens from lookahead rows", (unsigned long long)prev, generated);
+    expect_ahead_share("lookahead with penalties", prev, generated);
     coll_free(c);
 }
 
@@ -576,10 +581,7 @@ static void test_lookahead_full_batch(void **state)
     p.max_batch_size = 2;
     uint32_t generated;
     uint64_t prev = run_on_fake(c, reqs, N, true, &p, true, 128, &generated);
-    printf("lookahead behind a full batch: %llu of %u generated tokens from lookahead rows\n",
-           (unsigned long long)prev, generated);
-    if (prev * 10 < generated * 7)
-        fail_msg("only %llu of %u tokens from lookahead rows", (unsigned long long)prev, generated);
+    expect_ahead_share("lookahead behind a full batch", prev, generated);
     coll_free(c);
 }
 
@@ -598,10 +600,7 @@ static void test_lookahead_waiting_for_blocks(void **state)
     vki_batch_params p = mkparams(VKI_POLICY_GUARANTEED_NO_EVICT);
     uint32_t generated;
     uint64_t prev = run_on_fake(c, reqs, N, true, &p, true, 26, &generated);
-    printf("lookahead while requests wait for blocks: %llu of %u generated tokens from lookahead rows\n",
-           (unsigned long long)prev, generated);
-    if (prev * 10 < generated * 7)
-        fail_msg("only %llu of %u tokens from lookahead rows", (unsigned long long)prev, generated);
+    expect_ahead_share("lookahead while requests wait for blocks", prev, generated);
     coll_free(c);
 }
 

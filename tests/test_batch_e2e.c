@@ -427,6 +427,31 @@ static void c_response(void *user, const vki_response *r)
     pthread_mutex_unlock(&c->mu);
 }
 
+static c_run *c_run_new(void)
+{
+    c_run *c = calloc(1, sizeof *c);
+    assert_non_null(c);
+    pthread_mutex_init(&c->mu, NULL);
+    pthread_cond_init(&c->cv, NULL);
+    return c;
+}
+
+/* Waits for n final responses. */
+static void c_run_wait(c_run *c, uint32_t n)
+{
+    pthread_mutex_lock(&c->mu);
+    while (c->n_final < n)
+        pthread_cond_wait(&c->cv, &c->mu);
+    pthread_mutex_unlock(&c->mu);
+}
+
+static void c_run_free(c_run *c)
+{
+    pthread_mutex_destroy(&c->mu);
+    pthread_cond_destroy(&c->cv);
+    free(c);
+}
+
 
 /* One batch: 6 unconstrained greedy requests, 4 constrained ones (a JSON schema greedy and
  * sampled, a GBNF grammar greedy and sampled) and one whose every token is banned. The
@@ -451,9 +476,7 @@ static void test_constrained_batch(void **state)
     static vki_logit_bias ban[512];
     for (uint32_t i = 0; i < 512; i++)
         ban[i] = (vki_logit_bias){(int32_t)i, -INFINITY};
-    c_run *c = calloc(1, sizeof *c);
-    pthread_mutex_init(&c->mu, NULL);
-    pthread_cond_init(&c->cv, NULL);
+    c_run *c = c_run_new();
     vki_batch_params bp = vki_batch_default_params();
     vki_batch_manager *bm;
     assert_int_equal(vki_batch_manager_create(x->e, &bp, NULL, &bm), VKI_OK);
@@ -478,10 +501,7 @@ static void test_constrained_batch(void **state)
         if (vki_batch_submit(bm, &req, c_response, c, err, sizeof err) != VKI_OK)
             fail_msg("submit %u: %s", i, err);
     }
-    pthread_mutex_lock(&c->mu);
-    while (c->n_final < 11)
-        pthread_cond_wait(&c->cv, &c->mu);
-    pthread_mutex_unlock(&c->mu);
+    c_run_wait(c, 11);
     assert_int_equal(vki_batch_manager_destroy(bm, false), VKI_OK);
     for (uint32_t i = 0; i < 6; i++) {
         assert_int_equal(c->finish[i], VKI_FINISH_LENGTH);
@@ -514,9 +534,7 @@ static void test_constrained_batch(void **state)
     assert_int_equal(c->n_out[10], 0);
     assert_non_null(strstr(c->error[10], "no token could be sampled"));
     strbuf_free(&sg);
-    pthread_mutex_destroy(&c->mu);
-    pthread_cond_destroy(&c->cv);
-    free(c);
+    c_run_free(c);
     x->n_req = n;
     free(ref);
 }
@@ -530,9 +548,7 @@ static c_run *run_constrained(e2e *x, vki_engine *e, uint64_t *ahead)
     static const char schema[] = "{\"type\": \"object\", \"properties\": {\"name\": {\"type\": \"string\", "
                                  "\"maxLength\": 12}, \"n\": {\"type\": \"integer\"}}, \"required\": [\"name\", \"n\"]}";
     static const char gbnf[] = "root ::= \"Once \" [a-z]{2,9} (\" \" [a-z]{1,9}){2,6} \".\"";
-    c_run *c = calloc(1, sizeof *c);
-    pthread_mutex_init(&c->mu, NULL);
-    pthread_cond_init(&c->cv, NULL);
+    c_run *c = c_run_new();
     vki_batch_params bp = vki_batch_default_params();
     vki_batch_callbacks cb = {.user = ahead, .tick_stats = last_ahead};
     vki_batch_manager *bm;
@@ -554,10 +570,7 @@ static c_run *run_constrained(e2e *x, vki_engine *e, uint64_t *ahead)
         if (vki_batch_submit(bm, &req, c_response, c, err, sizeof err) != VKI_OK)
             fail_msg("submit %u: %s", i, err);
     }
-    pthread_mutex_lock(&c->mu);
-    while (c->n_final < 5)
-        pthread_cond_wait(&c->cv, &c->mu);
-    pthread_mutex_unlock(&c->mu);
+    c_run_wait(c, 5);
     assert_int_equal(vki_batch_manager_destroy(bm, false), VKI_OK);
     return c;
 }
@@ -590,11 +603,8 @@ static void test_constrained_lookahead(void **state)
             (unsigned long long)ahead[1]);
     assert_true(ahead[0] >= 8);
     assert_int_equal(ahead[1], 0);
-    for (c_run *c = a; c; c = c == a ? b : NULL) {
-        pthread_mutex_destroy(&c->mu);
-        pthread_cond_destroy(&c->cv);
-        free(c);
-    }
+    c_run_free(a);
+    c_run_free(b);
     vki_engine_destroy(plain);
 }
 

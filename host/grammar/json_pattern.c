@@ -21,6 +21,7 @@
 #include <string.h>
 
 #include "host/grammar/grammar.h"
+#include "host/util/json.h"
 
 #define CP_MAX 0x10FFFFu
 
@@ -270,16 +271,11 @@ static bool utf8_cp(rx *r, uint32_t *cp)
     return true;
 }
 
-static int hexval(char c)
-{
-    return c >= '0' && c <= '9' ? c - '0' : (c | 0x20) >= 'a' && (c | 0x20) <= 'f' ? (c | 0x20) - 'a' + 10 : -1;
-}
-
 static bool hex_digits(rx *r, int n, uint32_t *v)
 {
     *v = 0;
     for (int k = 0; k < n; k++, r->i++) {
-        int h = hexval(cur(r));
+        int h = json_hexval(cur(r));
         if (h < 0)
             return rfail(r, "an escape needs %d hex digits", n);
         *v = *v << 4 | (uint32_t)h;
@@ -307,7 +303,7 @@ static bool parse_escape(rx *r, bool in_class, uint32_t *cp, rx_set *set, bool *
     case 'f': *cp = '\f'; return true;
     case 'v': *cp = '\v'; return true;
     case '0':
-        if (hexval(cur(r)) >= 0 && cur(r) <= '9')
+        if (json_hexval(cur(r)) >= 0 && cur(r) <= '9')
             return rfail(r, "octal escapes are not supported");
         *cp = 0;
         return true;
@@ -319,9 +315,9 @@ static bool parse_escape(rx *r, bool in_class, uint32_t *cp, rx_set *set, bool *
             return false;
         if (*cp >= 0xD800 && *cp <= 0xDBFF && r->i + 6 <= r->n && r->s[r->i] == '\\' && r->s[r->i + 1] == 'u') {
             uint32_t lo = 0; /* a surrogate pair */
-            for (int k = 2; k < 6 && hexval(r->s[r->i + k]) >= 0; k++)
-                lo = lo << 4 | (uint32_t)hexval(r->s[r->i + k]);
-            if (lo >= 0xDC00 && lo <= 0xDFFF && hexval(r->s[r->i + 5]) >= 0) {
+            for (int k = 2; k < 6 && json_hexval(r->s[r->i + k]) >= 0; k++)
+                lo = lo << 4 | (uint32_t)json_hexval(r->s[r->i + k]);
+            if (lo >= 0xDC00 && lo <= 0xDFFF && json_hexval(r->s[r->i + 5]) >= 0) {
                 *cp = 0x10000 + ((*cp - 0xD800) << 10) + (lo - 0xDC00);
                 r->i += 6;
             }
