@@ -2,6 +2,10 @@
 #include "engine/device.h"
 
 #include <errno.h>
+#ifdef __linux__
+#include <dlfcn.h>
+#include <link.h>
+#endif
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -145,6 +149,51 @@ static VkDebugUtilsMessengerCreateInfoEXT messenger_info(vkd_device *d)
         .pUserData = d};
 }
 
+/* The Vulkan loader unloads its drivers at vkDestroyInstance and loads them again at the next
+ * vkCreateInstance. glibc cannot hand back the static TLS of an unloaded library, and NVIDIA's
+ * driver (libnvidia-tls) takes static TLS at each load: on the first NVIDIA run a process that
+ * made ~40 devices one after another (engines loaded and unloaded, as the server's model
+ * repository does) got "cannot allocate memory in static TLS block" and then "no Vulkan driver
+ * found". So every loaded driver (a library exporting vk_icdGetInstanceProcAddr) is marked
+ * RTLD_NODELETE once an instance has loaded it: it stays loaded until the process exits. */
+#ifdef __linux__
+typedef struct {
+    char names[32][256];
+    int n;
+} loaded_libs;
+
+static int list_lib(struct dl_phdr_info *info, size_t size, void *user)
+{
+    (void)size;
+    loaded_libs *l = user;
+    if (info->dlpi_name && info->dlpi_name[0] && l->n < 32 && strlen(info->dlpi_name) < sizeof l->names[0])
+        strcpy(l->names[l->n++], info->dlpi_name);
+    return 0;
+}
+
+static void pin_drivers(void)
+{
+    loaded_libs *l = calloc(1, sizeof *l); /* 8 KiB: not on the caller's stack */
+    if (!l)
+        return; /* only a later reload can fail then, as before */
+    dl_iterate_phdr(list_lib, l); /* no dlopen inside the callback: it holds the loader's lock */
+    for (int i = 0; i < l->n; i++) {
+        void *h = dlopen(l->names[i], RTLD_LAZY | RTLD_NOLOAD);
+        if (!h)
+            continue;
+        if (dlsym(h, "vk_icdGetInstanceProcAddr")) {
+            void *pin = dlopen(l->names[i], RTLD_LAZY | RTLD_NOLOAD | RTLD_NODELETE);
+            if (pin)
+                dlclose(pin);
+        }
+        dlclose(h);
+    }
+    free(l);
+}
+#else
+static void pin_drivers(void) {}
+#endif
+
 /* Creates d->instance; with validation, also the layer and a messenger that counts messages. */
 static vki_status create_instance(vkd_device *d, bool validation, bool *debug_utils)
 {
@@ -183,6 +232,7 @@ static vki_status create_instance(vkd_device *d, bool validation, bool *debug_ut
         return VKI_ERR_NO_DEVICE;
     }
     VKD_TRY(d, r);
+    pin_drivers();
     if (validation && *debug_utils) {
         PFN_vkCreateDebugUtilsMessengerEXT create = (PFN_vkCreateDebugUtilsMessengerEXT)
             vkGetInstanceProcAddr(d->instance, "vkCreateDebugUtilsMessengerEXT");
@@ -296,8 +346,12 @@ static void query_features(VkInstance inst, VkPhysicalDevice pd, uint32_t api, b
         info->n_coopmat_nv = query_coopmat(inst, pd, false, info->coopmat_nv_shapes);
         /* fcoopmatNV<16, ...> needs Float16; glslang's NV modules use the Vulkan memory model;
          * the kernels stage F16 operands through 16-bit storage and name warps by gl_SubgroupID */
+        /* Enabling vulkanMemoryModel binds every module of the device to it: the other kernels'
+         * device-scope barriers and atomics then need vulkanMemoryModelDeviceScope too
+         * (VUID-RuntimeSpirv-vulkanMemoryModel-06265; the first NVIDIA run's validation errors) */
         if ((np.cooperativeMatrixSupportedStages & VK_SHADER_STAGE_COMPUTE_BIT) && f12.shaderFloat16 &&
-            f12.vulkanMemoryModel && f11.storageBuffer16BitAccess && (info->subgroup_ops & VKI_SUBGROUP_BASIC))
+            f12.vulkanMemoryModel && f12.vulkanMemoryModelDeviceScope && f11.storageBuffer16BitAccess &&
+            (info->subgroup_ops & VKI_SUBGROUP_BASIC))
             info->coopmat_pick = pick_coopmat(info);
     }
 }
@@ -549,23 +603,21 @@ static vki_status create_logical_device(vkd_device *d, vki_coopmat_mode cm_mode)
         exts[n_ext++] = VK_KHR_SHADER_NON_SEMANTIC_INFO_EXTENSION_NAME;
     if (in->memory_budget)
         exts[n_ext++] = VK_EXT_MEMORY_BUDGET_EXTENSION_NAME;
-    /* The NV tensor-core modules: the extension, its feature and the memory model they declare. */
+    /* The NV tensor-core modules: the extension, its feature and the memory model they declare
+     * (with device scope: see query_features). VK_KHR_cooperative_matrix is queried for `info`
+     * but not enabled: no module uses it (glslang 12 cannot write it), and validation layers
+     * older than the extension reject its feature struct in vkCreateDevice. */
     bool nv = in->coopmat_pick.m && cm_mode != VKI_COOPMAT_OFF;
     if (nv)
         exts[n_ext++] = VK_NV_COOPERATIVE_MATRIX_EXTENSION_NAME;
-    VkPhysicalDeviceCooperativeMatrixFeaturesKHR cmf = {
-        .sType = VKI_STYPE_PHYSICAL_DEVICE_COOPERATIVE_MATRIX_FEATURES_KHR, .cooperativeMatrix = VK_TRUE};
     bool v13 = in->api_version >= VK_API_VERSION_1_3;
     VkPhysicalDeviceVulkan13Features f13 = {.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_3_FEATURES,
-                                            .pNext = in->coopmat ? &cmf : NULL,
                                             .shaderIntegerDotProduct = in->integer_dot && v13};
-    if (in->coopmat)
-        exts[n_ext++] = VK_KHR_COOPERATIVE_MATRIX_EXTENSION_NAME;
     VkPhysicalDeviceVulkan12Features f12 = {
         .sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_2_FEATURES,
-        .pNext = v13 ? (void *)&f13 : (in->coopmat ? (void *)&cmf : NULL),
+        .pNext = v13 ? (void *)&f13 : NULL,
         .shaderFloat16 = in->float16, .shaderInt8 = in->int8, .storageBuffer8BitAccess = in->storage8,
-        .vulkanMemoryModel = nv};
+        .vulkanMemoryModel = nv, .vulkanMemoryModelDeviceScope = nv};
     VkPhysicalDeviceVulkan11Features f11 = {.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_1_FEATURES,
                                             .pNext = &f12, .storageBuffer16BitAccess = in->storage16};
     VkPhysicalDeviceCooperativeMatrixFeaturesNV nvf = {

@@ -4,8 +4,12 @@
 
 #include "engine/ops_matmul.h"
 
+#include <dlfcn.h>
+#include <link.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 static void test_info_sane(void **state)
 {
@@ -309,8 +313,88 @@ static void test_validation_counter_works(void **state)
     atomic_store(&g->dev->n_validation_warnings, 0);
 }
 
-int main(void)
+/* ---- drivers stay loaded ---------------------------------------------------------------------- */
+
+typedef struct {
+    char names[32][256];
+    int n;
+} icd_list;
+
+/* Loaded libraries that export vk_icdGetInstanceProcAddr (Vulkan drivers). */
+static int add_icd(struct dl_phdr_info *info, size_t size, void *user)
 {
+    (void)size;
+    icd_list *l = user;
+    if (info->dlpi_name && info->dlpi_name[0] && l->n < 32 && strlen(info->dlpi_name) < sizeof l->names[0])
+        strcpy(l->names[l->n++], info->dlpi_name);
+    return 0;
+}
+
+static void list_icds(icd_list *l)
+{
+    icd_list all = {0};
+    dl_iterate_phdr(add_icd, &all);
+    l->n = 0;
+    for (int i = 0; i < all.n; i++) {
+        void *h = dlopen(all.names[i], RTLD_LAZY | RTLD_NOLOAD);
+        if (h && dlsym(h, "vk_icdGetInstanceProcAddr"))
+            strcpy(l->names[l->n++], all.names[i]);
+        if (h)
+            dlclose(h);
+    }
+}
+
+/* In a fresh process (the harness pins the drivers it knows): a device opened and closed leaves
+ * the drivers its instance loaded in the process. Exit 0 when every driver is still there. */
+static int drivers_child(void)
+{
+    vki_device_params p = vt_device_params();
+    p.validation = false; /* the layer is not a driver; leave LeakSanitizer's view of it alone */
+    p.log_level = VKI_LOG_ERROR;
+    vkd_device *d = NULL;
+    if (vkd_open(&p, &d) != VKI_OK)
+        return 3;
+    icd_list l;
+    list_icds(&l);
+    vkd_close(d);
+    if (!l.n)
+        return 2;
+    for (int i = 0; i < l.n; i++) {
+        void *h = dlopen(l.names[i], RTLD_LAZY | RTLD_NOLOAD);
+        if (!h) {
+            fprintf(stderr, "driver %s was unloaded when the device closed\n", l.names[i]);
+            return 1;
+        }
+        dlclose(h);
+        fprintf(stderr, "driver %s still loaded after the device closed\n", l.names[i]);
+    }
+    return 0;
+}
+
+/* The loader unloads drivers at vkDestroyInstance; NVIDIA's cannot be loaded again many times
+ * in one process (glibc never returns its static TLS: "cannot allocate memory in static TLS
+ * block" after ~40 devices on the first H200 run). vkd_open marks them RTLD_NODELETE. */
+static void test_drivers_stay_loaded(void **state)
+{
+    (void)vt_gpu_get(state);
+    fflush(NULL);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        char *argv[] = {"test_device", "--drivers-child", NULL};
+        execv("/proc/self/exe", argv);
+        _exit(4);
+    }
+    int status = 0;
+    assert_int_equal(waitpid(pid, &status, 0), pid);
+    assert_true(WIFEXITED(status));
+    assert_int_equal(WEXITSTATUS(status), 0);
+}
+
+int main(int argc, char **argv)
+{
+    if (argc == 2 && !strcmp(argv[1], "--drivers-child"))
+        return drivers_child();
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_info_sane),
         cmocka_unit_test(test_suballocator_roundtrip),
@@ -321,6 +405,7 @@ int main(void)
         cmocka_unit_test(test_cmd_reuse),
         cmocka_unit_test(test_coopmat_modes),
         cmocka_unit_test(test_validation_counter_works),
+        cmocka_unit_test(test_drivers_stay_loaded),
     };
     return cmocka_run_group_tests(tests, vt_gpu_setup, vt_gpu_teardown);
 }

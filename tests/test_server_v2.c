@@ -589,10 +589,15 @@ static void test_unload_under_traffic(void **state)
     assert_int_equal(sb.status, 200);
     assert_int_equal(sb.rc, 1);
     assert_string_equal(vt_json_str(sb.c.last, "finish_reason"), "length");
-    /* the long one ended cleanly: a final error event, then [DONE], no reset */
+    /* the long one ended cleanly: a final error event, then [DONE], no reset. A fast GPU (the
+     * H200: ~1 ms a token) writes all 1500 tokens inside the 3 s: then it ends as asked, and
+     * the unload waited for it (lavapipe, as in CI, takes the timeout path) */
     assert_int_equal(lb.status, 200);
     assert_int_equal(lb.rc, 1);
-    assert_non_null(vt_json_get(lb.c.last, "error.message"));
+    if (!vt_json_get(lb.c.last, "error.message")) {
+        assert_string_equal(vt_json_str(lb.c.last, "choices.0.finish_reason"), "length");
+        fprintf(stderr, "b's long request finished before the unload timeout: the timeout path not taken\n");
+    }
     const char *why = "";
     cJSON *idx = http_json(t, "POST", "/v2/repository/index", NULL, 200);
     assert_string_equal(index_state(idx, "b", &why), "UNAVAILABLE");
