@@ -205,6 +205,17 @@ typedef enum vki_coopmat_mode {
     VKI_COOPMAT_EMULATED = 2,
 } vki_coopmat_mode;
 
+/* vki_engine_params.int_dot: the decode projections' integer-dot path. */
+typedef enum vki_int_dot_mode {
+    /* On where the driver says 4x8-bit packed dot products are accelerated
+     * (vki_device_info.integer_dot_accel: NVIDIA; measured on an H200, an 8B Q4_K_M model: 1.31x
+     * batch-1 and 1.80x 16-sequence decode tokens/s, Q8_0 1.23x and 1.89x), off elsewhere
+     * (lavapipe, whose "dot products" are scalar code, and CPUs). */
+    VKI_INT_DOT_AUTO = 0,
+    VKI_INT_DOT_ON = 1,  /* wherever the device has integer dot products (Vulkan 1.3) */
+    VKI_INT_DOT_OFF = 2, /* the float path everywhere */
+} vki_int_dot_mode;
+
 /* Device choice: discrete NVIDIA first, then other discrete, integrated, virtual, CPU.
  * device_index >= 0 or a non-empty device_name (case-insensitive substring) override it. */
 typedef struct vki_device_params {
@@ -928,8 +939,9 @@ typedef struct vki_engine_params {
      * converting each to float. Changes results: the activations' 8-bit rounding, ~2e-5 relative
      * in each product (llama.cpp's CPU and CUDA backends round theirs to Q8 likewise). F32,
      * F16 and BF16 weights, the GEMM (prefill) and the experts' matmuls keep the float path. Needs
-     * shaderIntegerDotProduct (Vulkan 1.3): VKI_ERR_UNSUPPORTED without. false */
-    bool int_dot;
+     * shaderIntegerDotProduct (Vulkan 1.3): VKI_ERR_UNSUPPORTED without (VKI_INT_DOT_ON).
+     * vki_model_info.int_dot says what an engine took. VKI_INT_DOT_AUTO */
+    vki_int_dot_mode int_dot;
 } vki_engine_params;
 
 VKI_API vki_engine_params vki_engine_default_params(void);
@@ -956,6 +968,8 @@ typedef struct vki_model_info {
     uint64_t fingerprint;           /* the model's identity (its metadata, tensor shapes and a sample
                                        of every tensor's bytes): session files of another model,
                                        another fine-tune included, are refused by it */
+    bool int_dot;                   /* the decode projections take the integer-dot path
+                                       (vki_engine_params.int_dot as resolved on this device) */
 } vki_model_info;
 
 /* Opens the device, reads the GGUF, builds the tokenizer, uploads the weights, allocates the KV

@@ -186,6 +186,7 @@ static vki_status open_engine(e2e *x, const char *path, uint64_t kv_tokens, bool
 {
     vki_engine_params p = vki_engine_default_params();
     p.no_overlap = no_overlap;
+    p.int_dot = VKI_INT_DOT_OFF; /* the exact float path the references check (on NVIDIA too) */
     p.device = vt_device_params();
     p.device.log = vt_count_validation;
     p.device.log_user = &x->validation_msgs;

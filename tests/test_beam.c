@@ -60,6 +60,7 @@ static int setup(void **state)
     }
     vt_pin_vulkan_libraries();
     vki_engine_params p = vki_engine_default_params();
+    p.int_dot = VKI_INT_DOT_OFF; /* the exact float path the references check (on NVIDIA too) */
     p.device = vt_device_params();
     p.device.log = vt_count_validation;
     p.device.log_user = &f->validation_msgs;

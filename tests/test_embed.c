@@ -143,6 +143,47 @@ static void test_prints_nothing(void **state)
     assert_int_equal(stderr_bytes_during(quiet_calls), 0);
 }
 
+/* int_dot's modes as an engine resolves them: AUTO takes the integer-dot path only where the
+ * driver accelerates 4x8-bit dot products on a GPU (NVIDIA; not lavapipe), ON wherever the device
+ * has integer dot products, OFF nowhere; vki_model_info.int_dot says which. */
+static void test_int_dot_modes(void **state)
+{
+    (void)state;
+    model_path();
+    vki_device_info devs[8];
+    uint32_t n = 0;
+    assert_int_equal(vki_list_devices(devs, 8, &n), VKI_OK);
+    const vki_int_dot_mode modes[] = {VKI_INT_DOT_AUTO, VKI_INT_DOT_ON, VKI_INT_DOT_OFF};
+    for (size_t i = 0; i < sizeof modes / sizeof modes[0]; i++) {
+        vki_engine_params p = test_params();
+        p.int_dot = modes[i];
+        vki_engine *e = NULL;
+        char err[512] = "";
+        vki_status st = vki_engine_create(model_path(), &p, &e, err, sizeof err);
+        vki_model_info mi;
+        const vki_device_info *d = NULL;
+        if (st == VKI_OK) {
+            vki_engine_info(e, &mi);
+            for (uint32_t k = 0; k < n && k < 8; k++)
+                if (!strcmp(devs[k].name, mi.device))
+                    d = &devs[k];
+            assert_non_null(d);
+        }
+        if (modes[i] == VKI_INT_DOT_ON && st == VKI_ERR_UNSUPPORTED) { /* no integer dot products */
+            assert_non_null(strstr(err, "int_dot"));
+            continue;
+        }
+        assert_int_equal(st, VKI_OK);
+        bool want = modes[i] == VKI_INT_DOT_ON ||
+                    (modes[i] == VKI_INT_DOT_AUTO && d->integer_dot_accel && d->type != VKI_DEVICE_CPU);
+        fprintf(stderr, "  int_dot mode %d on %s (4x8 dot products %saccelerated): %s\n", (int)modes[i], d->name,
+                d->integer_dot_accel ? "" : "not ", mi.int_dot ? "integer-dot path" : "float path");
+        assert_int_equal(mi.int_dot, want);
+        vki_engine_destroy(e);
+    }
+    assert_int_equal(atomic_load(&g_validation), 0);
+}
+
 static void test_progress_and_cancel(void **state)
 {
     (void)state;
@@ -539,6 +580,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_version),
         cmocka_unit_test(test_prints_nothing),
+        cmocka_unit_test(test_int_dot_modes),
         cmocka_unit_test(test_progress_and_cancel),
         cmocka_unit_test(test_generate_known_answer),
         cmocka_unit_test(test_generate_stop_string),

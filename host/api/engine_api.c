@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "host/api/engine_api.h"
+#include "engine/ops_matmul.h"
 #include "engine/quant.h"
 #include "host/batch/backend.h"
 #include "host/batch/batch.h"
@@ -99,6 +100,7 @@ static void fill_info(vki_engine *e, const gguf_file *f, const char *path)
     i->sliding_window = hp->swa_pattern ? hp->kind[1].window : 0;
     i->kv_window = g->kv_window;
     i->fingerprint = gguf_fingerprint(f);
+    i->int_dot = g->p.int_dot;
 }
 
 /* Captures the device log's first error so vki_engine_create can report it in err. */
@@ -161,7 +163,9 @@ static vki_status load(vki_engine *e, const char *path, const vki_engine_params 
         ep.batch_invariant = p->batch_invariant;
         ep.no_fusion = p->no_fusion;
         ep.no_cmd_reuse = p->no_cmd_reuse;
-        ep.int_dot = p->int_dot;
+        ep.int_dot = p->int_dot == VKI_INT_DOT_ON ||
+                     (p->int_dot == VKI_INT_DOT_AUTO && e->dev->info.integer_dot_accel &&
+                      e->dev->info.type != VKI_DEVICE_CPU && op_matmul_i8_supported(e->dev, VKI_GGML_Q8_0));
         ep.profile_path = p->profile_path;
         ep.capture_first = p->capture_first;
         ep.capture_last = p->capture_last;

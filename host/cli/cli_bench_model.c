@@ -509,6 +509,7 @@ typedef struct bm_report {
     const vkd_device *d;
     devprobe_copy copy;
     FILE *table;
+    bool int_dot; /* the engine's decode projections on the integer-dot path */
 } bm_report;
 
 static void report_header(const bm_report *r, const vk_engine *e)
@@ -567,7 +568,7 @@ static void report_row(const bm_report *r, bool pp, uint32_t B, const bm_run *ru
     cJSON_AddNumberToObject(j, "dispatches_per_step", run->dispatches / run->steps);
     cJSON_AddNumberToObject(j, "barriers_per_step", run->barriers / run->steps);
     cJSON_AddBoolToObject(j, "fusion", !r->o->eo.p.no_fusion);
-    cJSON_AddBoolToObject(j, "int_dot", r->o->eo.p.int_dot);
+    cJSON_AddBoolToObject(j, "int_dot", r->int_dot); /* as the engine resolved it */
     cJSON_AddBoolToObject(j, "cmd_reuse", !r->o->eo.p.no_cmd_reuse);
     cJSON_AddBoolToObject(j, "overlap", !pp && o->overlap); /* tg steps two in flight */
     cJSON_AddNumberToObject(j, "reused_steps", run->reused / run->steps); /* share of the steps */
@@ -657,7 +658,7 @@ int vki_cli_bench_model(int argc, char **argv)
     vki_engine_info(eng, &mi);
     s.e = engine_api_core(eng);
     s.m = &m;
-    bm_report rep = {.o = &o, .m = &m, .d = s.e->dev, .table = o.json ? stderr : stdout};
+    bm_report rep = {.o = &o, .m = &m, .d = s.e->dev, .table = o.json ? stderr : stdout, .int_dot = mi.int_dot};
     devprobe_opts po = {.iters = 10, .warmup = 2, .reps = 3};
     bool ok = check_capacity(&s) && read_file_facts(o.eo.model, &mi, &m) == VKI_OK;
     if (ok && devprobe_copy_bandwidth(s.e->dev, (uint64_t)o.copy_mib << 20, &po, &rep.copy) != VKI_OK) {

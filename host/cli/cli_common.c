@@ -126,7 +126,11 @@ int cli_engine_opt(int argc, char **argv, int *i, cli_engine_opts *o)
         return 1;
     }
     if (!strcmp(a, "--int-dot")) {
-        o->p.int_dot = true;
+        o->p.int_dot = VKI_INT_DOT_ON;
+        return 1;
+    }
+    if (!strcmp(a, "--no-int-dot")) {
+        o->p.int_dot = VKI_INT_DOT_OFF;
         return 1;
     }
     if (!strcmp(a, "--no-progress")) {
@@ -224,7 +228,9 @@ void cli_engine_opts_help(FILE *f)
             "                          measure the lookahead steps)\n"
             "  --int-dot               decode projections of integer weight types (all but F32/F16/\n"
             "                          BF16) as int8 dot products (activations rounded to int8 per\n"
-            "                          32; needs Vulkan 1.3 integer dot products)\n"
+            "                          32; needs Vulkan 1.3 integer dot products). Default: on where\n"
+            "                          the driver accelerates them (NVIDIA), else off\n"
+            "  --no-int-dot            the float path for every projection (exact FP32 arithmetic)\n"
             "  --device-memory MIB     device memory this engine may use in all (weights, KV, scratch)\n"
             "  --profile FILE          GPU time of every dispatch as a Chrome trace (chrome://tracing),\n"
             "                          and a table of the top ops by GPU time at the end\n"

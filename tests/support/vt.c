@@ -303,6 +303,7 @@ void vt_count_validation(void *user, vki_log_level lvl, const char *msg)
 vki_engine_params vt_engine_params(uint64_t kv_tokens, uint32_t max_seqs, void *validation)
 {
     vki_engine_params ep = vki_engine_default_params();
+    ep.int_dot = VKI_INT_DOT_OFF; /* the exact float path the suites' references check */
     ep.kv_tokens = kv_tokens;
     ep.max_seqs = max_seqs;
     ep.device = vt_device_params();
