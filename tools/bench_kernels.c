@@ -53,7 +53,8 @@ typedef struct bench_shape {
     uint32_t M, N, K;
 } bench_shape;
 
-#define MAX_SHAPES 8
+#define MAX_SHAPES 8     /* a kernel's own list */
+#define MAX_CL_SHAPES 32 /* --shape on the command line (gpu-check's gemm step gives 21) */
 /* Every weight type of the matmul family (engine/kernels.h VKK_WEIGHT_TYPES). */
 #define COUNT_TYPE(T, t) +1
 #define BENCH_WEIGHT_TYPES (0 VKK_WEIGHT_TYPES(COUNT_TYPE))
@@ -838,7 +839,7 @@ static bool in_list(const char *list, const char *name)
 
 typedef struct bench_cli {
     const char *kernels, *types;       /* comma lists; NULL = all */
-    bench_shape shapes[MAX_SHAPES];
+    bench_shape shapes[MAX_CL_SHAPES];
     int n_shapes, size_pref;           /* size_pref: -1 auto, 0 small, 1 full */
     bool crossover, json;
     uint32_t matvec_wg, matvec_rows;   /* --matvec-cfg (0: the library's choice) */
@@ -868,15 +869,15 @@ static int parse_args(int argc, char **argv, bench_cli *cl)
         {"full", 0, 0, 'F'},   {"help", 0, 0, 'h'},  {"coopmat", 1, 0, 'C'}, {"crossover", 0, 0, 'X'},
         {"json", 0, 0, 'J'},   {"matvec-cfg", 1, 0, 'V'}, {0, 0, 0, 0}};
     for (int ch; (ch = getopt_long(argc, argv, "k:t:s:d:n:w:r:h", lo, NULL)) != -1;) {
-        bench_shape *sh = &cl->shapes[cl->n_shapes < MAX_SHAPES ? cl->n_shapes : 0];
+        bench_shape *sh = &cl->shapes[cl->n_shapes < MAX_CL_SHAPES ? cl->n_shapes : 0];
         bool ok = true;
         switch (ch) {
         case 'k': cl->kernels = optarg; break;
         case 't': cl->types = optarg; break;
         case 's':
-            if (cl->n_shapes == MAX_SHAPES || sscanf(optarg, "%ux%ux%u", &sh->M, &sh->N, &sh->K) != 3 || !sh->M ||
+            if (cl->n_shapes == MAX_CL_SHAPES || sscanf(optarg, "%ux%ux%u", &sh->M, &sh->N, &sh->K) != 3 || !sh->M ||
                 !sh->N || !sh->K) {
-                fprintf(stderr, "bad or too many --shape: %s (MxNxK, at most %d)\n", optarg, MAX_SHAPES);
+                fprintf(stderr, "bad or too many --shape: %s (MxNxK, at most %d)\n", optarg, MAX_CL_SHAPES);
                 return 2;
             }
             cl->n_shapes++;

@@ -674,6 +674,7 @@ int vki_cli_bench_model(int argc, char **argv)
         report_header(&rep, s.e);
         ok = run_tests(&s, &o, &rep);
     }
+    cli_print_profile(&o.eo, eng); /* --profile: the top ops by GPU time over every test run */
     state_free(&s);
     vki_engine_destroy(eng);
     return ok ? 0 : 1;
