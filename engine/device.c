@@ -334,6 +334,7 @@ static void query_features(VkInstance inst, VkPhysicalDevice pd, uint32_t api, b
     info->storage16 = f11.storageBuffer16BitAccess;
     info->storage8 = f12.storageBuffer8BitAccess;
     info->integer_dot = (api >= VK_API_VERSION_1_3 && f13.shaderIntegerDotProduct) || dot_ext;
+    info->memory_model = f12.vulkanMemoryModel && f12.vulkanMemoryModelDeviceScope;
     info->coopmat = info->coopmat && cmf.cooperativeMatrix;
     if (info->coopmat)
         info->n_coopmat = query_coopmat(inst, pd, true, info->coopmat_shapes);
@@ -346,12 +347,8 @@ static void query_features(VkInstance inst, VkPhysicalDevice pd, uint32_t api, b
         info->n_coopmat_nv = query_coopmat(inst, pd, false, info->coopmat_nv_shapes);
         /* fcoopmatNV<16, ...> needs Float16; glslang's NV modules use the Vulkan memory model;
          * the kernels stage F16 operands through 16-bit storage and name warps by gl_SubgroupID */
-        /* Enabling vulkanMemoryModel binds every module of the device to it: the other kernels'
-         * device-scope barriers and atomics then need vulkanMemoryModelDeviceScope too
-         * (VUID-RuntimeSpirv-vulkanMemoryModel-06265; the first NVIDIA run's validation errors) */
         if ((np.cooperativeMatrixSupportedStages & VK_SHADER_STAGE_COMPUTE_BIT) && f12.shaderFloat16 &&
-            f12.vulkanMemoryModel && f12.vulkanMemoryModelDeviceScope && f11.storageBuffer16BitAccess &&
-            (info->subgroup_ops & VKI_SUBGROUP_BASIC))
+            info->memory_model && f11.storageBuffer16BitAccess && (info->subgroup_ops & VKI_SUBGROUP_BASIC))
             info->coopmat_pick = pick_coopmat(info);
     }
 }
@@ -603,8 +600,12 @@ static vki_status create_logical_device(vkd_device *d, vki_coopmat_mode cm_mode)
         exts[n_ext++] = VK_KHR_SHADER_NON_SEMANTIC_INFO_EXTENSION_NAME;
     if (in->memory_budget)
         exts[n_ext++] = VK_EXT_MEMORY_BUDGET_EXTENSION_NAME;
-    /* The NV tensor-core modules: the extension, its feature and the memory model they declare
-     * (with device scope: see query_features). VK_KHR_cooperative_matrix is queried for `info`
+    /* The NV tensor-core modules: the extension, its feature and the memory model they declare.
+     * The memory model is enabled wherever the device has it, with device scope: enabled, it
+     * binds every module of the device (the other kernels' device-scope barriers and atomics
+     * need vulkanMemoryModelDeviceScope: VUID-RuntimeSpirv-vulkanMemoryModel-06265, 2,546
+     * validation errors on the first NVIDIA run, where only the NV path enabled it), and lavapipe's
+     * validated suites then run the kernels under the rules NVIDIA's run does. VK_KHR_cooperative_matrix is queried for `info`
      * but not enabled: no module uses it (glslang 12 cannot write it), and validation layers
      * older than the extension reject its feature struct in vkCreateDevice. */
     bool nv = in->coopmat_pick.m && cm_mode != VKI_COOPMAT_OFF;
@@ -617,7 +618,7 @@ static vki_status create_logical_device(vkd_device *d, vki_coopmat_mode cm_mode)
         .sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_2_FEATURES,
         .pNext = v13 ? (void *)&f13 : NULL,
         .shaderFloat16 = in->float16, .shaderInt8 = in->int8, .storageBuffer8BitAccess = in->storage8,
-        .vulkanMemoryModel = nv, .vulkanMemoryModelDeviceScope = nv};
+        .vulkanMemoryModel = in->memory_model, .vulkanMemoryModelDeviceScope = in->memory_model};
     VkPhysicalDeviceVulkan11Features f11 = {.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_1_FEATURES,
                                             .pNext = &f12, .storageBuffer16BitAccess = in->storage16};
     VkPhysicalDeviceCooperativeMatrixFeaturesNV nvf = {

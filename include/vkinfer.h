@@ -146,6 +146,9 @@ typedef struct vki_device_info {
     bool integer_dot;               /* VK_KHR_shader_integer_dot_product */
     bool integer_dot_accel;         /* ... and its signed 4x8-bit packed dot product is accelerated
                                        (integerDotProduct4x8BitPackedSignedAccelerated) */
+    bool memory_model;              /* vulkanMemoryModel with vulkanMemoryModelDeviceScope: enabled
+                                       at open wherever present (the NV tensor-core modules need
+                                       it), so every device validates the kernels under it */
     bool push_descriptor;           /* VK_KHR_push_descriptor (required by vkinfer) */
     bool debug_utils;               /* VK_EXT_debug_utils (instance) */
     bool timestamps;                /* compute queue timestampValidBits > 0 */

@@ -259,6 +259,7 @@ static void test_coopmat_modes(void **state)
                     in->coopmat_pick.result_type == 1 && in->coopmat_pick.scope == 3);
     }
     assert_int_equal(g->dev->nv_coopmat, in->coopmat_pick.m != 0); /* the harness opens with AUTO */
+    assert_true(!in->coopmat_pick.m || in->memory_model); /* the NV modules need it, device scope too */
     assert_int_equal(g->dev->cm.kind, VKD_CM_NONE);                 /* then selects OFF */
     assert_int_equal(vkd_coopmat_select(g->dev, VKI_COOPMAT_AUTO), VKI_OK);
     assert_int_equal(g->dev->cm.kind, in->coopmat_pick.m ? VKD_CM_NV : VKD_CM_NONE);

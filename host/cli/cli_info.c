@@ -76,6 +76,7 @@ static cJSON *device_json(const vki_device_info *d)
     cJSON_AddBoolToObject(f, "storage_buffer_8bit", d->storage8);
     cJSON_AddBoolToObject(f, "integer_dot_product", d->integer_dot);
     cJSON_AddBoolToObject(f, "integer_dot_4x8_accelerated", d->integer_dot_accel);
+    cJSON_AddBoolToObject(f, "memory_model", d->memory_model);
     cJSON_AddBoolToObject(f, "push_descriptor", d->push_descriptor);
     cJSON_AddBoolToObject(f, "debug_utils", d->debug_utils);
     cJSON_AddBoolToObject(f, "timestamps", d->timestamps);
