@@ -115,6 +115,9 @@ struct vkd_device {
     bool nv_coopmat;                 /* VK_NV_cooperative_matrix enabled at open */
     vkd_cm cm;                       /* the path the kernels take now (vkd_coopmat_select) */
     uint32_t gemv_max_m;             /* vki_device_params.gemv_max_m (0: ops_matmul's table) */
+    uint32_t cm_tile_m, cm_tile_n;   /* the tensor-core GEMM's tile (0: ops_matmul's choice); set
+                                        by bench-kernels --cm-cfg and the tests, before any
+                                        GEMM is recorded */
     uint32_t matvec_wg, matvec_rows; /* the matrix-vector kernel's invocations and weight rows
                                         per workgroup (0: ops_matmul's choice); set by
                                         bench-kernels --matvec-cfg and the tests, before any

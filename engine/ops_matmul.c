@@ -145,14 +145,23 @@ static void matmul_spec(const vkd_device *d, uint32_t spec[6])
  * above the GEMV crossover. CPU devices (the emulation on lavapipe) start at 64 x 64. */
 #define CM_SMALL_M 64
 
+/* The tiles after the first four are taken only when asked for (d->cm_tile_m x cm_tile_n):
+ * narrower tiles for the small-M GEMMs, whose 32 workgroups of 64/128 x 128 tiles at N = 4096 left
+ * most of an H200's 132 SMs idle (a ~250-330 us floor at M <= 128 on 4096 x 4096, bench/RESULTS.md);
+ * bench-kernels --cm-cfg sweeps them on the GPU before any becomes a default. */
 static bool cm_spec(const vkd_device *d, uint32_t M, uint32_t spec[10])
 {
-    static const uint32_t cand[][4] = {{128, 128, 64, 32}, {64, 128, 32, 32}, {64, 64, 32, 32}, {32, 32, 32, 32}};
+    static const uint32_t cand[][4] = {{128, 128, 64, 32}, {64, 128, 32, 32}, {64, 64, 32, 32}, {32, 32, 32, 32},
+                                       {32, 128, 32, 32}, {32, 64, 32, 32}, {16, 128, 16, 32}, {16, 64, 16, 32},
+                                       {64, 32, 32, 32}};
     const vkd_cm *cm = &d->cm;
     const uint32_t bk = 32;
     size_t first = d->info.type == VKI_DEVICE_CPU ? 2 : M <= CM_SMALL_M ? 1 : 0;
-    for (size_t i = first; i < sizeof cand / sizeof cand[0]; i++) {
+    bool forced = d->cm_tile_m && d->cm_tile_n;
+    for (size_t i = forced ? 0 : first; i < (forced ? sizeof cand / sizeof cand[0] : 4); i++) {
         uint32_t bm = cand[i][0], bn = cand[i][1];
+        if (forced && (bm != d->cm_tile_m || bn != d->cm_tile_n))
+            continue;
         uint32_t wm = cand[i][2] > cm->m ? cand[i][2] : cm->m, wn = cand[i][3] > cm->n ? cand[i][3] : cm->n;
         if (!cm->m || bm % wm || bn % wn || wm % cm->m || wn % cm->n || bk % cm->k)
             continue;

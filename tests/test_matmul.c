@@ -440,6 +440,17 @@ static void test_coopmat_gpu_configs(void **state)
         run_case(g, &r, type, &a);
         run_case(g, &r, type, &b);
     }
+    /* the tiles bench-kernels --cm-cfg sweeps for small M (not defaults yet): each on Q4_K, with
+     * edge tiles along M and N, 16-wide fragments */
+    g->dev->cm.n = 16 % g->dev->cm.sg ? g->dev->cm.n : 16;
+    const uint32_t tiles[][2] = {{32, 128}, {32, 64}, {16, 128}, {16, 64}, {64, 32}};
+    for (size_t i = 0; i < sizeof tiles / sizeof tiles[0]; i++) {
+        g->dev->cm_tile_m = tiles[i][0], g->dev->cm_tile_n = tiles[i][1];
+        mm_case c = {.M = tiles[i][0] + 5, .N = tiles[i][1] + 6, .K = 3 * block_of(VKI_GGML_Q4_K), .x_pad = 1,
+                     .path = OP_MM_COOPMAT};
+        run_case(g, &r, VKI_GGML_Q4_K, &c);
+    }
+    g->dev->cm_tile_m = g->dev->cm_tile_n = 0;
     g->dev->info = saved;
     g->dev->cm = saved_cm;
     vt_assert_clean(g);

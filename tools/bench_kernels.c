@@ -769,14 +769,16 @@ static void print_row(bench_out *out, const char *kernel, const char *tname, ben
     fflush(out->table);
     if (!out->json)
         return;
-    char cfg[32] = "null";
+    char cfg[32] = "null", cm_cfg[32] = "null";
     if (out->d->matvec_wg)
         snprintf(cfg, sizeof cfg, "\"%ux%u\"", out->d->matvec_wg, out->d->matvec_rows);
+    if (out->d->cm_tile_m)
+        snprintf(cm_cfg, sizeof cm_cfg, "\"%ux%u\"", out->d->cm_tile_m, out->d->cm_tile_n);
     printf("{\"device\":\"%s\",\"driver\":\"%s %s\",\"kernel\":\"%s\",\"type\":\"%s\",\"M\":%u,\"N\":%u,"
            "\"K\":%u,\"us_per_call\":%.3f,\"gbps\":%.3f,\"gflops\":%.3f,\"copy_gbps\":%.3f,\"bw_fraction\":%s,"
-           "\"matvec_cfg\":%s}\n",
+           "\"matvec_cfg\":%s,\"cm_cfg\":%s}\n",
            out->d->info.name, out->d->info.driver_name, out->d->info.driver_info, kernel, tname, s.M, s.N, s.K,
-           per_call * 1e6, gbps, r->flops / per_call * 1e-9, out->copy_gbps, fr, cfg);
+           per_call * 1e6, gbps, r->flops / per_call * 1e-9, out->copy_gbps, fr, cfg, cm_cfg);
     fflush(stdout);
 }
 
@@ -821,6 +823,10 @@ static void usage(FILE *f)
                "                      subgroup x 8); WG at most one subgroup (no shared-memory\n"
                "                      reduction) or a multiple of it. The matvec rows and --crossover's\n"
                "                      GEMV take it; JSON rows carry \"matvec_cfg\" (null: the library's)\n"
+               "      --cm-cfg BMxBN  the tensor-core GEMM (matmul_cm, --crossover's GEMM) with BM x BN tiles\n"
+               "                      instead of the library's (128x128, 64x128 up to 64 rows): 128x128,\n"
+               "                      64x128, 64x64, 32x32, 32x128, 32x64, 16x128, 16x64, 64x32; JSON rows\n"
+               "                      carry \"cm_cfg\" (null: the library's)\n"
                "kernels:\n");
     for (size_t i = 0; i < N_BENCHES; i++)
         fprintf(f, "  %-12s %s\n", benches[i].name, benches[i].dims);
@@ -843,6 +849,7 @@ typedef struct bench_cli {
     int n_shapes, size_pref;           /* size_pref: -1 auto, 0 small, 1 full */
     bool crossover, json;
     uint32_t matvec_wg, matvec_rows;   /* --matvec-cfg (0: the library's choice) */
+    uint32_t cm_m, cm_n;               /* --cm-cfg (0: the library's choice) */
     devprobe_opts o;
     vki_device_params dp;
 } bench_cli;
@@ -867,7 +874,7 @@ static int parse_args(int argc, char **argv, bench_cli *cl)
         {"kernel", 1, 0, 'k'}, {"type", 1, 0, 't'}, {"shape", 1, 0, 's'}, {"device", 1, 0, 'd'},
         {"iters", 1, 0, 'n'},  {"warmup", 1, 0, 'w'}, {"reps", 1, 0, 'r'}, {"small", 0, 0, 'S'},
         {"full", 0, 0, 'F'},   {"help", 0, 0, 'h'},  {"coopmat", 1, 0, 'C'}, {"crossover", 0, 0, 'X'},
-        {"json", 0, 0, 'J'},   {"matvec-cfg", 1, 0, 'V'}, {0, 0, 0, 0}};
+        {"json", 0, 0, 'J'},   {"matvec-cfg", 1, 0, 'V'}, {"cm-cfg", 1, 0, 'G'}, {0, 0, 0, 0}};
     for (int ch; (ch = getopt_long(argc, argv, "k:t:s:d:n:w:r:h", lo, NULL)) != -1;) {
         bench_shape *sh = &cl->shapes[cl->n_shapes < MAX_CL_SHAPES ? cl->n_shapes : 0];
         bool ok = true;
@@ -890,6 +897,14 @@ static int parse_args(int argc, char **argv, bench_cli *cl)
         case 'S': cl->size_pref = 0; break;
         case 'F': cl->size_pref = 1; break;
         case 'X': cl->crossover = true; break;
+        case 'G': {
+            char tail;
+            if (sscanf(optarg, "%ux%u%c", &cl->cm_m, &cl->cm_n, &tail) != 2 || !cl->cm_m || !cl->cm_n) {
+                fprintf(stderr, "--cm-cfg: BMxBN (e.g. 32x64), got '%s'\n", optarg);
+                return 2;
+            }
+            break;
+        }
         case 'V': {
             char tail;
             if (sscanf(optarg, "%ux%u%c", &cl->matvec_wg, &cl->matvec_rows, &tail) != 2 || !cl->matvec_wg ||
@@ -1011,6 +1026,7 @@ int main(int argc, char **argv)
         return 2;
     }
     d->matvec_wg = cl.matvec_wg, d->matvec_rows = cl.matvec_rows;
+    d->cm_tile_m = cl.cm_m, d->cm_tile_n = cl.cm_n;
     bool small = cl.size_pref == 0 || (cl.size_pref < 0 && d->info.type == VKI_DEVICE_CPU);
     vkd_cmd c;
     if (vkd_cmd_create(d, "bench", &c) != VKI_OK) {
