@@ -90,6 +90,8 @@ static void matvec_spec(const vkd_device *d, uint32_t mc, uint32_t spec[6])
      * workgroup): lavapipe keeps every lane's 8 x 8 accumulators and 8 decoded units in vector
      * registers and spills, and LLVM took ~3x longer to compile each such variant (a cold
      * shader cache, as in CI, paid ~10 s per weight type and epilogue) for no faster a kernel. */
+    if (mc > 1 && d->matvec_mc)
+        mc = d->matvec_mc;
     bool half = cpu && mc > 1 && mc % 2 == 0;
     spec[0] = wg;
     spec[1] = d->matvec_rows ? d->matvec_rows : cpu ? 8 : 4;

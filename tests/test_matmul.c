@@ -729,12 +729,15 @@ static void test_matvec_overrides(void **state)
     vt_gpu *g = vt_gpu_get(state);
     vt_rng r = vt_rng_seeded("matvec overrides");
     uint32_t sg = g->dev->info.subgroup_min_size ? g->dev->info.subgroup_min_size : g->dev->info.subgroup_size;
-    const uint32_t cfg[4][2] = {{sg > 1 ? sg / 2 : 1, 1}, {sg, 3}, {2 * sg, 2}, {3 * sg, 5}};
+    /* {invocations, weight rows, activation rows per pass (0: the library's)}: the last two
+     * take the MC that bench-kernels --matvec-cfg sweeps: 19 rows in passes of 16 + 3 and of 4 */
+    const uint32_t cfg[6][3] = {{sg > 1 ? sg / 2 : 1, 1, 0}, {sg, 3, 0}, {2 * sg, 2, 0}, {3 * sg, 5, 0},
+                                {2 * sg, 2, 16}, {sg, 3, 4}};
     const uint32_t types[2] = {VKI_GGML_F32, VKI_GGML_Q4_K};
-    for (int c = 0; c < 4; c++) {
+    for (int c = 0; c < 6; c++) {
         if (cfg[c][0] > g->dev->info.max_workgroup_invocations)
             continue;
-        g->dev->matvec_wg = cfg[c][0], g->dev->matvec_rows = cfg[c][1];
+        g->dev->matvec_wg = cfg[c][0], g->dev->matvec_rows = cfg[c][1], g->dev->matvec_mc = cfg[c][2];
         for (int t = 0; t < 2; t++) {
             uint32_t K = vt_is_float_type(types[t]) ? 45 : 2 * block_of(types[t]);
             mm_case a = {.M = 1, .N = 11, .K = K, .bias = true, .path = OP_MM_GEMV};
@@ -761,7 +764,7 @@ static void test_matvec_overrides(void **state)
 static int matvec_overrides_reset(void **state)
 {
     vt_gpu *g = vt_gpu_get(state);
-    g->dev->matvec_wg = g->dev->matvec_rows = 0;
+    g->dev->matvec_wg = g->dev->matvec_rows = g->dev->matvec_mc = 0;
     return 0;
 }
 
@@ -1156,6 +1159,15 @@ static void test_matvec_i8(void **state)
         }
         g->dev->info = saved;
     }
+    /* the activation rows per pass bench-kernels --matvec-cfg sweeps (16: 19 rows as 16 + 3) */
+    g->dev->matvec_mc = 16;
+    double err16[4] = {0, 0, 0, 0};
+    mm_case s16 = {.M = 19, .N = 21, .K = pick_k(&r, VKI_GGML_Q4_K, 2), .x_pad = 3, .y_pad = 2, .accum = true};
+    i8_case(g, &r, VKI_GGML_Q4_K, &s16, err16);
+    g->dev->matvec_mc = 0;
+    if (!(err16[0] / err16[1] <= I8_TOL))
+        fail_msg("matvec_i8 q4_k with 16 activation rows per pass: NMSE %.3g (tolerance %.0e)", err16[0] / err16[1],
+                 I8_TOL);
     fprintf(stderr, "  matvec_i8: worst NMSE %.2e over the device's int8 X, %.2e over the exact X; %u quantised "
             "GLU outputs equal to quant_x8's\n", worst_i8[0], worst_i8[1], i8_glu_xq_runs);
     assert_true(i8_glu_xq_runs >= sizeof types / sizeof types[0]);

@@ -770,7 +770,9 @@ static void print_row(bench_out *out, const char *kernel, const char *tname, ben
     if (!out->json)
         return;
     char cfg[32] = "null", cm_cfg[32] = "null";
-    if (out->d->matvec_wg)
+    if (out->d->matvec_wg && out->d->matvec_mc)
+        snprintf(cfg, sizeof cfg, "\"%ux%ux%u\"", out->d->matvec_wg, out->d->matvec_rows, out->d->matvec_mc);
+    else if (out->d->matvec_wg)
         snprintf(cfg, sizeof cfg, "\"%ux%u\"", out->d->matvec_wg, out->d->matvec_rows);
     if (out->d->cm_tile_m)
         snprintf(cm_cfg, sizeof cm_cfg, "\"%ux%u\"", out->d->cm_tile_m, out->d->cm_tile_n);
@@ -817,11 +819,12 @@ static void usage(FILE *f)
                "      --crossover     per type: GEMV vs the device's GEMM for M = 8, 16, ... at the\n"
                "                      first shape's N x K; prints gemv_max_m (vki_device_params)\n"
                "      --json          one JSON object per table row on stdout (the table goes to stderr)\n"
-               "      --matvec-cfg WGxR\n"
+               "      --matvec-cfg WGxR[xMC]\n"
                "                      the matrix-vector kernel with WG invocations over R weight rows per\n"
                "                      workgroup instead of the library's choice (GPUs 128x4, CPUs one\n"
                "                      subgroup x 8); WG at most one subgroup (no shared-memory\n"
-               "                      reduction) or a multiple of it. The matvec rows and --crossover's\n"
+               "                      reduction) or a multiple of it; MC: activation rows per pass when\n"
+               "                      M > 1 (default 8; each pass decodes the weights again). The matvec rows and --crossover's\n"
                "                      GEMV take it; JSON rows carry \"matvec_cfg\" (null: the library's)\n"
                "      --cm-cfg BMxBN  the tensor-core GEMM (matmul_cm, --crossover's GEMM) with BM x BN tiles\n"
                "                      instead of the library's (128x128, 64x128 up to 64 rows): 128x128,\n"
@@ -848,7 +851,7 @@ typedef struct bench_cli {
     bench_shape shapes[MAX_CL_SHAPES];
     int n_shapes, size_pref;           /* size_pref: -1 auto, 0 small, 1 full */
     bool crossover, json;
-    uint32_t matvec_wg, matvec_rows;   /* --matvec-cfg (0: the library's choice) */
+    uint32_t matvec_wg, matvec_rows, matvec_mc; /* --matvec-cfg (0: the library's choice) */
     uint32_t cm_m, cm_n;               /* --cm-cfg (0: the library's choice) */
     devprobe_opts o;
     vki_device_params dp;
@@ -907,9 +910,12 @@ static int parse_args(int argc, char **argv, bench_cli *cl)
         }
         case 'V': {
             char tail;
-            if (sscanf(optarg, "%ux%u%c", &cl->matvec_wg, &cl->matvec_rows, &tail) != 2 || !cl->matvec_wg ||
-                cl->matvec_wg > 1024 || !cl->matvec_rows || cl->matvec_rows > 16) {
-                fprintf(stderr, "--matvec-cfg: WGxROWS, invocations 1..1024 x weight rows 1..16, got '%s'\n", optarg);
+            cl->matvec_mc = 0;
+            int n = sscanf(optarg, "%ux%ux%u%c", &cl->matvec_wg, &cl->matvec_rows, &cl->matvec_mc, &tail);
+            if ((n != 2 && n != 3) || !cl->matvec_wg || cl->matvec_wg > 1024 || !cl->matvec_rows ||
+                cl->matvec_rows > 16 || (n == 3 && (!cl->matvec_mc || cl->matvec_mc > 32))) {
+                fprintf(stderr, "--matvec-cfg: WGxROWS[xMC], invocations 1..1024 x weight rows 1..16 [x activation "
+                        "rows per pass 1..32], got '%s'\n", optarg);
                 return 2;
             }
             break;
@@ -1025,7 +1031,7 @@ int main(int argc, char **argv)
         vkd_close(d);
         return 2;
     }
-    d->matvec_wg = cl.matvec_wg, d->matvec_rows = cl.matvec_rows;
+    d->matvec_wg = cl.matvec_wg, d->matvec_rows = cl.matvec_rows, d->matvec_mc = cl.matvec_mc;
     d->cm_tile_m = cl.cm_m, d->cm_tile_n = cl.cm_n;
     bool small = cl.size_pref == 0 || (cl.size_pref < 0 && d->info.type == VKI_DEVICE_CPU);
     vkd_cmd c;
