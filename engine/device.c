@@ -158,37 +158,44 @@ static VkDebugUtilsMessengerCreateInfoEXT messenger_info(vkd_device *d)
  * RTLD_NODELETE once an instance has loaded it: it stays loaded until the process exits. */
 #ifdef __linux__
 typedef struct {
-    char names[32][256];
-    int n;
+    char **names; /* NULL: counting */
+    size_t n, cap;
 } loaded_libs;
 
 static int list_lib(struct dl_phdr_info *info, size_t size, void *user)
 {
     (void)size;
     loaded_libs *l = user;
-    if (info->dlpi_name && info->dlpi_name[0] && l->n < 32 && strlen(info->dlpi_name) < sizeof l->names[0])
-        strcpy(l->names[l->n++], info->dlpi_name);
+    if (!info->dlpi_name || !info->dlpi_name[0])
+        return 0;
+    if (!l->names)
+        l->cap++;
+    else if (l->n < l->cap && (l->names[l->n] = strdup(info->dlpi_name)))
+        l->n++;
     return 0;
 }
 
 static void pin_drivers(void)
 {
-    loaded_libs *l = calloc(1, sizeof *l); /* 8 KiB: not on the caller's stack */
-    if (!l)
+    /* the names first, then dlopen: the callback runs under the loader's lock */
+    loaded_libs l = {0};
+    dl_iterate_phdr(list_lib, &l);
+    l.cap += 8; /* a thread may load more in between */
+    if (!(l.names = calloc(l.cap, sizeof *l.names)))
         return; /* only a later reload can fail then, as before */
-    dl_iterate_phdr(list_lib, l); /* no dlopen inside the callback: it holds the loader's lock */
-    for (int i = 0; i < l->n; i++) {
-        void *h = dlopen(l->names[i], RTLD_LAZY | RTLD_NOLOAD);
-        if (!h)
-            continue;
-        if (dlsym(h, "vk_icdGetInstanceProcAddr")) {
-            void *pin = dlopen(l->names[i], RTLD_LAZY | RTLD_NOLOAD | RTLD_NODELETE);
+    dl_iterate_phdr(list_lib, &l);
+    for (size_t i = 0; i < l.n; i++) {
+        void *h = dlopen(l.names[i], RTLD_LAZY | RTLD_NOLOAD);
+        if (h && dlsym(h, "vk_icdGetInstanceProcAddr")) {
+            void *pin = dlopen(l.names[i], RTLD_LAZY | RTLD_NOLOAD | RTLD_NODELETE);
             if (pin)
                 dlclose(pin);
         }
-        dlclose(h);
+        if (h)
+            dlclose(h);
+        free(l.names[i]);
     }
-    free(l);
+    free(l.names);
 }
 #else
 static void pin_drivers(void) {}
@@ -604,10 +611,11 @@ static vki_status create_logical_device(vkd_device *d, vki_coopmat_mode cm_mode)
      * The memory model is enabled wherever the device has it, with device scope: enabled, it
      * binds every module of the device (the other kernels' device-scope barriers and atomics
      * need vulkanMemoryModelDeviceScope: VUID-RuntimeSpirv-vulkanMemoryModel-06265, 2,546
-     * validation errors on the first NVIDIA run, where only the NV path enabled it), and lavapipe's
-     * validated suites then run the kernels under the rules NVIDIA's run does. VK_KHR_cooperative_matrix is queried for `info`
-     * but not enabled: no module uses it (glslang 12 cannot write it), and validation layers
-     * older than the extension reject its feature struct in vkCreateDevice. */
+     * validation errors on the first NVIDIA run, where only the NV path enabled it), and
+     * lavapipe's validated suites then run the kernels under the rules NVIDIA's run does.
+     * VK_KHR_cooperative_matrix is queried for `info` but not enabled: no module uses it
+     * (glslang 12 cannot write it), and validation layers older than the extension reject its
+     * feature struct in vkCreateDevice. */
     bool nv = in->coopmat_pick.m && cm_mode != VKI_COOPMAT_OFF;
     if (nv)
         exts[n_ext++] = VK_NV_COOPERATIVE_MATRIX_EXTENSION_NAME;

@@ -317,7 +317,7 @@ static void test_validation_counter_works(void **state)
 /* ---- drivers stay loaded ---------------------------------------------------------------------- */
 
 typedef struct {
-    char names[32][256];
+    char names[512][256]; /* NVIDIA's driver alone brings a dozen libraries */
     int n;
 } icd_list;
 
@@ -326,14 +326,15 @@ static int add_icd(struct dl_phdr_info *info, size_t size, void *user)
 {
     (void)size;
     icd_list *l = user;
-    if (info->dlpi_name && info->dlpi_name[0] && l->n < 32 && strlen(info->dlpi_name) < sizeof l->names[0])
+    if (info->dlpi_name && info->dlpi_name[0] && l->n < 512 && strlen(info->dlpi_name) < sizeof l->names[0])
         strcpy(l->names[l->n++], info->dlpi_name);
     return 0;
 }
 
 static void list_icds(icd_list *l)
 {
-    icd_list all = {0};
+    static icd_list all; /* 128 KiB, in the child process only */
+    all.n = 0;
     dl_iterate_phdr(add_icd, &all);
     l->n = 0;
     for (int i = 0; i < all.n; i++) {
@@ -355,7 +356,7 @@ static int drivers_child(void)
     vkd_device *d = NULL;
     if (vkd_open(&p, &d) != VKI_OK)
         return 3;
-    icd_list l;
+    static icd_list l;
     list_icds(&l);
     vkd_close(d);
     if (!l.n)

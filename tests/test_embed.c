@@ -181,6 +181,13 @@ static void test_int_dot_modes(void **state)
         assert_int_equal(mi.int_dot, want);
         vki_engine_destroy(e);
     }
+    vki_engine_params p = test_params();
+    p.int_dot = (vki_int_dot_mode)7;
+    vki_engine *e = NULL;
+    char err[256] = "";
+    assert_int_equal(vki_engine_create(model_path(), &p, &e, err, sizeof err), VKI_ERR_INVALID_ARG);
+    assert_null(e);
+    assert_non_null(strstr(err, "int_dot"));
     assert_int_equal(atomic_load(&g_validation), 0);
 }
 

@@ -245,6 +245,10 @@ vki_status vki_engine_create(const char *path, const vki_engine_params *params, 
         set_err(err, err_len, "no model path");
         return VKI_ERR_INVALID_ARG;
     }
+    if ((unsigned)p.int_dot > VKI_INT_DOT_OFF) {
+        set_err(err, err_len, "int_dot: unknown mode %d (VKI_INT_DOT_AUTO, _ON or _OFF)", (int)p.int_dot);
+        return VKI_ERR_INVALID_ARG;
+    }
     vki_engine *e = calloc(1, sizeof *e);
     if (!e) {
         set_err(err, err_len, "out of host memory for the engine object");
