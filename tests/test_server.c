@@ -1243,7 +1243,11 @@ static void test_metrics(void **state)
     assert_true(metric(t, "vkinfer_step_time_seconds_count") >= 5);
     /* three one-sequence decodes of 4 steps each: all but the first of a shape are resubmitted */
     assert_true(metric(t, "vkinfer_steps_reused_total") >= 3);
-    assert_true(metric(t, "vkinfer_steps_reused_total") <= metric(t, "vkinfer_iterations"));
+    /* a step per iteration, plus lookahead steps submitted for a request that ended meanwhile
+     * (counted by the engine, no iteration of their own: seen under ASan, whose slower host
+     * lets the lookahead go out before the last token is read) */
+    assert_true(metric(t, "vkinfer_steps_reused_total") <=
+                metric(t, "vkinfer_iterations") + metric(t, "vkinfer_steps_ahead_total"));
     assert_int_equal(metric(t, "vkinfer_ready"), 1);
     stop(t);
 }
