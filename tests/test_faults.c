@@ -610,6 +610,15 @@ static char *text_of(const char *out)
     return r;
 }
 
+/* A 200 answer to body whose first choice's text is want. */
+static void expect_text(uint16_t port, const char *body, const char *want)
+{
+    char *out = answer_of(port, body, 200), *got = text_of(out);
+    assert_string_equal(got, want);
+    free(got);
+    free(out);
+}
+
 static void test_vk_faults_repository(void **state)
 {
     F *f = *state;
@@ -638,7 +647,7 @@ static void test_vk_faults_repository(void **state)
                             "\"temperature\":0}";
     static const char B[] = "{\"model\":\"b\",\"prompt\":\"Once upon a time\",\"max_tokens\":40,\"ignore_eos\":true,"
                             "\"temperature\":0}";
-    char *out = answer_of(port, A, 200), *want = text_of(out), *got; /* the same weights: one answer */
+    char *out = answer_of(port, A, 200), *want = text_of(out); /* the same weights: one answer */
     free(out);
 
     req_thread r[2] = {{.port = port, .body = A}, {.port = port, .body = A}};
@@ -658,20 +667,12 @@ static void test_vk_faults_repository(void **state)
     out = answer_of(port, A, 503);
     assert_non_null(strstr(out, "the GPU device was lost"));
     free(out);
-    out = answer_of(port, B, 200); /* b is untouched */
-    got = text_of(out);
-    assert_string_equal(got, want);
-    free(got);
-    free(out);
+    expect_text(port, B, want); /* b is untouched */
     double end = lg_now() + 120;
     while (status_of(port, "GET", "/v2/models/a/ready", NULL) != 200 && lg_now() < end)
         usleep(50 * 1000);
     assert_int_equal(status_of(port, "GET", "/v2/models/a/ready", NULL), 200);
-    out = answer_of(port, A, 200); /* a after its recovery */
-    got = text_of(out);
-    assert_string_equal(got, want);
-    free(got);
-    free(out);
+    expect_text(port, A, want); /* a after its recovery */
     free(want);
     srv_destroy(s);
     unlink(pa);
@@ -709,11 +710,7 @@ static void test_vk_faults_lookahead(void **state)
     assert_true(vkf_fired(VKF_WAIT_FENCES));
     assert_non_null(strstr(out, "engine step failed: out of device memory"));
     free(out);
-    out = answer_of(port, LONG_REQ, 200);
-    t2 = text_of(out);
-    assert_string_equal(t2, text);
-    free(t2);
-    free(out);
+    expect_text(port, LONG_REQ, text);
     free(text);
     srv_destroy(s);
     vki_engine_destroy(e);
@@ -760,11 +757,7 @@ static void test_vk_faults_lookahead_grammar(void **state)
     fprintf(stderr, "  constrained on lookahead steps (%.0f): a failed submit ended it %u times, was absorbed %u times\n",
             ahead, failed, same);
     assert_true(failed > 0 && same > 0);
-    out = answer_of(port, req, 200);
-    char *t2 = text_of(out);
-    assert_string_equal(t2, text);
-    free(t2);
-    free(out);
+    expect_text(port, req, text);
     free(text);
     srv_destroy(s);
     vki_engine_destroy(e);
