@@ -291,7 +291,7 @@ vki_status vkd_cmd_begin(vkd_cmd *c)
             vkCmdResetQueryPool(c->cb, c->queries, 0, c->max_queries);
     }
     c->n_queries = 0;
-    c->n_dispatches = c->n_barriers = 0;
+    c->n_dispatches = c->n_barriers = c->split_slots = 0;
     c->role = NULL;
     c->label_depth = 0;
     c->label_path[0] = 0;
@@ -375,6 +375,9 @@ void vkd_barrier_ex(vkd_cmd *c, VkPipelineStageFlags src, VkAccessFlags src_acce
 {
     barrier_rec(c, src, src_access, dst, dst_access);
     c->n_barriers++;
+    const VkAccessFlags w = VK_ACCESS_SHADER_WRITE_BIT, rw = VK_ACCESS_SHADER_READ_BIT | VK_ACCESS_SHADER_WRITE_BIT;
+    if ((src & dst & VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT) && (src_access & w) && (dst_access & rw) == rw)
+        c->split_slots = 0; /* the split-K scratch is free again */
 }
 
 void vkd_barrier(vkd_cmd *c)

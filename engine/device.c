@@ -425,11 +425,20 @@ static bool describe_device(VkInstance inst, VkPhysicalDevice pd, uint32_t index
     info->coopmat_nv = has_device_ext(ext, n_ext, VK_NV_COOPERATIVE_MATRIX_EXTENSION_NAME);
     bool budget = has_device_ext(ext, n_ext, VK_EXT_MEMORY_BUDGET_EXTENSION_NAME);
     bool dot_ext = has_device_ext(ext, n_ext, VK_KHR_SHADER_INTEGER_DOT_PRODUCT_EXTENSION_NAME);
+    bool sm_ext = has_device_ext(ext, n_ext, VK_NV_SHADER_SM_BUILTINS_EXTENSION_NAME);
+    bool amd_cores = has_device_ext(ext, n_ext, VK_AMD_SHADER_CORE_PROPERTIES_EXTENSION_NAME);
     free(ext);
 
     /* properties */
+    /* the number of SMs / CUs, where the driver tells (properties of a supported extension may
+     * be queried without enabling it) */
+    VkPhysicalDeviceShaderSMBuiltinsPropertiesNV smb = {
+        .sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_SM_BUILTINS_PROPERTIES_NV};
+    VkPhysicalDeviceShaderCorePropertiesAMD amd = {.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_CORE_PROPERTIES_AMD,
+                                                   .pNext = sm_ext ? &smb : NULL};
     VkPhysicalDeviceShaderIntegerDotProductProperties idot = {
-        .sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_INTEGER_DOT_PRODUCT_PROPERTIES};
+        .sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_INTEGER_DOT_PRODUCT_PROPERTIES,
+        .pNext = amd_cores ? (void *)&amd : sm_ext ? (void *)&smb : NULL};
     VkPhysicalDeviceSubgroupSizeControlProperties ssc = {
         .sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SUBGROUP_SIZE_CONTROL_PROPERTIES, .pNext = &idot};
     VkPhysicalDeviceDriverProperties drv = {.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_DRIVER_PROPERTIES,
@@ -442,6 +451,10 @@ static bool describe_device(VkInstance inst, VkPhysicalDevice pd, uint32_t index
     VkPhysicalDeviceProperties2 p2 = {.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PROPERTIES_2, .pNext = &m3};
     vkGetPhysicalDeviceProperties2(pd, &p2);
     info->max_memory_allocation_size = m3.maxMemoryAllocationSize;
+    if (sm_ext)
+        info->compute_units = smb.shaderSMCount;
+    else if (amd_cores)
+        info->compute_units = amd.shaderEngineCount * amd.shaderArraysPerEngineCount * amd.computeUnitsPerShaderArray;
     info->subgroup_size = sg.subgroupSize;
     if (sg.supportedStages & VK_SHADER_STAGE_COMPUTE_BIT)
         info->subgroup_ops = sg.supportedOperations; /* same bit positions as VKI_SUBGROUP_* */
@@ -837,6 +850,8 @@ void vkd_close(vkd_device *d)
     if (d->dev) {
         vkDeviceWaitIdle(d->dev);
         vkd_kernels_destroy(d);
+        vkd_buffer_destroy(d, d->split_part);
+        vkd_buffer_destroy(d, d->split_cnt);
         save_pipeline_cache(d);
         if (d->pipeline_cache)
             vkDestroyPipelineCache(d->dev, d->pipeline_cache, NULL);

@@ -124,6 +124,16 @@ struct vkd_device {
                                         per workgroup (0: ops_matmul's choice); set by
                                         bench-kernels --matvec-cfg and the tests, before any
                                         recording */
+    uint32_t matvec_mu;              /* its units of each row per K pass (0: 1); --matvec-cfg
+                                        WGxRxMCxMU and the tests */
+    uint32_t cm_split;               /* K splits of the tensor-core GEMM: 0 ops_matmul's choice,
+                                        1 none, S: S where it fits (bench-kernels --cm-split, the
+                                        tests) */
+    /* the tensor-core GEMM's split-K scratch (ops_matmul.c), VKD_SPLIT_SLOTS slots, each of
+     * split_part_bytes of partial tiles and VKD_SPLIT_TILES u32 tile counters (zero between
+     * dispatches); created by op_matmul_prepare where GEMMs split, else at the first split */
+    vkd_buffer *split_part, *split_cnt;
+    VkDeviceSize split_part_bytes;
 };
 
 /* ---- device -------------------------------------------------------------------------------- */
@@ -189,6 +199,11 @@ vki_status vkd_fill(vkd_device *d, vkd_buffer *dst, VkDeviceSize off, VkDeviceSi
 
 typedef struct vkd_reuse vkd_reuse;
 
+/* Split-K GEMMs recorded between two compute barriers each take their own scratch slot (the
+ * projections of one input run concurrently); past VKD_SPLIT_SLOTS they do not split. */
+#define VKD_SPLIT_SLOTS 4u
+#define VKD_SPLIT_TILES 4096u
+
 typedef struct vkd_cmd {
     vkd_device *d;
     VkCommandBuffer cb;      /* recorded without reuse; with it the reuse slots hold their own */
@@ -196,6 +211,9 @@ typedef struct vkd_cmd {
     bool recording;
     bool pending;            /* submitted, not yet waited */
     uint32_t n_dispatches, n_barriers; /* recorded since vkd_cmd_begin (what a step costs) */
+    uint32_t split_slots;    /* split-K scratch slots taken since the last compute barrier (or the
+                                begin: command buffers that may overlap on the queue begin
+                                with a barrier, as the engine's steps do) */
     /* Every command is first written as a record (engine/cmd.c) into ops. Without reuse each is
      * handed to the driver at once; with reuse (vkd_cmd_enable_reuse) the recording is a stream
      * that vkd_cmd_submit compares with the streams of the command buffers it already holds: an

@@ -68,16 +68,16 @@ static vki_status check_type(vkd_device *d, const vk_tensor *w, const mm_type **
 
 /* ---- specialisation choices ----------------------------------------------------------------- */
 
-/* matvec {WG, NR, MC, NSG}. GPUs: 128 invocations (4 warps on NVIDIA) over 4 weight rows: at
- * K = 4096 every invocation holds 2 units of each row (8 independent loads in flight) and N/4
- * workgroups fill the machine. CPU devices (lavapipe) run a workgroup as a loop over its
+/* matvec {WG, NR, MC, NSG, GLU, MCH, MU}. GPUs: 128 invocations (4 warps on NVIDIA) over 4
+ * weight rows: at K = 4096 every invocation holds 2 units of each row (8 independent loads in
+ * flight) and N/4 workgroups fill the machine. CPU devices (lavapipe) run a workgroup as a loop over its
  * subgroups on one thread, and a workgroup costs in proportion to its invocations even when
  * most have no unit to work on: one subgroup over 8 rows (no shared reduction across
  * subgroups). Measured on lavapipe against the earlier 32 invocations: 1.9x batch-1 decode on
  * stories260K and a Q4_K_M stack, 1.6-1.7x at 8 sequences (bench/RESULTS.md). NSG bounds the
  * subgroups of a workgroup for the shared reduction: WG over the smallest subgroup size the
  * device may use. */
-static void matvec_spec(const vkd_device *d, uint32_t mc, uint32_t spec[6])
+static void matvec_spec(const vkd_device *d, uint32_t mc, uint32_t spec[7])
 {
     bool cpu = d->info.type == VKI_DEVICE_CPU;
     uint32_t sg = d->info.subgroup_min_size ? d->info.subgroup_min_size : d->info.subgroup_size;
@@ -99,6 +99,7 @@ static void matvec_spec(const vkd_device *d, uint32_t mc, uint32_t spec[6])
     spec[3] = (wg + sg - 1) / sg; /* a last partial subgroup counts */
     spec[4] = 0; /* GLU: op_matmul_glu sets it */
     spec[5] = mc > 1 ? (half ? 2 : 1) * OP_MATVEC_CHUNKS : 1;
+    spec[6] = d->matvec_mu ? d->matvec_mu : 1; /* not measured on a GPU yet: bench-kernels sweeps it */
 }
 
 /* Activation rows one matrix-vector workgroup covers (MC rows, MCH times). */
@@ -176,6 +177,107 @@ static bool cm_spec(const vkd_device *d, uint32_t M, uint32_t spec[10])
         return true;
     }
     return false;
+}
+
+/* Split-K of the tensor-core GEMM (matmul_cm.comp): a GEMM of few tiles (a 64-row product at N =
+ * 4096 is 32 workgroups) leaves most compute units idle, and each workgroup's chain of K / BK
+ * dependent steps (global loads, a barrier, the products) is the whole kernel's time: the ~250-330
+ * us floor of every M <= 128 on an H200 at 4096 x 4096 (bench/RESULTS.md). Splitting K over
+ * workgroup z brings the workgroups to two per compute unit and shortens each chain; the
+ * partials go through a scratch slot (VKD_SPLIT_SLOTS per barrier) and the last split of a tile
+ * sums them in split order. Automatic only where the driver tells the compute units; each split
+ * at least CM_SPLIT_MIN_K deep (shorter chains gain less than the partials' round trip). */
+#define CM_SPLIT_MIN_K 256u
+#define CM_SPLIT_MAX 16u
+
+/* One slot of partial tiles: what a GEMM of two workgroups per compute unit of the largest tile
+ * (128 x 128) stores (a split GEMM has splits x tiles <= that), at least 64 such workgroups' for
+ * the forced splits of devices that do not tell their units (the tests). */
+static VkDeviceSize split_part_bytes(const vkd_device *d)
+{
+    const uint64_t wgs = 2ull * d->info.compute_units;
+    return (wgs > 64 ? wgs : 64) * 128 * 128 * 4;
+}
+
+/* K per split of an M x N x K product on matmul_cm tiles `spec`, and the splits (*n_split; 0
+ * and 1: no split): d->cm_split where forced, else as many as bring the workgroups to two per
+ * compute unit. */
+static uint32_t cm_split_k(const vkd_device *d, uint32_t M, uint32_t N, uint32_t K, const uint32_t *spec,
+                           uint32_t *n_split)
+{
+    const uint32_t bm = spec[1], bn = spec[2], bk = spec[3];
+    const uint64_t tiles = (uint64_t)vkk_groups(M, bm) * vkk_groups(N, bn);
+    uint64_t s = d->cm_split;
+    *n_split = 1;
+    if (!s) {
+        const uint64_t target = 2ull * d->info.compute_units;
+        s = tiles < target ? target / tiles : 1;
+        if (s > K / CM_SPLIT_MIN_K)
+            s = K / CM_SPLIT_MIN_K;
+        if (s > CM_SPLIT_MAX)
+            s = CM_SPLIT_MAX;
+    }
+    if (s < 2 || tiles > VKD_SPLIT_TILES)
+        return 0;
+    const uint64_t steps = (K + bk - 1) / bk, kc = (steps + s - 1) / s * bk, n = (K + kc - 1) / kc;
+    if (n < 2 || n > d->info.max_workgroup_count[2] || n * M * N * 4 > split_part_bytes(d))
+        return 0;
+    *n_split = (uint32_t)n;
+    return (uint32_t)kc;
+}
+
+uint32_t op_matmul_cm_splits(const vkd_device *d, uint32_t M, uint32_t N, uint32_t K)
+{
+    uint32_t spec[VKK_MAX_SPEC], n_split = 1;
+    if (d->cm.kind != VKD_CM_NONE && M && cm_spec(d, M, spec))
+        cm_split_k(d, M, N, K, spec, &n_split);
+    return n_split;
+}
+
+/* The device's split-K scratch (vkd_device.split_part), created at the first need. */
+static vki_status split_scratch(vkd_device *d)
+{
+    if (d->split_part)
+        return VKI_OK;
+    const VkDeviceSize pb = split_part_bytes(d), cb = VKD_SPLIT_TILES * 4;
+    vki_status st = vkd_buffer_create(d, pb * VKD_SPLIT_SLOTS, VKD_MEM_DEVICE, "split-K partials", &d->split_part);
+    if (st == VKI_OK)
+        st = vkd_buffer_create(d, cb * VKD_SPLIT_SLOTS, VKD_MEM_DEVICE, "split-K counters", &d->split_cnt);
+    if (st == VKI_OK)
+        st = vkd_fill(d, d->split_cnt, 0, cb * VKD_SPLIT_SLOTS, 0);
+    if (st != VKI_OK) {
+        vkd_buffer_destroy(d, d->split_part);
+        vkd_buffer_destroy(d, d->split_cnt);
+        d->split_part = d->split_cnt = NULL;
+        return st;
+    }
+    d->split_part_bytes = pb;
+    return VKI_OK;
+}
+
+/* A one-part tensor-core GEMM in one dispatch split over K where cm_split_k says so and a scratch
+ * slot is free: *done tells whether it was recorded here (else the caller records it unsplit). */
+static vki_status cm_split_dispatch(vkd_cmd *c, vkk_id k, const uint32_t *spec, const vk_tensor *w, vkd_view x,
+                                    const vkd_view *bias, vkd_view y, vki_pc_matmul pc, bool *done)
+{
+    vkd_device *d = c->d;
+    uint32_t n_split;
+    *done = false;
+    if (w->n_parts != 1 || c->split_slots >= VKD_SPLIT_SLOTS ||
+        vkk_groups(pc.N, spec[2]) > d->info.max_workgroup_count[0])
+        return VKI_OK;
+    pc.k_split = cm_split_k(d, pc.M, pc.N, pc.K, spec, &n_split);
+    if (!pc.k_split || split_scratch(d) != VKI_OK || (uint64_t)n_split * pc.M * pc.N * 4 > d->split_part_bytes)
+        return VKI_OK; /* unsplit: the same result up to the order of the additions */
+    const uint32_t slot = c->split_slots++;
+    const VkDeviceSize cb = VKD_SPLIT_TILES * 4;
+    const vkd_view b[6] = {vkd_whole(w->parts[0].buf), x, bias ? *bias : x, y,
+                           {d->split_part, slot * d->split_part_bytes, d->split_part_bytes},
+                           {d->split_cnt, slot * cb, cb}};
+    pc.y_col0 = (uint32_t)w->parts[0].row0;
+    *done = true;
+    return vkk_dispatch(c, k, spec, b, 6, &pc, sizeof pc, vkk_groups(pc.N, spec[2]), vkk_groups(pc.M, spec[1]),
+                        n_split);
 }
 
 /* The matrix-vector / GEMM crossover: the largest M at which the GEMV kernel is still at least as
@@ -402,6 +504,12 @@ vki_status op_matmul_ex(vkd_cmd *c, const vk_tensor *w, const vkd_view *bias, vk
                         .w_stride = (uint32_t)w->row_bytes,
                         .flags = (bias ? VKI_MM_BIAS : 0u) | (accumulate ? VKI_MM_ACCUM : 0u),
                         .x_vec4 = x_vec4(&x, x_stride)};
+    if (kid == t->matmul_cm || kid == t->matmul_cme) {
+        bool done;
+        pc.N = (uint32_t)N;
+        if ((st = cm_split_dispatch(c, kid, spec, w, x, bias, y, pc, &done)) != VKI_OK || done)
+            return st;
+    }
     return parts_dispatch(c, w, kid, spec, per_group_n, per_group_m, x, bias, y, pc);
 }
 
@@ -789,7 +897,7 @@ vki_status op_matmul_prepare(vkd_device *d, uint32_t type)
     const mm_type *t = mm_type_get(type);
     if (!t || !op_matmul_supported(d, type))
         return VKI_ERR_UNSUPPORTED;
-    uint32_t mv1[6], mv8[6], mm[VKK_MAX_SPEC], gr[1] = {get_rows_wg(d)};
+    uint32_t mv1[7], mv8[7], mm[VKK_MAX_SPEC], gr[1] = {get_rows_wg(d)};
     vkk_id mm_kid;
     matvec_spec(d, 1, mv1);
     matvec_spec(d, OP_MATVEC_ROWS, mv8);
@@ -806,6 +914,9 @@ vki_status op_matmul_prepare(vkd_device *d, uint32_t type)
             st = vkk_prepare(d, mm_kid, mm);
     if (st == VKI_OK)
         st = vkk_prepare(d, t->get_rows, gr);
+    /* the split-K scratch before the engine sizes its KV cache from what is left */
+    if (st == VKI_OK && d->cm.kind != VKD_CM_NONE && (d->info.compute_units || d->cm_split > 1))
+        st = split_scratch(d);
     if (st == VKI_OK)
         st = warm_up(d, type, t->block > 1 ? t->block : 16);
     return st;

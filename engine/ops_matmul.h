@@ -39,6 +39,13 @@ typedef enum op_mm_path {
  * crossover measured for this kind of device and GEMM (the table in ops_matmul.c). */
 uint32_t op_matmul_gemv_max_m(const vkd_device *d);
 
+/* The K splits the tensor-core GEMM (OP_MM_COOPMAT) takes for an M x N x K product of a one-part
+ * tensor (1: none): automatic where the device tells its compute units, so that a GEMM of few
+ * tiles still fills the device; vkd_device.cm_split forces a count. At most VKD_SPLIT_SLOTS GEMMs
+ * recorded between two compute barriers split (each takes a scratch slot); later ones run
+ * unsplit. */
+uint32_t op_matmul_cm_splits(const vkd_device *d, uint32_t M, uint32_t N, uint32_t K);
+
 /* Y[m, n] = sum_k X[m, k] * W[n, k] (+ bias[n])   for m < M, n < N = w->n_rows, K = w->ne0
  *   x:    f32[M, x_stride] row-major, x_stride >= K
  *   y:    f32[M, y_stride] row-major, y_stride >= N; only the first N columns are written

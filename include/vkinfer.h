@@ -156,6 +156,9 @@ typedef struct vki_device_info {
     uint32_t subgroup_size;
     uint32_t subgroup_min_size, subgroup_max_size; /* subgroup size control; 0 if absent */
     uint32_t subgroup_ops;          /* VKI_SUBGROUP_* bits supported in compute */
+    uint32_t compute_units;         /* streaming multiprocessors (VK_NV_shader_sm_builtins) or
+                                       compute units (VK_AMD_shader_core_properties); 0 if the
+                                       driver does not say. Sizes the GEMMs' split-K */
     bool coopmat;                   /* VK_KHR_cooperative_matrix */
     uint32_t n_coopmat;
     vki_coopmat_shape coopmat_shapes[VKI_MAX_COOPMAT];

@@ -19,6 +19,11 @@
 // Edge tiles: X rows >= M and W rows >= N stage as zeros, K tails (F32/F16 only) as zeros;
 // each accumulator goes through a per-subgroup scratch to Y, where store_y drops the padding
 // (fragment layouts are opaque, so there is no per-element bounds check on the fragment).
+// Split-K (p.k_split != 0; not MM_ID): workgroup z takes K range [z k_split, (z+1) k_split) of
+// its tile, so a GEMM of few tiles (small M: 32 tiles at N = 4096 for 132 SMs) still fills the
+// device and each workgroup's chain of BK steps is shorter; splits store their partial tile
+// in P [splits][M][N] and the last one to finish a tile (count_last) sums the partials in split
+// order (deterministic whatever the finishing order) and runs store_y's epilogue.
 // Compiled with MM_ID it is the experts' grouped GEMM (matmul_id): workgroup z is an expert,
 // its tile rows that expert's token-expert pairs (shaders/moe_id.glsl).
 layout(local_size_x_id = 0) in;             // (BM / WM) * (BN / WN) subgroups
@@ -33,6 +38,11 @@ layout(constant_id = 5) const uint WN = 32;  // columns per subgroup, multiple o
 #define DQ_BINDING 0
 #include "dequant.glsl" // binding 0: W, one part, N rows of w_stride bytes (the ggml type's blocks)
 #include "matmul_io.glsl" // push constants, X, bias, Y; load_x4, store_y
+#ifndef MM_ID
+layout(std430, binding = 4) coherent buffer P { float part[]; };  // f32 [splits][M][N] (split-K)
+layout(std430, binding = 5) coherent buffer NC { uint ncnt[]; };  // u32 per tile, 0 between dispatches
+#include "count_last.glsl"
+#endif
 
 const uint ST = BK + 8u;          // shared row stride in halves
 const uint WGN = BN / WN;         // subgroups along N
@@ -73,7 +83,13 @@ void main()
     CM_UNROLL for (uint f = 0u; f < FM * FN; f++)
         cm_fill_c(acc[f], 0.0);
 
-    for (uint k0 = 0u; k0 < p.K; k0 += BK) {
+#ifdef MM_ID
+    const uint k_begin = 0u, k_end = p.K;
+#else
+    const uint k_begin = gl_WorkGroupID.z * p.k_split;
+    const uint k_end = p.k_split != 0u ? min(p.K, k_begin + p.k_split) : p.K;
+#endif
+    for (uint k0 = k_begin; k0 < k_end; k0 += BK) {
         stage(m_tile, n_tile, k0);
         barrier();
         if (busy) {
@@ -92,16 +108,47 @@ void main()
         barrier();
     }
 
-    if (!busy)
+#ifndef MM_ID
+    const bool split = p.k_split != 0u;
+#else
+    const bool split = false;
+#endif
+    if (!busy && !split)
         return;
     const uint cs = sg * CM_M * CM_N;
-    CM_UNROLL for (uint f = 0u; f < FM * FN; f++) {
-        cm_store_c(acc[f], Cs, cs, CM_N);
-        subgroupMemoryBarrierShared();
-        subgroupBarrier();
-        const uint m0 = m_tile + wm0 + (f / FN) * CM_M, n0 = n_tile + wn0 + (f % FN) * CM_N;
-        for (uint e = gl_SubgroupInvocationID; e < CM_M * CM_N; e += gl_SubgroupSize)
-            store_y(m0 + e / CM_N, n0 + e % CM_N, Cs[cs + e]);
-        subgroupBarrier(); // Cs is rewritten by the next fragment
+    if (busy) {
+        CM_UNROLL for (uint f = 0u; f < FM * FN; f++) {
+            cm_store_c(acc[f], Cs, cs, CM_N);
+            subgroupMemoryBarrierShared();
+            subgroupBarrier();
+            const uint m0 = m_tile + wm0 + (f / FN) * CM_M, n0 = n_tile + wn0 + (f % FN) * CM_N;
+            for (uint e = gl_SubgroupInvocationID; e < CM_M * CM_N; e += gl_SubgroupSize) {
+                const uint m = m0 + e / CM_N, n = n0 + e % CM_N;
+#ifndef MM_ID
+                if (split) {
+                    if (m < p.M && n < p.N)
+                        part[(gl_WorkGroupID.z * p.M + m) * p.N + n] = Cs[cs + e];
+                    continue;
+                }
+#endif
+                store_y(m, n, Cs[cs + e]);
+            }
+            subgroupBarrier(); // Cs is rewritten by the next fragment
+        }
     }
+#ifndef MM_ID
+    // split-K: the tile's last split sums the partials (its own included) in split order
+    if (!split || !count_last(gl_WorkGroupID.y * gl_NumWorkGroups.x + gl_WorkGroupID.x, 1u, gl_NumWorkGroups.z))
+        return;
+    const uint splits = gl_NumWorkGroups.z;
+    for (uint e = gl_LocalInvocationID.x; e < BM * BN; e += gl_WorkGroupSize.x) {
+        const uint m = m_tile + e / BN, n = n_tile + e % BN;
+        if (m >= p.M || n >= p.N)
+            continue;
+        float s = 0.0;
+        for (uint z = 0u; z < splits; z++)
+            s += part[(z * p.M + m) * p.N + n];
+        store_y(m, n, s);
+    }
+#endif
 }

@@ -43,6 +43,11 @@ layout(constant_id = 3) const uint NSG = 32; // >= subgroups per workgroup (WG /
 layout(constant_id = 4) const uint GLU = 0;
 const uint NO = GLU != 0u ? NR / 2u : NR; // output rows per workgroup
 layout(constant_id = 5) const uint MCH = 1; // chunks of MC activation rows per workgroup (main)
+// MU units of each row per pass of the K loop, one workgroup width apart, in straight-line code:
+// the compiler can issue all MU units' loads before the first is decoded (more memory requests
+// in flight per invocation, for GPUs where a pass's load latency, not bandwidth, bounds the
+// kernel). Every invocation still adds its units in ascending order: the same bits for any MU.
+layout(constant_id = 6) const uint MU = 1;
 
 #define DQ_BINDING 0
 #include "dequant.glsl" // binding 0: W, one part, N rows of w_stride bytes (the ggml type's blocks)
@@ -88,7 +93,7 @@ layout(std430, binding = 7) writeonly buffer NQD { float nqd[]; }; // quant_x8's
 #define NORM_SRC(i) y[i]
 #include "norm_common.glsl"
 #include "quant_x8.glsl"
-shared bool cnt_last; // this workgroup is the last to count (the norm's, or its block's)
+#include "count_last.glsl"
 #endif
 
 shared float red[NR * MC * NSG]; // per-subgroup partial sums: [NR * MC][NSG]
@@ -114,68 +119,132 @@ vec4 load_x4(uint m, uint k)
 // the gate rows r0.. then the up rows N + r0... The row is real when r0 + r % NO < N.
 uint mv_row(uint r0, uint r) { return GLU != 0u && r >= NO ? p.N + r0 + r - NO : r0 + r; }
 
+// The order of a unit's work: with MC <= NR (batch-1 decode's MC = 1) X's MC rows of the unit are
+// loaded first and each weight row is decoded and used at once ("X-stationary": MC + 1 units
+// live, not NR + 1: the first H200 run's GEMVs slowed with the rows per workgroup, 14 us at 2
+// rows, 22 at 4, 35 at 8 for Q4_K 4096 x 4096, the mark of registers running out); with more
+// activation rows the NR decoded units stay and every X load serves them all. Each accumulator
+// receives the same additions in the same order either way: the same bits.
+const bool X_STATIONARY = MC <= NR;
+
 #ifdef MV_I8
-// Unit u of the NR rows as integers, dotted with the MC quantised activation rows: X's words,
-// scales and (DQI_OFF) byte sums are loaded once per unit and serve NR rows.
+// X's words, scales and (DQI_OFF) scaled byte sums of activation row m, unit (ib, iu).
+void x_unit_i8(uint m, uint ib, uint iu, out uvec4 qx, out vec4 dx, out vec4 sx)
+{
+    const uint kw = p.K / 4u, d0 = p.M * kw;
+    sx = vec4(0.0);
+    dx = vec4(0.0);
+    [[unroll]] for (uint g = 0u; g < 4u; g++) {
+        const uint k = ib * DQ_BLOCK + dq_unit_k(iu, g);
+        qx[g] = xq[m * kw + k / 4u];
+        if (g % DQI_SPAN == 0u)
+            dx[g] = xd[d0 + m * (p.K / 32u) + k / 32u];
+    }
+#if DQI_OFF
+    [[unroll]] for (uint g = 0u; g < 4u; g += DQI_SPAN) { // dx * sum of the span's X bytes
+        int s = 0;
+        [[unroll]] for (uint j = 0u; j < DQI_SPAN; j++)
+            s += dot8(qx[g + j], 0x01010101u);
+        sx[g] = dx[g] * float(s);
+    }
+#endif
+}
+
+// One row's unit (q, a, b) dotted with one activation row's (qx, dx, sx).
+float dot_unit_i8(uvec4 q, vec4 a, vec4 b, uvec4 qx, vec4 dx, vec4 sx)
+{
+    float sum = 0.0;
+    [[unroll]] for (uint g = 0u; g < 4u; g += DQI_SPAN) {
+        int s = 0;
+        [[unroll]] for (uint j = 0u; j < DQI_SPAN; j++)
+            s += dot8(q[g + j], qx[g + j]);
+        sum += a[g] * dx[g] * float(s);
+#if DQI_OFF
+        sum += b[g] * sx[g];
+#endif
+    }
+    return sum;
+}
+
+// Row r's unit (ib, iu) as integers (zeros for a row past N).
+void w_unit_i8(uint r0, uint r, uint ib, uint iu, out uvec4 q, out vec4 a, out vec4 b)
+{
+    q = uvec4(0u);
+    a = vec4(0.0);
+    b = vec4(0.0);
+    if (r0 + r % NO < p.N) // uniform across the workgroup
+        dq_unit_i8(dq_row_base(W_ROW(mv_row(r0, r)), p.w_stride), ib, iu, q, a, b);
+}
+
+uvec4 xs_q[X_STATIONARY ? MC : 1u]; // X-stationary: the unit's X words, scales and byte sums
+vec4 xs_d[X_STATIONARY ? MC : 1u], xs_s[X_STATIONARY ? MC : 1u];
+
+// Unit u of the NR rows as integers, dotted with the MC quantised activation rows.
 void unit_step(uint u, uint r0, uint m0)
 {
     const uint ib = u / DQ_UNITS, iu = u % DQ_UNITS;
-    [[unroll]] for (uint r = 0u; r < NR; r++) {
-        uvec4 q = uvec4(0u);
-        vec4 a = vec4(0.0), b = vec4(0.0);
-        if (r0 + r % NO < p.N) // uniform across the workgroup
-            dq_unit_i8(dq_row_base(W_ROW(mv_row(r0, r)), p.w_stride), ib, iu, q, a, b);
-        wq[r] = q;
-        wa[r] = a;
-        wb[r] = b;
+    if (X_STATIONARY) {
+        [[unroll]] for (uint c = 0u; c < MC; c++)
+            if (m0 + c < p.M) // uniform
+                x_unit_i8(m0 + c, ib, iu, xs_q[c], xs_d[c], xs_s[c]);
+        [[unroll]] for (uint r = 0u; r < NR; r++) {
+            uvec4 q;
+            vec4 a, b;
+            w_unit_i8(r0, r, ib, iu, q, a, b);
+            [[unroll]] for (uint c = 0u; c < MC; c++)
+                if (m0 + c < p.M)
+                    acc[r * MC + c] += dot_unit_i8(q, a, b, xs_q[c], xs_d[c], xs_s[c]);
+        }
+        return;
     }
-    const uint kw = p.K / 4u, d0 = p.M * kw;
+    // the NR rows' units first, X's words, scales and byte sums loaded once per unit for them
+    [[unroll]] for (uint r = 0u; r < NR; r++)
+        w_unit_i8(r0, r, ib, iu, wq[r], wa[r], wb[r]);
     [[unroll]] for (uint c = 0u; c < MC; c++) {
         if (m0 + c >= p.M)
             break; // uniform
         uvec4 qx;
-        vec4 dx, sx = vec4(0.0);
-        [[unroll]] for (uint g = 0u; g < 4u; g++) {
-            const uint k = ib * DQ_BLOCK + dq_unit_k(iu, g);
-            qx[g] = xq[(m0 + c) * kw + k / 4u];
-            if (g % DQI_SPAN == 0u)
-                dx[g] = xd[d0 + (m0 + c) * (p.K / 32u) + k / 32u];
-        }
-#if DQI_OFF
-        [[unroll]] for (uint g = 0u; g < 4u; g += DQI_SPAN) { // dx * sum of the span's X bytes
-            int s = 0;
-            [[unroll]] for (uint j = 0u; j < DQI_SPAN; j++)
-                s += dot8(qx[g + j], 0x01010101u);
-            sx[g] = dx[g] * float(s);
-        }
-#endif
-        [[unroll]] for (uint r = 0u; r < NR; r++) {
-            float sum = 0.0;
-            [[unroll]] for (uint g = 0u; g < 4u; g += DQI_SPAN) {
-                int s = 0;
-                [[unroll]] for (uint j = 0u; j < DQI_SPAN; j++)
-                    s += dot8(wq[r][g + j], qx[g + j]);
-                sum += wa[r][g] * dx[g] * float(s);
-#if DQI_OFF
-                sum += wb[r][g] * sx[g];
-#endif
-            }
-            acc[r * MC + c] += sum;
-        }
+        vec4 dx, sx;
+        x_unit_i8(m0 + c, ib, iu, qx, dx, sx);
+        [[unroll]] for (uint r = 0u; r < NR; r++)
+            acc[r * MC + c] += dot_unit_i8(wq[r], wa[r], wb[r], qx, dx, sx);
     }
 }
 #else
-// Unit u of the NR rows, decoded once, dotted with the MC activation rows: every X load serves
-// NR rows.
+// Row r's unit (ib, iu), decoded (zeros for a row past N).
+void w_unit(uint r0, uint r, uint ib, uint iu, out vec4 w[DQ_UNIT_V4])
+{
+    [[unroll]] for (uint g = 0u; g < DQ_UNIT_V4; g++)
+        w[g] = vec4(0.0);
+    if (r0 + r % NO < p.N) // uniform across the workgroup
+        dq_unit(dq_row_base(W_ROW(mv_row(r0, r)), p.w_stride), ib, iu, w);
+}
+
+vec4 xs[X_STATIONARY ? MC * DQ_UNIT_V4 : 1u]; // X-stationary: the unit's X, [c][g]
+
+// Unit u of the NR rows, decoded once, dotted with the MC activation rows.
 void unit_step(uint u, uint r0, uint m0)
 {
     const uint ib = u / DQ_UNITS, iu = u % DQ_UNITS;
+    if (X_STATIONARY) {
+        [[unroll]] for (uint c = 0u; c < MC; c++)
+            [[unroll]] for (uint g = 0u; g < DQ_UNIT_V4; g++)
+                if (m0 + c < p.M) // uniform
+                    xs[c * DQ_UNIT_V4 + g] = load_x4(m0 + c, ib * DQ_BLOCK + dq_unit_k(iu, g));
+        [[unroll]] for (uint r = 0u; r < NR; r++) {
+            vec4 w[DQ_UNIT_V4];
+            w_unit(r0, r, ib, iu, w);
+            [[unroll]] for (uint g = 0u; g < DQ_UNIT_V4; g++)
+                [[unroll]] for (uint c = 0u; c < MC; c++)
+                    if (m0 + c < p.M)
+                        acc[r * MC + c] += dot(w[g], xs[c * DQ_UNIT_V4 + g]);
+        }
+        return;
+    }
+    // the NR rows' units decoded first, every X load serving them all
     [[unroll]] for (uint r = 0u; r < NR; r++) {
         vec4 w[DQ_UNIT_V4];
-        [[unroll]] for (uint g = 0u; g < DQ_UNIT_V4; g++)
-            w[g] = vec4(0.0);
-        if (r0 + r % NO < p.N) // uniform across the workgroup
-            dq_unit(dq_row_base(W_ROW(mv_row(r0, r)), p.w_stride), ib, iu, w);
+        w_unit(r0, r, ib, iu, w);
         [[unroll]] for (uint g = 0u; g < DQ_UNIT_V4; g++)
             wv[r * DQ_UNIT_V4 + g] = w[g];
     }
@@ -223,7 +292,12 @@ void chunk(uint r0, uint m0)
         acc[i] = 0.0;
 
     const uint n_full = p.K / DQ_BLOCK * DQ_UNITS; // quantised types: every unit
-    for (uint u = tid; u < n_full; u += gl_WorkGroupSize.x)
+    const uint wg = gl_WorkGroupSize.x;
+    uint u = tid;
+    for (; u + (MU - 1u) * wg < n_full; u += MU * wg) // passes where all MU units exist
+        [[unroll]] for (uint j = 0u; j < MU; j++)
+            unit_step(u + j * wg, r0, m0);
+    for (; u < n_full; u += wg) // the rest, one at a time (MU = 1: none)
         unit_step(u, r0, m0);
 #ifdef DQ_FLOAT
     // The last K % 16 elements of an F32/F16 row, strided over the invocations (a workgroup may
@@ -263,26 +337,6 @@ void chunk(uint r0, uint m0)
 }
 
 #ifndef MM_ID
-// Counts this workgroup's n outputs into ncnt[i] (release: its Y rows first); true, uniformly, in
-// the workgroup whose count makes it `total` (acquire: the other workgroups' rows), which also
-// sets the counter back to zero for the next dispatch.
-bool count_last(uint i, uint n, uint total)
-{
-    memoryBarrierBuffer();
-    barrier();
-    if (gl_LocalInvocationIndex == 0u) {
-        memoryBarrierBuffer();
-        cnt_last = atomicAdd(ncnt[i], n) + n == total;
-        memoryBarrierBuffer(); // acquire: the other workgroups' rows
-        if (cnt_last)
-            ncnt[i] = 0u; // every workgroup has counted: ready for the next dispatch
-    }
-    barrier();
-    if (cnt_last) // uniform
-        memoryBarrierBuffer();
-    return cnt_last;
-}
-
 // The gate|up pass's quantising epilogue (VKI_MM_GLU_XQ): the workgroup's NO rows lie in one
 // block of 32 columns (NO divides 32); the last of the block's 32 / NO workgroups along x, times
 // those along y, reads the block back for all M rows and writes it as quant_x8 would.

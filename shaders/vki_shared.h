@@ -168,6 +168,9 @@ VKI_STRUCT(vki_pc_matmul) {
     vki_u32 flags;    /* VKI_MM_BIAS | VKI_MM_ACCUM | VKI_MM_GELU | VKI_MM_NORM | VKI_MM_NORM_XQ | VKI_MM_GLU_XQ */
     vki_u32 x_vec4;   /* 1: X rows may be read as vec4 (x_stride % 4 == 0, binding 16-aligned) */
     vki_f32 norm_eps; /* VKI_MM_NORM: the norm's epsilon */
+    vki_u32 k_split;  /* matmul_cm split-K: K per split (workgroup z), a multiple of its BK; each
+                       * split writes its partial tile, the last of a tile's splits sums them in
+                       * split order and runs the epilogue (bias, accumulate); 0: no split */
 };
 
 /* matvec_id / matmul_id (mixture of experts; one weight part per dispatch): the weights are

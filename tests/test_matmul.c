@@ -456,6 +456,119 @@ static void test_coopmat_gpu_configs(void **state)
     vt_assert_clean(g);
 }
 
+static void run_split_cases(vt_gpu *g, vt_rng *r)
+{
+    static const struct {
+        uint32_t type, force, splits, M, N, K;
+        bool bias, accum, gpu;
+    } cases[] = {
+        {VKI_GGML_F32, 2, 2, 65, 70, 77, true, false, false},     /* 3 steps of 32: 64 + 13 */
+        {VKI_GGML_F16, 3, 3, 9, 129, 200, false, true, false},    /* 7 steps: 96 + 96 + 8 */
+        {VKI_GGML_Q4_K, 5, 5, 33, 64, 1280, true, true, false},   /* 40 steps: 8 each */
+        {VKI_GGML_Q8_0, 16, 7, 17, 31, 224, false, false, false}, /* 7 steps: one each */
+        {VKI_GGML_Q6_K, 4, 4, 130, 20, 1024, true, false, true},  /* 128-row tiles, two along M */
+        {VKI_GGML_F32, 2, 1, 5, 5, 32, false, false, false},      /* one step: nothing to split */
+    };
+    const vki_device_info saved = g->dev->info;
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        if (cases[i].gpu) {
+            g->dev->info.type = VKI_DEVICE_DISCRETE;
+            g->dev->info.max_compute_shared_memory = 48 * 1024;
+        }
+        g->dev->cm_split = cases[i].force;
+        mm_case c = {.M = cases[i].M, .N = cases[i].N, .K = cases[i].K, .y_pad = 3, .x_pad = 1,
+                     .bias = cases[i].bias, .accum = cases[i].accum, .path = OP_MM_COOPMAT};
+        assert_int_equal(op_matmul_cm_splits(g->dev, c.M, c.N, c.K), cases[i].splits);
+        run_case(g, r, cases[i].type, &c);
+        g->dev->info = saved;
+    }
+}
+
+/* Split-K of the tensor-core GEMM (matmul_cm.comp's workgroup z) through the emulation and,
+ * where the device has them, on tensor cores: forced split counts with edge tiles, K not a
+ * multiple of the splits (and float K tails), bias and accumulation; 64-row tiles (CPU devices)
+ * and, presented as a GPU, 128-row ones. */
+static void test_coopmat_split(void **state)
+{
+    vt_gpu *g = vt_gpu_get(state);
+    vt_rng r = vt_rng_seeded("coopmat split");
+    const vki_device_info saved = g->dev->info;
+    if (g->dev->nv_coopmat && vkd_coopmat_select(g->dev, VKI_COOPMAT_AUTO) == VKI_OK && g->dev->cm.kind == VKD_CM_NV)
+        run_split_cases(g, &r);
+    if (vkd_coopmat_select(g->dev, VKI_COOPMAT_EMULATED) != VKI_OK)
+        skip();
+    run_split_cases(g, &r);
+    /* no split where the device does not tell its compute units, unless forced */
+    g->dev->cm_split = 0;
+    g->dev->info.compute_units = 0;
+    assert_int_equal(op_matmul_cm_splits(g->dev, 33, 64, 4096), 1);
+    /* automatic: two workgroups per compute unit, splits of >= 256 (64 x 64 tiles here) */
+    g->dev->info.compute_units = 16;
+    assert_int_equal(op_matmul_cm_splits(g->dev, 33, 64, 4096), 16);  /* 1 tile: 32 wanted, 16 max */
+    assert_int_equal(op_matmul_cm_splits(g->dev, 33, 256, 4096), 8);  /* 4 tiles */
+    assert_int_equal(op_matmul_cm_splits(g->dev, 33, 256, 512), 2);   /* 512 / 256 */
+    assert_int_equal(op_matmul_cm_splits(g->dev, 128, 1024, 4096), 1); /* 32 tiles fill 16 units */
+    g->dev->info = saved;
+    vt_assert_clean(g);
+}
+
+/* Split GEMMs recorded back to back without a barrier (the projections of one input) each take
+ * their own scratch slot; the fifth runs unsplit; a barrier frees the slots. Two rounds in one
+ * command buffer, then the command buffer again: the tile counters are back at zero after every
+ * dispatch, or a later split would miss its last workgroup (NaN left in Y) or sum too early. */
+static void test_coopmat_split_slots(void **state)
+{
+    vt_gpu *g = vt_gpu_get(state);
+    vt_rng r = vt_rng_seeded("coopmat split slots");
+    if (vkd_coopmat_select(g->dev, VKI_COOPMAT_EMULATED) != VKI_OK)
+        skip();
+    g->dev->cm_split = 3;
+    enum { NW = VKD_SPLIT_SLOTS + 1 };
+    const uint32_t M = 40, N = 72, K = 320, type = VKI_GGML_Q8_0;
+    mm_case s = {.M = M, .N = N, .K = K};
+    float *x = malloc((size_t)M * K * 4), *wref = malloc((size_t)NW * N * K * 4), *ref = malloc((size_t)M * N * 4);
+    float *got = malloc((size_t)M * N * 4);
+    vt_fill_uniform(&r, x, (size_t)M * K, -1.0f, 1.0f);
+    vkd_buffer *bx = vt_buf_from(g, x, (size_t)M * K * 4, "x"), *by[NW];
+    vk_tensor w[NW];
+    uint8_t *raw[NW];
+    for (int i = 0; i < NW; i++) {
+        raw[i] = make_weights(&r, type, N, K, wref + (size_t)i * N * K);
+        w[i] = upload_weights(g, type, N, K, raw[i], 1);
+        by[i] = vt_buf_nan(g, (size_t)M * N * 4, "y");
+    }
+    for (int round = 0; round < 2; round++) {
+        vt_begin(g);
+        for (int twice = 0; twice < 2; twice++) {
+            for (int i = 0; i < NW; i++) {
+                assert_int_equal(op_matmul_ex(&g->cmd, &w[i], NULL, vkd_whole(bx), K, vkd_whole(by[i]), N, M,
+                                              OP_MM_COOPMAT, false),
+                                 VKI_OK);
+                assert_int_equal(g->cmd.split_slots, (uint32_t)i < VKD_SPLIT_SLOTS ? (uint32_t)i + 1 : VKD_SPLIT_SLOTS);
+            }
+            vkd_barrier(&g->cmd);
+            assert_int_equal(g->cmd.split_slots, 0);
+        }
+        vt_submit_wait(g);
+        for (int i = 0; i < NW; i++) {
+            vt_download(g, by[i], got, (size_t)M * N * 4);
+            reference(&s, x, K, wref + (size_t)i * N * K, NULL, NULL, N, true, ref);
+            char label[64];
+            snprintf(label, sizeof label, "round %d, GEMM %d of %d", round, i + 1, NW);
+            vt_assert_nmse(got, ref, (size_t)M * N, CM_EMU_TOL, label);
+            assert_int_equal(vkd_fill(g->dev, by[i], 0, (size_t)M * N * 4, NAN_BITS), VKI_OK);
+        }
+    }
+    for (int i = 0; i < NW; i++) {
+        vk_tensor_destroy(g->dev, &w[i]);
+        vkd_buffer_destroy(g->dev, by[i]);
+        free(raw[i]);
+    }
+    vkd_buffer_destroy(g->dev, bx);
+    free(x); free(wref); free(ref); free(got);
+    vt_assert_clean(g);
+}
+
 /* Every pipeline variant exists up front (what the engine does at open). */
 static void test_prepare(void **state)
 {
@@ -760,11 +873,75 @@ static void test_matvec_overrides(void **state)
     vt_assert_clean(g);
 }
 
+/* The matrix-vector kernel's units per K pass (vkd_device.matvec_mu, bench-kernels --matvec-cfg
+ * WGxRxMCxMU) and its two orders of a unit's work (X-stationary where the activation rows per
+ * pass MC <= the weight rows NR, else the NR decoded rows stationary): each invocation adds the
+ * same terms in the same order whatever MU, NR and the order, so MU = 3 and one weight row per
+ * workgroup (MC > NR with 3 and 5 activation rows) give the bits of the default, on the float
+ * kernel and the integer-dot one, with K such that the passes leave units for the
+ * one-at-a-time loop. */
+static void test_matvec_units(void **state)
+{
+    vt_gpu *g = vt_gpu_get(state);
+    vt_rng r = vt_rng_seeded("matvec units");
+    static const struct { uint32_t type, M, K; bool i8; } cases[] = {
+        {VKI_GGML_F32, 1, 16 * 37 + 5, false}, {VKI_GGML_Q4_K, 5, 256 * 3, false}, {VKI_GGML_Q8_0, 3, 32 * 41, true},
+    };
+    const uint32_t N = 13;
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        const uint32_t type = cases[i].type, M = cases[i].M, K = cases[i].K;
+        if (cases[i].i8 && !op_matmul_i8_supported(g->dev, type))
+            continue;
+        float *wref = malloc((size_t)N * K * 4), *x = malloc((size_t)M * K * 4);
+        float *y[3] = {malloc((size_t)M * N * 4), malloc((size_t)M * N * 4), malloc((size_t)M * N * 4)};
+        uint8_t *raw = make_weights(&r, type, N, K, wref);
+        vk_tensor t = upload_weights(g, type, N, K, raw, 1);
+        vt_fill_uniform(&r, x, (size_t)M * K, -1.0f, 1.0f);
+        vkd_buffer *bx = vt_buf_from(g, x, (size_t)M * K * 4, "x"), *by = vt_buf_nan(g, (size_t)M * N * 4, "y");
+        vkd_buffer *bq = vt_buf_nan(g, op_quant_x8_bytes(M, K), "xq");
+        for (uint32_t v = 0; v < 3; v++) {
+            const uint32_t mu = v == 1 ? 3 : 1; /* 3: whole passes, then single units (lavapipe: 8 lanes) */
+            g->dev->matvec_mu = mu;
+            g->dev->matvec_rows = v == 2 ? 1 : 0; /* NR = 1: MC > NR with several activation rows */
+            vt_begin(g);
+            if (cases[i].i8) {
+                assert_int_equal(op_quant_x8(&g->cmd, vkd_whole(bx), K, M, K, vkd_whole(bq)), VKI_OK);
+                vkd_barrier(&g->cmd);
+                assert_int_equal(op_matmul_i8(&g->cmd, &t, vkd_whole(bq), vkd_whole(by), N, M, NULL), VKI_OK);
+            } else {
+                assert_int_equal(op_matmul_ex(&g->cmd, &t, NULL, vkd_whole(bx), K, vkd_whole(by), N, M, OP_MM_GEMV,
+                                              false),
+                                 VKI_OK);
+            }
+            vt_submit_wait(g);
+            vt_download(g, by, y[v], (size_t)M * N * 4);
+            if (v && memcmp(y[v], y[0], (size_t)M * N * 4))
+                fail_msg("%s%s M=%u K=%u: %s differs from the default", quant_get(type)->name,
+                         cases[i].i8 ? " (integer dot)" : "", M, K, v == 1 ? "MU = 3" : "one weight row per workgroup");
+        }
+        /* and MU = 1 is right (against the reference; the integer-dot product has its own test) */
+        if (!cases[i].i8) {
+            mm_case c = {.M = M, .N = N, .K = K};
+            float *ref = malloc((size_t)M * N * 4);
+            reference(&c, x, K, wref, NULL, NULL, N, false, ref);
+            vt_assert_nmse(y[0], ref, (size_t)M * N, MM_TOL, "matvec units");
+            free(ref);
+        }
+        g->dev->matvec_mu = g->dev->matvec_rows = 0;
+        vk_tensor_destroy(g->dev, &t);
+        vkd_buffer_destroy(g->dev, bx);
+        vkd_buffer_destroy(g->dev, by);
+        vkd_buffer_destroy(g->dev, bq);
+        free(wref); free(x); free(raw); free(y[0]); free(y[1]); free(y[2]);
+    }
+    vt_assert_clean(g);
+}
+
 /* The library's matvec configuration back, also after a failure (the tests after it). */
 static int matvec_overrides_reset(void **state)
 {
     vt_gpu *g = vt_gpu_get(state);
-    g->dev->matvec_wg = g->dev->matvec_rows = g->dev->matvec_mc = 0;
+    g->dev->matvec_wg = g->dev->matvec_rows = g->dev->matvec_mc = g->dev->matvec_mu = 0;
     return 0;
 }
 
@@ -1221,11 +1398,14 @@ int main(void)
     cmocka_unit_test(test_gemv_##t), cmocka_unit_test(test_gemm_##t), cmocka_unit_test(test_coopmat_##t),
         VKK_WEIGHT_TYPES(TYPE_UNIT_TESTS)
         cmocka_unit_test(test_coopmat_gpu_configs),
+        cmocka_unit_test(test_coopmat_split),
+        cmocka_unit_test(test_coopmat_split_slots),
         cmocka_unit_test(test_boundary_parts_bias),
         cmocka_unit_test(test_gpu_configs),
         cmocka_unit_test(test_dispatch_split),
         cmocka_unit_test(test_glu_epilogue),
         cmocka_unit_test_teardown(test_matvec_overrides, matvec_overrides_reset),
+        cmocka_unit_test_teardown(test_matvec_units, matvec_overrides_reset),
         cmocka_unit_test(test_norm_epilogue),
         cmocka_unit_test(test_matvec_i8),
         cmocka_unit_test(test_bad_args),

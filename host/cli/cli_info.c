@@ -96,6 +96,7 @@ static cJSON *device_json(const vki_device_info *d)
     for (int i = 0; i < 8; i++)
         if (d->subgroup_ops & (1u << i))
             cJSON_AddItemToArray(ops, cJSON_CreateString(subgroup_op_names[i]));
+    cJSON_AddNumberToObject(o, "compute_units", d->compute_units);
     cJSON *l = cJSON_AddObjectToObject(o, "limits");
     cJSON_AddNumberToObject(l, "max_storage_buffer_range", (double)d->max_storage_buffer_range);
     cJSON_AddNumberToObject(l, "max_memory_allocation_size", (double)d->max_memory_allocation_size);
@@ -140,6 +141,8 @@ static void print_text(const vki_device_info *d)
     printf("  integer dot %s  push descriptors %s  debug utils %s  timestamps %s (%.3g ns/tick)\n", idot,
            d->push_descriptor ? "yes" : "no", d->debug_utils ? "yes" : "no", d->timestamps ? "yes" : "no",
            d->timestamp_period_ns);
+    if (d->compute_units)
+        printf("  compute units        %u\n", d->compute_units);
     printf("  subgroup             size %u", d->subgroup_size);
     if (d->subgroup_min_size)
         printf(" (%u..%u)", d->subgroup_min_size, d->subgroup_max_size);

@@ -24,7 +24,8 @@ typedef struct vt_gpu {
     vkd_device *dev;
     vkd_cmd cmd;
     /* The device's test-adjustable state as opened: tests present lavapipe as another device
-     * (info), switch the matmul path (cm, gemv_max_m) or wrap driver calls (fn), and restore them
+     * (info), switch the matmul path (cm, gemv_max_m, cm_split, cm_tile_*) or wrap driver calls
+     * (fn), and restore them
      * when they end; vt_gpu_get puts them back at the start of every test too, so a test that
      * fails half way (cmocka leaves it at the failed assertion) cannot change the next ones. */
     vkd_fns fn0;
