@@ -716,6 +716,8 @@ typedef struct bench_out {
     FILE *table;
     const vkd_device *d;
     double copy_gbps;    /* the copy row's GB/s once measured, else 0 */
+    bench_shape copy_shape;
+    uint32_t n_rows;     /* rows printed */
 } bench_out;
 
 typedef struct record_ctx {
@@ -729,12 +731,18 @@ static vki_status record_one(void *ctx, vkd_cmd *c)
     return k->b->record(k->r, c);
 }
 
-/* Median (or the minimum, o->fastest) over reps of the per-call time of a batch, in seconds. */
+/* Median (or the minimum, o->fastest) over reps of the per-call time of a batch, in seconds;
+ * the fastest and slowest batch into *tm when given. */
 static vki_status time_run(const bench_kernel *b, bench_run *r, vkd_cmd *c, const devprobe_opts *o,
-                           double *per_call)
+                           double *per_call, devprobe_timing *tm)
 {
     record_ctx k = {b, r};
-    return devprobe_time(c, record_one, &k, o, per_call, NULL);
+    devprobe_timing t = {0};
+    vki_status st = devprobe_time(c, record_one, &k, o, &t);
+    *per_call = t.sec_per_call;
+    if (tm)
+        *tm = t;
+    return st;
 }
 
 static void run_release(bench_run *r)
@@ -748,8 +756,9 @@ static void run_release(bench_run *r)
 }
 
 static void print_row(bench_out *out, const char *kernel, const char *tname, bench_shape s, vki_status st,
-                      const bench_run *r, double per_call)
+                      const bench_run *r, const devprobe_timing *tm)
 {
+    const double per_call = tm->sec_per_call;
     if (st != VKI_OK) {
         fprintf(out->table, "%-12s %-5s %6u %6u %6u   %s\n", kernel, tname, s.M, s.N, s.K, vki_status_str(st));
         return;
@@ -764,13 +773,25 @@ static void print_row(bench_out *out, const char *kernel, const char *tname, ben
         snprintf(pc, sizeof pc, "%.1f", 100 * frac);
         snprintf(fr, sizeof fr, "%.4f", frac);
     }
-    fprintf(out->table, "%-12s %-5s %6u %6u %6u %11.1f %9.1f %9s %8s %6s\n", kernel, tname, s.M, s.N, s.K,
-            per_call * 1e6, gbps, gf, tf, pc);
+    /* the K splits of the tensor-core GEMM; the timed batches' spread around the median */
+    const uint32_t splits = !strcmp(kernel, "matmul_cm") ? op_matmul_cm_splits(out->d, s.M, s.N, s.K) : 0;
+    char sp[16] = "-", js[16] = "null", forced[16] = "null";
+    if (out->d->cm_split)
+        snprintf(forced, sizeof forced, "%u", out->d->cm_split);
+    if (splits) {
+        snprintf(sp, sizeof sp, "%u", splits);
+        snprintf(js, sizeof js, "%u", splits);
+    }
+    fprintf(out->table, "%-12s %-5s %6u %6u %6u %11.1f %9.1f %9s %8s %6s %6.1f %5s\n", kernel, tname, s.M, s.N, s.K,
+            per_call * 1e6, gbps, gf, tf, pc, 100 * (tm->max - tm->min) / per_call, sp);
     fflush(out->table);
     if (!out->json)
         return;
     char cfg[32] = "null", cm_cfg[32] = "null";
-    if (out->d->matvec_wg && out->d->matvec_mc)
+    if (out->d->matvec_wg && out->d->matvec_mu)
+        snprintf(cfg, sizeof cfg, "\"%ux%ux%ux%u\"", out->d->matvec_wg, out->d->matvec_rows, out->d->matvec_mc,
+                 out->d->matvec_mu);
+    else if (out->d->matvec_wg && out->d->matvec_mc)
         snprintf(cfg, sizeof cfg, "\"%ux%ux%u\"", out->d->matvec_wg, out->d->matvec_rows, out->d->matvec_mc);
     else if (out->d->matvec_wg)
         snprintf(cfg, sizeof cfg, "\"%ux%u\"", out->d->matvec_wg, out->d->matvec_rows);
@@ -778,9 +799,11 @@ static void print_row(bench_out *out, const char *kernel, const char *tname, ben
         snprintf(cm_cfg, sizeof cm_cfg, "\"%ux%u\"", out->d->cm_tile_m, out->d->cm_tile_n);
     printf("{\"device\":\"%s\",\"driver\":\"%s %s\",\"kernel\":\"%s\",\"type\":\"%s\",\"M\":%u,\"N\":%u,"
            "\"K\":%u,\"us_per_call\":%.3f,\"gbps\":%.3f,\"gflops\":%.3f,\"copy_gbps\":%.3f,\"bw_fraction\":%s,"
-           "\"matvec_cfg\":%s,\"cm_cfg\":%s}\n",
+           "\"matvec_cfg\":%s,\"cm_cfg\":%s,\"splits\":%s,\"cm_split\":%s,\"us_min\":%.3f,\"us_max\":%.3f,"
+           "\"warm_batches\":%u}\n",
            out->d->info.name, out->d->info.driver_name, out->d->info.driver_info, kernel, tname, s.M, s.N, s.K,
-           per_call * 1e6, gbps, r->flops / per_call * 1e-9, out->copy_gbps, fr, cfg, cm_cfg);
+           per_call * 1e6, gbps, r->flops / per_call * 1e-9, out->copy_gbps, fr, cfg, cm_cfg, js, forced, tm->min * 1e6,
+           tm->max * 1e6, tm->warm_batches);
     fflush(stdout);
 }
 
@@ -790,12 +813,16 @@ static void bench_one(const bench_kernel *b, vkd_device *d, vkd_cmd *c, uint32_t
     const char *tname = quant_get(type) ? quant_get(type)->name : "?";
     bench_run r = {.d = d, .type = type, .M = s.M, .N = s.N, .K = s.K, .rng = 0x5eed ^ ((uint64_t)type << 32)};
     double per_call = 0;
+    devprobe_timing tm = {0};
     vki_status st = b->setup(&r);
     if (st == VKI_OK)
-        st = time_run(b, &r, c, o, &per_call);
-    if (st == VKI_OK && b->setup == copy_setup)
+        st = time_run(b, &r, c, o, &per_call, &tm);
+    if (st == VKI_OK && b->setup == copy_setup && !out->copy_gbps) {
         out->copy_gbps = r.bytes / per_call * 1e-9;
-    print_row(out, b->name, tname, s, st, &r, per_call);
+        out->copy_shape = s;
+    }
+    print_row(out, b->setup == copy_setup && out->n_rows ? "copy-again" : b->name, tname, s, st, &r, &tm);
+    out->n_rows++;
     run_release(&r);
 }
 
@@ -819,13 +846,21 @@ static void usage(FILE *f)
                "      --crossover     per type: GEMV vs the device's GEMM for M = 8, 16, ... at the\n"
                "                      first shape's N x K; prints gemv_max_m (vki_device_params)\n"
                "      --json          one JSON object per table row on stdout (the table goes to stderr)\n"
-               "      --matvec-cfg WGxR[xMC]\n"
+               "      --matvec-cfg WGxR[xMC[xMU]]\n"
                "                      the matrix-vector kernel with WG invocations over R weight rows per\n"
                "                      workgroup instead of the library's choice (GPUs 128x4, CPUs one\n"
                "                      subgroup x 8); WG at most one subgroup (no shared-memory\n"
                "                      reduction) or a multiple of it; MC: activation rows per pass when\n"
-               "                      M > 1 (default 8; each pass decodes the weights again). The matvec rows and --crossover's\n"
+               "                      M > 1 (default 8; each pass decodes the weights again); MU: units of\n"
+               "                      each weight row per K pass, their loads issued together (default 1).\n"
+               "                      The matvec rows and --crossover's\n"
                "                      GEMV take it; JSON rows carry \"matvec_cfg\" (null: the library's)\n"
+               "      --warm-ms MS    warm-up batches repeat for at least MS ms before each row's timing\n"
+               "                      (default 50 on GPUs, whose clocks drop while the host prepares a row;\n"
+               "                      0 on CPU devices: one batch)\n"
+               "      --cm-split S    the tensor-core GEMM with S K-splits where they fit (1: none) instead of\n"
+               "                      the library's choice (two workgroups per compute unit); the table's and\n"
+               "                      JSON's \"splits\" say what ran\n"
                "      --cm-cfg BMxBN  the tensor-core GEMM (matmul_cm, --crossover's GEMM) with BM x BN tiles\n"
                "                      instead of the library's (128x128, 64x128 up to 64 rows): 128x128,\n"
                "                      64x128, 64x64, 32x32, 32x128, 32x64, 16x128, 16x64, 64x32; JSON rows\n"
@@ -851,8 +886,10 @@ typedef struct bench_cli {
     bench_shape shapes[MAX_CL_SHAPES];
     int n_shapes, size_pref;           /* size_pref: -1 auto, 0 small, 1 full */
     bool crossover, json;
-    uint32_t matvec_wg, matvec_rows, matvec_mc; /* --matvec-cfg (0: the library's choice) */
+    uint32_t matvec_wg, matvec_rows, matvec_mc, matvec_mu; /* --matvec-cfg (0: the library's choice) */
     uint32_t cm_m, cm_n;               /* --cm-cfg (0: the library's choice) */
+    uint32_t cm_split;                 /* --cm-split (0: the library's choice) */
+    double warm_ms;                    /* --warm-ms (< 0: the device's default) */
     devprobe_opts o;
     vki_device_params dp;
 } bench_cli;
@@ -877,7 +914,8 @@ static int parse_args(int argc, char **argv, bench_cli *cl)
         {"kernel", 1, 0, 'k'}, {"type", 1, 0, 't'}, {"shape", 1, 0, 's'}, {"device", 1, 0, 'd'},
         {"iters", 1, 0, 'n'},  {"warmup", 1, 0, 'w'}, {"reps", 1, 0, 'r'}, {"small", 0, 0, 'S'},
         {"full", 0, 0, 'F'},   {"help", 0, 0, 'h'},  {"coopmat", 1, 0, 'C'}, {"crossover", 0, 0, 'X'},
-        {"json", 0, 0, 'J'},   {"matvec-cfg", 1, 0, 'V'}, {"cm-cfg", 1, 0, 'G'}, {0, 0, 0, 0}};
+        {"json", 0, 0, 'J'},   {"matvec-cfg", 1, 0, 'V'}, {"cm-cfg", 1, 0, 'G'}, {"cm-split", 1, 0, 'K'},
+        {"warm-ms", 1, 0, 'M'}, {0, 0, 0, 0}};
     for (int ch; (ch = getopt_long(argc, argv, "k:t:s:d:n:w:r:h", lo, NULL)) != -1;) {
         bench_shape *sh = &cl->shapes[cl->n_shapes < MAX_CL_SHAPES ? cl->n_shapes : 0];
         bool ok = true;
@@ -897,6 +935,16 @@ static int parse_args(int argc, char **argv, bench_cli *cl)
         case 'w': ok = parse_count("--warmup", optarg, 1u << 20, &cl->o.warmup); break;
         case 'r': ok = parse_count("--reps", optarg, 64, &cl->o.reps); break;
         case 'J': cl->json = true; break;
+        case 'K': ok = parse_count("--cm-split", optarg, 64, &cl->cm_split); break;
+        case 'M': {
+            char *end;
+            cl->warm_ms = strtod(optarg, &end);
+            if (!*optarg || *end || !(cl->warm_ms >= 0 && cl->warm_ms <= 60000)) {
+                fprintf(stderr, "--warm-ms: milliseconds in [0, 60000], got '%s'\n", optarg);
+                return 2;
+            }
+            break;
+        }
         case 'S': cl->size_pref = 0; break;
         case 'F': cl->size_pref = 1; break;
         case 'X': cl->crossover = true; break;
@@ -910,12 +958,14 @@ static int parse_args(int argc, char **argv, bench_cli *cl)
         }
         case 'V': {
             char tail;
-            cl->matvec_mc = 0;
-            int n = sscanf(optarg, "%ux%ux%u%c", &cl->matvec_wg, &cl->matvec_rows, &cl->matvec_mc, &tail);
-            if ((n != 2 && n != 3) || !cl->matvec_wg || cl->matvec_wg > 1024 || !cl->matvec_rows ||
-                cl->matvec_rows > 16 || (n == 3 && (!cl->matvec_mc || cl->matvec_mc > 32))) {
-                fprintf(stderr, "--matvec-cfg: WGxROWS[xMC], invocations 1..1024 x weight rows 1..16 [x activation "
-                        "rows per pass 1..32], got '%s'\n", optarg);
+            cl->matvec_mc = cl->matvec_mu = 0;
+            int n = sscanf(optarg, "%ux%ux%ux%u%c", &cl->matvec_wg, &cl->matvec_rows, &cl->matvec_mc, &cl->matvec_mu,
+                           &tail);
+            if (n < 2 || n > 4 || !cl->matvec_wg || cl->matvec_wg > 1024 || !cl->matvec_rows ||
+                cl->matvec_rows > 16 || (n >= 3 && (!cl->matvec_mc || cl->matvec_mc > 32)) ||
+                (n == 4 && (!cl->matvec_mu || cl->matvec_mu > 8))) {
+                fprintf(stderr, "--matvec-cfg: WGxROWS[xMC[xMU]], invocations 1..1024 x weight rows 1..16 [x "
+                        "activation rows per pass 1..32 [x units per K pass 1..8]], got '%s'\n", optarg);
                 return 2;
             }
             break;
@@ -971,9 +1021,9 @@ static void crossover_all(const bench_cli *cl, vkd_device *d, vkd_cmd *c, bool s
         for (uint32_t m = 8; st == VKI_OK && m <= max_m && !gemm_won; m += 8) {
             double tv = 0, tg = 0;
             r.M = m;
-            st = time_run(&gemv, &r, c, &o, &tv);
+            st = time_run(&gemv, &r, c, &o, &tv, NULL);
             if (st == VKI_OK)
-                st = time_run(&gemm, &r, c, &o, &tg);
+                st = time_run(&gemm, &r, c, &o, &tg, NULL);
             printf("%-5s %6u %6u %6u %11.1f %11.1f\n", quant_get(types[t])->name, m, sh.N, sh.K, tv * 1e6, tg * 1e6);
             gemm_won = st == VKI_OK && tg < tv;
             cross = gemm_won ? m - 8 : m;
@@ -1007,11 +1057,16 @@ static void run_all(const bench_cli *cl, vkd_device *d, vkd_cmd *c, bool small, 
                 bench_one(b, d, c, b->types[t], sh[j], &cl->o, out);
         }
     }
+    /* the copy again after many rows ("copy-again"): a device that slowed down during the run
+     * (clocks, another tenant) shows here rather than as slow kernels */
+    if (out->copy_gbps > 0 && out->n_rows > 2)
+        bench_one(&benches[0], d, c, VKI_GGML_F32, out->copy_shape, &cl->o, out);
 }
 
 int main(int argc, char **argv)
 {
-    bench_cli cl = {.size_pref = -1, .o = {.iters = 20, .warmup = 3, .reps = 3}, .dp = vki_device_default_params()};
+    bench_cli cl = {.size_pref = -1, .o = {.iters = 20, .warmup = 3, .reps = 3}, .warm_ms = -1,
+                    .dp = vki_device_default_params()};
     if (getenv("VKI_DEVICE") && *getenv("VKI_DEVICE"))
         cli_device_choice(getenv("VKI_DEVICE"), &cl.dp);
     int rc = parse_args(argc, argv, &cl);
@@ -1032,7 +1087,10 @@ int main(int argc, char **argv)
         return 2;
     }
     d->matvec_wg = cl.matvec_wg, d->matvec_rows = cl.matvec_rows, d->matvec_mc = cl.matvec_mc;
+    d->matvec_mu = cl.matvec_mu;
     d->cm_tile_m = cl.cm_m, d->cm_tile_n = cl.cm_n;
+    d->cm_split = cl.cm_split;
+    cl.o.warm_ms = cl.warm_ms >= 0 ? cl.warm_ms : d->info.type == VKI_DEVICE_CPU ? 0 : 50;
     bool small = cl.size_pref == 0 || (cl.size_pref < 0 && d->info.type == VKI_DEVICE_CPU);
     vkd_cmd c;
     if (vkd_cmd_create(d, "bench", &c) != VKI_OK) {
@@ -1040,15 +1098,16 @@ int main(int argc, char **argv)
         return 1;
     }
     bench_out out = {.json = cl.json && !cl.crossover, .table = cl.json && !cl.crossover ? stderr : stdout, .d = d};
-    fprintf(out.table, "device: %s (%s); %s shapes; %u calls per batch, %s of %u batches; timer: %s\n", d->info.name,
-            d->info.driver_info, cl.n_shapes ? "given" : small ? "small" : "full", cl.o.iters,
-            cl.crossover ? "fastest" : "median", cl.o.reps, d->info.timestamps ? "GPU timestamps" : "host clock");
+    fprintf(out.table, "device: %s (%s); %s shapes; %u calls per batch, %s of %u batches after >= %g ms of "
+            "warm-up; timer: %s\n", d->info.name, d->info.driver_info, cl.n_shapes ? "given" : small ? "small" : "full",
+            cl.o.iters, cl.crossover ? "fastest" : "median", cl.o.reps, cl.o.warm_ms,
+            d->info.timestamps ? "GPU timestamps" : "host clock");
     print_cm_path(out.table, d);
     if (cl.crossover) {
         crossover_all(&cl, d, &c, small);
     } else {
-        fprintf(out.table, "%-12s %-5s %6s %6s %6s %11s %9s %9s %8s %6s\n", "kernel", "type", "M", "N", "K", "us/call",
-                "GB/s", "GFLOP/s", "TFLOP/s", "%copy");
+        fprintf(out.table, "%-12s %-5s %6s %6s %6s %11s %9s %9s %8s %6s %6s %5s\n", "kernel", "type", "M", "N", "K",
+                "us/call", "GB/s", "GFLOP/s", "TFLOP/s", "%copy", "+-%", "split");
         run_all(&cl, d, &c, small, &out);
     }
     vkd_cmd_destroy(&c);

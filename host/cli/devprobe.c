@@ -40,7 +40,7 @@ static vki_status batch(vkd_cmd *c, devprobe_record_fn record, void *ctx, uint32
 }
 
 vki_status devprobe_time(vkd_cmd *c, devprobe_record_fn record, void *ctx, const devprobe_opts *o,
-                         double *sec_per_call, bool *gpu_timer)
+                         devprobe_timing *out)
 {
     vkd_device *d = c->d;
     VkQueryPool qp = VK_NULL_HANDLE;
@@ -52,8 +52,13 @@ vki_status devprobe_time(vkd_cmd *c, devprobe_record_fn record, void *ctx, const
         if (vkCreateQueryPool(d->dev, &qi, NULL, &qp) != VK_SUCCESS)
             qp = VK_NULL_HANDLE;
     }
-    double t[64];
-    vki_status st = o->warmup ? batch(c, record, ctx, o->warmup, VK_NULL_HANDLE) : VKI_OK;
+    double t[64], w0 = now_s();
+    uint32_t n_warm = 0;
+    vki_status st = VKI_OK;
+    while (o->warmup && st == VKI_OK && (!n_warm || (now_s() - w0) * 1e3 < o->warm_ms)) {
+        st = batch(c, record, ctx, o->warmup, VK_NULL_HANDLE);
+        n_warm++;
+    }
     for (uint32_t i = 0; i < o->reps && st == VKI_OK; i++) {
         double t0 = now_s();
         st = batch(c, record, ctx, o->iters, qp);
@@ -72,11 +77,10 @@ vki_status devprobe_time(vkd_cmd *c, devprobe_record_fn record, void *ctx, const
             t[j] = t[j - 1];
             t[j - 1] = x;
         }
-    if (st == VKI_OK) {
-        *sec_per_call = t[o->fastest ? 0 : o->reps / 2];
-        if (gpu_timer)
-            *gpu_timer = qp != VK_NULL_HANDLE;
-    }
+    if (st == VKI_OK)
+        *out = (devprobe_timing){.sec_per_call = t[o->fastest ? 0 : o->reps / 2], .min = t[0],
+                                 .max = t[o->reps - 1], .gpu_timer = qp != VK_NULL_HANDLE,
+                                 .warm_batches = n_warm};
     return st;
 }
 
@@ -127,9 +131,10 @@ vki_status devprobe_copy_bandwidth(vkd_device *d, uint64_t bytes, const devprobe
         st = fill_random(d, k.src, bytes);
     if (st == VKI_OK)
         st = vkd_cmd_create(d, "probe copy", &c);
-    double sec = 0;
+    devprobe_timing tm = {0};
     if (st == VKI_OK)
-        st = devprobe_time(&c, record_copy, &k, o, &sec, NULL);
+        st = devprobe_time(&c, record_copy, &k, o, &tm);
+    const double sec = tm.sec_per_call;
     if (st == VKI_OK && sec > 0)
         *out = (devprobe_copy){.bytes = bytes, .us_per_call = sec * 1e6, .gbps = 2.0 * (double)bytes / sec * 1e-9};
     vkd_cmd_destroy(&c);

@@ -11,16 +11,25 @@ typedef vki_status (*devprobe_record_fn)(void *ctx, vkd_cmd *c);
 
 typedef struct devprobe_opts {
     uint32_t iters;  /* calls per timed batch, a compute barrier between them (as between layers) */
-    uint32_t warmup; /* calls in the untimed first batch (pipelines, caches, clocks) */
+    uint32_t warmup; /* calls in each untimed warm-up batch (pipelines, caches, clocks) */
     uint32_t reps;   /* timed batches; the median is kept (<= 64) */
     bool fastest;    /* keep the fastest batch instead (a loaded machine slows some batches) */
+    double warm_ms;  /* warm-up batches repeat until this much time has passed: a GPU idle for a
+                        while (the host preparing the next case) runs its first milliseconds at
+                        idle clocks; 0: one warm-up batch */
 } devprobe_opts;
 
-/* Seconds per call: median (or minimum) over reps batches of (batch time / iters), from GPU timestamps
- * around each batch when the device has them (host clock around submit + wait otherwise;
- * *gpu_timer says which). */
+typedef struct devprobe_timing {
+    double sec_per_call;  /* median (or with fastest, the minimum) over the timed batches */
+    double min, max;      /* the fastest and the slowest batch, per call: their spread shows noise */
+    bool gpu_timer;       /* GPU timestamps (else the host clock around submit + wait) */
+    uint32_t warm_batches;
+} devprobe_timing;
+
+/* Seconds per call over reps batches of (batch time / iters), from GPU timestamps around each
+ * batch when the device has them (host clock around submit + wait otherwise). */
 vki_status devprobe_time(vkd_cmd *c, devprobe_record_fn record, void *ctx, const devprobe_opts *o,
-                         double *sec_per_call, bool *gpu_timer);
+                         devprobe_timing *out);
 
 typedef struct devprobe_copy {
     uint64_t bytes;      /* copied per call (read once, written once) */
