@@ -152,29 +152,43 @@ static void matmul_spec(const vkd_device *d, uint32_t spec[6])
  * narrower tiles for the small-M GEMMs, whose 32 workgroups of 64/128 x 128 tiles at N = 4096 left
  * most of an H200's 132 SMs idle (a ~250-330 us floor at M <= 128 on 4096 x 4096, bench/RESULTS.md);
  * bench-kernels --cm-cfg sweeps them on the GPU before any becomes a default. */
+/* The specialisation of tile {BM, BN, WM, WN} (warp sizes raised to the fragment's) if it fits the
+ * device's fragments, shared memory and workgroup size. */
+static bool cm_fit(const vkd_device *d, const uint32_t c[4], uint32_t spec[10])
+{
+    const vkd_cm *cm = &d->cm;
+    const uint32_t bk = 32, bm = c[0], bn = c[1];
+    const uint32_t wm = c[2] > cm->m ? c[2] : cm->m, wn = c[3] > cm->n ? c[3] : cm->n;
+    if (!cm->m || !wm || !wn || bm % wm || bn % wn || wm % cm->m || wn % cm->n || bk % cm->k)
+        return false;
+    uint32_t nw = (bm / wm) * (bn / wn);
+    uint64_t smem = 2ull * (bm + bn) * (bk + 8) + 4ull * nw * cm->m * cm->n;
+    if (smem > d->info.max_compute_shared_memory || nw * cm->sg > d->info.max_workgroup_invocations)
+        return false;
+    const uint32_t v[10] = {nw * cm->sg, bm, bn, bk, wm, wn, cm->m, cm->n, cm->k, cm->sg};
+    memcpy(spec, v, sizeof v);
+    return true;
+}
+
+/* A forced tile with its warp tile (d->cm_warp_m x cm_warp_n) is taken as asked: 64 x 64 warp
+ * tiles load half the shared-memory fragments per product of 64 x 32 ones (4 + 4 per 16
+ * products against 4 + 2 per 8), what the M = 2048 GEMM's 13% of the peak may be bound by. */
 static bool cm_spec(const vkd_device *d, uint32_t M, uint32_t spec[10])
 {
     static const uint32_t cand[][4] = {{128, 128, 64, 32}, {64, 128, 32, 32}, {64, 64, 32, 32}, {32, 32, 32, 32},
                                        {32, 128, 32, 32}, {32, 64, 32, 32}, {16, 128, 16, 32}, {16, 64, 16, 32},
                                        {64, 32, 32, 32}};
-    const vkd_cm *cm = &d->cm;
-    const uint32_t bk = 32;
     size_t first = d->info.type == VKI_DEVICE_CPU ? 2 : M <= CM_SMALL_M ? 1 : 0;
     bool forced = d->cm_tile_m && d->cm_tile_n;
+    if (forced && d->cm_warp_m && d->cm_warp_n) {
+        const uint32_t asked[4] = {d->cm_tile_m, d->cm_tile_n, d->cm_warp_m, d->cm_warp_n};
+        return cm_fit(d, asked, spec);
+    }
     for (size_t i = forced ? 0 : first; i < (forced ? sizeof cand / sizeof cand[0] : 4); i++) {
-        uint32_t bm = cand[i][0], bn = cand[i][1];
-        if (forced && (bm != d->cm_tile_m || bn != d->cm_tile_n))
+        if (forced && (cand[i][0] != d->cm_tile_m || cand[i][1] != d->cm_tile_n))
             continue;
-        uint32_t wm = cand[i][2] > cm->m ? cand[i][2] : cm->m, wn = cand[i][3] > cm->n ? cand[i][3] : cm->n;
-        if (!cm->m || bm % wm || bn % wn || wm % cm->m || wn % cm->n || bk % cm->k)
-            continue;
-        uint32_t nw = (bm / wm) * (bn / wn);
-        uint64_t smem = 2ull * (bm + bn) * (bk + 8) + 4ull * nw * cm->m * cm->n;
-        if (smem > d->info.max_compute_shared_memory || nw * cm->sg > d->info.max_workgroup_invocations)
-            continue;
-        const uint32_t v[10] = {nw * cm->sg, bm, bn, bk, wm, wn, cm->m, cm->n, cm->k, cm->sg};
-        memcpy(spec, v, sizeof v);
-        return true;
+        if (cm_fit(d, cand[i], spec))
+            return true;
     }
     return false;
 }

@@ -450,7 +450,22 @@ static void test_coopmat_gpu_configs(void **state)
                      .path = OP_MM_COOPMAT};
         run_case(g, &r, VKI_GGML_Q4_K, &c);
     }
-    g->dev->cm_tile_m = g->dev->cm_tile_n = 0;
+    /* a tile with its subgroups' tile as bench-kernels --cm-cfg BMxBNxWMxWN forces it: 32 x 64 warp
+     * tiles (four fragments along N: the 64-wide warp tiles the sweep tries) */
+    g->dev->cm_tile_m = 64, g->dev->cm_tile_n = 64, g->dev->cm_warp_m = 32, g->dev->cm_warp_n = 64;
+    mm_case wt = {.M = 70, .N = 67, .K = 2 * block_of(VKI_GGML_Q4_K), .bias = true, .path = OP_MM_COOPMAT};
+    run_case(g, &r, VKI_GGML_Q4_K, &wt);
+    g->dev->cm_warp_m = 48; /* not a multiple of the fragment into the tile: refused */
+    vt_begin(g);
+    vkd_buffer *b = vt_buf_nan(g, 4096, "b");
+    vk_tensor tw;
+    assert_int_equal(vk_tensor_create(g->dev, VKI_GGML_F32, 16, 16, 0, "w", &tw), VKI_OK);
+    assert_int_equal(op_matmul_path(&g->cmd, &tw, NULL, vkd_whole(b), 16, vkd_whole(b), 16, 16, OP_MM_COOPMAT),
+                     VKI_ERR_UNSUPPORTED);
+    vt_submit_wait(g);
+    vk_tensor_destroy(g->dev, &tw);
+    vkd_buffer_destroy(g->dev, b);
+    g->dev->cm_tile_m = g->dev->cm_tile_n = g->dev->cm_warp_m = g->dev->cm_warp_n = 0;
     g->dev->info = saved;
     g->dev->cm = saved_cm;
     vt_assert_clean(g);

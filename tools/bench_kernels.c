@@ -795,7 +795,10 @@ static void print_row(bench_out *out, const char *kernel, const char *tname, ben
         snprintf(cfg, sizeof cfg, "\"%ux%ux%u\"", out->d->matvec_wg, out->d->matvec_rows, out->d->matvec_mc);
     else if (out->d->matvec_wg)
         snprintf(cfg, sizeof cfg, "\"%ux%u\"", out->d->matvec_wg, out->d->matvec_rows);
-    if (out->d->cm_tile_m)
+    if (out->d->cm_tile_m && out->d->cm_warp_m)
+        snprintf(cm_cfg, sizeof cm_cfg, "\"%ux%ux%ux%u\"", out->d->cm_tile_m, out->d->cm_tile_n, out->d->cm_warp_m,
+                 out->d->cm_warp_n);
+    else if (out->d->cm_tile_m)
         snprintf(cm_cfg, sizeof cm_cfg, "\"%ux%u\"", out->d->cm_tile_m, out->d->cm_tile_n);
     printf("{\"device\":\"%s\",\"driver\":\"%s %s\",\"kernel\":\"%s\",\"type\":\"%s\",\"M\":%u,\"N\":%u,"
            "\"K\":%u,\"us_per_call\":%.3f,\"gbps\":%.3f,\"gflops\":%.3f,\"copy_gbps\":%.3f,\"bw_fraction\":%s,"
@@ -861,10 +864,12 @@ static void usage(FILE *f)
                "      --cm-split S    the tensor-core GEMM with S K-splits where they fit (1: none) instead of\n"
                "                      the library's choice (two workgroups per compute unit); the table's and\n"
                "                      JSON's \"splits\" say what ran\n"
-               "      --cm-cfg BMxBN  the tensor-core GEMM (matmul_cm, --crossover's GEMM) with BM x BN tiles\n"
+               "      --cm-cfg BMxBN[xWMxWN]\n"
+               "                      the tensor-core GEMM (matmul_cm, --crossover's GEMM) with BM x BN tiles\n"
                "                      instead of the library's (128x128, 64x128 up to 64 rows): 128x128,\n"
-               "                      64x128, 64x64, 32x32, 32x128, 32x64, 16x128, 16x64, 64x32; JSON rows\n"
-               "                      carry \"cm_cfg\" (null: the library's)\n"
+               "                      64x128, 64x64, 32x32, 32x128, 32x64, 16x128, 16x64, 64x32; with WMxWN\n"
+               "                      any tile, over subgroups of WM x WN (e.g. 128x128x64x64) where it fits;\n"
+               "                      JSON rows carry \"cm_cfg\" (null: the library's)\n"
                "kernels:\n");
     for (size_t i = 0; i < N_BENCHES; i++)
         fprintf(f, "  %-12s %s\n", benches[i].name, benches[i].dims);
@@ -887,7 +892,7 @@ typedef struct bench_cli {
     int n_shapes, size_pref;           /* size_pref: -1 auto, 0 small, 1 full */
     bool crossover, json;
     uint32_t matvec_wg, matvec_rows, matvec_mc, matvec_mu; /* --matvec-cfg (0: the library's choice) */
-    uint32_t cm_m, cm_n;               /* --cm-cfg (0: the library's choice) */
+    uint32_t cm_m, cm_n, cm_wm, cm_wn; /* --cm-cfg (0: the library's choice) */
     uint32_t cm_split;                 /* --cm-split (0: the library's choice) */
     double warm_ms;                    /* --warm-ms (< 0: the device's default) */
     devprobe_opts o;
@@ -950,8 +955,10 @@ static int parse_args(int argc, char **argv, bench_cli *cl)
         case 'X': cl->crossover = true; break;
         case 'G': {
             char tail;
-            if (sscanf(optarg, "%ux%u%c", &cl->cm_m, &cl->cm_n, &tail) != 2 || !cl->cm_m || !cl->cm_n) {
-                fprintf(stderr, "--cm-cfg: BMxBN (e.g. 32x64), got '%s'\n", optarg);
+            cl->cm_wm = cl->cm_wn = 0;
+            int n = sscanf(optarg, "%ux%ux%ux%u%c", &cl->cm_m, &cl->cm_n, &cl->cm_wm, &cl->cm_wn, &tail);
+            if ((n != 2 && n != 4) || !cl->cm_m || !cl->cm_n || (n == 4 && (!cl->cm_wm || !cl->cm_wn))) {
+                fprintf(stderr, "--cm-cfg: BMxBN[xWMxWN] (e.g. 32x64, 128x128x64x64), got '%s'\n", optarg);
                 return 2;
             }
             break;
@@ -1088,7 +1095,7 @@ int main(int argc, char **argv)
     }
     d->matvec_wg = cl.matvec_wg, d->matvec_rows = cl.matvec_rows, d->matvec_mc = cl.matvec_mc;
     d->matvec_mu = cl.matvec_mu;
-    d->cm_tile_m = cl.cm_m, d->cm_tile_n = cl.cm_n;
+    d->cm_tile_m = cl.cm_m, d->cm_tile_n = cl.cm_n, d->cm_warp_m = cl.cm_wm, d->cm_warp_n = cl.cm_wn;
     d->cm_split = cl.cm_split;
     cl.o.warm_ms = cl.warm_ms >= 0 ? cl.warm_ms : d->info.type == VKI_DEVICE_CPU ? 0 : 50;
     bool small = cl.size_pref == 0 || (cl.size_pref < 0 && d->info.type == VKI_DEVICE_CPU);
