@@ -1589,7 +1589,8 @@ static void coopmat_vs_reference(vt_gpu *g, vt_rng *r)
     }
 }
 
-/* The emulated path everywhere; the real NV path too where the device has it. */
+/* The emulated path everywhere (also with split-K); the real NV path too where the device has it
+ * (split as the device's SM count says). */
 static void test_coopmat_vs_reference(void **state)
 {
     vt_gpu *g = vt_gpu_get(state);
@@ -1598,6 +1599,13 @@ static void test_coopmat_vs_reference(void **state)
     if (vkd_coopmat_select(g->dev, VKI_COOPMAT_EMULATED) != VKI_OK)
         skip();
     coopmat_vs_reference(g, &r);
+    /* split-K forced (lavapipe reports no compute units, so nothing splits by itself): every
+     * prefill GEMM in two K splits, the Q, K, V and gate, up projections recorded back to back
+     * through their own scratch slots, steps recorded again and reused */
+    g->dev->cm_split = 2;
+    assert_int_equal(op_matmul_cm_splits(g->dev, 64, 256, 256), 2);
+    coopmat_vs_reference(g, &r);
+    g->dev->cm_split = 0;
     if (g->dev->nv_coopmat && vkd_coopmat_select(g->dev, VKI_COOPMAT_AUTO) == VKI_OK)
         coopmat_vs_reference(g, &r);
     else
