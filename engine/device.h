@@ -136,6 +136,7 @@ struct vkd_device {
      * dispatches); created by op_matmul_prepare where GEMMs split, else at the first split */
     vkd_buffer *split_part, *split_cnt;
     VkDeviceSize split_part_bytes;
+    bool split_failed;               /* creating it failed: GEMMs run unsplit */
 };
 
 /* ---- device -------------------------------------------------------------------------------- */

@@ -248,13 +248,21 @@ uint32_t op_matmul_cm_splits(const vkd_device *d, uint32_t M, uint32_t N, uint32
     return n_split;
 }
 
-/* The device's split-K scratch (vkd_device.split_part), created at the first need. */
+/* The device's split-K scratch (vkd_device.split_part), created at the first need; once that
+ * failed (a memory limit, out of device memory) GEMMs run unsplit, without trying again. */
 static vki_status split_scratch(vkd_device *d)
 {
     if (d->split_part)
         return VKI_OK;
+    if (d->split_failed)
+        return VKI_ERR_OUT_OF_DEVICE_MEMORY;
     const VkDeviceSize pb = split_part_bytes(d), cb = VKD_SPLIT_TILES * 4;
-    vki_status st = vkd_buffer_create(d, pb * VKD_SPLIT_SLOTS, VKD_MEM_DEVICE, "split-K partials", &d->split_part);
+    const VkDeviceSize live = d->bytes_allocated[VKD_MEM_DEVICE] + d->bytes_allocated[VKD_MEM_HOST];
+    vki_status st = VKI_OK;
+    if (d->mem_limit && live + (pb + cb) * VKD_SPLIT_SLOTS > d->mem_limit)
+        st = VKI_ERR_OUT_OF_DEVICE_MEMORY; /* (not an error to log: the GEMMs run unsplit) */
+    if (st == VKI_OK)
+        st = vkd_buffer_create(d, pb * VKD_SPLIT_SLOTS, VKD_MEM_DEVICE, "split-K partials", &d->split_part);
     if (st == VKI_OK)
         st = vkd_buffer_create(d, cb * VKD_SPLIT_SLOTS, VKD_MEM_DEVICE, "split-K counters", &d->split_cnt);
     if (st == VKI_OK)
@@ -263,6 +271,9 @@ static vki_status split_scratch(vkd_device *d)
         vkd_buffer_destroy(d, d->split_part);
         vkd_buffer_destroy(d, d->split_cnt);
         d->split_part = d->split_cnt = NULL;
+        d->split_failed = true;
+        vkd_log(d, VKI_LOG_WARN, "split-K scratch (%llu bytes): %s; the tensor-core GEMMs run unsplit",
+                (unsigned long long)((pb + cb) * VKD_SPLIT_SLOTS), vki_status_str(st));
         return st;
     }
     d->split_part_bytes = pb;
@@ -928,9 +939,10 @@ vki_status op_matmul_prepare(vkd_device *d, uint32_t type)
             st = vkk_prepare(d, mm_kid, mm);
     if (st == VKI_OK)
         st = vkk_prepare(d, t->get_rows, gr);
-    /* the split-K scratch before the engine sizes its KV cache from what is left */
+    /* the split-K scratch before the engine sizes its KV cache from what is left (optional: where
+     * it does not fit, the GEMMs run unsplit) */
     if (st == VKI_OK && d->cm.kind != VKD_CM_NONE && (d->info.compute_units || d->cm_split > 1))
-        st = split_scratch(d);
+        (void)split_scratch(d);
     if (st == VKI_OK)
         st = warm_up(d, type, t->block > 1 ? t->block : 16);
     return st;

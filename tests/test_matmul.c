@@ -584,6 +584,32 @@ static void test_coopmat_split_slots(void **state)
     vt_assert_clean(g);
 }
 
+/* No memory for the split-K scratch (a device memory limit): the GEMM runs unsplit and right,
+ * with a warning, and is not tried again. */
+static void test_coopmat_split_no_memory(void **state)
+{
+    vt_gpu *g = vt_gpu_get(state);
+    vt_rng r = vt_rng_seeded("coopmat split no memory");
+    if (vkd_coopmat_select(g->dev, VKI_COOPMAT_EMULATED) != VKI_OK)
+        skip();
+    vkd_device *d = g->dev;
+    vkd_buffer_destroy(d, d->split_part); /* as if never made */
+    vkd_buffer_destroy(d, d->split_cnt);
+    d->split_part = d->split_cnt = NULL;
+    const VkDeviceSize saved_limit = d->mem_limit;
+    d->mem_limit = d->bytes_allocated[VKD_MEM_DEVICE] + d->bytes_allocated[VKD_MEM_HOST] + (4u << 20);
+    d->cm_split = 4;
+    for (int i = 0; i < 2; i++) {
+        mm_case c = {.M = 20, .N = 40, .K = 512, .bias = true, .path = OP_MM_COOPMAT};
+        run_case(g, &r, VKI_GGML_Q8_0, &c);
+        assert_true(d->split_failed);
+        assert_null(d->split_part);
+    }
+    d->mem_limit = saved_limit;
+    d->split_failed = false;
+    vt_assert_clean(g);
+}
+
 /* Every pipeline variant exists up front (what the engine does at open). */
 static void test_prepare(void **state)
 {
@@ -1415,6 +1441,7 @@ int main(void)
         cmocka_unit_test(test_coopmat_gpu_configs),
         cmocka_unit_test(test_coopmat_split),
         cmocka_unit_test(test_coopmat_split_slots),
+        cmocka_unit_test(test_coopmat_split_no_memory),
         cmocka_unit_test(test_boundary_parts_bias),
         cmocka_unit_test(test_gpu_configs),
         cmocka_unit_test(test_dispatch_split),
