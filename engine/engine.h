@@ -86,6 +86,8 @@ typedef struct vk_scratch {
     vkd_buffer *moe_route;  /* u32 [n_expert + 1 + P] pairs grouped by expert */
     vkd_buffer *moe_g, *moe_u; /* f32 [P][d_ff_exp] expert gate (then silu(gate) * up) and up */
     vkd_buffer *moe_o;      /* f32 [P][d] expert outputs */
+    vkd_buffer *moe_gq;     /* int_dot: moe_g quantised (op_quant_x8 of [P][d_ff_exp]), the down
+                               projection's input; NULL without int_dot or when d_ff_exp % 32 */
 } vk_scratch;
 
 /* Per-step inputs: packed on the host into the step's flight's in_host (host-visible), copied

@@ -15,7 +15,9 @@
  * pairs by expert (moe_group) and run the tiled GEMM (cooperative matrices where present) over
  * each expert's pairs. Batch-invariant engines always take the matrix-vector kernel, whose
  * arithmetic per pair does not depend on the other pairs, and the routing and the weighted sum
- * are per token: a token's experts and its output do not depend on its batch-mates. */
+ * are per token: a token's experts and its output do not depend on its batch-mates.
+ * With int_dot the matrix-vector path's experts take integer dot products as the dense
+ * projections do (op_matmul_id_i8): h's rows and then g's pair rows quantised to int8 first. */
 #include "engine/engine.h"
 #include "engine/ops_basic.h"
 #include "engine/ops_matmul.h"
@@ -58,8 +60,12 @@ vki_status vk_moe_scratch_create(vk_engine *e)
         {&s->moe_g, P * hp->d_ff_exp * 4, "moe gate"},
         {&s->moe_u, P * hp->d_ff_exp * 4, "moe up"},
         {&s->moe_o, P * hp->d_model * 4, "moe expert out"},
+        {&s->moe_gq, e->p.int_dot && hp->d_ff_exp % 32 == 0 ? op_quant_x8_bytes((uint32_t)P, hp->d_ff_exp) : 0,
+         "moe gate int8"},
     };
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) {
+        if (!all[i].bytes)
+            continue;
         vki_status st = vkd_buffer_create(e->dev, all[i].bytes, VKD_MEM_DEVICE, all[i].name, all[i].b);
         if (st != VKI_OK)
             return st;
@@ -67,10 +73,17 @@ vki_status vk_moe_scratch_create(vk_engine *e)
     return VKI_OK;
 }
 
+/* int_dot: whether the experts of w (K columns) take the integer-dot matvec (on the GEMV path). */
+static bool moe_i8(const vk_engine *e, const vk_tensor *w, uint32_t K)
+{
+    return e->p.int_dot && K % 32 == 0 && op_matmul_i8_supported(e->dev, w->type);
+}
+
 void vk_moe_scratch_destroy(vk_engine *e)
 {
     vk_scratch *s = &e->s;
-    vkd_buffer **all[] = {&s->moe_logits, &s->moe_ids, &s->moe_w, &s->moe_route, &s->moe_g, &s->moe_u, &s->moe_o};
+    vkd_buffer **all[] = {&s->moe_logits, &s->moe_ids, &s->moe_w, &s->moe_route,
+                          &s->moe_g,      &s->moe_u,   &s->moe_o, &s->moe_gq};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) {
         vkd_buffer_destroy(e->dev, *all[i]);
         *all[i] = NULL;
@@ -87,8 +100,11 @@ vki_status vk_moe_prepare(vk_engine *e)
     for (uint32_t il = 0; st == VKI_OK && il < m->hp.n_layer; il++) {
         const vk_layer *L = &m->layers[il];
         const vk_tensor *w[3] = {&L->w_gate_exps, &L->w_up_exps, &L->w_down_exps};
-        for (int i = 0; i < 3 && st == VKI_OK; i++)
+        for (int i = 0; i < 3 && st == VKI_OK; i++) {
             st = op_matmul_id_prepare(e->dev, w[i]->type, e->s.moe_rows);
+            if (st == VKI_OK && moe_i8(e, w[i], (uint32_t)w[i]->ne0))
+                st = op_matmul_id_i8_prepare(e->dev, w[i]->type);
+        }
     }
     return st;
 }
@@ -120,17 +136,41 @@ static vki_status moe_chunk(vk_engine *e, const vk_layer *L, uint32_t t0, uint32
         TRY(op_moe_group(c, ids, P, E, route));
         vkd_barrier(c);
     }
+    /* int_dot, the matrix-vector path: each projection whose type has integer blocks takes
+     * integer dot products, its input quantised first (h's rows into xq, g's pair rows into gq) */
+    const bool gv = path == OP_MM_GEMV, gi8 = gv && moe_i8(e, &L->w_gate_exps, d);
+    const bool ui8 = gv && moe_i8(e, &L->w_up_exps, d), di8 = gv && s->moe_gq && moe_i8(e, &L->w_down_exps, ff);
+    const vkd_view xq = vkd_whole(s->xq), gq = di8 ? vkd_whole(s->moe_gq) : (vkd_view){0};
+    if (gi8 || ui8) {
+        vkd_role(c, "ffn_moe_xq");
+        TRY(op_quant_x8(c, h, d, n, d, xq));
+        vkd_barrier(c);
+    }
     vkd_role(c, "ffn_gate_exps");
-    TRY(op_matmul_id(c, &L->w_gate_exps, E, ids, route, h, d, k, vkd_whole(s->moe_g), ff, P, n, path));
+    if (gi8)
+        TRY(op_matmul_id_i8(c, &L->w_gate_exps, E, ids, xq, k, vkd_whole(s->moe_g), ff, P));
+    else
+        TRY(op_matmul_id(c, &L->w_gate_exps, E, ids, route, h, d, k, vkd_whole(s->moe_g), ff, P, n, path));
     vkd_role(c, "ffn_up_exps");
-    TRY(op_matmul_id(c, &L->w_up_exps, E, ids, route, h, d, k, vkd_whole(s->moe_u), ff, P, n, path));
+    if (ui8)
+        TRY(op_matmul_id_i8(c, &L->w_up_exps, E, ids, xq, k, vkd_whole(s->moe_u), ff, P));
+    else
+        TRY(op_matmul_id(c, &L->w_up_exps, E, ids, route, h, d, k, vkd_whole(s->moe_u), ff, P, n, path));
     vkd_barrier(c);
     vkd_role(c, "ffn_act");
     TRY(op_glu(c, VKI_GLU_SILU, op_mat_rows(s->moe_g, ff), op_mat_rows(s->moe_u, ff), op_mat_rows(s->moe_g, ff), P, ff));
     vkd_barrier(c);
+    if (di8) {
+        vkd_role(c, "ffn_moe_gq");
+        TRY(op_quant_x8(c, vkd_whole(s->moe_g), ff, P, ff, gq));
+        vkd_barrier(c);
+    }
     vkd_role(c, "ffn_down_exps");
-    TRY(op_matmul_id(c, &L->w_down_exps, E, ids, route, vkd_whole(s->moe_g), ff, 1, vkd_whole(s->moe_o), d, P, n,
-                     path));
+    if (di8)
+        TRY(op_matmul_id_i8(c, &L->w_down_exps, E, ids, gq, 1, vkd_whole(s->moe_o), d, P));
+    else
+        TRY(op_matmul_id(c, &L->w_down_exps, E, ids, route, vkd_whole(s->moe_g), ff, 1, vkd_whole(s->moe_o), d, P,
+                         n, path));
     vkd_barrier(c);
     vkd_role(c, "ffn_moe_combine");
     TRY(op_moe_combine(c, vkd_whole(s->moe_o), w, x, n, k, d));

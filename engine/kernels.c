@@ -72,7 +72,10 @@ _Static_assert(sizeof(vki_seq_info) == 16 && sizeof(vki_attn_item) == 16, "std43
 #define MATVEC_I8_ROW(T, t)                                                                      \
     [VKK_MATVEC_I8_##T] = {"matvec_i8_" #t, SPV(matvec_i8_##t), .n_bindings = 8,                 \
                            .push_size = sizeof(vki_pc_matmul), .n_spec = 7,                      \
-                           .spec_default = {128, 4, 1, 16, 0, 1, 1}}
+                           .spec_default = {128, 4, 1, 16, 0, 1, 1}},                            \
+    [VKK_MATVEC_ID_I8_##T] = {"matvec_id_i8_" #t, SPV(matvec_id_i8_##t), .n_bindings = 4,        \
+                              .push_size = sizeof(vki_pc_matmul_id), .n_spec = 7,                \
+                              .spec_default = {128, 4, 1, 16, 0, 1, 1}}
 
 /* engine/ops_attn.c: kv_write {WG}; decode {WG, HD, L, GMAX}; prefill {WG, HD, BR, BC};
  * prefill on cooperative matrices {WG, HD, BR, BC, CM_M, CM_N, CM_K, CM_SG}; reduce {WG} */

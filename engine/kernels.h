@@ -30,6 +30,10 @@ typedef enum vkk_id {
     VKK_QUANT_X8, VKK_MATVEC_I8_Q8_0, VKK_MATVEC_I8_Q4_0, VKK_MATVEC_I8_Q4_1, VKK_MATVEC_I8_Q5_0,
     VKK_MATVEC_I8_Q5_1, VKK_MATVEC_I8_Q2_K, VKK_MATVEC_I8_Q3_K, VKK_MATVEC_I8_Q4_K, VKK_MATVEC_I8_Q5_K,
     VKK_MATVEC_I8_Q6_K, VKK_MATVEC_I8_IQ4_NL, VKK_MATVEC_I8_IQ4_XS,
+    /* ... and the experts' (the same types in the same order: op_matmul_id_i8) */
+    VKK_MATVEC_ID_I8_Q8_0, VKK_MATVEC_ID_I8_Q4_0, VKK_MATVEC_ID_I8_Q4_1, VKK_MATVEC_ID_I8_Q5_0,
+    VKK_MATVEC_ID_I8_Q5_1, VKK_MATVEC_ID_I8_Q2_K, VKK_MATVEC_ID_I8_Q3_K, VKK_MATVEC_ID_I8_Q4_K,
+    VKK_MATVEC_ID_I8_Q5_K, VKK_MATVEC_ID_I8_Q6_K, VKK_MATVEC_ID_I8_IQ4_NL, VKK_MATVEC_ID_I8_IQ4_XS,
     /* mixture-of-experts routing (engine/ops_moe.c) */
     VKK_MOE_TOPK, VKK_MOE_GROUP, VKK_MOE_COMBINE,
     /* row norms and elementwise ops (engine/ops_basic.c) */

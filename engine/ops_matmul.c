@@ -624,6 +624,15 @@ static vkk_id matvec_i8_kernel(uint32_t type)
     }
 }
 
+/* The experts' integer-dot matvec of the same type (kernels.h lists them in the same order). */
+static vkk_id matvec_id_i8_kernel(uint32_t type)
+{
+    const vkk_id k = matvec_i8_kernel(type);
+    return k == VKK_COUNT ? VKK_COUNT : (vkk_id)(VKK_MATVEC_ID_I8_Q8_0 + (k - VKK_MATVEC_I8_Q8_0));
+}
+_Static_assert(VKK_MATVEC_ID_I8_IQ4_XS - VKK_MATVEC_ID_I8_Q8_0 == VKK_MATVEC_I8_IQ4_XS - VKK_MATVEC_I8_Q8_0,
+               "the experts' integer-dot kernels follow matvec_i8's order");
+
 #define QUANT_X8_WG 64u
 
 vki_status op_matmul_i8_prepare(vkd_device *d, uint32_t type)
@@ -734,6 +743,17 @@ op_mm_path op_matmul_id_path(const vkd_device *d, uint32_t M, uint32_t n_expert)
     return d->cm.kind != VKD_CM_NONE ? OP_MM_COOPMAT : OP_MM_GEMM;
 }
 
+vki_status op_matmul_id_i8_prepare(vkd_device *d, uint32_t type)
+{
+    if (!op_matmul_i8_supported(d, type))
+        return VKI_ERR_UNSUPPORTED;
+    uint32_t spec[VKK_MAX_SPEC];
+    matvec_spec(d, 1, spec);
+    const uint32_t q[1] = {QUANT_X8_WG};
+    vki_status st = vkk_prepare(d, VKK_QUANT_X8, q);
+    return st == VKI_OK ? vkk_prepare(d, matvec_id_i8_kernel(type), spec) : st;
+}
+
 /* One part (experts e0 .. e0 + n_exp): dispatches along N as the workgroup-count limit needs. */
 static vki_status matmul_id_part(vkd_cmd *c, vkk_id k, const uint32_t *spec, uint32_t rows_per_group,
                                  uint32_t gy, uint32_t gz, const vkd_view bind[4], vki_pc_matmul_id pc)
@@ -796,6 +816,45 @@ vki_status op_matmul_id(vkd_cmd *c, const vk_tensor *w, uint32_t n_expert, vkd_v
         pc.n_exp = (uint32_t)(part->n_rows / N);
         vkd_view bind[4] = {vkd_whole(part->buf), x, gemv ? ids : route, y};
         st = matmul_id_part(c, kid, spec, per_n, gy, gemv ? 1 : pc.n_exp, bind, pc);
+    }
+    return st;
+}
+
+vki_status op_matmul_id_i8(vkd_cmd *c, const vk_tensor *w, uint32_t n_expert, vkd_view ids, vkd_view xq,
+                           uint32_t x_div, vkd_view y, uint32_t y_stride, uint32_t M)
+{
+    vkd_device *d = c->d;
+    const mm_type *t;
+    vki_status st = check_type(d, w, &t);
+    if (st != VKI_OK)
+        return st;
+    if (!op_matmul_i8_supported(d, w->type)) {
+        vkd_log(d, VKI_LOG_ERROR, "matmul_id_i8 %s: the integer-dot path runs the integer weight types on a device "
+                "with shaderIntegerDotProduct (Vulkan 1.3); this is %s", w->name, quant_type_name(w->type));
+        return VKI_ERR_UNSUPPORTED;
+    }
+    if (!n_expert || n_expert > VKI_MOE_MAX_EXPERTS || w->n_rows % n_expert || !M || !x_div)
+        return bad_arg(d, "matmul_id_i8", w, "n_expert (1..VKI_MOE_MAX_EXPERTS, dividing the rows), M and x_div "
+                       "must be > 0");
+    const uint32_t K = (uint32_t)w->ne0, N = (uint32_t)(w->n_rows / n_expert), x_rows = (M - 1) / x_div + 1;
+    if (K % 32 || view_range(&xq) < op_quant_x8_bytes(x_rows, K) || xq.offset % 4)
+        return bad_arg(d, "matmul_id_i8", w, "K % 32 != 0, or XQ view smaller than op_quant_x8_bytes(X rows, K)");
+    if (!view_holds(&y, M, N, y_stride, 4) || !view_holds(&ids, 1, M, M, 4))
+        return bad_arg(d, "matmul_id_i8", w, "Y view too small (or y_stride < N), or ids view under M int32");
+    if (M > d->info.max_workgroup_count[1])
+        return bad_arg(d, "matmul_id_i8", w, "M too large for one dispatch on this device");
+    uint32_t spec[VKK_MAX_SPEC];
+    matvec_spec(d, 1, spec);
+    vki_pc_matmul_id pc = {.M = M, .N = N, .K = K, .w_stride = (uint32_t)w->row_bytes, .y_stride = y_stride,
+                           .x_div = x_div, .n_expert = n_expert};
+    for (uint32_t i = 0; i < w->n_parts && st == VKI_OK; i++) {
+        const vk_tensor_part *part = &w->parts[i];
+        if (part->row0 % N || part->n_rows % N)
+            return bad_arg(d, "matmul_id_i8", w, "a weight part does not hold whole experts");
+        pc.e0 = (uint32_t)(part->row0 / N);
+        pc.n_exp = (uint32_t)(part->n_rows / N);
+        vkd_view bind[4] = {vkd_whole(part->buf), xq, ids, y};
+        st = matmul_id_part(c, matvec_id_i8_kernel(w->type), spec, spec[1], M, 1, bind, pc);
     }
     return st;
 }

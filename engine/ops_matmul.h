@@ -159,6 +159,14 @@ op_mm_path op_matmul_id_path(const vkd_device *d, uint32_t M, uint32_t n_expert)
 /* Creates the experts' matmul pipelines for a weight type (GEMV, the device's GEMM for max_rows). */
 vki_status op_matmul_id_prepare(vkd_device *d, uint32_t type, uint32_t max_rows);
 
+/* op_matmul_id's matrix-vector path on integer dot products (int_dot, as op_matmul_i8): X's
+ * (M - 1) / x_div + 1 rows quantised by op_quant_x8 into xq (op_quant_x8_bytes of those rows and
+ * K), the integer weight types (op_matmul_i8_supported), K % 32 == 0. */
+vki_status op_matmul_id_i8(vkd_cmd *c, const vk_tensor *w, uint32_t n_expert, vkd_view ids, vkd_view xq,
+                           uint32_t x_div, vkd_view y, uint32_t y_stride, uint32_t M);
+/* Its pipeline for a weight type (op_matmul_i8_prepare makes quant_x8's). */
+vki_status op_matmul_id_i8_prepare(vkd_device *d, uint32_t type);
+
 /* y[i, :K] = dequant(W[ids[i], :]) for i < n (embedding lookup), K = w->ne0
  *   ids: i32[n]; y: f32[n, y_stride], y_stride >= K.
  * An id outside [0, w->n_rows) yields a row of zeros: the host should validate ids, but a bad

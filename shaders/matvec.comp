@@ -30,7 +30,9 @@
 //   sum_k w_k x_k ~= sum_span a * dx * sum_g dot(q_g, qx_g) + b * dx * sum_g dot(qx_g, 1)
 // (w = a q + b; x = dx qx): one instruction per 4 weights instead of 4 conversions and 4 FMAs,
 // at the price of X's 8-bit rounding (~2e-5 relative error in the product): the engine's
-// opt-in int_dot decode path, for GPUs where the float path's conversions bound batch-1 decode.
+// int_dot decode path, for GPUs where the float path's conversions bound batch-1 decode. With
+// both (matvec_id_i8) it is the experts' integer-dot matvec: X's quantised rows are the tokens'
+// (gate, up: pair / x_div) or the pairs' (down).
 layout(local_size_x_id = 0) in;
 layout(constant_id = 1) const uint NR = 4;   // weight rows per workgroup
 layout(constant_id = 2) const uint MC = 1;   // activation rows per workgroup
@@ -59,11 +61,13 @@ layout(push_constant) uniform PushBlock { vki_pc_matmul_id p; };
 layout(std430, binding = 2) readonly buffer Ids { int ids[]; }; // i32[M]: each pair's expert
 uint id_wbase; // first weight row of the pair's expert in the part
 #define X_ROW(m) ((m) / p.x_div)
+#define X_ROWS ((p.M - 1u) / p.x_div + 1u) // the rows X holds (tokens for gate/up, pairs for down)
 #define W_ROW(r) (id_wbase + (r))
 #else
 layout(push_constant) uniform PushBlock { vki_pc_matmul p; };
 layout(std430, binding = 2) readonly buffer Bias { float bias[]; }; // f32[y_col0 + N] if VKI_MM_BIAS
 #define X_ROW(m) (m)
+#define X_ROWS p.M
 #define W_ROW(r) (r)
 #endif
 #ifdef MV_I8
@@ -128,10 +132,12 @@ uint mv_row(uint r0, uint r) { return GLU != 0u && r >= NO ? p.N + r0 + r - NO :
 const bool X_STATIONARY = MC <= NR;
 
 #ifdef MV_I8
-// X's words, scales and (DQI_OFF) scaled byte sums of activation row m, unit (ib, iu).
+// X's words, scales and (DQI_OFF) scaled byte sums of activation row m (its X row X_ROW(m)),
+// unit (ib, iu).
 void x_unit_i8(uint m, uint ib, uint iu, out uvec4 qx, out vec4 dx, out vec4 sx)
 {
-    const uint kw = p.K / 4u, d0 = p.M * kw;
+    const uint kw = p.K / 4u, d0 = X_ROWS * kw;
+    m = X_ROW(m);
     sx = vec4(0.0);
     dx = vec4(0.0);
     [[unroll]] for (uint g = 0u; g < 4u; g++) {

@@ -1652,15 +1652,20 @@ static const moe_case MOE_CASES[] = {
  * forwards of <= 27 tokens; the case takes ~5 s). Measured with it: NMSE <= 1.2e-6 over those
  * 7 runs (2.5e-6 over 10 runs with the prompt screened alone). */
 #define ROUTE_MARGIN 0.015
+/* int_dot: the activations' int8 rounding reaches the router's input through the dense
+ * projections and the first layer's experts (the logits' NMSE against the float engine ~5e-4,
+ * ~2% relative): a routing gap of 0.024 flipped in one of three runs (NMSE 0.07 at that step) */
+#define ROUTE_MARGIN_I8 0.05 /* 8 experts, 2 per token: 1 to 38 draws over 12 prompts */
+#define MOE_DRAWS 256
 #define MOE_DECODE 3
 #define MOE_PROMPT_MAX 40
 
-static uint32_t moe_prompt(fixture *fx, vt_rng *r, const moe_case *c, int32_t *prompt)
+static uint32_t moe_prompt(fixture *fx, vt_rng *r, const moe_case *c, double route_margin, int32_t *prompt)
 {
     float *tmp = malloc(fx->n_vocab * sizeof *tmp);
     int32_t seq[MOE_PROMPT_MAX + MOE_DECODE];
     uint32_t np = 0;
-    for (int tries = 0; tries < 128; tries++) {
+    for (int tries = 0; tries < MOE_DRAWS; tries++) {
         np = vt_range(r, c->coopmat ? 17 : 33, c->coopmat ? 24 : MOE_PROMPT_MAX);
         random_prompt(r, prompt, np, fx->n_vocab);
         if (!c->coopmat)
@@ -1672,7 +1677,7 @@ static uint32_t moe_prompt(fixture *fx, vt_rng *r, const moe_case *c, int32_t *p
             assert_int_equal(ref_model_forward(fx->ref, seq, np + i, false, tmp), VKI_OK);
             margin = ref_model_route_margin(fx->ref);
             uint32_t next;
-            ok = margin >= ROUTE_MARGIN && (i == MOE_DECODE || top2_gap(tmp, fx->n_vocab, &next) >= TIE_F16);
+            ok = margin >= route_margin && (i == MOE_DECODE || top2_gap(tmp, fx->n_vocab, &next) >= TIE_F16);
             if (ok && i < MOE_DECODE)
                 seq[np + i] = (int32_t)next;
         }
@@ -1681,8 +1686,8 @@ static uint32_t moe_prompt(fixture *fx, vt_rng *r, const moe_case *c, int32_t *p
                     tries + 1);
             break;
         }
-        if (tries == 127)
-            fail_msg("%s: no prompt without a routing or greedy near tie in 128 draws", c->label);
+        if (tries == MOE_DRAWS - 1)
+            fail_msg("%s: no prompt without a routing or greedy near tie in %d draws", c->label, MOE_DRAWS);
     }
     free(tmp);
     return np;
@@ -1717,12 +1722,85 @@ static void test_moe_vs_reference(void **state)
         fixture fx;
         fixture_open(g, path, c->kv_type, 64, &fx);
         int32_t prompt[MOE_PROMPT_MAX];
-        uint32_t np = moe_prompt(&fx, &r, c, prompt);
+        uint32_t np = moe_prompt(&fx, &r, c, ROUTE_MARGIN, prompt);
         check_against_reference_tie(&fx, prompt, np, MOE_DECODE, c->chunk, c->tol, c->coopmat ? TIE_F16 : 0, c->label);
         fixture_close(&fx);
         unlink(path);
         g->dev->cm = saved;
         g->dev->gemv_max_m = saved_m;
+    }
+    vt_assert_clean(g);
+}
+
+/* int_dot on the experts (op_matmul_id_i8, h's and g's rows quantised to int8): a qwen3moe Q4_K_M
+ * and a Mixtral-style Q8_0 model (8 experts, 2 per token), an int_dot engine against the float one fed the same tokens.
+ * The prompt is screened for routing near ties as for the F16 path, with a wider margin
+ * (ROUTE_MARGIN_I8). Lavapipe's crossover keeps prefill and decode on the
+ * matrix-vector path, so both run the experts (and the dense projections) on integer dot
+ * products: logits NMSE against the float engine <= INT_DOT_TOL, not bitwise equal, and two
+ * dispatches more per layer (the experts' quant_x8 passes). */
+static void test_moe_int_dot(void **state)
+{
+    vt_gpu *g = vt_gpu_get(state);
+    if (!op_matmul_i8_supported(g->dev, VKI_GGML_Q8_0))
+        skip();
+    vt_rng r = vt_rng_seeded("engine moe int dot");
+    /* 8 experts, 2 per token: routing gaps of ROUTE_MARGIN_I8 are common there (32 of which 4
+     * took > 128 draws) */
+    static const moe_case cases[] = {
+        {"qwen3moe e8k2 q4_k_m", "qwen3moe", 8, 1, 128, 256, 8, 2, SYNTH_Q4_K_M, VKI_GGML_F32, 0, 40, false, TOL_F32},
+        {"mixtral e8k2 q8_0", "llama", 8, 2, 64, 512, 8, 2, SYNTH_Q8_0, VKI_GGML_F32, 0, 40, false, TOL_F32},
+    };
+    for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
+        moe_case c = cases[ci];
+        char path[256];
+        write_moe_model(&c, path, sizeof path);
+        fixture fx[2]; /* float (with the reference, for the screening), int_dot */
+        fixture_open(g, path, c.kv_type, 64, &fx[0]);
+        vk_engine_params p = test_params(c.kv_type, 64);
+        p.int_dot = true;
+        fixture_open_engine(g, path, &p, &fx[1]);
+        c.coopmat = true; /* moe_prompt: screen the prompt and its continuation */
+        int32_t prompt[MOE_PROMPT_MAX];
+        uint32_t np = moe_prompt(&fx[0], &r, &c, ROUTE_MARGIN_I8, prompt);
+        const uint32_t V = fx[0].n_vocab;
+        tseq s[2];
+        float *lg[2] = {malloc(V * sizeof(float)), malloc(V * sizeof(float))};
+        for (int f = 0; f < 2; f++)
+            tseq_init(&s[f], 1, prompt, np, np + MOE_DECODE + 1);
+        double worst = 0;
+        uint32_t differ = 0;
+        for (uint32_t it = 0; it <= MOE_DECODE; it++) {
+            uint32_t n_new = it ? 1 : np;
+            for (int f = 0; f < 2; f++) {
+                tseq *ps = &s[f];
+                step(&fx[f], &ps, &n_new, 1, &lg[f]);
+            }
+            double e = vt_nmse(lg[1], lg[0], V);
+            if (!(e <= INT_DOT_TOL))
+                fail_msg("%s step %u: int_dot logits NMSE %.3g > %.0e against the float engine", c.label, it, e,
+                         INT_DOT_TOL);
+            /* decode: the experts' two quant_x8 passes per layer (h's rows, g's pair rows) are the
+             * only dispatches int_dot adds: the dense projections' inputs are quantised by the
+             * kernels before them, as in test_int_dot (prefill has one more pass per layer, the
+             * attention output's) */
+            if (it && fx[1].e->last_dispatches != fx[0].e->last_dispatches + 2 * fx[0].hp.n_layer)
+                fail_msg("%s step %u: int_dot %u dispatches, float %u: not two quant_x8 per layer", c.label, it,
+                         fx[1].e->last_dispatches, fx[0].e->last_dispatches);
+            worst = e > worst ? e : worst;
+            differ += memcmp(lg[1], lg[0], V * sizeof(float)) != 0;
+            s[1].tok[s[1].n - 1] = s[0].tok[s[0].n - 1]; /* teacher forcing: the float engine's token */
+        }
+        fprintf(stderr, "  %-34s int_dot experts: logits NMSE against the float engine <= %.2e\n", c.label, worst);
+        if (differ < MOE_DECODE + 1)
+            fail_msg("%s: only %u of %u steps' logits differ from the float engine's: was int_dot used?", c.label,
+                     differ, MOE_DECODE + 1);
+        for (int f = 0; f < 2; f++) {
+            free(s[f].tok);
+            free(lg[f]);
+            fixture_close(&fx[f]);
+        }
+        unlink(path);
     }
     vt_assert_clean(g);
 }
@@ -2067,6 +2145,7 @@ int main(void)
         cmocka_unit_test(test_profile_trace),
         cmocka_unit_test(test_moe_vs_reference),
         cmocka_unit_test(test_moe_batched_equals_solo),
+        cmocka_unit_test(test_moe_int_dot),
         cmocka_unit_test(test_kv_sizing_budget),
         cmocka_unit_test(test_unsupported_models_refused),
         cmocka_unit_test(test_bad_plans_refused),

@@ -28,7 +28,8 @@
 
 #define TOL_W 1e-11     /* router weights: measured <= 1.6e-12 over 30 runs (F32 sum of up to 512 exps) */
 #define TOL_C 1e-13     /* the combine: measured <= 1.5e-14 */
-static double worst_w, worst_c, worst_id[3]; /* worst NMSE seen; matmul_id: float, quantised, coopmat */
+static double worst_w, worst_c, worst_id[4]; /* worst NMSE seen; matmul_id: float, quantised, coopmat,
+                                              integer dot */
 #define TOL_FLOAT 1e-12 /* matmul_id, F32/F16/BF16 weights: measured <= 5.2e-14 over 8 runs */
 #define TOL_QUANT 1e-11 /* matmul_id, quantised weights (quantiser-made blocks): measured <= 2.8e-13 */
 #define TOL_CME 1e-11   /* emulated coopmat against the F16-rounded reference: measured <= 2.8e-13 */
@@ -178,6 +179,44 @@ static void random_ids(vt_rng *r, const id_case *s, int32_t *ids)
         }
 }
 
+/* The integer-dot path of the experts' matvec (int_dot) on three of its weight types (one per
+ * kind of integer block: Q8_0 plain, Q4_K with offsets, Q6_K signed; every type's block decoding
+ * is test_matmul's matvec_i8): X quantised by quant_x8, the product against a reference over
+ * the device's own int8 X (dequantised from the bytes and scales it wrote), so only the
+ * kernel's arithmetic is measured. */
+#define TOL_I8 1e-12 /* measured on lavapipe: <= 1.9e-14 */
+static bool i8_type(uint32_t type) { return type == VKI_GGML_Q8_0 || type == VKI_GGML_Q4_K || type == VKI_GGML_Q6_K; }
+
+static void id_case_i8(vt_gpu *g, const id_case *s, uint32_t type, const vk_tensor *t, vkd_buffer *bx,
+                       vkd_buffer *bi, const float *w, const int32_t *ids, const char *label)
+{
+    const uint32_t P = s->T * s->k, rows_x = s->down ? P : s->T, K = s->K;
+    const uint64_t qb = op_quant_x8_bytes(rows_x, K);
+    vkd_buffer *bq = vt_buf_nan(g, qb, "xq"), *by = vt_buf_nan(g, (size_t)P * s->N * 4, "y i8");
+    vt_begin(g);
+    assert_int_equal(op_quant_x8(&g->cmd, whole(bx), K, rows_x, K, whole(bq)), VKI_OK);
+    vkd_barrier(&g->cmd);
+    assert_int_equal(op_matmul_id_i8(&g->cmd, t, s->E, whole(bi), whole(bq), s->down ? 1 : s->k, whole(by), s->N, P),
+                     VKI_OK);
+    vt_submit_wait(g);
+    uint8_t *q = malloc(qb);
+    float *xh = malloc((size_t)rows_x * K * 4), *y = malloc((size_t)P * s->N * 4), *ref = malloc((size_t)P * s->N * 4);
+    vt_download(g, bq, q, qb);
+    vt_download(g, by, y, (size_t)P * s->N * 4);
+    const float *scales = (const float *)(q + (size_t)rows_x * K); /* after the [rows][K] int8 bytes */
+    for (uint32_t row = 0; row < rows_x; row++)
+        for (uint32_t kk = 0; kk < K; kk++)
+            xh[(size_t)row * K + kk] = scales[(size_t)row * (K / 32) + kk / 32] * (float)(int8_t)q[(size_t)row * K + kk];
+    id_reference(s, xh, w, ids, false, ref);
+    char l8[200];
+    snprintf(l8, sizeof l8, "%s, integer dot", label);
+    double e = vt_nmse(y, ref, (size_t)P * s->N);
+    worst_id[3] = e > worst_id[3] ? e : worst_id[3];
+    vt_assert_nmse(y, ref, (size_t)P * s->N, TOL_I8, l8);
+    vkd_buffer_destroy(g->dev, bq), vkd_buffer_destroy(g->dev, by);
+    free(q), free(xh), free(y), free(ref);
+}
+
 static void id_case_run(vt_gpu *g, vt_rng *r, uint32_t type, const id_case *s)
 {
     const uint32_t P = s->T * s->k, rows_x = s->down ? P : s->T, W_rows = s->E * s->N;
@@ -219,6 +258,8 @@ static void id_case_run(vt_gpu *g, vt_rng *r, uint32_t type, const id_case *s)
     double e = vt_nmse(y, ref, (size_t)P * s->N);
     worst_id[cls] = e > worst_id[cls] ? e : worst_id[cls];
     vt_assert_nmse(y, ref, (size_t)P * s->N, cm ? TOL_CME : cls == 0 ? TOL_FLOAT : TOL_QUANT, label);
+    if (s->path == OP_MM_GEMV && i8_type(type) && op_matmul_i8_supported(g->dev, type))
+        id_case_i8(g, s, type, &t, bx, bi, w, ids, label);
     vk_tensor_destroy(g->dev, &t);
     vkd_buffer_destroy(g->dev, bx), vkd_buffer_destroy(g->dev, bi), vkd_buffer_destroy(g->dev, br);
     vkd_buffer_destroy(g->dev, by);
@@ -257,8 +298,8 @@ static void run_id_type(void **state, uint32_t type)
     else if (cm_type)
         fprintf(stderr, "  no emulated cooperative-matrix path (needs shaderFloat16): skipped\n");
     g->dev->cm = saved;
-    fprintf(stderr, "  matmul_id worst NMSE so far: float %.2e, quantised %.2e, coopmat %.2e\n", worst_id[0],
-            worst_id[1], worst_id[2]);
+    fprintf(stderr, "  matmul_id worst NMSE so far: float %.2e, quantised %.2e, coopmat %.2e, integer dot %.2e\n",
+            worst_id[0], worst_id[1], worst_id[2], worst_id[3]);
     vt_assert_clean(g);
 }
 
