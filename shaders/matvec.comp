@@ -190,16 +190,19 @@ void unit_step(uint u, uint r0, uint m0)
 {
     const uint ib = u / DQ_UNITS, iu = u % DQ_UNITS;
     if (X_STATIONARY) {
-        [[unroll]] for (uint c = 0u; c < MC; c++)
+        // rows past M dot zeros into accumulators that are never stored: no branch per product
+        [[unroll]] for (uint c = 0u; c < MC; c++) {
+            xs_q[c] = uvec4(0u);
+            xs_d[c] = xs_s[c] = vec4(0.0);
             if (m0 + c < p.M) // uniform
                 x_unit_i8(m0 + c, ib, iu, xs_q[c], xs_d[c], xs_s[c]);
+        }
         [[unroll]] for (uint r = 0u; r < NR; r++) {
             uvec4 q;
             vec4 a, b;
             w_unit_i8(r0, r, ib, iu, q, a, b);
             [[unroll]] for (uint c = 0u; c < MC; c++)
-                if (m0 + c < p.M)
-                    acc[r * MC + c] += dot_unit_i8(q, a, b, xs_q[c], xs_d[c], xs_s[c]);
+                acc[r * MC + c] += dot_unit_i8(q, a, b, xs_q[c], xs_d[c], xs_s[c]);
         }
         return;
     }
@@ -233,17 +236,20 @@ void unit_step(uint u, uint r0, uint m0)
 {
     const uint ib = u / DQ_UNITS, iu = u % DQ_UNITS;
     if (X_STATIONARY) {
-        [[unroll]] for (uint c = 0u; c < MC; c++)
+        // rows past M dot zeros into accumulators that are never stored: no branch per product
+        [[unroll]] for (uint c = 0u; c < MC; c++) {
             [[unroll]] for (uint g = 0u; g < DQ_UNIT_V4; g++)
-                if (m0 + c < p.M) // uniform
+                xs[c * DQ_UNIT_V4 + g] = vec4(0.0);
+            if (m0 + c < p.M) // uniform
+                [[unroll]] for (uint g = 0u; g < DQ_UNIT_V4; g++)
                     xs[c * DQ_UNIT_V4 + g] = load_x4(m0 + c, ib * DQ_BLOCK + dq_unit_k(iu, g));
+        }
         [[unroll]] for (uint r = 0u; r < NR; r++) {
             vec4 w[DQ_UNIT_V4];
             w_unit(r0, r, ib, iu, w);
             [[unroll]] for (uint g = 0u; g < DQ_UNIT_V4; g++)
                 [[unroll]] for (uint c = 0u; c < MC; c++)
-                    if (m0 + c < p.M)
-                        acc[r * MC + c] += dot(w[g], xs[c * DQ_UNIT_V4 + g]);
+                    acc[r * MC + c] += dot(w[g], xs[c * DQ_UNIT_V4 + g]);
         }
         return;
     }
@@ -303,8 +309,9 @@ void chunk(uint r0, uint m0)
     for (; u + (MU - 1u) * wg < n_full; u += MU * wg) // passes where all MU units exist
         [[unroll]] for (uint j = 0u; j < MU; j++)
             unit_step(u + j * wg, r0, m0);
-    for (; u < n_full; u += wg) // the rest, one at a time (MU = 1: none)
-        unit_step(u, r0, m0);
+    if (MU > 1u) // (a constant: MU = 1 compiles no second copy of the unit's code)
+        for (; u < n_full; u += wg) // the rest, one at a time
+            unit_step(u, r0, m0);
 #ifdef DQ_FLOAT
     // The last K % 16 elements of an F32/F16 row, strided over the invocations (a workgroup may
     // be smaller than 16: one subgroup on CPU devices): scalar code, so the unrolled unit body

@@ -481,7 +481,9 @@ static void run_split_cases(vt_gpu *g, vt_rng *r)
         {VKI_GGML_F16, 3, 3, 9, 129, 200, false, true, false},    /* 7 steps: 96 + 96 + 8 */
         {VKI_GGML_Q4_K, 5, 5, 33, 64, 1280, true, true, false},   /* 40 steps: 8 each */
         {VKI_GGML_Q8_0, 16, 7, 17, 31, 224, false, false, false}, /* 7 steps: one each */
-        {VKI_GGML_Q6_K, 4, 4, 130, 20, 1024, true, false, true},  /* 128-row tiles, two along M */
+        {VKI_GGML_F32, 4, 4, 130, 20, 1000, true, false, true},   /* 128-row tiles, two along M (the
+                                                                    * pipeline test_coopmat_gpu_configs
+                                                                    * compiled): 32 steps, 8 a split */
         {VKI_GGML_F32, 2, 1, 5, 5, 32, false, false, false},      /* one step: nothing to split */
     };
     const vki_device_info saved = g->dev->info;
