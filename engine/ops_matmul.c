@@ -769,6 +769,26 @@ static vki_status matmul_id_part(vkd_cmd *c, vkk_id k, const uint32_t *spec, uin
     return VKI_OK;
 }
 
+/* Kernel k over every part of the experts' tensor w (parts of whole experts, pc.N rows each):
+ * bind[0] becomes the part's weights, pc.e0 / n_exp its experts; grid z is the part's experts
+ * where z_experts (the GEMMs), else 1. */
+static vki_status id_parts_dispatch(vkd_cmd *c, const char *op, const vk_tensor *w, vkk_id k, const uint32_t *spec,
+                                    uint32_t per_n, uint32_t gy, bool z_experts, const vkd_view bind[4],
+                                    vki_pc_matmul_id pc)
+{
+    vki_status st = VKI_OK;
+    for (uint32_t i = 0; i < w->n_parts && st == VKI_OK; i++) {
+        const vk_tensor_part *part = &w->parts[i];
+        if (part->row0 % pc.N || part->n_rows % pc.N)
+            return bad_arg(c->d, op, w, "a weight part does not hold whole experts");
+        pc.e0 = (uint32_t)(part->row0 / pc.N);
+        pc.n_exp = (uint32_t)(part->n_rows / pc.N);
+        const vkd_view b[4] = {vkd_whole(part->buf), bind[1], bind[2], bind[3]};
+        st = matmul_id_part(c, k, spec, per_n, gy, z_experts ? pc.n_exp : 1, b, pc);
+    }
+    return st;
+}
+
 vki_status op_matmul_id(vkd_cmd *c, const vk_tensor *w, uint32_t n_expert, vkd_view ids, vkd_view route, vkd_view x,
                         uint32_t x_stride, uint32_t x_div, vkd_view y, uint32_t y_stride, uint32_t M,
                         uint32_t max_rows, op_mm_path path)
@@ -808,16 +828,8 @@ vki_status op_matmul_id(vkd_cmd *c, const vk_tensor *w, uint32_t n_expert, vkd_v
     vki_pc_matmul_id pc = {.M = M, .N = (uint32_t)N, .K = (uint32_t)K, .w_stride = (uint32_t)w->row_bytes,
                            .x_stride = x_stride, .y_stride = y_stride, .x_vec4 = x_vec4(&x, x_stride),
                            .x_div = x_div, .n_expert = n_expert};
-    for (uint32_t i = 0; i < w->n_parts && st == VKI_OK; i++) {
-        const vk_tensor_part *part = &w->parts[i];
-        if (part->row0 % N || part->n_rows % N)
-            return bad_arg(d, "matmul_id", w, "a weight part does not hold whole experts");
-        pc.e0 = (uint32_t)(part->row0 / N);
-        pc.n_exp = (uint32_t)(part->n_rows / N);
-        vkd_view bind[4] = {vkd_whole(part->buf), x, gemv ? ids : route, y};
-        st = matmul_id_part(c, kid, spec, per_n, gy, gemv ? 1 : pc.n_exp, bind, pc);
-    }
-    return st;
+    const vkd_view bind[4] = {{0}, x, gemv ? ids : route, y};
+    return id_parts_dispatch(c, "matmul_id", w, kid, spec, per_n, gy, !gemv, bind, pc);
 }
 
 vki_status op_matmul_id_i8(vkd_cmd *c, const vk_tensor *w, uint32_t n_expert, vkd_view ids, vkd_view xq,
@@ -847,16 +859,8 @@ vki_status op_matmul_id_i8(vkd_cmd *c, const vk_tensor *w, uint32_t n_expert, vk
     matvec_spec(d, 1, spec);
     vki_pc_matmul_id pc = {.M = M, .N = N, .K = K, .w_stride = (uint32_t)w->row_bytes, .y_stride = y_stride,
                            .x_div = x_div, .n_expert = n_expert};
-    for (uint32_t i = 0; i < w->n_parts && st == VKI_OK; i++) {
-        const vk_tensor_part *part = &w->parts[i];
-        if (part->row0 % N || part->n_rows % N)
-            return bad_arg(d, "matmul_id_i8", w, "a weight part does not hold whole experts");
-        pc.e0 = (uint32_t)(part->row0 / N);
-        pc.n_exp = (uint32_t)(part->n_rows / N);
-        vkd_view bind[4] = {vkd_whole(part->buf), xq, ids, y};
-        st = matmul_id_part(c, matvec_id_i8_kernel(w->type), spec, spec[1], M, 1, bind, pc);
-    }
-    return st;
+    const vkd_view bind[4] = {{0}, xq, ids, y};
+    return id_parts_dispatch(c, "matmul_id_i8", w, matvec_id_i8_kernel(w->type), spec, spec[1], M, false, bind, pc);
 }
 
 vki_status op_matmul_id_prepare(vkd_device *d, uint32_t type, uint32_t max_rows)
