@@ -139,9 +139,10 @@ static void matmul_spec(const vkd_device *d, uint32_t spec[6])
     }
 }
 
-/* matmul_cm {WG, BM, BN, BK, WM, WN, CM_M, CM_N, CM_K, CM_SG}, largest tiles first: the first
- * whose shared memory (two F16 tiles with 8-half row padding, one F32 fragment per subgroup)
- * and subgroup count fit. GPUs: 128 x 128 tiles over 8 subgroups of 64 x 32 (8 accumulator
+/* matmul_cm {WG, BM, BN, BK, WM, WN, CM_M, CM_N, CM_K, CM_SG, STAGES}, largest tiles first: the
+ * first whose shared memory (per stage two F16 tiles with 8-half row padding; one F32 fragment
+ * per subgroup) and subgroup count fit. STAGES is d->cm_stages (default 1: two stages, 48 KiB
+ * at 128 x 128, wait for the GPU sweep's verdict). GPUs: 128 x 128 tiles over 8 subgroups of 64 x 32 (8 accumulator
  * fragments of 16 x 16 per subgroup; 28.7 KiB), the shape of the tensor-core GEMMs that reach
  * most of the peak, not measured here (no GPU was available; bench-kernels prints matmul_cm
  * TFLOP/s next to cm_peak); up to 64 rows, 64 x 128 tiles, which halve the padding computed just
@@ -154,18 +155,18 @@ static void matmul_spec(const vkd_device *d, uint32_t spec[6])
  * bench-kernels --cm-cfg sweeps them on the GPU before any becomes a default. */
 /* The specialisation of tile {BM, BN, WM, WN} (warp sizes raised to the fragment's) if it fits the
  * device's fragments, shared memory and workgroup size. */
-static bool cm_fit(const vkd_device *d, const uint32_t c[4], uint32_t spec[10])
+static bool cm_fit(const vkd_device *d, const uint32_t c[4], uint32_t spec[11])
 {
     const vkd_cm *cm = &d->cm;
-    const uint32_t bk = 32, bm = c[0], bn = c[1];
+    const uint32_t bk = 32, bm = c[0], bn = c[1], stages = d->cm_stages ? d->cm_stages : 1;
     const uint32_t wm = c[2] > cm->m ? c[2] : cm->m, wn = c[3] > cm->n ? c[3] : cm->n;
-    if (!cm->m || !wm || !wn || bm % wm || bn % wn || wm % cm->m || wn % cm->n || bk % cm->k)
+    if (!cm->m || !wm || !wn || bm % wm || bn % wn || wm % cm->m || wn % cm->n || bk % cm->k || stages > 2)
         return false;
     uint32_t nw = (bm / wm) * (bn / wn);
-    uint64_t smem = 2ull * (bm + bn) * (bk + 8) + 4ull * nw * cm->m * cm->n;
+    uint64_t smem = 2ull * stages * (bm + bn) * (bk + 8) + 4ull * nw * cm->m * cm->n;
     if (smem > d->info.max_compute_shared_memory || nw * cm->sg > d->info.max_workgroup_invocations)
         return false;
-    const uint32_t v[10] = {nw * cm->sg, bm, bn, bk, wm, wn, cm->m, cm->n, cm->k, cm->sg};
+    const uint32_t v[11] = {nw * cm->sg, bm, bn, bk, wm, wn, cm->m, cm->n, cm->k, cm->sg, stages};
     memcpy(spec, v, sizeof v);
     return true;
 }
@@ -173,7 +174,7 @@ static bool cm_fit(const vkd_device *d, const uint32_t c[4], uint32_t spec[10])
 /* A forced tile with its warp tile (d->cm_warp_m x cm_warp_n) is taken as asked: 64 x 64 warp
  * tiles load half the shared-memory fragments per product of 64 x 32 ones (4 + 4 per 16
  * products against 4 + 2 per 8), what the M = 2048 GEMM's 13% of the peak may be bound by. */
-static bool cm_spec(const vkd_device *d, uint32_t M, uint32_t spec[10])
+static bool cm_spec(const vkd_device *d, uint32_t M, uint32_t spec[11])
 {
     static const uint32_t cand[][4] = {{128, 128, 64, 32}, {64, 128, 32, 32}, {64, 64, 32, 32}, {32, 32, 32, 32},
                                        {32, 128, 32, 32}, {32, 64, 32, 32}, {16, 128, 16, 32}, {16, 64, 16, 32},

@@ -34,6 +34,11 @@ layout(constant_id = 4) const uint WM = 64;  // rows per subgroup, multiple of C
 layout(constant_id = 5) const uint WN = 32;  // columns per subgroup, multiple of CM_N
 #define CM_SPEC_ID 6
 #include "coopmat.glsl"
+// Shared buffers for the operands: 1 = stage, barrier, products, barrier per BK step; 2 = step
+// k + 1 staged into the other buffer before step k's products, one barrier per step, so one
+// subgroup's global loads and dequantisation can run while another's products do (the same
+// products in the same order either way: the results are bit-identical).
+layout(constant_id = 10) const uint STAGES = 1;
 
 #define DQ_BINDING 0
 #include "dequant.glsl" // binding 0: W, one part, N rows of w_stride bytes (the ggml type's blocks)
@@ -47,25 +52,25 @@ layout(std430, binding = 5) coherent buffer NC { uint ncnt[]; };  // u32 per til
 const uint ST = BK + 8u;          // shared row stride in halves
 const uint WGN = BN / WN;         // subgroups along N
 const uint FM = WM / CM_M, FN = WN / CM_N;
-shared float16_t As[BM * ST];     // X tile, [m][k]
-shared float16_t Bs[BN * ST];     // W tile, dequantised, [n][k]
+shared float16_t As[STAGES * BM * ST]; // X tile, [stage][m][k]
+shared float16_t Bs[STAGES * BN * ST]; // W tile, dequantised, [stage][n][k]
 shared float Cs[(BM / WM) * WGN * CM_M * CM_N]; // one accumulator fragment per subgroup
 
-// Stage X[m_tile.., k0..] and W[n_tile.., k0..] as F16 (zeros outside the matrix).
-void stage(uint m_tile, uint n_tile, uint k0)
+// Stage X[m_tile.., k0..] and W[n_tile.., k0..] as F16 (zeros outside the matrix) into buffer s.
+void stage(uint m_tile, uint n_tile, uint k0, uint s)
 {
-    const uint K4 = BK / 4u;
+    const uint K4 = BK / 4u, a0 = s * BM * ST, b0 = s * BN * ST;
     for (uint i = gl_LocalInvocationID.x; i < BM * K4; i += gl_WorkGroupSize.x) {
         const uint row = i / K4, k = 4u * (i % K4);
         const vec4 v = m_tile + row < MM_ROWS ? load_x4(m_tile + row, k0 + k) : vec4(0.0);
         [[unroll]] for (uint c = 0u; c < 4u; c++)
-            As[row * ST + k + c] = float16_t(v[c]);
+            As[a0 + row * ST + k + c] = float16_t(v[c]);
     }
     for (uint i = gl_LocalInvocationID.x; i < BN * K4; i += gl_WorkGroupSize.x) {
         const uint row = i / K4, k = 4u * (i % K4), n = n_tile + row;
         const vec4 v = n < p.N ? dq_load4(dq_row_base(W_ROW(n), p.w_stride), k0 + k, p.K) : vec4(0.0);
         [[unroll]] for (uint c = 0u; c < 4u; c++)
-            Bs[row * ST + k + c] = float16_t(v[c]);
+            Bs[b0 + row * ST + k + c] = float16_t(v[c]);
     }
 }
 
@@ -89,23 +94,37 @@ void main()
     const uint k_begin = gl_WorkGroupID.z * p.k_split;
     const uint k_end = p.k_split != 0u ? min(p.K, k_begin + p.k_split) : p.K;
 #endif
-    for (uint k0 = k_begin; k0 < k_end; k0 += BK) {
-        stage(m_tile, n_tile, k0);
+    // STAGES = 2: buffer s holds step k0 (staged, then a barrier, before the loop or by the
+    // previous step); the next step goes into buffer s ^ 1, which every subgroup finished reading
+    // before the previous step's barrier.
+    uint s = 0u;
+    if (STAGES > 1u && k_begin < k_end) {
+        stage(m_tile, n_tile, k_begin, 0u);
         barrier();
+    }
+    for (uint k0 = k_begin; k0 < k_end; k0 += BK) {
+        if (STAGES == 1u) {
+            stage(m_tile, n_tile, k0, 0u);
+            barrier();
+        } else if (k0 + BK < k_end) {
+            stage(m_tile, n_tile, k0 + BK, s ^ 1u);
+        }
         if (busy) {
+            const uint a0 = s * BM * ST, b0 = s * BN * ST;
             CM_UNROLL for (uint kk = 0u; kk < BK; kk += CM_K) {
                 CM_DECL_A(a, FM);
                 CM_UNROLL for (uint i = 0u; i < FM; i++)
-                    cm_load_a(a[i], As, (wm0 + i * CM_M) * ST + kk, ST);
+                    cm_load_a(a[i], As, a0 + (wm0 + i * CM_M) * ST + kk, ST);
                 CM_UNROLL for (uint j = 0u; j < FN; j++) {
                     CM_DECL_B(b);
-                    cm_load_bt(b, Bs, (wn0 + j * CM_N) * ST + kk, ST);
+                    cm_load_bt(b, Bs, b0 + (wn0 + j * CM_N) * ST + kk, ST);
                     CM_UNROLL for (uint i = 0u; i < FM; i++)
                         cm_mul_add(acc[i * FN + j], a[i], b);
                 }
             }
         }
         barrier();
+        s ^= STAGES - 1u;
     }
 
 #ifndef MM_ID

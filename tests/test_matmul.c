@@ -529,6 +529,70 @@ static void test_coopmat_split(void **state)
     vt_assert_clean(g);
 }
 
+/* Two shared-memory stages (matmul_cm.comp's STAGES = 2: step k + 1 staged into the other
+ * buffer while step k's products run): bit for bit what one stage gives (the same products in the
+ * same order), emulated and, where present, on tensor cores; odd and even step counts, a float K
+ * tail, a forced tile narrower than the subgroups' 4 x 1 (32 x 128), split-K (each split's own
+ * first step), accumulation and bias; and the two-stage result against the F16-rounded reference. */
+static void test_coopmat_stages(void **state)
+{
+    vt_gpu *g = vt_gpu_get(state);
+    vt_rng r = vt_rng_seeded("coopmat stages");
+    static const struct {
+        uint32_t type, M, N, K, tile_m, tile_n, split;
+        bool bias, accum;
+    } cases[] = {
+        {VKI_GGML_F32, 70, 67, 77, 0, 0, 0, true, false},       /* 3 steps, K tail, edge tiles */
+        {VKI_GGML_Q4_K, 33, 130, 256 * 3, 32, 128, 0, false, true}, /* 24 steps, 2 tiles along M */
+        {VKI_GGML_F32, 65, 20, 1000, 0, 0, 3, false, false},    /* splits of 11, 11 and 10 steps */
+    };
+    for (int real = 0; real < 2; real++) {
+        if (real ? !g->dev->nv_coopmat || vkd_coopmat_select(g->dev, VKI_COOPMAT_AUTO) != VKI_OK ||
+                       g->dev->cm.kind != VKD_CM_NV
+                 : vkd_coopmat_select(g->dev, VKI_COOPMAT_EMULATED) != VKI_OK)
+            continue;
+        for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+            const uint32_t type = cases[i].type, M = cases[i].M, N = cases[i].N, K = cases[i].K;
+            float *wref = malloc((size_t)N * K * 4), *x = malloc((size_t)M * K * 4), *bias = malloc(N * 4);
+            float *y0 = malloc((size_t)M * N * 4), *y[2] = {malloc((size_t)M * N * 4), malloc((size_t)M * N * 4)};
+            uint8_t *raw = make_weights(&r, type, N, K, wref);
+            vk_tensor t = upload_weights(g, type, N, K, raw, 1);
+            vt_fill_uniform(&r, x, (size_t)M * K, -1.0f, 1.0f);
+            vt_fill_uniform(&r, bias, N, -2.0f, 2.0f);
+            vt_fill_uniform(&r, y0, (size_t)M * N, -4.0f, 4.0f);
+            vkd_buffer *bx = vt_buf_from(g, x, (size_t)M * K * 4, "x"), *bb = vt_buf_from(g, bias, N * 4, "bias");
+            vkd_view vb = vkd_whole(bb);
+            g->dev->cm_tile_m = cases[i].tile_m, g->dev->cm_tile_n = cases[i].tile_n;
+            g->dev->cm_split = cases[i].split;
+            for (uint32_t st = 1; st <= 2; st++) {
+                g->dev->cm_stages = st;
+                vkd_buffer *by = vt_buf_from(g, y0, (size_t)M * N * 4, "y");
+                vt_begin(g);
+                assert_int_equal(op_matmul_ex(&g->cmd, &t, cases[i].bias ? &vb : NULL, vkd_whole(bx), K,
+                                              vkd_whole(by), N, M, OP_MM_COOPMAT, cases[i].accum),
+                                 VKI_OK);
+                vt_submit_wait(g);
+                vt_download(g, by, y[st - 1], (size_t)M * N * 4);
+                vkd_buffer_destroy(g->dev, by);
+            }
+            if (memcmp(y[0], y[1], (size_t)M * N * 4))
+                fail_msg("%s %s M=%u N=%u K=%u split=%u: two stages differ from one", quant_get(type)->name,
+                         real ? "tensor cores" : "emulated", M, N, K, cases[i].split);
+            mm_case c = {.M = M, .N = N, .K = K, .bias = cases[i].bias, .accum = cases[i].accum};
+            float *ref = malloc((size_t)M * N * 4);
+            reference(&c, x, K, wref, cases[i].bias ? bias : NULL, cases[i].accum ? y0 : NULL, N, true, ref);
+            vt_assert_nmse(y[1], ref, (size_t)M * N, real ? CM_NV_TOL : CM_EMU_TOL, "coopmat stages");
+            g->dev->cm_tile_m = g->dev->cm_tile_n = g->dev->cm_split = g->dev->cm_stages = 0;
+            vk_tensor_destroy(g->dev, &t);
+            vkd_buffer_destroy(g->dev, bx);
+            vkd_buffer_destroy(g->dev, bb);
+            free(wref); free(x); free(bias); free(y0); free(y[0]); free(y[1]); free(raw); free(ref);
+        }
+    }
+    g->dev->cm = g->cm0;
+    vt_assert_clean(g);
+}
+
 /* Split GEMMs recorded back to back without a barrier (the projections of one input) each take
  * their own scratch slot; the fifth runs unsplit; a barrier frees the slots. Two rounds in one
  * command buffer, then the command buffer again: the tile counters are back at zero after every
@@ -1444,6 +1508,7 @@ int main(void)
         cmocka_unit_test(test_coopmat_split),
         cmocka_unit_test(test_coopmat_split_slots),
         cmocka_unit_test(test_coopmat_split_no_memory),
+        cmocka_unit_test(test_coopmat_stages),
         cmocka_unit_test(test_boundary_parts_bias),
         cmocka_unit_test(test_gpu_configs),
         cmocka_unit_test(test_dispatch_split),
