@@ -121,7 +121,9 @@ struct vkd_device {
     uint32_t cm_warp_m, cm_warp_n;   /* with a forced tile, its subgroups' tile (0: ops_matmul's
                                         for that tile); --cm-cfg BMxBNxWMxWN */
     uint32_t cm_stages;              /* its shared-memory buffers, 1 or 2 (0: 1; matmul_cm.comp's
-                                        STAGES); --cm-cfg ...:S and the tests */
+                                        STAGES); bench-kernels --cm-stages and the tests */
+    uint32_t cm_bk;                  /* its K per step, a multiple of the fragment's K up to 64
+                                        (0: 32); bench-kernels --cm-bk and the tests */
     uint32_t matvec_mc;              /* its activation rows per pass when M > 1 (0: OP_MATVEC_ROWS);
                                         bench-kernels --matvec-cfg WGxRxMC and the tests */
     uint32_t matvec_wg, matvec_rows; /* the matrix-vector kernel's invocations and weight rows

@@ -141,8 +141,8 @@ static void matmul_spec(const vkd_device *d, uint32_t spec[6])
 
 /* matmul_cm {WG, BM, BN, BK, WM, WN, CM_M, CM_N, CM_K, CM_SG, STAGES}, largest tiles first: the
  * first whose shared memory (per stage two F16 tiles with 8-half row padding; one F32 fragment
- * per subgroup) and subgroup count fit. STAGES is d->cm_stages (default 1: two stages, 48 KiB
- * at 128 x 128, wait for the GPU sweep's verdict). GPUs: 128 x 128 tiles over 8 subgroups of 64 x 32 (8 accumulator
+ * per subgroup) and subgroup count fit. STAGES is d->cm_stages and BK d->cm_bk (defaults 1 and
+ * 32; two stages, 48 KiB at 128 x 128, and BK = 64, 45 KiB, wait for the GPU sweep's verdict). GPUs: 128 x 128 tiles over 8 subgroups of 64 x 32 (8 accumulator
  * fragments of 16 x 16 per subgroup; 28.7 KiB), the shape of the tensor-core GEMMs that reach
  * most of the peak, not measured here (no GPU was available; bench-kernels prints matmul_cm
  * TFLOP/s next to cm_peak); up to 64 rows, 64 x 128 tiles, which halve the padding computed just
@@ -158,9 +158,10 @@ static void matmul_spec(const vkd_device *d, uint32_t spec[6])
 static bool cm_fit(const vkd_device *d, const uint32_t c[4], uint32_t spec[11])
 {
     const vkd_cm *cm = &d->cm;
-    const uint32_t bk = 32, bm = c[0], bn = c[1], stages = d->cm_stages ? d->cm_stages : 1;
+    const uint32_t bk = d->cm_bk ? d->cm_bk : 32, bm = c[0], bn = c[1], stages = d->cm_stages ? d->cm_stages : 1;
     const uint32_t wm = c[2] > cm->m ? c[2] : cm->m, wn = c[3] > cm->n ? c[3] : cm->n;
-    if (!cm->m || !wm || !wn || bm % wm || bn % wn || wm % cm->m || wn % cm->n || bk % cm->k || stages > 2)
+    if (!cm->m || !wm || !wn || bm % wm || bn % wn || wm % cm->m || wn % cm->n || bk % cm->k || bk % 4 ||
+        bk > 64 || stages > 2)
         return false;
     uint32_t nw = (bm / wm) * (bn / wn);
     uint64_t smem = 2ull * stages * (bm + bn) * (bk + 8) + 4ull * nw * cm->m * cm->n;

@@ -29,7 +29,8 @@
 layout(local_size_x_id = 0) in;             // (BM / WM) * (BN / WN) subgroups
 layout(constant_id = 1) const uint BM = 128; // X rows per tile, multiple of WM
 layout(constant_id = 2) const uint BN = 128; // W rows per tile, multiple of WN
-layout(constant_id = 3) const uint BK = 32;  // k per step: multiple of CM_K and 4, divides 32
+layout(constant_id = 3) const uint BK = 32;  // k per step: multiple of CM_K and 4; 64 halves the
+                                            // barriers per product (quantised K: steps past K skipped)
 layout(constant_id = 4) const uint WM = 64;  // rows per subgroup, multiple of CM_M
 layout(constant_id = 5) const uint WN = 32;  // columns per subgroup, multiple of CM_N
 #define CM_SPEC_ID 6
@@ -56,19 +57,28 @@ shared float16_t As[STAGES * BM * ST]; // X tile, [stage][m][k]
 shared float16_t Bs[STAGES * BN * ST]; // W tile, dequantised, [stage][n][k]
 shared float Cs[(BM / WM) * WGN * CM_M * CM_N]; // one accumulator fragment per subgroup
 
+// k0 + k < K where a step can pass K: float types read zeros there themselves (load_x4,
+// dq_load4); quantised K is a multiple of 32, so only BK > 32 needs the test.
+#ifdef DQ_FLOAT
+#define IN_K(k) true
+#else
+#define IN_K(k) (BK <= 32u || (k) < p.K)
+#endif
+
 // Stage X[m_tile.., k0..] and W[n_tile.., k0..] as F16 (zeros outside the matrix) into buffer s.
 void stage(uint m_tile, uint n_tile, uint k0, uint s)
 {
     const uint K4 = BK / 4u, a0 = s * BM * ST, b0 = s * BN * ST;
     for (uint i = gl_LocalInvocationID.x; i < BM * K4; i += gl_WorkGroupSize.x) {
         const uint row = i / K4, k = 4u * (i % K4);
-        const vec4 v = m_tile + row < MM_ROWS ? load_x4(m_tile + row, k0 + k) : vec4(0.0);
+        const vec4 v = m_tile + row < MM_ROWS && IN_K(k0 + k) ? load_x4(m_tile + row, k0 + k) : vec4(0.0);
         [[unroll]] for (uint c = 0u; c < 4u; c++)
             As[a0 + row * ST + k + c] = float16_t(v[c]);
     }
     for (uint i = gl_LocalInvocationID.x; i < BN * K4; i += gl_WorkGroupSize.x) {
         const uint row = i / K4, k = 4u * (i % K4), n = n_tile + row;
-        const vec4 v = n < p.N ? dq_load4(dq_row_base(W_ROW(n), p.w_stride), k0 + k, p.K) : vec4(0.0);
+        const vec4 v = n < p.N && IN_K(k0 + k) ? dq_load4(dq_row_base(W_ROW(n), p.w_stride), k0 + k, p.K)
+                                               : vec4(0.0);
         [[unroll]] for (uint c = 0u; c < 4u; c++)
             Bs[b0 + row * ST + k + c] = float16_t(v[c]);
     }

@@ -529,64 +529,73 @@ static void test_coopmat_split(void **state)
     vt_assert_clean(g);
 }
 
-/* Two shared-memory stages (matmul_cm.comp's STAGES = 2: step k + 1 staged into the other
- * buffer while step k's products run): bit for bit what one stage gives (the same products in the
- * same order), emulated and, where present, on tensor cores; odd and even step counts, a float K
- * tail, a forced tile narrower than the subgroups' 4 x 1 (32 x 128), split-K (each split's own
- * first step), accumulation and bias; and the two-stage result against the F16-rounded reference. */
-static void test_coopmat_stages(void **state)
+/* The tensor-core GEMM's staging variants against the default (one shared-memory stage, K steps
+ * of 32), bit for bit (the same products in the same order): two stages (matmul_cm.comp's STAGES
+ * = 2: step k + 1 staged into the other buffer while step k's products run) and K steps of 64
+ * (BK = 64: a quantised step half past K, read as zeros: X rows carry NaN in their stride
+ * padding; Q4_1 rows are not padded to a scale group, so the last one's step past K would read
+ * past the tensor; float K tails read as zeros), emulated and, where
+ * present, on tensor cores; odd and even step counts, edge tiles, split-K at split boundaries
+ * both step sizes share (each split's own first step), accumulation and bias; each variant also
+ * against the F16-rounded reference. */
+static void test_coopmat_staging(void **state)
 {
     vt_gpu *g = vt_gpu_get(state);
-    vt_rng r = vt_rng_seeded("coopmat stages");
+    vt_rng r = vt_rng_seeded("coopmat staging");
     static const struct {
-        uint32_t type, M, N, K, tile_m, tile_n, split;
+        uint32_t type, M, N, K, split;
         bool bias, accum;
     } cases[] = {
-        {VKI_GGML_F32, 70, 67, 77, 0, 0, 0, true, false},       /* 3 steps, K tail, edge tiles */
-        {VKI_GGML_Q4_K, 33, 130, 256 * 3, 32, 128, 0, false, true}, /* 24 steps, 2 tiles along M */
-        {VKI_GGML_F32, 65, 20, 1000, 0, 0, 3, false, false},    /* splits of 11, 11 and 10 steps */
+        {VKI_GGML_F32, 70, 67, 77, 0, true, false},        /* 3 steps of 32 or 2 of 64, K tail */
+        {VKI_GGML_F32, 65, 20, 1000, 4, false, false},     /* 4 splits of 256 */
+        {VKI_GGML_Q8_0, 33, 130, 32 * 7, 0, false, true},  /* 7 steps of 32 or 4 of 64 */
+        {VKI_GGML_Q4_1, 17, 31, 32 * 39, 4, true, false},  /* 4 splits of 320, the last 288 */
     };
+    static const uint32_t variants[][2] = {{1, 32}, {2, 32}, {1, 64}}; /* {stages, BK}; the first: default */
     for (int real = 0; real < 2; real++) {
         if (real ? !g->dev->nv_coopmat || vkd_coopmat_select(g->dev, VKI_COOPMAT_AUTO) != VKI_OK ||
                        g->dev->cm.kind != VKD_CM_NV
                  : vkd_coopmat_select(g->dev, VKI_COOPMAT_EMULATED) != VKI_OK)
             continue;
         for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-            const uint32_t type = cases[i].type, M = cases[i].M, N = cases[i].N, K = cases[i].K;
-            float *wref = malloc((size_t)N * K * 4), *x = malloc((size_t)M * K * 4), *bias = malloc(N * 4);
-            float *y0 = malloc((size_t)M * N * 4), *y[2] = {malloc((size_t)M * N * 4), malloc((size_t)M * N * 4)};
+            const uint32_t type = cases[i].type, M = cases[i].M, N = cases[i].N, K = cases[i].K, xs = K + 1;
+            float *wref = malloc((size_t)N * K * 4), *x = malloc((size_t)M * xs * 4), *bias = malloc(N * 4);
+            float *y0 = malloc((size_t)M * N * 4), *y = malloc((size_t)M * N * 4), *y1 = malloc((size_t)M * N * 4);
+            float *ref = malloc((size_t)M * N * 4);
             uint8_t *raw = make_weights(&r, type, N, K, wref);
             vk_tensor t = upload_weights(g, type, N, K, raw, 1);
-            vt_fill_uniform(&r, x, (size_t)M * K, -1.0f, 1.0f);
+            for (uint32_t m = 0; m < M; m++) {
+                vt_fill_uniform(&r, x + (size_t)m * xs, K, -1.0f, 1.0f);
+                x[(size_t)m * xs + K] = NAN;
+            }
             vt_fill_uniform(&r, bias, N, -2.0f, 2.0f);
             vt_fill_uniform(&r, y0, (size_t)M * N, -4.0f, 4.0f);
-            vkd_buffer *bx = vt_buf_from(g, x, (size_t)M * K * 4, "x"), *bb = vt_buf_from(g, bias, N * 4, "bias");
+            vkd_buffer *bx = vt_buf_from(g, x, (size_t)M * xs * 4, "x"), *bb = vt_buf_from(g, bias, N * 4, "bias");
             vkd_view vb = vkd_whole(bb);
-            g->dev->cm_tile_m = cases[i].tile_m, g->dev->cm_tile_n = cases[i].tile_n;
+            mm_case c = {.M = M, .N = N, .K = K, .bias = cases[i].bias, .accum = cases[i].accum};
+            reference(&c, x, xs, wref, cases[i].bias ? bias : NULL, cases[i].accum ? y0 : NULL, N, true, ref);
             g->dev->cm_split = cases[i].split;
-            for (uint32_t st = 1; st <= 2; st++) {
-                g->dev->cm_stages = st;
+            for (size_t v = 0; v < sizeof variants / sizeof variants[0]; v++) {
+                g->dev->cm_stages = variants[v][0], g->dev->cm_bk = variants[v][1];
                 vkd_buffer *by = vt_buf_from(g, y0, (size_t)M * N * 4, "y");
                 vt_begin(g);
-                assert_int_equal(op_matmul_ex(&g->cmd, &t, cases[i].bias ? &vb : NULL, vkd_whole(bx), K,
+                assert_int_equal(op_matmul_ex(&g->cmd, &t, cases[i].bias ? &vb : NULL, vkd_whole(bx), xs,
                                               vkd_whole(by), N, M, OP_MM_COOPMAT, cases[i].accum),
                                  VKI_OK);
                 vt_submit_wait(g);
-                vt_download(g, by, y[st - 1], (size_t)M * N * 4);
+                vt_download(g, by, v ? y : y1, (size_t)M * N * 4);
                 vkd_buffer_destroy(g->dev, by);
+                if (v && memcmp(y, y1, (size_t)M * N * 4))
+                    fail_msg("%s %s M=%u N=%u K=%u split=%u: %u stages, BK %u differ from the default",
+                             quant_get(type)->name, real ? "tensor cores" : "emulated", M, N, K, cases[i].split,
+                             variants[v][0], variants[v][1]);
+                vt_assert_nmse(v ? y : y1, ref, (size_t)M * N, real ? CM_NV_TOL : CM_EMU_TOL, "coopmat staging");
             }
-            if (memcmp(y[0], y[1], (size_t)M * N * 4))
-                fail_msg("%s %s M=%u N=%u K=%u split=%u: two stages differ from one", quant_get(type)->name,
-                         real ? "tensor cores" : "emulated", M, N, K, cases[i].split);
-            mm_case c = {.M = M, .N = N, .K = K, .bias = cases[i].bias, .accum = cases[i].accum};
-            float *ref = malloc((size_t)M * N * 4);
-            reference(&c, x, K, wref, cases[i].bias ? bias : NULL, cases[i].accum ? y0 : NULL, N, true, ref);
-            vt_assert_nmse(y[1], ref, (size_t)M * N, real ? CM_NV_TOL : CM_EMU_TOL, "coopmat stages");
-            g->dev->cm_tile_m = g->dev->cm_tile_n = g->dev->cm_split = g->dev->cm_stages = 0;
+            g->dev->cm_split = g->dev->cm_stages = g->dev->cm_bk = 0;
             vk_tensor_destroy(g->dev, &t);
             vkd_buffer_destroy(g->dev, bx);
             vkd_buffer_destroy(g->dev, bb);
-            free(wref); free(x); free(bias); free(y0); free(y[0]); free(y[1]); free(raw); free(ref);
+            free(wref); free(x); free(bias); free(y0); free(y); free(y1); free(raw); free(ref);
         }
     }
     g->dev->cm = g->cm0;
@@ -1508,7 +1517,7 @@ int main(void)
         cmocka_unit_test(test_coopmat_split),
         cmocka_unit_test(test_coopmat_split_slots),
         cmocka_unit_test(test_coopmat_split_no_memory),
-        cmocka_unit_test(test_coopmat_stages),
+        cmocka_unit_test(test_coopmat_staging),
         cmocka_unit_test(test_boundary_parts_bias),
         cmocka_unit_test(test_gpu_configs),
         cmocka_unit_test(test_dispatch_split),

@@ -787,7 +787,7 @@ static void print_row(bench_out *out, const char *kernel, const char *tname, ben
     fflush(out->table);
     if (!out->json)
         return;
-    char cfg[32] = "null", cm_cfg[32] = "null", stages[16] = "null";
+    char cfg[32] = "null", cm_cfg[32] = "null", stages[16] = "null", bk[16] = "null";
     if (out->d->matvec_wg && out->d->matvec_mu)
         snprintf(cfg, sizeof cfg, "\"%ux%ux%ux%u\"", out->d->matvec_wg, out->d->matvec_rows, out->d->matvec_mc,
                  out->d->matvec_mu);
@@ -802,12 +802,14 @@ static void print_row(bench_out *out, const char *kernel, const char *tname, ben
         snprintf(cm_cfg, sizeof cm_cfg, "\"%ux%u\"", out->d->cm_tile_m, out->d->cm_tile_n);
     if (out->d->cm_stages)
         snprintf(stages, sizeof stages, "%u", out->d->cm_stages);
+    if (out->d->cm_bk)
+        snprintf(bk, sizeof bk, "%u", out->d->cm_bk);
     printf("{\"device\":\"%s\",\"driver\":\"%s %s\",\"kernel\":\"%s\",\"type\":\"%s\",\"M\":%u,\"N\":%u,"
            "\"K\":%u,\"us_per_call\":%.3f,\"gbps\":%.3f,\"gflops\":%.3f,\"copy_gbps\":%.3f,\"bw_fraction\":%s,"
-           "\"matvec_cfg\":%s,\"cm_cfg\":%s,\"cm_stages\":%s,\"splits\":%s,\"cm_split\":%s,\"us_min\":%.3f,"
+           "\"matvec_cfg\":%s,\"cm_cfg\":%s,\"cm_stages\":%s,\"cm_bk\":%s,\"splits\":%s,\"cm_split\":%s,\"us_min\":%.3f,"
            "\"us_max\":%.3f,\"warm_batches\":%u}\n",
            out->d->info.name, out->d->info.driver_name, out->d->info.driver_info, kernel, tname, s.M, s.N, s.K,
-           per_call * 1e6, gbps, r->flops / per_call * 1e-9, out->copy_gbps, fr, cfg, cm_cfg, stages, js, forced, tm->min * 1e6,
+           per_call * 1e6, gbps, r->flops / per_call * 1e-9, out->copy_gbps, fr, cfg, cm_cfg, stages, bk, js, forced, tm->min * 1e6,
            tm->max * 1e6, tm->warm_batches);
     fflush(stdout);
 }
@@ -876,6 +878,8 @@ static void usage(FILE *f)
                "                      products, barrier per K step) or 2 (the next step staged while this\n"
                "                      one's products run, one barrier); tiles that do not fit with S are\n"
                "                      passed over; JSON rows carry \"cm_stages\" (null: the library's, 1)\n"
+               "      --cm-bk BK      the tensor-core GEMM's K per step (16, 32, 48, 64; default 32): 64 halves\n"
+               "                      the barriers per product; JSON rows carry \"cm_bk\" (null: 32)\n"
                "kernels:\n");
     for (size_t i = 0; i < N_BENCHES; i++)
         fprintf(f, "  %-12s %s\n", benches[i].name, benches[i].dims);
@@ -900,7 +904,7 @@ typedef struct bench_cli {
     uint32_t matvec_wg, matvec_rows, matvec_mc, matvec_mu; /* --matvec-cfg (0: the library's choice) */
     uint32_t cm_m, cm_n, cm_wm, cm_wn; /* --cm-cfg (0: the library's choice) */
     uint32_t cm_split;                 /* --cm-split (0: the library's choice) */
-    uint32_t cm_stages;                /* --cm-stages (0: the library's choice) */
+    uint32_t cm_stages, cm_bk;         /* --cm-stages, --cm-bk (0: the library's choice) */
     double warm_ms;                    /* --warm-ms (< 0: the device's default) */
     devprobe_opts o;
     vki_device_params dp;
@@ -926,7 +930,7 @@ static int parse_args(int argc, char **argv, bench_cli *cl)
         {"kernel", 1, 0, 'k'}, {"type", 1, 0, 't'}, {"shape", 1, 0, 's'}, {"device", 1, 0, 'd'},
         {"iters", 1, 0, 'n'},  {"warmup", 1, 0, 'w'}, {"reps", 1, 0, 'r'}, {"small", 0, 0, 'S'},
         {"full", 0, 0, 'F'},   {"help", 0, 0, 'h'},  {"coopmat", 1, 0, 'C'}, {"crossover", 0, 0, 'X'},
-        {"json", 0, 0, 'J'},   {"matvec-cfg", 1, 0, 'V'}, {"cm-cfg", 1, 0, 'G'}, {"cm-split", 1, 0, 'K'}, {"cm-stages", 1, 0, 'T'},
+        {"json", 0, 0, 'J'},   {"matvec-cfg", 1, 0, 'V'}, {"cm-cfg", 1, 0, 'G'}, {"cm-split", 1, 0, 'K'}, {"cm-stages", 1, 0, 'T'}, {"cm-bk", 1, 0, 'B'},
         {"warm-ms", 1, 0, 'M'}, {0, 0, 0, 0}};
     for (int ch; (ch = getopt_long(argc, argv, "k:t:s:d:n:w:r:h", lo, NULL)) != -1;) {
         bench_shape *sh = &cl->shapes[cl->n_shapes < MAX_CL_SHAPES ? cl->n_shapes : 0];
@@ -949,6 +953,7 @@ static int parse_args(int argc, char **argv, bench_cli *cl)
         case 'J': cl->json = true; break;
         case 'K': ok = parse_count("--cm-split", optarg, 64, &cl->cm_split); break;
         case 'T': ok = parse_count("--cm-stages", optarg, 2, &cl->cm_stages); break;
+        case 'B': ok = parse_count("--cm-bk", optarg, 64, &cl->cm_bk); break;
         case 'M': {
             char *end;
             cl->warm_ms = strtod(optarg, &end);
@@ -1104,7 +1109,7 @@ int main(int argc, char **argv)
     d->matvec_wg = cl.matvec_wg, d->matvec_rows = cl.matvec_rows, d->matvec_mc = cl.matvec_mc;
     d->matvec_mu = cl.matvec_mu;
     d->cm_tile_m = cl.cm_m, d->cm_tile_n = cl.cm_n, d->cm_warp_m = cl.cm_wm, d->cm_warp_n = cl.cm_wn;
-    d->cm_split = cl.cm_split, d->cm_stages = cl.cm_stages;
+    d->cm_split = cl.cm_split, d->cm_stages = cl.cm_stages, d->cm_bk = cl.cm_bk;
     cl.o.warm_ms = cl.warm_ms >= 0 ? cl.warm_ms : d->info.type == VKI_DEVICE_CPU ? 0 : 50;
     bool small = cl.size_pref == 0 || (cl.size_pref < 0 && d->info.type == VKI_DEVICE_CPU);
     vkd_cmd c;
