@@ -47,8 +47,9 @@ layout(std430, binding = 4) readonly buffer PT { uint page_table[]; };    // u32
 layout(std430, binding = 5) readonly buffer IT { uvec4 items[]; };        // vki_attn_item: {seq, q0, nq, 0}
 layout(std430, binding = 6) writeonly buffer O { float o[]; };            // f32 rows: [o_off + t * o_stride + h * head_dim + d]
 
-shared float16_t qs[BR * QST];  // scaled queries, row r = (token r / gw, head r % gw)
-shared float16_t kvs[BC * QST]; // the K tile, then the V tile, [key][dim]
+// qs and kvs: F16 quads (cm_f16x4), one 64-bit store per 4 values; indices in F16 values below
+shared uvec2 qs[BR * QST / 4u];  // scaled queries, row r = (token r / gw, head r % gw)
+shared uvec2 kvs[BC * QST / 4u]; // the K tile, then the V tile, [key][dim]
 shared float16_t ps[BR * PST];  // probabilities of the tile
 shared float ss[BR * SST];      // scores of the tile, then its P V
 
@@ -74,8 +75,7 @@ void load_queries()
             uint qb = p.q_off + (sq.row0 + q0 + r / p.gw) * p.q_stride + (h0 + r % p.gw) * p.head_dim + d;
             v = p.q_scale * vec4(q[qb], q[qb + 1u], q[qb + 2u], q[qb + 3u]);
         }
-        [[unroll]] for (uint c = 0u; c < 4u; c++)
-            qs[r * QST + d + c] = float16_t(v[c]);
+        qs[(r * QST + d) / 4u] = cm_f16x4(v);
     }
 }
 
@@ -95,10 +95,9 @@ void load_tile(bool is_k, uint k0, uint kend, uint lo0)
             else
                 KV_LOAD(vpool, page, rip, ch, p.head_dim, lo, hi)
         }
-        [[unroll]] for (uint c = 0u; c < 4u; c++) {
-            kvs[kk * QST + 8u * ch + c] = float16_t(lo[c]);
-            kvs[kk * QST + 8u * ch + 4u + c] = float16_t(hi[c]);
-        }
+        const uint e = (kk * QST + 8u * ch) / 4u;
+        kvs[e] = cm_f16x4(lo);
+        kvs[e + 1u] = cm_f16x4(hi);
     }
 }
 
@@ -113,8 +112,8 @@ void scores()
         CM_UNROLL for (uint d0 = 0u; d0 < HDP; d0 += CM_K) {
             CM_DECL_A(a, 1);
             CM_DECL_B(b);
-            cm_load_a(a[0], qs, r0 * QST + d0, QST);
-            cm_load_bt(b, kvs, c0 * QST + d0, QST); // B[d][key] = K[key][d]
+            cm_load_a4(a[0], qs, r0 * QST + d0, QST);
+            cm_load_bt4(b, kvs, c0 * QST + d0, QST); // B[d][key] = K[key][d]
             cm_mul_add(s[0], a[0], b);
         }
         cm_store_c(s[0], ss, r0 * SST + c0, SST);
@@ -157,7 +156,7 @@ void pv()
             CM_DECL_A(a, 1);
             CM_DECL_B(b);
             cm_load_a(a[0], ps, r0 * PST + k, PST);
-            cm_load_b(b, kvs, k * QST + d0, QST);
+            cm_load_b4(b, kvs, k * QST + d0, QST);
             cm_mul_add(c[0], a[0], b);
         }
         cm_store_c(c[0], ss, r0 * SST + d0, SST);

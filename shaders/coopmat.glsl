@@ -18,6 +18,12 @@
 //   cm_load_a(a, buf, el, st)       A[r][k] = buf[el + r * st + k]   (buf: a float16_t array)
 //   cm_load_b(b, buf, el, st)       B[k][n] = buf[el + k * st + n]
 //   cm_load_bt(b, buf, el, st)      B[k][n] = buf[el + n * st + k]   (B stored transposed)
+//   cm_load_a4(a, buf, el, st), cm_load_b4(b, buf, el, st), cm_load_bt4(b, buf, el, st)
+//                                   the same from a uvec2 array packing 4 F16 values per element
+//                                   (cm_f16x4), el and st still in F16 values, multiples of 4:
+//                                   stores of 4 values are one 64-bit store, and the NV load
+//                                   knows its rows' alignment from the type (SPV_NV_cooperative_
+//                                   matrix's issue 8: shared memory declared as a wider type)
 //   cm_mul_add(c, a, b)             c = a * b + c
 //   cm_store_c(c, buf, el, st)      buf[el + r * st + n] = C[r][n]   (buf: a float array)
 //   CM_UNROLL                       [[unroll]] on NV, where fragment arrays must stay in
@@ -47,6 +53,9 @@ layout(constant_id = CM_SPEC_ID + 3) const uint CM_SG = 32;
 #define cm_load_a(a, buf, el, st) coopMatLoadNV(a, buf, el, st, false)
 #define cm_load_b(b, buf, el, st) coopMatLoadNV(b, buf, el, st, false)
 #define cm_load_bt(b, buf, el, st) coopMatLoadNV(b, buf, el, st, true)
+#define cm_load_a4(a, buf, el, st) coopMatLoadNV(a, buf, (el) / 4u, (st) / 4u, false)
+#define cm_load_b4(b, buf, el, st) coopMatLoadNV(b, buf, (el) / 4u, (st) / 4u, false)
+#define cm_load_bt4(b, buf, el, st) coopMatLoadNV(b, buf, (el) / 4u, (st) / 4u, true)
 #define cm_mul_add(c, a, b) (c) = coopMatMulAddNV(a, b, c)
 #define cm_store_c(c, buf, el, st) coopMatStoreNV(c, buf, el, st, false)
 
@@ -71,20 +80,26 @@ const uint CM_NS = CM_N / CM_SG;        // C (and B) slots per row
         for (uint cm_j = 0u; cm_j < CM_CE; cm_j++)                                              \
             (c)[cm_j] = (v);                                                                    \
     }
-// dst[j] = float(buf[el + row(e) * st + col(e)]), e = j * CM_SG + lane, over a rows x cols
+// dst[j] = GET(buf, el + row(e) * st + col(e)), e = j * CM_SG + lane, over a rows x cols
 // fragment; tr swaps the roles of row and column in the address (transposed storage).
-#define CM_EMU_LOAD(dst, slots, cols, tr, buf, el, st)                                          \
+#define CM_EMU_LOAD(dst, slots, cols, tr, GET, buf, el, st)                                     \
     {                                                                                           \
         const uint cm_el = (el), cm_st = (st);                                                  \
         for (uint cm_j = 0u; cm_j < (slots); cm_j++) {                                          \
             const uint cm_e = cm_j * CM_SG + gl_SubgroupInvocationID;                           \
             const uint cm_r = cm_e / (cols), cm_c = cm_e % (cols);                              \
-            (dst)[cm_j] = float(buf[cm_el + ((tr) ? cm_c * cm_st + cm_r : cm_r * cm_st + cm_c)]); \
+            (dst)[cm_j] = GET(buf, cm_el + ((tr) ? cm_c * cm_st + cm_r : cm_r * cm_st + cm_c)); \
         }                                                                                       \
     }
-#define cm_load_a(a, buf, el, st) CM_EMU_LOAD(a, CM_AE, CM_K, false, buf, el, st)
-#define cm_load_b(b, buf, el, st) CM_EMU_LOAD(b, CM_BE, CM_N, false, buf, el, st)
-#define cm_load_bt(b, buf, el, st) CM_EMU_LOAD(b, CM_BE, CM_N, true, buf, el, st)
+#define CM_GET(buf, i) float(buf[i])
+// F16 value i of a uvec2 array of cm_f16x4 quads
+#define CM_GET4(buf, i) float(unpackFloat2x16(buf[(i) >> 2u][((i) >> 1u) & 1u])[(i) & 1u])
+#define cm_load_a(a, buf, el, st) CM_EMU_LOAD(a, CM_AE, CM_K, false, CM_GET, buf, el, st)
+#define cm_load_b(b, buf, el, st) CM_EMU_LOAD(b, CM_BE, CM_N, false, CM_GET, buf, el, st)
+#define cm_load_bt(b, buf, el, st) CM_EMU_LOAD(b, CM_BE, CM_N, true, CM_GET, buf, el, st)
+#define cm_load_a4(a, buf, el, st) CM_EMU_LOAD(a, CM_AE, CM_K, false, CM_GET4, buf, el, st)
+#define cm_load_b4(b, buf, el, st) CM_EMU_LOAD(b, CM_BE, CM_N, false, CM_GET4, buf, el, st)
+#define cm_load_bt4(b, buf, el, st) CM_EMU_LOAD(b, CM_BE, CM_N, true, CM_GET4, buf, el, st)
 #define cm_mul_add(c, a, b)                                                                     \
     {                                                                                           \
         for (uint cm_r = 0u; cm_r < CM_M; cm_r++) {                                             \
@@ -113,3 +128,6 @@ const uint CM_NS = CM_N / CM_SG;        // C (and B) slots per row
 #else
 #error "coopmat.glsl: define CM_NV or CM_EMU"
 #endif
+
+// Four F32 values rounded to F16 (each as float16_t(v) would), packed for cm_load_a4 / _bt4.
+uvec2 cm_f16x4(vec4 v) { return uvec2(packFloat2x16(f16vec2(v.xy)), packFloat2x16(f16vec2(v.zw))); }

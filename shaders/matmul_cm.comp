@@ -14,7 +14,9 @@
 // (WM/CM_M)(WN/CM_N)(BK/CM_K) multiply-adds against WM + WN fragment loads from shared
 // memory), else by the dequantising stage, which is the portable kernel's. Weight bytes are
 // read ceil(M / BM) times. Shared rows are padded by 8 halves: 16-byte aligned starts for the
-// fragment loads, and consecutive rows off the 128-byte bank period.
+// fragment loads, and consecutive rows off the 128-byte bank period. The tiles are uvec2 arrays
+// of F16 quads: each staged group of 4 values is one 64-bit store (it was four 16-bit ones, two
+// of them to the same bank), and the fragment loads see 8-byte elements.
 //
 // Edge tiles: X rows >= M and W rows >= N stage as zeros, K tails (F32/F16 only) as zeros;
 // each accumulator goes through a per-subgroup scratch to Y, where store_y drops the padding
@@ -53,8 +55,10 @@ layout(std430, binding = 5) coherent buffer NC { uint ncnt[]; };  // u32 per til
 const uint ST = BK + 8u;          // shared row stride in halves
 const uint WGN = BN / WN;         // subgroups along N
 const uint FM = WM / CM_M, FN = WN / CM_N;
-shared float16_t As[STAGES * BM * ST]; // X tile, [stage][m][k]
-shared float16_t Bs[STAGES * BN * ST]; // W tile, dequantised, [stage][n][k]
+// F16 values packed by 4 (cm_f16x4: a stage's 4 values are one 64-bit store); indices below are
+// in F16 values, the arrays' in quads.
+shared uvec2 As[STAGES * BM * ST / 4u]; // X tile, [stage][m][k]
+shared uvec2 Bs[STAGES * BN * ST / 4u]; // W tile, dequantised, [stage][n][k]
 shared float Cs[(BM / WM) * WGN * CM_M * CM_N]; // one accumulator fragment per subgroup
 
 // k0 + k < K where a step can pass K: float types read zeros there themselves (load_x4,
@@ -72,15 +76,13 @@ void stage(uint m_tile, uint n_tile, uint k0, uint s)
     for (uint i = gl_LocalInvocationID.x; i < BM * K4; i += gl_WorkGroupSize.x) {
         const uint row = i / K4, k = 4u * (i % K4);
         const vec4 v = m_tile + row < MM_ROWS && IN_K(k0 + k) ? load_x4(m_tile + row, k0 + k) : vec4(0.0);
-        [[unroll]] for (uint c = 0u; c < 4u; c++)
-            As[a0 + row * ST + k + c] = float16_t(v[c]);
+        As[(a0 + row * ST + k) / 4u] = cm_f16x4(v);
     }
     for (uint i = gl_LocalInvocationID.x; i < BN * K4; i += gl_WorkGroupSize.x) {
         const uint row = i / K4, k = 4u * (i % K4), n = n_tile + row;
         const vec4 v = n < p.N && IN_K(k0 + k) ? dq_load4(dq_row_base(W_ROW(n), p.w_stride), k0 + k, p.K)
                                                : vec4(0.0);
-        [[unroll]] for (uint c = 0u; c < 4u; c++)
-            Bs[b0 + row * ST + k + c] = float16_t(v[c]);
+        Bs[(b0 + row * ST + k) / 4u] = cm_f16x4(v);
     }
 }
 
@@ -124,10 +126,10 @@ void main()
             CM_UNROLL for (uint kk = 0u; kk < BK; kk += CM_K) {
                 CM_DECL_A(a, FM);
                 CM_UNROLL for (uint i = 0u; i < FM; i++)
-                    cm_load_a(a[i], As, a0 + (wm0 + i * CM_M) * ST + kk, ST);
+                    cm_load_a4(a[i], As, a0 + (wm0 + i * CM_M) * ST + kk, ST);
                 CM_UNROLL for (uint j = 0u; j < FN; j++) {
                     CM_DECL_B(b);
-                    cm_load_bt(b, Bs, b0 + (wn0 + j * CM_N) * ST + kk, ST);
+                    cm_load_bt4(b, Bs, b0 + (wn0 + j * CM_N) * ST + kk, ST);
                     CM_UNROLL for (uint i = 0u; i < FM; i++)
                         cm_mul_add(acc[i * FN + j], a[i], b);
                 }
