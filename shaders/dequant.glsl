@@ -483,21 +483,31 @@ layout(std430, binding = DQ_BINDING) readonly buffer DqW4 { uvec4 dq_w4[]; };
 #define DQ_KQS 4u
 #endif
 uint dq_row_base(uint row, uint stride_bytes) { return row * (stride_bytes >> 2); }
-// (d*sc, dmin*m) of sub-block j (0..7) from the block header hd = {d|dmin, scales[0..11]}.
-// The 12 scale bytes pack eight 6-bit pairs: j < 4 in the low 6 bits of bytes j / j+4; j >= 4
-// split over byte j+4 and the top 2 bits of bytes j-4 / j.
-vec2 dq_q4k_scale(uvec4 hd, uint j) {
-    vec2 dm = unpackHalf2x16(hd.x);
-    uint jj = 8u * (j & 3u), sc, m;
-    if (j < 4u) {
-        sc = (hd.y >> jj) & 63u;
-        m = (hd.z >> jj) & 63u;
-    } else {
-        uint hi = hd.w >> jj;
-        sc = (hi & 15u) | (((hd.y >> jj) >> 6 & 3u) << 4);
-        m = (hi >> 4 & 15u) | (((hd.z >> jj) >> 6 & 3u) << 4);
-    }
-    return vec2(dm.x * float(sc), dm.y * float(m));
+// The block header hd = {d|dmin, scales[0..11]}: its 12 scale bytes pack eight 6-bit (sc, m)
+// pairs, sub-block j < 4 in the low 6 bits of bytes j / j+4, j >= 4 split over byte j+4 (low /
+// high nibble) and the top 2 bits of bytes j-4 / j. dq_q4k_pair: sub-blocks 2c and 2c+1 (c =
+// 0..3), sc in .x and m in .y, 2c's in bits 0..7 and 2c+1's in bits 8..15. Both layouts are
+// unpacked two sub-blocks at a time and selected, without a branch: adjacent lanes of a GEMV
+// warp hold different c, and the branch per sub-block it replaced ran both sides, twice per unit
+// (by a count of the source's operations, about half of a Q4_K unit's work in the integer-dot
+// GEMV).
+uvec2 dq_q4k_pair(uvec4 hd, uint c) {
+    const uint sh = 16u * (c & 1u);
+    const uvec2 yz = uvec2(hd.y, hd.z) >> sh, w = uvec2(hd.w >> sh, hd.w >> (sh + 4u));
+    const uvec2 lo = yz & 0x3F3Fu, hi = (w & 0x0F0Fu) | ((yz >> 2u) & 0x3030u);
+    return c < 2u ? lo : hi;
+}
+// (d*sc, dmin*m) of sub-blocks 2c (.xy) and 2c+1 (.zw).
+vec4 dq_q4k_scales(uvec4 hd, uint c) {
+    const vec2 dm = unpackHalf2x16(hd.x);
+    const uvec2 p = dq_q4k_pair(hd, c);
+    return vec4(dm.x * float(p.x & 0xFFu), dm.y * float(p.y & 0xFFu), dm.x * float(p.x >> 8u), dm.y * float(p.y >> 8u));
+}
+// ... of sub-block 2c + h alone.
+vec2 dq_q4k_scale(uvec4 hd, uint c, uint h) {
+    const vec2 dm = unpackHalf2x16(hd.x);
+    const uvec2 p = (dq_q4k_pair(hd, c) >> (8u * h)) & 0xFFu;
+    return vec2(dm.x * float(p.x), dm.y * float(p.y));
 }
 // q of 4 elements from their nibbles (shifted down) and, for Q5_K, qh bytes shifted to the bit.
 vec4 dq_k5(uint nib, uint qh) {
@@ -509,7 +519,7 @@ vec4 dq_k5(uint nib, uint qh) {
 }
 vec4 dq_load4(uint rb, uint k, uint K) {
     uint b = rb + (k >> 8) * DQ_KW, kb = k & 255u, c = kb >> 6, h = (kb >> 5) & 1u, l = kb & 31u;
-    vec2 s = dq_q4k_scale(dq_w4[b >> 2], 2u * c + h);
+    vec2 s = dq_q4k_scale(dq_w4[b >> 2], c, h);
     uint qh = 0u;
 #ifdef DQ_Q5_K
     qh = dq_w[b + 4u + (l >> 2)] >> (2u * c + h);
@@ -521,7 +531,8 @@ vec4 dq_load4(uint rb, uint k, uint K) {
 void dq_unit(uint rb, uint ib, uint iu, out vec4 w[DQ_UNIT_V4]) {
     uint b = rb + ib * DQ_KW, c = iu >> 2, s = iu & 3u;
     uvec4 hd = dq_w4[b >> 2];
-    vec2 lo = dq_q4k_scale(hd, 2u * c), hi = dq_q4k_scale(hd, 2u * c + 1u);
+    const vec4 sm = dq_q4k_scales(hd, c);
+    const vec2 lo = sm.xy, hi = sm.zw;
     uvec2 q = dq_w2[(b + DQ_KQS + 8u * c + 2u * s) >> 1], qh = uvec2(0u);
 #ifdef DQ_Q5_K
     qh = dq_w2[(b + 4u + 2u * s) >> 1] >> (2u * c);
@@ -538,7 +549,8 @@ uint dq_unit_k(uint iu, uint g) { return 64u * (iu >> 2) + 8u * (iu & 3u) + 4u *
 void dq_unit_i8(uint rb, uint ib, uint iu, out uvec4 q, out vec4 a, out vec4 b) {
     uint bb = rb + ib * DQ_KW, c = iu >> 2, s = iu & 3u;
     uvec4 hd = dq_w4[bb >> 2];
-    vec2 lo = dq_q4k_scale(hd, 2u * c), hi = dq_q4k_scale(hd, 2u * c + 1u);
+    const vec4 sm = dq_q4k_scales(hd, c);
+    const vec2 lo = sm.xy, hi = sm.zw;
     uvec2 w = dq_w2[(bb + DQ_KQS + 8u * c + 2u * s) >> 1];
     q = (uvec4(w.x, w.y, w.x, w.y) >> uvec4(0u, 0u, 4u, 4u)) & 0x0F0F0F0Fu;
 #ifdef DQ_Q5_K
