@@ -19,7 +19,8 @@
 #define RMSNORM_TOL 2e-12 /* measured on lavapipe: <= 2.3e-14 over seeds 1-7 (was 1e-10) */
 #define SOFTMAX_TOL 3e-11 /* measured: <= 3.6e-13 (was 1e-10) */
 #define ROPE_TOL 1e-11
-#define GLU_TOL 1e-12   /* measured on lavapipe: SwiGLU 7e-15 to 1.2e-14, GeGLU ~4e-16 */
+#define GLU_TOL 1e-12   /* SwiGLU; measured: lavapipe 7e-15 to 1.2e-14, H200 6.8e-14 */
+#define GEGLU_TOL 1e-13 /* measured: lavapipe ~4e-16, H200 1.2e-15 */
 #define UNARY_TOL 2e-13 /* measured: scale exact (0), soft-cap 4.5e-15 (was 1e-12: 220x) */
 
 typedef struct mshape {
@@ -372,7 +373,7 @@ static void test_glu(void **state)
         vt_submit_wait(g);
         char label[96];
         snprintf(label, sizeof label, "%s %ux%u%s", act ? "geglu" : "swiglu", gs.rows, gs.cols, fused ? " fused" : "");
-        double e = check_out(g, by, ny, ys, ref, GLU_TOL, label);
+        double e = check_out(g, by, ny, ys, ref, act ? GEGLU_TOL : GLU_TOL, label);
         worst[act] = e > worst[act] ? e : worst[act];
         vkd_buffer_destroy(g->dev, bg);
         if (!fused)
@@ -383,7 +384,8 @@ static void test_glu(void **state)
             free(u);
         free(ref);
     }
-    fprintf(stderr, "  worst NMSE: swiglu %.2e, geglu %.2e (tolerance %.0e)\n", worst[0], worst[1], GLU_TOL);
+    fprintf(stderr, "  worst NMSE: swiglu %.2e (tolerance %.0e), geglu %.2e (%.0e)\n", worst[0], GLU_TOL, worst[1],
+            GEGLU_TOL);
     vt_assert_clean(g);
 }
 
