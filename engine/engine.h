@@ -251,6 +251,7 @@ vki_status vk_forward_record_lm_head(vk_engine *e, uint32_t T, uint32_t n_out);
  * normed input; the result is added into x), its scratch (no-ops for dense models) and its
  * pipelines. */
 vki_status vk_forward_moe(vk_engine *e, uint32_t il, uint32_t T);
+bool vk_moe_h_i8(const vk_engine *e, const vk_layer *L, uint32_t T);
 vki_status vk_moe_scratch_create(vk_engine *e);
 void vk_moe_scratch_destroy(vk_engine *e);
 vki_status vk_moe_prepare(vk_engine *e);

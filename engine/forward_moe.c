@@ -109,8 +109,22 @@ vki_status vk_moe_prepare(vk_engine *e)
     return st;
 }
 
-/* Rows [t0, t0 + n) of the step's tokens through the layer's experts, added into x. */
-static vki_status moe_chunk(vk_engine *e, const vk_layer *L, uint32_t t0, uint32_t n)
+/* Whether a step of T tokens takes the layer's experts in one chunk on the matrix-vector path
+ * with the gate or up experts on integer dot products: then h's int8 copy is what the FFN norm
+ * (or the norm epilogue of the attention's output projection) writes with h, as for a dense FFN
+ * (engine/forward.c's ffn_i8), and the chunk has no quant_x8 pass of its own. */
+bool vk_moe_h_i8(const vk_engine *e, const vk_layer *L, uint32_t T)
+{
+    const model_hparams *hp = &e->model.hp;
+    if (!T || T > e->s.moe_rows)
+        return false;
+    op_mm_path path = e->p.batch_invariant ? OP_MM_GEMV : op_matmul_id_path(e->dev, T * hp->n_expert_used, hp->n_expert);
+    return path == OP_MM_GEMV && (moe_i8(e, &L->w_gate_exps, hp->d_model) || moe_i8(e, &L->w_up_exps, hp->d_model));
+}
+
+/* Rows [t0, t0 + n) of the step's tokens through the layer's experts, added into x; h_q: s->xq
+ * already holds these rows of h quantised (vk_moe_h_i8, written by the norm). */
+static vki_status moe_chunk(vk_engine *e, const vk_layer *L, uint32_t t0, uint32_t n, bool h_q)
 {
     const model_hparams *hp = &e->model.hp;
     vk_scratch *s = &e->s;
@@ -141,7 +155,7 @@ static vki_status moe_chunk(vk_engine *e, const vk_layer *L, uint32_t t0, uint32
     const bool gv = path == OP_MM_GEMV, gi8 = gv && moe_i8(e, &L->w_gate_exps, d);
     const bool ui8 = gv && moe_i8(e, &L->w_up_exps, d), di8 = gv && s->moe_gq && moe_i8(e, &L->w_down_exps, ff);
     const vkd_view xq = vkd_whole(s->xq), gq = di8 ? vkd_whole(s->moe_gq) : (vkd_view){0};
-    if (gi8 || ui8) {
+    if ((gi8 || ui8) && !h_q) {
         vkd_role(c, "ffn_moe_xq");
         TRY(op_quant_x8(c, h, d, n, d, xq));
         vkd_barrier(c);
@@ -181,9 +195,11 @@ static vki_status moe_chunk(vk_engine *e, const vk_layer *L, uint32_t t0, uint32
 vki_status vk_forward_moe(vk_engine *e, uint32_t il, uint32_t T)
 {
     const vk_layer *L = &e->model.layers[il];
+    const bool h_q = e->xq_of_h && T <= e->s.moe_rows; /* one chunk: rows [0, T) of xq are h's */
+    e->xq_of_h = false;
     for (uint32_t t0 = 0; t0 < T; t0 += e->s.moe_rows) {
         uint32_t n = T - t0 < e->s.moe_rows ? T - t0 : e->s.moe_rows;
-        TRY(moe_chunk(e, L, t0, n));
+        TRY(moe_chunk(e, L, t0, n, h_q));
     }
     return VKI_OK;
 }
