@@ -118,7 +118,8 @@ bool vk_moe_h_i8(const vk_engine *e, const vk_layer *L, uint32_t T)
     const model_hparams *hp = &e->model.hp;
     if (!T || T > e->s.moe_rows)
         return false;
-    op_mm_path path = e->p.batch_invariant ? OP_MM_GEMV : op_matmul_id_path(e->dev, T * hp->n_expert_used, hp->n_expert);
+    op_mm_path path =
+        e->p.batch_invariant ? OP_MM_GEMV : op_matmul_id_path(e->dev, T * hp->n_expert_used, hp->n_expert);
     return path == OP_MM_GEMV && (moe_i8(e, &L->w_gate_exps, hp->d_model) || moe_i8(e, &L->w_up_exps, hp->d_model));
 }
 

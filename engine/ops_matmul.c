@@ -142,7 +142,8 @@ static void matmul_spec(const vkd_device *d, uint32_t spec[6])
 /* matmul_cm {WG, BM, BN, BK, WM, WN, CM_M, CM_N, CM_K, CM_SG, STAGES}, largest tiles first: the
  * first whose shared memory (per stage two F16 tiles with 8-half row padding; one F32 fragment
  * per subgroup) and subgroup count fit. STAGES is d->cm_stages and BK d->cm_bk (defaults 1 and
- * 32; two stages, 48 KiB at 128 x 128, and BK = 64, 45 KiB, wait for the GPU sweep's verdict). GPUs: 128 x 128 tiles over 8 subgroups of 64 x 32 (8 accumulator
+ * 32; two stages, 48 KiB at 128 x 128, and BK = 64, 45 KiB, wait for the GPU sweep's verdict).
+ * GPUs: 128 x 128 tiles over 8 subgroups of 64 x 32 (8 accumulator
  * fragments of 16 x 16 per subgroup; 28.7 KiB), the shape of the tensor-core GEMMs that reach
  * most of the peak, not measured here (no GPU was available; bench-kernels prints matmul_cm
  * TFLOP/s next to cm_peak); up to 64 rows, 64 x 128 tiles, which halve the padding computed just

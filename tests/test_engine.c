@@ -353,7 +353,8 @@ static void test_stories_logits_vs_reference(void **state)
     for (int kv = 0; kv < 2; kv++) {
         fixture fx;
         fixture_open(g, path, kv ? VKI_GGML_F16 : VKI_GGML_F32, 64, &fx);
-        check_against_reference(&fx, prompt, 8, 6, 64, kv ? TOL_F16KV_STORIES : TOL_F32, kv ? "stories260K f16 kv" : "stories260K");
+        check_against_reference(&fx, prompt, 8, 6, 64, kv ? TOL_F16KV_STORIES : TOL_F32,
+                                kv ? "stories260K f16 kv" : "stories260K");
         fixture_close(&fx);
     }
     vt_assert_clean(g);

@@ -806,11 +806,11 @@ static void print_row(bench_out *out, const char *kernel, const char *tname, ben
         snprintf(bk, sizeof bk, "%u", out->d->cm_bk);
     printf("{\"device\":\"%s\",\"driver\":\"%s %s\",\"kernel\":\"%s\",\"type\":\"%s\",\"M\":%u,\"N\":%u,"
            "\"K\":%u,\"us_per_call\":%.3f,\"gbps\":%.3f,\"gflops\":%.3f,\"copy_gbps\":%.3f,\"bw_fraction\":%s,"
-           "\"matvec_cfg\":%s,\"cm_cfg\":%s,\"cm_stages\":%s,\"cm_bk\":%s,\"splits\":%s,\"cm_split\":%s,\"us_min\":%.3f,"
-           "\"us_max\":%.3f,\"warm_batches\":%u}\n",
+           "\"matvec_cfg\":%s,\"cm_cfg\":%s,\"cm_stages\":%s,\"cm_bk\":%s,\"splits\":%s,\"cm_split\":%s,"
+           "\"us_min\":%.3f,\"us_max\":%.3f,\"warm_batches\":%u}\n",
            out->d->info.name, out->d->info.driver_name, out->d->info.driver_info, kernel, tname, s.M, s.N, s.K,
-           per_call * 1e6, gbps, r->flops / per_call * 1e-9, out->copy_gbps, fr, cfg, cm_cfg, stages, bk, js, forced, tm->min * 1e6,
-           tm->max * 1e6, tm->warm_batches);
+           per_call * 1e6, gbps, r->flops / per_call * 1e-9, out->copy_gbps, fr, cfg, cm_cfg, stages, bk, js, forced,
+           tm->min * 1e6, tm->max * 1e6, tm->warm_batches);
     fflush(stdout);
 }
 
@@ -930,7 +930,8 @@ static int parse_args(int argc, char **argv, bench_cli *cl)
         {"kernel", 1, 0, 'k'}, {"type", 1, 0, 't'}, {"shape", 1, 0, 's'}, {"device", 1, 0, 'd'},
         {"iters", 1, 0, 'n'},  {"warmup", 1, 0, 'w'}, {"reps", 1, 0, 'r'}, {"small", 0, 0, 'S'},
         {"full", 0, 0, 'F'},   {"help", 0, 0, 'h'},  {"coopmat", 1, 0, 'C'}, {"crossover", 0, 0, 'X'},
-        {"json", 0, 0, 'J'},   {"matvec-cfg", 1, 0, 'V'}, {"cm-cfg", 1, 0, 'G'}, {"cm-split", 1, 0, 'K'}, {"cm-stages", 1, 0, 'T'}, {"cm-bk", 1, 0, 'B'},
+        {"json", 0, 0, 'J'},   {"matvec-cfg", 1, 0, 'V'}, {"cm-cfg", 1, 0, 'G'}, {"cm-split", 1, 0, 'K'},
+        {"cm-stages", 1, 0, 'T'}, {"cm-bk", 1, 0, 'B'},
         {"warm-ms", 1, 0, 'M'}, {0, 0, 0, 0}};
     for (int ch; (ch = getopt_long(argc, argv, "k:t:s:d:n:w:r:h", lo, NULL)) != -1;) {
         bench_shape *sh = &cl->shapes[cl->n_shapes < MAX_CL_SHAPES ? cl->n_shapes : 0];
