@@ -535,10 +535,10 @@ static void test_coopmat_split(void **state)
  * = 2: step k + 1 staged into the other buffer while step k's products run) and K steps of 64
  * (BK = 64: a quantised step half past K, read as zeros: X rows carry NaN in their stride
  * padding; Q4_1 rows are not padded to a scale group, so the last one's step past K would read
- * past the tensor; float K tails read as zeros), emulated and, where
- * present, on tensor cores; odd and even step counts, edge tiles, split-K at split boundaries
- * both step sizes share (each split's own first step), accumulation and bias; each variant also
- * against the F16-rounded reference. */
+ * past the tensor; float K tails read as zeros), emulated and, where present, on tensor cores;
+ * odd and even step counts, edge tiles, split-K at split boundaries both step sizes share (each
+ * split's own first step), accumulation and bias; each variant also against the F16-rounded
+ * reference. */
 static void test_coopmat_staging(void **state)
 {
     vt_gpu *g = vt_gpu_get(state);
@@ -578,6 +578,7 @@ static void test_coopmat_staging(void **state)
             g->dev->cm_split = cases[i].split;
             for (size_t v = 0; v < sizeof variants / sizeof variants[0]; v++) {
                 g->dev->cm_stages = variants[v][0], g->dev->cm_bk = variants[v][1];
+                assert_int_equal(op_matmul_cm_splits(g->dev, M, N, K), cases[i].split ? cases[i].split : 1);
                 vkd_buffer *by = vt_buf_from(g, y0, (size_t)M * N * 4, "y");
                 vt_begin(g);
                 assert_int_equal(op_matmul_ex(&g->cmd, &t, cases[i].bias ? &vb : NULL, vkd_whole(bx), xs,
