@@ -500,14 +500,15 @@ uvec2 dq_q4k_pair(uvec4 hd, uint c) {
 // (d*sc, dmin*m) of sub-blocks 2c (.xy) and 2c+1 (.zw).
 vec4 dq_q4k_scales(uvec4 hd, uint c) {
     const vec2 dm = unpackHalf2x16(hd.x);
-    const uvec2 p = dq_q4k_pair(hd, c);
-    return vec4(dm.x * float(p.x & 0xFFu), dm.y * float(p.y & 0xFFu), dm.x * float(p.x >> 8u), dm.y * float(p.y >> 8u));
+    const uvec2 sm = dq_q4k_pair(hd, c); // (not p: the kernels' push constants)
+    return vec4(dm.x * float(sm.x & 0xFFu), dm.y * float(sm.y & 0xFFu), dm.x * float(sm.x >> 8u),
+                dm.y * float(sm.y >> 8u));
 }
 // ... of sub-block 2c + h alone.
 vec2 dq_q4k_scale(uvec4 hd, uint c, uint h) {
     const vec2 dm = unpackHalf2x16(hd.x);
-    const uvec2 p = (dq_q4k_pair(hd, c) >> (8u * h)) & 0xFFu;
-    return vec2(dm.x * float(p.x), dm.y * float(p.y));
+    const uvec2 sm = (dq_q4k_pair(hd, c) >> (8u * h)) & 0xFFu;
+    return vec2(dm.x * float(sm.x), dm.y * float(sm.y));
 }
 // q of 4 elements from their nibbles (shifted down) and, for Q5_K, qh bytes shifted to the bit.
 vec4 dq_k5(uint nib, uint qh) {
