@@ -37,10 +37,11 @@ layout(constant_id = 4) const uint WM = 64;  // rows per subgroup, multiple of C
 layout(constant_id = 5) const uint WN = 32;  // columns per subgroup, multiple of CM_N
 #define CM_SPEC_ID 6
 #include "coopmat.glsl"
-// Shared buffers for the operands: 1 = stage, barrier, products, barrier per BK step; 2 = step
-// k + 1 staged into the other buffer before step k's products, one barrier per step, so one
-// subgroup's global loads and dequantisation can run while another's products do (the same
-// products in the same order either way: the results are bit-identical).
+// Shared buffers for the operands: 1 = stage, barrier, products, barrier per BK step; 2 = a
+// software pipeline: step k + 1's global loads (and dequantisation) issued into registers before
+// step k's products, their F16 values stored into the other buffer after them, one barrier per
+// step: the loads' latency hides behind the invocation's own products instead of stalling it
+// before them (the same products in the same order either way: the results are bit-identical).
 layout(constant_id = 10) const uint STAGES = 1;
 
 #define DQ_BINDING 0
@@ -69,20 +70,39 @@ shared float Cs[(BM / WM) * WGN * CM_M * CM_N]; // one accumulator fragment per 
 #define IN_K(k) (BK <= 32u || (k) < p.K)
 #endif
 
-// Stage X[m_tile.., k0..] and W[n_tile.., k0..] as F16 (zeros outside the matrix) into buffer s.
-void stage(uint m_tile, uint n_tile, uint k0, uint s)
+// A step's operands in registers: quad i = tid + j * WG of the X tile (row i / K4, k 4 (i % K4))
+// in sx[j], of the W tile in sw[j]; quads past the tile are never stored.
+const uint K4 = BK / 4u, SXN = (BM * K4 - 1u) / gl_WorkGroupSize.x + 1u, SWN = (BN * K4 - 1u) / gl_WorkGroupSize.x + 1u;
+vec4 sx[SXN], sw[SWN];
+
+// Load X[m_tile.., k0..] and W[n_tile.., k0..] (W dequantised; zeros outside the matrix) into sx, sw.
+void stage_load(uint m_tile, uint n_tile, uint k0)
 {
-    const uint K4 = BK / 4u, a0 = s * BM * ST, b0 = s * BN * ST;
-    for (uint i = gl_LocalInvocationID.x; i < BM * K4; i += gl_WorkGroupSize.x) {
-        const uint row = i / K4, k = 4u * (i % K4);
-        const vec4 v = m_tile + row < MM_ROWS && IN_K(k0 + k) ? load_x4(m_tile + row, k0 + k) : vec4(0.0);
-        As[(a0 + row * ST + k) / 4u] = cm_f16x4(v);
+    [[unroll]] for (uint j = 0u; j < SXN; j++) {
+        const uint i = gl_LocalInvocationID.x + j * gl_WorkGroupSize.x, row = i / K4, k = 4u * (i % K4);
+        sx[j] = i < BM * K4 && m_tile + row < MM_ROWS && IN_K(k0 + k) ? load_x4(m_tile + row, k0 + k) : vec4(0.0);
     }
-    for (uint i = gl_LocalInvocationID.x; i < BN * K4; i += gl_WorkGroupSize.x) {
-        const uint row = i / K4, k = 4u * (i % K4), n = n_tile + row;
-        const vec4 v = n < p.N && IN_K(k0 + k) ? dq_load4(dq_row_base(W_ROW(n), p.w_stride), k0 + k, p.K)
-                                               : vec4(0.0);
-        Bs[(b0 + row * ST + k) / 4u] = cm_f16x4(v);
+    [[unroll]] for (uint j = 0u; j < SWN; j++) {
+        const uint i = gl_LocalInvocationID.x + j * gl_WorkGroupSize.x, row = i / K4, k = 4u * (i % K4);
+        const uint n = n_tile + row;
+        sw[j] = i < BN * K4 && n < p.N && IN_K(k0 + k) ? dq_load4(dq_row_base(W_ROW(n), p.w_stride), k0 + k, p.K)
+                                                       : vec4(0.0);
+    }
+}
+
+// sx, sw as F16 into buffer s.
+void stage_store(uint s)
+{
+    const uint a0 = s * BM * ST, b0 = s * BN * ST;
+    [[unroll]] for (uint j = 0u; j < SXN; j++) {
+        const uint i = gl_LocalInvocationID.x + j * gl_WorkGroupSize.x;
+        if (i < BM * K4)
+            As[(a0 + (i / K4) * ST + 4u * (i % K4)) / 4u] = cm_f16x4(sx[j]);
+    }
+    [[unroll]] for (uint j = 0u; j < SWN; j++) {
+        const uint i = gl_LocalInvocationID.x + j * gl_WorkGroupSize.x;
+        if (i < BN * K4)
+            Bs[(b0 + (i / K4) * ST + 4u * (i % K4)) / 4u] = cm_f16x4(sw[j]);
     }
 }
 
@@ -107,19 +127,22 @@ void main()
     const uint k_end = p.k_split != 0u ? min(p.K, k_begin + p.k_split) : p.K;
 #endif
     // STAGES = 2: buffer s holds step k0 (staged, then a barrier, before the loop or by the
-    // previous step); the next step goes into buffer s ^ 1, which every subgroup finished reading
-    // before the previous step's barrier.
+    // previous step); the next step's loads are issued before the products and stored into buffer
+    // s ^ 1 after them, which every subgroup finished reading before the previous step's barrier.
     uint s = 0u;
     if (STAGES > 1u && k_begin < k_end) {
-        stage(m_tile, n_tile, k_begin, 0u);
+        stage_load(m_tile, n_tile, k_begin);
+        stage_store(0u);
         barrier();
     }
     for (uint k0 = k_begin; k0 < k_end; k0 += BK) {
+        const bool next = STAGES > 1u && k0 + BK < k_end;
         if (STAGES == 1u) {
-            stage(m_tile, n_tile, k0, 0u);
+            stage_load(m_tile, n_tile, k0);
+            stage_store(0u);
             barrier();
-        } else if (k0 + BK < k_end) {
-            stage(m_tile, n_tile, k0 + BK, s ^ 1u);
+        } else if (next) {
+            stage_load(m_tile, n_tile, k0 + BK);
         }
         if (busy) {
             const uint a0 = s * BM * ST, b0 = s * BN * ST;
@@ -135,6 +158,8 @@ void main()
                 }
             }
         }
+        if (next)
+            stage_store(s ^ 1u);
         barrier();
         s ^= STAGES - 1u;
     }
