@@ -24,8 +24,10 @@
 //                               g's 4 weights are a[g] * q + b[g], q the 4 bytes of q[g] (low
 //                               byte first; int8: the IQ4 levels and Q8_0's signed, the others'
 //                               non-negative below 128). DQI_SPAN consecutive
-//                               groups share a, b and their 32-element block of X; DQI_OFF = 0:
-//                               b is 0.
+//                               groups share a, b and their 32-element block of X (the unit's
+//                               4 / DQI_SPAN blocks are consecutive); DQI_OFF = 0: b is 0;
+//                               DQI_XRUN consecutive groups are consecutive elements (a unit's
+//                               X words are 4 / DQI_XRUN loads of DQI_XRUN words, aligned).
 // Values are computed in the f32 operation order of vki_shared.h (that of ggml's reference), so
 // they match engine/quant.c up to the compiler's freedom to fuse a multiply-add.
 //
@@ -209,6 +211,7 @@ void dq_unit(uint rb, uint ib, uint iu, out vec4 w[DQ_UNIT_V4]) {
 uint dq_unit_k(uint iu, uint g) { return 16u * iu + 4u * g; }
 #define DQ_I8 1
 #define DQI_SPAN 4u
+#define DQI_XRUN 4
 #define DQI_OFF 0
 void dq_unit_i8(uint rb, uint ib, uint iu, out uvec4 q, out vec4 a, out vec4 b) {
     q = dq_w4[(dq_body(rb, ib) >> 2) + iu];
@@ -233,6 +236,7 @@ void dq_unit(uint rb, uint ib, uint iu, out vec4 w[DQ_UNIT_V4]) {
 uint dq_unit_k(uint iu, uint g) { return dq_nib_k(iu, g); }
 #define DQ_I8 1
 #define DQI_SPAN 4u
+#define DQI_XRUN 2
 #define DQI_OFF 1
 void dq_unit_i8(uint rb, uint ib, uint iu, out uvec4 q, out vec4 a, out vec4 b) {
     const float d = dq_gscale(rb, ib);
@@ -263,6 +267,7 @@ void dq_unit(uint rb, uint ib, uint iu, out vec4 w[DQ_UNIT_V4]) {
 uint dq_unit_k(uint iu, uint g) { return dq_nib_k(iu, g); }
 #define DQ_I8 1
 #define DQI_SPAN 4u
+#define DQI_XRUN 2
 #define DQI_OFF 1
 void dq_unit_i8(uint rb, uint ib, uint iu, out uvec4 q, out vec4 a, out vec4 b) {
     const uint bb = rb + ib * 5u;
@@ -340,6 +345,7 @@ void dq_unit_i8(uint rb, uint ib, uint iu, out uvec4 q, out vec4 a, out vec4 b) 
 uint dq_unit_k(uint iu, uint g) { return dq_nib_k(iu, g); }
 #define DQ_I8 1
 #define DQI_SPAN 4u
+#define DQI_XRUN 2
 #define DQI_OFF 1
 
 #elif defined(DQ_IQ4_NL) // -------------------------------------------------------------------
@@ -358,6 +364,7 @@ void dq_unit(uint rb, uint ib, uint iu, out vec4 w[DQ_UNIT_V4]) {
 uint dq_unit_k(uint iu, uint g) { return dq_nib_k(iu, g); }
 #define DQ_I8 1
 #define DQI_SPAN 4u
+#define DQI_XRUN 2
 #define DQI_OFF 0
 void dq_unit_i8(uint rb, uint ib, uint iu, out uvec4 q, out vec4 a, out vec4 b) {
     uvec2 w = dq_w2[(dq_body(rb, ib) >> 1) + iu];
@@ -398,6 +405,7 @@ void dq_unit(uint rb, uint ib, uint iu, out vec4 w[DQ_UNIT_V4]) {
 uint dq_unit_k(uint iu, uint g) { return 128u * (iu >> 3) + 4u * (iu & 7u) + 32u * g; }
 #define DQ_I8 1
 #define DQI_SPAN 1u
+#define DQI_XRUN 1
 #define DQI_OFF 1
 void dq_unit_i8(uint rb, uint ib, uint iu, out uvec4 q, out vec4 a, out vec4 b) {
     const uint bb = rb + ib * 21u, n = iu >> 3, h = 8u * ((iu >> 2) & 1u);
@@ -448,6 +456,7 @@ void dq_unit(uint rb, uint ib, uint iu, out vec4 w[DQ_UNIT_V4]) {
 uint dq_unit_k(uint iu, uint g) { return 128u * (iu >> 3) + 4u * (iu & 7u) + 32u * g; }
 #define DQ_I8 1
 #define DQI_SPAN 1u
+#define DQI_XRUN 1
 #define DQI_OFF 1
 void dq_unit_i8(uint rb, uint ib, uint iu, out uvec4 q, out vec4 a, out vec4 b) {
     const uint bo = dq_body(rb, ib), n = iu >> 3, li = iu & 7u, h = li >> 2;
@@ -546,6 +555,7 @@ void dq_unit(uint rb, uint ib, uint iu, out vec4 w[DQ_UNIT_V4]) {
 uint dq_unit_k(uint iu, uint g) { return 64u * (iu >> 2) + 8u * (iu & 3u) + 4u * (g & 1u) + 32u * (g >> 1); }
 #define DQ_I8 1
 #define DQI_SPAN 2u
+#define DQI_XRUN 2
 #define DQI_OFF 1
 void dq_unit_i8(uint rb, uint ib, uint iu, out uvec4 q, out vec4 a, out vec4 b) {
     uint bb = rb + ib * DQ_KW, c = iu >> 2, s = iu & 3u;
@@ -597,6 +607,7 @@ void dq_unit(uint rb, uint ib, uint iu, out vec4 w[DQ_UNIT_V4]) {
 uint dq_unit_k(uint iu, uint g) { return 128u * (iu >> 3) + 4u * (iu & 7u) + 32u * g; }
 #define DQ_I8 1
 #define DQI_SPAN 1u
+#define DQI_XRUN 1
 #define DQI_OFF 1
 void dq_unit_i8(uint rb, uint ib, uint iu, out uvec4 q, out vec4 a, out vec4 b) {
     uint bb = dq_body(rb, ib), h = iu >> 3, l = 4u * (iu & 7u);
@@ -641,6 +652,7 @@ void dq_unit(uint rb, uint ib, uint iu, out vec4 w[DQ_UNIT_V4]) {
 uint dq_unit_k(uint iu, uint g) { return 32u * (iu >> 1) + dq_nib_k(iu & 1u, g); }
 #define DQ_I8 1
 #define DQI_SPAN 4u
+#define DQI_XRUN 2
 #define DQI_OFF 0
 void dq_unit_i8(uint rb, uint ib, uint iu, out uvec4 q, out vec4 a, out vec4 b) {
     uint b2 = (rb + ib * 34u) >> 1;

@@ -74,6 +74,10 @@ layout(std430, binding = 2) readonly buffer Bias { float bias[]; }; // f32[y_col
 #extension GL_EXT_spirv_intrinsics : require
 layout(std430, binding = 1) readonly buffer XQ { uint xq[]; };   // quant_x8's int8 words [M][K/4] ...
 layout(std430, binding = 1) readonly buffer XD { float xd[]; };  // ... then f32 scales [M][K/32]
+layout(std430, binding = 1) readonly buffer XQ2 { uvec2 xq2[]; }; // (the same, for 8- and 16-byte
+layout(std430, binding = 1) readonly buffer XQ4 { uvec4 xq4[]; }; // loads)
+layout(std430, binding = 1) readonly buffer XD2 { vec2 xd2[]; };
+layout(std430, binding = 1) readonly buffer XD4 { vec4 xd4[]; };
 // OpSDot on two 32-bit words of four int8 each (PackedVectorFormat4x8Bit = 0): glslang 12 has no
 // GL_EXT_integer_dot_product, so the instruction is declared through GL_EXT_spirv_intrinsics
 // (capabilities DotProductInput4x8BitPacked 6018, DotProduct 6019; OpSDot 4450).
@@ -140,11 +144,30 @@ void x_unit_i8(uint m, uint ib, uint iu, out uvec4 qx, out vec4 dx, out vec4 sx)
     m = X_ROW(m);
     sx = vec4(0.0);
     dx = vec4(0.0);
-    [[unroll]] for (uint g = 0u; g < 4u; g++) {
-        const uint k = ib * DQ_BLOCK + dq_unit_k(iu, g);
-        qx[g] = xq[m * kw + k / 4u];
-        if (g % DQI_SPAN == 0u)
-            dx[g] = xd[d0 + m * (p.K / 32u) + k / 32u];
+    // runs of DQI_XRUN words as one load each (K is a multiple of 32: every run is aligned)
+    [[unroll]] for (uint g = 0u; g < 4u; g += DQI_XRUN) {
+        const uint w = m * kw + (ib * DQ_BLOCK + dq_unit_k(iu, g)) / 4u;
+#if DQI_XRUN == 4
+        qx = xq4[w >> 2];
+#elif DQI_XRUN == 2
+        const uvec2 t = xq2[w >> 1];
+        qx[g] = t.x;
+        qx[g + 1u] = t.y;
+#else
+        qx[g] = xq[w];
+#endif
+    }
+    // the spans' 4 / DQI_SPAN consecutive block scales, one load (aligned: K % 32 * (4 / DQI_SPAN)
+    // == 0 for the types with more than one span per unit, the K-quants' K % 256 == 0)
+    const uint s0 = d0 + m * (p.K / 32u) + (ib * DQ_BLOCK + dq_unit_k(iu, 0u)) / 32u;
+    if (DQI_SPAN == 4u) {
+        dx[0] = xd[s0];
+    } else if (DQI_SPAN == 2u) {
+        const vec2 t = xd2[s0 >> 1];
+        dx[0] = t.x;
+        dx[2] = t.y;
+    } else {
+        dx = xd4[s0 >> 2];
     }
 #if DQI_OFF
     [[unroll]] for (uint g = 0u; g < 4u; g += DQI_SPAN) { // dx * sum of the span's X bytes
