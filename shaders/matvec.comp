@@ -392,24 +392,30 @@ void glu_xq_tail(uint r0)
 }
 
 // The norm epilogue: the last workgroup to finish reads the whole row back and writes
-// H = rmsnorm(Y) * nw.
+// H = rmsnorm(Y) * nw. It runs alone at the end of the dispatch (the next one waits for it), so
+// it makes one pass after the sum of squares: with VKI_MM_NORM_XQ (N % 32 == 0) each invocation
+// takes whole blocks of 32, writes their H and quantises the same values (quant_x8.glsl), so the
+// next integer-dot products need no quant_x8 pass; without, H element by element.
 void norm_tail()
 {
     if (!count_last(0u, 1u, gl_NumWorkGroups.x))
         return;
     float inv = norm_inv(0u, p.N, p.norm_eps);
-    for (uint c = gl_LocalInvocationID.x; c < p.N; c += gl_WorkGroupSize.x)
-        nh[c] = norm_apply(y[c], inv, nw[c]);
-    if ((p.flags & VKI_MM_NORM_XQ) == 0u)
+    if ((p.flags & VKI_MM_NORM_XQ) == 0u) {
+        for (uint c = gl_LocalInvocationID.x; c < p.N; c += gl_WorkGroupSize.x)
+            nh[c] = norm_apply(y[c], inv, nw[c]);
         return;
-    // H quantised per block of 32 (quant_x8.glsl) from the same values recomputed, bit for bit
-    // what was just stored: the next integer-dot products need no quant_x8 pass
+    }
     for (uint b = gl_LocalInvocationID.x; b < p.N / 32u; b += gl_WorkGroupSize.x) {
         vec4 v[8];
         [[unroll]] for (uint i = 0u; i < 8u; i++) {
             const uint c = 32u * b + 4u * i;
             v[i] = vec4(norm_apply(y[c], inv, nw[c]), norm_apply(y[c + 1u], inv, nw[c + 1u]),
                         norm_apply(y[c + 2u], inv, nw[c + 2u]), norm_apply(y[c + 3u], inv, nw[c + 3u]));
+            nh[c] = v[i].x;
+            nh[c + 1u] = v[i].y;
+            nh[c + 2u] = v[i].z;
+            nh[c + 3u] = v[i].w;
         }
         uint q[8];
         float d;

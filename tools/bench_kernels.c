@@ -207,6 +207,37 @@ static vki_status matvec_i8_record(bench_run *r, vkd_cmd *c)
     return op_matmul_i8(c, next_w(r), vkd_whole(r->buf[2]), vkd_whole(r->buf[1]), r->N, r->M, NULL);
 }
 
+/* The integer-dot product with the norm epilogue, as the engine's decode runs its attention-output
+ * and down projections (M = 1, adding into the residual stream Y, the last workgroup writing the
+ * next block's normed input H and its int8 copy HQ): its row against matvec_i8's is what the
+ * epilogue costs. buf: 0 X, 1 Y, 2 XQ (i8_setup), 3 norm weight, 4 H, 5 counter, 6 HQ. */
+static vki_status i8_norm_setup(bench_run *r)
+{
+    if (r->M != 1 || r->N % 32)
+        return VKI_ERR_INVALID_ARG;
+    vki_status st = i8_setup(r);
+    if (st == VKI_OK)
+        st = make_floats(r, r->N, "bench norm w", &r->buf[3]);
+    if (st == VKI_OK)
+        st = vkd_buffer_create(r->d, (size_t)r->N * 4, VKD_MEM_DEVICE, "bench h", &r->buf[4]);
+    if (st == VKI_OK)
+        st = vkd_buffer_create(r->d, 4, VKD_MEM_DEVICE, "bench norm counter", &r->buf[5]);
+    if (st == VKI_OK)
+        st = vkd_fill(r->d, r->buf[5], 0, 4, 0);
+    if (st == VKI_OK)
+        st = vkd_buffer_create(r->d, op_quant_x8_bytes(1, r->N), VKD_MEM_DEVICE, "bench hq", &r->buf[6]);
+    r->bytes += 4.0 * r->N * 3 + op_quant_x8_bytes(1, r->N); /* Y read back, norm weight, H, HQ */
+    return st;
+}
+
+static vki_status matvec_i8_norm_record(bench_run *r, vkd_cmd *c)
+{
+    const op_mm_norm n = {.weight = vkd_whole(r->buf[3]), .h = vkd_whole(r->buf[4]), .counter = vkd_whole(r->buf[5]),
+                          .eps = 1e-5f, .xq = vkd_whole(r->buf[6])};
+    const op_mm_i8 o = {.accumulate = true, .norm = &n};
+    return op_matmul_i8(c, next_w(r), vkd_whole(r->buf[2]), vkd_whole(r->buf[1]), r->N, r->M, &o);
+}
+
 /* quant_x8 alone: M rows of K floats to int8 blocks. buf: 0 X, 1 XQ. */
 static vki_status quant_x8_setup(bench_run *r)
 {
@@ -658,6 +689,11 @@ static const bench_kernel benches[] = {
      .full = {{1, 4096, 4096}, {1, 14336, 4096}, {1, 4096, 14336}, {1, 32000, 4096}, {8, 4096, 4096}},
      .small = {{1, 1024, 1024}, {1, 2816, 1024}, {1, 8192, 512}, {8, 1024, 1024}},
      i8_setup, matvec_i8_record},
+    {"matvec_i8_norm", "as matvec_i8 (M = 1, N % 32 == 0), adding into Y, with the norm epilogue: "
+                       "the last workgroup writes H = rmsnorm(Y) and its int8 copy",
+     .types = {VKI_GGML_Q4_K, VKI_GGML_Q6_K, VKI_GGML_Q8_0}, .n_types = 3,
+     .full = {{1, 4096, 4096}, {1, 4096, 14336}}, .small = {{1, 1024, 1024}, {1, 1024, 2816}},
+     i8_norm_setup, matvec_i8_norm_record},
     {"quant_x8", "M rows, K columns (N = 1): X to int8 blocks for matvec_i8", .types = {VKI_GGML_F32}, .n_types = 1,
      .full = {{1, 1, 4096}, {1, 1, 14336}, {8, 1, 4096}}, .small = {{1, 1, 1024}, {8, 1, 1024}},
      quant_x8_setup, quant_x8_record},
@@ -760,7 +796,7 @@ static void print_row(bench_out *out, const char *kernel, const char *tname, ben
 {
     const double per_call = tm->sec_per_call;
     if (st != VKI_OK) {
-        fprintf(out->table, "%-12s %-5s %6u %6u %6u   %s\n", kernel, tname, s.M, s.N, s.K, vki_status_str(st));
+        fprintf(out->table, "%-14s %-5s %6u %6u %6u   %s\n", kernel, tname, s.M, s.N, s.K, vki_status_str(st));
         return;
     }
     double gbps = r->bytes / per_call * 1e-9, frac = out->copy_gbps > 0 ? gbps / out->copy_gbps : -1;
@@ -782,7 +818,7 @@ static void print_row(bench_out *out, const char *kernel, const char *tname, ben
         snprintf(sp, sizeof sp, "%u", splits);
         snprintf(js, sizeof js, "%u", splits);
     }
-    fprintf(out->table, "%-12s %-5s %6u %6u %6u %11.1f %9.1f %9s %8s %6s %6.1f %5s\n", kernel, tname, s.M, s.N, s.K,
+    fprintf(out->table, "%-14s %-5s %6u %6u %6u %11.1f %9.1f %9s %8s %6s %6.1f %5s\n", kernel, tname, s.M, s.N, s.K,
             per_call * 1e6, gbps, gf, tf, pc, 100 * (tm->max - tm->min) / per_call, sp);
     fflush(out->table);
     if (!out->json)
@@ -882,7 +918,7 @@ static void usage(FILE *f)
                "                      the barriers per product; JSON rows carry \"cm_bk\" (null: 32)\n"
                "kernels:\n");
     for (size_t i = 0; i < N_BENCHES; i++)
-        fprintf(f, "  %-12s %s\n", benches[i].name, benches[i].dims);
+        fprintf(f, "  %-14s %s\n", benches[i].name, benches[i].dims);
 }
 
 static bool in_list(const char *list, const char *name)
@@ -1127,7 +1163,7 @@ int main(int argc, char **argv)
     if (cl.crossover) {
         crossover_all(&cl, d, &c, small);
     } else {
-        fprintf(out.table, "%-12s %-5s %6s %6s %6s %11s %9s %9s %8s %6s %6s %5s\n", "kernel", "type", "M", "N", "K",
+        fprintf(out.table, "%-14s %-5s %6s %6s %6s %11s %9s %9s %8s %6s %6s %5s\n", "kernel", "type", "M", "N", "K",
                 "us/call", "GB/s", "GFLOP/s", "TFLOP/s", "%copy", "+-%", "split");
         run_all(&cl, d, &c, small, &out);
     }
