@@ -4,6 +4,7 @@
  * op_matmul_prepare, so every pipeline a step needs exists before the first step. */
 #include "engine/ops_matmul.h"
 
+#include <errno.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -343,6 +344,107 @@ uint32_t op_matmul_gemv_max_m(const vkd_device *d)
     return CROSSOVER_UNMEASURED;
 }
 
+/* ---- kernel configuration (vki_device_params.kernel_config) ------------------------------------ */
+
+/* A list of numbers separated by 'x' into v[0..max): how many, 0 when malformed (a number outside
+ * [1, 65536], another character, more than max). */
+static int parse_dims(const char *s, uint32_t *v, int max)
+{
+    for (int n = 0;;) {
+        char *end;
+        if (*s < '0' || *s > '9' || n == max)
+            return 0;
+        errno = 0;
+        unsigned long x = strtoul(s, &end, 10);
+        if (errno || x < 1 || x > 65536)
+            return 0;
+        v[n++] = (uint32_t)x;
+        if (!*end)
+            return n;
+        if (*end != 'x')
+            return 0;
+        s = end + 1;
+    }
+}
+
+static vki_status config_error(vkd_device *d, const char *item, const char *what)
+{
+    vkd_log(d, VKI_LOG_ERROR, "kernel config '%s': %s", item, what);
+    return VKI_ERR_INVALID_ARG;
+}
+
+/* One key=value item of a kernel configuration; *gemm set when it is a tensor-core GEMM setting. */
+static vki_status config_item(vkd_device *d, const char *item, bool *gemm)
+{
+    const char *eq = strchr(item, '=');
+    const size_t kl = eq ? (size_t)(eq - item) : 0;
+    uint32_t v[4] = {0};
+    const int n = eq ? parse_dims(eq + 1, v, 4) : 0;
+#define CONFIG_KEY(s) (kl == sizeof(s) - 1 && !strncmp(item, s, kl))
+    if (CONFIG_KEY("matvec")) {
+        const uint32_t sg = d->info.subgroup_size ? d->info.subgroup_size : 1;
+        if (n < 2 || v[0] > 1024 || v[1] > 16 || (n >= 3 && v[2] > 32) || (n == 4 && v[3] > 8))
+            return config_error(d, item, "matvec=WGxROWS[xMC[xMU]]: invocations 1..1024 x weight rows 1..16 [x "
+                                "activation rows per pass 1..32 [x units per K pass 1..8]]");
+        if (v[0] > d->info.max_workgroup_invocations || (v[0] > sg && v[0] % sg))
+            return config_error(d, item, "the invocations exceed the device's workgroup limit, or are more than one "
+                                "subgroup and not a multiple of it");
+        d->matvec_wg = v[0], d->matvec_rows = v[1], d->matvec_mc = n >= 3 ? v[2] : 0, d->matvec_mu = n == 4 ? v[3] : 0;
+    } else if (CONFIG_KEY("gemm")) {
+        if (n != 2 && n != 4)
+            return config_error(d, item, "gemm=BMxBN[xWMxWN]: the tensor-core GEMM's tile [and its subgroups' "
+                                "tile], e.g. 64x128 or 128x128x64x64");
+        d->cm_tile_m = v[0], d->cm_tile_n = v[1], d->cm_warp_m = n == 4 ? v[2] : 0, d->cm_warp_n = n == 4 ? v[3] : 0;
+        *gemm = true;
+    } else if (CONFIG_KEY("gemm_stages")) {
+        if (n != 1 || v[0] > 2)
+            return config_error(d, item, "gemm_stages=1 or 2: the tensor-core GEMM's shared-memory buffers");
+        d->cm_stages = v[0];
+        *gemm = true;
+    } else if (CONFIG_KEY("gemm_bk")) {
+        if (n != 1 || v[0] > 64 || v[0] % 16)
+            return config_error(d, item, "gemm_bk=16, 32, 48 or 64: the tensor-core GEMM's K per step");
+        d->cm_bk = v[0];
+        *gemm = true;
+    } else if (CONFIG_KEY("gemm_split")) {
+        if (n != 1 || v[0] > 64)
+            return config_error(d, item, "gemm_split=1..64: the tensor-core GEMM's K splits (1: none)");
+        d->cm_split = v[0];
+        *gemm = true;
+    } else if (CONFIG_KEY("gemv_max_m")) {
+        if (n != 1 || v[0] > 4096)
+            return config_error(d, item, "gemv_max_m=1..4096: the most activation rows the matrix-vector kernel takes");
+        d->gemv_max_m = v[0];
+    } else {
+        return config_error(d, item, eq ? "unknown key (matvec, gemm, gemm_stages, gemm_bk, gemm_split, gemv_max_m)"
+                                        : "not key=value");
+    }
+#undef CONFIG_KEY
+    return VKI_OK;
+}
+
+vki_status op_matmul_config(vkd_device *d, const char *cfg, bool check_fit)
+{
+    if (!cfg || !*cfg)
+        return VKI_OK;
+    char buf[512];
+    if (strlen(cfg) >= sizeof buf)
+        return config_error(d, "...", "longer than 511 characters");
+    strcpy(buf, cfg);
+    bool gemm = false;
+    for (char *save = NULL, *item = strtok_r(buf, ",", &save); item; item = strtok_r(NULL, ",", &save)) {
+        vki_status st = config_item(d, item, &gemm);
+        if (st != VKI_OK)
+            return st;
+    }
+    uint32_t spec[VKK_MAX_SPEC];
+    if (check_fit && gemm && (d->cm.kind == VKD_CM_NONE || !cm_spec(d, 4096, spec)))
+        return config_error(d, cfg, d->cm.kind == VKD_CM_NONE ? "gemm settings, but this device runs no "
+                            "cooperative-matrix GEMM" : "the tensor-core GEMM's tile, stages and K step do not fit "
+                            "this device (its fragments, shared memory or workgroup size)");
+    return VKI_OK;
+}
+
 static uint32_t get_rows_wg(const vkd_device *d)
 {
     return d->info.max_workgroup_invocations >= 256 ? 256 : d->info.max_workgroup_invocations;
@@ -576,8 +678,12 @@ bool op_matmul_norm_fits(const vkd_device *d, const vk_tensor *w)
 {
     uint32_t spec[VKK_MAX_SPEC];
     matvec_spec(d, 1, spec);
+    /* the epilogue's sum of squares (norm_common.glsl) takes whole subgroups dividing its
+     * virtual lanes: a workgroup of less than a subgroup (--kernel-config matvec=4x..., 8-lane
+     * lavapipe) would add two lanes' partial sums into one slot */
+    const uint32_t sg = d->info.subgroup_size ? d->info.subgroup_size : 1;
     return w->n_parts == 1 && vkk_groups(w->n_rows, spec[1]) <= d->info.max_workgroup_count[0] &&
-           VKI_NORM_LANES % spec[0] == 0;
+           VKI_NORM_LANES % spec[0] == 0 && spec[0] % sg == 0;
 }
 
 vki_status op_matmul_norm(vkd_cmd *c, const vk_tensor *w, vkd_view x, vkd_view y, const op_mm_norm *n)

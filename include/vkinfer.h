@@ -240,6 +240,21 @@ typedef struct vki_device_params {
      * this kind of device and path (bench-kernels --crossover measures it; engine/ops_matmul.c
      * holds the table). */
     uint32_t gemv_max_m;
+    /* NULL or "": the library's kernel choices. Otherwise comma-separated key=value settings of
+     * the matrix kernels, for tuning on a GPU (bench-kernels' sweeps find them) and experiments:
+     *   matvec=WGxROWS[xMC[xMU]]   the matrix-vector kernel's invocations x weight rows per
+     *                              workgroup [x activation rows per pass [x units per K pass]]
+     *   gemm=BMxBN[xWMxWN]         the tensor-core GEMM's tile [and its subgroups' tile]
+     *   gemm_stages=1|2            its shared-memory buffers (2: the next K step's loads in
+     *                              flight during this step's products)
+     *   gemm_bk=16|32|48|64        its K per step
+     *   gemm_split=N               its K splits (1: none)
+     *   gemv_max_m=M               the most activation rows the matrix-vector kernel takes
+     * e.g. "matvec=128x4x8x2,gemm=128x128x64x64,gemm_stages=2". MU, stages and K steps give the
+     * same bits as the defaults; workgroup and tile shapes change the order of additions. An
+     * unknown key, a bad value or GEMM settings this device cannot run fail the open
+     * (VKI_ERR_INVALID_ARG, the item named). */
+    const char *kernel_config;
 } vki_device_params;
 
 VKI_API vki_device_params vki_device_default_params(void);

@@ -21,7 +21,7 @@ struct vki_engine {
     vki_chat_template *chat; /* the model's own chat template */
     vki_model_info info;
     /* what vki_engine_recover reopens: copies of the path, the parameters and their strings */
-    char *path, *device_name, *cache_dir, *profile_path;
+    char *path, *device_name, *cache_dir, *profile_path, *kernel_config;
     vki_engine_params params;
     atomic_bool lost;        /* a step reported VKI_ERR_DEVICE_LOST (read by any thread) */
     atomic_bool has_manager; /* the engine runs one batch manager at a time: claimed with a
@@ -194,11 +194,13 @@ static bool keep_params(vki_engine *e, const char *path, const vki_engine_params
     e->device_name = p->device.device_name ? strdup(p->device.device_name) : NULL;
     e->cache_dir = p->device.pipeline_cache_dir ? strdup(p->device.pipeline_cache_dir) : NULL;
     e->profile_path = p->profile_path ? strdup(p->profile_path) : NULL;
+    e->kernel_config = p->device.kernel_config ? strdup(p->device.kernel_config) : NULL;
     e->params.device.device_name = e->device_name;
     e->params.device.pipeline_cache_dir = e->cache_dir;
+    e->params.device.kernel_config = e->kernel_config;
     e->params.profile_path = e->profile_path;
     return e->path && (!p->device.device_name || e->device_name) && (!p->device.pipeline_cache_dir || e->cache_dir) &&
-           (!p->profile_path || e->profile_path);
+           (!p->profile_path || e->profile_path) && (!p->device.kernel_config || e->kernel_config);
 }
 
 /* Opens the device and loads the model into e (whose tokenizer and chat template, if set, stay). */
@@ -218,6 +220,8 @@ static vki_status open_and_load(vki_engine *e, const char *path, const vki_engin
     dp.log_user = ol;
     dp.log_level = VKI_LOG_DEBUG;
     vki_status st = vkd_open(&dp, &e->dev);
+    if (st == VKI_OK) /* the kernel choices before any pipeline or recording */
+        st = op_matmul_config(e->dev, p.device.kernel_config, true);
     if (st != VKI_OK)
         set_err(err, err_len, "%s%s%s", vki_status_str(st), ol->first_error[0] ? ": " : "", ol->first_error);
     if (st == VKI_OK)
@@ -314,6 +318,7 @@ void vki_engine_destroy(vki_engine *e)
     free(e->device_name);
     free(e->cache_dir);
     free(e->profile_path);
+    free(e->kernel_config);
     free(e);
 }
 

@@ -107,6 +107,7 @@ vt_gpu *vt_gpu_get(void **state)
     g->dev->cm = g->cm0;
     g->dev->gemv_max_m = g->gemv_max_m0;
     g->dev->cm_split = g->dev->matvec_mu = 0; /* the tuning overrides are 0 at open */
+    g->dev->matvec_wg = g->dev->matvec_rows = g->dev->matvec_mc = 0;
     g->dev->cm_tile_m = g->dev->cm_tile_n = g->dev->cm_warp_m = g->dev->cm_warp_n = 0;
     g->dev->cm_stages = g->dev->cm_bk = 0;
     return g;
