@@ -434,6 +434,26 @@ static void test_generate_constrained(void **state)
     assert_non_null(strstr(r.err, "/nonexistent/s.json: cannot open it"));
 }
 
+/* --kernel-config: the matrix kernels' shapes given at the command line (the greedy answer
+ * unchanged with another matrix-vector workgroup and every prompt row on the GEMM); a bad item
+ * fails the load naming it. */
+static void test_generate_kernel_config(void **state)
+{
+    (void)state;
+    char m[512], args[1024];
+    model(m, sizeof m);
+    vt_run_result r;
+    snprintf(args, sizeof args, "generate --validation --no-progress --no-warmup -m %s -p \"Once upon a time\" -n 48 "
+             "--temp 0 --no-display-prompt --kernel-config matvec=4x2x4x2,gemv_max_m=1", m);
+    vt_run_vkinfer(args, &r);
+    assert_int_equal(r.rc, 0);
+    assert_string_equal(r.out, KNOWN48 "\n");
+    snprintf(args, sizeof args, "generate --no-progress -m %s -p hi -n 1 --kernel-config matvec=4x2,gemm_stages=3", m);
+    vt_run_vkinfer(args, &r);
+    assert_int_equal(r.rc, 1);
+    assert_non_null(strstr(r.err, "kernel config 'gemm_stages=3'"));
+}
+
 /* -p - reads stdin, -f FILE a file; --no-display-prompt prints only the answer. */
 static void test_generate_prompt_sources(void **state)
 {
@@ -634,6 +654,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_generate_known_answer),
+        cmocka_unit_test(test_generate_kernel_config),
         cmocka_unit_test(test_generate_seed_reproducible),
         cmocka_unit_test(test_generate_stop_string),
         cmocka_unit_test(test_bad_usage),

@@ -932,19 +932,23 @@ static bool in_list(const char *list, const char *name)
     return false;
 }
 
+#define N_TUNE 5 /* tune_opt below */
+
 typedef struct bench_cli {
     const char *kernels, *types;       /* comma lists; NULL = all */
     bench_shape shapes[MAX_CL_SHAPES];
     int n_shapes, size_pref;           /* size_pref: -1 auto, 0 small, 1 full */
     bool crossover, json;
-    uint32_t matvec_wg, matvec_rows, matvec_mc, matvec_mu; /* --matvec-cfg (0: the library's choice) */
-    uint32_t cm_m, cm_n, cm_wm, cm_wn; /* --cm-cfg (0: the library's choice) */
-    uint32_t cm_split;                 /* --cm-split (0: the library's choice) */
-    uint32_t cm_stages, cm_bk;         /* --cm-stages, --cm-bk (0: the library's choice) */
+    const char *tune[N_TUNE];          /* the tuning options' values (NULL: the library's choice) */
     double warm_ms;                    /* --warm-ms (< 0: the device's default) */
     devprobe_opts o;
     vki_device_params dp;
 } bench_cli;
+
+/* The tuning options: each is one item of a kernel configuration (op_matmul_config, what
+ * vki_device_params.kernel_config holds), applied to the device once it is open. */
+static const char *const tune_opt[] = {"--matvec-cfg", "--cm-cfg", "--cm-stages", "--cm-bk", "--cm-split"};
+static const char *const tune_key[] = {"matvec", "gemm", "gemm_stages", "gemm_bk", "gemm_split"};
 
 /* A count option in [1, max]; false (with a message) otherwise. */
 static bool parse_count(const char *opt, const char *s, uint32_t max, uint32_t *out)
@@ -988,9 +992,11 @@ static int parse_args(int argc, char **argv, bench_cli *cl)
         case 'w': ok = parse_count("--warmup", optarg, 1u << 20, &cl->o.warmup); break;
         case 'r': ok = parse_count("--reps", optarg, 64, &cl->o.reps); break;
         case 'J': cl->json = true; break;
-        case 'K': ok = parse_count("--cm-split", optarg, 64, &cl->cm_split); break;
-        case 'T': ok = parse_count("--cm-stages", optarg, 2, &cl->cm_stages); break;
-        case 'B': ok = parse_count("--cm-bk", optarg, 64, &cl->cm_bk); break;
+        case 'V': cl->tune[0] = optarg; break;
+        case 'G': cl->tune[1] = optarg; break;
+        case 'T': cl->tune[2] = optarg; break;
+        case 'B': cl->tune[3] = optarg; break;
+        case 'K': cl->tune[4] = optarg; break;
         case 'M': {
             char *end;
             cl->warm_ms = strtod(optarg, &end);
@@ -1003,30 +1009,6 @@ static int parse_args(int argc, char **argv, bench_cli *cl)
         case 'S': cl->size_pref = 0; break;
         case 'F': cl->size_pref = 1; break;
         case 'X': cl->crossover = true; break;
-        case 'G': {
-            char tail;
-            cl->cm_wm = cl->cm_wn = 0;
-            int n = sscanf(optarg, "%ux%ux%ux%u%c", &cl->cm_m, &cl->cm_n, &cl->cm_wm, &cl->cm_wn, &tail);
-            if ((n != 2 && n != 4) || !cl->cm_m || !cl->cm_n || (n == 4 && (!cl->cm_wm || !cl->cm_wn))) {
-                fprintf(stderr, "--cm-cfg: BMxBN[xWMxWN] (e.g. 32x64, 128x128x64x64), got '%s'\n", optarg);
-                return 2;
-            }
-            break;
-        }
-        case 'V': {
-            char tail;
-            cl->matvec_mc = cl->matvec_mu = 0;
-            int n = sscanf(optarg, "%ux%ux%ux%u%c", &cl->matvec_wg, &cl->matvec_rows, &cl->matvec_mc, &cl->matvec_mu,
-                           &tail);
-            if (n < 2 || n > 4 || !cl->matvec_wg || cl->matvec_wg > 1024 || !cl->matvec_rows ||
-                cl->matvec_rows > 16 || (n >= 3 && (!cl->matvec_mc || cl->matvec_mc > 32)) ||
-                (n == 4 && (!cl->matvec_mu || cl->matvec_mu > 8))) {
-                fprintf(stderr, "--matvec-cfg: WGxROWS[xMC[xMU]], invocations 1..1024 x weight rows 1..16 [x "
-                        "activation rows per pass 1..32 [x units per K pass 1..8]], got '%s'\n", optarg);
-                return 2;
-            }
-            break;
-        }
         case 'C':
             if (!strcmp(optarg, "auto") || !strcmp(optarg, "off") || !strcmp(optarg, "emulate")) {
                 cl->dp.coopmat = optarg[0] == 'a' ? VKI_COOPMAT_AUTO : optarg[0] == 'o' ? VKI_COOPMAT_OFF
@@ -1124,6 +1106,7 @@ int main(int argc, char **argv)
 {
     bench_cli cl = {.size_pref = -1, .o = {.iters = 20, .warmup = 3, .reps = 3}, .warm_ms = -1,
                     .dp = vki_device_default_params()};
+    cl.dp.log = cli_log_stderr; /* the library's reasons (a refused tuning option, a GEMM left unsplit) */
     if (getenv("VKI_DEVICE") && *getenv("VKI_DEVICE"))
         cli_device_choice(getenv("VKI_DEVICE"), &cl.dp);
     int rc = parse_args(argc, argv, &cl);
@@ -1135,18 +1118,19 @@ int main(int argc, char **argv)
         fprintf(stderr, "bench-kernels: cannot open a Vulkan device: %s\n", vki_status_str(st));
         return 1;
     }
-    uint32_t sg = d->info.subgroup_size ? d->info.subgroup_size : 1;
-    if (cl.matvec_wg > d->info.max_workgroup_invocations || (cl.matvec_wg > sg && cl.matvec_wg % sg)) {
-        /* a partial last subgroup: lavapipe's sums came out wrong (tests/test_matmul.c) */
-        fprintf(stderr, "bench-kernels: --matvec-cfg: %u invocations; this device takes at most %u, and at "
-                "most one subgroup (%u) or a multiple of it\n", cl.matvec_wg, d->info.max_workgroup_invocations, sg);
-        vkd_close(d);
-        return 2;
+    /* the tuning options, as a kernel configuration would set them (a tile that does not fit is
+     * reported by its rows, not refused here: a sweep passes over it) */
+    for (size_t i = 0; i < N_TUNE; i++) {
+        char item[128];
+        if (!cl.tune[i])
+            continue;
+        snprintf(item, sizeof item, "%s=%s", tune_key[i], cl.tune[i]);
+        if (op_matmul_config(d, item, false) != VKI_OK) {
+            fprintf(stderr, "bench-kernels: %s %s refused (see above)\n", tune_opt[i], cl.tune[i]);
+            vkd_close(d);
+            return 2;
+        }
     }
-    d->matvec_wg = cl.matvec_wg, d->matvec_rows = cl.matvec_rows, d->matvec_mc = cl.matvec_mc;
-    d->matvec_mu = cl.matvec_mu;
-    d->cm_tile_m = cl.cm_m, d->cm_tile_n = cl.cm_n, d->cm_warp_m = cl.cm_wm, d->cm_warp_n = cl.cm_wn;
-    d->cm_split = cl.cm_split, d->cm_stages = cl.cm_stages, d->cm_bk = cl.cm_bk;
     cl.o.warm_ms = cl.warm_ms >= 0 ? cl.warm_ms : d->info.type == VKI_DEVICE_CPU ? 0 : 50;
     bool small = cl.size_pref == 0 || (cl.size_pref < 0 && d->info.type == VKI_DEVICE_CPU);
     vkd_cmd c;

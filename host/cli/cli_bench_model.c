@@ -570,6 +570,11 @@ static void report_row(const bm_report *r, bool pp, uint32_t B, const bm_run *ru
     cJSON_AddBoolToObject(j, "fusion", !r->o->eo.p.no_fusion);
     cJSON_AddBoolToObject(j, "int_dot", r->int_dot); /* as the engine resolved it */
     cJSON_AddBoolToObject(j, "cmd_reuse", !r->o->eo.p.no_cmd_reuse);
+    const char *kc = r->o->eo.p.device.kernel_config;
+    if (kc && *kc)
+        cJSON_AddStringToObject(j, "kernel_config", kc);
+    else
+        cJSON_AddNullToObject(j, "kernel_config"); /* the library's choices */
     cJSON_AddBoolToObject(j, "overlap", !pp && o->overlap); /* tg steps two in flight */
     cJSON_AddNumberToObject(j, "reused_steps", run->reused / run->steps); /* share of the steps */
     if (pp) {

@@ -144,7 +144,7 @@ int cli_engine_opt(int argc, char **argv, int *i, cli_engine_opts *o)
     static const char *const with_value[] = {"-m", "--model", "--device", "--kv-type", "--kv-tokens",
                                              "--kv-fraction", "--page-size", "--max-seqs", "--max-tokens", "--ctx",
                                              "--profile", "--capture-steps", "--device-memory",
-                                             "--max-attention-window", "-c", "--ctx-size", "-ngl",
+                                             "--max-attention-window", "-c", "--ctx-size", "-ngl", "--kernel-config",
                                              "--n-gpu-layers", "--gpu-layers", "-t", "--threads"};
     int r = cli_value_opt(cmd, argc, argv, i, with_value, sizeof with_value / sizeof with_value[0], NULL, &v);
     if (r <= 0)
@@ -167,6 +167,8 @@ int cli_engine_opt(int argc, char **argv, int *i, cli_engine_opts *o)
         o->p.device_memory_limit = u << 20;
     } else if (!strcmp(a, "--device")) {
         cli_device_choice(v, &o->p.device);
+    } else if (!strcmp(a, "--kernel-config")) {
+        o->p.device.kernel_config = v; /* checked when the device opens */
     } else if (!strcmp(a, "--kv-type")) {
         if (strcmp(v, "f16") && strcmp(v, "f32") && strcmp(v, "q8_0")) {
             fprintf(stderr, "vkinfer %s: --kv-type is f16, f32 or q8_0, got '%s'\n", cmd, v);
@@ -232,6 +234,10 @@ void cli_engine_opts_help(FILE *f)
             "                          the driver accelerates them (NVIDIA), else off\n"
             "  --no-int-dot            the float path for every projection (exact FP32 arithmetic)\n"
             "  --device-memory MIB     device memory this engine may use in all (weights, KV, scratch)\n"
+            "  --kernel-config CFG     the matrix kernels' shapes, for tuning (what bench-kernels'\n"
+            "                          sweeps found fastest): matvec=WGxROWS[xMC[xMU]],\n"
+            "                          gemm=BMxBN[xWMxWN], gemm_stages=1|2, gemm_bk=16..64,\n"
+            "                          gemm_split=N, gemv_max_m=M, comma-separated\n"
             "  --profile FILE          GPU time of every dispatch as a Chrome trace (chrome://tracing),\n"
             "                          and a table of the top ops by GPU time at the end\n"
             "  --capture-steps A[-B]   under RenderDoc (renderdoccmd capture ...), capture steps A..B\n"
