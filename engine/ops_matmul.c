@@ -389,6 +389,13 @@ static vki_status config_item(vkd_device *d, const char *item, bool *gemm)
         if (v[0] > d->info.max_workgroup_invocations || (v[0] > sg && v[0] % sg))
             return config_error(d, item, "the invocations exceed the device's workgroup limit, or are more than one "
                                 "subgroup and not a multiple of it");
+        /* matvec.comp's shared memory: a partial sum per (row, activation row, subgroup) (an odd
+         * row count rounded up for the gate|up pass), the norm epilogue's virtual lanes */
+        const uint32_t sg_min = d->info.subgroup_min_size ? d->info.subgroup_min_size : sg;
+        const uint64_t red = 4ull * (v[1] + v[1] % 2) * (n >= 3 ? v[2] : OP_MATVEC_ROWS) * ((v[0] + sg_min - 1) / sg_min);
+        if (red + 4ull * VKI_NORM_LANES > d->info.max_compute_shared_memory)
+            return config_error(d, item, "its partial sums (rows x activation rows x subgroups) exceed the device's "
+                                "shared memory");
         d->matvec_wg = v[0], d->matvec_rows = v[1], d->matvec_mc = n >= 3 ? v[2] : 0, d->matvec_mu = n == 4 ? v[3] : 0;
     } else if (CONFIG_KEY("gemm")) {
         if (n != 2 && n != 4)

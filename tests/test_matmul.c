@@ -456,6 +456,11 @@ static void test_kernel_config(void **state)
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
         if (op_matmul_config(d, bad[i], false) != VKI_ERR_INVALID_ARG)
             fail_msg("kernel config '%s' accepted", bad[i]);
+    /* 16 rows x 32 activation rows x 1024 / subgroup partial sums: past 48 KiB below 64-lane subgroups */
+    const uint32_t sg_min = d->info.subgroup_min_size ? d->info.subgroup_min_size : sg;
+    if (d->info.max_workgroup_invocations >= 1024 && sg <= 1024 && 1024 % sg == 0 &&
+        4ull * 16 * 32 * (1024 / sg_min) + 1024 > d->info.max_compute_shared_memory)
+        assert_int_equal(op_matmul_config(d, "matvec=1024x16x32", false), VKI_ERR_INVALID_ARG);
     if (sg > 1) { /* more than one subgroup, not a multiple of it */
         snprintf(cfg, sizeof cfg, "matvec=%ux2", sg + 1);
         assert_int_equal(op_matmul_config(d, cfg, false), VKI_ERR_INVALID_ARG);
