@@ -439,15 +439,10 @@ void vkd_dispatch_raw(vkd_cmd *c, VkPipeline p, VkPipelineLayout layout, const V
     rec_commit(c, &r->h);
 }
 
-void vkd_label_begin(vkd_cmd *c, const char *fmt, ...)
+/* Opens label `name` (NUL-terminated, < 128 bytes): in the stream for debug tools, in the
+ * profile's path when timing. */
+static void label_push(vkd_cmd *c, const char *name)
 {
-    if (!c->d->fn.label_begin && !c->queries)
-        return;
-    char name[128];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(name, sizeof name, fmt, ap);
-    va_end(ap);
     if (c->d->fn.label_begin) {
         size_t n = strlen(name) + 1;
         op_label *r = rec_reserve(c, OP_LABEL_BEGIN, sizeof *r + n);
@@ -464,6 +459,27 @@ void vkd_label_begin(vkd_cmd *c, const char *fmt, ...)
     }
 }
 
+void vkd_label_begin(vkd_cmd *c, const char *fmt, ...)
+{
+    if (!c->d->fn.label_begin && !c->queries)
+        return;
+    char name[128];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(name, sizeof name, fmt, ap);
+    va_end(ap);
+    label_push(c, name);
+}
+
+void vkd_label_begin_join(vkd_cmd *c, const char *a, const char *b)
+{
+    if (!c->d->fn.label_begin && !c->queries)
+        return;
+    char name[128];
+    vkd_join_label(name, sizeof name, a ? a : "", b ? b : "");
+    label_push(c, name);
+}
+
 void vkd_label_end(vkd_cmd *c)
 {
     op_head *r = c->d->fn.label_end ? rec_reserve(c, OP_LABEL_END, sizeof *r) : NULL;
@@ -478,7 +494,7 @@ void vkd_join_label(char *dst, size_t cap, const char *a, const char *b)
     size_t n = 0;
     for (const char *p = a; *p && n + 1 < cap; p++)
         dst[n++] = *p;
-    for (const char *p = " / "; *a && *p && n + 1 < cap; p++)
+    for (const char *p = " / "; *a && *b && *p && n + 1 < cap; p++)
         dst[n++] = *p;
     for (const char *p = b; *p && n + 1 < cap; p++)
         dst[n++] = *p;

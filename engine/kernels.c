@@ -329,10 +329,7 @@ static vki_status dispatch(vkd_cmd *c, vkk_id k, const uint32_t *spec, const vkd
     VkDescriptorBufferInfo bi[VKK_MAX_BINDINGS];
     for (uint32_t i = 0; i < n_bind; i++)
         bi[i] = (VkDescriptorBufferInfo){bind[i].buf->buf, bind[i].offset, bind[i].range};
-    if (c->role)
-        vkd_label_begin(c, "%s / %s", c->role, kd->name);
-    else
-        vkd_label_begin(c, "%s", kd->name);
+    vkd_label_begin_join(c, c->role, kd->name);
     bool timed = c->queries && c->n_queries + 2 <= c->max_queries;
     if (timed) {
         /* the label opened above ends the path: "step 3 / layer 0 / attn_rope_q / rope" */
