@@ -70,19 +70,40 @@ shared float Cs[(BM / WM) * WGN * CM_M * CM_N]; // one accumulator fragment per 
 #define IN_K(k) (BK <= 32u || (k) < p.K)
 #endif
 
-// A step's operands in registers: quad i = tid + j * WG of the X tile (row i / K4, k 4 (i % K4))
-// in sx[j], of the W tile in sw[j]; quads past the tile are never stored.
-const uint K4 = BK / 4u, SXN = (BM * K4 - 1u) / gl_WorkGroupSize.x + 1u, SWN = (BN * K4 - 1u) / gl_WorkGroupSize.x + 1u;
+const uint K4 = BK / 4u;
+
+// STAGES = 1: stage X[m_tile.., k0..] and W[n_tile.., k0..] as F16 (zeros outside the matrix)
+// into buffer 0, each quad stored as it is loaded (no registers held: the emulation's LLVM
+// compiles and runs this form several times faster than the pipelined one's arrays).
+void stage(uint m_tile, uint n_tile, uint k0)
+{
+    for (uint i = gl_LocalInvocationID.x; i < BM * K4; i += gl_WorkGroupSize.x) {
+        const uint row = i / K4, k = 4u * (i % K4);
+        const vec4 v = m_tile + row < MM_ROWS && IN_K(k0 + k) ? load_x4(m_tile + row, k0 + k) : vec4(0.0);
+        As[(row * ST + k) / 4u] = cm_f16x4(v);
+    }
+    for (uint i = gl_LocalInvocationID.x; i < BN * K4; i += gl_WorkGroupSize.x) {
+        const uint row = i / K4, k = 4u * (i % K4), n = n_tile + row;
+        const vec4 v = n < p.N && IN_K(k0 + k) ? dq_load4(dq_row_base(W_ROW(n), p.w_stride), k0 + k, p.K)
+                                               : vec4(0.0);
+        Bs[(row * ST + k) / 4u] = cm_f16x4(v);
+    }
+}
+
+// STAGES = 2: a step's operands in registers, quad i = tid + j * WG of the X tile (row i / K4, k
+// 4 (i % K4)) in sx[j], of the W tile in sw[j]; quads past the tile are never stored.
+const uint SXN = STAGES > 1u ? (BM * K4 - 1u) / gl_WorkGroupSize.x + 1u : 1u;
+const uint SWN = STAGES > 1u ? (BN * K4 - 1u) / gl_WorkGroupSize.x + 1u : 1u;
 vec4 sx[SXN], sw[SWN];
 
 // Load X[m_tile.., k0..] and W[n_tile.., k0..] (W dequantised; zeros outside the matrix) into sx, sw.
 void stage_load(uint m_tile, uint n_tile, uint k0)
 {
-    [[unroll]] for (uint j = 0u; j < SXN; j++) {
+    CM_UNROLL for (uint j = 0u; j < SXN; j++) {
         const uint i = gl_LocalInvocationID.x + j * gl_WorkGroupSize.x, row = i / K4, k = 4u * (i % K4);
         sx[j] = i < BM * K4 && m_tile + row < MM_ROWS && IN_K(k0 + k) ? load_x4(m_tile + row, k0 + k) : vec4(0.0);
     }
-    [[unroll]] for (uint j = 0u; j < SWN; j++) {
+    CM_UNROLL for (uint j = 0u; j < SWN; j++) {
         const uint i = gl_LocalInvocationID.x + j * gl_WorkGroupSize.x, row = i / K4, k = 4u * (i % K4);
         const uint n = n_tile + row;
         sw[j] = i < BN * K4 && n < p.N && IN_K(k0 + k) ? dq_load4(dq_row_base(W_ROW(n), p.w_stride), k0 + k, p.K)
@@ -94,12 +115,12 @@ void stage_load(uint m_tile, uint n_tile, uint k0)
 void stage_store(uint s)
 {
     const uint a0 = s * BM * ST, b0 = s * BN * ST;
-    [[unroll]] for (uint j = 0u; j < SXN; j++) {
+    CM_UNROLL for (uint j = 0u; j < SXN; j++) {
         const uint i = gl_LocalInvocationID.x + j * gl_WorkGroupSize.x;
         if (i < BM * K4)
             As[(a0 + (i / K4) * ST + 4u * (i % K4)) / 4u] = cm_f16x4(sx[j]);
     }
-    [[unroll]] for (uint j = 0u; j < SWN; j++) {
+    CM_UNROLL for (uint j = 0u; j < SWN; j++) {
         const uint i = gl_LocalInvocationID.x + j * gl_WorkGroupSize.x;
         if (i < BN * K4)
             Bs[(b0 + (i / K4) * ST + 4u * (i % K4)) / 4u] = cm_f16x4(sw[j]);
@@ -138,8 +159,7 @@ void main()
     for (uint k0 = k_begin; k0 < k_end; k0 += BK) {
         const bool next = STAGES > 1u && k0 + BK < k_end;
         if (STAGES == 1u) {
-            stage_load(m_tile, n_tile, k0);
-            stage_store(0u);
+            stage(m_tile, n_tile, k0);
             barrier();
         } else if (next) {
             stage_load(m_tile, n_tile, k0 + BK);
