@@ -480,6 +480,24 @@ void vkd_label_begin_join(vkd_cmd *c, const char *a, const char *b)
     label_push(c, name);
 }
 
+void vkd_label_begin_n(vkd_cmd *c, const char *prefix, uint32_t n)
+{
+    if (!c->d->fn.label_begin && !c->queries)
+        return;
+    char name[128], digits[10];
+    size_t len = 0, nd = 0;
+    for (const char *p = prefix; *p && len + 12 < sizeof name; p++)
+        name[len++] = *p;
+    name[len++] = ' ';
+    do
+        digits[nd++] = (char)('0' + n % 10);
+    while (n /= 10);
+    while (nd)
+        name[len++] = digits[--nd];
+    name[len] = 0;
+    label_push(c, name);
+}
+
 void vkd_label_end(vkd_cmd *c)
 {
     op_head *r = c->d->fn.label_end ? rec_reserve(c, OP_LABEL_END, sizeof *r) : NULL;

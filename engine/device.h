@@ -297,6 +297,8 @@ void vkd_label_begin(vkd_cmd *c, const char *fmt, ...) __attribute__((format(pri
  * printf: every dispatch of every step opens one while debug labels are on, and vsnprintf was
  * ~40% of a reused decode step's host time (callgrind, 32 layers). */
 void vkd_label_begin_join(vkd_cmd *c, const char *a, const char *b);
+/* ... and the label "prefix n" ("layer 17"), formatted only while labels are on. */
+void vkd_label_begin_n(vkd_cmd *c, const char *prefix, uint32_t n);
 /* Names what the following dispatches compute, until the next call: their debug labels (RenderDoc,
  * Nsight) and profile events read "role / kernel" ("attn_q / matvec_q4_k"). role: a string
  * literal (kept by pointer). One store; free when not profiling or capturing. */

@@ -404,14 +404,7 @@ vki_status vk_forward_record(vk_engine *e, const vki_step_plan *plan, uint32_t n
     vkd_barrier(c);
     bool normed = false; /* h holds the next block's normed input already */
     for (uint32_t il = 0; il < hp->n_layer; il++) {
-        char name[20] = "layer ", digits[11]; /* "layer 17", without a printf per layer and step */
-        size_t nd = 0, n = 6;
-        for (uint32_t v = il; nd == 0 || v; v /= 10)
-            digits[nd++] = (char)('0' + v % 10);
-        while (nd)
-            name[n++] = digits[--nd];
-        name[n] = 0;
-        vkd_label_begin_join(c, name, NULL);
+        vkd_label_begin_n(c, "layer", il);
         vki_status st = record_attention_block(e, il, T, ast, plan->n_tokens == plan->n_seqs, &normed);
         if (st == VKI_OK)
             st = record_ffn_block(e, il, T, &normed);

@@ -389,14 +389,17 @@ static vki_status config_item(vkd_device *d, const char *item, bool *gemm)
         if (v[0] > d->info.max_workgroup_invocations || (v[0] > sg && v[0] % sg))
             return config_error(d, item, "the invocations exceed the device's workgroup limit, or are more than one "
                                 "subgroup and not a multiple of it");
-        /* matvec.comp's shared memory: a partial sum per (row, activation row, subgroup) (an odd
-         * row count rounded up for the gate|up pass), the norm epilogue's virtual lanes */
-        const uint32_t sg_min = d->info.subgroup_min_size ? d->info.subgroup_min_size : sg;
-        const uint64_t red = 4ull * (v[1] + v[1] % 2) * (n >= 3 ? v[2] : OP_MATVEC_ROWS) * ((v[0] + sg_min - 1) / sg_min);
-        if (red + 4ull * VKI_NORM_LANES > d->info.max_compute_shared_memory)
+        const uint32_t old[4] = {d->matvec_wg, d->matvec_rows, d->matvec_mc, d->matvec_mu};
+        d->matvec_wg = v[0], d->matvec_rows = v[1], d->matvec_mc = n >= 3 ? v[2] : 0, d->matvec_mu = n == 4 ? v[3] : 0;
+        /* matvec.comp's shared memory at its largest (the gate|up pass of several activation rows):
+         * a partial sum per (row, activation row, subgroup), and the norm epilogue's virtual lanes */
+        uint32_t spec[VKK_MAX_SPEC];
+        mv_spec(d, 2, true, spec);
+        if (4ull * spec[1] * spec[2] * spec[3] + 4ull * VKI_NORM_LANES > d->info.max_compute_shared_memory) {
+            d->matvec_wg = old[0], d->matvec_rows = old[1], d->matvec_mc = old[2], d->matvec_mu = old[3];
             return config_error(d, item, "its partial sums (rows x activation rows x subgroups) exceed the device's "
                                 "shared memory");
-        d->matvec_wg = v[0], d->matvec_rows = v[1], d->matvec_mc = n >= 3 ? v[2] : 0, d->matvec_mu = n == 4 ? v[3] : 0;
+        }
     } else if (CONFIG_KEY("gemm")) {
         if (n != 2 && n != 4)
             return config_error(d, item, "gemm=BMxBN[xWMxWN]: the tensor-core GEMM's tile [and its subgroups' "

@@ -949,6 +949,8 @@ typedef struct bench_cli {
  * vki_device_params.kernel_config holds), applied to the device once it is open. */
 static const char *const tune_opt[] = {"--matvec-cfg", "--cm-cfg", "--cm-stages", "--cm-bk", "--cm-split"};
 static const char *const tune_key[] = {"matvec", "gemm", "gemm_stages", "gemm_bk", "gemm_split"};
+_Static_assert(sizeof tune_opt / sizeof *tune_opt == N_TUNE && sizeof tune_key / sizeof *tune_key == N_TUNE,
+               "one key per tuning option");
 
 /* A count option in [1, max]; false (with a message) otherwise. */
 static bool parse_count(const char *opt, const char *s, uint32_t max, uint32_t *out)
