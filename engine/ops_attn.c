@@ -151,10 +151,12 @@ vki_status op_attn_setup(vkd_device *d, const op_attn_shape *s, op_attn *out)
     a.kvw_spec[0] = KVW_WG;
     /* A CPU device runs a few workgroups at once. A GPU needs many loads in flight per SM: aim
      * at ~2048 decode workgroups (an H100 has 132 SMs) while a split keeps >= 128 keys, so the
-     * merge and the partial write stay small next to the split's K/V reads. */
+     * merge and the partial write stay small next to the split's K/V reads (kernel_config's
+     * attn_split sets that least length: at 512 keys, 8 KV heads make 32 workgroups of 4
+     * splits at 128, 128 of 16 at 32). */
     bool cpu = d->info.type == VKI_DEVICE_CPU;
     a.target_groups = cpu ? 32 : 2048;
-    a.min_split = cpu ? 64 : 128;
+    a.min_split = d->attn_split ? d->attn_split : cpu ? 64 : 128;
     *out = a;
     return VKI_OK;
 }

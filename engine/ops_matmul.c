@@ -421,19 +421,25 @@ static vki_status config_item(vkd_device *d, const char *item, bool *gemm)
             return config_error(d, item, "gemm_split=1..64: the tensor-core GEMM's K splits (1: none)");
         d->cm_split = v[0];
         *gemm = true;
+    } else if (CONFIG_KEY("attn_split")) {
+        if (n != 1 || v[0] < 16 || v[0] > 65536 || v[0] % 16)
+            return config_error(d, item, "attn_split=16..65536, a multiple of 16: decode attention's keys per split "
+                                "at least");
+        d->attn_split = v[0];
     } else if (CONFIG_KEY("gemv_max_m")) {
         if (n != 1 || v[0] > 4096)
             return config_error(d, item, "gemv_max_m=1..4096: the most activation rows the matrix-vector kernel takes");
         d->gemv_max_m = v[0];
     } else {
-        return config_error(d, item, eq ? "unknown key (matvec, gemm, gemm_stages, gemm_bk, gemm_split, gemv_max_m)"
+        return config_error(d, item, eq ? "unknown key (matvec, gemm, gemm_stages, gemm_bk, gemm_split, gemv_max_m, "
+                                        "attn_split)"
                                         : "not key=value");
     }
 #undef CONFIG_KEY
     return VKI_OK;
 }
 
-vki_status op_matmul_config(vkd_device *d, const char *cfg, bool check_fit)
+vki_status op_kernel_config(vkd_device *d, const char *cfg, bool check_fit)
 {
     if (!cfg || !*cfg)
         return VKI_OK;

@@ -41,12 +41,13 @@ uint32_t op_matmul_gemv_max_m(const vkd_device *d);
 
 /* Applies a kernel configuration (vki_device_params.kernel_config: comma-separated key=value,
  * keys matvec=WGxROWS[xMC[xMU]], gemm=BMxBN[xWMxWN], gemm_stages=S, gemm_bk=BK, gemm_split=N,
- * gemv_max_m=M; bench-kernels' --matvec-cfg, --cm-cfg, --cm-stages, --cm-bk, --cm-split) to the
- * device's kernel choices, before anything is recorded. check_fit: the GEMM settings must give a
+ * gemv_max_m=M, attn_split=KEYS (read by op_attn_setup); bench-kernels' --matvec-cfg, --cm-cfg,
+ * --cm-stages, --cm-bk, --cm-split, --attn-split) to the device's kernel choices, before anything
+ * is recorded or any attention set up. check_fit: the GEMM settings must give a
  * tile this device runs (bench-kernels passes false and reports misfits per row). NULL or "":
  * nothing. VKI_ERR_INVALID_ARG (logged, naming the item) on anything else; settings before the
  * bad item stay applied. */
-vki_status op_matmul_config(vkd_device *d, const char *cfg, bool check_fit);
+vki_status op_kernel_config(vkd_device *d, const char *cfg, bool check_fit);
 
 /* The K splits the tensor-core GEMM (OP_MM_COOPMAT) takes for an M x N x K product of a one-part
  * tensor (1: none): automatic where the device tells its compute units, so that a GEMM of few

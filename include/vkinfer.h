@@ -250,10 +250,13 @@ typedef struct vki_device_params {
      *   gemm_bk=16|32|48|64        its K per step
      *   gemm_split=N               its K splits (1: none)
      *   gemv_max_m=M               the most activation rows the matrix-vector kernel takes
+     *   attn_split=N               decode attention's keys per split at least (16..65536, a
+     *                              multiple of 16; more splits fill more of a GPU at short
+     *                              contexts, each adds a partial to merge)
      * e.g. "matvec=128x4x8x2,gemm=128x128x64x64,gemm_stages=2". MU, stages and K steps give the
-     * same bits as the defaults; workgroup and tile shapes change the order of additions. An
-     * unknown key, a bad value or GEMM settings this device cannot run fail the open
-     * (VKI_ERR_INVALID_ARG, the item named). */
+     * same bits as the defaults; workgroup and tile shapes and attention splits change the order
+     * of additions. An unknown key, a bad value or GEMM settings this device cannot run fail the
+     * open (VKI_ERR_INVALID_ARG, the item named). */
     const char *kernel_config;
 } vki_device_params;
 

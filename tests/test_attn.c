@@ -784,6 +784,13 @@ static void test_gpu_configs(void **state)
     nvidia_lanes = true;
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
         run_case(g, &r, &cases[i], VKI_GGML_F16, NULL);
+    /* kernel_config's attn_split: 32-key splits at least (the 1000-key context in 32 splits,
+     * merged by the last one) */
+    assert_int_equal(op_kernel_config(g->dev, "attn_split=32", false), VKI_OK);
+    assert_int_equal(op_attn_setup(g->dev, &s, &a), VKI_OK);
+    assert_int_equal(a.min_split, 32);
+    run_case(g, &r, &cases[0], VKI_GGML_F16, NULL);
+    g->dev->attn_split = 0;
     nvidia_lanes = false;
     g->dev->info = saved;
     vt_assert_clean(g);
@@ -1040,6 +1047,8 @@ int main(void)
         cmocka_unit_test(test_attn_coopmat_windows),
         cmocka_unit_test(test_gpu_configs),
     };
+    if (getenv("VKI_TEST_FILTER")) /* one test while developing: VKI_TEST_FILTER=test_gpu_configs */
+        cmocka_set_test_filter(getenv("VKI_TEST_FILTER"));
     int rc = cmocka_run_group_tests(tests, vt_gpu_setup, vt_gpu_teardown);
     fprintf(stderr, "worst NMSE of the FP32 attention kernels: %.2e (tolerance %.0e)\n", worst_fp32, ATTN_TOL);
     return rc;

@@ -435,8 +435,8 @@ static void test_generate_constrained(void **state)
 }
 
 /* --kernel-config: the matrix kernels' shapes given at the command line (the greedy answer
- * unchanged with another matrix-vector workgroup and every prompt row on the GEMM); a bad item
- * fails the load naming it. */
+ * unchanged with another matrix-vector workgroup, every prompt row on the GEMM and 16-key
+ * attention splits); a bad item fails the load naming it. */
 static void test_generate_kernel_config(void **state)
 {
     (void)state;
@@ -444,7 +444,7 @@ static void test_generate_kernel_config(void **state)
     model(m, sizeof m);
     vt_run_result r;
     snprintf(args, sizeof args, "generate --validation --no-progress --no-warmup -m %s -p \"Once upon a time\" -n 48 "
-             "--temp 0 --no-display-prompt --kernel-config matvec=4x2x4x2,gemv_max_m=1", m);
+             "--temp 0 --no-display-prompt --kernel-config matvec=4x2x4x2,gemv_max_m=1,attn_split=16", m);
     vt_run_vkinfer(args, &r);
     assert_int_equal(r.rc, 0);
     assert_string_equal(r.out, KNOWN48 "\n");

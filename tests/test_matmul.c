@@ -417,7 +417,7 @@ static void run_coopmat(void **state, uint32_t type)
     static void test_coopmat_##t(void **state) { run_coopmat(state, VKI_GGML_##T); }
 VKK_WEIGHT_TYPES(TYPE_TESTS)
 
-/* vki_device_params.kernel_config as the engine applies it (op_matmul_config): each key sets its
+/* vki_device_params.kernel_config as the engine applies it (op_kernel_config): each key sets its
  * kernel choice, later items override earlier ones, NULL and "" change nothing; malformed items,
  * values out of range and unknown keys are refused; GEMM settings are checked against the device
  * only when asked (the engine asks, bench-kernels' sweeps do not): refused without a
@@ -429,8 +429,8 @@ static void test_kernel_config(void **state)
     const uint32_t sg = d->info.subgroup_size ? d->info.subgroup_size : 1;
     char cfg[192];
     snprintf(cfg, sizeof cfg, "matvec=%ux9x9,matvec=%ux3x5x2,gemm=32x64x32x32,gemm_stages=2,gemm_bk=64,gemm_split=3,"
-             "gemv_max_m=17", sg, sg);
-    assert_int_equal(op_matmul_config(d, cfg, false), VKI_OK);
+             "gemv_max_m=17,attn_split=48", sg, sg);
+    assert_int_equal(op_kernel_config(d, cfg, false), VKI_OK);
     assert_int_equal(d->matvec_wg, sg);
     assert_int_equal(d->matvec_rows, 3);
     assert_int_equal(d->matvec_mc, 5);
@@ -443,46 +443,49 @@ static void test_kernel_config(void **state)
     assert_int_equal(d->cm_bk, 64);
     assert_int_equal(d->cm_split, 3);
     assert_int_equal(op_matmul_gemv_max_m(d), 17);
-    assert_int_equal(op_matmul_config(d, NULL, true), VKI_OK);
-    assert_int_equal(op_matmul_config(d, "", true), VKI_OK);
-    assert_int_equal(op_matmul_config(d, "gemm=64x128", false), VKI_OK); /* the warp tile back to the library's */
+    assert_int_equal(d->attn_split, 48);
+    assert_int_equal(op_kernel_config(d, NULL, true), VKI_OK);
+    assert_int_equal(op_kernel_config(d, "", true), VKI_OK);
+    assert_int_equal(op_kernel_config(d, "gemm=64x128", false), VKI_OK); /* the warp tile back to the library's */
     assert_int_equal(d->cm_warp_m, 0);
     assert_int_equal(d->matvec_rows, 3);
     static const char *const bad[] = {"matvec=0x1", "matvec=8", "matvec=8x17", "matvec=8x4x33", "matvec=8x4x4x9",
                                       "matvec=8x4x", "matvec=+8x4", "matvec=8x4 ", "gemm=12", "gemm=64x64x32",
                                       "gemm=64x64x0x32", "gemm_stages=3", "gemm_bk=24", "gemm_bk=80",
                                       "gemm_split=x", "gemm_split=65", "gemv_max_m=0", "gemv_max_m=5000",
-                                      "gemv_max_m=99999999999", "foo=1", "matvec", "=8x4", "gemm_stages=1,bk=2"};
+                                      "gemv_max_m=99999999999", "foo=1", "matvec", "=8x4", "gemm_stages=1,bk=2",
+                                      "attn_split=8", "attn_split=40", "attn_split=65552", "attn_split=32x2"};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
-        if (op_matmul_config(d, bad[i], false) != VKI_ERR_INVALID_ARG)
+        if (op_kernel_config(d, bad[i], false) != VKI_ERR_INVALID_ARG)
             fail_msg("kernel config '%s' accepted", bad[i]);
     /* 16 rows x 32 activation rows x 1024 / subgroup partial sums: past 48 KiB below 64-lane subgroups */
     const uint32_t sg_min = d->info.subgroup_min_size ? d->info.subgroup_min_size : sg;
     if (d->info.max_workgroup_invocations >= 1024 && sg <= 1024 && 1024 % sg == 0 &&
         4ull * 16 * 32 * (1024 / sg_min) + 1024 > d->info.max_compute_shared_memory)
-        assert_int_equal(op_matmul_config(d, "matvec=1024x16x32", false), VKI_ERR_INVALID_ARG);
+        assert_int_equal(op_kernel_config(d, "matvec=1024x16x32", false), VKI_ERR_INVALID_ARG);
     if (sg > 1) { /* more than one subgroup, not a multiple of it */
         snprintf(cfg, sizeof cfg, "matvec=%ux2", sg + 1);
-        assert_int_equal(op_matmul_config(d, cfg, false), VKI_ERR_INVALID_ARG);
+        assert_int_equal(op_kernel_config(d, cfg, false), VKI_ERR_INVALID_ARG);
         /* less than a subgroup runs the product, but not the norm epilogue (whole subgroups) */
         const vk_tensor w = {.n_parts = 1, .n_rows = 64};
         snprintf(cfg, sizeof cfg, "matvec=%ux2", sg / 2);
-        assert_int_equal(op_matmul_config(d, cfg, false), VKI_OK);
+        assert_int_equal(op_kernel_config(d, cfg, false), VKI_OK);
         assert_false(op_matmul_norm_fits(d, &w));
         snprintf(cfg, sizeof cfg, "matvec=%ux2", sg);
-        assert_int_equal(op_matmul_config(d, cfg, false), VKI_OK);
+        assert_int_equal(op_kernel_config(d, cfg, false), VKI_OK);
         assert_true(op_matmul_norm_fits(d, &w) == (256 % sg == 0));
     }
     assert_int_equal(vkd_coopmat_select(d, VKI_COOPMAT_OFF), VKI_OK);
-    assert_int_equal(op_matmul_config(d, "gemm=32x32", true), VKI_ERR_INVALID_ARG);
-    assert_int_equal(op_matmul_config(d, "gemm_split=2", true), VKI_ERR_INVALID_ARG);
-    assert_int_equal(op_matmul_config(d, "gemm=32x32", false), VKI_OK);
+    assert_int_equal(op_kernel_config(d, "gemm=32x32", true), VKI_ERR_INVALID_ARG);
+    assert_int_equal(op_kernel_config(d, "gemm_split=2", true), VKI_ERR_INVALID_ARG);
+    assert_int_equal(op_kernel_config(d, "gemm=32x32", false), VKI_OK);
     if (vkd_coopmat_select(d, VKI_COOPMAT_EMULATED) == VKI_OK) {
         d->cm_stages = d->cm_bk = 0;
-        assert_int_equal(op_matmul_config(d, "gemm=32x32,gemm_stages=2", true), VKI_OK);
-        assert_int_equal(op_matmul_config(d, "gemm=512x512", true), VKI_ERR_INVALID_ARG); /* > 48 KiB */
+        assert_int_equal(op_kernel_config(d, "gemm=32x32,gemm_stages=2", true), VKI_OK);
+        assert_int_equal(op_kernel_config(d, "gemm=512x512", true), VKI_ERR_INVALID_ARG); /* > 48 KiB */
     }
     d->matvec_wg = d->matvec_rows = d->matvec_mc = 0;
+    d->attn_split = 0;
     vt_assert_clean(g);
 }
 

@@ -731,7 +731,8 @@ static const bench_kernel benches[] = {
      rope_setup, rope_record},
     {"attn_decode", "M sequences of context N, K head dim; 32/8 heads; type = KV cache",
      .types = {VKI_GGML_F16, VKI_GGML_F32, VKI_GGML_Q8_0}, .n_types = 3,
-     .full = {{1, 4096, 128}, {1, 32768, 128}, {64, 1024, 128}}, .small = {{1, 512, 64}, {8, 256, 64}},
+     .full = {{1, 512, 128}, {1, 4096, 128}, {1, 32768, 128}, {64, 1024, 128}},
+     .small = {{1, 512, 64}, {8, 256, 64}},
      attn_decode_setup, attn_decode_record},
     {"attn_prefill", "M new tokens after N cached, K head dim; 32/8 heads; type = KV cache",
      .types = {VKI_GGML_F16, VKI_GGML_F32, VKI_GGML_Q8_0}, .n_types = 3,
@@ -823,7 +824,7 @@ static void print_row(bench_out *out, const char *kernel, const char *tname, ben
     fflush(out->table);
     if (!out->json)
         return;
-    char cfg[32] = "null", cm_cfg[32] = "null", stages[16] = "null", bk[16] = "null";
+    char cfg[32] = "null", cm_cfg[32] = "null", stages[16] = "null", bk[16] = "null", asp[16] = "null";
     if (out->d->matvec_wg && out->d->matvec_mu)
         snprintf(cfg, sizeof cfg, "\"%ux%ux%ux%u\"", out->d->matvec_wg, out->d->matvec_rows, out->d->matvec_mc,
                  out->d->matvec_mu);
@@ -840,13 +841,15 @@ static void print_row(bench_out *out, const char *kernel, const char *tname, ben
         snprintf(stages, sizeof stages, "%u", out->d->cm_stages);
     if (out->d->cm_bk)
         snprintf(bk, sizeof bk, "%u", out->d->cm_bk);
+    if (out->d->attn_split)
+        snprintf(asp, sizeof asp, "%u", out->d->attn_split);
     printf("{\"device\":\"%s\",\"driver\":\"%s %s\",\"kernel\":\"%s\",\"type\":\"%s\",\"M\":%u,\"N\":%u,"
            "\"K\":%u,\"us_per_call\":%.3f,\"gbps\":%.3f,\"gflops\":%.3f,\"copy_gbps\":%.3f,\"bw_fraction\":%s,"
            "\"matvec_cfg\":%s,\"cm_cfg\":%s,\"cm_stages\":%s,\"cm_bk\":%s,\"splits\":%s,\"cm_split\":%s,"
-           "\"us_min\":%.3f,\"us_max\":%.3f,\"warm_batches\":%u}\n",
+           "\"attn_split\":%s,\"us_min\":%.3f,\"us_max\":%.3f,\"warm_batches\":%u}\n",
            out->d->info.name, out->d->info.driver_name, out->d->info.driver_info, kernel, tname, s.M, s.N, s.K,
            per_call * 1e6, gbps, r->flops / per_call * 1e-9, out->copy_gbps, fr, cfg, cm_cfg, stages, bk, js, forced,
-           tm->min * 1e6, tm->max * 1e6, tm->warm_batches);
+           asp, tm->min * 1e6, tm->max * 1e6, tm->warm_batches);
     fflush(stdout);
 }
 
@@ -916,6 +919,11 @@ static void usage(FILE *f)
                "                      passed over; JSON rows carry \"cm_stages\" (null: the library's, 1)\n"
                "      --cm-bk BK      the tensor-core GEMM's K per step (16, 32, 48, 64; default 32): 64 halves\n"
                "                      the barriers per product; JSON rows carry \"cm_bk\" (null: 32)\n"
+               "      --attn-split KEYS\n"
+               "                      decode attention's keys per split at least (16..65536, a multiple of\n"
+               "                      16) instead of the library's (GPUs 128, CPUs 64): shorter splits put\n"
+               "                      more workgroups on a short context; JSON rows carry \"attn_split\"\n"
+               "                      (null: the library's)\n"
                "kernels:\n");
     for (size_t i = 0; i < N_BENCHES; i++)
         fprintf(f, "  %-14s %s\n", benches[i].name, benches[i].dims);
@@ -932,7 +940,7 @@ static bool in_list(const char *list, const char *name)
     return false;
 }
 
-#define N_TUNE 5 /* tune_opt below */
+#define N_TUNE 6 /* tune_opt below */
 
 typedef struct bench_cli {
     const char *kernels, *types;       /* comma lists; NULL = all */
@@ -945,10 +953,11 @@ typedef struct bench_cli {
     vki_device_params dp;
 } bench_cli;
 
-/* The tuning options: each is one item of a kernel configuration (op_matmul_config, what
+/* The tuning options: each is one item of a kernel configuration (op_kernel_config, what
  * vki_device_params.kernel_config holds), applied to the device once it is open. */
-static const char *const tune_opt[] = {"--matvec-cfg", "--cm-cfg", "--cm-stages", "--cm-bk", "--cm-split"};
-static const char *const tune_key[] = {"matvec", "gemm", "gemm_stages", "gemm_bk", "gemm_split"};
+static const char *const tune_opt[] = {"--matvec-cfg", "--cm-cfg", "--cm-stages", "--cm-bk", "--cm-split",
+                                       "--attn-split"};
+static const char *const tune_key[] = {"matvec", "gemm", "gemm_stages", "gemm_bk", "gemm_split", "attn_split"};
 _Static_assert(sizeof tune_opt / sizeof *tune_opt == N_TUNE && sizeof tune_key / sizeof *tune_key == N_TUNE,
                "one key per tuning option");
 
@@ -973,7 +982,7 @@ static int parse_args(int argc, char **argv, bench_cli *cl)
         {"iters", 1, 0, 'n'},  {"warmup", 1, 0, 'w'}, {"reps", 1, 0, 'r'}, {"small", 0, 0, 'S'},
         {"full", 0, 0, 'F'},   {"help", 0, 0, 'h'},  {"coopmat", 1, 0, 'C'}, {"crossover", 0, 0, 'X'},
         {"json", 0, 0, 'J'},   {"matvec-cfg", 1, 0, 'V'}, {"cm-cfg", 1, 0, 'G'}, {"cm-split", 1, 0, 'K'},
-        {"cm-stages", 1, 0, 'T'}, {"cm-bk", 1, 0, 'B'},
+        {"cm-stages", 1, 0, 'T'}, {"cm-bk", 1, 0, 'B'}, {"attn-split", 1, 0, 'A'},
         {"warm-ms", 1, 0, 'M'}, {0, 0, 0, 0}};
     for (int ch; (ch = getopt_long(argc, argv, "k:t:s:d:n:w:r:h", lo, NULL)) != -1;) {
         bench_shape *sh = &cl->shapes[cl->n_shapes < MAX_CL_SHAPES ? cl->n_shapes : 0];
@@ -998,6 +1007,7 @@ static int parse_args(int argc, char **argv, bench_cli *cl)
         case 'G': cl->tune[1] = optarg; break;
         case 'T': cl->tune[2] = optarg; break;
         case 'B': cl->tune[3] = optarg; break;
+        case 'A': cl->tune[5] = optarg; break;
         case 'K': cl->tune[4] = optarg; break;
         case 'M': {
             char *end;
@@ -1127,7 +1137,7 @@ int main(int argc, char **argv)
         if (!cl.tune[i])
             continue;
         snprintf(item, sizeof item, "%s=%s", tune_key[i], cl.tune[i]);
-        if (op_matmul_config(d, item, false) != VKI_OK) {
+        if (op_kernel_config(d, item, false) != VKI_OK) {
             fprintf(stderr, "bench-kernels: %s %s refused (see above)\n", tune_opt[i], cl.tune[i]);
             vkd_close(d);
             return 2;

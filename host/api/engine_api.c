@@ -221,7 +221,7 @@ static vki_status open_and_load(vki_engine *e, const char *path, const vki_engin
     dp.log_level = VKI_LOG_DEBUG;
     vki_status st = vkd_open(&dp, &e->dev);
     if (st == VKI_OK) /* the kernel choices before any pipeline or recording */
-        st = op_matmul_config(e->dev, p.device.kernel_config, true);
+        st = op_kernel_config(e->dev, p.device.kernel_config, true);
     if (st != VKI_OK)
         set_err(err, err_len, "%s%s%s", vki_status_str(st), ol->first_error[0] ? ": " : "", ol->first_error);
     if (st == VKI_OK)
