@@ -132,6 +132,9 @@ struct vkd_device {
                                         recording */
     uint32_t matvec_mu;              /* its units of each row per K pass (0: 1); --matvec-cfg
                                         WGxRxMCxMU and the tests */
+    uint32_t sample_loads;           /* the sampler's logits loaded per invocation at once (0:
+                                        ops_sample's choice, GPUs 8, CPUs 1); kernel_config
+                                        sample_loads=N, the tests */
     uint32_t attn_split;             /* decode attention's keys per split at least (0: ops_attn's
                                         choice, GPUs 128, CPUs 64); kernel_config attn_split=N */
     uint32_t cm_split;               /* K splits of the tensor-core GEMM: 0 ops_matmul's choice,

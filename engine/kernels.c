@@ -129,9 +129,9 @@ static const vkk_desc kernel_table[] = {
     ATTN_ROWS(F16, f16), ATTN_ROWS(F32, f32), ATTN_ROWS(Q8_0, q8_0),
     [VKK_ATTN_REDUCE] = {"attn_reduce", SPV(attn_reduce), .n_bindings = 4, .push_size = sizeof(vki_pc_attn),
                          .n_spec = 1, .spec_default = {64}},
-    /* engine/ops_sample.c: spec {WG} */
+    /* engine/ops_sample.c: spec {WG, SU loads per invocation at once} */
     [VKK_SAMPLE] = {"sample", SPV(sample), .n_bindings = 6, .push_size = sizeof(vki_pc_sample),
-                    .n_spec = 1, .spec_default = {256}},
+                    .n_spec = 2, .spec_default = {256, 1}},
     /* tools/bench_kernels.c: {WG, NACC accumulators per subgroup, CM_M, CM_N, CM_K, CM_SG} */
     [VKK_CM_PEAK] = {"cm_peak", SPV(cm_peak), .n_bindings = 2, .push_size = sizeof(vki_pc_cm_peak),
                      .n_spec = 6, .spec_default = {128, 4, 16, 16, 16, 32}},

@@ -426,13 +426,17 @@ static vki_status config_item(vkd_device *d, const char *item, bool *gemm)
             return config_error(d, item, "attn_split=16..65536, a multiple of 16: decode attention's keys per split "
                                 "at least");
         d->attn_split = v[0];
+    } else if (CONFIG_KEY("sample_loads")) {
+        if (n != 1 || v[0] > 16)
+            return config_error(d, item, "sample_loads=1..16: the sampler's logits loaded per invocation at once");
+        d->sample_loads = v[0];
     } else if (CONFIG_KEY("gemv_max_m")) {
         if (n != 1 || v[0] > 4096)
             return config_error(d, item, "gemv_max_m=1..4096: the most activation rows the matrix-vector kernel takes");
         d->gemv_max_m = v[0];
     } else {
         return config_error(d, item, eq ? "unknown key (matvec, gemm, gemm_stages, gemm_bk, gemm_split, gemv_max_m, "
-                                        "attn_split)"
+                                        "attn_split, sample_loads)"
                                         : "not key=value");
     }
 #undef CONFIG_KEY

@@ -8,7 +8,7 @@
 
 struct op_sampler {
     vkd_device *d;
-    uint32_t max_rows, n_vocab, wg;
+    uint32_t max_rows, n_vocab;
     uint32_t n_rows;         /* rows packed by the last successful pack */
     uint32_t cap_edits;      /* entries of edits / saved / h_edits */
     vkd_buffer *rows;        /* host-visible vki_sample_row [max_rows] */
@@ -38,6 +38,16 @@ uint32_t op_sample_wg(const vkd_device *d, uint32_t n_vocab)
            shared_bytes(2 * wg) <= d->info.max_compute_shared_memory)
         wg *= 2;
     return wg;
+}
+
+/* sample.comp's specialisation {WG, SU}. SU: logits each invocation loads before using them. A
+ * row is one workgroup's, so at batch 1 one SM reads the whole vocabulary and the loads in flight
+ * set the pace (1024 invocations x 1 x 4 bytes per round trip: ~7 GB/s on an H200, a 128k row
+ * ~70 us per pass); 8 on GPUs. CPU devices run the invocations one after another anyway: 1. */
+static void sample_spec(const vkd_device *d, uint32_t n_vocab, uint32_t spec[2])
+{
+    spec[0] = op_sample_wg(d, n_vocab);
+    spec[1] = d->sample_loads ? d->sample_loads : d->info.type == VKI_DEVICE_CPU ? 1 : 8;
 }
 
 static vki_status check_args(vkd_device *d, const op_sample_args *a, VkDeviceSize *row_bytes, uint32_t *per)
@@ -70,7 +80,8 @@ vki_status op_sample(vkd_cmd *c, const op_sample_args *a)
     if (!a->n_rows)
         return VKI_OK;
     VkDeviceSize rb;
-    uint32_t per, spec[1] = {op_sample_wg(c->d, a->n_vocab)};
+    uint32_t per, spec[2];
+    sample_spec(c->d, a->n_vocab, spec);
     vki_status st = check_args(c->d, a, &rb, &per);
     for (uint32_t r0 = 0; st == VKI_OK && r0 < a->n_rows; r0 += per) {
         uint32_t n = a->n_rows - r0 < per ? a->n_rows - r0 : per;
@@ -123,7 +134,6 @@ vki_status op_sampler_create(vkd_device *d, uint32_t max_rows, uint32_t n_vocab,
     s->d = d;
     s->max_rows = max_rows;
     s->n_vocab = n_vocab;
-    s->wg = op_sample_wg(d, n_vocab);
     s->reqs = calloc(max_rows, sizeof *s->reqs);
     s->masks = calloc(max_rows, sizeof *s->masks);
     vki_status st = s->reqs && s->masks ? VKI_OK : VKI_ERR_OUT_OF_HOST_MEMORY;
@@ -143,7 +153,12 @@ vki_status op_sampler_create(vkd_device *d, uint32_t max_rows, uint32_t n_vocab,
     return VKI_OK;
 }
 
-vki_status op_sampler_prepare(op_sampler *s) { return vkk_prepare(s->d, VKK_SAMPLE, &s->wg); }
+vki_status op_sampler_prepare(op_sampler *s)
+{
+    uint32_t spec[2];
+    sample_spec(s->d, s->n_vocab, spec);
+    return vkk_prepare(s->d, VKK_SAMPLE, spec);
+}
 
 void op_sampler_destroy(op_sampler *s)
 {

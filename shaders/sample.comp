@@ -37,8 +37,15 @@
 // Row reads: greedy 1; temperature only 2; top-k/top-p/min-p 4 to 5 (argmax, 1-2 histograms, 2
 // gathers); top-k or top-p alone over more than CAP survivors 6 (argmax, 2 histograms, 2
 // gathers, the draw); the whole-row route 11 to 13; logprobs +1, top-n +5.
+// Bound by: memory latency. One workgroup reads a row (at batch 1 one SM reads the whole
+// vocabulary, 0.5 MB for 128k tokens), so what limits a pass is the loads in flight, not
+// bandwidth: one 4-byte load per invocation at a time is 4 KiB per SM per round trip (~7 GB/s,
+// ~70 us a pass, measured on an H200). Every pass therefore loads SU elements per invocation
+// before using them (runs: run_row, run_elems) and uses them in the order the one-at-a-time loop
+// did, so any SU gives the same bits.
 layout(local_size_x_id = 0) in;
 layout(constant_id = 0) const uint WG = 256; // power of two, 64 .. 1024
+layout(constant_id = 1) const uint SU = 1;   // elements each invocation loads at once, 1 .. 16
 layout(push_constant) uniform PushBlock { vki_pc_sample p; };
 // f32 [rows][row_stride]: row r of this dispatch at logits[r * row_stride]; read-write (edited
 // ids are overwritten and restored inside this kernel, by this workgroup only)
@@ -107,15 +114,32 @@ uvec2 wfix(float z)
     return f_to_u64(exp(t) * 1099511627776.0);
 }
 
-// Element i of what the passes read: (id, logit) of the row or of the candidate list.
-void elem(uint i, out uint id, out float z)
+// A run of the row's raw logits: elements i0, i0 + step, ... (SU of them; past `end`: -inf), all
+// loads issued before any is used.
+void run_row(uint i0, uint step, uint end, out float v[SU])
+{
+    [[unroll]] for (uint u = 0u; u < SU; u++) {
+        const uint i = i0 + u * step;
+        v[u] = i < end ? logits[g_base + i] : NEG_INF;
+    }
+}
+
+// The same run of what the passes read: (id, sanitised logit) of the row, or of the candidate
+// list (past its end: whatever the list holds there; callers skip those positions).
+void run_elems(uint i0, uint step, uint end, out uint id[SU], out float z[SU])
 {
     if (g_list) {
-        id = s_lid[i];
-        z = s_lz[i];
-    } else {
-        id = i;
-        z = load_z(i);
+        [[unroll]] for (uint u = 0u; u < SU; u++) {
+            const uint i = min(i0 + u * step, CAP - 1u);
+            id[u] = s_lid[i];
+            z[u] = s_lz[i];
+        }
+        return;
+    }
+    run_row(i0, step, end, z);
+    [[unroll]] for (uint u = 0u; u < SU; u++) {
+        id[u] = i0 + u * step;
+        z[u] = id[u] < end ? sanitized(id[u], z[u]) : NEG_INF;
     }
 }
 
@@ -287,13 +311,15 @@ void apply_edits(bool restore)
 // The r-th (1-based) id, in id order, among the elements with key K inside cut.
 uint tie_find(uint K, uint r, uvec2 cut)
 {
-    uint lo = chunk_lo(), hi = chunk_hi(), c = 0u, id;
-    float z;
-    for (uint i = lo; i < hi; i++) {
-        elem(i, id, z);
-        uint k = key_of(z);
-        if (k == K && in_cut(k, id, cut))
-            c++;
+    uint lo = chunk_lo(), hi = chunk_hi(), c = 0u, id[SU];
+    float z[SU];
+    for (uint i0 = lo; i0 < hi; i0 += SU) {
+        run_elems(i0, 1u, hi, id, z);
+        [[unroll]] for (uint u = 0u; u < SU; u++) {
+            uint k = key_of(z[u]);
+            if (i0 + u < hi && k == K && in_cut(k, id[u], cut))
+                c++;
+        }
     }
     s_part[tid] = uvec2(c, 0u);
     group_sums(SRC_PART, WG);
@@ -305,19 +331,23 @@ uint tie_find(uint K, uint r, uvec2 cut)
     barrier();
     if (tid == s_owner) {
         uint seen = 0u;
-        for (uint i = lo; i < hi; i++) {
-            elem(i, id, z);
-            uint k = key_of(z);
-            if (k == K && in_cut(k, id, cut) && ++seen == s_rank) {
-                s_id = id;
-                break;
+        bool found = false;
+        for (uint i0 = lo; i0 < hi && !found; i0 += SU) {
+            run_elems(i0, 1u, hi, id, z);
+            [[unroll]] for (uint u = 0u; u < SU; u++) {
+                uint k = key_of(z[u]);
+                if (i0 + u < hi && k == K && in_cut(k, id[u], cut) && ++seen == s_rank) {
+                    s_id = id[u];
+                    found = true;
+                    break;
+                }
             }
         }
     }
     barrier();
-    id = s_id;
+    uint r_id = s_id;
     barrier();
-    return id;
+    return r_id;
 }
 
 // One histogram pass of radix_select: digit at `shift` of the keys inside cut whose higher bits
@@ -332,21 +362,23 @@ void radix_level(bool mass, uint want, uvec2 cut, uvec2 total, uvec2 target, uin
     }
     barrier();
     uint prefix = s_prefix;
-    for (uint i = tid; i < g_count; i += WG) {
-        uint id;
-        float z;
-        elem(i, id, z);
-        uint k = key_of(z);
-        if ((k & hmask) != prefix || !in_cut(k, id, cut))
-            continue;
-        uint d = (k >> shift) & 255u;
-        atomicAdd(h_cnt[d], 1u);
-        if (mass) {
-            uvec2 w = wfix(z);
-            uint old = atomicAdd(h_lo[d], w.x);
-            uint hi = w.y + (old + w.x < old ? 1u : 0u); // 64-bit add from two 32-bit atomics
-            if (hi != 0u)
-                atomicAdd(h_hi[d], hi);
+    for (uint i0 = tid; i0 < g_count; i0 += SU * WG) {
+        uint id[SU];
+        float z[SU];
+        run_elems(i0, WG, g_count, id, z);
+        [[unroll]] for (uint u = 0u; u < SU; u++) {
+            uint k = key_of(z[u]);
+            if (i0 + u * WG >= g_count || (k & hmask) != prefix || !in_cut(k, id[u], cut))
+                continue;
+            uint d = (k >> shift) & 255u;
+            atomicAdd(h_cnt[d], 1u);
+            if (mass) {
+                uvec2 w = wfix(z[u]);
+                uint old = atomicAdd(h_lo[d], w.x);
+                uint hi = w.y + (old + w.x < old ? 1u : 0u); // 64-bit add from two 32-bit atomics
+                if (hi != 0u)
+                    atomicAdd(h_hi[d], hi);
+            }
         }
     }
     uint src = mass ? SRC_HMASS : SRC_HCNT;
@@ -404,15 +436,17 @@ uvec2 radix_select(bool mass, uint want, uvec2 cut, uvec2 total, uvec2 target)
 // Draws among the elements inside cut with nonzero weight, in id order.
 void draw(uvec2 cut, out int token, out uint kept)
 {
-    uint lo = chunk_lo(), hi = chunk_hi(), c = 0u, id;
-    float z;
+    uint lo = chunk_lo(), hi = chunk_hi(), c = 0u, id[SU];
+    float z[SU];
     uvec2 m = uvec2(0u);
-    for (uint i = lo; i < hi; i++) {
-        elem(i, id, z);
-        uvec2 w = in_cut(key_of(z), id, cut) ? wfix(z) : uvec2(0u);
-        if (w != uvec2(0u)) {
-            m = add64(m, w);
-            c++;
+    for (uint i0 = lo; i0 < hi; i0 += SU) {
+        run_elems(i0, 1u, hi, id, z);
+        [[unroll]] for (uint u = 0u; u < SU; u++) {
+            uvec2 w = i0 + u < hi && in_cut(key_of(z[u]), id[u], cut) ? wfix(z[u]) : uvec2(0u);
+            if (w != uvec2(0u)) {
+                m = add64(m, w);
+                c++;
+            }
         }
     }
     s_part[tid] = m;
@@ -428,14 +462,18 @@ void draw(uvec2 cut, out int token, out uint kept)
     barrier();
     if (tid == s_owner) {
         uvec2 cum = s_before;
-        for (uint i = lo; i < hi; i++) {
-            elem(i, id, z);
-            if (!in_cut(key_of(z), id, cut))
-                continue;
-            cum = add64(cum, wfix(z));
-            if (gt64(cum, s_target)) {
-                s_id = id;
-                break;
+        bool found = false;
+        for (uint i0 = lo; i0 < hi && !found; i0 += SU) {
+            run_elems(i0, 1u, hi, id, z);
+            [[unroll]] for (uint u = 0u; u < SU; u++) {
+                if (i0 + u >= hi || !in_cut(key_of(z[u]), id[u], cut))
+                    continue;
+                cum = add64(cum, wfix(z[u]));
+                if (gt64(cum, s_target)) {
+                    s_id = id[u];
+                    found = true;
+                    break;
+                }
             }
         }
     }
@@ -493,19 +531,26 @@ void lw_hist(uint lvl, bool mass)
         h_hi[b] = 0u;
     }
     barrier();
-    for (uint i = tid; i < g_n; i += WG) {
-        float z = load_z(i);
-        uint b = lw_bin(z);
-        if (b == 255u || (lvl == 1u && b != g_b0))
-            continue;
-        uint d = 255u - (lvl == 0u ? b : lw_sub(z));
-        atomicAdd(h_cnt[d], 1u);
-        if (mass) {
-            uvec2 w = wfix(z);
-            uint old = atomicAdd(h_lo[d], w.x);
-            uint hi = w.y + (old + w.x < old ? 1u : 0u);
-            if (hi != 0u)
-                atomicAdd(h_hi[d], hi);
+    for (uint i0 = tid; i0 < g_n; i0 += SU * WG) {
+        float v[SU];
+        run_row(i0, WG, g_n, v);
+        [[unroll]] for (uint u = 0u; u < SU; u++) {
+            const uint i = i0 + u * WG;
+            if (i >= g_n)
+                break;
+            float z = sanitized(i, v[u]);
+            uint b = lw_bin(z);
+            if (b == 255u || (lvl == 1u && b != g_b0))
+                continue;
+            uint d = 255u - (lvl == 0u ? b : lw_sub(z));
+            atomicAdd(h_cnt[d], 1u);
+            if (mass) {
+                uvec2 w = wfix(z);
+                uint old = atomicAdd(h_lo[d], w.x);
+                uint hi = w.y + (old + w.x < old ? 1u : 0u);
+                if (hi != 0u)
+                    atomicAdd(h_hi[d], hi);
+            }
         }
     }
 }
@@ -595,9 +640,13 @@ uint choose_candidates(bool tk, bool tp, bool mp, out uvec2 total)
 bool gather(bool cross)
 {
     uint lo = chunk_lo(), hi = chunk_hi(), c = 0u;
-    for (uint i = lo; i < hi; i++) {
-        float z = load_z(i);
-        c += (cross ? is_cross(z) : is_cand(z)) ? 1u : 0u;
+    float v[SU];
+    for (uint i0 = lo; i0 < hi; i0 += SU) {
+        run_row(i0, 1u, hi, v);
+        [[unroll]] for (uint u = 0u; u < SU; u++) {
+            float z = i0 + u < hi ? sanitized(i0 + u, v[u]) : NEG_INF;
+            c += i0 + u < hi && (cross ? is_cross(z) : is_cand(z)) ? 1u : 0u;
+        }
     }
     s_part[tid] = uvec2(c, 0u);
     group_sums(SRC_PART, WG);
@@ -609,12 +658,18 @@ bool gather(bool cross)
     barrier();
     if (n > CAP)
         return false;
-    for (uint i = lo; i < hi && off < n; i++) {
-        float z = load_z(i);
-        if (cross ? is_cross(z) : is_cand(z)) {
-            s_lid[off] = i;
-            s_lz[off] = z;
-            off++;
+    for (uint i0 = lo; i0 < hi && off < n; i0 += SU) {
+        run_row(i0, 1u, hi, v);
+        [[unroll]] for (uint u = 0u; u < SU; u++) {
+            const uint i = i0 + u;
+            if (i >= hi || off >= n)
+                break;
+            float z = sanitized(i, v[u]);
+            if (cross ? is_cross(z) : is_cand(z)) {
+                s_lid[off] = i;
+                s_lz[off] = z;
+                off++;
+            }
         }
     }
     barrier();
@@ -660,13 +715,19 @@ void sample_row(out int token, out uint kept)
 float raw_lse()
 {
     float m = NEG_INF, s = 0.0;
-    for (uint i = tid; i < g_n; i += WG) {
-        float v = load_z(i);
-        if (v > m) {
-            s = s * exp(m - v) + 1.0;
-            m = v;
-        } else if (v != NEG_INF) {
-            s += exp(v - m);
+    for (uint i0 = tid; i0 < g_n; i0 += SU * WG) {
+        float r[SU];
+        run_row(i0, WG, g_n, r);
+        [[unroll]] for (uint u = 0u; u < SU; u++) {
+            if (i0 + u * WG >= g_n)
+                break;
+            float v = sanitized(i0 + u * WG, r[u]);
+            if (v > m) {
+                s = s * exp(m - v) + 1.0;
+                m = v;
+            } else if (v != NEG_INF) {
+                s += exp(v - m);
+            }
         }
     }
     return wg_lse(m, s);
@@ -680,13 +741,20 @@ void top_logprobs(uint row, float lse)
     if (tid == 0u)
         s_ntop = 0u;
     barrier();
-    for (uint i = tid; i < g_n; i += WG) {
-        uint k = key_of(load_z(i));
-        if (in_cut(k, i, cut)) {
-            uint s = atomicAdd(s_ntop, 1u);
-            if (s < VKI_SAMPLE_MAX_TOP) {
-                s_top_id[s] = i;
-                s_top_key[s] = k;
+    for (uint i0 = tid; i0 < g_n; i0 += SU * WG) {
+        float r[SU];
+        run_row(i0, WG, g_n, r);
+        [[unroll]] for (uint u = 0u; u < SU; u++) {
+            const uint i = i0 + u * WG;
+            if (i >= g_n)
+                break;
+            uint k = key_of(sanitized(i, r[u]));
+            if (in_cut(k, i, cut)) {
+                uint s = atomicAdd(s_ntop, 1u);
+                if (s < VKI_SAMPLE_MAX_TOP) {
+                    s_top_id[s] = i;
+                    s_top_key[s] = k;
+                }
             }
         }
     }
@@ -731,13 +799,19 @@ void main()
 
     float zmax = NEG_INF;
     uint amax = NO_ID;
-    for (uint i = tid; i < g_n; i += WG) { // also the non-finite check (the edited ids' raw
-        float v = logits[g_base + i];        // values were checked in apply_edits): 2 compares
-        g_bad = g_bad || broken(v);
-        float z = sanitized(i, v);
-        if (z > zmax) {
-            zmax = z;
-            amax = i;
+    for (uint i0 = tid; i0 < g_n; i0 += SU * WG) { // also the non-finite check (the edited ids'
+        float r[SU];                                  // raw values were checked in apply_edits)
+        run_row(i0, WG, g_n, r);
+        [[unroll]] for (uint u = 0u; u < SU; u++) {
+            const uint i = i0 + u * WG;
+            if (i >= g_n)
+                break;
+            g_bad = g_bad || broken(r[u]);
+            float z = sanitized(i, r[u]);
+            if (z > zmax) {
+                zmax = z;
+                amax = i;
+            }
         }
     }
     if (g_bad)

@@ -1188,6 +1188,72 @@ static void test_kernel_routes(void **state)
     vt_assert_clean(g);
 }
 
+/* The logits each invocation loads at once (sample.comp's SU: 8 on GPUs, 1 on CPU devices)
+ * change no bit of any output: every route of test_kernel_routes, greedy, penalties, logprobs
+ * with the top 5, a mask, a NaN logit, on a vocabulary that no run length divides (3001), with
+ * SU = 1 and 8 on the same rows and seeds (runs past the row's end and past the chunks'),
+ * each also against the reference. (test_gpu_configs runs the GPU's 1024 invocations with its
+ * SU = 8 against the reference.) */
+static void test_loads_bit_identical(void **state)
+{
+    vt_gpu *g = vt_gpu_get(state);
+    vt_rng rng = vt_rng_seeded("sample loads");
+    enum { V = 3001, R = 12 };
+    float *x = malloc((size_t)R * V * 4);
+    vki_sampling_params p[R];
+    sample_req r[R];
+    uint32_t *mask = random_mask(&rng, V, 0.3f);
+    int32_t hist[16];
+    for (int i = 0; i < 16; i++)
+        hist[i] = (int32_t)vt_range(&rng, 0, V - 1);
+    for (uint32_t i = 0; i < R; i++) {
+        if (i == 8)
+            for (uint32_t j = 0; j < V; j++)
+                x[(size_t)i * V + j] = 0.5f; /* one crowded bin: the whole-row route and the tie search */
+        else
+            vt_fill_uniform(&rng, x + (size_t)i * V, V, -0.1f, 0.1f);
+        p[i] = sampled_params();
+        p[i].logprobs = true;
+        p[i].top_logprobs = 5;
+        r[i] = (sample_req){&p[i], vt_u64(&rng), vt_range(&rng, 0, 1u << 20), NULL, 0, NULL, false, -1};
+    }
+    p[0].top_k = 30;                       /* list */
+    p[1].top_k = 1500;                     /* crossing bin */
+    p[2].top_k = 2000, p[2].top_p = 0.9f;  /* row */
+    p[3].top_p = 0.05f;                    /* list */
+    p[4].top_p = 0.5f;                     /* crossing bin */
+    p[5].temperature = 0.05f, p[5].min_p = 0.9f;
+    p[6].temperature = 0.2f, p[6].min_p = 0.2f;
+    p[7].temperature = 0;                  /* greedy */
+    p[8].top_k = 1500;
+    p[9].top_k = 40, p[9].top_p = 0.9f, p[9].repetition_penalty = 1.3f, p[9].frequency_penalty = 0.2f;
+    r[9].history = hist, r[9].n_history = 16;
+    p[10].top_p = 0.8f;
+    r[10].mask = mask;
+    x[(size_t)11 * V + 77] = NAN;          /* flagged non-finite, read as -inf */
+    vki_sample_out ref[R], out[R];
+    /* (each run length is a pipeline lavapipe compiles for seconds: 8 takes ~20 s cold) */
+    const uint32_t loads[] = {1, 8};
+    for (size_t l = 0; l < sizeof loads / sizeof loads[0]; l++) {
+        g->dev->sample_loads = loads[l];
+        gpu_sample(g, x, R, V, V, r, l ? out : ref);
+        for (uint32_t i = 0; l && i < R; i++)
+            if (memcmp(&out[i], &ref[i], sizeof ref[i]))
+                fail_msg("%u invocations, %u loads at once: row %u differs from 1 at once (token %d vs %d)",
+                         op_sample_wg(g->dev, V), loads[l], i, out[i].token, ref[i].token);
+        for (uint32_t i = 0; i < R; i++) {
+            char label[64];
+            snprintf(label, sizeof label, "%u loads row %u", loads[l], i);
+            assert_row_matches(x + (size_t)i * V, V, &r[i], l ? &out[i] : &ref[i], label);
+        }
+    }
+    assert_int_equal(ref[11].nonfinite, 1);
+    g->dev->sample_loads = 0;
+    free(mask);
+    free(x);
+    vt_assert_clean(g);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1210,7 +1276,10 @@ int main(void)
         cmocka_unit_test(test_step_plan),
         cmocka_unit_test(test_tie_cuts),
         cmocka_unit_test(test_kernel_routes),
+        cmocka_unit_test(test_loads_bit_identical),
         cmocka_unit_test(test_distributions),
     };
+    if (getenv("VKI_TEST_FILTER")) /* one test while developing: VKI_TEST_FILTER=test_loads_bit_identical */
+        cmocka_set_test_filter(getenv("VKI_TEST_FILTER"));
     return cmocka_run_group_tests(tests, vt_gpu_setup, vt_gpu_teardown);
 }

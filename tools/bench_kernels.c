@@ -740,7 +740,8 @@ static const bench_kernel benches[] = {
      attn_prefill_setup, attn_prefill_record},
     {"sample", "M rows, N vocab, K params: 1 greedy, 2 T.8 k40 p.95 minp.05, 3 T1 p.9, 4 = 2 + penalties + 5 logprobs",
      .types = {VKI_GGML_F32}, .n_types = 1,
-     .full = {{64, 32000, 2}, {64, 128256, 2}, {64, 32000, 1}, {64, 32000, 3}, {64, 32000, 4}, {1, 262144, 2}},
+     .full = {{64, 32000, 2}, {64, 128256, 2}, {64, 32000, 1}, {64, 32000, 3}, {64, 32000, 4}, {1, 262144, 2},
+              {1, 128256, 1}, {1, 128256, 2}},
      .small = {{64, 32000, 2}, {64, 128256, 2}, {64, 32000, 1}, {64, 32000, 3}, {64, 32000, 4}},
      sample_setup, sample_record},
 };
@@ -824,7 +825,8 @@ static void print_row(bench_out *out, const char *kernel, const char *tname, ben
     fflush(out->table);
     if (!out->json)
         return;
-    char cfg[32] = "null", cm_cfg[32] = "null", stages[16] = "null", bk[16] = "null", asp[16] = "null";
+    char cfg[32] = "null", cm_cfg[32] = "null", stages[16] = "null", bk[16] = "null", asp[16] = "null",
+         sl[16] = "null";
     if (out->d->matvec_wg && out->d->matvec_mu)
         snprintf(cfg, sizeof cfg, "\"%ux%ux%ux%u\"", out->d->matvec_wg, out->d->matvec_rows, out->d->matvec_mc,
                  out->d->matvec_mu);
@@ -843,13 +845,15 @@ static void print_row(bench_out *out, const char *kernel, const char *tname, ben
         snprintf(bk, sizeof bk, "%u", out->d->cm_bk);
     if (out->d->attn_split)
         snprintf(asp, sizeof asp, "%u", out->d->attn_split);
+    if (out->d->sample_loads)
+        snprintf(sl, sizeof sl, "%u", out->d->sample_loads);
     printf("{\"device\":\"%s\",\"driver\":\"%s %s\",\"kernel\":\"%s\",\"type\":\"%s\",\"M\":%u,\"N\":%u,"
            "\"K\":%u,\"us_per_call\":%.3f,\"gbps\":%.3f,\"gflops\":%.3f,\"copy_gbps\":%.3f,\"bw_fraction\":%s,"
            "\"matvec_cfg\":%s,\"cm_cfg\":%s,\"cm_stages\":%s,\"cm_bk\":%s,\"splits\":%s,\"cm_split\":%s,"
-           "\"attn_split\":%s,\"us_min\":%.3f,\"us_max\":%.3f,\"warm_batches\":%u}\n",
+           "\"attn_split\":%s,\"sample_loads\":%s,\"us_min\":%.3f,\"us_max\":%.3f,\"warm_batches\":%u}\n",
            out->d->info.name, out->d->info.driver_name, out->d->info.driver_info, kernel, tname, s.M, s.N, s.K,
            per_call * 1e6, gbps, r->flops / per_call * 1e-9, out->copy_gbps, fr, cfg, cm_cfg, stages, bk, js, forced,
-           asp, tm->min * 1e6, tm->max * 1e6, tm->warm_batches);
+           asp, sl, tm->min * 1e6, tm->max * 1e6, tm->warm_batches);
     fflush(stdout);
 }
 
@@ -924,6 +928,10 @@ static void usage(FILE *f)
                "                      16) instead of the library's (GPUs 128, CPUs 64): shorter splits put\n"
                "                      more workgroups on a short context; JSON rows carry \"attn_split\"\n"
                "                      (null: the library's)\n"
+               "      --sample-loads N\n"
+               "                      the sampler's logits loaded per invocation at once (1..16) instead of\n"
+               "                      the library's (GPUs 8, CPUs 1); JSON rows carry \"sample_loads\"\n"
+               "                      (null: the library's)\n"
                "kernels:\n");
     for (size_t i = 0; i < N_BENCHES; i++)
         fprintf(f, "  %-14s %s\n", benches[i].name, benches[i].dims);
@@ -940,7 +948,7 @@ static bool in_list(const char *list, const char *name)
     return false;
 }
 
-#define N_TUNE 6 /* tune_opt below */
+#define N_TUNE 7 /* tune_opt below */
 
 typedef struct bench_cli {
     const char *kernels, *types;       /* comma lists; NULL = all */
@@ -956,8 +964,9 @@ typedef struct bench_cli {
 /* The tuning options: each is one item of a kernel configuration (op_kernel_config, what
  * vki_device_params.kernel_config holds), applied to the device once it is open. */
 static const char *const tune_opt[] = {"--matvec-cfg", "--cm-cfg", "--cm-stages", "--cm-bk", "--cm-split",
-                                       "--attn-split"};
-static const char *const tune_key[] = {"matvec", "gemm", "gemm_stages", "gemm_bk", "gemm_split", "attn_split"};
+                                       "--attn-split", "--sample-loads"};
+static const char *const tune_key[] = {"matvec", "gemm", "gemm_stages", "gemm_bk", "gemm_split", "attn_split",
+                                       "sample_loads"};
 _Static_assert(sizeof tune_opt / sizeof *tune_opt == N_TUNE && sizeof tune_key / sizeof *tune_key == N_TUNE,
                "one key per tuning option");
 
@@ -983,6 +992,7 @@ static int parse_args(int argc, char **argv, bench_cli *cl)
         {"full", 0, 0, 'F'},   {"help", 0, 0, 'h'},  {"coopmat", 1, 0, 'C'}, {"crossover", 0, 0, 'X'},
         {"json", 0, 0, 'J'},   {"matvec-cfg", 1, 0, 'V'}, {"cm-cfg", 1, 0, 'G'}, {"cm-split", 1, 0, 'K'},
         {"cm-stages", 1, 0, 'T'}, {"cm-bk", 1, 0, 'B'}, {"attn-split", 1, 0, 'A'},
+        {"sample-loads", 1, 0, 'L'},
         {"warm-ms", 1, 0, 'M'}, {0, 0, 0, 0}};
     for (int ch; (ch = getopt_long(argc, argv, "k:t:s:d:n:w:r:h", lo, NULL)) != -1;) {
         bench_shape *sh = &cl->shapes[cl->n_shapes < MAX_CL_SHAPES ? cl->n_shapes : 0];
@@ -1008,6 +1018,7 @@ static int parse_args(int argc, char **argv, bench_cli *cl)
         case 'T': cl->tune[2] = optarg; break;
         case 'B': cl->tune[3] = optarg; break;
         case 'A': cl->tune[5] = optarg; break;
+        case 'L': cl->tune[6] = optarg; break;
         case 'K': cl->tune[4] = optarg; break;
         case 'M': {
             char *end;
