@@ -135,6 +135,9 @@ struct vkd_device {
     uint32_t sample_loads;           /* the sampler's logits loaded per invocation at once (0:
                                         ops_sample's choice, GPUs 8, CPUs 1); kernel_config
                                         sample_loads=N, the tests */
+    uint32_t attn_loads;             /* decode attention's keys per key group loaded together (0:
+                                        ops_attn's choice, GPUs 2, CPUs 1); kernel_config
+                                        attn_loads=N, the tests */
     uint32_t attn_split;             /* decode attention's keys per split at least (0: ops_attn's
                                         choice, GPUs 128, CPUs 64); kernel_config attn_split=N */
     uint32_t cm_split;               /* K splits of the tensor-core GEMM: 0 ops_matmul's choice,

@@ -83,8 +83,8 @@ _Static_assert(sizeof(vki_seq_info) == 16 && sizeof(vki_attn_item) == 16, "std43
     [VKK_KV_WRITE_##T] = {"kv_write_" #t, SPV(kv_write_##t), .n_bindings = 9,                    \
                           .push_size = sizeof(vki_pc_kv_write), .n_spec = 1, .spec_default = {256}}, \
     [VKK_ATTN_DECODE_##T] = {"attn_decode_" #t, SPV(attn_decode_##t), .n_bindings = 13,          \
-                             .push_size = sizeof(vki_pc_attn), .n_spec = 4,                      \
-                             .spec_default = {128, 128, 16, 8}},                                 \
+                             .push_size = sizeof(vki_pc_attn), .n_spec = 5,                      \
+                             .spec_default = {128, 128, 16, 8, 1}},                              \
     [VKK_ATTN_PREFILL_##T] = {"attn_prefill_" #t, SPV(attn_prefill_##t), .n_bindings = 7,        \
                               .push_size = sizeof(vki_pc_attn), .n_spec = 4,                     \
                               .spec_default = {128, 128, 32, 32}},                               \

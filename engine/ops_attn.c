@@ -136,7 +136,10 @@ vki_status op_attn_setup(vkd_device *d, const op_attn_shape *s, op_attn *out)
     uint32_t wg = d->info.type == VKI_DEVICE_CPU ? sg : DEC_WG < sg ? sg : DEC_WG;
     a.dec_gw = group < DEC_GMAX ? group : DEC_GMAX;
     a.dec_nhb = (group + a.dec_gw - 1) / a.dec_gw;
-    memcpy(a.dec_spec, (uint32_t[4]){wg, s->head_dim, lanes, a.dec_gw}, sizeof a.dec_spec);
+    /* KU: each key group's next KU keys loaded together (a short context's few workgroups wait
+     * on load latency); 2 on GPUs, 1 on CPU devices (no latency to hide) */
+    const uint32_t ku = d->attn_loads ? d->attn_loads : d->info.type == VKI_DEVICE_CPU ? 1 : 2;
+    memcpy(a.dec_spec, (uint32_t[5]){wg, s->head_dim, lanes, a.dec_gw, ku}, sizeof a.dec_spec);
     bool cm = pick_prefill_cm(d, s->head_dim, a.pre_spec), nv = d->cm.kind == VKD_CM_NV;
     a.pre_kid = kid(&a, !cm ? VKK_ATTN_PREFILL_F16 : nv ? VKK_ATTN_PREFILL_CM_F16 : VKK_ATTN_PREFILL_CME_F16);
     if (wg > d->info.max_workgroup_invocations || (!cm && !pick_prefill(d, s->head_dim, a.pre_spec))) {

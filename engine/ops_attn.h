@@ -35,7 +35,8 @@ typedef struct op_attn_shape {
 /* Plain data filled by op_attn_setup (no device objects: copy freely, nothing to free). */
 typedef struct op_attn {
     op_attn_shape s;
-    uint32_t dec_spec[4];     /* attn_decode {WG, HD, L lanes per key, GMAX heads per group} */
+    uint32_t dec_spec[5];     /* attn_decode {WG, HD, L lanes per key, GMAX heads per group, KU keys
+                                 per key group loaded together} */
     vkk_id pre_kid;           /* prefill kernel: FP32 (attn_prefill) or on cooperative matrices */
     uint32_t pre_spec[8];     /* attn_prefill {WG, HD, BR rows, BC keys per tile}; on cooperative
                                  matrices {WG, HDP padded head dim, BR, BC, CM_M, CM_N, CM_K, CM_SG} */

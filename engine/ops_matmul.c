@@ -426,6 +426,10 @@ static vki_status config_item(vkd_device *d, const char *item, bool *gemm)
             return config_error(d, item, "attn_split=16..65536, a multiple of 16: decode attention's keys per split "
                                 "at least");
         d->attn_split = v[0];
+    } else if (CONFIG_KEY("attn_loads")) {
+        if (n != 1 || v[0] > 8)
+            return config_error(d, item, "attn_loads=1..8: decode attention's keys per key group loaded together");
+        d->attn_loads = v[0];
     } else if (CONFIG_KEY("sample_loads")) {
         if (n != 1 || v[0] > 16)
             return config_error(d, item, "sample_loads=1..16: the sampler's logits loaded per invocation at once");
@@ -436,7 +440,7 @@ static vki_status config_item(vkd_device *d, const char *item, bool *gemm)
         d->gemv_max_m = v[0];
     } else {
         return config_error(d, item, eq ? "unknown key (matvec, gemm, gemm_stages, gemm_bk, gemm_split, gemv_max_m, "
-                                        "attn_split, sample_loads)"
+                                        "attn_split, attn_loads, sample_loads)"
                                         : "not key=value");
     }
 #undef CONFIG_KEY

@@ -253,6 +253,8 @@ typedef struct vki_device_params {
      *   attn_split=N               decode attention's keys per split at least (16..65536, a
      *                              multiple of 16; more splits fill more of a GPU at short
      *                              contexts, each adds a partial to merge)
+     *   attn_loads=N               decode attention's keys per key group loaded together (1..8;
+     *                              GPUs 2, CPUs 1; the same bits for any N)
      *   sample_loads=N             the sampler's logits loaded per invocation at once (1..16;
      *                              GPUs 8, CPUs 1; the same bits for any N)
      * e.g. "matvec=128x4x8x2,gemm=128x128x64x64,gemm_stages=2". MU, stages and K steps give the

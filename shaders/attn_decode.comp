@@ -31,6 +31,11 @@ layout(constant_id = 0) const uint WG = 128;
 layout(constant_id = 1) const uint HD = 128; // head dim, multiple of 8
 layout(constant_id = 2) const uint L = 16;   // lanes per key: power of 2, divides HD/8, <= subgroup size
 layout(constant_id = 3) const uint GMAX = 8; // query heads per workgroup (register arrays)
+// KU keys of each key group per step of the key loop: their K and V rows are loaded before the
+// first is scored, so KU loads per lane are in flight (a short context's few workgroups are
+// bound by load latency, not bandwidth); they are used in the order the one-key loop used them:
+// the same bits for any KU.
+layout(constant_id = 4) const uint KU = 1;
 const uint D8 = HD / 8;                      // chunks per row
 const uint NC = D8 / L;                      // chunks per lane
 
@@ -109,44 +114,53 @@ void attend(vki_seq_info sq, uint kvh, uint k0, uint k1, uint gn, uint t)
     uint n_kg = gl_NumSubgroups * (gl_SubgroupSize / L);
     uint kg = gl_SubgroupID * (gl_SubgroupSize / L) + lane / L;
     uint n_iter = (k1 - k0 + n_kg - 1) / n_kg;
-    for (uint iter = 0; iter < n_iter; iter++) {
-        uint j = k0 + iter * n_kg + kg;
-        bool valid = j < k1;
-        uint jj = valid ? j : k1 - 1;
-        uint page = page_table[sq.pt_off + jj / p.page_size], rip = kvh * p.page_size + jj % p.page_size;
-        vec4 kv[2 * NC], vv[2 * NC];
-        if (jj == newest) {
-            [[unroll]] for (uint e = 0; e < 2 * NC; e++) {
-                kv[e] = kf[e];
-                vv[e] = vf[e];
-            }
-        } else {
-            [[unroll]] for (uint ch = 0; ch < NC; ch++) {
-                KV_LOAD(kpool, page, rip, c + ch * L, HD, kv[2 * ch], kv[2 * ch + 1]);
-                KV_LOAD(vpool, page, rip, c + ch * L, HD, vv[2 * ch], vv[2 * ch + 1]);
+    for (uint iter = 0; iter < n_iter; iter += KU) {
+        vec4 kv[KU][2 * NC], vv[KU][2 * NC];
+        bool valid[KU];
+        [[unroll]] for (uint u = 0; u < KU; u++) { // the loads of the step's KU keys
+            if (iter + u >= n_iter) // uniform: past the key loop's trip count
+                break;
+            uint j = k0 + (iter + u) * n_kg + kg;
+            valid[u] = j < k1;
+            uint jj = valid[u] ? j : k1 - 1;
+            uint page = page_table[sq.pt_off + jj / p.page_size], rip = kvh * p.page_size + jj % p.page_size;
+            if (jj == newest) {
+                [[unroll]] for (uint e = 0; e < 2 * NC; e++) {
+                    kv[u][e] = kf[e];
+                    vv[u][e] = vf[e];
+                }
+            } else {
+                [[unroll]] for (uint ch = 0; ch < NC; ch++) {
+                    KV_LOAD(kpool, page, rip, c + ch * L, HD, kv[u][2 * ch], kv[u][2 * ch + 1]);
+                    KV_LOAD(vpool, page, rip, c + ch * L, HD, vv[u][2 * ch], vv[u][2 * ch + 1]);
+                }
             }
         }
-        [[unroll]] for (uint g = 0; g < GMAX; g++) {
-            if (g >= gn) // uniform
+        [[unroll]] for (uint u = 0; u < KU; u++) {
+            if (iter + u >= n_iter) // uniform: past the key loop's trip count
                 break;
-            float s = 0.0;
-            [[unroll]] for (uint ch = 0; ch < NC; ch++) {
-                uint qi = g * (HD / 4) + 2 * (c + ch * L);
-                s += dot(kv[2 * ch], qs[qi]) + dot(kv[2 * ch + 1], qs[qi + 1]);
-            }
-            s = ATTN_SCORE(lane_sum(s));
-            if (valid) {
-                if (s > m[g]) { // new running max: rescale what was summed so far
-                    float a = exp2(m[g] - s);
-                    l[g] *= a;
-                    [[unroll]] for (uint e = 0; e < 2 * NC; e++)
-                        acc[g][e] *= a;
-                    m[g] = s;
+            [[unroll]] for (uint g = 0; g < GMAX; g++) {
+                if (g >= gn) // uniform
+                    break;
+                float s = 0.0;
+                [[unroll]] for (uint ch = 0; ch < NC; ch++) {
+                    uint qi = g * (HD / 4) + 2 * (c + ch * L);
+                    s += dot(kv[u][2 * ch], qs[qi]) + dot(kv[u][2 * ch + 1], qs[qi + 1]);
                 }
-                float pr = exp2(s - m[g]);
-                l[g] += pr;
-                [[unroll]] for (uint e = 0; e < 2 * NC; e++)
-                    acc[g][e] += pr * vv[e];
+                s = ATTN_SCORE(lane_sum(s));
+                if (valid[u]) {
+                    if (s > m[g]) { // new running max: rescale what was summed so far
+                        float a = exp2(m[g] - s);
+                        l[g] *= a;
+                        [[unroll]] for (uint e = 0; e < 2 * NC; e++)
+                            acc[g][e] *= a;
+                        m[g] = s;
+                    }
+                    float pr = exp2(s - m[g]);
+                    l[g] += pr;
+                    [[unroll]] for (uint e = 0; e < 2 * NC; e++)
+                        acc[g][e] += pr * vv[u][e];
+                }
             }
         }
     }

@@ -37,6 +37,8 @@ static bool nvidia_lanes; /* decode lanes per key giving NVIDIA's keys per subgr
 static double worst_nmse;
 static double worst_fp32; /* the FP32 kernels' worst over the run (ATTN_TOL) */
 static uint32_t merged_runs; /* runs whose decode splits were merged by the last split */
+static float *captured;      /* set: run_case copies its output here (captured_n floats at most) */
+static size_t captured_n;
 
 typedef struct acase {
     const char *name;
@@ -505,6 +507,8 @@ static double run_case(vt_gpu *g, vt_rng *r, const acase *ac, uint32_t kv_type, 
         fail_msg("%s %s: splits merged by the last split differ from the reduce pass (NMSE %.3g)", ac->name, type,
                  vt_nmse(out, out2, o_n));
     merged_runs += plan.n_red > 0;
+    if (captured)
+        memcpy(captured, out, (o_n < captured_n ? o_n : captured_n) * 4);
     vt_download(g, d.cnt, cnt, cb); /* every dispatch leaves its counters zero */
     for (size_t i = 0; i < cb / 4; i++)
         if (cnt[i])
@@ -590,6 +594,47 @@ static void test_attn_long(void **state)
     uint32_t merged = merged_runs;
     run_cases(state, "attn long", cases, sizeof cases / sizeof cases[0]);
     assert_true(merged_runs > merged); /* long contexts split: the last split merged them */
+}
+
+/* Decode attention's keys per key group loaded together (attn_decode's KU: 2 on GPUs, 1 on CPU
+ * devices) change no bit: ragged contexts whose key loops end inside a step of KU (invalid keys
+ * and steps past the trip count), GQA head blocks, a window with a sink, splits merged by the last
+ * one, the newest key from the projection (run_case's fresh check), F16, F32 and Q8_0 pools; KU =
+ * 2 against 1, the same steps (each also against the reference). */
+static void test_decode_loads(void **state)
+{
+    vt_gpu *g = vt_gpu_get(state);
+    const acase cases[] = {
+        {"ragged G=4 hd64", 8, 2, 64, 16, 4, {0, 45, 100, 8}, {1, 1, 1, 1}, 0, 4.0f, 0, 0, 0, 0},
+        {"splits of 48, window 33 sink 16", 4, 1, 64, 16, 3, {300, 77, 2}, {1, 1, 1}, 48, 2.0f, 0, 33, 16, 0},
+        {"G=48 head blocks", 48, 1, 8, 16, 2, {130, 5}, {1, 1}, 0, 3.0f, 0, 0, 0, 0},
+    };
+    const uint32_t types[] = {VKI_GGML_F16, VKI_GGML_F32, VKI_GGML_Q8_0};
+    enum { MAX_OUT = 1 << 16 };
+    float *ref = malloc(MAX_OUT * 4), *got = malloc(MAX_OUT * 4);
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        for (size_t t = 0; t < sizeof types / sizeof types[0]; t++) {
+            if (types[t] == VKI_GGML_Q8_0 && cases[i].hd % 32)
+                continue;
+            vt_rng r0 = vt_rng_seeded("attn decode loads");
+            const uint32_t ku[] = {1, 2}; /* (each KU is a pipeline per type and head dim) */
+            for (size_t k = 0; k < sizeof ku / sizeof ku[0]; k++) {
+                vt_rng r = r0; /* the same step for every KU */
+                g->dev->attn_loads = ku[k];
+                captured = k ? got : ref, captured_n = MAX_OUT;
+                for (size_t j = 0; j < MAX_OUT; j++)
+                    captured[j] = NAN;
+                run_case(g, &r, &cases[i], types[t], NULL);
+                captured = NULL;
+                if (k && memcmp(got, ref, MAX_OUT * 4))
+                    fail_msg("%s %s: %u keys loaded together differ from 1", cases[i].name, kv_name(types[t]), ku[k]);
+            }
+        }
+    }
+    g->dev->attn_loads = 0;
+    free(ref);
+    free(got);
+    vt_assert_clean(g);
 }
 
 /* Sliding windows across page boundaries: decode and prefill rows see only their last `window`
@@ -1039,6 +1084,7 @@ int main(void)
         cmocka_unit_test(test_attn_gqa),
         cmocka_unit_test(test_attn_long),
         cmocka_unit_test(test_attn_window),
+        cmocka_unit_test(test_decode_loads),
         cmocka_unit_test(test_attn_softcap),
         cmocka_unit_test(test_attn_q8),
         cmocka_unit_test(test_attn_fresh),

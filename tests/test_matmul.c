@@ -429,7 +429,7 @@ static void test_kernel_config(void **state)
     const uint32_t sg = d->info.subgroup_size ? d->info.subgroup_size : 1;
     char cfg[192];
     snprintf(cfg, sizeof cfg, "matvec=%ux9x9,matvec=%ux3x5x2,gemm=32x64x32x32,gemm_stages=2,gemm_bk=64,gemm_split=3,"
-             "gemv_max_m=17,attn_split=48", sg, sg);
+             "gemv_max_m=17,attn_split=48,attn_loads=3,sample_loads=5", sg, sg);
     assert_int_equal(op_kernel_config(d, cfg, false), VKI_OK);
     assert_int_equal(d->matvec_wg, sg);
     assert_int_equal(d->matvec_rows, 3);
@@ -444,6 +444,8 @@ static void test_kernel_config(void **state)
     assert_int_equal(d->cm_split, 3);
     assert_int_equal(op_matmul_gemv_max_m(d), 17);
     assert_int_equal(d->attn_split, 48);
+    assert_int_equal(d->attn_loads, 3);
+    assert_int_equal(d->sample_loads, 5);
     assert_int_equal(op_kernel_config(d, NULL, true), VKI_OK);
     assert_int_equal(op_kernel_config(d, "", true), VKI_OK);
     assert_int_equal(op_kernel_config(d, "gemm=64x128", false), VKI_OK); /* the warp tile back to the library's */
@@ -454,7 +456,8 @@ static void test_kernel_config(void **state)
                                       "gemm=64x64x0x32", "gemm_stages=3", "gemm_bk=24", "gemm_bk=80",
                                       "gemm_split=x", "gemm_split=65", "gemv_max_m=0", "gemv_max_m=5000",
                                       "gemv_max_m=99999999999", "foo=1", "matvec", "=8x4", "gemm_stages=1,bk=2",
-                                      "attn_split=8", "attn_split=40", "attn_split=65552", "attn_split=32x2"};
+                                      "attn_split=8", "attn_split=40", "attn_split=65552", "attn_split=32x2",
+                                      "attn_loads=0", "attn_loads=9", "sample_loads=0", "sample_loads=17"};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
         if (op_kernel_config(d, bad[i], false) != VKI_ERR_INVALID_ARG)
             fail_msg("kernel config '%s' accepted", bad[i]);
@@ -485,7 +488,7 @@ static void test_kernel_config(void **state)
         assert_int_equal(op_kernel_config(d, "gemm=512x512", true), VKI_ERR_INVALID_ARG); /* > 48 KiB */
     }
     d->matvec_wg = d->matvec_rows = d->matvec_mc = 0;
-    d->attn_split = 0;
+    d->attn_split = d->attn_loads = d->sample_loads = 0;
     vt_assert_clean(g);
 }
 

@@ -826,7 +826,7 @@ static void print_row(bench_out *out, const char *kernel, const char *tname, ben
     if (!out->json)
         return;
     char cfg[32] = "null", cm_cfg[32] = "null", stages[16] = "null", bk[16] = "null", asp[16] = "null",
-         sl[16] = "null";
+         sl[16] = "null", al[16] = "null";
     if (out->d->matvec_wg && out->d->matvec_mu)
         snprintf(cfg, sizeof cfg, "\"%ux%ux%ux%u\"", out->d->matvec_wg, out->d->matvec_rows, out->d->matvec_mc,
                  out->d->matvec_mu);
@@ -847,13 +847,15 @@ static void print_row(bench_out *out, const char *kernel, const char *tname, ben
         snprintf(asp, sizeof asp, "%u", out->d->attn_split);
     if (out->d->sample_loads)
         snprintf(sl, sizeof sl, "%u", out->d->sample_loads);
+    if (out->d->attn_loads)
+        snprintf(al, sizeof al, "%u", out->d->attn_loads);
     printf("{\"device\":\"%s\",\"driver\":\"%s %s\",\"kernel\":\"%s\",\"type\":\"%s\",\"M\":%u,\"N\":%u,"
            "\"K\":%u,\"us_per_call\":%.3f,\"gbps\":%.3f,\"gflops\":%.3f,\"copy_gbps\":%.3f,\"bw_fraction\":%s,"
            "\"matvec_cfg\":%s,\"cm_cfg\":%s,\"cm_stages\":%s,\"cm_bk\":%s,\"splits\":%s,\"cm_split\":%s,"
-           "\"attn_split\":%s,\"sample_loads\":%s,\"us_min\":%.3f,\"us_max\":%.3f,\"warm_batches\":%u}\n",
+           "\"attn_split\":%s,\"attn_loads\":%s,\"sample_loads\":%s,\"us_min\":%.3f,\"us_max\":%.3f,\"warm_batches\":%u}\n",
            out->d->info.name, out->d->info.driver_name, out->d->info.driver_info, kernel, tname, s.M, s.N, s.K,
            per_call * 1e6, gbps, r->flops / per_call * 1e-9, out->copy_gbps, fr, cfg, cm_cfg, stages, bk, js, forced,
-           asp, sl, tm->min * 1e6, tm->max * 1e6, tm->warm_batches);
+           asp, al, sl, tm->min * 1e6, tm->max * 1e6, tm->warm_batches);
     fflush(stdout);
 }
 
@@ -928,6 +930,8 @@ static void usage(FILE *f)
                "                      16) instead of the library's (GPUs 128, CPUs 64): shorter splits put\n"
                "                      more workgroups on a short context; JSON rows carry \"attn_split\"\n"
                "                      (null: the library's)\n"
+               "      --attn-loads N  decode attention's keys per key group loaded together (1..8) instead of\n"
+               "                      the library's (GPUs 2, CPUs 1); JSON rows carry \"attn_loads\"\n"
                "      --sample-loads N\n"
                "                      the sampler's logits loaded per invocation at once (1..16) instead of\n"
                "                      the library's (GPUs 8, CPUs 1); JSON rows carry \"sample_loads\"\n"
@@ -948,7 +952,7 @@ static bool in_list(const char *list, const char *name)
     return false;
 }
 
-#define N_TUNE 7 /* tune_opt below */
+#define N_TUNE 8 /* tune_opt below */
 
 typedef struct bench_cli {
     const char *kernels, *types;       /* comma lists; NULL = all */
@@ -964,9 +968,9 @@ typedef struct bench_cli {
 /* The tuning options: each is one item of a kernel configuration (op_kernel_config, what
  * vki_device_params.kernel_config holds), applied to the device once it is open. */
 static const char *const tune_opt[] = {"--matvec-cfg", "--cm-cfg", "--cm-stages", "--cm-bk", "--cm-split",
-                                       "--attn-split", "--sample-loads"};
+                                       "--attn-split", "--sample-loads", "--attn-loads"};
 static const char *const tune_key[] = {"matvec", "gemm", "gemm_stages", "gemm_bk", "gemm_split", "attn_split",
-                                       "sample_loads"};
+                                       "sample_loads", "attn_loads"};
 _Static_assert(sizeof tune_opt / sizeof *tune_opt == N_TUNE && sizeof tune_key / sizeof *tune_key == N_TUNE,
                "one key per tuning option");
 
@@ -992,7 +996,7 @@ static int parse_args(int argc, char **argv, bench_cli *cl)
         {"full", 0, 0, 'F'},   {"help", 0, 0, 'h'},  {"coopmat", 1, 0, 'C'}, {"crossover", 0, 0, 'X'},
         {"json", 0, 0, 'J'},   {"matvec-cfg", 1, 0, 'V'}, {"cm-cfg", 1, 0, 'G'}, {"cm-split", 1, 0, 'K'},
         {"cm-stages", 1, 0, 'T'}, {"cm-bk", 1, 0, 'B'}, {"attn-split", 1, 0, 'A'},
-        {"sample-loads", 1, 0, 'L'},
+        {"sample-loads", 1, 0, 'L'}, {"attn-loads", 1, 0, 'U'},
         {"warm-ms", 1, 0, 'M'}, {0, 0, 0, 0}};
     for (int ch; (ch = getopt_long(argc, argv, "k:t:s:d:n:w:r:h", lo, NULL)) != -1;) {
         bench_shape *sh = &cl->shapes[cl->n_shapes < MAX_CL_SHAPES ? cl->n_shapes : 0];
@@ -1019,6 +1023,7 @@ static int parse_args(int argc, char **argv, bench_cli *cl)
         case 'B': cl->tune[3] = optarg; break;
         case 'A': cl->tune[5] = optarg; break;
         case 'L': cl->tune[6] = optarg; break;
+        case 'U': cl->tune[7] = optarg; break;
         case 'K': cl->tune[4] = optarg; break;
         case 'M': {
             char *end;
