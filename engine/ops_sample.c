@@ -43,7 +43,8 @@ uint32_t op_sample_wg(const vkd_device *d, uint32_t n_vocab)
 /* sample.comp's specialisation {WG, SU}. SU: logits each invocation loads before using them. A
  * row is one workgroup's, so at batch 1 one SM reads the whole vocabulary and the loads in flight
  * set the pace (1024 invocations x 1 x 4 bytes per round trip: ~7 GB/s on an H200, a 128k row
- * ~70 us per pass); 8 on GPUs. CPU devices run the invocations one after another anyway: 1. */
+ * ~70 us per pass); 8 on GPUs. CPU devices run the invocations one after another anyway: 1 (8
+ * measured 1.2-1.5x slower on lavapipe). */
 static void sample_spec(const vkd_device *d, uint32_t n_vocab, uint32_t spec[2])
 {
     spec[0] = op_sample_wg(d, n_vocab);
