@@ -162,6 +162,7 @@ static void test_json_lines(void **state)
         if (!o)
             fail_msg("line %zu: not a JSON object: %s", i + 1, line ? line : "(missing)");
         check_line(o, &ff, want[i].test, want[i].B, want[i].depth, want[i].n);
+        assert_true(cJSON_IsNull(cJSON_GetObjectItem(o, "sampling"))); /* greedy */
         cJSON_Delete(o);
     }
     assert_null(line); /* nothing else on stdout: the table went to stderr */
@@ -183,6 +184,19 @@ static void test_json_lines(void **state)
         cJSON_Delete(o);
     }
     assert_null(line);
+    /* every row drawn: the same accounting, the parameters in the JSON and the table */
+    snprintf(args, sizeof args, "bench-model --validation -m %s --pp 0 --tg 3 --depth 8 --tg-batches 2 --copy-mib 1 "
+             "--json --temp 0.8 --top-k 40 --top-p 0.9 --commit abc123", f->model);
+    vt_run_vkinfer(args, r);
+    if (r->rc != 0)
+        fail_msg("--temp: exit %d:\n%s", r->rc, r->err);
+    cJSON *o = cJSON_Parse(r->out);
+    if (!o)
+        fail_msg("--temp: not a JSON object: %s", r->out);
+    check_line(o, &ff, "tg3", 2, 8, 3);
+    assert_string_equal(str(o, "sampling"), "temp 0.8, top_k 40, top_p 0.9, min_p 0");
+    assert_non_null(strstr(r->err, "sampling: temp 0.8, top_k 40, top_p 0.9, min_p 0 (every row drawn)"));
+    cJSON_Delete(o);
     free(r);
 }
 
@@ -226,6 +240,8 @@ static void test_bad_usage(void **state)
         {"--pp 0 --tg 0", "nothing to run", 2},
         {"--frobnicate 1", "unknown", 2},
         {"--overlap --profile /dev/null", "--overlap", 2},
+        {"--temp -1", "--temp", 2},
+        {"--top-p 2", "--top-p", 2},
         /* 4096 sequences at 16M positions: more KV pages than one pool binding holds anywhere */
         {"--tg 4 --depth 16777216 --tg-batches 4096 --pp 0 --copy-mib 1", "KV", 1},
     };

@@ -4,7 +4,8 @@
  *   ppN  prompt processing: B sequences of N prompt tokens from position 0, chunked so a step
  *        holds at most --max-tokens tokens; the last chunk samples a token, as in serving.
  *   tgN  generation: B sequences at context C (--depth) each generate N tokens, one decode step
- *        per token for all B (greedy, each sampled token fed back). With --overlap each step is
+ *        per token for all B (greedy, or drawn with --temp / --top-k / --top-p / --min-p; each
+ *        sampled token fed back). With --overlap each step is
  *        submitted before the previous one is waited for, its tokens read on the device
  *        (VKI_TOKEN_PREV): the host's work per step hides behind the device's.
  *
@@ -46,6 +47,8 @@ typedef struct bm_opts {
     uint32_t copy_mib;                     /* copy probe size; 0: devprobe's default */
     bool json;
     bool overlap;                          /* tg: two steps in flight */
+    bool sampled;                          /* a sampling option given: sp, else greedy */
+    vki_sampling_params sp;
     const char *commit;
     char command[2048];
 } bm_opts;
@@ -87,6 +90,7 @@ typedef struct bm_state {
     vki_step_seq *seqs;        /* [max_b] */
     vki_step_out *outs;        /* [max_b] */
     uint64_t rng;
+    const vki_sampling_params *sampling; /* every row's (NULL: greedy) */
 } bm_state;
 
 /* ---- options ------------------------------------------------------------------------------ */
@@ -105,6 +109,9 @@ static void usage(FILE *f)
             "  --copy-mib N          size of the copy-bandwidth probe (default: 512 on GPUs)\n"
             "  --overlap             tg: submit each step before waiting for the previous one (its tokens\n"
             "                        read on the device), hiding the host's work per step\n"
+            "  --temp T, --top-k K, --top-p P, --min-p P\n"
+            "                        every row drawn with these (default greedy), e.g. Ollama's 0.8 / 40 /\n"
+            "                        0.9: the sampler's share of a step; the JSON's \"sampling\"\n"
             "  --commit STR          recorded in the JSON (tools/gpu-check passes the staged commit)\n"
             "  --json                one JSON object per test on stdout (the table goes to stderr)\n"
             "The KV cache, sequence slots, context and step size are sized from the tests (--kv-tokens,\n"
@@ -171,6 +178,16 @@ static int parse(int argc, char **argv, bm_opts *o)
             return usage(stdout), 1;
         if (!strcmp(a, "--json") || !strcmp(a, "--overlap")) {
             *(a[2] == 'j' ? &o->json : &o->overlap) = true;
+            continue;
+        }
+        static const char *const sampling[] = {"--temp", "--top-k", "--top-p", "--min-p"};
+        bool is_sampling = false;
+        for (size_t k = 0; k < sizeof sampling / sizeof sampling[0]; k++)
+            is_sampling = is_sampling || !strcmp(a, sampling[k]);
+        if (is_sampling) {
+            if (cli_sampling_opt("bench-model", argc, argv, &i, &o->sp) <= 0)
+                return 2;
+            o->sampled = true;
             continue;
         }
         int r = cli_engine_opt(argc, argv, &i, &o->eo);
@@ -415,7 +432,7 @@ static vki_step_seq seq_at(bm_state *s, uint32_t i, uint32_t pos0, uint32_t n_ne
 {
     return (vki_step_seq){.slot = i, .pos0 = pos0, .n_new = n_new, .tokens = tokens,
                           .n_pages = s->pages_per_seq, .pages = s->pages + (size_t)i * s->pages_per_seq,
-                          .want_token = want, .seed = i};
+                          .want_token = want, .sampling = s->sampling, .seed = i};
 }
 
 /* B prompts of pp tokens from position 0, in lockstep chunks within the step budget. */
@@ -525,6 +542,9 @@ static void report_header(const bm_report *r, const vk_engine *e)
             r->m->name, r->m->arch, r->m->weight_type, np >= 1e9 ? np * 1e-9 : np * 1e-6, np >= 1e9 ? "B" : "M",
             (r->m->weight_bytes + active_experts(r->m, 1) * r->m->expert_bytes) / 1073741824.0, experts,
             e->p.kv_type == VKI_GGML_F16 ? "f16" : "f32", e->p.page_size);
+    if (r->o->sampled)
+        fprintf(r->table, "sampling: temp %g, top_k %d, top_p %g, min_p %g (every row drawn)\n", r->o->sp.temperature,
+                r->o->sp.top_k, r->o->sp.top_p, r->o->sp.min_p);
     fprintf(r->table, "%-8s %6s %7s %8s %10s %9s %12s %9s %6s %8s\n", "test", "n_seqs", "context", "tokens", "tok/s",
             "ms/step", "host us/step", "GB/s", "%copy", "TFLOP/s");
 }
@@ -576,6 +596,14 @@ static void report_row(const bm_report *r, bool pp, uint32_t B, const bm_run *ru
     else
         cJSON_AddNullToObject(j, "kernel_config"); /* the library's choices */
     cJSON_AddBoolToObject(j, "overlap", !pp && o->overlap); /* tg steps two in flight */
+    if (o->sampled) {
+        char sp[96];
+        snprintf(sp, sizeof sp, "temp %g, top_k %d, top_p %g, min_p %g", o->sp.temperature, o->sp.top_k,
+                 o->sp.top_p, o->sp.min_p);
+        cJSON_AddStringToObject(j, "sampling", sp);
+    } else {
+        cJSON_AddNullToObject(j, "sampling"); /* greedy */
+    }
     cJSON_AddNumberToObject(j, "reused_steps", run->reused / run->steps); /* share of the steps */
     if (pp) {
         cJSON_AddNullToObject(j, "bytes_per_token");
@@ -647,14 +675,14 @@ static bool run_tests(bm_state *s, const bm_opts *o, const bm_report *r)
 int vki_cli_bench_model(int argc, char **argv)
 {
     bm_opts o = {.pp = 512, .tg = 128, .ctx = 512, .pp_b = {1}, .n_pp_b = 1,
-                 .tg_b = {1, 2, 4, 8, 16, 32, 64, 256}, .n_tg_b = 8, .reps = 1};
+                 .tg_b = {1, 2, 4, 8, 16, 32, 64, 256}, .n_tg_b = 8, .reps = 1, .sp = vki_sampling_default_params()};
     cli_engine_opts_init(&o.eo);
     o.eo.p.progress = false;
     cli_record_command(o.command, sizeof o.command, argc, argv);
     int rc = parse(argc, argv, &o);
     if (rc)
         return rc == 1 ? 0 : rc;
-    bm_state s = {.rng = 0xbe9c4u};
+    bm_state s = {.rng = 0xbe9c4u, .sampling = o.sampled ? &o.sp : NULL};
     bm_model m = {0};
     vki_engine *eng = open_sized(&o, &s);
     if (!eng)
