@@ -1238,7 +1238,7 @@ static void test_loads_bit_identical(void **state)
     r[10].mask = mask;
     x[(size_t)11 * V + 77] = NAN;          /* flagged non-finite, read as -inf */
     vki_sample_out ref[R], out[R];
-    /* (each run length is a pipeline lavapipe compiles for seconds: 8 takes ~20 s cold) */
+    /* (each run length is a pipeline lavapipe compiles for seconds: 8 takes ~30 s cold) */
     const uint32_t loads[] = {1, 8};
     for (size_t l = 0; l < sizeof loads / sizeof loads[0]; l++) {
         g->dev->sample_loads = loads[l];
