@@ -439,6 +439,9 @@ void vkd_dispatch_raw(vkd_cmd *c, VkPipeline p, VkPipelineLayout layout, const V
     rec_commit(c, &r->h);
 }
 
+/* Whether labels go anywhere: the stream (debug tools) or the profile's path (timing). */
+static bool labels_on(const vkd_cmd *c) { return c->d->fn.label_begin || c->queries; }
+
 /* Opens label `name` (NUL-terminated, < 128 bytes): in the stream for debug tools, in the
  * profile's path when timing. */
 static void label_push(vkd_cmd *c, const char *name)
@@ -461,7 +464,7 @@ static void label_push(vkd_cmd *c, const char *name)
 
 void vkd_label_begin(vkd_cmd *c, const char *fmt, ...)
 {
-    if (!c->d->fn.label_begin && !c->queries)
+    if (!labels_on(c))
         return;
     char name[128];
     va_list ap;
@@ -473,7 +476,7 @@ void vkd_label_begin(vkd_cmd *c, const char *fmt, ...)
 
 void vkd_label_begin_join(vkd_cmd *c, const char *a, const char *b)
 {
-    if (!c->d->fn.label_begin && !c->queries)
+    if (!labels_on(c))
         return;
     char name[128];
     vkd_join_label(name, sizeof name, a ? a : "", b ? b : "");
@@ -482,7 +485,7 @@ void vkd_label_begin_join(vkd_cmd *c, const char *a, const char *b)
 
 void vkd_label_begin_n(vkd_cmd *c, const char *prefix, uint32_t n)
 {
-    if (!c->d->fn.label_begin && !c->queries)
+    if (!labels_on(c))
         return;
     char name[128], digits[10];
     size_t len = 0, nd = 0;

@@ -5,6 +5,7 @@
 #include "engine/ops_matmul.h"
 
 #include <errno.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -406,42 +407,41 @@ static vki_status config_item(vkd_device *d, const char *item, bool *gemm)
                                 "tile], e.g. 64x128 or 128x128x64x64");
         d->cm_tile_m = v[0], d->cm_tile_n = v[1], d->cm_warp_m = n == 4 ? v[2] : 0, d->cm_warp_n = n == 4 ? v[3] : 0;
         *gemm = true;
-    } else if (CONFIG_KEY("gemm_stages")) {
-        if (n != 1 || v[0] > 2)
-            return config_error(d, item, "gemm_stages=1 or 2: the tensor-core GEMM's shared-memory buffers");
-        d->cm_stages = v[0];
-        *gemm = true;
-    } else if (CONFIG_KEY("gemm_bk")) {
-        if (n != 1 || v[0] > 64 || v[0] % 16)
-            return config_error(d, item, "gemm_bk=16, 32, 48 or 64: the tensor-core GEMM's K per step");
-        d->cm_bk = v[0];
-        *gemm = true;
-    } else if (CONFIG_KEY("gemm_split")) {
-        if (n != 1 || v[0] > 64)
-            return config_error(d, item, "gemm_split=1..64: the tensor-core GEMM's K splits (1: none)");
-        d->cm_split = v[0];
-        *gemm = true;
-    } else if (CONFIG_KEY("attn_split")) {
-        if (n != 1 || v[0] < 16 || v[0] > 65536 || v[0] % 16)
-            return config_error(d, item, "attn_split=16..65536, a multiple of 16: decode attention's keys per split "
-                                "at least");
-        d->attn_split = v[0];
-    } else if (CONFIG_KEY("attn_loads")) {
-        if (n != 1 || v[0] > 8)
-            return config_error(d, item, "attn_loads=1..8: decode attention's keys per key group loaded together");
-        d->attn_loads = v[0];
-    } else if (CONFIG_KEY("sample_loads")) {
-        if (n != 1 || v[0] > 16)
-            return config_error(d, item, "sample_loads=1..16: the sampler's logits loaded per invocation at once");
-        d->sample_loads = v[0];
-    } else if (CONFIG_KEY("gemv_max_m")) {
-        if (n != 1 || v[0] > 4096)
-            return config_error(d, item, "gemv_max_m=1..4096: the most activation rows the matrix-vector kernel takes");
-        d->gemv_max_m = v[0];
     } else {
-        return config_error(d, item, eq ? "unknown key (matvec, gemm, gemm_stages, gemm_bk, gemm_split, gemv_max_m, "
-                                        "attn_split, attn_loads, sample_loads)"
-                                        : "not key=value");
+        /* the keys of one number in [lo, hi], a multiple of step, into a device field */
+        static const struct {
+            const char *key;
+            size_t field;
+            uint32_t lo, hi, step;
+            bool gemm;
+            const char *help;
+        } ones[] = {
+            {"gemm_stages", offsetof(vkd_device, cm_stages), 1, 2, 1, true,
+             "gemm_stages=1 or 2: the tensor-core GEMM's shared-memory buffers"},
+            {"gemm_bk", offsetof(vkd_device, cm_bk), 16, 64, 16, true,
+             "gemm_bk=16, 32, 48 or 64: the tensor-core GEMM's K per step"},
+            {"gemm_split", offsetof(vkd_device, cm_split), 1, 64, 1, true,
+             "gemm_split=1..64: the tensor-core GEMM's K splits (1: none)"},
+            {"attn_split", offsetof(vkd_device, attn_split), 16, 65536, 16, false,
+             "attn_split=16..65536, a multiple of 16: decode attention's keys per split at least"},
+            {"attn_loads", offsetof(vkd_device, attn_loads), 1, 8, 1, false,
+             "attn_loads=1..8: decode attention's keys per key group loaded together"},
+            {"sample_loads", offsetof(vkd_device, sample_loads), 1, 16, 1, false,
+             "sample_loads=1..16: the sampler's logits loaded per invocation at once"},
+            {"gemv_max_m", offsetof(vkd_device, gemv_max_m), 1, 4096, 1, false,
+             "gemv_max_m=1..4096: the most activation rows the matrix-vector kernel takes"},
+        };
+        size_t k = 0;
+        while (k < sizeof ones / sizeof ones[0] && (kl != strlen(ones[k].key) || strncmp(item, ones[k].key, kl)))
+            k++;
+        if (k == sizeof ones / sizeof ones[0])
+            return config_error(d, item, eq ? "unknown key (matvec, gemm, gemm_stages, gemm_bk, gemm_split, "
+                                            "gemv_max_m, attn_split, attn_loads, sample_loads)"
+                                            : "not key=value");
+        if (n != 1 || v[0] < ones[k].lo || v[0] > ones[k].hi || v[0] % ones[k].step)
+            return config_error(d, item, ones[k].help);
+        *(uint32_t *)((char *)d + ones[k].field) = v[0];
+        *gemm = *gemm || ones[k].gemm;
     }
 #undef CONFIG_KEY
     return VKI_OK;

@@ -813,9 +813,7 @@ static void print_row(bench_out *out, const char *kernel, const char *tname, ben
     }
     /* the K splits of the tensor-core GEMM; the timed batches' spread around the median */
     const uint32_t splits = !strcmp(kernel, "matmul_cm") ? op_matmul_cm_splits(out->d, s.M, s.N, s.K) : 0;
-    char sp[16] = "-", js[16] = "null", forced[16] = "null";
-    if (out->d->cm_split)
-        snprintf(forced, sizeof forced, "%u", out->d->cm_split);
+    char sp[16] = "-", js[16] = "null";
     if (splits) {
         snprintf(sp, sizeof sp, "%u", splits);
         snprintf(js, sizeof js, "%u", splits);
@@ -825,8 +823,7 @@ static void print_row(bench_out *out, const char *kernel, const char *tname, ben
     fflush(out->table);
     if (!out->json)
         return;
-    char cfg[32] = "null", cm_cfg[32] = "null", stages[16] = "null", bk[16] = "null", asp[16] = "null",
-         sl[16] = "null", al[16] = "null";
+    char cfg[32] = "null", cm_cfg[32] = "null", num[6][12];
     if (out->d->matvec_wg && out->d->matvec_mu)
         snprintf(cfg, sizeof cfg, "\"%ux%ux%ux%u\"", out->d->matvec_wg, out->d->matvec_rows, out->d->matvec_mc,
                  out->d->matvec_mu);
@@ -839,23 +836,21 @@ static void print_row(bench_out *out, const char *kernel, const char *tname, ben
                  out->d->cm_warp_n);
     else if (out->d->cm_tile_m)
         snprintf(cm_cfg, sizeof cm_cfg, "\"%ux%u\"", out->d->cm_tile_m, out->d->cm_tile_n);
-    if (out->d->cm_stages)
-        snprintf(stages, sizeof stages, "%u", out->d->cm_stages);
-    if (out->d->cm_bk)
-        snprintf(bk, sizeof bk, "%u", out->d->cm_bk);
-    if (out->d->attn_split)
-        snprintf(asp, sizeof asp, "%u", out->d->attn_split);
-    if (out->d->sample_loads)
-        snprintf(sl, sizeof sl, "%u", out->d->sample_loads);
-    if (out->d->attn_loads)
-        snprintf(al, sizeof al, "%u", out->d->attn_loads);
+    /* the one-number tuning settings: JSON null where the library chooses */
+    const uint32_t set[6] = {out->d->cm_stages, out->d->cm_bk, out->d->cm_split, out->d->attn_split,
+                             out->d->attn_loads, out->d->sample_loads};
+    for (int i = 0; i < 6; i++)
+        if (set[i])
+            snprintf(num[i], sizeof num[i], "%u", set[i]);
+        else
+            strcpy(num[i], "null");
     printf("{\"device\":\"%s\",\"driver\":\"%s %s\",\"kernel\":\"%s\",\"type\":\"%s\",\"M\":%u,\"N\":%u,"
            "\"K\":%u,\"us_per_call\":%.3f,\"gbps\":%.3f,\"gflops\":%.3f,\"copy_gbps\":%.3f,\"bw_fraction\":%s,"
            "\"matvec_cfg\":%s,\"cm_cfg\":%s,\"cm_stages\":%s,\"cm_bk\":%s,\"splits\":%s,\"cm_split\":%s,"
            "\"attn_split\":%s,\"attn_loads\":%s,\"sample_loads\":%s,\"us_min\":%.3f,\"us_max\":%.3f,\"warm_batches\":%u}\n",
            out->d->info.name, out->d->info.driver_name, out->d->info.driver_info, kernel, tname, s.M, s.N, s.K,
-           per_call * 1e6, gbps, r->flops / per_call * 1e-9, out->copy_gbps, fr, cfg, cm_cfg, stages, bk, js, forced,
-           asp, al, sl, tm->min * 1e6, tm->max * 1e6, tm->warm_batches);
+           per_call * 1e6, gbps, r->flops / per_call * 1e-9, out->copy_gbps, fr, cfg, cm_cfg, num[0], num[1], js,
+           num[2], num[3], num[4], num[5], tm->min * 1e6, tm->max * 1e6, tm->warm_batches);
     fflush(stdout);
 }
 

@@ -529,6 +529,14 @@ typedef struct bm_report {
     bool int_dot; /* the engine's decode projections on the integer-dot path */
 } bm_report;
 
+/* The sampling options as the table and the JSON's "sampling" give them. */
+static const char *sampling_desc(const bm_opts *o, char *buf, size_t n)
+{
+    snprintf(buf, n, "temp %g, top_k %d, top_p %g, min_p %g", o->sp.temperature, o->sp.top_k, o->sp.top_p,
+             o->sp.min_p);
+    return buf;
+}
+
 static void report_header(const bm_report *r, const vk_engine *e)
 {
     fprintf(r->table, "device: %s (%s %s); copy kernel: %.1f GB/s read + write (%.0f MiB, %.1f us)\n", r->d->info.name,
@@ -542,9 +550,9 @@ static void report_header(const bm_report *r, const vk_engine *e)
             r->m->name, r->m->arch, r->m->weight_type, np >= 1e9 ? np * 1e-9 : np * 1e-6, np >= 1e9 ? "B" : "M",
             (r->m->weight_bytes + active_experts(r->m, 1) * r->m->expert_bytes) / 1073741824.0, experts,
             e->p.kv_type == VKI_GGML_F16 ? "f16" : "f32", e->p.page_size);
+    char sp[96];
     if (r->o->sampled)
-        fprintf(r->table, "sampling: temp %g, top_k %d, top_p %g, min_p %g (every row drawn)\n", r->o->sp.temperature,
-                r->o->sp.top_k, r->o->sp.top_p, r->o->sp.min_p);
+        fprintf(r->table, "sampling: %s (every row drawn)\n", sampling_desc(r->o, sp, sizeof sp));
     fprintf(r->table, "%-8s %6s %7s %8s %10s %9s %12s %9s %6s %8s\n", "test", "n_seqs", "context", "tokens", "tok/s",
             "ms/step", "host us/step", "GB/s", "%copy", "TFLOP/s");
 }
@@ -596,14 +604,11 @@ static void report_row(const bm_report *r, bool pp, uint32_t B, const bm_run *ru
     else
         cJSON_AddNullToObject(j, "kernel_config"); /* the library's choices */
     cJSON_AddBoolToObject(j, "overlap", !pp && o->overlap); /* tg steps two in flight */
-    if (o->sampled) {
-        char sp[96];
-        snprintf(sp, sizeof sp, "temp %g, top_k %d, top_p %g, min_p %g", o->sp.temperature, o->sp.top_k,
-                 o->sp.top_p, o->sp.min_p);
-        cJSON_AddStringToObject(j, "sampling", sp);
-    } else {
+    char sp[96];
+    if (o->sampled)
+        cJSON_AddStringToObject(j, "sampling", sampling_desc(o, sp, sizeof sp));
+    else
         cJSON_AddNullToObject(j, "sampling"); /* greedy */
-    }
     cJSON_AddNumberToObject(j, "reused_steps", run->reused / run->steps); /* share of the steps */
     if (pp) {
         cJSON_AddNullToObject(j, "bytes_per_token");
