@@ -159,7 +159,8 @@ static VkDebugUtilsMessengerCreateInfoEXT messenger_info(vkd_device *d)
 #ifdef __linux__
 typedef struct {
     char **names; /* NULL: counting */
-    size_t n, cap;
+    char *text;   /* the names' bytes, one block with names */
+    size_t n, cap, used, bytes;
 } loaded_libs;
 
 static int list_lib(struct dl_phdr_info *info, size_t size, void *user)
@@ -168,21 +169,29 @@ static int list_lib(struct dl_phdr_info *info, size_t size, void *user)
     loaded_libs *l = user;
     if (!info->dlpi_name || !info->dlpi_name[0])
         return 0;
-    if (!l->names)
+    size_t len = strlen(info->dlpi_name) + 1;
+    if (!l->names) {
         l->cap++;
-    else if (l->n < l->cap && (l->names[l->n] = strdup(info->dlpi_name)))
-        l->n++;
+        l->bytes += len;
+    } else if (l->n < l->cap && len <= l->bytes - l->used) {
+        l->names[l->n++] = memcpy(l->text + l->used, info->dlpi_name, len);
+        l->used += len;
+    }
     return 0;
 }
 
 static void pin_drivers(void)
 {
-    /* the names first, then dlopen: the callback runs under the loader's lock */
+    /* the names first, then dlopen: the callback runs under the loader's lock. One allocation
+     * for all of them (a process has ~50 libraries loaded: a copy each was 50 allocations per
+     * instance, each a full engine load in test_faults' walk over failing allocations) */
     loaded_libs l = {0};
     dl_iterate_phdr(list_lib, &l);
     l.cap += 8; /* a thread may load more in between */
-    if (!(l.names = calloc(l.cap, sizeof *l.names)))
+    l.bytes += 8 * 256;
+    if (!(l.names = malloc(l.cap * sizeof *l.names + l.bytes)))
         return; /* only a later reload can fail then, as before */
+    l.text = (char *)(l.names + l.cap);
     dl_iterate_phdr(list_lib, &l);
     for (size_t i = 0; i < l.n; i++) {
         void *h = dlopen(l.names[i], RTLD_LAZY | RTLD_NOLOAD);
@@ -193,7 +202,6 @@ static void pin_drivers(void)
         }
         if (h)
             dlclose(h);
-        free(l.names[i]);
     }
     free(l.names);
 }
