@@ -188,9 +188,9 @@ static void rmsnorm(float *y, const float *x, const float *w, uint32_t d, float 
         y[i] = (float)(x[i] * s) * w[i];
 }
 
-/* y[o] = sum_i W[o][i] x[i] (+ b[o]) */
-/* Not instrumented by the sanitizer builds: the test's own arithmetic (a wrong index shows as a
- * wrong answer), and with a check per load it was a quarter of test_engine's time there. */
+/* y[o] = sum_i W[o][i] x[i] (+ b[o]). Not instrumented by the sanitizer builds: the test's own
+ * arithmetic (a wrong index shows as a wrong answer), and with a check per load it was a quarter
+ * of test_engine's time there. */
 #if defined(__GNUC__)
 __attribute__((no_sanitize("address", "undefined", "thread")))
 #endif
