@@ -613,6 +613,14 @@ static void test_constrained_lookahead(void **state)
 
 #define WIN_OUT 700
 
+typedef struct win_seen {
+    uint32_t max_used;   /* "Used KV cache blocks", most seen */
+    double reused;       /* "Reused Tokens", last seen */
+    double steps_reused; /* "Reused Step Recordings", last seen */
+    double iterations;   /* "Iteration Counter", last seen */
+    double ahead;        /* "Lookahead Steps", last seen */
+} win_seen;
+
 typedef struct win_run {
     pthread_mutex_t mu;
     pthread_cond_t cv;
@@ -620,11 +628,7 @@ typedef struct win_run {
     uint32_t n_out;
     bool final;
     vki_finish_reason finish;
-    uint32_t max_used;        /* "Used KV cache blocks", most seen */
-    double reused;            /* "Reused Tokens", last seen */
-    double steps_reused;      /* "Reused Step Recordings", last seen */
-    double iterations;        /* "Iteration Counter", last seen */
-    double ahead;             /* "Lookahead Steps", last seen */
+    win_seen seen;            /* the stats callback's, under mu (read with win_read) */
     const vki_sampling_params *sp; /* the requests' sampling; NULL: greedy */
     atomic_int validation_msgs;
 } win_run;
@@ -657,19 +661,30 @@ static void win_stats(void *user, const char *json)
     win_run *w = user;
     cJSON *o = cJSON_Parse(json);
     cJSON *u = o ? cJSON_GetObjectItem(o, "Used KV cache blocks") : NULL, *t = o ? cJSON_GetObjectItem(o, "Reused Tokens") : NULL;
-    if (u && u->valuedouble > w->max_used)
-        w->max_used = (uint32_t)u->valuedouble;
-    if (t)
-        w->reused = t->valuedouble;
     cJSON *sr = o ? cJSON_GetObjectItem(o, "Reused Step Recordings") : NULL, *it = o ? cJSON_GetObjectItem(o, "Iteration Counter") : NULL;
-    if (sr && it) {
-        w->steps_reused = sr->valuedouble;
-        w->iterations = it->valuedouble;
-    }
     cJSON *la = o ? cJSON_GetObjectItem(o, "Lookahead Steps") : NULL;
+    pthread_mutex_lock(&w->mu); /* the batch manager's thread; the test reads them on its own */
+    win_seen *v = &w->seen;
+    if (u && u->valuedouble > v->max_used)
+        v->max_used = (uint32_t)u->valuedouble;
+    if (t)
+        v->reused = t->valuedouble;
+    if (sr && it) {
+        v->steps_reused = sr->valuedouble;
+        v->iterations = it->valuedouble;
+    }
     if (la)
-        w->ahead = la->valuedouble;
+        v->ahead = la->valuedouble;
+    pthread_mutex_unlock(&w->mu);
     cJSON_Delete(o);
+}
+
+static win_seen win_read(win_run *w)
+{
+    pthread_mutex_lock(&w->mu);
+    win_seen v = w->seen;
+    pthread_mutex_unlock(&w->mu);
+    return v;
 }
 
 /* Submits prompt, waits for the final response; returns the tokens generated (in w->out). */
@@ -770,15 +785,16 @@ static void test_window_bounded_kv(void **state)
         prompt[i] = (int32_t)vt_range(&r, 259, 319);
     uint32_t n_gen = win_generate(w, bm, prompt, 40, 600);
     assert_int_equal(n_gen, 600);
-    uint32_t used_long = w->max_used;
+    win_seen v = win_read(w);
+    uint32_t used_long = v.max_used;
     /* one sequence decoding: after its first steps each step submits the recording of the one
      * before (the window's released pages and the growing context live in the step's inputs) */
-    fprintf(stderr, "  %.0f of %.0f ticks reused a step recording, %.0f ran lookahead steps\n", w->steps_reused,
-            w->iterations, w->ahead);
+    fprintf(stderr, "  %.0f of %.0f ticks reused a step recording, %.0f ran lookahead steps\n", v.steps_reused,
+            v.iterations, v.ahead);
     /* one request decoding alone: its steps are lookaheads but where a page boundary takes a
      * block the request had not reserved, or the window releases one */
-    assert_true(w->ahead >= 0.8 * w->iterations && w->ahead <= w->iterations);
-    assert_true(w->steps_reused >= 0.9 * w->iterations - 10 && w->steps_reused <= w->iterations);
+    assert_true(v.ahead >= 0.8 * v.iterations && v.ahead <= v.iterations);
+    assert_true(v.steps_reused >= 0.9 * v.iterations - 10 && v.steps_reused <= v.iterations);
     int32_t first[WIN_OUT], p2[120], second[WIN_OUT];
     memcpy(first, w->out, sizeof first);
     /* prefix reuse with windows: P2 runs, then P2 + its 10 tokens reuses the 6 full blocks it
@@ -791,17 +807,19 @@ static void test_window_bounded_kv(void **state)
     assert_int_equal(win_generate(w, bm, p2, 110, 20), 20);
     int32_t third[WIN_OUT];
     memcpy(third, w->out, sizeof third);
-    double reused = w->reused;
+    double reused = win_read(w).reused;
     /* penalties (greedy): lookahead steps count the token in flight on the device; the tokens are
      * the reference's argmax after the CPU sampler's penalties */
     vki_sampling_params pen = vki_sampling_default_params();
     pen.temperature = 0, pen.repetition_penalty = 1.3f, pen.presence_penalty = -1.5f, pen.frequency_penalty = 1.0f;
     pen.penalty_window = 4;
     w->sp = &pen;
-    double it0 = w->iterations, ahead0 = w->ahead;
+    win_seen v0 = win_read(w);
     assert_int_equal(win_generate(w, bm, prompt, 40, 120), 120);
-    fprintf(stderr, "  penalties: %.0f of %.0f ticks ran lookahead steps\n", w->ahead - ahead0, w->iterations - it0);
-    assert_true(w->ahead - ahead0 >= 0.8 * (w->iterations - it0));
+    v = win_read(w);
+    fprintf(stderr, "  penalties: %.0f of %.0f ticks ran lookahead steps\n", v.ahead - v0.ahead,
+            v.iterations - v0.iterations);
+    assert_true(v.ahead - v0.ahead >= 0.8 * (v.iterations - v0.iterations));
     assert_int_equal(vki_batch_manager_destroy(bm, false), VKI_OK);
     vki_engine_destroy(e);
     fprintf(stderr, "  600 tokens with window 48 + sink: at most %u of 12 pages in use; then %.0f tokens reused\n",
