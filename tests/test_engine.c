@@ -2083,6 +2083,7 @@ static void test_unsupported_models_refused(void **state)
     expect_refused(path, VKI_ERR_UNSUPPORTED, "falcon");
     write_meta_only(path, "llama"); /* metadata fine, no tensors */
     expect_refused(path, VKI_ERR_FORMAT, "token_embd.weight");
+    unlink(path); /* each write_* below names its own file in path: delete each before the next */
     const shape_case *c = &SHAPES[0];
     write_model(c, path, sizeof path);
     FILE *f = fopen(path, "r+b");
@@ -2092,6 +2093,7 @@ static void test_unsupported_models_refused(void **state)
     assert_int_equal(ftruncate(fileno(f), size - 1000), 0); /* cut inside the last tensor's data */
     fclose(f);
     expect_refused(path, VKI_ERR_FORMAT, "past the end of the file");
+    unlink(path);
     /* a weight type the reader knows but vkinfer cannot run: attn_q of a Q4_K model relabelled
      * IQ2_XXS (smaller blocks: the data still lies inside the file) */
     c = &SHAPES[4];
@@ -2113,6 +2115,7 @@ static void test_unsupported_models_refused(void **state)
     assert_int_equal(fwrite(&iq2_xxs, 4, 1, f), 1);
     fclose(f);
     expect_refused(path, VKI_ERR_UNSUPPORTED, "blk.0.attn_q.weight: weight type iq2_xxs (id 16) is not supported");
+    unlink(path);
     /* the newer architectures and options: a missing gemma post-norm, a Q8_0 KV cache on a head
      * dim that is not a multiple of 32, an absurd attention window */
     char edited[256];
