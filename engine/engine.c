@@ -27,9 +27,51 @@ uint32_t vk_engine_logits_stride(const vk_engine *e)
     return (uint32_t)align_up(e->model.hp.n_vocab, a);
 }
 
+/* A scratch buffer: the kernels bind each one whole, so it must fit one storage binding
+ * (fit_bindings sizes the usual ones; this names any other). */
 static vki_status make_buf(vk_engine *e, VkDeviceSize bytes, const char *name, vkd_buffer **out)
 {
+    if (bytes > e->dev->info.max_storage_buffer_range) {
+        vkd_log(e->dev, VKI_LOG_ERROR, "scratch buffer \"%s\": %llu bytes, more than one storage binding on %s "
+                "(maxStorageBufferRange %llu); lower max_tokens or max_seqs", name, (unsigned long long)bytes,
+                e->dev->info.name, (unsigned long long)e->dev->info.max_storage_buffer_range);
+        return VKI_ERR_UNSUPPORTED;
+    }
     return vkd_buffer_create(e->dev, bytes ? bytes : 4, VKD_MEM_DEVICE, name, out);
+}
+
+/* Caps max_tokens (and max_seqs) so that the activation buffers of create_scratch, T rows of the
+ * widest per-token width, and the R = min(max_seqs, T) logits rows each fit one storage binding,
+ * which the kernels bind whole. 128 MiB (lavapipe, many mobile GPUs) holds 1,170 rows of
+ * Llama-3-8B's gate|up (2 x 14336 floats) and 130 logits rows of a 256,000-token vocabulary. A
+ * single row too wide for a binding is refused. */
+static vki_status fit_bindings(vk_engine *e, const model_hparams *hp)
+{
+    uint64_t lim = e->dev->info.max_storage_buffer_range, a = e->dev->info.min_storage_buffer_offset_alignment;
+    uint64_t qd = (uint64_t)hp->n_head * hp->head_dim, kvd = (uint64_t)hp->n_head_kv * hp->head_dim;
+    uint64_t w = hp->d_model, ls = (uint64_t)align_up(4ull * hp->n_vocab, a ? a : 4);
+    w = qd + 2 * kvd > w ? qd + 2 * kvd : w;
+    w = 2ull * hp->d_ff > w ? 2ull * hp->d_ff : w; /* gate|up, one matrix */
+    w *= 4;
+    if (w > lim || ls > lim) {
+        vkd_log(e->dev, VKI_LOG_ERROR, "one activation row (%llu bytes) or logits row (%llu bytes) is more than one "
+                "storage binding on %s (maxStorageBufferRange %llu)", (unsigned long long)w, (unsigned long long)ls,
+                e->dev->info.name, (unsigned long long)lim);
+        return VKI_ERR_UNSUPPORTED;
+    }
+    uint64_t t = lim / w, r = lim / ls;
+    t = t >= 64 ? t / 16 * 16 : t;
+    if (e->p.max_tokens > t) {
+        vkd_log(e->dev, VKI_LOG_INFO, "max_tokens capped at %llu: %llu-byte activation rows, one storage binding "
+                "of %llu bytes", (unsigned long long)t, (unsigned long long)w, (unsigned long long)lim);
+        e->p.max_tokens = (uint32_t)t;
+    }
+    if (e->p.max_seqs > r && e->p.max_tokens > r) {
+        vkd_log(e->dev, VKI_LOG_INFO, "max_seqs capped at %llu: %llu-byte logits rows, one storage binding of "
+                "%llu bytes", (unsigned long long)r, (unsigned long long)ls, (unsigned long long)lim);
+        e->p.max_seqs = (uint32_t)r;
+    }
+    return VKI_OK;
 }
 
 /* The RoPE tables of the two layer kinds (the second only when its base or scale differs:
@@ -347,8 +389,13 @@ vki_status vk_engine_create(vkd_device *d, const gguf_file *f, const model_hpara
     if (e->p.device_memory_limit)
         d->mem_limit = e->p.device_memory_limit;
     e->max_ctx = e->p.max_ctx ? e->p.max_ctx : hp->n_ctx_train;
+    vki_status st = fit_bindings(e, hp);
+    if (st != VKI_OK) {
+        free(e);
+        return st;
+    }
     e->max_out = e->p.max_seqs < e->p.max_tokens ? e->p.max_seqs : e->p.max_tokens;
-    vki_status st = setup_attention(e, hp);
+    st = setup_attention(e, hp);
     if (st == VKI_OK)
         st = vk_model_load(d, f, hp, t, e->max_ctx, !e->p.no_fusion, e->p.progress, e->p.progress_user, &e->model);
     if (st == VKI_OK && e->p.batch_invariant) {

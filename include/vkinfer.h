@@ -906,6 +906,10 @@ typedef struct vki_engine_params {
                                        VKI_ERR_OUT_OF_DEVICE_MEMORY when the weights do not fit
                                        under it. The way to share a device without
                                        VK_EXT_memory_budget (lavapipe). 0 */
+    /* Both are capped at load where the device's storage bindings are small (each activation
+     * buffer, max_tokens rows of the model's widest, and max_seqs logits rows must fit
+     * maxStorageBufferRange: 128 MiB on lavapipe holds 1,168 rows of Llama-3-8B); the info
+     * level says so and vki_engine_info reports what the engine runs with. */
     uint32_t max_seqs;              /* sequences that may hold KV at once. 256 */
     uint32_t max_tokens;            /* new tokens per step (activation scratch rows). 2048 */
     uint32_t max_ctx;               /* longest sequence; 0 = the model's context length */
@@ -982,7 +986,7 @@ typedef struct vki_model_info {
     uint32_t n_ctx_train;           /* context length in the file */
     uint32_t n_ctx;                 /* longest sequence this engine runs */
     uint32_t page_size, kv_pages;   /* KV pages per layer */
-    uint32_t max_seqs, max_tokens;
+    uint32_t max_seqs, max_tokens;  /* as run: the parameters, or their caps (see there) */
     uint64_t weight_bytes;          /* device memory held by weights */
     uint64_t kv_bytes;              /* device memory held by the KV cache */
     uint64_t device_bytes;          /* all device buffers of this engine: weights, KV, scratch,

@@ -299,11 +299,11 @@ static void check_q8_kv(fixture *fx, const tseq *s, float *want, const char *lab
     free(x);
 }
 
-static void check_against_reference_tie(fixture *fx, const int32_t *prompt, uint32_t np, uint32_t n_decode,
-                                        uint32_t chunk, double tol, double tie, const char *label)
+static void check_against_reference_in(fixture *fx, uint32_t slot, const int32_t *prompt, uint32_t np,
+                                       uint32_t n_decode, uint32_t chunk, double tol, double tie, const char *label)
 {
     tseq s;
-    tseq_init(&s, 1, prompt, np, np + n_decode + 2);
+    tseq_init(&s, slot, prompt, np, np + n_decode + 2);
     tseq *ps = &s;
     size_t V = fx->n_vocab;
     float *got = malloc((n_decode + 1) * V * sizeof *got), *want = malloc((size_t)(np + n_decode) * V * sizeof *want);
@@ -335,6 +335,12 @@ static void check_against_reference_tie(fixture *fx, const int32_t *prompt, uint
     free(s.tok);
     free(got);
     free(want);
+}
+
+static void check_against_reference_tie(fixture *fx, const int32_t *prompt, uint32_t np, uint32_t n_decode,
+                                        uint32_t chunk, double tol, double tie, const char *label)
+{
+    check_against_reference_in(fx, 1, prompt, np, n_decode, chunk, tol, tie, label);
 }
 
 static void check_against_reference(fixture *fx, const int32_t *prompt, uint32_t np, uint32_t n_decode,
@@ -2032,6 +2038,74 @@ static void test_kv_io(void **state)
     vt_assert_clean(g);
 }
 
+/* Devices whose storage bindings are small (maxStorageBufferRange 128 MiB on lavapipe and many
+ * mobile GPUs): the kernels bind each activation buffer whole, so the engine caps max_tokens to
+ * the rows of the widest one that fit a binding, and max_seqs to the logits rows that do. Here the
+ * device's limit is lowered to 24 MiB for a model whose gate|up rows are 64 KiB (at the default
+ * 2048 tokens the buffer would be 128 MiB: every step failed on such a device with Llama-3-8B's
+ * 14336-wide FFN): max_tokens becomes 384 and the logits still match the reference. Then 128 KiB
+ * with 32 KiB logits rows caps max_seqs at 4 (same check), and less than one logits row is
+ * refused. */
+static void test_small_binding_range(void **state)
+{
+    vt_gpu *g = vt_gpu_get(state);
+    vt_rng r = vt_rng_seeded("small bindings");
+    synth_params sp = synth_default_params();
+    sp.n_layer = 2, sp.d_model = 256, sp.n_head = 4, sp.n_head_kv = 4, sp.head_dim = 64, sp.d_ff = 8192;
+    sp.n_vocab = 512, sp.n_ctx = 4096, sp.wtype = SYNTH_F32, sp.seed = 31;
+    char path[512];
+    write_synth("small_bindings", &sp, path, sizeof path);
+    g->dev->info.max_storage_buffer_range = 24u << 20;
+    fixture fx;
+    fixture_open(g, path, VKI_GGML_F32, 2048, &fx);
+    assert_int_equal(fx.e->p.max_tokens, 384);
+    assert_int_equal(fx.e->p.max_seqs, 8);
+    int32_t prompt[40];
+    uint32_t np = vt_range(&r, 20, 40);
+    random_prompt(&r, prompt, np, fx.n_vocab);
+    check_against_reference(&fx, prompt, np, 3, 7, TOL_F32, "24 MiB bindings, max_tokens capped");
+    fixture_close(&fx);
+    unlink(path);
+
+    /* 4 KiB activation rows, 32 KiB logits rows; a pool of 8 pages (16 KiB each), slot 0's */
+    sp.d_ff = 512, sp.n_vocab = 8192;
+    write_synth("small_bindings_vocab", &sp, path, sizeof path);
+    g->dev->info.max_storage_buffer_range = 128u << 10;
+    fixture_open(g, path, VKI_GGML_F32, 2048, &fx);
+    assert_int_equal(fx.e->p.max_tokens, 32);
+    assert_int_equal(fx.e->p.max_seqs, 4);
+    assert_int_equal(fx.e->n_pages, 8);
+    check_against_reference_in(&fx, 0, prompt, 20, 3, 7, TOL_F32, 0, "128 KiB bindings, max_seqs capped");
+    fixture_close(&fx);
+
+    g->dev->info.max_storage_buffer_range = (32u << 10) - 4; /* a logits row does not fit: refused before the load */
+    gguf_file *f;
+    model_hparams hp;
+    model_tensors t;
+    char err[256];
+    assert_int_equal(gguf_open(path, &f, err, sizeof err), VKI_OK);
+    assert_int_equal(model_read_hparams(f, &hp, err, sizeof err), VKI_OK);
+    assert_int_equal(model_find_tensors(f, &hp, &t, err, sizeof err), VKI_OK);
+    vk_engine_params ep = test_params(VKI_GGML_F32, 2048);
+    vk_engine *e = NULL;
+    assert_int_equal(vk_engine_create(g->dev, f, &hp, &t, &ep, &e), VKI_ERR_UNSUPPORTED);
+    assert_null(e);
+    model_tensors_free(&t);
+    gguf_close(f);
+    unlink(path);
+    vt_assert_clean(g);
+}
+
+/* The device's own limit back (also after a failed assertion above). */
+static int restore_binding_range(void **state)
+{
+    vt_gpu *g = vt_gpu_get(state);
+    VkPhysicalDeviceProperties pr;
+    vkGetPhysicalDeviceProperties(g->dev->phys, &pr);
+    g->dev->info.max_storage_buffer_range = pr.limits.maxStorageBufferRange;
+    return 0;
+}
+
 /* A model the engine cannot run is refused through the public API with a message that names
  * the problem: an unsupported architecture, a missing tensor, a truncated file. */
 static void write_meta_only(const char *path, const char *arch)
@@ -2157,6 +2231,7 @@ int main(void)
         cmocka_unit_test(test_moe_batched_equals_solo),
         cmocka_unit_test(test_moe_int_dot),
         cmocka_unit_test(test_kv_sizing_budget),
+        cmocka_unit_test_teardown(test_small_binding_range, restore_binding_range),
         cmocka_unit_test(test_unsupported_models_refused),
         cmocka_unit_test(test_bad_plans_refused),
         cmocka_unit_test(test_page_copy),
