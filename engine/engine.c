@@ -294,6 +294,7 @@ static void add_type(uint32_t *types, uint32_t *n, uint32_t t)
  * sizing error is reported before that cost, and an open that fails early pays none of it. */
 static vki_status prepare_pipelines(vk_engine *e)
 {
+    vkk_defer_begin(e->dev); /* noted here, created together at the end */
     vki_status st = op_basic_prepare(e->dev);
     for (uint32_t k = 0; st == VKI_OK && k < e->n_kinds; k++)
         if (e->kind_used[k])
@@ -319,12 +320,17 @@ static vki_status prepare_pipelines(vk_engine *e)
         if (!op_matmul_supported(e->dev, types[i])) {
             vkd_log(e->dev, VKI_LOG_ERROR, "this device cannot run %s weights (needs 16-bit storage)",
                     quant_type_name(types[i]));
-            return VKI_ERR_UNSUPPORTED;
+            st = VKI_ERR_UNSUPPORTED;
+            break;
         }
         st = op_matmul_prepare(e->dev, types[i]);
         if (st == VKI_OK && e->p.int_dot && op_matmul_i8_supported(e->dev, types[i]))
             st = op_matmul_i8_prepare(e->dev, types[i]);
     }
+    vki_status sc = vkk_defer_end(e->dev, st == VKI_OK);
+    st = st == VKI_OK ? sc : st;
+    for (uint32_t i = 0; st == VKI_OK && i < n; i++)
+        st = op_matmul_warm_up(e->dev, types[i]);
     return st;
 }
 

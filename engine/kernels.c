@@ -1,9 +1,12 @@
 /* Kernel table, pipeline creation (with specialisation constants) and the dispatch path. */
 #include "engine/kernels.h"
 
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "vki_spirv.h"
 
@@ -156,8 +159,19 @@ typedef struct kernel_state {
     uint32_t n_variants, cap_variants;
 } kernel_state;
 
+/* A pipeline asked for between vkk_defer_begin and vkk_defer_end. */
+typedef struct deferred {
+    vkk_id id;
+    uint32_t spec[VKK_MAX_SPEC];
+    VkPipeline pipeline;
+    VkResult result;
+} deferred;
+
 struct vkd_kernels {
     kernel_state k[VKK_COUNT];
+    bool deferring;
+    deferred *pend;
+    uint32_t n_pend, cap_pend;
 };
 
 static vki_status kernel_init(vkd_device *d, vkk_id id, kernel_state *ks)
@@ -222,34 +236,18 @@ void vkd_kernels_destroy(vkd_device *d)
         if (ks->module)
             vkDestroyShaderModule(d->dev, ks->module, NULL);
     }
+    free(d->kernels->pend);
     free(d->kernels);
     d->kernels = NULL;
 }
 
-static vki_status get_pipeline(vkd_device *d, vkk_id id, const uint32_t *spec, VkPipeline *out)
+/* vkCreateComputePipelines for one specialisation of a kernel whose module and layout exist.
+ * Touches no state of the library: several threads call it at once (vkk_defer_end; the
+ * pipeline cache is internally synchronised). */
+static VkResult create_pipeline(const vkd_device *d, vkk_id id, const uint32_t *vals, VkPipeline *out)
 {
     const vkk_desc *kd = &kernel_table[id];
-    kernel_state *ks = &d->kernels->k[id];
-    if (!ks->layout) {
-        vki_status st = kernel_init(d, id, ks);
-        if (st != VKI_OK)
-            return st;
-    }
-    uint32_t vals[VKK_MAX_SPEC] = {0};
-    memcpy(vals, spec ? spec : kd->spec_default, kd->n_spec * sizeof(uint32_t));
-    for (uint32_t v = 0; v < ks->n_variants; v++)
-        if (!memcmp(ks->variants[v].spec, vals, sizeof vals)) {
-            *out = ks->variants[v].pipeline;
-            return VKI_OK;
-        }
-    if (ks->n_variants == ks->cap_variants) {
-        uint32_t cap = ks->cap_variants ? 2 * ks->cap_variants : 4;
-        variant *nv = realloc(ks->variants, cap * sizeof *nv);
-        if (!nv)
-            return VKI_ERR_OUT_OF_HOST_MEMORY;
-        ks->variants = nv;
-        ks->cap_variants = cap;
-    }
+    const kernel_state *ks = &d->kernels->k[id];
     VkSpecializationMapEntry me[VKK_MAX_SPEC];
     for (uint32_t i = 0; i < kd->n_spec; i++)
         me[i] = (VkSpecializationMapEntry){.constantID = i, .offset = 4 * i, .size = 4};
@@ -261,22 +259,159 @@ static vki_status get_pipeline(vkd_device *d, vkk_id id, const uint32_t *spec, V
                   .stage = VK_SHADER_STAGE_COMPUTE_BIT, .module = ks->module, .pName = "main",
                   .pSpecializationInfo = kd->n_spec ? &si : NULL},
         .layout = ks->layout};
-    VkPipeline p;
-    VKD_TRY(d, vkCreateComputePipelines(d->dev, d->pipeline_cache, 1, &ci, NULL, &p));
+    return vkCreateComputePipelines(d->dev, d->pipeline_cache, 1, &ci, NULL, out);
+}
+
+/* Adds a created pipeline to its kernel's variants (and names it); on failure destroys it. */
+static vki_status add_variant(vkd_device *d, vkk_id id, const uint32_t *vals, VkPipeline p)
+{
+    const vkk_desc *kd = &kernel_table[id];
+    kernel_state *ks = &d->kernels->k[id];
+    if (ks->n_variants == ks->cap_variants) {
+        uint32_t cap = ks->cap_variants ? 2 * ks->cap_variants : 4;
+        variant *nv = realloc(ks->variants, cap * sizeof *nv);
+        if (!nv) {
+            vkDestroyPipeline(d->dev, p, NULL);
+            return VKI_ERR_OUT_OF_HOST_MEMORY;
+        }
+        ks->variants = nv;
+        ks->cap_variants = cap;
+    }
     vkd_name(d, VK_OBJECT_TYPE_PIPELINE, (uint64_t)p, "%s [%u,%u,%u,%u]", kd->name, vals[0], vals[1],
              vals[2], vals[3]);
-    memcpy(ks->variants[ks->n_variants].spec, vals, sizeof vals);
+    memcpy(ks->variants[ks->n_variants].spec, vals, sizeof ks->variants[0].spec);
     ks->variants[ks->n_variants++].pipeline = p;
-    *out = p;
     return VKI_OK;
+}
+
+/* The kernel's module and layout (first use), and its specialisation values in vals. */
+static vki_status kernel_vals(vkd_device *d, vkk_id id, const uint32_t *spec, uint32_t vals[VKK_MAX_SPEC])
+{
+    const vkk_desc *kd = &kernel_table[id];
+    kernel_state *ks = &d->kernels->k[id];
+    if (!ks->layout) {
+        vki_status st = kernel_init(d, id, ks);
+        if (st != VKI_OK)
+            return st;
+    }
+    memset(vals, 0, VKK_MAX_SPEC * sizeof(uint32_t));
+    memcpy(vals, spec ? spec : kd->spec_default, kd->n_spec * sizeof(uint32_t));
+    return VKI_OK;
+}
+
+static bool find_variant(const kernel_state *ks, const uint32_t *vals, VkPipeline *out)
+{
+    for (uint32_t v = 0; v < ks->n_variants; v++)
+        if (!memcmp(ks->variants[v].spec, vals, sizeof ks->variants[v].spec)) {
+            *out = ks->variants[v].pipeline;
+            return true;
+        }
+    return false;
+}
+
+static vki_status get_pipeline(vkd_device *d, vkk_id id, const uint32_t *spec, VkPipeline *out)
+{
+    uint32_t vals[VKK_MAX_SPEC];
+    vki_status st = kernel_vals(d, id, spec, vals);
+    if (st != VKI_OK || find_variant(&d->kernels->k[id], vals, out))
+        return st;
+    VkPipeline p;
+    VKD_TRY(d, create_pipeline(d, id, vals, &p));
+    if ((st = add_variant(d, id, vals, p)) == VKI_OK)
+        *out = p;
+    return st;
 }
 
 vki_status vkk_prepare(vkd_device *d, vkk_id k, const uint32_t *spec)
 {
     if ((unsigned)k >= VKK_COUNT)
         return VKI_ERR_INVALID_ARG;
+    struct vkd_kernels *ks = d->kernels;
+    if (!ks->deferring) {
+        VkPipeline p;
+        return get_pipeline(d, k, spec, &p);
+    }
+    uint32_t vals[VKK_MAX_SPEC];
     VkPipeline p;
-    return get_pipeline(d, k, spec, &p);
+    vki_status st = kernel_vals(d, k, spec, vals);
+    if (st != VKI_OK || find_variant(&ks->k[k], vals, &p))
+        return st;
+    for (uint32_t i = 0; i < ks->n_pend; i++)
+        if (ks->pend[i].id == k && !memcmp(ks->pend[i].spec, vals, sizeof vals))
+            return VKI_OK;
+    if (ks->n_pend == ks->cap_pend) {
+        uint32_t cap = ks->cap_pend ? 2 * ks->cap_pend : 32;
+        deferred *np = realloc(ks->pend, cap * sizeof *np);
+        if (!np)
+            return VKI_ERR_OUT_OF_HOST_MEMORY;
+        ks->pend = np;
+        ks->cap_pend = cap;
+    }
+    deferred *q = &ks->pend[ks->n_pend++];
+    *q = (deferred){.id = k, .result = VK_NOT_READY};
+    memcpy(q->spec, vals, sizeof vals);
+    return VKI_OK;
+}
+
+uint32_t vkk_variants(const vkd_device *d, vkk_id k)
+{
+    return (unsigned)k < VKK_COUNT ? d->kernels->k[k].n_variants : 0;
+}
+
+void vkk_defer_begin(vkd_device *d)
+{
+    d->kernels->deferring = true;
+    d->kernels->n_pend = 0;
+}
+
+typedef struct creator {
+    vkd_device *d;
+    atomic_uint next;
+} creator;
+
+/* A worker: takes the next deferred pipeline until none is left. */
+static void *create_some(void *arg)
+{
+    creator *c = arg;
+    struct vkd_kernels *ks = c->d->kernels;
+    for (uint32_t i; (i = atomic_fetch_add(&c->next, 1)) < ks->n_pend;)
+        ks->pend[i].result = create_pipeline(c->d, ks->pend[i].id, ks->pend[i].spec, &ks->pend[i].pipeline);
+    return NULL;
+}
+
+vki_status vkk_defer_end(vkd_device *d, bool create)
+{
+    struct vkd_kernels *ks = d->kernels;
+    ks->deferring = false;
+    if (!create)
+        ks->n_pend = 0;
+    if (!ks->n_pend)
+        return VKI_OK;
+    /* one worker per core up to 8 and the work, the caller being one of them; a thread that
+     * cannot start leaves its share to the others */
+    creator c = {.d = d};
+    atomic_init(&c.next, 0);
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    uint32_t n_thr = cores < 1 ? 1 : cores > 8 ? 8 : (uint32_t)cores, started = 0;
+    n_thr = n_thr > ks->n_pend ? ks->n_pend : n_thr;
+    pthread_t thr[7];
+    for (uint32_t t = 1; t < n_thr; t++)
+        if (pthread_create(&thr[started], NULL, create_some, &c) == 0)
+            started++;
+    create_some(&c);
+    for (uint32_t t = 0; t < started; t++)
+        pthread_join(thr[t], NULL);
+    /* in request order, so the kernels' variant lists do not depend on the threads' timing */
+    vki_status st = VKI_OK;
+    for (uint32_t i = 0; i < ks->n_pend; i++) {
+        deferred *q = &ks->pend[i];
+        vki_status si = vkd_check(d, q->result, "vkCreateComputePipelines");
+        if (si == VKI_OK)
+            si = add_variant(d, q->id, q->spec, q->pipeline);
+        st = st == VKI_OK ? si : st;
+    }
+    ks->n_pend = 0;
+    return st;
 }
 
 static vki_status check_dispatch(vkd_device *d, const vkk_desc *kd, const vkd_view *bind, uint32_t n_bind,

@@ -74,6 +74,17 @@ void vkd_kernels_destroy(vkd_device *d);
 /* spec: NULL for the table's defaults, else desc->n_spec values. */
 vki_status vkk_prepare(vkd_device *d, vkk_id k, const uint32_t *spec);
 
+/* Between these two, vkk_prepare only notes the pipelines it is asked for (their modules and
+ * layouts are made at once); vkk_defer_end(d, true) then creates them on up to 8 threads (one
+ * per core): compiling them is most of an engine's open on devices that compile at creation (a
+ * CPU device, a driver with a cold cache). A failed creation is reported after all have run;
+ * the pipelines created are kept either way. vkk_defer_end(d, false) drops the notes. */
+void vkk_defer_begin(vkd_device *d);
+vki_status vkk_defer_end(vkd_device *d, bool create);
+
+/* Pipelines (specialisations) of kernel k created so far on d. */
+uint32_t vkk_variants(const vkd_device *d, vkk_id k);
+
 /* Records one dispatch: binds the pipeline, pushes descriptors and constants, wraps it in a
  * debug label (and timestamps when profiling). Checks push size, binding count, binding
  * ranges and group counts against the table and the device limits; returns

@@ -1072,9 +1072,10 @@ vki_status op_gather_rows(vkd_cmd *c, vkd_view src, uint32_t src_stride, uint32_
 
 /* ---- prepare -------------------------------------------------------------------------------- */
 
-/* lavapipe (llvmpipe) turns a pipeline into machine code at its first dispatch, not when it is
- * created: seconds per variant. One tiny call of each variant here keeps that out of the first
- * step (and puts the code in Mesa's on-disk shader cache). Elsewhere it costs one small submit. */
+/* lavapipe (llvmpipe) turns a matmul pipeline into machine code at its first dispatch, not when
+ * it is created: seconds per variant. One tiny call of each variant here keeps that out of the
+ * first step (and puts the code in Mesa's on-disk shader cache). Elsewhere it costs one small
+ * submit. */
 static vki_status warm_up(vkd_device *d, uint32_t type, uint32_t K)
 {
     const uint32_t M = op_matmul_gemv_max_m(d) + 1; /* the device's GEMM */
@@ -1139,7 +1140,13 @@ vki_status op_matmul_prepare(vkd_device *d, uint32_t type)
      * it does not fit, the GEMMs run unsplit) */
     if (st == VKI_OK && d->cm.kind != VKD_CM_NONE && (d->info.compute_units || d->cm_split > 1))
         (void)split_scratch(d);
-    if (st == VKI_OK)
-        st = warm_up(d, type, t->block > 1 ? t->block : 16);
     return st;
+}
+
+vki_status op_matmul_warm_up(vkd_device *d, uint32_t type)
+{
+    const mm_type *t = mm_type_get(type);
+    if (!t || !op_matmul_supported(d, type))
+        return VKI_ERR_UNSUPPORTED;
+    return warm_up(d, type, t->block > 1 ? t->block : 16);
 }

@@ -190,10 +190,14 @@ vki_status op_gather_rows(vkd_cmd *c, vkd_view src, uint32_t src_stride, uint32_
 
 /* Creates every pipeline the ops above use for weights of ggml type `type` on this device
  * (GEMV for M = 1 and for M > 1, the GEMM of the device's path, gather), so none compiles
- * during a step.
+ * during a step (between vkk_defer_begin / _end: notes them).
  * The engine calls it at open for each weight type of the model (and F32 for activation
  * gathers). VKI_ERR_UNSUPPORTED if the device cannot run the type. */
 vki_status op_matmul_prepare(vkd_device *d, uint32_t type);
+
+/* One tiny dispatch of each of those pipelines, waited for (the devices that compile at the
+ * first dispatch: lavapipe); after op_matmul_prepare and any deferral's end. */
+vki_status op_matmul_warm_up(vkd_device *d, uint32_t type);
 
 /* True if the device can run matmul / get_rows for this ggml type. */
 bool op_matmul_supported(const vkd_device *d, uint32_t type);

@@ -142,6 +142,56 @@ static void test_add_kernel(void **state)
     vt_assert_clean(g);
 }
 
+/* Deferred pipelines (what an engine's open does): between vkk_defer_begin and _end nothing is
+ * created and duplicates are noted once; _end(false) drops the notes, _end(true) creates them
+ * (on several threads) as variants that dispatches then find: the add kernel at the new
+ * workgroup sizes computes what its reference does, and no further pipeline appears. */
+static void test_deferred_pipelines(void **state)
+{
+    vt_gpu *g = vt_gpu_get(state);
+    const uint32_t n0 = vkk_variants(g->dev, VKK_ADD), s0 = vkk_variants(g->dev, VKK_SOFTMAX);
+    const uint32_t wg[3][1] = {{32}, {64}, {128}}, sm[1] = {32};
+    vkk_defer_begin(g->dev);
+    for (int i = 0; i < 3; i++)
+        assert_int_equal(vkk_prepare(g->dev, VKK_ADD, wg[i]), VKI_OK);
+    assert_int_equal(vkk_variants(g->dev, VKK_ADD), n0);
+    assert_int_equal(vkk_defer_end(g->dev, false), VKI_OK);
+    assert_int_equal(vkk_variants(g->dev, VKK_ADD), n0);
+    vkk_defer_begin(g->dev);
+    for (int rep = 0; rep < 2; rep++)
+        for (int i = 0; i < 3; i++)
+            assert_int_equal(vkk_prepare(g->dev, VKK_ADD, wg[i]), VKI_OK);
+    assert_int_equal(vkk_prepare(g->dev, VKK_SOFTMAX, sm), VKI_OK);
+    assert_int_equal(vkk_prepare(g->dev, VKK_COUNT, NULL), VKI_ERR_INVALID_ARG);
+    assert_int_equal(vkk_variants(g->dev, VKK_ADD), n0);
+    assert_int_equal(vkk_defer_end(g->dev, true), VKI_OK);
+    assert_int_equal(vkk_variants(g->dev, VKK_ADD), n0 + 3);
+    assert_int_equal(vkk_variants(g->dev, VKK_SOFTMAX), s0 + 1);
+    vt_rng r = vt_rng_seeded("deferred");
+    const uint32_t n = 1000;
+    float *a = malloc(n * 4), *b = malloc(n * 4), *y = malloc(n * 4), *ref = malloc(n * 4);
+    vt_fill_uniform(&r, a, n, -4, 4);
+    vt_fill_uniform(&r, b, n, -4, 4);
+    ref_add(a, b, ref, n);
+    vkd_buffer *ba = vt_buf_from(g, a, n * 4, "a"), *bb = vt_buf_from(g, b, n * 4, "b"), *by = vt_buf_nan(g, n * 4, "y");
+    for (int i = 0; i < 3; i++) {
+        vt_begin(g);
+        vki_pc_add pc = {.n = n};
+        vkd_view v[3] = {vkd_whole(ba), vkd_whole(bb), vkd_whole(by)};
+        assert_int_equal(vkk_dispatch(&g->cmd, VKK_ADD, wg[i], v, 3, &pc, sizeof pc, vkk_groups(n, wg[i][0]), 1, 1),
+                         VKI_OK);
+        vt_submit_wait(g);
+        vt_download(g, by, y, n * 4);
+        vt_assert_nmse(y, ref, n, 1e-10, "add after deferred creation");
+    }
+    assert_int_equal(vkk_variants(g->dev, VKK_ADD), n0 + 3);
+    vkd_buffer_destroy(g->dev, ba);
+    vkd_buffer_destroy(g->dev, bb);
+    vkd_buffer_destroy(g->dev, by);
+    free(a), free(b), free(y), free(ref);
+    vt_assert_clean(g);
+}
+
 /* The dispatch path refuses a wrong push size or binding count and records nothing. */
 static void test_dispatch_checks(void **state)
 {
@@ -403,6 +453,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_staging_chunks),
         cmocka_unit_test(test_oom_is_a_status),
         cmocka_unit_test(test_add_kernel),
+        cmocka_unit_test(test_deferred_pipelines),
         cmocka_unit_test(test_dispatch_checks),
         cmocka_unit_test(test_cmd_reuse),
         cmocka_unit_test(test_coopmat_modes),

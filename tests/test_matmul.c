@@ -769,6 +769,7 @@ static void test_prepare(void **state)
     for (size_t i = 0; i < vt_n_weight_types; i++) {
         assert_true(op_matmul_supported(g->dev, vt_weight_types[i]));
         assert_int_equal(op_matmul_prepare(g->dev, vt_weight_types[i]), VKI_OK);
+        assert_int_equal(op_matmul_warm_up(g->dev, vt_weight_types[i]), VKI_OK);
     }
     assert_int_equal(op_matmul_prepare(g->dev, 16 /* IQ2_XXS: not run by vkinfer */), VKI_ERR_UNSUPPORTED);
     assert_int_equal(op_matmul_prepare(g->dev, 4 /* no ggml type */), VKI_ERR_UNSUPPORTED);
