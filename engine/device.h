@@ -69,6 +69,8 @@ typedef struct vkd_cm {
     uint32_t sg;       /* subgroup size the fragments are spread over */
 } vkd_cm;
 
+#define VKD_STAGING_SLOTS 2
+
 struct vkd_device {
     VkInstance instance;
     VkPhysicalDevice phys;
@@ -91,10 +93,15 @@ struct vkd_device {
     VkDeviceSize heap_block_bytes[VK_MAX_MEMORY_HEAPS];  /* VkDeviceMemory held, by heap */
     VkDeviceSize mem_limit;          /* 0: none; else live sub-allocations stay <= it */
 
-    /* staging ring for uploads/readbacks outside of a step */
+    /* staging ring for uploads/readbacks outside of a step: VKD_STAGING_SLOTS equal slots of
+     * one host-visible buffer, each with its command buffer and fence; an upload fills one
+     * slot while the copy out of the other runs */
     vkd_buffer *staging;
-    VkCommandBuffer staging_cmd;
-    VkFence staging_fence;
+    VkCommandBuffer staging_cmd[VKD_STAGING_SLOTS];
+    VkFence staging_fence[VKD_STAGING_SLOTS];
+    bool staging_busy[VKD_STAGING_SLOTS]; /* submitted, not yet waited for */
+    uint32_t staging_next;                /* the slot the next chunk goes through */
+    bool staging_stream;                  /* vkd_staging_stream: uploads return with copies in flight */
 
     VkPipelineCache pipeline_cache;
     char pipeline_cache_path[512];
@@ -203,6 +210,19 @@ void vkd_buffer_destroy(vkd_device *d, vkd_buffer *b); /* NULL is fine */
 /* Synchronous transfers through the staging ring (any size; chunked). Not for use while a
  * command buffer of this device is being recorded by the same thread... they submit their own. */
 vki_status vkd_upload(vkd_device *d, vkd_buffer *dst, VkDeviceSize off, const void *src, size_t n);
+/* The same with the bytes written by fill(ctx, at, out, n): bytes [at, at + n) of the upload
+ * into out (a staging slot, or dst's mapping), in chunks of whole units of `unit` bytes
+ * (n_bytes a multiple of unit, unit <= a staging slot): how weights are repacked on their way
+ * to the device without a host copy of their own. */
+typedef void (*vkd_fill_fn)(void *ctx, uint64_t at, void *out, uint64_t n);
+vki_status vkd_upload_fill(vkd_device *d, vkd_buffer *dst, VkDeviceSize off, uint64_t n_bytes, uint64_t unit,
+                           vkd_fill_fn fill, void *ctx);
+/* Streaming (a model's load): while on, uploads return with their last copies in flight (the
+ * source may be reused at once: it was copied into staging), so the next upload's fill overlaps
+ * them. Off: waits for them. vkd_staging_flush waits too and says whether they all went through
+ * (a lost device shows here); every other staging transfer and vkd_buffer_destroy flush first. */
+void vkd_staging_stream(vkd_device *d, bool on);
+vki_status vkd_staging_flush(vkd_device *d);
 vki_status vkd_download(vkd_device *d, const vkd_buffer *src, VkDeviceSize off, void *dst, size_t n);
 /* Fill n bytes with a repeated 32-bit pattern (n multiple of 4). */
 vki_status vkd_fill(vkd_device *d, vkd_buffer *dst, VkDeviceSize off, VkDeviceSize n, uint32_t word);

@@ -286,6 +286,8 @@ void vkd_buffer_destroy(vkd_device *d, vkd_buffer *b)
 {
     if (!b)
         return;
+    if (b != d->staging) /* a copy in flight may write it (or read the staging ring) */
+        (void)vkd_staging_flush(d);
     d->buffers_destroyed++;
     vkDestroyBuffer(d->dev, b->buf, NULL);
     range_give(b->block, b->mem_off, b->mem_size);
@@ -326,35 +328,66 @@ vki_status vkd_memory_init(vkd_device *d, VkDeviceSize staging_bytes)
 {
     vkGetPhysicalDeviceMemoryProperties(d->phys, &d->mem_props);
     d->block_size = DEVICE_BLOCK_BYTES;
-    VKD_TRY(d, vkCreateFence(d->dev, &(VkFenceCreateInfo){.sType = VK_STRUCTURE_TYPE_FENCE_CREATE_INFO},
-                             NULL, &d->staging_fence));
     VkCommandBufferAllocateInfo ai = {.sType = VK_STRUCTURE_TYPE_COMMAND_BUFFER_ALLOCATE_INFO,
                                       .commandPool = d->cmd_pool, .level = VK_COMMAND_BUFFER_LEVEL_PRIMARY,
-                                      .commandBufferCount = 1};
-    VKD_TRY(d, vkAllocateCommandBuffers(d->dev, &ai, &d->staging_cmd));
-    vkd_name(d, VK_OBJECT_TYPE_COMMAND_BUFFER, (uint64_t)(uintptr_t)d->staging_cmd, "vkinfer staging");
+                                      .commandBufferCount = VKD_STAGING_SLOTS};
+    VKD_TRY(d, vkAllocateCommandBuffers(d->dev, &ai, d->staging_cmd));
+    for (uint32_t i = 0; i < VKD_STAGING_SLOTS; i++) {
+        VKD_TRY(d, vkCreateFence(d->dev, &(VkFenceCreateInfo){.sType = VK_STRUCTURE_TYPE_FENCE_CREATE_INFO},
+                                 NULL, &d->staging_fence[i]));
+        vkd_name(d, VK_OBJECT_TYPE_COMMAND_BUFFER, (uint64_t)(uintptr_t)d->staging_cmd[i], "vkinfer staging %u", i);
+    }
     return vkd_buffer_create(d, staging_bytes, VKD_MEM_HOST, "vkinfer staging ring", &d->staging);
 }
 
 void vkd_memory_shutdown(vkd_device *d)
 {
+    (void)vkd_staging_flush(d);
     vkd_buffer_destroy(d, d->staging);
     d->staging = NULL;
-    if (d->staging_fence)
-        vkDestroyFence(d->dev, d->staging_fence, NULL);
+    for (uint32_t i = 0; i < VKD_STAGING_SLOTS; i++)
+        if (d->staging_fence[i])
+            vkDestroyFence(d->dev, d->staging_fence[i], NULL);
     while (d->blocks) /* leaked buffers: release their blocks anyway */
         block_release(d, d->blocks);
 }
 
 typedef enum { XFER_UP, XFER_DOWN, XFER_FILL } xfer_dir;
 
-/* Records one transfer into the staging command buffer, submits, waits. */
-static vki_status staging_run(vkd_device *d, xfer_dir dir, VkBuffer buf, VkDeviceSize off,
+static VkDeviceSize slot_bytes(const vkd_device *d) { return d->staging->size / VKD_STAGING_SLOTS / 4 * 4; }
+
+static char *slot_mem(const vkd_device *d, uint32_t i) { return (char *)d->staging->mapped + i * slot_bytes(d); }
+
+/* Waits for slot i's transfer if one is in flight. */
+static vki_status slot_wait(vkd_device *d, uint32_t i)
+{
+    if (!d->staging_busy[i])
+        return VKI_OK;
+    d->staging_busy[i] = false;
+    VKD_TRY(d, vkWaitForFences(d->dev, 1, &d->staging_fence[i], VK_TRUE, UINT64_MAX));
+    VKD_TRY(d, vkResetFences(d->dev, 1, &d->staging_fence[i]));
+    return VKI_OK;
+}
+
+vki_status vkd_staging_flush(vkd_device *d)
+{
+    vki_status st = VKI_OK;
+    for (uint32_t i = 0; i < VKD_STAGING_SLOTS; i++) {
+        vki_status si = slot_wait(d, i);
+        st = st == VKI_OK ? si : st;
+    }
+    return st;
+}
+
+void vkd_staging_stream(vkd_device *d, bool on) { d->staging_stream = on; }
+
+/* Records one transfer through slot i (whose previous one was waited for) and submits it. */
+static vki_status slot_submit(vkd_device *d, uint32_t i, xfer_dir dir, VkBuffer buf, VkDeviceSize off,
                               VkDeviceSize n, uint32_t word)
 {
     if (d->lost)
         return VKI_ERR_DEVICE_LOST;
-    VkCommandBuffer cb = d->staging_cmd;
+    VkCommandBuffer cb = d->staging_cmd[i];
     VKD_TRY(d, vkResetCommandBuffer(cb, 0));
     VkCommandBufferBeginInfo bi = {.sType = VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO,
                                    .flags = VK_COMMAND_BUFFER_USAGE_ONE_TIME_SUBMIT_BIT};
@@ -369,7 +402,8 @@ static vki_status staging_run(vkd_device *d, xfer_dir dir, VkBuffer buf, VkDevic
     if (dir == XFER_FILL) {
         vkCmdFillBuffer(cb, buf, off, n, word);
     } else {
-        VkBufferCopy c = {.srcOffset = dir == XFER_UP ? 0 : off, .dstOffset = dir == XFER_UP ? off : 0, .size = n};
+        VkDeviceSize at = i * slot_bytes(d);
+        VkBufferCopy c = {.srcOffset = dir == XFER_UP ? at : off, .dstOffset = dir == XFER_UP ? off : at, .size = n};
         vkCmdCopyBuffer(cb, dir == XFER_UP ? d->staging->buf : buf, dir == XFER_UP ? buf : d->staging->buf, 1, &c);
     }
     VkMemoryBarrier after = {.sType = VK_STRUCTURE_TYPE_MEMORY_BARRIER,
@@ -381,10 +415,19 @@ static vki_status staging_run(vkd_device *d, xfer_dir dir, VkBuffer buf, VkDevic
                          NULL, 0, NULL);
     VKD_TRY(d, vkEndCommandBuffer(cb));
     VkSubmitInfo si = {.sType = VK_STRUCTURE_TYPE_SUBMIT_INFO, .commandBufferCount = 1, .pCommandBuffers = &cb};
-    VKD_TRY(d, vkQueueSubmit(d->queue, 1, &si, d->staging_fence));
-    VKD_TRY(d, vkWaitForFences(d->dev, 1, &d->staging_fence, VK_TRUE, UINT64_MAX));
-    VKD_TRY(d, vkResetFences(d->dev, 1, &d->staging_fence));
+    VKD_TRY(d, vkQueueSubmit(d->queue, 1, &si, d->staging_fence[i]));
+    d->staging_busy[i] = true;
     return VKI_OK;
+}
+
+/* A transfer through slot 0 that the caller waits for (readbacks, fills), after any in flight. */
+static vki_status staging_run(vkd_device *d, xfer_dir dir, VkBuffer buf, VkDeviceSize off, VkDeviceSize n,
+                              uint32_t word)
+{
+    vki_status st = vkd_staging_flush(d);
+    if (st == VKI_OK)
+        st = slot_submit(d, 0, dir, buf, off, n, word);
+    return st == VKI_OK ? slot_wait(d, 0) : st;
 }
 
 static bool in_bounds(const vkd_buffer *b, VkDeviceSize off, VkDeviceSize n)
@@ -392,23 +435,37 @@ static bool in_bounds(const vkd_buffer *b, VkDeviceSize off, VkDeviceSize n)
     return off <= b->size && n <= b->size - off;
 }
 
-vki_status vkd_upload(vkd_device *d, vkd_buffer *dst, VkDeviceSize off, const void *src, size_t n)
+vki_status vkd_upload_fill(vkd_device *d, vkd_buffer *dst, VkDeviceSize off, uint64_t n_bytes, uint64_t unit,
+                           vkd_fill_fn fill, void *ctx)
 {
-    if (!in_bounds(dst, off, n))
+    if (!in_bounds(dst, off, n_bytes) || !unit || n_bytes % unit || unit > slot_bytes(d))
         return VKI_ERR_INVALID_ARG;
     if (dst->mapped) {
-        memcpy((char *)dst->mapped + off, src, n);
+        fill(ctx, 0, (char *)dst->mapped + off, n_bytes);
         return VKI_OK;
     }
-    VkDeviceSize chunk = d->staging->size;
-    for (size_t done = 0; done < n; done += chunk) {
-        VkDeviceSize m = n - done < chunk ? n - done : chunk;
-        memcpy(d->staging->mapped, (const char *)src + done, m);
-        vki_status st = staging_run(d, XFER_UP, dst->buf, off + done, m, 0);
-        if (st != VKI_OK)
-            return st;
+    /* chunks alternate between the slots: this chunk's fill overlaps the copy of the last */
+    VkDeviceSize chunk = slot_bytes(d) / unit * unit;
+    vki_status st = VKI_OK;
+    for (uint64_t done = 0; st == VKI_OK && done < n_bytes; done += chunk) {
+        VkDeviceSize m = n_bytes - done < chunk ? n_bytes - done : chunk;
+        uint32_t i = d->staging_next;
+        d->staging_next = (i + 1) % VKD_STAGING_SLOTS;
+        if ((st = slot_wait(d, i)) != VKI_OK)
+            break;
+        fill(ctx, done, slot_mem(d, i), m);
+        st = slot_submit(d, i, XFER_UP, dst->buf, off + done, m, 0);
     }
-    return VKI_OK;
+    if (st == VKI_OK && !d->staging_stream)
+        st = vkd_staging_flush(d);
+    return st;
+}
+
+static void fill_copy(void *ctx, uint64_t at, void *out, uint64_t n) { memcpy(out, (const char *)ctx + at, n); }
+
+vki_status vkd_upload(vkd_device *d, vkd_buffer *dst, VkDeviceSize off, const void *src, size_t n)
+{
+    return vkd_upload_fill(d, dst, off, n, 1, fill_copy, (void *)src);
 }
 
 vki_status vkd_download(vkd_device *d, const vkd_buffer *src, VkDeviceSize off, void *dst, size_t n)
@@ -419,13 +476,13 @@ vki_status vkd_download(vkd_device *d, const vkd_buffer *src, VkDeviceSize off, 
         memcpy(dst, (const char *)src->mapped + off, n);
         return VKI_OK;
     }
-    VkDeviceSize chunk = d->staging->size;
+    VkDeviceSize chunk = slot_bytes(d);
     for (size_t done = 0; done < n; done += chunk) {
         VkDeviceSize m = n - done < chunk ? n - done : chunk;
         vki_status st = staging_run(d, XFER_DOWN, src->buf, off + done, m, 0);
         if (st != VKI_OK)
             return st;
-        memcpy((char *)dst + done, d->staging->mapped, m);
+        memcpy((char *)dst + done, slot_mem(d, 0), m);
     }
     return VKI_OK;
 }

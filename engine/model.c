@@ -191,6 +191,7 @@ vki_status vk_model_load(vkd_device *d, const gguf_file *f, const model_hparams 
         return VKI_ERR_OUT_OF_HOST_MEMORY;
     const gguf_tensor *factors = model_rope_factors(hp, t, n_ctx);
     progress p = {.fn = progress_fn, .user = progress_user, .total = total_bytes(hp, t, factors), .last_pct = -1};
+    vkd_staging_stream(d, true); /* each tensor's fill overlaps the copies of the one before */
     vki_status st = upload(d, t->tok_embd, &m->tok_embd, &p);
     if (st == VKI_OK)
         st = upload(d, t->output_norm, &m->output_norm, &p);
@@ -200,6 +201,9 @@ vki_status vk_model_load(vkd_device *d, const gguf_file *f, const model_hparams 
         st = upload(d, factors, &m->rope_freqs, &p);
     for (uint32_t il = 0; st == VKI_OK && il < hp->n_layer; il++)
         st = upload_layer(d, hp, &t->layers[il], concat, &m->layers[il], &p);
+    vkd_staging_stream(d, false);
+    vki_status sf = vkd_staging_flush(d);
+    st = st == VKI_OK ? sf : st;
     if (st != VKI_OK) {
         vk_model_free(d, m);
         return st;

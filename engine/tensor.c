@@ -79,35 +79,40 @@ vki_status vk_tensor_upload(vkd_device *d, vk_tensor *t, const void *data)
     return vk_tensor_upload_rows(d, t, 0, t->n_rows, data);
 }
 
+/* Rows in the GGUF layout from src, repacked into the device layout on their way (the unit of
+ * vkd_upload_fill is one device row). */
+typedef struct repack {
+    const vk_tensor *t;
+    const char *src;
+} repack;
+
+static void fill_repacked(void *ctx, uint64_t at, void *out, uint64_t n)
+{
+    const repack *r = ctx;
+    const vk_tensor *t = r->t;
+    for (uint64_t j = 0; j < n / t->row_bytes; j++)
+        quant_row_to_dev(t->type, r->src + (at / t->row_bytes + j) * t->src_row_bytes,
+                         (char *)out + j * t->row_bytes, t->ne0);
+}
+
 vki_status vk_tensor_upload_rows(vkd_device *d, vk_tensor *t, uint64_t row0, uint64_t n_rows, const void *data)
 {
     if (row0 > t->n_rows || n_rows > t->n_rows - row0)
         return VKI_ERR_INVALID_ARG;
-    /* rows per upload: a part's whole range, or what the repack buffer holds */
-    uint64_t chunk = n_rows;
-    char *tmp = NULL;
-    if (quant_dev_grouped(t->type) && n_rows) {
-        /* a host buffer of the staging ring's size (or one row): one staging round per chunk,
-         * as a plain upload's chunks are */
-        uint64_t fit = VKD_STAGING_BYTES / t->row_bytes;
-        chunk = fit == 0 ? 1 : fit < n_rows ? fit : n_rows;
-        if (!(tmp = malloc(chunk * t->row_bytes)))
-            return VKI_ERR_OUT_OF_HOST_MEMORY;
-    }
+    bool grouped = quant_dev_grouped(t->type);
     vki_status st = VKI_OK;
     for (uint32_t i = 0; st == VKI_OK && i < t->n_parts; i++) {
         const vk_tensor_part *p = &t->parts[i];
         uint64_t a = row0 > p->row0 ? row0 : p->row0, b = row0 + n_rows < p->row0 + p->n_rows ? row0 + n_rows
                                                                                               : p->row0 + p->n_rows;
-        for (uint64_t r = a; st == VKI_OK && r < b; r += chunk) {
-            uint64_t nr = b - r < chunk ? b - r : chunk;
-            const char *src = (const char *)data + (r - row0) * t->src_row_bytes;
-            for (uint64_t j = 0; tmp && j < nr; j++)
-                quant_row_to_dev(t->type, src + j * t->src_row_bytes, tmp + j * t->row_bytes, t->ne0);
-            st = vkd_upload(d, p->buf, (r - p->row0) * t->row_bytes, tmp ? tmp : src, nr * t->row_bytes);
-        }
+        if (a >= b)
+            continue;
+        const char *src = (const char *)data + (a - row0) * t->src_row_bytes;
+        VkDeviceSize off = (a - p->row0) * t->row_bytes, bytes = (b - a) * t->row_bytes;
+        repack r = {t, src};
+        st = grouped ? vkd_upload_fill(d, p->buf, off, bytes, t->row_bytes, fill_repacked, &r)
+                     : vkd_upload(d, p->buf, off, src, bytes);
     }
-    free(tmp);
     return st;
 }
 

@@ -91,6 +91,66 @@ static void test_staging_chunks(void **state)
     vt_assert_clean(g);
 }
 
+/* The fill callback of vkd_upload_fill: unit-sized records, each its index in the upload
+ * written into every word (so a record in the wrong place shows). */
+typedef struct fill_log {
+    uint32_t unit, calls;
+    uint64_t last_end;
+    bool ordered;
+} fill_log;
+
+static void fill_records(void *ctx, uint64_t at, void *out, uint64_t n)
+{
+    fill_log *f = ctx;
+    f->ordered &= at == f->last_end && at % f->unit == 0 && n % f->unit == 0;
+    f->last_end = at + n;
+    f->calls++;
+    for (uint64_t i = 0; i < n / 4; i++)
+        ((uint32_t *)out)[i] = (uint32_t)((at + 4 * i) / f->unit) * 2654435761u;
+}
+
+/* Uploads while streaming (a model's load): chunks of whole units alternate between the two
+ * staging slots and return with copies in flight; a buffer destroyed then, a download, a fill
+ * and the flush all wait for them; every byte lands where it belongs. */
+static void test_staging_stream(void **state)
+{
+    vt_gpu *g = vt_gpu_get(state);
+    const uint32_t unit = 3 * 4096 + 4; /* does not divide a slot: chunks end short of it */
+    const uint64_t n = 2 * g->dev->staging->size / unit * unit + 5 * unit; /* 4 chunks and more */
+    vkd_buffer *b[3];
+    for (int i = 0; i < 3; i++)
+        assert_int_equal(vkd_buffer_create(g->dev, n, VKD_MEM_DEVICE, "stream", &b[i]), VKI_OK);
+    vkd_staging_stream(g->dev, true);
+    fill_log f[3];
+    for (int i = 0; i < 3; i++) {
+        f[i] = (fill_log){.unit = unit, .ordered = true};
+        assert_int_equal(vkd_upload_fill(g->dev, b[i], 0, n, unit, fill_records, &f[i]), VKI_OK);
+        assert_true(f[i].ordered && f[i].last_end == n && f[i].calls >= 4);
+    }
+    vkd_buffer_destroy(g->dev, b[2]); /* its copies may still run: destroy waits */
+    uint32_t *back = malloc(n), *want = malloc(n);
+    fill_log w = {.unit = unit, .ordered = true};
+    fill_records(&w, 0, want, n);
+    assert_int_equal(vkd_download(g->dev, b[0], 0, back, n), VKI_OK);
+    assert_memory_equal(back, want, n);
+    assert_int_equal(vkd_upload_fill(g->dev, b[1], unit, 2 * unit, unit, fill_records, &w), VKI_OK);
+    assert_int_equal(vkd_staging_flush(g->dev), VKI_OK);
+    vkd_staging_stream(g->dev, false);
+    assert_int_equal(vkd_download(g->dev, b[1], 0, back, n), VKI_OK);
+    assert_memory_equal(back, want, unit); /* record 0 as first uploaded */
+    assert_memory_equal((char *)back + unit, want, 2 * unit); /* records 0, 1 of the second upload */
+    assert_memory_equal((char *)back + 3 * unit, (char *)want + 3 * unit, n - 3 * unit);
+    /* refused: a unit that does not divide the bytes, one larger than a slot, out of bounds */
+    assert_int_equal(vkd_upload_fill(g->dev, b[0], 0, 10, 4, fill_records, &w), VKI_ERR_INVALID_ARG);
+    assert_int_equal(vkd_upload_fill(g->dev, b[0], 0, g->dev->staging->size, g->dev->staging->size,
+                                     fill_records, &w), VKI_ERR_INVALID_ARG);
+    assert_int_equal(vkd_upload_fill(g->dev, b[0], unit, n, unit, fill_records, &w), VKI_ERR_INVALID_ARG);
+    vkd_buffer_destroy(g->dev, b[0]);
+    vkd_buffer_destroy(g->dev, b[1]);
+    free(back), free(want);
+    vt_assert_clean(g);
+}
+
 /* Oversized allocations fail with a status, not a crash. */
 static void test_oom_is_a_status(void **state)
 {
@@ -451,6 +511,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_info_sane),
         cmocka_unit_test(test_suballocator_roundtrip),
         cmocka_unit_test(test_staging_chunks),
+        cmocka_unit_test(test_staging_stream),
         cmocka_unit_test(test_oom_is_a_status),
         cmocka_unit_test(test_add_kernel),
         cmocka_unit_test(test_deferred_pipelines),
