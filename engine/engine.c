@@ -43,8 +43,8 @@ static vki_status make_buf(vk_engine *e, VkDeviceSize bytes, const char *name, v
 /* Caps max_tokens (and max_seqs) so that the activation buffers of create_scratch, T rows of the
  * widest per-token width, and the R = min(max_seqs, T) logits rows each fit one storage binding,
  * which the kernels bind whole. 128 MiB (lavapipe, many mobile GPUs) holds 1,170 rows of
- * Llama-3-8B's gate|up (2 x 14336 floats) and 130 logits rows of a 256,000-token vocabulary. A
- * single row too wide for a binding is refused. */
+ * Llama-3-8B's gate|up (2 x 14336 floats: capped at 1,168, a multiple of 16) and 131 logits
+ * rows of a 256,000-token vocabulary. A single row too wide for a binding is refused. */
 static vki_status fit_bindings(vk_engine *e, const model_hparams *hp)
 {
     uint64_t lim = e->dev->info.max_storage_buffer_range, a = e->dev->info.min_storage_buffer_offset_alignment;
@@ -392,14 +392,14 @@ vki_status vk_engine_create(vkd_device *d, const gguf_file *f, const model_hpara
         free(e);
         return VKI_ERR_UNSUPPORTED;
     }
-    if (e->p.device_memory_limit)
-        d->mem_limit = e->p.device_memory_limit;
-    e->max_ctx = e->p.max_ctx ? e->p.max_ctx : hp->n_ctx_train;
     vki_status st = fit_bindings(e, hp);
     if (st != VKI_OK) {
         free(e);
         return st;
     }
+    if (e->p.device_memory_limit)
+        d->mem_limit = e->p.device_memory_limit;
+    e->max_ctx = e->p.max_ctx ? e->p.max_ctx : hp->n_ctx_train;
     e->max_out = e->p.max_seqs < e->p.max_tokens ? e->p.max_seqs : e->p.max_tokens;
     st = setup_attention(e, hp);
     if (st == VKI_OK)
