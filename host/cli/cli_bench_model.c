@@ -335,9 +335,21 @@ static vki_engine *open_sized(bm_opts *o, bm_state *s)
     return cli_open_engine(&o->eo);
 }
 
-/* The pool may hold fewer pages than asked for: one pool is one storage binding. */
-static bool check_capacity(const bm_state *s)
+/* The pool may hold fewer pages than asked for: one pool is one storage binding. So may a step
+ * hold fewer tokens or sequences (the engine caps max_tokens / max_seqs where activation or
+ * logits rows would pass a binding): prefill chunks shrink to its max_tokens; the largest batch
+ * must fit both. */
+static bool check_capacity(bm_state *s)
 {
+    const vk_engine_params *ep = &s->e->p;
+    if (s->max_b > ep->max_seqs || s->max_b > ep->max_tokens) {
+        fprintf(stderr, "vkinfer bench-model: a batch of %u sequences; this device's binding limit allows %u "
+                "tokens and %u sequences a step for this model (--tg-batches, --pp-batches)\n", s->max_b,
+                ep->max_tokens, ep->max_seqs);
+        return false;
+    }
+    if (s->chunk_budget > ep->max_tokens)
+        s->chunk_budget = ep->max_tokens;
     uint64_t need = (uint64_t)s->max_b * s->pages_per_seq;
     if (s->e->n_pages >= need)
         return true;
