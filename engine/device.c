@@ -1,5 +1,6 @@
 /* Instance, physical-device choice and feature detection, logical device, pipeline cache. */
 #include "engine/device.h"
+#include "engine/pool.h"
 
 #include <errno.h>
 #ifdef __linux__
@@ -829,6 +830,7 @@ vki_status vkd_open(const vki_device_params *p, vkd_device **out)
     }
     if (st == VKI_OK) {
         d->gemv_max_m = p->gemv_max_m;
+        d->load_threads = p->load_threads ? p->load_threads : vk_cores(VK_POOL_MAX_THREADS);
         st = vkd_coopmat_select(d, p->coopmat);
     }
     if (st == VKI_OK)

@@ -102,6 +102,9 @@ struct vkd_device {
     bool staging_busy[VKD_STAGING_SLOTS]; /* submitted, not yet waited for */
     uint32_t staging_next;                /* the slot the next chunk goes through */
     bool staging_stream;                  /* vkd_staging_stream: uploads return with copies in flight */
+    uint32_t load_threads;                /* threads that fill staging slots while streaming (the
+                                             caller included; vki_device_params.load_threads) */
+    struct vk_pool *load_pool;            /* their workers, while streaming (NULL: the caller alone) */
 
     VkPipelineCache pipeline_cache;
     char pipeline_cache_path[512];
@@ -213,13 +216,15 @@ vki_status vkd_upload(vkd_device *d, vkd_buffer *dst, VkDeviceSize off, const vo
 /* The same with the bytes written by fill(ctx, at, out, n): bytes [at, at + n) of the upload
  * into out (a staging slot, or dst's mapping), in chunks of whole units of `unit` bytes
  * (n_bytes a multiple of unit, unit <= a staging slot): how weights are repacked on their way
- * to the device without a host copy of their own. */
+ * to the device without a host copy of their own. While streaming with load_threads > 1, fill
+ * runs on several threads at once over disjoint runs of whole units, in any order. */
 typedef void (*vkd_fill_fn)(void *ctx, uint64_t at, void *out, uint64_t n);
 vki_status vkd_upload_fill(vkd_device *d, vkd_buffer *dst, VkDeviceSize off, uint64_t n_bytes, uint64_t unit,
                            vkd_fill_fn fill, void *ctx);
 /* Streaming (a model's load): while on, uploads return with their last copies in flight (the
  * source may be reused at once: it was copied into staging), so the next upload's fill overlaps
- * them. Off: waits for them. vkd_staging_flush waits too and says whether they all went through
+ * them, and the fills run on load_threads threads (workers started here, stopped at off). Off:
+ * waits for them. vkd_staging_flush waits too and says whether they all went through
  * (a lost device shows here); every other staging transfer and vkd_buffer_destroy flush first. */
 void vkd_staging_stream(vkd_device *d, bool on);
 vki_status vkd_staging_flush(vkd_device *d);

@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "engine/memory_internal.h"
+#include "engine/pool.h"
 
 #define DEVICE_BLOCK_BYTES ((VkDeviceSize)256 << 20)
 
@@ -343,6 +344,7 @@ vki_status vkd_memory_init(vkd_device *d, VkDeviceSize staging_bytes)
 void vkd_memory_shutdown(vkd_device *d)
 {
     (void)vkd_staging_flush(d);
+    vkd_staging_stream(d, false);
     vkd_buffer_destroy(d, d->staging);
     d->staging = NULL;
     for (uint32_t i = 0; i < VKD_STAGING_SLOTS; i++)
@@ -379,7 +381,16 @@ vki_status vkd_staging_flush(vkd_device *d)
     return st;
 }
 
-void vkd_staging_stream(vkd_device *d, bool on) { d->staging_stream = on; }
+void vkd_staging_stream(vkd_device *d, bool on)
+{
+    d->staging_stream = on;
+    if (on && !d->load_pool)
+        d->load_pool = vk_pool_create(d->load_threads); /* NULL: the fills run on the caller */
+    if (!on) {
+        vk_pool_destroy(d->load_pool);
+        d->load_pool = NULL;
+    }
+}
 
 /* Records one transfer through slot i (whose previous one was waited for) and submits it. */
 static vki_status slot_submit(vkd_device *d, uint32_t i, xfer_dir dir, VkBuffer buf, VkDeviceSize off,
@@ -435,13 +446,44 @@ static bool in_bounds(const vkd_buffer *b, VkDeviceSize off, VkDeviceSize n)
     return off <= b->size && n <= b->size - off;
 }
 
+/* One fill split into parts of whole units for the load pool's threads. */
+typedef struct fill_job {
+    vkd_fill_fn fill;
+    void *ctx;
+    uint64_t at, units, unit; /* the upload's bytes [at, at + units * unit) ... */
+    char *out;                /* ... go here */
+    uint32_t parts;
+} fill_job;
+
+static void fill_part(void *ctx, uint32_t i)
+{
+    const fill_job *j = ctx;
+    uint64_t u0 = j->units * i / j->parts, u1 = j->units * (i + 1) / j->parts;
+    if (u1 > u0)
+        j->fill(j->ctx, j->at + u0 * j->unit, j->out + u0 * j->unit, (u1 - u0) * j->unit);
+}
+
+/* Parts below this many bytes are not worth a thread's wake-up (a few microseconds). */
+#define FILL_PART_MIN (256u << 10)
+
+/* fill(ctx, at, out, n), split over the load pool's threads while streaming. */
+static void fill_chunk(vkd_device *d, vkd_fill_fn fill, void *ctx, uint64_t at, char *out, uint64_t n,
+                       uint64_t unit)
+{
+    fill_job j = {.fill = fill, .ctx = ctx, .at = at, .units = n / unit, .unit = unit, .out = out};
+    uint64_t parts = n / FILL_PART_MIN, threads = vk_pool_threads(d->load_pool);
+    parts = parts > threads ? threads : parts;
+    j.parts = (uint32_t)(parts > j.units ? j.units : parts ? parts : 1);
+    vk_pool_run(d->load_pool, j.parts, fill_part, &j);
+}
+
 vki_status vkd_upload_fill(vkd_device *d, vkd_buffer *dst, VkDeviceSize off, uint64_t n_bytes, uint64_t unit,
                            vkd_fill_fn fill, void *ctx)
 {
     if (!in_bounds(dst, off, n_bytes) || !unit || n_bytes % unit || unit > slot_bytes(d))
         return VKI_ERR_INVALID_ARG;
     if (dst->mapped) {
-        fill(ctx, 0, (char *)dst->mapped + off, n_bytes);
+        fill_chunk(d, fill, ctx, 0, (char *)dst->mapped + off, n_bytes, unit);
         return VKI_OK;
     }
     /* chunks alternate between the slots: this chunk's fill overlaps the copy of the last */
@@ -453,7 +495,7 @@ vki_status vkd_upload_fill(vkd_device *d, vkd_buffer *dst, VkDeviceSize off, uin
         d->staging_next = (i + 1) % VKD_STAGING_SLOTS;
         if ((st = slot_wait(d, i)) != VKI_OK)
             break;
-        fill(ctx, done, slot_mem(d, i), m);
+        fill_chunk(d, fill, ctx, done, slot_mem(d, i), m, unit);
         st = slot_submit(d, i, XFER_UP, dst->buf, off + done, m, 0);
     }
     if (st == VKI_OK && !d->staging_stream)

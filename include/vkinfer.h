@@ -262,6 +262,9 @@ typedef struct vki_device_params {
      * of additions. An unknown key, a bad value or GEMM settings this device cannot run fail the
      * open (VKI_ERR_INVALID_ARG, the item named). */
     const char *kernel_config;
+    /* Threads that copy (and repack) weights into the staging buffers while a model loads, the
+     * loading thread included; at most 8 (more counts as 8). 0: one per core, up to 8. */
+    uint32_t load_threads;
 } vki_device_params;
 
 VKI_API vki_device_params vki_device_default_params(void);

@@ -3,8 +3,10 @@
 #include "support/vt.h"
 
 #include "engine/ops_matmul.h"
+#include "engine/pool.h"
 
 #include <dlfcn.h>
+#include <stdatomic.h>
 #include <link.h>
 #include <stdlib.h>
 #include <string.h>
@@ -92,44 +94,64 @@ static void test_staging_chunks(void **state)
 }
 
 /* The fill callback of vkd_upload_fill: unit-sized records, each its index in the upload
- * written into every word (so a record in the wrong place shows). */
+ * written into every word (so a record in the wrong place shows). Called from several threads
+ * at once while streaming with load threads: the log is atomic, and `ordered` (each call starts
+ * where the one before ended) holds only for one thread. */
 typedef struct fill_log {
-    uint32_t unit, calls;
-    uint64_t last_end;
-    bool ordered;
+    uint32_t unit;
+    atomic_uint calls;
+    atomic_bool whole, ordered; /* every call of whole units; in order */
+    atomic_uint_fast64_t last_end, bytes;
 } fill_log;
+
+static void fill_log_init(fill_log *f, uint32_t unit)
+{
+    f->unit = unit;
+    atomic_init(&f->calls, 0);
+    atomic_init(&f->whole, true);
+    atomic_init(&f->ordered, true);
+    atomic_init(&f->last_end, 0);
+    atomic_init(&f->bytes, 0);
+}
 
 static void fill_records(void *ctx, uint64_t at, void *out, uint64_t n)
 {
     fill_log *f = ctx;
-    f->ordered &= at == f->last_end && at % f->unit == 0 && n % f->unit == 0;
-    f->last_end = at + n;
-    f->calls++;
+    if (at % f->unit || n % f->unit || !n)
+        atomic_store(&f->whole, false);
+    if (atomic_exchange(&f->last_end, at + n) != at)
+        atomic_store(&f->ordered, false);
+    atomic_fetch_add(&f->calls, 1);
+    atomic_fetch_add(&f->bytes, n);
     for (uint64_t i = 0; i < n / 4; i++)
         ((uint32_t *)out)[i] = (uint32_t)((at + 4 * i) / f->unit) * 2654435761u;
 }
 
-/* Uploads while streaming (a model's load): chunks of whole units alternate between the two
- * staging slots and return with copies in flight; a buffer destroyed then, a download, a fill
- * and the flush all wait for them; every byte lands where it belongs. */
-static void test_staging_stream(void **state)
+static void staging_stream_with(vt_gpu *g)
 {
-    vt_gpu *g = vt_gpu_get(state);
     const uint32_t unit = 3 * 4096 + 4; /* does not divide a slot: chunks end short of it */
     const uint64_t n = 2 * g->dev->staging->size / unit * unit + 5 * unit; /* 4 chunks and more */
+    const uint32_t threads = g->dev->load_threads;
     vkd_buffer *b[3];
     for (int i = 0; i < 3; i++)
         assert_int_equal(vkd_buffer_create(g->dev, n, VKD_MEM_DEVICE, "stream", &b[i]), VKI_OK);
     vkd_staging_stream(g->dev, true);
+    assert_int_equal(vk_pool_threads(g->dev->load_pool), threads);
     fill_log f[3];
     for (int i = 0; i < 3; i++) {
-        f[i] = (fill_log){.unit = unit, .ordered = true};
+        fill_log_init(&f[i], unit);
         assert_int_equal(vkd_upload_fill(g->dev, b[i], 0, n, unit, fill_records, &f[i]), VKI_OK);
-        assert_true(f[i].ordered && f[i].last_end == n && f[i].calls >= 4);
+        assert_true(atomic_load(&f[i].whole));
+        assert_int_equal(atomic_load(&f[i].bytes), n); /* every byte once: no run twice, none lost */
+        if (threads == 1)
+            assert_true(atomic_load(&f[i].ordered) && atomic_load(&f[i].calls) == 5);
+        else /* 4 full chunks in three runs each, the fifth too short to split */
+            assert_int_equal(atomic_load(&f[i].calls), 4 * threads + 1);
     }
     vkd_buffer_destroy(g->dev, b[2]); /* its copies may still run: destroy waits */
     uint32_t *back = malloc(n), *want = malloc(n);
-    fill_log w = {.unit = unit, .ordered = true};
+    fill_log w;
+    fill_log_init(&w, unit);
     fill_records(&w, 0, want, n);
     assert_int_equal(vkd_download(g->dev, b[0], 0, back, n), VKI_OK);
     assert_memory_equal(back, want, n);
@@ -148,7 +170,63 @@ static void test_staging_stream(void **state)
     vkd_buffer_destroy(g->dev, b[0]);
     vkd_buffer_destroy(g->dev, b[1]);
     free(back), free(want);
+}
+
+/* Uploads while streaming (a model's load): chunks of whole units alternate between the two
+ * staging slots and return with copies in flight; a buffer destroyed then, a download, a fill
+ * and the flush all wait for them; every byte lands where it belongs. With one load thread the
+ * fills come in order, one per chunk; with three each chunk's fill is split into three runs of
+ * whole units on the pool's threads. */
+static void test_staging_stream(void **state)
+{
+    vt_gpu *g = vt_gpu_get(state);
+    uint32_t saved_threads = g->dev->load_threads;
+    for (uint32_t threads = 1; threads <= 3; threads += 2) {
+        g->dev->load_threads = threads;
+        staging_stream_with(g);
+    }
+    g->dev->load_threads = saved_threads;
     vt_assert_clean(g);
+}
+
+/* One job's parts for test_pool: each part counts its own runs. */
+typedef struct pool_job {
+    atomic_uint runs[1000];
+    atomic_uint calls;
+} pool_job;
+
+static void count_part(void *ctx, uint32_t part)
+{
+    pool_job *j = ctx;
+    atomic_fetch_add(&j->runs[part], 1);
+    atomic_fetch_add(&j->calls, 1);
+}
+
+/* The load threads' pool: every part of every job runs exactly once, on a pool and on none
+ * (NULL: the caller alone), jobs of 0, 1, a few and many parts one after another. */
+static void test_pool(void **state)
+{
+    (void)state;
+    assert_null(vk_pool_create(1));
+    vk_pool *p = vk_pool_create(4);
+    assert_non_null(p);
+    assert_int_equal(vk_pool_threads(p), 4);
+    assert_int_equal(vk_pool_threads(NULL), 1);
+    static const uint32_t parts[] = {0, 1, 3, 1000, 2, 999, 4};
+    static pool_job j;
+    for (int with_pool = 0; with_pool < 2; with_pool++)
+        for (size_t k = 0; k < sizeof parts / sizeof parts[0]; k++) {
+            for (uint32_t i = 0; i < 1000; i++)
+                atomic_init(&j.runs[i], 0);
+            atomic_init(&j.calls, 0);
+            vk_pool_run(with_pool ? p : NULL, parts[k], count_part, &j);
+            assert_int_equal(atomic_load(&j.calls), parts[k]);
+            for (uint32_t i = 0; i < 1000; i++)
+                assert_int_equal(atomic_load(&j.runs[i]), i < parts[k]);
+        }
+    vk_pool_destroy(p);
+    vk_pool_destroy(NULL);
+    assert_true(vk_cores(8) >= 1 && vk_cores(8) <= 8 && vk_cores(1) == 1);
 }
 
 /* Oversized allocations fail with a status, not a crash. */
@@ -512,6 +590,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_suballocator_roundtrip),
         cmocka_unit_test(test_staging_chunks),
         cmocka_unit_test(test_staging_stream),
+        cmocka_unit_test(test_pool),
         cmocka_unit_test(test_oom_is_a_status),
         cmocka_unit_test(test_add_kernel),
         cmocka_unit_test(test_deferred_pipelines),

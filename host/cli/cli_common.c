@@ -145,7 +145,7 @@ int cli_engine_opt(int argc, char **argv, int *i, cli_engine_opts *o)
                                              "--kv-fraction", "--page-size", "--max-seqs", "--max-tokens", "--ctx",
                                              "--profile", "--capture-steps", "--device-memory",
                                              "--max-attention-window", "-c", "--ctx-size", "-ngl", "--kernel-config",
-                                             "--n-gpu-layers", "--gpu-layers", "-t", "--threads"};
+                                             "--n-gpu-layers", "--gpu-layers", "-t", "--threads", "--load-threads"};
     int r = cli_value_opt(cmd, argc, argv, i, with_value, sizeof with_value / sizeof with_value[0], NULL, &v);
     if (r <= 0)
         return r;
@@ -169,6 +169,10 @@ int cli_engine_opt(int argc, char **argv, int *i, cli_engine_opts *o)
         cli_device_choice(v, &o->p.device);
     } else if (!strcmp(a, "--kernel-config")) {
         o->p.device.kernel_config = v; /* checked when the device opens */
+    } else if (!strcmp(a, "--load-threads")) {
+        if (!cli_parse_u64(cmd, a, v, 1, 8, &u))
+            return -1;
+        o->p.device.load_threads = (uint32_t)u;
     } else if (!strcmp(a, "--kv-type")) {
         if (strcmp(v, "f16") && strcmp(v, "f32") && strcmp(v, "q8_0")) {
             fprintf(stderr, "vkinfer %s: --kv-type is f16, f32 or q8_0, got '%s'\n", cmd, v);
@@ -242,6 +246,8 @@ void cli_engine_opts_help(FILE *f)
             "  --profile FILE          GPU time of every dispatch as a Chrome trace (chrome://tracing),\n"
             "                          and a table of the top ops by GPU time at the end\n"
             "  --capture-steps A[-B]   under RenderDoc (renderdoccmd capture ...), capture steps A..B\n"
+            "  --load-threads N        threads copying weights to the device at load (one per\n"
+            "                          core, up to 8)\n"
             "  --no-progress           no loading progress bar\n"
             "  --no-warmup             skip the warm-up steps at load (which compile the kernels on\n"
             "                          devices that compile on first use, e.g. lavapipe)\n"
