@@ -138,7 +138,11 @@ static vki_status create_scratch(vk_engine *e)
     /* the decode splits' merge counters (both layer kinds have the same heads) and those of the
      * matrix-vector epilogues: zero once here, every dispatch leaves them zero */
     uint64_t mb = op_attn_merge_bytes(&e->attn[0], e->in.max_info);
-    VkDeviceSize cnt_bytes = 4 * (hp->d_ff >= 64 ? hp->d_ff / 32 : 1); /* [0] and [d_ff / 32] */
+    /* [0], [d_ff / 32] (gate|up's blocks) and Q's and K's head norms ([n_head], then [n_head_kv]
+     * at the next storage offset alignment) */
+    VkDeviceSize cnt_bytes = 4 * (hp->d_ff >= 64 ? hp->d_ff / 32 : 1);
+    VkDeviceSize heads = 4ull * (hp->n_head + hp->n_head_kv) + e->dev->info.min_storage_buffer_offset_alignment;
+    cnt_bytes = cnt_bytes > heads ? cnt_bytes : heads;
     if ((st = make_buf(e, mb, "attn merge counters", &s->attn_cnt)) ||
         (st = vkd_fill(e->dev, s->attn_cnt, 0, s->attn_cnt->size, 0)) ||
         (st = make_buf(e, cnt_bytes, "matmul counters", &s->mm_cnt)) ||

@@ -187,6 +187,42 @@ static vki_status block_norm(vk_engine *e, const vk_tensor *w, uint32_t T, bool 
     return VKI_OK;
 }
 
+/* The byte offset of K's head-norm counters in s->mm_cnt, after Q's (Q's and K's projections
+ * run in one stage, so their counters are apart), at the device's storage offset alignment. */
+static uint64_t k_norm_counters(const vk_engine *e)
+{
+    uint64_t a = e->dev->info.min_storage_buffer_offset_alignment ? e->dev->info.min_storage_buffer_offset_alignment
+                                                                   : 4;
+    return (4ull * e->model.hp.n_head + a - 1) / a * a;
+}
+
+/* Whether a step of one token normalises Q's and K's heads in their projections' last
+ * workgroups (op_matmul_head_norm) instead of two norm dispatches and a barrier after them. */
+static bool head_norms_fused(const vk_engine *e, const vk_layer *L, uint32_t T)
+{
+    const model_hparams *hp = &e->model.hp;
+    return T == 1 && hp->qk_norm && !e->p.no_fusion && !L->wqkv.n_parts && !L->bq.n_parts && !L->bk.n_parts &&
+           op_matmul_head_norm_fits(e->dev, &L->wq, hp->head_dim) &&
+           op_matmul_head_norm_fits(e->dev, &L->wk, hp->head_dim) &&
+           k_norm_counters(e) + 4ull * hp->n_head_kv <= e->s.mm_cnt->size;
+}
+
+/* The Q or K projection of one token, its heads normalised by nw in its epilogue (its counters
+ * from byte cnt0 of s->mm_cnt on). */
+static vki_status mm_head_norm(vk_engine *e, const vk_tensor *w, vkd_view y, const vk_tensor *nw, uint64_t cnt0)
+{
+    const model_hparams *hp = &e->model.hp;
+    vk_scratch *s = &e->s;
+    const uint32_t N = (uint32_t)w->n_rows;
+    op_mm_head_norm n = {vkd_whole(nw->parts[0].buf), {s->mm_cnt, cnt0, 4ull * (N / hp->head_dim)}, hp->rms_eps,
+                         hp->head_dim};
+    if (use_i8(e, w, 1)) {
+        op_mm_i8 o = {.head_norm = &n};
+        return op_matmul_i8(e->cmd, w, vkd_whole(s->xq), y, N, 1, &o);
+    }
+    return op_matmul_head_norm(e->cmd, w, vkd_whole(s->h), y, &n);
+}
+
 /* q, k, v projections into the scratch; *q, *k, *v are where each landed. A layer whose Q|K(|V)
  * are one matrix (phi3's attn_qkv, or concatenated at load) writes one [T][q | k (| v)] matrix,
  * sliced by offsets; v comes from its own matrix where its type differed. */
@@ -208,6 +244,12 @@ static vki_status project_qkv(vk_engine *e, const vk_layer *L, uint32_t T, op_ma
             *v = (op_mat){vkd_whole(s->q), qd + kvd, w};
             return VKI_OK;
         }
+    } else if (head_norms_fused(e, L, T)) { /* decode of qwen3, gemma3: the norms ride along */
+        *q = op_mat_rows(s->q, qd), *k = op_mat_rows(s->k, kvd);
+        vkd_role(e->cmd, "attn_q_normed");
+        TRY(mm_head_norm(e, &L->wq, vkd_whole(s->q), &L->q_norm, 0));
+        vkd_role(e->cmd, "attn_k_normed");
+        TRY(mm_head_norm(e, &L->wk, vkd_whole(s->k), &L->k_norm, k_norm_counters(e)));
     } else {
         *q = op_mat_rows(s->q, qd), *k = op_mat_rows(s->k, kvd);
         vkd_role(e->cmd, "attn_q");
@@ -238,7 +280,7 @@ static vki_status record_attention_block(vk_engine *e, uint32_t il, uint32_t T, 
     }
     TRY(project_qkv(e, L, T, &q, &k, &v));
     vkd_barrier(c);
-    if (hp->qk_norm) { /* rows of head_dim: q and k are unfused here, so rows are hd apart */
+    if (hp->qk_norm && !head_norms_fused(e, L, T)) { /* rows of head_dim: q and k are unfused here */
         vkd_role(c, "attn_qk_norm");
         TRY(norm_rows(e, (op_mat){q.v, 0, hp->head_dim}, &L->q_norm, T * hp->n_head, hp->head_dim));
         TRY(norm_rows(e, (op_mat){k.v, 0, hp->head_dim}, &L->k_norm, T * hp->n_head_kv, hp->head_dim));

@@ -730,6 +730,46 @@ vki_status op_matmul_norm(vkd_cmd *c, const vk_tensor *w, vkd_view x, vkd_view y
     return matmul_part(c, t->matvec, spec, spec[1], 1, bind, pc, n, NULL);
 }
 
+bool op_matmul_head_norm_fits(const vkd_device *d, const vk_tensor *w, uint32_t head_dim)
+{
+    uint32_t spec[VKK_MAX_SPEC];
+    matvec_spec(d, 1, spec); /* the rows per workgroup (NR) must not straddle two heads */
+    return op_matmul_norm_fits(d, w) && head_dim && w->n_rows % head_dim == 0 && head_dim % spec[1] == 0;
+}
+
+/* The head norm's views (bound where matmul_part binds the residual norm's: weight 4, counter 6;
+ * H and HQ to Y, unused), and whether they hold what N columns need. */
+static bool head_norm_ok(const vkd_device *d, const vk_tensor *w, const op_mm_head_norm *n, vkd_view y,
+                         op_mm_norm *as)
+{
+    uint64_t hd = n->head_dim;
+    *as = (op_mm_norm){n->weight, y, n->counter, n->eps, .xq = {0}};
+    return op_matmul_head_norm_fits(d, w, n->head_dim) && view_holds(&n->weight, 1, hd, hd, 4) &&
+           view_holds(&n->counter, 1, w->n_rows / hd, w->n_rows / hd, 4) && n->eps >= 0;
+}
+#define HEAD_NORM_MSG "the head norm needs op_matmul_head_norm_fits (one part in one dispatch, N a multiple of " \
+                      "head_dim, rows per workgroup dividing it), head_dim weights, N / head_dim counters, eps >= 0"
+
+vki_status op_matmul_head_norm(vkd_cmd *c, const vk_tensor *w, vkd_view x, vkd_view y, const op_mm_head_norm *n)
+{
+    vkd_device *d = c->d;
+    const mm_type *t;
+    const uint64_t K = w->ne0, N = w->n_rows;
+    vki_status st = check_mm(d, "matmul_head_norm", w, 1, N, &x, (uint32_t)K, &y, (uint32_t)N, &t);
+    if (st != VKI_OK)
+        return st;
+    op_mm_norm as;
+    if (!head_norm_ok(d, w, n, y, &as))
+        return bad_arg(d, "matmul_head_norm", w, HEAD_NORM_MSG);
+    uint32_t spec[VKK_MAX_SPEC];
+    matvec_spec(d, 1, spec);
+    vki_pc_matmul pc = {.M = 1, .N = (uint32_t)N, .K = (uint32_t)K, .x_stride = (uint32_t)K, .y_stride = (uint32_t)N,
+                        .w_stride = (uint32_t)w->row_bytes, .flags = VKI_MM_HEAD_NORM,
+                        .x_vec4 = x_vec4(&x, (uint32_t)K), .norm_eps = n->eps, .norm_cols = n->head_dim};
+    vkd_view bind[4] = {vkd_whole(w->parts[0].buf), x, x, y};
+    return matmul_part(c, t->matvec, spec, spec[1], 1, bind, pc, &as, NULL);
+}
+
 vki_status op_matmul(vkd_cmd *c, const vk_tensor *w, const vkd_view *bias, vkd_view x, uint32_t x_stride,
                      vkd_view y, uint32_t y_stride, uint32_t M)
 {
@@ -849,6 +889,11 @@ vki_status op_matmul_i8(vkd_cmd *c, const vk_tensor *w, vkd_view xq, vkd_view y,
     if (o->norm && (M != 1 || y_stride != N || !o->accumulate || !norm_fits(d, w, o->norm)))
         return bad_arg(d, "matmul_i8", w, "norm needs M = 1, accumulate, one part in one dispatch, N norm "
                        "weights and H floats, a counter, eps >= 0 (and for HQ N % 32 == 0 and its bytes)");
+    op_mm_norm head_as;
+    if (o->head_norm && (M != 1 || y_stride != N || o->accumulate || o->bias || o->glu || o->norm ||
+                         !head_norm_ok(d, w, o->head_norm, y, &head_as)))
+        return bad_arg(d, "matmul_i8", w, "head_norm needs M = 1, no accumulate, bias, glu or norm; " HEAD_NORM_MSG);
+    const op_mm_norm *norm = o->head_norm ? &head_as : o->norm;
     uint32_t spec[VKK_MAX_SPEC];
     mv_spec(d, M, o->glu, spec);
     if (vkk_groups(M, matvec_rows_per_group(spec)) > d->info.max_workgroup_count[1])
@@ -856,12 +901,13 @@ vki_status op_matmul_i8(vkd_cmd *c, const vk_tensor *w, vkd_view xq, vkd_view y,
     vki_pc_matmul pc = {.M = M, .N = N, .K = K, .y_stride = y_stride, .w_stride = (uint32_t)w->row_bytes,
                         .flags = (o->bias ? VKI_MM_BIAS : 0u) | (o->accumulate ? VKI_MM_ACCUM : 0u) |
                                  (o->glu && o->act == VKI_GLU_GELU_TANH ? VKI_MM_GELU : 0u) |
-                                 norm_flags(o->norm) | (o->glu_xq ? VKI_MM_GLU_XQ : 0u),
-                        .norm_eps = o->norm ? o->norm->eps : 0.0f};
-    if (o->glu || o->norm) { /* one part */
+                                 norm_flags(o->norm) | (o->glu_xq ? VKI_MM_GLU_XQ : 0u) |
+                                 (o->head_norm ? VKI_MM_HEAD_NORM : 0u),
+                        .norm_eps = norm ? norm->eps : 0.0f, .norm_cols = o->head_norm ? o->head_norm->head_dim : 0};
+    if (o->glu || norm) { /* one part */
         vkd_view bind[4] = {vkd_whole(w->parts[0].buf), xq, xq, y};
         return matmul_part(c, kid, spec, o->glu ? spec[1] / 2 : spec[1], matvec_rows_per_group(spec), bind, pc,
-                           o->norm, o->glu_xq);
+                           norm, o->glu_xq);
     }
     return parts_dispatch(c, w, kid, spec, spec[1], matvec_rows_per_group(spec), xq, o->bias, y, pc);
 }

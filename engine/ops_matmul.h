@@ -114,6 +114,23 @@ typedef struct op_mm_norm {
 bool op_matmul_norm_fits(const vkd_device *d, const vk_tensor *w);
 vki_status op_matmul_norm(vkd_cmd *c, const vk_tensor *w, vkd_view x, vkd_view y, const op_mm_norm *n);
 
+/* The projection of one token that also normalises each head of its output in place (qwen3's
+ * and gemma3's per-head Q and K norms, decode at batch 1): Y = x W^T, then for every slice of
+ * head_dim columns
+ *   Y[n] = Y[n] / sqrt(mean(slice^2) + eps) * weight[n % head_dim]
+ * written by the last matrix-vector workgroup of that slice, bit for bit op_rmsnorm over rows of
+ * head_dim (shaders/norm_common.glsl), without the norm's dispatch and the barrier before it.
+ * x: f32[K], y: f32[N], weight: f32[head_dim], counter: N / head_dim u32, zero when created and
+ * left zero by every dispatch (two such products in one stage need counters apart). Needs
+ * op_matmul_head_norm_fits(). */
+typedef struct op_mm_head_norm {
+    vkd_view weight, counter;
+    float eps;
+    uint32_t head_dim;
+} op_mm_head_norm;
+bool op_matmul_head_norm_fits(const vkd_device *d, const vk_tensor *w, uint32_t head_dim);
+vki_status op_matmul_head_norm(vkd_cmd *c, const vk_tensor *w, vkd_view x, vkd_view y, const op_mm_head_norm *n);
+
 /* The integer-dot matrix-vector path, for GPUs where the float path's per-weight conversions
  * bound decode (issue 9; `bench-kernels` matvec_i8, the engine's vki_engine_params.int_dot): X
  * is quantised to int8 per block of 32 with an f32 scale (op_quant_x8), and each group of 4
@@ -126,7 +143,8 @@ vki_status op_matmul_norm(vkd_cmd *c, const vk_tensor *w, vkd_view x, vkd_view y
  *                 (M and K = w->ne0 those of its op_quant_x8: the scales follow all M rows'
  *                 bytes), the matrix-vector kernel's shape for M rows;
  *                 with o->glu the gate|up pass of op_matmul_glu (w: [gate | up], one part,
- *                 N = w->n_rows / 2), with o->norm op_matmul_norm's epilogue (M = 1, accumulate).
+ *                 N = w->n_rows / 2), with o->norm op_matmul_norm's epilogue (M = 1, accumulate),
+ *                 with o->head_norm op_matmul_head_norm's.
  * Weight types: every integer one (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K..Q6_K, IQ4_NL, IQ4_XS);
  * the device needs shaderIntegerDotProduct (Vulkan 1.3). VKI_ERR_UNSUPPORTED otherwise (op_matmul_i8_supported). */
 typedef struct op_mm_i8 {
@@ -136,6 +154,8 @@ typedef struct op_mm_i8 {
     uint32_t act;
     const op_mm_norm *norm; /* or NULL */
     const op_mm_glu_xq *glu_xq; /* with glu: its output also quantised (op_mm_glu_xq), or NULL */
+    const op_mm_head_norm *head_norm; /* op_matmul_head_norm's epilogue (M = 1, no bias, glu or
+                                         accumulate), or NULL */
 } op_mm_i8;
 uint64_t op_quant_x8_bytes(uint32_t M, uint32_t K);
 vki_status op_quant_x8(vkd_cmd *c, vkd_view x, uint32_t x_stride, uint32_t M, uint32_t K, vkd_view xq);

@@ -88,14 +88,16 @@ int dot8(uint a, uint b) { return vki_sdot4x8(int(a), int(b), 0); }
 layout(std430, binding = 1) readonly buffer X { float x[]; };    // f32[M, x_stride]
 layout(std430, binding = 1) readonly buffer X4 { vec4 x4[]; };   // same, when p.x_vec4 == 1
 #endif
-layout(std430, binding = 3) coherent buffer Y { float y[]; };    // f32[M, y_stride] (read: VKI_MM_ACCUM, VKI_MM_NORM)
+layout(std430, binding = 3) coherent buffer Y { float y[]; }; // f32[M, y_stride] (read: VKI_MM_ACCUM, the norms)
 #ifndef MM_ID
 // VKI_MM_NORM (M = 1, one part, one dispatch): after the product, the last workgroup to finish
 // normalises the whole Y row (the residual stream) into H, as rmsnorm.comp would (the next
-// block's input): no norm dispatch and no barrier before it.
-layout(std430, binding = 4) readonly buffer NW { float nw[]; };  // f32 [N] norm weight
+// block's input): no norm dispatch and no barrier before it. VKI_MM_HEAD_NORM: each head of Y
+// in place (head_norm_tail).
+layout(std430, binding = 4) readonly buffer NW { float nw[]; };  // f32 [N] norm weight (HEAD_NORM: [norm_cols])
 layout(std430, binding = 5) writeonly buffer NH { float nh[]; }; // f32 [N]: H
-layout(std430, binding = 6) coherent buffer NC { uint ncnt[]; }; // u32 [1] (GLU_XQ: [N / 32]), 0 between dispatches
+// u32 [1] (GLU_XQ: [N / 32], HEAD_NORM: [N / norm_cols]), 0 between dispatches
+layout(std430, binding = 6) coherent buffer NC { uint ncnt[]; };
 layout(std430, binding = 7) writeonly buffer NQ { uint nq[]; };   // VKI_MM_NORM_XQ: H (GLU_XQ: Y) as
 layout(std430, binding = 7) writeonly buffer NQD { float nqd[]; }; // quant_x8's int8 words, then scales
 #define NORM_SRC(i) y[i]
@@ -423,6 +425,20 @@ void norm_tail()
         XQ_STORE(nq, nqd, 1u, p.N, 0u, b, q, d);
     }
 }
+
+// The per-head norm epilogue (VKI_MM_HEAD_NORM, M = 1): the last workgroup to finish a slice of
+// norm_cols rows (NO divides norm_cols, so a workgroup's rows lie in one slice) normalises it in
+// place, with rmsnorm.comp's arithmetic (norm_common.glsl). In place is safe: the rewrite comes
+// after norm_inv's last barrier, and each element is read and rewritten by one invocation.
+void head_norm_tail(uint r0)
+{
+    const uint w = p.norm_cols, base = r0 - r0 % w;
+    if (!count_last(r0 / w, NO, w * gl_NumWorkGroups.y))
+        return;
+    float inv = norm_inv(base, w, p.norm_eps);
+    for (uint c = gl_LocalInvocationID.x; c < w; c += gl_WorkGroupSize.x)
+        y[base + c] = norm_apply(y[base + c], inv, nw[c]);
+}
 #endif
 
 void main()
@@ -448,6 +464,8 @@ void main()
 #ifndef MM_ID
     if ((p.flags & VKI_MM_NORM) != 0u)
         norm_tail();
+    if ((p.flags & VKI_MM_HEAD_NORM) != 0u)
+        head_norm_tail(p.n0 + gl_WorkGroupID.x * NO);
     if (GLU != 0u && (p.flags & VKI_MM_GLU_XQ) != 0u)
         glu_xq_tail(r0);
 #endif

@@ -158,6 +158,14 @@ VKI_STRUCT(vki_pc_copy) {
  * same bits), the down projection's integer-dot input; binding 6: u32[N / 32] counters, zero
  * between dispatches */
 #define VKI_MM_GLU_XQ 32u
+/* matvec, M = 1, one part in one dispatch (y_col0 = n0 = 0), N a multiple of norm_cols and NR
+ * dividing norm_cols: after the product the last workgroup to finish each norm_cols-wide slice
+ * of Y (a head of qwen3's or gemma3's Q or K) normalises it in place,
+ *   Y[n] = Y[n] / sqrt(mean(slice^2) + norm_eps) * nw[n % norm_cols],
+ * as rmsnorm.comp does over rows of norm_cols (the same bits): no norm dispatch and no barrier
+ * before it. Bindings 4 nw (f32[norm_cols]), 6 counters (u32[N / norm_cols], zero between
+ * dispatches); 5 and 7 unused */
+#define VKI_MM_HEAD_NORM 64u
 VKI_STRUCT(vki_pc_matmul) {
     vki_u32 M, N, K;
     vki_u32 n0;       /* first weight row of this dispatch (splits huge N over dispatches) */
@@ -165,12 +173,14 @@ VKI_STRUCT(vki_pc_matmul) {
     vki_u32 x_stride; /* elements between X rows */
     vki_u32 y_stride; /* elements between Y rows */
     vki_u32 y_col0;   /* Y column (and bias index) of weight row 0 of this part */
-    vki_u32 flags;    /* VKI_MM_BIAS | VKI_MM_ACCUM | VKI_MM_GELU | VKI_MM_NORM | VKI_MM_NORM_XQ | VKI_MM_GLU_XQ */
+    vki_u32 flags;    /* VKI_MM_BIAS | VKI_MM_ACCUM | VKI_MM_GELU | VKI_MM_NORM | VKI_MM_NORM_XQ | VKI_MM_GLU_XQ |
+                       * VKI_MM_HEAD_NORM */
     vki_u32 x_vec4;   /* 1: X rows may be read as vec4 (x_stride % 4 == 0, binding 16-aligned) */
-    vki_f32 norm_eps; /* VKI_MM_NORM: the norm's epsilon */
+    vki_f32 norm_eps; /* VKI_MM_NORM, VKI_MM_HEAD_NORM: the norm's epsilon */
     vki_u32 k_split;  /* matmul_cm split-K: K per split (workgroup z), a multiple of its BK; each
                        * split writes its partial tile, the last of a tile's splits sums them in
                        * split order and runs the epilogue (bias, accumulate); 0: no split */
+    vki_u32 norm_cols; /* VKI_MM_HEAD_NORM: the width of the normalised slices (head_dim) */
 };
 
 /* matvec_id / matmul_id (mixture of experts; one weight part per dispatch): the weights are

@@ -636,9 +636,10 @@ static float *hidden_step(fixture *fx, const int32_t *prompt, uint32_t n, uint32
 /* int_dot (the integer-dot decode projections) on every weight type it runs: q8_0 with a tied
  * LM head, q4_0, qwen2's q4_k with Q/K/V biases, q6_k, a q4_k_m mix, a q3_k_m mix (q3_k to
  * q6_k), qwen2's iq4_xs (with iq4_nl where a row is no multiple of 256), q4_1, q5_0 (tied),
- * qwen2's q5_1 and q2_k. Three engines are fed the same tokens (the float
- * engine's greedy choices), two sequences, prefill then decode, the second stopping halfway (so
- * the last steps have one token: the norm epilogues quantise the next block's input):
+ * qwen2's q5_1, q2_k and qwen3's q4_k (its head norms in the Q and K projections' epilogues).
+ * Three engines are fed the same tokens (the float engine's greedy choices), two sequences,
+ * prefill then decode, the second stopping halfway (so the last steps have one token: the norm
+ * epilogues quantise the next block's input):
  *  - int_dot with the fusions and int_dot op by op (no_fusion: separate Q, K, V and gate, up,
  *    the residual through h and an add, a quant_x8 pass before every product) give the same
  *    logits bit for bit, as the float path's fusions do;
@@ -659,12 +660,14 @@ static void test_int_dot(void **state)
     static const size_t models[] = {2, 3, 4, 5, 6, 7, 8};
     /* and the types no other shape has alone: the legacy ones with offsets and fifth bits
      * (llama-quantize's Q4_1, Q5_0 and Q5_1 mixes, and the fallbacks of K mixes on rows of no
-     * multiple of 256), and Q2_K */
+     * multiple of 256), and Q2_K; and qwen3 */
     static const shape_case legacy[] = {
         {"q4_1", "llama", 256, 4, 2, 64, 512, SYNTH_Q4_1, false, VKI_GGML_F32, TOL_F32},
         {"q5_0_tied", "llama", 256, 4, 2, 64, 512, SYNTH_Q5_0, true, VKI_GGML_F32, TOL_F32},
         {"qwen2_q5_1", "qwen2", 256, 4, 1, 64, 320, SYNTH_Q5_1, false, VKI_GGML_F32, TOL_F32},
         {"q2_k", "llama", 256, 4, 2, 64, 512, SYNTH_Q2_K, false, VKI_GGML_F32, TOL_F32},
+        /* qwen3's per-head Q/K norms: in the Q and K projections' epilogues at one token */
+        {"qwen3_q4_k", "qwen3", 256, 4, 2, 128, 512, SYNTH_Q4_K, true, VKI_GGML_F32, TOL_F32},
     };
     const size_t n_models = sizeof models / sizeof models[0];
     double worst = 0;

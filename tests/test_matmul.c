@@ -1276,6 +1276,144 @@ static void test_norm_epilogue(void **state)
     vt_assert_clean(g);
 }
 
+/* The projection that normalises its heads (op_matmul_head_norm, and op_matmul_i8 with
+ * head_norm: qwen3's and gemma3's Q and K at batch 1): twice in a row (the counters must come
+ * back to zero), Y bit for bit what the product followed by op_rmsnorm over rows of head_dim
+ * gives, for every type (the integer ones on the integer-dot path too), 1 to 8 heads of 64 to
+ * 256 columns, on lavapipe's and NVIDIA's workgroup sizes; the float path also against a
+ * double-precision reference. */
+static double worst_head_norm;
+
+static void head_norm_case(vt_gpu *g, vt_rng *r, uint32_t type, uint32_t heads, uint32_t hd, uint32_t K, bool i8,
+                           double err[2])
+{
+    const uint32_t N = heads * hd;
+    float *wref = malloc((size_t)N * K * sizeof(float)), *x = malloc((size_t)K * 4), *nw = malloc((size_t)hd * 4);
+    uint8_t *raw = make_weights(r, type, N, K, wref);
+    vk_tensor t = upload_weights(g, type, N, K, raw, 1);
+    vt_fill_uniform(r, x, K, -1.0f, 1.0f);
+    vt_fill_uniform(r, nw, hd, 0.5f, 1.5f);
+    const float eps = 1e-6f;
+    vkd_buffer *bx = vt_buf_from(g, x, (size_t)K * 4, "x"), *bw = vt_buf_from(g, nw, (size_t)hd * 4, "head norm w");
+    vkd_buffer *by[2] = {vt_buf_nan(g, (size_t)N * 4, "y fused"), vt_buf_nan(g, (size_t)N * 4, "y apart")};
+    vkd_buffer *bq = vt_buf_nan(g, op_quant_x8_bytes(1, K), "xq");
+    /* the counters at an offset, as the engine's K projection gets them */
+    const uint32_t c0 = (uint32_t)g->dev->info.min_storage_buffer_offset_alignment / 4, nc = c0 + heads;
+    uint32_t *zeros = calloc(nc, 4);
+    vkd_buffer *bc = vt_buf_from(g, zeros, 4 * nc, "counters");
+    op_mm_head_norm n = {vkd_whole(bw), {bc, 4ull * c0, 4ull * heads}, eps, hd};
+    assert_true(op_matmul_head_norm_fits(g->dev, &t, hd));
+    vt_begin(g);
+    if (i8) {
+        assert_int_equal(op_quant_x8(&g->cmd, vkd_whole(bx), K, 1, K, vkd_whole(bq)), VKI_OK);
+        vkd_barrier(&g->cmd);
+    }
+    for (int rep = 0; rep < 2; rep++) {
+        if (i8) {
+            op_mm_i8 o = {.head_norm = &n};
+            assert_int_equal(op_matmul_i8(&g->cmd, &t, vkd_whole(bq), vkd_whole(by[0]), N, 1, &o), VKI_OK);
+            assert_int_equal(op_matmul_i8(&g->cmd, &t, vkd_whole(bq), vkd_whole(by[1]), N, 1, NULL), VKI_OK);
+        } else {
+            assert_int_equal(op_matmul_head_norm(&g->cmd, &t, vkd_whole(bx), vkd_whole(by[0]), &n), VKI_OK);
+            assert_int_equal(op_matmul_ex(&g->cmd, &t, NULL, vkd_whole(bx), K, vkd_whole(by[1]), N, 1, OP_MM_GEMV,
+                                          false),
+                             VKI_OK);
+        }
+        vkd_barrier(&g->cmd);
+        assert_int_equal(op_rmsnorm(&g->cmd, op_mat_rows(by[1], hd), vkd_whole(bw), op_mat_rows(by[1], hd), heads, hd,
+                                    eps),
+                         VKI_OK);
+        vkd_barrier(&g->cmd);
+    }
+    vt_submit_wait(g);
+    float *y[2] = {malloc((size_t)N * 4), malloc((size_t)N * 4)};
+    for (int i = 0; i < 2; i++)
+        vt_download(g, by[i], y[i], (size_t)N * 4);
+    if (memcmp(y[0], y[1], (size_t)N * 4))
+        fail_msg("head norm %s%s %ux%u K=%u: differs from the product and op_rmsnorm (NMSE %.3g)",
+                 quant_get(type)->name, i8 ? " (i8)" : "", heads, hd, K, vt_nmse(y[0], y[1], N));
+    vt_download(g, bc, zeros, 4 * nc);
+    for (uint32_t i = 0; i < nc; i++)
+        assert_int_equal(zeros[i], 0);
+    /* reference (float path): x W^T, each head normed in double; the error judged against the
+     * products' term magnitudes carried through the norm, as norm_case does */
+    for (uint32_t h = 0; !i8 && h < heads; h++) {
+        double yr[256], mag[256], ss = 0;
+        for (uint32_t c = 0; c < hd; c++) {
+            const float *wr = wref + (size_t)(h * hd + c) * K;
+            double a = 0, m = 0;
+            for (uint32_t k = 0; k < K; k++) {
+                a += (double)x[k] * wr[k];
+                m += fabs((double)x[k] * wr[k]);
+            }
+            yr[c] = a, mag[c] = m, ss += a * a;
+        }
+        double inv = 1.0 / sqrt(ss / hd + eps);
+        for (uint32_t c = 0; c < hd; c++) {
+            double ref = yr[c] * inv * nw[c], scale = mag[c] * inv * nw[c], e = y[0][h * hd + c] - ref;
+            err[0] += e * e;
+            err[1] += scale * scale;
+        }
+    }
+    vk_tensor_destroy(g->dev, &t);
+    vkd_buffer *all[] = {bx, bw, by[0], by[1], bq, bc};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
+        vkd_buffer_destroy(g->dev, all[i]);
+    free(wref), free(x), free(nw), free(raw), free(zeros), free(y[0]), free(y[1]);
+}
+
+static void test_head_norm_epilogue(void **state)
+{
+    vt_gpu *g = vt_gpu_get(state);
+    vt_rng r = vt_rng_seeded("head norm epilogue");
+    vki_device_info saved = g->dev->info;
+    static const uint32_t shapes[][2] = {{1, 64}, {3, 128}, {8, 128}, {2, 256}}; /* heads x head_dim */
+    for (int config = 0; config < 2; config++) {
+        if (config == 1) /* NVIDIA's matvec (128 x 4) and rmsnorm (256) workgroups */
+            as_nvidia(g, &saved);
+        for (size_t i = 0; i < vt_n_weight_types; i++) {
+            uint32_t type = vt_weight_types[i];
+            double err[2] = {0, 0};
+            for (uint32_t c = 0; c < 4; c++) {
+                uint32_t K = c == 3 ? big_k(type) : pick_k(&r, type, c + 3);
+                head_norm_case(g, &r, type, shapes[c][0], shapes[c][1], K, false, err);
+                if (op_matmul_i8_supported(g->dev, type) && K % 32 == 0)
+                    head_norm_case(g, &r, type, shapes[c][0], shapes[c][1], K, true, err);
+            }
+            double nmse = err[0] / (err[1] > 0 ? err[1] : 1);
+            if (!(nmse <= NORM_TOL))
+                fail_msg("head norm %s (config %d): NMSE %.3g > %.0e", quant_get(type)->name, config, nmse, NORM_TOL);
+            worst_head_norm = nmse > worst_head_norm ? nmse : worst_head_norm;
+        }
+        g->dev->info = saved;
+    }
+    fprintf(stderr, "  head norm epilogue: worst NMSE %.2e against double, bitwise equal to matmul + rmsnorm\n",
+            worst_head_norm);
+    /* refused: a head width the rows per workgroup do not divide, N no multiple of it, too few
+     * counters, and on the integer-dot path with accumulate */
+    vk_tensor t;
+    assert_int_equal(vk_tensor_create(g->dev, VKI_GGML_Q8_0, 64, 3 * 36, 0, "w", &t), VKI_OK);
+    assert_false(op_matmul_head_norm_fits(g->dev, &t, 36) && op_matmul_head_norm_fits(g->dev, &t, 35));
+    assert_false(op_matmul_head_norm_fits(g->dev, &t, 0));
+    vkd_buffer *b = vt_buf_nan(g, 4 * 4096, "b");
+    op_mm_head_norm n = {vkd_whole(b), {b, 0, 4}, 1e-5f, 36};
+    vt_begin(g);
+    assert_int_equal(op_matmul_head_norm(&g->cmd, &t, vkd_whole(b), vkd_whole(b), &n), VKI_ERR_INVALID_ARG);
+    vk_tensor_destroy(g->dev, &t);
+    assert_int_equal(vk_tensor_create(g->dev, VKI_GGML_Q8_0, 64, 2 * 64, 0, "w", &t), VKI_OK);
+    n.head_dim = 64;
+    assert_int_equal(op_matmul_head_norm(&g->cmd, &t, vkd_whole(b), vkd_whole(b), &n), VKI_ERR_INVALID_ARG);
+    n.counter.range = 8; /* two heads' counters: now it fits */
+    if (op_matmul_i8_supported(g->dev, VKI_GGML_Q8_0)) {
+        op_mm_i8 o = {.head_norm = &n, .accumulate = true};
+        assert_int_equal(op_matmul_i8(&g->cmd, &t, vkd_whole(b), vkd_whole(b), 128, 1, &o), VKI_ERR_INVALID_ARG);
+    }
+    vt_submit_wait(g);
+    vk_tensor_destroy(g->dev, &t);
+    vkd_buffer_destroy(g->dev, b);
+    vt_assert_clean(g);
+}
+
 /* Shapes and views that do not fit are refused with a status and record nothing. */
 /* The integer-dot matrix-vector path (op_quant_x8, then op_matmul_i8) for each of its weight
  * types, on lavapipe's and NVIDIA's matvec shapes, M = 1 .. 19 (chunks and rows along y), with
@@ -1604,6 +1742,7 @@ int main(void)
         cmocka_unit_test_teardown(test_matvec_overrides, matvec_overrides_reset),
         cmocka_unit_test_teardown(test_matvec_units, matvec_overrides_reset),
         cmocka_unit_test(test_norm_epilogue),
+        cmocka_unit_test(test_head_norm_epilogue),
         cmocka_unit_test(test_matvec_i8),
         cmocka_unit_test(test_bad_args),
     };
