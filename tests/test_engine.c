@@ -593,7 +593,9 @@ static void test_fusion_bitwise(void **state)
     write_model(qw, path, sizeof path);
     fusion_case(g, path, VKI_GGML_F32, "qwen2 q4_k + biases");
     unlink(path);
-    static const size_t archs[] = {0, 1, 3}; /* qwen3 (q/k norms: apart), gemma2 (post-norms), phi3 */
+    /* qwen3 (Q/K norms: in the projections at one token), gemma2 (post-norms), gemma3 (Q/K norms
+     * of 256), phi3 */
+    static const size_t archs[] = {0, 1, 2, 3};
     for (size_t i = 0; i < sizeof archs / sizeof archs[0]; i++) {
         write_arch_model(&ARCH_CASES[archs[i]], path, sizeof path);
         fusion_case(g, path, VKI_GGML_F32, ARCH_CASES[archs[i]].label);
