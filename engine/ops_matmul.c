@@ -710,6 +710,20 @@ bool op_matmul_norm_fits(const vkd_device *d, const vk_tensor *w)
            VKI_NORM_LANES % spec[0] == 0 && spec[0] % sg == 0;
 }
 
+/* The float matrix-vector product of one token with a norm epilogue (flags: the residual norm's
+ * or the heads'), its views checked by the caller. */
+static vki_status matvec_normed(vkd_cmd *c, const vk_tensor *w, const mm_type *t, vkd_view x, vkd_view y,
+                                uint32_t flags, const op_mm_norm *n, uint32_t norm_cols)
+{
+    const uint32_t K = (uint32_t)w->ne0, N = (uint32_t)w->n_rows;
+    uint32_t spec[VKK_MAX_SPEC];
+    matvec_spec(c->d, 1, spec);
+    vki_pc_matmul pc = {.M = 1, .N = N, .K = K, .x_stride = K, .y_stride = N, .w_stride = (uint32_t)w->row_bytes,
+                        .flags = flags, .x_vec4 = x_vec4(&x, K), .norm_eps = n->eps, .norm_cols = norm_cols};
+    vkd_view bind[4] = {vkd_whole(w->parts[0].buf), x, x, y};
+    return matmul_part(c, t->matvec, spec, spec[1], 1, bind, pc, n, NULL);
+}
+
 vki_status op_matmul_norm(vkd_cmd *c, const vk_tensor *w, vkd_view x, vkd_view y, const op_mm_norm *n)
 {
     vkd_device *d = c->d;
@@ -721,13 +735,7 @@ vki_status op_matmul_norm(vkd_cmd *c, const vk_tensor *w, vkd_view x, vkd_view y
     if (!norm_fits(d, w, n))
         return bad_arg(d, "matmul_norm", w, "needs one part in one dispatch, N norm weights and H floats, a "
                        "counter, eps >= 0 (and for HQ N % 32 == 0 and its bytes)");
-    uint32_t spec[VKK_MAX_SPEC];
-    matvec_spec(d, 1, spec);
-    vki_pc_matmul pc = {.M = 1, .N = (uint32_t)N, .K = (uint32_t)K, .x_stride = (uint32_t)K, .y_stride = (uint32_t)N,
-                        .w_stride = (uint32_t)w->row_bytes, .flags = VKI_MM_ACCUM | norm_flags(n),
-                        .x_vec4 = x_vec4(&x, (uint32_t)K), .norm_eps = n->eps};
-    vkd_view bind[4] = {vkd_whole(w->parts[0].buf), x, x, y};
-    return matmul_part(c, t->matvec, spec, spec[1], 1, bind, pc, n, NULL);
+    return matvec_normed(c, w, t, x, y, VKI_MM_ACCUM | norm_flags(n), n, 0);
 }
 
 bool op_matmul_head_norm_fits(const vkd_device *d, const vk_tensor *w, uint32_t head_dim)
@@ -761,13 +769,7 @@ vki_status op_matmul_head_norm(vkd_cmd *c, const vk_tensor *w, vkd_view x, vkd_v
     op_mm_norm as;
     if (!head_norm_ok(d, w, n, y, &as))
         return bad_arg(d, "matmul_head_norm", w, HEAD_NORM_MSG);
-    uint32_t spec[VKK_MAX_SPEC];
-    matvec_spec(d, 1, spec);
-    vki_pc_matmul pc = {.M = 1, .N = (uint32_t)N, .K = (uint32_t)K, .x_stride = (uint32_t)K, .y_stride = (uint32_t)N,
-                        .w_stride = (uint32_t)w->row_bytes, .flags = VKI_MM_HEAD_NORM,
-                        .x_vec4 = x_vec4(&x, (uint32_t)K), .norm_eps = n->eps, .norm_cols = n->head_dim};
-    vkd_view bind[4] = {vkd_whole(w->parts[0].buf), x, x, y};
-    return matmul_part(c, t->matvec, spec, spec[1], 1, bind, pc, &as, NULL);
+    return matvec_normed(c, w, t, x, y, VKI_MM_HEAD_NORM, &as, n->head_dim);
 }
 
 vki_status op_matmul(vkd_cmd *c, const vk_tensor *w, const vkd_view *bias, vkd_view x, uint32_t x_stride,
