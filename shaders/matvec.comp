@@ -88,7 +88,7 @@ int dot8(uint a, uint b) { return vki_sdot4x8(int(a), int(b), 0); }
 layout(std430, binding = 1) readonly buffer X { float x[]; };    // f32[M, x_stride]
 layout(std430, binding = 1) readonly buffer X4 { vec4 x4[]; };   // same, when p.x_vec4 == 1
 #endif
-layout(std430, binding = 3) coherent buffer Y { float y[]; }; // f32[M, y_stride] (read: VKI_MM_ACCUM, the norms)
+layout(std430, binding = 3) coherent buffer Y { float y[]; };    // f32[M, y_stride] (read: VKI_MM_ACCUM, the norms)
 #ifndef MM_ID
 // VKI_MM_NORM (M = 1, one part, one dispatch): after the product, the last workgroup to finish
 // normalises the whole Y row (the residual stream) into H, as rmsnorm.comp would (the next
@@ -465,7 +465,7 @@ void main()
     if ((p.flags & VKI_MM_NORM) != 0u)
         norm_tail();
     if ((p.flags & VKI_MM_HEAD_NORM) != 0u)
-        head_norm_tail(p.n0 + gl_WorkGroupID.x * NO);
+        head_norm_tail(r0);
     if (GLU != 0u && (p.flags & VKI_MM_GLU_XQ) != 0u)
         glu_xq_tail(r0);
 #endif
