@@ -1,12 +1,12 @@
 /* Kernel table, pipeline creation (with specialisation constants) and the dispatch path. */
 #include "engine/kernels.h"
+#include "engine/pool.h"
 
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 #include "vki_spirv.h"
 
@@ -391,8 +391,7 @@ vki_status vkk_defer_end(vkd_device *d, bool create)
      * cannot start leaves its share to the others */
     creator c = {.d = d};
     atomic_init(&c.next, 0);
-    long cores = sysconf(_SC_NPROCESSORS_ONLN);
-    uint32_t n_thr = cores < 1 ? 1 : cores > 8 ? 8 : (uint32_t)cores, started = 0;
+    uint32_t n_thr = vk_cores(8), started = 0;
     n_thr = n_thr > ks->n_pend ? ks->n_pend : n_thr;
     pthread_t thr[7];
     for (uint32_t t = 1; t < n_thr; t++)
