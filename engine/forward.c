@@ -225,8 +225,10 @@ static vki_status mm_head_norm(vk_engine *e, const vk_tensor *w, vkd_view y, con
 
 /* q, k, v projections into the scratch; *q, *k, *v are where each landed. A layer whose Q|K(|V)
  * are one matrix (phi3's attn_qkv, or concatenated at load) writes one [T][q | k (| v)] matrix,
- * sliced by offsets; v comes from its own matrix where its type differed. */
-static vki_status project_qkv(vk_engine *e, const vk_layer *L, uint32_t T, op_mat *q, op_mat *k, op_mat *v)
+ * sliced by offsets; v comes from its own matrix where its type differed. head_norms: Q's and K's
+ * heads normalised in their projections (head_norms_fused). */
+static vki_status project_qkv(vk_engine *e, const vk_layer *L, uint32_t T, bool head_norms, op_mat *q, op_mat *k,
+                              op_mat *v)
 {
     const model_hparams *hp = &e->model.hp;
     vk_scratch *s = &e->s;
@@ -244,7 +246,7 @@ static vki_status project_qkv(vk_engine *e, const vk_layer *L, uint32_t T, op_ma
             *v = (op_mat){vkd_whole(s->q), qd + kvd, w};
             return VKI_OK;
         }
-    } else if (head_norms_fused(e, L, T)) { /* decode of qwen3, gemma3: the norms ride along */
+    } else if (head_norms) { /* decode of qwen3, gemma3: the norms ride along */
         *q = op_mat_rows(s->q, qd), *k = op_mat_rows(s->k, kvd);
         vkd_role(e->cmd, "attn_q_normed");
         TRY(mm_head_norm(e, &L->wq, vkd_whole(s->q), &L->q_norm, 0));
@@ -278,9 +280,10 @@ static vki_status record_attention_block(vk_engine *e, uint32_t il, uint32_t T, 
         vkd_role(c, "attn_norm");
         TRY(block_norm(e, &L->attn_norm, T, qkv_i8(e, L, T)));
     }
-    TRY(project_qkv(e, L, T, &q, &k, &v));
+    const bool head_norms = head_norms_fused(e, L, T);
+    TRY(project_qkv(e, L, T, head_norms, &q, &k, &v));
     vkd_barrier(c);
-    if (hp->qk_norm && !head_norms_fused(e, L, T)) { /* rows of head_dim: q and k are unfused here */
+    if (hp->qk_norm && !head_norms) { /* rows of head_dim: q and k are unfused here */
         vkd_role(c, "attn_qk_norm");
         TRY(norm_rows(e, (op_mat){q.v, 0, hp->head_dim}, &L->q_norm, T * hp->n_head, hp->head_dim));
         TRY(norm_rows(e, (op_mat){k.v, 0, hp->head_dim}, &L->k_norm, T * hp->n_head_kv, hp->head_dim));
