@@ -134,6 +134,9 @@ struct vkd_device {
                                         STAGES); bench-kernels --cm-stages and the tests */
     uint32_t cm_bk;                  /* its K per step, a multiple of the fragment's K up to 64
                                         (0: 32); bench-kernels --cm-bk and the tests */
+    bool cm_x32;                     /* its callers hand it F32 X, converted in every tile's staging,
+                                        not X rounded to F16 once (op_matmul_takes_xh false);
+                                        kernel_config gemm_xh=0, the tests */
     uint32_t matvec_mc;              /* its activation rows per pass when M > 1 (0: OP_MATVEC_ROWS);
                                         bench-kernels --matvec-cfg WGxRxMC and the tests */
     uint32_t matvec_wg, matvec_rows; /* the matrix-vector kernel's invocations and weight rows

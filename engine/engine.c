@@ -148,9 +148,13 @@ static vki_status create_scratch(vk_engine *e)
         (st = make_buf(e, cnt_bytes, "matmul counters", &s->mm_cnt)) ||
         (st = vkd_fill(e->dev, s->mm_cnt, 0, cnt_bytes, 0)))
         return st;
-    if (e->p.int_dot) { /* the projections' inputs: d (Q|K|V, gate|up, LM head), q (out), d_ff (down) */
-        uint32_t K = hp->d_model > qd ? hp->d_model : (uint32_t)qd;
-        K = hp->d_ff > K ? hp->d_ff : K;
+    /* the projections' inputs: d (Q|K|V, gate|up, LM head), q (out), d_ff (down) */
+    uint32_t K = hp->d_model > qd ? hp->d_model : (uint32_t)qd;
+    K = hp->d_ff > K ? hp->d_ff : K;
+    if (e->dev->cm.kind != VKD_CM_NONE && !e->p.batch_invariant &&
+        (st = make_buf(e, op_half_x_bytes((uint32_t)T, K), "act f16 x", &s->xh)))
+        return st;
+    if (e->p.int_dot) {
         if ((st = make_buf(e, op_quant_x8_bytes((uint32_t)T, K), "act int8 x", &s->xq)) ||
             (st = make_buf(e, hp->d_ff % 32 ? 4 : op_quant_x8_bytes((uint32_t)T, hp->d_ff), "act int8 ffn", &s->gq)))
             return st;
@@ -163,8 +167,8 @@ static void destroy_scratch(vk_engine *e)
     if (e->s.rope_freqs[1] == e->s.rope_freqs[0])
         e->s.rope_freqs[1] = NULL;
     vkd_buffer **all[] = {&e->s.x, &e->s.h, &e->s.q, &e->s.k, &e->s.v, &e->s.att, &e->s.g, &e->s.u,
-                          &e->s.xs, &e->s.logits, &e->s.attn_tmp, &e->s.attn_cnt, &e->s.mm_cnt, &e->s.xq, &e->s.gq,
-                          &e->s.rope_freqs[0], &e->s.rope_freqs[1]};
+                          &e->s.xs, &e->s.logits, &e->s.attn_tmp, &e->s.attn_cnt, &e->s.mm_cnt, &e->s.xq, &e->s.xh,
+                          &e->s.gq, &e->s.rope_freqs[0], &e->s.rope_freqs[1]};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) {
         vkd_buffer_destroy(e->dev, *all[i]);
         *all[i] = NULL;

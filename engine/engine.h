@@ -72,6 +72,8 @@ typedef struct vk_scratch {
                                and of the quantising gate|up pass ([d_ff / 32]), zero between
                                dispatches */
     vkd_buffer *xq;         /* int_dot: a projection input quantised (op_quant_x8_bytes(T, max K)) */
+    vkd_buffer *xh;         /* a tensor-core GEMM's input rounded to F16 (op_half_x; op_half_x_bytes(T,
+                               max K)), on devices with a cooperative-matrix path; else NULL */
     vkd_buffer *gq;         /* int_dot: the gate|up pass's output quantised by that pass
                                (op_mm_glu_xq; op_quant_x8_bytes(T, d_ff)), the down projection's
                                input, apart from xq (the pass's own input) */

@@ -77,8 +77,26 @@ static vki_status quant_x(vk_engine *e, const char *role, vkd_view x, uint32_t x
     return VKI_OK;
 }
 
+/* Whether a product of M rows by w takes the tensor-core GEMM with its input rounded to F16 once
+ * (op_matmul_takes_xh), by half_x into s->xh. */
+static bool use_xh(const vk_engine *e, const vk_tensor *w, uint32_t M)
+{
+    return e->s.xh && w->n_parts && !e->p.batch_invariant && !use_i8(e, w, M) && op_matmul_takes_xh(e->dev, M);
+}
+
+/* The input of the next tensor-core GEMMs, [M][K] at x (stride x_stride), rounded to F16 into
+ * s->xh, and the barrier after it (the role: what it feeds, "_xh"). */
+static vki_status half_x(vk_engine *e, const char *role, vkd_view x, uint32_t x_stride, uint32_t M, uint32_t K)
+{
+    vkd_role(e->cmd, role);
+    TRY(op_half_x(e->cmd, x, x_stride, M, K, vkd_whole(e->s.xh)));
+    vkd_barrier(e->cmd);
+    return VKI_OK;
+}
+
 /* mm_to, on the integer-dot path where use_i8 says so (its input quantised in xq: by quant_x
- * into s->xq, or by the kernel that wrote it). */
+ * into s->xq, or by the kernel that wrote it), on the tensor-core GEMM with F16 X where use_xh
+ * says so (its input in s->xh: the caller ran half_x). */
 static vki_status mm_q(vk_engine *e, const vk_tensor *w, const vkd_view *bias, vkd_view x, uint32_t x_stride,
                        vkd_buffer *xq, vkd_view y, uint32_t y_stride, uint32_t M, bool accumulate)
 {
@@ -86,6 +104,8 @@ static vki_status mm_q(vk_engine *e, const vk_tensor *w, const vkd_view *bias, v
         op_mm_i8 o = {.bias = bias, .accumulate = accumulate};
         return op_matmul_i8(e->cmd, w, vkd_whole(xq), y, y_stride, M, &o);
     }
+    if (use_xh(e, w, M))
+        return op_matmul_xh(e->cmd, w, bias, vkd_whole(e->s.xh), y, y_stride, M, accumulate);
     return mm_to(e, w, bias, x, x_stride, y, y_stride, M, accumulate);
 }
 
@@ -101,11 +121,11 @@ static vki_status norm_rows(vk_engine *e, op_mat x, const vk_tensor *w, uint32_t
  * norm) and one token, the projection's last workgroup also writes h = rmsnorm(x) * next_norm
  * (op_matmul_norm) and *normed tells the next block to skip its norm; when that block's products
  * take the integer-dot path (next_i8) the same workgroup quantises h into s->xq too
- * (e->xq_of_h). On the integer-dot path (int_dot) `in` is quantised first into s->xq (xq_role)
- * unless in_q (the buffer where the kernel that wrote `in` quantised it too). Ends with a
- * barrier. */
+ * (e->xq_of_h). On the integer-dot path (int_dot) `in` is quantised first into s->xq (x_roles[0])
+ * unless in_q (the buffer where the kernel that wrote `in` quantised it too); on the tensor-core
+ * GEMM rounded to F16 into s->xh (x_roles[1]). Ends with a barrier. */
 static vki_status project_residual(vk_engine *e, const vk_tensor *w, vkd_view in, uint32_t in_stride, uint32_t T,
-                                   vkd_buffer *in_q, const char *mm_role, const char *xq_role,
+                                   vkd_buffer *in_q, const char *mm_role, const char *const x_roles[2],
                                    const vk_tensor *post_norm, const char *post_role, const char *add_role,
                                    const vk_tensor *next_norm, bool next_i8, bool *normed)
 {
@@ -116,7 +136,9 @@ static vki_status project_residual(vk_engine *e, const vk_tensor *w, vkd_view in
     *normed = false;
     const bool i8 = use_i8(e, w, T);
     if (i8 && !in_q)
-        TRY(quant_x(e, xq_role, in, in_stride, T, (uint32_t)w->ne0));
+        TRY(quant_x(e, x_roles[0], in, in_stride, T, (uint32_t)w->ne0));
+    if (use_xh(e, w, T))
+        TRY(half_x(e, x_roles[1], in, in_stride, T, (uint32_t)w->ne0));
     vkd_buffer *xq = in_q ? in_q : s->xq;
     vkd_role(c, mm_role);
     if (!hp->post_norms && !e->p.no_fusion) {
@@ -237,6 +259,8 @@ static vki_status project_qkv(vk_engine *e, const vk_layer *L, uint32_t T, bool 
     if (qkv_i8(e, L, T) && !e->xq_of_h) /* else the previous projection's norm epilogue wrote it */
         TRY(quant_x(e, "attn_xq", vkd_whole(s->h), d, T, d));
     e->xq_of_h = false;
+    if (use_xh(e, &L->wqkv, T) || use_xh(e, &L->wq, T) || use_xh(e, &L->wk, T) || use_xh(e, &L->wv, T))
+        TRY(half_x(e, "attn_xh", vkd_whole(s->h), d, T, d));
     if (L->wqkv.n_parts) {
         uint32_t w = (uint32_t)L->wqkv.n_rows;
         *q = (op_mat){vkd_whole(s->q), 0, w}, *k = (op_mat){vkd_whole(s->q), qd, w};
@@ -322,7 +346,8 @@ static vki_status record_attention_block(vk_engine *e, uint32_t il, uint32_t T, 
                      vkd_whole(e->v_pool[il]), vkd_whole(s->attn_tmp), e->p.no_fusion ? NULL : &merge,
                      fresh ? &fr : NULL));
     vkd_barrier(c);
-    return project_residual(e, &L->wo, vkd_whole(s->att), qd, T, att_q ? s->xq : NULL, "attn_o", "attn_o_xq",
+    static const char *const o_roles[2] = {"attn_o_xq", "attn_o_xh"};
+    return project_residual(e, &L->wo, vkd_whole(s->att), qd, T, att_q ? s->xq : NULL, "attn_o", o_roles,
                             &L->post_attn_norm, "attn_post_norm", "attn_residual", &L->ffn_norm, ffn_i8(e, L, T),
                             normed);
 }
@@ -339,6 +364,7 @@ static vki_status record_ffn_block(vk_engine *e, uint32_t il, uint32_t T, bool *
     op_mat g = {vkd_whole(s->g), 0, gs}, u = one ? (op_mat){vkd_whole(s->g), ff, gs} : op_mat_rows(s->u, ff);
     const vk_tensor *next_norm = il + 1 < hp->n_layer ? &e->model.layers[il + 1].attn_norm : NULL;
     bool next_i8 = next_norm && qkv_i8(e, &e->model.layers[il + 1], T);
+    static const char *const down_roles[2] = {"ffn_down_xq", "ffn_down_xh"};
     if (!*normed) {
         vkd_role(c, "ffn_norm");
         TRY(block_norm(e, &L->ffn_norm, T, ffn_i8(e, L, T)));
@@ -364,9 +390,11 @@ static vki_status record_ffn_block(vk_engine *e, uint32_t il, uint32_t T, bool *
             TRY(op_matmul_glu(c, &L->w_up, act, vkd_whole(s->h), d, vkd_whole(s->g), ff, T, gq ? &gx : NULL));
         }
         vkd_barrier(c);
-        return project_residual(e, &L->w_down, vkd_whole(s->g), ff, T, gq ? s->gq : NULL, "ffn_down", "ffn_down_xq",
+        return project_residual(e, &L->w_down, vkd_whole(s->g), ff, T, gq ? s->gq : NULL, "ffn_down", down_roles,
                                 &L->post_ffn_norm, "ffn_post_norm", "ffn_residual", next_norm, next_i8, normed);
     }
+    if (use_xh(e, &L->w_up, T) || (!one && use_xh(e, &L->w_gate, T)))
+        TRY(half_x(e, "ffn_xh", vkd_whole(s->h), d, T, d));
     if (!one) {
         vkd_role(c, "ffn_gate");
         TRY(mm_q(e, &L->w_gate, NULL, vkd_whole(s->h), d, s->xq, vkd_whole(s->g), ff, T, false));
@@ -378,7 +406,7 @@ static vki_status record_ffn_block(vk_engine *e, uint32_t il, uint32_t T, bool *
     vkd_role(c, "ffn_act");
     TRY(op_glu(c, act, g, u, g, T, ff));
     vkd_barrier(c);
-    return project_residual(e, &L->w_down, vkd_whole(s->g), gs, T, NULL, "ffn_down", "ffn_down_xq", &L->post_ffn_norm,
+    return project_residual(e, &L->w_down, vkd_whole(s->g), gs, T, NULL, "ffn_down", down_roles, &L->post_ffn_norm,
                             "ffn_post_norm", "ffn_residual", next_norm, next_i8, normed);
 }
 
@@ -405,6 +433,8 @@ vki_status vk_forward_record_lm_head(vk_engine *e, uint32_t T, uint32_t n_out)
     vkd_barrier(c);
     if (i8 && !q)
         TRY(quant_x(e, "lm_xq", vkd_whole(xn), d, n_out, d));
+    if (use_xh(e, head, n_out))
+        TRY(half_x(e, "lm_xh", vkd_whole(xn), d, n_out, d));
     vkd_role(c, "lm_head");
     TRY(mm_q(e, head, NULL, vkd_whole(xn), d, s->xq, vkd_whole(s->logits), ls, n_out, false));
     if (hp->final_softcap > 0) {

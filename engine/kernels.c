@@ -39,8 +39,9 @@ _Static_assert(sizeof(vki_seq_info) == 16 && sizeof(vki_attn_item) == 16, "std43
  * matvec spec {WG, NR rows, MC activation rows, NSG max subgroups, GLU, MCH chunks, MU units per
  * pass}; matmul spec
  * {WG, BM, BN, BK, TM, TN} with WG = (BM/TM)*(BN/TN); matmul_cm(e) spec {WG, BM, BN, BK, WM,
- * WN, CM_M, CM_N, CM_K, CM_SG, STAGES} with WG = (BM/WM)*(BN/WN) subgroups; get_rows spec {WG}. */
-#define CM_SPEC(WG, a, b, c, d, e) {WG, a, b, c, d, e, 16, 16, 16, 32, 1}
+ * WN, CM_M, CM_N, CM_K, CM_SG, STAGES, XH} with WG = (BM/WM)*(BN/WN) subgroups; get_rows spec
+ * {WG}; half_x {WG}. */
+#define CM_SPEC(WG, a, b, c, d, e) {WG, a, b, c, d, e, 16, 16, 16, 32, 1, 0}
 #define MATMUL_ROWS(T, t)                                                                        \
     [VKK_MATVEC_##T] = {"matvec_" #t, SPV(matvec_##t), .n_bindings = 8,                          \
                         .push_size = sizeof(vki_pc_matmul), .n_spec = 7,                         \
@@ -49,10 +50,10 @@ _Static_assert(sizeof(vki_seq_info) == 16 && sizeof(vki_attn_item) == 16, "std43
                         .push_size = sizeof(vki_pc_matmul), .n_spec = 6,                         \
                         .spec_default = {256, 64, 64, 32, 4, 4}},                                \
     [VKK_MATMUL_CM_##T] = {"matmul_cm_" #t, SPV(matmul_cm_##t), .n_bindings = 6,                 \
-                           .push_size = sizeof(vki_pc_matmul), .n_spec = 11,                     \
+                           .push_size = sizeof(vki_pc_matmul), .n_spec = 12,                     \
                            .spec_default = CM_SPEC(256, 128, 128, 32, 64, 32)},                  \
     [VKK_MATMUL_CME_##T] = {"matmul_cme_" #t, SPV(matmul_cme_##t), .n_bindings = 6,              \
-                            .push_size = sizeof(vki_pc_matmul), .n_spec = 11,                    \
+                            .push_size = sizeof(vki_pc_matmul), .n_spec = 12,                    \
                             .spec_default = CM_SPEC(256, 128, 128, 32, 64, 32)},                 \
     [VKK_GET_ROWS_##T] = {"get_rows_" #t, SPV(get_rows_##t), .n_bindings = 3,                    \
                           .push_size = sizeof(vki_pc_get_rows), .n_spec = 1, .spec_default = {256}},
@@ -66,10 +67,10 @@ _Static_assert(sizeof(vki_seq_info) == 16 && sizeof(vki_attn_item) == 16, "std43
                            .push_size = sizeof(vki_pc_matmul_id), .n_spec = 6,                   \
                            .spec_default = {256, 64, 64, 32, 4, 4}},                             \
     [VKK_MATMUL_CM_ID_##T] = {"matmul_cm_id_" #t, SPV(matmul_cm_id_##t), .n_bindings = 4,        \
-                              .push_size = sizeof(vki_pc_matmul_id), .n_spec = 11,               \
+                              .push_size = sizeof(vki_pc_matmul_id), .n_spec = 12,               \
                               .spec_default = CM_SPEC(256, 128, 128, 32, 64, 32)},               \
     [VKK_MATMUL_CME_ID_##T] = {"matmul_cme_id_" #t, SPV(matmul_cme_id_##t), .n_bindings = 4,     \
-                               .push_size = sizeof(vki_pc_matmul_id), .n_spec = 11,              \
+                               .push_size = sizeof(vki_pc_matmul_id), .n_spec = 12,              \
                                .spec_default = CM_SPEC(256, 128, 128, 32, 64, 32)},
 
 #define MATVEC_I8_ROW(T, t)                                                                      \
@@ -111,6 +112,8 @@ static const vkk_desc kernel_table[] = {
     MATVEC_I8_ROW(Q8_0, q8_0), MATVEC_I8_ROW(Q4_0, q4_0), MATVEC_I8_ROW(Q4_1, q4_1), MATVEC_I8_ROW(Q5_0, q5_0),
     MATVEC_I8_ROW(Q5_1, q5_1), MATVEC_I8_ROW(Q2_K, q2_k), MATVEC_I8_ROW(Q3_K, q3_k), MATVEC_I8_ROW(Q4_K, q4_k),
     MATVEC_I8_ROW(Q5_K, q5_k), MATVEC_I8_ROW(Q6_K, q6_k), MATVEC_I8_ROW(IQ4_NL, iq4_nl), MATVEC_I8_ROW(IQ4_XS, iq4_xs),
+    [VKK_HALF_X] = {"half_x", SPV(half_x), .n_bindings = 2, .push_size = sizeof(vki_pc_quant_x8),
+                    .n_spec = 1, .spec_default = {64}},
     /* engine/ops_moe.c: spec {WG} */
     [VKK_MOE_TOPK] = {"moe_topk", SPV(moe_topk), .n_bindings = 3, .push_size = sizeof(vki_pc_moe),
                       .n_spec = 1, .spec_default = {64}},

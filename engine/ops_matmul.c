@@ -141,7 +141,7 @@ static void matmul_spec(const vkd_device *d, uint32_t spec[6])
     }
 }
 
-/* matmul_cm {WG, BM, BN, BK, WM, WN, CM_M, CM_N, CM_K, CM_SG, STAGES}, largest tiles first: the
+/* matmul_cm {WG, BM, BN, BK, WM, WN, CM_M, CM_N, CM_K, CM_SG, STAGES, XH}, largest tiles first: the
  * first whose shared memory (per stage two F16 tiles with 8-half row padding; one F32 fragment
  * per subgroup) and subgroup count fit. STAGES is d->cm_stages and BK d->cm_bk (defaults 1 and
  * 32; two stages, 48 KiB at 128 x 128, and BK = 64, 45 KiB, wait for the GPU sweep's verdict).
@@ -158,7 +158,7 @@ static void matmul_spec(const vkd_device *d, uint32_t spec[6])
  * bench-kernels --cm-cfg sweeps them on the GPU before any becomes a default. */
 /* The specialisation of tile {BM, BN, WM, WN} (warp sizes raised to the fragment's) if it fits the
  * device's fragments, shared memory and workgroup size. */
-static bool cm_fit(const vkd_device *d, const uint32_t c[4], uint32_t spec[11])
+static bool cm_fit(const vkd_device *d, const uint32_t c[4], uint32_t spec[12])
 {
     const vkd_cm *cm = &d->cm;
     const uint32_t bk = d->cm_bk ? d->cm_bk : 32, bm = c[0], bn = c[1], stages = d->cm_stages ? d->cm_stages : 1;
@@ -170,7 +170,7 @@ static bool cm_fit(const vkd_device *d, const uint32_t c[4], uint32_t spec[11])
     uint64_t smem = 2ull * stages * (bm + bn) * (bk + 8) + 4ull * nw * cm->m * cm->n;
     if (smem > d->info.max_compute_shared_memory || nw * cm->sg > d->info.max_workgroup_invocations)
         return false;
-    const uint32_t v[11] = {nw * cm->sg, bm, bn, bk, wm, wn, cm->m, cm->n, cm->k, cm->sg, stages};
+    const uint32_t v[12] = {nw * cm->sg, bm, bn, bk, wm, wn, cm->m, cm->n, cm->k, cm->sg, stages, 0};
     memcpy(spec, v, sizeof v);
     return true;
 }
@@ -178,7 +178,7 @@ static bool cm_fit(const vkd_device *d, const uint32_t c[4], uint32_t spec[11])
 /* A forced tile with its warp tile (d->cm_warp_m x cm_warp_n) is taken as asked: 64 x 64 warp
  * tiles load half the shared-memory fragments per product of 64 x 32 ones (4 + 4 per 16
  * products against 4 + 2 per 8), what the M = 2048 GEMM's 13% of the peak may be bound by. */
-static bool cm_spec(const vkd_device *d, uint32_t M, uint32_t spec[11])
+static bool cm_spec(const vkd_device *d, uint32_t M, uint32_t spec[12])
 {
     static const uint32_t cand[][4] = {{128, 128, 64, 32}, {64, 128, 32, 32}, {64, 64, 32, 32}, {32, 32, 32, 32},
                                        {32, 128, 32, 32}, {32, 64, 32, 32}, {16, 128, 16, 32}, {16, 64, 16, 32},
@@ -401,6 +401,12 @@ static vki_status config_item(vkd_device *d, const char *item, bool *gemm)
             return config_error(d, item, "its partial sums (rows x activation rows x subgroups) exceed the device's "
                                 "shared memory");
         }
+    } else if (CONFIG_KEY("gemm_xh")) { /* 0 or 1, which the one-number keys below cannot take */
+        if (!eq || (strcmp(eq + 1, "0") && strcmp(eq + 1, "1")))
+            return config_error(d, item, "gemm_xh=0 or 1: the tensor-core GEMM's X converted to F16 in every "
+                                "tile (0) or once before the product (1, the default)");
+        d->cm_x32 = eq[1] == '0';
+        *gemm = true;
     } else if (CONFIG_KEY("gemm")) {
         if (n != 2 && n != 4)
             return config_error(d, item, "gemm=BMxBN[xWMxWN]: the tensor-core GEMM's tile [and its subgroups' "
@@ -436,7 +442,7 @@ static vki_status config_item(vkd_device *d, const char *item, bool *gemm)
             k++;
         if (k == sizeof ones / sizeof ones[0])
             return config_error(d, item, eq ? "unknown key (matvec, gemm, gemm_stages, gemm_bk, gemm_split, "
-                                            "gemv_max_m, attn_split, attn_loads, sample_loads)"
+                                            "gemm_xh, gemv_max_m, attn_split, attn_loads, sample_loads)"
                                             : "not key=value");
         if (n != 1 || v[0] < ones[k].lo || v[0] > ones[k].hi || v[0] % ones[k].step)
             return config_error(d, item, ones[k].help);
@@ -553,8 +559,8 @@ static vki_status matmul_part(vkd_cmd *c, vkk_id k, const uint32_t *spec, uint32
 /* The weight's kernels (*t) and the views of a product of M rows, K = w->ne0 -> N columns
  * (op_matmul_ex, op_matmul_glu, op_matmul_norm). */
 static vki_status check_mm(vkd_device *d, const char *op, const vk_tensor *w, uint32_t M, uint64_t N,
-                           const vkd_view *x, uint32_t x_stride, const vkd_view *y, uint32_t y_stride,
-                           const mm_type **t)
+                           const vkd_view *x, uint32_t x_stride, uint32_t x_elem, const vkd_view *y,
+                           uint32_t y_stride, const mm_type **t)
 {
     vki_status st = check_type(d, w, t);
     if (st != VKI_OK)
@@ -562,7 +568,7 @@ static vki_status check_mm(vkd_device *d, const char *op, const vk_tensor *w, ui
     const uint64_t K = w->ne0;
     if (M == 0)
         return bad_arg(d, op, w, "M = 0");
-    if (!view_holds(x, M, K, x_stride, 4))
+    if (!view_holds(x, M, K, x_stride, x_elem))
         return bad_arg(d, op, w, "X view too small for [M, x_stride] (or x_stride < K)");
     if (!view_holds(y, M, N, y_stride, 4))
         return bad_arg(d, op, w, "Y view too small for [M, y_stride] (or y_stride < N)");
@@ -626,17 +632,25 @@ static bool glu_xq_ok(const vkd_device *d, const vk_tensor *w, uint32_t M, const
 /* The flags of a norming product (VKI_MM_NORM, and VKI_MM_NORM_XQ with an HQ view). */
 static uint32_t norm_flags(const op_mm_norm *n) { return n ? VKI_MM_NORM | (n->xq.buf ? VKI_MM_NORM_XQ : 0u) : 0u; }
 
-vki_status op_matmul_ex(vkd_cmd *c, const vk_tensor *w, const vkd_view *bias, vkd_view x, uint32_t x_stride,
-                        vkd_view y, uint32_t y_stride, uint32_t M, op_mm_path path, bool accumulate)
+/* op_matmul_ex, and with xh (op_matmul_xh) the tensor-core GEMM reading X in F16 (op_half_x's
+ * rows, K rounded up to 4 halves apart; x_stride ignored). */
+static vki_status mm_record(vkd_cmd *c, const vk_tensor *w, const vkd_view *bias, vkd_view x, uint32_t x_stride,
+                            vkd_view y, uint32_t y_stride, uint32_t M, op_mm_path path, bool accumulate, bool xh)
 {
     vkd_device *d = c->d;
     const mm_type *t;
     const uint64_t K = w->ne0, N = w->n_rows;
-    vki_status st = check_mm(d, "matmul", w, M, N, &x, x_stride, &y, y_stride, &t);
+    if (xh) {
+        x_stride = op_half_x_stride((uint32_t)K);
+        path = OP_MM_COOPMAT;
+    }
+    vki_status st = check_mm(d, xh ? "matmul_xh" : "matmul", w, M, N, &x, x_stride, xh ? 2 : 4, &y, y_stride, &t);
     if (st != VKI_OK)
         return st;
     if (bias && !view_holds(bias, 1, N, N, 4))
         return bad_arg(d, "matmul", w, "bias view holds fewer than N floats");
+    if (xh && x.offset % 8)
+        return bad_arg(d, "matmul_xh", w, "X view not 8-byte aligned");
 
     uint32_t spec[VKK_MAX_SPEC], per_group_n, per_group_m;
     vkk_id kid;
@@ -645,6 +659,8 @@ vki_status op_matmul_ex(vkd_cmd *c, const vk_tensor *w, const vkd_view *bias, vk
                 "shared memory)", w->name);
         return st;
     }
+    if (kid == t->matmul_cm || kid == t->matmul_cme)
+        spec[11] = xh;
     if (kid == t->matvec) {
         per_group_n = spec[1];
         per_group_m = matvec_rows_per_group(spec);
@@ -657,7 +673,7 @@ vki_status op_matmul_ex(vkd_cmd *c, const vk_tensor *w, const vkd_view *bias, vk
     vki_pc_matmul pc = {.M = M, .K = (uint32_t)K, .x_stride = x_stride, .y_stride = y_stride,
                         .w_stride = (uint32_t)w->row_bytes,
                         .flags = (bias ? VKI_MM_BIAS : 0u) | (accumulate ? VKI_MM_ACCUM : 0u),
-                        .x_vec4 = x_vec4(&x, x_stride)};
+                        .x_vec4 = !xh && x_vec4(&x, x_stride)};
     if (kid == t->matmul_cm || kid == t->matmul_cme) {
         bool done;
         pc.N = (uint32_t)N;
@@ -665,6 +681,52 @@ vki_status op_matmul_ex(vkd_cmd *c, const vk_tensor *w, const vkd_view *bias, vk
             return st;
     }
     return parts_dispatch(c, w, kid, spec, per_group_n, per_group_m, x, bias, y, pc);
+}
+
+vki_status op_matmul_ex(vkd_cmd *c, const vk_tensor *w, const vkd_view *bias, vkd_view x, uint32_t x_stride,
+                        vkd_view y, uint32_t y_stride, uint32_t M, op_mm_path path, bool accumulate)
+{
+    return mm_record(c, w, bias, x, x_stride, y, y_stride, M, path, accumulate, false);
+}
+
+/* ---- X in F16 for the tensor-core GEMM -------------------------------------------------------- */
+
+#define HALF_X_WG 64u
+
+uint32_t op_half_x_stride(uint32_t K) { return (K + 3) / 4 * 4; }
+
+uint64_t op_half_x_bytes(uint32_t M, uint32_t K) { return 2ull * M * op_half_x_stride(K); }
+
+bool op_matmul_takes_xh(const vkd_device *d, uint32_t M)
+{
+    return d->cm.kind != VKD_CM_NONE && !d->cm_x32 && M > op_matmul_gemv_max_m(d);
+}
+
+vki_status op_half_x(vkd_cmd *c, vkd_view x, uint32_t x_stride, uint32_t M, uint32_t K, vkd_view xh)
+{
+    vkd_device *d = c->d;
+    if (!d->info.float16) {
+        vkd_log(d, VKI_LOG_ERROR, "half_x: needs shaderFloat16");
+        return VKI_ERR_UNSUPPORTED;
+    }
+    if (M == 0 || K == 0 || K > UINT32_MAX - 3)
+        return bad_arg(d, "half_x", NULL, "M = 0 or K = 0");
+    if (!view_holds(&x, M, K, x_stride, 4))
+        return bad_arg(d, "half_x", NULL, "X view too small for [M, x_stride] (or x_stride < K)");
+    if (view_range(&xh) < op_half_x_bytes(M, K) || xh.offset % 8)
+        return bad_arg(d, "half_x", NULL, "XH view smaller than op_half_x_bytes(M, K) (or not 8-aligned)");
+    if (M > d->info.max_workgroup_count[1])
+        return bad_arg(d, "half_x", NULL, "M too large for one dispatch on this device");
+    const uint32_t spec[1] = {HALF_X_WG};
+    vki_pc_quant_x8 pc = {.M = M, .K = K, .x_stride = x_stride, .x_vec4 = x_vec4(&x, x_stride)};
+    vkd_view b[2] = {x, xh};
+    return vkk_dispatch(c, VKK_HALF_X, spec, b, 2, &pc, sizeof pc, vkk_groups(op_half_x_stride(K) / 4, spec[0]), M, 1);
+}
+
+vki_status op_matmul_xh(vkd_cmd *c, const vk_tensor *w, const vkd_view *bias, vkd_view xh, vkd_view y,
+                        uint32_t y_stride, uint32_t M, bool accumulate)
+{
+    return mm_record(c, w, bias, xh, 0, y, y_stride, M, OP_MM_COOPMAT, accumulate, true);
 }
 
 vki_status op_matmul_path(vkd_cmd *c, const vk_tensor *w, const vkd_view *bias, vkd_view x,
@@ -679,7 +741,7 @@ vki_status op_matmul_glu(vkd_cmd *c, const vk_tensor *w, uint32_t act, vkd_view 
     vkd_device *d = c->d;
     const mm_type *t;
     const uint64_t K = w->ne0, N = w->n_rows / 2;
-    vki_status st = check_mm(d, "matmul_glu", w, M, N, &x, x_stride, &y, y_stride, &t);
+    vki_status st = check_mm(d, "matmul_glu", w, M, N, &x, x_stride, 4, &y, y_stride, &t);
     if (st != VKI_OK)
         return st;
     if (!glu_fits(w, act))
@@ -729,7 +791,7 @@ vki_status op_matmul_norm(vkd_cmd *c, const vk_tensor *w, vkd_view x, vkd_view y
     vkd_device *d = c->d;
     const mm_type *t;
     const uint64_t K = w->ne0, N = w->n_rows;
-    vki_status st = check_mm(d, "matmul_norm", w, 1, N, &x, (uint32_t)K, &y, (uint32_t)N, &t);
+    vki_status st = check_mm(d, "matmul_norm", w, 1, N, &x, (uint32_t)K, 4, &y, (uint32_t)N, &t);
     if (st != VKI_OK)
         return st;
     if (!norm_fits(d, w, n))
@@ -763,7 +825,7 @@ vki_status op_matmul_head_norm(vkd_cmd *c, const vk_tensor *w, vkd_view x, vkd_v
     vkd_device *d = c->d;
     const mm_type *t;
     const uint64_t K = w->ne0, N = w->n_rows;
-    vki_status st = check_mm(d, "matmul_head_norm", w, 1, N, &x, (uint32_t)K, &y, (uint32_t)N, &t);
+    vki_status st = check_mm(d, "matmul_head_norm", w, 1, N, &x, (uint32_t)K, 4, &y, (uint32_t)N, &t);
     if (st != VKI_OK)
         return st;
     op_mm_norm as;
@@ -1146,10 +1208,21 @@ static vki_status warm_up(vkd_device *d, uint32_t type, uint32_t K)
         st = vkd_cmd_begin(&c);
     vkd_view vx = {x, 0, VK_WHOLE_SIZE}, vy = {y, 0, VK_WHOLE_SIZE}, ids = {x, 0, 4};
     const uint32_t ms[3] = {1, 2, M};
-    for (int i = 0; i < 3 && st == VKI_OK; i++) {
-        st = op_matmul_path(&c, &w, &vx, vx, K, vy, 1, ms[i], i < 2 ? OP_MM_GEMV : OP_MM_AUTO);
+    for (int i = 0; i < 2 && st == VKI_OK; i++) {
+        st = op_matmul_path(&c, &w, &vx, vx, K, vy, 1, ms[i], OP_MM_GEMV);
         vkd_barrier(&c);
     }
+    if (st == VKI_OK && op_matmul_takes_xh(d, M)) { /* the GEMM as the forward pass records it */
+        st = op_half_x(&c, vx, K, M, K, vy); /* M x K halves fit y's M x K floats */
+        if (st == VKI_OK) {
+            vkd_barrier(&c);
+            st = op_matmul_xh(&c, &w, NULL, vy, vx, 1, M, false);
+        }
+    } else if (st == VKI_OK) {
+        st = op_matmul_path(&c, &w, &vx, vx, K, vy, 1, ms[2], OP_MM_AUTO);
+    }
+    if (st == VKI_OK)
+        vkd_barrier(&c);
     if (st == VKI_OK)
         st = op_get_rows(&c, &w, ids, 1, vy, K);
     if (st == VKI_OK)
@@ -1180,8 +1253,14 @@ vki_status op_matmul_prepare(vkd_device *d, uint32_t type)
     /* the device's GEMM for few rows above the crossover and for many (tile sizes may differ) */
     const uint32_t ms[2] = {op_matmul_gemv_max_m(d) + 1, 4096};
     for (int i = 0; i < 2 && st == VKI_OK; i++)
-        if ((st = pick_kernel(d, t, ms[i] > ms[0] ? ms[i] : ms[0], OP_MM_AUTO, mm, &mm_kid)) == VKI_OK)
+        if ((st = pick_kernel(d, t, ms[i] > ms[0] ? ms[i] : ms[0], OP_MM_AUTO, mm, &mm_kid)) == VKI_OK) {
+            if (mm_kid == t->matmul_cm || mm_kid == t->matmul_cme)
+                mm[11] = op_matmul_takes_xh(d, ms[0]); /* X in F16, as the forward pass hands it */
             st = vkk_prepare(d, mm_kid, mm);
+        }
+    const uint32_t hx[1] = {HALF_X_WG};
+    if (st == VKI_OK && op_matmul_takes_xh(d, ms[0]))
+        st = vkk_prepare(d, VKK_HALF_X, hx);
     if (st == VKI_OK)
         st = vkk_prepare(d, t->get_rows, gr);
     /* the split-K scratch before the engine sizes its KV cache from what is left (optional: where

@@ -41,7 +41,7 @@ uint32_t op_matmul_gemv_max_m(const vkd_device *d);
 
 /* Applies a kernel configuration (vki_device_params.kernel_config: comma-separated key=value,
  * keys matvec=WGxROWS[xMC[xMU]], gemm=BMxBN[xWMxWN], gemm_stages=S, gemm_bk=BK, gemm_split=N,
- * gemv_max_m=M, attn_split=KEYS (read by op_attn_setup); bench-kernels' --matvec-cfg, --cm-cfg,
+ * gemm_xh=0|1 (op_matmul_takes_xh), gemv_max_m=M, attn_split=KEYS (read by op_attn_setup); bench-kernels' --matvec-cfg, --cm-cfg,
  * --cm-stages, --cm-bk, --cm-split, --attn-split) to the device's kernel choices, before anything
  * is recorded or any attention set up. check_fit: the GEMM settings must give a
  * tile this device runs (bench-kernels passes false and reports misfits per row). NULL or "":
@@ -75,6 +75,24 @@ vki_status op_matmul_path(vkd_cmd *c, const vk_tensor *w, const vkd_view *bias, 
  * in one dispatch, without o's round trip through memory and a barrier). */
 vki_status op_matmul_ex(vkd_cmd *c, const vk_tensor *w, const vkd_view *bias, vkd_view x, uint32_t x_stride,
                         vkd_view y, uint32_t y_stride, uint32_t M, op_mm_path path, bool accumulate);
+
+/* X rounded to F16 once for the tensor-core GEMM: where op_matmul would take that GEMM for M rows
+ * (op_matmul_takes_xh: the device has a cooperative-matrix path, M is above the crossover and
+ * kernel_config gemm_xh=0 did not turn this off) the forward pass converts each product's input
+ * once with op_half_x and hands it to op_matmul_xh, instead of letting every one of the GEMM's
+ * N / 128 tile columns load F32 X and convert it again (4 bytes of X staged per element against
+ * 2). The GEMM's own staging rounds the same way (shaders/f16x4.glsl): the same bits.
+ *   op_half_x:    xh = f16(x), x: f32[M, x_stride]; xh: f16[M][op_half_x_stride(K)] (K rounded
+ *                 up to 4, zeros after K), op_half_x_bytes(M, K) bytes at an 8-aligned offset;
+ *                 needs shaderFloat16
+ *   op_matmul_xh: op_matmul_ex on the tensor-core GEMM (any M; VKI_ERR_UNSUPPORTED without a
+ *                 cooperative-matrix path) with X from op_half_x (M rows, K = w->ne0). */
+bool op_matmul_takes_xh(const vkd_device *d, uint32_t M);
+uint32_t op_half_x_stride(uint32_t K);
+uint64_t op_half_x_bytes(uint32_t M, uint32_t K);
+vki_status op_half_x(vkd_cmd *c, vkd_view x, uint32_t x_stride, uint32_t M, uint32_t K, vkd_view xh);
+vki_status op_matmul_xh(vkd_cmd *c, const vk_tensor *w, const vkd_view *bias, vkd_view xh, vkd_view y,
+                        uint32_t y_stride, uint32_t M, bool accumulate);
 
 /* The FFN's gate and up projections and their gated unit in one matrix-vector pass (decode):
  *   Y[m, n] = act(sum_k X[m, k] * W[n, k]) * (sum_k X[m, k] * W[N + n, k]),  n < N = w->n_rows / 2

@@ -129,5 +129,4 @@ const uint CM_NS = CM_N / CM_SG;        // C (and B) slots per row
 #error "coopmat.glsl: define CM_NV or CM_EMU"
 #endif
 
-// Four F32 values rounded to F16 (each as float16_t(v) would), packed for cm_load_a4 / _bt4.
-uvec2 cm_f16x4(vec4 v) { return uvec2(packFloat2x16(f16vec2(v.xy)), packFloat2x16(f16vec2(v.zw))); }
+#include "f16x4.glsl" // cm_f16x4: the quads cm_load_a4 / _b4 / _bt4 read

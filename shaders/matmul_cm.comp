@@ -8,7 +8,9 @@
 // BK step every invocation helps stage BM x BK of X (converted to F16) and BN x BK of W
 // (dequantised by dq_load4, then rounded to F16) into shared memory; then each subgroup
 // multiplies its WM x WN part with (WM / CM_M) x (WN / CM_N) F32 accumulator fragments. The
-// residual stream and Y stay F32; only the operands of the products are F16.
+// residual stream and Y stay F32; only the operands of the products are F16. With XH = 1, X
+// comes rounded to F16 already (half_x.comp, by the same cm_f16x4), and staging copies its 8-byte
+// quads instead of loading 16 bytes and converting them once per tile column: the same bits.
 //
 // Bound by: tensor-core throughput once tiles are big (per BK step a subgroup issues
 // (WM/CM_M)(WN/CM_N)(BK/CM_K) multiply-adds against WM + WN fragment loads from shared
@@ -43,10 +45,13 @@ layout(constant_id = 5) const uint WN = 32;  // columns per subgroup, multiple o
 // step: the loads' latency hides behind the invocation's own products instead of stalling it
 // before them (the same products in the same order either way: the results are bit-identical).
 layout(constant_id = 10) const uint STAGES = 1;
+// X in F16 (binding 1 then holds half_x's quads, rows p.x_stride halves apart, zeros past K).
+layout(constant_id = 11) const uint XH = 0;
 
 #define DQ_BINDING 0
 #include "dequant.glsl" // binding 0: W, one part, N rows of w_stride bytes (the ggml type's blocks)
 #include "matmul_io.glsl" // push constants, X, bias, Y; load_x4, store_y
+layout(std430, binding = 1) readonly buffer XHB { uvec2 xh[]; }; // XH = 1: X as F16 quads
 #ifndef MM_ID
 layout(std430, binding = 4) coherent buffer P { float part[]; };  // f32 [splits][M][N] (split-K)
 layout(std430, binding = 5) coherent buffer NC { uint ncnt[]; };  // u32 per tile, 0 between dispatches
@@ -72,58 +77,67 @@ shared float Cs[(BM / WM) * WGN * CM_M * CM_N]; // one accumulator fragment per 
 
 const uint K4 = BK / 4u;
 
-// STAGES = 1: stage X[m_tile.., k0..] and W[n_tile.., k0..] as F16 (zeros outside the matrix)
-// into buffer 0, each quad stored as it is loaded (no registers held: the emulation's LLVM
-// compiles and runs this form several times faster than the pipelined one's arrays).
-void stage(uint m_tile, uint n_tile, uint k0)
+// X[m_tile + row, k..k+3] as an F16 quad, zeros outside the matrix (k % 4 == 0).
+uvec2 x_quad(uint m_tile, uint row, uint k)
 {
-    for (uint i = gl_LocalInvocationID.x; i < BM * K4; i += gl_WorkGroupSize.x) {
-        const uint row = i / K4, k = 4u * (i % K4);
-        const vec4 v = m_tile + row < MM_ROWS && IN_K(k0 + k) ? load_x4(m_tile + row, k0 + k) : vec4(0.0);
-        As[(row * ST + k) / 4u] = cm_f16x4(v);
-    }
-    for (uint i = gl_LocalInvocationID.x; i < BN * K4; i += gl_WorkGroupSize.x) {
-        const uint row = i / K4, k = 4u * (i % K4), n = n_tile + row;
-        const vec4 v = n < p.N && IN_K(k0 + k) ? dq_load4(dq_row_base(W_ROW(n), p.w_stride), k0 + k, p.K)
-                                               : vec4(0.0);
-        Bs[(row * ST + k) / 4u] = cm_f16x4(v);
-    }
+    if (m_tile + row >= MM_ROWS || !IN_K(k))
+        return uvec2(0u);
+    if (XH != 0u) // half_x's row holds K rounded up to 4 halves, the tail's zeros included
+        return k < p.K ? xh[(X_ROW(m_tile + row) * p.x_stride + k) >> 2] : uvec2(0u);
+    return cm_f16x4(load_x4(m_tile + row, k));
 }
 
-// STAGES = 2: a step's operands in registers, quad i = tid + j * WG of the X tile (row i / K4, k
-// 4 (i % K4)) in sx[j], of the W tile in sw[j]; quads past the tile are never stored.
+// W[n_tile + row, k..k+3] dequantised, as an F16 quad, zeros outside the matrix.
+uvec2 w_quad(uint n_tile, uint row, uint k)
+{
+    const uint n = n_tile + row;
+    return cm_f16x4(n < p.N && IN_K(k) ? dq_load4(dq_row_base(W_ROW(n), p.w_stride), k, p.K) : vec4(0.0));
+}
+
+// STAGES = 1: stage X[m_tile.., k0..] and W[n_tile.., k0..] as F16 into buffer 0, each quad
+// stored as it is loaded (no registers held: the emulation's LLVM compiles and runs this form
+// several times faster than the pipelined one's arrays).
+void stage(uint m_tile, uint n_tile, uint k0)
+{
+    for (uint i = gl_LocalInvocationID.x; i < BM * K4; i += gl_WorkGroupSize.x)
+        As[((i / K4) * ST + 4u * (i % K4)) / 4u] = x_quad(m_tile, i / K4, k0 + 4u * (i % K4));
+    for (uint i = gl_LocalInvocationID.x; i < BN * K4; i += gl_WorkGroupSize.x)
+        Bs[((i / K4) * ST + 4u * (i % K4)) / 4u] = w_quad(n_tile, i / K4, k0 + 4u * (i % K4));
+}
+
+// STAGES = 2: a step's operands in registers, already F16 (half the registers of F32 values),
+// quad i = tid + j * WG of the X tile (row i / K4, k 4 (i % K4)) in sx[j], of the W tile in sw[j];
+// quads past the tile are never stored.
 const uint SXN = STAGES > 1u ? (BM * K4 - 1u) / gl_WorkGroupSize.x + 1u : 1u;
 const uint SWN = STAGES > 1u ? (BN * K4 - 1u) / gl_WorkGroupSize.x + 1u : 1u;
-vec4 sx[SXN], sw[SWN];
+uvec2 sx[SXN], sw[SWN];
 
-// Load X[m_tile.., k0..] and W[n_tile.., k0..] (W dequantised; zeros outside the matrix) into sx, sw.
+// Load X[m_tile.., k0..] and W[n_tile.., k0..] (W dequantised) into sx, sw.
 void stage_load(uint m_tile, uint n_tile, uint k0)
 {
     CM_UNROLL for (uint j = 0u; j < SXN; j++) {
-        const uint i = gl_LocalInvocationID.x + j * gl_WorkGroupSize.x, row = i / K4, k = 4u * (i % K4);
-        sx[j] = i < BM * K4 && m_tile + row < MM_ROWS && IN_K(k0 + k) ? load_x4(m_tile + row, k0 + k) : vec4(0.0);
+        const uint i = gl_LocalInvocationID.x + j * gl_WorkGroupSize.x;
+        sx[j] = i < BM * K4 ? x_quad(m_tile, i / K4, k0 + 4u * (i % K4)) : uvec2(0u);
     }
     CM_UNROLL for (uint j = 0u; j < SWN; j++) {
-        const uint i = gl_LocalInvocationID.x + j * gl_WorkGroupSize.x, row = i / K4, k = 4u * (i % K4);
-        const uint n = n_tile + row;
-        sw[j] = i < BN * K4 && n < p.N && IN_K(k0 + k) ? dq_load4(dq_row_base(W_ROW(n), p.w_stride), k0 + k, p.K)
-                                                       : vec4(0.0);
+        const uint i = gl_LocalInvocationID.x + j * gl_WorkGroupSize.x;
+        sw[j] = i < BN * K4 ? w_quad(n_tile, i / K4, k0 + 4u * (i % K4)) : uvec2(0u);
     }
 }
 
-// sx, sw as F16 into buffer s.
+// sx, sw into buffer s.
 void stage_store(uint s)
 {
     const uint a0 = s * BM * ST, b0 = s * BN * ST;
     CM_UNROLL for (uint j = 0u; j < SXN; j++) {
         const uint i = gl_LocalInvocationID.x + j * gl_WorkGroupSize.x;
         if (i < BM * K4)
-            As[(a0 + (i / K4) * ST + 4u * (i % K4)) / 4u] = cm_f16x4(sx[j]);
+            As[(a0 + (i / K4) * ST + 4u * (i % K4)) / 4u] = sx[j];
     }
     CM_UNROLL for (uint j = 0u; j < SWN; j++) {
         const uint i = gl_LocalInvocationID.x + j * gl_WorkGroupSize.x;
         if (i < BN * K4)
-            Bs[(b0 + (i / K4) * ST + 4u * (i % K4)) / 4u] = cm_f16x4(sw[j]);
+            Bs[(b0 + (i / K4) * ST + 4u * (i % K4)) / 4u] = sw[j];
     }
 }
 

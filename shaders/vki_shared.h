@@ -231,7 +231,11 @@ VKI_STRUCT(vki_pc_moe) {
  *   d = max|x| * (1/127),  q[k] = round(x[k] / d) (half away from zero; int8, |q| <= 127; 0 if d = 0)
  * XQ in 32-bit words: [M][K/4] words of 4 int8 (element k in byte k % 4 of word m * K/4 + k/4),
  * then f32 d[M][K/32] from word M * K/4 (VKI_XQ_WORDS). matvec_i8 reads it as its binding 1 with
- * vki_pc_matmul (x_stride unused). bindings: 0 X, 1 XQ. grid (K/32 / WG, M). */
+ * vki_pc_matmul (x_stride unused). bindings: 0 X, 1 XQ. grid (K/32 / WG, M).
+ * half_x (the tensor-core GEMM's X in F16, op_half_x) takes the same push constants: X f32[M,
+ * x_stride] -> XH f16[M][K4], K4 = K rounded up to 4, XH[m][k] = f16(X[m][k]) for k < K, 0
+ * after; matmul_cm with XH = 1 reads it with vki_pc_matmul.x_stride = K4. bindings: 0 X, 1 XH.
+ * grid (K4/4 / WG, M). */
 #define VKI_XQ_WORDS(M, K) ((M) * ((K) / 4u) + (M) * ((K) / 32u))
 VKI_STRUCT(vki_pc_quant_x8) {
     vki_u32 M, K;

@@ -1606,8 +1606,56 @@ static void coopmat_vs_reference(vt_gpu *g, vt_rng *r)
     }
 }
 
-/* The emulated path everywhere (also with split-K); the real NV path too where the device has it
- * (split as the device's SM count says). */
+/* X rounded to F16 once before each prefill GEMM (op_half_x; the default where the device has a
+ * cooperative-matrix path) against the GEMM converting it in every tile (kernel_config gemm_xh=0):
+ * the same logits bit for bit after a prefill above the crossover and two decode steps, with one
+ * conversion dispatch per GEMM input more (Q|K|V's, the output projection's, gate|up's, down's:
+ * four per layer). */
+static void xh_bitwise(vt_gpu *g, vt_rng *r, const shape_case *c)
+{
+    char path[256];
+    write_model(c, path, sizeof path);
+    fixture fx[2];
+    for (int f = 0; f < 2; f++)
+        fixture_open(g, path, c->kv_type, 128, &fx[f]);
+    const uint32_t V = fx[0].n_vocab, np = op_matmul_gemv_max_m(g->dev) + vt_range(r, 5, 30), nd = 2;
+    int32_t prompt[96];
+    random_prompt(r, prompt, np, V);
+    tseq s[2];
+    float *lg[2] = {malloc(V * sizeof(float)), malloc(V * sizeof(float))};
+    uint32_t disp[2] = {0};
+    for (int f = 0; f < 2; f++)
+        tseq_init(&s[f], 1, prompt, np, np + nd + 1);
+    for (uint32_t it = 0; it <= nd; it++) {
+        for (int f = 0; f < 2; f++) {
+            g->dev->cm_x32 = f == 1; /* read while recording: each engine keeps its own */
+            tseq *ps = &s[f];
+            uint32_t n_new = it ? 1 : np;
+            float *out[1] = {lg[f]};
+            step(&fx[f], &ps, &n_new, 1, out);
+            disp[f] = it ? disp[f] : fx[f].e->last_dispatches;
+        }
+        if (memcmp(lg[0], lg[1], V * sizeof(float)))
+            fail_msg("%s: step %u: logits with F16 X differ from the GEMM's own conversion (NMSE %.3g)", c->label, it,
+                     vt_nmse(lg[0], lg[1], V));
+    }
+    g->dev->cm_x32 = false;
+    const uint32_t n_layer = fx[0].e->model.hp.n_layer;
+    if (disp[0] != disp[1] + 4 * n_layer)
+        fail_msg("%s: prefill of %u tokens took %u dispatches with F16 X, %u without (want 4 per layer more)", c->label,
+                 np, disp[0], disp[1]);
+    fprintf(stderr, "  %-30s F16 X once: bitwise equal over %u + %u tokens, prefill %u -> %u dispatches\n", c->label,
+            np, nd, disp[1], disp[0]);
+    for (int f = 0; f < 2; f++) {
+        free(s[f].tok);
+        free(lg[f]);
+        fixture_close(&fx[f]);
+    }
+    unlink(path);
+}
+
+/* The emulated path everywhere (also with split-K, and with X in F16 against F32); the real NV
+ * path too where the device has it (split as the device's SM count says). */
 static void test_coopmat_vs_reference(void **state)
 {
     vt_gpu *g = vt_gpu_get(state);
@@ -1623,8 +1671,12 @@ static void test_coopmat_vs_reference(void **state)
     assert_int_equal(op_matmul_cm_splits(g->dev, 64, 256, 256), 2);
     coopmat_vs_reference(g, &r);
     g->dev->cm_split = 0;
-    if (g->dev->nv_coopmat && vkd_coopmat_select(g->dev, VKI_COOPMAT_AUTO) == VKI_OK)
+    const shape_case xc = {"cm_xh_q4km", "llama", 256, 4, 2, 64, 512, SYNTH_Q4_K_M, false, VKI_GGML_F16, TOL_CM};
+    xh_bitwise(g, &r, &xc);
+    if (g->dev->nv_coopmat && vkd_coopmat_select(g->dev, VKI_COOPMAT_AUTO) == VKI_OK) {
         coopmat_vs_reference(g, &r);
+        xh_bitwise(g, &r, &xc);
+    }
     else
         fprintf(stderr, "  no VK_NV_cooperative_matrix on this device: only the emulated path ran\n");
     g->dev->cm = saved;

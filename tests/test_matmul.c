@@ -457,7 +457,8 @@ static void test_kernel_config(void **state)
                                       "gemm_split=x", "gemm_split=65", "gemv_max_m=0", "gemv_max_m=5000",
                                       "gemv_max_m=99999999999", "foo=1", "matvec", "=8x4", "gemm_stages=1,bk=2",
                                       "attn_split=8", "attn_split=40", "attn_split=65552", "attn_split=32x2",
-                                      "attn_loads=0", "attn_loads=9", "sample_loads=0", "sample_loads=17"};
+                                      "attn_loads=0", "attn_loads=9", "sample_loads=0", "sample_loads=17",
+                                      "gemm_xh=2", "gemm_xh", "gemm_xh=", "gemm_xh=01", "gemm_xh=1x1"};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
         if (op_kernel_config(d, bad[i], false) != VKI_ERR_INVALID_ARG)
             fail_msg("kernel config '%s' accepted", bad[i]);
@@ -610,7 +611,9 @@ static void test_coopmat_split(void **state)
  * = 2: step k + 1 staged into the other buffer while step k's products run) and K steps of 64
  * (BK = 64: a quantised step half past K, read as zeros: X rows carry NaN in their stride
  * padding; Q4_1 rows are not padded to a scale group, so the last one's step past K would read
- * past the tensor; float K tails read as zeros), emulated and, where present, on tensor cores;
+ * past the tensor; float K tails read as zeros), X rounded to F16 once by op_half_x (XH = 1, with
+ * one stage and with two at BK = 64: its rows' zero tails and the steps past K), emulated and,
+ * where present, on tensor cores;
  * odd and even step counts, edge tiles, split-K at split boundaries both step sizes share (each
  * split's own first step), accumulation and bias; each variant also against the F16-rounded
  * reference. */
@@ -627,7 +630,8 @@ static void test_coopmat_staging(void **state)
         {VKI_GGML_Q8_0, 33, 130, 32 * 7, 0, false, true},  /* 7 steps of 32 or 4 of 64 */
         {VKI_GGML_Q4_1, 17, 31, 32 * 39, 4, true, false},  /* 4 splits of 320, the last 288 */
     };
-    static const uint32_t variants[][2] = {{1, 32}, {2, 32}, {1, 64}}; /* {stages, BK}; the first: default */
+    /* {stages, BK, X in F16}; the first: the default of F32 X */
+    static const uint32_t variants[][3] = {{1, 32, 0}, {2, 32, 0}, {1, 64, 0}, {1, 32, 1}, {2, 64, 1}};
     for (int real = 0; real < 2; real++) {
         if (real ? !g->dev->nv_coopmat || vkd_coopmat_select(g->dev, VKI_COOPMAT_AUTO) != VKI_OK ||
                        g->dev->cm.kind != VKD_CM_NV
@@ -655,17 +659,28 @@ static void test_coopmat_staging(void **state)
                 g->dev->cm_stages = variants[v][0], g->dev->cm_bk = variants[v][1];
                 assert_int_equal(op_matmul_cm_splits(g->dev, M, N, K), cases[i].split ? cases[i].split : 1);
                 vkd_buffer *by = vt_buf_from(g, y0, (size_t)M * N * 4, "y");
+                /* F16 X with NaN after its last row: a GEMM reading past a row's K fails */
+                vkd_buffer *bh = variants[v][2] ? vt_buf_nan(g, op_half_x_bytes(M, K) + 256, "xh") : NULL;
                 vt_begin(g);
-                assert_int_equal(op_matmul_ex(&g->cmd, &t, cases[i].bias ? &vb : NULL, vkd_whole(bx), xs,
-                                              vkd_whole(by), N, M, OP_MM_COOPMAT, cases[i].accum),
-                                 VKI_OK);
+                if (bh) {
+                    assert_int_equal(op_half_x(&g->cmd, vkd_whole(bx), xs, M, K, vkd_whole(bh)), VKI_OK);
+                    vkd_barrier(&g->cmd);
+                    assert_int_equal(op_matmul_xh(&g->cmd, &t, cases[i].bias ? &vb : NULL, vkd_whole(bh),
+                                                  vkd_whole(by), N, M, cases[i].accum),
+                                     VKI_OK);
+                } else {
+                    assert_int_equal(op_matmul_ex(&g->cmd, &t, cases[i].bias ? &vb : NULL, vkd_whole(bx), xs,
+                                                  vkd_whole(by), N, M, OP_MM_COOPMAT, cases[i].accum),
+                                     VKI_OK);
+                }
                 vt_submit_wait(g);
                 vt_download(g, by, v ? y : y1, (size_t)M * N * 4);
                 vkd_buffer_destroy(g->dev, by);
+                vkd_buffer_destroy(g->dev, bh);
                 if (v && memcmp(y, y1, (size_t)M * N * 4))
-                    fail_msg("%s %s M=%u N=%u K=%u split=%u: %u stages, BK %u differ from the default",
+                    fail_msg("%s %s M=%u N=%u K=%u split=%u: %u stages, BK %u, %s X differ from the default",
                              quant_get(type)->name, real ? "tensor cores" : "emulated", M, N, K, cases[i].split,
-                             variants[v][0], variants[v][1]);
+                             variants[v][0], variants[v][1], variants[v][2] ? "F16" : "F32");
                 vt_assert_nmse(v ? y : y1, ref, (size_t)M * N, real ? CM_NV_TOL : CM_EMU_TOL, "coopmat staging");
             }
             g->dev->cm_split = g->dev->cm_stages = g->dev->cm_bk = 0;
@@ -676,6 +691,88 @@ static void test_coopmat_staging(void **state)
         }
     }
     g->dev->cm = g->cm0;
+    vt_assert_clean(g);
+}
+
+/* op_half_x, the tensor-core GEMM's input rounded to F16 once: every element bit for bit what
+ * quant_f32_to_f16 (round to nearest even) gives, ties, 65504, the values that round past it to
+ * inf and signed zeros included; K tails of 1..3 (zeros up to the next multiple of 4, not the NaN
+ * after K in the stride), rows of vec4 loads (K % 4 == 0, 16-byte offset) and of scalar ones;
+ * argument refusals; when the forward pass takes this path (op_matmul_takes_xh). */
+static void test_half_x(void **state)
+{
+    vt_gpu *g = vt_gpu_get(state);
+    vkd_device *d = g->dev;
+    vt_rng r = vt_rng_seeded("half x");
+    if (!d->info.float16)
+        skip();
+    static const float special[] = {0.0f, -0.0f, 1.0f + 0x1p-11f, 1.0f + 0x3p-11f, 65504.0f, 65519.0f, 65520.0f,
+                                    -1e6f, 0x1p-14f, 2049.0f, -3.0f + 0x1p-10f, INFINITY};
+    static const uint32_t Ks[] = {1, 2, 3, 5, 37, 64, 256};
+    /* views at an offset (the device's binding alignment, at least 16 bytes: X's vec4 loads) */
+    const uint32_t a = d->info.min_storage_buffer_offset_alignment > 16 ? (uint32_t)d->info.min_storage_buffer_offset_alignment
+                                                                         : 16;
+    for (size_t ki = 0; ki < sizeof Ks / sizeof Ks[0]; ki++) {
+        const uint32_t K = Ks[ki], M = 3 + (uint32_t)ki % 3, xs = K % 4 ? K + 1 : K, K4 = op_half_x_stride(K);
+        const size_t n = a / 4 + (size_t)M * xs;
+        float *x = malloc(n * 4);
+        uint16_t *got = malloc((size_t)M * K4 * 2);
+        vt_fill_uniform(&r, x, n, -40.0f, 40.0f);
+        for (uint32_t m = 0; m < M; m++) {
+            for (uint32_t k = 0; k < K && m == 1; k++)
+                x[a / 4 + k + xs] = special[k % (sizeof special / sizeof special[0])];
+            if (xs > K)
+                x[a / 4 + (size_t)m * xs + K] = NAN;
+        }
+        vkd_buffer *bx = vt_buf_from(g, x, n * 4, "x"), *bh = vt_buf_nan(g, op_half_x_bytes(M, K) + a, "xh");
+        assert_int_equal(op_half_x_bytes(M, K), (uint64_t)M * K4 * 2);
+        vt_begin(g);
+        assert_int_equal(op_half_x(&g->cmd, (vkd_view){bx, a, VK_WHOLE_SIZE}, xs, M, K, (vkd_view){bh, a, VK_WHOLE_SIZE}),
+                         VKI_OK);
+        vt_submit_wait(g);
+        assert_int_equal(vkd_download(d, bh, a, got, (size_t)M * K4 * 2), VKI_OK);
+        for (uint32_t m = 0; m < M; m++)
+            for (uint32_t k = 0; k < K4; k++) {
+                const uint16_t want = k < K ? quant_f32_to_f16(x[a / 4 + (size_t)m * xs + k]) : 0;
+                if (got[(size_t)m * K4 + k] != want)
+                    fail_msg("half_x K=%u row %u col %u: %04x, want %04x (x = %a)", K, m, k, got[(size_t)m * K4 + k],
+                             want, k < K ? x[a / 4 + (size_t)m * xs + k] : 0.0f);
+            }
+        vkd_buffer_destroy(d, bx);
+        vkd_buffer_destroy(d, bh);
+        free(x);
+        free(got);
+    }
+    /* refusals: nothing recorded */
+    vkd_buffer *b = vt_buf_nan(g, 4096, "b");
+    vk_tensor tw;
+    assert_int_equal(vk_tensor_create(d, VKI_GGML_F32, 16, 16, 0, "w", &tw), VKI_OK);
+    vt_begin(g);
+    assert_int_equal(op_half_x(&g->cmd, vkd_whole(b), 16, 0, 16, vkd_whole(b)), VKI_ERR_INVALID_ARG);
+    assert_int_equal(op_half_x(&g->cmd, vkd_whole(b), 8, 2, 16, vkd_whole(b)), VKI_ERR_INVALID_ARG); /* stride < K */
+    assert_int_equal(op_half_x(&g->cmd, vkd_whole(b), 16, 2, 16, (vkd_view){b, 4, VK_WHOLE_SIZE}), VKI_ERR_INVALID_ARG);
+    assert_int_equal(op_half_x(&g->cmd, vkd_whole(b), 16, 2, 16, (vkd_view){b, 0, 63}), VKI_ERR_INVALID_ARG);
+    assert_int_equal(op_matmul_xh(&g->cmd, &tw, NULL, (vkd_view){b, 0, 16 * 16 * 2 - 1}, vkd_whole(b), 16, 16, false),
+                     VKI_ERR_INVALID_ARG); /* 16 rows of F16 X need 512 bytes */
+    const vkd_cm saved = d->cm;
+    const bool saved_x32 = d->cm_x32;
+    assert_int_equal(vkd_coopmat_select(d, VKI_COOPMAT_OFF), VKI_OK);
+    assert_int_equal(op_matmul_xh(&g->cmd, &tw, NULL, vkd_whole(b), vkd_whole(b), 16, 16, false), VKI_ERR_UNSUPPORTED);
+    assert_false(op_matmul_takes_xh(d, 4096));
+    vt_submit_wait(g);
+    if (vkd_coopmat_select(d, VKI_COOPMAT_EMULATED) == VKI_OK) {
+        const uint32_t m = op_matmul_gemv_max_m(d);
+        assert_false(op_matmul_takes_xh(d, m));
+        assert_true(op_matmul_takes_xh(d, m + 1));
+        assert_int_equal(op_kernel_config(d, "gemm_xh=0", true), VKI_OK);
+        assert_false(op_matmul_takes_xh(d, m + 1));
+        assert_int_equal(op_kernel_config(d, "gemm_xh=1", true), VKI_OK);
+        assert_true(op_matmul_takes_xh(d, m + 1));
+    }
+    d->cm = saved;
+    d->cm_x32 = saved_x32;
+    vk_tensor_destroy(d, &tw);
+    vkd_buffer_destroy(d, b);
     vt_assert_clean(g);
 }
 
@@ -1734,6 +1831,7 @@ int main(void)
         cmocka_unit_test(test_coopmat_split_slots),
         cmocka_unit_test(test_coopmat_split_no_memory),
         cmocka_unit_test(test_coopmat_staging),
+        cmocka_unit_test(test_half_x),
         cmocka_unit_test(test_kernel_config),
         cmocka_unit_test(test_boundary_parts_bias),
         cmocka_unit_test(test_gpu_configs),

@@ -260,6 +260,25 @@ static vki_status matmul_cm_record(bench_run *r, vkd_cmd *c)
     return op_matmul_path(c, next_w(r), NULL, vkd_whole(r->buf[0]), r->K, vkd_whole(r->buf[1]), r->N, r->M, OP_MM_COOPMAT);
 }
 
+/* The tensor-core GEMM as the forward pass records it (op_matmul_takes_xh): X rounded to F16 by
+ * op_half_x, a barrier, the GEMM reading the F16 rows; timed together, against matmul_cm's
+ * conversion inside every tile. buf[2]: the F16 rows. */
+static vki_status mm_xh_setup(bench_run *r)
+{
+    vki_status st = mm_setup(r);
+    if (st == VKI_OK)
+        st = vkd_buffer_create(r->d, op_half_x_bytes(r->M, r->K), VKD_MEM_DEVICE, "bench xh", &r->buf[2]);
+    return st;
+}
+
+static vki_status matmul_cm_xh_record(bench_run *r, vkd_cmd *c)
+{
+    vki_status st = op_half_x(c, vkd_whole(r->buf[0]), r->K, r->M, r->K, vkd_whole(r->buf[2]));
+    vkd_barrier(c);
+    return st == VKI_OK ? op_matmul_xh(c, next_w(r), NULL, vkd_whole(r->buf[2]), vkd_whole(r->buf[1]), r->N, r->M, false)
+                        : st;
+}
+
 /* cm_peak (shaders/cm_peak.comp): M workgroups of 4 subgroups, N multiply-adds per accumulator,
  * K accumulators per subgroup. buf: 0 the A/B values, 1 the accumulators' destination. */
 #define PEAK_SUBGROUPS 4u
@@ -705,6 +724,10 @@ static const bench_kernel benches[] = {
      .full = {{512, 4096, 4096}, {512, 14336, 4096}, {2048, 4096, 4096}, {64, 4096, 4096}},
      .small = {{128, 512, 512}, {32, 512, 512}},
      mm_setup, matmul_cm_record},
+    {"matmul_cm_xh", "as matmul_cm with X rounded to F16 once first (op_half_x + a barrier, timed with it)",
+     WEIGHT_TYPES, .full = {{512, 4096, 4096}, {512, 14336, 4096}, {2048, 4096, 4096}, {64, 4096, 4096}},
+     .small = {{128, 512, 512}, {32, 512, 512}},
+     mm_xh_setup, matmul_cm_xh_record},
     {"cm_peak", "M workgroups of 4 subgroups, N multiply-adds, K accumulators per subgroup",
      .types = {VKI_GGML_F16}, .n_types = 1,
      .full = {{1056, 4096, 4}, {1056, 4096, 8}, {2112, 4096, 8}}, .small = {{4, 64, 4}},
@@ -812,7 +835,7 @@ static void print_row(bench_out *out, const char *kernel, const char *tname, ben
         snprintf(fr, sizeof fr, "%.4f", frac);
     }
     /* the K splits of the tensor-core GEMM; the timed batches' spread around the median */
-    const uint32_t splits = !strcmp(kernel, "matmul_cm") ? op_matmul_cm_splits(out->d, s.M, s.N, s.K) : 0;
+    const uint32_t splits = !strncmp(kernel, "matmul_cm", 9) ? op_matmul_cm_splits(out->d, s.M, s.N, s.K) : 0;
     char sp[16] = "-", js[16] = "null";
     if (splits) {
         snprintf(sp, sizeof sp, "%u", splits);
