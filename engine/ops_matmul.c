@@ -715,12 +715,10 @@ vki_status op_half_x(vkd_cmd *c, vkd_view x, uint32_t x_stride, uint32_t M, uint
         return bad_arg(d, "half_x", NULL, "X view too small for [M, x_stride] (or x_stride < K)");
     if (view_range(&xh) < op_half_x_bytes(M, K) || xh.offset % 8)
         return bad_arg(d, "half_x", NULL, "XH view smaller than op_half_x_bytes(M, K) (or not 8-aligned)");
-    if (M > d->info.max_workgroup_count[1])
-        return bad_arg(d, "half_x", NULL, "M too large for one dispatch on this device");
-    const uint32_t spec[1] = {HALF_X_WG};
+    const uint32_t spec[1] = {HALF_X_WG}, gy = M < d->info.max_workgroup_count[1] ? M : d->info.max_workgroup_count[1];
     vki_pc_quant_x8 pc = {.M = M, .K = K, .x_stride = x_stride, .x_vec4 = x_vec4(&x, x_stride)};
     vkd_view b[2] = {x, xh};
-    return vkk_dispatch(c, VKK_HALF_X, spec, b, 2, &pc, sizeof pc, vkk_groups(op_half_x_stride(K) / 4, spec[0]), M, 1);
+    return vkk_dispatch(c, VKK_HALF_X, spec, b, 2, &pc, sizeof pc, vkk_groups(op_half_x_stride(K) / 4, spec[0]), gy, 1);
 }
 
 vki_status op_matmul_xh(vkd_cmd *c, const vk_tensor *w, const vkd_view *bias, vkd_view xh, vkd_view y,

@@ -7,7 +7,8 @@
 // would otherwise load each F32 quad of X and convert it again for every one of the N / BN tile
 // columns that read it: XH[m][k] = f16(X[m][k]) for k < K, 0 for K <= k < K4 = K rounded up to
 // 4 (rows K4 halves apart: each quad one aligned 8-byte word). cm_f16x4 is the staging's own
-// rounding, so the GEMM's tiles hold the same bits either way. One invocation per quad.
+// rounding, so the GEMM's tiles hold the same bits either way. One invocation per quad of a
+// row, rows grid-strided along y (a prefill's rows may outnumber the device's workgroups in y).
 //
 // Bound by: memory bandwidth, 6 bytes per element (a 512 x 4096 X: 12 MB, a few us on an H200,
 // against the hundreds of us of the product that reads it).
@@ -20,19 +21,21 @@ layout(std430, binding = 1) writeonly buffer XH { uvec2 xh[]; }; // f16 quads [M
 
 void main()
 {
-    const uint nq = (p.K + 3u) / 4u, q = gl_GlobalInvocationID.x, m = gl_GlobalInvocationID.y;
-    if (q >= nq || m >= p.M)
+    const uint nq = (p.K + 3u) / 4u, q = gl_GlobalInvocationID.x, k = 4u * q;
+    if (q >= nq)
         return;
-    const uint k = 4u * q, i = m * p.x_stride + k;
-    vec4 v = vec4(0.0);
-    if (k + 4u > p.K) { // the row's tail: x_stride may end right after K
-        [[unroll]] for (uint c = 0u; c < 4u; c++)
-            if (k + c < p.K)
-                v[c] = x[i + c];
-    } else if (p.x_vec4 != 0u) {
-        v = x4[i >> 2];
-    } else {
-        v = vec4(x[i], x[i + 1u], x[i + 2u], x[i + 3u]);
+    for (uint m = gl_WorkGroupID.y; m < p.M; m += gl_NumWorkGroups.y) {
+        const uint i = m * p.x_stride + k;
+        vec4 v = vec4(0.0);
+        if (k + 4u > p.K) { // the row's tail: x_stride may end right after K
+            [[unroll]] for (uint c = 0u; c < 4u; c++)
+                if (k + c < p.K)
+                    v[c] = x[i + c];
+        } else if (p.x_vec4 != 0u) {
+            v = x4[i >> 2];
+        } else {
+            v = vec4(x[i], x[i + 1u], x[i + 2u], x[i + 3u]);
+        }
+        xh[m * nq + q] = cm_f16x4(v);
     }
-    xh[m * nq + q] = cm_f16x4(v);
 }

@@ -697,7 +697,8 @@ static void test_coopmat_staging(void **state)
 /* op_half_x, the tensor-core GEMM's input rounded to F16 once: every element bit for bit what
  * quant_f32_to_f16 (round to nearest even) gives, ties, 65504, the values that round past it to
  * inf and signed zeros included; K tails of 1..3 (zeros up to the next multiple of 4, not the NaN
- * after K in the stride), rows of vec4 loads (K % 4 == 0, 16-byte offset) and of scalar ones;
+ * after K in the stride), rows of vec4 loads (K % 4 == 0, 16-byte offset) and of scalar ones, more
+ * rows than workgroups along y;
  * argument refusals; when the forward pass takes this path (op_matmul_takes_xh). */
 static void test_half_x(void **state)
 {
@@ -712,7 +713,10 @@ static void test_half_x(void **state)
     /* views at an offset (the device's binding alignment, at least 16 bytes: X's vec4 loads) */
     const uint32_t a = d->info.min_storage_buffer_offset_alignment > 16 ? (uint32_t)d->info.min_storage_buffer_offset_alignment
                                                                          : 16;
+    const uint32_t gy = d->info.max_workgroup_count[1];
     for (size_t ki = 0; ki < sizeof Ks / sizeof Ks[0]; ki++) {
+        /* every other case as on a device of 2 workgroups along y: rows grid-strided */
+        d->info.max_workgroup_count[1] = ki % 2 ? 2 : gy;
         const uint32_t K = Ks[ki], M = 3 + (uint32_t)ki % 3, xs = K % 4 ? K + 1 : K, K4 = op_half_x_stride(K);
         const size_t n = a / 4 + (size_t)M * xs;
         float *x = malloc(n * 4);
@@ -743,6 +747,7 @@ static void test_half_x(void **state)
         free(x);
         free(got);
     }
+    d->info.max_workgroup_count[1] = gy;
     /* refusals: nothing recorded */
     vkd_buffer *b = vt_buf_nan(g, 4096, "b");
     vk_tensor tw;
