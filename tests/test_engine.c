@@ -1606,39 +1606,76 @@ static void coopmat_vs_reference(vt_gpu *g, vt_rng *r)
     }
 }
 
+/* Context logits (a logits_sink over the prompt's rows), [row][V]. */
+typedef struct ctx_got {
+    float *rows;
+    uint32_t cap, n;
+} ctx_got;
+
+static void ctx_sink(void *ctx, const float *rows, uint32_t n_rows, uint32_t n_vocab, uint32_t pos0, bool sampled)
+{
+    ctx_got *g = ctx;
+    if (sampled || pos0 + n_rows > g->cap)
+        return;
+    memcpy(g->rows + (size_t)pos0 * n_vocab, rows, (size_t)n_rows * n_vocab * sizeof(float));
+    g->n += n_rows;
+}
+
 /* X rounded to F16 once before each prefill GEMM (op_half_x; the default where the device has a
  * cooperative-matrix path) against the GEMM converting it in every tile (kernel_config gemm_xh=0):
- * the same logits bit for bit after a prefill above the crossover and two decode steps, with one
- * conversion dispatch per GEMM input more (Q|K|V's, the output projection's, gate|up's, down's:
- * four per layer). */
+ * the same logits bit for bit after a prefill above the crossover (its sampled row and every
+ * prompt row's context logits, the LM head over all of them on the GEMM too) and two decode
+ * steps, with one conversion dispatch per GEMM input more in the step (Q|K|V's, the output
+ * projection's, gate|up's, down's: four per layer). */
 static void xh_bitwise(vt_gpu *g, vt_rng *r, const shape_case *c)
 {
     char path[256];
     write_model(c, path, sizeof path);
     fixture fx[2];
+    vk_engine_params p = test_params(c->kv_type, 128);
+    p.max_seqs = 64; /* context logits: 64 rows per LM-head pass, past the crossover */
     for (int f = 0; f < 2; f++)
-        fixture_open(g, path, c->kv_type, 128, &fx[f]);
+        fixture_open_engine(g, path, &p, &fx[f]);
     const uint32_t V = fx[0].n_vocab, np = op_matmul_gemv_max_m(g->dev) + vt_range(r, 5, 30), nd = 2;
     int32_t prompt[96];
     random_prompt(r, prompt, np, V);
     tseq s[2];
     float *lg[2] = {malloc(V * sizeof(float)), malloc(V * sizeof(float))};
+    ctx_got cg[2];
     uint32_t disp[2] = {0};
-    for (int f = 0; f < 2; f++)
+    for (int f = 0; f < 2; f++) {
         tseq_init(&s[f], 1, prompt, np, np + nd + 1);
+        cg[f] = (ctx_got){malloc((size_t)np * V * sizeof(float)), np, 0};
+    }
     for (uint32_t it = 0; it <= nd; it++) {
         for (int f = 0; f < 2; f++) {
             g->dev->cm_x32 = f == 1; /* read while recording: each engine keeps its own */
             tseq *ps = &s[f];
-            uint32_t n_new = it ? 1 : np;
-            float *out[1] = {lg[f]};
-            step(&fx[f], &ps, &n_new, 1, out);
-            disp[f] = it ? disp[f] : fx[f].e->last_dispatches;
+            if (it) {
+                uint32_t n_new = 1;
+                float *out[1] = {lg[f]};
+                step(&fx[f], &ps, &n_new, 1, out);
+                continue;
+            }
+            vki_step_seq ss = {.slot = ps->slot, .n_new = np, .tokens = ps->tok, .n_pages = PAGES_PER_SEQ,
+                               .pages = ps->pages, .want_token = true, .logits_sink = ctx_sink,
+                               .logits_sink_ctx = &cg[f], .sink_rows_end = np};
+            vki_step_plan plan = {.n_seqs = 1, .seqs = &ss, .n_tokens = np};
+            vki_step_out out;
+            assert_int_equal(vk_engine_step(fx[f].e, &plan, &out, lg[f]), VKI_OK);
+            disp[f] = fx[f].e->last_dispatches;
+            ps->done = np;
+            ps->tok[ps->n++] = out.token;
         }
         if (memcmp(lg[0], lg[1], V * sizeof(float)))
             fail_msg("%s: step %u: logits with F16 X differ from the GEMM's own conversion (NMSE %.3g)", c->label, it,
                      vt_nmse(lg[0], lg[1], V));
     }
+    assert_int_equal(cg[0].n, np);
+    assert_int_equal(cg[1].n, np);
+    if (memcmp(cg[0].rows, cg[1].rows, (size_t)np * V * sizeof(float)))
+        fail_msg("%s: context logits with F16 X differ from the GEMM's own conversion (NMSE %.3g)", c->label,
+                 vt_nmse(cg[0].rows, cg[1].rows, (size_t)np * V));
     g->dev->cm_x32 = false;
     const uint32_t n_layer = fx[0].e->model.hp.n_layer;
     if (disp[0] != disp[1] + 4 * n_layer)
@@ -1649,6 +1686,7 @@ static void xh_bitwise(vt_gpu *g, vt_rng *r, const shape_case *c)
     for (int f = 0; f < 2; f++) {
         free(s[f].tok);
         free(lg[f]);
+        free(cg[f].rows);
         fixture_close(&fx[f]);
     }
     unlink(path);
