@@ -123,6 +123,13 @@ static vki_status create_scratch(vk_engine *e)
     vk_scratch *s = &e->s;
     uint32_t slots = e->in.max_items; /* partial slots <= items */
     vki_status st;
+    /* the projections' inputs: d (Q|K|V, gate|up, LM head), q (out), d_ff (down); in F16 for the
+     * tensor-core GEMMs (before the experts' scratch, which sizes its own by whether this exists) */
+    uint32_t K = hp->d_model > qd ? hp->d_model : (uint32_t)qd;
+    K = hp->d_ff > K ? hp->d_ff : K;
+    if (e->dev->cm.kind != VKD_CM_NONE && !e->p.batch_invariant &&
+        (st = make_buf(e, op_half_x_bytes((uint32_t)T, K), "act f16 x", &s->xh)))
+        return st;
     if ((st = make_buf(e, T * hp->d_model * 4, "act x", &s->x)) || (st = make_buf(e, T * hp->d_model * 4, "act h", &s->h)) ||
         (st = make_buf(e, T * q_cols * 4, "act q", &s->q)) ||
         (st = make_buf(e, k_own ? T * kvd * 4 : 4, "act k", &s->k)) ||
@@ -147,12 +154,6 @@ static vki_status create_scratch(vk_engine *e)
         (st = vkd_fill(e->dev, s->attn_cnt, 0, s->attn_cnt->size, 0)) ||
         (st = make_buf(e, cnt_bytes, "matmul counters", &s->mm_cnt)) ||
         (st = vkd_fill(e->dev, s->mm_cnt, 0, cnt_bytes, 0)))
-        return st;
-    /* the projections' inputs: d (Q|K|V, gate|up, LM head), q (out), d_ff (down) */
-    uint32_t K = hp->d_model > qd ? hp->d_model : (uint32_t)qd;
-    K = hp->d_ff > K ? hp->d_ff : K;
-    if (e->dev->cm.kind != VKD_CM_NONE && !e->p.batch_invariant &&
-        (st = make_buf(e, op_half_x_bytes((uint32_t)T, K), "act f16 x", &s->xh)))
         return st;
     if (e->p.int_dot) {
         if ((st = make_buf(e, op_quant_x8_bytes((uint32_t)T, K), "act int8 x", &s->xq)) ||

@@ -88,6 +88,8 @@ typedef struct vk_scratch {
     vkd_buffer *moe_route;  /* u32 [n_expert + 1 + P] pairs grouped by expert */
     vkd_buffer *moe_g, *moe_u; /* f32 [P][d_ff_exp] expert gate (then silu(gate) * up) and up */
     vkd_buffer *moe_o;      /* f32 [P][d] expert outputs */
+    vkd_buffer *moe_gh;     /* moe_g rounded to F16 (op_half_x of [P][d_ff_exp]), the down experts'
+                               input on the tensor-core GEMM; NULL without one */
     vkd_buffer *moe_gq;     /* int_dot: moe_g quantised (op_quant_x8 of [P][d_ff_exp]), the down
                                projection's input; NULL without int_dot or when d_ff_exp % 32 */
 } vk_scratch;

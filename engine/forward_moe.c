@@ -17,7 +17,9 @@
  * arithmetic per pair does not depend on the other pairs, and the routing and the weighted sum
  * are per token: a token's experts and its output do not depend on its batch-mates.
  * With int_dot the matrix-vector path's experts take integer dot products as the dense
- * projections do (op_matmul_id_i8): h's rows and then g's pair rows quantised to int8 first. */
+ * projections do (op_matmul_id_i8): h's rows and then g's pair rows quantised to int8 first. On
+ * the tensor-core GEMM the experts read h's rows and g's pair rows rounded to F16 once
+ * (op_half_x, op_matmul_id_xh), as the dense products do. */
 #include "engine/engine.h"
 #include "engine/ops_basic.h"
 #include "engine/ops_matmul.h"
@@ -62,6 +64,7 @@ vki_status vk_moe_scratch_create(vk_engine *e)
         {&s->moe_o, P * hp->d_model * 4, "moe expert out"},
         {&s->moe_gq, e->p.int_dot && hp->d_ff_exp % 32 == 0 ? op_quant_x8_bytes((uint32_t)P, hp->d_ff_exp) : 0,
          "moe gate int8"},
+        {&s->moe_gh, s->xh ? op_half_x_bytes((uint32_t)P, hp->d_ff_exp) : 0, "moe gate f16"},
     };
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) {
         if (!all[i].bytes)
@@ -83,7 +86,7 @@ void vk_moe_scratch_destroy(vk_engine *e)
 {
     vk_scratch *s = &e->s;
     vkd_buffer **all[] = {&s->moe_logits, &s->moe_ids, &s->moe_w, &s->moe_route,
-                          &s->moe_g,      &s->moe_u,   &s->moe_o, &s->moe_gq};
+                          &s->moe_g,      &s->moe_u,   &s->moe_o, &s->moe_gq, &s->moe_gh};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) {
         vkd_buffer_destroy(e->dev, *all[i]);
         *all[i] = NULL;
@@ -161,14 +164,25 @@ static vki_status moe_chunk(vk_engine *e, const vk_layer *L, uint32_t t0, uint32
         TRY(op_quant_x8(c, h, d, n, d, xq));
         vkd_barrier(c);
     }
+    /* the tensor-core GEMM: h's rows and then g's rounded to F16 once (s->xh, s->moe_gh) */
+    const bool xh = path == OP_MM_COOPMAT && s->moe_gh && !e->dev->cm_x32;
+    if (xh) {
+        vkd_role(c, "ffn_moe_xh");
+        TRY(op_half_x(c, h, d, n, d, vkd_whole(s->xh)));
+        vkd_barrier(c);
+    }
     vkd_role(c, "ffn_gate_exps");
     if (gi8)
         TRY(op_matmul_id_i8(c, &L->w_gate_exps, E, ids, xq, k, vkd_whole(s->moe_g), ff, P));
+    else if (xh)
+        TRY(op_matmul_id_xh(c, &L->w_gate_exps, E, route, vkd_whole(s->xh), k, vkd_whole(s->moe_g), ff, P, n));
     else
         TRY(op_matmul_id(c, &L->w_gate_exps, E, ids, route, h, d, k, vkd_whole(s->moe_g), ff, P, n, path));
     vkd_role(c, "ffn_up_exps");
     if (ui8)
         TRY(op_matmul_id_i8(c, &L->w_up_exps, E, ids, xq, k, vkd_whole(s->moe_u), ff, P));
+    else if (xh)
+        TRY(op_matmul_id_xh(c, &L->w_up_exps, E, route, vkd_whole(s->xh), k, vkd_whole(s->moe_u), ff, P, n));
     else
         TRY(op_matmul_id(c, &L->w_up_exps, E, ids, route, h, d, k, vkd_whole(s->moe_u), ff, P, n, path));
     vkd_barrier(c);
@@ -180,9 +194,16 @@ static vki_status moe_chunk(vk_engine *e, const vk_layer *L, uint32_t t0, uint32
         TRY(op_quant_x8(c, vkd_whole(s->moe_g), ff, P, ff, gq));
         vkd_barrier(c);
     }
+    if (xh) {
+        vkd_role(c, "ffn_moe_gh");
+        TRY(op_half_x(c, vkd_whole(s->moe_g), ff, P, ff, vkd_whole(s->moe_gh)));
+        vkd_barrier(c);
+    }
     vkd_role(c, "ffn_down_exps");
     if (di8)
         TRY(op_matmul_id_i8(c, &L->w_down_exps, E, ids, gq, 1, vkd_whole(s->moe_o), d, P));
+    else if (xh)
+        TRY(op_matmul_id_xh(c, &L->w_down_exps, E, route, vkd_whole(s->moe_gh), 1, vkd_whole(s->moe_o), d, P, n));
     else
         TRY(op_matmul_id(c, &L->w_down_exps, E, ids, route, vkd_whole(s->moe_g), ff, 1, vkd_whole(s->moe_o), d, P,
                          n, path));

@@ -1030,9 +1030,11 @@ static vki_status id_parts_dispatch(vkd_cmd *c, const char *op, const vk_tensor 
     return st;
 }
 
-vki_status op_matmul_id(vkd_cmd *c, const vk_tensor *w, uint32_t n_expert, vkd_view ids, vkd_view route, vkd_view x,
-                        uint32_t x_stride, uint32_t x_div, vkd_view y, uint32_t y_stride, uint32_t M,
-                        uint32_t max_rows, op_mm_path path)
+/* op_matmul_id, and with xh (op_matmul_id_xh) the tensor-core GEMM reading X in F16 (op_half_x's
+ * rows; x_stride ignored). */
+static vki_status mm_id_record(vkd_cmd *c, const vk_tensor *w, uint32_t n_expert, vkd_view ids, vkd_view route,
+                               vkd_view x, uint32_t x_stride, uint32_t x_div, vkd_view y, uint32_t y_stride,
+                               uint32_t M, uint32_t max_rows, op_mm_path path, bool xh)
 {
     vkd_device *d = c->d;
     const mm_type *t;
@@ -1043,11 +1045,16 @@ vki_status op_matmul_id(vkd_cmd *c, const vk_tensor *w, uint32_t n_expert, vkd_v
         return bad_arg(d, "matmul_id", w, "n_expert (1..VKI_MOE_MAX_EXPERTS, dividing the rows), M, x_div and "
                        "max_rows must be > 0");
     const uint64_t K = w->ne0, N = w->n_rows / n_expert;
+    if (xh) {
+        x_stride = op_half_x_stride((uint32_t)K);
+        path = OP_MM_COOPMAT;
+    }
     if (path == OP_MM_AUTO)
         path = op_matmul_id_path(d, M, n_expert);
     bool gemv = path == OP_MM_GEMV;
-    if (!view_holds(&x, (M - 1) / x_div + 1, K, x_stride, 4) || !view_holds(&y, M, N, y_stride, 4))
-        return bad_arg(d, "matmul_id", w, "X or Y view too small (or a stride below K / N)");
+    if (!view_holds(&x, (M - 1) / x_div + 1, K, x_stride, xh ? 2 : 4) || !view_holds(&y, M, N, y_stride, 4) ||
+        (xh && x.offset % 8))
+        return bad_arg(d, "matmul_id", w, "X or Y view too small (or a stride below K / N, or F16 X not 8-aligned)");
     if (gemv ? !view_holds(&ids, 1, M, M, 4) : !view_holds(&route, 1, n_expert + 1ull + M, n_expert + 1ull + M, 4))
         return bad_arg(d, "matmul_id", w, gemv ? "ids view holds fewer than M int32" : "route view too small");
     uint32_t spec[VKK_MAX_SPEC], per_n, per_m = 1;
@@ -1063,14 +1070,30 @@ vki_status op_matmul_id(vkd_cmd *c, const vk_tensor *w, uint32_t n_expert, vkd_v
         per_n = spec[2], per_m = spec[1];
     }
     vkk_id kid = t->id[gemv ? 0 : path == OP_MM_GEMM ? 1 : d->cm.kind == VKD_CM_NV ? 2 : 3];
+    if (path == OP_MM_COOPMAT)
+        spec[11] = xh;
     uint32_t gy = gemv ? M : vkk_groups(max_rows, per_m);
     if (gy > d->info.max_workgroup_count[1])
         return bad_arg(d, "matmul_id", w, "M too large for one dispatch on this device");
     vki_pc_matmul_id pc = {.M = M, .N = (uint32_t)N, .K = (uint32_t)K, .w_stride = (uint32_t)w->row_bytes,
-                           .x_stride = x_stride, .y_stride = y_stride, .x_vec4 = x_vec4(&x, x_stride),
+                           .x_stride = x_stride, .y_stride = y_stride, .x_vec4 = !xh && x_vec4(&x, x_stride),
                            .x_div = x_div, .n_expert = n_expert};
     const vkd_view bind[4] = {{0}, x, gemv ? ids : route, y};
     return id_parts_dispatch(c, "matmul_id", w, kid, spec, per_n, gy, !gemv, bind, pc);
+}
+
+vki_status op_matmul_id(vkd_cmd *c, const vk_tensor *w, uint32_t n_expert, vkd_view ids, vkd_view route, vkd_view x,
+                        uint32_t x_stride, uint32_t x_div, vkd_view y, uint32_t y_stride, uint32_t M,
+                        uint32_t max_rows, op_mm_path path)
+{
+    return mm_id_record(c, w, n_expert, ids, route, x, x_stride, x_div, y, y_stride, M, max_rows, path, false);
+}
+
+vki_status op_matmul_id_xh(vkd_cmd *c, const vk_tensor *w, uint32_t n_expert, vkd_view route, vkd_view xh,
+                           uint32_t x_div, vkd_view y, uint32_t y_stride, uint32_t M, uint32_t max_rows)
+{
+    return mm_id_record(c, w, n_expert, (vkd_view){0}, route, xh, 0, x_div, y, y_stride, M, max_rows, OP_MM_COOPMAT,
+                        true);
 }
 
 vki_status op_matmul_id_i8(vkd_cmd *c, const vk_tensor *w, uint32_t n_expert, vkd_view ids, vkd_view xq,
@@ -1112,9 +1135,10 @@ vki_status op_matmul_id_prepare(vkd_device *d, uint32_t type, uint32_t max_rows)
     uint32_t spec[VKK_MAX_SPEC];
     matvec_spec(d, 1, spec);
     vki_status st = vkk_prepare(d, t->id[0], spec);
-    if (st == VKI_OK && d->cm.kind != VKD_CM_NONE && cm_spec(d, max_rows, spec))
+    if (st == VKI_OK && d->cm.kind != VKD_CM_NONE && cm_spec(d, max_rows, spec)) {
+        spec[11] = !d->cm_x32; /* X in F16, as the forward pass hands it (op_matmul_id_xh) */
         st = vkk_prepare(d, t->id[d->cm.kind == VKD_CM_NV ? 2 : 3], spec);
-    else if (st == VKI_OK) {
+    } else if (st == VKI_OK) {
         matmul_spec(d, spec);
         st = vkk_prepare(d, t->id[1], spec);
     }

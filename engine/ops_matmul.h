@@ -79,9 +79,10 @@ vki_status op_matmul_ex(vkd_cmd *c, const vk_tensor *w, const vkd_view *bias, vk
 /* X rounded to F16 once for the tensor-core GEMM: where op_matmul would take that GEMM for M rows
  * (op_matmul_takes_xh: the device has a cooperative-matrix path, M is above the crossover and
  * kernel_config gemm_xh=0 did not turn this off) the forward pass converts each product's input
- * once with op_half_x and hands it to op_matmul_xh, instead of letting every one of the GEMM's
- * N / 128 tile columns load F32 X and convert it again (4 bytes of X staged per element against
- * 2). The GEMM's own staging rounds the same way (shaders/f16x4.glsl): the same bits.
+ * once with op_half_x and hands it to op_matmul_xh (the experts': op_matmul_id_xh), instead of
+ * letting every one of the GEMM's N / 128 tile columns load F32 X and convert it again (4 bytes
+ * of X staged per element against 2). The GEMM's own staging rounds the same way
+ * (shaders/f16x4.glsl): the same bits.
  *   op_half_x:    xh = f16(x), x: f32[M, x_stride]; xh: f16[M][op_half_x_stride(K)] (K rounded
  *                 up to 4, zeros after K), op_half_x_bytes(M, K) bytes at an 8-aligned offset;
  *                 needs shaderFloat16
@@ -200,6 +201,11 @@ vki_status op_matmul_i8_prepare(vkd_device *d, uint32_t type);
 vki_status op_matmul_id(vkd_cmd *c, const vk_tensor *w, uint32_t n_expert, vkd_view ids, vkd_view route,
                         vkd_view x, uint32_t x_stride, uint32_t x_div, vkd_view y, uint32_t y_stride,
                         uint32_t M, uint32_t max_rows, op_mm_path path);
+/* op_matmul_id on the tensor-core GEMM (VKI_ERR_UNSUPPORTED without a cooperative-matrix path) with
+ * X from op_half_x: its (M - 1) / x_div + 1 rows, K = w->ne0 (as op_matmul_xh for the dense
+ * products). */
+vki_status op_matmul_id_xh(vkd_cmd *c, const vk_tensor *w, uint32_t n_expert, vkd_view route, vkd_view xh,
+                           uint32_t x_div, vkd_view y, uint32_t y_stride, uint32_t M, uint32_t max_rows);
 /* The kernel op_matmul_id takes for M pairs over n_expert experts: the matrix-vector kernel
  * while an expert has on average no more pairs than the GEMV/GEMM crossover, else the device's
  * GEMM (cooperative matrices where present). */

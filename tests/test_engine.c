@@ -1626,13 +1626,11 @@ static void ctx_sink(void *ctx, const float *rows, uint32_t n_rows, uint32_t n_v
  * the same logits bit for bit after a prefill above the crossover (its sampled row and every
  * prompt row's context logits, the LM head over all of them on the GEMM too) and two decode
  * steps, with one conversion dispatch per GEMM input more in the step (Q|K|V's, the output
- * projection's, gate|up's, down's: four per layer). */
-static void xh_bitwise(vt_gpu *g, vt_rng *r, const shape_case *c)
+ * projection's, gate|up's, down's; a mixture of experts' h and gated rows: four per layer). */
+static void xh_bitwise(vt_gpu *g, vt_rng *r, const char *path, uint32_t kv_type, const char *label)
 {
-    char path[256];
-    write_model(c, path, sizeof path);
     fixture fx[2];
-    vk_engine_params p = test_params(c->kv_type, 128);
+    vk_engine_params p = test_params(kv_type, 128);
     p.max_seqs = 64; /* context logits: 64 rows per LM-head pass, past the crossover */
     for (int f = 0; f < 2; f++)
         fixture_open_engine(g, path, &p, &fx[f]);
@@ -1668,20 +1666,20 @@ static void xh_bitwise(vt_gpu *g, vt_rng *r, const shape_case *c)
             ps->tok[ps->n++] = out.token;
         }
         if (memcmp(lg[0], lg[1], V * sizeof(float)))
-            fail_msg("%s: step %u: logits with F16 X differ from the GEMM's own conversion (NMSE %.3g)", c->label, it,
+            fail_msg("%s: step %u: logits with F16 X differ from the GEMM's own conversion (NMSE %.3g)", label, it,
                      vt_nmse(lg[0], lg[1], V));
     }
     assert_int_equal(cg[0].n, np);
     assert_int_equal(cg[1].n, np);
     if (memcmp(cg[0].rows, cg[1].rows, (size_t)np * V * sizeof(float)))
-        fail_msg("%s: context logits with F16 X differ from the GEMM's own conversion (NMSE %.3g)", c->label,
+        fail_msg("%s: context logits with F16 X differ from the GEMM's own conversion (NMSE %.3g)", label,
                  vt_nmse(cg[0].rows, cg[1].rows, (size_t)np * V));
     g->dev->cm_x32 = false;
     const uint32_t n_layer = fx[0].e->model.hp.n_layer;
     if (disp[0] != disp[1] + 4 * n_layer)
-        fail_msg("%s: prefill of %u tokens took %u dispatches with F16 X, %u without (want 4 per layer more)", c->label,
+        fail_msg("%s: prefill of %u tokens took %u dispatches with F16 X, %u without (want 4 per layer more)", label,
                  np, disp[0], disp[1]);
-    fprintf(stderr, "  %-30s F16 X once: bitwise equal over %u + %u tokens, prefill %u -> %u dispatches\n", c->label,
+    fprintf(stderr, "  %-30s F16 X once: bitwise equal over %u + %u tokens, prefill %u -> %u dispatches\n", label,
             np, nd, disp[1], disp[0]);
     for (int f = 0; f < 2; f++) {
         free(s[f].tok);
@@ -1689,7 +1687,6 @@ static void xh_bitwise(vt_gpu *g, vt_rng *r, const shape_case *c)
         free(cg[f].rows);
         fixture_close(&fx[f]);
     }
-    unlink(path);
 }
 
 /* The emulated path everywhere (also with split-K, and with X in F16 against F32); the real NV
@@ -1710,13 +1707,16 @@ static void test_coopmat_vs_reference(void **state)
     coopmat_vs_reference(g, &r);
     g->dev->cm_split = 0;
     const shape_case xc = {"cm_xh_q4km", "llama", 256, 4, 2, 64, 512, SYNTH_Q4_K_M, false, VKI_GGML_F16, TOL_CM};
-    xh_bitwise(g, &r, &xc);
+    char path[256];
+    write_model(&xc, path, sizeof path);
+    xh_bitwise(g, &r, path, xc.kv_type, xc.label);
     if (g->dev->nv_coopmat && vkd_coopmat_select(g->dev, VKI_COOPMAT_AUTO) == VKI_OK) {
         coopmat_vs_reference(g, &r);
-        xh_bitwise(g, &r, &xc);
-    }
-    else
+        xh_bitwise(g, &r, path, xc.kv_type, xc.label);
+    } else {
         fprintf(stderr, "  no VK_NV_cooperative_matrix on this device: only the emulated path ran\n");
+    }
+    unlink(path);
     g->dev->cm = saved;
     vt_assert_clean(g);
 }
@@ -1832,6 +1832,8 @@ static void test_moe_vs_reference(void **state)
         uint32_t np = moe_prompt(&fx, &r, c, ROUTE_MARGIN, prompt);
         check_against_reference_tie(&fx, prompt, np, MOE_DECODE, c->chunk, c->tol, c->coopmat ? TIE_F16 : 0, c->label);
         fixture_close(&fx);
+        if (c->coopmat) /* the experts' GEMMs (and the dense ones) with F16 X: bit for bit */
+            xh_bitwise(g, &r, path, c->kv_type, c->label);
         unlink(path);
         g->dev->cm = saved;
         g->dev->gemv_max_m = saved_m;
