@@ -249,6 +249,8 @@ typedef struct vki_device_params {
      *                              flight during this step's products)
      *   gemm_bk=16|32|48|64        its K per step
      *   gemm_split=N               its K splits (1: none)
+     *   gemm_xh=0|1                its X rounded to F16 once before the product (1, the
+     *                              default) or converted in every tile (0); the same bits
      *   gemv_max_m=M               the most activation rows the matrix-vector kernel takes
      *   attn_split=N               decode attention's keys per split at least (16..65536, a
      *                              multiple of 16; more splits fill more of a GPU at short
