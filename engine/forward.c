@@ -181,7 +181,9 @@ static const vkd_view *bias_view(const vk_tensor *b, vkd_view *tmp)
 }
 
 /* Whether a block's first products take the integer-dot path (their input h quantised first):
- * the attention's Q, K, V, the FFN's gate and up (a mixture of experts': vk_moe_h_i8). */
+ * the attention's Q, K, V, the FFN's gate and up (a mixture of experts': vk_moe_h_i8); and
+ * whether they take the tensor-core GEMM with h in F16 (a mixture of experts rounds each chunk's
+ * rows itself). */
 static bool qkv_i8(const vk_engine *e, const vk_layer *L, uint32_t T)
 {
     return use_i8(e, &L->wqkv, T) || use_i8(e, &L->wq, T) || use_i8(e, &L->wk, T) || use_i8(e, &L->wv, T);
@@ -194,17 +196,30 @@ static bool ffn_i8(const vk_engine *e, const vk_layer *L, uint32_t T)
     return use_i8(e, &L->w_up, T) || use_i8(e, &L->w_gate, T);
 }
 
+static bool qkv_xh(const vk_engine *e, const vk_layer *L, uint32_t T)
+{
+    return use_xh(e, &L->wqkv, T) || use_xh(e, &L->wq, T) || use_xh(e, &L->wk, T) || use_xh(e, &L->wv, T);
+}
+
+static bool ffn_xh(const vk_engine *e, const vk_layer *L, uint32_t T)
+{
+    return !e->model.hp.n_expert && (use_xh(e, &L->w_up, T) || use_xh(e, &L->w_gate, T));
+}
+
 /* A block's input norm, h = rmsnorm(x) * w over T rows, and the barrier after it; where the
  * block's first products take the integer-dot path (i8) it also quantises h into s->xq
- * (e->xq_of_h; not op by op: no_fusion keeps quant_x8's pass). */
-static vki_status block_norm(vk_engine *e, const vk_tensor *w, uint32_t T, bool i8)
+ * (e->xq_of_h), where they take the tensor-core GEMM (xh) it also rounds h to F16 into s->xh
+ * (e->xh_of_h); not op by op: no_fusion keeps quant_x8's and half_x's passes. */
+static vki_status block_norm(vk_engine *e, const vk_tensor *w, uint32_t T, bool i8, bool xh)
 {
     vk_scratch *s = &e->s;
     uint32_t d = e->model.hp.d_model;
-    bool q = i8 && !e->p.no_fusion && d % 32 == 0;
-    TRY(op_rmsnorm_xq(e->cmd, op_mat_rows(s->x, d), vkd_whole(w->parts[0].buf), op_mat_rows(s->h, d), T, d,
-                      e->model.hp.rms_eps, q ? vkd_whole(s->xq) : (vkd_view){0}));
+    bool q = i8 && !e->p.no_fusion && d % 32 == 0, h16 = xh && !q && !e->p.no_fusion;
+    TRY(op_rmsnorm_xh(e->cmd, op_mat_rows(s->x, d), vkd_whole(w->parts[0].buf), op_mat_rows(s->h, d), T, d,
+                      e->model.hp.rms_eps, q ? vkd_whole(s->xq) : (vkd_view){0},
+                      h16 ? vkd_whole(s->xh) : (vkd_view){0}));
     e->xq_of_h = q;
+    e->xh_of_h = h16;
     vkd_barrier(e->cmd);
     return VKI_OK;
 }
@@ -259,8 +274,9 @@ static vki_status project_qkv(vk_engine *e, const vk_layer *L, uint32_t T, bool 
     if (qkv_i8(e, L, T) && !e->xq_of_h) /* else the previous projection's norm epilogue wrote it */
         TRY(quant_x(e, "attn_xq", vkd_whole(s->h), d, T, d));
     e->xq_of_h = false;
-    if (use_xh(e, &L->wqkv, T) || use_xh(e, &L->wq, T) || use_xh(e, &L->wk, T) || use_xh(e, &L->wv, T))
+    if (qkv_xh(e, L, T) && !e->xh_of_h) /* else the norm wrote it */
         TRY(half_x(e, "attn_xh", vkd_whole(s->h), d, T, d));
+    e->xh_of_h = false;
     if (L->wqkv.n_parts) {
         uint32_t w = (uint32_t)L->wqkv.n_rows;
         *q = (op_mat){vkd_whole(s->q), 0, w}, *k = (op_mat){vkd_whole(s->q), qd, w};
@@ -302,7 +318,7 @@ static vki_status record_attention_block(vk_engine *e, uint32_t il, uint32_t T, 
     op_mat q, k, v;
     if (!*normed) {
         vkd_role(c, "attn_norm");
-        TRY(block_norm(e, &L->attn_norm, T, qkv_i8(e, L, T)));
+        TRY(block_norm(e, &L->attn_norm, T, qkv_i8(e, L, T), qkv_xh(e, L, T)));
     }
     const bool head_norms = head_norms_fused(e, L, T);
     TRY(project_qkv(e, L, T, head_norms, &q, &k, &v));
@@ -367,7 +383,7 @@ static vki_status record_ffn_block(vk_engine *e, uint32_t il, uint32_t T, bool *
     static const char *const down_roles[2] = {"ffn_down_xq", "ffn_down_xh"};
     if (!*normed) {
         vkd_role(c, "ffn_norm");
-        TRY(block_norm(e, &L->ffn_norm, T, ffn_i8(e, L, T)));
+        TRY(block_norm(e, &L->ffn_norm, T, ffn_i8(e, L, T), ffn_xh(e, L, T)));
     }
     *normed = false;
     if (hp->n_expert) /* qwen3moe, Mixtral: engine/forward_moe.c */
@@ -393,8 +409,9 @@ static vki_status record_ffn_block(vk_engine *e, uint32_t il, uint32_t T, bool *
         return project_residual(e, &L->w_down, vkd_whole(s->g), ff, T, gq ? s->gq : NULL, "ffn_down", down_roles,
                                 &L->post_ffn_norm, "ffn_post_norm", "ffn_residual", next_norm, next_i8, normed);
     }
-    if (use_xh(e, &L->w_up, T) || (!one && use_xh(e, &L->w_gate, T)))
+    if (ffn_xh(e, L, T) && !e->xh_of_h) /* else the norm wrote it */
         TRY(half_x(e, "ffn_xh", vkd_whole(s->h), d, T, d));
+    e->xh_of_h = false;
     if (!one) {
         vkd_role(c, "ffn_gate");
         TRY(mm_q(e, &L->w_gate, NULL, vkd_whole(s->h), d, s->xq, vkd_whole(s->g), ff, T, false));
@@ -423,17 +440,20 @@ vki_status vk_forward_record_lm_head(vk_engine *e, uint32_t T, uint32_t n_out)
                        vkd_whole(s->xs), d));
     vkd_barrier(c);
     vkd_role(c, "lm_norm");
-    /* on the integer-dot path the norm also quantises its output (into s->xq; then not in place:
-     * the normed rows go to h, n_out <= T rows); op by op quant_x8 does it */
+    /* on the integer-dot path the norm also quantises its output (into s->xq), on the tensor-core
+     * GEMM rounds it to F16 (into s->xh); then not in place: the normed rows go to h, n_out <= T
+     * rows; op by op quant_x8 / half_x do it */
     const vk_tensor *head = vk_model_lm_head(&e->model);
     const bool i8 = use_i8(e, head, n_out), q = i8 && !e->p.no_fusion && d % 32 == 0;
-    vkd_buffer *xn = q ? s->h : s->xs;
-    TRY(op_rmsnorm_xq(c, op_mat_rows(s->xs, d), vkd_whole(e->model.output_norm.parts[0].buf), op_mat_rows(xn, d),
-                      n_out, d, hp->rms_eps, q ? vkd_whole(s->xq) : (vkd_view){0}));
+    const bool xh = use_xh(e, head, n_out), h16 = xh && !e->p.no_fusion;
+    vkd_buffer *xn = q || h16 ? s->h : s->xs;
+    TRY(op_rmsnorm_xh(c, op_mat_rows(s->xs, d), vkd_whole(e->model.output_norm.parts[0].buf), op_mat_rows(xn, d),
+                      n_out, d, hp->rms_eps, q ? vkd_whole(s->xq) : (vkd_view){0},
+                      h16 ? vkd_whole(s->xh) : (vkd_view){0}));
     vkd_barrier(c);
     if (i8 && !q)
         TRY(quant_x(e, "lm_xq", vkd_whole(xn), d, n_out, d));
-    if (use_xh(e, head, n_out))
+    if (xh && !h16)
         TRY(half_x(e, "lm_xh", vkd_whole(xn), d, n_out, d));
     vkd_role(c, "lm_head");
     TRY(mm_q(e, head, NULL, vkd_whole(xn), d, s->xq, vkd_whole(s->logits), ls, n_out, false));

@@ -114,6 +114,8 @@ static const vkk_desc kernel_table[] = {
     MATVEC_I8_ROW(Q5_K, q5_k), MATVEC_I8_ROW(Q6_K, q6_k), MATVEC_I8_ROW(IQ4_NL, iq4_nl), MATVEC_I8_ROW(IQ4_XS, iq4_xs),
     [VKK_HALF_X] = {"half_x", SPV(half_x), .n_bindings = 2, .push_size = sizeof(vki_pc_quant_x8),
                     .n_spec = 1, .spec_default = {64}},
+    [VKK_RMSNORM_XH] = {"rmsnorm_xh", SPV(rmsnorm_xh), .n_bindings = 5, .push_size = sizeof(vki_pc_rmsnorm),
+                        .n_spec = 1, .spec_default = {256}},
     /* engine/ops_moe.c: spec {WG} */
     [VKK_MOE_TOPK] = {"moe_topk", SPV(moe_topk), .n_bindings = 3, .push_size = sizeof(vki_pc_moe),
                       .n_spec = 1, .spec_default = {64}},

@@ -57,6 +57,9 @@ vki_status op_basic_prepare(vkd_device *d)
         if (st != VKI_OK)
             return st;
     }
+    /* the norm that also writes the tensor-core GEMMs' F16 input (engine/forward.c) */
+    if (d->cm.kind != VKD_CM_NONE && !d->cm_x32 && d->info.float16)
+        return vkk_prepare(d, VKK_RMSNORM_XH, &row);
     return VKI_OK;
 }
 
@@ -88,8 +91,8 @@ vki_status op_copy(vkd_cmd *c, vkd_view src, vkd_view dst, uint64_t n_bytes)
     return vkk_dispatch(c, VKK_COPY, &wg, v, 2, &pc, sizeof pc, elem_groups((words + 15) / 16), 1, 1);
 }
 
-vki_status op_rmsnorm_xq(vkd_cmd *c, op_mat x, vkd_view w, op_mat y, uint32_t n_rows, uint32_t n_cols, float eps,
-                         vkd_view xq)
+vki_status op_rmsnorm_xh(vkd_cmd *c, op_mat x, vkd_view w, op_mat y, uint32_t n_rows, uint32_t n_cols, float eps,
+                         vkd_view xq, vkd_view xh)
 {
     if (!n_rows || !n_cols)
         return VKI_OK;
@@ -97,11 +100,24 @@ vki_status op_rmsnorm_xq(vkd_cmd *c, op_mat x, vkd_view w, op_mat y, uint32_t n_
         return bad(c, "rmsnorm");
     if (xq.buf && (n_cols % 32 || op_view_floats(xq) < VKI_XQ_WORDS((uint64_t)n_rows, n_cols) || x.v.buf == y.v.buf))
         return bad(c, "rmsnorm (quantised rows: n_cols % 32 == 0, their words, y apart from x)");
+    /* half_x's rows: n_cols rounded up to 4 halves each */
+    const uint64_t xh_bytes = 2ull * n_rows * ((n_cols + 3ull) / 4 * 4);
+    if (xh.buf && (xq.buf || !c->d->info.float16 || op_view_floats(xh) < (xh_bytes + 3) / 4 || xh.offset % 8 ||
+                   xh.buf == x.v.buf || xh.buf == y.v.buf || x.v.buf == y.v.buf))
+        return bad(c, "rmsnorm (F16 rows: shaderFloat16, their bytes at an 8-aligned offset, apart from x and y, "
+                      "y apart from x, not with quantised rows)");
     vki_pc_rmsnorm pc = {.n_rows = n_rows, .n_cols = n_cols, .x_off = x.off, .x_stride = x.stride,
                          .y_off = y.off, .y_stride = y.stride, .eps = eps, .xq = xq.buf != NULL};
-    vkd_view v[4] = {x.v, w, y.v, xq.buf ? xq : y.v};
+    vkd_view v[5] = {x.v, w, y.v, xq.buf ? xq : y.v, xh};
     uint32_t wg = row_wg(c->d);
-    return vkk_dispatch(c, VKK_RMSNORM, &wg, v, 4, &pc, sizeof pc, n_rows < MAX_GROUPS ? n_rows : MAX_GROUPS, 1, 1);
+    return vkk_dispatch(c, xh.buf ? VKK_RMSNORM_XH : VKK_RMSNORM, &wg, v, xh.buf ? 5 : 4, &pc, sizeof pc,
+                        n_rows < MAX_GROUPS ? n_rows : MAX_GROUPS, 1, 1);
+}
+
+vki_status op_rmsnorm_xq(vkd_cmd *c, op_mat x, vkd_view w, op_mat y, uint32_t n_rows, uint32_t n_cols, float eps,
+                         vkd_view xq)
+{
+    return op_rmsnorm_xh(c, x, w, y, n_rows, n_cols, eps, xq, (vkd_view){0});
 }
 
 vki_status op_rmsnorm(vkd_cmd *c, op_mat x, vkd_view w, op_mat y, uint32_t n_rows, uint32_t n_cols, float eps)

@@ -49,6 +49,13 @@ vki_status op_rmsnorm(vkd_cmd *c, op_mat x, vkd_view w, op_mat y, uint32_t n_row
  * barrier. n_cols % 32 == 0 and y in another buffer than x. */
 vki_status op_rmsnorm_xq(vkd_cmd *c, op_mat x, vkd_view w, op_mat y, uint32_t n_rows, uint32_t n_cols, float eps,
                          vkd_view xq);
+/* The same with (xh.buf set) y also rounded to F16 into xh as op_half_x(y, M = n_rows, K =
+ * n_cols) would write it, bit for bit: the next tensor-core GEMMs' input (op_matmul_xh) without
+ * that pass and its barrier. xh: op_half_x_bytes(n_rows, n_cols) bytes at an 8-aligned offset,
+ * another buffer than x and y, y in another buffer than x; needs shaderFloat16. Not both xq
+ * and xh. */
+vki_status op_rmsnorm_xh(vkd_cmd *c, op_mat x, vkd_view w, op_mat y, uint32_t n_rows, uint32_t n_cols, float eps,
+                         vkd_view xq, vkd_view xh);
 
 typedef struct op_rope_p {
     uint32_t n_tokens, n_heads;

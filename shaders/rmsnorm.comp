@@ -2,6 +2,9 @@
 #extension GL_GOOGLE_include_directive : require
 #extension GL_KHR_shader_subgroup_arithmetic : require
 #extension GL_KHR_shader_subgroup_basic : require
+#ifdef RMS_XH
+#extension GL_EXT_shader_explicit_arithmetic_types_float16 : require
+#endif
 #include "common.glsl"
 // RMSNorm, one workgroup per row (grid-stride over rows). Memory-bound: the row is read twice
 // (sum of squares, then scale), the second read normally hits the cache; one barrier pair per
@@ -17,6 +20,12 @@ layout(std430, binding = 2) writeonly buffer Y { float y[]; }; // f32 rows: y[y_
 // K = n_cols), the input of the next integer-dot products
 layout(std430, binding = 3) writeonly buffer YQ { uint yq[]; };
 layout(std430, binding = 3) writeonly buffer YQD { float yqd[]; };
+#ifdef RMS_XH
+// (rmsnorm_xh) the rows also rounded to F16 as half_x.comp would from y (rows K4 = n_cols rounded
+// up to 4 halves apart, zeros after n_cols): the next tensor-core GEMMs' input
+layout(std430, binding = 4) writeonly buffer YH { uvec2 yh[]; };
+#include "f16x4.glsl"
+#endif
 #define NORM_SRC(i) x[i]
 #include "norm_common.glsl"
 #include "quant_x8.glsl"
@@ -29,6 +38,19 @@ void main()
         float inv = norm_inv(xb, p.n_cols, p.eps);
         for (uint c = tid; c < p.n_cols; c += WG)
             y[yb + c] = norm_apply(x[xb + c], inv, w[c]);
+#ifdef RMS_XH
+        // the row's values recomputed from x, bit for bit those stored, by quads
+        const uint nq = (p.n_cols + 3u) / 4u;
+        for (uint q = tid; q < nq; q += WG) {
+            vec4 v = vec4(0.0);
+            [[unroll]] for (uint i = 0u; i < 4u; i++) {
+                const uint c = 4u * q + i;
+                if (c < p.n_cols)
+                    v[i] = norm_apply(x[xb + c], inv, w[c]);
+            }
+            yh[r * nq + q] = cm_f16x4(v);
+        }
+#endif
         if (p.xq == 0u)
             continue; // uniform
         // the row's values recomputed from x (bit for bit what was just stored; y is not x here,
