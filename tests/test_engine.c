@@ -1627,28 +1627,33 @@ static void ctx_sink(void *ctx, const float *rows, uint32_t n_rows, uint32_t n_v
  * prompt row's context logits, the LM head over all of them on the GEMM too) and two decode
  * steps, with per_layer conversion dispatches per layer more in the step (the output
  * projection's and down's inputs; Q|K|V's and gate|up's come from their norms, a mixture of
- * experts rounds its h and gated rows itself: 2 dense, 3 with experts). */
+ * experts rounds its h and gated rows itself: 2 dense, 3 with experts); and the same bits op by
+ * op (no_fusion: every input through its own half_x pass). */
 static void xh_bitwise(vt_gpu *g, vt_rng *r, const char *path, uint32_t kv_type, const char *label,
                        uint32_t per_layer)
 {
-    fixture fx[2];
+    enum { NF = 3 }; /* F16 X fused (the default), the per-tile conversion, F16 X op by op */
+    fixture fx[NF];
     vk_engine_params p = test_params(kv_type, 128);
     p.max_seqs = 64; /* context logits: 64 rows per LM-head pass, past the crossover */
-    for (int f = 0; f < 2; f++)
+    for (int f = 0; f < NF; f++) {
+        p.no_fusion = f == 2;
         fixture_open_engine(g, path, &p, &fx[f]);
+    }
     const uint32_t V = fx[0].n_vocab, np = op_matmul_gemv_max_m(g->dev) + vt_range(r, 5, 30), nd = 2;
     int32_t prompt[96];
     random_prompt(r, prompt, np, V);
-    tseq s[2];
-    float *lg[2] = {malloc(V * sizeof(float)), malloc(V * sizeof(float))};
-    ctx_got cg[2];
-    uint32_t disp[2] = {0};
-    for (int f = 0; f < 2; f++) {
+    tseq s[NF];
+    float *lg[NF];
+    ctx_got cg[NF];
+    uint32_t disp[NF] = {0};
+    for (int f = 0; f < NF; f++) {
         tseq_init(&s[f], 1, prompt, np, np + nd + 1);
+        lg[f] = malloc(V * sizeof(float));
         cg[f] = (ctx_got){malloc((size_t)np * V * sizeof(float)), np, 0};
     }
     for (uint32_t it = 0; it <= nd; it++) {
-        for (int f = 0; f < 2; f++) {
+        for (int f = 0; f < NF; f++) {
             g->dev->cm_x32 = f == 1; /* read while recording: each engine keeps its own */
             tseq *ps = &s[f];
             if (it) {
@@ -1667,23 +1672,26 @@ static void xh_bitwise(vt_gpu *g, vt_rng *r, const char *path, uint32_t kv_type,
             ps->done = np;
             ps->tok[ps->n++] = out.token;
         }
-        if (memcmp(lg[0], lg[1], V * sizeof(float)))
-            fail_msg("%s: step %u: logits with F16 X differ from the GEMM's own conversion (NMSE %.3g)", label, it,
-                     vt_nmse(lg[0], lg[1], V));
+        for (int f = 1; f < NF; f++)
+            if (memcmp(lg[0], lg[f], V * sizeof(float)))
+                fail_msg("%s: step %u: logits with F16 X (fused) differ from %s (NMSE %.3g)", label, it,
+                         f == 1 ? "the GEMM's own conversion" : "F16 X op by op", vt_nmse(lg[0], lg[f], V));
     }
-    assert_int_equal(cg[0].n, np);
-    assert_int_equal(cg[1].n, np);
-    if (memcmp(cg[0].rows, cg[1].rows, (size_t)np * V * sizeof(float)))
-        fail_msg("%s: context logits with F16 X differ from the GEMM's own conversion (NMSE %.3g)", label,
-                 vt_nmse(cg[0].rows, cg[1].rows, (size_t)np * V));
     g->dev->cm_x32 = false;
+    for (int f = 0; f < NF; f++) {
+        assert_int_equal(cg[f].n, np);
+        if (f && memcmp(cg[0].rows, cg[f].rows, (size_t)np * V * sizeof(float)))
+            fail_msg("%s: context logits with F16 X (fused) differ from %s (NMSE %.3g)", label,
+                     f == 1 ? "the GEMM's own conversion" : "F16 X op by op",
+                     vt_nmse(cg[0].rows, cg[f].rows, (size_t)np * V));
+    }
     const uint32_t n_layer = fx[0].e->model.hp.n_layer;
     if (disp[0] != disp[1] + per_layer * n_layer)
         fail_msg("%s: prefill of %u tokens took %u dispatches with F16 X, %u without (want %u per layer more)", label,
                  np, disp[0], disp[1], per_layer);
-    fprintf(stderr, "  %-30s F16 X once: bitwise equal over %u + %u tokens, prefill %u -> %u dispatches\n", label,
-            np, nd, disp[1], disp[0]);
-    for (int f = 0; f < 2; f++) {
+    fprintf(stderr, "  %-30s F16 X once: bitwise equal over %u + %u tokens (also op by op), prefill %u -> %u "
+            "dispatches\n", label, np, nd, disp[1], disp[0]);
+    for (int f = 0; f < NF; f++) {
         free(s[f].tok);
         free(lg[f]);
         free(cg[f].rows);
