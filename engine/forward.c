@@ -78,7 +78,8 @@ static vki_status quant_x(vk_engine *e, const char *role, vkd_view x, uint32_t x
 }
 
 /* Whether a product of M rows by w takes the tensor-core GEMM with its input rounded to F16 once
- * (op_matmul_takes_xh), by half_x into s->xh. */
+ * (op_matmul_takes_xh) into s->xh: by the norm that writes the input (block_norm, the LM head's)
+ * or by half_x. */
 static bool use_xh(const vk_engine *e, const vk_tensor *w, uint32_t M)
 {
     return e->s.xh && w->n_parts && !e->p.batch_invariant && !use_i8(e, w, M) && op_matmul_takes_xh(e->dev, M);
@@ -96,7 +97,7 @@ static vki_status half_x(vk_engine *e, const char *role, vkd_view x, uint32_t x_
 
 /* mm_to, on the integer-dot path where use_i8 says so (its input quantised in xq: by quant_x
  * into s->xq, or by the kernel that wrote it), on the tensor-core GEMM with F16 X where use_xh
- * says so (its input in s->xh: the caller ran half_x). */
+ * says so (its input in s->xh: by half_x or by the norm that wrote it). */
 static vki_status mm_q(vk_engine *e, const vk_tensor *w, const vkd_view *bias, vkd_view x, uint32_t x_stride,
                        vkd_buffer *xq, vkd_view y, uint32_t y_stride, uint32_t M, bool accumulate)
 {
