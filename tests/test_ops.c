@@ -488,47 +488,63 @@ static void test_softmax(void **state)
     vt_assert_clean(g);
 }
 
-/* RMSNorm that also quantises its rows for the integer-dot products (op_rmsnorm_xq): y bit for
- * bit op_rmsnorm's, the int8 words and scales byte for byte what op_quant_x8 writes from that y,
- * on strided x and y at offsets, row counts 1, 3, 17 and widths 32, 320, 1024; refused for a
- * width that is no multiple of 32, in place, or a too small xq. */
-static void test_rmsnorm_xq(void **state)
+/* The copy an RMSNorm writes of its rows for the next products, int8 (op_rmsnorm_xq) or F16
+ * (op_rmsnorm_xh): y bit for bit op_rmsnorm's, the copy byte for byte what the separate pass
+ * (op_quant_x8, op_half_x) writes from that y, on strided x and y at offsets, 1, 3 and 17 rows
+ * of each of the widths cols. */
+static void rmsnorm_copy_cases(vt_gpu *g, vt_rng *r, const uint32_t cols[3], bool f16)
 {
-    vt_gpu *g = vt_gpu_get(state);
-    vt_rng r = vt_rng_seeded("op_rmsnorm_xq");
-    static const uint32_t rows[] = {1, 3, 17}, cols[] = {32, 320, 1024};
+    static const uint32_t rows[] = {1, 3, 17};
+    const char *name = f16 ? "rmsnorm_xh" : "rmsnorm_xq";
     for (int t = 0; t < 9; t++) {
-        uint32_t M = rows[t % 3], K = cols[t / 3], xs = K + (uint32_t)vt_range(&r, 0, 7), ys = K + 4 * (t % 2);
-        uint32_t xo = (uint32_t)vt_range(&r, 0, 5), yo = (uint32_t)vt_range(&r, 0, 5);
-        size_t nx = (size_t)xo + (size_t)M * xs, ny = (size_t)yo + (size_t)M * ys, qb = op_quant_x8_bytes(M, K);
-        float *x = rand_buf(&r, nx, -3, 3), *w = rand_buf(&r, K, -2, 2);
+        uint32_t M = rows[t % 3], K = cols[t / 3], xs = K + (uint32_t)vt_range(r, 0, 7), ys = K + 4 * (t % 2);
+        uint32_t xo = (uint32_t)vt_range(r, 0, 5), yo = (uint32_t)vt_range(r, 0, 5);
+        size_t nx = (size_t)xo + (size_t)M * xs, ny = (size_t)yo + (size_t)M * ys;
+        size_t qb = f16 ? op_half_x_bytes(M, K) : op_quant_x8_bytes(M, K);
+        float *x = rand_buf(r, nx, -3, 3), *w = rand_buf(r, K, -2, 2);
         vkd_buffer *bx = vt_buf_from(g, x, nx * 4, "x"), *bw = vt_buf_from(g, w, K * 4, "w");
-        vkd_buffer *by[2] = {vt_buf_nan(g, ny * 4, "y xq"), vt_buf_nan(g, ny * 4, "y")};
-        vkd_buffer *bq[2] = {vt_buf_nan(g, qb, "xq fused"), vt_buf_nan(g, qb, "xq apart")};
+        vkd_buffer *by[2] = {vt_buf_nan(g, ny * 4, "y copied"), vt_buf_nan(g, ny * 4, "y")};
+        vkd_buffer *bq[2] = {vt_buf_nan(g, qb, "copy fused"), vt_buf_nan(g, qb, "copy apart")};
         vkd_buffer *yc = vt_buf_nan(g, (size_t)M * K * 4, "y packed");
-        op_mat mx = {vkd_whole(bx), xo, xs};
+        op_mat mx = {vkd_whole(bx), xo, xs}, my = {vkd_whole(by[0]), yo, ys};
         vt_begin(g);
-        assert_int_equal(op_rmsnorm_xq(&g->cmd, mx, vkd_whole(bw), (op_mat){vkd_whole(by[0]), yo, ys}, M, K, 1e-5f,
-                                       vkd_whole(bq[0])), VKI_OK);
+        assert_int_equal(f16 ? op_rmsnorm_xh(&g->cmd, mx, vkd_whole(bw), my, M, K, 1e-5f, (vkd_view){0},
+                                             vkd_whole(bq[0]))
+                             : op_rmsnorm_xq(&g->cmd, mx, vkd_whole(bw), my, M, K, 1e-5f, vkd_whole(bq[0])),
+                         VKI_OK);
         assert_int_equal(op_rmsnorm(&g->cmd, mx, vkd_whole(bw), (op_mat){vkd_whole(by[1]), yo, ys}, M, K, 1e-5f), VKI_OK);
         assert_int_equal(op_rmsnorm(&g->cmd, mx, vkd_whole(bw), op_mat_rows(yc, K), M, K, 1e-5f), VKI_OK);
         vkd_barrier(&g->cmd);
-        assert_int_equal(op_quant_x8(&g->cmd, vkd_whole(yc), K, M, K, vkd_whole(bq[1])), VKI_OK);
+        assert_int_equal(f16 ? op_half_x(&g->cmd, vkd_whole(yc), K, M, K, vkd_whole(bq[1]))
+                             : op_quant_x8(&g->cmd, vkd_whole(yc), K, M, K, vkd_whole(bq[1])),
+                         VKI_OK);
         vt_submit_wait(g);
         uint8_t *a = malloc(ny * 4 > qb ? ny * 4 : qb), *b = malloc(ny * 4 > qb ? ny * 4 : qb);
         vt_download(g, by[0], a, ny * 4);
         vt_download(g, by[1], b, ny * 4);
         if (memcmp(a, b, ny * 4))
-            fail_msg("rmsnorm_xq %ux%u: y differs from op_rmsnorm's", M, K);
+            fail_msg("%s %ux%u: y differs from op_rmsnorm's", name, M, K);
         vt_download(g, bq[0], a, qb);
         vt_download(g, bq[1], b, qb);
         if (memcmp(a, b, qb))
-            fail_msg("rmsnorm_xq %ux%u: the quantised rows differ from op_quant_x8's", M, K);
+            fail_msg("%s %ux%u: the %s rows differ from %s's", name, M, K, f16 ? "F16" : "quantised",
+                     f16 ? "op_half_x" : "op_quant_x8");
         free(a), free(b), free(x), free(w);
         vkd_buffer *all[] = {bx, bw, by[0], by[1], bq[0], bq[1], yc};
         for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
             vkd_buffer_destroy(g->dev, all[i]);
     }
+}
+
+/* RMSNorm that also quantises its rows for the integer-dot products (op_rmsnorm_xq):
+ * rmsnorm_copy_cases at widths 32, 320, 1024; refused for a width that is no multiple of 32, in
+ * place, or a too small xq. */
+static void test_rmsnorm_xq(void **state)
+{
+    vt_gpu *g = vt_gpu_get(state);
+    vt_rng r = vt_rng_seeded("op_rmsnorm_xq");
+    static const uint32_t cols[] = {32, 320, 1024};
+    rmsnorm_copy_cases(g, &r, cols, false);
     vkd_buffer *b = vt_buf_nan(g, 4096 * 4, "b"), *q = vt_buf_nan(g, 4096, "q");
     vt_begin(g);
     op_mat m48 = {vkd_whole(b), 0, 48}, m64 = {vkd_whole(b), 0, 64};
@@ -544,49 +560,17 @@ static void test_rmsnorm_xq(void **state)
     vt_assert_clean(g);
 }
 
-/* RMSNorm that also rounds its rows to F16 for the tensor-core GEMMs (op_rmsnorm_xh): y bit for
- * bit op_rmsnorm's, the F16 rows byte for byte what op_half_x writes from that y (widths with
- * tails of 1..3 zero-filled, strided x and y at offsets, 1, 3 and 17 rows); refused in place,
- * with quantised rows too, a too small or misaligned xh. */
+/* RMSNorm that also rounds its rows to F16 for the tensor-core GEMMs (op_rmsnorm_xh):
+ * rmsnorm_copy_cases at widths 5, 38, 320 (tails of 1..3 zero-filled); refused in place, with
+ * quantised rows too, a too small or misaligned xh. */
 static void test_rmsnorm_xh(void **state)
 {
     vt_gpu *g = vt_gpu_get(state);
     if (!g->dev->info.float16)
         skip();
     vt_rng r = vt_rng_seeded("op_rmsnorm_xh");
-    static const uint32_t rows[] = {1, 3, 17}, cols[] = {5, 38, 320};
-    for (int t = 0; t < 9; t++) {
-        uint32_t M = rows[t % 3], K = cols[t / 3], xs = K + (uint32_t)vt_range(&r, 0, 7), ys = K + 4 * (t % 2);
-        uint32_t xo = (uint32_t)vt_range(&r, 0, 5), yo = (uint32_t)vt_range(&r, 0, 5);
-        size_t nx = (size_t)xo + (size_t)M * xs, ny = (size_t)yo + (size_t)M * ys, hb = op_half_x_bytes(M, K);
-        float *x = rand_buf(&r, nx, -3, 3), *w = rand_buf(&r, K, -2, 2);
-        vkd_buffer *bx = vt_buf_from(g, x, nx * 4, "x"), *bw = vt_buf_from(g, w, K * 4, "w");
-        vkd_buffer *by[2] = {vt_buf_nan(g, ny * 4, "y xh"), vt_buf_nan(g, ny * 4, "y")};
-        vkd_buffer *bh[2] = {vt_buf_nan(g, hb, "xh fused"), vt_buf_nan(g, hb, "xh apart")};
-        vkd_buffer *yc = vt_buf_nan(g, (size_t)M * K * 4, "y packed");
-        op_mat mx = {vkd_whole(bx), xo, xs};
-        vt_begin(g);
-        assert_int_equal(op_rmsnorm_xh(&g->cmd, mx, vkd_whole(bw), (op_mat){vkd_whole(by[0]), yo, ys}, M, K, 1e-5f,
-                                       (vkd_view){0}, vkd_whole(bh[0])), VKI_OK);
-        assert_int_equal(op_rmsnorm(&g->cmd, mx, vkd_whole(bw), (op_mat){vkd_whole(by[1]), yo, ys}, M, K, 1e-5f), VKI_OK);
-        assert_int_equal(op_rmsnorm(&g->cmd, mx, vkd_whole(bw), op_mat_rows(yc, K), M, K, 1e-5f), VKI_OK);
-        vkd_barrier(&g->cmd);
-        assert_int_equal(op_half_x(&g->cmd, vkd_whole(yc), K, M, K, vkd_whole(bh[1])), VKI_OK);
-        vt_submit_wait(g);
-        uint8_t *a = malloc(ny * 4 > hb ? ny * 4 : hb), *b = malloc(ny * 4 > hb ? ny * 4 : hb);
-        vt_download(g, by[0], a, ny * 4);
-        vt_download(g, by[1], b, ny * 4);
-        if (memcmp(a, b, ny * 4))
-            fail_msg("rmsnorm_xh %ux%u: y differs from op_rmsnorm's", M, K);
-        vt_download(g, bh[0], a, hb);
-        vt_download(g, bh[1], b, hb);
-        if (memcmp(a, b, hb))
-            fail_msg("rmsnorm_xh %ux%u: the F16 rows differ from op_half_x's", M, K);
-        free(a), free(b), free(x), free(w);
-        vkd_buffer *all[] = {bx, bw, by[0], by[1], bh[0], bh[1], yc};
-        for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
-            vkd_buffer_destroy(g->dev, all[i]);
-    }
+    static const uint32_t cols[] = {5, 38, 320};
+    rmsnorm_copy_cases(g, &r, cols, true);
     vkd_buffer *b = vt_buf_nan(g, 4096 * 4, "b"), *h = vt_buf_nan(g, 4096, "h"), *q = vt_buf_nan(g, 4096, "q");
     vt_begin(g);
     op_mat m64 = {vkd_whole(b), 0, 64}, o64 = {vkd_whole(q), 0, 64};
