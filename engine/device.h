@@ -137,6 +137,9 @@ struct vkd_device {
     bool cm_x32;                     /* its callers hand it F32 X, converted in every tile's staging,
                                         not X rounded to F16 once (op_matmul_takes_xh false);
                                         kernel_config gemm_xh=0, the tests */
+    bool cm_w4;                      /* its W staged 4 values per item, each decoding its block's
+                                        scale, not 16 (matmul_cm.comp's W16 = 0); kernel_config
+                                        gemm_w16=0, the tests */
     uint32_t matvec_mc;              /* its activation rows per pass when M > 1 (0: OP_MATVEC_ROWS);
                                         bench-kernels --matvec-cfg WGxRxMC and the tests */
     uint32_t matvec_wg, matvec_rows; /* the matrix-vector kernel's invocations and weight rows

@@ -39,9 +39,9 @@ _Static_assert(sizeof(vki_seq_info) == 16 && sizeof(vki_attn_item) == 16, "std43
  * matvec spec {WG, NR rows, MC activation rows, NSG max subgroups, GLU, MCH chunks, MU units per
  * pass}; matmul spec
  * {WG, BM, BN, BK, TM, TN} with WG = (BM/TM)*(BN/TN); matmul_cm(e) spec {WG, BM, BN, BK, WM,
- * WN, CM_M, CM_N, CM_K, CM_SG, STAGES, XH} with WG = (BM/WM)*(BN/WN) subgroups; get_rows spec
+ * WN, CM_M, CM_N, CM_K, CM_SG, STAGES, XH, W16} with WG = (BM/WM)*(BN/WN) subgroups; get_rows spec
  * {WG}; half_x {WG}. */
-#define CM_SPEC(WG, a, b, c, d, e) {WG, a, b, c, d, e, 16, 16, 16, 32, 1, 0}
+#define CM_SPEC(WG, a, b, c, d, e) {WG, a, b, c, d, e, 16, 16, 16, 32, 1, 0, 1}
 #define MATMUL_ROWS(T, t)                                                                        \
     [VKK_MATVEC_##T] = {"matvec_" #t, SPV(matvec_##t), .n_bindings = 8,                          \
                         .push_size = sizeof(vki_pc_matmul), .n_spec = 7,                         \
@@ -50,10 +50,10 @@ _Static_assert(sizeof(vki_seq_info) == 16 && sizeof(vki_attn_item) == 16, "std43
                         .push_size = sizeof(vki_pc_matmul), .n_spec = 6,                         \
                         .spec_default = {256, 64, 64, 32, 4, 4}},                                \
     [VKK_MATMUL_CM_##T] = {"matmul_cm_" #t, SPV(matmul_cm_##t), .n_bindings = 6,                 \
-                           .push_size = sizeof(vki_pc_matmul), .n_spec = 12,                     \
+                           .push_size = sizeof(vki_pc_matmul), .n_spec = 13,                     \
                            .spec_default = CM_SPEC(256, 128, 128, 32, 64, 32)},                  \
     [VKK_MATMUL_CME_##T] = {"matmul_cme_" #t, SPV(matmul_cme_##t), .n_bindings = 6,              \
-                            .push_size = sizeof(vki_pc_matmul), .n_spec = 12,                    \
+                            .push_size = sizeof(vki_pc_matmul), .n_spec = 13,                    \
                             .spec_default = CM_SPEC(256, 128, 128, 32, 64, 32)},                 \
     [VKK_GET_ROWS_##T] = {"get_rows_" #t, SPV(get_rows_##t), .n_bindings = 3,                    \
                           .push_size = sizeof(vki_pc_get_rows), .n_spec = 1, .spec_default = {256}},
@@ -67,10 +67,10 @@ _Static_assert(sizeof(vki_seq_info) == 16 && sizeof(vki_attn_item) == 16, "std43
                            .push_size = sizeof(vki_pc_matmul_id), .n_spec = 6,                   \
                            .spec_default = {256, 64, 64, 32, 4, 4}},                             \
     [VKK_MATMUL_CM_ID_##T] = {"matmul_cm_id_" #t, SPV(matmul_cm_id_##t), .n_bindings = 4,        \
-                              .push_size = sizeof(vki_pc_matmul_id), .n_spec = 12,               \
+                              .push_size = sizeof(vki_pc_matmul_id), .n_spec = 13,               \
                               .spec_default = CM_SPEC(256, 128, 128, 32, 64, 32)},               \
     [VKK_MATMUL_CME_ID_##T] = {"matmul_cme_id_" #t, SPV(matmul_cme_id_##t), .n_bindings = 4,     \
-                               .push_size = sizeof(vki_pc_matmul_id), .n_spec = 12,              \
+                               .push_size = sizeof(vki_pc_matmul_id), .n_spec = 13,              \
                                .spec_default = CM_SPEC(256, 128, 128, 32, 64, 32)},
 
 #define MATVEC_I8_ROW(T, t)                                                                      \

@@ -54,7 +54,7 @@ typedef enum vkk_id {
     VKK_COUNT
 } vkk_id;
 
-#define VKK_MAX_SPEC 12
+#define VKK_MAX_SPEC 13
 #define VKK_MAX_BINDINGS 13 /* a table entry with more fails at kernel_init (and cmd.c takes 16) */
 
 typedef struct vkk_desc {

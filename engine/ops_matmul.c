@@ -141,7 +141,7 @@ static void matmul_spec(const vkd_device *d, uint32_t spec[6])
     }
 }
 
-/* matmul_cm {WG, BM, BN, BK, WM, WN, CM_M, CM_N, CM_K, CM_SG, STAGES, XH}, largest tiles first: the
+/* matmul_cm {WG, BM, BN, BK, WM, WN, CM_M, CM_N, CM_K, CM_SG, STAGES, XH, W16}, largest tiles first: the
  * first whose shared memory (per stage two F16 tiles with 8-half row padding; one F32 fragment
  * per subgroup) and subgroup count fit. STAGES is d->cm_stages and BK d->cm_bk (defaults 1 and
  * 32; two stages, 48 KiB at 128 x 128, and BK = 64, 45 KiB, wait for the GPU sweep's verdict).
@@ -158,7 +158,7 @@ static void matmul_spec(const vkd_device *d, uint32_t spec[6])
  * bench-kernels --cm-cfg sweeps them on the GPU before any becomes a default. */
 /* The specialisation of tile {BM, BN, WM, WN} (warp sizes raised to the fragment's) if it fits the
  * device's fragments, shared memory and workgroup size. */
-static bool cm_fit(const vkd_device *d, const uint32_t c[4], uint32_t spec[12])
+static bool cm_fit(const vkd_device *d, const uint32_t c[4], uint32_t spec[13])
 {
     const vkd_cm *cm = &d->cm;
     const uint32_t bk = d->cm_bk ? d->cm_bk : 32, bm = c[0], bn = c[1], stages = d->cm_stages ? d->cm_stages : 1;
@@ -170,7 +170,7 @@ static bool cm_fit(const vkd_device *d, const uint32_t c[4], uint32_t spec[12])
     uint64_t smem = 2ull * stages * (bm + bn) * (bk + 8) + 4ull * nw * cm->m * cm->n;
     if (smem > d->info.max_compute_shared_memory || nw * cm->sg > d->info.max_workgroup_invocations)
         return false;
-    const uint32_t v[12] = {nw * cm->sg, bm, bn, bk, wm, wn, cm->m, cm->n, cm->k, cm->sg, stages, 0};
+    const uint32_t v[13] = {nw * cm->sg, bm, bn, bk, wm, wn, cm->m, cm->n, cm->k, cm->sg, stages, 0, !d->cm_w4};
     memcpy(spec, v, sizeof v);
     return true;
 }
@@ -178,7 +178,7 @@ static bool cm_fit(const vkd_device *d, const uint32_t c[4], uint32_t spec[12])
 /* A forced tile with its warp tile (d->cm_warp_m x cm_warp_n) is taken as asked: 64 x 64 warp
  * tiles load half the shared-memory fragments per product of 64 x 32 ones (4 + 4 per 16
  * products against 4 + 2 per 8), what the M = 2048 GEMM's 13% of the peak may be bound by. */
-static bool cm_spec(const vkd_device *d, uint32_t M, uint32_t spec[12])
+static bool cm_spec(const vkd_device *d, uint32_t M, uint32_t spec[13])
 {
     static const uint32_t cand[][4] = {{128, 128, 64, 32}, {64, 128, 32, 32}, {64, 64, 32, 32}, {32, 32, 32, 32},
                                        {32, 128, 32, 32}, {32, 64, 32, 32}, {16, 128, 16, 32}, {16, 64, 16, 32},
@@ -407,6 +407,12 @@ static vki_status config_item(vkd_device *d, const char *item, bool *gemm)
                                 "tile (0) or once before the product (1, the default)");
         d->cm_x32 = eq[1] == '0';
         *gemm = true;
+    } else if (CONFIG_KEY("gemm_w16")) {
+        if (!eq || (strcmp(eq + 1, "0") && strcmp(eq + 1, "1")))
+            return config_error(d, item, "gemm_w16=0 or 1: the tensor-core GEMM's W staged 4 values at a time "
+                                "(0) or 16, one scale decode for them (1, the default)");
+        d->cm_w4 = eq[1] == '0';
+        *gemm = true;
     } else if (CONFIG_KEY("gemm")) {
         if (n != 2 && n != 4)
             return config_error(d, item, "gemm=BMxBN[xWMxWN]: the tensor-core GEMM's tile [and its subgroups' "
@@ -442,7 +448,8 @@ static vki_status config_item(vkd_device *d, const char *item, bool *gemm)
             k++;
         if (k == sizeof ones / sizeof ones[0])
             return config_error(d, item, eq ? "unknown key (matvec, gemm, gemm_stages, gemm_bk, gemm_split, "
-                                            "gemm_xh, gemv_max_m, attn_split, attn_loads, sample_loads)"
+                                            "gemm_xh, gemm_w16, gemv_max_m, attn_split, attn_loads, "
+                                            "sample_loads)"
                                             : "not key=value");
         if (n != 1 || v[0] < ones[k].lo || v[0] > ones[k].hi || v[0] % ones[k].step)
             return config_error(d, item, ones[k].help);

@@ -41,7 +41,7 @@ uint32_t op_matmul_gemv_max_m(const vkd_device *d);
 
 /* Applies a kernel configuration (vki_device_params.kernel_config: comma-separated key=value,
  * keys matvec=WGxROWS[xMC[xMU]], gemm=BMxBN[xWMxWN], gemm_stages=S, gemm_bk=BK, gemm_split=N,
- * gemm_xh=0|1 (op_matmul_takes_xh), gemv_max_m=M, attn_split=KEYS (read by op_attn_setup); bench-kernels' --matvec-cfg, --cm-cfg,
+ * gemm_xh=0|1 (op_matmul_takes_xh), gemm_w16=0|1, gemv_max_m=M, attn_split=KEYS (read by op_attn_setup); bench-kernels' --matvec-cfg, --cm-cfg,
  * --cm-stages, --cm-bk, --cm-split, --attn-split) to the device's kernel choices, before anything
  * is recorded or any attention set up. check_fit: the GEMM settings must give a
  * tile this device runs (bench-kernels passes false and reports misfits per row). NULL or "":

@@ -251,6 +251,8 @@ typedef struct vki_device_params {
      *   gemm_split=N               its K splits (1: none)
      *   gemm_xh=0|1                its X rounded to F16 once before the product (1, the
      *                              default) or converted in every tile (0); the same bits
+     *   gemm_w16=0|1               its W staged 16 values at a time, one scale decode for them
+     *                              (1, the default), or 4 (0); the same bits
      *   gemv_max_m=M               the most activation rows the matrix-vector kernel takes
      *   attn_split=N               decode attention's keys per split at least (16..65536, a
      *                              multiple of 16; more splits fill more of a GPU at short
@@ -1031,9 +1033,10 @@ VKI_API vki_status vki_engine_status(const vki_engine *e);
  * the progress callback is not called again. */
 VKI_API vki_status vki_engine_recover(vki_engine *e, char *err, size_t err_len);
 
-/* With profile_path set: a text table of the GPU time of every step so far, by role and kernel
- * ("attn_q / matvec_q4_k"), most expensive first, with calls, total ms, mean us and % of all
- * step time, one line each, at most max_rows rows (0: all). Same size contract as vki_detokenize
+/* With profile_path set: text tables of the GPU time of every step so far, by role and kernel
+ * ("attn_q / matvec_q4_k"), most expensive first, with calls, total ms, mean us and % of the step
+ * time, one line each, at most max_rows rows (0: all) per table: one table for decode steps (one
+ * token per sequence), one for steps with prompt tokens. Same size contract as vki_detokenize
  * (NUL-terminated; *n_out excludes the NUL). VKI_ERR_INVALID_ARG when profiling is off. Call it
  * when no step runs (no batch manager, or after vki_batch_manager_destroy). */
 VKI_API vki_status vki_engine_profile_summary(const vki_engine *e, uint32_t max_rows, char *buf, size_t cap,

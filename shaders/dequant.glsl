@@ -18,6 +18,9 @@
 //   dq_unit_k(iu, g)            element offset of group g of unit iu inside its block
 //   dq_load4(rb, k, K)          elements k..k+3 of the row (k % 4 == 0): the GEMM tile loader and
 //                               the row gather; elements >= K read as 0 (F32/F16/BF16 tails)
+//   dq_load16(rb, k, v)         (DQ_LOAD16: Q8_0, Q4_K, Q5_K, Q6_K) elements k..k+15 (k % 16 == 0,
+//                               k < K), the values dq_load4 gives, from one scale decode and
+//                               16-byte loads: the tensor-core GEMM's W staging
 //   dq_unit_i8(rb, ib, iu, q, a, b)  (DQ_I8: every integer type: Q8_0, Q4_0, Q4_1, Q5_0, Q5_1,
 //                               Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS; the
 //                               integer-dot GEMV, matvec.comp MV_I8) unit iu as integers: group
@@ -202,6 +205,12 @@ uint dq_unit_k(uint iu, uint g) { return 4u * g; }
 #define DQ_UNITS 2u
 vec4 dq_load4(uint rb, uint k, uint K) {
     return dq_gscale(rb, k >> 5) * dq_sbytes(dq_w[dq_body(rb, k >> 5) + ((k & 31u) >> 2)]);
+}
+#define DQ_LOAD16 1
+void dq_load16(uint rb, uint k, out vec4 v[4]) {
+    const float d = dq_gscale(rb, k >> 5);
+    const uvec4 q = dq_w4[(dq_body(rb, k >> 5) >> 2) + ((k & 31u) >> 4)];
+    [[unroll]] for (uint j = 0u; j < 4u; j++) v[j] = d * dq_sbytes(q[j]);
 }
 void dq_unit(uint rb, uint ib, uint iu, out vec4 w[DQ_UNIT_V4]) {
     float d = dq_gscale(rb, ib);
@@ -536,6 +545,19 @@ vec4 dq_load4(uint rb, uint k, uint K) {
 #endif
     return s.x * dq_k5(dq_w[b + DQ_KQS + 8u * c + (l >> 2)] >> (4u * h), qh) - s.y;
 }
+// 16 elements of one sub-block (l = 0 or 16): one scale decode, 4 qs words (and 4 qh words) as one
+// 16-byte load each (blocks, DQ_KQS and 8c + l/4 are multiples of 4 words).
+#define DQ_LOAD16 1
+void dq_load16(uint rb, uint k, out vec4 v[4]) {
+    uint b = rb + (k >> 8) * DQ_KW, kb = k & 255u, c = kb >> 6, h = (kb >> 5) & 1u, l = kb & 31u;
+    vec2 s = dq_q4k_scale(dq_w4[b >> 2], c, h);
+    const uvec4 q = dq_w4[(b + DQ_KQS + 8u * c + (l >> 2)) >> 2] >> (4u * h);
+    uvec4 qh = uvec4(0u);
+#ifdef DQ_Q5_K
+    qh = dq_w4[(b + 4u + (l >> 2)) >> 2] >> (2u * c + h);
+#endif
+    [[unroll]] for (uint j = 0u; j < 4u; j++) v[j] = s.x * dq_k5(q[j], qh[j]) - s.y;
+}
 // Unit iu: 8 qs bytes 32c+8s.. (c = iu/4, s = iu%4): elements 64c+8s+0..7 (low nibbles) and
 // 64c+32+8s+0..7 (high nibbles); for Q5_K also qh bytes 8s..8s+7.
 void dq_unit(uint rb, uint ib, uint iu, out vec4 w[DQ_UNIT_V4]) {
@@ -591,6 +613,17 @@ vec4 dq_load4(uint rb, uint k, uint K) {
     uint qh = dq_w[b + 32u + 8u * h + (l >> 2)];
     uint si = 8u * h + 2u * q + (l >> 4);
     return dq_q6k_scale(dq_gscale(rb, ib), dq_w[b + 48u + (si >> 2)], si & 3u) * dq_q6k_group(ql, qh, q);
+}
+// 16 elements of one quarter's half (l = 0 or 16): one scale, 4 ql and 4 qh words as one 16-byte
+// load each (bodies, 16h, 8(q & 1) and l/4 are multiples of 4 words).
+#define DQ_LOAD16 1
+void dq_load16(uint rb, uint k, out vec4 v[4]) {
+    uint ib = k >> 8, b = dq_body(rb, ib), kb = k & 255u, h = kb >> 7, q = (kb >> 5) & 3u, l = kb & 31u;
+    const uvec4 ql = dq_w4[(b + 16u * h + 8u * (q & 1u) + (l >> 2)) >> 2];
+    const uvec4 qh = dq_w4[(b + 32u + 8u * h + (l >> 2)) >> 2];
+    uint si = 8u * h + 2u * q + (l >> 4);
+    const float s = dq_q6k_scale(dq_gscale(rb, ib), dq_w[b + 48u + (si >> 2)], si & 3u);
+    [[unroll]] for (uint j = 0u; j < 4u; j++) v[j] = s * dq_q6k_group(ql[j], qh[j], q);
 }
 // Unit iu: l = 4(iu%8) .. +3 of half h = iu/8, all four quarters q: one qh word serves 16
 // weights; its four scales 8h + l/16 + 2q lie in the 8-byte word of scales 8h...

@@ -6,11 +6,14 @@
 // Tiled matrix multiply on cooperative matrices (tensor cores): Y[m, n] = sum_k X[m, k] W[n, k]
 // (+ bias[n]), the same contract as matmul.comp. A workgroup computes a BM x BN tile of Y; per
 // BK step every invocation helps stage BM x BK of X (converted to F16) and BN x BK of W
-// (dequantised by dq_load4, then rounded to F16) into shared memory; then each subgroup
+// (dequantised by dq_load16 / dq_load4, then rounded to F16) into shared memory; then each subgroup
 // multiplies its WM x WN part with (WM / CM_M) x (WN / CM_N) F32 accumulator fragments. The
 // residual stream and Y stay F32; only the operands of the products are F16. With XH = 1, X
 // comes rounded to F16 already (half_x.comp, by the same cm_f16x4), and staging copies its 8-byte
 // quads instead of loading 16 bytes and converting them once per tile column: the same bits.
+// With W16 = 1 each invocation stages 16 consecutive values of a W row at a time: one scale decode
+// and 16-byte loads for them (dequant.glsl's dq_load16), F16 rows copied as they are, where per
+// quad every 4 values decoded their block's scale again: the same values.
 //
 // Bound by: tensor-core throughput once tiles are big (per BK step a subgroup issues
 // (WM/CM_M)(WN/CM_N)(BK/CM_K) multiply-adds against WM + WN fragment loads from shared
@@ -47,6 +50,8 @@ layout(constant_id = 5) const uint WN = 32;  // columns per subgroup, multiple o
 layout(constant_id = 10) const uint STAGES = 1;
 // X in F16 (binding 1 then holds half_x's quads, rows p.x_stride halves apart, zeros past K).
 layout(constant_id = 11) const uint XH = 0;
+// W staged 16 values of a row per item (4 quads) instead of 4 (1 quad); BK % 16 != 0 stages quads.
+layout(constant_id = 12) const uint W16 = 0;
 
 #define DQ_BINDING 0
 #include "dequant.glsl" // binding 0: W, one part, N rows of w_stride bytes (the ggml type's blocks)
@@ -87,12 +92,40 @@ uvec2 x_quad(uint m_tile, uint row, uint k)
     return cm_f16x4(load_x4(m_tile + row, k));
 }
 
-// W[n_tile + row, k..k+3] dequantised, as an F16 quad, zeros outside the matrix.
-uvec2 w_quad(uint n_tile, uint row, uint k)
+// W staging items: WQ quads (4 WQ consecutive values) of one row; WK items per row and step.
+const uint WQ = 1u + 3u * uint(W16 != 0u) * uint(BK % 16u == 0u), WK = BK / (4u * WQ); // (no &&: glslang 12)
+
+// W[n_tile + row, k..k+4WQ-1] dequantised, as WQ F16 quads (q[0..WQ-1]), zeros outside the
+// matrix (quantised K is a multiple of 32: an item lies wholly before K or wholly past it).
+void w_item(uint n_tile, uint row, uint k, out uvec2 q[4])
 {
     const uint n = n_tile + row;
-    return cm_f16x4(n < p.N && IN_K(k) ? dq_load4(dq_row_base(W_ROW(n), p.w_stride), k, p.K) : vec4(0.0));
+    [[unroll]] for (uint j = 0u; j < 4u; j++)
+        q[j] = uvec2(0u);
+    if (n >= p.N || !IN_K(k))
+        return;
+    const uint rb = dq_row_base(W_ROW(n), p.w_stride);
+#if defined(DQ_F16)
+    if (WQ == 4u && (rb & 7u) == 0u && k + 16u <= p.K) { // F16 already: two 16-byte copies
+        const uvec4 a = dq_w8[(rb + k) >> 3], b = dq_w8[((rb + k) >> 3) + 1u];
+        q[0] = a.xy, q[1] = a.zw, q[2] = b.xy, q[3] = b.zw;
+        return;
+    }
+#elif defined(DQ_LOAD16)
+    if (WQ == 4u) {
+        vec4 v[4];
+        dq_load16(rb, k, v);
+        [[unroll]] for (uint j = 0u; j < 4u; j++)
+            q[j] = cm_f16x4(v[j]);
+        return;
+    }
+#endif
+    [[unroll]] for (uint j = 0u; j < WQ; j++)
+        q[j] = cm_f16x4(dq_load4(rb, k + 4u * j, p.K));
 }
+
+// Bs's quad of W tile row `row`, item i's quad j (buffer offset b0 in F16 values).
+uint bs_quad(uint b0, uint i, uint j) { return (b0 + (i / WK) * ST + 4u * (WQ * (i % WK) + j)) / 4u; }
 
 // STAGES = 1: stage X[m_tile.., k0..] and W[n_tile.., k0..] as F16 into buffer 0, each quad
 // stored as it is loaded (no registers held: the emulation's LLVM compiles and runs this form
@@ -101,16 +134,20 @@ void stage(uint m_tile, uint n_tile, uint k0)
 {
     for (uint i = gl_LocalInvocationID.x; i < BM * K4; i += gl_WorkGroupSize.x)
         As[((i / K4) * ST + 4u * (i % K4)) / 4u] = x_quad(m_tile, i / K4, k0 + 4u * (i % K4));
-    for (uint i = gl_LocalInvocationID.x; i < BN * K4; i += gl_WorkGroupSize.x)
-        Bs[((i / K4) * ST + 4u * (i % K4)) / 4u] = w_quad(n_tile, i / K4, k0 + 4u * (i % K4));
+    for (uint i = gl_LocalInvocationID.x; i < BN * WK; i += gl_WorkGroupSize.x) {
+        uvec2 q[4];
+        w_item(n_tile, i / WK, k0 + 4u * WQ * (i % WK), q);
+        [[unroll]] for (uint j = 0u; j < WQ; j++)
+            Bs[bs_quad(0u, i, j)] = q[j];
+    }
 }
 
 // STAGES = 2: a step's operands in registers, already F16 (half the registers of F32 values),
-// quad i = tid + j * WG of the X tile (row i / K4, k 4 (i % K4)) in sx[j], of the W tile in sw[j];
-// quads past the tile are never stored.
+// quad i = tid + j * WG of the X tile (row i / K4, k 4 (i % K4)) in sx[j], W item i = tid + j * WG
+// in sw[4j ..]; quads and items past the tile are never stored.
 const uint SXN = STAGES > 1u ? (BM * K4 - 1u) / gl_WorkGroupSize.x + 1u : 1u;
-const uint SWN = STAGES > 1u ? (BN * K4 - 1u) / gl_WorkGroupSize.x + 1u : 1u;
-uvec2 sx[SXN], sw[SWN];
+const uint SWN = STAGES > 1u ? (BN * WK - 1u) / gl_WorkGroupSize.x + 1u : 1u;
+uvec2 sx[SXN], sw[4u * SWN];
 
 // Load X[m_tile.., k0..] and W[n_tile.., k0..] (W dequantised) into sx, sw.
 void stage_load(uint m_tile, uint n_tile, uint k0)
@@ -121,7 +158,11 @@ void stage_load(uint m_tile, uint n_tile, uint k0)
     }
     CM_UNROLL for (uint j = 0u; j < SWN; j++) {
         const uint i = gl_LocalInvocationID.x + j * gl_WorkGroupSize.x;
-        sw[j] = i < BN * K4 ? w_quad(n_tile, i / K4, k0 + 4u * (i % K4)) : uvec2(0u);
+        uvec2 q[4];
+        if (i < BN * WK)
+            w_item(n_tile, i / WK, k0 + 4u * WQ * (i % WK), q);
+        CM_UNROLL for (uint jj = 0u; jj < WQ; jj++)
+            sw[4u * j + jj] = i < BN * WK ? q[jj] : uvec2(0u);
     }
 }
 
@@ -136,8 +177,9 @@ void stage_store(uint s)
     }
     CM_UNROLL for (uint j = 0u; j < SWN; j++) {
         const uint i = gl_LocalInvocationID.x + j * gl_WorkGroupSize.x;
-        if (i < BN * K4)
-            Bs[(b0 + (i / K4) * ST + 4u * (i % K4)) / 4u] = sw[j];
+        if (i < BN * WK)
+            CM_UNROLL for (uint jj = 0u; jj < WQ; jj++)
+                Bs[bs_quad(b0, i, jj)] = sw[4u * j + jj];
     }
 }
 

@@ -429,7 +429,7 @@ static void test_kernel_config(void **state)
     const uint32_t sg = d->info.subgroup_size ? d->info.subgroup_size : 1;
     char cfg[192];
     snprintf(cfg, sizeof cfg, "matvec=%ux9x9,matvec=%ux3x5x2,gemm=32x64x32x32,gemm_stages=2,gemm_bk=64,gemm_split=3,"
-             "gemv_max_m=17,attn_split=48,attn_loads=3,sample_loads=5", sg, sg);
+             "gemv_max_m=17,attn_split=48,attn_loads=3,sample_loads=5,gemm_w16=0", sg, sg);
     assert_int_equal(op_kernel_config(d, cfg, false), VKI_OK);
     assert_int_equal(d->matvec_wg, sg);
     assert_int_equal(d->matvec_rows, 3);
@@ -446,6 +446,9 @@ static void test_kernel_config(void **state)
     assert_int_equal(d->attn_split, 48);
     assert_int_equal(d->attn_loads, 3);
     assert_int_equal(d->sample_loads, 5);
+    assert_true(d->cm_w4);
+    assert_int_equal(op_kernel_config(d, "gemm_w16=1", false), VKI_OK);
+    assert_false(d->cm_w4);
     assert_int_equal(op_kernel_config(d, NULL, true), VKI_OK);
     assert_int_equal(op_kernel_config(d, "", true), VKI_OK);
     assert_int_equal(op_kernel_config(d, "gemm=64x128", false), VKI_OK); /* the warp tile back to the library's */
@@ -458,7 +461,8 @@ static void test_kernel_config(void **state)
                                       "gemv_max_m=99999999999", "foo=1", "matvec", "=8x4", "gemm_stages=1,bk=2",
                                       "attn_split=8", "attn_split=40", "attn_split=65552", "attn_split=32x2",
                                       "attn_loads=0", "attn_loads=9", "sample_loads=0", "sample_loads=17",
-                                      "gemm_xh=2", "gemm_xh", "gemm_xh=", "gemm_xh=01", "gemm_xh=1x1"};
+                                      "gemm_xh=2", "gemm_xh", "gemm_xh=", "gemm_xh=01", "gemm_xh=1x1",
+                                      "gemm_w16=4", "gemm_w16", "gemm_w16=1,gemm_w1=1"};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
         if (op_kernel_config(d, bad[i], false) != VKI_ERR_INVALID_ARG)
             fail_msg("kernel config '%s' accepted", bad[i]);
@@ -607,7 +611,10 @@ static void test_coopmat_split(void **state)
 }
 
 /* The tensor-core GEMM's staging variants against the default (one shared-memory stage, K steps
- * of 32), bit for bit (the same products in the same order): two stages (matmul_cm.comp's STAGES
+ * of 32, W staged 16 values per item), bit for bit (the same products in the same order): W staged
+ * 4 values per item (W16 = 0: the float types' tails and F16 rows not 8-aligned, which the
+ * 16-value items leave to the per-quad loads, and dq_load16's Q8_0 and K-quant blocks against
+ * dq_load4), with one stage and with two at BK = 64, and K steps of 16; two stages (matmul_cm.comp's STAGES
  * = 2: step k + 1 staged into the other buffer while step k's products run) and K steps of 64
  * (BK = 64: a quantised step half past K, read as zeros: X rows carry NaN in their stride
  * padding; Q4_1 rows are not padded to a scale group, so the last one's step past K would read
@@ -621,17 +628,25 @@ static void test_coopmat_staging(void **state)
 {
     vt_gpu *g = vt_gpu_get(state);
     vt_rng r = vt_rng_seeded("coopmat staging");
+    /* {stages, BK, X in F16, W by 4}; the first: the default of F32 X */
+    static const uint32_t variants[][4] = {{1, 32, 0, 0}, {1, 32, 0, 1}, {2, 32, 0, 0}, {1, 64, 0, 0},
+                                           {1, 32, 1, 0}, {2, 64, 1, 0}, {2, 64, 1, 1}, {1, 16, 0, 0}};
+    enum { ALL = sizeof variants / sizeof variants[0] };
     static const struct {
         uint32_t type, M, N, K, split;
         bool bias, accum;
+        uint32_t n_variants; /* the first n (the W items' cases: 2, the pipelines' cold compiles in CI) */
     } cases[] = {
-        {VKI_GGML_F32, 70, 67, 77, 0, true, false},        /* 3 steps of 32 or 2 of 64, K tail */
-        {VKI_GGML_F32, 65, 20, 1000, 4, false, false},     /* 4 splits of 256 */
-        {VKI_GGML_Q8_0, 33, 130, 32 * 7, 0, false, true},  /* 7 steps of 32 or 4 of 64 */
-        {VKI_GGML_Q4_1, 17, 31, 32 * 39, 4, true, false},  /* 4 splits of 320, the last 288 */
+        {VKI_GGML_F32, 70, 67, 77, 0, true, false, ALL},        /* 3 steps of 32 or 2 of 64, K tail */
+        {VKI_GGML_F32, 65, 20, 1000, 4, false, false, ALL - 1}, /* 4 splits of 256 */
+        {VKI_GGML_Q8_0, 33, 130, 32 * 7, 0, false, true, ALL},  /* 7 steps of 32 or 4 of 64 */
+        {VKI_GGML_Q4_1, 17, 31, 32 * 39, 4, true, false, ALL - 1}, /* 4 splits of 320, the last 288 */
+        {VKI_GGML_F16, 40, 33, 77, 0, false, false, 2},         /* odd rows not 8-aligned, K tail */
+        {VKI_GGML_F16, 20, 70, 264, 0, true, false, 2},         /* 8-aligned rows, a tail of 8 */
+        {VKI_GGML_Q4_K, 33, 40, 512, 0, false, true, 2},
+        {VKI_GGML_Q5_K, 9, 24, 768, 0, true, false, 2},
+        {VKI_GGML_Q6_K, 36, 17, 512, 0, false, false, 2},
     };
-    /* {stages, BK, X in F16}; the first: the default of F32 X */
-    static const uint32_t variants[][3] = {{1, 32, 0}, {2, 32, 0}, {1, 64, 0}, {1, 32, 1}, {2, 64, 1}};
     for (int real = 0; real < 2; real++) {
         if (real ? !g->dev->nv_coopmat || vkd_coopmat_select(g->dev, VKI_COOPMAT_AUTO) != VKI_OK ||
                        g->dev->cm.kind != VKD_CM_NV
@@ -655,8 +670,8 @@ static void test_coopmat_staging(void **state)
             mm_case c = {.M = M, .N = N, .K = K, .bias = cases[i].bias, .accum = cases[i].accum};
             reference(&c, x, xs, wref, cases[i].bias ? bias : NULL, cases[i].accum ? y0 : NULL, N, true, ref);
             g->dev->cm_split = cases[i].split;
-            for (size_t v = 0; v < sizeof variants / sizeof variants[0]; v++) {
-                g->dev->cm_stages = variants[v][0], g->dev->cm_bk = variants[v][1];
+            for (size_t v = 0; v < cases[i].n_variants; v++) {
+                g->dev->cm_stages = variants[v][0], g->dev->cm_bk = variants[v][1], g->dev->cm_w4 = variants[v][3];
                 assert_int_equal(op_matmul_cm_splits(g->dev, M, N, K), cases[i].split ? cases[i].split : 1);
                 vkd_buffer *by = vt_buf_from(g, y0, (size_t)M * N * 4, "y");
                 /* F16 X with NaN after its last row: a GEMM reading past a row's K fails */
@@ -678,12 +693,14 @@ static void test_coopmat_staging(void **state)
                 vkd_buffer_destroy(g->dev, by);
                 vkd_buffer_destroy(g->dev, bh);
                 if (v && memcmp(y, y1, (size_t)M * N * 4))
-                    fail_msg("%s %s M=%u N=%u K=%u split=%u: %u stages, BK %u, %s X differ from the default",
-                             quant_get(type)->name, real ? "tensor cores" : "emulated", M, N, K, cases[i].split,
-                             variants[v][0], variants[v][1], variants[v][2] ? "F16" : "F32");
+                    fail_msg("%s %s M=%u N=%u K=%u split=%u: %u stages, BK %u, %s X, W by %u differ from the "
+                             "default", quant_get(type)->name, real ? "tensor cores" : "emulated", M, N, K,
+                             cases[i].split, variants[v][0], variants[v][1], variants[v][2] ? "F16" : "F32",
+                             variants[v][3] ? 4 : 16);
                 vt_assert_nmse(v ? y : y1, ref, (size_t)M * N, real ? CM_NV_TOL : CM_EMU_TOL, "coopmat staging");
             }
             g->dev->cm_split = g->dev->cm_stages = g->dev->cm_bk = 0;
+            g->dev->cm_w4 = false;
             vk_tensor_destroy(g->dev, &t);
             vkd_buffer_destroy(g->dev, bx);
             vkd_buffer_destroy(g->dev, bb);

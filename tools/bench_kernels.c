@@ -870,10 +870,12 @@ static void print_row(bench_out *out, const char *kernel, const char *tname, ben
     printf("{\"device\":\"%s\",\"driver\":\"%s %s\",\"kernel\":\"%s\",\"type\":\"%s\",\"M\":%u,\"N\":%u,"
            "\"K\":%u,\"us_per_call\":%.3f,\"gbps\":%.3f,\"gflops\":%.3f,\"copy_gbps\":%.3f,\"bw_fraction\":%s,"
            "\"matvec_cfg\":%s,\"cm_cfg\":%s,\"cm_stages\":%s,\"cm_bk\":%s,\"splits\":%s,\"cm_split\":%s,"
-           "\"attn_split\":%s,\"attn_loads\":%s,\"sample_loads\":%s,\"us_min\":%.3f,\"us_max\":%.3f,\"warm_batches\":%u}\n",
+           "\"attn_split\":%s,\"attn_loads\":%s,\"sample_loads\":%s,\"cm_w16\":%s,\"us_min\":%.3f,\"us_max\":%.3f,"
+           "\"warm_batches\":%u}\n",
            out->d->info.name, out->d->info.driver_name, out->d->info.driver_info, kernel, tname, s.M, s.N, s.K,
            per_call * 1e6, gbps, r->flops / per_call * 1e-9, out->copy_gbps, fr, cfg, cm_cfg, num[0], num[1], js,
-           num[2], num[3], num[4], num[5], tm->min * 1e6, tm->max * 1e6, tm->warm_batches);
+           num[2], num[3], num[4], num[5], out->d->cm_w4 ? "false" : "true", tm->min * 1e6, tm->max * 1e6,
+           tm->warm_batches);
     fflush(stdout);
 }
 
@@ -943,6 +945,9 @@ static void usage(FILE *f)
                "                      passed over; JSON rows carry \"cm_stages\" (null: the library's, 1)\n"
                "      --cm-bk BK      the tensor-core GEMM's K per step (16, 32, 48, 64; default 32): 64 halves\n"
                "                      the barriers per product; JSON rows carry \"cm_bk\" (null: 32)\n"
+               "      --cm-w16 0|1    the tensor-core GEMM's W staged 16 values at a time, one scale decode\n"
+               "                      for them (1, the library's) or 4 (0); JSON rows carry \"cm_w16\"\n"
+               "                      (false with 0, else true)\n"
                "      --attn-split KEYS\n"
                "                      decode attention's keys per split at least (16..65536, a multiple of\n"
                "                      16) instead of the library's (GPUs 128, CPUs 64): shorter splits put\n"
@@ -970,7 +975,7 @@ static bool in_list(const char *list, const char *name)
     return false;
 }
 
-#define N_TUNE 8 /* tune_opt below */
+#define N_TUNE 9 /* tune_opt below */
 
 typedef struct bench_cli {
     const char *kernels, *types;       /* comma lists; NULL = all */
@@ -986,9 +991,9 @@ typedef struct bench_cli {
 /* The tuning options: each is one item of a kernel configuration (op_kernel_config, what
  * vki_device_params.kernel_config holds), applied to the device once it is open. */
 static const char *const tune_opt[] = {"--matvec-cfg", "--cm-cfg", "--cm-stages", "--cm-bk", "--cm-split",
-                                       "--attn-split", "--sample-loads", "--attn-loads"};
+                                       "--attn-split", "--sample-loads", "--attn-loads", "--cm-w16"};
 static const char *const tune_key[] = {"matvec", "gemm", "gemm_stages", "gemm_bk", "gemm_split", "attn_split",
-                                       "sample_loads", "attn_loads"};
+                                       "sample_loads", "attn_loads", "gemm_w16"};
 _Static_assert(sizeof tune_opt / sizeof *tune_opt == N_TUNE && sizeof tune_key / sizeof *tune_key == N_TUNE,
                "one key per tuning option");
 
@@ -1014,7 +1019,7 @@ static int parse_args(int argc, char **argv, bench_cli *cl)
         {"full", 0, 0, 'F'},   {"help", 0, 0, 'h'},  {"coopmat", 1, 0, 'C'}, {"crossover", 0, 0, 'X'},
         {"json", 0, 0, 'J'},   {"matvec-cfg", 1, 0, 'V'}, {"cm-cfg", 1, 0, 'G'}, {"cm-split", 1, 0, 'K'},
         {"cm-stages", 1, 0, 'T'}, {"cm-bk", 1, 0, 'B'}, {"attn-split", 1, 0, 'A'},
-        {"sample-loads", 1, 0, 'L'}, {"attn-loads", 1, 0, 'U'},
+        {"sample-loads", 1, 0, 'L'}, {"attn-loads", 1, 0, 'U'}, {"cm-w16", 1, 0, 'W'},
         {"warm-ms", 1, 0, 'M'}, {0, 0, 0, 0}};
     for (int ch; (ch = getopt_long(argc, argv, "k:t:s:d:n:w:r:h", lo, NULL)) != -1;) {
         bench_shape *sh = &cl->shapes[cl->n_shapes < MAX_CL_SHAPES ? cl->n_shapes : 0];
@@ -1043,6 +1048,7 @@ static int parse_args(int argc, char **argv, bench_cli *cl)
         case 'L': cl->tune[6] = optarg; break;
         case 'U': cl->tune[7] = optarg; break;
         case 'K': cl->tune[4] = optarg; break;
+        case 'W': cl->tune[8] = optarg; break;
         case 'M': {
             char *end;
             cl->warm_ms = strtod(optarg, &end);
