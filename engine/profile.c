@@ -44,12 +44,12 @@ vki_status vk_profile_open(vk_profile *p, vkd_cmd *c, const char *path)
 }
 
 /* Adds one dispatch to the summary: O(rows). */
-static vki_status add_row(vk_profile *p, const char *role, const char *kernel, uint64_t ns)
+static vki_status add_row(vk_profile *p, uint32_t kind, const char *role, const char *kernel, uint64_t ns)
 {
     char key[VK_PROFILE_KEY];
     snprintf(key, sizeof key, "%s%s%s", role ? role : "", role ? " / " : "", kernel);
     for (uint32_t i = 0; i < p->n_rows; i++)
-        if (!strcmp(p->rows[i].key, key)) {
+        if (p->rows[i].kind == kind && !strcmp(p->rows[i].key, key)) {
             p->rows[i].calls++;
             p->rows[i].ns += ns;
             return VKI_OK;
@@ -64,6 +64,7 @@ static vki_status add_row(vk_profile *p, const char *role, const char *kernel, u
     }
     vk_profile_row *r = &p->rows[p->n_rows++];
     memcpy(r->key, key, sizeof key);
+    r->kind = kind;
     r->calls = 1;
     r->ns = ns;
     return VKI_OK;
@@ -78,6 +79,7 @@ vki_status vk_profile_step(vk_profile *p, vkd_cmd *c, uint64_t step, uint32_t n_
         return st;
     if (!p->t0_ns)
         p->t0_ns = b[0];
+    const uint32_t kind = n_tokens == n_seqs ? VK_PROFILE_DECODE : VK_PROFILE_PROMPT;
     uint64_t first = b[0], last = en[0];
     for (uint32_t i = 0; i < n && st == VKI_OK; i++) {
         /* "step N / layer L / role / kernel": the category is the first part, the name the rest */
@@ -92,11 +94,11 @@ vki_status vk_profile_step(vk_profile *p, vkd_cmd *c, uint64_t step, uint32_t n_
                 n_tokens, n_seqs);
         first = b[i] < first ? b[i] : first;
         last = en[i] > last ? en[i] : last;
-        st = add_row(p, role, kernel, en[i] - b[i]);
+        st = add_row(p, kind, role, kernel, en[i] - b[i]);
     }
     p->n_events += n;
-    p->step_ns += last - first;
-    p->n_steps++;
+    p->step_ns[kind] += last - first;
+    p->n_steps[kind]++;
     return st == VKI_OK && ferror(p->trace) ? VKI_ERR_IO : st;
 }
 
@@ -114,6 +116,8 @@ void vk_profile_close(vk_profile *p)
 static int by_time(const void *a, const void *b)
 {
     const vk_profile_row *x = a, *y = b;
+    if (x->kind != y->kind)
+        return x->kind < y->kind ? -1 : 1;
     return x->ns < y->ns ? 1 : x->ns > y->ns ? -1 : strcmp(x->key, y->key);
 }
 
@@ -138,16 +142,26 @@ vki_status vk_profile_summary(const vk_profile *p, uint32_t max_rows, char *buf,
         return VKI_ERR_OUT_OF_HOST_MEMORY;
     memcpy(rows, p->rows, p->n_rows * sizeof *rows);
     qsort(rows, p->n_rows, sizeof *rows, by_time);
-    uint32_t n = max_rows && max_rows < p->n_rows ? max_rows : p->n_rows;
     size_t len = 0;
-    double step_ms = p->step_ns / 1e6;
+    static const char *const kinds[VK_PROFILE_KINDS] = {"decode steps (one token per sequence)",
+                                                        "steps with prompt tokens"};
     put(buf, cap, &len, "GPU time by role and kernel: %llu steps, %.3f ms of steps (first dispatch to last)\n",
-        (unsigned long long)p->n_steps, step_ms);
-    put(buf, cap, &len, "%-40s %8s %12s %10s %7s\n", "role / kernel", "calls", "total ms", "mean us", "% step");
-    for (uint32_t i = 0; i < n; i++)
-        put(buf, cap, &len, "%-40s %8llu %12.3f %10.2f %6.1f%%\n", rows[i].key, (unsigned long long)rows[i].calls,
-            rows[i].ns / 1e6, rows[i].ns / 1e3 / (double)rows[i].calls,
-            p->step_ns ? 100.0 * (double)rows[i].ns / (double)p->step_ns : 0.0);
+        (unsigned long long)(p->n_steps[0] + p->n_steps[1]), (p->step_ns[0] + p->step_ns[1]) / 1e6);
+    /* the rows are sorted by kind, then by time: one table per kind with steps */
+    for (uint32_t k = 0, i = 0; k < VK_PROFILE_KINDS; k++) {
+        if (!p->n_steps[k])
+            continue;
+        put(buf, cap, &len, "%s: %llu, %.3f ms\n", kinds[k], (unsigned long long)p->n_steps[k],
+            p->step_ns[k] / 1e6);
+        put(buf, cap, &len, "%-40s %8s %12s %10s %7s\n", "role / kernel", "calls", "total ms", "mean us", "% step");
+        while (i < p->n_rows && rows[i].kind < k)
+            i++;
+        for (uint32_t j = 0; i < p->n_rows && rows[i].kind == k; i++, j++)
+            if (!max_rows || j < max_rows)
+                put(buf, cap, &len, "%-40s %8llu %12.3f %10.2f %6.1f%%\n", rows[i].key,
+                    (unsigned long long)rows[i].calls, rows[i].ns / 1e6, rows[i].ns / 1e3 / (double)rows[i].calls,
+                    p->step_ns[k] ? 100.0 * (double)rows[i].ns / (double)p->step_ns[k] : 0.0);
+    }
     free(rows);
     *n_out = len;
     return len < cap ? VKI_OK : VKI_ERR_INVALID_ARG;

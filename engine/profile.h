@@ -4,8 +4,10 @@
  * Each dispatch's debug-label path is "step N / layer L / role / kernel" (the forward pass sets
  * the role on the command recorder before each op, vkd_role). In the trace an event is named
  * "layer L / role / kernel", its category is "step N", and its track (tid) is the step phase the
- * role belongs to: embed, attention, ffn, lm head, sample. Cost: one fprintf per dispatch and a
- * linear search of the summary table (a few dozen role/kernel pairs) per dispatch. */
+ * role belongs to: embed, attention, ffn, lm head, sample. The summary keeps decode steps (one
+ * token per sequence) apart from the others (prompt chunks, alone or beside decoding sequences),
+ * whose matmuls run other kernels at other shapes. Cost: one fprintf per dispatch and a linear
+ * search of the summary table (a few dozen role/kernel pairs) per dispatch. */
 #ifndef VKI_ENGINE_PROFILE_H
 #define VKI_ENGINE_PROFILE_H
 
@@ -16,8 +18,12 @@
 #define VK_PROFILE_MAX 16384 /* dispatches timed per step */
 #define VK_PROFILE_KEY 64
 
+/* Step kinds in the summary. */
+enum { VK_PROFILE_DECODE, VK_PROFILE_PROMPT, VK_PROFILE_KINDS };
+
 typedef struct vk_profile_row {
     char key[VK_PROFILE_KEY];       /* "role / kernel" (just the kernel when no role was set) */
+    uint32_t kind;                  /* the steps it was timed in: VK_PROFILE_DECODE or _PROMPT */
     uint64_t calls, ns;
 } vk_profile_row;
 
@@ -28,8 +34,8 @@ typedef struct vk_profile {
     uint64_t n_events;
     vk_profile_row *rows;           /* [n_rows] the summary, unsorted */
     uint32_t n_rows, cap_rows;
-    uint64_t step_ns;               /* sum over steps of first dispatch begin .. last end */
-    uint64_t n_steps;
+    uint64_t step_ns[VK_PROFILE_KINDS]; /* sum over steps of first dispatch begin .. last end */
+    uint64_t n_steps[VK_PROFILE_KINDS];
 } vk_profile;
 
 /* Opens path, writes the track names and turns on c's timestamps. */

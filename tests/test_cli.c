@@ -454,6 +454,33 @@ static void test_generate_kernel_config(void **state)
     assert_non_null(strstr(r.err, "kernel config 'gemm_stages=3'"));
 }
 
+/* --profile: the trace written, the summary printed at the end, with the command's own steps
+ * only (no warm-up steps: not asked for with --no-warmup here): the 5-token prompt's step, then
+ * one decode step per generated token after the first. */
+static void test_generate_profile(void **state)
+{
+    (void)state;
+    char m[512], args[1024], trace[64];
+    model(m, sizeof m);
+    snprintf(trace, sizeof trace, "/tmp/vki_cli_profile_%d.json", (int)getpid());
+    vt_run_result r;
+    snprintf(args, sizeof args, "generate --validation --no-progress -m %s -p \"Once upon a time\" -n 8 --temp 0 "
+             "--profile %s", m, trace);
+    vt_run_vkinfer(args, &r);
+    assert_int_equal(r.rc, 0);
+    assert_non_null(strstr(r.err, "GPU time by role and kernel: 8 steps, "));
+    const char *dec = strstr(r.err, "\ndecode steps (one token per sequence): 7, ");
+    const char *pro = strstr(r.err, "\nsteps with prompt tokens: 1, ");
+    assert_true(dec && pro && dec < pro);
+    assert_non_null(strstr(dec, "attn / attn_decode_"));
+    assert_non_null(strstr(pro, "attn / attn_prefill_"));
+    assert_null(strstr(r.err, "compiling kernels"));
+    struct stat st;
+    assert_int_equal(stat(trace, &st), 0);
+    assert_true(st.st_size > 1000);
+    unlink(trace);
+}
+
 /* -p - reads stdin, -f FILE a file; --no-display-prompt prints only the answer. */
 static void test_generate_prompt_sources(void **state)
 {
@@ -655,6 +682,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_generate_known_answer),
         cmocka_unit_test(test_generate_kernel_config),
+        cmocka_unit_test(test_generate_profile),
         cmocka_unit_test(test_generate_seed_reproducible),
         cmocka_unit_test(test_generate_stop_string),
         cmocka_unit_test(test_bad_usage),

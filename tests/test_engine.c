@@ -1474,11 +1474,20 @@ static void test_profile_trace(void **state)
     assert_int_equal(vk_profile_summary(&fx.e->prof, 3, small, sizeof small, &need), VKI_ERR_INVALID_ARG);
     assert_int_equal(need, len);
     assert_non_null(strstr(table, "2 steps"));
-    assert_non_null(strstr(table, "role / kernel"));
+    /* a table per kind of step, decode first: the prompt's step and the decode step apart */
+    const char *dec = strstr(table, "\ndecode steps (one token per sequence): 1, ");
+    const char *pro = strstr(table, "\nsteps with prompt tokens: 1, ");
+    assert_true(dec && pro && dec < pro);
     int rows = 0;
     for (const char *l = strchr(table, '\n'); l && l[1]; l = strchr(l + 1, '\n'))
         rows++;
-    assert_int_equal(rows, 1 + 3); /* the column header and three rows */
+    assert_int_equal(rows, 2 * (2 + 3)); /* per kind: its steps, the column header and three rows */
+    /* every dispatch in one row or another: the prompt step's rows count its 5-token products */
+    vk_profile_row *r = fx.e->prof.rows;
+    uint64_t calls[VK_PROFILE_KINDS] = {0};
+    for (uint32_t i = 0; i < fx.e->prof.n_rows; i++)
+        calls[r[i].kind] += r[i].calls;
+    assert_true(calls[VK_PROFILE_DECODE] > 8 && calls[VK_PROFILE_PROMPT] >= calls[VK_PROFILE_DECODE]);
     fprintf(stderr, "%s", table);
     fixture_close(&fx); /* closes the trace */
     FILE *f = fopen(trace, "r");

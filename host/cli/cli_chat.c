@@ -558,6 +558,7 @@ int vki_cli_chat(int argc, char **argv)
             }
             cli_chat_close(&c.tmpl);
         }
+        cli_print_profile(&eo, c.e); /* --profile: the top ops by GPU time */
         vki_engine_destroy(c.e);
     }
     clear_history(&c);

@@ -250,7 +250,8 @@ void cli_engine_opts_help(FILE *f)
             "                          core, up to 8)\n"
             "  --no-progress           no loading progress bar\n"
             "  --no-warmup             skip the warm-up steps at load (which compile the kernels on\n"
-            "                          devices that compile on first use, e.g. lavapipe)\n"
+            "                          devices that compile on first use, e.g. lavapipe); implied by\n"
+            "                          --profile and --capture-steps, which count the command's steps\n"
             "  -v, --verbose           more log output (twice: debug)\n"
             "  -ngl N, -t N            llama.cpp's GPU layers and threads: accepted, with a note, and\n"
             "                          ignored (every layer runs on the GPU)\n");
@@ -442,7 +443,9 @@ vki_engine *cli_open_engine(cli_engine_opts *o)
     if (o->p.max_ctx > mi.n_ctx_train && mi.n_ctx_train)
         fprintf(stderr, "vkinfer: warning: --ctx %u is above the context the model was trained for (%u); output "
                 "quality usually degrades past it\n", o->p.max_ctx, mi.n_ctx_train);
-    if (!o->no_warmup)
+    /* a profile or a capture is of the command's own steps: the engine counts steps from 0, and
+     * the warm-up's would be the first ones traced and the ones --capture-steps 0-3 names */
+    if (!o->no_warmup && !o->p.profile_path && o->p.capture_first < 0)
         warmup(e, o->progress && isatty(2));
     return e;
 }

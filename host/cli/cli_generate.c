@@ -385,6 +385,7 @@ static int run(cli_engine_opts *eo, gen_opts *o)
     free(g.lp);
     free(ids);
     free(prompt);
+    cli_print_profile(eo, e); /* --profile: the top ops by GPU time (the batch manager is gone) */
     vki_engine_destroy(e);
     return rc;
 }
