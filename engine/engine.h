@@ -157,8 +157,9 @@ typedef struct vk_engine {
     op_attn_plan attn_plan[2]; /* the current step's attention work list per kind */
     bool xq_of_h;           /* recording: s.xq holds s.h quantised (a norm epilogue wrote both), for
                                the next block's integer-dot products */
-    bool xh_of_h;           /* recording: s.xh holds s.h in F16 (the block's norm wrote both), for
-                               its tensor-core GEMMs */
+    bool xh_ready;          /* recording: s.xh holds the next tensor-core GEMMs' input in F16 (the
+                               kernel that wrote the input wrote it too: a block's norm, s.h; the
+                               gated unit, down's input) */
     uint8_t *slot_seen;     /* [max_seqs] all zero between steps; check_plan's uniqueness marks */
     vk_flight fl[VK_MAX_FLIGHTS];
     uint32_t n_flights;     /* 2, or 1 while profiling or capturing */

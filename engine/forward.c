@@ -78,8 +78,8 @@ static vki_status quant_x(vk_engine *e, const char *role, vkd_view x, uint32_t x
 }
 
 /* Whether a product of M rows by w takes the tensor-core GEMM with its input rounded to F16 once
- * (op_matmul_takes_xh) into s->xh: by the norm that writes the input (block_norm, the LM head's)
- * or by half_x. */
+ * (op_matmul_takes_xh) into s->xh: by the kernel that writes the input (block_norm's and the LM
+ * head's norms, the gated unit before down: e->xh_ready) or by half_x. */
 static bool use_xh(const vk_engine *e, const vk_tensor *w, uint32_t M)
 {
     return e->s.xh && w->n_parts && !e->p.batch_invariant && !use_i8(e, w, M) && op_matmul_takes_xh(e->dev, M);
@@ -138,8 +138,9 @@ static vki_status project_residual(vk_engine *e, const vk_tensor *w, vkd_view in
     const bool i8 = use_i8(e, w, T);
     if (i8 && !in_q)
         TRY(quant_x(e, x_roles[0], in, in_stride, T, (uint32_t)w->ne0));
-    if (use_xh(e, w, T))
+    if (use_xh(e, w, T) && !e->xh_ready) /* else the kernel that wrote `in` wrote it */
         TRY(half_x(e, x_roles[1], in, in_stride, T, (uint32_t)w->ne0));
+    e->xh_ready = false;
     vkd_buffer *xq = in_q ? in_q : s->xq;
     vkd_role(c, mm_role);
     if (!hp->post_norms && !e->p.no_fusion) {
@@ -210,7 +211,7 @@ static bool ffn_xh(const vk_engine *e, const vk_layer *L, uint32_t T)
 /* A block's input norm, h = rmsnorm(x) * w over T rows, and the barrier after it; where the
  * block's first products take the integer-dot path (i8) it also quantises h into s->xq
  * (e->xq_of_h), where they take the tensor-core GEMM (xh) it also rounds h to F16 into s->xh
- * (e->xh_of_h); not op by op: no_fusion keeps quant_x8's and half_x's passes. */
+ * (e->xh_ready); not op by op: no_fusion keeps quant_x8's and half_x's passes. */
 static vki_status block_norm(vk_engine *e, const vk_tensor *w, uint32_t T, bool i8, bool xh)
 {
     vk_scratch *s = &e->s;
@@ -220,7 +221,7 @@ static vki_status block_norm(vk_engine *e, const vk_tensor *w, uint32_t T, bool 
                       e->model.hp.rms_eps, q ? vkd_whole(s->xq) : (vkd_view){0},
                       h16 ? vkd_whole(s->xh) : (vkd_view){0}));
     e->xq_of_h = q;
-    e->xh_of_h = h16;
+    e->xh_ready = h16;
     vkd_barrier(e->cmd);
     return VKI_OK;
 }
@@ -275,9 +276,9 @@ static vki_status project_qkv(vk_engine *e, const vk_layer *L, uint32_t T, bool 
     if (qkv_i8(e, L, T) && !e->xq_of_h) /* else the previous projection's norm epilogue wrote it */
         TRY(quant_x(e, "attn_xq", vkd_whole(s->h), d, T, d));
     e->xq_of_h = false;
-    if (qkv_xh(e, L, T) && !e->xh_of_h) /* else the norm wrote it */
+    if (qkv_xh(e, L, T) && !e->xh_ready) /* else the norm wrote it */
         TRY(half_x(e, "attn_xh", vkd_whole(s->h), d, T, d));
-    e->xh_of_h = false;
+    e->xh_ready = false;
     if (L->wqkv.n_parts) {
         uint32_t w = (uint32_t)L->wqkv.n_rows;
         *q = (op_mat){vkd_whole(s->q), 0, w}, *k = (op_mat){vkd_whole(s->q), qd, w};
@@ -410,9 +411,9 @@ static vki_status record_ffn_block(vk_engine *e, uint32_t il, uint32_t T, bool *
         return project_residual(e, &L->w_down, vkd_whole(s->g), ff, T, gq ? s->gq : NULL, "ffn_down", down_roles,
                                 &L->post_ffn_norm, "ffn_post_norm", "ffn_residual", next_norm, next_i8, normed);
     }
-    if (ffn_xh(e, L, T) && !e->xh_of_h) /* else the norm wrote it */
+    if (ffn_xh(e, L, T) && !e->xh_ready) /* else the norm wrote it */
         TRY(half_x(e, "ffn_xh", vkd_whole(s->h), d, T, d));
-    e->xh_of_h = false;
+    e->xh_ready = false;
     if (!one) {
         vkd_role(c, "ffn_gate");
         TRY(mm_q(e, &L->w_gate, NULL, vkd_whole(s->h), d, s->xq, vkd_whole(s->g), ff, T, false));
@@ -422,7 +423,12 @@ static vki_status record_ffn_block(vk_engine *e, uint32_t il, uint32_t T, bool *
              T, false));
     vkd_barrier(c);
     vkd_role(c, "ffn_act");
-    TRY(op_glu(c, act, g, u, g, T, ff));
+    if (!e->p.no_fusion && use_xh(e, &L->w_down, T)) { /* down's input in F16 only: no half_x pass */
+        TRY(op_glu_xh(c, act, g, u, vkd_whole(s->xh), T, ff));
+        e->xh_ready = true;
+    } else {
+        TRY(op_glu(c, act, g, u, g, T, ff));
+    }
     vkd_barrier(c);
     return project_residual(e, &L->w_down, vkd_whole(s->g), gs, T, NULL, "ffn_down", down_roles, &L->post_ffn_norm,
                             "ffn_post_norm", "ffn_residual", next_norm, next_i8, normed);
@@ -499,6 +505,7 @@ vki_status vk_forward_record(vk_engine *e, const vki_step_plan *plan, uint32_t n
     vkd_label_end(c);
     vkd_barrier(c);
     bool normed = false; /* h holds the next block's normed input already */
+    e->xq_of_h = e->xh_ready = false; /* (a recording that failed half-way may have left them set) */
     for (uint32_t il = 0; il < hp->n_layer; il++) {
         vkd_label_begin_n(c, "layer", il);
         vki_status st = record_attention_block(e, il, T, ast, plan->n_tokens == plan->n_seqs, &normed);

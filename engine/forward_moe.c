@@ -164,7 +164,8 @@ static vki_status moe_chunk(vk_engine *e, const vk_layer *L, uint32_t t0, uint32
         TRY(op_quant_x8(c, h, d, n, d, xq));
         vkd_barrier(c);
     }
-    /* the tensor-core GEMM: h's rows and then g's rounded to F16 once (s->xh, s->moe_gh) */
+    /* the tensor-core GEMM: h's rows and then g's rounded to F16 once (s->xh; s->moe_gh, by the
+     * gated unit itself unless op by op) */
     const bool xh = path == OP_MM_COOPMAT && s->moe_gh && !e->dev->cm_x32;
     if (xh) {
         vkd_role(c, "ffn_moe_xh");
@@ -187,14 +188,20 @@ static vki_status moe_chunk(vk_engine *e, const vk_layer *L, uint32_t t0, uint32
         TRY(op_matmul_id(c, &L->w_up_exps, E, ids, route, h, d, k, vkd_whole(s->moe_u), ff, P, n, path));
     vkd_barrier(c);
     vkd_role(c, "ffn_act");
-    TRY(op_glu(c, VKI_GLU_SILU, op_mat_rows(s->moe_g, ff), op_mat_rows(s->moe_u, ff), op_mat_rows(s->moe_g, ff), P, ff));
+    const bool gh = xh && !e->p.no_fusion; /* the gated unit writes down's F16 input (only) */
+    if (gh)
+        TRY(op_glu_xh(c, VKI_GLU_SILU, op_mat_rows(s->moe_g, ff), op_mat_rows(s->moe_u, ff), vkd_whole(s->moe_gh), P,
+                      ff));
+    else
+        TRY(op_glu(c, VKI_GLU_SILU, op_mat_rows(s->moe_g, ff), op_mat_rows(s->moe_u, ff), op_mat_rows(s->moe_g, ff),
+                   P, ff));
     vkd_barrier(c);
     if (di8) {
         vkd_role(c, "ffn_moe_gq");
         TRY(op_quant_x8(c, vkd_whole(s->moe_g), ff, P, ff, gq));
         vkd_barrier(c);
     }
-    if (xh) {
+    if (xh && !gh) {
         vkd_role(c, "ffn_moe_gh");
         TRY(op_half_x(c, vkd_whole(s->moe_g), ff, P, ff, vkd_whole(s->moe_gh)));
         vkd_barrier(c);

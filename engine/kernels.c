@@ -116,6 +116,8 @@ static const vkk_desc kernel_table[] = {
                     .n_spec = 1, .spec_default = {64}},
     [VKK_RMSNORM_XH] = {"rmsnorm_xh", SPV(rmsnorm_xh), .n_bindings = 5, .push_size = sizeof(vki_pc_rmsnorm),
                         .n_spec = 1, .spec_default = {256}},
+    [VKK_GLU_XH] = {"glu_xh", SPV(glu_xh), .n_bindings = 3, .push_size = sizeof(vki_pc_glu), .n_spec = 1,
+                    .spec_default = {256}},
     /* engine/ops_moe.c: spec {WG} */
     [VKK_MOE_TOPK] = {"moe_topk", SPV(moe_topk), .n_bindings = 3, .push_size = sizeof(vki_pc_moe),
                       .n_spec = 1, .spec_default = {64}},

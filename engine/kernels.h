@@ -35,7 +35,7 @@ typedef enum vkk_id {
     VKK_MATVEC_ID_I8_Q5_1, VKK_MATVEC_ID_I8_Q2_K, VKK_MATVEC_ID_I8_Q3_K, VKK_MATVEC_ID_I8_Q4_K,
     VKK_MATVEC_ID_I8_Q5_K, VKK_MATVEC_ID_I8_Q6_K, VKK_MATVEC_ID_I8_IQ4_NL, VKK_MATVEC_ID_I8_IQ4_XS,
     /* X rounded to F16 once for the tensor-core GEMM (engine/ops_matmul.c op_half_x) */
-    VKK_HALF_X, VKK_RMSNORM_XH,
+    VKK_HALF_X, VKK_RMSNORM_XH, VKK_GLU_XH,
     /* mixture-of-experts routing (engine/ops_moe.c) */
     VKK_MOE_TOPK, VKK_MOE_GROUP, VKK_MOE_COMBINE,
     /* row norms and elementwise ops (engine/ops_basic.c) */

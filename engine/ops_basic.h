@@ -80,6 +80,12 @@ void op_rope_freqs(double base, double freq_scale, const float *factors, uint32_
 /* y[r, c] = act(g[r, c]) * u[r, c] (y may be g or u); act = VKI_GLU_SILU (SwiGLU) or
  * VKI_GLU_GELU_TANH (GeGLU with the tanh-approximate GELU), see vki_shared.h. */
 vki_status op_glu(vkd_cmd *c, uint32_t act, op_mat g, op_mat u, op_mat y, uint32_t n_rows, uint32_t n_cols);
+/* The same values rounded to F16 into xh as op_half_x(y, M = n_rows, K = n_cols) would write them
+ * from op_glu's output, bit for bit, and no F32 rows: the down projection's tensor-core GEMM
+ * input (op_matmul_xh) without a pass reading them back and its barrier. xh:
+ * op_half_x_bytes(n_rows, n_cols) bytes at an 8-aligned offset, another buffer than g and u;
+ * needs shaderFloat16. */
+vki_status op_glu_xh(vkd_cmd *c, uint32_t act, op_mat g, op_mat u, vkd_view xh, uint32_t n_rows, uint32_t n_cols);
 
 /* y[r, c] = a * x[r, c] (VKI_UNARY_SCALE) or a * tanh(x[r, c] / a) (VKI_UNARY_SOFTCAP, a > 0);
  * y may be x. a must be finite. */

@@ -389,6 +389,59 @@ static void test_glu(void **state)
     vt_assert_clean(g);
 }
 
+/* The gated unit writing the down projection's F16 input (op_glu_xh): byte for byte op_half_x of
+ * op_glu's output, SwiGLU and GeGLU, gate | up fused and apart, widths with tails of 0..3
+ * (zero-filled up to 4 halves, into a buffer of NaN), 1 to 300 rows; refused
+ * with a too small or misaligned xh, or xh in g's buffer. */
+static void test_glu_xh(void **state)
+{
+    vt_gpu *g = vt_gpu_get(state);
+    if (!g->dev->info.float16)
+        skip();
+    vt_rng r = vt_rng_seeded("op_glu_xh");
+    static const uint32_t cols[] = {5, 38, 320, 1027, 64, 3};
+    for (int t = 0; t < 12; t++) {
+        const uint32_t act = t % 4 < 2 ? VKI_GLU_SILU : VKI_GLU_GELU_TANH, K = cols[t % 6];
+        const uint32_t M = t == 7 ? 300 : (uint32_t)vt_range(&r, 1, 9);
+        const bool fused = t % 2;
+        const uint32_t gs = fused ? 2 * K + 1 : K + (uint32_t)vt_range(&r, 0, 3);
+        const size_t ng = (size_t)M * gs + K, qb = op_half_x_bytes(M, K);
+        float *gt = rand_buf(&r, ng, -12, 12), *u = rand_buf(&r, ng, -3, 3);
+        vkd_buffer *bg = vt_buf_from(g, gt, ng * 4, "g"), *bu = vt_buf_from(g, u, ng * 4, "u");
+        vkd_buffer *by = vt_buf_nan(g, (size_t)M * K * 4, "y");
+        vkd_buffer *bq[2] = {vt_buf_nan(g, qb, "xh fused"), vt_buf_nan(g, qb, "xh apart")};
+        op_mat mg = {vkd_whole(bg), 0, gs}, mu = fused ? (op_mat){vkd_whole(bg), K, gs} : (op_mat){vkd_whole(bu), 0, gs};
+        vt_begin(g);
+        assert_int_equal(op_glu_xh(&g->cmd, act, mg, mu, vkd_whole(bq[0]), M, K), VKI_OK);
+        assert_int_equal(op_glu(&g->cmd, act, mg, mu, op_mat_rows(by, K), M, K), VKI_OK);
+        vkd_barrier(&g->cmd);
+        assert_int_equal(op_half_x(&g->cmd, vkd_whole(by), K, M, K, vkd_whole(bq[1])), VKI_OK);
+        vt_submit_wait(g);
+        uint8_t *a = malloc(qb), *b = malloc(qb);
+        vt_download(g, bq[0], a, qb);
+        vt_download(g, bq[1], b, qb);
+        if (memcmp(a, b, qb))
+            fail_msg("glu_xh %s %ux%u%s: the F16 rows differ from op_half_x's of op_glu's", act ? "geglu" : "swiglu",
+                     M, K, fused ? " fused" : "");
+        free(a), free(b), free(gt), free(u);
+        vkd_buffer *all[] = {bg, bu, by, bq[0], bq[1]};
+        for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
+            vkd_buffer_destroy(g->dev, all[i]);
+    }
+    vkd_buffer *b = vt_buf_nan(g, 4096 * 4, "b"), *h = vt_buf_nan(g, 4096, "h");
+    op_mat m = {vkd_whole(b), 0, 64};
+    vt_begin(g);
+    assert_int_equal(op_glu_xh(&g->cmd, VKI_GLU_SILU, m, m, (vkd_view){h, 0, 255}, 2, 64),
+                     VKI_ERR_INVALID_ARG); /* xh too small: 256 bytes */
+    assert_int_equal(op_glu_xh(&g->cmd, VKI_GLU_SILU, m, m, (vkd_view){h, 4, 512}, 2, 64),
+                     VKI_ERR_INVALID_ARG); /* xh not 8-aligned */
+    assert_int_equal(op_glu_xh(&g->cmd, VKI_GLU_SILU, m, m, vkd_whole(b), 2, 64), VKI_ERR_INVALID_ARG); /* in g */
+    vt_submit_wait(g);
+    vkd_buffer_destroy(g->dev, b);
+    vkd_buffer_destroy(g->dev, h);
+    vt_assert_clean(g);
+}
+
 /* Scale (gemma's sqrt(d_model) on the embeddings) and soft-cap (gemma 2's 30 tanh(x / 30) on the
  * logits), out of place and in place, with values far past the cap. */
 static void test_unary(void **state)
@@ -652,6 +705,7 @@ int main(void)
         cmocka_unit_test(test_rmsnorm),
         cmocka_unit_test(test_rmsnorm_xq),
         cmocka_unit_test(test_rmsnorm_xh),
+        cmocka_unit_test(test_glu_xh),
         cmocka_unit_test(test_rope_freqs_table),
         cmocka_unit_test(test_rope),
         cmocka_unit_test(test_glu),
