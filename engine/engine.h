@@ -259,6 +259,7 @@ vki_status vk_forward_record_lm_head(vk_engine *e, uint32_t T, uint32_t n_out);
  * pipelines. */
 vki_status vk_forward_moe(vk_engine *e, uint32_t il, uint32_t T);
 bool vk_moe_h_i8(const vk_engine *e, const vk_layer *L, uint32_t T);
+bool vk_moe_h_xh(const vk_engine *e, uint32_t T);
 vki_status vk_moe_scratch_create(vk_engine *e);
 void vk_moe_scratch_destroy(vk_engine *e);
 vki_status vk_moe_prepare(vk_engine *e);

@@ -184,8 +184,8 @@ static const vkd_view *bias_view(const vk_tensor *b, vkd_view *tmp)
 
 /* Whether a block's first products take the integer-dot path (their input h quantised first):
  * the attention's Q, K, V, the FFN's gate and up (a mixture of experts': vk_moe_h_i8); and
- * whether they take the tensor-core GEMM with h in F16 (a mixture of experts rounds each chunk's
- * rows itself). */
+ * whether they take the tensor-core GEMM with h in F16 (a mixture of experts': vk_moe_h_xh, one
+ * chunk; with more each chunk rounds its rows itself). */
 static bool qkv_i8(const vk_engine *e, const vk_layer *L, uint32_t T)
 {
     return use_i8(e, &L->wqkv, T) || use_i8(e, &L->wq, T) || use_i8(e, &L->wk, T) || use_i8(e, &L->wv, T);
@@ -205,7 +205,9 @@ static bool qkv_xh(const vk_engine *e, const vk_layer *L, uint32_t T)
 
 static bool ffn_xh(const vk_engine *e, const vk_layer *L, uint32_t T)
 {
-    return !e->model.hp.n_expert && (use_xh(e, &L->w_up, T) || use_xh(e, &L->w_gate, T));
+    if (e->model.hp.n_expert)
+        return vk_moe_h_xh(e, T);
+    return use_xh(e, &L->w_up, T) || use_xh(e, &L->w_gate, T);
 }
 
 /* A block's input norm, h = rmsnorm(x) * w over T rows, and the barrier after it; where the

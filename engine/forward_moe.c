@@ -126,9 +126,32 @@ bool vk_moe_h_i8(const vk_engine *e, const vk_layer *L, uint32_t T)
     return path == OP_MM_GEMV && (moe_i8(e, &L->w_gate_exps, hp->d_model) || moe_i8(e, &L->w_up_exps, hp->d_model));
 }
 
+/* The experts' matmul path for a chunk of n tokens. */
+static op_mm_path moe_path(const vk_engine *e, uint32_t n)
+{
+    const model_hparams *hp = &e->model.hp;
+    return e->p.batch_invariant ? OP_MM_GEMV : op_matmul_id_path(e->dev, n * hp->n_expert_used, hp->n_expert);
+}
+
+/* Whether a chunk on `path` takes the tensor-core GEMM with its rows rounded to F16 once (h's
+ * into s->xh, the gated rows into s->moe_gh). */
+static bool moe_xh(const vk_engine *e, op_mm_path path)
+{
+    return path == OP_MM_COOPMAT && e->s.moe_gh && !e->dev->cm_x32;
+}
+
+/* Whether a step of T tokens takes the layer's experts in one chunk on the tensor-core GEMM with
+ * F16 X: then h's F16 rows are what the FFN norm writes with h (not op by op), as for a dense
+ * FFN (engine/forward.c's ffn_xh), and the chunk has no half_x pass of its own. */
+bool vk_moe_h_xh(const vk_engine *e, uint32_t T)
+{
+    return T && T <= e->s.moe_rows && moe_xh(e, moe_path(e, T));
+}
+
 /* Rows [t0, t0 + n) of the step's tokens through the layer's experts, added into x; h_q: s->xq
- * already holds these rows of h quantised (vk_moe_h_i8, written by the norm). */
-static vki_status moe_chunk(vk_engine *e, const vk_layer *L, uint32_t t0, uint32_t n, bool h_q)
+ * already holds these rows of h quantised (vk_moe_h_i8, written by the norm); h_h: s->xh holds
+ * them in F16 (vk_moe_h_xh, the same). */
+static vki_status moe_chunk(vk_engine *e, const vk_layer *L, uint32_t t0, uint32_t n, bool h_q, bool h_h)
 {
     const model_hparams *hp = &e->model.hp;
     vk_scratch *s = &e->s;
@@ -137,7 +160,7 @@ static vki_status moe_chunk(vk_engine *e, const vk_layer *L, uint32_t t0, uint32
     const VkDeviceSize rows = (VkDeviceSize)t0 * d * 4, bytes = (VkDeviceSize)n * d * 4;
     const vkd_view h = {s->h, rows, bytes}, x = {s->x, rows, bytes};
     const vkd_view ids = vkd_whole(s->moe_ids), w = vkd_whole(s->moe_w), route = vkd_whole(s->moe_route);
-    op_mm_path path = e->p.batch_invariant ? OP_MM_GEMV : op_matmul_id_path(e->dev, P, E);
+    const op_mm_path path = moe_path(e, n);
     /* the router always in F32 (never the F16-operand tensor-core GEMM): its output is a discrete
      * choice, and F16 rounding would pick other experts than the F32 reference near a tie; it is
      * n_expert x d, negligible next to the experts */
@@ -166,8 +189,8 @@ static vki_status moe_chunk(vk_engine *e, const vk_layer *L, uint32_t t0, uint32
     }
     /* the tensor-core GEMM: h's rows and then g's rounded to F16 once (s->xh; s->moe_gh, by the
      * gated unit itself unless op by op) */
-    const bool xh = path == OP_MM_COOPMAT && s->moe_gh && !e->dev->cm_x32;
-    if (xh) {
+    const bool xh = moe_xh(e, path);
+    if (xh && !h_h) {
         vkd_role(c, "ffn_moe_xh");
         TRY(op_half_x(c, h, d, n, d, vkd_whole(s->xh)));
         vkd_barrier(c);
@@ -225,10 +248,11 @@ vki_status vk_forward_moe(vk_engine *e, uint32_t il, uint32_t T)
 {
     const vk_layer *L = &e->model.layers[il];
     const bool h_q = e->xq_of_h && T <= e->s.moe_rows; /* one chunk: rows [0, T) of xq are h's */
-    e->xq_of_h = false;
+    const bool h_h = e->xh_ready && T <= e->s.moe_rows; /* ... of xh */
+    e->xq_of_h = e->xh_ready = false;
     for (uint32_t t0 = 0; t0 < T; t0 += e->s.moe_rows) {
         uint32_t n = T - t0 < e->s.moe_rows ? T - t0 : e->s.moe_rows;
-        TRY(moe_chunk(e, L, t0, n, h_q));
+        TRY(moe_chunk(e, L, t0, n, h_q, h_h));
     }
     return VKI_OK;
 }
