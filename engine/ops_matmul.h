@@ -41,11 +41,12 @@ uint32_t op_matmul_gemv_max_m(const vkd_device *d);
 
 /* Applies a kernel configuration (vki_device_params.kernel_config: comma-separated key=value,
  * keys matvec=WGxROWS[xMC[xMU]], gemm=BMxBN[xWMxWN], gemm_stages=S, gemm_bk=BK, gemm_split=N,
- * gemm_xh=0|1 (op_matmul_takes_xh), gemm_w16=0|1, gemv_max_m=M, attn_split=KEYS (read by op_attn_setup); bench-kernels' --matvec-cfg, --cm-cfg,
- * --cm-stages, --cm-bk, --cm-split, --attn-split) to the device's kernel choices, before anything
- * is recorded or any attention set up. check_fit: the GEMM settings must give a
- * tile this device runs (bench-kernels passes false and reports misfits per row). NULL or "":
- * nothing. VKI_ERR_INVALID_ARG (logged, naming the item) on anything else; settings before the
+ * gemm_xh=0|1 (op_matmul_takes_xh), gemm_w16=0|1, gemv_max_m=M, attn_split=KEYS (read by
+ * op_attn_setup), attn_loads=N, sample_loads=N; bench-kernels' --matvec-cfg, --cm-cfg,
+ * --cm-stages, --cm-bk, --cm-split, --cm-w16, --attn-split, --attn-loads, --sample-loads) to the
+ * device's kernel choices, before anything is recorded or any attention set up. check_fit: the
+ * GEMM settings must give a tile this device runs (bench-kernels passes false and reports misfits
+ * per row). NULL or "": nothing. VKI_ERR_INVALID_ARG (logged, naming the item) on anything else; settings before the
  * bad item stay applied. */
 vki_status op_kernel_config(vkd_device *d, const char *cfg, bool check_fit);
 
