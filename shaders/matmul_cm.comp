@@ -127,6 +127,18 @@ void w_item(uint n_tile, uint row, uint k, out uvec2 q[4])
 // Bs's quad of W tile row `row`, item i's quad j (buffer offset b0 in F16 values).
 uint bs_quad(uint b0, uint i, uint j) { return (b0 + (i / WK) * ST + 4u * (WQ * (i % WK) + j)) / 4u; }
 
+// Item i's WQ quads into Bs at b0. With 4 quads (32 bytes) the items of a half-warp's 64-bit store
+// start 32 bytes apart in rows of 80 (BK 32) or 144 bytes (BK 64): all on even 8-byte granules,
+// two to a bank pair. Odd items store theirs in swapped pairs (quads 1 0 3 2), so each store
+// pass hits even granules for half the lanes and odd ones for the other half: distinct banks. The
+// same quads land at the same places.
+void bs_item(uint b0, uint i, uvec2 q[4])
+{
+    const bool odd = WQ == 4u && (i & 1u) != 0u;
+    [[unroll]] for (uint j = 0u; j < WQ; j++)
+        Bs[bs_quad(b0, i, odd ? j ^ 1u : j)] = odd ? q[j ^ 1u] : q[j];
+}
+
 // STAGES = 1: stage X[m_tile.., k0..] and W[n_tile.., k0..] as F16 into buffer 0, each quad
 // stored as it is loaded (no registers held: the emulation's LLVM compiles and runs this form
 // several times faster than the pipelined one's arrays).
@@ -137,8 +149,7 @@ void stage(uint m_tile, uint n_tile, uint k0)
     for (uint i = gl_LocalInvocationID.x; i < BN * WK; i += gl_WorkGroupSize.x) {
         uvec2 q[4];
         w_item(n_tile, i / WK, k0 + 4u * WQ * (i % WK), q);
-        [[unroll]] for (uint j = 0u; j < WQ; j++)
-            Bs[bs_quad(0u, i, j)] = q[j];
+        bs_item(0u, i, q);
     }
 }
 
@@ -178,8 +189,7 @@ void stage_store(uint s)
     CM_UNROLL for (uint j = 0u; j < SWN; j++) {
         const uint i = gl_LocalInvocationID.x + j * gl_WorkGroupSize.x;
         if (i < BN * WK)
-            CM_UNROLL for (uint jj = 0u; jj < WQ; jj++)
-                Bs[bs_quad(b0, i, jj)] = sw[4u * j + jj];
+            bs_item(b0, i, uvec2[4](sw[4u * j], sw[4u * j + 1u], sw[4u * j + 2u], sw[4u * j + 3u]));
     }
 }
 
