@@ -2050,13 +2050,36 @@ static void test_page_copy(void **state)
     vki_step_out outs[2];
     float *got = malloc(2 * fx.n_vocab * sizeof *got), *want = malloc(fx.n_vocab * sizeof *want);
     assert_int_equal(vk_engine_step(fx.e, &plan, outs, got), VKI_OK);
+    /* The copy byte for byte: B's first 21 positions (page 0 shared, page 1 the copy) are A's.
+     * Each logits row against the reference fed its sequence's K/V as the device holds them (F16,
+     * read back): a K or V the device computes an f32 ulp off the reference's can round to the
+     * other f16 neighbour (NMSE up to 1.3e-7 on stories260K's 8-dim heads, CI seed
+     * 98545525620832), which says nothing about the copy; what is left is f32 rounding (TOL_F32). */
     const int32_t *toks[2] = {A.tok, B.tok};
+    const uint32_t *pages[2] = {A.pages, B.pages}, ps = fx.e->p.page_size, hd = fx.hp.head_dim;
+    const size_t row = vk_engine_kv_row_bytes(fx.e), per_tok = (size_t)fx.hp.n_layer * 2 * fx.hp.n_head_kv;
+    const uint32_t n_pages = (22 + ps - 1) / ps;
+    assert_int_equal(row, 2 * hd);
+    uint8_t *raw[2] = {malloc((size_t)n_pages * ps * per_tok * row), malloc((size_t)n_pages * ps * per_tok * row)};
+    float *dev = malloc(22 * per_tok * hd * sizeof *dev);
+    for (uint32_t i = 0; i < 2; i++)
+        assert_int_equal(vk_engine_kv_read(fx.e, pages[i], n_pages, raw[i]), VKI_OK);
+    if (memcmp(raw[0], raw[1], 21 * per_tok * row))
+        fail_msg("page copy: B's K/V at positions 0..20 differ from A's");
     for (uint32_t i = 0; i < 2; i++) {
-        assert_int_equal(ref_model_forward(fx.ref, toks[i], 22, false, want), VKI_OK);
+        for (size_t v = 0; v < 22 * per_tok * hd; v++) {
+            uint16_t h;
+            memcpy(&h, raw[i] + 2 * v, 2);
+            dev[v] = quant_f16_to_f32(h);
+        }
+        assert_int_equal(ref_model_forward_kv(fx.ref, toks[i], 22, false, want, dev, NULL), VKI_OK);
         double e = vt_nmse(got + (size_t)i * fx.n_vocab, want, fx.n_vocab);
         fprintf(stderr, "  %s after a page copy: NMSE %.2e\n", i ? "B (the copy)" : "A (the source)", e);
-        vt_assert_nmse(got + (size_t)i * fx.n_vocab, want, fx.n_vocab, TOL_F16KV, "page copy");
+        vt_assert_nmse(got + (size_t)i * fx.n_vocab, want, fx.n_vocab, TOL_F32, "page copy");
     }
+    free(raw[0]);
+    free(raw[1]);
+    free(dev);
     /* a copy alone: C decodes elsewhere while page 1 goes to page 161 */
     vki_page_copy cp2 = {.src = A.pages[1], .dst = B.pages[2]};
     uint32_t n5 = 5;
