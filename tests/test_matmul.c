@@ -612,9 +612,10 @@ static void test_coopmat_split(void **state)
 
 /* The tensor-core GEMM's staging variants against the default (one shared-memory stage, K steps
  * of 32, W staged 16 values per item), bit for bit (the same products in the same order): W staged
- * 4 values per item (W16 = 0: the float types' tails and F16 rows not 8-aligned, which the
- * 16-value items leave to the per-quad loads, and dq_load16's Q8_0 and K-quant blocks against
- * dq_load4), with one stage and with two at BK = 64, and K steps of 16; two stages (matmul_cm.comp's STAGES
+ * 4 values per item (W16 = 0: every case, with one stage; F32, Q8_0 and Q4_1 also with two at
+ * BK = 64; F16 rows not 8-aligned and float K tails, which the 16-value items leave to the
+ * per-quad loads, and dq_load16's Q8_0 and K-quant blocks against dq_load4), K steps of 16 (one
+ * item per row: F32, Q8_0); two stages (matmul_cm.comp's STAGES
  * = 2: step k + 1 staged into the other buffer while step k's products run) and K steps of 64
  * (BK = 64: a quantised step half past K, read as zeros: X rows carry NaN in their stride
  * padding; Q4_1 rows are not padded to a scale group, so the last one's step past K would read
