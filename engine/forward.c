@@ -97,7 +97,7 @@ static vki_status half_x(vk_engine *e, const char *role, vkd_view x, uint32_t x_
 
 /* mm_to, on the integer-dot path where use_i8 says so (its input quantised in xq: by quant_x
  * into s->xq, or by the kernel that wrote it), on the tensor-core GEMM with F16 X where use_xh
- * says so (its input in s->xh: by half_x or by the norm that wrote it). */
+ * says so (its input in s->xh: by half_x or by the kernel that wrote it). */
 static vki_status mm_q(vk_engine *e, const vk_tensor *w, const vkd_view *bias, vkd_view x, uint32_t x_stride,
                        vkd_buffer *xq, vkd_view y, uint32_t y_stride, uint32_t M, bool accumulate)
 {

@@ -1,5 +1,6 @@
 /* Row-norm and elementwise ops: argument checks, workgroup sizes, dispatch. */
 #include "engine/ops_basic.h"
+#include "engine/ops_matmul.h" /* op_half_x_bytes / _stride: the F16 rows the norm and glu also write */
 
 #include <math.h>
 
@@ -91,6 +92,12 @@ vki_status op_copy(vkd_cmd *c, vkd_view src, vkd_view dst, uint64_t n_bytes)
     return vkk_dispatch(c, VKK_COPY, &wg, v, 2, &pc, sizeof pc, elem_groups((words + 15) / 16), 1, 1);
 }
 
+/* Whether xh can take op_half_x's F16 rows of [n_rows][n_cols] (on a device with shaderFloat16). */
+static bool xh_fits(const vkd_cmd *c, vkd_view xh, uint32_t n_rows, uint32_t n_cols)
+{
+    return c->d->info.float16 && 4 * op_view_floats(xh) >= op_half_x_bytes(n_rows, n_cols) && xh.offset % 8 == 0;
+}
+
 vki_status op_rmsnorm_xh(vkd_cmd *c, op_mat x, vkd_view w, op_mat y, uint32_t n_rows, uint32_t n_cols, float eps,
                          vkd_view xq, vkd_view xh)
 {
@@ -100,10 +107,8 @@ vki_status op_rmsnorm_xh(vkd_cmd *c, op_mat x, vkd_view w, op_mat y, uint32_t n_
         return bad(c, "rmsnorm");
     if (xq.buf && (n_cols % 32 || op_view_floats(xq) < VKI_XQ_WORDS((uint64_t)n_rows, n_cols) || x.v.buf == y.v.buf))
         return bad(c, "rmsnorm (quantised rows: n_cols % 32 == 0, their words, y apart from x)");
-    /* half_x's rows: n_cols rounded up to 4 halves each */
-    const uint64_t xh_bytes = 2ull * n_rows * ((n_cols + 3ull) / 4 * 4);
-    if (xh.buf && (xq.buf || !c->d->info.float16 || op_view_floats(xh) < (xh_bytes + 3) / 4 || xh.offset % 8 ||
-                   xh.buf == x.v.buf || xh.buf == y.v.buf || x.v.buf == y.v.buf))
+    if (xh.buf && (xq.buf || !xh_fits(c, xh, n_rows, n_cols) || xh.buf == x.v.buf || xh.buf == y.v.buf ||
+                   x.v.buf == y.v.buf))
         return bad(c, "rmsnorm (F16 rows: shaderFloat16, their bytes at an 8-aligned offset, apart from x and y, "
                       "y apart from x, not with quantised rows)");
     vki_pc_rmsnorm pc = {.n_rows = n_rows, .n_cols = n_cols, .x_off = x.off, .x_stride = x.stride,
@@ -177,8 +182,7 @@ static vki_status glu(vkd_cmd *c, uint32_t act, op_mat g, op_mat u, op_mat y, ui
     if (!op_mat_fits(g, n_rows, n_cols) || !op_mat_fits(u, n_rows, n_cols) ||
         (uint64_t)n_rows * (xh ? y.stride : n_cols) >= (1ull << 32) || (act != VKI_GLU_SILU && act != VKI_GLU_GELU_TANH))
         return bad(c, "glu");
-    if (xh ? !c->d->info.float16 || 2 * op_view_floats(y.v) < (uint64_t)n_rows * y.stride || y.v.offset % 8 ||
-                 y.v.buf == g.v.buf || y.v.buf == u.v.buf
+    if (xh ? !xh_fits(c, y.v, n_rows, n_cols) || y.v.buf == g.v.buf || y.v.buf == u.v.buf
            : !op_mat_fits(y, n_rows, n_cols))
         return bad(c, xh ? "glu (F16 rows: shaderFloat16, their bytes at an 8-aligned offset, apart from g and u)"
                          : "glu");
@@ -197,7 +201,7 @@ vki_status op_glu(vkd_cmd *c, uint32_t act, op_mat g, op_mat u, op_mat y, uint32
 
 vki_status op_glu_xh(vkd_cmd *c, uint32_t act, op_mat g, op_mat u, vkd_view xh, uint32_t n_rows, uint32_t n_cols)
 {
-    return glu(c, act, g, u, (op_mat){xh, 0, (n_cols + 3) / 4 * 4}, n_rows, n_cols, true);
+    return glu(c, act, g, u, (op_mat){xh, 0, op_half_x_stride(n_cols)}, n_rows, n_cols, true);
 }
 
 vki_status op_unary(vkd_cmd *c, uint32_t op, float a, op_mat x, op_mat y, uint32_t n_rows, uint32_t n_cols)

@@ -46,8 +46,8 @@ uint32_t op_matmul_gemv_max_m(const vkd_device *d);
  * --cm-stages, --cm-bk, --cm-split, --cm-w16, --attn-split, --attn-loads, --sample-loads) to the
  * device's kernel choices, before anything is recorded or any attention set up. check_fit: the
  * GEMM settings must give a tile this device runs (bench-kernels passes false and reports misfits
- * per row). NULL or "": nothing. VKI_ERR_INVALID_ARG (logged, naming the item) on anything else; settings before the
- * bad item stay applied. */
+ * per row). NULL or "": nothing. VKI_ERR_INVALID_ARG (logged, naming the item) on anything else;
+ * settings before the bad item stay applied. */
 vki_status op_kernel_config(vkd_device *d, const char *cfg, bool check_fit);
 
 /* The K splits the tensor-core GEMM (OP_MM_COOPMAT) takes for an M x N x K product of a one-part
