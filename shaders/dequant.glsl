@@ -23,14 +23,19 @@
 //                               16-byte loads: the tensor-core GEMM's W staging
 //   dq_unit_i8(rb, ib, iu, q, a, b)  (DQ_I8: every integer type: Q8_0, Q4_0, Q4_1, Q5_0, Q5_1,
 //                               Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS; the
-//                               integer-dot GEMV, matvec.comp MV_I8) unit iu as integers: group
-//                               g's 4 weights are a[g] * q + b[g], q the 4 bytes of q[g] (low
-//                               byte first; int8: the IQ4 levels and Q8_0's signed, the others'
-//                               non-negative below 128). DQI_SPAN consecutive
-//                               groups share a, b and their 32-element block of X (the unit's
-//                               4 / DQI_SPAN blocks are consecutive); DQI_OFF = 0: b is 0;
-//                               DQI_XRUN consecutive groups are consecutive elements (a unit's
-//                               X words are 4 / DQI_XRUN loads of DQI_XRUN words, aligned).
+//                               integer-dot GEMV, matvec.comp MV_I8) integer unit iu of block ib
+//                               (DQI_UNITS per block, DQI_G groups of 4 elements each: 4, or 8
+//                               for Q4_K, Q5_K and Q6_K, whose arguments are then arrays of two
+//                               quads): group g's 4 weights are a[g] * q + b[g], q the 4 bytes
+//                               of q[g] (low byte first; int8: the IQ4 levels and Q8_0's signed,
+//                               the others' non-negative below 128). Within a quad DQI_SPAN
+//                               consecutive groups share a, b and their 32-element block of X
+//                               (the quad's 4 / DQI_SPAN blocks are consecutive); DQI_OFF = 0: b
+//                               is 0; DQI_XRUN consecutive groups are consecutive elements (a
+//                               quad's X words are 4 / DQI_XRUN loads of DQI_XRUN words, aligned).
+//   dqi_unit_k(iu, g)           (DQ_I8) element offset of group g of integer unit iu: dq_unit_k,
+//                               except where the integer units are other elements (DQI_OWN_K:
+//                               Q4_K, Q5_K and Q6_K, two spans of 16 elements per unit)
 // Values are computed in the f32 operation order of vki_shared.h (that of ggml's reference), so
 // they match engine/quant.c up to the compiler's freedom to fuse a multiply-add.
 //
@@ -66,6 +71,12 @@ uvec4 dq_nib4(uint q0, uint q1, uint g) { return dq_bytes((((g & 1u) != 0u ? q1 
 uint dq_nib_k(uint iu, uint g) { return 8u * iu + 4u * (g & 1u) + 16u * (g >> 1); }
 // The same four groups' nibbles packed, one word per group (low byte first; the integer-dot path).
 uvec4 dq_nib_words(uint q0, uint q1) { return (uvec4(q0, q1, q0, q1) >> uvec4(0u, 0u, 4u, 4u)) & 0x0F0F0F0Fu; }
+// A whole block's 16 qs bytes w as the elements' nibbles in order, one word per group: elements
+// 0..15 (the low nibbles) in q[0], 16..31 (the high ones) in q[1] (the integer-dot path).
+void dq_nib_block(uvec4 w, out uvec4 q[2]) {
+    q[0] = w & 0x0F0F0F0Fu;
+    q[1] = (w >> 4) & 0x0F0F0F0Fu;
+}
 // ... and elements j..j+3 (j % 4 == 0) are nibbles of the qs word at byte j % 16.
 uvec4 dq_nib_at(uint w, uint j) { return dq_bytes((w >> (j >= 16u ? 4u : 0u)) & 0x0F0F0F0Fu); }
 
@@ -219,13 +230,22 @@ void dq_unit(uint rb, uint ib, uint iu, out vec4 w[DQ_UNIT_V4]) {
 }
 uint dq_unit_k(uint iu, uint g) { return 16u * iu + 4u * g; }
 #define DQ_I8 1
-#define DQI_SPAN 4u
+// Integer units are whole blocks (DQI_G = 8 groups, one span): two 16-byte loads, one scale
+// product per 32 weights and activation row.
+#define DQI_G 8
+#define DQI_UNITS 1u
+#define DQI_SPAN 8u
 #define DQI_XRUN 4
+#define DQI_XDRUN 1u
 #define DQI_OFF 0
-void dq_unit_i8(uint rb, uint ib, uint iu, out uvec4 q, out vec4 a, out vec4 b) {
-    q = dq_w4[(dq_body(rb, ib) >> 2) + iu];
-    a = vec4(dq_gscale(rb, ib));
-    b = vec4(0.0);
+#define DQI_OWN_K 1
+uint dqi_unit_k(uint iu, uint g) { return 4u * g; }
+void dq_unit_i8(uint rb, uint ib, uint iu, out uvec4 q[2], out vec2 a, out vec2 b) {
+    const uint w = dq_body(rb, ib) >> 2;
+    q[0] = dq_w4[w];
+    q[1] = dq_w4[w + 1u];
+    a = vec2(dq_gscale(rb, ib));
+    b = vec2(0.0);
 }
 
 #elif defined(DQ_Q4_0) // ---------------------------------------------------------------------
@@ -244,15 +264,19 @@ void dq_unit(uint rb, uint ib, uint iu, out vec4 w[DQ_UNIT_V4]) {
 }
 uint dq_unit_k(uint iu, uint g) { return dq_nib_k(iu, g); }
 #define DQ_I8 1
-#define DQI_SPAN 4u
-#define DQI_XRUN 2
+#define DQI_G 8 // as Q8_0: a whole block, its 16 qs bytes in one load (dq_nib_block)
+#define DQI_UNITS 1u
+#define DQI_SPAN 8u
+#define DQI_XRUN 4
+#define DQI_XDRUN 1u
 #define DQI_OFF 1
-void dq_unit_i8(uint rb, uint ib, uint iu, out uvec4 q, out vec4 a, out vec4 b) {
+#define DQI_OWN_K 1
+uint dqi_unit_k(uint iu, uint g) { return 4u * g; }
+void dq_unit_i8(uint rb, uint ib, uint iu, out uvec4 q[2], out vec2 a, out vec2 b) {
     const float d = dq_gscale(rb, ib);
-    const uvec2 w = dq_w2[(dq_body(rb, ib) >> 1) + iu];
-    q = dq_nib_words(w.x, w.y);
-    a = vec4(d);
-    b = vec4(-8.0 * d);
+    dq_nib_block(dq_w4[dq_body(rb, ib) >> 2], q);
+    a = vec2(d);
+    b = vec2(-8.0 * d);
 }
 
 #elif defined(DQ_Q4_1) // ---------------------------------------------------------------------
@@ -298,12 +322,12 @@ void dq_unit_i8(uint rb, uint ib, uint iu, out uvec4 q, out vec4 a, out vec4 b) 
 vec4 dq_q5(uvec4 nib, uint qh, uint j) { return vec4(nib | (dq_bits4(qh, j) << 4)); }
 // The integer-dot path's unit: each group's four 5-bit values packed in a word (the fifth bits
 // of elements j..j+3 moved to bit 4 of their bytes).
+// Bits 0..3 of h as bit 4 of bytes 0..3.
+uint dq_q5_fifth(uint h) { return ((h & 1u) | (h & 2u) << 7 | (h & 4u) << 14 | (h & 8u) << 21) << 4; }
 uvec4 dq_q5_words(uint q0, uint q1, uint qh, uint iu) {
     uvec4 q = dq_nib_words(q0, q1);
-    [[unroll]] for (uint g = 0u; g < 4u; g++) {
-        const uint h = qh >> dq_nib_k(iu, g);
-        q[g] |= ((h & 1u) | (h & 2u) << 7 | (h & 4u) << 14 | (h & 8u) << 21) << 4;
-    }
+    [[unroll]] for (uint g = 0u; g < 4u; g++)
+        q[g] |= dq_q5_fifth(qh >> dq_nib_k(iu, g));
     return q;
 }
 #ifdef DQ_Q5_0
@@ -319,12 +343,22 @@ void dq_unit(uint rb, uint ib, uint iu, out vec4 w[DQ_UNIT_V4]) {
     uvec2 q = dq_w2[(dq_body(rb, ib) >> 1) + iu];
     [[unroll]] for (uint g = 0u; g < 4u; g++) w[g] = d * (dq_q5(dq_nib4(q.x, q.y, g), qh, dq_nib_k(iu, g)) - 16.0);
 }
-void dq_unit_i8(uint rb, uint ib, uint iu, out uvec4 q, out vec4 a, out vec4 b) {
+// Integer units as Q4_0's: whole blocks, the fifth bits from the head's qh word.
+#define DQI_G 8
+#define DQI_UNITS 1u
+#define DQI_SPAN 8u
+#define DQI_XRUN 4
+#define DQI_XDRUN 1u
+#define DQI_OWN_K 1
+uint dqi_unit_k(uint iu, uint g) { return 4u * g; }
+void dq_unit_i8(uint rb, uint ib, uint iu, out uvec4 q[2], out vec2 a, out vec2 b) {
     const float d = dq_gscale(rb, ib);
-    const uvec2 w = dq_w2[(dq_body(rb, ib) >> 1) + iu];
-    q = dq_q5_words(w.x, w.y, dq_q5_qh(rb, ib), iu);
-    a = vec4(d);
-    b = vec4(-16.0 * d);
+    const uint qh = dq_q5_qh(rb, ib);
+    dq_nib_block(dq_w4[dq_body(rb, ib) >> 2], q);
+    [[unroll]] for (uint g = 0u; g < 8u; g++)
+        q[g / 4u][g % 4u] |= dq_q5_fifth(qh >> (4u * g));
+    a = vec2(d);
+    b = vec2(-16.0 * d);
 }
 #else
 layout(std430, binding = DQ_BINDING) readonly buffer DqW { uint dq_w[]; };
@@ -350,11 +384,11 @@ void dq_unit_i8(uint rb, uint ib, uint iu, out uvec4 q, out vec4 a, out vec4 b) 
     a = vec4(dm.x);
     b = vec4(dm.y);
 }
+#define DQI_SPAN 4u
+#define DQI_XRUN 2
 #endif
 uint dq_unit_k(uint iu, uint g) { return dq_nib_k(iu, g); }
 #define DQ_I8 1
-#define DQI_SPAN 4u
-#define DQI_XRUN 2
 #define DQI_OFF 1
 
 #elif defined(DQ_IQ4_NL) // -------------------------------------------------------------------
@@ -372,14 +406,20 @@ void dq_unit(uint rb, uint ib, uint iu, out vec4 w[DQ_UNIT_V4]) {
 }
 uint dq_unit_k(uint iu, uint g) { return dq_nib_k(iu, g); }
 #define DQ_I8 1
-#define DQI_SPAN 4u
-#define DQI_XRUN 2
+#define DQI_G 8 // as Q4_0
+#define DQI_UNITS 1u
+#define DQI_SPAN 8u
+#define DQI_XRUN 4
+#define DQI_XDRUN 1u
 #define DQI_OFF 0
-void dq_unit_i8(uint rb, uint ib, uint iu, out uvec4 q, out vec4 a, out vec4 b) {
-    uvec2 w = dq_w2[(dq_body(rb, ib) >> 1) + iu];
-    [[unroll]] for (uint g = 0u; g < 4u; g++) q[g] = dq_iq4_packed(dq_nib4(w.x, w.y, g));
-    a = vec4(dq_gscale(rb, ib));
-    b = vec4(0.0);
+#define DQI_OWN_K 1
+uint dqi_unit_k(uint iu, uint g) { return 4u * g; }
+void dq_unit_i8(uint rb, uint ib, uint iu, out uvec4 q[2], out vec2 a, out vec2 b) {
+    dq_nib_block(dq_w4[dq_body(rb, ib) >> 2], q);
+    [[unroll]] for (uint h = 0u; h < 2u; h++)
+        [[unroll]] for (uint g = 0u; g < 4u; g++) q[h][g] = dq_iq4_packed(dq_bytes(q[h][g]));
+    a = vec2(dq_gscale(rb, ib));
+    b = vec2(0.0);
 }
 
 #elif defined(DQ_Q2_K) // ---------------------------------------------------------------------
@@ -576,22 +616,32 @@ void dq_unit(uint rb, uint ib, uint iu, out vec4 w[DQ_UNIT_V4]) {
 }
 uint dq_unit_k(uint iu, uint g) { return 64u * (iu >> 2) + 8u * (iu & 3u) + 4u * (g & 1u) + 32u * (g >> 1); }
 #define DQ_I8 1
-#define DQI_SPAN 2u
-#define DQI_XRUN 2
+#define DQI_SPAN 4u
+#define DQI_XRUN 4
 #define DQI_OFF 1
-void dq_unit_i8(uint rb, uint ib, uint iu, out uvec4 q, out vec4 a, out vec4 b) {
-    uint bb = rb + ib * DQ_KW, c = iu >> 2, s = iu & 3u;
-    uvec4 hd = dq_w4[bb >> 2];
-    const vec4 sm = dq_q4k_scales(hd, c);
-    const vec2 lo = sm.xy, hi = sm.zw;
-    uvec2 w = dq_w2[(bb + DQ_KQS + 8u * c + 2u * s) >> 1];
-    q = (uvec4(w.x, w.y, w.x, w.y) >> uvec4(0u, 0u, 4u, 4u)) & 0x0F0F0F0Fu;
+// Integer units are 32 elements (DQI_G = 8 groups, two spans): both nibbles of qs bytes 32c +
+// 16t.. (c = iu >> 1, t = iu & 1), one 16-byte load; groups 0-3 are the low nibbles (sub-block
+// 2c, elements 64c + 16t..), 4-7 the high ones (2c + 1, elements 64c + 32 + 16t..), and Q5_K's
+// fifth bits come from qh bytes 16t... One scale product per activation row and span of 16
+// elements, where dq_unit's units (8 elements of each sub-block) took one per 8.
+#define DQI_G 8
+#define DQI_UNITS 8u
+#define DQI_OWN_K 1
+uint dqi_unit_k(uint iu, uint g) { return 64u * (iu >> 1) + 16u * (iu & 1u) + 32u * (g >> 2) + 4u * (g & 3u); }
+#define DQI_XDRUN 2u // (sub-blocks 2c and 2c + 1: consecutive X blocks)
+void dq_unit_i8(uint rb, uint ib, uint iu, out uvec4 q[2], out vec2 a, out vec2 b) {
+    const uint bb = rb + ib * DQ_KW, c = iu >> 1, t = iu & 1u;
+    const vec4 sm = dq_q4k_scales(dq_w4[bb >> 2], c);
+    const uvec4 w = dq_w4[(bb + DQ_KQS + 8u * c + 4u * t) >> 2];
+    q[0] = w & 0x0F0F0F0Fu;
+    q[1] = (w >> 4) & 0x0F0F0F0Fu;
 #ifdef DQ_Q5_K
-    uvec2 qh = dq_w2[(bb + 4u + 2u * s) >> 1] >> (2u * c);
-    q |= ((uvec4(qh.x, qh.y, qh.x, qh.y) >> uvec4(0u, 0u, 1u, 1u)) & 0x01010101u) << 4;
+    const uvec4 qh = dq_w4[(bb + 4u + 4u * t) >> 2] >> (2u * c);
+    q[0] |= (qh & 0x01010101u) << 4;
+    q[1] |= ((qh >> 1) & 0x01010101u) << 4;
 #endif
-    a = vec4(lo.x, lo.x, hi.x, hi.x);
-    b = -vec4(lo.y, lo.y, hi.y, hi.y);
+    a = sm.xz;
+    b = -sm.yw;
 }
 
 #elif defined(DQ_Q6_K) // ---------------------------------------------------------------------
@@ -639,20 +689,32 @@ void dq_unit(uint rb, uint ib, uint iu, out vec4 w[DQ_UNIT_V4]) {
 }
 uint dq_unit_k(uint iu, uint g) { return 128u * (iu >> 3) + 4u * (iu & 7u) + 32u * g; }
 #define DQ_I8 1
-#define DQI_SPAN 1u
-#define DQI_XRUN 1
+#define DQI_SPAN 4u
+#define DQI_XRUN 4
 #define DQI_OFF 1
-void dq_unit_i8(uint rb, uint ib, uint iu, out uvec4 q, out vec4 a, out vec4 b) {
-    uint bb = dq_body(rb, ib), h = iu >> 3, l = 4u * (iu & 7u);
-    uint ql0 = dq_w[bb + 16u * h + (l >> 2)], ql1 = dq_w[bb + 16u * h + 8u + (l >> 2)];
-    uint qh = dq_w[bb + 32u + 8u * h + (l >> 2)];
-    uvec2 sc = dq_w2[(bb + 48u + 2u * h) >> 1];
-    float d = dq_gscale(rb, ib);
-    [[unroll]] for (uint g = 0u; g < 4u; g++) {
-        q[g] = ((((g & 1u) != 0u ? ql1 : ql0) >> (4u * (g >> 1))) & 0x0F0F0F0Fu) |
-               (((qh >> (2u * g)) & 0x03030303u) << 4);
-        a[g] = dq_q6k_scale(d, g < 2u ? sc.x : sc.y, (l >> 4) + 2u * (g & 1u));
-    }
+// Integer units are 32 elements (DQI_G = 8 groups, two spans): ql bytes 64h + 32v + 16t.. (v =
+// iu & 1, t = (iu >> 1) & 1, h = iu >> 2), one 16-byte load whose low nibbles are quarter v's
+// elements 128h + 32v + 16t.. (groups 0-3) and high nibbles quarter v + 2's (4-7), with qh bytes
+// 32h + 16t.. (bits 2v and 2v + 4); one scale per span (scales 8h + 2v + t and 8h + 4 + 2v + t,
+// bytes of one 8-byte load). dq_unit's units (4 elements of each quarter) took 4 scales, and a
+// scale product per 4 elements and activation row.
+#define DQI_G 8
+#define DQI_UNITS 8u
+#define DQI_OWN_K 1
+uint dqi_unit_k(uint iu, uint g)
+{
+    return 128u * (iu >> 2) + 32u * (iu & 1u) + 16u * ((iu >> 1) & 1u) + 64u * (g >> 2) + 4u * (g & 3u);
+}
+#define DQI_XDRUN 1u
+void dq_unit_i8(uint rb, uint ib, uint iu, out uvec4 q[2], out vec2 a, out vec2 b) {
+    const uint bb = dq_body(rb, ib), v = iu & 1u, t = (iu >> 1) & 1u, h = iu >> 2;
+    const uvec4 ql = dq_w4[(bb + 16u * h + 8u * v + 4u * t) >> 2];
+    const uvec4 qh = dq_w4[(bb + 32u + 8u * h + 4u * t) >> 2] >> (2u * v);
+    const uvec2 sc = dq_w2[(bb + 48u + 2u * h) >> 1];
+    const float d = dq_gscale(rb, ib);
+    q[0] = (ql & 0x0F0F0F0Fu) | ((qh & 0x03030303u) << 4);
+    q[1] = ((ql >> 4) & 0x0F0F0F0Fu) | (((qh >> 4) & 0x03030303u) << 4);
+    a = vec2(dq_q6k_scale(d, sc.x, 2u * v + t), dq_q6k_scale(d, sc.y, 2u * v + t)); // byte 2v + t of both
     b = -32.0 * a;
 }
 
@@ -695,6 +757,13 @@ void dq_unit_i8(uint rb, uint ib, uint iu, out uvec4 q, out vec4 a, out vec4 b) 
     b = vec4(0.0);
 }
 
+#endif
+
+#if defined(DQ_I8) && !defined(DQI_OWN_K) // the integer units are dq_unit's
+#define DQI_G 4
+#define DQI_UNITS DQ_UNITS
+#define DQI_XDRUN (4u / DQI_SPAN) // (the quad's blocks are consecutive)
+uint dqi_unit_k(uint iu, uint g) { return dq_unit_k(iu, g); }
 #endif
 
 #if !defined(DQ_F32) && !defined(DQ_F16) && !defined(DQ_BF16) && !defined(DQ_Q8_0) && !defined(DQ_Q4_0) && \

@@ -30,7 +30,10 @@
 //   sum_k w_k x_k ~= sum_span a * dx * sum_g dot(q_g, qx_g) + b * dx * sum_g dot(qx_g, 1)
 // (w = a q + b; x = dx qx): one instruction per 4 weights instead of 4 conversions and 4 FMAs,
 // at the price of X's 8-bit rounding (~2e-5 relative error in the product): the engine's
-// int_dot decode path, for GPUs where the float path's conversions bound batch-1 decode. With
+// int_dot decode path, for GPUs where the float path's conversions bound batch-1 decode. Its units
+// are dequant.glsl's integer units (dq_unit_i8): 16 elements, or for Q4_K, Q5_K and Q6_K 32 in
+// two spans of 16 under one scale each (their float units mix 2 and 4 scales), so one scale
+// product per 16 weights and activation row. With
 // both (matvec_id_i8) it is the experts' integer-dot matvec: X's quantised rows are the tokens'
 // (gate, up: pair / x_div) or the pairs' (down).
 layout(local_size_x_id = 0) in;
@@ -110,9 +113,16 @@ shared float red[NR * MC * NSG]; // per-subgroup partial sums: [NR * MC][NSG]
 
 float acc[NR * MC];        // acc[r * MC + c]: row mv_row(r0, r) of W times row m0 + c of X
 #ifdef MV_I8
-uvec4 wq[NR];              // the current unit of each of the NR weight rows: packed bytes,
-vec4 wa[NR], wb[NR];       // per-group scale and offset (dq_unit_i8)
+// An integer unit (dequant.glsl's dq_unit_i8): DQI_G groups of 4 weights in DQI_NS spans of
+// DQI_SPAN groups; group g's weights are a[j] * q + b[j] (j = g / DQI_SPAN), q the bytes of q[g];
+// and X's side of it: its words, each span's block scale and (DQI_OFF) scaled byte sum.
+const uint DQI_NS = DQI_G / DQI_SPAN;
+struct w_i8 { uint q[DQI_G]; float a[DQI_NS], b[DQI_NS]; };
+struct x_i8 { uint q[DQI_G]; float d[DQI_NS], s[DQI_NS]; };
+w_i8 wu[NR]; // the current unit of each of the NR weight rows
+#define MV_UNITS DQI_UNITS
 #else
+#define MV_UNITS DQ_UNITS
 vec4 wv[NR * DQ_UNIT_V4];  // the current unit of each of the NR weight rows, decoded
 
 // X[m, k..k+3]; k % 4 == 0.
@@ -138,110 +148,140 @@ uint mv_row(uint r0, uint r) { return GLU != 0u && r >= NO ? p.N + r0 + r - NO :
 const bool X_STATIONARY = MC <= NR;
 
 #ifdef MV_I8
-// X's words, scales and (DQI_OFF) scaled byte sums of activation row m (its X row X_ROW(m)),
-// unit (ib, iu).
-void x_unit_i8(uint m, uint ib, uint iu, out uvec4 qx, out vec4 dx, out vec4 sx)
+// X's side of unit (ib, iu) for activation row m (its X row X_ROW(m)).
+x_i8 x_unit_i8(uint m, uint ib, uint iu)
 {
     const uint kw = p.K / 4u, d0 = X_ROWS * kw;
     m = X_ROW(m);
-    sx = vec4(0.0);
-    dx = vec4(0.0);
+    x_i8 x;
     // runs of DQI_XRUN words as one load each (K is a multiple of 32: every run is aligned)
-    [[unroll]] for (uint g = 0u; g < 4u; g += DQI_XRUN) {
-        const uint w = m * kw + (ib * DQ_BLOCK + dq_unit_k(iu, g)) / 4u;
+    [[unroll]] for (uint g = 0u; g < DQI_G; g += DQI_XRUN) {
+        const uint w = m * kw + (ib * DQ_BLOCK + dqi_unit_k(iu, g)) / 4u;
 #if DQI_XRUN == 4
-        qx = xq4[w >> 2];
+        const uvec4 t = xq4[w >> 2];
+        x.q[g] = t.x;
+        x.q[g + 1u] = t.y;
+        x.q[g + 2u] = t.z;
+        x.q[g + 3u] = t.w;
 #elif DQI_XRUN == 2
         const uvec2 t = xq2[w >> 1];
-        qx[g] = t.x;
-        qx[g + 1u] = t.y;
+        x.q[g] = t.x;
+        x.q[g + 1u] = t.y;
 #else
-        qx[g] = xq[w];
+        x.q[g] = xq[w];
 #endif
     }
-    // the spans' 4 / DQI_SPAN consecutive block scales, one load (aligned: K % 32 * (4 / DQI_SPAN)
-    // == 0 for the types with more than one span per unit, the K-quants' K % 256 == 0)
-    const uint s0 = d0 + m * (p.K / 32u) + (ib * DQ_BLOCK + dq_unit_k(iu, 0u)) / 32u;
-    if (DQI_SPAN == 4u) {
-        dx[0] = xd[s0];
-    } else if (DQI_SPAN == 2u) {
-        const vec2 t = xd2[s0 >> 1];
-        dx[0] = t.x;
-        dx[2] = t.y;
-    } else {
-        dx = xd4[s0 >> 2];
+    // the spans' block scales, runs of DQI_XDRUN consecutive ones as one load (aligned: K % (32 *
+    // DQI_XDRUN) == 0 for the types with runs, the K-quants' K % 256 == 0)
+    [[unroll]] for (uint j = 0u; j < DQI_NS; j += DQI_XDRUN) {
+        const uint s0 = d0 + m * (p.K / 32u) + (ib * DQ_BLOCK + dqi_unit_k(iu, j * DQI_SPAN)) / 32u;
+        if (DQI_XDRUN == 4u) {
+            const vec4 t = xd4[s0 >> 2];
+            x.d[j] = t.x;
+            x.d[min(j + 1u, DQI_NS - 1u)] = t.y; // (indices past DQI_NS: never with a run of 4)
+            x.d[min(j + 2u, DQI_NS - 1u)] = t.z;
+            x.d[min(j + 3u, DQI_NS - 1u)] = t.w;
+        } else if (DQI_XDRUN == 2u) {
+            const vec2 t = xd2[s0 >> 1];
+            x.d[j] = t.x;
+            x.d[min(j + 1u, DQI_NS - 1u)] = t.y;
+        } else {
+            x.d[j] = xd[s0];
+        }
     }
+    [[unroll]] for (uint j = 0u; j < DQI_NS; j++) {
+        x.s[j] = 0.0;
 #if DQI_OFF
-    [[unroll]] for (uint g = 0u; g < 4u; g += DQI_SPAN) { // dx * sum of the span's X bytes
-        int s = 0;
-        [[unroll]] for (uint j = 0u; j < DQI_SPAN; j++)
-            s += dot8(qx[g + j], 0x01010101u);
-        sx[g] = dx[g] * float(s);
-    }
+        int s = 0; // dx * the sum of the span's X bytes
+        [[unroll]] for (uint i = 0u; i < DQI_SPAN; i++)
+            s += dot8(x.q[j * DQI_SPAN + i], 0x01010101u);
+        x.s[j] = x.d[j] * float(s);
 #endif
+    }
+    return x;
 }
 
-// One row's unit (q, a, b) dotted with one activation row's (qx, dx, sx).
-float dot_unit_i8(uvec4 q, vec4 a, vec4 b, uvec4 qx, vec4 dx, vec4 sx)
+// One row's unit dotted with one activation row's.
+float dot_unit_i8(w_i8 w, x_i8 x)
 {
     float sum = 0.0;
-    [[unroll]] for (uint g = 0u; g < 4u; g += DQI_SPAN) {
+    [[unroll]] for (uint j = 0u; j < DQI_NS; j++) {
         int s = 0;
-        [[unroll]] for (uint j = 0u; j < DQI_SPAN; j++)
-            s += dot8(q[g + j], qx[g + j]);
-        sum += a[g] * dx[g] * float(s);
+        [[unroll]] for (uint i = 0u; i < DQI_SPAN; i++)
+            s += dot8(w.q[j * DQI_SPAN + i], x.q[j * DQI_SPAN + i]);
+        sum += w.a[j] * x.d[j] * float(s);
 #if DQI_OFF
-        sum += b[g] * sx[g];
+        sum += w.b[j] * x.s[j];
 #endif
     }
     return sum;
 }
 
 // Row r's unit (ib, iu) as integers (zeros for a row past N).
-void w_unit_i8(uint r0, uint r, uint ib, uint iu, out uvec4 q, out vec4 a, out vec4 b)
+w_i8 w_unit_i8(uint r0, uint r, uint ib, uint iu)
 {
-    q = uvec4(0u);
-    a = vec4(0.0);
-    b = vec4(0.0);
-    if (r0 + r % NO < p.N) // uniform across the workgroup
-        dq_unit_i8(dq_row_base(W_ROW(mv_row(r0, r)), p.w_stride), ib, iu, q, a, b);
+    w_i8 w;
+    [[unroll]] for (uint g = 0u; g < DQI_G; g++)
+        w.q[g] = 0u;
+    [[unroll]] for (uint j = 0u; j < DQI_NS; j++)
+        w.a[j] = w.b[j] = 0.0;
+    if (r0 + r % NO < p.N) { // uniform across the workgroup
+        const uint rb = dq_row_base(W_ROW(mv_row(r0, r)), p.w_stride);
+#if DQI_G == 8 // two quads, a and b per span
+        uvec4 q[2];
+        vec2 a, b;
+        dq_unit_i8(rb, ib, iu, q, a, b);
+        [[unroll]] for (uint g = 0u; g < 8u; g++)
+            w.q[g] = q[g / 4u][g % 4u];
+        const uint ja = 1u;
+#else // one quad, a and b per group
+        uvec4 q;
+        vec4 a, b;
+        dq_unit_i8(rb, ib, iu, q, a, b);
+        [[unroll]] for (uint g = 0u; g < 4u; g++)
+            w.q[g] = q[g];
+        const uint ja = DQI_SPAN;
+#endif
+        [[unroll]] for (uint j = 0u; j < DQI_NS; j++) {
+            w.a[j] = a[j * ja];
+            w.b[j] = b[j * ja];
+        }
+    }
+    return w;
 }
 
-uvec4 xs_q[X_STATIONARY ? MC : 1u]; // X-stationary: the unit's X words, scales and byte sums
-vec4 xs_d[X_STATIONARY ? MC : 1u], xs_s[X_STATIONARY ? MC : 1u];
+x_i8 xs[X_STATIONARY ? MC : 1u]; // X-stationary: the unit's X side for each activation row
 
 // Unit u of the NR rows as integers, dotted with the MC quantised activation rows.
 void unit_step(uint u, uint r0, uint m0)
 {
-    const uint ib = u / DQ_UNITS, iu = u % DQ_UNITS;
+    const uint ib = u / DQI_UNITS, iu = u % DQI_UNITS;
     if (X_STATIONARY) {
         // rows past M dot zeros into accumulators that are never stored: no branch per product
         [[unroll]] for (uint c = 0u; c < MC; c++) {
-            xs_q[c] = uvec4(0u);
-            xs_d[c] = xs_s[c] = vec4(0.0);
+            [[unroll]] for (uint g = 0u; g < DQI_G; g++)
+                xs[c].q[g] = 0u;
+            [[unroll]] for (uint j = 0u; j < DQI_NS; j++)
+                xs[c].d[j] = xs[c].s[j] = 0.0;
             if (m0 + c < p.M) // uniform
-                x_unit_i8(m0 + c, ib, iu, xs_q[c], xs_d[c], xs_s[c]);
+                xs[c] = x_unit_i8(m0 + c, ib, iu);
         }
         [[unroll]] for (uint r = 0u; r < NR; r++) {
-            uvec4 q;
-            vec4 a, b;
-            w_unit_i8(r0, r, ib, iu, q, a, b);
+            const w_i8 w = w_unit_i8(r0, r, ib, iu);
             [[unroll]] for (uint c = 0u; c < MC; c++)
-                acc[r * MC + c] += dot_unit_i8(q, a, b, xs_q[c], xs_d[c], xs_s[c]);
+                acc[r * MC + c] += dot_unit_i8(w, xs[c]);
         }
         return;
     }
     // the NR rows' units first, X's words, scales and byte sums loaded once per unit for them
     [[unroll]] for (uint r = 0u; r < NR; r++)
-        w_unit_i8(r0, r, ib, iu, wq[r], wa[r], wb[r]);
+        wu[r] = w_unit_i8(r0, r, ib, iu);
     [[unroll]] for (uint c = 0u; c < MC; c++) {
         if (m0 + c >= p.M)
             break; // uniform
-        uvec4 qx;
-        vec4 dx, sx;
-        x_unit_i8(m0 + c, ib, iu, qx, dx, sx);
+        const x_i8 x = x_unit_i8(m0 + c, ib, iu);
         [[unroll]] for (uint r = 0u; r < NR; r++)
-            acc[r * MC + c] += dot_unit_i8(wq[r], wa[r], wb[r], qx, dx, sx);
+            acc[r * MC + c] += dot_unit_i8(wu[r], x);
     }
 }
 #else
@@ -328,7 +368,7 @@ void chunk(uint r0, uint m0)
     [[unroll]] for (uint i = 0u; i < NR * MC; i++)
         acc[i] = 0.0;
 
-    const uint n_full = p.K / DQ_BLOCK * DQ_UNITS; // quantised types: every unit
+    const uint n_full = p.K / DQ_BLOCK * MV_UNITS; // quantised types: every unit
     const uint wg = gl_WorkGroupSize.x;
     uint u = tid;
     for (; u + (MU - 1u) * wg < n_full; u += MU * wg) // passes where all MU units exist
