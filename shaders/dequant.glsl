@@ -24,18 +24,18 @@
 //   dq_unit_i8(rb, ib, iu, q, a, b)  (DQ_I8: every integer type: Q8_0, Q4_0, Q4_1, Q5_0, Q5_1,
 //                               Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS; the
 //                               integer-dot GEMV, matvec.comp MV_I8) integer unit iu of block ib
-//                               (DQI_UNITS per block, DQI_G groups of 4 elements each: 4, or 8
-//                               for Q4_K, Q5_K and Q6_K, whose arguments are then arrays of two
-//                               quads): group g's 4 weights are a[g] * q + b[g], q the 4 bytes
-//                               of q[g] (low byte first; int8: the IQ4 levels and Q8_0's signed,
-//                               the others' non-negative below 128). Within a quad DQI_SPAN
-//                               consecutive groups share a, b and their 32-element block of X
-//                               (the quad's 4 / DQI_SPAN blocks are consecutive); DQI_OFF = 0: b
-//                               is 0; DQI_XRUN consecutive groups are consecutive elements (a
-//                               quad's X words are 4 / DQI_XRUN loads of DQI_XRUN words, aligned).
-//   dqi_unit_k(iu, g)           (DQ_I8) element offset of group g of integer unit iu: dq_unit_k,
-//                               except where the integer units are other elements (DQI_OWN_K:
-//                               Q4_K, Q5_K and Q6_K, two spans of 16 elements per unit)
+//                               as integers: 32 elements in DQI_G = 8 groups of 4, two quads
+//                               q[0], q[1] of words, the 4 bytes of a word a group's q (low byte
+//                               first; int8: the IQ4 levels and Q8_0's signed, the others'
+//                               non-negative below 128). Groups form spans of DQI_SPAN (8: the
+//                               whole unit, the 32-element block types and IQ4_XS's
+//                               sub-blocks; 4: one quad, the K-quants' 16-element runs) sharing
+//                               a scale and offset, the weights a[span] * q + b[span] (DQI_OFF =
+//                               0: b is 0), and one 32-element block of X. DQI_UNITS per block.
+//   dqi_unit_k(iu, g)           (DQ_I8) element offset of group g of integer unit iu in its
+//                               block: a quad's 4 groups are 16 consecutive elements (16-byte
+//                               aligned, one X load); DQI_XDRUN consecutive spans have
+//                               consecutive X blocks (their X scales are one load, aligned).
 // Values are computed in the f32 operation order of vki_shared.h (that of ggml's reference), so
 // they match engine/quant.c up to the compiler's freedom to fuse a multiply-add.
 //
@@ -69,8 +69,6 @@ uvec4 dq_bits4(uint w, uint j) { return (uvec4(w >> j) >> uvec4(0u, 1u, 2u, 3u))
 // two words q0, q1: group g's 4 nibbles are dq_nib4(q0, q1, g), its elements dq_nib_k(iu, g)...
 uvec4 dq_nib4(uint q0, uint q1, uint g) { return dq_bytes((((g & 1u) != 0u ? q1 : q0) >> (4u * (g >> 1))) & 0x0F0F0F0Fu); }
 uint dq_nib_k(uint iu, uint g) { return 8u * iu + 4u * (g & 1u) + 16u * (g >> 1); }
-// The same four groups' nibbles packed, one word per group (low byte first; the integer-dot path).
-uvec4 dq_nib_words(uint q0, uint q1) { return (uvec4(q0, q1, q0, q1) >> uvec4(0u, 0u, 4u, 4u)) & 0x0F0F0F0Fu; }
 // A whole block's 16 qs bytes w as the elements' nibbles in order, one word per group: elements
 // 0..15 (the low nibbles) in q[0], 16..31 (the high ones) in q[1] (the integer-dot path).
 void dq_nib_block(uvec4 w, out uvec4 q[2]) {
@@ -232,13 +230,10 @@ uint dq_unit_k(uint iu, uint g) { return 16u * iu + 4u * g; }
 #define DQ_I8 1
 // Integer units are whole blocks (DQI_G = 8 groups, one span): two 16-byte loads, one scale
 // product per 32 weights and activation row.
-#define DQI_G 8
 #define DQI_UNITS 1u
 #define DQI_SPAN 8u
-#define DQI_XRUN 4
 #define DQI_XDRUN 1u
 #define DQI_OFF 0
-#define DQI_OWN_K 1
 uint dqi_unit_k(uint iu, uint g) { return 4u * g; }
 void dq_unit_i8(uint rb, uint ib, uint iu, out uvec4 q[2], out vec2 a, out vec2 b) {
     const uint w = dq_body(rb, ib) >> 2;
@@ -264,13 +259,10 @@ void dq_unit(uint rb, uint ib, uint iu, out vec4 w[DQ_UNIT_V4]) {
 }
 uint dq_unit_k(uint iu, uint g) { return dq_nib_k(iu, g); }
 #define DQ_I8 1
-#define DQI_G 8 // as Q8_0: a whole block, its 16 qs bytes in one load (dq_nib_block)
 #define DQI_UNITS 1u
 #define DQI_SPAN 8u
-#define DQI_XRUN 4
 #define DQI_XDRUN 1u
 #define DQI_OFF 1
-#define DQI_OWN_K 1
 uint dqi_unit_k(uint iu, uint g) { return 4u * g; }
 void dq_unit_i8(uint rb, uint ib, uint iu, out uvec4 q[2], out vec2 a, out vec2 b) {
     const float d = dq_gscale(rb, ib);
@@ -299,15 +291,17 @@ void dq_unit(uint rb, uint ib, uint iu, out vec4 w[DQ_UNIT_V4]) {
 }
 uint dq_unit_k(uint iu, uint g) { return dq_nib_k(iu, g); }
 #define DQ_I8 1
-#define DQI_SPAN 4u
-#define DQI_XRUN 2
+#define DQI_UNITS 1u // integer units: whole blocks (their qs bytes as 4-byte loads)
+#define DQI_SPAN 8u
+#define DQI_XDRUN 1u
 #define DQI_OFF 1
-void dq_unit_i8(uint rb, uint ib, uint iu, out uvec4 q, out vec4 a, out vec4 b) {
+uint dqi_unit_k(uint iu, uint g) { return 4u * g; }
+void dq_unit_i8(uint rb, uint ib, uint iu, out uvec4 q[2], out vec2 a, out vec2 b) {
     const uint bb = rb + ib * 5u;
     const vec2 dm = unpackHalf2x16(dq_w[bb]);
-    q = dq_nib_words(dq_w[bb + 1u + 2u * iu], dq_w[bb + 2u + 2u * iu]);
-    a = vec4(dm.x);
-    b = vec4(dm.y);
+    dq_nib_block(uvec4(dq_w[bb + 1u], dq_w[bb + 2u], dq_w[bb + 3u], dq_w[bb + 4u]), q);
+    a = vec2(dm.x);
+    b = vec2(dm.y);
 }
 
 #elif defined(DQ_Q5_0) || defined(DQ_Q5_1) // -----------------------------------------------------
@@ -322,13 +316,14 @@ void dq_unit_i8(uint rb, uint ib, uint iu, out uvec4 q, out vec4 a, out vec4 b) 
 vec4 dq_q5(uvec4 nib, uint qh, uint j) { return vec4(nib | (dq_bits4(qh, j) << 4)); }
 // The integer-dot path's unit: each group's four 5-bit values packed in a word (the fifth bits
 // of elements j..j+3 moved to bit 4 of their bytes).
-// Bits 0..3 of h as bit 4 of bytes 0..3.
-uint dq_q5_fifth(uint h) { return ((h & 1u) | (h & 2u) << 7 | (h & 4u) << 14 | (h & 8u) << 21) << 4; }
-uvec4 dq_q5_words(uint q0, uint q1, uint qh, uint iu) {
-    uvec4 q = dq_nib_words(q0, q1);
-    [[unroll]] for (uint g = 0u; g < 4u; g++)
-        q[g] |= dq_q5_fifth(qh >> dq_nib_k(iu, g));
-    return q;
+// A whole block's 16 qs bytes w and its qh as dq_nib_block's words with the fifth bits (element
+// j's, bit j of qh) moved to bit 4 of their bytes (the integer-dot path).
+void dq_q5_block(uvec4 w, uint qh, out uvec4 q[2]) {
+    dq_nib_block(w, q);
+    [[unroll]] for (uint g = 0u; g < 8u; g++) {
+        const uint h = qh >> (4u * g);
+        q[g / 4u][g % 4u] |= ((h & 1u) | (h & 2u) << 7 | (h & 4u) << 14 | (h & 8u) << 21) << 4;
+    }
 }
 #ifdef DQ_Q5_0
 uint dq_q5_qh(uint rb, uint ib) { return dq_w[dq_group(rb, ib) + 4u + ib % DQ_GB]; }
@@ -343,20 +338,9 @@ void dq_unit(uint rb, uint ib, uint iu, out vec4 w[DQ_UNIT_V4]) {
     uvec2 q = dq_w2[(dq_body(rb, ib) >> 1) + iu];
     [[unroll]] for (uint g = 0u; g < 4u; g++) w[g] = d * (dq_q5(dq_nib4(q.x, q.y, g), qh, dq_nib_k(iu, g)) - 16.0);
 }
-// Integer units as Q4_0's: whole blocks, the fifth bits from the head's qh word.
-#define DQI_G 8
-#define DQI_UNITS 1u
-#define DQI_SPAN 8u
-#define DQI_XRUN 4
-#define DQI_XDRUN 1u
-#define DQI_OWN_K 1
-uint dqi_unit_k(uint iu, uint g) { return 4u * g; }
 void dq_unit_i8(uint rb, uint ib, uint iu, out uvec4 q[2], out vec2 a, out vec2 b) {
     const float d = dq_gscale(rb, ib);
-    const uint qh = dq_q5_qh(rb, ib);
-    dq_nib_block(dq_w4[dq_body(rb, ib) >> 2], q);
-    [[unroll]] for (uint g = 0u; g < 8u; g++)
-        q[g / 4u][g % 4u] |= dq_q5_fifth(qh >> (4u * g));
+    dq_q5_block(dq_w4[dq_body(rb, ib) >> 2], dq_q5_qh(rb, ib), q);
     a = vec2(d);
     b = vec2(-16.0 * d);
 }
@@ -376,20 +360,22 @@ void dq_unit(uint rb, uint ib, uint iu, out vec4 w[DQ_UNIT_V4]) {
     vec2 dm = unpackHalf2x16(hd.x);
     [[unroll]] for (uint g = 0u; g < 4u; g++) w[g] = dm.x * dq_q5(dq_nib4(q.x, q.y, g), hd.y, dq_nib_k(iu, g)) + dm.y;
 }
-void dq_unit_i8(uint rb, uint ib, uint iu, out uvec4 q, out vec4 a, out vec4 b) {
+void dq_unit_i8(uint rb, uint ib, uint iu, out uvec4 q[2], out vec2 a, out vec2 b) {
     const uint b2 = (rb + ib * 6u) >> 1;
-    const uvec2 hd = dq_w2[b2], w = dq_w2[b2 + 1u + iu];
+    const uvec2 hd = dq_w2[b2], w0 = dq_w2[b2 + 1u], w1 = dq_w2[b2 + 2u];
     const vec2 dm = unpackHalf2x16(hd.x);
-    q = dq_q5_words(w.x, w.y, hd.y, iu);
-    a = vec4(dm.x);
-    b = vec4(dm.y);
+    dq_q5_block(uvec4(w0, w1), hd.y, q);
+    a = vec2(dm.x);
+    b = vec2(dm.y);
 }
-#define DQI_SPAN 4u
-#define DQI_XRUN 2
 #endif
 uint dq_unit_k(uint iu, uint g) { return dq_nib_k(iu, g); }
 #define DQ_I8 1
+#define DQI_UNITS 1u // integer units: whole blocks
+#define DQI_SPAN 8u
+#define DQI_XDRUN 1u
 #define DQI_OFF 1
+uint dqi_unit_k(uint iu, uint g) { return 4u * g; }
 
 #elif defined(DQ_IQ4_NL) // -------------------------------------------------------------------
 // W: scale-grouped as Q4_0. w = d * level[nibble].
@@ -406,13 +392,10 @@ void dq_unit(uint rb, uint ib, uint iu, out vec4 w[DQ_UNIT_V4]) {
 }
 uint dq_unit_k(uint iu, uint g) { return dq_nib_k(iu, g); }
 #define DQ_I8 1
-#define DQI_G 8 // as Q4_0
 #define DQI_UNITS 1u
 #define DQI_SPAN 8u
-#define DQI_XRUN 4
 #define DQI_XDRUN 1u
 #define DQI_OFF 0
-#define DQI_OWN_K 1
 uint dqi_unit_k(uint iu, uint g) { return 4u * g; }
 void dq_unit_i8(uint rb, uint ib, uint iu, out uvec4 q[2], out vec2 a, out vec2 b) {
     dq_nib_block(dq_w4[dq_body(rb, ib) >> 2], q);
@@ -453,17 +436,24 @@ void dq_unit(uint rb, uint ib, uint iu, out vec4 w[DQ_UNIT_V4]) {
 }
 uint dq_unit_k(uint iu, uint g) { return 128u * (iu >> 3) + 4u * (iu & 7u) + 32u * g; }
 #define DQ_I8 1
-#define DQI_SPAN 1u
-#define DQI_XRUN 1
+// Integer units: two runs of 16 elements under one scale each, shifts 2j and 2j + 2 (j = 2(iu &
+// 1)) of qs bytes 32n + 16t.. (t = (iu >> 1) & 1, n = iu >> 2): elements 128n + 32j + 16t.. and
+// 128n + 32(j + 1) + 16t.., scales 8n + 2j + t and that + 2 (bytes t, t + 2 of one word).
+#define DQI_UNITS 8u
+#define DQI_SPAN 4u
+#define DQI_XDRUN 2u
 #define DQI_OFF 1
-void dq_unit_i8(uint rb, uint ib, uint iu, out uvec4 q, out vec4 a, out vec4 b) {
-    const uint bb = rb + ib * 21u, n = iu >> 3, h = 8u * ((iu >> 2) & 1u);
+uint dqi_unit_k(uint iu, uint g) { return 128u * (iu >> 2) + 64u * (iu & 1u) + 16u * ((iu >> 1) & 1u) + 32u * (g >> 2) + 4u * (g & 3u); }
+void dq_unit_i8(uint rb, uint ib, uint iu, out uvec4 q[2], out vec2 a, out vec2 b) {
+    const uint bb = rb + ib * 21u, n = iu >> 2, t = (iu >> 1) & 1u, j = 2u * (iu & 1u);
     const vec2 dm = unpackHalf2x16(dq_w[bb + 20u]);
-    const uint s0 = dq_w[bb + 2u * n], s1 = dq_w[bb + 2u * n + 1u], w = dq_w[bb + 4u + 8u * n + (iu & 7u)];
-    const uvec4 sc = (uvec4(s0, s0, s1, s1) >> uvec4(h, h + 16u, h, h + 16u)) & 0xFFu;
-    q = (uvec4(w) >> uvec4(0u, 2u, 4u, 6u)) & 0x03030303u;
-    a = dm.x * vec4(sc & 15u);
-    b = -(dm.y * vec4(sc >> 4));
+    const uint w0 = bb + 4u + 8u * n + 4u * t;
+    const uvec4 w = uvec4(dq_w[w0], dq_w[w0 + 1u], dq_w[w0 + 2u], dq_w[w0 + 3u]) >> (2u * j);
+    const uvec2 sc = (uvec2(dq_w[bb + 2u * n + (iu & 1u)]) >> uvec2(8u * t, 8u * t + 16u)) & 0xFFu;
+    q[0] = w & 0x03030303u;
+    q[1] = (w >> 2) & 0x03030303u;
+    a = dm.x * vec2(sc & 15u);
+    b = -(dm.y * vec2(sc >> 4));
 }
 
 #elif defined(DQ_Q3_K) // ---------------------------------------------------------------------
@@ -504,18 +494,22 @@ void dq_unit(uint rb, uint ib, uint iu, out vec4 w[DQ_UNIT_V4]) {
 }
 uint dq_unit_k(uint iu, uint g) { return 128u * (iu >> 3) + 4u * (iu & 7u) + 32u * g; }
 #define DQ_I8 1
-#define DQI_SPAN 1u
-#define DQI_XRUN 1
+// Integer units as Q2_K's: shifts 2j and 2j + 2 (j = 2(iu & 1)) of qs bytes 32n + 16t.. with
+// hmask bytes 16t.. (bits 4n + j, 4n + j + 1), one 16-byte load each; scales 8n + 2j + t, + 2.
+#define DQI_UNITS 8u
+#define DQI_SPAN 4u
+#define DQI_XDRUN 2u
 #define DQI_OFF 1
-void dq_unit_i8(uint rb, uint ib, uint iu, out uvec4 q, out vec4 a, out vec4 b) {
-    const uint bo = dq_body(rb, ib), n = iu >> 3, li = iu & 7u, h = li >> 2;
+uint dqi_unit_k(uint iu, uint g) { return 128u * (iu >> 2) + 64u * (iu & 1u) + 16u * ((iu >> 1) & 1u) + 32u * (g >> 2) + 4u * (g & 3u); }
+void dq_unit_i8(uint rb, uint ib, uint iu, out uvec4 q[2], out vec2 a, out vec2 b) {
+    const uint bo = dq_body(rb, ib), n = iu >> 2, t = (iu >> 1) & 1u, j = 2u * (iu & 1u);
     const uvec3 sc = dq_q3k_scales(rb, ib);
     const float d = dq_gscale(rb, ib);
-    const uint qw = dq_w[bo + 8u + 8u * n + li], hw = dq_w[bo + li];
-    [[unroll]] for (uint j = 0u; j < 4u; j++) { // q - 4 as in dq_q3k: the offset goes to b
-        q[j] = ((qw >> (2u * j)) & 0x03030303u) | (((hw >> (4u * n + j)) & 0x01010101u) << 2);
-        a[j] = dq_q3k_scale(d, sc, 8u * n + 2u * j + h);
-    }
+    const uvec4 qw = dq_w4[(bo + 8u + 8u * n + 4u * t) >> 2] >> (2u * j), hw = dq_w4[(bo + 4u * t) >> 2] >> (4u * n + j);
+    // q - 4 as in dq_q3k: the offset goes to b
+    q[0] = (qw & 0x03030303u) | ((hw & 0x01010101u) << 2);
+    q[1] = ((qw >> 2) & 0x03030303u) | (((hw >> 1) & 0x01010101u) << 2);
+    a = vec2(dq_q3k_scale(d, sc, 8u * n + 2u * j + t), dq_q3k_scale(d, sc, 8u * n + 2u * j + 2u + t));
     b = -4.0 * a;
 }
 
@@ -617,16 +611,13 @@ void dq_unit(uint rb, uint ib, uint iu, out vec4 w[DQ_UNIT_V4]) {
 uint dq_unit_k(uint iu, uint g) { return 64u * (iu >> 2) + 8u * (iu & 3u) + 4u * (g & 1u) + 32u * (g >> 1); }
 #define DQ_I8 1
 #define DQI_SPAN 4u
-#define DQI_XRUN 4
 #define DQI_OFF 1
 // Integer units are 32 elements (DQI_G = 8 groups, two spans): both nibbles of qs bytes 32c +
 // 16t.. (c = iu >> 1, t = iu & 1), one 16-byte load; groups 0-3 are the low nibbles (sub-block
 // 2c, elements 64c + 16t..), 4-7 the high ones (2c + 1, elements 64c + 32 + 16t..), and Q5_K's
 // fifth bits come from qh bytes 16t... One scale product per activation row and span of 16
 // elements, where dq_unit's units (8 elements of each sub-block) took one per 8.
-#define DQI_G 8
 #define DQI_UNITS 8u
-#define DQI_OWN_K 1
 uint dqi_unit_k(uint iu, uint g) { return 64u * (iu >> 1) + 16u * (iu & 1u) + 32u * (g >> 2) + 4u * (g & 3u); }
 #define DQI_XDRUN 2u // (sub-blocks 2c and 2c + 1: consecutive X blocks)
 void dq_unit_i8(uint rb, uint ib, uint iu, out uvec4 q[2], out vec2 a, out vec2 b) {
@@ -690,7 +681,6 @@ void dq_unit(uint rb, uint ib, uint iu, out vec4 w[DQ_UNIT_V4]) {
 uint dq_unit_k(uint iu, uint g) { return 128u * (iu >> 3) + 4u * (iu & 7u) + 32u * g; }
 #define DQ_I8 1
 #define DQI_SPAN 4u
-#define DQI_XRUN 4
 #define DQI_OFF 1
 // Integer units are 32 elements (DQI_G = 8 groups, two spans): ql bytes 64h + 32v + 16t.. (v =
 // iu & 1, t = (iu >> 1) & 1, h = iu >> 2), one 16-byte load whose low nibbles are quarter v's
@@ -698,9 +688,7 @@ uint dq_unit_k(uint iu, uint g) { return 128u * (iu >> 3) + 4u * (iu & 7u) + 32u
 // 32h + 16t.. (bits 2v and 2v + 4); one scale per span (scales 8h + 2v + t and 8h + 4 + 2v + t,
 // bytes of one 8-byte load). dq_unit's units (4 elements of each quarter) took 4 scales, and a
 // scale product per 4 elements and activation row.
-#define DQI_G 8
 #define DQI_UNITS 8u
-#define DQI_OWN_K 1
 uint dqi_unit_k(uint iu, uint g)
 {
     return 128u * (iu >> 2) + 32u * (iu & 1u) + 16u * ((iu >> 1) & 1u) + 64u * (g >> 2) + 4u * (g & 3u);
@@ -746,24 +734,24 @@ void dq_unit(uint rb, uint ib, uint iu, out vec4 w[DQ_UNIT_V4]) {
 }
 uint dq_unit_k(uint iu, uint g) { return 32u * (iu >> 1) + dq_nib_k(iu & 1u, g); }
 #define DQ_I8 1
-#define DQI_SPAN 4u
-#define DQI_XRUN 2
+#define DQI_UNITS 8u // integer units: whole sub-blocks (qs bytes 16iu.., two 8-byte loads)
+#define DQI_SPAN 8u
+#define DQI_XDRUN 1u
 #define DQI_OFF 0
-void dq_unit_i8(uint rb, uint ib, uint iu, out uvec4 q, out vec4 a, out vec4 b) {
-    uint b2 = (rb + ib * 34u) >> 1;
-    uvec2 w = dq_w2[b2 + 1u + iu];
-    [[unroll]] for (uint g = 0u; g < 4u; g++) q[g] = dq_iq4_packed(dq_nib4(w.x, w.y, g));
-    a = vec4(dq_iq4xs_scale(dq_w2[b2], iu >> 1));
-    b = vec4(0.0);
+uint dqi_unit_k(uint iu, uint g) { return 32u * iu + 4u * g; }
+void dq_unit_i8(uint rb, uint ib, uint iu, out uvec4 q[2], out vec2 a, out vec2 b) {
+    const uint b2 = (rb + ib * 34u) >> 1;
+    dq_nib_block(uvec4(dq_w2[b2 + 1u + 2u * iu], dq_w2[b2 + 2u + 2u * iu]), q);
+    [[unroll]] for (uint h = 0u; h < 2u; h++)
+        [[unroll]] for (uint g = 0u; g < 4u; g++) q[h][g] = dq_iq4_packed(dq_bytes(q[h][g]));
+    a = vec2(dq_iq4xs_scale(dq_w2[b2], iu));
+    b = vec2(0.0);
 }
 
 #endif
 
-#if defined(DQ_I8) && !defined(DQI_OWN_K) // the integer units are dq_unit's
-#define DQI_G 4
-#define DQI_UNITS DQ_UNITS
-#define DQI_XDRUN (4u / DQI_SPAN) // (the quad's blocks are consecutive)
-uint dqi_unit_k(uint iu, uint g) { return dq_unit_k(iu, g); }
+#ifdef DQ_I8
+#define DQI_G 8 // groups of 4 elements per integer unit
 #endif
 
 #if !defined(DQ_F32) && !defined(DQ_F16) && !defined(DQ_BF16) && !defined(DQ_Q8_0) && !defined(DQ_Q4_0) && \

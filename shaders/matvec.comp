@@ -75,12 +75,9 @@ layout(std430, binding = 2) readonly buffer Bias { float bias[]; }; // f32[y_col
 #endif
 #ifdef MV_I8
 #extension GL_EXT_spirv_intrinsics : require
-layout(std430, binding = 1) readonly buffer XQ { uint xq[]; };   // quant_x8's int8 words [M][K/4] ...
-layout(std430, binding = 1) readonly buffer XD { float xd[]; };  // ... then f32 scales [M][K/32]
-layout(std430, binding = 1) readonly buffer XQ2 { uvec2 xq2[]; }; // (the same, for 8- and 16-byte
-layout(std430, binding = 1) readonly buffer XQ4 { uvec4 xq4[]; }; // loads)
-layout(std430, binding = 1) readonly buffer XD2 { vec2 xd2[]; };
-layout(std430, binding = 1) readonly buffer XD4 { vec4 xd4[]; };
+layout(std430, binding = 1) readonly buffer XQ4 { uvec4 xq4[]; }; // quant_x8's int8 words [M][K/4] ...
+layout(std430, binding = 1) readonly buffer XD { float xd[]; };   // ... then f32 scales [M][K/32]
+layout(std430, binding = 1) readonly buffer XD2 { vec2 xd2[]; };  // (the same, for 8-byte loads)
 // OpSDot on two 32-bit words of four int8 each (PackedVectorFormat4x8Bit = 0): glslang 12 has no
 // GL_EXT_integer_dot_product, so the instruction is declared through GL_EXT_spirv_intrinsics
 // (capabilities DotProductInput4x8BitPacked 6018, DotProduct 6019; OpSDot 4450).
@@ -113,7 +110,7 @@ shared float red[NR * MC * NSG]; // per-subgroup partial sums: [NR * MC][NSG]
 
 float acc[NR * MC];        // acc[r * MC + c]: row mv_row(r0, r) of W times row m0 + c of X
 #ifdef MV_I8
-// An integer unit (dequant.glsl's dq_unit_i8): DQI_G groups of 4 weights in DQI_NS spans of
+// An integer unit (dequant.glsl's dq_unit_i8): 32 weights, DQI_G = 8 groups of 4 in DQI_NS spans of
 // DQI_SPAN groups; group g's weights are a[j] * q + b[j] (j = g / DQI_SPAN), q the bytes of q[g];
 // and X's side of it: its words, each span's block scale and (DQI_OFF) scaled byte sum.
 const uint DQI_NS = DQI_G / DQI_SPAN;
@@ -154,37 +151,22 @@ x_i8 x_unit_i8(uint m, uint ib, uint iu)
     const uint kw = p.K / 4u, d0 = X_ROWS * kw;
     m = X_ROW(m);
     x_i8 x;
-    // runs of DQI_XRUN words as one load each (K is a multiple of 32: every run is aligned)
-    [[unroll]] for (uint g = 0u; g < DQI_G; g += DQI_XRUN) {
-        const uint w = m * kw + (ib * DQ_BLOCK + dqi_unit_k(iu, g)) / 4u;
-#if DQI_XRUN == 4
-        const uvec4 t = xq4[w >> 2];
+    // each quad's words as one 16-byte load (K is a multiple of 32: every quad is aligned)
+    [[unroll]] for (uint g = 0u; g < DQI_G; g += 4u) {
+        const uvec4 t = xq4[(m * kw + (ib * DQ_BLOCK + dqi_unit_k(iu, g)) / 4u) >> 2];
         x.q[g] = t.x;
         x.q[g + 1u] = t.y;
         x.q[g + 2u] = t.z;
         x.q[g + 3u] = t.w;
-#elif DQI_XRUN == 2
-        const uvec2 t = xq2[w >> 1];
-        x.q[g] = t.x;
-        x.q[g + 1u] = t.y;
-#else
-        x.q[g] = xq[w];
-#endif
     }
-    // the spans' block scales, runs of DQI_XDRUN consecutive ones as one load (aligned: K % (32 *
-    // DQI_XDRUN) == 0 for the types with runs, the K-quants' K % 256 == 0)
+    // the spans' block scales, runs of DQI_XDRUN consecutive ones as one load (aligned: the
+    // K-quants' K % 256 == 0)
     [[unroll]] for (uint j = 0u; j < DQI_NS; j += DQI_XDRUN) {
         const uint s0 = d0 + m * (p.K / 32u) + (ib * DQ_BLOCK + dqi_unit_k(iu, j * DQI_SPAN)) / 32u;
-        if (DQI_XDRUN == 4u) {
-            const vec4 t = xd4[s0 >> 2];
-            x.d[j] = t.x;
-            x.d[min(j + 1u, DQI_NS - 1u)] = t.y; // (indices past DQI_NS: never with a run of 4)
-            x.d[min(j + 2u, DQI_NS - 1u)] = t.z;
-            x.d[min(j + 3u, DQI_NS - 1u)] = t.w;
-        } else if (DQI_XDRUN == 2u) {
+        if (DQI_XDRUN == 2u) {
             const vec2 t = xd2[s0 >> 1];
             x.d[j] = t.x;
-            x.d[min(j + 1u, DQI_NS - 1u)] = t.y;
+            x.d[min(j + 1u, DQI_NS - 1u)] = t.y; // (past DQI_NS: never with a run of 2)
         } else {
             x.d[j] = xd[s0];
         }
@@ -226,25 +208,14 @@ w_i8 w_unit_i8(uint r0, uint r, uint ib, uint iu)
     [[unroll]] for (uint j = 0u; j < DQI_NS; j++)
         w.a[j] = w.b[j] = 0.0;
     if (r0 + r % NO < p.N) { // uniform across the workgroup
-        const uint rb = dq_row_base(W_ROW(mv_row(r0, r)), p.w_stride);
-#if DQI_G == 8 // two quads, a and b per span
         uvec4 q[2];
         vec2 a, b;
-        dq_unit_i8(rb, ib, iu, q, a, b);
-        [[unroll]] for (uint g = 0u; g < 8u; g++)
+        dq_unit_i8(dq_row_base(W_ROW(mv_row(r0, r)), p.w_stride), ib, iu, q, a, b);
+        [[unroll]] for (uint g = 0u; g < DQI_G; g++)
             w.q[g] = q[g / 4u][g % 4u];
-        const uint ja = 1u;
-#else // one quad, a and b per group
-        uvec4 q;
-        vec4 a, b;
-        dq_unit_i8(rb, ib, iu, q, a, b);
-        [[unroll]] for (uint g = 0u; g < 4u; g++)
-            w.q[g] = q[g];
-        const uint ja = DQI_SPAN;
-#endif
         [[unroll]] for (uint j = 0u; j < DQI_NS; j++) {
-            w.a[j] = a[j * ja];
-            w.b[j] = b[j * ja];
+            w.a[j] = a[j];
+            w.b[j] = b[j];
         }
     }
     return w;
