@@ -31,9 +31,9 @@
 // (w = a q + b; x = dx qx): one instruction per 4 weights instead of 4 conversions and 4 FMAs,
 // at the price of X's 8-bit rounding (~2e-5 relative error in the product): the engine's
 // int_dot decode path, for GPUs where the float path's conversions bound batch-1 decode. Its units
-// are dequant.glsl's integer units (dq_unit_i8): 16 elements, or for Q4_K, Q5_K and Q6_K 32 in
-// two spans of 16 under one scale each (their float units mix 2 and 4 scales), so one scale
-// product per 16 weights and activation row. With
+// are dequant.glsl's integer units (dq_unit_i8): 32 elements, a whole 32-element block or two runs
+// of 16 under one scale each (the float units' 16 elements mix up to 4 scales), so one scale
+// product per 16 or 32 weights and activation row. With
 // both (matvec_id_i8) it is the experts' integer-dot matvec: X's quantised rows are the tokens'
 // (gate, up: pair / x_div) or the pairs' (down).
 layout(local_size_x_id = 0) in;
