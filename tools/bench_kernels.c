@@ -698,14 +698,16 @@ static const bench_kernel benches[] = {
     {"copy", "M MiB copied (bytes read + written)", .types = {VKI_GGML_F32}, .n_types = 1,
      .full = {{512, 1, 1}}, .small = {{32, 1, 1}}, copy_setup, copy_record},
     {"matvec", "M activation rows (<= 8 per pass), N weight rows, K", WEIGHT_TYPES,
-     .full = {{1, 4096, 4096}, {1, 14336, 4096}, {1, 4096, 14336}, {1, 32000, 4096}, {8, 4096, 4096}},
+     .full = {{1, 4096, 4096}, {1, 14336, 4096}, {1, 4096, 14336}, {1, 32000, 4096}, {8, 4096, 4096},
+              {1, 2048, 2048}}, /* (d_model 2048: 64 integer-dot units of 32 per row, half of 128 lanes) */
      .small = {{1, 1024, 1024}, {1, 2816, 1024}, {1, 8192, 512}, {8, 1024, 1024}},
      mm_setup, matvec_record},
     {"matvec_i8", "as matvec, on the integer-dot path: the product of X already quantised to int8 (quant_x8's row)",
      .types = {VKI_GGML_Q4_K, VKI_GGML_Q8_0, VKI_GGML_Q6_K, VKI_GGML_Q4_0, VKI_GGML_Q5_K, VKI_GGML_IQ4_XS,
                VKI_GGML_IQ4_NL, VKI_GGML_Q5_0, VKI_GGML_Q4_1, VKI_GGML_Q5_1, VKI_GGML_Q3_K, VKI_GGML_Q2_K},
      .n_types = 12,
-     .full = {{1, 4096, 4096}, {1, 14336, 4096}, {1, 4096, 14336}, {1, 32000, 4096}, {8, 4096, 4096}},
+     .full = {{1, 4096, 4096}, {1, 14336, 4096}, {1, 4096, 14336}, {1, 32000, 4096}, {8, 4096, 4096},
+              {1, 2048, 2048}}, /* (d_model 2048: 64 integer-dot units of 32 per row, half of 128 lanes) */
      .small = {{1, 1024, 1024}, {1, 2816, 1024}, {1, 8192, 512}, {8, 1024, 1024}},
      i8_setup, matvec_i8_record},
     {"matvec_i8_norm", "as matvec_i8 (M = 1, N % 32 == 0), adding into Y, with the norm epilogue: "
