@@ -115,6 +115,15 @@ float dq_gscale(uint rb, uint ib) {
 }
 #endif
 
+#if defined(DQ_Q2_K) || defined(DQ_Q3_K)
+// Q2_K's and Q3_K's integer units (2 bits per element, a scale per 16): unit iu holds elements
+// 128n + 32j + 16t.. and 128n + 32(j + 1) + 16t.. (n = iu >> 2, t = (iu >> 1) & 1, j = 2(iu & 1)).
+uint dq_k23_unit_k(uint iu, uint g)
+{
+    return 128u * (iu >> 2) + 64u * (iu & 1u) + 16u * ((iu >> 1) & 1u) + 32u * (g >> 2) + 4u * (g & 3u);
+}
+#endif
+
 #if defined(DQ_IQ4_NL) || defined(DQ_IQ4_XS)
 // The 16 IQ4 levels as int8 bytes in 4 words (folded at compile time), looked up with selects
 // and shifts: no indexed array, which lavapipe turns into a per-lane stack copy (measured 100x
@@ -443,7 +452,7 @@ uint dq_unit_k(uint iu, uint g) { return 128u * (iu >> 3) + 4u * (iu & 7u) + 32u
 #define DQI_SPAN 4u
 #define DQI_XDRUN 2u
 #define DQI_OFF 1
-uint dqi_unit_k(uint iu, uint g) { return 128u * (iu >> 2) + 64u * (iu & 1u) + 16u * ((iu >> 1) & 1u) + 32u * (g >> 2) + 4u * (g & 3u); }
+uint dqi_unit_k(uint iu, uint g) { return dq_k23_unit_k(iu, g); }
 void dq_unit_i8(uint rb, uint ib, uint iu, out uvec4 q[2], out vec2 a, out vec2 b) {
     const uint bb = rb + ib * 21u, n = iu >> 2, t = (iu >> 1) & 1u, j = 2u * (iu & 1u);
     const vec2 dm = unpackHalf2x16(dq_w[bb + 20u]);
@@ -500,12 +509,13 @@ uint dq_unit_k(uint iu, uint g) { return 128u * (iu >> 3) + 4u * (iu & 7u) + 32u
 #define DQI_SPAN 4u
 #define DQI_XDRUN 2u
 #define DQI_OFF 1
-uint dqi_unit_k(uint iu, uint g) { return 128u * (iu >> 2) + 64u * (iu & 1u) + 16u * ((iu >> 1) & 1u) + 32u * (g >> 2) + 4u * (g & 3u); }
+uint dqi_unit_k(uint iu, uint g) { return dq_k23_unit_k(iu, g); }
 void dq_unit_i8(uint rb, uint ib, uint iu, out uvec4 q[2], out vec2 a, out vec2 b) {
     const uint bo = dq_body(rb, ib), n = iu >> 2, t = (iu >> 1) & 1u, j = 2u * (iu & 1u);
     const uvec3 sc = dq_q3k_scales(rb, ib);
     const float d = dq_gscale(rb, ib);
-    const uvec4 qw = dq_w4[(bo + 8u + 8u * n + 4u * t) >> 2] >> (2u * j), hw = dq_w4[(bo + 4u * t) >> 2] >> (4u * n + j);
+    const uvec4 qw = dq_w4[(bo + 8u + 8u * n + 4u * t) >> 2] >> (2u * j);
+    const uvec4 hw = dq_w4[(bo + 4u * t) >> 2] >> (4u * n + j);
     // q - 4 as in dq_q3k: the offset goes to b
     q[0] = (qw & 0x03030303u) | ((hw & 0x01010101u) << 2);
     q[1] = ((qw >> 2) & 0x03030303u) | (((hw >> 1) & 0x01010101u) << 2);
