@@ -401,17 +401,15 @@ static vki_status config_item(vkd_device *d, const char *item, bool *gemm)
             return config_error(d, item, "its partial sums (rows x activation rows x subgroups) exceed the device's "
                                 "shared memory");
         }
-    } else if (CONFIG_KEY("gemm_xh")) { /* 0 or 1, which the one-number keys below cannot take */
+    } else if (CONFIG_KEY("gemm_xh") || CONFIG_KEY("gemm_w16")) { /* 0 or 1 (the one-number keys below
+                                                                     cannot take 0): 0 sets the switch */
+        const bool xh = CONFIG_KEY("gemm_xh");
         if (!eq || (strcmp(eq + 1, "0") && strcmp(eq + 1, "1")))
-            return config_error(d, item, "gemm_xh=0 or 1: the tensor-core GEMM's X converted to F16 in every "
-                                "tile (0) or once before the product (1, the default)");
-        d->cm_x32 = eq[1] == '0';
-        *gemm = true;
-    } else if (CONFIG_KEY("gemm_w16")) {
-        if (!eq || (strcmp(eq + 1, "0") && strcmp(eq + 1, "1")))
-            return config_error(d, item, "gemm_w16=0 or 1: the tensor-core GEMM's W staged 4 values at a time "
-                                "(0) or 16, one scale decode for them (1, the default)");
-        d->cm_w4 = eq[1] == '0';
+            return config_error(d, item, xh ? "gemm_xh=0 or 1: the tensor-core GEMM's X converted to F16 in every "
+                                              "tile (0) or once before the product (1, the default)"
+                                            : "gemm_w16=0 or 1: the tensor-core GEMM's W staged 4 values at a time "
+                                              "(0) or 16, one scale decode for them (1, the default)");
+        *(xh ? &d->cm_x32 : &d->cm_w4) = eq[1] == '0';
         *gemm = true;
     } else if (CONFIG_KEY("gemm")) {
         if (n != 2 && n != 4)
