@@ -9,22 +9,23 @@
 //
 // What it offers (rb = dq_row_base(row, stride_bytes), the row start in this type's load unit):
 //   DQ_BLOCK            elements per block (F32/F16/BF16: 16, a tiling granule only; any K works)
-//   DQ_UNITS            GEMV work items per block; a unit is 16 elements = 4 groups of 4
-//                       (F32/F16/BF16: only whole units; the caller handles K % 16 with dq_load1)
-//   dq_unit(rb, ib, iu, w)      the 4 groups of unit iu of block ib (decoded once per unit:
-//                               the block scale and sub-block scales are loaded once for 16
-//                               weights, which keeps the GEMV memory-bound rather than ALU-bound)
-//   dq_load1(rb, k)             F32/F16/BF16 only (DQ_FLOAT): element k (row tails)
-//   dq_unit_k(iu, g)            element offset of group g of unit iu inside its block
+//   DQ_UNITS            (DQ_FLOAT: F32/F16/BF16) the float GEMV's units per block: 1 of 16
+//                       elements, 4 groups of 4 (the caller handles K % 16 with dq_load1)
+//   dq_unit(rb, ib, iu, w)      (DQ_FLOAT) the 4 groups of unit iu of block ib
+//   dq_load1(rb, k)             (DQ_FLOAT) element k (row tails)
+//   dq_unit_k(iu, g)            (DQ_FLOAT) element offset of group g of unit iu inside its block
 //   dq_load4(rb, k, K)          elements k..k+3 of the row (k % 4 == 0): the GEMM tile loader and
 //                               the row gather; elements >= K read as 0 (F32/F16/BF16 tails)
 //   dq_load16(rb, k, v)         (DQ_LOAD16: Q8_0, Q4_K, Q5_K, Q6_K) elements k..k+15 (k % 16 == 0,
 //                               k < K), the values dq_load4 gives, from one scale decode and
 //                               16-byte loads: the tensor-core GEMM's W staging
 //   dq_unit_i8(rb, ib, iu, q, a, b)  (DQ_I8: every integer type: Q8_0, Q4_0, Q4_1, Q5_0, Q5_1,
-//                               Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS; the
-//                               integer-dot GEMV, matvec.comp MV_I8) integer unit iu of block ib
-//                               as integers: 32 elements in DQI_G = 8 groups of 4, two quads
+//                               Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS; both GEMVs of
+//                               matvec.comp: the integer-dot MV_I8 and the float one) integer
+//                               unit iu of block ib as integers (the scales and offsets loaded
+//                               once per 16 or 32 weights, the bytes with 8- or 16-byte loads,
+//                               which keeps the GEMV memory-bound rather than ALU-bound): 32
+//                               elements in DQI_G = 8 groups of 4, two quads
 //                               q[0], q[1] of words, the 4 bytes of a word a group's q (low byte
 //                               first; int8: the IQ4 levels and Q8_0's signed, the others'
 //                               non-negative below 128). Groups form spans of DQI_SPAN (8: the
@@ -36,15 +37,19 @@
 //                               block: a quad's 4 groups are 16 consecutive elements (16-byte
 //                               aligned, one X load); DQI_XDRUN consecutive spans have
 //                               consecutive X blocks (their X scales are one load, aligned).
+//   dqi_f32(w)                  (DQ_I8) group word w of dq_unit_i8 as its 4 q in f32: the
+//                               float GEMV's path. A kernel that defines DQI_F32 gets the IQ4
+//                               types' words as nibbles, their levels looked up here as floats
+//                               (not packed to int8 bytes and unpacked again).
 // Values are computed in the f32 operation order of vki_shared.h (that of ggml's reference), so
 // they match engine/quant.c up to the compiler's freedom to fuse a multiply-add.
 //
 // Storage views: every type is read with the widest loads its block alignment allows. Q8_0,
 // Q4_0, IQ4_NL, Q5_0, Q3_K and Q6_K, whose GGUF blocks are only 2-byte aligned, are repacked at
 // upload into the scale-grouped layout (vki_shared.h: per 8 blocks their f16 scales and other
-// small fields gathered at the head, then the 8 bodies, each 16-byte aligned): a Q8_0 unit is
-// one 16-byte load, a Q4_0 / IQ4_NL / Q5_0 unit one 8-byte load, a Q6_K unit three 4-byte loads
-// and one 8-byte load of its scales; scales and heads are 32-bit loads. 4-byte aligned blocks
+// small fields gathered at the head, then the 8 bodies, each 16-byte aligned): a Q8_0, Q4_0,
+// IQ4_NL or Q5_0 unit is 16-byte loads, a Q6_K unit two 16-byte loads and one 8-byte load of its
+// scales; scales and heads are 32-bit loads. 4-byte aligned blocks
 // (Q4_1 20 B, Q2_K 84 B) use 32-bit loads, 8-byte aligned ones (Q5_1 24 B, IQ4_XS 136 B) 8-byte
 // loads, 16-byte aligned ones (Q4_K 144 B, Q5_K 176 B) 16-byte loads for the header. F32 and
 // 8-aligned F16/BF16 rows use 16-byte vector loads; F16/BF16 rows of odd length are read through
@@ -65,12 +70,9 @@ vec4 dq_sbytes(uint w) { return vec4(ivec4(uvec4(w) << uvec4(24u, 16u, 8u, 0u)) 
 uvec4 dq_bits4(uint w, uint j) { return (uvec4(w >> j) >> uvec4(0u, 1u, 2u, 3u)) & 1u; }
 
 // Nibble-packed 32-weight (sub-)blocks (Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, IQ4_XS): qs byte j holds
-// element j (low nibble) and j + 16 (high nibble). A GEMV unit iu is the 8 bytes 8iu.. read as
-// two words q0, q1: group g's 4 nibbles are dq_nib4(q0, q1, g), its elements dq_nib_k(iu, g)...
-uvec4 dq_nib4(uint q0, uint q1, uint g) { return dq_bytes((((g & 1u) != 0u ? q1 : q0) >> (4u * (g >> 1))) & 0x0F0F0F0Fu); }
-uint dq_nib_k(uint iu, uint g) { return 8u * iu + 4u * (g & 1u) + 16u * (g >> 1); }
-// A whole block's 16 qs bytes w as the elements' nibbles in order, one word per group: elements
-// 0..15 (the low nibbles) in q[0], 16..31 (the high ones) in q[1] (the integer-dot path).
+// element j (low nibble) and j + 16 (high nibble). A whole block's 16 qs bytes w as the elements'
+// nibbles in order, one word per group: elements 0..15 (the low nibbles) in q[0], 16..31 (the
+// high ones) in q[1] (the GEMVs' integer units).
 void dq_nib_block(uvec4 w, out uvec4 q[2]) {
     q[0] = w & 0x0F0F0F0Fu;
     q[1] = (w >> 4) & 0x0F0F0F0Fu;
@@ -218,9 +220,8 @@ void dq_unit(uint rb, uint ib, uint iu, out vec4 w[DQ_UNIT_V4]) {
 uint dq_unit_k(uint iu, uint g) { return 4u * g; }
 
 #elif defined(DQ_Q8_0) // ---------------------------------------------------------------------
-// W: scale-grouped, body int8 qs[32] (8 words). w = q * d. Unit iu: qs 16iu.., one 16-byte load.
+// W: scale-grouped, body int8 qs[32] (8 words). w = q * d.
 #define DQ_BLOCK 32u
-#define DQ_UNITS 2u
 vec4 dq_load4(uint rb, uint k, uint K) {
     return dq_gscale(rb, k >> 5) * dq_sbytes(dq_w[dq_body(rb, k >> 5) + ((k & 31u) >> 2)]);
 }
@@ -230,12 +231,6 @@ void dq_load16(uint rb, uint k, out vec4 v[4]) {
     const uvec4 q = dq_w4[(dq_body(rb, k >> 5) >> 2) + ((k & 31u) >> 4)];
     [[unroll]] for (uint j = 0u; j < 4u; j++) v[j] = d * dq_sbytes(q[j]);
 }
-void dq_unit(uint rb, uint ib, uint iu, out vec4 w[DQ_UNIT_V4]) {
-    float d = dq_gscale(rb, ib);
-    uvec4 q = dq_w4[(dq_body(rb, ib) >> 2) + iu];
-    [[unroll]] for (uint g = 0u; g < 4u; g++) w[g] = d * dq_sbytes(q[g]);
-}
-uint dq_unit_k(uint iu, uint g) { return 16u * iu + 4u * g; }
 #define DQ_I8 1
 // Integer units are whole blocks (DQI_G = 8 groups, one span): two 16-byte loads, one scale
 // product per 32 weights and activation row.
@@ -253,20 +248,12 @@ void dq_unit_i8(uint rb, uint ib, uint iu, out uvec4 q[2], out vec2 a, out vec2 
 }
 
 #elif defined(DQ_Q4_0) // ---------------------------------------------------------------------
-// W: scale-grouped, body uint8 qs[16] (4 words; nibbles as above). w = (q - 8) * d. Unit iu:
-// qs 8iu.., one 8-byte load.
+// W: scale-grouped, body uint8 qs[16] (4 words; nibbles as above). w = (q - 8) * d.
 #define DQ_BLOCK 32u
-#define DQ_UNITS 2u
 vec4 dq_load4(uint rb, uint k, uint K) {
     uint ib = k >> 5, j = k & 31u;
     return dq_gscale(rb, ib) * (vec4(dq_nib_at(dq_w[dq_body(rb, ib) + ((j & 15u) >> 2)], j)) - 8.0);
 }
-void dq_unit(uint rb, uint ib, uint iu, out vec4 w[DQ_UNIT_V4]) {
-    float d = dq_gscale(rb, ib);
-    uvec2 q = dq_w2[(dq_body(rb, ib) >> 1) + iu];
-    [[unroll]] for (uint g = 0u; g < 4u; g++) w[g] = d * (vec4(dq_nib4(q.x, q.y, g)) - 8.0);
-}
-uint dq_unit_k(uint iu, uint g) { return dq_nib_k(iu, g); }
 #define DQ_I8 1
 #define DQI_UNITS 1u
 #define DQI_SPAN 8u
@@ -285,20 +272,12 @@ void dq_unit_i8(uint rb, uint ib, uint iu, out uvec4 q[2], out vec2 a, out vec2 
 // w = d * q + m.
 layout(std430, binding = DQ_BINDING) readonly buffer DqW { uint dq_w[]; };
 #define DQ_BLOCK 32u
-#define DQ_UNITS 2u
 uint dq_row_base(uint row, uint stride_bytes) { return row * (stride_bytes >> 2); }
 vec4 dq_load4(uint rb, uint k, uint K) {
     uint b = rb + (k >> 5) * 5u, j = k & 31u;
     vec2 dm = unpackHalf2x16(dq_w[b]);
     return dm.x * vec4(dq_nib_at(dq_w[b + 1u + ((j & 15u) >> 2)], j)) + dm.y;
 }
-void dq_unit(uint rb, uint ib, uint iu, out vec4 w[DQ_UNIT_V4]) {
-    uint b = rb + ib * 5u;
-    vec2 dm = unpackHalf2x16(dq_w[b]);
-    uint q0 = dq_w[b + 1u + 2u * iu], q1 = dq_w[b + 2u + 2u * iu];
-    [[unroll]] for (uint g = 0u; g < 4u; g++) w[g] = dm.x * vec4(dq_nib4(q0, q1, g)) + dm.y;
-}
-uint dq_unit_k(uint iu, uint g) { return dq_nib_k(iu, g); }
 #define DQ_I8 1
 #define DQI_UNITS 1u // integer units: whole blocks (their qs bytes as 4-byte loads)
 #define DQI_SPAN 8u
@@ -315,16 +294,13 @@ void dq_unit_i8(uint rb, uint ib, uint iu, out uvec4 q[2], out vec2 a, out vec2 
 
 #elif defined(DQ_Q5_0) || defined(DQ_Q5_1) // -----------------------------------------------------
 // Q5_0: scale-grouped { f16 d[8]; uint8 qh[8][4]; uint8 qs[16] x 8 } (the head's qh at word
-//       4 + block), w = d * (q - 16); a unit's 8 qs bytes are one 8-byte load;
+//       4 + block), w = d * (q - 16); a block's 16 qs bytes are one 16-byte load;
 // Q5_1: 3 uvec2 per block { f16 d, m; uint8 qh[4]; uint8 qs[16] } (24 B: 8-byte aligned: the
-//       header d, m, qh is one 8-byte load and a unit's 8 qs bytes another), rb in uint32,
+//       header d, m, qh is one 8-byte load and the 16 qs bytes two more), rb in uint32,
 //       w = d * q + m.
 // q: the nibble, and element j's fifth bit is bit j of the u32 qh.
 #define DQ_BLOCK 32u
-#define DQ_UNITS 2u
 vec4 dq_q5(uvec4 nib, uint qh, uint j) { return vec4(nib | (dq_bits4(qh, j) << 4)); }
-// The integer-dot path's unit: each group's four 5-bit values packed in a word (the fifth bits
-// of elements j..j+3 moved to bit 4 of their bytes).
 // A whole block's 16 qs bytes w and its qh as dq_nib_block's words with the fifth bits (element
 // j's, bit j of qh) moved to bit 4 of their bytes (the integer-dot path).
 void dq_q5_block(uvec4 w, uint qh, out uvec4 q[2]) {
@@ -340,12 +316,6 @@ vec4 dq_load4(uint rb, uint k, uint K) {
     uint ib = k >> 5, j = k & 31u;
     uint q = dq_w[dq_body(rb, ib) + ((j & 15u) >> 2)];
     return dq_gscale(rb, ib) * (dq_q5(dq_nib_at(q, j), dq_q5_qh(rb, ib), j) - 16.0);
-}
-void dq_unit(uint rb, uint ib, uint iu, out vec4 w[DQ_UNIT_V4]) {
-    uint qh = dq_q5_qh(rb, ib);
-    float d = dq_gscale(rb, ib);
-    uvec2 q = dq_w2[(dq_body(rb, ib) >> 1) + iu];
-    [[unroll]] for (uint g = 0u; g < 4u; g++) w[g] = d * (dq_q5(dq_nib4(q.x, q.y, g), qh, dq_nib_k(iu, g)) - 16.0);
 }
 void dq_unit_i8(uint rb, uint ib, uint iu, out uvec4 q[2], out vec2 a, out vec2 b) {
     const float d = dq_gscale(rb, ib);
@@ -363,12 +333,6 @@ vec4 dq_load4(uint rb, uint k, uint K) {
     vec2 dm = unpackHalf2x16(hd.x);
     return dm.x * dq_q5(dq_nib_at(dq_w[b + 2u + ((j & 15u) >> 2)], j), hd.y, j) + dm.y;
 }
-void dq_unit(uint rb, uint ib, uint iu, out vec4 w[DQ_UNIT_V4]) {
-    uint b2 = (rb + ib * 6u) >> 1;
-    uvec2 hd = dq_w2[b2], q = dq_w2[b2 + 1u + iu];
-    vec2 dm = unpackHalf2x16(hd.x);
-    [[unroll]] for (uint g = 0u; g < 4u; g++) w[g] = dm.x * dq_q5(dq_nib4(q.x, q.y, g), hd.y, dq_nib_k(iu, g)) + dm.y;
-}
 void dq_unit_i8(uint rb, uint ib, uint iu, out uvec4 q[2], out vec2 a, out vec2 b) {
     const uint b2 = (rb + ib * 6u) >> 1;
     const uvec2 hd = dq_w2[b2], w0 = dq_w2[b2 + 1u], w1 = dq_w2[b2 + 2u];
@@ -378,7 +342,6 @@ void dq_unit_i8(uint rb, uint ib, uint iu, out uvec4 q[2], out vec2 a, out vec2 
     b = vec2(dm.y);
 }
 #endif
-uint dq_unit_k(uint iu, uint g) { return dq_nib_k(iu, g); }
 #define DQ_I8 1
 #define DQI_UNITS 1u // integer units: whole blocks
 #define DQI_SPAN 8u
@@ -389,17 +352,10 @@ uint dqi_unit_k(uint iu, uint g) { return 4u * g; }
 #elif defined(DQ_IQ4_NL) // -------------------------------------------------------------------
 // W: scale-grouped as Q4_0. w = d * level[nibble].
 #define DQ_BLOCK 32u
-#define DQ_UNITS 2u
 vec4 dq_load4(uint rb, uint k, uint K) {
     uint ib = k >> 5, j = k & 31u;
     return dq_gscale(rb, ib) * dq_iq4(dq_nib_at(dq_w[dq_body(rb, ib) + ((j & 15u) >> 2)], j));
 }
-void dq_unit(uint rb, uint ib, uint iu, out vec4 w[DQ_UNIT_V4]) {
-    float d = dq_gscale(rb, ib);
-    uvec2 q = dq_w2[(dq_body(rb, ib) >> 1) + iu];
-    [[unroll]] for (uint g = 0u; g < 4u; g++) w[g] = d * dq_iq4(dq_nib4(q.x, q.y, g));
-}
-uint dq_unit_k(uint iu, uint g) { return dq_nib_k(iu, g); }
 #define DQ_I8 1
 #define DQI_UNITS 1u
 #define DQI_SPAN 8u
@@ -408,8 +364,10 @@ uint dq_unit_k(uint iu, uint g) { return dq_nib_k(iu, g); }
 uint dqi_unit_k(uint iu, uint g) { return 4u * g; }
 void dq_unit_i8(uint rb, uint ib, uint iu, out uvec4 q[2], out vec2 a, out vec2 b) {
     dq_nib_block(dq_w4[dq_body(rb, ib) >> 2], q);
+#ifndef DQI_F32
     [[unroll]] for (uint h = 0u; h < 2u; h++)
         [[unroll]] for (uint g = 0u; g < 4u; g++) q[h][g] = dq_iq4_packed(dq_bytes(q[h][g]));
+#endif
     a = vec2(dq_gscale(rb, ib));
     b = vec2(0.0);
 }
@@ -420,7 +378,6 @@ void dq_unit_i8(uint rb, uint ib, uint iu, out uvec4 q[2], out vec2 a, out vec2 
 // l/16 with scales[s] = sc | m << 4: w = (d * sc) * q - dmin * m.
 layout(std430, binding = DQ_BINDING) readonly buffer DqW { uint dq_w[]; };
 #define DQ_BLOCK 256u
-#define DQ_UNITS 16u
 uint dq_row_base(uint row, uint stride_bytes) { return row * (stride_bytes >> 2); }
 // Elements of one sub-block from their 2-bit codes (4 per byte lane, already shifted down).
 vec4 dq_q2k(vec2 dm, uint sc, uint q) {
@@ -432,18 +389,6 @@ vec4 dq_load4(uint rb, uint k, uint K) {
     uint sc = (dq_w[b + (s >> 2)] >> (8u * (s & 3u))) & 0xFFu;
     return dq_q2k(unpackHalf2x16(dq_w[b + 20u]), sc, dq_w[b + 4u + 8u * n + (l >> 2)] >> (2u * j));
 }
-// Unit iu: l = 4(iu%8) .. +3 of half n = iu/8, all four shifts j: one qs word serves 16
-// weights; their 4 scales are bytes h, h+2 of scale words 2n and 2n+1 (h = l/16).
-void dq_unit(uint rb, uint ib, uint iu, out vec4 w[DQ_UNIT_V4]) {
-    uint b = rb + ib * 21u, n = iu >> 3, h = 8u * ((iu >> 2) & 1u);
-    vec2 dm = unpackHalf2x16(dq_w[b + 20u]);
-    uint s0 = dq_w[b + 2u * n], s1 = dq_w[b + 2u * n + 1u], q = dq_w[b + 4u + 8u * n + (iu & 7u)];
-    w[0] = dq_q2k(dm, (s0 >> h) & 0xFFu, q);
-    w[1] = dq_q2k(dm, (s0 >> (h + 16u)) & 0xFFu, q >> 2);
-    w[2] = dq_q2k(dm, (s1 >> h) & 0xFFu, q >> 4);
-    w[3] = dq_q2k(dm, (s1 >> (h + 16u)) & 0xFFu, q >> 6);
-}
-uint dq_unit_k(uint iu, uint g) { return 128u * (iu >> 3) + 4u * (iu & 7u) + 32u * g; }
 #define DQ_I8 1
 // Integer units: two runs of 16 elements under one scale each, shifts 2j and 2j + 2 (j = 2(iu &
 // 1)) of qs bytes 32n + 16t.. (t = (iu >> 1) & 1, n = iu >> 2): elements 128n + 32j + 16t.. and
@@ -471,7 +416,6 @@ void dq_unit_i8(uint rb, uint ib, uint iu, out uvec4 q[2], out vec2 a, out vec2 
 // 8-23). Element e = 128n + 32j + l: q = ((qs[32n + l] >> 2j) & 3) - (bit e/32 of hmask[l] ? 0 :
 // 4), 6-bit scale s = 8n + 2j + l/16: w = (d * (scale - 32)) * q.
 #define DQ_BLOCK 256u
-#define DQ_UNITS 16u
 uvec3 dq_q3k_scales(uint rb, uint ib) {
     uint s = dq_group(rb, ib) + 4u + 3u * (ib % DQ_GB);
     return uvec3(dq_w[s], dq_w[s + 1u], dq_w[s + 2u]);
@@ -492,16 +436,6 @@ vec4 dq_load4(uint rb, uint k, uint K) {
     return dq_q3k_scale(dq_gscale(rb, ib), dq_q3k_scales(rb, ib), 8u * n + 2u * j + (l >> 4)) *
            dq_q3k(dq_w[b + 8u + 8u * n + (l >> 2)], dq_w[b + (l >> 2)], j, 4u * n + j);
 }
-// Unit iu: l = 4(iu%8) .. +3 of half n = iu/8, all four shifts j (as Q2_K).
-void dq_unit(uint rb, uint ib, uint iu, out vec4 w[DQ_UNIT_V4]) {
-    uint b = dq_body(rb, ib), n = iu >> 3, li = iu & 7u, h = li >> 2;
-    uvec3 sc = dq_q3k_scales(rb, ib);
-    float d = dq_gscale(rb, ib);
-    uint qw = dq_w[b + 8u + 8u * n + li], hw = dq_w[b + li];
-    [[unroll]] for (uint j = 0u; j < 4u; j++)
-        w[j] = dq_q3k_scale(d, sc, 8u * n + 2u * j + h) * dq_q3k(qw, hw, j, 4u * n + j);
-}
-uint dq_unit_k(uint iu, uint g) { return 128u * (iu >> 3) + 4u * (iu & 7u) + 32u * g; }
 #define DQ_I8 1
 // Integer units as Q2_K's: shifts 2j and 2j + 2 (j = 2(iu & 1)) of qs bytes 32n + 16t.. with
 // hmask bytes 16t.. (bits 4n + j, 4n + j + 1), one 16-byte load each; scales 8n + 2j + t, + 2.
@@ -531,12 +465,11 @@ void dq_unit_i8(uint rb, uint ib, uint iu, out uvec4 q[2], out vec2 a, out vec2 
 // 32c..32c+31 hold elements 64c.. (low nibbles, sub-block 2c) and 64c+32.. (high, 2c+1); Q5_K's
 // fifth bit of element 64c + 32h + l is bit 2c + h of qh[l].
 // Both blocks are multiples of 16 bytes, so the header (d, dmin, scales) is one 16-byte load and
-// a unit's 8 qs bytes (and 8 qh bytes) one 8-byte load.
+// a unit's 16 qs bytes (and 16 qh bytes) another.
 layout(std430, binding = DQ_BINDING) readonly buffer DqW { uint dq_w[]; };
 layout(std430, binding = DQ_BINDING) readonly buffer DqW2 { uvec2 dq_w2[]; };
 layout(std430, binding = DQ_BINDING) readonly buffer DqW4 { uvec4 dq_w4[]; };
 #define DQ_BLOCK 256u
-#define DQ_UNITS 16u
 #ifdef DQ_Q5_K
 #define DQ_KW 44u  // uint32 per block
 #define DQ_KQS 12u // first qs word
@@ -602,23 +535,6 @@ void dq_load16(uint rb, uint k, out vec4 v[4]) {
 #endif
     [[unroll]] for (uint j = 0u; j < 4u; j++) v[j] = s.x * dq_k5(q[j], qh[j]) - s.y;
 }
-// Unit iu: 8 qs bytes 32c+8s.. (c = iu/4, s = iu%4): elements 64c+8s+0..7 (low nibbles) and
-// 64c+32+8s+0..7 (high nibbles); for Q5_K also qh bytes 8s..8s+7.
-void dq_unit(uint rb, uint ib, uint iu, out vec4 w[DQ_UNIT_V4]) {
-    uint b = rb + ib * DQ_KW, c = iu >> 2, s = iu & 3u;
-    uvec4 hd = dq_w4[b >> 2];
-    const vec4 sm = dq_q4k_scales(hd, c);
-    const vec2 lo = sm.xy, hi = sm.zw;
-    uvec2 q = dq_w2[(b + DQ_KQS + 8u * c + 2u * s) >> 1], qh = uvec2(0u);
-#ifdef DQ_Q5_K
-    qh = dq_w2[(b + 4u + 2u * s) >> 1] >> (2u * c);
-#endif
-    w[0] = lo.x * dq_k5(q.x, qh.x) - lo.y;
-    w[1] = lo.x * dq_k5(q.y, qh.y) - lo.y;
-    w[2] = hi.x * dq_k5(q.x >> 4, qh.x >> 1) - hi.y;
-    w[3] = hi.x * dq_k5(q.y >> 4, qh.y >> 1) - hi.y;
-}
-uint dq_unit_k(uint iu, uint g) { return 64u * (iu >> 2) + 8u * (iu & 3u) + 4u * (g & 1u) + 32u * (g >> 1); }
 #define DQ_I8 1
 #define DQI_SPAN 4u
 #define DQI_OFF 1
@@ -626,7 +542,7 @@ uint dq_unit_k(uint iu, uint g) { return 64u * (iu >> 2) + 8u * (iu & 3u) + 4u *
 // 16t.. (c = iu >> 1, t = iu & 1), one 16-byte load; groups 0-3 are the low nibbles (sub-block
 // 2c, elements 64c + 16t..), 4-7 the high ones (2c + 1, elements 64c + 32 + 16t..), and Q5_K's
 // fifth bits come from qh bytes 16t... One scale product per activation row and span of 16
-// elements, where dq_unit's units (8 elements of each sub-block) took one per 8.
+// elements, where units of 8 elements of each sub-block took one per 8.
 #define DQI_UNITS 8u
 uint dqi_unit_k(uint iu, uint g) { return 64u * (iu >> 1) + 16u * (iu & 1u) + 32u * (g >> 2) + 4u * (g & 3u); }
 #define DQI_XDRUN 2u // (sub-blocks 2c and 2c + 1: consecutive X blocks)
@@ -651,7 +567,6 @@ void dq_unit_i8(uint rb, uint ib, uint iu, out uvec4 q[2], out vec2 a, out vec2 
 // scales[8h..]; element 128h + 32q + l (q = 0..3, l < 32) is ((ql[64h + 32(q&1) + l] >> 4(q>>1))
 // & 15) | ((qh[32h + l] >> 2q) & 3) << 4, minus 32, times d * scales[8h + 2q + l/16].
 #define DQ_BLOCK 256u
-#define DQ_UNITS 16u
 // d * the int8 scale byte sb of a word.
 float dq_q6k_scale(float d, uint w, uint sb) { return d * float(bitfieldExtract(int(w), int(8u * sb), 8)); }
 vec4 dq_q6k_group(uint ql, uint qh, uint q) {
@@ -676,19 +591,6 @@ void dq_load16(uint rb, uint k, out vec4 v[4]) {
     const float s = dq_q6k_scale(dq_gscale(rb, ib), dq_w[b + 48u + (si >> 2)], si & 3u);
     [[unroll]] for (uint j = 0u; j < 4u; j++) v[j] = s * dq_q6k_group(ql[j], qh[j], q);
 }
-// Unit iu: l = 4(iu%8) .. +3 of half h = iu/8, all four quarters q: one qh word serves 16
-// weights; its four scales 8h + l/16 + 2q lie in the 8-byte word of scales 8h...
-void dq_unit(uint rb, uint ib, uint iu, out vec4 w[DQ_UNIT_V4]) {
-    uint b = dq_body(rb, ib), h = iu >> 3, l = 4u * (iu & 7u);
-    uint ql0 = dq_w[b + 16u * h + (l >> 2)], ql1 = dq_w[b + 16u * h + 8u + (l >> 2)];
-    uint qh = dq_w[b + 32u + 8u * h + (l >> 2)];
-    uvec2 sc = dq_w2[(b + 48u + 2u * h) >> 1];
-    float d = dq_gscale(rb, ib);
-    [[unroll]] for (uint q = 0u; q < 4u; q++)
-        w[q] = dq_q6k_scale(d, q < 2u ? sc.x : sc.y, (l >> 4) + 2u * (q & 1u)) *
-               dq_q6k_group((q & 1u) != 0u ? ql1 : ql0, qh, q);
-}
-uint dq_unit_k(uint iu, uint g) { return 128u * (iu >> 3) + 4u * (iu & 7u) + 32u * g; }
 #define DQ_I8 1
 #define DQI_SPAN 4u
 #define DQI_OFF 1
@@ -696,8 +598,8 @@ uint dq_unit_k(uint iu, uint g) { return 128u * (iu >> 3) + 4u * (iu & 7u) + 32u
 // iu & 1, t = (iu >> 1) & 1, h = iu >> 2), one 16-byte load whose low nibbles are quarter v's
 // elements 128h + 32v + 16t.. (groups 0-3) and high nibbles quarter v + 2's (4-7), with qh bytes
 // 32h + 16t.. (bits 2v and 2v + 4); one scale per span (scales 8h + 2v + t and 8h + 4 + 2v + t,
-// bytes of one 8-byte load). dq_unit's units (4 elements of each quarter) took 4 scales, and a
-// scale product per 4 elements and activation row.
+// bytes of one 8-byte load). Units of 4 elements of each quarter took 4 scales, and a scale
+// product per 4 elements and activation row.
 #define DQI_UNITS 8u
 uint dqi_unit_k(uint iu, uint g)
 {
@@ -718,13 +620,12 @@ void dq_unit_i8(uint rb, uint ib, uint iu, out uvec4 q[2], out vec2 a, out vec2 
 
 #elif defined(DQ_IQ4_XS) // -------------------------------------------------------------------
 // W: 17 uvec2 per block { f16 d; uint16 scales_h; uint8 scales_l[4]; uint8 qs[128] } (136 B:
-// 8-byte aligned): the header is one 8-byte load, a unit's 8 qs bytes another. rb in uint32.
+// 8-byte aligned): the header is one 8-byte load, a unit's 16 qs bytes two more. rb in uint32.
 // Sub-block j (32 elements, qs bytes 16j.., nibbles as above) has the 6-bit scale ls = nibble j
 // of scales_l | 2 bits j of scales_h << 4: w = (d * (ls - 32)) * level[nibble].
 layout(std430, binding = DQ_BINDING) readonly buffer DqW { uint dq_w[]; };
 layout(std430, binding = DQ_BINDING) readonly buffer DqW2 { uvec2 dq_w2[]; };
 #define DQ_BLOCK 256u
-#define DQ_UNITS 16u
 uint dq_row_base(uint row, uint stride_bytes) { return row * (stride_bytes >> 2); }
 // d * (ls - 32) of sub-block j from the header {d | scales_h << 16, scales_l}.
 float dq_iq4xs_scale(uvec2 hd, uint j) {
@@ -735,14 +636,6 @@ vec4 dq_load4(uint rb, uint k, uint K) {
     uint b = rb + (k >> 8) * 34u, kb = k & 255u, j = kb >> 5, i = kb & 31u;
     return dq_iq4xs_scale(dq_w2[b >> 1], j) * dq_iq4(dq_nib_at(dq_w[b + 2u + 4u * j + ((i & 15u) >> 2)], i));
 }
-// Unit iu: half iu%2 of sub-block iu/2, i.e. qs bytes 8iu..8iu+7.
-void dq_unit(uint rb, uint ib, uint iu, out vec4 w[DQ_UNIT_V4]) {
-    uint b2 = (rb + ib * 34u) >> 1;
-    float dl = dq_iq4xs_scale(dq_w2[b2], iu >> 1);
-    uvec2 q = dq_w2[b2 + 1u + iu];
-    [[unroll]] for (uint g = 0u; g < 4u; g++) w[g] = dl * dq_iq4(dq_nib4(q.x, q.y, g));
-}
-uint dq_unit_k(uint iu, uint g) { return 32u * (iu >> 1) + dq_nib_k(iu & 1u, g); }
 #define DQ_I8 1
 #define DQI_UNITS 8u // integer units: whole sub-blocks (qs bytes 16iu.., two 8-byte loads)
 #define DQI_SPAN 8u
@@ -752,8 +645,10 @@ uint dqi_unit_k(uint iu, uint g) { return 32u * iu + 4u * g; }
 void dq_unit_i8(uint rb, uint ib, uint iu, out uvec4 q[2], out vec2 a, out vec2 b) {
     const uint b2 = (rb + ib * 34u) >> 1;
     dq_nib_block(uvec4(dq_w2[b2 + 1u + 2u * iu], dq_w2[b2 + 2u + 2u * iu]), q);
+#ifndef DQI_F32
     [[unroll]] for (uint h = 0u; h < 2u; h++)
         [[unroll]] for (uint g = 0u; g < 4u; g++) q[h][g] = dq_iq4_packed(dq_bytes(q[h][g]));
+#endif
     a = vec2(dq_iq4xs_scale(dq_w2[b2], iu));
     b = vec2(0.0);
 }
@@ -762,6 +657,11 @@ void dq_unit_i8(uint rb, uint ib, uint iu, out uvec4 q[2], out vec2 a, out vec2 
 
 #ifdef DQ_I8
 #define DQI_G 8 // groups of 4 elements per integer unit
+#if defined(DQI_F32) && (defined(DQ_IQ4_NL) || defined(DQ_IQ4_XS))
+vec4 dqi_f32(uint w) { return dq_iq4(dq_bytes(w)); }
+#else
+vec4 dqi_f32(uint w) { return dq_sbytes(w); }
+#endif
 #endif
 
 #if !defined(DQ_F32) && !defined(DQ_F16) && !defined(DQ_BF16) && !defined(DQ_Q8_0) && !defined(DQ_Q4_0) && \

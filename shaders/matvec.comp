@@ -8,19 +8,25 @@
 // all of them. Weights stay in their GGUF blocks and are expanded in registers (dequant.glsl).
 //
 // A workgroup owns NR weight rows and MC activation rows. Its invocations stride over the
-// rows' 16-element units (adjacent invocations read adjacent bytes: coalesced), decode each unit
-// once, and dot it with the MC activation rows; partial sums are reduced with subgroupAdd and
+// rows' units (adjacent invocations read adjacent bytes: coalesced), decode each unit once, and
+// dot it with the MC activation rows; partial sums are reduced with subgroupAdd and
 // then across subgroups through shared memory (a workgroup of one subgroup, NSG = 1, skips that:
 // its lanes store the sums, with no barrier).
 //
+// A unit of the integer types is dequant.glsl's integer unit (dq_unit_i8): 32 weights as bytes,
+// a whole 32-element block or two runs of 16 under one scale each, from 16-byte loads. The float
+// path dots each run's bytes, converted, with X and applies the scale and offset once per run
+// and activation row: sum_k w_k x_k = sum_span a * sum(q x) + b * sum(x), the X sums computed
+// once per unit for the NR rows (per weight: an unpack, a conversion and an FMA). F32, F16 and
+// BF16 units are 16 elements, converted and dotted.
 // Bound by: weight bandwidth for M = 1 (the X rows are tiny and stay in L1/L2). On an H100 a
-// 4096x4096 Q4_0 matrix is 9.4 MB, ~3 us at 3.35 TB/s; the per-weight ALU work (unpack, scale,
-// FMA: ~2-3 ops per weight with 16-weight units) stays under that, which is why units are 16
-// weights with one scale decode rather than 4. As MC grows the FMAs grow with it and the
-// kernel turns ALU-bound. More than MC rows of X are taken MC at a time by the same workgroup
-// (MCH chunks: its few weight rows were just read, so the later chunks find them in L1/L2 and
-// each weight comes from memory once for up to MCH * MC rows), and beyond that by workgroups
-// along y; above gemv_max_m rows the tiled GEMM (matmul.comp) takes over.
+// 4096x4096 Q4_0 matrix is 9.4 MB, ~3 us at 3.35 TB/s; the per-weight ALU work must stay under
+// that (on the first H200 run it did not: the 16-element float units of the time, with a scale
+// product per 4 to 8 weights, ran Q4_K's GEMV at 2.2x the integer-dot one). As MC grows the FMAs
+// grow with it and the kernel turns ALU-bound. More than MC rows of X are taken MC at a time by
+// the same workgroup (MCH chunks: its few weight rows were just read, so the later chunks find
+// them in L1/L2 and each weight comes from memory once for up to MCH * MC rows), and beyond that
+// by workgroups along y; above gemv_max_m rows the tiled GEMM (matmul.comp) takes over.
 // Compiled with MM_ID it is the experts' matvec_id (mixture of experts): one token-expert pair
 // per workgroup row, the expert's rows of a stacked [n_expert * N][K] tensor (moe_id: see below).
 // Compiled with MV_I8 (the types of dequant.glsl's DQ_I8: all but F32, F16, BF16) it is
@@ -30,10 +36,7 @@
 //   sum_k w_k x_k ~= sum_span a * dx * sum_g dot(q_g, qx_g) + b * dx * sum_g dot(qx_g, 1)
 // (w = a q + b; x = dx qx): one instruction per 4 weights instead of 4 conversions and 4 FMAs,
 // at the price of X's 8-bit rounding (~2e-5 relative error in the product): the engine's
-// int_dot decode path, for GPUs where the float path's conversions bound batch-1 decode. Its units
-// are dequant.glsl's integer units (dq_unit_i8): 32 elements, a whole 32-element block or two runs
-// of 16 under one scale each (the float units' 16 elements mix up to 4 scales), so one scale
-// product per 16 or 32 weights and activation row. With
+// int_dot decode path, for GPUs where the float path's conversions bound batch-1 decode. With
 // both (matvec_id_i8) it is the experts' integer-dot matvec: X's quantised rows are the tokens'
 // (gate, up: pair / x_div) or the pairs' (down).
 layout(local_size_x_id = 0) in;
@@ -55,6 +58,9 @@ layout(constant_id = 5) const uint MCH = 1; // chunks of MC activation rows per 
 layout(constant_id = 6) const uint MU = 1;
 
 #define DQ_BINDING 0
+#ifndef MV_I8
+#define DQI_F32 1 // integer units taken to f32 (IQ4: nibbles, dqi_f32 their levels)
+#endif
 #include "dequant.glsl" // binding 0: W, one part, N rows of w_stride bytes (the ggml type's blocks)
 
 #ifdef MM_ID
@@ -109,19 +115,27 @@ layout(std430, binding = 7) writeonly buffer NQD { float nqd[]; }; // quant_x8's
 shared float red[NR * MC * NSG]; // per-subgroup partial sums: [NR * MC][NSG]
 
 float acc[NR * MC];        // acc[r * MC + c]: row mv_row(r0, r) of W times row m0 + c of X
-#ifdef MV_I8
-// An integer unit (dequant.glsl's dq_unit_i8): 32 weights, DQI_G = 8 groups of 4 in DQI_NS spans of
-// DQI_SPAN groups; group g's weights are a[j] * q + b[j] (j = g / DQI_SPAN), q the bytes of q[g];
-// and X's side of it: its words, each span's block scale and (DQI_OFF) scaled byte sum.
+#ifdef DQ_I8
+// An integer unit (dequant.glsl's dq_unit_i8; the units of every integer type, on both paths): 32
+// weights, DQI_G = 8 groups of 4 in DQI_NS spans of DQI_SPAN groups; group g's weights are a[j] *
+// q + b[j] (j = g / DQI_SPAN), q the bytes of q[g]; and X's side of it: MV_I8, its int8 words,
+// each span's block scale and (DQI_OFF) scaled byte sum; else its f32 quads and (DQI_OFF) each
+// span's sum.
 const uint DQI_NS = DQI_G / DQI_SPAN;
 struct w_i8 { uint q[DQI_G]; float a[DQI_NS], b[DQI_NS]; };
+#ifdef MV_I8
 struct x_i8 { uint q[DQI_G]; float d[DQI_NS], s[DQI_NS]; };
+#else
+struct x_i8 { vec4 v[DQI_G]; float s[DQI_NS]; }; // f32 X of the unit and (DQI_OFF) each span's sum
+#endif
 w_i8 wu[NR]; // the current unit of each of the NR weight rows
 #define MV_UNITS DQI_UNITS
-#else
+#else // F32, F16, BF16: units of 16 elements
 #define MV_UNITS DQ_UNITS
 vec4 wv[NR * DQ_UNIT_V4];  // the current unit of each of the NR weight rows, decoded
+#endif
 
+#ifndef MV_I8
 // X[m, k..k+3]; k % 4 == 0.
 vec4 load_x4(uint m, uint k)
 {
@@ -198,7 +212,43 @@ float dot_unit_i8(w_i8 w, x_i8 x)
     }
     return sum;
 }
+#elif defined(DQ_I8)
+// X's side of unit (ib, iu) for activation row m: its 8 quads of f32 and each span's sum.
+x_i8 x_unit_i8(uint m, uint ib, uint iu)
+{
+    x_i8 x;
+    [[unroll]] for (uint g = 0u; g < DQI_G; g++)
+        x.v[g] = load_x4(m, ib * DQ_BLOCK + dqi_unit_k(iu, g));
+    [[unroll]] for (uint j = 0u; j < DQI_NS; j++) {
+        x.s[j] = 0.0;
+#if DQI_OFF
+        vec4 t = x.v[j * DQI_SPAN];
+        [[unroll]] for (uint i = 1u; i < DQI_SPAN; i++)
+            t += x.v[j * DQI_SPAN + i];
+        x.s[j] = (t.x + t.y) + (t.z + t.w);
+#endif
+    }
+    return x;
+}
 
+// One row's unit dotted with one activation row's: per span a * sum(q x) + b * sum(x).
+float dot_unit_i8(w_i8 w, x_i8 x)
+{
+    float sum = 0.0;
+    [[unroll]] for (uint j = 0u; j < DQI_NS; j++) {
+        float s = 0.0;
+        [[unroll]] for (uint i = 0u; i < DQI_SPAN; i++)
+            s += dot(dqi_f32(w.q[j * DQI_SPAN + i]), x.v[j * DQI_SPAN + i]);
+        sum += w.a[j] * s;
+#if DQI_OFF
+        sum += w.b[j] * x.s[j];
+#endif
+    }
+    return sum;
+}
+#endif
+
+#ifdef DQ_I8
 // Row r's unit (ib, iu) as integers (zeros for a row past N).
 w_i8 w_unit_i8(uint r0, uint r, uint ib, uint iu)
 {
@@ -231,9 +281,15 @@ void unit_step(uint u, uint r0, uint m0)
         // rows past M dot zeros into accumulators that are never stored: no branch per product
         [[unroll]] for (uint c = 0u; c < MC; c++) {
             [[unroll]] for (uint g = 0u; g < DQI_G; g++)
+#ifdef MV_I8
                 xs[c].q[g] = 0u;
             [[unroll]] for (uint j = 0u; j < DQI_NS; j++)
-                xs[c].d[j] = xs[c].s[j] = 0.0;
+                xs[c].d[j] = 0.0;
+#else
+                xs[c].v[g] = vec4(0.0);
+#endif
+            [[unroll]] for (uint j = 0u; j < DQI_NS; j++)
+                xs[c].s[j] = 0.0;
             if (m0 + c < p.M) // uniform
                 xs[c] = x_unit_i8(m0 + c, ib, iu);
         }

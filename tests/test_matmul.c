@@ -1201,6 +1201,7 @@ static void test_matvec_units(void **state)
     static const struct { uint32_t type, M, K; bool i8; } cases[] = {
         {VKI_GGML_F32, 1, 16 * 37 + 5, false}, {VKI_GGML_Q4_K, 5, 256 * 3, false}, {VKI_GGML_Q8_0, 3, 32 * 41, true},
         {VKI_GGML_Q6_K, 3, 256 * 5, true}, /* integer units of 32 elements (DQI_G = 8) */
+        {VKI_GGML_Q6_K, 3, 256 * 5, false}, /* the same units on the float path (two spans) */
     };
     const uint32_t N = 13;
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
