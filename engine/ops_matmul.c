@@ -72,10 +72,11 @@ static vki_status check_type(vkd_device *d, const vk_tensor *w, const mm_type **
 
 /* matvec {WG, NR, MC, NSG, GLU, MCH, MU}. GPUs: 128 invocations (4 warps on NVIDIA) over 4
  * weight rows: at K = 4096 every invocation holds one 32-weight unit of each integer-type row
- * (4 rows' 16-byte loads in flight) and N/4 workgroups fill the machine. CPU devices (lavapipe) run a workgroup as a loop over its
- * subgroups on one thread, and a workgroup costs in proportion to its invocations even when
- * most have no unit to work on: one subgroup over 8 rows (no shared reduction across
- * subgroups). Measured on lavapipe against the earlier 32 invocations: 1.9x batch-1 decode on
+ * (4 rows' 16-byte loads in flight) and N/4 workgroups fill the machine. CPU devices
+ * (lavapipe) run a workgroup as a loop over its subgroups on one thread, and a workgroup costs in
+ * proportion to its invocations even when most have no unit to work on: one subgroup over 8 rows
+ * (no shared reduction across subgroups). Measured on lavapipe against the earlier 32
+ * invocations: 1.9x batch-1 decode on
  * stories260K and a Q4_K_M stack, 1.6-1.7x at 8 sequences (bench/RESULTS.md). NSG bounds the
  * subgroups of a workgroup for the shared reduction: WG over the smallest subgroup size the
  * device may use. */
