@@ -568,6 +568,43 @@ static void test_devices_version_port(void **state)
     assert_null(strstr(r.err, "loaded in")); /* no model was loaded first */
 }
 
+/* The README's first command: `vkinfer demo` without -m writes a synthetic model into the user's
+ * cache (XDG_CACHE_HOME, here a fresh directory) and runs on it; a second run reuses the file. The
+ * preset's parameters once started from uninitialised memory (the window, soft-caps and LongRoPE
+ * context), which made a fresh machine's demo fail or crash. Needs no ../shared. */
+static void test_demo_synthetic_model(void **state)
+{
+    (void)state;
+    char dir[] = "/tmp/vki_cli_cache_XXXXXX", path[600];
+    assert_non_null(mkdtemp(dir));
+    const char *old = getenv("XDG_CACHE_HOME");
+    char *saved = old ? strdup(old) : NULL;
+    setenv("XDG_CACHE_HOME", dir, 1);
+    const char *args = "demo --validation --no-progress --quiet --requests 3 --input 8-12 --output 3";
+    vt_run_result r;
+    vt_run_vkinfer(args, &r);
+    snprintf(path, sizeof path, "%s/vkinfer/synthetic-tiny.gguf", dir);
+    bool written = access(path, R_OK) == 0;
+    vt_run_result again;
+    vt_run_vkinfer(args, &again);
+    if (saved)
+        setenv("XDG_CACHE_HOME", saved, 1);
+    else
+        unsetenv("XDG_CACHE_HOME");
+    free(saved);
+    char cmd[700];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    assert_int_equal(system(cmd), 0);
+    if (r.rc != 0)
+        fail_msg("vkinfer %s: exit %d\n%s", args, r.rc, r.err);
+    assert_non_null(strstr(r.err, "writing a synthetic tiny model"));
+    assert_true(written);
+    assert_non_null(strstr(r.out, "| no-evict |        3 |"));
+    assert_int_equal(again.rc, 0);
+    assert_null(strstr(again.err, "writing a synthetic")); /* the cached file */
+    assert_non_null(strstr(again.out, "| no-evict |        3 |"));
+}
+
 /* Through a pipe: one turn per line, /clear, end of input; the second turn's prompt comes mostly
  * from the KV cache (the first turn's full blocks). */
 static void test_chat_pipe(void **state)
@@ -698,6 +735,7 @@ int main(void)
         cmocka_unit_test(test_generate_prompt_sources),
         cmocka_unit_test(test_generate_context),
         cmocka_unit_test(test_devices_version_port),
+        cmocka_unit_test(test_demo_synthetic_model),
         cmocka_unit_test(test_chat_pipe),
         cmocka_unit_test(test_chat_pty),
     };

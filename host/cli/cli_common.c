@@ -577,7 +577,7 @@ bool cli_default_model(const char *preset, char *path, size_t n)
         return false;
     if (access(path, R_OK) == 0)
         return true;
-    synth_params sp;
+    synth_params sp = synth_default_params(); /* synth_preset sets only the preset's fields */
     if (synth_preset(preset, &sp) != VKI_OK) {
         fprintf(stderr, "vkinfer: unknown synthetic preset '%s'\n", preset);
         return false;
