@@ -1,4 +1,4 @@
-/* The vkinfer program as a user runs it: `generate` prints exactly the prompt and the generated
+/* The vkinfer program as a user runs it: `demo` without a model on a fresh cache; `generate` prints exactly the prompt and the generated
  * text on stdout (the known stories260K answer), the same --seed gives the same text, --stop
  * ends before the stop string (escapes interpreted), --ignore-eos, --json, prompts from stdin and
  * files, the context clamp, bad options exit 2 with a message, a device that does not exist is
