@@ -76,10 +76,9 @@ static vki_status check_type(vkd_device *d, const vk_tensor *w, const mm_type **
  * (lavapipe) run a workgroup as a loop over its subgroups on one thread, and a workgroup costs in
  * proportion to its invocations even when most have no unit to work on: one subgroup over 8 rows
  * (no shared reduction across subgroups). Measured on lavapipe against the earlier 32
- * invocations: 1.9x batch-1 decode on
- * stories260K and a Q4_K_M stack, 1.6-1.7x at 8 sequences (bench/RESULTS.md). NSG bounds the
- * subgroups of a workgroup for the shared reduction: WG over the smallest subgroup size the
- * device may use. */
+ * invocations: 1.9x batch-1 decode on stories260K and a Q4_K_M stack, 1.6-1.7x at 8 sequences
+ * (bench/RESULTS.md). NSG bounds the subgroups of a workgroup for the shared reduction: WG over
+ * the smallest subgroup size the device may use. */
 static void matvec_spec(const vkd_device *d, uint32_t mc, uint32_t spec[7])
 {
     bool cpu = d->info.type == VKI_DEVICE_CPU;

@@ -467,7 +467,6 @@ void dq_unit_i8(uint rb, uint ib, uint iu, out uvec4 q[2], out vec2 a, out vec2 
 // Both blocks are multiples of 16 bytes, so the header (d, dmin, scales) is one 16-byte load and
 // a unit's 16 qs bytes (and 16 qh bytes) another.
 layout(std430, binding = DQ_BINDING) readonly buffer DqW { uint dq_w[]; };
-layout(std430, binding = DQ_BINDING) readonly buffer DqW2 { uvec2 dq_w2[]; };
 layout(std430, binding = DQ_BINDING) readonly buffer DqW4 { uvec4 dq_w4[]; };
 #define DQ_BLOCK 256u
 #ifdef DQ_Q5_K
