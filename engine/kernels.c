@@ -37,15 +37,15 @@ _Static_assert(sizeof(vki_seq_info) == 16 && sizeof(vki_attn_item) == 16, "std43
 #define SPV(name) .spv = vki_spv_##name, .spv_size = &vki_spv_##name##_size
 /* matmul family (engine/ops_matmul.c picks the specialisations from the device):
  * matvec spec {WG, NR rows, MC activation rows, NSG max subgroups, GLU, MCH chunks, MU units per
- * pass}; matmul spec
+ * pass, XV4 X read as vec4}; matmul spec
  * {WG, BM, BN, BK, TM, TN} with WG = (BM/TM)*(BN/TN); matmul_cm(e) spec {WG, BM, BN, BK, WM,
  * WN, CM_M, CM_N, CM_K, CM_SG, STAGES, XH, W16} with WG = (BM/WM)*(BN/WN) subgroups; get_rows spec
  * {WG}; half_x {WG}. */
 #define CM_SPEC(WG, a, b, c, d, e) {WG, a, b, c, d, e, 16, 16, 16, 32, 1, 0, 1}
 #define MATMUL_ROWS(T, t)                                                                        \
     [VKK_MATVEC_##T] = {"matvec_" #t, SPV(matvec_##t), .n_bindings = 8,                          \
-                        .push_size = sizeof(vki_pc_matmul), .n_spec = 7,                         \
-                        .spec_default = {128, 4, 1, 16, 0, 1, 1}},                               \
+                        .push_size = sizeof(vki_pc_matmul), .n_spec = 8,                         \
+                        .spec_default = {128, 4, 1, 16, 0, 1, 1, 1}},                            \
     [VKK_MATMUL_##T] = {"matmul_" #t, SPV(matmul_##t), .n_bindings = 4,                          \
                         .push_size = sizeof(vki_pc_matmul), .n_spec = 6,                         \
                         .spec_default = {256, 64, 64, 32, 4, 4}},                                \
@@ -61,8 +61,8 @@ _Static_assert(sizeof(vki_seq_info) == 16 && sizeof(vki_attn_item) == 16, "std43
 /* the experts' matmuls: the specialisations of their plain twins (matvec_id always MC = 1) */
 #define MATMUL_ID_ROWS(T, t)                                                                     \
     [VKK_MATVEC_ID_##T] = {"matvec_id_" #t, SPV(matvec_id_##t), .n_bindings = 4,                 \
-                           .push_size = sizeof(vki_pc_matmul_id), .n_spec = 7,                   \
-                           .spec_default = {128, 4, 1, 16, 0, 1, 1}},                               \
+                           .push_size = sizeof(vki_pc_matmul_id), .n_spec = 8,                   \
+                           .spec_default = {128, 4, 1, 16, 0, 1, 1, 1}},                         \
     [VKK_MATMUL_ID_##T] = {"matmul_id_" #t, SPV(matmul_id_##t), .n_bindings = 4,                 \
                            .push_size = sizeof(vki_pc_matmul_id), .n_spec = 6,                   \
                            .spec_default = {256, 64, 64, 32, 4, 4}},                             \
@@ -75,11 +75,11 @@ _Static_assert(sizeof(vki_seq_info) == 16 && sizeof(vki_attn_item) == 16, "std43
 
 #define MATVEC_I8_ROW(T, t)                                                                      \
     [VKK_MATVEC_I8_##T] = {"matvec_i8_" #t, SPV(matvec_i8_##t), .n_bindings = 8,                 \
-                           .push_size = sizeof(vki_pc_matmul), .n_spec = 7,                      \
-                           .spec_default = {128, 4, 1, 16, 0, 1, 1}},                            \
+                           .push_size = sizeof(vki_pc_matmul), .n_spec = 8,                      \
+                           .spec_default = {128, 4, 1, 16, 0, 1, 1, 1}},                         \
     [VKK_MATVEC_ID_I8_##T] = {"matvec_id_i8_" #t, SPV(matvec_id_i8_##t), .n_bindings = 4,        \
-                              .push_size = sizeof(vki_pc_matmul_id), .n_spec = 7,                \
-                              .spec_default = {128, 4, 1, 16, 0, 1, 1}}
+                              .push_size = sizeof(vki_pc_matmul_id), .n_spec = 8,                \
+                              .spec_default = {128, 4, 1, 16, 0, 1, 1, 1}}
 
 /* engine/ops_attn.c: kv_write {WG}; decode {WG, HD, L, GMAX}; prefill {WG, HD, BR, BC};
  * prefill on cooperative matrices {WG, HD, BR, BC, CM_M, CM_N, CM_K, CM_SG}; reduce {WG} */

@@ -70,7 +70,7 @@ static vki_status check_type(vkd_device *d, const vk_tensor *w, const mm_type **
 
 /* ---- specialisation choices ----------------------------------------------------------------- */
 
-/* matvec {WG, NR, MC, NSG, GLU, MCH, MU}. GPUs: 128 invocations (4 warps on NVIDIA) over 4
+/* matvec {WG, NR, MC, NSG, GLU, MCH, MU, XV4}. GPUs: 128 invocations (4 warps on NVIDIA) over 4
  * weight rows: at K = 4096 every invocation holds one 32-weight unit of each integer-type row
  * (4 rows' 16-byte loads in flight) and N/4 workgroups fill the machine. CPU devices
  * (lavapipe) run a workgroup as a loop over its subgroups on one thread, and a workgroup costs in
@@ -78,8 +78,9 @@ static vki_status check_type(vkd_device *d, const vk_tensor *w, const mm_type **
  * (no shared reduction across subgroups). Measured on lavapipe against the earlier 32
  * invocations: 1.9x batch-1 decode on stories260K and a Q4_K_M stack, 1.6-1.7x at 8 sequences
  * (bench/RESULTS.md). NSG bounds the subgroups of a workgroup for the shared reduction: WG over
- * the smallest subgroup size the device may use. */
-static void matvec_spec(const vkd_device *d, uint32_t mc, uint32_t spec[7])
+ * the smallest subgroup size the device may use. XV4 = 1 (X read as vec4) here: the float path's
+ * dispatches set it from their X view (mv_x_vec4); the integer-dot kernels ignore it. */
+static void matvec_spec(const vkd_device *d, uint32_t mc, uint32_t spec[8])
 {
     bool cpu = d->info.type == VKI_DEVICE_CPU;
     uint32_t sg = d->info.subgroup_min_size ? d->info.subgroup_min_size : d->info.subgroup_size;
@@ -102,6 +103,7 @@ static void matvec_spec(const vkd_device *d, uint32_t mc, uint32_t spec[7])
     spec[4] = 0; /* GLU: op_matmul_glu sets it */
     spec[5] = mc > 1 ? (half ? 2 : 1) * OP_MATVEC_CHUNKS : 1;
     spec[6] = d->matvec_mu ? d->matvec_mu : 1; /* not measured on a GPU yet: bench-kernels sweeps it */
+    spec[7] = 1;
 }
 
 /* Activation rows one matrix-vector workgroup covers (MC rows, MCH times). */
@@ -583,6 +585,10 @@ static vki_status check_mm(vkd_device *d, const char *op, const vk_tensor *w, ui
 /* X rows may be read as vec4 (vki_pc_matmul.x_vec4). */
 static uint32_t x_vec4(const vkd_view *x, uint32_t x_stride) { return x_stride % 4 == 0 && x->offset % 16 == 0; }
 
+/* The float matrix-vector kernel's spec constant XV4 for X view x (matvec.comp: one of its two
+ * loads compiled per pipeline; the engine's activations all take the vec4 one). */
+static void mv_x_vec4(uint32_t *spec, const vkd_view *x, uint32_t x_stride) { spec[7] = x_vec4(x, x_stride); }
+
 /* Kernel k over every part of w (each writes its own Y columns): bind W, X, bias (or X), Y. */
 static vki_status parts_dispatch(vkd_cmd *c, const vk_tensor *w, vkk_id k, const uint32_t *spec, uint32_t per_n,
                                  uint32_t per_m, vkd_view x, const vkd_view *bias, vkd_view y, vki_pc_matmul pc)
@@ -669,6 +675,7 @@ static vki_status mm_record(vkd_cmd *c, const vk_tensor *w, const vkd_view *bias
     if (kid == t->matvec) {
         per_group_n = spec[1];
         per_group_m = matvec_rows_per_group(spec);
+        mv_x_vec4(spec, &x, x_stride);
     } else {
         per_group_n = spec[2];
         per_group_m = spec[1];
@@ -753,6 +760,7 @@ vki_status op_matmul_glu(vkd_cmd *c, const vk_tensor *w, uint32_t act, vkd_view 
         return bad_arg(d, "matmul_glu", w, GLU_XQ_MSG);
     uint32_t spec[VKK_MAX_SPEC];
     mv_spec(d, M, true, spec);
+    mv_x_vec4(spec, &x, x_stride);
     if (vkk_groups(M, matvec_rows_per_group(spec)) > d->info.max_workgroup_count[1])
         return bad_arg(d, "matmul_glu", w, "M too large for one dispatch on this device");
     vki_pc_matmul pc = {.M = M, .N = (uint32_t)N, .K = (uint32_t)K, .x_stride = x_stride, .y_stride = y_stride,
@@ -783,6 +791,7 @@ static vki_status matvec_normed(vkd_cmd *c, const vk_tensor *w, const mm_type *t
     const uint32_t K = (uint32_t)w->ne0, N = (uint32_t)w->n_rows;
     uint32_t spec[VKK_MAX_SPEC];
     matvec_spec(c->d, 1, spec);
+    mv_x_vec4(spec, &x, K);
     vki_pc_matmul pc = {.M = 1, .N = N, .K = K, .x_stride = K, .y_stride = N, .w_stride = (uint32_t)w->row_bytes,
                         .flags = flags, .x_vec4 = x_vec4(&x, K), .norm_eps = n->eps, .norm_cols = norm_cols};
     vkd_view bind[4] = {vkd_whole(w->parts[0].buf), x, x, y};
@@ -1065,6 +1074,7 @@ static vki_status mm_id_record(vkd_cmd *c, const vk_tensor *w, uint32_t n_expert
     uint32_t spec[VKK_MAX_SPEC], per_n, per_m = 1;
     if (gemv) {
         matvec_spec(d, 1, spec);
+        mv_x_vec4(spec, &x, x_stride);
         per_n = spec[1];
     } else if (path == OP_MM_COOPMAT) {
         if (d->cm.kind == VKD_CM_NONE || !cm_spec(d, max_rows, spec))
@@ -1267,7 +1277,7 @@ vki_status op_matmul_prepare(vkd_device *d, uint32_t type)
     const mm_type *t = mm_type_get(type);
     if (!t || !op_matmul_supported(d, type))
         return VKI_ERR_UNSUPPORTED;
-    uint32_t mv1[7], mv8[7], mm[VKK_MAX_SPEC], gr[1] = {get_rows_wg(d)};
+    uint32_t mv1[8], mv8[8], mm[VKK_MAX_SPEC], gr[1] = {get_rows_wg(d)};
     vkk_id mm_kid;
     matvec_spec(d, 1, mv1);
     matvec_spec(d, OP_MATVEC_ROWS, mv8);

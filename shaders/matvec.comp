@@ -56,6 +56,13 @@ layout(constant_id = 5) const uint MCH = 1; // chunks of MC activation rows per 
 // in flight per invocation, for GPUs where a pass's load latency, not bandwidth, bounds the
 // kernel). Every invocation still adds its units in ascending order: the same bits for any MU.
 layout(constant_id = 6) const uint MU = 1;
+// XV4 = 1: X's rows are read as vec4 (x_stride % 4 == 0 and the view 16-byte aligned: every
+// activation the engine hands over), 0: four scalar loads per quad (views with odd strides or
+// offsets). A constant, not the push constant's x_vec4, so a pipeline holds one of the two loads:
+// lavapipe's LLVM took 1.8x as long to compile a float-path variant holding both (8 quads per
+// unit and activation row, each a branch), and CI compiles every variant on an empty cache. The
+// integer-dot variant (MV_I8) reads quant_x8's words and ignores it.
+layout(constant_id = 7) const uint XV4 = 1;
 
 #define DQ_BINDING 0
 #ifndef MV_I8
@@ -92,7 +99,7 @@ int vki_sdot4x8(int a, int b, spirv_literal int fmt);
 int dot8(uint a, uint b) { return vki_sdot4x8(int(a), int(b), 0); }
 #else
 layout(std430, binding = 1) readonly buffer X { float x[]; };    // f32[M, x_stride]
-layout(std430, binding = 1) readonly buffer X4 { vec4 x4[]; };   // same, when p.x_vec4 == 1
+layout(std430, binding = 1) readonly buffer X4 { vec4 x4[]; };   // same, when XV4 == 1
 #endif
 layout(std430, binding = 3) coherent buffer Y { float y[]; };    // f32[M, y_stride] (read: VKI_MM_ACCUM, the norms)
 #ifndef MM_ID
@@ -140,7 +147,7 @@ vec4 wv[NR * DQ_UNIT_V4];  // the current unit of each of the NR weight rows, de
 vec4 load_x4(uint m, uint k)
 {
     uint i = X_ROW(m) * p.x_stride + k;
-    if (p.x_vec4 != 0u)
+    if (XV4 != 0u)
         return x4[i >> 2];
     return vec4(x[i], x[i + 1u], x[i + 2u], x[i + 3u]);
 }

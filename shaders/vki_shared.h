@@ -175,7 +175,8 @@ VKI_STRUCT(vki_pc_matmul) {
     vki_u32 y_col0;   /* Y column (and bias index) of weight row 0 of this part */
     vki_u32 flags;    /* VKI_MM_BIAS | VKI_MM_ACCUM | VKI_MM_GELU | VKI_MM_NORM | VKI_MM_NORM_XQ | VKI_MM_GLU_XQ |
                        * VKI_MM_HEAD_NORM */
-    vki_u32 x_vec4;   /* 1: X rows may be read as vec4 (x_stride % 4 == 0, binding 16-aligned) */
+    vki_u32 x_vec4;   /* 1: X rows may be read as vec4 (x_stride % 4 == 0, binding 16-aligned); the
+                       * matrix-vector kernel takes it as its spec constant XV4 instead */
     vki_f32 norm_eps; /* VKI_MM_NORM, VKI_MM_HEAD_NORM: the norm's epsilon */
     vki_u32 k_split;  /* matmul_cm split-K: K per split (workgroup z), a multiple of its BK; each
                        * split writes its partial tile, the last of a tile's splits sums them in

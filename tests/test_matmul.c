@@ -191,9 +191,28 @@ static const char *path_name(const vkd_device *d, const mm_case *s)
     return p == OP_MM_GEMV ? "gemv" : "gemm";
 }
 
+/* X's stride for a matrix-vector product of `type` on device d that asks for K + pad. A stride
+ * that is not a multiple of 4 takes the kernel's scalar X loads (matvec.comp, XV4 = 0): pipelines
+ * of their own (one per configuration, ~2 s of lavapipe's compile each) that the engine never
+ * runs, its activations being vec4-aligned. Those loads are the same code for every type, so
+ * they are checked on the float types (whose odd K needs them) and, in the library's own
+ * configurations (no test override of the workgroup shape), on Q8_0 (whole blocks) and Q4_K (two
+ * spans with offsets); elsewhere the pad is rounded up to a multiple of 4 (the stride stays
+ * above K). With every case's pad as asked: 102 more pipelines, and a cold test_matmul took
+ * 1,246 s against 953 s before XV4. */
+static uint32_t gemv_x_stride(const vkd_device *d, uint32_t type, uint32_t K, uint32_t pad)
+{
+    const bool library_cfg = !d->matvec_wg && !d->matvec_rows && !d->matvec_mc && !d->matvec_mu;
+    if (!vt_is_float_type(type) && !(library_cfg && (type == VKI_GGML_Q8_0 || type == VKI_GGML_Q4_K)))
+        pad = (K + pad + 3) / 4 * 4 - K;
+    return K + pad;
+}
+
 static void run_case(vt_gpu *g, vt_rng *r, uint32_t type, const mm_case *s)
 {
-    const uint32_t M = s->M, N = s->N, K = s->K, xs = K + s->x_pad, ys = N + s->y_pad;
+    const uint32_t M = s->M, N = s->N, K = s->K, ys = N + s->y_pad;
+    const bool gemv = !strcmp(path_name(g->dev, s), "gemv");
+    const uint32_t xs = gemv ? gemv_x_stride(g->dev, type, K, s->x_pad) : K + s->x_pad;
     float *wref = malloc((size_t)N * K * sizeof(float));
     uint8_t *raw = make_weights(r, type, N, K, wref);
     vk_tensor t = upload_weights(g, type, N, K, raw, s->parts);
@@ -1007,7 +1026,8 @@ static unsigned glu_xq_runs; /* glu_case runs that checked the quantised output 
 static void glu_case(vt_gpu *g, vt_rng *r, uint32_t type, uint32_t M, uint32_t N, uint32_t K, uint32_t act,
                      double err[2])
 {
-    const uint32_t xs = K + (uint32_t)vt_range(r, 0, 2), ys = N + (uint32_t)vt_range(r, 0, 2);
+    const uint32_t xs = gemv_x_stride(g->dev, type, K, (uint32_t)vt_range(r, 0, 2));
+    const uint32_t ys = N + (uint32_t)vt_range(r, 0, 2);
     float *wref = malloc((size_t)2 * N * K * sizeof(float)), *x = malloc((size_t)M * xs * 4);
     uint8_t *raw = make_weights(r, type, 2 * N, K, wref);
     vk_tensor t = upload_weights(g, type, 2 * N, K, raw, 1);
