@@ -211,8 +211,8 @@ static uint32_t gemv_x_stride(const vkd_device *d, uint32_t type, uint32_t K, ui
 static void run_case(vt_gpu *g, vt_rng *r, uint32_t type, const mm_case *s)
 {
     const uint32_t M = s->M, N = s->N, K = s->K, ys = N + s->y_pad;
-    const bool gemv = !strcmp(path_name(g->dev, s), "gemv");
-    const uint32_t xs = gemv ? gemv_x_stride(g->dev, type, K, s->x_pad) : K + s->x_pad;
+    const char *path = path_name(g->dev, s);
+    const uint32_t xs = !strcmp(path, "gemv") ? gemv_x_stride(g->dev, type, K, s->x_pad) : K + s->x_pad;
     float *wref = malloc((size_t)N * K * sizeof(float));
     uint8_t *raw = make_weights(r, type, N, K, wref);
     vk_tensor t = upload_weights(g, type, N, K, raw, s->parts);
@@ -264,7 +264,6 @@ static void run_case(vt_gpu *g, vt_rng *r, uint32_t type, const mm_case *s)
             assert_memory_equal(&y[(size_t)m * ys + n], &nan, 4);
     }
     char label[160];
-    const char *path = path_name(g->dev, s);
     snprintf(label, sizeof label, "%s %s M=%u N=%u K=%u xs=%u ys=%u off=%u bias=%d accum=%d parts=%u",
              quant_get(type)->name, path, M, N, K, xs, ys, s->x_off, s->bias, s->accum, t.n_parts);
     if (!strncmp(path, "coopmat", 7)) {
