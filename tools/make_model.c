@@ -225,9 +225,15 @@ int main(int argc, char **argv)
         snprintf(experts, sizeof experts, ", %u of %u experts of %u", p.n_expert_used, p.n_expert,
                  p.d_ff_exp ? p.d_ff_exp : p.d_ff);
     double sec = (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
-    fprintf(stderr, "make-model: wrote %s (%s, %u layers, d_model %u, %u/%u heads, d_ff %u%s, vocab %u, %s%s weights, "
+    char vocab[64];
+    if (p.vocab_from) /* p.n_vocab is the unused byte-level default then */
+        snprintf(vocab, sizeof vocab, "%s's vocabulary", strrchr(p.vocab_from, '/') ? strrchr(p.vocab_from, '/') + 1
+                                                                                    : p.vocab_from);
+    else
+        snprintf(vocab, sizeof vocab, "vocab %u", p.n_vocab);
+    fprintf(stderr, "make-model: wrote %s (%s, %u layers, d_model %u, %u/%u heads, d_ff %u%s, %s, %s%s weights, "
             "%.1f MiB) in %.1f s (%.0f MiB/s)\n", out, p.arch, p.n_layer, p.d_model, p.n_head, p.n_head_kv, p.d_ff,
-            experts, p.n_vocab, synth_wtype_name(p.wtype), p.llama_mix ? " mix" : "", (double)size / 1048576.0, sec,
+            experts, vocab, synth_wtype_name(p.wtype), p.llama_mix ? " mix" : "", (double)size / 1048576.0, sec,
             (double)size / 1048576.0 / sec);
     return 0;
 }

@@ -49,19 +49,21 @@ static void set_err(char *err, size_t n, const char *fmt, ...)
     va_end(ap);
 }
 
-/* The matrix type holding most weight bytes, for display. */
+/* The type of the blocks' matrices holding most weight bytes (the experts' included), for display. */
 static const char *main_weight_type(const vk_model *m)
 {
-    uint64_t bytes[32] = {0};
+    uint64_t bytes[64] = {0};
     for (uint32_t il = 0; il < m->hp.n_layer; il++) {
         const vk_layer *L = &m->layers[il];
-        const vk_tensor *w[] = {&L->wq, &L->wk, &L->wv, &L->wqkv, &L->wo, &L->w_gate, &L->w_up, &L->w_down};
+        const vk_tensor *w[] = {&L->wq,     &L->wk,     &L->wv,          &L->wqkv,      &L->wo,
+                                &L->w_gate, &L->w_up,   &L->w_down,      &L->w_gate_exps, &L->w_up_exps,
+                                &L->w_down_exps};
         for (size_t i = 0; i < sizeof w / sizeof w[0]; i++)
-            if (w[i]->type < 32)
+            if (w[i]->type < 64)
                 bytes[w[i]->type] += vk_tensor_bytes(w[i]);
     }
     uint32_t best = 0;
-    for (uint32_t t = 1; t < 32; t++)
+    for (uint32_t t = 1; t < 64; t++)
         if (bytes[t] > bytes[best])
             best = t;
     return quant_get(best) ? quant_get(best)->name : "?";
