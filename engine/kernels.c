@@ -112,6 +112,7 @@ static const vkk_desc kernel_table[] = {
     MATVEC_I8_ROW(Q8_0, q8_0), MATVEC_I8_ROW(Q4_0, q4_0), MATVEC_I8_ROW(Q4_1, q4_1), MATVEC_I8_ROW(Q5_0, q5_0),
     MATVEC_I8_ROW(Q5_1, q5_1), MATVEC_I8_ROW(Q2_K, q2_k), MATVEC_I8_ROW(Q3_K, q3_k), MATVEC_I8_ROW(Q4_K, q4_k),
     MATVEC_I8_ROW(Q5_K, q5_k), MATVEC_I8_ROW(Q6_K, q6_k), MATVEC_I8_ROW(IQ4_NL, iq4_nl), MATVEC_I8_ROW(IQ4_XS, iq4_xs),
+    MATVEC_I8_ROW(MXFP4, mxfp4),
     [VKK_HALF_X] = {"half_x", SPV(half_x), .n_bindings = 2, .push_size = sizeof(vki_pc_quant_x8),
                     .n_spec = 1, .spec_default = {64}},
     [VKK_RMSNORM_XH] = {"rmsnorm_xh", SPV(rmsnorm_xh), .n_bindings = 5, .push_size = sizeof(vki_pc_rmsnorm),

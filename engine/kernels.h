@@ -29,11 +29,12 @@ typedef enum vkk_id {
      * types of shaders/dequant.glsl's DQ_I8 (engine/ops_matmul.c op_matmul_i8) */
     VKK_QUANT_X8, VKK_MATVEC_I8_Q8_0, VKK_MATVEC_I8_Q4_0, VKK_MATVEC_I8_Q4_1, VKK_MATVEC_I8_Q5_0,
     VKK_MATVEC_I8_Q5_1, VKK_MATVEC_I8_Q2_K, VKK_MATVEC_I8_Q3_K, VKK_MATVEC_I8_Q4_K, VKK_MATVEC_I8_Q5_K,
-    VKK_MATVEC_I8_Q6_K, VKK_MATVEC_I8_IQ4_NL, VKK_MATVEC_I8_IQ4_XS,
+    VKK_MATVEC_I8_Q6_K, VKK_MATVEC_I8_IQ4_NL, VKK_MATVEC_I8_IQ4_XS, VKK_MATVEC_I8_MXFP4,
     /* ... and the experts' (the same types in the same order: op_matmul_id_i8) */
     VKK_MATVEC_ID_I8_Q8_0, VKK_MATVEC_ID_I8_Q4_0, VKK_MATVEC_ID_I8_Q4_1, VKK_MATVEC_ID_I8_Q5_0,
     VKK_MATVEC_ID_I8_Q5_1, VKK_MATVEC_ID_I8_Q2_K, VKK_MATVEC_ID_I8_Q3_K, VKK_MATVEC_ID_I8_Q4_K,
     VKK_MATVEC_ID_I8_Q5_K, VKK_MATVEC_ID_I8_Q6_K, VKK_MATVEC_ID_I8_IQ4_NL, VKK_MATVEC_ID_I8_IQ4_XS,
+    VKK_MATVEC_ID_I8_MXFP4,
     /* X rounded to F16 once for the tensor-core GEMM (engine/ops_matmul.c op_half_x) */
     VKK_HALF_X, VKK_RMSNORM_XH, VKK_GLU_XH,
     /* mixture-of-experts routing (engine/ops_moe.c) */

@@ -31,6 +31,7 @@ static const mm_type mm_types[] = {
     MM_TYPE(Q5_0, 32, false),      MM_TYPE(Q5_1, 32, false),      MM_TYPE(IQ4_NL, 32, false),
     MM_TYPE(Q2_K, 256, false),     MM_TYPE(Q3_K, 256, false),     MM_TYPE(Q4_K, 256, false),
     MM_TYPE(Q5_K, 256, false),     MM_TYPE(Q6_K, 256, false),     MM_TYPE(IQ4_XS, 256, false),
+    MM_TYPE(MXFP4, 32, false),
 };
 #define MM_COUNT_ONE(T, t) +1
 _Static_assert(sizeof mm_types / sizeof mm_types[0] == 0 VKK_WEIGHT_TYPES(MM_COUNT_ONE),
@@ -869,6 +870,7 @@ static vkk_id matvec_i8_kernel(uint32_t type)
     case VKI_GGML_Q6_K: return VKK_MATVEC_I8_Q6_K;
     case VKI_GGML_IQ4_NL: return VKK_MATVEC_I8_IQ4_NL;
     case VKI_GGML_IQ4_XS: return VKK_MATVEC_I8_IQ4_XS;
+    case VKI_GGML_MXFP4: return VKK_MATVEC_I8_MXFP4;
     default: return VKK_COUNT;
     }
 }
@@ -879,7 +881,7 @@ static vkk_id matvec_id_i8_kernel(uint32_t type)
     const vkk_id k = matvec_i8_kernel(type);
     return k == VKK_COUNT ? VKK_COUNT : (vkk_id)(VKK_MATVEC_ID_I8_Q8_0 + (k - VKK_MATVEC_I8_Q8_0));
 }
-_Static_assert(VKK_MATVEC_ID_I8_IQ4_XS - VKK_MATVEC_ID_I8_Q8_0 == VKK_MATVEC_I8_IQ4_XS - VKK_MATVEC_I8_Q8_0,
+_Static_assert(VKK_MATVEC_ID_I8_MXFP4 - VKK_MATVEC_ID_I8_Q8_0 == VKK_MATVEC_I8_MXFP4 - VKK_MATVEC_I8_Q8_0,
                "the experts' integer-dot kernels follow matvec_i8's order");
 
 #define QUANT_X8_WG 64u

@@ -1,5 +1,5 @@
 /* Matrix multiply with weights in their GGUF types (every type engine/quant.h runs: F32, F16,
- * BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS; quantised
+ * BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS, MXFP4; quantised
  * weights stay quantised on the device and are dequantised in the shaders) and F32 activations,
  * F32 accumulation (the cooperative-matrix GEMM rounds both operands to F16 first); and the row
  * gather (embedding lookup).
@@ -165,7 +165,7 @@ vki_status op_matmul_head_norm(vkd_cmd *c, const vk_tensor *w, vkd_view x, vkd_v
  *                 with o->glu the gate|up pass of op_matmul_glu (w: [gate | up], one part,
  *                 N = w->n_rows / 2), with o->norm op_matmul_norm's epilogue (M = 1, accumulate),
  *                 with o->head_norm op_matmul_head_norm's.
- * Weight types: every integer one (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K..Q6_K, IQ4_NL, IQ4_XS);
+ * Weight types: every integer one (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K..Q6_K, IQ4_NL, IQ4_XS, MXFP4);
  * the device needs shaderIntegerDotProduct (Vulkan 1.3). VKI_ERR_UNSUPPORTED otherwise (op_matmul_i8_supported). */
 typedef struct op_mm_i8 {
     const vkd_view *bias;   /* f32[N] or NULL (not with glu) */

@@ -49,7 +49,7 @@ static const quant_traits quant_table[] = {
     [VKI_GGML_BF16] = {"bf16", 1, 2, true},
     [34] = {"tq1_0", 256, 54, false},
     [35] = {"tq2_0", 256, 66, false},
-    [39] = {"mxfp4", 32, 17, false},
+    [VKI_GGML_MXFP4] = {"mxfp4", 32, VKI_MXFP4_BYTES, true},
 };
 #define QUANT_N_TYPES (sizeof quant_table / sizeof quant_table[0])
 _Static_assert(QUANT_N_TYPES == 40, "trait table size");
@@ -75,7 +75,7 @@ const char *quant_type_name(uint32_t ggml_type)
 
 const char *quant_supported_list(void)
 {
-    return "f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, iq4_nl, q2_k, q3_k, q4_k, q5_k, q6_k, iq4_xs";
+    return "f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, iq4_nl, q2_k, q3_k, q4_k, q5_k, q6_k, iq4_xs, mxfp4";
 }
 
 size_t quant_row_bytes(uint32_t ggml_type, uint64_t n)
@@ -92,19 +92,23 @@ size_t quant_row_bytes(uint32_t ggml_type, uint64_t n)
 /* ---- device row layout (vki_shared.h) ------------------------------------------------------ */
 
 /* A scale-grouped type: fields f0 (d) and f1 (s1 = 0: none) of the GGUF block gathered at the
- * head of each group of VKI_DG_BLOCKS blocks, one array of 8 per field in that order; the body
- * is the rest of the block, one run of its bytes [b_off, b_off + body). */
+ * head of each group of nb blocks (VKI_DG_BLOCKS; MXFP4 VKI_DG_BLOCKS_MXFP4), one array of nb per
+ * field in that order; the body is the rest of the block, one run of its bytes [b_off, b_off +
+ * body). */
 typedef struct dev_layout {
     uint32_t bb;             /* GGUF block bytes */
     uint32_t o0, s0, o1, s1; /* the gathered fields: offset and size in the block */
     uint32_t b_off, body;
+    uint32_t nb;             /* blocks per group */
 } dev_layout;
 
-static const dev_layout dl_q8_0 = {34, 0, 2, 0, 0, 2, VKI_DG_BODY_Q8_0};
-static const dev_layout dl_q4_0 = {18, 0, 2, 0, 0, 2, VKI_DG_BODY_Q4_0}; /* and IQ4_NL */
-static const dev_layout dl_q5_0 = {22, 0, 2, 2, 4, 6, VKI_DG_BODY_Q5_0}; /* d, qh */
-static const dev_layout dl_q3_k = {110, 108, 2, 96, 12, 0, VKI_DG_BODY_Q3_K}; /* d, scales */
-static const dev_layout dl_q6_k = {210, 208, 2, 0, 0, 0, VKI_DG_BODY_Q6_K};
+static const dev_layout dl_q8_0 = {34, 0, 2, 0, 0, 2, VKI_DG_BODY_Q8_0, VKI_DG_BLOCKS};
+static const dev_layout dl_q4_0 = {18, 0, 2, 0, 0, 2, VKI_DG_BODY_Q4_0, VKI_DG_BLOCKS}; /* and IQ4_NL */
+static const dev_layout dl_q5_0 = {22, 0, 2, 2, 4, 6, VKI_DG_BODY_Q5_0, VKI_DG_BLOCKS}; /* d, qh */
+static const dev_layout dl_q3_k = {110, 108, 2, 96, 12, 0, VKI_DG_BODY_Q3_K, VKI_DG_BLOCKS}; /* d, scales */
+static const dev_layout dl_q6_k = {210, 208, 2, 0, 0, 0, VKI_DG_BODY_Q6_K, VKI_DG_BLOCKS};
+static const dev_layout dl_mxfp4 = {17, 0, 1, 0, 0, 1, VKI_DG_BODY_MXFP4, VKI_DG_BLOCKS_MXFP4}; /* e */
+_Static_assert(VKI_DG_BLOCKS_MXFP4 * 1 == VKI_DG_HEAD_MXFP4, "MXFP4's head: one e byte per block");
 
 static const dev_layout *dev_layout_get(uint32_t type)
 {
@@ -115,6 +119,7 @@ static const dev_layout *dev_layout_get(uint32_t type)
     case VKI_GGML_Q5_0: return &dl_q5_0;
     case VKI_GGML_Q3_K: return &dl_q3_k;
     case VKI_GGML_Q6_K: return &dl_q6_k;
+    case VKI_GGML_MXFP4: return &dl_mxfp4;
     default: return NULL;
     }
 }
@@ -127,26 +132,26 @@ size_t quant_dev_row_bytes(uint32_t ggml_type, uint64_t n)
     const dev_layout *L = dev_layout_get(ggml_type);
     if (!gguf || !L)
         return gguf;
-    uint64_t blocks = gguf / L->bb, groups = (blocks + VKI_DG_BLOCKS - 1) / VKI_DG_BLOCKS;
+    uint64_t blocks = gguf / L->bb, groups = (blocks + L->nb - 1) / L->nb;
     if (blocks > SIZE_MAX / 2 / L->bb)
         return 0; /* the device row is at most twice the GGUF row (one short group) */
-    return (size_t)(groups * VKI_DG_BLOCKS * (L->s0 + L->s1) + blocks * L->body);
+    return (size_t)(groups * L->nb * (L->s0 + L->s1) + blocks * L->body);
 }
 
 /* One row of blocks into groups. Inlined per type with L's sizes constant, so every copy is a
  * few moves (a loop of variable-size memcpy calls ran ~30% slower). */
 static inline void dev_repack(const dev_layout *L, const uint8_t *s, uint8_t *o, uint64_t blocks)
 {
-    const uint32_t head = VKI_DG_BLOCKS * (L->s0 + L->s1);
-    for (uint64_t g0 = 0; g0 < blocks; g0 += VKI_DG_BLOCKS) {
-        uint64_t r = blocks - g0 < VKI_DG_BLOCKS ? blocks - g0 : VKI_DG_BLOCKS;
-        if (r < VKI_DG_BLOCKS)
+    const uint32_t head = L->nb * (L->s0 + L->s1);
+    for (uint64_t g0 = 0; g0 < blocks; g0 += L->nb) {
+        uint64_t r = blocks - g0 < L->nb ? blocks - g0 : L->nb;
+        if (r < L->nb)
             memset(o, 0, head);
         for (uint64_t j = 0; j < r; j++) {
             const uint8_t *b = s + (g0 + j) * L->bb;
             memcpy(o + j * L->s0, b + L->o0, L->s0);
             if (L->s1)
-                memcpy(o + VKI_DG_BLOCKS * L->s0 + j * L->s1, b + L->o1, L->s1);
+                memcpy(o + L->nb * L->s0 + j * L->s1, b + L->o1, L->s1);
             memcpy(o + head + j * L->body, b + L->b_off, L->body);
         }
         o += head + r * L->body;
@@ -165,6 +170,7 @@ void quant_row_to_dev(uint32_t ggml_type, const void *src, void *dst, uint64_t n
     case VKI_GGML_Q5_0: dev_repack(&dl_q5_0, src, dst, gguf / dl_q5_0.bb); break;
     case VKI_GGML_Q3_K: dev_repack(&dl_q3_k, src, dst, gguf / dl_q3_k.bb); break;
     case VKI_GGML_Q6_K: dev_repack(&dl_q6_k, src, dst, gguf / dl_q6_k.bb); break;
+    case VKI_GGML_MXFP4: dev_repack(&dl_mxfp4, src, dst, gguf / dl_mxfp4.bb); break;
     default: memcpy(dst, src, gguf); break;
     }
 }
@@ -516,6 +522,77 @@ static void dequant_iq4_nl(const uint8_t *b, float *y)
     for (int i = 0; i < 16; i++) {
         y[i] = d * (float)iq4nl_levels[b[2 + i] & 0xf];
         y[i + 16] = d * (float)iq4nl_levels[b[2 + i] >> 4];
+    }
+}
+
+/* ---- MXFP4: { uint8 e; uint8 qs[16]; }  w = value[nibble] * d, d = 2^(e - 128) -------------
+ * OCP MX's E2M1 elements under an E8M0 scale; the values are held doubled (integers), the scale
+ * halved. d is a power of two, so every decoded weight is exact. */
+
+static const int8_t mxfp4_values[16] = {VKI_MXFP4_VALUES};
+
+/* ggml_e8m0_to_fp32_half: 2^(e - 128) for every e (subnormal for e < 2). */
+static float mxfp4_scale(uint8_t e)
+{
+    uint32_t bits = e < 2 ? 0x00200000u << e : (uint32_t)(e - 1) << 23;
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+
+/* The code of v (in units of d) nearest among the 16 values; a tie takes the smaller magnitude
+ * and zero the +0 code, as the first of equal errors in ggml's search. */
+static uint8_t mxfp4_code(float v)
+{
+    static const float mid[7] = {0.5f, 1.5f, 2.5f, 3.5f, 5.0f, 7.0f, 10.0f}; /* between magnitudes */
+    float a = fabsf(v);
+    uint8_t m = 0;
+    while (m < 7 && a > mid[m])
+        m++;
+    return m && v < 0 ? (uint8_t)(m | 8) : m;
+}
+
+static float mxfp4_block(const float *x, uint8_t e, uint8_t *qs)
+{
+    float d = mxfp4_scale(e), id = 1.0f / d, err = 0;
+    for (int i = 0; i < 16; i++) {
+        uint8_t c0 = mxfp4_code(x[i] * id), c1 = mxfp4_code(x[i + 16] * id);
+        qs[i] = (uint8_t)(c0 | (c1 << 4));
+        float e0 = (float)mxfp4_values[c0] * d - x[i], e1 = (float)mxfp4_values[c1] * d - x[i + 16];
+        err += e0 * e0 + e1 * e1;
+    }
+    return err;
+}
+
+/* ggml's exponent: the largest magnitude's binary exponent - 2, so 4 * 2^e' (the doubled value
+ * 8) lands in [amax / 2, amax) and only values past 1.5 x that clip to 12. With nstep > 0 the
+ * next exponent up is tried too (no clipping, coarser steps) and the smaller squared error kept. */
+static void quant_mxfp4(const float *x, uint8_t *b, int nstep)
+{
+    float amax = 0;
+    for (int i = 0; i < 32; i++)
+        amax = maxf(amax, fabsf(x[i]));
+    int ex = 0;
+    if (amax > 0)
+        (void)frexpf(amax, &ex); /* amax = f * 2^ex, f in [0.5, 1): floor(log2 amax) = ex - 1 */
+    int e = amax > 0 ? clampi(ex - 1 - 2 + 127, 1, 253) : 0;
+    b[0] = (uint8_t)e;
+    float err = mxfp4_block(x, b[0], b + 1);
+    if (nstep > 0 && amax > 0) {
+        uint8_t alt[16];
+        if (mxfp4_block(x, (uint8_t)(e + 1), alt) < err) {
+            b[0] = (uint8_t)(e + 1);
+            memcpy(b + 1, alt, 16);
+        }
+    }
+}
+
+static void dequant_mxfp4(const uint8_t *b, float *y)
+{
+    float d = mxfp4_scale(b[0]);
+    for (int i = 0; i < 16; i++) {
+        y[i] = (float)mxfp4_values[b[1 + i] & 0xf] * d;
+        y[i + 16] = (float)mxfp4_values[b[1 + i] >> 4] * d;
     }
 }
 
@@ -908,6 +985,7 @@ static void quant_row_n(uint32_t type, const float *x, void *dst, uint64_t n, in
         case VKI_GGML_Q5_K: quant_q5_k(xb, ob, nstep); break;
         case VKI_GGML_Q6_K: quant_q6_k(xb, ob, nstep); break;
         case VKI_GGML_IQ4_XS: quant_iq4_xs(xb, ob, nstep); break;
+        case VKI_GGML_MXFP4: quant_mxfp4(xb, ob, nstep); break;
         }
     }
 }
@@ -952,6 +1030,7 @@ void dequant_row(uint32_t ggml_type, const void *src, float *y, uint64_t n)
         case VKI_GGML_Q5_K: dequant_k_affine(sb, sb + 16, sb + 48, yb); break;
         case VKI_GGML_Q6_K: dequant_q6_k(sb, yb); break;
         case VKI_GGML_IQ4_XS: dequant_iq4_xs(sb, yb); break;
+        case VKI_GGML_MXFP4: dequant_mxfp4(sb, yb); break;
         }
     }
 }

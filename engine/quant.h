@@ -1,6 +1,6 @@
 /* Scalar reference for the ggml weight formats: type traits, f16/bf16 conversion, and row
  * quantise/dequantise for every type vkinfer runs (F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1,
- * IQ4_NL, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS; block layouts in shaders/vki_shared.h,
+ * IQ4_NL, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS, MXFP4; block layouts in shaders/vki_shared.h,
  * bit-exact with ggml/GGUF). Used by the model writer, the CPU reference forward pass and every
  * kernel test ("the reference dequantises the same blocks"). The other ggml types are known by
  * name and block size only, so files holding them can be read and inspected. No Vulkan. */
@@ -33,8 +33,8 @@ const char *quant_supported_list(void);
  * multiple of its block. */
 size_t quant_row_bytes(uint32_t ggml_type, uint64_t n);
 
-/* The device row layout (vki_shared.h, "scale-grouped" for Q8_0, Q4_0, IQ4_NL, Q5_0, Q3_K and
- * Q6_K; the GGUF blocks for every other type). quant_dev_row_bytes: bytes of a device row of n elements
+/* The device row layout (vki_shared.h, "scale-grouped" for Q8_0, Q4_0, IQ4_NL, Q5_0, Q3_K, Q6_K
+ * and MXFP4; the GGUF blocks for every other type). quant_dev_row_bytes: bytes of a device row of n elements
  * (0 as quant_row_bytes); quant_row_to_dev writes one, from one GGUF row (src: quant_row_bytes,
  * dst: quant_dev_row_bytes bytes; quant_get() types only). quant_dev_grouped: whether the type's
  * device rows differ from its GGUF rows. */

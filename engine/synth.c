@@ -28,6 +28,7 @@ enum {
     FT_F32 = 0, FT_F16 = 1, FT_Q4_0 = 2, FT_Q4_1 = 3, FT_Q8_0 = 7, FT_Q5_0 = 8, FT_Q5_1 = 9, FT_Q2_K = 10,
     FT_Q3_K_S = 11, FT_Q3_K_M = 12, FT_Q3_K_L = 13, FT_Q4_K_S = 14, FT_Q4_K_M = 15, FT_Q5_K_S = 16,
     FT_Q5_K_M = 17, FT_Q6_K = 18, FT_Q2_K_S = 21, FT_IQ4_NL = 25, FT_IQ4_XS = 30, FT_BF16 = 32,
+    FT_MXFP4_MOE = 38,
 };
 
 typedef struct synth_scheme {
@@ -61,6 +62,8 @@ static const synth_scheme synth_schemes[SYNTH_WTYPE_COUNT] = {
     [SYNTH_Q4_K_M] = {"q4_k_m", VKI_GGML_Q4_K, FT_Q4_K_M, true},
     [SYNTH_Q5_K_S] = {"q5_k_s", VKI_GGML_Q5_K, FT_Q5_K_S, true},
     [SYNTH_Q5_K_M] = {"q5_k_m", VKI_GGML_Q5_K, FT_Q5_K_M, true},
+    [SYNTH_MXFP4] = {"mxfp4", VKI_GGML_MXFP4, FT_MXFP4_MOE, false},
+    [SYNTH_MXFP4_MOE] = {"mxfp4_moe", VKI_GGML_MXFP4, FT_MXFP4_MOE, true},
 };
 
 const char *synth_wtype_name(synth_wtype t)
@@ -205,6 +208,10 @@ static uint32_t llama_mix_type(const synth_params *p, uint32_t ftype, uint32_t t
 {
     const uint32_t n = p->n_layer, gqa = p->n_head / p->n_head_kv;
     const bool more = synth_more_bits(il, n);
+    if (ftype == FT_MXFP4_MOE) { /* llama.cpp: the stacked experts (ne[2] > 1) MXFP4, the rest Q8_0 */
+        size_t len = strlen(role);
+        return len > 5 && !strcmp(role + len - 5, "_exps") ? t : VKI_GGML_Q8_0;
+    }
     if (!strcmp(role, "output") || (p->tied && !strcmp(role, "token_embd")))
         return ne0 % quant_get(t)->block_elems ? VKI_GGML_Q8_0 : t == VKI_GGML_Q8_0 ? t : VKI_GGML_Q6_K;
     if (!strcmp(role, "attn_v")) {
@@ -258,6 +265,8 @@ static uint32_t llama_fallback(uint32_t t, uint64_t ne0)
 uint32_t synth_weight_type(const synth_params *p, const char *role, uint32_t layer, uint64_t ne0, bool fallback)
 {
     const synth_scheme *s = &synth_schemes[p->wtype];
+    if (!strcmp(role, "ffn_gate_inp")) /* llama-quantize leaves the router in F32 */
+        return VKI_GGML_F32;
     uint32_t t = s->type;
     bool quantised = t != VKI_GGML_F32 && t != VKI_GGML_F16 && t != VKI_GGML_BF16; /* llama-quantize mixes only those */
     if (quantised && (s->mix || p->llama_mix))
@@ -337,8 +346,6 @@ static void add_tensor(synth_ctx *c, const char *role, int layer, const char *su
     t->init = init;
     t->std = std;
     t->type = init == SYNTH_INIT_WEIGHT ? synth_weight_type(c->p, role, t->layer, ne0, true) : VKI_GGML_F32;
-    if (!strcmp(role, "ffn_gate_inp")) /* llama-quantize leaves the router in F32 */
-        t->type = VKI_GGML_F32;
 }
 
 /* The router and the stacked experts of a mixture-of-experts layer (llama.cpp's names and shapes:

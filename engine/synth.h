@@ -20,7 +20,7 @@
  * llama_tensor_get_type: output.weight in Q6_K, more bits for attn_v / ffn_down / attn_output of
  * some layers). Either way a matrix whose rows the type's block does not divide takes the type
  * llama.cpp falls back to (Q4_K -> Q5_0, Q5_K -> Q5_1, Q6_K -> Q8_0, Q2_K/Q3_K -> Q4_0,
- * IQ4_XS -> IQ4_NL; F16 when even 32 does not divide). New values are appended so that the
+ * IQ4_XS -> IQ4_NL; F16 when even 32 does not divide, and for MXFP4). New values are appended so that the
  * old ones keep their numbers. */
 typedef enum synth_wtype {
     SYNTH_F32,
@@ -47,6 +47,8 @@ typedef enum synth_wtype {
     SYNTH_Q4_K_S,
     SYNTH_Q5_K_S,
     SYNTH_Q5_K_M,
+    SYNTH_MXFP4,     /* every matrix MXFP4 (llama-quantize --pure MXFP4_MOE) */
+    SYNTH_MXFP4_MOE, /* llama-quantize's MXFP4_MOE: the experts MXFP4, every other matrix Q8_0 */
     SYNTH_WTYPE_COUNT
 } synth_wtype;
 

@@ -21,6 +21,7 @@
     X(Q4_K, q4_k)                                                                           \
     X(Q5_K, q5_k)                                                                           \
     X(Q6_K, q6_k)                                                                           \
-    X(IQ4_XS, iq4_xs)
+    X(IQ4_XS, iq4_xs)                                                                       \
+    X(MXFP4, mxfp4)
 
 #endif

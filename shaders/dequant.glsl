@@ -4,8 +4,8 @@
 //
 // A kernel defines DQ_BINDING (the weight binding) and exactly one of DQ_F32, DQ_F16, DQ_BF16,
 // DQ_Q8_0, DQ_Q4_0, DQ_Q4_1, DQ_Q5_0, DQ_Q5_1, DQ_IQ4_NL, DQ_Q2_K, DQ_Q3_K, DQ_Q4_K, DQ_Q5_K,
-// DQ_Q6_K, DQ_IQ4_XS (shaders.cmake), then includes this file after common.glsl. It may be
-// included read-only by other kernels that read weights.
+// DQ_Q6_K, DQ_IQ4_XS, DQ_MXFP4 (shaders.cmake), then includes this file after common.glsl. It
+// may be included read-only by other kernels that read weights.
 //
 // What it offers (rb = dq_row_base(row, stride_bytes), the row start in this type's load unit):
 //   DQ_BLOCK            elements per block (F32/F16/BF16: 16, a tiling granule only; any K works)
@@ -20,15 +20,15 @@
 //                               k < K), the values dq_load4 gives, from one scale decode and
 //                               16-byte loads: the tensor-core GEMM's W staging
 //   dq_unit_i8(rb, ib, iu, q, a, b)  (DQ_I8: every integer type: Q8_0, Q4_0, Q4_1, Q5_0, Q5_1,
-//                               Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS; both GEMVs of
+//                               Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS, MXFP4; both GEMVs of
 //                               matvec.comp: the integer-dot MV_I8 and the float one) integer
 //                               unit iu of block ib as integers (the scales and offsets loaded
 //                               once per 16 or 32 weights, the bytes with 8- or 16-byte loads,
 //                               which keeps the GEMV memory-bound rather than ALU-bound): 32
 //                               elements in DQI_G = 8 groups of 4, two quads
 //                               q[0], q[1] of words, the 4 bytes of a word a group's q (low byte
-//                               first; int8: the IQ4 levels and Q8_0's signed, the others'
-//                               non-negative below 128). Groups form spans of DQI_SPAN (8: the
+//                               first; int8: the IQ4 levels, MXFP4's values and Q8_0's
+//                               signed, the others' non-negative below 128). Groups form spans of DQI_SPAN (8: the
 //                               whole unit, the 32-element block types and IQ4_XS's
 //                               sub-blocks; 4: one quad, the K-quants' 16-element runs) sharing
 //                               a scale and offset, the weights a[span] * q + b[span] (DQI_OFF =
@@ -39,17 +39,17 @@
 //                               consecutive X blocks (their X scales are one load, aligned).
 //   dqi_f32(w)                  (DQ_I8) group word w of dq_unit_i8 as its 4 q in f32: the
 //                               float GEMV's path. A kernel that defines DQI_F32 gets the IQ4
-//                               types' words as nibbles, their levels looked up here as floats
+//                               and MXFP4 words as nibbles, their levels looked up here as floats
 //                               (not packed to int8 bytes and unpacked again).
 // Values are computed in the f32 operation order of vki_shared.h (that of ggml's reference), so
 // they match engine/quant.c up to the compiler's freedom to fuse a multiply-add.
 //
 // Storage views: every type is read with the widest loads its block alignment allows. Q8_0,
-// Q4_0, IQ4_NL, Q5_0, Q3_K and Q6_K, whose GGUF blocks are only 2-byte aligned, are repacked at
-// upload into the scale-grouped layout (vki_shared.h: per 8 blocks their f16 scales and other
-// small fields gathered at the head, then the 8 bodies, each 16-byte aligned): a Q8_0, Q4_0,
-// IQ4_NL or Q5_0 unit is 16-byte loads, a Q6_K unit two 16-byte loads and one 8-byte load of its
-// scales; scales and heads are 32-bit loads. 4-byte aligned blocks
+// Q4_0, IQ4_NL, Q5_0, Q3_K and Q6_K, whose GGUF blocks are only 2-byte aligned, and MXFP4 (17 B:
+// byte-aligned) are repacked at upload into the scale-grouped layout (vki_shared.h: per 8 blocks,
+// MXFP4 16, their scales and other small fields gathered at the head, then the bodies, each
+// 16-byte aligned): a Q8_0, Q4_0, IQ4_NL, MXFP4 or Q5_0 unit is 16-byte loads, a Q6_K unit two
+// 16-byte loads and one 8-byte load of its scales; scales and heads are 32-bit loads. 4-byte aligned blocks
 // (Q4_1 20 B, Q2_K 84 B) use 32-bit loads, 8-byte aligned ones (Q5_1 24 B, IQ4_XS 136 B) 8-byte
 // loads, 16-byte aligned ones (Q4_K 144 B, Q5_K 176 B) 16-byte loads for the header. F32 and
 // 8-aligned F16/BF16 rows use 16-byte vector loads; F16/BF16 rows of odd length are read through
@@ -69,7 +69,7 @@ vec4 dq_sbytes(uint w) { return vec4(ivec4(uvec4(w) << uvec4(24u, 16u, 8u, 0u)) 
 // Bits j..j+3 of w, one per lane (the fifth bits of Q5_0 / Q5_1 elements j..j+3).
 uvec4 dq_bits4(uint w, uint j) { return (uvec4(w >> j) >> uvec4(0u, 1u, 2u, 3u)) & 1u; }
 
-// Nibble-packed 32-weight (sub-)blocks (Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, IQ4_XS): qs byte j holds
+// Nibble-packed 32-weight (sub-)blocks (Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, IQ4_XS, MXFP4): qs byte j holds
 // element j (low nibble) and j + 16 (high nibble). A whole block's 16 qs bytes w as the elements'
 // nibbles in order, one word per group: elements 0..15 (the low nibbles) in q[0], 16..31 (the
 // high ones) in q[1] (the GEMVs' integer units).
@@ -81,10 +81,10 @@ void dq_nib_block(uvec4 w, out uvec4 q[2]) {
 uvec4 dq_nib_at(uint w, uint j) { return dq_bytes((w >> (j >= 16u ? 4u : 0u)) & 0x0F0F0F0Fu); }
 
 #if defined(DQ_Q8_0) || defined(DQ_Q4_0) || defined(DQ_IQ4_NL) || defined(DQ_Q5_0) || defined(DQ_Q3_K) || \
-    defined(DQ_Q6_K)
+    defined(DQ_Q6_K) || defined(DQ_MXFP4)
 // The scale-grouped device layout (vki_shared.h), in 32-bit words from the row start rb (a row
-// stride is a multiple of 16 bytes): group ib / 8 is DQ_GW words, a head of DQ_HW words (the 8
-// scales in its first 4) and 8 bodies of DQ_BODY_W.
+// stride is a multiple of 16 bytes): group ib / DQ_GB is DQ_GW words, a head of DQ_HW words (the
+// DQ_GB scales first: f16, MXFP4's e bytes) and DQ_GB bodies of DQ_BODY_W.
 layout(std430, binding = DQ_BINDING) readonly buffer DqW { uint dq_w[]; };
 layout(std430, binding = DQ_BINDING) readonly buffer DqW2 { uvec2 dq_w2[]; };
 layout(std430, binding = DQ_BINDING) readonly buffer DqW4 { uvec4 dq_w4[]; };
@@ -100,21 +100,36 @@ layout(std430, binding = DQ_BINDING) readonly buffer DqW4 { uvec4 dq_w4[]; };
 #elif defined(DQ_Q6_K)
 #define DQ_HW uint(VKI_DG_HEAD_Q6_K / 4)
 #define DQ_BODY_W uint(VKI_DG_BODY_Q6_K / 4)
+#elif defined(DQ_MXFP4)
+#define DQ_HW uint(VKI_DG_HEAD_MXFP4 / 4)
+#define DQ_BODY_W uint(VKI_DG_BODY_MXFP4 / 4)
+#define DQ_GB uint(VKI_DG_BLOCKS_MXFP4)
 #else
 #define DQ_HW uint(VKI_DG_HEAD_Q4_0 / 4)
 #define DQ_BODY_W uint(VKI_DG_BODY_Q4_0 / 4)
 #endif
+#ifndef DQ_GB
 #define DQ_GB uint(VKI_DG_BLOCKS)
+#endif
 #define DQ_GW (DQ_HW + DQ_GB * DQ_BODY_W)
 uint dq_row_base(uint row, uint stride_bytes) { return row * (stride_bytes >> 2); }
 // The first word of block ib's group (its head), of its body (a multiple of 4: 16-byte
 // aligned), and the block's scale d.
 uint dq_group(uint rb, uint ib) { return rb + (ib / DQ_GB) * DQ_GW; }
 uint dq_body(uint rb, uint ib) { return dq_group(rb, ib) + DQ_HW + (ib % DQ_GB) * DQ_BODY_W; }
+#ifdef DQ_MXFP4
+// MXFP4: block ib's e, byte ib % 16 of the head, as d = 2^(e - 128) (vki_shared.h; e < 2 gives
+// the subnormals ggml_e8m0_to_fp32_half does, which a device may flush to zero).
+float dq_gscale(uint rb, uint ib) {
+    const uint e = (dq_w[dq_group(rb, ib) + (ib % DQ_GB) / 4u] >> (8u * (ib & 3u))) & 0xFFu;
+    return uintBitsToFloat(e < 2u ? 0x00200000u << e : (e - 1u) << 23);
+}
+#else
 float dq_gscale(uint rb, uint ib) {
     const uint w = dq_w[dq_group(rb, ib) + (ib % DQ_GB) / 2u];
     return unpackHalf2x16((ib & 1u) != 0u ? w >> 16 : w).x;
 }
+#endif
 #endif
 
 #if defined(DQ_Q2_K) || defined(DQ_Q3_K)
@@ -126,11 +141,16 @@ uint dq_k23_unit_k(uint iu, uint g)
 }
 #endif
 
-#if defined(DQ_IQ4_NL) || defined(DQ_IQ4_XS)
-// The 16 IQ4 levels as int8 bytes in 4 words (folded at compile time), looked up with selects
-// and shifts: no indexed array, which lavapipe turns into a per-lane stack copy (measured 100x
-// slower than this in the GEMV) and NVIDIA serialises across a warp's distinct indices.
+#if defined(DQ_IQ4_NL) || defined(DQ_IQ4_XS) || defined(DQ_MXFP4)
+// The 16 IQ4 levels (MXFP4: its 16 doubled E2M1 values) as int8 bytes in 4 words (folded at
+// compile time), looked up with selects and shifts: no indexed array, which lavapipe turns into a
+// per-lane stack copy (measured 100x slower than this in the GEMV) and NVIDIA serialises across a
+// warp's distinct indices.
+#ifdef DQ_MXFP4
+const int dq_iq4_levels[16] = int[16](VKI_MXFP4_VALUES);
+#else
 const int dq_iq4_levels[16] = int[16](VKI_IQ4NL_VALUES);
+#endif
 #define DQ_IQ4_WORD(i) ((uint(dq_iq4_levels[4 * i]) & 0xFFu) | ((uint(dq_iq4_levels[4 * i + 1]) & 0xFFu) << 8) | \
                         ((uint(dq_iq4_levels[4 * i + 2]) & 0xFFu) << 16) | (uint(dq_iq4_levels[4 * i + 3]) << 24))
 const uvec4 dq_iq4_words = uvec4(DQ_IQ4_WORD(0), DQ_IQ4_WORD(1), DQ_IQ4_WORD(2), DQ_IQ4_WORD(3));
@@ -349,8 +369,9 @@ void dq_unit_i8(uint rb, uint ib, uint iu, out uvec4 q[2], out vec2 a, out vec2 
 #define DQI_OFF 1
 uint dqi_unit_k(uint iu, uint g) { return 4u * g; }
 
-#elif defined(DQ_IQ4_NL) // -------------------------------------------------------------------
-// W: scale-grouped as Q4_0. w = d * level[nibble].
+#elif defined(DQ_IQ4_NL) || defined(DQ_MXFP4) // -----------------------------------------------
+// W: scale-grouped as Q4_0 (MXFP4: groups of 16, its e bytes as the scales). w = d * level[nibble]
+// (MXFP4: value[nibble] * d, the same product).
 #define DQ_BLOCK 32u
 vec4 dq_load4(uint rb, uint k, uint K) {
     uint ib = k >> 5, j = k & 31u;
@@ -656,7 +677,7 @@ void dq_unit_i8(uint rb, uint ib, uint iu, out uvec4 q[2], out vec2 a, out vec2 
 
 #ifdef DQ_I8
 #define DQI_G 8 // groups of 4 elements per integer unit
-#if defined(DQI_F32) && (defined(DQ_IQ4_NL) || defined(DQ_IQ4_XS))
+#if defined(DQI_F32) && (defined(DQ_IQ4_NL) || defined(DQ_IQ4_XS) || defined(DQ_MXFP4))
 vec4 dqi_f32(uint w) { return dq_iq4(dq_bytes(w)); }
 #else
 vec4 dqi_f32(uint w) { return dq_sbytes(w); }
@@ -665,6 +686,7 @@ vec4 dqi_f32(uint w) { return dq_sbytes(w); }
 
 #if !defined(DQ_F32) && !defined(DQ_F16) && !defined(DQ_BF16) && !defined(DQ_Q8_0) && !defined(DQ_Q4_0) && \
     !defined(DQ_Q4_1) && !defined(DQ_Q5_0) && !defined(DQ_Q5_1) && !defined(DQ_IQ4_NL) && !defined(DQ_Q2_K) && \
-    !defined(DQ_Q3_K) && !defined(DQ_Q4_K) && !defined(DQ_Q5_K) && !defined(DQ_Q6_K) && !defined(DQ_IQ4_XS)
-#error "dequant.glsl: define one of DQ_F32 DQ_F16 DQ_BF16 DQ_Q8_0 DQ_Q4_0 DQ_Q4_1 DQ_Q5_0 DQ_Q5_1 DQ_IQ4_NL DQ_Q2_K DQ_Q3_K DQ_Q4_K DQ_Q5_K DQ_Q6_K DQ_IQ4_XS"
+    !defined(DQ_Q3_K) && !defined(DQ_Q4_K) && !defined(DQ_Q5_K) && !defined(DQ_Q6_K) && !defined(DQ_IQ4_XS) && \
+    !defined(DQ_MXFP4)
+#error "dequant.glsl: define one of DQ_F32 DQ_F16 DQ_BF16 DQ_Q8_0 DQ_Q4_0 DQ_Q4_1 DQ_Q5_0 DQ_Q5_1 DQ_IQ4_NL DQ_Q2_K DQ_Q3_K DQ_Q4_K DQ_Q5_K DQ_Q6_K DQ_IQ4_XS DQ_MXFP4"
 #endif

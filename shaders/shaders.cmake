@@ -56,7 +56,7 @@ vki_shader(cm_peak_emu cm_peak.comp CM_EMU=1)
 # the integer-dot matrix-vector path (engine/ops_matmul.h op_matmul_i8): X quantised to int8,
 # the weight types whose blocks are integers times a scale plus an offset (dequant.glsl DQ_I8)
 vki_shader(quant_x8 quant_x8.comp)
-foreach(t q8_0 q4_0 q4_1 q5_0 q5_1 q2_k q3_k q4_k q5_k q6_k iq4_nl iq4_xs)
+foreach(t q8_0 q4_0 q4_1 q5_0 q5_1 q2_k q3_k q4_k q5_k q6_k iq4_nl iq4_xs mxfp4)
   string(TOUPPER ${t} T)
   vki_shader(matvec_i8_${t} matvec.comp DQ_${T}=1 MV_I8=1)
   vki_shader(matvec_id_i8_${t} matvec.comp DQ_${T}=1 MV_I8=1 MM_ID=1) # the experts' (op_matmul_id_i8)

@@ -44,6 +44,7 @@ typedef float vki_f32;
 #define VKI_GGML_IQ4_NL 20
 #define VKI_GGML_IQ4_XS 23
 #define VKI_GGML_BF16 30
+#define VKI_GGML_MXFP4 39
 
 /* Block layouts (bytes per block of QK elements), as in ggml; multi-byte fields little-endian,
  * f16 = IEEE half. "Nibbles" of a 32-weight block: byte j holds element j (low) and j + 16
@@ -72,7 +73,10 @@ typedef float vki_f32;
  *  Q6_K: { uint8 ql[128]; uint8 qh[64]; int8 scales[16]; f16 d; }                  210 B / 256
  *  IQ4_XS: { f16 d; uint16 scales_h; uint8 scales_l[4]; uint8 qs[128]; }           136 B / 256
  *        sub-block b (32 weights, qs bytes 16b.., nibbles as above): 6-bit scale ls = (scales_l[b/2]
- *        >> 4(b%2)) & 15 | ((scales_h >> 2b) & 3) << 4; w = (d * (ls - 32)) * VKI_IQ4NL_VALUES[q] */
+ *        >> 4(b%2)) & 15 | ((scales_h >> 2b) & 3) << 4; w = (d * (ls - 32)) * VKI_IQ4NL_VALUES[q]
+ *  MXFP4: { uint8 e; uint8 qs[16]; }             w = VKI_MXFP4_VALUES[nibble] * d,  17 B / 32
+ *        d = 2^(e - 128) (OCP MX: an E8M0 scale 2^(e - 127) over E2M1 elements, whose values
+ *        the table holds doubled, hence half the scale; ggml_e8m0_to_fp32_half) */
 #define VKI_QK8_0 32
 #define VKI_QK4_0 32
 #define VKI_QK_K 256
@@ -88,21 +92,28 @@ typedef float vki_f32;
 #define VKI_Q5_K_BYTES 176
 #define VKI_Q6_K_BYTES 210
 #define VKI_IQ4_XS_BYTES 136
+#define VKI_MXFP4_BYTES 17
 /* Device row layout, "scale-grouped" (engine/quant.c quant_row_to_dev, shaders/dequant.glsl):
  * the blocks of Q8_0, Q4_0, IQ4_NL, Q5_0, Q3_K and Q6_K are only 2-byte aligned in GGUF (34, 18,
  * 18, 22, 110, 210 B), which would leave the kernels 16-bit loads. At upload each run of
  * VKI_DG_BLOCKS blocks of a row becomes a group: a head of the blocks' small fields gathered
- * into arrays of 8 (always the f16 d first; slots past a short last group are 0), then the 8
+ * into arrays of 8 (always the scale d first; slots past a short last group are 0), then the 8
  * bodies (the rest of each block, its bytes in order), every body 16-byte aligned:
  *   Q8_0:         { f16 d[8];                    int8 qs[32] x 8 }            head 16, body 32
  *   Q4_0, IQ4_NL: { f16 d[8];                    uint8 qs[16] x 8 }           head 16, body 16
  *   Q5_0:         { f16 d[8]; uint8 qh[8][4];    uint8 qs[16] x 8 }           head 48, body 16
  *   Q3_K:         { f16 d[8]; uint8 scales[8][12]; {hmask[32], qs[64]} x 8 }  head 112, body 96
  *   Q6_K:         { f16 d[8];                    {ql[128], qh[64], scales[16]} x 8 } 16, 208
- * A full group is exactly the size of its 8 GGUF blocks; a short last group of r < 8 blocks takes
- * (8 - r) times the gathered fields' bytes more (at most 98 B a row, Q3_K). Every other type keeps its
- * GGUF blocks on the device. */
+ * MXFP4's blocks (17 B) are only byte-aligned; its groups are of VKI_DG_BLOCKS_MXFP4 = 16 blocks,
+ * so that the 16 one-byte scales fill a 16-byte head:
+ *   MXFP4:        { uint8 e[16];                 uint8 qs[16] x 16 }          head 16, body 16
+ * A full group is exactly the size of its GGUF blocks; a short last group of r blocks takes the
+ * missing blocks' gathered fields' bytes more (at most 98 B a row, Q3_K). Every other type keeps
+ * its GGUF blocks on the device. */
 #define VKI_DG_BLOCKS 8
+#define VKI_DG_BLOCKS_MXFP4 16
+#define VKI_DG_HEAD_MXFP4 16
+#define VKI_DG_BODY_MXFP4 16
 #define VKI_DG_HEAD_Q8_0 16
 #define VKI_DG_BODY_Q8_0 32
 #define VKI_DG_HEAD_Q4_0 16 /* and IQ4_NL */
@@ -115,6 +126,10 @@ typedef float vki_f32;
 #define VKI_DG_BODY_Q6_K 208
 /* The 16 non-linear levels of IQ4_NL and IQ4_XS (ggml's kvalues_iq4nl), for C and GLSL tables. */
 #define VKI_IQ4NL_VALUES -127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113
+/* MXFP4's 16 element values: the E2M1 codes (sign bit 3, exponent bits 2-1, mantissa bit 0) as
+ * twice their value (0, 0.5, 1, 1.5, 2, 3, 4, 6 -> 0 .. 12), so they are integers (ggml's
+ * kvalues_mxfp4); code 8 is -0. */
+#define VKI_MXFP4_VALUES 0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12
 
 /* ---- push-constant structs (one per kernel family) ----------------------------------------- */
 

@@ -426,6 +426,7 @@ static const shape_case SHAPES[] = {
     {"q4km_f16kv", "llama", 256, 4, 2, 64, 512, SYNTH_Q4_K_M, false, VKI_GGML_F16, TOL_F16KV},
     {"q3km_mix", "llama", 256, 4, 2, 64, 512, SYNTH_Q3_K_M, false, VKI_GGML_F32, TOL_F32}, /* q3..q6_k */
     {"qwen2_iq4xs", "qwen2", 256, 4, 1, 64, 320, SYNTH_IQ4_XS, true, VKI_GGML_F32, TOL_F32}, /* + iq4_nl */
+    {"gqa2_hd64_mxfp4", "llama", 256, 4, 2, 64, 512, SYNTH_MXFP4, false, VKI_GGML_F32, TOL_F32},
 };
 
 /* Opens the model at path with p, checks a random prompt of min_prompt..40 tokens against the
@@ -638,7 +639,8 @@ static float *hidden_step(fixture *fx, const int32_t *prompt, uint32_t n, uint32
 /* int_dot (the integer-dot decode projections) on every weight type it runs: q8_0 with a tied
  * LM head, q4_0, qwen2's q4_k with Q/K/V biases, q6_k, a q4_k_m mix, a q3_k_m mix (q3_k to
  * q6_k), qwen2's iq4_xs (with iq4_nl where a row is no multiple of 256), q4_1, q5_0 (tied),
- * qwen2's q5_1, q2_k and qwen3's q4_k (its head norms in the Q and K projections' epilogues).
+ * qwen2's q5_1, q2_k, qwen3's q4_k (its head norms in the Q and K projections' epilogues) and
+ * mxfp4.
  * Three engines are fed the same tokens (the float engine's greedy choices), two sequences,
  * prefill then decode, the second stopping halfway (so the last steps have one token: the norm
  * epilogues quantise the next block's input):
@@ -659,7 +661,7 @@ static void test_int_dot(void **state)
     vt_gpu *g = vt_gpu_get(state);
     if (!op_matmul_i8_supported(g->dev, VKI_GGML_Q8_0))
         skip();
-    static const size_t models[] = {2, 3, 4, 5, 6, 7, 8};
+    static const size_t models[] = {2, 3, 4, 5, 6, 7, 8, 9};
     /* and the types no other shape has alone: the legacy ones with offsets and fifth bits
      * (llama-quantize's Q4_1, Q5_0 and Q5_1 mixes, and the fallbacks of K mixes on rows of no
      * multiple of 256), and Q2_K; and qwen3 */
@@ -1763,6 +1765,8 @@ static const moe_case MOE_CASES[] = {
     {"mixtral e8k2 q8_0",     "llama",    8, 2, 64,  512, 8,  2, SYNTH_Q8_0,   VKI_GGML_F32, 0, 7,  false, TOL_F32},
     {"mixtral q4_0 gemm f16kv", "llama",  8, 2, 64,  512, 8,  2, SYNTH_Q4_0,   VKI_GGML_F16, 1, 40, false, TOL_F16KV},
     {"qwen3moe iq4_xs cme",   "qwen3moe", 8, 1, 128, 256, 16, 4, SYNTH_IQ4_XS, VKI_GGML_F32, 1, 40, true,  TOL_CM},
+    /* llama-quantize's MXFP4_MOE: MXFP4 experts (gpt-oss's format), Q8_0 elsewhere */
+    {"qwen3moe mxfp4_moe gemm", "qwen3moe", 8, 1, 128, 256, 32, 4, SYNTH_MXFP4_MOE, VKI_GGML_F32, 1, 40, false, TOL_F32},
 };
 /* Measured worst logits NMSE: 5e-13 (F32 KV), 1.8e-9 (F16 KV), 2.5e-6 (emulated tensor cores). */
 
@@ -1860,8 +1864,8 @@ static void test_moe_vs_reference(void **state)
     vt_assert_clean(g);
 }
 
-/* int_dot on the experts (op_matmul_id_i8, h's and g's rows quantised to int8): a qwen3moe Q4_K_M
- * and a Mixtral-style Q8_0 model (8 experts, 2 per token), an int_dot engine against the float one fed the same tokens.
+/* int_dot on the experts (op_matmul_id_i8, h's and g's rows quantised to int8): a qwen3moe Q4_K_M,
+ * a Mixtral-style Q8_0 and a qwen3moe MXFP4_MOE model (8 experts, 2 per token), an int_dot engine against the float one fed the same tokens.
  * The prompt is screened for routing near ties as for the F16 path, with a wider margin
  * (ROUTE_MARGIN_I8). Lavapipe's crossover keeps prefill and decode on the
  * matrix-vector path, so both run the experts (and the dense projections) on integer dot
@@ -1879,6 +1883,8 @@ static void test_moe_int_dot(void **state)
     static const moe_case cases[] = {
         {"qwen3moe e8k2 q4_k_m", "qwen3moe", 8, 1, 128, 256, 8, 2, SYNTH_Q4_K_M, VKI_GGML_F32, 0, 40, false, TOL_F32},
         {"mixtral e8k2 q8_0", "llama", 8, 2, 64, 512, 8, 2, SYNTH_Q8_0, VKI_GGML_F32, 0, 40, false, TOL_F32},
+        {"qwen3moe e8k2 mxfp4_moe", "qwen3moe", 8, 1, 128, 256, 8, 2, SYNTH_MXFP4_MOE, VKI_GGML_F32, 0, 40, false,
+         TOL_F32},
     };
     for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
         moe_case c = cases[ci];

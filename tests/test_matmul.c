@@ -74,6 +74,7 @@ static void random_blocks(vt_rng *r, uint32_t type, uint8_t *row, uint64_t K)
             break;
         case VKI_GGML_Q6_K: put_f16(blk + 208, vt_uniform(r, -0.001f, 0.001f)); break;
         case VKI_GGML_IQ4_XS: put_f16(blk, vt_uniform(r, -0.0005f, 0.0005f)); break;
+        case VKI_GGML_MXFP4: blk[0] = (uint8_t)vt_range(r, 118, 125); break; /* d = 2^-10 .. 2^-3 */
         }
     }
 }
@@ -1774,7 +1775,7 @@ static void test_matvec_i8(void **state)
     vt_rng r = vt_rng_seeded("matvec_i8");
     static const uint32_t types[] = {VKI_GGML_Q8_0, VKI_GGML_Q4_0, VKI_GGML_Q4_K, VKI_GGML_Q5_K, VKI_GGML_Q6_K,
                                      VKI_GGML_IQ4_NL, VKI_GGML_IQ4_XS, VKI_GGML_Q4_1, VKI_GGML_Q5_0, VKI_GGML_Q5_1,
-                                     VKI_GGML_Q2_K, VKI_GGML_Q3_K};
+                                     VKI_GGML_Q2_K, VKI_GGML_Q3_K, VKI_GGML_MXFP4};
     if (!op_matmul_i8_supported(g->dev, VKI_GGML_Q8_0))
         skip(); /* a device without shaderIntegerDotProduct (lavapipe has it) */
     vki_device_info saved = g->dev->info;
@@ -1786,7 +1787,8 @@ static void test_matvec_i8(void **state)
             /* NVIDIA's shape: the types of each DQI_SPAN (4 with and without offsets, 2, 1); on
              * an empty shader cache (CI) every type and shape is a pipeline to compile */
             if (config == 1 && (types[i] == VKI_GGML_Q4_0 || types[i] == VKI_GGML_Q5_K || types[i] == VKI_GGML_IQ4_NL ||
-                                types[i] == VKI_GGML_Q4_1 || types[i] == VKI_GGML_Q5_1 || types[i] == VKI_GGML_Q2_K))
+                                types[i] == VKI_GGML_Q4_1 || types[i] == VKI_GGML_Q5_1 || types[i] == VKI_GGML_Q2_K ||
+                                types[i] == VKI_GGML_MXFP4))
                 continue;
             double err[4] = {0, 0, 0, 0};
             for (uint32_t c = 0; c < 5; c++) {

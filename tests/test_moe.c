@@ -179,13 +179,16 @@ static void random_ids(vt_rng *r, const id_case *s, int32_t *ids)
         }
 }
 
-/* The integer-dot path of the experts' matvec (int_dot) on three of its weight types (one per
- * kind of integer block: Q8_0 plain, Q4_K with offsets, Q6_K signed; every type's block decoding
- * is test_matmul's matvec_i8): X quantised by quant_x8, the product against a reference over
+/* The integer-dot path of the experts' matvec (int_dot) on four of its weight types (one per
+ * kind of integer block: Q8_0 plain, Q4_K with offsets, Q6_K signed, and MXFP4, the experts'
+ * format of gpt-oss files; every type's block decoding is test_matmul's matvec_i8): X quantised by quant_x8, the product against a reference over
  * the device's own int8 X (dequantised from the bytes and scales it wrote), so only the
  * kernel's arithmetic is measured. */
 #define TOL_I8 1e-12 /* measured on lavapipe: <= 1.9e-14 */
-static bool i8_type(uint32_t type) { return type == VKI_GGML_Q8_0 || type == VKI_GGML_Q4_K || type == VKI_GGML_Q6_K; }
+static bool i8_type(uint32_t type)
+{
+    return type == VKI_GGML_Q8_0 || type == VKI_GGML_Q4_K || type == VKI_GGML_Q6_K || type == VKI_GGML_MXFP4;
+}
 
 static void id_case_i8(vt_gpu *g, const id_case *s, uint32_t type, const vk_tensor *t, vkd_buffer *bx,
                        vkd_buffer *bi, const float *w, const int32_t *ids, const char *label)

@@ -281,7 +281,9 @@ static void test_rowdots_gpu(void **state)
             "gather err");
     int types = 0;
     for (uint32_t t = 0; t < 64; t++) {
-        if (!quant_get(t))
+        /* llama-quantize's zoo holds every type vkinfer runs but MXFP4 (no file of it: test_quant
+         * checks its decoding against the OCP spec's element bits) */
+        if (!quant_get(t) || t == VKI_GGML_MXFP4)
             continue;
         if (!st[t].tensors)
             fail_msg("no tensor of type %s in the zoo reached the GPU", quant_type_name(t));

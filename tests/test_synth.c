@@ -229,6 +229,7 @@ static void test_llama_fallbacks(void **state)
         {SYNTH_Q6_K, VKI_GGML_Q8_0, VKI_GGML_F16},   {SYNTH_IQ4_XS, VKI_GGML_IQ4_NL, VKI_GGML_F16},
         {SYNTH_Q4_0, VKI_GGML_Q4_0, VKI_GGML_F16},   {SYNTH_Q5_1, VKI_GGML_Q5_1, VKI_GGML_F16},
         {SYNTH_BF16, VKI_GGML_BF16, VKI_GGML_BF16},  {SYNTH_F32, VKI_GGML_F32, VKI_GGML_F32},
+        {SYNTH_MXFP4, VKI_GGML_MXFP4, VKI_GGML_F16},
     };
     synth_params p = synth_default_params();
     for (size_t i = 0; i < sizeof c / sizeof c[0]; i++) {
@@ -241,6 +242,13 @@ static void test_llama_fallbacks(void **state)
     p.wtype = SYNTH_Q4_K_M, p.tied = false;
     assert_int_equal(synth_weight_type(&p, "output", 0, 320, true), VKI_GGML_Q8_0);
     assert_int_equal(synth_weight_type(&p, "output", 0, 256, true), VKI_GGML_Q6_K);
+    /* MXFP4_MOE (llama.cpp: ne[2] > 1, the stacked experts, MXFP4; every other matrix Q8_0) */
+    p.wtype = SYNTH_MXFP4_MOE;
+    assert_int_equal(synth_weight_type(&p, "ffn_gate_exps", 3, 256, true), VKI_GGML_MXFP4);
+    assert_int_equal(synth_weight_type(&p, "ffn_down_exps", 3, 96, true), VKI_GGML_MXFP4);
+    assert_int_equal(synth_weight_type(&p, "attn_q", 3, 256, true), VKI_GGML_Q8_0);
+    assert_int_equal(synth_weight_type(&p, "ffn_down", 3, 256, true), VKI_GGML_Q8_0);
+    assert_int_equal(synth_weight_type(&p, "output", 0, 256, true), VKI_GGML_Q8_0);
 }
 
 /* The per-tensor types of llama.cpp's own quantiser for the quant-zoo files (their shape: 2

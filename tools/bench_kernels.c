@@ -117,7 +117,7 @@ static void random_weights(bench_run *r, uint8_t *raw, size_t n_bytes, uint32_t 
     const quant_traits *qt = quant_get(type);
     for (size_t b = 0; b < n_bytes / qt->block_bytes; b++) {
         uint8_t *blk = raw + b * qt->block_bytes;
-        switch (type) { /* where each layout keeps its f16 scales (shaders/vki_shared.h) */
+        switch (type) { /* where each layout keeps its scales (shaders/vki_shared.h) */
         case VKI_GGML_Q8_0: case VKI_GGML_Q4_0: case VKI_GGML_Q5_0: case VKI_GGML_IQ4_NL: put_f16(blk, 0.01f); break;
         case VKI_GGML_Q4_1: case VKI_GGML_Q5_1: case VKI_GGML_Q4_K: case VKI_GGML_Q5_K:
             put_f16(blk, 0.01f);
@@ -127,6 +127,7 @@ static void random_weights(bench_run *r, uint8_t *raw, size_t n_bytes, uint32_t 
         case VKI_GGML_Q2_K: put_f16(blk + 80, 0.01f); put_f16(blk + 82, 0.01f); break;
         case VKI_GGML_Q3_K: put_f16(blk + 108, 0.001f); break;
         case VKI_GGML_Q6_K: put_f16(blk + 208, 0.001f); break;
+        case VKI_GGML_MXFP4: blk[0] = 120; break; /* d = 2^-8: an E8M0 byte, not an f16 */
         }
     }
 }
@@ -704,8 +705,9 @@ static const bench_kernel benches[] = {
      mm_setup, matvec_record},
     {"matvec_i8", "as matvec, on the integer-dot path: the product of X already quantised to int8 (quant_x8's row)",
      .types = {VKI_GGML_Q4_K, VKI_GGML_Q8_0, VKI_GGML_Q6_K, VKI_GGML_Q4_0, VKI_GGML_Q5_K, VKI_GGML_IQ4_XS,
-               VKI_GGML_IQ4_NL, VKI_GGML_Q5_0, VKI_GGML_Q4_1, VKI_GGML_Q5_1, VKI_GGML_Q3_K, VKI_GGML_Q2_K},
-     .n_types = 12,
+               VKI_GGML_IQ4_NL, VKI_GGML_Q5_0, VKI_GGML_Q4_1, VKI_GGML_Q5_1, VKI_GGML_Q3_K, VKI_GGML_Q2_K,
+               VKI_GGML_MXFP4},
+     .n_types = 13,
      .full = {{1, 4096, 4096}, {1, 14336, 4096}, {1, 4096, 14336}, {1, 32000, 4096}, {8, 4096, 4096},
               {1, 2048, 2048}}, /* (d_model 2048: 64 integer-dot units of 32 per row, half of 128 lanes) */
      .small = {{1, 1024, 1024}, {1, 2816, 1024}, {1, 8192, 512}, {8, 1024, 1024}},
@@ -907,7 +909,7 @@ static void usage(FILE *f)
     fprintf(f, "usage: bench-kernels [options]\n"
                "  -k, --kernel LIST   comma-separated kernels (default: all)\n"
                "  -t, --type LIST     comma-separated weight types: f32,f16,bf16,q8_0,q4_0,q4_1,q5_0,q5_1,\n"
-               "                      iq4_nl,q2_k,q3_k,q4_k,q5_k,q6_k,iq4_xs\n"
+               "                      iq4_nl,q2_k,q3_k,q4_k,q5_k,q6_k,iq4_xs,mxfp4\n"
                "  -s, --shape MxNxK   a shape (repeatable); replaces the defaults\n"
                "      --small         the small default shapes (default on CPU devices)\n"
                "      --full          the model-sized default shapes (default on GPUs)\n"
