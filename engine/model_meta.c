@@ -55,6 +55,40 @@ static vki_status get_f32(const gguf_file *f, const model_hparams *hp, const cha
     return VKI_OK;
 }
 
+/* YaRN (rope.scaling.type yarn: Qwen2.5 / Qwen3 long-context files, gpt-oss): the ramp's
+ * bounds and extent (llama.cpp's keys and defaults), and the magnitude llama.cpp ends up with,
+ * *attn_factor times 1 + 0.1 ln(factor) where the blend runs (ggml's rope_yarn; llama.cpp's
+ * context cancels its own copy of that term, PR 17945). DeepSeek's yarn_log_multiplier
+ * (mscale_all_dim) changes the magnitude; no architecture here has it, so a file with it is
+ * refused rather than scaled wrong. */
+static vki_status read_yarn(const gguf_file *f, model_hparams *hp, float factor, float *attn_factor, char *err,
+                            size_t n)
+{
+    vki_status st;
+    float log_mul = 0.0f;
+    hp->yarn_ext_factor = 1.0f, hp->yarn_beta_fast = 32.0f, hp->yarn_beta_slow = 1.0f;
+    if ((st = get_f32(f, hp, "rope.scaling.yarn_ext_factor", &hp->yarn_ext_factor, err, n)) ||
+        (st = get_f32(f, hp, "rope.scaling.yarn_beta_fast", &hp->yarn_beta_fast, err, n)) ||
+        (st = get_f32(f, hp, "rope.scaling.yarn_beta_slow", &hp->yarn_beta_slow, err, n)) ||
+        (st = get_f32(f, hp, "rope.scaling.yarn_log_multiplier", &log_mul, err, n)))
+        return st;
+    if (!(hp->yarn_ext_factor >= 0.0f) || hp->yarn_ext_factor > 1.0f)
+        return fail(VKI_ERR_FORMAT, err, n, "%s.rope.scaling.yarn_ext_factor = %g must be in [0, 1]", hp->arch_name,
+                    hp->yarn_ext_factor);
+    if (!(hp->yarn_beta_fast > 0.0f) || !(hp->yarn_beta_slow > 0.0f))
+        return fail(VKI_ERR_FORMAT, err, n, "%s.rope.scaling.yarn_beta_fast / _slow = %g / %g must be > 0",
+                    hp->arch_name, hp->yarn_beta_fast, hp->yarn_beta_slow);
+    if (log_mul != 0.0f)
+        return fail(VKI_ERR_UNSUPPORTED, err, n, "%s.rope.scaling.yarn_log_multiplier (DeepSeek's mscale_all_dim) is "
+                    "not supported", hp->arch_name);
+    if (hp->arch == MODEL_ARCH_GEMMA2 || hp->arch == MODEL_ARCH_GEMMA3)
+        return fail(VKI_ERR_UNSUPPORTED, err, n, "YaRN RoPE scaling with %s's local layers is not supported",
+                    hp->arch_name);
+    if (hp->yarn_ext_factor != 0.0f)
+        *attn_factor *= 1.0f + 0.1f * logf(factor);
+    return VKI_OK;
+}
+
 static vki_status read_rope(const gguf_file *f, model_hparams *hp, char *err, size_t n)
 {
     char key[128];
@@ -67,11 +101,13 @@ static vki_status read_rope(const gguf_file *f, model_hparams *hp, char *err, si
     st = gguf_get_str(f, akey(hp, "rope.scaling.type", key, sizeof key), &kind);
     /* LongRoPE ("longrope", formerly "su"): the factors are tensors, checked with them */
     hp->longrope = st == VKI_OK && (gguf_str_eq(kind, "longrope") || gguf_str_eq(kind, "su"));
-    if (st == VKI_OK && !gguf_str_eq(kind, "none") && !gguf_str_eq(kind, "linear") && !hp->longrope)
-        return fail(VKI_ERR_UNSUPPORTED, err, n, "rope scaling type '%.*s' is not supported (none, linear, longrope)",
+    hp->yarn = st == VKI_OK && gguf_str_eq(kind, "yarn");
+    if (st == VKI_OK && !gguf_str_eq(kind, "none") && !gguf_str_eq(kind, "linear") && !hp->longrope && !hp->yarn)
+        return fail(VKI_ERR_UNSUPPORTED, err, n,
+                    "rope scaling type '%.*s' is not supported (none, linear, longrope, yarn)",
                     (int)(kind.len > 32 ? 32 : kind.len), kind.ptr);
     float factor = 1.0f, attn_factor = 1.0f;
-    if (st == VKI_OK && gguf_str_eq(kind, "linear")) {
+    if (st == VKI_OK && (gguf_str_eq(kind, "linear") || hp->yarn)) {
         if ((st = get_f32(f, hp, "rope.scaling.factor", &factor, err, n)) != VKI_OK)
             return st;
         if (factor < 1.0f)
@@ -84,6 +120,8 @@ static vki_status read_rope(const gguf_file *f, model_hparams *hp, char *err, si
     if (!(attn_factor > 0) || attn_factor > 16)
         return fail(VKI_ERR_FORMAT, err, n, "%s.rope.scaling.attn_factor = %g must be in (0, 16]", hp->arch_name,
                     attn_factor);
+    if (hp->yarn && (st = read_yarn(f, hp, factor, &attn_factor, err, n)) != VKI_OK)
+        return st;
     hp->rope_attn_factor = attn_factor;
     hp->attn_scale *= attn_factor * attn_factor;
     hp->n_ctx_orig = hp->n_ctx_train;
@@ -97,6 +135,10 @@ static vki_status read_rope(const gguf_file *f, model_hparams *hp, char *err, si
     if (hp->n_rot == 0 || hp->n_rot > hp->head_dim || hp->n_rot % 2)
         return fail(VKI_ERR_FORMAT, err, n, "rope.dimension_count %u must be even and in (0, head_dim %u]",
                     hp->n_rot, hp->head_dim);
+    /* the magnitude scales the rotated dims only; folded into the scores it must be all of them */
+    if (hp->rope_attn_factor != 1.0f && hp->n_rot != hp->head_dim)
+        return fail(VKI_ERR_UNSUPPORTED, err, n, "a RoPE attention factor (%g) with partial rotary dims (%u of %u) is "
+                    "not supported", hp->rope_attn_factor, hp->n_rot, hp->head_dim);
     return VKI_OK;
 }
 

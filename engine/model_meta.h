@@ -47,8 +47,14 @@ typedef struct model_hparams {
                                il % n < n - 1 (llama.cpp's set_swa_pattern: gemma2 2, gemma3 6) */
     float attn_scale;       /* softmax scale of q.k: 1/sqrt(head_dim), gemma's 1/sqrt(query_pre_
                                attn_scalar), times rope_attn_factor^2 */
-    float rope_attn_factor; /* LongRoPE (phi3 128k): llama.cpp scales cos and sin of q and k by it;
-                               here it is folded into attn_scale (same scores, V is not rotated) */
+    float rope_attn_factor; /* LongRoPE (phi3 128k), YaRN: llama.cpp scales cos and sin of q and k by
+                               it; here it is folded into attn_scale (the same scores: V is not
+                               rotated, and every dim of q and k is (n_rot == head_dim is checked)) */
+    bool yarn;              /* rope.scaling.type yarn: op_rope_yarn's per-dimension blend of the
+                               interpolated (rope_freq_scale) and the original frequencies */
+    float yarn_ext_factor;  /* rope.scaling.yarn_ext_factor (1): how far the blend goes */
+    float yarn_beta_fast;   /* rope.scaling.yarn_beta_fast (32) / _slow (1): the rotations per */
+    float yarn_beta_slow;   /* original context that bound the blend's ramp */
     float attn_softcap;     /* gemma2: scores = c tanh(scores / c); 0 = none */
     float final_softcap;    /* gemma2: logits = c tanh(logits / c); 0 = none */
     bool embd_scale;        /* gemma: embeddings times sqrt(d_model) */
@@ -58,8 +64,9 @@ typedef struct model_hparams {
     bool fused_qkv;         /* phi3: one attn_qkv matrix [q | k | v] (found from the tensors) */
     bool fused_gate_up;     /* phi3: ffn_up holds [gate | up] and there is no ffn_gate */
     bool longrope;          /* rope.scaling.type longrope / su: rope_factors_long/short must exist */
-    uint32_t n_ctx_orig;    /* phi3 LongRoPE: rope.scaling.original_context_length; the long factors
-                               apply when the engine's context exceeds it (llama.cpp's rule) */
+    uint32_t n_ctx_orig;    /* rope.scaling.original_context_length: phi3 LongRoPE's long factors
+                               apply when the engine's context exceeds it (llama.cpp's rule); YaRN's
+                               ramp is measured against it */
     /* Mixture of experts (qwen3moe; llama with expert_count: Mixtral). 0 experts = dense FFN. */
     uint32_t n_expert;      /* expert_count: experts per layer, <= VKI_MOE_MAX_EXPERTS */
     uint32_t n_expert_used; /* expert_used_count: experts each token runs (top-k), <= VKI_MOE_MAX_USED */

@@ -158,12 +158,29 @@ static double top12(double v)
     return ldexp(nearbyint(ldexp(m, 12)), e - 12);
 }
 
-void op_rope_freqs(double base, double freq_scale, const float *factors, uint32_t n_rot, float *out)
+/* d(b) of op_rope_yarn: the dimension pair that turns b times over the original context. */
+static double yarn_corr_dim(uint32_t n_rot, uint32_t n_ctx_orig, double b, double base)
 {
+    return n_rot * log(n_ctx_orig / (b * 2.0 * 3.14159265358979323846)) / (2.0 * log(base));
+}
+
+void op_rope_freqs(double base, double freq_scale, const float *factors, const op_rope_yarn *yarn, uint32_t n_rot,
+                   float *out)
+{
+    double lo = 0, hi = 0;
+    if (yarn) {
+        lo = fmax(0.0, floor(yarn_corr_dim(n_rot, yarn->n_ctx_orig, yarn->beta_fast, base)));
+        hi = fmin(n_rot - 1.0, ceil(yarn_corr_dim(n_rot, yarn->n_ctx_orig, yarn->beta_slow, base)));
+    }
     for (uint32_t i = 0; i < n_rot / 2; i++) {
-        double f = freq_scale * pow(base, -2.0 * i / n_rot);
+        double extrap = pow(base, -2.0 * i / n_rot);
         if (factors)
-            f /= factors[i];
+            extrap /= factors[i];
+        double f = freq_scale * extrap;
+        if (yarn && yarn->ext_factor != 0) {
+            double mix = (1.0 - fmin(1.0, fmax(0.0, (i - lo) / fmax(0.001, hi - lo)))) * yarn->ext_factor;
+            f = f * (1.0 - mix) + extrap * mix;
+        }
         double g = f / (2.0 * 3.14159265358979323846);
         double g1 = top12(g), g2 = top12(g - g1);
         out[4 * i + 0] = (float)g1;

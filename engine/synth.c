@@ -416,7 +416,7 @@ static vki_status build_tensors(synth_ctx *c)
     add_tensor(c, "output_norm", -1, "weight", 1, d, 1, SYNTH_INIT_NORM, 0.1f);
     if (!p->tied)
         add_tensor(c, "output", -1, "weight", 2, d, c->n_vocab, SYNTH_INIT_WEIGHT, head_std);
-    if (p->n_ctx_orig) { /* LongRoPE: long factors well above 1, short ones near it */
+    if (p->n_ctx_orig && !strcmp(p->arch, "phi3")) { /* LongRoPE: long factors well above 1, short ones near it */
         add_tensor(c, "rope_factors_long", -1, "weight", 1, c->head_dim / 2, 1, SYNTH_INIT_FACTOR, 4.0f);
         add_tensor(c, "rope_factors_short", -1, "weight", 1, c->head_dim / 2, 1, SYNTH_INIT_FACTOR, 0.2f);
     }
@@ -478,10 +478,14 @@ static vki_status validate(synth_ctx *c)
         return synth_fail(c, VKI_ERR_INVALID_ARG, "weight type %d", (int)p->wtype);
     if (!(p->rope_base > 0) || !(p->rms_eps > 0))
         return synth_fail(c, VKI_ERR_INVALID_ARG, "rope_base and rms_eps must be > 0");
+    bool yarn = p->yarn_factor != 0;
     if (!(p->attn_softcap >= 0) || !(p->final_softcap >= 0) || p->sliding_window > (1u << 24) ||
-        p->n_ctx_orig >= p->n_ctx || (p->n_ctx_orig && strcmp(p->arch, "phi3")))
+        p->n_ctx_orig >= p->n_ctx || (p->n_ctx_orig && strcmp(p->arch, "phi3") && !yarn))
         return synth_fail(c, VKI_ERR_INVALID_ARG, "soft-caps must be >= 0, the window <= 2^24, and the LongRoPE "
                           "original context (phi3 only) below the context");
+    if (yarn && (!(p->yarn_factor >= 1) || !p->n_ctx_orig || !strcmp(p->arch, "phi3") || !strncmp(p->arch, "gemma", 5)))
+        return synth_fail(c, VKI_ERR_INVALID_ARG, "YaRN: a factor >= 1 over an original context below the context, "
+                          "and not phi3 (LongRoPE) or gemma");
     bool moe_arch = !strcmp(p->arch, "qwen3moe");
     if ((moe_arch && !p->n_expert) || (p->n_expert && strcmp(p->arch, "llama") && !moe_arch))
         return synth_fail(c, VKI_ERR_INVALID_ARG, "experts: qwen3moe needs them (n_expert > 0); besides it only llama "
@@ -663,7 +667,11 @@ static vki_status write_metadata(synth_ctx *c, gguf_writer *w)
         SET(gguf_w_set_f32, "%s.attn_logit_softcapping", p->attn_softcap);
     if (p->final_softcap > 0)
         SET(gguf_w_set_f32, "%s.final_logit_softcapping", p->final_softcap);
-    if (p->n_ctx_orig) { /* Phi3MiniModel's LongRoPE attention factor */
+    if (p->yarn_factor != 0) { /* convert_hf_to_gguf's rope_scaling {"type": "yarn", ...} */
+        SET(gguf_w_set_str, "%s.rope.scaling.type", "yarn");
+        SET(gguf_w_set_f32, "%s.rope.scaling.factor", p->yarn_factor);
+        SET(gguf_w_set_u32, "%s.rope.scaling.original_context_length", p->n_ctx_orig);
+    } else if (p->n_ctx_orig) { /* Phi3MiniModel's LongRoPE attention factor */
         double scale = (double)p->n_ctx / p->n_ctx_orig;
         SET(gguf_w_set_u32, "%s.rope.scaling.original_context_length", p->n_ctx_orig);
         SET(gguf_w_set_f32, "%s.rope.scaling.attn_factor", (float)sqrt(1 + log(scale) / log((double)p->n_ctx_orig)));

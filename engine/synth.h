@@ -80,7 +80,10 @@ typedef struct synth_params {
     float attn_softcap;     /* gemma2.attn_logit_softcapping; 0 = not written */
     float final_softcap;    /* gemma2/3 final_logit_softcapping; 0 = not written */
     uint32_t n_ctx_orig;    /* phi3 LongRoPE: original context < n_ctx; writes rope_factors_long/short
-                               and the converter's attention factor; 0 = none */
+                               and the converter's attention factor; with yarn_factor YaRN's
+                               original context; 0 = none */
+    float yarn_factor;      /* > 0: rope.scaling.type yarn with this factor (>= 1) over n_ctx_orig
+                               (needed; not phi3 or gemma), as Qwen's long-context files; 0 = none */
     /* Mixture of experts (qwen3moe needs them; llama with experts is Mixtral's layout): */
     uint32_t n_expert;      /* expert_count: ffn_gate_inp + stacked ffn_{gate,up,down}_exps; 0 = dense */
     uint32_t n_expert_used; /* expert_used_count (top-k), 1..n_expert */

@@ -1091,10 +1091,65 @@ static void test_model_meta_archs(void **state)
            {GGUF_EDIT_DROP_TENSOR, "rope_factors_long.weight", 0, 0, 0, 0, NULL},
            {GGUF_EDIT_DROP_TENSOR, "rope_factors_short.weight", 0, 0, 0, 0, NULL});
     EXPECT("phi3", VKI_OK, NULL, {GGUF_EDIT_STR, "phi3.rope.scaling.type", 0, 0, 0, 0, "su"});
-    EXPECT("qwen3", VKI_ERR_UNSUPPORTED, "rope scaling type 'yarn' is not supported",
-           {GGUF_EDIT_STR, "qwen3.rope.scaling.type", 0, 0, 0, 0, "yarn"});
+    EXPECT("qwen3", VKI_ERR_UNSUPPORTED, "rope scaling type 'dynamic' is not supported",
+           {GGUF_EDIT_STR, "qwen3.rope.scaling.type", 0, 0, 0, 0, "dynamic"});
     EXPECT("qwen3", VKI_ERR_UNSUPPORTED, "architecture 'gemma' is not supported",
            {GGUF_EDIT_STR, "general.architecture", 0, 0, 0, 0, "gemma"});
+}
+
+/* YaRN's keys (llama.cpp's names and defaults): the magnitude llama.cpp applies, 1 + 0.1 ln(factor)
+ * times the file's attn_factor where the blend runs (HF's get_mscale), folded into the score scale
+ * squared; and each bad or unsupported key refused by name. */
+static void yarn_hparams(const gguf_edit *e, uint32_t n, model_hparams *hp)
+{
+    char src[64], dst[64], err[256] = "";
+    snprintf(src, sizeof src, "/tmp/vki_yarn_%d.gguf", (int)getpid());
+    snprintf(dst, sizeof dst, "/tmp/vki_yarn_%d_edit.gguf", (int)getpid());
+    arch_model("qwen3", src);
+    assert_int_equal(gguf_edit_copy(src, dst, e, n), VKI_OK);
+    gguf_file *f = NULL;
+    assert_int_equal(gguf_open(dst, &f, err, sizeof err), VKI_OK);
+    if (model_read_hparams(f, hp, err, sizeof err) != VKI_OK)
+        fail_msg("yarn: %s", err);
+    gguf_close(f);
+    unlink(src);
+    unlink(dst);
+}
+
+static void test_model_meta_yarn(void **state)
+{
+    (void)state;
+    model_hparams hp;
+    const gguf_edit qwen_long[] = {{GGUF_EDIT_STR, "qwen3.rope.scaling.type", 0, 0, 0, 0, "yarn"},
+                                   {GGUF_EDIT_F32, "qwen3.rope.scaling.factor", 0, 0, 0, 4.0f, NULL},
+                                   {GGUF_EDIT_U32, "qwen3.rope.scaling.original_context_length", 0, 0, 128, 0, NULL}};
+    yarn_hparams(qwen_long, 3, &hp);
+    double ms = 1.0 + 0.1 * log(4.0);
+    assert_true(hp.yarn && hp.rope_freq_scale == 0.25f && hp.n_ctx_orig == 128);
+    assert_true(hp.yarn_ext_factor == 1.0f && hp.yarn_beta_fast == 32.0f && hp.yarn_beta_slow == 1.0f);
+    assert_true(fabs(hp.rope_attn_factor - ms) < 1e-6);
+    assert_true(fabs(hp.attn_scale - ms * ms / sqrt(32.0)) < 1e-6); /* head dim 32 */
+    /* the file's ext_factor 0: plain interpolation, no magnitude; its attn_factor multiplies */
+    const gguf_edit no_blend[] = {qwen_long[0], qwen_long[1], qwen_long[2],
+                                  {GGUF_EDIT_F32, "qwen3.rope.scaling.yarn_ext_factor", 0, 0, 0, 0.0f, NULL},
+                                  {GGUF_EDIT_F32, "qwen3.rope.scaling.attn_factor", 0, 0, 0, 1.5f, NULL},
+                                  {GGUF_EDIT_F32, "qwen3.rope.scaling.yarn_beta_fast", 0, 0, 0, 16.0f, NULL}};
+    yarn_hparams(no_blend, 6, &hp);
+    assert_true(hp.yarn_ext_factor == 0.0f && hp.rope_attn_factor == 1.5f && hp.yarn_beta_fast == 16.0f);
+    EXPECT("qwen3", VKI_ERR_UNSUPPORTED, "qwen3.rope.scaling.yarn_log_multiplier (DeepSeek's mscale_all_dim)",
+           qwen_long[0], qwen_long[1], {GGUF_EDIT_F32, "qwen3.rope.scaling.yarn_log_multiplier", 0, 0, 0, 0.1f, NULL});
+    EXPECT("qwen3", VKI_ERR_FORMAT, "qwen3.rope.scaling.yarn_ext_factor = 2 must be in [0, 1]", qwen_long[0],
+           {GGUF_EDIT_F32, "qwen3.rope.scaling.yarn_ext_factor", 0, 0, 0, 2.0f, NULL});
+    EXPECT("qwen3", VKI_ERR_FORMAT, "yarn_beta_fast / _slow = 0 / 1 must be > 0", qwen_long[0],
+           {GGUF_EDIT_F32, "qwen3.rope.scaling.yarn_beta_fast", 0, 0, 0, 0.0f, NULL});
+    EXPECT("qwen3", VKI_ERR_FORMAT, "rope.scaling.factor 0.5 must be >= 1", qwen_long[0],
+           {GGUF_EDIT_F32, "qwen3.rope.scaling.factor", 0, 0, 0, 0.5f, NULL});
+    EXPECT("gemma3", VKI_ERR_UNSUPPORTED, "YaRN RoPE scaling with gemma3's local layers",
+           {GGUF_EDIT_STR, "gemma3.rope.scaling.type", 0, 0, 0, 0, "yarn"});
+    EXPECT("llama", VKI_ERR_UNSUPPORTED, "a RoPE attention factor (1.13863) with partial rotary dims (16 of 32)",
+           {GGUF_EDIT_STR, "llama.rope.scaling.type", 0, 0, 0, 0, "yarn"},
+           {GGUF_EDIT_F32, "llama.rope.scaling.factor", 0, 0, 0, 4.0f, NULL},
+           {GGUF_EDIT_U32, "llama.rope.dimension_count", 0, 0, 16, 0, NULL});
 }
 
 int main(void)
@@ -1115,6 +1170,7 @@ int main(void)
         cmocka_unit_test(test_byte_flips),
         cmocka_unit_test(test_inspect_tool),
         cmocka_unit_test(test_model_meta_archs),
+        cmocka_unit_test(test_model_meta_yarn),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -273,7 +273,7 @@ static void run_rope_case(vt_gpu *g, vt_rng *r, const rope_case *rc)
     for (uint32_t t = 0; t < p->n_tokens; t++) /* short prompts, long contexts and the limit */
         pos[t] = t % 3 == 0 ? vt_range(r, 0, 64) : t % 3 == 1 ? vt_range(r, 0, 1u << 20) : (1u << 24) - 1 - t;
     float *tab = malloc(2 * p->n_rot * sizeof *tab), *ref = malloc((size_t)p->n_tokens * row * sizeof *ref);
-    op_rope_freqs(rc->base, rc->freq_scale, rc->factors ? fac : NULL, p->n_rot, tab);
+    op_rope_freqs(rc->base, rc->freq_scale, rc->factors ? fac : NULL, NULL, p->n_rot, tab);
     ref_rope(rc, x, xs, pos, rc->factors ? fac : NULL, ref);
     vkd_buffer *bx = vt_buf_from(g, x, nx * 4, "x"), *by = rc->in_place ? bx : vt_buf_nan(g, ny * 4, "y");
     vkd_buffer *bp = vt_buf_from(g, pos, p->n_tokens * 4, "pos"), *bf = vt_buf_from(g, tab, 2 * p->n_rot * 4, "freqs");
@@ -312,7 +312,7 @@ static void test_rope_freqs_table(void **state)
     float tab[4 * 64], fac[64];
     for (int i = 0; i < 64; i++)
         fac[i] = 1.0f + (float)i / 7;
-    op_rope_freqs(500000.0, 0.5, fac, 128, tab);
+    op_rope_freqs(500000.0, 0.5, fac, NULL, 128, tab);
     for (int i = 0; i < 64; i++) {
         double want = 0.5 * pow(500000.0, -2.0 * i / 128) / fac[i] / (2 * M_PI);
         double got = (double)tab[4 * i] + tab[4 * i + 1] + tab[4 * i + 2];
@@ -321,6 +321,44 @@ static void test_rope_freqs_table(void **state)
         int e;
         double m = frexp(tab[4 * i], &e); /* 12 significant bits: m * 2^12 is an integer */
         assert_true(ldexp(m, 12) == nearbyint(ldexp(m, 12)));
+    }
+}
+
+/* YaRN's table against Hugging Face's formulation (_compute_yarn_parameters: a blend of inverse
+ * frequencies, where op_rope_freqs follows ggml's blend of angles), on Qwen2.5/Qwen3's long-context
+ * setting (base 1e6, 128 dims, factor 4 over 32768: pairs 0..23 keep their frequency, 40.. are
+ * interpolated, the ramp between) and gpt-oss's (base 150000, 64 dims, factor 32 over 4096), and
+ * a half-way ext_factor. */
+static void test_rope_yarn_table(void **state)
+{
+    (void)state;
+    static const struct { double base, factor, ext; uint32_t n_rot, orig, lo, hi; } c[] = {
+        {1000000.0, 4.0, 1.0, 128, 32768, 23, 40},
+        {150000.0, 32.0, 1.0, 64, 4096, 8, 18},
+        {1000000.0, 4.0, 0.5, 128, 32768, 23, 40},
+    };
+    for (size_t k = 0; k < sizeof c / sizeof c[0]; k++) {
+        float tab[4 * 64];
+        const op_rope_yarn y = {c[k].ext, 32.0, 1.0, c[k].orig};
+        op_rope_freqs(c[k].base, 1.0 / c[k].factor, NULL, &y, c[k].n_rot, tab);
+        /* HF: low/high from find_correction_dim, truncated and clamped; the ramp over dim // 2 */
+        const double d = c[k].n_rot;
+        double lo = floor(d * log(c[k].orig / (32.0 * 2 * M_PI)) / (2 * log(c[k].base)));
+        double hi = ceil(d * log(c[k].orig / (1.0 * 2 * M_PI)) / (2 * log(c[k].base)));
+        assert_true(lo == c[k].lo && hi == c[k].hi); /* the bounds worked out by hand above */
+        for (uint32_t i = 0; i < c[k].n_rot / 2; i++) {
+            double inv_extrap = 1.0 / pow(c[k].base, 2.0 * i / d), inv_interp = inv_extrap / c[k].factor;
+            double ramp = fmin(1.0, fmax(0.0, (i - lo) / (hi - lo)));
+            double extrap_w = (1.0 - ramp) * c[k].ext;
+            double want = (inv_interp * (1.0 - extrap_w) + inv_extrap * extrap_w) / (2 * M_PI);
+            double got = (double)tab[4 * i] + tab[4 * i + 1] + tab[4 * i + 2];
+            if (!(fabs(got - want) <= 1e-14 * want))
+                fail_msg("yarn case %zu pair %u: %.17g turns per position, want %.17g", k, i, got, want);
+            if (c[k].ext == 1.0 && i <= lo) /* fast pairs: their own frequency */
+                assert_true(fabs(got - inv_extrap / (2 * M_PI)) <= 1e-14 * got);
+            if (i >= hi) /* slow pairs: interpolated by the factor */
+                assert_true(fabs(got - inv_interp / (2 * M_PI)) <= 1e-14 * got);
+        }
     }
 }
 
@@ -707,6 +745,7 @@ int main(void)
         cmocka_unit_test(test_rmsnorm_xh),
         cmocka_unit_test(test_glu_xh),
         cmocka_unit_test(test_rope_freqs_table),
+        cmocka_unit_test(test_rope_yarn_table),
         cmocka_unit_test(test_rope),
         cmocka_unit_test(test_glu),
         cmocka_unit_test(test_unary),

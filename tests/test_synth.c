@@ -544,8 +544,9 @@ static void test_bad_params(void **state)
 {
     char path[512], err[512];
     tmp_path(state, path, sizeof path, "bad.gguf");
-    static const char *const needle[] = {"arch", "n_head_kv", "odd", "n_vocab", "n_layer", "divide", "vocabulary file"};
-    for (int i = 0; i < 7; i++) {
+    static const char *const needle[] = {"arch",   "n_head_kv", "odd",  "n_vocab", "n_layer",
+                                         "divide", "vocabulary file", "YaRN", "YaRN", "YaRN"};
+    for (int i = 0; i < 10; i++) {
         synth_params p = synth_default_params();
         if (i == 0)
             p.arch = "gpt2";
@@ -561,6 +562,12 @@ static void test_bad_params(void **state)
             p.n_head = 5, p.n_head_kv = 5;
         if (i == 6)
             p.vocab_from = "/nonexistent/v.gguf";
+        if (i == 7) /* YaRN without its original context, below 1, and on phi3 (LongRoPE's) */
+            p.yarn_factor = 4;
+        if (i == 8)
+            p.yarn_factor = 0.5f, p.n_ctx_orig = 128;
+        if (i == 9)
+            p.arch = "phi3", p.yarn_factor = 4, p.n_ctx_orig = 128;
         err[0] = 0;
         vki_status st = synth_write(&p, path, err, sizeof err);
         if (st >= 0 || !strstr(err, needle[i]))

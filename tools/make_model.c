@@ -62,7 +62,10 @@ static void usage(FILE *o)
                "  --window N          attention.sliding_window (0: none)\n"
                "  --attn-softcap C    attn_logit_softcapping (gemma2; 0: none)\n"
                "  --final-softcap C   final_logit_softcapping (gemma2/3; 0: none)\n"
-               "  --ctx-orig N        phi3 LongRoPE: original context (< --ctx), writes rope factors\n"
+               "  --ctx-orig N        phi3 LongRoPE: original context (< --ctx), writes rope factors;\n"
+               "                      with --yarn, YaRN's original context\n"
+               "  --yarn F            rope.scaling.type yarn, factor F (>= 1) over --ctx-orig (Qwen's\n"
+               "                      long-context files; not phi3 or gemma)\n"
                "  --experts N         mixture of experts: N experts per layer (qwen3moe needs it; with\n"
                "                      --arch llama: Mixtral's layout), ffn_gate_inp + ffn_*_exps\n"
                "  --experts-used K    experts per token (top-k)\n"
@@ -129,6 +132,8 @@ static bool apply(synth_params *p, const char *opt, const char *val)
         return parse_f(opt, val, true, &p->attn_softcap);
     if (!strcmp(opt, "--final-softcap"))
         return parse_f(opt, val, true, &p->final_softcap);
+    if (!strcmp(opt, "--yarn"))
+        return parse_f(opt, val, false, &p->yarn_factor);
     if (!strcmp(opt, "--seed"))
         return parse_u(opt, val, UINT64_MAX, &p->seed);
     uint32_t *dst = !strcmp(opt, "--layers")     ? &p->n_layer

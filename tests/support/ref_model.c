@@ -205,8 +205,27 @@ static void matvec(float *y, const float *W, const float *x, const float *b, uin
     }
 }
 
-/* ggml's rope: theta_i = pos * freq_scale * base^(-2i/n_rot) / factor_i, cos and sin times the
- * attention factor (mscale). */
+/* YaRN as Hugging Face's _compute_yarn_parameters writes it (a blend of inverse frequencies, the
+ * engine's op_rope_freqs follows ggml's blend of angles): the extrapolated inv_freq weighted by
+ * 1 - ramp over the pairs, ramp linear from the pair turning beta_fast times over the original
+ * context (floored) to the one turning beta_slow times (ceiled), both clamped to [0, n_rot - 1],
+ * times the file's ext_factor (HF: always 1). */
+static double yarn_inv_freq(const model_hparams *hp, double base, double scale, uint32_t i)
+{
+    const double two_pi = 2.0 * 3.14159265358979323846, d = hp->n_rot;
+    double lo = floor(d * log(hp->n_ctx_orig / (hp->yarn_beta_fast * two_pi)) / (2.0 * log(base)));
+    double hi = ceil(d * log(hp->n_ctx_orig / (hp->yarn_beta_slow * two_pi)) / (2.0 * log(base)));
+    lo = lo < 0 ? 0 : lo, hi = hi > d - 1 ? d - 1 : hi;
+    if (hi == lo)
+        hi += 0.001;
+    double ramp = (i - lo) / (hi - lo), extrap = 1.0 / pow(base, 2.0 * i / d);
+    ramp = ramp < 0 ? 0 : ramp > 1 ? 1 : ramp;
+    double w = (1.0 - ramp) * hp->yarn_ext_factor; /* inv_freq_extrapolation_factor */
+    return extrap * scale * (1.0 - w) + extrap * w;
+}
+
+/* ggml's rope: theta_i = pos * freq_scale * base^(-2i/n_rot) / factor_i (YaRN: yarn_inv_freq), cos
+ * and sin times the attention factor (mscale). */
 static void rope(const ref_model *m, uint32_t kind, float *v, uint32_t n_heads, uint32_t pos)
 {
     const model_hparams *hp = &m->hp;
@@ -215,7 +234,7 @@ static void rope(const ref_model *m, uint32_t kind, float *v, uint32_t n_heads, 
     for (uint32_t h = 0; h < n_heads; h++) {
         float *x = v + (size_t)h * hd;
         for (uint32_t i = 0; i < half; i++) {
-            double theta = pos * scale * pow(base, -2.0 * i / hp->n_rot);
+            double theta = hp->yarn ? pos * yarn_inv_freq(hp, base, scale, i) : pos * scale * pow(base, -2.0 * i / hp->n_rot);
             if (m->rope_factors)
                 theta /= m->rope_factors[i];
             double c = cos(theta) * ms, s = sin(theta) * ms;
