@@ -733,6 +733,10 @@ static void test_pretokenizers(void **state)
         {"deepseek-coder", {"Hello", "'", "s", " world", "!!", "\n", "\n", "  ", "1", "2", "3", "4", "5",
                             " \xC3\x84\xC3\x96", "\tx"}},
         {"default", {"Hello", "'", "s", " world", "!!", "\n\n ", " ", "123", "45", " \xC3\x84\xC3\x96", "\t", "x"}},
+        /* Tekken: the contraction is its own word ('s: an apostrophe before a lower-case run),
+         * digits one by one, an all-upper-case word whole; o200k keeps 's on Hello, digits by 3 */
+        {"tekken", {"Hello", "'s", " world", "!!\n\n", " ", " ", "1", "2", "3", "4", "5", " \xC3\x84\xC3\x96", "\tx"}},
+        {"gpt-4o", {"Hello's", " world", "!!\n\n", " ", " ", "123", "45", " \xC3\x84\xC3\x96", "\tx"}},
     };
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
         char err[256] = "";
@@ -756,19 +760,55 @@ static void test_pretokenizers(void **state)
         vki_tokenizer_free(t);
     }
 
+    /* the cased pre-tokenizers split words where lower case turns upper (Hello|World; an upper
+     * run keeps the lower-case letters after it: ABCdef), keep a slash after punctuation, and
+     * (o200k) a contraction on its word; the others keep the letter run whole */
+    static const char text2[] = "HelloWorld ABCdef's a+/b";
+    static const struct {
+        const char *pre;
+        const char *pieces[12];
+    } cased[] = {
+        {"tekken", {"Hello", "World", " ABCdef", "'s", " a", "+/", "b"}},
+        {"gpt-4o", {"Hello", "World", " ABCdef's", " a", "+/", "b"}},
+        {"llama3", {"HelloWorld", " ABCdef", "'s", " a", "+/", "b"}},
+    };
+    for (size_t c = 0; c < sizeof cased / sizeof cased[0]; c++) {
+        char err[256] = "";
+        vki_tokenizer *t = NULL;
+        assert_int_equal(load_tiny("gpt2", cased[c].pre, true, true, &t, err, sizeof err), VKI_OK);
+        size_t *ends, n, want_n = 0, start = 0;
+        assert_int_equal(tok_bpe_pieces(t, text2, strlen(text2), &ends, &n), VKI_OK);
+        while (cased[c].pieces[want_n])
+            want_n++;
+        bool ok = n == want_n;
+        for (size_t i = 0; ok && i < n; start = ends[i++])
+            ok = ends[i] - start == strlen(cased[c].pieces[i]) && !memcmp(text2 + start, cased[c].pieces[i], ends[i] - start);
+        if (!ok) {
+            printf("  %s pieces:", cased[c].pre);
+            for (size_t i = 0, b = 0; i < n; b = ends[i++])
+                printf(" [%.*s]", (int)(ends[i] - b), text2 + b);
+            printf("\n");
+        }
+        assert_true(ok);
+        free(ends);
+        vki_tokenizer_free(t);
+    }
+
     /* every supported name compiles its regexes */
     static const char *const names[] = {"default", "gpt-2", "phi-2", "roberta-bpe", "mpt", "olmo", "llama3",
                                         "llama-v3", "llama-bpe", "falcon3", "dbrx", "smaug-bpe", "qwen2",
                                         "stablelm2", "megrez", "starcoder", "smollm", "refact", "command-r",
-                                        "codeshell", "exaone", "minerva-7b", "deepseek-llm", "deepseek-coder"};
+                                        "codeshell", "exaone", "minerva-7b", "deepseek-llm", "deepseek-coder",
+                                        "tekken", "gpt-4o", "llama4"};
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
         char err[256] = "";
         vki_tokenizer *t = NULL;
         vki_status st = load_tiny_bos("gpt2", names[i], true, true, true, &t, err, sizeof err);
         if (st != VKI_OK)
             fail_msg("pre-tokenizer %s: %s", names[i], err);
-        /* BOS by default only for Llama 3's family (add_bos_token absent here) */
-        bool llama3 = !strncmp(names[i], "llama", 5) || !strcmp(names[i], "falcon3");
+        /* BOS by default only for Llama 3's family and Tekken (add_bos_token absent here) */
+        bool llama3 = (!strncmp(names[i], "llama", 5) && strcmp(names[i], "llama4")) || !strcmp(names[i], "falcon3") ||
+                      !strcmp(names[i], "tekken");
         assert_int_equal(vki_token_bos(t), 4);
         assert_int_equal(vki_tokenizer_adds_bos(t), llama3);
         size_t n;

@@ -57,6 +57,17 @@ int tok_gpt2_cp_to_byte(uint32_t cp)
 #define RE_LLAMA3_LIKE(DIGITS)                                                                    \
     "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}" DIGITS                    \
     "| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"
+/* Mistral's Tekken (Nemo, Small 3, Devstral) and OpenAI's o200k (gpt-4o, gpt-oss; Llama 4): words
+ * split at case changes (an upper-case run, then lower-case letters), a slash kept with the
+ * punctuation run before it; o200k also keeps a contraction on its word and groups digits by
+ * three. tokenizer.json's own patterns (llama.cpp rewrites the letter classes for its regex
+ * engine; PCRE2 has them). */
+#define RE_CASED(CONTRACTION)                                                                     \
+    "[^\\r\\n\\p{L}\\p{N}]?[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}]*[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}]+" CONTRACTION           \
+    "|[^\\r\\n\\p{L}\\p{N}]?[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}]+[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}]*" CONTRACTION
+#define RE_TEKKEN RE_CASED("") "|\\p{N}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n/]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"
+#define RE_O200K                                                                                  \
+    RE_CASED("(?i:'s|'t|'re|'ve|'m|'ll|'d)?") "|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n/]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"
 /* DeepSeek: CJK ideographs (and U+0800.. as upstream writes it) and Hangul as whole runs. */
 #define RE_DEEPSEEK_CJK "[\\x{4E00}-\\x{9FA5}\\x{0800}-\\x{4E00}\\x{AC00}-\\x{D7FF}]+"
 /* DeepSeek LLM: cased letters (upstream's explicit list of Unicode Lu/Ll/Lt ranges). */
@@ -98,6 +109,8 @@ static const pre_def pre_defs[] = {
     {"llama3|llama-v3|llama-bpe|falcon3", {RE_LLAMA3_LIKE("{1,3}")}, true, true},
     {"dbrx|smaug-bpe", {RE_LLAMA3_LIKE("{1,3}")}, false, false},
     {"qwen2|stablelm2|megrez", {RE_LLAMA3_LIKE("")}, false, false},
+    {"tekken", {RE_TEKKEN}, true, true},
+    {"gpt-4o|llama4", {RE_O200K}, false, false},
     /* HF: Digits(individual_digits) then the GPT-2 ByteLevel regex */
     {"starcoder|smollm|refact|command-r|codeshell|exaone|minerva-7b", {"\\p{N}", RE_GPT2}, false, false},
     {"deepseek-llm",
@@ -129,7 +142,7 @@ vki_status tok_bpe_setup_pre(vki_tokenizer *t, const char *name, char *err, size
     if (!d) {
         if (err && err_len)
             snprintf(err, err_len, "pre-tokenizer '%s' (tokenizer.ggml.pre) is not supported "
-                     "(supported: default, gpt-2, llama3/llama-bpe, qwen2, starcoder/smollm, "
+                     "(supported: default, gpt-2, llama3/llama-bpe, qwen2, tekken, gpt-4o, starcoder/smollm, "
                      "deepseek-llm, deepseek-coder)", name);
         return VKI_ERR_UNSUPPORTED;
     }
