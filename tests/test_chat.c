@@ -73,6 +73,31 @@ static const char T_MISTRAL_V1[] =
     "message['content'] + eos_token}}\n    {%- else %}\n        {{- raise_exception('Only user and assistant roles are "
     "supported, with the exception of an initial optional system message!') }}\n    {%- endif %}\n{%- endfor %}\n";
 
+/* mistralai/Mistral-Nemo-Instruct-2407 ("v3-tekken"), its tool branches left out */
+static const char T_MISTRAL_NEMO[] =
+    "{%- if messages[0][\"role\"] == \"system\" %}\n    {%- set system_message = messages[0][\"content\"] %}\n    {%- "
+    "set loop_messages = messages[1:] %}\n{%- else %}\n    {%- set loop_messages = messages %}\n{%- endif %}\n{%- for "
+    "message in loop_messages | rejectattr(\"role\", \"equalto\", \"tool\") %}\n    {%- if (message[\"role\"] == "
+    "\"user\") != (loop.index0 % 2 == 0) %}\n        {{- raise_exception(\"After the optional system message, "
+    "conversation roles must alternate user/assistant/user/assistant/...\") }}\n    {%- endif %}\n{%- endfor %}\n{{- "
+    "bos_token }}\n{%- for message in loop_messages %}\n    {%- if message[\"role\"] == \"user\" %}\n        {%- if "
+    "loop.last and system_message is defined %}\n            {{- \"[INST]\" + system_message + \"\\n\\n\" + "
+    "message[\"content\"] + \"[/INST]\" }}\n        {%- else %}\n            {{- \"[INST]\" + message[\"content\"] + "
+    "\"[/INST]\" }}\n        {%- endif %}\n    {%- elif message[\"role\"] == \"assistant\" %}\n        {{- "
+    "message[\"content\"] + eos_token}}\n    {%- endif %}\n{%- endfor %}\n";
+
+/* mistralai/Mistral-Small-24B-Instruct-2501 ("v7-tekken"), its default system prompt shortened */
+static const char T_MISTRAL_V7[] =
+    "{%- set today = strftime_now(\"%Y-%m-%d\") %}\n{%- set default_system_message = \"You are Mistral Small 3, a "
+    "\\\"helpful\\\" assistant.\\nBe brief.\" %}\n\n{{- bos_token }}\n\n{%- if messages[0]['role'] == 'system' %}\n    "
+    "{%- set system_message = messages[0]['content'] %}\n    {%- set loop_messages = messages[1:] %}\n{%- else %}\n    "
+    "{%- set system_message = default_system_message %}\n    {%- set loop_messages = messages %}\n{%- endif %}\n{{- "
+    "'[SYSTEM_PROMPT]' + system_message + '[/SYSTEM_PROMPT]' }}\n\n{%- for message in loop_messages %}\n    {%- if "
+    "message['role'] == 'user' %}\n        {{- '[INST]' + message['content'] + '[/INST]' }}\n    {%- elif "
+    "message['role'] == 'system' %}\n        {{- '[SYSTEM_PROMPT]' + message['content'] + '[/SYSTEM_PROMPT]' }}\n    "
+    "{%- elif message['role'] == 'assistant' %}\n        {{- message['content'] + eos_token }}\n    {%- else %}\n        "
+    "{{- raise_exception('Only user, system and assistant roles are supported!') }}\n    {%- endif %}\n{%- endfor %}";
+
 static const char T_ZEPHYR[] =
     "{% for message in messages %}\n{% if message['role'] == 'user' %}\n{{ '<|user|>\n' + message['content'] + "
     "eos_token }}\n{% elif message['role'] == 'system' %}\n{{ '<|system|>\n' + message['content'] + eos_token }}\n{% "
@@ -291,6 +316,28 @@ static void test_mistral(void **state)
     expect_render(T_MISTRAL_V1, CHAT_MISTRAL, "<s>", "</s>", CONV, N_CONV, true,
                   "<s> [INST] You are a helpful assistant\n\nHello [/INST] Hi there</s> [INST] Who are you [/INST]    "
                   "I am an assistant   </s> [INST] Another question [/INST]");
+    /* Nemo's v3-tekken: no spaces, the system message in the last user turn only */
+    expect_render(T_MISTRAL_NEMO, CHAT_MISTRAL, "<s>", "</s>", CONV, N_CONV, true,
+                  "<s>[INST]Hello[/INST]Hi there</s>[INST]Who are you[/INST]   I am an assistant   </s>[INST]You are "
+                  "a helpful assistant\n\nAnother question[/INST]");
+    expect_render(T_MISTRAL_NEMO, CHAT_MISTRAL, "<s>", "</s>", CONV, 3, false, "<s>[INST]Hello[/INST]Hi there</s>");
+    /* Small 3's v7-tekken: [SYSTEM_PROMPT] blocks, the template's default when there is none */
+    expect_render(T_MISTRAL_V7, CHAT_MISTRAL, "<s>", "</s>", CONV, N_CONV, true,
+                  "<s>[SYSTEM_PROMPT]You are a helpful assistant[/SYSTEM_PROMPT][INST]Hello[/INST]Hi there</s>[INST]Who "
+                  "are you[/INST]   I am an assistant   </s>[INST]Another question[/INST]");
+    expect_render(T_MISTRAL_V7, CHAT_MISTRAL, "<s>", "</s>", CONV + 1, 1, true,
+                  "<s>[SYSTEM_PROMPT]You are Mistral Small 3, a \"helpful\" assistant.\nBe brief.[/SYSTEM_PROMPT]"
+                  "[INST]Hello[/INST]");
+    /* a later system message stays where it is; no alternation is required */
+    static const chat_msg v7[] = {M(CHAT_USER, "a"), M(CHAT_SYSTEM, "b"), M(CHAT_USER, "c")};
+    expect_render(T_MISTRAL_V7, CHAT_MISTRAL, "<s>", "</s>", v7, 3, true,
+                  "<s>[SYSTEM_PROMPT]You are Mistral Small 3, a \"helpful\" assistant.\nBe brief.[/SYSTEM_PROMPT]"
+                  "[INST]a[/INST][SYSTEM_PROMPT]b[/SYSTEM_PROMPT][INST]c[/INST]");
+    /* Small 3.1's default appends today's date (strftime_now): no fixed default is written */
+    static const char dated[] = "{%- set default_system_message = \"You are Mistral Small 3.1. Today is \" + today + "
+                                "\".\" %}{{- bos_token }}{{- '[SYSTEM_PROMPT]' + system_message + '[/SYSTEM_PROMPT]' }}"
+                                "{{- '[INST]' + message['content'] + '[/INST]' }}";
+    expect_render(dated, CHAT_MISTRAL, "<s>", "</s>", CONV + 1, 1, true, "<s>[INST]Hello[/INST]");
 }
 
 static void test_zephyr(void **state)

@@ -98,6 +98,41 @@ static vki_status chatml_default_system(const char *t, char **out)
     return VKI_OK;
 }
 
+/* Mistral v7's `set default_system_message = "..."`: the literal, its escapes decoded, into *out
+ * (NULL when absent, or when the value goes on past the literal: Small 3.1 appends today's date
+ * with strftime_now, which a fixed string cannot reproduce). */
+static vki_status mistral_default_system(const char *t, char **out)
+{
+    *out = NULL;
+    const char *p = strstr(t, "default_system_message");
+    if (!p || !(p = strchr(p, '=')))
+        return VKI_OK;
+    p += strspn(p + 1, " ") + 1;
+    char q = *p;
+    if (q != '"' && q != '\'')
+        return VKI_OK;
+    const char *end = p + 1;
+    while (*end && *end != q)
+        end += end[0] == '\\' && end[1] ? 2 : 1;
+    if (!*end || end[1 + strspn(end + 1, " ")] == '+')
+        return VKI_OK;
+    char *s = malloc((size_t)(end - p));
+    if (!s)
+        return VKI_ERR_OUT_OF_HOST_MEMORY;
+    size_t n = 0;
+    for (const char *c = p + 1; c < end; c++) {
+        if (*c == '\\' && c + 1 < end) {
+            c++;
+            s[n++] = *c == 'n' ? '\n' : *c == 't' ? '\t' : *c;
+        } else {
+            s[n++] = *c;
+        }
+    }
+    s[n] = 0;
+    *out = s;
+    return VKI_OK;
+}
+
 vki_status chat_template_init(chat_template *t, chat_family f, const char *tmpl, const char *bos, const char *eos)
 {
     memset(t, 0, sizeof *t);
@@ -110,6 +145,10 @@ vki_status chat_template_init(chat_template *t, chat_family f, const char *tmpl,
     bool canon_bos = f == CHAT_LLAMA3 || f == CHAT_LLAMA2 || f == CHAT_MISTRAL || f == CHAT_GEMMA;
     t->emit_bos = f == CHAT_LLAMA2 || (tmpl ? strstr(tmpl, "bos_token") != NULL : canon_bos);
     t->mistral_spaced = f == CHAT_MISTRAL && tmpl && (strstr(tmpl, "' [INST] '") || strstr(tmpl, "\" [INST] \""));
+    t->mistral_v7 = f == CHAT_MISTRAL && tmpl && strstr(tmpl, "[SYSTEM_PROMPT]");
+    t->mistral_tekken = f == CHAT_MISTRAL && tmpl && !t->mistral_v7 && (strstr(tmpl, "[INST]'") || strstr(tmpl, "[INST]\""));
+    if (t->mistral_v7)
+        return mistral_default_system(tmpl, &t->default_system);
     t->strip_think = f == CHAT_CHATML && tmpl && strstr(tmpl, "</think>");
     t->phi3_v1 = f == CHAT_PHI3 && tmpl && !strstr(tmpl, "add_generation_prompt");
     return f == CHAT_CHATML && tmpl ? chatml_default_system(tmpl, &t->default_system) : VKI_OK;
@@ -358,11 +397,51 @@ static void render_llama2(const chat_template *t, const chat_msg *m, size_t n, b
  * ' [/INST]' and answers content + eos. The "v1" template (' [INST] ' in the template) puts a space
  * before each [INST] and each answer and accepts a first system message, written before the first
  * user message followed by "\n\n"; we accept it that way for the original template too, whose
- * upstream text refuses system messages. */
+ * upstream text refuses system messages. Tekken's: "v3-tekken" (Nemo) drops the spaces and writes
+ * the system message into the conversation's last message when that is a user turn (and nowhere
+ * otherwise, as upstream); "v7" (Small 3, Devstral) writes system messages, the template's default
+ * when the conversation has none, as [SYSTEM_PROMPT] blocks wherever they stand, and requires no
+ * alternation. */
 static void render_mistral(const chat_template *t, const chat_msg *m, size_t n, bool gen, chat_out *o, char *err,
                            size_t n_err)
 {
     size_t first = n && m[0].role == CHAT_SYSTEM;
+    if (t->mistral_v7) { /* mistralai/Mistral-Small-24B-Instruct-2501: any role order */
+        if (t->emit_bos)
+            lit(o, t->bos);
+        if (!first && t->default_system) {
+            lit(o, "[SYSTEM_PROMPT]");
+            lit(o, t->default_system);
+            lit(o, "[/SYSTEM_PROMPT]");
+        }
+        for (size_t i = 0; i < n; i++) {
+            lit(o, m[i].role == CHAT_SYSTEM ? "[SYSTEM_PROMPT]" : m[i].role == CHAT_USER ? "[INST]" : "");
+            txt(o, &m[i]);
+            lit(o, m[i].role == CHAT_SYSTEM ? "[/SYSTEM_PROMPT]" : m[i].role == CHAT_USER ? "[/INST]" : t->eos);
+        }
+        return;
+    }
+    if (t->mistral_tekken) { /* mistralai/Mistral-Nemo-Instruct-2407 */
+        if (!alternates(o, m, n, first, t, err, n_err))
+            return;
+        if (t->emit_bos)
+            lit(o, t->bos);
+        for (size_t i = first; i < n; i++) {
+            if (m[i].role == CHAT_USER) {
+                lit(o, "[INST]");
+                if (first && i == n - 1) {
+                    txt(o, &m[0]);
+                    lit(o, "\n\n");
+                }
+                txt(o, &m[i]);
+                lit(o, "[/INST]");
+            } else {
+                txt(o, &m[i]);
+                lit(o, t->eos);
+            }
+        }
+        return;
+    }
     if (!alternates(o, m, n, first, t, err, n_err))
         return;
     if (t->emit_bos)

@@ -51,8 +51,13 @@ typedef struct chat_template {
     chat_family family;
     bool emit_bos;        /* the template writes bos_token (Llama 2 writes it before every turn) */
     bool mistral_spaced;  /* Mistral "v1": " [INST] ", " [/INST]", " " before an answer */
+    bool mistral_tekken;  /* Mistral "v3-tekken" (Nemo): "[INST]" + content + "[/INST]", no spaces,
+                             the system message in the final user turn */
+    bool mistral_v7;      /* Mistral "v7" (Small 3, Devstral): [SYSTEM_PROMPT] blocks (default_system:
+                             the template's default_system_message literal), any role order */
     char bos[64], eos[64]; /* the texts of bos_token / eos_token ("" when the vocabulary has none) */
-    char *default_system; /* ChatML: the system prompt the template writes when none is given */
+    char *default_system; /* ChatML, Mistral v7: the system prompt the template writes when none is
+                             given */
     bool strip_think;     /* ChatML with reasoning (Qwen3): assistant turns before the last user
                              message lose their "<think>...</think>" part */
     bool phi3_v1;         /* the first Phi-3 template (mini-4k/medium, April 2024): no system turn,
