@@ -93,8 +93,8 @@ static vki_status upload_rope_tables(vk_engine *e)
                       &s->rope_freqs[k]);
         if (st == VKI_OK) {
             const op_rope_yarn y = {hp->yarn_ext_factor, hp->yarn_beta_fast, hp->yarn_beta_slow, hp->n_ctx_orig};
-            op_rope_freqs(hp->kind[k].rope_base, hp->kind[k].rope_freq_scale, factors, hp->yarn ? &y : NULL, hp->n_rot,
-                          table);
+            op_rope_freqs(hp->kind[k].rope_base, hp->kind[k].rope_freq_scale, factors, hp->yarn ? &y : NULL,
+                          hp->rope_attn_factor, hp->n_rot, table);
             st = vkd_upload(e->dev, s->rope_freqs[k], 0, table, (size_t)hp->n_rot * 2 * 4);
         }
     }

@@ -123,7 +123,6 @@ static vki_status read_rope(const gguf_file *f, model_hparams *hp, char *err, si
     if (hp->yarn && (st = read_yarn(f, hp, factor, &attn_factor, err, n)) != VKI_OK)
         return st;
     hp->rope_attn_factor = attn_factor;
-    hp->attn_scale *= attn_factor * attn_factor;
     hp->n_ctx_orig = hp->n_ctx_train;
     if ((st = get_u32(f, hp, "rope.scaling.original_context_length", false, &hp->n_ctx_orig, err, n)))
         return st;
@@ -135,10 +134,6 @@ static vki_status read_rope(const gguf_file *f, model_hparams *hp, char *err, si
     if (hp->n_rot == 0 || hp->n_rot > hp->head_dim || hp->n_rot % 2)
         return fail(VKI_ERR_FORMAT, err, n, "rope.dimension_count %u must be even and in (0, head_dim %u]",
                     hp->n_rot, hp->head_dim);
-    /* the magnitude scales the rotated dims only; folded into the scores it must be all of them */
-    if (hp->rope_attn_factor != 1.0f && hp->n_rot != hp->head_dim)
-        return fail(VKI_ERR_UNSUPPORTED, err, n, "a RoPE attention factor (%g) with partial rotary dims (%u of %u) is "
-                    "not supported", hp->rope_attn_factor, hp->n_rot, hp->head_dim);
     return VKI_OK;
 }
 

@@ -46,10 +46,9 @@ typedef struct model_hparams {
     uint32_t swa_pattern;   /* which layers slide: 0 = none; 1 = all; n > 1: layer il slides iff
                                il % n < n - 1 (llama.cpp's set_swa_pattern: gemma2 2, gemma3 6) */
     float attn_scale;       /* softmax scale of q.k: 1/sqrt(head_dim), gemma's 1/sqrt(query_pre_
-                               attn_scalar), times rope_attn_factor^2 */
-    float rope_attn_factor; /* LongRoPE (phi3 128k), YaRN: llama.cpp scales cos and sin of q and k by
-                               it; here it is folded into attn_scale (the same scores: V is not
-                               rotated, and every dim of q and k is (n_rot == head_dim is checked)) */
+                               attn_scalar) */
+    float rope_attn_factor; /* LongRoPE (phi3 128k), YaRN: cos and sin of q's and k's rotated pairs
+                               are scaled by it (the rotation table's magnitude), as llama.cpp does */
     bool yarn;              /* rope.scaling.type yarn: op_rope_yarn's per-dimension blend of the
                                interpolated (rope_freq_scale) and the original frequencies */
     float yarn_ext_factor;  /* rope.scaling.yarn_ext_factor (1): how far the blend goes */

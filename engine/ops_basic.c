@@ -164,8 +164,8 @@ static double yarn_corr_dim(uint32_t n_rot, uint32_t n_ctx_orig, double b, doubl
     return n_rot * log(n_ctx_orig / (b * 2.0 * 3.14159265358979323846)) / (2.0 * log(base));
 }
 
-void op_rope_freqs(double base, double freq_scale, const float *factors, const op_rope_yarn *yarn, uint32_t n_rot,
-                   float *out)
+void op_rope_freqs(double base, double freq_scale, const float *factors, const op_rope_yarn *yarn, float mag,
+                   uint32_t n_rot, float *out)
 {
     double lo = 0, hi = 0;
     if (yarn) {
@@ -186,7 +186,7 @@ void op_rope_freqs(double base, double freq_scale, const float *factors, const o
         out[4 * i + 0] = (float)g1;
         out[4 * i + 1] = (float)g2;
         out[4 * i + 2] = (float)(g - g1 - g2);
-        out[4 * i + 3] = 0.0f;
+        out[4 * i + 3] = mag;
     }
 }
 

@@ -75,8 +75,8 @@ vki_status op_rope(vkd_cmd *c, const op_rope_p *p, op_mat x, op_mat y, vkd_view 
  * lo) / max(0.001, hi - lo), 0, 1), lo = max(0, floor(d(beta_fast))), hi = min(n_rot - 1,
  * ceil(d(beta_slow))), d(b) = n_rot ln(n_ctx_orig / (2 pi b)) / (2 ln base): the pairs that turn
  * more than beta_fast times over the original context keep their frequency, those under beta_slow
- * are interpolated. The magnitude (cos and sin times 1 + 0.1 ln(1 / freq_scale)) is the caller's
- * (model_hparams.rope_attn_factor). */
+ * are interpolated. Its magnitude (cos and sin times 1 + 0.1 ln(1 / freq_scale)) comes in as
+ * op_rope_freqs' mag (model_hparams.rope_attn_factor). */
 typedef struct op_rope_yarn {
     double ext_factor, beta_fast, beta_slow;
     uint32_t n_ctx_orig;
@@ -86,10 +86,12 @@ typedef struct op_rope_yarn {
  * for i < n_rot/2 (factors: llama3 rope_freqs, f32[n_rot/2], or NULL for 1; yarn: NULL, or the
  * blend above of that and freq_scale = 1), computed in double and stored as turns per position
  * g = theta/(2 pi pos) split exactly into three floats: out[4i + 0] (12 significant bits),
- * out[4i + 1] (the next 12), out[4i + 2] (the rest), out[4i + 3] = 0. out: float[2 * n_rot].
- * Computed once per model; upload it with vkd_upload. */
-void op_rope_freqs(double base, double freq_scale, const float *factors, const op_rope_yarn *yarn, uint32_t n_rot,
-                   float *out);
+ * out[4i + 1] (the next 12), out[4i + 2] (the rest), and out[4i + 3] = mag, which scales cos and
+ * sin of every rotated pair (LongRoPE's and YaRN's attention factor, llama.cpp's mscale; 1 for
+ * none; dims past n_rot are not scaled). out: float[2 * n_rot]. Computed once per model; upload
+ * it with vkd_upload. */
+void op_rope_freqs(double base, double freq_scale, const float *factors, const op_rope_yarn *yarn, float mag,
+                   uint32_t n_rot, float *out);
 
 /* y[r, c] = act(g[r, c]) * u[r, c] (y may be g or u); act = VKI_GLU_SILU (SwiGLU) or
  * VKI_GLU_GELU_TANH (GeGLU with the tanh-approximate GELU), see vki_shared.h. */

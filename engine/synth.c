@@ -417,8 +417,9 @@ static vki_status build_tensors(synth_ctx *c)
     if (!p->tied)
         add_tensor(c, "output", -1, "weight", 2, d, c->n_vocab, SYNTH_INIT_WEIGHT, head_std);
     if (p->n_ctx_orig && !strcmp(p->arch, "phi3")) { /* LongRoPE: long factors well above 1, short ones near it */
-        add_tensor(c, "rope_factors_long", -1, "weight", 1, c->head_dim / 2, 1, SYNTH_INIT_FACTOR, 4.0f);
-        add_tensor(c, "rope_factors_short", -1, "weight", 1, c->head_dim / 2, 1, SYNTH_INIT_FACTOR, 0.2f);
+        uint32_t half_rot = (p->n_rot ? p->n_rot : c->head_dim) / 2; /* one factor per rotated pair */
+        add_tensor(c, "rope_factors_long", -1, "weight", 1, half_rot, 1, SYNTH_INIT_FACTOR, 4.0f);
+        add_tensor(c, "rope_factors_short", -1, "weight", 1, half_rot, 1, SYNTH_INIT_FACTOR, 0.2f);
     }
     for (int l = 0; l < (int)p->n_layer; l++)
         add_layer(c, a, l);
@@ -472,6 +473,9 @@ static vki_status validate(synth_ctx *c)
     c->head_dim = p->head_dim ? p->head_dim : p->d_model / p->n_head;
     if (c->head_dim % 2)
         return synth_fail(c, VKI_ERR_INVALID_ARG, "head_dim %u is odd (RoPE rotates pairs)", c->head_dim);
+    if (p->n_rot % 2 || p->n_rot > c->head_dim)
+        return synth_fail(c, VKI_ERR_INVALID_ARG, "n_rot %u must be even and at most head_dim %u", p->n_rot,
+                          c->head_dim);
     if ((uint64_t)p->n_head * c->head_dim > SYNTH_MAX_DIM)
         return synth_fail(c, VKI_ERR_INVALID_ARG, "n_head * head_dim above %u", SYNTH_MAX_DIM);
     if ((unsigned)p->wtype >= SYNTH_WTYPE_COUNT)
@@ -649,7 +653,7 @@ static vki_status write_metadata(synth_ctx *c, gguf_writer *w)
     SET(gguf_w_set_u32, "%s.attention.head_count_kv", p->n_head_kv);
     SET(gguf_w_set_f32, "%s.attention.layer_norm_rms_epsilon", p->rms_eps);
     SET(gguf_w_set_f32, "%s.rope.freq_base", p->rope_base);
-    SET(gguf_w_set_u32, "%s.rope.dimension_count", c->head_dim);
+    SET(gguf_w_set_u32, "%s.rope.dimension_count", p->n_rot ? p->n_rot : c->head_dim);
     if (p->d_model % p->n_head || c->head_dim != p->d_model / p->n_head) {
         SET(gguf_w_set_u32, "%s.attention.key_length", c->head_dim);
         SET(gguf_w_set_u32, "%s.attention.value_length", c->head_dim);

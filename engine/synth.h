@@ -82,6 +82,8 @@ typedef struct synth_params {
     uint32_t n_ctx_orig;    /* phi3 LongRoPE: original context < n_ctx; writes rope_factors_long/short
                                and the converter's attention factor; with yarn_factor YaRN's
                                original context; 0 = none */
+    uint32_t n_rot;         /* rope.dimension_count: rotated dims per head, even, <= head_dim (Phi-4-
+                               mini: 96 of 128); 0 = head_dim */
     float yarn_factor;      /* > 0: rope.scaling.type yarn with this factor (>= 1) over n_ctx_orig
                                (needed; not phi3 or gemma), as Qwen's long-context files; 0 = none */
     /* Mixture of experts (qwen3moe needs them; llama with experts is Mixtral's layout): */

@@ -85,7 +85,7 @@ void load_queries(uint t, uint h0, uint gn, uint pos)
     for (uint i = gl_LocalInvocationID.x; i < GMAX * half_rot; i += WG) {
         uint g = i / half_rot, pr = i % half_rot, qb = p.q_off + t * p.q_stride + (h0 + g) * HD;
         uvec2 ab = rope_pair(pr, n_rot, neox);
-        vec2 r = g < gn ? rope_rotate(q[qb + ab.x], q[qb + ab.y], rope_angle(pos, fr[pr])) : vec2(0.0);
+        vec2 r = g < gn ? rope_rotate(q[qb + ab.x], q[qb + ab.y], rope_angle(pos, fr[pr]), fr[pr].w) : vec2(0.0);
         qs[(g * HD + ab.x) / 4][ab.x % 4] = p.q_scale * r.x;
         qs[(g * HD + ab.y) / 4][ab.y % 4] = p.q_scale * r.y;
     }

@@ -46,7 +46,7 @@ float kv_act(uint hb, uint j, bool is_k, uint n_rot, bool neox, uint pos)
         return k_act[hb + j];
     uint i = rope_pair_of(j, n_rot, neox);
     uvec2 ab = rope_pair(i, n_rot, neox);
-    vec2 r = rope_rotate(k_act[hb + ab.x], k_act[hb + ab.y], rope_angle(pos, fr[i]));
+    vec2 r = rope_rotate(k_act[hb + ab.x], k_act[hb + ab.y], rope_angle(pos, fr[i]), fr[i].w);
     return j == ab.x ? r.x : r.y;
 }
 

@@ -11,7 +11,7 @@ layout(push_constant) uniform PushBlock { vki_pc_rope p; };
 layout(std430, binding = 0) readonly buffer X { float x[]; };  // f32 rows: x[x_off + t * x_stride + h * head_dim + d]
 layout(std430, binding = 1) writeonly buffer Y { float y[]; }; // f32 rows: y[y_off + t * y_stride + h * head_dim + d]
 layout(std430, binding = 2) readonly buffer P { uint pos[]; }; // u32 [n_tokens]
-layout(std430, binding = 3) readonly buffer F { vec4 fr[]; };  // vec4 [n_rot / 2]: (g1, g2, g3, 0)
+layout(std430, binding = 3) readonly buffer F { vec4 fr[]; };  // vec4 [n_rot / 2]: (g1, g2, g3, magnitude)
 
 void main()
 {
@@ -25,7 +25,7 @@ void main()
         uint yb = p.y_off + t * p.y_stride + h * p.head_dim;
         if (i < half_rot) {
             uvec2 ab = rope_pair(i, p.n_rot, p.neox != 0u);
-            vec2 r = rope_rotate(x[xb + ab.x], x[xb + ab.y], rope_angle(pos[t], fr[i]));
+            vec2 r = rope_rotate(x[xb + ab.x], x[xb + ab.y], rope_angle(pos[t], fr[i]), fr[i].w);
             y[yb + ab.x] = r.x;
             y[yb + ab.y] = r.y;
         } else { // dims 2i, 2i+1 >= n_rot pass through (both pairings)

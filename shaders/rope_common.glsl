@@ -18,7 +18,7 @@ float centered_fract(float v)
     return v - floor(v + 0.5);
 }
 
-// Angle of a pair with table entry g (vec4 {g1, g2, g3, 0}) at position ps, in [-pi, pi].
+// Angle of a pair with table entry g (vec4 {g1, g2, g3, magnitude}) at position ps, in [-pi, pi].
 float rope_angle(uint ps, vec4 g)
 {
     float ph = float(ps >> 12), pl = float(ps & 4095u);
@@ -30,11 +30,13 @@ float rope_angle(uint ps, vec4 g)
     return s * TWO_PI;
 }
 
-// Pair (x0, x1) rotated by ang: (x0 c - x1 s, x0 s + x1 c), each rounded as written (precise: no
-// contraction into FMAs that could differ between the two kernels).
-vec2 rope_rotate(float x0, float x1, float ang)
+// Pair (x0, x1) rotated by ang and scaled by mag (the table entry's w: LongRoPE's and YaRN's
+// magnitude, else 1, which leaves the bits unchanged): (x0 c - x1 s, x0 s + x1 c) with c = mag
+// cos(ang), s = mag sin(ang), each rounded as written (precise: no contraction into FMAs that
+// could differ between the kernels).
+vec2 rope_rotate(float x0, float x1, float ang, float mag)
 {
-    float c = cos(ang), s = sin(ang);
+    precise float c = cos(ang) * mag, s = sin(ang) * mag;
     precise float y0 = x0 * c - x1 * s;
     precise float y1 = x0 * s + x1 * c;
     return vec2(y0, y1);

@@ -363,7 +363,7 @@ static void check_fresh(vt_gpu *g, const op_attn *a, const op_attn_step *st, con
     uint8_t *pool[2] = {malloc(h->kpool.n), malloc(h->kpool.n)};
     for (int ri = 0; ri < 3; ri++) {
         bool neox = ri == 2;
-        op_rope_freqs(10000.0, 1.0, NULL, NULL, rots[ri] ? rots[ri] : 2, fr);
+        op_rope_freqs(10000.0, 1.0, NULL, NULL, 1.0f, rots[ri] ? rots[ri] : 2, fr);
         vkd_buffer *bfr = vt_buf_from(g, fr, hd * 2 * sizeof *fr, "freqs");
         vkd_buffer *qkv[2] = {vt_buf_from(g, h->qkv, qkv_n * 4, "qkv, rope pass"), vt_buf_from(g, h->qkv, qkv_n * 4, "qkv")};
         vkd_buffer *o[2] = {vt_buf_nan(g, o_n * 4, "out, rope pass"), vt_buf_nan(g, o_n * 4, "out, fresh")};
@@ -921,7 +921,7 @@ static void test_kv_write_rope(void **state)
             float *k = malloc((size_t)T * row * 4 * 2), *fr = malloc(2 * rc[ci].n_rot * 4);
             for (uint32_t i = 0; i < T * row * 2; i++) /* k rows then v rows */
                 k[i] = vt_uniform(&r, -3, 3);
-            op_rope_freqs(500000.0, 1.0, NULL, NULL, rc[ci].n_rot, fr);
+            op_rope_freqs(500000.0, 1.0, NULL, NULL, 1.0f, rc[ci].n_rot, fr);
             size_t pool = T * op_kv_page_bytes(&s);
             vkd_buffer *bk = vt_buf_from(g, k, (size_t)T * row * 8, "k, v"), *bk2 = vt_buf_from(g, k, (size_t)T * row * 8, "k, v copy");
             vkd_buffer *bfr = vt_buf_from(g, fr, 2 * rc[ci].n_rot * 4, "freqs");

@@ -476,6 +476,7 @@ typedef struct arch_case {
     uint32_t kv_type;
     double tol;
     float yarn;               /* YaRN factor over ctx_orig (0: none) */
+    uint32_t n_rot;           /* rotated dims (0: head_dim) */
 } arch_case;
 
 static void write_arch_model(const arch_case *c, char *path, size_t n)
@@ -486,7 +487,7 @@ static void write_arch_model(const arch_case *c, char *path, size_t n)
     p.n_layer = c->layers, p.d_model = c->d, p.n_head = c->n_head, p.n_head_kv = c->n_kv;
     p.head_dim = c->head_dim, p.d_ff = c->d_ff, p.wtype = c->wtype;
     p.sliding_window = c->window, p.attn_softcap = c->attn_softcap, p.final_softcap = c->final_softcap;
-    p.n_ctx_orig = c->ctx_orig, p.yarn_factor = c->yarn;
+    p.n_ctx_orig = c->ctx_orig, p.yarn_factor = c->yarn, p.n_rot = c->n_rot;
     p.n_vocab = 512, p.n_ctx = 4096, p.seed = 99;
     p.tied = !strncmp(c->arch, "gemma", 5) || !strcmp(c->arch, "qwen3");
     if (!strcmp(c->arch, "gemma3") || !strcmp(c->arch, "qwen3"))
@@ -497,23 +498,25 @@ static void write_arch_model(const arch_case *c, char *path, size_t n)
 /* Gemma 2's soft-caps here are smaller than its real 50 / 30 so that they bend this random
  * model's scores (std ~1) and logits (std ~3) instead of passing them nearly unchanged. */
 static const arch_case ARCH_CASES[] = {
-    /* label                     arch      L  d    H  KV hd   d_ff weights      window caps        orig ctx cap kv            tol  yarn */
-    {"qwen3 hd128 gqa2",         "qwen3",  2, 256, 4, 2, 128, 512, SYNTH_F16,   0,     0, 0,       0,   0,  0, VKI_GGML_F32, TOL_F32, 0},
-    {"gemma2 hd256 w24 caps",    "gemma2", 2, 256, 4, 2, 256, 512, SYNTH_Q8_0,  24,    1.5f, 4.0f, 0,   0,  0, VKI_GGML_F32, TOL_F32, 0},
-    {"gemma3 5to1 hd256 mqa",    "gemma3", 6, 256, 4, 1, 256, 512, SYNTH_F32,   24,    0, 0,       0,   0,  0, VKI_GGML_F32, TOL_F32, 0},
-    {"phi3 hd96 longrope long",  "phi3",   2, 384, 4, 4, 96,  512, SYNTH_Q8_0,  20,    0, 0,       64,  0,  0, VKI_GGML_F32, TOL_F32, 0},
-    {"phi3 longrope short",      "phi3",   2, 384, 4, 4, 96,  512, SYNTH_F16,   20,    0, 0,       64,  64, 0, VKI_GGML_F32, TOL_F32, 0},
-    {"mistral w20 hd128 gqa4",   "llama",  2, 256, 4, 1, 128, 512, SYNTH_Q4_K_M, 20,   0, 0,       0,   0,  0, VKI_GGML_F32, TOL_F32, 0},
-    {"llama capped 16 + sink",   "llama",  2, 256, 4, 2, 64,  512, SYNTH_F32,   0,     0, 0,       0,   0,  16, VKI_GGML_F32, TOL_F32, 0},
-    {"qwen3 q8_0 kv",            "qwen3",  2, 256, 4, 2, 128, 512, SYNTH_F16,   0,     0, 0,       0,   0,  0, VKI_GGML_Q8_0, TOL_F32, 0},
-    {"gemma2 f16 kv",            "gemma2", 2, 256, 4, 2, 256, 512, SYNTH_F32,   24,    1.5f, 4.0f, 0,   0,  0, VKI_GGML_F16, TOL_F16KV_GEMMA2, 0},
+    /* label                     arch      L  d    H  KV hd   d_ff weights      window caps        orig ctx cap kv            tol  yarn rot */
+    {"qwen3 hd128 gqa2",         "qwen3",  2, 256, 4, 2, 128, 512, SYNTH_F16,   0,     0, 0,       0,   0,  0, VKI_GGML_F32, TOL_F32, 0, 0},
+    {"gemma2 hd256 w24 caps",    "gemma2", 2, 256, 4, 2, 256, 512, SYNTH_Q8_0,  24,    1.5f, 4.0f, 0,   0,  0, VKI_GGML_F32, TOL_F32, 0, 0},
+    {"gemma3 5to1 hd256 mqa",    "gemma3", 6, 256, 4, 1, 256, 512, SYNTH_F32,   24,    0, 0,       0,   0,  0, VKI_GGML_F32, TOL_F32, 0, 0},
+    {"phi3 hd96 longrope long",  "phi3",   2, 384, 4, 4, 96,  512, SYNTH_Q8_0,  20,    0, 0,       64,  0,  0, VKI_GGML_F32, TOL_F32, 0, 0},
+    {"phi3 longrope short",      "phi3",   2, 384, 4, 4, 96,  512, SYNTH_F16,   20,    0, 0,       64,  64, 0, VKI_GGML_F32, TOL_F32, 0, 0},
+    {"mistral w20 hd128 gqa4",   "llama",  2, 256, 4, 1, 128, 512, SYNTH_Q4_K_M, 20,   0, 0,       0,   0,  0, VKI_GGML_F32, TOL_F32, 0, 0},
+    {"llama capped 16 + sink",   "llama",  2, 256, 4, 2, 64,  512, SYNTH_F32,   0,     0, 0,       0,   0,  16, VKI_GGML_F32, TOL_F32, 0, 0},
+    {"qwen3 q8_0 kv",            "qwen3",  2, 256, 4, 2, 128, 512, SYNTH_F16,   0,     0, 0,       0,   0,  0, VKI_GGML_Q8_0, TOL_F32, 0, 0},
+    {"gemma2 f16 kv",            "gemma2", 2, 256, 4, 2, 256, 512, SYNTH_F32,   24,    1.5f, 4.0f, 0,   0,  0, VKI_GGML_F16, TOL_F16KV_GEMMA2, 0, 0},
     /* YaRN over an original context of 512 (Qwen's long-context files: 32768 x 4): with base 1e6
-     * pairs 0..4 keep their frequency, 21.. are interpolated; llama's (2i, 2i+1) pairs too. F32
-     * KV: the engine folds the magnitude (1 + 0.1 ln 8 here) into the score scale, the reference
-     * scales k as llama.cpp does before its cache rounds it, so an F16 cache rounds different
-     * values (NMSE 1.4e-7 measured, F16 noise, not the rotation) */
-    {"qwen3 yarn x4",            "qwen3",  2, 256, 4, 2, 128, 512, SYNTH_F16,   0,     0, 0,       512, 0,  0, VKI_GGML_F32, TOL_F32, 4.0f},
-    {"llama yarn x8",            "llama",  2, 256, 4, 2, 64,  512, SYNTH_Q8_0,  0,     0, 0,       256, 0,  0, VKI_GGML_F32, TOL_F32, 8.0f},
+     * pairs 0..4 keep their frequency, 21.. are interpolated; llama's (2i, 2i+1) pairs too, into
+     * an F16 cache (k scaled by the magnitude, 1 + 0.1 ln 8, before the cache rounds it, as in
+     * llama.cpp and the reference); and the magnitude on partial rotary dims (Phi-4-mini's LongRoPE
+     * rotates 96 of 128: the other 32 are not scaled) */
+    {"qwen3 yarn x4",            "qwen3",  2, 256, 4, 2, 128, 512, SYNTH_F16,   0,     0, 0,       512, 0,  0, VKI_GGML_F32, TOL_F32, 4.0f, 0},
+    {"llama yarn x8 f16 kv",     "llama",  2, 256, 4, 2, 64,  512, SYNTH_Q8_0,  0,     0, 0,       256, 0,  0, VKI_GGML_F16, TOL_F16KV, 8.0f, 0},
+    {"phi3 longrope rot 64 of 96", "phi3", 2, 384, 4, 4, 96, 512, SYNTH_Q8_0, 20,     0, 0,       64,  0,  0, VKI_GGML_F32, TOL_F32, 0, 64},
+    {"qwen3 yarn rot 96 of 128", "qwen3",  2, 256, 4, 2, 128, 512, SYNTH_F16,   0,     0, 0,       512, 0,  0, VKI_GGML_F32, TOL_F32, 4.0f, 96},
 };
 
 static void test_archs_vs_reference(void **state)

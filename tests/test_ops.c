@@ -218,6 +218,7 @@ static void test_rmsnorm(void **state)
 typedef struct rope_case {
     op_rope_p p;
     double base, freq_scale;
+    float mag; /* the table's magnitude (LongRoPE / YaRN attention factor) */
     bool factors, in_place;
 } rope_case;
 
@@ -237,7 +238,7 @@ static void ref_rope(const rope_case *rc, const float *x, mshape xs, const uint3
                 if (fac)
                     theta /= fac[i];
                 uint32_t a = p->neox ? i : 2 * i, b = p->neox ? i + half : 2 * i + 1;
-                double c = cos(theta), s = sin(theta);
+                double c = cos(theta) * rc->mag, s = sin(theta) * rc->mag;
                 o[a] = (float)(v[a] * c - v[b] * s);
                 o[b] = (float)(v[a] * s + v[b] * c);
             }
@@ -254,6 +255,7 @@ static rope_case random_rope(vt_rng *r, int t)
     rc.base = (double[]){10000.0, 500000.0, 1000000.0}[t % 3];
     rc.freq_scale = t % 4 == 1 ? 0.25 : 1.0;
     rc.factors = t % 3 == 2;
+    rc.mag = t % 3 == 1 ? 1.1386294f : 1.0f; /* YaRN x4's 1 + 0.1 ln 4; with partial rotary too */
     rc.in_place = t % 4 >= 2;
     return rc;
 }
@@ -273,7 +275,7 @@ static void run_rope_case(vt_gpu *g, vt_rng *r, const rope_case *rc)
     for (uint32_t t = 0; t < p->n_tokens; t++) /* short prompts, long contexts and the limit */
         pos[t] = t % 3 == 0 ? vt_range(r, 0, 64) : t % 3 == 1 ? vt_range(r, 0, 1u << 20) : (1u << 24) - 1 - t;
     float *tab = malloc(2 * p->n_rot * sizeof *tab), *ref = malloc((size_t)p->n_tokens * row * sizeof *ref);
-    op_rope_freqs(rc->base, rc->freq_scale, rc->factors ? fac : NULL, NULL, p->n_rot, tab);
+    op_rope_freqs(rc->base, rc->freq_scale, rc->factors ? fac : NULL, NULL, rc->mag, p->n_rot, tab);
     ref_rope(rc, x, xs, pos, rc->factors ? fac : NULL, ref);
     vkd_buffer *bx = vt_buf_from(g, x, nx * 4, "x"), *by = rc->in_place ? bx : vt_buf_nan(g, ny * 4, "y");
     vkd_buffer *bp = vt_buf_from(g, pos, p->n_tokens * 4, "pos"), *bf = vt_buf_from(g, tab, 2 * p->n_rot * 4, "freqs");
@@ -281,9 +283,9 @@ static void run_rope_case(vt_gpu *g, vt_rng *r, const rope_case *rc)
     assert_int_equal(op_rope(&g->cmd, p, mat_of(bx, xs), mat_of(by, ys), vkd_whole(bp), vkd_whole(bf)), VKI_OK);
     vt_submit_wait(g);
     char label[128];
-    snprintf(label, sizeof label, "rope %s%s tok %u heads %u hd %u rot %u base %g%s", p->neox ? "neox" : "normal",
+    snprintf(label, sizeof label, "rope %s%s tok %u heads %u hd %u rot %u base %g%s%s", p->neox ? "neox" : "normal",
              rc->in_place ? " in place" : "", p->n_tokens, p->n_heads, p->head_dim, p->n_rot, rc->base,
-             rc->factors ? " factors" : "");
+             rc->factors ? " factors" : "", rc->mag != 1.0f ? " magnitude" : "");
     /* in place, the gaps keep x's values */
     check_result(g, by, rc->in_place, rc->in_place ? nx : ny, ys, ref, ROPE_TOL, x, label);
     if (!rc->in_place)
@@ -312,12 +314,12 @@ static void test_rope_freqs_table(void **state)
     float tab[4 * 64], fac[64];
     for (int i = 0; i < 64; i++)
         fac[i] = 1.0f + (float)i / 7;
-    op_rope_freqs(500000.0, 0.5, fac, NULL, 128, tab);
+    op_rope_freqs(500000.0, 0.5, fac, NULL, 1.25f, 128, tab);
     for (int i = 0; i < 64; i++) {
         double want = 0.5 * pow(500000.0, -2.0 * i / 128) / fac[i] / (2 * M_PI);
         double got = (double)tab[4 * i] + tab[4 * i + 1] + tab[4 * i + 2];
         assert_true(fabs(got - want) <= 1e-15 * want);
-        assert_true(tab[4 * i + 3] == 0.0f);
+        assert_true(tab[4 * i + 3] == 1.25f); /* the magnitude */
         int e;
         double m = frexp(tab[4 * i], &e); /* 12 significant bits: m * 2^12 is an integer */
         assert_true(ldexp(m, 12) == nearbyint(ldexp(m, 12)));
@@ -340,7 +342,7 @@ static void test_rope_yarn_table(void **state)
     for (size_t k = 0; k < sizeof c / sizeof c[0]; k++) {
         float tab[4 * 64];
         const op_rope_yarn y = {c[k].ext, 32.0, 1.0, c[k].orig};
-        op_rope_freqs(c[k].base, 1.0 / c[k].factor, NULL, &y, c[k].n_rot, tab);
+        op_rope_freqs(c[k].base, 1.0 / c[k].factor, NULL, &y, 1.0f, c[k].n_rot, tab);
         /* HF: low/high from find_correction_dim, truncated and clamped; the ramp over dim // 2 */
         const double d = c[k].n_rot;
         double lo = floor(d * log(c[k].orig / (32.0 * 2 * M_PI)) / (2 * log(c[k].base)));

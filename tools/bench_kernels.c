@@ -455,7 +455,7 @@ static vki_status rope_setup(bench_run *r)
     for (uint32_t i = 0; pos && i < r->M; i++)
         pos[i] = 1000 + i;
     if (tab)
-        op_rope_freqs(500000.0, 1.0, NULL, NULL, r->K, tab);
+        op_rope_freqs(500000.0, 1.0, NULL, NULL, 1.0f, r->K, tab);
     if (st == VKI_OK && (st = vkd_buffer_create(r->d, r->M * 4, VKD_MEM_DEVICE, "bench pos", &r->buf[1])) == VKI_OK)
         st = vkd_upload(r->d, r->buf[1], 0, pos, r->M * 4);
     if (st == VKI_OK && (st = vkd_buffer_create(r->d, 8 * r->K, VKD_MEM_DEVICE, "bench freqs", &r->buf[2])) == VKI_OK)
@@ -570,7 +570,7 @@ static vki_status attn_setup(bench_run *r, bool decode)
     if (decode && st == VKI_OK && !tab)
         st = VKI_ERR_OUT_OF_HOST_MEMORY;
     if (tab && st == VKI_OK) {
-        op_rope_freqs(500000.0, 1.0, NULL, NULL, r->K, tab);
+        op_rope_freqs(500000.0, 1.0, NULL, NULL, 1.0f, r->K, tab);
         if ((st = vkd_buffer_create(r->d, 8 * r->K, VKD_MEM_DEVICE, "bench freqs", &r->buf[7])) == VKI_OK)
             st = vkd_upload(r->d, r->buf[7], 0, tab, 8 * r->K);
     }

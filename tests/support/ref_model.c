@@ -276,8 +276,7 @@ static void attend(const ref_model *m, ref_scratch *s, uint32_t il, uint32_t pos
     uint32_t hd = hp->head_dim, kv_dim = hp->n_head_kv * hd, group = hp->n_head / hp->n_head_kv;
     uint32_t kind = model_layer_kind(hp, il), w = m->window[kind], sink = m->sink[kind];
     const float *kc = s->kc + (size_t)il * n * kv_dim, *vc = s->vc + (size_t)il * n * kv_dim;
-    /* the rope attention factor was applied to q and k already: undo its fold into attn_scale */
-    double scale = (double)hp->attn_scale / ((double)hp->rope_attn_factor * hp->rope_attn_factor);
+    double scale = hp->attn_scale; /* the rope attention factor is in q and k already */
     double cap = hp->attn_softcap;
     for (uint32_t h = 0; h < hp->n_head; h++) {
         const float *q = s->q + (size_t)h * hd;
