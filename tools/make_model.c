@@ -66,6 +66,7 @@ static void usage(FILE *o)
                "                      with --yarn, YaRN's original context\n"
                "  --yarn F            rope.scaling.type yarn, factor F (>= 1) over --ctx-orig (Qwen's\n"
                "                      long-context files; not phi3 or gemma)\n"
+               "  --rope-dims N       rotated dims per head (even, <= head dim; Phi-4-mini: 96 of 128)\n"
                "  --experts N         mixture of experts: N experts per layer (qwen3moe needs it; with\n"
                "                      --arch llama: Mixtral's layout), ffn_gate_inp + ffn_*_exps\n"
                "  --experts-used K    experts per token (top-k)\n"
@@ -146,6 +147,7 @@ static bool apply(synth_params *p, const char *opt, const char *val)
                     : !strcmp(opt, "--ctx")      ? &p->n_ctx
                     : !strcmp(opt, "--window")   ? &p->sliding_window
                     : !strcmp(opt, "--ctx-orig") ? &p->n_ctx_orig
+                    : !strcmp(opt, "--rope-dims") ? &p->n_rot
                     : !strcmp(opt, "--experts") ? &p->n_expert
                     : !strcmp(opt, "--experts-used") ? &p->n_expert_used
                     : !strcmp(opt, "--expert-ff") ? &p->d_ff_exp
