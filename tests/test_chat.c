@@ -98,6 +98,23 @@ static const char T_MISTRAL_V7[] =
     "{%- elif message['role'] == 'assistant' %}\n        {{- message['content'] + eos_token }}\n    {%- else %}\n        "
     "{{- raise_exception('Only user, system and assistant roles are supported!') }}\n    {%- endif %}\n{%- endfor %}";
 
+/* deepseek-ai/DeepSeek-R1-Distill-Qwen-7B (the later revision, opening <think> at the generation
+ * prompt), its tool branches left out */
+#define DSB "\xef\xbd\x9c"
+#define DS_BOS "<" DSB "begin\xe2\x96\x81of\xe2\x96\x81sentence" DSB ">"
+#define DS_EOS "<" DSB "end\xe2\x96\x81of\xe2\x96\x81sentence" DSB ">"
+#define DS_U "<" DSB "User" DSB ">"
+#define DS_A "<" DSB "Assistant" DSB ">"
+static const char T_DEEPSEEK_R1[] =
+    "{% if not add_generation_prompt is defined %}{% set add_generation_prompt = false %}{% endif %}{% set ns = "
+    "namespace(is_first=false, is_tool=false, is_output_first=true, system_prompt='') %}{%- for message in messages "
+    "%}{%- if message['role'] == 'system' %}{% set ns.system_prompt = message['content'] %}{%- endif %}{%- endfor "
+    "%}{{bos_token}}{{ns.system_prompt}}{%- for message in messages %}{%- if message['role'] == 'user' %}{%- set "
+    "ns.is_tool = false -%}{{'" DS_U "' + message['content']}}{%- endif %}{%- if message['role'] == 'assistant' and "
+    "message['content'] is not none %}{% set content = message['content'] %}{% if '</think>' in content %}{% set "
+    "content = content.split('</think>')[-1] %}{% endif %}{{'" DS_A "' + content + '" DS_EOS "'}}{%- endif %}{%- "
+    "endfor -%}{% if add_generation_prompt and not ns.is_tool %}{{'" DS_A "<think>\\n'}}{% endif %}";
+
 static const char T_ZEPHYR[] =
     "{% for message in messages %}\n{% if message['role'] == 'user' %}\n{{ '<|user|>\n' + message['content'] + "
     "eos_token }}\n{% elif message['role'] == 'system' %}\n{{ '<|system|>\n' + message['content'] + eos_token }}\n{% "
@@ -363,6 +380,22 @@ static void test_gemma(void **state)
                   "<bos><start_of_turn>user\nYou are a helpful assistant\n\nHello<end_of_turn>\n<start_of_turn>model\n"
                   "Hi there<end_of_turn>\n<start_of_turn>user\nWho are you<end_of_turn>\n<start_of_turn>model\nI am an "
                   "assistant<end_of_turn>\n<start_of_turn>user\nAnother question<end_of_turn>\n<start_of_turn>model\n");
+}
+
+static void test_deepseek(void **state)
+{
+    expect_render(T_DEEPSEEK_R1, CHAT_DEEPSEEK, DS_BOS, DS_EOS, CONV, N_CONV, true,
+                  DS_BOS "You are a helpful assistant" DS_U "Hello" DS_A "Hi there" DS_EOS DS_U "Who are you" DS_A
+                  "   I am an assistant   " DS_EOS DS_U "Another question" DS_A "<think>\n");
+    /* an answer keeps what follows its last </think> only (no strip); the last system message,
+     * wherever it stands, goes first; the first revision's generation prompt has no <think> */
+    static const chat_msg r[] = {M(CHAT_USER, "q"), M(CHAT_ASSISTANT, "<think>\nhm\n</think>\n\nA"),
+                                 M(CHAT_SYSTEM, "S1"), M(CHAT_SYSTEM, "S2"), M(CHAT_USER, "q2")};
+    expect_render(T_DEEPSEEK_R1, CHAT_DEEPSEEK, DS_BOS, DS_EOS, r, 5, false,
+                  DS_BOS "S2" DS_U "q" DS_A "\n\nA" DS_EOS DS_U "q2");
+    static const char first_rev[] = "{{bos_token}}{{ns.system_prompt}}{{'" DS_U "' + message['content']}}"
+                                    "{% if add_generation_prompt %}{{'" DS_A "'}}{% endif %}";
+    expect_render(first_rev, CHAT_DEEPSEEK, DS_BOS, DS_EOS, CONV + 1, 1, true, DS_BOS DS_U "Hello" DS_A);
 }
 
 static void test_phi3(void **state)
@@ -716,7 +749,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_chatml),       cmocka_unit_test(test_qwen3),        cmocka_unit_test(test_llama3),       cmocka_unit_test(test_llama2),
         cmocka_unit_test(test_mistral),      cmocka_unit_test(test_zephyr),       cmocka_unit_test(test_gemma),
-        cmocka_unit_test(test_phi3),         cmocka_unit_test(test_fallback),     cmocka_unit_test(test_errors),
+        cmocka_unit_test(test_phi3),         cmocka_unit_test(test_deepseek),         cmocka_unit_test(test_fallback),     cmocka_unit_test(test_errors),
         cmocka_unit_test(test_open_end),
         cmocka_unit_test(test_tokenize_spm), cmocka_unit_test(test_tokenize_bpe), cmocka_unit_test(test_from_gguf),
         cmocka_unit_test(test_public_api),

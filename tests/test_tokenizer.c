@@ -799,7 +799,7 @@ static void test_pretokenizers(void **state)
                                         "llama-v3", "llama-bpe", "falcon3", "dbrx", "smaug-bpe", "qwen2",
                                         "stablelm2", "megrez", "starcoder", "smollm", "refact", "command-r",
                                         "codeshell", "exaone", "minerva-7b", "deepseek-llm", "deepseek-coder",
-                                        "tekken", "gpt-4o", "llama4"};
+                                        "tekken", "gpt-4o", "llama4", "deepseek-r1-qwen"};
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
         char err[256] = "";
         vki_tokenizer *t = NULL;

@@ -12,9 +12,16 @@
 
 #include "engine/gguf.h"
 
+/* DeepSeek's markers: full-width vertical bars (U+FF5C) and a lower one-eighth block (U+2581) */
+#define DS_BAR "\xef\xbd\x9c"
+#define DS_USER "<" DS_BAR "User" DS_BAR ">"
+#define DS_ASSISTANT "<" DS_BAR "Assistant" DS_BAR ">"
+#define DS_EOS "<" DS_BAR "end\xe2\x96\x81of\xe2\x96\x81sentence" DS_BAR ">"
+
 static const char *const family_names[CHAT_FAMILY_COUNT] = {
     [CHAT_PLAIN] = "plain",   [CHAT_CHATML] = "chatml", [CHAT_LLAMA3] = "llama3", [CHAT_LLAMA2] = "llama2",
     [CHAT_MISTRAL] = "mistral", [CHAT_ZEPHYR] = "zephyr", [CHAT_GEMMA] = "gemma",  [CHAT_PHI3] = "phi3",
+    [CHAT_DEEPSEEK] = "deepseek",
 };
 _Static_assert(sizeof family_names / sizeof family_names[0] == CHAT_FAMILY_COUNT, "a name per family");
 
@@ -43,6 +50,8 @@ chat_family chat_detect(const char *t, bool *known)
     chat_family f = CHAT_PLAIN;
     if (!t || !*t)
         f = CHAT_PLAIN;
+    else if (strstr(t, DS_USER))
+        f = CHAT_DEEPSEEK;
     else if (strstr(t, "<|im_start|>"))
         f = CHAT_CHATML;
     else if (strstr(t, "<|start_header_id|>"))
@@ -151,6 +160,7 @@ vki_status chat_template_init(chat_template *t, chat_family f, const char *tmpl,
         return mistral_default_system(tmpl, &t->default_system);
     t->strip_think = f == CHAT_CHATML && tmpl && strstr(tmpl, "</think>");
     t->phi3_v1 = f == CHAT_PHI3 && tmpl && !strstr(tmpl, "add_generation_prompt");
+    t->deepseek_think = f == CHAT_DEEPSEEK && tmpl && strstr(tmpl, DS_ASSISTANT "<think>");
     return f == CHAT_CHATML && tmpl ? chatml_default_system(tmpl, &t->default_system) : VKI_OK;
 }
 
@@ -539,10 +549,43 @@ static void render_phi3(const chat_template *t, const chat_msg *m, size_t n, boo
     lit(o, gen ? "<|assistant|>\n" : t->eos);
 }
 
+/* deepseek-ai/DeepSeek-R1-Distill-Qwen-7B (and R1's other distills): bos, the last system
+ * message's content as it is, then '<｜User｜>' + content per user turn and '<｜Assistant｜>' +
+ * content.split('</think>')[-1] + '<｜end▁of▁sentence｜>' per answer (system messages are not
+ * written where they stand); the generation prompt '<｜Assistant｜>', with '<think>\n' after it in
+ * the later revisions. Any role order. */
+static void render_deepseek(const chat_template *t, const chat_msg *m, size_t n, bool gen, chat_out *o, char *err,
+                            size_t n_err)
+{
+    if (t->emit_bos)
+        lit(o, t->bos);
+    const chat_msg *sys = NULL;
+    for (size_t i = 0; i < n; i++)
+        sys = m[i].role == CHAT_SYSTEM ? &m[i] : sys;
+    if (sys)
+        txt(o, sys);
+    for (size_t i = 0; i < n; i++) {
+        if (m[i].role == CHAT_USER) {
+            lit(o, DS_USER);
+            txt(o, &m[i]);
+        } else if (m[i].role == CHAT_ASSISTANT) {
+            const char *c = m[i].content, *end = c + m[i].len;
+            for (const char *p = c; p + 8 <= end; p++)
+                if (!memcmp(p, "</think>", 8))
+                    c = p + 8;
+            lit(o, DS_ASSISTANT);
+            out_put(o, c, (size_t)(end - c), false);
+            lit(o, DS_EOS);
+        }
+    }
+    if (gen)
+        lit(o, t->deepseek_think ? DS_ASSISTANT "<think>\n" : DS_ASSISTANT);
+}
+
 static const render_fn renderers[CHAT_FAMILY_COUNT] = {
     [CHAT_PLAIN] = render_plain,     [CHAT_CHATML] = render_chatml, [CHAT_LLAMA3] = render_llama3,
     [CHAT_LLAMA2] = render_llama2,   [CHAT_MISTRAL] = render_mistral, [CHAT_ZEPHYR] = render_zephyr,
-    [CHAT_GEMMA] = render_gemma,     [CHAT_PHI3] = render_phi3,
+    [CHAT_GEMMA] = render_gemma,     [CHAT_PHI3] = render_phi3,     [CHAT_DEEPSEEK] = render_deepseek,
 };
 
 void chat_prompt_open_end(chat_prompt *p)

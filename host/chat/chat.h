@@ -30,6 +30,7 @@ typedef enum chat_family {
     CHAT_ZEPHYR,
     CHAT_GEMMA,
     CHAT_PHI3,
+    CHAT_DEEPSEEK, /* DeepSeek-R1 and its Qwen / Llama distills: <｜User｜>, <｜Assistant｜> */
     CHAT_FAMILY_COUNT
 } chat_family;
 
@@ -60,6 +61,8 @@ typedef struct chat_template {
                              given */
     bool strip_think;     /* ChatML with reasoning (Qwen3): assistant turns before the last user
                              message lose their "<think>...</think>" part */
+    bool deepseek_think;  /* DeepSeek-R1: the generation prompt opens "<think>\n" (its later
+                             revisions' templates) */
     bool phi3_v1;         /* the first Phi-3 template (mini-4k/medium, April 2024): no system turn,
                              '<|assistant|>' after every user turn, no generation-prompt switch */
 } chat_template;

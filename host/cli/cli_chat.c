@@ -38,7 +38,7 @@ bool cli_chat_open(const char *model_path, const char *family, const vki_tokeniz
     if (family) {
         if (!chat_family_parse(family, &f)) {
             fprintf(stderr, "vkinfer: --chat-template: unknown family '%s' (chatml, llama3, llama2, mistral, "
-                    "zephyr, gemma, phi3, plain)\n", family);
+                    "zephyr, gemma, phi3, deepseek, plain)\n", family);
             return false;
         }
         c->known = true;
@@ -442,7 +442,7 @@ static void usage(FILE *f)
             "  --system TEXT           a system message first\n"
             "  -n, --n-predict N       tokens per answer at most (default: the rest of the context)\n"
             "  --stop STR              stop string (repeatable; escapes interpreted)\n"
-            "  --chat-template NAME    chatml|llama3|llama2|mistral|zephyr|gemma|phi3|plain (default: the\n"
+            "  --chat-template NAME    chatml|llama3|llama2|mistral|zephyr|gemma|phi3|deepseek|plain (default: the\n"
             "                          model's tokenizer.chat_template)\n"
             "  --ignore-eos            answers run to -n (benchmarks, tests)\n"
             "  --timings               after each answer, a line on stderr: prompt tokens, how many came\n"

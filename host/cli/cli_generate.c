@@ -134,7 +134,7 @@ static void usage(FILE *f)
             "  --ignore-eos            do not stop at the model's end-of-generation tokens\n"
             "  --chat                  the prompt is one user message in the model's chat template\n"
             "  --system TEXT           with --chat: a system message first\n"
-            "  --chat-template NAME    with --chat: chatml|llama3|llama2|mistral|zephyr|gemma|phi3|plain\n"
+            "  --chat-template NAME    with --chat: chatml|llama3|llama2|mistral|zephyr|gemma|phi3|deepseek|plain\n"
             "  --no-display-prompt     print only the generated text\n"
             "  --json                  print one JSON object: prompt and generated ids, text, logprobs,\n"
             "                          finish reason, seed, timings\n"

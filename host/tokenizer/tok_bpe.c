@@ -108,7 +108,7 @@ static const pre_def pre_defs[] = {
     {"gpt-2|phi-2|roberta-bpe|mpt|olmo", {RE_GPT2}, false, false},
     {"llama3|llama-v3|llama-bpe|falcon3", {RE_LLAMA3_LIKE("{1,3}")}, true, true},
     {"dbrx|smaug-bpe", {RE_LLAMA3_LIKE("{1,3}")}, false, false},
-    {"qwen2|stablelm2|megrez", {RE_LLAMA3_LIKE("")}, false, false},
+    {"qwen2|stablelm2|megrez|deepseek-r1-qwen", {RE_LLAMA3_LIKE("")}, false, false},
     {"tekken", {RE_TEKKEN}, true, true},
     {"gpt-4o|llama4", {RE_O200K}, false, false},
     /* HF: Digits(individual_digits) then the GPT-2 ByteLevel regex */
