@@ -136,6 +136,19 @@ static const char T_PHI35[] =
     "'<|end|>\n'}}{% endif %}{% endfor %}{% if add_generation_prompt %}{{ '<|assistant|>\n' }}{% else %}{{ eos_token "
     "}}{% endif %}";
 
+/* microsoft/Phi-4-mini-instruct (its tools branch left out): no newlines */
+static const char T_PHI4_MINI[] =
+    "{% for message in messages %}{{ '<|' + message['role'] + '|>' + message['content'] + '<|end|>' }}{% endfor %}{% "
+    "if add_generation_prompt %}{{ '<|assistant|>' }}{% else %}{{ eos_token }}{% endif %}";
+
+/* microsoft/phi-4: ChatML with <|im_sep|> after the role and no newlines */
+static const char T_PHI4[] =
+    "{% for message in messages %}{% if (message['role'] == 'system') %}{{'<|im_start|>system<|im_sep|>' + "
+    "message['content'] + '<|im_end|>'}}{% elif (message['role'] == 'user') %}{{'<|im_start|>user<|im_sep|>' + "
+    "message['content'] + '<|im_end|>'}}{% elif (message['role'] == 'assistant') %}{{'<|im_start|>assistant<|im_sep|>' "
+    "+ message['content'] + '<|im_end|>'}}{% endif %}{% endfor %}{% if add_generation_prompt %}{{ "
+    "'<|im_start|>assistant<|im_sep|>' }}{% endif %}";
+
 static const char T_PHI3_SMALL[] =
     "{{ bos_token }}{% for message in messages %}{{'<|' + message['role'] + '|>' + '\n' + message['content'] + "
     "'<|end|>\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|assistant|>\n' }}{% else %}{{ eos_token }}{% endif "
@@ -418,6 +431,18 @@ static void test_phi3(void **state)
         "   I am an assistant   <|end|>\n<|user|>\nAnother question<|end|>\n<|assistant|>\n";
     expect_render(T_PHI3_MINI, CHAT_PHI3, "<s>", "<|endoftext|>", CONV, N_CONV, true, v1);
     expect_render(T_PHI3_MINI, CHAT_PHI3, "<s>", "<|endoftext|>", CONV, N_CONV, false, v1);
+    /* Phi-4-mini: every message, no newlines; phi-4: ChatML with <|im_sep|> */
+    expect_render(T_PHI4_MINI, CHAT_PHI3, "<|endoftext|>", "<|endoftext|>", CONV, N_CONV, true,
+                  "<|system|>You are a helpful assistant<|end|><|user|>Hello<|end|><|assistant|>Hi there<|end|><|user|>"
+                  "Who are you<|end|><|assistant|>   I am an assistant   <|end|><|user|>Another question<|end|>"
+                  "<|assistant|>");
+    expect_render(T_PHI4_MINI, CHAT_PHI3, "<|endoftext|>", "<|endoftext|>", CONV + 1, 2, false,
+                  "<|user|>Hello<|end|><|assistant|>Hi there<|end|><|endoftext|>");
+    expect_render(T_PHI4, CHAT_CHATML, "<|endoftext|>", "<|im_end|>", CONV, N_CONV, true,
+                  "<|im_start|>system<|im_sep|>You are a helpful assistant<|im_end|><|im_start|>user<|im_sep|>Hello"
+                  "<|im_end|><|im_start|>assistant<|im_sep|>Hi there<|im_end|><|im_start|>user<|im_sep|>Who are you"
+                  "<|im_end|><|im_start|>assistant<|im_sep|>   I am an assistant   <|im_end|><|im_start|>user"
+                  "<|im_sep|>Another question<|im_end|><|im_start|>assistant<|im_sep|>");
 }
 
 static void test_fallback(void **state)

@@ -160,6 +160,8 @@ vki_status chat_template_init(chat_template *t, chat_family f, const char *tmpl,
         return mistral_default_system(tmpl, &t->default_system);
     t->strip_think = f == CHAT_CHATML && tmpl && strstr(tmpl, "</think>");
     t->phi3_v1 = f == CHAT_PHI3 && tmpl && !strstr(tmpl, "add_generation_prompt");
+    t->phi4_mini = f == CHAT_PHI3 && tmpl && strstr(tmpl, "'|>' + message['content']");
+    t->chatml_sep = f == CHAT_CHATML && tmpl && strstr(tmpl, "<|im_sep|>");
     t->deepseek_think = f == CHAT_DEEPSEEK && tmpl && strstr(tmpl, DS_ASSISTANT "<think>");
     return f == CHAT_CHATML && tmpl ? chatml_default_system(tmpl, &t->default_system) : VKI_OK;
 }
@@ -326,7 +328,8 @@ static void after_think(chat_out *o, const chat_msg *m)
 
 /* teknium/OpenHermes-2.5: '<|im_start|>' + role + '\n' + content + '<|im_end|>' + '\n', then
  * '<|im_start|>assistant\n'. Qwen2 adds its literal system prompt when messages[0] is not one;
- * Qwen3 drops the reasoning of assistant turns before the last user message. */
+ * Qwen3 drops the reasoning of assistant turns before the last user message; microsoft/phi-4
+ * writes '<|im_sep|>' for the newline after the role and none after '<|im_end|>'. */
 static void render_chatml(const chat_template *t, const chat_msg *m, size_t n, bool gen, chat_out *o, char *err,
                           size_t n_err)
 {
@@ -340,18 +343,21 @@ static void render_chatml(const chat_template *t, const chat_msg *m, size_t n, b
     size_t last_user = 0;
     for (size_t i = 0; i < n; i++)
         last_user = m[i].role == CHAT_USER ? i : last_user;
+    const char *sep = t->chatml_sep ? "<|im_sep|>" : "\n", *end = t->chatml_sep ? "<|im_end|>" : "<|im_end|>\n";
     for (size_t i = 0; i < n; i++) {
         lit(o, "<|im_start|>");
         lit(o, role_names[m[i].role]);
-        lit(o, "\n");
+        lit(o, sep);
         if (t->strip_think && m[i].role == CHAT_ASSISTANT && i < last_user)
             after_think(o, &m[i]);
         else
             txt(o, &m[i]);
-        lit(o, "<|im_end|>\n");
+        lit(o, end);
     }
-    if (gen)
-        lit(o, "<|im_start|>assistant\n");
+    if (gen) {
+        lit(o, "<|im_start|>assistant");
+        lit(o, sep);
+    }
 }
 
 /* Meta-Llama-3-Instruct: bos_token before the first message; each message
@@ -521,7 +527,7 @@ static void render_gemma(const chat_template *t, const chat_msg *m, size_t n, bo
 /* microsoft/Phi-3.5-mini-instruct: '<|' + role + '|>\n' + content + '<|end|>\n' (a system message
  * only when non-empty), then '<|assistant|>\n', or eos without a generation prompt. The first
  * Phi-3-mini-4k template instead writes each user turn followed by '<|assistant|>\n' and drops
- * system messages (phi3_v1). */
+ * system messages (phi3_v1); Phi-4-mini's writes every message without the newlines (phi4_mini). */
 static void render_phi3(const chat_template *t, const chat_msg *m, size_t n, bool gen, chat_out *o, char *err,
                         size_t n_err)
 {
@@ -538,15 +544,15 @@ static void render_phi3(const chat_template *t, const chat_msg *m, size_t n, boo
     if (t->phi3_v1)
         return;
     for (size_t i = 0; i < n; i++) {
-        if (m[i].role == CHAT_SYSTEM && !m[i].len)
+        if (m[i].role == CHAT_SYSTEM && !m[i].len && !t->phi4_mini)
             continue;
         lit(o, "<|");
         lit(o, role_names[m[i].role]);
-        lit(o, "|>\n");
+        lit(o, t->phi4_mini ? "|>" : "|>\n");
         txt(o, &m[i]);
-        lit(o, "<|end|>\n");
+        lit(o, t->phi4_mini ? "<|end|>" : "<|end|>\n");
     }
-    lit(o, gen ? "<|assistant|>\n" : t->eos);
+    lit(o, gen ? (t->phi4_mini ? "<|assistant|>" : "<|assistant|>\n") : t->eos);
 }
 
 /* deepseek-ai/DeepSeek-R1-Distill-Qwen-7B (and R1's other distills): bos, the last system

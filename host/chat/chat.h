@@ -63,6 +63,9 @@ typedef struct chat_template {
                              message lose their "<think>...</think>" part */
     bool deepseek_think;  /* DeepSeek-R1: the generation prompt opens "<think>\n" (its later
                              revisions' templates) */
+    bool phi4_mini;       /* Phi-4-mini's: '<|' + role + '|>' + content + '<|end|>', no newlines */
+    bool chatml_sep;      /* Phi-4's ChatML: '<|im_start|>' + role + '<|im_sep|>' + content +
+                             '<|im_end|>', no newlines */
     bool phi3_v1;         /* the first Phi-3 template (mini-4k/medium, April 2024): no system turn,
                              '<|assistant|>' after every user turn, no generation-prompt switch */
 } chat_template;
