@@ -42,6 +42,9 @@ struct gguf_file {
     uint64_t kv_hash_cap; /* power of two >= 2 * n_kv */
     uint64_t *t_hash;     /* [t_hash_cap] likewise for tensors */
     uint64_t t_hash_cap;
+    gguf_file **shards;   /* split files 2..split.count (gguf_open of the first): their tensors are
+                             appended to this file's table and point into their mappings */
+    uint32_t n_shards;
 };
 
 /* Parsing cursor over the file. */
@@ -552,6 +555,9 @@ void gguf_close(gguf_file *f)
     free(f->tensors);
     free(f->kv_hash);
     free(f->t_hash);
+    for (uint32_t i = 0; i < f->n_shards; i++)
+        gguf_close(f->shards[i]);
+    free(f->shards);
     if (f->map)
         munmap(f->map, f->map_len);
     free(f);
@@ -581,11 +587,27 @@ vki_status gguf_open_memory(const void *data, size_t size, gguf_file **out, char
     return gguf_finish_open(f, out, err, err_len);
 }
 
+static vki_status join_shards(gguf_file *f, const char *path, char *err, size_t err_len);
+
+static vki_status open_file(const char *path, gguf_file **out, char *err, size_t err_len);
+
 vki_status gguf_open(const char *path, gguf_file **out, char *err, size_t err_len)
 {
     if (!out || !path)
         return gguf_fail(err, err_len, VKI_ERR_INVALID_ARG, "gguf_open: NULL argument");
     *out = NULL;
+    gguf_file *f = NULL;
+    vki_status st = open_file(path, &f, err, err_len);
+    if (st == VKI_OK && (st = join_shards(f, path, err, err_len)) != VKI_OK)
+        gguf_close(f);
+    else if (st == VKI_OK)
+        *out = f;
+    return st;
+}
+
+/* One file, mapped and parsed. */
+static vki_status open_file(const char *path, gguf_file **out, char *err, size_t err_len)
+{
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0)
         return gguf_fail(err, err_len, VKI_ERR_IO, "%s: %s", path, strerror(errno));
@@ -643,6 +665,98 @@ const gguf_kv *gguf_find_kv(const gguf_file *f, const char *key)
 {
     uint64_t i = hash_find(f->kv_hash, f->kv_hash_cap, &f->kv[0].key, sizeof(gguf_kv), key, strlen(key), NULL);
     return i == UINT64_MAX ? NULL : &f->kv[i];
+}
+
+/* ---- split files (llama.cpp's gguf-split) ----------------------------------------------------- */
+
+#define GGUF_MAX_SHARDS 1024
+
+/* split.count / split.no of f (1 / 0 when absent). */
+static vki_status split_keys(const gguf_file *f, uint32_t *count, uint32_t *no, char *err, size_t err_len)
+{
+    *count = 1, *no = 0;
+    vki_status st = gguf_get_u32(f, "split.count", count);
+    if (st != VKI_OK && st != VKI_ERR_NOT_FOUND)
+        return gguf_fail(err, err_len, VKI_ERR_FORMAT, "split.count: not an unsigned integer");
+    st = gguf_get_u32(f, "split.no", no);
+    if (st != VKI_OK && st != VKI_ERR_NOT_FOUND)
+        return gguf_fail(err, err_len, VKI_ERR_FORMAT, "split.no: not an unsigned integer");
+    return VKI_OK;
+}
+
+/* A model in split.count files <prefix>-00001-of-0000N.gguf ... (llama.cpp's naming; the first
+ * holds the metadata, every one its own tensors and the split.* keys): opened from the first,
+ * the others are found by name, checked (their split.no and split.count, no tensor twice,
+ * split.tensors.count) and their tensors joined to f's table. Another part opens alone (the
+ * model loader refuses it, naming the first). */
+static vki_status join_shards(gguf_file *f, const char *path, char *err, size_t err_len)
+{
+    uint32_t count, no;
+    vki_status st = split_keys(f, &count, &no, err, err_len);
+    if (st != VKI_OK || count <= 1 || no != 0)
+        return st;
+    char want[48];
+    snprintf(want, sizeof want, "-%05u-of-%05u.gguf", 1u, count);
+    size_t len = strlen(path), wl = strlen(want);
+    if (count > GGUF_MAX_SHARDS)
+        return gguf_fail(err, err_len, VKI_ERR_FORMAT, "split.count %u: at most %d files", count, GGUF_MAX_SHARDS);
+    if (len < wl || strcmp(path + len - wl, want))
+        return gguf_fail(err, err_len, VKI_ERR_INVALID_ARG, "%s: split.count is %u, but the name does not end in %s "
+                         "(the other files are found by llama.cpp's gguf-split naming)", path, count, want);
+    f->shards = calloc(count - 1, sizeof *f->shards);
+    if (!f->shards)
+        return gguf_fail(err, err_len, VKI_ERR_OUT_OF_HOST_MEMORY, "out of memory");
+    char *sp = malloc(len + 1);
+    if (!sp)
+        return gguf_fail(err, err_len, VKI_ERR_OUT_OF_HOST_MEMORY, "out of memory");
+    uint64_t total = f->n_tensors;
+    for (uint32_t i = 1; i < count && st == VKI_OK; i++) {
+        memcpy(sp, path, len - wl);
+        snprintf(sp + len - wl, wl + 1, "-%05u-of-%05u.gguf", i + 1, count);
+        gguf_file *s = NULL;
+        if ((st = open_file(sp, &s, err, err_len)) != VKI_OK)
+            break;
+        f->shards[f->n_shards++] = s;
+        uint32_t c2, n2;
+        if ((st = split_keys(s, &c2, &n2, err, err_len)) != VKI_OK)
+            break;
+        if (c2 != count || n2 != i)
+            st = gguf_fail(err, err_len, VKI_ERR_FORMAT, "%s: split.no %u of split.count %u, expected %u of %u", sp, n2,
+                           c2, i, count);
+        total += s->n_tensors;
+    }
+    free(sp);
+    if (st != VKI_OK)
+        return st;
+    gguf_tensor *t = realloc(f->tensors, (size_t)(total ? total : 1) * sizeof *t);
+    if (!t)
+        return gguf_fail(err, err_len, VKI_ERR_OUT_OF_HOST_MEMORY, "out of memory");
+    f->tensors = t;
+    uint64_t n = f->n_tensors;
+    for (uint32_t i = 0; i < f->n_shards; i++) {
+        memcpy(t + n, f->shards[i]->tensors, (size_t)f->shards[i]->n_tensors * sizeof *t);
+        n += f->shards[i]->n_tensors;
+    }
+    uint64_t cap = hash_cap_for(total), *tab = calloc((size_t)cap, sizeof *tab);
+    if (!tab)
+        return gguf_fail(err, err_len, VKI_ERR_OUT_OF_HOST_MEMORY, "out of memory");
+    free(f->t_hash);
+    f->t_hash = tab, f->t_hash_cap = cap, f->n_tensors = 0;
+    for (uint64_t i = 0; i < total; i++) { /* n_tensors grows with the table: hash_find sees only those */
+        uint64_t slot;
+        if (hash_find(tab, cap, &t[0].name, sizeof *t, t[i].name.ptr, t[i].name.len, &slot) != UINT64_MAX) {
+            char nb[80];
+            return gguf_fail(err, err_len, VKI_ERR_FORMAT, "tensor '%s' is in more than one of the %u files",
+                             gguf_printable(t[i].name, nb, sizeof nb), count);
+        }
+        tab[slot] = i + 1;
+        f->n_tensors = i + 1;
+    }
+    uint64_t declared;
+    if (gguf_get_u64(f, "split.tensors.count", &declared) == VKI_OK && declared != total)
+        return gguf_fail(err, err_len, VKI_ERR_FORMAT, "split.tensors.count is %llu, the %u files hold %llu tensors",
+                         (unsigned long long)declared, count, (unsigned long long)total);
+    return VKI_OK;
 }
 
 const gguf_tensor *gguf_find_tensor(const gguf_file *f, const char *name)

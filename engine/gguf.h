@@ -59,6 +59,11 @@ typedef struct gguf_tensor {
 
 typedef struct gguf_file gguf_file;
 
+/* A model split by llama.cpp's gguf-split (<prefix>-00001-of-0000N.gguf, ...): opening the first
+ * file opens the others too, found by that naming, and gguf_n_tensors / gguf_tensor_at /
+ * gguf_find_tensor see all their tensors (the metadata is the first file's). Errors then also
+ * name a missing or inconsistent part (VKI_ERR_IO / VKI_ERR_FORMAT), or a first file whose name
+ * does not follow the naming (VKI_ERR_INVALID_ARG). Any other part opens alone. */
 vki_status gguf_open(const char *path, gguf_file **out, char *err, size_t err_len);
 /* Parses a caller-owned buffer (not copied; must outlive the gguf_file). For tests/fuzzing. */
 vki_status gguf_open_memory(const void *data, size_t size, gguf_file **out, char *err, size_t err_len);

@@ -459,6 +459,27 @@ static void test_synthetic_shapes_vs_reference(void **state)
     vt_assert_clean(g);
 }
 
+/* A model split in three files by llama.cpp's gguf-split rules, opened by its first file: the
+ * engine's logits against the reference's (which reads the same joined tensors). */
+static void test_split_model(void **state)
+{
+    vt_gpu *g = vt_gpu_get(state);
+    vt_rng r = vt_rng_seeded("engine split");
+    char path[256], prefix[256], part[300];
+    write_model(&SHAPES[6], path, sizeof path); /* q4_k_m weights, f16 KV */
+    snprintf(prefix, sizeof prefix, "%.*s-split", (int)(strlen(path) - 5), path);
+    assert_int_equal(gguf_edit_split(path, prefix, 3, -1), VKI_OK);
+    unlink(path);
+    vk_engine_params p = test_params(SHAPES[6].kv_type, 64);
+    snprintf(part, sizeof part, "%s-00001-of-00003.gguf", prefix);
+    check_model_file(g, &r, part, &p, 17, SHAPES[6].tol, "split in 3 files"); /* deletes the first */
+    for (uint32_t k = 2; k <= 3; k++) {
+        snprintf(part, sizeof part, "%s-%05u-of-00003.gguf", prefix, k);
+        assert_int_equal(unlink(part), 0);
+    }
+    vt_assert_clean(g);
+}
+
 /* ---- the newer architectures ---------------------------------------------------------------- */
 
 /* Synthetic models of the real head dims, GQA ratios, norms and layer patterns of Qwen3, Gemma
@@ -2371,6 +2392,7 @@ int main(void)
         cmocka_unit_test(test_known_answer_f32_kv),
         cmocka_unit_test(test_stories_logits_vs_reference),
         cmocka_unit_test(test_synthetic_shapes_vs_reference),
+        cmocka_unit_test(test_split_model),
         cmocka_unit_test(test_archs_vs_reference),
         cmocka_unit_test(test_fusion_bitwise),
         cmocka_unit_test(test_cmd_reuse_bitwise),

@@ -1152,6 +1152,85 @@ static void test_model_meta_yarn(void **state)
            {GGUF_EDIT_U32, "llama.rope.dimension_count", 0, 0, 16, 0, NULL});
 }
 
+/* A model split by llama.cpp's gguf-split rules opens from its first file as one: every tensor of
+ * the original with its bytes (pointing into the file that holds it), the first file's metadata;
+ * opening another part, a part missing, a part from another split, a renamed first file, a
+ * tensor in two parts or a wrong split.tensors.count are refused naming why. */
+static void split_path(char *buf, size_t n, const char *prefix, uint32_t k, uint32_t count)
+{
+    snprintf(buf, n, "%s-%05u-of-%05u.gguf", prefix, k, count);
+}
+
+static void expect_open_fails(const char *path, vki_status want, const char *needle)
+{
+    char err[512] = "";
+    gguf_file *f = NULL;
+    vki_status st = gguf_open(path, &f, err, sizeof err);
+    if (st != want || !strstr(err, needle))
+        fail_msg("%s: got %s \"%s\", want %s naming \"%s\"", path, vki_status_str(st), err, vki_status_str(want),
+                 needle);
+    assert_null(f);
+}
+
+static void test_split_files(void **state)
+{
+    (void)state;
+    char src[64], prefix[64], p1[128], p2[128], p3[128], tmp[128], err[512];
+    snprintf(src, sizeof src, "/tmp/vki_split_%d.gguf", (int)getpid());
+    snprintf(prefix, sizeof prefix, "/tmp/vki_split_%d", (int)getpid());
+    snprintf(tmp, sizeof tmp, "%s-tmp.gguf", prefix);
+    arch_model("qwen3", src);
+    assert_int_equal(gguf_edit_split(src, prefix, 3, -1), VKI_OK);
+    split_path(p1, sizeof p1, prefix, 1, 3), split_path(p2, sizeof p2, prefix, 2, 3), split_path(p3, sizeof p3, prefix, 3, 3);
+    gguf_file *a = NULL, *b = NULL;
+    assert_int_equal(gguf_open(src, &a, err, sizeof err), VKI_OK);
+    assert_int_equal(gguf_open(p1, &b, err, sizeof err), VKI_OK);
+    const uint64_t all = gguf_n_tensors(a);
+    assert_int_equal(gguf_n_tensors(b), all);
+    for (uint64_t i = 0; i < all; i++) {
+        const gguf_tensor *x = gguf_tensor_at(a, i);
+        char name[128];
+        snprintf(name, sizeof name, "%.*s", (int)x->name.len, x->name.ptr);
+        const gguf_tensor *y = gguf_find_tensor(b, name);
+        assert_non_null(y);
+        assert_int_equal(y->type, x->type);
+        assert_int_equal(y->nbytes, x->nbytes);
+        assert_memory_equal(y->ne, x->ne, sizeof x->ne);
+        assert_memory_equal(y->data, x->data, x->nbytes);
+    }
+    model_hparams hp;
+    model_tensors t = {0};
+    assert_int_equal(model_read_hparams(b, &hp, err, sizeof err), VKI_OK);
+    assert_int_equal(model_find_tensors(b, &hp, &t, err, sizeof err), VKI_OK);
+    model_tensors_free(&t);
+    gguf_close(a), gguf_close(b);
+    /* another part opens alone, and the model loader names the first */
+    assert_int_equal(gguf_open(p2, &b, err, sizeof err), VKI_OK);
+    assert_true(gguf_n_tensors(b) > 0 && gguf_n_tensors(b) < all);
+    assert_int_equal(model_read_hparams(b, &hp, err, sizeof err), VKI_ERR_INVALID_ARG);
+    assert_non_null(strstr(err, "part 2 of a model split in 3 files: open the first"));
+    gguf_close(b);
+    /* the first renamed */
+    assert_int_equal(rename(p1, tmp), 0);
+    expect_open_fails(tmp, VKI_ERR_INVALID_ARG, "the name does not end in -00001-of-00003.gguf");
+    assert_int_equal(rename(tmp, p1), 0);
+    /* part 3 from another split, then missing */
+    const gguf_edit other[] = {{GGUF_EDIT_U32, "split.count", 0, 0, 4, 0, NULL}};
+    assert_int_equal(gguf_edit_copy(p3, tmp, other, 1), VKI_OK);
+    assert_int_equal(rename(tmp, p3), 0);
+    expect_open_fails(p1, VKI_ERR_FORMAT, "split.no 2 of split.count 4, expected 2 of 3");
+    assert_int_equal(unlink(p3), 0);
+    expect_open_fails(p1, VKI_ERR_IO, "-00003-of-00003.gguf: No such file or directory");
+    /* a wrong total; a tensor in two parts (part 3 a copy of part 2 but for split.no) */
+    assert_int_equal(gguf_edit_split(src, prefix, 3, 5), VKI_OK);
+    expect_open_fails(p1, VKI_ERR_FORMAT, "split.tensors.count is 5, the 3 files hold");
+    assert_int_equal(gguf_edit_split(src, prefix, 3, -1), VKI_OK);
+    const gguf_edit no2[] = {{GGUF_EDIT_U32, "split.no", 0, 0, 2, 0, NULL}};
+    assert_int_equal(gguf_edit_copy(p2, p3, no2, 1), VKI_OK);
+    expect_open_fails(p1, VKI_ERR_FORMAT, "is in more than one of the 3 files");
+    unlink(p1), unlink(p2), unlink(p3), unlink(src);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1171,6 +1250,7 @@ int main(void)
         cmocka_unit_test(test_inspect_tool),
         cmocka_unit_test(test_model_meta_archs),
         cmocka_unit_test(test_model_meta_yarn),
+        cmocka_unit_test(test_split_files),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -22,6 +22,7 @@
 #include <sys/stat.h>
 
 #include "engine/synth.h"
+#include "support/gguf_edit.h"
 #include "host/server/server.h"
 #include "vkinfer_server.h"
 #include "support/ref_beam.h"
@@ -71,7 +72,9 @@ static bool synth_to(const char *path, uint64_t seed, bool like_stories)
     return false;
 }
 
-/* The repository folder: a/model.gguf + config.json, b.gguf, broken.gguf, huge/. */
+/* The repository folder: a/model.gguf + config.json, b split in two files as llama.cpp's
+ * gguf-split writes them (b-00001-of-00002.gguf, b-00002-of-00002.gguf: the one model "b"),
+ * broken.gguf, huge/. */
 static bool make_repo(T *t)
 {
     char p[512], stories[1024];
@@ -83,11 +86,16 @@ static bool make_repo(T *t)
     bool ok = synth_to(p, 1, false);
     snprintf(p, sizeof p, "%s/a/config.json", t->dir);
     ok = ok && write_file(p, "{\"kv_tokens\": 2048, \"max_batch_size\": 8, \"policy\": \"max-util\"}");
-    snprintf(p, sizeof p, "%s/b.gguf", t->dir);
+    char whole[1024], prefix[512];
+    snprintf(whole, sizeof whole, "%s/b-whole.gguf.tmp", t->dir);
     if ((t->stories = vt_shared_model("stories260K.gguf", stories, sizeof stories)))
-        ok = ok && !symlink(stories, p);
+        snprintf(whole, sizeof whole, "%s", stories);
     else
-        ok = ok && synth_to(p, 2, true);
+        ok = ok && synth_to(whole, 2, true);
+    snprintf(prefix, sizeof prefix, "%s/b", t->dir);
+    ok = ok && gguf_edit_split(whole, prefix, 2, -1) == VKI_OK;
+    if (!t->stories)
+        remove(whole);
     snprintf(p, sizeof p, "%s/broken.gguf", t->dir);
     ok = ok && write_file(p, "GGUF but not really");
     snprintf(p, sizeof p, "%s/huge", t->dir);
@@ -101,7 +109,8 @@ static bool make_repo(T *t)
 
 static void rm_repo(T *t)
 {
-    static const char *const files[] = {"a/model.gguf", "a/config.json", "a", "b.gguf", "broken.gguf",
+    static const char *const files[] = {"a/model.gguf", "a/config.json", "a", "b-00001-of-00002.gguf",
+                                        "b-00002-of-00002.gguf", "broken.gguf",
                                         "huge/model.gguf", "huge/config.json", "huge", ""};
     char p[512];
     for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {

@@ -1,7 +1,8 @@
 /* A model repository: several models in one server, each its own engine and batch manager on the
  * same device, as Triton serves a folder of models.
  *
- *   DIR/NAME/model.gguf (+ DIR/NAME/config.json)   or   DIR/NAME.gguf
+ *   DIR/NAME/model.gguf (+ DIR/NAME/config.json)   or   DIR/NAME.gguf   or, split by llama.cpp's
+ *   gguf-split, DIR/NAME-00001-of-0000N.gguf ... (the model NAME, opened by its first part)
  *
  * config.json (every key optional; an unknown key makes the model UNAVAILABLE, naming it):
  *   kv_tokens, kv_fraction, device_memory_mib, max_ctx, max_seqs      the engine
@@ -109,7 +110,27 @@ static int by_name(const void *a, const void *b)
     return strcmp((*(repo_model *const *)a)->name, (*(repo_model *const *)b)->name);
 }
 
-/* One folder entry: a model (path and config set), or false. */
+/* The part number k of a split model's file name NAME-0000k-of-0000N.gguf (llama.cpp's
+ * gguf-split naming, 20 characters after NAME), or 0 for any other name. */
+static unsigned split_part(const char *ent, size_t n)
+{
+    const char *s = ent + n - 20;
+    if (n <= 20 || s[0] != '-' || memcmp(s + 6, "-of-", 4) || strcmp(s + 15, ".gguf"))
+        return 0;
+    unsigned k = 0;
+    for (int i = 1; i <= 14; i++) {
+        if (i >= 6 && i <= 9)
+            continue;
+        if (s[i] < '0' || s[i] > '9')
+            return 0;
+        if (i <= 5)
+            k = 10 * k + (unsigned)(s[i] - '0');
+    }
+    return k;
+}
+
+/* One folder entry: a model (path and config set), or false. A model split in several files is
+ * one entry, NAME, opened by its first part; the other parts are not models. */
 static bool entry_model(const char *dir, const char *ent, char *name, char *path, char *cfg)
 {
     char full[PATH_MAX];
@@ -118,7 +139,10 @@ static bool entry_model(const char *dir, const char *ent, char *name, char *path
         return false;
     size_t n = strlen(ent);
     if (S_ISREG(st.st_mode) && n > 5 && !strcmp(ent + n - 5, ".gguf")) {
-        snprintf(name, 128, "%.*s", (int)(n - 5), ent);
+        unsigned part = split_part(ent, n);
+        if (part > 1)
+            return false;
+        snprintf(name, 128, "%.*s", (int)(n - (part ? 20 : 5)), ent);
         snprintf(path, PATH_MAX, "%s", full);
         cfg[0] = 0;
         return valid_name(name);

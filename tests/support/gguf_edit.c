@@ -48,8 +48,9 @@ vki_status gguf_edit_copy(const char *src, const char *dst, const gguf_edit *e, 
     gguf_writer *w = NULL;
     char err[256];
     vki_status st = gguf_open(src, &f, err, sizeof err);
-    if (st == VKI_OK)
-        st = gguf_w_create(&w);
+    if (st != VKI_OK)
+        return st;
+    st = gguf_w_create(&w);
     if (st == VKI_OK)
         st = copy_keys(w, f, e, n);
     for (uint64_t i = 0; i < gguf_n_tensors(f) && st == VKI_OK; i++) {
@@ -88,6 +89,44 @@ vki_status gguf_edit_copy(const char *src, const char *dst, const gguf_edit *e, 
     if (st == VKI_OK)
         st = gguf_w_finish(w);
     gguf_w_destroy(w);
+    gguf_close(f);
+    return st;
+}
+
+vki_status gguf_edit_split(const char *src, const char *prefix, uint32_t n_files, int32_t declared_total)
+{
+    gguf_file *f = NULL;
+    char err[256], path[1024];
+    vki_status st = gguf_open(src, &f, err, sizeof err);
+    uint64_t nt = st == VKI_OK ? gguf_n_tensors(f) : 0, per = n_files ? (nt + n_files - 1) / n_files : 0;
+    for (uint32_t k = 0; k < n_files && st == VKI_OK; k++) {
+        gguf_writer *w = NULL;
+        if ((st = gguf_w_create(&w)) != VKI_OK)
+            break;
+        for (uint64_t i = 0; k == 0 && i < gguf_n_kv(f) && st == VKI_OK; i++)
+            st = gguf_w_copy_kv(w, gguf_kv_at(f, i));
+        if (st == VKI_OK)
+            st = gguf_w_set_u16(w, "split.no", (uint16_t)k);
+        if (st == VKI_OK)
+            st = gguf_w_set_u16(w, "split.count", (uint16_t)n_files);
+        if (st == VKI_OK)
+            st = gguf_w_set_i32(w, "split.tensors.count", declared_total >= 0 ? declared_total : (int32_t)nt);
+        uint64_t a = k * per, b = a + per < nt ? a + per : nt;
+        for (uint64_t i = a; i < b && st == VKI_OK; i++) {
+            const gguf_tensor *t = gguf_tensor_at(f, i);
+            char name[128];
+            snprintf(name, sizeof name, "%.*s", (int)t->name.len, t->name.ptr);
+            st = gguf_w_add_tensor(w, name, t->type, t->n_dims, t->ne);
+        }
+        snprintf(path, sizeof path, "%s-%05u-of-%05u.gguf", prefix, k + 1, n_files);
+        if (st == VKI_OK)
+            st = gguf_w_open(w, path);
+        for (uint64_t i = a; i < b && st == VKI_OK; i++)
+            st = gguf_w_data(w, gguf_tensor_at(f, i)->data, gguf_tensor_at(f, i)->nbytes);
+        if (st == VKI_OK)
+            st = gguf_w_finish(w);
+        gguf_w_destroy(w);
+    }
     gguf_close(f);
     return st;
 }

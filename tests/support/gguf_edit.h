@@ -28,4 +28,10 @@ typedef struct gguf_edit {
 /* Writes src with edits[0..n) applied to dst. VKI_OK or the reader's / writer's error. */
 vki_status gguf_edit_copy(const char *src, const char *dst, const gguf_edit *edits, uint32_t n);
 
+/* Writes src as llama.cpp's gguf-split does: n_files files <prefix>-00001-of-0000N.gguf, ...,
+ * the tensors in order, about as many per file; the first with all the metadata, every one with
+ * split.no (u16), split.count (u16) and split.tensors.count (i32: the count, or declared_total
+ * when >= 0, to make a broken split). */
+vki_status gguf_edit_split(const char *src, const char *prefix, uint32_t n_files, int32_t declared_total);
+
 #endif
