@@ -712,6 +712,30 @@ static void test_metadata_errors(void **state)
     vki_tokenizer_free(t);
 }
 
+/* The pieces pre-tokenizer `pre` cuts text into are exactly pieces[] (NULL-terminated). */
+static void expect_pieces(const char *pre, const char *text, const char *const *pieces)
+{
+    char err[256] = "";
+    vki_tokenizer *t = NULL;
+    assert_int_equal(load_tiny("gpt2", pre, true, true, &t, err, sizeof err), VKI_OK);
+    size_t *ends, n, want_n = 0, start = 0;
+    assert_int_equal(tok_bpe_pieces(t, text, strlen(text), &ends, &n), VKI_OK);
+    while (pieces[want_n])
+        want_n++;
+    bool ok = n == want_n;
+    for (size_t i = 0; ok && i < n; start = ends[i++])
+        ok = ends[i] - start == strlen(pieces[i]) && !memcmp(text + start, pieces[i], ends[i] - start);
+    if (!ok) {
+        printf("  %s pieces:", pre);
+        for (size_t i = 0, b = 0; i < n; b = ends[i++])
+            printf(" [%.*s]", (int)(ends[i] - b), text + b);
+        printf("\n");
+    }
+    assert_true(ok);
+    free(ends);
+    vki_tokenizer_free(t);
+}
+
 /* Pre-tokenizer pieces, derived by hand from the upstream regexes (leftmost alternative wins;
  * Isolated splits keep the gaps). The text exercises contractions, a space before letters,
  * punctuation followed by newlines, a space run before digits, digit grouping, non-ASCII letters
@@ -738,27 +762,8 @@ static void test_pretokenizers(void **state)
         {"tekken", {"Hello", "'s", " world", "!!\n\n", " ", " ", "1", "2", "3", "4", "5", " \xC3\x84\xC3\x96", "\tx"}},
         {"gpt-4o", {"Hello's", " world", "!!\n\n", " ", " ", "123", "45", " \xC3\x84\xC3\x96", "\tx"}},
     };
-    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
-        char err[256] = "";
-        vki_tokenizer *t = NULL;
-        assert_int_equal(load_tiny("gpt2", cases[c].pre, true, true, &t, err, sizeof err), VKI_OK);
-        size_t *ends, n, want_n = 0, start = 0;
-        assert_int_equal(tok_bpe_pieces(t, text, strlen(text), &ends, &n), VKI_OK);
-        while (cases[c].pieces[want_n])
-            want_n++;
-        bool ok = n == want_n;
-        for (size_t i = 0; ok && i < n; start = ends[i++])
-            ok = ends[i] - start == strlen(cases[c].pieces[i]) && !memcmp(text + start, cases[c].pieces[i], ends[i] - start);
-        if (!ok) {
-            printf("  %s pieces:", cases[c].pre);
-            for (size_t i = 0, b = 0; i < n; b = ends[i++])
-                printf(" [%.*s]", (int)(ends[i] - b), text + b);
-            printf("\n");
-        }
-        assert_true(ok);
-        free(ends);
-        vki_tokenizer_free(t);
-    }
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++)
+        expect_pieces(cases[c].pre, text, cases[c].pieces);
 
     /* the cased pre-tokenizers split words where lower case turns upper (Hello|World; an upper
      * run keeps the lower-case letters after it: ABCdef), keep a slash after punctuation, and
@@ -772,27 +777,8 @@ static void test_pretokenizers(void **state)
         {"gpt-4o", {"Hello", "World", " ABCdef's", " a", "+/", "b"}},
         {"llama3", {"HelloWorld", " ABCdef", "'s", " a", "+/", "b"}},
     };
-    for (size_t c = 0; c < sizeof cased / sizeof cased[0]; c++) {
-        char err[256] = "";
-        vki_tokenizer *t = NULL;
-        assert_int_equal(load_tiny("gpt2", cased[c].pre, true, true, &t, err, sizeof err), VKI_OK);
-        size_t *ends, n, want_n = 0, start = 0;
-        assert_int_equal(tok_bpe_pieces(t, text2, strlen(text2), &ends, &n), VKI_OK);
-        while (cased[c].pieces[want_n])
-            want_n++;
-        bool ok = n == want_n;
-        for (size_t i = 0; ok && i < n; start = ends[i++])
-            ok = ends[i] - start == strlen(cased[c].pieces[i]) && !memcmp(text2 + start, cased[c].pieces[i], ends[i] - start);
-        if (!ok) {
-            printf("  %s pieces:", cased[c].pre);
-            for (size_t i = 0, b = 0; i < n; b = ends[i++])
-                printf(" [%.*s]", (int)(ends[i] - b), text2 + b);
-            printf("\n");
-        }
-        assert_true(ok);
-        free(ends);
-        vki_tokenizer_free(t);
-    }
+    for (size_t c = 0; c < sizeof cased / sizeof cased[0]; c++)
+        expect_pieces(cased[c].pre, text2, cased[c].pieces);
 
     /* every supported name compiles its regexes */
     static const char *const names[] = {"default", "gpt-2", "phi-2", "roberta-bpe", "mpt", "olmo", "llama3",

@@ -69,6 +69,27 @@ chat_family chat_detect(const char *t, bool *known)
     return f;
 }
 
+/* The text of a Jinja string literal's body [q, end) with its escapes decoded (\n, \t, and a
+ * backslash before any other character: that character) into *out, NUL-terminated. */
+static vki_status decode_literal(const char *q, const char *end, char **out)
+{
+    char *s = malloc((size_t)(end - q) + 1);
+    if (!s)
+        return VKI_ERR_OUT_OF_HOST_MEMORY;
+    size_t n = 0;
+    for (const char *c = q; c < end; c++) {
+        if (*c == '\\' && c + 1 < end) {
+            c++;
+            s[n++] = *c == 'n' ? '\n' : *c == 't' ? '\t' : *c;
+        } else {
+            s[n++] = *c;
+        }
+    }
+    s[n] = 0;
+    *out = s;
+    return VKI_OK;
+}
+
 /* ChatML templates that write a system prompt when the conversation has none (Qwen) carry it as a
  * string literal: '<|im_start|>system\n...<|im_end|>'. Finds the first such literal (a candidate
  * that contains a quote or an expression is the template's code, not a literal) and decodes its
@@ -88,21 +109,7 @@ static vki_status chatml_default_system(const char *t, char **out)
         const char *end = strstr(q, "<|im_end|>");
         if (!end || end == q || strcspn(q, "'\"{}+") < (size_t)(end - q))
             continue;
-        char *s = malloc((size_t)(end - q) + 1);
-        if (!s)
-            return VKI_ERR_OUT_OF_HOST_MEMORY;
-        size_t n = 0;
-        for (const char *c = q; c < end; c++) {
-            if (*c == '\\' && c + 1 < end) {
-                c++;
-                s[n++] = *c == 'n' ? '\n' : *c == 't' ? '\t' : *c;
-            } else {
-                s[n++] = *c;
-            }
-        }
-        s[n] = 0;
-        *out = s;
-        return VKI_OK;
+        return decode_literal(q, end, out);
     }
     return VKI_OK;
 }
@@ -125,21 +132,7 @@ static vki_status mistral_default_system(const char *t, char **out)
         end += end[0] == '\\' && end[1] ? 2 : 1;
     if (!*end || end[1 + strspn(end + 1, " ")] == '+')
         return VKI_OK;
-    char *s = malloc((size_t)(end - p));
-    if (!s)
-        return VKI_ERR_OUT_OF_HOST_MEMORY;
-    size_t n = 0;
-    for (const char *c = p + 1; c < end; c++) {
-        if (*c == '\\' && c + 1 < end) {
-            c++;
-            s[n++] = *c == 'n' ? '\n' : *c == 't' ? '\t' : *c;
-        } else {
-            s[n++] = *c;
-        }
-    }
-    s[n] = 0;
-    *out = s;
-    return VKI_OK;
+    return decode_literal(p + 1, end, out);
 }
 
 vki_status chat_template_init(chat_template *t, chat_family f, const char *tmpl, const char *bos, const char *eos)
