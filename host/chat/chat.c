@@ -430,40 +430,23 @@ static void render_mistral(const chat_template *t, const chat_msg *m, size_t n, 
         }
         return;
     }
-    if (t->mistral_tekken) { /* mistralai/Mistral-Nemo-Instruct-2407 */
-        if (!alternates(o, m, n, first, t, err, n_err))
-            return;
-        if (t->emit_bos)
-            lit(o, t->bos);
-        for (size_t i = first; i < n; i++) {
-            if (m[i].role == CHAT_USER) {
-                lit(o, "[INST]");
-                if (first && i == n - 1) {
-                    txt(o, &m[0]);
-                    lit(o, "\n\n");
-                }
-                txt(o, &m[i]);
-                lit(o, "[/INST]");
-            } else {
-                txt(o, &m[i]);
-                lit(o, t->eos);
-            }
-        }
-        return;
-    }
     if (!alternates(o, m, n, first, t, err, n_err))
         return;
     if (t->emit_bos)
         lit(o, t->bos);
+    /* v0.2 / v1: the system message in the first user turn, "[INST] " + content + " [/INST]" (v1:
+     * a space before [INST] and before each answer); v3-tekken (Nemo): no spaces, the system
+     * message in the conversation's last message when that is a user turn */
+    const bool tk = t->mistral_tekken;
     for (size_t i = first; i < n; i++) {
         if (m[i].role == CHAT_USER) {
-            lit(o, t->mistral_spaced ? " [INST] " : "[INST] ");
-            if (i == first && first) {
+            lit(o, tk ? "[INST]" : t->mistral_spaced ? " [INST] " : "[INST] ");
+            if (first && (tk ? i == n - 1 : i == first)) {
                 txt(o, &m[0]);
                 lit(o, "\n\n");
             }
             txt(o, &m[i]);
-            lit(o, " [/INST]");
+            lit(o, tk ? "[/INST]" : " [/INST]");
         } else {
             if (t->mistral_spaced)
                 lit(o, " ");
