@@ -362,8 +362,8 @@ static void test_file_round_trip(void **state)
 
 /* Files that must be refused, each with a message naming why, and nothing changed: bad calls,
  * another model, another version, truncation at every length, every single-byte flip, a token
- * outside the vocabulary, a context too short, KV computed with other LongRoPE factors, more blocks
- * than session_max_blocks. */
+ * outside the vocabulary, a context too short, KV computed with other LongRoPE factors or without
+ * the RoPE attention factor in K, more blocks than session_max_blocks. */
 static void test_file_refusals(void **state)
 {
     (void)state;
@@ -435,6 +435,12 @@ static void test_file_refusals(void **state)
     fc.kv_flags = BM_KV_ROPE_LONG; /* the same model, but a context that chose LongRoPE's long factors */
     rig_open_with(&r, VKI_POLICY_GUARANTEED_NO_EVICT, 60, 0, &fc);
     refused(r.bm, 5, path, VKI_ERR_INVALID_ARG, "LongRoPE's short factors, this engine uses the long ones");
+    rig_close(&r);
+    fc = rig_config();
+    fc.kv_flags = BM_KV_ROPE_MAG; /* K scaled by the RoPE attention factor, where the file's is not */
+    rig_open_with(&r, VKI_POLICY_GUARANTEED_NO_EVICT, 60, 0, &fc);
+    refused(r.bm, 5, path, VKI_ERR_INVALID_ARG, "its K was stored without the RoPE attention factor, this engine "
+            "stores it scaled");
     rig_close(&r);
     fc = rig_config();
     fc.vocab = 8; /* the file's ids reach 47 */

@@ -180,6 +180,8 @@ static vki_status load(vki_engine *e, const char *path, const vki_engine_params 
         /* LongRoPE: the context chose the long or the short factors, and K carries them */
         const gguf_tensor *rf = model_rope_factors(&hp, &t, e->eng->max_ctx);
         e->kv_flags = rf && rf == t.rope_long && !t.rope_freqs ? BM_KV_ROPE_LONG : 0;
+        if (hp.rope_attn_factor != 1.0f)
+            e->kv_flags |= BM_KV_ROPE_MAG;
     }
     model_tensors_free(&t);
     gguf_close(f);

@@ -8,6 +8,8 @@
 
 /* bm_backend.kv_flags: choices of the engine (not the model) that change the KV it writes. */
 #define BM_KV_ROPE_LONG 1u     /* LongRoPE's long factors (context above the original length) */
+#define BM_KV_ROPE_MAG 2u      /* K scaled by LongRoPE's / YaRN's attention factor (before 2026-12,
+                                  vkinfer folded it into the scores instead: such K differs) */
 
 typedef struct bm_backend {
     void *ctx;

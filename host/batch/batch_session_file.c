@@ -241,10 +241,14 @@ static vki_status check_model(const sf_header *h, const bm_backend *be, const ch
     if (h->kv_type != be->kv_type)
         return fail(err, cap, VKI_ERR_INVALID_ARG, "%s holds %s KV; this engine stores %s (kv_type)", path,
                     kv_name(h->kv_type), kv_name(be->kv_type));
-    if (h->flags != be->kv_flags)
+    if ((h->flags ^ be->kv_flags) & BM_KV_ROPE_LONG)
         return fail(err, cap, VKI_ERR_INVALID_ARG, "%s: its KV was computed with LongRoPE's %s factors, this engine "
                     "uses the %s ones (the context length decides: --ctx)", path,
                     h->flags & BM_KV_ROPE_LONG ? "long" : "short", be->kv_flags & BM_KV_ROPE_LONG ? "long" : "short");
+    if (h->flags != be->kv_flags)
+        return fail(err, cap, VKI_ERR_INVALID_ARG, "%s: its K was stored %s the RoPE attention factor, this engine "
+                    "stores it %s (a file of an older vkinfer: save the session again)", path,
+                    h->flags & BM_KV_ROPE_MAG ? "scaled by" : "without", be->kv_flags & BM_KV_ROPE_MAG ? "scaled" : "unscaled");
     if (h->n_layer != be->kv_layers || h->n_head_kv != be->kv_heads || h->head_dim != be->kv_head_dim ||
         h->row_bytes != be->kv_row_bytes)
         return fail(err, cap, VKI_ERR_INVALID_ARG, "%s: KV layout %u layers x %u heads x %u dims (%u-byte rows); this "
