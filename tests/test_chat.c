@@ -774,7 +774,8 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_chatml),       cmocka_unit_test(test_qwen3),        cmocka_unit_test(test_llama3),       cmocka_unit_test(test_llama2),
         cmocka_unit_test(test_mistral),      cmocka_unit_test(test_zephyr),       cmocka_unit_test(test_gemma),
-        cmocka_unit_test(test_phi3),         cmocka_unit_test(test_deepseek),         cmocka_unit_test(test_fallback),     cmocka_unit_test(test_errors),
+        cmocka_unit_test(test_phi3),         cmocka_unit_test(test_deepseek),     cmocka_unit_test(test_fallback),
+        cmocka_unit_test(test_errors),
         cmocka_unit_test(test_open_end),
         cmocka_unit_test(test_tokenize_spm), cmocka_unit_test(test_tokenize_bpe), cmocka_unit_test(test_from_gguf),
         cmocka_unit_test(test_public_api),

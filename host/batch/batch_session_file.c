@@ -248,7 +248,8 @@ static vki_status check_model(const sf_header *h, const bm_backend *be, const ch
     if (h->flags != be->kv_flags)
         return fail(err, cap, VKI_ERR_INVALID_ARG, "%s: its K was stored %s the RoPE attention factor, this engine "
                     "stores it %s (a file of an older vkinfer: save the session again)", path,
-                    h->flags & BM_KV_ROPE_MAG ? "scaled by" : "without", be->kv_flags & BM_KV_ROPE_MAG ? "scaled" : "unscaled");
+                    h->flags & BM_KV_ROPE_MAG ? "scaled by" : "without",
+                    be->kv_flags & BM_KV_ROPE_MAG ? "scaled" : "unscaled");
     if (h->n_layer != be->kv_layers || h->n_head_kv != be->kv_heads || h->head_dim != be->kv_head_dim ||
         h->row_bytes != be->kv_row_bytes)
         return fail(err, cap, VKI_ERR_INVALID_ARG, "%s: KV layout %u layers x %u heads x %u dims (%u-byte rows); this "

@@ -148,7 +148,8 @@ vki_status chat_template_init(chat_template *t, chat_family f, const char *tmpl,
     t->emit_bos = f == CHAT_LLAMA2 || (tmpl ? strstr(tmpl, "bos_token") != NULL : canon_bos);
     t->mistral_spaced = f == CHAT_MISTRAL && tmpl && (strstr(tmpl, "' [INST] '") || strstr(tmpl, "\" [INST] \""));
     t->mistral_v7 = f == CHAT_MISTRAL && tmpl && strstr(tmpl, "[SYSTEM_PROMPT]");
-    t->mistral_tekken = f == CHAT_MISTRAL && tmpl && !t->mistral_v7 && (strstr(tmpl, "[INST]'") || strstr(tmpl, "[INST]\""));
+    t->mistral_tekken =
+        f == CHAT_MISTRAL && tmpl && !t->mistral_v7 && (strstr(tmpl, "[INST]'") || strstr(tmpl, "[INST]\""));
     if (t->mistral_v7)
         return mistral_default_system(tmpl, &t->default_system);
     t->strip_think = f == CHAT_CHATML && tmpl && strstr(tmpl, "</think>");

@@ -114,8 +114,10 @@ static int by_name(const void *a, const void *b)
  * gguf-split naming, 20 characters after NAME), or 0 for any other name. */
 static unsigned split_part(const char *ent, size_t n)
 {
+    if (n <= 20)
+        return 0;
     const char *s = ent + n - 20;
-    if (n <= 20 || s[0] != '-' || memcmp(s + 6, "-of-", 4) || strcmp(s + 15, ".gguf"))
+    if (s[0] != '-' || memcmp(s + 6, "-of-", 4) || strcmp(s + 15, ".gguf"))
         return 0;
     unsigned k = 0;
     for (int i = 1; i <= 14; i++) {

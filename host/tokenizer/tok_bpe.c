@@ -67,7 +67,8 @@ int tok_gpt2_cp_to_byte(uint32_t cp)
     "|[^\\r\\n\\p{L}\\p{N}]?[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}]+[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}]*" CONTRACTION
 #define RE_TEKKEN RE_CASED("") "|\\p{N}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n/]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"
 #define RE_O200K                                                                                  \
-    RE_CASED("(?i:'s|'t|'re|'ve|'m|'ll|'d)?") "|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n/]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"
+    RE_CASED("(?i:'s|'t|'re|'ve|'m|'ll|'d)?")                                                     \
+    "|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n/]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"
 /* DeepSeek: CJK ideographs (and U+0800.. as upstream writes it) and Hangul as whole runs. */
 #define RE_DEEPSEEK_CJK "[\\x{4E00}-\\x{9FA5}\\x{0800}-\\x{4E00}\\x{AC00}-\\x{D7FF}]+"
 /* DeepSeek LLM: cased letters (upstream's explicit list of Unicode Lu/Ll/Lt ranges). */

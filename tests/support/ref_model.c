@@ -234,7 +234,8 @@ static void rope(const ref_model *m, uint32_t kind, float *v, uint32_t n_heads, 
     for (uint32_t h = 0; h < n_heads; h++) {
         float *x = v + (size_t)h * hd;
         for (uint32_t i = 0; i < half; i++) {
-            double theta = hp->yarn ? pos * yarn_inv_freq(hp, base, scale, i) : pos * scale * pow(base, -2.0 * i / hp->n_rot);
+            double theta = hp->yarn ? pos * yarn_inv_freq(hp, base, scale, i)
+                                    : pos * scale * pow(base, -2.0 * i / hp->n_rot);
             if (m->rope_factors)
                 theta /= m->rope_factors[i];
             double c = cos(theta) * ms, s = sin(theta) * ms;
