@@ -5,8 +5,9 @@
  * each a role byte followed by its content; the whole input also serves as a template text.
  * Properties: the template spans are ordered, disjoint and inside the text; every message's
  * content (ASCII-trimmed, as the trimming families write it; what the template keeps of it:
- * Qwen3 drops earlier reasoning, the first Phi-3 template system turns) appears in the
- * rendered text; the
+ * Qwen3 drops earlier reasoning, DeepSeek-R1 every answer's reasoning and all but the last
+ * system message, Mistral's v3-tekken the system message unless the last message is a user
+ * turn, the first Phi-3 template system turns) appears in the rendered text; the
  * tokenised prompt holds only ids inside the vocabulary. */
 #include "fuzz.h"
 
@@ -36,15 +37,25 @@ static bool content_present(const chat_msg *m, const char *text, size_t len)
 }
 
 /* What of message i a family's template keeps: all of it, or none of a system message for the
- * first Phi-3 template, or an earlier assistant turn after its last "</think>" for Qwen3. */
+ * first Phi-3 template, for DeepSeek-R1 but the last one, for Mistral's v3-tekken unless the
+ * conversation ends with a user turn; an assistant turn after its last "</think>" (Qwen3: the
+ * earlier ones; DeepSeek-R1: every one). */
 static bool kept_present(const chat_template *t, const chat_msg *m, size_t n, size_t i, const char *text, size_t len)
 {
     if (t->phi3_v1 && m[i].role == CHAT_SYSTEM)
         return true;
-    size_t last_user = 0;
-    for (size_t k = 0; k < n; k++)
+    size_t last_user = 0, last_sys = 0;
+    for (size_t k = 0; k < n; k++) {
         last_user = m[k].role == CHAT_USER ? k : last_user;
-    if (!t->strip_think || m[i].role != CHAT_ASSISTANT || i >= last_user)
+        last_sys = m[k].role == CHAT_SYSTEM ? k : last_sys;
+    }
+    bool deepseek = t->family == CHAT_DEEPSEEK;
+    if (deepseek && m[i].role == CHAT_SYSTEM && i != last_sys)
+        return true;
+    if (t->mistral_tekken && i == 0 && m[0].role == CHAT_SYSTEM && m[n - 1].role != CHAT_USER)
+        return true;
+    bool think = deepseek || (t->strip_think && i < last_user);
+    if (!think || m[i].role != CHAT_ASSISTANT)
         return content_present(&m[i], text, len);
     const char *from = m[i].content;
     for (const char *q = m[i].content; q + 8 <= m[i].content + m[i].len; q++)
