@@ -487,7 +487,8 @@ static vki_status validate(synth_ctx *c)
         p->n_ctx_orig >= p->n_ctx || (p->n_ctx_orig && strcmp(p->arch, "phi3") && !yarn))
         return synth_fail(c, VKI_ERR_INVALID_ARG, "soft-caps must be >= 0, the window <= 2^24, and the LongRoPE "
                           "original context (phi3 only) below the context");
-    if (yarn && (!(p->yarn_factor >= 1) || !p->n_ctx_orig || !strcmp(p->arch, "phi3") || !strncmp(p->arch, "gemma", 5)))
+    if (yarn &&
+        (!(p->yarn_factor >= 1) || !p->n_ctx_orig || !strcmp(p->arch, "phi3") || !strncmp(p->arch, "gemma", 5)))
         return synth_fail(c, VKI_ERR_INVALID_ARG, "YaRN: a factor >= 1 over an original context below the context, "
                           "and not phi3 (LongRoPE) or gemma");
     bool moe_arch = !strcmp(p->arch, "qwen3moe");
