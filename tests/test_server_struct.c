@@ -194,6 +194,7 @@ static const bad_case SBAD[] = {
     {CHAT, "{" USER ",\"response_format\":{\"type\":\"xml\"}}", 400, "response_format", "\"xml\""},
     {CMPL, "{\"prompt\":\"x\",\"grammar\":\"root ::= \\\"a\\\"\",\"guided_json\":{}}", 400, "guided_json", "only one"},
     {CMPL, "{\"prompt\":\"x\",\"guided_regex\":\"a+\"}", 400, "guided_regex", "regular expressions"},
+    {CHAT, "{" USER ",\"reasoning_format\":\"r1\"}", 400, "reasoning_format", "reasoning_format must be"},
     {CMPL, "{\"prompt\":\"x\",\"guided_choice\":[]}", 400, "guided_choice", "non-empty"},
     {CMPL, "{\"prompt\":\"x\",\"tools\":[{\"type\":\"function\"}]}", 400, "tools", "not supported"},
     {CHAT, "{" USER ",\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"a b\"}}]}", 400, "tools",
@@ -448,6 +449,95 @@ static void test_tool_result_turn(void **state)
     stop(t);
 }
 
+/* ---- reasoning_content ------------------------------------------------------------------------ */
+
+/* srv_think_feed over text given whole and byte by byte: the same split either way. */
+static void think_case(bool open, const char *in, const char *want_r, const char *want_c)
+{
+    for (int bytewise = 0; bytewise < 2; bytewise++) {
+        srv_think th = {.state = open ? 1 : 0};
+        strbuf r = {0}, c = {0};
+        strbuf_put(&r, "", 0), strbuf_put(&c, "", 0);
+        size_t n = strlen(in);
+        if (bytewise)
+            for (size_t i = 0; i < n; i++)
+                assert_true(srv_think_feed(&th, in + i, 1, i + 1 == n, &r, &c));
+        else
+            assert_true(srv_think_feed(&th, in, n, true, &r, &c));
+        if (!n)
+            assert_true(srv_think_feed(&th, "", 0, true, &r, &c));
+        if (strcmp(r.p, want_r) || strcmp(c.p, want_c))
+            fail_msg("think %s [%s]%s: reasoning [%s] content [%s], want [%s] [%s]", open ? "open" : "", in,
+                     bytewise ? " byte by byte" : "", r.p, c.p, want_r, want_c);
+        strbuf_free(&r), strbuf_free(&c);
+    }
+}
+
+static void test_think_split(void **state)
+{
+    (void)state;
+    think_case(false, "<think>\nhm, a cat\n</think>\n\nA cat.", "hm, a cat\n", "A cat."); /* Qwen3 */
+    think_case(false, "\n<think>x</think>y", "x", "y");
+    think_case(false, "A cat.", "", "A cat.");                 /* no reasoning */
+    think_case(false, "<thinking>", "", "<thinking>");         /* not the tag */
+    think_case(false, "<thi", "", "<thi");                     /* cut short */
+    think_case(false, "<think>a<b</think>c", "a<b", "c");      /* a '<' inside */
+    think_case(false, "<think>x</think>y</think>z", "x", "y</think>z");
+    think_case(false, "<think>no end", "no end", "");          /* max_tokens inside the reasoning */
+    think_case(true, "hm\n</think>\n\nok", "hm\n", "ok");      /* DeepSeek-R1: the prompt opened it */
+    think_case(true, "a</thi", "a</thi", "");
+    think_case(true, "</think>", "", "");
+    think_case(true, "", "", "");
+}
+
+/* Over HTTP, the model's text forced by a grammar: reasoning_format "deepseek" moves the
+ * reasoning to message.reasoning_content / delta.reasoning_content; "none", and "auto" with a
+ * template that does not think (this model's), keep it all in content; "auto" with DeepSeek-R1's
+ * template splits it (a bad value: SBAD). */
+#define THINK_GBNF "\"grammar\":\"root ::= \\\"<think>\\\\nhm, a cat</think>\\\\n\\\\nA cat.\\\"\""
+static void test_reasoning_content(void **state)
+{
+    T *t = *state;
+    start(t, NULL, 0);
+    cJSON *r = post(t, CHAT, "{" USER ",\"max_tokens\":60,\"reasoning_format\":\"deepseek\"," THINK_GBNF "}");
+    assert_string_equal(vt_json_str(r, "choices.0.message.reasoning_content"), "hm, a cat");
+    assert_string_equal(vt_json_str(r, "choices.0.message.content"), "A cat.");
+    cJSON_Delete(r);
+    for (int k = 0; k < 2; k++) {
+        r = post(t, CHAT, "{" USER ",\"max_tokens\":60,\"reasoning_format\":\"%s\"," THINK_GBNF "}", k ? "auto" : "none");
+        assert_null(vt_json_get(r, "choices.0.message.reasoning_content"));
+        assert_string_equal(vt_json_str(r, "choices.0.message.content"), "<think>\nhm, a cat</think>\n\nA cat.");
+        cJSON_Delete(r);
+    }
+    bool done;
+    cJSON *ev = stream(t, CHAT, "{" USER ",\"max_tokens\":60,\"stream\":true,\"reasoning_format\":\"deepseek\","
+                       THINK_GBNF "}", 0, &done);
+    strbuf rs = {0}, cs = {0};
+    strbuf_put(&rs, "", 0), strbuf_put(&cs, "", 0);
+    for (const cJSON *e = ev->child; e; e = e->next) {
+        const cJSON *d = vt_json_get(e, "choices.0.delta.reasoning_content"), *c = vt_json_get(e, "choices.0.delta.content");
+        if (cJSON_IsString(d))
+            strbuf_put(&rs, d->valuestring, strlen(d->valuestring));
+        if (cJSON_IsString(c))
+            strbuf_put(&cs, c->valuestring, strlen(c->valuestring));
+    }
+    assert_true(done);
+    assert_string_equal(rs.p, "hm, a cat");
+    assert_string_equal(cs.p, "A cat.");
+    strbuf_free(&rs), strbuf_free(&cs);
+    cJSON_Delete(ev);
+    stop(t);
+    /* auto with a thinking template (DeepSeek-R1's, by name): split without being asked */
+    srv_params sp = test_params(t);
+    sp.chat_template = "deepseek";
+    start_p(t, t->e, &sp);
+    r = post(t, CHAT, "{" USER ",\"max_tokens\":60," THINK_GBNF "}");
+    assert_string_equal(vt_json_str(r, "choices.0.message.reasoning_content"), "hm, a cat");
+    assert_string_equal(vt_json_str(r, "choices.0.message.content"), "A cat.");
+    cJSON_Delete(r);
+    stop(t);
+}
+
 int main(void)
 {
     vt_rng rng = vt_rng_seeded("test_server_struct");
@@ -457,6 +547,7 @@ int main(void)
         cmocka_unit_test(test_struct_errors),   cmocka_unit_test(test_tools_forced),
         cmocka_unit_test(test_tools_stream),    cmocka_unit_test(test_tools_auto_none),
         cmocka_unit_test(test_tool_result_turn),
+        cmocka_unit_test(test_think_split),     cmocka_unit_test(test_reasoning_content),
     };
     if (getenv("VKI_TEST_FILTER"))
         cmocka_set_test_filter(getenv("VKI_TEST_FILTER"));

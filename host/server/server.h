@@ -378,6 +378,15 @@ typedef struct srv_toks {
 } srv_toks;
 
 /* One choice of a job: one batch-manager request. */
+/* The reasoning of a thinking model's answer ("<think>...</think>" first, or everything up to
+ * "</think>" when the prompt opened the block) split from its content, as bytes arrive. */
+typedef struct srv_think {
+    uint8_t state;             /* 0: may open with "<think>"; 1: reasoning; 2: content */
+    bool started;              /* the current part has had a byte (its leading newlines dropped) */
+    char hold[8];              /* bytes that may begin a tag, not yet given out */
+    uint8_t n_hold;
+} srv_think;
+
 typedef struct srv_choice {
     srv_job *j;
     uint32_t index;
@@ -408,6 +417,7 @@ typedef struct srv_choice {
     chat_tool_parser *tp;      /* tools: the output parsed into calls (NULL: plain content) */
     uint32_t n_calls;          /* tool calls begun in the output */
     bool tp_done;              /* tp has seen the end of the output */
+    srv_think th;              /* the job's think: reasoning and content apart */
 } srv_choice;
 
 /* Structured output and tools of a job (server_struct.c). */
@@ -441,6 +451,9 @@ struct srv_job {
      * (assistant) message left open, so the answer continues it */
     bool no_gen_prompt, continue_final;
     bool no_think;             /* chat_template_kwargs.enable_thinking false (Qwen3's templates) */
+    uint8_t reasoning_format;  /* SRV_REASONING_*: reasoning_format (llama-server's), default auto */
+    bool think;                /* chat answers' reasoning goes to reasoning_content (srv_think) */
+    bool think_open;           /* the prompt ends inside a reasoning block (DeepSeek-R1's <think>) */
     char *rendered;            /* /apply-template: the rendered conversation (set when the job asks) */
     bool want_rendered;
     bool include_stop;         /* include_stop_str_in_output (vLLM): the stop string ends the text */
@@ -517,6 +530,13 @@ bool srv_struct_choice_init(srv_job *j, srv_choice *ch, srv_error *e);
 bool srv_struct_deltas(srv_choice *ch, const char *text, size_t n, bool end, cJSON *deltas);
 /* Non-streaming: message.content and message.tool_calls from the whole text. */
 bool srv_struct_answer(srv_choice *ch, const char *text, size_t n, cJSON *message);
+/* reasoning_format: "auto" (reasoning_content for the thinking templates: Qwen3's, DeepSeek-R1's),
+ * "deepseek" (for any template), "none" (the raw text in content). */
+enum { SRV_REASONING_AUTO = 0, SRV_REASONING_NONE, SRV_REASONING_DEEPSEEK };
+/* Splits the next n bytes of an answer into its reasoning (appended to r) and its content (to c);
+ * end: the answer is complete (what was held back comes out). Leading newlines of each part are
+ * dropped ("<think>\n", "</think>\n\n"); a "</think>" that never comes leaves it all reasoning. */
+bool srv_think_feed(srv_think *t, const char *s, size_t n, bool end, strbuf *r, strbuf *c);
 void srv_struct_free(srv_job *j);
 /* What /props says is supported. */
 cJSON *srv_struct_props(const srv *s);

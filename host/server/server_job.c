@@ -703,8 +703,17 @@ static cJSON *answer_choice(srv_job *j, srv_choice *ch)
     if (j->chat) {
         cJSON *m = cJSON_AddObjectToObject(c, "message");
         cJSON_AddStringToObject(m, "role", "assistant");
-        if (!srv_struct_answer(ch, text, ch->text.len, m))
+        strbuf r = {0}, content = {0};
+        size_t n = ch->text.len;
+        if (j->think && srv_think_feed(&ch->th, text, n, true, &r, &content)) { /* reasoning apart */
+            if (r.len)
+                cJSON_AddStringToObject(m, "reasoning_content", r.p);
+            text = content.p ? content.p : "", n = content.len;
+        }
+        if (!srv_struct_answer(ch, text, n, m))
             cJSON_AddStringToObject(m, "content", text); /* out of memory in the parser: the raw text */
+        strbuf_free(&r);
+        strbuf_free(&content);
     } else if (j->echo) {
         strbuf b = {0};
         strbuf_printf(&b, "%s%s", j->prompt_text ? j->prompt_text : "", text);
@@ -874,6 +883,23 @@ static bool sse_choice(srv_job *j, srv_choice *ch, strbuf *out)
     if (ch->oom_seen)
         choice_cancel(ch);
     bool has_lp = lp && lp->child, has_ids = ids && ids->child; /* sse_chunk takes (frees) them */
+    if (ok && j->think && !j->fmt) { /* reasoning_content deltas first; the content goes on below */
+        strbuf r = {0}, content = {0};
+        ok = srv_think_feed(&ch->th, text.p ? text.p : "", text.len, ch->final_seen, &r, &content);
+        cJSON *d = ok && r.len ? cJSON_CreateObject() : NULL;
+        if (d && !cJSON_AddStringToObject(d, "reasoning_content", r.p))
+            cJSON_Delete(d), d = NULL, ok = false;
+        if (d) { /* sse_chunk takes d, and the logprobs and ids: they ride on this chunk */
+            ok = sse_chunk(j, ch, out, NULL, false, has_lp ? lp : NULL, has_ids ? ids : NULL, NULL, d);
+            lp = has_lp ? NULL : lp, ids = has_ids ? NULL : ids;
+            has_lp = has_ids = false;
+        } else if (r.len) {
+            ok = false;
+        }
+        strbuf_free(&text);
+        text = content;
+        strbuf_free(&r);
+    }
     if (ok && ch->tp) { /* tools: content and tool_calls deltas */
         ok = sse_tool_chunks(j, ch, out, &text, has_lp ? lp : NULL, has_ids ? ids : NULL);
         lp = has_lp ? NULL : lp;

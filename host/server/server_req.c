@@ -236,6 +236,22 @@ static bool f_template_kwargs(req_ctx *c, const cJSON *v, srv_error *e)
     c->j->no_think = cJSON_IsFalse(t);
     return true;
 }
+/* reasoning_format (llama-server's): "auto" (the default: reasoning_content for the thinking
+ * templates), "deepseek" (for any template), "none" (the raw text in content). */
+static bool f_reasoning_format(req_ctx *c, const cJSON *v, srv_error *e)
+{
+    const char *f = cJSON_IsString(v) ? v->valuestring : NULL;
+    if (f && !strcmp(f, "auto"))
+        c->j->reasoning_format = SRV_REASONING_AUTO;
+    else if (f && !strcmp(f, "deepseek"))
+        c->j->reasoning_format = SRV_REASONING_DEEPSEEK;
+    else if (f && !strcmp(f, "none"))
+        c->j->reasoning_format = SRV_REASONING_NONE;
+    else
+        return srv_err(e, 400, "reasoning_format", "reasoning_format must be \"auto\", \"deepseek\" or \"none\""),
+               false;
+    return true;
+}
 KEEP(f_stream_options, stream_options)
 KEEP(f_top_logprobs, top_logprobs)
 KEEP(f_logprobs, logprobs)
@@ -334,6 +350,7 @@ static const struct {
     {"tool_choice", F_CHAT, f_struct},
     {"add_generation_prompt", F_CHAT, f_add_gen_prompt},
     {"chat_template_kwargs", F_CHAT, f_template_kwargs},
+    {"reasoning_format", F_CHAT, f_reasoning_format},
     {"include_stop_str_in_output", F_BOTH, f_include_stop},
     {"continue_final_message", F_CHAT, f_continue_final},
     {"parallel_tool_calls", F_CHAT, f_struct},

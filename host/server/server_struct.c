@@ -323,6 +323,13 @@ bool srv_struct_render(srv_job *j, const chat_msg *m, const chat_tool_msg *tm, s
     if (st != VKI_OK)
         return srv_err(e, st == VKI_ERR_INVALID_ARG ? 400 : 500, "messages", "%s", err[0] ? err : vki_status_str(st)),
                false;
+    /* reasoning_content: for the thinking templates (auto) or any (deepseek); the answer starts
+     * inside the block when the prompt opened it (DeepSeek-R1's generation prompt) */
+    j->think = j->reasoning_format == SRV_REASONING_DEEPSEEK ||
+               (j->reasoning_format == SRV_REASONING_AUTO &&
+                (s->chat.family == CHAT_DEEPSEEK || (s->chat.family == CHAT_CHATML && s->chat.strip_think)));
+    j->think_open = j->think && gen && ((p->len >= 8 && !memcmp(p->text + p->len - 8, "<think>\n", 8)) ||
+                                        (p->len >= 7 && !memcmp(p->text + p->len - 7, "<think>", 7)));
     if (!tools || (so->choice != SRV_TOOLS_REQUIRED && so->choice != SRV_TOOLS_NAMED))
         return true;
     chat_tool_choice c = {.name = so->choice == SRV_TOOLS_NAMED ? so->name : NULL, .name_len = strlen(so->name),
@@ -348,6 +355,7 @@ bool srv_struct_render(srv_job *j, const chat_msg *m, const chat_tool_msg *tm, s
 
 bool srv_struct_choice_init(srv_job *j, srv_choice *ch, srv_error *e)
 {
+    ch->th = (srv_think){.state = j->think_open ? 1 : 0};
     if (!j->so.parse)
         return true;
     /* call ids need only be unique: the clock, the job and the choice */
@@ -450,6 +458,61 @@ bool srv_struct_answer(srv_choice *ch, const char *text, size_t n, cJSON *m)
         cJSON_AddStringToObject(fn, "arguments", args);
     }
     return true;
+}
+
+/* ---- reasoning ------------------------------------------------------------------------------ */
+
+static bool think_ws(char b) { return b == ' ' || b == '\t' || b == '\n' || b == '\r'; }
+
+/* One byte of the current part into p: its leading whitespace dropped. */
+static bool think_put(srv_think *t, strbuf *p, char b)
+{
+    if (!t->started && think_ws(b))
+        return true;
+    t->started = true;
+    return strbuf_put(p, &b, 1);
+}
+
+bool srv_think_feed(srv_think *t, const char *s, size_t n, bool end, strbuf *r, strbuf *c)
+{
+    static const char OPEN[] = "<think>", CLOSE[] = "</think>";
+    bool ok = true;
+    for (size_t i = 0; i < n && ok; i++) {
+        char b = s[i];
+        if (t->state == 2) {
+            ok = think_put(t, c, b);
+            continue;
+        }
+        if (t->state == 0) { /* "<think>" after optional whitespace, or content */
+            if (!t->n_hold && think_ws(b))
+                continue;
+            t->hold[t->n_hold++] = b;
+            if (!memcmp(t->hold, OPEN, t->n_hold)) {
+                if (t->n_hold == sizeof OPEN - 1)
+                    t->state = 1, t->started = false, t->n_hold = 0;
+                continue;
+            }
+            t->state = 2, t->started = false;
+            for (uint8_t k = 0; k < t->n_hold && ok; k++)
+                ok = think_put(t, c, t->hold[k]);
+            t->n_hold = 0;
+            continue;
+        }
+        /* reasoning: hold what may begin "</think>", give out what cannot */
+        t->hold[t->n_hold++] = b;
+        while (t->n_hold && memcmp(t->hold, CLOSE, t->n_hold) && ok) {
+            ok = think_put(t, r, t->hold[0]);
+            memmove(t->hold, t->hold + 1, --t->n_hold);
+        }
+        if (t->n_hold == sizeof CLOSE - 1)
+            t->state = 2, t->started = false, t->n_hold = 0;
+    }
+    if (end && ok) { /* a tag begun but never finished is text */
+        for (uint8_t k = 0; k < t->n_hold && ok; k++)
+            ok = think_put(t, t->state == 1 ? r : c, t->hold[k]);
+        t->n_hold = 0;
+    }
+    return ok;
 }
 
 void srv_struct_free(srv_job *j)
