@@ -671,16 +671,18 @@ const gguf_kv *gguf_find_kv(const gguf_file *f, const char *key)
 
 #define GGUF_MAX_SHARDS 1024
 
-/* split.count / split.no of f (1 / 0 when absent). */
-static vki_status split_keys(const gguf_file *f, uint32_t *count, uint32_t *no, char *err, size_t err_len)
+vki_status gguf_split_part(const gguf_file *f, uint32_t *no, uint32_t *count)
 {
     *count = 1, *no = 0;
-    vki_status st = gguf_get_u32(f, "split.count", count);
-    if (st != VKI_OK && st != VKI_ERR_NOT_FOUND)
-        return gguf_fail(err, err_len, VKI_ERR_FORMAT, "split.count: not an unsigned integer");
-    st = gguf_get_u32(f, "split.no", no);
-    if (st != VKI_OK && st != VKI_ERR_NOT_FOUND)
-        return gguf_fail(err, err_len, VKI_ERR_FORMAT, "split.no: not an unsigned integer");
+    vki_status a = gguf_get_u32(f, "split.count", count), b = gguf_get_u32(f, "split.no", no);
+    return (a != VKI_OK && a != VKI_ERR_NOT_FOUND) || (b != VKI_OK && b != VKI_ERR_NOT_FOUND) ? VKI_ERR_FORMAT : VKI_OK;
+}
+
+/* gguf_split_part with a message. */
+static vki_status split_keys(const gguf_file *f, uint32_t *count, uint32_t *no, char *err, size_t err_len)
+{
+    if (gguf_split_part(f, no, count) != VKI_OK)
+        return gguf_fail(err, err_len, VKI_ERR_FORMAT, "split.count / split.no: not an unsigned integer");
     return VKI_OK;
 }
 

@@ -105,6 +105,10 @@ const gguf_tensor *gguf_find_tensor(const gguf_file *f, const char *name); /* NU
  * and ~200 bytes per tensor: a few ms, not a pass over the weights. */
 uint64_t gguf_fingerprint(const gguf_file *f);
 
+/* Which part of a split model (llama.cpp's gguf-split) f is: split.no (0-based) and split.count,
+ * 0 and 1 for a whole model. VKI_ERR_FORMAT when a key is there but not an unsigned integer. */
+vki_status gguf_split_part(const gguf_file *f, uint32_t *no, uint32_t *count);
+
 /* Compare a gguf_str with a C string. */
 bool gguf_str_eq(gguf_str s, const char *c);
 

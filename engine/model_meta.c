@@ -244,9 +244,8 @@ static vki_status read_experts(const gguf_file *f, model_hparams *hp, char *err,
 vki_status model_read_hparams(const gguf_file *f, model_hparams *hp, char *err, size_t n)
 {
     memset(hp, 0, sizeof *hp);
-    uint32_t split_no = 0, split_count = 1; /* gguf_open joined a split model opened by its first part */
-    (void)gguf_get_u32(f, "split.no", &split_no), (void)gguf_get_u32(f, "split.count", &split_count);
-    if (split_no && split_count > 1)
+    uint32_t split_no, split_count; /* gguf_open joined a split model opened by its first part */
+    if (gguf_split_part(f, &split_no, &split_count) == VKI_OK && split_no && split_count > 1)
         return fail(VKI_ERR_INVALID_ARG, err, n, "this file is part %u of a model split in %u files: open the first "
                     "(the name ending in -00001-of-%05u.gguf)", split_no + 1, split_count, split_count);
     gguf_str arch;

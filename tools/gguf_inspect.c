@@ -162,9 +162,8 @@ int main(int argc, char **argv)
     }
     printf("%s: GGUF v%u, %" PRIu64 " bytes, alignment %" PRIu64 "\n", path, gguf_version(f), gguf_file_size(f),
            gguf_alignment(f));
-    uint32_t split_no = 0, split_count = 1;
-    (void)gguf_get_u32(f, "split.no", &split_no), (void)gguf_get_u32(f, "split.count", &split_count);
-    if (split_count > 1)
+    uint32_t split_no, split_count;
+    if (gguf_split_part(f, &split_no, &split_count) == VKI_OK && split_count > 1)
         printf("part %u of a model split in %u files (gguf-split): %s\n", split_no + 1, split_count,
                split_no ? "this part's tensors only; the model opens from the first part"
                         : "the tensors of every part below, each offset within its own part");

@@ -307,14 +307,21 @@ static void render_plain(const chat_template *t, const chat_msg *m, size_t n, bo
         lit(o, "assistant:");
 }
 
-/* Qwen3: an earlier assistant turn is written without its reasoning, content.split('</think>')
- * [-1].lstrip('\n'). */
-static void after_think(chat_out *o, const chat_msg *m)
+/* What follows the last "</think>" of a message: content.split('</think>')[-1]. */
+static const char *past_think(const chat_msg *m)
 {
     const char *c = m->content, *end = c + m->len;
     for (const char *p = c; p + 8 <= end; p++)
         if (!memcmp(p, "</think>", 8))
             c = p + 8;
+    return c;
+}
+
+/* Qwen3: an earlier assistant turn is written without its reasoning, content.split('</think>')
+ * [-1].lstrip('\n'). */
+static void after_think(chat_out *o, const chat_msg *m)
+{
+    const char *c = past_think(m), *end = m->content + m->len;
     while (c < end && *c == '\n')
         c++;
     out_put(o, c, (size_t)(end - c), false);
@@ -552,12 +559,9 @@ static void render_deepseek(const chat_template *t, const chat_msg *m, size_t n,
             lit(o, DS_USER);
             txt(o, &m[i]);
         } else if (m[i].role == CHAT_ASSISTANT) {
-            const char *c = m[i].content, *end = c + m[i].len;
-            for (const char *p = c; p + 8 <= end; p++)
-                if (!memcmp(p, "</think>", 8))
-                    c = p + 8;
+            const char *c = past_think(&m[i]);
             lit(o, DS_ASSISTANT);
-            out_put(o, c, (size_t)(end - c), false);
+            out_put(o, c, (size_t)(m[i].content + m[i].len - c), false);
             lit(o, DS_EOS);
         }
     }
