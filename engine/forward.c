@@ -16,7 +16,8 @@
  *           (the layer kind's window and sink; gemma2's soft-cap; a decode sequence's splits
  *            merged by the last one to finish; in a decode step the attention rotates q
  *            itself and reads each new key from k, v, in the stage of the K/V write)
- *     x = x + att Wo                                        (added by the matmul; for one
+ *           [gpt-oss: each head's sink logit in its softmax's denominator]
+ *     x = x + att Wo (+ bo: gpt-oss)                        (added by the matmul; for one
  *                                                            token its last workgroup also
  *                                                            writes the next rmsnorm, below)
  *         [gemma: x = x + rmsnorm(att Wo) * post_attention_norm]
@@ -116,19 +117,30 @@ static vki_status norm_rows(vk_engine *e, op_mat x, const vk_tensor *w, uint32_t
     return op_rmsnorm(e->cmd, x, vkd_whole(w->parts[0].buf), x, rows, cols, e->model.hp.rms_eps);
 }
 
-/* x = x + o: the block's output projection (o = in W^T, in: [T][in_stride]) added to the
- * residual stream by the matmul itself, or, where a norm comes between (gemma's post-norms) or
- * with no_fusion, through s->h, [the norm] and an add. With next_norm (the next block's input
- * norm) and one token, the projection's last workgroup also writes h = rmsnorm(x) * next_norm
+/* A bias or other f32 vector of the layer as a view, NULL when the model has none (b NULL or
+ * not loaded). */
+static const vkd_view *bias_view(const vk_tensor *b, vkd_view *tmp)
+{
+    if (!b || !b->n_parts)
+        return NULL;
+    *tmp = vkd_whole(b->parts[0].buf);
+    return tmp;
+}
+
+/* x = x + o: the block's output projection (o = in W^T (+ bias: gpt-oss's attn_output.bias, or
+ * NULL), in: [T][in_stride]) added to the residual stream by the matmul itself, or, where a norm
+ * comes between (gemma's post-norms) or with no_fusion, through s->h, [the norm] and an add. With
+ * next_norm (the next block's input norm), one token and no bias (op_matmul_norm has none), the
+ * projection's last workgroup also writes h = rmsnorm(x) * next_norm
  * (op_matmul_norm) and *normed tells the next block to skip its norm; when that block's products
  * take the integer-dot path (next_i8) the same workgroup quantises h into s->xq too
  * (e->xq_of_h). On the integer-dot path (int_dot) `in` is quantised first into s->xq (x_roles[0])
  * unless in_q (the buffer where the kernel that wrote `in` quantised it too); on the tensor-core
  * GEMM rounded to F16 into s->xh (x_roles[1]). Ends with a barrier. */
-static vki_status project_residual(vk_engine *e, const vk_tensor *w, vkd_view in, uint32_t in_stride, uint32_t T,
-                                   vkd_buffer *in_q, const char *mm_role, const char *const x_roles[2],
-                                   const vk_tensor *post_norm, const char *post_role, const char *add_role,
-                                   const vk_tensor *next_norm, bool next_i8, bool *normed)
+static vki_status project_residual(vk_engine *e, const vk_tensor *w, const vk_tensor *bias, vkd_view in,
+                                   uint32_t in_stride, uint32_t T, vkd_buffer *in_q, const char *mm_role,
+                                   const char *const x_roles[2], const vk_tensor *post_norm, const char *post_role,
+                                   const char *add_role, const vk_tensor *next_norm, bool next_i8, bool *normed)
 {
     const model_hparams *hp = &e->model.hp;
     vk_scratch *s = &e->s;
@@ -142,9 +154,11 @@ static vki_status project_residual(vk_engine *e, const vk_tensor *w, vkd_view in
         TRY(half_x(e, x_roles[1], in, in_stride, T, (uint32_t)w->ne0));
     e->xh_ready = false;
     vkd_buffer *xq = in_q ? in_q : s->xq;
+    vkd_view bt;
+    const vkd_view *b = bias_view(bias, &bt);
     vkd_role(c, mm_role);
     if (!hp->post_norms && !e->p.no_fusion) {
-        if (next_norm && T == 1 && op_matmul_norm_fits(e->dev, w)) {
+        if (next_norm && T == 1 && !b && op_matmul_norm_fits(e->dev, w)) {
             op_mm_norm n = {vkd_whole(next_norm->parts[0].buf), vkd_whole(s->h), vkd_whole(s->mm_cnt), hp->rms_eps,
                             .xq = next_i8 && d % 32 == 0 ? vkd_whole(s->xq) : (vkd_view){0}};
             if (i8) {
@@ -156,12 +170,12 @@ static vki_status project_residual(vk_engine *e, const vk_tensor *w, vkd_view in
             *normed = true;
             e->xq_of_h = n.xq.buf != NULL;
         } else {
-            TRY(mm_q(e, w, NULL, in, in_stride, xq, vkd_whole(s->x), d, T, true));
+            TRY(mm_q(e, w, b, in, in_stride, xq, vkd_whole(s->x), d, T, true));
         }
         vkd_barrier(c);
         return VKI_OK;
     }
-    TRY(mm_q(e, w, NULL, in, in_stride, xq, vkd_whole(s->h), d, T, false));
+    TRY(mm_q(e, w, b, in, in_stride, xq, vkd_whole(s->h), d, T, false));
     vkd_barrier(c);
     if (hp->post_norms) {
         vkd_role(c, post_role);
@@ -172,14 +186,6 @@ static vki_status project_residual(vk_engine *e, const vk_tensor *w, vkd_view in
     TRY(op_add(c, vkd_whole(s->x), vkd_whole(s->h), vkd_whole(s->x), T * d));
     vkd_barrier(c);
     return VKI_OK;
-}
-
-static const vkd_view *bias_view(const vk_tensor *b, vkd_view *tmp)
-{
-    if (!b->n_parts)
-        return NULL;
-    *tmp = vkd_whole(b->parts[0].buf);
-    return tmp;
 }
 
 /* Whether a block's first products take the integer-dot path (their input h quantised first):
@@ -361,13 +367,13 @@ static vki_status record_attention_block(vk_engine *e, uint32_t il, uint32_t T, 
     if (!fresh)
         vkd_barrier(c);
     vkd_role(c, "attn");
-    vkd_view merge = vkd_whole(s->attn_cnt); /* the last decode split merges (no reduce pass) */
+    vkd_view merge = vkd_whole(s->attn_cnt), sinks; /* the last decode split merges (no reduce pass) */
     TRY(op_attention(c, &e->attn[kind], &ast[kind], q, op_mat_rows(s->att, qd), vkd_whole(e->k_pool[il]),
                      vkd_whole(e->v_pool[il]), vkd_whole(s->attn_tmp), e->p.no_fusion ? NULL : &merge,
-                     fresh ? &fr : NULL));
+                     fresh ? &fr : NULL, bias_view(&L->attn_sinks, &sinks)));
     vkd_barrier(c);
     static const char *const o_roles[2] = {"attn_o_xq", "attn_o_xh"};
-    return project_residual(e, &L->wo, vkd_whole(s->att), qd, T, att_q ? s->xq : NULL, "attn_o", o_roles,
+    return project_residual(e, &L->wo, &L->bo, vkd_whole(s->att), qd, T, att_q ? s->xq : NULL, "attn_o", o_roles,
                             &L->post_attn_norm, "attn_post_norm", "attn_residual", &L->ffn_norm, ffn_i8(e, L, T),
                             normed);
 }
@@ -410,7 +416,7 @@ static vki_status record_ffn_block(vk_engine *e, uint32_t il, uint32_t T, bool *
             TRY(op_matmul_glu(c, &L->w_up, act, vkd_whole(s->h), d, vkd_whole(s->g), ff, T, gq ? &gx : NULL));
         }
         vkd_barrier(c);
-        return project_residual(e, &L->w_down, vkd_whole(s->g), ff, T, gq ? s->gq : NULL, "ffn_down", down_roles,
+        return project_residual(e, &L->w_down, NULL, vkd_whole(s->g), ff, T, gq ? s->gq : NULL, "ffn_down", down_roles,
                                 &L->post_ffn_norm, "ffn_post_norm", "ffn_residual", next_norm, next_i8, normed);
     }
     if (ffn_xh(e, L, T) && !e->xh_ready) /* else the norm wrote it */
@@ -432,8 +438,8 @@ static vki_status record_ffn_block(vk_engine *e, uint32_t il, uint32_t T, bool *
         TRY(op_glu(c, act, g, u, g, T, ff));
     }
     vkd_barrier(c);
-    return project_residual(e, &L->w_down, vkd_whole(s->g), gs, T, NULL, "ffn_down", down_roles, &L->post_ffn_norm,
-                            "ffn_post_norm", "ffn_residual", next_norm, next_i8, normed);
+    return project_residual(e, &L->w_down, NULL, vkd_whole(s->g), gs, T, NULL, "ffn_down", down_roles,
+                            &L->post_ffn_norm, "ffn_post_norm", "ffn_residual", next_norm, next_i8, normed);
 }
 
 /* LM head on the rows listed at in->off_rows: gather, norm, project [, soft-cap]. */

@@ -1,12 +1,13 @@
-/* The mixture-of-experts FFN of the forward pass (qwen3moe, Mixtral), recorded after the FFN's
- * RMSNorm (h = rmsnorm(x) * ffn_norm) in place of the dense gate/up/down:
+/* The mixture-of-experts FFN of the forward pass (qwen3moe, Mixtral, gpt-oss), recorded after
+ * the FFN's RMSNorm (h = rmsnorm(x) * ffn_norm) in place of the dense gate/up/down:
  *
- *   logits = h Wrouter                       [C][n_expert]
+ *   logits = h Wrouter (+ b_router)          [C][n_expert]
  *   ids, w = top n_used of softmax(logits)   [C][n_used]   (renormalised: expert_norm)
  *   g, u   = h Wgate_e, h Wup_e per pair     [C n_used][d_ff_exp]  (pair = token's j-th expert)
- *   g      = silu(g) * u
+ *   g      = silu(g) * u                     (gpt-oss: swiglu_oai(g + bg_e, u + bu_e), the
+ *                                             biases added by the gated unit)
  *   o      = g Wdown_e per pair              [C n_used][d]
- *   x     += sum_j w[t][j] o[t n_used + j]
+ *   x     += sum_j w[t][j] o[t n_used + j]   (gpt-oss: (o + bd_e), added by the combine)
  *
  * Tokens go through in chunks of C = vk_scratch.moe_rows so the per-pair buffers stay bounded
  * (n_used copies of every row: Qwen3-30B-A3B at 2048 tokens would need 128 MiB for o alone, over
@@ -166,7 +167,9 @@ static vki_status moe_chunk(vk_engine *e, const vk_layer *L, uint32_t t0, uint32
      * n_expert x d, negligible next to the experts */
     bool router_gemv = e->p.batch_invariant || n <= op_matmul_gemv_max_m(e->dev);
     vkd_role(c, "ffn_router");
-    TRY(op_matmul_path(c, &L->router, NULL, h, d, vkd_whole(s->moe_logits), E, n,
+    const bool eb = hp->expert_bias;
+    const vkd_view rb = eb ? vkd_whole(L->router_b.parts[0].buf) : (vkd_view){0};
+    TRY(op_matmul_path(c, &L->router, eb ? &rb : NULL, h, d, vkd_whole(s->moe_logits), E, n,
                        router_gemv ? OP_MM_GEMV : OP_MM_GEMM));
     vkd_barrier(c);
     vkd_role(c, "ffn_topk");
@@ -212,12 +215,16 @@ static vki_status moe_chunk(vk_engine *e, const vk_layer *L, uint32_t t0, uint32
     vkd_barrier(c);
     vkd_role(c, "ffn_act");
     const bool gh = xh && !e->p.no_fusion; /* the gated unit writes down's F16 input (only) */
+    /* gpt-oss: the experts' gate and up biases by the gated unit, down's by the combine */
+    const op_expert_bias gub = {ids, {vkd_whole(eb ? L->b_gate_exps.parts[0].buf : s->moe_g),
+                                      vkd_whole(eb ? L->b_up_exps.parts[0].buf : s->moe_g)}, E};
+    const op_expert_bias db = {ids, {vkd_whole(eb ? L->b_down_exps.parts[0].buf : s->moe_o)}, E};
     if (gh)
-        TRY(op_glu_xh(c, VKI_GLU_SILU, op_mat_rows(s->moe_g, ff), op_mat_rows(s->moe_u, ff), vkd_whole(s->moe_gh), P,
-                      ff));
+        TRY(op_glu_xh_ex(c, hp->expert_act, op_mat_rows(s->moe_g, ff), op_mat_rows(s->moe_u, ff),
+                         vkd_whole(s->moe_gh), P, ff, eb ? &gub : NULL));
     else
-        TRY(op_glu(c, VKI_GLU_SILU, op_mat_rows(s->moe_g, ff), op_mat_rows(s->moe_u, ff), op_mat_rows(s->moe_g, ff),
-                   P, ff));
+        TRY(op_glu_ex(c, hp->expert_act, op_mat_rows(s->moe_g, ff), op_mat_rows(s->moe_u, ff),
+                      op_mat_rows(s->moe_g, ff), P, ff, eb ? &gub : NULL));
     vkd_barrier(c);
     if (di8) {
         vkd_role(c, "ffn_moe_gq");
@@ -239,7 +246,7 @@ static vki_status moe_chunk(vk_engine *e, const vk_layer *L, uint32_t t0, uint32
                          n, path));
     vkd_barrier(c);
     vkd_role(c, "ffn_moe_combine");
-    TRY(op_moe_combine(c, vkd_whole(s->moe_o), w, x, n, k, d));
+    TRY(op_moe_combine(c, vkd_whole(s->moe_o), w, x, n, k, d, eb ? &db : NULL));
     vkd_barrier(c);
     return VKI_OK;
 }

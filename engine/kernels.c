@@ -86,17 +86,17 @@ _Static_assert(sizeof(vki_seq_info) == 16 && sizeof(vki_attn_item) == 16, "std43
 #define ATTN_ROWS(T, t)                                                                          \
     [VKK_KV_WRITE_##T] = {"kv_write_" #t, SPV(kv_write_##t), .n_bindings = 9,                    \
                           .push_size = sizeof(vki_pc_kv_write), .n_spec = 1, .spec_default = {256}}, \
-    [VKK_ATTN_DECODE_##T] = {"attn_decode_" #t, SPV(attn_decode_##t), .n_bindings = 13,          \
+    [VKK_ATTN_DECODE_##T] = {"attn_decode_" #t, SPV(attn_decode_##t), .n_bindings = 14,          \
                              .push_size = sizeof(vki_pc_attn), .n_spec = 5,                      \
                              .spec_default = {128, 128, 16, 8, 1}},                              \
-    [VKK_ATTN_PREFILL_##T] = {"attn_prefill_" #t, SPV(attn_prefill_##t), .n_bindings = 7,        \
+    [VKK_ATTN_PREFILL_##T] = {"attn_prefill_" #t, SPV(attn_prefill_##t), .n_bindings = 8,        \
                               .push_size = sizeof(vki_pc_attn), .n_spec = 4,                     \
                               .spec_default = {128, 128, 32, 32}},                               \
-    [VKK_ATTN_PREFILL_CM_##T] = {"attn_prefill_cm_" #t, SPV(attn_prefill_cm_##t), .n_bindings = 7,  \
+    [VKK_ATTN_PREFILL_CM_##T] = {"attn_prefill_cm_" #t, SPV(attn_prefill_cm_##t), .n_bindings = 8,  \
                                  .push_size = sizeof(vki_pc_attn), .n_spec = 8,                  \
                                  .spec_default = {128, 128, 32, 32, 16, 16, 16, 32}},            \
     [VKK_ATTN_PREFILL_CME_##T] = {"attn_prefill_cme_" #t, SPV(attn_prefill_cme_##t),              \
-                                  .n_bindings = 7, .push_size = sizeof(vki_pc_attn), .n_spec = 8, \
+                                  .n_bindings = 8, .push_size = sizeof(vki_pc_attn), .n_spec = 8, \
                                   .spec_default = {128, 128, 32, 32, 16, 16, 16, 32}}
 
 static const vkk_desc kernel_table[] = {
@@ -117,28 +117,28 @@ static const vkk_desc kernel_table[] = {
                     .n_spec = 1, .spec_default = {64}},
     [VKK_RMSNORM_XH] = {"rmsnorm_xh", SPV(rmsnorm_xh), .n_bindings = 5, .push_size = sizeof(vki_pc_rmsnorm),
                         .n_spec = 1, .spec_default = {256}},
-    [VKK_GLU_XH] = {"glu_xh", SPV(glu_xh), .n_bindings = 3, .push_size = sizeof(vki_pc_glu), .n_spec = 1,
+    [VKK_GLU_XH] = {"glu_xh", SPV(glu_xh), .n_bindings = 6, .push_size = sizeof(vki_pc_glu), .n_spec = 1,
                     .spec_default = {256}},
     /* engine/ops_moe.c: spec {WG} */
     [VKK_MOE_TOPK] = {"moe_topk", SPV(moe_topk), .n_bindings = 3, .push_size = sizeof(vki_pc_moe),
                       .n_spec = 1, .spec_default = {64}},
     [VKK_MOE_GROUP] = {"moe_group", SPV(moe_group), .n_bindings = 2, .push_size = sizeof(vki_pc_moe),
                        .n_spec = 1, .spec_default = {256}},
-    [VKK_MOE_COMBINE] = {"moe_combine", SPV(moe_combine), .n_bindings = 3, .push_size = sizeof(vki_pc_moe),
+    [VKK_MOE_COMBINE] = {"moe_combine", SPV(moe_combine), .n_bindings = 5, .push_size = sizeof(vki_pc_moe),
                          .n_spec = 1, .spec_default = {256}},
     /* engine/ops_basic.c: spec {WG} */
     [VKK_RMSNORM] = {"rmsnorm", SPV(rmsnorm), .n_bindings = 4, .push_size = sizeof(vki_pc_rmsnorm),
                      .n_spec = 1, .spec_default = {256}},
     [VKK_ROPE] = {"rope", SPV(rope), .n_bindings = 4, .push_size = sizeof(vki_pc_rope),
                   .n_spec = 1, .spec_default = {256}},
-    [VKK_GLU] = {"glu", SPV(glu), .n_bindings = 3, .push_size = sizeof(vki_pc_glu),
+    [VKK_GLU] = {"glu", SPV(glu), .n_bindings = 6, .push_size = sizeof(vki_pc_glu),
                  .n_spec = 1, .spec_default = {256}},
     [VKK_SOFTMAX] = {"softmax", SPV(softmax), .n_bindings = 2, .push_size = sizeof(vki_pc_softmax),
                      .n_spec = 1, .spec_default = {256}},
     [VKK_UNARY] = {"unary", SPV(unary), .n_bindings = 2, .push_size = sizeof(vki_pc_unary),
                    .n_spec = 1, .spec_default = {256}},
     ATTN_ROWS(F16, f16), ATTN_ROWS(F32, f32), ATTN_ROWS(Q8_0, q8_0),
-    [VKK_ATTN_REDUCE] = {"attn_reduce", SPV(attn_reduce), .n_bindings = 4, .push_size = sizeof(vki_pc_attn),
+    [VKK_ATTN_REDUCE] = {"attn_reduce", SPV(attn_reduce), .n_bindings = 5, .push_size = sizeof(vki_pc_attn),
                          .n_spec = 1, .spec_default = {64}},
     /* engine/ops_sample.c: spec {WG, SU loads per invocation at once} */
     [VKK_SAMPLE] = {"sample", SPV(sample), .n_bindings = 6, .push_size = sizeof(vki_pc_sample),

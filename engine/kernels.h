@@ -56,7 +56,7 @@ typedef enum vkk_id {
 } vkk_id;
 
 #define VKK_MAX_SPEC 13
-#define VKK_MAX_BINDINGS 13 /* a table entry with more fails at kernel_init (and cmd.c takes 16) */
+#define VKK_MAX_BINDINGS 14 /* a table entry with more fails at kernel_init (and cmd.c takes 16) */
 
 typedef struct vkk_desc {
     const char *name;             /* shows in RenderDoc/Nsight labels and in profiles */

@@ -25,14 +25,16 @@ static vki_status progress_step(progress *p, uint64_t bytes)
     return p->fn(p->user, p->done, p->total) ? VKI_OK : VKI_ERR_CANCELLED;
 }
 
-#define LAYER_TENSORS 21
+#define LAYER_TENSORS 27
 /* The per-layer tensors in one order, for both sides of the upload. */
 static void gguf_layer_list(const model_layer_tensors *L, const gguf_tensor *out[LAYER_TENSORS])
 {
     const gguf_tensor *all[LAYER_TENSORS] = {L->attn_norm, L->wq, L->wk, L->wv, L->wqkv, L->bq, L->bk, L->bv,
                                              L->q_norm, L->k_norm, L->wo, L->post_attn_norm, L->ffn_norm,
                                              L->w_gate, L->w_up, L->w_down, L->post_ffn_norm, L->ffn_gate_inp,
-                                             L->ffn_gate_exps, L->ffn_up_exps, L->ffn_down_exps};
+                                             L->ffn_gate_exps, L->ffn_up_exps, L->ffn_down_exps, L->bo,
+                                             L->attn_sinks, L->ffn_gate_inp_b, L->ffn_gate_exps_b,
+                                             L->ffn_up_exps_b, L->ffn_down_exps_b};
     memcpy(out, all, sizeof all);
 }
 
@@ -41,7 +43,9 @@ static void vk_layer_list(vk_layer *V, vk_tensor *out[LAYER_TENSORS])
     vk_tensor *all[LAYER_TENSORS] = {&V->attn_norm, &V->wq, &V->wk, &V->wv, &V->wqkv, &V->bq, &V->bk, &V->bv,
                                      &V->q_norm, &V->k_norm, &V->wo, &V->post_attn_norm, &V->ffn_norm,
                                      &V->w_gate, &V->w_up, &V->w_down, &V->post_ffn_norm, &V->router,
-                                     &V->w_gate_exps, &V->w_up_exps, &V->w_down_exps};
+                                     &V->w_gate_exps, &V->w_up_exps, &V->w_down_exps, &V->bo,
+                                     &V->attn_sinks, &V->router_b, &V->b_gate_exps, &V->b_up_exps,
+                                     &V->b_down_exps};
     memcpy(out, all, sizeof all);
 }
 

@@ -16,6 +16,8 @@ typedef struct vk_layer {
                                      concatenated at load, bq holds the biases of its rows */
     vk_tensor q_norm, k_norm;     /* f32 [1][hd] per-head RMSNorm weights (qwen3, gemma3) or absent */
     vk_tensor wo;                 /* [d][q_dim] */
+    vk_tensor bo;                 /* f32 [1][d] output bias (gpt-oss) or absent */
+    vk_tensor attn_sinks;         /* f32 [1][n_head] sink logits (gpt-oss) or absent */
     vk_tensor post_attn_norm;     /* f32 [1][d] (gemma) or absent */
     vk_tensor ffn_norm;           /* f32 [1][d] */
     vk_tensor w_gate;             /* [d_ff][d]; absent when in w_up */
@@ -29,6 +31,10 @@ typedef struct vk_layer {
                                      whole experts */
     vk_tensor w_up_exps;          /* [n_expert * d_ff_exp][d], same */
     vk_tensor w_down_exps;        /* [n_expert * d][d_ff_exp], rows e * d.. = expert e */
+    vk_tensor router_b;           /* f32 [1][n_expert] (gpt-oss) or absent */
+    vk_tensor b_gate_exps;        /* f32 [n_expert][d_ff_exp] (gpt-oss) or absent */
+    vk_tensor b_up_exps;          /* f32 [n_expert][d_ff_exp] (gpt-oss) or absent */
+    vk_tensor b_down_exps;        /* f32 [n_expert][d] (gpt-oss) or absent */
 } vk_layer;
 
 typedef struct vk_model {

@@ -154,6 +154,7 @@ static const arch_def ARCHS[] = {
     {"gemma3", MODEL_ARCH_GEMMA3, true, true, true, 1e-6f, 6},
     {"phi3", MODEL_ARCH_PHI3, true, false, false, 1e-5f, 1},
     {"qwen3moe", MODEL_ARCH_QWEN3MOE, true, true, false, 1e-6f, 0},
+    {"gpt-oss", MODEL_ARCH_GPT_OSS, true, false, false, 1e-5f, 2},
 };
 
 /* A soft-cap key: absent keeps *out, else a finite number >= 0 (0 = none). */
@@ -182,8 +183,17 @@ static vki_status read_arch_extras(const gguf_file *f, const arch_def *a, model_
     if (a->arch == MODEL_ARCH_QWEN2 || a->arch == MODEL_ARCH_QWEN3 || a->arch == MODEL_ARCH_QWEN3MOE)
         window = 0; /* their files may carry HF's unused sliding_window; llama.cpp ignores it too */
     hp->swa_pattern = window ? a->swa_pattern : 0;
+    /* gpt-oss: every other layer slides unless sliding_window_pattern says otherwise (llama.cpp) */
+    if (a->arch == MODEL_ARCH_GPT_OSS && window &&
+        (st = get_u32(f, hp, "attention.sliding_window_pattern", false, &hp->swa_pattern, err, n)))
+        return st;
+    if (hp->swa_pattern > 1024)
+        return fail(VKI_ERR_FORMAT, err, n, "%s.attention.sliding_window_pattern = %u out of range", hp->arch_name,
+                    hp->swa_pattern);
     hp->kind[0] = (model_attn_kind){0, hp->rope_base, hp->rope_freq_scale};
     hp->kind[1] = (model_attn_kind){window, hp->rope_base, hp->rope_freq_scale};
+    if (a->arch == MODEL_ARCH_GPT_OSS && (st = get_f32(f, hp, "rope.freq_base_swa", &hp->kind[1].rope_base, err, n)))
+        return st;
     if (a->arch == MODEL_ARCH_GEMMA3) /* local layers: base 10000, unscaled (llama.cpp, HF) */
         hp->kind[1].rope_base = 10000.0f, hp->kind[1].rope_freq_scale = 1.0f;
     if (a->arch == MODEL_ARCH_GEMMA2)
@@ -207,7 +217,7 @@ static vki_status read_arch_extras(const gguf_file *f, const arch_def *a, model_
 static vki_status read_experts(const gguf_file *f, model_hparams *hp, char *err, size_t n)
 {
     vki_status st;
-    bool moe_arch = hp->arch == MODEL_ARCH_QWEN3MOE;
+    bool gpt_oss = hp->arch == MODEL_ARCH_GPT_OSS, moe_arch = hp->arch == MODEL_ARCH_QWEN3MOE || gpt_oss;
     if ((st = get_u32(f, hp, "expert_count", moe_arch, &hp->n_expert, err, n)) ||
         (st = get_u32(f, hp, "expert_used_count", hp->n_expert > 0, &hp->n_expert_used, err, n)))
         return st;
@@ -216,8 +226,8 @@ static vki_status read_experts(const gguf_file *f, model_hparams *hp, char *err,
     if (!hp->n_expert)
         return VKI_OK;
     if (hp->arch != MODEL_ARCH_LLAMA && !moe_arch)
-        return fail(VKI_ERR_UNSUPPORTED, err, n, "%s with experts (expert_count %u) is not supported (qwen3moe, llama "
-                    "/ Mixtral)", hp->arch_name, hp->n_expert);
+        return fail(VKI_ERR_UNSUPPORTED, err, n, "%s with experts (expert_count %u) is not supported (qwen3moe, "
+                    "gpt-oss, llama / Mixtral)", hp->arch_name, hp->n_expert);
     if (hp->n_expert > VKI_MOE_MAX_EXPERTS)
         return fail(VKI_ERR_UNSUPPORTED, err, n, "%s.expert_count = %u: at most %u experts are supported", hp->arch_name,
                     hp->n_expert, VKI_MOE_MAX_EXPERTS);
@@ -235,6 +245,10 @@ static vki_status read_experts(const gguf_file *f, model_hparams *hp, char *err,
                     hp->d_ff_exp);
     char key[128];
     hp->expert_norm = true;
+    hp->expert_act = gpt_oss ? VKI_GLU_SWIGLU_OAI : VKI_GLU_SILU;
+    hp->expert_bias = gpt_oss;
+    if (gpt_oss) /* a softmax over the chosen logits: over all of them, then renormalised */
+        return VKI_OK;
     st = gguf_get_bool(f, akey(hp, "expert_weights_norm", key, sizeof key), &hp->expert_norm);
     if (st != VKI_OK && st != VKI_ERR_NOT_FOUND)
         return fail(VKI_ERR_FORMAT, err, n, "metadata key %s: not a bool", key);
@@ -257,7 +271,7 @@ vki_status model_read_hparams(const gguf_file *f, model_hparams *hp, char *err, 
             a = &ARCHS[i];
     if (!a)
         return fail(VKI_ERR_UNSUPPORTED, err, n, "architecture '%.*s' is not supported (llama, qwen2, qwen3, qwen3moe, "
-                    "gemma2, gemma3, phi3)", (int)(arch.len > 32 ? 32 : arch.len), arch.ptr);
+                    "gemma2, gemma3, phi3, gpt-oss)", (int)(arch.len > 32 ? 32 : arch.len), arch.ptr);
     hp->arch = a->arch;
     hp->rope_neox = a->neox;
     hp->rms_eps = a->rms_eps;
@@ -355,7 +369,7 @@ static vki_status find_qkv(const gguf_file *f, const model_hparams *hp, uint32_t
     T(bv, "attn_v.bias", kv, 0, true, true)
 #undef T
     if (hp->qkv_bias && !(L->bq && L->bk && L->bv))
-        return fail(VKI_ERR_FORMAT, err, n, "layer %u: qwen2 needs attn_q/k/v.bias", il);
+        return fail(VKI_ERR_FORMAT, err, n, "layer %u: %s needs attn_q/k/v.bias", il, hp->arch_name);
     return VKI_OK;
 }
 
@@ -396,14 +410,25 @@ static vki_status find_experts(const gguf_file *f, const model_hparams *hp, uint
     if ((st = find3(f, name, d, ff, E, &L->ffn_up_exps, err, n)) != VKI_OK)
         return st;
     snprintf(name, sizeof name, "blk.%u.ffn_down_exps.weight", il);
-    return find3(f, name, ff, d, E, &L->ffn_down_exps, err, n);
+    if ((st = find3(f, name, ff, d, E, &L->ffn_down_exps, err, n)) != VKI_OK || !hp->expert_bias)
+        return st;
+#define B(field, suffix, ne0, ne1)                                                                 \
+    snprintf(name, sizeof name, "blk.%u.%s", il, suffix);                                          \
+    if ((st = find(f, name, ne0, ne1, true, false, &L->field, err, n)) != VKI_OK)                  \
+        return st;
+    B(ffn_gate_inp_b, "ffn_gate_inp.bias", E, 0)
+    B(ffn_gate_exps_b, "ffn_gate_exps.bias", ff, E)
+    B(ffn_up_exps_b, "ffn_up_exps.bias", ff, E)
+    B(ffn_down_exps_b, "ffn_down_exps.bias", d, E)
+#undef B
+    return VKI_OK;
 }
 
 static vki_status find_layer(const gguf_file *f, const model_hparams *hp, uint32_t il, model_layer_tensors *L,
                              char *err, size_t n)
 {
     const uint64_t d = hp->d_model, q = (uint64_t)hp->n_head * hp->head_dim;
-    bool gemma = hp->post_norms, fused_ffn = hp->fused_gate_up;
+    bool gemma = hp->post_norms, fused_ffn = hp->fused_gate_up, oss = hp->arch == MODEL_ARCH_GPT_OSS;
     char name[96];
     vki_status st = find_qkv(f, hp, il, L, err, n);
     if (st != VKI_OK)
@@ -416,8 +441,13 @@ static vki_status find_layer(const gguf_file *f, const model_hparams *hp, uint32
     T(q_norm, "attn_q_norm.weight", hp->head_dim, 0, true, !hp->qk_norm)
     T(k_norm, "attn_k_norm.weight", hp->head_dim, 0, true, !hp->qk_norm)
     T(wo, "attn_output.weight", q, d, false, false)
-    T(post_attn_norm, "post_attention_norm.weight", d, 0, true, !gemma)
-    T(ffn_norm, "ffn_norm.weight", d, 0, true, false)
+    T(bo, "attn_output.bias", d, 0, true, !oss)
+    T(attn_sinks, "attn_sinks.weight", hp->n_head, 0, true, !oss)
+    /* gpt-oss names its FFN input norm post_attention_norm (it has no post-norms) */
+    if (!oss) {
+        T(post_attn_norm, "post_attention_norm.weight", d, 0, true, !gemma)
+    }
+    T(ffn_norm, oss ? "post_attention_norm.weight" : "ffn_norm.weight", d, 0, true, false)
     if (hp->n_expert)
         return find_experts(f, hp, il, L, err, n);
     T(w_gate, "ffn_gate.weight", d, hp->d_ff, false, fused_ffn)
@@ -456,7 +486,7 @@ vki_status model_find_tensors(const gguf_file *f, model_hparams *hp, model_tenso
         return fail(VKI_ERR_FORMAT, err, n, "token_embd.weight: vocab %llu out of range",
                     (unsigned long long)emb->ne[1]);
     hp->n_vocab = (uint32_t)emb->ne[1];
-    hp->qkv_bias = hp->arch == MODEL_ARCH_QWEN2;
+    hp->qkv_bias = hp->arch == MODEL_ARCH_QWEN2 || hp->arch == MODEL_ARCH_GPT_OSS;
     detect_fusions(f, hp);
     vki_status st;
     if ((st = find(f, "token_embd.weight", hp->d_model, hp->n_vocab, false, false, &t->tok_embd, err, n)) ||

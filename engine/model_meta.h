@@ -14,6 +14,9 @@ typedef enum model_arch {
     MODEL_ARCH_GEMMA3 = 4, /* gemma2's block without soft-caps, + Q/K norms, 5 local : 1 global */
     MODEL_ARCH_PHI3 = 5,   /* fused QKV and gate|up, LongRoPE factors */
     MODEL_ARCH_QWEN3MOE = 6, /* qwen3's attention, a mixture-of-experts FFN in every layer */
+    MODEL_ARCH_GPT_OSS = 7,  /* OpenAI gpt-oss: Q/K/V/O biases, sink logits, NeoX YaRN RoPE, sliding
+                                window on every other layer, experts with biases and a clamped
+                                SwiGLU (swiglu_oai), router bias */
 } model_arch;
 
 /* Layers of one attention kind share these (gemma: sliding-window layers and global ones). */
@@ -73,7 +76,10 @@ typedef struct model_hparams {
                                d_ff / n_expert_used, as llama.cpp), Mixtral feed_forward_length */
     bool expert_norm;       /* divide the chosen experts' softmax weights by their sum: llama.cpp
                                always does for qwen3moe and Mixtral; <arch>.expert_weights_norm
-                               overrides it when present */
+                               overrides it when present; gpt-oss: always (its softmax over the
+                               chosen logits) */
+    bool expert_bias;       /* gpt-oss: router and experts have biases (ffn_*.bias) */
+    uint32_t expert_act;    /* the experts' gated unit: VKI_GLU_SILU, or VKI_GLU_SWIGLU_OAI (gpt-oss) */
 } model_hparams;
 
 /* Which attention kind layer il uses: 0 global, 1 sliding window. */
@@ -88,11 +94,13 @@ typedef struct model_layer_tensors {
     const gguf_tensor *attn_norm;          /* f32 [d_model] */
     const gguf_tensor *wq, *wk, *wv;       /* [d_model -> n_head*hd | n_head_kv*hd]; NULL when fused */
     const gguf_tensor *wqkv;               /* phi3: [d_model -> (n_head + 2 n_head_kv) * hd] or NULL */
-    const gguf_tensor *bq, *bk, *bv;       /* f32 biases (qwen2) or NULL */
+    const gguf_tensor *bq, *bk, *bv;       /* f32 biases (qwen2, gpt-oss; optional for llama) or NULL */
     const gguf_tensor *q_norm, *k_norm;    /* f32 [hd] per-head norms (qwen3, gemma3) or NULL */
     const gguf_tensor *wo;                 /* [n_head*hd -> d_model] */
+    const gguf_tensor *bo;                 /* f32 [d_model] output bias (gpt-oss; optional) or NULL */
+    const gguf_tensor *attn_sinks;         /* f32 [n_head] sink logits (gpt-oss) or NULL */
     const gguf_tensor *post_attn_norm;     /* f32 [d_model] (gemma) or NULL */
-    const gguf_tensor *ffn_norm;           /* f32 [d_model] */
+    const gguf_tensor *ffn_norm;           /* f32 [d_model] (gpt-oss: post_attention_norm.weight) */
     const gguf_tensor *w_gate;             /* [d_model -> d_ff]; NULL when fused into w_up */
     const gguf_tensor *w_up;               /* [d_model -> d_ff] (phi3: -> 2 d_ff, gate | up) */
     const gguf_tensor *w_down;             /* [d_ff -> d_model] */
@@ -103,6 +111,11 @@ typedef struct model_layer_tensors {
                                               is rows e * d_ff_exp .. of the [rows][d_model] view */
     const gguf_tensor *ffn_up_exps;        /* same shape as ffn_gate_exps */
     const gguf_tensor *ffn_down_exps;      /* ne [d_ff_exp, d_model, n_expert] */
+    /* with expert_bias (gpt-oss), f32: */
+    const gguf_tensor *ffn_gate_inp_b;     /* [n_expert] router bias */
+    const gguf_tensor *ffn_gate_exps_b;    /* ne [d_ff_exp, n_expert]: expert e's gate bias is row e */
+    const gguf_tensor *ffn_up_exps_b;      /* ne [d_ff_exp, n_expert] */
+    const gguf_tensor *ffn_down_exps_b;    /* ne [d_model, n_expert] */
 } model_layer_tensors;
 
 typedef struct model_tensors {

@@ -364,7 +364,7 @@ vki_status op_kv_write(vkd_cmd *c, const op_attn *a, const op_attn_step *st, op_
 
 vki_status op_attention(vkd_cmd *c, const op_attn *a, const op_attn_step *st, op_mat q, op_mat out,
                         vkd_view k_pool, vkd_view v_pool, vkd_view scratch, const vkd_view *merge,
-                        const op_attn_fresh *fresh)
+                        const op_attn_fresh *fresh, const vkd_view *sink_logits)
 {
     const op_attn_plan *p = st->plan;
     uint32_t row = a->s.n_heads * a->s.head_dim, kvrow = a->s.n_kv_heads * a->s.head_dim;
@@ -378,6 +378,9 @@ vki_status op_attention(vkd_cmd *c, const op_attn *a, const op_attn_step *st, op
     if (fresh && (!op_mat_fits(fresh->k, p->n_tokens, kvrow) || !op_mat_fits(fresh->v, p->n_tokens, kvrow) ||
                   !rope_ok(a, rope)))
         return bad(c, "attention");
+    if (sink_logits && op_view_floats(*sink_logits) < a->s.n_heads)
+        return bad(c, "attention (sink logits)");
+    const vkd_view sl = sink_logits ? *sink_logits : q.v; /* any buffer without them */
     bool xq = fresh && fresh->xq.buf;
     if (xq && (a->s.head_dim % 32 || (p->n_red && !merge) ||
                op_view_floats(fresh->xq) < (uint64_t)VKI_XQ_WORDS((uint64_t)p->n_tokens, row)))
@@ -396,7 +399,7 @@ vki_status op_attention(vkd_cmd *c, const op_attn *a, const op_attn_step *st, op
                       .k_off = fresh ? fresh->k.off : 0, .k_stride = fresh ? fresh->k.stride : 0,
                       .v_off = fresh ? fresh->v.off : 0, .v_stride = fresh ? fresh->v.stride : 0,
                       .rope_n_rot = rope ? rope->n_rot : 0, .rope_neox = rope && rope->neox,
-                      .xq_rows = xq ? p->n_tokens : 0};
+                      .xq_rows = xq ? p->n_tokens : 0, .sink_logits = sink_logits != NULL};
     vki_status s = VKI_OK;
     /* decode splits: their number changes with the contexts, so the device reads it from item 0 */
     const uint32_t *mx = c->d->info.max_workgroup_count;
@@ -408,22 +411,22 @@ vki_status op_attention(vkd_cmd *c, const op_attn *a, const op_attn_step *st, op
     if (p->n_dec) {
         pc.gw = a->dec_gw, pc.n_hblocks = a->dec_nhb, pc.item_off = p->dec_off, pc.n_items = p->n_dec;
         pc.red_off = p->red_off, pc.merge = merge && p->n_red;
-        vkd_view b[13] = {q.v, k_pool, v_pool, st->seq_info, st->page_table, st->items, out.v, scratch,
+        vkd_view b[14] = {q.v, k_pool, v_pool, st->seq_info, st->page_table, st->items, out.v, scratch,
                           merge ? *merge : scratch, fresh ? fresh->k.v : q.v, fresh ? fresh->v.v : q.v,
-                          rope ? rope->freqs : q.v, xq ? fresh->xq : out.v};
+                          rope ? rope->freqs : q.v, xq ? fresh->xq : out.v, sl};
         vkd_view args = {st->items.buf, st->items.offset, sizeof(VkDispatchIndirectCommand)};
-        s = vkk_dispatch_indirect(c, kid(a, VKK_ATTN_DECODE_F16), a->dec_spec, b, 13, &pc, sizeof pc, args);
+        s = vkk_dispatch_indirect(c, kid(a, VKK_ATTN_DECODE_F16), a->dec_spec, b, 14, &pc, sizeof pc, args);
     }
     if (s == VKI_OK && p->n_pre) {
         pc.gw = a->pre_gw, pc.n_hblocks = a->pre_nhb, pc.item_off = 1, pc.n_items = p->n_pre;
-        vkd_view b[7] = {q.v, k_pool, v_pool, st->seq_info, st->page_table, st->items, out.v};
-        s = vkk_dispatch(c, a->pre_kid, a->pre_spec, b, 7, &pc, sizeof pc, p->n_pre, a->s.n_kv_heads * a->pre_nhb, 1);
+        vkd_view b[8] = {q.v, k_pool, v_pool, st->seq_info, st->page_table, st->items, out.v, sl};
+        s = vkk_dispatch(c, a->pre_kid, a->pre_spec, b, 8, &pc, sizeof pc, p->n_pre, a->s.n_kv_heads * a->pre_nhb, 1);
     }
     if (s == VKI_OK && p->n_red && !merge) {
         vkd_barrier(c); /* the decode partials */
         pc.item_off = p->red_off, pc.n_items = p->n_red;
-        vkd_view b[4] = {scratch, st->items, st->seq_info, out.v};
-        s = vkk_dispatch(c, VKK_ATTN_REDUCE, a->red_spec, b, 4, &pc, sizeof pc, p->n_red, a->s.n_heads, 1);
+        vkd_view b[5] = {scratch, st->items, st->seq_info, out.v, sl};
+        s = vkk_dispatch(c, VKK_ATTN_REDUCE, a->red_spec, b, 5, &pc, sizeof pc, p->n_red, a->s.n_heads, 1);
     }
     return s;
 }

@@ -135,9 +135,11 @@ typedef struct op_attn_fresh {
  * merged by the last of them to finish when merge is given (u32 counters,
  * op_attn_merge_bytes(the step's sequences), zero-filled once when created: every dispatch
  * leaves them zero), else by a reduce pass after a barrier (the same bits either way). The
- * caller puts a barrier before the next reader of out. */
+ * caller puts a barrier before the next reader of out. sink_logits (gpt-oss; NULL: none):
+ * f32 [n_heads], one learned logit per query head in every softmax's denominator (no value):
+ * softmax_j = e^(z_j) / (e^(sink_h) + sum_i e^(z_i)), z = scale q . K (vki_shared.h). */
 vki_status op_attention(vkd_cmd *c, const op_attn *a, const op_attn_step *st, op_mat q, op_mat out,
                         vkd_view k_pool, vkd_view v_pool, vkd_view scratch, const vkd_view *merge,
-                        const op_attn_fresh *fresh);
+                        const op_attn_fresh *fresh, const vkd_view *sink_logits);
 
 #endif

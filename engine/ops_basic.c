@@ -190,35 +190,53 @@ void op_rope_freqs(double base, double freq_scale, const float *factors, const o
     }
 }
 
-/* op_glu, and with xh (op_glu_xh: y is {xh, 0, its rows' halves}) its F16 rows. */
+/* op_glu, and with xh (op_glu_xh: y is {xh, 0, its rows' halves}) its F16 rows; b: the
+ * experts' biases or NULL. */
 static vki_status glu(vkd_cmd *c, uint32_t act, op_mat g, op_mat u, op_mat y, uint32_t n_rows, uint32_t n_cols,
-                      bool xh)
+                      bool xh, const op_expert_bias *b)
 {
     if (!n_rows || !n_cols)
         return VKI_OK;
     if (!op_mat_fits(g, n_rows, n_cols) || !op_mat_fits(u, n_rows, n_cols) ||
-        (uint64_t)n_rows * (xh ? y.stride : n_cols) >= (1ull << 32) || (act != VKI_GLU_SILU && act != VKI_GLU_GELU_TANH))
+        (uint64_t)n_rows * (xh ? y.stride : n_cols) >= (1ull << 32) ||
+        (act != VKI_GLU_SILU && act != VKI_GLU_GELU_TANH && act != VKI_GLU_SWIGLU_OAI))
         return bad(c, "glu");
+    if (b && (!b->n_expert || op_view_floats(b->ids) < n_rows ||
+              op_view_floats(b->b[0]) < (uint64_t)b->n_expert * n_cols ||
+              op_view_floats(b->b[1]) < (uint64_t)b->n_expert * n_cols))
+        return bad(c, "glu (expert biases)");
     if (xh ? !xh_fits(c, y.v, n_rows, n_cols) || y.v.buf == g.v.buf || y.v.buf == u.v.buf
            : !op_mat_fits(y, n_rows, n_cols))
         return bad(c, xh ? "glu (F16 rows: shaderFloat16, their bytes at an 8-aligned offset, apart from g and u)"
                          : "glu");
     vki_pc_glu pc = {.n_rows = n_rows, .n_cols = n_cols, .g_off = g.off, .g_stride = g.stride, .u_off = u.off,
-                     .u_stride = u.stride, .y_off = y.off, .y_stride = y.stride, .act = act};
-    vkd_view v[3] = {g.v, u.v, y.v};
+                     .u_stride = u.stride, .y_off = y.off, .y_stride = y.stride, .act = act, .bias = b != NULL};
+    vkd_view v[6] = {g.v, u.v, y.v, b ? b->ids : g.v, b ? b->b[0] : g.v, b ? b->b[1] : g.v};
     uint32_t wg = ELEM_WG;
-    return vkk_dispatch(c, xh ? VKK_GLU_XH : VKK_GLU, &wg, v, 3, &pc, sizeof pc,
+    return vkk_dispatch(c, xh ? VKK_GLU_XH : VKK_GLU, &wg, v, 6, &pc, sizeof pc,
                         elem_groups((uint64_t)n_rows * (xh ? y.stride / 4 : n_cols)), 1, 1);
 }
 
 vki_status op_glu(vkd_cmd *c, uint32_t act, op_mat g, op_mat u, op_mat y, uint32_t n_rows, uint32_t n_cols)
 {
-    return glu(c, act, g, u, y, n_rows, n_cols, false);
+    return glu(c, act, g, u, y, n_rows, n_cols, false, NULL);
+}
+
+vki_status op_glu_ex(vkd_cmd *c, uint32_t act, op_mat g, op_mat u, op_mat y, uint32_t n_rows, uint32_t n_cols,
+                     const op_expert_bias *bias)
+{
+    return glu(c, act, g, u, y, n_rows, n_cols, false, bias);
 }
 
 vki_status op_glu_xh(vkd_cmd *c, uint32_t act, op_mat g, op_mat u, vkd_view xh, uint32_t n_rows, uint32_t n_cols)
 {
-    return glu(c, act, g, u, (op_mat){xh, 0, op_half_x_stride(n_cols)}, n_rows, n_cols, true);
+    return glu(c, act, g, u, (op_mat){xh, 0, op_half_x_stride(n_cols)}, n_rows, n_cols, true, NULL);
+}
+
+vki_status op_glu_xh_ex(vkd_cmd *c, uint32_t act, op_mat g, op_mat u, vkd_view xh, uint32_t n_rows, uint32_t n_cols,
+                        const op_expert_bias *bias)
+{
+    return glu(c, act, g, u, (op_mat){xh, 0, op_half_x_stride(n_cols)}, n_rows, n_cols, true, bias);
 }
 
 vki_status op_unary(vkd_cmd *c, uint32_t op, float a, op_mat x, op_mat y, uint32_t n_rows, uint32_t n_cols)

@@ -93,15 +93,30 @@ typedef struct op_rope_yarn {
 void op_rope_freqs(double base, double freq_scale, const float *factors, const op_rope_yarn *yarn, float mag,
                    uint32_t n_rot, float *out);
 
-/* y[r, c] = act(g[r, c]) * u[r, c] (y may be g or u); act = VKI_GLU_SILU (SwiGLU) or
- * VKI_GLU_GELU_TANH (GeGLU with the tanh-approximate GELU), see vki_shared.h. */
+/* Per-expert biases of a mixture-of-experts layer (gpt-oss), picked per row by the row's expert:
+ * row r of a product gets b[..][ids[r]][:]. ids: i32 [rows] (op_moe_topk's, < n_expert);
+ * b: f32 [n_expert][cols] each (op_glu_ex: b[0] the gate's, b[1] up's; op_moe_combine: b[0] down's). */
+typedef struct op_expert_bias {
+    vkd_view ids;
+    vkd_view b[2];
+    uint32_t n_expert;
+} op_expert_bias;
+
+/* y[r, c] = act(g[r, c]) * u[r, c] (y may be g or u); act = VKI_GLU_SILU (SwiGLU),
+ * VKI_GLU_GELU_TANH (GeGLU with the tanh-approximate GELU) or VKI_GLU_SWIGLU_OAI (gpt-oss's
+ * clamped SwiGLU), see vki_shared.h. */
 vki_status op_glu(vkd_cmd *c, uint32_t act, op_mat g, op_mat u, op_mat y, uint32_t n_rows, uint32_t n_cols);
+/* op_glu with the experts' gate and up biases added to g and u first (bias NULL: op_glu). */
+vki_status op_glu_ex(vkd_cmd *c, uint32_t act, op_mat g, op_mat u, op_mat y, uint32_t n_rows, uint32_t n_cols,
+                     const op_expert_bias *bias);
 /* The same values rounded to F16 into xh as op_half_x(y, M = n_rows, K = n_cols) would write them
  * from op_glu's output, bit for bit, and no F32 rows: the down projection's tensor-core GEMM
  * input (op_matmul_xh) without a pass reading them back and its barrier. xh:
  * op_half_x_bytes(n_rows, n_cols) bytes at an 8-aligned offset, another buffer than g and u;
  * needs shaderFloat16. */
 vki_status op_glu_xh(vkd_cmd *c, uint32_t act, op_mat g, op_mat u, vkd_view xh, uint32_t n_rows, uint32_t n_cols);
+vki_status op_glu_xh_ex(vkd_cmd *c, uint32_t act, op_mat g, op_mat u, vkd_view xh, uint32_t n_rows, uint32_t n_cols,
+                        const op_expert_bias *bias);
 
 /* y[r, c] = a * x[r, c] (VKI_UNARY_SCALE) or a * tanh(x[r, c] / a) (VKI_UNARY_SOFTCAP, a > 0);
  * y may be x. a must be finite. */

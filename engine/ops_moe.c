@@ -66,7 +66,7 @@ vki_status op_moe_group(vkd_cmd *c, vkd_view ids, uint32_t n_pairs, uint32_t n_e
 }
 
 vki_status op_moe_combine(vkd_cmd *c, vkd_view o, vkd_view weights, vkd_view x, uint32_t n_tokens, uint32_t n_used,
-                          uint32_t d)
+                          uint32_t d, const op_expert_bias *bias)
 {
     if (!n_tokens)
         return VKI_OK;
@@ -75,11 +75,14 @@ vki_status op_moe_combine(vkd_cmd *c, vkd_view o, vkd_view weights, vkd_view x, 
     if (!holds(o, (uint64_t)n_tokens * n_used * d) || !holds(weights, (uint64_t)n_tokens * n_used) ||
         !holds(x, (uint64_t)n_tokens * d))
         return bad(c, "moe_combine", "a view is smaller than its shape");
+    if (bias && (!bias->n_expert || !holds(bias->ids, (uint64_t)n_tokens * n_used) ||
+                 !holds(bias->b[0], (uint64_t)bias->n_expert * d)))
+        return bad(c, "moe_combine", "the expert biases are smaller than their shape");
     uint32_t wg = wg_limit(c->d, COMBINE_WG);
     uint64_t g = vkk_groups((uint64_t)n_tokens * d, wg);
-    vki_pc_moe pc = {.n_tokens = n_tokens, .n_used = n_used, .d = d};
-    vkd_view bind[3] = {o, weights, x};
-    return vkk_dispatch(c, VKK_MOE_COMBINE, &wg, bind, 3, &pc, sizeof pc, (uint32_t)(g < MAX_GROUPS ? g : MAX_GROUPS),
+    vki_pc_moe pc = {.n_tokens = n_tokens, .n_used = n_used, .d = d, .bias = bias != NULL};
+    vkd_view bind[5] = {o, weights, x, bias ? bias->ids : o, bias ? bias->b[0] : o};
+    return vkk_dispatch(c, VKK_MOE_COMBINE, &wg, bind, 5, &pc, sizeof pc, (uint32_t)(g < MAX_GROUPS ? g : MAX_GROUPS),
                         1, 1);
 }
 

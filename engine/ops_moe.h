@@ -15,7 +15,7 @@
 #ifndef VKI_ENGINE_OPS_MOE_H
 #define VKI_ENGINE_OPS_MOE_H
 
-#include "engine/device.h"
+#include "engine/ops_basic.h"
 
 /* ids[t][j], weights[t][j] for t < n_tokens, j < n_used: the n_used largest logits of row t
  * (ties: lower expert first) and softmax(logits[t])[ids], divided by their sum when norm.
@@ -28,10 +28,11 @@ vki_status op_moe_topk(vkd_cmd *c, vkd_view logits, uint32_t n_tokens, uint32_t 
  *   ids: i32[n_pairs]; route: u32[n_expert + 1 + n_pairs] (offsets, then pair indices) */
 vki_status op_moe_group(vkd_cmd *c, vkd_view ids, uint32_t n_pairs, uint32_t n_expert, vkd_view route);
 
-/* x[t][:d] += sum_j weights[t][j] * o[t * n_used + j][:d], j in order.
+/* x[t][:d] += sum_j weights[t][j] * o[t * n_used + j][:d], j in order; with bias (gpt-oss;
+ * NULL: none) each o row gets its expert's down bias first, o[p][:] + bias->b[0][ids[p]][:].
  *   o: f32[n_tokens * n_used][d]; weights: f32[n_tokens][n_used]; x: f32[n_tokens][d] */
 vki_status op_moe_combine(vkd_cmd *c, vkd_view o, vkd_view weights, vkd_view x, uint32_t n_tokens, uint32_t n_used,
-                          uint32_t d);
+                          uint32_t d, const op_expert_bias *bias);
 
 /* Creates the three routing pipelines (call at engine open). */
 vki_status op_moe_prepare(vkd_device *d);

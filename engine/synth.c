@@ -122,13 +122,16 @@ static const synth_preset_def synth_presets[] = {
      128, 8, 768},
     {"mixtral-8x7b", "llama", 32, 4096, 32, 8, 0, 14336, 32000, 32768, 1000000.0f, 1e-5f, false, SYNTH_Q4_K_M,
      8, 2, 0},
+    /* gpt-oss-20b (config.json): 32 experts of 2880 using 4, head dim 64, YaRN 32 over 4096 */
+    {"gpt-oss-20b", "gpt-oss", 24, 2880, 64, 8, 64, 2880, 201088, 131072, 150000.0f, 1e-5f, false, SYNTH_MXFP4_MOE,
+     32, 4, 2880},
 };
 
 const char *const *synth_preset_names(void)
 {
     static const char *const names[] = {"tiny", "small", "qwen2-small", "tinyllama", "1b", "qwen2-1.5b",
                                         "qwen3-0.6b", "gemma2-2b", "gemma3-1b", "phi3-mini", "8b", "qwen3-30b-a3b",
-                                        "mixtral-8x7b", NULL};
+                                        "mixtral-8x7b", "gpt-oss-20b", NULL};
     _Static_assert(sizeof names / sizeof names[0] == sizeof synth_presets / sizeof synth_presets[0] + 1, "presets");
     return names;
 }
@@ -147,6 +150,8 @@ vki_status synth_preset(const char *name, synth_params *p)
         synth_arch_defaults(p);
         if (!strcmp(name, "gemma3-1b"))
             p->sliding_window = 512; /* gemma-3-1b's window; the larger gemma 3 models have 1024 */
+        if (!strcmp(name, "gpt-oss-20b"))
+            p->yarn_factor = 32.0f, p->n_ctx_orig = 4096;
         return VKI_OK;
     }
     return VKI_ERR_NOT_FOUND;
@@ -160,16 +165,19 @@ typedef struct synth_arch {
     bool qkv_bias, qk_norm, post_norms, fused; /* fused: phi3's attn_qkv and gate|up ffn_up */
     uint32_t window;                           /* sliding window of the released models */
     float attn_softcap, final_softcap;
+    bool oss; /* gpt-oss: attn_output.bias, attn_sinks, the FFN norm named post_attention_norm,
+                 router and expert biases */
 } synth_arch;
 
 static const synth_arch synth_archs[] = {
-    {"llama", false, false, false, false, 0, 0, 0},
-    {"qwen2", true, false, false, false, 0, 0, 0},
-    {"qwen3", false, true, false, false, 0, 0, 0},
-    {"gemma2", false, false, true, false, 4096, 50.0f, 30.0f},
-    {"gemma3", false, true, true, false, 1024, 0, 0},
-    {"phi3", false, false, false, true, 2047, 0, 0},
-    {"qwen3moe", false, true, false, false, 0, 0, 0},
+    {"llama", false, false, false, false, 0, 0, 0, false},
+    {"qwen2", true, false, false, false, 0, 0, 0, false},
+    {"qwen3", false, true, false, false, 0, 0, 0, false},
+    {"gemma2", false, false, true, false, 4096, 50.0f, 30.0f, false},
+    {"gemma3", false, true, true, false, 1024, 0, 0, false},
+    {"phi3", false, false, false, true, 2047, 0, 0, false},
+    {"qwen3moe", false, true, false, false, 0, 0, 0, false},
+    {"gpt-oss", true, false, false, false, 128, 0, 0, true},
 };
 
 static const synth_arch *find_arch(const char *name)
@@ -349,8 +357,9 @@ static void add_tensor(synth_ctx *c, const char *role, int layer, const char *su
 }
 
 /* The router and the stacked experts of a mixture-of-experts layer (llama.cpp's names and shapes:
- * ne [d, ff, n_expert] for gate and up, [ff, d, n_expert] for down). */
-static void add_experts(synth_ctx *c, int l)
+ * ne [d, ff, n_expert] for gate and up, [ff, d, n_expert] for down); with bias (gpt-oss) their
+ * biases, ne [n_expert], [ff, n_expert] and [d, n_expert]. */
+static void add_experts(synth_ctx *c, int l, bool bias)
 {
     const synth_params *p = c->p;
     uint64_t d = p->d_model, ff = p->d_ff_exp ? p->d_ff_exp : p->d_ff;
@@ -364,6 +373,12 @@ static void add_experts(synth_ctx *c, int l)
                    i < 2 ? in_std : resid / sqrtf((float)ff));
         c->t[c->n_t - 1].ne[2] = p->n_expert;
     }
+    if (!bias)
+        return;
+    /* the router's bias small next to its logits' spread (the choice stays clear of ties) */
+    add_tensor(c, "ffn_gate_inp", l, "bias", 1, p->n_expert, 1, SYNTH_INIT_BIAS, 0.5f);
+    for (int i = 0; i < 3; i++)
+        add_tensor(c, roles[i], l, "bias", 2, i < 2 ? ff : d, p->n_expert, SYNTH_INIT_BIAS, i < 2 ? 0.5f : 0.05f);
 }
 
 /* One layer's tensors, in llama.cpp's order and names for the architecture. */
@@ -388,11 +403,15 @@ static void add_layer(synth_ctx *c, const synth_arch *a, int l)
         add_tensor(c, "attn_k_norm", l, "weight", 1, c->head_dim, 1, SYNTH_INIT_NORM, 0.1f);
     }
     add_tensor(c, "attn_output", l, "weight", 2, q, d, SYNTH_INIT_WEIGHT, resid / sqrtf((float)q));
+    if (a->oss) { /* the sink logits near the scores' scale, so they take a real share */
+        add_tensor(c, "attn_output", l, "bias", 1, d, 1, SYNTH_INIT_BIAS, 0.05f);
+        add_tensor(c, "attn_sinks", l, "weight", 1, p->n_head, 1, SYNTH_INIT_BIAS, 2.0f);
+    }
     if (a->post_norms)
         add_tensor(c, "post_attention_norm", l, "weight", 1, d, 1, SYNTH_INIT_NORM, 0.1f);
-    add_tensor(c, "ffn_norm", l, "weight", 1, d, 1, SYNTH_INIT_NORM, 0.1f);
+    add_tensor(c, a->oss ? "post_attention_norm" : "ffn_norm", l, "weight", 1, d, 1, SYNTH_INIT_NORM, 0.1f);
     if (p->n_expert) {
-        add_experts(c, l);
+        add_experts(c, l, a->oss);
         return;
     }
     if (!a->fused)
@@ -408,7 +427,7 @@ static vki_status build_tensors(synth_ctx *c)
     const synth_params *p = c->p;
     const synth_arch *a = find_arch(p->arch);
     uint64_t d = p->d_model;
-    c->t = calloc(5 + (size_t)p->n_layer * 16, sizeof *c->t);
+    c->t = calloc(5 + (size_t)p->n_layer * 24, sizeof *c->t);
     if (!c->t)
         return synth_fail(c, VKI_ERR_OUT_OF_HOST_MEMORY, "out of memory");
     float head_std = 3.0f / sqrtf((float)d); /* logits ~ N(0, 9): a clear argmax */
@@ -457,8 +476,8 @@ static vki_status validate(synth_ctx *c)
 {
     const synth_params *p = c->p;
     if (!find_arch(p->arch))
-        return synth_fail(c, VKI_ERR_INVALID_ARG, "arch '%s': llama, qwen2, qwen3, qwen3moe, gemma2, gemma3 and phi3 are "
-                          "written",
+        return synth_fail(c, VKI_ERR_INVALID_ARG, "arch '%s': llama, qwen2, qwen3, qwen3moe, gemma2, gemma3, phi3 and "
+                          "gpt-oss are written",
                           p->arch ? p->arch : "(null)");
     if (p->n_layer < 1 || p->n_layer > SYNTH_MAX_LAYERS)
         return synth_fail(c, VKI_ERR_INVALID_ARG, "n_layer %u (allowed 1..%d)", p->n_layer, SYNTH_MAX_LAYERS);
@@ -491,10 +510,10 @@ static vki_status validate(synth_ctx *c)
         (!(p->yarn_factor >= 1) || !p->n_ctx_orig || !strcmp(p->arch, "phi3") || !strncmp(p->arch, "gemma", 5)))
         return synth_fail(c, VKI_ERR_INVALID_ARG, "YaRN: a factor >= 1 over an original context below the context, "
                           "and not phi3 (LongRoPE) or gemma");
-    bool moe_arch = !strcmp(p->arch, "qwen3moe");
+    bool moe_arch = !strcmp(p->arch, "qwen3moe") || !strcmp(p->arch, "gpt-oss");
     if ((moe_arch && !p->n_expert) || (p->n_expert && strcmp(p->arch, "llama") && !moe_arch))
-        return synth_fail(c, VKI_ERR_INVALID_ARG, "experts: qwen3moe needs them (n_expert > 0); besides it only llama "
-                          "(Mixtral's layout) has them");
+        return synth_fail(c, VKI_ERR_INVALID_ARG, "experts: qwen3moe and gpt-oss need them (n_expert > 0); besides "
+                          "them only llama (Mixtral's layout) has them");
     if (p->n_expert && (p->n_expert > 4096 || !p->n_expert_used || p->n_expert_used > p->n_expert ||
                         p->d_ff_exp > SYNTH_MAX_DIM))
         return synth_fail(c, VKI_ERR_INVALID_ARG, "experts: n_expert %u (<= 4096), n_expert_used %u must be in [1, "
@@ -665,7 +684,7 @@ static vki_status write_metadata(synth_ctx *c, gguf_writer *w)
     if (p->n_expert) {
         SET(gguf_w_set_u32, "%s.expert_count", p->n_expert);
         SET(gguf_w_set_u32, "%s.expert_used_count", p->n_expert_used);
-        if (!strcmp(a, "qwen3moe"))
+        if (!strcmp(a, "qwen3moe") || !strcmp(a, "gpt-oss"))
             SET(gguf_w_set_u32, "%s.expert_feed_forward_length", p->d_ff_exp ? p->d_ff_exp : p->d_ff);
     }
     if (p->attn_softcap > 0)

@@ -49,3 +49,20 @@ ivec4 kv_i8x4(uint w)
 // Soft-capped score in the log2 domain (see vki_pc_attn): s is q.k with q pre-scaled. |z| >= 9
 // is +-1 to float precision; the clamp keeps tanh away from inf / inf.
 #define ATTN_SCORE(s) (p.inv_softcap > 0.0 ? p.softcap_log2e * tanh(clamp((s) * p.inv_softcap, -9.0, 9.0)) : (s))
+
+// The end of a row's online softmax: out = acc / l, with acc and l summed relative to the running
+// max m (log2 domain; l = 0: no key seen, 0). With a sink logit (gpt-oss; sink in the log2 domain,
+// NEG_INF: none) the sink's 2^(sink - m) joins the denominator; both terms are taken relative to
+// max(m, sink) so neither overflows. Without one the result is exactly acc / l.
+float attn_finish(float acc, float l, float m, float sink)
+{
+    if (sink == NEG_INF)
+        return l > 0.0 ? acc / l : 0.0;
+    float mx = max(m, sink), a = m == NEG_INF ? 0.0 : exp2(m - mx);
+    return acc * a / (l * a + exp2(sink - mx));
+}
+
+#define ATTN_LOG2E 1.4426950408889634
+// Head h's sink logit in the log2 domain, NEG_INF without sink logits (the including shader
+// declares `sink_logit[]` and the push block `p`).
+#define ATTN_SINK(h) (p.sink_logits != 0u ? sink_logit[h] * ATTN_LOG2E : NEG_INF)

@@ -55,6 +55,7 @@ layout(std430, binding = 10) readonly buffer VA { float v_act[]; };       // p.f
 layout(std430, binding = 11) readonly buffer F { vec4 fr[]; };            // p.fresh: vec4 [rope_n_rot / 2] (rope.comp's)
 layout(std430, binding = 12) writeonly buffer XQ { uint xq[]; };        // p.xq_rows: the output quantised (vki_pc_quant_x8)
 layout(std430, binding = 12) writeonly buffer XD { float xd[]; };       // the same buffer: its scales
+layout(std430, binding = 13) readonly buffer SL { float sink_logit[]; }; // p.sink_logits: f32 [n_heads]
 #include "attn_merge.glsl"
 #include "kv_store.glsl"
 #include "quant_x8.glsl"
@@ -263,7 +264,7 @@ void main()
     for (uint i = gl_LocalInvocationID.x; i < gn * HD; i += WG) {
         uint g = i / HD, d = i % HD, h = h0 + g;
         if (slot == VKI_ATTN_FINAL) {
-            float lsum = st_l[fin][g], val = lsum > 0.0 ? st_acc[i] / lsum : 0.0;
+            float val = attn_finish(st_acc[i], st_l[fin][g], st_m[fin][g], ATTN_SINK(h));
             o[p.o_off + t * p.o_stride + h * HD + d] = val;
             st_acc[i] = val; // for the int8 copy
         } else {

@@ -1,11 +1,11 @@
 // Merge of decode splits, shared by attn_reduce.comp and attn_decode.comp's last split (the same
 // arithmetic in the same order: the fold gives the separate pass's bits). The including shader
-// declares the partials `part[]` (f32 [slot][n_heads][head_dim + 2], vki_shared.h) and the push
-// block `p`.
+// declares the partials `part[]` (f32 [slot][n_heads][head_dim + 2], vki_shared.h), the sink
+// logits `sink_logit[]` and the push block `p`.
 //
 // Output dim d of query head h from the n partial slots slot0 ..: sum_i 2^(m_i - M) acc_i /
-// sum_i 2^(m_i - M) l_i, M = max_i m_i. Reads n * 3 floats besides the n dims: small next to the
-// K/V the splits read.
+// sum_i 2^(m_i - M) l_i, M = max_i m_i (attn_finish: with head h's sink logit). Reads n * 3
+// floats besides the n dims: small next to the K/V the splits read.
 float attn_merge(uint slot0, uint n, uint h, uint d)
 {
     uint hd = p.head_dim;
@@ -19,5 +19,5 @@ float attn_merge(uint slot0, uint n, uint h, uint d)
         den += w * part[pb + hd + 1];
         num += w * part[pb + d];
     }
-    return num / den;
+    return attn_finish(num, den, mx, ATTN_SINK(h));
 }

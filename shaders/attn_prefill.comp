@@ -34,12 +34,14 @@ layout(std430, binding = 3) readonly buffer SI { vki_seq_info seqs[]; };  // [n_
 layout(std430, binding = 4) readonly buffer PT { uint page_table[]; };    // u32 page ids
 layout(std430, binding = 5) readonly buffer IT { uvec4 items[]; };        // vki_attn_item: {seq, q0, nq, 0}
 layout(std430, binding = 6) writeonly buffer O { float o[]; };            // f32 rows: [o_off + t * o_stride + h * HD + d]
+layout(std430, binding = 7) readonly buffer SL { float sink_logit[]; };   // p.sink_logits: f32 [n_heads]
 
 shared vec4 qs[BR * RS];   // scaled queries, row r = (token r / gw, head r % gw)
 shared vec4 kvs[BC * RS];  // the K tile, then the V tile (f32)
 shared float ss[BR * SS];  // scores, then probabilities
 shared float alpha_s[BR];  // per-row rescale of O for this tile
 shared float lsum_s[BR];   // final row sums
+shared float lmax_s[BR];   // final row maxima
 
 // K or V tile of keys [k0, k0 + BC) into kvs; keys no row sees (>= kend, or before the first
 // row's window and past the sink: their page may have been released) read as zero.
@@ -196,15 +198,15 @@ void main()
     }
 
     if (sp == 0)
-        lsum_s[sr] = row_l;
+        lsum_s[sr] = row_l, lmax_s[sr] = row_m;
     barrier();
     [[unroll]] for (uint a = 0; a < SR; a++) {
         uint r = tr + TR * a;
         if (row_valid(r)) {
-            float ls = lsum_s[r];
+            float ls = lsum_s[r], lm = lmax_s[r], sink = ATTN_SINK(h0 + r % p.gw);
             uint ob = p.o_off + (sq.row0 + q0 + r / p.gw) * p.o_stride + (h0 + r % p.gw) * HD;
             [[unroll]] for (uint e = 0; e < DT; e++)
-                o[ob + tc + 8 * e] = ls > 0.0 ? acc[a][e] / ls : 0.0;
+                o[ob + tc + 8 * e] = attn_finish(acc[a][e], ls, lm, sink);
         }
     }
 }

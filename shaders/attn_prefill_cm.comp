@@ -46,6 +46,7 @@ layout(std430, binding = 3) readonly buffer SI { vki_seq_info seqs[]; };  // [n_
 layout(std430, binding = 4) readonly buffer PT { uint page_table[]; };    // u32 page ids
 layout(std430, binding = 5) readonly buffer IT { uvec4 items[]; };        // vki_attn_item: {seq, q0, nq, 0}
 layout(std430, binding = 6) writeonly buffer O { float o[]; };            // f32 rows: [o_off + t * o_stride + h * head_dim + d]
+layout(std430, binding = 7) readonly buffer SL { float sink_logit[]; };   // p.sink_logits: f32 [n_heads]
 
 // qs and kvs: F16 quads (cm_f16x4), one 64-bit store per 4 values; indices in F16 values below
 shared uvec2 qs[BR * QST / 4u];  // scaled queries, row r = (token r / gw, head r % gw)
@@ -200,10 +201,11 @@ void main()
 
     if (row_valid(sr)) {
         uint ob = p.o_off + (sq.row0 + q0 + sr / p.gw) * p.o_stride + (h0 + sr % p.gw) * p.head_dim;
+        float sink = ATTN_SINK(h0 + sr % p.gw);
         [[unroll]] for (uint e = 0u; e < ODT; e++) {
             uint d = sp + TPR * e;
             if (d < p.head_dim)
-                o[ob + d] = row_l > 0.0 ? acc[e] / row_l : 0.0;
+                o[ob + d] = attn_finish(acc[e], row_l, row_m, sink);
         }
     }
 }

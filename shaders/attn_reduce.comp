@@ -13,6 +13,7 @@ layout(std430, binding = 0) readonly buffer PA { float part[]; };         // f32
 layout(std430, binding = 1) readonly buffer IT { uvec4 items[]; };        // vki_attn_item: {seq, slot0, n, 0}
 layout(std430, binding = 2) readonly buffer SI { vki_seq_info seqs[]; };  // [n_seqs]
 layout(std430, binding = 3) writeonly buffer O { float o[]; };            // f32 rows: [o_off + t * o_stride + h * head_dim + d]
+layout(std430, binding = 4) readonly buffer SL { float sink_logit[]; };   // p.sink_logits: f32 [n_heads]
 #include "attn_merge.glsl"
 
 void main()

@@ -20,3 +20,17 @@ float vki_glu_act(uint act, float v)
     precise float r = v / (1.0 + exp(-v));
     return r;
 }
+
+// The gated unit y = act(g) * u for every VKI_GLU_*: gpt-oss's clamped SwiGLU (VKI_GLU_SWIGLU_OAI,
+// ggml's swiglu_oai: the gate capped at 7 from above, up clamped to [-7, 7] and shifted by one)
+// or act(g) * u.
+float vki_glu(uint act, float g, float u)
+{
+    if (act == VKI_GLU_SWIGLU_OAI) {
+        float x = min(g, VKI_GLU_OAI_LIMIT), y = clamp(u, -VKI_GLU_OAI_LIMIT, VKI_GLU_OAI_LIMIT);
+        precise float r = x / (1.0 + exp(-VKI_GLU_OAI_ALPHA * x)) * (y + 1.0);
+        return r;
+    }
+    precise float v = vki_glu_act(act, g) * u;
+    return v;
+}

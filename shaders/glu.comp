@@ -5,8 +5,9 @@
 #endif
 #include "common.glsl"
 // Gated linear unit of the FFN, y = act(g) * u elementwise over [n_rows, n_cols]: SwiGLU
-// (act = silu) or GeGLU (act = tanh-approximate GELU). One invocation per element of a
-// row-major index, grid-stride. Memory-bound: 12 bytes moved per element.
+// (act = silu), GeGLU (act = tanh-approximate GELU) or gpt-oss's clamped SwiGLU (vki_glu), with
+// p.bias the experts' gate and up biases of each row's expert added first. One invocation per
+// element of a row-major index, grid-stride. Memory-bound: 12 bytes moved per element.
 // Compiled with GLU_XH (glu_xh) Y is the down projection's tensor-core GEMM input instead: the
 // values rounded to F16 as half_x.comp would round them from the F32 rows, rows y_stride halves
 // apart (n_cols rounded up to 4, zeros after n_cols), one invocation per quad of 4 values; the
@@ -21,11 +22,19 @@ layout(std430, binding = 2) writeonly buffer YH { uvec2 yh[]; }; // f16 quads: r
 #else
 layout(std430, binding = 2) writeonly buffer Y { float y[]; }; // f32 rows: y[y_off + r * y_stride + c]
 #endif
+layout(std430, binding = 3) readonly buffer ID { int ids[]; };  // p.bias: row r's expert
+layout(std430, binding = 4) readonly buffer GB { float gb[]; }; // p.bias: f32 [n_expert][n_cols]
+layout(std430, binding = 5) readonly buffer UB { float ub[]; }; // p.bias: f32 [n_expert][n_cols]
 
 float glu(uint r, uint c)
 {
-    precise float v = vki_glu_act(p.act, g[p.g_off + r * p.g_stride + c]) * u[p.u_off + r * p.u_stride + c];
-    return v;
+    float gv = g[p.g_off + r * p.g_stride + c], uv = u[p.u_off + r * p.u_stride + c];
+    if (p.bias != 0u) {
+        uint b = uint(ids[r]) * p.n_cols + c;
+        gv += gb[b];
+        uv += ub[b];
+    }
+    return vki_glu(p.act, gv, uv);
 }
 
 void main()

@@ -232,14 +232,18 @@ VKI_STRUCT(vki_pc_matmul_id) {
  *              an expert) -> route as matmul_id reads it. bindings: 0 ids (i32[n_pairs]),
  *              1 route (u32[n_expert + 1 + n_pairs])
  * moe_combine: x[t][c] += sum_j weights[t][j] * o[t * n_used + j][c] (j in order: the same
- *              arithmetic whatever the batch). bindings: 0 o (f32[n_tokens * n_used][d]),
- *              1 weights (f32[n_tokens][n_used]), 2 x (f32[n_tokens][d], read-write) */
+ *              arithmetic whatever the batch); with bias (gpt-oss) each o row first gets its
+ *              expert's down bias, o[p][c] + b[ids[p]][c]. bindings: 0 o (f32[n_tokens *
+ *              n_used][d]), 1 weights (f32[n_tokens][n_used]), 2 x (f32[n_tokens][d],
+ *              read-write), 3 ids (i32[n_tokens * n_used]), 4 b (f32 [n_expert][d]); 3-4 any
+ *              buffer without bias */
 #define VKI_MOE_MAX_EXPERTS 512u
 #define VKI_MOE_MAX_USED 32u
 VKI_STRUCT(vki_pc_moe) {
     vki_u32 n_tokens, n_expert, n_used;
     vki_u32 norm;     /* moe_topk: renormalise the chosen weights */
     vki_u32 d;        /* moe_combine: columns */
+    vki_u32 bias;     /* moe_combine: 1 = the experts' down biases (above) */
 };
 
 /* quant_x8 (the integer-dot matrix-vector path, engine/ops_matmul.h): X f32[M, x_stride] ->
@@ -310,13 +314,22 @@ VKI_STRUCT(vki_pc_rope) {
 /* glu (gated linear unit of the FFN): y[r, c] = act(g[r, c]) * u[r, c] with
  *   VKI_GLU_SILU (SwiGLU: llama, qwen, phi3):  act(v) = v / (1 + exp(-v))
  *   VKI_GLU_GELU_TANH (GeGLU: gemma 2/3):      act(v) = v/2 (1 + tanh(sqrt(2/pi) (v + 0.044715 v^3)))
- * bindings: 0 g (f32 rows), 1 u (f32 rows), 2 y (f32 rows) */
+ * or, gpt-oss's experts (glu.comp only, not the matmul epilogues), with x = min(g, 7),
+ *   VKI_GLU_SWIGLU_OAI: y = x / (1 + exp(-1.702 x)) * (clamp(u, -7, 7) + 1)
+ * bias = 1 (gpt-oss's experts): g and u first get row ids[r]'s biases, g[r, c] + gb[ids[r]][c]
+ * and u[r, c] + ub[ids[r]][c] (row r a token's pair, ids its expert).
+ * bindings: 0 g (f32 rows), 1 u (f32 rows), 2 y (f32 rows), 3 ids (i32[n_rows]), 4 gb, 5 ub
+ * (f32 [n_expert][n_cols]); 3-5 any buffer when bias = 0 */
 #define VKI_GLU_SILU 0u
 #define VKI_GLU_GELU_TANH 1u
+#define VKI_GLU_SWIGLU_OAI 2u
+#define VKI_GLU_OAI_ALPHA 1.702f
+#define VKI_GLU_OAI_LIMIT 7.0f
 VKI_STRUCT(vki_pc_glu) {
     vki_u32 n_rows, n_cols;
     vki_u32 g_off, g_stride, u_off, u_stride, y_off, y_stride;
     vki_u32 act;      /* VKI_GLU_* */
+    vki_u32 bias;     /* 1: the experts' biases by row id (above) */
 };
 
 /* unary: y[r, c] = f(x[r, c]) over rows (y may alias x) with
@@ -413,8 +426,12 @@ VKI_STRUCT(vki_pc_kv_write) {
  *                  (vec4[rope_n_rot / 2]); 9-11: any buffer when fresh = 0; 12 the output
  *                  quantised for the integer-dot path (quant_x8's layout, M = xq_rows, K =
  *                  n_heads * head_dim, head_dim a multiple of 32; any buffer when xq_rows = 0)
- * prefill bindings: 0 q, 1 K pool, 2 V pool, 3 seq_info, 4 page_table, 5 items, 6 out
- * reduce  bindings: 0 partials, 1 items, 2 seq_info, 3 out
+ *                  13 sink logits (below)
+ * prefill bindings: 0 q, 1 K pool, 2 V pool, 3 seq_info, 4 page_table, 5 items, 6 out, 7 sink logits
+ * reduce  bindings: 0 partials, 1 items, 2 seq_info, 3 out, 4 sink logits
+ * sink_logits = 1 (gpt-oss): f32 [n_heads] learned logits, one per query head, that join each
+ * softmax's denominator and add no value: out = sum_j e^(z_j) v_j / (e^(sink_h) + sum_j e^(z_j)),
+ * z_j = scale q.k_j (attn_finish in attn_common.glsl; any buffer when sink_logits = 0).
  * merge = 1 (decode): the last split of a sequence to finish merges its partials (the reduce
  * entry of sequence i is item red_off + i); merge = 0: attn_reduce does, after a barrier.
  * q, out: f32 rows [n_tokens][.. n_heads * head_dim ..] (offsets/strides in floats);
@@ -447,6 +464,7 @@ VKI_STRUCT(vki_pc_attn) {
     vki_u32 k_off, k_stride, v_off, v_stride;
     vki_u32 rope_n_rot, rope_neox;
     vki_u32 xq_rows;       /* decode: M > 0 = also write the output quantised (binding 12, see above) */
+    vki_u32 sink_logits;   /* 1 = per-head sink logits in the softmax (see above) */
 };
 
 /* ---- sampling (engine/ops_sample.h, shaders/sample.comp, CPU reference engine/sample_ref.h) --

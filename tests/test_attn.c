@@ -51,6 +51,8 @@ typedef struct acase {
     uint32_t window;     /* sliding window (0: none); pages it leaves behind are "released" */
     uint32_t sink;       /* attention sink with the window */
     float softcap;       /* attention logit soft-cap (0: none) */
+    float sink_amp;      /* > 0: per-head sink logits (gpt-oss), uniform in [-amp, amp] plus one head's
+                            far above every score (a sink that takes nearly all the weight) */
 } acase;
 
 /* Host model of one pool: element (page, kvh, slot, d) as the device stores it. */
@@ -113,6 +115,7 @@ typedef struct hstep {
     float *kx[MAX_SEQS], *vx[MAX_SEQS]; /* the same unrounded (f32) */
     hpool kpool, vpool;
     uint32_t n_released;     /* page-table entries pointed at a NaN page (outside every window) */
+    float *sinks;            /* [n_heads] sink logits, or NULL (acase.sink_amp) */
 } hstep;
 
 /* Pages wholly outside the first new token's window (and past the sink) are what the scheduler
@@ -202,6 +205,11 @@ static void build_step(vt_rng *r, const acase *ac, const op_attn_shape *s, hstep
     }
     free(row);
     release_pages(ac, s, h);
+    if (ac->sink_amp > 0) {
+        h->sinks = malloc(s->n_heads * sizeof *h->sinks);
+        vt_fill_uniform(r, h->sinks, s->n_heads, -ac->sink_amp, ac->sink_amp);
+        h->sinks[s->n_heads - 1] = 60.0f; /* e^60 above any score: the output all but vanishes */
+    }
 }
 
 static void free_step(hstep *h, uint32_t n_seqs)
@@ -212,7 +220,7 @@ static void free_step(hstep *h, uint32_t n_seqs)
         free(h->kx[k]);
         free(h->vx[k]);
     }
-    free(h->pt); free(h->tok_pos); free(h->tok_seq); free(h->qkv);
+    free(h->pt); free(h->tok_pos); free(h->tok_seq); free(h->qkv); free(h->sinks);
     free(h->kpool.bytes); free(h->vpool.bytes);
 }
 
@@ -232,7 +240,7 @@ static void ref_attention(const op_attn *a, const acase *ac, const hstep *h, boo
             for (uint32_t hh = 0; hh < s->n_heads; hh++) {
                 const float *qv = h->qkv + (size_t)t * h->qkv_stride + hh * hd;
                 uint32_t g = hh / group;
-                double mx = -INFINITY, sum = 0;
+                double mx = h->sinks ? h->sinks[hh] : -INFINITY, sum = 0;
                 for (uint32_t j = 0; j <= pos; j++) {
                     const float *kv = (rounded ? h->kc[k] : h->kx[k]) + (size_t)j * kvrow + g * hd;
                     double dot = 0;
@@ -255,6 +263,8 @@ static void ref_attention(const op_attn *a, const acase *ac, const hstep *h, boo
                     for (uint32_t d = 0; d < hd; d++)
                         acc[d] += pr * vv[d];
                 }
+                if (h->sinks) /* the sink logit's share of the denominator, no value */
+                    sum += exp(h->sinks[hh] - mx);
                 for (uint32_t d = 0; d < hd; d++)
                     out[(size_t)t * s->n_heads * hd + hh * hd + d] = (float)(acc[d] / sum);
             }
@@ -275,8 +285,9 @@ static double check_output(const op_attn *a, const hstep *h, const float *o, con
     for (uint32_t t = 0; t < h->n_tokens; t++)
         memcpy(got + (size_t)t * row, o + h->o_off + (size_t)t * h->o_stride, row * sizeof(float));
     char label[200];
-    snprintf(label, sizeof label, "%s %s (heads %u/%u hd %u page %u window %u sink %u cap %g)", ac->name, type,
-             a->s.n_heads, a->s.n_kv_heads, a->s.head_dim, a->s.page_size, ac->window, ac->sink, ac->softcap);
+    snprintf(label, sizeof label, "%s %s (heads %u/%u hd %u page %u window %u sink %u cap %g%s)", ac->name, type,
+             a->s.n_heads, a->s.n_kv_heads, a->s.head_dim, a->s.page_size, ac->window, ac->sink, ac->softcap,
+             h->sinks ? " sink logits" : "");
     double e = vt_nmse(got, ref, n_out);
     worst_nmse = e > worst_nmse ? e : worst_nmse;
     if (!expect_cm)
@@ -310,7 +321,7 @@ static uint32_t nvidia_lanes_here(vt_gpu *g, uint32_t hd)
 
 /* Device buffers of one case. */
 typedef struct dstep {
-    vkd_buffer *qkv, *o, *o2, *kp, *vp, *pos, *seq, *info, *pt, *items, *scratch, *cnt;
+    vkd_buffer *qkv, *o, *o2, *kp, *vp, *pos, *seq, *info, *pt, *items, *scratch, *cnt, *sinks;
 } dstep;
 
 /* NaN over row (page, kvh, slot) of a device pool, in the pool's layout (both Q8_0 planes). */
@@ -353,7 +364,7 @@ static uint32_t xq_runs;    /* ... of which with the output's int8 copy */
  * attention is recorded before its kv_write, over pools whose new rows are NaN, so a read of
  * one of them fails the case; the pools the two write are the same bytes. */
 static void check_fresh(vt_gpu *g, const op_attn *a, const op_attn_step *st, const hstep *h, const acase *ac,
-                        vkd_view merge, vkd_view scratch, const char *type)
+                        vkd_view merge, vkd_view scratch, const vkd_view *sinks, const char *type)
 {
     const op_attn_shape *s = &a->s;
     uint32_t hd = s->head_dim, qrow = s->n_heads * hd, kvrow = s->n_kv_heads * hd;
@@ -389,10 +400,10 @@ static void check_fresh(vt_gpu *g, const op_attn *a, const op_attn_step *st, con
         assert_int_equal(op_kv_write(&g->cmd, a, st, k[0], v[0], vkd_whole(kp[0]), vkd_whole(vp[0]), rope), VKI_OK);
         vkd_barrier(&g->cmd);
         assert_int_equal(op_attention(&g->cmd, a, st, q[0], om[0], vkd_whole(kp[0]), vkd_whole(vp[0]), scratch, &merge,
-                                      NULL), VKI_OK);
+                                      NULL, sinks), VKI_OK);
         vkd_barrier(&g->cmd); /* the partials and counters */
         assert_int_equal(op_attention(&g->cmd, a, st, q[1], om[1], vkd_whole(kp[1]), vkd_whole(vp[1]), scratch, &merge,
-                                      &fresh), VKI_OK);
+                                      &fresh, sinks), VKI_OK);
         assert_int_equal(op_kv_write(&g->cmd, a, st, k[1], v[1], vkd_whole(kp[1]), vkd_whole(vp[1]), rope), VKI_OK);
         vt_submit_wait(g);
         char label[160];
@@ -481,14 +492,17 @@ static double run_case(vt_gpu *g, vt_rng *r, const acase *ac, uint32_t kv_type, 
     /* the decode splits merged by the last of them, then (same pools) by the reduce pass */
     vkd_view merge = vkd_whole(d.cnt);
     op_mat o2 = {vkd_whole(d.o2), h.o_off, h.o_stride};
+    d.sinks = h.sinks ? vt_buf_from(g, h.sinks, s.n_heads * sizeof *h.sinks, "sink logits") : NULL;
+    vkd_view sv = d.sinks ? vkd_whole(d.sinks) : (vkd_view){0};
+    const vkd_view *sinks = d.sinks ? &sv : NULL;
     vt_begin(g);
     assert_int_equal(op_kv_write(&g->cmd, &a, &st, k, v, vkd_whole(d.kp), vkd_whole(d.vp), NULL), VKI_OK);
     vkd_barrier(&g->cmd);
     assert_int_equal(op_attention(&g->cmd, &a, &st, q, o, vkd_whole(d.kp), vkd_whole(d.vp), vkd_whole(d.scratch),
-                                  &merge, NULL), VKI_OK);
+                                  &merge, NULL, sinks), VKI_OK);
     vkd_barrier(&g->cmd);
     assert_int_equal(op_attention(&g->cmd, &a, &st, q, o2, vkd_whole(d.kp), vkd_whole(d.vp), vkd_whole(d.scratch),
-                                  NULL, NULL), VKI_OK);
+                                  NULL, NULL, sinks), VKI_OK);
     vt_submit_wait(g);
 
     const char *type = kv_name(kv_type);
@@ -515,13 +529,13 @@ static double run_case(vt_gpu *g, vt_rng *r, const acase *ac, uint32_t kv_type, 
             fail_msg("%s %s: merge counter %zu left at %u", ac->name, type, i, cnt[i]);
     double vs_f32 = check_output(&a, &h, out, ac, type);
     if (!plan.n_pre)
-        check_fresh(g, &a, &st, &h, ac, merge, vkd_whole(d.scratch), type);
+        check_fresh(g, &a, &st, &h, ac, merge, vkd_whole(d.scratch), sinks, type);
     free(out);
     free(out2);
     free(cnt);
     if (released)
         *released += h.n_released;
-    vkd_buffer *all[] = {d.qkv, d.o, d.o2, d.kp, d.vp, d.pos, d.seq, d.info, d.pt, d.items, d.scratch, d.cnt};
+    vkd_buffer *all[] = {d.qkv, d.o, d.o2, d.kp, d.vp, d.pos, d.seq, d.info, d.pt, d.items, d.scratch, d.cnt, d.sinks};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
         vkd_buffer_destroy(g->dev, all[i]);
     free(items);
@@ -563,10 +577,10 @@ static void run_cases(void **state, const char *suite, const acase *cases, size_
 static void test_attn_small_heads(void **state)
 {
     const acase cases[] = {
-        {"stories ragged", 8, 4, 8, 16, 6, {0, 50, 0, 16, 99, 332}, {37, 20, 1, 1, 1, 1}, 0, 2.0f, 0, 0, 0, 0},
-        {"one token, pos 0", 8, 4, 8, 16, 1, {0}, {1}, 0, 1.0f, 0, 0, 0, 0},
-        {"prompt of 1..3 tokens", 8, 4, 8, 5, 3, {0, 0, 4}, {2, 3, 1}, 0, 1.0f, 0, 0, 0, 0},
-        {"G=48 head blocks, splits", 48, 1, 8, 16, 3, {300, 0, 40}, {1, 21, 9}, 48, 3.0f, 0, 0, 0, 0},
+        {"stories ragged", 8, 4, 8, 16, 6, {0, 50, 0, 16, 99, 332}, {37, 20, 1, 1, 1, 1}, 0, 2.0f, 0, 0, 0, 0, 0},
+        {"one token, pos 0", 8, 4, 8, 16, 1, {0}, {1}, 0, 1.0f, 0, 0, 0, 0, 0},
+        {"prompt of 1..3 tokens", 8, 4, 8, 5, 3, {0, 0, 4}, {2, 3, 1}, 0, 1.0f, 0, 0, 0, 0, 0},
+        {"G=48 head blocks, splits", 48, 1, 8, 16, 3, {300, 0, 40}, {1, 21, 9}, 48, 3.0f, 0, 0, 0, 0, 0},
     };
     run_cases(state, "attn small heads", cases, sizeof cases / sizeof cases[0]);
 }
@@ -575,10 +589,10 @@ static void test_attn_small_heads(void **state)
 static void test_attn_gqa(void **state)
 {
     const acase cases[] = {
-        {"G=1 hd64", 4, 4, 64, 16, 4, {0, 70, 5, 200}, {33, 1, 1, 17}, 0, 1.0f, 0, 0, 0, 0},
-        {"G=2 hd128", 4, 2, 128, 16, 4, {130, 0, 17, 3}, {1, 19, 1, 1}, 0, 1.0f, 0, 0, 0, 0},
-        {"G=4 hd64 page 7", 8, 2, 64, 7, 4, {0, 45, 100, 8}, {40, 1, 1, 9}, 40, 4.0f, 0, 0, 0, 0},
-        {"G=8 MQA hd128 page 32", 8, 1, 128, 32, 3, {64, 0, 250}, {1, 24, 1}, 0, 2.0f, 0.05f, 0, 0, 0},
+        {"G=1 hd64", 4, 4, 64, 16, 4, {0, 70, 5, 200}, {33, 1, 1, 17}, 0, 1.0f, 0, 0, 0, 0, 0},
+        {"G=2 hd128", 4, 2, 128, 16, 4, {130, 0, 17, 3}, {1, 19, 1, 1}, 0, 1.0f, 0, 0, 0, 0, 0},
+        {"G=4 hd64 page 7", 8, 2, 64, 7, 4, {0, 45, 100, 8}, {40, 1, 1, 9}, 40, 4.0f, 0, 0, 0, 0, 0},
+        {"G=8 MQA hd128 page 32", 8, 1, 128, 32, 3, {64, 0, 250}, {1, 24, 1}, 0, 2.0f, 0.05f, 0, 0, 0, 0},
     };
     run_cases(state, "attn gqa", cases, sizeof cases / sizeof cases[0]);
 }
@@ -588,8 +602,8 @@ static void test_attn_gqa(void **state)
 static void test_attn_long(void **state)
 {
     const acase cases[] = {
-        {"long ragged", 2, 1, 64, 16, 3, {2499, 2100, 0}, {1, 64, 1}, 0, 1.0f, 0, 0, 0, 0},
-        {"2048 prompt + decode", 2, 1, 64, 16, 2, {0, 3000}, {2048, 1}, 0, 1.0f, 0, 0, 0, 0},
+        {"long ragged", 2, 1, 64, 16, 3, {2499, 2100, 0}, {1, 64, 1}, 0, 1.0f, 0, 0, 0, 0, 0},
+        {"2048 prompt + decode", 2, 1, 64, 16, 2, {0, 3000}, {2048, 1}, 0, 1.0f, 0, 0, 0, 0, 0},
     };
     uint32_t merged = merged_runs;
     run_cases(state, "attn long", cases, sizeof cases / sizeof cases[0]);
@@ -605,9 +619,9 @@ static void test_decode_loads(void **state)
 {
     vt_gpu *g = vt_gpu_get(state);
     const acase cases[] = {
-        {"ragged G=4 hd64", 8, 2, 64, 16, 4, {0, 45, 100, 8}, {1, 1, 1, 1}, 0, 4.0f, 0, 0, 0, 0},
-        {"splits of 48, window 33 sink 16", 4, 1, 64, 16, 3, {300, 77, 2}, {1, 1, 1}, 48, 2.0f, 0, 33, 16, 0},
-        {"G=48 head blocks", 48, 1, 8, 16, 2, {130, 5}, {1, 1}, 0, 3.0f, 0, 0, 0, 0},
+        {"ragged G=4 hd64", 8, 2, 64, 16, 4, {0, 45, 100, 8}, {1, 1, 1, 1}, 0, 4.0f, 0, 0, 0, 0, 0},
+        {"splits of 48, window 33 sink 16", 4, 1, 64, 16, 3, {300, 77, 2}, {1, 1, 1}, 48, 2.0f, 0, 33, 16, 0, 0},
+        {"G=48 head blocks", 48, 1, 8, 16, 2, {130, 5}, {1, 1}, 0, 3.0f, 0, 0, 0, 0, 0},
     };
     const uint32_t types[] = {VKI_GGML_F16, VKI_GGML_F32, VKI_GGML_Q8_0};
     enum { MAX_OUT = 1 << 16 };
@@ -644,14 +658,14 @@ static void test_decode_loads(void **state)
 static void test_attn_window(void **state)
 {
     const acase cases[] = {
-        {"window 7 ragged", 4, 2, 64, 16, 5, {0, 50, 90, 16, 200}, {37, 20, 1, 1, 1}, 0, 2.0f, 0, 7, 0, 0},
-        {"window = page, sink", 4, 2, 64, 16, 3, {100, 40, 0}, {1, 30, 20}, 0, 2.0f, 0, 16, 16, 0},
-        {"window 33 page 7 sink 7 splits", 4, 1, 64, 7, 2, {150, 60}, {1, 45}, 16, 2.0f, 0, 33, 7, 0},
-        {"window 1", 2, 2, 32, 16, 2, {30, 5}, {1, 10}, 0, 1.0f, 0, 1, 0, 0},
-        {"window past the context", 2, 1, 64, 16, 1, {100}, {1}, 0, 1.0f, 0, 500, 0, 0},
-        {"MQA hd128 page 32 sink", 8, 1, 128, 32, 3, {300, 0, 250}, {1, 70, 33}, 0, 2.0f, 0, 100, 32, 0},
-        {"long decode window 256", 2, 1, 64, 16, 2, {3000, 2500}, {1, 40}, 0, 1.0f, 0, 256, 16, 0},
-        {"sink reaching the window", 4, 2, 64, 16, 3, {29, 21, 100}, {1, 10, 1}, 8, 2.0f, 0, 20, 16, 0},
+        {"window 7 ragged", 4, 2, 64, 16, 5, {0, 50, 90, 16, 200}, {37, 20, 1, 1, 1}, 0, 2.0f, 0, 7, 0, 0, 0},
+        {"window = page, sink", 4, 2, 64, 16, 3, {100, 40, 0}, {1, 30, 20}, 0, 2.0f, 0, 16, 16, 0, 0},
+        {"window 33 page 7 sink 7 splits", 4, 1, 64, 7, 2, {150, 60}, {1, 45}, 16, 2.0f, 0, 33, 7, 0, 0},
+        {"window 1", 2, 2, 32, 16, 2, {30, 5}, {1, 10}, 0, 1.0f, 0, 1, 0, 0, 0},
+        {"window past the context", 2, 1, 64, 16, 1, {100}, {1}, 0, 1.0f, 0, 500, 0, 0, 0},
+        {"MQA hd128 page 32 sink", 8, 1, 128, 32, 3, {300, 0, 250}, {1, 70, 33}, 0, 2.0f, 0, 100, 32, 0, 0},
+        {"long decode window 256", 2, 1, 64, 16, 2, {3000, 2500}, {1, 40}, 0, 1.0f, 0, 256, 16, 0, 0},
+        {"sink reaching the window", 4, 2, 64, 16, 3, {29, 21, 100}, {1, 10, 1}, 8, 2.0f, 0, 20, 16, 0, 0},
     };
     uint32_t released = run_cases_q8(state, "attn window", cases, sizeof cases / sizeof cases[0], true);
     assert_true(released > 100); /* the cases do exercise released pages */
@@ -662,8 +676,8 @@ static void test_attn_window(void **state)
 static void test_attn_softcap(void **state)
 {
     const acase cases[] = {
-        {"gemma2 cap 50", 8, 4, 256, 16, 3, {0, 40, 70}, {30, 1, 1}, 0, 150.0f, 0.0625f, 0, 0, 50.0f},
-        {"gemma2 cap 50 window 20", 8, 4, 256, 16, 3, {0, 60, 90}, {45, 1, 1}, 0, 150.0f, 0.0625f, 20, 0, 50.0f},
+        {"gemma2 cap 50", 8, 4, 256, 16, 3, {0, 40, 70}, {30, 1, 1}, 0, 150.0f, 0.0625f, 0, 0, 50.0f, 0},
+        {"gemma2 cap 50 window 20", 8, 4, 256, 16, 3, {0, 60, 90}, {45, 1, 1}, 0, 150.0f, 0.0625f, 20, 0, 50.0f, 0},
     };
     run_cases(state, "attn softcap", cases, sizeof cases / sizeof cases[0]);
 }
@@ -674,12 +688,54 @@ static void test_attn_softcap(void **state)
 static void test_attn_q8(void **state)
 {
     const acase cases[] = {
-        {"G=1 hd64", 4, 4, 64, 16, 4, {0, 70, 5, 200}, {33, 1, 1, 17}, 0, 1.0f, 0, 0, 0, 0},
-        {"G=2 hd128", 4, 2, 128, 16, 4, {130, 0, 17, 3}, {1, 19, 1, 1}, 0, 1.0f, 0, 0, 0, 0},
-        {"G=4 hd32 page 7", 8, 2, 32, 7, 4, {0, 45, 100, 8}, {40, 1, 1, 9}, 40, 4.0f, 0, 0, 0, 0},
-        {"G=2 hd256", 4, 2, 256, 16, 2, {90, 0}, {1, 25}, 0, 1.0f, 0, 0, 0, 0},
+        {"G=1 hd64", 4, 4, 64, 16, 4, {0, 70, 5, 200}, {33, 1, 1, 17}, 0, 1.0f, 0, 0, 0, 0, 0},
+        {"G=2 hd128", 4, 2, 128, 16, 4, {130, 0, 17, 3}, {1, 19, 1, 1}, 0, 1.0f, 0, 0, 0, 0, 0},
+        {"G=4 hd32 page 7", 8, 2, 32, 7, 4, {0, 45, 100, 8}, {40, 1, 1, 9}, 40, 4.0f, 0, 0, 0, 0, 0},
+        {"G=2 hd256", 4, 2, 256, 16, 2, {90, 0}, {1, 25}, 0, 1.0f, 0, 0, 0, 0, 0},
     };
     run_cases_q8(state, "attn q8_0", cases, sizeof cases / sizeof cases[0], true);
+}
+
+/* gpt-oss's sink logits (one per query head, in each softmax's denominator, no value): decode
+ * split and merged (by the last split and by the reduce pass), prefill blocks, GQA, its sliding
+ * window of 128 on its half of the layers, head dim 64, the newest keys from the projections;
+ * F32, F16 and Q8_0 pools. One head's sink sits far above every score, so its output is nearly
+ * zero (no overflow: attn_finish rescales to the larger of the two). A view too short for the
+ * heads is refused. */
+static void test_attn_sink_logits(void **state)
+{
+    const acase cases[] = {
+        {"sinks ragged G=8 hd64", 16, 2, 64, 16, 4, {0, 70, 5, 300}, {33, 1, 1, 17}, 0, 2.0f, 0, 0, 0, 0, 3.0f},
+        {"sinks splits", 8, 1, 64, 16, 3, {600, 0, 90}, {1, 1, 40}, 32, 1.0f, 0, 0, 0, 0, 2.0f},
+        {"sinks window 128", 8, 2, 64, 16, 3, {400, 150, 0}, {1, 60, 130}, 48, 2.0f, 0, 128, 0, 0, 3.0f},
+        {"sinks stories shape", 8, 4, 8, 16, 3, {0, 50, 9}, {20, 1, 1}, 0, 2.0f, 0, 0, 0, 0, 1.0f},
+    };
+    uint32_t runs = fresh_runs;
+    run_cases_q8(state, "attn sink logits", cases, sizeof cases / sizeof cases[0], true);
+    assert_int_equal(fresh_runs - runs, 0); /* every case has a prefill block: no fresh check */
+    const acase dec[] = {
+        {"sinks decode fresh", 8, 2, 64, 16, 3, {0, 70, 300}, {1, 1, 1}, 32, 2.0f, 0, 0, 0, 0, 3.0f},
+    };
+    run_cases_q8(state, "attn sink logits decode", dec, 1, true);
+    assert_int_equal(fresh_runs - runs, 3);
+
+    vt_gpu *g = vt_gpu_get(state);
+    op_attn_shape sh = {.n_heads = 4, .n_kv_heads = 1, .head_dim = 32, .page_size = 16};
+    op_attn a;
+    assert_int_equal(op_attn_setup(g->dev, &sh, &a), VKI_OK);
+    vki_seq_info info[1] = {{0, 1, 10, 0}};
+    vki_attn_item items[32];
+    op_attn_plan plan;
+    assert_int_equal(op_attn_plan_build(&a, info, 1, items, 32, &plan), VKI_OK);
+    vkd_buffer *b = vt_buf_nan(g, 1 << 16, "any");
+    vkd_view w = vkd_whole(b), short_sinks = {b, 0, 3 * 4};
+    op_attn_step st = {w, w, w, w, w, &plan};
+    op_mat m = {w, 0, 128};
+    vt_begin(g);
+    assert_int_equal(op_attention(&g->cmd, &a, &st, m, m, w, w, w, NULL, NULL, &short_sinks), VKI_ERR_INVALID_ARG);
+    vt_submit_wait(g);
+    vkd_buffer_destroy(g->dev, b);
+    vt_assert_clean(g);
 }
 
 /* Decode steps with the newest keys read from the projections (check_fresh, run by run_case on
@@ -689,13 +745,13 @@ static void test_attn_q8(void **state)
 static void test_attn_fresh(void **state)
 {
     const acase cases[] = {
-        {"stories decode", 8, 4, 8, 16, 4, {0, 50, 16, 99}, {1, 1, 1, 1}, 0, 2.0f, 0, 0, 0, 0},
-        {"G=2 hd128 splits", 4, 2, 128, 16, 3, {130, 0, 17}, {1, 1, 1}, 32, 1.0f, 0, 0, 0, 0},
-        {"G=8 MQA hd64 page 7", 8, 1, 64, 7, 2, {45, 300}, {1, 1}, 0, 3.0f, 0, 0, 0, 0},
-        {"long, automatic splits", 2, 1, 64, 16, 2, {2600, 700}, {1, 1}, 0, 1.0f, 0, 0, 0, 0},
-        {"window 33 sink 7 splits", 4, 1, 64, 7, 2, {150, 20}, {1, 1}, 16, 2.0f, 0, 33, 7, 0},
-        {"window 1", 2, 2, 32, 16, 2, {30, 0}, {1, 1}, 0, 1.0f, 0, 1, 0, 0},
-        {"gemma2 cap 50 hd256", 8, 4, 256, 16, 2, {40, 90}, {1, 1}, 0, 4.0f, 0.0625f, 0, 0, 50.0f},
+        {"stories decode", 8, 4, 8, 16, 4, {0, 50, 16, 99}, {1, 1, 1, 1}, 0, 2.0f, 0, 0, 0, 0, 0},
+        {"G=2 hd128 splits", 4, 2, 128, 16, 3, {130, 0, 17}, {1, 1, 1}, 32, 1.0f, 0, 0, 0, 0, 0},
+        {"G=8 MQA hd64 page 7", 8, 1, 64, 7, 2, {45, 300}, {1, 1}, 0, 3.0f, 0, 0, 0, 0, 0},
+        {"long, automatic splits", 2, 1, 64, 16, 2, {2600, 700}, {1, 1}, 0, 1.0f, 0, 0, 0, 0, 0},
+        {"window 33 sink 7 splits", 4, 1, 64, 7, 2, {150, 20}, {1, 1}, 16, 2.0f, 0, 33, 7, 0, 0},
+        {"window 1", 2, 2, 32, 16, 2, {30, 0}, {1, 1}, 0, 1.0f, 0, 1, 0, 0, 0},
+        {"gemma2 cap 50 hd256", 8, 4, 256, 16, 2, {40, 90}, {1, 1}, 0, 4.0f, 0.0625f, 0, 0, 50.0f, 0},
     };
     uint32_t runs = fresh_runs, xruns = xq_runs;
     run_cases_q8(state, "attn fresh", cases, sizeof cases / sizeof cases[0], true);
@@ -717,7 +773,7 @@ static void test_attn_fresh(void **state)
     op_mat m = {w, 0, 64};
     op_attn_fresh fresh = {m, m, NULL, {0}};
     vt_begin(g);
-    assert_int_equal(op_attention(&g->cmd, &a, &st, m, m, w, w, w, NULL, &fresh), VKI_ERR_INVALID_ARG);
+    assert_int_equal(op_attention(&g->cmd, &a, &st, m, m, w, w, w, NULL, &fresh, NULL), VKI_ERR_INVALID_ARG);
     vt_submit_wait(g);
     vkd_buffer_destroy(g->dev, b);
     vt_assert_clean(g);
@@ -767,11 +823,11 @@ static void run_cm_cases(void **state, const char *suite, const acase *cases, si
 static void test_attn_coopmat(void **state)
 {
     const acase cases[] = {
-        {"cm stories ragged", 8, 4, 8, 16, 5, {0, 50, 0, 99, 7}, {37, 20, 1, 1, 70}, 0, 2.0f, 0, 0, 0, 0},
-        {"cm G=1 hd64", 4, 4, 64, 16, 3, {0, 70, 5}, {33, 1, 17}, 0, 1.0f, 0, 0, 0, 0},
-        {"cm G=4 hd64 page 7", 8, 2, 64, 7, 3, {0, 45, 100}, {40, 1, 9}, 0, 4.0f, 0, 0, 0, 0},
-        {"cm G=8 MQA hd128 page 32", 8, 1, 128, 32, 2, {64, 0}, {1, 24}, 0, 2.0f, 0.05f, 0, 0, 0},
-        {"cm G=2 hd128 long prefix", 4, 2, 128, 16, 2, {300, 0}, {19, 2}, 0, 1.0f, 0, 0, 0, 0},
+        {"cm stories ragged", 8, 4, 8, 16, 5, {0, 50, 0, 99, 7}, {37, 20, 1, 1, 70}, 0, 2.0f, 0, 0, 0, 0, 0},
+        {"cm G=1 hd64", 4, 4, 64, 16, 3, {0, 70, 5}, {33, 1, 17}, 0, 1.0f, 0, 0, 0, 0, 0},
+        {"cm G=4 hd64 page 7", 8, 2, 64, 7, 3, {0, 45, 100}, {40, 1, 9}, 0, 4.0f, 0, 0, 0, 0, 0},
+        {"cm G=8 MQA hd128 page 32", 8, 1, 128, 32, 2, {64, 0}, {1, 24}, 0, 2.0f, 0.05f, 0, 0, 0, 0},
+        {"cm G=2 hd128 long prefix", 4, 2, 128, 16, 2, {300, 0}, {19, 2}, 0, 1.0f, 0, 0, 0, 0, 0},
     };
     run_cm_cases(state, "attn coopmat", cases, sizeof cases / sizeof cases[0], 0, ATTN_CM_TOL);
 }
@@ -780,8 +836,8 @@ static void test_attn_coopmat(void **state)
  * (hd 64 at 30 KiB), 16 x 32 with 8 lanes (hd 128 at 23 KiB). */
 static void test_attn_coopmat_gpu_tiles(void **state)
 {
-    const acase hd64[] = {{"cm gpu tiles hd64", 8, 2, 64, 16, 3, {0, 130, 9}, {70, 1, 40}, 0, 2.0f, 0, 0, 0, 0}};
-    const acase hd128[] = {{"cm gpu tiles hd128", 4, 1, 128, 16, 2, {0, 77}, {45, 30}, 0, 1.0f, 0, 0, 0, 0}};
+    const acase hd64[] = {{"cm gpu tiles hd64", 8, 2, 64, 16, 3, {0, 130, 9}, {70, 1, 40}, 0, 2.0f, 0, 0, 0, 0, 0}};
+    const acase hd128[] = {{"cm gpu tiles hd128", 4, 1, 128, 16, 2, {0, 77}, {45, 30}, 0, 1.0f, 0, 0, 0, 0, 0}};
     run_cm_cases(state, "attn coopmat gpu tiles hd64", hd64, 1, 30 * 1024, ATTN_CM_TOL);
     run_cm_cases(state, "attn coopmat gpu tiles hd128", hd128, 1, 23 * 1024, ATTN_CM_TOL);
 }
@@ -791,9 +847,10 @@ static void test_attn_coopmat_gpu_tiles(void **state)
 static void test_attn_coopmat_windows(void **state)
 {
     const acase cases[] = {
-        {"cm window 7 ragged", 4, 2, 64, 16, 3, {0, 50, 90}, {37, 20, 1}, 0, 2.0f, 0, 7, 0, 0},
-        {"cm window 33 sink 16", 4, 1, 64, 16, 2, {150, 60}, {40, 45}, 0, 2.0f, 0, 33, 16, 0},
-        {"cm cap 50 window 20", 8, 4, 128, 16, 2, {0, 60}, {45, 30}, 0, 60.0f, 0.0884f, 20, 0, 50.0f},
+        {"cm window 7 ragged", 4, 2, 64, 16, 3, {0, 50, 90}, {37, 20, 1}, 0, 2.0f, 0, 7, 0, 0, 0},
+        {"cm window 33 sink 16", 4, 1, 64, 16, 2, {150, 60}, {40, 45}, 0, 2.0f, 0, 33, 16, 0, 0},
+        {"cm sink logits window 128", 8, 2, 64, 16, 3, {0, 200, 9}, {140, 1, 40}, 0, 2.0f, 0, 128, 0, 0, 3.0f},
+        {"cm cap 50 window 20", 8, 4, 128, 16, 2, {0, 60}, {45, 30}, 0, 60.0f, 0.0884f, 20, 0, 50.0f, 0},
     };
     run_cm_cases(state, "attn coopmat windows", cases, sizeof cases / sizeof cases[0], 0, ATTN_CM_WINDOW_TOL);
 }
@@ -822,8 +879,8 @@ static void test_gpu_configs(void **state)
     /* head dim 128 (the 8B shape) and the F16 pool NVIDIA runs: one new decode pipeline, which
      * lavapipe compiles for seconds on a cold shader cache */
     const acase cases[] = {
-        {"gpu hd128 G=4 ragged", 8, 2, 128, 16, 4, {1000, 0, 300, 131}, {1, 40, 1, 1}, 0, 2.0f, 0, 0, 0, 0},
-        {"gpu hd128 MQA page 32", 4, 1, 128, 32, 2, {2100, 64}, {1, 17}, 0, 1.0f, 0, 0, 0, 0},
+        {"gpu hd128 G=4 ragged", 8, 2, 128, 16, 4, {1000, 0, 300, 131}, {1, 40, 1, 1}, 0, 2.0f, 0, 0, 0, 0, 0},
+        {"gpu hd128 MQA page 32", 4, 1, 128, 32, 2, {2100, 64}, {1, 17}, 0, 1.0f, 0, 0, 0, 0, 0},
     };
     vt_rng r = vt_rng_seeded("attn gpu configs");
     nvidia_lanes = true;
@@ -1088,6 +1145,7 @@ int main(void)
         cmocka_unit_test(test_attn_softcap),
         cmocka_unit_test(test_attn_q8),
         cmocka_unit_test(test_attn_fresh),
+        cmocka_unit_test(test_attn_sink_logits),
         cmocka_unit_test(test_attn_coopmat),
         cmocka_unit_test(test_attn_coopmat_gpu_tiles),
         cmocka_unit_test(test_attn_coopmat_windows),

@@ -312,38 +312,52 @@ VKK_WEIGHT_TYPES(TYPE_TEST)
 
 /* ---- combine --------------------------------------------------------------------------------- */
 
+/* The weighted sum back into x; odd cases with gpt-oss's down biases, each pair's expert's row
+ * added to its output first (ids random over E experts). */
 static void test_combine(void **state)
 {
     vt_gpu *g = vt_gpu_get(state);
     vt_rng r = vt_rng_seeded("moe combine");
-    static const uint32_t shapes[][3] = {{1, 1, 7}, {7, 8, 64}, {65, 2, 33}, {3, 32, 256}};
+    static const uint32_t shapes[][3] = {{1, 1, 7}, {7, 8, 64}, {65, 2, 33}, {3, 32, 256}, {9, 4, 45}, {2, 2, 1}};
     for (size_t c = 0; c < sizeof shapes / sizeof shapes[0]; c++) {
-        uint32_t T = shapes[c][0], k = shapes[c][1], d = shapes[c][2];
+        uint32_t T = shapes[c][0], k = shapes[c][1], d = shapes[c][2], E = 5;
+        const bool with_bias = c % 2;
         float *o = malloc((size_t)T * k * d * 4), *w = malloc((size_t)T * k * 4), *x = malloc((size_t)T * d * 4);
-        float *ref = malloc((size_t)T * d * 4), *got = malloc((size_t)T * d * 4);
+        float *ref = malloc((size_t)T * d * 4), *got = malloc((size_t)T * d * 4), *bias = malloc((size_t)E * d * 4);
+        int32_t *ids = malloc((size_t)T * k * 4);
         vt_fill_uniform(&r, o, (size_t)T * k * d, -2.0f, 2.0f);
         vt_fill_uniform(&r, w, (size_t)T * k, 0.0f, 1.0f);
         vt_fill_uniform(&r, x, (size_t)T * d, -1.0f, 1.0f);
+        vt_fill_uniform(&r, bias, (size_t)E * d, -1.0f, 1.0f);
+        for (size_t p = 0; p < (size_t)T * k; p++)
+            ids[p] = (int32_t)vt_range(&r, 0, E - 1);
         for (uint32_t t = 0; t < T; t++)
             for (uint32_t i = 0; i < d; i++) {
                 double s = 0;
-                for (uint32_t j = 0; j < k; j++)
-                    s += (double)w[t * k + j] * o[((size_t)t * k + j) * d + i];
+                for (uint32_t j = 0; j < k; j++) {
+                    size_t p = (size_t)t * k + j;
+                    s += (double)w[p] * ((double)o[p * d + i] + (with_bias ? bias[(size_t)ids[p] * d + i] : 0));
+                }
                 ref[(size_t)t * d + i] = (float)(x[(size_t)t * d + i] + s);
             }
         vkd_buffer *bo = vt_buf_from(g, o, (size_t)T * k * d * 4, "o"), *bw = vt_buf_from(g, w, (size_t)T * k * 4, "w");
         vkd_buffer *bx = vt_buf_from(g, x, (size_t)T * d * 4, "x");
+        vkd_buffer *bb = vt_buf_from(g, bias, (size_t)E * d * 4, "down bias");
+        vkd_buffer *bi = vt_buf_from(g, ids, (size_t)T * k * 4, "ids");
+        op_expert_bias eb = {whole(bi), {whole(bb)}, E};
         vt_begin(g);
-        assert_int_equal(op_moe_combine(&g->cmd, whole(bo), whole(bw), whole(bx), T, k, d), VKI_OK);
+        assert_int_equal(op_moe_combine(&g->cmd, whole(bo), whole(bw), whole(bx), T, k, d, with_bias ? &eb : NULL),
+                         VKI_OK);
         vt_submit_wait(g);
         vt_download(g, bx, got, (size_t)T * d * 4);
         char label[64];
-        snprintf(label, sizeof label, "combine T=%u k=%u d=%u", T, k, d);
+        snprintf(label, sizeof label, "combine T=%u k=%u d=%u%s", T, k, d, with_bias ? " bias" : "");
         double e = vt_nmse(got, ref, (size_t)T * d);
         worst_c = e > worst_c ? e : worst_c;
         vt_assert_nmse(got, ref, (size_t)T * d, TOL_C, label);
         vkd_buffer_destroy(g->dev, bo), vkd_buffer_destroy(g->dev, bw), vkd_buffer_destroy(g->dev, bx);
-        free(o), free(w), free(x), free(ref), free(got);
+        vkd_buffer_destroy(g->dev, bb), vkd_buffer_destroy(g->dev, bi);
+        free(o), free(w), free(x), free(ref), free(got), free(bias), free(ids);
     }
     fprintf(stderr, "  combine: worst NMSE %.2e (tolerance %.0e)\n", worst_c, TOL_C);
     vt_assert_clean(g);
@@ -363,7 +377,9 @@ static void test_bad_args(void **state)
     assert_int_equal(op_moe_topk(&g->cmd, v, 1, 600, 2, true, v, v), VKI_ERR_INVALID_ARG);         /* E > 512 */
     assert_int_equal(op_moe_topk(&g->cmd, v, 8, 4, 2, true, v, v), VKI_ERR_INVALID_ARG);           /* too small */
     assert_int_equal(op_moe_group(&g->cmd, v, 16, 4, v), VKI_ERR_INVALID_ARG);                     /* route */
-    assert_int_equal(op_moe_combine(&g->cmd, v, v, v, 2, 40, 1), VKI_ERR_INVALID_ARG);             /* k > 32 */
+    assert_int_equal(op_moe_combine(&g->cmd, v, v, v, 2, 40, 1, NULL), VKI_ERR_INVALID_ARG);       /* k > 32 */
+    op_expert_bias eb = {v, {v}, 8}; /* 8 experts x 4 columns: more than the buffer holds */
+    assert_int_equal(op_moe_combine(&g->cmd, v, v, v, 1, 1, 4, &eb), VKI_ERR_INVALID_ARG);
     assert_int_equal(op_matmul_id(&g->cmd, &t, 3, v, v, v, 4, 1, v, 4, 1, 1, OP_MM_GEMV), VKI_ERR_INVALID_ARG);
     assert_int_equal(op_matmul_id(&g->cmd, &t, 2, v, v, v, 4, 1, v, 4, 16, 16, OP_MM_GEMV), VKI_ERR_INVALID_ARG);
     vt_submit_wait(g);

@@ -482,6 +482,84 @@ static void test_glu_xh(void **state)
     vt_assert_clean(g);
 }
 
+/* gpt-oss's experts' gated unit: the gate and up rows get their expert's biases (picked per
+ * row by its id), then swiglu_oai (gate capped at 7, up clamped to [-7, 7] plus one), against
+ * a double reference; values spread past the clamps on both sides. SiLU with the biases too. The
+ * F16 variant (op_glu_xh_ex) is byte for byte op_half_x of op_glu_ex's rows. Biases shorter than
+ * n_expert rows are refused. */
+static void test_glu_expert_bias(void **state)
+{
+    vt_gpu *g = vt_gpu_get(state);
+    vt_rng r = vt_rng_seeded("op_glu expert bias");
+    double worst = 0;
+    static const uint32_t shapes[][3] = {{1, 5, 1}, {24, 64, 32}, {65, 33, 8}, {7, 1027, 4}}; /* rows, cols, E */
+    for (size_t t = 0; t < 2 * sizeof shapes / sizeof shapes[0]; t++) {
+        const uint32_t M = shapes[t / 2][0], K = shapes[t / 2][1], E = shapes[t / 2][2];
+        const uint32_t act = t % 2 ? VKI_GLU_SILU : VKI_GLU_SWIGLU_OAI;
+        float *gt = rand_buf(&r, (size_t)M * K, -12, 12), *u = rand_buf(&r, (size_t)M * K, -10, 10);
+        float *gb = rand_buf(&r, (size_t)E * K, -2, 2), *ub = rand_buf(&r, (size_t)E * K, -2, 2);
+        float *ref = malloc((size_t)M * K * sizeof *ref);
+        int32_t *ids = malloc(M * sizeof *ids);
+        for (uint32_t i = 0; i < M; i++)
+            ids[i] = (int32_t)vt_range(&r, 0, E - 1);
+        for (uint32_t i = 0; i < M; i++)
+            for (uint32_t c = 0; c < K; c++) {
+                double gv = (double)gt[(size_t)i * K + c] + gb[(size_t)ids[i] * K + c];
+                double uv = (double)u[(size_t)i * K + c] + ub[(size_t)ids[i] * K + c];
+                if (act == VKI_GLU_SWIGLU_OAI) {
+                    double x = gv < 7 ? gv : 7, y = uv < -7 ? -7 : uv > 7 ? 7 : uv;
+                    ref[(size_t)i * K + c] = (float)(x / (1 + exp(-1.702 * x)) * (y + 1));
+                } else {
+                    ref[(size_t)i * K + c] = (float)(gv / (1 + exp(-gv)) * uv);
+                }
+            }
+        vkd_buffer *bg = vt_buf_from(g, gt, (size_t)M * K * 4, "g"), *bu = vt_buf_from(g, u, (size_t)M * K * 4, "u");
+        vkd_buffer *bgb = vt_buf_from(g, gb, (size_t)E * K * 4, "gate bias");
+        vkd_buffer *bub = vt_buf_from(g, ub, (size_t)E * K * 4, "up bias");
+        vkd_buffer *bid = vt_buf_from(g, ids, M * 4, "ids"), *by = vt_buf_nan(g, (size_t)M * K * 4, "y");
+        const size_t qb = op_half_x_bytes(M, K);
+        const bool h16 = g->dev->info.float16;
+        vkd_buffer *bq[2] = {vt_buf_nan(g, qb, "xh glu"), vt_buf_nan(g, qb, "xh half_x")};
+        op_expert_bias eb = {vkd_whole(bid), {vkd_whole(bgb), vkd_whole(bub)}, E};
+        vt_begin(g);
+        assert_int_equal(op_glu_ex(&g->cmd, act, op_mat_rows(bg, K), op_mat_rows(bu, K), op_mat_rows(by, K), M, K, &eb),
+                         VKI_OK);
+        if (h16) {
+            assert_int_equal(op_glu_xh_ex(&g->cmd, act, op_mat_rows(bg, K), op_mat_rows(bu, K), vkd_whole(bq[0]), M,
+                                          K, &eb), VKI_OK);
+            vkd_barrier(&g->cmd);
+            assert_int_equal(op_half_x(&g->cmd, vkd_whole(by), K, M, K, vkd_whole(bq[1])), VKI_OK);
+        }
+        vt_submit_wait(g);
+        char label[96];
+        snprintf(label, sizeof label, "%s + expert biases %ux%u E=%u", act == VKI_GLU_SILU ? "swiglu" : "swiglu_oai", M,
+                 K, E);
+        double e = check_out(g, by, (size_t)M * K, (mshape){M, K, 0, K}, ref, GLU_TOL, label);
+        worst = e > worst ? e : worst;
+        if (h16) {
+            uint8_t *a = malloc(qb), *b = malloc(qb);
+            vt_download(g, bq[0], a, qb);
+            vt_download(g, bq[1], b, qb);
+            if (memcmp(a, b, qb))
+                fail_msg("%s: the F16 rows differ from op_half_x's of op_glu_ex's", label);
+            free(a), free(b);
+        }
+        vkd_buffer *all[] = {bg, bu, bgb, bub, bid, by, bq[0], bq[1]};
+        for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
+            vkd_buffer_destroy(g->dev, all[i]);
+        free(gt), free(u), free(gb), free(ub), free(ref), free(ids);
+    }
+    fprintf(stderr, "  expert-biased glu: worst NMSE %.2e (tolerance %.0e)\n", worst, GLU_TOL);
+    vkd_buffer *b = vt_buf_nan(g, 4096 * 4, "b");
+    op_mat m = {vkd_whole(b), 0, 64};
+    op_expert_bias short_b = {vkd_whole(b), {vkd_whole(b), (vkd_view){b, 0, 64 * 4 * 3}}, 4}; /* up: 3 of 4 rows */
+    vt_begin(g);
+    assert_int_equal(op_glu_ex(&g->cmd, VKI_GLU_SWIGLU_OAI, m, m, m, 2, 64, &short_b), VKI_ERR_INVALID_ARG);
+    vt_submit_wait(g);
+    vkd_buffer_destroy(g->dev, b);
+    vt_assert_clean(g);
+}
+
 /* Scale (gemma's sqrt(d_model) on the embeddings) and soft-cap (gemma 2's 30 tanh(x / 30) on the
  * logits), out of place and in place, with values far past the cap. */
 static void test_unary(void **state)
@@ -746,6 +824,7 @@ int main(void)
         cmocka_unit_test(test_rmsnorm_xq),
         cmocka_unit_test(test_rmsnorm_xh),
         cmocka_unit_test(test_glu_xh),
+        cmocka_unit_test(test_glu_expert_bias),
         cmocka_unit_test(test_rope_freqs_table),
         cmocka_unit_test(test_rope_yarn_table),
         cmocka_unit_test(test_rope),

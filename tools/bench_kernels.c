@@ -614,7 +614,7 @@ static vki_status attn_record(bench_run *r, vkd_cmd *c, bool decode)
         op_attn_fresh fresh = {{vkd_whole(r->buf[0]), row, qs}, {vkd_whole(r->buf[0]), row + kvrow, qs}, &kr, {0}};
         st = op_attention(c, &ab.a, &step, (op_mat){vkd_whole(r->buf[0]), 0, qs}, op_mat_rows(r->buf[1], row),
                           vkd_whole(r->buf[2]), vkd_whole(r->buf[3]), vkd_whole(r->buf[5]), &merge,
-                          decode ? &fresh : NULL);
+                          decode ? &fresh : NULL, NULL);
     }
     attn_bench_free(&ab);
     return st;

@@ -36,8 +36,8 @@ static void usage(FILE *o)
         fprintf(o, " %s", *n);
     fprintf(o, "\n"
                "  --arch A            llama, qwen2 (Q/K/V biases), qwen3 (Q/K norms), qwen3moe (+ experts),\n"
-               "                      gemma2, gemma3, phi3 (fused QKV and gate|up); sets the arch's window\n"
-               "                      and soft-caps\n"
+               "                      gemma2, gemma3, phi3 (fused QKV and gate|up), gpt-oss (experts with\n"
+               "                      biases, sink logits, window 128); sets the arch's window and soft-caps\n"
                "  --layers N          transformer blocks\n"
                "  --dim D             embedding length (d_model)\n"
                "  --heads H           attention heads\n"
@@ -67,10 +67,10 @@ static void usage(FILE *o)
                "  --yarn F            rope.scaling.type yarn, factor F (>= 1) over --ctx-orig (Qwen's\n"
                "                      long-context files; not phi3 or gemma)\n"
                "  --rope-dims N       rotated dims per head (even, <= head dim; Phi-4-mini: 96 of 128)\n"
-               "  --experts N         mixture of experts: N experts per layer (qwen3moe needs it; with\n"
+               "  --experts N         mixture of experts: N experts per layer (qwen3moe, gpt-oss need it; with\n"
                "                      --arch llama: Mixtral's layout), ffn_gate_inp + ffn_*_exps\n"
                "  --experts-used K    experts per token (top-k)\n"
-               "  --expert-ff F       qwen3moe: each expert's feed-forward length (default --ff)\n"
+               "  --expert-ff F       qwen3moe, gpt-oss: each expert's feed-forward length (default --ff)\n"
                "  --threads N         workers generating and encoding weights (default: one per CPU;\n"
                "                      the file is the same for any N)\n");
 }

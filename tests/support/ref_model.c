@@ -23,9 +23,12 @@ typedef struct ref_layer {
     float *router;              /* [n_expert][d] or NULL (dense) */
     float *gate_exps, *up_exps; /* [n_expert * d_ff_exp][d]: expert e's rows from e * d_ff_exp */
     float *down_exps;           /* [n_expert * d][d_ff_exp] */
+    float *bo, *sinks;          /* [d] output bias, [n_head] sink logits (gpt-oss) or NULL */
+    float *router_b;            /* [n_expert] router bias (gpt-oss) or NULL */
+    float *gate_exps_b, *up_exps_b, *down_exps_b; /* [n_expert][d_ff_exp], [..][d_ff_exp], [..][d] or NULL */
 } ref_layer;
 
-#define REF_LAYER_ARRAYS 20
+#define REF_LAYER_ARRAYS 26
 
 struct ref_model {
     model_hparams hp;
@@ -45,7 +48,8 @@ static void layer_arrays(ref_layer *R, float **all[REF_LAYER_ARRAYS])
     float **a[REF_LAYER_ARRAYS] = {&R->attn_norm, &R->wq, &R->wk, &R->wv, &R->wo, &R->bq, &R->bk, &R->bv,
                                    &R->q_norm, &R->k_norm, &R->post_attn_norm, &R->ffn_norm, &R->w_gate,
                                    &R->w_up, &R->w_down, &R->post_ffn_norm, &R->router, &R->gate_exps,
-                                   &R->up_exps, &R->down_exps};
+                                   &R->up_exps, &R->down_exps, &R->bo, &R->sinks, &R->router_b,
+                                   &R->gate_exps_b, &R->up_exps_b, &R->down_exps_b};
     memcpy(all, a, sizeof a);
 }
 
@@ -98,6 +102,14 @@ static bool load_layer(const model_hparams *hp, const model_layer_tensors *L, re
     R->router = dequant_tensor(L->ffn_gate_inp);
     R->gate_exps = dequant_tensor(L->ffn_gate_exps), R->up_exps = dequant_tensor(L->ffn_up_exps);
     R->down_exps = dequant_tensor(L->ffn_down_exps);
+    R->bo = dequant_tensor(L->bo), R->sinks = dequant_tensor(L->attn_sinks);
+    R->router_b = dequant_tensor(L->ffn_gate_inp_b);
+    R->gate_exps_b = dequant_tensor(L->ffn_gate_exps_b), R->up_exps_b = dequant_tensor(L->ffn_up_exps_b);
+    R->down_exps_b = dequant_tensor(L->ffn_down_exps_b);
+    if ((L->bo && !R->bo) || (L->attn_sinks && !R->sinks) || (L->ffn_gate_inp_b && !R->router_b) ||
+        (L->ffn_gate_exps_b && !R->gate_exps_b) || (L->ffn_up_exps_b && !R->up_exps_b) ||
+        (L->ffn_down_exps_b && !R->down_exps_b))
+        return false;
     bool ffn = hp->n_expert ? R->router && R->gate_exps && R->up_exps && R->down_exps
                             : R->w_gate && R->w_up && R->w_down;
     return R->attn_norm && R->wq && R->wk && R->wv && R->wo && R->ffn_norm && ffn && (!L->q_norm || R->q_norm) &&
@@ -270,9 +282,11 @@ typedef struct ref_scratch {
 } ref_scratch;
 
 /* Attention of one token at `pos` (its K/V already cached) for all heads, over the keys its
- * layer kind sees: j <= pos within the window, or in the sink. */
+ * layer kind sees: j <= pos within the window, or in the sink; with sink logits (gpt-oss) each
+ * head's joins its softmax's denominator. */
 static void attend(const ref_model *m, ref_scratch *s, uint32_t il, uint32_t pos, uint32_t n)
 {
+    const float *sinks = m->layers[il].sinks;
     const model_hparams *hp = &m->hp;
     uint32_t hd = hp->head_dim, kv_dim = hp->n_head_kv * hd, group = hp->n_head / hp->n_head_kv;
     uint32_t kind = model_layer_kind(hp, il), w = m->window[kind], sink = m->sink[kind];
@@ -282,7 +296,7 @@ static void attend(const ref_model *m, ref_scratch *s, uint32_t il, uint32_t pos
     for (uint32_t h = 0; h < hp->n_head; h++) {
         const float *q = s->q + (size_t)h * hd;
         uint32_t kvh = h / group;
-        double mx = -INFINITY, sum = 0;
+        double mx = sinks ? sinks[h] : -INFINITY, sum = 0;
         for (uint32_t j = 0; j <= pos; j++) {
             double dot = 0;
             for (uint32_t i = 0; i < hd; i++)
@@ -295,6 +309,8 @@ static void attend(const ref_model *m, ref_scratch *s, uint32_t il, uint32_t pos
             if (s->scores[j] > mx)
                 mx = s->scores[j];
         }
+        if (sinks) /* the sink's share, no value */
+            sum += exp(sinks[h] - mx);
         for (uint32_t j = 0; j <= pos; j++) {
             s->p[j] = exp(s->scores[j] - mx);
             sum += s->p[j];
@@ -338,7 +354,7 @@ static void attention_block(const ref_model *m, ref_scratch *s, uint32_t il, uin
         kv_round(m, vc, s->v, kv_dim);
     }
     attend(m, s, il, pos, n);
-    matvec(s->o, L->wo, s->att_out, NULL, d, q_dim);
+    matvec(s->o, L->wo, s->att_out, L->bo, d, q_dim);
     if (L->post_attn_norm)
         rmsnorm(s->o, s->o, L->post_attn_norm, d, hp->rms_eps);
     for (uint32_t i = 0; i < d; i++)
@@ -350,6 +366,16 @@ static double act(const model_hparams *hp, double v)
     if (hp->ffn_gelu) /* tanh-approximate GELU, as ggml_gelu */
         return 0.5 * v * (1.0 + tanh(sqrt(2.0 / M_PI) * (v + 0.044715 * v * v * v)));
     return v / (1.0 + exp(-v));
+}
+
+/* The experts' gated unit: SwiGLU, or gpt-oss's swiglu_oai (ggml's: the gate capped at 7, up
+ * clamped to [-7, 7] and shifted by one). */
+static float expert_glu(const model_hparams *hp, double g, double u)
+{
+    if (hp->expert_act != VKI_GLU_SWIGLU_OAI)
+        return (float)act(hp, g) * (float)u;
+    double x = fmin(g, VKI_GLU_OAI_LIMIT), y = fmax(-VKI_GLU_OAI_LIMIT, fmin(u, VKI_GLU_OAI_LIMIT));
+    return (float)(x / (1.0 + exp(-VKI_GLU_OAI_ALPHA * x)) * (y + 1.0));
 }
 
 /* The n_used largest of logits[0..n) (ties: lower index first) into ids, and their softmax
@@ -383,7 +409,7 @@ static void moe_ffn(ref_model *m, ref_scratch *s, const ref_layer *L)
     uint32_t d = hp->d_model, ff = hp->d_ff_exp, k = hp->n_expert_used;
     int32_t ids[VKI_MOE_MAX_USED];
     float w[VKI_MOE_MAX_USED];
-    matvec(s->scores, L->router, s->xb, NULL, hp->n_expert, d); /* scores holds >= n_expert floats */
+    matvec(s->scores, L->router, s->xb, L->router_b, hp->n_expert, d); /* scores holds >= n_expert floats */
     ref_moe_route(s->scores, hp->n_expert, k, hp->expert_norm, ids, w);
     for (uint32_t e = 0; e < hp->n_expert; e++) {
         bool chosen = false;
@@ -396,11 +422,11 @@ static void moe_ffn(ref_model *m, ref_scratch *s, const ref_layer *L)
     double *acc = calloc(d, sizeof *acc);
     for (uint32_t j = 0; acc && j < k; j++) {
         size_t e = (size_t)ids[j];
-        matvec(s->g, L->gate_exps + e * ff * d, s->xb, NULL, ff, d);
-        matvec(s->u, L->up_exps + e * ff * d, s->xb, NULL, ff, d);
+        matvec(s->g, L->gate_exps + e * ff * d, s->xb, L->gate_exps_b ? L->gate_exps_b + e * ff : NULL, ff, d);
+        matvec(s->u, L->up_exps + e * ff * d, s->xb, L->up_exps_b ? L->up_exps_b + e * ff : NULL, ff, d);
         for (uint32_t i = 0; i < ff; i++)
-            s->g[i] = (float)act(hp, s->g[i]) * s->u[i];
-        matvec(s->o, L->down_exps + e * d * ff, s->g, NULL, d, ff);
+            s->g[i] = expert_glu(hp, s->g[i], s->u[i]);
+        matvec(s->o, L->down_exps + e * d * ff, s->g, L->down_exps_b ? L->down_exps_b + e * d : NULL, d, ff);
         for (uint32_t i = 0; i < d; i++)
             acc[i] += (double)w[j] * s->o[i];
     }
