@@ -712,7 +712,7 @@ static vki_status record_hidden(vk_engine *e, const vki_step_plan *plan)
     vkd_barrier(e->cmd);
     vkd_label_begin(e->cmd, "hidden states");
     vki_status st = op_rmsnorm(e->cmd, op_mat_rows(e->s.x, d), vkd_whole(e->model.output_norm.parts[0].buf),
-                               op_mat_rows(e->s.h, d), plan->n_tokens, d, e->model.hp.rms_eps);
+                               op_mat_rows(e->s.h, d), plan->n_tokens, d, e->model.hp.resid_eps);
     vkd_label_end(e->cmd);
     return st;
 }

@@ -2,6 +2,8 @@
  * (the bracketed steps are per architecture, see model_hparams):
  *
  *   x = embed(tokens) [* sqrt(d): gemma]                    x: [T][d]
+ *       [granite: * embedding_scale / residual_scale: the stream holds x / residual_scale, so
+ *        each block adds its output unscaled; the norms over it take rms_eps / residual_scale^2]
  *   for each layer:
  *     h = rmsnorm(x) * attn_norm
  *     q, k, v = h Wq (+bq), h Wk (+bk), h Wv (+bv)          [T][n_head*hd], [T][n_kv*hd] x2
@@ -31,7 +33,7 @@
  *     x = x + o                                             (added by the down projection's
  *                                                            matmul; MoE: by the combine)
  *   logits = (rmsnorm(x[rows that want a token]) * output_norm) Wout     [R][vocab]
- *            [gemma2: logits = 30 tanh(logits / 30)]
+ *            [granite: logits / logit_scale] [gemma2: logits = 30 tanh(logits / 30)]
  *
  * A barrier separates each stage from the next; independent dispatches of one stage (Q, K, V
  * projections; gate and up) share one. vkd_role names what the next dispatches compute, for the
@@ -159,7 +161,7 @@ static vki_status project_residual(vk_engine *e, const vk_tensor *w, const vk_te
     vkd_role(c, mm_role);
     if (!hp->post_norms && !e->p.no_fusion) {
         if (next_norm && T == 1 && !b && op_matmul_norm_fits(e->dev, w)) {
-            op_mm_norm n = {vkd_whole(next_norm->parts[0].buf), vkd_whole(s->h), vkd_whole(s->mm_cnt), hp->rms_eps,
+            op_mm_norm n = {vkd_whole(next_norm->parts[0].buf), vkd_whole(s->h), vkd_whole(s->mm_cnt), hp->resid_eps,
                             .xq = next_i8 && d % 32 == 0 ? vkd_whole(s->xq) : (vkd_view){0}};
             if (i8) {
                 op_mm_i8 o = {.accumulate = true, .norm = &n};
@@ -226,7 +228,7 @@ static vki_status block_norm(vk_engine *e, const vk_tensor *w, uint32_t T, bool 
     uint32_t d = e->model.hp.d_model;
     bool q = i8 && !e->p.no_fusion && d % 32 == 0, h16 = xh && !q && !e->p.no_fusion;
     TRY(op_rmsnorm_xh(e->cmd, op_mat_rows(s->x, d), vkd_whole(w->parts[0].buf), op_mat_rows(s->h, d), T, d,
-                      e->model.hp.rms_eps, q ? vkd_whole(s->xq) : (vkd_view){0},
+                      e->model.hp.resid_eps, q ? vkd_whole(s->xq) : (vkd_view){0},
                       h16 ? vkd_whole(s->xh) : (vkd_view){0}));
     e->xq_of_h = q;
     e->xh_ready = h16;
@@ -463,7 +465,7 @@ vki_status vk_forward_record_lm_head(vk_engine *e, uint32_t T, uint32_t n_out)
     const bool xh = use_xh(e, head, n_out), h16 = xh && !e->p.no_fusion;
     vkd_buffer *xn = q || h16 ? s->h : s->xs;
     TRY(op_rmsnorm_xh(c, op_mat_rows(s->xs, d), vkd_whole(e->model.output_norm.parts[0].buf), op_mat_rows(xn, d),
-                      n_out, d, hp->rms_eps, q ? vkd_whole(s->xq) : (vkd_view){0},
+                      n_out, d, hp->resid_eps, q ? vkd_whole(s->xq) : (vkd_view){0},
                       h16 ? vkd_whole(s->xh) : (vkd_view){0}));
     vkd_barrier(c);
     if (i8 && !q)
@@ -472,6 +474,12 @@ vki_status vk_forward_record_lm_head(vk_engine *e, uint32_t T, uint32_t n_out)
         TRY(half_x(e, "lm_xh", vkd_whole(xn), d, n_out, d));
     vkd_role(c, "lm_head");
     TRY(mm_q(e, head, NULL, vkd_whole(xn), d, s->xq, vkd_whole(s->logits), ls, n_out, false));
+    if (hp->logit_scale != 1.0f) { /* granite */
+        vkd_barrier(c);
+        vkd_role(c, "lm_scale");
+        TRY(op_unary(c, VKI_UNARY_SCALE, 1.0f / hp->logit_scale, op_mat_rows(s->logits, ls),
+                     op_mat_rows(s->logits, ls), n_out, hp->n_vocab));
+    }
     if (hp->final_softcap > 0) {
         vkd_barrier(c);
         vkd_role(c, "lm_softcap");
@@ -505,10 +513,10 @@ vki_status vk_forward_record(vk_engine *e, const vki_step_plan *plan, uint32_t n
     vkd_label_begin(c, "embed");
     vkd_role(c, "embed");
     TRY(op_get_rows(c, &e->model.tok_embd, in_view(e, in->off_tokens, (VkDeviceSize)T * 4), T, vkd_whole(s->x), d));
-    if (hp->embd_scale) {
+    if (hp->embd_mul != 1.0f) { /* gemma's sqrt(d), granite's multipliers */
         vkd_barrier(c);
         vkd_role(c, "embed_scale");
-        TRY(op_unary(c, VKI_UNARY_SCALE, sqrtf((float)d), op_mat_rows(s->x, d), op_mat_rows(s->x, d), T, d));
+        TRY(op_unary(c, VKI_UNARY_SCALE, hp->embd_mul, op_mat_rows(s->x, d), op_mat_rows(s->x, d), T, d));
     }
     vkd_label_end(c);
     vkd_barrier(c);

@@ -155,6 +155,7 @@ static const arch_def ARCHS[] = {
     {"phi3", MODEL_ARCH_PHI3, true, false, false, 1e-5f, 1},
     {"qwen3moe", MODEL_ARCH_QWEN3MOE, true, true, false, 1e-6f, 0},
     {"gpt-oss", MODEL_ARCH_GPT_OSS, true, false, false, 1e-5f, 2},
+    {"granite", MODEL_ARCH_GRANITE, false, false, false, 1e-5f, 0},
 };
 
 /* A soft-cap key: absent keeps *out, else a finite number >= 0 (0 = none). */
@@ -165,6 +166,46 @@ static vki_status read_softcap(const gguf_file *f, model_hparams *hp, const char
     if (st == VKI_OK && *out < 0)
         return fail(VKI_ERR_FORMAT, err, n, "%s.%s = %g must be >= 0", hp->arch_name, suffix, *out);
     return st;
+}
+
+/* A Granite multiplier: absent (unless required) or 0 (as llama.cpp reads it: none) keeps *out;
+ * else finite and > 0. */
+static vki_status read_multiplier(const gguf_file *f, model_hparams *hp, const char *suffix, bool required,
+                                  float *out, char *err, size_t n)
+{
+    float v = 0;
+    char key[128];
+    vki_status st = gguf_get_f32(f, akey(hp, suffix, key, sizeof key), &v);
+    if (st == VKI_ERR_NOT_FOUND && !required)
+        return VKI_OK;
+    if (st == VKI_ERR_NOT_FOUND)
+        return fail(VKI_ERR_FORMAT, err, n, "missing metadata key %s", key);
+    if (st != VKI_OK || !isfinite(v) || v < 0 || (required && v == 0))
+        return fail(VKI_ERR_FORMAT, err, n, "metadata key %s: must be a finite number > 0", key);
+    if (v > 0)
+        *out = v;
+    return VKI_OK;
+}
+
+/* Granite's multipliers (llama.cpp: logit_scale required, the others optional) and its RoPE
+ * switch (rope.scaling.finetuned false: no RoPE, refused). */
+static vki_status read_granite(const gguf_file *f, model_hparams *hp, char *err, size_t n)
+{
+    char key[128];
+    bool rope = true;
+    vki_status st = gguf_get_bool(f, akey(hp, "rope.scaling.finetuned", key, sizeof key), &rope);
+    if (st != VKI_OK && st != VKI_ERR_NOT_FOUND)
+        return fail(VKI_ERR_FORMAT, err, n, "metadata key %s: not a bool", key);
+    if (!rope)
+        return fail(VKI_ERR_UNSUPPORTED, err, n, "%s = false (no RoPE) is not supported", key);
+    float embd = 1.0f;
+    if ((st = read_multiplier(f, hp, "logit_scale", true, &hp->logit_scale, err, n)) ||
+        (st = read_multiplier(f, hp, "residual_scale", false, &hp->resid_scale, err, n)) ||
+        (st = read_multiplier(f, hp, "embedding_scale", false, &embd, err, n)) ||
+        (st = read_multiplier(f, hp, "attention.scale", false, &hp->attn_scale, err, n)))
+        return st;
+    hp->embd_mul = embd / hp->resid_scale; /* the stream carries x / resid_scale */
+    return VKI_OK;
 }
 
 /* Sliding window, soft-caps, query scale and per-kind RoPE: what sets the newer architectures
@@ -207,8 +248,13 @@ static vki_status read_arch_extras(const gguf_file *f, const arch_def *a, model_
     bool big = (a->arch == MODEL_ARCH_GEMMA2 && hp->n_layer == 46) || (a->arch == MODEL_ARCH_GEMMA3 && hp->n_layer == 62);
     if (big)
         hp->attn_scale *= sqrtf((float)hp->head_dim / (float)(hp->d_model / hp->n_head));
-    hp->embd_scale = hp->post_norms = hp->ffn_gelu = a->gemma;
+    hp->post_norms = hp->ffn_gelu = a->gemma;
+    hp->embd_mul = a->gemma ? sqrtf((float)hp->d_model) : 1.0f;
     hp->qk_norm = a->qk_norm;
+    hp->resid_scale = hp->logit_scale = 1.0f;
+    if (a->arch == MODEL_ARCH_GRANITE && (st = read_granite(f, hp, err, n)) != VKI_OK)
+        return st;
+    hp->resid_eps = hp->rms_eps / (hp->resid_scale * hp->resid_scale);
     return VKI_OK;
 }
 
@@ -271,7 +317,7 @@ vki_status model_read_hparams(const gguf_file *f, model_hparams *hp, char *err, 
             a = &ARCHS[i];
     if (!a)
         return fail(VKI_ERR_UNSUPPORTED, err, n, "architecture '%.*s' is not supported (llama, qwen2, qwen3, qwen3moe, "
-                    "gemma2, gemma3, phi3, gpt-oss)", (int)(arch.len > 32 ? 32 : arch.len), arch.ptr);
+                    "gemma2, gemma3, phi3, gpt-oss, granite)", (int)(arch.len > 32 ? 32 : arch.len), arch.ptr);
     hp->arch = a->arch;
     hp->rope_neox = a->neox;
     hp->rms_eps = a->rms_eps;
@@ -457,6 +503,12 @@ static vki_status find_layer(const gguf_file *f, const model_hparams *hp, uint32
 #undef T
     if (fused_ffn && L->w_gate)
         return fail(VKI_ERR_FORMAT, err, n, "layer %u: ffn_gate.weight next to a fused [gate | up] ffn_up.weight", il);
+    static const char *const ffn_biases[] = {"ffn_gate.bias", "ffn_up.bias", "ffn_down.bias"};
+    for (size_t i = 0; i < sizeof ffn_biases / sizeof ffn_biases[0]; i++) { /* not run: refused, not ignored */
+        snprintf(name, sizeof name, "blk.%u.%s", il, ffn_biases[i]);
+        if (gguf_find_tensor(f, name))
+            return fail(VKI_ERR_UNSUPPORTED, err, n, "tensor %s: FFN biases are not supported", name);
+    }
     return VKI_OK;
 }
 

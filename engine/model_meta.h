@@ -17,6 +17,8 @@ typedef enum model_arch {
     MODEL_ARCH_GPT_OSS = 7,  /* OpenAI gpt-oss: Q/K/V/O biases, sink logits, NeoX YaRN RoPE, sliding
                                 window on every other layer, experts with biases and a clamped
                                 SwiGLU (swiglu_oai), router bias */
+    MODEL_ARCH_GRANITE = 8,  /* IBM Granite 3: llama's block with embedding, residual, attention and
+                                logit multipliers */
 } model_arch;
 
 /* Layers of one attention kind share these (gemma: sliding-window layers and global ones). */
@@ -59,7 +61,15 @@ typedef struct model_hparams {
     float yarn_beta_slow;   /* original context that bound the blend's ramp */
     float attn_softcap;     /* gemma2: scores = c tanh(scores / c); 0 = none */
     float final_softcap;    /* gemma2: logits = c tanh(logits / c); 0 = none */
-    bool embd_scale;        /* gemma: embeddings times sqrt(d_model) */
+    float embd_mul;         /* embeddings times this: gemma sqrt(d_model), granite embedding_scale
+                               divided by resid_scale (below); 1 = none */
+    float resid_scale;      /* granite residual_scale: x = x + r * block(x); 1 = none. The engine
+                               carries x / r instead (each block then adds its output unscaled):
+                               every norm of the stream is scale-free up to its epsilon, so those
+                               norms take resid_eps = rms_eps / r^2 and give the same values */
+    float resid_eps;        /* the epsilon of the RMSNorms over the residual stream (attn_norm,
+                               ffn_norm, output_norm); rms_eps unless resid_scale != 1 */
+    float logit_scale;      /* granite: logits divided by it; 1 = none */
     bool qk_norm;           /* qwen3, gemma3: per-head RMSNorm of q and k before RoPE */
     bool post_norms;        /* gemma2/3: RMSNorm of the attention and FFN outputs before the residual */
     bool ffn_gelu;          /* gemma: GeGLU (tanh GELU) instead of SwiGLU */

@@ -178,6 +178,7 @@ static const synth_arch synth_archs[] = {
     {"phi3", false, false, false, true, 2047, 0, 0, false},
     {"qwen3moe", false, true, false, false, 0, 0, 0, false},
     {"gpt-oss", true, false, false, false, 128, 0, 0, true},
+    {"granite", false, false, false, false, 0, 0, 0, false},
 };
 
 static const synth_arch *find_arch(const char *name)
@@ -196,6 +197,9 @@ vki_status synth_arch_defaults(synth_params *p)
     p->sliding_window = a->window;
     p->attn_softcap = a->attn_softcap;
     p->final_softcap = a->final_softcap;
+    if (!strcmp(a->name, "granite")) /* granite-3.1-2b's config.json: embedding, residual, attention
+                                        multipliers and logits_scaling */
+        p->embedding_scale = 12.0f, p->residual_scale = 0.22f, p->attention_scale = 0.015625f, p->logit_scale = 8.0f;
     return VKI_OK;
 }
 
@@ -476,8 +480,8 @@ static vki_status validate(synth_ctx *c)
 {
     const synth_params *p = c->p;
     if (!find_arch(p->arch))
-        return synth_fail(c, VKI_ERR_INVALID_ARG, "arch '%s': llama, qwen2, qwen3, qwen3moe, gemma2, gemma3, phi3 and "
-                          "gpt-oss are written",
+        return synth_fail(c, VKI_ERR_INVALID_ARG, "arch '%s': llama, qwen2, qwen3, qwen3moe, gemma2, gemma3, phi3, "
+                          "gpt-oss and granite are written",
                           p->arch ? p->arch : "(null)");
     if (p->n_layer < 1 || p->n_layer > SYNTH_MAX_LAYERS)
         return synth_fail(c, VKI_ERR_INVALID_ARG, "n_layer %u (allowed 1..%d)", p->n_layer, SYNTH_MAX_LAYERS);
@@ -518,6 +522,9 @@ static vki_status validate(synth_ctx *c)
                         p->d_ff_exp > SYNTH_MAX_DIM))
         return synth_fail(c, VKI_ERR_INVALID_ARG, "experts: n_expert %u (<= 4096), n_expert_used %u must be in [1, "
                           "n_expert]", p->n_expert, p->n_expert_used);
+    if (!strcmp(p->arch, "granite") && (!(p->logit_scale > 0) || !(p->embedding_scale >= 0) ||
+                                        !(p->residual_scale >= 0) || !(p->attention_scale >= 0)))
+        return synth_fail(c, VKI_ERR_INVALID_ARG, "granite: logit_scale must be > 0, the other multipliers >= 0");
     if (!p->vocab_from && (p->n_vocab < SYNTH_BYTE_VOCAB || p->n_vocab > 4 * SYNTH_MAX_DIM))
         return synth_fail(c, VKI_ERR_INVALID_ARG, "n_vocab %u (a byte-level vocabulary needs %d..%u)", p->n_vocab,
                           SYNTH_BYTE_VOCAB, 4 * SYNTH_MAX_DIM);
@@ -686,6 +693,15 @@ static vki_status write_metadata(synth_ctx *c, gguf_writer *w)
         SET(gguf_w_set_u32, "%s.expert_used_count", p->n_expert_used);
         if (!strcmp(a, "qwen3moe") || !strcmp(a, "gpt-oss"))
             SET(gguf_w_set_u32, "%s.expert_feed_forward_length", p->d_ff_exp ? p->d_ff_exp : p->d_ff);
+    }
+    if (!strcmp(a, "granite")) { /* convert_hf_to_gguf's GraniteModel */
+        if (p->embedding_scale > 0)
+            SET(gguf_w_set_f32, "%s.embedding_scale", p->embedding_scale);
+        if (p->residual_scale > 0)
+            SET(gguf_w_set_f32, "%s.residual_scale", p->residual_scale);
+        if (p->attention_scale > 0)
+            SET(gguf_w_set_f32, "%s.attention.scale", p->attention_scale);
+        SET(gguf_w_set_f32, "%s.logit_scale", p->logit_scale);
     }
     if (p->attn_softcap > 0)
         SET(gguf_w_set_f32, "%s.attn_logit_softcapping", p->attn_softcap);

@@ -86,6 +86,9 @@ typedef struct synth_params {
                                mini: 96 of 128); 0 = head_dim */
     float yarn_factor;      /* > 0: rope.scaling.type yarn with this factor (>= 1) over n_ctx_orig
                                (needed; not phi3 or gemma), as Qwen's long-context files; 0 = none */
+    /* granite's multipliers (synth_arch_defaults: Granite-3's; written for granite only, 0 = not
+       written, logit_scale always): */
+    float embedding_scale, residual_scale, attention_scale, logit_scale;
     /* Mixture of experts (qwen3moe needs them; llama with experts is Mixtral's layout): */
     uint32_t n_expert;      /* expert_count: ffn_gate_inp + stacked ffn_{gate,up,down}_exps; 0 = dense */
     uint32_t n_expert_used; /* expert_used_count (top-k), 1..n_expert */

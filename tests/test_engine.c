@@ -513,6 +513,8 @@ static void write_arch_model(const arch_case *c, char *path, size_t n)
     p.tied = !strncmp(c->arch, "gemma", 5) || !strcmp(c->arch, "qwen3");
     if (!strcmp(c->arch, "gemma3") || !strcmp(c->arch, "qwen3"))
         p.rope_base = 1000000.0f;
+    if (!strcmp(c->arch, "granite")) /* an epsilon that shows: the engine's must be rms_eps / 0.22^2 */
+        p.rms_eps = 0.02f;
     write_synth(c->label, &p, path, n);
 }
 
@@ -538,6 +540,10 @@ static const arch_case ARCH_CASES[] = {
     {"llama yarn x8 f16 kv",     "llama",  2, 256, 4, 2, 64,  512, SYNTH_Q8_0,  0,     0, 0,       256, 0,  0, VKI_GGML_F16, TOL_F16KV, 8.0f, 0},
     {"phi3 longrope rot 64 of 96", "phi3", 2, 384, 4, 4, 96, 512, SYNTH_Q8_0, 20,     0, 0,       64,  0,  0, VKI_GGML_F32, TOL_F32, 0, 64},
     {"qwen3 yarn rot 96 of 128", "qwen3",  2, 256, 4, 2, 128, 512, SYNTH_F16,   0,     0, 0,       512, 0,  0, VKI_GGML_F32, TOL_F32, 4.0f, 96},
+    /* Granite 3's multipliers (embedding 12, residual 0.22, attention 1/64, logits / 8): the
+     * engine carries x / 0.22 with its norms' epsilon / 0.22^2, the reference scales each block */
+    {"granite multipliers",      "granite", 3, 256, 4, 1, 64, 512, SYNTH_Q8_0,  0,     0, 0,       0,   0,  0, VKI_GGML_F32, TOL_F32, 0, 0},
+    {"granite f16 kv",           "granite", 2, 256, 4, 2, 64, 512, SYNTH_Q4_K_M, 0,    0, 0,       0,   0,  0, VKI_GGML_F16, TOL_F16KV, 0, 0},
 };
 
 static void test_archs_vs_reference(void **state)
@@ -627,8 +633,8 @@ static void test_fusion_bitwise(void **state)
     fusion_case(g, path, VKI_GGML_F32, "qwen2 q4_k + biases");
     unlink(path);
     /* qwen3 (Q/K norms: in the projections at one token), gemma2 (post-norms), gemma3 (Q/K norms
-     * of 256), phi3 */
-    static const size_t archs[] = {0, 1, 2, 3};
+     * of 256), phi3, granite (the residual norms' epsilon in the fused norm epilogues) */
+    static const size_t archs[] = {0, 1, 2, 3, 13};
     for (size_t i = 0; i < sizeof archs / sizeof archs[0]; i++) {
         write_arch_model(&ARCH_CASES[archs[i]], path, sizeof path);
         fusion_case(g, path, VKI_GGML_F32, ARCH_CASES[archs[i]].label);
@@ -2391,7 +2397,8 @@ static void test_unsupported_models_refused(void **state)
     expect_refused(path, VKI_ERR_UNSUPPORTED, "blk.0.attn_q.weight: weight type iq2_xxs (id 16) is not supported");
     unlink(path);
     /* the newer architectures and options: a missing gemma post-norm, a Q8_0 KV cache on a head
-     * dim that is not a multiple of 32, an absurd attention window */
+     * dim that is not a multiple of 32, an absurd attention window, granite's multipliers, gpt-oss's
+     * sink logits and expert biases */
     char edited[256];
     snprintf(edited, sizeof edited, "/tmp/vki_test_refuse_%d_edit.gguf", (int)getpid());
     write_arch_model(&ARCH_CASES[1], path, sizeof path); /* gemma2 */
@@ -2403,6 +2410,24 @@ static void test_unsupported_models_refused(void **state)
     synth_params tiny = synth_default_params(); /* head dim 16 */
     write_synth("tiny hd16", &tiny, path, sizeof path);
     expect_refused_p(path, VKI_KV_Q8_0, 0, VKI_ERR_UNSUPPORTED, "q8_0 KV cache needs a head dim that is a multiple of 32");
+    unlink(path);
+    /* granite without its (required) logit scale, with a negative residual multiplier */
+    write_arch_model(&ARCH_CASES[13], path, sizeof path);
+    const gguf_edit no_logit = {GGUF_EDIT_DROP_KEY, "granite.logit_scale", 0, 0, 0, 0, NULL};
+    assert_int_equal(gguf_edit_copy(path, edited, &no_logit, 1), VKI_OK);
+    expect_refused(edited, VKI_ERR_FORMAT, "missing metadata key granite.logit_scale");
+    const gguf_edit neg = {GGUF_EDIT_F32, "granite.residual_scale", 0, 0, 0, -0.5f, NULL};
+    assert_int_equal(gguf_edit_copy(path, edited, &neg, 1), VKI_OK);
+    expect_refused(edited, VKI_ERR_FORMAT, "granite.residual_scale: must be a finite number > 0");
+    unlink(path);
+    /* gpt-oss without a layer's sink logits or an expert bias */
+    write_moe_model(&MOE_CASES[6], path, sizeof path);
+    const gguf_edit no_sinks = {GGUF_EDIT_DROP_TENSOR, "blk.1.attn_sinks.weight", 0, 0, 0, 0, NULL};
+    assert_int_equal(gguf_edit_copy(path, edited, &no_sinks, 1), VKI_OK);
+    expect_refused(edited, VKI_ERR_FORMAT, "missing tensor blk.1.attn_sinks.weight");
+    const gguf_edit no_bias = {GGUF_EDIT_DROP_TENSOR, "blk.0.ffn_down_exps.bias", 0, 0, 0, 0, NULL};
+    assert_int_equal(gguf_edit_copy(path, edited, &no_bias, 1), VKI_OK);
+    expect_refused(edited, VKI_ERR_FORMAT, "missing tensor blk.0.ffn_down_exps.bias");
     unlink(path);
     unlink(edited);
     vt_assert_clean(g);

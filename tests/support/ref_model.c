@@ -358,7 +358,7 @@ static void attention_block(const ref_model *m, ref_scratch *s, uint32_t il, uin
     if (L->post_attn_norm)
         rmsnorm(s->o, s->o, L->post_attn_norm, d, hp->rms_eps);
     for (uint32_t i = 0; i < d; i++)
-        s->x[i] += s->o[i];
+        s->x[i] += hp->resid_scale * s->o[i]; /* granite's residual_scale (1 elsewhere) */
 }
 
 static double act(const model_hparams *hp, double v)
@@ -444,7 +444,7 @@ static void ffn_block(ref_model *m, ref_scratch *s, uint32_t il)
     if (L->router) {
         moe_ffn(m, s, L);
         for (uint32_t i = 0; i < d; i++)
-            s->x[i] += s->o[i];
+            s->x[i] += hp->resid_scale * s->o[i]; /* granite's residual_scale (1 elsewhere) */
         return;
     }
     matvec(s->g, L->w_gate, s->xb, NULL, hp->d_ff, d);
@@ -455,7 +455,7 @@ static void ffn_block(ref_model *m, ref_scratch *s, uint32_t il)
     if (L->post_ffn_norm)
         rmsnorm(s->o, s->o, L->post_ffn_norm, d, hp->rms_eps);
     for (uint32_t i = 0; i < d; i++)
-        s->x[i] += s->o[i];
+        s->x[i] += hp->resid_scale * s->o[i]; /* granite's residual_scale (1 elsewhere) */
 }
 
 static void lm_head(const ref_model *m, ref_scratch *s, float *logits)
@@ -463,6 +463,8 @@ static void lm_head(const ref_model *m, ref_scratch *s, float *logits)
     const model_hparams *hp = &m->hp;
     rmsnorm(s->xb, s->x, m->output_norm, hp->d_model, hp->rms_eps);
     matvec(logits, m->output, s->xb, NULL, hp->n_vocab, hp->d_model);
+    for (uint32_t i = 0; hp->logit_scale != 1.0f && i < hp->n_vocab; i++) /* granite */
+        logits[i] = (float)(logits[i] / (double)hp->logit_scale);
     for (uint32_t i = 0; hp->final_softcap > 0 && i < hp->n_vocab; i++)
         logits[i] = (float)(hp->final_softcap * tanh(logits[i] / (double)hp->final_softcap));
 }
@@ -512,8 +514,11 @@ static vki_status run(ref_model *m, const int32_t *tokens, uint32_t n, bool all,
         st = VKI_ERR_OUT_OF_HOST_MEMORY;
     for (uint32_t pos = 0; st == VKI_OK && pos < n; pos++) {
         memcpy(s.x, m->tok_embd + (size_t)tokens[pos] * d, d * sizeof(float));
-        for (uint32_t i = 0; hp->embd_scale && i < d; i++) /* gemma: ggml_scale by sqrtf(n_embd) */
-            s.x[i] *= sqrtf((float)d);
+        /* gemma: ggml_scale by sqrtf(n_embd); granite: by embedding_scale (the engine's embd_mul
+         * also divides by residual_scale, which this reference applies to each block instead) */
+        float embd = hp->arch == MODEL_ARCH_GRANITE ? hp->embd_mul * hp->resid_scale : hp->embd_mul;
+        for (uint32_t i = 0; embd != 1.0f && i < d; i++)
+            s.x[i] *= embd;
         for (uint32_t il = 0; il < hp->n_layer; il++) {
             attention_block(m, &s, il, pos, n);
             ffn_block(m, &s, il);
