@@ -10,7 +10,8 @@
  *               (one h Wqkv, sliced, where the matrices share a type: phi3's, or
  *                concatenated at load; V apart when its type differs)
  *     [qwen3, gemma3: q, k = rmsnorm per head * q_norm, k_norm]
- *     q, k = rope(q, pos), rope(k, pos)                     (the layer kind's base and scale)
+ *     q, k = rope(q, pos), rope(k, pos)                     (the layer kind's base and scale;
+ *                                                            smollm3: not on every 4th layer)
  *     K/V pages <- k, v                                     (each token at its position; k's
  *                                                            rope done by this write, in the
  *                                                            stage of q's)
@@ -327,6 +328,7 @@ static vki_status record_attention_block(vk_engine *e, uint32_t il, uint32_t T, 
     vk_scratch *s = &e->s;
     vkd_cmd *c = e->cmd;
     uint32_t qd = hp->n_head * hp->head_dim, kind = model_layer_kind(hp, il);
+    const bool rope = model_layer_rope(hp, il); /* smollm3's NoPE layers: q and k as projected */
     op_mat q, k, v;
     if (!*normed) {
         vkd_role(c, "attn_norm");
@@ -352,20 +354,20 @@ static vki_status record_attention_block(vk_engine *e, uint32_t il, uint32_t T, 
     bool fresh = !e->p.no_fusion && one_each;
     /* integer-dot output projection: the attention writes its output's int8 copy too */
     bool att_q = fresh && use_i8(e, &L->wo, T) && hp->head_dim % 32 == 0;
-    op_attn_fresh fr = {k, v, &kr, att_q ? vkd_whole(s->xq) : (vkd_view){0}};
-    if (e->p.no_fusion) {
+    op_attn_fresh fr = {k, v, rope ? &kr : NULL, att_q ? vkd_whole(s->xq) : (vkd_view){0}};
+    if (rope && e->p.no_fusion) {
         vkd_role(c, "attn_rope_q");
         TRY(op_rope(c, &rq, q, q, ast[kind].tok_pos, freqs));
         vkd_role(c, "attn_rope_k");
         TRY(op_rope(c, &rk, k, k, ast[kind].tok_pos, freqs));
         vkd_barrier(c);
-    } else if (!fresh) { /* K is rotated by the cache write: one stage, no barrier between */
+    } else if (rope && !fresh) { /* K is rotated by the cache write: one stage, no barrier between */
         vkd_role(c, "attn_rope_q");
         TRY(op_rope(c, &rq, q, q, ast[kind].tok_pos, freqs));
     }
     vkd_role(c, "attn_kv_write");
     TRY(op_kv_write(c, &e->attn[kind], &ast[kind], k, v, vkd_whole(e->k_pool[il]), vkd_whole(e->v_pool[il]),
-                    e->p.no_fusion ? NULL : &kr));
+                    e->p.no_fusion || !rope ? NULL : &kr));
     if (!fresh)
         vkd_barrier(c);
     vkd_role(c, "attn");

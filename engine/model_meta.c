@@ -156,6 +156,7 @@ static const arch_def ARCHS[] = {
     {"qwen3moe", MODEL_ARCH_QWEN3MOE, true, true, false, 1e-6f, 0},
     {"gpt-oss", MODEL_ARCH_GPT_OSS, true, false, false, 1e-5f, 2},
     {"granite", MODEL_ARCH_GRANITE, false, false, false, 1e-5f, 0},
+    {"smollm3", MODEL_ARCH_SMOLLM3, false, false, false, 1e-6f, 0},
 };
 
 /* A soft-cap key: absent keeps *out, else a finite number >= 0 (0 = none). */
@@ -252,6 +253,7 @@ static vki_status read_arch_extras(const gguf_file *f, const arch_def *a, model_
     hp->embd_mul = a->gemma ? sqrtf((float)hp->d_model) : 1.0f;
     hp->qk_norm = a->qk_norm;
     hp->resid_scale = hp->logit_scale = 1.0f;
+    hp->nope_step = a->arch == MODEL_ARCH_SMOLLM3 ? 4 : 0; /* hard-coded in llama.cpp too */
     if (a->arch == MODEL_ARCH_GRANITE && (st = read_granite(f, hp, err, n)) != VKI_OK)
         return st;
     hp->resid_eps = hp->rms_eps / (hp->resid_scale * hp->resid_scale);
@@ -317,7 +319,7 @@ vki_status model_read_hparams(const gguf_file *f, model_hparams *hp, char *err, 
             a = &ARCHS[i];
     if (!a)
         return fail(VKI_ERR_UNSUPPORTED, err, n, "architecture '%.*s' is not supported (llama, qwen2, qwen3, qwen3moe, "
-                    "gemma2, gemma3, phi3, gpt-oss, granite)", (int)(arch.len > 32 ? 32 : arch.len), arch.ptr);
+                    "gemma2, gemma3, phi3, gpt-oss, granite, smollm3)", (int)(arch.len > 32 ? 32 : arch.len), arch.ptr);
     hp->arch = a->arch;
     hp->rope_neox = a->neox;
     hp->rms_eps = a->rms_eps;

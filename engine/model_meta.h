@@ -19,6 +19,7 @@ typedef enum model_arch {
                                 SwiGLU (swiglu_oai), router bias */
     MODEL_ARCH_GRANITE = 8,  /* IBM Granite 3: llama's block with embedding, residual, attention and
                                 logit multipliers */
+    MODEL_ARCH_SMOLLM3 = 9,  /* Hugging Face SmolLM3: llama's block, every 4th layer without RoPE */
 } model_arch;
 
 /* Layers of one attention kind share these (gemma: sliding-window layers and global ones). */
@@ -70,6 +71,8 @@ typedef struct model_hparams {
     float resid_eps;        /* the epsilon of the RMSNorms over the residual stream (attn_norm,
                                ffn_norm, output_norm); rms_eps unless resid_scale != 1 */
     float logit_scale;      /* granite: logits divided by it; 1 = none */
+    uint32_t nope_step;     /* smollm3 (llama.cpp's n_no_rope_layer_step, 4, no key): layer il has no
+                               RoPE on Q and K iff (il + 1) % nope_step == 0; 0 = RoPE everywhere */
     bool qk_norm;           /* qwen3, gemma3: per-head RMSNorm of q and k before RoPE */
     bool post_norms;        /* gemma2/3: RMSNorm of the attention and FFN outputs before the residual */
     bool ffn_gelu;          /* gemma: GeGLU (tanh GELU) instead of SwiGLU */
@@ -91,6 +94,12 @@ typedef struct model_hparams {
     bool expert_bias;       /* gpt-oss: router and experts have biases (ffn_*.bias) */
     uint32_t expert_act;    /* the experts' gated unit: VKI_GLU_SILU, or VKI_GLU_SWIGLU_OAI (gpt-oss) */
 } model_hparams;
+
+/* Whether layer il rotates Q and K (SmolLM3's NoPE layers do not). */
+static inline bool model_layer_rope(const model_hparams *hp, uint32_t il)
+{
+    return !hp->nope_step || (il + 1) % hp->nope_step != 0;
+}
 
 /* Which attention kind layer il uses: 0 global, 1 sliding window. */
 static inline uint32_t model_layer_kind(const model_hparams *hp, uint32_t il)

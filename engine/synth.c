@@ -179,6 +179,7 @@ static const synth_arch synth_archs[] = {
     {"qwen3moe", false, true, false, false, 0, 0, 0, false},
     {"gpt-oss", true, false, false, false, 128, 0, 0, true},
     {"granite", false, false, false, false, 0, 0, 0, false},
+    {"smollm3", false, false, false, false, 0, 0, 0, false},
 };
 
 static const synth_arch *find_arch(const char *name)
@@ -481,7 +482,7 @@ static vki_status validate(synth_ctx *c)
     const synth_params *p = c->p;
     if (!find_arch(p->arch))
         return synth_fail(c, VKI_ERR_INVALID_ARG, "arch '%s': llama, qwen2, qwen3, qwen3moe, gemma2, gemma3, phi3, "
-                          "gpt-oss and granite are written",
+                          "gpt-oss, granite and smollm3 are written",
                           p->arch ? p->arch : "(null)");
     if (p->n_layer < 1 || p->n_layer > SYNTH_MAX_LAYERS)
         return synth_fail(c, VKI_ERR_INVALID_ARG, "n_layer %u (allowed 1..%d)", p->n_layer, SYNTH_MAX_LAYERS);

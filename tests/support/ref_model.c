@@ -338,8 +338,10 @@ static void attention_block(const ref_model *m, ref_scratch *s, uint32_t il, uin
         rmsnorm(s->q + h * hd, s->q + h * hd, L->q_norm, hd, hp->rms_eps);
     for (uint32_t h = 0; L->k_norm && h < hp->n_head_kv; h++)
         rmsnorm(s->k + h * hd, s->k + h * hd, L->k_norm, hd, hp->rms_eps);
-    rope(m, kind, s->q, hp->n_head, pos);
-    rope(m, kind, s->k, hp->n_head_kv, pos);
+    if (model_layer_rope(hp, il)) { /* smollm3's NoPE layers: none */
+        rope(m, kind, s->q, hp->n_head, pos);
+        rope(m, kind, s->k, hp->n_head_kv, pos);
+    }
     size_t at = ((size_t)pos * hp->n_layer + il) * 2 * kv_dim; /* in kv_in / kv_out */
     if (s->kv_out) {
         memcpy(s->kv_out + at, s->k, kv_dim * sizeof(float));
