@@ -5,11 +5,11 @@
  *       [granite: * embedding_scale / residual_scale: the stream holds x / residual_scale, so
  *        each block adds its output unscaled; the norms over it take rms_eps / residual_scale^2]
  *   for each layer:
- *     h = rmsnorm(x) * attn_norm
+ *     h = rmsnorm(x) * attn_norm                            [olmo2: h = x]
  *     q, k, v = h Wq (+bq), h Wk (+bk), h Wv (+bv)          [T][n_head*hd], [T][n_kv*hd] x2
  *               (one h Wqkv, sliced, where the matrices share a type: phi3's, or
  *                concatenated at load; V apart when its type differs)
- *     [qwen3, gemma3: q, k = rmsnorm per head * q_norm, k_norm]
+ *     [qwen3, gemma3: q, k = rmsnorm per head * q_norm, k_norm; olmo2: over their whole rows]
  *     q, k = rope(q, pos), rope(k, pos)                     (the layer kind's base and scale;
  *                                                            smollm3: not on every 4th layer)
  *     K/V pages <- k, v                                     (each token at its position; k's
@@ -23,12 +23,12 @@
  *     x = x + att Wo (+ bo: gpt-oss)                        (added by the matmul; for one
  *                                                            token its last workgroup also
  *                                                            writes the next rmsnorm, below)
- *         [gemma: x = x + rmsnorm(att Wo) * post_attention_norm]
- *     h = rmsnorm(x) * ffn_norm
+ *         [gemma, olmo2: x = x + rmsnorm(att Wo) * post_attention_norm]
+ *     h = rmsnorm(x) * ffn_norm                             [olmo2: h = x]
  *     o = (act(h Wgate) * (h Wup)) Wdown                    act: silu, gemma: tanh-GELU
  *         (gate | up from one h Wup where they share a type: phi3's, or concatenated at load;
  *          then in decode the matrix-vector pass applies act and the product itself)
- *         [gemma: o = rmsnorm(o) * post_ffw_norm]
+ *         [gemma, olmo2: o = rmsnorm(o) * post_ffw_norm]
  *         [qwen3moe, Mixtral: o = sum over the token's top-k experts e of
  *          w_e (silu(h Wgate_e) * (h Wup_e)) Wdown_e  (engine/forward_moe.c)]
  *     x = x + o                                             (added by the down projection's
@@ -237,6 +237,19 @@ static vki_status block_norm(vk_engine *e, const vk_tensor *w, uint32_t T, bool 
     return VKI_OK;
 }
 
+/* A block's input h: its norm (block_norm), or with no_pre_norms (olmo2) x itself, copied into h
+ * (the products read h), and the barrier after it. */
+static vki_status block_input(vk_engine *e, const vk_tensor *w, uint32_t T, bool i8, bool xh)
+{
+    if (!e->model.hp.no_pre_norms)
+        return block_norm(e, w, T, i8, xh);
+    const VkDeviceSize bytes = (VkDeviceSize)T * e->model.hp.d_model * 4;
+    e->xq_of_h = e->xh_ready = false; /* the products' int8 / F16 copies by their own passes */
+    TRY(op_copy(e->cmd, (vkd_view){e->s.x, 0, bytes}, (vkd_view){e->s.h, 0, bytes}, bytes));
+    vkd_barrier(e->cmd);
+    return VKI_OK;
+}
+
 /* The byte offset of K's head-norm counters in s->mm_cnt, after Q's (Q's and K's projections
  * run in one stage, so their counters are apart), at the device's storage offset alignment. */
 static uint64_t k_norm_counters(const vk_engine *e)
@@ -251,7 +264,8 @@ static uint64_t k_norm_counters(const vk_engine *e)
 static bool head_norms_fused(const vk_engine *e, const vk_layer *L, uint32_t T)
 {
     const model_hparams *hp = &e->model.hp;
-    return T == 1 && hp->qk_norm && !e->p.no_fusion && !L->wqkv.n_parts && !L->bq.n_parts && !L->bk.n_parts &&
+    return T == 1 && hp->qk_norm && !hp->qk_norm_full && !e->p.no_fusion && !L->wqkv.n_parts && !L->bq.n_parts &&
+           !L->bk.n_parts &&
            op_matmul_head_norm_fits(e->dev, &L->wq, hp->head_dim) &&
            op_matmul_head_norm_fits(e->dev, &L->wk, hp->head_dim) &&
            k_norm_counters(e) + 4ull * hp->n_head_kv <= e->s.mm_cnt->size;
@@ -331,13 +345,18 @@ static vki_status record_attention_block(vk_engine *e, uint32_t il, uint32_t T, 
     const bool rope = model_layer_rope(hp, il); /* smollm3's NoPE layers: q and k as projected */
     op_mat q, k, v;
     if (!*normed) {
-        vkd_role(c, "attn_norm");
-        TRY(block_norm(e, &L->attn_norm, T, qkv_i8(e, L, T), qkv_xh(e, L, T)));
+        vkd_role(c, hp->no_pre_norms ? "attn_in" : "attn_norm");
+        TRY(block_input(e, &L->attn_norm, T, qkv_i8(e, L, T), qkv_xh(e, L, T)));
     }
     const bool head_norms = head_norms_fused(e, L, T);
     TRY(project_qkv(e, L, T, head_norms, &q, &k, &v));
     vkd_barrier(c);
-    if (hp->qk_norm && !head_norms) { /* rows of head_dim: q and k are unfused here */
+    if (hp->qk_norm_full) { /* olmo2: q's and k's whole rows */
+        vkd_role(c, "attn_qk_norm");
+        TRY(norm_rows(e, q, &L->q_norm, T, qd));
+        TRY(norm_rows(e, k, &L->k_norm, T, hp->n_head_kv * hp->head_dim));
+        vkd_barrier(c);
+    } else if (hp->qk_norm && !head_norms) { /* rows of head_dim: q and k are unfused here */
         vkd_role(c, "attn_qk_norm");
         TRY(norm_rows(e, (op_mat){q.v, 0, hp->head_dim}, &L->q_norm, T * hp->n_head, hp->head_dim));
         TRY(norm_rows(e, (op_mat){k.v, 0, hp->head_dim}, &L->k_norm, T * hp->n_head_kv, hp->head_dim));
@@ -396,8 +415,8 @@ static vki_status record_ffn_block(vk_engine *e, uint32_t il, uint32_t T, bool *
     bool next_i8 = next_norm && qkv_i8(e, &e->model.layers[il + 1], T);
     static const char *const down_roles[2] = {"ffn_down_xq", "ffn_down_xh"};
     if (!*normed) {
-        vkd_role(c, "ffn_norm");
-        TRY(block_norm(e, &L->ffn_norm, T, ffn_i8(e, L, T), ffn_xh(e, L, T)));
+        vkd_role(c, hp->no_pre_norms ? "ffn_in" : "ffn_norm");
+        TRY(block_input(e, &L->ffn_norm, T, ffn_i8(e, L, T), ffn_xh(e, L, T)));
     }
     *normed = false;
     if (hp->n_expert) /* qwen3moe, Mixtral: engine/forward_moe.c */

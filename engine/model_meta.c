@@ -157,6 +157,7 @@ static const arch_def ARCHS[] = {
     {"gpt-oss", MODEL_ARCH_GPT_OSS, true, false, false, 1e-5f, 2},
     {"granite", MODEL_ARCH_GRANITE, false, false, false, 1e-5f, 0},
     {"smollm3", MODEL_ARCH_SMOLLM3, false, false, false, 1e-6f, 0},
+    {"olmo2", MODEL_ARCH_OLMO2, true, true, false, 1e-6f, 0},
 };
 
 /* A soft-cap key: absent keeps *out, else a finite number >= 0 (0 = none). */
@@ -249,7 +250,9 @@ static vki_status read_arch_extras(const gguf_file *f, const arch_def *a, model_
     bool big = (a->arch == MODEL_ARCH_GEMMA2 && hp->n_layer == 46) || (a->arch == MODEL_ARCH_GEMMA3 && hp->n_layer == 62);
     if (big)
         hp->attn_scale *= sqrtf((float)hp->head_dim / (float)(hp->d_model / hp->n_head));
-    hp->post_norms = hp->ffn_gelu = a->gemma;
+    hp->ffn_gelu = a->gemma;
+    hp->post_norms = a->gemma || a->arch == MODEL_ARCH_OLMO2;
+    hp->no_pre_norms = hp->qk_norm_full = a->arch == MODEL_ARCH_OLMO2;
     hp->embd_mul = a->gemma ? sqrtf((float)hp->d_model) : 1.0f;
     hp->qk_norm = a->qk_norm;
     hp->resid_scale = hp->logit_scale = 1.0f;
@@ -319,7 +322,7 @@ vki_status model_read_hparams(const gguf_file *f, model_hparams *hp, char *err, 
             a = &ARCHS[i];
     if (!a)
         return fail(VKI_ERR_UNSUPPORTED, err, n, "architecture '%.*s' is not supported (llama, qwen2, qwen3, qwen3moe, "
-                    "gemma2, gemma3, phi3, gpt-oss, granite, smollm3)", (int)(arch.len > 32 ? 32 : arch.len), arch.ptr);
+                    "gemma2, gemma3, phi3, gpt-oss, granite, smollm3, olmo2)", (int)(arch.len > 32 ? 32 : arch.len), arch.ptr);
     hp->arch = a->arch;
     hp->rope_neox = a->neox;
     hp->rms_eps = a->rms_eps;
@@ -476,7 +479,7 @@ static vki_status find_layer(const gguf_file *f, const model_hparams *hp, uint32
                              char *err, size_t n)
 {
     const uint64_t d = hp->d_model, q = (uint64_t)hp->n_head * hp->head_dim;
-    bool gemma = hp->post_norms, fused_ffn = hp->fused_gate_up, oss = hp->arch == MODEL_ARCH_GPT_OSS;
+    bool fused_ffn = hp->fused_gate_up, oss = hp->arch == MODEL_ARCH_GPT_OSS;
     char name[96];
     vki_status st = find_qkv(f, hp, il, L, err, n);
     if (st != VKI_OK)
@@ -485,23 +488,28 @@ static vki_status find_layer(const gguf_file *f, const model_hparams *hp, uint32
     snprintf(name, sizeof name, "blk.%u.%s", il, suffix);                                      \
     if ((st = find(f, name, ne0, ne1, f32, opt, &L->field, err, n)) != VKI_OK)                 \
         return st;
-    T(attn_norm, "attn_norm.weight", d, 0, true, false)
-    T(q_norm, "attn_q_norm.weight", hp->head_dim, 0, true, !hp->qk_norm)
-    T(k_norm, "attn_k_norm.weight", hp->head_dim, 0, true, !hp->qk_norm)
+    const uint64_t kv = (uint64_t)hp->n_head_kv * hp->head_dim;
+    if (!hp->no_pre_norms) {
+        T(attn_norm, "attn_norm.weight", d, 0, true, false)
+    }
+    T(q_norm, "attn_q_norm.weight", hp->qk_norm_full ? q : hp->head_dim, 0, true, !hp->qk_norm)
+    T(k_norm, "attn_k_norm.weight", hp->qk_norm_full ? kv : hp->head_dim, 0, true, !hp->qk_norm)
     T(wo, "attn_output.weight", q, d, false, false)
     T(bo, "attn_output.bias", d, 0, true, !oss)
     T(attn_sinks, "attn_sinks.weight", hp->n_head, 0, true, !oss)
     /* gpt-oss names its FFN input norm post_attention_norm (it has no post-norms) */
     if (!oss) {
-        T(post_attn_norm, "post_attention_norm.weight", d, 0, true, !gemma)
+        T(post_attn_norm, "post_attention_norm.weight", d, 0, true, !hp->post_norms)
     }
-    T(ffn_norm, oss ? "post_attention_norm.weight" : "ffn_norm.weight", d, 0, true, false)
+    if (!hp->no_pre_norms) {
+        T(ffn_norm, oss ? "post_attention_norm.weight" : "ffn_norm.weight", d, 0, true, false)
+    }
     if (hp->n_expert)
         return find_experts(f, hp, il, L, err, n);
     T(w_gate, "ffn_gate.weight", d, hp->d_ff, false, fused_ffn)
     T(w_up, "ffn_up.weight", d, fused_ffn ? 2ull * hp->d_ff : hp->d_ff, false, false)
     T(w_down, "ffn_down.weight", hp->d_ff, d, false, false)
-    T(post_ffn_norm, "post_ffw_norm.weight", d, 0, true, !gemma)
+    T(post_ffn_norm, "post_ffw_norm.weight", d, 0, true, !hp->post_norms)
 #undef T
     if (fused_ffn && L->w_gate)
         return fail(VKI_ERR_FORMAT, err, n, "layer %u: ffn_gate.weight next to a fused [gate | up] ffn_up.weight", il);

@@ -20,6 +20,8 @@ typedef enum model_arch {
     MODEL_ARCH_GRANITE = 8,  /* IBM Granite 3: llama's block with embedding, residual, attention and
                                 logit multipliers */
     MODEL_ARCH_SMOLLM3 = 9,  /* Hugging Face SmolLM3: llama's block, every 4th layer without RoPE */
+    MODEL_ARCH_OLMO2 = 10,   /* AI2 OLMo 2: norms after each block (none before), Q and K normed over
+                                their whole rows, NeoX RoPE */
 } model_arch;
 
 /* Layers of one attention kind share these (gemma: sliding-window layers and global ones). */
@@ -74,7 +76,11 @@ typedef struct model_hparams {
     uint32_t nope_step;     /* smollm3 (llama.cpp's n_no_rope_layer_step, 4, no key): layer il has no
                                RoPE on Q and K iff (il + 1) % nope_step == 0; 0 = RoPE everywhere */
     bool qk_norm;           /* qwen3, gemma3: per-head RMSNorm of q and k before RoPE */
-    bool post_norms;        /* gemma2/3: RMSNorm of the attention and FFN outputs before the residual */
+    bool post_norms;        /* gemma2/3, olmo2: RMSNorm of the attention and FFN outputs before the
+                               residual */
+    bool no_pre_norms;      /* olmo2: no attn_norm / ffn_norm: each block reads x itself */
+    bool qk_norm_full;      /* olmo2: qk_norm over q's and k's whole rows (q_norm [n_head * hd],
+                               k_norm [n_head_kv * hd]), not per head */
     bool ffn_gelu;          /* gemma: GeGLU (tanh GELU) instead of SwiGLU */
     bool fused_qkv;         /* phi3: one attn_qkv matrix [q | k | v] (found from the tensors) */
     bool fused_gate_up;     /* phi3: ffn_up holds [gate | up] and there is no ffn_gate */
@@ -110,16 +116,18 @@ static inline uint32_t model_layer_kind(const model_hparams *hp, uint32_t il)
 }
 
 typedef struct model_layer_tensors {
-    const gguf_tensor *attn_norm;          /* f32 [d_model] */
+    const gguf_tensor *attn_norm;          /* f32 [d_model] (NULL: olmo2) */
     const gguf_tensor *wq, *wk, *wv;       /* [d_model -> n_head*hd | n_head_kv*hd]; NULL when fused */
     const gguf_tensor *wqkv;               /* phi3: [d_model -> (n_head + 2 n_head_kv) * hd] or NULL */
     const gguf_tensor *bq, *bk, *bv;       /* f32 biases (qwen2, gpt-oss; optional for llama) or NULL */
-    const gguf_tensor *q_norm, *k_norm;    /* f32 [hd] per-head norms (qwen3, gemma3) or NULL */
+    const gguf_tensor *q_norm, *k_norm;    /* f32 [hd] per-head norms (qwen3, gemma3), [n_head * hd] and
+                                              [n_head_kv * hd] whole-row ones (olmo2) or NULL */
     const gguf_tensor *wo;                 /* [n_head*hd -> d_model] */
     const gguf_tensor *bo;                 /* f32 [d_model] output bias (gpt-oss; optional) or NULL */
     const gguf_tensor *attn_sinks;         /* f32 [n_head] sink logits (gpt-oss) or NULL */
     const gguf_tensor *post_attn_norm;     /* f32 [d_model] (gemma) or NULL */
-    const gguf_tensor *ffn_norm;           /* f32 [d_model] (gpt-oss: post_attention_norm.weight) */
+    const gguf_tensor *ffn_norm;           /* f32 [d_model] (gpt-oss: post_attention_norm.weight;
+                                              NULL: olmo2) */
     const gguf_tensor *w_gate;             /* [d_model -> d_ff]; NULL when fused into w_up */
     const gguf_tensor *w_up;               /* [d_model -> d_ff] (phi3: -> 2 d_ff, gate | up) */
     const gguf_tensor *w_down;             /* [d_ff -> d_model] */

@@ -546,6 +546,8 @@ static const arch_case ARCH_CASES[] = {
     {"granite f16 kv",           "granite", 2, 256, 4, 2, 64, 512, SYNTH_Q4_K_M, 0,    0, 0,       0,   0,  0, VKI_GGML_F16, TOL_F16KV, 0, 0},
     /* SmolLM3: layers 3 and 7 of 8 without RoPE (also in the fused decode attention) */
     {"smollm3 nope 3, 7",        "smollm3", 8, 256, 4, 1, 64, 512, SYNTH_Q8_0, 0,      0, 0,       0,   0,  0, VKI_GGML_F16, TOL_F16KV, 0, 0},
+    /* OLMo 2: post-norms only, Q and K normed over their whole rows (GQA 2: k's rows apart) */
+    {"olmo2 post-norms qk rows", "olmo2",  2, 256, 4, 2, 64, 512, SYNTH_Q4_K_M, 0,     0, 0,       0,   0,  0, VKI_GGML_F32, TOL_F32, 0, 0},
 };
 
 static void test_archs_vs_reference(void **state)
@@ -636,8 +638,8 @@ static void test_fusion_bitwise(void **state)
     unlink(path);
     /* qwen3 (Q/K norms: in the projections at one token), gemma2 (post-norms), gemma3 (Q/K norms
      * of 256), phi3, granite (the residual norms' epsilon in the fused norm epilogues), smollm3
-     * (NoPE layers) */
-    static const size_t archs[] = {0, 1, 2, 3, 13, 15};
+     * (NoPE layers), olmo2 (no pre-norms) */
+    static const size_t archs[] = {0, 1, 2, 3, 13, 15, 16};
     for (size_t i = 0; i < sizeof archs / sizeof archs[0]; i++) {
         write_arch_model(&ARCH_CASES[archs[i]], path, sizeof path);
         fusion_case(g, path, VKI_GGML_F32, ARCH_CASES[archs[i]].label);

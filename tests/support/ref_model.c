@@ -112,7 +112,8 @@ static bool load_layer(const model_hparams *hp, const model_layer_tensors *L, re
         return false;
     bool ffn = hp->n_expert ? R->router && R->gate_exps && R->up_exps && R->down_exps
                             : R->w_gate && R->w_up && R->w_down;
-    return R->attn_norm && R->wq && R->wk && R->wv && R->wo && R->ffn_norm && ffn && (!L->q_norm || R->q_norm) &&
+    bool pre = hp->no_pre_norms || (R->attn_norm && R->ffn_norm);
+    return pre && R->wq && R->wk && R->wv && R->wo && ffn && (!L->q_norm || R->q_norm) &&
            (!L->post_attn_norm || R->post_attn_norm);
 }
 
@@ -330,13 +331,20 @@ static void attention_block(const ref_model *m, ref_scratch *s, uint32_t il, uin
     const ref_layer *L = &m->layers[il];
     uint32_t d = hp->d_model, hd = hp->head_dim, q_dim = hp->n_head * hd, kv_dim = hp->n_head_kv * hd;
     uint32_t kind = model_layer_kind(hp, il);
-    rmsnorm(s->xb, s->x, L->attn_norm, d, hp->rms_eps);
+    if (L->attn_norm)
+        rmsnorm(s->xb, s->x, L->attn_norm, d, hp->rms_eps);
+    else /* olmo2: no norm before the block */
+        memcpy(s->xb, s->x, d * sizeof(float));
     matvec(s->q, L->wq, s->xb, L->bq, q_dim, d);
     matvec(s->k, L->wk, s->xb, L->bk, kv_dim, d);
     matvec(s->v, L->wv, s->xb, L->bv, kv_dim, d);
-    for (uint32_t h = 0; L->q_norm && h < hp->n_head; h++)
+    if (hp->qk_norm_full) { /* olmo2: over the whole rows */
+        rmsnorm(s->q, s->q, L->q_norm, q_dim, hp->rms_eps);
+        rmsnorm(s->k, s->k, L->k_norm, kv_dim, hp->rms_eps);
+    }
+    for (uint32_t h = 0; !hp->qk_norm_full && L->q_norm && h < hp->n_head; h++)
         rmsnorm(s->q + h * hd, s->q + h * hd, L->q_norm, hd, hp->rms_eps);
-    for (uint32_t h = 0; L->k_norm && h < hp->n_head_kv; h++)
+    for (uint32_t h = 0; !hp->qk_norm_full && L->k_norm && h < hp->n_head_kv; h++)
         rmsnorm(s->k + h * hd, s->k + h * hd, L->k_norm, hd, hp->rms_eps);
     if (model_layer_rope(hp, il)) { /* smollm3's NoPE layers: none */
         rope(m, kind, s->q, hp->n_head, pos);
@@ -442,7 +450,10 @@ static void ffn_block(ref_model *m, ref_scratch *s, uint32_t il)
     const model_hparams *hp = &m->hp;
     const ref_layer *L = &m->layers[il];
     uint32_t d = hp->d_model;
-    rmsnorm(s->xb, s->x, L->ffn_norm, d, hp->rms_eps);
+    if (L->ffn_norm)
+        rmsnorm(s->xb, s->x, L->ffn_norm, d, hp->rms_eps);
+    else /* olmo2 */
+        memcpy(s->xb, s->x, d * sizeof(float));
     if (L->router) {
         moe_ffn(m, s, L);
         for (uint32_t i = 0; i < d; i++)
