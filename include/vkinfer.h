@@ -836,7 +836,8 @@ VKI_API int32_t vki_text_stream_stop_index(const vki_text_stream *s);
 /* Chat messages -> the prompt the model was trained on, without a Jinja engine: a GGUF's
  * tokenizer.chat_template is recognised by the markers of the common families and rendered by C
  * code that reproduces each family's upstream template exactly: ChatML (Qwen, SmolLM, ...),
- * Llama 3, Llama 2, Mistral, Zephyr, Gemma, Phi-3. Anything else falls back to "plain":
+ * Llama 3, Llama 2, Mistral, Zephyr, Gemma, Phi-3, DeepSeek-R1, gpt-oss's harmony (its system
+ * message dated today, reasoning effort medium). Anything else falls back to "plain":
  * "role: content" lines ending in "assistant:". Control tokens ("<|im_start|>", "<s>") are
  * recognised only in the text the template writes; message content is always tokenised as plain
  * text, so a user cannot inject "<|im_end|>". Immutable once created: any number of threads may
@@ -1076,6 +1077,10 @@ typedef struct vki_generate_params {
     void *user;
     uint64_t id;                    /* the request id; 0 = a free one is chosen. Give one to cancel
                                        from another thread with vki_batch_cancel(bm, id) */
+    vki_text_fn on_reasoning;       /* vki_generate_chat on a harmony template (gpt-oss): the
+                                       reasoning (its analysis channel) as it is generated, apart
+                                       from the answer on_text receives; NULL drops it. Other
+                                       templates' "<think>" blocks stay in on_text's text */
 } vki_generate_params;
 
 VKI_API vki_generate_params vki_generate_default_params(void);

@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "engine/gguf_write.h"
@@ -222,6 +223,31 @@ static const char T_PHI3_MINI[] =
     "{{ bos_token }}{% for message in messages %}{% if (message['role'] == 'user') %}{{'<|user|>' + '\n' + "
     "message['content'] + '<|end|>' + '\n' + '<|assistant|>' + '\n'}}{% elif (message['role'] == 'assistant') "
     "%}{{message['content'] + '<|end|>' + '\n'}}{% endif %}{% endfor %}";
+
+/* openai/gpt-oss-20b's chat_template.jinja, its tool-rendering macros and tool branches left out */
+static const char T_HARMONY[] =
+    "{#- System Message Construction ============================================ #}\n{%- macro "
+    "build_system_message() -%}\n    {%- if model_identity is not defined %}\n        {%- set model_identity = \"You "
+    "are ChatGPT, a large language model trained by OpenAI.\" %}\n    {%- endif %}\n    {{- model_identity + \"\\n\" "
+    "}}\n    {{- \"Knowledge cutoff: 2024-06\\n\" }}\n    {{- \"Current date: \" + strftime_now(\"%Y-%m-%d\") + "
+    "\"\\n\\n\" }}\n    {%- if reasoning_effort is not defined %}\n        {%- set reasoning_effort = \"medium\" %}\n"
+    "    {%- endif %}\n    {{- \"Reasoning: \" + reasoning_effort + \"\\n\\n\" }}\n    {{- \"# Valid channels: "
+    "analysis, commentary, final. Channel must be included for every message.\" }}\n    {%- if tools -%}\n        {{- "
+    "\"\\nCalls to these tools must go to the commentary channel: 'functions'.\" }}\n    {%- endif -%}\n{%- endmacro "
+    "-%}\n\n{#- Main Template Logic ================================================= #}\n{{- "
+    "\"<|start|>system<|message|>\" }}\n{{- build_system_message() }}\n{{- \"<|end|>\" }}\n\n{#- Extract developer "
+    "message #}\n{%- if messages[0].role == \"developer\" or messages[0].role == \"system\" %}\n    {%- set "
+    "developer_message = messages[0].content %}\n    {%- set loop_messages = messages[1:] %}\n{%- else %}\n    {%- set "
+    "developer_message = \"\" %}\n    {%- set loop_messages = messages %}\n{%- endif %}\n\n{#- Render developer "
+    "message #}\n{%- if developer_message or tools %}\n    {{- \"<|start|>developer<|message|>\" }}\n    {%- if "
+    "developer_message %}\n        {{- \"# Instructions\\n\\n\" }}\n        {{- developer_message }}\n        {{- "
+    "\"\\n\\n\" }}\n    {%- endif %}\n    {{- \"<|end|>\" }}\n{%- endif %}\n\n{%- for message in loop_messages -%}\n"
+    "    {%- if message.role == 'assistant' -%}\n        {%- if loop.last and not add_generation_prompt %}\n"
+    "            {{- \"<|start|>assistant<|channel|>final<|message|>\" + message.content + \"<|return|>\" }}\n"
+    "        {%- else %}\n            {{- \"<|start|>assistant<|channel|>final<|message|>\" + message.content + "
+    "\"<|end|>\" }}\n        {%- endif %}\n    {%- elif message.role == 'user' -%}\n        {{- "
+    "\"<|start|>user<|message|>\" + message.content + \"<|end|>\" }}\n    {%- endif -%}\n{%- endfor -%}\n\n{#- "
+    "Generation prompt #}\n{%- if add_generation_prompt -%}\n<|start|>assistant\n{%- endif -%}\n";
 
 /* Not one of ours (DeepSeek-V2): falls back. */
 static const char T_DEEPSEEK[] =
@@ -445,6 +471,98 @@ static void test_phi3(void **state)
                   "<|im_sep|>Another question<|im_end|><|im_start|>assistant<|im_sep|>");
 }
 
+/* gpt-oss's harmony template, rendered with a fixed date and reasoning effort. */
+static void expect_harmony(const char *tmpl, chat_effort effort, const chat_msg *m, size_t n, bool gen,
+                           const char *want)
+{
+    if (tmpl) {
+        bool known = false;
+        assert_int_equal(chat_detect(tmpl, &known), CHAT_HARMONY);
+        assert_true(known);
+    }
+    chat_template t;
+    assert_int_equal(chat_template_init(&t, CHAT_HARMONY, tmpl, "<|startoftext|>", "<|return|>"), VKI_OK);
+    snprintf(t.date, sizeof t.date, "2025-08-05");
+    t.effort = effort;
+    chat_prompt p;
+    char err[256] = "";
+    if (chat_render(&t, m, n, gen, &p, err, sizeof err) != VKI_OK)
+        fail_msg("harmony: %s", err);
+    if (strcmp(p.text, want) || p.len != strlen(want))
+        fail_msg("harmony:\n got: [%s]\nwant: [%s]", p.text, want);
+    chat_prompt_free(&p);
+    chat_template_free(&t);
+}
+
+#define H_SYS(effort)                                                                                          \
+    "<|start|>system<|message|>You are ChatGPT, a large language model trained by OpenAI.\nKnowledge cutoff: " \
+    "2024-06\nCurrent date: 2025-08-05\n\nReasoning: " effort "\n\n# Valid channels: analysis, commentary, "   \
+    "final. Channel must be included for every message.<|end|>"
+
+/* The expected strings are the template's output worked out by hand: the system message (today's
+ * date where the template calls strftime_now; the line left out where it does not, as the harmony
+ * library renders a conversation without a date), the first system message as the developer's
+ * "# Instructions" with the template's "\n\n" after it, earlier answers on the final channel, the
+ * last one closed by <|return|> without a generation prompt. */
+static void test_harmony(void **state)
+{
+    expect_harmony(T_HARMONY, CHAT_EFFORT_MEDIUM, CONV, N_CONV, true,
+                   H_SYS("medium") "<|start|>developer<|message|># Instructions\n\nYou are a helpful assistant"
+                   "\n\n<|end|>"
+                   "<|start|>user<|message|>Hello<|end|><|start|>assistant<|channel|>final<|message|>Hi there<|end|>"
+                   "<|start|>user<|message|>Who are you<|end|><|start|>assistant<|channel|>final<|message|>   I am an "
+                   "assistant   <|end|><|start|>user<|message|>Another question<|end|><|start|>assistant");
+    static const chat_msg last[] = {M(CHAT_USER, "Hi"), M(CHAT_ASSISTANT, "Hello!")};
+    expect_harmony(T_HARMONY, CHAT_EFFORT_HIGH, last, 2, false,
+                   H_SYS("high") "<|start|>user<|message|>Hi<|end|><|start|>assistant<|channel|>final<|message|>"
+                   "Hello!<|return|>");
+    /* an empty system message writes no developer message; a later one is not written at all */
+    static const chat_msg sys[] = {M(CHAT_SYSTEM, ""), M(CHAT_USER, "a"), M(CHAT_SYSTEM, "b"), M(CHAT_USER, "c")};
+    expect_harmony(T_HARMONY, CHAT_EFFORT_LOW, sys, 4, true,
+                   H_SYS("low") "<|start|>user<|message|>a<|end|><|start|>user<|message|>c<|end|><|start|>assistant");
+    /* the canonical form (by name) is the template's; a template without strftime_now has no date */
+    expect_harmony(NULL, CHAT_EFFORT_MEDIUM, CONV + 1, 1, true,
+                   H_SYS("medium") "<|start|>user<|message|>Hello<|end|><|start|>assistant");
+    static const char undated[] = "{{- \"<|start|>system<|message|>\" }}{{- \"Knowledge cutoff: 2024-06\\n\\n\" }}"
+                                  "{{- \"<|channel|>final<|message|>\" }}";
+    expect_harmony(undated, CHAT_EFFORT_LOW, CONV + 1, 1, true,
+                   "<|start|>system<|message|>You are ChatGPT, a large language model trained by OpenAI.\nKnowledge "
+                   "cutoff: 2024-06\n\nReasoning: low\n\n# Valid channels: analysis, commentary, final. Channel must "
+                   "be included for every message.<|end|><|start|>user<|message|>Hello<|end|><|start|>assistant");
+    /* no date given: today's, as strftime_now gives it (read on both sides of the render) */
+    chat_template t;
+    chat_prompt p;
+    char before[16], after[16], err[256] = "";
+    time_t now = time(NULL);
+    strftime(before, sizeof before, "%Y-%m-%d", localtime(&now));
+    assert_int_equal(chat_template_init(&t, CHAT_HARMONY, T_HARMONY, "", ""), VKI_OK);
+    assert_int_equal(chat_render(&t, CONV + 1, 1, true, &p, NULL, 0), VKI_OK);
+    now = time(NULL);
+    strftime(after, sizeof after, "%Y-%m-%d", localtime(&now));
+    char *d = strstr(p.text, "Current date: ");
+    assert_non_null(d);
+    assert_true(!strncmp(d + 14, before, 10) || !strncmp(d + 14, after, 10));
+    assert_string_equal(d + 24, "\n\nReasoning: medium\n\n# Valid channels: analysis, commentary, final. Channel must "
+                                "be included for every message.<|end|><|start|>user<|message|>Hello<|end|>"
+                                "<|start|>assistant");
+    chat_prompt_free(&p);
+    /* the template raises on an answer that carries channel tags (reasoning goes elsewhere) */
+    static const chat_msg tagged[] = {M(CHAT_USER, "q"), M(CHAT_ASSISTANT, "<|channel|>final<|message|>A")};
+    assert_int_equal(chat_render(&t, tagged, 2, true, &p, err, sizeof err), VKI_ERR_INVALID_ARG);
+    assert_non_null(strstr(err, "messages[1].content"));
+    assert_null(p.text);
+    chat_template_free(&t);
+    /* the name, and the efforts' */
+    chat_family f;
+    assert_true(chat_family_parse("harmony", &f));
+    assert_int_equal(f, CHAT_HARMONY);
+    chat_effort e;
+    assert_true(chat_effort_parse("high", &e) && e == CHAT_EFFORT_HIGH);
+    assert_true(chat_effort_parse("low", &e) && e == CHAT_EFFORT_LOW);
+    assert_false(chat_effort_parse("minimal", &e));
+    assert_string_equal(chat_effort_name(CHAT_EFFORT_MEDIUM), "medium");
+}
+
 static void test_fallback(void **state)
 {
     static const char want[] = "system: You are a helpful assistant\nuser: Hello\nassistant: Hi there\nuser: Who are "
@@ -639,6 +757,99 @@ static void test_tokenize_bpe(void **state)
     vki_tokenizer_free(tok);
 }
 
+/* A byte-level BPE vocabulary made like gpt-oss's o200k_harmony (pre-tokenizer gpt-4o): the 256
+ * byte symbols of GPT-2's byte-to-unicode map (ids 0-255, no merges), then harmony's control
+ * tokens; bos <|startoftext|>, eos <|return|>; tmpl as its tokenizer.chat_template. */
+static const char *const HARMONY_SPECIALS[] = {"<|startoftext|>", "<|endoftext|>", "<|return|>", "<|constrain|>",
+                                               "<|channel|>",     "<|start|>",     "<|end|>",    "<|message|>",
+                                               "<|call|>"};
+#define N_HSPECIAL (sizeof HARMONY_SPECIALS / sizeof HARMONY_SPECIALS[0])
+enum { H_BOS = 256, H_EOT, H_RETURN, H_CONSTRAIN, H_CHANNEL, H_START, H_END, H_MESSAGE, H_CALL };
+
+static void write_harmony_vocab(const char *path, const char *tmpl)
+{
+    static char sym[256][4];
+    gguf_str toks[256 + N_HSPECIAL];
+    int32_t type[256 + N_HSPECIAL];
+    unsigned extra = 0;
+    for (unsigned b = 0; b < 256; b++) { /* printable Latin-1 stands for itself, the rest for 256 + k */
+        bool self = (b >= 33 && b <= 126) || (b >= 161 && b <= 172) || b >= 174;
+        unsigned cp = self ? b : 256 + extra++, n = 1;
+        sym[b][0] = (char)cp;
+        if (cp >= 0x80) { /* two bytes of UTF-8: every code point here is below 0x800 */
+            sym[b][0] = (char)(0xC0 | cp >> 6);
+            sym[b][1] = (char)(0x80 | (cp & 0x3F));
+            n = 2;
+        }
+        toks[b] = (gguf_str){sym[b], n};
+        type[b] = 1; /* normal */
+    }
+    for (size_t i = 0; i < N_HSPECIAL; i++) {
+        toks[256 + i] = (gguf_str){HARMONY_SPECIALS[i], strlen(HARMONY_SPECIALS[i])};
+        type[256 + i] = 3; /* control */
+    }
+    gguf_writer *w;
+    assert_int_equal(gguf_w_create(&w), VKI_OK);
+    assert_int_equal(gguf_w_set_str(w, "general.architecture", "gpt-oss"), VKI_OK);
+    assert_int_equal(gguf_w_set_str(w, "tokenizer.ggml.model", "gpt2"), VKI_OK);
+    assert_int_equal(gguf_w_set_str(w, "tokenizer.ggml.pre", "gpt-4o"), VKI_OK);
+    assert_int_equal(gguf_w_set_arr_str(w, "tokenizer.ggml.tokens", toks, 256 + N_HSPECIAL), VKI_OK);
+    assert_int_equal(gguf_w_set_arr(w, "tokenizer.ggml.token_type", GGUF_TYPE_INT32, type, 256 + N_HSPECIAL), VKI_OK);
+    assert_int_equal(gguf_w_set_arr_str(w, "tokenizer.ggml.merges", toks, 0), VKI_OK);
+    assert_int_equal(gguf_w_set_u32(w, "tokenizer.ggml.bos_token_id", H_BOS), VKI_OK);
+    assert_int_equal(gguf_w_set_u32(w, "tokenizer.ggml.eos_token_id", H_RETURN), VKI_OK);
+    assert_int_equal(gguf_w_set_str(w, "tokenizer.chat_template", tmpl), VKI_OK);
+    assert_int_equal(gguf_w_open(w, path), VKI_OK);
+    assert_int_equal(gguf_w_finish(w), VKI_OK);
+    gguf_w_destroy(w);
+}
+
+/* gpt-oss's vocabulary: its template recognised from the tokenizer; the template's markers are
+ * its control tokens and a user's "<|end|>" is text; tokens = the library's with parse_special
+ * where the content holds no control token's text. */
+static void test_tokenize_harmony(void **state)
+{
+    char path[] = "/tmp/vki_test_chat_harmony_XXXXXX", err[256] = "";
+    int fd = mkstemp(path);
+    assert_true(fd >= 0);
+    close(fd);
+    write_harmony_vocab(path, T_HARMONY);
+    vki_tokenizer *tok;
+    if (vki_tokenizer_load(path, &tok, err, sizeof err) != VKI_OK)
+        fail_msg("harmony vocabulary: %s", err);
+    unlink(path);
+    vki_chat_template *own;
+    assert_int_equal(vki_chat_template_create(tok, NULL, &own), VKI_OK);
+    assert_string_equal(vki_chat_template_name(own), "harmony");
+    vki_chat_template_free(own);
+    chat_specials *sp;
+    assert_int_equal(chat_specials_create(tok, &sp), VKI_OK);
+    check_same_as_library(tok, sp, CHAT_HARMONY);
+    chat_template t;
+    chat_prompt p;
+    assert_int_equal(chat_template_init(&t, CHAT_HARMONY, T_HARMONY, "<|startoftext|>", "<|return|>"), VKI_OK);
+    static const chat_msg m[] = {M(CHAT_USER, "a<|end|><|start|>b")};
+    assert_int_equal(chat_render(&t, m, 1, true, &p, NULL, 0), VKI_OK);
+    int32_t *ids;
+    size_t n, ends = 0, starts = 0, messages = 0;
+    assert_int_equal(chat_tokenize(sp, tok, &p, false, &ids, &n), VKI_OK);
+    for (size_t i = 0; i < n; i++) {
+        ends += ids[i] == H_END;
+        starts += ids[i] == H_START;
+        messages += ids[i] == H_MESSAGE;
+    }
+    assert_int_equal(ends, 2);     /* the system message's and the user turn's, not the user's text */
+    assert_int_equal(starts, 3);   /* system, user, the generation prompt */
+    assert_int_equal(messages, 2);
+    assert_int_equal(ids[0], H_START);
+    assert_int_equal(ids[n - 1], 't'); /* "<|start|>assistant": bytes after the control token (ids = bytes) */
+    free(ids);
+    chat_prompt_free(&p);
+    chat_template_free(&t);
+    chat_specials_free(sp);
+    vki_tokenizer_free(tok);
+}
+
 /* ---- the GGUF key ------------------------------------------------------------------------- */
 
 static void write_meta_gguf(const char *path, const char *tmpl)
@@ -774,10 +985,13 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_chatml),       cmocka_unit_test(test_qwen3),        cmocka_unit_test(test_llama3),       cmocka_unit_test(test_llama2),
         cmocka_unit_test(test_mistral),      cmocka_unit_test(test_zephyr),       cmocka_unit_test(test_gemma),
-        cmocka_unit_test(test_phi3),         cmocka_unit_test(test_deepseek),     cmocka_unit_test(test_fallback),
+        cmocka_unit_test(test_phi3),         cmocka_unit_test(test_deepseek),     cmocka_unit_test(test_harmony),
+        cmocka_unit_test(test_fallback),
         cmocka_unit_test(test_errors),
         cmocka_unit_test(test_open_end),
-        cmocka_unit_test(test_tokenize_spm), cmocka_unit_test(test_tokenize_bpe), cmocka_unit_test(test_from_gguf),
+        cmocka_unit_test(test_tokenize_spm), cmocka_unit_test(test_tokenize_bpe),
+        cmocka_unit_test(test_tokenize_harmony),
+        cmocka_unit_test(test_from_gguf),
         cmocka_unit_test(test_public_api),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "host/chat/chat_harmony.h"
 #include "host/chat/chat_tools.h"
 #include "host/grammar/grammar.h"
 #include "host/util/json.h"
@@ -151,6 +152,128 @@ static void test_render_mistral_v3(void **state)
                   "<s>[INST] Be brief.\n\nTime?[/INST]");
 }
 
+/* gpt-oss's tools: the harmony cookbook's example functions, and one more for the types they lack.
+ * The expected namespace is the cookbook's text but for the comma the template writes after a
+ * default's comment (", // default: celsius,\n"; the harmony library, which printed the
+ * cookbook's, writes none). */
+static const char H_TOOLS[] =
+    "[{\"type\": \"function\", \"function\": {\"name\": \"get_location\", \"description\": \"Gets the location of "
+    "the user.\"}}, {\"type\": \"function\", \"function\": {\"name\": \"get_current_weather\", \"description\": "
+    "\"Gets the current weather in the provided location.\", \"parameters\": {\"type\": \"object\", \"properties\": "
+    "{\"location\": {\"type\": \"string\", \"description\": \"The city and state, e.g. San Francisco, CA\"}, "
+    "\"format\": {\"type\": \"string\", \"enum\": [\"celsius\", \"fahrenheit\"], \"default\": \"celsius\"}}, "
+    "\"required\": [\"location\"]}}}, {\"type\": \"function\", \"function\": {\"name\": \"get_multiple_weathers\", "
+    "\"description\": \"Gets the current weather in the provided list of locations.\", \"parameters\": {\"type\": "
+    "\"object\", \"properties\": {\"locations\": {\"type\": \"array\", \"items\": {\"type\": \"string\"}, "
+    "\"description\": \"List of city and state, e.g. [\\\"San Francisco, CA\\\", \\\"New York, NY\\\"]\"}, "
+    "\"format\": {\"type\": \"string\", \"enum\": [\"celsius\", \"fahrenheit\"], \"default\": \"celsius\"}}, "
+    "\"required\": [\"locations\"]}}}, {\"type\": \"function\", \"function\": {\"name\": \"set_alarm\", "
+    "\"description\": \"Sets an alarm.\", \"parameters\": {\"type\": \"object\", \"properties\": {\"hour\": "
+    "{\"type\": \"integer\"}, \"loud\": {\"type\": \"boolean\", \"default\": false}, \"repeat\": {\"type\": "
+    "\"object\", \"properties\": {\"days\": {\"type\": \"array\", \"items\": {\"type\": \"integer\"}}, \"until\": "
+    "{\"type\": \"string\"}}, \"required\": [\"days\"]}, \"note\": {\"type\": \"string\", \"nullable\": true}, "
+    "\"tags\": {\"type\": [\"string\", \"number\"]}}, \"required\": [\"hour\"]}}}]";
+
+#define H_NAMESPACE                                                                                               \
+    "# Tools\n\n## functions\n\nnamespace functions {\n\n// Gets the location of the user.\ntype get_location = () " \
+    "=> any;\n\n// Gets the current weather in the provided location.\ntype get_current_weather = (_: {\n// The "   \
+    "city and state, e.g. San Francisco, CA\nlocation: string,\nformat?: \"celsius\" | \"fahrenheit\", // default: "  \
+    "celsius,\n}) => any;\n\n// Gets the current weather in the provided list of locations.\ntype "                  \
+    "get_multiple_weathers = (_: {\n// List of city and state, e.g. [\"San Francisco, CA\", \"New York, NY\"]\n"      \
+    "locations: string[],\nformat?: \"celsius\" | \"fahrenheit\", // default: celsius,\n}) => any;\n\n"              \
+    "// Sets an alarm.\ntype set_alarm = (_: {\nhour: number,\nloud?: boolean, // default: false,\nrepeat?: {\n"      \
+    "days: \n                number[], until?: \n                string},\nnote?: string | null,\ntags?: string | "   \
+    "number,\n}) => any;\n\n} // namespace functions"
+
+#define H_SYS_TOOLS                                                                                          \
+    "<|start|>system<|message|>You are ChatGPT, a large language model trained by OpenAI.\nKnowledge cutoff: " \
+    "2024-06\nCurrent date: 2025-06-28\n\nReasoning: high\n\n# Valid channels: analysis, commentary, final. "  \
+    "Channel must be included for every message.\nCalls to these tools must go to the commentary channel: "    \
+    "'functions'.<|end|>"
+
+/* Long texts: printed whole (cmocka's message buffer would cut them). */
+static void expect_text(const char *got, const char *want, const char *what)
+{
+    if (!strcmp(got, want))
+        return;
+    size_t i = 0;
+    while (got[i] && got[i] == want[i])
+        i++;
+    printf("%s: differs at byte %zu\n--- got ---\n%s\n--- want ---\n%s\n", what, i, got, want);
+    fail_msg("%s: differs at byte %zu", what, i);
+}
+
+static vki_status harmony_render(const chat_msg *m, const chat_tool_msg *tm, size_t n, const char *tools,
+                                 chat_prompt *p, char *err, size_t n_err)
+{
+    chat_template t;
+    assert_int_equal(chat_template_init(&t, CHAT_HARMONY, NULL, "<|startoftext|>", "<|return|>"), VKI_OK);
+    assert_int_equal(chat_tools_format(&t, NULL), CHAT_TOOLS_HARMONY);
+    snprintf(t.date, sizeof t.date, "2025-06-28");
+    t.effort = CHAT_EFFORT_HIGH;
+    chat_tool_set *ts = tools ? tools_or_fail(tools) : NULL;
+    vki_status st = chat_render_tools(&t, CHAT_TOOLS_HARMONY, m, tm, n, ts, true, p, err, n_err);
+    chat_tools_free(ts);
+    chat_template_free(&t);
+    return st;
+}
+
+/* openai/gpt-oss-20b's template with tools (strings worked out by hand from its Jinja, whitespace
+ * control included: the newline and 16 spaces it leaves before a nested member's type): the
+ * system message's commentary line, the TypeScript namespace in the developer message after the
+ * instructions, the call's text before it as analysis while no answer follows, the call with its
+ * arguments as tojson writes them, the result as a message from the function, tojson'd. */
+static void test_render_harmony(void **state)
+{
+    (void)state;
+    static const chat_msg m[] = {M(CHAT_SYSTEM, "Always respond in riddles"), M(CHAT_USER, "Weather in SF?"),
+                                 M(CHAT_ASSISTANT, "Need the weather tool."), M(CHAT_TOOL, "{\"sunny\": true}"),
+                                 M(CHAT_ASSISTANT, "It is sunny."), M(CHAT_USER, "Thanks")};
+    static const char args[] = "{\"location\":\"San Francisco, CA\"}";
+    static const chat_tool_call call = {NULL, 0, "get_current_weather", 19, args, sizeof args - 1};
+    static const chat_tool_msg tm[] = {{0}, {0}, {&call, 1, NULL, 0}, {0}, {0}, {0}};
+    static const char head[] = H_SYS_TOOLS "<|start|>developer<|message|># Instructions\n\nAlways respond in "
+                               "riddles\n\n" H_NAMESPACE "<|end|><|start|>user<|message|>Weather in SF?<|end|>";
+    static const char call_text[] = "<|start|>assistant to=functions.get_current_weather<|channel|>commentary json"
+                                    "<|message|>{\"location\": \"San Francisco, CA\"}<|call|>";
+    static const char result[] = "<|start|>functions.get_current_weather to=assistant<|channel|>commentary<|message|>"
+                                 "\"{\\\"sunny\\\": true}\"<|end|>";
+    char want[8192], err[256] = "";
+    chat_prompt p;
+    /* the call's turn last: its text rendered as analysis */
+    snprintf(want, sizeof want, "%s<|start|>assistant<|channel|>analysis<|message|>Need the weather tool.<|end|>%s%s"
+             "<|start|>assistant", head, call_text, result);
+    if (harmony_render(m, tm, 4, H_TOOLS, &p, err, sizeof err) != VKI_OK)
+        fail_msg("harmony tools: %s", err);
+    expect_text(p.text, want, "harmony tools");
+    chat_prompt_free(&p);
+    /* an answer came after it: the call's analysis is dropped */
+    snprintf(want, sizeof want, "%s%s%s<|start|>assistant<|channel|>final<|message|>It is sunny.<|end|><|start|>user"
+             "<|message|>Thanks<|end|><|start|>assistant", head, call_text, result);
+    assert_int_equal(harmony_render(m, tm, 6, H_TOOLS, &p, err, sizeof err), VKI_OK);
+    expect_text(p.text, want, "harmony tools, answered");
+    /* the function's name and arguments are the request's: content, not template text */
+    size_t name_at = (size_t)(strstr(p.text, "get_current_weather<|channel|>commentary json") - p.text);
+    for (size_t k = 0; k < p.n_tmpl; k++)
+        assert_false(p.tmpl[k].off <= name_at && name_at < p.tmpl[k].off + p.tmpl[k].len);
+    chat_prompt_free(&p);
+    /* a call with no tools given (tool_choice none) and no system message: no developer message */
+    snprintf(want, sizeof want, "<|start|>system<|message|>You are ChatGPT, a large language model trained by OpenAI.\n"
+             "Knowledge cutoff: 2024-06\nCurrent date: 2025-06-28\n\nReasoning: high\n\n# Valid channels: analysis, "
+             "commentary, final. Channel must be included for every message.<|end|><|start|>user<|message|>Weather in "
+             "SF?<|end|>%s%s<|start|>assistant", call_text, result);
+    static const chat_msg m2[] = {M(CHAT_USER, "Weather in SF?"), M(CHAT_ASSISTANT, ""),
+                                  M(CHAT_TOOL, "{\"sunny\": true}")};
+    static const chat_tool_msg tm2[] = {{0}, {&call, 1, NULL, 0}, {0}};
+    assert_int_equal(harmony_render(m2, tm2, 3, NULL, &p, err, sizeof err), VKI_OK);
+    expect_text(p.text, want, "harmony, no tools");
+    chat_prompt_free(&p);
+    /* a result with no call before it: upstream raises */
+    static const chat_msg orphan[] = {M(CHAT_USER, "x"), M(CHAT_TOOL, "y")};
+    assert_int_equal(harmony_render(orphan, NULL, 2, H_TOOLS, &p, err, sizeof err), VKI_ERR_INVALID_ARG);
+    assert_non_null(strstr(err, "messages[1].role"));
+}
+
 /* A family without tool support: the instructions join the system message, the rest as text. */
 static void test_render_fallback(void **state)
 {
@@ -216,7 +339,7 @@ static void test_errors(void **state)
 
 
 static gram_automaton *tool_grammar(gram_vocab *v, chat_tool_format f, const chat_tool_set *ts, const char *name,
-                                    bool parallel, const char **prefix)
+                                    bool parallel, strbuf *prefix)
 {
     strbuf g = {0};
     char err[256] = "";
@@ -238,13 +361,13 @@ static void test_grammars(void **state)
     gram_vocab *v;
     assert_int_equal(gram_vocab_create(256, vt_byte_piece, NULL, NULL, &v), VKI_OK);
     chat_tool_set *ts = tools_or_fail(TOOLS);
-    const char *prefix;
+    strbuf prefix = {0};
     static const char w1[] = "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>";
     static const char t1[] = "<tool_call>\n{\"name\": \"get_time\", \"arguments\": {\"zone\": \"utc\"}}\n</tool_call>";
     char both[512];
     snprintf(both, sizeof both, "%s\n%s", w1, t1);
     gram_automaton *a = tool_grammar(v, CHAT_TOOLS_HERMES, ts, NULL, true, &prefix);
-    assert_string_equal(prefix, "");
+    assert_string_equal(prefix.p, "");
     assert_true(gram_accepts(a, w1, strlen(w1)) && gram_accepts(a, t1, strlen(t1)) && gram_accepts(a, both, strlen(both)));
     static const char *const no[] = {"", "hello", "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {}}\n</tool_call>",
                                      "<tool_call>\n{\"name\": \"nope\", \"arguments\": {}}\n</tool_call>",
@@ -263,7 +386,7 @@ static void test_grammars(void **state)
     assert_false(gram_accepts(a, w1, strlen(w1)));
     gram_automaton_free(a);
     a = tool_grammar(v, CHAT_TOOLS_MISTRAL, ts, NULL, true, &prefix);
-    assert_string_equal(prefix, "[TOOL_CALLS]");
+    assert_string_equal(prefix.p, "[TOOL_CALLS]");
     static const char m2[] = " [{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\"}}, {\"name\": \"get_time\","
                              " \"arguments\": {\"zone\": \"local\"}}]";
     assert_true(gram_accepts(a, m2, strlen(m2)));
@@ -282,7 +405,21 @@ static void test_grammars(void **state)
     assert_non_null(strstr(err, "tools[0].function.parameters/properties/x: pattern \"a(?!b)\": at offset 2: (?! groups are not supported"));
     strbuf_free(&g);
     chat_tools_free(bs);
+    /* harmony: one function's header is the prompt's and only its arguments are generated; with
+     * several, the prefix stops at "to=functions." and the grammar writes the name onwards */
+    static const char h1[] = "{\"zone\": \"utc\"}", h2[] = "get_time <|constrain|>json<|message|>{\"zone\": \"local\"}";
+    a = tool_grammar(v, CHAT_TOOLS_HARMONY, ts, "get_time", true, &prefix);
+    assert_string_equal(prefix.p, "<|channel|>commentary to=functions.get_time <|constrain|>json<|message|>");
+    assert_true(gram_accepts(a, h1, strlen(h1)));
+    assert_false(gram_accepts(a, h2, strlen(h2)));
+    gram_automaton_free(a);
+    a = tool_grammar(v, CHAT_TOOLS_HARMONY, ts, NULL, true, &prefix);
+    assert_string_equal(prefix.p, "<|channel|>commentary to=functions.");
+    assert_true(gram_accepts(a, h2, strlen(h2)));
+    assert_false(gram_accepts(a, h1, strlen(h1)));
+    gram_automaton_free(a);
     chat_tools_free(ts);
+    strbuf_free(&prefix);
     gram_vocab_free(v);
 }
 
@@ -349,6 +486,19 @@ static const parse_case parse_cases[] = {
      {"{\"city\": \"Oslo\"}", "{\"zone\": \"local\"}"}, false},
     {CHAT_TOOLS_MISTRAL, false, "Sure.[TOOL_CALLS] [{\"name\": \"get_time\", \"arguments\": {\"zone\": \"utc\"}}]",
      "Sure.", 1, {"get_time"}, {"{\"zone\": \"utc\"}"}, false},
+    /* harmony: the spelling chat_harmony writes (opened is ignored: the spelling is always there) */
+    {CHAT_TOOLS_HARMONY, true, "Let me look.<|start|>assistant to=functions.get_weather<|channel|>commentary json"
+     "<|message|>{\"city\": \"Paris\"}<|call|>", "Let me look.", 1, {"get_weather"}, {"{\"city\": \"Paris\"}"}, false},
+    {CHAT_TOOLS_HARMONY, false, "<|start|>assistant to=functions.get_time<|channel|>commentary json<|message|>"
+     "{\"zone\": \"<|c\"}<|call|><|start|>assistant to=functions.get_weather<|channel|>commentary json<|message|>"
+     "{}<|call|>", "",
+     2, {"get_time", "get_weather"}, {"{\"zone\": \"<|c\"}", "{}"}, false},
+    {CHAT_TOOLS_HARMONY, false, "<|start|>assistant to=functions.get_time<|channel|>comm", "", 1, {"get_time"}, {""},
+     true},
+    {CHAT_TOOLS_HARMONY, false, "<|start|>assistant to=functions.<|channel|>x", "<|start|>assistant to=functions."
+     "<|channel|>x", 0, {0}, {0}, true},
+    {CHAT_TOOLS_HARMONY, false, "a <|start|>assistant<|channel|>final", "a <|start|>assistant<|channel|>final", 0, {0},
+     {0}, false},
 };
 
 /* Parses text pushed in pieces of `step` bytes (0: random sizes) and checks the results and the
@@ -405,6 +555,104 @@ static void test_parser(void **state)
     chat_tools_free(ts);
 }
 
+/* ---- harmony's replies ------------------------------------------------------------------------ */
+
+typedef struct split_case {
+    const char *prompt;       /* the prompt's last message (template text) the splitter is primed with */
+    bool raw;                 /* raw_analysis (reasoning_format "none") */
+    const char *text, *reasoning, *content;
+} split_case;
+
+#define GEN "<|start|>assistant"
+#define CALL_W "<|start|>assistant to=functions.get_weather<|channel|>commentary json<|message|>"
+static const split_case split_cases[] = {
+    {GEN, false, "<|channel|>analysis<|message|>User says hi.<|end|><|start|>assistant<|channel|>final<|message|>"
+     "Hello!", "User says hi.", "Hello!"},
+    {GEN, false, "<|channel|>final<|message|>Just this.", "", "Just this."},          /* no analysis part */
+    {GEN, false, "<|channel|>final<|message|>A<|return|>", "", "A"},                  /* the end shown */
+    {GEN, false, "Plain text, no format.", "", "Plain text, no format."},              /* ignores the format */
+    {GEN, false, "<|channel|>analysis<|message|>cut off", "cut off", ""},             /* max_tokens in the analysis */
+    {GEN, false, "<|channel|>analysis<|message|>T<|end|><|start|>assistant<|chan", "T", ""}, /* in a header */
+    {GEN, false, "<|channel|>final<|message|>a<b <|x|> <|end c", "", "a<b <|x|> <|end c"},  /* not markers */
+    {GEN, false, "<|channel|>analysis<|message|>x<|end|>\n<|start|>assistant<|channel|>commentary<|message|>Looking."
+     "<|end|><|start|>assistant<|channel|>final<|message|>Done.", "x", "Looking.Done."},    /* a preamble: content */
+    {GEN, true, "<|channel|>analysis<|message|>hm<|end|><|start|>assistant<|channel|>final<|message|>ok",
+     "", "<|channel|>analysis<|message|>hm<|end|>ok"},                                      /* reasoning_format none */
+    /* calls, the recipient after the channel or after the role, any content type */
+    {GEN, false, "<|channel|>analysis<|message|>Need it.<|end|><|start|>assistant<|channel|>commentary "
+     "to=functions.get_weather <|constrain|>json<|message|>{\"city\": \"Paris\"}", "Need it.",
+     CALL_W "{\"city\": \"Paris\"}<|call|>"},
+    {GEN, false, " to=functions.get_weather<|channel|>commentary json<|message|>{}<|call|>", "", CALL_W "{}<|call|>"},
+    {GEN, false, "<|channel|>commentary to=functions.get_weather<|message|>", "", CALL_W "<|call|>"},
+    {GEN, false, "<|channel|>commentary to=python<|message|>print(1)", "", "print(1)"},   /* not a function: content */
+    /* primed elsewhere: a continued final answer, a forced call's header (named, and any) */
+    {"<|start|>assistant<|channel|>final<|message|>It is", false, " sunny.", "", " sunny."},
+    {"<|start|>assistant<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>", false,
+     "{\"city\": \"Oslo\"}", "", CALL_W "{\"city\": \"Oslo\"}<|call|>"},
+    {"<|start|>assistant<|channel|>commentary to=functions.", false, "get_weather <|constrain|>json<|message|>{}", "",
+     CALL_W "{}<|call|>"},
+    {"<|start|>user<|message|>hi<|end|>", false, "<|start|>assistant<|channel|>final<|message|>yo", "", "yo"},
+};
+
+/* The text fed in pieces of `step` bytes (0: random sizes). */
+static void split_one(const split_case *sc, size_t step, vt_rng *rng, size_t ci)
+{
+    chat_prompt p = {0};
+    assert_int_equal(chat_prompt_append(&p, "<|start|>system<|message|>S<|end|>", 34, true), VKI_OK);
+    assert_int_equal(chat_prompt_append(&p, sc->prompt, strlen(sc->prompt), true), VKI_OK);
+    chat_harmony h;
+    chat_harmony_init(&h, sc->raw);
+    chat_harmony_prime(&h, &p);
+    chat_prompt_free(&p);
+    strbuf r = {0}, c = {0};
+    strbuf_put(&r, "", 0), strbuf_put(&c, "", 0);
+    size_t n = strlen(sc->text);
+    for (size_t i = 0; i < n;) {
+        size_t k = step ? step : vt_range(rng, 1, 9);
+        k = k < n - i ? k : n - i;
+        assert_true(chat_harmony_feed(&h, sc->text + i, k, false, &r, &c));
+        i += k;
+    }
+    assert_true(chat_harmony_feed(&h, "", 0, true, &r, &c));
+    if (strcmp(r.p, sc->reasoning) || strcmp(c.p, sc->content))
+        fail_msg("split case %zu (step %zu): reasoning [%s] content [%s], want [%s] [%s]", ci, step, r.p, c.p,
+                 sc->reasoning, sc->content);
+    strbuf_free(&r), strbuf_free(&c);
+}
+
+/* gpt-oss's reply split into reasoning, content and calls the same way at every split of its
+ * text (markers cut across pieces), from where the prompt left it. */
+static void test_harmony_split(void **state)
+{
+    (void)state;
+    vt_rng rng = vt_rng_seeded("harmony split");
+    for (size_t c = 0; c < sizeof split_cases / sizeof *split_cases; c++) {
+        for (size_t step = 1; step <= 3; step++)
+            split_one(&split_cases[c], step, &rng, c);
+        split_one(&split_cases[c], 100000, &rng, c);
+        for (int k = 0; k < 5; k++)
+            split_one(&split_cases[c], 0, &rng, c);
+    }
+    /* the splitter's calls are what the parser reads */
+    chat_harmony h;
+    chat_harmony_init(&h, false);
+    strbuf content = {0};
+    static const char reply[] = "<|channel|>analysis<|message|>a<|end|><|start|>assistant<|channel|>commentary "
+                                "to=functions.get_time <|constrain|>json<|message|>{\"zone\": \"utc\"}";
+    assert_true(chat_harmony_feed(&h, reply, sizeof reply - 1, true, NULL, &content));
+    chat_tool_parser *tp;
+    assert_int_equal(chat_tool_parser_create(CHAT_TOOLS_HARMONY, false, NULL, 1, &tp), VKI_OK);
+    assert_int_equal(chat_tool_parser_push(tp, content.p, content.len, NULL, NULL), VKI_OK);
+    assert_int_equal(chat_tool_parser_finish(tp, NULL, NULL), VKI_OK);
+    const char *name, *args;
+    assert_int_equal(chat_tool_parser_calls(tp), 1);
+    chat_tool_parser_call(tp, 0, &name, &args);
+    assert_string_equal(name, "get_time");
+    assert_string_equal(args, "{\"zone\": \"utc\"}");
+    chat_tool_parser_free(tp);
+    strbuf_free(&content);
+}
+
 /* Random members of each forced-call grammar's language parse back into calls of known
  * functions with JSON-object arguments (what the grammar generated is what the parser reads). */
 static void test_grammar_round_trip(void **state)
@@ -414,10 +662,10 @@ static void test_grammar_round_trip(void **state)
     gram_vocab *v;
     assert_int_equal(gram_vocab_create(256, vt_byte_piece, NULL, NULL, &v), VKI_OK);
     chat_tool_set *ts = tools_or_fail(TOOLS);
-    const chat_tool_format fs[] = {CHAT_TOOLS_HERMES, CHAT_TOOLS_LLAMA3, CHAT_TOOLS_MISTRAL};
+    const chat_tool_format fs[] = {CHAT_TOOLS_HERMES, CHAT_TOOLS_LLAMA3, CHAT_TOOLS_MISTRAL, CHAT_TOOLS_HARMONY};
     uint32_t total = 0;
-    for (size_t fi = 0; fi < 3; fi++) {
-        const char *prefix;
+    strbuf prefix = {0}, harmony = {0};
+    for (size_t fi = 0; fi < 4; fi++) {
         gram_automaton *a = tool_grammar(v, fs[fi], ts, NULL, true, &prefix);
         for (int it = 0; it < 12; it++) {
             char text[8192];
@@ -448,9 +696,22 @@ static void test_grammar_round_trip(void **state)
                 assert_int_equal(gram_advance_bytes(a, q, &c, 1, &q, NULL, 0), VKI_OK);
             }
             text[n] = 0;
+            const char *out = text;
+            if (fs[fi] == CHAT_TOOLS_HARMONY) { /* the reply goes through the splitter, primed with the prefix */
+                chat_prompt pr = {0};
+                chat_harmony h;
+                chat_harmony_init(&h, false);
+                assert_int_equal(chat_prompt_append(&pr, "<|start|>assistant", 18, true), VKI_OK);
+                assert_int_equal(chat_prompt_append(&pr, prefix.p, prefix.len, true), VKI_OK);
+                chat_harmony_prime(&h, &pr);
+                chat_prompt_free(&pr);
+                strbuf_clear(&harmony);
+                assert_true(chat_harmony_feed(&h, text, n, true, NULL, &harmony));
+                out = harmony.p, n = harmony.len;
+            }
             chat_tool_parser *p;
-            assert_int_equal(chat_tool_parser_create(fs[fi], prefix[0] != 0, ts, it, &p), VKI_OK);
-            assert_int_equal(chat_tool_parser_push(p, text, n, NULL, NULL), VKI_OK);
+            assert_int_equal(chat_tool_parser_create(fs[fi], prefix.len != 0, ts, it, &p), VKI_OK);
+            assert_int_equal(chat_tool_parser_push(p, out, n, NULL, NULL), VKI_OK);
             assert_int_equal(chat_tool_parser_finish(p, NULL, NULL), VKI_OK);
             if (!gram_can_end(a, q) || chat_tool_parser_malformed(p) || !chat_tool_parser_calls(p))
                 fail_msg("%s: \"%s\" gave %u calls, malformed %d", chat_tools_format_name(fs[fi]), text,
@@ -471,6 +732,8 @@ static void test_grammar_round_trip(void **state)
         gram_automaton_free(a);
     }
     print_message("%u generated calls parsed back\n", total);
+    strbuf_free(&prefix);
+    strbuf_free(&harmony);
     chat_tools_free(ts);
     gram_vocab_free(v);
 }
@@ -479,9 +742,11 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_render_qwen25),     cmocka_unit_test(test_render_llama31),
-        cmocka_unit_test(test_render_mistral_v3), cmocka_unit_test(test_render_fallback),
+        cmocka_unit_test(test_render_mistral_v3), cmocka_unit_test(test_render_harmony),
+        cmocka_unit_test(test_render_fallback),
         cmocka_unit_test(test_errors),            cmocka_unit_test(test_grammars),
-        cmocka_unit_test(test_parser),            cmocka_unit_test(test_grammar_round_trip),
+        cmocka_unit_test(test_parser),            cmocka_unit_test(test_harmony_split),
+        cmocka_unit_test(test_grammar_round_trip),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -538,6 +538,156 @@ static void test_reasoning_content(void **state)
     stop(t);
 }
 
+/* ---- gpt-oss's harmony format ----------------------------------------------------------------- */
+
+/* The deltas of a chat stream reassembled: reasoning_content and content. */
+static void stream_parts(const cJSON *ev, strbuf *rs, strbuf *cs)
+{
+    strbuf_put(rs, "", 0), strbuf_put(cs, "", 0);
+    for (const cJSON *e = ev->child; e; e = e->next) {
+        const cJSON *d = vt_json_get(e, "choices.0.delta.reasoning_content"),
+                    *c = vt_json_get(e, "choices.0.delta.content");
+        if (cJSON_IsString(d))
+            strbuf_put(rs, d->valuestring, strlen(d->valuestring));
+        if (cJSON_IsString(c))
+            strbuf_put(cs, c->valuestring, strlen(c->valuestring));
+    }
+}
+
+/* The model's reply forced by a grammar (its markers spelled as text here: this vocabulary has no
+ * harmony tokens, and the splitter reads the text): the analysis channel in reasoning_content and
+ * the final channel in content, streamed (every split the tokens make) and not; reasoning_format
+ * "none" keeps the analysis in the content with its markers, as llama.cpp does. */
+#define HARMONY_GBNF "\"grammar\":\"root ::= \\\"<|channel|>analysis<|message|>hm, a cat<|end|><|start|>assistant" \
+                     "<|channel|>final<|message|>A cat.\\\"\""
+static void test_harmony_reasoning(void **state)
+{
+    T *t = *state;
+    srv_params sp = test_params(t);
+    sp.chat_template = "harmony";
+    start_p(t, t->e, &sp);
+    /* greedy: the grammar's text has several spellings in tokens, and the counts are compared */
+    cJSON *r = post(t, CHAT, "{" USER ",\"max_tokens\":120,\"temperature\":0," HARMONY_GBNF "}");
+    assert_string_equal(vt_json_str(r, "choices.0.message.reasoning_content"), "hm, a cat");
+    assert_string_equal(vt_json_str(r, "choices.0.message.content"), "A cat.");
+    assert_string_equal(vt_json_str(r, "choices.0.finish_reason"), "stop");
+    double completion = vt_json_num(r, "usage.completion_tokens"); /* every token counts, the markers' too */
+    cJSON_Delete(r);
+    bool done;
+    cJSON *ev = stream(t, CHAT, "{" USER ",\"max_tokens\":120,\"temperature\":0,\"stream\":true,\"stream_options\":"
+                       "{\"include_usage\":true}," HARMONY_GBNF "}", 0, &done);
+    strbuf rs = {0}, cs = {0};
+    stream_parts(ev, &rs, &cs);
+    assert_true(done);
+    assert_string_equal(rs.p, "hm, a cat");
+    assert_string_equal(cs.p, "A cat.");
+    const cJSON *last = cJSON_GetArrayItem(ev, cJSON_GetArraySize(ev) - 1);
+    assert_int_equal(vt_json_num(last, "usage.completion_tokens"), completion);
+    strbuf_free(&rs), strbuf_free(&cs);
+    cJSON_Delete(ev);
+    r = post(t, CHAT, "{" USER ",\"max_tokens\":120,\"reasoning_format\":\"none\"," HARMONY_GBNF "}");
+    assert_null(vt_json_get(r, "choices.0.message.reasoning_content"));
+    assert_string_equal(vt_json_str(r, "choices.0.message.content"),
+                        "<|channel|>analysis<|message|>hm, a cat<|end|>A cat.");
+    cJSON_Delete(r);
+    /* a stop string inside the analysis ends the reply there: what came is reasoning */
+    r = post(t, CHAT, "{" USER ",\"max_tokens\":120,\"temperature\":0,\"stop\":[\"cat\"]," HARMONY_GBNF "}");
+    assert_string_equal(vt_json_str(r, "choices.0.message.reasoning_content"), "hm, a ");
+    assert_string_equal(vt_json_str(r, "choices.0.message.content"), "");
+    assert_string_equal(vt_json_str(r, "choices.0.finish_reason"), "stop");
+    assert_true(vt_json_num(r, "usage.completion_tokens") < completion);
+    cJSON_Delete(r);
+    stop(t);
+}
+
+/* reasoning_effort (OpenAI's) and chat_template_kwargs.reasoning_effort (llama-server's) set the
+ * system message's "Reasoning:" line, the top-level field winning; other values are 400s naming
+ * the field; other templates take only "none". Calls: a named function's header is the prompt's,
+ * its arguments the grammar's, parsed back into tool_calls; a call the model writes itself
+ * (forced here by a grammar, after its reasoning) too; several functions, streamed. */
+static void test_harmony_effort_tools(void **state)
+{
+    T *t = *state;
+    start(t, NULL, 0); /* this model's own template: not harmony */
+    cJSON *r = http_json(t, "POST", CHAT, "{" USER ",\"max_tokens\":2,\"reasoning_effort\":\"high\"}", 400);
+    assert_non_null(strstr(vt_json_str(r, "error.message"), "reasoning_effort: not supported"));
+    cJSON_Delete(r);
+    cJSON_Delete(post(t, CHAT, "{" USER ",\"max_tokens\":2,\"reasoning_effort\":\"none\"}"));
+    stop(t);
+    srv_params sp = test_params(t);
+    sp.chat_template = "harmony";
+    start_p(t, t->e, &sp);
+    static const struct {
+        const char *fields, *want;
+    } efforts[] = {
+        {"", "Reasoning: medium\n"},
+        {",\"reasoning_effort\":\"high\"", "Reasoning: high\n"},
+        {",\"chat_template_kwargs\":{\"reasoning_effort\":\"low\"}", "Reasoning: low\n"},
+        {",\"reasoning_effort\":\"high\",\"chat_template_kwargs\":{\"reasoning_effort\":\"low\"}", "Reasoning: high\n"},
+        {",\"chat_template_kwargs\":{\"reasoning_effort\":\"low\"},\"reasoning_effort\":\"high\"", "Reasoning: high\n"},
+    };
+    for (size_t i = 0; i < sizeof efforts / sizeof *efforts; i++) {
+        r = post(t, "/apply-template", "{" USER "%s}", efforts[i].fields);
+        const char *prompt = vt_json_str(r, "prompt");
+        if (!strstr(prompt, efforts[i].want) || strncmp(prompt, "<|start|>system<|message|>", 26))
+            fail_msg("effort %zu: %s", i, prompt);
+        cJSON_Delete(r);
+    }
+    r = http_json(t, "POST", CHAT, "{" USER ",\"reasoning_effort\":\"minimal\"}", 400);
+    assert_non_null(
+        strstr(vt_json_str(r, "error.message"), "reasoning_effort must be \"low\", \"medium\" or \"high\""));
+    assert_string_equal(vt_json_str(r, "error.param"), "reasoning_effort");
+    cJSON_Delete(r);
+    r = http_json(t, "POST", CHAT, "{" USER ",\"chat_template_kwargs\":{\"reasoning_effort\":3}}", 400);
+    assert_non_null(strstr(vt_json_str(r, "error.message"), "chat_template_kwargs.reasoning_effort must be"));
+    cJSON_Delete(r);
+
+    /* a named function: only its arguments are generated */
+    r = post(t, CHAT, "{" USER ",\"max_tokens\":" TIME_MAX ",\"seed\":%llu,\"tools\":%s,\"tool_choice\":{\"type\":"
+             "\"function\",\"function\":{\"name\":\"time\"}}}", (unsigned long long)g_seed + 20, TOOLS);
+    assert_string_equal(vt_json_str(r, "choices.0.finish_reason"), "tool_calls");
+    assert_true(cJSON_IsNull(vt_json_get(r, "choices.0.message.content")));
+    assert_int_equal(cJSON_GetArraySize(vt_json_get(r, "choices.0.message.tool_calls")), 1);
+    assert_string_equal(vt_json_str(r, "choices.0.message.tool_calls.0.function.name"), "time");
+    check_call("time", vt_json_str(r, "choices.0.message.tool_calls.0.function.arguments"), "harmony, named");
+    cJSON_Delete(r);
+    /* auto: the model's own call after its reasoning */
+    r = post(t, CHAT, "{" USER ",\"max_tokens\":200,\"tools\":%s,\"grammar\":\"root ::= \\\"<|channel|>analysis"
+             "<|message|>Time?<|end|><|start|>assistant<|channel|>commentary to=functions.time <|constrain|>json"
+             "<|message|>{\\\\\\\"tz\\\\\\\": \\\\\\\"UTC\\\\\\\"}\\\"\"}", TOOLS);
+    assert_string_equal(vt_json_str(r, "choices.0.finish_reason"), "tool_calls");
+    assert_string_equal(vt_json_str(r, "choices.0.message.reasoning_content"), "Time?");
+    assert_true(cJSON_IsNull(vt_json_get(r, "choices.0.message.content")));
+    assert_string_equal(vt_json_str(r, "choices.0.message.tool_calls.0.function.name"), "time");
+    assert_string_equal(vt_json_str(r, "choices.0.message.tool_calls.0.function.arguments"), "{\"tz\": \"UTC\"}");
+    cJSON_Delete(r);
+    /* required among several, streamed: the name is the grammar's too */
+    bool done;
+    char body[2048];
+    snprintf(body, sizeof body, "{" USER ",\"max_tokens\":" ANY_CALL_MAX ",\"stream\":true,\"seed\":%llu,\"tools\":%s,"
+             "\"tool_choice\":\"required\"}", (unsigned long long)g_seed + 21, TOOLS);
+    cJSON *ev = stream(t, CHAT, body, 0, &done);
+    strbuf args = {0};
+    strbuf_put(&args, "", 0);
+    const char *name = NULL, *finish = NULL;
+    for (const cJSON *e = ev->child; e; e = e->next) {
+        const cJSON *tc = vt_json_get(e, "choices.0.delta.tool_calls"), *f = vt_json_get(e, "choices.0.finish_reason");
+        finish = cJSON_IsString(f) ? f->valuestring : finish;
+        if (tc && vt_json_get(tc, "0.id"))
+            name = vt_json_str(tc, "0.function.name");
+        else if (tc)
+            strbuf_put(&args, vt_json_str(tc, "0.function.arguments"), strlen(vt_json_str(tc, "0.function.arguments")));
+    }
+    assert_true(done);
+    assert_string_equal(finish, "tool_calls");
+    assert_non_null(name);
+    print_message("harmony, required: %s(%s)\n", name, args.p);
+    check_call(name, args.p, "harmony, required (streamed)");
+    strbuf_free(&args);
+    cJSON_Delete(ev);
+    stop(t);
+}
+
 int main(void)
 {
     vt_rng rng = vt_rng_seeded("test_server_struct");
@@ -548,6 +698,7 @@ int main(void)
         cmocka_unit_test(test_tools_stream),    cmocka_unit_test(test_tools_auto_none),
         cmocka_unit_test(test_tool_result_turn),
         cmocka_unit_test(test_think_split),     cmocka_unit_test(test_reasoning_content),
+        cmocka_unit_test(test_harmony_reasoning), cmocka_unit_test(test_harmony_effort_tools),
     };
     if (getenv("VKI_TEST_FILTER"))
         cmocka_set_test_filter(getenv("VKI_TEST_FILTER"));

@@ -11,6 +11,7 @@
 #include <time.h>
 
 #include "engine/gguf.h"
+#include "host/chat/chat_reply.h"
 #include "host/tokenizer/tok_impl.h"
 #include "host/tokenizer/tokenizer.h"
 
@@ -712,6 +713,134 @@ static void test_metadata_errors(void **state)
     vki_tokenizer_free(t);
 }
 
+static void kv_i32s(gbuf *g, const char *k, const int32_t *v, uint64_t n)
+{
+    put_str(g, k);
+    put_u32(g, GGUF_TYPE_ARRAY);
+    put_u32(g, GGUF_TYPE_INT32);
+    put_u64(g, n);
+    put_bytes(g, v, n * sizeof *v);
+}
+
+/* A tiny byte-level BPE vocabulary (pre-tokenizer gpt-4o, as gpt-oss's) whose tokens are
+ * words[0, n_words) (normal) and then toks[0, n) as control tokens; eot_token_id = eot unless
+ * negative. */
+static vki_tokenizer *load_words_vocab(const char *const *words, uint32_t n_words, const char *const *toks,
+                                       uint32_t n, int32_t eot)
+{
+    const char *all[32];
+    int32_t type[32];
+    const uint32_t total = n_words + n;
+    assert_true(total <= 32);
+    for (uint32_t i = 0; i < total; i++)
+        all[i] = i < n_words ? words[i] : toks[i - n_words], type[i] = i < n_words ? 1 : 3;
+    gbuf g = {.n = 0};
+    put_bytes(&g, "GGUF", 4);
+    put_u32(&g, 3);
+    put_u64(&g, 0);
+    put_u64(&g, 5 + (eot >= 0));
+    kv_str(&g, "tokenizer.ggml.model", "gpt2");
+    kv_str(&g, "tokenizer.ggml.pre", "gpt-4o");
+    kv_strs(&g, "tokenizer.ggml.tokens", all, total);
+    kv_i32s(&g, "tokenizer.ggml.token_type", type, total);
+    kv_strs(&g, "tokenizer.ggml.merges", all, 0);
+    if (eot >= 0)
+        kv_u32(&g, "tokenizer.ggml.eot_token_id", (uint32_t)eot);
+    gguf_file *f = NULL;
+    vki_tokenizer *t = NULL;
+    char err[256] = "";
+    assert_int_equal(gguf_open_memory(g.b, g.n, &f, err, sizeof err), VKI_OK);
+    if (tok_from_gguf(f, &t, err, sizeof err) != VKI_OK)
+        fail_msg("control vocabulary: %s", err);
+    gguf_close(f);
+    return t;
+}
+
+/* The same with the words "a" and "b" (ids 0, 1; the control tokens from id 2). */
+static vki_tokenizer *load_control_vocab(const char *const *toks, uint32_t n, int32_t eot)
+{
+    static const char *const ab[] = {"a", "b"};
+    return load_words_vocab(ab, 2, toks, n, eot);
+}
+
+/* gpt-oss (o200k_harmony): "<|return|>" and "<|call|>" end generation and "<|end|>", which only
+ * closes one message of the reply, does not, as llama.cpp decides it: when the vocabulary has both
+ * of the first two (even if the metadata names "<|end|>" the end of turn). It stays a control
+ * token: shown only as special, and text "<|end|>" is not it without parse_special. Without
+ * "<|call|>" (or without "<|return|>") "<|end|>" ends generation as Phi-3's does. */
+static void test_harmony_eog(void **state)
+{
+    (void)state;
+    static const char *const harmony[] = {"<|endoftext|>", "<|return|>", "<|start|>", "<|end|>", "<|message|>",
+                                          "<|call|>"};
+    for (int eot = -1; eot <= 5; eot += 6) { /* eot 5: <|end|>'s id */
+        vki_tokenizer *t = load_control_vocab(harmony, 6, eot);
+        assert_true(vki_token_is_eog(t, 2) && vki_token_is_eog(t, 3) && vki_token_is_eog(t, 7));
+        assert_false(vki_token_is_eog(t, 5));
+        assert_false(vki_token_is_eog(t, 4) || vki_token_is_eog(t, 6) || vki_token_is_eog(t, 0));
+        char buf[32];
+        size_t n = 0;
+        assert_int_equal(vki_token_to_piece(t, 5, false, buf, sizeof buf, &n), VKI_OK);
+        assert_int_equal(n, 0);
+        assert_int_equal(vki_token_to_piece(t, 5, true, buf, sizeof buf, &n), VKI_OK);
+        assert_true(n == 7 && !memcmp(buf, "<|end|>", 7));
+        int32_t *ids = tokenize_all(t, "a<|end|>", 8, false, true, &n);
+        assert_true(n == 2 && ids[0] == 0 && ids[1] == 5);
+        free(ids);
+        ids = tokenize_all(t, "a<|end|>", 8, false, false, &n);
+        for (size_t i = 0; i < n; i++)
+            assert_int_not_equal(ids[i], 5);
+        free(ids);
+        vki_tokenizer_free(t);
+    }
+    static const char *const phi3[] = {"<|end|>", "<|endoftext|>"}, *const no_call[] = {"<|return|>", "<|end|>"};
+    vki_tokenizer *t = load_control_vocab(phi3, 2, -1);
+    assert_true(vki_token_is_eog(t, 2) && vki_token_is_eog(t, 3));
+    vki_tokenizer_free(t);
+    t = load_control_vocab(no_call, 2, -1);
+    assert_true(vki_token_is_eog(t, 2) && vki_token_is_eog(t, 3));
+    vki_tokenizer_free(t);
+}
+
+/* A chat answer as the simple API and the CLI show it (chat_reply): on a harmony template the
+ * markers, control tokens, are rendered for chat_harmony, the analysis channel comes out as
+ * reasoning and the final channel as the answer, "<|return|>" as nothing; a stop string inside the
+ * answer ends it there. Any other template: every token's text is answer (the markers, not
+ * rendered, are nothing). */
+static void test_chat_reply(void **state)
+{
+    (void)state;
+    static const char *const words[] = {"a", "b", "analysis", "final", "assistant", " c"};
+    static const char *const ctl[] = {"<|return|>", "<|start|>", "<|end|>", "<|message|>", "<|call|>", "<|channel|>"};
+    vki_tokenizer *t = load_words_vocab(words, 6, ctl, 6, -1);
+    enum { A, B, ANALYSIS, FINAL, ASSISTANT, C, RET, START, END, MSG, CALL, CHAN };
+    const int32_t reply[] = {CHAN, ANALYSIS, MSG, A, B, END, START, ASSISTANT, CHAN, FINAL, MSG, B, C, A, RET};
+    chat_template harmony = {.family = CHAT_HARMONY}, plain = {.family = CHAT_CHATML};
+    for (int k = 0; k < 3; k++) {
+        const char *stop = "ca";
+        chat_reply r;
+        assert_int_equal(chat_reply_init(&r, t, k == 2 ? &plain : &harmony, NULL, k == 1 ? &stop : NULL, k == 1, 0),
+                         VKI_OK);
+        strbuf rs = {0}, as = {0};
+        bool stopped = false;
+        for (size_t i = 0; i < sizeof reply / sizeof reply[0] && !stopped; i++) {
+            assert_int_equal(chat_reply_push(&r, reply[i], &stopped), VKI_OK);
+            strbuf_put(&rs, r.reasoning.p, r.reasoning.len);
+            strbuf_put(&as, r.answer.p, r.answer.len);
+        }
+        assert_int_equal(chat_reply_finish(&r), VKI_OK);
+        strbuf_put(&rs, r.reasoning.p, r.reasoning.len);
+        strbuf_put(&as, r.answer.p, r.answer.len);
+        const char *want_r = k == 2 ? "" : "ab", *want_a = k == 0 ? "b ca" : k == 1 ? "b " : "analysisabassistantfinalb ca";
+        if (strcmp(rs.p, want_r) || strcmp(as.p, want_a))
+            fail_msg("case %d: reasoning [%s] answer [%s], want [%s] [%s]", k, rs.p, as.p, want_r, want_a);
+        assert_int_equal(stopped, k == 1);
+        strbuf_free(&rs), strbuf_free(&as);
+        chat_reply_free(&r);
+    }
+    vki_tokenizer_free(t);
+}
+
 /* The pieces pre-tokenizer `pre` cuts text into are exactly pieces[] (NULL-terminated). */
 static void expect_pieces(const char *pre, const char *text, const char *const *pieces)
 {
@@ -823,6 +952,8 @@ int main(void)
         cmocka_unit_test(test_throughput),
         cmocka_unit_test(test_threads),
         cmocka_unit_test(test_metadata_errors),
+        cmocka_unit_test(test_harmony_eog),
+        cmocka_unit_test(test_chat_reply),
         cmocka_unit_test(test_pretokenizers),
     };
     return cmocka_run_group_tests_name("tokenizer", tests, NULL, NULL);

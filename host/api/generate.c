@@ -1,6 +1,6 @@
 /* The simple API: vki_generate / vki_generate_chat. One blocking call = one request of a batch
- * manager, streamed through a vki_text_stream (UTF-8-safe text, stop strings) to the caller's
- * text callback. The calling thread sleeps on a condition variable until the final response;
+ * manager, streamed through a chat_reply (a vki_text_stream: UTF-8-safe text, stop strings; on a
+ * harmony template the reasoning split from the answer) to the caller's text callbacks. The calling thread sleeps on a condition variable until the final response;
  * everything else runs on the manager's worker thread, so many callers share the batch. */
 #include <pthread.h>
 #include <stdio.h>
@@ -9,6 +9,7 @@
 #include <time.h>
 
 #include "host/batch/batch.h"
+#include "host/chat/chat_reply.h"
 #include "vkinfer.h"
 
 /* One generation in flight: written by the worker thread, read by the caller after `done`. */
@@ -19,7 +20,8 @@ typedef struct gen_call {
     vki_batch_manager *bm;
     const vki_generate_params *p;
     uint64_t id;
-    vki_text_stream *ts;
+    const chat_template *tmpl; /* vki_generate_chat's (the harmony split), or NULL */
+    chat_reply reply;
     bool stopped;           /* a stop string matched, or on_text asked to stop: cancel sent */
     bool by_caller;         /* ... and it was on_text */
     double t0;
@@ -46,15 +48,23 @@ static void set_err(char *err, size_t n, const char *msg)
         snprintf(err, n, "%s", msg);
 }
 
-/* Hands text to the caller; false from on_text stops the generation (cancelled next tick). */
-static void emit(gen_call *g, const char *text, size_t n)
+/* Hands text to one of the caller's callbacks; false from it stops the generation (cancelled
+ * next tick). */
+static void emit_to(gen_call *g, vki_text_fn fn, const strbuf *b)
 {
-    if (!n || !g->p->on_text || (g->stopped && g->by_caller))
+    if (!b->len || !fn || (g->stopped && g->by_caller))
         return;
-    if (!g->p->on_text(g->p->user, text, n) && !g->stopped) {
+    if (!fn(g->p->user, b->p, b->len) && !g->stopped) {
         g->stopped = g->by_caller = true;
         vki_batch_cancel(g->bm, g->id);
     }
+}
+
+/* The reply's last piece: the reasoning (harmony), then the answer. */
+static void emit(gen_call *g)
+{
+    emit_to(g, g->p->on_reasoning, &g->reply.reasoning);
+    emit_to(g, g->p->on_text, &g->reply.answer);
 }
 
 /* Runs on the worker thread: every generated token through the text stream, then the result. */
@@ -64,11 +74,9 @@ static void on_response(void *user, const vki_response *r)
     for (uint32_t i = 0; i < r->n_tokens; i++) {
         if (!g->res.n_generated++)
             g->res.first_token_ms = now_ms() - g->t0;
-        const char *t;
-        size_t n;
         bool matched = false;
-        if (vki_text_stream_push(g->ts, r->tokens[i], &t, &n, &matched) == VKI_OK)
-            emit(g, t, n);
+        if (chat_reply_push(&g->reply, r->tokens[i], &matched) == VKI_OK)
+            emit(g);
         if (matched && !g->stopped) { /* a stop string: end the request; its final response comes next tick */
             g->stopped = true;
             vki_batch_cancel(g->bm, g->id);
@@ -76,10 +84,8 @@ static void on_response(void *user, const vki_response *r)
     }
     if (!r->final)
         return;
-    const char *t;
-    size_t n;
-    if (vki_text_stream_finish(g->ts, &t, &n) == VKI_OK)
-        emit(g, t, n);
+    if (chat_reply_finish(&g->reply) == VKI_OK)
+        emit(g);
     pthread_mutex_lock(&g->mu);
     g->res.finish = g->stopped ? (g->by_caller ? VKI_FINISH_CANCELLED : VKI_FINISH_STOP) : r->finish;
     g->res.seed = r->seed;
@@ -109,7 +115,7 @@ static vki_status run(vki_batch_manager *bm, const int32_t *prompt, size_t n, co
     vki_request req = {.prompt = prompt, .n_prompt = (uint32_t)n, .sampling = p->sampling, .streaming = true,
                        .ignore_eos = p->ignore_eos,
                        .max_new_tokens = p->max_tokens < max_ctx - n ? p->max_tokens : (uint32_t)(max_ctx - n)};
-    vki_status st = vki_text_stream_create(bm->be.tok, p->stops, p->n_stops, 0, &g->ts);
+    vki_status st = chat_reply_init(&g->reply, bm->be.tok, g->tmpl, NULL, p->stops, p->n_stops, 0);
     if (st != VKI_OK) {
         set_err(err, err_len, "stop strings: each must be a non-empty string");
         return st;
@@ -128,7 +134,7 @@ static vki_status run(vki_batch_manager *bm, const int32_t *prompt, size_t n, co
         if ((st = g->status) != VKI_OK)
             set_err(err, err_len, g->error);
     }
-    vki_text_stream_free(g->ts);
+    chat_reply_free(&g->reply);
     return st;
 }
 
@@ -160,7 +166,8 @@ typedef vki_status (*tokens_fn)(const void *src, int32_t *out, size_t cap, size_
 
 /* The body of both calls: defaults, checks, the ids, the run, the result. */
 static vki_status generate(vki_batch_manager *bm, const vki_generate_params *params, tokens_fn tokens,
-                           const void *src, size_t cap, vki_generate_result *result, char *err, size_t err_len)
+                           const void *src, const chat_template *tmpl, size_t cap, vki_generate_result *result,
+                           char *err, size_t err_len)
 {
     vki_generate_params defaults = vki_generate_default_params();
     const vki_generate_params *p = params ? params : &defaults;
@@ -179,7 +186,7 @@ static vki_status generate(vki_batch_manager *bm, const vki_generate_params *par
     }
     if (st == VKI_OK) {
         gen_call g = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER, .bm = bm, .p = p,
-                      .t0 = now_ms()};
+                      .tmpl = tmpl, .t0 = now_ms()};
         st = run(bm, ids, n, p, &g, err, err_len);
         if (result)
             *result = g.res;
@@ -225,7 +232,7 @@ vki_status vki_generate(vki_batch_manager *bm, const char *prompt, const vki_gen
     }
     text_src src = {bm ? bm->be.tok : NULL, prompt};
     /* bytes + BOS/EOS + a space prefix: usually enough at once */
-    return generate(bm, p, text_tokens, &src, strlen(prompt) + 8, result, err, err_len);
+    return generate(bm, p, text_tokens, &src, NULL, strlen(prompt) + 8, result, err, err_len);
 }
 
 vki_status vki_generate_chat(vki_batch_manager *bm, const vki_chat_template *tmpl, const vki_chat_message *msgs,
@@ -237,5 +244,6 @@ vki_status vki_generate_chat(vki_batch_manager *bm, const vki_chat_template *tmp
         set_err(err, err_len, "no chat template (the executor has none; pass one)");
         return VKI_ERR_INVALID_ARG;
     }
-    return generate(bm, p, chat_tokens, &src, 256, result, err, err_len);
+    return generate(bm, p, chat_tokens, &src, src.tmpl ? chat_api_template(src.tmpl) : NULL, 256, result, err,
+                    err_len);
 }

@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "engine/gguf.h"
 
@@ -21,12 +22,27 @@
 static const char *const family_names[CHAT_FAMILY_COUNT] = {
     [CHAT_PLAIN] = "plain",   [CHAT_CHATML] = "chatml", [CHAT_LLAMA3] = "llama3", [CHAT_LLAMA2] = "llama2",
     [CHAT_MISTRAL] = "mistral", [CHAT_ZEPHYR] = "zephyr", [CHAT_GEMMA] = "gemma",  [CHAT_PHI3] = "phi3",
-    [CHAT_DEEPSEEK] = "deepseek",
+    [CHAT_DEEPSEEK] = "deepseek", [CHAT_HARMONY] = "harmony",
 };
 _Static_assert(sizeof family_names / sizeof family_names[0] == CHAT_FAMILY_COUNT, "a name per family");
 
 static const char *const role_names[] = {[CHAT_SYSTEM] = "system", [CHAT_USER] = "user",
                                          [CHAT_ASSISTANT] = "assistant"};
+
+static const char *const effort_names[] = {[CHAT_EFFORT_MEDIUM] = "medium", [CHAT_EFFORT_LOW] = "low",
+                                           [CHAT_EFFORT_HIGH] = "high"};
+
+const char *chat_effort_name(chat_effort e) { return (unsigned)e <= CHAT_EFFORT_HIGH ? effort_names[e] : "?"; }
+
+bool chat_effort_parse(const char *name, chat_effort *out)
+{
+    for (int e = 0; name && e <= CHAT_EFFORT_HIGH; e++)
+        if (!strcmp(name, effort_names[e])) {
+            *out = (chat_effort)e;
+            return true;
+        }
+    return false;
+}
 
 const char *chat_family_name(chat_family f)
 {
@@ -52,6 +68,8 @@ chat_family chat_detect(const char *t, bool *known)
         f = CHAT_PLAIN;
     else if (strstr(t, DS_USER))
         f = CHAT_DEEPSEEK;
+    else if (strstr(t, "<|start|>") && strstr(t, "<|channel|>") && strstr(t, "<|message|>"))
+        f = CHAT_HARMONY;
     else if (strstr(t, "<|im_start|>"))
         f = CHAT_CHATML;
     else if (strstr(t, "<|start_header_id|>"))
@@ -157,6 +175,7 @@ vki_status chat_template_init(chat_template *t, chat_family f, const char *tmpl,
     t->phi4_mini = f == CHAT_PHI3 && tmpl && strstr(tmpl, "'|>' + message['content']");
     t->chatml_sep = f == CHAT_CHATML && tmpl && strstr(tmpl, "<|im_sep|>");
     t->deepseek_think = f == CHAT_DEEPSEEK && tmpl && strstr(tmpl, DS_ASSISTANT "<think>");
+    t->harmony_date = f == CHAT_HARMONY && (!tmpl || strstr(tmpl, "strftime_now"));
     return f == CHAT_CHATML && tmpl ? chatml_default_system(tmpl, &t->default_system) : VKI_OK;
 }
 
@@ -569,10 +588,95 @@ static void render_deepseek(const chat_template *t, const chat_msg *m, size_t n,
         lit(o, t->deepseek_think ? DS_ASSISTANT "<think>\n" : DS_ASSISTANT);
 }
 
+/* ---- harmony (gpt-oss) --------------------------------------------------------------------- */
+
+/* The date the system message carries: t->date, else today's in local time (strftime_now). */
+static void harmony_date(const chat_template *t, char out[16])
+{
+    time_t now = time(NULL);
+    struct tm tm;
+    if (t->date[0])
+        memcpy(out, t->date, sizeof t->date);
+    else if (!localtime_r(&now, &tm) || !strftime(out, 16, "%Y-%m-%d", &tm))
+        memcpy(out, "1970-01-01", 11);
+    out[15] = 0;
+}
+
+vki_status chat_harmony_system(const chat_template *t, bool tools, chat_prompt *p)
+{
+    char date[16];
+    chat_out o = {p, VKI_OK};
+    lit(&o, "<|start|>system<|message|>You are ChatGPT, a large language model trained by OpenAI.\n"
+            "Knowledge cutoff: 2024-06\n");
+    if (t->harmony_date) {
+        harmony_date(t, date);
+        lit(&o, "Current date: ");
+        lit(&o, date);
+        lit(&o, "\n");
+    }
+    lit(&o, "\nReasoning: ");
+    lit(&o, chat_effort_name(t->effort));
+    lit(&o, "\n\n# Valid channels: analysis, commentary, final. Channel must be included for every message.");
+    if (tools)
+        lit(&o, "\nCalls to these tools must go to the commentary channel: 'functions'.");
+    lit(&o, "<|end|>");
+    return o.st;
+}
+
+bool chat_harmony_check(const chat_msg *m, size_t i, char *err, size_t n_err)
+{
+    static const char A[] = "<|channel|>analysis<|message|>", F[] = "<|channel|>final<|message|>";
+    if (m->role != CHAT_ASSISTANT || (!memmem(m->content, m->len, A, sizeof A - 1) &&
+                                      !memmem(m->content, m->len, F, sizeof F - 1)))
+        return true;
+    if (err && n_err)
+        snprintf(err, n_err, "messages[%zu].content: holds '<|channel|>' tags; an assistant message's content is its "
+                 "final answer's text only (harmony chat template)", i);
+    return false;
+}
+
+/* openai/gpt-oss-20b: its system message (identity, knowledge cutoff, today's date where the
+ * template calls strftime_now, the reasoning effort, the valid channels); a first system message
+ * as the developer message '# Instructions\n\n' + content + '\n\n' (none when empty); user turns
+ * '<|start|>user<|message|>' + content + '<|end|>'; answers on the final channel,
+ * '<|start|>assistant<|channel|>final<|message|>' + content + '<|end|>' (their reasoning is never
+ * rendered), the last one ending '<|return|>' instead when there is no generation prompt (the
+ * template's training form); then '<|start|>assistant'. Later system messages are not written
+ * (the template has no branch for them); an answer holding channel tags is refused, as upstream
+ * raises. Tools: chat_render_tools. */
+static void render_harmony(const chat_template *t, const chat_msg *m, size_t n, bool gen, chat_out *o, char *err,
+                           size_t n_err)
+{
+    if (o->st == VKI_OK)
+        o->st = chat_harmony_system(t, false, o->p);
+    size_t first = n && m[0].role == CHAT_SYSTEM;
+    if (first && m[0].len) {
+        lit(o, "<|start|>developer<|message|># Instructions\n\n");
+        txt(o, &m[0]);
+        lit(o, "\n\n<|end|>");
+    }
+    for (size_t i = first; i < n && o->st == VKI_OK; i++) {
+        if (!chat_harmony_check(&m[i], i, err, n_err)) {
+            o->st = VKI_ERR_INVALID_ARG;
+        } else if (m[i].role == CHAT_USER) {
+            lit(o, "<|start|>user<|message|>");
+            txt(o, &m[i]);
+            lit(o, "<|end|>");
+        } else if (m[i].role == CHAT_ASSISTANT) {
+            lit(o, "<|start|>assistant<|channel|>final<|message|>");
+            txt(o, &m[i]);
+            lit(o, i + 1 == n && !gen ? "<|return|>" : "<|end|>");
+        }
+    }
+    if (gen)
+        lit(o, "<|start|>assistant");
+}
+
 static const render_fn renderers[CHAT_FAMILY_COUNT] = {
     [CHAT_PLAIN] = render_plain,     [CHAT_CHATML] = render_chatml, [CHAT_LLAMA3] = render_llama3,
     [CHAT_LLAMA2] = render_llama2,   [CHAT_MISTRAL] = render_mistral, [CHAT_ZEPHYR] = render_zephyr,
     [CHAT_GEMMA] = render_gemma,     [CHAT_PHI3] = render_phi3,     [CHAT_DEEPSEEK] = render_deepseek,
+    [CHAT_HARMONY] = render_harmony,
 };
 
 void chat_prompt_open_end(chat_prompt *p)

@@ -5,8 +5,9 @@
  *
  * Families: ChatML (incl. a default system prompt written literally in the template, as Qwen's),
  * Llama 3, Llama 2 (<<SYS>>), Mistral ([INST] without <<SYS>>; the "v1" spacing when the template
- * writes ' [INST] '), Zephyr, Gemma, Phi-3. Anything else, or no template: CHAT_PLAIN, our own
- * fallback of "role: content" lines ending in "assistant:" (the caller logs it).
+ * writes ' [INST] '), Zephyr, Gemma, Phi-3, DeepSeek-R1, gpt-oss's harmony. Anything else, or no
+ * template: CHAT_PLAIN, our own fallback of "role: content" lines ending in "assistant:" (the
+ * caller logs it).
  *
  * Tokenisation keeps the roles of the two kinds of text apart: control tokens ("<|im_start|>",
  * "<s>") are recognised only inside the text the template itself wrote; message content is always
@@ -31,6 +32,7 @@ typedef enum chat_family {
     CHAT_GEMMA,
     CHAT_PHI3,
     CHAT_DEEPSEEK, /* DeepSeek-R1 and its Qwen / Llama distills: <｜User｜>, <｜Assistant｜> */
+    CHAT_HARMONY,  /* gpt-oss (OpenAI's harmony format): <|start|>role<|channel|>...<|message|>...<|end|> */
     CHAT_FAMILY_COUNT
 } chat_family;
 
@@ -40,6 +42,15 @@ typedef enum chat_role {
     CHAT_ASSISTANT,
     CHAT_TOOL,            /* a tool's result: only chat_render_tools (chat_tools.h) renders it */
 } chat_role;
+
+/* The harmony template's reasoning_effort ("Reasoning: medium" in its system message). */
+typedef enum chat_effort {
+    CHAT_EFFORT_MEDIUM = 0, /* the template's default */
+    CHAT_EFFORT_LOW,
+    CHAT_EFFORT_HIGH,
+} chat_effort;
+const char *chat_effort_name(chat_effort e); /* "medium", "low", "high" */
+bool chat_effort_parse(const char *name, chat_effort *out);
 
 typedef struct chat_msg {
     chat_role role;
@@ -68,6 +79,13 @@ typedef struct chat_template {
                              '<|im_end|>', no newlines */
     bool phi3_v1;         /* the first Phi-3 template (mini-4k/medium, April 2024): no system turn,
                              '<|assistant|>' after every user turn, no generation-prompt switch */
+    /* harmony (gpt-oss): its system message's variable parts. The renderer reads them; callers
+     * set them per conversation on a copy (the server does, from the request). */
+    bool harmony_date;    /* the template writes "Current date: " + strftime_now("%Y-%m-%d") (gpt-oss's
+                             own does; without it the line is left out, as the harmony library does) */
+    char date[16];        /* that date, "YYYY-MM-DD"; "" = today in local time, read when rendering (as
+                             strftime_now does): set it for a deterministic prompt */
+    chat_effort effort;   /* "Reasoning: ..." (the template's reasoning_effort variable) */
 } chat_template;
 
 /* Recognises a template by its markers; *known = false (and CHAT_PLAIN) for NULL, empty or an
@@ -78,7 +96,7 @@ bool chat_family_parse(const char *name, chat_family *out);
 
 /* Fills *t for family f. tmpl (may be NULL) refines it: whether bos_token is written, the Mistral
  * spacing, ChatML's literal default system prompt and reasoning stripping, the first Phi-3
- * template. bos/eos: token texts (NULL = none). */
+ * template, harmony's date line. bos/eos: token texts (NULL = none). */
 vki_status chat_template_init(chat_template *t, chat_family f, const char *tmpl, const char *bos, const char *eos);
 void chat_template_free(chat_template *t);
 
@@ -112,6 +130,12 @@ void chat_prompt_open_end(chat_prompt *p);
 /* Appends text to a prompt: template text (tmpl, its control tokens are recognised) or message
  * content. For renderers outside chat.c (chat_tools.c). */
 vki_status chat_prompt_append(chat_prompt *p, const char *s, size_t n, bool tmpl);
+/* Harmony's system message, "<|start|>system<|message|>...<|end|>", appended to p as template text;
+ * `tools`: with the line that sends function calls to the commentary channel. For chat_tools.c. */
+vki_status chat_harmony_system(const chat_template *t, bool tools, chat_prompt *p);
+/* false (err naming messages[i]) for an assistant message whose content holds harmony's channel
+ * tags, which gpt-oss's template refuses. */
+bool chat_harmony_check(const chat_msg *m, size_t i, char *err, size_t n_err);
 
 /* The control tokens of a vocabulary (tokens whose text shows only when rendered as special),
  * for chat_tokenize. Built once per server: O(vocab). */

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "host/chat/chat.h"
+#include "host/chat/chat_reply.h"
 #include "vkinfer.h"
 
 struct vki_chat_template {
@@ -55,6 +56,8 @@ void vki_chat_template_free(vki_chat_template *c)
 }
 
 const char *vki_chat_template_name(const vki_chat_template *c) { return chat_family_name(c->t.family); }
+
+const chat_template *chat_api_template(const vki_chat_template *c) { return &c->t; }
 
 /* msgs -> the renderer's messages, then rendered. Names the bad message in err. The output
  * checks of both public calls too: n_out required (zeroed), a buffer unless cap is 0. */

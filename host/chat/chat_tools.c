@@ -13,6 +13,8 @@
 
 chat_tool_format chat_tools_format(const chat_template *t, const char *tmpl)
 {
+    if (t->family == CHAT_HARMONY)
+        return CHAT_TOOLS_HARMONY;
     if (tmpl && strstr(tmpl, "[AVAILABLE_TOOLS]"))
         return CHAT_TOOLS_MISTRAL;
     if (t->family == CHAT_LLAMA3 && tmpl && (strstr(tmpl, "<|python_tag|>") || strstr(tmpl, "ipython")))
@@ -22,7 +24,8 @@ chat_tool_format chat_tools_format(const chat_template *t, const char *tmpl)
 
 const char *chat_tools_format_name(chat_tool_format f)
 {
-    return f == CHAT_TOOLS_LLAMA3 ? "llama3" : f == CHAT_TOOLS_MISTRAL ? "mistral" : "hermes";
+    return f == CHAT_TOOLS_LLAMA3 ? "llama3" : f == CHAT_TOOLS_MISTRAL ? "mistral" : f == CHAT_TOOLS_HARMONY ? "harmony"
+                                                                                                     : "hermes";
 }
 
 /* ---- the tools array ------------------------------------------------------------------------------ */
@@ -434,6 +437,230 @@ static void render_mistral_tools(const chat_template *t, const chat_msg *m, cons
     strbuf_free(&b);
 }
 
+/* ---- harmony's tools: a TypeScript namespace, as gpt-oss's template writes it ------------------ */
+
+/* Jinja's truthiness of a JSON value: absent, null, false, 0, "" and empty containers are false. */
+static bool truthy(const json_value *v)
+{
+    if (!v || v->type == JSON_NULL || v->type == JSON_FALSE)
+        return false;
+    if (v->type == JSON_NUMBER)
+        return v->num != 0;
+    return v->type == JSON_TRUE || v->n || v->len;
+}
+
+/* A value joined to text with Jinja's "+": a string as its bytes (anything else would raise
+ * upstream; we write its JSON). */
+static bool put_value(strbuf *b, const json_value *v)
+{
+    return v->type == JSON_STRING ? strbuf_put(b, v->s, v->len) : json_write(b, v);
+}
+
+/* `items|join(sep)` */
+static bool put_join(strbuf *b, const json_value *arr, const char *sep)
+{
+    bool ok = true;
+    for (size_t i = 0; ok && i < arr->n; i++)
+        ok = (!i || strbuf_put(b, sep, strlen(sep))) && put_value(b, &arr->items[i]);
+    return ok;
+}
+
+static bool is_required(const json_value *required, const char *key, size_t len)
+{
+    for (size_t i = 0; required && required->type == JSON_ARRAY && i < required->n; i++)
+        if (required->items[i].type == JSON_STRING && required->items[i].len == len &&
+            !memcmp(required->items[i].s, key, len))
+            return true;
+    return false;
+}
+
+/* render_typescript_type(spec): arrays as T[] ("any[]" past 50 characters), a list of types
+ * joined by " | ", oneOf variants one after another (the template's test for object variants sets
+ * a variable inside its loop, which Jinja does not carry out of it, so it never fires), string
+ * enums as "a" | "b", numbers, booleans, objects inline with a newline and 16 spaces before each
+ * member's type (the template's whitespace), anything else "any". */
+static bool ts_type(strbuf *b, const json_value *spec)
+{
+    const json_value *type = json_get(spec, "type"), *one_of = json_get(spec, "oneOf");
+    bool nullable = truthy(json_get(spec, "nullable")), ok = true;
+    if (json_is_str(type, "array")) {
+        const json_value *items = json_get(spec, "items"), *it = json_get(items, "type");
+        static const char *const simple[][2] = {
+            {"string", "string[]"}, {"number", "number[]"}, {"integer", "number[]"}, {"boolean", "boolean[]"}};
+        const char *s = items ? NULL : "any[]";
+        for (int k = 0; items && !s && k < 4; k++)
+            s = json_is_str(it, simple[k][0]) ? simple[k][1] : NULL;
+        if (s) {
+            ok = strbuf_put(b, s, strlen(s));
+        } else {
+            strbuf inner = {0};
+            ok = ts_type(&inner, items) && strbuf_put(&inner, "", 0);
+            bool any = ok && (!strcmp(inner.p, "object | object") || inner.len > 50);
+            ok = ok && (any ? strbuf_put(b, "any[]", 5) : strbuf_put(b, inner.p, inner.len) && strbuf_put(b, "[]", 2));
+            strbuf_free(&inner);
+        }
+        return ok && (!nullable || strbuf_put(b, " | null", 7));
+    }
+    if (type && type->type == JSON_ARRAY && type->n)
+        return put_join(b, type, " | ");
+    if (truthy(one_of) && one_of->type == JSON_ARRAY) {
+        for (size_t i = 0; ok && i < one_of->n; i++) {
+            const json_value *v = &one_of->items[i], *d = json_get(v, "description"), *def = json_get(v, "default");
+            ok = ts_type(b, v) && (!truthy(d) || (strbuf_put(b, "// ", 3) && put_value(b, d))) &&
+                 (!def || (strbuf_printf(b, "%20s// default: ", "") && json_write(b, def))) &&
+                 (i + 1 == one_of->n || strbuf_put(b, " | \n", 4));
+        }
+        return ok;
+    }
+    if (json_is_str(type, "string")) {
+        const json_value *e = json_get(spec, "enum");
+        if (truthy(e) && e->type == JSON_ARRAY)
+            return strbuf_put(b, "\"", 1) && put_join(b, e, "\" | \"") && strbuf_put(b, "\"", 1);
+        return strbuf_put(b, "string", 6) && (!nullable || strbuf_put(b, " | null", 7));
+    }
+    if (json_is_str(type, "number") || json_is_str(type, "integer"))
+        return strbuf_put(b, "number", 6);
+    if (json_is_str(type, "boolean"))
+        return strbuf_put(b, "boolean", 7);
+    if (json_is_str(type, "object")) {
+        const json_value *props = json_get(spec, "properties"), *req = json_get(spec, "required");
+        if (!truthy(props) || props->type != JSON_OBJECT)
+            return strbuf_put(b, "object", 6);
+        ok = strbuf_put(b, "{\n", 2);
+        for (size_t i = 0; ok && i < props->n; i++) {
+            const json_member *mb = &props->members[i];
+            ok = strbuf_put(b, mb->key, mb->key_len) &&
+                 (is_required(req, mb->key, mb->key_len) || strbuf_put(b, "?", 1)) &&
+                 strbuf_printf(b, ": \n%16s", "") && ts_type(b, &mb->value) &&
+                 (i + 1 == props->n || strbuf_put(b, ", ", 2));
+        }
+        return ok && strbuf_put(b, "}", 1);
+    }
+    return strbuf_put(b, "any", 3);
+}
+
+/* render_tool_namespace("functions", tools): per function its description as a comment, then
+ * "type NAME = (_: {\n" + one line per parameter (its description as a comment line before it;
+ * '?' when not required; its default as a trailing comment) + "}) => any;\n\n", or
+ * "() => any;\n\n" without parameters. A function without a description gets an empty comment
+ * (upstream's template fails on it). */
+static bool harmony_namespace(strbuf *b, const chat_tool_set *tools)
+{
+    bool ok = strbuf_put(b, "## functions\n\nnamespace functions {\n\n", 37);
+    for (uint32_t i = 0; ok && i < tools->n; i++) {
+        const tool_fn *f = &tools->fns[i];
+        const json_value *desc = json_get(f->fn, "description"), *props = json_get(f->params, "properties"),
+                         *req = json_get(f->params, "required");
+        ok = strbuf_put(b, "// ", 3) && (!desc || put_value(b, desc)) &&
+             strbuf_printf(b, "\ntype %.*s = ", (int)f->name_len, f->name);
+        if (!ok || !truthy(f->params) || !truthy(props) || props->type != JSON_OBJECT) {
+            ok = ok && strbuf_put(b, "() => any;\n\n", 12);
+            continue;
+        }
+        ok = strbuf_put(b, "(_: {\n", 6);
+        for (size_t k = 0; ok && k < props->n; k++) {
+            const json_member *mb = &props->members[k];
+            const json_value *spec = &mb->value, *d = json_get(spec, "description"), *def = json_get(spec, "default");
+            ok = (!truthy(d) || (strbuf_put(b, "// ", 3) && put_value(b, d) && strbuf_put(b, "\n", 1))) &&
+                 strbuf_put(b, mb->key, mb->key_len) &&
+                 (is_required(req, mb->key, mb->key_len) || strbuf_put(b, "?", 1)) && strbuf_put(b, ": ", 2) &&
+                 ts_type(b, spec);
+            if (ok && def && truthy(json_get(spec, "enum")))
+                ok = strbuf_put(b, ", // default: ", 14) && put_value(b, def);
+            else if (ok && def && truthy(json_get(spec, "oneOf")))
+                ok = strbuf_put(b, "// default: ", 12) && put_value(b, def);
+            else if (ok && def)
+                ok = strbuf_put(b, ", // default: ", 14) && json_write(b, def);
+            ok = ok && strbuf_put(b, ",\n", 2);
+        }
+        ok = ok && strbuf_put(b, "}) => any;\n\n", 12);
+    }
+    return ok && strbuf_put(b, "} // namespace functions", 24);
+}
+
+/* openai/gpt-oss-20b with tools: the system message's line sending calls to the commentary
+ * channel; the developer message's "# Tools" section after its instructions; an assistant's first
+ * tool call (the template renders one per message) as '<|start|>assistant to=functions.' + name +
+ * '<|channel|>commentary json<|message|>' + arguments|tojson + '<|call|>', its content written
+ * before it on the analysis channel unless a later answer without calls follows (the one place
+ * the template renders reasoning); a tool's result as '<|start|>functions.' + the last called
+ * name + ' to=assistant<|channel|>commentary<|message|>' + content|tojson + '<|end|>' (an error
+ * when no call came before, as upstream raises). The rest as chat.c's render_harmony. Names and
+ * arguments come from the request: written as content, so they cannot hold control tokens. */
+static void render_harmony_tools(const chat_template *t, const chat_msg *m, const chat_tool_msg *tm, size_t n,
+                                 const chat_tool_set *tools, bool gen, tout *o, char *err, size_t n_err)
+{
+    strbuf b = {0};
+    if (o->st == VKI_OK)
+        o->st = chat_harmony_system(t, tools != NULL, o->p);
+    size_t first = n && m[0].role == CHAT_SYSTEM;
+    if ((first && m[0].len) || tools) {
+        T(o, "<|start|>developer<|message|>");
+        if (first && m[0].len) {
+            T(o, "# Instructions\n\n");
+            C(o, &m[0]);
+            T(o, "\n\n");
+        }
+        if (tools) {
+            T(o, "# Tools\n\n");
+            T_buf(o, &b, harmony_namespace(&b, tools));
+        }
+        T(o, "<|end|>");
+    }
+    const chat_tool_call *last = NULL; /* the call a tool message answers */
+    for (size_t i = first; i < n && o->st == VKI_OK; i++) {
+        const chat_tool_msg *x = tmsg(tm, i);
+        if (!chat_harmony_check(&m[i], i, err, n_err)) {
+            o->st = VKI_ERR_INVALID_ARG;
+        } else if (m[i].role == CHAT_ASSISTANT && x->n_calls) {
+            bool answered = false; /* a later assistant message without calls */
+            for (size_t k = i + 1; k < n; k++)
+                answered |= m[k].role == CHAT_ASSISTANT && !tmsg(tm, k)->n_calls;
+            if (m[i].len && !answered) {
+                T(o, "<|start|>assistant<|channel|>analysis<|message|>");
+                C(o, &m[i]);
+                T(o, "<|end|>");
+            }
+            last = &x->calls[0];
+            T(o, "<|start|>assistant to=functions.");
+            tn(o, last->name, last->name_len, false);
+            T(o, "<|channel|>commentary json<|message|>");
+            bool ok = args_json(&b, last);
+            tn(o, b.p ? b.p : "", b.len, false);
+            strbuf_clear(&b);
+            if (!ok && o->st == VKI_OK)
+                o->st = VKI_ERR_OUT_OF_HOST_MEMORY;
+            T(o, "<|call|>");
+        } else if (m[i].role == CHAT_ASSISTANT) {
+            T(o, "<|start|>assistant<|channel|>final<|message|>");
+            C(o, &m[i]);
+            T(o, i + 1 == n && !gen ? "<|return|>" : "<|end|>");
+            last = NULL;
+        } else if (m[i].role == CHAT_TOOL && !last) {
+            snprintf(err, n_err, "messages[%zu].role: a tool message with no assistant tool call before it "
+                     "(harmony chat template)", i);
+            o->st = VKI_ERR_INVALID_ARG;
+        } else if (m[i].role == CHAT_TOOL) {
+            T(o, "<|start|>functions.");
+            tn(o, last->name, last->name_len, false);
+            T(o, " to=assistant<|channel|>commentary<|message|>");
+            bool ok = json_write_str(&b, m[i].content, m[i].len);
+            tn(o, b.p ? b.p : "", b.len, false);
+            strbuf_clear(&b);
+            if (!ok && o->st == VKI_OK)
+                o->st = VKI_ERR_OUT_OF_HOST_MEMORY;
+            T(o, "<|end|>");
+        } else if (m[i].role == CHAT_USER) {
+            T(o, "<|start|>user<|message|>");
+            C(o, &m[i]);
+            T(o, "<|end|>");
+        }
+    }
+    if (gen)
+        T(o, "<|start|>assistant");
+    strbuf_free(&b);
+}
+
 /* Other families: the HERMES instructions joined to the system message, calls written into the
  * assistant's content, consecutive tool results as one user message of <tool_response> blocks;
  * then the family's own renderer. */
@@ -490,12 +717,14 @@ vki_status chat_render_tools(const chat_template *t, chat_tool_format f, const c
     if (tools && !tools->n)
         tools = NULL;
     bool native = (f == CHAT_TOOLS_HERMES && t->family == CHAT_CHATML) || (f == CHAT_TOOLS_LLAMA3 && t->family == CHAT_LLAMA3) ||
-                  f == CHAT_TOOLS_MISTRAL;
+                  f == CHAT_TOOLS_MISTRAL || (f == CHAT_TOOLS_HARMONY && t->family == CHAT_HARMONY);
     if (!native)
         return render_fallback(t, m, tm, n, tools, gen, out, err, n_err);
     tout o = {out, VKI_OK};
     if (f == CHAT_TOOLS_HERMES)
         render_chatml_tools(t, m, tm, n, tools, gen, &o);
+    else if (f == CHAT_TOOLS_HARMONY)
+        render_harmony_tools(t, m, tm, n, tools, gen, &o, err, n_err);
     else if (f == CHAT_TOOLS_LLAMA3)
         render_llama3_tools(t, m, tm, n, tools, gen, &o, err, n_err);
     else
@@ -509,11 +738,28 @@ vki_status chat_render_tools(const chat_template *t, chat_tool_format f, const c
 
 /* ---- forcing a call --------------------------------------------------------------------------------- */
 
-vki_status chat_tools_grammar(chat_tool_format f, const chat_tool_set *tools, const chat_tool_choice *choice,
-                              strbuf *g, const char **prefix, char *err, size_t n_err)
+/* HARMONY: the call's header is the prompt's (one function: up to "<|message|>", the grammar
+ * writes only the arguments) or starts there ("to=functions.", then the name and the rest of the
+ * header from the grammar, as plain text). */
+static bool harmony_prefix(strbuf *prefix, const tool_fn *only)
 {
-    *prefix = f == CHAT_TOOLS_MISTRAL ? "[TOOL_CALLS]" : "";
+    return strbuf_put(prefix, "<|channel|>commentary to=functions.", 35) &&
+           (!only || strbuf_printf(prefix, "%.*s <|constrain|>json<|message|>", (int)only->name_len, only->name));
+}
+
+vki_status chat_tools_grammar(chat_tool_format f, const chat_tool_set *tools, const chat_tool_choice *choice,
+                              strbuf *g, strbuf *prefix, char *err, size_t n_err)
+{
+    strbuf_clear(prefix);
+    if (!strbuf_put(prefix, "", 0))
+        return VKI_ERR_OUT_OF_HOST_MEMORY;
     uint32_t n = chat_tools_count(tools), used = 0;
+    const tool_fn *only = NULL; /* HARMONY: the one function that may be called */
+    for (uint32_t i = 0; i < n; i++)
+        if (!choice->name || (choice->name_len == tools->fns[i].name_len &&
+                              !memcmp(choice->name, tools->fns[i].name, tools->fns[i].name_len)))
+            only = !used++ ? &tools->fns[i] : NULL;
+    used = 0;
     gram_schema_ctx ctx = {0};
     strbuf alts = {0};
     vki_status st = VKI_OK;
@@ -534,8 +780,13 @@ vki_status chat_tools_grammar(chat_tool_format f, const chat_tool_set *tools, co
         if (st == VKI_OK)
             st = gram_schema_rule(&ctx, schema, rule, path, g, err, n_err);
         json_free(d);
-        if (st == VKI_OK && !strbuf_printf(&alts, "%s\"{\\\"name\\\": \\\"%s\\\", \\\"%s\\\": \" args-%u \"}\"",
-                                            used ? " | " : "", t->name, key, i))
+        bool put = f == CHAT_TOOLS_HARMONY
+                       ? only ? strbuf_printf(&alts, "args-%u", i)
+                              : strbuf_printf(&alts, "%s\"%s <|constrain|>json<|message|>\" args-%u", used ? " | " : "",
+                                              t->name, i)
+                       : strbuf_printf(&alts, "%s\"{\\\"name\\\": \\\"%s\\\", \\\"%s\\\": \" args-%u \"}\"",
+                                       used ? " | " : "", t->name, key, i);
+        if (st == VKI_OK && !put)
             st = VKI_ERR_OUT_OF_HOST_MEMORY;
         used++;
     }
@@ -544,7 +795,7 @@ vki_status chat_tools_grammar(chat_tool_format f, const chat_tool_set *tools, co
                  (int)(choice->name ? choice->name_len : 0), choice->name ? choice->name : "");
         st = VKI_ERR_INVALID_ARG;
     }
-    bool many = choice->parallel && f != CHAT_TOOLS_LLAMA3;
+    bool many = choice->parallel && f != CHAT_TOOLS_LLAMA3 && f != CHAT_TOOLS_HARMONY; /* harmony: one per turn */
     bool ok = st == VKI_OK && strbuf_printf(g, "call ::= %s\n", alts.p);
     if (ok && f == CHAT_TOOLS_HERMES)
         ok = strbuf_printf(g, "root ::= \"<tool_call>\\n\" call \"\\n</tool_call>\"%s\n",
@@ -553,6 +804,8 @@ vki_status chat_tools_grammar(chat_tool_format f, const chat_tool_set *tools, co
         ok = strbuf_printf(g, "root ::= \" [\" call %s\"]\"\n", many ? "( \", \" call )* " : "");
     else if (ok)
         ok = strbuf_printf(g, "root ::= call\n");
+    if (ok && (f == CHAT_TOOLS_MISTRAL || f == CHAT_TOOLS_HARMONY))
+        ok = f == CHAT_TOOLS_MISTRAL ? strbuf_put(prefix, "[TOOL_CALLS]", 12) : harmony_prefix(prefix, only);
     if (st == VKI_OK && !ok)
         st = VKI_ERR_OUT_OF_HOST_MEMORY;
     strbuf_free(&alts);
@@ -579,6 +832,7 @@ struct chat_tool_parser {
     bool in_list;             /* MISTRAL: between '[' and ']' */
     bool tag_done;            /* HERMES: this <tool_call>'s object is read, the closer is next */
     bool open;                /* a call object is being read */
+    int hp;                   /* HARMONY: 0 the name, 1 the rest of the header, 2 the arguments */
     bool seen_text;           /* LLAMA3: non-blank content seen: no call can start any more */
     strbuf hold;              /* text that may still be (part of) an opener, or an undecided call */
     strbuf content;
@@ -633,7 +887,10 @@ static void emit(chat_tool_parser *p, chat_tool_event_kind kind, uint32_t index)
 
 static const char *opener(chat_tool_format f)
 {
-    return f == CHAT_TOOLS_HERMES ? "<tool_call>" : f == CHAT_TOOLS_MISTRAL ? "[TOOL_CALLS]" : "{";
+    return f == CHAT_TOOLS_HERMES    ? "<tool_call>"
+           : f == CHAT_TOOLS_MISTRAL ? "[TOOL_CALLS]"
+           : f == CHAT_TOOLS_HARMONY ? "<|start|>assistant to=functions."
+                                     : "{";
 }
 
 static bool known_name(const chat_tool_parser *p, const strbuf *name)
@@ -861,11 +1118,68 @@ static void obj_char(chat_tool_parser *p, char ch)
     }
 }
 
+/* HARMONY after its opener: the name (up to the header's next '<' or ' '), the rest of the header
+ * up to "<|message|>" (at most 128 bytes), then the arguments, as they come, up to "<|call|>". */
+static void harmony_char(chat_tool_parser *p, char ch)
+{
+    static const char msg[] = "<|message|>", end[] = "<|call|>";
+    if (p->hp == 0 && name_ok(&ch, 1)) {
+        if (!p->open)
+            call_open(p);
+        p_call *c = &p->calls[p->n_calls - 1];
+        if (p->st == VKI_OK && (c->name.len == 64 || !strbuf_put(&c->name, &ch, 1)))
+            bail(p, true);
+        return;
+    }
+    if (p->hp == 0) { /* the name ended */
+        if (!p->open || !call_begin(p)) {
+            bail(p, true);
+            return;
+        }
+        p->hp = 1;
+    }
+    if (!strbuf_put(&p->hold, &ch, 1)) {
+        p->st = VKI_ERR_OUT_OF_HOST_MEMORY;
+        return;
+    }
+    if (p->hp == 1) {
+        if (p->hold.len >= sizeof msg - 1 && !memcmp(p->hold.p + p->hold.len - (sizeof msg - 1), msg, sizeof msg - 1))
+            p->hp = 2, strbuf_clear(&p->hold);
+        else if (p->hold.len > 128)
+            bail(p, true);
+        return;
+    }
+    size_t drop = 0; /* the arguments: what cannot begin "<|call|>" */
+    while (drop < p->hold.len &&
+           (p->hold.len - drop > sizeof end - 1 || memcmp(p->hold.p + drop, end, p->hold.len - drop)))
+        drop++;
+    p_call *c = &p->calls[p->n_calls - 1];
+    if (drop && !strbuf_put(&c->args, p->hold.p, drop))
+        p->st = VKI_ERR_OUT_OF_HOST_MEMORY;
+    emit_text(p, CHAT_TOOL_CALL_ARGS, p->n_calls - 1, p->hold.p, drop);
+    memmove(p->hold.p, p->hold.p + drop, p->hold.len - drop);
+    p->hold.len -= drop;
+    if (p->hold.len == sizeof end - 1) { /* the call is complete: back to text, another may follow */
+        if (!strbuf_put(&c->args, "", 0))
+            p->st = VKI_ERR_OUT_OF_HOST_MEMORY;
+        emit(p, CHAT_TOOL_CALL_END, p->n_calls - 1);
+        strbuf_clear(&p->hold);
+        strbuf_clear(&p->raw);
+        p->open = false;
+        p->hp = 0;
+        p->mode = P_TEXT;
+    }
+}
+
 /* One character in the call region (after the opener). */
 static void calls_char(chat_tool_parser *p, char ch)
 {
     if (!strbuf_put(&p->raw, &ch, 1))
         p->st = VKI_ERR_OUT_OF_HOST_MEMORY;
+    if (p->f == CHAT_TOOLS_HARMONY) {
+        harmony_char(p, ch);
+        return;
+    }
     if (p->open) {
         obj_char(p, ch);
         return;
@@ -967,7 +1281,7 @@ vki_status chat_tool_parser_create(chat_tool_format f, bool opened, const chat_t
     p->f = f;
     p->tools = tools;
     p->seed = seed;
-    p->mode = opened && f != CHAT_TOOLS_LLAMA3 ? P_CALLS : P_TEXT;
+    p->mode = opened && f != CHAT_TOOLS_LLAMA3 && f != CHAT_TOOLS_HARMONY ? P_CALLS : P_TEXT;
     p->o = O_OPEN;
     return VKI_OK;
 }
@@ -1012,7 +1326,7 @@ vki_status chat_tool_parser_finish(chat_tool_parser *p, chat_tool_event_fn fn, v
     /* cut off inside a call, or an opener with no call: malformed; a missing closer after a
      * complete call is forgiven */
     if (p->mode == P_CALLS && (p->open || (p->f == CHAT_TOOLS_HERMES && !p->tag_done) ||
-                               (p->f == CHAT_TOOLS_MISTRAL && !p->tag_done)))
+                               (p->f == CHAT_TOOLS_MISTRAL && !p->tag_done) || p->f == CHAT_TOOLS_HARMONY))
         bail(p, true);
     if (p->mode == P_CALLS)
         strbuf_clear(&p->hold);

@@ -14,6 +14,11 @@
  *   MISTRAL  [TOOL_CALLS] [{"name": "f", "arguments": {...}}, ...]: Mistral v0.3+ ([TOOL_CALLS]
  *            is a control token: with a forced call the caller appends chat_tools_grammar's
  *            `prefix` to the prompt and the grammar starts after it; ids are 9 alphanumerics)
+ *   HARMONY  gpt-oss: the tools as a TypeScript namespace in the developer message, a call as a
+ *            commentary message to functions.f ending "<|call|>", one per turn, its result a
+ *            message from functions.f; the parser reads calls in the spelling chat_harmony
+ *            (chat_harmony.h) writes them into the content: "<|start|>assistant to=functions.f
+ *            <|channel|>commentary json<|message|>{...}<|call|>" (no space before <|channel|>)
  *
  * The tools array is the request's JSON text (validated here: names [a-zA-Z0-9_-]{1,64},
  * distinct; parameters an object schema). tool_choice "none" is the caller's: render without
@@ -27,11 +32,12 @@ typedef enum chat_tool_format {
     CHAT_TOOLS_HERMES = 0,
     CHAT_TOOLS_LLAMA3,
     CHAT_TOOLS_MISTRAL,
+    CHAT_TOOLS_HARMONY,
 } chat_tool_format;
 
 /* The format of a recognised template (tmpl: its text, may be NULL). */
 chat_tool_format chat_tools_format(const chat_template *t, const char *tmpl);
-const char *chat_tools_format_name(chat_tool_format f); /* "hermes", "llama3", "mistral" */
+const char *chat_tools_format_name(chat_tool_format f); /* "hermes", "llama3", "mistral", "harmony" */
 
 /* ---- tools and conversations ------------------------------------------------------------------ */
 
@@ -80,12 +86,16 @@ typedef struct chat_tool_choice {
 } chat_tool_choice;
 
 /* GBNF whose language is the format's call syntax with each function's arguments valid against
- * its parameters schema (tool_choice "required" or a named function). *prefix: text to append to
- * the rendered prompt as template text before generating ("" or "[TOOL_CALLS]"); the parser is
- * then created with `opened` = true. VKI_ERR_INVALID_ARG for an unknown function name or a
- * parameters schema the converter refuses (err names tools[i] and the keyword). */
+ * its parameters schema (tool_choice "required" or a named function). prefix (emptied, then
+ * filled): text to append to the rendered prompt as template text before generating ("",
+ * "[TOOL_CALLS]", or harmony's call header: up to "<|message|>" for one function, so that only
+ * the arguments are generated; up to "to=functions." for several, the name and the rest of the
+ * header then written by the grammar as plain text, which a grammar cannot make control tokens
+ * of); the parser is then created with `opened` = true (HARMONY ignores it: chat_harmony writes
+ * the call's spelling). VKI_ERR_INVALID_ARG for an unknown function name or a parameters schema
+ * the converter refuses (err names tools[i] and the keyword). */
 vki_status chat_tools_grammar(chat_tool_format f, const chat_tool_set *tools, const chat_tool_choice *choice,
-                              strbuf *gbnf, const char **prefix, char *err, size_t n_err);
+                              strbuf *gbnf, strbuf *prefix, char *err, size_t n_err);
 
 /* ---- parsing generated text --------------------------------------------------------------------- */
 

@@ -8,6 +8,10 @@
  * When the rendering of the history changes (templates that rewrite earlier turns), the whole
  * conversation is tokenised again and the cache still serves its unchanged prefix.
  *
+ * gpt-oss (harmony): its reasoning goes to stderr (dimmed on a terminal) as it is generated, the
+ * answer to stdout, and the history keeps the answer alone (its template drops earlier turns'
+ * reasoning: the conversation is then tokenised again, its unchanged prefix still cached).
+ *
  * Input: one turn per line; a line ending in '\' continues the turn on the next line (on a
  * terminal the prompt shows "..."). /clear forgets the history, /exit (or end of input) quits.
  * Ctrl-C stops the answer being generated, not the program: SIGINT is blocked in every thread
@@ -23,6 +27,7 @@
 #include <unistd.h>
 
 #include "host/cli/cli.h"
+#include "host/chat/chat_reply.h"
 #include "host/cli/cli_common.h"
 #include "host/util/strbuf.h"
 
@@ -38,7 +43,7 @@ bool cli_chat_open(const char *model_path, const char *family, const vki_tokeniz
     if (family) {
         if (!chat_family_parse(family, &f)) {
             fprintf(stderr, "vkinfer: --chat-template: unknown family '%s' (chatml, llama3, llama2, mistral, "
-                    "zephyr, gemma, phi3, deepseek, plain)\n", family);
+                    "zephyr, gemma, phi3, deepseek, harmony, plain)\n", family);
             return false;
         }
         c->known = true;
@@ -119,7 +124,9 @@ typedef struct chat_state {
     uint64_t next_id;
     /* the answer being generated (worker thread writes, under mu) */
     pthread_mutex_t mu;
-    vki_text_stream *ts;
+    chat_reply reply;          /* the text as it comes (harmony: reasoning apart) */
+    bool err_tty, in_reasoning;/* stderr is a terminal (reasoning dimmed); a reasoning line is open */
+    strbuf answer;             /* the answer's text so far */
     int32_t *gen;
     uint32_t n_gen, cap_gen, n_cached;
     bool final, stopped;
@@ -154,6 +161,25 @@ static bool push_msg(chat_state *c, chat_role role, const char *text)
     return true;
 }
 
+/* The reply's last piece: reasoning to stderr (dimmed on a terminal), the answer to stdout. */
+static void show(chat_state *c)
+{
+    const strbuf *r = &c->reply.reasoning, *a = &c->reply.answer;
+    if (r->len) {
+        fprintf(stderr, "%s%.*s%s", c->err_tty ? "\033[2m" : "", (int)r->len, r->p, c->err_tty ? "\033[0m" : "");
+        fflush(stderr);
+        c->in_reasoning = true;
+    }
+    if (a->len) {
+        if (c->in_reasoning) /* the answer on a line of its own */
+            fputs("\n", stderr);
+        c->in_reasoning = false;
+        fwrite(a->p, 1, a->len, stdout);
+        fflush(stdout);
+        strbuf_put(&c->answer, a->p, a->len);
+    }
+}
+
 /* Worker thread: prints the answer as it comes. */
 static void on_answer(void *user, const vki_response *r)
 {
@@ -171,13 +197,9 @@ static void on_answer(void *user, const vki_response *r)
         if (!c->n_gen)
             c->t_first = cli_now_s();
         c->gen[c->n_gen++] = r->tokens[i];
-        const char *t;
-        size_t n;
         bool stop = false;
-        if (!c->stopped && vki_text_stream_push(c->ts, r->tokens[i], &t, &n, &stop) == VKI_OK && n) {
-            fwrite(t, 1, n, stdout);
-            fflush(stdout);
-        }
+        if (!c->stopped && chat_reply_push(&c->reply, r->tokens[i], &stop) == VKI_OK)
+            show(c);
         if (stop && !c->stopped) {
             c->stopped = true;
             vki_batch_cancel(c->bm, r->id);
@@ -185,10 +207,8 @@ static void on_answer(void *user, const vki_response *r)
     }
     c->n_cached = r->n_cached;
     if (r->final) {
-        const char *t;
-        size_t n;
-        if (!c->stopped && vki_text_stream_finish(c->ts, &t, &n) == VKI_OK && n)
-            fwrite(t, 1, n, stdout);
+        if (!c->stopped && chat_reply_finish(&c->reply) == VKI_OK)
+            show(c);
         fflush(stdout);
         c->final = true;
         c->finish = r->finish;
@@ -314,16 +334,17 @@ static void exchange(chat_state *c, const char *text)
     }
     uint32_t room = c->mi.n_ctx - (uint32_t)n, max_new = c->n_max && c->n_max < room ? c->n_max : room;
     c->n_gen = 0;
-    c->final = c->stopped = false;
-    vki_text_stream_free(c->ts);
-    c->ts = NULL;
-    vki_text_stream_create(c->tok, (const char *const *)c->stops, c->n_stops, VKI_DETOK_STRIP_LEADING_SPACE, &c->ts);
+    c->final = c->stopped = c->in_reasoning = false;
+    chat_reply_free(&c->reply);
+    strbuf_clear(&c->answer);
+    vki_status rs = chat_reply_init(&c->reply, c->tok, &c->tmpl.t, &rendered, (const char *const *)c->stops,
+                                    c->n_stops, VKI_DETOK_STRIP_LEADING_SPACE);
     uint64_t id = c->next_id++;
     vki_request req = {.id = id, .prompt = ids, .n_prompt = (uint32_t)n, .max_new_tokens = max_new,
                        .ignore_eos = c->ignore_eos, .sampling = c->sp, .streaming = true, .constraint = c->con.c};
     char err[256] = "";
     c->t0 = cli_now_s();
-    vki_status st = c->ts ? vki_batch_submit(c->bm, &req, on_answer, c, err, sizeof err) : VKI_ERR_OUT_OF_HOST_MEMORY;
+    vki_status st = rs == VKI_OK ? vki_batch_submit(c->bm, &req, on_answer, c, err, sizeof err) : rs;
     if (st != VKI_OK) {
         fprintf(stderr, "vkinfer chat: %s%s%s\n", vki_status_str(st), err[0] ? ": " : "", err);
         free(c->msgs[--c->n_msgs].text);
@@ -349,7 +370,8 @@ static void exchange(chat_state *c, const char *text)
             strbuf_put(&c->seen, rendered.text, rendered.len);
             strbuf_put(&c->seen, raw, got);
             shown[n_shown] = 0;
-            push_msg(c, CHAT_ASSISTANT, shown);
+            /* harmony: the answer alone (the reasoning is not part of the turn) */
+            push_msg(c, CHAT_ASSISTANT, c->reply.harmony ? (c->answer.p ? c->answer.p : "") : shown);
         } else {
             if (h)
                 c->hist = h;
@@ -442,8 +464,9 @@ static void usage(FILE *f)
             "  --system TEXT           a system message first\n"
             "  -n, --n-predict N       tokens per answer at most (default: the rest of the context)\n"
             "  --stop STR              stop string (repeatable; escapes interpreted)\n"
-            "  --chat-template NAME    chatml|llama3|llama2|mistral|zephyr|gemma|phi3|deepseek|plain (default: the\n"
-            "                          model's tokenizer.chat_template)\n"
+            "  --chat-template NAME    chatml|llama3|llama2|mistral|zephyr|gemma|phi3|deepseek|harmony|plain\n"
+            "                          (default: the model's tokenizer.chat_template; harmony, gpt-oss's:\n"
+            "                          its reasoning on stderr, dimmed on a terminal, the answer on stdout)\n"
             "  --ignore-eos            answers run to -n (benchmarks, tests)\n"
             "  --timings               after each answer, a line on stderr: prompt tokens, how many came\n"
             "                          from the cache, answer tokens and speed\n");
@@ -535,6 +558,7 @@ int vki_cli_chat(int argc, char **argv)
     }
     c.n_max = (uint32_t)n_max;
     c.tty = isatty(0) && isatty(1);
+    c.err_tty = isatty(2);
     if (!eo.max_seqs_set)
         eo.p.max_seqs = 1; /* one conversation: the KV pool is sized for one sequence */
     sigset_t set;
@@ -567,7 +591,8 @@ int vki_cli_chat(int argc, char **argv)
     free(c.hist);
     free(c.gen);
     strbuf_free(&c.seen);
-    vki_text_stream_free(c.ts);
+    strbuf_free(&c.answer);
+    chat_reply_free(&c.reply);
     if (c.sfd >= 0)
         close(c.sfd);
     if (c.done_fd >= 0)

@@ -11,9 +11,11 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <cjson/cJSON.h>
 
+#include "host/chat/chat_reply.h"
 #include "host/cli/cli.h"
 #include "host/cli/cli_common.h"
 #include "host/util/strbuf.h"
@@ -34,8 +36,9 @@ typedef struct gen_opts {
 typedef struct gen_state {
     pthread_mutex_t mu;
     pthread_cond_t cv;
-    bool done, json;
-    vki_text_stream *ts;
+    bool done, json, err_tty;
+    chat_reply reply;         /* the text (with --chat on gpt-oss: the reasoning apart) */
+    bool in_reasoning;        /* a reasoning line is open on stderr */
     vki_batch_manager *bm;
     uint64_t id;
     double t_submit, t_first, t_end;
@@ -45,6 +48,7 @@ typedef struct gen_state {
     char error[256];
     uint64_t seed;
     strbuf text;              /* --json: the text shown */
+    strbuf reasoning;         /* --json: gpt-oss's reasoning */
     int32_t *ids;             /* [n_gen] --json: the generated ids */
     float *lp;                /* [n_gen] their logprobs */
     uint32_t cap;
@@ -58,12 +62,26 @@ static void write_out(const char *p, size_t n)
     }
 }
 
-static void emit(gen_state *g, const char *p, size_t n)
+/* The reply's last piece: the answer to stdout (or --json's text); gpt-oss's reasoning to stderr,
+ * dimmed on a terminal (or --json's reasoning). */
+static void emit(gen_state *g)
 {
-    if (g->json)
-        strbuf_put(&g->text, p, n);
-    else
-        write_out(p, n);
+    const strbuf *r = &g->reply.reasoning, *a = &g->reply.answer;
+    if (g->json) {
+        strbuf_put(&g->reasoning, r->p, r->len);
+        strbuf_put(&g->text, a->p, a->len);
+        return;
+    }
+    if (r->len) {
+        fprintf(stderr, "%s%.*s%s", g->err_tty ? "\033[2m" : "", (int)r->len, r->p, g->err_tty ? "\033[0m" : "");
+        fflush(stderr);
+        g->in_reasoning = true;
+    }
+    if (a->len && g->in_reasoning) { /* the answer on a line of its own */
+        fputs("\n", stderr);
+        g->in_reasoning = false;
+    }
+    write_out(a->p, a->len);
 }
 
 /* --json: keeps ids and logprobs (worker thread; grown by doubling). */
@@ -89,17 +107,15 @@ static void keep_token(gen_state *g, int32_t id, float lp)
 static void on_response(void *user, const vki_response *r)
 {
     gen_state *g = user;
-    for (uint32_t i = 0; i < r->n_tokens && !vki_text_stream_stopped(g->ts); i++) {
+    for (uint32_t i = 0; i < r->n_tokens && !vki_text_stream_stopped(g->reply.ts); i++) {
         if (!g->n_gen)
             g->t_first = cli_now_s();
         if (g->json)
             keep_token(g, r->tokens[i], r->logprobs ? r->logprobs[i] : 0.0f);
         g->n_gen++;
-        const char *t;
-        size_t n;
         bool stopped = false;
-        if (vki_text_stream_push(g->ts, r->tokens[i], &t, &n, &stopped) == VKI_OK)
-            emit(g, t, n);
+        if (chat_reply_push(&g->reply, r->tokens[i], &stopped) == VKI_OK)
+            emit(g);
         if (stopped) { /* a stop string: end the request; its final response comes next tick */
             g->stopped_by_string = true;
             vki_batch_cancel(g->bm, g->id);
@@ -107,10 +123,8 @@ static void on_response(void *user, const vki_response *r)
     }
     if (!r->final)
         return;
-    const char *t;
-    size_t n;
-    if (!g->stopped_by_string && vki_text_stream_finish(g->ts, &t, &n) == VKI_OK)
-        emit(g, t, n);
+    if (!g->stopped_by_string && chat_reply_finish(&g->reply) == VKI_OK)
+        emit(g);
     pthread_mutex_lock(&g->mu);
     g->t_end = cli_now_s();
     g->finish = g->stopped_by_string ? VKI_FINISH_STOP : r->finish;
@@ -134,7 +148,8 @@ static void usage(FILE *f)
             "  --ignore-eos            do not stop at the model's end-of-generation tokens\n"
             "  --chat                  the prompt is one user message in the model's chat template\n"
             "  --system TEXT           with --chat: a system message first\n"
-            "  --chat-template NAME    with --chat: chatml|llama3|llama2|mistral|zephyr|gemma|phi3|deepseek|plain\n"
+            "  --chat-template NAME    with --chat: chatml|llama3|llama2|mistral|zephyr|gemma|phi3|deepseek|\n"
+            "                          harmony|plain (gpt-oss's reasoning on stderr, its answer on stdout)\n"
             "  --no-display-prompt     print only the generated text\n"
             "  --json                  print one JSON object: prompt and generated ids, text, logprobs,\n"
             "                          finish reason, seed, timings\n"
@@ -183,10 +198,11 @@ static char *read_prompt(const gen_opts *o)
     return b.p;
 }
 
-/* Prompt text -> ids (plain, or one user message in the chat template). */
+/* Prompt text -> ids (plain, or one user message in the chat template: *family its family). */
 static bool prompt_ids(const gen_opts *o, const cli_engine_opts *eo, const vki_tokenizer *tok, const char *text,
-                       int32_t **ids, size_t *n)
+                       int32_t **ids, size_t *n, chat_family *family)
 {
+    *family = CHAT_PLAIN;
     if (!o->chat) {
         size_t cap = strlen(text) + 8;
         *ids = malloc(cap * sizeof **ids);
@@ -201,6 +217,7 @@ static bool prompt_ids(const gen_opts *o, const cli_engine_opts *eo, const vki_t
         m[k++] = (chat_msg){CHAT_SYSTEM, o->system, strlen(o->system)};
     m[k++] = (chat_msg){CHAT_USER, text, strlen(text)};
     bool ok = cli_chat_tokens(&c, tok, m, k, NULL, ids, n);
+    *family = c.t.family;
     cli_chat_close(&c);
     return ok;
 }
@@ -228,6 +245,8 @@ static void print_json(const gen_state *g, const char *prompt, const int32_t *id
     uint32_t n = g->n_gen < g->cap ? g->n_gen : g->cap;
     cJSON_AddItemToObject(o, "ids", ids_json(g->ids, n));
     cJSON_AddStringToObject(o, "text", g->text.p ? g->text.p : "");
+    if (g->reply.harmony)
+        cJSON_AddStringToObject(o, "reasoning", g->reasoning.p ? g->reasoning.p : "");
     cJSON *lp = cJSON_AddArrayToObject(o, "logprobs");
     for (uint32_t i = 0; i < n; i++)
         cJSON_AddItemToArray(lp, cJSON_CreateNumber(g->lp[i] > -1e30f ? g->lp[i] : -9999.0));
@@ -322,8 +341,10 @@ static int run(cli_engine_opts *eo, gen_opts *o)
     int32_t *ids = NULL;
     size_t np = 0;
     uint32_t n_predict = (uint32_t)o->n_predict;
-    gen_state g = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER, .id = 1, .json = o->json};
-    vki_status st = prompt_ids(o, eo, tok, prompt, &ids, &np) ? VKI_OK : VKI_ERR_INVALID_ARG;
+    gen_state g = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER, .id = 1, .json = o->json,
+                   .err_tty = isatty(2)};
+    chat_template fam = {0}; /* the family the prompt was rendered in: gpt-oss's reasoning apart */
+    vki_status st = prompt_ids(o, eo, tok, prompt, &ids, &np, &fam.family) ? VKI_OK : VKI_ERR_INVALID_ARG;
     char err[256] = "";
     if (st != VKI_OK)
         snprintf(err, sizeof err, "cannot tokenize the prompt");
@@ -332,7 +353,7 @@ static int run(cli_engine_opts *eo, gen_opts *o)
     vki_batch_params bp = vki_batch_default_params();
     uint32_t flags = o->chat ? VKI_DETOK_STRIP_LEADING_SPACE : 0;
     if (st == VKI_OK)
-        st = vki_text_stream_create(tok, (const char *const *)o->stops, o->n_stops, flags, &g.ts);
+        st = chat_reply_init(&g.reply, tok, &fam, NULL, (const char *const *)o->stops, o->n_stops, flags);
     if (st == VKI_OK)
         st = vki_batch_manager_create(e, &bp, NULL, &g.bm);
     if (st == VKI_OK && o->prompt_cache)
@@ -379,8 +400,9 @@ static int run(cli_engine_opts *eo, gen_opts *o)
                 tg * 1e3, g.n_gen > 1 && tg > 0 ? (g.n_gen - 1) / tg : 0.0,
                 g.finish == VKI_FINISH_EOS ? "end of text" : finish_name(g.finish), (unsigned long long)g.seed);
     }
-    vki_text_stream_free(g.ts);
+    chat_reply_free(&g.reply);
     strbuf_free(&g.text);
+    strbuf_free(&g.reasoning);
     free(g.ids);
     free(g.lp);
     free(ids);

@@ -49,6 +49,7 @@
 #include <cjson/cJSON.h>
 
 #include "host/chat/chat.h"
+#include "host/chat/chat_harmony.h"
 #include "host/chat/chat_tools.h"
 #include "host/util/strbuf.h"
 #include "vkinfer.h"
@@ -379,12 +380,15 @@ typedef struct srv_toks {
 
 /* One choice of a job: one batch-manager request. */
 /* The reasoning of a thinking model's answer ("<think>...</think>" first, or everything up to
- * "</think>" when the prompt opened the block) split from its content, as bytes arrive. */
+ * "</think>" when the prompt opened the block) split from its content, as bytes arrive; for
+ * gpt-oss (harmony) its analysis channel from its final channel and tool calls (chat_harmony). */
 typedef struct srv_think {
     uint8_t state;             /* 0: may open with "<think>"; 1: reasoning; 2: content */
     bool started;              /* the current part has had a byte (its leading newlines dropped) */
     char hold[8];              /* bytes that may begin a tag, not yet given out */
     uint8_t n_hold;
+    bool harmony;              /* the answer is harmony text: h splits it */
+    chat_harmony h;
 } srv_think;
 
 typedef struct srv_choice {
@@ -452,8 +456,13 @@ struct srv_job {
     bool no_gen_prompt, continue_final;
     bool no_think;             /* chat_template_kwargs.enable_thinking false (Qwen3's templates) */
     uint8_t reasoning_format;  /* SRV_REASONING_*: reasoning_format (llama-server's), default auto */
-    bool think;                /* chat answers' reasoning goes to reasoning_content (srv_think) */
-    bool think_open;           /* the prompt ends inside a reasoning block (DeepSeek-R1's <think>) */
+    bool think;                /* chat answers go through srv_think (reasoning_content; harmony's channels) */
+    bool harmony;              /* chat answers are harmony text (gpt-oss): its control tokens are
+                                  rendered (the markers), the token that ends generation is not */
+    chat_effort effort;        /* harmony's reasoning effort: reasoning_effort, or chat_template_kwargs' */
+    bool effort_top;           /* set by the top-level reasoning_effort (which wins) */
+    srv_think th0;             /* each choice's splitter starts as this: inside DeepSeek-R1's opened
+                                  <think>, or (harmony) primed with the prompt's last message */
     char *rendered;            /* /apply-template: the rendered conversation (set when the job asks) */
     bool want_rendered;
     bool include_stop;         /* include_stop_str_in_output (vLLM): the stop string ends the text */
@@ -530,12 +539,14 @@ bool srv_struct_choice_init(srv_job *j, srv_choice *ch, srv_error *e);
 bool srv_struct_deltas(srv_choice *ch, const char *text, size_t n, bool end, cJSON *deltas);
 /* Non-streaming: message.content and message.tool_calls from the whole text. */
 bool srv_struct_answer(srv_choice *ch, const char *text, size_t n, cJSON *message);
-/* reasoning_format: "auto" (reasoning_content for the thinking templates: Qwen3's, DeepSeek-R1's),
- * "deepseek" (for any template), "none" (the raw text in content). */
+/* reasoning_format: "auto" (reasoning_content for the thinking templates: Qwen3's, DeepSeek-R1's,
+ * gpt-oss's analysis channel), "deepseek" (for any template), "none" (the raw text in content;
+ * harmony: the analysis with its markers, the final answer, calls still parsed). */
 enum { SRV_REASONING_AUTO = 0, SRV_REASONING_NONE, SRV_REASONING_DEEPSEEK };
 /* Splits the next n bytes of an answer into its reasoning (appended to r) and its content (to c);
  * end: the answer is complete (what was held back comes out). Leading newlines of each part are
- * dropped ("<think>\n", "</think>\n\n"); a "</think>" that never comes leaves it all reasoning. */
+ * dropped ("<think>\n", "</think>\n\n"); a "</think>" that never comes leaves it all reasoning.
+ * t->harmony: chat_harmony_feed (calls go to c in the spelling CHAT_TOOLS_HARMONY parses). */
 bool srv_think_feed(srv_think *t, const char *s, size_t n, bool end, strbuf *r, strbuf *c);
 void srv_struct_free(srv_job *j);
 /* What /props says is supported. */

@@ -578,10 +578,12 @@ static bool choice_drain(srv_choice *ch, strbuf *text, cJSON *lp, cJSON *ids)
     pthread_mutex_unlock(&j->mu);
     bool ok = true;
     for (uint32_t i = ch->n_used; i < n && !ch->stop_hit; i++) {
-        const char *t;
-        size_t len, piece = 0;
+        const char *t = "";
+        size_t len = 0, piece = 0;
         bool stopped = false;
-        if (vki_text_stream_push(ch->ts, ch->h.tok[i], &t, &len, &stopped) != VKI_OK)
+        /* harmony's text shows control tokens, but not "<|return|>" / "<|call|>" that end it */
+        bool silent = j->harmony && vki_token_is_eog(j->s->tok, ch->h.tok[i]);
+        if (!silent && vki_text_stream_push(ch->ts, ch->h.tok[i], &t, &len, &stopped) != VKI_OK)
             return false;
         if (lp && j->chat)
             cJSON_AddItemToArray(lp, chat_lp_entry(ch, i));

@@ -222,19 +222,54 @@ KEEP(f_add_gen_prompt, add_gen_prompt)
 BOOL_FIELD(f_continue_final, "continue_final_message", continue_final)
 BOOL_FIELD(f_include_stop, "include_stop_str_in_output", include_stop)
 
+/* A reasoning effort for gpt-oss's harmony template (field: the request field that gives it). */
+static bool effort(const char *field, const cJSON *v, chat_effort *out, srv_error *e)
+{
+    if (!cJSON_IsString(v) || !chat_effort_parse(v->valuestring, out))
+        return srv_err(e, 400, !strcmp(field, "reasoning_effort") ? field : "chat_template_kwargs",
+                       "%s must be \"low\", \"medium\" or \"high\" (the reasoning efforts of gpt-oss's harmony "
+                       "template)", field), false;
+    return true;
+}
+
 /* chat_template_kwargs (vLLM, llama-server): the variables a Jinja template reads. vkinfer's
- * renderers read one, Qwen3's enable_thinking (false: an empty reasoning block opens the answer);
- * the others change nothing in the templates it renders and are accepted. */
+ * renderers read two, Qwen3's enable_thinking (false: an empty reasoning block opens the answer)
+ * and, for gpt-oss's harmony template, reasoning_effort (unless the request's own reasoning_effort
+ * is given, which wins, as in llama-server); the others change nothing in the templates it renders
+ * and are accepted. */
 static bool f_template_kwargs(req_ctx *c, const cJSON *v, srv_error *e)
 {
     if (!cJSON_IsObject(v))
         return srv_err(e, 400, "chat_template_kwargs", "chat_template_kwargs must be an object"), false;
-    const cJSON *t = cJSON_GetObjectItemCaseSensitive(v, "enable_thinking");
+    const cJSON *t = cJSON_GetObjectItemCaseSensitive(v, "enable_thinking"),
+                *r = cJSON_GetObjectItemCaseSensitive(v, "reasoning_effort");
     if (t && !cJSON_IsBool(t))
         return srv_err(e, 400, "chat_template_kwargs", "chat_template_kwargs.enable_thinking must be a boolean"),
                false;
     c->j->no_think = cJSON_IsFalse(t);
+    chat_effort x;
+    if (r && !cJSON_IsNull(r) && c->s->chat.family == CHAT_HARMONY) {
+        if (!effort("chat_template_kwargs.reasoning_effort", r, &x, e))
+            return false;
+        if (!c->j->effort_top)
+            c->j->effort = x;
+    }
     return true;
+}
+
+/* reasoning_effort (OpenAI's): gpt-oss's harmony template writes it into its system message; no
+ * other template vkinfer renders reads it, so there only "none" (asking for nothing) is taken. */
+static bool f_reasoning_effort(req_ctx *c, const cJSON *v, srv_error *e)
+{
+    if (c->s->chat.family != CHAT_HARMONY) {
+        if (cJSON_IsString(v) && !strcmp(v->valuestring, "none"))
+            return true;
+        return srv_err(e, 400, "reasoning_effort", "reasoning_effort: not supported by this model's chat template "
+                       "(%s; only gpt-oss's harmony template has reasoning efforts)",
+                       chat_family_name(c->s->chat.family)), false;
+    }
+    c->j->effort_top = true;
+    return effort("reasoning_effort", v, &c->j->effort, e);
 }
 /* reasoning_format (llama-server's): "auto" (the default: reasoning_content for the thinking
  * templates), "deepseek" (for any template), "none" (the raw text in content). */
@@ -351,6 +386,7 @@ static const struct {
     {"add_generation_prompt", F_CHAT, f_add_gen_prompt},
     {"chat_template_kwargs", F_CHAT, f_template_kwargs},
     {"reasoning_format", F_CHAT, f_reasoning_format},
+    {"reasoning_effort", F_CHAT, f_reasoning_effort},
     {"include_stop_str_in_output", F_BOTH, f_include_stop},
     {"continue_final_message", F_CHAT, f_continue_final},
     {"parallel_tool_calls", F_CHAT, f_struct},
@@ -763,7 +799,9 @@ static bool max_tokens(req_ctx *c, srv_error *e)
 /* Per-choice text streams (no token arrays: they grow as tokens come). */
 static bool alloc_outputs(srv *s, srv_job *j, srv_error *e)
 {
-    uint32_t flags = (j->chat ? VKI_DETOK_STRIP_LEADING_SPACE : 0) | (j->skip_special ? 0 : VKI_DETOK_SPECIAL);
+    /* harmony's markers are control tokens: shown, for srv_think to split the answer by them */
+    uint32_t flags = (j->chat ? VKI_DETOK_STRIP_LEADING_SPACE : 0) |
+                     (j->skip_special && !j->harmony ? 0 : VKI_DETOK_SPECIAL);
     for (uint32_t i = 0; i < j->n; i++) {
         srv_choice *ch = &j->ch[i];
         ch->j = j;

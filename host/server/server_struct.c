@@ -17,7 +17,13 @@
  * message.tool_calls with finish_reason "tool_calls"; when streaming, delta.tool_calls chunks as
  * OpenAI sends them (first chunk of a call: index, id, type, function.name, empty arguments; then
  * index + argument fragments). Cost: the parser is O(output bytes); a forced call's grammar is
- * built once per request (the batch manager caches compiled grammars by text). */
+ * built once per request (the batch manager caches compiled grammars by text).
+ *
+ * Reasoning (srv_think): "<think>...</think>" split off into reasoning_content for the thinking
+ * templates; gpt-oss's harmony replies (its markers are control tokens, shown in the text of a
+ * harmony job for this) split by chat_harmony: the analysis channel is reasoning_content, the
+ * final channel content, a message to functions.NAME a call (in the spelling the HARMONY tool
+ * parser reads). */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -304,6 +310,29 @@ bool srv_struct_message(const cJSON *m, size_t i, chat_role role, chat_tool_msg 
 /* What Qwen3's template writes after the generation prompt when enable_thinking is false. */
 #define NO_THINK "<think>\n\n</think>\n\n"
 
+/* How each choice's answer starts out for srv_think, once the prompt is final: reasoning_content
+ * for the thinking templates (auto) or any (deepseek), starting inside the block when the prompt
+ * opened it (DeepSeek-R1's generation prompt); harmony's splitter always (reasoning_format none
+ * keeps the analysis in the content), primed with the prompt's last message (the generation
+ * prompt's "<|start|>assistant", a forced call's header, a continued final answer). */
+static void think_start(srv_job *j, const chat_prompt *p)
+{
+    const srv *s = j->s;
+    bool gen = !j->no_gen_prompt;
+    j->harmony = s->chat.family == CHAT_HARMONY;
+    j->think = j->harmony || j->reasoning_format == SRV_REASONING_DEEPSEEK ||
+               (j->reasoning_format == SRV_REASONING_AUTO &&
+                (s->chat.family == CHAT_DEEPSEEK || (s->chat.family == CHAT_CHATML && s->chat.strip_think)));
+    j->th0 = (srv_think){.harmony = j->harmony};
+    if (j->harmony) {
+        chat_harmony_init(&j->th0.h, j->reasoning_format == SRV_REASONING_NONE);
+        chat_harmony_prime(&j->th0.h, p);
+    } else if (j->think && gen && ((p->len >= 8 && !memcmp(p->text + p->len - 8, "<think>\n", 8)) ||
+                                   (p->len >= 7 && !memcmp(p->text + p->len - 7, "<think>", 7)))) {
+        j->th0.state = 1;
+    }
+}
+
 bool srv_struct_render(srv_job *j, const chat_msg *m, const chat_tool_msg *tm, size_t n, chat_prompt *p, srv_error *e)
 {
     srv *s = j->s;
@@ -311,8 +340,10 @@ bool srv_struct_render(srv_job *j, const chat_msg *m, const chat_tool_msg *tm, s
     char err[320] = "";
     const chat_tool_set *tools = so->parse ? so->tools : NULL;
     bool gen = !j->no_gen_prompt;
-    vki_status st = tools || tm ? chat_render_tools(&s->chat, s->tool_fmt, m, tm, n, tools, gen, p, err, sizeof err)
-                                : chat_render(&s->chat, m, n, gen, p, err, sizeof err);
+    chat_template t = s->chat; /* harmony: this request's reasoning effort; the date is today's */
+    t.effort = j->effort;
+    vki_status st = tools || tm ? chat_render_tools(&t, s->tool_fmt, m, tm, n, tools, gen, p, err, sizeof err)
+                                : chat_render(&t, m, n, gen, p, err, sizeof err);
     if (st == VKI_OK && j->continue_final)
         chat_prompt_open_end(p);
     if (st == VKI_OK && gen && j->no_think && s->chat.strip_think && /* Qwen3, enable_thinking false */
@@ -323,24 +354,20 @@ bool srv_struct_render(srv_job *j, const chat_msg *m, const chat_tool_msg *tm, s
     if (st != VKI_OK)
         return srv_err(e, st == VKI_ERR_INVALID_ARG ? 400 : 500, "messages", "%s", err[0] ? err : vki_status_str(st)),
                false;
-    /* reasoning_content: for the thinking templates (auto) or any (deepseek); the answer starts
-     * inside the block when the prompt opened it (DeepSeek-R1's generation prompt) */
-    j->think = j->reasoning_format == SRV_REASONING_DEEPSEEK ||
-               (j->reasoning_format == SRV_REASONING_AUTO &&
-                (s->chat.family == CHAT_DEEPSEEK || (s->chat.family == CHAT_CHATML && s->chat.strip_think)));
-    j->think_open = j->think && gen && ((p->len >= 8 && !memcmp(p->text + p->len - 8, "<think>\n", 8)) ||
-                                        (p->len >= 7 && !memcmp(p->text + p->len - 7, "<think>", 7)));
-    if (!tools || (so->choice != SRV_TOOLS_REQUIRED && so->choice != SRV_TOOLS_NAMED))
+    if (!tools || (so->choice != SRV_TOOLS_REQUIRED && so->choice != SRV_TOOLS_NAMED)) {
+        think_start(j, p);
         return true;
+    }
     chat_tool_choice c = {.name = so->choice == SRV_TOOLS_NAMED ? so->name : NULL, .name_len = strlen(so->name),
                           .parallel = !so->serial};
-    const char *prefix = "";
+    strbuf prefix = {0};
     strbuf_clear(&so->text);
     st = chat_tools_grammar(s->tool_fmt, tools, &c, &so->text, &prefix, err, sizeof err);
-    if (st == VKI_OK && prefix[0]) {
-        st = chat_prompt_append(p, prefix, strlen(prefix), true);
+    if (st == VKI_OK && prefix.len) {
+        st = chat_prompt_append(p, prefix.p, prefix.len, true);
         so->opened = true;
     }
+    strbuf_free(&prefix);
     if (st != VKI_OK) {
         chat_prompt_free(p);
         return srv_err(e, st == VKI_ERR_INVALID_ARG ? 400 : 500, "tools", "%s", err[0] ? err : vki_status_str(st)),
@@ -348,6 +375,7 @@ bool srv_struct_render(srv_job *j, const chat_msg *m, const chat_tool_msg *tm, s
     }
     so->type = VKI_CONSTRAINT_GBNF;
     so->field = "tool_choice";
+    think_start(j, p);
     return true;
 }
 
@@ -355,7 +383,7 @@ bool srv_struct_render(srv_job *j, const chat_msg *m, const chat_tool_msg *tm, s
 
 bool srv_struct_choice_init(srv_job *j, srv_choice *ch, srv_error *e)
 {
-    ch->th = (srv_think){.state = j->think_open ? 1 : 0};
+    ch->th = j->th0;
     if (!j->so.parse)
         return true;
     /* call ids need only be unique: the clock, the job and the choice */
@@ -476,6 +504,8 @@ static bool think_put(srv_think *t, strbuf *p, char b)
 bool srv_think_feed(srv_think *t, const char *s, size_t n, bool end, strbuf *r, strbuf *c)
 {
     static const char OPEN[] = "<think>", CLOSE[] = "</think>";
+    if (t->harmony)
+        return chat_harmony_feed(&t->h, s, n, end, r, c);
     bool ok = true;
     for (size_t i = 0; i < n && ok; i++) {
         char b = s[i];

@@ -407,11 +407,15 @@ static vki_status load_special_ids(vki_tokenizer *t, const gguf_file *f, char *e
 
 /* End of generation: eos, eot, eom, and the end-of-turn tokens that llama.cpp recognises by
  * text (chat models whose eos differs from the turn end). Those are forced to control type so
- * they render only with `special` and are matched in text only with parse_special. */
+ * they render only with `special` and are matched in text only with parse_special. gpt-oss's
+ * o200k_harmony vocabulary ends a reply at "<|return|>" (the answer is done) or "<|call|>" (a tool
+ * call is), while its "<|end|>" only closes one message of several (the reasoning, then the
+ * answer): a vocabulary with both of the first two keeps "<|end|>" a control token that does not
+ * end generation, as llama.cpp does. */
 static void mark_eog(vki_tokenizer *t)
 {
-    static const char *const eot_texts[] = {"<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>",
-                                            "<|endoftext|>", "<EOT>", "<|eom_id|>"};
+    static const char *const eot_texts[] = {"<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|call|>",
+                                            "<end_of_turn>", "<|endoftext|>", "<EOT>", "<|eom_id|>"};
     for (size_t i = 0; i < sizeof eot_texts / sizeof eot_texts[0]; i++) {
         int32_t id = tok_lookup(t, eot_texts[i], strlen(eot_texts[i]));
         if (id < 0)
@@ -438,6 +442,13 @@ static void mark_eog(vki_tokenizer *t)
     for (int i = 0; i < 3; i++)
         if (ends[i] >= 0)
             t->tok[ends[i]].eog = true;
+    int32_t ret = tok_lookup(t, "<|return|>", 10), call = tok_lookup(t, "<|call|>", 8);
+    int32_t end = tok_lookup(t, "<|end|>", 7);
+    if (ret >= 0 && call >= 0 && end >= 0) { /* harmony: whatever the metadata says, as llama.cpp */
+        t->tok[end].eog = false;
+        if (t->eot == end)
+            t->eot = ret;
+    }
 }
 
 static int cmp_special(const void *pa, const void *pb, void *ctx)

@@ -7,13 +7,18 @@
  * content (ASCII-trimmed, as the trimming families write it; what the template keeps of it:
  * Qwen3 drops earlier reasoning, DeepSeek-R1 every answer's reasoning and all but the last
  * system message, Mistral's v3-tekken the system message unless the last message is a user
- * turn, the first Phi-3 template system turns) appears in the rendered text; the
- * tokenised prompt holds only ids inside the vocabulary. */
+ * turn, the first Phi-3 template system turns, harmony every system message but the first)
+ * appears in the rendered text; the tokenised prompt holds only ids inside the vocabulary.
+ * The input after byte 0 is also a gpt-oss reply for the harmony splitter: fed whole and byte by
+ * byte it splits the same (byte 0's low bit: reasoning_format "none"), and its content goes
+ * through the harmony call parser. */
 #include "fuzz.h"
 
 #include <string.h>
 
 #include "host/chat/chat.h"
+#include "host/chat/chat_harmony.h"
+#include "host/chat/chat_tools.h"
 
 #define MAX_MSGS 16
 
@@ -37,12 +42,14 @@ static bool content_present(const chat_msg *m, const char *text, size_t len)
 }
 
 /* What of message i a family's template keeps: all of it, or none of a system message for the
- * first Phi-3 template, for DeepSeek-R1 but the last one, for Mistral's v3-tekken unless the
- * conversation ends with a user turn; an assistant turn after its last "</think>" (Qwen3: the
- * earlier ones; DeepSeek-R1: every one). */
+ * first Phi-3 template, for harmony but the first one, for DeepSeek-R1 but the last one, for
+ * Mistral's v3-tekken unless the conversation ends with a user turn; an assistant turn after its
+ * last "</think>" (Qwen3: the earlier ones; DeepSeek-R1: every one). */
 static bool kept_present(const chat_template *t, const chat_msg *m, size_t n, size_t i, const char *text, size_t len)
 {
     if (t->phi3_v1 && m[i].role == CHAT_SYSTEM)
+        return true;
+    if (t->family == CHAT_HARMONY && m[i].role == CHAT_SYSTEM && i) /* only the first is the developer's */
         return true;
     size_t last_user = 0, last_sys = 0;
     for (size_t k = 0; k < n; k++) {
@@ -62,6 +69,34 @@ static bool kept_present(const chat_template *t, const chat_msg *m, size_t n, si
         if (!memcmp(q, "</think>", 8))
             from = q + 8;
     return content_present_from(&m[i], from, text, len);
+}
+
+/* The reply split whole and byte by byte: the same reasoning and content. */
+static void check_harmony_split(const char *s, size_t n, bool raw)
+{
+    chat_harmony a, b;
+    chat_harmony_init(&a, raw);
+    chat_harmony_init(&b, raw);
+    strbuf r1 = {0}, c1 = {0}, r2 = {0}, c2 = {0};
+    bool ok = chat_harmony_feed(&a, s, n, true, &r1, &c1);
+    for (size_t i = 0; ok && i < n; i++)
+        ok = chat_harmony_feed(&b, s + i, 1, false, &r2, &c2);
+    ok = ok && chat_harmony_feed(&b, "", 0, true, &r2, &c2);
+    if (ok) {
+        FUZZ_CHECK(r1.len == r2.len && (!r1.len || !memcmp(r1.p, r2.p, r1.len)));
+        FUZZ_CHECK(c1.len == c2.len && (!c1.len || !memcmp(c1.p, c2.p, c1.len)));
+        chat_tool_parser *p;
+        if (chat_tool_parser_create(CHAT_TOOLS_HARMONY, false, NULL, 1, &p) == VKI_OK) {
+            if (chat_tool_parser_push(p, c1.p ? c1.p : "", c1.len, NULL, NULL) == VKI_OK &&
+                chat_tool_parser_finish(p, NULL, NULL) == VKI_OK) {
+                size_t len;
+                chat_tool_parser_content(p, &len);
+                FUZZ_CHECK(len <= c1.len);
+            }
+            chat_tool_parser_free(p);
+        }
+    }
+    strbuf_free(&r1), strbuf_free(&c1), strbuf_free(&r2), strbuf_free(&c2);
 }
 
 static vki_tokenizer *tok;
@@ -98,6 +133,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     tmpl[size] = 0;
     bool known;
     chat_detect(tmpl, &known);
+    check_harmony_split((const char *)data + 1, size - 1, data[0] & 1);
 
     chat_family fam = (chat_family)(data[0] % CHAT_FAMILY_COUNT);
     bool gen = data[0] & 0x80;

@@ -105,7 +105,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     } else {
         chat_tool_parser *p;
         size_t total = 0;
-        FUZZ_CHECK(chat_tool_parser_create((chat_tool_format)(seed % 3), seed & 4, NULL, seed, &p) == VKI_OK);
+        FUZZ_CHECK(chat_tool_parser_create((chat_tool_format)(seed % 4), seed & 4, NULL, seed, &p) == VKI_OK);
         for (size_t i = 0; i < len; i += 1 + seed % 5)
             FUZZ_CHECK(chat_tool_parser_push(p, text + i, len - i < 1 + seed % 5 ? len - i : 1 + seed % 5, count,
                                              &total) == VKI_OK);

@@ -4,7 +4,7 @@
  * them (srv_job_from_json) before anything reaches the batch manager. Model facts come from a real
  * vocabulary (../shared/models/vocab/ggml-vocab-llama-spm.gguf, ggml-vocab-gpt-2.gguf) and a small
  * context, so that length limits are reached.
- * Input: byte 0 = bit 0 chat (else completions), bits 1-3 the chat family, bit 4 the vocabulary,
+ * Input: byte 0 = bit 0 chat (else completions), bits 1-3 and 6 the chat family, bit 4 the vocabulary,
  * bit 5 (completions) a llama-server /completion body translated first (llama_api.c); the rest
  * is the request body.
  * Properties: a refused body gets a 4xx with a message (a 5xx only for out of memory), never a
@@ -19,7 +19,7 @@
 #include "engine/step.h"
 #include "host/server/server.h"
 
-#define N_FAMILIES 8
+#define N_FAMILIES CHAT_FAMILY_COUNT
 static const char *const vocab_files[] = {"ggml-vocab-llama-spm.gguf", "ggml-vocab-gpt-2.gguf"};
 #define N_VOCABS (sizeof vocab_files / sizeof vocab_files[0])
 
@@ -108,7 +108,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     if (!n_toks || size < 1)
         return 0;
-    srv *s = &servers[(data[0] >> 4 & 1) % n_toks][data[0] >> 1 & 7];
+    srv *s = &servers[(data[0] >> 4 & 1) % n_toks][((data[0] >> 1 & 7) | (data[0] >> 3 & 8)) % N_FAMILIES];
     bool chat = data[0] & 1, llama = !chat && (data[0] & 32);
     srv_error e = {0};
     srv_job *j = NULL;

@@ -1,0 +1,35 @@
+/* A chat answer's text as it is generated, for the callers that show it (vki_generate_chat,
+ * `vkinfer chat`, `vkinfer generate --chat`): each token through a text stream (UTF-8-safe
+ * pieces, stop strings), and on a harmony template (gpt-oss) its markers rendered (they are
+ * control tokens) and split by chat_harmony into the reasoning (the analysis channel) and the
+ * answer (the final channel), the token that ends the reply ("<|return|>", "<|call|>") shown as
+ * nothing. Other templates' text is all answer ("<think>" blocks included). No Vulkan. */
+#ifndef VKI_HOST_CHAT_REPLY_H
+#define VKI_HOST_CHAT_REPLY_H
+
+#include "host/chat/chat_harmony.h"
+
+typedef struct chat_reply {
+    vki_text_stream *ts;
+    const vki_tokenizer *tok;
+    bool harmony;
+    chat_harmony h;
+    strbuf reasoning, answer; /* what the last chat_reply_push / _finish gave (cleared by each) */
+} chat_reply;
+
+/* t: the template the prompt was rendered with; p: that prompt (its end primes the harmony
+ * splitter; NULL: a plain generation prompt, "<|start|>assistant"). stops / flags as
+ * vki_text_stream_create. VKI_ERR_INVALID_ARG for an empty stop string. */
+vki_status chat_reply_init(chat_reply *r, const vki_tokenizer *tok, const chat_template *t, const chat_prompt *p,
+                           const char *const *stops, size_t n_stops, uint32_t flags);
+/* The next generated token: r->reasoning and r->answer hold its text. *stopped: a stop string
+ * matched (the text before it was given). */
+vki_status chat_reply_push(chat_reply *r, int32_t token, bool *stopped);
+/* The end of the reply: what was held back (a possible stop string's start, a marker's). */
+vki_status chat_reply_finish(chat_reply *r);
+void chat_reply_free(chat_reply *r);
+
+/* The template behind a public handle (host/chat/chat_api.c). */
+const chat_template *chat_api_template(const vki_chat_template *c);
+
+#endif
