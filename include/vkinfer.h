@@ -837,7 +837,9 @@ VKI_API int32_t vki_text_stream_stop_index(const vki_text_stream *s);
  * tokenizer.chat_template is recognised by the markers of the common families and rendered by C
  * code that reproduces each family's upstream template exactly: ChatML (Qwen, SmolLM, ...),
  * Llama 3, Llama 2, Mistral, Zephyr, Gemma, Phi-3, DeepSeek-R1, gpt-oss's harmony (its system
- * message dated today, reasoning effort medium). Anything else falls back to "plain":
+ * message dated today, reasoning effort medium), OLMo 2 / Tülu 3, IBM Granite 3.x (its default
+ * system prompt dated today, thinking off), SmolLM3 (its metadata block dated today, reasoning
+ * mode /think unless the system message says /no_think). Anything else falls back to "plain":
  * "role: content" lines ending in "assistant:". Control tokens ("<|im_start|>", "<s>") are
  * recognised only in the text the template writes; message content is always tokenised as plain
  * text, so a user cannot inject "<|im_end|>". Immutable once created: any number of threads may
@@ -861,13 +863,14 @@ VKI_API const char *vki_tokenizer_chat_template(const vki_tokenizer *tok);
 
 /* tmpl: NULL = the model's own (vki_tokenizer_chat_template; "plain" when it has none or it is
  * not one of the families); a family name: "chatml", "llama3", "llama2", "mistral", "zephyr",
- * "gemma", "phi3", "plain"; or any other text = a template's source, recognised by its markers
- * ("plain" when unrecognised: vki_chat_template_name says which family was chosen). Walks the
+ * "gemma", "phi3", "deepseek", "harmony", "tulu", "granite", "smollm3", "plain"; or any other
+ * text = a template's source, recognised by its markers ("plain" when unrecognised:
+ * vki_chat_template_name says which family was chosen). Walks the
  * vocabulary once, O(n_vocab): make one per model and keep it (the engine keeps one,
  * vki_engine_chat_template). VKI_ERR_OUT_OF_HOST_MEMORY. */
 VKI_API vki_status vki_chat_template_create(const vki_tokenizer *tok, const char *tmpl, vki_chat_template **out);
 VKI_API void vki_chat_template_free(vki_chat_template *t); /* NULL is fine */
-/* The family in use: "chatml", "llama3", "llama2", "mistral", "zephyr", "gemma", "phi3", "plain". */
+/* The family in use: one of the names vki_chat_template_create takes ("chatml", ..., "plain"). */
 VKI_API const char *vki_chat_template_name(const vki_chat_template *t);
 
 /* Renders msgs[0, n), then (add_generation_prompt) the opening of the assistant's turn. Writes

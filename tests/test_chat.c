@@ -249,6 +249,160 @@ static const char T_HARMONY[] =
     "\"<|start|>user<|message|>\" + message.content + \"<|end|>\" }}\n    {%- endif -%}\n{%- endfor -%}\n\n{#- "
     "Generation prompt #}\n{%- if add_generation_prompt -%}\n<|start|>assistant\n{%- endif -%}\n";
 
+/* allenai/OLMo-2-1124-13B-Instruct (Tülu 3's format): Zephyr's tags, a newline after each message,
+ * eos only after answers */
+static const char T_OLMO2[] =
+    "{{ bos_token }}{% for message in messages %}{% if message['role'] == 'system' %}{{ '<|system|>\n' + message['con"
+    "tent'] + '\n' }}{% elif message['role'] == 'user' %}{{ '<|user|>\n' + message['content'] + '\n' }}{% elif messag"
+    "e['role'] == 'assistant' %}{% if not loop.last %}{{ '<|assistant|>\n'  + message['content'] + eos_token + '\n' }"
+    "}{% else %}{{ '<|assistant|>\n'  + message['content'] + eos_token }}{% endif %}{% endif %}{% if loop.last and ad"
+    "d_generation_prompt %}{{ '<|assistant|>\n' }}{% endif %}{% endfor %}";
+
+/* ibm-granite/granite-3.0-2b-instruct (as the granite3-dense GGUF carries it), its tool branches left out: no
+ * default system prompt */
+static const char T_GRANITE30[] =
+    "{%- for message in messages %}\n    {%- if message['role'] == 'system' %}\n    {{- '<|start_of_role|>system<|end"
+    "_of_role|>' + message['content'] + '<|end_of_text|>\n' }}\n    {%- elif message['role'] == 'user' %}\n    {{- '<"
+    "|start_of_role|>user<|end_of_role|>' + message['content'] + '<|end_of_text|>\n' }}\n    {%- elif message['role']"
+    " == 'assistant' %}\n    {{- '<|start_of_role|>assistant<|end_of_role|>'  + message['content'] + '<|end_of_text|>"
+    "\n' }}\n    {%- endif %}\n    {%- if loop.last and add_generation_prompt %}\n    {{- '<|start_of_role|>assistant"
+    "<|end_of_role|>' }}\n    {%- endif %}\n{%- endfor %}";
+
+/* ibm-granite/granite-3.1-8b-instruct: a dated default system prompt, no thinking switch */
+static const char T_GRANITE31[] =
+    "{%- if messages[0]['role'] == 'system' %}\n    {%- set system_message = messages[0]['content'] %}\n    {%- set l"
+    "oop_messages = messages[1:] %}\n{%- else %}\n    {%- set system_message = \"Knowledge Cutoff Date: April 2024.\\"
+    "nToday's Date: \" + strftime_now('%B %d, %Y') + \".\\nYou are Granite, developed by IBM.\" %}\n    {%- if tools "
+    "and documents %}\n        {%- set system_message = system_message + \" You are a helpful AI assistant with acces"
+    "s to the following tools. When a tool is required to answer the user's query, respond with <|tool_call|> followe"
+    "d by a JSON list of tools used. If a tool does not exist in the provided list of tools, notify the user that you"
+    " do not have the ability to fulfill the request.\\n\\nWrite the response to the user's input by strictly alignin"
+    "g with the facts in the provided documents. If the information needed to answer the question is not available in"
+    " the documents, inform the user that the question cannot be answered based on the available data.\" %}\n    {%- "
+    "elif tools %}\n        {%- set system_message = system_message + \" You are a helpful AI assistant with access t"
+    "o the following tools. When a tool is required to answer the user's query, respond with <|tool_call|> followed b"
+    "y a JSON list of tools used. If a tool does not exist in the provided list of tools, notify the user that you do"
+    " not have the ability to fulfill the request.\" %}\n    {%- elif documents %}\n        {%- set system_message = "
+    "system_message + \" Write the response to the user's input by strictly aligning with the facts in the provided d"
+    "ocuments. If the information needed to answer the question is not available in the documents, inform the user th"
+    "at the question cannot be answered based on the available data.\" %}\n    {%- else %}\n        {%- set system_me"
+    "ssage = system_message + \" You are a helpful AI assistant.\" %}    \n    {%- endif %}\n    {%- if 'citations' i"
+    "n controls and documents %}\n        {%- set system_message = system_message + '\\n\\nIn your response, use the "
+    "symbols <co> and </co> to indicate when a fact comes from a document in the search result, e.g <co>0</co> for a "
+    "fact from document 0. Afterwards, list all the citations with their corresponding documents in an ordered list.'"
+    " %}\n    {%- endif %}\n    {%- if 'hallucinations' in controls and documents %}\n        {%- set system_message "
+    "= system_message + '\\n\\nFinally, after the response is written, include a numbered list of sentences from the "
+    "response that are potentially hallucinated and not based in the documents.' %}\n    {%- endif %}\n    {%- set lo"
+    "op_messages = messages %}\n{%- endif %}\n{{- '<|start_of_role|>system<|end_of_role|>' + system_message + '<|end_"
+    "of_text|>\\n' }}\n{%- if tools %}\n    {{- '<|start_of_role|>tools<|end_of_role|>' }}\n    {{- tools | tojson(in"
+    "dent=4) }}\n    {{- '<|end_of_text|>\\n' }}\n{%- endif %}\n{%- if documents %}\n    {{- '<|start_of_role|>docume"
+    "nts<|end_of_role|>' }}\n    {%- for document in documents %}\n        {{- 'Document ' + loop.index0 | string + '"
+    "\\n' }}\n        {{- document['text'] }}\n        {%- if not loop.last %}\n            {{- '\\n\\n'}}\n        {"
+    "%- endif%}\n    {%- endfor %}\n    {{- '<|end_of_text|>\\n' }}\n{%- endif %}\n{%- for message in loop_messages %"
+    "}\n    {{- '<|start_of_role|>' + message['role'] + '<|end_of_role|>' + message['content'] + '<|end_of_text|>\\n'"
+    " }}\n    {%- if loop.last and add_generation_prompt %}\n        {{- '<|start_of_role|>assistant' }}\n           "
+    " {%- if controls %}\n                {{- ' ' + controls | tojson()}}\n            {%- endif %}\n        {{- '<|e"
+    "nd_of_role|>' }}\n    {%- endif %}\n{%- endfor %}";
+
+/* ibm-granite/granite-3.3-2b-instruct (llama.cpp's models/templates copy), its tools and documents blocks left
+ * out: 3.1's, with `thinking` */
+static const char T_GRANITE33[] =
+    "{# Alias tools -> available_tools #}\n{%- if tools and not available_tools -%}\n    {%- set available_tools = to"
+    "ols -%}\n{%- endif -%}\n{%- if messages[0]['role'] == 'system' %}\n     {%- set system_message = messages[0]['co"
+    "ntent'] %}\n     {%- set loop_messages = messages[1:] %}\n {%- else %}\n     {%- set system_message = \"Knowledg"
+    "e Cutoff Date: April 2024.\nToday's Date: \" + strftime_now('%B %d, %Y') + \".\nYou are Granite, developed by IB"
+    "M.\" %}\n     {%- if available_tools and documents %}\n         {%- set system_message = system_message + \" You"
+    " are a helpful assistant with access to the following tools. When a tool is required to answer the user's query,"
+    " respond only with <|tool_call|> followed by a JSON list of tools used. If a tool does not exist in the provided"
+    " list of tools, notify the user that you do not have the ability to fulfill the request.\nWrite the response to "
+    "the user's input by strictly aligning with the facts in the provided documents. If the information needed to ans"
+    "wer the question is not available in the documents, inform the user that the question cannot be answered based o"
+    "n the available data.\" %}\n     {%- elif available_tools %}\n         {%- set system_message = system_message +"
+    " \" You are a helpful assistant with access to the following tools. When a tool is required to answer the user's"
+    " query, respond only with <|tool_call|> followed by a JSON list of tools used. If a tool does not exist in the p"
+    "rovided list of tools, notify the user that you do not have the ability to fulfill the request.\" %}\n     {%- e"
+    "lif documents %}\n         {%- set system_message = system_message + \" Write the response to the user's input b"
+    "y strictly aligning with the facts in the provided documents. If the information needed to answer the question i"
+    "s not available in the documents, inform the user that the question cannot be answered based on the available da"
+    "ta.\" %}\n    {%- elif thinking %}\n    {%- set system_message = system_message + \" You are a helpful AI assist"
+    "ant.\nRespond to every user query in a comprehensive and detailed way. You can write down your thoughts and reas"
+    "oning process before responding. In the thought process, engage in a comprehensive cycle of analysis, summarizat"
+    "ion, exploration, reassessment, reflection, backtracing, and iteration to develop well-considered thinking proce"
+    "ss. In the response section, based on various attempts, explorations, and reflections from the thoughts section,"
+    " systematically present the final solution that you deem correct. The response should summarize the thought proc"
+    "ess. Write your thoughts between <think></think> and write your response between <response></response> for each "
+    "user query.\" %}\n     {%- else %}\n         {%- set system_message = system_message + \" You are a helpful AI a"
+    "ssistant.\" %}\n     {%- endif %}\n     {%- if 'citations' in controls and documents %}\n         {%- set system"
+    "_message = system_message + '\nUse the symbols <|start_of_cite|> and <|end_of_cite|> to indicate when a fact com"
+    "es from a document in the search result, e.g <|start_of_cite|> {document_id: 1}my fact <|end_of_cite|> for a fac"
+    "t from document 1. Afterwards, list all the citations with their corresponding documents in an ordered list.' %}"
+    "\n     {%- endif %}\n     {%- if 'hallucinations' in controls and documents %}\n         {%- set system_message "
+    "= system_message + '\nFinally, after the response is written, include a numbered list of sentences from the resp"
+    "onse with a corresponding risk value that are hallucinated and not based in the documents.' %}\n     {%- endif %"
+    "}\n     {%- set loop_messages = messages %}\n {%- endif %}\n {{- '<|start_of_role|>system<|end_of_role|>' + syst"
+    "em_message + '<|end_of_text|>\n' }}\n {%- for message in loop_messages %}\n     {{- '<|start_of_role|>' + messag"
+    "e['role'] + '<|end_of_role|>' + message['content'] + '<|end_of_text|>\n' }}\n     {%- if loop.last and add_gener"
+    "ation_prompt %}\n         {{- '<|start_of_role|>assistant' }}\n             {%- if controls %}\n                "
+    " {{- ' ' + controls | tojson()}}\n             {%- endif %}\n         {{- '<|end_of_role|>' }}\n     {%- endif %"
+    "}\n {%- endfor %}";
+
+/* HuggingFaceTB/SmolLM3-3B */
+static const char T_SMOLLM3[] =
+    "{# \xe2\x94\x80\xe2\x94\x80\xe2\x94\x80\xe2\x94\x80\xe2\x94\x80 defaults \xe2\x94\x80\xe2\x94\x80\xe2\x94\x80"
+    "\xe2\x94\x80\xe2\x94\x80 #}\n{%- if enable_thinking is not defined -%}\n{%- set enable_thinking = true -%}\n{%- "
+    "endif -%}\n\n{# \xe2\x94\x80\xe2\x94\x80\xe2\x94\x80\xe2\x94\x80\xe2\x94\x80 reasoning mode \xe2\x94\x80"
+    "\xe2\x94\x80\xe2\x94\x80\xe2\x94\x80\xe2\x94\x80 #}\n{%- if enable_thinking -%}\n{%- set reasoning_mode = \"/thi"
+    "nk\" -%}\n{%- else -%}\n{%- set reasoning_mode = \"/no_think\" -%}\n{%- endif -%}\n\n{# \xe2\x94\x80\xe2\x94\x80"
+    "\xe2\x94\x80\xe2\x94\x80\xe2\x94\x80 header (system message) \xe2\x94\x80\xe2\x94\x80\xe2\x94\x80\xe2\x94\x80"
+    "\xe2\x94\x80 #}\n{{- \"<|im_start|>system\\n\" -}}\n\n{%- if messages[0].role == \"system\" -%}\n{%- set system_"
+    "message = messages[0].content -%}\n{%- if \"/no_think\" in system_message -%}\n{%- set reasoning_mode = \"/no_th"
+    "ink\" -%}\n{%- elif \"/think\" in system_message -%}\n{%- set reasoning_mode = \"/think\" -%}\n{%- endif -%}\n{%"
+    "- set custom_instructions = system_message.replace(\"/no_think\", \"\").replace(\"/think\", \"\").rstrip() -%}\n"
+    "{%- endif -%}\n\n{%- if \"/system_override\" in system_message -%}\n{{- custom_instructions.replace(\"/system_ov"
+    "erride\", \"\").rstrip() -}}\n{{- \"<|im_end|>\\n\" -}}\n{%- else -%}\n{{- \"## Metadata\\n\\n\" -}}\n{{- \"Know"
+    "ledge Cutoff Date: June 2025\\n\" -}}\n{%- set today = strftime_now(\"%d %B %Y\") -%}\n{{- \"Today Date: \" ~ to"
+    "day ~ \"\\n\" -}}\n{{- \"Reasoning Mode: \" + reasoning_mode + \"\\n\\n\" -}}\n\n{{- \"## Custom Instructions\\n"
+    "\\n\" -}}\n{%- if custom_instructions -%}\n{{- custom_instructions + \"\\n\\n\" -}}\n{%- elif reasoning_mode == "
+    "\"/think\" -%}\n{{- \"You are a helpful AI assistant named SmolLM, trained by Hugging Face. Your role as an assi"
+    "stant involves thoroughly exploring questions through a systematic thinking process before providing the final p"
+    "recise and accurate solutions. This requires engaging in a comprehensive cycle of analysis, summarizing, explora"
+    "tion, reassessment, reflection, backtracking, and iteration to develop well-considered thinking process. Please "
+    "structure your response into two main sections: Thought and Solution using the specified format: <think> Thought"
+    " section </think> Solution section. In the Thought section, detail your reasoning process in steps. Each step sh"
+    "ould include detailed considerations such as analysing questions, summarizing relevant findings, brainstorming n"
+    "ew ideas, verifying the accuracy of the current steps, refining any errors, and revisiting previous steps. In th"
+    "e Solution section, based on various attempts, explorations, and reflections from the Thought section, systemati"
+    "cally present the final solution that you deem correct. The Solution section should be logical, accurate, and co"
+    "ncise and detail necessary steps needed to reach the conclusion.\\n\\n\" -}}\n{%- else -%}\n{{- \"You are a help"
+    "ful AI assistant named SmolLM, trained by Hugging Face.\\n\\n\" -}}\n{%- endif -%}\n\n{%- if xml_tools or python"
+    "_tools -%}\n{{- \"### Tools\\n\\n\" -}}\n{%- if xml_tools -%}\n  {%- set ns = namespace(xml_tool_string=\"You ma"
+    "y call one or more functions to assist with the user query.\\nYou are provided with function signatures within <"
+    "tools></tools> XML tags:\\n\\n<tools>\\n\") -%}\n  {%- for tool in xml_tools[:] -%} {# The slicing makes sure th"
+    "at xml_tools is a list #}\n    {%- set ns.xml_tool_string = ns.xml_tool_string ~ (tool | string) ~ \"\\n\" -%}\n"
+    "  {%- endfor -%}\n  {%- set xml_tool_string = ns.xml_tool_string + \"</tools>\\n\\nFor each function call, retur"
+    "n a json object with function name and arguments within <tool_call></tool_call> XML tags:\\n<tool_call>\\n{\\\"n"
+    "ame\\\": <function-name>, \\\"arguments\\\": <args-json-object>}\\n</tool_call>\" -%}\n  {{- xml_tool_string -}}"
+    "\n{%- endif -%}\n{%- if python_tools -%}\n  {%- set ns = namespace(python_tool_string=\"When you send a message "
+    "containing Python code between '<code>' and '</code>' tags, it will be executed in a stateful Jupyter notebook e"
+    "nvironment, and you will then be given the output to continued reasoning in an agentic loop.\\n\\nYou can use th"
+    "e following tools in your python code like regular functions:\\n<tools>\\n\") -%}\n  {%- for tool in python_tool"
+    "s[:] -%} {# The slicing makes sure that python_tools is a list #}\n    {%- set ns.python_tool_string = ns.python"
+    "_tool_string ~ (tool | string) ~ \"\\n\" -%}\n  {%- endfor -%}\n  {%- set python_tool_string = ns.python_tool_st"
+    "ring + \"</tools>\\n\\nThe state persists between code executions: so variables that you define in one step are "
+    "still available thereafter.\" -%}\n  {{- python_tool_string -}}\n{%- endif -%}\n{{- \"\\n\\n\" -}}\n{{- \"<|im_e"
+    "nd|>\\n\" -}}\n{%- endif -%}\n{%- endif -%}\n{# \xe2\x94\x80\xe2\x94\x80\xe2\x94\x80\xe2\x94\x80\xe2\x94\x80 mai"
+    "n loop \xe2\x94\x80\xe2\x94\x80\xe2\x94\x80\xe2\x94\x80\xe2\x94\x80 #}\n{%- for message in messages -%}\n{%- set"
+    " content = message.content if message.content is string else \"\" -%}\n{%- if message.role == \"user\" -%}\n    "
+    "{{ \"<|im_start|>\" + message.role + \"\\n\"  + content + \"<|im_end|>\\n\" }}\n{%- elif message.role == \"assis"
+    "tant\" -%}\n    {% generation %}\n    {%- if reasoning_mode == \"/think\" -%}\n        {{ \"<|im_start|>assistan"
+    "t\\n\" + content.lstrip(\"\\n\") + \"<|im_end|>\\n\" }}\n    {%- else -%}\n        {{ \"<|im_start|>assistant\\n"
+    "\" + \"<think>\\n\\n</think>\\n\" + content.lstrip(\"\\n\") + \"<|im_end|>\\n\" }}\n    {%- endif -%}\n    {% en"
+    "dgeneration %}\n{%- elif message.role == \"tool\" -%}\n{{ \"<|im_start|>\" + \"user\\n\"  + content + \"<|im_end"
+    "|>\\n\" }}\n{%- endif -%}\n{%- endfor -%}\n{# \xe2\x94\x80\xe2\x94\x80\xe2\x94\x80\xe2\x94\x80\xe2\x94\x80 gener"
+    "ation prompt \xe2\x94\x80\xe2\x94\x80\xe2\x94\x80\xe2\x94\x80\xe2\x94\x80 #}\n{%- if add_generation_prompt -%}\n"
+    "{%- if reasoning_mode == \"/think\" -%}\n    {{ \"<|im_start|>assistant\\n\" }}\n{%- else -%}\n    {{ \"<|im_sta"
+    "rt|>assistant\\n\" + \"<think>\\n\\n</think>\\n\"  }}\n{%- endif -%}\n{%- endif -%}";
+
 /* Not one of ours (DeepSeek-V2): falls back. */
 static const char T_DEEPSEEK[] =
     "{% if not add_generation_prompt is defined %}{% set add_generation_prompt = false %}{% endif %}{{ bos_token }}{% "
@@ -563,6 +717,264 @@ static void test_harmony(void **state)
     assert_string_equal(chat_effort_name(CHAT_EFFORT_MEDIUM), "medium");
 }
 
+/* ---- OLMo 2 / Tülu 3, Granite, SmolLM3 -------------------------------------------------------- */
+
+/* The first occurrence of `needle` in p's text lies wholly inside one template span (tmpl) or
+ * outside all of them: what chat_tokenize will and will not parse for control tokens. */
+static void expect_span(const chat_prompt *p, const char *needle, bool tmpl)
+{
+    const char *at = strstr(p->text, needle);
+    if (!at)
+        fail_msg("[%s] not in [%s]", needle, p->text);
+    size_t a = (size_t)(at - p->text), b = a + strlen(needle);
+    bool inside = false, overlaps = false;
+    for (size_t k = 0; k < p->n_tmpl; k++) {
+        size_t s0 = p->tmpl[k].off, s1 = s0 + p->tmpl[k].len;
+        inside |= s0 <= a && b <= s1;
+        overlaps |= s0 < b && a < s1;
+    }
+    if (tmpl ? !inside : overlaps)
+        fail_msg("[%s] %s the template's text", needle, tmpl ? "is not all" : "is partly");
+}
+
+/* Renders on 2025-08-05 (the families that write today's date) with `think`; the family detected
+ * from tmpl when given; opened for continue_final_message when `open`. *p: the prompt (free it). */
+static void render_on(const char *tmpl, chat_family fam, chat_think think, const chat_msg *m, size_t n, bool gen,
+                      bool open, const char *want, chat_prompt *p)
+{
+    if (tmpl) {
+        bool known = false;
+        assert_int_equal(chat_detect(tmpl, &known), fam);
+        assert_true(known);
+    }
+    chat_template t;
+    char err[256] = "";
+    assert_int_equal(chat_template_init(&t, fam, tmpl, "<|endoftext|>", "<|endoftext|>"), VKI_OK);
+    snprintf(t.date, sizeof t.date, "2025-08-05");
+    t.think = think;
+    if (chat_render(&t, m, n, gen, p, err, sizeof err) != VKI_OK)
+        fail_msg("%s: %s", chat_family_name(fam), err);
+    if (open)
+        chat_prompt_open_end(p);
+    if (strcmp(p->text, want) || p->len != strlen(want))
+        fail_msg("%s:\n got: [%s]\nwant: [%s]", chat_family_name(fam), p->text, want);
+    size_t end = 0;
+    for (size_t k = 0; k < p->n_tmpl; k++) {
+        assert_true(p->tmpl[k].off >= end && p->tmpl[k].len > 0);
+        end = p->tmpl[k].off + p->tmpl[k].len;
+    }
+    assert_true(end <= p->len);
+    chat_template_free(&t);
+}
+
+static void expect_on(const char *tmpl, chat_family fam, chat_think think, const chat_msg *m, size_t n, bool gen,
+                      bool open, const char *want)
+{
+    chat_prompt p;
+    render_on(tmpl, fam, think, m, n, gen, open, want, &p);
+    chat_prompt_free(&p);
+}
+
+/* OLMo 2: eos after answers only, no newline after the last message when it is an answer; told
+ * from Zephyr by its user turn, which ends in a newline, not eos_token. */
+static void test_tulu(void **state)
+{
+    expect_render(T_OLMO2, CHAT_TULU, "<|endoftext|>", "<|endoftext|>", CONV, N_CONV, true,
+                  "<|endoftext|><|system|>\nYou are a helpful assistant\n<|user|>\nHello\n<|assistant|>\nHi there"
+                  "<|endoftext|>\n<|user|>\nWho are you\n<|assistant|>\n   I am an assistant   <|endoftext|>\n"
+                  "<|user|>\nAnother question\n<|assistant|>\n");
+    expect_render(T_OLMO2, CHAT_TULU, "<|endoftext|>", "<|endoftext|>", CONV + 1, 1, false,
+                  "<|endoftext|><|user|>\nHello\n");
+    /* the last message an answer: eos and no newline; a generation prompt right after it */
+    expect_render(T_OLMO2, CHAT_TULU, "<|endoftext|>", "<|endoftext|>", CONV + 1, 2, false,
+                  "<|endoftext|><|user|>\nHello\n<|assistant|>\nHi there<|endoftext|>");
+    expect_render(T_OLMO2, CHAT_TULU, "<|endoftext|>", "<|endoftext|>", CONV + 1, 2, true,
+                  "<|endoftext|><|user|>\nHello\n<|assistant|>\nHi there<|endoftext|><|assistant|>\n");
+    /* continue_final_message: the answer opened before its eos */
+    expect_on(T_OLMO2, CHAT_TULU, CHAT_THINK_DEFAULT, CONV, 5, false, true,
+              "<|endoftext|><|system|>\nYou are a helpful assistant\n<|user|>\nHello\n<|assistant|>\nHi there"
+              "<|endoftext|>\n<|user|>\nWho are you\n<|assistant|>\n   I am an assistant   ");
+    /* the same template written with Jinja's escapes and without bos_token: Tülu, no bos */
+    static const char escaped[] =
+        "{% for message in messages %}{% if message['role'] == 'user' %}{{ '<|user|>\\n' + message['content'] + "
+        "'\\n' }}{% elif message['role'] == 'assistant' %}{{ '<|assistant|>\\n'  + message['content'] + eos_token "
+        "}}{% endif %}{% endfor %}";
+    expect_render(escaped, CHAT_TULU, "<|endoftext|>", "<|endoftext|>", CONV + 1, 1, true,
+                  "<|user|>\nHello\n<|assistant|>\n");
+    /* Zephyr's, in either spelling, stays Zephyr */
+    assert_int_equal(chat_detect(T_ZEPHYR, NULL), CHAT_ZEPHYR);
+    static const char zephyr_escaped[] =
+        "{% for message in messages %}{% if message['role'] == 'user' %}{{ '<|user|>\\n' + message['content'] + "
+        "eos_token }}{% elif message['role'] == 'assistant' %}{{ '<|assistant|>\\n'  + message['content'] + "
+        "eos_token }}{% endif %}{% endfor %}";
+    assert_int_equal(chat_detect(zephyr_escaped, NULL), CHAT_ZEPHYR);
+    chat_family f;
+    assert_true(chat_family_parse("tulu", &f) && f == CHAT_TULU);
+}
+
+#define G_ROLE(r) "<|start_of_role|>" r "<|end_of_role|>"
+#define G_END "<|end_of_text|>\n"
+#define G_DEFAULT                                                                                              \
+    G_ROLE("system") "Knowledge Cutoff Date: April 2024.\nToday's Date: August 05, 2025.\nYou are Granite, " \
+                     "developed by IBM. You are a helpful AI assistant." G_END
+/* The conversation as every Granite template writes it after its system message */
+#define G_CONV                                                                                                  \
+    G_ROLE("user") "Hello" G_END G_ROLE("assistant") "Hi there" G_END G_ROLE("user") "Who are you" G_END       \
+        G_ROLE("assistant") "   I am an assistant   " G_END G_ROLE("user") "Another question" G_END
+
+/* Granite 3.0: every message as it is; 3.1+: the first system message, or the dated default (3.3:
+ * the thinking one with `thinking`), taken from the template's literals; the generation prompt
+ * follows the last message only (none after a lone system message). */
+static void test_granite(void **state)
+{
+    static const char conv[] = G_ROLE("system") "You are a helpful assistant" G_END G_CONV G_ROLE("assistant");
+    expect_on(T_GRANITE30, CHAT_GRANITE, CHAT_THINK_DEFAULT, CONV, N_CONV, true, false, conv);
+    expect_on(T_GRANITE31, CHAT_GRANITE, CHAT_THINK_DEFAULT, CONV, N_CONV, true, false, conv);
+    expect_on(T_GRANITE33, CHAT_GRANITE, CHAT_THINK_ON, CONV, N_CONV, true, false, conv);
+    expect_on(T_GRANITE30, CHAT_GRANITE, CHAT_THINK_DEFAULT, CONV + 1, 1, true, false,
+              G_ROLE("user") "Hello" G_END G_ROLE("assistant"));
+    /* no system message: 3.1's and 3.3's default, today's date as strftime_now('%B %d, %Y') */
+    static const char dflt[] = G_DEFAULT G_CONV G_ROLE("assistant");
+    expect_on(T_GRANITE31, CHAT_GRANITE, CHAT_THINK_DEFAULT, CONV + 1, N_CONV - 1, true, false, dflt);
+    expect_on(T_GRANITE33, CHAT_GRANITE, CHAT_THINK_DEFAULT, CONV + 1, N_CONV - 1, true, false, dflt);
+    expect_on(T_GRANITE31, CHAT_GRANITE, CHAT_THINK_ON, CONV + 1, N_CONV - 1, true, false, dflt); /* no switch */
+    expect_on(NULL, CHAT_GRANITE, CHAT_THINK_DEFAULT, CONV + 1, N_CONV - 1, true, false, dflt);   /* by name: 3.3 */
+    static const char think[] =
+        G_ROLE("system") "Knowledge Cutoff Date: April 2024.\nToday's Date: August 05, 2025.\nYou are Granite, "
+        "developed by IBM. You are a helpful AI assistant.\nRespond to every user query in a comprehensive and "
+        "detailed way. You can write down your thoughts and reasoning process before responding. In the thought "
+        "process, engage in a comprehensive cycle of analysis, summarization, exploration, reassessment, "
+        "reflection, backtracing, and iteration to develop well-considered thinking process. In the response "
+        "section, based on various attempts, explorations, and reflections from the thoughts section, "
+        "systematically present the final solution that you deem correct. The response should summarize the "
+        "thought process. Write your thoughts between <think></think> and write your response between "
+        "<response></response> for each user query." G_END G_ROLE("user") "Hello" G_END G_ROLE("assistant");
+    chat_prompt p;
+    render_on(T_GRANITE33, CHAT_GRANITE, CHAT_THINK_ON, CONV + 1, 1, true, false, think, &p);
+    expect_span(&p, "<think></think>", true); /* template text: its control tokens are parsed */
+    expect_span(&p, "Hello", false);
+    chat_prompt_free(&p);
+    /* granite-3.2's thinking sentence (as IBM's documentation shows it rendered) comes from its literal */
+    static const char g32[] =
+        "{%- set system_message = \"Knowledge Cutoff Date: April 2024.\\nToday's Date: \" + strftime_now('%B %d, %Y') "
+        "+ \".\\nYou are Granite, developed by IBM.\" %}\n{%- if documents %}\n{%- set system_message = "
+        "system_message + \" Write the response.\" %}\n{%- elif thinking %}\n{%- set system_message = system_message "
+        "+ \" You are a helpful AI assistant.\\nRespond to every user query in a comprehensive and detailed way. You "
+        "can write down your thoughts and reasoning process before responding. Write your thoughts after 'Here is "
+        "my thought process:' and write your response after 'Here is my response:' for each user query.\" %}\n{%- "
+        "else %}\n{%- set system_message = system_message + \" You are a helpful AI assistant.\" %}\n{%- endif %}\n"
+        "{{- '<|start_of_role|>system<|end_of_role|>' + system_message + '<|end_of_text|>\\n' }}";
+    expect_on(g32, CHAT_GRANITE, CHAT_THINK_ON, CONV + 1, 1, false, false,
+              G_ROLE("system") "Knowledge Cutoff Date: April 2024.\nToday's Date: August 05, 2025.\nYou are "
+              "Granite, developed by IBM. You are a helpful AI assistant.\nRespond to every user query in a "
+              "comprehensive and detailed way. You can write down your thoughts and reasoning process before "
+              "responding. Write your thoughts after 'Here is my thought process:' and write your response after "
+              "'Here is my response:' for each user query." G_END G_ROLE("user") "Hello" G_END);
+    /* a lone system message: no generation prompt (3.1+ write it inside the loop over the others) */
+    expect_on(T_GRANITE31, CHAT_GRANITE, CHAT_THINK_DEFAULT, CONV, 1, true, false,
+              G_ROLE("system") "You are a helpful assistant" G_END);
+    /* later system messages stay where they are; an answer last, without a generation prompt */
+    static const chat_msg late[] = {M(CHAT_USER, "a"), M(CHAT_ASSISTANT, "b"), M(CHAT_SYSTEM, "c"),
+                                    M(CHAT_USER, "d"), M(CHAT_ASSISTANT, "e")};
+    expect_on(T_GRANITE33, CHAT_GRANITE, CHAT_THINK_DEFAULT, late, 5, false, false,
+              G_DEFAULT G_ROLE("user") "a" G_END G_ROLE("assistant") "b" G_END G_ROLE("system") "c" G_END
+              G_ROLE("user") "d" G_END G_ROLE("assistant") "e" G_END);
+    /* continue_final_message: before the answer's <|end_of_text|> */
+    expect_on(T_GRANITE33, CHAT_GRANITE, CHAT_THINK_DEFAULT, late, 5, false, true,
+              G_DEFAULT G_ROLE("user") "a" G_END G_ROLE("assistant") "b" G_END G_ROLE("system") "c" G_END
+              G_ROLE("user") "d" G_END G_ROLE("assistant") "e");
+    chat_template t;
+    assert_int_equal(chat_template_init(&t, CHAT_GRANITE, T_GRANITE30, "", ""), VKI_OK);
+    assert_null(t.default_system);
+    chat_template_free(&t);
+    assert_int_equal(chat_template_init(&t, CHAT_GRANITE, T_GRANITE31, "", ""), VKI_OK);
+    assert_string_equal(t.date_fmt, "%B %d, %Y");
+    assert_null(t.system_tail[1]);
+    chat_template_free(&t);
+}
+
+#define S_HEAD(mode)                                                                                           \
+    "<|im_start|>system\n## Metadata\n\nKnowledge Cutoff Date: June 2025\nToday Date: 05 August 2025\nReasoning " \
+    "Mode: " mode "\n\n## Custom Instructions\n\n"
+#define S_PERSONA "You are a helpful AI assistant named SmolLM, trained by Hugging Face."
+#define S_PERSONA_THINK                                                                                          \
+    S_PERSONA " Your role as an assistant involves thoroughly exploring questions through a systematic thinking " \
+    "process before providing the final precise and accurate solutions. This requires engaging in a "            \
+    "comprehensive cycle of analysis, summarizing, exploration, reassessment, reflection, backtracking, and "     \
+    "iteration to develop well-considered thinking process. Please structure your response into two main "        \
+    "sections: Thought and Solution using the specified format: <think> Thought section </think> Solution "      \
+    "section. In the Thought section, detail your reasoning process in steps. Each step should include detailed " \
+    "considerations such as analysing questions, summarizing relevant findings, brainstorming new ideas, "        \
+    "verifying the accuracy of the current steps, refining any errors, and revisiting previous steps. In the "    \
+    "Solution section, based on various attempts, explorations, and reflections from the Thought section, "      \
+    "systematically present the final solution that you deem correct. The Solution section should be logical, "  \
+    "accurate, and concise and detail necessary steps needed to reach the conclusion."
+
+/* SmolLM3: the metadata block (left open: the released template closes it only with tools), the
+ * reasoning mode from enable_thinking or the system message's /think, /no_think (removed from its
+ * instructions, which are rstripped), the default personas, /system_override, answers opened with
+ * an empty think block in /no_think and their reasoning kept in /think. */
+static void test_smollm3(void **state)
+{
+    expect_on(T_SMOLLM3, CHAT_SMOLLM3, CHAT_THINK_DEFAULT, CONV, N_CONV, true, false,
+              S_HEAD("/think") "You are a helpful assistant\n\n<|im_start|>user\nHello<|im_end|>\n<|im_start|>"
+              "assistant\nHi there<|im_end|>\n<|im_start|>user\nWho are you<|im_end|>\n<|im_start|>assistant\n   "
+              "I am an assistant   <|im_end|>\n<|im_start|>user\nAnother question<|im_end|>\n<|im_start|>"
+              "assistant\n");
+    chat_prompt p;
+    render_on(T_SMOLLM3, CHAT_SMOLLM3, CHAT_THINK_DEFAULT, CONV + 1, 1, false, false,
+              S_HEAD("/think") S_PERSONA_THINK "\n\n<|im_start|>user\nHello<|im_end|>\n", &p);
+    expect_span(&p, "<think> Thought section </think>", true);
+    chat_prompt_free(&p);
+    expect_on(NULL, CHAT_SMOLLM3, CHAT_THINK_OFF, CONV + 1, 2, true, false,
+              S_HEAD("/no_think") S_PERSONA "\n\n<|im_start|>user\nHello<|im_end|>\n<|im_start|>assistant\n<think>\n"
+              "\n</think>\nHi there<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n");
+    /* the system message's flag wins over enable_thinking and leaves the instructions; lstrip('\n')
+     * of the answers; a later system message is not written */
+    static const chat_msg flags[] = {M(CHAT_SYSTEM, "Be /no_think brief.  \n"), M(CHAT_USER, "Hello"),
+                                     M(CHAT_ASSISTANT, "\n\nHi there"), M(CHAT_SYSTEM, "late"),
+                                     M(CHAT_USER, "Who are you")};
+    render_on(T_SMOLLM3, CHAT_SMOLLM3, CHAT_THINK_ON, flags, 5, true, false,
+              S_HEAD("/no_think") "Be  brief.\n\n<|im_start|>user\nHello<|im_end|>\n<|im_start|>assistant\n"
+              "<think>\n\n</think>\nHi there<|im_end|>\n<|im_start|>user\nWho are you<|im_end|>\n<|im_start|>"
+              "assistant\n<think>\n\n</think>\n", &p);
+    expect_span(&p, "Be  brief.", false); /* the user's text, not the template's */
+    chat_prompt_free(&p);
+    static const chat_msg think[] = {M(CHAT_SYSTEM, "/think"), M(CHAT_USER, "q"),
+                                     M(CHAT_ASSISTANT, "<think>\nhm\n</think>\nA"), M(CHAT_USER, "q2")};
+    expect_on(T_SMOLLM3, CHAT_SMOLLM3, CHAT_THINK_OFF, think, 4, true, false,
+              S_HEAD("/think") S_PERSONA_THINK "\n\n<|im_start|>user\nq<|im_end|>\n<|im_start|>assistant\n<think>\n"
+              "hm\n</think>\nA<|im_end|>\n<|im_start|>user\nq2<|im_end|>\n<|im_start|>assistant\n");
+    /* continue_final_message: the answer opened before its <|im_end|> */
+    expect_on(T_SMOLLM3, CHAT_SMOLLM3, CHAT_THINK_DEFAULT, think, 3, false, true,
+              S_HEAD("/think") S_PERSONA_THINK "\n\n<|im_start|>user\nq<|im_end|>\n<|im_start|>assistant\n<think>\n"
+              "hm\n</think>\nA");
+    static const chat_msg over[] = {M(CHAT_SYSTEM, "You are X. /system_override /no_think"), M(CHAT_USER, "q")};
+    expect_on(T_SMOLLM3, CHAT_SMOLLM3, CHAT_THINK_DEFAULT, over, 2, true, false,
+              "<|im_start|>system\nYou are X.<|im_end|>\n<|im_start|>user\nq<|im_end|>\n<|im_start|>assistant\n"
+              "<think>\n\n</think>\n");
+    /* Unsloth's edit (llama.cpp's copy), reduced to its markers: no date, no override, the block
+     * closed */
+    static const char unsloth[] =
+        "{{- \"<|im_start|>system\\n\" -}}{{- \"## Metadata\\n\\n\" -}}{{- \"Knowledge Cutoff Date: June 2025\\n\" "
+        "-}}{{- \"Reasoning Mode: \" + reasoning_mode + \"\\n\\n\" -}}{{- \"<|im_end|>\\n\" -}}";
+    expect_on(unsloth, CHAT_SMOLLM3, CHAT_THINK_DEFAULT, over + 1, 1, true, false,
+              "<|im_start|>system\n## Metadata\n\nKnowledge Cutoff Date: June 2025\nReasoning Mode: /think\n\n## "
+              "Custom Instructions\n\n" S_PERSONA_THINK "\n\n<|im_end|>\n<|im_start|>user\nq<|im_end|>\n"
+              "<|im_start|>assistant\n");
+    /* still ChatML with reasoning for the server's reasoning_format auto; Qwen3's strip stays off */
+    chat_template t;
+    assert_int_equal(chat_template_init(&t, CHAT_SMOLLM3, T_SMOLLM3, "", ""), VKI_OK);
+    assert_true(chat_thinks(&t) && !t.strip_think && t.dated && !t.smollm3_closed);
+    chat_template_free(&t);
+    assert_int_equal(chat_template_init(&t, CHAT_CHATML, T_QWEN3, "", ""), VKI_OK);
+    assert_true(chat_thinks(&t));
+    chat_template_free(&t);
+    assert_int_equal(chat_template_init(&t, CHAT_CHATML, T_CHATML, "", ""), VKI_OK);
+    assert_false(chat_thinks(&t));
+    chat_template_free(&t);
+}
+
 static void test_fallback(void **state)
 {
     static const char want[] = "system: You are a helpful assistant\nuser: Hello\nassistant: Hi there\nuser: Who are "
@@ -758,34 +1170,31 @@ static void test_tokenize_bpe(void **state)
 }
 
 /* A byte-level BPE vocabulary made like gpt-oss's o200k_harmony (pre-tokenizer gpt-4o): the 256
- * byte symbols of GPT-2's byte-to-unicode map (ids 0-255, no merges), then harmony's control
- * tokens; bos <|startoftext|>, eos <|return|>; tmpl as its tokenizer.chat_template. */
-static const char *const HARMONY_SPECIALS[] = {"<|startoftext|>", "<|endoftext|>", "<|return|>", "<|constrain|>",
-                                               "<|channel|>",     "<|start|>",     "<|end|>",    "<|message|>",
-                                               "<|call|>"};
-#define N_HSPECIAL (sizeof HARMONY_SPECIALS / sizeof HARMONY_SPECIALS[0])
-enum { H_BOS = 256, H_EOT, H_RETURN, H_CONSTRAIN, H_CHANNEL, H_START, H_END, H_MESSAGE, H_CALL };
-
-static void write_harmony_vocab(const char *path, const char *tmpl)
+ * byte symbols of GPT-2's byte-to-unicode map (ids 0-255, no merges), then the control tokens
+ * specials[0, n) (ids 256...); bos and eos ids among them; tmpl as its tokenizer.chat_template. */
+#define MAX_SPECIAL 16
+static void write_byte_vocab(const char *path, const char *tmpl, const char *const *specials, size_t n, uint32_t bos,
+                             uint32_t eos)
 {
     static char sym[256][4];
-    gguf_str toks[256 + N_HSPECIAL];
-    int32_t type[256 + N_HSPECIAL];
+    gguf_str toks[256 + MAX_SPECIAL];
+    int32_t type[256 + MAX_SPECIAL];
     unsigned extra = 0;
+    assert_true(n <= MAX_SPECIAL);
     for (unsigned b = 0; b < 256; b++) { /* printable Latin-1 stands for itself, the rest for 256 + k */
         bool self = (b >= 33 && b <= 126) || (b >= 161 && b <= 172) || b >= 174;
-        unsigned cp = self ? b : 256 + extra++, n = 1;
+        unsigned cp = self ? b : 256 + extra++, len = 1;
         sym[b][0] = (char)cp;
         if (cp >= 0x80) { /* two bytes of UTF-8: every code point here is below 0x800 */
             sym[b][0] = (char)(0xC0 | cp >> 6);
             sym[b][1] = (char)(0x80 | (cp & 0x3F));
-            n = 2;
+            len = 2;
         }
-        toks[b] = (gguf_str){sym[b], n};
+        toks[b] = (gguf_str){sym[b], len};
         type[b] = 1; /* normal */
     }
-    for (size_t i = 0; i < N_HSPECIAL; i++) {
-        toks[256 + i] = (gguf_str){HARMONY_SPECIALS[i], strlen(HARMONY_SPECIALS[i])};
+    for (size_t i = 0; i < n; i++) {
+        toks[256 + i] = (gguf_str){specials[i], strlen(specials[i])};
         type[256 + i] = 3; /* control */
     }
     gguf_writer *w;
@@ -793,15 +1202,107 @@ static void write_harmony_vocab(const char *path, const char *tmpl)
     assert_int_equal(gguf_w_set_str(w, "general.architecture", "gpt-oss"), VKI_OK);
     assert_int_equal(gguf_w_set_str(w, "tokenizer.ggml.model", "gpt2"), VKI_OK);
     assert_int_equal(gguf_w_set_str(w, "tokenizer.ggml.pre", "gpt-4o"), VKI_OK);
-    assert_int_equal(gguf_w_set_arr_str(w, "tokenizer.ggml.tokens", toks, 256 + N_HSPECIAL), VKI_OK);
-    assert_int_equal(gguf_w_set_arr(w, "tokenizer.ggml.token_type", GGUF_TYPE_INT32, type, 256 + N_HSPECIAL), VKI_OK);
+    assert_int_equal(gguf_w_set_arr_str(w, "tokenizer.ggml.tokens", toks, 256 + n), VKI_OK);
+    assert_int_equal(gguf_w_set_arr(w, "tokenizer.ggml.token_type", GGUF_TYPE_INT32, type, 256 + n), VKI_OK);
     assert_int_equal(gguf_w_set_arr_str(w, "tokenizer.ggml.merges", toks, 0), VKI_OK);
-    assert_int_equal(gguf_w_set_u32(w, "tokenizer.ggml.bos_token_id", H_BOS), VKI_OK);
-    assert_int_equal(gguf_w_set_u32(w, "tokenizer.ggml.eos_token_id", H_RETURN), VKI_OK);
+    assert_int_equal(gguf_w_set_u32(w, "tokenizer.ggml.bos_token_id", bos), VKI_OK);
+    assert_int_equal(gguf_w_set_u32(w, "tokenizer.ggml.eos_token_id", eos), VKI_OK);
     assert_int_equal(gguf_w_set_str(w, "tokenizer.chat_template", tmpl), VKI_OK);
     assert_int_equal(gguf_w_open(w, path), VKI_OK);
     assert_int_equal(gguf_w_finish(w), VKI_OK);
     gguf_w_destroy(w);
+}
+
+static const char *const HARMONY_SPECIALS[] = {"<|startoftext|>", "<|endoftext|>", "<|return|>", "<|constrain|>",
+                                               "<|channel|>",     "<|start|>",     "<|end|>",    "<|message|>",
+                                               "<|call|>"};
+#define N_HSPECIAL (sizeof HARMONY_SPECIALS / sizeof HARMONY_SPECIALS[0])
+enum { H_BOS = 256, H_EOT, H_RETURN, H_CONSTRAIN, H_CHANNEL, H_START, H_END, H_MESSAGE, H_CALL };
+
+/* gpt-oss's o200k_harmony: bos <|startoftext|>, eos <|return|>. */
+static void write_harmony_vocab(const char *path, const char *tmpl)
+{
+    write_byte_vocab(path, tmpl, HARMONY_SPECIALS, N_HSPECIAL, H_BOS, H_RETURN);
+}
+
+/* A byte vocabulary with `specials` (write_byte_vocab), loaded; tmpl's family recognised from it. */
+static vki_tokenizer *load_byte_vocab(const char *tmpl, const char *const *specials, size_t n, uint32_t bos,
+                                      uint32_t eos, const char *family)
+{
+    char path[] = "/tmp/vki_test_chat_vocab_XXXXXX", err[256] = "";
+    int fd = mkstemp(path);
+    assert_true(fd >= 0);
+    close(fd);
+    write_byte_vocab(path, tmpl, specials, n, bos, eos);
+    vki_tokenizer *tok;
+    if (vki_tokenizer_load(path, &tok, err, sizeof err) != VKI_OK)
+        fail_msg("%s vocabulary: %s", family, err);
+    unlink(path);
+    vki_chat_template *own;
+    assert_int_equal(vki_chat_template_create(tok, NULL, &own), VKI_OK);
+    assert_string_equal(vki_chat_template_name(own), family);
+    vki_chat_template_free(own);
+    return tok;
+}
+
+/* How many times each of the ids 256 + [0, n) occurs in the model's own template's tokens for m. */
+static void count_specials(const vki_tokenizer *tok, chat_think think, const chat_msg *m, size_t k, size_t n,
+                           size_t *count)
+{
+    chat_specials *sp;
+    chat_template t;
+    chat_prompt p;
+    char bos[64], eos[64];
+    int32_t *ids;
+    size_t n_ids;
+    chat_token_texts(tok, bos, sizeof bos, eos, sizeof eos);
+    const char *src = vki_tokenizer_chat_template(tok);
+    assert_int_equal(chat_specials_create(tok, &sp), VKI_OK);
+    assert_int_equal(chat_template_init(&t, chat_detect(src, NULL), src, bos, eos), VKI_OK);
+    t.think = think;
+    assert_int_equal(chat_render(&t, m, k, true, &p, NULL, 0), VKI_OK);
+    assert_int_equal(chat_tokenize(sp, tok, &p, false, &ids, &n_ids), VKI_OK);
+    memset(count, 0, n * sizeof *count);
+    for (size_t i = 0; i < n_ids; i++)
+        if (ids[i] >= 256 && (size_t)ids[i] < 256 + n)
+            count[ids[i] - 256]++;
+    free(ids);
+    chat_prompt_free(&p);
+    chat_template_free(&t);
+    chat_specials_free(sp);
+}
+
+/* Granite's and SmolLM3's markers (and the <think> of the texts their templates write) are control
+ * tokens where the template wrote them; the same texts in a message are text. */
+static void test_tokenize_new_families(void **state)
+{
+    static const char *const g[] = {"<|end_of_text|>", "<|start_of_role|>", "<|end_of_role|>", "<think>",
+                                    "</think>"};
+    vki_tokenizer *tok = load_byte_vocab(T_GRANITE33, g, 5, 256, 256, "granite");
+    static const chat_msg gm[] = {M(CHAT_USER, "a<|end_of_text|><|start_of_role|>b<think>")};
+    size_t c[5];
+    count_specials(tok, CHAT_THINK_ON, gm, 1, 5, c);
+    assert_int_equal(c[0], 2); /* the system message's and the user turn's */
+    assert_int_equal(c[1], 3); /* system, user, the generation prompt */
+    assert_int_equal(c[2], 3);
+    assert_int_equal(c[3], 1); /* "<think></think>" in the thinking system prompt */
+    assert_int_equal(c[4], 1);
+    vki_tokenizer_free(tok);
+
+    static const char *const s[] = {"<|im_start|>", "<|im_end|>", "<think>", "</think>", "<|endoftext|>"};
+    tok = load_byte_vocab(T_SMOLLM3, s, 5, 260, 257, "smollm3");
+    static const chat_msg sm[] = {M(CHAT_SYSTEM, "S <think>"), M(CHAT_USER, "q<|im_end|>")};
+    count_specials(tok, CHAT_THINK_DEFAULT, sm, 2, 5, c);
+    assert_int_equal(c[0], 3); /* system, user, the generation prompt */
+    assert_int_equal(c[1], 1); /* the user turn's (the metadata block stays open) */
+    assert_int_equal(c[2], 0); /* the system message's is its text */
+    count_specials(tok, CHAT_THINK_DEFAULT, sm + 1, 1, 5, c);
+    assert_int_equal(c[2], 1); /* the default persona's "<think> Thought section </think>" */
+    assert_int_equal(c[3], 1);
+    count_specials(tok, CHAT_THINK_OFF, sm + 1, 1, 5, c);
+    assert_int_equal(c[2], 1); /* the generation prompt's empty block */
+    assert_int_equal(c[3], 1);
+    vki_tokenizer_free(tok);
 }
 
 /* gpt-oss's vocabulary: its template recognised from the tokenizer; the template's markers are
@@ -986,11 +1487,12 @@ int main(void)
         cmocka_unit_test(test_chatml),       cmocka_unit_test(test_qwen3),        cmocka_unit_test(test_llama3),       cmocka_unit_test(test_llama2),
         cmocka_unit_test(test_mistral),      cmocka_unit_test(test_zephyr),       cmocka_unit_test(test_gemma),
         cmocka_unit_test(test_phi3),         cmocka_unit_test(test_deepseek),     cmocka_unit_test(test_harmony),
+        cmocka_unit_test(test_tulu),         cmocka_unit_test(test_granite),      cmocka_unit_test(test_smollm3),
         cmocka_unit_test(test_fallback),
         cmocka_unit_test(test_errors),
         cmocka_unit_test(test_open_end),
         cmocka_unit_test(test_tokenize_spm), cmocka_unit_test(test_tokenize_bpe),
-        cmocka_unit_test(test_tokenize_harmony),
+        cmocka_unit_test(test_tokenize_harmony), cmocka_unit_test(test_tokenize_new_families),
         cmocka_unit_test(test_from_gguf),
         cmocka_unit_test(test_public_api),
     };

@@ -22,7 +22,8 @@
 static const char *const family_names[CHAT_FAMILY_COUNT] = {
     [CHAT_PLAIN] = "plain",   [CHAT_CHATML] = "chatml", [CHAT_LLAMA3] = "llama3", [CHAT_LLAMA2] = "llama2",
     [CHAT_MISTRAL] = "mistral", [CHAT_ZEPHYR] = "zephyr", [CHAT_GEMMA] = "gemma",  [CHAT_PHI3] = "phi3",
-    [CHAT_DEEPSEEK] = "deepseek", [CHAT_HARMONY] = "harmony",
+    [CHAT_DEEPSEEK] = "deepseek", [CHAT_HARMONY] = "harmony", [CHAT_TULU] = "tulu",     [CHAT_GRANITE] = "granite",
+    [CHAT_SMOLLM3] = "smollm3",
 };
 _Static_assert(sizeof family_names / sizeof family_names[0] == CHAT_FAMILY_COUNT, "a name per family");
 
@@ -61,6 +62,20 @@ bool chat_family_parse(const char *name, chat_family *out)
 
 /* ---- recognition -------------------------------------------------------------------------- */
 
+/* Zephyr's and Tülu's templates share their tags; Zephyr's user turn ends in eos_token, Tülu's in
+ * a newline (eos only after answers). Tülu: the expression that writes '<|user|>' closes ("}}")
+ * without naming eos_token. */
+static bool user_turn_without_eos(const char *t)
+{
+    const char *u = strstr(t, "<|user|>"), *end = u ? strstr(u, "}}") : NULL;
+    if (!end)
+        return false;
+    for (const char *p = u; p + 9 <= end; p++)
+        if (!memcmp(p, "eos_token", 9))
+            return false;
+    return true;
+}
+
 chat_family chat_detect(const char *t, bool *known)
 {
     chat_family f = CHAT_PLAIN;
@@ -71,7 +86,9 @@ chat_family chat_detect(const char *t, bool *known)
     else if (strstr(t, "<|start|>") && strstr(t, "<|channel|>") && strstr(t, "<|message|>"))
         f = CHAT_HARMONY;
     else if (strstr(t, "<|im_start|>"))
-        f = CHAT_CHATML;
+        f = strstr(t, "## Metadata") && strstr(t, "Reasoning Mode: ") ? CHAT_SMOLLM3 : CHAT_CHATML;
+    else if (strstr(t, "<|start_of_role|>"))
+        f = CHAT_GRANITE;
     else if (strstr(t, "<|start_header_id|>"))
         f = CHAT_LLAMA3;
     else if (strstr(t, "<start_of_turn>"))
@@ -79,7 +96,7 @@ chat_family chat_detect(const char *t, bool *known)
     else if (strstr(t, "<|end|>") && (strstr(t, "<|assistant|>") || strstr(t, "<|user|>")))
         f = CHAT_PHI3;
     else if (strstr(t, "<|user|>") && strstr(t, "<|assistant|>") && strstr(t, "eos_token"))
-        f = CHAT_ZEPHYR;
+        f = user_turn_without_eos(t) ? CHAT_TULU : CHAT_ZEPHYR;
     else if (strstr(t, "[INST]"))
         f = strstr(t, "<<SYS>>") ? CHAT_LLAMA2 : CHAT_MISTRAL;
     if (known)
@@ -153,6 +170,111 @@ static vki_status mistral_default_system(const char *t, char **out)
     return decode_literal(p + 1, end, out);
 }
 
+/* The end of the Jinja string literal that opens at *q (its closing quote), or NULL. */
+static const char *literal_end(const char *q)
+{
+    const char *e = q + 1;
+    while (*e && *e != *q)
+        e += e[0] == '\\' && e[1] ? 2 : 1;
+    return *e ? e : NULL;
+}
+
+static const char *skip_ws(const char *p)
+{
+    while (*p == ' ' || *p == '\n' || *p == '\t' || *p == '\r')
+        p++;
+    return p;
+}
+
+/* The literal at p (after spaces), decoded into *out; *after: past its closing quote. false (and
+ * *out NULL) when p is not at a literal. */
+static bool literal_at(const char *p, const char **after, char **out, vki_status *st)
+{
+    *out = NULL;
+    p = skip_ws(p);
+    const char *e = *p == '"' || *p == '\'' ? literal_end(p) : NULL;
+    if (!e)
+        return false;
+    *after = e + 1;
+    *st = decode_literal(p + 1, e, out);
+    return *st == VKI_OK;
+}
+
+/* s + t in s's memory, grown (s may be NULL: out of memory before); NULL, s freed, when out of
+ * memory. */
+static char *concat(char *s, const char *t)
+{
+    if (!s)
+        return NULL;
+    size_t a = strlen(s), b = strlen(t);
+    char *r = realloc(s, a + b + 1);
+    if (r)
+        memcpy(r + a, t, b + 1);
+    else
+        free(s);
+    return r;
+}
+
+/* ibm-granite/granite-3.3-8b-instruct's default system prompt, for the family by name (its
+ * template's no-tools, no-documents branches). */
+#define GRANITE_HEAD "Knowledge Cutoff Date: April 2024.\nToday's Date: "
+#define GRANITE_TAIL ".\nYou are Granite, developed by IBM. You are a helpful AI assistant."
+#define GRANITE_THINK                                                                                           \
+    ".\nYou are Granite, developed by IBM. You are a helpful AI assistant.\nRespond to every user query in a "  \
+    "comprehensive and detailed way. You can write down your thoughts and reasoning process before responding. " \
+    "In the thought process, engage in a comprehensive cycle of analysis, summarization, exploration, "          \
+    "reassessment, reflection, backtracing, and iteration to develop well-considered thinking process. In the "  \
+    "response section, based on various attempts, explorations, and reflections from the thoughts section, "    \
+    "systematically present the final solution that you deem correct. The response should summarize the "       \
+    "thought process. Write your thoughts between <think></think> and write your response between "              \
+    "<response></response> for each user query."
+
+/* Granite 3.1+ when the conversation has no system message:
+ *   set system_message = "HEAD" + strftime_now('FMT') + "MID"
+ *   ... elif thinking: set system_message = system_message + "THINK"
+ *   ... else: set system_message = system_message + "PLAIN" (the last addition before the first endif)
+ * into t: default_system = HEAD, system_tail = {MID + PLAIN, MID + THINK}, date_fmt = FMT. Nothing
+ * for a template without the literal (3.0); the 3.3 text where the expressions do not parse. */
+static vki_status granite_default_system(const char *tmpl, chat_template *t)
+{
+    const char *k = tmpl ? strstr(tmpl, "Knowledge Cutoff Date") : NULL, *q = k, *p = NULL;
+    if (tmpl && !k)
+        return VKI_OK;
+    while (q && q > tmpl && *q != '"' && *q != '\'')
+        q--;
+    char *head = NULL, *fmt = NULL, *mid = NULL, *plain = NULL, *think = NULL;
+    vki_status st = VKI_OK;
+    bool ok = q && literal_at(q, &p, &head, &st);
+    if (ok && *(p = skip_ws(p)) == '+' && !strncmp(p = skip_ws(p + 1), "strftime_now(", 13)) {
+        ok = literal_at(p + 13, &p, &fmt, &st) && *(p = skip_ws(p)) == ')' && *(p = skip_ws(p + 1)) == '+' &&
+             literal_at(p + 1, &p, &mid, &st) && strlen(fmt) < sizeof t->date_fmt;
+    }
+    const char *endif = ok ? strstr(p, "endif") : NULL, *add = NULL, *th = ok ? strstr(p, "elif thinking") : NULL;
+    static const char plus[] = "system_message + ";
+    for (const char *a = endif ? strstr(p, plus) : NULL; a && a < endif; a = strstr(a + 1, plus))
+        add = a;
+    ok = ok && add && literal_at(add + sizeof plus - 1, &p, &plain, &st);
+    if (ok && th && th < endif && (th = strstr(th, plus)) && th < endif)
+        ok = literal_at(th + sizeof plus - 1, &p, &think, &st);
+    bool want_think = think || !ok;
+    if (st == VKI_OK && ok) {
+        t->default_system = head;
+        t->system_tail[0] = concat(strdup(mid ? mid : ""), plain);
+        t->system_tail[1] = think ? concat(strdup(mid ? mid : ""), think) : NULL;
+        snprintf(t->date_fmt, sizeof t->date_fmt, "%s", fmt ? fmt : "");
+        head = NULL;
+    } else if (st == VKI_OK) { /* no template, or one whose expressions we do not follow: 3.3's */
+        t->default_system = strdup(GRANITE_HEAD);
+        t->system_tail[0] = strdup(GRANITE_TAIL);
+        t->system_tail[1] = strdup(GRANITE_THINK);
+        snprintf(t->date_fmt, sizeof t->date_fmt, "%%B %%d, %%Y");
+    }
+    free(head), free(fmt), free(mid), free(plain), free(think);
+    if (st == VKI_OK && (!t->default_system || !t->system_tail[0] || (want_think && !t->system_tail[1])))
+        st = VKI_ERR_OUT_OF_HOST_MEMORY;
+    return st;
+}
+
 vki_status chat_template_init(chat_template *t, chat_family f, const char *tmpl, const char *bos, const char *eos)
 {
     memset(t, 0, sizeof *t);
@@ -162,7 +284,7 @@ vki_status chat_template_init(chat_template *t, chat_family f, const char *tmpl,
     snprintf(t->bos, sizeof t->bos, "%s", bos ? bos : "");
     snprintf(t->eos, sizeof t->eos, "%s", eos ? eos : "");
     /* Without the template text, assume the canonical template of the family. */
-    bool canon_bos = f == CHAT_LLAMA3 || f == CHAT_LLAMA2 || f == CHAT_MISTRAL || f == CHAT_GEMMA;
+    bool canon_bos = f == CHAT_LLAMA3 || f == CHAT_LLAMA2 || f == CHAT_MISTRAL || f == CHAT_GEMMA || f == CHAT_TULU;
     t->emit_bos = f == CHAT_LLAMA2 || (tmpl ? strstr(tmpl, "bos_token") != NULL : canon_bos);
     t->mistral_spaced = f == CHAT_MISTRAL && tmpl && (strstr(tmpl, "' [INST] '") || strstr(tmpl, "\" [INST] \""));
     t->mistral_v7 = f == CHAT_MISTRAL && tmpl && strstr(tmpl, "[SYSTEM_PROMPT]");
@@ -175,14 +297,30 @@ vki_status chat_template_init(chat_template *t, chat_family f, const char *tmpl,
     t->phi4_mini = f == CHAT_PHI3 && tmpl && strstr(tmpl, "'|>' + message['content']");
     t->chatml_sep = f == CHAT_CHATML && tmpl && strstr(tmpl, "<|im_sep|>");
     t->deepseek_think = f == CHAT_DEEPSEEK && tmpl && strstr(tmpl, DS_ASSISTANT "<think>");
-    t->harmony_date = f == CHAT_HARMONY && (!tmpl || strstr(tmpl, "strftime_now"));
-    return f == CHAT_CHATML && tmpl ? chatml_default_system(tmpl, &t->default_system) : VKI_OK;
+    t->dated = (f == CHAT_HARMONY || f == CHAT_SMOLLM3) && (!tmpl || strstr(tmpl, "strftime_now"));
+    t->smollm3_closed = f == CHAT_SMOLLM3 && tmpl && !strstr(tmpl, "xml_tools");
+    t->smollm3_override = f == CHAT_SMOLLM3 && (!tmpl || strstr(tmpl, "/system_override"));
+    vki_status st = VKI_OK;
+    if (f == CHAT_CHATML && tmpl)
+        st = chatml_default_system(tmpl, &t->default_system);
+    else if (f == CHAT_GRANITE)
+        st = granite_default_system(tmpl, t);
+    if (st != VKI_OK)
+        chat_template_free(t);
+    return st;
 }
 
 void chat_template_free(chat_template *t)
 {
     free(t->default_system);
-    t->default_system = NULL;
+    free(t->system_tail[0]);
+    free(t->system_tail[1]);
+    t->default_system = t->system_tail[0] = t->system_tail[1] = NULL;
+}
+
+bool chat_thinks(const chat_template *t)
+{
+    return t->family == CHAT_DEEPSEEK || t->family == CHAT_SMOLLM3 || (t->family == CHAT_CHATML && t->strip_think);
 }
 
 /* ---- the prompt buffer -------------------------------------------------------------------- */
@@ -590,16 +728,43 @@ static void render_deepseek(const chat_template *t, const chat_msg *m, size_t n,
 
 /* ---- harmony (gpt-oss) --------------------------------------------------------------------- */
 
-/* The date the system message carries: t->date, else today's in local time (strftime_now). */
-static void harmony_date(const chat_template *t, char out[16])
+/* strftime_now(fmt) as the template would call it: the date t->date ("YYYY-MM-DD"), else today's
+ * in local time, into out[n]. %Y %y %m %d %B %b %% (month names in English, as Python's in the C
+ * locale); any other directive is copied as written. */
+static void strftime_now(const chat_template *t, const char *fmt, char *out, size_t n)
 {
+    static const char *const months[12] = {"January", "February", "March",     "April",   "May",      "June",
+                                           "July",    "August",   "September", "October", "November", "December"};
+    int y = 1970, mo = 1, d = 1;
     time_t now = time(NULL);
     struct tm tm;
-    if (t->date[0])
-        memcpy(out, t->date, sizeof t->date);
-    else if (!localtime_r(&now, &tm) || !strftime(out, 16, "%Y-%m-%d", &tm))
-        memcpy(out, "1970-01-01", 11);
-    out[15] = 0;
+    if (!t->date[0] || sscanf(t->date, "%d-%d-%d", &y, &mo, &d) != 3 || mo < 1 || mo > 12) {
+        y = 1970, mo = 1, d = 1;
+        if (localtime_r(&now, &tm))
+            y = tm.tm_year + 1900, mo = tm.tm_mon + 1, d = tm.tm_mday;
+    }
+    size_t len = 0;
+    for (const char *f = fmt; *f && len + 1 < n; f++) {
+        char piece[32];
+        int k = 1;
+        piece[0] = *f;
+        if (f[0] == '%' && f[1]) {
+            char c = *++f;
+            k = c == 'Y'   ? snprintf(piece, sizeof piece, "%d", y)
+                : c == 'y' ? snprintf(piece, sizeof piece, "%02d", ((y % 100) + 100) % 100)
+                : c == 'm' ? snprintf(piece, sizeof piece, "%02d", mo)
+                : c == 'd' ? snprintf(piece, sizeof piece, "%02d", d)
+                : c == 'B' ? snprintf(piece, sizeof piece, "%s", months[mo - 1])
+                : c == 'b' ? snprintf(piece, sizeof piece, "%.3s", months[mo - 1])
+                : c == '%' ? snprintf(piece, sizeof piece, "%%")
+                           : snprintf(piece, sizeof piece, "%%%c", c);
+        }
+        if (k < 0 || len + (size_t)k >= n)
+            break;
+        memcpy(out + len, piece, (size_t)k);
+        len += (size_t)k;
+    }
+    out[len] = 0;
 }
 
 vki_status chat_harmony_system(const chat_template *t, bool tools, chat_prompt *p)
@@ -608,8 +773,8 @@ vki_status chat_harmony_system(const chat_template *t, bool tools, chat_prompt *
     chat_out o = {p, VKI_OK};
     lit(&o, "<|start|>system<|message|>You are ChatGPT, a large language model trained by OpenAI.\n"
             "Knowledge cutoff: 2024-06\n");
-    if (t->harmony_date) {
-        harmony_date(t, date);
+    if (t->dated) {
+        strftime_now(t, "%Y-%m-%d", date, sizeof date);
         lit(&o, "Current date: ");
         lit(&o, date);
         lit(&o, "\n");
@@ -672,11 +837,188 @@ static void render_harmony(const chat_template *t, const chat_msg *m, size_t n, 
         lit(o, "<|start|>assistant");
 }
 
+/* ---- OLMo 2 / Tülu 3, Granite, SmolLM3 ----------------------------------------------------- */
+
+/* allenai/OLMo-2-1124-13B-Instruct (and Tülu 3's): bos, then '<|system|>\n' / '<|user|>\n' +
+ * content + '\n', answers '<|assistant|>\n' + content + eos_token, and '\n' unless it is the last
+ * message; then '<|assistant|>\n'. */
+static void render_tulu(const chat_template *t, const chat_msg *m, size_t n, bool gen, chat_out *o, char *err,
+                        size_t n_err)
+{
+    if (t->emit_bos)
+        lit(o, t->bos);
+    for (size_t i = 0; i < n; i++) {
+        lit(o, "<|");
+        lit(o, role_names[m[i].role]);
+        lit(o, "|>\n");
+        txt(o, &m[i]);
+        if (m[i].role == CHAT_ASSISTANT)
+            lit(o, t->eos);
+        if (m[i].role != CHAT_ASSISTANT || i + 1 < n)
+            lit(o, "\n");
+        if (i + 1 == n && gen)
+            lit(o, "<|assistant|>\n");
+    }
+}
+
+/* ibm-granite/granite-3.x-8b-instruct, no tools and no documents: 3.1+ write a first system message,
+ * or their default ("Knowledge Cutoff Date: April 2024.\nToday's Date: " + strftime_now('%B %d, %Y')
+ * + ...; 3.2/3.3's `thinking` picks a longer one), as '<|start_of_role|>system<|end_of_role|>' +
+ * content + '<|end_of_text|>\n'; then every other message the same way with its role (3.0: every
+ * message), and after the last one '<|start_of_role|>assistant<|end_of_role|>' (no generation
+ * prompt without a message after the system one: the template writes it inside its loop). */
+static void render_granite(const chat_template *t, const chat_msg *m, size_t n, bool gen, chat_out *o, char *err,
+                           size_t n_err)
+{
+    size_t first = 0;
+    if (t->default_system) {
+        first = n && m[0].role == CHAT_SYSTEM;
+        lit(o, "<|start_of_role|>system<|end_of_role|>");
+        if (first) {
+            txt(o, &m[0]);
+        } else {
+            char date[64] = "";
+            strftime_now(t, t->date_fmt, date, sizeof date);
+            const char *tail = t->think == CHAT_THINK_ON && t->system_tail[1] ? t->system_tail[1] : t->system_tail[0];
+            lit(o, t->default_system);
+            lit(o, date);
+            lit(o, tail ? tail : "");
+        }
+        lit(o, "<|end_of_text|>\n");
+    }
+    for (size_t i = first; i < n; i++) {
+        lit(o, "<|start_of_role|>");
+        lit(o, role_names[m[i].role]);
+        lit(o, "<|end_of_role|>");
+        txt(o, &m[i]);
+        lit(o, "<|end_of_text|>\n");
+        if (i + 1 == n && gen)
+            lit(o, "<|start_of_role|>assistant<|end_of_role|>");
+    }
+}
+
+/* SmolLM3's "## Custom Instructions" when the system message gives none, by reasoning mode. */
+#define SMOL_PERSONA "You are a helpful AI assistant named SmolLM, trained by Hugging Face."
+#define SMOL_PERSONA_THINK                                                                                        \
+    SMOL_PERSONA " Your role as an assistant involves thoroughly exploring questions through a systematic "       \
+    "thinking process before providing the final precise and accurate solutions. This requires engaging in a "    \
+    "comprehensive cycle of analysis, summarizing, exploration, reassessment, reflection, backtracking, and "      \
+    "iteration to develop well-considered thinking process. Please structure your response into two main "         \
+    "sections: Thought and Solution using the specified format: <think> Thought section </think> Solution "       \
+    "section. In the Thought section, detail your reasoning process in steps. Each step should include detailed " \
+    "considerations such as analysing questions, summarizing relevant findings, brainstorming new ideas, "         \
+    "verifying the accuracy of the current steps, refining any errors, and revisiting previous steps. In the "     \
+    "Solution section, based on various attempts, explorations, and reflections from the Thought section, "       \
+    "systematically present the final solution that you deem correct. The Solution section should be logical, "   \
+    "accurate, and concise and detail necessary steps needed to reach the conclusion."
+
+/* s[0, n) with every `pat` removed (Python's str.replace(pat, "")) into b. */
+static bool remove_all(strbuf *b, const char *s, size_t n, const char *pat)
+{
+    size_t k = strlen(pat), from = 0;
+    bool ok = strbuf_put(b, "", 0);
+    if (!n)
+        return ok;
+    for (size_t i = 0; ok && i + k <= n;)
+        if (!memcmp(s + i, pat, k)) {
+            ok = strbuf_put(b, s + from, i - from);
+            from = i += k;
+        } else {
+            i++;
+        }
+    return ok && strbuf_put(b, s + from, n - from);
+}
+
+/* The system message's custom instructions: content.replace("/no_think", "").replace("/think", "")
+ * .rstrip(), and .replace("/system_override", "").rstrip() on that where it overrides the block. */
+static void smollm3_custom(chat_out *o, const chat_msg *sys, bool override, chat_msg *out, strbuf *b)
+{
+    strbuf a = {0}, c = {0};
+    bool ok = remove_all(&a, sys->content, sys->len, "/no_think") && remove_all(&c, a.p, a.len, "/think");
+    while (ok && c.len && is_ws(c.p[c.len - 1]))
+        c.len--;
+    ok = ok && (override ? remove_all(b, c.p, c.len, "/system_override") : strbuf_put(b, c.p, c.len));
+    while (ok && override && b->len && is_ws(b->p[b->len - 1]))
+        b->len--;
+    if (!ok && o->st == VKI_OK)
+        o->st = VKI_ERR_OUT_OF_HOST_MEMORY;
+    *out = (chat_msg){CHAT_SYSTEM, b->p, ok ? b->len : 0};
+    strbuf_free(&a);
+    strbuf_free(&c);
+}
+
+/* HuggingFaceTB/SmolLM3-3B, no tools: '<|im_start|>system\n', then (unless a first system message
+ * holds "/system_override": its custom instructions + '<|im_end|>\n') "## Metadata\n\nKnowledge Cutoff
+ * Date: June 2025\nToday Date: " + strftime_now("%d %B %Y") + "\nReasoning Mode: /think\n\n##
+ * Custom Instructions\n\n" + the instructions + "\n\n", or the default persona; without tools the
+ * template leaves that block unclosed (Unsloth's edit closes it and has no date line). The mode is
+ * enable_thinking's (default on) unless the system message holds "/no_think" or "/think" (removed
+ * from the instructions). User turns as ChatML; answers '<|im_start|>assistant\n' + (no_think:
+ * '<think>\n\n</think>\n') + content.lstrip('\n') + '<|im_end|>\n', their reasoning kept; system
+ * messages are not written where they stand. The generation prompt: the same opening. */
+static void render_smollm3(const chat_template *t, const chat_msg *m, size_t n, bool gen, chat_out *o, char *err,
+                           size_t n_err)
+{
+    const chat_msg *sys = n && m[0].role == CHAT_SYSTEM ? &m[0] : NULL;
+    bool think = t->think != CHAT_THINK_OFF;
+    if (sys && memmem(sys->content, sys->len, "/no_think", 9))
+        think = false;
+    else if (sys && memmem(sys->content, sys->len, "/think", 6))
+        think = true;
+    bool override = t->smollm3_override && sys && memmem(sys->content, sys->len, "/system_override", 16);
+    strbuf b = {0};
+    chat_msg custom = {CHAT_SYSTEM, NULL, 0};
+    if (sys)
+        smollm3_custom(o, sys, override, &custom, &b);
+    lit(o, "<|im_start|>system\n");
+    if (override) {
+        txt(o, &custom);
+        lit(o, "<|im_end|>\n");
+    } else {
+        char date[64];
+        lit(o, "## Metadata\n\nKnowledge Cutoff Date: June 2025\n");
+        if (t->dated) {
+            strftime_now(t, "%d %B %Y", date, sizeof date);
+            lit(o, "Today Date: ");
+            lit(o, date);
+            lit(o, "\n");
+        }
+        lit(o, think ? "Reasoning Mode: /think\n\n## Custom Instructions\n\n"
+                     : "Reasoning Mode: /no_think\n\n## Custom Instructions\n\n");
+        if (custom.len)
+            txt(o, &custom);
+        else
+            lit(o, think ? SMOL_PERSONA_THINK : SMOL_PERSONA);
+        lit(o, "\n\n");
+        if (t->smollm3_closed)
+            lit(o, "<|im_end|>\n");
+    }
+    strbuf_free(&b);
+    const char *open = think ? "<|im_start|>assistant\n" : "<|im_start|>assistant\n<think>\n\n</think>\n";
+    for (size_t i = 0; i < n; i++) {
+        if (m[i].role == CHAT_USER) {
+            lit(o, "<|im_start|>user\n");
+            txt(o, &m[i]);
+            lit(o, "<|im_end|>\n");
+        } else if (m[i].role == CHAT_ASSISTANT) {
+            const char *c = m[i].content, *end = c + m[i].len;
+            while (c < end && *c == '\n')
+                c++;
+            lit(o, open);
+            out_put(o, c, (size_t)(end - c), false);
+            lit(o, "<|im_end|>\n");
+        }
+    }
+    if (gen)
+        lit(o, open);
+}
+
 static const render_fn renderers[CHAT_FAMILY_COUNT] = {
     [CHAT_PLAIN] = render_plain,     [CHAT_CHATML] = render_chatml, [CHAT_LLAMA3] = render_llama3,
     [CHAT_LLAMA2] = render_llama2,   [CHAT_MISTRAL] = render_mistral, [CHAT_ZEPHYR] = render_zephyr,
     [CHAT_GEMMA] = render_gemma,     [CHAT_PHI3] = render_phi3,     [CHAT_DEEPSEEK] = render_deepseek,
-    [CHAT_HARMONY] = render_harmony,
+    [CHAT_HARMONY] = render_harmony, [CHAT_TULU] = render_tulu,     [CHAT_GRANITE] = render_granite,
+    [CHAT_SMOLLM3] = render_smollm3,
 };
 
 void chat_prompt_open_end(chat_prompt *p)

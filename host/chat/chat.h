@@ -5,9 +5,9 @@
  *
  * Families: ChatML (incl. a default system prompt written literally in the template, as Qwen's),
  * Llama 3, Llama 2 (<<SYS>>), Mistral ([INST] without <<SYS>>; the "v1" spacing when the template
- * writes ' [INST] '), Zephyr, Gemma, Phi-3, DeepSeek-R1, gpt-oss's harmony. Anything else, or no
- * template: CHAT_PLAIN, our own fallback of "role: content" lines ending in "assistant:" (the
- * caller logs it).
+ * writes ' [INST] '), Zephyr, Gemma, Phi-3, DeepSeek-R1, gpt-oss's harmony, OLMo 2 / Tülu 3,
+ * IBM Granite 3.x, SmolLM3. Anything else, or no template: CHAT_PLAIN, our own fallback of
+ * "role: content" lines ending in "assistant:" (the caller logs it).
  *
  * Tokenisation keeps the roles of the two kinds of text apart: control tokens ("<|im_start|>",
  * "<s>") are recognised only inside the text the template itself wrote; message content is always
@@ -33,6 +33,10 @@ typedef enum chat_family {
     CHAT_PHI3,
     CHAT_DEEPSEEK, /* DeepSeek-R1 and its Qwen / Llama distills: <｜User｜>, <｜Assistant｜> */
     CHAT_HARMONY,  /* gpt-oss (OpenAI's harmony format): <|start|>role<|channel|>...<|message|>...<|end|> */
+    CHAT_TULU,     /* OLMo 2 / Tülu 3: Zephyr's tags, a newline after each message, eos after answers only */
+    CHAT_GRANITE,  /* IBM Granite 3.x: <|start_of_role|>role<|end_of_role|>...<|end_of_text|>, a dated default
+                      system prompt (3.1+) */
+    CHAT_SMOLLM3,  /* SmolLM3: ChatML behind a "## Metadata" system block, /think and /no_think */
     CHAT_FAMILY_COUNT
 } chat_family;
 
@@ -52,6 +56,13 @@ typedef enum chat_effort {
 const char *chat_effort_name(chat_effort e); /* "medium", "low", "high" */
 bool chat_effort_parse(const char *name, chat_effort *out);
 
+/* Granite's `thinking` and SmolLM3's `enable_thinking` template variables. */
+typedef enum chat_think {
+    CHAT_THINK_DEFAULT = 0, /* the template's default: Granite's off, SmolLM3's on */
+    CHAT_THINK_ON,
+    CHAT_THINK_OFF,
+} chat_think;
+
 typedef struct chat_msg {
     chat_role role;
     const char *content; /* [len] bytes, need not be NUL-terminated */
@@ -69,7 +80,10 @@ typedef struct chat_template {
                              the template's default_system_message literal), any role order */
     char bos[64], eos[64]; /* the texts of bos_token / eos_token ("" when the vocabulary has none) */
     char *default_system; /* ChatML, Mistral v7: the system prompt the template writes when none is
-                             given */
+                             given; Granite: its text before the date */
+    char *system_tail[2]; /* Granite 3.1+: its default system prompt's text after the date, [0] plain,
+                             [1] with thinking (NULL where the template has no thinking branch: 3.1) */
+    char date_fmt[16];    /* Granite: the strftime_now format of that date ("%B %d, %Y"; "" = no date) */
     bool strip_think;     /* ChatML with reasoning (Qwen3): assistant turns before the last user
                              message lose their "<think>...</think>" part */
     bool deepseek_think;  /* DeepSeek-R1: the generation prompt opens "<think>\n" (its later
@@ -79,13 +93,19 @@ typedef struct chat_template {
                              '<|im_end|>', no newlines */
     bool phi3_v1;         /* the first Phi-3 template (mini-4k/medium, April 2024): no system turn,
                              '<|assistant|>' after every user turn, no generation-prompt switch */
-    /* harmony (gpt-oss): its system message's variable parts. The renderer reads them; callers
-     * set them per conversation on a copy (the server does, from the request). */
-    bool harmony_date;    /* the template writes "Current date: " + strftime_now("%Y-%m-%d") (gpt-oss's
-                             own does; without it the line is left out, as the harmony library does) */
+    bool smollm3_closed;  /* SmolLM3: "<|im_end|>\n" after the metadata block even without tools (Unsloth's
+                             edit, llama.cpp's copy; the released template leaves the block open) */
+    bool smollm3_override; /* SmolLM3: a system message holding "/system_override" replaces the block */
+    /* The variable parts of the harmony (gpt-oss), Granite and SmolLM3 system messages. The
+     * renderer reads them; callers set them per conversation on a copy (the server does, from the
+     * request). */
+    bool dated;           /* the template writes today's date (strftime_now): harmony's "Current date: "
+                             line (without it the line is left out, as the harmony library does),
+                             SmolLM3's "Today Date: " line; Granite's is in date_fmt */
     char date[16];        /* that date, "YYYY-MM-DD"; "" = today in local time, read when rendering (as
                              strftime_now does): set it for a deterministic prompt */
     chat_effort effort;   /* "Reasoning: ..." (the template's reasoning_effort variable) */
+    chat_think think;     /* Granite, SmolLM3 (a SmolLM3 system message's /think or /no_think wins) */
 } chat_template;
 
 /* Recognises a template by its markers; *known = false (and CHAT_PLAIN) for NULL, empty or an
@@ -96,7 +116,8 @@ bool chat_family_parse(const char *name, chat_family *out);
 
 /* Fills *t for family f. tmpl (may be NULL) refines it: whether bos_token is written, the Mistral
  * spacing, ChatML's literal default system prompt and reasoning stripping, the first Phi-3
- * template, harmony's date line. bos/eos: token texts (NULL = none). */
+ * template, harmony's and SmolLM3's date lines, Granite's default system prompt (from the
+ * template's literals; none in Granite 3.0's). bos/eos: token texts (NULL = none). */
 vki_status chat_template_init(chat_template *t, chat_family f, const char *tmpl, const char *bos, const char *eos);
 void chat_template_free(chat_template *t);
 
@@ -117,6 +138,10 @@ typedef struct chat_prompt {
     chat_span *tmpl;      /* [n_tmpl] template-written spans, in order, not overlapping */
     size_t n_tmpl, cap_tmpl;
 } chat_prompt;
+
+/* The model writes its reasoning as "<think>...</think>" before the answer (DeepSeek-R1, Qwen3's
+ * ChatML, SmolLM3): what reasoning_format "auto" splits off. */
+bool chat_thinks(const chat_template *t);
 
 /* Renders messages the way the family's upstream template does. Errors (VKI_ERR_INVALID_ARG,
  * message in err naming messages[i]) where the upstream template raises, e.g. roles that do not

@@ -321,8 +321,7 @@ static void think_start(srv_job *j, const chat_prompt *p)
     bool gen = !j->no_gen_prompt;
     j->harmony = s->chat.family == CHAT_HARMONY;
     j->think = j->harmony || j->reasoning_format == SRV_REASONING_DEEPSEEK ||
-               (j->reasoning_format == SRV_REASONING_AUTO &&
-                (s->chat.family == CHAT_DEEPSEEK || (s->chat.family == CHAT_CHATML && s->chat.strip_think)));
+               (j->reasoning_format == SRV_REASONING_AUTO && chat_thinks(&s->chat));
     j->th0 = (srv_think){.harmony = j->harmony};
     if (j->harmony) {
         chat_harmony_init(&j->th0.h, j->reasoning_format == SRV_REASONING_NONE);
@@ -342,6 +341,7 @@ bool srv_struct_render(srv_job *j, const chat_msg *m, const chat_tool_msg *tm, s
     bool gen = !j->no_gen_prompt;
     chat_template t = s->chat; /* harmony: this request's reasoning effort; the date is today's */
     t.effort = j->effort;
+    t.think = j->no_think ? CHAT_THINK_OFF : CHAT_THINK_DEFAULT; /* SmolLM3: enable_thinking false */
     vki_status st = tools || tm ? chat_render_tools(&t, s->tool_fmt, m, tm, n, tools, gen, p, err, sizeof err)
                                 : chat_render(&t, m, n, gen, p, err, sizeof err);
     if (st == VKI_OK && j->continue_final)

@@ -7,7 +7,8 @@
  * content (ASCII-trimmed, as the trimming families write it; what the template keeps of it:
  * Qwen3 drops earlier reasoning, DeepSeek-R1 every answer's reasoning and all but the last
  * system message, Mistral's v3-tekken the system message unless the last message is a user
- * turn, the first Phi-3 template system turns, harmony every system message but the first)
+ * turn, the first Phi-3 template system turns, harmony every system message but the first, SmolLM3
+ * every system message: the first's flags are cut from it, the others are not written)
  * appears in the rendered text; the tokenised prompt holds only ids inside the vocabulary.
  * The input after byte 0 is also a gpt-oss reply for the harmony splitter: fed whole and byte by
  * byte it splits the same (byte 0's low bit: reasoning_format "none"), and its content goes
@@ -43,13 +44,16 @@ static bool content_present(const chat_msg *m, const char *text, size_t len)
 
 /* What of message i a family's template keeps: all of it, or none of a system message for the
  * first Phi-3 template, for harmony but the first one, for DeepSeek-R1 but the last one, for
- * Mistral's v3-tekken unless the conversation ends with a user turn; an assistant turn after its
+ * Mistral's v3-tekken unless the conversation ends with a user turn, for SmolLM3 (the first is
+ * rewritten: "/think", "/no_think", "/system_override" cut out); an assistant turn after its
  * last "</think>" (Qwen3: the earlier ones; DeepSeek-R1: every one). */
 static bool kept_present(const chat_template *t, const chat_msg *m, size_t n, size_t i, const char *text, size_t len)
 {
     if (t->phi3_v1 && m[i].role == CHAT_SYSTEM)
         return true;
     if (t->family == CHAT_HARMONY && m[i].role == CHAT_SYSTEM && i) /* only the first is the developer's */
+        return true;
+    if (t->family == CHAT_SMOLLM3 && m[i].role == CHAT_SYSTEM)
         return true;
     size_t last_user = 0, last_sys = 0;
     for (size_t k = 0; k < n; k++) {
