@@ -1010,3 +1010,26 @@ uint64_t gguf_fingerprint(const gguf_file *f)
     }
     return vki_hash_final(&h);
 }
+
+uint64_t gguf_n_params(const gguf_file *f)
+{
+    uint64_t total = 0;
+    for (uint64_t i = 0; i < gguf_n_tensors(f); i++) {
+        const gguf_tensor *t = gguf_tensor_at(f, i);
+        uint64_t n = 1;
+        for (uint32_t d = 0; d < t->n_dims; d++)
+            n *= t->ne[d];
+        total += n;
+    }
+    return total;
+}
+
+const char *gguf_file_type_name(uint32_t ftype)
+{
+    static const char *const names[] = {[0] = "f32", [1] = "f16", [2] = "q4_0", [3] = "q4_1", [7] = "q8_0",
+                                        [8] = "q5_0", [9] = "q5_1", [10] = "q2_k", [11] = "q3_k_s",
+                                        [12] = "q3_k_m", [13] = "q3_k_l", [14] = "q4_k_s", [15] = "q4_k_m",
+                                        [16] = "q5_k_s", [17] = "q5_k_m", [18] = "q6_k", [21] = "q2_k_s",
+                                        [25] = "iq4_nl", [30] = "iq4_xs", [32] = "bf16", [38] = "mxfp4_moe"};
+    return ftype < sizeof names / sizeof names[0] ? names[ftype] : NULL;
+}

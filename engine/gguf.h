@@ -96,6 +96,11 @@ vki_status gguf_arr_i64(const gguf_file *f, const char *key, uint64_t i, int64_t
 /* Tensors */
 uint64_t gguf_n_tensors(const gguf_file *f);
 const gguf_tensor *gguf_tensor_at(const gguf_file *f, uint64_t i);
+/* Elements of every tensor (the model's parameter count, as llama.cpp counts it). */
+uint64_t gguf_n_params(const gguf_file *f);
+/* llama.cpp's name of a general.file_type ("q4_k_m", "mxfp4_moe", ...), NULL for one it has no
+ * name for here. */
+const char *gguf_file_type_name(uint32_t ftype);
 const gguf_tensor *gguf_find_tensor(const gguf_file *f, const char *name); /* NULL if absent */
 
 /* The model's identity for its KV cache (session files refuse another model's KV): a 64-bit hash

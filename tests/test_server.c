@@ -390,6 +390,182 @@ static void test_completion_stream(void **state)
     stop(t);
 }
 
+/* An NDJSON stream (Ollama's): status 200, its Content-Type, its lines parsed (an array). */
+static cJSON *ndjson(T *t, const char *path, const char *body)
+{
+    lg_resp r;
+    char *out = NULL;
+    int st = http(t, "POST", path, body, &r, &out);
+    if (st != 200)
+        fail_msg("%s %s: status %d: %s", path, body, st, out);
+    const char *ct = lg_header(&r, "Content-Type");
+    assert_non_null(ct);
+    assert_int_equal(strncmp(ct, "application/x-ndjson", 20), 0);
+    cJSON *all = cJSON_CreateArray();
+    for (char *p = out, *nl; *p; p = nl + 1) {
+        nl = strchr(p, '\n');
+        if (!nl)
+            fail_msg("%s: the stream ends inside a line: %s", path, p);
+        cJSON *o = cJSON_ParseWithLength(p, (size_t)(nl - p));
+        if (!o)
+            fail_msg("%s: not a JSON line: %.*s", path, (int)(nl - p), p);
+        cJSON_AddItemToArray(all, o);
+    }
+    free(out);
+    return all;
+}
+
+/* Ollama's API: /api/generate raw and greedy gives /v1/completions' text, streamed (NDJSON, one
+ * object per piece, a last one with done, done_reason and the counts) and not; without raw the
+ * prompt goes through the template as /v1/chat/completions' user message; /api/chat gives that
+ * chat's answer as message.content; an empty prompt / no messages answer "load"; options carry
+ * Ollama's names (num_predict, repeat_penalty, ...); what vkinfer lacks is a 400 {"error":
+ * "..."} naming it; /api/embed and /api/embeddings give /v1/embeddings' vectors in Ollama's
+ * shapes; /api/tags, /api/ps, /api/show and /api/version describe the model. */
+static void test_ollama_api(void **state)
+{
+    T *t = *state;
+    start(t, NULL, 0);
+    cJSON *ref = http_json(t, "POST", "/v1/completions", CMPL48, 200);
+    const char *want = vt_json_str(ref, "choices.0.text");
+    static const char GEN[] = "{\"model\":\"anything\",\"prompt\":\"Once upon a time\",\"raw\":true,%s"
+                              "\"options\":{\"temperature\":0,\"num_predict\":48,\"repeat_penalty\":1.0}}";
+    char body[512];
+    snprintf(body, sizeof body, GEN, "\"stream\":false,");
+    cJSON *j = http_json(t, "POST", "/api/generate", body, 200);
+    assert_string_equal(vt_json_str(j, "response"), want);
+    assert_string_equal(vt_json_str(j, "model"), "anything");
+    assert_true(cJSON_IsTrue(vt_json_get(j, "done")));
+    assert_string_equal(vt_json_str(j, "done_reason"), "length");
+    assert_int_equal(vt_json_num(j, "eval_count"), 48);
+    assert_int_equal(vt_json_num(j, "prompt_eval_count"), vt_json_num(ref, "usage.prompt_tokens"));
+    assert_true(vt_json_num(j, "total_duration") >= vt_json_num(j, "eval_duration") &&
+                vt_json_num(j, "eval_duration") > 0);
+    const char *when = vt_json_str(j, "created_at");
+    assert_true(strlen(when) == 27 && when[10] == 'T' && when[26] == 'Z');
+    cJSON_Delete(j);
+    snprintf(body, sizeof body, GEN, ""); /* stream: Ollama's default */
+    cJSON *ev = ndjson(t, "/api/generate", body);
+    int n = cJSON_GetArraySize(ev);
+    lg_buf text = {0};
+    for (int i = 0; i < n; i++) {
+        const cJSON *e = cJSON_GetArrayItem(ev, i);
+        const char *s = vt_json_str(e, "response");
+        lg_buf_put(&text, s, strlen(s));
+        assert_true(cJSON_IsTrue(vt_json_get(e, "done")) == (i == n - 1));
+    }
+    assert_true(n > 2);
+    assert_string_equal(text.p, want);
+    assert_int_equal(vt_json_num(cJSON_GetArrayItem(ev, n - 1), "eval_count"), 48);
+    free(text.p);
+    cJSON_Delete(ev);
+    /* through the template: /v1/chat/completions' answer to the prompt as a user message */
+    cJSON *cref = http_json(t, "POST", "/v1/chat/completions", "{\"messages\":[{\"role\":\"system\",\"content\":"
+                            "\"Be brief.\"},{\"role\":\"user\",\"content\":\"Once upon a time\"}],\"max_tokens\":24,"
+                            "\"temperature\":0}", 200);
+    const char *cwant = vt_json_str(cref, "choices.0.message.content");
+    j = http_json(t, "POST", "/api/generate", "{\"prompt\":\"Once upon a time\",\"system\":\"Be brief.\",\"stream\":"
+                  "false,\"options\":{\"temperature\":0,\"num_predict\":24,\"repeat_penalty\":1}}", 200);
+    assert_string_equal(vt_json_str(j, "response"), cwant);
+    cJSON_Delete(j);
+    j = http_json(t, "POST", "/api/chat", "{\"model\":\"m\",\"messages\":[{\"role\":\"system\",\"content\":\"Be brief."
+                  "\"},{\"role\":\"user\",\"content\":\"Once upon a time\"}],\"stream\":false,\"options\":{"
+                  "\"temperature\":0,\"num_predict\":24,\"repeat_penalty\":1}}", 200);
+    assert_string_equal(vt_json_str(j, "message.role"), "assistant");
+    assert_string_equal(vt_json_str(j, "message.content"), cwant);
+    assert_true(cJSON_IsTrue(vt_json_get(j, "done")));
+    cJSON_Delete(j);
+    ev = ndjson(t, "/api/chat", "{\"messages\":[{\"role\":\"system\",\"content\":\"Be brief.\"},{\"role\":\"user\","
+                "\"content\":\"Once upon a time\"}],\"options\":{\"temperature\":0,\"num_predict\":24,"
+                "\"repeat_penalty\":1}}");
+    n = cJSON_GetArraySize(ev);
+    text = (lg_buf){0};
+    for (int i = 0; i < n; i++) {
+        const char *s = vt_json_str(cJSON_GetArrayItem(ev, i), "message.content");
+        lg_buf_put(&text, s, strlen(s));
+    }
+    assert_string_equal(text.p, cwant);
+    assert_string_equal(vt_json_str(cJSON_GetArrayItem(ev, n - 1), "done_reason"), "length");
+    free(text.p);
+    cJSON_Delete(ev);
+    cJSON_Delete(cref);
+    /* an earlier tool call (arguments as an object) and its result go through the template */
+    j = http_json(t, "POST", "/api/chat", "{\"messages\":[{\"role\":\"user\",\"content\":\"weather?\"},"
+                  "{\"role\":\"assistant\",\"content\":\"\",\"tool_calls\":[{\"function\":{\"name\":\"get_weather\","
+                  "\"arguments\":{\"city\":\"Paris\"}}}]},{\"role\":\"tool\",\"content\":\"20 C\",\"tool_name\":"
+                  "\"get_weather\"}],\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"get_weather\","
+                  "\"parameters\":{\"type\":\"object\",\"properties\":{\"city\":{\"type\":\"string\"}}}}}],"
+                  "\"stream\":false,\"options\":{\"num_predict\":4}}", 200);
+    assert_true(cJSON_IsTrue(vt_json_get(j, "done")));
+    cJSON_Delete(j);
+    /* loading only */
+    j = http_json(t, "POST", "/api/generate", "{\"model\":\"m\"}", 200);
+    assert_string_equal(vt_json_str(j, "done_reason"), "load");
+    cJSON_Delete(j);
+    j = http_json(t, "POST", "/api/chat", "{\"model\":\"m\",\"messages\":[]}", 200);
+    assert_string_equal(vt_json_str(j, "done_reason"), "load");
+    assert_string_equal(vt_json_str(j, "message.role"), "assistant");
+    cJSON_Delete(j);
+    /* refusals, Ollama's error shape */
+    static const char *const bad[][2] = {
+        {"/api/generate", "{\"prompt\":\"x\",\"options\":{\"mirostat\":2}}"},
+        {"/api/generate", "{\"prompt\":\"x\",\"images\":[\"aGk=\"]}"},
+        {"/api/generate", "{\"prompt\":\"x\",\"context\":[1,2,3]}"},
+        {"/api/generate", "{\"prompt\":\"x\",\"options\":{\"num_predict\":0}}"},
+        {"/api/chat", "{\"messages\":[{\"role\":\"user\",\"content\":\"x\",\"images\":[\"aGk=\"]}]}"},
+        {"/api/chat", "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"think\":\"very\"}"},
+        {"/api/chat", "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"format\":42}"},
+        {"/api/chat", "{\"messages\":[{\"role\":\"assistant\",\"content\":\"\",\"tool_calls\":[{\"function\":"
+                      "{\"name\":\"f\",\"arguments\":\"{}\"}}]}]}"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        j = http_json(t, "POST", bad[i][0], bad[i][1], 400);
+        if (!cJSON_IsString(vt_json_get(j, "error")) || !vt_json_str(j, "error")[0])
+            fail_msg("%s %s: no {\"error\": text}", bad[i][0], bad[i][1]);
+        cJSON_Delete(j);
+    }
+    /* embeddings */
+    cJSON *eref = http_json(t, "POST", "/v1/embeddings", "{\"input\":[\"Once upon a time\",\"a cat\"]}", 200);
+    j = http_json(t, "POST", "/api/embed", "{\"model\":\"m\",\"input\":[\"Once upon a time\",\"a cat\"]}", 200);
+    assert_int_equal(cJSON_GetArraySize(vt_json_get(j, "embeddings")), 2);
+    const cJSON *v0 = cJSON_GetArrayItem(vt_json_get(j, "embeddings"), 1), *r0 = vt_json_get(eref, "data.1.embedding");
+    assert_int_equal(cJSON_GetArraySize(v0), cJSON_GetArraySize(r0));
+    for (const cJSON *a = v0->child, *b = r0->child; a && b; a = a->next, b = b->next)
+        assert_true(a->valuedouble == b->valuedouble);
+    assert_string_equal(vt_json_str(j, "model"), "m");
+    cJSON_Delete(j);
+    j = http_json(t, "POST", "/api/embeddings", "{\"model\":\"m\",\"prompt\":\"a cat\"}", 200);
+    assert_int_equal(cJSON_GetArraySize(vt_json_get(j, "embedding")), cJSON_GetArraySize(r0));
+    cJSON_Delete(j);
+    cJSON_Delete(eref);
+    /* the model's facts */
+    j = http_json(t, "GET", "/api/tags", NULL, 200);
+    assert_string_equal(vt_json_str(j, "models.0.name"), t->id);
+    assert_string_equal(vt_json_str(j, "models.0.details.format"), "gguf");
+    assert_string_equal(vt_json_str(j, "models.0.details.family"), "llama");
+    assert_true(vt_json_num(j, "models.0.size") > 0);
+    cJSON_Delete(j);
+    j = http_json(t, "GET", "/api/ps", NULL, 200);
+    assert_string_equal(vt_json_str(j, "models.0.name"), t->id);
+    assert_true(vt_json_num(j, "models.0.size_vram") > 0);
+    cJSON_Delete(j);
+    char show[300];
+    snprintf(show, sizeof show, "{\"model\":\"%s\"}", t->id);
+    j = http_json(t, "POST", "/api/show", show, 200);
+    const cJSON *arch = cJSON_GetObjectItemCaseSensitive(vt_json_get(j, "model_info"), "general.architecture");
+    assert_true(cJSON_IsString(arch) && !strcmp(arch->valuestring, "llama"));
+    assert_string_equal(vt_json_str(j, "capabilities.0"), "completion");
+    cJSON_Delete(j);
+    j = http_json(t, "POST", "/api/show", "{\"model\":\"no-such-model\"}", 404);
+    assert_true(cJSON_IsString(vt_json_get(j, "error")));
+    cJSON_Delete(j);
+    j = http_json(t, "GET", "/api/version", NULL, 200);
+    assert_true(cJSON_IsString(vt_json_get(j, "version")));
+    cJSON_Delete(j);
+    cJSON_Delete(ref);
+    stop(t);
+}
+
 /* llama-server's POST /completion: the greedy text equals /v1/completions', in llama-server's shapes
  * (content, stop, stop_type, tokens_predicted, timings, generation_settings with its defaults);
  * streamed: one event per piece with its token ids, a last event with "stop": true and the
@@ -1855,6 +2031,7 @@ int main(int argc, char **argv)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_health_models), cmocka_unit_test(test_completion), cmocka_unit_test(test_completion_stream),
         cmocka_unit_test(test_llama_completion),
+        cmocka_unit_test(test_ollama_api),
         cmocka_unit_test(test_chat_continue),
         cmocka_unit_test(test_apply_template),
         cmocka_unit_test(test_infill),

@@ -218,16 +218,6 @@ static int parse(int argc, char **argv, bm_opts *o)
 
 /* ---- model accounting ------------------------------------------------------------------------ */
 
-static const char *ftype_name(uint32_t ftype)
-{
-    static const char *const names[] = {[0] = "f32", [1] = "f16", [2] = "q4_0", [3] = "q4_1", [7] = "q8_0",
-                                        [8] = "q5_0", [9] = "q5_1", [10] = "q2_k", [11] = "q3_k_s",
-                                        [12] = "q3_k_m", [13] = "q3_k_l", [14] = "q4_k_s", [15] = "q4_k_m",
-                                        [16] = "q5_k_s", [17] = "q5_k_m", [18] = "q6_k", [21] = "q2_k_s",
-                                        [25] = "iq4_nl", [30] = "iq4_xs", [32] = "bf16", [38] = "mxfp4_moe"};
-    return ftype < sizeof names / sizeof names[0] ? names[ftype] : NULL;
-}
-
 /* Name, file type and parameter count from the GGUF's metadata and tensor table. */
 static vki_status read_file_facts(const char *path, const vki_model_info *mi, bm_model *m)
 {
@@ -239,17 +229,11 @@ static vki_status read_file_facts(const char *path, const vki_model_info *mi, bm
         return st;
     }
     uint32_t ft;
-    const char *fname = gguf_get_u32(f, "general.file_type", &ft) == VKI_OK ? ftype_name(ft) : NULL;
+    const char *fname = gguf_get_u32(f, "general.file_type", &ft) == VKI_OK ? gguf_file_type_name(ft) : NULL;
     snprintf(m->weight_type, sizeof m->weight_type, "%s", fname ? fname : mi->weight_type);
     snprintf(m->name, sizeof m->name, "%s", mi->name);
     snprintf(m->arch, sizeof m->arch, "%s", mi->arch);
-    for (uint64_t i = 0; i < gguf_n_tensors(f); i++) {
-        const gguf_tensor *t = gguf_tensor_at(f, i);
-        uint64_t n = 1;
-        for (uint32_t d = 0; d < t->n_dims; d++)
-            n *= t->ne[d];
-        m->n_params += n;
-    }
+    m->n_params = gguf_n_params(f);
     gguf_close(f);
     return VKI_OK;
 }

@@ -645,6 +645,30 @@ void srv_model_release(srv *s, srv *m)
     pthread_mutex_unlock(&r->mu);
 }
 
+uint32_t srv_models_ready(srv *s, srv **out, uint32_t cap)
+{
+    if (!s->repo) {
+        out[0] = s;
+        return cap ? 1 : 0;
+    }
+    struct srv_repo *r = s->repo;
+    uint32_t n = 0;
+    pthread_mutex_lock(&r->mu);
+    for (uint32_t i = 0; i < r->n && n < cap; i++)
+        if (r->models[i]->state == M_READY) {
+            r->models[i]->refs++;
+            out[n++] = r->models[i]->m;
+        }
+    pthread_mutex_unlock(&r->mu);
+    return n;
+}
+
+void srv_models_done(srv *s, srv *const *m, uint32_t n)
+{
+    for (uint32_t i = 0; i < n; i++)
+        srv_model_release(s, m[i]);
+}
+
 void srv_repo_models(srv_conn *c)
 {
     struct srv_repo *r = c->s->repo;

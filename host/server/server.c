@@ -125,6 +125,14 @@ static const struct {
     {"/tokenize", false, true, false, R_TOKENIZE},
     {"/detokenize", false, true, false, R_DETOKENIZE},
     {"/v1/sessions/", true, true, false, R_SESSION},
+    {"/api/version", false, false, false, R_OLLAMA_VERSION}, /* Ollama's API (ollama_api.c) */
+    {"/api/tags", false, false, false, R_OLLAMA_TAGS},
+    {"/api/ps", false, false, false, R_OLLAMA_PS},
+    {"/api/show", false, true, false, R_OLLAMA_SHOW},
+    {"/api/generate", false, true, false, R_OLLAMA_GENERATE},
+    {"/api/chat", false, true, false, R_OLLAMA_CHAT},
+    {"/api/embed", false, true, false, R_OLLAMA_EMBED},
+    {"/api/embeddings", false, true, false, R_OLLAMA_EMBEDDINGS},
     {"/v2", false, false, false, R_V2},  /* KServe v2: kserve.c checks methods and auth itself */
     {"/v2/", true, false, false, R_V2},
 };
@@ -242,6 +250,7 @@ void srv_serve_small(srv_conn *c)
     size_t i = route_index(r->path);
     bool get = !strcmp(r->method, "GET") || !strcmp(r->method, "HEAD"), post = !strcmp(r->method, "POST");
     r->route = i < N_ROUTES ? ROUTES[i].r : R_NONE;
+    c->ollama = r->route == R_OLLAMA_VERSION || r->route >= R_OLLAMA_GENERATE; /* its errors' shape */
     bool probe = r->route == R_HEALTH || r->route == R_READY || r->route == R_METRICS;
     if (c->overflow && !(probe && get)) { /* past the cap: probes only */
         c->close_after = true;
@@ -276,6 +285,7 @@ void srv_serve_small(srv_conn *c)
     case R_READY:
     case R_METRICS: return health(c);
     case R_VERSION: return srv_route_version(c);
+    case R_OLLAMA_VERSION: return srv_ollama_version(c);
     case R_MODELS: return s->repo ? srv_repo_models(c) : srv_route_models(c);
     case R_MODEL: return s->repo ? srv_repo_model(c, r->path + strlen("/v1/models/")) : srv_route_model(c);
     case R_SESSION:
@@ -310,9 +320,17 @@ void srv_serve_heavy(srv_conn *c)
         return srv_kserve_heavy(c);
     if (c->req.route == R_SESSION_FILE)
         return srv_route_session_file(c);
+    if (c->req.route == R_OLLAMA_TAGS || c->req.route == R_OLLAMA_PS)
+        return srv_ollama_list(c, c->req.route == R_OLLAMA_PS);
+    if (c->req.route == R_OLLAMA_SHOW)
+        return srv_ollama_show(c);
     if (!pick_model(c, &e))
         return srv_reply_error(c, &e);
-    if (c->req.route == R_LLAMA_CMPL)
+    if (c->req.route == R_OLLAMA_GENERATE || c->req.route == R_OLLAMA_CHAT)
+        srv_ollama_generate(c, c->req.route == R_OLLAMA_CHAT);
+    else if (c->req.route == R_OLLAMA_EMBED || c->req.route == R_OLLAMA_EMBEDDINGS)
+        srv_ollama_embed(c);
+    else if (c->req.route == R_LLAMA_CMPL)
         srv_llama_completion(c);
     else if (c->req.route == R_APPLY_TEMPLATE)
         srv_route_apply_template(c);
@@ -464,7 +482,7 @@ static vki_status setup_chat(srv *s, char *err, size_t n_err)
     if (s->p.chat_template) {
         if (!chat_family_parse(s->p.chat_template, &f)) {
             snprintf(err, n_err, "--chat-template: unknown family '%s' (chatml, llama3, llama2, mistral, zephyr, "
-                     "gemma, phi3, deepseek, harmony, plain)", s->p.chat_template);
+                     "gemma, phi3, deepseek, harmony, tulu, granite, smollm3, plain)", s->p.chat_template);
             return VKI_ERR_INVALID_ARG;
         }
         known = true;

@@ -124,6 +124,7 @@ typedef enum srv_route {
     R_PROPS,
     R_V2,         /* /v2...: KServe v2 metadata, health, config, stats (kserve.c, io thread) */
     R_SESSION,    /* POST /v1/sessions/{id}/end (sessions.c) */
+    R_OLLAMA_VERSION, /* GET /api/version (ollama_api.c) */
     R_CMPL,       /* heavy routes (handler threads) from here on */
     R_CHAT,
     R_LLAMA_CMPL, /* POST /completion: llama-server's own completion API (llama_api.c) */
@@ -134,6 +135,13 @@ typedef enum srv_route {
     R_DETOKENIZE,
     R_V2_HEAVY,   /* /v2 infer, generate, generate_stream and the repository routes (kserve.c) */
     R_SESSION_FILE, /* POST /v1/sessions/{id}/save|restore (sessions.c): file I/O and a tick's wait */
+    R_OLLAMA_GENERATE, /* Ollama's API (ollama_api.c): POST /api/generate, /api/chat, /api/embed, */
+    R_OLLAMA_CHAT,     /* /api/embeddings, /api/show; GET /api/tags, /api/ps (the model files' */
+    R_OLLAMA_EMBED,    /* facts: read on a handler thread) */
+    R_OLLAMA_EMBEDDINGS,
+    R_OLLAMA_SHOW,
+    R_OLLAMA_TAGS,
+    R_OLLAMA_PS,
 } srv_route;
 
 typedef enum srv_outcome {
@@ -266,6 +274,8 @@ typedef struct srv_conn {
     double t_req, deadline;    /* first byte of the request; when the current state times out */
     unsigned status;           /* of the answer (access log) */
     srv_access acc;
+    bool ollama;               /* an Ollama route: errors as {"error": "..."} */
+    char ollama_model[256];    /* the model its embeddings request named (echoed in the answer) */
     struct srv_conn *prev, *next; /* the io thread's list */
     struct srv_conn *ret_next;    /* handed back by a handler */
 } srv_conn;
@@ -499,8 +509,13 @@ struct srv_job {
     uint64_t session_id;       /* != 0: its KV stays pinned for the session (sessions.c) */
 };
 
-/* A protocol's output shapes for a job (the OpenAI ones are server_job.c's own). */
+/* A protocol's output shapes for a job (the OpenAI ones are server_job.c's own). With reshape,
+ * the job's answer and chunks are built in OpenAI's shapes first (reasoning split, tool calls
+ * parsed) and each object (o, taken; streamed: a chunk) goes through reshape into out; answer
+ * and chunk are then unused, end still writes the stream's end. */
 typedef struct srv_job_fmt {
+    bool (*reshape)(srv_job *j, cJSON *o, bool streamed, strbuf *out);
+    const char *stream_type;       /* the stream's Content-Type; NULL: text/event-stream */
     char *(*answer)(srv_job *j);   /* the non-streaming body (malloc'd; NULL = out of memory) */
     /* one streamed piece of choice ch: text (may be ""), finish NULL until its last piece */
     bool (*chunk)(srv_job *j, const srv_choice *ch, strbuf *out, const char *text, const char *finish);
@@ -606,6 +621,10 @@ vki_status srv_front_create(const srv_params *p, struct srv_repo *repo, srv **ou
  * loads or unloads). On a single-model server: that server (a lenient name when !strict). */
 srv *srv_model_acquire(srv *s, const char *name, bool strict, srv_error *e);
 void srv_model_release(srv *s, srv *m);
+/* The models ready to serve, each with a reference (at most cap; a single-model server: itself);
+ * give them back with srv_models_done. */
+uint32_t srv_models_ready(srv *s, srv **out, uint32_t cap);
+void srv_models_done(srv *s, srv *const *m, uint32_t n);
 /* A model over the program's engine e (not charged to the budget, never destroyed here). */
 vki_status srv_repo_add_engine(srv *s, const char *name, vki_engine *e, const vki_batch_params *bp, char *err,
                                size_t n_err);
@@ -647,6 +666,14 @@ bool srv_authorized(const srv *s, const char *auth);
 void srv_llama_completion(srv_conn *c);
 void srv_llama_infill(srv_conn *c); /* POST /infill */
 char *srv_llama_body(const char *body, size_t n, srv_error *e);
+/* ollama_api.c: Ollama's API (handler threads, but version: io thread) */
+void srv_ollama_generate(srv_conn *c, bool chat);
+void srv_ollama_embed(srv_conn *c);
+void srv_ollama_show(srv_conn *c);
+void srv_ollama_list(srv_conn *c, bool running);
+void srv_ollama_version(srv_conn *c);
+/* server_routes.c: /v1/embeddings with its answer (o, taken) reshaped by shape (NULL: as is) */
+void srv_route_embeddings_as(srv_conn *c, cJSON *(*shape)(srv_conn *c, cJSON *o));
 /* kserve.c */
 void srv_kserve_small(srv_conn *c);  /* io thread: answers, or marks the route R_V2_HEAVY */
 void srv_kserve_heavy(srv_conn *c);  /* handler thread */

@@ -221,7 +221,8 @@ void srv_reply_error(srv_conn *c, const srv_error *e)
 {
     const char *extra = e->http == 429 || e->http == 503 ? "Retry-After: 1\r\n"
                       : e->http == 401 ? "WWW-Authenticate: Bearer\r\n" : NULL;
-    bool v2 = c->req.route == R_V2 || c->req.route == R_V2_HEAVY; /* KServe's {"error": "..."} */
+    /* KServe's and Ollama's {"error": "..."} */
+    bool v2 = c->req.route == R_V2 || c->req.route == R_V2_HEAVY || c->ollama;
     srv_reply(c, e->http, "application/json", v2 ? srv_error_json_v2(e) : srv_error_json(e), extra);
 }
 

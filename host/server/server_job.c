@@ -745,7 +745,7 @@ uint32_t srv_choice_tokens(const srv_choice *ch) { return choice_tokens(ch); }
 
 static char *answer_json(srv_job *j)
 {
-    if (j->fmt)
+    if (j->fmt && !j->fmt->reshape)
         return j->fmt->answer(j);
     cJSON *o = envelope(j, false);
     cJSON *choices = cJSON_AddArrayToObject(o, "choices");
@@ -754,6 +754,12 @@ static char *answer_json(srv_job *j)
     if (j->return_ids && j->chat)
         cJSON_AddItemToObject(o, "prompt_token_ids", id_array(j->prompt, j->n_prompt));
     cJSON_AddItemToObject(o, "usage", usage_json(j));
+    if (j->fmt) { /* another protocol's shape of this answer */
+        strbuf b = {0};
+        if (!j->fmt->reshape(j, o, false, &b))
+            strbuf_free(&b);
+        return b.p;
+    }
     char *s = cJSON_PrintUnformatted(o);
     cJSON_Delete(o);
     return s;
@@ -805,7 +811,7 @@ bool srv_sse_json(strbuf *out, cJSON *o)
 static bool sse_chunk(srv_job *j, const srv_choice *ch, strbuf *out, const char *text, bool role, cJSON *lp,
                       cJSON *ids, const char *finish, cJSON *delta)
 {
-    if (j->fmt) {
+    if (j->fmt && !j->fmt->reshape) {
         cJSON_Delete(lp);
         cJSON_Delete(ids);
         return j->fmt->chunk(j, ch, out, text ? text : "", finish);
@@ -841,7 +847,7 @@ static bool sse_chunk(srv_job *j, const srv_choice *ch, strbuf *out, const char 
     cJSON_AddItemToArray(cJSON_AddArrayToObject(o, "choices"), c);
     if (j->include_usage)
         cJSON_AddNullToObject(o, "usage");
-    return srv_sse_json(out, o);
+    return j->fmt ? j->fmt->reshape(j, o, true, out) : srv_sse_json(out, o);
 }
 
 /* Tools: the new text goes through the call parser, each delta it gives is a chunk (OpenAI's
@@ -885,7 +891,7 @@ static bool sse_choice(srv_job *j, srv_choice *ch, strbuf *out)
     if (ch->oom_seen)
         choice_cancel(ch);
     bool has_lp = lp && lp->child, has_ids = ids && ids->child; /* sse_chunk takes (frees) them */
-    if (ok && j->think && !j->fmt) { /* reasoning_content deltas first; the content goes on below */
+    if (ok && j->think && (!j->fmt || j->fmt->reshape)) { /* reasoning_content deltas first, then content */
         strbuf r = {0}, content = {0};
         ok = srv_think_feed(&ch->th, text.p ? text.p : "", text.len, ch->final_seen, &r, &content);
         cJSON *d = ok && r.len ? cJSON_CreateObject() : NULL;
@@ -948,7 +954,7 @@ static bool sse_end(srv_job *j, strbuf *out)
 
 static void serve_stream(srv_job *j, srv_conn *c)
 {
-    if (!srv_stream_begin(c, "text/event-stream"))
+    if (!srv_stream_begin(c, j->fmt && j->fmt->stream_type ? j->fmt->stream_type : "text/event-stream"))
         return job_gone(j);
     strbuf out = {0};
     bool ok = true;

@@ -459,7 +459,9 @@ static bool emb_submit(srv *s, emb_req *r, srv_error *e)
     return false;
 }
 
-void srv_route_embeddings(srv_conn *c)
+void srv_route_embeddings(srv_conn *c) { srv_route_embeddings_as(c, NULL); }
+
+void srv_route_embeddings_as(srv_conn *c, cJSON *(*shape)(srv_conn *c, cJSON *o))
 {
     srv *s = srv_conn_model(c);
     srv_error e;
@@ -513,7 +515,7 @@ void srv_route_embeddings(srv_conn *c)
         }
     c->acc.finish = ok ? "embedded" : "error";
     if (ok)
-        srv_reply_json(c, 200, emb_answer(s, r, base64));
+        srv_reply_json(c, 200, shape ? shape(c, emb_answer(s, r, base64)) : emb_answer(s, r, base64));
     else
         srv_reply_error(c, &e);
     if (r)

@@ -4,12 +4,17 @@
 // structured output (response_format json_object / json_schema, grammar) and tool calls, whose
 // outputs are validated against their schemas with ajv (the model writes gibberish: the
 // constraint is what makes them valid), streamed tool calls reassembled by the client's stream().
+// Then the official ollama npm client against the same server's Ollama API (/api/...): generate
+// raw and through the template, streamed and not, chat, embeddings, list / show / ps / version,
+// structured output (format: a JSON schema, validated with ajv) and its error on an option vkinfer
+// does not have.
 // usage: node e2e.mjs VKINFER_BINARY MODEL.gguf
 // Exit 0 = pass, 1 = fail, 77 = skipped (the model is absent; ctest SKIP_RETURN_CODE).
 import { spawn } from 'node:child_process';
 import { existsSync, readFileSync } from 'node:fs';
 import assert from 'node:assert/strict';
 import OpenAI from 'openai';
+import { Ollama } from 'ollama';
 import Ajv from 'ajv';
 
 const [vkinfer, model] = process.argv.slice(2);
@@ -256,12 +261,61 @@ async function structured(client) {
   assert.ok(turn.usage.prompt_tokens > req.usage.prompt_tokens);
 }
 
+async function ollamaApi(port) {
+  const ol = new Ollama({ host: `http://127.0.0.1:${port}`, headers: { Authorization: `Bearer ${KEY}` } });
+  const greedy = { temperature: 0, num_predict: 48, repeat_penalty: 1 };
+  const g = await ol.generate({ model: 'stories260K', prompt: 'Once upon a time', raw: true, options: greedy });
+  assert.equal(g.response, KNOWN);
+  assert.equal(g.done, true);
+  assert.equal(g.done_reason, 'length');
+  assert.equal(g.eval_count, 48);
+  let text = '', parts = 0, last = null;
+  for await (const part of await ol.generate({
+    model: 'stories260K', prompt: 'Once upon a time', raw: true, options: greedy, stream: true,
+  })) {
+    text += part.response;
+    parts++;
+    last = part;
+  }
+  assert.equal(text, KNOWN);
+  assert.ok(parts > 2 && last.done && last.eval_count === 48, 'a streamed generate ends with its totals');
+  const messages = [{ role: 'user', content: 'Once upon a time' }];
+  const ref = await (new OpenAI({ baseURL: `http://127.0.0.1:${port}/v1`, apiKey: KEY, maxRetries: 0 }))
+    .chat.completions.create({ model: 'stories260K', messages, max_tokens: 24, temperature: 0, repetition_penalty: 1 });
+  const c = await ol.chat({ model: 'stories260K', messages, options: { temperature: 0, num_predict: 24, repeat_penalty: 1 } });
+  assert.equal(c.message.role, 'assistant');
+  assert.equal(c.message.content, ref.choices[0].message.content);
+  text = '';
+  for await (const part of await ol.chat({
+    model: 'stories260K', messages, stream: true, options: { temperature: 0, num_predict: 24, repeat_penalty: 1 },
+  })) text += part.message.content;
+  assert.equal(text, ref.choices[0].message.content);
+  const f = await ol.chat({
+    model: 'stories260K', messages: [{ role: 'user', content: 'Tell me about a cat.' }], format: PERSON,
+    options: { num_predict: 560, seed: 1 },
+  });
+  valid(PERSON, f.message.content, 'ollama format (schema)');
+  const e = await ol.embed({ model: 'stories260K', input: ['Once upon a time', 'a cat'] });
+  assert.equal(e.embeddings.length, 2);
+  assert.ok(e.embeddings[0].length > 0 && e.embeddings[0].every((v) => typeof v === 'number'));
+  const list = await ol.list();
+  assert.ok(list.models.length === 1 && list.models[0].details.format === 'gguf', 'ollama list');
+  const show = await ol.show({ model: list.models[0].name });
+  assert.equal(show.details.family, 'llama');
+  const ps = await ol.ps();
+  assert.ok(ps.models[0].size_vram > 0, 'ollama ps');
+  assert.ok(typeof (await ol.version()).version === 'string');
+  await assert.rejects(ol.generate({ model: 'stories260K', prompt: 'x', options: { mirostat: 2 } }),
+    (err) => err.status_code === 400 && /mirostat/.test(err.error), 'mirostat is refused with a 400 naming it');
+}
+
 const { child, port } = await startServer();
 const client = new OpenAI({ baseURL: `http://127.0.0.1:${port}/v1`, apiKey: KEY, maxRetries: 0 });
 let failed = null;
 try {
   await run(client);
   await structured(client);
+  await ollamaApi(port);
 } catch (e) {
   failed = e;
 }
@@ -274,4 +328,5 @@ if (failed) {
 }
 assert.equal(code, 0, 'vkinfer serve exits 0 after SIGTERM');
 const version = JSON.parse(readFileSync(new URL('./node_modules/openai/package.json', import.meta.url))).version;
-console.log(`openai ${version} (npm) against vkinfer serve: all checks passed`);
+const olv = JSON.parse(readFileSync(new URL('./node_modules/ollama/package.json', import.meta.url))).version;
+console.log(`openai ${version} and ollama ${olv} (npm) against vkinfer serve: all checks passed`);
