@@ -436,8 +436,11 @@ static void test_ollama_api(void **state)
     assert_string_equal(vt_json_str(j, "response"), want);
     assert_string_equal(vt_json_str(j, "model"), "anything");
     assert_true(cJSON_IsTrue(vt_json_get(j, "done")));
-    assert_string_equal(vt_json_str(j, "done_reason"), "length");
-    assert_int_equal(vt_json_num(j, "eval_count"), 48);
+    /* the synthetic model (no ../shared) may end its text early: as /v1/completions did */
+    const bool full = !strcmp(vt_json_str(ref, "choices.0.finish_reason"), "length");
+    const double n_gen = vt_json_num(ref, "usage.completion_tokens");
+    assert_string_equal(vt_json_str(j, "done_reason"), full ? "length" : "stop");
+    assert_int_equal(vt_json_num(j, "eval_count"), n_gen);
     assert_int_equal(vt_json_num(j, "prompt_eval_count"), vt_json_num(ref, "usage.prompt_tokens"));
     assert_true(vt_json_num(j, "total_duration") >= vt_json_num(j, "eval_duration") &&
                 vt_json_num(j, "eval_duration") > 0);
@@ -454,9 +457,9 @@ static void test_ollama_api(void **state)
         lg_buf_put(&text, s, strlen(s));
         assert_true(cJSON_IsTrue(vt_json_get(e, "done")) == (i == n - 1));
     }
-    assert_true(n > 2);
+    assert_true(n >= 2);
     assert_string_equal(text.p, want);
-    assert_int_equal(vt_json_num(cJSON_GetArrayItem(ev, n - 1), "eval_count"), 48);
+    assert_int_equal(vt_json_num(cJSON_GetArrayItem(ev, n - 1), "eval_count"), n_gen);
     free(text.p);
     cJSON_Delete(ev);
     /* through the template: /v1/chat/completions' answer to the prompt as a user message */
@@ -485,7 +488,8 @@ static void test_ollama_api(void **state)
         lg_buf_put(&text, s, strlen(s));
     }
     assert_string_equal(text.p, cwant);
-    assert_string_equal(vt_json_str(cJSON_GetArrayItem(ev, n - 1), "done_reason"), "length");
+    assert_string_equal(vt_json_str(cJSON_GetArrayItem(ev, n - 1), "done_reason"),
+                        strcmp(vt_json_str(cref, "choices.0.finish_reason"), "length") ? "stop" : "length");
     free(text.p);
     cJSON_Delete(ev);
     cJSON_Delete(cref);
