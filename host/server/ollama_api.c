@@ -573,10 +573,12 @@ static cJSON *details(const srv *m, uint64_t *size, char *mtime, size_t n_mtime)
     snprintf(q, sizeof q, "%s", ftype ? ftype : m->info.weight_type);
     for (char *p = q; *p; p++)
         *p = (char)(*p >= 'a' && *p <= 'z' ? *p - 32 : *p);
-    if (n_params >= 1000000000ull)
+    if (n_params >= 1000000000ull) /* Ollama's spelling: 7.6B, 135M, 260K */
         snprintf(ps, sizeof ps, "%.1fB", n_params / 1e9);
-    else
+    else if (n_params >= 1000000ull)
         snprintf(ps, sizeof ps, "%.0fM", n_params / 1e6);
+    else
+        snprintf(ps, sizeof ps, "%.0fK", n_params / 1e3);
     cJSON_AddStringToObject(d, "parent_model", "");
     cJSON_AddStringToObject(d, "format", "gguf");
     cJSON_AddStringToObject(d, "family", m->info.arch);
