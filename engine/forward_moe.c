@@ -216,9 +216,11 @@ static vki_status moe_chunk(vk_engine *e, const vk_layer *L, uint32_t t0, uint32
     vkd_role(c, "ffn_act");
     const bool gh = xh && !e->p.no_fusion; /* the gated unit writes down's F16 input (only) */
     /* gpt-oss: the experts' gate and up biases by the gated unit, down's by the combine */
-    const op_expert_bias gub = {ids, {vkd_whole(eb ? L->b_gate_exps.parts[0].buf : s->moe_g),
-                                      vkd_whole(eb ? L->b_up_exps.parts[0].buf : s->moe_g)}, E};
-    const op_expert_bias db = {ids, {vkd_whole(eb ? L->b_down_exps.parts[0].buf : s->moe_o)}, E};
+    op_expert_bias gub = {0}, db = {0};
+    if (eb) {
+        gub = (op_expert_bias){ids, {vkd_whole(L->b_gate_exps.parts[0].buf), vkd_whole(L->b_up_exps.parts[0].buf)}, E};
+        db = (op_expert_bias){ids, {vkd_whole(L->b_down_exps.parts[0].buf)}, E};
+    }
     if (gh)
         TRY(op_glu_xh_ex(c, hp->expert_act, op_mat_rows(s->moe_g, ff), op_mat_rows(s->moe_u, ff),
                          vkd_whole(s->moe_gh), P, ff, eb ? &gub : NULL));

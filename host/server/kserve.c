@@ -908,10 +908,7 @@ static void generation(srv_conn *c, const v2_path *vp)
     }
     cJSON_Delete(body);
     if (text) {
-        strbuf orig = c->req.body; /* the job parser reads the request body: give it the translation */
-        c->req.body = (strbuf){.p = text, .len = strlen(text), .cap = strlen(text) + 1};
-        srv_serve_generation(c, infer ? &INFER_FMT : &GENERATE_FMT, id, &x);
-        c->req.body = orig;
+        srv_serve_translated(c, text, c->req.route, infer ? &INFER_FMT : &GENERATE_FMT, id, &x);
         if (sq->id && !sq->finished) /* refused before it ran (400, 429, 503): the sequence is unchanged */
             srv_seq_finish(c->model, sq->id, NULL, 0, NULL, 0, false, sq->end);
         cJSON_free(text);

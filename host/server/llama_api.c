@@ -376,13 +376,7 @@ static void serve(srv_conn *c, cJSON *in, srv_error *err)
         cJSON_Delete(in);
         return srv_reply_error(c, &e);
     }
-    strbuf orig = c->req.body; /* the job parser reads the request body: give it the translation */
-    c->req.body = (strbuf){.p = text, .len = strlen(text), .cap = strlen(text) + 1};
-    srv_route route = c->req.route;
-    c->req.route = R_CMPL; /* a completion from here on (metrics, access log) */
-    srv_serve_generation(c, &LLAMA_FMT, NULL, &x);
-    c->req.route = route;
-    c->req.body = orig;
+    srv_serve_translated(c, text, R_CMPL, &LLAMA_FMT, NULL, &x); /* a completion (metrics, access log) */
     cJSON_free(text);
     cJSON_Delete(in); /* x.prompt pointed into it */
 }

@@ -99,11 +99,11 @@ static bool options(const cJSON *in, cJSON *o, ollama_ctx *x, srv_error *e)
     const cJSON *opts = item(in, "options");
     if (!absent(opts) && !cJSON_IsObject(opts))
         return srv_err(e, 400, "options", "options must be an object"), false;
-    static const char *const off[][2] = {{"mirostat", "0"}, {"typical_p", "1"}, {"tfs_z", "1"}};
+    static const struct { const char *k; double off; } off[] = {{"mirostat", 0}, {"typical_p", 1}, {"tfs_z", 1}};
     for (size_t i = 0; i < sizeof off / sizeof off[0]; i++) {
-        const cJSON *v = item(opts, off[i][0]);
-        if (!absent(v) && !(cJSON_IsNumber(v) && v->valuedouble == atof(off[i][1])))
-            return srv_err(e, 400, "options", "options.%s is not supported (only %s, off)", off[i][0], off[i][1]),
+        const cJSON *v = item(opts, off[i].k);
+        if (!absent(v) && !(cJSON_IsNumber(v) && v->valuedouble == off[i].off))
+            return srv_err(e, 400, "options", "options.%s is not supported (only %g, off)", off[i].k, off[i].off),
                    false;
     }
     const cJSON *np = item(opts, "num_predict"), *stop = item(opts, "stop"), *seed = item(opts, "seed");
@@ -480,13 +480,7 @@ void srv_ollama_generate(srv_conn *c, bool chat)
     cJSON_Delete(body);
     if (!text)
         return srv_reply_error(c, &e);
-    strbuf orig = c->req.body; /* the job parser reads the request body: give it the translation */
-    c->req.body = (strbuf){.p = text, .len = strlen(text), .cap = strlen(text) + 1};
-    srv_route route = c->req.route;
-    c->req.route = x.as_chat ? R_CHAT : R_CMPL; /* metrics and the access log count it as such */
-    srv_serve_generation(c, &OLLAMA_FMT, NULL, &x);
-    c->req.route = route;
-    c->req.body = orig;
+    srv_serve_translated(c, text, x.as_chat ? R_CHAT : R_CMPL, &OLLAMA_FMT, NULL, &x);
     cJSON_free(text);
     for (uint32_t k = 0; k < OLLAMA_MAX_CALLS; k++) {
         free(x.calls[k].name);
@@ -501,8 +495,8 @@ void srv_ollama_generate(srv_conn *c, bool chat)
 static cJSON *embed_shape(srv_conn *c, cJSON *o)
 {
     bool legacy = c->req.route == R_OLLAMA_EMBEDDINGS;
-    cJSON *r = head(c->ollama_model);
-    cJSON_DeleteItemFromObject(r, "created_at");
+    cJSON *r = cJSON_CreateObject();
+    cJSON_AddStringToObject(r, "model", c->ollama_model);
     cJSON *all = legacy ? NULL : cJSON_AddArrayToObject(r, "embeddings");
     for (cJSON *d = item(o, "data") ? item(o, "data")->child : NULL; d; d = d->next) {
         cJSON *v = cJSON_DetachItemFromObject(d, "embedding");
@@ -539,10 +533,7 @@ void srv_ollama_embed(srv_conn *c)
     cJSON_Delete(o);
     if (!text)
         return srv_err(&e, 500, NULL, "out of memory"), srv_reply_error(c, &e);
-    strbuf orig = c->req.body;
-    c->req.body = (strbuf){.p = text, .len = strlen(text), .cap = strlen(text) + 1};
-    srv_route_embeddings_as(c, embed_shape);
-    c->req.body = orig;
+    srv_route_embeddings_as(c, text, strlen(text), embed_shape);
     cJSON_free(text);
 }
 

@@ -342,6 +342,18 @@ void srv_serve_heavy(srv_conn *c)
     c->model = NULL;
 }
 
+void srv_serve_translated(srv_conn *c, const char *text, srv_route as, const srv_job_fmt *fmt, const char *fmt_id,
+                          void *fmt_ctx)
+{
+    strbuf orig = c->req.body; /* the job parser reads the request body: give it the translation */
+    srv_route route = c->req.route;
+    c->req.body = (strbuf){.p = (char *)text, .len = strlen(text), .cap = strlen(text) + 1};
+    c->req.route = as;
+    srv_serve_generation(c, fmt, fmt_id, fmt_ctx);
+    c->req.route = route;
+    c->req.body = orig;
+}
+
 void srv_serve_generation(srv_conn *c, const srv_job_fmt *fmt, const char *fmt_id, void *fmt_ctx)
 {
     srv *s = srv_conn_model(c);

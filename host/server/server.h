@@ -646,6 +646,11 @@ bool srv_repo_unload(srv *s, const char *name, srv_error *e);
 const char *srv_repo_state(srv *s, const char *name, char *reason, size_t n_reason);
 /* server.c: a generation request on c's model, answered in fmt's shapes (NULL: OpenAI's) */
 void srv_serve_generation(srv_conn *c, const srv_job_fmt *fmt, const char *fmt_id, void *fmt_ctx);
+/* The same for another protocol's request translated into the OpenAI body `text` (read instead
+ * of the request's body), counted as route `as` (metrics, access log); c's request is as it was
+ * on return. */
+void srv_serve_translated(srv_conn *c, const char *text, srv_route as, const srv_job_fmt *fmt, const char *fmt_id,
+                          void *fmt_ctx);
 /* sessions.c */
 uint64_t srv_session_id(const cJSON *v, const char *name, srv_error *e); /* 0 with *e: bad */
 bool srv_session_field(srv_job *j, const cJSON *v, srv_error *e);       /* "session_id" */
@@ -672,8 +677,9 @@ void srv_ollama_embed(srv_conn *c);
 void srv_ollama_show(srv_conn *c);
 void srv_ollama_list(srv_conn *c, bool running);
 void srv_ollama_version(srv_conn *c);
-/* server_routes.c: /v1/embeddings with its answer (o, taken) reshaped by shape (NULL: as is) */
-void srv_route_embeddings_as(srv_conn *c, cJSON *(*shape)(srv_conn *c, cJSON *o));
+/* server_routes.c: /v1/embeddings of the OpenAI body [body, body + n) (another protocol's
+ * translation), its answer (o, taken) reshaped by shape */
+void srv_route_embeddings_as(srv_conn *c, const char *body, size_t n, cJSON *(*shape)(srv_conn *c, cJSON *o));
 /* kserve.c */
 void srv_kserve_small(srv_conn *c);  /* io thread: answers, or marks the route R_V2_HEAVY */
 void srv_kserve_heavy(srv_conn *c);  /* handler thread */

@@ -459,16 +459,16 @@ static bool emb_submit(srv *s, emb_req *r, srv_error *e)
     return false;
 }
 
-void srv_route_embeddings(srv_conn *c) { srv_route_embeddings_as(c, NULL); }
+void srv_route_embeddings(srv_conn *c) { srv_route_embeddings_as(c, c->req.body.p, c->req.body.len, NULL); }
 
-void srv_route_embeddings_as(srv_conn *c, cJSON *(*shape)(srv_conn *c, cJSON *o))
+void srv_route_embeddings_as(srv_conn *c, const char *body, size_t n, cJSON *(*shape)(srv_conn *c, cJSON *o))
 {
     srv *s = srv_conn_model(c);
     srv_error e;
     bool base64 = false;
     c->acc.gen = true;
     c->acc.ttft_ms = -1;
-    cJSON *root = srv_parse_body(c->req.body.p, c->req.body.len, &e);
+    cJSON *root = srv_parse_body(body, n, &e);
     emb_req *r = root ? calloc(1, sizeof *r) : NULL;
     bool ok = r && emb_options(root, &base64, &e);
     if (root && !r)
