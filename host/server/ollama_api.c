@@ -540,18 +540,26 @@ void srv_ollama_embed(srv_conn *c)
 /* ---- the model's facts --------------------------------------------------------------------------- */
 
 /* Ollama's "details" of model m, and its file's size and modification time. */
-static cJSON *details(const srv *m, uint64_t *size, char *mtime, size_t n_mtime)
+static cJSON *details(srv *m, uint64_t *size, char *mtime, size_t n_mtime)
 {
     cJSON *d = cJSON_CreateObject();
-    uint64_t n_params = 0;
-    uint32_t ft = 0;
-    const char *ftype = NULL;
-    gguf_file *f = NULL;
-    char err[128];
-    if (m->p.model_path && gguf_open(m->p.model_path, &f, err, sizeof err) == VKI_OK) {
-        n_params = gguf_n_params(f);
-        ftype = gguf_get_u32(f, "general.file_type", &ft) == VKI_OK ? gguf_file_type_name(ft) : NULL;
-        gguf_close(f);
+    pthread_mutex_lock(&m->mu);
+    bool known = m->file_facts;
+    uint64_t n_params = m->n_params;
+    const char *ftype = m->file_type;
+    pthread_mutex_unlock(&m->mu);
+    if (!known) { /* the GGUF's tensor table and file type, read once per model (not under mu) */
+        gguf_file *f = NULL;
+        uint32_t ft = 0;
+        char err[128];
+        if (m->p.model_path && gguf_open(m->p.model_path, &f, err, sizeof err) == VKI_OK) {
+            n_params = gguf_n_params(f);
+            ftype = gguf_get_u32(f, "general.file_type", &ft) == VKI_OK ? gguf_file_type_name(ft) : NULL;
+            gguf_close(f);
+        }
+        pthread_mutex_lock(&m->mu);
+        m->file_facts = true, m->n_params = n_params, m->file_type = ftype;
+        pthread_mutex_unlock(&m->mu);
     }
     struct stat st;
     bool have = m->p.model_path && stat(m->p.model_path, &st) == 0;
@@ -580,7 +588,7 @@ static cJSON *details(const srv *m, uint64_t *size, char *mtime, size_t n_mtime)
 }
 
 /* One model as /api/tags and /api/ps list it. */
-static cJSON *model_entry(const srv *m, bool running)
+static cJSON *model_entry(srv *m, bool running)
 {
     uint64_t size;
     char mtime[40], digest[40];

@@ -326,6 +326,10 @@ struct srv {
     chat_template chat;
     bool chat_known;           /* the GGUF's template was recognised (else the plain fallback) */
     chat_tool_format tool_fmt; /* how tools are rendered and calls written (from the template) */
+    /* the file's parameter count and file type for Ollama's listings, read once (under mu) */
+    bool file_facts;
+    uint64_t n_params;
+    const char *file_type;     /* gguf_file_type_name's, or NULL */
     chat_specials *specials;
     pthread_mutex_t mu;
     pthread_cond_t cv;         /* n_active or n_handlers changed */
