@@ -236,8 +236,9 @@ static double top2_gap(const float *want, uint32_t n, uint32_t *best)
 static void check_argmax(const float *want, uint32_t n, int32_t got, double tie, const char *label)
 {
     uint32_t b1;
-    if (top2_gap(want, n, &b1) >= tie && got != (int32_t)b1)
-        fail_msg("%s: greedy token %d, reference argmax %u", label, got, b1);
+    double gap = top2_gap(want, n, &b1);
+    if (gap >= tie && got != (int32_t)b1)
+        fail_msg("%s: greedy token %d, reference argmax %u (its lead %.2e rms)", label, got, b1, gap);
 }
 
 /* Prefill then decode, comparing every produced logits row with the reference: the engine's
@@ -308,6 +309,10 @@ static void check_against_reference_in(fixture *fx, uint32_t slot, const int32_t
     size_t V = fx->n_vocab;
     float *got = malloc((n_decode + 1) * V * sizeof *got), *want = malloc((size_t)(np + n_decode) * V * sizeof *want);
     double worst = 0;
+    /* logits within tol of NMSE are up to sqrt(tol) rms off (more in single entries): a lead
+     * below 4 sqrt(tol) is a near tie for every path (F16 KV, 1e-7: 1.3e-3; seed 90144569807756
+     * flipped a lead of 1.1e-4 in mixtral q4_0 gemm f16kv at NMSE ~1e-9), however exact */
+    tie = tie > 4 * sqrt(tol) ? tie : 4 * sqrt(tol);
     while (s.done < np) {
         uint32_t n_new = np - s.done < chunk ? np - s.done : chunk;
         float *lg[1] = {got};
