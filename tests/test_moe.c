@@ -11,7 +11,7 @@
  *    (X = token rows) and down (X = pair rows), unused experts, all tokens on one expert,
  *    weights in parts of whole experts; NMSE <= TOL_FLOAT / TOL_QUANT (coopmat: TOL_CME against
  *    a reference that rounds both operands to F16, as the kernel stages them);
- *  - moe_combine: NMSE <= TOL_C.
+ *  - moe_combine: squared error <= TOL_C of the terms' magnitudes.
  * Outputs start as NaN, so unwritten elements fail. */
 #include "support/ref_model.h"
 #include "support/vt.h"
@@ -27,7 +27,7 @@
 #include "support/gguf_edit.h"
 
 #define TOL_W 1e-11     /* router weights: measured <= 1.6e-12 over 30 runs (F32 sum of up to 512 exps) */
-#define TOL_C 1e-13     /* the combine: measured <= 1.5e-14 */
+#define TOL_C 1e-13     /* the combine, of the terms' magnitudes: measured <= 4.2e-15 (10 seeds) */
 static double worst_w, worst_c, worst_id[4]; /* worst NMSE seen; matmul_id: float, quantised, coopmat,
                                               integer dot */
 #define TOL_FLOAT 1e-12 /* matmul_id, F32/F16/BF16 weights: measured <= 5.2e-14 over 8 runs */
@@ -313,7 +313,10 @@ VKK_WEIGHT_TYPES(TYPE_TEST)
 /* ---- combine --------------------------------------------------------------------------------- */
 
 /* The weighted sum back into x; odd cases with gpt-oss's down biases, each pair's expert's row
- * added to its output first (ids random over E experts). */
+ * added to its output first (ids random over E experts). The error is judged against the terms'
+ * magnitudes (|x| + sum w (|o| + |b|)), not the result's: a sum that cancels (d = 1, two pairs:
+ * seed 110988046121244 gave 0.224250674 for 0.224250823, half an ulp of its terms ~3, and an
+ * NMSE of 2.8e-13 against the result) is as exact as float sums get. */
 static void test_combine(void **state)
 {
     vt_gpu *g = vt_gpu_get(state);
@@ -324,6 +327,7 @@ static void test_combine(void **state)
         const bool with_bias = c % 2;
         float *o = malloc((size_t)T * k * d * 4), *w = malloc((size_t)T * k * 4), *x = malloc((size_t)T * d * 4);
         float *ref = malloc((size_t)T * d * 4), *got = malloc((size_t)T * d * 4), *bias = malloc((size_t)E * d * 4);
+        double *mag = malloc((size_t)T * d * sizeof *mag);
         int32_t *ids = malloc((size_t)T * k * 4);
         vt_fill_uniform(&r, o, (size_t)T * k * d, -2.0f, 2.0f);
         vt_fill_uniform(&r, w, (size_t)T * k, 0.0f, 1.0f);
@@ -333,12 +337,15 @@ static void test_combine(void **state)
             ids[p] = (int32_t)vt_range(&r, 0, E - 1);
         for (uint32_t t = 0; t < T; t++)
             for (uint32_t i = 0; i < d; i++) {
-                double s = 0;
+                double s = 0, m = fabs((double)x[(size_t)t * d + i]);
                 for (uint32_t j = 0; j < k; j++) {
                     size_t p = (size_t)t * k + j;
-                    s += (double)w[p] * ((double)o[p * d + i] + (with_bias ? bias[(size_t)ids[p] * d + i] : 0));
+                    double b = with_bias ? bias[(size_t)ids[p] * d + i] : 0;
+                    s += (double)w[p] * ((double)o[p * d + i] + b);
+                    m += (double)w[p] * (fabs((double)o[p * d + i]) + fabs(b));
                 }
                 ref[(size_t)t * d + i] = (float)(x[(size_t)t * d + i] + s);
+                mag[(size_t)t * d + i] = m;
             }
         vkd_buffer *bo = vt_buf_from(g, o, (size_t)T * k * d * 4, "o"), *bw = vt_buf_from(g, w, (size_t)T * k * 4, "w");
         vkd_buffer *bx = vt_buf_from(g, x, (size_t)T * d * 4, "x");
@@ -352,14 +359,18 @@ static void test_combine(void **state)
         vt_download(g, bx, got, (size_t)T * d * 4);
         char label[64];
         snprintf(label, sizeof label, "combine T=%u k=%u d=%u%s", T, k, d, with_bias ? " bias" : "");
-        double e = vt_nmse(got, ref, (size_t)T * d);
+        double se = 0, sm = 0;
+        for (size_t i = 0; i < (size_t)T * d; i++)
+            se += ((double)got[i] - ref[i]) * ((double)got[i] - ref[i]), sm += mag[i] * mag[i];
+        double e = se / (sm > 0 ? sm : 1);
         worst_c = e > worst_c ? e : worst_c;
-        vt_assert_nmse(got, ref, (size_t)T * d, TOL_C, label);
+        if (!(e <= TOL_C))
+            fail_msg("%s: squared error %.3g of the terms' > %.0e", label, e, TOL_C);
         vkd_buffer_destroy(g->dev, bo), vkd_buffer_destroy(g->dev, bw), vkd_buffer_destroy(g->dev, bx);
         vkd_buffer_destroy(g->dev, bb), vkd_buffer_destroy(g->dev, bi);
-        free(o), free(w), free(x), free(ref), free(got), free(bias), free(ids);
+        free(o), free(w), free(x), free(ref), free(got), free(bias), free(ids), free(mag);
     }
-    fprintf(stderr, "  combine: worst NMSE %.2e (tolerance %.0e)\n", worst_c, TOL_C);
+    fprintf(stderr, "  combine: worst squared error %.2e of the terms' (tolerance %.0e)\n", worst_c, TOL_C);
     vt_assert_clean(g);
 }
 
