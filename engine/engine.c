@@ -118,7 +118,7 @@ static vki_status create_scratch(vk_engine *e)
         qkv_one |= L->wqkv.n_parts > 0;
         k_own |= L->wk.n_parts > 0;
         v_own |= L->wv.n_parts > 0;
-        gu_one |= !hp->n_expert && !L->w_gate.n_parts;
+        gu_one |= L->w_up.n_parts && !L->w_gate.n_parts;
         u_own |= L->w_gate.n_parts > 0;
     }
     VkDeviceSize q_cols = qkv_one ? qd + 2 * kvd : qd, g_cols = gu_one ? 2ull * hp->d_ff : hp->d_ff;

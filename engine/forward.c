@@ -200,11 +200,22 @@ static bool qkv_i8(const vk_engine *e, const vk_layer *L, uint32_t T)
     return use_i8(e, &L->wqkv, T) || use_i8(e, &L->wq, T) || use_i8(e, &L->wk, T) || use_i8(e, &L->wv, T);
 }
 
+/* The dense FFN's (or the shared expert's) gate and up. */
+static bool dense_i8(const vk_engine *e, const vk_layer *L, uint32_t T)
+{
+    return use_i8(e, &L->w_up, T) || use_i8(e, &L->w_gate, T);
+}
+
+static bool dense_xh(const vk_engine *e, const vk_layer *L, uint32_t T)
+{
+    return use_xh(e, &L->w_up, T) || use_xh(e, &L->w_gate, T);
+}
+
+/* The FFN's first products: the experts' where there are (the shared expert's come after them
+ * and make their own copies of h). */
 static bool ffn_i8(const vk_engine *e, const vk_layer *L, uint32_t T)
 {
-    if (e->model.hp.n_expert)
-        return vk_moe_h_i8(e, L, T);
-    return use_i8(e, &L->w_up, T) || use_i8(e, &L->w_gate, T);
+    return e->model.hp.n_expert ? vk_moe_h_i8(e, L, T) : dense_i8(e, L, T);
 }
 
 static bool qkv_xh(const vk_engine *e, const vk_layer *L, uint32_t T)
@@ -214,9 +225,7 @@ static bool qkv_xh(const vk_engine *e, const vk_layer *L, uint32_t T)
 
 static bool ffn_xh(const vk_engine *e, const vk_layer *L, uint32_t T)
 {
-    if (e->model.hp.n_expert)
-        return vk_moe_h_xh(e, T);
-    return use_xh(e, &L->w_up, T) || use_xh(e, &L->w_gate, T);
+    return e->model.hp.n_expert ? vk_moe_h_xh(e, T) : dense_xh(e, L, T);
 }
 
 /* A block's input norm, h = rmsnorm(x) * w over T rows, and the barrier after it; where the
@@ -420,9 +429,12 @@ static vki_status record_ffn_block(vk_engine *e, uint32_t il, uint32_t T, bool *
     }
     *normed = false;
     if (hp->n_expert) /* qwen3moe, Mixtral: engine/forward_moe.c */
-        return vk_forward_moe(e, il, T);
+        TRY(vk_forward_moe(e, il, T));
+    if (hp->n_expert && !hp->shared_expert)
+        return VKI_OK;
+    /* the dense FFN, or granitemoe's shared expert (the experts added theirs to x already) */
     uint32_t act = hp->ffn_gelu ? VKI_GLU_GELU_TANH : VKI_GLU_SILU;
-    if (ffn_i8(e, L, T) && !e->xq_of_h) /* else the attention's output projection wrote it */
+    if (dense_i8(e, L, T) && !e->xq_of_h) /* else the attention's output projection wrote it */
         TRY(quant_x(e, "ffn_xq", vkd_whole(s->h), d, T, d));
     e->xq_of_h = false;
     if (one && !e->p.no_fusion && L->w_up.n_parts == 1 &&
@@ -442,7 +454,7 @@ static vki_status record_ffn_block(vk_engine *e, uint32_t il, uint32_t T, bool *
         return project_residual(e, &L->w_down, NULL, vkd_whole(s->g), ff, T, gq ? s->gq : NULL, "ffn_down", down_roles,
                                 &L->post_ffn_norm, "ffn_post_norm", "ffn_residual", next_norm, next_i8, normed);
     }
-    if (ffn_xh(e, L, T) && !e->xh_ready) /* else the norm wrote it */
+    if (dense_xh(e, L, T) && !e->xh_ready) /* else the norm wrote it */
         TRY(half_x(e, "ffn_xh", vkd_whole(s->h), d, T, d));
     e->xh_ready = false;
     if (!one) {

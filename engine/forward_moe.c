@@ -151,8 +151,9 @@ bool vk_moe_h_xh(const vk_engine *e, uint32_t T)
 
 /* Rows [t0, t0 + n) of the step's tokens through the layer's experts, added into x; h_q: s->xq
  * already holds these rows of h quantised (vk_moe_h_i8, written by the norm); h_h: s->xh holds
- * them in F16 (vk_moe_h_xh, the same). */
-static vki_status moe_chunk(vk_engine *e, const vk_layer *L, uint32_t t0, uint32_t n, bool h_q, bool h_h)
+ * them in F16 (vk_moe_h_xh, the same). *left_q / *left_h: s->xq / s->xh hold them on return. */
+static vki_status moe_chunk(vk_engine *e, const vk_layer *L, uint32_t t0, uint32_t n, bool h_q, bool h_h,
+                            bool *left_q, bool *left_h)
 {
     const model_hparams *hp = &e->model.hp;
     vk_scratch *s = &e->s;
@@ -185,6 +186,7 @@ static vki_status moe_chunk(vk_engine *e, const vk_layer *L, uint32_t t0, uint32
     const bool gv = path == OP_MM_GEMV, gi8 = gv && moe_i8(e, &L->w_gate_exps, d);
     const bool ui8 = gv && moe_i8(e, &L->w_up_exps, d), di8 = gv && s->moe_gq && moe_i8(e, &L->w_down_exps, ff);
     const vkd_view xq = vkd_whole(s->xq), gq = di8 ? vkd_whole(s->moe_gq) : (vkd_view){0};
+    *left_q = h_q || gi8 || ui8; /* g's copies go to their own buffers (moe_gq, moe_gh) */
     if ((gi8 || ui8) && !h_q) {
         vkd_role(c, "ffn_moe_xq");
         TRY(op_quant_x8(c, h, d, n, d, xq));
@@ -193,6 +195,7 @@ static vki_status moe_chunk(vk_engine *e, const vk_layer *L, uint32_t t0, uint32
     /* the tensor-core GEMM: h's rows and then g's rounded to F16 once (s->xh; s->moe_gh, by the
      * gated unit itself unless op by op) */
     const bool xh = moe_xh(e, path);
+    *left_h = h_h || xh;
     if (xh && !h_h) {
         vkd_role(c, "ffn_moe_xh");
         TRY(op_half_x(c, h, d, n, d, vkd_whole(s->xh)));
@@ -259,9 +262,13 @@ vki_status vk_forward_moe(vk_engine *e, uint32_t il, uint32_t T)
     const bool h_q = e->xq_of_h && T <= e->s.moe_rows; /* one chunk: rows [0, T) of xq are h's */
     const bool h_h = e->xh_ready && T <= e->s.moe_rows; /* ... of xh */
     e->xq_of_h = e->xh_ready = false;
+    bool left_q = false, left_h = false;
     for (uint32_t t0 = 0; t0 < T; t0 += e->s.moe_rows) {
         uint32_t n = T - t0 < e->s.moe_rows ? T - t0 : e->s.moe_rows;
-        TRY(moe_chunk(e, L, t0, n, h_q, h_h));
+        TRY(moe_chunk(e, L, t0, n, h_q, h_h, &left_q, &left_h));
     }
+    /* one chunk: h's int8 / F16 rows [0, T) are still there for granitemoe's shared expert */
+    if (e->model.hp.shared_expert && T <= e->s.moe_rows)
+        e->xq_of_h = left_q, e->xh_ready = left_h;
     return VKI_OK;
 }

@@ -159,7 +159,7 @@ static vki_status upload_layer(vkd_device *d, const model_hparams *hp, const mod
                 if (src[i] == w[j] || src[i] == b[j])
                     src[i] = NULL;
     }
-    if (st == VKI_OK && concat && !hp->fused_gate_up && !hp->n_expert && same_layout(L->w_gate, L->w_up)) {
+    if (st == VKI_OK && concat && !hp->fused_gate_up && same_layout(L->w_gate, L->w_up)) {
         const gguf_tensor *gu[2] = {L->w_gate, L->w_up};
         st = upload_concat(d, gu, 2, &V->w_up, p);
         for (size_t i = 0; i < LAYER_TENSORS; i++)

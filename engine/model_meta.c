@@ -158,6 +158,7 @@ static const arch_def ARCHS[] = {
     {"granite", MODEL_ARCH_GRANITE, false, false, false, 1e-5f, 0},
     {"smollm3", MODEL_ARCH_SMOLLM3, false, false, false, 1e-6f, 0},
     {"olmo2", MODEL_ARCH_OLMO2, true, true, false, 1e-6f, 0},
+    {"granitemoe", MODEL_ARCH_GRANITE_MOE, false, false, false, 1e-5f, 0},
 };
 
 /* A soft-cap key: absent keeps *out, else a finite number >= 0 (0 = none). */
@@ -257,7 +258,8 @@ static vki_status read_arch_extras(const gguf_file *f, const arch_def *a, model_
     hp->qk_norm = a->qk_norm;
     hp->resid_scale = hp->logit_scale = 1.0f;
     hp->nope_step = a->arch == MODEL_ARCH_SMOLLM3 ? 4 : 0; /* hard-coded in llama.cpp too */
-    if (a->arch == MODEL_ARCH_GRANITE && (st = read_granite(f, hp, err, n)) != VKI_OK)
+    bool granite = a->arch == MODEL_ARCH_GRANITE || a->arch == MODEL_ARCH_GRANITE_MOE;
+    if (granite && (st = read_granite(f, hp, err, n)) != VKI_OK)
         return st;
     hp->resid_eps = hp->rms_eps / (hp->resid_scale * hp->resid_scale);
     return VKI_OK;
@@ -268,7 +270,8 @@ static vki_status read_arch_extras(const gguf_file *f, const arch_def *a, model_
 static vki_status read_experts(const gguf_file *f, model_hparams *hp, char *err, size_t n)
 {
     vki_status st;
-    bool gpt_oss = hp->arch == MODEL_ARCH_GPT_OSS, moe_arch = hp->arch == MODEL_ARCH_QWEN3MOE || gpt_oss;
+    bool gpt_oss = hp->arch == MODEL_ARCH_GPT_OSS, granite = hp->arch == MODEL_ARCH_GRANITE_MOE;
+    bool moe_arch = hp->arch == MODEL_ARCH_QWEN3MOE || gpt_oss || granite;
     if ((st = get_u32(f, hp, "expert_count", moe_arch, &hp->n_expert, err, n)) ||
         (st = get_u32(f, hp, "expert_used_count", hp->n_expert > 0, &hp->n_expert_used, err, n)))
         return st;
@@ -278,7 +281,7 @@ static vki_status read_experts(const gguf_file *f, model_hparams *hp, char *err,
         return VKI_OK;
     if (hp->arch != MODEL_ARCH_LLAMA && !moe_arch)
         return fail(VKI_ERR_UNSUPPORTED, err, n, "%s with experts (expert_count %u) is not supported (qwen3moe, "
-                    "gpt-oss, llama / Mixtral)", hp->arch_name, hp->n_expert);
+                    "gpt-oss, granitemoe, llama / Mixtral)", hp->arch_name, hp->n_expert);
     if (hp->n_expert > VKI_MOE_MAX_EXPERTS)
         return fail(VKI_ERR_UNSUPPORTED, err, n, "%s.expert_count = %u: at most %u experts are supported", hp->arch_name,
                     hp->n_expert, VKI_MOE_MAX_EXPERTS);
@@ -288,9 +291,21 @@ static vki_status read_experts(const gguf_file *f, model_hparams *hp, char *err,
     if (hp->n_expert_used > VKI_MOE_MAX_USED)
         return fail(VKI_ERR_UNSUPPORTED, err, n, "%s.expert_used_count = %u: at most %u experts per token are "
                     "supported", hp->arch_name, hp->n_expert_used, VKI_MOE_MAX_USED);
-    hp->d_ff_exp = moe_arch ? hp->d_ff / hp->n_expert_used : hp->d_ff;
-    if (moe_arch && (st = get_u32(f, hp, "expert_feed_forward_length", false, &hp->d_ff_exp, err, n)))
+    /* granitemoe: feed_forward_length is the experts' (llama.cpp's n_ff), and the shared
+     * expert's length its own key */
+    bool by_used = moe_arch && !granite;
+    hp->d_ff_exp = by_used ? hp->d_ff / hp->n_expert_used : hp->d_ff;
+    if (by_used && (st = get_u32(f, hp, "expert_feed_forward_length", false, &hp->d_ff_exp, err, n)))
         return st;
+    uint32_t shexp = 0;
+    if (granite && (st = get_u32(f, hp, "expert_shared_feed_forward_length", false, &shexp, err, n)))
+        return st;
+    if (shexp > 1 << 20)
+        return fail(VKI_ERR_FORMAT, err, n, "%s.expert_shared_feed_forward_length = %u out of range", hp->arch_name,
+                    shexp);
+    hp->shared_expert = shexp > 0;
+    if (shexp)
+        hp->d_ff = shexp;
     if (!hp->d_ff_exp || hp->d_ff_exp > 1 << 20)
         return fail(VKI_ERR_FORMAT, err, n, "%s: expert feed-forward length %u out of range", hp->arch_name,
                     hp->d_ff_exp);
@@ -322,7 +337,7 @@ vki_status model_read_hparams(const gguf_file *f, model_hparams *hp, char *err, 
             a = &ARCHS[i];
     if (!a)
         return fail(VKI_ERR_UNSUPPORTED, err, n, "architecture '%.*s' is not supported (llama, qwen2, qwen3, qwen3moe, "
-                    "gemma2, gemma3, phi3, gpt-oss, granite, smollm3, olmo2)", (int)(arch.len > 32 ? 32 : arch.len), arch.ptr);
+                    "gemma2, gemma3, phi3, gpt-oss, granite, granitemoe, smollm3, olmo2)", (int)(arch.len > 32 ? 32 : arch.len), arch.ptr);
     hp->arch = a->arch;
     hp->rope_neox = a->neox;
     hp->rms_eps = a->rms_eps;
@@ -504,8 +519,24 @@ static vki_status find_layer(const gguf_file *f, const model_hparams *hp, uint32
     if (!hp->no_pre_norms) {
         T(ffn_norm, oss ? "post_attention_norm.weight" : "ffn_norm.weight", d, 0, true, false)
     }
+    if (hp->n_expert && (st = find_experts(f, hp, il, L, err, n)) != VKI_OK)
+        return st;
+    /* a shared expert's tensors nothing would run: refused, not ignored (a sigmoid-gated one,
+     * qwen2moe's ffn_gate_inp_shexp, is not supported either) */
+    static const char *const shexp[] = {"ffn_gate_shexp.weight", "ffn_gate_inp_shexp.weight"};
+    for (size_t i = hp->shared_expert; i < sizeof shexp / sizeof shexp[0]; i++) {
+        snprintf(name, sizeof name, "blk.%u.%s", il, shexp[i]);
+        if (gguf_find_tensor(f, name))
+            return fail(VKI_ERR_UNSUPPORTED, err, n, "tensor %s: %s", name, i ? "a gated shared expert is not "
+                        "supported" : "a shared expert without <arch>.expert_shared_feed_forward_length (granitemoe)");
+    }
+    if (hp->shared_expert) {
+        T(w_gate, "ffn_gate_shexp.weight", d, hp->d_ff, false, false)
+        T(w_up, "ffn_up_shexp.weight", d, hp->d_ff, false, false)
+        T(w_down, "ffn_down_shexp.weight", hp->d_ff, d, false, false)
+    }
     if (hp->n_expert)
-        return find_experts(f, hp, il, L, err, n);
+        return VKI_OK;
     T(w_gate, "ffn_gate.weight", d, hp->d_ff, false, fused_ffn)
     T(w_up, "ffn_up.weight", d, fused_ffn ? 2ull * hp->d_ff : hp->d_ff, false, false)
     T(w_down, "ffn_down.weight", hp->d_ff, d, false, false)

@@ -22,6 +22,9 @@ typedef enum model_arch {
     MODEL_ARCH_SMOLLM3 = 9,  /* Hugging Face SmolLM3: llama's block, every 4th layer without RoPE */
     MODEL_ARCH_OLMO2 = 10,   /* AI2 OLMo 2: norms after each block (none before), Q and K normed over
                                 their whole rows, NeoX RoPE */
+    MODEL_ARCH_GRANITE_MOE = 11, /* IBM Granite 3 MoE: granite's multipliers, experts in every layer
+                                    (softmax top-k, renormalised), with GraniteMoeShared's ungated
+                                    shared expert where expert_shared_feed_forward_length says */
 } model_arch;
 
 /* Layers of one attention kind share these (gemma: sliding-window layers and global ones). */
@@ -39,7 +42,8 @@ typedef struct model_hparams {
     uint32_t n_head;
     uint32_t n_head_kv;     /* GQA: n_head % n_head_kv == 0; MQA: 1 */
     uint32_t head_dim;      /* key/value length per head */
-    uint32_t d_ff;
+    uint32_t d_ff;          /* the dense FFN's length (w_gate / w_up / w_down); with experts, the
+                               shared expert's (granitemoe), else the file's feed_forward_length */
     uint32_t n_vocab;
     uint32_t n_ctx_train;   /* context length from metadata */
     uint32_t n_rot;         /* rotary dims per head (<= head_dim) */
@@ -99,6 +103,9 @@ typedef struct model_hparams {
                                chosen logits) */
     bool expert_bias;       /* gpt-oss: router and experts have biases (ffn_*.bias) */
     uint32_t expert_act;    /* the experts' gated unit: VKI_GLU_SILU, or VKI_GLU_SWIGLU_OAI (gpt-oss) */
+    bool shared_expert;     /* granitemoe with expert_shared_feed_forward_length: every token also
+                               runs a dense SwiGLU FFN of d_ff rows (w_gate / w_up / w_down, from
+                               ffn_*_shexp), added to the experts' weighted sum */
 } model_hparams;
 
 /* Whether layer il rotates Q and K (SmolLM3's NoPE layers do not). */
@@ -132,7 +139,8 @@ typedef struct model_layer_tensors {
     const gguf_tensor *w_up;               /* [d_model -> d_ff] (phi3: -> 2 d_ff, gate | up) */
     const gguf_tensor *w_down;             /* [d_ff -> d_model] */
     const gguf_tensor *post_ffn_norm;      /* f32 [d_model] (gemma) or NULL */
-    /* mixture of experts (hp.n_expert > 0; then w_gate / w_up / w_down are NULL): */
+    /* mixture of experts (hp.n_expert > 0; then w_gate / w_up / w_down are NULL, or the shared
+     * expert's ffn_gate_shexp / ffn_up_shexp / ffn_down_shexp with hp.shared_expert): */
     const gguf_tensor *ffn_gate_inp;       /* router [d_model -> n_expert] */
     const gguf_tensor *ffn_gate_exps;      /* ggml ne [d_model, d_ff_exp, n_expert]: expert e's gate
                                               is rows e * d_ff_exp .. of the [rows][d_model] view */

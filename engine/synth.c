@@ -180,6 +180,7 @@ static const synth_arch synth_archs[] = {
     {"qwen3moe", false, true, false, false, 0, 0, 0, false, false},
     {"gpt-oss", true, false, false, false, 128, 0, 0, true, false},
     {"granite", false, false, false, false, 0, 0, 0, false, false},
+    {"granitemoe", false, false, false, false, 0, 0, 0, false, false},
     {"smollm3", false, false, false, false, 0, 0, 0, false, false},
     {"olmo2", false, true, true, false, 0, 0, 0, false, true},
 };
@@ -200,8 +201,8 @@ vki_status synth_arch_defaults(synth_params *p)
     p->sliding_window = a->window;
     p->attn_softcap = a->attn_softcap;
     p->final_softcap = a->final_softcap;
-    if (!strcmp(a->name, "granite")) /* granite-3.1-2b's config.json: embedding, residual, attention
-                                        multipliers and logits_scaling */
+    if (!strncmp(a->name, "granite", 7)) /* granite-3.1-2b's config.json: embedding, residual,
+                                            attention multipliers and logits_scaling */
         p->embedding_scale = 12.0f, p->residual_scale = 0.22f, p->attention_scale = 0.015625f, p->logit_scale = 8.0f;
     return VKI_OK;
 }
@@ -239,7 +240,7 @@ static uint32_t llama_mix_type(const synth_params *p, uint32_t ftype, uint32_t t
         case FT_Q4_K_M: case FT_Q5_K_M: return more ? VKI_GGML_Q6_K : t;
         case FT_Q4_K_S: return il < 4 ? VKI_GGML_Q5_K : t;
         }
-    } else if (!strcmp(role, "ffn_down") || !strcmp(role, "ffn_down_exps")) { /* llama.cpp matches both */
+    } else if (!strncmp(role, "ffn_down", 8)) { /* llama.cpp matches ffn_down, _exps and _shexp */
         switch (ftype) {
         case FT_Q2_K: return VKI_GGML_Q3_K;
         case FT_Q2_K_S: return il < n / 8 ? VKI_GGML_Q4_K : t;
@@ -419,10 +420,16 @@ static void add_layer(synth_ctx *c, const synth_arch *a, int l)
         add_tensor(c, "post_attention_norm", l, "weight", 1, d, 1, SYNTH_INIT_NORM, 0.1f);
     if (!a->olmo)
         add_tensor(c, a->oss ? "post_attention_norm" : "ffn_norm", l, "weight", 1, d, 1, SYNTH_INIT_NORM, 0.1f);
-    if (p->n_expert) {
+    if (p->n_expert)
         add_experts(c, l, a->oss);
-        return;
+    if (p->n_expert && p->d_ff_shexp) { /* granitemoe's shared expert */
+        const uint64_t sh = p->d_ff_shexp;
+        add_tensor(c, "ffn_gate_shexp", l, "weight", 2, d, sh, SYNTH_INIT_WEIGHT, in_std);
+        add_tensor(c, "ffn_up_shexp", l, "weight", 2, d, sh, SYNTH_INIT_WEIGHT, in_std);
+        add_tensor(c, "ffn_down_shexp", l, "weight", 2, sh, d, SYNTH_INIT_WEIGHT, resid / sqrtf((float)sh));
     }
+    if (p->n_expert)
+        return;
     if (!a->fused)
         add_tensor(c, "ffn_gate", l, "weight", 2, d, p->d_ff, SYNTH_INIT_WEIGHT, in_std);
     add_tensor(c, "ffn_up", l, "weight", 2, d, a->fused ? 2ull * p->d_ff : p->d_ff, SYNTH_INIT_WEIGHT, in_std);
@@ -486,7 +493,7 @@ static vki_status validate(synth_ctx *c)
     const synth_params *p = c->p;
     if (!find_arch(p->arch))
         return synth_fail(c, VKI_ERR_INVALID_ARG, "arch '%s': llama, qwen2, qwen3, qwen3moe, gemma2, gemma3, phi3, "
-                          "gpt-oss, granite, smollm3 and olmo2 are written",
+                          "gpt-oss, granite, granitemoe, smollm3 and olmo2 are written",
                           p->arch ? p->arch : "(null)");
     if (p->n_layer < 1 || p->n_layer > SYNTH_MAX_LAYERS)
         return synth_fail(c, VKI_ERR_INVALID_ARG, "n_layer %u (allowed 1..%d)", p->n_layer, SYNTH_MAX_LAYERS);
@@ -519,15 +526,18 @@ static vki_status validate(synth_ctx *c)
         (!(p->yarn_factor >= 1) || !p->n_ctx_orig || !strcmp(p->arch, "phi3") || !strncmp(p->arch, "gemma", 5)))
         return synth_fail(c, VKI_ERR_INVALID_ARG, "YaRN: a factor >= 1 over an original context below the context, "
                           "and not phi3 (LongRoPE) or gemma");
-    bool moe_arch = !strcmp(p->arch, "qwen3moe") || !strcmp(p->arch, "gpt-oss");
+    bool moe_arch = !strcmp(p->arch, "qwen3moe") || !strcmp(p->arch, "gpt-oss") || !strcmp(p->arch, "granitemoe");
     if ((moe_arch && !p->n_expert) || (p->n_expert && strcmp(p->arch, "llama") && !moe_arch))
-        return synth_fail(c, VKI_ERR_INVALID_ARG, "experts: qwen3moe and gpt-oss need them (n_expert > 0); besides "
-                          "them only llama (Mixtral's layout) has them");
+        return synth_fail(c, VKI_ERR_INVALID_ARG, "experts: qwen3moe, gpt-oss and granitemoe need them (n_expert > "
+                          "0); besides them only llama (Mixtral's layout) has them");
+    if (p->d_ff_shexp && (strcmp(p->arch, "granitemoe") || !dim_ok(p->d_ff_shexp)))
+        return synth_fail(c, VKI_ERR_INVALID_ARG, "a shared expert (d_ff_shexp %u, 1..%u) is written for granitemoe "
+                          "only", p->d_ff_shexp, SYNTH_MAX_DIM);
     if (p->n_expert && (p->n_expert > 4096 || !p->n_expert_used || p->n_expert_used > p->n_expert ||
                         p->d_ff_exp > SYNTH_MAX_DIM))
         return synth_fail(c, VKI_ERR_INVALID_ARG, "experts: n_expert %u (<= 4096), n_expert_used %u must be in [1, "
                           "n_expert]", p->n_expert, p->n_expert_used);
-    if (!strcmp(p->arch, "granite") && (!(p->logit_scale > 0) || !(p->embedding_scale >= 0) ||
+    if (!strncmp(p->arch, "granite", 7) && (!(p->logit_scale > 0) || !(p->embedding_scale >= 0) ||
                                         !(p->residual_scale >= 0) || !(p->attention_scale >= 0)))
         return synth_fail(c, VKI_ERR_INVALID_ARG, "granite: logit_scale must be > 0, the other multipliers >= 0");
     if (!p->vocab_from && (p->n_vocab < SYNTH_BYTE_VOCAB || p->n_vocab > 4 * SYNTH_MAX_DIM))
@@ -698,8 +708,10 @@ static vki_status write_metadata(synth_ctx *c, gguf_writer *w)
         SET(gguf_w_set_u32, "%s.expert_used_count", p->n_expert_used);
         if (!strcmp(a, "qwen3moe") || !strcmp(a, "gpt-oss"))
             SET(gguf_w_set_u32, "%s.expert_feed_forward_length", p->d_ff_exp ? p->d_ff_exp : p->d_ff);
+        if (p->d_ff_shexp) /* convert_hf_to_gguf's GraniteMoeModel */
+            SET(gguf_w_set_u32, "%s.expert_shared_feed_forward_length", p->d_ff_shexp);
     }
-    if (!strcmp(a, "granite")) { /* convert_hf_to_gguf's GraniteModel */
+    if (!strncmp(a, "granite", 7)) { /* convert_hf_to_gguf's GraniteModel */
         if (p->embedding_scale > 0)
             SET(gguf_w_set_f32, "%s.embedding_scale", p->embedding_scale);
         if (p->residual_scale > 0)

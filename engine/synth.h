@@ -93,7 +93,9 @@ typedef struct synth_params {
     uint32_t n_expert;      /* expert_count: ffn_gate_inp + stacked ffn_{gate,up,down}_exps; 0 = dense */
     uint32_t n_expert_used; /* expert_used_count (top-k), 1..n_expert */
     uint32_t d_ff_exp;      /* qwen3moe expert_feed_forward_length (d_ff is then the unused dense
-                               length, as the converter writes it); 0 = d_ff. Mixtral: d_ff */
+                               length, as the converter writes it); 0 = d_ff. Mixtral, granitemoe: d_ff */
+    uint32_t d_ff_shexp;    /* granitemoe: expert_shared_feed_forward_length and ffn_*_shexp, a
+                               shared expert (GraniteMoeShared); 0 = none */
     uint32_t n_threads;     /* workers generating and encoding weights; 0: one per online CPU.
                                The file is byte-identical for any count */
     /* Optional: notes (type fallbacks) and progress lines; msg has no newline. */

@@ -659,6 +659,16 @@ static void test_fusion_bitwise(void **state)
     write_synth("fusion gpt-oss", &p, path, sizeof path);
     fusion_case(g, path, VKI_GGML_F32, "gpt-oss q8_0 (biases, sinks)");
     unlink(path);
+    /* granitemoe's shared expert after the experts: its down projection fuses the next norm */
+    p = synth_default_params();
+    p.arch = "granitemoe";
+    assert_int_equal(synth_arch_defaults(&p), VKI_OK);
+    p.n_layer = 2, p.d_model = 256, p.n_head = 8, p.n_head_kv = 4, p.head_dim = 64;
+    p.n_expert = 8, p.n_expert_used = 2, p.d_ff = 128, p.d_ff_shexp = 192, p.n_vocab = 512, p.n_ctx = 4096;
+    p.wtype = SYNTH_Q4_K_M, p.seed = 12;
+    write_synth("fusion granitemoe", &p, path, sizeof path);
+    fusion_case(g, path, VKI_GGML_F32, "granitemoe shared q4_k_m");
+    unlink(path);
     vt_assert_clean(g);
 }
 
@@ -1813,23 +1823,34 @@ typedef struct moe_case {
     uint32_t kv_type, gemv_max_m, chunk;
     bool coopmat;             /* the emulated cooperative-matrix path (matmul_cme_id) */
     double tol;
+    uint32_t ff_shexp;        /* granitemoe: a shared expert of this length (0: none) */
 } moe_case;
 
 static const moe_case MOE_CASES[] = {
-    /* label                   arch        H  KV hd   ff   E   k  weights       kv            gemv chunk cm  tol */
-    {"qwen3moe e32k4 f32",    "qwen3moe", 8, 1, 128, 96,  32, 4, SYNTH_F32,    VKI_GGML_F32, 0, 7,  false, TOL_F32},
-    {"qwen3moe q4_k_m gemm",  "qwen3moe", 8, 1, 128, 256, 32, 4, SYNTH_Q4_K_M, VKI_GGML_F32, 1, 40, false, TOL_F32},
-    {"mixtral e8k2 q8_0",     "llama",    8, 2, 64,  512, 8,  2, SYNTH_Q8_0,   VKI_GGML_F32, 0, 7,  false, TOL_F32},
-    {"mixtral q4_0 gemm f16kv", "llama",  8, 2, 64,  512, 8,  2, SYNTH_Q4_0,   VKI_GGML_F16, 1, 40, false, TOL_F16KV},
-    {"qwen3moe iq4_xs cme",   "qwen3moe", 8, 1, 128, 256, 16, 4, SYNTH_IQ4_XS, VKI_GGML_F32, 1, 40, true,  TOL_CM},
+    /* label                   arch        H  KV hd   ff   E   k  weights       kv            gemv chunk cm  tol
+     * shared ff */
+    {"qwen3moe e32k4 f32",    "qwen3moe", 8, 1, 128, 96,  32, 4, SYNTH_F32,    VKI_GGML_F32, 0, 7,  false, TOL_F32, 0},
+    {"qwen3moe q4_k_m gemm",  "qwen3moe", 8, 1, 128, 256, 32, 4, SYNTH_Q4_K_M, VKI_GGML_F32, 1, 40, false, TOL_F32, 0},
+    {"mixtral e8k2 q8_0",     "llama",    8, 2, 64,  512, 8,  2, SYNTH_Q8_0,   VKI_GGML_F32, 0, 7,  false, TOL_F32, 0},
+    {"mixtral q4_0 gemm f16kv", "llama",  8, 2, 64,  512, 8,  2, SYNTH_Q4_0,   VKI_GGML_F16, 1, 40, false, TOL_F16KV, 0},
+    {"qwen3moe iq4_xs cme",   "qwen3moe", 8, 1, 128, 256, 16, 4, SYNTH_IQ4_XS, VKI_GGML_F32, 1, 40, true,  TOL_CM, 0},
     /* llama-quantize's MXFP4_MOE: MXFP4 experts (gpt-oss's format), Q8_0 elsewhere */
-    {"qwen3moe mxfp4_moe gemm", "qwen3moe", 8, 1, 128, 256, 32, 4, SYNTH_MXFP4_MOE, VKI_GGML_F32, 1, 40, false, TOL_F32},
+    {"qwen3moe mxfp4_moe gemm", "qwen3moe", 8, 1, 128, 256, 32, 4, SYNTH_MXFP4_MOE, VKI_GGML_F32, 1, 40, false,
+     TOL_F32, 0},
     /* gpt-oss (its head dim 64; GQA 4:1 here, 8:1 in gpt-oss-20b): sink logits, Q/K/V/O biases,
      * router and expert biases, swiglu_oai, YaRN, a window of 16 on layer 0 (write_moe_model) */
-    {"gpt-oss e32k4 f32",     "gpt-oss",  8, 2, 64,  128, 32, 4, SYNTH_F32,    VKI_GGML_F32, 0, 7,  false, TOL_F32},
+    {"gpt-oss e32k4 f32",     "gpt-oss",  8, 2, 64,  128, 32, 4, SYNTH_F32,    VKI_GGML_F32, 0, 7,  false, TOL_F32, 0},
     {"gpt-oss mxfp4_moe gemm f16kv", "gpt-oss", 8, 2, 64, 256, 32, 4, SYNTH_MXFP4_MOE, VKI_GGML_F16, 1, 40, false,
-     TOL_F16KV},
-    {"gpt-oss q8_0 cme",      "gpt-oss",  8, 2, 64,  256, 16, 4, SYNTH_Q8_0,   VKI_GGML_F32, 1, 40, true,  TOL_CM},
+     TOL_F16KV, 0},
+    {"gpt-oss q8_0 cme",      "gpt-oss",  8, 2, 64,  256, 16, 4, SYNTH_Q8_0,   VKI_GGML_F32, 1, 40, true,  TOL_CM, 0},
+    /* granitemoe (granite-3.1-1b-a400m: 32 experts of 512 using 8, hd 64, GQA 2:1; here 16 of
+     * 128 using 4): granite's multipliers; GraniteMoeShared's shared expert (it reads the int8 /
+     * F16 copies of h the experts read; its down projection writes the next layer's norm) */
+    {"granitemoe e16k4 q8_0", "granitemoe", 8, 4, 64, 128, 16, 4, SYNTH_Q8_0, VKI_GGML_F32, 0, 7, false, TOL_F32, 0},
+    {"granitemoe shared q4_k_m gemm", "granitemoe", 8, 4, 64, 128, 16, 4, SYNTH_Q4_K_M, VKI_GGML_F32, 1, 40, false,
+     TOL_F32, 192},
+    {"granitemoe shared q8_0 cme", "granitemoe", 8, 4, 64, 128, 16, 4, SYNTH_Q8_0, VKI_GGML_F32, 1, 40, true, TOL_CM,
+     256},
 };
 /* Measured worst logits NMSE: 5e-13 (F32 KV), 1.8e-9 (F16 KV), 2.5e-6 (emulated tensor cores). */
 
@@ -1899,7 +1920,11 @@ static void write_moe_model(const moe_case *c, char *path, size_t n)
     p.n_layer = 2, p.d_model = 256, p.n_head = c->n_head, p.n_head_kv = c->n_kv, p.head_dim = c->head_dim;
     p.n_expert = c->n_expert, p.n_expert_used = c->n_used;
     p.d_ff = c->ff_exp, p.d_ff_exp = strcmp(c->arch, "llama") ? c->ff_exp : 0;
-    p.wtype = c->wtype, p.n_vocab = 512, p.n_ctx = 4096, p.seed = 77;
+    p.wtype = c->wtype, p.n_vocab = 512, p.n_ctx = 4096, p.seed = 77, p.d_ff_shexp = c->ff_shexp;
+    if (!strcmp(c->arch, "granitemoe")) {
+        assert_int_equal(synth_arch_defaults(&p), VKI_OK); /* Granite 3's multipliers */
+        p.d_ff_exp = 0;
+    }
     if (!strcmp(c->arch, "qwen3moe"))
         p.rope_base = 1000000.0f, p.rms_eps = 1e-6f;
     if (!strcmp(c->arch, "gpt-oss")) /* its base and YaRN; a window the prompts pass (layer 0 slides) */
@@ -1952,10 +1977,14 @@ static void test_moe_int_dot(void **state)
     vt_rng r = vt_rng_seeded("engine moe int dot");
     /* 8 experts, 2 per token: routing gaps below ROUTE_MARGIN_I8 are common there (MOE_DRAWS_I8) */
     static const moe_case cases[] = {
-        {"qwen3moe e8k2 q4_k_m", "qwen3moe", 8, 1, 128, 256, 8, 2, SYNTH_Q4_K_M, VKI_GGML_F32, 0, 40, false, TOL_F32},
-        {"mixtral e8k2 q8_0", "llama", 8, 2, 64, 512, 8, 2, SYNTH_Q8_0, VKI_GGML_F32, 0, 40, false, TOL_F32},
+        {"qwen3moe e8k2 q4_k_m", "qwen3moe", 8, 1, 128, 256, 8, 2, SYNTH_Q4_K_M, VKI_GGML_F32, 0, 40, false, TOL_F32, 0},
+        {"mixtral e8k2 q8_0", "llama", 8, 2, 64, 512, 8, 2, SYNTH_Q8_0, VKI_GGML_F32, 0, 40, false, TOL_F32, 0},
         {"qwen3moe e8k2 mxfp4_moe", "qwen3moe", 8, 1, 128, 256, 8, 2, SYNTH_MXFP4_MOE, VKI_GGML_F32, 0, 40, false,
-         TOL_F32},
+         TOL_F32, 0},
+        /* the shared expert's gate|up on the int8 rows of h the experts read, its down on the
+         * gated unit's own int8 copy: no dispatch more */
+        {"granitemoe shared e8k2 q8_0", "granitemoe", 8, 4, 64, 128, 8, 2, SYNTH_Q8_0, VKI_GGML_F32, 0, 40, false,
+         TOL_F32, 192},
     };
     for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
         moe_case c = cases[ci];

@@ -1010,6 +1010,8 @@ static void arch_model(const char *arch, const char *path)
     assert_int_equal(synth_arch_defaults(&p), VKI_OK);
     p.n_layer = 1, p.d_model = 64, p.n_head = 2, p.n_head_kv = 1, p.head_dim = 32, p.d_ff = 96;
     p.n_ctx_orig = !strcmp(arch, "phi3") ? 128 : 0;
+    if (!strcmp(arch, "granitemoe")) /* GraniteMoeShared */
+        p.n_expert = 4, p.n_expert_used = 2, p.d_ff_shexp = 48;
     char err[256];
     if (synth_write(&p, path, err, sizeof err) != VKI_OK)
         fail_msg("synth_write %s: %s", arch, err);
@@ -1053,9 +1055,19 @@ static void test_model_meta_archs(void **state)
 {
     (void)state;
     const gguf_edit none = {GGUF_EDIT_DROP_KEY, "no.such.key", 0, 0, 0, 0, NULL};
-    const char *archs[] = {"qwen3", "gemma2", "gemma3", "phi3"};
-    for (int i = 0; i < 4; i++)
+    const char *archs[] = {"qwen3", "gemma2", "gemma3", "phi3", "granitemoe"};
+    for (int i = 0; i < 5; i++)
         expect_model(archs[i], &none, 1, VKI_OK, NULL);
+    EXPECT("granitemoe", VKI_ERR_FORMAT, "missing tensor blk.0.ffn_down_shexp.weight",
+           {GGUF_EDIT_DROP_TENSOR, "blk.0.ffn_down_shexp.weight", 0, 0, 0, 0, NULL});
+    EXPECT("granitemoe", VKI_ERR_FORMAT, "tensor blk.0.ffn_up_shexp.weight has shape [64, 96], expected [64, 48]",
+           {GGUF_EDIT_SHAPE, "blk.0.ffn_up_shexp.weight", 64, 96, 0, 0, NULL});
+    EXPECT("granitemoe", VKI_ERR_UNSUPPORTED, "blk.0.ffn_gate_shexp.weight: a shared expert without",
+           {GGUF_EDIT_DROP_KEY, "granitemoe.expert_shared_feed_forward_length", 0, 0, 0, 0, NULL});
+    EXPECT("granitemoe", VKI_ERR_FORMAT, "granitemoe.expert_count is 0",
+           {GGUF_EDIT_U32, "granitemoe.expert_count", 0, 0, 0, 0, NULL});
+    EXPECT("granitemoe", VKI_ERR_FORMAT, "missing metadata key granitemoe.logit_scale",
+           {GGUF_EDIT_DROP_KEY, "granitemoe.logit_scale", 0, 0, 0, 0, NULL});
     EXPECT("gemma2", VKI_ERR_FORMAT, "missing tensor blk.0.post_attention_norm.weight",
            {GGUF_EDIT_DROP_TENSOR, "blk.0.post_attention_norm.weight", 0, 0, 0, 0, NULL});
     EXPECT("gemma3", VKI_ERR_FORMAT, "missing tensor blk.0.post_ffw_norm.weight",

@@ -38,6 +38,7 @@ static void usage(FILE *o)
                "  --arch A            llama, qwen2 (Q/K/V biases), qwen3 (Q/K norms), qwen3moe (+ experts),\n"
                "                      gemma2, gemma3, phi3 (fused QKV and gate|up), gpt-oss (experts with\n"
                "                      biases, sink logits, window 128), granite (Granite 3's multipliers),\n"
+               "                      granitemoe (granite + experts),\n"
                "                      smollm3 (no RoPE on every 4th layer), olmo2 (post-norms only);\n"
                "                      sets the arch's window, soft-caps and multipliers\n"
                "  --layers N          transformer blocks\n"
@@ -69,10 +70,11 @@ static void usage(FILE *o)
                "  --yarn F            rope.scaling.type yarn, factor F (>= 1) over --ctx-orig (Qwen's\n"
                "                      long-context files; not phi3 or gemma)\n"
                "  --rope-dims N       rotated dims per head (even, <= head dim; Phi-4-mini: 96 of 128)\n"
-               "  --experts N         mixture of experts: N experts per layer (qwen3moe, gpt-oss need it; with\n"
-               "                      --arch llama: Mixtral's layout), ffn_gate_inp + ffn_*_exps\n"
+               "  --experts N         mixture of experts: N experts per layer (qwen3moe, gpt-oss, granitemoe need\n"
+               "                      it; with --arch llama: Mixtral's layout), ffn_gate_inp + ffn_*_exps\n"
                "  --experts-used K    experts per token (top-k)\n"
                "  --expert-ff F       qwen3moe, gpt-oss: each expert's feed-forward length (default --ff)\n"
+               "  --shared-ff F       granitemoe: a shared expert of F rows (GraniteMoeShared)\n"
                "  --threads N         workers generating and encoding weights (default: one per CPU;\n"
                "                      the file is the same for any N)\n");
 }
@@ -153,6 +155,7 @@ static bool apply(synth_params *p, const char *opt, const char *val)
                     : !strcmp(opt, "--experts") ? &p->n_expert
                     : !strcmp(opt, "--experts-used") ? &p->n_expert_used
                     : !strcmp(opt, "--expert-ff") ? &p->d_ff_exp
+                    : !strcmp(opt, "--shared-ff") ? &p->d_ff_shexp
                     : !strcmp(opt, "--threads")  ? &p->n_threads
                                                  : NULL;
     if (!dst) {

@@ -110,8 +110,9 @@ static bool load_layer(const model_hparams *hp, const model_layer_tensors *L, re
         (L->ffn_gate_exps_b && !R->gate_exps_b) || (L->ffn_up_exps_b && !R->up_exps_b) ||
         (L->ffn_down_exps_b && !R->down_exps_b))
         return false;
-    bool ffn = hp->n_expert ? R->router && R->gate_exps && R->up_exps && R->down_exps
-                            : R->w_gate && R->w_up && R->w_down;
+    bool dense = R->w_gate && R->w_up && R->w_down;
+    bool ffn = hp->n_expert ? R->router && R->gate_exps && R->up_exps && R->down_exps && (!L->w_down || dense)
+                            : dense;
     bool pre = hp->no_pre_norms || (R->attn_norm && R->ffn_norm);
     return pre && R->wq && R->wk && R->wv && R->wo && ffn && (!L->q_norm || R->q_norm) &&
            (!L->post_attn_norm || R->post_attn_norm);
@@ -458,7 +459,8 @@ static void ffn_block(ref_model *m, ref_scratch *s, uint32_t il)
         moe_ffn(m, s, L);
         for (uint32_t i = 0; i < d; i++)
             s->x[i] += hp->resid_scale * s->o[i]; /* granite's residual_scale (1 elsewhere) */
-        return;
+        if (!L->w_down) /* else granitemoe's shared expert, from the same input */
+            return;
     }
     matvec(s->g, L->w_gate, s->xb, NULL, hp->d_ff, d);
     matvec(s->u, L->w_up, s->xb, NULL, hp->d_ff, d);
@@ -529,7 +531,8 @@ static vki_status run(ref_model *m, const int32_t *tokens, uint32_t n, bool all,
         memcpy(s.x, m->tok_embd + (size_t)tokens[pos] * d, d * sizeof(float));
         /* gemma: ggml_scale by sqrtf(n_embd); granite: by embedding_scale (the engine's embd_mul
          * also divides by residual_scale, which this reference applies to each block instead) */
-        float embd = hp->arch == MODEL_ARCH_GRANITE ? hp->embd_mul * hp->resid_scale : hp->embd_mul;
+        bool granite = hp->arch == MODEL_ARCH_GRANITE || hp->arch == MODEL_ARCH_GRANITE_MOE;
+        float embd = granite ? hp->embd_mul * hp->resid_scale : hp->embd_mul;
         for (uint32_t i = 0; embd != 1.0f && i < d; i++)
             s.x[i] *= embd;
         for (uint32_t il = 0; il < hp->n_layer; il++) {
