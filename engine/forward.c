@@ -133,8 +133,8 @@ static const vkd_view *bias_view(const vk_tensor *b, vkd_view *tmp)
 /* x = x + o: the block's output projection (o = in W^T (+ bias: gpt-oss's attn_output.bias, or
  * NULL), in: [T][in_stride]) added to the residual stream by the matmul itself, or, where a norm
  * comes between (gemma's post-norms) or with no_fusion, through s->h, [the norm] and an add. With
- * next_norm (the next block's input norm), one token and no bias (op_matmul_norm has none), the
- * projection's last workgroup also writes h = rmsnorm(x) * next_norm
+ * next_norm (the next block's input norm) and one token, the projection's last workgroup also
+ * writes h = rmsnorm(x) * next_norm
  * (op_matmul_norm) and *normed tells the next block to skip its norm; when that block's products
  * take the integer-dot path (next_i8) the same workgroup quantises h into s->xq too
  * (e->xq_of_h). On the integer-dot path (int_dot) `in` is quantised first into s->xq (x_roles[0])
@@ -161,14 +161,14 @@ static vki_status project_residual(vk_engine *e, const vk_tensor *w, const vk_te
     const vkd_view *b = bias_view(bias, &bt);
     vkd_role(c, mm_role);
     if (!hp->post_norms && !e->p.no_fusion) {
-        if (next_norm && T == 1 && !b && op_matmul_norm_fits(e->dev, w)) {
+        if (next_norm && T == 1 && op_matmul_norm_fits(e->dev, w)) {
             op_mm_norm n = {vkd_whole(next_norm->parts[0].buf), vkd_whole(s->h), vkd_whole(s->mm_cnt), hp->resid_eps,
                             .xq = next_i8 && d % 32 == 0 ? vkd_whole(s->xq) : (vkd_view){0}};
             if (i8) {
-                op_mm_i8 o = {.accumulate = true, .norm = &n};
+                op_mm_i8 o = {.bias = b, .accumulate = true, .norm = &n};
                 TRY(op_matmul_i8(c, w, vkd_whole(xq), vkd_whole(s->x), d, 1, &o));
             } else {
-                TRY(op_matmul_norm(c, w, in, vkd_whole(s->x), &n));
+                TRY(op_matmul_norm(c, w, b, in, vkd_whole(s->x), &n));
             }
             *normed = true;
             e->xq_of_h = n.xq.buf != NULL;

@@ -786,20 +786,22 @@ bool op_matmul_norm_fits(const vkd_device *d, const vk_tensor *w)
 
 /* The float matrix-vector product of one token with a norm epilogue (flags: the residual norm's
  * or the heads'), its views checked by the caller. */
-static vki_status matvec_normed(vkd_cmd *c, const vk_tensor *w, const mm_type *t, vkd_view x, vkd_view y,
-                                uint32_t flags, const op_mm_norm *n, uint32_t norm_cols)
+static vki_status matvec_normed(vkd_cmd *c, const vk_tensor *w, const mm_type *t, const vkd_view *bias, vkd_view x,
+                                vkd_view y, uint32_t flags, const op_mm_norm *n, uint32_t norm_cols)
 {
     const uint32_t K = (uint32_t)w->ne0, N = (uint32_t)w->n_rows;
     uint32_t spec[VKK_MAX_SPEC];
     matvec_spec(c->d, 1, spec);
     mv_x_vec4(spec, &x, K);
     vki_pc_matmul pc = {.M = 1, .N = N, .K = K, .x_stride = K, .y_stride = N, .w_stride = (uint32_t)w->row_bytes,
-                        .flags = flags, .x_vec4 = x_vec4(&x, K), .norm_eps = n->eps, .norm_cols = norm_cols};
-    vkd_view bind[4] = {vkd_whole(w->parts[0].buf), x, x, y};
+                        .flags = flags | (bias ? VKI_MM_BIAS : 0u), .x_vec4 = x_vec4(&x, K), .norm_eps = n->eps,
+                        .norm_cols = norm_cols};
+    vkd_view bind[4] = {vkd_whole(w->parts[0].buf), x, bias ? *bias : x, y};
     return matmul_part(c, t->matvec, spec, spec[1], 1, bind, pc, n, NULL);
 }
 
-vki_status op_matmul_norm(vkd_cmd *c, const vk_tensor *w, vkd_view x, vkd_view y, const op_mm_norm *n)
+vki_status op_matmul_norm(vkd_cmd *c, const vk_tensor *w, const vkd_view *bias, vkd_view x, vkd_view y,
+                          const op_mm_norm *n)
 {
     vkd_device *d = c->d;
     const mm_type *t;
@@ -810,7 +812,9 @@ vki_status op_matmul_norm(vkd_cmd *c, const vk_tensor *w, vkd_view x, vkd_view y
     if (!norm_fits(d, w, n))
         return bad_arg(d, "matmul_norm", w, "needs one part in one dispatch, N norm weights and H floats, a "
                        "counter, eps >= 0 (and for HQ N % 32 == 0 and its bytes)");
-    return matvec_normed(c, w, t, x, y, VKI_MM_ACCUM | norm_flags(n), n, 0);
+    if (bias && !view_holds(bias, 1, N, N, 4))
+        return bad_arg(d, "matmul_norm", w, "bias view holds fewer than N floats");
+    return matvec_normed(c, w, t, bias, x, y, VKI_MM_ACCUM | norm_flags(n), n, 0);
 }
 
 bool op_matmul_head_norm_fits(const vkd_device *d, const vk_tensor *w, uint32_t head_dim)
@@ -844,7 +848,7 @@ vki_status op_matmul_head_norm(vkd_cmd *c, const vk_tensor *w, vkd_view x, vkd_v
     op_mm_norm as;
     if (!head_norm_ok(d, w, n, y, &as))
         return bad_arg(d, "matmul_head_norm", w, HEAD_NORM_MSG);
-    return matvec_normed(c, w, t, x, y, VKI_MM_HEAD_NORM, &as, n->head_dim);
+    return matvec_normed(c, w, t, NULL, x, y, VKI_MM_HEAD_NORM, &as, n->head_dim);
 }
 
 vki_status op_matmul(vkd_cmd *c, const vk_tensor *w, const vkd_view *bias, vkd_view x, uint32_t x_stride,
@@ -983,7 +987,7 @@ vki_status op_matmul_i8(vkd_cmd *c, const vk_tensor *w, vkd_view xq, vkd_view y,
                                  (o->head_norm ? VKI_MM_HEAD_NORM : 0u),
                         .norm_eps = norm ? norm->eps : 0.0f, .norm_cols = o->head_norm ? o->head_norm->head_dim : 0};
     if (o->glu || norm) { /* one part */
-        vkd_view bind[4] = {vkd_whole(w->parts[0].buf), xq, xq, y};
+        vkd_view bind[4] = {vkd_whole(w->parts[0].buf), xq, o->bias ? *o->bias : xq, y};
         return matmul_part(c, kid, spec, o->glu ? spec[1] / 2 : spec[1], matvec_rows_per_group(spec), bind, pc,
                            norm, o->glu_xq);
     }

@@ -118,7 +118,8 @@ struct op_mm_glu_xq {
 bool op_matmul_glu_xq_fits(const vkd_device *d, const vk_tensor *w);
 
 /* The residual projection of one token that also normalises the result for the next block
- * (decode, batch 1): Y = Y + x W^T (as op_matmul_ex with accumulate), then
+ * (decode, batch 1): Y = Y + x W^T (+ bias, f32[N], or NULL; as op_matmul_ex with accumulate),
+ * then
  *   H[n] = Y[n] / sqrt(mean(Y^2) + eps) * weight[n]
  * written by the last of the matrix-vector workgroups, bit for bit what op_rmsnorm gives on
  * the device (the same reduction, shaders/norm_common.glsl), without the norm's dispatch and
@@ -132,7 +133,8 @@ typedef struct op_mm_norm {
     vkd_view xq;            /* op_quant_x8_bytes(1, N) bytes, or .buf NULL: none */
 } op_mm_norm;
 bool op_matmul_norm_fits(const vkd_device *d, const vk_tensor *w);
-vki_status op_matmul_norm(vkd_cmd *c, const vk_tensor *w, vkd_view x, vkd_view y, const op_mm_norm *n);
+vki_status op_matmul_norm(vkd_cmd *c, const vk_tensor *w, const vkd_view *bias, vkd_view x, vkd_view y,
+                          const op_mm_norm *n);
 
 /* The projection of one token that also normalises each head of its output in place (qwen3's
  * and gemma3's per-head Q and K norms, decode at batch 1): Y = x W^T, then for every slice of
@@ -163,7 +165,8 @@ vki_status op_matmul_head_norm(vkd_cmd *c, const vk_tensor *w, vkd_view x, vkd_v
  *                 (M and K = w->ne0 those of its op_quant_x8: the scales follow all M rows'
  *                 bytes), the matrix-vector kernel's shape for M rows;
  *                 with o->glu the gate|up pass of op_matmul_glu (w: [gate | up], one part,
- *                 N = w->n_rows / 2), with o->norm op_matmul_norm's epilogue (M = 1, accumulate),
+ *                 N = w->n_rows / 2), with o->norm op_matmul_norm's epilogue (M = 1, accumulate,
+ *                 after the bias if any),
  *                 with o->head_norm op_matmul_head_norm's.
  * Weight types: every integer one (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K..Q6_K, IQ4_NL, IQ4_XS, MXFP4);
  * the device needs shaderIntegerDotProduct (Vulkan 1.3). VKI_ERR_UNSUPPORTED otherwise (op_matmul_i8_supported). */

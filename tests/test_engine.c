@@ -650,8 +650,8 @@ static void test_fusion_bitwise(void **state)
         fusion_case(g, path, VKI_GGML_F32, ARCH_CASES[archs[i]].label);
         unlink(path);
     }
-    /* gpt-oss: the output bias (the residual projection keeps its bias and leaves the next norm
-     * to its own pass), sink logits in the fused decode attention, expert biases */
+    /* gpt-oss: the output bias (added by the residual projection before its norm epilogue in
+     * decode), sink logits in the fused decode attention, expert biases */
     p = synth_default_params();
     p.arch = "gpt-oss", p.n_layer = 2, p.d_model = 256, p.n_head = 8, p.n_head_kv = 2, p.head_dim = 64;
     p.n_expert = 8, p.n_expert_used = 2, p.d_ff = p.d_ff_exp = 128, p.n_vocab = 512, p.n_ctx = 4096;

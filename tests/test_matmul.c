@@ -1282,24 +1282,29 @@ static int matvec_overrides_reset(void **state)
 }
 
 /* The projection that also norms (op_matmul_norm, decode at batch 1): twice in a row (the
- * counter must come back to zero), Y and H bit for bit what op_matmul_ex (accumulate) followed
- * by op_rmsnorm give, for every type, awkward N and K, on lavapipe's and NVIDIA's matvec and
+ * counter must come back to zero), Y and H bit for bit what op_matmul_ex (accumulate, and a
+ * bias on every other case) followed by op_rmsnorm give, for every type, awkward N and K, on lavapipe's and NVIDIA's matvec and
  * rmsnorm workgroup sizes; H also against a double-precision reference. Where N % 32 == 0 the
  * epilogue also quantises H (xq), byte for byte what op_quant_x8 writes from op_rmsnorm's H. */
 static double worst_norm;
 #define NORM_TOL 1e-14 /* squared error over the squared term magnitudes; measured on lavapipe: 5.5e-17 */
 
-static void norm_case(vt_gpu *g, vt_rng *r, uint32_t type, uint32_t N, uint32_t K, double err[2])
+static void norm_case(vt_gpu *g, vt_rng *r, uint32_t type, uint32_t N, uint32_t K, bool with_bias, double err[2])
 {
     float *wref = malloc((size_t)N * K * sizeof(float)), *x = malloc((size_t)K * 4), *y0 = malloc((size_t)N * 4);
-    float *nw = malloc((size_t)N * 4);
+    float *nw = malloc((size_t)N * 4), *bias = malloc((size_t)N * 4);
     uint8_t *raw = make_weights(r, type, N, K, wref);
     vk_tensor t = upload_weights(g, type, N, K, raw, 1);
     vt_fill_uniform(r, x, K, -1.0f, 1.0f);
     vt_fill_uniform(r, y0, N, -2.0f, 2.0f);
     vt_fill_uniform(r, nw, N, 0.5f, 1.5f);
+    vt_fill_uniform(r, bias, N, -0.5f, 0.5f);
+    if (!with_bias)
+        memset(bias, 0, (size_t)N * 4);
     const float eps = 1e-5f;
     vkd_buffer *bx = vt_buf_from(g, x, (size_t)K * 4, "x"), *bw = vt_buf_from(g, nw, (size_t)N * 4, "norm w");
+    vkd_buffer *bb = vt_buf_from(g, bias, (size_t)N * 4, "bias");
+    const vkd_view bv = vkd_whole(bb), *b = with_bias ? &bv : NULL;
     vkd_buffer *by[2] = {vt_buf_from(g, y0, (size_t)N * 4, "y fused"), vt_buf_from(g, y0, (size_t)N * 4, "y apart")};
     vkd_buffer *bh[2] = {vt_buf_nan(g, (size_t)N * 4, "h fused"), vt_buf_nan(g, (size_t)N * 4, "h apart")};
     uint32_t zero = 0;
@@ -1311,8 +1316,8 @@ static void norm_case(vt_gpu *g, vt_rng *r, uint32_t type, uint32_t N, uint32_t 
     op_mm_norm n = {vkd_whole(bw), vkd_whole(bh[0]), vkd_whole(bc), eps, .xq = q ? vkd_whole(bq[0]) : (vkd_view){0}};
     vt_begin(g);
     for (int rep = 0; rep < 2; rep++) {
-        assert_int_equal(op_matmul_norm(&g->cmd, &t, vkd_whole(bx), vkd_whole(by[0]), &n), VKI_OK);
-        assert_int_equal(op_matmul_ex(&g->cmd, &t, NULL, vkd_whole(bx), K, vkd_whole(by[1]), N, 1, OP_MM_GEMV, true),
+        assert_int_equal(op_matmul_norm(&g->cmd, &t, b, vkd_whole(bx), vkd_whole(by[0]), &n), VKI_OK);
+        assert_int_equal(op_matmul_ex(&g->cmd, &t, b, vkd_whole(bx), K, vkd_whole(by[1]), N, 1, OP_MM_GEMV, true),
                          VKI_OK);
         vkd_barrier(&g->cmd);
         assert_int_equal(op_rmsnorm(&g->cmd, op_mat_rows(by[1], N), vkd_whole(bw), op_mat_rows(bh[1], N), 1, N, eps),
@@ -1338,14 +1343,15 @@ static void norm_case(vt_gpu *g, vt_rng *r, uint32_t type, uint32_t N, uint32_t 
         vt_download(g, bh[i], h[i], (size_t)N * 4);
     }
     char label[96];
-    snprintf(label, sizeof label, "norm epilogue %s N=%u K=%u", quant_get(type)->name, N, K);
+    snprintf(label, sizeof label, "norm epilogue %s N=%u K=%u%s", quant_get(type)->name, N, K,
+             with_bias ? " + bias" : "");
     if (memcmp(y[0], y[1], (size_t)N * 4))
         fail_msg("%s: Y differs from op_matmul_ex (NMSE %.3g)", label, vt_nmse(y[0], y[1], N));
     if (memcmp(h[0], h[1], (size_t)N * 4))
         fail_msg("%s: H differs from op_rmsnorm (NMSE %.3g)", label, vt_nmse(h[0], h[1], N));
     vt_download(g, bc, &zero, 4);
     assert_int_equal(zero, 0);
-    /* reference: y0 + 2 x W^T, then the norm. The error is judged against the magnitude of
+    /* reference: y0 + 2 (x W^T + bias), then the norm. The error is judged against the magnitude of
      * y's terms carried through the norm (mag * inv * nw), not against H itself: where a few
      * outputs cancel (N = 1, 7), H's relative error is y's, which float sums cannot bound
      * (seed 30010732301839: 8.6e-12 relative to H, a q6_k case of one output) */
@@ -1356,8 +1362,8 @@ static void norm_case(vt_gpu *g, vt_rng *r, uint32_t type, uint32_t N, uint32_t 
             a += (double)x[k] * wref[(size_t)i * K + k];
             m += fabs((double)x[k] * wref[(size_t)i * K + k]);
         }
-        yr[i] = (double)y0[i] + 2 * a;
-        mag[i] = fabs((double)y0[i]) + 2 * m;
+        yr[i] = (double)y0[i] + 2 * (a + bias[i]);
+        mag[i] = fabs((double)y0[i]) + 2 * (m + fabs((double)bias[i]));
         ss += yr[i] * yr[i];
     }
     double inv = 1.0 / sqrt(ss / N + eps);
@@ -1368,10 +1374,10 @@ static void norm_case(vt_gpu *g, vt_rng *r, uint32_t type, uint32_t N, uint32_t 
     }
     free(mag);
     vk_tensor_destroy(g->dev, &t);
-    vkd_buffer *all[] = {bx, bw, by[0], by[1], bh[0], bh[1], bc, bq[0], bq[1]};
+    vkd_buffer *all[] = {bx, bw, bb, by[0], by[1], bh[0], bh[1], bc, bq[0], bq[1]};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
         vkd_buffer_destroy(g->dev, all[i]);
-    free(wref), free(x), free(y0), free(nw), free(raw), free(yr);
+    free(wref), free(x), free(y0), free(nw), free(bias), free(raw), free(yr);
     for (int i = 0; i < 2; i++)
         free(y[i]), free(h[i]);
 }
@@ -1389,7 +1395,7 @@ static void test_norm_epilogue(void **state)
             uint32_t type = vt_weight_types[i];
             double err[2] = {0, 0};
             for (uint32_t c = 0; c < 4; c++)
-                norm_case(g, &r, type, Ns[c], c == 3 ? big_k(type) : pick_k(&r, type, c + 3), err);
+                norm_case(g, &r, type, Ns[c], c == 3 ? big_k(type) : pick_k(&r, type, c + 3), c % 2, err);
             double nmse = err[0] / (err[1] > 0 ? err[1] : 1);
             if (!(nmse <= NORM_TOL))
                 fail_msg("norm epilogue %s (config %d): NMSE %.3g > %.0e", quant_get(type)->name, config, nmse,
@@ -1407,11 +1413,11 @@ static void test_norm_epilogue(void **state)
     vkd_buffer *b = vt_buf_nan(g, 4 * 64, "b");
     op_mm_norm n = {vkd_whole(b), vkd_whole(b), vkd_whole(b), 1e-5f, .xq = {0}};
     vt_begin(g);
-    assert_int_equal(op_matmul_norm(&g->cmd, &t, vkd_whole(b), vkd_whole(b), &n), VKI_ERR_INVALID_ARG);
+    assert_int_equal(op_matmul_norm(&g->cmd, &t, NULL, vkd_whole(b), vkd_whole(b), &n), VKI_ERR_INVALID_ARG);
     vk_tensor_destroy(g->dev, &t);
     assert_int_equal(vk_tensor_create(g->dev, VKI_GGML_F32, 16, 8, 0, "w", &t), VKI_OK);
     n.eps = -1.0f;
-    assert_int_equal(op_matmul_norm(&g->cmd, &t, vkd_whole(b), vkd_whole(b), &n), VKI_ERR_INVALID_ARG);
+    assert_int_equal(op_matmul_norm(&g->cmd, &t, NULL, vkd_whole(b), vkd_whole(b), &n), VKI_ERR_INVALID_ARG);
     vt_submit_wait(g);
     vk_tensor_destroy(g->dev, &t);
     vkd_buffer_destroy(g->dev, b);
@@ -1709,7 +1715,8 @@ static void i8_fused_case(vt_gpu *g, vt_rng *r, uint32_t type, uint32_t M, uint3
     }
     /* the norming projection over all 2N rows of one token (X row 0) */
     op_mm_norm n = {vkd_whole(bnw), vkd_whole(h1), vkd_whole(cnt), 1e-5f, .xq = hq ? vkd_whole(hq1) : (vkd_view){0}};
-    op_mm_i8 nrm = {.accumulate = true, .norm = &n}, acc = {.accumulate = true};
+    const vkd_view nb_v = vkd_whole(bnw), *nbias = N % 2 ? &nb_v : NULL; /* odd N: the norm weights as a bias too */
+    op_mm_i8 nrm = {.bias = nbias, .accumulate = true, .norm = &n}, acc = {.bias = nbias, .accumulate = true};
     for (int rep = 0; rep < 2; rep++) {
         assert_int_equal(op_matmul_i8(&g->cmd, &t, vkd_whole(bq1), vkd_whole(y1), 2 * N, 1, &nrm), VKI_OK);
         assert_int_equal(op_matmul_i8(&g->cmd, &t, vkd_whole(bq1), vkd_whole(y2), 2 * N, 1, &acc), VKI_OK);
