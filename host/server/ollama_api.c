@@ -461,23 +461,39 @@ static void loaded(srv_conn *c, const ollama_ctx *x, bool chat)
     srv_reply_json(c, 200, o);
 }
 
+/* The OpenAI body (cJSON_free) of an Ollama body, or NULL with *e; none either when *load. */
+static char *body_text(const char *body, size_t n, bool chat, bool harmony, ollama_ctx *x, bool *load,
+                       srv_error *e)
+{
+    *load = false;
+    cJSON *in = srv_parse_body(body, n, e);
+    cJSON *o = in ? translate(in, chat, harmony, x, load, e) : NULL;
+    cJSON_Delete(in);
+    char *text = o && !*load ? cJSON_PrintUnformatted(o) : NULL;
+    if (o && !*load && !text)
+        srv_err(e, 500, NULL, "out of memory");
+    cJSON_Delete(o);
+    return text;
+}
+
+char *srv_ollama_body(const char *body, size_t n, bool chat, bool harmony, bool *as_chat, bool *load,
+                      srv_error *e)
+{
+    ollama_ctx x = {0};
+    char *text = body_text(body, n, chat, harmony, &x, load, e);
+    *as_chat = x.as_chat;
+    return text;
+}
+
 void srv_ollama_generate(srv_conn *c, bool chat)
 {
     srv_error e;
     ollama_ctx x = {0};
-    bool load = false;
-    cJSON *in = srv_parse_body(c->req.body.p ? c->req.body.p : "", c->req.body.len, &e);
+    bool load;
     const bool harmony = srv_conn_model(c)->chat.family == CHAT_HARMONY;
-    cJSON *body = in ? translate(in, chat, harmony, &x, &load, &e) : NULL;
-    cJSON_Delete(in);
-    if (body && load) {
-        cJSON_Delete(body);
+    char *text = body_text(c->req.body.p ? c->req.body.p : "", c->req.body.len, chat, harmony, &x, &load, &e);
+    if (load)
         return loaded(c, &x, chat);
-    }
-    char *text = body ? cJSON_PrintUnformatted(body) : NULL;
-    if (body && !text)
-        srv_err(&e, 500, NULL, "out of memory");
-    cJSON_Delete(body);
     if (!text)
         return srv_reply_error(c, &e);
     srv_serve_translated(c, text, x.as_chat ? R_CHAT : R_CMPL, &OLLAMA_FMT, NULL, &x);

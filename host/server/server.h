@@ -681,6 +681,10 @@ void srv_ollama_embed(srv_conn *c);
 void srv_ollama_show(srv_conn *c);
 void srv_ollama_list(srv_conn *c, bool running);
 void srv_ollama_version(srv_conn *c);
+/* its translation alone: an /api/chat (chat) or /api/generate body into the OpenAI chat or
+ * completion body (*as_chat; cJSON_free), or NULL with *e, or NULL with *load for a preload */
+char *srv_ollama_body(const char *body, size_t n, bool chat, bool harmony, bool *as_chat, bool *load,
+                      srv_error *e);
 /* server_routes.c: /v1/embeddings of the OpenAI body [body, body + n) (another protocol's
  * translation), its answer (o, taken) reshaped by shape */
 void srv_route_embeddings_as(srv_conn *c, const char *body, size_t n, cJSON *(*shape)(srv_conn *c, cJSON *o));
