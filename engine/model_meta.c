@@ -353,8 +353,12 @@ vki_status model_read_hparams(const gguf_file *f, model_hparams *hp, char *err, 
     hp->n_ctx_train = 2048;
     if ((st = get_u32(f, hp, "attention.head_count_kv", false, &hp->n_head_kv, err, n)) ||
         (st = get_u32(f, hp, "context_length", false, &hp->n_ctx_train, err, n)) ||
-        (st = get_f32(f, hp, "attention.layer_norm_rms_epsilon", &hp->rms_eps, err, n)))
+        (st = get_f32(f, hp, "attention.layer_norm_rms_epsilon", &hp->rms_eps, err, n)) ||
+        (st = get_u32(f, hp, "pooling_type", false, &hp->pooling_type, err, n)))
         return st;
+    if (hp->pooling_type > 4)
+        return fail(VKI_ERR_FORMAT, err, n, "%s.pooling_type = %u is none of llama.cpp's (0..4)", hp->arch_name,
+                    hp->pooling_type);
     if (!hp->n_layer || hp->n_layer > 1024 || !hp->d_model || hp->d_model > 65536 || !hp->d_ff ||
         hp->d_ff > 1 << 20 || !hp->n_head || hp->n_head > 1024 || !hp->n_head_kv || hp->n_head % hp->n_head_kv)
         return fail(VKI_ERR_FORMAT, err, n, "inconsistent shape: %u layers, d_model %u, d_ff %u, %u heads, %u kv heads",

@@ -103,6 +103,8 @@ typedef struct model_hparams {
                                chosen logits) */
     bool expert_bias;       /* gpt-oss: router and experts have biases (ffn_*.bias) */
     uint32_t expert_act;    /* the experts' gated unit: VKI_GLU_SILU, or VKI_GLU_SWIGLU_OAI (gpt-oss) */
+    uint32_t pooling_type;  /* <arch>.pooling_type, llama.cpp's (0 none / absent, 1 mean, 2 cls,
+                               3 last: Qwen3-Embedding, 4 rank): how its embeddings are pooled */
     bool shared_expert;     /* granitemoe with expert_shared_feed_forward_length: every token also
                                runs a dense SwiGLU FFN of d_ff rows (w_gate / w_up / w_down, from
                                ffn_*_shexp), added to the experts' weighted sum */

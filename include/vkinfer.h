@@ -1013,6 +1013,10 @@ typedef struct vki_model_info {
                                        another fine-tune included, are refused by it */
     bool int_dot;                   /* the decode projections take the integer-dot path
                                        (vki_engine_params.int_dot as resolved on this device) */
+    vki_pooling pooling;            /* the pooling the model declares for its embeddings
+                                       (<arch>.pooling_type: Qwen3-Embedding's VKI_POOL_LAST, or
+                                       VKI_POOL_MEAN); VKI_POOL_NONE when it declares none, or one
+                                       a causal model cannot give (cls, rank) */
 } vki_model_info;
 
 /* Opens the device, reads the GGUF, builds the tokenizer, uploads the weights, allocates the KV

@@ -1064,6 +1064,8 @@ static void test_model_meta_archs(void **state)
            {GGUF_EDIT_SHAPE, "blk.0.ffn_up_shexp.weight", 64, 96, 0, 0, NULL});
     EXPECT("granitemoe", VKI_ERR_UNSUPPORTED, "blk.0.ffn_gate_shexp.weight: a shared expert without",
            {GGUF_EDIT_DROP_KEY, "granitemoe.expert_shared_feed_forward_length", 0, 0, 0, 0, NULL});
+    EXPECT("qwen3", VKI_ERR_FORMAT, "qwen3.pooling_type = 7 is none of llama.cpp's",
+           {GGUF_EDIT_U32, "qwen3.pooling_type", 0, 0, 7, 0, NULL});
     EXPECT("granitemoe", VKI_ERR_FORMAT, "granitemoe.expert_count is 0",
            {GGUF_EDIT_U32, "granitemoe.expert_count", 0, 0, 0, 0, NULL});
     EXPECT("granitemoe", VKI_ERR_FORMAT, "missing metadata key granitemoe.logit_scale",

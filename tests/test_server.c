@@ -1512,7 +1512,8 @@ static void embedding_of(const cJSON *j, int i, float *out, int d)
 
 /* /v1/embeddings: shape, unit length, one vector per input, base64 = the same floats. (That the
  * vector is the model's pooled final hidden state is checked in test_batch_e2e against the CPU
- * reference.) */
+ * reference.) A model declaring <arch>.pooling_type 3 (Qwen3-Embedding's last) pools that way by
+ * default: its vectors those of --pooling last, not mean's, and --pooling mean still wins. */
 static void test_embeddings(void **state)
 {
     T *t = *state;
@@ -1559,8 +1560,59 @@ static void test_embeddings(void **state)
     cJSON_Delete(j);
     cJSON_Delete(http_json(t, "POST", "/v1/embeddings", "{\"input\":[]}", 400));
     cJSON_Delete(http_json(t, "POST", "/v1/embeddings", "{\"input\":\"x\",\"encoding_format\":\"hex\"}", 400));
-    free(a);
+    j = http_json(t, "GET", "/props", NULL, 200);
+    assert_string_equal(vt_json_str(j, "embeddings_pooling"), "mean"); /* no pooling_type: mean */
+    cJSON_Delete(j);
     stop(t);
+    /* the reference for last: the group's model with --pooling last */
+    srv_params p = test_params(t);
+    p.pooling = VKI_POOL_LAST;
+    start_p(t, t->e, &p);
+    static const char one[] = "{\"input\":\"Once upon a time\"}";
+    j = http_json(t, "POST", "/v1/embeddings", one, 200);
+    embedding_of(j, 0, b, d);
+    cJSON_Delete(j);
+    stop(t);
+    assert_memory_not_equal(a, b, (size_t)d * sizeof *a);
+    char path[96], key[64];
+    snprintf(path, sizeof path, "/tmp/vki_test_server_pool_%d.gguf", (int)getpid());
+    snprintf(key, sizeof key, "%s.pooling_type", mi.arch);
+    gguf_edit ed = {.kind = GGUF_EDIT_U32, .name = key, .u = 3};
+    assert_int_equal(gguf_edit_copy(t->model, path, &ed, 1), VKI_OK);
+    vki_engine_params ep = vt_engine_params(1024, 4, &t->validation);
+    vki_engine *e = NULL;
+    char err[256] = "";
+    if (vki_engine_create(path, &ep, &e, err, sizeof err) != VKI_OK)
+        fail_msg("engine: %s", err);
+    vki_model_info emi;
+    vki_engine_info(e, &emi);
+    assert_int_equal(emi.pooling, VKI_POOL_LAST);
+    for (int explicit_mean = 0; explicit_mean < 2; explicit_mean++) {
+        p = test_params(t);
+        p.model_path = path;
+        p.pooling = explicit_mean ? VKI_POOL_MEAN : VKI_POOL_NONE;
+        start_p(t, e, &p);
+        j = http_json(t, "POST", "/v1/embeddings", one, 200);
+        embedding_of(j, 0, c, d);
+        cJSON_Delete(j);
+        assert_memory_equal(c, explicit_mean ? a : b, (size_t)d * sizeof *a);
+        j = http_json(t, "GET", "/props", NULL, 200);
+        assert_string_equal(vt_json_str(j, "embeddings_pooling"), explicit_mean ? "mean" : "last");
+        cJSON_Delete(j);
+        char show[160];
+        const char *base = strrchr(path, '/') + 1; /* the model id: the file name without .gguf */
+        snprintf(show, sizeof show, "{\"model\":\"%.*s\"}", (int)(strlen(base) - 5), base);
+        j = http_json(t, "POST", "/api/show", show, 200); /* Ollama: an embedding model */
+        bool emb = false;
+        for (const cJSON *v = vt_json_get(j, "capabilities")->child; v; v = v->next)
+            emb |= !strcmp(v->valuestring, "embedding");
+        assert_true(emb);
+        cJSON_Delete(j);
+        stop(t);
+    }
+    vki_engine_destroy(e);
+    unlink(path);
+    free(a);
 }
 
 /* ---- n choices, echo, request fields --------------------------------------------------------- */

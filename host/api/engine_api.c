@@ -89,6 +89,11 @@ static void fill_info(vki_engine *e, const gguf_file *f, const char *path)
     i->n_head_kv = hp->n_head_kv;
     i->head_dim = hp->head_dim;
     i->n_ctx_train = hp->n_ctx_train;
+    i->pooling = hp->pooling_type == 1 ? VKI_POOL_MEAN : hp->pooling_type == 3 ? VKI_POOL_LAST : VKI_POOL_NONE;
+    if (hp->pooling_type == 2 || hp->pooling_type == 4) /* a BERT-style [CLS] vector, a reranker's score */
+        vkd_log(e->dev, VKI_LOG_WARN, "%s.pooling_type = %u (%s) is not a pooling of a causal model's hidden "
+                "states: its embeddings will be pooled by mean or last as asked, not as it was trained",
+                hp->arch_name, hp->pooling_type, hp->pooling_type == 2 ? "cls" : "rank");
     i->n_ctx = g->max_ctx;
     i->page_size = g->p.page_size;
     i->kv_pages = g->n_pages;

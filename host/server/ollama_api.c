@@ -675,6 +675,8 @@ void srv_ollama_show(srv_conn *c)
     cJSON_AddNumberToObject(mi, key, m->info.n_layer);
     cJSON *caps = cJSON_AddArrayToObject(o, "capabilities");
     cJSON_AddItemToArray(caps, cJSON_CreateString("completion"));
+    if (m->info.pooling != VKI_POOL_NONE) /* a trained embedding model (its pooling_type), as Ollama says */
+        cJSON_AddItemToArray(caps, cJSON_CreateString("embedding"));
     if (m->chat_known && m->chat.family != CHAT_PLAIN)
         cJSON_AddItemToArray(caps, cJSON_CreateString("tools"));
     if (m->chat.family == CHAT_HARMONY || chat_thinks(&m->chat))

@@ -34,7 +34,7 @@ srv_params srv_default_params(void)
     bp.max_logits_bytes = 64u << 20;
     return (srv_params){.host = "127.0.0.1", .port = 8080, .listen_fd = -1, .body_limit = 1u << 20,
                         .max_connections = 512, .idle_timeout_s = 60, .request_timeout_s = 30,
-                        .stats_interval_s = 10, .pooling = VKI_POOL_MEAN, .batch = bp, .log_level = VKI_LOG_INFO,
+                        .stats_interval_s = 10, .pooling = VKI_POOL_NONE, .batch = bp, .log_level = VKI_LOG_INFO,
                         .recover_backoff_ms = 500};
 }
 
@@ -576,7 +576,7 @@ static vki_status check_params(const srv_params *p, char *err, size_t n_err)
     const char *bad = !p->max_connections ? "max_connections must be >= 1"
                     : !p->idle_timeout_s || !p->request_timeout_s ? "the timeouts must be >= 1 s"
                     : p->body_limit < 64 ? "body_limit must be >= 64 bytes"
-                    : p->pooling != VKI_POOL_MEAN && p->pooling != VKI_POOL_LAST ? "pooling must be mean or last"
+                    : (unsigned)p->pooling > VKI_POOL_LAST ? "pooling must be none (the model's), mean or last"
                     : NULL;
     for (uint32_t i = 0; !bad && i < p->n_api_keys; i++)
         if (!p->api_keys[i] || !p->api_keys[i][0])
@@ -614,6 +614,8 @@ static vki_status srv_new(vki_engine *e, const srv_params *p, bool http, struct 
     if (e) {
         s->tok = vki_engine_tokenizer(e);
         vki_engine_info(e, &s->info);
+        if (s->p.pooling == VKI_POOL_NONE) /* the model's (Qwen3-Embedding: last), else mean */
+            s->p.pooling = s->info.pooling != VKI_POOL_NONE ? s->info.pooling : VKI_POOL_MEAN;
     }
     s->t_start = (long long)time(NULL);
     s->next_id = 1;

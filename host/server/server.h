@@ -81,7 +81,9 @@ typedef struct srv_params {
     const char *const *cors_origins; /* [n_cors_origins] allowed origins ("*" = any); none: no CORS */
     uint32_t n_cors_origins;
     uint32_t stats_interval_s;  /* a one-line summary this often while busy; 0 = never. 10 */
-    vki_pooling pooling;        /* /v1/embeddings: VKI_POOL_MEAN or VKI_POOL_LAST */
+    vki_pooling pooling;        /* /v1/embeddings: VKI_POOL_MEAN or VKI_POOL_LAST; VKI_POOL_NONE (the
+                                   default): the model's pooling_type, else mean (set per model
+                                   when its server is made) */
     const char *model_path;     /* the GGUF (its tokenizer.chat_template) */
     const char *model_id;       /* the "model" in responses; NULL: the file name without .gguf */
     const char *chat_template;  /* NULL: recognise the GGUF's template; else a chat family name */
