@@ -159,6 +159,8 @@ static const arch_def ARCHS[] = {
     {"smollm3", MODEL_ARCH_SMOLLM3, false, false, false, 1e-6f, 0},
     {"olmo2", MODEL_ARCH_OLMO2, true, true, false, 1e-6f, 0},
     {"granitemoe", MODEL_ARCH_GRANITE_MOE, false, false, false, 1e-5f, 0},
+    {"exaone", MODEL_ARCH_EXAONE, true, false, false, 1e-5f, 0},
+    {"exaone4", MODEL_ARCH_EXAONE4, true, true, false, 1e-5f, 4},
 };
 
 /* A soft-cap key: absent keeps *out, else a finite number >= 0 (0 = none). */
@@ -217,10 +219,15 @@ static vki_status read_arch_extras(const gguf_file *f, const arch_def *a, model_
 {
     /* gemma 2 always slides (4096, HF's default); 0 elsewhere means none, as the converter writes
      * for phi-4; gemma 3 without the key has no local layers (llama.cpp) */
-    uint32_t window = a->arch == MODEL_ARCH_GEMMA2 ? 4096 : 0;
+    /* exaone4: llama.cpp gives a window (4096 unless the key says) to the 64-layer 32B only, and
+     * none to the others whatever the key says */
+    const bool exaone4 = a->arch == MODEL_ARCH_EXAONE4;
+    uint32_t window = a->arch == MODEL_ARCH_GEMMA2 || (exaone4 && hp->n_layer == 64) ? 4096 : 0;
     vki_status st = get_u32(f, hp, "attention.sliding_window", false, &window, err, n);
     if (st != VKI_OK)
         return st;
+    if (exaone4 && hp->n_layer != 64)
+        window = 0;
     if ((a->arch == MODEL_ARCH_GEMMA2 && window == 0) || window > (1u << 24))
         return fail(VKI_ERR_FORMAT, err, n, "%s.attention.sliding_window = %u must be in [%u, 2^24]", hp->arch_name,
                     window, a->arch == MODEL_ARCH_GEMMA2 ? 1 : 0);
@@ -252,12 +259,14 @@ static vki_status read_arch_extras(const gguf_file *f, const arch_def *a, model_
     if (big)
         hp->attn_scale *= sqrtf((float)hp->head_dim / (float)(hp->d_model / hp->n_head));
     hp->ffn_gelu = a->gemma;
-    hp->post_norms = a->gemma || a->arch == MODEL_ARCH_OLMO2;
-    hp->no_pre_norms = hp->qk_norm_full = a->arch == MODEL_ARCH_OLMO2;
+    hp->post_norms = a->gemma || a->arch == MODEL_ARCH_OLMO2 || exaone4;
+    hp->no_pre_norms = a->arch == MODEL_ARCH_OLMO2 || exaone4;
+    hp->qk_norm_full = a->arch == MODEL_ARCH_OLMO2;
     hp->embd_mul = a->gemma ? sqrtf((float)hp->d_model) : 1.0f;
     hp->qk_norm = a->qk_norm;
     hp->resid_scale = hp->logit_scale = 1.0f;
-    hp->nope_step = a->arch == MODEL_ARCH_SMOLLM3 ? 4 : 0; /* hard-coded in llama.cpp too */
+    /* hard-coded in llama.cpp too; exaone4 rotates only its sliding-window layers (il % 4 < 3) */
+    hp->nope_step = a->arch == MODEL_ARCH_SMOLLM3 || (exaone4 && window) ? 4 : 0;
     bool granite = a->arch == MODEL_ARCH_GRANITE || a->arch == MODEL_ARCH_GRANITE_MOE;
     if (granite && (st = read_granite(f, hp, err, n)) != VKI_OK)
         return st;
@@ -337,7 +346,7 @@ vki_status model_read_hparams(const gguf_file *f, model_hparams *hp, char *err, 
             a = &ARCHS[i];
     if (!a)
         return fail(VKI_ERR_UNSUPPORTED, err, n, "architecture '%.*s' is not supported (llama, qwen2, qwen3, qwen3moe, "
-                    "gemma2, gemma3, phi3, gpt-oss, granite, granitemoe, smollm3, olmo2)", (int)(arch.len > 32 ? 32 : arch.len), arch.ptr);
+                    "gemma2, gemma3, phi3, gpt-oss, granite, granitemoe, smollm3, olmo2, exaone, exaone4)", (int)(arch.len > 32 ? 32 : arch.len), arch.ptr);
     hp->arch = a->arch;
     hp->rope_neox = a->neox;
     hp->rms_eps = a->rms_eps;

@@ -25,6 +25,10 @@ typedef enum model_arch {
     MODEL_ARCH_GRANITE_MOE = 11, /* IBM Granite 3 MoE: granite's multipliers, experts in every layer
                                     (softmax top-k, renormalised), with GraniteMoeShared's ungated
                                     shared expert where expert_shared_feed_forward_length says */
+    MODEL_ARCH_EXAONE = 12,  /* LG EXAONE 3.0 / 3.5: llama's block with NeoX RoPE */
+    MODEL_ARCH_EXAONE4 = 13, /* LG EXAONE 4.0: OLMo 2's norms (after each block only), per-head Q/K
+                                norms, NeoX RoPE; the 32B's sliding window on 3 layers of 4, whose
+                                4th (global) layers have no RoPE */
 } model_arch;
 
 /* Layers of one attention kind share these (gemma: sliding-window layers and global ones). */

@@ -167,22 +167,25 @@ typedef struct synth_arch {
     float attn_softcap, final_softcap;
     bool oss; /* gpt-oss: attn_output.bias, attn_sinks, the FFN norm named post_attention_norm,
                  router and expert biases */
-    bool olmo; /* olmo2: no attn_norm / ffn_norm, Q and K norms over whole rows */
+    bool no_pre;  /* olmo2, exaone4: no attn_norm / ffn_norm */
+    bool qk_rows; /* olmo2: Q and K norms over whole rows */
 } synth_arch;
 
 static const synth_arch synth_archs[] = {
-    {"llama", false, false, false, false, 0, 0, 0, false, false},
-    {"qwen2", true, false, false, false, 0, 0, 0, false, false},
-    {"qwen3", false, true, false, false, 0, 0, 0, false, false},
-    {"gemma2", false, false, true, false, 4096, 50.0f, 30.0f, false, false},
-    {"gemma3", false, true, true, false, 1024, 0, 0, false, false},
-    {"phi3", false, false, false, true, 2047, 0, 0, false, false},
-    {"qwen3moe", false, true, false, false, 0, 0, 0, false, false},
-    {"gpt-oss", true, false, false, false, 128, 0, 0, true, false},
-    {"granite", false, false, false, false, 0, 0, 0, false, false},
-    {"granitemoe", false, false, false, false, 0, 0, 0, false, false},
-    {"smollm3", false, false, false, false, 0, 0, 0, false, false},
-    {"olmo2", false, true, true, false, 0, 0, 0, false, true},
+    {"llama", false, false, false, false, 0, 0, 0, false, false, false},
+    {"qwen2", true, false, false, false, 0, 0, 0, false, false, false},
+    {"qwen3", false, true, false, false, 0, 0, 0, false, false, false},
+    {"gemma2", false, false, true, false, 4096, 50.0f, 30.0f, false, false, false},
+    {"gemma3", false, true, true, false, 1024, 0, 0, false, false, false},
+    {"phi3", false, false, false, true, 2047, 0, 0, false, false, false},
+    {"qwen3moe", false, true, false, false, 0, 0, 0, false, false, false},
+    {"gpt-oss", true, false, false, false, 128, 0, 0, true, false, false},
+    {"granite", false, false, false, false, 0, 0, 0, false, false, false},
+    {"granitemoe", false, false, false, false, 0, 0, 0, false, false, false},
+    {"smollm3", false, false, false, false, 0, 0, 0, false, false, false},
+    {"olmo2", false, true, true, false, 0, 0, 0, false, true, true},
+    {"exaone", false, false, false, false, 0, 0, 0, false, false, false},
+    {"exaone4", false, true, true, false, 4096, 0, 0, false, true, false},
 };
 
 static const synth_arch *find_arch(const char *name)
@@ -395,7 +398,7 @@ static void add_layer(synth_ctx *c, const synth_arch *a, int l)
     const synth_params *p = c->p;
     uint64_t d = p->d_model, q = (uint64_t)p->n_head * c->head_dim, kv = (uint64_t)p->n_head_kv * c->head_dim;
     float in_std = 1.0f / sqrtf((float)d), resid = 1.0f / sqrtf(2.0f * (float)p->n_layer);
-    if (!a->olmo)
+    if (!a->no_pre)
         add_tensor(c, "attn_norm", l, "weight", 1, d, 1, SYNTH_INIT_NORM, 0.1f);
     if (a->fused) {
         add_tensor(c, "attn_qkv", l, "weight", 2, d, q + 2 * kv, SYNTH_INIT_WEIGHT, in_std);
@@ -408,8 +411,8 @@ static void add_layer(synth_ctx *c, const synth_arch *a, int l)
         }
     }
     if (a->qk_norm) {
-        add_tensor(c, "attn_q_norm", l, "weight", 1, a->olmo ? q : c->head_dim, 1, SYNTH_INIT_NORM, 0.1f);
-        add_tensor(c, "attn_k_norm", l, "weight", 1, a->olmo ? kv : c->head_dim, 1, SYNTH_INIT_NORM, 0.1f);
+        add_tensor(c, "attn_q_norm", l, "weight", 1, a->qk_rows ? q : c->head_dim, 1, SYNTH_INIT_NORM, 0.1f);
+        add_tensor(c, "attn_k_norm", l, "weight", 1, a->qk_rows ? kv : c->head_dim, 1, SYNTH_INIT_NORM, 0.1f);
     }
     add_tensor(c, "attn_output", l, "weight", 2, q, d, SYNTH_INIT_WEIGHT, resid / sqrtf((float)q));
     if (a->oss) { /* the sink logits near the scores' scale, so they take a real share */
@@ -418,7 +421,7 @@ static void add_layer(synth_ctx *c, const synth_arch *a, int l)
     }
     if (a->post_norms)
         add_tensor(c, "post_attention_norm", l, "weight", 1, d, 1, SYNTH_INIT_NORM, 0.1f);
-    if (!a->olmo)
+    if (!a->no_pre)
         add_tensor(c, a->oss ? "post_attention_norm" : "ffn_norm", l, "weight", 1, d, 1, SYNTH_INIT_NORM, 0.1f);
     if (p->n_expert)
         add_experts(c, l, a->oss);
@@ -493,7 +496,7 @@ static vki_status validate(synth_ctx *c)
     const synth_params *p = c->p;
     if (!find_arch(p->arch))
         return synth_fail(c, VKI_ERR_INVALID_ARG, "arch '%s': llama, qwen2, qwen3, qwen3moe, gemma2, gemma3, phi3, "
-                          "gpt-oss, granite, granitemoe, smollm3 and olmo2 are written",
+                          "gpt-oss, granite, granitemoe, smollm3, olmo2, exaone and exaone4 are written",
                           p->arch ? p->arch : "(null)");
     if (p->n_layer < 1 || p->n_layer > SYNTH_MAX_LAYERS)
         return synth_fail(c, VKI_ERR_INVALID_ARG, "n_layer %u (allowed 1..%d)", p->n_layer, SYNTH_MAX_LAYERS);

@@ -553,6 +553,12 @@ static const arch_case ARCH_CASES[] = {
     {"smollm3 nope 3, 7",        "smollm3", 8, 256, 4, 1, 64, 512, SYNTH_Q8_0, 0,      0, 0,       0,   0,  0, VKI_GGML_F16, TOL_F16KV, 0, 0},
     /* OLMo 2: post-norms only, Q and K normed over their whole rows (GQA 2: k's rows apart) */
     {"olmo2 post-norms qk rows", "olmo2",  2, 256, 4, 2, 64, 512, SYNTH_Q4_K_M, 0,     0, 0,       0,   0,  0, VKI_GGML_F32, TOL_F32, 0, 0},
+    /* EXAONE 3.5: llama's block, NeoX RoPE. EXAONE 4: OLMo 2's post-norms with per-head Q/K
+     * norms; its 1.2B (30 layers) has no window whatever the file says (the 4096 synth writes
+     * here), its 32B (64 layers) slides on 3 layers of 4 and leaves RoPE out of the 4th */
+    {"exaone neox gqa4",         "exaone", 2, 256, 4, 1, 64, 512, SYNTH_Q4_K_M, 0,     0, 0,       0,   0,  0, VKI_GGML_F32, TOL_F32, 0, 0},
+    {"exaone4 post-norms",       "exaone4", 2, 256, 4, 2, 64, 512, SYNTH_Q8_0, 4096,   0, 0,       0,   0,  0, VKI_GGML_F32, TOL_F32, 0, 0},
+    {"exaone4 64 layers w24",    "exaone4", 64, 64, 4, 2, 16, 128, SYNTH_F16,  24,     0, 0,       0,   0,  0, VKI_GGML_F32, TOL_F32, 0, 0},
 };
 
 static void test_archs_vs_reference(void **state)
@@ -644,7 +650,7 @@ static void test_fusion_bitwise(void **state)
     /* qwen3 (Q/K norms: in the projections at one token), gemma2 (post-norms), gemma3 (Q/K norms
      * of 256), phi3, granite (the residual norms' epsilon in the fused norm epilogues), smollm3
      * (NoPE layers), olmo2 (no pre-norms) */
-    static const size_t archs[] = {0, 1, 2, 3, 13, 15, 16};
+    static const size_t archs[] = {0, 1, 2, 3, 13, 15, 16, 19};
     for (size_t i = 0; i < sizeof archs / sizeof archs[0]; i++) {
         write_arch_model(&ARCH_CASES[archs[i]], path, sizeof path);
         fusion_case(g, path, VKI_GGML_F32, ARCH_CASES[archs[i]].label);

@@ -1111,6 +1111,47 @@ static void test_model_meta_archs(void **state)
            {GGUF_EDIT_STR, "general.architecture", 0, 0, 0, 0, "gemma"});
 }
 
+/* EXAONE 4's layer pattern as llama.cpp sets it: a window (4096, or the file's) only for the
+ * 64-layer 32B, on layers il % 4 < 3, whose 4th layers are global without RoPE; no window and
+ * RoPE everywhere for other depths (the 1.2B's 30), whatever the file says. */
+static void exaone4_hparams(uint32_t n_layer, uint32_t window, model_hparams *hp)
+{
+    char path[64], err[256] = "";
+    snprintf(path, sizeof path, "/tmp/vki_exaone4_%d.gguf", (int)getpid());
+    synth_params p = synth_default_params();
+    p.arch = "exaone4";
+    assert_int_equal(synth_arch_defaults(&p), VKI_OK);
+    p.n_layer = n_layer, p.d_model = 64, p.n_head = 2, p.n_head_kv = 1, p.head_dim = 32, p.d_ff = 96;
+    p.sliding_window = window;
+    if (synth_write(&p, path, err, sizeof err) != VKI_OK)
+        fail_msg("synth_write exaone4: %s", err);
+    gguf_file *f = NULL;
+    assert_int_equal(gguf_open(path, &f, err, sizeof err), VKI_OK);
+    if (model_read_hparams(f, hp, err, sizeof err) != VKI_OK)
+        fail_msg("exaone4: %s", err);
+    gguf_close(f);
+    unlink(path);
+}
+
+static void test_model_meta_exaone4(void **state)
+{
+    (void)state;
+    model_hparams hp;
+    exaone4_hparams(64, 0, &hp); /* no key: llama.cpp's 4096 */
+    assert_int_equal(hp.kind[1].window, 4096);
+    for (uint32_t il = 0; il < 8; il++) {
+        assert_int_equal(model_layer_kind(&hp, il), il % 4 < 3 ? 1 : 0);
+        assert_int_equal(model_layer_rope(&hp, il), il % 4 < 3);
+    }
+    assert_true(hp.no_pre_norms && hp.post_norms && hp.qk_norm && !hp.qk_norm_full && hp.rope_neox);
+    exaone4_hparams(64, 128, &hp);
+    assert_int_equal(hp.kind[1].window, 128);
+    exaone4_hparams(30, 4096, &hp); /* the 1.2B: global everywhere, RoPE everywhere */
+    assert_int_equal(hp.swa_pattern, 0);
+    for (uint32_t il = 0; il < 8; il++)
+        assert_true(model_layer_kind(&hp, il) == 0 && model_layer_rope(&hp, il));
+}
+
 /* YaRN's keys (llama.cpp's names and defaults): the magnitude llama.cpp applies, 1 + 0.1 ln(factor)
  * times the file's attn_factor where the blend runs (HF's get_mscale), left out of the score scale
  * (the rotation table carries it); and each bad or unsupported key refused by name. */
@@ -1263,6 +1304,7 @@ int main(void)
         cmocka_unit_test(test_byte_flips),
         cmocka_unit_test(test_inspect_tool),
         cmocka_unit_test(test_model_meta_archs),
+        cmocka_unit_test(test_model_meta_exaone4),
         cmocka_unit_test(test_model_meta_yarn),
         cmocka_unit_test(test_split_files),
     };
