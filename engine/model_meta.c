@@ -161,6 +161,7 @@ static const arch_def ARCHS[] = {
     {"granitemoe", MODEL_ARCH_GRANITE_MOE, false, false, false, 1e-5f, 0},
     {"exaone", MODEL_ARCH_EXAONE, true, false, false, 1e-5f, 0},
     {"exaone4", MODEL_ARCH_EXAONE4, true, true, false, 1e-5f, 4},
+    {"glm4", MODEL_ARCH_GLM4, false, false, false, 1e-5f, 0},
 };
 
 /* A soft-cap key: absent keeps *out, else a finite number >= 0 (0 = none). */
@@ -259,7 +260,7 @@ static vki_status read_arch_extras(const gguf_file *f, const arch_def *a, model_
     if (big)
         hp->attn_scale *= sqrtf((float)hp->head_dim / (float)(hp->d_model / hp->n_head));
     hp->ffn_gelu = a->gemma;
-    hp->post_norms = a->gemma || a->arch == MODEL_ARCH_OLMO2 || exaone4;
+    hp->post_norms = a->gemma || a->arch == MODEL_ARCH_OLMO2 || exaone4 || a->arch == MODEL_ARCH_GLM4;
     hp->no_pre_norms = a->arch == MODEL_ARCH_OLMO2 || exaone4;
     hp->qk_norm_full = a->arch == MODEL_ARCH_OLMO2;
     hp->embd_mul = a->gemma ? sqrtf((float)hp->d_model) : 1.0f;
@@ -346,7 +347,7 @@ vki_status model_read_hparams(const gguf_file *f, model_hparams *hp, char *err, 
             a = &ARCHS[i];
     if (!a)
         return fail(VKI_ERR_UNSUPPORTED, err, n, "architecture '%.*s' is not supported (llama, qwen2, qwen3, qwen3moe, "
-                    "gemma2, gemma3, phi3, gpt-oss, granite, granitemoe, smollm3, olmo2, exaone, exaone4)", (int)(arch.len > 32 ? 32 : arch.len), arch.ptr);
+                    "gemma2, gemma3, phi3, gpt-oss, granite, granitemoe, smollm3, olmo2, exaone, exaone4, glm4)", (int)(arch.len > 32 ? 32 : arch.len), arch.ptr);
     hp->arch = a->arch;
     hp->rope_neox = a->neox;
     hp->rms_eps = a->rms_eps;
@@ -419,17 +420,22 @@ static vki_status find(const gguf_file *f, const char *name, uint64_t ne0, uint6
     return runnable(t, name, err, n);
 }
 
-/* The attention projections: q, k, v, or phi3's fused attn_qkv (either is accepted for phi3). */
+/* The attention projections: q, k, v, or a fused attn_qkv (phi3's; glm4's without its bias;
+ * either is accepted for them). */
 static vki_status find_qkv(const gguf_file *f, const model_hparams *hp, uint32_t il, model_layer_tensors *L,
                            char *err, size_t n)
 {
     const uint64_t d = hp->d_model, q = (uint64_t)hp->n_head * hp->head_dim, kv = (uint64_t)hp->n_head_kv * hp->head_dim;
     char name[96];
     vki_status st;
-    if (hp->arch == MODEL_ARCH_PHI3) {
+    if (hp->arch == MODEL_ARCH_PHI3 || hp->arch == MODEL_ARCH_GLM4) {
         snprintf(name, sizeof name, "blk.%u.attn_qkv.weight", il);
         if ((st = find(f, name, d, q + 2 * kv, false, true, &L->wqkv, err, n)) != VKI_OK)
             return st;
+        snprintf(name, sizeof name, "blk.%u.attn_qkv.bias", il);
+        if (gguf_find_tensor(f, name)) /* not run: refused, not ignored */
+            return fail(VKI_ERR_UNSUPPORTED, err, n, "tensor %s: a fused Q|K|V bias is not supported (convert with "
+                        "separate attn_q/k/v and their biases)", name);
     }
     if (il > 0 && !L->wqkv != !hp->fused_qkv)
         return fail(VKI_ERR_FORMAT, err, n, "layer %u: attn_qkv.weight %s, but layer 0 %s", il,
@@ -566,10 +572,11 @@ static vki_status find_layer(const gguf_file *f, const model_hparams *hp, uint32
     return VKI_OK;
 }
 
-/* phi3 stores gate | up in ffn_up (2 d_ff rows) and has no ffn_gate; separate ones are read too. */
+/* phi3 and glm4 store gate | up in ffn_up (2 d_ff rows) and have no ffn_gate; separate ones are
+ * read too. */
 static void detect_fusions(const gguf_file *f, model_hparams *hp)
 {
-    if (hp->arch != MODEL_ARCH_PHI3)
+    if (hp->arch != MODEL_ARCH_PHI3 && hp->arch != MODEL_ARCH_GLM4)
         return;
     hp->fused_qkv = gguf_find_tensor(f, "blk.0.attn_qkv.weight") != NULL;
     hp->fused_gate_up = gguf_find_tensor(f, "blk.0.ffn_gate.weight") == NULL;

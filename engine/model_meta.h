@@ -29,6 +29,9 @@ typedef enum model_arch {
     MODEL_ARCH_EXAONE4 = 13, /* LG EXAONE 4.0: OLMo 2's norms (after each block only), per-head Q/K
                                 norms, NeoX RoPE; the 32B's sliding window on 3 layers of 4, whose
                                 4th (global) layers have no RoPE */
+    MODEL_ARCH_GLM4 = 14,    /* Zhipu GLM-4-0414 / GLM-Z1: norms before and after each block (gemma's
+                                four, SwiGLU), Q/K/V biases, [gate | up] in ffn_up (phi3's), RoPE
+                                on the first rope.dimension_count dims, pairs (2i, 2i+1) */
 } model_arch;
 
 /* Layers of one attention kind share these (gemma: sliding-window layers and global ones). */

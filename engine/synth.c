@@ -162,30 +162,32 @@ vki_status synth_preset(const char *name, synth_params *p)
 /* What the writer adds per architecture (llama.cpp's tensor names, HF's default values). */
 typedef struct synth_arch {
     const char *name;
-    bool qkv_bias, qk_norm, post_norms, fused; /* fused: phi3's attn_qkv and gate|up ffn_up */
+    bool qkv_bias, qk_norm, post_norms, fused; /* fused: phi3's attn_qkv */
     uint32_t window;                           /* sliding window of the released models */
     float attn_softcap, final_softcap;
     bool oss; /* gpt-oss: attn_output.bias, attn_sinks, the FFN norm named post_attention_norm,
                  router and expert biases */
     bool no_pre;  /* olmo2, exaone4: no attn_norm / ffn_norm */
     bool qk_rows; /* olmo2: Q and K norms over whole rows */
+    bool fused_ffn; /* phi3, glm4: [gate | up] in ffn_up, no ffn_gate */
 } synth_arch;
 
 static const synth_arch synth_archs[] = {
-    {"llama", false, false, false, false, 0, 0, 0, false, false, false},
-    {"qwen2", true, false, false, false, 0, 0, 0, false, false, false},
-    {"qwen3", false, true, false, false, 0, 0, 0, false, false, false},
-    {"gemma2", false, false, true, false, 4096, 50.0f, 30.0f, false, false, false},
-    {"gemma3", false, true, true, false, 1024, 0, 0, false, false, false},
-    {"phi3", false, false, false, true, 2047, 0, 0, false, false, false},
-    {"qwen3moe", false, true, false, false, 0, 0, 0, false, false, false},
-    {"gpt-oss", true, false, false, false, 128, 0, 0, true, false, false},
-    {"granite", false, false, false, false, 0, 0, 0, false, false, false},
-    {"granitemoe", false, false, false, false, 0, 0, 0, false, false, false},
-    {"smollm3", false, false, false, false, 0, 0, 0, false, false, false},
-    {"olmo2", false, true, true, false, 0, 0, 0, false, true, true},
-    {"exaone", false, false, false, false, 0, 0, 0, false, false, false},
-    {"exaone4", false, true, true, false, 4096, 0, 0, false, true, false},
+    {"llama", false, false, false, false, 0, 0, 0, false, false, false, false},
+    {"qwen2", true, false, false, false, 0, 0, 0, false, false, false, false},
+    {"qwen3", false, true, false, false, 0, 0, 0, false, false, false, false},
+    {"gemma2", false, false, true, false, 4096, 50.0f, 30.0f, false, false, false, false},
+    {"gemma3", false, true, true, false, 1024, 0, 0, false, false, false, false},
+    {"phi3", false, false, false, true, 2047, 0, 0, false, false, false, true},
+    {"qwen3moe", false, true, false, false, 0, 0, 0, false, false, false, false},
+    {"gpt-oss", true, false, false, false, 128, 0, 0, true, false, false, false},
+    {"granite", false, false, false, false, 0, 0, 0, false, false, false, false},
+    {"granitemoe", false, false, false, false, 0, 0, 0, false, false, false, false},
+    {"smollm3", false, false, false, false, 0, 0, 0, false, false, false, false},
+    {"olmo2", false, true, true, false, 0, 0, 0, false, true, true, false},
+    {"exaone", false, false, false, false, 0, 0, 0, false, false, false, false},
+    {"exaone4", false, true, true, false, 4096, 0, 0, false, true, false, false},
+    {"glm4", true, false, true, false, 0, 0, 0, false, false, false, true},
 };
 
 static const synth_arch *find_arch(const char *name)
@@ -433,9 +435,9 @@ static void add_layer(synth_ctx *c, const synth_arch *a, int l)
     }
     if (p->n_expert)
         return;
-    if (!a->fused)
+    if (!a->fused_ffn)
         add_tensor(c, "ffn_gate", l, "weight", 2, d, p->d_ff, SYNTH_INIT_WEIGHT, in_std);
-    add_tensor(c, "ffn_up", l, "weight", 2, d, a->fused ? 2ull * p->d_ff : p->d_ff, SYNTH_INIT_WEIGHT, in_std);
+    add_tensor(c, "ffn_up", l, "weight", 2, d, a->fused_ffn ? 2ull * p->d_ff : p->d_ff, SYNTH_INIT_WEIGHT, in_std);
     add_tensor(c, "ffn_down", l, "weight", 2, p->d_ff, d, SYNTH_INIT_WEIGHT, resid / sqrtf((float)p->d_ff));
     if (a->post_norms)
         add_tensor(c, "post_ffw_norm", l, "weight", 1, d, 1, SYNTH_INIT_NORM, 0.1f);
@@ -496,7 +498,7 @@ static vki_status validate(synth_ctx *c)
     const synth_params *p = c->p;
     if (!find_arch(p->arch))
         return synth_fail(c, VKI_ERR_INVALID_ARG, "arch '%s': llama, qwen2, qwen3, qwen3moe, gemma2, gemma3, phi3, "
-                          "gpt-oss, granite, granitemoe, smollm3, olmo2, exaone and exaone4 are written",
+                          "gpt-oss, granite, granitemoe, smollm3, olmo2, exaone, exaone4 and glm4 are written",
                           p->arch ? p->arch : "(null)");
     if (p->n_layer < 1 || p->n_layer > SYNTH_MAX_LAYERS)
         return synth_fail(c, VKI_ERR_INVALID_ARG, "n_layer %u (allowed 1..%d)", p->n_layer, SYNTH_MAX_LAYERS);

@@ -559,6 +559,9 @@ static const arch_case ARCH_CASES[] = {
     {"exaone neox gqa4",         "exaone", 2, 256, 4, 1, 64, 512, SYNTH_Q4_K_M, 0,     0, 0,       0,   0,  0, VKI_GGML_F32, TOL_F32, 0, 0},
     {"exaone4 post-norms",       "exaone4", 2, 256, 4, 2, 64, 512, SYNTH_Q8_0, 4096,   0, 0,       0,   0,  0, VKI_GGML_F32, TOL_F32, 0, 0},
     {"exaone4 64 layers w24",    "exaone4", 64, 64, 4, 2, 16, 128, SYNTH_F16,  24,     0, 0,       0,   0,  0, VKI_GGML_F32, TOL_F32, 0, 0},
+    /* GLM-4-0414: gemma's four norms with SwiGLU, Q/K/V biases, [gate | up] in ffn_up, RoPE
+     * pairs (2i, 2i+1) on half of each head (64 of 128 in the 9B; 32 of 64 here) */
+    {"glm4 four norms rot 32",   "glm4",   2, 256, 4, 2, 64, 512, SYNTH_Q4_K_M, 0,     0, 0,       0,   0,  0, VKI_GGML_F32, TOL_F32, 0, 32},
 };
 
 static void test_archs_vs_reference(void **state)
@@ -650,7 +653,7 @@ static void test_fusion_bitwise(void **state)
     /* qwen3 (Q/K norms: in the projections at one token), gemma2 (post-norms), gemma3 (Q/K norms
      * of 256), phi3, granite (the residual norms' epsilon in the fused norm epilogues), smollm3
      * (NoPE layers), olmo2 (no pre-norms) */
-    static const size_t archs[] = {0, 1, 2, 3, 13, 15, 16, 19};
+    static const size_t archs[] = {0, 1, 2, 3, 13, 15, 16, 19, 20};
     for (size_t i = 0; i < sizeof archs / sizeof archs[0]; i++) {
         write_arch_model(&ARCH_CASES[archs[i]], path, sizeof path);
         fusion_case(g, path, VKI_GGML_F32, ARCH_CASES[archs[i]].label);

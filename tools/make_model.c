@@ -38,7 +38,7 @@ static void usage(FILE *o)
                "  --arch A            llama, qwen2 (Q/K/V biases), qwen3 (Q/K norms), qwen3moe (+ experts),\n"
                "                      gemma2, gemma3, phi3 (fused QKV and gate|up), gpt-oss (experts with\n"
                "                      biases, sink logits, window 128), granite (Granite 3's multipliers),\n"
-               "                      granitemoe (granite + experts), exaone, exaone4 (post-norms),\n"
+               "                      granitemoe (granite + experts), exaone, exaone4 (post-norms), glm4,\n"
                "                      smollm3 (no RoPE on every 4th layer), olmo2 (post-norms only);\n"
                "                      sets the arch's window, soft-caps and multipliers\n"
                "  --layers N          transformer blocks\n"
