@@ -148,6 +148,9 @@ typedef struct arch_def {
 
 static const arch_def ARCHS[] = {
     {"llama", MODEL_ARCH_LLAMA, false, false, false, 1e-5f, 1},
+    /* llama's graph under other names (llama.cpp's internlm2 and ernie4_5 builders are llama's) */
+    {"internlm2", MODEL_ARCH_LLAMA, false, false, false, 1e-5f, 1},
+    {"ernie4_5", MODEL_ARCH_LLAMA, false, false, false, 1e-5f, 1},
     {"qwen2", MODEL_ARCH_QWEN2, true, false, false, 1e-6f, 0},
     {"qwen3", MODEL_ARCH_QWEN3, true, true, false, 1e-6f, 0},
     {"gemma2", MODEL_ARCH_GEMMA2, true, false, true, 1e-6f, 2},
@@ -347,7 +350,8 @@ vki_status model_read_hparams(const gguf_file *f, model_hparams *hp, char *err, 
             a = &ARCHS[i];
     if (!a)
         return fail(VKI_ERR_UNSUPPORTED, err, n, "architecture '%.*s' is not supported (llama, qwen2, qwen3, qwen3moe, "
-                    "gemma2, gemma3, phi3, gpt-oss, granite, granitemoe, smollm3, olmo2, exaone, exaone4, glm4)", (int)(arch.len > 32 ? 32 : arch.len), arch.ptr);
+                    "gemma2, gemma3, phi3, gpt-oss, granite, granitemoe, smollm3, olmo2, exaone, exaone4, glm4, internlm2, "
+                    "ernie4_5)", (int)(arch.len > 32 ? 32 : arch.len), arch.ptr);
     hp->arch = a->arch;
     hp->rope_neox = a->neox;
     hp->rms_eps = a->rms_eps;

@@ -188,6 +188,8 @@ static const synth_arch synth_archs[] = {
     {"exaone", false, false, false, false, 0, 0, 0, false, false, false, false},
     {"exaone4", false, true, true, false, 4096, 0, 0, false, true, false, false},
     {"glm4", true, false, true, false, 0, 0, 0, false, false, false, true},
+    {"internlm2", false, false, false, false, 0, 0, 0, false, false, false, false},
+    {"ernie4_5", false, false, false, false, 0, 0, 0, false, false, false, false},
 };
 
 static const synth_arch *find_arch(const char *name)
@@ -498,7 +500,8 @@ static vki_status validate(synth_ctx *c)
     const synth_params *p = c->p;
     if (!find_arch(p->arch))
         return synth_fail(c, VKI_ERR_INVALID_ARG, "arch '%s': llama, qwen2, qwen3, qwen3moe, gemma2, gemma3, phi3, "
-                          "gpt-oss, granite, granitemoe, smollm3, olmo2, exaone, exaone4 and glm4 are written",
+                          "gpt-oss, granite, granitemoe, smollm3, olmo2, exaone, exaone4, glm4, internlm2 and ernie4_5 are "
+                          "written",
                           p->arch ? p->arch : "(null)");
     if (p->n_layer < 1 || p->n_layer > SYNTH_MAX_LAYERS)
         return synth_fail(c, VKI_ERR_INVALID_ARG, "n_layer %u (allowed 1..%d)", p->n_layer, SYNTH_MAX_LAYERS);

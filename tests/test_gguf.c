@@ -1055,8 +1055,8 @@ static void test_model_meta_archs(void **state)
 {
     (void)state;
     const gguf_edit none = {GGUF_EDIT_DROP_KEY, "no.such.key", 0, 0, 0, 0, NULL};
-    const char *archs[] = {"qwen3", "gemma2", "gemma3", "phi3", "granitemoe"};
-    for (int i = 0; i < 5; i++)
+    const char *archs[] = {"qwen3", "gemma2", "gemma3", "phi3", "granitemoe", "exaone", "glm4", "internlm2", "ernie4_5"};
+    for (int i = 0; i < 9; i++)
         expect_model(archs[i], &none, 1, VKI_OK, NULL);
     EXPECT("granitemoe", VKI_ERR_FORMAT, "missing tensor blk.0.ffn_down_shexp.weight",
            {GGUF_EDIT_DROP_TENSOR, "blk.0.ffn_down_shexp.weight", 0, 0, 0, 0, NULL});
