@@ -403,6 +403,69 @@ static const char T_SMOLLM3[] =
     "{%- if reasoning_mode == \"/think\" -%}\n    {{ \"<|im_start|>assistant\\n\" }}\n{%- else -%}\n    {{ \"<|im_sta"
     "rt|>assistant\\n\" + \"<think>\\n\\n</think>\\n\"  }}\n{%- endif -%}\n{%- endif -%}";
 
+/* LGAI-EXAONE/EXAONE-3.5-2.4B-Instruct (3.5-7.8B's and EXAONE 3.0's render the same) */
+static const char T_EXAONE35[] =
+    "{% for message in messages %}{% if loop.first and message['role'] != 'system' %}{{ '[|system|][|endofturn|]\\n' "
+    "}}{% endif %}{{ '[|' + message['role'] + '|]' + message['content'] }}{% if message['role'] == 'user' %}{{ '\\n' "
+    "}}{% else %}{{ '[|endofturn|]\\n' }}{% endif %}{% endfor %}{% if add_generation_prompt %}{{ '[|assistant|]' }}{%"
+    " endif %}";
+
+/* LGAI-EXAONE/EXAONE-4.0-32B, as LG AI Research posted it in llama.cpp's EXAONE 4.0 pull request: tools,
+ * tool calls and results, skip_think and enable_thinking */
+static const char T_EXAONE4[] =
+    "{%- if not skip_think is defined %}\n    {%- set skip_think = true %}\n{%- endif %}\n{%- set role_indicators = {"
+    "\n    'user': '[|user|]\\n',\n    'assistant': '[|assistant|]\\n',\n    'system': '[|system|]\\n',\n    'tool': "
+    "'[|tool|]\\n'\n} %}\n{%- set end_of_turn = '[|endofturn|]\\n' %}\n{%- macro available_tools(tools) %}\n    {{- "
+    "\"# Available Tools\" }}\n    {{- \"\\nYou can use none, one, or multiple of the following tools by calling them"
+    " as functions to help with the user\xe2\x80\x99s query.\" }}\n    {{- \"\\nHere are the tools available to you i"
+    "n JSON format within <tool> and </tool> tags:\\n\" }}\n    {%- for tool in tools %}\n        {{- \"<tool>\" }}\n"
+    "        {{- tool | tojson(ensure_ascii=False) | safe }}\n        {{- \"</tool>\\n\" }}\n    {%- endfor %}\n    {"
+    "{- \"\\nFor each function call you want to make, return a JSON object with function name and arguments within <t"
+    "ool_call> and </tool_call> tags, like:\" }}\n    {{- \"\\n<tool_call>{\\\"name\\\": function_1_name, \\\"argumen"
+    "ts\\\": {argument_1_name: argument_1_value, argument_2_name: argument_2_value}}</tool_call>\" }}\n    {{- \"\\n<"
+    "tool_call>{\\\"name\\\": function_2_name, \\\"arguments\\\": {...}}</tool_call>\\n...\" }}\n    {{- \"\\nNote th"
+    "at if no argument name is specified for a tool, you can just print the argument value directly, without the argu"
+    "ment name or JSON formatting.\" }}\n{%- endmacro %}\n{%- set ns = namespace(last_query_index = messages|length -"
+    " 1) %}\n{%- for message in messages %}\n    {%- if message.role == \"user\" and message.content is string %}\n  "
+    "      {%- set ns.last_query_index = loop.index0 -%}\n    {%- endif %}\n{%- endfor %}\n{%- for i in range(message"
+    "s | length) %}\n    {%- set msg = messages[i] %}\n    {%- set role = msg.role %}\n    {%- if role not in role_in"
+    "dicators %}\n        {{- raise_exception('Unknown role: ' ~ role) }}\n    {%- endif %}\n    \n    {%- if i == 0 "
+    "%}\n        {%- if role == 'system' %}\n            {{- role_indicators['system'] }}\n            {{- msg.conten"
+    "t }}\n            {%- if tools is defined and tools %}\n                {{- \"\\n\\n\" }}{{- available_tools(too"
+    "ls) }}\n            {%- endif %}\n            {{- end_of_turn -}}\n            {%- continue %}\n        {%- elif"
+    " tools is defined and tools %}            \n            {{- role_indicators['system'] }}\n            {{- availa"
+    "ble_tools(tools) }}\n            {{- end_of_turn -}}            \n        {%- endif %}\n    {%- endif %}\n    {%"
+    "- if role == 'assistant' %}\n        {{- role_indicators['assistant'] }}\n        {%- if msg.content %}        "
+    "\n            {%- if \"</think>\" in msg.content %}\n                {%- set content = msg.content.split('</thin"
+    "k>')[-1].strip() %}\n                {%- set reasoning_content = msg.content.split('</think>')[0].strip() %}\n  "
+    "              {%- if reasoning_content.startswith(\"<think>\") %}\n                    {%- set reasoning_content"
+    " = reasoning_content[9:].strip() %}\n                {%- endif %}\n            {%- else %}\n                {%- "
+    "set content = msg.content %}\n            {%- endif %}\n            {%- if msg.reasoning_content %}\n           "
+    "     {%- set reasoning_content = msg.reasoning_content %}\n            {%- endif %}\n            {%- if (not ski"
+    "p_think and loop.last) and reasoning_content is defined %}\n                {{- \"<think>\\n\" }}\n             "
+    "   {{- reasoning_content}}\n                {{- \"\\n</think>\\n\\n\" }}\n            {%- else %}\n             "
+    "   {{- \"<think>\\n\\n</think>\\n\\n\" }}\n            {%- endif %}\n            {{- content }}\n        {%- end"
+    "if %}\n        {%- if msg.tool_calls %}\n            {%- if msg.content %}\n                {{- \"\\n\" }}\n    "
+    "        {%- else %}\n                {{- \"<think>\\n\\n</think>\\n\\n\" }}\n            {%- endif %}\n         "
+    "   {%- for tool_call in msg.tool_calls %}\n                {%- if tool_call.function is defined %}\n            "
+    "        {%- set tool_call = tool_call.function %}\n                {%- endif %}\n                {%- if tool_cal"
+    "l.arguments is defined %}\n                    {%- set arguments = tool_call.arguments %}\n                {%- e"
+    "lif tool_call.parameters is defined %}\n                    {%- set arguments = tool_call.parameters %}\n       "
+    "         {%- else %}\n                    {{- raise_exception('arguments or parameters are mandatory: ' ~ tool_c"
+    "all) }}\n                {%- endif %}\n                {{- \"<tool_call>\" }}{\"name\": \"{{- tool_call.name }}"
+    "\", \"arguments\": {{ arguments | tojson(ensure_ascii=False) | safe }}}{{- \"</tool_call>\" }}\n                "
+    "{%- if not loop.last %}\n                    {{- \"\\n\" }}\n                {%- endif %}\n            {%- endfo"
+    "r %}\n        {%- endif %}\n        {{- end_of_turn -}}\n    {%- elif role == \"tool\" %}\n        {%- if i == 0"
+    " or messages[i - 1].role != \"tool\" %}\n            {{- role_indicators['tool'] }}\n        {%- endif %}\n     "
+    "   {%- if msg.content is defined %}            \n            {{- \"<tool_result>\" }}{\"result\": {{ msg.content"
+    " | tojson(ensure_ascii=False) | safe }}}{{- \"</tool_result>\" }}            \n        {%- endif %}\n        {%-"
+    " if loop.last or messages[i + 1].role != \"tool\" %}\n            {{- end_of_turn -}}\n        {%- else %}\n    "
+    "        {{- \"\\n\" }}\n        {%- endif %}\n    {%- else %}\n        {{- role_indicators[role] }}\n        {{-"
+    " msg.content }}\n        {{- end_of_turn -}}\n    {%- endif %}\n{% endfor %}\n{%- if add_generation_prompt %}\n "
+    "   {{- role_indicators['assistant'] }}\n    {%- if enable_thinking is defined and enable_thinking is true %}\n  "
+    "      {{- \"<think>\\n\" }}\n    {%- else %}\n        {{- \"<think>\\n\\n</think>\\n\\n\" }}\n    {%- endif %}\n"
+    "{%- endif %}";
+
 /* Not one of ours (DeepSeek-V2): falls back. */
 static const char T_DEEPSEEK[] =
     "{% if not add_generation_prompt is defined %}{% set add_generation_prompt = false %}{% endif %}{{ bos_token }}{% "
@@ -975,6 +1038,75 @@ static void test_smollm3(void **state)
     chat_template_free(&t);
 }
 
+#define E4_USER(s) "[|user|]\n" s "[|endofturn|]\n"
+#define E4_ANSWER(s) "[|assistant|]\n<think>\n\n</think>\n\n" s "[|endofturn|]\n"
+#define E4_GEN "[|assistant|]\n<think>\n\n</think>\n\n"
+
+/* EXAONE 3.x and 4.0, the expected strings as jinja2 3.1 renders the real templates with transformers'
+ * settings (trim_blocks, lstrip_blocks, loopcontrols). 3.x: an empty system turn first when there is no
+ * system message, nothing trimmed, a user turn closed by a newline only, "[|assistant|]" as the
+ * generation prompt. 4.0: "[|role|]\n" + content + "[|endofturn|]\n" for every message, no default
+ * system turn, answers behind an empty reasoning block and cut to what follows their last "</think>"
+ * (stripped), the generation prompt opening the reasoning only with enable_thinking. */
+static void test_exaone(void **state)
+{
+    expect_on(T_EXAONE35, CHAT_EXAONE, CHAT_THINK_DEFAULT, CONV, N_CONV, true, false,
+              "[|system|]You are a helpful assistant[|endofturn|]\n[|user|]Hello\n[|assistant|]Hi there"
+              "[|endofturn|]\n[|user|]Who are you\n[|assistant|]   I am an assistant   [|endofturn|]\n[|user|]"
+              "Another question\n[|assistant|]");
+    expect_on(T_EXAONE35, CHAT_EXAONE, CHAT_THINK_ON, CONV + 1, 2, false, false,
+              "[|system|][|endofturn|]\n[|user|]Hello\n[|assistant|]Hi there[|endofturn|]\n");
+    expect_on(T_EXAONE35, CHAT_EXAONE, CHAT_THINK_DEFAULT, CONV, 0, true, false, "[|assistant|]");
+    static const chat_msg late[] = {M(CHAT_USER, "a"), M(CHAT_ASSISTANT, "b"), M(CHAT_SYSTEM, "c"), M(CHAT_USER, "d")};
+    expect_on(T_EXAONE35, CHAT_EXAONE, CHAT_THINK_DEFAULT, late, 4, true, false,
+              "[|system|][|endofturn|]\n[|user|]a\n[|assistant|]b[|endofturn|]\n[|system|]c[|endofturn|]\n[|user|]d\n"
+              "[|assistant|]");
+    /* continue_final_message: the answer opened before its [|endofturn|] */
+    expect_on(T_EXAONE35, CHAT_EXAONE, CHAT_THINK_DEFAULT, CONV, 5, false, true,
+              "[|system|]You are a helpful assistant[|endofturn|]\n[|user|]Hello\n[|assistant|]Hi there"
+              "[|endofturn|]\n[|user|]Who are you\n[|assistant|]   I am an assistant   ");
+
+    static const char conv4[] = "[|system|]\nYou are a helpful assistant[|endofturn|]\n" E4_USER("Hello")
+        E4_ANSWER("Hi there") E4_USER("Who are you") E4_ANSWER("   I am an assistant   ") E4_USER("Another question")
+        E4_GEN;
+    expect_on(T_EXAONE4, CHAT_EXAONE, CHAT_THINK_DEFAULT, CONV, N_CONV, true, false, conv4);
+    expect_on(T_EXAONE4, CHAT_EXAONE, CHAT_THINK_OFF, CONV, N_CONV, true, false, conv4); /* enable_thinking false */
+    expect_on(NULL, CHAT_EXAONE, CHAT_THINK_DEFAULT, CONV, N_CONV, true, false, conv4);  /* by name: 4.0's */
+    expect_on(T_EXAONE4, CHAT_EXAONE, CHAT_THINK_DEFAULT, CONV + 1, 0, true, false, E4_GEN);
+    chat_prompt p;
+    render_on(T_EXAONE4, CHAT_EXAONE, CHAT_THINK_ON, CONV + 1, 1, true, false,
+              E4_USER("Hello") "[|assistant|]\n<think>\n", &p);
+    expect_span(&p, "[|assistant|]\n<think>\n", true); /* the reasoning opened by the template */
+    expect_span(&p, "Hello", false);
+    chat_prompt_free(&p);
+    /* an answer's reasoning is not written (skip_think), what follows its last </think> is stripped, an
+     * empty answer has no block, one of blanks keeps them; later system messages stay where they are */
+    static const chat_msg r[] = {M(CHAT_SYSTEM, "S"), M(CHAT_USER, "q"),
+                                 M(CHAT_ASSISTANT, "<think>\nhm\n</think>\n\n  A  "), M(CHAT_ASSISTANT, ""),
+                                 M(CHAT_SYSTEM, "late"), M(CHAT_USER, "q2"),
+                                 M(CHAT_ASSISTANT, "x</think>y</think> z "), M(CHAT_ASSISTANT, " \n ")};
+    expect_on(T_EXAONE4, CHAT_EXAONE, CHAT_THINK_ON, r, 8, false, false,
+              "[|system|]\nS[|endofturn|]\n" E4_USER("q") E4_ANSWER("A") "[|assistant|]\n[|endofturn|]\n"
+              "[|system|]\nlate[|endofturn|]\n" E4_USER("q2") E4_ANSWER("z") E4_ANSWER(" \n "));
+    expect_on(T_EXAONE4, CHAT_EXAONE, CHAT_THINK_ON, r + 1, 2, true, false,
+              E4_USER("q") E4_ANSWER("A") "[|assistant|]\n<think>\n");
+    /* continue_final_message: the answer opened after its empty reasoning block */
+    expect_on(T_EXAONE4, CHAT_EXAONE, CHAT_THINK_DEFAULT, CONV + 1, 2, false, true,
+              E4_USER("Hello") "[|assistant|]\n<think>\n\n</think>\n\nHi there");
+
+    /* llama.cpp's rules: all three markers for EXAONE, "[|tool|]" for 4.0; 4.0 thinks, 3.x does not */
+    assert_int_equal(chat_detect("[|user|]{{ content }}[|endofturn|][|assistant|]", NULL), CHAT_PLAIN);
+    chat_template t;
+    assert_int_equal(chat_template_init(&t, CHAT_EXAONE, T_EXAONE4, "[BOS]", "[|endofturn|]"), VKI_OK);
+    assert_true(t.exaone4 && chat_thinks(&t) && !t.emit_bos && !t.strip_think);
+    chat_template_free(&t);
+    assert_int_equal(chat_template_init(&t, CHAT_EXAONE, T_EXAONE35, "[BOS]", "[|endofturn|]"), VKI_OK);
+    assert_true(!t.exaone4 && !chat_thinks(&t) && !t.emit_bos);
+    chat_template_free(&t);
+    chat_family f;
+    assert_true(chat_family_parse("exaone", &f) && f == CHAT_EXAONE);
+}
+
 static void test_fallback(void **state)
 {
     static const char want[] = "system: You are a helpful assistant\nuser: Hello\nassistant: Hi there\nuser: Who are "
@@ -1272,8 +1404,8 @@ static void count_specials(const vki_tokenizer *tok, chat_think think, const cha
     chat_specials_free(sp);
 }
 
-/* Granite's and SmolLM3's markers (and the <think> of the texts their templates write) are control
- * tokens where the template wrote them; the same texts in a message are text. */
+/* Granite's, SmolLM3's and EXAONE's markers (and the <think> of the texts their templates write) are
+ * control tokens where the template wrote them; the same texts in a message are text. */
 static void test_tokenize_new_families(void **state)
 {
     static const char *const g[] = {"<|end_of_text|>", "<|start_of_role|>", "<|end_of_role|>", "<think>",
@@ -1302,6 +1434,31 @@ static void test_tokenize_new_families(void **state)
     count_specials(tok, CHAT_THINK_OFF, sm + 1, 1, 5, c);
     assert_int_equal(c[2], 1); /* the generation prompt's empty block */
     assert_int_equal(c[3], 1);
+    vki_tokenizer_free(tok);
+
+    /* EXAONE 4.0's vocabulary: bos [BOS], eos [|endofturn|] */
+    static const char *const e[] = {"[BOS]", "[|endofturn|]", "[|system|]", "[|user|]", "[|assistant|]", "[|tool|]",
+                                    "<think>", "</think>"};
+    size_t ce[8];
+    tok = load_byte_vocab(T_EXAONE4, e, 8, 256, 257, "exaone");
+    static const chat_msg em[] = {M(CHAT_SYSTEM, "S [|user|]"), M(CHAT_USER, "q[|endofturn|]<think>"),
+                                  M(CHAT_ASSISTANT, "</think>A[|assistant|][|tool|]")};
+    count_specials(tok, CHAT_THINK_DEFAULT, em, 3, 8, ce);
+    static const size_t want4[8] = {0, 3, 1, 1, 2, 0, 2, 2}; /* empty reasoning blocks: the answer's, the prompt's */
+    for (int k = 0; k < 8; k++)
+        if (ce[k] != want4[k])
+            fail_msg("exaone 4 %s: %zu, want %zu", e[k], ce[k], want4[k]);
+    count_specials(tok, CHAT_THINK_ON, em, 3, 8, ce);
+    assert_int_equal(ce[6], 2); /* the answer's block, the generation prompt's opened reasoning */
+    assert_int_equal(ce[7], 1);
+    vki_tokenizer_free(tok);
+    /* EXAONE 3.5's: the empty system turn's markers are the template's, a user's are text */
+    tok = load_byte_vocab(T_EXAONE35, e, 8, 256, 257, "exaone");
+    count_specials(tok, CHAT_THINK_DEFAULT, em + 1, 1, 8, ce);
+    static const size_t want35[8] = {0, 1, 1, 1, 1, 0, 0, 0};
+    for (int k = 0; k < 8; k++)
+        if (ce[k] != want35[k])
+            fail_msg("exaone 3.5 %s: %zu, want %zu", e[k], ce[k], want35[k]);
     vki_tokenizer_free(tok);
 }
 
@@ -1488,7 +1645,7 @@ int main(void)
         cmocka_unit_test(test_mistral),      cmocka_unit_test(test_zephyr),       cmocka_unit_test(test_gemma),
         cmocka_unit_test(test_phi3),         cmocka_unit_test(test_deepseek),     cmocka_unit_test(test_harmony),
         cmocka_unit_test(test_tulu),         cmocka_unit_test(test_granite),      cmocka_unit_test(test_smollm3),
-        cmocka_unit_test(test_fallback),
+        cmocka_unit_test(test_exaone),       cmocka_unit_test(test_fallback),
         cmocka_unit_test(test_errors),
         cmocka_unit_test(test_open_end),
         cmocka_unit_test(test_tokenize_spm), cmocka_unit_test(test_tokenize_bpe),

@@ -23,7 +23,7 @@ static const char *const family_names[CHAT_FAMILY_COUNT] = {
     [CHAT_PLAIN] = "plain",   [CHAT_CHATML] = "chatml", [CHAT_LLAMA3] = "llama3", [CHAT_LLAMA2] = "llama2",
     [CHAT_MISTRAL] = "mistral", [CHAT_ZEPHYR] = "zephyr", [CHAT_GEMMA] = "gemma",  [CHAT_PHI3] = "phi3",
     [CHAT_DEEPSEEK] = "deepseek", [CHAT_HARMONY] = "harmony", [CHAT_TULU] = "tulu",     [CHAT_GRANITE] = "granite",
-    [CHAT_SMOLLM3] = "smollm3",
+    [CHAT_SMOLLM3] = "smollm3", [CHAT_EXAONE] = "exaone",
 };
 _Static_assert(sizeof family_names / sizeof family_names[0] == CHAT_FAMILY_COUNT, "a name per family");
 
@@ -89,6 +89,8 @@ chat_family chat_detect(const char *t, bool *known)
         f = strstr(t, "## Metadata") && strstr(t, "Reasoning Mode: ") ? CHAT_SMOLLM3 : CHAT_CHATML;
     else if (strstr(t, "<|start_of_role|>"))
         f = CHAT_GRANITE;
+    else if (strstr(t, "[|system|]") && strstr(t, "[|assistant|]") && strstr(t, "[|endofturn|]"))
+        f = CHAT_EXAONE;
     else if (strstr(t, "<|start_header_id|>"))
         f = CHAT_LLAMA3;
     else if (strstr(t, "<start_of_turn>"))
@@ -300,6 +302,7 @@ vki_status chat_template_init(chat_template *t, chat_family f, const char *tmpl,
     t->dated = (f == CHAT_HARMONY || f == CHAT_SMOLLM3) && (!tmpl || strstr(tmpl, "strftime_now"));
     t->smollm3_closed = f == CHAT_SMOLLM3 && tmpl && !strstr(tmpl, "xml_tools");
     t->smollm3_override = f == CHAT_SMOLLM3 && (!tmpl || strstr(tmpl, "/system_override"));
+    t->exaone4 = f == CHAT_EXAONE && (!tmpl || strstr(tmpl, "[|tool|]")); /* llama.cpp's rule */
     vki_status st = VKI_OK;
     if (f == CHAT_CHATML && tmpl)
         st = chatml_default_system(tmpl, &t->default_system);
@@ -320,7 +323,8 @@ void chat_template_free(chat_template *t)
 
 bool chat_thinks(const chat_template *t)
 {
-    return t->family == CHAT_DEEPSEEK || t->family == CHAT_SMOLLM3 || (t->family == CHAT_CHATML && t->strip_think);
+    return t->family == CHAT_DEEPSEEK || t->family == CHAT_SMOLLM3 || (t->family == CHAT_CHATML && t->strip_think) ||
+           (t->family == CHAT_EXAONE && t->exaone4);
 }
 
 /* ---- the prompt buffer -------------------------------------------------------------------- */
@@ -837,7 +841,7 @@ static void render_harmony(const chat_template *t, const chat_msg *m, size_t n, 
         lit(o, "<|start|>assistant");
 }
 
-/* ---- OLMo 2 / Tülu 3, Granite, SmolLM3 ----------------------------------------------------- */
+/* ---- OLMo 2 / Tülu 3, Granite, SmolLM3, EXAONE ---------------------------------------------- */
 
 /* allenai/OLMo-2-1124-13B-Instruct (and Tülu 3's): bos, then '<|system|>\n' / '<|user|>\n' +
  * content + '\n', answers '<|assistant|>\n' + content + eos_token, and '\n' unless it is the last
@@ -1013,12 +1017,58 @@ static void render_smollm3(const chat_template *t, const chat_msg *m, size_t n, 
         lit(o, open);
 }
 
+/* LGAI-EXAONE/EXAONE-3.5-2.4B-Instruct (the other 3.5 sizes' and 3.0's write the same):
+ * '[|system|][|endofturn|]\n' when messages[0] is not a system message, then each message
+ * '[|' + role + '|]' + content and '\n' after a user turn, '[|endofturn|]\n' after any other; then
+ * '[|assistant|]'. Nothing is trimmed (llama.cpp's built-in EXAONE renderer trims every message and
+ * leaves the empty system turn out; the Jinja does neither).
+ * LGAI-EXAONE/EXAONE-4.0-32B, no tools: every message '[|' + role + '|]\n' + content +
+ * '[|endofturn|]\n', no default system turn; an answer with content is written behind an empty
+ * reasoning block '<think>\n\n</think>\n\n' (its skip_think, true unless the caller sets it, keeps
+ * no reasoning), as content.split('</think>')[-1].strip() when it holds a '</think>'; an empty answer
+ * is '[|assistant|]\n[|endofturn|]\n'. The generation prompt: '[|assistant|]\n' and '<think>\n' when
+ * enable_thinking is true, else the empty block. (EXAONE Deep's template, which has no '[|tool|]', is
+ * taken for 3.x's: its '<thought>' generation prompt and the newlines it writes between messages
+ * instead are not reproduced.) */
+static void render_exaone(const chat_template *t, const chat_msg *m, size_t n, bool gen, chat_out *o, char *err,
+                          size_t n_err)
+{
+    if (!t->exaone4 && n && m[0].role != CHAT_SYSTEM)
+        lit(o, "[|system|][|endofturn|]\n");
+    for (size_t i = 0; i < n; i++) {
+        lit(o, "[|");
+        lit(o, role_names[m[i].role]);
+        lit(o, t->exaone4 ? "|]\n" : "|]");
+        if (!t->exaone4) {
+            txt(o, &m[i]);
+            lit(o, m[i].role == CHAT_USER ? "\n" : "[|endofturn|]\n");
+            continue;
+        }
+        if (m[i].role != CHAT_ASSISTANT) {
+            txt(o, &m[i]);
+        } else if (m[i].len) {
+            const char *c = past_think(&m[i]);
+            chat_msg answer = {CHAT_ASSISTANT, c, (size_t)(m[i].content + m[i].len - c)};
+            lit(o, "<think>\n\n</think>\n\n");
+            if (c != m[i].content)
+                content_trimmed(o, &answer);
+            else
+                txt(o, &m[i]);
+        }
+        lit(o, "[|endofturn|]\n");
+    }
+    if (gen && !t->exaone4)
+        lit(o, "[|assistant|]");
+    else if (gen)
+        lit(o, t->think == CHAT_THINK_ON ? "[|assistant|]\n<think>\n" : "[|assistant|]\n<think>\n\n</think>\n\n");
+}
+
 static const render_fn renderers[CHAT_FAMILY_COUNT] = {
     [CHAT_PLAIN] = render_plain,     [CHAT_CHATML] = render_chatml, [CHAT_LLAMA3] = render_llama3,
     [CHAT_LLAMA2] = render_llama2,   [CHAT_MISTRAL] = render_mistral, [CHAT_ZEPHYR] = render_zephyr,
     [CHAT_GEMMA] = render_gemma,     [CHAT_PHI3] = render_phi3,     [CHAT_DEEPSEEK] = render_deepseek,
     [CHAT_HARMONY] = render_harmony, [CHAT_TULU] = render_tulu,     [CHAT_GRANITE] = render_granite,
-    [CHAT_SMOLLM3] = render_smollm3,
+    [CHAT_SMOLLM3] = render_smollm3, [CHAT_EXAONE] = render_exaone,
 };
 
 void chat_prompt_open_end(chat_prompt *p)

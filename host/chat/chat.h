@@ -6,8 +6,8 @@
  * Families: ChatML (incl. a default system prompt written literally in the template, as Qwen's),
  * Llama 3, Llama 2 (<<SYS>>), Mistral ([INST] without <<SYS>>; the "v1" spacing when the template
  * writes ' [INST] '), Zephyr, Gemma, Phi-3, DeepSeek-R1, gpt-oss's harmony, OLMo 2 / Tülu 3,
- * IBM Granite 3.x, SmolLM3. Anything else, or no template: CHAT_PLAIN, our own fallback of
- * "role: content" lines ending in "assistant:" (the caller logs it).
+ * IBM Granite 3.x, SmolLM3, LG's EXAONE 3.0 / 3.5 and 4.0. Anything else, or no template: CHAT_PLAIN,
+ * our own fallback of "role: content" lines ending in "assistant:" (the caller logs it).
  *
  * Tokenisation keeps the roles of the two kinds of text apart: control tokens ("<|im_start|>",
  * "<s>") are recognised only inside the text the template itself wrote; message content is always
@@ -37,6 +37,7 @@ typedef enum chat_family {
     CHAT_GRANITE,  /* IBM Granite 3.x: <|start_of_role|>role<|end_of_role|>...<|end_of_text|>, a dated default
                       system prompt (3.1+) */
     CHAT_SMOLLM3,  /* SmolLM3: ChatML behind a "## Metadata" system block, /think and /no_think */
+    CHAT_EXAONE,   /* LG AI Research's EXAONE 3.0 / 3.5 / 4.0: [|role|]...[|endofturn|] (see exaone4) */
     CHAT_FAMILY_COUNT
 } chat_family;
 
@@ -56,9 +57,9 @@ typedef enum chat_effort {
 const char *chat_effort_name(chat_effort e); /* "medium", "low", "high" */
 bool chat_effort_parse(const char *name, chat_effort *out);
 
-/* Granite's `thinking` and SmolLM3's `enable_thinking` template variables. */
+/* Granite's `thinking` and SmolLM3's and EXAONE 4's `enable_thinking` template variables. */
 typedef enum chat_think {
-    CHAT_THINK_DEFAULT = 0, /* the template's default: Granite's off, SmolLM3's on */
+    CHAT_THINK_DEFAULT = 0, /* the template's default: Granite's and EXAONE 4's off, SmolLM3's on */
     CHAT_THINK_ON,
     CHAT_THINK_OFF,
 } chat_think;
@@ -96,6 +97,9 @@ typedef struct chat_template {
     bool smollm3_closed;  /* SmolLM3: "<|im_end|>\n" after the metadata block even without tools (Unsloth's
                              edit, llama.cpp's copy; the released template leaves the block open) */
     bool smollm3_override; /* SmolLM3: a system message holding "/system_override" replaces the block */
+    bool exaone4;         /* EXAONE 4.0 (its template has a "[|tool|]" role): "[|role|]\n" + content +
+                             "[|endofturn|]\n" for every message, answers behind an empty reasoning block;
+                             false: EXAONE 3.0 / 3.5, "[|role|]" + content, "\n" after a user turn */
     /* The variable parts of the harmony (gpt-oss), Granite and SmolLM3 system messages. The
      * renderer reads them; callers set them per conversation on a copy (the server does, from the
      * request). */
@@ -105,7 +109,7 @@ typedef struct chat_template {
     char date[16];        /* that date, "YYYY-MM-DD"; "" = today in local time, read when rendering (as
                              strftime_now does): set it for a deterministic prompt */
     chat_effort effort;   /* "Reasoning: ..." (the template's reasoning_effort variable) */
-    chat_think think;     /* Granite, SmolLM3 (a SmolLM3 system message's /think or /no_think wins) */
+    chat_think think;     /* Granite, SmolLM3 (a SmolLM3 system message's /think or /no_think wins), EXAONE 4 */
 } chat_template;
 
 /* Recognises a template by its markers; *known = false (and CHAT_PLAIN) for NULL, empty or an
@@ -117,7 +121,8 @@ bool chat_family_parse(const char *name, chat_family *out);
 /* Fills *t for family f. tmpl (may be NULL) refines it: whether bos_token is written, the Mistral
  * spacing, ChatML's literal default system prompt and reasoning stripping, the first Phi-3
  * template, harmony's and SmolLM3's date lines, Granite's default system prompt (from the
- * template's literals; none in Granite 3.0's). bos/eos: token texts (NULL = none). */
+ * template's literals; none in Granite 3.0's), EXAONE 4.0 or 3.x (without tmpl: Granite 3.3's,
+ * EXAONE 4.0's). bos/eos: token texts (NULL = none). */
 vki_status chat_template_init(chat_template *t, chat_family f, const char *tmpl, const char *bos, const char *eos);
 void chat_template_free(chat_template *t);
 
@@ -140,7 +145,7 @@ typedef struct chat_prompt {
 } chat_prompt;
 
 /* The model writes its reasoning as "<think>...</think>" before the answer (DeepSeek-R1, Qwen3's
- * ChatML, SmolLM3): what reasoning_format "auto" splits off. */
+ * ChatML, SmolLM3, EXAONE 4): what reasoning_format "auto" splits off. */
 bool chat_thinks(const chat_template *t);
 
 /* Renders messages the way the family's upstream template does. Errors (VKI_ERR_INVALID_ARG,
