@@ -1994,6 +1994,47 @@ static void test_vllm_fields(void **state)
     cJSON_Delete(y);
     stop(t);
     vki_engine_destroy(e);
+    /* EXAONE 4 (recognised by its markers; test_chat renders its real template): thinking is off
+     * unless enable_thinking is true, which opens the reasoning block; Ollama's "think" too */
+    ed.s = "[|system|] [|user|] [|assistant|] [|endofturn|] [|tool|]";
+    assert_int_equal(gguf_edit_copy(t->model, qpath, &ed, 1), VKI_OK);
+    if (vki_engine_create(qpath, &ep, &e, err, sizeof err) != VKI_OK)
+        fail_msg("engine: %s", err);
+    p = test_params(t);
+    p.model_path = qpath;
+    start_p(t, e, &p);
+    static const char EX_T[] = "{\"messages\":[{\"role\":\"user\",\"content\":\"Hi\"}],\"max_tokens\":1,"
+                               "\"return_token_ids\":true%s}";
+    static const char *const kw[3] = {"", ",\"chat_template_kwargs\":{\"enable_thinking\":true}",
+                                      ",\"chat_template_kwargs\":{\"enable_thinking\":false}"};
+    static const char *const tail[3] = {"[|assistant|]\n<think>\n\n</think>\n\n", "[|assistant|]\n<think>\n",
+                                        "[|assistant|]\n<think>\n\n</think>\n\n"};
+    for (int v = 0; v < 3; v++) {
+        char req[256];
+        snprintf(req, sizeof req, EX_T, kw[v]);
+        x = http_json(t, "POST", "/v1/chat/completions", req, 200);
+        n = 0;
+        for (const cJSON *u = vt_json_get(x, "prompt_token_ids")->child; u && n < 512; u = u->next)
+            ids[n++] = (int32_t)u->valuedouble;
+        assert_int_equal(vki_detokenize(vki_engine_tokenizer(e), ids, n, 0, tx, sizeof tx - 1, &len_x), VKI_OK);
+        tx[len_x] = 0;
+        size_t lt = strlen(tail[v]);
+        if (len_x < lt || strcmp(tx + len_x - lt, tail[v]))
+            fail_msg("EXAONE 4 %s: the prompt ends \"%s\"", v ? kw[v] : "(default)", tx);
+        cJSON_Delete(x);
+    }
+    int counts[2];
+    for (int v = 0; v < 2; v++) {
+        char req[320];
+        snprintf(req, sizeof req, "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"Hi\"}],"
+                 "\"stream\":false,\"think\":%s,\"options\":{\"num_predict\":1}}", v ? "true" : "false");
+        x = http_json(t, "POST", "/api/chat", req, 200);
+        counts[v] = (int)vt_json_num(x, "prompt_eval_count");
+        cJSON_Delete(x);
+    }
+    assert_true(counts[0] > counts[1]); /* think false: the closed block's "\n\n</think>\n\n" more */
+    stop(t);
+    vki_engine_destroy(e);
     unlink(qpath);
 }
 

@@ -156,15 +156,18 @@ static bool format(const cJSON *in, cJSON *o, srv_error *e)
     return true;
 }
 
-/* "think": false turns thinking off (Qwen3's switch), a level sets the reasoning effort on a
- * harmony template (gpt-oss) and means true on the others, as in Ollama. */
+/* "think": false turns thinking off (Qwen3's switch), true on where a template has it off by
+ * default (EXAONE 4, Granite 3.2 / 3.3), a level sets the reasoning effort on a harmony template
+ * (gpt-oss) and means true on the others, as in Ollama. */
 static bool think(const cJSON *in, bool harmony, cJSON *o, srv_error *e)
 {
     const cJSON *t = item(in, "think");
-    if (absent(t) || cJSON_IsTrue(t))
+    if (absent(t))
         return true;
-    if (cJSON_IsFalse(t)) {
-        cJSON_AddBoolToObject(cJSON_AddObjectToObject(o, "chat_template_kwargs"), "enable_thinking", false);
+    if (cJSON_IsBool(t)) {
+        cJSON *kw = cJSON_AddObjectToObject(o, "chat_template_kwargs");
+        cJSON_AddBoolToObject(kw, "enable_thinking", cJSON_IsTrue(t));
+        cJSON_AddBoolToObject(kw, "thinking", cJSON_IsTrue(t)); /* Granite's name for it */
         return true;
     }
     if (cJSON_IsString(t) && (!strcmp(t->valuestring, "low") || !strcmp(t->valuestring, "medium") ||

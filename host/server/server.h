@@ -471,6 +471,7 @@ struct srv_job {
      * (assistant) message left open, so the answer continues it */
     bool no_gen_prompt, continue_final;
     bool no_think;             /* chat_template_kwargs.enable_thinking false (Qwen3's templates) */
+    bool think_on;             /* ... true (EXAONE 4's; Granite's own `thinking` true) */
     uint8_t reasoning_format;  /* SRV_REASONING_*: reasoning_format (llama-server's), default auto */
     bool think;                /* chat answers go through srv_think (reasoning_content; harmony's channels) */
     bool harmony;              /* chat answers are harmony text (gpt-oss): its control tokens are

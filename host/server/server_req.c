@@ -233,20 +233,25 @@ static bool effort(const char *field, const cJSON *v, chat_effort *out, srv_erro
 }
 
 /* chat_template_kwargs (vLLM, llama-server): the variables a Jinja template reads. vkinfer's
- * renderers read two, Qwen3's enable_thinking (false: an empty reasoning block opens the answer)
- * and, for gpt-oss's harmony template, reasoning_effort (unless the request's own reasoning_effort
- * is given, which wins, as in llama-server); the others change nothing in the templates it renders
- * and are accepted. */
+ * renderers read enable_thinking (false: Qwen3's empty reasoning block opens the answer, SmolLM3
+ * and EXAONE 4 do not think; true: EXAONE 4's and SmolLM3's generation prompt opens one), Granite's
+ * own `thinking` (its template's name for it), and, for gpt-oss's harmony template,
+ * reasoning_effort (unless the request's own reasoning_effort is given, which wins, as in
+ * llama-server); the others change nothing in the templates it renders and are accepted. */
 static bool f_template_kwargs(req_ctx *c, const cJSON *v, srv_error *e)
 {
     if (!cJSON_IsObject(v))
         return srv_err(e, 400, "chat_template_kwargs", "chat_template_kwargs must be an object"), false;
     const cJSON *t = cJSON_GetObjectItemCaseSensitive(v, "enable_thinking"),
-                *r = cJSON_GetObjectItemCaseSensitive(v, "reasoning_effort");
-    if (t && !cJSON_IsBool(t))
-        return srv_err(e, 400, "chat_template_kwargs", "chat_template_kwargs.enable_thinking must be a boolean"),
-               false;
+                *r = cJSON_GetObjectItemCaseSensitive(v, "reasoning_effort"),
+                *g = cJSON_GetObjectItemCaseSensitive(v, "thinking");
+    if ((t && !cJSON_IsBool(t)) || (g && !cJSON_IsBool(g)))
+        return srv_err(e, 400, "chat_template_kwargs", "chat_template_kwargs.enable_thinking and .thinking must be "
+                       "booleans"), false;
+    if (c->s->chat.family == CHAT_GRANITE && g) /* Granite 3.2 / 3.3's template variable */
+        t = g;
     c->j->no_think = cJSON_IsFalse(t);
+    c->j->think_on = cJSON_IsTrue(t);
     chat_effort x;
     if (r && !cJSON_IsNull(r) && c->s->chat.family == CHAT_HARMONY) {
         if (!effort("chat_template_kwargs.reasoning_effort", r, &x, e))

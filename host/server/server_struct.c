@@ -341,7 +341,7 @@ bool srv_struct_render(srv_job *j, const chat_msg *m, const chat_tool_msg *tm, s
     bool gen = !j->no_gen_prompt;
     chat_template t = s->chat; /* harmony: this request's reasoning effort; the date is today's */
     t.effort = j->effort;
-    t.think = j->no_think ? CHAT_THINK_OFF : CHAT_THINK_DEFAULT; /* SmolLM3: enable_thinking false */
+    t.think = j->no_think ? CHAT_THINK_OFF : j->think_on ? CHAT_THINK_ON : CHAT_THINK_DEFAULT;
     vki_status st = tools || tm ? chat_render_tools(&t, s->tool_fmt, m, tm, n, tools, gen, p, err, sizeof err)
                                 : chat_render(&t, m, n, gen, p, err, sizeof err);
     if (st == VKI_OK && j->continue_final)
