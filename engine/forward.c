@@ -211,8 +211,8 @@ static bool dense_xh(const vk_engine *e, const vk_layer *L, uint32_t T)
     return use_xh(e, &L->w_up, T) || use_xh(e, &L->w_gate, T);
 }
 
-/* The FFN's first products: the experts' where there are (the shared expert's come after them
- * and make their own copies of h). */
+/* The FFN's first products: the experts' where there are (granitemoe's shared expert after them
+ * reads the int8 / F16 copies of h they made, or makes its own). */
 static bool ffn_i8(const vk_engine *e, const vk_layer *L, uint32_t T)
 {
     return e->model.hp.n_expert ? vk_moe_h_i8(e, L, T) : dense_i8(e, L, T);
@@ -440,7 +440,9 @@ static vki_status record_ffn_block(vk_engine *e, uint32_t il, uint32_t T, bool *
     if (one && !e->p.no_fusion && L->w_up.n_parts == 1 &&
         (e->p.batch_invariant || T <= op_matmul_gemv_max_m(e->dev))) {
         /* decode: the matrix-vector pass writes act(gate) * up itself, [T][ff], and where down
-         * takes the integer-dot path its int8 copy too (s->gq) */
+         * takes the integer-dot path its int8 copy too (s->gq); no F16 copy of h is read here,
+         * and one the experts left must not pass for down's input */
+        e->xh_ready = false;
         vkd_role(c, "ffn_gate_up");
         const bool gq = use_i8(e, &L->w_down, T) && op_matmul_glu_xq_fits(e->dev, &L->w_up);
         const op_mm_glu_xq gx = {vkd_whole(s->mm_cnt), gq ? vkd_whole(s->gq) : (vkd_view){0}};
