@@ -466,6 +466,42 @@ static const char T_EXAONE4[] =
     "      {{- \"<think>\\n\" }}\n    {%- else %}\n        {{- \"<think>\\n\\n</think>\\n\\n\" }}\n    {%- endif %}\n"
     "{%- endif %}";
 
+/* GLM-4-0414: THUDM/GLM-4-9B-0414's template as its tokenizer_config.json writes it, reconstructed
+ * (no copy of that file's chat_template was at hand): the structure of GLM-Z1's below and of GLM-Z1-
+ * Rumination-32B-0414's (its GGUF conversion log in ikawrakow/ik_llama.cpp), without the reasoning split,
+ * with '<|assistant|>\n' as the generation prompt (llama.cpp's chatglm4 writes the same). */
+static const char T_GLM4[] =
+    "[gMASK]<sop>{%- if tools -%}<|system|>\n# 可用工具\n{% for tool in tools %}{%- set function = tool.functio"
+    "n if tool.get(\"function\") else tool %}\n\n## {{ function.name }}\n\n{{ function | tojson(indent=4, ensure_as"
+    "cii=False) }}\n在调用上述函数时，请使用 Json 格式表示调用的参数。{%- endfor %}{%- endif "
+    "-%}{%- for msg in messages %}{%- if msg.role == 'system' %}<|system|>\n{{ msg.content }}{%- endif %}{%- endfor"
+    " %}{%- for message in messages if message.role != 'system' %}{%- set role = message['role'] %}{%- set content "
+    "= message['content'] %}{%- set meta = message.get(\"metadata\", \"\") %}{%- if role == 'user' %}<|user|>\n{{ c"
+    "ontent }}{%- elif role == 'assistant' and not meta %}<|assistant|>\n{{ content }}{%- elif role == 'assistant' "
+    "and meta %}<|assistant|>{{ meta }} \n{{ content }}{%- elif role == 'observation' %}<|observation|>\n{{ content"
+    " }}{%- endif %}{%- endfor %}{% if add_generation_prompt %}<|assistant|>\n{% endif %}";
+
+/* GLM-Z1: zai-org/GLM-Z1-9B-0414's chat_template.jinja (GLM-Z1-32B-0414's is the same). */
+static const char T_GLMZ1[] =
+    "[gMASK]<sop>\n{%- if tools -%}\n<|system|>\n你是一个名为 ChatGLM 的人工智能助手。你是基于智"
+    "谱 AI 公司训练的语言模型 GLM-4 模型开发的，你的任务是针对用户的问题和要求提供"
+    "适当的答复和支持。\n\n# 可用工具\n{%- for tool in tools %}\n    {%- set function = tool.function "
+    "if tool.get(\"function\") else tool %}\n\n## {{ function.name }}\n\n{{ function | tojson(indent=4, ensure_asci"
+    "i=False) }}\n在调用上述函数时，请使用 Json 格式表示调用的参数。\n{%- endfor %}\n{%- endi"
+    "f -%}\n\n{%- for msg in messages %}\n    {%- if msg.role == 'system' %}\n<|system|>\n{{ msg.content }}\n    {%"
+    "- endif %}\n{%- endfor %}\n\n{%- for message in messages if message.role != 'system' %}\n    {%- set role = me"
+    "ssage['role'] %}\n    {%- set content = message['content'] %}\n    {%- set visible = content.split('</think>')"
+    "[-1].strip() %}\n    {%- set meta = message.get(\"metadata\", \"\") %}\n\n    {%- if role == 'user' %}\n<|user"
+    "|>\n{{ visible }}\n    {%- elif role == 'assistant' and not meta %}\n<|assistant|>\n{{ visible }}\n    {%- eli"
+    "f role == 'assistant' and meta %}\n<|assistant|>{{ meta }}\n{{ visible }}\n    {%- elif role == 'observation' "
+    "%}\n<|observation|>\n{{ visible }}\n    {%- endif %}\n{%- endfor %}\n{% if add_generation_prompt %}<|assistant"
+    "|>\n<think>{% endif %}";
+
+/* A glm-4-9b-chat-like template (ours, reduced to its messages loop): system messages where they are. */
+static const char T_GLM4_CHAT[] =
+    "[gMASK]<sop>{% for item in messages %}<|{{ item['role'] }}|>\n{{ item['content'] }}{% endfor %}{% if add_gener"
+    "ation_prompt %}<|assistant|>{% endif %}";
+
 /* Not one of ours (DeepSeek-V2): falls back. */
 static const char T_DEEPSEEK[] =
     "{% if not add_generation_prompt is defined %}{% set add_generation_prompt = false %}{% endif %}{{ bos_token }}{% "
@@ -1107,6 +1143,82 @@ static void test_exaone(void **state)
     assert_true(chat_family_parse("exaone", &f) && f == CHAT_EXAONE);
 }
 
+#define GLM_CONV(answer)                                                                                      \
+    "[gMASK]<sop><|system|>\nYou are a helpful assistant<|user|>\nHello<|assistant|>\nHi there<|user|>\nWho are " \
+    "you<|assistant|>\n" answer "<|user|>\nAnother question"
+
+/* GLM-4-0414 and GLM-Z1, the expected strings as jinja2 3.1 renders the templates above with
+ * transformers' settings (trim_blocks, lstrip_blocks, loopcontrols). Both: '[gMASK]<sop>', every
+ * system message first, '<|role|>\n' + content, nothing after a turn. GLM-4-0414: nothing trimmed,
+ * '<|assistant|>\n' to generate. Z1: every non-system message cut to what follows its last '</think>'
+ * and stripped (user turns too), '<|assistant|>\n<think>' to generate. */
+static void test_glm4(void **state)
+{
+    (void)state;
+    expect_on(T_GLM4, CHAT_GLM4, CHAT_THINK_DEFAULT, CONV, N_CONV, true, false,
+              GLM_CONV("   I am an assistant   ") "<|assistant|>\n");
+    expect_on(NULL, CHAT_GLM4, CHAT_THINK_DEFAULT, CONV, N_CONV, true, false,
+              GLM_CONV("   I am an assistant   ") "<|assistant|>\n"); /* by name: GLM-4-0414's */
+    expect_on(T_GLMZ1, CHAT_GLM4, CHAT_THINK_DEFAULT, CONV, N_CONV, true, false,
+              GLM_CONV("I am an assistant") "<|assistant|>\n<think>");
+    expect_on(T_GLM4, CHAT_GLM4, CHAT_THINK_DEFAULT, CONV + 1, 2, false, false,
+              "[gMASK]<sop><|user|>\nHello<|assistant|>\nHi there");
+    expect_on(T_GLM4, CHAT_GLM4, CHAT_THINK_DEFAULT, CONV, 0, true, false, "[gMASK]<sop><|assistant|>\n");
+    expect_on(T_GLMZ1, CHAT_GLM4, CHAT_THINK_DEFAULT, CONV, 0, true, false, "[gMASK]<sop><|assistant|>\n<think>");
+    /* a later system message is written with the first ones */
+    static const chat_msg late[] = {M(CHAT_USER, "a"), M(CHAT_ASSISTANT, "b"), M(CHAT_SYSTEM, "c"), M(CHAT_USER, "d")};
+    expect_on(T_GLM4, CHAT_GLM4, CHAT_THINK_DEFAULT, late, 4, true, false,
+              "[gMASK]<sop><|system|>\nc<|user|>\na<|assistant|>\nb<|user|>\nd<|assistant|>\n");
+    expect_on(T_GLMZ1, CHAT_GLM4, CHAT_THINK_DEFAULT, late, 4, true, false,
+              "[gMASK]<sop><|system|>\nc<|user|>\na<|assistant|>\nb<|user|>\nd<|assistant|>\n<think>");
+    /* glm-4-9b-chat's kind (no "message.role != 'system'"): in order, its own generation prompt */
+    expect_on(T_GLM4_CHAT, CHAT_GLM4, CHAT_THINK_DEFAULT, late, 4, true, false,
+              "[gMASK]<sop><|user|>\na<|assistant|>\nb<|system|>\nc<|user|>\nd<|assistant|>");
+    /* reasoning: GLM-4-0414 keeps every text; Z1 cuts after the last </think> and strips, system
+     * messages untouched, an empty answer and one of blanks both empty */
+    static const chat_msg r[] = {M(CHAT_SYSTEM, "S"), M(CHAT_USER, " q </think> u "),
+                                 M(CHAT_ASSISTANT, "<think>\nhm\n</think>\n\n  A  "), M(CHAT_ASSISTANT, ""),
+                                 M(CHAT_SYSTEM, " late "), M(CHAT_USER, "q2"),
+                                 M(CHAT_ASSISTANT, "x</think>y</think> z "), M(CHAT_ASSISTANT, " \n ")};
+    expect_on(T_GLM4, CHAT_GLM4, CHAT_THINK_DEFAULT, r, 8, false, false,
+              "[gMASK]<sop><|system|>\nS<|system|>\n late <|user|>\n q </think> u <|assistant|>\n<think>\nhm\n"
+              "</think>\n\n  A  <|assistant|>\n<|user|>\nq2<|assistant|>\nx</think>y</think> z <|assistant|>\n \n ");
+    expect_on(T_GLMZ1, CHAT_GLM4, CHAT_THINK_DEFAULT, r, 8, false, false,
+              "[gMASK]<sop><|system|>\nS<|system|>\n late <|user|>\nu<|assistant|>\nA<|assistant|>\n<|user|>\nq2"
+              "<|assistant|>\nz<|assistant|>\n");
+    chat_prompt p;
+    render_on(T_GLMZ1, CHAT_GLM4, CHAT_THINK_DEFAULT, CONV + 1, 1, true, false,
+              "[gMASK]<sop><|user|>\nHello<|assistant|>\n<think>", &p);
+    expect_span(&p, "[gMASK]<sop><|user|>\n", true);
+    expect_span(&p, "<|assistant|>\n<think>", true); /* the reasoning opened by the template */
+    expect_span(&p, "Hello", false);
+    chat_prompt_free(&p);
+    /* continue_final_message: nothing follows a turn, the answer stays open as it is */
+    expect_on(T_GLMZ1, CHAT_GLM4, CHAT_THINK_DEFAULT, CONV + 1, 2, false, true,
+              "[gMASK]<sop><|user|>\nHello<|assistant|>\nHi there");
+
+    /* llama.cpp's "[gMASK]<sop>"; not ChatGLM3's "[gMASK]sop", nor GLM-4.5's and later (visible_text) */
+    assert_int_equal(chat_detect("[gMASK]sop{% for m in messages %}<|{{ m.role }}|>\n {{ m.content }}{% endfor %}",
+                                 NULL), CHAT_PLAIN);
+    assert_int_equal(chat_detect("[gMASK]<sop>{%- macro visible_text(content) -%}<|user|><|assistant|>", NULL),
+                     CHAT_PLAIN);
+    chat_template t;
+    assert_int_equal(chat_template_init(&t, CHAT_GLM4, T_GLMZ1, "[gMASK]", "<|endoftext|>"), VKI_OK);
+    assert_true(t.glm4_visible && t.glm4_system_first && chat_thinks(&t) && !t.emit_bos);
+    assert_string_equal(t.glm4_gen, "<|assistant|>\n<think>");
+    chat_template_free(&t);
+    assert_int_equal(chat_template_init(&t, CHAT_GLM4, T_GLM4, "[gMASK]", "<|endoftext|>"), VKI_OK);
+    assert_true(!t.glm4_visible && t.glm4_system_first && !chat_thinks(&t) && !t.emit_bos);
+    assert_string_equal(t.glm4_gen, "<|assistant|>\n");
+    chat_template_free(&t);
+    assert_int_equal(chat_template_init(&t, CHAT_GLM4, T_GLM4_CHAT, NULL, NULL), VKI_OK);
+    assert_true(!t.glm4_system_first && !chat_thinks(&t));
+    assert_string_equal(t.glm4_gen, "<|assistant|>");
+    chat_template_free(&t);
+    chat_family f;
+    assert_true(chat_family_parse("glm4", &f) && f == CHAT_GLM4);
+}
+
 static void test_fallback(void **state)
 {
     static const char want[] = "system: You are a helpful assistant\nuser: Hello\nassistant: Hi there\nuser: Who are "
@@ -1138,7 +1250,9 @@ static void test_open_end(void **state)
         snprintf(closed, sizeof closed, "%s", p.text);
         chat_prompt_open_end(&p);
         assert_int_equal(strlen(p.text), p.len);
-        assert_true(p.len < strlen(closed) && !strncmp(p.text, closed, p.len));
+        /* (GLM writes nothing after a turn: the prompt is open as rendered) */
+        assert_true((k == CHAT_GLM4 ? p.len <= strlen(closed) : p.len < strlen(closed)) &&
+                    !strncmp(p.text, closed, p.len));
         size_t n = p.len;
         while (n && p.text[n - 1] == ' ')
             n--;
@@ -1462,6 +1576,39 @@ static void test_tokenize_new_families(void **state)
     vki_tokenizer_free(tok);
 }
 
+/* GLM-4's vocabulary (bos [gMASK], eos <|endoftext|>, eot <|user|> as llama.cpp's converter writes
+ * it, here left out): its markers and Z1's <think> are control tokens only where the template wrote
+ * them; generation ends at <|endoftext|>, <|user|> and <|observation|> (generation_config.json's
+ * eos_token_id), not at <|assistant|> or <|system|>; a vocabulary without [gMASK] keeps <|user|>. */
+static void test_tokenize_glm4(void **state)
+{
+    (void)state;
+    static const char *const g[] = {"<|endoftext|>", "[gMASK]", "<sop>", "<|system|>", "<|user|>",
+                                    "<|assistant|>", "<|observation|>", "<think>", "</think>"};
+    enum { G_EOT = 256, G_GMASK, G_SOP, G_SYSTEM, G_USER, G_ASSISTANT, G_OBSERVATION, G_THINK, G_UNTHINK };
+    vki_tokenizer *tok = load_byte_vocab(T_GLMZ1, g, 9, G_GMASK, G_EOT, "glm4");
+    static const chat_msg gm[] = {M(CHAT_SYSTEM, "S <|user|><sop>"), M(CHAT_USER, "q<|assistant|>[gMASK]"),
+                                  M(CHAT_ASSISTANT, "<think>r</think>A<|observation|><think>")};
+    size_t c[9];
+    count_specials(tok, CHAT_THINK_DEFAULT, gm, 3, 9, c);
+    static const size_t want[9] = {0, 1, 1, 1, 1, 2, 0, 1, 0}; /* the answer's reasoning dropped */
+    for (int k = 0; k < 9; k++)
+        if (c[k] != want[k])
+            fail_msg("glm4 %s: %zu, want %zu", g[k], c[k], want[k]);
+    for (int32_t id = 0; id < 256 + 9; id++) {
+        bool end = id == G_EOT || id == G_USER || id == G_OBSERVATION;
+        if (vki_token_is_eog(tok, id) != end)
+            fail_msg("glm4 token %d (%s): end of generation %d", id, id >= 256 ? g[id - 256] : "byte", !end);
+    }
+    vki_tokenizer_free(tok);
+    /* Phi-3's <|user|> does not end generation */
+    static const char *const phi[] = {"<|endoftext|>", "<|assistant|>", "<|user|>", "<|end|>", "<|system|>"};
+    tok = load_byte_vocab(T_PHI35, phi, 5, 256, 256, "phi3");
+    assert_true(vki_token_is_eog(tok, 256) && vki_token_is_eog(tok, 259));
+    assert_false(vki_token_is_eog(tok, 258) || vki_token_is_eog(tok, 257));
+    vki_tokenizer_free(tok);
+}
+
 /* gpt-oss's vocabulary: its template recognised from the tokenizer; the template's markers are
  * its control tokens and a user's "<|end|>" is text; tokens = the library's with parse_special
  * where the content holds no control token's text. */
@@ -1645,11 +1792,12 @@ int main(void)
         cmocka_unit_test(test_mistral),      cmocka_unit_test(test_zephyr),       cmocka_unit_test(test_gemma),
         cmocka_unit_test(test_phi3),         cmocka_unit_test(test_deepseek),     cmocka_unit_test(test_harmony),
         cmocka_unit_test(test_tulu),         cmocka_unit_test(test_granite),      cmocka_unit_test(test_smollm3),
-        cmocka_unit_test(test_exaone),       cmocka_unit_test(test_fallback),
+        cmocka_unit_test(test_exaone),       cmocka_unit_test(test_glm4),         cmocka_unit_test(test_fallback),
         cmocka_unit_test(test_errors),
         cmocka_unit_test(test_open_end),
         cmocka_unit_test(test_tokenize_spm), cmocka_unit_test(test_tokenize_bpe),
         cmocka_unit_test(test_tokenize_harmony), cmocka_unit_test(test_tokenize_new_families),
+        cmocka_unit_test(test_tokenize_glm4),
         cmocka_unit_test(test_from_gguf),
         cmocka_unit_test(test_public_api),
     };

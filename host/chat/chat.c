@@ -23,7 +23,7 @@ static const char *const family_names[CHAT_FAMILY_COUNT] = {
     [CHAT_PLAIN] = "plain",   [CHAT_CHATML] = "chatml", [CHAT_LLAMA3] = "llama3", [CHAT_LLAMA2] = "llama2",
     [CHAT_MISTRAL] = "mistral", [CHAT_ZEPHYR] = "zephyr", [CHAT_GEMMA] = "gemma",  [CHAT_PHI3] = "phi3",
     [CHAT_DEEPSEEK] = "deepseek", [CHAT_HARMONY] = "harmony", [CHAT_TULU] = "tulu",     [CHAT_GRANITE] = "granite",
-    [CHAT_SMOLLM3] = "smollm3", [CHAT_EXAONE] = "exaone",
+    [CHAT_SMOLLM3] = "smollm3", [CHAT_EXAONE] = "exaone", [CHAT_GLM4] = "glm4",
 };
 _Static_assert(sizeof family_names / sizeof family_names[0] == CHAT_FAMILY_COUNT, "a name per family");
 
@@ -91,6 +91,8 @@ chat_family chat_detect(const char *t, bool *known)
         f = CHAT_GRANITE;
     else if (strstr(t, "[|system|]") && strstr(t, "[|assistant|]") && strstr(t, "[|endofturn|]"))
         f = CHAT_EXAONE;
+    else if (strstr(t, "[gMASK]<sop>") && !strstr(t, "visible_text(")) /* llama.cpp's rule, less GLM-4.5+'s */
+        f = CHAT_GLM4;
     else if (strstr(t, "<|start_header_id|>"))
         f = CHAT_LLAMA3;
     else if (strstr(t, "<start_of_turn>"))
@@ -277,6 +279,22 @@ static vki_status granite_default_system(const char *tmpl, chat_template *t)
     return st;
 }
 
+/* GLM's generation prompt: the literal text of "{% if add_generation_prompt %}...{% endif %}"
+ * ("<|assistant|>" and what follows it: GLM-4-0414's "\n", Z1's "\n<think>"); GLM-4-0414's
+ * "<|assistant|>\n" without a template or where that text is not such a literal. */
+static void glm4_generation_prompt(const char *tmpl, char *out, size_t n)
+{
+    static const char head[] = "{% if add_generation_prompt %}";
+    const char *a = tmpl ? strstr(tmpl, head) : NULL, *b = a ? strstr(a + sizeof head - 1, "{%") : NULL;
+    if (a)
+        a += sizeof head - 1;
+    size_t len = b ? (size_t)(b - a) : 0;
+    if (!b || len >= n || strncmp(a, "<|assistant|>", 13) || memchr(a, '{', len) || memchr(a, '}', len))
+        a = "<|assistant|>\n", len = 14;
+    memcpy(out, a, len);
+    out[len] = 0;
+}
+
 vki_status chat_template_init(chat_template *t, chat_family f, const char *tmpl, const char *bos, const char *eos)
 {
     memset(t, 0, sizeof *t);
@@ -303,6 +321,10 @@ vki_status chat_template_init(chat_template *t, chat_family f, const char *tmpl,
     t->smollm3_closed = f == CHAT_SMOLLM3 && tmpl && !strstr(tmpl, "xml_tools");
     t->smollm3_override = f == CHAT_SMOLLM3 && (!tmpl || strstr(tmpl, "/system_override"));
     t->exaone4 = f == CHAT_EXAONE && (!tmpl || strstr(tmpl, "[|tool|]")); /* llama.cpp's rule */
+    t->glm4_system_first = f == CHAT_GLM4 && (!tmpl || strstr(tmpl, "messages if message.role != 'system'"));
+    t->glm4_visible = f == CHAT_GLM4 && tmpl && strstr(tmpl, "split('</think>')");
+    if (f == CHAT_GLM4)
+        glm4_generation_prompt(tmpl, t->glm4_gen, sizeof t->glm4_gen);
     vki_status st = VKI_OK;
     if (f == CHAT_CHATML && tmpl)
         st = chatml_default_system(tmpl, &t->default_system);
@@ -324,7 +346,8 @@ void chat_template_free(chat_template *t)
 bool chat_thinks(const chat_template *t)
 {
     return t->family == CHAT_DEEPSEEK || t->family == CHAT_SMOLLM3 || (t->family == CHAT_CHATML && t->strip_think) ||
-           (t->family == CHAT_EXAONE && t->exaone4);
+           (t->family == CHAT_EXAONE && t->exaone4) ||
+           (t->family == CHAT_GLM4 && (t->glm4_visible || strstr(t->glm4_gen, "<think>")));
 }
 
 /* ---- the prompt buffer -------------------------------------------------------------------- */
@@ -1063,12 +1086,46 @@ static void render_exaone(const chat_template *t, const chat_msg *m, size_t n, b
         lit(o, t->think == CHAT_THINK_ON ? "[|assistant|]\n<think>\n" : "[|assistant|]\n<think>\n\n</think>\n\n");
 }
 
+/* ---- GLM-4 ------------------------------------------------------------------------------------ */
+
+/* THUDM/GLM-4-9B-0414 (and GLM-4-32B-0414's): '[gMASK]<sop>', every system message '<|system|>\n' +
+ * content, then the others in order, '<|' + role + '|>\n' + content, nothing written after a
+ * turn; the generation prompt the template's literal (glm4_gen). THUDM/GLM-Z1-9B-0414 (GLM-Z1-32B's,
+ * Rumination's) writes each non-system message as content.split('</think>')[-1].strip(), so an
+ * answer loses its reasoning and a user turn is stripped too, and opens the reasoning:
+ * '<|assistant|>\n<think>'. THUDM/glm-4-9b-chat's (2024) writes the system messages where they are.
+ * Roles are user / assistant only: the templates' 'observation' turn (a tool's result) and an
+ * answer's 'metadata' (a call) come from the tool path, which uses the fallback's instructions. */
+static void render_glm4(const chat_template *t, const chat_msg *m, size_t n, bool gen, chat_out *o, char *err,
+                        size_t n_err)
+{
+    lit(o, "[gMASK]<sop>");
+    for (int pass = t->glm4_system_first ? 0 : 1; pass < 2; pass++)
+        for (size_t i = 0; i < n; i++) {
+            bool sys = m[i].role == CHAT_SYSTEM;
+            if (t->glm4_system_first && sys != (pass == 0))
+                continue;
+            lit(o, "<|");
+            lit(o, role_names[m[i].role]);
+            lit(o, "|>\n");
+            if (sys || !t->glm4_visible) {
+                txt(o, &m[i]);
+                continue;
+            }
+            const char *c = past_think(&m[i]);
+            chat_msg visible = {m[i].role, c, (size_t)(m[i].content + m[i].len - c)};
+            content_trimmed(o, &visible);
+        }
+    if (gen)
+        lit(o, t->glm4_gen);
+}
+
 static const render_fn renderers[CHAT_FAMILY_COUNT] = {
     [CHAT_PLAIN] = render_plain,     [CHAT_CHATML] = render_chatml, [CHAT_LLAMA3] = render_llama3,
     [CHAT_LLAMA2] = render_llama2,   [CHAT_MISTRAL] = render_mistral, [CHAT_ZEPHYR] = render_zephyr,
     [CHAT_GEMMA] = render_gemma,     [CHAT_PHI3] = render_phi3,     [CHAT_DEEPSEEK] = render_deepseek,
     [CHAT_HARMONY] = render_harmony, [CHAT_TULU] = render_tulu,     [CHAT_GRANITE] = render_granite,
-    [CHAT_SMOLLM3] = render_smollm3, [CHAT_EXAONE] = render_exaone,
+    [CHAT_SMOLLM3] = render_smollm3, [CHAT_EXAONE] = render_exaone, [CHAT_GLM4] = render_glm4,
 };
 
 void chat_prompt_open_end(chat_prompt *p)

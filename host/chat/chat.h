@@ -6,8 +6,9 @@
  * Families: ChatML (incl. a default system prompt written literally in the template, as Qwen's),
  * Llama 3, Llama 2 (<<SYS>>), Mistral ([INST] without <<SYS>>; the "v1" spacing when the template
  * writes ' [INST] '), Zephyr, Gemma, Phi-3, DeepSeek-R1, gpt-oss's harmony, OLMo 2 / Tülu 3,
- * IBM Granite 3.x, SmolLM3, LG's EXAONE 3.0 / 3.5 and 4.0. Anything else, or no template: CHAT_PLAIN,
- * our own fallback of "role: content" lines ending in "assistant:" (the caller logs it).
+ * IBM Granite 3.x, SmolLM3, LG's EXAONE 3.0 / 3.5 and 4.0, Zhipu's GLM-4-0414 and GLM-Z1. Anything
+ * else, or no template: CHAT_PLAIN, our own fallback of "role: content" lines ending in "assistant:"
+ * (the caller logs it).
  *
  * Tokenisation keeps the roles of the two kinds of text apart: control tokens ("<|im_start|>",
  * "<s>") are recognised only inside the text the template itself wrote; message content is always
@@ -38,6 +39,7 @@ typedef enum chat_family {
                       system prompt (3.1+) */
     CHAT_SMOLLM3,  /* SmolLM3: ChatML behind a "## Metadata" system block, /think and /no_think */
     CHAT_EXAONE,   /* LG AI Research's EXAONE 3.0 / 3.5 / 4.0: [|role|]...[|endofturn|] (see exaone4) */
+    CHAT_GLM4,     /* Zhipu's GLM-4-0414 / GLM-Z1: [gMASK]<sop>, then <|role|>\n + content, nothing after a turn */
     CHAT_FAMILY_COUNT
 } chat_family;
 
@@ -100,6 +102,12 @@ typedef struct chat_template {
     bool exaone4;         /* EXAONE 4.0 (its template has a "[|tool|]" role): "[|role|]\n" + content +
                              "[|endofturn|]\n" for every message, answers behind an empty reasoning block;
                              false: EXAONE 3.0 / 3.5, "[|role|]" + content, "\n" after a user turn */
+    bool glm4_system_first; /* GLM-4-0414 / Z1 ("messages if message.role != 'system'"): every system
+                             message first, in order, then the others; false (glm-4-9b-chat's): in order */
+    bool glm4_visible;    /* GLM-Z1 (its template splits at '</think>'): every message but the system ones
+                             written as content.split('</think>')[-1].strip() */
+    char glm4_gen[32];    /* GLM: the generation prompt, the template's literal ("<|assistant|>\n", Z1's
+                             "<|assistant|>\n<think>") */
     /* The variable parts of the harmony (gpt-oss), Granite and SmolLM3 system messages. The
      * renderer reads them; callers set them per conversation on a copy (the server does, from the
      * request). */
@@ -121,8 +129,9 @@ bool chat_family_parse(const char *name, chat_family *out);
 /* Fills *t for family f. tmpl (may be NULL) refines it: whether bos_token is written, the Mistral
  * spacing, ChatML's literal default system prompt and reasoning stripping, the first Phi-3
  * template, harmony's and SmolLM3's date lines, Granite's default system prompt (from the
- * template's literals; none in Granite 3.0's), EXAONE 4.0 or 3.x (without tmpl: Granite 3.3's,
- * EXAONE 4.0's). bos/eos: token texts (NULL = none). */
+ * template's literals; none in Granite 3.0's), EXAONE 4.0 or 3.x, GLM's system order, reasoning
+ * stripping and generation prompt (without tmpl: Granite 3.3's, EXAONE 4.0's, GLM-4-0414's).
+ * bos/eos: token texts (NULL = none). */
 vki_status chat_template_init(chat_template *t, chat_family f, const char *tmpl, const char *bos, const char *eos);
 void chat_template_free(chat_template *t);
 
@@ -145,7 +154,7 @@ typedef struct chat_prompt {
 } chat_prompt;
 
 /* The model writes its reasoning as "<think>...</think>" before the answer (DeepSeek-R1, Qwen3's
- * ChatML, SmolLM3, EXAONE 4): what reasoning_format "auto" splits off. */
+ * ChatML, SmolLM3, EXAONE 4, GLM-Z1): what reasoning_format "auto" splits off. */
 bool chat_thinks(const chat_template *t);
 
 /* Renders messages the way the family's upstream template does. Errors (VKI_ERR_INVALID_ARG,

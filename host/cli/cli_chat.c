@@ -43,7 +43,8 @@ bool cli_chat_open(const char *model_path, const char *family, const vki_tokeniz
     if (family) {
         if (!chat_family_parse(family, &f)) {
             fprintf(stderr, "vkinfer: --chat-template: unknown family '%s' (chatml, llama3, llama2, mistral, "
-                    "zephyr, gemma, phi3, deepseek, harmony, tulu, granite, smollm3, exaone, plain)\n", family);
+                    "zephyr, gemma, phi3, deepseek, harmony, tulu, granite, smollm3, exaone, glm4, plain)\n",
+                    family);
             return false;
         }
         c->known = true;
@@ -465,7 +466,7 @@ static void usage(FILE *f)
             "  -n, --n-predict N       tokens per answer at most (default: the rest of the context)\n"
             "  --stop STR              stop string (repeatable; escapes interpreted)\n"
             "  --chat-template NAME    chatml|llama3|llama2|mistral|zephyr|gemma|phi3|deepseek|harmony|tulu|\n"
-            "                          granite|smollm3|exaone|plain\n"
+            "                          granite|smollm3|exaone|glm4|plain\n"
             "                          (default: the model's tokenizer.chat_template; harmony, gpt-oss's:\n"
             "                          its reasoning on stderr, dimmed on a terminal, the answer on stdout)\n"
             "  --ignore-eos            answers run to -n (benchmarks, tests)\n"

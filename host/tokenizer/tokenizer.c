@@ -411,7 +411,8 @@ static vki_status load_special_ids(vki_tokenizer *t, const gguf_file *f, char *e
  * o200k_harmony vocabulary ends a reply at "<|return|>" (the answer is done) or "<|call|>" (a tool
  * call is), while its "<|end|>" only closes one message of several (the reasoning, then the
  * answer): a vocabulary with both of the first two keeps "<|end|>" a control token that does not
- * end generation, as llama.cpp does. */
+ * end generation, as llama.cpp does. GLM-4's vocabulary also ends it at "<|user|>" and
+ * "<|observation|>". */
 static void mark_eog(vki_tokenizer *t)
 {
     static const char *const eot_texts[] = {"<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|call|>",
@@ -442,6 +443,16 @@ static void mark_eog(vki_tokenizer *t)
     for (int i = 0; i < 3; i++)
         if (ends[i] >= 0)
             t->tok[ends[i]].eog = true;
+    /* GLM-4 (a vocabulary with "[gMASK]"): its generation_config.json ends generation at "<|user|>"
+     * and "<|observation|>" (a tool's result is due) as well as eos "<|endoftext|>"; llama.cpp's
+     * converter writes only "<|user|>", as eot */
+    int32_t glm_ends[2] = {tok_lookup(t, "<|user|>", 8), tok_lookup(t, "<|observation|>", 15)};
+    bool glm = tok_lookup(t, "[gMASK]", 7) >= 0;
+    for (int i = 0; glm && i < 2; i++)
+        if (glm_ends[i] >= 0) {
+            t->tok[glm_ends[i]].eog = true;
+            t->tok[glm_ends[i]].type = TOK_T_CONTROL;
+        }
     int32_t ret = tok_lookup(t, "<|return|>", 10), call = tok_lookup(t, "<|call|>", 8);
     int32_t end = tok_lookup(t, "<|end|>", 7);
     if (ret >= 0 && call >= 0 && end >= 0) { /* harmony: whatever the metadata says, as llama.cpp */

@@ -5,7 +5,8 @@
  * each a role byte followed by its content; the whole input also serves as a template text.
  * Properties: the template spans are ordered, disjoint and inside the text; every message's
  * content (ASCII-trimmed, as the trimming families write it; what the template keeps of it:
- * Qwen3 drops earlier reasoning, DeepSeek-R1 and EXAONE 4 every answer's reasoning, DeepSeek-R1
+ * Qwen3 drops earlier reasoning, DeepSeek-R1 and EXAONE 4 every answer's reasoning, GLM-Z1 every
+ * user turn's and answer's text up to its last "</think>", DeepSeek-R1
  * all but the last system message, Mistral's v3-tekken the system message unless the last
  * message is a user turn, the first Phi-3 template system turns, harmony every system message
  * but the first, SmolLM3 every system message: the first's flags are cut from it, the others are
@@ -47,7 +48,8 @@ static bool content_present(const chat_msg *m, const char *text, size_t len)
  * first Phi-3 template, for harmony but the first one, for DeepSeek-R1 but the last one, for
  * Mistral's v3-tekken unless the conversation ends with a user turn, for SmolLM3 (the first is
  * rewritten: "/think", "/no_think", "/system_override" cut out); an assistant turn after its
- * last "</think>" (Qwen3: the earlier ones; DeepSeek-R1, EXAONE 4: every one). */
+ * last "</think>" (Qwen3: the earlier ones; DeepSeek-R1, EXAONE 4: every one; GLM-Z1: every
+ * message but the system ones, user turns too). */
 static bool kept_present(const chat_template *t, const chat_msg *m, size_t n, size_t i, const char *text, size_t len)
 {
     if (t->phi3_v1 && m[i].role == CHAT_SYSTEM)
@@ -67,7 +69,8 @@ static bool kept_present(const chat_template *t, const chat_msg *m, size_t n, si
     if (t->mistral_tekken && i == 0 && m[0].role == CHAT_SYSTEM && m[n - 1].role != CHAT_USER)
         return true;
     bool think = deepseek || (t->family == CHAT_EXAONE && t->exaone4) || (t->strip_think && i < last_user);
-    if (!think || m[i].role != CHAT_ASSISTANT)
+    bool glm_cut = t->glm4_visible && m[i].role != CHAT_SYSTEM;
+    if (!glm_cut && (!think || m[i].role != CHAT_ASSISTANT))
         return content_present(&m[i], text, len);
     const char *from = m[i].content;
     for (const char *q = m[i].content; q + 8 <= m[i].content + m[i].len; q++)
