@@ -415,6 +415,106 @@ static cJSON *ndjson(T *t, const char *path, const char *body)
     return all;
 }
 
+/* OpenAI's Responses API: the greedy answer to an input is /v1/chat/completions' to the same
+ * message (instructions as its system message), as one Response (output message, usage,
+ * incomplete at max_output_tokens) and as its typed events (created, in_progress, the item's
+ * added / part / deltas / done events, then the final response, sequence numbers in order, the
+ * deltas' text the answer's); function tools and function_call / function_call_output items
+ * are accepted; what needs stored state, hosted tools and images are 400s naming the field. */
+static void test_responses_api(void **state)
+{
+    T *t = *state;
+    start(t, NULL, 0);
+    cJSON *ref = http_json(t, "POST", "/v1/chat/completions", "{\"messages\":[{\"role\":\"system\",\"content\":"
+                           "\"Be brief.\"},{\"role\":\"user\",\"content\":\"Once upon a time\"}],\"max_tokens\":24,"
+                           "\"temperature\":0}", 200);
+    const char *want = vt_json_str(ref, "choices.0.message.content");
+    const bool cut = !strcmp(vt_json_str(ref, "choices.0.finish_reason"), "length");
+    static const char R[] = "{\"model\":\"m\",\"instructions\":\"Be brief.\",\"input\":%s,\"max_output_tokens\":24,"
+                            "\"temperature\":0%s}";
+    char body[512];
+    snprintf(body, sizeof body, R, "\"Once upon a time\"", "");
+    cJSON *j = http_json(t, "POST", "/v1/responses", body, 200);
+    assert_string_equal(vt_json_str(j, "object"), "response");
+    assert_int_equal(strncmp(vt_json_str(j, "id"), "resp_", 5), 0);
+    assert_string_equal(vt_json_str(j, "status"), cut ? "incomplete" : "completed");
+    if (cut)
+        assert_string_equal(vt_json_str(j, "incomplete_details.reason"), "max_output_tokens");
+    assert_string_equal(vt_json_str(j, "output.0.type"), "message");
+    assert_string_equal(vt_json_str(j, "output.0.role"), "assistant");
+    assert_string_equal(vt_json_str(j, "output.0.content.0.type"), "output_text");
+    assert_string_equal(vt_json_str(j, "output.0.content.0.text"), want);
+    assert_int_equal(vt_json_num(j, "usage.input_tokens"), vt_json_num(ref, "usage.prompt_tokens"));
+    assert_int_equal(vt_json_num(j, "usage.output_tokens"), vt_json_num(ref, "usage.completion_tokens"));
+    assert_string_equal(vt_json_str(j, "instructions"), "Be brief.");
+    assert_int_equal(cJSON_GetArraySize(vt_json_get(j, "tools")), 0);
+    cJSON_Delete(j);
+    /* the same as input items, streamed */
+    snprintf(body, sizeof body, R, "[{\"type\":\"message\",\"role\":\"user\",\"content\":[{\"type\":"
+             "\"input_text\",\"text\":\"Once upon \"},{\"type\":\"input_text\",\"text\":\"a time\"}]}]",
+             ",\"stream\":true");
+    bool done = true;
+    cJSON *ev = stream(t, "/v1/responses", body, 0, &done);
+    assert_false(done); /* no [DONE]: the last event is the response */
+    int n = cJSON_GetArraySize(ev);
+    lg_buf text = {0};
+    static const char *const first[] = {"response.created", "response.in_progress", "response.output_item.added",
+                                        "response.content_part.added"};
+    for (int i = 0; i < n; i++) {
+        const cJSON *e = cJSON_GetArrayItem(ev, i);
+        const char *type = vt_json_str(e, "type");
+        assert_int_equal(vt_json_num(e, "sequence_number"), i);
+        if (i < 4)
+            assert_string_equal(type, first[i]);
+        if (!strcmp(type, "response.output_text.delta")) {
+            const char *s = vt_json_str(e, "delta");
+            lg_buf_put(&text, s, strlen(s));
+        }
+    }
+    assert_true(n >= 8); /* 8 for an empty answer (the synthetic model may end at once) */
+    assert_string_equal(text.p ? text.p : "", want);
+    const cJSON *last = cJSON_GetArrayItem(ev, n - 1);
+    assert_string_equal(vt_json_str(last, "type"), cut ? "response.incomplete" : "response.completed");
+    assert_string_equal(vt_json_str(last, "response.output.0.content.0.text"), want);
+    assert_string_equal(vt_json_str(cJSON_GetArrayItem(ev, n - 2), "type"), "response.output_item.done");
+    assert_string_equal(vt_json_str(cJSON_GetArrayItem(ev, n - 4), "type"), "response.output_text.done");
+    assert_string_equal(vt_json_str(cJSON_GetArrayItem(ev, n - 4), "text"), want);
+    free(text.p);
+    cJSON_Delete(ev);
+    cJSON_Delete(ref);
+    /* a tool round trip's items, and a forced call: a function_call item with its arguments */
+    static const char TOOL[] = "{\"input\":[{\"role\":\"user\",\"content\":\"Weather in Paris?\"},"
+        "{\"type\":\"function_call\",\"call_id\":\"call_1\",\"name\":\"get_weather\",\"arguments\":"
+        "\"{\\\"city\\\":\\\"Paris\\\"}\"},{\"type\":\"function_call_output\",\"call_id\":\"call_1\","
+        "\"output\":\"12C\"},{\"role\":\"user\",\"content\":\"And Rome?\"}],\"max_output_tokens\":200,"
+        "\"temperature\":0,\"tool_choice\":\"required\",\"tools\":[{\"type\":\"function\",\"name\":"
+        "\"get_weather\",\"parameters\":{\"type\":\"object\",\"properties\":{\"city\":{\"type\":\"string\","
+        "\"maxLength\":6}},\"required\":[\"city\"]}}]}";
+    j = http_json(t, "POST", "/v1/responses", TOOL, 200);
+    assert_string_equal(vt_json_str(j, "output.0.type"), "function_call");
+    assert_string_equal(vt_json_str(j, "output.0.name"), "get_weather");
+    assert_int_equal(strncmp(vt_json_str(j, "output.0.call_id"), "call_", 5), 0);
+    cJSON *args = cJSON_Parse(vt_json_str(j, "output.0.arguments"));
+    assert_true(cJSON_IsString(cJSON_GetObjectItemCaseSensitive(args, "city")));
+    cJSON_Delete(args);
+    cJSON_Delete(j);
+    static const struct { const char *body, *param; } bad[] = {
+        {"{\"input\":\"x\",\"previous_response_id\":\"resp_1\"}", "previous_response_id"},
+        {"{\"input\":\"x\",\"tools\":[{\"type\":\"web_search\"}]}", "tools"},
+        {"{\"input\":[{\"role\":\"user\",\"content\":[{\"type\":\"input_image\",\"image_url\":\"u\"}]}]}", "input"},
+        {"{\"input\":7}", "input"},
+        {"{\"input\":\"x\",\"text\":{\"format\":{\"type\":\"xml\"}}}", "text"},
+        {"{\"input\":\"x\",\"max_output_tokens\":\"many\"}", "max_output_tokens"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        j = http_json(t, "POST", "/v1/responses", bad[i].body, 400);
+        if (strcmp(vt_json_str(j, "error.param"), bad[i].param))
+            fail_msg("%s: %s", bad[i].body, cJSON_PrintUnformatted(j));
+        cJSON_Delete(j);
+    }
+    stop(t);
+}
+
 /* Ollama's API: /api/generate raw and greedy gives /v1/completions' text, streamed (NDJSON, one
  * object per piece, a last one with done, done_reason and the counts) and not; without raw the
  * prompt goes through the template as /v1/chat/completions' user message; /api/chat gives that
@@ -2136,7 +2236,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_chat),          cmocka_unit_test(test_stop_strings), cmocka_unit_test(test_logprobs),
         cmocka_unit_test(test_errors),        cmocka_unit_test(test_queue_full), cmocka_unit_test(test_disconnect),
         cmocka_unit_test(test_many_connections), cmocka_unit_test(test_drain),   cmocka_unit_test(test_metrics),
-        cmocka_unit_test(test_routes),        cmocka_unit_test(test_embeddings), cmocka_unit_test(test_n_and_echo),
+        cmocka_unit_test(test_routes),        cmocka_unit_test(test_embeddings), cmocka_unit_test(test_responses_api), cmocka_unit_test(test_n_and_echo),
         cmocka_unit_test(test_beam_search),
         cmocka_unit_test(test_request_fields), cmocka_unit_test(test_no_prealloc),
         cmocka_unit_test(test_chats_default_policy),

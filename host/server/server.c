@@ -117,6 +117,7 @@ static const struct {
     {"/props", false, false, false, R_PROPS},
     {"/v1/completions", false, true, false, R_CMPL},
     {"/v1/chat/completions", false, true, false, R_CHAT},
+    {"/v1/responses", false, true, false, R_RESPONSES},
     {"/completion", false, true, false, R_LLAMA_CMPL},  /* llama-server's own API and its alias */
     {"/completions", false, true, false, R_LLAMA_CMPL},
     {"/apply-template", false, true, false, R_APPLY_TEMPLATE},
@@ -336,6 +337,8 @@ void srv_serve_heavy(srv_conn *c)
         srv_route_apply_template(c);
     else if (c->req.route == R_INFILL)
         srv_llama_infill(c);
+    else if (c->req.route == R_RESPONSES)
+        srv_responses(c);
     else
         srv_serve_generation(c, NULL, NULL, NULL);
     srv_model_release(c->s, c->model);

@@ -132,6 +132,7 @@ typedef enum srv_route {
     R_LLAMA_CMPL, /* POST /completion: llama-server's own completion API (llama_api.c) */
     R_APPLY_TEMPLATE, /* POST /apply-template: the conversation rendered, not run */
     R_INFILL,     /* POST /infill: fill-in-the-middle (llama_api.c) */
+    R_RESPONSES,  /* POST /v1/responses: OpenAI's Responses API (responses_api.c) */
     R_EMBED,
     R_TOKENIZE,
     R_DETOKENIZE,
@@ -678,6 +679,10 @@ bool srv_authorized(const srv *s, const char *auth);
 void srv_llama_completion(srv_conn *c);
 void srv_llama_infill(srv_conn *c); /* POST /infill */
 char *srv_llama_body(const char *body, size_t n, srv_error *e);
+/* responses_api.c: POST /v1/responses (handler thread, c->model chosen); and its translation
+ * alone, a Responses body into the chat completion body (malloc'd) or NULL with *e (fuzz_request) */
+void srv_responses(srv_conn *c);
+char *srv_responses_body(const char *body, size_t n, srv_error *e);
 /* ollama_api.c: Ollama's API (handler threads, but version: io thread) */
 void srv_ollama_generate(srv_conn *c, bool chat);
 void srv_ollama_embed(srv_conn *c);

@@ -6,8 +6,8 @@
  * context, so that length limits are reached.
  * Input: byte 0 = bit 0 chat (else completions), bits 1-3 and 6 the chat family, bit 4 the vocabulary,
  * bit 5 (completions) a llama-server /completion body translated first (llama_api.c), bit 7 an
- * Ollama /api/chat (bit 0) or /api/generate body translated first (ollama_api.c); the rest is
- * the request body.
+ * Ollama /api/chat (bit 0) or /api/generate body translated first (ollama_api.c), bits 7 and 5
+ * an OpenAI Responses body instead (responses_api.c); the rest is the request body.
  * Properties: a refused body gets a 4xx with a message (a 5xx only for out of memory), never a
  * crash; an accepted one is a job the batch manager would take: 1 <= n <= SRV_MAX_N, prompt ids
  * inside the vocabulary, prompt + max_tokens within the context, min_tokens <= max_tokens, finite
@@ -110,7 +110,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     if (!n_toks || size < 1)
         return 0;
     srv *s = &servers[(data[0] >> 4 & 1) % n_toks][((data[0] >> 1 & 7) | (data[0] >> 3 & 8)) % N_FAMILIES];
-    bool chat = data[0] & 1, ollama = data[0] & 128, llama = !ollama && !chat && (data[0] & 32);
+    bool chat = data[0] & 1, responses = (data[0] & 160) == 160, ollama = !responses && (data[0] & 128);
+    bool llama = !(data[0] & 128) && !chat && (data[0] & 32);
     srv_error e = {0};
     srv_job *j = NULL;
     const char *body = (const char *)data + 1;
@@ -121,13 +122,17 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         translated = srv_llama_body(body, n, &e);
     else if (ollama)
         translated = srv_ollama_body(body, n, chat, s->chat.family == CHAT_HARMONY, &chat, &load, &e);
-    if (llama || ollama) {
+    else if (responses) { /* always a chat completion */
+        translated = srv_responses_body(body, n, &e);
+        chat = true;
+    }
+    if (llama || ollama || responses) {
         body = translated;
         n = translated ? strlen(translated) : 0;
     }
     if (load) {
         FUZZ_CHECK(!translated); /* a preload: answered without a job */
-    } else if ((llama || ollama) && !translated) {
+    } else if ((llama || ollama || responses) && !translated) {
         FUZZ_CHECK(e.msg[0] && e.type);
         FUZZ_CHECK((e.http >= 400 && e.http < 500) || (e.http == 500 && strstr(e.msg, "memory")));
     } else if (srv_job_from_json(s, chat, body, n, &j, &e)) {

@@ -4,6 +4,9 @@
 // structured output (response_format json_object / json_schema, grammar) and tool calls, whose
 // outputs are validated against their schemas with ajv (the model writes gibberish: the
 // constraint is what makes them valid), streamed tool calls reassembled by the client's stream().
+// The Responses API through the client's responses.create (output_text, usage, status) and its
+// responses.stream() helper (which checks the events' order and indices while it accumulates),
+// a function tool forced, its call's arguments validated against the tool's schema.
 // Then the official ollama npm client against the same server's Ollama API (/api/...): generate
 // raw and through the template, streamed and not, chat, embeddings, list / show / ps / version,
 // structured output (format: a JSON schema, validated with ajv) and its error on an option vkinfer
@@ -261,6 +264,38 @@ async function structured(client) {
   assert.ok(turn.usage.prompt_tokens > req.usage.prompt_tokens);
 }
 
+async function responses(client) {
+  const messages = [{ role: 'system', content: 'Be brief.' }, { role: 'user', content: 'Tell me about a cat.' }];
+  const ref = await client.chat.completions.create({ model: 'stories260K', messages, max_tokens: 24, temperature: 0 });
+  const want = ref.choices[0].message.content;
+  const r = await client.responses.create({
+    model: 'stories260K', instructions: 'Be brief.', input: 'Tell me about a cat.', max_output_tokens: 24, temperature: 0,
+  });
+  assert.equal(r.object, 'response');
+  assert.equal(r.output_text, want); // the SDK's own join of the output_text parts
+  assert.equal(r.status, ref.choices[0].finish_reason === 'length' ? 'incomplete' : 'completed');
+  assert.equal(r.usage.input_tokens, ref.usage.prompt_tokens);
+  assert.equal(r.usage.output_tokens, ref.usage.completion_tokens);
+  let deltas = '';
+  const stream = client.responses.stream({
+    model: 'stories260K', instructions: 'Be brief.', max_output_tokens: 24, temperature: 0,
+    input: [{ role: 'user', content: [{ type: 'input_text', text: 'Tell me about a cat.' }] }],
+  });
+  stream.on('response.output_text.delta', (e) => { deltas += e.delta; });
+  const fin = await stream.finalResponse();
+  assert.equal(deltas, want);
+  assert.equal(fin.output_text, want);
+  const t = await client.responses.create({
+    model: 'stories260K', input: 'What time is it?', max_output_tokens: 200, temperature: 0, tool_choice: 'required',
+    tools: [{ type: 'function', name: 'get_time', parameters: TIME, strict: true }],
+  });
+  const call = t.output.find((o) => o.type === 'function_call');
+  assert.ok(call && call.name === 'get_time' && call.call_id, 'a function_call item');
+  valid(TIME, call.arguments, 'responses function_call arguments');
+  await assert.rejects(client.responses.create({ model: 'stories260K', input: 'x', previous_response_id: 'resp_1' }),
+    (err) => err.status === 400 && /previous_response_id/.test(err.message), 'stored state is refused');
+}
+
 async function ollamaApi(port) {
   const ol = new Ollama({ host: `http://127.0.0.1:${port}`, headers: { Authorization: `Bearer ${KEY}` } });
   const greedy = { temperature: 0, num_predict: 48, repeat_penalty: 1 };
@@ -315,6 +350,7 @@ let failed = null;
 try {
   await run(client);
   await structured(client);
+  await responses(client);
   await ollamaApi(port);
 } catch (e) {
   failed = e;
