@@ -497,6 +497,23 @@ static void test_responses_api(void **state)
     cJSON *args = cJSON_Parse(vt_json_str(j, "output.0.arguments"));
     assert_true(cJSON_IsString(cJSON_GetObjectItemCaseSensitive(args, "city")));
     cJSON_Delete(args);
+    /* streamed: the call's name and id are in its output_item.added already, its arguments the
+     * deltas' */
+    char tool_stream[2048];
+    snprintf(tool_stream, sizeof tool_stream, "%.*s,\"stream\":true}", (int)strlen(TOOL) - 1, TOOL);
+    ev = stream(t, "/v1/responses", tool_stream, 0, NULL);
+    const cJSON *added = cJSON_GetArrayItem(ev, 2);
+    assert_string_equal(vt_json_str(added, "type"), "response.output_item.added");
+    assert_string_equal(vt_json_str(added, "item.name"), "get_weather");
+    assert_int_equal(strncmp(vt_json_str(added, "item.call_id"), "call_", 5), 0);
+    lg_buf a = {0};
+    for (const cJSON *e = ev->child; e; e = e->next)
+        if (!strcmp(vt_json_str(e, "type"), "response.function_call_arguments.delta") &&
+            vt_json_num(e, "output_index") == 0)
+            lg_buf_put(&a, vt_json_str(e, "delta"), strlen(vt_json_str(e, "delta")));
+    assert_string_equal(a.p ? a.p : "", vt_json_str(j, "output.0.arguments"));
+    free(a.p);
+    cJSON_Delete(ev);
     cJSON_Delete(j);
     static const struct { const char *body, *param; } bad[] = {
         {"{\"input\":\"x\",\"previous_response_id\":\"resp_1\"}", "previous_response_id"},

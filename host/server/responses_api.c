@@ -426,13 +426,20 @@ static bool close_open(resp_ctx *x, strbuf *out, bool cut)
     return ok && event(x, out, "response.output_item.done", d);
 }
 
-/* A new item opened (the one before closed): output_item.added and its empty content part. */
-static resp_item *open_item(srv_job *j, resp_ctx *x, strbuf *out, item_kind kind, bool *ok)
+/* A new item opened (the one before closed): output_item.added and its empty content part; a
+ * function call's name and call id (call_id NULL: the item's id) are in the added item already. */
+static resp_item *open_item(srv_job *j, resp_ctx *x, strbuf *out, item_kind kind, const char *name,
+                            const char *call_id, bool *ok)
 {
     *ok = close_open(x, out, false);
     resp_item *it = *ok ? add_item(x, j, kind) : NULL;
     if (!it)
         return NULL;
+    if (kind == IT_CALL) {
+        snprintf(it->call_id, sizeof it->call_id, "%s", call_id ? call_id : it->id);
+        if (!(it->name = strdup(name ? name : "")))
+            return *ok = false, NULL;
+    }
     x->open = (int)(it - x->items);
     cJSON *d = cJSON_CreateObject();
     cJSON_AddNumberToObject(d, "output_index", (double)x->open);
@@ -451,7 +458,8 @@ static resp_item *open_item(srv_job *j, resp_ctx *x, strbuf *out, item_kind kind
 static bool text_delta(srv_job *j, resp_ctx *x, strbuf *out, item_kind kind, const char *text)
 {
     bool ok = true;
-    resp_item *it = x->open >= 0 && x->items[x->open].kind == kind ? &x->items[x->open] : open_item(j, x, out, kind, &ok);
+    resp_item *it = x->open >= 0 && x->items[x->open].kind == kind ? &x->items[x->open]
+                                                                     : open_item(j, x, out, kind, NULL, NULL, &ok);
     if (!it)
         return ok; /* past RESP_MAX_ITEMS: the rest is dropped */
     ok = ok && strbuf_put(&it->text, text, strlen(text));
@@ -471,13 +479,10 @@ static bool call_delta(srv_job *j, resp_ctx *x, strbuf *out, const cJSON *t)
                         ? &x->items[x->open] : NULL;
     bool ok = true;
     if (!it) {
-        it = open_item(j, x, out, IT_CALL, &ok);
+        it = open_item(j, x, out, IT_CALL, name, id, &ok);
         if (!it)
             return ok;
         it->call_index = k;
-        snprintf(it->call_id, sizeof it->call_id, "%s", id ? id : it->id);
-        it->name = strdup(name ? name : "");
-        ok = ok && it->name;
     }
     if (ok && args && args[0]) {
         ok = strbuf_put(&it->text, args, strlen(args));
@@ -515,7 +520,7 @@ static bool stream_piece(srv_job *j, resp_ctx *x, const cJSON *o, strbuf *out)
     for (const cJSON *t = item(d, "tool_calls") ? item(d, "tool_calls")->child : NULL; ok && t; t = t->next)
         ok = call_delta(j, x, out, t);
     if (ok && finish && !x->n_items) /* an empty answer is an empty message */
-        open_item(j, x, out, IT_MESSAGE, &ok);
+        open_item(j, x, out, IT_MESSAGE, NULL, NULL, &ok);
     if (ok && finish) {
         ok = close_open(x, out, !strcmp(finish, "length"));
         cJSON *e = cJSON_CreateObject();
