@@ -427,16 +427,16 @@ static void add_layer(synth_ctx *c, const synth_arch *a, int l)
         add_tensor(c, "post_attention_norm", l, "weight", 1, d, 1, SYNTH_INIT_NORM, 0.1f);
     if (!a->no_pre)
         add_tensor(c, a->oss ? "post_attention_norm" : "ffn_norm", l, "weight", 1, d, 1, SYNTH_INIT_NORM, 0.1f);
-    if (p->n_expert)
+    if (p->n_expert) {
         add_experts(c, l, a->oss);
-    if (p->n_expert && p->d_ff_shexp) { /* granitemoe's shared expert */
-        const uint64_t sh = p->d_ff_shexp;
-        add_tensor(c, "ffn_gate_shexp", l, "weight", 2, d, sh, SYNTH_INIT_WEIGHT, in_std);
-        add_tensor(c, "ffn_up_shexp", l, "weight", 2, d, sh, SYNTH_INIT_WEIGHT, in_std);
-        add_tensor(c, "ffn_down_shexp", l, "weight", 2, sh, d, SYNTH_INIT_WEIGHT, resid / sqrtf((float)sh));
-    }
-    if (p->n_expert)
+        if (p->d_ff_shexp) { /* granitemoe's shared expert */
+            const uint64_t sh = p->d_ff_shexp;
+            add_tensor(c, "ffn_gate_shexp", l, "weight", 2, d, sh, SYNTH_INIT_WEIGHT, in_std);
+            add_tensor(c, "ffn_up_shexp", l, "weight", 2, d, sh, SYNTH_INIT_WEIGHT, in_std);
+            add_tensor(c, "ffn_down_shexp", l, "weight", 2, sh, d, SYNTH_INIT_WEIGHT, resid / sqrtf((float)sh));
+        }
         return;
+    }
     if (!a->fused_ffn)
         add_tensor(c, "ffn_gate", l, "weight", 2, d, p->d_ff, SYNTH_INIT_WEIGHT, in_std);
     add_tensor(c, "ffn_up", l, "weight", 2, d, a->fused_ffn ? 2ull * p->d_ff : p->d_ff, SYNTH_INIT_WEIGHT, in_std);

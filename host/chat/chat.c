@@ -501,6 +501,14 @@ static const char *past_think(const chat_msg *m)
     return c;
 }
 
+/* content.split('</think>')[-1].strip() (EXAONE 4's answers, GLM-Z1's turns). */
+static void past_think_trimmed(chat_out *o, const chat_msg *m)
+{
+    const char *c = past_think(m);
+    const chat_msg visible = {m->role, c, (size_t)(m->content + m->len - c)};
+    content_trimmed(o, &visible);
+}
+
 /* Qwen3: an earlier assistant turn is written without its reasoning, content.split('</think>')
  * [-1].lstrip('\n'). */
 static void after_think(chat_out *o, const chat_msg *m)
@@ -1070,11 +1078,9 @@ static void render_exaone(const chat_template *t, const chat_msg *m, size_t n, b
         if (m[i].role != CHAT_ASSISTANT) {
             txt(o, &m[i]);
         } else if (m[i].len) {
-            const char *c = past_think(&m[i]);
-            chat_msg answer = {CHAT_ASSISTANT, c, (size_t)(m[i].content + m[i].len - c)};
             lit(o, "<think>\n\n</think>\n\n");
-            if (c != m[i].content)
-                content_trimmed(o, &answer);
+            if (past_think(&m[i]) != m[i].content)
+                past_think_trimmed(o, &m[i]);
             else
                 txt(o, &m[i]);
         }
@@ -1108,13 +1114,10 @@ static void render_glm4(const chat_template *t, const chat_msg *m, size_t n, boo
             lit(o, "<|");
             lit(o, role_names[m[i].role]);
             lit(o, "|>\n");
-            if (sys || !t->glm4_visible) {
+            if (sys || !t->glm4_visible)
                 txt(o, &m[i]);
-                continue;
-            }
-            const char *c = past_think(&m[i]);
-            chat_msg visible = {m[i].role, c, (size_t)(m[i].content + m[i].len - c)};
-            content_trimmed(o, &visible);
+            else
+                past_think_trimmed(o, &m[i]);
         }
     if (gen)
         lit(o, t->glm4_gen);

@@ -296,6 +296,16 @@ static resp_item *add_item(resp_ctx *x, const srv_job *j, item_kind kind)
     return it;
 }
 
+/* A function_call item's name and call id (NULL: the item's own id); false: out of memory. */
+static bool set_call(resp_item *it, const char *name, const char *call_id)
+{
+    const char *src = call_id ? call_id : it->id; /* memmove: gcc cannot tell the two apart */
+    size_t len = strnlen(src, sizeof it->call_id - 1);
+    memmove(it->call_id, src, len);
+    it->call_id[len] = 0;
+    return (it->name = strdup(name ? name : "")) != NULL;
+}
+
 static cJSON *text_part(const char *type, const char *text)
 {
     cJSON *p = cJSON_CreateObject();
@@ -435,11 +445,8 @@ static resp_item *open_item(srv_job *j, resp_ctx *x, strbuf *out, item_kind kind
     resp_item *it = *ok ? add_item(x, j, kind) : NULL;
     if (!it)
         return NULL;
-    if (kind == IT_CALL) {
-        snprintf(it->call_id, sizeof it->call_id, "%s", call_id ? call_id : it->id);
-        if (!(it->name = strdup(name ? name : "")))
-            return *ok = false, NULL;
-    }
+    if (kind == IT_CALL && !set_call(it, name, call_id))
+        return *ok = false, NULL;
     x->open = (int)(it - x->items);
     cJSON *d = cJSON_CreateObject();
     cJSON_AddNumberToObject(d, "output_index", (double)x->open);
@@ -548,9 +555,8 @@ static bool whole(srv_job *j, resp_ctx *x, const cJSON *o, strbuf *out)
         const char *args = str_of(fn, "arguments"), *id = str_of(t, "id");
         if (!(it = add_item(x, j, IT_CALL)))
             break;
-        snprintf(it->call_id, sizeof it->call_id, "%s", id ? id : it->id);
-        ok = (it->name = strdup(str_of(fn, "name") ? str_of(fn, "name") : "")) != NULL &&
-             strbuf_put(&it->text, args ? args : "{}", strlen(args ? args : "{}"));
+        const char *a = args ? args : "{}";
+        ok = set_call(it, str_of(fn, "name"), id) && strbuf_put(&it->text, a, strlen(a));
     }
     cJSON *r = ok ? response_json(j, x, str_of(c, "finish_reason"), true) : NULL;
     char *s = r ? cJSON_PrintUnformatted(r) : NULL;
@@ -586,13 +592,12 @@ static bool end(srv_job *j, strbuf *out, const srv_error *failed)
 
 static const srv_job_fmt RESPONSES_FMT = {.reshape = reshape, .end = end};
 
-char *srv_responses_body(const char *body, size_t n, srv_error *e)
+/* The chat completion body (cJSON_free) of a Responses body, x's echo filled, or NULL with *e. */
+static char *body_text(const char *body, size_t n, resp_ctx *x, srv_error *e)
 {
-    resp_ctx x = {.open = -1};
     cJSON *in = srv_parse_body(body, n, e);
-    cJSON *o = in ? translate(in, &x, e) : NULL;
+    cJSON *o = in ? translate(in, x, e) : NULL;
     cJSON_Delete(in);
-    cJSON_Delete(x.echo);
     char *text = o ? cJSON_PrintUnformatted(o) : NULL;
     if (o && !text)
         srv_err(e, 500, NULL, "out of memory");
@@ -600,17 +605,19 @@ char *srv_responses_body(const char *body, size_t n, srv_error *e)
     return text;
 }
 
+char *srv_responses_body(const char *body, size_t n, srv_error *e)
+{
+    resp_ctx x = {.open = -1};
+    char *text = body_text(body, n, &x, e);
+    cJSON_Delete(x.echo);
+    return text;
+}
+
 void srv_responses(srv_conn *c)
 {
     srv_error e;
     resp_ctx x = {.open = -1, .created_at = (long long)time(NULL)};
-    cJSON *in = srv_parse_body(c->req.body.p ? c->req.body.p : "", c->req.body.len, &e);
-    cJSON *o = in ? translate(in, &x, &e) : NULL;
-    cJSON_Delete(in);
-    char *text = o ? cJSON_PrintUnformatted(o) : NULL;
-    if (o && !text)
-        srv_err(&e, 500, NULL, "out of memory");
-    cJSON_Delete(o);
+    char *text = body_text(c->req.body.p ? c->req.body.p : "", c->req.body.len, &x, &e);
     if (text)
         srv_serve_translated(c, text, R_CHAT, &RESPONSES_FMT, NULL, &x);
     else
