@@ -17,6 +17,7 @@
 
 #include "engine/gguf_write.h"
 #include "host/chat/chat.h"
+#include "host/chat/chat_reply.h"
 #include "support/vt.h"
 
 /* ---- real template strings (as they appear in tokenizer_config.json / the GGUF) -------------- */
@@ -501,6 +502,41 @@ static const char T_GLMZ1[] =
 static const char T_GLM4_CHAT[] =
     "[gMASK]<sop>{% for item in messages %}<|{{ item['role'] }}|>\n{{ item['content'] }}{% endfor %}{% if add_gener"
     "ation_prompt %}<|assistant|>{% endif %}";
+
+/* CohereForAI/c4ai-command-r-v01, as its GGUF carries it (Ollama's library/command-r, in huggingface.js's
+ * ollama-utils chat-template-automap.ts); Command R+'s and Aya 23's differ only in the never-written default
+ * system prompt behind "elif false == true". */
+static const char T_COMMAND_R[] =
+    "{{ bos_token }}{% if messages[0]['role'] == 'system' %}{% set loop_messages = messages[1:] %}{% set system_mes"
+    "sage = messages[0]['content'] %}{% elif false == true %}{% set loop_messages = messages %}{% set system_messag"
+    "e = 'You are a large language model called Command R built by the company Cohere. You act as a brilliant, soph"
+    "isticated, AI-assistant chatbot trained to assist human users by providing thorough responses.' %}{% else %}{%"
+    " set loop_messages = messages %}{% set system_message = false %}{% endif %}{% if system_message != false %}{{ "
+    "'<|START_OF_TURN_TOKEN|><|SYSTEM_TOKEN|>' + system_message + '<|END_OF_TURN_TOKEN|>' }}{% endif %}{% for messa"
+    "ge in loop_messages %}{% if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}{{ raise_exception('Conver"
+    "sation roles must alternate user/assistant/user/assistant/...') }}{% endif %}{% set content = message['content"
+    "'] %}{% if message['role'] == 'user' %}{{ '<|START_OF_TURN_TOKEN|><|USER_TOKEN|>' + content.strip() + '<|END_O"
+    "F_TURN_TOKEN|>' }}{% elif message['role'] == 'assistant' %}{{ '<|START_OF_TURN_TOKEN|><|CHATBOT_TOKEN|>'  + co"
+    "ntent.strip() + '<|END_OF_TURN_TOKEN|>' }}{% endif %}{% endfor %}{% if add_generation_prompt %}{{ '<|START_OF_"
+    "TURN_TOKEN|><|CHATBOT_TOKEN|>' }}{% endif %}";
+
+/* CohereForAI/c4ai-command-r7b-12-2024's default template (the same source, library/command-r7b), its
+ * {% if documents %} branch (RAG: the "# System Preamble", tool macros) left out as macMLX's cohere2 override
+ * does; the {%- else -%} branch every conversation without documents takes, verbatim. */
+static const char T_COMMAND_R7B[] =
+    "{% if documents %}\n{%- else -%}\n{% if messages[0]['role'] == 'system' %}{% set loop_messages = messages[1:] "
+    "%}\n    {%- set system_message = messages[0]['content'] %}{% elif false == true %}\n    {%- set loop_messages "
+    "= messages %}{% set system_message = '' %}\n{%- else %}\n    {%- set loop_messages = messages %}\n    {%- set "
+    "system_message = false %}\n{%- endif %}\n{%- if system_message != false -%}\n    {{ '<|START_OF_TURN_TOKEN|><|"
+    "SYSTEM_TOKEN|>' + system_message + '<|END_OF_TURN_TOKEN|>' }}\n{%- else -%}\n    {{ '<|START_OF_TURN_TOKEN|><|"
+    "SYSTEM_TOKEN|><|END_OF_TURN_TOKEN|>' }}\n{%- endif %}\n{%- for message in loop_messages %}\n    {%- if (messag"
+    "e['role'] == 'user') != (loop.index0 % 2 == 0) -%}\n        {{ raise_exception('Conversation roles must altern"
+    "ate user/assistant/user/assistant/...') }}\n    {%- endif -%}\n    {%- set content = message['content'] -%}\n "
+    "   {%- if message['role'] == 'user' -%}\n        {{ '<|START_OF_TURN_TOKEN|><|USER_TOKEN|>' + content.strip() "
+    "+ '<|END_OF_TURN_TOKEN|>' }}\n    {%- elif message['role'] == 'assistant' -%}\n        {{ '<|START_OF_TURN_TOK"
+    "EN|><|CHATBOT_TOKEN|><|START_RESPONSE|>'  + content.strip() + '<|END_RESPONSE|><|END_OF_TURN_TOKEN|>' }}\n    "
+    "{%- endif %}\n{%- endfor %}\n{%- if add_generation_prompt -%}\n    {{ '<|START_OF_TURN_TOKEN|><|CHATBOT_TOKEN|"
+    "><|START_RESPONSE|>' }}\n{%- endif %}\n{% endif %}";
 
 /* Not one of ours (DeepSeek-V2): falls back. */
 static const char T_DEEPSEEK[] =
@@ -1219,6 +1255,86 @@ static void test_glm4(void **state)
     assert_true(chat_family_parse("glm4", &f) && f == CHAT_GLM4);
 }
 
+#define CR_SYS(s) "<|START_OF_TURN_TOKEN|><|SYSTEM_TOKEN|>" s "<|END_OF_TURN_TOKEN|>"
+#define CR_USER(s) "<|START_OF_TURN_TOKEN|><|USER_TOKEN|>" s "<|END_OF_TURN_TOKEN|>"
+#define CR_GEN "<|START_OF_TURN_TOKEN|><|CHATBOT_TOKEN|>"
+#define CR_ANSWER(s) CR_GEN s "<|END_OF_TURN_TOKEN|>"
+#define R7B_GEN CR_GEN "<|START_RESPONSE|>"
+#define R7B_ANSWER(s) R7B_GEN s "<|END_RESPONSE|><|END_OF_TURN_TOKEN|>"
+
+/* The reply split whole and byte by byte: reasoning r, answer c. */
+static void expect_cohere_split(const char *reply, const char *r, const char *c)
+{
+    for (int bytewise = 0; bytewise < 2; bytewise++) {
+        chat_cohere s = {0};
+        strbuf br = {0}, bc = {0};
+        size_t n = strlen(reply);
+        for (size_t i = 0; i < n; i += bytewise ? 1 : n)
+            assert_true(chat_cohere_feed(&s, reply + i, bytewise ? 1 : n, false, &br, &bc));
+        assert_true(chat_cohere_feed(&s, "", 0, true, &br, &bc) && strbuf_put(&br, "", 0) && strbuf_put(&bc, "", 0));
+        assert_string_equal(br.p, r);
+        assert_string_equal(bc.p, c);
+        strbuf_free(&br), strbuf_free(&bc);
+    }
+}
+
+/* Command-R and Command R7B, the expected strings as jinja2 3.1 renders the templates above with
+ * transformers' settings (trim_blocks, lstrip_blocks). Both: a first system message as it is, user
+ * turns and answers stripped, roles alternating. Command-R: bos first, no system turn without a
+ * system message. R7B: no bos, an empty system turn, answers wrapped in <|START_RESPONSE|> ...
+ * <|END_RESPONSE|>, the generation prompt opening the response; its reply's thinking split off. */
+static void test_command_r(void **state)
+{
+    (void)state;
+    expect_render(T_COMMAND_R, CHAT_COMMAND_R, "<BOS_TOKEN>", "<|END_OF_TURN_TOKEN|>", CONV, N_CONV, true,
+                  "<BOS_TOKEN>" CR_SYS("You are a helpful assistant") CR_USER("Hello") CR_ANSWER("Hi there")
+                  CR_USER("Who are you") CR_ANSWER("I am an assistant") CR_USER("Another question") CR_GEN);
+    expect_render(T_COMMAND_R, CHAT_COMMAND_R, "<BOS_TOKEN>", "<|END_OF_TURN_TOKEN|>", CONV + 1, 2, false,
+                  "<BOS_TOKEN>" CR_USER("Hello") CR_ANSWER("Hi there"));
+    expect_on(NULL, CHAT_COMMAND_R, CHAT_THINK_DEFAULT, CONV + 1, 1, true, false, /* by name: Command-R's */
+              "<|endoftext|>" CR_USER("Hello") CR_GEN);
+    expect_render(T_COMMAND_R7B, CHAT_COMMAND_R, "<BOS_TOKEN>", "<|END_OF_TURN_TOKEN|>", CONV, N_CONV, true,
+                  CR_SYS("You are a helpful assistant") CR_USER("Hello") R7B_ANSWER("Hi there") CR_USER("Who are you")
+                  R7B_ANSWER("I am an assistant") CR_USER("Another question") R7B_GEN);
+    expect_render(T_COMMAND_R7B, CHAT_COMMAND_R, "<BOS_TOKEN>", "<|END_OF_TURN_TOKEN|>", CONV + 1, 2, false,
+                  CR_SYS("") CR_USER("Hello") R7B_ANSWER("Hi there"));
+    /* the system message kept as it is, an answer's markers in its text written as text */
+    static const chat_msg ws[] = {M(CHAT_SYSTEM, " S \n"), M(CHAT_USER, "\n q "),
+                                  M(CHAT_ASSISTANT, " <|START_THINKING|>t<|END_THINKING|> a ")};
+    expect_render(T_COMMAND_R, CHAT_COMMAND_R, "<BOS_TOKEN>", "", ws, 3, true,
+                  "<BOS_TOKEN>" CR_SYS(" S \n") CR_USER("q") CR_ANSWER("<|START_THINKING|>t<|END_THINKING|> a")
+                  CR_GEN);
+    chat_prompt p;
+    render_on(T_COMMAND_R7B, CHAT_COMMAND_R, CHAT_THINK_DEFAULT, ws, 3, true, false,
+              CR_SYS(" S \n") CR_USER("q") R7B_ANSWER("<|START_THINKING|>t<|END_THINKING|> a") R7B_GEN, &p);
+    expect_span(&p, "<|START_THINKING|>", false);
+    expect_span(&p, "<|END_RESPONSE|><|END_OF_TURN_TOKEN|>", true);
+    chat_prompt_free(&p);
+    /* continue_final_message: the response opened after its <|START_RESPONSE|> */
+    expect_on(T_COMMAND_R7B, CHAT_COMMAND_R, CHAT_THINK_DEFAULT, CONV + 1, 2, false, true,
+              CR_SYS("") CR_USER("Hello") R7B_GEN "Hi there");
+
+    /* llama.cpp's rule: both markers; R7B by its <|START_RESPONSE|>; neither thinks in <think> */
+    assert_int_equal(chat_detect("<|START_OF_TURN_TOKEN|><|CHATBOT_TOKEN|>{{ m }}", NULL), CHAT_PLAIN);
+    chat_template t;
+    assert_int_equal(chat_template_init(&t, CHAT_COMMAND_R, T_COMMAND_R7B, "<BOS_TOKEN>", "<EOS_TOKEN>"), VKI_OK);
+    assert_true(t.command_r7b && !t.emit_bos && !chat_thinks(&t));
+    chat_template_free(&t);
+    assert_int_equal(chat_template_init(&t, CHAT_COMMAND_R, T_COMMAND_R, "<BOS_TOKEN>", "<EOS_TOKEN>"), VKI_OK);
+    assert_true(!t.command_r7b && t.emit_bos && !chat_thinks(&t));
+    chat_template_free(&t);
+    chat_family f;
+    assert_true(chat_family_parse("command-r", &f) && f == CHAT_COMMAND_R);
+
+    /* R7B's reply: the thinking is reasoning, the response markers go, anything else is answer */
+    expect_cohere_split("Just the answer.", "", "Just the answer.");
+    expect_cohere_split("<|START_THINKING|>plan<|END_THINKING|><|START_RESPONSE|>A <|START_x<|END_RESPONSE|>", "plan",
+                        "A <|START_x");
+    expect_cohere_split("<|START_THINKING|>p<|END_THINKING|><|START_ACTION|>[]<|END_ACTION|>", "p",
+                        "<|START_ACTION|>[]<|END_ACTION|>");
+    expect_cohere_split("<|START_THINKING|>cut <|END_", "cut <|END_", ""); /* held back, then text */
+}
+
 static void test_fallback(void **state)
 {
     static const char want[] = "system: You are a helpful assistant\nuser: Hello\nassistant: Hi there\nuser: Who are "
@@ -1265,14 +1381,15 @@ static void test_open_end(void **state)
     }
 }
 
-/* The upstream templates raise on these; we answer with an error naming the message. */
+/* The upstream templates raise on these (Llama 2's, Mistral's, Gemma's, Command-R's); we answer with an
+ * error naming the message. */
 static void test_errors(void **state)
 {
     static const chat_msg uu[] = {M(CHAT_USER, "a"), M(CHAT_USER, "b")};
     static const chat_msg a_first[] = {M(CHAT_SYSTEM, "s"), M(CHAT_ASSISTANT, "a")};
     static const chat_msg late_sys[] = {M(CHAT_USER, "a"), M(CHAT_ASSISTANT, "b"), M(CHAT_SYSTEM, "c")};
-    const chat_family fams[] = {CHAT_LLAMA2, CHAT_MISTRAL, CHAT_GEMMA};
-    for (size_t k = 0; k < 3; k++) {
+    const chat_family fams[] = {CHAT_LLAMA2, CHAT_MISTRAL, CHAT_GEMMA, CHAT_COMMAND_R};
+    for (size_t k = 0; k < 4; k++) {
         chat_template t;
         assert_int_equal(chat_template_init(&t, fams[k], NULL, "<s>", "</s>"), VKI_OK);
         chat_prompt p;
@@ -1609,6 +1726,54 @@ static void test_tokenize_glm4(void **state)
     vki_tokenizer_free(tok);
 }
 
+/* Command R7B's vocabulary, eos <EOS_TOKEN> (a file naming another eos than <|END_OF_TURN_TOKEN|>): the
+ * markers are control tokens only where the template wrote them; generation ends at <|END_OF_TURN_TOKEN|>
+ * and <|END_RESPONSE|> too; a generated reply's thinking is the reasoning, its markers not text. */
+static void test_tokenize_cohere(void **state)
+{
+    (void)state;
+    static const char *const v[] = {"<BOS_TOKEN>",        "<EOS_TOKEN>",      "<|START_OF_TURN_TOKEN|>",
+                                    "<|END_OF_TURN_TOKEN|>", "<|SYSTEM_TOKEN|>", "<|USER_TOKEN|>",
+                                    "<|CHATBOT_TOKEN|>",  "<|START_RESPONSE|>", "<|END_RESPONSE|>",
+                                    "<|START_THINKING|>", "<|END_THINKING|>"};
+    enum { C_BOS = 256, C_EOS, C_SOT, C_EOT, C_SYSTEM, C_USER, C_CHATBOT, C_START_R, C_END_R, C_START_T, C_END_T };
+    vki_tokenizer *tok = load_byte_vocab(T_COMMAND_R7B, v, 11, C_BOS, C_EOS, "command-r");
+    static const chat_msg cm[] = {M(CHAT_USER, "q<|END_OF_TURN_TOKEN|><|CHATBOT_TOKEN|>"),
+                                  M(CHAT_ASSISTANT, "<|START_THINKING|>t<|END_THINKING|>A<|END_RESPONSE|>"),
+                                  M(CHAT_USER, "<BOS_TOKEN>")};
+    size_t c[11];
+    count_specials(tok, CHAT_THINK_DEFAULT, cm, 3, 11, c);
+    static const size_t want[11] = {0, 0, 5, 4, 1, 2, 2, 2, 1, 0, 0}; /* empty system turn, 3 turns, prompt */
+    for (int k = 0; k < 11; k++)
+        if (c[k] != want[k])
+            fail_msg("command-r7b %s: %zu, want %zu", v[k], c[k], want[k]);
+    for (int32_t id = 0; id < 256 + 11; id++) {
+        bool end = id == C_EOS || id == C_EOT || id == C_END_R;
+        if (vki_token_is_eog(tok, id) != end)
+            fail_msg("command-r7b token %d (%s): end of generation %d", id, id >= 256 ? v[id - 256] : "byte", !end);
+    }
+    chat_template t;
+    assert_int_equal(chat_template_init(&t, CHAT_COMMAND_R, T_COMMAND_R7B, "<BOS_TOKEN>", "<EOS_TOKEN>"), VKI_OK);
+    chat_reply r;
+    assert_int_equal(chat_reply_init(&r, tok, &t, NULL, NULL, 0, 0), VKI_OK);
+    static const int32_t gen[] = {C_START_T, 'h', 'm', C_END_T, C_START_R, 'O', 'K', C_END_R, C_EOT};
+    strbuf reasoning = {0}, answer = {0};
+    bool stopped = false;
+    for (size_t i = 0; i <= sizeof gen / sizeof gen[0]; i++) {
+        assert_int_equal(i < sizeof gen / sizeof gen[0] ? chat_reply_push(&r, gen[i], &stopped) : chat_reply_finish(&r),
+                         VKI_OK);
+        assert_true(strbuf_put(&reasoning, r.reasoning.p, r.reasoning.len) &&
+                    strbuf_put(&answer, r.answer.p, r.answer.len));
+    }
+    assert_true(strbuf_put(&reasoning, "", 0) && strbuf_put(&answer, "", 0));
+    assert_string_equal(reasoning.p, "hm");
+    assert_string_equal(answer.p, "OK");
+    strbuf_free(&reasoning), strbuf_free(&answer);
+    chat_reply_free(&r);
+    chat_template_free(&t);
+    vki_tokenizer_free(tok);
+}
+
 /* gpt-oss's vocabulary: its template recognised from the tokenizer; the template's markers are
  * its control tokens and a user's "<|end|>" is text; tokens = the library's with parse_special
  * where the content holds no control token's text. */
@@ -1792,12 +1957,13 @@ int main(void)
         cmocka_unit_test(test_mistral),      cmocka_unit_test(test_zephyr),       cmocka_unit_test(test_gemma),
         cmocka_unit_test(test_phi3),         cmocka_unit_test(test_deepseek),     cmocka_unit_test(test_harmony),
         cmocka_unit_test(test_tulu),         cmocka_unit_test(test_granite),      cmocka_unit_test(test_smollm3),
-        cmocka_unit_test(test_exaone),       cmocka_unit_test(test_glm4),         cmocka_unit_test(test_fallback),
+        cmocka_unit_test(test_exaone),       cmocka_unit_test(test_glm4),         cmocka_unit_test(test_command_r),
+        cmocka_unit_test(test_fallback),
         cmocka_unit_test(test_errors),
         cmocka_unit_test(test_open_end),
         cmocka_unit_test(test_tokenize_spm), cmocka_unit_test(test_tokenize_bpe),
         cmocka_unit_test(test_tokenize_harmony), cmocka_unit_test(test_tokenize_new_families),
-        cmocka_unit_test(test_tokenize_glm4),
+        cmocka_unit_test(test_tokenize_glm4), cmocka_unit_test(test_tokenize_cohere),
         cmocka_unit_test(test_from_gguf),
         cmocka_unit_test(test_public_api),
     };

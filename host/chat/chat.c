@@ -23,7 +23,7 @@ static const char *const family_names[CHAT_FAMILY_COUNT] = {
     [CHAT_PLAIN] = "plain",   [CHAT_CHATML] = "chatml", [CHAT_LLAMA3] = "llama3", [CHAT_LLAMA2] = "llama2",
     [CHAT_MISTRAL] = "mistral", [CHAT_ZEPHYR] = "zephyr", [CHAT_GEMMA] = "gemma",  [CHAT_PHI3] = "phi3",
     [CHAT_DEEPSEEK] = "deepseek", [CHAT_HARMONY] = "harmony", [CHAT_TULU] = "tulu",     [CHAT_GRANITE] = "granite",
-    [CHAT_SMOLLM3] = "smollm3", [CHAT_EXAONE] = "exaone", [CHAT_GLM4] = "glm4",
+    [CHAT_SMOLLM3] = "smollm3", [CHAT_EXAONE] = "exaone", [CHAT_GLM4] = "glm4", [CHAT_COMMAND_R] = "command-r",
 };
 _Static_assert(sizeof family_names / sizeof family_names[0] == CHAT_FAMILY_COUNT, "a name per family");
 
@@ -93,6 +93,8 @@ chat_family chat_detect(const char *t, bool *known)
         f = CHAT_EXAONE;
     else if (strstr(t, "[gMASK]<sop>") && !strstr(t, "visible_text(")) /* llama.cpp's rule, less GLM-4.5+'s */
         f = CHAT_GLM4;
+    else if (strstr(t, "<|START_OF_TURN_TOKEN|>") && strstr(t, "<|USER_TOKEN|>")) /* llama.cpp's rule */
+        f = CHAT_COMMAND_R;
     else if (strstr(t, "<|start_header_id|>"))
         f = CHAT_LLAMA3;
     else if (strstr(t, "<start_of_turn>"))
@@ -304,7 +306,8 @@ vki_status chat_template_init(chat_template *t, chat_family f, const char *tmpl,
     snprintf(t->bos, sizeof t->bos, "%s", bos ? bos : "");
     snprintf(t->eos, sizeof t->eos, "%s", eos ? eos : "");
     /* Without the template text, assume the canonical template of the family. */
-    bool canon_bos = f == CHAT_LLAMA3 || f == CHAT_LLAMA2 || f == CHAT_MISTRAL || f == CHAT_GEMMA || f == CHAT_TULU;
+    bool canon_bos = f == CHAT_LLAMA3 || f == CHAT_LLAMA2 || f == CHAT_MISTRAL || f == CHAT_GEMMA || f == CHAT_TULU ||
+                     f == CHAT_COMMAND_R;
     t->emit_bos = f == CHAT_LLAMA2 || (tmpl ? strstr(tmpl, "bos_token") != NULL : canon_bos);
     t->mistral_spaced = f == CHAT_MISTRAL && tmpl && (strstr(tmpl, "' [INST] '") || strstr(tmpl, "\" [INST] \""));
     t->mistral_v7 = f == CHAT_MISTRAL && tmpl && strstr(tmpl, "[SYSTEM_PROMPT]");
@@ -325,6 +328,7 @@ vki_status chat_template_init(chat_template *t, chat_family f, const char *tmpl,
     t->glm4_visible = f == CHAT_GLM4 && tmpl && strstr(tmpl, "split('</think>')");
     if (f == CHAT_GLM4)
         glm4_generation_prompt(tmpl, t->glm4_gen, sizeof t->glm4_gen);
+    t->command_r7b = f == CHAT_COMMAND_R && tmpl && strstr(tmpl, "<|START_RESPONSE|>");
     vki_status st = VKI_OK;
     if (f == CHAT_CHATML && tmpl)
         st = chatml_default_system(tmpl, &t->default_system);
@@ -1123,12 +1127,57 @@ static void render_glm4(const chat_template *t, const chat_msg *m, size_t n, boo
         lit(o, t->glm4_gen);
 }
 
+/* ---- Cohere ----------------------------------------------------------------------------------- */
+
+/* CohereForAI/c4ai-command-r-v01 (Command R+'s, Aya 23's and Aya Expanse's write the same; their
+ * default system prompts sit behind "elif false == true", never written): bos, a first system message
+ * as '<|START_OF_TURN_TOKEN|><|SYSTEM_TOKEN|>' + content + '<|END_OF_TURN_TOKEN|>' (not trimmed), then
+ * user turns '<|START_OF_TURN_TOKEN|><|USER_TOKEN|>' + content.strip() + '<|END_OF_TURN_TOKEN|>' and
+ * answers '<|START_OF_TURN_TOKEN|><|CHATBOT_TOKEN|>' + content.strip() + '<|END_OF_TURN_TOKEN|>',
+ * alternating (the template raises otherwise; llama.cpp's built-in renderer takes any order and trims
+ * the system message too); then '<|START_OF_TURN_TOKEN|><|CHATBOT_TOKEN|>'.
+ * CohereForAI/c4ai-command-r7b-12-2024 (command_r7b; Command A's, not at hand, is taken to write the
+ * same), its default template without documents: no
+ * bos_token, '<|START_OF_TURN_TOKEN|><|SYSTEM_TOKEN|><|END_OF_TURN_TOKEN|>' when there is no system
+ * message, answers '<|START_OF_TURN_TOKEN|><|CHATBOT_TOKEN|><|START_RESPONSE|>' + content.strip() +
+ * '<|END_RESPONSE|><|END_OF_TURN_TOKEN|>', and the generation prompt opens the response:
+ * '<|START_OF_TURN_TOKEN|><|CHATBOT_TOKEN|><|START_RESPONSE|>'. Its long "# System Preamble" is written
+ * only by the branch for documents (RAG) and by its tool_use template, neither reproduced: tools use the
+ * fallback's instructions (a tool's result as a user turn, where the real tool_use templates write a
+ * system turn). */
+static void render_command_r(const chat_template *t, const chat_msg *m, size_t n, bool gen, chat_out *o, char *err,
+                             size_t n_err)
+{
+    size_t first = n && m[0].role == CHAT_SYSTEM;
+    if (!alternates(o, m, n, first, t, err, n_err))
+        return;
+    if (t->emit_bos)
+        lit(o, t->bos);
+    if (first || t->command_r7b) {
+        lit(o, "<|START_OF_TURN_TOKEN|><|SYSTEM_TOKEN|>");
+        if (first)
+            txt(o, &m[0]);
+        lit(o, "<|END_OF_TURN_TOKEN|>");
+    }
+    const char *answer = t->command_r7b ? "<|START_OF_TURN_TOKEN|><|CHATBOT_TOKEN|><|START_RESPONSE|>"
+                                        : "<|START_OF_TURN_TOKEN|><|CHATBOT_TOKEN|>";
+    for (size_t i = first; i < n; i++) {
+        bool user = m[i].role == CHAT_USER;
+        lit(o, user ? "<|START_OF_TURN_TOKEN|><|USER_TOKEN|>" : answer);
+        content_trimmed(o, &m[i]);
+        lit(o, !user && t->command_r7b ? "<|END_RESPONSE|><|END_OF_TURN_TOKEN|>" : "<|END_OF_TURN_TOKEN|>");
+    }
+    if (gen)
+        lit(o, answer);
+}
+
 static const render_fn renderers[CHAT_FAMILY_COUNT] = {
     [CHAT_PLAIN] = render_plain,     [CHAT_CHATML] = render_chatml, [CHAT_LLAMA3] = render_llama3,
     [CHAT_LLAMA2] = render_llama2,   [CHAT_MISTRAL] = render_mistral, [CHAT_ZEPHYR] = render_zephyr,
     [CHAT_GEMMA] = render_gemma,     [CHAT_PHI3] = render_phi3,     [CHAT_DEEPSEEK] = render_deepseek,
     [CHAT_HARMONY] = render_harmony, [CHAT_TULU] = render_tulu,     [CHAT_GRANITE] = render_granite,
     [CHAT_SMOLLM3] = render_smollm3, [CHAT_EXAONE] = render_exaone, [CHAT_GLM4] = render_glm4,
+    [CHAT_COMMAND_R] = render_command_r,
 };
 
 void chat_prompt_open_end(chat_prompt *p)

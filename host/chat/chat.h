@@ -6,9 +6,9 @@
  * Families: ChatML (incl. a default system prompt written literally in the template, as Qwen's),
  * Llama 3, Llama 2 (<<SYS>>), Mistral ([INST] without <<SYS>>; the "v1" spacing when the template
  * writes ' [INST] '), Zephyr, Gemma, Phi-3, DeepSeek-R1, gpt-oss's harmony, OLMo 2 / Tülu 3,
- * IBM Granite 3.x, SmolLM3, LG's EXAONE 3.0 / 3.5 and 4.0, Zhipu's GLM-4-0414 and GLM-Z1. Anything
- * else, or no template: CHAT_PLAIN, our own fallback of "role: content" lines ending in "assistant:"
- * (the caller logs it).
+ * IBM Granite 3.x, SmolLM3, LG's EXAONE 3.0 / 3.5 and 4.0, Zhipu's GLM-4-0414 and GLM-Z1, Cohere's
+ * Command-R / R+ / R7B / A and Aya. Anything else, or no template: CHAT_PLAIN, our own fallback of
+ * "role: content" lines ending in "assistant:" (the caller logs it).
  *
  * Tokenisation keeps the roles of the two kinds of text apart: control tokens ("<|im_start|>",
  * "<s>") are recognised only inside the text the template itself wrote; message content is always
@@ -40,6 +40,8 @@ typedef enum chat_family {
     CHAT_SMOLLM3,  /* SmolLM3: ChatML behind a "## Metadata" system block, /think and /no_think */
     CHAT_EXAONE,   /* LG AI Research's EXAONE 3.0 / 3.5 / 4.0: [|role|]...[|endofturn|] (see exaone4) */
     CHAT_GLM4,     /* Zhipu's GLM-4-0414 / GLM-Z1: [gMASK]<sop>, then <|role|>\n + content, nothing after a turn */
+    CHAT_COMMAND_R, /* Cohere's Command-R / R+, Aya 23 / Expanse, Command R7B / A (see command_r7b):
+                       <|START_OF_TURN_TOKEN|><|USER_TOKEN|>...<|END_OF_TURN_TOKEN|> */
     CHAT_FAMILY_COUNT
 } chat_family;
 
@@ -108,6 +110,12 @@ typedef struct chat_template {
                              written as content.split('</think>')[-1].strip() */
     char glm4_gen[32];    /* GLM: the generation prompt, the template's literal ("<|assistant|>\n", Z1's
                              "<|assistant|>\n<think>") */
+    bool command_r7b;     /* Command R7B (cohere2; the template has "<|START_RESPONSE|>"; Command A's, not
+                             checked, is taken to match): no bos_token, an empty system turn when there is no
+                             system message, answers as '<|START_RESPONSE|>' + content + '<|END_RESPONSE|>'
+                             inside their turn, a generation prompt that opens the response; the reply's "<|START_THINKING|>...<|END_THINKING|>"
+                             is its reasoning (chat_reply). A flag, not a family: the turns, roles, trimming
+                             and alternation are Command-R's, as EXAONE 4 is EXAONE's; false: Command-R's */
     /* The variable parts of the harmony (gpt-oss), Granite and SmolLM3 system messages. The
      * renderer reads them; callers set them per conversation on a copy (the server does, from the
      * request). */
@@ -130,7 +138,8 @@ bool chat_family_parse(const char *name, chat_family *out);
  * spacing, ChatML's literal default system prompt and reasoning stripping, the first Phi-3
  * template, harmony's and SmolLM3's date lines, Granite's default system prompt (from the
  * template's literals; none in Granite 3.0's), EXAONE 4.0 or 3.x, GLM's system order, reasoning
- * stripping and generation prompt (without tmpl: Granite 3.3's, EXAONE 4.0's, GLM-4-0414's).
+ * stripping and generation prompt, Command R7B or Command-R (without tmpl: Granite 3.3's, EXAONE
+ * 4.0's, GLM-4-0414's, Command-R's).
  * bos/eos: token texts (NULL = none). */
 vki_status chat_template_init(chat_template *t, chat_family f, const char *tmpl, const char *bos, const char *eos);
 void chat_template_free(chat_template *t);

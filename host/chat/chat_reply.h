@@ -3,17 +3,36 @@
  * pieces, stop strings), and on a harmony template (gpt-oss) its markers rendered (they are
  * control tokens) and split by chat_harmony into the reasoning (the analysis channel) and the
  * answer (the final channel), the token that ends the reply ("<|return|>", "<|call|>") shown as
- * nothing. Other templates' text is all answer ("<think>" blocks included). No Vulkan. */
+ * nothing; on Command R7B's (chat_template.command_r7b) the same with chat_cohere's split. Other
+ * templates' text is all answer ("<think>" blocks included). No Vulkan. */
 #ifndef VKI_HOST_CHAT_REPLY_H
 #define VKI_HOST_CHAT_REPLY_H
 
 #include "host/chat/chat_harmony.h"
+
+/* Command R7B's reply, split as it is generated: "<|START_THINKING|>...<|END_THINKING|>" is reasoning,
+ * "<|START_RESPONSE|>...<|END_RESPONSE|>" the answer without its markers (the generation prompt has
+ * opened the response: the reply starts in the answer); any other text, its tool-call syntax
+ * ("<|START_ACTION|>[...]<|END_ACTION|>") included, is answer. The markers are control tokens: the
+ * text must be detokenised with them rendered (VKI_DETOK_SPECIAL); one cut across pieces is held back
+ * until it is certain. Fixed size, no allocation, O(1) a byte. */
+typedef struct chat_cohere {
+    bool thinking;             /* inside <|START_THINKING|>: bytes go to the reasoning */
+    uint8_t n_hold;
+    char hold[24];             /* [n_hold] bytes that may begin a marker */
+} chat_cohere;
+
+/* The next n bytes of the reply: reasoning appended to r, the answer to c. end: the reply is complete
+ * (what was held back comes out as text). false: out of memory. */
+bool chat_cohere_feed(chat_cohere *s, const char *p, size_t n, bool end, strbuf *r, strbuf *c);
 
 typedef struct chat_reply {
     vki_text_stream *ts;
     const vki_tokenizer *tok;
     bool harmony;
     chat_harmony h;
+    bool cohere;               /* Command R7B: co splits the text */
+    chat_cohere co;
     strbuf reasoning, answer; /* what the last chat_reply_push / _finish gave (cleared by each) */
 } chat_reply;
 

@@ -412,11 +412,12 @@ static vki_status load_special_ids(vki_tokenizer *t, const gguf_file *f, char *e
  * call is), while its "<|end|>" only closes one message of several (the reasoning, then the
  * answer): a vocabulary with both of the first two keeps "<|end|>" a control token that does not
  * end generation, as llama.cpp does. GLM-4's vocabulary also ends it at "<|user|>" and
- * "<|observation|>". */
+ * "<|observation|>"; Cohere's at "<|END_OF_TURN_TOKEN|>" and "<|END_RESPONSE|>". */
 static void mark_eog(vki_tokenizer *t)
 {
     static const char *const eot_texts[] = {"<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|call|>",
-                                            "<end_of_turn>", "<|endoftext|>", "<EOT>", "<|eom_id|>"};
+                                            "<end_of_turn>", "<|endoftext|>", "<EOT>", "<|eom_id|>",
+                                            "<|END_OF_TURN_TOKEN|>"};
     for (size_t i = 0; i < sizeof eot_texts / sizeof eot_texts[0]; i++) {
         int32_t id = tok_lookup(t, eot_texts[i], strlen(eot_texts[i]));
         if (id < 0)
@@ -453,6 +454,13 @@ static void mark_eog(vki_tokenizer *t)
             t->tok[glm_ends[i]].eog = true;
             t->tok[glm_ends[i]].type = TOK_T_CONTROL;
         }
+    /* Command R7B / A: nothing but "<|END_OF_TURN_TOKEN|>" may follow "<|END_RESPONSE|>" (the answer is
+     * done; Ollama stops there too), whatever eos the file names */
+    int32_t end_response = tok_lookup(t, "<|END_RESPONSE|>", 16);
+    if (end_response >= 0 && tok_lookup(t, "<|END_OF_TURN_TOKEN|>", 21) >= 0) {
+        t->tok[end_response].eog = true;
+        t->tok[end_response].type = TOK_T_CONTROL;
+    }
     int32_t ret = tok_lookup(t, "<|return|>", 10), call = tok_lookup(t, "<|call|>", 8);
     int32_t end = tok_lookup(t, "<|end|>", 7);
     if (ret >= 0 && call >= 0 && end >= 0) { /* harmony: whatever the metadata says, as llama.cpp */
