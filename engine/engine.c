@@ -144,6 +144,11 @@ static vki_status create_scratch(vk_engine *e)
         (st = make_buf(e, op_attn_scratch_bytes(&e->attn[0], slots), "attn partials", &s->attn_tmp)) ||
         (st = vk_moe_scratch_create(e)))
         return st;
+    /* command-r's FFN reads h after the attention's output projection, which op by op goes
+     * through a buffer of its own */
+    if (hp->parallel_ffn && (e->p.no_fusion || hp->post_norms) &&
+        (st = make_buf(e, T * hp->d_model * 4, "act attn out", &s->o)))
+        return st;
     /* the decode splits' merge counters (both layer kinds have the same heads) and those of the
      * matrix-vector epilogues: zero once here, every dispatch leaves them zero */
     uint64_t mb = op_attn_merge_bytes(&e->attn[0], e->in.max_info);
@@ -169,7 +174,7 @@ static void destroy_scratch(vk_engine *e)
 {
     if (e->s.rope_freqs[1] == e->s.rope_freqs[0])
         e->s.rope_freqs[1] = NULL;
-    vkd_buffer **all[] = {&e->s.x, &e->s.h, &e->s.q, &e->s.k, &e->s.v, &e->s.att, &e->s.g, &e->s.u,
+    vkd_buffer **all[] = {&e->s.x, &e->s.h, &e->s.o, &e->s.q, &e->s.k, &e->s.v, &e->s.att, &e->s.g, &e->s.u,
                           &e->s.xs, &e->s.logits, &e->s.attn_tmp, &e->s.attn_cnt, &e->s.mm_cnt, &e->s.xq, &e->s.xh,
                           &e->s.gq, &e->s.rope_freqs[0], &e->s.rope_freqs[1]};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) {
@@ -694,6 +699,7 @@ static vki_status host_round_trips(vk_engine *e, const op_sampler *sampler, cons
 }
 
 /* Embeddings: the final hidden state of every row (rmsnorm * output_norm, what the LM head
+ * reads; command-r's LayerNorm)
  * reads) into s->h, which no later dispatch of the step touches (the LM head, recorded before
  * it, normalises its rows into h on the integer-dot path: the barrier orders the two; the
  * context logits' LM head passes rewrite h after host_hidden has read it). One norm over the
@@ -711,8 +717,9 @@ static vki_status record_hidden(vk_engine *e, const vki_step_plan *plan)
     uint32_t d = e->model.hp.d_model;
     vkd_barrier(e->cmd);
     vkd_label_begin(e->cmd, "hidden states");
-    vki_status st = op_rmsnorm(e->cmd, op_mat_rows(e->s.x, d), vkd_whole(e->model.output_norm.parts[0].buf),
-                               op_mat_rows(e->s.h, d), plan->n_tokens, d, e->model.hp.resid_eps);
+    vki_status st = op_norm_xh(e->cmd, e->model.hp.layer_norm, op_mat_rows(e->s.x, d),
+                               vkd_whole(e->model.output_norm.parts[0].buf), op_mat_rows(e->s.h, d), plan->n_tokens, d,
+                               e->model.hp.resid_eps, (vkd_view){0}, (vkd_view){0});
     vkd_label_end(e->cmd);
     return st;
 }

@@ -58,6 +58,8 @@ vk_engine_params vk_engine_default_params(void);
 typedef struct vk_scratch {
     vkd_buffer *x;          /* f32 [T][d] residual stream */
     vkd_buffer *h;          /* f32 [T][d] normed input of attention / FFN, also wo / w_down output */
+    vkd_buffer *o;          /* f32 [T][d] wo's output where h must outlive it (command-r's parallel
+                               FFN, op by op); else NULL */
     vkd_buffer *q;          /* f32 [T][n_head * hd] (fused attn_qkv: [T][q | k | v]) */
     vkd_buffer *k, *v;      /* f32 [T][n_head_kv * hd] */
     vkd_buffer *att;        /* f32 [T][n_head * hd] attention output */

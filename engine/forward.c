@@ -5,7 +5,7 @@
  *       [granite: * embedding_scale / residual_scale: the stream holds x / residual_scale, so
  *        each block adds its output unscaled; the norms over it take rms_eps / residual_scale^2]
  *   for each layer:
- *     h = rmsnorm(x) * attn_norm                            [olmo2: h = x]
+ *     h = rmsnorm(x) * attn_norm                            [olmo2: h = x; command-r: LayerNorm]
  *     q, k, v = h Wq (+bq), h Wk (+bk), h Wv (+bv)          [T][n_head*hd], [T][n_kv*hd] x2
  *               (one h Wqkv, sliced, where the matrices share a type: phi3's, or
  *                concatenated at load; V apart when its type differs)
@@ -24,7 +24,8 @@
  *                                                            token its last workgroup also
  *                                                            writes the next rmsnorm, below)
  *         [gemma, olmo2: x = x + rmsnorm(att Wo) * post_attention_norm]
- *     h = rmsnorm(x) * ffn_norm                             [olmo2: h = x]
+ *     h = rmsnorm(x) * ffn_norm                             [olmo2: h = x; command-r: the
+ *                                                            attention's h (x before its add)]
  *     o = (act(h Wgate) * (h Wup)) Wdown                    act: silu, gemma: tanh-GELU
  *         (gate | up from one h Wup where they share a type: phi3's, or concatenated at load;
  *          then in decode the matrix-vector pass applies act and the product itself)
@@ -34,7 +35,8 @@
  *     x = x + o                                             (added by the down projection's
  *                                                            matmul; MoE: by the combine)
  *   logits = (rmsnorm(x[rows that want a token]) * output_norm) Wout     [R][vocab]
- *            [granite: logits / logit_scale] [gemma2: logits = 30 tanh(logits / 30)]
+ *            [granite: logits / logit_scale; command-r: * logit_scale]
+ *            [gemma2: logits = 30 tanh(logits / 30)]
  *
  * A barrier separates each stage from the next; independent dispatches of one stage (Q, K, V
  * projections; gate and up) share one. vkd_role names what the next dispatches compute, for the
@@ -132,16 +134,18 @@ static const vkd_view *bias_view(const vk_tensor *b, vkd_view *tmp)
 
 /* x = x + o: the block's output projection (o = in W^T (+ bias: gpt-oss's attn_output.bias, or
  * NULL), in: [T][in_stride]) added to the residual stream by the matmul itself, or, where a norm
- * comes between (gemma's post-norms) or with no_fusion, through s->h, [the norm] and an add. With
+ * comes between (gemma's post-norms) or with no_fusion, through tmp (s->h; command-r's
+ * attention: s->o), [the norm] and an add. With
  * next_norm (the next block's input norm) and one token, the projection's last workgroup also
- * writes h = rmsnorm(x) * next_norm
+ * writes h = rmsnorm(x) * next_norm (not command-r's LayerNorm)
  * (op_matmul_norm) and *normed tells the next block to skip its norm; when that block's products
  * take the integer-dot path (next_i8) the same workgroup quantises h into s->xq too
  * (e->xq_of_h). On the integer-dot path (int_dot) `in` is quantised first into s->xq (x_roles[0])
  * unless in_q (the buffer where the kernel that wrote `in` quantised it too); on the tensor-core
  * GEMM rounded to F16 into s->xh (x_roles[1]). Ends with a barrier. */
 static vki_status project_residual(vk_engine *e, const vk_tensor *w, const vk_tensor *bias, vkd_view in,
-                                   uint32_t in_stride, uint32_t T, vkd_buffer *in_q, const char *mm_role,
+                                   uint32_t in_stride, uint32_t T, vkd_buffer *in_q, vkd_buffer *tmp,
+                                   const char *mm_role,
                                    const char *const x_roles[2], const vk_tensor *post_norm, const char *post_role,
                                    const char *add_role, const vk_tensor *next_norm, bool next_i8, bool *normed)
 {
@@ -161,7 +165,7 @@ static vki_status project_residual(vk_engine *e, const vk_tensor *w, const vk_te
     const vkd_view *b = bias_view(bias, &bt);
     vkd_role(c, mm_role);
     if (!hp->post_norms && !e->p.no_fusion) {
-        if (next_norm && T == 1 && op_matmul_norm_fits(e->dev, w)) {
+        if (next_norm && T == 1 && !hp->layer_norm && op_matmul_norm_fits(e->dev, w)) {
             op_mm_norm n = {vkd_whole(next_norm->parts[0].buf), vkd_whole(s->h), vkd_whole(s->mm_cnt), hp->resid_eps,
                             .xq = next_i8 && d % 32 == 0 ? vkd_whole(s->xq) : (vkd_view){0}};
             if (i8) {
@@ -178,15 +182,15 @@ static vki_status project_residual(vk_engine *e, const vk_tensor *w, const vk_te
         vkd_barrier(c);
         return VKI_OK;
     }
-    TRY(mm_q(e, w, b, in, in_stride, xq, vkd_whole(s->h), d, T, false));
+    TRY(mm_q(e, w, b, in, in_stride, xq, vkd_whole(tmp), d, T, false));
     vkd_barrier(c);
     if (hp->post_norms) {
         vkd_role(c, post_role);
-        TRY(norm_rows(e, op_mat_rows(s->h, d), post_norm, T, d));
+        TRY(norm_rows(e, op_mat_rows(tmp, d), post_norm, T, d));
         vkd_barrier(c);
     }
     vkd_role(c, add_role);
-    TRY(op_add(c, vkd_whole(s->x), vkd_whole(s->h), vkd_whole(s->x), T * d));
+    TRY(op_add(c, vkd_whole(s->x), vkd_whole(tmp), vkd_whole(s->x), T * d));
     vkd_barrier(c);
     return VKI_OK;
 }
@@ -228,7 +232,8 @@ static bool ffn_xh(const vk_engine *e, const vk_layer *L, uint32_t T)
     return e->model.hp.n_expert ? vk_moe_h_xh(e, T) : dense_xh(e, L, T);
 }
 
-/* A block's input norm, h = rmsnorm(x) * w over T rows, and the barrier after it; where the
+/* A block's input norm, h = rmsnorm(x) * w over T rows (command-r: its LayerNorm), and the
+ * barrier after it; where the
  * block's first products take the integer-dot path (i8) it also quantises h into s->xq
  * (e->xq_of_h), where they take the tensor-core GEMM (xh) it also rounds h to F16 into s->xh
  * (e->xh_ready); not op by op: no_fusion keeps quant_x8's and half_x's passes. */
@@ -237,9 +242,9 @@ static vki_status block_norm(vk_engine *e, const vk_tensor *w, uint32_t T, bool 
     vk_scratch *s = &e->s;
     uint32_t d = e->model.hp.d_model;
     bool q = i8 && !e->p.no_fusion && d % 32 == 0, h16 = xh && !q && !e->p.no_fusion;
-    TRY(op_rmsnorm_xh(e->cmd, op_mat_rows(s->x, d), vkd_whole(w->parts[0].buf), op_mat_rows(s->h, d), T, d,
-                      e->model.hp.resid_eps, q ? vkd_whole(s->xq) : (vkd_view){0},
-                      h16 ? vkd_whole(s->xh) : (vkd_view){0}));
+    TRY(op_norm_xh(e->cmd, e->model.hp.layer_norm, op_mat_rows(s->x, d), vkd_whole(w->parts[0].buf),
+                   op_mat_rows(s->h, d), T, d, e->model.hp.resid_eps, q ? vkd_whole(s->xq) : (vkd_view){0},
+                   h16 ? vkd_whole(s->xh) : (vkd_view){0}));
     e->xq_of_h = q;
     e->xh_ready = h16;
     vkd_barrier(e->cmd);
@@ -353,10 +358,16 @@ static vki_status record_attention_block(vk_engine *e, uint32_t il, uint32_t T, 
     uint32_t qd = hp->n_head * hp->head_dim, kind = model_layer_kind(hp, il);
     const bool rope = model_layer_rope(hp, il); /* smollm3's NoPE layers: q and k as projected */
     op_mat q, k, v;
+    /* command-r: the FFN reads this block's h (and its int8 copy, kept in s->xq while the output
+     * projection's input is quantised into s->gq where that fits) */
+    const bool par = hp->parallel_ffn;
+    vkd_buffer *oq = par && e->s.gq && e->s.gq->size >= op_quant_x8_bytes(e->p.max_tokens, qd) ? e->s.gq : e->s.xq;
     if (!*normed) {
         vkd_role(c, hp->no_pre_norms ? "attn_in" : "attn_norm");
-        TRY(block_input(e, &L->attn_norm, T, qkv_i8(e, L, T), qkv_xh(e, L, T)));
+        TRY(block_input(e, &L->attn_norm, T, qkv_i8(e, L, T) || (oq != s->xq && ffn_i8(e, L, T)),
+                        qkv_xh(e, L, T)));
     }
+    const bool h_q = e->xq_of_h && oq != s->xq;
     const bool head_norms = head_norms_fused(e, L, T);
     TRY(project_qkv(e, L, T, head_norms, &q, &k, &v));
     vkd_barrier(c);
@@ -382,7 +393,7 @@ static vki_status record_attention_block(vk_engine *e, uint32_t il, uint32_t T, 
     bool fresh = !e->p.no_fusion && one_each;
     /* integer-dot output projection: the attention writes its output's int8 copy too */
     bool att_q = fresh && use_i8(e, &L->wo, T) && hp->head_dim % 32 == 0;
-    op_attn_fresh fr = {k, v, rope ? &kr : NULL, att_q ? vkd_whole(s->xq) : (vkd_view){0}};
+    op_attn_fresh fr = {k, v, rope ? &kr : NULL, att_q ? vkd_whole(oq) : (vkd_view){0}};
     if (rope && e->p.no_fusion) {
         vkd_role(c, "attn_rope_q");
         TRY(op_rope(c, &rq, q, q, ast[kind].tok_pos, freqs));
@@ -405,9 +416,21 @@ static vki_status record_attention_block(vk_engine *e, uint32_t il, uint32_t T, 
                      fresh ? &fr : NULL, bias_view(&L->attn_sinks, &sinks)));
     vkd_barrier(c);
     static const char *const o_roles[2] = {"attn_o_xq", "attn_o_xh"};
-    return project_residual(e, &L->wo, &L->bo, vkd_whole(s->att), qd, T, att_q ? s->xq : NULL, "attn_o", o_roles,
-                            &L->post_attn_norm, "attn_post_norm", "attn_residual", &L->ffn_norm, ffn_i8(e, L, T),
-                            normed);
+    bool in_q = att_q;
+    if (!att_q && oq != s->xq && use_i8(e, &L->wo, T)) { /* quant_x's pass, into oq */
+        vkd_role(c, o_roles[0]);
+        TRY(op_quant_x8(c, vkd_whole(s->att), qd, T, qd, vkd_whole(oq)));
+        vkd_barrier(c);
+        in_q = true;
+    }
+    /* command-r: nothing writes the FFN's norm into h, and the projection's op-by-op output goes
+     * to s->o */
+    TRY(project_residual(e, &L->wo, &L->bo, vkd_whole(s->att), qd, T, in_q ? oq : NULL, par ? s->o : s->h, "attn_o",
+                         o_roles, &L->post_attn_norm, "attn_post_norm", "attn_residual", par ? NULL : &L->ffn_norm,
+                         ffn_i8(e, L, T), normed));
+    if (par)
+        e->xq_of_h = h_q; /* s->xq still holds h's int8 copy for the FFN */
+    return VKI_OK;
 }
 
 /* *normed as for record_attention_block (the next layer's attention norm on return). */
@@ -423,7 +446,7 @@ static vki_status record_ffn_block(vk_engine *e, uint32_t il, uint32_t T, bool *
     const vk_tensor *next_norm = il + 1 < hp->n_layer ? &e->model.layers[il + 1].attn_norm : NULL;
     bool next_i8 = next_norm && qkv_i8(e, &e->model.layers[il + 1], T);
     static const char *const down_roles[2] = {"ffn_down_xq", "ffn_down_xh"};
-    if (!*normed) {
+    if (!*normed && !hp->parallel_ffn) { /* command-r: h holds the attention's input */
         vkd_role(c, hp->no_pre_norms ? "ffn_in" : "ffn_norm");
         TRY(block_input(e, &L->ffn_norm, T, ffn_i8(e, L, T), ffn_xh(e, L, T)));
     }
@@ -453,8 +476,9 @@ static vki_status record_ffn_block(vk_engine *e, uint32_t il, uint32_t T, bool *
             TRY(op_matmul_glu(c, &L->w_up, act, vkd_whole(s->h), d, vkd_whole(s->g), ff, T, gq ? &gx : NULL));
         }
         vkd_barrier(c);
-        return project_residual(e, &L->w_down, NULL, vkd_whole(s->g), ff, T, gq ? s->gq : NULL, "ffn_down", down_roles,
-                                &L->post_ffn_norm, "ffn_post_norm", "ffn_residual", next_norm, next_i8, normed);
+        return project_residual(e, &L->w_down, NULL, vkd_whole(s->g), ff, T, gq ? s->gq : NULL, s->h, "ffn_down",
+                                down_roles, &L->post_ffn_norm, "ffn_post_norm", "ffn_residual", next_norm, next_i8,
+                                normed);
     }
     if (dense_xh(e, L, T) && !e->xh_ready) /* else the norm wrote it */
         TRY(half_x(e, "ffn_xh", vkd_whole(s->h), d, T, d));
@@ -475,7 +499,7 @@ static vki_status record_ffn_block(vk_engine *e, uint32_t il, uint32_t T, bool *
         TRY(op_glu(c, act, g, u, g, T, ff));
     }
     vkd_barrier(c);
-    return project_residual(e, &L->w_down, NULL, vkd_whole(s->g), gs, T, NULL, "ffn_down", down_roles,
+    return project_residual(e, &L->w_down, NULL, vkd_whole(s->g), gs, T, NULL, s->h, "ffn_down", down_roles,
                             &L->post_ffn_norm, "ffn_post_norm", "ffn_residual", next_norm, next_i8, normed);
 }
 
@@ -499,9 +523,9 @@ vki_status vk_forward_record_lm_head(vk_engine *e, uint32_t T, uint32_t n_out)
     const bool i8 = use_i8(e, head, n_out), q = i8 && !e->p.no_fusion && d % 32 == 0;
     const bool xh = use_xh(e, head, n_out), h16 = xh && !e->p.no_fusion;
     vkd_buffer *xn = q || h16 ? s->h : s->xs;
-    TRY(op_rmsnorm_xh(c, op_mat_rows(s->xs, d), vkd_whole(e->model.output_norm.parts[0].buf), op_mat_rows(xn, d),
-                      n_out, d, hp->resid_eps, q ? vkd_whole(s->xq) : (vkd_view){0},
-                      h16 ? vkd_whole(s->xh) : (vkd_view){0}));
+    TRY(op_norm_xh(c, hp->layer_norm, op_mat_rows(s->xs, d), vkd_whole(e->model.output_norm.parts[0].buf),
+                   op_mat_rows(xn, d), n_out, d, hp->resid_eps, q ? vkd_whole(s->xq) : (vkd_view){0},
+                   h16 ? vkd_whole(s->xh) : (vkd_view){0}));
     vkd_barrier(c);
     if (i8 && !q)
         TRY(quant_x(e, "lm_xq", vkd_whole(xn), d, n_out, d));
@@ -509,10 +533,10 @@ vki_status vk_forward_record_lm_head(vk_engine *e, uint32_t T, uint32_t n_out)
         TRY(half_x(e, "lm_xh", vkd_whole(xn), d, n_out, d));
     vkd_role(c, "lm_head");
     TRY(mm_q(e, head, NULL, vkd_whole(xn), d, s->xq, vkd_whole(s->logits), ls, n_out, false));
-    if (hp->logit_scale != 1.0f) { /* granite */
+    if (hp->logit_mul != 1.0f) { /* granite, command-r */
         vkd_barrier(c);
         vkd_role(c, "lm_scale");
-        TRY(op_unary(c, VKI_UNARY_SCALE, 1.0f / hp->logit_scale, op_mat_rows(s->logits, ls),
+        TRY(op_unary(c, VKI_UNARY_SCALE, hp->logit_mul, op_mat_rows(s->logits, ls),
                      op_mat_rows(s->logits, ls), n_out, hp->n_vocab));
     }
     if (hp->final_softcap > 0) {

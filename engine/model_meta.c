@@ -165,6 +165,9 @@ static const arch_def ARCHS[] = {
     {"exaone", MODEL_ARCH_EXAONE, true, false, false, 1e-5f, 0},
     {"exaone4", MODEL_ARCH_EXAONE4, true, true, false, 1e-5f, 4},
     {"glm4", MODEL_ARCH_GLM4, false, false, false, 1e-5f, 0},
+    {"gemma", MODEL_ARCH_GEMMA, true, false, true, 1e-6f, 0},
+    {"command-r", MODEL_ARCH_COMMAND_R, false, false, false, 1e-5f, 0},
+    {"cohere2", MODEL_ARCH_COHERE2, false, false, false, 1e-5f, 4},
 };
 
 /* A soft-cap key: absent keeps *out, else a finite number >= 0 (0 = none). */
@@ -207,13 +210,30 @@ static vki_status read_granite(const gguf_file *f, model_hparams *hp, char *err,
         return fail(VKI_ERR_FORMAT, err, n, "metadata key %s: not a bool", key);
     if (!rope)
         return fail(VKI_ERR_UNSUPPORTED, err, n, "%s = false (no RoPE) is not supported", key);
-    float embd = 1.0f;
-    if ((st = read_multiplier(f, hp, "logit_scale", true, &hp->logit_scale, err, n)) ||
+    float embd = 1.0f, logit_scale = 1.0f;
+    if ((st = read_multiplier(f, hp, "logit_scale", true, &logit_scale, err, n)) ||
         (st = read_multiplier(f, hp, "residual_scale", false, &hp->resid_scale, err, n)) ||
         (st = read_multiplier(f, hp, "embedding_scale", false, &embd, err, n)) ||
         (st = read_multiplier(f, hp, "attention.scale", false, &hp->attn_scale, err, n)))
         return st;
     hp->embd_mul = embd / hp->resid_scale; /* the stream carries x / resid_scale */
+    hp->logit_mul = 1.0f / logit_scale;
+    return VKI_OK;
+}
+
+/* Cohere's command-r and cohere2: LayerNorms with their own epsilon key and a logit multiplier,
+ * both required (llama.cpp's get_key without a default). */
+static vki_status read_cohere(const gguf_file *f, model_hparams *hp, char *err, size_t n)
+{
+    char key[128];
+    vki_status st = gguf_get_f32(f, akey(hp, "attention.layer_norm_epsilon", key, sizeof key), &hp->rms_eps);
+    if (st == VKI_ERR_NOT_FOUND)
+        return fail(VKI_ERR_FORMAT, err, n, "missing metadata key %s", key);
+    if (st != VKI_OK || !(hp->rms_eps > 0) || hp->rms_eps > 1)
+        return fail(VKI_ERR_FORMAT, err, n, "metadata key %s: must be a number in (0, 1]", key);
+    if ((st = read_multiplier(f, hp, "logit_scale", true, &hp->logit_mul, err, n)))
+        return st;
+    hp->layer_norm = hp->parallel_ffn = true;
     return VKI_OK;
 }
 
@@ -225,16 +245,17 @@ static vki_status read_arch_extras(const gguf_file *f, const arch_def *a, model_
      * for phi-4; gemma 3 without the key has no local layers (llama.cpp) */
     /* exaone4: llama.cpp gives a window (4096 unless the key says) to the 64-layer 32B only, and
      * none to the others whatever the key says */
-    const bool exaone4 = a->arch == MODEL_ARCH_EXAONE4;
+    /* cohere2: the key is required (llama.cpp) */
+    const bool exaone4 = a->arch == MODEL_ARCH_EXAONE4, cohere2 = a->arch == MODEL_ARCH_COHERE2;
     uint32_t window = a->arch == MODEL_ARCH_GEMMA2 || (exaone4 && hp->n_layer == 64) ? 4096 : 0;
-    vki_status st = get_u32(f, hp, "attention.sliding_window", false, &window, err, n);
+    vki_status st = get_u32(f, hp, "attention.sliding_window", cohere2, &window, err, n);
     if (st != VKI_OK)
         return st;
     if (exaone4 && hp->n_layer != 64)
         window = 0;
-    if ((a->arch == MODEL_ARCH_GEMMA2 && window == 0) || window > (1u << 24))
+    if (((a->arch == MODEL_ARCH_GEMMA2 || cohere2) && window == 0) || window > (1u << 24))
         return fail(VKI_ERR_FORMAT, err, n, "%s.attention.sliding_window = %u must be in [%u, 2^24]", hp->arch_name,
-                    window, a->arch == MODEL_ARCH_GEMMA2 ? 1 : 0);
+                    window, a->arch == MODEL_ARCH_GEMMA2 || cohere2 ? 1 : 0);
     if (a->arch == MODEL_ARCH_QWEN2 || a->arch == MODEL_ARCH_QWEN3 || a->arch == MODEL_ARCH_QWEN3MOE)
         window = 0; /* their files may carry HF's unused sliding_window; llama.cpp ignores it too */
     hp->swa_pattern = window ? a->swa_pattern : 0;
@@ -255,7 +276,8 @@ static vki_status read_arch_extras(const gguf_file *f, const arch_def *a, model_
         hp->attn_softcap = 50.0f, hp->final_softcap = 30.0f; /* llama.cpp's defaults for gemma 2 */
     if (a->arch == MODEL_ARCH_GEMMA2 && (st = read_softcap(f, hp, "attn_logit_softcapping", &hp->attn_softcap, err, n)))
         return st;
-    if (a->gemma && (st = read_softcap(f, hp, "final_logit_softcapping", &hp->final_softcap, err, n)))
+    if (a->gemma && a->arch != MODEL_ARCH_GEMMA &&
+        (st = read_softcap(f, hp, "final_logit_softcapping", &hp->final_softcap, err, n)))
         return st;
     /* query_pre_attn_scalar: head_dim, except the 27B models' d_model / n_head (llama.cpp knows
      * them by their layer counts: gemma 2 46, gemma 3 62) */
@@ -263,16 +285,20 @@ static vki_status read_arch_extras(const gguf_file *f, const arch_def *a, model_
     if (big)
         hp->attn_scale *= sqrtf((float)hp->head_dim / (float)(hp->d_model / hp->n_head));
     hp->ffn_gelu = a->gemma;
-    hp->post_norms = a->gemma || a->arch == MODEL_ARCH_OLMO2 || exaone4 || a->arch == MODEL_ARCH_GLM4;
+    hp->post_norms = (a->gemma && a->arch != MODEL_ARCH_GEMMA) || a->arch == MODEL_ARCH_OLMO2 || exaone4 ||
+                     a->arch == MODEL_ARCH_GLM4;
     hp->no_pre_norms = a->arch == MODEL_ARCH_OLMO2 || exaone4;
     hp->qk_norm_full = a->arch == MODEL_ARCH_OLMO2;
     hp->embd_mul = a->gemma ? sqrtf((float)hp->d_model) : 1.0f;
     hp->qk_norm = a->qk_norm;
-    hp->resid_scale = hp->logit_scale = 1.0f;
-    /* hard-coded in llama.cpp too; exaone4 rotates only its sliding-window layers (il % 4 < 3) */
-    hp->nope_step = a->arch == MODEL_ARCH_SMOLLM3 || (exaone4 && window) ? 4 : 0;
+    hp->resid_scale = hp->logit_mul = 1.0f;
+    /* hard-coded in llama.cpp too; exaone4 and cohere2 rotate only their sliding-window layers
+     * (il % 4 < 3) */
+    hp->nope_step = a->arch == MODEL_ARCH_SMOLLM3 || ((exaone4 || cohere2) && window) ? 4 : 0;
     bool granite = a->arch == MODEL_ARCH_GRANITE || a->arch == MODEL_ARCH_GRANITE_MOE;
     if (granite && (st = read_granite(f, hp, err, n)) != VKI_OK)
+        return st;
+    if ((a->arch == MODEL_ARCH_COMMAND_R || cohere2) && (st = read_cohere(f, hp, err, n)) != VKI_OK)
         return st;
     hp->resid_eps = hp->rms_eps / (hp->resid_scale * hp->resid_scale);
     return VKI_OK;
@@ -350,8 +376,8 @@ vki_status model_read_hparams(const gguf_file *f, model_hparams *hp, char *err, 
             a = &ARCHS[i];
     if (!a)
         return fail(VKI_ERR_UNSUPPORTED, err, n, "architecture '%.*s' is not supported (llama, qwen2, qwen3, qwen3moe, "
-                    "gemma2, gemma3, phi3, gpt-oss, granite, granitemoe, smollm3, olmo2, exaone, exaone4, glm4, internlm2, "
-                    "ernie4_5)", (int)(arch.len > 32 ? 32 : arch.len), arch.ptr);
+                    "gemma, gemma2, gemma3, phi3, gpt-oss, granite, granitemoe, smollm3, olmo2, exaone, exaone4, glm4, "
+                    "command-r, cohere2, internlm2, ernie4_5)", (int)(arch.len > 32 ? 32 : arch.len), arch.ptr);
     hp->arch = a->arch;
     hp->rope_neox = a->neox;
     hp->rms_eps = a->rms_eps;
@@ -530,6 +556,15 @@ static vki_status find_layer(const gguf_file *f, const model_hparams *hp, uint32
     if (!hp->no_pre_norms) {
         T(attn_norm, "attn_norm.weight", d, 0, true, false)
     }
+    if (hp->layer_norm) { /* tensors nothing would run: refused, not ignored */
+        static const char *const unrun[] = {"attn_norm.bias", "attn_q_norm.weight", "attn_k_norm.weight"};
+        for (size_t i = 0; i < sizeof unrun / sizeof unrun[0]; i++) {
+            snprintf(name, sizeof name, "blk.%u.%s", il, unrun[i]);
+            if (gguf_find_tensor(f, name))
+                return fail(VKI_ERR_UNSUPPORTED, err, n, "tensor %s: %s is not supported", name,
+                            i ? "a per-head Q/K LayerNorm (Command R+'s use_qk_norm)" : "a LayerNorm bias");
+        }
+    }
     T(q_norm, "attn_q_norm.weight", hp->qk_norm_full ? q : hp->head_dim, 0, true, !hp->qk_norm)
     T(k_norm, "attn_k_norm.weight", hp->qk_norm_full ? kv : hp->head_dim, 0, true, !hp->qk_norm)
     T(wo, "attn_output.weight", q, d, false, false)
@@ -539,7 +574,7 @@ static vki_status find_layer(const gguf_file *f, const model_hparams *hp, uint32
     if (!oss) {
         T(post_attn_norm, "post_attention_norm.weight", d, 0, true, !hp->post_norms)
     }
-    if (!hp->no_pre_norms) {
+    if (!hp->no_pre_norms && !hp->parallel_ffn) {
         T(ffn_norm, oss ? "post_attention_norm.weight" : "ffn_norm.weight", d, 0, true, false)
     }
     if (hp->n_expert && (st = find_experts(f, hp, il, L, err, n)) != VKI_OK)
@@ -608,6 +643,8 @@ vki_status model_find_tensors(const gguf_file *f, model_hparams *hp, model_tenso
     vki_status st;
     if ((st = find(f, "token_embd.weight", hp->d_model, hp->n_vocab, false, false, &t->tok_embd, err, n)) ||
         (st = find(f, "output_norm.weight", hp->d_model, 0, true, false, &t->output_norm, err, n)) ||
+        (hp->layer_norm && gguf_find_tensor(f, "output_norm.bias") &&
+         (st = fail(VKI_ERR_UNSUPPORTED, err, n, "tensor output_norm.bias: a LayerNorm bias is not supported"))) ||
         (st = find(f, "output.weight", hp->d_model, hp->n_vocab, false, true, &t->output, err, n)) ||
         (st = find(f, "rope_freqs.weight", hp->n_rot / 2, 0, true, true, &t->rope_freqs, err, n)) ||
         (st = find(f, "rope_factors_long.weight", hp->n_rot / 2, 0, true, true, &t->rope_long, err, n)) ||

@@ -32,6 +32,12 @@ typedef enum model_arch {
     MODEL_ARCH_GLM4 = 14,    /* Zhipu GLM-4-0414 / GLM-Z1: norms before and after each block (gemma's
                                 four, SwiGLU), Q/K/V biases, [gate | up] in ffn_up (phi3's), RoPE
                                 on the first rope.dimension_count dims, pairs (2i, 2i+1) */
+    MODEL_ARCH_GEMMA = 15,   /* Gemma 1 / CodeGemma: gemma2's block without post-norms, soft-caps or
+                                window */
+    MODEL_ARCH_COMMAND_R = 16, /* Cohere Command-R / Aya: LayerNorm (no bias), attention and FFN in
+                                  parallel on one normed input, logits times logit_scale */
+    MODEL_ARCH_COHERE2 = 17,   /* Cohere Command R7B / Command A: command-r's block, a sliding window
+                                  on 3 layers of 4 whose 4th (global) layers have no RoPE */
 } model_arch;
 
 /* Layers of one attention kind share these (gemma: sliding-window layers and global ones). */
@@ -57,7 +63,7 @@ typedef struct model_hparams {
     bool rope_neox;         /* rotate (i, i + n_rot/2) instead of (2i, 2i+1) */
     float rope_base;        /* of the global layers (= kind[0].rope_base) */
     float rope_freq_scale;  /* 1 / linear scaling factor (global layers) */
-    float rms_eps;
+    float rms_eps;          /* the norms' epsilon (command-r's LayerNorm's too) */
     bool qkv_bias;
     bool tied_embeddings;   /* no output.weight: the LM head reuses token_embd */
     /* Per-architecture forward pass (see engine/forward.c): */
@@ -83,7 +89,8 @@ typedef struct model_hparams {
                                norms take resid_eps = rms_eps / r^2 and give the same values */
     float resid_eps;        /* the epsilon of the RMSNorms over the residual stream (attn_norm,
                                ffn_norm, output_norm); rms_eps unless resid_scale != 1 */
-    float logit_scale;      /* granite: logits divided by it; 1 = none */
+    float logit_mul;        /* logits times it: granite 1 / logit_scale, command-r its logit_scale;
+                               1 = none */
     uint32_t nope_step;     /* smollm3 (llama.cpp's n_no_rope_layer_step, 4, no key): layer il has no
                                RoPE on Q and K iff (il + 1) % nope_step == 0; 0 = RoPE everywhere */
     bool qk_norm;           /* qwen3, gemma3: per-head RMSNorm of q and k before RoPE */
@@ -93,6 +100,11 @@ typedef struct model_hparams {
     bool qk_norm_full;      /* olmo2: qk_norm over q's and k's whole rows (q_norm [n_head * hd],
                                k_norm [n_head_kv * hd]), not per head */
     bool ffn_gelu;          /* gemma: GeGLU (tanh GELU) instead of SwiGLU */
+    bool layer_norm;        /* command-r: the stream's norms (attn_norm, output_norm) are LayerNorms
+                               without bias, (x - mean) / sqrt(var + eps) * w, eps from
+                               attention.layer_norm_epsilon (in rms_eps) */
+    bool parallel_ffn;      /* command-r: no ffn_norm; the FFN reads the attention's normed input
+                               and both outputs add to the residual stream */
     bool fused_qkv;         /* phi3: one attn_qkv matrix [q | k | v] (found from the tensors) */
     bool fused_gate_up;     /* phi3: ffn_up holds [gate | up] and there is no ffn_gate */
     bool longrope;          /* rope.scaling.type longrope / su: rope_factors_long/short must exist */
@@ -143,7 +155,7 @@ typedef struct model_layer_tensors {
     const gguf_tensor *attn_sinks;         /* f32 [n_head] sink logits (gpt-oss) or NULL */
     const gguf_tensor *post_attn_norm;     /* f32 [d_model] (gemma) or NULL */
     const gguf_tensor *ffn_norm;           /* f32 [d_model] (gpt-oss: post_attention_norm.weight;
-                                              NULL: olmo2) */
+                                              NULL: olmo2, command-r) */
     const gguf_tensor *w_gate;             /* [d_model -> d_ff]; NULL when fused into w_up */
     const gguf_tensor *w_up;               /* [d_model -> d_ff] (phi3: -> 2 d_ff, gate | up) */
     const gguf_tensor *w_down;             /* [d_ff -> d_model] */

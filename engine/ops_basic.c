@@ -101,6 +101,12 @@ static bool xh_fits(const vkd_cmd *c, vkd_view xh, uint32_t n_rows, uint32_t n_c
 vki_status op_rmsnorm_xh(vkd_cmd *c, op_mat x, vkd_view w, op_mat y, uint32_t n_rows, uint32_t n_cols, float eps,
                          vkd_view xq, vkd_view xh)
 {
+    return op_norm_xh(c, false, x, w, y, n_rows, n_cols, eps, xq, xh);
+}
+
+vki_status op_norm_xh(vkd_cmd *c, bool layer, op_mat x, vkd_view w, op_mat y, uint32_t n_rows, uint32_t n_cols,
+                      float eps, vkd_view xq, vkd_view xh)
+{
     if (!n_rows || !n_cols)
         return VKI_OK;
     if (!op_mat_fits(x, n_rows, n_cols) || !op_mat_fits(y, n_rows, n_cols) || op_view_floats(w) < n_cols || !(eps >= 0))
@@ -112,7 +118,7 @@ vki_status op_rmsnorm_xh(vkd_cmd *c, op_mat x, vkd_view w, op_mat y, uint32_t n_
         return bad(c, "rmsnorm (F16 rows: shaderFloat16, their bytes at an 8-aligned offset, apart from x and y, "
                       "y apart from x, not with quantised rows)");
     vki_pc_rmsnorm pc = {.n_rows = n_rows, .n_cols = n_cols, .x_off = x.off, .x_stride = x.stride,
-                         .y_off = y.off, .y_stride = y.stride, .eps = eps, .xq = xq.buf != NULL};
+                         .y_off = y.off, .y_stride = y.stride, .eps = eps, .xq = xq.buf != NULL, .mean = layer};
     vkd_view v[5] = {x.v, w, y.v, xq.buf ? xq : y.v, xh};
     uint32_t wg = row_wg(c->d);
     return vkk_dispatch(c, xh.buf ? VKK_RMSNORM_XH : VKK_RMSNORM, &wg, v, xh.buf ? 5 : 4, &pc, sizeof pc,

@@ -170,26 +170,31 @@ typedef struct synth_arch {
     bool no_pre;  /* olmo2, exaone4: no attn_norm / ffn_norm */
     bool qk_rows; /* olmo2: Q and K norms over whole rows */
     bool fused_ffn; /* phi3, glm4: [gate | up] in ffn_up, no ffn_gate */
+    bool cohere;    /* command-r, cohere2: no ffn_norm (the FFN runs beside the attention),
+                       layer_norm_epsilon, logit_scale */
 } synth_arch;
 
 static const synth_arch synth_archs[] = {
-    {"llama", false, false, false, false, 0, 0, 0, false, false, false, false},
-    {"qwen2", true, false, false, false, 0, 0, 0, false, false, false, false},
-    {"qwen3", false, true, false, false, 0, 0, 0, false, false, false, false},
-    {"gemma2", false, false, true, false, 4096, 50.0f, 30.0f, false, false, false, false},
-    {"gemma3", false, true, true, false, 1024, 0, 0, false, false, false, false},
-    {"phi3", false, false, false, true, 2047, 0, 0, false, false, false, true},
-    {"qwen3moe", false, true, false, false, 0, 0, 0, false, false, false, false},
-    {"gpt-oss", true, false, false, false, 128, 0, 0, true, false, false, false},
-    {"granite", false, false, false, false, 0, 0, 0, false, false, false, false},
-    {"granitemoe", false, false, false, false, 0, 0, 0, false, false, false, false},
-    {"smollm3", false, false, false, false, 0, 0, 0, false, false, false, false},
-    {"olmo2", false, true, true, false, 0, 0, 0, false, true, true, false},
-    {"exaone", false, false, false, false, 0, 0, 0, false, false, false, false},
-    {"exaone4", false, true, true, false, 4096, 0, 0, false, true, false, false},
-    {"glm4", true, false, true, false, 0, 0, 0, false, false, false, true},
-    {"internlm2", false, false, false, false, 0, 0, 0, false, false, false, false},
-    {"ernie4_5", false, false, false, false, 0, 0, 0, false, false, false, false},
+    {"llama", false, false, false, false, 0, 0, 0, false, false, false, false, false},
+    {"qwen2", true, false, false, false, 0, 0, 0, false, false, false, false, false},
+    {"qwen3", false, true, false, false, 0, 0, 0, false, false, false, false, false},
+    {"gemma2", false, false, true, false, 4096, 50.0f, 30.0f, false, false, false, false, false},
+    {"gemma3", false, true, true, false, 1024, 0, 0, false, false, false, false, false},
+    {"phi3", false, false, false, true, 2047, 0, 0, false, false, false, true, false},
+    {"qwen3moe", false, true, false, false, 0, 0, 0, false, false, false, false, false},
+    {"gpt-oss", true, false, false, false, 128, 0, 0, true, false, false, false, false},
+    {"granite", false, false, false, false, 0, 0, 0, false, false, false, false, false},
+    {"granitemoe", false, false, false, false, 0, 0, 0, false, false, false, false, false},
+    {"smollm3", false, false, false, false, 0, 0, 0, false, false, false, false, false},
+    {"olmo2", false, true, true, false, 0, 0, 0, false, true, true, false, false},
+    {"exaone", false, false, false, false, 0, 0, 0, false, false, false, false, false},
+    {"exaone4", false, true, true, false, 4096, 0, 0, false, true, false, false, false},
+    {"glm4", true, false, true, false, 0, 0, 0, false, false, false, true, false},
+    {"internlm2", false, false, false, false, 0, 0, 0, false, false, false, false, false},
+    {"ernie4_5", false, false, false, false, 0, 0, 0, false, false, false, false, false},
+    {"gemma", false, false, false, false, 0, 0, 0, false, false, false, false, false},
+    {"command-r", false, false, false, false, 0, 0, 0, false, false, false, false, true},
+    {"cohere2", false, false, false, false, 4096, 0, 0, false, false, false, false, true},
 };
 
 static const synth_arch *find_arch(const char *name)
@@ -211,6 +216,8 @@ vki_status synth_arch_defaults(synth_params *p)
     if (!strncmp(a->name, "granite", 7)) /* granite-3.1-2b's config.json: embedding, residual,
                                             attention multipliers and logits_scaling */
         p->embedding_scale = 12.0f, p->residual_scale = 0.22f, p->attention_scale = 0.015625f, p->logit_scale = 8.0f;
+    if (a->cohere) /* c4ai-command-r-v01's and command-r7b's logit_scale */
+        p->logit_scale = 0.0625f;
     return VKI_OK;
 }
 
@@ -425,7 +432,7 @@ static void add_layer(synth_ctx *c, const synth_arch *a, int l)
     }
     if (a->post_norms)
         add_tensor(c, "post_attention_norm", l, "weight", 1, d, 1, SYNTH_INIT_NORM, 0.1f);
-    if (!a->no_pre)
+    if (!a->no_pre && !a->cohere)
         add_tensor(c, a->oss ? "post_attention_norm" : "ffn_norm", l, "weight", 1, d, 1, SYNTH_INIT_NORM, 0.1f);
     if (p->n_expert) {
         add_experts(c, l, a->oss);
@@ -499,8 +506,9 @@ static vki_status validate(synth_ctx *c)
 {
     const synth_params *p = c->p;
     if (!find_arch(p->arch))
-        return synth_fail(c, VKI_ERR_INVALID_ARG, "arch '%s': llama, qwen2, qwen3, qwen3moe, gemma2, gemma3, phi3, "
-                          "gpt-oss, granite, granitemoe, smollm3, olmo2, exaone, exaone4, glm4, internlm2 and ernie4_5 are "
+        return synth_fail(c, VKI_ERR_INVALID_ARG, "arch '%s': llama, qwen2, qwen3, qwen3moe, gemma, gemma2, gemma3, "
+                          "phi3, gpt-oss, granite, granitemoe, smollm3, olmo2, exaone, exaone4, glm4, command-r, cohere2, "
+                          "internlm2 and ernie4_5 are "
                           "written",
                           p->arch ? p->arch : "(null)");
     if (p->n_layer < 1 || p->n_layer > SYNTH_MAX_LAYERS)
@@ -548,6 +556,10 @@ static vki_status validate(synth_ctx *c)
     if (!strncmp(p->arch, "granite", 7) && (!(p->logit_scale > 0) || !(p->embedding_scale >= 0) ||
                                         !(p->residual_scale >= 0) || !(p->attention_scale >= 0)))
         return synth_fail(c, VKI_ERR_INVALID_ARG, "granite: logit_scale must be > 0, the other multipliers >= 0");
+    if (find_arch(p->arch)->cohere && !(p->logit_scale > 0))
+        return synth_fail(c, VKI_ERR_INVALID_ARG, "%s: logit_scale must be > 0", p->arch);
+    if (!strcmp(p->arch, "cohere2") && !p->sliding_window)
+        return synth_fail(c, VKI_ERR_INVALID_ARG, "cohere2: a sliding window is required");
     if (!p->vocab_from && (p->n_vocab < SYNTH_BYTE_VOCAB || p->n_vocab > 4 * SYNTH_MAX_DIM))
         return synth_fail(c, VKI_ERR_INVALID_ARG, "n_vocab %u (a byte-level vocabulary needs %d..%u)", p->n_vocab,
                           SYNTH_BYTE_VOCAB, 4 * SYNTH_MAX_DIM);
@@ -701,7 +713,11 @@ static vki_status write_metadata(synth_ctx *c, gguf_writer *w)
     SET(gguf_w_set_u32, "%s.feed_forward_length", p->d_ff);
     SET(gguf_w_set_u32, "%s.attention.head_count", p->n_head);
     SET(gguf_w_set_u32, "%s.attention.head_count_kv", p->n_head_kv);
-    SET(gguf_w_set_f32, "%s.attention.layer_norm_rms_epsilon", p->rms_eps);
+    const synth_arch *sa = find_arch(a);
+    if (sa->cohere) /* convert_hf_to_gguf's CommandR2Model / Cohere2Model */
+        SET(gguf_w_set_f32, "%s.attention.layer_norm_epsilon", p->rms_eps);
+    else
+        SET(gguf_w_set_f32, "%s.attention.layer_norm_rms_epsilon", p->rms_eps);
     SET(gguf_w_set_f32, "%s.rope.freq_base", p->rope_base);
     SET(gguf_w_set_u32, "%s.rope.dimension_count", p->n_rot ? p->n_rot : c->head_dim);
     if (p->d_model % p->n_head || c->head_dim != p->d_model / p->n_head) {
@@ -728,6 +744,8 @@ static vki_status write_metadata(synth_ctx *c, gguf_writer *w)
             SET(gguf_w_set_f32, "%s.attention.scale", p->attention_scale);
         SET(gguf_w_set_f32, "%s.logit_scale", p->logit_scale);
     }
+    if (sa->cohere)
+        SET(gguf_w_set_f32, "%s.logit_scale", p->logit_scale);
     if (p->attn_softcap > 0)
         SET(gguf_w_set_f32, "%s.attn_logit_softcapping", p->attn_softcap);
     if (p->final_softcap > 0)

@@ -6,7 +6,7 @@
 #extension GL_EXT_shader_explicit_arithmetic_types_float16 : require
 #endif
 #include "common.glsl"
-// RMSNorm, one workgroup per row (grid-stride over rows). Memory-bound: the row is read twice
+// RMSNorm (LayerNorm without bias where p.mean), one workgroup per row (grid-stride over rows). Memory-bound: the row is read twice
 // (sum of squares, then scale), the second read normally hits the cache; one barrier pair per
 // row for the cross-subgroup sum. F32 accumulation in a fixed order that does not depend on the
 // workgroup size (norm_common.glsl, shared with the matvec kernel's norm epilogue).
@@ -35,9 +35,11 @@ void main()
     uint tid = gl_LocalInvocationID.x;
     for (uint r = gl_WorkGroupID.x; r < p.n_rows; r += gl_NumWorkGroups.x) {
         uint xb = p.x_off + r * p.x_stride, yb = p.y_off + r * p.y_stride;
-        float inv = norm_inv(xb, p.n_cols, p.eps);
+        // LayerNorm (p.mean): the mean first, then the squares of the differences from it
+        const float mu = p.mean != 0u ? norm_mean(xb, p.n_cols) : 0.0; // uniform
+        const float inv = norm_inv_mu(xb, p.n_cols, mu, p.eps);
         for (uint c = tid; c < p.n_cols; c += WG)
-            y[yb + c] = norm_apply(x[xb + c], inv, w[c]);
+            y[yb + c] = norm_apply_mu(x[xb + c], mu, inv, w[c]);
 #ifdef RMS_XH
         // the row's values recomputed from x, bit for bit those stored, by quads
         const uint nq = (p.n_cols + 3u) / 4u;
@@ -46,7 +48,7 @@ void main()
             [[unroll]] for (uint i = 0u; i < 4u; i++) {
                 const uint c = 4u * q + i;
                 if (c < p.n_cols)
-                    v[i] = norm_apply(x[xb + c], inv, w[c]);
+                    v[i] = norm_apply_mu(x[xb + c], mu, inv, w[c]);
             }
             yh[r * nq + q] = cm_f16x4(v);
         }
@@ -60,8 +62,9 @@ void main()
             vec4 v[8];
             [[unroll]] for (uint i = 0u; i < 8u; i++) {
                 const uint c = 32u * b + 4u * i;
-                v[i] = vec4(norm_apply(x[xb + c], inv, w[c]), norm_apply(x[xb + c + 1u], inv, w[c + 1u]),
-                            norm_apply(x[xb + c + 2u], inv, w[c + 2u]), norm_apply(x[xb + c + 3u], inv, w[c + 3u]));
+                v[i] = vec4(norm_apply_mu(x[xb + c], mu, inv, w[c]), norm_apply_mu(x[xb + c + 1u], mu, inv, w[c + 1u]),
+                            norm_apply_mu(x[xb + c + 2u], mu, inv, w[c + 2u]),
+                            norm_apply_mu(x[xb + c + 3u], mu, inv, w[c + 3u]));
             }
             uint q[8];
             float d;

@@ -295,6 +295,8 @@ VKI_STRUCT(vki_pc_rmsnorm) {
     vki_u32 x_off, x_stride, y_off, y_stride;
     vki_f32 eps;
     vki_u32 xq;       /* 1: binding 3 gets the rows quantised as quant_x8 would (n_cols % 32 == 0) */
+    vki_u32 mean;     /* 1: LayerNorm without bias (command-r): y = (x - mean) / sqrt(var + eps) * w,
+                         var the mean of (x - mean)^2 */
 };
 
 /* rope over x[n_tokens][n_heads][head_dim] (token rows x_stride apart, heads contiguous):

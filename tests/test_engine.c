@@ -400,6 +400,7 @@ static void write_model(const shape_case *c, char *path, size_t n)
 {
     synth_params p = synth_default_params();
     p.arch = c->arch;
+    assert_int_equal(synth_arch_defaults(&p), VKI_OK); /* command-r's logit scale */
     p.n_layer = 2;
     p.d_model = c->d;
     p.n_head = c->n_head;
@@ -515,7 +516,8 @@ static void write_arch_model(const arch_case *c, char *path, size_t n)
     p.sliding_window = c->window, p.attn_softcap = c->attn_softcap, p.final_softcap = c->final_softcap;
     p.n_ctx_orig = c->ctx_orig, p.yarn_factor = c->yarn, p.n_rot = c->n_rot;
     p.n_vocab = 512, p.n_ctx = 4096, p.seed = 99;
-    p.tied = !strncmp(c->arch, "gemma", 5) || !strcmp(c->arch, "qwen3");
+    p.tied = !strncmp(c->arch, "gemma", 5) || !strcmp(c->arch, "qwen3") || !strcmp(c->arch, "command-r") ||
+             !strcmp(c->arch, "cohere2");
     if (!strcmp(c->arch, "gemma3") || !strcmp(c->arch, "qwen3"))
         p.rope_base = 1000000.0f;
     if (!strcmp(c->arch, "granite")) /* an epsilon that shows: the engine's must be rms_eps / 0.22^2 */
@@ -562,6 +564,13 @@ static const arch_case ARCH_CASES[] = {
     /* GLM-4-0414: gemma's four norms with SwiGLU, Q/K/V biases, [gate | up] in ffn_up, RoPE
      * pairs (2i, 2i+1) on half of each head (64 of 128 in the 9B; 32 of 64 here) */
     {"glm4 four norms rot 32",   "glm4",   2, 256, 4, 2, 64, 512, SYNTH_Q4_K_M, 0,     0, 0,       0,   0,  0, VKI_GGML_F32, TOL_F32, 0, 32},
+    /* Gemma 1: gemma2's GeGLU block and sqrt(d) embeddings, no post-norms, caps or window (the
+     * 2B's MQA and head dim 256) */
+    {"gemma mqa hd256",          "gemma",  2, 256, 4, 1, 256, 512, SYNTH_Q8_0,  0,     0, 0,       0,   0,  0, VKI_GGML_F32, TOL_F32, 0, 0},
+    /* Command-R: LayerNorms, the FFN beside the attention on its normed input, logits x 1/16;
+     * cohere2 (Command R7B): its window on layers il % 4 < 3, the 4th global without RoPE */
+    {"command-r parallel ln",    "command-r", 2, 256, 4, 2, 64, 512, SYNTH_Q4_K_M, 0,  0, 0,       0,   0,  0, VKI_GGML_F32, TOL_F32, 0, 0},
+    {"cohere2 w24 nope 3, 7",    "cohere2", 8, 256, 4, 2, 64, 512, SYNTH_Q8_0, 24,     0, 0,       0,   0,  0, VKI_GGML_F16, TOL_F16KV, 0, 0},
 };
 
 static void test_archs_vs_reference(void **state)
@@ -652,8 +661,9 @@ static void test_fusion_bitwise(void **state)
     unlink(path);
     /* qwen3 (Q/K norms: in the projections at one token), gemma2 (post-norms), gemma3 (Q/K norms
      * of 256), phi3, granite (the residual norms' epsilon in the fused norm epilogues), smollm3
-     * (NoPE layers), olmo2 (no pre-norms) */
-    static const size_t archs[] = {0, 1, 2, 3, 13, 15, 16, 19, 20};
+     * (NoPE layers), olmo2 (no pre-norms), exaone4's 64 layers, glm4, command-r (its FFN on the
+     * attention's h: op by op the projection's output apart) and cohere2 */
+    static const size_t archs[] = {0, 1, 2, 3, 13, 15, 16, 19, 20, 22, 23};
     for (size_t i = 0; i < sizeof archs / sizeof archs[0]; i++) {
         write_arch_model(&ARCH_CASES[archs[i]], path, sizeof path);
         fusion_case(g, path, VKI_GGML_F32, ARCH_CASES[archs[i]].label);
@@ -748,6 +758,8 @@ static void test_int_dot(void **state)
         {"q2_k", "llama", 256, 4, 2, 64, 512, SYNTH_Q2_K, false, VKI_GGML_F32, TOL_F32},
         /* qwen3's per-head Q/K norms: in the Q and K projections' epilogues at one token */
         {"qwen3_q4_k", "qwen3", 256, 4, 2, 128, 512, SYNTH_Q4_K, true, VKI_GGML_F32, TOL_F32},
+        /* command-r: the FFN's input quantised again after the attention's output projection */
+        {"command-r_q8_0", "command-r", 256, 4, 2, 64, 512, SYNTH_Q8_0, true, VKI_GGML_F32, TOL_F32},
     };
     const size_t n_models = sizeof models / sizeof models[0];
     double worst = 0;

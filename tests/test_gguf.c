@@ -1055,9 +1055,32 @@ static void test_model_meta_archs(void **state)
 {
     (void)state;
     const gguf_edit none = {GGUF_EDIT_DROP_KEY, "no.such.key", 0, 0, 0, 0, NULL};
-    const char *archs[] = {"qwen3", "gemma2", "gemma3", "phi3", "granitemoe", "exaone", "glm4", "internlm2", "ernie4_5"};
-    for (int i = 0; i < 9; i++)
+    const char *archs[] = {"qwen3", "gemma2", "gemma3", "phi3", "granitemoe", "exaone", "glm4", "internlm2", "ernie4_5",
+                           "gemma", "command-r", "cohere2"};
+    for (size_t i = 0; i < sizeof archs / sizeof archs[0]; i++)
         expect_model(archs[i], &none, 1, VKI_OK, NULL);
+    /* Cohere's: both keys required (llama.cpp), cohere2's window too; tensors nothing would run
+     * (a LayerNorm bias, Command R+'s per-head Q/K LayerNorms) refused by name. The writer's
+     * untied head gives a tensor to rename. */
+    EXPECT("command-r", VKI_ERR_FORMAT, "missing metadata key command-r.logit_scale",
+           {GGUF_EDIT_DROP_KEY, "command-r.logit_scale", 0, 0, 0, 0, NULL});
+    EXPECT("command-r", VKI_ERR_FORMAT, "missing metadata key command-r.attention.layer_norm_epsilon",
+           {GGUF_EDIT_DROP_KEY, "command-r.attention.layer_norm_epsilon", 0, 0, 0, 0, NULL});
+    EXPECT("command-r", VKI_ERR_FORMAT, "command-r.attention.layer_norm_epsilon: must be a number in (0, 1]",
+           {GGUF_EDIT_F32, "command-r.attention.layer_norm_epsilon", 0, 0, 0, 0.0f, NULL});
+    EXPECT("cohere2", VKI_ERR_FORMAT, "missing metadata key cohere2.attention.sliding_window",
+           {GGUF_EDIT_DROP_KEY, "cohere2.attention.sliding_window", 0, 0, 0, 0, NULL});
+    EXPECT("cohere2", VKI_ERR_FORMAT, "cohere2.attention.sliding_window = 0",
+           {GGUF_EDIT_U32, "cohere2.attention.sliding_window", 0, 0, 0, 0, NULL});
+    EXPECT("command-r", VKI_ERR_UNSUPPORTED, "blk.0.attn_q_norm.weight: a per-head Q/K LayerNorm",
+           {GGUF_EDIT_RENAME, "output.weight", 0, 0, 0, 0, "blk.0.attn_q_norm.weight"});
+    EXPECT("cohere2", VKI_ERR_UNSUPPORTED, "blk.0.attn_norm.bias: a LayerNorm bias",
+           {GGUF_EDIT_RENAME, "output.weight", 0, 0, 0, 0, "blk.0.attn_norm.bias"});
+    EXPECT("command-r", VKI_ERR_UNSUPPORTED, "output_norm.bias: a LayerNorm bias",
+           {GGUF_EDIT_RENAME, "output.weight", 0, 0, 0, 0, "output_norm.bias"});
+    EXPECT("command-r", VKI_ERR_UNSUPPORTED, "command-r with experts",
+           {GGUF_EDIT_U32, "command-r.expert_count", 0, 0, 4, 0, NULL},
+           {GGUF_EDIT_U32, "command-r.expert_used_count", 0, 0, 2, 0, NULL});
     EXPECT("granitemoe", VKI_ERR_FORMAT, "missing tensor blk.0.ffn_down_shexp.weight",
            {GGUF_EDIT_DROP_TENSOR, "blk.0.ffn_down_shexp.weight", 0, 0, 0, 0, NULL});
     EXPECT("granitemoe", VKI_ERR_FORMAT, "tensor blk.0.ffn_up_shexp.weight has shape [64, 96], expected [64, 48]",
@@ -1107,8 +1130,8 @@ static void test_model_meta_archs(void **state)
     EXPECT("phi3", VKI_OK, NULL, {GGUF_EDIT_STR, "phi3.rope.scaling.type", 0, 0, 0, 0, "su"});
     EXPECT("qwen3", VKI_ERR_UNSUPPORTED, "rope scaling type 'dynamic' is not supported",
            {GGUF_EDIT_STR, "qwen3.rope.scaling.type", 0, 0, 0, 0, "dynamic"});
-    EXPECT("qwen3", VKI_ERR_UNSUPPORTED, "architecture 'gemma' is not supported",
-           {GGUF_EDIT_STR, "general.architecture", 0, 0, 0, 0, "gemma"});
+    EXPECT("qwen3", VKI_ERR_UNSUPPORTED, "architecture 'mamba' is not supported",
+           {GGUF_EDIT_STR, "general.architecture", 0, 0, 0, 0, "mamba"});
 }
 
 /* EXAONE 4's layer pattern as llama.cpp sets it: a window (4096, or the file's) only for the
@@ -1150,6 +1173,46 @@ static void test_model_meta_exaone4(void **state)
     assert_int_equal(hp.swa_pattern, 0);
     for (uint32_t il = 0; il < 8; il++)
         assert_true(model_layer_kind(&hp, il) == 0 && model_layer_rope(&hp, il));
+}
+
+/* The hyperparameters of `arch`'s synthetic model (arch_model: 1 layer; n_layer layers here). */
+static void arch_hparams(const char *arch, uint32_t n_layer, model_hparams *hp)
+{
+    char path[64], err[256] = "";
+    snprintf(path, sizeof path, "/tmp/vki_hp_%d.gguf", (int)getpid());
+    synth_params p = synth_default_params();
+    p.arch = arch;
+    assert_int_equal(synth_arch_defaults(&p), VKI_OK);
+    p.n_layer = n_layer, p.d_model = 64, p.n_head = 2, p.n_head_kv = 1, p.d_ff = 96, p.rms_eps = 3e-5f;
+    if (synth_write(&p, path, err, sizeof err) != VKI_OK)
+        fail_msg("synth_write %s: %s", arch, err);
+    gguf_file *f = NULL;
+    assert_int_equal(gguf_open(path, &f, err, sizeof err), VKI_OK);
+    if (model_read_hparams(f, hp, err, sizeof err) != VKI_OK)
+        fail_msg("%s: %s", arch, err);
+    gguf_close(f);
+    unlink(path);
+}
+
+/* Gemma 1 is gemma2's block without post-norms, soft-caps or window; Command-R's LayerNorms (its
+ * epsilon key), parallel FFN and logit multiplier; cohere2's window on layers il % 4 < 3, the 4th
+ * global and without RoPE (llama.cpp's is_swa and its rope only where is_swa). */
+static void test_model_meta_gemma_cohere(void **state)
+{
+    (void)state;
+    model_hparams hp;
+    arch_hparams("gemma", 2, &hp);
+    assert_true(hp.ffn_gelu && !hp.post_norms && hp.rope_neox && hp.final_softcap == 0 && hp.swa_pattern == 0);
+    assert_true(hp.embd_mul == sqrtf(64.0f) && !hp.layer_norm && hp.logit_mul == 1.0f);
+    arch_hparams("command-r", 2, &hp);
+    assert_true(hp.layer_norm && hp.parallel_ffn && !hp.rope_neox && hp.logit_mul == 0.0625f);
+    assert_true(hp.rms_eps == 3e-5f && hp.resid_eps == 3e-5f && hp.swa_pattern == 0 && hp.nope_step == 0);
+    arch_hparams("cohere2", 8, &hp);
+    assert_true(hp.layer_norm && hp.parallel_ffn && hp.kind[1].window == 4096);
+    for (uint32_t il = 0; il < 8; il++) {
+        assert_int_equal(model_layer_kind(&hp, il), il % 4 < 3 ? 1 : 0);
+        assert_int_equal(model_layer_rope(&hp, il), il % 4 < 3);
+    }
 }
 
 /* YaRN's keys (llama.cpp's names and defaults): the magnitude llama.cpp applies, 1 + 0.1 ln(factor)
@@ -1305,6 +1368,7 @@ int main(void)
         cmocka_unit_test(test_inspect_tool),
         cmocka_unit_test(test_model_meta_archs),
         cmocka_unit_test(test_model_meta_exaone4),
+        cmocka_unit_test(test_model_meta_gemma_cohere),
         cmocka_unit_test(test_model_meta_yarn),
         cmocka_unit_test(test_split_files),
     };

@@ -165,16 +165,20 @@ static void test_copy(void **state)
     vt_assert_clean(g);
 }
 
-static void ref_rmsnorm(const float *x, mshape s, const float *w, float eps, float *out)
+/* RMSNorm, or with layer LayerNorm without bias (the row's mean subtracted first) */
+static void ref_rmsnorm(const float *x, mshape s, const float *w, float eps, bool layer, float *out)
 {
     for (uint32_t i = 0; i < s.rows; i++) {
         const float *row = x + s.off + (size_t)i * s.stride;
-        double ss = 0;
+        double mean = 0, ss = 0;
+        for (uint32_t c = 0; layer && c < s.cols; c++)
+            mean += row[c];
+        mean /= s.cols;
         for (uint32_t c = 0; c < s.cols; c++)
-            ss += (double)row[c] * row[c];
+            ss += (row[c] - mean) * (row[c] - mean);
         double inv = 1.0 / sqrt(ss / s.cols + eps);
         for (uint32_t c = 0; c < s.cols; c++)
-            out[(size_t)i * s.cols + c] = (float)(row[c] * inv * w[c]);
+            out[(size_t)i * s.cols + c] = (float)((row[c] - mean) * inv * w[c]);
     }
 }
 
@@ -192,17 +196,22 @@ static void test_rmsnorm(void **state)
         }
         size_t nx = mshape_len(xs), ny = mshape_len(ys);
         float eps = t % 2 ? 1e-5f : 1e-6f, scale = t % 4 == 3 ? 1e-3f : 3.0f; /* small rows: eps matters */
+        /* a third LayerNorm (command-r's), its rows centred off zero: the mean taken out matters */
+        const bool layer = t % 3 == 1;
         float *x = rand_buf(&r, nx, -scale, scale), *w = rand_buf(&r, xs.cols, -2, 2);
+        for (size_t i = 0; layer && i < nx; i++)
+            x[i] += 2.0f * scale;
         float *ref = malloc((size_t)xs.rows * xs.cols * sizeof *ref);
-        ref_rmsnorm(x, xs, w, eps, ref);
+        ref_rmsnorm(x, xs, w, eps, layer, ref);
         vkd_buffer *bx = vt_buf_from(g, x, nx * 4, "x"), *bw = vt_buf_from(g, w, xs.cols * 4, "w");
         vkd_buffer *by = in_place ? bx : vt_buf_nan(g, ny * 4, "y");
         vt_begin(g);
-        assert_int_equal(op_rmsnorm(&g->cmd, mat_of(bx, xs), vkd_whole(bw), mat_of(by, ys), xs.rows, xs.cols, eps), VKI_OK);
+        assert_int_equal(op_norm_xh(&g->cmd, layer, mat_of(bx, xs), vkd_whole(bw), mat_of(by, ys), xs.rows, xs.cols,
+                                    eps, (vkd_view){0}, (vkd_view){0}), VKI_OK);
         vt_submit_wait(g);
         char label[96];
-        snprintf(label, sizeof label, "rmsnorm %ux%u stride %u/%u%s", xs.rows, xs.cols, xs.stride, ys.stride,
-                 in_place ? " in place" : "");
+        snprintf(label, sizeof label, "%s %ux%u stride %u/%u%s", layer ? "layernorm" : "rmsnorm", xs.rows, xs.cols,
+                 xs.stride, ys.stride, in_place ? " in place" : "");
         double e = check_result(g, by, in_place, in_place ? nx : ny, in_place ? xs : ys, ref, RMSNORM_TOL, NULL, label);
         worst = e > worst ? e : worst;
         if (!in_place)
@@ -211,7 +220,7 @@ static void test_rmsnorm(void **state)
         vkd_buffer_destroy(g->dev, bw);
         free(x); free(w); free(ref);
     }
-    fprintf(stderr, "  worst NMSE: rmsnorm %.2e (tolerance %.0e)\n", worst, RMSNORM_TOL);
+    fprintf(stderr, "  worst NMSE: rmsnorm and layernorm %.2e (tolerance %.0e)\n", worst, RMSNORM_TOL);
     vt_assert_clean(g);
 }
 
@@ -662,7 +671,7 @@ static void test_softmax(void **state)
 /* The copy an RMSNorm writes of its rows for the next products, int8 (op_rmsnorm_xq) or F16
  * (op_rmsnorm_xh): y bit for bit op_rmsnorm's, the copy byte for byte what the separate pass
  * (op_quant_x8, op_half_x) writes from that y, on strided x and y at offsets, 1, 3 and 17 rows
- * of each of the widths cols. */
+ * of each of the widths cols; every other pair of cases a LayerNorm (op_norm_xh). */
 static void rmsnorm_copy_cases(vt_gpu *g, vt_rng *r, const uint32_t cols[3], bool f16)
 {
     static const uint32_t rows[] = {1, 3, 17};
@@ -678,13 +687,15 @@ static void rmsnorm_copy_cases(vt_gpu *g, vt_rng *r, const uint32_t cols[3], boo
         vkd_buffer *bq[2] = {vt_buf_nan(g, qb, "copy fused"), vt_buf_nan(g, qb, "copy apart")};
         vkd_buffer *yc = vt_buf_nan(g, (size_t)M * K * 4, "y packed");
         op_mat mx = {vkd_whole(bx), xo, xs}, my = {vkd_whole(by[0]), yo, ys};
+        const bool ln = (t / 2) % 2;
+        const vkd_view none = {0}, q0 = vkd_whole(bq[0]);
         vt_begin(g);
-        assert_int_equal(f16 ? op_rmsnorm_xh(&g->cmd, mx, vkd_whole(bw), my, M, K, 1e-5f, (vkd_view){0},
-                                             vkd_whole(bq[0]))
-                             : op_rmsnorm_xq(&g->cmd, mx, vkd_whole(bw), my, M, K, 1e-5f, vkd_whole(bq[0])),
+        assert_int_equal(op_norm_xh(&g->cmd, ln, mx, vkd_whole(bw), my, M, K, 1e-5f, f16 ? none : q0, f16 ? q0 : none),
                          VKI_OK);
-        assert_int_equal(op_rmsnorm(&g->cmd, mx, vkd_whole(bw), (op_mat){vkd_whole(by[1]), yo, ys}, M, K, 1e-5f), VKI_OK);
-        assert_int_equal(op_rmsnorm(&g->cmd, mx, vkd_whole(bw), op_mat_rows(yc, K), M, K, 1e-5f), VKI_OK);
+        assert_int_equal(op_norm_xh(&g->cmd, ln, mx, vkd_whole(bw), (op_mat){vkd_whole(by[1]), yo, ys}, M, K, 1e-5f,
+                                    none, none), VKI_OK);
+        assert_int_equal(op_norm_xh(&g->cmd, ln, mx, vkd_whole(bw), op_mat_rows(yc, K), M, K, 1e-5f, none, none),
+                         VKI_OK);
         vkd_barrier(&g->cmd);
         assert_int_equal(f16 ? op_half_x(&g->cmd, vkd_whole(yc), K, M, K, vkd_whole(bq[1]))
                              : op_quant_x8(&g->cmd, vkd_whole(yc), K, M, K, vkd_whole(bq[1])),

@@ -36,10 +36,11 @@ static void usage(FILE *o)
         fprintf(o, " %s", *n);
     fprintf(o, "\n"
                "  --arch A            llama, qwen2 (Q/K/V biases), qwen3 (Q/K norms), qwen3moe (+ experts),\n"
-               "                      gemma2, gemma3, phi3 (fused QKV and gate|up), gpt-oss (experts with\n"
+               "                      gemma, gemma2, gemma3, phi3 (fused QKV and gate|up), gpt-oss (experts with\n"
                "                      biases, sink logits, window 128), granite (Granite 3's multipliers),\n"
                "                      granitemoe (granite + experts), exaone, exaone4 (post-norms), glm4,\n"
-               "                      smollm3 (no RoPE on every 4th layer), olmo2 (post-norms only);\n"
+               "                      smollm3 (no RoPE on every 4th layer), olmo2 (post-norms only),\n"
+               "                      command-r, cohere2 (LayerNorm, parallel FFN; cohere2 window 4096);\n"
                "                      sets the arch's window, soft-caps and multipliers\n"
                "  --layers N          transformer blocks\n"
                "  --dim D             embedding length (d_model)\n"

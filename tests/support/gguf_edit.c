@@ -11,7 +11,7 @@ static const gguf_edit *find_edit(const gguf_edit *e, uint32_t n, gguf_str name,
 {
     for (uint32_t i = 0; i < n; i++) {
         bool is_tensor = e[i].kind == GGUF_EDIT_DROP_TENSOR || e[i].kind == GGUF_EDIT_SHAPE ||
-                         e[i].kind == GGUF_EDIT_FILL;
+                         e[i].kind == GGUF_EDIT_FILL || e[i].kind == GGUF_EDIT_RENAME;
         if (is_tensor == tensor && gguf_str_eq(name, e[i].name))
             return &e[i];
     }
@@ -60,8 +60,10 @@ vki_status gguf_edit_copy(const char *src, const char *dst, const gguf_edit *e, 
         snprintf(name, sizeof name, "%.*s", (int)t->name.len, t->name.ptr);
         if (x && x->kind == GGUF_EDIT_FILL && t->type != VKI_GGML_F32)
             st = VKI_ERR_UNSUPPORTED;
-        if (x && x->kind == GGUF_EDIT_FILL)
-            x = NULL; /* same shape, other data */
+        if (x && x->kind == GGUF_EDIT_RENAME)
+            snprintf(name, sizeof name, "%s", x->s);
+        if (x && (x->kind == GGUF_EDIT_FILL || x->kind == GGUF_EDIT_RENAME))
+            x = NULL; /* same shape, other data or name */
         uint64_t ne[2] = {x ? x->ne0 : t->ne[0], x ? (x->ne1 ? x->ne1 : 1) : t->ne[1]};
         if (st == VKI_OK && (!x || x->kind == GGUF_EDIT_SHAPE))
             st = gguf_w_add_tensor(w, name, t->type, x ? (x->ne1 ? 2 : 1) : t->n_dims, x ? ne : t->ne);
@@ -77,7 +79,7 @@ vki_status gguf_edit_copy(const char *src, const char *dst, const gguf_edit *e, 
                 v[k] = x->f;
             st = v ? gguf_w_data(w, v, t->nbytes) : VKI_ERR_OUT_OF_HOST_MEMORY;
             free(v);
-        } else if (!x) {
+        } else if (!x || x->kind == GGUF_EDIT_RENAME) {
             st = gguf_w_data(w, t->data, t->nbytes);
         } else if (x->kind == GGUF_EDIT_SHAPE) {
             size_t bytes = quant_row_bytes(t->type, x->ne0) * (x->ne1 ? x->ne1 : 1);

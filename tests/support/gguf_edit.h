@@ -1,4 +1,4 @@
-/* Copies a GGUF with edits, to build malformed models from valid synthetic ones: drop or
+/* Copies a GGUF with edits, to build malformed models from valid synthetic ones: drop, rename or
  * reshape a tensor (its data becomes zeros of the new size), fill an F32 tensor, set a u32 / f32 / string key
  * (replacing it or adding it), drop a key. No Vulkan. */
 #ifndef VKI_TESTS_GGUF_EDIT_H
@@ -14,6 +14,7 @@ typedef enum gguf_edit_kind {
     GGUF_EDIT_STR,          /* name = key, s */
     GGUF_EDIT_DROP_KEY,     /* name = key */
     GGUF_EDIT_FILL,         /* name: an F32 tensor, every element set to f (NaN: a broken model) */
+    GGUF_EDIT_RENAME,       /* name: a tensor, written as s (same shape and data) */
 } gguf_edit_kind;
 
 typedef struct gguf_edit {

@@ -113,7 +113,7 @@ static bool load_layer(const model_hparams *hp, const model_layer_tensors *L, re
     bool dense = R->w_gate && R->w_up && R->w_down;
     bool ffn = hp->n_expert ? R->router && R->gate_exps && R->up_exps && R->down_exps && (!L->w_down || dense)
                             : dense;
-    bool pre = hp->no_pre_norms || (R->attn_norm && R->ffn_norm);
+    bool pre = hp->no_pre_norms || (R->attn_norm && (R->ffn_norm || hp->parallel_ffn));
     return pre && R->wq && R->wk && R->wv && R->wo && ffn && (!L->q_norm || R->q_norm) &&
            (!L->post_attn_norm || R->post_attn_norm);
 }
@@ -200,6 +200,26 @@ static void rmsnorm(float *y, const float *x, const float *w, uint32_t d, float 
     double s = 1.0 / sqrt(ss / d + eps);
     for (uint32_t i = 0; i < d; i++)
         y[i] = (float)(x[i] * s) * w[i];
+}
+
+/* command-r's LayerNorm without bias (ggml_norm, then the weight) */
+static void layernorm(float *y, const float *x, const float *w, uint32_t d, float eps)
+{
+    double mean = 0, ss = 0;
+    for (uint32_t i = 0; i < d; i++)
+        mean += x[i];
+    mean /= d;
+    for (uint32_t i = 0; i < d; i++)
+        ss += (x[i] - mean) * (x[i] - mean);
+    double s = 1.0 / sqrt(ss / d + eps);
+    for (uint32_t i = 0; i < d; i++)
+        y[i] = (float)((x[i] - mean) * s) * w[i];
+}
+
+/* The residual stream's norm: RMSNorm, or command-r's LayerNorm. */
+static void stream_norm(const model_hparams *hp, float *y, const float *x, const float *w)
+{
+    (hp->layer_norm ? layernorm : rmsnorm)(y, x, w, hp->d_model, hp->rms_eps);
 }
 
 /* y[o] = sum_i W[o][i] x[i] (+ b[o]). Not instrumented by the sanitizer builds: the test's own
@@ -333,7 +353,7 @@ static void attention_block(const ref_model *m, ref_scratch *s, uint32_t il, uin
     uint32_t d = hp->d_model, hd = hp->head_dim, q_dim = hp->n_head * hd, kv_dim = hp->n_head_kv * hd;
     uint32_t kind = model_layer_kind(hp, il);
     if (L->attn_norm)
-        rmsnorm(s->xb, s->x, L->attn_norm, d, hp->rms_eps);
+        stream_norm(hp, s->xb, s->x, L->attn_norm);
     else /* olmo2: no norm before the block */
         memcpy(s->xb, s->x, d * sizeof(float));
     matvec(s->q, L->wq, s->xb, L->bq, q_dim, d);
@@ -453,7 +473,7 @@ static void ffn_block(ref_model *m, ref_scratch *s, uint32_t il)
     uint32_t d = hp->d_model;
     if (L->ffn_norm)
         rmsnorm(s->xb, s->x, L->ffn_norm, d, hp->rms_eps);
-    else /* olmo2 */
+    else if (!hp->parallel_ffn) /* olmo2; command-r's FFN reads the attention's xb */
         memcpy(s->xb, s->x, d * sizeof(float));
     if (L->router) {
         moe_ffn(m, s, L);
@@ -476,10 +496,10 @@ static void ffn_block(ref_model *m, ref_scratch *s, uint32_t il)
 static void lm_head(const ref_model *m, ref_scratch *s, float *logits)
 {
     const model_hparams *hp = &m->hp;
-    rmsnorm(s->xb, s->x, m->output_norm, hp->d_model, hp->rms_eps);
+    stream_norm(hp, s->xb, s->x, m->output_norm);
     matvec(logits, m->output, s->xb, NULL, hp->n_vocab, hp->d_model);
-    for (uint32_t i = 0; hp->logit_scale != 1.0f && i < hp->n_vocab; i++) /* granite */
-        logits[i] = (float)(logits[i] / (double)hp->logit_scale);
+    for (uint32_t i = 0; hp->logit_mul != 1.0f && i < hp->n_vocab; i++) /* granite, command-r */
+        logits[i] = (float)(logits[i] * (double)hp->logit_mul);
     for (uint32_t i = 0; hp->final_softcap > 0 && i < hp->n_vocab; i++)
         logits[i] = (float)(hp->final_softcap * tanh(logits[i] / (double)hp->final_softcap));
 }
@@ -540,7 +560,7 @@ static vki_status run(ref_model *m, const int32_t *tokens, uint32_t n, bool all,
             ffn_block(m, &s, il);
         }
         if (hidden)
-            rmsnorm(hidden + (size_t)pos * d, s.x, m->output_norm, d, hp->rms_eps);
+            stream_norm(hp, hidden + (size_t)pos * d, s.x, m->output_norm);
         if (logits && (all || pos == n - 1))
             lm_head(m, &s, all ? logits + (size_t)pos * hp->n_vocab : logits);
     }
