@@ -863,7 +863,7 @@ VKI_API const char *vki_tokenizer_chat_template(const vki_tokenizer *tok);
 
 /* tmpl: NULL = the model's own (vki_tokenizer_chat_template; "plain" when it has none or it is
  * not one of the families); a family name: "chatml", "llama3", "llama2", "mistral", "zephyr",
- * "gemma", "phi3", "deepseek", "harmony", "tulu", "granite", "smollm3", "exaone", "glm4", "plain"; or
+ * "gemma", "phi3", "deepseek", "harmony", "tulu", "granite", "smollm3", "exaone", "glm4", "command-r", "plain"; or
  * any other text = a template's source, recognised by its markers ("plain" when unrecognised:
  * vki_chat_template_name says which family was chosen). Walks the
  * vocabulary once, O(n_vocab): make one per model and keep it (the engine keeps one,

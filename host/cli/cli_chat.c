@@ -43,7 +43,7 @@ bool cli_chat_open(const char *model_path, const char *family, const vki_tokeniz
     if (family) {
         if (!chat_family_parse(family, &f)) {
             fprintf(stderr, "vkinfer: --chat-template: unknown family '%s' (chatml, llama3, llama2, mistral, "
-                    "zephyr, gemma, phi3, deepseek, harmony, tulu, granite, smollm3, exaone, glm4, plain)\n",
+                    "zephyr, gemma, phi3, deepseek, harmony, tulu, granite, smollm3, exaone, glm4, command-r, plain)\n",
                     family);
             return false;
         }
@@ -371,8 +371,8 @@ static void exchange(chat_state *c, const char *text)
             strbuf_put(&c->seen, rendered.text, rendered.len);
             strbuf_put(&c->seen, raw, got);
             shown[n_shown] = 0;
-            /* harmony: the answer alone (the reasoning is not part of the turn) */
-            push_msg(c, CHAT_ASSISTANT, c->reply.harmony ? (c->answer.p ? c->answer.p : "") : shown);
+            /* harmony, Command R7B: the answer alone (the reasoning is not part of the turn) */
+            push_msg(c, CHAT_ASSISTANT, c->reply.harmony || c->reply.cohere ? (c->answer.p ? c->answer.p : "") : shown);
         } else {
             if (h)
                 c->hist = h;
@@ -466,7 +466,7 @@ static void usage(FILE *f)
             "  -n, --n-predict N       tokens per answer at most (default: the rest of the context)\n"
             "  --stop STR              stop string (repeatable; escapes interpreted)\n"
             "  --chat-template NAME    chatml|llama3|llama2|mistral|zephyr|gemma|phi3|deepseek|harmony|tulu|\n"
-            "                          granite|smollm3|exaone|glm4|plain\n"
+            "                          granite|smollm3|exaone|glm4|command-r|plain\n"
             "                          (default: the model's tokenizer.chat_template; harmony, gpt-oss's:\n"
             "                          its reasoning on stderr, dimmed on a terminal, the answer on stdout)\n"
             "  --ignore-eos            answers run to -n (benchmarks, tests)\n"

@@ -149,7 +149,7 @@ static void usage(FILE *f)
             "  --chat                  the prompt is one user message in the model's chat template\n"
             "  --system TEXT           with --chat: a system message first\n"
             "  --chat-template NAME    with --chat: chatml|llama3|llama2|mistral|zephyr|gemma|phi3|deepseek|\n"
-            "                          harmony|tulu|granite|smollm3|exaone|glm4|plain (gpt-oss's reasoning\n"
+            "                          harmony|tulu|granite|smollm3|exaone|glm4|command-r|plain (gpt-oss's reasoning\n"
             "                          on stderr, its answer on stdout)\n"
             "  --no-display-prompt     print only the generated text\n"
             "  --json                  print one JSON object: prompt and generated ids, text, logprobs,\n"
@@ -246,7 +246,7 @@ static void print_json(const gen_state *g, const char *prompt, const int32_t *id
     uint32_t n = g->n_gen < g->cap ? g->n_gen : g->cap;
     cJSON_AddItemToObject(o, "ids", ids_json(g->ids, n));
     cJSON_AddStringToObject(o, "text", g->text.p ? g->text.p : "");
-    if (g->reply.harmony)
+    if (g->reply.harmony || g->reply.cohere)
         cJSON_AddStringToObject(o, "reasoning", g->reasoning.p ? g->reasoning.p : "");
     cJSON *lp = cJSON_AddArrayToObject(o, "logprobs");
     for (uint32_t i = 0; i < n; i++)

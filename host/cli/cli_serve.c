@@ -62,7 +62,7 @@ static void usage(FILE *f)
             "                          -a / --alias as in llama-server);\n"
             "                          the \"model\" field of requests is accepted whatever it says\n"
             "  --chat-template NAME    chatml|llama3|llama2|mistral|zephyr|gemma|phi3|deepseek|harmony|tulu|\n"
-            "                          granite|smollm3|exaone|glm4|plain\n"
+            "                          granite|smollm3|exaone|glm4|command-r|plain\n"
             "                          (default: recognise the GGUF's tokenizer.chat_template; plain when\n"
             "                          absent or unknown)\n"
             "  --pooling mean|last     /v1/embeddings: pool the final hidden state over the prompt (default:\n"

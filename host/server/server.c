@@ -497,7 +497,7 @@ static vki_status setup_chat(srv *s, char *err, size_t n_err)
     if (s->p.chat_template) {
         if (!chat_family_parse(s->p.chat_template, &f)) {
             snprintf(err, n_err, "--chat-template: unknown family '%s' (chatml, llama3, llama2, mistral, zephyr, "
-                     "gemma, phi3, deepseek, harmony, tulu, granite, smollm3, exaone, glm4, plain)",
+                     "gemma, phi3, deepseek, harmony, tulu, granite, smollm3, exaone, glm4, command-r, plain)",
                      s->p.chat_template);
             return VKI_ERR_INVALID_ARG;
         }
