@@ -476,6 +476,17 @@ static bool alternates(chat_out *o, const chat_msg *m, size_t n, size_t first, c
     return true;
 }
 
+/* alternates, then bos where the template writes it (the start of most alternating templates). */
+static bool alternates_bos(chat_out *o, const chat_msg *m, size_t n, size_t first, const chat_template *t, char *err,
+                           size_t n_err)
+{
+    if (!alternates(o, m, n, first, t, err, n_err))
+        return false;
+    if (t->emit_bos)
+        lit(o, t->bos);
+    return true;
+}
+
 /* ---- the families --------------------------------------------------------------------------- */
 
 typedef void (*render_fn)(const chat_template *t, const chat_msg *m, size_t n, bool gen, chat_out *o, char *err,
@@ -634,10 +645,8 @@ static void render_mistral(const chat_template *t, const chat_msg *m, size_t n, 
         }
         return;
     }
-    if (!alternates(o, m, n, first, t, err, n_err))
+    if (!alternates_bos(o, m, n, first, t, err, n_err))
         return;
-    if (t->emit_bos)
-        lit(o, t->bos);
     /* v0.2 / v1: the system message in the first user turn, "[INST] " + content + " [/INST]" (v1:
      * a space before [INST] and before each answer); v3-tekken (Nemo): no spaces, the system
      * message in the conversation's last message when that is a user turn */
@@ -687,10 +696,8 @@ static void render_gemma(const chat_template *t, const chat_msg *m, size_t n, bo
                          size_t n_err)
 {
     size_t first = n && m[0].role == CHAT_SYSTEM;
-    if (!alternates(o, m, n, first, t, err, n_err))
+    if (!alternates_bos(o, m, n, first, t, err, n_err))
         return;
-    if (t->emit_bos)
-        lit(o, t->bos);
     for (size_t i = first; i < n; i++) {
         lit(o, m[i].role == CHAT_ASSISTANT ? "<start_of_turn>model\n" : "<start_of_turn>user\n");
         if (i == first && first) {
@@ -1149,10 +1156,8 @@ static void render_command_r(const chat_template *t, const chat_msg *m, size_t n
                              size_t n_err)
 {
     size_t first = n && m[0].role == CHAT_SYSTEM;
-    if (!alternates(o, m, n, first, t, err, n_err))
+    if (!alternates_bos(o, m, n, first, t, err, n_err))
         return;
-    if (t->emit_bos)
-        lit(o, t->bos);
     if (first || t->command_r7b) {
         lit(o, "<|START_OF_TURN_TOKEN|><|SYSTEM_TOKEN|>");
         if (first)
