@@ -366,7 +366,8 @@ static vki_status setup_attention(vk_engine *e, const model_hparams *hp)
             w = cap, sink = e->p.page_size;
         op_attn_shape shape = {.n_heads = hp->n_head, .n_kv_heads = hp->n_head_kv, .head_dim = hp->head_dim,
                                .page_size = e->p.page_size, .kv_type = e->p.kv_type, .scale = hp->attn_scale,
-                               .softcap = hp->attn_softcap, .window = w, .sink = sink};
+                               .softcap = hp->attn_softcap, .window = w, .sink = sink,
+                               .temp_scale = hp->attn_temp_scale, .temp_len = hp->attn_temp_len};
         if (k == 1 && e->n_kinds == 1) { /* one kind: the second is never used */
             e->attn[1] = e->attn[0];
             continue;
@@ -717,7 +718,7 @@ static vki_status record_hidden(vk_engine *e, const vki_step_plan *plan)
     uint32_t d = e->model.hp.d_model;
     vkd_barrier(e->cmd);
     vkd_label_begin(e->cmd, "hidden states");
-    vki_status st = op_norm_xh(e->cmd, e->model.hp.layer_norm, op_mat_rows(e->s.x, d),
+    vki_status st = op_norm_xh(e->cmd, model_norm_mode(&e->model.hp), op_mat_rows(e->s.x, d),
                                vkd_whole(e->model.output_norm.parts[0].buf), op_mat_rows(e->s.h, d), plan->n_tokens, d,
                                e->model.hp.resid_eps, (vkd_view){0}, (vkd_view){0});
     vkd_label_end(e->cmd);

@@ -5,7 +5,8 @@
  *       [granite: * embedding_scale / residual_scale: the stream holds x / residual_scale, so
  *        each block adds its output unscaled; the norms over it take rms_eps / residual_scale^2]
  *   for each layer:
- *     h = rmsnorm(x) * attn_norm                            [olmo2: h = x; command-r: LayerNorm]
+ *     h = rmsnorm(x) * attn_norm                            [olmo2: h = x; command-r: LayerNorm;
+ *                                                            starcoder2: + attn_norm.bias]
  *     q, k, v = h Wq (+bq), h Wk (+bk), h Wv (+bv)          [T][n_head*hd], [T][n_kv*hd] x2
  *               (one h Wqkv, sliced, where the matrices share a type: phi3's, or
  *                concatenated at load; V apart when its type differs)
@@ -27,6 +28,7 @@
  *     h = rmsnorm(x) * ffn_norm                             [olmo2: h = x; command-r: the
  *                                                            attention's h (x before its add)]
  *     o = (act(h Wgate) * (h Wup)) Wdown                    act: silu, gemma: tanh-GELU
+ *         [starcoder2: o = gelu(h Wup + b_up) Wdown + b_down]
  *         (gate | up from one h Wup where they share a type: phi3's, or concatenated at load;
  *          then in decode the matrix-vector pass applies act and the product itself)
  *         [gemma, olmo2: o = rmsnorm(o) * post_ffw_norm]
@@ -34,7 +36,7 @@
  *          w_e (silu(h Wgate_e) * (h Wup_e)) Wdown_e  (engine/forward_moe.c)]
  *     x = x + o                                             (added by the down projection's
  *                                                            matmul; MoE: by the combine)
- *   logits = (rmsnorm(x[rows that want a token]) * output_norm) Wout     [R][vocab]
+ *   logits = (rmsnorm(x[rows that want a token]) * output_norm) Wout     [R][vocab] [phi2: + b]
  *            [granite: logits / logit_scale; command-r: * logit_scale]
  *            [gemma2: logits = 30 tanh(logits / 30)]
  *
@@ -242,7 +244,7 @@ static vki_status block_norm(vk_engine *e, const vk_tensor *w, uint32_t T, bool 
     vk_scratch *s = &e->s;
     uint32_t d = e->model.hp.d_model;
     bool q = i8 && !e->p.no_fusion && d % 32 == 0, h16 = xh && !q && !e->p.no_fusion;
-    TRY(op_norm_xh(e->cmd, e->model.hp.layer_norm, op_mat_rows(s->x, d), vkd_whole(w->parts[0].buf),
+    TRY(op_norm_xh(e->cmd, model_norm_mode(&e->model.hp), op_mat_rows(s->x, d), vkd_whole(w->parts[0].buf),
                    op_mat_rows(s->h, d), T, d, e->model.hp.resid_eps, q ? vkd_whole(s->xq) : (vkd_view){0},
                    h16 ? vkd_whole(s->xh) : (vkd_view){0}));
     e->xq_of_h = q;
@@ -433,6 +435,31 @@ static vki_status record_attention_block(vk_engine *e, uint32_t il, uint32_t T, 
     return VKI_OK;
 }
 
+/* starcoder2's FFN, down(gelu(h Wup + b_up)) + b_down, as record_ffn_block's dense one. */
+static vki_status record_ffn_plain(vk_engine *e, const vk_layer *L, uint32_t T, const vk_tensor *next_norm,
+                                   bool next_i8, bool *normed)
+{
+    vk_scratch *s = &e->s;
+    vkd_cmd *c = e->cmd;
+    const uint32_t d = e->model.hp.d_model, ff = e->model.hp.d_ff;
+    vkd_view b;
+    if (dense_i8(e, L, T) && !e->xq_of_h) /* else the norm wrote it */
+        TRY(quant_x(e, "ffn_xq", vkd_whole(s->h), d, T, d));
+    e->xq_of_h = false;
+    if (dense_xh(e, L, T) && !e->xh_ready)
+        TRY(half_x(e, "ffn_xh", vkd_whole(s->h), d, T, d));
+    e->xh_ready = false;
+    vkd_role(c, "ffn_up");
+    TRY(mm_q(e, &L->w_up, bias_view(&L->b_up, &b), vkd_whole(s->h), d, s->xq, vkd_whole(s->g), ff, T, false));
+    vkd_barrier(c);
+    vkd_role(c, "ffn_act");
+    TRY(op_unary(c, VKI_UNARY_GELU, 0.0f, op_mat_rows(s->g, ff), op_mat_rows(s->g, ff), T, ff));
+    vkd_barrier(c);
+    static const char *const down_roles[2] = {"ffn_down_xq", "ffn_down_xh"};
+    return project_residual(e, &L->w_down, &L->b_down, vkd_whole(s->g), ff, T, NULL, s->h, "ffn_down", down_roles,
+                            &L->post_ffn_norm, "ffn_post_norm", "ffn_residual", next_norm, next_i8, normed);
+}
+
 /* *normed as for record_attention_block (the next layer's attention norm on return). */
 static vki_status record_ffn_block(vk_engine *e, uint32_t il, uint32_t T, bool *normed)
 {
@@ -455,6 +482,8 @@ static vki_status record_ffn_block(vk_engine *e, uint32_t il, uint32_t T, bool *
         TRY(vk_forward_moe(e, il, T));
     if (hp->n_expert && !hp->shared_expert)
         return VKI_OK;
+    if (hp->ffn_plain)
+        return record_ffn_plain(e, L, T, next_norm, next_i8, normed);
     /* the dense FFN, or granitemoe's shared expert (the experts added theirs to x already) */
     uint32_t act = hp->ffn_gelu ? VKI_GLU_GELU_TANH : VKI_GLU_SILU;
     if (dense_i8(e, L, T) && !e->xq_of_h) /* else the attention's output projection wrote it */
@@ -523,7 +552,7 @@ vki_status vk_forward_record_lm_head(vk_engine *e, uint32_t T, uint32_t n_out)
     const bool i8 = use_i8(e, head, n_out), q = i8 && !e->p.no_fusion && d % 32 == 0;
     const bool xh = use_xh(e, head, n_out), h16 = xh && !e->p.no_fusion;
     vkd_buffer *xn = q || h16 ? s->h : s->xs;
-    TRY(op_norm_xh(c, hp->layer_norm, op_mat_rows(s->xs, d), vkd_whole(e->model.output_norm.parts[0].buf),
+    TRY(op_norm_xh(c, model_norm_mode(hp), op_mat_rows(s->xs, d), vkd_whole(e->model.output_norm.parts[0].buf),
                    op_mat_rows(xn, d), n_out, d, hp->resid_eps, q ? vkd_whole(s->xq) : (vkd_view){0},
                    h16 ? vkd_whole(s->xh) : (vkd_view){0}));
     vkd_barrier(c);
@@ -532,7 +561,9 @@ vki_status vk_forward_record_lm_head(vk_engine *e, uint32_t T, uint32_t n_out)
     if (xh && !h16)
         TRY(half_x(e, "lm_xh", vkd_whole(xn), d, n_out, d));
     vkd_role(c, "lm_head");
-    TRY(mm_q(e, head, NULL, vkd_whole(xn), d, s->xq, vkd_whole(s->logits), ls, n_out, false));
+    vkd_view hb;
+    TRY(mm_q(e, head, bias_view(&e->model.output_b, &hb), vkd_whole(xn), d, s->xq, vkd_whole(s->logits), ls, n_out,
+             false));
     if (hp->logit_mul != 1.0f) { /* granite, command-r */
         vkd_barrier(c);
         vkd_role(c, "lm_scale");

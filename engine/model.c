@@ -25,7 +25,7 @@ static vki_status progress_step(progress *p, uint64_t bytes)
     return p->fn(p->user, p->done, p->total) ? VKI_OK : VKI_ERR_CANCELLED;
 }
 
-#define LAYER_TENSORS 27
+#define LAYER_TENSORS 29
 /* The per-layer tensors in one order, for both sides of the upload. */
 static void gguf_layer_list(const model_layer_tensors *L, const gguf_tensor *out[LAYER_TENSORS])
 {
@@ -34,7 +34,7 @@ static void gguf_layer_list(const model_layer_tensors *L, const gguf_tensor *out
                                              L->w_gate, L->w_up, L->w_down, L->post_ffn_norm, L->ffn_gate_inp,
                                              L->ffn_gate_exps, L->ffn_up_exps, L->ffn_down_exps, L->bo,
                                              L->attn_sinks, L->ffn_gate_inp_b, L->ffn_gate_exps_b,
-                                             L->ffn_up_exps_b, L->ffn_down_exps_b};
+                                             L->ffn_up_exps_b, L->ffn_down_exps_b, L->ffn_up_b, L->ffn_down_b};
     memcpy(out, all, sizeof all);
 }
 
@@ -45,7 +45,7 @@ static void vk_layer_list(vk_layer *V, vk_tensor *out[LAYER_TENSORS])
                                      &V->w_gate, &V->w_up, &V->w_down, &V->post_ffn_norm, &V->router,
                                      &V->w_gate_exps, &V->w_up_exps, &V->w_down_exps, &V->bo,
                                      &V->attn_sinks, &V->router_b, &V->b_gate_exps, &V->b_up_exps,
-                                     &V->b_down_exps};
+                                     &V->b_down_exps, &V->b_up, &V->b_down};
     memcpy(out, all, sizeof all);
 }
 
@@ -159,6 +159,17 @@ static vki_status upload_layer(vkd_device *d, const model_hparams *hp, const mod
                 if (src[i] == w[j] || src[i] == b[j])
                     src[i] = NULL;
     }
+    /* LayerNorm biases (starcoder2) after their weights, one vector each (op_norm_xh) */
+    const gguf_tensor *norms[2][2] = {{L->attn_norm, L->attn_norm_b}, {L->ffn_norm, L->ffn_norm_b}};
+    vk_tensor *vnorms[2] = {&V->attn_norm, &V->ffn_norm};
+    for (int k = 0; st == VKI_OK && k < 2; k++) {
+        if (!norms[k][1])
+            continue;
+        st = upload_concat(d, norms[k], 2, vnorms[k], p);
+        for (size_t i = 0; i < LAYER_TENSORS; i++)
+            if (src[i] == norms[k][0])
+                src[i] = NULL;
+    }
     if (st == VKI_OK && concat && !hp->fused_gate_up && same_layout(L->w_gate, L->w_up)) {
         const gguf_tensor *gu[2] = {L->w_gate, L->w_up};
         st = upload_concat(d, gu, 2, &V->w_up, p);
@@ -174,12 +185,15 @@ static vki_status upload_layer(vkd_device *d, const model_hparams *hp, const mod
 static uint64_t total_bytes(const model_hparams *hp, const model_tensors *t, const gguf_tensor *factors)
 {
     uint64_t n = t->tok_embd->nbytes + t->output_norm->nbytes + (hp->tied_embeddings ? 0 : t->output->nbytes) +
-                 (factors ? factors->nbytes : 0);
+                 (factors ? factors->nbytes : 0) + (t->output_norm_b ? t->output_norm_b->nbytes : 0) +
+                 (t->output_b ? t->output_b->nbytes : 0);
     for (uint32_t il = 0; il < hp->n_layer; il++) {
         const gguf_tensor *all[LAYER_TENSORS];
-        gguf_layer_list(&t->layers[il], all);
+        const model_layer_tensors *L = &t->layers[il];
+        gguf_layer_list(L, all);
         for (size_t i = 0; i < LAYER_TENSORS; i++)
             n += all[i] ? all[i]->nbytes : 0;
+        n += (L->attn_norm_b ? L->attn_norm_b->nbytes : 0) + (L->ffn_norm_b ? L->ffn_norm_b->nbytes : 0);
     }
     return n;
 }
@@ -197,10 +211,14 @@ vki_status vk_model_load(vkd_device *d, const gguf_file *f, const model_hparams 
     progress p = {.fn = progress_fn, .user = progress_user, .total = total_bytes(hp, t, factors), .last_pct = -1};
     vkd_staging_stream(d, true); /* each tensor's fill overlaps the copies of the one before */
     vki_status st = upload(d, t->tok_embd, &m->tok_embd, &p);
+    const gguf_tensor *out_norm[2] = {t->output_norm, t->output_norm_b}; /* its bias after it (starcoder2) */
     if (st == VKI_OK)
-        st = upload(d, t->output_norm, &m->output_norm, &p);
+        st = t->output_norm_b ? upload_concat(d, out_norm, 2, &m->output_norm, &p)
+                              : upload(d, t->output_norm, &m->output_norm, &p);
     if (st == VKI_OK && !hp->tied_embeddings)
         st = upload(d, t->output, &m->output, &p);
+    if (st == VKI_OK)
+        st = upload(d, t->output_b, &m->output_b, &p);
     if (st == VKI_OK)
         st = upload(d, factors, &m->rope_freqs, &p);
     for (uint32_t il = 0; st == VKI_OK && il < hp->n_layer; il++)
@@ -213,7 +231,7 @@ vki_status vk_model_load(vkd_device *d, const gguf_file *f, const model_hparams 
         return st;
     }
     m->weight_bytes = vk_tensor_bytes(&m->tok_embd) + vk_tensor_bytes(&m->output_norm) +
-                      vk_tensor_bytes(&m->output) + vk_tensor_bytes(&m->rope_freqs);
+                      vk_tensor_bytes(&m->output) + vk_tensor_bytes(&m->output_b) + vk_tensor_bytes(&m->rope_freqs);
     for (uint32_t il = 0; il < hp->n_layer; il++) {
         vk_tensor *all[LAYER_TENSORS];
         vk_layer_list(&m->layers[il], all);
@@ -228,6 +246,7 @@ void vk_model_free(vkd_device *d, vk_model *m)
     vk_tensor_destroy(d, &m->tok_embd);
     vk_tensor_destroy(d, &m->output_norm);
     vk_tensor_destroy(d, &m->output);
+    vk_tensor_destroy(d, &m->output_b);
     vk_tensor_destroy(d, &m->rope_freqs);
     for (uint32_t il = 0; m->layers && il < m->hp.n_layer; il++) {
         vk_tensor *all[LAYER_TENSORS];

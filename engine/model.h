@@ -7,7 +7,7 @@
 #include "engine/tensor.h"
 
 typedef struct vk_layer {
-    vk_tensor attn_norm;          /* f32 [1][d] */
+    vk_tensor attn_norm;          /* f32 [1][d] (starcoder2: [1][2 d], its bias after the weights) */
     vk_tensor wq, wk, wv;         /* [q_dim][d], [kv_dim][d], [kv_dim][d] rows = outputs; n_parts == 0
                                      when in wqkv */
     vk_tensor wqkv;               /* [q_dim + 2 kv_dim][d] (q | k | v: phi3's, or concatenated at
@@ -19,11 +19,12 @@ typedef struct vk_layer {
     vk_tensor bo;                 /* f32 [1][d] output bias (gpt-oss) or absent */
     vk_tensor attn_sinks;         /* f32 [1][n_head] sink logits (gpt-oss) or absent */
     vk_tensor post_attn_norm;     /* f32 [1][d] (gemma) or absent */
-    vk_tensor ffn_norm;           /* f32 [1][d] */
+    vk_tensor ffn_norm;           /* f32 [1][d] (starcoder2: [1][2 d], as attn_norm) */
     vk_tensor w_gate;             /* [d_ff][d]; absent when in w_up */
     vk_tensor w_up;               /* [d_ff][d], or [2 d_ff][d] gate rows first (phi3's, or
                                      concatenated at load) */
     vk_tensor w_down;             /* [d][d_ff] */
+    vk_tensor b_up, b_down;       /* f32 [1][d_ff], [1][d] FFN biases (starcoder2) or absent */
     vk_tensor post_ffn_norm;      /* f32 [1][d] (gemma) or absent */
     /* mixture of experts (hp.n_expert > 0; then w_gate, w_up, w_down are absent): */
     vk_tensor router;             /* [n_expert][d] ffn_gate_inp */
@@ -42,6 +43,7 @@ typedef struct vk_model {
     vk_tensor tok_embd;           /* [n_vocab][d] */
     vk_tensor output_norm;        /* f32 [1][d] */
     vk_tensor output;             /* [n_vocab][d]; not allocated when tied (use tok_embd) */
+    vk_tensor output_b;           /* f32 [1][n_vocab] LM head bias (phi2) or absent */
     vk_tensor rope_freqs;         /* f32 [1][n_rot/2] frequency factors (llama3's, or phi3's long or
                                      short ones for the engine's context); n_parts == 0 when absent */
     vk_layer *layers;             /* [n_layer] */

@@ -78,7 +78,7 @@ static vki_status read_yarn(const gguf_file *f, model_hparams *hp, float factor,
     if (!(hp->yarn_beta_fast > 0.0f) || !(hp->yarn_beta_slow > 0.0f))
         return fail(VKI_ERR_FORMAT, err, n, "%s.rope.scaling.yarn_beta_fast / _slow = %g / %g must be > 0",
                     hp->arch_name, hp->yarn_beta_fast, hp->yarn_beta_slow);
-    if (log_mul != 0.0f)
+    if (log_mul != 0.0f && hp->arch != MODEL_ARCH_MISTRAL3) /* mistral3: see read_mistral3 */
         return fail(VKI_ERR_UNSUPPORTED, err, n, "%s.rope.scaling.yarn_log_multiplier (DeepSeek's mscale_all_dim) is "
                     "not supported", hp->arch_name);
     if (hp->arch == MODEL_ARCH_GEMMA2 || hp->arch == MODEL_ARCH_GEMMA3)
@@ -168,6 +168,9 @@ static const arch_def ARCHS[] = {
     {"gemma", MODEL_ARCH_GEMMA, true, false, true, 1e-6f, 0},
     {"command-r", MODEL_ARCH_COMMAND_R, false, false, false, 1e-5f, 0},
     {"cohere2", MODEL_ARCH_COHERE2, false, false, false, 1e-5f, 4},
+    {"mistral3", MODEL_ARCH_MISTRAL3, false, false, false, 1e-5f, 1},
+    {"starcoder2", MODEL_ARCH_STARCODER2, true, false, false, 1e-5f, 0},
+    {"phi2", MODEL_ARCH_PHI2, true, false, false, 1e-5f, 0},
 };
 
 /* A soft-cap key: absent keeps *out, else a finite number >= 0 (0 = none). */
@@ -221,19 +224,45 @@ static vki_status read_granite(const gguf_file *f, model_hparams *hp, char *err,
     return VKI_OK;
 }
 
-/* Cohere's command-r and cohere2: LayerNorms with their own epsilon key and a logit multiplier,
- * both required (llama.cpp's get_key without a default). */
+/* Ministral 3 (llama.cpp's mistral3 graph): the rotation's magnitude is the graph's own
+ * 1 / (1 + 0.1 ln(1 / freq_scale)) times ggml's YaRN term where the blend runs, 1 then (so the
+ * file's attn_factor and yarn_log_multiplier change nothing); the optional attention temperature
+ * steps every rope.scaling.original_context_length positions. */
+static vki_status read_mistral3(const gguf_file *f, model_hparams *hp, char *err, size_t n)
+{
+    vki_status st = get_f32(f, hp, "attention.temperature_scale", &hp->attn_temp_scale, err, n);
+    if (st != VKI_OK)
+        return st;
+    if (hp->attn_temp_scale < 0 || hp->attn_temp_scale > 16)
+        return fail(VKI_ERR_FORMAT, err, n, "%s.attention.temperature_scale = %g must be in [0, 16]", hp->arch_name,
+                    hp->attn_temp_scale);
+    hp->attn_temp_len = hp->attn_temp_scale != 0.0f ? hp->n_ctx_orig : 0;
+    hp->rope_attn_factor = hp->yarn && hp->yarn_ext_factor != 0.0f ? 1.0f
+                                                                   : 1.0f / (1.0f + 0.1f * logf(1.0f / hp->rope_freq_scale));
+    return VKI_OK;
+}
+
+/* LayerNorms with their own epsilon key (required: llama.cpp's get_key without a default):
+ * Cohere's command-r and cohere2 (no bias, the FFN beside the attention, a logit multiplier,
+ * required too), starcoder2 (biases, a GELU FFN without gate). */
 static vki_status read_cohere(const gguf_file *f, model_hparams *hp, char *err, size_t n)
 {
     char key[128];
+    hp->layer_norm = true;
     vki_status st = gguf_get_f32(f, akey(hp, "attention.layer_norm_epsilon", key, sizeof key), &hp->rms_eps);
     if (st == VKI_ERR_NOT_FOUND)
         return fail(VKI_ERR_FORMAT, err, n, "missing metadata key %s", key);
     if (st != VKI_OK || !(hp->rms_eps > 0) || hp->rms_eps > 1)
         return fail(VKI_ERR_FORMAT, err, n, "metadata key %s: must be a number in (0, 1]", key);
+    if (hp->arch == MODEL_ARCH_STARCODER2 || hp->arch == MODEL_ARCH_PHI2) { /* LayerNorms with biases, a GELU
+                                                                                FFN without gate */
+        hp->norm_bias = hp->ffn_plain = hp->ffn_gelu = true;
+        hp->parallel_ffn = hp->arch == MODEL_ARCH_PHI2; /* phi2: beside the attention */
+        return VKI_OK;
+    }
     if ((st = read_multiplier(f, hp, "logit_scale", true, &hp->logit_mul, err, n)))
         return st;
-    hp->layer_norm = hp->parallel_ffn = true;
+    hp->parallel_ffn = true;
     return VKI_OK;
 }
 
@@ -256,7 +285,8 @@ static vki_status read_arch_extras(const gguf_file *f, const arch_def *a, model_
     if (((a->arch == MODEL_ARCH_GEMMA2 || cohere2) && window == 0) || window > (1u << 24))
         return fail(VKI_ERR_FORMAT, err, n, "%s.attention.sliding_window = %u must be in [%u, 2^24]", hp->arch_name,
                     window, a->arch == MODEL_ARCH_GEMMA2 || cohere2 ? 1 : 0);
-    if (a->arch == MODEL_ARCH_QWEN2 || a->arch == MODEL_ARCH_QWEN3 || a->arch == MODEL_ARCH_QWEN3MOE)
+    if (a->arch == MODEL_ARCH_QWEN2 || a->arch == MODEL_ARCH_QWEN3 || a->arch == MODEL_ARCH_QWEN3MOE ||
+        a->arch == MODEL_ARCH_STARCODER2)
         window = 0; /* their files may carry HF's unused sliding_window; llama.cpp ignores it too */
     hp->swa_pattern = window ? a->swa_pattern : 0;
     /* gpt-oss: every other layer slides unless sliding_window_pattern says otherwise (llama.cpp) */
@@ -298,7 +328,10 @@ static vki_status read_arch_extras(const gguf_file *f, const arch_def *a, model_
     bool granite = a->arch == MODEL_ARCH_GRANITE || a->arch == MODEL_ARCH_GRANITE_MOE;
     if (granite && (st = read_granite(f, hp, err, n)) != VKI_OK)
         return st;
-    if ((a->arch == MODEL_ARCH_COMMAND_R || cohere2) && (st = read_cohere(f, hp, err, n)) != VKI_OK)
+    if ((a->arch == MODEL_ARCH_COMMAND_R || cohere2 || a->arch == MODEL_ARCH_STARCODER2 || a->arch == MODEL_ARCH_PHI2) &&
+        (st = read_cohere(f, hp, err, n)) != VKI_OK)
+        return st;
+    if (a->arch == MODEL_ARCH_MISTRAL3 && (st = read_mistral3(f, hp, err, n)) != VKI_OK)
         return st;
     hp->resid_eps = hp->rms_eps / (hp->resid_scale * hp->resid_scale);
     return VKI_OK;
@@ -377,7 +410,7 @@ vki_status model_read_hparams(const gguf_file *f, model_hparams *hp, char *err, 
     if (!a)
         return fail(VKI_ERR_UNSUPPORTED, err, n, "architecture '%.*s' is not supported (llama, qwen2, qwen3, qwen3moe, "
                     "gemma, gemma2, gemma3, phi3, gpt-oss, granite, granitemoe, smollm3, olmo2, exaone, exaone4, glm4, "
-                    "command-r, cohere2, internlm2, ernie4_5)", (int)(arch.len > 32 ? 32 : arch.len), arch.ptr);
+                    "command-r, cohere2, mistral3, starcoder2, phi2, internlm2, ernie4_5)", (int)(arch.len > 32 ? 32 : arch.len), arch.ptr);
     hp->arch = a->arch;
     hp->rope_neox = a->neox;
     hp->rms_eps = a->rms_eps;
@@ -451,19 +484,23 @@ static vki_status find(const gguf_file *f, const char *name, uint64_t ne0, uint6
 }
 
 /* The attention projections: q, k, v, or a fused attn_qkv (phi3's; glm4's without its bias;
- * either is accepted for them). */
+ * phi2's with it; either is accepted for them). */
 static vki_status find_qkv(const gguf_file *f, const model_hparams *hp, uint32_t il, model_layer_tensors *L,
                            char *err, size_t n)
 {
     const uint64_t d = hp->d_model, q = (uint64_t)hp->n_head * hp->head_dim, kv = (uint64_t)hp->n_head_kv * hp->head_dim;
     char name[96];
     vki_status st;
-    if (hp->arch == MODEL_ARCH_PHI3 || hp->arch == MODEL_ARCH_GLM4) {
+    const bool phi2 = hp->arch == MODEL_ARCH_PHI2;
+    if (hp->arch == MODEL_ARCH_PHI3 || hp->arch == MODEL_ARCH_GLM4 || phi2) {
         snprintf(name, sizeof name, "blk.%u.attn_qkv.weight", il);
         if ((st = find(f, name, d, q + 2 * kv, false, true, &L->wqkv, err, n)) != VKI_OK)
             return st;
         snprintf(name, sizeof name, "blk.%u.attn_qkv.bias", il);
-        if (gguf_find_tensor(f, name)) /* not run: refused, not ignored */
+        if (phi2 && L->wqkv && /* phi2's fused projection has its bias, [q | k | v] as the rows */
+            (st = find(f, name, q + 2 * kv, 0, true, false, &L->bq, err, n)) != VKI_OK)
+            return st;
+        if (!(phi2 && L->wqkv) && gguf_find_tensor(f, name)) /* not run: refused, not ignored */
             return fail(VKI_ERR_UNSUPPORTED, err, n, "tensor %s: a fused Q|K|V bias is not supported (convert with "
                         "separate attn_q/k/v and their biases)", name);
     }
@@ -556,9 +593,12 @@ static vki_status find_layer(const gguf_file *f, const model_hparams *hp, uint32
     if (!hp->no_pre_norms) {
         T(attn_norm, "attn_norm.weight", d, 0, true, false)
     }
+    if (hp->norm_bias) {
+        T(attn_norm_b, "attn_norm.bias", d, 0, true, false)
+    }
     if (hp->layer_norm) { /* tensors nothing would run: refused, not ignored */
         static const char *const unrun[] = {"attn_norm.bias", "attn_q_norm.weight", "attn_k_norm.weight"};
-        for (size_t i = 0; i < sizeof unrun / sizeof unrun[0]; i++) {
+        for (size_t i = hp->norm_bias; i < sizeof unrun / sizeof unrun[0]; i++) {
             snprintf(name, sizeof name, "blk.%u.%s", il, unrun[i]);
             if (gguf_find_tensor(f, name))
                 return fail(VKI_ERR_UNSUPPORTED, err, n, "tensor %s: %s is not supported", name,
@@ -568,7 +608,7 @@ static vki_status find_layer(const gguf_file *f, const model_hparams *hp, uint32
     T(q_norm, "attn_q_norm.weight", hp->qk_norm_full ? q : hp->head_dim, 0, true, !hp->qk_norm)
     T(k_norm, "attn_k_norm.weight", hp->qk_norm_full ? kv : hp->head_dim, 0, true, !hp->qk_norm)
     T(wo, "attn_output.weight", q, d, false, false)
-    T(bo, "attn_output.bias", d, 0, true, !oss)
+    T(bo, "attn_output.bias", d, 0, true, !oss && !hp->ffn_plain) /* required: gpt-oss, starcoder2, phi2 */
     T(attn_sinks, "attn_sinks.weight", hp->n_head, 0, true, !oss)
     /* gpt-oss names its FFN input norm post_attention_norm (it has no post-norms) */
     if (!oss) {
@@ -576,6 +616,9 @@ static vki_status find_layer(const gguf_file *f, const model_hparams *hp, uint32
     }
     if (!hp->no_pre_norms && !hp->parallel_ffn) {
         T(ffn_norm, oss ? "post_attention_norm.weight" : "ffn_norm.weight", d, 0, true, false)
+    }
+    if (hp->norm_bias && !hp->parallel_ffn) {
+        T(ffn_norm_b, "ffn_norm.bias", d, 0, true, false)
     }
     if (hp->n_expert && (st = find_experts(f, hp, il, L, err, n)) != VKI_OK)
         return st;
@@ -595,15 +638,21 @@ static vki_status find_layer(const gguf_file *f, const model_hparams *hp, uint32
     }
     if (hp->n_expert)
         return VKI_OK;
-    T(w_gate, "ffn_gate.weight", d, hp->d_ff, false, fused_ffn)
+    T(w_gate, "ffn_gate.weight", d, hp->d_ff, false, fused_ffn || hp->ffn_plain)
     T(w_up, "ffn_up.weight", d, fused_ffn ? 2ull * hp->d_ff : hp->d_ff, false, false)
     T(w_down, "ffn_down.weight", hp->d_ff, d, false, false)
     T(post_ffn_norm, "post_ffw_norm.weight", d, 0, true, !hp->post_norms)
+    if (hp->ffn_plain) {
+        T(ffn_up_b, "ffn_up.bias", hp->d_ff, 0, true, false)
+        T(ffn_down_b, "ffn_down.bias", d, 0, true, false)
+    }
 #undef T
     if (fused_ffn && L->w_gate)
         return fail(VKI_ERR_FORMAT, err, n, "layer %u: ffn_gate.weight next to a fused [gate | up] ffn_up.weight", il);
+    if (hp->ffn_plain && L->w_gate)
+        return fail(VKI_ERR_UNSUPPORTED, err, n, "layer %u: ffn_gate.weight: %s's FFN has no gate", il, hp->arch_name);
     static const char *const ffn_biases[] = {"ffn_gate.bias", "ffn_up.bias", "ffn_down.bias"};
-    for (size_t i = 0; i < sizeof ffn_biases / sizeof ffn_biases[0]; i++) { /* not run: refused, not ignored */
+    for (size_t i = 0; !hp->ffn_plain && i < sizeof ffn_biases / sizeof ffn_biases[0]; i++) { /* not run: refused */
         snprintf(name, sizeof name, "blk.%u.%s", il, ffn_biases[i]);
         if (gguf_find_tensor(f, name))
             return fail(VKI_ERR_UNSUPPORTED, err, n, "tensor %s: FFN biases are not supported", name);
@@ -615,10 +664,10 @@ static vki_status find_layer(const gguf_file *f, const model_hparams *hp, uint32
  * read too. */
 static void detect_fusions(const gguf_file *f, model_hparams *hp)
 {
-    if (hp->arch != MODEL_ARCH_PHI3 && hp->arch != MODEL_ARCH_GLM4)
+    if (hp->arch != MODEL_ARCH_PHI3 && hp->arch != MODEL_ARCH_GLM4 && hp->arch != MODEL_ARCH_PHI2)
         return;
     hp->fused_qkv = gguf_find_tensor(f, "blk.0.attn_qkv.weight") != NULL;
-    hp->fused_gate_up = gguf_find_tensor(f, "blk.0.ffn_gate.weight") == NULL;
+    hp->fused_gate_up = hp->arch != MODEL_ARCH_PHI2 && gguf_find_tensor(f, "blk.0.ffn_gate.weight") == NULL;
 }
 
 const gguf_tensor *model_rope_factors(const model_hparams *hp, const model_tensors *t, uint32_t n_ctx)
@@ -638,14 +687,19 @@ vki_status model_find_tensors(const gguf_file *f, model_hparams *hp, model_tenso
         return fail(VKI_ERR_FORMAT, err, n, "token_embd.weight: vocab %llu out of range",
                     (unsigned long long)emb->ne[1]);
     hp->n_vocab = (uint32_t)emb->ne[1];
-    hp->qkv_bias = hp->arch == MODEL_ARCH_QWEN2 || hp->arch == MODEL_ARCH_GPT_OSS;
+    hp->qkv_bias = hp->arch == MODEL_ARCH_QWEN2 || hp->arch == MODEL_ARCH_GPT_OSS || hp->arch == MODEL_ARCH_STARCODER2 ||
+                   hp->arch == MODEL_ARCH_PHI2;
     detect_fusions(f, hp);
     vki_status st;
     if ((st = find(f, "token_embd.weight", hp->d_model, hp->n_vocab, false, false, &t->tok_embd, err, n)) ||
         (st = find(f, "output_norm.weight", hp->d_model, 0, true, false, &t->output_norm, err, n)) ||
-        (hp->layer_norm && gguf_find_tensor(f, "output_norm.bias") &&
-         (st = fail(VKI_ERR_UNSUPPORTED, err, n, "tensor output_norm.bias: a LayerNorm bias is not supported"))) ||
+        (st = find(f, "output_norm.bias", hp->d_model, 0, true, !hp->norm_bias, &t->output_norm_b, err, n)) ||
+        (t->output_norm_b && !hp->norm_bias &&
+         (st = fail(VKI_ERR_UNSUPPORTED, err, n, "tensor output_norm.bias: a norm bias is not supported"))) ||
         (st = find(f, "output.weight", hp->d_model, hp->n_vocab, false, true, &t->output, err, n)) ||
+        (st = find(f, "output.bias", hp->n_vocab, 0, true, hp->arch != MODEL_ARCH_PHI2, &t->output_b, err, n)) ||
+        (t->output_b && hp->arch != MODEL_ARCH_PHI2 &&
+         (st = fail(VKI_ERR_UNSUPPORTED, err, n, "tensor output.bias: an LM head bias is not supported"))) ||
         (st = find(f, "rope_freqs.weight", hp->n_rot / 2, 0, true, true, &t->rope_freqs, err, n)) ||
         (st = find(f, "rope_factors_long.weight", hp->n_rot / 2, 0, true, true, &t->rope_long, err, n)) ||
         (st = find(f, "rope_factors_short.weight", hp->n_rot / 2, 0, true, true, &t->rope_short, err, n)))

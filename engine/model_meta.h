@@ -5,6 +5,7 @@
 #define VKI_ENGINE_MODEL_META_H
 
 #include "engine/gguf.h"
+#include "shaders/vki_shared.h"
 
 typedef enum model_arch {
     MODEL_ARCH_LLAMA = 0,  /* Llama 1/2/3, TinyLlama, SmolLM, Mistral (sliding window when set) */
@@ -38,6 +39,13 @@ typedef enum model_arch {
                                   parallel on one normed input, logits times logit_scale */
     MODEL_ARCH_COHERE2 = 17,   /* Cohere Command R7B / Command A: command-r's block, a sliding window
                                   on 3 layers of 4 whose 4th (global) layers have no RoPE */
+    MODEL_ARCH_MISTRAL3 = 18,  /* Mistral AI's Ministral 3 (3B, 8B, 14B): llama's block, the rotation's
+                                  magnitude 1 under YaRN, Llama 4's attention temperature */
+    MODEL_ARCH_STARCODER2 = 19, /* BigCode StarCoder2, IBM Granite Code 20B / 34B: LayerNorms with bias,
+                                   Q/K/V/O biases, NeoX RoPE, a GELU FFN without gate, with biases */
+    MODEL_ARCH_PHI2 = 20,       /* Microsoft Phi-2, Phi-1.5: starcoder2's norms, biases and FFN, the FFN
+                                   beside the attention (command-r's), partial NeoX RoPE, an LM head
+                                   bias */
 } model_arch;
 
 /* Layers of one attention kind share these (gemma: sliding-window layers and global ones). */
@@ -89,6 +97,11 @@ typedef struct model_hparams {
                                norms take resid_eps = rms_eps / r^2 and give the same values */
     float resid_eps;        /* the epsilon of the RMSNorms over the residual stream (attn_norm,
                                ffn_norm, output_norm); rms_eps unless resid_scale != 1 */
+    float attn_temp_scale;  /* mistral3 attention.temperature_scale (Llama 4's beta): the query at
+                               position pos is scaled by 1 + it * ln(floor(pos / attn_temp_len) + 1)
+                               where attn_temp_len > 0 */
+    uint32_t attn_temp_len; /* n_ctx_orig where the scale is set (llama.cpp's n_attn_temp_floor_scale);
+                               0 = none */
     float logit_mul;        /* logits times it: granite 1 / logit_scale, command-r its logit_scale;
                                1 = none */
     uint32_t nope_step;     /* smollm3 (llama.cpp's n_no_rope_layer_step, 4, no key): layer il has no
@@ -103,6 +116,9 @@ typedef struct model_hparams {
     bool layer_norm;        /* command-r: the stream's norms (attn_norm, output_norm) are LayerNorms
                                without bias, (x - mean) / sqrt(var + eps) * w, eps from
                                attention.layer_norm_epsilon (in rms_eps) */
+    bool norm_bias;         /* starcoder2: the LayerNorms add a bias (attn_norm.bias, ffn_norm.bias,
+                               output_norm.bias) */
+    bool ffn_plain;         /* starcoder2: the FFN is down(gelu(up h + b_up)) + b_down, no gate */
     bool parallel_ffn;      /* command-r: no ffn_norm; the FFN reads the attention's normed input
                                and both outputs add to the residual stream */
     bool fused_qkv;         /* phi3: one attn_qkv matrix [q | k | v] (found from the tensors) */
@@ -129,6 +145,13 @@ typedef struct model_hparams {
                                ffn_*_shexp), added to the experts' weighted sum */
 } model_hparams;
 
+/* The residual stream's norms as op_norm_xh's mode: 0 RMSNorm, VKI_NORM_MEAN LayerNorm
+ * (| VKI_NORM_BIAS with its bias). */
+static inline uint32_t model_norm_mode(const model_hparams *hp)
+{
+    return (hp->layer_norm ? VKI_NORM_MEAN : 0u) | (hp->norm_bias ? VKI_NORM_BIAS : 0u);
+}
+
 /* Whether layer il rotates Q and K (SmolLM3's NoPE layers do not). */
 static inline bool model_layer_rope(const model_hparams *hp, uint32_t il)
 {
@@ -145,9 +168,12 @@ static inline uint32_t model_layer_kind(const model_hparams *hp, uint32_t il)
 
 typedef struct model_layer_tensors {
     const gguf_tensor *attn_norm;          /* f32 [d_model] (NULL: olmo2) */
+    const gguf_tensor *attn_norm_b, *ffn_norm_b; /* f32 [d_model] LayerNorm biases (starcoder2) or NULL */
+    const gguf_tensor *ffn_up_b, *ffn_down_b;    /* f32 [d_ff], [d_model] FFN biases (starcoder2) or NULL */
     const gguf_tensor *wq, *wk, *wv;       /* [d_model -> n_head*hd | n_head_kv*hd]; NULL when fused */
     const gguf_tensor *wqkv;               /* phi3: [d_model -> (n_head + 2 n_head_kv) * hd] or NULL */
-    const gguf_tensor *bq, *bk, *bv;       /* f32 biases (qwen2, gpt-oss; optional for llama) or NULL */
+    const gguf_tensor *bq, *bk, *bv;       /* f32 biases (qwen2, gpt-oss; optional for llama) or NULL;
+                                              with wqkv, bq is its bias (phi2's attn_qkv.bias) */
     const gguf_tensor *q_norm, *k_norm;    /* f32 [hd] per-head norms (qwen3, gemma3), [n_head * hd] and
                                               [n_head_kv * hd] whole-row ones (olmo2) or NULL */
     const gguf_tensor *wo;                 /* [n_head*hd -> d_model] */
@@ -177,7 +203,9 @@ typedef struct model_layer_tensors {
 typedef struct model_tensors {
     const gguf_tensor *tok_embd;           /* [d_model, n_vocab]: row v is token v's embedding */
     const gguf_tensor *output_norm;        /* f32 [d_model] */
+    const gguf_tensor *output_norm_b;      /* f32 [d_model] its bias (starcoder2) or NULL */
     const gguf_tensor *output;             /* [d_model -> n_vocab]; == tok_embd when tied */
+    const gguf_tensor *output_b;           /* f32 [n_vocab] LM head bias (phi2) or NULL */
     const gguf_tensor *rope_freqs;         /* f32 [n_rot/2] llama3 frequency factors or NULL */
     const gguf_tensor *rope_long, *rope_short; /* f32 [n_rot/2] phi3 LongRoPE factors or NULL */
     model_layer_tensors *layers;           /* [n_layer], owned */

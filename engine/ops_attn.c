@@ -54,7 +54,7 @@ static vki_status check_shape(vkd_device *d, const op_attn_shape *s)
               s->head_dim <= 256 && s->head_dim % 8 == 0 && s->page_size &&
               (s->kv_type == VKI_GGML_F16 || s->kv_type == VKI_GGML_F32 || s->kv_type == VKI_GGML_Q8_0) &&
               s->scale >= 0 && isfinite(s->scale) && s->softcap >= 0 && isfinite(s->softcap) &&
-              (s->window || !s->sink);
+              (s->window || !s->sink) && isfinite(s->temp_scale);
     if (!ok) {
         vkd_log(d, VKI_LOG_ERROR, "attention: unsupported shape (heads %u/%u, head_dim %u, page %u, kv type %u, "
                 "softcap %g, window %u, sink %u)", s->n_heads, s->n_kv_heads, s->head_dim, s->page_size, s->kv_type,
@@ -396,6 +396,7 @@ vki_status op_attention(vkd_cmd *c, const op_attn *a, const op_attn_step *st, op
                       .o_stride = out.stride, .q_scale = cap ? a->s.scale : a->s.scale * log2e,
                       .inv_softcap = cap ? 1.0f / a->s.softcap : 0.0f, .softcap_log2e = a->s.softcap * log2e,
                       .window = a->s.window, .sink = a->s.sink, .fresh = fresh != NULL,
+                      .temp_scale = a->s.temp_scale, .temp_len = a->s.temp_len,
                       .k_off = fresh ? fresh->k.off : 0, .k_stride = fresh ? fresh->k.stride : 0,
                       .v_off = fresh ? fresh->v.off : 0, .v_stride = fresh ? fresh->v.stride : 0,
                       .rope_n_rot = rope ? rope->n_rot : 0, .rope_neox = rope && rope->neox,

@@ -30,6 +30,9 @@ typedef struct op_attn_shape {
     uint32_t window;              /* keys a query sees, its own included (sliding window); 0 = all */
     uint32_t sink;                /* with a window: leading keys every query also sees (the
                                      attention sink of a capped window); 0 = none */
+    float temp_scale;             /* temp_len > 0: the query at position pos is scaled by 1 +  */
+    uint32_t temp_len;            /* temp_scale ln(floor(pos / temp_len) + 1) (Mistral 3's,
+                                     Llama 4's attention temperature); 0 = none */
 } op_attn_shape;
 
 /* Plain data filled by op_attn_setup (no device objects: copy freely, nothing to free). */

@@ -101,15 +101,17 @@ static bool xh_fits(const vkd_cmd *c, vkd_view xh, uint32_t n_rows, uint32_t n_c
 vki_status op_rmsnorm_xh(vkd_cmd *c, op_mat x, vkd_view w, op_mat y, uint32_t n_rows, uint32_t n_cols, float eps,
                          vkd_view xq, vkd_view xh)
 {
-    return op_norm_xh(c, false, x, w, y, n_rows, n_cols, eps, xq, xh);
+    return op_norm_xh(c, 0, x, w, y, n_rows, n_cols, eps, xq, xh);
 }
 
-vki_status op_norm_xh(vkd_cmd *c, bool layer, op_mat x, vkd_view w, op_mat y, uint32_t n_rows, uint32_t n_cols,
+vki_status op_norm_xh(vkd_cmd *c, uint32_t mode, op_mat x, vkd_view w, op_mat y, uint32_t n_rows, uint32_t n_cols,
                       float eps, vkd_view xq, vkd_view xh)
 {
     if (!n_rows || !n_cols)
         return VKI_OK;
-    if (!op_mat_fits(x, n_rows, n_cols) || !op_mat_fits(y, n_rows, n_cols) || op_view_floats(w) < n_cols || !(eps >= 0))
+    const uint64_t n_w = (mode & VKI_NORM_BIAS ? 2ull : 1ull) * n_cols; /* w, then the biases */
+    if (!op_mat_fits(x, n_rows, n_cols) || !op_mat_fits(y, n_rows, n_cols) || op_view_floats(w) < n_w ||
+        !(eps >= 0) || mode > (VKI_NORM_MEAN | VKI_NORM_BIAS))
         return bad(c, "rmsnorm");
     if (xq.buf && (n_cols % 32 || op_view_floats(xq) < VKI_XQ_WORDS((uint64_t)n_rows, n_cols) || x.v.buf == y.v.buf))
         return bad(c, "rmsnorm (quantised rows: n_cols % 32 == 0, their words, y apart from x)");
@@ -118,7 +120,7 @@ vki_status op_norm_xh(vkd_cmd *c, bool layer, op_mat x, vkd_view w, op_mat y, ui
         return bad(c, "rmsnorm (F16 rows: shaderFloat16, their bytes at an 8-aligned offset, apart from x and y, "
                       "y apart from x, not with quantised rows)");
     vki_pc_rmsnorm pc = {.n_rows = n_rows, .n_cols = n_cols, .x_off = x.off, .x_stride = x.stride,
-                         .y_off = y.off, .y_stride = y.stride, .eps = eps, .xq = xq.buf != NULL, .mean = layer};
+                         .y_off = y.off, .y_stride = y.stride, .eps = eps, .xq = xq.buf != NULL, .mode = mode};
     vkd_view v[5] = {x.v, w, y.v, xq.buf ? xq : y.v, xh};
     uint32_t wg = row_wg(c->d);
     return vkk_dispatch(c, xh.buf ? VKK_RMSNORM_XH : VKK_RMSNORM, &wg, v, xh.buf ? 5 : 4, &pc, sizeof pc,
@@ -250,7 +252,7 @@ vki_status op_unary(vkd_cmd *c, uint32_t op, float a, op_mat x, op_mat y, uint32
     if (!n_rows || !n_cols)
         return VKI_OK;
     if (!op_mat_fits(x, n_rows, n_cols) || !op_mat_fits(y, n_rows, n_cols) || (uint64_t)n_rows * n_cols >= (1ull << 32) ||
-        !isfinite(a) || (op != VKI_UNARY_SCALE && op != VKI_UNARY_SOFTCAP) || (op == VKI_UNARY_SOFTCAP && !(a > 0)))
+        !isfinite(a) || op > VKI_UNARY_GELU || (op == VKI_UNARY_SOFTCAP && !(a > 0)))
         return bad(c, "unary");
     vki_pc_unary pc = {.n_rows = n_rows, .n_cols = n_cols, .x_off = x.off, .x_stride = x.stride, .y_off = y.off,
                        .y_stride = y.stride, .op = op, .a = a};

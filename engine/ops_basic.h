@@ -56,9 +56,10 @@ vki_status op_rmsnorm_xq(vkd_cmd *c, op_mat x, vkd_view w, op_mat y, uint32_t n_
  * and xh. */
 vki_status op_rmsnorm_xh(vkd_cmd *c, op_mat x, vkd_view w, op_mat y, uint32_t n_rows, uint32_t n_cols, float eps,
                          vkd_view xq, vkd_view xh);
-/* op_rmsnorm_xh, or with layer a LayerNorm without bias (command-r's):
- * y[r, :] = (x[r, :] - m) / sqrt(mean((x[r, :] - m)^2) + eps) * w, m = mean(x[r, :]). */
-vki_status op_norm_xh(vkd_cmd *c, bool layer, op_mat x, vkd_view w, op_mat y, uint32_t n_rows, uint32_t n_cols,
+/* op_rmsnorm_xh (mode 0), or with mode VKI_NORM_MEAN a LayerNorm (command-r's):
+ * y[r, :] = (x[r, :] - m) / sqrt(mean((x[r, :] - m)^2) + eps) * w, m = mean(x[r, :]); with
+ * VKI_NORM_BIAS too + b, b: f32[n_cols] after w's n_cols in w's view (starcoder2's). */
+vki_status op_norm_xh(vkd_cmd *c, uint32_t mode, op_mat x, vkd_view w, op_mat y, uint32_t n_rows, uint32_t n_cols,
                       float eps, vkd_view xq, vkd_view xh);
 
 typedef struct op_rope_p {

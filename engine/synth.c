@@ -172,29 +172,35 @@ typedef struct synth_arch {
     bool fused_ffn; /* phi3, glm4: [gate | up] in ffn_up, no ffn_gate */
     bool cohere;    /* command-r, cohere2: no ffn_norm (the FFN runs beside the attention),
                        layer_norm_epsilon, logit_scale */
+    bool coder;     /* starcoder2, phi2: LayerNorms with biases (layer_norm_epsilon), attn_output.bias,
+                       a GELU FFN without gate with ffn_up / ffn_down biases (phi2 also: no ffn_norm,
+                       attn_qkv.bias, output.bias) */
 } synth_arch;
 
 static const synth_arch synth_archs[] = {
-    {"llama", false, false, false, false, 0, 0, 0, false, false, false, false, false},
-    {"qwen2", true, false, false, false, 0, 0, 0, false, false, false, false, false},
-    {"qwen3", false, true, false, false, 0, 0, 0, false, false, false, false, false},
-    {"gemma2", false, false, true, false, 4096, 50.0f, 30.0f, false, false, false, false, false},
-    {"gemma3", false, true, true, false, 1024, 0, 0, false, false, false, false, false},
-    {"phi3", false, false, false, true, 2047, 0, 0, false, false, false, true, false},
-    {"qwen3moe", false, true, false, false, 0, 0, 0, false, false, false, false, false},
-    {"gpt-oss", true, false, false, false, 128, 0, 0, true, false, false, false, false},
-    {"granite", false, false, false, false, 0, 0, 0, false, false, false, false, false},
-    {"granitemoe", false, false, false, false, 0, 0, 0, false, false, false, false, false},
-    {"smollm3", false, false, false, false, 0, 0, 0, false, false, false, false, false},
-    {"olmo2", false, true, true, false, 0, 0, 0, false, true, true, false, false},
-    {"exaone", false, false, false, false, 0, 0, 0, false, false, false, false, false},
-    {"exaone4", false, true, true, false, 4096, 0, 0, false, true, false, false, false},
-    {"glm4", true, false, true, false, 0, 0, 0, false, false, false, true, false},
-    {"internlm2", false, false, false, false, 0, 0, 0, false, false, false, false, false},
-    {"ernie4_5", false, false, false, false, 0, 0, 0, false, false, false, false, false},
-    {"gemma", false, false, false, false, 0, 0, 0, false, false, false, false, false},
-    {"command-r", false, false, false, false, 0, 0, 0, false, false, false, false, true},
-    {"cohere2", false, false, false, false, 4096, 0, 0, false, false, false, false, true},
+    {"llama", false, false, false, false, 0, 0, 0, false, false, false, false, false, false},
+    {"qwen2", true, false, false, false, 0, 0, 0, false, false, false, false, false, false},
+    {"qwen3", false, true, false, false, 0, 0, 0, false, false, false, false, false, false},
+    {"gemma2", false, false, true, false, 4096, 50.0f, 30.0f, false, false, false, false, false, false},
+    {"gemma3", false, true, true, false, 1024, 0, 0, false, false, false, false, false, false},
+    {"phi3", false, false, false, true, 2047, 0, 0, false, false, false, true, false, false},
+    {"qwen3moe", false, true, false, false, 0, 0, 0, false, false, false, false, false, false},
+    {"gpt-oss", true, false, false, false, 128, 0, 0, true, false, false, false, false, false},
+    {"granite", false, false, false, false, 0, 0, 0, false, false, false, false, false, false},
+    {"granitemoe", false, false, false, false, 0, 0, 0, false, false, false, false, false, false},
+    {"smollm3", false, false, false, false, 0, 0, 0, false, false, false, false, false, false},
+    {"olmo2", false, true, true, false, 0, 0, 0, false, true, true, false, false, false},
+    {"exaone", false, false, false, false, 0, 0, 0, false, false, false, false, false, false},
+    {"exaone4", false, true, true, false, 4096, 0, 0, false, true, false, false, false, false},
+    {"glm4", true, false, true, false, 0, 0, 0, false, false, false, true, false, false},
+    {"internlm2", false, false, false, false, 0, 0, 0, false, false, false, false, false, false},
+    {"ernie4_5", false, false, false, false, 0, 0, 0, false, false, false, false, false, false},
+    {"gemma", false, false, false, false, 0, 0, 0, false, false, false, false, false, false},
+    {"command-r", false, false, false, false, 0, 0, 0, false, false, false, false, true, false},
+    {"cohere2", false, false, false, false, 4096, 0, 0, false, false, false, false, true, false},
+    {"mistral3", false, false, false, false, 0, 0, 0, false, false, false, false, false, false},
+    {"starcoder2", true, false, false, false, 0, 0, 0, false, false, false, false, false, true},
+    {"phi2", true, false, false, true, 0, 0, 0, false, false, false, false, false, true},
 };
 
 static const synth_arch *find_arch(const char *name)
@@ -218,6 +224,8 @@ vki_status synth_arch_defaults(synth_params *p)
         p->embedding_scale = 12.0f, p->residual_scale = 0.22f, p->attention_scale = 0.015625f, p->logit_scale = 8.0f;
     if (a->cohere) /* c4ai-command-r-v01's and command-r7b's logit_scale */
         p->logit_scale = 0.0625f;
+    if (!strcmp(a->name, "mistral3")) /* Ministral-3's llama_4_scaling_beta */
+        p->attn_temp_scale = 0.1f;
     return VKI_OK;
 }
 
@@ -411,8 +419,13 @@ static void add_layer(synth_ctx *c, const synth_arch *a, int l)
     float in_std = 1.0f / sqrtf((float)d), resid = 1.0f / sqrtf(2.0f * (float)p->n_layer);
     if (!a->no_pre)
         add_tensor(c, "attn_norm", l, "weight", 1, d, 1, SYNTH_INIT_NORM, 0.1f);
+    if (a->coder)
+        add_tensor(c, "attn_norm", l, "bias", 1, d, 1, SYNTH_INIT_BIAS, 0.1f);
+    const bool phi2 = !strcmp(a->name, "phi2"), par = a->cohere || phi2; /* par: no ffn_norm */
     if (a->fused) {
         add_tensor(c, "attn_qkv", l, "weight", 2, d, q + 2 * kv, SYNTH_INIT_WEIGHT, in_std);
+        if (a->qkv_bias) /* phi2's */
+            add_tensor(c, "attn_qkv", l, "bias", 1, q + 2 * kv, 1, SYNTH_INIT_BIAS, 0.1f);
     } else {
         const char *roles[3] = {"attn_q", "attn_k", "attn_v"};
         for (int i = 0; i < 3; i++) {
@@ -426,14 +439,18 @@ static void add_layer(synth_ctx *c, const synth_arch *a, int l)
         add_tensor(c, "attn_k_norm", l, "weight", 1, a->qk_rows ? kv : c->head_dim, 1, SYNTH_INIT_NORM, 0.1f);
     }
     add_tensor(c, "attn_output", l, "weight", 2, q, d, SYNTH_INIT_WEIGHT, resid / sqrtf((float)q));
+    if (a->coder)
+        add_tensor(c, "attn_output", l, "bias", 1, d, 1, SYNTH_INIT_BIAS, 0.05f);
     if (a->oss) { /* the sink logits near the scores' scale, so they take a real share */
         add_tensor(c, "attn_output", l, "bias", 1, d, 1, SYNTH_INIT_BIAS, 0.05f);
         add_tensor(c, "attn_sinks", l, "weight", 1, p->n_head, 1, SYNTH_INIT_BIAS, 2.0f);
     }
     if (a->post_norms)
         add_tensor(c, "post_attention_norm", l, "weight", 1, d, 1, SYNTH_INIT_NORM, 0.1f);
-    if (!a->no_pre && !a->cohere)
+    if (!a->no_pre && !par)
         add_tensor(c, a->oss ? "post_attention_norm" : "ffn_norm", l, "weight", 1, d, 1, SYNTH_INIT_NORM, 0.1f);
+    if (a->coder && !par)
+        add_tensor(c, "ffn_norm", l, "bias", 1, d, 1, SYNTH_INIT_BIAS, 0.1f);
     if (p->n_expert) {
         add_experts(c, l, a->oss);
         if (p->d_ff_shexp) { /* granitemoe's shared expert */
@@ -444,10 +461,14 @@ static void add_layer(synth_ctx *c, const synth_arch *a, int l)
         }
         return;
     }
-    if (!a->fused_ffn)
+    if (!a->fused_ffn && !a->coder)
         add_tensor(c, "ffn_gate", l, "weight", 2, d, p->d_ff, SYNTH_INIT_WEIGHT, in_std);
     add_tensor(c, "ffn_up", l, "weight", 2, d, a->fused_ffn ? 2ull * p->d_ff : p->d_ff, SYNTH_INIT_WEIGHT, in_std);
+    if (a->coder)
+        add_tensor(c, "ffn_up", l, "bias", 1, p->d_ff, 1, SYNTH_INIT_BIAS, 0.1f);
     add_tensor(c, "ffn_down", l, "weight", 2, p->d_ff, d, SYNTH_INIT_WEIGHT, resid / sqrtf((float)p->d_ff));
+    if (a->coder)
+        add_tensor(c, "ffn_down", l, "bias", 1, d, 1, SYNTH_INIT_BIAS, 0.05f);
     if (a->post_norms)
         add_tensor(c, "post_ffw_norm", l, "weight", 1, d, 1, SYNTH_INIT_NORM, 0.1f);
 }
@@ -463,8 +484,12 @@ static vki_status build_tensors(synth_ctx *c)
     float head_std = 3.0f / sqrtf((float)d); /* logits ~ N(0, 9): a clear argmax */
     add_tensor(c, "token_embd", -1, "weight", 2, d, c->n_vocab, SYNTH_INIT_WEIGHT, head_std);
     add_tensor(c, "output_norm", -1, "weight", 1, d, 1, SYNTH_INIT_NORM, 0.1f);
+    if (a->coder)
+        add_tensor(c, "output_norm", -1, "bias", 1, d, 1, SYNTH_INIT_BIAS, 0.1f);
     if (!p->tied)
         add_tensor(c, "output", -1, "weight", 2, d, c->n_vocab, SYNTH_INIT_WEIGHT, head_std);
+    if (!p->tied && !strcmp(p->arch, "phi2")) /* its LM head's bias */
+        add_tensor(c, "output", -1, "bias", 1, c->n_vocab, 1, SYNTH_INIT_BIAS, 0.5f);
     if (p->n_ctx_orig && !strcmp(p->arch, "phi3")) { /* LongRoPE: long factors well above 1, short ones near it */
         uint32_t half_rot = (p->n_rot ? p->n_rot : c->head_dim) / 2; /* one factor per rotated pair */
         add_tensor(c, "rope_factors_long", -1, "weight", 1, half_rot, 1, SYNTH_INIT_FACTOR, 4.0f);
@@ -507,7 +532,8 @@ static vki_status validate(synth_ctx *c)
     const synth_params *p = c->p;
     if (!find_arch(p->arch))
         return synth_fail(c, VKI_ERR_INVALID_ARG, "arch '%s': llama, qwen2, qwen3, qwen3moe, gemma, gemma2, gemma3, "
-                          "phi3, gpt-oss, granite, granitemoe, smollm3, olmo2, exaone, exaone4, glm4, command-r, cohere2, "
+                          "phi3, gpt-oss, granite, granitemoe, smollm3, olmo2, exaone, exaone4, glm4, command-r, cohere2, mistral3, "
+                          "starcoder2, phi2, "
                           "internlm2 and ernie4_5 are "
                           "written",
                           p->arch ? p->arch : "(null)");
@@ -535,7 +561,7 @@ static vki_status validate(synth_ctx *c)
         return synth_fail(c, VKI_ERR_INVALID_ARG, "rope_base and rms_eps must be > 0");
     bool yarn = p->yarn_factor != 0;
     if (!(p->attn_softcap >= 0) || !(p->final_softcap >= 0) || p->sliding_window > (1u << 24) ||
-        p->n_ctx_orig >= p->n_ctx || (p->n_ctx_orig && strcmp(p->arch, "phi3") && !yarn))
+        p->n_ctx_orig >= p->n_ctx || (p->n_ctx_orig && strcmp(p->arch, "phi3") && strcmp(p->arch, "mistral3") && !yarn))
         return synth_fail(c, VKI_ERR_INVALID_ARG, "soft-caps must be >= 0, the window <= 2^24, and the LongRoPE "
                           "original context (phi3 only) below the context");
     if (yarn &&
@@ -714,7 +740,7 @@ static vki_status write_metadata(synth_ctx *c, gguf_writer *w)
     SET(gguf_w_set_u32, "%s.attention.head_count", p->n_head);
     SET(gguf_w_set_u32, "%s.attention.head_count_kv", p->n_head_kv);
     const synth_arch *sa = find_arch(a);
-    if (sa->cohere) /* convert_hf_to_gguf's CommandR2Model / Cohere2Model */
+    if (sa->cohere || sa->coder) /* convert_hf_to_gguf's CommandR2Model / Cohere2Model / StarCoder2Model */
         SET(gguf_w_set_f32, "%s.attention.layer_norm_epsilon", p->rms_eps);
     else
         SET(gguf_w_set_f32, "%s.attention.layer_norm_rms_epsilon", p->rms_eps);
@@ -746,6 +772,10 @@ static vki_status write_metadata(synth_ctx *c, gguf_writer *w)
     }
     if (sa->cohere)
         SET(gguf_w_set_f32, "%s.logit_scale", p->logit_scale);
+    if (!strcmp(a, "mistral3") && p->attn_temp_scale > 0 && p->n_ctx_orig) /* convert_hf_to_gguf's Mistral3Model */
+        SET(gguf_w_set_f32, "%s.attention.temperature_scale", p->attn_temp_scale);
+    if (!strcmp(a, "mistral3") && p->yarn_factor != 0) /* Ministral 3's mscale_all_dim */
+        SET(gguf_w_set_f32, "%s.rope.scaling.yarn_log_multiplier", 1.0f);
     if (p->attn_softcap > 0)
         SET(gguf_w_set_f32, "%s.attn_logit_softcapping", p->attn_softcap);
     if (p->final_softcap > 0)
@@ -753,6 +783,8 @@ static vki_status write_metadata(synth_ctx *c, gguf_writer *w)
     if (p->yarn_factor != 0) { /* convert_hf_to_gguf's rope_scaling {"type": "yarn", ...} */
         SET(gguf_w_set_str, "%s.rope.scaling.type", "yarn");
         SET(gguf_w_set_f32, "%s.rope.scaling.factor", p->yarn_factor);
+        SET(gguf_w_set_u32, "%s.rope.scaling.original_context_length", p->n_ctx_orig);
+    } else if (p->n_ctx_orig && !strcmp(a, "mistral3")) {
         SET(gguf_w_set_u32, "%s.rope.scaling.original_context_length", p->n_ctx_orig);
     } else if (p->n_ctx_orig) { /* Phi3MiniModel's LongRoPE attention factor */
         double scale = (double)p->n_ctx / p->n_ctx_orig;

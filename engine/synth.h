@@ -89,6 +89,9 @@ typedef struct synth_params {
     /* granite's multipliers (synth_arch_defaults: Granite-3's; written for granite only, 0 = not
        written, logit_scale always): */
     float embedding_scale, residual_scale, attention_scale, logit_scale;
+    /* mistral3: attention.temperature_scale (synth_arch_defaults: Ministral 3's 0.1; stepping every
+       n_ctx_orig positions, which is written with it), 0 = not written */
+    float attn_temp_scale;
     /* Mixture of experts (qwen3moe needs them; llama with experts is Mixtral's layout): */
     uint32_t n_expert;      /* expert_count: ffn_gate_inp + stacked ffn_{gate,up,down}_exps; 0 = dense */
     uint32_t n_expert_used; /* expert_used_count (top-k), 1..n_expert */

@@ -48,6 +48,9 @@ ivec4 kv_i8x4(uint w)
 
 // Soft-capped score in the log2 domain (see vki_pc_attn): s is q.k with q pre-scaled. |z| >= 9
 // is +-1 to float precision; the clamp keeps tanh away from inf / inf.
+// The attention temperature of the query at position pos (Llama 4, Mistral 3; 1 without): q is
+// scaled by it as it is loaded, with q_scale.
+#define ATTN_TEMP(pos) (p.temp_len != 0u ? 1.0 + p.temp_scale * log(float((pos) / p.temp_len) + 1.0) : 1.0)
 #define ATTN_SCORE(s) (p.inv_softcap > 0.0 ? p.softcap_log2e * tanh(clamp((s) * p.inv_softcap, -9.0, 9.0)) : (s))
 
 // The end of a row's online softmax: out = acc / l, with acc and l summed relative to the running

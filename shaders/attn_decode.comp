@@ -83,16 +83,17 @@ void load_queries(uint t, uint h0, uint gn, uint pos)
 {
     uint n_rot = p.fresh != 0u ? p.rope_n_rot : 0u, half_rot = n_rot / 2u;
     bool neox = p.rope_neox != 0u;
+    const float qsc = p.q_scale * ATTN_TEMP(pos);
     for (uint i = gl_LocalInvocationID.x; i < GMAX * half_rot; i += WG) {
         uint g = i / half_rot, pr = i % half_rot, qb = p.q_off + t * p.q_stride + (h0 + g) * HD;
         uvec2 ab = rope_pair(pr, n_rot, neox);
         vec2 r = g < gn ? rope_rotate(q[qb + ab.x], q[qb + ab.y], rope_angle(pos, fr[pr]), fr[pr].w) : vec2(0.0);
-        qs[(g * HD + ab.x) / 4][ab.x % 4] = p.q_scale * r.x;
-        qs[(g * HD + ab.y) / 4][ab.y % 4] = p.q_scale * r.y;
+        qs[(g * HD + ab.x) / 4][ab.x % 4] = qsc * r.x;
+        qs[(g * HD + ab.y) / 4][ab.y % 4] = qsc * r.y;
     }
     for (uint i = gl_LocalInvocationID.x; i < GMAX * (HD - n_rot); i += WG) { // dims past the rotation
         uint g = i / (HD - n_rot), j = n_rot + i % (HD - n_rot);
-        qs[(g * HD + j) / 4][j % 4] = g < gn ? p.q_scale * q[p.q_off + t * p.q_stride + (h0 + g) * HD + j] : 0.0;
+        qs[(g * HD + j) / 4][j % 4] = g < gn ? qsc * q[p.q_off + t * p.q_stride + (h0 + g) * HD + j] : 0.0;
     }
 }
 

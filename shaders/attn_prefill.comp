@@ -79,7 +79,7 @@ void load_queries()
         vec4 v = vec4(0.0);
         if (row_valid(r)) {
             uint qb = p.q_off + (sq.row0 + q0 + r / p.gw) * p.q_stride + (h0 + r % p.gw) * HD + 4 * d4;
-            v = p.q_scale * vec4(q[qb], q[qb + 1], q[qb + 2], q[qb + 3]);
+            v = p.q_scale * ATTN_TEMP(pos0 + r / p.gw) * vec4(q[qb], q[qb + 1], q[qb + 2], q[qb + 3]);
         }
         qs[r * RS + d4] = v;
     }

@@ -74,7 +74,7 @@ void load_queries()
         vec4 v = vec4(0.0);
         if (row_valid(r) && d < p.head_dim) {
             uint qb = p.q_off + (sq.row0 + q0 + r / p.gw) * p.q_stride + (h0 + r % p.gw) * p.head_dim + d;
-            v = p.q_scale * vec4(q[qb], q[qb + 1u], q[qb + 2u], q[qb + 3u]);
+            v = p.q_scale * ATTN_TEMP(pos0 + r / p.gw) * vec4(q[qb], q[qb + 1u], q[qb + 2u], q[qb + 3u]);
         }
         qs[(r * QST + d) / 4u] = cm_f16x4(v);
     }

@@ -28,6 +28,16 @@ layout(std430, binding = 4) writeonly buffer YH { uvec2 yh[]; };
 #endif
 #define NORM_SRC(i) x[i]
 #include "norm_common.glsl"
+// Element c of the row at xb normed (mu, inv: the row's), + its bias (VKI_NORM_BIAS: after the
+// weights in w; a uniform branch: RMSNorm's bits stay norm_apply's).
+#define NORMED(c) norm_biased(norm_apply_mu(x[xb + (c)], mu, inv, w[c]), c)
+float norm_biased(float v, uint c)
+{
+    if ((p.mode & VKI_NORM_BIAS) == 0u)
+        return v;
+    precise float r = v + w[p.n_cols + c];
+    return r;
+}
 #include "quant_x8.glsl"
 
 void main()
@@ -35,11 +45,11 @@ void main()
     uint tid = gl_LocalInvocationID.x;
     for (uint r = gl_WorkGroupID.x; r < p.n_rows; r += gl_NumWorkGroups.x) {
         uint xb = p.x_off + r * p.x_stride, yb = p.y_off + r * p.y_stride;
-        // LayerNorm (p.mean): the mean first, then the squares of the differences from it
-        const float mu = p.mean != 0u ? norm_mean(xb, p.n_cols) : 0.0; // uniform
+        // LayerNorm (VKI_NORM_MEAN): the mean first, then the squares of the differences from it
+        const float mu = (p.mode & VKI_NORM_MEAN) != 0u ? norm_mean(xb, p.n_cols) : 0.0; // uniform
         const float inv = norm_inv_mu(xb, p.n_cols, mu, p.eps);
         for (uint c = tid; c < p.n_cols; c += WG)
-            y[yb + c] = norm_apply_mu(x[xb + c], mu, inv, w[c]);
+            y[yb + c] = NORMED(c);
 #ifdef RMS_XH
         // the row's values recomputed from x, bit for bit those stored, by quads
         const uint nq = (p.n_cols + 3u) / 4u;
@@ -48,7 +58,7 @@ void main()
             [[unroll]] for (uint i = 0u; i < 4u; i++) {
                 const uint c = 4u * q + i;
                 if (c < p.n_cols)
-                    v[i] = norm_apply_mu(x[xb + c], mu, inv, w[c]);
+                    v[i] = NORMED(c);
             }
             yh[r * nq + q] = cm_f16x4(v);
         }
@@ -62,9 +72,7 @@ void main()
             vec4 v[8];
             [[unroll]] for (uint i = 0u; i < 8u; i++) {
                 const uint c = 32u * b + 4u * i;
-                v[i] = vec4(norm_apply_mu(x[xb + c], mu, inv, w[c]), norm_apply_mu(x[xb + c + 1u], mu, inv, w[c + 1u]),
-                            norm_apply_mu(x[xb + c + 2u], mu, inv, w[c + 2u]),
-                            norm_apply_mu(x[xb + c + 3u], mu, inv, w[c + 3u]));
+                v[i] = vec4(NORMED(c), NORMED(c + 1u), NORMED(c + 2u), NORMED(c + 3u));
             }
             uint q[8];
             float d;

@@ -1,8 +1,8 @@
 #version 450
 #extension GL_GOOGLE_include_directive : require
 #include "common.glsl"
-// Elementwise y = a * x (gemma's embedding scale) or y = a * tanh(x / a) (gemma 2's final logit
-// soft-cap) over [n_rows, n_cols] strided rows; y may alias x. One invocation per element,
+// Elementwise y = a * x (gemma's embedding scale), y = a * tanh(x / a) (gemma 2's final logit
+// soft-cap) or y = gelu(x) (starcoder2's FFN, common.glsl's tanh GELU) over [n_rows, n_cols] strided rows; y may alias x. One invocation per element,
 // grid-stride. Memory-bound: 8 bytes moved per element.
 layout(local_size_x_id = 0) in;
 layout(push_constant) uniform PushBlock { vki_pc_unary p; };
@@ -18,6 +18,8 @@ void main()
         uint r = i / p.n_cols, c = i - r * p.n_cols;
         float v = x[p.x_off + r * p.x_stride + c];
         // |v / a| >= 9 is +-1 to float precision; the clamp keeps tanh away from inf / inf
-        y[p.y_off + r * p.y_stride + c] = p.op == VKI_UNARY_SOFTCAP ? p.a * tanh(clamp(v * inv_a, -9.0, 9.0)) : p.a * v;
+        y[p.y_off + r * p.y_stride + c] = p.op == VKI_UNARY_SOFTCAP ? p.a * tanh(clamp(v * inv_a, -9.0, 9.0))
+                                        : p.op == VKI_UNARY_GELU    ? vki_glu_act(VKI_GLU_GELU_TANH, v)
+                                                                    : p.a * v;
     }
 }

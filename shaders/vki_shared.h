@@ -295,9 +295,12 @@ VKI_STRUCT(vki_pc_rmsnorm) {
     vki_u32 x_off, x_stride, y_off, y_stride;
     vki_f32 eps;
     vki_u32 xq;       /* 1: binding 3 gets the rows quantised as quant_x8 would (n_cols % 32 == 0) */
-    vki_u32 mean;     /* 1: LayerNorm without bias (command-r): y = (x - mean) / sqrt(var + eps) * w,
-                         var the mean of (x - mean)^2 */
+    vki_u32 mode;     /* VKI_NORM_MEAN: LayerNorm, y = (x - mean) / sqrt(var + eps) * w, var the
+                         mean of (x - mean)^2 (command-r); | VKI_NORM_BIAS: + b, b at w[n_cols..]
+                         (starcoder2); 0: RMSNorm */
 };
+#define VKI_NORM_MEAN 1u
+#define VKI_NORM_BIAS 2u
 
 /* rope over x[n_tokens][n_heads][head_dim] (token rows x_stride apart, heads contiguous):
  * pair i < n_rot/2 of every head rotates by theta_i(pos[t]); dims >= n_rot are copied.
@@ -340,6 +343,7 @@ VKI_STRUCT(vki_pc_glu) {
  * bindings: 0 x (f32 rows), 1 y (f32 rows) */
 #define VKI_UNARY_SCALE 0u
 #define VKI_UNARY_SOFTCAP 1u
+#define VKI_UNARY_GELU 2u     /* f(v) = ggml's tanh GELU of v (a unused): starcoder2's FFN */
 VKI_STRUCT(vki_pc_unary) {
     vki_u32 n_rows, n_cols;
     vki_u32 x_off, x_stride, y_off, y_stride;
@@ -467,6 +471,9 @@ VKI_STRUCT(vki_pc_attn) {
     vki_u32 rope_n_rot, rope_neox;
     vki_u32 xq_rows;       /* decode: M > 0 = also write the output quantised (binding 12, see above) */
     vki_u32 sink_logits;   /* 1 = per-head sink logits in the softmax (see above) */
+    vki_f32 temp_scale;    /* temp_len > 0: the query at position pos is also scaled by */
+    vki_u32 temp_len;      /* 1 + temp_scale ln(floor(pos / temp_len) + 1) (Llama 4's / Mistral 3's
+                              attention temperature); 0 = none */
 };
 
 /* ---- sampling (engine/ops_sample.h, shaders/sample.comp, CPU reference engine/sample_ref.h) --

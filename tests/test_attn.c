@@ -53,6 +53,8 @@ typedef struct acase {
     float softcap;       /* attention logit soft-cap (0: none) */
     float sink_amp;      /* > 0: per-head sink logits (gpt-oss), uniform in [-amp, amp] plus one head's
                             far above every score (a sink that takes nearly all the weight) */
+    float temp_scale;    /* temp_len > 0: Mistral 3's attention temperature (op_attn_shape) */
+    uint32_t temp_len;
 } acase;
 
 /* Host model of one pool: element (page, kvh, slot, d) as the device stores it. */
@@ -246,7 +248,9 @@ static void ref_attention(const op_attn *a, const acase *ac, const hstep *h, boo
                     double dot = 0;
                     for (uint32_t d = 0; d < hd; d++)
                         dot += (double)qv[d] * kv[d];
-                    sc[j] = dot * s->scale;
+                    sc[j] = dot * s->scale; /* the query's temperature, as the kernels take it */
+                    if (s->temp_len)
+                        sc[j] *= 1.0 + s->temp_scale * log(floor((double)pos / s->temp_len) + 1.0);
                     if (ac->softcap > 0)
                         sc[j] = ac->softcap * tanh(sc[j] / ac->softcap);
                     if (!key_visible(ac, j, pos))
@@ -454,7 +458,7 @@ static double run_case(vt_gpu *g, vt_rng *r, const acase *ac, uint32_t kv_type, 
 {
     op_attn_shape s = {.n_heads = ac->n_heads, .n_kv_heads = ac->n_kv, .head_dim = ac->hd, .page_size = ac->page,
                        .kv_type = kv_type, .scale = ac->scale, .softcap = ac->softcap, .window = ac->window,
-                       .sink = ac->sink};
+                       .sink = ac->sink, .temp_scale = ac->temp_scale, .temp_len = ac->temp_len};
     op_attn a;
     assert_int_equal(op_attn_setup(g->dev, &s, &a), VKI_OK);
     a.split_keys = ac->split_keys;
@@ -577,10 +581,10 @@ static void run_cases(void **state, const char *suite, const acase *cases, size_
 static void test_attn_small_heads(void **state)
 {
     const acase cases[] = {
-        {"stories ragged", 8, 4, 8, 16, 6, {0, 50, 0, 16, 99, 332}, {37, 20, 1, 1, 1, 1}, 0, 2.0f, 0, 0, 0, 0, 0},
-        {"one token, pos 0", 8, 4, 8, 16, 1, {0}, {1}, 0, 1.0f, 0, 0, 0, 0, 0},
-        {"prompt of 1..3 tokens", 8, 4, 8, 5, 3, {0, 0, 4}, {2, 3, 1}, 0, 1.0f, 0, 0, 0, 0, 0},
-        {"G=48 head blocks, splits", 48, 1, 8, 16, 3, {300, 0, 40}, {1, 21, 9}, 48, 3.0f, 0, 0, 0, 0, 0},
+        {"stories ragged", 8, 4, 8, 16, 6, {0, 50, 0, 16, 99, 332}, {37, 20, 1, 1, 1, 1}, 0, 2.0f, 0, 0, 0, 0, 0, 0, 0},
+        {"one token, pos 0", 8, 4, 8, 16, 1, {0}, {1}, 0, 1.0f, 0, 0, 0, 0, 0, 0, 0},
+        {"prompt of 1..3 tokens", 8, 4, 8, 5, 3, {0, 0, 4}, {2, 3, 1}, 0, 1.0f, 0, 0, 0, 0, 0, 0, 0},
+        {"G=48 head blocks, splits", 48, 1, 8, 16, 3, {300, 0, 40}, {1, 21, 9}, 48, 3.0f, 0, 0, 0, 0, 0, 0, 0},
     };
     run_cases(state, "attn small heads", cases, sizeof cases / sizeof cases[0]);
 }
@@ -589,10 +593,10 @@ static void test_attn_small_heads(void **state)
 static void test_attn_gqa(void **state)
 {
     const acase cases[] = {
-        {"G=1 hd64", 4, 4, 64, 16, 4, {0, 70, 5, 200}, {33, 1, 1, 17}, 0, 1.0f, 0, 0, 0, 0, 0},
-        {"G=2 hd128", 4, 2, 128, 16, 4, {130, 0, 17, 3}, {1, 19, 1, 1}, 0, 1.0f, 0, 0, 0, 0, 0},
-        {"G=4 hd64 page 7", 8, 2, 64, 7, 4, {0, 45, 100, 8}, {40, 1, 1, 9}, 40, 4.0f, 0, 0, 0, 0, 0},
-        {"G=8 MQA hd128 page 32", 8, 1, 128, 32, 3, {64, 0, 250}, {1, 24, 1}, 0, 2.0f, 0.05f, 0, 0, 0, 0},
+        {"G=1 hd64", 4, 4, 64, 16, 4, {0, 70, 5, 200}, {33, 1, 1, 17}, 0, 1.0f, 0, 0, 0, 0, 0, 0, 0},
+        {"G=2 hd128", 4, 2, 128, 16, 4, {130, 0, 17, 3}, {1, 19, 1, 1}, 0, 1.0f, 0, 0, 0, 0, 0, 0, 0},
+        {"G=4 hd64 page 7", 8, 2, 64, 7, 4, {0, 45, 100, 8}, {40, 1, 1, 9}, 40, 4.0f, 0, 0, 0, 0, 0, 0, 0},
+        {"G=8 MQA hd128 page 32", 8, 1, 128, 32, 3, {64, 0, 250}, {1, 24, 1}, 0, 2.0f, 0.05f, 0, 0, 0, 0, 0, 0},
     };
     run_cases(state, "attn gqa", cases, sizeof cases / sizeof cases[0]);
 }
@@ -602,8 +606,8 @@ static void test_attn_gqa(void **state)
 static void test_attn_long(void **state)
 {
     const acase cases[] = {
-        {"long ragged", 2, 1, 64, 16, 3, {2499, 2100, 0}, {1, 64, 1}, 0, 1.0f, 0, 0, 0, 0, 0},
-        {"2048 prompt + decode", 2, 1, 64, 16, 2, {0, 3000}, {2048, 1}, 0, 1.0f, 0, 0, 0, 0, 0},
+        {"long ragged", 2, 1, 64, 16, 3, {2499, 2100, 0}, {1, 64, 1}, 0, 1.0f, 0, 0, 0, 0, 0, 0, 0},
+        {"2048 prompt + decode", 2, 1, 64, 16, 2, {0, 3000}, {2048, 1}, 0, 1.0f, 0, 0, 0, 0, 0, 0, 0},
     };
     uint32_t merged = merged_runs;
     run_cases(state, "attn long", cases, sizeof cases / sizeof cases[0]);
@@ -619,9 +623,9 @@ static void test_decode_loads(void **state)
 {
     vt_gpu *g = vt_gpu_get(state);
     const acase cases[] = {
-        {"ragged G=4 hd64", 8, 2, 64, 16, 4, {0, 45, 100, 8}, {1, 1, 1, 1}, 0, 4.0f, 0, 0, 0, 0, 0},
-        {"splits of 48, window 33 sink 16", 4, 1, 64, 16, 3, {300, 77, 2}, {1, 1, 1}, 48, 2.0f, 0, 33, 16, 0, 0},
-        {"G=48 head blocks", 48, 1, 8, 16, 2, {130, 5}, {1, 1}, 0, 3.0f, 0, 0, 0, 0, 0},
+        {"ragged G=4 hd64", 8, 2, 64, 16, 4, {0, 45, 100, 8}, {1, 1, 1, 1}, 0, 4.0f, 0, 0, 0, 0, 0, 0, 0},
+        {"splits of 48, window 33 sink 16", 4, 1, 64, 16, 3, {300, 77, 2}, {1, 1, 1}, 48, 2.0f, 0, 33, 16, 0, 0, 0, 0},
+        {"G=48 head blocks", 48, 1, 8, 16, 2, {130, 5}, {1, 1}, 0, 3.0f, 0, 0, 0, 0, 0, 0, 0},
     };
     const uint32_t types[] = {VKI_GGML_F16, VKI_GGML_F32, VKI_GGML_Q8_0};
     enum { MAX_OUT = 1 << 16 };
@@ -658,14 +662,14 @@ static void test_decode_loads(void **state)
 static void test_attn_window(void **state)
 {
     const acase cases[] = {
-        {"window 7 ragged", 4, 2, 64, 16, 5, {0, 50, 90, 16, 200}, {37, 20, 1, 1, 1}, 0, 2.0f, 0, 7, 0, 0, 0},
-        {"window = page, sink", 4, 2, 64, 16, 3, {100, 40, 0}, {1, 30, 20}, 0, 2.0f, 0, 16, 16, 0, 0},
-        {"window 33 page 7 sink 7 splits", 4, 1, 64, 7, 2, {150, 60}, {1, 45}, 16, 2.0f, 0, 33, 7, 0, 0},
-        {"window 1", 2, 2, 32, 16, 2, {30, 5}, {1, 10}, 0, 1.0f, 0, 1, 0, 0, 0},
-        {"window past the context", 2, 1, 64, 16, 1, {100}, {1}, 0, 1.0f, 0, 500, 0, 0, 0},
-        {"MQA hd128 page 32 sink", 8, 1, 128, 32, 3, {300, 0, 250}, {1, 70, 33}, 0, 2.0f, 0, 100, 32, 0, 0},
-        {"long decode window 256", 2, 1, 64, 16, 2, {3000, 2500}, {1, 40}, 0, 1.0f, 0, 256, 16, 0, 0},
-        {"sink reaching the window", 4, 2, 64, 16, 3, {29, 21, 100}, {1, 10, 1}, 8, 2.0f, 0, 20, 16, 0, 0},
+        {"window 7 ragged", 4, 2, 64, 16, 5, {0, 50, 90, 16, 200}, {37, 20, 1, 1, 1}, 0, 2.0f, 0, 7, 0, 0, 0, 0, 0},
+        {"window = page, sink", 4, 2, 64, 16, 3, {100, 40, 0}, {1, 30, 20}, 0, 2.0f, 0, 16, 16, 0, 0, 0, 0},
+        {"window 33 page 7 sink 7 splits", 4, 1, 64, 7, 2, {150, 60}, {1, 45}, 16, 2.0f, 0, 33, 7, 0, 0, 0, 0},
+        {"window 1", 2, 2, 32, 16, 2, {30, 5}, {1, 10}, 0, 1.0f, 0, 1, 0, 0, 0, 0, 0},
+        {"window past the context", 2, 1, 64, 16, 1, {100}, {1}, 0, 1.0f, 0, 500, 0, 0, 0, 0, 0},
+        {"MQA hd128 page 32 sink", 8, 1, 128, 32, 3, {300, 0, 250}, {1, 70, 33}, 0, 2.0f, 0, 100, 32, 0, 0, 0, 0},
+        {"long decode window 256", 2, 1, 64, 16, 2, {3000, 2500}, {1, 40}, 0, 1.0f, 0, 256, 16, 0, 0, 0, 0},
+        {"sink reaching the window", 4, 2, 64, 16, 3, {29, 21, 100}, {1, 10, 1}, 8, 2.0f, 0, 20, 16, 0, 0, 0, 0},
     };
     uint32_t released = run_cases_q8(state, "attn window", cases, sizeof cases / sizeof cases[0], true);
     assert_true(released > 100); /* the cases do exercise released pages */
@@ -676,8 +680,8 @@ static void test_attn_window(void **state)
 static void test_attn_softcap(void **state)
 {
     const acase cases[] = {
-        {"gemma2 cap 50", 8, 4, 256, 16, 3, {0, 40, 70}, {30, 1, 1}, 0, 150.0f, 0.0625f, 0, 0, 50.0f, 0},
-        {"gemma2 cap 50 window 20", 8, 4, 256, 16, 3, {0, 60, 90}, {45, 1, 1}, 0, 150.0f, 0.0625f, 20, 0, 50.0f, 0},
+        {"gemma2 cap 50", 8, 4, 256, 16, 3, {0, 40, 70}, {30, 1, 1}, 0, 150.0f, 0.0625f, 0, 0, 50.0f, 0, 0, 0},
+        {"gemma2 cap 50 window 20", 8, 4, 256, 16, 3, {0, 60, 90}, {45, 1, 1}, 0, 150.0f, 0.0625f, 20, 0, 50.0f, 0, 0, 0},
     };
     run_cases(state, "attn softcap", cases, sizeof cases / sizeof cases[0]);
 }
@@ -688,10 +692,10 @@ static void test_attn_softcap(void **state)
 static void test_attn_q8(void **state)
 {
     const acase cases[] = {
-        {"G=1 hd64", 4, 4, 64, 16, 4, {0, 70, 5, 200}, {33, 1, 1, 17}, 0, 1.0f, 0, 0, 0, 0, 0},
-        {"G=2 hd128", 4, 2, 128, 16, 4, {130, 0, 17, 3}, {1, 19, 1, 1}, 0, 1.0f, 0, 0, 0, 0, 0},
-        {"G=4 hd32 page 7", 8, 2, 32, 7, 4, {0, 45, 100, 8}, {40, 1, 1, 9}, 40, 4.0f, 0, 0, 0, 0, 0},
-        {"G=2 hd256", 4, 2, 256, 16, 2, {90, 0}, {1, 25}, 0, 1.0f, 0, 0, 0, 0, 0},
+        {"G=1 hd64", 4, 4, 64, 16, 4, {0, 70, 5, 200}, {33, 1, 1, 17}, 0, 1.0f, 0, 0, 0, 0, 0, 0, 0},
+        {"G=2 hd128", 4, 2, 128, 16, 4, {130, 0, 17, 3}, {1, 19, 1, 1}, 0, 1.0f, 0, 0, 0, 0, 0, 0, 0},
+        {"G=4 hd32 page 7", 8, 2, 32, 7, 4, {0, 45, 100, 8}, {40, 1, 1, 9}, 40, 4.0f, 0, 0, 0, 0, 0, 0, 0},
+        {"G=2 hd256", 4, 2, 256, 16, 2, {90, 0}, {1, 25}, 0, 1.0f, 0, 0, 0, 0, 0, 0, 0},
     };
     run_cases_q8(state, "attn q8_0", cases, sizeof cases / sizeof cases[0], true);
 }
@@ -705,16 +709,16 @@ static void test_attn_q8(void **state)
 static void test_attn_sink_logits(void **state)
 {
     const acase cases[] = {
-        {"sinks ragged G=8 hd64", 16, 2, 64, 16, 4, {0, 70, 5, 300}, {33, 1, 1, 17}, 0, 2.0f, 0, 0, 0, 0, 3.0f},
-        {"sinks splits", 8, 1, 64, 16, 3, {600, 0, 90}, {1, 1, 40}, 32, 1.0f, 0, 0, 0, 0, 2.0f},
-        {"sinks window 128", 8, 2, 64, 16, 3, {400, 150, 0}, {1, 60, 130}, 48, 2.0f, 0, 128, 0, 0, 3.0f},
-        {"sinks stories shape", 8, 4, 8, 16, 3, {0, 50, 9}, {20, 1, 1}, 0, 2.0f, 0, 0, 0, 0, 1.0f},
+        {"sinks ragged G=8 hd64", 16, 2, 64, 16, 4, {0, 70, 5, 300}, {33, 1, 1, 17}, 0, 2.0f, 0, 0, 0, 0, 3.0f, 0, 0},
+        {"sinks splits", 8, 1, 64, 16, 3, {600, 0, 90}, {1, 1, 40}, 32, 1.0f, 0, 0, 0, 0, 2.0f, 0, 0},
+        {"sinks window 128", 8, 2, 64, 16, 3, {400, 150, 0}, {1, 60, 130}, 48, 2.0f, 0, 128, 0, 0, 3.0f, 0, 0},
+        {"sinks stories shape", 8, 4, 8, 16, 3, {0, 50, 9}, {20, 1, 1}, 0, 2.0f, 0, 0, 0, 0, 1.0f, 0, 0},
     };
     uint32_t runs = fresh_runs;
     run_cases_q8(state, "attn sink logits", cases, sizeof cases / sizeof cases[0], true);
     assert_int_equal(fresh_runs - runs, 0); /* every case has a prefill block: no fresh check */
     const acase dec[] = {
-        {"sinks decode fresh", 8, 2, 64, 16, 3, {0, 70, 300}, {1, 1, 1}, 32, 2.0f, 0, 0, 0, 0, 3.0f},
+        {"sinks decode fresh", 8, 2, 64, 16, 3, {0, 70, 300}, {1, 1, 1}, 32, 2.0f, 0, 0, 0, 0, 3.0f, 0, 0},
     };
     run_cases_q8(state, "attn sink logits decode", dec, 1, true);
     assert_int_equal(fresh_runs - runs, 3);
@@ -745,13 +749,13 @@ static void test_attn_sink_logits(void **state)
 static void test_attn_fresh(void **state)
 {
     const acase cases[] = {
-        {"stories decode", 8, 4, 8, 16, 4, {0, 50, 16, 99}, {1, 1, 1, 1}, 0, 2.0f, 0, 0, 0, 0, 0},
-        {"G=2 hd128 splits", 4, 2, 128, 16, 3, {130, 0, 17}, {1, 1, 1}, 32, 1.0f, 0, 0, 0, 0, 0},
-        {"G=8 MQA hd64 page 7", 8, 1, 64, 7, 2, {45, 300}, {1, 1}, 0, 3.0f, 0, 0, 0, 0, 0},
-        {"long, automatic splits", 2, 1, 64, 16, 2, {2600, 700}, {1, 1}, 0, 1.0f, 0, 0, 0, 0, 0},
-        {"window 33 sink 7 splits", 4, 1, 64, 7, 2, {150, 20}, {1, 1}, 16, 2.0f, 0, 33, 7, 0, 0},
-        {"window 1", 2, 2, 32, 16, 2, {30, 0}, {1, 1}, 0, 1.0f, 0, 1, 0, 0, 0},
-        {"gemma2 cap 50 hd256", 8, 4, 256, 16, 2, {40, 90}, {1, 1}, 0, 4.0f, 0.0625f, 0, 0, 50.0f, 0},
+        {"stories decode", 8, 4, 8, 16, 4, {0, 50, 16, 99}, {1, 1, 1, 1}, 0, 2.0f, 0, 0, 0, 0, 0, 0, 0},
+        {"G=2 hd128 splits", 4, 2, 128, 16, 3, {130, 0, 17}, {1, 1, 1}, 32, 1.0f, 0, 0, 0, 0, 0, 0, 0},
+        {"G=8 MQA hd64 page 7", 8, 1, 64, 7, 2, {45, 300}, {1, 1}, 0, 3.0f, 0, 0, 0, 0, 0, 0, 0},
+        {"long, automatic splits", 2, 1, 64, 16, 2, {2600, 700}, {1, 1}, 0, 1.0f, 0, 0, 0, 0, 0, 0, 0},
+        {"window 33 sink 7 splits", 4, 1, 64, 7, 2, {150, 20}, {1, 1}, 16, 2.0f, 0, 33, 7, 0, 0, 0, 0},
+        {"window 1", 2, 2, 32, 16, 2, {30, 0}, {1, 1}, 0, 1.0f, 0, 1, 0, 0, 0, 0, 0},
+        {"gemma2 cap 50 hd256", 8, 4, 256, 16, 2, {40, 90}, {1, 1}, 0, 4.0f, 0.0625f, 0, 0, 50.0f, 0, 0, 0},
     };
     uint32_t runs = fresh_runs, xruns = xq_runs;
     run_cases_q8(state, "attn fresh", cases, sizeof cases / sizeof cases[0], true);
@@ -823,21 +827,36 @@ static void run_cm_cases(void **state, const char *suite, const acase *cases, si
 static void test_attn_coopmat(void **state)
 {
     const acase cases[] = {
-        {"cm stories ragged", 8, 4, 8, 16, 5, {0, 50, 0, 99, 7}, {37, 20, 1, 1, 70}, 0, 2.0f, 0, 0, 0, 0, 0},
-        {"cm G=1 hd64", 4, 4, 64, 16, 3, {0, 70, 5}, {33, 1, 17}, 0, 1.0f, 0, 0, 0, 0, 0},
-        {"cm G=4 hd64 page 7", 8, 2, 64, 7, 3, {0, 45, 100}, {40, 1, 9}, 0, 4.0f, 0, 0, 0, 0, 0},
-        {"cm G=8 MQA hd128 page 32", 8, 1, 128, 32, 2, {64, 0}, {1, 24}, 0, 2.0f, 0.05f, 0, 0, 0, 0},
-        {"cm G=2 hd128 long prefix", 4, 2, 128, 16, 2, {300, 0}, {19, 2}, 0, 1.0f, 0, 0, 0, 0, 0},
+        {"cm stories ragged", 8, 4, 8, 16, 5, {0, 50, 0, 99, 7}, {37, 20, 1, 1, 70}, 0, 2.0f, 0, 0, 0, 0, 0, 0, 0},
+        {"cm G=1 hd64", 4, 4, 64, 16, 3, {0, 70, 5}, {33, 1, 17}, 0, 1.0f, 0, 0, 0, 0, 0, 0, 0},
+        {"cm G=4 hd64 page 7", 8, 2, 64, 7, 3, {0, 45, 100}, {40, 1, 9}, 0, 4.0f, 0, 0, 0, 0, 0, 0, 0},
+        {"cm G=8 MQA hd128 page 32", 8, 1, 128, 32, 2, {64, 0}, {1, 24}, 0, 2.0f, 0.05f, 0, 0, 0, 0, 0, 0},
+        {"cm G=2 hd128 long prefix", 4, 2, 128, 16, 2, {300, 0}, {19, 2}, 0, 1.0f, 0, 0, 0, 0, 0, 0, 0},
     };
     run_cm_cases(state, "attn coopmat", cases, sizeof cases / sizeof cases[0], 0, ATTN_CM_TOL);
+}
+
+/* Mistral 3's attention temperature: each query scaled by 1 + beta ln(floor(pos / L) + 1), so
+ * with L = 8 the scale steps every 8 positions (1 below 8): prefill rows across many steps,
+ * decode at far positions, a window, on the scalar kernels and the cooperative-matrix prefill. */
+static void test_attn_temperature(void **state)
+{
+    const acase cases[] = {
+        {.name = "temp 0.1 len 8 ragged", .n_heads = 8, .n_kv = 2, .hd = 64, .page = 16, .n_seqs = 3,
+         .pos0 = {0, 40, 300}, .n_new = {45, 1, 1}, .q_amp = 2.0f, .temp_scale = 0.1f, .temp_len = 8},
+        {.name = "temp 0.5 len 3 window 20", .n_heads = 4, .n_kv = 4, .hd = 128, .page = 16, .n_seqs = 2,
+         .pos0 = {0, 90}, .n_new = {37, 1}, .q_amp = 1.0f, .window = 20, .temp_scale = 0.5f, .temp_len = 3},
+    };
+    run_cases(state, "attn temperature", cases, sizeof cases / sizeof cases[0]);
+    run_cm_cases(state, "attn temperature coopmat", cases, sizeof cases / sizeof cases[0], 0, ATTN_CM_TOL);
 }
 
 /* The GPU tile shapes through the emulation: 32 rows x 64 keys with 4 softmax lanes per row
  * (hd 64 at 30 KiB), 16 x 32 with 8 lanes (hd 128 at 23 KiB). */
 static void test_attn_coopmat_gpu_tiles(void **state)
 {
-    const acase hd64[] = {{"cm gpu tiles hd64", 8, 2, 64, 16, 3, {0, 130, 9}, {70, 1, 40}, 0, 2.0f, 0, 0, 0, 0, 0}};
-    const acase hd128[] = {{"cm gpu tiles hd128", 4, 1, 128, 16, 2, {0, 77}, {45, 30}, 0, 1.0f, 0, 0, 0, 0, 0}};
+    const acase hd64[] = {{"cm gpu tiles hd64", 8, 2, 64, 16, 3, {0, 130, 9}, {70, 1, 40}, 0, 2.0f, 0, 0, 0, 0, 0, 0, 0}};
+    const acase hd128[] = {{"cm gpu tiles hd128", 4, 1, 128, 16, 2, {0, 77}, {45, 30}, 0, 1.0f, 0, 0, 0, 0, 0, 0, 0}};
     run_cm_cases(state, "attn coopmat gpu tiles hd64", hd64, 1, 30 * 1024, ATTN_CM_TOL);
     run_cm_cases(state, "attn coopmat gpu tiles hd128", hd128, 1, 23 * 1024, ATTN_CM_TOL);
 }
@@ -847,10 +866,10 @@ static void test_attn_coopmat_gpu_tiles(void **state)
 static void test_attn_coopmat_windows(void **state)
 {
     const acase cases[] = {
-        {"cm window 7 ragged", 4, 2, 64, 16, 3, {0, 50, 90}, {37, 20, 1}, 0, 2.0f, 0, 7, 0, 0, 0},
-        {"cm window 33 sink 16", 4, 1, 64, 16, 2, {150, 60}, {40, 45}, 0, 2.0f, 0, 33, 16, 0, 0},
-        {"cm sink logits window 128", 8, 2, 64, 16, 3, {0, 200, 9}, {140, 1, 40}, 0, 2.0f, 0, 128, 0, 0, 3.0f},
-        {"cm cap 50 window 20", 8, 4, 128, 16, 2, {0, 60}, {45, 30}, 0, 60.0f, 0.0884f, 20, 0, 50.0f, 0},
+        {"cm window 7 ragged", 4, 2, 64, 16, 3, {0, 50, 90}, {37, 20, 1}, 0, 2.0f, 0, 7, 0, 0, 0, 0, 0},
+        {"cm window 33 sink 16", 4, 1, 64, 16, 2, {150, 60}, {40, 45}, 0, 2.0f, 0, 33, 16, 0, 0, 0, 0},
+        {"cm sink logits window 128", 8, 2, 64, 16, 3, {0, 200, 9}, {140, 1, 40}, 0, 2.0f, 0, 128, 0, 0, 3.0f, 0, 0},
+        {"cm cap 50 window 20", 8, 4, 128, 16, 2, {0, 60}, {45, 30}, 0, 60.0f, 0.0884f, 20, 0, 50.0f, 0, 0, 0},
     };
     run_cm_cases(state, "attn coopmat windows", cases, sizeof cases / sizeof cases[0], 0, ATTN_CM_WINDOW_TOL);
 }
@@ -879,8 +898,8 @@ static void test_gpu_configs(void **state)
     /* head dim 128 (the 8B shape) and the F16 pool NVIDIA runs: one new decode pipeline, which
      * lavapipe compiles for seconds on a cold shader cache */
     const acase cases[] = {
-        {"gpu hd128 G=4 ragged", 8, 2, 128, 16, 4, {1000, 0, 300, 131}, {1, 40, 1, 1}, 0, 2.0f, 0, 0, 0, 0, 0},
-        {"gpu hd128 MQA page 32", 4, 1, 128, 32, 2, {2100, 64}, {1, 17}, 0, 1.0f, 0, 0, 0, 0, 0},
+        {"gpu hd128 G=4 ragged", 8, 2, 128, 16, 4, {1000, 0, 300, 131}, {1, 40, 1, 1}, 0, 2.0f, 0, 0, 0, 0, 0, 0, 0},
+        {"gpu hd128 MQA page 32", 4, 1, 128, 32, 2, {2100, 64}, {1, 17}, 0, 1.0f, 0, 0, 0, 0, 0, 0, 0},
     };
     vt_rng r = vt_rng_seeded("attn gpu configs");
     nvidia_lanes = true;
@@ -1149,6 +1168,7 @@ int main(void)
         cmocka_unit_test(test_attn_coopmat),
         cmocka_unit_test(test_attn_coopmat_gpu_tiles),
         cmocka_unit_test(test_attn_coopmat_windows),
+        cmocka_unit_test(test_attn_temperature),
         cmocka_unit_test(test_gpu_configs),
     };
     if (getenv("VKI_TEST_FILTER")) /* one test while developing: VKI_TEST_FILTER=test_gpu_configs */

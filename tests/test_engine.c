@@ -571,6 +571,16 @@ static const arch_case ARCH_CASES[] = {
      * cohere2 (Command R7B): its window on layers il % 4 < 3, the 4th global without RoPE */
     {"command-r parallel ln",    "command-r", 2, 256, 4, 2, 64, 512, SYNTH_Q4_K_M, 0,  0, 0,       0,   0,  0, VKI_GGML_F32, TOL_F32, 0, 0},
     {"cohere2 w24 nope 3, 7",    "cohere2", 8, 256, 4, 2, 64, 512, SYNTH_Q8_0, 24,     0, 0,       0,   0,  0, VKI_GGML_F16, TOL_F16KV, 0, 0},
+    /* Ministral 3: Llama 4's attention temperature 1 + 0.1 ln(floor(pos / orig) + 1) (from
+     * position 8 here: up to 1.18 in these prompts; decode too), and with YaRN x4 over 16 the
+     * rotation's magnitude 1 (the graph's own factor cancels ggml's) */
+    {"mistral3 temperature 8",  "mistral3", 2, 256, 4, 2, 64, 512, SYNTH_Q4_K_M, 0,   0, 0,       8,   0,  0, VKI_GGML_F32, TOL_F32, 0, 0},
+    {"mistral3 yarn x4 temp",    "mistral3", 2, 256, 4, 2, 64, 512, SYNTH_Q8_0, 0,     0, 0,       16,  0,  0, VKI_GGML_F16, TOL_F16KV, 4.0f, 0},
+    /* StarCoder2: LayerNorms with biases, Q/K/V/O biases, NeoX RoPE, gelu(up + b) down + b */
+    {"starcoder2 ln+b gelu ffn", "starcoder2", 2, 256, 4, 2, 64, 512, SYNTH_Q4_K_M, 0, 0, 0,       0,   0,  0, VKI_GGML_F32, TOL_F32, 0, 0},
+    /* Phi-2: starcoder2's norms and FFN beside the attention, a fused attn_qkv with its bias, 32
+     * of 80 dims rotated, the LM head's bias */
+    {"phi2 parallel rot 32 of 80", "phi2", 2, 320, 4, 4, 80, 512, SYNTH_Q8_0,  0,      0, 0,       0,   0,  0, VKI_GGML_F16, TOL_F16KV, 0, 32},
 };
 
 static void test_archs_vs_reference(void **state)
@@ -663,7 +673,7 @@ static void test_fusion_bitwise(void **state)
      * of 256), phi3, granite (the residual norms' epsilon in the fused norm epilogues), smollm3
      * (NoPE layers), olmo2 (no pre-norms), exaone4's 64 layers, glm4, command-r (its FFN on the
      * attention's h: op by op the projection's output apart) and cohere2 */
-    static const size_t archs[] = {0, 1, 2, 3, 13, 15, 16, 19, 20, 22, 23};
+    static const size_t archs[] = {0, 1, 2, 3, 13, 15, 16, 19, 20, 22, 23, 24, 26, 27};
     for (size_t i = 0; i < sizeof archs / sizeof archs[0]; i++) {
         write_arch_model(&ARCH_CASES[archs[i]], path, sizeof path);
         fusion_case(g, path, VKI_GGML_F32, ARCH_CASES[archs[i]].label);

@@ -1056,7 +1056,7 @@ static void test_model_meta_archs(void **state)
     (void)state;
     const gguf_edit none = {GGUF_EDIT_DROP_KEY, "no.such.key", 0, 0, 0, 0, NULL};
     const char *archs[] = {"qwen3", "gemma2", "gemma3", "phi3", "granitemoe", "exaone", "glm4", "internlm2", "ernie4_5",
-                           "gemma", "command-r", "cohere2"};
+                           "gemma", "command-r", "cohere2", "mistral3", "starcoder2", "phi2"};
     for (size_t i = 0; i < sizeof archs / sizeof archs[0]; i++)
         expect_model(archs[i], &none, 1, VKI_OK, NULL);
     /* Cohere's: both keys required (llama.cpp), cohere2's window too; tensors nothing would run
@@ -1076,7 +1076,27 @@ static void test_model_meta_archs(void **state)
            {GGUF_EDIT_RENAME, "output.weight", 0, 0, 0, 0, "blk.0.attn_q_norm.weight"});
     EXPECT("cohere2", VKI_ERR_UNSUPPORTED, "blk.0.attn_norm.bias: a LayerNorm bias",
            {GGUF_EDIT_RENAME, "output.weight", 0, 0, 0, 0, "blk.0.attn_norm.bias"});
-    EXPECT("command-r", VKI_ERR_UNSUPPORTED, "output_norm.bias: a LayerNorm bias",
+    EXPECT("command-r", VKI_ERR_UNSUPPORTED, "output_norm.bias: a norm bias is not supported",
+           {GGUF_EDIT_RENAME, "blk.0.attn_norm.weight", 0, 0, 0, 0, "output_norm.bias"});
+    EXPECT("starcoder2", VKI_ERR_FORMAT, "missing tensor blk.0.attn_norm.bias",
+           {GGUF_EDIT_DROP_TENSOR, "blk.0.attn_norm.bias", 0, 0, 0, 0, NULL});
+    EXPECT("starcoder2", VKI_ERR_FORMAT, "missing tensor output_norm.bias",
+           {GGUF_EDIT_DROP_TENSOR, "output_norm.bias", 0, 0, 0, 0, NULL});
+    EXPECT("starcoder2", VKI_ERR_FORMAT, "tensor blk.0.ffn_up.bias has shape [64, 1], expected [96, 1]",
+           {GGUF_EDIT_SHAPE, "blk.0.ffn_up.bias", 64, 0, 0, 0, NULL});
+    EXPECT("starcoder2", VKI_ERR_FORMAT, "missing tensor blk.0.ffn_down.bias",
+           {GGUF_EDIT_DROP_TENSOR, "blk.0.ffn_down.bias", 0, 0, 0, 0, NULL});
+    EXPECT("phi2", VKI_ERR_FORMAT, "missing tensor blk.0.attn_qkv.bias",
+           {GGUF_EDIT_DROP_TENSOR, "blk.0.attn_qkv.bias", 0, 0, 0, 0, NULL});
+    EXPECT("phi2", VKI_ERR_FORMAT, "missing tensor output.bias",
+           {GGUF_EDIT_DROP_TENSOR, "output.bias", 0, 0, 0, 0, NULL});
+    EXPECT("glm4", VKI_ERR_UNSUPPORTED, "blk.0.attn_qkv.bias: a fused Q|K|V bias is not supported",
+           {GGUF_EDIT_RENAME, "blk.0.attn_q.bias", 0, 0, 0, 0, "blk.0.attn_qkv.bias"});
+    EXPECT("starcoder2", VKI_ERR_FORMAT, "missing metadata key starcoder2.attention.layer_norm_epsilon",
+           {GGUF_EDIT_DROP_KEY, "starcoder2.attention.layer_norm_epsilon", 0, 0, 0, 0, NULL});
+    EXPECT("llama", VKI_ERR_UNSUPPORTED, "tensor output_norm.bias: a norm bias is not supported",
+           {GGUF_EDIT_RENAME, "blk.0.attn_norm.weight", 0, 0, 0, 0, "output_norm.bias"});
+    EXPECT("llama", VKI_ERR_FORMAT, "tensor output_norm.bias has shape [64, 320], expected [64, 1]",
            {GGUF_EDIT_RENAME, "output.weight", 0, 0, 0, 0, "output_norm.bias"});
     EXPECT("command-r", VKI_ERR_UNSUPPORTED, "command-r with experts",
            {GGUF_EDIT_U32, "command-r.expert_count", 0, 0, 4, 0, NULL},
@@ -1207,12 +1227,69 @@ static void test_model_meta_gemma_cohere(void **state)
     arch_hparams("command-r", 2, &hp);
     assert_true(hp.layer_norm && hp.parallel_ffn && !hp.rope_neox && hp.logit_mul == 0.0625f);
     assert_true(hp.rms_eps == 3e-5f && hp.resid_eps == 3e-5f && hp.swa_pattern == 0 && hp.nope_step == 0);
+    arch_hparams("starcoder2", 2, &hp);
+    assert_true(hp.layer_norm && hp.norm_bias && hp.ffn_plain && hp.ffn_gelu && hp.rope_neox && !hp.parallel_ffn);
+    assert_true(hp.rms_eps == 3e-5f && hp.logit_mul == 1.0f && hp.swa_pattern == 0);
+    assert_int_equal(model_norm_mode(&hp), VKI_NORM_MEAN | VKI_NORM_BIAS);
+    arch_hparams("phi2", 2, &hp);
+    assert_true(hp.layer_norm && hp.norm_bias && hp.ffn_plain && hp.parallel_ffn && hp.rope_neox && hp.ffn_gelu);
     arch_hparams("cohere2", 8, &hp);
     assert_true(hp.layer_norm && hp.parallel_ffn && hp.kind[1].window == 4096);
     for (uint32_t il = 0; il < 8; il++) {
         assert_int_equal(model_layer_kind(&hp, il), il % 4 < 3 ? 1 : 0);
         assert_int_equal(model_layer_rope(&hp, il), il % 4 < 3);
     }
+}
+
+/* Ministral 3 (mistral3): llama's block with pairs (2i, 2i+1); its attention temperature steps
+ * every original context (rope.scaling.original_context_length, else the training context), only
+ * where attention.temperature_scale is set; the rotation's magnitude is 1 under YaRN whatever its
+ * factor, the file's attn_factor or yarn_log_multiplier (llama.cpp's graph divides ggml's
+ * 1 + 0.1 ln(factor) out), 1 / (1 + 0.1 ln(factor)) under linear scaling. */
+static void test_model_meta_mistral3(void **state)
+{
+    (void)state;
+    char src[64], dst[64], err[256] = "";
+    snprintf(src, sizeof src, "/tmp/vki_m3_%d.gguf", (int)getpid());
+    snprintf(dst, sizeof dst, "/tmp/vki_m3_%d_edit.gguf", (int)getpid());
+    synth_params p = synth_default_params();
+    p.arch = "mistral3";
+    assert_int_equal(synth_arch_defaults(&p), VKI_OK);
+    assert_true(p.attn_temp_scale == 0.1f);
+    p.n_layer = 1, p.d_model = 64, p.n_head = 2, p.n_head_kv = 1, p.d_ff = 96, p.n_ctx = 512;
+    p.n_ctx_orig = 128, p.yarn_factor = 4.0f;
+    if (synth_write(&p, src, err, sizeof err) != VKI_OK)
+        fail_msg("synth_write: %s", err);
+    const struct {
+        gguf_edit e[2];
+        uint32_t n;
+        float factor;     /* the rotation's magnitude */
+        uint32_t len;     /* the temperature's step */
+    } cases[] = {
+        {{{GGUF_EDIT_DROP_KEY, "no.such.key", 0, 0, 0, 0, NULL}}, 1, 1.0f, 128},
+        {{{GGUF_EDIT_F32, "mistral3.rope.scaling.attn_factor", 0, 0, 0, 2.0f, NULL}}, 1, 1.0f, 128},
+        {{{GGUF_EDIT_DROP_KEY, "mistral3.attention.temperature_scale", 0, 0, 0, 0, NULL}}, 1, 1.0f, 0},
+        {{{GGUF_EDIT_STR, "mistral3.rope.scaling.type", 0, 0, 0, 0, "linear"}}, 1, 1.0f / (1.0f + 0.1f * logf(4.0f)), 128},
+        {{{GGUF_EDIT_DROP_KEY, "mistral3.rope.scaling.type", 0, 0, 0, 0, NULL},
+          {GGUF_EDIT_DROP_KEY, "mistral3.rope.scaling.original_context_length", 0, 0, 0, 0, NULL}}, 2, 1.0f, 512},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        assert_int_equal(gguf_edit_copy(src, dst, cases[i].e, cases[i].n), VKI_OK);
+        gguf_file *f = NULL;
+        model_hparams hp;
+        assert_int_equal(gguf_open(dst, &f, err, sizeof err), VKI_OK);
+        if (model_read_hparams(f, &hp, err, sizeof err) != VKI_OK)
+            fail_msg("case %zu: %s", i, err);
+        gguf_close(f);
+        if (hp.rope_attn_factor != cases[i].factor || hp.attn_temp_len != cases[i].len || hp.rope_neox ||
+            (cases[i].len && hp.attn_temp_scale != 0.1f))
+            fail_msg("case %zu: magnitude %g (want %g), temperature %g every %u (want every %u)", i,
+                     hp.rope_attn_factor, cases[i].factor, hp.attn_temp_scale, hp.attn_temp_len, cases[i].len);
+    }
+    EXPECT("mistral3", VKI_ERR_FORMAT, "mistral3.attention.temperature_scale = -1",
+           {GGUF_EDIT_F32, "mistral3.attention.temperature_scale", 0, 0, 0, -1.0f, NULL});
+    unlink(src);
+    unlink(dst);
 }
 
 /* YaRN's keys (llama.cpp's names and defaults): the magnitude llama.cpp applies, 1 + 0.1 ln(factor)
@@ -1369,6 +1446,7 @@ int main(void)
         cmocka_unit_test(test_model_meta_archs),
         cmocka_unit_test(test_model_meta_exaone4),
         cmocka_unit_test(test_model_meta_gemma_cohere),
+        cmocka_unit_test(test_model_meta_mistral3),
         cmocka_unit_test(test_model_meta_yarn),
         cmocka_unit_test(test_split_files),
     };

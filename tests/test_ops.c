@@ -165,8 +165,8 @@ static void test_copy(void **state)
     vt_assert_clean(g);
 }
 
-/* RMSNorm, or with layer LayerNorm without bias (the row's mean subtracted first) */
-static void ref_rmsnorm(const float *x, mshape s, const float *w, float eps, bool layer, float *out)
+/* RMSNorm, or with layer LayerNorm (the row's mean subtracted first; + b[c] where b) */
+static void ref_rmsnorm(const float *x, mshape s, const float *w, const float *b, float eps, bool layer, float *out)
 {
     for (uint32_t i = 0; i < s.rows; i++) {
         const float *row = x + s.off + (size_t)i * s.stride;
@@ -178,7 +178,7 @@ static void ref_rmsnorm(const float *x, mshape s, const float *w, float eps, boo
             ss += (row[c] - mean) * (row[c] - mean);
         double inv = 1.0 / sqrt(ss / s.cols + eps);
         for (uint32_t c = 0; c < s.cols; c++)
-            out[(size_t)i * s.cols + c] = (float)((row[c] - mean) * inv * w[c]);
+            out[(size_t)i * s.cols + c] = (float)((row[c] - mean) * inv * w[c] + (b ? b[c] : 0.0));
     }
 }
 
@@ -196,22 +196,24 @@ static void test_rmsnorm(void **state)
         }
         size_t nx = mshape_len(xs), ny = mshape_len(ys);
         float eps = t % 2 ? 1e-5f : 1e-6f, scale = t % 4 == 3 ? 1e-3f : 3.0f; /* small rows: eps matters */
-        /* a third LayerNorm (command-r's), its rows centred off zero: the mean taken out matters */
-        const bool layer = t % 3 == 1;
-        float *x = rand_buf(&r, nx, -scale, scale), *w = rand_buf(&r, xs.cols, -2, 2);
+        /* a third LayerNorm (command-r's; every other one with starcoder2's bias, after the
+         * weights in w), its rows centred off zero: the mean taken out matters */
+        const bool layer = t % 3 == 1, bias = layer && t % 2;
+        const uint32_t mode = (layer ? VKI_NORM_MEAN : 0u) | (bias ? VKI_NORM_BIAS : 0u);
+        float *x = rand_buf(&r, nx, -scale, scale), *w = rand_buf(&r, 2 * xs.cols, -2, 2);
         for (size_t i = 0; layer && i < nx; i++)
             x[i] += 2.0f * scale;
         float *ref = malloc((size_t)xs.rows * xs.cols * sizeof *ref);
-        ref_rmsnorm(x, xs, w, eps, layer, ref);
-        vkd_buffer *bx = vt_buf_from(g, x, nx * 4, "x"), *bw = vt_buf_from(g, w, xs.cols * 4, "w");
+        ref_rmsnorm(x, xs, w, bias ? w + xs.cols : NULL, eps, layer, ref);
+        vkd_buffer *bx = vt_buf_from(g, x, nx * 4, "x"), *bw = vt_buf_from(g, w, (bias ? 2 : 1) * xs.cols * 4, "w");
         vkd_buffer *by = in_place ? bx : vt_buf_nan(g, ny * 4, "y");
         vt_begin(g);
-        assert_int_equal(op_norm_xh(&g->cmd, layer, mat_of(bx, xs), vkd_whole(bw), mat_of(by, ys), xs.rows, xs.cols,
+        assert_int_equal(op_norm_xh(&g->cmd, mode, mat_of(bx, xs), vkd_whole(bw), mat_of(by, ys), xs.rows, xs.cols,
                                     eps, (vkd_view){0}, (vkd_view){0}), VKI_OK);
         vt_submit_wait(g);
         char label[96];
-        snprintf(label, sizeof label, "%s %ux%u stride %u/%u%s", layer ? "layernorm" : "rmsnorm", xs.rows, xs.cols,
-                 xs.stride, ys.stride, in_place ? " in place" : "");
+        snprintf(label, sizeof label, "%s %ux%u stride %u/%u%s", bias ? "layernorm+b" : layer ? "layernorm" : "rmsnorm",
+                 xs.rows, xs.cols, xs.stride, ys.stride, in_place ? " in place" : "");
         double e = check_result(g, by, in_place, in_place ? nx : ny, in_place ? xs : ys, ref, RMSNORM_TOL, NULL, label);
         worst = e > worst ? e : worst;
         if (!in_place)
@@ -569,15 +571,16 @@ static void test_glu_expert_bias(void **state)
     vt_assert_clean(g);
 }
 
-/* Scale (gemma's sqrt(d_model) on the embeddings) and soft-cap (gemma 2's 30 tanh(x / 30) on the
- * logits), out of place and in place, with values far past the cap. */
+/* Scale (gemma's sqrt(d_model) on the embeddings), soft-cap (gemma 2's 30 tanh(x / 30) on the
+ * logits) and GELU (starcoder2's FFN, on [-6, 6]), out of place and in place, with values far past
+ * the cap. */
 static void test_unary(void **state)
 {
     vt_gpu *g = vt_gpu_get(state);
     vt_rng r = vt_rng_seeded("op_unary");
-    double worst[2] = {0, 0};
+    double worst[3] = {0, 0, 0};
     for (int t = 0; t < N_SHAPES; t++) {
-        uint32_t op = t % 2 ? VKI_UNARY_SOFTCAP : VKI_UNARY_SCALE;
+        uint32_t op = t % 3 == 2 ? VKI_UNARY_GELU : t % 2 ? VKI_UNARY_SOFTCAP : VKI_UNARY_SCALE;
         float a = op == VKI_UNARY_SOFTCAP ? (float[]){30.0f, 50.0f, 0.5f}[t % 3] : vt_uniform(&r, -60, 60);
         mshape xs = random_shape(&r, t, 9000), ys = xs;
         bool in_place = t % 4 >= 2;
@@ -586,18 +589,22 @@ static void test_unary(void **state)
             ys.stride = xs.cols + vt_range(&r, 0, 3);
         }
         size_t nx = mshape_len(xs), ny = mshape_len(ys);
-        float *x = rand_buf(&r, nx, -200, 200), *ref = malloc((size_t)xs.rows * xs.cols * sizeof *ref);
+        const float amp = op == VKI_UNARY_GELU ? 6 : 200; /* GELU: both tails and the bend */
+        float *x = rand_buf(&r, nx, -amp, amp), *ref = malloc((size_t)xs.rows * xs.cols * sizeof *ref);
         for (uint32_t i = 0; i < xs.rows; i++)
             for (uint32_t c = 0; c < xs.cols; c++) {
                 double v = x[xs.off + (size_t)i * xs.stride + c];
-                ref[(size_t)i * xs.cols + c] = (float)(op == VKI_UNARY_SOFTCAP ? a * tanh(v / a) : (double)a * v);
+                ref[(size_t)i * xs.cols + c] =
+                    (float)(op == VKI_UNARY_SOFTCAP ? a * tanh(v / a)
+                            : op == VKI_UNARY_GELU  ? 0.5 * v * (1.0 + tanh(sqrt(2.0 / M_PI) * (v + 0.044715 * v * v * v)))
+                                                    : (double)a * v);
             }
         vkd_buffer *bx = vt_buf_from(g, x, nx * 4, "x"), *by = in_place ? bx : vt_buf_nan(g, ny * 4, "y");
         vt_begin(g);
         assert_int_equal(op_unary(&g->cmd, op, a, mat_of(bx, xs), mat_of(by, ys), xs.rows, xs.cols), VKI_OK);
         vt_submit_wait(g);
         char label[96];
-        snprintf(label, sizeof label, "%s %g %ux%u%s", op ? "softcap" : "scale", a, xs.rows, xs.cols,
+        snprintf(label, sizeof label, "%s %g %ux%u%s", (const char *[]){"scale", "softcap", "gelu"}[op], a, xs.rows, xs.cols,
                  in_place ? " in place" : "");
         double e = check_result(g, by, in_place, in_place ? nx : ny, in_place ? xs : ys, ref, UNARY_TOL, x, label);
         worst[op] = e > worst[op] ? e : worst[op];
@@ -607,7 +614,8 @@ static void test_unary(void **state)
         free(x);
         free(ref);
     }
-    fprintf(stderr, "  worst NMSE: scale %.2e, softcap %.2e (tolerance %.0e)\n", worst[0], worst[1], UNARY_TOL);
+    fprintf(stderr, "  worst NMSE: scale %.2e, softcap %.2e, gelu %.2e (tolerance %.0e)\n", worst[0], worst[1], worst[2],
+            UNARY_TOL);
     vt_assert_clean(g);
 }
 
@@ -671,7 +679,8 @@ static void test_softmax(void **state)
 /* The copy an RMSNorm writes of its rows for the next products, int8 (op_rmsnorm_xq) or F16
  * (op_rmsnorm_xh): y bit for bit op_rmsnorm's, the copy byte for byte what the separate pass
  * (op_quant_x8, op_half_x) writes from that y, on strided x and y at offsets, 1, 3 and 17 rows
- * of each of the widths cols; every other pair of cases a LayerNorm (op_norm_xh). */
+ * of each of the widths cols; every other pair of cases a LayerNorm (op_norm_xh), with a bias
+ * every fourth pair. */
 static void rmsnorm_copy_cases(vt_gpu *g, vt_rng *r, const uint32_t cols[3], bool f16)
 {
     static const uint32_t rows[] = {1, 3, 17};
@@ -681,13 +690,13 @@ static void rmsnorm_copy_cases(vt_gpu *g, vt_rng *r, const uint32_t cols[3], boo
         uint32_t xo = (uint32_t)vt_range(r, 0, 5), yo = (uint32_t)vt_range(r, 0, 5);
         size_t nx = (size_t)xo + (size_t)M * xs, ny = (size_t)yo + (size_t)M * ys;
         size_t qb = f16 ? op_half_x_bytes(M, K) : op_quant_x8_bytes(M, K);
-        float *x = rand_buf(r, nx, -3, 3), *w = rand_buf(r, K, -2, 2);
-        vkd_buffer *bx = vt_buf_from(g, x, nx * 4, "x"), *bw = vt_buf_from(g, w, K * 4, "w");
+        float *x = rand_buf(r, nx, -3, 3), *w = rand_buf(r, 2 * K, -2, 2);
+        vkd_buffer *bx = vt_buf_from(g, x, nx * 4, "x"), *bw = vt_buf_from(g, w, 2 * K * 4, "w");
         vkd_buffer *by[2] = {vt_buf_nan(g, ny * 4, "y copied"), vt_buf_nan(g, ny * 4, "y")};
         vkd_buffer *bq[2] = {vt_buf_nan(g, qb, "copy fused"), vt_buf_nan(g, qb, "copy apart")};
         vkd_buffer *yc = vt_buf_nan(g, (size_t)M * K * 4, "y packed");
         op_mat mx = {vkd_whole(bx), xo, xs}, my = {vkd_whole(by[0]), yo, ys};
-        const bool ln = (t / 2) % 2;
+        const uint32_t ln = (t / 2) % 2 ? VKI_NORM_MEAN | (t % 4 == 3 ? VKI_NORM_BIAS : 0u) : 0u;
         const vkd_view none = {0}, q0 = vkd_whole(bq[0]);
         vt_begin(g);
         assert_int_equal(op_norm_xh(&g->cmd, ln, mx, vkd_whole(bw), my, M, K, 1e-5f, f16 ? none : q0, f16 ? q0 : none),

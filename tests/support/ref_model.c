@@ -26,9 +26,11 @@ typedef struct ref_layer {
     float *bo, *sinks;          /* [d] output bias, [n_head] sink logits (gpt-oss) or NULL */
     float *router_b;            /* [n_expert] router bias (gpt-oss) or NULL */
     float *gate_exps_b, *up_exps_b, *down_exps_b; /* [n_expert][d_ff_exp], [..][d_ff_exp], [..][d] or NULL */
+    float *attn_norm_b, *ffn_norm_b; /* [d] LayerNorm biases (starcoder2) or NULL */
+    float *b_up, *b_down;       /* [d_ff], [d] FFN biases (starcoder2) or NULL */
 } ref_layer;
 
-#define REF_LAYER_ARRAYS 26
+#define REF_LAYER_ARRAYS 30
 
 struct ref_model {
     model_hparams hp;
@@ -36,6 +38,8 @@ struct ref_model {
     uint32_t window[2], sink[2]; /* per layer kind, after the engine's cap */
     float *tok_embd;            /* [n_vocab][d] */
     float *output_norm;         /* [d] */
+    float *output_norm_b;       /* [d] or NULL */
+    float *output_b;            /* [n_vocab] (phi2) or NULL */
     float *output;              /* [n_vocab][d] (aliases tok_embd when tied) */
     float *rope_factors;        /* [n_rot/2] or NULL */
     ref_layer *layers;          /* [n_layer] */
@@ -49,7 +53,8 @@ static void layer_arrays(ref_layer *R, float **all[REF_LAYER_ARRAYS])
                                    &R->q_norm, &R->k_norm, &R->post_attn_norm, &R->ffn_norm, &R->w_gate,
                                    &R->w_up, &R->w_down, &R->post_ffn_norm, &R->router, &R->gate_exps,
                                    &R->up_exps, &R->down_exps, &R->bo, &R->sinks, &R->router_b,
-                                   &R->gate_exps_b, &R->up_exps_b, &R->down_exps_b};
+                                   &R->gate_exps_b, &R->up_exps_b, &R->down_exps_b, &R->attn_norm_b,
+                                   &R->ffn_norm_b, &R->b_up, &R->b_down};
     memcpy(all, a, sizeof a);
 }
 
@@ -82,10 +87,20 @@ static bool load_layer(const model_hparams *hp, const model_layer_tensors *L, re
         R->wq = dequant_rows(L->wqkv, 0, q);
         R->wk = dequant_rows(L->wqkv, q, kv);
         R->wv = dequant_rows(L->wqkv, q + kv, kv);
+        float *b = dequant_tensor(L->bq); /* phi2: [q | k | v] */
+        if (b) {
+            R->bq = malloc(q * sizeof(float)), R->bk = malloc(kv * sizeof(float)), R->bv = malloc(kv * sizeof(float));
+            if (R->bq && R->bk && R->bv) {
+                memcpy(R->bq, b, q * sizeof(float));
+                memcpy(R->bk, b + q, kv * sizeof(float));
+                memcpy(R->bv, b + q + kv, kv * sizeof(float));
+            }
+            free(b);
+        }
     } else {
         R->wq = dequant_tensor(L->wq), R->wk = dequant_tensor(L->wk), R->wv = dequant_tensor(L->wv);
     }
-    if (!L->w_gate) { /* gate | up rows */
+    if (!L->w_gate && !hp->ffn_plain) { /* gate | up rows */
         R->w_gate = dequant_rows(L->w_up, 0, hp->d_ff);
         R->w_up = dequant_rows(L->w_up, hp->d_ff, hp->d_ff);
     } else {
@@ -93,7 +108,8 @@ static bool load_layer(const model_hparams *hp, const model_layer_tensors *L, re
     }
     R->attn_norm = dequant_tensor(L->attn_norm);
     R->wo = dequant_tensor(L->wo);
-    R->bq = dequant_tensor(L->bq), R->bk = dequant_tensor(L->bk), R->bv = dequant_tensor(L->bv);
+    if (!L->wqkv)
+        R->bq = dequant_tensor(L->bq), R->bk = dequant_tensor(L->bk), R->bv = dequant_tensor(L->bv);
     R->q_norm = dequant_tensor(L->q_norm), R->k_norm = dequant_tensor(L->k_norm);
     R->post_attn_norm = dequant_tensor(L->post_attn_norm);
     R->ffn_norm = dequant_tensor(L->ffn_norm);
@@ -106,11 +122,16 @@ static bool load_layer(const model_hparams *hp, const model_layer_tensors *L, re
     R->router_b = dequant_tensor(L->ffn_gate_inp_b);
     R->gate_exps_b = dequant_tensor(L->ffn_gate_exps_b), R->up_exps_b = dequant_tensor(L->ffn_up_exps_b);
     R->down_exps_b = dequant_tensor(L->ffn_down_exps_b);
+    R->attn_norm_b = dequant_tensor(L->attn_norm_b), R->ffn_norm_b = dequant_tensor(L->ffn_norm_b);
+    R->b_up = dequant_tensor(L->ffn_up_b), R->b_down = dequant_tensor(L->ffn_down_b);
+    if ((L->attn_norm_b && !R->attn_norm_b) || (L->ffn_norm_b && !R->ffn_norm_b) || (L->ffn_up_b && !R->b_up) ||
+        (L->ffn_down_b && !R->b_down))
+        return false;
     if ((L->bo && !R->bo) || (L->attn_sinks && !R->sinks) || (L->ffn_gate_inp_b && !R->router_b) ||
         (L->ffn_gate_exps_b && !R->gate_exps_b) || (L->ffn_up_exps_b && !R->up_exps_b) ||
         (L->ffn_down_exps_b && !R->down_exps_b))
         return false;
-    bool dense = R->w_gate && R->w_up && R->w_down;
+    bool dense = (R->w_gate || hp->ffn_plain) && R->w_up && R->w_down;
     bool ffn = hp->n_expert ? R->router && R->gate_exps && R->up_exps && R->down_exps && (!L->w_down || dense)
                             : dense;
     bool pre = hp->no_pre_norms || (R->attn_norm && (R->ffn_norm || hp->parallel_ffn));
@@ -151,6 +172,8 @@ vki_status ref_model_load(const char *path, const ref_model_opts *o, ref_model *
         m->layers = calloc(m->hp.n_layer, sizeof *m->layers);
         m->tok_embd = dequant_tensor(t.tok_embd);
         m->output_norm = dequant_tensor(t.output_norm);
+        m->output_norm_b = dequant_tensor(t.output_norm_b);
+        m->output_b = dequant_tensor(t.output_b);
         m->output = m->hp.tied_embeddings ? m->tok_embd : dequant_tensor(t.output);
         m->rope_factors = dequant_tensor(model_rope_factors(&m->hp, &t, o->n_ctx ? o->n_ctx : m->hp.n_ctx_train));
         for (uint32_t il = 0; m->layers && il < m->hp.n_layer; il++)
@@ -184,6 +207,8 @@ void ref_model_free(ref_model *m)
         free(m->output);
     free(m->tok_embd);
     free(m->output_norm);
+    free(m->output_norm_b);
+    free(m->output_b);
     free(m->rope_factors);
     free(m);
 }
@@ -202,8 +227,8 @@ static void rmsnorm(float *y, const float *x, const float *w, uint32_t d, float 
         y[i] = (float)(x[i] * s) * w[i];
 }
 
-/* command-r's LayerNorm without bias (ggml_norm, then the weight) */
-static void layernorm(float *y, const float *x, const float *w, uint32_t d, float eps)
+/* command-r's LayerNorm (ggml_norm, then the weight; starcoder2: + b) */
+static void layernorm_b(float *y, const float *x, const float *w, const float *b, uint32_t d, float eps)
 {
     double mean = 0, ss = 0;
     for (uint32_t i = 0; i < d; i++)
@@ -213,13 +238,16 @@ static void layernorm(float *y, const float *x, const float *w, uint32_t d, floa
         ss += (x[i] - mean) * (x[i] - mean);
     double s = 1.0 / sqrt(ss / d + eps);
     for (uint32_t i = 0; i < d; i++)
-        y[i] = (float)((x[i] - mean) * s) * w[i];
+        y[i] = (float)((x[i] - mean) * s) * w[i] + (b ? b[i] : 0.0f);
 }
 
-/* The residual stream's norm: RMSNorm, or command-r's LayerNorm. */
-static void stream_norm(const model_hparams *hp, float *y, const float *x, const float *w)
+/* The residual stream's norm: RMSNorm, or command-r's LayerNorm (with starcoder2's bias b). */
+static void stream_norm(const model_hparams *hp, float *y, const float *x, const float *w, const float *b)
 {
-    (hp->layer_norm ? layernorm : rmsnorm)(y, x, w, hp->d_model, hp->rms_eps);
+    if (hp->layer_norm)
+        layernorm_b(y, x, w, b, hp->d_model, hp->rms_eps);
+    else
+        rmsnorm(y, x, w, hp->d_model, hp->rms_eps);
 }
 
 /* y[o] = sum_i W[o][i] x[i] (+ b[o]). Not instrumented by the sanitizer builds: the test's own
@@ -315,6 +343,8 @@ static void attend(const ref_model *m, ref_scratch *s, uint32_t il, uint32_t pos
     const float *kc = s->kc + (size_t)il * n * kv_dim, *vc = s->vc + (size_t)il * n * kv_dim;
     double scale = hp->attn_scale; /* the rope attention factor is in q and k already */
     double cap = hp->attn_softcap;
+    if (hp->attn_temp_len) /* mistral3: llama.cpp's llm_graph_input_attn_temp, q times it */
+        scale *= log(floor((double)pos / hp->attn_temp_len) + 1.0) * hp->attn_temp_scale + 1.0;
     for (uint32_t h = 0; h < hp->n_head; h++) {
         const float *q = s->q + (size_t)h * hd;
         uint32_t kvh = h / group;
@@ -353,7 +383,7 @@ static void attention_block(const ref_model *m, ref_scratch *s, uint32_t il, uin
     uint32_t d = hp->d_model, hd = hp->head_dim, q_dim = hp->n_head * hd, kv_dim = hp->n_head_kv * hd;
     uint32_t kind = model_layer_kind(hp, il);
     if (L->attn_norm)
-        stream_norm(hp, s->xb, s->x, L->attn_norm);
+        stream_norm(hp, s->xb, s->x, L->attn_norm, L->attn_norm_b);
     else /* olmo2: no norm before the block */
         memcpy(s->xb, s->x, d * sizeof(float));
     matvec(s->q, L->wq, s->xb, L->bq, q_dim, d);
@@ -472,7 +502,7 @@ static void ffn_block(ref_model *m, ref_scratch *s, uint32_t il)
     const ref_layer *L = &m->layers[il];
     uint32_t d = hp->d_model;
     if (L->ffn_norm)
-        rmsnorm(s->xb, s->x, L->ffn_norm, d, hp->rms_eps);
+        stream_norm(hp, s->xb, s->x, L->ffn_norm, L->ffn_norm_b);
     else if (!hp->parallel_ffn) /* olmo2; command-r's FFN reads the attention's xb */
         memcpy(s->xb, s->x, d * sizeof(float));
     if (L->router) {
@@ -482,11 +512,17 @@ static void ffn_block(ref_model *m, ref_scratch *s, uint32_t il)
         if (!L->w_down) /* else granitemoe's shared expert, from the same input */
             return;
     }
-    matvec(s->g, L->w_gate, s->xb, NULL, hp->d_ff, d);
-    matvec(s->u, L->w_up, s->xb, NULL, hp->d_ff, d);
-    for (uint32_t i = 0; i < hp->d_ff; i++)
-        s->g[i] = (float)act(hp, s->g[i]) * s->u[i];
-    matvec(s->o, L->w_down, s->g, NULL, d, hp->d_ff);
+    if (hp->ffn_plain) { /* starcoder2: gelu(up h + b_up) */
+        matvec(s->g, L->w_up, s->xb, L->b_up, hp->d_ff, d);
+        for (uint32_t i = 0; i < hp->d_ff; i++)
+            s->g[i] = (float)act(hp, s->g[i]);
+    } else {
+        matvec(s->g, L->w_gate, s->xb, NULL, hp->d_ff, d);
+        matvec(s->u, L->w_up, s->xb, NULL, hp->d_ff, d);
+        for (uint32_t i = 0; i < hp->d_ff; i++)
+            s->g[i] = (float)act(hp, s->g[i]) * s->u[i];
+    }
+    matvec(s->o, L->w_down, s->g, L->b_down, d, hp->d_ff);
     if (L->post_ffn_norm)
         rmsnorm(s->o, s->o, L->post_ffn_norm, d, hp->rms_eps);
     for (uint32_t i = 0; i < d; i++)
@@ -496,8 +532,8 @@ static void ffn_block(ref_model *m, ref_scratch *s, uint32_t il)
 static void lm_head(const ref_model *m, ref_scratch *s, float *logits)
 {
     const model_hparams *hp = &m->hp;
-    stream_norm(hp, s->xb, s->x, m->output_norm);
-    matvec(logits, m->output, s->xb, NULL, hp->n_vocab, hp->d_model);
+    stream_norm(hp, s->xb, s->x, m->output_norm, m->output_norm_b);
+    matvec(logits, m->output, s->xb, m->output_b, hp->n_vocab, hp->d_model);
     for (uint32_t i = 0; hp->logit_mul != 1.0f && i < hp->n_vocab; i++) /* granite, command-r */
         logits[i] = (float)(logits[i] * (double)hp->logit_mul);
     for (uint32_t i = 0; hp->final_softcap > 0 && i < hp->n_vocab; i++)
@@ -560,7 +596,7 @@ static vki_status run(ref_model *m, const int32_t *tokens, uint32_t n, bool all,
             ffn_block(m, &s, il);
         }
         if (hidden)
-            stream_norm(hp, hidden + (size_t)pos * d, s.x, m->output_norm);
+            stream_norm(hp, hidden + (size_t)pos * d, s.x, m->output_norm, m->output_norm_b);
         if (logits && (all || pos == n - 1))
             lm_head(m, &s, all ? logits + (size_t)pos * hp->n_vocab : logits);
     }
