@@ -453,11 +453,15 @@ static vki_status record_ffn_plain(vk_engine *e, const vk_layer *L, uint32_t T, 
     TRY(mm_q(e, &L->w_up, bias_view(&L->b_up, &b), vkd_whole(s->h), d, s->xq, vkd_whole(s->g), ff, T, false));
     vkd_barrier(c);
     vkd_role(c, "ffn_act");
-    TRY(op_unary(c, VKI_UNARY_GELU, 0.0f, op_mat_rows(s->g, ff), op_mat_rows(s->g, ff), T, ff));
+    /* where down takes the integer-dot path the GELU also writes its output's int8 copy (s->gq) */
+    const bool gq = use_i8(e, &L->w_down, T) && !e->p.no_fusion && ff % 32 == 0 && s->gq &&
+                    s->gq->size >= op_quant_x8_bytes(T, ff);
+    TRY(op_unary_xq(c, VKI_UNARY_GELU, 0.0f, op_mat_rows(s->g, ff), op_mat_rows(s->g, ff), T, ff,
+                    gq ? vkd_whole(s->gq) : (vkd_view){0}));
     vkd_barrier(c);
     static const char *const down_roles[2] = {"ffn_down_xq", "ffn_down_xh"};
-    return project_residual(e, &L->w_down, &L->b_down, vkd_whole(s->g), ff, T, NULL, s->h, "ffn_down", down_roles,
-                            &L->post_ffn_norm, "ffn_post_norm", "ffn_residual", next_norm, next_i8, normed);
+    return project_residual(e, &L->w_down, &L->b_down, vkd_whole(s->g), ff, T, gq ? s->gq : NULL, s->h, "ffn_down",
+                            down_roles, &L->post_ffn_norm, "ffn_post_norm", "ffn_residual", next_norm, next_i8, normed);
 }
 
 /* *normed as for record_attention_block (the next layer's attention norm on return). */

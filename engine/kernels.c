@@ -137,6 +137,8 @@ static const vkk_desc kernel_table[] = {
                      .n_spec = 1, .spec_default = {256}},
     [VKK_UNARY] = {"unary", SPV(unary), .n_bindings = 2, .push_size = sizeof(vki_pc_unary),
                    .n_spec = 1, .spec_default = {256}},
+    [VKK_UNARY_XQ] = {"unary_xq", SPV(unary_xq), .n_bindings = 3, .push_size = sizeof(vki_pc_unary),
+                      .n_spec = 1, .spec_default = {256}},
     ATTN_ROWS(F16, f16), ATTN_ROWS(F32, f32), ATTN_ROWS(Q8_0, q8_0),
     [VKK_ATTN_REDUCE] = {"attn_reduce", SPV(attn_reduce), .n_bindings = 5, .push_size = sizeof(vki_pc_attn),
                          .n_spec = 1, .spec_default = {64}},

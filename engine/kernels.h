@@ -40,7 +40,7 @@ typedef enum vkk_id {
     /* mixture-of-experts routing (engine/ops_moe.c) */
     VKK_MOE_TOPK, VKK_MOE_GROUP, VKK_MOE_COMBINE,
     /* row norms and elementwise ops (engine/ops_basic.c) */
-    VKK_RMSNORM, VKK_ROPE, VKK_GLU, VKK_SOFTMAX, VKK_UNARY,
+    VKK_RMSNORM, VKK_ROPE, VKK_GLU, VKK_SOFTMAX, VKK_UNARY, VKK_UNARY_XQ,
     /* paged KV writes and attention (engine/ops_attn.c), per KV element type (F16, F32, Q8_0:
      * consecutive, ops_attn.c picks by offset); prefill also on cooperative matrices (CM) and
      * their emulation (CME) */

@@ -171,6 +171,7 @@ static const arch_def ARCHS[] = {
     {"mistral3", MODEL_ARCH_MISTRAL3, false, false, false, 1e-5f, 1},
     {"starcoder2", MODEL_ARCH_STARCODER2, true, false, false, 1e-5f, 0},
     {"phi2", MODEL_ARCH_PHI2, true, false, false, 1e-5f, 0},
+    {"stablelm", MODEL_ARCH_STABLELM, true, false, false, 1e-5f, 0},
 };
 
 /* A soft-cap key: absent keeps *out, else a finite number >= 0 (0 = none). */
@@ -260,6 +261,13 @@ static vki_status read_cohere(const gguf_file *f, model_hparams *hp, char *err, 
         hp->parallel_ffn = hp->arch == MODEL_ARCH_PHI2; /* phi2: beside the attention */
         return VKI_OK;
     }
+    if (hp->arch == MODEL_ARCH_STABLELM) { /* LayerNorms with biases, SwiGLU; without ffn_norm (StableLM
+                                              2 12B) the FFN runs beside the attention, as llama.cpp
+                                              decides it */
+        hp->norm_bias = true;
+        hp->parallel_ffn = !gguf_find_tensor(f, "blk.0.ffn_norm.weight");
+        return VKI_OK;
+    }
     if ((st = read_multiplier(f, hp, "logit_scale", true, &hp->logit_mul, err, n)))
         return st;
     hp->parallel_ffn = true;
@@ -328,7 +336,8 @@ static vki_status read_arch_extras(const gguf_file *f, const arch_def *a, model_
     bool granite = a->arch == MODEL_ARCH_GRANITE || a->arch == MODEL_ARCH_GRANITE_MOE;
     if (granite && (st = read_granite(f, hp, err, n)) != VKI_OK)
         return st;
-    if ((a->arch == MODEL_ARCH_COMMAND_R || cohere2 || a->arch == MODEL_ARCH_STARCODER2 || a->arch == MODEL_ARCH_PHI2) &&
+    if ((a->arch == MODEL_ARCH_COMMAND_R || cohere2 || a->arch == MODEL_ARCH_STARCODER2 || a->arch == MODEL_ARCH_PHI2 ||
+         a->arch == MODEL_ARCH_STABLELM) &&
         (st = read_cohere(f, hp, err, n)) != VKI_OK)
         return st;
     if (a->arch == MODEL_ARCH_MISTRAL3 && (st = read_mistral3(f, hp, err, n)) != VKI_OK)
@@ -410,7 +419,7 @@ vki_status model_read_hparams(const gguf_file *f, model_hparams *hp, char *err, 
     if (!a)
         return fail(VKI_ERR_UNSUPPORTED, err, n, "architecture '%.*s' is not supported (llama, qwen2, qwen3, qwen3moe, "
                     "gemma, gemma2, gemma3, phi3, gpt-oss, granite, granitemoe, smollm3, olmo2, exaone, exaone4, glm4, "
-                    "command-r, cohere2, mistral3, starcoder2, phi2, internlm2, ernie4_5)", (int)(arch.len > 32 ? 32 : arch.len), arch.ptr);
+                    "command-r, cohere2, mistral3, starcoder2, phi2, stablelm, internlm2, ernie4_5)", (int)(arch.len > 32 ? 32 : arch.len), arch.ptr);
     hp->arch = a->arch;
     hp->rope_neox = a->neox;
     hp->rms_eps = a->rms_eps;
@@ -602,7 +611,8 @@ static vki_status find_layer(const gguf_file *f, const model_hparams *hp, uint32
             snprintf(name, sizeof name, "blk.%u.%s", il, unrun[i]);
             if (gguf_find_tensor(f, name))
                 return fail(VKI_ERR_UNSUPPORTED, err, n, "tensor %s: %s is not supported", name,
-                            i ? "a per-head Q/K LayerNorm (Command R+'s use_qk_norm)" : "a LayerNorm bias");
+                            i ? "a per-head Q/K LayerNorm (Command R+'s use_qk_norm, StableLM 2 12B's)"
+                              : "a LayerNorm bias");
         }
     }
     T(q_norm, "attn_q_norm.weight", hp->qk_norm_full ? q : hp->head_dim, 0, true, !hp->qk_norm)

@@ -46,6 +46,10 @@ typedef enum model_arch {
     MODEL_ARCH_PHI2 = 20,       /* Microsoft Phi-2, Phi-1.5: starcoder2's norms, biases and FFN, the FFN
                                    beside the attention (command-r's), partial NeoX RoPE, an LM head
                                    bias */
+    MODEL_ARCH_STABLELM = 21,   /* Stability AI StableLM 2 (1.6B, 12B), StableLM 3B 4E1T, StableCode:
+                                   LayerNorms with bias, SwiGLU, partial NeoX RoPE, optional Q/K/V
+                                   biases; the FFN beside the attention where ffn_norm is absent
+                                   (the 12B) */
 } model_arch;
 
 /* Layers of one attention kind share these (gemma: sliding-window layers and global ones). */

@@ -249,15 +249,26 @@ vki_status op_glu_xh_ex(vkd_cmd *c, uint32_t act, op_mat g, op_mat u, vkd_view x
 
 vki_status op_unary(vkd_cmd *c, uint32_t op, float a, op_mat x, op_mat y, uint32_t n_rows, uint32_t n_cols)
 {
+    return op_unary_xq(c, op, a, x, y, n_rows, n_cols, (vkd_view){0});
+}
+
+vki_status op_unary_xq(vkd_cmd *c, uint32_t op, float a, op_mat x, op_mat y, uint32_t n_rows, uint32_t n_cols,
+                       vkd_view xq)
+{
     if (!n_rows || !n_cols)
         return VKI_OK;
+    if (xq.buf && (n_cols % 32 || op_view_floats(xq) < VKI_XQ_WORDS((uint64_t)n_rows, n_cols)))
+        return bad(c, "unary (quantised rows: n_cols % 32 == 0, their words)");
     if (!op_mat_fits(x, n_rows, n_cols) || !op_mat_fits(y, n_rows, n_cols) || (uint64_t)n_rows * n_cols >= (1ull << 32) ||
         !isfinite(a) || op > VKI_UNARY_GELU || (op == VKI_UNARY_SOFTCAP && !(a > 0)))
         return bad(c, "unary");
     vki_pc_unary pc = {.n_rows = n_rows, .n_cols = n_cols, .x_off = x.off, .x_stride = x.stride, .y_off = y.off,
                        .y_stride = y.stride, .op = op, .a = a};
-    vkd_view v[2] = {x.v, y.v};
+    vkd_view v[3] = {x.v, y.v, xq};
     uint32_t wg = ELEM_WG;
+    if (xq.buf) /* one invocation per block of 32 */
+        return vkk_dispatch(c, VKK_UNARY_XQ, &wg, v, 3, &pc, sizeof pc, elem_groups((uint64_t)n_rows * (n_cols / 32)),
+                            1, 1);
     return vkk_dispatch(c, VKK_UNARY, &wg, v, 2, &pc, sizeof pc, elem_groups((uint64_t)n_rows * n_cols), 1, 1);
 }
 

@@ -201,6 +201,7 @@ static const synth_arch synth_archs[] = {
     {"mistral3", false, false, false, false, 0, 0, 0, false, false, false, false, false, false},
     {"starcoder2", true, false, false, false, 0, 0, 0, false, false, false, false, false, true},
     {"phi2", true, false, false, true, 0, 0, 0, false, false, false, false, false, true},
+    {"stablelm", true, false, false, false, 0, 0, 0, false, false, false, false, false, false},
 };
 
 static const synth_arch *find_arch(const char *name)
@@ -417,11 +418,12 @@ static void add_layer(synth_ctx *c, const synth_arch *a, int l)
     const synth_params *p = c->p;
     uint64_t d = p->d_model, q = (uint64_t)p->n_head * c->head_dim, kv = (uint64_t)p->n_head_kv * c->head_dim;
     float in_std = 1.0f / sqrtf((float)d), resid = 1.0f / sqrtf(2.0f * (float)p->n_layer);
+    const bool phi2 = !strcmp(a->name, "phi2"), par = a->cohere || phi2; /* par: no ffn_norm */
+    const bool norm_b = a->coder || !strcmp(a->name, "stablelm"); /* LayerNorms with biases */
     if (!a->no_pre)
         add_tensor(c, "attn_norm", l, "weight", 1, d, 1, SYNTH_INIT_NORM, 0.1f);
-    if (a->coder)
+    if (norm_b)
         add_tensor(c, "attn_norm", l, "bias", 1, d, 1, SYNTH_INIT_BIAS, 0.1f);
-    const bool phi2 = !strcmp(a->name, "phi2"), par = a->cohere || phi2; /* par: no ffn_norm */
     if (a->fused) {
         add_tensor(c, "attn_qkv", l, "weight", 2, d, q + 2 * kv, SYNTH_INIT_WEIGHT, in_std);
         if (a->qkv_bias) /* phi2's */
@@ -449,7 +451,7 @@ static void add_layer(synth_ctx *c, const synth_arch *a, int l)
         add_tensor(c, "post_attention_norm", l, "weight", 1, d, 1, SYNTH_INIT_NORM, 0.1f);
     if (!a->no_pre && !par)
         add_tensor(c, a->oss ? "post_attention_norm" : "ffn_norm", l, "weight", 1, d, 1, SYNTH_INIT_NORM, 0.1f);
-    if (a->coder && !par)
+    if (norm_b && !par)
         add_tensor(c, "ffn_norm", l, "bias", 1, d, 1, SYNTH_INIT_BIAS, 0.1f);
     if (p->n_expert) {
         add_experts(c, l, a->oss);
@@ -484,7 +486,7 @@ static vki_status build_tensors(synth_ctx *c)
     float head_std = 3.0f / sqrtf((float)d); /* logits ~ N(0, 9): a clear argmax */
     add_tensor(c, "token_embd", -1, "weight", 2, d, c->n_vocab, SYNTH_INIT_WEIGHT, head_std);
     add_tensor(c, "output_norm", -1, "weight", 1, d, 1, SYNTH_INIT_NORM, 0.1f);
-    if (a->coder)
+    if (a->coder || !strcmp(a->name, "stablelm"))
         add_tensor(c, "output_norm", -1, "bias", 1, d, 1, SYNTH_INIT_BIAS, 0.1f);
     if (!p->tied)
         add_tensor(c, "output", -1, "weight", 2, d, c->n_vocab, SYNTH_INIT_WEIGHT, head_std);
@@ -533,7 +535,7 @@ static vki_status validate(synth_ctx *c)
     if (!find_arch(p->arch))
         return synth_fail(c, VKI_ERR_INVALID_ARG, "arch '%s': llama, qwen2, qwen3, qwen3moe, gemma, gemma2, gemma3, "
                           "phi3, gpt-oss, granite, granitemoe, smollm3, olmo2, exaone, exaone4, glm4, command-r, cohere2, mistral3, "
-                          "starcoder2, phi2, "
+                          "starcoder2, phi2, stablelm, "
                           "internlm2 and ernie4_5 are "
                           "written",
                           p->arch ? p->arch : "(null)");
@@ -740,7 +742,7 @@ static vki_status write_metadata(synth_ctx *c, gguf_writer *w)
     SET(gguf_w_set_u32, "%s.attention.head_count", p->n_head);
     SET(gguf_w_set_u32, "%s.attention.head_count_kv", p->n_head_kv);
     const synth_arch *sa = find_arch(a);
-    if (sa->cohere || sa->coder) /* convert_hf_to_gguf's CommandR2Model / Cohere2Model / StarCoder2Model */
+    if (sa->cohere || sa->coder || !strcmp(a, "stablelm")) /* LayerNorm models: the converter's norm_eps key */
         SET(gguf_w_set_f32, "%s.attention.layer_norm_epsilon", p->rms_eps);
     else
         SET(gguf_w_set_f32, "%s.attention.layer_norm_rms_epsilon", p->rms_eps);

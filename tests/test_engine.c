@@ -581,6 +581,8 @@ static const arch_case ARCH_CASES[] = {
     /* Phi-2: starcoder2's norms and FFN beside the attention, a fused attn_qkv with its bias, 32
      * of 80 dims rotated, the LM head's bias */
     {"phi2 parallel rot 32 of 80", "phi2", 2, 320, 4, 4, 80, 512, SYNTH_Q8_0,  0,      0, 0,       0,   0,  0, VKI_GGML_F16, TOL_F16KV, 0, 32},
+    /* StableLM 2 1.6B: LayerNorms with bias, Q/K/V biases, SwiGLU, 25% of each head rotated */
+    {"stablelm ln+b rot 16 of 64", "stablelm", 2, 256, 4, 4, 64, 512, SYNTH_Q4_K_M, 0,  0, 0,       0,   0,  0, VKI_GGML_F32, TOL_F32, 0, 16},
 };
 
 static void test_archs_vs_reference(void **state)
@@ -673,7 +675,7 @@ static void test_fusion_bitwise(void **state)
      * of 256), phi3, granite (the residual norms' epsilon in the fused norm epilogues), smollm3
      * (NoPE layers), olmo2 (no pre-norms), exaone4's 64 layers, glm4, command-r (its FFN on the
      * attention's h: op by op the projection's output apart) and cohere2 */
-    static const size_t archs[] = {0, 1, 2, 3, 13, 15, 16, 19, 20, 22, 23, 24, 26, 27};
+    static const size_t archs[] = {0, 1, 2, 3, 13, 15, 16, 19, 20, 22, 23, 24, 26, 27, 28};
     for (size_t i = 0; i < sizeof archs / sizeof archs[0]; i++) {
         write_arch_model(&ARCH_CASES[archs[i]], path, sizeof path);
         fusion_case(g, path, VKI_GGML_F32, ARCH_CASES[archs[i]].label);
@@ -770,6 +772,10 @@ static void test_int_dot(void **state)
         {"qwen3_q4_k", "qwen3", 256, 4, 2, 128, 512, SYNTH_Q4_K, true, VKI_GGML_F32, TOL_F32},
         /* command-r: the FFN's input quantised again after the attention's output projection */
         {"command-r_q8_0", "command-r", 256, 4, 2, 64, 512, SYNTH_Q8_0, true, VKI_GGML_F32, TOL_F32},
+        /* starcoder2 and phi2 (parallel, fused Q|K|V with its bias): biases on the integer-dot
+         * products, the GELU writing its output's int8 copy */
+        {"starcoder2_q8_0", "starcoder2", 256, 4, 2, 64, 512, SYNTH_Q8_0, false, VKI_GGML_F32, TOL_F32},
+        {"phi2_q4_k", "phi2", 256, 4, 4, 64, 512, SYNTH_Q4_K, false, VKI_GGML_F32, TOL_F32},
     };
     const size_t n_models = sizeof models / sizeof models[0];
     double worst = 0;

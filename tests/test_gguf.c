@@ -1056,7 +1056,7 @@ static void test_model_meta_archs(void **state)
     (void)state;
     const gguf_edit none = {GGUF_EDIT_DROP_KEY, "no.such.key", 0, 0, 0, 0, NULL};
     const char *archs[] = {"qwen3", "gemma2", "gemma3", "phi3", "granitemoe", "exaone", "glm4", "internlm2", "ernie4_5",
-                           "gemma", "command-r", "cohere2", "mistral3", "starcoder2", "phi2"};
+                           "gemma", "command-r", "cohere2", "mistral3", "starcoder2", "phi2", "stablelm"};
     for (size_t i = 0; i < sizeof archs / sizeof archs[0]; i++)
         expect_model(archs[i], &none, 1, VKI_OK, NULL);
     /* Cohere's: both keys required (llama.cpp), cohere2's window too; tensors nothing would run
@@ -1092,6 +1092,12 @@ static void test_model_meta_archs(void **state)
            {GGUF_EDIT_DROP_TENSOR, "output.bias", 0, 0, 0, 0, NULL});
     EXPECT("glm4", VKI_ERR_UNSUPPORTED, "blk.0.attn_qkv.bias: a fused Q|K|V bias is not supported",
            {GGUF_EDIT_RENAME, "blk.0.attn_q.bias", 0, 0, 0, 0, "blk.0.attn_qkv.bias"});
+    /* StableLM 2 12B: no ffn_norm, so the FFN runs beside the attention (its Q/K LayerNorms are
+     * refused, as Command R+'s) */
+    EXPECT("stablelm", VKI_OK, NULL, {GGUF_EDIT_DROP_TENSOR, "blk.0.ffn_norm.weight", 0, 0, 0, 0, NULL},
+           {GGUF_EDIT_DROP_TENSOR, "blk.0.ffn_norm.bias", 0, 0, 0, 0, NULL});
+    EXPECT("stablelm", VKI_ERR_UNSUPPORTED, "blk.0.attn_k_norm.weight: a per-head Q/K LayerNorm",
+           {GGUF_EDIT_RENAME, "blk.0.ffn_norm.bias", 0, 0, 0, 0, "blk.0.attn_k_norm.weight"});
     EXPECT("starcoder2", VKI_ERR_FORMAT, "missing metadata key starcoder2.attention.layer_norm_epsilon",
            {GGUF_EDIT_DROP_KEY, "starcoder2.attention.layer_norm_epsilon", 0, 0, 0, 0, NULL});
     EXPECT("llama", VKI_ERR_UNSUPPORTED, "tensor output_norm.bias: a norm bias is not supported",
@@ -1233,6 +1239,24 @@ static void test_model_meta_gemma_cohere(void **state)
     assert_int_equal(model_norm_mode(&hp), VKI_NORM_MEAN | VKI_NORM_BIAS);
     arch_hparams("phi2", 2, &hp);
     assert_true(hp.layer_norm && hp.norm_bias && hp.ffn_plain && hp.parallel_ffn && hp.rope_neox && hp.ffn_gelu);
+    arch_hparams("stablelm", 2, &hp);
+    assert_true(hp.layer_norm && hp.norm_bias && !hp.ffn_plain && !hp.parallel_ffn && hp.rope_neox && !hp.ffn_gelu);
+    { /* StableLM 2 12B's layout: without ffn_norm the FFN runs beside the attention */
+        char src[64], dst[64], err[256] = "";
+        snprintf(src, sizeof src, "/tmp/vki_slm_%d.gguf", (int)getpid());
+        snprintf(dst, sizeof dst, "/tmp/vki_slm_%d_edit.gguf", (int)getpid());
+        arch_model("stablelm", src);
+        const gguf_edit e[] = {{GGUF_EDIT_DROP_TENSOR, "blk.0.ffn_norm.weight", 0, 0, 0, 0, NULL},
+                               {GGUF_EDIT_DROP_TENSOR, "blk.0.ffn_norm.bias", 0, 0, 0, 0, NULL}};
+        assert_int_equal(gguf_edit_copy(src, dst, e, 2), VKI_OK);
+        gguf_file *f = NULL;
+        assert_int_equal(gguf_open(dst, &f, err, sizeof err), VKI_OK);
+        assert_int_equal(model_read_hparams(f, &hp, err, sizeof err), VKI_OK);
+        assert_true(hp.parallel_ffn && hp.norm_bias);
+        gguf_close(f);
+        unlink(src);
+        unlink(dst);
+    }
     arch_hparams("cohere2", 8, &hp);
     assert_true(hp.layer_norm && hp.parallel_ffn && hp.kind[1].window == 4096);
     for (uint32_t il = 0; il < 8; il++) {

@@ -727,6 +727,66 @@ static void rmsnorm_copy_cases(vt_gpu *g, vt_rng *r, const uint32_t cols[3], boo
     }
 }
 
+/* The elementwise ops that also quantise their output for the integer-dot products
+ * (op_unary_xq; starcoder2's GELU before its down projection): y bit for bit op_unary's, in place
+ * and out of place at offsets, the int8 rows byte for byte op_quant_x8's from that y, 1, 3 and 17
+ * rows of 32, 96 and 1024 columns; refused for a width that is no multiple of 32 or a too small
+ * xq. */
+static void test_unary_xq(void **state)
+{
+    vt_gpu *g = vt_gpu_get(state);
+    vt_rng r = vt_rng_seeded("op_unary_xq");
+    static const uint32_t rows[] = {1, 3, 17}, cols[] = {32, 96, 1024};
+    static const uint32_t ops[] = {VKI_UNARY_GELU, VKI_UNARY_SCALE, VKI_UNARY_SOFTCAP};
+    for (int t = 0; t < 9; t++) {
+        const uint32_t M = rows[t % 3], K = cols[t / 3], op = ops[t % 3];
+        const float a = op == VKI_UNARY_SCALE ? 0.7f : 4.0f;
+        const bool in_place = t % 2;
+        uint32_t xo = (uint32_t)vt_range(&r, 0, 5), xs = K + (uint32_t)vt_range(&r, 0, 7);
+        size_t nx = (size_t)xo + (size_t)M * xs, qb = op_quant_x8_bytes(M, K);
+        float *x = rand_buf(&r, nx, -6, 6);
+        vkd_buffer *bx = vt_buf_from(g, x, nx * 4, "x"), *by = in_place ? bx : vt_buf_nan(g, nx * 4, "y");
+        vkd_buffer *bref = vt_buf_nan(g, (size_t)M * K * 4, "y apart");
+        vkd_buffer *bq[2] = {vt_buf_nan(g, qb, "copy fused"), vt_buf_nan(g, qb, "copy apart")};
+        op_mat mx = {vkd_whole(bx), xo, xs}, my = {vkd_whole(by), xo, xs};
+        vt_begin(g);
+        assert_int_equal(op_unary(&g->cmd, op, a, mx, op_mat_rows(bref, K), M, K), VKI_OK); /* before x changes */
+        vkd_barrier(&g->cmd);
+        assert_int_equal(op_unary_xq(&g->cmd, op, a, mx, my, M, K, vkd_whole(bq[0])), VKI_OK);
+        assert_int_equal(op_quant_x8(&g->cmd, vkd_whole(bref), K, M, K, vkd_whole(bq[1])), VKI_OK);
+        vt_submit_wait(g);
+        float *y = malloc(nx * 4), *yr = malloc((size_t)M * K * 4);
+        uint8_t *q0 = malloc(qb), *q1 = malloc(qb);
+        vt_download(g, by, y, nx * 4);
+        vt_download(g, bref, yr, (size_t)M * K * 4);
+        for (uint32_t i = 0; i < M; i++)
+            if (memcmp(y + xo + (size_t)i * xs, yr + (size_t)i * K, K * 4))
+                fail_msg("unary_xq op %u %ux%u%s: row %u differs from op_unary's", op, M, K,
+                         in_place ? " in place" : "", i);
+        vt_download(g, bq[0], q0, qb);
+        vt_download(g, bq[1], q1, qb);
+        if (memcmp(q0, q1, qb))
+            fail_msg("unary_xq op %u %ux%u: the quantised rows differ from op_quant_x8's", op, M, K);
+        free(x), free(y), free(yr), free(q0), free(q1);
+        vkd_buffer *all[] = {bx, bref, bq[0], bq[1]};
+        for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
+            vkd_buffer_destroy(g->dev, all[i]);
+        if (!in_place)
+            vkd_buffer_destroy(g->dev, by);
+    }
+    vkd_buffer *b = vt_buf_nan(g, 4096 * 4, "b"), *q = vt_buf_nan(g, 4096, "q");
+    vt_begin(g);
+    op_mat m48 = {vkd_whole(b), 0, 48}, m64 = {vkd_whole(b), 0, 64};
+    assert_int_equal(op_unary_xq(&g->cmd, VKI_UNARY_GELU, 0, m48, m48, 2, 48, vkd_whole(q)),
+                     VKI_ERR_INVALID_ARG); /* 48 columns */
+    assert_int_equal(op_unary_xq(&g->cmd, VKI_UNARY_GELU, 0, m64, m64, 2, 64, (vkd_view){q, 0, 16}),
+                     VKI_ERR_INVALID_ARG); /* xq too small */
+    vt_submit_wait(g);
+    vkd_buffer_destroy(g->dev, b);
+    vkd_buffer_destroy(g->dev, q);
+    vt_assert_clean(g);
+}
+
 /* RMSNorm that also quantises its rows for the integer-dot products (op_rmsnorm_xq):
  * rmsnorm_copy_cases at widths 32, 320, 1024; refused for a width that is no multiple of 32, in
  * place, or a too small xq. */
@@ -850,6 +910,7 @@ int main(void)
         cmocka_unit_test(test_rope),
         cmocka_unit_test(test_glu),
         cmocka_unit_test(test_unary),
+        cmocka_unit_test(test_unary_xq),
         cmocka_unit_test(test_softmax),
         cmocka_unit_test(test_bad_shapes),
         cmocka_unit_test(test_gpu_configs),
