@@ -243,10 +243,11 @@ static vki_status read_mistral3(const gguf_file *f, model_hparams *hp, char *err
     return VKI_OK;
 }
 
-/* LayerNorms with their own epsilon key (required: llama.cpp's get_key without a default):
- * Cohere's command-r and cohere2 (no bias, the FFN beside the attention, a logit multiplier,
- * required too), starcoder2 (biases, a GELU FFN without gate). */
-static vki_status read_cohere(const gguf_file *f, model_hparams *hp, char *err, size_t n)
+/* The LayerNorm architectures, their norms' epsilon key required (llama.cpp's get_key without a
+ * default): Cohere's command-r and cohere2 (no bias, the FFN beside the attention, a logit
+ * multiplier, required too), starcoder2 and phi2 (biases, a GELU FFN without gate; phi2's beside
+ * the attention), stablelm (biases, SwiGLU). */
+static vki_status read_layernorm(const gguf_file *f, model_hparams *hp, char *err, size_t n)
 {
     char key[128];
     hp->layer_norm = true;
@@ -338,7 +339,7 @@ static vki_status read_arch_extras(const gguf_file *f, const arch_def *a, model_
         return st;
     if ((a->arch == MODEL_ARCH_COMMAND_R || cohere2 || a->arch == MODEL_ARCH_STARCODER2 || a->arch == MODEL_ARCH_PHI2 ||
          a->arch == MODEL_ARCH_STABLELM) &&
-        (st = read_cohere(f, hp, err, n)) != VKI_OK)
+        (st = read_layernorm(f, hp, err, n)) != VKI_OK)
         return st;
     if (a->arch == MODEL_ARCH_MISTRAL3 && (st = read_mistral3(f, hp, err, n)) != VKI_OK)
         return st;

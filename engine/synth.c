@@ -534,9 +534,8 @@ static vki_status validate(synth_ctx *c)
     const synth_params *p = c->p;
     if (!find_arch(p->arch))
         return synth_fail(c, VKI_ERR_INVALID_ARG, "arch '%s': llama, qwen2, qwen3, qwen3moe, gemma, gemma2, gemma3, "
-                          "phi3, gpt-oss, granite, granitemoe, smollm3, olmo2, exaone, exaone4, glm4, command-r, cohere2, mistral3, "
-                          "starcoder2, phi2, stablelm, "
-                          "internlm2 and ernie4_5 are "
+                          "phi3, gpt-oss, granite, granitemoe, smollm3, olmo2, exaone, exaone4, glm4, command-r, "
+                          "cohere2, mistral3, starcoder2, phi2, stablelm, internlm2 and ernie4_5 are "
                           "written",
                           p->arch ? p->arch : "(null)");
     if (p->n_layer < 1 || p->n_layer > SYNTH_MAX_LAYERS)

@@ -55,7 +55,8 @@ typedef enum synth_wtype {
 typedef struct synth_params {
     const char *arch;       /* "llama", "qwen2" (+ Q/K/V biases), "qwen3" (+ Q/K norms), "qwen3moe"
                                (qwen3 + experts), "gemma2" (+ post-norms, soft-caps), "gemma3" (+
-                               post-norms, Q/K norms) or "phi3" (fused attn_qkv and gate|up ffn_up),
+                               post-norms, Q/K norms), "phi3" (fused attn_qkv and gate|up ffn_up)
+                               or any other of synth_archs (engine/synth.c: gpt-oss ... stablelm),
                                with llama.cpp's tensor names */
     const char *name;       /* general.name */
     uint32_t n_layer;
