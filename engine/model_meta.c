@@ -295,8 +295,8 @@ static vki_status read_arch_extras(const gguf_file *f, const arch_def *a, model_
         return fail(VKI_ERR_FORMAT, err, n, "%s.attention.sliding_window = %u must be in [%u, 2^24]", hp->arch_name,
                     window, a->arch == MODEL_ARCH_GEMMA2 || cohere2 ? 1 : 0);
     if (a->arch == MODEL_ARCH_QWEN2 || a->arch == MODEL_ARCH_QWEN3 || a->arch == MODEL_ARCH_QWEN3MOE ||
-        a->arch == MODEL_ARCH_STARCODER2)
-        window = 0; /* their files may carry HF's unused sliding_window; llama.cpp ignores it too */
+        a->arch == MODEL_ARCH_STARCODER2 || a->arch == MODEL_ARCH_MISTRAL3 || a->arch == MODEL_ARCH_COMMAND_R)
+        window = 0; /* their files may carry HF's unused sliding_window; llama.cpp's graphs ignore it too */
     hp->swa_pattern = window ? a->swa_pattern : 0;
     /* gpt-oss: every other layer slides unless sliding_window_pattern says otherwise (llama.cpp) */
     if (a->arch == MODEL_ARCH_GPT_OSS && window &&
