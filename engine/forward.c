@@ -435,7 +435,8 @@ static vki_status record_attention_block(vk_engine *e, uint32_t il, uint32_t T, 
     return VKI_OK;
 }
 
-/* starcoder2's FFN, down(gelu(h Wup + b_up)) + b_down, as record_ffn_block's dense one. */
+/* starcoder2's FFN, down(gelu(h Wup + b_up)) + b_down (nemotron, arcee: max(., 0)^2 for gelu,
+ * biases where the file has them), as record_ffn_block's dense one. */
 static vki_status record_ffn_plain(vk_engine *e, const vk_layer *L, uint32_t T, const vk_tensor *next_norm,
                                    bool next_i8, bool *normed)
 {
@@ -456,7 +457,8 @@ static vki_status record_ffn_plain(vk_engine *e, const vk_layer *L, uint32_t T, 
     /* where down takes the integer-dot path the GELU also writes its output's int8 copy (s->gq) */
     const bool gq = use_i8(e, &L->w_down, T) && !e->p.no_fusion && ff % 32 == 0 && s->gq &&
                     s->gq->size >= op_quant_x8_bytes(T, ff);
-    TRY(op_unary_xq(c, VKI_UNARY_GELU, 0.0f, op_mat_rows(s->g, ff), op_mat_rows(s->g, ff), T, ff,
+    TRY(op_unary_xq(c, e->model.hp.ffn_relu2 ? VKI_UNARY_RELU2 : VKI_UNARY_GELU, 0.0f, op_mat_rows(s->g, ff),
+                    op_mat_rows(s->g, ff), T, ff,
                     gq ? vkd_whole(s->gq) : (vkd_view){0}));
     vkd_barrier(c);
     static const char *const down_roles[2] = {"ffn_down_xq", "ffn_down_xh"};

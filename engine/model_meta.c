@@ -172,6 +172,8 @@ static const arch_def ARCHS[] = {
     {"starcoder2", MODEL_ARCH_STARCODER2, true, false, false, 1e-5f, 0},
     {"phi2", MODEL_ARCH_PHI2, true, false, false, 1e-5f, 0},
     {"stablelm", MODEL_ARCH_STABLELM, true, false, false, 1e-5f, 0},
+    {"nemotron", MODEL_ARCH_NEMOTRON, true, false, false, 1e-5f, 0},
+    {"arcee", MODEL_ARCH_ARCEE, false, false, false, 1e-5f, 0},
 };
 
 /* A soft-cap key: absent keeps *out, else a finite number >= 0 (0 = none). */
@@ -262,6 +264,10 @@ static vki_status read_layernorm(const gguf_file *f, model_hparams *hp, char *er
         hp->parallel_ffn = hp->arch == MODEL_ARCH_PHI2; /* phi2: beside the attention */
         return VKI_OK;
     }
+    if (hp->arch == MODEL_ARCH_NEMOTRON) { /* LayerNorms with biases, a squared-ReLU FFN without gate */
+        hp->norm_bias = hp->ffn_plain = hp->ffn_relu2 = true;
+        return VKI_OK;
+    }
     if (hp->arch == MODEL_ARCH_STABLELM) { /* LayerNorms with biases, SwiGLU; without ffn_norm (StableLM
                                               2 12B) the FFN runs beside the attention, as llama.cpp
                                               decides it */
@@ -338,11 +344,13 @@ static vki_status read_arch_extras(const gguf_file *f, const arch_def *a, model_
     if (granite && (st = read_granite(f, hp, err, n)) != VKI_OK)
         return st;
     if ((a->arch == MODEL_ARCH_COMMAND_R || cohere2 || a->arch == MODEL_ARCH_STARCODER2 || a->arch == MODEL_ARCH_PHI2 ||
-         a->arch == MODEL_ARCH_STABLELM) &&
+         a->arch == MODEL_ARCH_STABLELM || a->arch == MODEL_ARCH_NEMOTRON) &&
         (st = read_layernorm(f, hp, err, n)) != VKI_OK)
         return st;
     if (a->arch == MODEL_ARCH_MISTRAL3 && (st = read_mistral3(f, hp, err, n)) != VKI_OK)
         return st;
+    if (a->arch == MODEL_ARCH_ARCEE) /* llama's block, a squared-ReLU FFN without gate */
+        hp->ffn_plain = hp->ffn_relu2 = true;
     hp->resid_eps = hp->rms_eps / (hp->resid_scale * hp->resid_scale);
     return VKI_OK;
 }
@@ -420,7 +428,7 @@ vki_status model_read_hparams(const gguf_file *f, model_hparams *hp, char *err, 
     if (!a)
         return fail(VKI_ERR_UNSUPPORTED, err, n, "architecture '%.*s' is not supported (llama, qwen2, qwen3, qwen3moe, "
                     "gemma, gemma2, gemma3, phi3, gpt-oss, granite, granitemoe, smollm3, olmo2, exaone, exaone4, glm4, "
-                    "command-r, cohere2, mistral3, starcoder2, phi2, stablelm, internlm2, ernie4_5)", (int)(arch.len > 32 ? 32 : arch.len), arch.ptr);
+                    "command-r, cohere2, mistral3, starcoder2, phi2, stablelm, nemotron, arcee, internlm2, ernie4_5)", (int)(arch.len > 32 ? 32 : arch.len), arch.ptr);
     hp->arch = a->arch;
     hp->rope_neox = a->neox;
     hp->rms_eps = a->rms_eps;
@@ -619,7 +627,9 @@ static vki_status find_layer(const gguf_file *f, const model_hparams *hp, uint32
     T(q_norm, "attn_q_norm.weight", hp->qk_norm_full ? q : hp->head_dim, 0, true, !hp->qk_norm)
     T(k_norm, "attn_k_norm.weight", hp->qk_norm_full ? kv : hp->head_dim, 0, true, !hp->qk_norm)
     T(wo, "attn_output.weight", q, d, false, false)
-    T(bo, "attn_output.bias", d, 0, true, !oss && !hp->ffn_plain) /* required: gpt-oss, starcoder2, phi2 */
+    /* required: gpt-oss, starcoder2, phi2 (their FFN biases too: with a gate none are run) */
+    const bool biased = hp->arch == MODEL_ARCH_STARCODER2 || hp->arch == MODEL_ARCH_PHI2;
+    T(bo, "attn_output.bias", d, 0, true, !oss && !biased)
     T(attn_sinks, "attn_sinks.weight", hp->n_head, 0, true, !oss)
     /* gpt-oss names its FFN input norm post_attention_norm (it has no post-norms) */
     if (!oss) {
@@ -654,8 +664,8 @@ static vki_status find_layer(const gguf_file *f, const model_hparams *hp, uint32
     T(w_down, "ffn_down.weight", hp->d_ff, d, false, false)
     T(post_ffn_norm, "post_ffw_norm.weight", d, 0, true, !hp->post_norms)
     if (hp->ffn_plain) {
-        T(ffn_up_b, "ffn_up.bias", hp->d_ff, 0, true, false)
-        T(ffn_down_b, "ffn_down.bias", d, 0, true, false)
+        T(ffn_up_b, "ffn_up.bias", hp->d_ff, 0, true, !biased)
+        T(ffn_down_b, "ffn_down.bias", d, 0, true, !biased)
     }
 #undef T
     if (fused_ffn && L->w_gate)

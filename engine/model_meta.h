@@ -50,6 +50,10 @@ typedef enum model_arch {
                                    LayerNorms with bias, SwiGLU, partial NeoX RoPE, optional Q/K/V
                                    biases; the FFN beside the attention where ffn_norm is absent
                                    (the 12B) */
+    MODEL_ARCH_NEMOTRON = 22,   /* NVIDIA Nemotron-4 / Minitron: LayerNorms with bias (the converter's
+                                   1 + w), an FFN without gate of squared ReLU, partial NeoX RoPE */
+    MODEL_ARCH_ARCEE = 23,      /* Arcee AFM-4.5B: llama's block with an FFN without gate of squared
+                                   ReLU */
 } model_arch;
 
 /* Layers of one attention kind share these (gemma: sliding-window layers and global ones). */
@@ -123,6 +127,7 @@ typedef struct model_hparams {
     bool norm_bias;         /* starcoder2: the LayerNorms add a bias (attn_norm.bias, ffn_norm.bias,
                                output_norm.bias) */
     bool ffn_plain;         /* starcoder2: the FFN is down(gelu(up h + b_up)) + b_down, no gate */
+    bool ffn_relu2;         /* nemotron, arcee: ffn_plain's activation is max(v, 0)^2, not GELU */
     bool parallel_ffn;      /* command-r: no ffn_norm; the FFN reads the attention's normed input
                                and both outputs add to the residual stream */
     bool fused_qkv;         /* phi3: one attn_qkv matrix [q | k | v] (found from the tensors) */

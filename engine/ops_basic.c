@@ -260,7 +260,7 @@ vki_status op_unary_xq(vkd_cmd *c, uint32_t op, float a, op_mat x, op_mat y, uin
     if (xq.buf && (n_cols % 32 || op_view_floats(xq) < VKI_XQ_WORDS((uint64_t)n_rows, n_cols)))
         return bad(c, "unary (quantised rows: n_cols % 32 == 0, their words)");
     if (!op_mat_fits(x, n_rows, n_cols) || !op_mat_fits(y, n_rows, n_cols) || (uint64_t)n_rows * n_cols >= (1ull << 32) ||
-        !isfinite(a) || op > VKI_UNARY_GELU || (op == VKI_UNARY_SOFTCAP && !(a > 0)))
+        !isfinite(a) || op > VKI_UNARY_RELU2 || (op == VKI_UNARY_SOFTCAP && !(a > 0)))
         return bad(c, "unary");
     vki_pc_unary pc = {.n_rows = n_rows, .n_cols = n_cols, .x_off = x.off, .x_stride = x.stride, .y_off = y.off,
                        .y_stride = y.stride, .op = op, .a = a};

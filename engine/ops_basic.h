@@ -124,7 +124,8 @@ vki_status op_glu_xh_ex(vkd_cmd *c, uint32_t act, op_mat g, op_mat u, vkd_view x
                         const op_expert_bias *bias);
 
 /* y[r, c] = a * x[r, c] (VKI_UNARY_SCALE), a * tanh(x[r, c] / a) (VKI_UNARY_SOFTCAP, a > 0) or
- * gelu(x[r, c]) (VKI_UNARY_GELU); y may be x. a must be finite. */
+ * gelu(x[r, c]) (VKI_UNARY_GELU) or max(x[r, c], 0)^2 (VKI_UNARY_RELU2); y may be x. a must be
+ * finite. */
 vki_status op_unary(vkd_cmd *c, uint32_t op, float a, op_mat x, op_mat y, uint32_t n_rows, uint32_t n_cols);
 /* The same, and y also quantised into xq as op_quant_x8(y, M = n_rows, K = n_cols) would write
  * it, bit for bit (n_cols % 32 == 0): the next integer-dot products' input without that pass. */

@@ -202,6 +202,8 @@ static const synth_arch synth_archs[] = {
     {"starcoder2", true, false, false, false, 0, 0, 0, false, false, false, false, false, true},
     {"phi2", true, false, false, true, 0, 0, 0, false, false, false, false, false, true},
     {"stablelm", true, false, false, false, 0, 0, 0, false, false, false, false, false, false},
+    {"nemotron", false, false, false, false, 0, 0, 0, false, false, false, false, false, false},
+    {"arcee", false, false, false, false, 0, 0, 0, false, false, false, false, false, false},
 };
 
 static const synth_arch *find_arch(const char *name)
@@ -419,7 +421,8 @@ static void add_layer(synth_ctx *c, const synth_arch *a, int l)
     uint64_t d = p->d_model, q = (uint64_t)p->n_head * c->head_dim, kv = (uint64_t)p->n_head_kv * c->head_dim;
     float in_std = 1.0f / sqrtf((float)d), resid = 1.0f / sqrtf(2.0f * (float)p->n_layer);
     const bool phi2 = !strcmp(a->name, "phi2"), par = a->cohere || phi2; /* par: no ffn_norm */
-    const bool norm_b = a->coder || !strcmp(a->name, "stablelm"); /* LayerNorms with biases */
+    const bool nemotron = !strcmp(a->name, "nemotron"), plain = a->coder || nemotron || !strcmp(a->name, "arcee");
+    const bool norm_b = a->coder || nemotron || !strcmp(a->name, "stablelm"); /* LayerNorms with biases */
     if (!a->no_pre)
         add_tensor(c, "attn_norm", l, "weight", 1, d, 1, SYNTH_INIT_NORM, 0.1f);
     if (norm_b)
@@ -463,7 +466,7 @@ static void add_layer(synth_ctx *c, const synth_arch *a, int l)
         }
         return;
     }
-    if (!a->fused_ffn && !a->coder)
+    if (!a->fused_ffn && !plain) /* plain: no gate (starcoder2, phi2, nemotron, arcee) */
         add_tensor(c, "ffn_gate", l, "weight", 2, d, p->d_ff, SYNTH_INIT_WEIGHT, in_std);
     add_tensor(c, "ffn_up", l, "weight", 2, d, a->fused_ffn ? 2ull * p->d_ff : p->d_ff, SYNTH_INIT_WEIGHT, in_std);
     if (a->coder)
@@ -486,7 +489,7 @@ static vki_status build_tensors(synth_ctx *c)
     float head_std = 3.0f / sqrtf((float)d); /* logits ~ N(0, 9): a clear argmax */
     add_tensor(c, "token_embd", -1, "weight", 2, d, c->n_vocab, SYNTH_INIT_WEIGHT, head_std);
     add_tensor(c, "output_norm", -1, "weight", 1, d, 1, SYNTH_INIT_NORM, 0.1f);
-    if (a->coder || !strcmp(a->name, "stablelm"))
+    if (a->coder || !strcmp(a->name, "stablelm") || !strcmp(a->name, "nemotron"))
         add_tensor(c, "output_norm", -1, "bias", 1, d, 1, SYNTH_INIT_BIAS, 0.1f);
     if (!p->tied)
         add_tensor(c, "output", -1, "weight", 2, d, c->n_vocab, SYNTH_INIT_WEIGHT, head_std);
@@ -535,7 +538,7 @@ static vki_status validate(synth_ctx *c)
     if (!find_arch(p->arch))
         return synth_fail(c, VKI_ERR_INVALID_ARG, "arch '%s': llama, qwen2, qwen3, qwen3moe, gemma, gemma2, gemma3, "
                           "phi3, gpt-oss, granite, granitemoe, smollm3, olmo2, exaone, exaone4, glm4, command-r, "
-                          "cohere2, mistral3, starcoder2, phi2, stablelm, internlm2 and ernie4_5 are "
+                          "cohere2, mistral3, starcoder2, phi2, stablelm, nemotron, arcee, internlm2 and ernie4_5 are "
                           "written",
                           p->arch ? p->arch : "(null)");
     if (p->n_layer < 1 || p->n_layer > SYNTH_MAX_LAYERS)
@@ -741,7 +744,8 @@ static vki_status write_metadata(synth_ctx *c, gguf_writer *w)
     SET(gguf_w_set_u32, "%s.attention.head_count", p->n_head);
     SET(gguf_w_set_u32, "%s.attention.head_count_kv", p->n_head_kv);
     const synth_arch *sa = find_arch(a);
-    if (sa->cohere || sa->coder || !strcmp(a, "stablelm")) /* LayerNorm models: the converter's norm_eps key */
+    if (sa->cohere || sa->coder || !strcmp(a, "stablelm") || !strcmp(a, "nemotron")) /* LayerNorm models: the
+                                                                                        converter's norm_eps key */
         SET(gguf_w_set_f32, "%s.attention.layer_norm_epsilon", p->rms_eps);
     else
         SET(gguf_w_set_f32, "%s.attention.layer_norm_rms_epsilon", p->rms_eps);

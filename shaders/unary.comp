@@ -2,7 +2,8 @@
 #extension GL_GOOGLE_include_directive : require
 #include "common.glsl"
 // Elementwise y = a * x (gemma's embedding scale), y = a * tanh(x / a) (gemma 2's final logit
-// soft-cap) or y = gelu(x) (starcoder2's FFN, common.glsl's tanh GELU) over [n_rows, n_cols]
+// soft-cap), y = gelu(x) (starcoder2's FFN, common.glsl's tanh GELU) or y = max(x, 0)^2
+// (nemotron's, arcee's) over [n_rows, n_cols]
 // strided rows; y may alias x. One invocation per element, grid-stride. Memory-bound: 8 bytes
 // moved per element.
 // UNARY_XQ (unary_xq): one invocation per block of 32 elements of a row (n_cols % 32 == 0), which
@@ -21,8 +22,10 @@ layout(std430, binding = 2) writeonly buffer YQD { float yqd[]; };
 float unary_f(float v, float inv_a)
 {
     // |v / a| >= 9 is +-1 to float precision; the clamp keeps tanh away from inf / inf
+    precise float r2 = max(v, 0.0) * max(v, 0.0);
     return p.op == VKI_UNARY_SOFTCAP ? p.a * tanh(clamp(v * inv_a, -9.0, 9.0))
          : p.op == VKI_UNARY_GELU    ? vki_glu_act(VKI_GLU_GELU_TANH, v)
+         : p.op == VKI_UNARY_RELU2   ? r2
                                      : p.a * v;
 }
 

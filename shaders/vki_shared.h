@@ -344,6 +344,7 @@ VKI_STRUCT(vki_pc_glu) {
 #define VKI_UNARY_SCALE 0u
 #define VKI_UNARY_SOFTCAP 1u
 #define VKI_UNARY_GELU 2u     /* f(v) = ggml's tanh GELU of v (a unused): starcoder2's FFN */
+#define VKI_UNARY_RELU2 3u    /* f(v) = max(v, 0)^2 (a unused): nemotron's and arcee's FFN */
 VKI_STRUCT(vki_pc_unary) {
     vki_u32 n_rows, n_cols;
     vki_u32 x_off, x_stride, y_off, y_stride;

@@ -583,6 +583,10 @@ static const arch_case ARCH_CASES[] = {
     {"phi2 parallel rot 32 of 80", "phi2", 2, 320, 4, 4, 80, 512, SYNTH_Q8_0,  0,      0, 0,       0,   0,  0, VKI_GGML_F16, TOL_F16KV, 0, 32},
     /* StableLM 2 1.6B: LayerNorms with bias, Q/K/V biases, SwiGLU, 25% of each head rotated */
     {"stablelm ln+b rot 16 of 64", "stablelm", 2, 256, 4, 4, 64, 512, SYNTH_Q4_K_M, 0,  0, 0,       0,   0,  0, VKI_GGML_F32, TOL_F32, 0, 16},
+    /* Nemotron-4 / Minitron: LayerNorms with bias, max(up h, 0)^2 down, half of each head rotated;
+     * Arcee AFM: llama's block with that FFN */
+    {"nemotron relu2 rot 32 of 64", "nemotron", 2, 256, 4, 2, 64, 512, SYNTH_Q8_0, 0,    0, 0,       0,   0,  0, VKI_GGML_F32, TOL_F32, 0, 32},
+    {"arcee relu2 ffn",          "arcee",  2, 256, 4, 2, 64, 512, SYNTH_Q4_K_M, 0,     0, 0,       0,   0,  0, VKI_GGML_F32, TOL_F32, 0, 0},
 };
 
 static void test_archs_vs_reference(void **state)
@@ -675,7 +679,7 @@ static void test_fusion_bitwise(void **state)
      * of 256), phi3, granite (the residual norms' epsilon in the fused norm epilogues), smollm3
      * (NoPE layers), olmo2 (no pre-norms), exaone4's 64 layers, glm4, command-r (its FFN on the
      * attention's h: op by op the projection's output apart) and cohere2 */
-    static const size_t archs[] = {0, 1, 2, 3, 13, 15, 16, 19, 20, 22, 23, 24, 26, 27, 28};
+    static const size_t archs[] = {0, 1, 2, 3, 13, 15, 16, 19, 20, 22, 23, 24, 26, 27, 28, 29, 30};
     for (size_t i = 0; i < sizeof archs / sizeof archs[0]; i++) {
         write_arch_model(&ARCH_CASES[archs[i]], path, sizeof path);
         fusion_case(g, path, VKI_GGML_F32, ARCH_CASES[archs[i]].label);

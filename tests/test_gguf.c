@@ -1056,7 +1056,8 @@ static void test_model_meta_archs(void **state)
     (void)state;
     const gguf_edit none = {GGUF_EDIT_DROP_KEY, "no.such.key", 0, 0, 0, 0, NULL};
     const char *archs[] = {"qwen3", "gemma2", "gemma3", "phi3", "granitemoe", "exaone", "glm4", "internlm2", "ernie4_5",
-                           "gemma", "command-r", "cohere2", "mistral3", "starcoder2", "phi2", "stablelm"};
+                           "gemma", "command-r", "cohere2", "mistral3", "starcoder2", "phi2", "stablelm",
+                           "nemotron", "arcee"};
     for (size_t i = 0; i < sizeof archs / sizeof archs[0]; i++)
         expect_model(archs[i], &none, 1, VKI_OK, NULL);
     /* Cohere's: both keys required (llama.cpp), cohere2's window too; tensors nothing would run
@@ -1257,6 +1258,10 @@ static void test_model_meta_gemma_cohere(void **state)
         unlink(src);
         unlink(dst);
     }
+    arch_hparams("nemotron", 2, &hp);
+    assert_true(hp.layer_norm && hp.norm_bias && hp.ffn_plain && hp.ffn_relu2 && hp.rope_neox && !hp.parallel_ffn);
+    arch_hparams("arcee", 2, &hp);
+    assert_true(!hp.layer_norm && hp.ffn_plain && hp.ffn_relu2 && !hp.rope_neox);
     arch_hparams("cohere2", 8, &hp);
     assert_true(hp.layer_norm && hp.parallel_ffn && hp.kind[1].window == 4096);
     for (uint32_t il = 0; il < 8; il++) {

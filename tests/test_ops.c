@@ -578,9 +578,9 @@ static void test_unary(void **state)
 {
     vt_gpu *g = vt_gpu_get(state);
     vt_rng r = vt_rng_seeded("op_unary");
-    double worst[3] = {0, 0, 0};
+    double worst[4] = {0, 0, 0, 0};
     for (int t = 0; t < N_SHAPES; t++) {
-        uint32_t op = t % 3 == 2 ? VKI_UNARY_GELU : t % 2 ? VKI_UNARY_SOFTCAP : VKI_UNARY_SCALE;
+        uint32_t op = t % 3 == 2 ? (t % 2 ? VKI_UNARY_RELU2 : VKI_UNARY_GELU) : t % 2 ? VKI_UNARY_SOFTCAP : VKI_UNARY_SCALE;
         float a = op == VKI_UNARY_SOFTCAP ? (float[]){30.0f, 50.0f, 0.5f}[t % 3] : vt_uniform(&r, -60, 60);
         mshape xs = random_shape(&r, t, 9000), ys = xs;
         bool in_place = t % 4 >= 2;
@@ -589,7 +589,7 @@ static void test_unary(void **state)
             ys.stride = xs.cols + vt_range(&r, 0, 3);
         }
         size_t nx = mshape_len(xs), ny = mshape_len(ys);
-        const float amp = op == VKI_UNARY_GELU ? 6 : 200; /* GELU: both tails and the bend */
+        const float amp = op >= VKI_UNARY_GELU ? 6 : 200; /* GELU: both tails and the bend */
         float *x = rand_buf(&r, nx, -amp, amp), *ref = malloc((size_t)xs.rows * xs.cols * sizeof *ref);
         for (uint32_t i = 0; i < xs.rows; i++)
             for (uint32_t c = 0; c < xs.cols; c++) {
@@ -597,6 +597,7 @@ static void test_unary(void **state)
                 ref[(size_t)i * xs.cols + c] =
                     (float)(op == VKI_UNARY_SOFTCAP ? a * tanh(v / a)
                             : op == VKI_UNARY_GELU  ? 0.5 * v * (1.0 + tanh(sqrt(2.0 / M_PI) * (v + 0.044715 * v * v * v)))
+                            : op == VKI_UNARY_RELU2 ? (v > 0 ? v * v : 0.0)
                                                     : (double)a * v);
             }
         vkd_buffer *bx = vt_buf_from(g, x, nx * 4, "x"), *by = in_place ? bx : vt_buf_nan(g, ny * 4, "y");
@@ -604,7 +605,7 @@ static void test_unary(void **state)
         assert_int_equal(op_unary(&g->cmd, op, a, mat_of(bx, xs), mat_of(by, ys), xs.rows, xs.cols), VKI_OK);
         vt_submit_wait(g);
         char label[96];
-        snprintf(label, sizeof label, "%s %g %ux%u%s", (const char *[]){"scale", "softcap", "gelu"}[op], a, xs.rows, xs.cols,
+        snprintf(label, sizeof label, "%s %g %ux%u%s", (const char *[]){"scale", "softcap", "gelu", "relu2"}[op], a, xs.rows, xs.cols,
                  in_place ? " in place" : "");
         double e = check_result(g, by, in_place, in_place ? nx : ny, in_place ? xs : ys, ref, UNARY_TOL, x, label);
         worst[op] = e > worst[op] ? e : worst[op];
@@ -614,8 +615,8 @@ static void test_unary(void **state)
         free(x);
         free(ref);
     }
-    fprintf(stderr, "  worst NMSE: scale %.2e, softcap %.2e, gelu %.2e (tolerance %.0e)\n", worst[0], worst[1], worst[2],
-            UNARY_TOL);
+    fprintf(stderr, "  worst NMSE: scale %.2e, softcap %.2e, gelu %.2e, relu2 %.2e (tolerance %.0e)\n", worst[0],
+            worst[1], worst[2], worst[3], UNARY_TOL);
     vt_assert_clean(g);
 }
 
@@ -737,7 +738,7 @@ static void test_unary_xq(void **state)
     vt_gpu *g = vt_gpu_get(state);
     vt_rng r = vt_rng_seeded("op_unary_xq");
     static const uint32_t rows[] = {1, 3, 17}, cols[] = {32, 96, 1024};
-    static const uint32_t ops[] = {VKI_UNARY_GELU, VKI_UNARY_SCALE, VKI_UNARY_SOFTCAP};
+    static const uint32_t ops[] = {VKI_UNARY_GELU, VKI_UNARY_RELU2, VKI_UNARY_SOFTCAP};
     for (int t = 0; t < 9; t++) {
         const uint32_t M = rows[t % 3], K = cols[t / 3], op = ops[t % 3];
         const float a = op == VKI_UNARY_SCALE ? 0.7f : 4.0f;

@@ -424,6 +424,8 @@ static void attention_block(const ref_model *m, ref_scratch *s, uint32_t il, uin
 
 static double act(const model_hparams *hp, double v)
 {
+    if (hp->ffn_relu2) /* nemotron, arcee: ggml_relu then ggml_sqr */
+        return v > 0 ? v * v : 0.0;
     if (hp->ffn_gelu) /* tanh-approximate GELU, as ggml_gelu */
         return 0.5 * v * (1.0 + tanh(sqrt(2.0 / M_PI) * (v + 0.044715 * v * v * v)));
     return v / (1.0 + exp(-v));
