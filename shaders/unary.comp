@@ -22,11 +22,15 @@ layout(std430, binding = 2) writeonly buffer YQD { float yqd[]; };
 float unary_f(float v, float inv_a)
 {
     // |v / a| >= 9 is +-1 to float precision; the clamp keeps tanh away from inf / inf
-    precise float r2 = max(v, 0.0) * max(v, 0.0);
-    return p.op == VKI_UNARY_SOFTCAP ? p.a * tanh(clamp(v * inv_a, -9.0, 9.0))
-         : p.op == VKI_UNARY_GELU    ? vki_glu_act(VKI_GLU_GELU_TANH, v)
-         : p.op == VKI_UNARY_RELU2   ? r2
-                                     : p.a * v;
+    if (p.op == VKI_UNARY_SOFTCAP)
+        return p.a * tanh(clamp(v * inv_a, -9.0, 9.0));
+    if (p.op == VKI_UNARY_GELU)
+        return vki_glu_act(VKI_GLU_GELU_TANH, v);
+    if (p.op == VKI_UNARY_RELU2) {
+        precise float r = max(v, 0.0) * max(v, 0.0);
+        return r;
+    }
+    return p.a * v;
 }
 
 void main()
